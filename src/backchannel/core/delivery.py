@@ -1,0 +1,203 @@
+"""Delivery rules: names, recipients, idempotent sends, leases and dead letters."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backchannel.errors import (
+    InvalidName,
+    InvalidRequest,
+    MessageIdConflict,
+    TooLarge,
+    UnknownRecipient,
+)
+from backchannel.types import BROADCAST, DeliveryState, Message, Recipient
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+DEFAULT_MAX_TEXT = 256 * 1024
+
+
+def check_name(what: str, name: str) -> str:
+    """Return ``name`` if it is a valid team or member name, else raise :class:`InvalidName`."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidName(
+            f"invalid {what} name {name!r}: use 1 to 64 letters, digits, '_' or '-', "
+            "starting with a letter or digit",
+            field=what,
+        )
+    return name
+
+
+def check_session_id(session_id: str) -> str:
+    if not isinstance(session_id, str) or not SESSION_RE.match(session_id):
+        raise InvalidName(
+            f"invalid session id {session_id!r}: use 1 to 200 letters, digits, '_', '-', '.' "
+            "or ':', starting with a letter or digit",
+            field="session",
+        )
+    return session_id
+
+
+def check_message_id(message_id: str) -> str:
+    if not MESSAGE_ID_RE.match(message_id):
+        raise InvalidRequest(
+            f"invalid message_id {message_id!r}: use 1 to 128 letters, digits, '_', '-', '.' "
+            "or ':', starting with a letter or digit (or omit it and the hub picks one)",
+            field="message_id",
+        )
+    return message_id
+
+
+def check_text(text: str, limit: int) -> None:
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise TooLarge(
+            f"message text is {size} bytes, over the {limit}-byte limit; "
+            "split it into several messages or send a file path instead",
+            limit=limit,
+            size=size,
+        )
+
+
+def fingerprint(
+    sender: str,
+    to: str,
+    text: str,
+    summary: str | None,
+    kind: str,
+    to_session: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> str:
+    """Identity of a send's content: the same ``message_id`` must come with the same print."""
+    payload = json.dumps(
+        [sender, to, to_session, text, summary, kind, dict(meta or {})],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class Replay(StrEnum):
+    NEW = "new"
+    REPLAY = "replay"
+
+
+def decide_replay(existing: Message | None, new_fingerprint: str) -> Replay:
+    """A send is idempotent on ``message_id``: same content replays, other content conflicts."""
+    if existing is None:
+        return Replay.NEW
+    if existing.fingerprint == new_fingerprint:
+        return Replay.REPLAY
+    raise MessageIdConflict(
+        f"message_id {existing.message_id!r} was already used for a different message; "
+        "pick a new message_id, or resend the original content to get its first result",
+        message_id=existing.message_id,
+    )
+
+
+def suggest(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """Known names closest to ``name``, best first."""
+    pool = list(known)
+    lowered = {k.lower(): k for k in pool}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    return [lowered[h] for h in hits]
+
+
+def unknown_recipient(name: str, team: str, known: Iterable[str]) -> UnknownRecipient:
+    hints = suggest(name, known)
+    tail = (
+        f"; did you mean {' or '.join(repr(h) for h in hints)}?"
+        if hints
+        else ("; list the team's members to see who can be reached")
+    )
+    return UnknownRecipient(
+        f"unknown recipient {name!r} in team {team!r}{tail}", recipient=name, suggestions=hints
+    )
+
+
+def resolve_recipients(
+    team: str,
+    to: str,
+    sender: str,
+    members: Sequence[str],
+    to_session: str | None = None,
+) -> tuple[Recipient, ...]:
+    """Who gets a copy. ``*`` reaches every member but the sender; a name reaches that member."""
+    if to == BROADCAST:
+        if to_session is not None:
+            raise InvalidRequest("a broadcast cannot name a session", field="session")
+        return tuple(Recipient(m) for m in sorted(members) if m != sender)
+    if to not in members:
+        raise unknown_recipient(to, team, members)
+    return (Recipient(to, to_session),)
+
+
+class ExpiryAction(StrEnum):
+    REQUEUE = "requeue"
+    DEAD = "dead"
+
+
+def after_lease_expiry(attempts: int, max_attempts: int) -> ExpiryAction:
+    """An expired lease is retried until ``max_attempts`` hand-outs have been made."""
+    return ExpiryAction.DEAD if attempts >= max_attempts else ExpiryAction.REQUEUE
+
+
+def exhausted_reason(attempts: int) -> str:
+    return f"not acknowledged after {attempts} delivery attempt{'s' if attempts != 1 else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadNotice:
+    to: str
+    text: str
+    summary: str
+    meta: Mapping[str, Any]
+
+
+def dead_letter_notice(message: Message, recipient: Recipient, reason: str) -> DeadNotice:
+    """The ``system`` message that tells a sender one copy of its message is dead."""
+    first = (
+        message.summary or message.text.strip().splitlines()[0][:80] if message.text.strip() else ""
+    )
+    return DeadNotice(
+        to=message.sender,
+        text=(
+            f"Your message {message.message_id} to {recipient.member} was not delivered: {reason}. "
+            f"It begins: {first!r}. Check that {recipient.member} is running and reading its "
+            "inbox, then send it again with a new message_id."
+        ),
+        summary=f"undelivered: {message.message_id} to {recipient.member}",
+        meta={
+            "dead_message_id": message.message_id,
+            "recipient": recipient.member,
+            "reason": reason,
+        },
+    )
+
+
+def aggregate_state(states: Iterable[DeliveryState]) -> DeliveryState:
+    """One state for a message with several copies: the least advanced pending one wins."""
+    order = [
+        DeliveryState.QUEUED,
+        DeliveryState.LEASED,
+        DeliveryState.DELIVERED,
+        DeliveryState.ACKED,
+        DeliveryState.DEAD,
+    ]
+    seen = set(states)
+    if not seen:
+        return DeliveryState.ACKED
+    for s in order:
+        if s in seen:
+            return s
+    return DeliveryState.QUEUED

@@ -1,0 +1,227 @@
+"""The store contract.
+
+A store keeps teams, members, sessions, messages and their deliveries. The hub never
+talks to a database directly: it hands the store a *transaction function*, a plain
+synchronous callable that receives a :class:`Tx` and reads and writes through it.
+
+Guarantees every implementation gives (the conformance suite in
+:func:`backchannel.testing.check_store` checks each of them):
+
+* **Atomicity.** ``await store.transact(fn)`` runs ``fn(tx)`` in one transaction. If
+  ``fn`` raises, none of its writes are visible to anyone, ever, and the exception
+  propagates to the caller unchanged. If it returns, all of its writes are committed
+  together before ``transact`` returns.
+* **Durability.** When ``transact`` returns, the writes survive a crash of the
+  process (``kill -9``) and, for the SQLite and PostgreSQL stores, loss of power. The
+  SQLite store gets there by group commit: transaction functions that arrive while a
+  commit is in flight share the next fsync.
+* **Isolation.** Transaction functions behave as if run one at a time (serializable
+  in effect): a function never sees another's partial writes.
+* **No I/O from the function but the tx.** ``fn`` may run on another thread and may be
+  re-run by a store that retries serialization failures, so it must not touch the
+  outside world; it computes from what it reads and returns a value.
+
+``Tx`` methods raise :class:`backchannel.errors.AlreadyExists` on a duplicate key, and
+:class:`backchannel.errors.StoreError` (translated from the driver's error) when the
+database fails.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from backchannel.types import (
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxMessage,
+    Member,
+    Message,
+    Recipient,
+    Session,
+    Team,
+)
+
+T = TypeVar("T")
+
+#: Called by a store when it learns that another process changed the data, with the
+#: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
+ChangeCallback = Callable[[str | None, str | None], None]
+
+SCHEMA_VERSION = 1
+
+
+class Tx(Protocol):
+    """Reads and writes inside one transaction. Every method is synchronous."""
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None: ...
+
+    def insert_team(self, team: Team) -> None:
+        """Add a team. Raises ``AlreadyExists`` if the name is taken."""
+
+    def list_teams(self) -> list[Team]:
+        """All teams, by name."""
+        ...
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None: ...
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        """The member whose token hashes to ``token_hash`` (hashes are unique)."""
+        ...
+
+    def insert_member(self, member: Member) -> None:
+        """Add a member. Raises ``AlreadyExists`` if the team already has the name."""
+
+    def list_members(self, team: str) -> list[Member]:
+        """The team's members, by name."""
+        ...
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None: ...
+
+    def put_session(self, session: Session) -> None:
+        """Insert or replace the session with this ``(team, session_id)``."""
+
+    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+        """Sessions of a team (or of one member), oldest first."""
+        ...
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None: ...
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        """Store a message and one ``queued`` delivery per recipient, with a ``queued``
+        history event each.
+
+        Deliveries get sequence numbers greater than any delivery stored before, so
+        ordering by ``seq`` is send order. Raises ``AlreadyExists`` if the team already
+        has this ``message_id``.
+        """
+        ...
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+    ) -> list[InboxMessage]:
+        """Hand out up to ``limit`` of the member's ``queued`` deliveries, lowest ``seq``
+        first, and mark them ``leased`` until ``lease_until`` with ``attempts + 1`` and a
+        ``leased`` history event.
+
+        Eligible are deliveries addressed to the member as a whole and, when ``session``
+        is given, those pinned to that session. Two concurrent leases never hand out the
+        same delivery (on PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+        """
+        ...
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        """Deliveries ``leased`` with ``lease_until <= now``, lowest ``seq`` first."""
+        ...
+
+    def next_lease_expiry(self) -> float | None:
+        """The earliest ``lease_until`` among leased deliveries, or ``None``."""
+        ...
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        """Move one delivery to ``to_state`` if it is in one of ``from_states``, recording
+        a history event. Returns ``False`` (and writes nothing) if it was not."""
+        ...
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        """Mark the member's ``leased`` or ``delivered`` copies of these messages
+        ``acked``, with an ``acked`` history event. Idempotent: acking an acked copy is a
+        no-op that still counts it as acked. Returns the ids that are now acked; ids the
+        member holds no copy of, or whose copy is ``queued`` or ``dead``, are left out."""
+        ...
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        """Every copy of a message, by recipient name."""
+        ...
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        """The message's delivery history, oldest first."""
+        ...
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        """History events of a team with a cursor greater than ``after``, oldest first.
+        Cursors increase in commit order within one store; they drive live views."""
+        ...
+
+    def pending_count(self, team: str, member: str) -> int:
+        """How many of the member's copies are ``queued`` or ``leased``."""
+        ...
+
+
+class Store(ABC):
+    """A place the hub keeps everything. See the module docstring for the guarantees."""
+
+    #: The URL the store was opened from, with any password removed.
+    url: str = ""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and bring the schema to :data:`SCHEMA_VERSION`.
+
+        Safe when several processes open the same database at once: migrations run
+        exactly once. Raises ``StoreError`` if the database is newer than this code.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Finish in-flight transactions and release connections. Idempotent."""
+
+    @abstractmethod
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one durable transaction and return its result (see module doc)."""
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run a read-only ``fn``. Stores may serve it from a snapshot without a commit."""
+        return await self.transact(fn)
+
+    def on_external_change(self, callback: ChangeCallback) -> None:
+        """Register ``callback`` for changes made by *other* processes or hosts.
+
+        It is a wake-up hint only, never the source of truth: it may be late, repeated
+        or spurious, and a store that cannot tell calls it on a slow timer. It is called
+        on the event loop that called :meth:`open`.
+        """
+        self._change_callbacks.append(callback)
+
+    @property
+    def _change_callbacks(self) -> list[ChangeCallback]:
+        cbs: list[ChangeCallback] | None = self.__dict__.get("_cbs")
+        if cbs is None:
+            cbs = []
+            self.__dict__["_cbs"] = cbs
+        return cbs
+
+    def _emit_change(self, team: str | None, member: str | None) -> None:
+        for cb in list(self._change_callbacks):
+            cb(team, member)
+
+    async def __aenter__(self) -> Store:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

@@ -1,0 +1,315 @@
+"""In-memory store: the fake for unit tests and for trying things out.
+
+It keeps every guarantee of the contract except durability (it forgets everything
+when the process ends). Transaction functions run one at a time on the caller's
+thread; an undo journal rolls back a function that raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import Store, Tx
+from backchannel.types import (
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxMessage,
+    Member,
+    Message,
+    Recipient,
+    Session,
+    Team,
+)
+
+T = TypeVar("T")
+_MISSING = object()
+
+_LEASABLE = (DeliveryState.QUEUED,)
+
+
+class _Data:
+    def __init__(self) -> None:
+        self.teams: dict[str, Team] = {}
+        self.members: dict[tuple[str, str], Member] = {}
+        self.tokens: dict[str, tuple[str, str]] = {}
+        self.sessions: dict[tuple[str, str], Session] = {}
+        self.messages: dict[tuple[str, str], Message] = {}
+        self.deliveries: dict[tuple[str, str, str], Delivery] = {}
+        # (team, member) -> {seq: delivery key} for copies not yet acked or dead
+        self.open: dict[tuple[str, str], dict[int, tuple[str, str, str]]] = {}
+        self.history: dict[tuple[str, str], list[DeliveryEvent]] = {}
+        self.feed: list[tuple[int, str, DeliveryEvent]] = []
+        self.seq = 0
+
+
+class MemoryTx:
+    def __init__(self, data: _Data) -> None:
+        self._d = data
+        self._undo: list[Callable[[], None]] = []
+
+    # -- journal -----------------------------------------------------------
+    def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        old = table.get(key, _MISSING)
+        if old is _MISSING:
+            self._undo.append(lambda: table.pop(key, None))
+        else:
+            self._undo.append(lambda: table.__setitem__(key, old))
+        table[key] = value
+
+    def _pop(self, table: dict[Any, Any], key: Any) -> None:
+        old = table.pop(key, _MISSING)
+        if old is not _MISSING:
+            self._undo.append(lambda: table.__setitem__(key, old))
+
+    def _append(self, seq: list[Any], item: Any) -> None:
+        seq.append(item)
+        self._undo.append(seq.pop)
+
+    def _rollback(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None:
+        return self._d.teams.get(name)
+
+    def insert_team(self, team: Team) -> None:
+        if team.name in self._d.teams:
+            raise AlreadyExists(f"team {team.name!r} already exists")
+        self._set(self._d.teams, team.name, team)
+
+    def list_teams(self) -> list[Team]:
+        return [self._d.teams[k] for k in sorted(self._d.teams)]
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None:
+        return self._d.members.get((team, name))
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        key = self._d.tokens.get(token_hash)
+        return self._d.members.get(key) if key else None
+
+    def insert_member(self, member: Member) -> None:
+        key = (member.team, member.name)
+        if key in self._d.members:
+            raise AlreadyExists(f"member {member.name!r} already exists in team {member.team!r}")
+        if member.token_hash in self._d.tokens:
+            raise AlreadyExists("token hash collision")
+        self._set(self._d.members, key, member)
+        self._set(self._d.tokens, member.token_hash, key)
+
+    def list_members(self, team: str) -> list[Member]:
+        return sorted(
+            (m for (t, _), m in self._d.members.items() if t == team), key=lambda m: m.name
+        )
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None:
+        return self._d.sessions.get((team, session_id))
+
+    def put_session(self, session: Session) -> None:
+        self._set(self._d.sessions, (session.team, session.session_id), session)
+
+    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+        found = [
+            s
+            for (t, _), s in self._d.sessions.items()
+            if t == team and (member is None or s.member == member)
+        ]
+        return sorted(found, key=lambda s: (s.created_at, s.session_id))
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None:
+        return self._d.messages.get((team, message_id))
+
+    def _event(self, team: str, ev: DeliveryEvent) -> None:
+        hist = self._d.history.get((team, ev.message_id))
+        if hist is None:
+            hist = []
+            self._set(self._d.history, (team, ev.message_id), hist)
+        self._append(hist, ev)
+        self._append(self._d.feed, (len(self._d.feed) + 1, team, ev))
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        key = (message.team, message.message_id)
+        if key in self._d.messages:
+            raise AlreadyExists(f"message {message.message_id!r} already exists")
+        self._set(self._d.messages, key, message)
+        out = []
+        for r in recipients:
+            old_seq = self._d.seq
+            self._d.seq += 1
+            self._undo.append(functools.partial(setattr, self._d, "seq", old_seq))
+            d = Delivery(
+                team=message.team,
+                message_id=message.message_id,
+                recipient=r,
+                seq=self._d.seq,
+                state=DeliveryState.QUEUED,
+                attempts=0,
+                created_at=message.created_at,
+                updated_at=message.created_at,
+            )
+            dkey = (message.team, message.message_id, r.member)
+            self._set(self._d.deliveries, dkey, d)
+            inbox = self._d.open.get((message.team, r.member))
+            if inbox is None:
+                inbox = {}
+                self._set(self._d.open, (message.team, r.member), inbox)
+            self._set(inbox, d.seq, dkey)
+            self._event(
+                message.team,
+                DeliveryEvent(message.message_id, r.member, message.created_at, "queued"),
+            )
+            out.append(d)
+        return out
+
+    def _replace(self, d: Delivery, **changes: Any) -> Delivery:
+        new = dataclasses.replace(d, **changes)
+        key = (d.team, d.message_id, d.recipient.member)
+        self._set(self._d.deliveries, key, new)
+        if not new.state.pending:
+            inbox = self._d.open.get((d.team, d.recipient.member))
+            if inbox is not None and d.seq in inbox:
+                self._pop(inbox, d.seq)
+        return new
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+    ) -> list[InboxMessage]:
+        inbox = self._d.open.get((team, member), {})
+        out: list[InboxMessage] = []
+        for seq in sorted(inbox):
+            if len(out) >= limit:
+                break
+            d = self._d.deliveries[inbox[seq]]
+            if d.state not in _LEASABLE:
+                continue
+            if d.recipient.session is not None and d.recipient.session != session:
+                continue
+            d = self._replace(
+                d,
+                state=DeliveryState.LEASED,
+                attempts=d.attempts + 1,
+                lease_until=lease_until,
+                updated_at=now,
+            )
+            self._event(
+                team, DeliveryEvent(d.message_id, member, now, "leased", f"attempt {d.attempts}")
+            )
+            msg = self._d.messages[(team, d.message_id)]
+            out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
+        return out
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        found = [d for d in self._leased() if d.lease_until is not None and d.lease_until <= now]
+        return sorted(found, key=lambda d: d.seq)[:limit]
+
+    def _leased(self) -> list[Delivery]:
+        out = []
+        for inbox in self._d.open.values():
+            for key in inbox.values():
+                d = self._d.deliveries[key]
+                if d.state is DeliveryState.LEASED:
+                    out.append(d)
+        return out
+
+    def next_lease_expiry(self) -> float | None:
+        times = [d.lease_until for d in self._leased() if d.lease_until is not None]
+        return min(times) if times else None
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        d = self._d.deliveries.get((team, message_id, member))
+        if d is None or d.state not in from_states:
+            return False
+        self._replace(
+            d,
+            state=to_state,
+            updated_at=now,
+            lease_until=d.lease_until if to_state is DeliveryState.LEASED else None,
+            dead_reason=dead_reason if to_state is DeliveryState.DEAD else d.dead_reason,
+        )
+        self._event(team, DeliveryEvent(message_id, member, now, event, detail))
+        return True
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        acked = []
+        for mid in dict.fromkeys(message_ids):
+            d = self._d.deliveries.get((team, mid, member))
+            if d is None:
+                continue
+            if d.state is DeliveryState.ACKED:
+                acked.append(mid)
+            elif d.state in (DeliveryState.LEASED, DeliveryState.DELIVERED):
+                self._replace(d, state=DeliveryState.ACKED, lease_until=None, updated_at=now)
+                self._event(team, DeliveryEvent(mid, member, now, "acked"))
+                acked.append(mid)
+        return acked
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        found = [d for (t, m, _), d in self._d.deliveries.items() if t == team and m == message_id]
+        return sorted(found, key=lambda d: d.recipient.member)
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        return list(self._d.history.get((team, message_id), []))
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        out = []
+        for cursor, t, ev in self._d.feed[after:]:
+            if t == team:
+                out.append((cursor, ev))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def pending_count(self, team: str, member: str) -> int:
+        inbox = self._d.open.get((team, member), {})
+        return sum(1 for key in inbox.values() if self._d.deliveries[key].state.pending)
+
+
+class MemoryStore(Store):
+    """Everything in dicts; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.url = "memory://"
+        self._data = _Data()
+        self._lock = threading.Lock()
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        with self._lock:
+            tx = MemoryTx(self._data)
+            try:
+                return fn(tx)
+            except BaseException:
+                tx._rollback()
+                raise

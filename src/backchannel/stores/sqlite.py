@@ -1,0 +1,769 @@
+"""SQLite store: the embedded default. One file, WAL, durable group commit.
+
+How it keeps the contract:
+
+* **One writer thread** owns the write connection. ``transact`` queues the function;
+  the thread takes every function waiting (up to a batch bound), opens one
+  ``BEGIN IMMEDIATE`` transaction, runs each function inside its own ``SAVEPOINT``
+  (a function that raises is rolled back alone), then commits once. With
+  ``synchronous=FULL`` in WAL mode that commit is one fsync of the log, shared by the
+  whole batch (group commit); only after it returns are the callers answered, so an
+  answered transaction survives ``kill -9`` and power loss.
+* **Several processes** may open the same file: ``BEGIN IMMEDIATE`` takes SQLite's
+  write lock and ``busy_timeout`` waits for it, so writes from all processes are
+  serialized by SQLite itself. When the writer is idle it watches
+  ``PRAGMA data_version`` and reports changes made by other processes to
+  :meth:`Store.on_external_change` within a quarter second.
+* **Reads** (``read``) run on a second connection in their own thread, from a WAL
+  snapshot, without waiting for the writer.
+* **Migrations** are numbered scripts applied under the write lock, recorded in
+  ``schema_migrations``; a file written by newer code is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from backchannel.errors import AlreadyExists, BackchannelError, StoreError
+from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
+from backchannel.types import (
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxMessage,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionState,
+    Team,
+)
+
+T = TypeVar("T")
+log = logging.getLogger("backchannel.stores.sqlite")
+
+MIGRATIONS: list[str] = [
+    # 1: the messaging core
+    """
+    CREATE TABLE teams (
+        name TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        settings TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE members (
+        team TEXT NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        token_hash TEXT NOT NULL UNIQUE,
+        delivery TEXT NOT NULL DEFAULT '{}',
+        settings TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, name)
+    );
+    CREATE TABLE sessions (
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        turn INTEGER NOT NULL DEFAULT 0,
+        turn_started_at REAL,
+        turn_kind TEXT NOT NULL DEFAULT 'normal',
+        last_output TEXT NOT NULL DEFAULT '',
+        last_stop_at REAL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, session_id)
+    );
+    CREATE INDEX sessions_member ON sessions (team, member, created_at);
+    CREATE TABLE messages (
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        sender_session TEXT,
+        to_name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL,
+        summary TEXT,
+        created_at REAL NOT NULL,
+        fingerprint TEXT NOT NULL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, message_id)
+    );
+    CREATE TABLE deliveries (
+        seq INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        session TEXT,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        lease_until REAL,
+        dead_reason TEXT,
+        UNIQUE (team, message_id, member)
+    );
+    CREATE INDEX deliveries_queued ON deliveries (team, member, seq) WHERE state = 'queued';
+    CREATE INDEX deliveries_leased ON deliveries (lease_until) WHERE state = 'leased';
+    CREATE TABLE delivery_events (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        at REAL NOT NULL,
+        event TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX delivery_events_message ON delivery_events (team, message_id, id);
+    CREATE INDEX delivery_events_team ON delivery_events (team, id);
+    """,
+]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+_MSG_COLS = (
+    "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
+    "m.fingerprint, m.summary, m.sender_session, m.meta"
+)
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(dict(value), separators=(",", ":"), ensure_ascii=False) if value else "{}"
+
+
+def _message(row: Sequence[Any]) -> Message:
+    return Message(
+        team=row[0],
+        message_id=row[1],
+        sender=row[2],
+        to=row[3],
+        text=row[4],
+        kind=MessageKind(row[5]),
+        created_at=row[6],
+        fingerprint=row[7],
+        summary=row[8],
+        sender_session=row[9],
+        meta=_loads(row[10]),
+    )
+
+
+_DELIVERY_COLS = (
+    "team, message_id, member, session, seq, state, attempts, created_at, updated_at, "
+    "lease_until, dead_reason"
+)
+
+
+def _delivery(row: Sequence[Any]) -> Delivery:
+    return Delivery(
+        team=row[0],
+        message_id=row[1],
+        recipient=Recipient(row[2], row[3]),
+        seq=row[4],
+        state=DeliveryState(row[5]),
+        attempts=row[6],
+        created_at=row[7],
+        updated_at=row[8],
+        lease_until=row[9],
+        dead_reason=row[10],
+    )
+
+
+_MEMBER_COLS = "team, name, kind, created_at, token_hash, delivery, settings"
+
+
+def _member(row: Sequence[Any]) -> Member:
+    return Member(
+        team=row[0],
+        name=row[1],
+        kind=MemberKind(row[2]),
+        created_at=row[3],
+        token_hash=row[4],
+        delivery=_loads(row[5]),
+        settings=_loads(row[6]),
+    )
+
+
+_SESSION_COLS = (
+    "team, session_id, member, state, created_at, updated_at, turn, turn_started_at, "
+    "turn_kind, last_output, last_stop_at, meta"
+)
+
+
+def _session(row: Sequence[Any]) -> Session:
+    return Session(
+        team=row[0],
+        session_id=row[1],
+        member=row[2],
+        state=SessionState(row[3]),
+        created_at=row[4],
+        updated_at=row[5],
+        turn=row[6],
+        turn_started_at=row[7],
+        turn_kind=row[8],
+        last_output=row[9],
+        last_stop_at=row[10],
+        meta=_loads(row[11]),
+    )
+
+
+class SqliteTx:
+    """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def _one(self, sql: str, args: Sequence[Any]) -> Any:
+        return self._c.execute(sql, args).fetchone()
+
+    def _insert(self, sql: str, args: Sequence[Any], what: str) -> None:
+        try:
+            self._c.execute(sql, args)
+        except sqlite3.IntegrityError as exc:
+            raise AlreadyExists(f"{what} already exists") from exc
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None:
+        row = self._one("SELECT name, created_at, settings FROM teams WHERE name = ?", (name,))
+        return Team(row[0], row[1], _loads(row[2])) if row else None
+
+    def insert_team(self, team: Team) -> None:
+        self._insert(
+            "INSERT INTO teams (name, created_at, settings) VALUES (?, ?, ?)",
+            (team.name, team.created_at, _dumps(team.settings)),
+            f"team {team.name!r}",
+        )
+
+    def list_teams(self) -> list[Team]:
+        rows = self._c.execute("SELECT name, created_at, settings FROM teams ORDER BY name")
+        return [Team(r[0], r[1], _loads(r[2])) for r in rows]
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None:
+        row = self._one(
+            f"SELECT {_MEMBER_COLS} FROM members WHERE team = ? AND name = ?", (team, name)
+        )
+        return _member(row) if row else None
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        row = self._one(f"SELECT {_MEMBER_COLS} FROM members WHERE token_hash = ?", (token_hash,))
+        return _member(row) if row else None
+
+    def insert_member(self, member: Member) -> None:
+        self._insert(
+            f"INSERT INTO members ({_MEMBER_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                member.team,
+                member.name,
+                member.kind.value,
+                member.created_at,
+                member.token_hash,
+                _dumps(member.delivery),
+                _dumps(member.settings),
+            ),
+            f"member {member.name!r} in team {member.team!r}",
+        )
+
+    def list_members(self, team: str) -> list[Member]:
+        rows = self._c.execute(
+            f"SELECT {_MEMBER_COLS} FROM members WHERE team = ? ORDER BY name", (team,)
+        )
+        return [_member(r) for r in rows]
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None:
+        row = self._one(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE team = ? AND session_id = ?",
+            (team, session_id),
+        )
+        return _session(row) if row else None
+
+    def put_session(self, session: Session) -> None:
+        s = session
+        self._c.execute(
+            f"INSERT OR REPLACE INTO sessions ({_SESSION_COLS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                s.team,
+                s.session_id,
+                s.member,
+                s.state.value,
+                s.created_at,
+                s.updated_at,
+                s.turn,
+                s.turn_started_at,
+                s.turn_kind,
+                s.last_output,
+                s.last_stop_at,
+                _dumps(s.meta),
+            ),
+        )
+
+    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+        if member is None:
+            rows = self._c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE team = ? "
+                "ORDER BY created_at, session_id",
+                (team,),
+            )
+        else:
+            rows = self._c.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE team = ? AND member = ? "
+                "ORDER BY created_at, session_id",
+                (team, member),
+            )
+        return [_session(r) for r in rows]
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None:
+        row = self._one(
+            f"SELECT {_MSG_COLS} FROM messages m WHERE m.team = ? AND m.message_id = ?",
+            (team, message_id),
+        )
+        return _message(row) if row else None
+
+    def _events(self, team: str, events: Sequence[DeliveryEvent]) -> None:
+        self._c.executemany(
+            "INSERT INTO delivery_events (team, message_id, member, at, event, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(team, e.message_id, e.member, e.at, e.event, e.detail) for e in events],
+        )
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        m = message
+        self._insert(
+            "INSERT INTO messages (team, message_id, sender, sender_session, to_name, kind, "
+            "text, summary, created_at, fingerprint, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                m.team,
+                m.message_id,
+                m.sender,
+                m.sender_session,
+                m.to,
+                m.kind.value,
+                m.text,
+                m.summary,
+                m.created_at,
+                m.fingerprint,
+                _dumps(m.meta),
+            ),
+            f"message {m.message_id!r}",
+        )
+        out = []
+        for r in recipients:
+            cur = self._c.execute(
+                "INSERT INTO deliveries (team, message_id, member, session, state, attempts, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)",
+                (m.team, m.message_id, r.member, r.session, m.created_at, m.created_at),
+            )
+            seq = cur.lastrowid
+            assert seq is not None
+            out.append(
+                Delivery(
+                    team=m.team,
+                    message_id=m.message_id,
+                    recipient=r,
+                    seq=seq,
+                    state=DeliveryState.QUEUED,
+                    attempts=0,
+                    created_at=m.created_at,
+                    updated_at=m.created_at,
+                )
+            )
+        self._events(
+            m.team,
+            [DeliveryEvent(m.message_id, r.member, m.created_at, "queued") for r in recipients],
+        )
+        return out
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+    ) -> list[InboxMessage]:
+        rows = self._c.execute(
+            f"SELECT d.seq, d.session, d.attempts, {_MSG_COLS} FROM deliveries d "
+            "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
+            "WHERE d.team = ? AND d.member = ? AND d.state = 'queued' "
+            "AND (d.session IS NULL OR d.session = ?) ORDER BY d.seq LIMIT ?",
+            (team, member, session, limit),
+        ).fetchall()
+        if not rows:
+            return []
+        self._c.executemany(
+            "UPDATE deliveries SET state = 'leased', attempts = attempts + 1, lease_until = ?, "
+            "updated_at = ? WHERE seq = ?",
+            [(lease_until, now, r[0]) for r in rows],
+        )
+        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0]) for r in rows]
+        self._events(
+            team,
+            [
+                DeliveryEvent(im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
+                for im in out
+            ],
+        )
+        return out
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        rows = self._c.execute(
+            f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
+            "ORDER BY seq LIMIT ?",
+            (now, limit),
+        )
+        return [_delivery(r) for r in rows]
+
+    def next_lease_expiry(self) -> float | None:
+        row = self._one("SELECT MIN(lease_until) FROM deliveries WHERE state = 'leased'", ())
+        return row[0] if row else None
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        marks = ",".join("?" * len(from_states))
+        keep_lease = to_state is DeliveryState.LEASED
+        cur = self._c.execute(
+            f"UPDATE deliveries SET state = ?, updated_at = ?, "
+            f"lease_until = {'lease_until' if keep_lease else 'NULL'}, "
+            "dead_reason = COALESCE(?, dead_reason) "
+            f"WHERE team = ? AND message_id = ? AND member = ? AND state IN ({marks})",
+            (
+                to_state.value,
+                now,
+                dead_reason if to_state is DeliveryState.DEAD else None,
+                team,
+                message_id,
+                member,
+                *(s.value for s in from_states),
+            ),
+        )
+        if cur.rowcount == 0:
+            return False
+        self._events(team, [DeliveryEvent(message_id, member, now, event, detail)])
+        return True
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        acked: list[str] = []
+        fresh: list[str] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for mid, state in self._c.execute(
+                f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
+                f"AND message_id IN ({marks})",
+                (team, member, *chunk),
+            ):
+                if state == "acked":
+                    acked.append(mid)
+                elif state in ("leased", "delivered"):
+                    fresh.append(mid)
+        if fresh:
+            self._c.executemany(
+                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                "WHERE team = ? AND message_id = ? AND member = ?",
+                [(now, team, mid, member) for mid in fresh],
+            )
+            self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
+        done = set(acked) | set(fresh)
+        return [mid for mid in ids if mid in done]
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        rows = self._c.execute(
+            f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE team = ? AND message_id = ? "
+            "ORDER BY member",
+            (team, message_id),
+        )
+        return [_delivery(r) for r in rows]
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        rows = self._c.execute(
+            "SELECT message_id, member, at, event, detail FROM delivery_events "
+            "WHERE team = ? AND message_id = ? ORDER BY id",
+            (team, message_id),
+        )
+        return [DeliveryEvent(*r) for r in rows]
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        rows = self._c.execute(
+            "SELECT id, message_id, member, at, event, detail FROM delivery_events "
+            "WHERE team = ? AND id > ? ORDER BY id LIMIT ?",
+            (team, after, limit),
+        )
+        return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
+
+    def pending_count(self, team: str, member: str) -> int:
+        row = self._one(
+            "SELECT COUNT(*) FROM deliveries WHERE team = ? AND member = ? "
+            "AND state IN ('queued', 'leased')",
+            (team, member),
+        )
+        return int(row[0])
+
+
+@dataclass
+class _Job:
+    fn: Callable[[Tx], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+def sqlite_path(url: str) -> Path:
+    """``sqlite:///abs/path.db`` (absolute), ``sqlite://rel/path.db`` (relative) or a path."""
+    if url.startswith("sqlite://"):
+        rest = url[len("sqlite://") :]
+        return Path("/" + rest.lstrip("/")) if rest.startswith("/") else Path(rest)
+    return Path(url)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -32768")
+    return conn
+
+
+def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    for job, value, error in results:
+        if job.future.done():
+            continue
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(value)
+
+
+class SqliteStore(Store):
+    """The embedded store; see the module docstring for how it keeps the contract."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_batch: int = 512) -> None:
+        self.path = sqlite_path(os.fspath(path))
+        self.url = f"sqlite:///{self.path}"
+        self._max_batch = max_batch
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self._migrate)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+        self._writer = threading.Thread(
+            target=self._write_loop, name="bc-sqlite-writer", daemon=True
+        )
+        self._reader = threading.Thread(
+            target=self._read_loop, name="bc-sqlite-reader", daemon=True
+        )
+        self._writer.start()
+        self._reader.start()
+
+    def _migrate(self) -> None:
+        conn = _connect(self.path)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            )
+            row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+            current = row[0] or 0
+            if current > SCHEMA_VERSION:
+                conn.execute("ROLLBACK")
+                raise StoreError(
+                    f"the SQLite file {self.path} has schema version {current}, newer than "
+                    f"this backchannel (which knows up to {SCHEMA_VERSION}); upgrade backchannel"
+                )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version - 1].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, applied_at) "
+                    "VALUES (?, strftime('%s','now'))",
+                    (version,),
+                )
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    async def close(self) -> None:
+        if self._closed or self._writer is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._jobs.put(None)
+        self._reads.put(None)
+        await asyncio.to_thread(self._writer.join)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.join)
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(self._jobs, fn)
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(self._reads, fn)
+
+    async def _submit(self, q: queue.SimpleQueue[_Job | None], fn: Callable[[Tx], T]) -> T:
+        if self._closed or self._writer is None:
+            raise StoreError("the SQLite store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        q.put(_Job(fn, loop, fut))
+        return await fut
+
+    # -- threads -----------------------------------------------------------
+    def _answer(self, results: list[tuple[_Job, Any, BaseException | None]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
+        for item in results:
+            by_loop.setdefault(item[0].loop, []).append(item)
+        for loop, items in by_loop.items():
+            # a closed loop means nobody is waiting any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve_all, items)
+
+    def _write_loop(self) -> None:
+        conn = _connect(self.path)
+        tx = SqliteTx(conn)
+        last_version = conn.execute("PRAGMA data_version").fetchone()[0]
+        try:
+            while True:
+                try:
+                    first = self._jobs.get(timeout=0.25)
+                except queue.Empty:
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != last_version:
+                        last_version = version
+                        self._external_change()
+                    continue
+                if first is None:
+                    return
+                batch = [first]
+                stop = False
+                while len(batch) < self._max_batch:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stop = True
+                        break
+                    batch.append(job)
+                self._run_batch(conn, tx, batch)
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+                if version != last_version:
+                    last_version = version
+                    self._external_change()
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]) -> None:
+        results: list[tuple[_Job, Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            self._answer([(job, None, err) for job in batch])
+            return
+        for job in batch:
+            conn.execute("SAVEPOINT job")
+            try:
+                value = job.fn(tx)
+            except BaseException as exc:
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                if isinstance(exc, sqlite3.Error):
+                    exc = _translate(exc, self.path)
+                results.append((job, None, exc))
+            else:
+                conn.execute("RELEASE job")
+                results.append((job, value, None))
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failed = _translate(exc, self.path)
+            results = [(job, None, failed if e is None else e) for job, _, e in results]
+        self._answer(results)
+
+    def _read_loop(self) -> None:
+        conn = _connect(self.path)
+        tx = SqliteTx(conn)
+        try:
+            while True:
+                job = self._reads.get()
+                if job is None:
+                    return
+                try:
+                    conn.execute("BEGIN")
+                    try:
+                        value = job.fn(tx)
+                    finally:
+                        conn.execute("ROLLBACK")
+                except BaseException as exc:
+                    if isinstance(exc, sqlite3.Error):
+                        exc = _translate(exc, self.path)
+                    self._answer([(job, None, exc)])
+                else:
+                    self._answer([(job, value, None)])
+        finally:
+            conn.close()
+
+    def _external_change(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._emit_change, None, None)
+
+
+def _translate(exc: sqlite3.Error, path: Path) -> BackchannelError:
+    if isinstance(exc, sqlite3.IntegrityError):
+        return AlreadyExists(f"duplicate key: {exc}")
+    return StoreError(f"SQLite store {path} failed: {exc}; retry shortly")

@@ -1,0 +1,363 @@
+"""Fakes and the store conformance suite, shipped for users' tests as well as ours.
+
+* :class:`FakeClock` — a clock that moves only when told to.
+* :class:`MemoryStore` — the in-memory store (re-exported).
+* :func:`check_store` — every guarantee of the :mod:`backchannel.stores.base` contract,
+  run against a store factory. Each check is also in :data:`STORE_CHECKS`, so a test
+  suite can parametrize over them and see one result per guarantee::
+
+      @pytest.mark.parametrize("check", STORE_CHECKS, ids=lambda c: c.__name__)
+      async def test_store_contract(make_store, check):
+          await check(make_store)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import Store, Tx
+from backchannel.stores.memory import MemoryStore
+from backchannel.types import (
+    DeliveryState,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionState,
+    Team,
+)
+
+__all__ = ["STORE_CHECKS", "FakeClock", "MemoryStore", "StoreFactory", "check_store"]
+
+#: Makes a fresh, empty, unopened store.
+StoreFactory = Callable[[], Store]
+
+
+class FakeClock:
+    """A clock for tests: starts at ``start`` and moves only by :meth:`advance`."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        self._now += seconds
+        return self._now
+
+    def set(self, when: float) -> None:
+        self._now = when
+
+
+# -- the conformance suite ------------------------------------------------------
+
+T0 = 1_700_000_000.0
+
+
+@asynccontextmanager
+async def _opened(make_store: StoreFactory) -> Any:
+    store = make_store()
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _team(tx: Tx, name: str = "alpha") -> None:
+    tx.insert_team(Team(name, T0, {"k": 1}))
+    for who in ("user", "a", "b", "c"):
+        tx.insert_member(Member(name, who, MemberKind.LLM, T0, f"hash-{name}-{who}"))
+
+
+def _msg(mid: str, sender: str = "a", to: str = "b", team: str = "alpha", text: str = "hi") -> Message:
+    return Message(
+        team=team,
+        message_id=mid,
+        sender=sender,
+        to=to,
+        text=text,
+        kind=MessageKind.DIRECT,
+        created_at=T0,
+        fingerprint=f"fp-{mid}",
+        summary=None,
+        meta={"n": mid},
+    )
+
+
+async def check_teams_and_members(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        team = await store.read(lambda tx: tx.get_team("alpha"))
+        assert team is not None and team.name == "alpha" and dict(team.settings) == {"k": 1}
+        assert await store.read(lambda tx: tx.get_team("nope")) is None
+        try:
+            await store.transact(lambda tx: tx.insert_team(Team("alpha", T0)))
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate team must raise AlreadyExists")
+        try:
+            await store.transact(
+                lambda tx: tx.insert_member(Member("alpha", "a", MemberKind.LLM, T0, "other"))
+            )
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate member must raise AlreadyExists")
+        names = await store.read(lambda tx: [m.name for m in tx.list_members("alpha")])
+        assert names == ["a", "b", "c", "user"], names
+        found = await store.read(lambda tx: tx.member_by_token_hash("hash-alpha-b"))
+        assert found is not None and (found.team, found.name) == ("alpha", "b")
+        assert await store.read(lambda tx: tx.member_by_token_hash("missing")) is None
+        await store.transact(lambda tx: tx.insert_team(Team("beta", T0)))
+        teams = await store.read(lambda tx: [t.name for t in tx.list_teams()])
+        assert teams == ["alpha", "beta"]
+        assert await store.read(lambda tx: tx.list_members("beta")) == []
+
+
+async def check_sessions(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        s1 = Session("alpha", "s1", "a", SessionState.IDLE, T0, T0, meta={"x": 1})
+        s2 = Session("alpha", "s2", "b", SessionState.ACTIVE, T0 + 1, T0 + 1, turn=3)
+        await store.transact(lambda tx: (tx.put_session(s1), tx.put_session(s2)))
+        got = await store.read(lambda tx: tx.get_session("alpha", "s2"))
+        assert got == s2, got
+        s1b = Session("alpha", "s1", "a", SessionState.TERMINATED, T0, T0 + 5, last_output="bye")
+        await store.transact(lambda tx: tx.put_session(s1b))
+        assert await store.read(lambda tx: tx.get_session("alpha", "s1")) == s1b
+        every = await store.read(lambda tx: [s.session_id for s in tx.list_sessions("alpha")])
+        assert every == ["s1", "s2"]
+        only_b = await store.read(lambda tx: [s.session_id for s in tx.list_sessions("alpha", "b")])
+        assert only_b == ["s2"]
+
+
+async def check_send_and_history(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        m = _msg("m1", to="*")
+        copies = await store.transact(
+            lambda tx: tx.insert_message(m, [Recipient("b"), Recipient("c", "sess-c")])
+        )
+        assert [d.recipient for d in copies] == [Recipient("b"), Recipient("c", "sess-c")]
+        assert copies[0].seq < copies[1].seq
+        assert all(d.state is DeliveryState.QUEUED and d.attempts == 0 for d in copies)
+        assert await store.read(lambda tx: tx.get_message("alpha", "m1")) == m
+        try:
+            await store.transact(lambda tx: tx.insert_message(_msg("m1"), [Recipient("b")]))
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate message_id must raise AlreadyExists")
+        stored = await store.read(lambda tx: tx.deliveries("alpha", "m1"))
+        assert [(d.recipient.member, d.state) for d in stored] == [
+            ("b", DeliveryState.QUEUED),
+            ("c", DeliveryState.QUEUED),
+        ]
+        hist = await store.read(lambda tx: tx.history("alpha", "m1"))
+        assert [(e.member, e.event) for e in hist] == [("b", "queued"), ("c", "queued")]
+        feed = await store.read(lambda tx: tx.feed("alpha", 0, 10))
+        assert [e.event for _, e in feed] == ["queued", "queued"]
+        assert feed[0][0] < feed[1][0]
+        later = await store.read(lambda tx: tx.feed("alpha", feed[0][0], 10))
+        assert [c for c, _ in later] == [feed[1][0]]
+        assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+
+
+async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        for i in range(5):
+            session = "s-b" if i == 2 else None
+            await store.transact(
+                lambda tx, i=i, session=session: tx.insert_message(
+                    _msg(f"m{i}"), [Recipient("b", session)]
+                )
+            )
+        got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2))
+        assert [g.message.message_id for g in got] == ["m0", "m1"]
+        assert all(g.attempt == 1 for g in got)
+        got2 = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 10))
+        # m2 is pinned to session s-b and is not handed to a member-wide lease
+        assert [g.message.message_id for g in got2] == ["m3", "m4"]
+        got3 = await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10))
+        assert [(g.message.message_id, g.recipient.session) for g in got3] == [("m2", "s-b")]
+        assert await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10)) == []
+        assert await store.transact(lambda tx: tx.lease("alpha", "c", None, T0, T0 + 60, 10)) == []
+        states = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert states[0].state is DeliveryState.LEASED and states[0].lease_until == T0 + 60
+        hist = await store.read(lambda tx: tx.history("alpha", "m0"))
+        assert [e.event for e in hist] == ["queued", "leased"]
+
+
+async def check_concurrent_leases_never_overlap(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        for i in range(60):
+            await store.transact(lambda tx, i=i: tx.insert_message(_msg(f"m{i:03}"), [Recipient("b")]))
+
+        async def take() -> list[str]:
+            got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 7))
+            return [g.message.message_id for g in got]
+
+        batches = await asyncio.gather(*(take() for _ in range(12)))
+        seen = [mid for b in batches for mid in b]
+        assert len(seen) == len(set(seen)) == 60, "each delivery is handed out once"
+        for b in batches:
+            assert b == sorted(b), "a batch is in send order"
+
+
+async def check_ack(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        for i in range(3):
+            await store.transact(lambda tx, i=i: tx.insert_message(_msg(f"m{i}"), [Recipient("b")]))
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2))
+        acked = await store.transact(lambda tx: tx.ack("alpha", "b", ["m0", "m2", "zz", "m0"], T0))
+        assert acked == ["m0"], acked  # m2 is still queued, zz does not exist
+        again = await store.transact(lambda tx: tx.ack("alpha", "b", ["m0", "m1"], T0 + 1))
+        assert again == ["m0", "m1"], again
+        assert await store.transact(lambda tx: tx.ack("alpha", "c", ["m1"], T0)) == []
+        d = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert d[0].state is DeliveryState.ACKED and d[0].lease_until is None
+        hist = await store.read(lambda tx: [e.event for e in tx.history("alpha", "m0")])
+        assert hist == ["queued", "leased", "acked"], hist
+        assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+
+
+async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        for i in range(3):
+            await store.transact(lambda tx, i=i: tx.insert_message(_msg(f"m{i}"), [Recipient("b")]))
+        assert await store.read(lambda tx: tx.next_lease_expiry()) is None
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 30, 1))
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 10, 1))
+        assert await store.read(lambda tx: tx.next_lease_expiry()) == T0 + 10
+        assert await store.read(lambda tx: tx.expired_leases(T0 + 9, 10)) == []
+        expired = await store.read(lambda tx: tx.expired_leases(T0 + 30, 10))
+        assert [d.message_id for d in expired] == ["m0", "m1"]
+        moved = await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m1",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=T0 + 10,
+                event="lease_expired",
+            )
+        )
+        assert moved is True
+        not_moved = await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m2",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 10,
+                event="dead",
+                dead_reason="x",
+            )
+        )
+        assert not_moved is False
+        again = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 10, T0 + 70, 5))
+        # the requeued m1 comes before m2, which was never handed out
+        assert [(g.message.message_id, g.attempt) for g in again] == [("m1", 2), ("m2", 1)]
+        await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m0",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 31,
+                event="dead",
+                detail="gave up",
+                dead_reason="gave up",
+            )
+        )
+        d = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert d[0].state is DeliveryState.DEAD and d[0].dead_reason == "gave up"
+        assert await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0 + 32)) == []
+
+
+async def check_atomicity(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+
+        def half_done(tx: Tx) -> None:
+            tx.insert_team(Team("gamma", T0))
+            tx.insert_message(_msg("lost"), [Recipient("b")])
+            raise RuntimeError("boom")
+
+        try:
+            await store.transact(half_done)
+        except RuntimeError as exc:
+            assert str(exc) == "boom"
+        else:
+            raise AssertionError("the function's exception must propagate")
+        assert await store.read(lambda tx: tx.get_team("gamma")) is None
+        assert await store.read(lambda tx: tx.get_message("alpha", "lost")) is None
+        assert await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 1, 5)) == []
+        assert await store.read(lambda tx: tx.history("alpha", "lost")) == []
+        # a failing function does not disturb others committed alongside it
+        results = await asyncio.gather(
+            store.transact(lambda tx: tx.insert_message(_msg("ok1"), [Recipient("b")])),
+            store.transact(half_done),
+            store.transact(lambda tx: tx.insert_message(_msg("ok2"), [Recipient("b")])),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], RuntimeError)
+        got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 1, 5))
+        assert [g.message.message_id for g in got] == ["ok1", "ok2"]
+
+
+async def check_many_concurrent_writers(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        await store.transact(_team)
+        n = 300
+        await asyncio.gather(
+            *(
+                store.transact(
+                    lambda tx, i=i: tx.insert_message(_msg(f"c{i:04}", text=str(i)), [Recipient("c")])
+                )
+                for i in range(n)
+            )
+        )
+        got = await store.transact(lambda tx: tx.lease("alpha", "c", None, T0, T0 + 1, 1000))
+        ids = [g.message.message_id for g in got]
+        assert len(ids) == n and len(set(ids)) == n
+        seqs = [g.seq for g in got]
+        assert seqs == sorted(seqs)
+
+
+STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
+    check_teams_and_members,
+    check_sessions,
+    check_send_and_history,
+    check_lease_order_and_filters,
+    check_concurrent_leases_never_overlap,
+    check_ack,
+    check_expiry_and_transitions,
+    check_atomicity,
+    check_many_concurrent_writers,
+]
+
+
+async def check_store(make_store: StoreFactory) -> None:
+    """Run every conformance check against stores made by ``make_store``; raise
+    ``AssertionError`` at the first guarantee that does not hold."""
+    for check in STORE_CHECKS:
+        await check(make_store)

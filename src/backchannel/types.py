@@ -1,0 +1,218 @@
+"""The vocabulary every other module speaks: names, states, and frozen value objects.
+
+Times are UNIX seconds as ``float`` throughout (the clock is injected, see
+:class:`Clock`); states and kinds are ``str`` enums stored as their text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+__all__ = [
+    "BROADCAST",
+    "HUB_SENDER",
+    "USER",
+    "Clock",
+    "Delivery",
+    "DeliveryEvent",
+    "DeliveryState",
+    "InboxMessage",
+    "Member",
+    "MemberKind",
+    "Message",
+    "MessageKind",
+    "Recipient",
+    "SendResult",
+    "Session",
+    "SessionState",
+    "SystemClock",
+    "Team",
+]
+
+#: ``to`` value that reaches every member of the team but the sender.
+BROADCAST = "*"
+#: The human member every team has.
+USER = "user"
+#: Sender name of the hub's own ``system`` messages; no member may take it.
+HUB_SENDER = "hub"
+
+Json = dict[str, Any]
+
+
+class MemberKind(StrEnum):
+    CLAUDE_CODE = "claude-code"
+    CODEX = "codex"
+    GEMINI = "gemini"
+    LLM = "llm"
+    HTTP = "http"
+    HUMAN = "human"
+
+
+class SessionState(StrEnum):
+    ACTIVE = "active"  # a turn is running
+    IDLE = "idle"  # between turns
+    TERMINATED = "terminated"
+
+
+class MessageKind(StrEnum):
+    DIRECT = "direct"
+    LINK = "link"
+    TIMER = "timer"
+    DELEGATION = "delegation"
+    TOOL_RESULT = "tool_result"
+    CHECKPOINT = "checkpoint"
+    SYSTEM = "system"
+
+
+class DeliveryState(StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DELIVERED = "delivered"
+    ACKED = "acked"
+    DEAD = "dead"
+
+    @property
+    def pending(self) -> bool:
+        """True while the hub still owes the recipient this message."""
+        return self in (DeliveryState.QUEUED, DeliveryState.LEASED)
+
+
+class Clock(Protocol):
+    """Where the hub reads the time. Tests inject :class:`backchannel.testing.FakeClock`."""
+
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    created_at: float
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    team: str
+    name: str
+    kind: MemberKind
+    created_at: float
+    token_hash: str = field(repr=False)
+    delivery: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    team: str
+    session_id: str
+    member: str
+    state: SessionState
+    created_at: float
+    updated_at: float
+    turn: int = 0  # number of turns started; the current one while ACTIVE
+    turn_started_at: float | None = None
+    turn_kind: str = "normal"  # "normal" or "checkpoint"
+    last_output: str = ""
+    last_stop_at: float | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipient:
+    """One copy's destination: a member, optionally pinned to one of its sessions."""
+
+    member: str
+    session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """The durable envelope. ``to`` is what the sender wrote (a name, a session, or ``*``)."""
+
+    team: str
+    message_id: str
+    sender: str
+    to: str
+    text: str
+    kind: MessageKind
+    created_at: float
+    fingerprint: str
+    summary: str | None = None
+    sender_session: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One recipient's copy of a message and where it stands."""
+
+    team: str
+    message_id: str
+    recipient: Recipient
+    seq: int
+    state: DeliveryState
+    attempts: int
+    created_at: float
+    updated_at: float
+    lease_until: float | None = None
+    dead_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryEvent:
+    """A line of a delivery's history: ``queued``, ``leased``, ``lease_expired``, ``acked``..."""
+
+    message_id: str
+    member: str
+    at: float
+    event: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InboxMessage:
+    """A message as handed to its recipient: the envelope plus this copy's attempt number."""
+
+    message: Message
+    recipient: Recipient
+    attempt: int
+    seq: int
+
+    def to_json(self) -> Json:
+        m = self.message
+        return {
+            "message_id": m.message_id,
+            "from": m.sender,
+            "to": self.recipient.member,
+            "session": self.recipient.session,
+            "kind": m.kind.value,
+            "text": m.text,
+            "summary": m.summary,
+            "created_at": m.created_at,
+            "attempt": self.attempt,
+            "meta": dict(m.meta),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    message_id: str
+    status: DeliveryState
+    recipients: tuple[Recipient, ...]
+    replayed: bool = False
+
+    def to_json(self) -> Json:
+        return {
+            "message_id": self.message_id,
+            "status": self.status.value,
+            "recipients": [r.member for r in self.recipients],
+        }
