@@ -1,0 +1,103 @@
+"""backchannel: a durable message hub for teams of AI agents.
+
+Import what you need from here; the submodules may move.
+"""
+
+from backchannel.client import Client, Received, SyncClient, connect, connect_sync
+from backchannel.errors import (
+    AlreadyExists,
+    BackchannelError,
+    Conflict,
+    Forbidden,
+    InvalidName,
+    InvalidRequest,
+    InvalidState,
+    MessageIdConflict,
+    NotFound,
+    PeerError,
+    RequestError,
+    ServiceError,
+    StoreError,
+    TooLarge,
+    Unauthorized,
+    UnknownMember,
+    UnknownMessage,
+    UnknownRecipient,
+    UnknownSession,
+    UnknownTeam,
+)
+from backchannel.hub import AckResult, Hub, HubMiddleware, MessageStatus
+from backchannel.stores.base import Store, Tx
+from backchannel.stores.memory import MemoryStore
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.types import (
+    BROADCAST,
+    USER,
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxMessage,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    SendResult,
+    Session,
+    SessionState,
+    Team,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BROADCAST",
+    "USER",
+    "AckResult",
+    "AlreadyExists",
+    "BackchannelError",
+    "Client",
+    "Conflict",
+    "Delivery",
+    "DeliveryEvent",
+    "DeliveryState",
+    "Forbidden",
+    "Hub",
+    "HubMiddleware",
+    "InboxMessage",
+    "InvalidName",
+    "InvalidRequest",
+    "InvalidState",
+    "Member",
+    "MemberKind",
+    "MemoryStore",
+    "Message",
+    "MessageIdConflict",
+    "MessageKind",
+    "MessageStatus",
+    "NotFound",
+    "PeerError",
+    "Received",
+    "Recipient",
+    "RequestError",
+    "SendResult",
+    "ServiceError",
+    "Session",
+    "SessionState",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "SyncClient",
+    "Team",
+    "TooLarge",
+    "Tx",
+    "Unauthorized",
+    "UnknownMember",
+    "UnknownMessage",
+    "UnknownRecipient",
+    "UnknownSession",
+    "UnknownTeam",
+    "__version__",
+    "connect",
+    "connect_sync",
+]

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -681,7 +681,7 @@ class Hub:
 
     async def watch(
         self, team: str, after: int = 0, *, idle_check: float = 1.0
-    ) -> AsyncIterator[FeedItem]:
+    ) -> AsyncGenerator[FeedItem, None]:
         """Yield a team's traffic as it happens, from cursor ``after`` on."""
         while True:
             ready = self._waiters.event(team, None)

@@ -79,7 +79,9 @@ def _team(tx: Tx, name: str = "alpha") -> None:
         tx.insert_member(Member(name, who, MemberKind.LLM, T0, f"hash-{name}-{who}"))
 
 
-def _msg(mid: str, sender: str = "a", to: str = "b", team: str = "alpha", text: str = "hi") -> Message:
+def _msg(
+    mid: str, sender: str = "a", to: str = "b", team: str = "alpha", text: str = "hi"
+) -> Message:
     return Message(
         team=team,
         message_id=mid,
@@ -204,7 +206,9 @@ async def check_concurrent_leases_never_overlap(make_store: StoreFactory) -> Non
     async with _opened(make_store) as store:
         await store.transact(_team)
         for i in range(60):
-            await store.transact(lambda tx, i=i: tx.insert_message(_msg(f"m{i:03}"), [Recipient("b")]))
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(_msg(f"m{i:03}"), [Recipient("b")])
+            )
 
         async def take() -> list[str]:
             got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 7))
@@ -331,7 +335,9 @@ async def check_many_concurrent_writers(make_store: StoreFactory) -> None:
         await asyncio.gather(
             *(
                 store.transact(
-                    lambda tx, i=i: tx.insert_message(_msg(f"c{i:04}", text=str(i)), [Recipient("c")])
+                    lambda tx, i=i: tx.insert_message(
+                        _msg(f"c{i:04}", text=str(i)), [Recipient("c")]
+                    )
                 )
                 for i in range(n)
             )

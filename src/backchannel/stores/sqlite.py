@@ -574,7 +574,7 @@ class SqliteStore(Store):
 
     def __init__(self, path: str | os.PathLike[str], *, max_batch: int = 512) -> None:
         self.path = sqlite_path(os.fspath(path))
-        self.url = f"sqlite:///{self.path}"
+        self.url = f"sqlite://{self.path}"
         self._max_batch = max_batch
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._reads: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()

@@ -1,0 +1,417 @@
+"""The Python SDK: one interface over a running hub (HTTP) or a store opened in-process.
+
+::
+
+    async with backchannel.connect("http://127.0.0.1:8765", token=TOKEN) as hub:
+        await hub.send("worker-1", "count the lines in src/")
+        async for msg in hub.inbox():
+            print(msg.sender, msg.text)
+            await msg.ack()
+
+``connect("sqlite:///path/to.db", token=...)`` runs a hub inside this process on that
+store; without a token an in-process client acts as the administrator. For scripts,
+:func:`connect_sync` gives the same calls without ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+
+from backchannel import errors
+from backchannel.config import open_store
+from backchannel.errors import BackchannelError, InvalidRequest, PeerError, Unauthorized
+from backchannel.hub import Hub
+from backchannel.types import Member, MemberKind, MessageKind
+
+__all__ = ["Client", "Received", "SyncClient", "connect", "connect_sync"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message handed to you. Call :meth:`ack` once you have handled it."""
+
+    message_id: str
+    sender: str
+    to: str
+    kind: str
+    text: str
+    summary: str | None
+    created_at: float
+    attempt: int
+    session: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    _client: Client | None = field(default=None, repr=False, compare=False)
+
+    async def ack(self) -> None:
+        if self._client is None:
+            raise InvalidRequest("this message is not bound to a client")
+        await self._client.ack([self.message_id])
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], client: Client | None) -> Received:
+        return cls(
+            message_id=data["message_id"],
+            sender=data["from"],
+            to=data["to"],
+            kind=data["kind"],
+            text=data["text"],
+            summary=data.get("summary"),
+            created_at=data["created_at"],
+            attempt=data["attempt"],
+            session=data.get("session"),
+            meta=dict(data.get("meta") or {}),
+            _client=client,
+        )
+
+
+class Client(ABC):
+    """What the SDK offers; the same over HTTP and in-process."""
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        return None
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    # administrator
+    @abstractmethod
+    async def create_team(
+        self, name: str, settings: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Create a team; the answer carries ``user_token``, shown only once."""
+
+    @abstractmethod
+    async def add_member(
+        self, team: str, name: str, kind: str = "llm", delivery: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Add a member; the answer carries its ``token``, shown only once."""
+
+    # members
+    @abstractmethod
+    async def members(self, team: str | None = None) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
+    async def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """Send as the authenticated member. Returns ``{"message_id", "status", ...}``."""
+
+    @abstractmethod
+    async def receive(
+        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+    ) -> list[Received]:
+        """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first."""
+
+    @abstractmethod
+    async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def status(self, message_id: str) -> dict[str, Any]:
+        """Delivery state and history of a message you sent or received."""
+
+    async def inbox(
+        self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
+    ) -> AsyncIterator[Received]:
+        """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
+        while True:
+            for msg in await self.receive(limit=batch, wait=wait, session=session):
+                yield msg
+
+
+def _member_json(m: Member) -> dict[str, Any]:
+    return {"team": m.team, "name": m.name, "kind": m.kind.value, "created_at": m.created_at}
+
+
+class LocalClient(Client):
+    """A hub running in this process on a store. ``token=None`` acts as administrator."""
+
+    def __init__(self, hub: Hub, token: str | None, *, own_hub: bool) -> None:
+        self.hub = hub
+        self._token = token
+        self._own = own_hub
+        self._me: Member | None = None
+
+    async def start(self) -> None:
+        await self.hub.start()
+        if self._token is not None:
+            self._me = await self.hub.authenticate(self._token)
+            if self._me is None:
+                raise Unauthorized("invalid token: no member of any team has it")
+
+    async def close(self) -> None:
+        if self._own:
+            await self.hub.close()
+
+    def _member(self) -> Member:
+        if self._me is None:
+            raise Unauthorized("this call acts as a member: connect with a member token")
+        return self._me
+
+    def _admin(self) -> None:
+        if self._token is not None:
+            raise errors.Forbidden(
+                "this call needs the administrator: connect without a member token"
+            )
+
+    async def create_team(
+        self, name: str, settings: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        self._admin()
+        team, token = await self.hub.create_team(name, settings=settings)
+        return {"name": team.name, "created_at": team.created_at, "user_token": token}
+
+    async def add_member(
+        self, team: str, name: str, kind: str = "llm", delivery: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        self._admin()
+        member, token = await self.hub.add_member(team, name, kind, delivery=delivery)
+        return {**_member_json(member), "token": token}
+
+    async def members(self, team: str | None = None) -> list[dict[str, Any]]:
+        if self._me is not None:
+            if team not in (None, self._me.team):
+                raise errors.UnknownTeam(f"unknown team {team!r}", team=team)
+            team = self._me.team
+        if team is None:
+            raise InvalidRequest("name the team whose members you want")
+        return [_member_json(m) for m in await self.hub.list_members(team)]
+
+    async def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        me = self._member()
+        result = await self.hub.send(
+            me.team, me.name, to, text, summary=summary, message_id=message_id, to_session=session
+        )
+        return {**result.to_json(), "replayed": result.replayed}
+
+    async def receive(
+        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+    ) -> list[Received]:
+        me = self._member()
+        got = await self.hub.receive(me.team, me.name, session=session, limit=limit, wait=wait)
+        return [Received.from_json(m.to_json(), self) for m in got]
+
+    async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]:
+        me = self._member()
+        result = await self.hub.ack(me.team, me.name, list(message_ids))
+        return {"acked": len(result.acked), "not_held": list(result.not_held)}
+
+    async def status(self, message_id: str) -> dict[str, Any]:
+        me = self._member()
+        return (await self.hub.message_status(me.team, message_id, viewer=me.name)).to_json()
+
+
+_ERRORS: dict[str, type[BackchannelError]] = {
+    cls.code: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, BackchannelError)
+}
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()["error"]
+        code, message = body.pop("code"), body.pop("message")
+    except (ValueError, KeyError, TypeError):
+        raise PeerError(
+            f"hub answered {resp.status_code} without a backchannel error body: {resp.text[:200]}"
+        ) from None
+    raise _ERRORS.get(code, BackchannelError)(message, **body)
+
+
+class HttpClient(Client):
+    """A hub over its HTTP API v1."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=5.0)
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, *, wait: float = 0.0, **kw: Any) -> Any:
+        timeout = httpx.Timeout(wait + 30.0, connect=5.0)
+        try:
+            resp = await self._http.request(method, path, timeout=timeout, **kw)
+        except httpx.TransportError as exc:
+            raise PeerError(
+                f"cannot reach the hub at {self.url}: {exc}; is `backchannel serve` running?"
+            ) from exc
+        _raise_for(resp)
+        return resp.json()
+
+    async def create_team(
+        self, name: str, settings: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name}
+        if settings:
+            body["settings"] = settings
+        result: dict[str, Any] = await self._call("POST", "/v1/teams", json=body)
+        return result
+
+    async def add_member(
+        self, team: str, name: str, kind: str = "llm", delivery: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "kind": kind}
+        if delivery:
+            body["delivery"] = delivery
+        result: dict[str, Any] = await self._call("POST", f"/v1/teams/{team}/members", json=body)
+        return result
+
+    async def members(self, team: str | None = None) -> list[dict[str, Any]]:
+        if team is None:
+            me = await self._call("GET", "/v1/me")
+            team = me["team"]
+        result = await self._call("GET", f"/v1/teams/{team}/members")
+        members: list[dict[str, Any]] = result["members"]
+        return members
+
+    async def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"to": to, "text": text}
+        for key, value in (("summary", summary), ("message_id", message_id), ("session", session)):
+            if value is not None:
+                body[key] = value
+        result: dict[str, Any] = await self._call("POST", "/v1/messages", json=body)
+        return result
+
+    async def receive(
+        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+    ) -> list[Received]:
+        params: dict[str, Any] = {"limit": limit, "wait": wait}
+        if session is not None:
+            params["session"] = session
+        result = await self._call("GET", "/v1/inbox", params=params, wait=wait)
+        return [Received.from_json(m, self) for m in result["messages"]]
+
+    async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", "/v1/inbox/ack", json={"message_ids": list(message_ids)}
+        )
+        return result
+
+    async def status(self, message_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("GET", f"/v1/messages/{message_id}")
+        return result
+
+
+def connect(url: str, token: str | None = None, **hub_options: Any) -> Client:
+    """A client for a hub at ``url`` (``http(s)://``) or a store opened in-process
+    (``sqlite:///path``, ``postgresql://...``, ``memory://``). Use it with ``async with``."""
+    if url.startswith(("http://", "https://")):
+        return HttpClient(url, token)
+    hub = Hub(open_store(url), **hub_options)
+    return LocalClient(hub, token, own_hub=True)
+
+
+def attach(hub: Hub, token: str | None = None) -> Client:
+    """A client for a hub this process already runs (it is not closed with the client)."""
+    return LocalClient(hub, token, own_hub=False)
+
+
+class SyncClient:
+    """The same calls without ``await``, for scripts. Runs an event loop in a thread."""
+
+    def __init__(self, url: str, token: str | None = None, **hub_options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._client = connect(url, token, **hub_options)
+        self._run(self._client.start())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _wrap(self, fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
+        def call(*args: Any, **kwargs: Any) -> T:
+            async def run() -> T:
+                return await fn(*args, **kwargs)
+
+            return self._run(run())
+
+        return call
+
+    def create_team(self, name: str) -> dict[str, Any]:
+        return self._wrap(self._client.create_team)(name)
+
+    def add_member(self, team: str, name: str, kind: str = "llm") -> dict[str, Any]:
+        return self._wrap(self._client.add_member)(team, name, kind)
+
+    def members(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._wrap(self._client.members)(team)
+
+    def send(self, to: str, text: str, **kwargs: Any) -> dict[str, Any]:
+        return self._wrap(self._client.send)(to, text, **kwargs)
+
+    def receive(self, **kwargs: Any) -> list[Received]:
+        return self._wrap(self._client.receive)(**kwargs)
+
+    def ack(self, message_ids: Sequence[str]) -> dict[str, Any]:
+        return self._wrap(self._client.ack)(message_ids)
+
+    def status(self, message_id: str) -> dict[str, Any]:
+        return self._wrap(self._client.status)(message_id)
+
+
+def connect_sync(url: str, token: str | None = None, **hub_options: Any) -> SyncClient:
+    """:func:`connect` for scripts: ``with connect_sync(url, token) as hub: hub.send(...)``."""
+    return SyncClient(url, token, **hub_options)
+
+
+# keep names importable for type checkers of callers
+_ = (MemberKind, MessageKind)

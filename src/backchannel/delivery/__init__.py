@@ -1,0 +1,1 @@
+"""Delivery adapters: put hub messages where an agent runtime looks for them."""

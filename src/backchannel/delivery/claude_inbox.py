@@ -1,0 +1,818 @@
+"""Claude Code agent-team inbox files: a writer that never loses a message, and a watcher.
+
+Claude Code gives each teammate an inbox file ``{root}/{team}/inboxes/{member}.json``
+(``root`` is ``$CLAUDE_CONFIG_DIR/teams``, by default ``~/.claude/teams``) holding a
+JSON array, pretty-printed with 2-space indents, of entries
+``{from, text, summary?, timestamp, color?, msgV, msg_id, type: "message", read}``.
+Writers take a ``proper-lockfile`` lock: the *directory* ``<inbox>.json.lock``, made
+with ``mkdir``, stale once its mtime is older than 10 s, its mtime refreshed while held.
+
+:class:`InboxWriter` takes the same lock, so it interleaves safely with Claude Code's
+own writers, and differs from them in what it promises:
+
+* it never gives up silently: it retries until a deadline, then raises
+  :class:`InboxWriteError` (the hub then does not acknowledge the message);
+* the new array is written to ``<inbox>.json.tmp.<hex>``, fsynced, renamed over the
+  inbox, and the directory fsynced; the file is then read back to check the entry;
+* an append whose ``msg_id`` is already in the inbox is skipped (idempotent);
+* an inbox that is not a JSON array is moved aside to ``<inbox>.json.corrupt-<UTC>``
+  with a warning, never overwritten with a partial view;
+* other writers' entries are kept byte for byte (the text is appended to, not
+  re-serialized) except when pruning drops old *read* entries past ``max_entries``.
+
+Crash contract: a crash after the rename but before the hub records the delivery
+means the hub delivers again; the retry finds the ``msg_id`` and writes nothing. If
+the reader already consumed and pruned the entry, it is written a second time:
+delivery is at least once, and the ``msg_id`` lets a reader drop the copy.
+
+:class:`InboxWatcher` covers the other direction: it yields entries that agents write
+into other inboxes (for example ``user.json``). :func:`member_state_from_entry` maps
+that traffic to a member state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import anyio
+
+__all__ = [
+    "ACTIVE_WINDOW_S",
+    "LOCK_STALE_S",
+    "AppendResult",
+    "InboxLock",
+    "InboxWatcher",
+    "InboxWriteError",
+    "InboxWriter",
+    "MemberState",
+    "default_root",
+    "entry_id",
+    "inbox_path",
+    "is_active",
+    "js_timestamp",
+    "member_state_from_entry",
+    "protocol_message",
+    "read_inbox",
+    "stable_id",
+]
+
+logger = logging.getLogger("backchannel.delivery.claude_inbox")
+
+#: proper-lockfile's default ``stale``: a lock whose mtime is older than this is dead.
+LOCK_STALE_S = 10.0
+#: A member counts as active this long after its last message.
+ACTIVE_WINDOW_S = 300.0
+#: Same values as :class:`backchannel.types.SessionState`.
+MemberState = Literal["active", "idle", "terminated"]
+
+_UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+class InboxWriteError(Exception):
+    """The entry could not be written (lock not won in time, I/O error, failed check).
+
+    The inbox was not changed by this call, except where the message says the entry may
+    have landed (a failed read-back); either way the caller must not acknowledge it.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    written: bool  # this call added the entry
+    already_present: bool  # an entry with this msg_id was there already; nothing written
+    path: Path
+    lock_wait_s: float  # time spent waiting for the lock, all attempts together
+
+
+# --------------------------------------------------------------------------- format
+
+
+def default_root() -> Path:
+    """Where Claude Code keeps teams: ``$CLAUDE_CONFIG_DIR/teams`` or ``~/.claude/teams``."""
+    config = os.environ.get("CLAUDE_CONFIG_DIR")
+    return (Path(config).expanduser() if config else Path.home() / ".claude") / "teams"
+
+
+def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
+    """The inbox file of ``member``; names are sanitized as Claude Code does (``[^\\w-]`` → ``-``)."""
+    base = Path(root).expanduser() if root is not None else default_root()
+    return base / _UNSAFE_NAME.sub("-", team) / "inboxes" / f"{_UNSAFE_NAME.sub('-', member)}.json"
+
+
+def js_timestamp(when: float | None = None) -> str:
+    """``new Date().toISOString()``: UTC, millisecond precision, ``Z`` suffix."""
+    moment = datetime.fromtimestamp(time.time() if when is None else when, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _field(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def stable_id(entry: Mapping[str, Any]) -> str:
+    """The id of an entry written without one: a hash of ``from``, ``timestamp`` and ``text``.
+
+    Those three fields are what Claude Code itself matches entries on, and none of them
+    changes when the entry is marked read, so the id is the same on every read.
+    """
+    key = "\n".join(_field(entry.get(k)) for k in ("from", "timestamp", "text"))
+    return "inbox-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def entry_id(entry: Mapping[str, Any]) -> str:
+    """The entry's ``msg_id`` if it has a non-empty string one, else :func:`stable_id`."""
+    value = entry.get("msg_id")
+    return value if isinstance(value, str) and value else stable_id(entry)
+
+
+def _decode(data: bytes | str) -> list[Any]:
+    """Parse an inbox file; ``ValueError`` if it is not a JSON array. Blank counts as ``[]``.
+
+    Blank is what a reader sees between Claude Code's exclusive create and its write of
+    ``[]``; it is an empty inbox, not a corrupt one.
+    """
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    if not text.strip():
+        return []
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError(f"top level is {type(value).__name__}, not an array")
+    return value
+
+
+def read_inbox(path: Path | str) -> list[dict[str, Any]]:
+    """Read an inbox without locking; each entry is a copy that has a ``msg_id``.
+
+    A missing, unparseable or non-array file reads as ``[]`` (as Claude Code reads it);
+    elements that are not objects are skipped. Legacy entries get :func:`stable_id`.
+    Writers replace the file by rename, so a read sees one whole version or another.
+    """
+    try:
+        items = _decode(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return []
+    return [{**e, "msg_id": entry_id(e)} for e in items if isinstance(e, dict)]
+
+
+def _dumps(value: Any) -> str:
+    """``JSON.stringify(value, null, 2)`` for the values inboxes hold."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: escape them as JSON.stringify does
+        text = json.dumps(value, indent=2)
+    return text
+
+
+# ------------------------------------------------------------------------------ lock
+
+
+class _Refresher:
+    """One daemon thread per process that keeps the mtime of every held lock fresh."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: dict[int, InboxLock] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, lock: InboxLock) -> None:
+        with self._cond:
+            self._held[id(lock)] = lock
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="inbox-lock-refresh", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lock: InboxLock) -> None:
+        with self._cond:
+            self._held.pop(id(lock), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [lk for lk in self._held.values() if lk._next_refresh <= now]
+                if not due:
+                    nxt = min((lk._next_refresh for lk in self._held.values()), default=None)
+                    self._cond.wait(None if nxt is None else nxt - now)
+                    continue
+            for lk in due:
+                lk._refresh()
+
+
+_refresher = _Refresher()
+
+
+def _reset_refresher() -> None:  # a forked child has the registry but not the thread
+    global _refresher
+    _refresher = _Refresher()
+
+
+os.register_at_fork(after_in_child=_reset_refresher)
+
+
+class InboxLock:
+    """The lock Claude Code takes on an inbox, made the way ``proper-lockfile`` makes it.
+
+    The lock is the directory ``<inbox>.lock``: whoever creates it holds it. A lock
+    directory whose mtime is more than ``stale_s`` old is taken over the way
+    proper-lockfile does it: remove the directory, then ``mkdir`` once more. While held,
+    a background thread refreshes the mtime every ``refresh_s``; if the directory is
+    gone or its mtime is not the one we set, the lock was taken from us and
+    :meth:`still_held` turns false. Usable as a context manager; not reentrant.
+    """
+
+    def __init__(
+        self, inbox: Path | str, *, stale_s: float = LOCK_STALE_S, refresh_s: float | None = None
+    ) -> None:
+        self.path = Path(f"{inbox}.lock")
+        self.stale_s = stale_s
+        self.refresh_s = refresh_s if refresh_s is not None else stale_s / 2
+        self._mutex = threading.Lock()
+        self._held = False
+        self._lost = False
+        self._mtime_ns = 0
+        self._next_refresh = 0.0
+
+    def try_acquire(self) -> bool:
+        """One attempt, no waiting: True if we now hold the lock. May raise ``OSError``."""
+        if self._held:
+            raise RuntimeError(f"{self.path} is already held by this InboxLock")
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:  # released meanwhile; like proper-lockfile, try once
+                return self._mkdir_once()
+            age = time.time() - st.st_mtime
+            if age <= self.stale_s:
+                return False
+            logger.warning("taking over stale inbox lock %s (untouched for %.1f s)", self.path, age)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(self.path)
+            return self._mkdir_once()
+        self._acquired()
+        return True
+
+    def _mkdir_once(self) -> bool:
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:
+            return False
+        self._acquired()
+        return True
+
+    def _acquired(self) -> None:
+        with self._mutex:
+            self._mtime_ns = os.stat(self.path).st_mtime_ns
+            self._held, self._lost = True, False
+            self._next_refresh = time.monotonic() + self.refresh_s
+        _refresher.add(self)
+
+    def _refresh(self) -> None:
+        with self._mutex:
+            if not self._held or self._lost:
+                return
+            try:
+                if os.stat(self.path).st_mtime_ns != self._mtime_ns:
+                    raise FileNotFoundError(self.path)
+                os.utime(self.path)
+                self._mtime_ns = os.stat(self.path).st_mtime_ns
+            except OSError:
+                self._lost = True
+                logger.warning("inbox lock %s was taken over or removed while held", self.path)
+                return
+            self._next_refresh = time.monotonic() + self.refresh_s
+
+    def still_held(self) -> bool:
+        """True if the lock directory is still ours (present, with the mtime we set)."""
+        with self._mutex:
+            if not self._held or self._lost:
+                return False
+            try:
+                return os.stat(self.path).st_mtime_ns == self._mtime_ns
+            except OSError:
+                return False
+
+    def release(self) -> None:
+        """Remove the lock directory, unless it was taken over meanwhile. Idempotent."""
+        _refresher.remove(self)
+        with self._mutex:
+            if not self._held:
+                return
+            self._held = False
+            try:
+                if not self._lost and os.stat(self.path).st_mtime_ns == self._mtime_ns:
+                    os.rmdir(self.path)
+            except OSError as exc:
+                logger.warning("could not release inbox lock %s: %s", self.path, exc)
+
+    def __enter__(self) -> InboxLock:
+        if not self.try_acquire():
+            raise InboxWriteError(f"inbox lock {self.path} is held by another writer")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---------------------------------------------------------------------------- writer
+
+
+class _LockLost(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A parsed version of an inbox file (treated as immutable)."""
+
+    raw: str  # the file text
+    entries: list[Any]  # its top-level elements
+    ids: frozenset[str]
+    n_read: int
+
+    @property
+    def head(self) -> str:
+        """The text up to the end of the last element (``raw`` without ``]``)."""
+        return self.raw.rstrip()[:-1].rstrip()
+
+    @classmethod
+    def of(cls, raw: str, entries: list[Any], base: _View | None = None) -> _View:
+        objs = [e for e in entries if isinstance(e, dict)]
+        ids = frozenset(entry_id(e) for e in objs)
+        n_read = sum(1 for e in objs if e.get("read") is True)
+        if base is None:
+            return cls(raw, entries, ids, n_read)
+        return cls(raw, base.entries + entries, base.ids | ids, base.n_read + n_read)
+
+
+def _parse(raw: str, cached: _View | None) -> _View:
+    """Parse ``raw``, reusing ``cached`` when ``raw`` only appends to it. ``ValueError`` if bad.
+
+    Writers append by rewriting the whole array, so the new text usually starts with
+    the old text up to its last element; then only the new tail is parsed. The result
+    is the same as a full parse: a valid array text followed by ``,`` and one or more
+    elements and ``]`` is a valid array of all those elements.
+    """
+    if cached is not None and cached.entries:
+        if raw == cached.raw:
+            return cached
+        head = cached.head
+        if raw.startswith(head):
+            rest = raw[len(head) :].lstrip()
+            if rest.startswith(","):
+                try:
+                    tail = json.loads("[" + rest[1:])
+                except ValueError:
+                    tail = None
+                if isinstance(tail, list) and tail:
+                    return _View.of(raw, tail, cached)
+    return _View.of(raw, _decode(raw))
+
+
+class InboxWriter:
+    """Appends entries to Claude Code inbox files; synchronous and thread-safe.
+
+    Every :meth:`append` either returns (the entry is in the file, durably, verified by
+    reading it back, or was there already) or raises :class:`InboxWriteError`.
+
+    ``deadline_s`` bounds the whole call; lock attempts back off with jitter from
+    ``backoff_initial_s`` doubling up to ``backoff_max_s``. ``stale_s`` is the lock's
+    stale time (keep Claude Code's 10 s outside tests). When an inbox holds more than
+    ``max_entries``, the oldest *read* entries are dropped until it holds ``prune_to``
+    (default 90 % of ``max_entries``); unread entries are never dropped. ``fsync=False``
+    skips the fsyncs (tests and benchmarks only: a power cut can then lose the entry).
+    """
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        deadline_s: float = 30.0,
+        stale_s: float = LOCK_STALE_S,
+        refresh_s: float | None = None,
+        max_entries: int = 1000,
+        prune_to: int | None = None,
+        backoff_initial_s: float = 0.002,
+        backoff_max_s: float = 0.05,
+        fsync: bool = True,
+    ) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_root()
+        self.deadline_s = deadline_s
+        self.stale_s = stale_s
+        self.refresh_s = refresh_s
+        self.max_entries = max_entries
+        self.prune_to = prune_to if prune_to is not None else max(1, max_entries * 9 // 10)
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.fsync = fsync
+        self._cache: OrderedDict[Path, _View] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    def path_for(self, team: str, member: str) -> Path:
+        return inbox_path(team, member, self.root)
+
+    def read(self, team: str, member: str) -> list[dict[str, Any]]:
+        return read_inbox(self.path_for(team, member))
+
+    def append(
+        self,
+        team: str,
+        member: str,
+        *,
+        msg_id: str,
+        from_: str,
+        text: str,
+        summary: str | None = None,
+        color: str | None = None,
+        timestamp: str | float | None = None,
+    ) -> AppendResult:
+        """Add one entry to ``member``'s inbox unless an entry with ``msg_id`` is there.
+
+        Creates the team's inbox directory and an empty inbox if missing. ``timestamp``
+        is an ISO-8601 string or UNIX seconds (default: now). ``summary`` and ``color``
+        are left out when ``None`` (Claude Code drops entries holding ``null`` there).
+        """
+        if not msg_id:
+            raise ValueError("msg_id must be a non-empty string")
+        stamp = timestamp if isinstance(timestamp, str) else js_timestamp(timestamp)
+        entry: dict[str, Any] = {"from": from_, "text": text}
+        if summary is not None:
+            entry["summary"] = summary
+        entry["timestamp"] = stamp
+        if color is not None:
+            entry["color"] = color
+        entry.update({"msgV": 1, "msg_id": msg_id, "type": "message", "read": False})
+        path = self.path_for(team, member)
+        deadline = time.monotonic() + self.deadline_s
+        waited = 0.0
+        try:
+            self._ensure_inbox(path)
+        except OSError as exc:
+            raise InboxWriteError(f"cannot create inbox {path}: {exc}") from exc
+        while True:
+            lock = InboxLock(path, stale_s=self.stale_s, refresh_s=self.refresh_s)
+            started = time.monotonic()
+            self._acquire(lock, deadline)
+            waited += time.monotonic() - started
+            try:
+                written = self._append_locked(path, lock, entry)
+            except _LockLost:
+                if time.monotonic() >= deadline:
+                    raise InboxWriteError(
+                        f"lost the lock {lock.path} before writing {msg_id!r}, "
+                        f"and the {self.deadline_s:g} s deadline has passed"
+                    ) from None
+                continue
+            except OSError as exc:
+                raise InboxWriteError(f"cannot write {msg_id!r} to {path}: {exc}") from exc
+            finally:
+                lock.release()
+            return AppendResult(written, not written, path, waited)
+
+    async def append_async(
+        self,
+        team: str,
+        member: str,
+        *,
+        msg_id: str,
+        from_: str,
+        text: str,
+        summary: str | None = None,
+        color: str | None = None,
+        timestamp: str | float | None = None,
+    ) -> AppendResult:
+        """:meth:`append` in a worker thread (``anyio.to_thread.run_sync``)."""
+        import anyio.to_thread
+
+        call = functools.partial(
+            self.append, team, member, msg_id=msg_id, from_=from_, text=text,
+            summary=summary, color=color, timestamp=timestamp,
+        )  # fmt: skip
+        return await anyio.to_thread.run_sync(call)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _ensure_inbox(self, path: Path) -> None:
+        """``mkdir -p`` the inboxes directory and create ``[]`` exclusively (as Claude Code)."""
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, b"[]")
+        finally:
+            os.close(fd)
+
+    def _acquire(self, lock: InboxLock, deadline: float) -> None:
+        attempt = 0
+        error: OSError | None = None
+        while True:
+            try:
+                if lock.try_acquire():
+                    return
+                error = None
+            except OSError as exc:
+                error = exc
+            now = time.monotonic()
+            if now >= deadline:
+                why = f": {error}" if error else " by another writer"
+                raise InboxWriteError(
+                    f"could not take the inbox lock {lock.path} within {self.deadline_s:g} s"
+                    f"{why} (stale after {lock.stale_s:g} s); the message was not written"
+                )
+            base = min(self.backoff_max_s, self.backoff_initial_s * 2**attempt)
+            attempt += 1
+            time.sleep(min(deadline - now, base / 2 + random.uniform(0, base / 2)))
+
+    def _cached(self, path: Path) -> _View | None:
+        with self._cache_lock:
+            return self._cache.get(path)
+
+    def _remember(self, path: Path, view: _View) -> None:
+        with self._cache_lock:
+            self._cache[path] = view
+            self._cache.move_to_end(path)
+            while len(self._cache) > 16:
+                self._cache.popitem(last=False)
+
+    def _load(self, path: Path) -> _View:
+        """Read the inbox under the lock; a corrupt file is moved aside and reads as empty."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return _View.of("[]", [])
+        try:
+            return _parse(data.decode("utf-8"), self._cached(path))
+        except ValueError as exc:  # includes UnicodeDecodeError and JSONDecodeError
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+            aside = Path(f"{path}.corrupt-{stamp}")
+            n = 0
+            while aside.exists():
+                n += 1
+                aside = Path(f"{path}.corrupt-{stamp}-{n}")
+            os.rename(path, aside)
+            logger.warning(
+                "inbox %s is not a JSON array (%s); moved it aside to %s and started a new one",
+                path, exc, aside.name,
+            )  # fmt: skip
+            return _View.of("[]", [])
+
+    def _append_locked(self, path: Path, lock: InboxLock, entry: dict[str, Any]) -> bool:
+        view = self._load(path)
+        if entry["msg_id"] in view.ids:
+            self._remember(path, view)
+            return False
+        text = "  " + _dumps(entry).replace("\n", "\n  ")
+        raw = f"[\n{text}\n]" if not view.entries else f"{view.head},\n{text}\n]"
+        new = _View(raw, [*view.entries, entry], view.ids | {entry["msg_id"]}, view.n_read)
+        if len(new.entries) > self.max_entries and new.n_read:
+            new = self._pruned(new)
+        self._replace(path, new.raw, lock)
+        self._remember(path, new)
+        try:
+            back = path.read_bytes().decode("utf-8")
+            check = new if back == new.raw else _parse(back, new)
+        except (OSError, ValueError) as exc:
+            raise InboxWriteError(
+                f"wrote {entry['msg_id']!r} to {path} but cannot read it back: {exc}"
+            ) from exc
+        if entry["msg_id"] not in check.ids:
+            raise InboxWriteError(
+                f"wrote {entry['msg_id']!r} to {path} but it is not there on reading back"
+            )
+        return True
+
+    def _pruned(self, view: _View) -> _View:
+        excess = len(view.entries) - self.prune_to
+        keep: list[Any] = []
+        for e in view.entries:
+            if excess > 0 and isinstance(e, dict) and e.get("read") is True:
+                excess -= 1
+                continue
+            keep.append(e)
+        logger.info("pruned %d read entries from an inbox", len(view.entries) - len(keep))
+        return _View.of(_dumps(keep), keep)
+
+    def _replace(self, path: Path, raw: str, lock: InboxLock) -> None:
+        tmp = Path(f"{path}.tmp.{secrets.token_hex(4)}")
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except FileNotFoundError:
+            mode = None
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                data = raw.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data) :]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if not lock.still_held():
+                raise _LockLost
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if self.fsync:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+# --------------------------------------------------------------------------- watcher
+
+
+class InboxWatcher:
+    """Yields ``(member, entry)`` for entries that appear in a team's inbox files.
+
+    Watches ``{root}/{team}/inboxes`` (created if missing) with ``watchfiles`` and also
+    rescans every ``rescan_s`` in case an event was missed. ``members`` limits which
+    inboxes count (e.g. ``{"user"}``). Each entry is yielded once, keyed by
+    :func:`entry_id` per file, whether or not it has been marked read since.
+
+    Caveat: the seen ids live in memory. A new watcher (after a restart) yields again
+    every entry still in the files, unless ``skip_existing``, which instead skips what
+    is there at start (and so may miss what arrived while nothing watched). Consumers
+    should be idempotent on ``msg_id``. Ids of entries that left a file are forgotten.
+    """
+
+    def __init__(
+        self,
+        team: str,
+        *,
+        root: Path | str | None = None,
+        members: Collection[str] | None = None,
+        skip_existing: bool = False,
+        rescan_s: float = 1.0,
+        debounce_ms: int = 20,
+        force_polling: bool | None = None,
+    ) -> None:
+        self.inboxes = inbox_path(team, "x", root).parent
+        self.members = None if members is None else frozenset(members)
+        self.skip_existing = skip_existing
+        self.rescan_s = rescan_s
+        self.debounce_ms = debounce_ms
+        self.force_polling = force_polling
+        self._seen: dict[str, set[str]] = {}
+        self._stop: anyio.Event | None = None
+
+    def poll(self) -> list[tuple[str, dict[str, Any]]]:
+        """Scan the inboxes once; return entries not yielded before, in file order.
+
+        A file that does not parse right now is skipped (its seen ids are kept), so a
+        torn read by a non-atomic writer never looks like new or vanished entries.
+        """
+        found: list[tuple[str, dict[str, Any]]] = []
+        try:
+            files = sorted(p for p in self.inboxes.iterdir() if p.suffix == ".json" and p.is_file())
+        except FileNotFoundError:
+            return found
+        for path in files:
+            member = path.stem
+            if self.members is not None and member not in self.members:
+                continue
+            try:
+                items = _decode(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            seen = self._seen.get(member, set())
+            present: set[str] = set()
+            for item in items:
+                if not isinstance(item, dict):
+                    continue
+                ident = entry_id(item)
+                present.add(ident)
+                if ident not in seen:
+                    seen.add(ident)
+                    found.append((member, {**item, "msg_id": ident}))
+            self._seen[member] = seen & present
+        return found
+
+    def stop(self) -> None:
+        """End a running :meth:`watch` (it finishes after its current wait)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        return self.watch()
+
+    async def watch(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        import anyio
+        import anyio.to_thread
+        import watchfiles
+
+        self.inboxes.mkdir(parents=True, exist_ok=True)
+        self._stop = anyio.Event()
+        first = await anyio.to_thread.run_sync(self.poll)
+        for item in () if self.skip_existing else first:
+            yield item
+        changes_seen = watchfiles.awatch(
+            self.inboxes,
+            watch_filter=lambda _change, name: name.endswith(".json"),
+            debounce=self.debounce_ms,
+            step=min(50, self.debounce_ms),
+            stop_event=self._stop,
+            rust_timeout=max(1, int(self.rescan_s * 1000)),
+            yield_on_timeout=True,
+            recursive=False,
+            force_polling=self.force_polling,
+        )
+        async for _changes in changes_seen:
+            for item in await anyio.to_thread.run_sync(self.poll):
+                yield item
+
+
+# ----------------------------------------------------------------------- member state
+
+
+def protocol_message(text: Any) -> dict[str, Any] | None:
+    """The JSON object Claude Code puts in ``text`` for protocol messages, else ``None``."""
+    if not isinstance(text, str) or not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("type"), str) else None
+
+
+def _seconds(stamp: Any) -> float | None:
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        return float(stamp)
+    if not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def is_active(
+    last_activity: float | str | None, now: float, window_s: float = ACTIVE_WINDOW_S
+) -> bool:
+    """True if ``last_activity`` (UNIX seconds or ISO-8601) is within ``window_s`` of ``now``.
+
+    A time in the future (clock skew) counts as active; ``None`` or garbage does not.
+    """
+    when = _seconds(last_activity)
+    return when is not None and now - when <= window_s
+
+
+def member_state_from_entry(entry: Mapping[str, Any], now: float) -> MemberState:
+    """The state of the entry's sender (``entry["from"]``) that this entry shows.
+
+    * ``text`` is JSON with ``type == "idle_notification"`` → ``"idle"``;
+    * ``type == "shutdown_approved"`` (what Claude Code writes when a teammate approves
+      a shutdown) or ``type == "shutdown_response"`` with ``approve: true`` (the
+      SendMessage tool's input form) → ``"terminated"``;
+    * anything else → ``"active"`` if the entry's ``timestamp`` is within
+      :data:`ACTIVE_WINDOW_S` of ``now`` (or has no readable time), else ``"idle"``.
+    """
+    proto = protocol_message(entry.get("text"))
+    kind = proto.get("type") if proto else None
+    if kind == "idle_notification":
+        return "idle"
+    if proto and (
+        kind == "shutdown_approved"
+        or (kind == "shutdown_response" and proto.get("approve") is True)
+    ):
+        return "terminated"
+    stamp = entry.get("timestamp")
+    if _seconds(stamp) is None or is_active(stamp, now):
+        return "active"
+    return "idle"

@@ -1,0 +1,447 @@
+"""HTTP API v1 (FastAPI). It only translates requests to :class:`Hub` calls and back.
+
+Auth: ``Authorization: Bearer <token>``. The admin token manages teams and members; a
+member token acts as that member, and the sender of a message is always the member
+the token belongs to. A member never learns of another team: every team-scoped path
+answers 404 for another team, exactly as for a team that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from backchannel.errors import (
+    BackchannelError,
+    Forbidden,
+    TooLarge,
+    Unauthorized,
+    UnknownTeam,
+)
+from backchannel.hub import Hub
+from backchannel.types import Member, MemberKind
+
+log = logging.getLogger("backchannel.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the administrator, or one member of one team."""
+
+    member: Member | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.member is None
+
+    def need_member(self) -> Member:
+        if self.member is None:
+            raise Forbidden(
+                "this call acts as a member; use a member token (the admin token manages "
+                "teams and members only)"
+            )
+        return self.member
+
+    def need_admin(self) -> None:
+        if self.member is not None:
+            raise Forbidden("this call needs the admin token (from $BACKCHANNEL_HOME/admin.token)")
+
+    def need_team(self, team: str) -> None:
+        """Admins see every team; a member only its own (others look nonexistent)."""
+        if self.member is not None and self.member.team != team:
+            raise UnknownTeam(f"unknown team {team!r}", team=team)
+
+
+# -- request bodies ---------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeamIn(_Body):
+    name: str = Field(description="team name: letters, digits, '_' or '-', at most 64")
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemberIn(_Body):
+    name: str
+    kind: MemberKind = MemberKind.LLM
+    delivery: dict[str, Any] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class MessageIn(_Body):
+    to: str = Field(description="a member name, or '*' for every member but you")
+    text: str
+    summary: str | None = None
+    message_id: str | None = Field(None, description="your id for idempotent retries")
+    session: str | None = Field(None, description="deliver to this session of the recipient only")
+    close_link: bool = False
+    link: bool = True
+
+
+class AckIn(_Body):
+    message_ids: list[str]
+
+
+class SessionIn(_Body):
+    session_id: str | None = None
+
+
+# -- the app ------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413 before reading them whole."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await _send_error(send, self._error(int(value)))
+                return
+        seen = 0
+        too_large: TooLarge | None = None
+
+        async def limited() -> Message:
+            nonlocal seen, too_large
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit and too_large is None:
+                    too_large = self._error(seen)
+                    raise _BodyTooLarge(too_large)
+            return msg
+
+        replaced = False
+
+        async def guarded_send(msg: Message) -> None:
+            # whatever the app makes of the aborted read, the caller is told 413
+            nonlocal replaced
+            if too_large is None:
+                await send(msg)
+            elif not replaced:
+                replaced = True
+                await _send_error(send, too_large)
+
+        try:
+            await self.app(scope, limited, guarded_send)
+        except _BodyTooLarge as exc:
+            if not replaced:
+                await _send_error(send, exc.error)
+
+    def _error(self, size: int) -> TooLarge:
+        return TooLarge(
+            f"request body is {size} bytes, over the {self.limit}-byte limit; "
+            "send less text per message",
+            limit=self.limit,
+        )
+
+
+class _BodyTooLarge(Exception):
+    def __init__(self, error: TooLarge) -> None:
+        self.error = error
+
+
+async def _send_error(send: Send, error: BackchannelError) -> None:
+    body = json.dumps(error.to_json()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_response(error: BackchannelError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if error.status == 503:
+        headers = {**(headers or {}), "Retry-After": "1"}
+    return JSONResponse(error.to_json(), status_code=error.status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx", {})
+            return (
+                f"request body is not valid JSON ({ctx.get('error', 'parse error')}); "
+                "send a JSON object with Content-Type: application/json",
+                [],
+            )
+        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
+            return (
+                "request body must be a JSON object; send one with Content-Type: application/json",
+                [],
+            )
+        problems.append({"field": loc or "body", "problem": err.get("msg", "invalid")})
+    text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+    return f"invalid request: {text}", problems
+
+
+async def principal(request: Request) -> Principal:
+    """Resolve the bearer token to the administrator or a member (constant-time compare)."""
+    hub: Hub = request.app.state.hub
+    admin_token: str = request.app.state.admin_token
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized(
+            "missing bearer token: send 'Authorization: Bearer <token>' with a member token "
+            "(from `backchannel member add`) or the admin token ($BACKCHANNEL_HOME/admin.token)"
+        )
+    if hmac.compare_digest(token.encode(), admin_token.encode()):
+        return Principal(None)
+    member = await hub.authenticate(token)
+    if member is None:
+        raise Unauthorized("invalid token: it belongs to no member and is not the admin token")
+    return Principal(member)
+
+
+Auth = Annotated[Principal, Depends(principal)]
+
+
+def create_app(
+    hub: Hub,
+    admin_token: str,
+    *,
+    max_body: int | None = None,
+    title: str = "backchannel",
+) -> FastAPI:
+    """The ASGI app serving the API for ``hub``."""
+    limit = max_body if max_body is not None else hub.config.max_text + 64 * 1024
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await hub.start()
+        yield
+
+    app = FastAPI(
+        title=title,
+        version="1",
+        summary="A durable message hub for teams of AI agents",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.hub = hub
+    app.state.admin_token = admin_token
+
+    @app.exception_handler(BackchannelError)
+    async def on_error(request: Request, exc: BackchannelError) -> JSONResponse:
+        if exc.status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, problems = _validation_message(exc)
+        body = {"error": {"code": "invalid_request", "message": message, "problems": problems}}
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = (
+            f"no such endpoint {request.method} {request.url.path}; see /openapi.json"
+            if exc.status_code in (404, 405)
+            else str(exc.detail)
+        )
+        return JSONResponse(
+            {"error": {"code": code, "message": message}}, status_code=exc.status_code
+        )
+
+    @app.get("/healthz", tags=["meta"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/me", tags=["meta"])
+    async def me(who: Auth) -> dict[str, Any]:
+        if who.member is None:
+            return {"admin": True, "team": None, "name": None}
+        m = who.member
+        return {"admin": False, "team": m.team, "name": m.name, "kind": m.kind.value}
+
+    # -- teams and members -------------------------------------------------------
+    @app.post("/v1/teams", status_code=201, tags=["teams"])
+    async def create_team(body: TeamIn, who: Auth) -> dict[str, Any]:
+        who.need_admin()
+        team, token = await hub.create_team(body.name, settings=body.settings)
+        return {"name": team.name, "created_at": team.created_at, "user_token": token}
+
+    @app.get("/v1/teams", tags=["teams"])
+    async def list_teams(who: Auth) -> dict[str, Any]:
+        if who.member is not None:
+            names = [who.member.team]
+        else:
+            names = [t.name for t in await hub.list_teams()]
+        return {"teams": [{"name": n} for n in names]}
+
+    @app.post("/v1/teams/{team}/members", status_code=201, tags=["teams"])
+    async def add_member(team: str, body: MemberIn, who: Auth) -> dict[str, Any]:
+        who.need_admin()
+        member, token = await hub.add_member(
+            team, body.name, body.kind, delivery=body.delivery, settings=body.settings
+        )
+        return {"name": member.name, "team": member.team, "kind": member.kind.value, "token": token}
+
+    @app.get("/v1/teams/{team}/members", tags=["teams"])
+    async def list_members(team: str, who: Auth) -> dict[str, Any]:
+        who.need_team(team)
+        members = await hub.list_members(team)
+        return {
+            "members": [
+                {"name": m.name, "kind": m.kind.value, "created_at": m.created_at} for m in members
+            ]
+        }
+
+    # -- messages ----------------------------------------------------------------
+    @app.post("/v1/messages", status_code=201, tags=["messages"])
+    async def send(body: MessageIn, who: Auth) -> JSONResponse:
+        me = who.need_member()
+        result = await hub.send(
+            me.team,
+            me.name,
+            body.to,
+            body.text,
+            summary=body.summary,
+            message_id=body.message_id,
+            to_session=body.session,
+        )
+        return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
+
+    @app.get("/v1/messages/{message_id}", tags=["messages"])
+    async def message_status(message_id: str, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        status = await hub.message_status(me.team, message_id, viewer=me.name)
+        return status.to_json()
+
+    @app.get("/v1/inbox", tags=["inbox"])
+    async def inbox(
+        who: Auth,
+        wait: Annotated[
+            float, Query(ge=0, le=3600, description="seconds to wait for the first")
+        ] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+        session: str | None = None,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> dict[str, Any]:
+        me = who.need_member()
+        got = await hub.receive(
+            me.team, me.name, session=session, limit=limit, wait=wait, lease_seconds=lease
+        )
+        return {"messages": [m.to_json() for m in got]}
+
+    @app.post("/v1/inbox/ack", tags=["inbox"])
+    async def ack(body: AckIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        result = await hub.ack(me.team, me.name, body.message_ids)
+        return {"acked": len(result.acked), "not_held": list(result.not_held)}
+
+    @app.post("/v1/inbox/release", tags=["inbox"])
+    async def release(body: AckIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return {"released": await hub.release(me.team, me.name, body.message_ids)}
+
+    @app.get("/v1/inbox/stream", tags=["inbox"])
+    async def inbox_stream(
+        who: Auth, request: Request, session: str | None = None
+    ) -> StreamingResponse:
+        """Server-sent events: each message is leased and sent as ``event: message``;
+        ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open."""
+        me = who.need_member()
+
+        async def events() -> AsyncIterator[str]:
+            yield ": connected\n\n"
+            while not await request.is_disconnected():
+                got = await hub.receive(me.team, me.name, session=session, limit=32, wait=15.0)
+                if not got:
+                    yield ": keep-alive\n\n"
+                for m in got:
+                    yield f"event: message\nid: {m.message.message_id}\ndata: {json.dumps(m.to_json())}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    @app.get("/v1/teams/{team}/events", tags=["teams"])
+    async def team_events(
+        team: str, who: Auth, request: Request, after: int = 0
+    ) -> StreamingResponse:
+        """Server-sent events: the team's traffic (sends, leases, acks, dead letters)."""
+        who.need_team(team)
+        await hub.get_team(team)
+
+        async def events() -> AsyncIterator[str]:
+            yield ": connected\n\n"
+            stream = hub.watch(team, after)
+            try:
+                while not await request.is_disconnected():
+                    try:
+                        item = await asyncio.wait_for(anext(stream), 15.0)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"event: traffic\nid: {item.cursor}\ndata: {json.dumps(item.to_json())}\n\n"
+            finally:
+                await stream.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    # -- sessions ----------------------------------------------------------------
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"])
+    async def open_session(body: SessionIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        s = await hub.open_session(me.team, me.name, body.session_id)
+        return _session_json(s)
+
+    @app.get("/v1/sessions", tags=["sessions"])
+    async def list_sessions(who: Auth, member: str | None = None) -> dict[str, Any]:
+        me = who.need_member()
+        return {"sessions": [_session_json(s) for s in await hub.list_sessions(me.team, member)]}
+
+    app.add_middleware(BodyLimit, limit=limit)
+    return app
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _session_json(s: Any) -> dict[str, Any]:
+    return {
+        "session_id": s.session_id,
+        "member": s.member,
+        "state": s.state.value,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "turn": s.turn,
+    }
