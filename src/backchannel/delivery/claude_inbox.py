@@ -594,11 +594,12 @@ class InboxWriter:
         new = _View(raw, [*view.entries, entry], view.ids | {entry["msg_id"]}, view.n_read)
         if len(new.entries) > self.max_entries and new.n_read:
             new = self._pruned(new)
-        self._replace(path, new.raw, lock)
+        data = new.raw.encode("utf-8")
+        self._replace(path, data, lock)
         self._remember(path, new)
-        try:
-            back = path.read_bytes().decode("utf-8")
-            check = new if back == new.raw else _parse(back, new)
+        try:  # read back: normally the very bytes we wrote, compared without parsing
+            back = path.read_bytes()
+            check = new if back == data else _parse(back.decode("utf-8"), new)
         except (OSError, ValueError) as exc:
             raise InboxWriteError(
                 f"wrote {entry['msg_id']!r} to {path} but cannot read it back: {exc}"
@@ -620,7 +621,7 @@ class InboxWriter:
         logger.info("pruned %d read entries from an inbox", len(view.entries) - len(keep))
         return _View.of(_dumps(keep), keep)
 
-    def _replace(self, path: Path, raw: str, lock: InboxLock) -> None:
+    def _replace(self, path: Path, data: bytes, lock: InboxLock) -> None:
         tmp = Path(f"{path}.tmp.{secrets.token_hex(4)}")
         try:
             mode = os.stat(path).st_mode & 0o777
@@ -631,7 +632,6 @@ class InboxWriter:
             try:
                 if mode is not None:
                     os.fchmod(fd, mode)
-                data = raw.encode("utf-8")
                 while data:
                     data = data[os.write(fd, data) :]
                 if self.fsync:

@@ -63,7 +63,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolError, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
 from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
@@ -82,12 +82,13 @@ from backchannel.types import (
     Team,
 )
 
-__all__ = ["MIGRATIONS", "PostgresStore", "PgTx", "mask_url"]
+__all__ = ["MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
 
 T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.postgres")
 
 CHANNEL = "backchannel"
+LISTENER_NAME = "backchannel-listen"
 MAX_ATTEMPTS = 30
 _MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
 
@@ -603,6 +604,9 @@ class PostgresStore(Store):
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: Transaction attempts re-run after a serialization failure, deadlock or lost
+        #: connection (a health signal: it grows with contention).
+        self.retries = 0
 
     # -- errors ------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -648,7 +652,11 @@ class PostgresStore(Store):
                 raise self._error(exc, "could not be migrated") from exc
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self._dsn,
-            kwargs={"autocommit": True, "connect_timeout": max(1, round(self._connect_timeout))},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, round(self._connect_timeout)),
+                "application_name": "backchannel",
+            },
             min_size=1,
             max_size=self._pool_size,
             open=False,
@@ -730,10 +738,11 @@ class PostgresStore(Store):
                 with pool.connection() as conn:
                     tx = PgTx(conn, self, readonly)
                     outcome = self._attempt(conn, tx, fn, begin)
-            except PoolError as exc:
+            except (PoolTimeout, PoolClosed) as exc:
                 raise self._error(exc, "has no connection available") from exc
             if outcome is not None:
-                return outcome[0]  # type: ignore[no-any-return]
+                return outcome[0]
+            self.retries += 1
             if tx.broken:
                 lost += 1
                 if lost > 2:
@@ -801,7 +810,9 @@ class PostgresStore(Store):
         own = self._origin + ":"
         while not self._stop.is_set():
             try:
-                conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+                conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=5, application_name=LISTENER_NAME
+                )
             except psycopg.Error as exc:
                 log.warning("LISTEN connection to %s failed: %s", self.url, self._scrub(str(exc)))
                 self._post(None, None)

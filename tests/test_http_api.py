@@ -1,0 +1,287 @@
+"""The HTTP API v1 over a real socket, against `backchannel serve` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.conftest import start_server
+
+    s = start_server(tmp_path_factory.mktemp("api") / "home")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tokens(srv: Server) -> dict[str, str]:
+    t = srv.team("alpha", "lead", "worker-1", "worker-2")
+    t.update({f"beta:{k}": v for k, v in srv.team("beta", "outsider").items()})
+    return t
+
+
+def test_admin_token_file_is_private(srv: Server) -> None:
+    mode = stat.S_IMODE(os.stat(srv.home / "admin.token").st_mode)
+    assert mode == 0o600
+
+
+def test_healthz_and_openapi(srv: Server) -> None:
+    assert httpx.get(f"{srv.url}/healthz").json() == {"status": "ok"}
+    spec = httpx.get(f"{srv.url}/openapi.json").json()
+    for path in (
+        "/v1/teams",
+        "/v1/messages",
+        "/v1/inbox",
+        "/v1/inbox/ack",
+        "/v1/messages/{message_id}",
+    ):
+        assert path in spec["paths"]
+
+
+def test_send_receive_ack_roundtrip(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["lead"]) as lead, srv.client(tokens["worker-1"]) as w1:
+        r = lead.post(
+            "/v1/messages", json={"to": "worker-1", "text": "count lines", "summary": "job"}
+        )
+        assert r.status_code == 201
+        body = r.json()
+        assert body["status"] == "queued"
+        got = w1.get("/v1/inbox", params={"limit": 10}).json()["messages"]
+        mine = [m for m in got if m["message_id"] == body["message_id"]]
+        assert len(mine) == 1
+        m = mine[0]
+        assert (m["from"], m["to"], m["kind"], m["text"], m["summary"], m["attempt"]) == (
+            "lead",
+            "worker-1",
+            "direct",
+            "count lines",
+            "job",
+            1,
+        )
+        assert w1.post("/v1/inbox/ack", json={"message_ids": [m["message_id"]]}).json() == {
+            "acked": 1,
+            "not_held": [],
+        }
+        status = lead.get(f"/v1/messages/{m['message_id']}").json()
+        assert status["status"] == "acked"
+        assert [h["event"] for h in status["history"]] == ["queued", "leased", "acked"]
+
+
+def test_sender_is_the_authenticated_member_never_the_body(
+    srv: Server, tokens: dict[str, str]
+) -> None:
+    with srv.client(tokens["worker-2"]) as w2:
+        r = w2.post("/v1/messages", json={"to": "lead", "text": "hi", "from": "user"})
+        assert r.status_code == 422
+        assert "from" in r.json()["error"]["message"]
+
+
+def test_idempotent_replay_is_200_and_conflict_is_409(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["lead"]) as lead:
+        body = {"to": "worker-2", "text": "once", "message_id": "idem-1"}
+        first = lead.post("/v1/messages", json=body)
+        again = lead.post("/v1/messages", json=body)
+        assert (first.status_code, again.status_code) == (201, 200)
+        assert first.json()["message_id"] == again.json()["message_id"] == "idem-1"
+        clash = lead.post("/v1/messages", json={**body, "text": "different"})
+        assert clash.status_code == 409
+        assert clash.json()["error"]["code"] == "message_id_conflict"
+
+
+def test_unknown_recipient_404_with_suggestions(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["lead"]) as lead:
+        r = lead.post("/v1/messages", json={"to": "wrker-1", "text": "hi"})
+        assert r.status_code == 404
+        err = r.json()["error"]
+        assert err["code"] == "unknown_recipient"
+        assert err["suggestions"][0] == "worker-1"
+        assert "did you mean 'worker-1'" in err["message"]
+
+
+def test_other_team_is_indistinguishable_from_nonexistent(
+    srv: Server, tokens: dict[str, str]
+) -> None:
+    with srv.client(tokens["beta:outsider"]) as out:
+        to_alpha = out.post("/v1/messages", json={"to": "lead", "text": "hi"})
+        assert to_alpha.status_code == 404
+        assert to_alpha.json()["error"]["suggestions"] == []  # nothing leaks from alpha
+        assert "alpha" not in to_alpha.text
+        other = out.get("/v1/teams/alpha/members")
+        missing = out.get("/v1/teams/nosuchteam/members")
+        assert other.status_code == missing.status_code == 404
+        assert other.json()["error"]["code"] == missing.json()["error"]["code"] == "unknown_team"
+        assert out.get("/v1/teams").json() == {"teams": [{"name": "beta"}]}
+
+
+def test_auth_errors(srv: Server, tokens: dict[str, str]) -> None:
+    none = httpx.get(f"{srv.url}/v1/inbox")
+    assert none.status_code == 401
+    assert "Authorization: Bearer" in none.json()["error"]["message"]
+    wrong = httpx.get(f"{srv.url}/v1/inbox", headers={"Authorization": "Bearer bc_nope"})
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "unauthorized"
+    with srv.client(tokens["lead"]) as lead:
+        r = lead.post("/v1/teams", json={"name": "gamma"})
+        assert r.status_code == 403
+    with srv.client() as admin:
+        r = admin.post("/v1/messages", json={"to": "lead", "text": "x"})
+        assert r.status_code == 403
+        assert "member token" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "needle"),
+    [
+        (b"{not json", {"content-type": "application/json"}, "not valid JSON"),
+        (b"[1, 2]", {"content-type": "application/json"}, "JSON object"),
+        (
+            b'{"to": 5, "text": "x"}',
+            {"content-type": "application/json"},
+            "to: Input should be a valid string",
+        ),
+        (b'{"to": "lead"}', {"content-type": "application/json"}, "text: Field required"),
+    ],
+)
+def test_malformed_requests_are_422_with_the_problem(
+    srv: Server, tokens: dict[str, str], body: bytes, headers: dict[str, str], needle: str
+) -> None:
+    with srv.client(tokens["worker-1"]) as w1:
+        r = w1.post("/v1/messages", content=body, headers=headers)
+        assert r.status_code == 422
+        assert r.json()["error"]["code"] == "invalid_request"
+        assert needle in r.json()["error"]["message"]
+
+
+def test_oversized_text_is_413_and_nothing_is_kept(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["worker-1"]) as w1:
+        r = w1.post(
+            "/v1/messages",
+            json={"to": "lead", "text": "x" * (256 * 1024 + 1), "message_id": "big-1"},
+        )
+        assert r.status_code == 413
+        assert r.json()["error"]["limit"] == 256 * 1024
+        huge = w1.post(
+            "/v1/messages",
+            content=b"x" * (2 * 1024 * 1024),
+            headers={"content-type": "application/json"},
+        )
+        assert huge.status_code == 413
+        assert w1.get("/v1/messages/big-1").status_code == 404
+
+
+def test_invalid_team_and_member_names(srv: Server) -> None:
+    with srv.client() as admin:
+        r = admin.post("/v1/teams", json={"name": "has space"})
+        assert r.status_code == 422
+        assert r.json()["error"]["code"] == "invalid_name"
+        r = admin.post("/v1/teams/alpha/members", json={"name": "../etc"})
+        assert r.status_code == 422
+        r = admin.post("/v1/teams/alpha/members", json={"name": "ok", "kind": "robot"})
+        assert r.status_code == 422
+        assert admin.post("/v1/teams", json={"name": "alpha"}).status_code == 409
+
+
+def test_ack_of_ids_not_held(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["worker-2"]) as w2:
+        r = w2.post("/v1/inbox/ack", json={"message_ids": ["nope-1"]})
+        assert r.status_code == 200
+        assert r.json() == {"acked": 0, "not_held": ["nope-1"]}
+        assert w2.post("/v1/inbox/ack", json={"message_ids": "nope"}).status_code == 422
+
+
+def test_status_visible_to_sender_and_recipient_only(srv: Server, tokens: dict[str, str]) -> None:
+    with (
+        srv.client(tokens["lead"]) as lead,
+        srv.client(tokens["worker-1"]) as w1,
+        srv.client(tokens["worker-2"]) as w2,
+    ):
+        mid = lead.post("/v1/messages", json={"to": "worker-1", "text": "private"}).json()[
+            "message_id"
+        ]
+        assert lead.get(f"/v1/messages/{mid}").status_code == 200
+        assert w1.get(f"/v1/messages/{mid}").status_code == 200
+        assert w2.get(f"/v1/messages/{mid}").status_code == 404
+
+
+def test_long_poll_is_woken_by_a_send(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["worker-2"]) as w2:
+        w2.post("/v1/inbox/ack", json={"message_ids": ["x"]})
+        drained = w2.get("/v1/inbox", params={"limit": 1000}).json()["messages"]
+        if drained:
+            w2.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in drained]})
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        with srv.client(tokens["worker-2"]) as w2:
+            result["resp"] = w2.get("/v1/inbox", params={"wait": 60, "limit": 5}).json()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    with srv.client(tokens["lead"]) as lead:
+        mid = lead.post("/v1/messages", json={"to": "worker-2", "text": "ping"}).json()[
+            "message_id"
+        ]
+    t.join(20)  # far less than the 60 s wait: the commit woke it
+    assert not t.is_alive()
+    msgs = result["resp"]["messages"]  # type: ignore[index]
+    assert [m["message_id"] for m in msgs] == [mid]
+
+
+def test_sse_inbox_stream_pushes_messages(srv: Server, tokens: dict[str, str]) -> None:
+    srv.team("sse", "rx")
+    with srv.client() as admin:
+        rx = admin.post("/v1/teams/sse/members", json={"name": "rx2"}).json()["token"]
+        tx = admin.post("/v1/teams/sse/members", json={"name": "tx"}).json()["token"]
+    with (
+        httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {rx}"}, timeout=30) as c,
+        c.stream("GET", "/v1/inbox/stream") as resp,
+    ):
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = resp.iter_lines()
+        assert next(lines) == ": connected"
+        with srv.client(tx) as sender:
+            mid = sender.post("/v1/messages", json={"to": "rx2", "text": "streamed"}).json()[
+                "message_id"
+            ]
+        data = None
+        for line in lines:
+            if line.startswith("data: "):
+                data = json.loads(line[6:])
+                break
+    assert data is not None
+    assert (data["message_id"], data["text"], data["from"]) == (mid, "streamed", "tx")
+
+
+def test_team_events_stream(srv: Server, tokens: dict[str, str]) -> None:
+    with srv.client(tokens["lead"]) as lead:
+        mid = lead.post("/v1/messages", json={"to": "worker-1", "text": "watched"}).json()[
+            "message_id"
+        ]
+        with lead.stream("GET", "/v1/teams/alpha/events", params={"after": 0}) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and json.loads(line[6:])["message_id"] == mid:
+                    item = json.loads(line[6:])
+                    break
+    assert (item["event"], item["from"], item["to"], item["summary"]) == (
+        "queued",
+        "lead",
+        "worker-1",
+        "watched",
+    )
+    with srv.client(tokens["beta:outsider"]) as out:
+        assert out.get("/v1/teams/alpha/events").status_code == 404
+
+
+def test_unknown_endpoint_uses_error_format(srv: Server) -> None:
+    r = httpx.get(f"{srv.url}/v1/nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
