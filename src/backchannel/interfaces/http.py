@@ -429,6 +429,9 @@ def create_app(
         me = who.need_member()
         return {"sessions": [_session_json(s) for s in await hub.list_sessions(me.team, member)]}
 
+    from backchannel.interfaces.dashboard import mount_dashboard
+
+    mount_dashboard(app)
     app.add_middleware(BodyLimit, limit=limit)
     return app
 
