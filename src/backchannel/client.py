@@ -27,8 +27,8 @@ import httpx
 from backchannel import errors
 from backchannel.config import open_store
 from backchannel.errors import BackchannelError, InvalidRequest, PeerError, Unauthorized
-from backchannel.hub import Hub
-from backchannel.types import Member, MemberKind, MessageKind
+from backchannel.hub import Hub, session_json
+from backchannel.types import Member
 
 __all__ = ["Client", "Received", "SyncClient", "connect", "connect_sync"]
 
@@ -115,8 +115,10 @@ class Client(ABC):
         summary: str | None = None,
         message_id: str | None = None,
         session: str | None = None,
+        from_session: str | None = None,
     ) -> dict[str, Any]:
-        """Send as the authenticated member. Returns ``{"message_id", "status", ...}``."""
+        """Send as the authenticated member (from ``from_session``'s turn, if given).
+        Returns ``{"message_id", "status", "recipients"}``."""
 
     @abstractmethod
     async def receive(
@@ -130,6 +132,41 @@ class Client(ABC):
     @abstractmethod
     async def status(self, message_id: str) -> dict[str, Any]:
         """Delivery state and history of a message you sent or received."""
+
+    # sessions and turns
+    @abstractmethod
+    async def open_session(self, session_id: str | None = None) -> dict[str, Any]:
+        """Open a session, or resume ``session_id`` (same state, links and timers)."""
+
+    @abstractmethod
+    async def report_event(
+        self, session_id: str, kind: str, text: str = "", data: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Report ``turn_start``, ``thought``, ``tool_call``, ``tool_result``,
+        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed)."""
+
+    async def turn_start(self, session_id: str, text: str = "") -> dict[str, Any]:
+        return await self.report_event(session_id, "turn_start", text)
+
+    async def agent_stop(self, session_id: str, text: str) -> dict[str, Any]:
+        return await self.report_event(session_id, "agent_stop", text)
+
+    @abstractmethod
+    async def terminate_session(self, session_id: str, reason: str = "") -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def session_data(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+    ) -> dict[str, Any]:
+        """A teammate's transcript, paged and capped (``get_session_data``)."""
+
+    @abstractmethod
+    async def react(self, message_id: str, emoji: str) -> None: ...
 
     async def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
@@ -206,12 +243,51 @@ class LocalClient(Client):
         summary: str | None = None,
         message_id: str | None = None,
         session: str | None = None,
+        from_session: str | None = None,
     ) -> dict[str, Any]:
         me = self._member()
         result = await self.hub.send(
-            me.team, me.name, to, text, summary=summary, message_id=message_id, to_session=session
+            me.team,
+            me.name,
+            to,
+            text,
+            summary=summary,
+            message_id=message_id,
+            to_session=session,
+            sender_session=from_session,
         )
         return {**result.to_json(), "replayed": result.replayed}
+
+    async def open_session(self, session_id: str | None = None) -> dict[str, Any]:
+        me = self._member()
+        return session_json(await self.hub.open_session(me.team, me.name, session_id))
+
+    async def report_event(
+        self, session_id: str, kind: str, text: str = "", data: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        me = self._member()
+        return await self.hub.report_event(me.team, me.name, session_id, kind, text, data)
+
+    async def terminate_session(self, session_id: str, reason: str = "") -> dict[str, Any]:
+        me = self._member()
+        return session_json(await self.hub.terminate_session(me.team, me.name, session_id, reason))
+
+    async def session_data(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+    ) -> dict[str, Any]:
+        me = self._member()
+        return await self.hub.get_session_data(
+            me.team, session_id, since=since, until=until, tail_chars=tail_chars
+        )
+
+    async def react(self, message_id: str, emoji: str) -> None:
+        me = self._member()
+        await self.hub.react(me.team, me.name, message_id, emoji)
 
     async def receive(
         self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
@@ -308,13 +384,62 @@ class HttpClient(Client):
         summary: str | None = None,
         message_id: str | None = None,
         session: str | None = None,
+        from_session: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"to": to, "text": text}
-        for key, value in (("summary", summary), ("message_id", message_id), ("session", session)):
+        for key, value in (
+            ("summary", summary),
+            ("message_id", message_id),
+            ("session", session),
+            ("from_session", from_session),
+        ):
             if value is not None:
                 body[key] = value
         result: dict[str, Any] = await self._call("POST", "/v1/messages", json=body)
         return result
+
+    async def open_session(self, session_id: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", "/v1/sessions", json={"session_id": session_id}
+        )
+        return result
+
+    async def report_event(
+        self, session_id: str, kind: str, text: str = "", data: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST",
+            f"/v1/sessions/{session_id}/events",
+            json={"kind": kind, "text": text, "data": data or {}},
+        )
+        return result
+
+    async def terminate_session(self, session_id: str, reason: str = "") -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", f"/v1/sessions/{session_id}/terminate", json={"reason": reason}
+        )
+        return result
+
+    async def session_data(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"since": since}
+        if until is not None:
+            params["until"] = until
+        if tail_chars is not None:
+            params["tail_chars"] = tail_chars
+        result: dict[str, Any] = await self._call(
+            "GET", f"/v1/sessions/{session_id}/transcript", params=params
+        )
+        return result
+
+    async def react(self, message_id: str, emoji: str) -> None:
+        await self._call("POST", f"/v1/messages/{message_id}/reactions", json={"emoji": emoji})
 
     async def receive(
         self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
@@ -407,11 +532,18 @@ class SyncClient:
     def status(self, message_id: str) -> dict[str, Any]:
         return self._wrap(self._client.status)(message_id)
 
+    def open_session(self, session_id: str | None = None) -> dict[str, Any]:
+        return self._wrap(self._client.open_session)(session_id)
+
+    def report_event(
+        self, session_id: str, kind: str, text: str = "", data: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self._wrap(self._client.report_event)(session_id, kind, text, data)
+
+    def session_data(self, session_id: str, **kwargs: Any) -> dict[str, Any]:
+        return self._wrap(self._client.session_data)(session_id, **kwargs)
+
 
 def connect_sync(url: str, token: str | None = None, **hub_options: Any) -> SyncClient:
     """:func:`connect` for scripts: ``with connect_sync(url, token) as hub: hub.send(...)``."""
     return SyncClient(url, token, **hub_options)
-
-
-# keep names importable for type checkers of callers
-_ = (MemberKind, MessageKind)

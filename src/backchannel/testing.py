@@ -15,20 +15,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import Store, Tx
 from backchannel.stores.memory import MemoryStore
 from backchannel.types import (
+    DeliveryEvent,
     DeliveryState,
+    EventKind,
+    Job,
+    JobState,
+    LedgerEntry,
     Member,
     MemberKind,
     Message,
     MessageKind,
     Recipient,
     Session,
+    SessionEvent,
     SessionState,
     Team,
 )
@@ -174,6 +180,12 @@ async def check_send_and_history(make_store: StoreFactory) -> None:
         later = await store.read(lambda tx: tx.feed("alpha", feed[0][0], 10))
         assert [c for c, _ in later] == [feed[1][0]]
         assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+        note = DeliveryEvent("m1", "c", T0 + 1, "reaction", "+1")
+        await store.transact(lambda tx: tx.add_history("alpha", note))
+        hist = await store.read(lambda tx: tx.history("alpha", "m1"))
+        assert hist[-1] == note
+        states = await store.read(lambda tx: [d.state for d in tx.deliveries("alpha", "m1")])
+        assert states == [DeliveryState.QUEUED, DeliveryState.QUEUED]
 
 
 async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
@@ -349,6 +361,90 @@ async def check_many_concurrent_writers(make_store: StoreFactory) -> None:
         assert seqs == sorted(seqs)
 
 
+async def check_transcripts(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        ids = []
+        for i, kind in enumerate([EventKind.TURN_START, EventKind.THOUGHT, EventKind.AGENT_STOP]):
+            ev = SessionEvent("alpha", "s1", 1, T0 + i, kind, f"t{i}", {"i": i})
+            ids.append(await store.transact(lambda tx, ev=ev: tx.append_event(ev)))
+        other = SessionEvent("alpha", "s2", 1, T0, EventKind.THOUGHT, "elsewhere")
+        await store.transact(lambda tx: tx.append_event(other))
+        assert ids == sorted(ids)
+        assert len(set(ids)) == 3
+        got = await store.read(lambda tx: tx.list_events("alpha", "s1", 0, None, 10))
+        assert [(e.kind, e.text, dict(e.data), e.event_id) for e in got] == [
+            (EventKind.TURN_START, "t0", {"i": 0}, ids[0]),
+            (EventKind.THOUGHT, "t1", {"i": 1}, ids[1]),
+            (EventKind.AGENT_STOP, "t2", {"i": 2}, ids[2]),
+        ]
+        page = await store.read(lambda tx: tx.list_events("alpha", "s1", ids[0], ids[1], 10))
+        assert [e.event_id for e in page] == [ids[1]]
+        limited = await store.read(lambda tx: tx.list_events("alpha", "s1", 0, None, 2))
+        assert [e.event_id for e in limited] == ids[:2]
+
+
+async def check_ledger(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        e1 = LedgerEntry("alpha", "s1", "b", "d1", "m1", T0)
+        e2 = LedgerEntry("alpha", "s1", "*", "d2", "m2", T0 + 1)
+        e3 = LedgerEntry("alpha", "s2", "b", "d1", "m3", T0)
+        await store.transact(lambda tx: (tx.ledger_add(e1), tx.ledger_add(e2), tx.ledger_add(e3)))
+        assert await store.read(lambda tx: tx.ledger("alpha", "s1")) == [e1, e2]
+        assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 2
+        assert await store.read(lambda tx: tx.ledger("alpha", "s1")) == []
+        assert await store.read(lambda tx: tx.ledger("alpha", "s2")) == [e3]
+        assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 0
+
+
+async def check_jobs(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        assert await store.read(lambda tx: tx.next_job_due()) is None
+        late = Job("alpha", "timer", T0 + 50, T0, "s1", {"note": "later"})
+        soon = Job("alpha", "timer", T0 + 10, T0, "s1", {"note": "soon"})
+        other = Job("beta", "checkpoint", T0 + 20, T0, "s9")
+        jid_late = await store.transact(lambda tx: tx.add_job(late))
+        jid_soon = await store.transact(lambda tx: tx.add_job(soon))
+        jid_other = await store.transact(lambda tx: tx.add_job(other))
+        assert len({jid_late, jid_soon, jid_other}) == 3
+        assert await store.read(lambda tx: tx.next_job_due()) == T0 + 10
+        got = await store.read(lambda tx: tx.get_job("alpha", jid_soon))
+        assert got is not None
+        assert (got.job_id, dict(got.payload), got.state) == (
+            jid_soon,
+            {"note": "soon"},
+            JobState.PENDING,
+        )
+        assert await store.read(lambda tx: tx.get_job("beta", jid_soon)) is None
+        assert await store.read(lambda tx: tx.due_jobs(T0 + 9, 10)) == []
+        due = await store.read(lambda tx: tx.due_jobs(T0 + 20, 10))
+        assert [j.job_id for j in due] == [jid_soon, jid_other]
+        assert await store.transact(lambda tx: tx.finish_job(jid_soon, JobState.DONE, T0 + 20))
+        assert not await store.transact(
+            lambda tx: tx.finish_job(jid_soon, JobState.CANCELLED, T0 + 21)
+        )
+        assert await store.read(lambda tx: tx.next_job_due()) == T0 + 20
+        pending = await store.read(lambda tx: [j.job_id for j in tx.list_jobs("alpha")])
+        assert pending == [jid_late]
+        every = await store.read(
+            lambda tx: tx.list_jobs("alpha", session_id="s1", pending_only=False)
+        )
+        assert [(j.job_id, j.state) for j in every] == [
+            (jid_soon, JobState.DONE),
+            (jid_late, JobState.PENDING),
+        ]
+        assert await store.read(lambda tx: tx.list_jobs("alpha", kind="checkpoint")) == []
+
+        def claim_and_fail(tx: Tx) -> None:
+            for j in tx.due_jobs(T0 + 100, 10):
+                tx.finish_job(j.job_id, JobState.DONE, T0 + 100)
+            raise RuntimeError("crashed while firing")
+
+        with suppress(RuntimeError):
+            await store.transact(claim_and_fail)
+        again = await store.read(lambda tx: [j.job_id for j in tx.due_jobs(T0 + 100, 10)])
+        assert again == [jid_other, jid_late], "a failed firing leaves the jobs due"
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_teams_and_members,
     check_sessions,
@@ -359,6 +455,9 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_expiry_and_transitions,
     check_atomicity,
     check_many_concurrent_writers,
+    check_transcripts,
+    check_ledger,
+    check_jobs,
 ]
 
 

@@ -20,7 +20,11 @@ __all__ = [
     "Delivery",
     "DeliveryEvent",
     "DeliveryState",
+    "EventKind",
     "InboxMessage",
+    "Job",
+    "JobState",
+    "LedgerEntry",
     "Member",
     "MemberKind",
     "Message",
@@ -28,6 +32,7 @@ __all__ = [
     "Recipient",
     "SendResult",
     "Session",
+    "SessionEvent",
     "SessionState",
     "SystemClock",
     "Team",
@@ -56,6 +61,41 @@ class SessionState(StrEnum):
     ACTIVE = "active"  # a turn is running
     IDLE = "idle"  # between turns
     TERMINATED = "terminated"
+
+
+class EventKind(StrEnum):
+    """What a runtime reports about a session's turn, plus the hub's own records."""
+
+    TURN_START = "turn_start"
+    THOUGHT = "thought"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    AGENT_OUTPUT = "agent_output"
+    AGENT_STOP = "agent_stop"
+    CHECKPOINT = "checkpoint"
+    # recorded by the hub
+    INPUT = "input"  # a message handed to the session
+    SENT = "sent"  # a send made during the turn (tool call or closing block)
+    DUPLICATE_DROPPED = "duplicate_dropped"
+    ROUTING_ERROR = "routing_error"
+    SESSION = "session"  # opened, resumed, recovered, terminated
+
+    @property
+    def reported(self) -> bool:
+        """True for the kinds a runtime may report."""
+        return self in _REPORTED
+
+
+_REPORTED = frozenset(
+    {
+        EventKind.TURN_START,
+        EventKind.THOUGHT,
+        EventKind.TOOL_CALL,
+        EventKind.TOOL_RESULT,
+        EventKind.AGENT_OUTPUT,
+        EventKind.AGENT_STOP,
+    }
+)
 
 
 class MessageKind(StrEnum):
@@ -124,6 +164,67 @@ class Session:
     last_output: str = ""
     last_stop_at: float | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One line of a session's private transcript."""
+
+    team: str
+    session_id: str
+    turn: int
+    at: float
+    kind: EventKind
+    text: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    event_id: int = 0  # assigned by the store; increases in commit order
+
+    def to_json(self) -> Json:
+        return {
+            "event_id": self.event_id,
+            "session": self.session_id,
+            "turn": self.turn,
+            "at": self.at,
+            "kind": self.kind.value,
+            "text": self.text,
+            "data": dict(self.data),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A text a session sent during its current turn (for duplicate suppression)."""
+
+    team: str
+    session_id: str
+    to: str
+    digest: str  # of the normalized text
+    message_id: str
+    at: float
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Work the hub must do at ``due_at``: fire a timer, a checkpoint, a deadline.
+
+    Jobs are durable; a job due while the hub was down runs when it comes back.
+    """
+
+    team: str
+    kind: str
+    due_at: float
+    created_at: float
+    session_id: str | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    state: JobState = JobState.PENDING
+    job_id: int = 0  # assigned by the store
+    done_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from backchannel.errors import (
     Unauthorized,
     UnknownTeam,
 )
-from backchannel.hub import Hub
+from backchannel.hub import Hub, session_json
 from backchannel.types import Member, MemberKind
 
 log = logging.getLogger("backchannel.http")
@@ -94,6 +94,7 @@ class MessageIn(_Body):
     summary: str | None = None
     message_id: str | None = Field(None, description="your id for idempotent retries")
     session: str | None = Field(None, description="deliver to this session of the recipient only")
+    from_session: str | None = Field(None, description="your session that is sending (its turn)")
     close_link: bool = False
     link: bool = True
 
@@ -104,6 +105,22 @@ class AckIn(_Body):
 
 class SessionIn(_Body):
     session_id: str | None = None
+
+
+class EventIn(_Body):
+    kind: str = Field(
+        description="turn_start, thought, tool_call, tool_result, agent_output or agent_stop"
+    )
+    text: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class TerminateIn(_Body):
+    reason: str = ""
+
+
+class ReactionIn(_Body):
+    emoji: str
 
 
 # -- the app ------------------------------------------------------------------------
@@ -338,6 +355,7 @@ def create_app(
             summary=body.summary,
             message_id=body.message_id,
             to_session=body.session,
+            sender_session=body.from_session,
         )
         return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
 
@@ -420,14 +438,57 @@ def create_app(
     # -- sessions ----------------------------------------------------------------
     @app.post("/v1/sessions", status_code=201, tags=["sessions"])
     async def open_session(body: SessionIn, who: Auth) -> dict[str, Any]:
+        """Open a session, or resume one by id (same state, links and timers)."""
         me = who.need_member()
-        s = await hub.open_session(me.team, me.name, body.session_id)
-        return _session_json(s)
+        return session_json(await hub.open_session(me.team, me.name, body.session_id))
 
     @app.get("/v1/sessions", tags=["sessions"])
     async def list_sessions(who: Auth, member: str | None = None) -> dict[str, Any]:
         me = who.need_member()
-        return {"sessions": [_session_json(s) for s in await hub.list_sessions(me.team, member)]}
+        return {"sessions": [session_json(s) for s in await hub.list_sessions(me.team, member)]}
+
+    @app.get("/v1/sessions/{session_id}", tags=["sessions"])
+    async def get_session(session_id: str, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return session_json(await hub.get_session(me.team, session_id))
+
+    @app.post("/v1/sessions/{session_id}/events", tags=["sessions"])
+    async def report_event(session_id: str, body: EventIn, who: Auth) -> dict[str, Any]:
+        """Report a runtime event: turn_start, thought, tool_call, tool_result,
+        agent_output or agent_stop (whose text is the closing text, routed)."""
+        me = who.need_member()
+        return await hub.report_event(me.team, me.name, session_id, body.kind, body.text, body.data)
+
+    @app.post("/v1/sessions/{session_id}/terminate", tags=["sessions"])
+    async def terminate(session_id: str, body: TerminateIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return session_json(await hub.terminate_session(me.team, me.name, session_id, body.reason))
+
+    @app.get("/v1/sessions/{session_id}/transcript", tags=["sessions"])
+    async def transcript(
+        session_id: str,
+        who: Auth,
+        since: Annotated[int, Query(ge=0)] = 0,
+        until: Annotated[int | None, Query(ge=0)] = None,
+        tail_chars: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+        max_chars: Annotated[int, Query(ge=1, le=1_000_000)] = 20_000,
+    ) -> dict[str, Any]:
+        """A teammate's full transcript (get_session_data), paged and capped."""
+        me = who.need_member()
+        return await hub.get_session_data(
+            me.team,
+            session_id,
+            since=since,
+            until=until,
+            tail_chars=tail_chars,
+            max_chars=max_chars,
+        )
+
+    @app.post("/v1/messages/{message_id}/reactions", tags=["messages"])
+    async def react(message_id: str, body: ReactionIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        await hub.react(me.team, me.name, message_id, body.emoji)
+        return {"message_id": message_id, "emoji": body.emoji}
 
     from backchannel.interfaces.dashboard import mount_dashboard
 
@@ -437,14 +498,3 @@ def create_app(
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def _session_json(s: Any) -> dict[str, Any]:
-    return {
-        "session_id": s.session_id,
-        "member": s.member,
-        "state": s.state.value,
-        "created_at": s.created_at,
-        "updated_at": s.updated_at,
-        "turn": s.turn,
-    }

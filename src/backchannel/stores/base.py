@@ -37,10 +37,14 @@ from backchannel.types import (
     DeliveryEvent,
     DeliveryState,
     InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
     Member,
     Message,
     Recipient,
     Session,
+    SessionEvent,
     Team,
 )
 
@@ -50,7 +54,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Tx(Protocol):
@@ -154,6 +158,10 @@ class Tx(Protocol):
         member holds no copy of, or whose copy is ``queued`` or ``dead``, are left out."""
         ...
 
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        """Append a line to a message's history (and the team feed) without changing any
+        delivery, e.g. a reaction."""
+
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         """Every copy of a message, by recipient name."""
         ...
@@ -169,6 +177,64 @@ class Tx(Protocol):
 
     def pending_count(self, team: str, member: str) -> int:
         """How many of the member's copies are ``queued`` or ``leased``."""
+        ...
+
+    # -- transcripts ---------------------------------------------------------
+    def append_event(self, event: SessionEvent) -> int:
+        """Append to a session's transcript; returns the new ``event_id``, greater than
+        every event id stored before."""
+        ...
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        """The session's events with ``after < event_id`` (and ``<= until`` when given),
+        oldest first, at most ``limit``."""
+        ...
+
+    # -- the per-turn ledger -------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        """Record a text the session sent this turn."""
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        """The session's ledger, oldest first."""
+        ...
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        """Forget the session's ledger; returns how many entries were dropped."""
+        ...
+
+    # -- scheduled jobs ------------------------------------------------------
+    def add_job(self, job: Job) -> int:
+        """Store a pending job; returns its ``job_id``."""
+        ...
+
+    def get_job(self, team: str, job_id: int) -> Job | None: ...
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        """Pending jobs with ``due_at <= now``, earliest first. Within the transaction
+        they are claimed: a concurrent ``due_jobs`` (another hub) never returns them
+        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``). The caller finishes each one in the
+        same transaction; if the transaction fails, they are due again."""
+        ...
+
+    def next_job_due(self) -> float | None:
+        """The earliest ``due_at`` among pending jobs (a due-time index, not a scan)."""
+        ...
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        """Move a pending job to ``done`` or ``cancelled``. False if it was not pending."""
+        ...
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        """A team's jobs, optionally of one session or kind, by ``due_at``."""
         ...
 
 

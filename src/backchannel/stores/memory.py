@@ -20,10 +20,14 @@ from backchannel.types import (
     DeliveryEvent,
     DeliveryState,
     InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
     Member,
     Message,
     Recipient,
     Session,
+    SessionEvent,
     Team,
 )
 
@@ -46,6 +50,11 @@ class _Data:
         self.history: dict[tuple[str, str], list[DeliveryEvent]] = {}
         self.feed: list[tuple[int, str, DeliveryEvent]] = []
         self.seq = 0
+        self.events: dict[tuple[str, str], list[SessionEvent]] = {}
+        self.event_seq = 0
+        self.ledgers: dict[tuple[str, str], list[LedgerEntry]] = {}
+        self.jobs: dict[int, Job] = {}
+        self.job_seq = 0
 
 
 class MemoryTx:
@@ -270,6 +279,9 @@ class MemoryTx:
                 acked.append(mid)
         return acked
 
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        self._event(team, event)
+
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         found = [d for (t, m, _), d in self._d.deliveries.items() if t == team and m == message_id]
         return sorted(found, key=lambda d: d.recipient.member)
@@ -289,6 +301,96 @@ class MemoryTx:
     def pending_count(self, team: str, member: str) -> int:
         inbox = self._d.open.get((team, member), {})
         return sum(1 for key in inbox.values() if self._d.deliveries[key].state.pending)
+
+    def _bump(self, attr: str) -> int:
+        old = getattr(self._d, attr)
+        self._undo.append(functools.partial(setattr, self._d, attr, old))
+        setattr(self._d, attr, old + 1)
+        return int(old + 1)
+
+    # -- transcripts ---------------------------------------------------------
+    def append_event(self, event: SessionEvent) -> int:
+        eid = self._bump("event_seq")
+        key = (event.team, event.session_id)
+        events = self._d.events.get(key)
+        if events is None:
+            events = []
+            self._set(self._d.events, key, events)
+        self._append(events, dataclasses.replace(event, event_id=eid))
+        return eid
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        out = []
+        for ev in self._d.events.get((team, session_id), []):
+            if ev.event_id <= after or (until is not None and ev.event_id > until):
+                continue
+            out.append(ev)
+            if len(out) >= limit:
+                break
+        return out
+
+    # -- ledger --------------------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        key = (entry.team, entry.session_id)
+        entries = self._d.ledgers.get(key)
+        if entries is None:
+            entries = []
+            self._set(self._d.ledgers, key, entries)
+        self._append(entries, entry)
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        return list(self._d.ledgers.get((team, session_id), []))
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        n = len(self._d.ledgers.get((team, session_id), []))
+        if n:
+            self._pop(self._d.ledgers, (team, session_id))
+        return n
+
+    # -- jobs ----------------------------------------------------------------
+    def add_job(self, job: Job) -> int:
+        jid = self._bump("job_seq")
+        self._set(self._d.jobs, jid, dataclasses.replace(job, job_id=jid, state=JobState.PENDING))
+        return jid
+
+    def get_job(self, team: str, job_id: int) -> Job | None:
+        job = self._d.jobs.get(job_id)
+        return job if job is not None and job.team == team else None
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        due = [j for j in self._d.jobs.values() if j.state is JobState.PENDING and j.due_at <= now]
+        return sorted(due, key=lambda j: (j.due_at, j.job_id))[:limit]
+
+    def next_job_due(self) -> float | None:
+        times = [j.due_at for j in self._d.jobs.values() if j.state is JobState.PENDING]
+        return min(times) if times else None
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        job = self._d.jobs.get(job_id)
+        if job is None or job.state is not JobState.PENDING:
+            return False
+        self._set(self._d.jobs, job_id, dataclasses.replace(job, state=state, done_at=at))
+        return True
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        found = [
+            j
+            for j in self._d.jobs.values()
+            if j.team == team
+            and (session_id is None or j.session_id == session_id)
+            and (kind is None or j.kind == kind)
+            and (not pending_only or j.state is JobState.PENDING)
+        ]
+        return sorted(found, key=lambda j: (j.due_at, j.job_id))
 
 
 class MemoryStore(Store):

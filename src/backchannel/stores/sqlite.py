@@ -41,13 +41,18 @@ from backchannel.types import (
     Delivery,
     DeliveryEvent,
     DeliveryState,
+    EventKind,
     InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
     Member,
     MemberKind,
     Message,
     MessageKind,
     Recipient,
     Session,
+    SessionEvent,
     SessionState,
     Team,
 )
@@ -130,6 +135,43 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX delivery_events_message ON delivery_events (team, message_id, id);
     CREATE INDEX delivery_events_team ON delivery_events (team, id);
+    """,
+    # 2: transcripts, the per-turn ledger, scheduled jobs
+    """
+    CREATE TABLE session_events (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        turn INTEGER NOT NULL,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL DEFAULT '',
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX session_events_session ON session_events (team, session_id, id);
+    CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        to_name TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX ledger_session ON ledger (team, session_id, id);
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        due_at REAL NOT NULL,
+        created_at REAL NOT NULL,
+        session_id TEXT,
+        payload TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL DEFAULT 'pending',
+        done_at REAL
+    );
+    CREATE INDEX jobs_due ON jobs (due_at, id) WHERE state = 'pending';
+    CREATE INDEX jobs_team ON jobs (team, session_id, kind);
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -500,6 +542,9 @@ class SqliteTx:
         done = set(acked) | set(fresh)
         return [mid for mid in ids if mid in done]
 
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        self._events(team, [event])
+
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         rows = self._c.execute(
             f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE team = ? AND message_id = ? "
@@ -531,6 +576,128 @@ class SqliteTx:
             (team, member),
         )
         return int(row[0])
+
+    # -- transcripts ---------------------------------------------------------
+    def append_event(self, event: SessionEvent) -> int:
+        e = event
+        cur = self._c.execute(
+            "INSERT INTO session_events (team, session_id, turn, at, kind, text, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dumps(e.data)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        rows = self._c.execute(
+            "SELECT id, team, session_id, turn, at, kind, text, data FROM session_events "
+            "WHERE team = ? AND session_id = ? AND id > ? AND id <= ? ORDER BY id LIMIT ?",
+            (team, session_id, after, until if until is not None else 2**62, limit),
+        )
+        return [
+            SessionEvent(r[1], r[2], r[3], r[4], EventKind(r[5]), r[6], _loads(r[7]), r[0])
+            for r in rows
+        ]
+
+    # -- ledger --------------------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        e = entry
+        self._c.execute(
+            "INSERT INTO ledger (team, session_id, to_name, digest, message_id, at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (e.team, e.session_id, e.to, e.digest, e.message_id, e.at),
+        )
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        rows = self._c.execute(
+            "SELECT team, session_id, to_name, digest, message_id, at FROM ledger "
+            "WHERE team = ? AND session_id = ? ORDER BY id",
+            (team, session_id),
+        )
+        return [LedgerEntry(*r) for r in rows]
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        cur = self._c.execute(
+            "DELETE FROM ledger WHERE team = ? AND session_id = ?", (team, session_id)
+        )
+        return cur.rowcount
+
+    # -- jobs ----------------------------------------------------------------
+    _JOB_COLS = "id, team, kind, due_at, created_at, session_id, payload, state, done_at"
+
+    @staticmethod
+    def _job(r: Sequence[Any]) -> Job:
+        return Job(
+            team=r[1],
+            kind=r[2],
+            due_at=r[3],
+            created_at=r[4],
+            session_id=r[5],
+            payload=_loads(r[6]),
+            state=JobState(r[7]),
+            job_id=r[0],
+            done_at=r[8],
+        )
+
+    def add_job(self, job: Job) -> int:
+        j = job
+        cur = self._c.execute(
+            "INSERT INTO jobs (team, kind, due_at, created_at, session_id, payload, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'pending')",
+            (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dumps(j.payload)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def get_job(self, team: str, job_id: int) -> Job | None:
+        row = self._one(
+            f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ? AND team = ?", (job_id, team)
+        )
+        return self._job(row) if row else None
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        rows = self._c.execute(
+            f"SELECT {self._JOB_COLS} FROM jobs WHERE state = 'pending' AND due_at <= ? "
+            "ORDER BY due_at, id LIMIT ?",
+            (now, limit),
+        )
+        return [self._job(r) for r in rows]
+
+    def next_job_due(self) -> float | None:
+        row = self._one(
+            "SELECT due_at FROM jobs WHERE state = 'pending' ORDER BY due_at, id LIMIT 1", ()
+        )
+        return row[0] if row else None
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        cur = self._c.execute(
+            "UPDATE jobs SET state = ?, done_at = ? WHERE id = ? AND state = 'pending'",
+            (state.value, at, job_id),
+        )
+        return cur.rowcount > 0
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        sql = f"SELECT {self._JOB_COLS} FROM jobs WHERE team = ?"
+        args: list[Any] = [team]
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            args.append(session_id)
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if pending_only:
+            sql += " AND state = 'pending'"
+        rows = self._c.execute(sql + " ORDER BY due_at, id", args)
+        return [self._job(r) for r in rows]
 
 
 @dataclass

@@ -1,0 +1,563 @@
+"""Sessions, turns and events; closing-text routing; the per-turn ledger; checkpoints.
+
+Rules (from :mod:`backchannel.core.turns`): a turn runs from ``turn_start`` to
+``agent_stop``; messages for a session wait while its turn runs; at ``agent_stop`` the
+closing text's ``<message to=...>`` blocks are sent (unless this turn already sent the
+same text to the same recipient) and the rest is the turn's output. The ledger of what
+a turn sent is durable and is cleared at turn start, after every ``agent_stop``, on a
+retried turn, and when a session recovers from a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backchannel._base import HubBase, JobHandler
+from backchannel.core import delivery as rules
+from backchannel.core import turns
+from backchannel.errors import (
+    Forbidden,
+    InvalidRequest,
+    InvalidState,
+    UnknownMember,
+    UnknownSession,
+)
+from backchannel.stores.base import Tx
+from backchannel.types import (
+    HUB_SENDER,
+    DeliveryEvent,
+    EventKind,
+    InboxMessage,
+    Job,
+    LedgerEntry,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionEvent,
+    SessionState,
+)
+
+CHECKPOINT_JOB = "checkpoint"
+DEFAULT_CHECKPOINT_TEXT = (
+    "Checkpoint: you have been idle for a while. In two or three lines, say where your "
+    "task stands, what is next, and whether anything blocks you."
+)
+#: Message kinds whose delivery to a session's turn does not feed the ledger.
+_LEDGER_KINDS = (MessageKind.DIRECT,)
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    """What ``agent_stop`` did with the closing text."""
+
+    session: Session
+    output: str
+    sent: tuple[str, ...] = ()  # message ids
+    duplicates: tuple[str, ...] = ()  # recipients whose block was dropped as a repeat
+    unknown: tuple[str, ...] = ()  # destinations that do not exist
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session.session_id,
+            "state": self.session.state.value,
+            "turn": self.session.turn,
+            "output": self.output,
+            "sent": list(self.sent),
+            "duplicates_dropped": list(self.duplicates),
+            "unknown_destinations": list(self.unknown),
+            **dict(self.extra),
+        }
+
+
+def session_json(s: Session) -> dict[str, Any]:
+    return {
+        "session_id": s.session_id,
+        "member": s.member,
+        "state": s.state.value,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "turn": s.turn,
+        "turn_kind": s.turn_kind,
+        "turn_started_at": s.turn_started_at,
+        "last_stop_at": s.last_stop_at,
+        "last_output": s.last_output,
+    }
+
+
+class SessionsMixin(HubBase):
+    """Sessions, turns and events (see the module docstring)."""
+
+    # -- sessions --------------------------------------------------------------
+    async def open_session(self, team: str, member: str, session_id: str | None = None) -> Session:
+        """Open a session for ``member``, or resume ``session_id`` with its state, links
+        and timers. Resuming a session whose turn was running means its process died
+        mid-turn: the turn is closed and its ledger cleared, so nothing it recorded can
+        suppress the next turn."""
+        sid = (
+            rules.check_session_id(session_id)
+            if session_id
+            else f"{member}-{uuid.uuid4().hex[:12]}"
+        )
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> Session:
+            if tx.get_member(team, member) is None:
+                raise UnknownMember(f"unknown member {member!r} in team {team!r}", member=member)
+            existing = tx.get_session(team, sid)
+            if existing is None:
+                session = Session(team, sid, member, SessionState.IDLE, now, now)
+                tx.put_session(session)
+                self._event(tx, session, EventKind.SESSION, "opened")
+                return session
+            self._own(existing, member)
+            if existing.state is SessionState.TERMINATED:
+                raise InvalidState(f"session {sid!r} was terminated; open a new session instead")
+            if existing.state is SessionState.ACTIVE:
+                tx.ledger_clear(team, sid)
+                recovered = dataclasses.replace(
+                    existing, state=SessionState.IDLE, updated_at=now, turn_started_at=None
+                )
+                tx.put_session(recovered)
+                self._event(
+                    tx,
+                    recovered,
+                    EventKind.SESSION,
+                    f"recovered: turn {existing.turn} was interrupted and is closed",
+                    {"recovered_turn": existing.turn},
+                )
+                return recovered
+            return existing
+
+        session = await self.store.transact(fn)
+        self._waiters.notify(team, member)
+        return session
+
+    @staticmethod
+    def _own(session: Session, member: str) -> None:
+        if session.member != member:
+            raise Forbidden(
+                f"session {session.session_id!r} belongs to {session.member!r}, not {member!r}; "
+                "report events for your own sessions"
+            )
+
+    def _event(
+        self,
+        tx: Tx,
+        session: Session,
+        kind: EventKind,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        return tx.append_event(
+            SessionEvent(
+                session.team,
+                session.session_id,
+                session.turn,
+                self.clock.now(),
+                kind,
+                text,
+                dict(data or {}),
+            )
+        )
+
+    async def terminate_session(
+        self, team: str, member: str, session_id: str, reason: str = ""
+    ) -> Session:
+        """End a session for good. Idempotent."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> Session:
+            s = self._load(tx, team, member, session_id)
+            if s.state is SessionState.TERMINATED:
+                return s
+            tx.ledger_clear(team, session_id)
+            done = dataclasses.replace(
+                s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
+            )
+            tx.put_session(done)
+            self._event(tx, done, EventKind.SESSION, f"terminated{': ' + reason if reason else ''}")
+            self._on_terminate(tx, done, reason)
+            return done
+
+        session = await self.store.transact(fn)
+        self._waiters.notify(team, None)
+        return session
+
+    def _on_terminate(self, tx: Tx, session: Session, reason: str) -> None:
+        """Hook for the parts on top (links close when a session terminates)."""
+
+    def _load(self, tx: Tx, team: str, member: str, session_id: str) -> Session:
+        s = tx.get_session(team, session_id)
+        if s is None:
+            raise UnknownSession(
+                f"unknown session {session_id!r} in team {team!r}; open it first",
+                session=session_id,
+            )
+        self._own(s, member)
+        return s
+
+    # -- events -------------------------------------------------------------------
+    async def report_event(
+        self,
+        team: str,
+        member: str,
+        session_id: str,
+        kind: EventKind | str,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Record what a runtime reports. ``turn_start`` opens a turn (a second one while
+        a turn runs is a retry: the ledger is cleared); ``agent_stop`` closes it and
+        routes the closing text. Other events need an open turn."""
+        try:
+            kind = EventKind(kind)
+        except ValueError:
+            allowed = ", ".join(k.value for k in EventKind if k.reported)
+            raise InvalidRequest(f"unknown event kind {kind!r}; use one of: {allowed}") from None
+        if not kind.reported:
+            allowed = ", ".join(k.value for k in EventKind if k.reported)
+            raise InvalidRequest(f"{kind.value!r} is recorded by the hub; report one of: {allowed}")
+        if not isinstance(text, str):
+            raise InvalidRequest("text must be a string", field="text")
+        rules.check_text(text, self.config.max_text)
+        data = dict(data or {})
+        now = self.clock.now()
+        woken: set[tuple[str, str]] = set()
+
+        def fn(tx: Tx) -> dict[str, Any]:
+            s = self._load(tx, team, member, session_id)
+            if s.state is SessionState.TERMINATED:
+                raise InvalidState(
+                    f"session {session_id!r} is terminated; open a new session to report events"
+                )
+            if kind is EventKind.TURN_START:
+                return self._turn_start(tx, s, text, data, now)
+            if s.state is not SessionState.ACTIVE:
+                raise InvalidState(
+                    f"no turn is open in session {session_id!r}: report turn_start before "
+                    f"{kind.value}"
+                )
+            if kind is EventKind.AGENT_STOP:
+                result = self._agent_stop(tx, s, text, data, now, woken)
+                return result.to_json()
+            eid = self._event(tx, s, kind, text, data)
+            return {"event_id": eid, "session": s.session_id, "turn": s.turn}
+
+        result = await self.store.transact(fn)
+        self._flush_due()
+        if kind is EventKind.AGENT_STOP:
+            woken.add((team, member))
+        for t, m in woken:
+            self._waiters.notify(t, m)
+        self._waiters.notify(team, None)
+        return result
+
+    def _turn_start(
+        self, tx: Tx, s: Session, text: str, data: Mapping[str, Any], now: float
+    ) -> dict[str, Any]:
+        retried = s.state is SessionState.ACTIVE
+        tx.ledger_clear(s.team, s.session_id)
+        checkpoint = bool(data.get("checkpoint", s.meta.get("checkpoint_pending", False)))
+        for job in tx.list_jobs(s.team, session_id=s.session_id, kind=CHECKPOINT_JOB):
+            tx.finish_job(job.job_id, job.state.CANCELLED, now)
+        meta = {k: v for k, v in s.meta.items() if k != "checkpoint_pending"}
+        started = dataclasses.replace(
+            s,
+            state=SessionState.ACTIVE,
+            turn=s.turn + 1,
+            turn_started_at=now,
+            turn_kind="checkpoint" if checkpoint else "normal",
+            updated_at=now,
+            meta=meta,
+        )
+        tx.put_session(started)
+        eid = self._event(
+            tx,
+            started,
+            EventKind.TURN_START,
+            text,
+            {**data, "retried": retried, "checkpoint": checkpoint},
+        )
+        return {
+            "event_id": eid,
+            "session": s.session_id,
+            "turn": started.turn,
+            "retried": retried,
+            "checkpoint": checkpoint,
+        }
+
+    def _agent_stop(
+        self,
+        tx: Tx,
+        s: Session,
+        text: str,
+        data: Mapping[str, Any],
+        now: float,
+        woken: set[tuple[str, str]],
+    ) -> StopResult:
+        parsed = turns.parse_closing_text(text)
+        self._event(tx, s, EventKind.AGENT_STOP, text, data)
+        members = [m.name for m in tx.list_members(s.team)]
+        ledger = tx.ledger(s.team, s.session_id)
+        sent: list[str] = []
+        dups: list[str] = []
+        unknown: list[str] = []
+        for d in turns.route_blocks(parsed.blocks, s.member, members, ledger):
+            b = d.block
+            if d.action is turns.BlockAction.SEND:
+                mid = f"{s.session_id}-t{s.turn}-b{len(sent) + len(dups) + len(unknown)}"[:128]
+                msg = self._message(s, b.to, b.body, MessageKind.DIRECT, now, message_id=mid)
+                result = self._insert(tx, msg, None)
+                woken.update((s.team, r.member) for r in result.recipients)
+                sent.append(mid)
+            elif d.action is turns.BlockAction.DUPLICATE:
+                dups.append(b.to)
+                self._event(
+                    tx,
+                    s,
+                    EventKind.DUPLICATE_DROPPED,
+                    f"closing <message to={b.to!r}> dropped: this turn already sent the same "
+                    f"text to {b.to} ({d.duplicate_of})",
+                    {"to": b.to, "duplicate_of": d.duplicate_of},
+                )
+            elif d.action is turns.BlockAction.UNKNOWN:
+                unknown.append(b.to)
+                notice = turns.unknown_destination_notice(b.to, s.member, s.team, members)
+                self._event(tx, s, EventKind.ROUTING_ERROR, notice, {"to": b.to})
+                sysmsg = self._message(
+                    s,
+                    s.member,
+                    notice,
+                    MessageKind.SYSTEM,
+                    now,
+                    sender=HUB_SENDER,
+                    meta={"unknown_destination": b.to, "body": b.body},
+                )
+                self._insert(tx, sysmsg, s.session_id)
+                woken.add((s.team, s.member))
+        checkpoint_turn = s.turn_kind == "checkpoint"
+        stopped = dataclasses.replace(
+            s,
+            state=SessionState.IDLE,
+            updated_at=now,
+            turn_started_at=None,
+            last_stop_at=now,
+            last_output=s.last_output if checkpoint_turn else parsed.output,
+        )
+        tx.put_session(stopped)
+        extra = self._after_stop(tx, stopped, parsed.output, checkpoint_turn, ledger, now, woken)
+        tx.ledger_clear(s.team, s.session_id)
+        if not checkpoint_turn:
+            self._schedule_checkpoint(tx, stopped, now)
+        return StopResult(stopped, parsed.output, tuple(sent), tuple(dups), tuple(unknown), extra)
+
+    def _after_stop(
+        self,
+        tx: Tx,
+        session: Session,
+        output: str,
+        checkpoint_turn: bool,
+        ledger: Sequence[LedgerEntry],
+        now: float,
+        woken: set[tuple[str, str]],
+    ) -> dict[str, Any]:
+        """Hook for the parts on top (links carry the output). Runs in the stop's tx."""
+        return {}
+
+    def _message(
+        self,
+        s: Session,
+        to: str,
+        text: str,
+        kind: MessageKind,
+        now: float,
+        *,
+        sender: str | None = None,
+        message_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        summary: str | None = None,
+    ) -> Message:
+        sender = sender or s.member
+        mid = message_id or f"msg_{uuid.uuid4().hex}"
+        return Message(
+            team=s.team,
+            message_id=mid,
+            sender=sender,
+            to=to,
+            text=text,
+            kind=kind,
+            created_at=now,
+            fingerprint=rules.fingerprint(sender, to, text, summary, kind.value, None, meta),
+            summary=summary,
+            sender_session=s.session_id if sender == s.member else None,
+            meta=dict(meta or {}),
+        )
+
+    # -- the ledger is fed by sends made during a turn ------------------------------
+    def _after_insert(self, tx: Tx, message: Message, recipients: Sequence[Recipient]) -> None:
+        super()._after_insert(tx, message, recipients)
+        if message.kind not in _LEDGER_KINDS or message.sender == HUB_SENDER:
+            return
+        session = self._turn_session(tx, message)
+        if session is None:
+            return
+        tx.ledger_add(
+            LedgerEntry(
+                message.team,
+                session.session_id,
+                message.to,
+                turns.digest(message.text),
+                message.message_id,
+                message.created_at,
+            )
+        )
+        self._event(
+            tx,
+            session,
+            EventKind.SENT,
+            message.text,
+            {"to": message.to, "message_id": message.message_id},
+        )
+
+    def _turn_session(self, tx: Tx, message: Message) -> Session | None:
+        """The session whose open turn made this send: the one named, or the member's only
+        active session."""
+        if message.sender_session is not None:
+            s = tx.get_session(message.team, message.sender_session)
+            if s is None or s.member != message.sender:
+                raise UnknownSession(
+                    f"{message.sender!r} has no session {message.sender_session!r}",
+                    session=message.sender_session,
+                )
+            return s if s.state is SessionState.ACTIVE else None
+        active = [
+            s
+            for s in tx.list_sessions(message.team, message.sender)
+            if s.state is SessionState.ACTIVE
+        ]
+        return active[0] if len(active) == 1 else None
+
+    def _after_lease(
+        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
+    ) -> None:
+        super()._after_lease(tx, session, got, now)
+        for m in got:
+            self._event(
+                tx,
+                session,
+                EventKind.INPUT,
+                m.message.text,
+                {
+                    "from": m.message.sender,
+                    "kind": m.message.kind.value,
+                    "message_id": m.message.message_id,
+                },
+            )
+        pending = all(m.message.kind is MessageKind.CHECKPOINT for m in got)
+        if pending != bool(session.meta.get("checkpoint_pending", False)):
+            meta = {**session.meta, "checkpoint_pending": pending}
+            tx.put_session(dataclasses.replace(session, meta=meta, updated_at=now))
+
+    # -- checkpoints ----------------------------------------------------------------
+    def _schedule_checkpoint(self, tx: Tx, s: Session, now: float) -> None:
+        member = tx.get_member(s.team, s.member)
+        policy = member.settings.get("checkpoint") if member else None
+        if not isinstance(policy, Mapping) or not policy.get("idle_seconds"):
+            return
+        due = now + float(policy["idle_seconds"])
+        tx.add_job(
+            Job(
+                s.team,
+                CHECKPOINT_JOB,
+                due,
+                now,
+                s.session_id,
+                {"stop_at": now, "text": str(policy.get("text") or DEFAULT_CHECKPOINT_TEXT)},
+            )
+        )
+        self._scheduled.append(due)  # picked up on the loop after the commit
+
+    def _fire_checkpoint(self, tx: Tx, job: Job, now: float) -> Iterable[tuple[str, str]]:
+        s = tx.get_session(job.team, job.session_id or "")
+        if (
+            s is None
+            or s.state is not SessionState.IDLE
+            or s.last_stop_at != job.payload.get("stop_at")
+        ):
+            return ()  # the session moved on (a new turn, or it ended): no checkpoint
+        text = str(job.payload.get("text") or DEFAULT_CHECKPOINT_TEXT)
+        msg = self._message(s, s.member, text, MessageKind.CHECKPOINT, now, sender=HUB_SENDER)
+        self._insert(tx, msg, s.session_id)
+        self._event(tx, s, EventKind.CHECKPOINT, text)
+        return ((s.team, s.member),)
+
+    def _job_handlers(self) -> dict[str, JobHandler]:
+        return {**super()._job_handlers(), CHECKPOINT_JOB: self._fire_checkpoint}
+
+    # -- transcripts ----------------------------------------------------------------
+    async def get_session_data(
+        self,
+        team: str,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+        max_chars: int = 20_000,
+        limit: int = 500,
+    ) -> dict[str, Any]:
+        """A session's full transcript (thoughts, tool calls, inputs, outputs) for a
+        member of the same team: paged by event id, capped in size with a marker that
+        says where it was cut and how to read on."""
+        if since < 0 or (until is not None and until < since):
+            raise InvalidRequest("since must be >= 0 and until >= since", field="since")
+        if tail_chars is not None and not 1 <= tail_chars <= 1_000_000:
+            raise InvalidRequest("tail_chars must be between 1 and 1000000", field="tail_chars")
+        if not 1 <= max_chars <= 1_000_000:
+            raise InvalidRequest("max_chars must be between 1 and 1000000", field="max_chars")
+
+        def fn(tx: Tx) -> tuple[Session | None, list[SessionEvent], bool]:
+            s = tx.get_session(team, session_id)
+            if s is None:
+                return None, [], False
+            if tail_chars is not None:
+                evs = tx.list_events(team, session_id, since, until, 1_000_000)
+                return s, evs, False
+            evs = tx.list_events(team, session_id, since, until, limit + 1)
+            return s, evs[:limit], len(evs) > limit
+
+        session, events, more = await self.store.read(fn)
+        if session is None:
+            raise UnknownSession(
+                f"unknown session {session_id!r} in team {team!r}; list sessions to see them",
+                session=session_id,
+            )
+        page = turns.page_transcript(events, max_chars=max_chars, tail_chars=tail_chars, more=more)
+        return {
+            "session": session_json(session),
+            "events": [e.to_json() for e in page.events],
+            "truncated": page.truncated,
+            "next_since": page.next_since,
+            "note": page.note,
+        }
+
+    async def react(self, team: str, member: str, message_id: str, emoji: str) -> None:
+        """Add a reaction to a message you sent or received. A reaction is not a send: it
+        never feeds the ledger and never crosses a link; it is recorded in the message's
+        history."""
+        if not isinstance(emoji, str) or not 1 <= len(emoji) <= 32:
+            raise InvalidRequest("emoji must be 1 to 32 characters", field="emoji")
+        status = await self.message_status(team, message_id, viewer=member)
+        now = self.clock.now()
+        await self.store.transact(
+            lambda tx: tx.add_history(
+                team, DeliveryEvent(message_id, member, now, "reaction", emoji)
+            )
+        )
+        del status

@@ -1,0 +1,229 @@
+"""Turn rules: the closing-text parser, the duplicate ledger, transcript paging.
+
+Closing text is what an agent says when its turn ends. ``<message to="name">body</message>``
+blocks in it are explicit sends; the rest is the turn's output. The parser never raises
+and never loses text: whatever is not a well-formed block stays in the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from backchannel.core.delivery import suggest
+from backchannel.types import BROADCAST, LedgerEntry, SessionEvent
+
+_OPEN = re.compile(r"<message\b([^<>]*)>", re.IGNORECASE)
+_CLOSE = re.compile(r"</message\s*>", re.IGNORECASE)
+_TO = re.compile(r"""(?:^|\s)to\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)
+_BLANKS = re.compile(r"\n{3,}")
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One ``<message to="...">`` block: where it was and what it says."""
+
+    to: str
+    body: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClosingText:
+    blocks: tuple[Block, ...]
+    output: str  # the text outside the blocks, trimmed
+
+
+def _to_attr(attrs: str) -> str | None:
+    m = _TO.search(attrs)
+    if m is None:
+        return None
+    value = next(g for g in m.groups() if g is not None).strip()
+    return value or None
+
+
+def parse_closing_text(text: str) -> ClosingText:
+    """Split closing text into message blocks and output.
+
+    Rules, applied left to right: a block runs from an opening tag to the next closing
+    tag; if another opening tag comes first, the earlier one is plain text (the
+    innermost block wins). Tag names are case-insensitive; ``to`` may be quoted with
+    ``"`` or ``'`` or bare, and other attributes are ignored. An opening tag without a
+    ``to``, an unclosed tag and a stray closing tag are all plain text.
+    """
+    tokens = sorted(
+        [(m.start(), 0, m) for m in _OPEN.finditer(text)]
+        + [(m.start(), 1, m) for m in _CLOSE.finditer(text)],
+        key=lambda t: t[0],
+    )
+    blocks: list[Block] = []
+    parts: list[str] = []
+    pos = 0
+    opened: re.Match[str] | None = None
+    for _, is_close, m in tokens:
+        if not is_close:
+            opened = m
+            continue
+        if opened is None:
+            continue
+        to = _to_attr(opened.group(1))
+        if to is not None:
+            parts.append(text[pos : opened.start()])
+            blocks.append(Block(to, text[opened.end() : m.start()], opened.start(), m.end()))
+            pos = m.end()
+        opened = None
+    parts.append(text[pos:])
+    output = _BLANKS.sub("\n\n", "".join(parts)).strip()
+    return ClosingText(tuple(blocks), output)
+
+
+def normalize(text: str) -> str:
+    """Trim and collapse every run of whitespace to one space."""
+    return " ".join(text.split())
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(normalize(text).encode("utf-8")).hexdigest()
+
+
+def already_sent(to: str, text: str, ledger: Iterable[LedgerEntry]) -> LedgerEntry | None:
+    """The ledger entry that makes sending ``text`` to ``to`` a repeat, if any.
+
+    A text counts as already sent to ``to`` if this turn sent the same normalized text
+    to ``to`` or to everyone (``*``). Other recipients do not count: the same words to
+    someone else are distinct content and flow.
+    """
+    d = digest(text)
+    for entry in ledger:
+        if entry.digest == d and entry.to in (to, BROADCAST):
+            return entry
+    return None
+
+
+class BlockAction(StrEnum):
+    SEND = "send"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+    EMPTY = "empty"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockDecision:
+    block: Block
+    action: BlockAction
+    duplicate_of: str | None = None  # the message id already sent
+
+
+def route_blocks(
+    blocks: Sequence[Block], sender: str, members: Sequence[str], ledger: Sequence[LedgerEntry]
+) -> list[BlockDecision]:
+    """Decide each block's fate. Blocks are checked against the ledger *and* against
+    earlier blocks of the same closing text."""
+    seen = list(ledger)
+    out = []
+    for b in blocks:
+        if not normalize(b.body):
+            out.append(BlockDecision(b, BlockAction.EMPTY))
+            continue
+        if b.to != BROADCAST and (b.to not in members or b.to == sender):
+            out.append(BlockDecision(b, BlockAction.UNKNOWN))
+            continue
+        dup = already_sent(b.to, b.body, seen)
+        if dup is not None:
+            out.append(BlockDecision(b, BlockAction.DUPLICATE, dup.message_id))
+            continue
+        out.append(BlockDecision(b, BlockAction.SEND))
+        seen.append(LedgerEntry("", "", b.to, digest(b.body), "(this closing text)", 0.0))
+    return out
+
+
+def unknown_destination_notice(bad: str, sender: str, team: str, members: Sequence[str]) -> str:
+    """The ``system`` message that tells a session its closing block went nowhere."""
+    known = [m for m in members if m != sender]
+    hint = suggest(bad, known)
+    maybe = f" Did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
+    why = "that is you" if bad == sender else f"team {team!r} has no member {bad!r}"
+    return (
+        f'Your closing <message to="{bad}"> block was not delivered: {why}.{maybe} '
+        f"Known members: {', '.join(known) or '(none)'}. Send it again with "
+        f"send_message(to=<name>, message=...)."
+    )
+
+
+# -- transcripts -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPage:
+    events: tuple[SessionEvent, ...]
+    truncated: bool
+    next_since: int | None
+    note: str
+
+
+def page_transcript(
+    events: Sequence[SessionEvent], *, max_chars: int, tail_chars: int | None, more: bool
+) -> TranscriptPage:
+    """Cap a run of events (oldest first) to ``max_chars`` of text, or keep only the last
+    ``tail_chars``; say clearly where it was cut and how to read on."""
+    if tail_chars is not None:
+        kept: list[SessionEvent] = []
+        used = 0
+        for ev in reversed(events):
+            size = len(ev.text)
+            if used + size > tail_chars:
+                room = tail_chars - used
+                if room > 0:
+                    kept.append(_cut_front(ev, room))
+                break
+            kept.append(ev)
+            used += size
+        kept.reverse()
+        skipped = len(events) - len(kept) + (1 if kept and kept[0].text.startswith("[…") else 0)
+        note = (
+            f"[… {skipped} earlier event(s) cut to keep the last {tail_chars} characters; "
+            "read them with since/until …]"
+            if skipped or more
+            else ""
+        )
+        return TranscriptPage(tuple(kept), bool(skipped), None, note)
+    out: list[SessionEvent] = []
+    used = 0
+    for ev in events:
+        if out and used + len(ev.text) > max_chars:
+            nxt = out[-1].event_id
+            return TranscriptPage(
+                tuple(out),
+                True,
+                nxt,
+                f"[… transcript cut at {max_chars} characters; {len(events) - len(out)} more "
+                f"event(s) here; call again with since={nxt} to read on …]",
+            )
+        if not out and len(ev.text) > max_chars:
+            out.append(_cut_back(ev, max_chars))
+            used = max_chars
+            continue
+        out.append(ev)
+        used += len(ev.text)
+    if more and out:
+        nxt = out[-1].event_id
+        return TranscriptPage(
+            tuple(out), True, nxt, f"[… more events follow; call again with since={nxt} …]"
+        )
+    return TranscriptPage(tuple(out), False, None, "")
+
+
+def _cut_front(ev: SessionEvent, keep: int) -> SessionEvent:
+    from dataclasses import replace
+
+    return replace(ev, text="[…cut…] " + ev.text[len(ev.text) - keep :])
+
+
+def _cut_back(ev: SessionEvent, keep: int) -> SessionEvent:
+    from dataclasses import replace
+
+    return replace(ev, text=ev.text[:keep] + " […cut…]")
