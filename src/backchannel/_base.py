@@ -98,6 +98,19 @@ class HubMiddleware:
 
 
 @dataclass(frozen=True, slots=True)
+class SendOptions:
+    """How a send takes part in links (see :mod:`backchannel._links`)."""
+
+    link: bool = True  # open a link to the recipient if none is open
+    close_link: bool = False  # deliver, then close the open link (initiator only)
+    link_budget: int | None = None  # turns for a link this send opens
+
+
+#: Options of the hub's own sends (notices, link crossings): never open or close links.
+_NO_LINK = SendOptions(link=False)
+
+
+@dataclass(frozen=True, slots=True)
 class AckResult:
     acked: tuple[str, ...]
     not_held: tuple[str, ...]
@@ -416,6 +429,9 @@ class HubBase:
         sender_session: str | None = None,
         to_session: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
     ) -> SendResult:
         """Queue ``text`` for ``to`` (a member name, or ``*`` for everyone but the sender).
 
@@ -428,6 +444,11 @@ class HubBase:
         rules.check_text(text, self.config.max_text)
         if to != BROADCAST:
             rules.check_name("recipient", to)
+        if link_budget is not None and not 1 <= link_budget <= 1000:
+            raise InvalidRequest(
+                "link_budget must be between 1 and 1000 turns", field="link_budget"
+            )
+        options = SendOptions(link, close_link, link_budget)
         mid = rules.check_message_id(message_id) if message_id else new_message_id()
         now = self.clock.now()
         fp = rules.fingerprint(sender, to, text, summary, kind.value, to_session, meta)
@@ -455,16 +476,23 @@ class HubBase:
                     tuple(d.recipient for d in copies),
                     replayed=True,
                 )
-            return self._insert(tx, message, to_session)
+            return self._insert(tx, message, to_session, options)
 
         result = await self.store.transact(fn)
         if not result.replayed:
             for r in result.recipients:
                 self._waiters.notify(team, r.member)
+            self._waiters.notify(team, sender)  # link notices may have gone to the sender
             self._run_middleware("after_send", message, result)
         return result
 
-    def _insert(self, tx: Tx, message: Message, to_session: str | None) -> SendResult:
+    def _insert(
+        self,
+        tx: Tx,
+        message: Message,
+        to_session: str | None,
+        options: SendOptions | None = None,
+    ) -> SendResult:
         """Resolve recipients and store ``message`` inside ``tx`` (shared by every sender)."""
         team, to = message.team, message.to
         if message.to == BROADCAST:
@@ -488,11 +516,20 @@ class HubBase:
                     f"member {to!r} has no session {to_session!r}; send to the member instead",
                     session=to_session,
                 )
+        self._before_insert(tx, message, recipients, options or _NO_LINK)
         tx.insert_message(message, recipients)
-        self._after_insert(tx, message, recipients)
+        self._after_insert(tx, message, recipients, options or _NO_LINK)
         return SendResult(message.message_id, DeliveryState.QUEUED, recipients)
 
-    def _after_insert(self, tx: Tx, message: Message, recipients: Sequence[Recipient]) -> None:
+    def _before_insert(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
+    ) -> None:
+        """Hook: may refuse a send before anything is written (the anchor rule, link
+        permissions). Runs in ``tx``."""
+
+    def _after_insert(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
+    ) -> None:
         """Hook for the parts built on top (the per-turn ledger, links). Runs in ``tx``."""
 
     def _after_lease(

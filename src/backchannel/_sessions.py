@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backchannel._base import HubBase, JobHandler
+from backchannel._base import HubBase, JobHandler, SendOptions
 from backchannel.core import delivery as rules
 from backchannel.core import turns
 from backchannel.errors import (
@@ -351,7 +351,10 @@ class SessionsMixin(HubBase):
             last_output=s.last_output if checkpoint_turn else parsed.output,
         )
         tx.put_session(stopped)
-        extra = self._after_stop(tx, stopped, parsed.output, checkpoint_turn, ledger, now, woken)
+        sent_this_turn = tx.ledger(s.team, s.session_id)  # tool sends and the blocks above
+        extra = self._after_stop(
+            tx, stopped, parsed.output, checkpoint_turn, sent_this_turn, now, woken
+        )
         tx.ledger_clear(s.team, s.session_id)
         if not checkpoint_turn:
             self._schedule_checkpoint(tx, stopped, now)
@@ -400,8 +403,10 @@ class SessionsMixin(HubBase):
         )
 
     # -- the ledger is fed by sends made during a turn ------------------------------
-    def _after_insert(self, tx: Tx, message: Message, recipients: Sequence[Recipient]) -> None:
-        super()._after_insert(tx, message, recipients)
+    def _after_insert(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
+    ) -> None:
+        super()._after_insert(tx, message, recipients, options)
         if message.kind not in _LEDGER_KINDS or message.sender == HUB_SENDER:
             return
         session = self._turn_session(tx, message)

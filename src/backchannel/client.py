@@ -116,8 +116,12 @@ class Client(ABC):
         message_id: str | None = None,
         session: str | None = None,
         from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
     ) -> dict[str, Any]:
         """Send as the authenticated member (from ``from_session``'s turn, if given).
+        A send from a turn opens a link to the recipient unless ``link=False``.
         Returns ``{"message_id", "status", "recipients"}``."""
 
     @abstractmethod
@@ -167,6 +171,10 @@ class Client(ABC):
 
     @abstractmethod
     async def react(self, message_id: str, emoji: str) -> None: ...
+
+    @abstractmethod
+    async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
+        """Your team's links: peers, turns used of the budget, state, why closed."""
 
     async def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
@@ -244,6 +252,9 @@ class LocalClient(Client):
         message_id: str | None = None,
         session: str | None = None,
         from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
     ) -> dict[str, Any]:
         me = self._member()
         result = await self.hub.send(
@@ -255,8 +266,15 @@ class LocalClient(Client):
             message_id=message_id,
             to_session=session,
             sender_session=from_session,
+            link=link,
+            close_link=close_link,
+            link_budget=link_budget,
         )
         return {**result.to_json(), "replayed": result.replayed}
+
+    async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
+        me = self._member()
+        return [link.to_json() for link in await self.hub.list_links(me.team, open_only=open_only)]
 
     async def open_session(self, session_id: str | None = None) -> dict[str, Any]:
         me = self._member()
@@ -385,18 +403,27 @@ class HttpClient(Client):
         message_id: str | None = None,
         session: str | None = None,
         from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"to": to, "text": text}
+        body: dict[str, Any] = {"to": to, "text": text, "link": link, "close_link": close_link}
         for key, value in (
             ("summary", summary),
             ("message_id", message_id),
             ("session", session),
             ("from_session", from_session),
+            ("link_budget", link_budget),
         ):
             if value is not None:
                 body[key] = value
         result: dict[str, Any] = await self._call("POST", "/v1/messages", json=body)
         return result
+
+    async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
+        result = await self._call("GET", "/v1/links", params={"open_only": open_only})
+        links: list[dict[str, Any]] = result["links"]
+        return links
 
     async def open_session(self, session_id: str | None = None) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(

@@ -5,7 +5,8 @@ The caller is always already authenticated: the ``sender`` or ``member`` passed 
 the member the token belongs to. Each part lives in its own module:
 
 * :mod:`backchannel._base` — teams, members, messages, leases, scheduled jobs;
-* :mod:`backchannel._sessions` — sessions, turns, events, the ledger, checkpoints.
+* :mod:`backchannel._sessions` — sessions, turns, events, the ledger, checkpoints;
+* :mod:`backchannel._links` — links between sessions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from backchannel._base import (
     hash_token,
     new_token,
 )
-from backchannel._sessions import SessionsMixin, StopResult, session_json
+from backchannel._links import LinksMixin
+from backchannel._sessions import StopResult, session_json
 
 __all__ = [
     "AckResult",
@@ -34,5 +36,5 @@ __all__ = [
 ]
 
 
-class Hub(SessionsMixin, HubBase):
+class Hub(LinksMixin, HubBase):
     """A message hub on a store. Use as ``async with Hub(store) as hub:``."""

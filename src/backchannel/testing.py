@@ -28,6 +28,8 @@ from backchannel.types import (
     Job,
     JobState,
     LedgerEntry,
+    Link,
+    LinkState,
     Member,
     MemberKind,
     Message,
@@ -445,6 +447,71 @@ async def check_jobs(make_store: StoreFactory) -> None:
         assert again == [jid_other, jid_late], "a failed firing leaves the jobs due"
 
 
+async def check_links(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        first = Link("alpha", "l1", "a", "a-1", "b", None, 8, T0)
+        assert await store.transact(lambda tx: tx.insert_link(first)) == first
+        rival = Link("alpha", "l2", "b", "b-1", "a", None, 3, T0 + 1)
+        kept = await store.transact(lambda tx: tx.insert_link(rival))
+        assert kept == first, "one open link per member pair, whoever sends first"
+        assert await store.read(lambda tx: tx.get_link("alpha", "l2")) is None
+        assert await store.read(lambda tx: tx.find_open_link("alpha", "b", "a")) == first
+        assert await store.read(lambda tx: tx.find_open_link("beta", "a", "b")) is None
+        used = Link(
+            "alpha",
+            "l1",
+            "a",
+            "a-1",
+            "b",
+            "b-1",
+            8,
+            T0,
+            LinkState.OPEN,
+            3,
+            None,
+            None,
+            ({"at": T0, "event": "opened"}, {"at": T0 + 1, "event": "crossing", "n": 1}),
+        )
+        await store.transact(lambda tx: tx.update_link(used))
+        assert await store.read(lambda tx: tx.get_link("alpha", "l1")) == used
+        closed = Link(
+            "alpha",
+            "l1",
+            "a",
+            "a-1",
+            "b",
+            "b-1",
+            8,
+            T0,
+            LinkState.CLOSED,
+            8,
+            T0 + 9,
+            "budget_exhausted",
+        )
+        await store.transact(lambda tx: tx.update_link(closed))
+        assert await store.read(lambda tx: tx.find_open_link("alpha", "a", "b")) is None
+        again = Link("alpha", "l3", "b", "b-2", "a", None, 8, T0 + 10)
+        assert await store.transact(lambda tx: tx.insert_link(again)) == again
+        other = Link("alpha", "l4", "a", "a-1", "c", None, 8, T0 + 11)
+        await store.transact(lambda tx: tx.insert_link(other))
+        every = await store.read(lambda tx: [x.link_id for x in tx.list_links("alpha")])
+        assert every == ["l1", "l3", "l4"]
+        of_c = await store.read(lambda tx: [x.link_id for x in tx.list_links("alpha", member="c")])
+        assert of_c == ["l4"]
+        live = await store.read(
+            lambda tx: [x.link_id for x in tx.list_links("alpha", open_only=True)]
+        )
+        assert live == ["l3", "l4"]
+
+        async def race(i: int) -> Link:
+            link = Link("alpha", f"r{i}", "x", f"x-{i}", "y", None, 8, T0)
+            won: Link = await store.transact(lambda tx: tx.insert_link(link))
+            return won
+
+        winners = await asyncio.gather(*(race(i) for i in range(20)))
+        assert len({w.link_id for w in winners}) == 1
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_teams_and_members,
     check_sessions,
@@ -458,6 +525,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transcripts,
     check_ledger,
     check_jobs,
+    check_links,
 ]
 
 

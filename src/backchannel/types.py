@@ -25,6 +25,8 @@ __all__ = [
     "Job",
     "JobState",
     "LedgerEntry",
+    "Link",
+    "LinkState",
     "Member",
     "MemberKind",
     "Message",
@@ -225,6 +227,57 @@ class Job:
     state: JobState = JobState.PENDING
     job_id: int = 0  # assigned by the store
     done_at: float | None = None
+
+
+class LinkState(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A bidirectional conversation: each side's finished turn goes to the other."""
+
+    team: str
+    link_id: str
+    initiator: str
+    initiator_session: str
+    responder: str
+    responder_session: str | None  # bound when the responder's session first takes part
+    budget: int
+    created_at: float
+    state: LinkState = LinkState.OPEN
+    turns_used: int = 0
+    closed_at: float | None = None
+    close_reason: str | None = None
+    history: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def pair(self) -> str:
+        """The member pair, order-free: at most one open link per pair."""
+        a, b = sorted((self.initiator, self.responder))
+        return f"{a}|{b}"
+
+    def peer_of(self, member: str) -> tuple[str, str | None]:
+        if member == self.initiator:
+            return self.responder, self.responder_session
+        return self.initiator, self.initiator_session
+
+    def to_json(self) -> Json:
+        return {
+            "link_id": self.link_id,
+            "initiator": self.initiator,
+            "initiator_session": self.initiator_session,
+            "responder": self.responder,
+            "responder_session": self.responder_session,
+            "state": self.state.value,
+            "budget": self.budget,
+            "turns_used": self.turns_used,
+            "created_at": self.created_at,
+            "closed_at": self.closed_at,
+            "close_reason": self.close_reason,
+            "history": [dict(h) for h in self.history],
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -300,6 +300,31 @@ def status(
 
 
 @app.command()
+def links(
+    open_only: Annotated[bool, typer.Option("--open", help="Only links still open.")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Your team's links: peers, turns used of the budget, state, why closed."""
+    found = _run(
+        _with(_client(url, token, home, admin=False), lambda c: c.links(open_only=open_only))
+    )
+    if as_json:
+        _print_json(found)
+        return
+    for link in found:
+        why = f" ({link['close_reason']})" if link["close_reason"] else ""
+        print(
+            f"{link['link_id']}  {link['initiator']} <-> {link['responder']}  "
+            f"{link['turns_used']}/{link['budget']} turns  {link['state']}{why}"
+        )
+    if not found:
+        err.print("no links")
+
+
+@app.command()
 def tail(
     team: Annotated[str | None, typer.Argument(help="Team to watch [your own].")] = None,
     after: Annotated[int, typer.Option(help="Start after this cursor (0: from the start).")] = 0,

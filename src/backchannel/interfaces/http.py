@@ -95,8 +95,9 @@ class MessageIn(_Body):
     message_id: str | None = Field(None, description="your id for idempotent retries")
     session: str | None = Field(None, description="deliver to this session of the recipient only")
     from_session: str | None = Field(None, description="your session that is sending (its turn)")
-    close_link: bool = False
-    link: bool = True
+    close_link: bool = Field(False, description="deliver, then close your open link with them")
+    link: bool = Field(True, description="open a link to the recipient if none is open")
+    link_budget: int | None = Field(None, ge=1, le=1000, description="turns for a new link")
 
 
 class AckIn(_Body):
@@ -356,6 +357,9 @@ def create_app(
             message_id=body.message_id,
             to_session=body.session,
             sender_session=body.from_session,
+            link=body.link,
+            close_link=body.close_link,
+            link_budget=body.link_budget,
         )
         return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
 
@@ -434,6 +438,20 @@ def create_app(
                 await stream.aclose()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    # -- links -------------------------------------------------------------------
+    @app.get("/v1/links", tags=["links"])
+    async def list_links(
+        who: Auth, member: str | None = None, open_only: bool = False
+    ) -> dict[str, Any]:
+        me = who.need_member()
+        links = await hub.list_links(me.team, member=member, open_only=open_only)
+        return {"links": [link.to_json() for link in links]}
+
+    @app.get("/v1/links/{link_id}", tags=["links"])
+    async def get_link(link_id: str, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return (await hub.get_link(me.team, link_id)).to_json()
 
     # -- sessions ----------------------------------------------------------------
     @app.post("/v1/sessions", status_code=201, tags=["sessions"])

@@ -40,6 +40,7 @@ from backchannel.types import (
     Job,
     JobState,
     LedgerEntry,
+    Link,
     Member,
     Message,
     Recipient,
@@ -54,7 +55,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Tx(Protocol):
@@ -202,6 +203,28 @@ class Tx(Protocol):
 
     def ledger_clear(self, team: str, session_id: str) -> int:
         """Forget the session's ledger; returns how many entries were dropped."""
+        ...
+
+    # -- links ---------------------------------------------------------------
+    def insert_link(self, link: Link) -> Link:
+        """Store a new open link, unless an open link already joins the same member pair
+        (``link.pair``): then store nothing and return that one. Safe under concurrency:
+        two concurrent inserts for one pair leave exactly one open link."""
+        ...
+
+    def get_link(self, team: str, link_id: str) -> Link | None: ...
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        """The open link joining two members (in either direction), if any."""
+        ...
+
+    def update_link(self, link: Link) -> None:
+        """Replace a stored link's state, budget use, session binding and history."""
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        """A team's links (optionally those a member takes part in), oldest first."""
         ...
 
     # -- scheduled jobs ------------------------------------------------------

@@ -23,6 +23,8 @@ from backchannel.types import (
     Job,
     JobState,
     LedgerEntry,
+    Link,
+    LinkState,
     Member,
     Message,
     Recipient,
@@ -54,6 +56,7 @@ class _Data:
         self.event_seq = 0
         self.ledgers: dict[tuple[str, str], list[LedgerEntry]] = {}
         self.jobs: dict[int, Job] = {}
+        self.links: dict[tuple[str, str], Link] = {}
         self.job_seq = 0
 
 
@@ -348,6 +351,39 @@ class MemoryTx:
         if n:
             self._pop(self._d.ledgers, (team, session_id))
         return n
+
+    # -- links ---------------------------------------------------------------
+    def insert_link(self, link: Link) -> Link:
+        existing = self.find_open_link(link.team, link.initiator, link.responder)
+        if existing is not None:
+            return existing
+        self._set(self._d.links, (link.team, link.link_id), link)
+        return link
+
+    def get_link(self, team: str, link_id: str) -> Link | None:
+        return self._d.links.get((team, link_id))
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        pair = "|".join(sorted((member_a, member_b)))
+        for (t, _), link in self._d.links.items():
+            if t == team and link.state is LinkState.OPEN and link.pair == pair:
+                return link
+        return None
+
+    def update_link(self, link: Link) -> None:
+        self._set(self._d.links, (link.team, link.link_id), link)
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        found = [
+            link
+            for (t, _), link in self._d.links.items()
+            if t == team
+            and (member is None or member in (link.initiator, link.responder))
+            and (not open_only or link.state is LinkState.OPEN)
+        ]
+        return sorted(found, key=lambda link: (link.created_at, link.link_id))
 
     # -- jobs ----------------------------------------------------------------
     def add_job(self, job: Job) -> int:

@@ -46,6 +46,8 @@ from backchannel.types import (
     Job,
     JobState,
     LedgerEntry,
+    Link,
+    LinkState,
     Member,
     MemberKind,
     Message,
@@ -172,6 +174,29 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX jobs_due ON jobs (due_at, id) WHERE state = 'pending';
     CREATE INDEX jobs_team ON jobs (team, session_id, kind);
+    """,
+    # 3: links
+    """
+    CREATE TABLE links (
+        team TEXT NOT NULL,
+        link_id TEXT NOT NULL,
+        pair TEXT NOT NULL,
+        initiator TEXT NOT NULL,
+        initiator_session TEXT NOT NULL,
+        responder TEXT NOT NULL,
+        responder_session TEXT,
+        budget INTEGER NOT NULL,
+        turns_used INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        closed_at REAL,
+        close_reason TEXT,
+        history TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (team, link_id)
+    );
+    CREATE UNIQUE INDEX links_open_pair ON links (team, pair) WHERE state = 'open';
+    CREATE INDEX links_initiator ON links (team, initiator);
+    CREATE INDEX links_responder ON links (team, responder);
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -623,6 +648,93 @@ class SqliteTx:
             "DELETE FROM ledger WHERE team = ? AND session_id = ?", (team, session_id)
         )
         return cur.rowcount
+
+    # -- links ---------------------------------------------------------------
+    _LINK_COLS = (
+        "team, link_id, initiator, initiator_session, responder, responder_session, budget, "
+        "created_at, state, turns_used, closed_at, close_reason, history"
+    )
+
+    @staticmethod
+    def _link(r: Sequence[Any]) -> Link:
+        return Link(
+            team=r[0],
+            link_id=r[1],
+            initiator=r[2],
+            initiator_session=r[3],
+            responder=r[4],
+            responder_session=r[5],
+            budget=r[6],
+            created_at=r[7],
+            state=LinkState(r[8]),
+            turns_used=r[9],
+            closed_at=r[10],
+            close_reason=r[11],
+            history=tuple(json.loads(r[12])),
+        )
+
+    def _link_args(self, link: Link) -> tuple[Any, ...]:
+        return (
+            link.team,
+            link.link_id,
+            link.initiator,
+            link.initiator_session,
+            link.responder,
+            link.responder_session,
+            link.budget,
+            link.created_at,
+            link.state.value,
+            link.turns_used,
+            link.closed_at,
+            link.close_reason,
+            json.dumps([dict(h) for h in link.history], separators=(",", ":")),
+        )
+
+    def insert_link(self, link: Link) -> Link:
+        existing = self.find_open_link(link.team, link.initiator, link.responder)
+        if existing is not None:
+            return existing
+        self._c.execute(
+            f"INSERT INTO links ({self._LINK_COLS}, pair) VALUES ({','.join('?' * 14)})",
+            (*self._link_args(link), link.pair),
+        )
+        return link
+
+    def get_link(self, team: str, link_id: str) -> Link | None:
+        row = self._one(
+            f"SELECT {self._LINK_COLS} FROM links WHERE team = ? AND link_id = ?", (team, link_id)
+        )
+        return self._link(row) if row else None
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        pair = "|".join(sorted((member_a, member_b)))
+        row = self._one(
+            f"SELECT {self._LINK_COLS} FROM links WHERE team = ? AND pair = ? AND state = 'open'",
+            (team, pair),
+        )
+        return self._link(row) if row else None
+
+    def update_link(self, link: Link) -> None:
+        args = self._link_args(link)
+        self._c.execute(
+            "UPDATE links SET initiator = ?, initiator_session = ?, responder = ?, "
+            "responder_session = ?, budget = ?, created_at = ?, state = ?, turns_used = ?, "
+            "closed_at = ?, close_reason = ?, history = ? WHERE team = ? AND link_id = ?",
+            (*args[2:], link.team, link.link_id),
+        )
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        sql = f"SELECT {self._LINK_COLS} FROM links WHERE team = ?"
+        args: list[Any] = [team]
+        if member is not None:
+            sql += " AND (initiator = ? OR responder = ?)"
+            args += [member, member]
+        if open_only:
+            sql += " AND state = 'open'"
+        rows = self._c.execute(sql + " ORDER BY created_at, link_id", args)
+        return [self._link(r) for r in rows]
 
     # -- jobs ----------------------------------------------------------------
     _JOB_COLS = "id, team, kind, due_at, created_at, session_id, payload, state, done_at"

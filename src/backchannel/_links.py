@@ -1,0 +1,306 @@
+"""Bidirectional links: a finished turn goes straight into the linked peer's session.
+
+``send_message`` from a session's turn to another member opens a link unless one is
+open between the two members (or the sender opts out with ``link=False``). From then
+on, when either side's turn ends, its output (the closing text outside ``<message>``
+blocks) is delivered to the other as ``[From <member>] <text>``, pinned to the peer's
+session so it waits for the peer's turn to end. Checkpoint turns cross nothing and use
+no budget. Each crossing uses one turn; a spent link closes (``budget_exhausted``) and
+both sides are told. Only the initiator closes a link; a link closes when either
+session terminates, and survives a session restart (its id stays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from backchannel._base import SendOptions
+from backchannel._sessions import SessionsMixin
+from backchannel.core import delivery
+from backchannel.core import links as rules
+from backchannel.errors import Forbidden, InvalidRequest, NotFound
+from backchannel.stores.base import Tx
+from backchannel.types import (
+    BROADCAST,
+    HUB_SENDER,
+    InboxMessage,
+    LedgerEntry,
+    Link,
+    LinkState,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionState,
+)
+
+
+class LinksMixin(SessionsMixin):
+    """Links (see the module docstring)."""
+
+    async def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        return await self.store.read(
+            lambda tx: tx.list_links(team, member=member, open_only=open_only)
+        )
+
+    async def get_link(self, team: str, link_id: str) -> Link:
+        link = await self.store.read(lambda tx: tx.get_link(team, link_id))
+        if link is None:
+            raise NotFound(f"unknown link {link_id!r} in team {team!r}", link_id=link_id)
+        return link
+
+    # -- opening and closing, as part of a send ----------------------------------------
+    def _before_insert(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
+    ) -> None:
+        super()._before_insert(tx, message, recipients, options)
+        if not options.close_link:
+            return
+        if message.to == BROADCAST:
+            raise InvalidRequest("close_link needs one recipient, not '*'", field="close_link")
+        link = tx.find_open_link(message.team, message.sender, message.to)
+        if link is None:
+            raise InvalidRequest(
+                f"there is no open link between {message.sender!r} and {message.to!r} to "
+                "close; send without close_link",
+                field="close_link",
+            )
+        if link.initiator != message.sender:
+            raise Forbidden(
+                f"only {link.initiator!r}, who opened link {link.link_id}, can close it; "
+                "you may simply stop replying (silence is valid)",
+                link_id=link.link_id,
+            )
+
+    def _after_insert(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
+    ) -> None:
+        super()._after_insert(tx, message, recipients, options)
+        if message.kind is not MessageKind.DIRECT or message.to == BROADCAST:
+            return
+        if message.sender == HUB_SENDER:
+            return
+        now = message.created_at
+        if options.close_link:
+            link = tx.find_open_link(message.team, message.sender, message.to)
+            if link is not None:
+                self._close_link(tx, link, "closed_by_initiator", now)
+            return
+        if not options.link or tx.find_open_link(message.team, message.sender, message.to):
+            return
+        session = self._turn_session(tx, message)
+        if session is None:
+            return  # links join sessions: a send from outside a turn opens none
+        team = tx.get_team(message.team)
+        settings: Mapping[str, Any] = team.settings if team else {}
+        budget = options.link_budget or rules.team_budget(settings)
+        responder_session = recipients[0].session if recipients else None
+        if responder_session is None:
+            live = [
+                s
+                for s in tx.list_sessions(message.team, message.to)
+                if s.state is not SessionState.TERMINATED
+            ]
+            responder_session = live[0].session_id if len(live) == 1 else None
+        link = Link(
+            team=message.team,
+            link_id="lnk_" + uuid.uuid4().hex[:16],
+            initiator=message.sender,
+            initiator_session=session.session_id,
+            responder=message.to,
+            responder_session=responder_session,
+            budget=budget,
+            created_at=now,
+            history=(
+                {
+                    "at": now,
+                    "event": "opened",
+                    "by": message.sender,
+                    "message_id": message.message_id,
+                },
+            ),
+        )
+        if tx.insert_link(link).link_id != link.link_id:
+            return  # a concurrent first send opened it
+        for member in (link.initiator, link.responder):
+            peer = link.peer_of(member)[0]
+            self._notice(
+                tx,
+                link,
+                member,
+                rules.rules_text(settings, peer, budget),
+                now,
+                summary=f"linked with {peer}",
+                event="opened",
+            )
+
+    def _side_session(self, link: Link, member: str) -> str | None:
+        return link.initiator_session if member == link.initiator else link.responder_session
+
+    def _notice(
+        self,
+        tx: Tx,
+        link: Link,
+        member: str,
+        text: str,
+        now: float,
+        *,
+        summary: str,
+        event: str,
+    ) -> None:
+        """A ``system`` message from the hub to one side of a link."""
+        sid = self._side_session(link, member)
+        s = tx.get_session(link.team, sid) if sid else None
+        pinned = sid if s is not None and s.state is not SessionState.TERMINATED else None
+        meta = {"link_id": link.link_id, "event": event}
+        msg = Message(
+            team=link.team,
+            message_id="sys_" + uuid.uuid4().hex,
+            sender=HUB_SENDER,
+            to=member,
+            text=text,
+            kind=MessageKind.SYSTEM,
+            created_at=now,
+            fingerprint=delivery.fingerprint(
+                HUB_SENDER, member, text, summary, "system", None, meta
+            ),
+            summary=summary,
+            meta=meta,
+        )
+        self._insert(tx, msg, pinned)  # the caller wakes the team's waiters after commit
+
+    def _close_link(self, tx: Tx, link: Link, reason: str, now: float) -> Link:
+        closed = dataclasses.replace(
+            link,
+            state=LinkState.CLOSED,
+            closed_at=now,
+            close_reason=reason,
+            history=(*link.history, {"at": now, "event": "closed", "reason": reason}),
+        )
+        tx.update_link(closed)
+        for member in (link.initiator, link.responder):
+            self._notice(
+                tx,
+                closed,
+                member,
+                rules.closed_text(closed, reason, member),
+                now,
+                summary=f"link with {closed.peer_of(member)[0]} closed: {reason}",
+                event="closed",
+            )
+        return closed
+
+    # -- binding the responder's session ---------------------------------------------
+    def _bind(self, tx: Tx, link: Link, session: Session) -> Link:
+        if link.responder_session is not None or session.member != link.responder:
+            return link
+        bound = dataclasses.replace(link, responder_session=session.session_id)
+        tx.update_link(bound)
+        return bound
+
+    def _after_lease(
+        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
+    ) -> None:
+        super()._after_lease(tx, session, got, now)
+        for m in got:
+            link_id = m.message.meta.get("link_id")
+            if isinstance(link_id, str):
+                link = tx.get_link(session.team, link_id)
+                if link is not None and link.state is LinkState.OPEN:
+                    self._bind(tx, link, session)
+
+    def _session_links(self, tx: Tx, session: Session) -> list[Link]:
+        """Open links this session is on (binding unbound ones where it is the responder)."""
+        out = []
+        for link in tx.list_links(session.team, member=session.member, open_only=True):
+            if link.responder == session.member and link.responder_session is None:
+                link = self._bind(tx, link, session)
+            if session.session_id in (link.initiator_session, link.responder_session):
+                out.append(link)
+        return out
+
+    # -- crossing at the end of a turn ---------------------------------------------------
+    def _after_stop(
+        self,
+        tx: Tx,
+        session: Session,
+        output: str,
+        checkpoint_turn: bool,
+        ledger: Sequence[LedgerEntry],
+        now: float,
+        woken: set[tuple[str, str]],
+    ) -> dict[str, Any]:
+        extra = super()._after_stop(tx, session, output, checkpoint_turn, ledger, now, woken)
+        crossed: list[dict[str, Any]] = []
+        for link in self._session_links(tx, session):
+            peer, peer_session = link.peer_of(session.member)
+            decision = rules.decide_crossing(link, peer, output, checkpoint_turn, ledger)
+            if decision.action is not rules.Crossing.CROSS:
+                if decision.action is rules.Crossing.REPEAT:
+                    tx.update_link(
+                        dataclasses.replace(
+                            link,
+                            history=(
+                                *link.history,
+                                {"at": now, "event": "repeat_not_injected", "from": session.member},
+                            ),
+                        )
+                    )
+                continue
+            n = link.turns_used + 1
+            text = rules.frame(session.member, output)
+            meta = {"link_id": link.link_id, "crossing": n}
+            msg = Message(
+                team=session.team,
+                message_id=f"{link.link_id}-{n}",
+                sender=session.member,
+                to=peer,
+                text=text,
+                kind=MessageKind.LINK,
+                created_at=now,
+                fingerprint=delivery.fingerprint(
+                    session.member, peer, text, None, "link", peer_session, meta
+                ),
+                sender_session=session.session_id,
+                meta=meta,
+            )
+            pinned = peer_session
+            if pinned is not None:
+                peer_s = tx.get_session(session.team, pinned)
+                if peer_s is None or peer_s.state is SessionState.TERMINATED:
+                    pinned = None
+            self._insert(tx, msg, pinned)
+            woken.add((session.team, peer))
+            used = dataclasses.replace(
+                link,
+                turns_used=n,
+                history=(
+                    *link.history,
+                    {
+                        "at": now,
+                        "event": "crossing",
+                        "n": n,
+                        "from": session.member,
+                        "message_id": msg.message_id,
+                    },
+                ),
+            )
+            tx.update_link(used)
+            crossed.append(
+                {"link_id": link.link_id, "to": peer, "turns_used": n, "budget": link.budget}
+            )
+            if decision.closes:
+                self._close_link(tx, used, "budget_exhausted", now)
+        return {**extra, "crossed": crossed}
+
+    def _on_terminate(self, tx: Tx, session: Session, reason: str) -> None:
+        super()._on_terminate(tx, session, reason)
+        now = self.clock.now()
+        for link in tx.list_links(session.team, member=session.member, open_only=True):
+            if session.session_id in (link.initiator_session, link.responder_session):
+                self._close_link(tx, link, "session_terminated", now)

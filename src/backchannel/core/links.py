@@ -1,0 +1,81 @@
+"""Link rules: budgets, what crosses, and the texts both sides are told."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backchannel.core.turns import already_sent, normalize
+from backchannel.types import LedgerEntry, Link
+
+DEFAULT_BUDGET = 8
+
+DEFAULT_RULES = (
+    "You are now linked with {peer}: when either of you finishes a turn, its final output "
+    "goes to the other as input, for at most {budget} turns. Rules: contribute before "
+    "acknowledging; never restate the peer; ask only what blocks you; silence is valid; "
+    "receiving input does not oblige a reply."
+)
+
+
+def team_budget(settings: Mapping[str, Any]) -> int:
+    value = settings.get("link_budget", DEFAULT_BUDGET)
+    return value if isinstance(value, int) and value > 0 else DEFAULT_BUDGET
+
+
+def rules_text(settings: Mapping[str, Any], peer: str, budget: int) -> str:
+    """The anti-chattiness rules both sides get when a link opens (team-configurable
+    through the ``link_rules`` setting, with ``{peer}`` and ``{budget}`` placeholders)."""
+    template = settings.get("link_rules")
+    if not isinstance(template, str) or not template.strip():
+        template = DEFAULT_RULES
+    try:
+        return template.format(peer=peer, budget=budget)
+    except (KeyError, IndexError, ValueError):
+        return template
+
+
+def frame(member: str, text: str) -> str:
+    """How a crossing reads on the other side."""
+    return f"[From {member}] {text}"
+
+
+class Crossing(StrEnum):
+    CROSS = "cross"
+    EMPTY = "empty"  # nothing to say: crosses nothing, uses no turn
+    CHECKPOINT = "checkpoint"  # a checkpoint answer: crosses nothing, uses no turn
+    REPEAT = "repeat"  # already sent to this peer during the turn
+
+
+@dataclass(frozen=True, slots=True)
+class CrossingDecision:
+    action: Crossing
+    closes: bool = False  # this crossing spends the budget
+
+
+def decide_crossing(
+    link: Link, peer: str, output: str, checkpoint_turn: bool, ledger: Sequence[LedgerEntry]
+) -> CrossingDecision:
+    if checkpoint_turn:
+        return CrossingDecision(Crossing.CHECKPOINT)
+    if not normalize(output):
+        return CrossingDecision(Crossing.EMPTY)
+    if already_sent(peer, output, ledger) is not None:
+        return CrossingDecision(Crossing.REPEAT)
+    return CrossingDecision(Crossing.CROSS, closes=link.turns_used + 1 >= link.budget)
+
+
+def closed_text(link: Link, reason: str, member: str) -> str:
+    peer = link.peer_of(member)[0]
+    if reason == "budget_exhausted":
+        return (
+            f"Your link with {peer} is closed: its budget of {link.budget} turns is spent. "
+            f"Further turns will not reach {peer}; use send_message if you must say more."
+        )
+    if reason == "closed_by_initiator":
+        return f"Your link with {peer} was closed by {link.initiator}."
+    if reason == "session_terminated":
+        return f"Your link with {peer} is closed: a session on it terminated."
+    return f"Your link with {peer} is closed ({reason})."
