@@ -11,16 +11,17 @@ from backchannel.types import EventKind, MessageKind, SessionState
 
 
 async def _setup(hub: Hub, *members: str) -> None:
-    await hub.create_team("t")
+    await hub.create_team("t", settings={"anchor_policy": "off"})  # tested in test_timers
     for m in members:
         await hub.add_member("t", m)
 
 
 async def _texts(hub: Hub, member: str, session: str | None = None) -> list[str]:
+    """The direct messages the member got (notices and link crossings left out)."""
     got = await hub.receive("t", member, session=session, limit=100)
     if got:
         await hub.ack("t", member, [g.message.message_id for g in got])
-    return [g.message.text for g in got]
+    return [g.message.text for g in got if g.message.kind is MessageKind.DIRECT]
 
 
 async def _events(hub: Hub, session: str) -> list[tuple[str, str]]:

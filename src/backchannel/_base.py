@@ -104,10 +104,12 @@ class SendOptions:
     link: bool = True  # open a link to the recipient if none is open
     close_link: bool = False  # deliver, then close the open link (initiator only)
     link_budget: int | None = None  # turns for a link this send opens
+    by_agent: bool = True  # an agent's own send (send_message), subject to its rules
 
 
-#: Options of the hub's own sends (notices, link crossings): never open or close links.
-_NO_LINK = SendOptions(link=False)
+#: Options of the hub's own sends (notices, crossings, closing blocks): no link changes,
+#: no anchor rule.
+_NO_LINK = SendOptions(link=False, by_agent=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,7 +849,9 @@ class HubBase:
             except Exception:
                 log.exception("maintenance failed; retrying in 1 s")
                 next_due = self.clock.now() + 1.0
-            delay = 5.0 if next_due is None else min(max(next_due - self.clock.now(), 0.0), 5.0)
+            # sleep until the next due work; local scheduling and other processes' changes
+            # wake the loop earlier, and a minute is the longest it ever sleeps
+            delay = 60.0 if next_due is None else min(max(next_due - self.clock.now(), 0.0), 60.0)
             self._maint_wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._maint_wake.wait(), delay + 0.001)

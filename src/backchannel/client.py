@@ -173,6 +173,25 @@ class Client(ABC):
     async def react(self, message_id: str, emoji: str) -> None: ...
 
     @abstractmethod
+    async def set_timer(
+        self,
+        intent: str,
+        minutes: float,
+        note: str,
+        target: str | None = None,
+        *,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """Set a heartbeat: ``anchor``, ``check`` (target peer) or ``wait`` (target peer)."""
+
+    @abstractmethod
+    async def cancel_timer(self, timer_id: int) -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def timers(self, *, session: str | None = None) -> list[dict[str, Any]]:
+        """Pending timers of your team (or of one session)."""
+
+    @abstractmethod
     async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
         """Your team's links: peers, turns used of the budget, state, why closed."""
 
@@ -271,6 +290,30 @@ class LocalClient(Client):
             link_budget=link_budget,
         )
         return {**result.to_json(), "replayed": result.replayed}
+
+    async def set_timer(
+        self,
+        intent: str,
+        minutes: float,
+        note: str,
+        target: str | None = None,
+        *,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        me = self._member()
+        timer = await self.hub.set_timer(
+            me.team, me.name, session, intent, minutes * 60, note, target
+        )
+        return timer.to_json(self.hub.clock.now())
+
+    async def cancel_timer(self, timer_id: int) -> dict[str, Any]:
+        me = self._member()
+        return (await self.hub.cancel_timer(me.team, me.name, timer_id)).to_json()
+
+    async def timers(self, *, session: str | None = None) -> list[dict[str, Any]]:
+        me = self._member()
+        now = self.hub.clock.now()
+        return [t.to_json(now) for t in await self.hub.list_timers(me.team, session_id=session)]
 
     async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
         me = self._member()
@@ -419,6 +462,35 @@ class HttpClient(Client):
                 body[key] = value
         result: dict[str, Any] = await self._call("POST", "/v1/messages", json=body)
         return result
+
+    async def set_timer(
+        self,
+        intent: str,
+        minutes: float,
+        note: str,
+        target: str | None = None,
+        *,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "intent": intent,
+            "minutes": minutes,
+            "note": note,
+            "target": target,
+            "session": session,
+        }
+        result: dict[str, Any] = await self._call("POST", "/v1/timers", json=body)
+        return result
+
+    async def cancel_timer(self, timer_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("DELETE", f"/v1/timers/{timer_id}")
+        return result
+
+    async def timers(self, *, session: str | None = None) -> list[dict[str, Any]]:
+        params = {"session": session} if session else {}
+        result = await self._call("GET", "/v1/timers", params=params)
+        timers: list[dict[str, Any]] = result["timers"]
+        return timers
 
     async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
         result = await self._call("GET", "/v1/links", params={"open_only": open_only})

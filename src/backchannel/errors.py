@@ -12,6 +12,7 @@ apart, as the HTTP status classes are::
     │   ├── TooLarge                 413 too_large
     │   ├── Unauthorized             401 unauthorized: missing or wrong token
     │   ├── Forbidden                403 forbidden: authenticated, but not allowed
+    │   │   └── AnchorRequired       403 anchor_required: set an anchor timer before messaging a linked peer
     │   ├── NotFound                 404 not_found
     │   │   ├── UnknownTeam          404 unknown_team
     │   │   ├── UnknownMember        404 unknown_member
@@ -33,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "AlreadyExists",
+    "AnchorRequired",
     "BackchannelError",
     "Conflict",
     "Forbidden",
@@ -95,6 +97,10 @@ class Unauthorized(RequestError):
 class Forbidden(RequestError):
     code = "forbidden"
     status = 403
+
+
+class AnchorRequired(Forbidden):
+    code = "anchor_required"
 
 
 class NotFound(RequestError):

@@ -6,7 +6,8 @@ the member the token belongs to. Each part lives in its own module:
 
 * :mod:`backchannel._base` — teams, members, messages, leases, scheduled jobs;
 * :mod:`backchannel._sessions` — sessions, turns, events, the ledger, checkpoints;
-* :mod:`backchannel._links` — links between sessions.
+* :mod:`backchannel._links` — links between sessions;
+* :mod:`backchannel._timers` — timers with intent and the anchor rule.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from backchannel._base import (
     hash_token,
     new_token,
 )
-from backchannel._links import LinksMixin
 from backchannel._sessions import StopResult, session_json
+from backchannel._timers import Timer, TimersMixin
 
 __all__ = [
     "AckResult",
@@ -30,11 +31,12 @@ __all__ = [
     "HubMiddleware",
     "MessageStatus",
     "StopResult",
+    "Timer",
     "hash_token",
     "new_token",
     "session_json",
 ]
 
 
-class Hub(LinksMixin, HubBase):
+class Hub(TimersMixin, HubBase):
     """A message hub on a store. Use as ``async with Hub(store) as hub:``."""

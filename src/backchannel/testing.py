@@ -182,6 +182,10 @@ async def check_send_and_history(make_store: StoreFactory) -> None:
         later = await store.read(lambda tx: tx.feed("alpha", feed[0][0], 10))
         assert [c for c, _ in later] == [feed[1][0]]
         assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0)) == m
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0 + 1)) is None
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "user", T0)) is None
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "b", "c", T0)) is None
         note = DeliveryEvent("m1", "c", T0 + 1, "reaction", "+1")
         await store.transact(lambda tx: tx.add_history("alpha", note))
         hist = await store.read(lambda tx: tx.history("alpha", "m1"))

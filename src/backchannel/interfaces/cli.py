@@ -299,6 +299,63 @@ def status(
         print(f"  {_when(h['at'])}  {h['to']}  {h['event']}{detail}")
 
 
+timer_app = typer.Typer(help="Heartbeats: set, list and cancel timers.", no_args_is_help=True)
+app.add_typer(timer_app, name="timer")
+
+
+@timer_app.command("set")
+def timer_set(
+    intent: Annotated[str, typer.Argument(help="anchor, check or wait")],
+    minutes: Annotated[float, typer.Argument(help="Due in this many minutes.")],
+    note: Annotated[str, typer.Argument(help="The breadcrumb you will read when it fires.")],
+    target: Annotated[str | None, typer.Option(help="The peer, for check and wait.")] = None,
+    session: Annotated[str | None, typer.Option(help="Your session [your only open one].")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Set a timer on one of your sessions. Prints its id."""
+    timer = _run(
+        _with(
+            _client(url, token, home, admin=False),
+            lambda c: c.set_timer(intent, minutes, note, target, session=session),
+        )
+    )
+    err.print(f"{timer['intent']} timer due in {timer['due_in']:.0f} s")
+    print(timer["timer_id"])
+
+
+@timer_app.command("list")
+def timer_list(
+    session: Annotated[str | None, typer.Option(help="Only this session's timers.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pending timers of your team."""
+    found = _run(_with(_client(url, token, home, admin=False), lambda c: c.timers(session=session)))
+    if as_json:
+        _print_json(found)
+        return
+    for t in found:
+        target = f" -> {t['target']}" if t["target"] else ""
+        print(
+            f"{t['timer_id']}\t{t['session']}\t{t['intent']}{target}\tdue in {t['due_in']:.0f} s\t{t['note']}"
+        )
+    if not found:
+        err.print("no pending timers")
+
+
+@timer_app.command("cancel")
+def timer_cancel(
+    timer_id: int, url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None
+) -> None:
+    """Cancel one of your pending timers."""
+    _run(_with(_client(url, token, home, admin=False), lambda c: c.cancel_timer(timer_id)))
+    err.print(f"timer {timer_id} cancelled")
+
+
 @app.command()
 def links(
     open_only: Annotated[bool, typer.Option("--open", help="Only links still open.")] = False,

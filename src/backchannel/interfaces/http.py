@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backchannel.errors import (
     BackchannelError,
     Forbidden,
+    InvalidRequest,
     TooLarge,
     Unauthorized,
     UnknownTeam,
@@ -122,6 +123,17 @@ class TerminateIn(_Body):
 
 class ReactionIn(_Body):
     emoji: str
+
+
+class TimerIn(_Body):
+    intent: str = Field(
+        description="anchor (return to your task), check (look at a peer), wait (see whether a peer replied)"
+    )
+    minutes: float | None = Field(None, gt=0, description="due in this many minutes")
+    seconds: float | None = Field(None, gt=0, description="or in this many seconds")
+    note: str = Field(description="the breadcrumb you will read when it fires")
+    target: str | None = Field(None, description="the peer, for check and wait")
+    session: str | None = Field(None, description="your session [your only open one]")
 
 
 # -- the app ------------------------------------------------------------------------
@@ -452,6 +464,34 @@ def create_app(
     async def get_link(link_id: str, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return (await hub.get_link(me.team, link_id)).to_json()
+
+    # -- timers ------------------------------------------------------------------
+    @app.post("/v1/timers", status_code=201, tags=["timers"])
+    async def set_timer(body: TimerIn, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        if (body.minutes is None) == (body.seconds is None):
+            raise InvalidRequest("give exactly one of minutes or seconds", field="minutes")
+        seconds = body.seconds if body.seconds is not None else float(body.minutes or 0) * 60
+        timer = await hub.set_timer(
+            me.team, me.name, body.session, body.intent, seconds, body.note, body.target
+        )
+        return timer.to_json(hub.clock.now())
+
+    @app.get("/v1/timers", tags=["timers"])
+    async def list_timers(
+        who: Auth, member: str | None = None, session: str | None = None, all: bool = False
+    ) -> dict[str, Any]:
+        me = who.need_member()
+        timers = await hub.list_timers(
+            me.team, member=member, session_id=session, pending_only=not all
+        )
+        now = hub.clock.now()
+        return {"timers": [t.to_json(now) for t in timers]}
+
+    @app.delete("/v1/timers/{timer_id}", tags=["timers"])
+    async def cancel_timer(timer_id: int, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return (await hub.cancel_timer(me.team, me.name, timer_id)).to_json()
 
     # -- sessions ----------------------------------------------------------------
     @app.post("/v1/sessions", status_code=201, tags=["sessions"])

@@ -55,7 +55,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class Tx(Protocol):
@@ -157,6 +157,13 @@ class Tx(Protocol):
         ``acked``, with an ``acked`` history event. Idempotent: acking an acked copy is a
         no-op that still counts it as acked. Returns the ids that are now acked; ids the
         member holds no copy of, or whose copy is ``queued`` or ``dead``, are left out."""
+        ...
+
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        """The earliest message from ``sender`` with a copy for ``recipient``, created at
+        or after ``since`` (``system`` messages from the hub excluded)."""
         ...
 
     def add_history(self, team: str, event: DeliveryEvent) -> None:

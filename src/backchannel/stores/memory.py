@@ -282,6 +282,19 @@ class MemoryTx:
                 acked.append(mid)
         return acked
 
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        found = [
+            m
+            for (t, _), m in self._d.messages.items()
+            if t == team
+            and m.sender == sender
+            and m.created_at >= since
+            and (team, m.message_id, recipient) in self._d.deliveries
+        ]
+        return min(found, key=lambda m: m.created_at) if found else None
+
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._event(team, event)
 

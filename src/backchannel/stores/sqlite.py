@@ -198,6 +198,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX links_initiator ON links (team, initiator);
     CREATE INDEX links_responder ON links (team, responder);
     """,
+    # 4: "has the peer replied since?" for wait timers
+    """
+    CREATE INDEX messages_sender ON messages (team, sender, created_at);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -566,6 +570,18 @@ class SqliteTx:
             self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
         done = set(acked) | set(fresh)
         return [mid for mid in ids if mid in done]
+
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        row = self._one(
+            f"SELECT {_MSG_COLS} FROM messages m JOIN deliveries d "
+            "ON d.team = m.team AND d.message_id = m.message_id AND d.member = ? "
+            "WHERE m.team = ? AND m.sender = ? AND m.created_at >= ? "
+            "ORDER BY m.created_at LIMIT 1",
+            (recipient, team, sender, since),
+        )
+        return _message(row) if row else None
 
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._events(team, [event])

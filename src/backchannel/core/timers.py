@@ -1,0 +1,155 @@
+"""Heartbeat rules: timers with intent, their breadcrumbs, and the anchor rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backchannel.errors import InvalidRequest
+from backchannel.types import Message, Session
+
+TIMER_JOB = "timer"
+#: Firing later than this after the due time is reported as late (the hub was down).
+LATE_AFTER = 2.0
+MAX_SECONDS = 30 * 24 * 3600
+PREVIEW = 200
+
+
+class Intent(StrEnum):
+    ANCHOR = "anchor"  # come back to your own task
+    CHECK = "check"  # look at how a peer is doing
+    WAIT = "wait"  # see whether a peer replied
+
+
+class AnchorPolicy(StrEnum):
+    ENFORCE = "enforce"
+    WARN = "warn"
+    OFF = "off"
+
+
+def check_timer(intent: str, seconds: float, note: str, target: str | None) -> Intent:
+    """Validate a ``set_timer`` call; the errors say how to call it right."""
+    try:
+        it = Intent(intent)
+    except ValueError:
+        raise InvalidRequest(
+            f"unknown timer intent {intent!r}; use 'anchor' (return to your task), "
+            "'check' (look at a peer) or 'wait' (see whether a peer replied)",
+            field="intent",
+        ) from None
+    if not isinstance(seconds, int | float) or not 0 < seconds <= MAX_SECONDS:
+        raise InvalidRequest(
+            f"a timer is due between 1 second and 30 days from now, not {seconds!r} s",
+            field="minutes",
+        )
+    if not isinstance(note, str) or not note.strip():
+        raise InvalidRequest(
+            "a timer needs a note: the breadcrumb you will read when it fires, e.g. "
+            "'return to task 3 — implement the report generator'",
+            field="note",
+        )
+    if len(note) > 2000:
+        raise InvalidRequest("a timer note is at most 2000 characters", field="note")
+    if it in (Intent.CHECK, Intent.WAIT) and not target:
+        raise InvalidRequest(
+            f"a {it.value!r} timer needs target: the peer to {'look at' if it is Intent.CHECK else 'wait for'}",
+            field="target",
+        )
+    return it
+
+
+def anchor_policy(settings: Mapping[str, Any]) -> AnchorPolicy:
+    try:
+        return AnchorPolicy(settings.get("anchor_policy", AnchorPolicy.ENFORCE.value))
+    except ValueError:
+        return AnchorPolicy.ENFORCE
+
+
+def anchor_call(peer: str) -> str:
+    return f'set_timer(intent="anchor", minutes=10, note="return to <your task> (talking with {peer})")'
+
+
+def anchor_missing(session_id: str, peer: str) -> str:
+    return (
+        f"session {session_id!r} holds no pending anchor timer, and {peer!r} is a linked peer: "
+        "set an anchor first so you come back to your own work, for example "
+        f"{anchor_call(peer)}; then send again"
+    )
+
+
+def anchor_reminder(peer: str) -> str:
+    return (
+        f"Reminder: you messaged your linked peer {peer} without a pending anchor timer. "
+        f"Set one so you come back to your own work: {anchor_call(peer)}"
+    )
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= PREVIEW else flat[: PREVIEW - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerView:
+    """What a ``check`` or ``wait`` timer needs to know about its target."""
+
+    member: str
+    session: Session | None
+    reply: Message | None  # the first message from the peer since the timer was set
+
+
+def breadcrumb(
+    intent: Intent,
+    note: str,
+    *,
+    due_at: float,
+    now: float,
+    set_at: float,
+    peer: PeerView | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The text a firing timer shows its session, and its machine-readable facts."""
+    lines = [f"{intent.value.upper()}: {note}"]
+    meta: dict[str, Any] = {"intent": intent.value, "due_at": due_at}
+    late = now - due_at
+    if late > LATE_AFTER:
+        lines.append(f"(late by {_ago(late)}: the hub was not running when it was due)")
+        meta["late_seconds"] = round(late, 3)
+    if intent is Intent.CHECK and peer is not None:
+        s = peer.session
+        if s is None:
+            lines.append(f"{peer.member} has no session yet.")
+            meta["peer_state"] = None
+        else:
+            lines.append(
+                f"{peer.member} is {s.state.value} (session {s.session_id}, turn {s.turn})."
+            )
+            meta["peer_state"] = s.state.value
+            if s.last_output:
+                lines.append(f'Its last finished output began: "{_preview(s.last_output)}"')
+            else:
+                lines.append("It has not finished a turn with output yet.")
+    elif intent is Intent.WAIT and peer is not None:
+        if peer.reply is not None:
+            lines.append(
+                f"{peer.member} has replied since you set this timer "
+                f'({_ago(peer.reply.created_at - set_at)} after): "{_preview(peer.reply.text)}"'
+            )
+            meta["replied"] = True
+            meta["reply_message_id"] = peer.reply.message_id
+        else:
+            lines.append(
+                f"{peer.member} has not replied since you set this timer ({_ago(now - set_at)} ago)."
+            )
+            meta["replied"] = False
+    return "\n".join(lines), meta

@@ -1,0 +1,728 @@
+"""The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: the schema
+migrations and :class:`PgTx`, the :class:`~backchannel.stores.base.Tx` it hands to
+transaction functions. See :mod:`backchannel.stores.postgres` for the guarantees."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.types.json import Jsonb
+
+from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
+from backchannel.types import (
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    EventKind,
+    InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
+    Link,
+    LinkState,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionEvent,
+    SessionState,
+    Team,
+)
+
+__all__ = ["CHANNEL", "PgTx", "RetryTransaction"]
+
+Cursor = psycopg.Cursor[Any]
+
+#: The LISTEN/NOTIFY channel; payloads are ``"<origin>:<team>/<member>"``.
+CHANNEL = "backchannel"
+_BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+_MSG_COLS = (
+    "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
+    "m.fingerprint, m.summary, m.sender_session, m.meta"
+)
+_DELIVERY_COLS = (
+    "team, message_id, member, session, seq, state, attempts, created_at, updated_at, "
+    "lease_until, dead_reason"
+)
+_MEMBER_COLS = "team, name, kind, created_at, token_hash, delivery, settings"
+_JOB_COLS = "team, kind, due_at, created_at, session_id, payload, state, job_id, done_at"
+_LINK_COLS = (
+    "team, link_id, initiator, initiator_session, responder, responder_session, budget, "
+    "created_at, state, turns_used, closed_at, close_reason, history"
+)
+_SESSION_COLS = (
+    "team, session_id, member, state, created_at, updated_at, turn, turn_started_at, "
+    "turn_kind, last_output, last_stop_at, meta"
+)
+
+
+def _lock_key(team: str) -> int:
+    digest = hashlib.blake2b(f"backchannel:team:{team}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _dump(value: Mapping[str, Any] | None) -> Jsonb:
+    return Jsonb(dict(value) if value else {})
+
+
+def _message(r: Sequence[Any]) -> Message:
+    return Message(
+        team=r[0], message_id=r[1], sender=r[2], to=r[3], text=r[4], kind=MessageKind(r[5]),
+        created_at=r[6], fingerprint=r[7], summary=r[8], sender_session=r[9], meta=r[10] or {},
+    )  # fmt: skip
+
+
+def _delivery(r: Sequence[Any]) -> Delivery:
+    return Delivery(
+        team=r[0], message_id=r[1], recipient=Recipient(r[2], r[3]), seq=r[4],
+        state=DeliveryState(r[5]), attempts=r[6], created_at=r[7], updated_at=r[8],
+        lease_until=r[9], dead_reason=r[10],
+    )  # fmt: skip
+
+
+def _job(r: Sequence[Any]) -> Job:
+    return Job(
+        team=r[0], kind=r[1], due_at=r[2], created_at=r[3], session_id=r[4],
+        payload=r[5] or {}, state=JobState(r[6]), job_id=r[7], done_at=r[8],
+    )  # fmt: skip
+
+
+def _link(r: Sequence[Any]) -> Link:
+    return Link(
+        team=r[0], link_id=r[1], initiator=r[2], initiator_session=r[3], responder=r[4],
+        responder_session=r[5], budget=r[6], created_at=r[7], state=LinkState(r[8]),
+        turns_used=r[9], closed_at=r[10], close_reason=r[11], history=tuple(r[12] or ()),
+    )  # fmt: skip
+
+
+def _link_args(k: Link) -> tuple[Any, ...]:
+    return (
+        k.team, k.link_id, k.initiator, k.initiator_session, k.responder, k.responder_session,
+        k.budget, k.created_at, k.state.value, k.turns_used, k.closed_at, k.close_reason,
+        Jsonb([dict(h) for h in k.history]),
+    )  # fmt: skip
+
+
+def _member(r: Sequence[Any]) -> Member:
+    return Member(
+        team=r[0], name=r[1], kind=MemberKind(r[2]), created_at=r[3], token_hash=r[4],
+        delivery=r[5] or {}, settings=r[6] or {},
+    )  # fmt: skip
+
+
+def _session(r: Sequence[Any]) -> Session:
+    return Session(
+        team=r[0], session_id=r[1], member=r[2], state=SessionState(r[3]), created_at=r[4],
+        updated_at=r[5], turn=r[6], turn_started_at=r[7], turn_kind=r[8], last_output=r[9],
+        last_stop_at=r[10], meta=r[11] or {},
+    )  # fmt: skip
+
+
+class RetryTransaction(StoreError):
+    """A serialization failure or deadlock: the store re-runs the transaction function."""
+
+
+class PgTx:
+    """:class:`Tx` over one pooled connection; the store drives its transaction.
+
+    Writers run at ``READ COMMITTED`` and take the team's lock
+    (``pg_advisory_xact_lock``) in the same round trip as their first statement about
+    that team; every statement after it reads fresh data that no other writer can change
+    until this transaction ends (see :mod:`backchannel.stores.postgres`). History events and
+    notifications are buffered and written in the ``COMMIT`` round trip.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        readonly: bool,
+        origin: str,
+        error: Callable[[psycopg.Error], StoreError],
+    ) -> None:
+        self._conn = conn
+        self._readonly = readonly
+        self._origin = origin  # this store's tag in NOTIFY payloads
+        self._error = error  # driver error -> StoreError naming the (masked) URL
+        self._locked: set[str] = set()
+        self._events: list[tuple[str, DeliveryEvent]] = []
+        self._notify: dict[str, None] = {}
+        self._open = False  # BEGIN sent, COMMIT not yet done
+        self._job_team: dict[int, str] = {}  # jobs seen in this transaction
+        self._tainted = False  # a pipeline failed: psycopg may wrongly think a statement
+        #                        is prepared, so the connection is closed afterwards
+        self.retry = False  # the database asked for a re-run (deadlock)
+        self.broken = False  # the connection was lost
+
+    # -- plumbing ----------------------------------------------------------
+    def _exec(self, sql: str, args: Sequence[Any] = (), team: str | None = None) -> Cursor:
+        conn = self._conn
+        first: list[tuple[str, Sequence[Any]]] = []
+        if not self._open:
+            first.append((_BEGIN_READ if self._readonly else _BEGIN_WRITE, ()))
+        if team is not None and team not in self._locked and not self._readonly:
+            first.append(("SELECT pg_advisory_xact_lock(%s)", (_lock_key(team),)))
+            self._locked.add(team)
+        try:
+            if not first:
+                return conn.execute(sql, args)
+            self._open = self._tainted = True
+            with conn.pipeline():
+                for s, a in first:
+                    conn.execute(s, a)
+                cur = conn.execute(sql, args)
+            self._tainted = False
+            return cur
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+
+    def _translate(self, exc: psycopg.Error) -> BackchannelError:
+        if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected):
+            self.retry = True
+            return RetryTransaction(f"PostgreSQL asked to retry: {exc.sqlstate}")
+        if isinstance(exc, pgerr.UniqueViolation):
+            return AlreadyExists(f"duplicate key: {exc.diag.message_detail or exc}")
+        if isinstance(exc, pgerr.UntranslatableCharacter) or (
+            isinstance(exc, psycopg.DataError) and "NUL" in str(exc)
+        ):
+            return InvalidRequest("text contains a NUL character (\\x00), which cannot be stored")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or self._conn.broken:
+            self.broken = True
+        return self._error(exc)
+
+    def _one(self, sql: str, args: Sequence[Any], team: str | None = None) -> Any:
+        return self._exec(sql, args, team).fetchone()
+
+    def _all(self, sql: str, args: Sequence[Any], team: str | None = None) -> list[Any]:
+        return self._exec(sql, args, team).fetchall()
+
+    def _lock_teams(self, teams: Iterable[str]) -> None:
+        """Lock several teams at once, in sorted order (no deadlock between such calls)."""
+        todo = sorted(set(teams) - self._locked)
+        if todo and not self._readonly:
+            self._exec(
+                "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY "
+                "AS u(k, o) ORDER BY o",
+                ([_lock_key(t) for t in todo],),
+            )
+            self._locked.update(todo)
+
+    def _pending(self) -> list[tuple[str, Sequence[Any]]]:
+        """Statements writing the buffered events and notifications (empties the buffers)."""
+        out: list[tuple[str, Sequence[Any]]] = []
+        if self._events:
+            cols: list[list[Any]] = [[], [], [], [], [], []]
+            for team, e in self._events:
+                for col, v in zip(cols, (team, e.message_id, e.member, e.at, e.event, e.detail)):  # noqa: B905
+                    col.append(v)
+            out.append((
+                "INSERT INTO delivery_events (team, id, message_id, member, at, event, detail) "
+                "SELECT t, nextval('delivery_event_id'), m, b, a, e, d FROM unnest(%s::text[], "
+                "%s::text[], %s::text[], %s::float8[], %s::text[], %s::text[]) "
+                "WITH ORDINALITY AS u(t, m, b, a, e, d, o) ORDER BY o", cols))  # fmt: skip
+        if self._notify:
+            prefix = self._origin + ":"
+            out.append(("SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p",
+                        (CHANNEL, prefix, list(self._notify))))  # fmt: skip
+        self._events, self._notify = [], {}
+        return out
+
+    def _flush(self) -> None:
+        for sql, args in self._pending():
+            self._exec(sql, args)
+
+    def _commit(self) -> None:
+        """Buffered writes and ``COMMIT`` in one round trip."""
+        if not self._open:
+            return
+        conn = self._conn
+        self._tainted = True
+        try:
+            with conn.pipeline():
+                for sql, args in self._pending():
+                    conn.execute(sql, args)
+                conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+        self._open = self._tainted = False
+
+    def _cleanup(self) -> None:
+        """Roll back an unfinished transaction; a connection that cannot is closed (the
+        pool replaces it; the server drops its locks)."""
+        conn = self._conn
+        if not self._open or conn.closed:
+            return
+        try:
+            if conn.broken or self._tainted:
+                raise psycopg.OperationalError("connection broken or tainted")
+            conn.execute("ROLLBACK")
+            self._open = False
+        except psycopg.Error:
+            conn.close()
+
+    def _wake(self, team: str, member: str) -> None:
+        self._notify[f"{team}/{member}"] = None
+
+    def _event(self, team: str, ev: DeliveryEvent) -> None:
+        self._events.append((team, ev))
+
+    def _insert(self, sql: str, args: Sequence[Any], what: str, team: str) -> None:
+        row = self._one(sql + " ON CONFLICT DO NOTHING RETURNING 1", args, team)
+        if row is None:
+            raise AlreadyExists(f"{what} already exists")
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None:
+        row = self._one(
+            "SELECT name, created_at, settings FROM teams WHERE name = %s", (name,), name
+        )
+        return Team(row[0], row[1], row[2] or {}) if row else None
+
+    def insert_team(self, team: Team) -> None:
+        self._insert(
+            "INSERT INTO teams (name, created_at, settings) VALUES (%s, %s, %s)",
+            (team.name, team.created_at, _dump(team.settings)),
+            f"team {team.name!r}",
+            team.name,
+        )
+
+    def list_teams(self) -> list[Team]:
+        rows = self._all("SELECT name, created_at, settings FROM teams ORDER BY name", ())
+        return [Team(r[0], r[1], r[2] or {}) for r in rows]
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None:
+        row = self._one(
+            f"SELECT {_MEMBER_COLS} FROM members WHERE team = %s AND name = %s", (team, name), team
+        )
+        return _member(row) if row else None
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        row = self._one(f"SELECT {_MEMBER_COLS} FROM members WHERE token_hash = %s", (token_hash,))
+        return _member(row) if row else None
+
+    def insert_member(self, member: Member) -> None:
+        m = member
+        self._insert(
+            f"INSERT INTO members ({_MEMBER_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (m.team, m.name, m.kind.value, m.created_at, m.token_hash, _dump(m.delivery),
+             _dump(m.settings)),
+            f"member {m.name!r} in team {m.team!r}", m.team,
+        )  # fmt: skip
+
+    def list_members(self, team: str) -> list[Member]:
+        rows = self._all(
+            f"SELECT {_MEMBER_COLS} FROM members WHERE team = %s ORDER BY name", (team,), team
+        )
+        return [_member(r) for r in rows]
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None:
+        row = self._one(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE team = %s AND session_id = %s",
+            (team, session_id),
+            team,
+        )
+        return _session(row) if row else None
+
+    def put_session(self, session: Session) -> None:
+        s = session
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _SESSION_COLS.split(", ")[2:])
+        self._exec(
+            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            f"ON CONFLICT (team, session_id) DO UPDATE SET {updates}",
+            (s.team, s.session_id, s.member, s.state.value, s.created_at, s.updated_at, s.turn,
+             s.turn_started_at, s.turn_kind, s.last_output, s.last_stop_at, _dump(s.meta)),
+            s.team,
+        )  # fmt: skip
+
+    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+        rows = self._all(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE team = %s "
+            "AND (%s::text IS NULL OR member = %s) ORDER BY created_at, session_id",
+            (team, member, member),
+            team,
+        )
+        return [_session(r) for r in rows]
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None:
+        row = self._one(
+            f"SELECT {_MSG_COLS} FROM messages m WHERE m.team = %s AND m.message_id = %s",
+            (team, message_id),
+            team,
+        )
+        return _message(row) if row else None
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        m = message
+        rows = self._all(
+            "WITH msg AS (INSERT INTO messages (team, message_id, sender, sender_session, "
+            "to_name, kind, text, summary, created_at, fingerprint, meta) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING team, message_id), "
+            "dl AS (INSERT INTO deliveries (team, message_id, member, session, seq, state, "
+            "attempts, created_at, updated_at) SELECT msg.team, msg.message_id, r.b, r.s, "
+            "nextval('delivery_seq'), 'queued', 0, %s, %s FROM msg, "
+            "unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(b, s, o) ORDER BY r.o "
+            "RETURNING member, seq) "
+            "SELECT NULL, NULL FROM msg UNION ALL SELECT member, seq FROM dl",
+            (m.team, m.message_id, m.sender, m.sender_session, m.to, m.kind.value, m.text,
+             m.summary, m.created_at, m.fingerprint, _dump(m.meta), m.created_at, m.created_at,
+             [r.member for r in recipients], [r.session for r in recipients]),
+            m.team,
+        )  # fmt: skip
+        if not rows:
+            raise AlreadyExists(f"message {m.message_id!r} already exists")
+        seqs = {member: seq for member, seq in rows if member is not None}
+        out = []
+        for r in recipients:
+            out.append(Delivery(m.team, m.message_id, r, seqs[r.member], DeliveryState.QUEUED,
+                                0, m.created_at, m.created_at))  # fmt: skip
+            self._event(m.team, DeliveryEvent(m.message_id, r.member, m.created_at, "queued"))
+            self._wake(m.team, r.member)
+        return out
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+    ) -> list[InboxMessage]:
+        rows = self._all(
+            "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
+            "AND state = 'queued' AND (session IS NULL OR session = %s) "
+            "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
+            "lease_until = %s, updated_at = %s FROM picked p, messages m "
+            "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
+            "AND m.team = d.team AND m.message_id = d.message_id "
+            f"RETURNING d.seq, d.session, d.attempts, {_MSG_COLS}",
+            (team, member, session, limit, lease_until, now, team, member),
+            team,
+        )
+        rows.sort(key=lambda r: r[0])
+        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
+        for im in out:
+            ev = DeliveryEvent(
+                im.message.message_id, member, now, "leased", f"attempt {im.attempt}"
+            )
+            self._event(team, ev)
+        return out
+
+    def _claim(self, cols: str, table: str, where: str, order: str, args: Sequence[Any],
+               limit: int) -> list[Any]:  # fmt: skip
+        """Rows due across teams: lock their teams first (sorted), then the rows (``FOR
+        UPDATE SKIP LOCKED``), so locks are always taken team first, row second."""
+        sql = f"SELECT {cols} FROM {table} WHERE {where}"
+        if self._readonly:
+            return self._all(f"{sql} ORDER BY {order} LIMIT %s", (*args, limit))
+        teams = self._all(
+            f"SELECT DISTINCT team FROM (SELECT team FROM {table} WHERE {where} "
+            f"ORDER BY {order} LIMIT %s) AS due",
+            (*args, limit),
+        )
+        if not teams:
+            return []
+        self._lock_teams(r[0] for r in teams)
+        return self._all(
+            f"{sql} AND team = ANY(%s) ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED",
+            (*args, sorted(self._locked), limit),
+        )
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        where = "state = 'leased' AND lease_until <= %s"
+        return [
+            _delivery(r)
+            for r in self._claim(_DELIVERY_COLS, "deliveries", where, "seq", (now,), limit)
+        ]
+
+    def next_lease_expiry(self) -> float | None:
+        row = self._one("SELECT min(lease_until) FROM deliveries WHERE state = 'leased'", ())
+        return row[0] if row else None
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        keep_lease = "lease_until" if to_state is DeliveryState.LEASED else "NULL"
+        row = self._one(
+            f"UPDATE deliveries SET state = %s, updated_at = %s, lease_until = {keep_lease}, "
+            "dead_reason = COALESCE(%s, dead_reason) WHERE team = %s AND message_id = %s "
+            "AND member = %s AND state = ANY(%s::text[]) RETURNING 1",
+            (to_state.value, now, dead_reason if to_state is DeliveryState.DEAD else None,
+             team, message_id, member, [s.value for s in from_states]),
+            team,
+        )  # fmt: skip
+        if row is None:
+            return False
+        self._event(team, DeliveryEvent(message_id, member, now, event, detail))
+        if to_state is DeliveryState.QUEUED:
+            self._wake(team, member)
+        return True
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        rows = self._all(
+            "WITH upd AS (UPDATE deliveries SET state = 'acked', lease_until = NULL, "
+            "updated_at = %s WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
+            "AND state IN ('leased', 'delivered') RETURNING message_id) "
+            "SELECT message_id, true FROM upd UNION ALL SELECT message_id, false "
+            "FROM deliveries WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
+            "AND state = 'acked'",
+            (now, team, member, ids, team, member, ids),
+            team,
+        )
+        fresh = {mid for mid, new in rows if new}
+        done = {mid for mid, _ in rows}
+        for mid in ids:
+            if mid in fresh:
+                self._event(team, DeliveryEvent(mid, member, now, "acked"))
+        return [mid for mid in ids if mid in done]
+
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        row = self._one(
+            f"SELECT {_MSG_COLS} FROM messages m JOIN deliveries d ON d.team = m.team "
+            "AND d.message_id = m.message_id AND d.member = %s WHERE m.team = %s "
+            "AND m.sender = %s AND m.created_at >= %s ORDER BY m.created_at, d.seq LIMIT 1",
+            (recipient, team, sender, since),
+            team,
+        )
+        return _message(row) if row else None
+
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        if team not in self._locked:
+            self._exec("SELECT 1", (), team)  # take the team's lock
+        self._event(team, event)
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        rows = self._all(
+            f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE team = %s AND message_id = %s "
+            "ORDER BY member",
+            (team, message_id),
+            team,
+        )
+        return [_delivery(r) for r in rows]
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        self._flush()
+        rows = self._all(
+            "SELECT message_id, member, at, event, detail FROM delivery_events "
+            "WHERE team = %s AND message_id = %s ORDER BY id",
+            (team, message_id),
+            team,
+        )
+        return [DeliveryEvent(*r) for r in rows]
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        self._flush()
+        rows = self._all(
+            "SELECT id, message_id, member, at, event, detail FROM delivery_events "
+            "WHERE team = %s AND id > %s ORDER BY id LIMIT %s",
+            (team, after, limit),
+            team,
+        )
+        return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
+
+    def pending_count(self, team: str, member: str) -> int:
+        row = self._one(
+            "SELECT count(*) FROM deliveries WHERE team = %s AND member = %s "
+            "AND state IN ('queued', 'leased')",
+            (team, member),
+            team,
+        )
+        return int(row[0])
+
+    # -- transcripts ---------------------------------------------------------
+    def append_event(self, event: SessionEvent) -> int:
+        e = event
+        row = self._one(
+            "INSERT INTO session_events (team, session_id, event_id, turn, at, kind, text, data) "
+            "VALUES (%s, %s, nextval('session_event_id'), %s, %s, %s, %s, %s) RETURNING event_id",
+            (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dump(e.data)),
+            e.team,
+        )
+        return int(row[0])
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        rows = self._all(
+            "SELECT team, session_id, turn, at, kind, text, data, event_id FROM session_events "
+            "WHERE team = %s AND session_id = %s AND event_id > %s "
+            "AND (%s::bigint IS NULL OR event_id <= %s) ORDER BY event_id LIMIT %s",
+            (team, session_id, after, until, until, limit),
+            team,
+        )
+        return [
+            SessionEvent(r[0], r[1], r[2], r[3], EventKind(r[4]), r[5], r[6] or {}, r[7])
+            for r in rows
+        ]
+
+    # -- the per-turn ledger -------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        e = entry
+        self._exec(
+            "INSERT INTO ledger (team, session_id, to_name, digest, message_id, at) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (e.team, e.session_id, e.to, e.digest, e.message_id, e.at),
+            e.team,
+        )
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        rows = self._all(
+            "SELECT team, session_id, to_name, digest, message_id, at FROM ledger "
+            "WHERE team = %s AND session_id = %s ORDER BY id",
+            (team, session_id),
+            team,
+        )
+        return [LedgerEntry(*r) for r in rows]
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        cur = self._exec(
+            "DELETE FROM ledger WHERE team = %s AND session_id = %s", (team, session_id), team
+        )
+        return cur.rowcount
+
+    # -- links ---------------------------------------------------------------
+    def insert_link(self, link: Link) -> Link:
+        row = self._one(
+            f"INSERT INTO links ({_LINK_COLS}, pair) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING 1",
+            (*_link_args(link), link.pair),
+            link.team,
+        )
+        if row is not None:
+            return link
+        existing = self.find_open_link(link.team, link.initiator, link.responder)
+        if existing is None:
+            raise AlreadyExists(f"link {link.link_id!r} already exists")
+        return existing
+
+    def get_link(self, team: str, link_id: str) -> Link | None:
+        row = self._one(
+            f"SELECT {_LINK_COLS} FROM links WHERE team = %s AND link_id = %s",
+            (team, link_id),
+            team,
+        )
+        return _link(row) if row else None
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        row = self._one(
+            f"SELECT {_LINK_COLS} FROM links WHERE team = %s AND pair = %s AND state = 'open'",
+            (team, "|".join(sorted((member_a, member_b)))),
+            team,
+        )
+        return _link(row) if row else None
+
+    def update_link(self, link: Link) -> None:
+        self._exec(
+            "UPDATE links SET initiator = %s, initiator_session = %s, responder = %s, "
+            "responder_session = %s, budget = %s, created_at = %s, state = %s, "
+            "turns_used = %s, closed_at = %s, close_reason = %s, history = %s "
+            "WHERE team = %s AND link_id = %s",
+            (*_link_args(link)[2:], link.team, link.link_id),
+            link.team,
+        )
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        rows = self._all(
+            f"SELECT {_LINK_COLS} FROM links WHERE team = %s "
+            "AND (%s::text IS NULL OR initiator = %s OR responder = %s) "
+            "AND (NOT %s OR state = 'open') ORDER BY created_at, link_id",
+            (team, member, member, member, open_only),
+            team,
+        )
+        return [_link(r) for r in rows]
+
+    # -- scheduled jobs ------------------------------------------------------
+    def add_job(self, job: Job) -> int:
+        j = job
+        row = self._one(
+            "INSERT INTO jobs (team, kind, due_at, created_at, session_id, payload, state) "
+            "VALUES (%s, %s, %s, %s, %s, %s, 'pending') RETURNING job_id",
+            (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload)),
+            j.team,
+        )
+        self._job_team[int(row[0])] = j.team
+        return int(row[0])
+
+    def get_job(self, team: str, job_id: int) -> Job | None:
+        row = self._one(
+            f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s AND job_id = %s", (team, job_id), team
+        )
+        return self._jobs([row])[0] if row else None
+
+    def _jobs(self, rows: Iterable[Sequence[Any]]) -> list[Job]:
+        out = [_job(r) for r in rows]
+        self._job_team.update((j.job_id, j.team) for j in out)
+        return out
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        where = "state = 'pending' AND due_at <= %s"
+        return self._jobs(self._claim(_JOB_COLS, "jobs", where, "due_at, job_id", (now,), limit))
+
+    def next_job_due(self) -> float | None:
+        row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())
+        return row[0] if row else None
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        team = self._job_team.get(job_id)
+        if team is None:  # a job this transaction has not seen: find its team to lock it
+            found = self._one("SELECT team FROM jobs WHERE job_id = %s", (job_id,))
+            if found is None:
+                return False
+            team = str(found[0])
+        row = self._one(
+            "UPDATE jobs SET state = %s, done_at = %s WHERE job_id = %s AND state = 'pending' "
+            "RETURNING 1",
+            (state.value, at, job_id),
+            team,
+        )
+        return row is not None
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        rows = self._all(
+            f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s "
+            "AND (%s::text IS NULL OR session_id = %s) AND (%s::text IS NULL OR kind = %s) "
+            "AND (NOT %s OR state = 'pending') ORDER BY due_at, job_id",
+            (team, session_id, session_id, kind, kind, pending_only),
+            team,
+        )
+        return self._jobs(rows)

@@ -1,0 +1,235 @@
+"""Heartbeats: timers with intent, their breadcrumbs, durability, and the anchor rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownRecipient
+from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import MessageKind
+
+
+async def _team(hub: Hub, *members: str, policy: str = "enforce") -> None:
+    await hub.create_team("t", settings={"anchor_policy": policy})
+    for m in members:
+        await hub.add_member("t", m)
+        await hub.open_session("t", m, f"{m}-s")
+
+
+async def _take(hub: Hub, member: str) -> list[str]:
+    got = await hub.receive("t", member, session=f"{member}-s", limit=100)
+    if got:
+        await hub.ack("t", member, [g.message.message_id for g in got])
+    return [g.message.text for g in got if g.message.kind is MessageKind.TIMER]
+
+
+async def test_anchor_fires_as_the_agents_breadcrumb(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub, "a")
+    timer = await hub.set_timer(
+        "t", "a", "a-s", "anchor", 600, "return to task 3 — implement the report generator"
+    )
+    assert (timer.intent, timer.due_at, timer.state) == ("anchor", clock.now() + 600, "pending")
+    clock.advance(599)
+    await hub.maintain()
+    assert await _take(hub, "a") == []
+    clock.advance(1)
+    await hub.maintain()
+    assert await _take(hub, "a") == ["ANCHOR: return to task 3 — implement the report generator"]
+    clock.advance(10_000)
+    await hub.maintain()
+    assert await _take(hub, "a") == [], "a timer fires once"
+    assert await hub.list_timers("t") == []
+
+
+async def test_check_timer_shows_the_peers_state_and_last_output(
+    hub: Hub, clock: FakeClock
+) -> None:
+    await _team(hub, "lead", "w")
+    await hub.report_event("t", "w", "w-s", "turn_start")
+    await hub.report_event(
+        "t", "w", "w-s", "agent_stop", "Counted 1,204 Python lines in src/ and 310 in tests/."
+    )
+    await hub.report_event("t", "w", "w-s", "turn_start")
+    await hub.set_timer("t", "lead", "lead-s", "check", 60, "is the count done?", target="w")
+    clock.advance(60)
+    await hub.maintain()
+    [text] = await _take(hub, "lead")
+    assert text.splitlines() == [
+        "CHECK: is the count done?",
+        "w is active (session w-s, turn 2).",
+        'Its last finished output began: "Counted 1,204 Python lines in src/ and 310 in tests/."',
+    ]
+
+
+async def test_wait_timer_says_whether_the_peer_replied(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub, "lead", "w", "x", policy="off")
+    await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the reviewer's verdict", target="w")
+    await hub.set_timer("t", "lead", "lead-s", "wait", 120, "x's numbers", target="x")
+    clock.advance(30)
+    await hub.send("t", "w", "lead", "Verdict: the totals match.")
+    await hub.send("t", "x", "user", "not for lead")
+    clock.advance(90)
+    await hub.maintain()
+    texts = sorted(await _take(hub, "lead"))
+    assert texts[0].splitlines() == [
+        "WAIT: the reviewer's verdict",
+        'w has replied since you set this timer (30 s after): "Verdict: the totals match."',
+    ]
+    assert texts[1].splitlines() == [
+        "WAIT: x's numbers",
+        "x has not replied since you set this timer (2 min ago).",
+    ]
+
+
+async def test_a_timer_due_mid_turn_waits_for_the_turn_to_end(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub, "a")
+    await hub.set_timer("t", "a", "a-s", "anchor", 10, "back to work")
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    clock.advance(11)
+    await hub.maintain()
+    assert await _take(hub, "a") == []
+    await hub.report_event("t", "a", "a-s", "agent_stop", "done")
+    assert await _take(hub, "a") == ["ANCHOR: back to work"]
+
+
+async def test_cancel(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub, "a", "b")
+    timer = await hub.set_timer("t", "a", None, "anchor", 10, "x")  # the member's only session
+    assert timer.session == "a-s"
+    with pytest.raises(Forbidden):
+        await hub.cancel_timer("t", "b", timer.timer_id)
+    cancelled = await hub.cancel_timer("t", "a", timer.timer_id)
+    assert cancelled.state == "cancelled"
+    with pytest.raises(InvalidRequest, match="already cancelled"):
+        await hub.cancel_timer("t", "a", timer.timer_id)
+    with pytest.raises(NotFound):
+        await hub.cancel_timer("t", "a", 999_999)
+    clock.advance(20)
+    await hub.maintain()
+    assert await _take(hub, "a") == []
+
+
+async def test_bad_timers_are_refused_with_the_way_out(hub: Hub) -> None:
+    await _team(hub, "a", "b")
+    with pytest.raises(InvalidRequest, match="unknown timer intent 'remind'; use 'anchor'"):
+        await hub.set_timer("t", "a", "a-s", "remind", 60, "x")
+    with pytest.raises(InvalidRequest, match="'check' timer needs target"):
+        await hub.set_timer("t", "a", "a-s", "check", 60, "x")
+    with pytest.raises(InvalidRequest, match="needs a note"):
+        await hub.set_timer("t", "a", "a-s", "anchor", 60, "  ")
+    with pytest.raises(InvalidRequest, match="between 1 second and 30 days"):
+        await hub.set_timer("t", "a", "a-s", "anchor", -5, "x")
+    with pytest.raises(UnknownRecipient, match="did you mean 'b'"):
+        await hub.set_timer("t", "a", "a-s", "wait", 60, "x", target="bb")
+
+
+async def test_a_timer_due_while_the_hub_was_down_fires_once_marked_late(tmp_path: Path) -> None:
+    clock = FakeClock()
+    db = tmp_path / "timers.db"
+    async with Hub(SqliteStore(db), clock=clock, background=False) as hub:
+        await _team(hub, "a")
+        await hub.set_timer("t", "a", "a-s", "anchor", 60, "finish the report")
+    clock.advance(3600)  # the hub was down for an hour
+    async with Hub(SqliteStore(db), clock=clock, background=False) as hub:
+        await hub.maintain()
+        [text] = await _take(hub, "a")
+        assert text.splitlines() == [
+            "ANCHOR: finish the report",
+            "(late by 59 min: the hub was not running when it was due)",
+        ]
+        await hub.maintain()
+        assert await _take(hub, "a") == []
+    async with Hub(SqliteStore(db), clock=clock, background=False) as hub:
+        await hub.maintain()
+        assert await _take(hub, "a") == [], "fired once, across restarts"
+
+
+# -- the anchor rule --------------------------------------------------------------------
+
+
+async def _linked(hub: Hub) -> None:
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    await hub.send("t", "a", "b", "first message opens the link", sender_session="a-s")
+    assert len(await hub.list_links("t", open_only=True)) == 1
+
+
+async def test_anchor_rule_enforce_refuses_with_the_exact_call(hub: Hub) -> None:
+    await _team(hub, "a", "b")
+    await _linked(hub)
+    with pytest.raises(AnchorRequired) as exc:
+        await hub.send("t", "a", "b", "second message", sender_session="a-s")
+    assert exc.value.status == 403
+    assert exc.value.message == (
+        "session 'a-s' holds no pending anchor timer, and 'b' is a linked peer: set an anchor "
+        "first so you come back to your own work, for example "
+        'set_timer(intent="anchor", minutes=10, note="return to <your task> (talking with b)"); '
+        "then send again"
+    )
+    await hub.set_timer("t", "a", "a-s", "anchor", 600, "back to the plan")
+    await hub.send("t", "a", "b", "second message", sender_session="a-s")
+    texts = [g.message.text for g in await hub.receive("t", "b", session="b-s", limit=10)]
+    assert "second message" in texts
+
+
+async def test_anchor_rule_applies_to_the_responder_too(hub: Hub) -> None:
+    await _team(hub, "a", "b")
+    await _linked(hub)
+    with pytest.raises(AnchorRequired, match="session 'b-s'"):
+        await hub.send("t", "b", "a", "reply", sender_session="b-s")
+    await hub.send("t", "b", "user", "unlinked members are not affected", sender_session="b-s")
+
+
+async def test_anchor_rule_warn_delivers_with_a_reminder(hub: Hub) -> None:
+    await _team(hub, "a", "b", policy="warn")
+    await _linked(hub)
+    await hub.send("t", "a", "b", "second message", sender_session="a-s")
+    await hub.report_event("t", "a", "a-s", "agent_stop", "")  # the reminder waits for the turn
+    got = await hub.receive("t", "a", session="a-s", limit=10)
+    reminders = [g.message.text for g in got if g.message.meta.get("anchor_reminder")]
+    assert reminders == [
+        "Reminder: you messaged your linked peer b without a pending anchor timer. Set one so you "
+        'come back to your own work: set_timer(intent="anchor", minutes=10, note="return to '
+        '<your task> (talking with b)")'
+    ]
+    texts = [g.message.text for g in await hub.receive("t", "b", session="b-s", limit=10)]
+    assert "second message" in texts
+
+
+async def test_anchor_rule_off(hub: Hub) -> None:
+    await _team(hub, "a", "b", policy="off")
+    await _linked(hub)
+    await hub.send("t", "a", "b", "second message", sender_session="a-s")
+
+
+async def test_a_fired_anchor_no_longer_counts(clock: FakeClock) -> None:
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b")
+        await hub.set_timer("t", "a", "a-s", "anchor", 60, "back to the plan")
+        await _linked(hub)
+        await hub.send("t", "a", "b", "fine while the anchor is pending", sender_session="a-s")
+        clock.advance(61)
+        await hub.maintain()
+        with pytest.raises(AnchorRequired):
+            await hub.send("t", "a", "b", "after it fired", sender_session="a-s")
+
+
+async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
+    import asyncio
+
+    clock = FakeClock()
+    db = tmp_path / "two.db"
+    async with (
+        Hub(SqliteStore(db), clock=clock, background=False) as one,
+        Hub(SqliteStore(db), clock=clock, background=False) as two,
+    ):
+        await _team(one, "a")
+        for i in range(20):
+            await one.set_timer("t", "a", "a-s", "anchor", 5, f"note {i}")
+        clock.advance(5)
+        await asyncio.gather(one.maintain(), two.maintain(), one.maintain(), two.maintain())
+        fired = await _take(two, "a")
+        assert sorted(fired) == sorted(f"ANCHOR: note {i}" for i in range(20))
