@@ -170,7 +170,7 @@ async def test_checkpoint_turns_cross_nothing_and_use_no_budget(clock: FakeClock
 async def test_only_the_initiator_closes(hub: Hub) -> None:
     await _team(hub, "a", "b")
     await _open(hub, "a", "b")
-    with pytest.raises(Forbidden, match="only 'a', who opened link .* can close it"):
+    with pytest.raises(Forbidden, match=r"only 'a', who opened link .* can close it"):
         await hub.send("t", "b", "a", "bye", close_link=True)
     assert [
         g.message.text for g in await _take(hub, "a") if g.message.kind is MessageKind.DIRECT

@@ -239,7 +239,7 @@ async def test_bad_events_are_refused_and_nothing_is_recorded(hub: Hub) -> None:
     await hub.open_session("t", "a", "a-1")
     with pytest.raises(UnknownSession, match="unknown session 'nope'"):
         await hub.report_event("t", "a", "nope", "turn_start")
-    with pytest.raises(InvalidState, match="no turn is open.*report turn_start before agent_stop"):
+    with pytest.raises(InvalidState, match=r"no turn is open.*report turn_start before agent_stop"):
         await hub.report_event("t", "a", "a-1", "agent_stop", '<message to="b">x</message>')
     with pytest.raises(InvalidState, match="no turn is open"):
         await hub.report_event("t", "a", "a-1", "thought", "hmm")
@@ -355,6 +355,6 @@ async def test_events_are_the_private_transcript(hub: Hub) -> None:
     await hub.report_event("t", "w", "w-1", "tool_result", "3 matches", {"id": "tu_1"})
     await hub.report_event("t", "w", "w-1", "agent_output", "partial")
     data = await hub.get_session_data("t", "w-1")
-    tool = [e for e in data["events"] if e["kind"] == EventKind.TOOL_CALL.value][0]
+    tool = next(e for e in data["events"] if e["kind"] == EventKind.TOOL_CALL.value)
     assert tool["data"] == {"tool": "bash", "id": "tu_1"}
     assert tool["turn"] == 1
