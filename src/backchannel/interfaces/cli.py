@@ -437,6 +437,11 @@ def tail(
         _run(_with(client, run))
 
 
+from backchannel.interfaces import cli_agents  # noqa: E402  (registers hook, mcp, attach)
+
+cli_agents.register(app)
+
+
 def main() -> None:
     # a closed stdout (``| head``) is not an error worth a traceback
     with suppress(AttributeError):

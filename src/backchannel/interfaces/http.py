@@ -548,8 +548,10 @@ def create_app(
         await hub.react(me.team, me.name, message_id, body.emoji)
         return {"message_id": message_id, "emoji": body.emoji}
 
+    from backchannel.interfaces.agents_http import mount_agent_routes
     from backchannel.interfaces.dashboard import mount_dashboard
 
+    mount_agent_routes(app)  # hook receivers and the MCP endpoint
     mount_dashboard(app)
     app.add_middleware(BodyLimit, limit=limit)
     return app
