@@ -9,6 +9,7 @@ need=()
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+[[ -x /usr/bin/chromium ]] || need+=(chromium)  # the dashboard's browser tests
 if [[ ${#need[@]} -gt 0 ]]; then
     SUDO=""
     if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo -n"; fi

@@ -1,9 +1,438 @@
-"""The live web dashboard, served at ``/`` by ``backchannel serve``."""
+"""The live web dashboard, served at ``/`` by ``backchannel serve``.
+
+The page (``static/index.html``, ``app.js``, ``style.css``) ships inside the package
+and needs no build step and no network. It signs in with a member or admin token kept
+in the tab's ``sessionStorage`` and calls the read endpoints below with
+``Authorization: Bearer``. Every endpoint is team-scoped and open to the admin and to
+the members of that team; another team answers 404, like the rest of the API.
+
+``EventSource`` cannot send an ``Authorization`` header, and a long-lived token must
+never sit in a URL (it ends up in logs, history and ``Referer``). So the page first
+trades its bearer token for a *ticket* (``POST /v1/dashboard/tickets``): a signed
+statement "this principal may watch this team until T", valid for
+:data:`TICKET_SECONDS`, which the stream endpoint takes as a query parameter. A ticket
+is checked when a stream opens (an open stream stays open); it carries a prefix of the
+member's token hash, so a member whose token changed cannot use an old one. The
+signing key is derived from the admin token, so every hub process sharing a data
+directory accepts tickets issued by the others.
+
+Links, timers, delegations and session transcripts come from hub methods that may not
+exist yet (``list_links``, ``list_timers``, ``list_delegations``, ``get_session_data``);
+they are looked up with ``getattr`` and answer empty lists while they are missing.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import hmac
+import inspect
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+from backchannel.errors import (
+    Forbidden,
+    InvalidRequest,
+    Unauthorized,
+    UnknownMember,
+    UnknownTeam,
+)
+from backchannel.hub import FeedItem, Hub
+from backchannel.interfaces.http import Auth, Principal
+from backchannel.types import USER, Member, Session, SessionState
+
+log = logging.getLogger("backchannel.dashboard")
+
+__all__ = ["STATIC_DIR", "TICKET_SECONDS", "mount_dashboard"]
+
+#: Where the page's assets live inside the installed package.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: How long a stream ticket may be used to open a stream.
+TICKET_SECONDS = 60.0
+#: How often an open stream looks for changed members, links, timers and delegations.
+SNAPSHOT_SECONDS = 1.0
+KEEPALIVE_SECONDS = 15.0
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+#: Planned hub read methods, looked up with ``getattr`` (name -> JSON key).
+PANELS = {"links": "list_links", "timers": "list_timers", "delegations": "list_delegations"}
+
+
+# -- bodies -------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TicketIn(_Body):
+    team: str = Field(description="the team whose stream the ticket opens")
+
+
+class ComposeIn(_Body):
+    to: str = Field(description="a member name, or '*' for every member but user")
+    text: str
+    summary: str | None = None
+    message_id: str | None = Field(None, description="your id for idempotent retries")
+
+
+# -- tickets ------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _ticket_key(admin_token: str) -> bytes:
+    return hashlib.sha256(b"backchannel dashboard ticket v1\0" + admin_token.encode()).digest()
+
+
+def issue_ticket(key: bytes, team: str, member: Member | None, now: float) -> tuple[str, float]:
+    """A signed ticket letting ``member`` (``None``: the admin) watch ``team``."""
+    expires = now + TICKET_SECONDS
+    payload = {
+        "team": team,
+        "member": member.name if member else None,
+        "th": member.token_hash[:16] if member else None,
+        "exp": expires,
+    }
+    body = _b64(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
+    sig = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+    return f"{body}.{sig}", expires
+
+
+def _bad_ticket() -> Unauthorized:
+    return Unauthorized(
+        "the stream ticket is invalid or expired; get a new one with "
+        "POST /v1/dashboard/tickets (it is valid for a minute)"
+    )
+
+
+async def check_ticket(hub: Hub, key: bytes, ticket: str, team: str) -> Principal:
+    """Who the ticket speaks for, if it is genuine, unexpired and for ``team``."""
+    body, _, sig = ticket.partition(".")
+    expected = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+    if not sig or not hmac.compare_digest(sig.encode(), expected.encode()):
+        raise _bad_ticket()
+    try:
+        payload = json.loads(_unb64(body))
+        t_team, name, th, exp = payload["team"], payload["member"], payload["th"], payload["exp"]
+    except (ValueError, KeyError, TypeError):
+        raise _bad_ticket() from None
+    if not isinstance(exp, (int, float)) or exp < hub.clock.now():
+        raise _bad_ticket()
+    if t_team != team:
+        raise UnknownTeam(f"unknown team {team!r}", team=team)
+    if name is None:
+        return Principal(None)
+    try:
+        member = await hub.get_member(team, str(name))
+    except UnknownMember:
+        raise _bad_ticket() from None
+    if not hmac.compare_digest(member.token_hash[:16], str(th)):
+        raise _bad_ticket()
+    return Principal(member)
+
+
+# -- views of hub data --------------------------------------------------------------
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON for whatever a (planned) hub method returns."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return jsonable(to_json())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.repr and not f.name.endswith("_hash")
+        }
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def panel(hub: Hub, team: str, name: str) -> list[Any]:
+    """``links``/``timers``/``delegations`` of a team, or ``[]`` while the hub has none."""
+    method = getattr(hub, PANELS[name], None)
+    if method is None:
+        return []
+    got = jsonable(await _maybe_await(method(team)))
+    if isinstance(got, Mapping):  # {"links": [...]} is accepted too
+        got = got.get(name, [])
+    return list(got) if isinstance(got, list) else []
+
+
+def _session_json(s: Session) -> dict[str, Any]:
+    last = s.last_output.strip()
+    return {
+        "session_id": s.session_id,
+        "member": s.member,
+        "state": s.state.value,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "turn": s.turn,
+        "turn_started_at": s.turn_started_at,
+        "last_stop_at": s.last_stop_at,
+        "last_output": last[:300] + ("…" if len(last) > 300 else ""),
+    }
+
+
+def _member_state(sessions: list[Session]) -> str:
+    states = {s.state for s in sessions}
+    for state in (SessionState.ACTIVE, SessionState.IDLE, SessionState.TERMINATED):
+        if state in states:
+            return state.value
+    return "no session"
+
+
+async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
+    """Each member with its state (from its sessions), kind and last session activity."""
+    members = await hub.list_members(team)
+    sessions = await hub.list_sessions(team)
+    by_member: dict[str, list[Session]] = {}
+    for s in sessions:
+        by_member.setdefault(s.member, []).append(s)
+    out = []
+    for m in members:
+        mine = by_member.get(m.name, [])
+        out.append(
+            {
+                "name": m.name,
+                "kind": m.kind.value,
+                "created_at": m.created_at,
+                "state": _member_state(mine),
+                "last_activity": max((s.updated_at for s in mine), default=None),
+                "sessions": [_session_json(s) for s in mine],
+            }
+        )
+    return out
+
+
+async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
+    """Everything but the timeline, as the page shows it."""
+    return {
+        "members": await members_view(hub, team),
+        **{name: await panel(hub, team, name) for name in PANELS},
+    }
+
+
+# -- the router -----------------------------------------------------------------------
+
+
+def _sse(event: str, data: Any, event_id: int | None = None) -> str:
+    head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
+    return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def build_router(hub: Hub, key: bytes) -> APIRouter:
+    router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
+
+    async def need_team(who: Principal, team: str) -> None:
+        who.need_team(team)
+        await hub.get_team(team)
+
+    @router.post("/tickets", status_code=201)
+    async def ticket(body: TicketIn, who: Auth) -> dict[str, Any]:
+        """A short-lived ticket for the team's dashboard stream (EventSource sends no
+        Authorization header; the long-lived token must not go in a URL)."""
+        await need_team(who, body.team)
+        token, expires = issue_ticket(key, body.team, who.member, hub.clock.now())
+        return {"ticket": token, "expires_at": expires}
+
+    @router.get("/teams/{team}/members")
+    async def members(team: str, who: Auth) -> dict[str, Any]:
+        await need_team(who, team)
+        return {"members": await members_view(hub, team)}
+
+    @router.get("/teams/{team}/snapshot")
+    async def team_snapshot(team: str, who: Auth) -> dict[str, Any]:
+        """Members, links, timers and delegations in one answer."""
+        await need_team(who, team)
+        return await snapshot(hub, team)
+
+    @router.get("/teams/{team}/links")
+    async def links(team: str, who: Auth) -> dict[str, Any]:
+        await need_team(who, team)
+        return {"links": await panel(hub, team, "links")}
+
+    @router.get("/teams/{team}/timers")
+    async def timers(team: str, who: Auth) -> dict[str, Any]:
+        await need_team(who, team)
+        return {"timers": await panel(hub, team, "timers")}
+
+    @router.get("/teams/{team}/delegations")
+    async def delegations(team: str, who: Auth) -> dict[str, Any]:
+        await need_team(who, team)
+        return {"delegations": await panel(hub, team, "delegations")}
+
+    @router.get("/teams/{team}/messages/{message_id}")
+    async def message(team: str, message_id: str, who: Auth) -> dict[str, Any]:
+        """The full message, each copy's state and the delivery history."""
+        await need_team(who, team)
+        status = await hub.message_status(team, message_id)
+        return {
+            **status.to_json(),
+            "sender_session": status.message.sender_session,
+            "meta": jsonable(status.message.meta),
+        }
+
+    @router.get("/teams/{team}/sessions/{session_id}")
+    async def session(
+        team: str,
+        session_id: str,
+        who: Auth,
+        tail_chars: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+    ) -> dict[str, Any]:
+        """A session and its transcript (empty while the hub keeps none)."""
+        await need_team(who, team)
+        s = await hub.get_session(team, session_id)
+        transcript: Any = []
+        note: Any = None
+        method = getattr(hub, "get_session_data", None)
+        if method is not None:
+            kwargs = {"tail_chars": tail_chars} if tail_chars is not None else {}
+            transcript = jsonable(await _maybe_await(method(team, session_id, **kwargs)))
+        if isinstance(transcript, Mapping):
+            note = transcript.get("note") if transcript.get("truncated") else None
+            transcript = transcript.get("events", transcript.get("transcript", []))
+        if not isinstance(transcript, list):
+            transcript = [{"kind": "text", "text": str(transcript)}] if transcript else []
+        return {"session": _session_json(s), "transcript": transcript, "note": note}
+
+    @router.post("/teams/{team}/messages", status_code=201)
+    async def compose(team: str, body: ComposeIn, who: Auth) -> JSONResponse:
+        """Send as ``user``: allowed for the admin and for the team's own ``user``."""
+        await need_team(who, team)
+        if who.member is not None and who.member.name != USER:
+            raise Forbidden(
+                f"the composer sends as {USER!r}; sign in with the admin token or the "
+                f"team's {USER!r} token (you are {who.member.name!r})"
+            )
+        if not body.text.strip():
+            raise InvalidRequest("write something to send", field="text")
+        result = await hub.send(
+            team, USER, body.to, body.text, summary=body.summary, message_id=body.message_id
+        )
+        return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
+
+    @router.get("/teams/{team}/stream")
+    async def stream(
+        team: str,
+        request: Request,
+        ticket: Annotated[str, Query(description="from POST /v1/dashboard/tickets")],
+        after: Annotated[int, Query(ge=0)] = 0,
+    ) -> StreamingResponse:
+        """Server-sent events: ``snapshot`` (members, links, timers, delegations; sent
+        at once and whenever they change), ``traffic`` (the team's delivery events, id =
+        cursor) and ``live`` (the replay from ``after`` has caught up)."""
+        await check_ticket(hub, key, ticket, team)
+        await hub.get_team(team)
+        last_id = request.headers.get("last-event-id", "")
+        if last_id.isdigit():
+            after = max(after, int(last_id))
+        return StreamingResponse(
+            _stream(hub, team, after, request), media_type="text/event-stream", headers=_SSE_HEADERS
+        )
+
+    return router
+
+
+async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIterator[str]:
+    loop = asyncio.get_running_loop()
+    feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
+    pending: asyncio.Future[FeedItem] | None = None
+    shown = ""
+    checked = sent = loop.time()
+    live = False
+    try:
+        yield ": connected\n\n"
+        while True:
+            now = loop.time()
+            if now - checked >= SNAPSHOT_SECONDS or not shown:
+                checked = now
+                snap = await snapshot(hub, team)
+                text = json.dumps(snap, sort_keys=True)
+                if text != shown:
+                    shown = text
+                    sent = now
+                    yield _sse("snapshot", snap)
+            if await request.is_disconnected():
+                return
+            if pending is None:
+                pending = asyncio.ensure_future(anext(feed))
+            # asyncio.wait does not cancel the pending read: the feed survives quiet spells
+            done, _ = await asyncio.wait({pending}, timeout=0.25 if not live else SNAPSHOT_SECONDS)
+            if pending in done:
+                item = pending.result()
+                pending = None
+                sent = loop.time()
+                yield _sse("traffic", item.to_json(), item.cursor)
+            elif not live:
+                live = True
+                yield _sse("live", {})
+            elif loop.time() - sent >= KEEPALIVE_SECONDS:
+                sent = loop.time()
+                yield ": keep-alive\n\n"
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await pending
+        with contextlib.suppress(Exception):
+            await feed.aclose()
+
+
+# -- mounting -------------------------------------------------------------------------
 
 
 def mount_dashboard(app: FastAPI) -> None:
     """Add the dashboard's page, static assets and read endpoints to ``app``."""
+    hub: Hub = app.state.hub
+    key = _ticket_key(app.state.admin_token)
+    app.include_router(build_router(hub, key))
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")

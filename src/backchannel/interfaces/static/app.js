@@ -1,0 +1,1046 @@
+// backchannel dashboard: plain JavaScript, no framework, no build step, no network
+// beyond this hub. Every piece of hub data is written with textContent, never as HTML.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "backchannel.token";
+  const TEAM_KEY = "backchannel.team";
+  const THEME_KEY = "backchannel.theme";
+  const MAX_ROWS = 1000;
+  const STATE_OF_EVENT = {
+    queued: "queued",
+    lease_expired: "queued",
+    released: "queued",
+    leased: "leased",
+    delivered: "delivered",
+    acked: "acked",
+    dead: "dead",
+  };
+  const STATE_ORDER = ["queued", "leased", "delivered", "acked", "dead"];
+
+  // -- tiny DOM helpers --------------------------------------------------------------
+  const $ = (id) => document.getElementById(id);
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  function show(el, visible) {
+    el.hidden = !visible;
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+  }
+
+  // -- time ----------------------------------------------------------------------------
+  const pad = (n) => String(n).padStart(2, "0");
+
+  function clock(ts) {
+    if (ts === null || ts === undefined) return "";
+    const d = new Date(ts * 1000);
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  function fullTime(ts) {
+    return ts ? new Date(ts * 1000).toLocaleString() : "";
+  }
+
+  function span(seconds) {
+    const s = Math.abs(seconds);
+    if (s < 1) return "now";
+    if (s < 60) return `${Math.floor(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h`;
+    return `${Math.floor(s / 86400)} d`;
+  }
+
+  function ago(ts) {
+    if (!ts) return "never";
+    const d = Date.now() / 1000 - ts;
+    return d < 1 ? "just now" : `${span(d)} ago`;
+  }
+
+  function dueIn(ts) {
+    if (!ts) return "";
+    const d = ts - Date.now() / 1000;
+    return d >= 0 ? `due in ${span(d)}` : `overdue ${span(d)}`;
+  }
+
+  // Elements whose text depends on the time carry data-ago / data-due; one ticker updates them.
+  function relTime(ts, mode) {
+    const el = h("span", { class: "reltime", title: fullTime(ts) });
+    if (mode === "due") el.dataset.due = ts ?? "";
+    else el.dataset.ago = ts ?? "";
+    el.textContent = mode === "due" ? dueIn(ts) : ago(ts);
+    return el;
+  }
+
+  function tick() {
+    for (const el of document.querySelectorAll("[data-ago]")) {
+      el.textContent = ago(Number(el.dataset.ago) || null);
+    }
+    for (const el of document.querySelectorAll("[data-due]")) {
+      el.textContent = dueIn(Number(el.dataset.due) || null);
+    }
+  }
+
+  // -- state ---------------------------------------------------------------------------
+  const S = {
+    token: null,
+    me: null, // {admin, team, name, kind}
+    team: null,
+    gen: 0, // bumps on every team switch / sign-out; stale callbacks check it
+    es: null,
+    retry: 0,
+    cursor: 0,
+    live: false,
+    messages: new Map(), // id -> {id, from, kind, summary, at, to: Map(member -> state), events: []}
+    rows: new Map(), // id -> row element
+    members: [],
+    activity: new Map(), // member -> latest timestamp seen in traffic
+    links: [],
+    timers: [],
+    delegations: [],
+    dead: new Map(), // `${id}|${to}` -> {id, to, from, reason, at, summary}
+    filter: { member: "", kind: "" },
+    drawer: null, // {type: "message", id} | {type: "session", id}
+  };
+
+  // -- API -------------------------------------------------------------------------------
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(path, options = {}) {
+    const headers = { Authorization: `Bearer ${S.token}` };
+    if (options.body !== undefined) headers["Content-Type"] = "application/json";
+    let resp;
+    try {
+      resp = await fetch(path, {
+        method: options.method || "GET",
+        headers,
+        body: options.body === undefined ? undefined : JSON.stringify(options.body),
+        cache: "no-store",
+      });
+    } catch (err) {
+      throw new ApiError(0, "network", "Cannot reach the hub. Is `backchannel serve` running?");
+    }
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch (err) {
+      data = null;
+    }
+    if (!resp.ok) {
+      const e = (data && data.error) || {};
+      throw new ApiError(resp.status, e.code || "http_error", e.message || `HTTP ${resp.status}`);
+    }
+    return data;
+  }
+
+  const teamPath = (rest) => `/v1/dashboard/teams/${encodeURIComponent(S.team)}${rest}`;
+
+  // -- sign-in ---------------------------------------------------------------------------
+  function signinError(text) {
+    const el = $("signin-error");
+    el.textContent = text || "";
+    show(el, Boolean(text));
+  }
+
+  async function signIn(token, { quiet = false } = {}) {
+    S.token = token;
+    let me;
+    try {
+      me = await api("/v1/me");
+    } catch (err) {
+      S.token = null;
+      sessionStorage.removeItem(TOKEN_KEY);
+      if (!quiet || err.status !== 401) {
+        signinError(
+          err.status === 401
+            ? "That token is not valid for this hub. Check that you copied the whole token, and that it belongs to this hub."
+            : err.message,
+        );
+      } else {
+        signinError("Your saved token is no longer valid for this hub. Sign in again.");
+      }
+      return false;
+    }
+    sessionStorage.setItem(TOKEN_KEY, token);
+    S.me = me;
+    signinError("");
+    $("token-input").value = "";
+    show($("signin-view"), false);
+    show($("sign-out"), true);
+    const who = $("whoami");
+    clear(who);
+    who.append(
+      me.admin
+        ? h("span", { class: "badge admin", text: "admin" })
+        : h("span", {}, h("b", { text: me.name }), h("span", { class: "muted", text: ` · ${me.kind}` })),
+    );
+    show(who, true);
+    show($("team-area"), true);
+    if (me.admin) {
+      let teams;
+      try {
+        ({ teams } = await api("/v1/teams"));
+      } catch (err) {
+        signOut(err.message);
+        return false;
+      }
+      const picker = $("team-picker");
+      clear(picker);
+      for (const t of teams) picker.append(h("option", { value: t.name, text: t.name }));
+      show($("team-picker-label"), true);
+      show($("team-name"), false);
+      if (!teams.length) {
+        show($("no-teams"), true);
+        return true;
+      }
+      const saved = sessionStorage.getItem(TEAM_KEY);
+      const pick = teams.some((t) => t.name === saved) ? saved : teams[0].name;
+      picker.value = pick;
+      openTeam(pick);
+    } else {
+      show($("team-picker-label"), false);
+      const tn = $("team-name");
+      tn.textContent = me.team;
+      show(tn, true);
+      openTeam(me.team);
+    }
+    return true;
+  }
+
+  function signOut(message) {
+    S.gen += 1;
+    closeStream();
+    S.token = null;
+    S.me = null;
+    S.team = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(TEAM_KEY);
+    closeDrawer();
+    for (const id of ["app-view", "team-area", "whoami", "sign-out", "conn", "no-teams"]) show($(id), false);
+    show($("signin-view"), true);
+    signinError(message || "");
+    $("token-input").focus();
+  }
+
+  // -- a team ----------------------------------------------------------------------------
+  function resetTeam() {
+    S.cursor = 0;
+    S.live = false;
+    S.messages.clear();
+    S.rows.clear();
+    S.activity.clear();
+    S.dead.clear();
+    S.members = [];
+    S.links = [];
+    S.timers = [];
+    S.delegations = [];
+    S.filter = { member: "", kind: "" };
+    $("filter-member").value = "";
+    $("filter-kind").value = "";
+    clear($("timeline"));
+    closeDrawer();
+  }
+
+  async function openTeam(team) {
+    S.gen += 1;
+    const gen = S.gen;
+    closeStream();
+    resetTeam();
+    setConn("connecting", "connecting…");
+    S.retry = 0;
+    S.team = team;
+    sessionStorage.setItem(TEAM_KEY, team);
+    show($("no-teams"), false);
+    show($("app-view"), true);
+    const canSend = S.me.admin || S.me.name === "user";
+    show($("composer"), canSend);
+    show($("composer-off"), !canSend);
+    renderAll();
+    try {
+      const snap = await api(teamPath("/snapshot"));
+      if (gen !== S.gen) return;
+      applySnapshot(snap);
+    } catch (err) {
+      if (gen !== S.gen) return;
+      if (err.status === 401) return signOut("Your token is no longer valid for this hub. Sign in again.");
+      setConn("error", err.message);
+    }
+    connect(gen);
+  }
+
+  // -- the stream ------------------------------------------------------------------------
+  function setConn(state, text) {
+    const el = $("conn");
+    el.dataset.state = state;
+    $("conn-text").textContent = text;
+    el.title = text;
+    show(el, true);
+  }
+
+  function closeStream() {
+    if (S.es) {
+      S.es.close();
+      S.es = null;
+    }
+  }
+
+  async function connect(gen) {
+    if (gen !== S.gen) return;
+    setConn("connecting", S.live ? "reconnecting…" : "connecting…");
+    let ticket;
+    try {
+      ({ ticket } = await api("/v1/dashboard/tickets", { method: "POST", body: { team: S.team } }));
+    } catch (err) {
+      if (gen !== S.gen) return;
+      if (err.status === 401) return signOut("Your token is no longer valid for this hub. Sign in again.");
+      return retryLater(gen, err.message);
+    }
+    if (gen !== S.gen) return;
+    const url = `${teamPath("/stream")}?ticket=${encodeURIComponent(ticket)}&after=${S.cursor}`;
+    const es = new EventSource(url);
+    S.es = es;
+    es.addEventListener("open", () => {
+      if (gen !== S.gen) return;
+      S.retry = 0;
+      setConn(S.live ? "live" : "connecting", S.live ? "live" : "loading history…");
+    });
+    es.addEventListener("snapshot", (ev) => gen === S.gen && applySnapshot(JSON.parse(ev.data)));
+    es.addEventListener("traffic", (ev) => gen === S.gen && applyTraffic(JSON.parse(ev.data)));
+    es.addEventListener("live", () => {
+      if (gen !== S.gen) return;
+      S.live = true;
+      setConn("live", "live");
+      renderCount();
+    });
+    es.addEventListener("error", () => {
+      // the browser would retry with the same (soon expired) ticket: take over instead
+      es.close();
+      if (gen !== S.gen || S.es !== es) return;
+      S.es = null;
+      retryLater(gen, "connection lost");
+    });
+  }
+
+  function retryLater(gen, why) {
+    const delay = Math.min(500 * 2 ** S.retry, 8000);
+    S.retry += 1;
+    if (S.retry === 1) setConn("connecting", "reconnecting…");
+    else setConn("down", `${why}; retrying in ${Math.round(delay / 1000) || 1} s`);
+    setTimeout(() => connect(gen), delay);
+  }
+
+  // -- applying data -----------------------------------------------------------------------
+  function applySnapshot(snap) {
+    S.members = snap.members || [];
+    S.links = snap.links || [];
+    S.timers = snap.timers || [];
+    S.delegations = snap.delegations || [];
+    renderMembers();
+    renderMemberOptions();
+    renderLinks();
+    renderTimers();
+    renderDelegations();
+    if (S.drawer && S.drawer.type === "session") refreshDrawer();
+  }
+
+  function touch(member, at) {
+    if (!member || !at) return;
+    if ((S.activity.get(member) || 0) < at) S.activity.set(member, at);
+  }
+
+  function applyTraffic(ev) {
+    S.cursor = Math.max(S.cursor, ev.cursor || 0);
+    let msg = S.messages.get(ev.message_id);
+    if (!msg) {
+      msg = {
+        id: ev.message_id,
+        from: ev.from,
+        kind: ev.kind || "direct",
+        summary: ev.summary || "",
+        at: ev.at,
+        to: new Map(),
+        events: [],
+      };
+      S.messages.set(msg.id, msg);
+    }
+    msg.events.push(ev);
+    const state = STATE_OF_EVENT[ev.event];
+    if (state && ev.to) msg.to.set(ev.to, state);
+    else if (ev.to && !msg.to.has(ev.to)) msg.to.set(ev.to, "queued");
+    if (ev.event === "queued") touch(ev.from, ev.at);
+    else touch(ev.to, ev.at);
+    if (ev.event === "dead") {
+      S.dead.set(`${msg.id}|${ev.to}`, {
+        id: msg.id,
+        to: ev.to,
+        from: msg.from,
+        reason: ev.detail || "no reason given",
+        at: ev.at,
+        summary: msg.summary,
+      });
+      scheduleRender("dead");
+    }
+    updateRow(msg);
+    scheduleRender("members");
+    if (S.drawer && S.drawer.type === "message" && S.drawer.id === msg.id) refreshDrawer();
+  }
+
+  // Renders that many events may trigger are batched into one animation frame.
+  const pendingRenders = new Set();
+  let frameQueued = false;
+  function scheduleRender(what) {
+    pendingRenders.add(what);
+    if (frameQueued) return;
+    frameQueued = true;
+    requestAnimationFrame(() => {
+      frameQueued = false;
+      const todo = [...pendingRenders];
+      pendingRenders.clear();
+      if (todo.includes("members")) renderMembers();
+      if (todo.includes("dead")) renderDead();
+      if (todo.includes("count")) renderCount();
+    });
+  }
+
+  // -- timeline ----------------------------------------------------------------------------
+  function overallState(msg) {
+    const states = new Set(msg.to.values());
+    for (const s of STATE_ORDER) if (states.has(s)) return s;
+    return "queued";
+  }
+
+  function recipientsText(msg) {
+    const names = [...msg.to.keys()];
+    if (!names.length) return "…";
+    if (names.length <= 2) return names.join(", ");
+    return `${names.length} members`;
+  }
+
+  function stateChip(state) {
+    return h("span", { class: `state state-${state}`, text: state });
+  }
+
+  function updateRow(msg) {
+    let row = S.rows.get(msg.id);
+    if (!row) {
+      row = h("div", {
+        class: "row",
+        role: "listitem",
+        tabindex: "0",
+        dataset: { id: msg.id, kind: msg.kind },
+        onclick: () => openMessage(msg.id),
+        onkeydown: (e) => {
+          if (e.key === "Enter" || e.key === " ") {
+            e.preventDefault();
+            openMessage(msg.id);
+          }
+        },
+      });
+      S.rows.set(msg.id, row);
+      $("timeline").prepend(row);
+      while (S.rows.size > MAX_ROWS) {
+        const [oldest] = S.rows.keys();
+        S.rows.get(oldest).remove();
+        S.rows.delete(oldest);
+        S.messages.delete(oldest);
+      }
+    }
+    clear(row);
+    const state = overallState(msg);
+    const n = msg.to.size;
+    const acked = [...msg.to.values()].filter((s) => s === "acked").length;
+    row.dataset.state = state;
+    row.dataset.from = msg.from || "";
+    row.dataset.to = [...msg.to.keys()].join(" ");
+    row.append(
+      h("span", { class: "cell time mono", title: fullTime(msg.at), text: clock(msg.at) }),
+      h(
+        "span",
+        { class: "cell route" },
+        h("span", { class: "from", text: msg.from || "?" }),
+        h("span", { class: "arrow", text: " → " }),
+        h("span", { class: "to", title: [...msg.to.keys()].join(", "), text: recipientsText(msg) }),
+      ),
+      h("span", { class: `cell kind kind-${msg.kind}`, text: msg.kind }),
+      h("span", { class: "cell summary", text: msg.summary || "(no text)" }),
+      h(
+        "span",
+        { class: "cell status", title: [...msg.to].map(([m, s]) => `${m}: ${s}`).join("\n") },
+        stateChip(state),
+        n > 1 ? h("span", { class: "progress mono", text: `${acked}/${n} acked` }) : null,
+      ),
+    );
+    applyFilterTo(row);
+    scheduleRender("count");
+  }
+
+  function matches(row) {
+    const { member, kind } = S.filter;
+    if (kind && row.dataset.kind !== kind) return false;
+    if (member && row.dataset.from !== member && !row.dataset.to.split(" ").includes(member)) return false;
+    return true;
+  }
+
+  function applyFilterTo(row) {
+    row.hidden = !matches(row);
+  }
+
+  function applyFilters() {
+    for (const row of S.rows.values()) applyFilterTo(row);
+    show($("filter-clear"), Boolean(S.filter.member || S.filter.kind));
+    renderMembers();
+    renderCount();
+  }
+
+  function renderCount() {
+    const total = S.rows.size;
+    let shown = 0;
+    for (const row of S.rows.values()) if (!row.hidden) shown += 1;
+    const filtered = S.filter.member || S.filter.kind;
+    $("timeline-count").textContent = filtered ? `${shown} of ${total}` : total ? `${total} messages` : "";
+    const empty = $("timeline-empty");
+    empty.textContent = total ? "no messages match these filters" : S.live ? "no messages yet" : "loading…";
+    show(empty, shown === 0);
+  }
+
+  // -- members ------------------------------------------------------------------------------
+  function lastActivity(m) {
+    return Math.max(m.last_activity || 0, S.activity.get(m.name) || 0) || null;
+  }
+
+  function renderMembers() {
+    const list = $("members");
+    clear(list);
+    $("members-count").textContent = S.members.length ? String(S.members.length) : "";
+    for (const m of S.members) {
+      const state = m.state || "no session";
+      const selected = S.filter.member === m.name;
+      const sessions = (m.sessions || []).map((s) =>
+        h(
+          "li",
+          {},
+          h(
+            "button",
+            {
+              type: "button",
+              class: "session-link",
+              title: `open session ${s.session_id}`,
+              onclick: (e) => {
+                e.stopPropagation();
+                openSession(s.session_id);
+              },
+            },
+            h("span", { class: `dot state-${s.state}` }),
+            h("span", { class: "mono", text: s.session_id }),
+            h("span", { class: "muted", text: ` ${s.state}` }),
+          ),
+        ),
+      );
+      list.append(
+        h(
+          "li",
+          {
+            class: `member${selected ? " selected" : ""}`,
+            dataset: { member: m.name, state },
+          },
+          h(
+            "button",
+            {
+              type: "button",
+              class: "member-main",
+              title: selected ? "show every member's messages" : `show only ${m.name}'s messages`,
+              onclick: () => setMemberFilter(selected ? "" : m.name),
+            },
+            h("span", { class: `dot state-${state.replace(" ", "-")}` }),
+            h("span", { class: "member-name", text: m.name }),
+            h("span", { class: "badge kind-badge", text: m.kind }),
+            h("span", { class: `member-state state-text-${state.replace(" ", "-")}`, text: state }),
+            h("span", { class: "member-activity muted small" }, relTime(lastActivity(m))),
+          ),
+          sessions.length ? h("ul", { class: "sessions" }, sessions) : null,
+        ),
+      );
+    }
+  }
+
+  function renderMemberOptions() {
+    const names = S.members.map((m) => m.name);
+    const sel = $("filter-member");
+    const keep = sel.value;
+    clear(sel);
+    sel.append(h("option", { value: "", text: "all members" }));
+    for (const n of [...names, "hub"]) sel.append(h("option", { value: n, text: n }));
+    sel.value = names.includes(keep) || keep === "hub" ? keep : "";
+
+    const to = $("compose-to");
+    const was = to.value;
+    clear(to);
+    for (const n of names.filter((n) => n !== "user")) to.append(h("option", { value: n, text: n }));
+    to.append(h("option", { value: "*", text: "* everyone" }));
+    if ([...to.options].some((o) => o.value === was)) to.value = was;
+  }
+
+  function setMemberFilter(name) {
+    S.filter.member = name;
+    $("filter-member").value = name;
+    applyFilters();
+  }
+
+  // -- side panels --------------------------------------------------------------------------
+  // Field names follow the planned hub records; a missing field falls back, never throws.
+  const first = (obj, ...keys) => {
+    for (const k of keys) if (obj && obj[k] !== undefined && obj[k] !== null) return obj[k];
+    return undefined;
+  };
+
+  function panelList(name, items, render) {
+    const list = $(name);
+    clear(list);
+    for (const item of items) list.append(render(item));
+    $(`${name}-count`).textContent = items.length ? String(items.length) : "";
+    show($(`${name}-empty`), items.length === 0);
+  }
+
+  function peerName(p) {
+    if (p && typeof p === "object") return first(p, "member", "name", "session_id") || "?";
+    return p;
+  }
+
+  function linkPeers(l) {
+    const peers = first(l, "peers");
+    if (Array.isArray(peers)) return peers.map(peerName);
+    return [first(l, "initiator", "a", "from") || "?", first(l, "responder", "b", "to") || "?"].map(peerName);
+  }
+
+  function meter(pct, title) {
+    const fill = h("div", { class: "meter-fill" });
+    fill.style.width = `${pct}%`; // CSSOM, which the page's CSP allows (style attributes it does not)
+    return h("div", { class: "meter", title }, fill);
+  }
+
+  function renderLinks() {
+    panelList("links", S.links, (l) => {
+      const id = first(l, "link_id", "id") || "";
+      const used = Number(first(l, "turns_used", "used") || 0);
+      const budget = Number(first(l, "budget", "turn_budget", "max_turns") || 0);
+      const state = String(first(l, "state", "status") || "open");
+      const why = first(l, "closed_reason", "close_reason", "reason");
+      const [a, b] = linkPeers(l);
+      const pct = budget ? Math.min(100, Math.round((used / budget) * 100)) : 0;
+      return h(
+        "li",
+        { class: `item link link-${state}`, dataset: { linkId: id, state } },
+        h(
+          "div",
+          { class: "item-line" },
+          h("span", { class: "peers" }, h("b", { text: a }), h("span", { class: "muted", text: " ↔ " }), h("b", { text: b })),
+          h("span", { class: `pill pill-${state}`, text: state }),
+        ),
+        h(
+          "div",
+          { class: "item-line" },
+          meter(pct, `${used} of ${budget} turns used`),
+          h("span", { class: "turns mono", text: `${used} / ${budget || "?"}` }),
+          h("span", { class: "muted small", text: " turns" }),
+        ),
+        why ? h("div", { class: "why small", text: `closed: ${why}` }) : null,
+      );
+    });
+  }
+
+  function renderTimers() {
+    const timers = [...S.timers].sort((x, y) => (first(x, "due_at", "due") || 0) - (first(y, "due_at", "due") || 0));
+    panelList("timers", timers, (t) => {
+      const intent = String(first(t, "intent") || "timer");
+      const owner = first(t, "member", "owner") || first(t, "session_id", "session") || "";
+      const target = first(t, "target", "peer");
+      const state = first(t, "state", "status");
+      return h(
+        "li",
+        { class: "item timer", dataset: { timerId: first(t, "timer_id", "id") || "" } },
+        h(
+          "div",
+          { class: "item-line" },
+          h("span", { class: `intent intent-${intent}`, text: intent.toUpperCase() }),
+          h("b", { text: owner }),
+          target ? h("span", { class: "muted", text: ` → ${peerName(target)}` }) : null,
+          h("span", { class: "spacer" }),
+          state && state !== "pending" ? h("span", { class: "pill", text: state }) : relTime(first(t, "due_at", "due"), "due"),
+        ),
+        first(t, "note") ? h("div", { class: "note", text: first(t, "note") }) : null,
+      );
+    });
+  }
+
+  const DELEGATION_STATES = ["pending", "answered", "timed_out", "late"];
+
+  function renderDelegations() {
+    const tally = $("delegation-tally");
+    clear(tally);
+    if (S.delegations.length) {
+      for (const st of DELEGATION_STATES) {
+        const n = S.delegations.filter((d) => (first(d, "state", "status") || "pending") === st).length;
+        tally.append(
+          h("span", { class: `tally-item ${n ? `pill-${st}` : "zero"}` }, h("b", { text: String(n) }), ` ${st.replace("_", " ")}`),
+        );
+      }
+    }
+    panelList("delegations", S.delegations, (d) => {
+      const st = String(first(d, "state", "status") || "pending");
+      const task = first(d, "task", "summary", "text") || "";
+      return h(
+        "li",
+        { class: "item delegation", dataset: { delegationId: first(d, "delegation_id", "id") || "", state: st } },
+        h(
+          "div",
+          { class: "item-line" },
+          h("b", { text: first(d, "caller", "from") || "?" }),
+          h("span", { class: "muted", text: " ⇢ " }),
+          h("b", { text: first(d, "callee", "to") || "?" }),
+          h("span", { class: "spacer" }),
+          h("span", { class: `pill pill-${st}`, text: st.replace("_", " ") }),
+        ),
+        task ? h("div", { class: "note", text: String(task).split("\n")[0] }) : null,
+        first(d, "deadline") && st === "pending"
+          ? h("div", { class: "small muted" }, relTime(first(d, "deadline"), "due"))
+          : null,
+      );
+    });
+  }
+
+  function renderDead() {
+    const items = [...S.dead.values()].sort((x, y) => y.at - x.at);
+    panelList("dead", items, (d) =>
+      h(
+        "li",
+        { class: "item dead", dataset: { id: d.id } },
+        h(
+          "button",
+          { type: "button", class: "item-button", onclick: () => openMessage(d.id) },
+          h(
+            "div",
+            { class: "item-line" },
+            h("b", { text: d.from || "?" }),
+            h("span", { class: "muted", text: " → " }),
+            h("b", { text: d.to }),
+            h("span", { class: "spacer" }),
+            relTime(d.at),
+          ),
+          h("div", { class: "note", text: d.summary || d.id }),
+          h("div", { class: "why small", text: d.reason }),
+        ),
+      ),
+    );
+  }
+
+  function renderAll() {
+    renderMembers();
+    renderMemberOptions();
+    renderLinks();
+    renderTimers();
+    renderDelegations();
+    renderDead();
+    renderCount();
+  }
+
+  // -- the drawer: a message, or a session ----------------------------------------------------
+  function openDrawer(kind, id) {
+    S.drawer = { type: kind, id };
+    show($("drawer"), true);
+    show($("scrim"), true);
+    for (const r of S.rows.values()) r.classList.toggle("open", kind === "message" && r.dataset.id === id);
+    refreshDrawer();
+  }
+
+  function closeDrawer() {
+    S.drawer = null;
+    show($("drawer"), false);
+    show($("scrim"), false);
+    for (const r of S.rows.values()) r.classList.remove("open");
+  }
+
+  const openMessage = (id) => openDrawer("message", id);
+  const openSession = (id) => openDrawer("session", id);
+
+  let drawerSeq = 0;
+  async function refreshDrawer() {
+    const d = S.drawer;
+    if (!d) return;
+    const seq = ++drawerSeq;
+    try {
+      const path = d.type === "message" ? `/messages/${encodeURIComponent(d.id)}` : `/sessions/${encodeURIComponent(d.id)}`;
+      const data = await api(teamPath(path));
+      if (seq !== drawerSeq || S.drawer !== d) return;
+      if (d.type === "message") renderMessage(data);
+      else renderSession(data);
+    } catch (err) {
+      if (seq !== drawerSeq || S.drawer !== d) return;
+      $("drawer-kicker").textContent = d.type;
+      $("drawer-title").textContent = d.id;
+      const body = $("drawer-body");
+      clear(body);
+      body.append(h("p", { class: "form-error", text: err.message }));
+    }
+  }
+
+  function facts(pairs) {
+    return h(
+      "dl",
+      { class: "facts" },
+      pairs.filter(([, v]) => v !== null && v !== undefined && v !== "").map(([k, v]) => [h("dt", { text: k }), h("dd", {}, v)]),
+    );
+  }
+
+  function mono(text) {
+    return h("span", { class: "mono", text });
+  }
+
+  function renderMessage(m) {
+    $("drawer-kicker").textContent = `${m.kind} message`;
+    const title = $("drawer-title");
+    clear(title);
+    title.append(h("span", { text: m.from }), h("span", { class: "muted", text: " → " }), h("span", { text: m.to }));
+    const body = $("drawer-body");
+    clear(body);
+    body.append(
+      facts([
+        ["id", mono(m.message_id)],
+        ["status", stateChip(m.status)],
+        ["sent", `${fullTime(m.created_at)}`],
+        ["summary", m.summary],
+        ["from session", m.sender_session ? mono(m.sender_session) : null],
+      ]),
+      h("h3", { text: "Text" }),
+      h("pre", { class: "message-text", text: m.text }),
+      h("h3", { text: "Deliveries" }),
+      h(
+        "table",
+        { class: "grid deliveries" },
+        h("thead", {}, h("tr", {}, ["to", "session", "state", "attempts", "updated"].map((c) => h("th", { text: c })))),
+        h(
+          "tbody",
+          {},
+          m.deliveries.map((d) =>
+            h(
+              "tr",
+              {},
+              h("td", { text: d.to }),
+              h("td", {}, d.session ? mono(d.session) : h("span", { class: "muted", text: "any" })),
+              h("td", {}, stateChip(d.state), d.dead_reason ? h("div", { class: "why small", text: d.dead_reason }) : null),
+              h("td", { class: "mono", text: String(d.attempts) }),
+              h("td", { class: "mono", title: fullTime(d.updated_at), text: clock(d.updated_at) }),
+            ),
+          ),
+        ),
+      ),
+      h("h3", { text: "History" }),
+      h(
+        "ol",
+        { class: "history" },
+        m.history.map((e) =>
+          h(
+            "li",
+            { dataset: { event: e.event } },
+            h("span", { class: "mono time", title: fullTime(e.at), text: clock(e.at) }),
+            h("span", { class: `event state-${STATE_OF_EVENT[e.event] || "other"}`, text: e.event }),
+            h("span", { class: "who", text: e.to }),
+            e.detail ? h("span", { class: "detail muted", text: e.detail }) : null,
+          ),
+        ),
+      ),
+    );
+    if (m.meta && Object.keys(m.meta).length) {
+      body.append(h("h3", { text: "Metadata" }), h("pre", { class: "message-text small", text: JSON.stringify(m.meta, null, 2) }));
+    }
+  }
+
+  function eventText(e) {
+    const t = first(e, "text", "output", "content", "summary");
+    if (t !== undefined && t !== "") return typeof t === "string" ? t : JSON.stringify(t, null, 2);
+    const data = first(e, "data", "input", "args");
+    if (data && typeof data === "object" && typeof data.name === "string") {
+      const args = first(data, "input", "arguments", "args");
+      return args === undefined ? `${data.name}()` : `${data.name}(${JSON.stringify(args)})`;
+    }
+    if (data && typeof data === "object" && Object.keys(data).length) return JSON.stringify(data, null, 2);
+    return "";
+  }
+
+  function renderSession(data) {
+    const s = data.session;
+    $("drawer-kicker").textContent = `session of ${s.member}`;
+    const title = $("drawer-title");
+    clear(title);
+    title.append(mono(s.session_id));
+    const body = $("drawer-body");
+    clear(body);
+    body.append(
+      facts([
+        ["member", s.member],
+        ["state", h("span", { class: `pill pill-${s.state}`, text: s.state })],
+        ["turns", mono(String(s.turn))],
+        ["opened", fullTime(s.created_at)],
+        ["last activity", relTime(s.updated_at)],
+        ["last output", s.last_output ? h("span", { class: "note", text: s.last_output }) : null],
+      ]),
+      h("h3", { text: "Transcript" }),
+    );
+    const events = data.transcript || [];
+    if (data.note) body.append(h("p", { class: "muted small", text: data.note }));
+    if (!events.length) {
+      body.append(h("p", { class: "empty", text: "no transcript yet" }));
+      return;
+    }
+    body.append(
+      h(
+        "ol",
+        { class: "transcript" },
+        events.map((e) => {
+          const type = String(first(e, "type", "event", "kind") || "event");
+          return h(
+            "li",
+            { class: `tr tr-${type}` },
+            h(
+              "div",
+              { class: "tr-head" },
+              h("span", { class: "tr-type", text: type.replace("_", " ") }),
+              first(e, "turn") ? h("span", { class: "muted small", text: `turn ${e.turn}` }) : null,
+              first(e, "at") ? h("span", { class: "mono muted small", title: fullTime(e.at), text: clock(e.at) }) : null,
+            ),
+            eventText(e) ? h("pre", { class: "tr-text", text: eventText(e) }) : null,
+          );
+        }),
+      ),
+    );
+  }
+
+  // -- the composer --------------------------------------------------------------------------
+  function newMessageId() {
+    const bytes = new Uint8Array(12);
+    crypto.getRandomValues(bytes);
+    return `dash-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+  }
+
+  let composing = null; // {id, to, text, summary}: reused on a retry so a resend is idempotent
+
+  async function compose(e) {
+    e.preventDefault();
+    const to = $("compose-to").value;
+    const text = $("compose-text").value;
+    const summary = $("compose-summary").value.trim() || null;
+    const status = $("compose-status");
+    status.className = "compose-status";
+    if (!text.trim()) {
+      status.textContent = "Write something first.";
+      status.classList.add("error");
+      return;
+    }
+    if (!composing || composing.to !== to || composing.text !== text || composing.summary !== summary) {
+      composing = { id: newMessageId(), to, text, summary };
+    }
+    const button = $("compose-send");
+    button.disabled = true;
+    status.textContent = "sending…";
+    try {
+      const r = await api(teamPath("/messages"), {
+        method: "POST",
+        body: { to, text, summary, message_id: composing.id },
+      });
+      composing = null;
+      $("compose-text").value = "";
+      $("compose-summary").value = "";
+      status.textContent = `sent to ${r.recipients.join(", ")}`;
+      status.classList.add("ok");
+    } catch (err) {
+      status.textContent = err.message;
+      status.classList.add("error");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // -- theme -------------------------------------------------------------------------------------
+  function applyTheme(theme) {
+    if (theme) document.documentElement.dataset.theme = theme;
+    else delete document.documentElement.dataset.theme;
+  }
+
+  function toggleTheme() {
+    const current =
+      document.documentElement.dataset.theme ||
+      (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light");
+    const next = current === "dark" ? "light" : "dark";
+    localStorage.setItem(THEME_KEY, next);
+    applyTheme(next);
+  }
+
+  // -- wiring ------------------------------------------------------------------------------------
+  function init() {
+    applyTheme(localStorage.getItem(THEME_KEY));
+    $("theme-toggle").addEventListener("click", toggleTheme);
+    $("signin-form").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const token = $("token-input").value.trim();
+      if (!token) return signinError("Paste a token first.");
+      const button = $("signin-button");
+      button.disabled = true;
+      try {
+        await signIn(token);
+      } finally {
+        button.disabled = false;
+      }
+    });
+    $("sign-out").addEventListener("click", () => signOut(""));
+    $("team-picker").addEventListener("change", (e) => openTeam(e.target.value));
+    $("filter-member").addEventListener("change", (e) => setMemberFilter(e.target.value));
+    $("filter-kind").addEventListener("change", (e) => {
+      S.filter.kind = e.target.value;
+      applyFilters();
+    });
+    $("filter-clear").addEventListener("click", () => {
+      S.filter = { member: "", kind: "" };
+      $("filter-member").value = "";
+      $("filter-kind").value = "";
+      applyFilters();
+    });
+    $("composer").addEventListener("submit", compose);
+    $("compose-text").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("composer").requestSubmit();
+    });
+    $("drawer-close").addEventListener("click", closeDrawer);
+    $("scrim").addEventListener("click", closeDrawer);
+    document.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && S.drawer) closeDrawer();
+    });
+    setInterval(tick, 1000);
+    const saved = sessionStorage.getItem(TOKEN_KEY);
+    if (saved) signIn(saved, { quiet: true });
+    else $("token-input").focus();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();
