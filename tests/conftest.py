@@ -129,17 +129,29 @@ class Server:
                 self.kill()
 
 
-def start_server(home: Path, store_url: str | None = None, *args: str) -> Server:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(
+    home: Path,
+    store_url: str | None = None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    port: int = 0,
+) -> Server:
     """Start ``backchannel serve`` on a free port and wait until it answers /healthz."""
     home.mkdir(parents=True, exist_ok=True)
     info = home / "server.json"
     if info.exists():
         info.unlink()
     store_url = store_url or f"sqlite://{home / 'backchannel.db'}"
-    env = {**os.environ, "BACKCHANNEL_HOME": str(home)}
+    env = {**os.environ, **(env or {}), "BACKCHANNEL_HOME": str(home)}
     with open(home / "serve.log", "ab") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [str(BIN), "serve", "--port", "0", "--store", store_url, *args],
+            [str(BIN), "serve", "--port", str(port), "--store", store_url, *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

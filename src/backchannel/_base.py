@@ -53,9 +53,19 @@ from backchannel.types import (
 
 log = logging.getLogger("backchannel.hub")
 
-#: Fires one scheduled job inside the maintenance transaction; returns the
-#: ``(team, member)`` inboxes it put messages in, so their waiters can be woken.
-JobHandler = Callable[[Tx, Job, float], Iterable[tuple[str, str]]]
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What firing a job did, for the work that follows the commit."""
+
+    woken: Iterable[tuple[str, str]] = ()  # inboxes that got messages
+    keep: bool = False  # the handler rescheduled the job: leave it pending
+    run_after: Job | None = None  # I/O to start once the transaction committed
+
+
+#: Fires one scheduled job inside the maintenance transaction (no I/O there); returns
+#: the ``(team, member)`` inboxes it put messages in, or a :class:`JobOutcome`.
+JobHandler = Callable[[Tx, Job, float], "Iterable[tuple[str, str]] | JobOutcome"]
 
 __all__ = [
     "AckResult",
@@ -543,6 +553,10 @@ class HubBase:
         """Scheduled-job kinds and what firing one does (extended by the parts on top)."""
         return {}
 
+    def _start_after(self, job: Job) -> None:
+        """Start the I/O a fired job asked for (the outbox overrides this)."""
+        log.warning("job %s asked for work after commit, but nothing runs it", job.job_id)
+
     async def receive(
         self,
         team: str,
@@ -794,22 +808,33 @@ class HubBase:
                         job.kind,
                         job.job_id,
                     )
-                else:
-                    woken.update(handler(tx, job, now))
-                tx.finish_job(job.job_id, JobState.DONE, now)
+                    tx.finish_job(job.job_id, JobState.DONE, now)
+                    continue
+                outcome = handler(tx, job, now)
+                if not isinstance(outcome, JobOutcome):
+                    outcome = JobOutcome(outcome)
+                woken.update(outcome.woken)
+                if outcome.run_after is not None:
+                    after.append(outcome.run_after)
+                if not outcome.keep:
+                    tx.finish_job(job.job_id, JobState.DONE, now)
             dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
             return len(expired) == 500 or len(jobs) == 200, min(dues) if dues else None
 
         more = True
         next_due: float | None = None
+        after: list[Job] = []
         while more:
             woken.clear()
             dead.clear()
+            after.clear()
             more, next_due = await self.store.transact(fn)
             for team, member in woken:
                 self._waiters.notify(team, member)
             for d, reason in dead:
                 self._run_middleware("after_dead", d, reason)
+            for job in after:
+                self._start_after(job)
         self._next_due = next_due
         return next_due
 

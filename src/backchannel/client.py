@@ -192,6 +192,22 @@ class Client(ABC):
         """Pending timers of your team (or of one session)."""
 
     @abstractmethod
+    async def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Call ``to`` as an asynchronous tool from your open turn; returns at once,
+        pending. The answer arrives as a ``tool_result`` message."""
+
+    @abstractmethod
+    async def delegations(self) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
     async def links(self, *, open_only: bool = False) -> list[dict[str, Any]]:
         """Your team's links: peers, turns used of the budget, state, why closed."""
 
@@ -290,6 +306,25 @@ class LocalClient(Client):
             link_budget=link_budget,
         )
         return {**result.to_json(), "replayed": result.replayed}
+
+    async def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> dict[str, Any]:
+        me = self._member()
+        d = await self.hub.delegate(
+            me.team, me.name, session, to, task, timeout_s=timeout_s, tool_use_id=tool_use_id
+        )
+        return d.to_json()
+
+    async def delegations(self) -> list[dict[str, Any]]:
+        me = self._member()
+        return [d.to_json() for d in await self.hub.list_delegations(me.team)]
 
     async def set_timer(
         self,
@@ -485,6 +520,30 @@ class HttpClient(Client):
     async def cancel_timer(self, timer_id: int) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("DELETE", f"/v1/timers/{timer_id}")
         return result
+
+    async def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "to": to,
+            "task": task,
+            "timeout_s": timeout_s,
+            "session": session,
+            "tool_use_id": tool_use_id,
+        }
+        result: dict[str, Any] = await self._call("POST", "/v1/delegations", json=body)
+        return result
+
+    async def delegations(self) -> list[dict[str, Any]]:
+        result = await self._call("GET", "/v1/delegations")
+        found: list[dict[str, Any]] = result["delegations"]
+        return found
 
     async def timers(self, *, session: str | None = None) -> list[dict[str, Any]]:
         params = {"session": session} if session else {}

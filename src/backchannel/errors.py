@@ -9,6 +9,7 @@ apart, as the HTTP status classes are::
     ├── RequestError                 the caller must change the request (4xx)
     │   ├── InvalidRequest           422 invalid_request: a field is missing, mistyped or malformed
     │   │   └── InvalidName          422 invalid_name: team, member or session name
+    │   ├── UnknownService           400 unknown_callback_service: not in the callback registry
     │   ├── TooLarge                 413 too_large
     │   ├── Unauthorized             401 unauthorized: missing or wrong token
     │   ├── Forbidden                403 forbidden: authenticated, but not allowed
@@ -52,6 +53,7 @@ __all__ = [
     "UnknownMember",
     "UnknownMessage",
     "UnknownRecipient",
+    "UnknownService",
     "UnknownSession",
     "UnknownTeam",
 ]
@@ -82,6 +84,11 @@ class InvalidRequest(RequestError):
 
 class InvalidName(InvalidRequest):
     code = "invalid_name"
+
+
+class UnknownService(RequestError):
+    code = "unknown_callback_service"
+    status = 400
 
 
 class TooLarge(RequestError):

@@ -22,6 +22,8 @@ from backchannel.errors import AlreadyExists
 from backchannel.stores.base import Store, Tx
 from backchannel.stores.memory import MemoryStore
 from backchannel.types import (
+    Delegation,
+    DelegationState,
     DeliveryEvent,
     DeliveryState,
     EventKind,
@@ -35,6 +37,7 @@ from backchannel.types import (
     Message,
     MessageKind,
     Recipient,
+    Route,
     Session,
     SessionEvent,
     SessionState,
@@ -516,6 +519,96 @@ async def check_links(make_store: StoreFactory) -> None:
         assert len({w.link_id for w in winners}) == 1
 
 
+async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
+    async with _opened(make_store) as store:
+        d1 = Delegation(
+            "alpha",
+            "d1",
+            Route.LOCAL,
+            "lead",
+            "lead-s",
+            "tu_1",
+            "w",
+            "count",
+            T0,
+            T0 + 300,
+            "lead-s#1",
+            callee_session="lead-s--tu_1",
+        )
+        d2 = Delegation(
+            "alpha",
+            "d2",
+            Route.INBOUND,
+            "hubA",
+            "remote-s",
+            "tu_9",
+            "w",
+            "list",
+            T0 + 1,
+            T0 + 60,
+            "remote-s#4",
+            reply_service="hubA",
+            reply_token="tok",
+        )
+        await store.transact(lambda tx: (tx.insert_delegation(d1), tx.insert_delegation(d2)))
+        assert await store.read(lambda tx: tx.get_delegation("alpha", "d2")) == d2
+        clash = Delegation(
+            "alpha", "d3", Route.LOCAL, "lead", "lead-s", "tu_1", "w", "x", T0, T0, "lead-s#1"
+        )
+        try:
+            await store.transact(lambda tx: tx.insert_delegation(clash))
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("one delegation per (caller_session, tool_use_id)")
+        by_call = await store.read(
+            lambda tx: tx.find_delegation("alpha", caller_session="lead-s", tool_use_id="tu_1")
+        )
+        assert by_call == d1
+        by_callee = await store.read(
+            lambda tx: tx.find_delegation("alpha", callee_session="lead-s--tu_1")
+        )
+        assert by_callee == d1
+        assert (
+            await store.read(lambda tx: tx.find_delegation("beta", callee_session="lead-s--tu_1"))
+            is None
+        )
+        done = Delegation(
+            **{
+                **_fields(d1),
+                "state": DelegationState.ANSWERED,
+                "result": "42",
+                "answered_at": T0 + 5,
+            }
+        )
+        await store.transact(lambda tx: tx.update_delegation(done))
+        assert await store.read(lambda tx: tx.get_delegation("alpha", "d1")) == done
+        batch = await store.read(
+            lambda tx: [d.delegation_id for d in tx.list_delegations("alpha", batch="lead-s#1")]
+        )
+        assert batch == ["d1"]
+        mine = await store.read(
+            lambda tx: [d.delegation_id for d in tx.list_delegations("alpha", member="w")]
+        )
+        assert mine == ["d1", "d2"]
+        assert await store.transact(lambda tx: tx.spend_token("jti-1", T0 + 60)) is True
+        assert await store.transact(lambda tx: tx.spend_token("jti-1", T0 + 60)) is False
+        job = Job("alpha", "outbox", T0 + 1, T0, None, {"attempt": 0})
+        jid = await store.transact(lambda tx: tx.add_job(job))
+        assert await store.transact(lambda tx: tx.reschedule_job(jid, T0 + 9, {"attempt": 1}))
+        moved = await store.read(lambda tx: tx.get_job("alpha", jid))
+        assert moved is not None
+        assert (moved.due_at, dict(moved.payload)) == (T0 + 9, {"attempt": 1})
+        await store.transact(lambda tx: tx.finish_job(jid, JobState.DONE, T0 + 10))
+        assert not await store.transact(lambda tx: tx.reschedule_job(jid, T0 + 20, {}))
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_teams_and_members,
     check_sessions,
@@ -530,6 +623,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_ledger,
     check_jobs,
     check_links,
+    check_delegations_and_tokens,
 ]
 
 

@@ -17,6 +17,8 @@ __all__ = [
     "HUB_SENDER",
     "USER",
     "Clock",
+    "Delegation",
+    "DelegationState",
     "Delivery",
     "DeliveryEvent",
     "DeliveryState",
@@ -32,6 +34,7 @@ __all__ = [
     "Message",
     "MessageKind",
     "Recipient",
+    "Route",
     "SendResult",
     "Session",
     "SessionEvent",
@@ -277,6 +280,62 @@ class Link:
             "closed_at": self.closed_at,
             "close_reason": self.close_reason,
             "history": [dict(h) for h in self.history],
+        }
+
+
+class DelegationState(StrEnum):
+    PENDING = "pending"  # the callee is working on it
+    ANSWERED = "answered"
+    TIMED_OUT = "timed_out"  # past its deadline: the caller got a synthesized error
+    LATE = "late"  # answered after timing out: delivered as a late result
+    FAILED = "failed"  # the answer could not be delivered (dead letter)
+
+
+class Route(StrEnum):
+    LOCAL = "local"  # caller and callee on this hub
+    OUTBOUND = "outbound"  # this hub's caller, a callee on another hub
+    INBOUND = "inbound"  # another hub's caller, a callee on this hub
+
+
+@dataclass(frozen=True, slots=True)
+class Delegation:
+    """One agent called as an asynchronous tool by another."""
+
+    team: str
+    delegation_id: str
+    route: Route
+    caller: str  # member (or, inbound, the remote hub's member name)
+    caller_session: str
+    tool_use_id: str
+    callee: str  # member here, or ``agent@service`` for outbound
+    task: str
+    created_at: float
+    deadline: float
+    batch: str  # the caller's turn: results of one batch are gathered
+    callee_session: str | None = None
+    state: DelegationState = DelegationState.PENDING
+    result: str | None = None
+    error: str | None = None
+    answered_at: float | None = None
+    reply_service: str | None = None  # inbound: where the answer goes
+    reply_token: str | None = field(default=None, repr=False)
+
+    def to_json(self) -> Json:
+        return {
+            "delegation_id": self.delegation_id,
+            "route": self.route.value,
+            "caller": self.caller,
+            "caller_session": self.caller_session,
+            "tool_use_id": self.tool_use_id,
+            "callee": self.callee,
+            "callee_session": self.callee_session,
+            "task": self.task,
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "answered_at": self.answered_at,
+            "result": self.result,
+            "error": self.error,
         }
 
 

@@ -31,7 +31,7 @@ from backchannel.errors import (
     Unauthorized,
     UnknownTeam,
 )
-from backchannel.hub import Hub, session_json
+from backchannel.hub import FeedItem, Hub, session_json
 from backchannel.types import Member, MemberKind
 
 log = logging.getLogger("backchannel.http")
@@ -123,6 +123,35 @@ class TerminateIn(_Body):
 
 class ReactionIn(_Body):
     emoji: str
+
+
+class DelegateIn(_Body):
+    to: str = Field(description="a member, or agent@service for an agent on another hub")
+    task: str
+    timeout_s: float | None = Field(None, gt=0, le=86400)
+    tool_use_id: str | None = None
+    session: str | None = Field(None, description="your session [your only open turn]")
+
+
+class ReplyRoute(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    callbackService: str
+    bearerToken: str
+
+
+class ChatIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    agent: str
+    message: str
+    reply: ReplyRoute
+    session_id: str | None = None
+    tool_use_id: str | None = None
+    timeout_s: float | None = Field(None, gt=0, le=86400)
+
+
+class ToolResponseIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    result: Any
 
 
 class TimerIn(_Body):
@@ -438,15 +467,24 @@ def create_app(
         async def events() -> AsyncIterator[str]:
             yield ": connected\n\n"
             stream = hub.watch(team, after)
+            pending: asyncio.Future[FeedItem] | None = None
             try:
                 while not await request.is_disconnected():
-                    try:
-                        item = await asyncio.wait_for(anext(stream), 15.0)
-                    except TimeoutError:
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(stream))
+                    # asyncio.wait does not cancel the read, so a quiet spell keeps the feed
+                    done, _ = await asyncio.wait({pending}, timeout=15.0)
+                    if not done:
                         yield ": keep-alive\n\n"
                         continue
+                    item = pending.result()
+                    pending = None
                     yield f"event: traffic\nid: {item.cursor}\ndata: {json.dumps(item.to_json())}\n\n"
             finally:
+                if pending is not None:
+                    pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pending
                 await stream.aclose()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
@@ -464,6 +502,76 @@ def create_app(
     async def get_link(link_id: str, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return (await hub.get_link(me.team, link_id)).to_json()
+
+    # -- delegation --------------------------------------------------------------
+    @app.post("/v1/delegations", status_code=201, tags=["delegation"])
+    async def delegate(body: DelegateIn, who: Auth) -> dict[str, Any]:
+        """Call another agent as an asynchronous tool; returns at once, pending."""
+        me = who.need_member()
+        d = await hub.delegate(
+            me.team,
+            me.name,
+            body.session,
+            body.to,
+            body.task,
+            timeout_s=body.timeout_s,
+            tool_use_id=body.tool_use_id,
+        )
+        return d.to_json()
+
+    @app.get("/v1/delegations", tags=["delegation"])
+    async def list_delegations(who: Auth, member: str | None = None) -> dict[str, Any]:
+        me = who.need_member()
+        found = await hub.list_delegations(me.team, member=member)
+        return {"delegations": [d.to_json() for d in found]}
+
+    @app.get("/v1/delegations/{delegation_id}", tags=["delegation"])
+    async def get_delegation(delegation_id: str, who: Auth) -> dict[str, Any]:
+        me = who.need_member()
+        return (await hub.get_delegation(me.team, delegation_id)).to_json()
+
+    async def chat(body: ChatIn, who: Auth) -> JSONResponse:
+        """Another hub asks one of this team's agents to do a task; the answer goes to
+        the caller's registered callback service with its bearer token."""
+        me = who.need_member()
+        d = await hub.accept_chat(
+            me.team,
+            me.name,
+            body.agent,
+            body.message,
+            reply_service=body.reply.callbackService,
+            reply_token=body.reply.bearerToken,
+            session_id=body.session_id,
+            tool_use_id=body.tool_use_id,
+            timeout_s=body.timeout_s,
+        )
+        return JSONResponse(
+            {
+                "delegation_id": d.delegation_id,
+                "status": d.state.value,
+                "session": d.callee_session,
+            },
+            status_code=202,
+        )
+
+    async def tool_response(body: ToolResponseIn, request: Request) -> dict[str, Any]:
+        """A callee hub answers a delegation; ``Authorization: Bearer`` carries the
+        one-time reply token this hub issued."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized(
+                "missing bearer token: send the reply token as 'Authorization: Bearer <token>'"
+            )
+        d = await hub.accept_tool_response(token.strip(), body.result)
+        return {"delegation_id": d.delegation_id, "state": d.state.value}
+
+    for prefix in ("/api", "/v1"):
+        app.add_api_route(
+            f"{prefix}/chat", chat, methods=["POST"], status_code=202, tags=["delegation"]
+        )
+        app.add_api_route(
+            f"{prefix}/tools/response", tool_response, methods=["POST"], tags=["delegation"]
+        )
 
     # -- timers ------------------------------------------------------------------
     @app.post("/v1/timers", status_code=201, tags=["timers"])

@@ -12,6 +12,7 @@ import uvicorn
 from rich.console import Console
 
 from backchannel import config
+from backchannel.callbacks import CallbackConfig
 from backchannel.hub import Hub
 from backchannel.interfaces.http import create_app
 
@@ -50,7 +51,14 @@ def run_server(
     token = config.admin_token(data_dir)
     assert token is not None
     store = config.open_store(store_url)
-    hub = Hub(store, lease_seconds=lease_seconds, max_attempts=max_attempts, max_text=max_text)
+    callbacks = CallbackConfig.load(data_dir)
+    hub = Hub(
+        store,
+        lease_seconds=lease_seconds,
+        max_attempts=max_attempts,
+        max_text=max_text,
+        callbacks=callbacks,
+    )
     app = create_app(hub, token)
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

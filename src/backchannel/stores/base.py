@@ -29,10 +29,11 @@ database fails.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from backchannel.types import (
+    Delegation,
     Delivery,
     DeliveryEvent,
     DeliveryState,
@@ -55,7 +56,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class Tx(Protocol):
@@ -265,6 +266,46 @@ class Tx(Protocol):
         pending_only: bool = True,
     ) -> list[Job]:
         """A team's jobs, optionally of one session or kind, by ``due_at``."""
+        ...
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        """Move a pending job to ``due_at`` with a new payload (a retry, or a lease while
+        its work runs outside the transaction). False if it is not pending."""
+        ...
+
+    # -- delegation ----------------------------------------------------------
+    def insert_delegation(self, d: Delegation) -> None:
+        """Store a delegation. Raises ``AlreadyExists`` if the team has its id, or has one
+        for the same ``(caller_session, tool_use_id)``."""
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None: ...
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        """The delegation with this ``(caller_session, tool_use_id)``, or the one whose
+        callee runs in ``callee_session``."""
+        ...
+
+    def update_delegation(self, d: Delegation) -> None:
+        """Replace a stored delegation's state, result and error."""
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        """A team's delegations (of one batch, or where a member is caller or callee),
+        oldest first."""
+        ...
+
+    # -- one-time tokens -----------------------------------------------------
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        """Mark a token id spent. False if it was spent before (a replay). Ids may be
+        forgotten once ``expires_at`` has passed, when the token is refused anyway."""
         ...
 
 

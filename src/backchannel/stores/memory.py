@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import Store, Tx
 from backchannel.types import (
+    Delegation,
     Delivery,
     DeliveryEvent,
     DeliveryState,
@@ -57,6 +58,8 @@ class _Data:
         self.ledgers: dict[tuple[str, str], list[LedgerEntry]] = {}
         self.jobs: dict[int, Job] = {}
         self.links: dict[tuple[str, str], Link] = {}
+        self.delegations: dict[tuple[str, str], Delegation] = {}
+        self.spent: dict[str, float] = {}
         self.job_seq = 0
 
 
@@ -440,6 +443,65 @@ class MemoryTx:
             and (not pending_only or j.state is JobState.PENDING)
         ]
         return sorted(found, key=lambda j: (j.due_at, j.job_id))
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        job = self._d.jobs.get(job_id)
+        if job is None or job.state is not JobState.PENDING:
+            return False
+        self._set(
+            self._d.jobs, job_id, dataclasses.replace(job, due_at=due_at, payload=dict(payload))
+        )
+        return True
+
+    # -- delegation ------------------------------------------------------------
+    def insert_delegation(self, d: Delegation) -> None:
+        if (d.team, d.delegation_id) in self._d.delegations or self.find_delegation(
+            d.team, caller_session=d.caller_session, tool_use_id=d.tool_use_id
+        ):
+            raise AlreadyExists(f"delegation {d.delegation_id!r} already exists")
+        self._set(self._d.delegations, (d.team, d.delegation_id), d)
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
+        return self._d.delegations.get((team, delegation_id))
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        for (t, _), d in self._d.delegations.items():
+            if t != team:
+                continue
+            if callee_session is not None:
+                if d.callee_session == callee_session:
+                    return d
+            elif d.caller_session == caller_session and d.tool_use_id == tool_use_id:
+                return d
+        return None
+
+    def update_delegation(self, d: Delegation) -> None:
+        self._set(self._d.delegations, (d.team, d.delegation_id), d)
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        found = [
+            d
+            for (t, _), d in self._d.delegations.items()
+            if t == team
+            and (batch is None or d.batch == batch)
+            and (member is None or member in (d.caller, d.callee))
+        ]
+        return sorted(found, key=lambda d: (d.created_at, d.delegation_id))
+
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        if jti in self._d.spent:
+            return False
+        self._set(self._d.spent, jti, expires_at)
+        return True
 
 
 class MemoryStore(Store):

@@ -30,7 +30,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
 from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
 from backchannel.types import (
+    Delegation,
+    DelegationState,
     Delivery,
     DeliveryEvent,
     DeliveryState,
@@ -53,6 +55,7 @@ from backchannel.types import (
     Message,
     MessageKind,
     Recipient,
+    Route,
     Session,
     SessionEvent,
     SessionState,
@@ -201,6 +204,37 @@ MIGRATIONS: list[str] = [
     # 4: "has the peer replied since?" for wait timers
     """
     CREATE INDEX messages_sender ON messages (team, sender, created_at);
+    """,
+    # 5: delegation and one-time tokens
+    """
+    CREATE TABLE delegations (
+        team TEXT NOT NULL,
+        delegation_id TEXT NOT NULL,
+        route TEXT NOT NULL,
+        caller TEXT NOT NULL,
+        caller_session TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        callee TEXT NOT NULL,
+        task TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        deadline REAL NOT NULL,
+        batch TEXT NOT NULL,
+        callee_session TEXT,
+        state TEXT NOT NULL,
+        result TEXT,
+        error TEXT,
+        answered_at REAL,
+        reply_service TEXT,
+        reply_token TEXT,
+        PRIMARY KEY (team, delegation_id),
+        UNIQUE (team, caller_session, tool_use_id)
+    );
+    CREATE INDEX delegations_callee_session ON delegations (team, callee_session);
+    CREATE INDEX delegations_batch ON delegations (team, batch);
+    CREATE TABLE spent_tokens (
+        jti TEXT PRIMARY KEY,
+        expires_at REAL NOT NULL
+    );
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -826,6 +860,136 @@ class SqliteTx:
             sql += " AND state = 'pending'"
         rows = self._c.execute(sql + " ORDER BY due_at, id", args)
         return [self._job(r) for r in rows]
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        cur = self._c.execute(
+            "UPDATE jobs SET due_at = ?, payload = ? WHERE id = ? AND state = 'pending'",
+            (due_at, _dumps(payload), job_id),
+        )
+        return cur.rowcount > 0
+
+    # -- delegation ------------------------------------------------------------
+    _DEL_COLS = (
+        "team, delegation_id, route, caller, caller_session, tool_use_id, callee, task, "
+        "created_at, deadline, batch, callee_session, state, result, error, answered_at, "
+        "reply_service, reply_token"
+    )
+
+    @staticmethod
+    def _delegation(r: Sequence[Any]) -> Delegation:
+        return Delegation(
+            team=r[0],
+            delegation_id=r[1],
+            route=Route(r[2]),
+            caller=r[3],
+            caller_session=r[4],
+            tool_use_id=r[5],
+            callee=r[6],
+            task=r[7],
+            created_at=r[8],
+            deadline=r[9],
+            batch=r[10],
+            callee_session=r[11],
+            state=DelegationState(r[12]),
+            result=r[13],
+            error=r[14],
+            answered_at=r[15],
+            reply_service=r[16],
+            reply_token=r[17],
+        )
+
+    @staticmethod
+    def _delegation_args(d: Delegation) -> tuple[Any, ...]:
+        return (
+            d.team,
+            d.delegation_id,
+            d.route.value,
+            d.caller,
+            d.caller_session,
+            d.tool_use_id,
+            d.callee,
+            d.task,
+            d.created_at,
+            d.deadline,
+            d.batch,
+            d.callee_session,
+            d.state.value,
+            d.result,
+            d.error,
+            d.answered_at,
+            d.reply_service,
+            d.reply_token,
+        )
+
+    def insert_delegation(self, d: Delegation) -> None:
+        self._insert(
+            f"INSERT INTO delegations ({self._DEL_COLS}) VALUES ({','.join('?' * 18)})",
+            self._delegation_args(d),
+            f"delegation {d.delegation_id!r}",
+        )
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
+        row = self._one(
+            f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND delegation_id = ?",
+            (team, delegation_id),
+        )
+        return self._delegation(row) if row else None
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        if callee_session is not None:
+            row = self._one(
+                f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND callee_session = ?",
+                (team, callee_session),
+            )
+        else:
+            row = self._one(
+                f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND caller_session = ? "
+                "AND tool_use_id = ?",
+                (team, caller_session, tool_use_id),
+            )
+        return self._delegation(row) if row else None
+
+    def update_delegation(self, d: Delegation) -> None:
+        self._c.execute(
+            "UPDATE delegations SET state = ?, result = ?, error = ?, answered_at = ?, "
+            "callee_session = ? WHERE team = ? AND delegation_id = ?",
+            (
+                d.state.value,
+                d.result,
+                d.error,
+                d.answered_at,
+                d.callee_session,
+                d.team,
+                d.delegation_id,
+            ),
+        )
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        sql = f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ?"
+        args: list[Any] = [team]
+        if batch is not None:
+            sql += " AND batch = ?"
+            args.append(batch)
+        if member is not None:
+            sql += " AND (caller = ? OR callee = ?)"
+            args += [member, member]
+        rows = self._c.execute(sql + " ORDER BY created_at, delegation_id", args)
+        return [self._delegation(r) for r in rows]
+
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        cur = self._c.execute(
+            "INSERT OR IGNORE INTO spent_tokens (jti, expires_at) VALUES (?, ?)", (jti, expires_at)
+        )
+        return cur.rowcount > 0
 
 
 @dataclass

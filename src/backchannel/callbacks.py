@@ -1,0 +1,128 @@
+"""The callback registry: the only places this hub ever sends HTTP requests to.
+
+Requests never carry URLs: they name a *service*, which the operator maps to a base URL
+here. Paths are fixed by the hub and redirects are never followed, so a caller cannot
+point the hub at an address of its choosing.
+
+Configuration, later sources winning:
+
+* ``$BACKCHANNEL_HOME/config.yaml``::
+
+      service_name: hub-a            # how other hubs name this one in their registries
+      callback_secret: "long random"  # signs and verifies reply tokens
+      callbacks:
+        hub-b: {url: "http://10.0.0.2:8765", token: "bc_..."}   # token: for their /api/chat
+      retry: {start: 1, factor: 2, cap: 15, budget: 120, timeout: 10}
+
+* ``BACKCHANNEL_CALLBACKS=name=url,...``, ``BACKCHANNEL_CALLBACK_TOKENS=name=token,...``,
+  ``BACKCHANNEL_CALLBACK_SECRET``, ``BACKCHANNEL_SERVICE_NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from backchannel.core.delegation import RetryPolicy
+from backchannel.core.delivery import suggest
+from backchannel.errors import InvalidRequest, UnknownService
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    url: str
+    token: str | None = field(default=None, repr=False)
+
+    def endpoint(self, path: str) -> str:
+        return self.url.rstrip("/") + path
+
+
+@dataclass(frozen=True)
+class CallbackConfig:
+    secret: str | None = field(default=None, repr=False)
+    service_name: str = "backchannel"
+    services: Mapping[str, Service] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def resolve(self, name: str) -> Service:
+        """The registered service, or ``UnknownService`` (400) naming the known ones."""
+        svc = self.services.get(name)
+        if svc is None:
+            hints = suggest(name, self.services)
+            tail = f"; did you mean {' or '.join(map(repr, hints))}?" if hints else ""
+            known = ", ".join(sorted(self.services)) or "none are registered"
+            raise UnknownService(
+                f"unknown callback service {name!r}{tail} Known services: {known}. The operator "
+                "registers services in BACKCHANNEL_CALLBACKS or the config file.",
+                service=name,
+            )
+        return svc
+
+    @classmethod
+    def load(cls, home: Path | None = None, env: Mapping[str, str] | None = None) -> CallbackConfig:
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {}
+        if home is not None and (home / CONFIG_FILE).exists():
+            try:
+                loaded = yaml.safe_load((home / CONFIG_FILE).read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise InvalidRequest(f"{home / CONFIG_FILE} is not valid YAML: {exc}") from exc
+            if not isinstance(loaded, dict):
+                raise InvalidRequest(f"{home / CONFIG_FILE} must be a mapping")
+            data = loaded
+        services: dict[str, Service] = {}
+        for name, spec in (data.get("callbacks") or {}).items():
+            if isinstance(spec, str):
+                spec = {"url": spec}
+            if not isinstance(spec, dict) or "url" not in spec:
+                raise InvalidRequest(f"callback {name!r} in {CONFIG_FILE} needs a url")
+            services[str(name)] = Service(
+                str(name), _check_url(str(name), str(spec["url"])), spec.get("token")
+            )
+        tokens = _pairs(env.get("BACKCHANNEL_CALLBACK_TOKENS", ""), "BACKCHANNEL_CALLBACK_TOKENS")
+        for name, url in _pairs(
+            env.get("BACKCHANNEL_CALLBACKS", ""), "BACKCHANNEL_CALLBACKS"
+        ).items():
+            services[name] = Service(
+                name, _check_url(name, url), services.get(name, Service(name, url)).token
+            )
+        for name, token in tokens.items():
+            if name in services:
+                services[name] = Service(name, services[name].url, token)
+        retry = RetryPolicy(**{k: float(v) for k, v in (data.get("retry") or {}).items()})
+        return cls(
+            secret=env.get("BACKCHANNEL_CALLBACK_SECRET") or data.get("callback_secret"),
+            service_name=env.get("BACKCHANNEL_SERVICE_NAME")
+            or data.get("service_name")
+            or "backchannel",
+            services=services,
+            retry=retry,
+        )
+
+
+def _pairs(text: str, where: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise InvalidRequest(
+                f"{where}: expected name=value pairs separated by commas, got {item!r}"
+            )
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _check_url(name: str, url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidRequest(f"callback {name!r}: {url!r} is not an http(s) base URL")
+    return url

@@ -1,0 +1,178 @@
+"""Delegation rules: reply tokens, retry policy, and how results read to the caller.
+
+Reply tokens are ``base64url(payload_json) + "." + base64url(HMAC_SHA256(secret,
+payload_json))`` over ``session_id``, ``tool_use_id``, ``tool_id``, ``name``,
+``total_tools``, ``iat``, ``exp`` and a one-time ``jti``. They are verified in constant
+time; spending the ``jti`` (so a token works once) is the store's part.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backchannel.errors import InvalidRequest, Unauthorized
+from backchannel.types import Delegation, DelegationState
+
+DEFAULT_TIMEOUT = 300.0
+DEADLINE_JOB = "delegation_deadline"
+TOKEN_GRACE = 3600.0  # a reply token outlives its delegation's deadline by this much
+
+
+def sub_session(caller_session: str, tool_use_id: str) -> str:
+    """The callee's session for one request."""
+    return f"{caller_session}--{tool_use_id}"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def make_token(secret: str, claims: Mapping[str, Any], *, now: float, ttl: float) -> str:
+    """Sign ``claims`` (session_id, tool_use_id, tool_id, name, total_tools) with
+    ``iat``, ``exp`` and a fresh ``jti``."""
+    payload = {
+        **claims,
+        "iat": int(now),
+        "exp": int(now + ttl),
+        "jti": secrets.token_urlsafe(16),
+    }
+    raw = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    sig = hmac.new(secret.encode("utf-8"), raw, hashlib.sha256).digest()
+    return f"{_b64(raw)}.{_b64(sig)}"
+
+
+_REQUIRED = ("session_id", "tool_use_id", "tool_id", "name", "total_tools", "iat", "exp", "jti")
+
+
+def verify_token(secret: str | None, token: str, *, now: float) -> dict[str, Any]:
+    """The token's claims, if its signature is right and it has not expired. Raises
+    ``Unauthorized`` otherwise (also when no secret is configured: every callback is
+    refused then). Does not check the ``jti``: the caller spends it in the store."""
+    if not secret:
+        raise Unauthorized(
+            "this hub has no callback secret configured, so it accepts no callbacks; set "
+            "BACKCHANNEL_CALLBACK_SECRET (or callback_secret in the config file)"
+        )
+    try:
+        raw_b64, sig_b64 = token.split(".")
+        raw, sig = _unb64(raw_b64), _unb64(sig_b64)
+    except (ValueError, TypeError):
+        raise Unauthorized("malformed callback token: expected payload.signature") from None
+    expected = hmac.new(secret.encode("utf-8"), raw, hashlib.sha256).digest()
+    if not hmac.compare_digest(sig, expected):
+        raise Unauthorized("callback token signature does not match")
+    try:
+        claims = json.loads(raw)
+    except ValueError:
+        raise Unauthorized("malformed callback token payload") from None
+    if not isinstance(claims, dict) or any(k not in claims for k in _REQUIRED):
+        raise Unauthorized("callback token lacks required claims")
+    if not isinstance(claims["exp"], int | float) or claims["exp"] <= now:
+        raise Unauthorized("callback token has expired")
+    return claims
+
+
+# -- retries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Capped exponential backoff within a total time budget."""
+
+    start: float = 1.0
+    factor: float = 2.0
+    cap: float = 15.0
+    budget: float = 120.0
+    timeout: float = 10.0  # one attempt
+
+    def delay(self, attempt: int) -> float:
+        """Wait before retry number ``attempt`` (1 = the first retry)."""
+        return float(min(self.cap, self.start * self.factor ** max(0, attempt - 1)))
+
+
+class Outcome(StrEnum):
+    DONE = "done"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
+def classify(status: int | None) -> Outcome:
+    """What an HTTP answer (``None``: no answer, a connection error) means for a retry."""
+    if status is None:
+        return Outcome.RETRY
+    if 200 <= status < 300:
+        return Outcome.DONE
+    if status in (408, 425, 429) or status >= 500:
+        return Outcome.RETRY
+    return Outcome.DEAD  # other 4xx, and redirects, which are never followed
+
+
+def next_try(policy: RetryPolicy, attempt: int, first_at: float, now: float) -> float | None:
+    """When to try again after failed attempt ``attempt``, or ``None`` if the budget is spent."""
+    at = now + policy.delay(attempt)
+    return at if at - first_at <= policy.budget else None
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def timeout_error(d: Delegation) -> dict[str, str]:
+    return {
+        "error": f"{d.callee} did not answer within {d.deadline - d.created_at:.0f} s; "
+        "if its answer comes later it will arrive as a late result",
+        "reason": "timeout",
+    }
+
+
+def result_of(d: Delegation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "tool_use_id": d.tool_use_id,
+        "delegation_id": d.delegation_id,
+        "to": d.callee,
+    }
+    if d.state is DelegationState.TIMED_OUT:
+        out.update(timeout_error(d))
+    elif d.state is DelegationState.FAILED:
+        out.update({"error": d.error or "the delegation failed", "reason": "failed"})
+    else:
+        out["result"] = d.result
+    return out
+
+
+def results_text(ds: Sequence[Delegation]) -> str:
+    """The tool results of one turn's delegations, as the caller reads them."""
+    parts = []
+    for d in ds:
+        r = result_of(d)
+        head = f"Result of delegate(to={d.callee!r}) [{d.tool_use_id}]"
+        body = r.get("result") if "result" in r else f"ERROR ({r['reason']}): {r['error']}"
+        parts.append(f"{head}:\n{body}")
+    return "\n\n".join(parts)
+
+
+def late_text(d: Delegation) -> str:
+    return (
+        f"Late result of delegate(to={d.callee!r}) [{d.tool_use_id}], which had timed out:\n"
+        f"{d.result}"
+    )
+
+
+def check_delegate(to: str, task: str, timeout_s: float | None) -> float:
+    if not isinstance(task, str) or not task.strip():
+        raise InvalidRequest("task is empty: say what the callee should do", field="task")
+    t = DEFAULT_TIMEOUT if timeout_s is None else timeout_s
+    if not isinstance(t, int | float) or not 1 <= t <= 86_400:
+        raise InvalidRequest("timeout_s must be between 1 and 86400 seconds", field="timeout_s")
+    return float(t)

@@ -1,0 +1,412 @@
+"""Agents as asynchronous tools: delegate, answers, gathering, deadlines, tokens, outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from backchannel.callbacks import CallbackConfig, Service
+from backchannel.core import delegation as rules
+from backchannel.errors import InvalidRequest, Unauthorized, UnknownRecipient, UnknownService
+from backchannel.hub import Hub
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import DelegationState, MessageKind
+
+SECRET = "test-secret-0123456789"
+
+
+async def _team(hub: Hub) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for m in ("lead", "counter", "lister"):
+        await hub.add_member("t", m)
+    await hub.open_session("t", "lead", "lead-s")
+
+
+async def _answer(hub: Hub, member: str, text: str) -> list[str]:
+    """Play the callee: take each task waiting in the member's sessions and answer it."""
+    done = []
+    for s in await hub.list_sessions("t", member):
+        got = await hub.receive("t", member, session=s.session_id, limit=10)
+        for g in got:
+            if g.message.kind is MessageKind.DELEGATION:
+                await hub.ack("t", member, [g.message.message_id])
+                await hub.report_event("t", member, s.session_id, "turn_start", g.message.text)
+                await hub.report_event(
+                    "t", member, s.session_id, "agent_stop", text.format(task=g.message.text)
+                )
+                done.append(s.session_id)
+    return done
+
+
+async def _results(hub: Hub) -> list[Any]:
+    got = await hub.receive("t", "lead", session="lead-s", limit=10)
+    await hub.ack("t", "lead", [g.message.message_id for g in got]) if got else None
+    return [g.message for g in got if g.message.kind is MessageKind.TOOL_RESULT]
+
+
+async def test_delegate_returns_at_once_and_the_answer_comes_back(hub: Hub) -> None:
+    await _team(hub)
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    d = await hub.delegate(
+        "t", "lead", "lead-s", "counter", "count the Python files", tool_use_id="tu_1"
+    )
+    assert (d.state, d.callee_session) == (DelegationState.PENDING, "lead-s--tu_1")
+    # the callee sees an ordinary task: no reply route, no trace of being a tool
+    task = await hub.receive("t", "counter", session="lead-s--tu_1")
+    assert [(g.message.kind, g.message.text, g.message.sender) for g in task] == [
+        (MessageKind.DELEGATION, "count the Python files", "lead")
+    ]
+    assert "tu_1" not in task[0].message.text
+    await hub.release("t", "counter", [task[0].message.message_id])
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "waiting for the count")
+    assert await _answer(hub, "counter", "There are 12 Python files.") == ["lead-s--tu_1"]
+    [result] = await _results(hub)
+    assert result.text == "Result of delegate(to='counter') [tu_1]:\nThere are 12 Python files."
+    assert result.meta["results"] == [
+        {
+            "tool_use_id": "tu_1",
+            "delegation_id": d.delegation_id,
+            "to": "counter",
+            "result": "There are 12 Python files.",
+        }
+    ]
+    assert (await hub.get_delegation("t", d.delegation_id)).state is DelegationState.ANSWERED
+
+
+async def test_three_concurrent_delegations_each_answered_to_the_right_request(hub: Hub) -> None:
+    await _team(hub)
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    ds = await asyncio.gather(
+        hub.delegate("t", "lead", "lead-s", "counter", "count src/", tool_use_id="tu_a"),
+        hub.delegate("t", "lead", "lead-s", "counter", "count tests/", tool_use_id="tu_b"),
+        hub.delegate("t", "lead", "lead-s", "lister", "list TODOs", tool_use_id="tu_c"),
+    )
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    await _answer(hub, "counter", "answer to: {task}")
+    assert await _results(hub) == [], "gathered: nothing until every delegation of the turn is in"
+    await _answer(hub, "lister", "answer to: {task}")
+    [result] = await _results(hub)
+    by_id = {r["tool_use_id"]: r["result"] for r in result.meta["results"]}
+    assert by_id == {
+        "tu_a": "answer to: count src/",
+        "tu_b": "answer to: count tests/",
+        "tu_c": "answer to: list TODOs",
+    }
+    assert {d.delegation_id for d in ds} == {r["delegation_id"] for r in result.meta["results"]}
+
+
+async def test_results_that_arrive_during_the_turn_wait_for_its_end(hub: Hub) -> None:
+    await _team(hub)
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    await hub.delegate("t", "lead", "lead-s", "counter", "quick one", tool_use_id="tu_q")
+    await _answer(hub, "counter", "done")
+    assert await hub.receive("t", "lead", session="lead-s") == []  # never mid-turn
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    [result] = await _results(hub)
+    assert "done" in result.text
+
+
+async def test_deadline_synthesizes_an_error_then_the_late_answer_arrives(
+    hub: Hub, clock: FakeClock
+) -> None:
+    await _team(hub)
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    await hub.delegate(
+        "t", "lead", "lead-s", "counter", "slow job", timeout_s=30, tool_use_id="tu_slow"
+    )
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    clock.advance(31)
+    await hub.maintain()
+    [timeout] = await _results(hub)
+    [r] = timeout.meta["results"]
+    assert (r["reason"], r["tool_use_id"]) == ("timeout", "tu_slow")
+    assert "did not answer within 30 s" in r["error"]
+    await _answer(hub, "counter", "finally: 7")
+    [late] = await _results(hub)
+    assert late.meta["late"] is True
+    assert late.text.startswith("Late result of delegate(to='counter') [tu_slow]")
+    assert "finally: 7" in late.text
+    states = [d.state for d in await hub.list_delegations("t")]
+    assert states == [DelegationState.LATE]
+
+
+async def test_bad_delegations_are_refused(hub: Hub) -> None:
+    await _team(hub)
+    with pytest.raises(InvalidRequest, match="has no open turn"):
+        await hub.delegate("t", "lead", "lead-s", "counter", "x")
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    with pytest.raises(UnknownRecipient, match="did you mean 'counter'"):
+        await hub.delegate("t", "lead", "lead-s", "countr", "x")
+    with pytest.raises(InvalidRequest, match="task is empty"):
+        await hub.delegate("t", "lead", "lead-s", "counter", "  ")
+    with pytest.raises(InvalidRequest, match="timeout_s"):
+        await hub.delegate("t", "lead", "lead-s", "counter", "x", timeout_s=0)
+    with pytest.raises(UnknownService, match="unknown callback service 'nowhere'"):
+        await hub.delegate("t", "lead", "lead-s", "agent@nowhere", "x")
+    await hub.delegate("t", "lead", "lead-s", "counter", "x", tool_use_id="tu_1")
+    with pytest.raises(InvalidRequest, match="already used"):
+        await hub.delegate("t", "lead", "lead-s", "counter", "y", tool_use_id="tu_1")
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+def _claims() -> dict[str, Any]:
+    return {
+        "session_id": "s",
+        "tool_use_id": "tu",
+        "tool_id": "t/d",
+        "name": "delegate",
+        "total_tools": 1,
+    }
+
+
+def test_token_roundtrip_and_refusals() -> None:
+    token = rules.make_token(SECRET, _claims(), now=1000.0, ttl=60)
+    claims = rules.verify_token(SECRET, token, now=1010.0)
+    assert {k: claims[k] for k in _claims()} == _claims()
+    assert claims["exp"] == 1060
+    assert len(claims["jti"]) >= 16
+    payload, sig = token.split(".")
+    tampered = payload[:-2] + ("A" if payload[-2] != "A" else "B") + payload[-1] + "." + sig
+    with pytest.raises(Unauthorized):
+        rules.verify_token(SECRET, tampered, now=1010.0)
+    with pytest.raises(Unauthorized, match="signature"):
+        rules.verify_token("other-secret", token, now=1010.0)
+    with pytest.raises(Unauthorized, match="expired"):
+        rules.verify_token(SECRET, token, now=1060.0)
+    with pytest.raises(Unauthorized, match="no callback secret"):
+        rules.verify_token(None, token, now=1010.0)
+    with pytest.raises(Unauthorized, match="malformed"):
+        rules.verify_token(SECRET, "garbage", now=1010.0)
+
+
+def test_retry_policy() -> None:
+    p = rules.RetryPolicy()
+    assert [p.delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 15, 15]
+    assert rules.next_try(p, 1, first_at=0.0, now=0.0) == 1.0
+    assert rules.next_try(p, 9, first_at=0.0, now=110.0) is None
+    assert [
+        rules.classify(s) for s in (None, 200, 204, 301, 400, 404, 408, 425, 429, 500, 503)
+    ] == [
+        rules.Outcome.RETRY,
+        rules.Outcome.DONE,
+        rules.Outcome.DONE,
+        rules.Outcome.DEAD,
+        rules.Outcome.DEAD,
+        rules.Outcome.DEAD,
+        rules.Outcome.RETRY,
+        rules.Outcome.RETRY,
+        rules.Outcome.RETRY,
+        rules.Outcome.RETRY,
+        rules.Outcome.RETRY,
+    ]
+
+
+# -- a scripted callback server (a real socket) --------------------------------------------
+
+
+class Scripted:
+    """An HTTP server whose answers a test scripts, recording every request."""
+
+    def __init__(self, answer: Callable[[str, dict[str, Any], int], tuple[int, float]]) -> None:
+        self.answer = answer
+        self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
+                outer.requests.append((self.path, body, dict(self.headers)))
+                status, delay = outer.answer(self.path, body, len(outer.requests))
+                if delay:
+                    time.sleep(delay)
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    made: list[Scripted] = []
+
+    def make(answer: Callable[[str, dict[str, Any], int], tuple[int, float]]) -> Scripted:
+        made.append(Scripted(answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+FAST = rules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=5, timeout=2)
+
+
+async def _callee_hub(services: dict[str, str], retry: rules.RetryPolicy = FAST) -> Hub:
+    cfg = CallbackConfig(
+        secret=SECRET,
+        service_name="hub-b",
+        services={name: Service(name, url) for name, url in services.items()},
+        retry=retry,
+    )
+    hub = Hub(MemoryStore(), callbacks=cfg)
+    await hub.start()
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "worker")
+    await hub.add_member("t", "hub-a")  # the remote caller, as a member of this team
+    return hub
+
+
+async def _wait_for(check: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting for the condition"
+        await asyncio.sleep(0.01)
+
+
+async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
+    d = await hub.accept_chat(
+        "t",
+        "hub-a",
+        "worker",
+        f"task {tool_use_id}",
+        reply_service=service,
+        reply_token="tok-" + tool_use_id,
+        session_id="remote-s",
+        tool_use_id=tool_use_id,
+    )
+    assert d.callee_session is not None
+    got = await hub.receive("t", "worker", session=d.callee_session)
+    await hub.ack("t", "worker", [g.message.message_id for g in got])
+    await hub.report_event("t", "worker", d.callee_session, "turn_start")
+    await hub.report_event("t", "worker", d.callee_session, "agent_stop", f"answer {tool_use_id}")
+    return d.delegation_id
+
+
+async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[..., Scripted]) -> None:
+    srv = scripted(lambda path, body, n: (503 if n <= 2 else 200, 0))
+    hub = await _callee_hub({"caller": srv.url})
+    try:
+        await _inbound(hub, "tu_1")
+        await _wait_for(lambda: len(srv.requests) >= 3)
+        await asyncio.sleep(0.5)  # a fourth POST would have been made by now
+        assert len(srv.requests) == 3
+        path, body, headers = srv.requests[-1]
+        assert (path, body) == ("/api/tools/response", {"result": "answer tu_1"})
+        assert headers["Authorization"] == "Bearer tok-tu_1"
+    finally:
+        await hub.close()
+
+
+async def test_404_goes_to_dead_letters_without_a_retry_storm(
+    scripted: Callable[..., Scripted],
+) -> None:
+    srv = scripted(lambda path, body, n: (404, 0))
+    hub = await _callee_hub({"caller": srv.url})
+    try:
+        did = await _inbound(hub, "tu_1")
+
+        async def failed() -> bool:
+            return (await hub.get_delegation("t", did)).state is DelegationState.FAILED
+
+        deadline = time.monotonic() + 10
+        while not await failed():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert len(srv.requests) == 1
+        d = await hub.get_delegation("t", did)
+        assert "HTTP 404" in (d.error or "")
+        notes = await hub.receive("t", "worker", limit=10)
+        assert any("could not be delivered" in g.message.text for g in notes)
+    finally:
+        await hub.close()
+
+
+async def test_a_hanging_callback_server_does_not_delay_another(
+    scripted: Callable[..., Scripted],
+) -> None:
+    hang = scripted(lambda path, body, n: (200, 3.0))
+    fast = scripted(lambda path, body, n: (200, 0))
+    hub = await _callee_hub({"slow": hang.url, "fast": fast.url})
+    try:
+        await _inbound(hub, "tu_slow", service="slow")
+        await _wait_for(lambda: len(hang.requests) == 1)
+        started = time.monotonic()
+        await _inbound(hub, "tu_fast", service="fast")
+        await _wait_for(
+            lambda: len(fast.requests) == 1, seconds=2.5
+        )  # well before the slow one ends
+        assert time.monotonic() - started < 2.5
+    finally:
+        await hub.close()
+
+
+async def test_unknown_reply_service_is_refused_at_ingress() -> None:
+    hub = await _callee_hub({})
+    try:
+        with pytest.raises(UnknownService) as exc:
+            await hub.accept_chat(
+                "t", "hub-a", "worker", "x", reply_service="evil", reply_token="t"
+            )
+        assert exc.value.status == 400
+        assert await hub.list_delegations("t") == []
+    finally:
+        await hub.close()
+
+
+async def test_tool_response_tokens_tampered_expired_replayed(clock: FakeClock) -> None:
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _team(hub)
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate(
+            "t", "lead", "lead-s", "worker@hub-b", "remote task", timeout_s=60, tool_use_id="tu_r"
+        )
+        jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox"))
+        token = jobs[0].payload["body"]["reply"]["bearerToken"]
+        assert jobs[0].payload["body"]["reply"]["callbackService"] == "backchannel"
+        payload, sig = token.split(".")
+        with pytest.raises(Unauthorized):
+            await hub.accept_tool_response(payload + "." + sig[::-1], "forged")
+        done = await hub.accept_tool_response(token, "the remote answer")
+        assert done.state is DelegationState.ANSWERED
+        with pytest.raises(Unauthorized, match="already used"):
+            await hub.accept_tool_response(token, "again")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        [result] = await _results(hub)
+        assert "the remote answer" in result.text
+        # a token outlives the deadline (late answers are accepted) but not forever
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d2 = await hub.delegate(
+            "t", "lead", "lead-s", "worker@hub-b", "another", timeout_s=60, tool_use_id="tu_e"
+        )
+        jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox", pending_only=False))
+        token2 = next(j for j in jobs if j.payload["ref"].endswith(d2.delegation_id)).payload[
+            "body"
+        ]["reply"]["bearerToken"]
+        clock.advance(60 + rules.TOKEN_GRACE + 1)
+        with pytest.raises(Unauthorized, match="expired"):
+            await hub.accept_tool_response(token2, "too late")
+        assert d.delegation_id != d2.delegation_id
