@@ -697,6 +697,34 @@ class HubBase:
             )
         )
 
+    async def give_up(self, team: str, member: str, message_id: str, reason: str) -> bool:
+        """An adapter cannot deliver a leased copy and retrying will not help (a 404 from
+        a webhook, a pane that is gone): the copy is ``dead`` with ``reason`` and the
+        sender is told. False if the copy was not leased."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> tuple[bool, str | None]:
+            moved = tx.transition(
+                team,
+                message_id,
+                member,
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=now,
+                event="dead",
+                detail=reason,
+                dead_reason=reason,
+            )
+            if not moved:
+                return False, None
+            copy = next(d for d in tx.deliveries(team, message_id) if d.recipient.member == member)
+            return True, self._dead_notice(tx, copy, reason, now)
+
+        moved, notified = await self.store.transact(fn)
+        if notified is not None:
+            self._waiters.notify(team, notified)
+        return moved
+
     async def message_status(
         self, team: str, message_id: str, *, viewer: str | None = None
     ) -> MessageStatus:
