@@ -1,33 +1,32 @@
 """Claude Code agent-team inbox files: a writer that never loses a message, and a watcher.
 
 Claude Code gives each teammate an inbox file ``{root}/{team}/inboxes/{member}.json``
-(``root`` is ``$CLAUDE_CONFIG_DIR/teams``, by default ``~/.claude/teams``) holding a
-JSON array, pretty-printed with 2-space indents, of entries
+(``root`` is ``$CLAUDE_CONFIG_DIR/teams``, by default ``~/.claude/teams``): a JSON array,
+pretty-printed with 2-space indents, of entries
 ``{from, text, summary?, timestamp, color?, msgV, msg_id, type: "message", read}``.
-Writers take a ``proper-lockfile`` lock: the *directory* ``<inbox>.json.lock``, made
-with ``mkdir``, stale once its mtime is older than 10 s, its mtime refreshed while held.
+Writers hold a ``proper-lockfile`` lock: the *directory* ``<inbox>.json.lock``, made with
+``mkdir``, stale once its mtime is over 10 s old, its mtime refreshed while held.
 
-:class:`InboxWriter` takes the same lock, so it interleaves safely with Claude Code's
-own writers, and differs from them in what it promises:
+:class:`InboxWriter` takes the same lock, so it interleaves safely with Claude Code's own
+writers, and it promises more than they do:
 
 * it never gives up silently: it retries until a deadline, then raises
-  :class:`InboxWriteError` (the hub then does not acknowledge the message);
-* the new array is written to ``<inbox>.json.tmp.<hex>``, fsynced, renamed over the
-  inbox, and the directory fsynced; the file is then read back to check the entry;
-* an append whose ``msg_id`` is already in the inbox is skipped (idempotent);
+  :class:`InboxWriteError`, and the hub does not acknowledge the message;
+* the new array goes to ``<inbox>.json.tmp.<hex>``, is fsynced, renamed over the inbox,
+  the directory fsynced, and the file read back to check the entry is there;
+* an append whose ``msg_id`` is already in the inbox writes nothing (idempotent);
 * an inbox that is not a JSON array is moved aside to ``<inbox>.json.corrupt-<UTC>``
   with a warning, never overwritten with a partial view;
 * other writers' entries are kept byte for byte (the text is appended to, not
-  re-serialized) except when pruning drops old *read* entries past ``max_entries``.
+  re-serialized), except when pruning drops old *read* entries past ``max_entries``.
 
-Crash contract: a crash after the rename but before the hub records the delivery
-means the hub delivers again; the retry finds the ``msg_id`` and writes nothing. If
-the reader already consumed and pruned the entry, it is written a second time:
+Crash contract: if the process dies after the rename but before the hub records the
+delivery, the hub delivers again and the retry finds the ``msg_id`` and writes nothing.
+If the reader had already consumed and pruned the entry, it is written a second time:
 delivery is at least once, and the ``msg_id`` lets a reader drop the copy.
 
-:class:`InboxWatcher` covers the other direction: it yields entries that agents write
-into other inboxes (for example ``user.json``). :func:`member_state_from_entry` maps
-that traffic to a member state.
+:class:`InboxWatcher` covers the other direction (entries agents write into other
+inboxes, e.g. ``user.json``); :func:`member_state_from_entry` maps them to member states.
 """
 
 from __future__ import annotations
@@ -79,24 +78,24 @@ logger = logging.getLogger("backchannel.delivery.claude_inbox")
 LOCK_STALE_S = 10.0
 #: A member counts as active this long after its last message.
 ACTIVE_WINDOW_S = 300.0
-#: Same values as :class:`backchannel.types.SessionState`.
+#: The values of :class:`backchannel.types.SessionState`.
 MemberState = Literal["active", "idle", "terminated"]
 
-_UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 class InboxWriteError(Exception):
     """The entry could not be written (lock not won in time, I/O error, failed check).
 
-    The inbox was not changed by this call, except where the message says the entry may
-    have landed (a failed read-back); either way the caller must not acknowledge it.
+    The caller must not acknowledge the message. The inbox is unchanged unless the
+    message says the entry was written but not found on reading back.
     """
 
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     written: bool  # this call added the entry
-    already_present: bool  # an entry with this msg_id was there already; nothing written
+    already_present: bool  # an entry with this msg_id was there; nothing written
     path: Path
     lock_wait_s: float  # time spent waiting for the lock, all attempts together
 
@@ -111,9 +110,9 @@ def default_root() -> Path:
 
 
 def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
-    """The inbox file of ``member``; names are sanitized as Claude Code does (``[^\\w-]`` → ``-``)."""
+    """``member``'s inbox; names sanitized as Claude Code does (``[^a-zA-Z0-9_-]`` → ``-``)."""
     base = Path(root).expanduser() if root is not None else default_root()
-    return base / _UNSAFE_NAME.sub("-", team) / "inboxes" / f"{_UNSAFE_NAME.sub('-', member)}.json"
+    return base / _UNSAFE.sub("-", team) / "inboxes" / f"{_UNSAFE.sub('-', member)}.json"
 
 
 def js_timestamp(when: float | None = None) -> str:
@@ -122,19 +121,14 @@ def js_timestamp(when: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def _field(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-
 def stable_id(entry: Mapping[str, Any]) -> str:
-    """The id of an entry written without one: a hash of ``from``, ``timestamp`` and ``text``.
+    """The id of an entry written without one: a hash of ``from``, ``timestamp``, ``text``.
 
-    Those three fields are what Claude Code itself matches entries on, and none of them
-    changes when the entry is marked read, so the id is the same on every read.
+    Claude Code itself matches entries on these three fields, and none of them changes
+    when the entry is marked read, so the id is the same on every read.
     """
-    key = "\n".join(_field(entry.get(k)) for k in ("from", "timestamp", "text"))
+    parts = (entry.get(k) for k in ("from", "timestamp", "text"))
+    key = "\n".join(p if isinstance(p, str) else "" if p is None else json.dumps(p) for p in parts)
     return "inbox-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
@@ -145,26 +139,21 @@ def entry_id(entry: Mapping[str, Any]) -> str:
 
 
 def _decode(data: bytes | str) -> list[Any]:
-    """Parse an inbox file; ``ValueError`` if it is not a JSON array. Blank counts as ``[]``.
-
-    Blank is what a reader sees between Claude Code's exclusive create and its write of
-    ``[]``; it is an empty inbox, not a corrupt one.
-    """
+    """Parse an inbox; ``ValueError`` unless it is a JSON array. Blank counts as ``[]``:
+    that is what a reader sees between Claude Code's exclusive create and its ``[]``."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
-    if not text.strip():
-        return []
-    value = json.loads(text)
+    value = json.loads(text) if text.strip() else []
     if not isinstance(value, list):
         raise ValueError(f"top level is {type(value).__name__}, not an array")
     return value
 
 
 def read_inbox(path: Path | str) -> list[dict[str, Any]]:
-    """Read an inbox without locking; each entry is a copy that has a ``msg_id``.
+    """Read an inbox without locking; every entry returned (a copy) has a ``msg_id``.
 
-    A missing, unparseable or non-array file reads as ``[]`` (as Claude Code reads it);
-    elements that are not objects are skipped. Legacy entries get :func:`stable_id`.
-    Writers replace the file by rename, so a read sees one whole version or another.
+    A missing, unparseable or non-array file reads as ``[]``, as in Claude Code; elements
+    that are not objects are skipped; entries without an id get :func:`stable_id`.
+    Writers replace the file by rename, so a read sees one whole version.
     """
     try:
         items = _decode(Path(path).read_bytes())
@@ -178,7 +167,7 @@ def _dumps(value: Any) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False)
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: escape them as JSON.stringify does
+    except UnicodeEncodeError:  # lone surrogates: escape them, as JSON.stringify does
         text = json.dumps(value, indent=2)
     return text
 
@@ -190,33 +179,30 @@ class _Refresher:
     """One daemon thread per process that keeps the mtime of every held lock fresh."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._held: dict[int, InboxLock] = {}
-        self._thread: threading.Thread | None = None
+        self.cond = threading.Condition()
+        self.held: dict[int, InboxLock] = {}
+        self.thread: threading.Thread | None = None
 
     def add(self, lock: InboxLock) -> None:
-        with self._cond:
-            self._held[id(lock)] = lock
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="inbox-lock-refresh", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+        with self.cond:
+            self.held[id(lock)] = lock
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="inbox-lock", daemon=True)
+                self.thread.start()
+            self.cond.notify()
 
     def remove(self, lock: InboxLock) -> None:
-        with self._cond:
-            self._held.pop(id(lock), None)
+        with self.cond:
+            self.held.pop(id(lock), None)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
-            with self._cond:
+            with self.cond:
                 now = time.monotonic()
-                due = [lk for lk in self._held.values() if lk._next_refresh <= now]
+                due = [lk for lk in self.held.values() if lk._next_refresh <= now]
                 if not due:
-                    nxt = min((lk._next_refresh for lk in self._held.values()), default=None)
-                    self._cond.wait(None if nxt is None else nxt - now)
-                    continue
+                    nxt = min((lk._next_refresh for lk in self.held.values()), default=None)
+                    self.cond.wait(None if nxt is None else nxt - now)
             for lk in due:
                 lk._refresh()
 
@@ -224,23 +210,22 @@ class _Refresher:
 _refresher = _Refresher()
 
 
-def _reset_refresher() -> None:  # a forked child has the registry but not the thread
+def _after_fork() -> None:  # a forked child has the registry but not the thread
     global _refresher
     _refresher = _Refresher()
 
 
-os.register_at_fork(after_in_child=_reset_refresher)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class InboxLock:
     """The lock Claude Code takes on an inbox, made the way ``proper-lockfile`` makes it.
 
-    The lock is the directory ``<inbox>.lock``: whoever creates it holds it. A lock
-    directory whose mtime is more than ``stale_s`` old is taken over the way
-    proper-lockfile does it: remove the directory, then ``mkdir`` once more. While held,
-    a background thread refreshes the mtime every ``refresh_s``; if the directory is
-    gone or its mtime is not the one we set, the lock was taken from us and
-    :meth:`still_held` turns false. Usable as a context manager; not reentrant.
+    The lock is the directory ``<inbox>.lock``: whoever creates it holds it. One whose
+    mtime is over ``stale_s`` old is taken over as proper-lockfile does: remove it, then
+    ``mkdir`` once more. While held, a background thread refreshes the mtime every
+    ``refresh_s``; if the directory goes or its mtime is not the one we set, someone took
+    the lock over and :meth:`still_held` turns false. Not reentrant.
     """
 
     def __init__(
@@ -250,8 +235,7 @@ class InboxLock:
         self.stale_s = stale_s
         self.refresh_s = refresh_s if refresh_s is not None else stale_s / 2
         self._mutex = threading.Lock()
-        self._held = False
-        self._lost = False
+        self._held = self._lost = False
         self._mtime_ns = 0
         self._next_refresh = 0.0
 
@@ -263,10 +247,9 @@ class InboxLock:
             os.mkdir(self.path)
         except FileExistsError:
             try:
-                st = os.stat(self.path)
-            except FileNotFoundError:  # released meanwhile; like proper-lockfile, try once
+                age = time.time() - os.stat(self.path).st_mtime
+            except FileNotFoundError:  # released meanwhile: like proper-lockfile, try once
                 return self._mkdir_once()
-            age = time.time() - st.st_mtime
             if age <= self.stale_s:
                 return False
             logger.warning("taking over stale inbox lock %s (untouched for %.1f s)", self.path, age)
@@ -293,6 +276,7 @@ class InboxLock:
 
     def _refresh(self) -> None:
         with self._mutex:
+            self._next_refresh = float("inf")
             if not self._held or self._lost:
                 return
             try:
@@ -309,12 +293,11 @@ class InboxLock:
     def still_held(self) -> bool:
         """True if the lock directory is still ours (present, with the mtime we set)."""
         with self._mutex:
-            if not self._held or self._lost:
-                return False
             try:
-                return os.stat(self.path).st_mtime_ns == self._mtime_ns
+                ours = os.stat(self.path).st_mtime_ns == self._mtime_ns
             except OSError:
-                return False
+                ours = False
+            return self._held and not self._lost and ours
 
     def release(self) -> None:
         """Remove the lock directory, unless it was taken over meanwhile. Idempotent."""
@@ -329,14 +312,6 @@ class InboxLock:
             except OSError as exc:
                 logger.warning("could not release inbox lock %s: %s", self.path, exc)
 
-    def __enter__(self) -> InboxLock:
-        if not self.try_acquire():
-            raise InboxWriteError(f"inbox lock {self.path} is held by another writer")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
 
 # ---------------------------------------------------------------------------- writer
 
@@ -347,16 +322,15 @@ class _LockLost(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _View:
-    """A parsed version of an inbox file (treated as immutable)."""
+    """One parsed version of an inbox file; never mutated."""
 
-    raw: str  # the file text
-    entries: list[Any]  # its top-level elements
+    raw: str
+    entries: list[Any]
     ids: frozenset[str]
     n_read: int
 
     @property
-    def head(self) -> str:
-        """The text up to the end of the last element (``raw`` without ``]``)."""
+    def head(self) -> str:  # the text up to the end of the last element
         return self.raw.rstrip()[:-1].rstrip()
 
     @classmethod
@@ -370,41 +344,37 @@ class _View:
 
 
 def _parse(raw: str, cached: _View | None) -> _View:
-    """Parse ``raw``, reusing ``cached`` when ``raw`` only appends to it. ``ValueError`` if bad.
+    """Parse ``raw`` (``ValueError`` if bad), reusing ``cached`` if ``raw`` extends it.
 
-    Writers append by rewriting the whole array, so the new text usually starts with
-    the old text up to its last element; then only the new tail is parsed. The result
-    is the same as a full parse: a valid array text followed by ``,`` and one or more
-    elements and ``]`` is a valid array of all those elements.
+    Writers append by rewriting the whole array, so the new text usually starts with the
+    old one up to its last element; then only the tail is parsed. That equals a full
+    parse: valid array text, then ``,``, one or more elements and ``]`` is a valid array.
     """
     if cached is not None and cached.entries:
         if raw == cached.raw:
             return cached
         head = cached.head
-        if raw.startswith(head):
-            rest = raw[len(head) :].lstrip()
-            if rest.startswith(","):
-                try:
-                    tail = json.loads("[" + rest[1:])
-                except ValueError:
-                    tail = None
-                if isinstance(tail, list) and tail:
-                    return _View.of(raw, tail, cached)
+        rest = raw[len(head) :].lstrip() if raw.startswith(head) else ""
+        if rest.startswith(","):
+            try:
+                tail = json.loads("[" + rest[1:])
+            except ValueError:
+                tail = None
+            if isinstance(tail, list) and tail:
+                return _View.of(raw, tail, cached)
     return _View.of(raw, _decode(raw))
 
 
 class InboxWriter:
     """Appends entries to Claude Code inbox files; synchronous and thread-safe.
 
-    Every :meth:`append` either returns (the entry is in the file, durably, verified by
-    reading it back, or was there already) or raises :class:`InboxWriteError`.
-
-    ``deadline_s`` bounds the whole call; lock attempts back off with jitter from
-    ``backoff_initial_s`` doubling up to ``backoff_max_s``. ``stale_s`` is the lock's
-    stale time (keep Claude Code's 10 s outside tests). When an inbox holds more than
-    ``max_entries``, the oldest *read* entries are dropped until it holds ``prune_to``
-    (default 90 % of ``max_entries``); unread entries are never dropped. ``fsync=False``
-    skips the fsyncs (tests and benchmarks only: a power cut can then lose the entry).
+    :meth:`append` either returns (the entry is in the file, fsynced and read back, or
+    was there already) or raises :class:`InboxWriteError`. ``deadline_s`` bounds the
+    call; lock attempts back off with full jitter from ``backoff_initial_s`` doubling
+    up to ``backoff_max_s``. ``stale_s`` is the lock's stale time (keep Claude Code's
+    10 s outside tests). Once an inbox holds more than ``max_entries``, the oldest
+    *read* entries are dropped down to ``prune_to`` (default 90 % of ``max_entries``);
+    unread entries never are. ``fsync=False`` is for benchmarks only.
     """
 
     def __init__(
@@ -421,15 +391,12 @@ class InboxWriter:
         fsync: bool = True,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else default_root()
-        self.deadline_s = deadline_s
-        self.stale_s = stale_s
-        self.refresh_s = refresh_s
+        self.deadline_s, self.stale_s, self.refresh_s = deadline_s, stale_s, refresh_s
         self.max_entries = max_entries
         self.prune_to = prune_to if prune_to is not None else max(1, max_entries * 9 // 10)
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.fsync = fsync
-        self._cache: OrderedDict[Path, _View] = OrderedDict()
+        self._cache: OrderedDict[Path, _View] = OrderedDict()  # last version seen, per inbox
         self._cache_lock = threading.Lock()
 
     def path_for(self, team: str, member: str) -> Path:
@@ -452,23 +419,22 @@ class InboxWriter:
     ) -> AppendResult:
         """Add one entry to ``member``'s inbox unless an entry with ``msg_id`` is there.
 
-        Creates the team's inbox directory and an empty inbox if missing. ``timestamp``
-        is an ISO-8601 string or UNIX seconds (default: now). ``summary`` and ``color``
-        are left out when ``None`` (Claude Code drops entries holding ``null`` there).
+        Creates the inbox directory (``mkdir -p``) and the inbox (``[]``, exclusive
+        create, as Claude Code does) when missing. ``timestamp`` is ISO-8601 or UNIX
+        seconds (default now). ``summary`` and ``color`` are left out when ``None``:
+        Claude Code drops entries holding ``null`` there.
         """
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string")
-        stamp = timestamp if isinstance(timestamp, str) else js_timestamp(timestamp)
         entry: dict[str, Any] = {"from": from_, "text": text}
         if summary is not None:
             entry["summary"] = summary
-        entry["timestamp"] = stamp
+        entry["timestamp"] = timestamp if isinstance(timestamp, str) else js_timestamp(timestamp)
         if color is not None:
             entry["color"] = color
-        entry.update({"msgV": 1, "msg_id": msg_id, "type": "message", "read": False})
+        entry.update(msgV=1, msg_id=msg_id, type="message", read=False)
         path = self.path_for(team, member)
-        deadline = time.monotonic() + self.deadline_s
-        waited = 0.0
+        deadline, waited = time.monotonic() + self.deadline_s, 0.0
         try:
             self._ensure_inbox(path)
         except OSError as exc:
@@ -481,12 +447,12 @@ class InboxWriter:
             try:
                 written = self._append_locked(path, lock, entry)
             except _LockLost:
-                if time.monotonic() >= deadline:
-                    raise InboxWriteError(
-                        f"lost the lock {lock.path} before writing {msg_id!r}, "
-                        f"and the {self.deadline_s:g} s deadline has passed"
-                    ) from None
-                continue
+                if time.monotonic() < deadline:
+                    continue
+                raise InboxWriteError(
+                    f"lost the lock {lock.path} before writing {msg_id!r}, "
+                    f"and the {self.deadline_s:g} s deadline has passed"
+                ) from None
             except OSError as exc:
                 raise InboxWriteError(f"cannot write {msg_id!r} to {path}: {exc}") from exc
             finally:
@@ -514,10 +480,7 @@ class InboxWriter:
         )  # fmt: skip
         return await anyio.to_thread.run_sync(call)
 
-    # -- internals ------------------------------------------------------------------
-
     def _ensure_inbox(self, path: Path) -> None:
-        """``mkdir -p`` the inboxes directory and create ``[]`` exclusively (as Claude Code)."""
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -531,49 +494,45 @@ class InboxWriter:
             os.close(fd)
 
     def _acquire(self, lock: InboxLock, deadline: float) -> None:
-        attempt = 0
-        error: OSError | None = None
+        attempt, error = 0, ""
         while True:
             try:
                 if lock.try_acquire():
                     return
-                error = None
+                error = ""
             except OSError as exc:
-                error = exc
+                error = f": {exc}"
             now = time.monotonic()
             if now >= deadline:
-                why = f": {error}" if error else " by another writer"
                 raise InboxWriteError(
                     f"could not take the inbox lock {lock.path} within {self.deadline_s:g} s"
-                    f"{why} (stale after {lock.stale_s:g} s); the message was not written"
+                    f"{error or ': held by another writer'} (stale after {lock.stale_s:g} s); "
+                    "the message was not written"
                 )
             base = min(self.backoff_max_s, self.backoff_initial_s * 2**attempt)
             attempt += 1
-            time.sleep(min(deadline - now, base / 2 + random.uniform(0, base / 2)))
+            time.sleep(min(deadline - now, random.uniform(0, base)))
 
-    def _cached(self, path: Path) -> _View | None:
+    def _remember(self, path: Path, view: _View | None = None) -> _View | None:
+        """Get (no ``view``) or set the last version seen of ``path``; keeps 16 inboxes."""
         with self._cache_lock:
-            return self._cache.get(path)
-
-    def _remember(self, path: Path, view: _View) -> None:
-        with self._cache_lock:
+            if view is None:
+                return self._cache.get(path)
             self._cache[path] = view
             self._cache.move_to_end(path)
-            while len(self._cache) > 16:
+            if len(self._cache) > 16:
                 self._cache.popitem(last=False)
+            return view
 
     def _load(self, path: Path) -> _View:
-        """Read the inbox under the lock; a corrupt file is moved aside and reads as empty."""
+        """Read the inbox under the lock; a corrupt one is moved aside and reads as empty."""
         try:
-            data = path.read_bytes()
+            return _parse(path.read_bytes().decode("utf-8"), self._remember(path))
         except FileNotFoundError:
             return _View.of("[]", [])
-        try:
-            return _parse(data.decode("utf-8"), self._cached(path))
-        except ValueError as exc:  # includes UnicodeDecodeError and JSONDecodeError
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, not an array
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-            aside = Path(f"{path}.corrupt-{stamp}")
-            n = 0
+            aside, n = Path(f"{path}.corrupt-{stamp}"), 0
             while aside.exists():
                 n += 1
                 aside = Path(f"{path}.corrupt-{stamp}-{n}")
@@ -586,45 +545,42 @@ class InboxWriter:
 
     def _append_locked(self, path: Path, lock: InboxLock, entry: dict[str, Any]) -> bool:
         view = self._load(path)
-        if entry["msg_id"] in view.ids:
+        msg_id = entry["msg_id"]
+        if msg_id in view.ids:
             self._remember(path, view)
             return False
         text = "  " + _dumps(entry).replace("\n", "\n  ")
-        raw = f"[\n{text}\n]" if not view.entries else f"{view.head},\n{text}\n]"
-        new = _View(raw, [*view.entries, entry], view.ids | {entry["msg_id"]}, view.n_read)
+        raw = f"{view.head},\n{text}\n]" if view.entries else f"[\n{text}\n]"
+        new = _View(raw, [*view.entries, entry], view.ids | {msg_id}, view.n_read)
         if len(new.entries) > self.max_entries and new.n_read:
-            new = self._pruned(new)
+            new = self._pruned(path, new)
         data = new.raw.encode("utf-8")
         self._replace(path, data, lock)
         self._remember(path, new)
-        try:  # read back: normally the very bytes we wrote, compared without parsing
+        try:  # read back: normally the very bytes written, compared without parsing
             back = path.read_bytes()
-            check = new if back == data else _parse(back.decode("utf-8"), new)
+            found = back == data or msg_id in _parse(back.decode("utf-8"), new).ids
         except (OSError, ValueError) as exc:
-            raise InboxWriteError(
-                f"wrote {entry['msg_id']!r} to {path} but cannot read it back: {exc}"
-            ) from exc
-        if entry["msg_id"] not in check.ids:
-            raise InboxWriteError(
-                f"wrote {entry['msg_id']!r} to {path} but it is not there on reading back"
-            )
+            raise InboxWriteError(f"wrote {msg_id!r} to {path}; reading back: {exc}") from exc
+        if not found:
+            raise InboxWriteError(f"wrote {msg_id!r} to {path} but it is not there on reading back")
         return True
 
-    def _pruned(self, view: _View) -> _View:
-        excess = len(view.entries) - self.prune_to
-        keep: list[Any] = []
+    def _pruned(self, path: Path, view: _View) -> _View:
+        excess, keep = len(view.entries) - self.prune_to, []
         for e in view.entries:
             if excess > 0 and isinstance(e, dict) and e.get("read") is True:
                 excess -= 1
-                continue
-            keep.append(e)
-        logger.info("pruned %d read entries from an inbox", len(view.entries) - len(keep))
+            else:
+                keep.append(e)
+        logger.info("pruned %d read entries from %s", len(view.entries) - len(keep), path)
         return _View.of(_dumps(keep), keep)
 
     def _replace(self, path: Path, data: bytes, lock: InboxLock) -> None:
+        """Write ``<inbox>.tmp.<hex>``, fsync, rename over the inbox, fsync the directory."""
         tmp = Path(f"{path}.tmp.{secrets.token_hex(4)}")
         try:
-            mode = os.stat(path).st_mode & 0o777
+            mode: int | None = os.stat(path).st_mode & 0o777
         except FileNotFoundError:
             mode = None
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -659,15 +615,15 @@ class InboxWriter:
 class InboxWatcher:
     """Yields ``(member, entry)`` for entries that appear in a team's inbox files.
 
-    Watches ``{root}/{team}/inboxes`` (created if missing) with ``watchfiles`` and also
+    Watches ``{root}/{team}/inboxes`` (created if missing) with ``watchfiles``, and
     rescans every ``rescan_s`` in case an event was missed. ``members`` limits which
-    inboxes count (e.g. ``{"user"}``). Each entry is yielded once, keyed by
-    :func:`entry_id` per file, whether or not it has been marked read since.
+    inboxes count (e.g. ``{"user"}``). Each entry is yielded once per file, keyed by
+    :func:`entry_id`, whether or not it is marked read later.
 
     Caveat: the seen ids live in memory. A new watcher (after a restart) yields again
-    every entry still in the files, unless ``skip_existing``, which instead skips what
-    is there at start (and so may miss what arrived while nothing watched). Consumers
-    should be idempotent on ``msg_id``. Ids of entries that left a file are forgotten.
+    every entry still in the files, unless ``skip_existing``, which skips what is there
+    at start (and so misses what arrived while nothing watched). Consumers must be
+    idempotent on ``msg_id``. Ids of entries gone from a file are forgotten.
     """
 
     def __init__(
@@ -683,22 +639,20 @@ class InboxWatcher:
     ) -> None:
         self.inboxes = inbox_path(team, "x", root).parent
         self.members = None if members is None else frozenset(members)
-        self.skip_existing = skip_existing
-        self.rescan_s = rescan_s
-        self.debounce_ms = debounce_ms
-        self.force_polling = force_polling
+        self.skip_existing, self.rescan_s = skip_existing, rescan_s
+        self.debounce_ms, self.force_polling = debounce_ms, force_polling
         self._seen: dict[str, set[str]] = {}
         self._stop: anyio.Event | None = None
 
     def poll(self) -> list[tuple[str, dict[str, Any]]]:
-        """Scan the inboxes once; return entries not yielded before, in file order.
+        """Scan the inboxes once; return the entries not returned before, in file order.
 
-        A file that does not parse right now is skipped (its seen ids are kept), so a
-        torn read by a non-atomic writer never looks like new or vanished entries.
+        A file that does not parse now is skipped and its seen ids kept, so a torn read
+        (of a non-atomic writer) never looks like new or vanished entries.
         """
         found: list[tuple[str, dict[str, Any]]] = []
         try:
-            files = sorted(p for p in self.inboxes.iterdir() if p.suffix == ".json" and p.is_file())
+            files = sorted(p for p in self.inboxes.iterdir() if p.suffix == ".json")
         except FileNotFoundError:
             return found
         for path in files:
@@ -706,24 +660,20 @@ class InboxWatcher:
             if self.members is not None and member not in self.members:
                 continue
             try:
-                items = _decode(path.read_bytes())
+                items = [e for e in _decode(path.read_bytes()) if isinstance(e, dict)]
             except (OSError, ValueError):
                 continue
             seen = self._seen.get(member, set())
-            present: set[str] = set()
-            for item in items:
-                if not isinstance(item, dict):
-                    continue
-                ident = entry_id(item)
-                present.add(ident)
-                if ident not in seen:
+            present = {entry_id(e) for e in items}
+            for e in items:
+                if (ident := entry_id(e)) not in seen:
                     seen.add(ident)
-                    found.append((member, {**item, "msg_id": ident}))
+                    found.append((member, {**e, "msg_id": ident}))
             self._seen[member] = seen & present
         return found
 
     def stop(self) -> None:
-        """End a running :meth:`watch` (it finishes after its current wait)."""
+        """End a running :meth:`watch` after its current wait."""
         if self._stop is not None:
             self._stop.set()
 
@@ -740,7 +690,7 @@ class InboxWatcher:
         first = await anyio.to_thread.run_sync(self.poll)
         for item in () if self.skip_existing else first:
             yield item
-        changes_seen = watchfiles.awatch(
+        async for _ in watchfiles.awatch(
             self.inboxes,
             watch_filter=lambda _change, name: name.endswith(".json"),
             debounce=self.debounce_ms,
@@ -750,8 +700,7 @@ class InboxWatcher:
             yield_on_timeout=True,
             recursive=False,
             force_polling=self.force_polling,
-        )
-        async for _changes in changes_seen:
+        ):
             for item in await anyio.to_thread.run_sync(self.poll):
                 yield item
 
@@ -773,11 +722,9 @@ def protocol_message(text: Any) -> dict[str, Any] | None:
 def _seconds(stamp: Any) -> float | None:
     if isinstance(stamp, int | float) and not isinstance(stamp, bool):
         return float(stamp)
-    if not isinstance(stamp, str):
-        return None
     try:
         moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
+    except (AttributeError, TypeError, ValueError):
         return None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
@@ -798,21 +745,18 @@ def member_state_from_entry(entry: Mapping[str, Any], now: float) -> MemberState
 
     * ``text`` is JSON with ``type == "idle_notification"`` → ``"idle"``;
     * ``type == "shutdown_approved"`` (what Claude Code writes when a teammate approves
-      a shutdown) or ``type == "shutdown_response"`` with ``approve: true`` (the
-      SendMessage tool's input form) → ``"terminated"``;
-    * anything else → ``"active"`` if the entry's ``timestamp`` is within
-      :data:`ACTIVE_WINDOW_S` of ``now`` (or has no readable time), else ``"idle"``.
+      a shutdown) or ``"shutdown_response"`` with ``approve: true`` (the SendMessage
+      tool's input form) → ``"terminated"``;
+    * anything else → ``"active"`` if its ``timestamp`` is within :data:`ACTIVE_WINDOW_S`
+      of ``now`` or unreadable, else ``"idle"``.
     """
-    proto = protocol_message(entry.get("text"))
-    kind = proto.get("type") if proto else None
+    proto = protocol_message(entry.get("text")) or {}
+    kind = proto.get("type")
     if kind == "idle_notification":
         return "idle"
-    if proto and (
-        kind == "shutdown_approved"
-        or (kind == "shutdown_response" and proto.get("approve") is True)
+    if kind == "shutdown_approved" or (
+        kind == "shutdown_response" and proto.get("approve") is True
     ):
         return "terminated"
     stamp = entry.get("timestamp")
-    if _seconds(stamp) is None or is_active(stamp, now):
-        return "active"
-    return "idle"
+    return "active" if _seconds(stamp) is None or is_active(stamp, now) else "idle"
