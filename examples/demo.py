@@ -1,6 +1,12 @@
-"""`make demo`: start a hub on SQLite, let two agents talk through it, show what happened.
+"""`make demo`: a hub on SQLite and a team at work on this repository, offline.
 
-Runs offline in a few seconds and exits 0. The hub's data lands in .backchannel/demo.
+The lead of `examples/survey-team.yaml` delegates "count this repository's code by
+language" and "list every TODO and FIXME" to two workers called as asynchronous tools;
+a reviewer linked to the lead cross-checks the totals over a link with a budget of two
+turns; an anchor timer keeps the lead on its task; the finder is deliberately slower
+than its deadline, so the lead gets a timeout first and the answer later as a late
+result; and the lead's closing text repeats a message it already sent, which the hub
+drops. The data stays in .backchannel/demo, where the dashboard can show it again.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
-import backchannel
+from backchannel.runtimes.session import print_report, run_team
+from backchannel.runtimes.teamfile import load_team
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".backchannel" / "demo"
+TASK = "Survey this repository: count its code by language and list its TODOs, then report."
 console = Console(highlight=False)
 
 
@@ -31,7 +38,7 @@ def start_hub() -> tuple[subprocess.Popen[bytes], str, str]:
     exe = Path(sys.executable).parent / "backchannel"
     with open(HOME / "serve.log", "wb") as log:
         proc = subprocess.Popen(
-            [str(exe), "serve", "--port", "0", "--lease", "30"],
+            [str(exe), "serve", "--port", "0"],
             env={**os.environ, "BACKCHANNEL_HOME": str(HOME)},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -53,69 +60,30 @@ def start_hub() -> tuple[subprocess.Popen[bytes], str, str]:
     raise SystemExit("the hub did not answer within 30 s")
 
 
-async def conversation(url: str, admin_token: str) -> None:
-    async with backchannel.connect(url, admin_token) as admin:
-        await admin.create_team("demo")
-        lead = (await admin.add_member("demo", "lead", "llm"))["token"]
-        worker = (await admin.add_member("demo", "worker", "llm"))["token"]
-    console.print(f"team [bold]demo[/bold]: lead, worker and user, on the hub at {url}")
-
-    async with (
-        backchannel.connect(url, lead) as as_lead,
-        backchannel.connect(url, worker) as as_worker,
-    ):
-        # the worker waits first: the message is pushed to it when the send commits
-        waiting = asyncio.create_task(as_worker.receive(wait=10))
-        await asyncio.sleep(0.05)
-        sent = await as_lead.send(
-            "worker",
-            "Count the Python files under src/.",
-            summary="count files",
-            message_id="demo-1",
-        )
-        replay = await as_lead.send(
-            "worker",
-            "Count the Python files under src/.",
-            summary="count files",
-            message_id="demo-1",
-        )
-        got = await waiting
-        task = got[0]
-        console.print(
-            f"lead -> worker: {task.text!r}  (retry with the same id: {replay['status']})"
-        )
-        count = sum(1 for _ in (ROOT / "src").rglob("*.py"))
-        await task.ack()
-        await as_worker.send("lead", f"There are {count} Python files under src/.", summary="count")
-        answer = (await as_lead.receive(wait=10))[0]
-        await answer.ack()
-        console.print(f"worker -> lead: {answer.text!r}")
-        try:
-            await as_lead.send("wrker", "hello?")
-        except backchannel.UnknownRecipient as exc:
-            console.print(f"lead -> 'wrker': refused, {exc.message}")
-        await as_lead.send("*", "Thanks all, wrapping up.", summary="wrap-up")
-        status = await as_lead.status(sent["message_id"])
-
-    table = Table(title=f"history of {sent['message_id']}")
-    for col in ("event", "to", "detail"):
-        table.add_column(col)
-    for h in status["history"]:
-        table.add_row(h["event"], h["to"], h["detail"])
-    console.print(table)
-
-
 def main() -> int:
-    console.print("[bold]backchannel demo[/bold]: a hub on SQLite, two agents, one conversation")
+    console.print("[bold]backchannel demo[/bold]: a hub on SQLite and a scripted team surveying this repository")
+    started = time.monotonic()
     proc, url, admin_token = start_hub()
+    console.print(f"hub: {url}   dashboard: {url}/   (admin token in {HOME / 'admin.token'})")
     try:
-        asyncio.run(conversation(url, admin_token))
-        console.print(f"\ndashboard: {url}/  (the hub stops when the demo ends)")
-        console.print(f"data: {HOME}")
+        team = load_team(ROOT / "examples" / "survey-team.yaml")
+        result = asyncio.run(
+            run_team(team, TASK, url=url, admin_token=admin_token, workspace=ROOT, time_limit=120, console=console)
+        )
+        print_report(result, console)
     finally:
         proc.terminate()
         proc.wait(10)
-    return 0
+    late = [d for d in result.delegations if d["state"] == "late"]
+    console.print(
+        f"\nDone in {time.monotonic() - started:.1f} s: {len(result.delegations)} delegations "
+        f"({len(late)} late), {len(result.links)} link(s), {result.duplicates_dropped} duplicate suppressed."
+    )
+    console.print(
+        f"See it in the dashboard: BACKCHANNEL_HOME={HOME.relative_to(ROOT)} .venv/bin/backchannel serve, "
+        f"then open the address it prints and sign in with the admin token."
+    )
+    return 0 if result.ended_because == "the team is quiet" else 1
 
 
 if __name__ == "__main__":

@@ -566,9 +566,12 @@ class HubBase:
         limit: int | None = None,
         wait: float = 0.0,
         lease_seconds: float | None = None,
+        pinned_only: bool = False,
     ) -> list[InboxMessage]:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
-        the first. Leased messages come back after the lease unless acked."""
+        the first. Leased messages come back after the lease unless acked. With
+        ``pinned_only``, only messages pinned to ``session`` (a delegation's sub-session
+        takes nothing addressed to the member as a whole)."""
         limit = self.config.default_limit if limit is None else limit
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000", field="limit")
@@ -584,7 +587,7 @@ class HubBase:
             now = self.clock.now()
             got = await self.store.transact(
                 lambda tx, now=now: self._lease_tx(  # type: ignore[misc]
-                    tx, team, member, session, now, now + lease, limit
+                    tx, team, member, session, now, now + lease, limit, not pinned_only
                 )
             )
             if got:
@@ -605,6 +608,7 @@ class HubBase:
         now: float,
         until: float,
         limit: int,
+        include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         if session is not None:
             s = tx.get_session(team, session)
@@ -617,7 +621,7 @@ class HubBase:
                 raise InvalidState(f"session {session!r} is terminated; open a new one")
             if s.state is SessionState.ACTIVE:
                 return []  # never injected mid-turn; delivered when the turn ends
-            got = tx.lease(team, member, session, now, until, limit)
+            got = tx.lease(team, member, session, now, until, limit, include_unpinned)
             if got:
                 self._after_lease(tx, s, got, now)
             return got
@@ -696,6 +700,10 @@ class HubBase:
                 detail=detail,
             )
         )
+
+    async def pending(self, team: str, member: str) -> int:
+        """How many copies the member has not acked yet (queued or leased)."""
+        return await self.store.read(lambda tx: tx.pending_count(team, member))
 
     async def give_up(self, team: str, member: str, message_id: str, reason: str) -> bool:
         """An adapter cannot deliver a leased copy and retrying will not help (a 404 from

@@ -30,6 +30,7 @@ from backchannel.types import (
     LedgerEntry,
     Link,
     LinkState,
+    MemberKind,
     Message,
     MessageKind,
     Recipient,
@@ -96,6 +97,9 @@ class LinksMixin(SessionsMixin):
         session = self._turn_session(tx, message)
         if session is None:
             return  # links join sessions: a send from outside a turn opens none
+        callee = tx.get_member(message.team, message.to)
+        if callee is None or callee.kind is MemberKind.HUMAN:
+            return  # a human reads at their own pace: no turns to carry
         team = tx.get_team(message.team)
         settings: Mapping[str, Any] = team.settings if team else {}
         budget = options.link_budget or rules.team_budget(settings)

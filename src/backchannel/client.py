@@ -126,9 +126,24 @@ class Client(ABC):
 
     @abstractmethod
     async def receive(
-        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
     ) -> list[Received]:
-        """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first."""
+        """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
+        ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``)."""
+
+    @abstractmethod
+    async def pending(self) -> int:
+        """How many of your messages are not acked yet."""
+
+    @abstractmethod
+    async def list_sessions(self, member: str | None = None) -> list[dict[str, Any]]:
+        """Sessions of your team (or of one member)."""
 
     @abstractmethod
     async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]: ...
@@ -386,11 +401,33 @@ class LocalClient(Client):
         await self.hub.react(me.team, me.name, message_id, emoji)
 
     async def receive(
-        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
     ) -> list[Received]:
         me = self._member()
-        got = await self.hub.receive(me.team, me.name, session=session, limit=limit, wait=wait)
+        got = await self.hub.receive(
+            me.team,
+            me.name,
+            session=session,
+            limit=limit,
+            wait=wait,
+            lease_seconds=lease,
+            pinned_only=pinned_only,
+        )
         return [Received.from_json(m.to_json(), self) for m in got]
+
+    async def pending(self) -> int:
+        me = self._member()
+        return await self.hub.pending(me.team, me.name)
+
+    async def list_sessions(self, member: str | None = None) -> list[dict[str, Any]]:
+        me = self._member()
+        return [session_json(s) for s in await self.hub.list_sessions(me.team, member)]
 
     async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]:
         me = self._member()
@@ -600,13 +637,30 @@ class HttpClient(Client):
         await self._call("POST", f"/v1/messages/{message_id}/reactions", json={"emoji": emoji})
 
     async def receive(
-        self, *, limit: int = 10, wait: float = 0.0, session: str | None = None
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
     ) -> list[Received]:
-        params: dict[str, Any] = {"limit": limit, "wait": wait}
+        params: dict[str, Any] = {"limit": limit, "wait": wait, "pinned_only": pinned_only}
         if session is not None:
             params["session"] = session
+        if lease is not None:
+            params["lease"] = lease
         result = await self._call("GET", "/v1/inbox", params=params, wait=wait)
         return [Received.from_json(m, self) for m in result["messages"]]
+
+    async def pending(self) -> int:
+        return int((await self._call("GET", "/v1/inbox/pending"))["pending"])
+
+    async def list_sessions(self, member: str | None = None) -> list[dict[str, Any]]:
+        params = {"member": member} if member else {}
+        result = await self._call("GET", "/v1/sessions", params=params)
+        sessions: list[dict[str, Any]] = result["sessions"]
+        return sessions
 
     async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(

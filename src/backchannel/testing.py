@@ -216,6 +216,12 @@ async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
         got3 = await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10))
         assert [(g.message.message_id, g.recipient.session) for g in got3] == [("m2", "s-b")]
         assert await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10)) == []
+        await store.transact(lambda tx: tx.insert_message(_msg("m5"), [Recipient("b", "s-b")]))
+        await store.transact(lambda tx: tx.insert_message(_msg("m6"), [Recipient("b")]))
+        pinned = await store.transact(
+            lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10, include_unpinned=False)
+        )
+        assert [g.message.message_id for g in pinned] == ["m5"]
         assert await store.transact(lambda tx: tx.lease("alpha", "c", None, T0, T0 + 60, 10)) == []
         states = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
         assert states[0].state is DeliveryState.LEASED and states[0].lease_until == T0 + 60

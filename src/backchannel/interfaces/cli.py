@@ -299,6 +299,63 @@ def status(
         print(f"  {_when(h['at'])}  {h['to']}  {h['event']}{detail}")
 
 
+@app.command()
+def run(
+    team_file: Annotated[Path, typer.Argument(help="The team file (YAML).")],
+    task: Annotated[str, typer.Argument(help="The task for the team's lead.")],
+    team: Annotated[
+        str | None, typer.Option("--team", help="Team name on the hub [the file's].")
+    ] = None,
+    workspace: Annotated[Path, typer.Option(help="Directory the workspace tools may read.")] = Path(
+        "."
+    ),
+    timeout: Annotated[float, typer.Option(help="Stop after this many seconds.")] = 600.0,
+    quiet: Annotated[float, typer.Option(help="Seconds of quiet that end the run.")] = 2.0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Host a team file's llm members on a hub and give the lead a task."""
+    from backchannel.runtimes.session import print_report, run_team
+    from backchannel.runtimes.teamfile import load_team
+
+    data_dir = config.home(home)
+    if url is None:
+        info = config.read_server_info(data_dir)
+        url = info["url"] if info else config.default_store_url(data_dir)
+    admin_token = token or (
+        config.admin_token(data_dir, create=False) if url.startswith("http") else None
+    )
+    if url.startswith("http") and admin_token is None:
+        _fail(
+            f"no admin token: set BACKCHANNEL_TOKEN, or run where {data_dir / config.ADMIN_TOKEN_FILE} is"
+        )
+    try:
+        spec = load_team(team_file)
+    except BackchannelError as exc:
+        _fail(exc.message)
+    result = _run(
+        run_team(
+            spec,
+            task,
+            url=url,
+            admin_token=admin_token,
+            workspace=workspace,
+            team_name=team,
+            time_limit=timeout,
+            quiet_seconds=quiet,
+            console=err,
+        )
+    )
+    if as_json:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(result)))
+    else:
+        print_report(result, out)
+
+
 timer_app = typer.Typer(help="Heartbeats: set, list and cancel timers.", no_args_is_help=True)
 app.add_typer(timer_app, name="timer")
 

@@ -419,12 +419,25 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1000)] = 10,
         session: str | None = None,
         lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+        pinned_only: bool = False,
     ) -> dict[str, Any]:
         me = who.need_member()
         got = await hub.receive(
-            me.team, me.name, session=session, limit=limit, wait=wait, lease_seconds=lease
+            me.team,
+            me.name,
+            session=session,
+            limit=limit,
+            wait=wait,
+            lease_seconds=lease,
+            pinned_only=pinned_only,
         )
         return {"messages": [m.to_json() for m in got]}
+
+    @app.get("/v1/inbox/pending", tags=["inbox"])
+    async def pending(who: Auth) -> dict[str, int]:
+        """How many of your messages are not acked yet (queued or leased)."""
+        me = who.need_member()
+        return {"pending": await hub.pending(me.team, me.name)}
 
     @app.post("/v1/inbox/ack", tags=["inbox"])
     async def ack(body: AckIn, who: Auth) -> dict[str, Any]:

@@ -117,14 +117,16 @@ class Tx(Protocol):
         now: float,
         lease_until: float,
         limit: int,
+        include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         """Hand out up to ``limit`` of the member's ``queued`` deliveries, lowest ``seq``
         first, and mark them ``leased`` until ``lease_until`` with ``attempts + 1`` and a
         ``leased`` history event.
 
-        Eligible are deliveries addressed to the member as a whole and, when ``session``
-        is given, those pinned to that session. Two concurrent leases never hand out the
-        same delivery (on PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+        Eligible are deliveries addressed to the member as a whole (unless
+        ``include_unpinned`` is false) and, when ``session`` is given, those pinned to
+        that session. Two concurrent leases never hand out the same delivery (on
+        PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
         """
         ...
 

@@ -203,6 +203,7 @@ class MemoryTx:
         now: float,
         lease_until: float,
         limit: int,
+        include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         inbox = self._d.open.get((team, member), {})
         out: list[InboxMessage] = []
@@ -213,6 +214,8 @@ class MemoryTx:
             if d.state not in _LEASABLE:
                 continue
             if d.recipient.session is not None and d.recipient.session != session:
+                continue
+            if d.recipient.session is None and not include_unpinned:
                 continue
             d = self._replace(
                 d,

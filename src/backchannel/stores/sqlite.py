@@ -505,13 +505,14 @@ class SqliteTx:
         now: float,
         lease_until: float,
         limit: int,
+        include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         rows = self._c.execute(
             f"SELECT d.seq, d.session, d.attempts, {_MSG_COLS} FROM deliveries d "
             "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
             "WHERE d.team = ? AND d.member = ? AND d.state = 'queued' "
-            "AND (d.session IS NULL OR d.session = ?) ORDER BY d.seq LIMIT ?",
-            (team, member, session, limit),
+            "AND ((d.session IS NULL AND ?) OR d.session = ?) ORDER BY d.seq LIMIT ?",
+            (team, member, include_unpinned, session, limit),
         ).fetchall()
         if not rows:
             return []
