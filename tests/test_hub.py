@@ -255,10 +255,15 @@ async def test_team_feed_records_traffic(hub: Hub) -> None:
 async def test_an_adapter_gives_up_on_a_copy(hub: Hub) -> None:
     await _team(hub, "a", "b")
     r = await hub.send("alpha", "a", "b", "to a dead webhook")
-    assert await hub.give_up("alpha", "b", r.message_id, "webhook answered 404") is False  # not leased
+    assert (
+        await hub.give_up("alpha", "b", r.message_id, "webhook answered 404") is False
+    )  # not leased
     await hub.receive("alpha", "b")
     assert await hub.give_up("alpha", "b", r.message_id, "webhook answered 404") is True
     status = await hub.message_status("alpha", r.message_id)
-    assert (status.state, status.deliveries[0].dead_reason) == (DeliveryState.DEAD, "webhook answered 404")
+    assert (status.state, status.deliveries[0].dead_reason) == (
+        DeliveryState.DEAD,
+        "webhook answered 404",
+    )
     [notice] = await hub.receive("alpha", "a")
     assert "webhook answered 404" in notice.message.text
