@@ -22,6 +22,8 @@ from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
 
+pytest_plugins = ["tests.conftest_pg"]
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent / "backchannel"
 
@@ -65,11 +67,17 @@ def _no_real_network(monkeypatch: pytest.MonkeyPatch) -> None:
 _counter = itertools.count()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
-    """A factory of fresh stores, once per store implementation."""
+    """A factory of fresh stores, once per store implementation (the PostgreSQL one on
+    a server the harness starts; see tests/conftest_pg.py)."""
     if request.param == "memory":
         return MemoryStore
+    if request.param == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        new_url = request.getfixturevalue("new_postgres_url")
+        return lambda: PostgresStore(new_url())
     return lambda: SqliteStore(tmp_path / f"store-{next(_counter)}.db")
 
 

@@ -121,3 +121,10 @@ def test_aggregate_state_is_least_advanced_copy() -> None:
     )
     assert rules.aggregate_state([DeliveryState.ACKED, DeliveryState.DEAD]) is DeliveryState.ACKED
     assert rules.aggregate_state([DeliveryState.DEAD]) is DeliveryState.DEAD
+
+
+def test_nul_characters_are_refused_the_same_on_every_store() -> None:
+    from backchannel.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="NUL character"):
+        rules.check_text("a\x00b", 100)

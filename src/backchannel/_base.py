@@ -800,8 +800,13 @@ class HubBase:
         max_attempts = self.config.max_attempts
         woken: set[tuple[str, str]] = set()
         dead: list[tuple[Delivery, str]] = []
+        after: list[Job] = []
 
         def fn(tx: Tx) -> tuple[bool, float | None]:
+            # a store may run this again after a failed commit: start from scratch
+            woken.clear()
+            dead.clear()
+            after.clear()
             expired = tx.expired_leases(now, 500)
             for d in expired:
                 member = d.recipient.member
@@ -859,11 +864,7 @@ class HubBase:
 
         more = True
         next_due: float | None = None
-        after: list[Job] = []
         while more:
-            woken.clear()
-            dead.clear()
-            after.clear()
             more, next_due = await self.store.transact(fn)
             for team, member in woken:
                 self._waiters.notify(team, member)

@@ -58,6 +58,12 @@ def check_message_id(message_id: str) -> str:
 
 
 def check_text(text: str, limit: int) -> None:
+    if "\x00" in text:
+        raise InvalidRequest(
+            "text contains a NUL character (\\x00), which no store keeps; remove it or "
+            "encode binary data (base64)",
+            field="text",
+        )
     size = len(text.encode("utf-8"))
     if size > limit:
         raise TooLarge(

@@ -1,6 +1,7 @@
-"""The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: the schema
-migrations and :class:`PgTx`, the :class:`~backchannel.stores.base.Tx` it hands to
-transaction functions. See :mod:`backchannel.stores.postgres` for the guarantees."""
+"""The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: :class:`PgTx`,
+the :class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
+:mod:`backchannel.stores.postgres` for the guarantees and
+:mod:`backchannel.stores.postgres_schema` for the tables."""
 
 from __future__ import annotations
 
@@ -10,10 +11,29 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
-from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
+from backchannel.stores.postgres_schema import (  # the row mapping
+    _DEL_COLS,
+    _DELIVERY_COLS,
+    _JOB_COLS,
+    _LINK_COLS,
+    _MEMBER_COLS,
+    _MSG_COLS,
+    _SESSION_COLS,
+    _delegation,
+    _delegation_args,
+    _delivery,
+    _dump,
+    _job,
+    _link,
+    _link_args,
+    _member,
+    _message,
+    _session,
+)
 from backchannel.types import (
+    Delegation,
     Delivery,
     DeliveryEvent,
     DeliveryState,
@@ -23,15 +43,11 @@ from backchannel.types import (
     JobState,
     LedgerEntry,
     Link,
-    LinkState,
     Member,
-    MemberKind,
     Message,
-    MessageKind,
     Recipient,
     Session,
     SessionEvent,
-    SessionState,
     Team,
 )
 
@@ -45,86 +61,9 @@ _BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
-_MSG_COLS = (
-    "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
-    "m.fingerprint, m.summary, m.sender_session, m.meta"
-)
-_DELIVERY_COLS = (
-    "team, message_id, member, session, seq, state, attempts, created_at, updated_at, "
-    "lease_until, dead_reason"
-)
-_MEMBER_COLS = "team, name, kind, created_at, token_hash, delivery, settings"
-_JOB_COLS = "team, kind, due_at, created_at, session_id, payload, state, job_id, done_at"
-_LINK_COLS = (
-    "team, link_id, initiator, initiator_session, responder, responder_session, budget, "
-    "created_at, state, turns_used, closed_at, close_reason, history"
-)
-_SESSION_COLS = (
-    "team, session_id, member, state, created_at, updated_at, turn, turn_started_at, "
-    "turn_kind, last_output, last_stop_at, meta"
-)
-
-
 def _lock_key(team: str) -> int:
     digest = hashlib.blake2b(f"backchannel:team:{team}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-def _dump(value: Mapping[str, Any] | None) -> Jsonb:
-    return Jsonb(dict(value) if value else {})
-
-
-def _message(r: Sequence[Any]) -> Message:
-    return Message(
-        team=r[0], message_id=r[1], sender=r[2], to=r[3], text=r[4], kind=MessageKind(r[5]),
-        created_at=r[6], fingerprint=r[7], summary=r[8], sender_session=r[9], meta=r[10] or {},
-    )  # fmt: skip
-
-
-def _delivery(r: Sequence[Any]) -> Delivery:
-    return Delivery(
-        team=r[0], message_id=r[1], recipient=Recipient(r[2], r[3]), seq=r[4],
-        state=DeliveryState(r[5]), attempts=r[6], created_at=r[7], updated_at=r[8],
-        lease_until=r[9], dead_reason=r[10],
-    )  # fmt: skip
-
-
-def _job(r: Sequence[Any]) -> Job:
-    return Job(
-        team=r[0], kind=r[1], due_at=r[2], created_at=r[3], session_id=r[4],
-        payload=r[5] or {}, state=JobState(r[6]), job_id=r[7], done_at=r[8],
-    )  # fmt: skip
-
-
-def _link(r: Sequence[Any]) -> Link:
-    return Link(
-        team=r[0], link_id=r[1], initiator=r[2], initiator_session=r[3], responder=r[4],
-        responder_session=r[5], budget=r[6], created_at=r[7], state=LinkState(r[8]),
-        turns_used=r[9], closed_at=r[10], close_reason=r[11], history=tuple(r[12] or ()),
-    )  # fmt: skip
-
-
-def _link_args(k: Link) -> tuple[Any, ...]:
-    return (
-        k.team, k.link_id, k.initiator, k.initiator_session, k.responder, k.responder_session,
-        k.budget, k.created_at, k.state.value, k.turns_used, k.closed_at, k.close_reason,
-        Jsonb([dict(h) for h in k.history]),
-    )  # fmt: skip
-
-
-def _member(r: Sequence[Any]) -> Member:
-    return Member(
-        team=r[0], name=r[1], kind=MemberKind(r[2]), created_at=r[3], token_hash=r[4],
-        delivery=r[5] or {}, settings=r[6] or {},
-    )  # fmt: skip
-
-
-def _session(r: Sequence[Any]) -> Session:
-    return Session(
-        team=r[0], session_id=r[1], member=r[2], state=SessionState(r[3]), created_at=r[4],
-        updated_at=r[5], turn=r[6], turn_started_at=r[7], turn_kind=r[8], last_output=r[9],
-        last_stop_at=r[10], meta=r[11] or {},
-    )  # fmt: skip
 
 
 class RetryTransaction(StoreError):
@@ -137,8 +76,9 @@ class PgTx:
     Writers run at ``READ COMMITTED`` and take the team's lock
     (``pg_advisory_xact_lock``) in the same round trip as their first statement about
     that team; every statement after it reads fresh data that no other writer can change
-    until this transaction ends (see :mod:`backchannel.stores.postgres`). History events and
-    notifications are buffered and written in the ``COMMIT`` round trip.
+    until this transaction ends (see :mod:`backchannel.stores.postgres`). History events
+    are buffered and written in the ``COMMIT`` round trip; wake-ups for other hubs are
+    sent right after it.
     """
 
     def __init__(
@@ -217,7 +157,7 @@ class PgTx:
             self._locked.update(todo)
 
     def _pending(self) -> list[tuple[str, Sequence[Any]]]:
-        """Statements writing the buffered events and notifications (empties the buffers)."""
+        """Statements writing the buffered history events (empties the buffer)."""
         out: list[tuple[str, Sequence[Any]]] = []
         if self._events:
             cols: list[list[Any]] = [[], [], [], [], [], []]
@@ -229,11 +169,7 @@ class PgTx:
                 "SELECT t, nextval('delivery_event_id'), m, b, a, e, d FROM unnest(%s::text[], "
                 "%s::text[], %s::text[], %s::float8[], %s::text[], %s::text[]) "
                 "WITH ORDINALITY AS u(t, m, b, a, e, d, o) ORDER BY o", cols))  # fmt: skip
-        if self._notify:
-            prefix = self._origin + ":"
-            out.append(("SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p",
-                        (CHANNEL, prefix, list(self._notify))))  # fmt: skip
-        self._events, self._notify = [], {}
+        self._events = []
         return out
 
     def _flush(self) -> None:
@@ -254,6 +190,23 @@ class PgTx:
         except psycopg.Error as exc:
             raise self._translate(exc) from exc
         self._open = self._tainted = False
+        if self._notify:
+            self._wake_others()
+
+    def _wake_others(self) -> None:
+        """NOTIFY the other hubs, after ``COMMIT`` and in its own transaction: PostgreSQL
+        serializes the commits of notifying transactions cluster-wide, so notifying
+        inside a durable commit would serialize every send's WAL flush. A notification
+        lost here (the hub dies between the two) only delays: the fallback timer wakes
+        waiters anyway."""
+        payloads, self._notify = list(self._notify), {}
+        try:
+            self._conn.execute(
+                "SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p",
+                (CHANNEL, self._origin + ":", payloads),
+            )
+        except psycopg.Error:  # the data is committed; the wake-up is only a hint
+            self.broken = self.broken or self._conn.broken
 
     def _cleanup(self) -> None:
         """Roll back an unfinished transaction; a connection that cannot is closed (the
@@ -401,17 +354,18 @@ class PgTx:
         now: float,
         lease_until: float,
         limit: int,
+        include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         rows = self._all(
             "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
-            "AND state = 'queued' AND (session IS NULL OR session = %s) "
+            "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
             "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
             "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
             "lease_until = %s, updated_at = %s FROM picked p, messages m "
             "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
             "AND m.team = d.team AND m.message_id = d.message_id "
             f"RETURNING d.seq, d.session, d.attempts, {_MSG_COLS}",
-            (team, member, session, limit, lease_until, now, team, member),
+            (team, member, include_unpinned, session, limit, lease_until, now, team, member),
             team,
         )
         rows.sort(key=lambda r: r[0])
@@ -695,17 +649,33 @@ class PgTx:
         row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())
         return row[0] if row else None
 
-    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+    def _team_of_job(self, job_id: int) -> str | None:
         team = self._job_team.get(job_id)
         if team is None:  # a job this transaction has not seen: find its team to lock it
             found = self._one("SELECT team FROM jobs WHERE job_id = %s", (job_id,))
-            if found is None:
-                return False
-            team = str(found[0])
+            team = str(found[0]) if found else None
+        return team
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        team = self._team_of_job(job_id)
+        if team is None:
+            return False
         row = self._one(
             "UPDATE jobs SET state = %s, done_at = %s WHERE job_id = %s AND state = 'pending' "
             "RETURNING 1",
             (state.value, at, job_id),
+            team,
+        )
+        return row is not None
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        team = self._team_of_job(job_id)
+        if team is None:
+            return False
+        row = self._one(
+            "UPDATE jobs SET due_at = %s, payload = %s WHERE job_id = %s AND state = 'pending' "
+            "RETURNING 1",
+            (due_at, _dump(payload), job_id),
             team,
         )
         return row is not None
@@ -726,3 +696,74 @@ class PgTx:
             team,
         )
         return self._jobs(rows)
+
+    # -- delegation ----------------------------------------------------------
+    def insert_delegation(self, d: Delegation) -> None:
+        self._insert(
+            f"INSERT INTO delegations ({_DEL_COLS}) VALUES ({', '.join(['%s'] * 18)})",
+            _delegation_args(d),
+            f"delegation {d.delegation_id!r}",
+            d.team,
+        )
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
+        row = self._one(
+            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s AND delegation_id = %s",
+            (team, delegation_id),
+            team,
+        )
+        return _delegation(row) if row else None
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        args: tuple[Any, ...]
+        if callee_session is not None:
+            where, args = "callee_session = %s", (callee_session,)
+        else:
+            where, args = "caller_session = %s AND tool_use_id = %s", (caller_session, tool_use_id)
+        row = self._one(
+            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s AND {where} "
+            "ORDER BY created_at, delegation_id LIMIT 1",
+            (team, *args),
+            team,
+        )
+        return _delegation(row) if row else None
+
+    def update_delegation(self, d: Delegation) -> None:
+        self._exec(
+            "UPDATE delegations SET state = %s, result = %s, error = %s, answered_at = %s, "
+            "callee_session = %s WHERE team = %s AND delegation_id = %s",
+            (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
+             d.delegation_id),
+            d.team,
+        )  # fmt: skip
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        rows = self._all(
+            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s "
+            "AND (%s::text IS NULL OR batch = %s) "
+            "AND (%s::text IS NULL OR caller = %s OR callee = %s) "
+            "ORDER BY created_at, delegation_id",
+            (team, batch, batch, member, member, member),
+            team,
+        )
+        return [_delegation(r) for r in rows]
+
+    # -- one-time tokens -----------------------------------------------------
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        # not team-scoped: a concurrent spend of the same id waits for this one, then
+        # finds the row and reports a replay
+        row = self._one(
+            "INSERT INTO spent_tokens (jti, expires_at) VALUES (%s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING 1",
+            (jti, expires_at),
+        )
+        return row is not None

@@ -1,0 +1,434 @@
+"""PostgreSQL-specific guarantees: several hubs (here: several PostgresStore instances)
+sharing one database. The generic contract is checked by the conformance suite."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from backchannel.errors import AlreadyExists, InvalidRequest, StoreError
+from backchannel.stores.base import SCHEMA_VERSION, Tx
+from backchannel.stores.postgres import LISTENER_NAME, PostgresStore, mask_url
+from backchannel.types import (
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    Job,
+    JobState,
+    Link,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Team,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
+
+T0 = 1_700_000_000.0
+TEAM = "alpha"
+Heard = list[tuple[str | None, str | None]]
+
+
+def setup_team(tx: Tx, team: str = TEAM) -> None:
+    tx.insert_team(Team(team, T0))
+    for who in ("a", "b", "c"):
+        tx.insert_member(Member(team, who, MemberKind.LLM, T0, f"hash-{team}-{who}"))
+
+
+def msg(mid: str, to: str = "b", text: str = "hi") -> Message:
+    return Message(TEAM, mid, "a", to, text, MessageKind.DIRECT, T0, f"fp-{mid}-{text}")
+
+
+def send(mid: str, to: str = "b", text: str = "hi") -> Callable[[Tx], str]:
+    """A hub-style idempotent send: replay if the id exists, insert otherwise."""
+
+    def fn(tx: Tx) -> str:
+        if tx.get_message(TEAM, mid) is not None:
+            return "replayed"
+        tx.insert_message(msg(mid, to, text), [Recipient(to)])
+        return "inserted"
+
+    return fn
+
+
+def lease(member: str = "b", limit: int = 5) -> Callable[[Tx], list[tuple[int, str]]]:
+    def fn(tx: Tx) -> list[tuple[int, str]]:
+        got = tx.lease(TEAM, member, None, T0, T0 + 60, limit)
+        return [(g.seq, g.message.message_id) for g in got]
+
+    return fn
+
+
+def feed_after(after: int) -> Callable[[Tx], list[tuple[int, DeliveryEvent]]]:
+    return lambda tx: tx.feed(TEAM, after, 1000)
+
+
+def copies_of(mid: str) -> Callable[[Tx], list[Delivery]]:
+    return lambda tx: tx.deliveries(TEAM, mid)
+
+
+def history_of(mid: str) -> Callable[[Tx], list[DeliveryEvent]]:
+    return lambda tx: tx.history(TEAM, mid)
+
+
+def requeue(tx: Tx) -> int:
+    """What a hub's maintenance does with expired leases."""
+    moved = 0
+    for d in tx.expired_leases(T0 + 61, 10):
+        moved += tx.transition(
+            d.team, d.message_id, d.recipient.member, from_states=[DeliveryState.LEASED],
+            to_state=DeliveryState.QUEUED, now=T0 + 61, event="lease_expired",
+        )  # fmt: skip
+    return moved
+
+
+@pytest.fixture
+async def two_hubs(new_postgres_url: Callable[[], str]) -> AsyncIterator[list[PostgresStore]]:
+    """Two stores (standing for two hubs) on one fresh database, team ``alpha`` in it."""
+    stores = await open_hubs(new_postgres_url(), 2)
+    try:
+        await stores[0].transact(setup_team)
+        yield stores
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def open_hubs(url: str, n: int, **kwargs: Any) -> list[PostgresStore]:
+    stores = [PostgresStore(url, **kwargs) for _ in range(n)]
+    for s in stores:
+        await s.open()
+    return stores
+
+
+def listen(store: PostgresStore) -> tuple[Heard, asyncio.Event]:
+    heard: Heard = []
+    event = asyncio.Event()
+
+    def cb(team: str | None, member: str | None) -> None:
+        heard.append((team, member))
+        event.set()
+
+    store.on_external_change(cb)
+    return heard, event
+
+
+async def wait_until(check: Callable[[], bool], event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``check()`` holds, re-checking each time ``event`` fires."""
+    async with asyncio.timeout(seconds):
+        while not check():
+            await event.wait()
+            event.clear()
+
+
+# -- leases across hubs ---------------------------------------------------------
+
+
+async def test_concurrent_leases_on_two_hubs_hand_out_each_delivery_once(
+    two_hubs: list[PostgresStore],
+) -> None:
+    a, b = two_hubs
+    for i in range(120):
+        await (a if i % 2 else b).transact(send(f"m{i:03}"))
+    batches = await asyncio.gather(*(s.transact(lease(limit=7)) for _ in range(12) for s in (a, b)))
+    rest = await a.transact(lease(limit=1000))
+    seen = [mid for batch in [*batches, rest] for _, mid in batch]
+    assert len(seen) == len(set(seen)) == 120, "every delivery handed out exactly once"
+    for batch in batches:
+        assert batch == sorted(batch), "each lease is in send order"
+
+
+async def test_fifo_holds_across_hubs(two_hubs: list[PostgresStore]) -> None:
+    a, b = two_hubs
+    for i in range(40):
+        await (a if i % 3 else b).transact(send(f"m{i:03}"))
+    order: list[str] = []
+    for turn in range(10):  # alternating hubs read the inbox together, in order
+        order += [mid for _, mid in await (a, b)[turn % 2].transact(lease(limit=4))]
+    assert order == [f"m{i:03}" for i in range(40)]
+
+
+async def test_seq_and_cursors_follow_commit_order_under_concurrent_writers(
+    two_hubs: list[PostgresStore],
+) -> None:
+    """Writers on both hubs, one reader alternating hubs: a lease never finds a delivery
+    numbered below one it already got, and an incremental feed reader misses nothing."""
+    a, b = two_hubs
+    done = asyncio.Event()
+
+    async def writers() -> None:
+        await asyncio.gather(*(s.transact(send(f"{t}{i:03}")) for i in range(150) for s, t in ((a, "a"), (b, "b"))))  # fmt: skip
+        done.set()
+
+    async def reader() -> tuple[list[int], list[int]]:
+        seqs: list[int] = []
+        cursors: list[int] = []
+        turn = 0
+        while True:
+            finished = done.is_set()
+            store = (a, b)[turn % 2]
+            turn += 1
+            got = await store.transact(lease(limit=50))
+            seqs += [seq for seq, _ in got]
+            after = cursors[-1] if cursors else 0
+            feed = await store.read(feed_after(after))
+            cursors += [c for c, _ in feed]
+            if finished and not got and not feed:
+                return seqs, cursors
+
+    (seqs, cursors), _ = await asyncio.gather(reader(), writers())
+    assert len(seqs) == 300
+    assert seqs == sorted(seqs), "a later lease found a lower seq: numbers out of commit order"
+    full = await a.read(lambda tx: tx.feed(TEAM, 0, 100_000))
+    assert cursors == [c for c, _ in full], "the incremental feed missed events"
+
+
+async def test_same_message_id_on_two_hubs_at_once_is_stored_once(
+    two_hubs: list[PostgresStore],
+) -> None:
+    a, b = two_hubs
+    results = await asyncio.gather(
+        *(s.transact(send(f"dup{i}")) for i in range(20) for s in (a, b, a, b))
+    )
+    assert results.count("inserted") == 20 and results.count("replayed") == 60
+    for i in range(20):
+        assert len(await a.read(copies_of(f"dup{i}"))) == 1
+    with pytest.raises(AlreadyExists):
+        await b.transact(lambda tx: tx.insert_message(msg("dup0"), [Recipient("b")]))
+
+
+async def test_two_hubs_expire_leases_without_colliding(two_hubs: list[PostgresStore]) -> None:
+    a, b = two_hubs
+    await b.transact(lambda tx: setup_team(tx, "beta"))
+    for i in range(30):
+        await a.transact(send(f"m{i:02}"))
+    await a.transact(lease(limit=30))
+    while sum(await asyncio.gather(a.transact(requeue), b.transact(requeue))):
+        pass
+    assert await a.read(lambda tx: tx.expired_leases(T0 + 61, 100)) == []
+    for i in range(30):
+        hist = await b.read(history_of(f"m{i:02}"))
+        assert [e.event for e in hist] == ["queued", "leased", "lease_expired"], hist
+
+
+async def test_two_hubs_never_run_one_job_twice(two_hubs: list[PostgresStore]) -> None:
+    a, b = two_hubs
+    await a.transact(lambda tx: setup_team(tx, "beta"))
+
+    def add(tx: Tx) -> None:
+        for i in range(40):
+            tx.add_job(Job("alpha" if i % 2 else "beta", "timer", T0 + i, T0))
+
+    await a.transact(add)
+
+    def run_due(tx: Tx) -> list[int]:
+        jobs = tx.due_jobs(T0 + 100, 3)
+        for j in jobs:
+            assert tx.finish_job(j.job_id, JobState.DONE, T0 + 100)
+        return [j.job_id for j in jobs]
+
+    ran: list[int] = []
+    while batch := [i for ids in await asyncio.gather(*(s.transact(run_due) for s in (a, b, a, b))) for i in ids]:  # fmt: skip
+        ran += batch
+    assert len(ran) == len(set(ran)) == 40
+    assert await b.read(lambda tx: tx.next_job_due()) is None
+
+
+async def test_one_open_link_per_pair_across_hubs(two_hubs: list[PostgresStore]) -> None:
+    a, b = two_hubs
+
+    def open_link(i: int) -> Callable[[Tx], Link]:
+        link = Link(TEAM, f"l{i}", "a", "sa", "b", None, 8, T0 + i)
+        return lambda tx: tx.insert_link(link)
+
+    links = await asyncio.gather(*(s.transact(open_link(i)) for i in range(10) for s in (a, b)))
+    assert len({k.link_id for k in links}) == 1
+    assert len(await a.read(lambda tx: tx.list_links(TEAM, open_only=True))) == 1
+
+
+# -- wake-ups -------------------------------------------------------------------
+
+
+async def test_notify_wakes_the_other_hub_quickly(new_postgres_url: Callable[[], str]) -> None:
+    # no fallback timer: only NOTIFY can deliver these wake-ups
+    a, b = await open_hubs(new_postgres_url(), 2, fallback_interval=0)
+    try:
+        heard_a, event_a = listen(a)
+        heard_b, event_b = listen(b)
+        await a.transact(setup_team)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await a.transact(send("m1", to="b"))
+        await wait_until(lambda: (TEAM, "b") in heard_b, event_b, 5.0)
+        assert loop.time() - start < 1.0
+        # b's send commits after a's: by the time a hears it, it would have heard its own
+        await b.transact(send("m2", to="c"))
+        await wait_until(lambda: (TEAM, "c") in heard_a, event_a, 5.0)
+        assert (TEAM, "b") not in heard_a, "a store is not woken by its own writes"
+        # a delivery going back to the queue wakes the other hub too
+        await a.transact(lease("c"))
+        heard_b.clear()
+        await a.transact(
+            lambda tx: tx.transition(
+                TEAM, "m2", "c", from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED, now=T0, event="released",
+            )
+        )  # fmt: skip
+        await wait_until(lambda: (TEAM, "c") in heard_b, event_b, 5.0)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_fallback_timer_and_listener_reconnect(new_postgres_url: Callable[[], str]) -> None:
+    url = new_postgres_url()
+    a, b = await open_hubs(url, 2, fallback_interval=0.2)
+    try:
+        heard, event = listen(b)
+        await wait_until(lambda: (None, None) in heard, event, 5.0)  # the fallback timer
+        with psycopg.connect(url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s AND datname = current_database()",
+                (LISTENER_NAME,),
+            ).fetchone()
+        assert killed == (2,)
+        await a.transact(setup_team)
+        for i in range(20):  # the listener comes back within a few backoff steps
+            heard.clear()
+            await a.transact(send(f"m{i}"))
+            try:
+                await wait_until(lambda: (TEAM, "b") in heard, event, 1.0)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise AssertionError("the listener never came back after its connection died")
+    finally:
+        await a.close()
+        await b.close()
+
+
+# -- connections ----------------------------------------------------------------
+
+
+async def test_pool_recovers_when_its_connections_are_killed(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    url = new_postgres_url()
+    (a,) = await open_hubs(url, 1, pool_size=3)
+    try:
+        await a.transact(setup_team)
+        await asyncio.gather(*(a.transact(send(f"w{i}")) for i in range(6)))
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'backchannel' AND datname = current_database()"
+            )
+        assert await a.transact(send("after")) == "inserted"
+        assert await a.read(lambda tx: tx.pending_count(TEAM, "b")) == 7
+    finally:
+        await a.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_unreachable_database_error_names_url_without_password() -> None:
+    url = f"postgresql://bob:s3cret-pw@127.0.0.1:{_free_port()}/nowhere"
+    store = PostgresStore(url, connect_timeout=2)
+    assert "s3cret-pw" not in store.url and "bob:***@127.0.0.1" in store.url
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    text = str(info.value)
+    assert "s3cret-pw" not in text and "s3cret-pw" not in repr(info.value.to_json())
+    assert "127.0.0.1" in text and "nowhere" in text and "cannot connect" in text
+
+
+async def test_wrong_password_error_has_no_password(postgres_url: str) -> None:
+    bad = postgres_url.replace(postgres_url.split(":")[2].split("@")[0], "not-the-password")
+    with pytest.raises(StoreError) as info:
+        await PostgresStore(bad, connect_timeout=5).open()
+    assert "not-the-password" not in str(info.value)
+    assert "password authentication failed" in str(info.value)
+
+
+async def test_store_not_open_and_closed_raise_store_error(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    with pytest.raises(StoreError, match="not open"):
+        await store.transact(lambda tx: None)
+    await store.open()
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError):
+        await store.transact(lambda tx: None)
+
+
+async def test_nul_character_is_refused_cleanly(two_hubs: list[PostgresStore]) -> None:
+    a, _ = two_hubs
+    with pytest.raises(InvalidRequest, match="NUL"):
+        await a.transact(send("nul", text="a\x00b"))
+    assert await a.read(lambda tx: tx.get_message(TEAM, "nul")) is None
+    assert await a.transact(send("fine")) == "inserted"  # the connection is still usable
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgres://u:p%40ss@h/db?sslmode=require", "postgres://u:***@h/db?sslmode=require"),
+        ("postgresql://h/db?user=u&password=pw", "postgresql://h/db?user=u&password=***"),
+        ("host=h user=u password=pw dbname=d", "host=h user=u password=*** dbname=d"),
+        ("host=h password='a b' dbname=d", "host=h password=*** dbname=d"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+
+
+# -- migrations -----------------------------------------------------------------
+
+
+async def test_hubs_starting_together_migrate_once(new_postgres_url: Callable[[], str]) -> None:
+    url = new_postgres_url()
+    stores = [PostgresStore(url) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        await stores[0].transact(setup_team)
+        assert await stores[3].read(lambda tx: tx.get_team(TEAM)) is not None
+    finally:
+        for s in stores:
+            await s.close()
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def test_newer_schema_is_refused_with_both_versions(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    url = new_postgres_url()
+    first = PostgresStore(url)
+    await first.open()  # creates the schema
+    await first.close()
+    newer = SCHEMA_VERSION + 41
+    with psycopg.connect(url) as conn:
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (newer,))
+    with pytest.raises(StoreError) as info:
+        await PostgresStore(url).open()
+    text = str(info.value)
+    assert f"schema version {newer}" in text
+    assert f"up to version {SCHEMA_VERSION}" in text
+    assert "upgrade backchannel" in text
+    assert info.value.details["database_version"] == newer
