@@ -193,6 +193,15 @@ def _first_line(text: str, width: int = 120) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Wait for ``event`` up to ``seconds``. (Not ``asyncio.wait_for``: on Python 3.11 it
+    can swallow a cancellation that arrives as the event is set, leaving a task that will
+    not stop.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
 class _Waiters:
     """Wake-ups for receivers blocked on an empty inbox; keyed by (team, member).
 
@@ -596,8 +605,7 @@ class HubBase:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), remaining)
+            await _wait(ready, remaining)
 
     def _lease_tx(
         self,
@@ -789,8 +797,7 @@ class HubBase:
                 after = item.cursor
                 yield item
             if not items:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ready.wait(), idle_check)
+                await _wait(ready, idle_check)
 
     # -- maintenance -------------------------------------------------------------
     async def maintain(self) -> float | None:
@@ -915,5 +922,4 @@ class HubBase:
             # wake the loop earlier, and a minute is the longest it ever sleeps
             delay = 60.0 if next_due is None else min(max(next_due - self.clock.now(), 0.0), 60.0)
             self._maint_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._maint_wake.wait(), delay + 0.001)
+            await _wait(self._maint_wake, delay + 0.001)

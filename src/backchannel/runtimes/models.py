@@ -97,11 +97,12 @@ class Price:
         ) / 1_000_000
 
 
-#: Known list prices; a team file may set ``price`` for any other model.
+#: List prices by model family (first matching prefix wins); a team file's ``price``
+#: overrides them, and a model matching none costs nothing (local servers).
 PRICES: dict[str, Price] = {
-    "claude-opus-4": Price(15.0, 75.0, 1.5, 18.75),
-    "claude-sonnet-4": Price(3.0, 15.0, 0.3, 3.75),
-    "claude-haiku-4": Price(1.0, 5.0, 0.1, 1.25),
+    "claude-opus": Price(15.0, 75.0, 1.5, 18.75),
+    "claude-sonnet": Price(3.0, 15.0, 0.3, 3.75),
+    "claude-haiku": Price(1.0, 5.0, 0.1, 1.25),
     "gpt-4o": Price(2.5, 10.0, 1.25, 0.0),
     "gpt-4o-mini": Price(0.15, 0.6, 0.075, 0.0),
 }

@@ -130,7 +130,7 @@ async def run_team(
             c = connect(url, token) if hub is None else attach(hub, token)
             await c.start()
             clients[member] = c
-        user = clients.pop("user")
+        user = clients["user"]
         hosted = {m.name: clients[m.name] for m in team.members if m.name in clients}
         counts: dict[str, Any] = {}
         runner = Runner(

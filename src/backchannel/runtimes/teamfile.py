@@ -15,7 +15,7 @@
         kind: llm                   # llm members are hosted by the runner
         model: scripted             # scripted | anthropic | openai
         policy: survey-lead         # scripted only: built-in name or module:function
-        model_name: claude-sonnet-4-5   # anthropic/openai: the model id
+        model_name: claude-sonnet-5-5   # anthropic/openai: the model id
         base_url: http://localhost:11434/v1   # openai-compatible servers
         system: "You lead the team..."
         tools: [send_message, delegate, set_timer]
@@ -95,7 +95,7 @@ class MemberSpec(_Strict):
                 )
             if self.model in ("anthropic", "openai") and not self.model_name:
                 raise ValueError(
-                    f"an {self.model} member needs model_name, e.g. claude-sonnet-4-5 or gpt-4o"
+                    f"an {self.model} member needs model_name, e.g. claude-sonnet-5-5 or gpt-4o"
                 )
         return self
 

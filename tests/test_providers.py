@@ -1,0 +1,232 @@
+"""The model providers against local servers that speak the providers' wire formats."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from backchannel.runtimes.models import ChatMessage, ModelError, ToolCall, ToolSpec
+from backchannel.runtimes.providers import AnthropicModel, OpenAIModel
+
+Answer = Callable[[dict[str, Any], int], tuple[int, dict[str, Any], dict[str, str]]]
+
+
+class FakeProvider:
+    def __init__(self, answer: Answer) -> None:
+        self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                outer.requests.append(
+                    (self.path, body, {k.lower(): v for k, v in self.headers.items()})
+                )
+                status, payload, headers = answer(body, len(outer.requests))
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def provider() -> Iterator[Callable[[Answer], FakeProvider]]:
+    made: list[FakeProvider] = []
+
+    def make(answer: Answer) -> FakeProvider:
+        made.append(FakeProvider(answer))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+TOOLS = [
+    ToolSpec(
+        "send_message",
+        "Send a message.",
+        {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]},
+    )
+]
+CONVO = [
+    ChatMessage("user", "[From user] say hi to b"),
+    ChatMessage("assistant", "calling", (ToolCall("toolu_0", "send_message", {"to": "b"}),)),
+    ChatMessage("tool", "sent m1 to b", call_id="toolu_0"),
+]
+
+ANTHROPIC_TOOL_USE = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-5-5",
+    "content": [
+        {"type": "text", "text": "Sending it."},
+        {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "send_message",
+            "input": {"to": "b", "message": "hi"},
+        },
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "usage": {
+        "input_tokens": 120,
+        "output_tokens": 30,
+        "cache_read_input_tokens": 100,
+        "cache_creation_input_tokens": 0,
+    },
+}
+RATE_LIMIT = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+
+
+async def test_anthropic_tool_use_after_a_rate_limit(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (429, RATE_LIMIT, {"retry-after-ms": "10"}) if n == 1 else (200, ANTHROPIC_TOOL_USE, {})
+        )
+    )
+    model = AnthropicModel("claude-sonnet-5-5", base_url=srv.url)
+    reply = await model.complete("You are terse.", CONVO, TOOLS)
+    assert reply.text == "Sending it."
+    assert reply.tool_calls == (ToolCall("toolu_1", "send_message", {"to": "b", "message": "hi"}),)
+    assert (reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cache_read_tokens) == (
+        120,
+        30,
+        100,
+    )
+    assert reply.stop_reason == "tool_use"
+    assert len(srv.requests) == 2, "the rate limit was retried"
+    path, body, headers = srv.requests[-1]
+    assert path == "/v1/messages"
+    assert headers["authorization"] == "Bearer test-key"
+    assert body["system"][0]["cache_control"] == {"type": "ephemeral"}  # prompt caching
+    assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert body["tools"][0]["input_schema"]["required"] == ["to"]
+    assert body["messages"][1]["content"][1] == {
+        "type": "tool_use",
+        "id": "toolu_0",
+        "name": "send_message",
+        "input": {"to": "b"},
+    }
+    assert body["messages"][2]["content"][0]["type"] == "tool_result"
+    assert body["messages"][2]["content"][0]["tool_use_id"] == "toolu_0"
+
+
+async def test_anthropic_error_is_a_model_error(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    bad = {"type": "error", "error": {"type": "invalid_request_error", "message": "messages: bad"}}
+    srv = provider(lambda body, n: (400, bad, {}))
+    with pytest.raises(ModelError, match="messages: bad"):
+        await AnthropicModel("claude-sonnet-5-5", base_url=srv.url).complete("", CONVO, TOOLS)
+    assert len(srv.requests) == 1, "a 400 is not retried"
+
+
+def test_missing_api_key_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ModelError, match="set ANTHROPIC_API_KEY"):
+        AnthropicModel("claude-sonnet-5-5")
+
+
+OPENAI_TOOL_CALLS = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": "llama3.1",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {
+                            "name": "send_message",
+                            "arguments": '{"to": "b", "message": "hi"}',
+                        },
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {"prompt_tokens": 50, "completion_tokens": 12, "total_tokens": 62},
+}
+
+
+async def test_openai_compatible_tool_calls_after_a_server_error(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    srv = provider(
+        lambda body, n: (
+            (503, {"error": {"message": "overloaded"}}, {"retry-after-ms": "10"})
+            if n == 1
+            else (200, OPENAI_TOOL_CALLS, {})
+        )
+    )
+    model = OpenAIModel("llama3.1", base_url=srv.url + "/v1")
+    reply = await model.complete("You are terse.", CONVO, TOOLS)
+    assert reply.tool_calls == (ToolCall("call_1", "send_message", {"to": "b", "message": "hi"}),)
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (50, 12)
+    assert len(srv.requests) == 2
+    path, body, _ = srv.requests[-1]
+    assert path == "/v1/chat/completions"
+    assert body["messages"][0] == {"role": "system", "content": "You are terse."}
+    assert body["messages"][2]["tool_calls"][0]["function"]["name"] == "send_message"
+    assert body["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "toolu_0",
+        "content": "sent m1 to b",
+    }
+    assert body["tools"][0]["function"]["parameters"]["required"] == ["to"]
+
+
+async def test_openai_error_is_a_model_error(provider: Callable[[Answer], FakeProvider]) -> None:
+    srv = provider(
+        lambda body, n: (
+            401,
+            {"error": {"message": "bad key", "type": "invalid_request_error"}},
+            {},
+        )
+    )
+    with pytest.raises(ModelError, match="bad key"):
+        await OpenAIModel("gpt-4o", base_url=srv.url + "/v1").complete("", CONVO, TOOLS)
+
+
+def test_the_network_guard_stops_a_real_model_call() -> None:
+    sock = socket.socket()
+    try:
+        with pytest.raises(AssertionError, match="tests may only use loopback"):
+            sock.connect(("203.0.113.7", 443))  # stands for api.anthropic.com: never reached
+    finally:
+        sock.close()

@@ -1,0 +1,127 @@
+"""The built-in runner: scripted teams end to end over a real hub; budgets; interruption."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from backchannel.client import attach
+from backchannel.hub import Hub
+from backchannel.runtimes.runner import Runner
+from backchannel.runtimes.scripted import ScriptContext, say
+from backchannel.runtimes.session import run_team
+from backchannel.runtimes.teamfile import load_team, parse_team
+from backchannel.testing import MemoryStore
+from tests.conftest import Server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "a.py").write_text("import os\n\n# TODO: handle errors\nprint(os.name)\n")
+    (ws / "pkg" / "b.py").write_text("x = 1  # FIXME: magic number\n")
+    (ws / "notes.md").write_text("# Notes\n\nnothing to do\n")
+    return ws
+
+
+async def test_survey_team_end_to_end_over_a_real_hub(server: Server, tmp_path: Path) -> None:
+    team = load_team(ROOT / "examples" / "survey-team.yaml")
+    result = await run_team(
+        team,
+        "Survey this repository.",
+        url=server.url,
+        admin_token=server.admin_token,
+        workspace=_workspace(tmp_path),
+        time_limit=60,
+        console=Console(file=io.StringIO()),
+    )
+    assert result.ended_because == "the team is quiet"
+    states = {d["callee"]: d["state"] for d in result.delegations}
+    assert states == {"counter": "answered", "finder": "late"}
+    [link] = result.links
+    assert (link["initiator"], link["responder"]) == ("lead", "reviewer")
+    assert (link["turns_used"], link["budget"], link["close_reason"]) == (2, 2, "budget_exhausted")
+    assert result.duplicates_dropped == 1
+    [report] = [m for m in result.to_user if m["from"] == "lead"]
+    assert "Code by language (8 lines in all)" in report["text"]
+    assert "the totals match" in report["text"]
+    assert "2 TODO/FIXME comments" in report["text"]
+    sessions = {s["session"]: s for s in result.sessions}
+    assert sessions["reviewer-main"]["turns"] >= 1
+    assert any(k.startswith("lead-main--") for k in sessions), "delegations ran in sub-sessions"
+
+
+async def _hub_with(team_yaml: str) -> tuple[Hub, Runner, dict[str, object]]:
+    team = parse_team(team_yaml)
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team(team.team, settings=team.settings())
+    clients = {}
+    for m in team.members:
+        _, token = await hub.add_member(team.team, m.name)
+        clients[m.name] = attach(hub, token)
+        await clients[m.name].start()
+    _, user_token = await hub.create_team("other")  # a second team proves nothing leaks
+    runner = Runner(team, dict(clients), workspace=Path("."), quiet_seconds=0.5, timeout=30)
+    return hub, runner, {"user": user_token}
+
+
+async def test_a_budget_stops_the_agent_with_a_clear_message() -> None:
+    hub, runner, _ = await _hub_with(
+        "team: b\nmembers:\n  - {name: talker, policy: echo, max_tokens: 5}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("b", "boss", "human"))[1])
+        await user.start()
+        ended = await runner.run("a long task description that costs tokens", user)
+        assert ended in ("every agent stopped", "the team is quiet")
+        loop = runner.loops["talker-main"]
+        assert loop.stats.stopped == "budget"
+        assert "Budget spent" in loop.stats.last_output
+        assert "talker stops here" in loop.stats.last_output
+        data = await hub.get_session_data("b", "talker-main")
+        assert data["events"][-1]["kind"] == "agent_stop"
+        assert "Budget spent" in data["events"][-1]["text"]
+    finally:
+        await hub.close()
+
+
+_signals: dict[str, asyncio.Event] = {}
+
+
+async def _stuck(ctx: ScriptContext) -> object:
+    _signals["started"].set()
+    await asyncio.sleep(3600)
+    return say("never")
+
+
+async def test_interrupting_a_turn_loses_nothing() -> None:
+    _signals["started"] = asyncio.Event()
+    hub, runner, _ = await _hub_with(
+        "team: c\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_stuck'}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("c", "boss", "human"))[1])
+        await user.start()
+        run = asyncio.create_task(runner.run("do the thing", user))
+        await asyncio.wait_for(_signals["started"].wait(), 10)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        s = await hub.get_session("c", "worker-main")
+        assert s.state.value == "idle", "the interrupted turn is closed"
+        assert await hub.pending("c", "worker") == 1, "its input is back in the queue"
+        got = await hub.receive("c", "worker", session="worker-main")
+        assert [g.message.text for g in got] == ["do the thing"]
+        assert got[0].attempt == 2
+        data = await hub.get_session_data("c", "worker-main")
+        stops = [e for e in data["events"] if e["kind"] == "agent_stop"]
+        assert stops[-1]["data"] == {"interrupted": True}
+    finally:
+        await hub.close()

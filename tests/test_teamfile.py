@@ -1,0 +1,90 @@
+"""Team files: validated with errors that point at the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backchannel.errors import InvalidRequest
+from backchannel.runtimes.teamfile import load_team, parse_team
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_demo_team_file_is_valid() -> None:
+    team = load_team(ROOT / "examples" / "survey-team.yaml")
+    assert team.team == "survey"
+    assert team.lead_name == "lead"
+    assert [m.name for m in team.members] == ["lead", "counter", "finder", "reviewer"]
+    assert team.settings() == {"anchor_policy": "enforce", "link_budget": 2}
+
+
+def _error(text: str) -> str:
+    with pytest.raises(InvalidRequest) as exc:
+        parse_team(text, "team.yaml")
+    return exc.value.message
+
+
+def test_unknown_tool_points_at_the_line() -> None:
+    msg = _error(
+        "team: t\nmembers:\n  - name: a\n    policy: echo\n    tools: [send_message, teleport]\n"
+    )
+    assert msg.splitlines()[1].startswith("team.yaml:5: members[0].tools: unknown tool 'teleport'")
+
+
+def test_several_errors_each_with_its_line() -> None:
+    msg = _error(
+        "team: bad name\nmembers:\n  - name: a\n    model: scripted\n  - name: b\n    model: gpt\n"
+    )
+    lines = msg.splitlines()[1:]
+    assert lines[0].startswith("team.yaml:1: team: use 1 to 64 letters")
+    assert any(
+        line.startswith("team.yaml:3: members[0]: a scripted member needs a policy")
+        for line in lines
+    )
+    assert any(
+        line.startswith(
+            "team.yaml:6: members[1].model: Input should be 'scripted', 'anthropic' or 'openai'"
+        )
+        for line in lines
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("team: t\nmembers: [\n", "team.yaml:3: not valid YAML"),
+        ("- just a list\n", "team.yaml:1: a team file is a mapping"),
+        ("team: t\nmembers: []\n", "team.yaml:2: members: List should have at least 1 item"),
+        (
+            "team: t\nmembers:\n  - {name: a, policy: echo}\n  - {name: a, policy: echo}\n",
+            "member names must be unique; repeated: a",
+        ),
+        (
+            "team: t\nlead: zed\nmembers:\n  - {name: a, policy: echo}\n",
+            "lead 'zed' is not a member",
+        ),
+        ("team: t\nmembers:\n  - {name: a, kind: human}\n", "no llm member"),
+        (
+            "team: t\nmembers:\n  - {name: user, policy: echo}\n",
+            "team.yaml:3: members[0].name: use 1 to 64",
+        ),
+        ("team: t\nmembers:\n  - {name: a, model: anthropic}\n", "needs model_name"),
+        (
+            "team: t\ncolour: blue\nmembers:\n  - {name: a, policy: echo}\n",
+            "team.yaml:2: colour: Extra inputs are not permitted",
+        ),
+        (
+            "team: t\nmembers:\n  - name: a\n    policy: echo\n    budget_usd: -1\n",
+            "team.yaml:5: members[0].budget_usd",
+        ),
+    ],
+)
+def test_validation_errors(text: str, needle: str) -> None:
+    assert needle in _error(text)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="cannot read team file"):
+        load_team(tmp_path / "nope.yaml")
