@@ -410,3 +410,20 @@ async def test_tool_response_tokens_tampered_expired_replayed(clock: FakeClock) 
         with pytest.raises(Unauthorized, match="expired"):
             await hub.accept_tool_response(token2, "too late")
         assert d.delegation_id != d2.delegation_id
+
+
+async def test_a_hook_attached_callee_answers_from_its_own_session(hub: Hub) -> None:
+    await _team(hub)
+    await hub.add_member("t", "cc", "claude-code")
+    await hub.open_session("t", "cc", "cc-live")  # a Claude Code session, as its hooks opened it
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    d = await hub.delegate("t", "lead", "lead-s", "cc", "review the diff", tool_use_id="tu_cc")
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    got = await hub.receive("t", "cc", session="cc-live")  # e.g. handed over by a Stop hook
+    assert [g.message.text for g in got] == ["review the diff"]
+    assert (await hub.get_delegation("t", d.delegation_id)).callee_session == "cc-live"
+    await hub.ack("t", "cc", [got[0].message.message_id])
+    await hub.report_event("t", "cc", "cc-live", "turn_start")
+    await hub.report_event("t", "cc", "cc-live", "agent_stop", "LGTM")
+    [result] = await _results(hub)
+    assert result.text.endswith("LGTM")

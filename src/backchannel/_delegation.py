@@ -31,8 +31,10 @@ from backchannel.types import (
     HUB_SENDER,
     Delegation,
     DelegationState,
+    InboxMessage,
     Job,
     LedgerEntry,
+    MemberKind,
     Message,
     MessageKind,
     Route,
@@ -41,6 +43,8 @@ from backchannel.types import (
 )
 
 CHAT_PATH = "/api/chat"
+#: Member kinds whose runtime the hub reaches through hooks, not by starting sessions.
+HOOK_KINDS = frozenset({MemberKind.CLAUDE_CODE, MemberKind.CODEX, MemberKind.GEMINI})
 RESPONSE_PATH = "/api/tools/response"
 
 
@@ -171,10 +175,18 @@ class DelegationMixin(OutboxMixin):
         return d
 
     def _start_callee(self, tx: Tx, d: Delegation, *, sender: str, now: float) -> None:
-        """Open the callee's session for this request and give it the task."""
+        """Open the callee's session for this request and give it the task.
+
+        Agents attached through hooks (Claude Code, Codex, Gemini) cannot be started in a
+        new session by the hub: their task goes to the member, and whichever session of
+        theirs takes it answers it with its next ``agent_stop``."""
         assert d.callee_session is not None
         callee = d.callee.partition("@")[0]
-        if tx.get_session(d.team, d.callee_session) is None:
+        member = tx.get_member(d.team, callee)
+        pinned: str | None = d.callee_session
+        if member is not None and member.kind in HOOK_KINDS:
+            pinned = None
+        elif tx.get_session(d.team, d.callee_session) is None:
             tx.put_session(Session(d.team, d.callee_session, callee, SessionState.IDLE, now, now))
         # the reply route stays in the delegation record, never in the message
         msg = Message(
@@ -185,11 +197,21 @@ class DelegationMixin(OutboxMixin):
             text=d.task,
             kind=MessageKind.DELEGATION,
             created_at=now,
-            fingerprint=delivery.fingerprint(
-                sender, callee, d.task, None, "delegation", d.callee_session
-            ),
+            fingerprint=delivery.fingerprint(sender, callee, d.task, None, "delegation", pinned),
+            meta={"delegation_id": d.delegation_id},
         )
-        self._insert(tx, msg, d.callee_session)
+        self._insert(tx, msg, pinned)
+
+    def _after_lease(
+        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
+    ) -> None:
+        super()._after_lease(tx, session, got, now)
+        for m in got:
+            did = m.message.meta.get("delegation_id")
+            if m.message.kind is MessageKind.DELEGATION and isinstance(did, str):
+                d = tx.get_delegation(session.team, did)
+                if d is not None and d.callee_session != session.session_id:
+                    tx.update_delegation(dataclasses.replace(d, callee_session=session.session_id))
 
     async def list_delegations(self, team: str, *, member: str | None = None) -> list[Delegation]:
         return await self.store.read(lambda tx: tx.list_delegations(team, member=member))

@@ -1,10 +1,143 @@
 """HTTP routes for agent runtimes: hook receivers (``/v1/hooks/{runtime}``) and the MCP
-server over streamable HTTP (``/mcp``)."""
+server over streamable HTTP (``/mcp``).
+
+``POST /v1/hooks/{claude-code,codex,gemini}`` takes the runtime's own hook JSON with a
+member token and answers with the runtime's own hook output JSON. A payload it cannot
+use is answered ``200 {}`` (a broken hook must never block the agent), with the reason
+logged and sent back in the ``Backchannel-Hook-Problem`` header. ``?as=TEAM/MEMBER``
+makes the call refuse (with no effect) a token of any other member.
+
+``/mcp`` serves the agent tools (:mod:`.mcp`) to the member whose token is in the
+``Authorization`` header (resolved like every other call), on the hub this process runs.
+It is stateless (each request stands alone, so hub restarts cost clients nothing) and
+answers JSON. ``Backchannel-Session: <id>`` names the session the tools act for.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from backchannel.client import attach
+from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, ServiceError
+from backchannel.hub import Hub
+from backchannel.interfaces.http import Auth, principal
+from backchannel.interfaces.mcp import Agent, build_server, hub_delegate
+from backchannel.runtimes import RUNTIMES
+from backchannel.runtimes.common import PROBLEM_HEADER, check_expected
+from backchannel.runtimes.receiver import handle_hook
+from backchannel.types import Member
+
+log = logging.getLogger("backchannel.hooks")
+
+SESSION_HEADER = "Backchannel-Session"
+_MEMBER_KEY = "backchannel.member"
+_TOKEN_KEY = "backchannel.token"
+_SESSION_KEY = "backchannel.session"
+
+
+def _header_safe(text: str) -> str:
+    return (
+        text.encode("ascii", "replace").decode("ascii").replace("\r", " ").replace("\n", " ")[:500]
+    )
 
 
 def mount_agent_routes(app: FastAPI) -> None:
     """Add the hook receivers and the MCP endpoint to ``app``."""
+    hub: Hub = app.state.hub
+
+    @app.post("/v1/hooks/{runtime}", tags=["hooks"])
+    async def hook(runtime: str, request: Request, who: Auth) -> JSONResponse:
+        """A runtime's hook call: its own hook JSON in, its own hook output JSON out."""
+        me = who.need_member()
+        if runtime not in RUNTIMES:
+            raise InvalidRequest(
+                f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}",
+                field="runtime",
+            )
+        expect = request.query_params.get("as")
+        raw = await request.body()
+        try:
+            check_expected(me, expect)
+            payload: Any = json.loads(raw)
+        except Forbidden as exc:
+            return _ignored(me, runtime, exc.message)
+        except ValueError as exc:
+            return _ignored(me, runtime, f"hook payload is not JSON ({exc})")
+        result = await handle_hook(hub, me, runtime, payload)
+        headers = {PROBLEM_HEADER: _header_safe(result.problem)} if result.problem else None
+        return JSONResponse(result.answer, headers=headers)
+
+    endpoint = McpEndpoint(hub)
+    app.router.routes.append(Route("/mcp", endpoint=endpoint, include_in_schema=False))
+    outer = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async with outer(a) as state, endpoint.running():
+            yield state
+
+    app.router.lifespan_context = lifespan
+
+
+def _ignored(member: Member, runtime: str, reason: str) -> JSONResponse:
+    log.warning("hook %s from %s/%s had no effect: %s", runtime, member.team, member.name, reason)
+    return JSONResponse({}, headers={PROBLEM_HEADER: _header_safe(reason)})
+
+
+class McpEndpoint:
+    """``/mcp``: authenticates the member, then hands the request to the MCP SDK's
+    streamable-HTTP session manager (which runs while the app's lifespan does)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.server = build_server(
+            self._resolve, delegate=getattr(hub, "delegate", None) is not None
+        )
+        self.manager: StreamableHTTPSessionManager | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True)
+        async with manager.run():
+            self.manager = manager
+            try:
+                yield
+            finally:
+                self.manager = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            if self.manager is None:
+                raise ServiceError("the MCP endpoint is not running (the app's lifespan is off)")
+            member = (await principal(request)).need_member()
+        except BackchannelError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            await JSONResponse(exc.to_json(), exc.status, headers=headers)(scope, receive, send)
+            return
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        inner = {
+            **scope,
+            _MEMBER_KEY: member,
+            _TOKEN_KEY: token,
+            _SESSION_KEY: request.headers.get(SESSION_HEADER) or None,
+        }
+        await self.manager.handle_request(inner, receive, send)
+
+    async def _resolve(self, ctx: Any) -> Agent:
+        scope = ctx.request.scope
+        member: Member = scope[_MEMBER_KEY]
+        client = attach(self.hub, scope[_TOKEN_KEY])
+        await client.start()
+        delegate = hub_delegate(self.hub, member.team, member.name)
+        return Agent(client, member.team, member.name, scope.get(_SESSION_KEY), delegate)

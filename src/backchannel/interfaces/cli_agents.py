@@ -1,9 +1,258 @@
-"""CLI commands for agent runtimes: ``hook``, ``mcp`` and ``attach``."""
+"""CLI commands for agent runtimes: ``hook``, ``mcp`` and ``attach``.
+
+``hook`` is run by the runtime itself, so it never fails the agent: it always exits 0
+and prints a JSON object (``{}`` when it has nothing to say); why a call had no effect
+goes to stderr, and to the hub's log. It forwards the payload to the hub's
+``POST /v1/hooks/{runtime}`` when the hub is a server, or applies it in this process on
+the data directory's store otherwise.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
 import typer
+from rich.console import Console
+
+from backchannel import config
+from backchannel.client import HttpClient, LocalClient, connect
+from backchannel.errors import BackchannelError
+
+err = Console(stderr=True, highlight=False)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="BACKCHANNEL_URL", help="Hub URL (http://...) or store URL."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="BACKCHANNEL_TOKEN", help="This agent's member token."),
+]
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option("--home", envvar="BACKCHANNEL_HOME", help="Data directory [./.backchannel]."),
+]
+AsOpt = Annotated[
+    str | None,
+    typer.Option("--as", help="TEAM/MEMBER this agent is attached as; other tokens are refused."),
+]
+
+
+def _hub_url(url: str | None, home: Path | None) -> str:
+    if url:
+        return url
+    data_dir = config.home(home)
+    info = config.read_server_info(data_dir)
+    return str(info["url"]) if info else config.default_store_url(data_dir)
+
+
+# -- hook ---------------------------------------------------------------------------------
+
+
+def run_hook(
+    runtime: str,
+    raw: str,
+    *,
+    url: str | None,
+    token: str | None,
+    home: Path | None = None,
+    expect: str | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """Apply one hook call; returns the answer to print and why it had no effect."""
+    from backchannel.runtimes import RUNTIMES
+
+    if runtime not in RUNTIMES:
+        return {}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}"
+    if not token:
+        return {}, "BACKCHANNEL_TOKEN is not set; export this agent's member token"
+    target = _hub_url(url, home)
+    if target.startswith(("http://", "https://")):
+        return _forward(runtime, raw, target, token, expect)
+    return asyncio.run(_local_hook(runtime, raw, target, token, expect))
+
+
+def _forward(
+    runtime: str, raw: str, url: str, token: str, expect: str | None
+) -> tuple[dict[str, Any], str | None]:
+    from backchannel.runtimes.claude_code import enrich
+    from backchannel.runtimes.common import PROBLEM_HEADER
+
+    body = raw
+    if runtime == "claude-code":
+        # the hub may not see this machine's transcript files; a bad payload goes as it is
+        with contextlib.suppress(ValueError):
+            body = json.dumps(enrich(json.loads(raw)))
+    try:
+        resp = httpx.post(
+            f"{url.rstrip('/')}/v1/hooks/{runtime}",
+            content=body.encode("utf-8"),
+            params={"as": expect} if expect else None,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=httpx.Timeout(30.0, connect=5.0),
+        )
+    except httpx.HTTPError as exc:
+        return {}, f"cannot reach the hub at {url}: {exc}"
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = None
+    if resp.status_code >= 400:
+        error = answer.get("error", {}) if isinstance(answer, dict) else {}
+        return {}, f"hub answered {resp.status_code}: {error.get('message', resp.text[:200])}"
+    return (answer if isinstance(answer, dict) else {}), resp.headers.get(PROBLEM_HEADER)
+
+
+async def _local_hook(
+    runtime: str, raw: str, store_url: str, token: str, expect: str | None
+) -> tuple[dict[str, Any], str | None]:
+    from backchannel.runtimes.common import check_expected
+    from backchannel.runtimes.receiver import handle_hook
+
+    client = connect(store_url, token)
+    assert isinstance(client, LocalClient)
+    async with client:
+        me = client._member()
+        try:
+            check_expected(me, expect)
+            payload = json.loads(raw)
+        except BackchannelError as exc:
+            return {}, exc.message
+        except ValueError as exc:
+            return {}, f"hook payload is not JSON ({exc})"
+        result = await handle_hook(client.hub, me, runtime, payload)
+        return result.answer, result.problem
+
+
+def hook(
+    runtime: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    payload: Annotated[
+        str | None,
+        typer.Argument(help="The hook JSON as an argument (Codex notify); else read from stdin."),
+    ] = None,
+    as_: AsOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """A command hook: the runtime's hook JSON on stdin, its answer on stdout. Always
+    exits 0; why a call had no effect goes to stderr."""
+    answer: dict[str, Any] = {}
+    problem: str | None
+    logging.getLogger("backchannel").setLevel(logging.ERROR)  # reasons are printed below
+    try:
+        raw = payload if payload is not None else sys.stdin.read()
+        answer, problem = run_hook(runtime, raw, url=url, token=token, home=home, expect=as_)
+    except BackchannelError as exc:
+        problem = exc.message
+    except Exception as exc:  # a broken hook must never block the agent
+        problem = f"internal error: {type(exc).__name__}: {exc}"
+    print(json.dumps(answer), flush=True)
+    if problem:
+        print(f"backchannel hook {runtime}: {problem}", file=sys.stderr, flush=True)
+
+
+# -- mcp ----------------------------------------------------------------------------------
+
+
+def mcp(
+    session: Annotated[
+        str | None,
+        typer.Option(envvar="BACKCHANNEL_SESSION", help="The session the tools act for."),
+    ] = None,
+    as_: AsOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """The MCP server on stdio, acting as the member whose token is in BACKCHANNEL_TOKEN."""
+    from backchannel.interfaces.mcp import serve_stdio
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
+    if not token:
+        err.print("[red]error:[/red] set BACKCHANNEL_TOKEN to this agent's member token")
+        raise typer.Exit(1)
+    target = _hub_url(url, home)
+    client = HttpClient(target, token) if target.startswith("http") else connect(target, token)
+    expect = tuple(as_.split("/", 1)) if as_ else ()
+    try:
+        asyncio.run(serve_stdio(client, session=session, expect=expect))
+    except BackchannelError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
+# -- attach -------------------------------------------------------------------------------
+
+
+def _executable() -> str:
+    """How project files should run this command: by name when that is this program."""
+    me = Path(sys.argv[0]).resolve()
+    found = shutil.which("backchannel")
+    if found and Path(found).resolve() == me:
+        return "backchannel"
+    return str(me) if me.name == "backchannel" else "backchannel"
+
+
+def attach(
+    runtime: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    team: Annotated[str, typer.Option(help="The member's team.")],
+    member: Annotated[str, typer.Option(help="The member this agent runs as.")],
+    directory: Annotated[
+        Path, typer.Option("--dir", help="The project directory.", file_okay=False)
+    ] = Path("."),
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the unified diff; write nothing.")
+    ] = False,
+    http: Annotated[
+        bool, typer.Option("--http", help="MCP (and Claude Code hooks) over HTTP, not commands.")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Write the MCP server entry and the hooks into the project's own config files,
+    merged with what is there (backed up first). The token is never written."""
+    from backchannel.runtimes.attach import AttachOptions, apply, instructions, plan
+
+    hub = _hub_url(url, home)
+    if not hub.startswith(("http://", "https://")):
+        hub = "http://127.0.0.1:8765"
+        err.print(f"no running hub found; using {hub} (pass --url to choose)")
+    opts = AttachOptions(
+        team, member, directory.resolve(), hub.rstrip("/"), _executable(), http=http
+    )
+    try:
+        changes = plan(runtime, opts)
+    except BackchannelError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    if dry_run:
+        diffs = [c.diff(opts.directory) for c in changes if c.changed]
+        sys.stdout.write("".join(diffs))
+        if not diffs:
+            err.print("nothing to change")
+        return
+    done = apply(changes)
+    for path, backup in done:
+        note = f" (was saved as {backup.name})" if backup else ""
+        err.print(f"wrote {path.relative_to(opts.directory)}{note}")
+    if not done:
+        err.print("already attached; nothing changed")
+    err.print(instructions(runtime, opts, token))
 
 
 def register(app: typer.Typer) -> None:
     """Add the agent commands to the ``backchannel`` CLI."""
+    app.command()(hook)
+    app.command("mcp")(mcp)
+    app.command()(attach)

@@ -1,0 +1,481 @@
+"""The MCP server: the agent tools, on stdio (``backchannel mcp``) and over streamable
+HTTP (``/mcp`` on ``backchannel serve``, see :mod:`.agents_http`).
+
+Each tool is one row of :data:`TOOLS`: a name, a description an LLM can follow, a
+pydantic model for its arguments (which is also its JSON input schema) and a coroutine
+that runs it for an :class:`Agent`. Nothing a caller sends can crash the server: bad
+arguments and hub errors come back as tool errors (``isError``) that name the argument
+and say what to do.
+
+Tools act for the member whose token the server holds, and for its session: the one
+named (``BACKCHANNEL_SESSION`` on stdio, the ``Backchannel-Session`` header over HTTP),
+or else the member's one session whose turn is open, which is how the hub attributes a
+tool's send to the turn that made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import mcp.types as mt
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backchannel import __version__
+from backchannel.client import Client, HttpClient, LocalClient, Received
+from backchannel.errors import BackchannelError, InvalidState, UnknownSession
+from backchannel.runtimes.common import format_message
+
+__all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami"]
+
+log = logging.getLogger("backchannel.mcp")
+
+#: ``delegate(session, to, task, timeout_s)``: starts a delegation, answers at once.
+DelegateFn = Callable[[str | None, str, str, float | None], Awaitable[Any]]
+
+INSTRUCTIONS = (
+    "backchannel connects you with your teammates (other agents and the user). "
+    "send_message reaches a teammate; their finished turns and messages reach you between "
+    "your turns, framed [From name]. check_inbox reads what waits now. Contribute before "
+    "acknowledging, never restate a peer, ask only what blocks you; silence is valid."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """Who the tools act for."""
+
+    client: Client
+    team: str
+    name: str
+    session: str | None = None  # the session named explicitly, if any
+    delegate: DelegateFn | None = None
+
+
+# -- arguments --------------------------------------------------------------------------
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _NoArgs(_Args):
+    pass
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class SendArgs(_Args):
+    to: Name = Field(description="The teammate's member name (see list_members), or '*' for all.")
+    message: str = Field(min_length=1, description="What to tell them, self-contained.")
+    summary: str | None = Field(
+        None, max_length=200, description="Optional one-line summary shown in listings."
+    )
+    close_link: bool = Field(
+        False,
+        description="Deliver this message, then close the conversation link you opened "
+        "with them (only the member who opened a link may close it).",
+    )
+
+
+class SessionDataArgs(_Args):
+    session: Name = Field(
+        description="A session id, or a teammate's member name for their latest session."
+    )
+    since: int = Field(0, ge=0, description="Only events after this event id (to page on).")
+    tail_chars: int | None = Field(
+        None, ge=1, le=1_000_000, description="Only the last this-many characters of text."
+    )
+
+
+class TimerArgs(_Args):
+    intent: Literal["anchor", "check", "wait"] = Field(
+        description="anchor: bring you back to your own task; check: look at a peer's state "
+        "(needs target); wait: tell you whether a peer replied (needs target)."
+    )
+    minutes: float = Field(gt=0, le=10_080, description="Due in this many minutes.")
+    note: str = Field(
+        min_length=1, max_length=2000, description="The breadcrumb you will read when it fires."
+    )
+    target: str | None = Field(None, description="The peer's member name, for check and wait.")
+
+
+class CancelTimerArgs(_Args):
+    id: int = Field(ge=1, description="The timer id that set_timer returned.")
+
+
+class ReactionArgs(_Args):
+    message_id: Name = Field(description="The id of a message you sent or received.")
+    emoji: str = Field(min_length=1, max_length=32, description="One emoji, e.g. 👍.")
+
+
+class DelegateArgs(_Args):
+    to: Name = Field(description="The teammate's member name.")
+    task: str = Field(min_length=1, description="The task, self-contained: they see only this.")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="Give up after this many seconds (a late answer still arrives).",
+    )
+
+
+# -- the tools ---------------------------------------------------------------------------
+
+Output = tuple[str, Any]
+
+
+async def _send(a: Agent, x: SendArgs) -> Output:
+    r = await a.client.send(
+        x.to, x.message, summary=x.summary, close_link=x.close_link, from_session=a.session
+    )
+    to = ", ".join(r["recipients"])
+    closed = " Your link with them is now closed." if x.close_link else ""
+    return f"Sent to {to} (message_id {r['message_id']}).{closed}", r
+
+
+def _received(m: Received) -> str:
+    return f"{format_message(m.sender, m.kind, m.text)}\n(message_id: {m.message_id})"
+
+
+async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
+    got: list[Received] = []
+    if a.session is not None:
+        # pinned to the session: handed out only while it is between turns
+        with contextlib.suppress(UnknownSession, InvalidState):
+            got += await a.client.receive(limit=50, session=a.session)
+    got += await a.client.receive(limit=50)
+    if got:
+        await a.client.ack([m.message_id for m in got])
+    data = [{k: v for k, v in vars(m).items() if k != "_client"} for m in got]
+    if not got:
+        return "No new messages.", {"messages": []}
+    n = len(got)
+    text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(map(_received, got))
+    return text, {"messages": data}
+
+
+async def sessions(a: Agent, member: str | None = None) -> list[dict[str, Any]]:
+    """Sessions of the agent's team (of one member)."""
+    client = a.client
+    if isinstance(client, LocalClient):
+        from backchannel.hub import session_json
+
+        return [session_json(s) for s in await client.hub.list_sessions(a.team, member)]
+    if isinstance(client, HttpClient):
+        params = {"member": member} if member else {}
+        found: list[dict[str, Any]] = (await client._call("GET", "/v1/sessions", params=params))[
+            "sessions"
+        ]
+        return found
+    return []
+
+
+async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
+    try:
+        data = await a.client.session_data(x.session, since=x.since, tail_chars=x.tail_chars)
+    except UnknownSession:
+        mine = [s for s in await sessions(a, x.session) if s["member"] == x.session]
+        if not mine:
+            raise
+        latest = max(mine, key=lambda s: (s["state"] != "terminated", s["updated_at"]))
+        data = await a.client.session_data(
+            latest["session_id"], since=x.since, tail_chars=x.tail_chars
+        )
+    s = data["session"]
+    lines = [f"Session {s['session_id']} of {s['member']}: {s['state']}, turn {s['turn']}."]
+    for e in data["events"]:
+        lines.append(f"#{e['event_id']} turn {e['turn']} {e['kind']}: {e['text']}")
+    if data.get("note"):
+        lines.append(str(data["note"]))
+    return "\n".join(lines), data
+
+
+async def _list_members(a: Agent, x: _NoArgs) -> Output:
+    members = await a.client.members()
+    live = [s for s in await sessions(a) if s["state"] != "terminated"]
+    lines = [f"Team {a.team}:"]
+    for m in members:
+        own = [f"{s['session_id']} ({s['state']})" for s in live if s["member"] == m["name"]]
+        you = " (you)" if m["name"] == a.name else ""
+        where = f"; sessions: {', '.join(own)}" if own else ""
+        lines.append(f"- {m['name']}{you}, {m['kind']}{where}")
+    return "\n".join(lines), {"members": members, "sessions": live}
+
+
+async def _set_timer(a: Agent, x: TimerArgs) -> Output:
+    t = await a.client.set_timer(x.intent, x.minutes, x.note, x.target, session=a.session)
+    about = f" about {t['target']}" if t.get("target") else ""
+    return (
+        f"{t['intent']} timer {t['timer_id']}{about} set on session {t['session']}; it fires "
+        f"in {x.minutes:g} min with: {t['note']}. cancel_timer(id={t['timer_id']}) cancels it.",
+        t,
+    )
+
+
+async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
+    t = await a.client.cancel_timer(x.id)
+    return f"Timer {x.id} cancelled.", t
+
+
+async def _react(a: Agent, x: ReactionArgs) -> Output:
+    await a.client.react(x.message_id, x.emoji)
+    return f"Reacted {x.emoji} to {x.message_id}.", {"message_id": x.message_id, "emoji": x.emoji}
+
+
+async def _delegate(a: Agent, x: DelegateArgs) -> Output:
+    if a.delegate is None:
+        raise InvalidState("delegation is not available on this hub")
+    result = await a.delegate(a.session, x.to, x.task, x.timeout_s)
+    data = result.to_json() if hasattr(result, "to_json") else result
+    text = json.dumps(data, default=str) if not isinstance(data, str) else data
+    return (
+        f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
+        f"tool result later. {text}",
+        data if isinstance(data, dict) else {"result": data},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    args: type[_Args]
+    run: Callable[[Agent, Any], Awaitable[Output]]
+    #: which argument a hub error is about, by error code or by the hub's field name
+    blame: tuple[tuple[str, str], ...] = ()
+
+    def schema(self) -> dict[str, Any]:
+        schema: dict[str, Any] = _clean(self.args.model_json_schema())
+        return schema
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        "send_message",
+        "Send a message to a teammate. From a turn it opens a conversation link with them, "
+        "so each of your finished turns reaches them and theirs reach you, within a turn "
+        "budget. Refused for unknown names (with suggestions); set an anchor timer first "
+        "if the hub asks for one.",
+        SendArgs,
+        _send,
+        (("unknown_recipient", "to"), ("unknown_member", "to"), ("text", "message")),
+    ),
+    Tool(
+        "check_inbox",
+        "Read the messages waiting for you now (they are then marked read). Messages also "
+        "reach you on their own between turns; call this when you expect something.",
+        _NoArgs,
+        _check_inbox,
+    ),
+    Tool(
+        "get_session_data",
+        "Read a teammate's session transcript (their inputs, thoughts, tool calls, outputs), "
+        "paged and capped. Use it for a deep look; their finished turns already reach you.",
+        SessionDataArgs,
+        _session_data,
+        (("unknown_session", "session"),),
+    ),
+    Tool(
+        "list_members",
+        "List your team's members with their kinds and open sessions.",
+        _NoArgs,
+        _list_members,
+    ),
+    Tool(
+        "set_timer",
+        "Set a heartbeat that fires as a message to you: anchor (return to your task; the "
+        "hub requires a pending anchor before you message a linked peer), check (a peer's "
+        "state and last output), wait (whether a peer replied).",
+        TimerArgs,
+        _set_timer,
+        (("unknown_recipient", "target"), ("unknown_member", "target"), ("seconds", "minutes")),
+    ),
+    Tool(
+        "cancel_timer",
+        "Cancel one of your pending timers.",
+        CancelTimerArgs,
+        _cancel_timer,
+        (("not_found", "id"), ("timer_id", "id"), ("forbidden", "id")),
+    ),
+    Tool(
+        "add_reaction",
+        "React to a message you sent or received with an emoji (not a message: it never "
+        "starts a turn for anyone).",
+        ReactionArgs,
+        _react,
+        (("unknown_message", "message_id"),),
+    ),
+    Tool(
+        "delegate",
+        "Ask a teammate to do a task as an asynchronous tool call: returns a pending id at "
+        "once and their answer arrives later as a tool result; your turn is not held.",
+        DelegateArgs,
+        _delegate,
+        (("unknown_recipient", "to"), ("unknown_member", "to")),
+    ),
+)
+
+
+def _clean(schema: Any) -> Any:
+    """A pydantic JSON schema without titles, optional fields as plain types."""
+    if isinstance(schema, dict):
+        out = {k: _clean(v) for k, v in schema.items() if k != "title"}
+        options = out.get("anyOf")
+        if isinstance(options, list):
+            real = [o for o in options if o != {"type": "null"}]
+            if len(real) == 1 and len(real) < len(options):
+                del out["anyOf"]
+                out.update(real[0])
+        if out.get("default", 0) is None:
+            del out["default"]
+        return out
+    if isinstance(schema, list):
+        return [_clean(v) for v in schema]
+    return schema
+
+
+# -- errors the model can read ----------------------------------------------------------------
+
+
+def _error(text: str) -> mt.CallToolResult:
+    return mt.CallToolResult(content=[mt.TextContent(text=text)], is_error=True)
+
+
+def _validation_text(tool: Tool, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        arg = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        if err.get("type") == "missing":
+            problems.append(f"missing argument '{arg}'")
+        elif err.get("type") == "extra_forbidden":
+            problems.append(f"unexpected argument '{arg}'")
+        elif err.get("type") in ("model_type", "dict_type"):
+            problems.append("arguments must be a JSON object")
+        else:
+            problems.append(f"invalid argument '{arg}': {err.get('msg', 'invalid')}")
+    return f"{tool.name}: {'; '.join(problems)}. Fix the argument(s) and call again."
+
+
+def _hub_error_text(tool: Tool, exc: BackchannelError) -> str:
+    blame = dict(tool.blame)
+    field = exc.details.get("field")
+    arg = blame.get(str(field)) or (field if field in tool.args.model_fields else None)
+    arg = arg or blame.get(exc.code)
+    where = f" (argument '{arg}')" if arg else ""
+    text = f"{tool.name} failed{where}: {exc.message}"
+    suggestions = exc.details.get("suggestions")
+    if suggestions and "did you mean" not in exc.message:
+        text += f" Did you mean: {', '.join(map(str, suggestions))}?"
+    return text
+
+
+# -- the server ----------------------------------------------------------------------------
+
+Resolver = Callable[[Any], Awaitable[Agent]]
+
+
+def build_server(resolve: Resolver, *, delegate: bool = False) -> Server[Any]:
+    """An MCP server with :data:`TOOLS` (``delegate`` only when the hub offers it);
+    ``resolve(ctx)`` says which agent a call acts for."""
+    tools = {t.name: t for t in TOOLS if delegate or t.name != "delegate"}
+    listed = [
+        mt.Tool(name=t.name, description=t.description, input_schema=t.schema())
+        for t in tools.values()
+    ]
+
+    async def list_tools(ctx: Any, params: mt.PaginatedRequestParams | None) -> mt.ListToolsResult:
+        return mt.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: Any, params: mt.CallToolRequestParams) -> mt.CallToolResult:
+        tool = tools.get(params.name)
+        if tool is None:
+            return _error(f"unknown tool {params.name!r}; the tools are: {', '.join(tools)}")
+        try:
+            args = tool.args.model_validate(params.arguments or {})
+        except ValidationError as exc:
+            return _error(_validation_text(tool, exc))
+        try:
+            text, data = await tool.run(await resolve(ctx), args)
+        except BackchannelError as exc:
+            return _error(_hub_error_text(tool, exc))
+        except Exception as exc:
+            log.exception("tool %s failed", tool.name)
+            return _error(f"{tool.name} failed: internal error ({type(exc).__name__}: {exc})")
+        structured = data if isinstance(data, dict) else {"result": data}
+        return mt.CallToolResult(content=[mt.TextContent(text=text)], structured_content=structured)
+
+    return Server(
+        "backchannel",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def hub_delegate(hub: Any, team: str, name: str) -> DelegateFn | None:
+    """``hub.delegate`` bound to a member, when the hub has delegation."""
+    fn = getattr(hub, "delegate", None)
+    if fn is None:
+        return None
+
+    async def run(session: str | None, to: str, task: str, timeout_s: float | None) -> Any:
+        return await fn(team, name, session, to, task, timeout_s=timeout_s)
+
+    return run
+
+
+def client_delegate(client: Client, team: str, name: str) -> DelegateFn | None:
+    """Delegation through the SDK client (in-process: only when the hub has it)."""
+    if isinstance(client, LocalClient):
+        return hub_delegate(client.hub, team, name)
+    fn = getattr(client, "delegate", None)
+    if fn is None:
+        return None
+
+    async def run(session: str | None, to: str, task: str, timeout_s: float | None) -> Any:
+        return await fn(to, task, timeout_s=timeout_s, session=session)
+
+    return run
+
+
+async def whoami(client: Client) -> tuple[str, str]:
+    """``(team, member)`` of the client's token."""
+    if isinstance(client, LocalClient):
+        me = client._member()
+        return me.team, me.name
+    if isinstance(client, HttpClient):
+        data = await client._call("GET", "/v1/me")
+        if data.get("admin"):
+            raise BackchannelError("the MCP server needs a member token, not the admin token")
+        return str(data["team"]), str(data["name"])
+    raise TypeError(f"unsupported client {type(client).__name__}")
+
+
+async def serve_stdio(
+    client: Client, *, session: str | None = None, expect: Sequence[str] = ()
+) -> None:
+    """Serve the tools on stdin/stdout as the member whose token ``client`` holds."""
+    async with client:
+        team, name = await whoami(client)
+        if expect and tuple(expect) != (team, name):
+            raise BackchannelError(
+                f"BACKCHANNEL_TOKEN belongs to {team}/{name}, but this agent is attached as "
+                f"{'/'.join(expect)}; export that member's token"
+            )
+        agent = Agent(client, team, name, session, client_delegate(client, team, name))
+
+        async def resolve(ctx: Any) -> Agent:
+            return agent
+
+        server = build_server(resolve, delegate=agent.delegate is not None)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())

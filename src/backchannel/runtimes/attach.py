@@ -1,0 +1,365 @@
+"""``backchannel attach``: write a runtime's MCP server entry and hooks into a project.
+
+Files (each runtime's documented project-level configuration):
+
+* Claude Code: ``.mcp.json`` (``mcpServers.backchannel``) and
+  ``.claude/settings.local.json`` (``hooks``, and ``enabledMcpjsonServers`` so the
+  server needs no approval; this file is Claude Code's personal, uncommitted one);
+* Codex: ``.codex/config.toml`` (``[mcp_servers.backchannel]``) and ``.codex/hooks.json``;
+* Gemini CLI: ``.gemini/settings.json`` (``mcpServers.backchannel`` and ``hooks``).
+
+What is there is kept: only backchannel's own entries are added or replaced (a hook is
+ours when its command runs ``backchannel ... hook <runtime>`` or its URL is
+``/v1/hooks/<runtime>``). A file that changes is first copied to
+``<file>.bak-<timestamp>``; a second run changes nothing and backs up nothing. The
+member's token is never written: files refer to ``BACKCHANNEL_TOKEN`` the way each
+runtime reads environment values (``${BACKCHANNEL_TOKEN}`` in ``.mcp.json``,
+``$BACKCHANNEL_TOKEN`` in Gemini's settings and Claude Code's HTTP hook headers,
+``env_vars``/``bearer_token_env_var`` in Codex's config).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+import shlex
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backchannel.errors import InvalidRequest
+from backchannel.runtimes import get_runtime
+
+__all__ = ["AttachError", "AttachOptions", "FileChange", "apply", "instructions", "plan"]
+
+SERVER = "backchannel"
+HOOK_TIMEOUT_S = 30
+TOKEN_VAR = "BACKCHANNEL_TOKEN"
+
+
+class AttachError(InvalidRequest):
+    """A project file cannot be merged (it is not valid JSON or TOML, or has another shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttachOptions:
+    team: str
+    member: str
+    directory: Path
+    url: str  # the hub, http(s)://
+    executable: str = "backchannel"
+    http: bool = False  # Claude Code: hooks and MCP over HTTP instead of commands
+
+    @property
+    def who(self) -> str:
+        return f"{self.team}/{self.member}"
+
+    def command(self, *args: str) -> list[str]:
+        return [self.executable, *args]
+
+    def mcp_args(self) -> list[str]:
+        return ["mcp", "--as", self.who, "--url", self.url]
+
+    def hook_command(self, runtime: str) -> str:
+        parts = self.command("hook", runtime, "--as", self.who, "--url", self.url)
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    path: Path
+    before: str | None  # None: the file does not exist yet
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def diff(self, root: Path | None = None) -> str:
+        name = str(self.path.relative_to(root) if root else self.path)
+        lines = difflib.unified_diff(
+            (self.before or "").splitlines(keepends=True),
+            self.after.splitlines(keepends=True),
+            fromfile="/dev/null" if self.before is None else f"a/{name}",
+            tofile=f"b/{name}",
+        )
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# -- merging -------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _json_change(path: Path, edit: Callable[[dict[str, Any]], None]) -> FileChange:
+    before = _read(path)
+    data: Any = {}
+    if before is not None and before.strip():
+        try:
+            data = json.loads(before)
+        except ValueError as exc:
+            raise AttachError(
+                f"cannot merge into {path}: it is not valid JSON ({exc}); fix it or move it away"
+            ) from None
+        if not isinstance(data, dict):
+            raise AttachError(f"cannot merge into {path}: it holds no JSON object")
+    merged = copy.deepcopy(data)
+    edit(merged)
+    if before is not None and merged == data:
+        return FileChange(path, before, before)
+    return FileChange(path, before, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
+
+
+def _obj(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = parent.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise AttachError(f"cannot merge: {where} is not an object")
+    return value
+
+
+def _is_ours(handler: Any, runtime: str) -> bool:
+    if not isinstance(handler, dict):
+        return False
+    command = handler.get("command")
+    if isinstance(command, str) and re.search(rf"backchannel\S*\s+hook\s+{runtime}\b", command):
+        return True
+    url = handler.get("url")
+    return isinstance(url, str) and f"/v1/hooks/{runtime}" in url
+
+
+def _put_hooks(
+    data: dict[str, Any], runtime: str, events: tuple[str, ...], handler: dict[str, Any]
+) -> None:
+    hooks = _obj(data, "hooks", "'hooks'")
+    for event in events:
+        groups = hooks.setdefault(event, [])
+        if not isinstance(groups, list):
+            raise AttachError(f"cannot merge: hooks.{event} is not a list")
+        if not _replace_handler(groups, runtime, handler):
+            groups.append({"hooks": [dict(handler)]})
+
+
+def _replace_handler(groups: list[Any], runtime: str, handler: dict[str, Any]) -> bool:
+    for group in groups:
+        handlers = group.get("hooks") if isinstance(group, dict) else None
+        if isinstance(handlers, list):
+            for i, existing in enumerate(handlers):
+                if _is_ours(existing, runtime):
+                    handlers[i] = dict(handler)
+                    return True
+    return False
+
+
+_TABLE_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def _toml_change(path: Path, table: str, body: dict[str, Any]) -> FileChange:
+    """Insert or replace ``[table]`` (and its sub-tables) with ``body``, keeping the
+    rest of the file as it is written."""
+    before = _read(path)
+    text = before or ""
+    try:
+        current: Any = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise AttachError(f"cannot merge into {path}: it is not valid TOML ({exc})") from None
+    for part in table.split("."):
+        current = current.get(part) if isinstance(current, dict) else None
+    if current == body and before is not None:
+        return FileChange(path, before, before)
+    block = f"[{table}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items())
+    lines = text.splitlines(keepends=True)
+    start = next(
+        (i for i, line in enumerate(lines) if (m := _TABLE_RE.match(line)) and m[1] == table),
+        None,
+    )
+    if start is None:
+        sep = "" if not text else ("\n" if text.endswith("\n") else "\n\n")
+        after = f"{text}{sep}{block}"
+    else:
+        end = start + 1
+        while end < len(lines):
+            m = _TABLE_RE.match(lines[end])
+            if m and not m[1].startswith(table + "."):
+                break
+            end += 1
+        tail = "\n" if end < len(lines) else ""
+        after = "".join(lines[:start]) + block + tail + "".join(lines[end:])
+    try:
+        tomllib.loads(after)
+    except tomllib.TOMLDecodeError as exc:
+        raise AttachError(
+            f"cannot merge into {path}: [{table}] is defined in a way this command cannot "
+            f"rewrite ({exc}); remove it and run attach again"
+        ) from None
+    return FileChange(path, before, after)
+
+
+# -- the runtimes ----------------------------------------------------------------------------
+
+
+def _claude_code(opts: AttachOptions) -> list[FileChange]:
+    d = opts.directory
+    server: dict[str, Any]
+    if opts.http:
+        server = {
+            "type": "http",
+            "url": f"{opts.url}/mcp",
+            "headers": {"Authorization": f"Bearer ${{{TOKEN_VAR}}}"},
+        }
+        handler: dict[str, Any] = {
+            "type": "http",
+            "url": f"{opts.url}/v1/hooks/claude-code?as={opts.who}",
+            "headers": {"Authorization": f"Bearer ${TOKEN_VAR}"},
+            "allowedEnvVars": [TOKEN_VAR],
+            "timeout": HOOK_TIMEOUT_S,
+        }
+    else:
+        server = {
+            "type": "stdio",
+            "command": opts.executable,
+            "args": opts.mcp_args(),
+            "env": {TOKEN_VAR: f"${{{TOKEN_VAR}}}"},
+        }
+        handler = {
+            "type": "command",
+            "command": opts.hook_command("claude-code"),
+            "timeout": HOOK_TIMEOUT_S,
+        }
+
+    def mcp_json(data: dict[str, Any]) -> None:
+        _obj(data, "mcpServers", "'mcpServers'")[SERVER] = server
+
+    def settings(data: dict[str, Any]) -> None:
+        _put_hooks(data, "claude-code", get_runtime("claude-code").events, handler)
+        enabled = data.setdefault("enabledMcpjsonServers", [])
+        if not isinstance(enabled, list):
+            raise AttachError("cannot merge: enabledMcpjsonServers is not a list")
+        if SERVER not in enabled:
+            enabled.append(SERVER)
+
+    return [
+        _json_change(d / ".mcp.json", mcp_json),
+        _json_change(d / ".claude" / "settings.local.json", settings),
+    ]
+
+
+def _codex(opts: AttachOptions) -> list[FileChange]:
+    d = opts.directory
+    body: dict[str, Any]
+    if opts.http:
+        body = {"url": f"{opts.url}/mcp", "bearer_token_env_var": TOKEN_VAR}
+    else:
+        body = {
+            "command": opts.executable,
+            "args": opts.mcp_args(),
+            "env_vars": [TOKEN_VAR, "BACKCHANNEL_SESSION"],
+        }
+    handler = {"type": "command", "command": opts.hook_command("codex"), "timeout": HOOK_TIMEOUT_S}
+    events = get_runtime("codex").events
+    return [
+        _toml_change(d / ".codex" / "config.toml", f"mcp_servers.{SERVER}", body),
+        _json_change(
+            d / ".codex" / "hooks.json", lambda data: _put_hooks(data, "codex", events, handler)
+        ),
+    ]
+
+
+def _gemini(opts: AttachOptions) -> list[FileChange]:
+    server: dict[str, Any]
+    if opts.http:
+        server = {
+            "httpUrl": f"{opts.url}/mcp",
+            "headers": {"Authorization": f"Bearer ${TOKEN_VAR}"},
+        }
+    else:
+        server = {
+            "command": opts.executable,
+            "args": opts.mcp_args(),
+            "env": {TOKEN_VAR: f"${TOKEN_VAR}"},
+        }
+    handler = {
+        "type": "command",
+        "command": opts.hook_command("gemini"),
+        "name": SERVER,
+        "timeout": HOOK_TIMEOUT_S * 1000,  # Gemini CLI counts milliseconds
+    }
+
+    def settings(data: dict[str, Any]) -> None:
+        _obj(data, "mcpServers", "'mcpServers'")[SERVER] = server
+        _put_hooks(data, "gemini", get_runtime("gemini").events, handler)
+
+    return [_json_change(opts.directory / ".gemini" / "settings.json", settings)]
+
+
+_WRITERS: dict[str, Callable[[AttachOptions], list[FileChange]]] = {
+    "claude-code": _claude_code,
+    "codex": _codex,
+    "gemini": _gemini,
+}
+
+
+def plan(runtime: str, opts: AttachOptions) -> list[FileChange]:
+    """What ``attach`` would write (unchanged files included, with ``changed`` false)."""
+    get_runtime(runtime)
+    if not opts.url.startswith(("http://", "https://")):
+        raise AttachError(f"--url must be the hub's http(s):// address, not {opts.url!r}")
+    return _WRITERS[runtime](opts)
+
+
+def apply(changes: list[FileChange], *, stamp: str | None = None) -> list[tuple[Path, Path | None]]:
+    """Write the changed files, each existing one backed up first.
+    Returns ``(written file, its backup or None)`` pairs."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    done: list[tuple[Path, Path | None]] = []
+    for change in changes:
+        if not change.changed:
+            continue
+        backup = None
+        if change.before is not None:
+            backup = change.path.with_name(f"{change.path.name}.bak-{stamp}")
+            n = 1
+            while backup.exists():
+                n += 1
+                backup = change.path.with_name(f"{change.path.name}.bak-{stamp}-{n}")
+            backup.write_text(change.before, encoding="utf-8")
+        change.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = change.path.with_name(f".{change.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(change.after, encoding="utf-8")
+        tmp.replace(change.path)
+        done.append((change.path, backup))
+    return done
+
+
+_START = {
+    "claude-code": "claude",
+    "codex": "codex",
+    "gemini": "gemini",
+}
+
+
+def instructions(runtime: str, opts: AttachOptions, token: str | None) -> str:
+    """What to do next: export the token (never written to the project), then start."""
+    value = shlex.quote(token) if token else f"<the token of {opts.who}>"
+    lines = [
+        f"Attached {runtime} in {opts.directory} as {opts.who} (hub {opts.url}).",
+        "The token is not written to any file. In the shell that starts the agent:",
+        "",
+        f"  export {TOKEN_VAR}={value}",
+        f"  cd {shlex.quote(str(opts.directory))} && {_START[runtime]}",
+        "",
+        "Each running agent needs its own member's token.",
+    ]
+    if runtime == "codex":
+        lines.append("Codex reads .codex/ only in a trusted project; trust it when asked.")
+    return "\n".join(lines)

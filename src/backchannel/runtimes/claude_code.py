@@ -1,0 +1,139 @@
+"""Claude Code hooks: payloads in, hook output JSON out.
+
+Every payload carries ``session_id``, ``transcript_path``, ``cwd`` and
+``hook_event_name``. Mapped events:
+
+=================  =========================================================
+SessionStart       open (or resume) the session; ``source`` startup/resume/clear/compact
+UserPromptSubmit   ``turn_start`` with ``prompt``; waiting messages as additionalContext
+PreToolUse         ``tool_call`` (``tool_name``, ``tool_input``, ``tool_use_id``)
+PostToolUse        ``tool_result`` (``tool_response``)
+Stop               ``agent_stop`` with ``last_assistant_message`` (else the transcript's
+                   last assistant message); waiting messages answer ``decision: block``
+SubagentStop       ``agent_output`` of a subagent, inside the parent's turn
+SessionEnd         terminate the session (``reason``)
+=================  =========================================================
+
+Codex's hooks use the same payloads and answers (:mod:`.codex` reuses :func:`parse_event`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from backchannel.runtimes.common import (
+    HookEvent,
+    HookInputError,
+    HookKind,
+    Outcome,
+    Runtime,
+    compact,
+    event_name,
+    last_assistant_text,
+    opt_bool,
+    opt_str,
+    req_str,
+    tool_call_text,
+)
+
+NAME = "claude-code"
+EVENTS = (
+    "SessionStart",
+    "UserPromptSubmit",
+    "PreToolUse",
+    "PostToolUse",
+    "Stop",
+    "SubagentStop",
+    "SessionEnd",
+)
+_KINDS = {
+    "SessionStart": HookKind.SESSION_START,
+    "UserPromptSubmit": HookKind.PROMPT,
+    "PreToolUse": HookKind.TOOL_CALL,
+    "PostToolUse": HookKind.TOOL_RESULT,
+    "Stop": HookKind.STOP,
+    "SubagentStop": HookKind.SUBAGENT_STOP,
+    "SessionEnd": HookKind.SESSION_END,
+}
+
+
+def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KINDS) -> HookEvent:
+    """A Claude-shaped hook payload (Claude Code, Codex hooks) as a :class:`HookEvent`."""
+    obj, name = event_name(payload, "hook_event_name")
+    kind = kinds.get(name)
+    if kind is None:
+        raise HookInputError(f"{runtime} event {name!r} is not one backchannel maps")
+    sid = req_str(obj, "session_id")
+    transcript = opt_str(obj, "transcript_path")
+    common: dict[str, Any] = {
+        "runtime": runtime,
+        "name": name,
+        "kind": kind,
+        "session_id": sid,
+        "transcript_path": transcript,
+    }
+    if kind is HookKind.PROMPT:
+        return HookEvent(**common, text=opt_str(obj, "prompt") or "")
+    if kind in (HookKind.TOOL_CALL, HookKind.TOOL_RESULT):
+        tool = req_str(obj, "tool_name")
+        text = (
+            tool_call_text(tool, obj.get("tool_input"))
+            if kind is HookKind.TOOL_CALL
+            else compact(obj.get("tool_response", ""))
+        )
+        return HookEvent(**common, text=text, tool=tool, tool_id=opt_str(obj, "tool_use_id"))
+    if kind in (HookKind.STOP, HookKind.SUBAGENT_STOP):
+        closing = opt_str(obj, "last_assistant_message")
+        source = opt_str(obj, "agent_transcript_path") if kind is HookKind.SUBAGENT_STOP else None
+        if closing is None and (source or transcript):
+            closing = last_assistant_text(source or transcript or "")
+        extra = {"agent_id": obj["agent_id"]} if isinstance(obj.get("agent_id"), str) else {}
+        if isinstance(obj.get("agent_type"), str):
+            extra["agent_type"] = obj["agent_type"]
+        return HookEvent(
+            **common,
+            text=closing or "",
+            stop_hook_active=opt_bool(obj, "stop_hook_active"),
+            extra=extra,
+        )
+    if kind is HookKind.SESSION_START:
+        return HookEvent(**common, detail=opt_str(obj, "source") or "")
+    return HookEvent(**common, detail=opt_str(obj, "reason") or "")
+
+
+def parse(payload: Any) -> HookEvent:
+    return parse_event(NAME, payload)
+
+
+def render_event(event: HookEvent, outcome: Outcome) -> dict[str, Any]:
+    """Claude Code's hook output: ``decision: block`` keeps a stopping agent going with
+    ``reason`` as its input; ``additionalContext`` adds to a prompt or a session start."""
+    if outcome.continue_with and event.kind is HookKind.STOP and event.answerable:
+        return {"decision": "block", "reason": outcome.continue_with}
+    if outcome.context and event.kind in (HookKind.PROMPT, HookKind.SESSION_START):
+        return {
+            "hookSpecificOutput": {
+                "hookEventName": event.name,
+                "additionalContext": outcome.context,
+            }
+        }
+    return {}
+
+
+RUNTIME = Runtime(NAME, parse, render_event, EVENTS)
+
+
+def enrich(payload: Any) -> Any:
+    """Fill in ``last_assistant_message`` from the transcript on this machine (for a
+    hook forwarded to a hub elsewhere, which cannot read the agent's files)."""
+    if (
+        isinstance(payload, dict)
+        and payload.get("hook_event_name") in ("Stop", "SubagentStop")
+        and not isinstance(payload.get("last_assistant_message"), str)
+    ):
+        path = payload.get("agent_transcript_path") or payload.get("transcript_path")
+        text = last_assistant_text(path) if isinstance(path, str) and path else None
+        if text is not None:
+            return {**payload, "last_assistant_message": text}
+    return payload

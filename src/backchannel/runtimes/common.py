@@ -1,0 +1,241 @@
+"""What every runtime's hooks share: the normalized hook event, the answer a receiver
+decides on, payload field helpers, message formatting, and Claude Code transcripts.
+
+A runtime module (:mod:`.claude_code`, :mod:`.codex`, :mod:`.gemini`) only translates:
+``parse(payload) -> HookEvent`` and ``render(event, outcome) -> dict`` (its own hook
+output JSON). What an event does to the hub lives in :mod:`.receiver`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from backchannel.errors import Forbidden
+from backchannel.types import Member
+
+__all__ = [
+    "PROBLEM_HEADER",
+    "HookEvent",
+    "HookInputError",
+    "HookKind",
+    "Outcome",
+    "Runtime",
+    "check_expected",
+    "compact",
+    "format_messages",
+    "last_assistant_text",
+    "opt_bool",
+    "opt_str",
+    "req_str",
+]
+
+#: Response header of ``POST /v1/hooks/{runtime}`` that says why a call had no effect.
+PROBLEM_HEADER = "Backchannel-Hook-Problem"
+#: Longest text recorded for one tool call or tool result (the rest is cut, marked).
+TOOL_TEXT_LIMIT = 8_000
+#: How much of a transcript's tail is read to find the last assistant message.
+TRANSCRIPT_TAIL_BYTES = 2 * 1024 * 1024
+
+
+class HookInputError(ValueError):
+    """The hook payload cannot be used (malformed, or a field is missing or mistyped)."""
+
+
+class HookKind(StrEnum):
+    SESSION_START = "session_start"
+    PROMPT = "prompt"  # the user's input opens a turn
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    STOP = "stop"  # the turn's closing text
+    SUBAGENT_STOP = "subagent_stop"
+    SESSION_END = "session_end"
+
+
+@dataclass(frozen=True, slots=True)
+class HookEvent:
+    """One runtime hook call, normalized."""
+
+    runtime: str
+    name: str  # the runtime's own event name: "Stop", "AfterAgent", "agent-turn-complete"...
+    kind: HookKind
+    session_id: str
+    text: str = ""  # the prompt, the closing text, or a tool call / result summary
+    tool: str | None = None
+    tool_id: str | None = None
+    stop_hook_active: bool = False
+    answerable: bool = True  # False when the runtime ignores the answer (Codex notify)
+    detail: str = ""  # SessionStart source, SessionEnd reason
+    transcript_path: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the receiver decided to put in front of the agent (nothing by default)."""
+
+    context: str | None = None  # additional context for this turn (prompt / session start)
+    continue_with: str | None = None  # stop-type hooks: keep going with this input
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """A runtime's translation of hook payloads and answers."""
+
+    name: str
+    parse: Callable[[Any], HookEvent]
+    render: Callable[[HookEvent, Outcome], dict[str, Any]]
+    events: tuple[str, ...]  # the hook events ``attach`` registers
+
+
+def check_expected(member: Member, expect: str | None) -> None:
+    """Refuse a token of another member than ``TEAM/MEMBER`` (``attach`` writes it)."""
+    if expect and expect != f"{member.team}/{member.name}":
+        raise Forbidden(
+            f"the token belongs to {member.team}/{member.name}, but this agent is attached "
+            f"as {expect}; export that member's token as BACKCHANNEL_TOKEN"
+        )
+
+
+# -- payload fields -------------------------------------------------------------------
+
+
+def _obj(payload: Any) -> Mapping[str, Any]:
+    if not isinstance(payload, Mapping):
+        raise HookInputError(f"hook payload must be a JSON object, not {type(payload).__name__}")
+    return payload
+
+
+def req_str(payload: Mapping[str, Any], *keys: str) -> str:
+    """The first of ``keys`` present as a non-empty string."""
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if value is not None and not isinstance(value, str):
+            raise HookInputError(f"field {key!r} must be a string, not {type(value).__name__}")
+    raise HookInputError(f"missing field {keys[0]!r} (an older runtime version?)")
+
+
+def opt_str(payload: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def opt_bool(payload: Mapping[str, Any], key: str) -> bool:
+    value = payload.get(key)
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def event_name(payload: Any, *keys: str) -> tuple[Mapping[str, Any], str]:
+    obj = _obj(payload)
+    return obj, req_str(obj, *keys)
+
+
+def compact(value: Any, limit: int = TOOL_TEXT_LIMIT) -> str:
+    """``value`` as short text: strings as they are, anything else as compact JSON."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        except (TypeError, ValueError):
+            text = repr(value)
+    if len(text) > limit:
+        cut = len(text) - limit
+        text = f"{text[:limit]}… [{cut} more characters cut]"
+    return text
+
+
+def tool_call_text(tool: str, tool_input: Any) -> str:
+    return f"{tool} {compact(tool_input)}" if tool_input not in (None, {}, "") else tool
+
+
+# -- what the agent reads ----------------------------------------------------------------
+
+
+def format_message(sender: str, kind: str, text: str) -> str:
+    """One message as the agent reads it: a peer's words framed ``[From name]``, the hub's
+    own notices marked, breadcrumbs (timers, checkpoints) as they are."""
+    if kind == "link" or kind in ("timer", "checkpoint"):
+        return text  # link crossings arrive framed already; breadcrumbs speak for themselves
+    if kind == "system":
+        return f"[backchannel] {text}"
+    if kind in ("delegation", "tool_result"):
+        return f"[{kind.replace('_', ' ')} from {sender}] {text}"
+    return f"[From {sender}] {text}"
+
+
+def format_messages(items: Iterable[tuple[str, str, str]], *, heading: str) -> str:
+    """``(sender, kind, text)`` triples as one block of input, under ``heading``."""
+    body = "\n\n".join(format_message(s, k, t) for s, k, t in items)
+    return f"{heading}\n\n{body}"
+
+
+# -- Claude Code transcripts -----------------------------------------------------------
+
+
+def _text_blocks(message: Any) -> list[str]:
+    if not isinstance(message, Mapping):
+        return []
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content] if content.strip() else []
+    out = []
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == "text":
+                text = block.get("text")
+                if isinstance(text, str) and text.strip():
+                    out.append(text)
+    return out
+
+
+def last_assistant_text(path: str | os.PathLike[str]) -> str | None:
+    """The text of the last assistant message in a Claude Code transcript (JSONL, one
+    entry per content block), or ``None`` when there is none or the file is unreadable.
+    Only the file's tail is read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TRANSCRIPT_TAIL_BYTES))
+            raw = f.read()
+    except OSError:
+        return None
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    if len(raw) >= TRANSCRIPT_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line may be cut
+    entries: list[Mapping[str, Any]] = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, Mapping):
+            entries.append(entry)
+    msg_id: object = None
+    parts: list[str] = []
+    for entry in reversed(entries):
+        message = entry.get("message")
+        if entry.get("type") != "assistant" or not isinstance(message, Mapping):
+            if parts:
+                break
+            continue
+        this_id = message.get("id")
+        texts = _text_blocks(message)
+        if not parts:
+            if texts:
+                msg_id, parts = this_id, texts
+            continue
+        if this_id is None or this_id != msg_id:
+            break
+        parts = texts + parts
+    return "\n".join(parts) if parts else None

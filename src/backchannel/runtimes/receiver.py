@@ -1,0 +1,244 @@
+"""What a runtime's hook call does to the hub, and what the agent is answered.
+
+The hub is strict (an event needs an open turn, a session must exist); the hooks of real
+runtimes are not so tidy, so this layer makes them fit:
+
+* A session the hub does not know is opened by whichever event names it first (hooks
+  attached mid-session, Codex ``notify``, a lost ``SessionStart``). ``SessionEnd`` for an
+  unknown session changes nothing. A runtime session that was terminated and is then
+  resumed continues as ``<id>.2`` (``.3``...), so a resumed agent keeps talking.
+* A tool event or a stop outside a turn opens one first (``turn_start``, marked
+  ``opened_by``), so the closing text is still routed.
+* ``SessionStart`` with source ``startup``/``resume`` on a session whose turn was running
+  recovers it (the process died mid-turn); ``clear``/``compact`` leave the turn alone.
+
+Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
+formatted (``[From x] ...``, hub notices, timer breadcrumbs) and become the stop hook's
+"keep going" answer; they are marked delivered and acked as that answer is produced (the
+answer is the delivery), and a ``turn_start`` is reported because the runtime goes on with
+that input. The hub's own notices (link rules, unknown destinations...) never start a
+turn by themselves: alone, they wait for the next turn and ride along with it. Everything
+waiting arrived since the last answer (that answer delivered all there was), and when the
+runtime says its stop hook is already active, messages the agent sent itself are held
+back too, so a continuation can only be fed by others (peers within their links' turn
+budgets, timers that fire once) and can never loop on its own. ``UserPromptSubmit``/``BeforeAgent`` hands waiting
+messages over as additional context of the turn it opens.
+
+Anything wrong (malformed payload, missing fields, someone else's session, a hub error)
+leaves the agent untouched: the answer is ``{}`` and the reason is logged and returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backchannel.core.delivery import check_session_id
+from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
+from backchannel.hub import Hub
+from backchannel.runtimes import get_runtime
+from backchannel.runtimes.common import (
+    HookEvent,
+    HookInputError,
+    HookKind,
+    Outcome,
+    format_messages,
+)
+from backchannel.types import InboxMessage, Member, MessageKind, Session, SessionState
+
+__all__ = ["HookResult", "handle_hook"]
+
+log = logging.getLogger("backchannel.hooks")
+
+#: Most messages handed over in one hook answer (the rest wait for the next one).
+MAX_DELIVERY = 20
+#: How many times one runtime session may be resumed after it was terminated.
+MAX_RESUMES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class HookResult:
+    answer: dict[str, Any]
+    problem: str | None = None  # why the call had no effect, when it had none
+    session: str | None = None
+    delivered: tuple[str, ...] = ()
+
+
+async def handle_hook(hub: Hub, member: Member, runtime: str, payload: Any) -> HookResult:
+    """Apply one hook call for ``member``; never raises."""
+    try:
+        event = get_runtime(runtime).parse(payload)
+    except HookInputError as exc:
+        return _ignored(member, runtime, str(exc))
+    except BackchannelError as exc:
+        return _ignored(member, runtime, exc.message)
+    except Exception as exc:  # a payload shape no parser expected
+        return _ignored(member, runtime, f"unusable payload: {type(exc).__name__}: {exc}")
+    try:
+        outcome, session, delivered = await _apply(hub, member, event)
+    except BackchannelError as exc:
+        return _ignored(member, runtime, f"{event.name}: {exc.message}", event.session_id)
+    except Exception as exc:  # a broken hook must never block the agent
+        log.exception("hook %s %s for %s/%s failed", runtime, event.name, member.team, member.name)
+        return _ignored(member, runtime, f"{event.name}: internal error: {exc}", event.session_id)
+    answer = get_runtime(runtime).render(event, outcome)
+    return HookResult(answer, None, session, delivered)
+
+
+def _ignored(member: Member, runtime: str, reason: str, session: str | None = None) -> HookResult:
+    log.warning(
+        "hook %s from %s/%s (session %s) had no effect: %s",
+        runtime,
+        member.team,
+        member.name,
+        session or "-",
+        reason,
+    )
+    return HookResult({}, reason, session)
+
+
+def intro(member: Member) -> str:
+    return (
+        f"backchannel: you are '{member.name}' in team '{member.team}'. Teammates' messages "
+        "reach you between turns, framed [From name]. Reach them with the backchannel tools "
+        "(send_message, check_inbox, list_members, set_timer), or end your reply with "
+        '<message to="name">...</message>.'
+    )
+
+
+async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | None, tuple[str, ...]]:
+    if ev.kind is HookKind.SESSION_END:
+        ended = await _find(hub, m, ev.session_id, create=False)
+        if ended is None:
+            raise UnknownSession(f"no open session {ev.session_id!r} to end", session=ev.session_id)
+        reason = f"{ev.runtime} {ev.name}" + (f" ({ev.detail})" if ev.detail else "")
+        await hub.terminate_session(m.team, m.name, ended.session_id, reason)
+        return Outcome(), ended.session_id, ()
+    if ev.kind is HookKind.SESSION_START:
+        started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
+        return Outcome(context=intro(m)), started.session_id, ()
+
+    s = await _live(hub, m, ev.session_id)
+    sid = s.session_id
+    if ev.kind is HookKind.PROMPT:
+        got = await _lease(hub, m, sid) if s.state is SessionState.IDLE else []
+        try:
+            await _event(hub, m, sid, "turn_start", ev.text, {"hook": ev.name})
+        except BaseException:
+            await _release(hub, m, got)
+            raise
+        if not got:
+            return Outcome(), sid, ()
+        text = _format(got, "arrived for you while you were away")
+        return Outcome(context=text), sid, await _delivered(hub, m, got, ev)
+
+    if s.state is not SessionState.ACTIVE:
+        opening = str(ev.extra.get("input") or "")
+        await _event(hub, m, sid, "turn_start", opening, {"opened_by": ev.name})
+    data: dict[str, Any] = {"hook": ev.name}
+    if ev.tool:
+        data["tool"] = ev.tool
+    if ev.tool_id:
+        data["id"] = ev.tool_id
+    if ev.kind is HookKind.TOOL_CALL:
+        await _event(hub, m, sid, "tool_call", ev.text, data)
+        return Outcome(), sid, ()
+    if ev.kind is HookKind.TOOL_RESULT:
+        await _event(hub, m, sid, "tool_result", ev.text, data)
+        return Outcome(), sid, ()
+    if ev.kind is HookKind.SUBAGENT_STOP:
+        await _event(hub, m, sid, "agent_output", ev.text, {**data, **ev.extra})
+        return Outcome(), sid, ()
+
+    # the turn's end: route the closing text, then hand over what waits
+    await _event(hub, m, sid, "agent_stop", ev.text, data)
+    if not ev.answerable:
+        return Outcome(), sid, ()
+    got = await _lease(hub, m, sid)
+    if ev.stop_hook_active:  # a continuation never feeds itself
+        own = [g for g in got if g.message.sender == m.name]
+        await _release(hub, m, own)
+        got = [g for g in got if g not in own]
+    if not any(g.message.kind is not MessageKind.SYSTEM for g in got):
+        await _release(hub, m, got)  # notices alone wait for the next turn
+        return Outcome(), sid, ()
+    text = _format(got, "arrived for you")
+    ids = [g.message.message_id for g in got]
+    try:
+        await _event(hub, m, sid, "turn_start", text, {"continued_by": ev.name, "messages": ids})
+    except BaseException:
+        await _release(hub, m, got)
+        raise
+    return Outcome(continue_with=text), sid, await _delivered(hub, m, got, ev)
+
+
+async def _event(
+    hub: Hub, m: Member, sid: str, kind: str, text: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    if kind != "agent_stop":  # only the closing text is routed; the rest is a record
+        limit = hub.config.max_text // 4
+        if len(text.encode("utf-8")) > limit:
+            text = text.encode("utf-8")[:limit].decode("utf-8", "ignore") + " […cut]"
+    return await hub.report_event(m.team, m.name, sid, kind, text, data)
+
+
+async def _live(hub: Hub, m: Member, runtime_sid: str, *, recover: bool = False) -> Session:
+    found = await _find(hub, m, runtime_sid, create=True, recover=recover)
+    assert found is not None
+    return found
+
+
+async def _find(
+    hub: Hub, m: Member, runtime_sid: str, *, create: bool, recover: bool = False
+) -> Session | None:
+    """The hub session that carries runtime session ``runtime_sid`` now: the id itself,
+    or ``<id>.N`` after it was terminated and resumed. Opened when ``create``."""
+    base = check_session_id(runtime_sid)
+    for n in range(1, MAX_RESUMES + 1):
+        sid = check_session_id(base if n == 1 else f"{base}.{n}")
+        try:
+            s = await hub.get_session(m.team, sid)
+        except UnknownSession:
+            return await hub.open_session(m.team, m.name, sid) if create else None
+        if s.member != m.name:
+            raise Forbidden(
+                f"session {sid!r} belongs to {s.member!r}, not {m.name!r}; "
+                "each agent needs its own member token"
+            )
+        if s.state is not SessionState.TERMINATED:
+            if recover and s.state is SessionState.ACTIVE:
+                s = await hub.open_session(m.team, m.name, sid)
+            return s
+    raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
+
+
+async def _lease(hub: Hub, m: Member, sid: str) -> list[InboxMessage]:
+    return await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
+
+
+async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
+    if got:
+        await hub.release(m.team, m.name, [g.message.message_id for g in got])
+
+
+async def _delivered(
+    hub: Hub, m: Member, got: Sequence[InboxMessage], ev: HookEvent
+) -> tuple[str, ...]:
+    ids = [g.message.message_id for g in got]
+    for mid in ids:
+        await hub.mark_delivered(m.team, m.name, mid, f"{ev.runtime} {ev.name} hook answer")
+    await hub.ack(m.team, m.name, ids)
+    return tuple(ids)
+
+
+def _format(got: Sequence[InboxMessage], what: str) -> str:
+    n = len(got)
+    heading = (
+        f"backchannel: {n} message{'s' if n != 1 else ''} {what}. Act or reply only if "
+        "they need you; silence is valid."
+    )
+    return format_messages(
+        ((g.message.sender, g.message.kind.value, g.message.text) for g in got), heading=heading
+    )

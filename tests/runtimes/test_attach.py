@@ -1,0 +1,225 @@
+"""``backchannel attach``: writes each runtime's MCP entry and hooks, merged, backed up,
+idempotent, with a dry run; the token never lands in a file."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from backchannel.interfaces.cli import app
+
+from .helpers import SEQUENCES
+
+TOKEN = "bc_SECRET-token-value"
+URL = "http://127.0.0.1:8765"
+FILES = {
+    "claude-code": [".mcp.json", ".claude/settings.local.json"],
+    "codex": [".codex/config.toml", ".codex/hooks.json"],
+    "gemini": [".gemini/settings.json"],
+}
+
+
+def attach(d: Path, runtime: str, *extra: str, member: str = "w") -> Any:
+    args = ["attach", runtime, "--team", "t", "--member", member, "--dir", str(d), "--url", URL]
+    return CliRunner().invoke(app, [*args, *extra], env={"BACKCHANNEL_TOKEN": TOKEN})
+
+
+def _hooks(data: dict[str, Any], event: str) -> list[dict[str, Any]]:
+    return [h for group in data["hooks"][event] for h in group["hooks"]]
+
+
+def _ours(handlers: list[dict[str, Any]], runtime: str) -> list[dict[str, Any]]:
+    return [h for h in handlers if f"hook {runtime}" in h.get("command", "")]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    data: dict[str, Any] = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    return data
+
+
+def _backups(d: Path) -> list[Path]:
+    return sorted(d.rglob("*.bak-*"))
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_attach_to_an_empty_project(tmp_path: Path, runtime: str) -> None:
+    result = attach(tmp_path, runtime)
+    assert result.exit_code == 0, result.output
+    assert f"export BACKCHANNEL_TOKEN={TOKEN}" in result.stderr
+    for name in FILES[runtime]:
+        path = tmp_path / name
+        assert path.exists(), name
+        assert TOKEN not in path.read_text()
+    hooks_file = {"claude-code": 1, "codex": 1, "gemini": 0}[runtime]
+    hooks = _load(tmp_path / FILES[runtime][hooks_file])
+    for event in SEQUENCES[runtime]:
+        [handler] = _ours(_hooks(hooks, event), runtime)
+        assert handler["command"] == f"backchannel hook {runtime} --as t/w --url {URL}"
+        assert handler["type"] == "command"
+    mcp = _load(tmp_path / FILES[runtime][0])
+    server = (mcp.get("mcpServers") or mcp["mcp_servers"])["backchannel"]
+    assert server["command"] == "backchannel"
+    assert server["args"] == ["mcp", "--as", "t/w", "--url", URL]
+    if runtime == "claude-code":
+        assert server["env"] == {"BACKCHANNEL_TOKEN": "${BACKCHANNEL_TOKEN}"}
+        assert hooks["enabledMcpjsonServers"] == ["backchannel"]
+    elif runtime == "codex":
+        assert "BACKCHANNEL_TOKEN" in server["env_vars"]
+    else:
+        assert server["env"] == {"BACKCHANNEL_TOKEN": "$BACKCHANNEL_TOKEN"}
+        assert _ours(_hooks(hooks, "AfterAgent"), runtime)[0]["timeout"] == 30_000
+    assert _backups(tmp_path) == []
+
+
+EXISTING = {
+    ".mcp.json": {"mcpServers": {"github": {"command": "gh-mcp", "args": []}}},
+    ".claude/settings.local.json": {
+        "permissions": {"allow": ["Bash(npm test:*)"]},
+        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "make lint"}]}]},
+    },
+    ".codex/hooks.json": {
+        "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "uvx codhc ruff check"}]}]}
+    },
+    ".gemini/settings.json": {
+        "theme": "GitHub",
+        "mcpServers": {"docs": {"httpUrl": "http://127.0.0.1:9000/mcp"}},
+        "hooks": {
+            "BeforeTool": [
+                {"matcher": "write_file", "hooks": [{"type": "command", "command": "./guard.sh"}]}
+            ]
+        },
+    },
+}
+CODEX_TOML = """# my codex settings
+model = "o3"
+
+[mcp_servers.other]
+command = "other-mcp"
+
+[features]
+hooks = true
+"""
+
+
+def _seed(d: Path, runtime: str) -> dict[str, str]:
+    before = {}
+    for name in FILES[runtime]:
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = CODEX_TOML if name.endswith(".toml") else json.dumps(EXISTING[name], indent=4)
+        path.write_text(text)
+        before[name] = text
+    return before
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_attach_merges_with_existing_config_and_keeps_a_backup(
+    tmp_path: Path, runtime: str
+) -> None:
+    before = _seed(tmp_path, runtime)
+    result = attach(tmp_path, runtime)
+    assert result.exit_code == 0, result.output
+    backups = _backups(tmp_path)
+    assert len(backups) == len(FILES[runtime])
+    for b in backups:
+        original = b.name.split(".bak-")[0]
+        name = next(n for n in FILES[runtime] if n.endswith(original))
+        assert b.read_text() == before[name]
+        assert b.name in result.stderr
+    if runtime == "claude-code":
+        mcp = _load(tmp_path / ".mcp.json")
+        assert set(mcp["mcpServers"]) == {"github", "backchannel"}
+        settings = _load(tmp_path / ".claude/settings.local.json")
+        assert settings["permissions"] == {"allow": ["Bash(npm test:*)"]}
+        commands = [h["command"] for h in _hooks(settings, "Stop")]
+        assert commands[0] == "make lint" and len(commands) == 2
+    elif runtime == "codex":
+        text = (tmp_path / ".codex/config.toml").read_text()
+        assert text.startswith(CODEX_TOML)  # comments and layout kept
+        config = tomllib.loads(text)
+        assert set(config["mcp_servers"]) == {"other", "backchannel"}
+        assert (config["model"], config["features"]) == ("o3", {"hooks": True})
+        hooks = _load(tmp_path / ".codex/hooks.json")
+        assert _hooks(hooks, "Stop")[0]["command"] == "uvx codhc ruff check"
+    else:
+        settings = _load(tmp_path / ".gemini/settings.json")
+        assert settings["theme"] == "GitHub"
+        assert set(settings["mcpServers"]) == {"docs", "backchannel"}
+        assert settings["hooks"]["BeforeTool"][0]["matcher"] == "write_file"
+        assert len(_hooks(settings, "BeforeTool")) == 2
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_attach_twice_changes_nothing(tmp_path: Path, runtime: str) -> None:
+    _seed(tmp_path, runtime)
+    assert attach(tmp_path, runtime).exit_code == 0
+    written = {n: (tmp_path / n).read_text() for n in FILES[runtime]}
+    backups = _backups(tmp_path)
+    again = attach(tmp_path, runtime)
+    assert again.exit_code == 0
+    assert "already attached; nothing changed" in again.stderr
+    assert {n: (tmp_path / n).read_text() for n in FILES[runtime]} == written
+    assert _backups(tmp_path) == backups
+    dry = attach(tmp_path, runtime, "--dry-run")
+    assert (dry.exit_code, dry.stdout) == (0, "")
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path: Path, runtime: str) -> None:
+    before = _seed(tmp_path, runtime)
+    result = attach(tmp_path, runtime, "--dry-run")
+    assert result.exit_code == 0
+    for name in FILES[runtime]:
+        assert f"--- a/{name}\n+++ b/{name}\n" in result.stdout
+        assert (tmp_path / name).read_text() == before[name]
+    assert "+" in result.stdout and "backchannel hook" in result.stdout
+    assert _backups(tmp_path) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fresh = attach(empty, runtime, "--dry-run")
+    assert f"--- /dev/null\n+++ b/{FILES[runtime][0]}\n" in fresh.stdout
+    assert list(empty.iterdir()) == []
+
+
+def test_attaching_another_member_replaces_the_hooks_and_the_server(tmp_path: Path) -> None:
+    attach(tmp_path, "claude-code")
+    result = attach(tmp_path, "claude-code", member="lead")
+    assert result.exit_code == 0
+    settings = _load(tmp_path / ".claude/settings.local.json")
+    for event in SEQUENCES["claude-code"]:
+        [handler] = _hooks(settings, event)
+        assert "--as t/lead" in handler["command"]
+    assert _load(tmp_path / ".mcp.json")["mcpServers"]["backchannel"]["args"][2] == "t/lead"
+
+
+def test_claude_code_over_http(tmp_path: Path) -> None:
+    assert attach(tmp_path, "claude-code", "--http").exit_code == 0
+    server = _load(tmp_path / ".mcp.json")["mcpServers"]["backchannel"]
+    assert server == {
+        "type": "http",
+        "url": f"{URL}/mcp",
+        "headers": {"Authorization": "Bearer ${BACKCHANNEL_TOKEN}"},
+    }
+    settings = _load(tmp_path / ".claude/settings.local.json")
+    [handler] = _hooks(settings, "Stop")
+    assert handler["url"] == f"{URL}/v1/hooks/claude-code?as=t/w"
+    assert handler["headers"] == {"Authorization": "Bearer $BACKCHANNEL_TOKEN"}
+    assert handler["allowedEnvVars"] == ["BACKCHANNEL_TOKEN"]
+    assert TOKEN not in (tmp_path / ".claude/settings.local.json").read_text()
+
+
+def test_a_broken_config_file_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / ".gemini" / "settings.json"
+    path.parent.mkdir()
+    path.write_text('{"theme": "GitHub",')
+    result = attach(tmp_path, "gemini")
+    assert result.exit_code == 1
+    assert "not valid JSON" in result.stderr
+    assert path.read_text() == '{"theme": "GitHub",'
+    assert _backups(tmp_path) == []

@@ -1,0 +1,345 @@
+"""Hook calls of each runtime against an in-process hub: the event mapping, between-turn
+delivery as the stop hook's answer, the loop guard, and bad input."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backchannel.hub import Hub
+from backchannel.runtimes import HookKind, get_runtime
+from backchannel.runtimes.common import last_assistant_text
+from backchannel.testing import FakeClock
+from backchannel.types import MessageKind, SessionState
+
+from .helpers import FIXTURES, PROMPT_EVENT, SEQUENCES, STOP_EVENT, call, fixture, session_of
+
+RUNTIMES = list(SEQUENCES)
+
+
+async def _team(hub: Hub, runtime: str = "claude-code") -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "w", runtime)
+    await hub.add_member("t", "lead")
+
+
+async def _kinds(hub: Hub, sid: str) -> list[tuple[str, str, dict[str, Any]]]:
+    data = await hub.get_session_data("t", sid)
+    return [
+        (e["kind"], e["text"], e["data"])
+        for e in data["events"]
+        if e["kind"] not in ("input", "sent", "routing_error")
+    ]
+
+
+async def _texts(hub: Hub, member: str, session: str | None = None) -> list[str]:
+    got = await hub.receive("t", member, session=session, limit=100)
+    if got:
+        await hub.ack("t", member, [g.message.message_id for g in got])
+    return [g.message.text for g in got]
+
+
+def _stop(runtime: str, **changes: Any) -> dict[str, Any]:
+    return fixture(runtime, STOP_EVENT[runtime], **changes)
+
+
+def _reason(runtime: str, answer: dict[str, Any]) -> str:
+    decision = "deny" if runtime == "gemini" else "block"
+    assert answer["decision"] == decision, answer
+    return str(answer["reason"])
+
+
+# -- the mapping -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_fixture_parses_to_its_kind(runtime: str) -> None:
+    kinds = {
+        "SessionStart": HookKind.SESSION_START,
+        "UserPromptSubmit": HookKind.PROMPT,
+        "BeforeAgent": HookKind.PROMPT,
+        "PreToolUse": HookKind.TOOL_CALL,
+        "BeforeTool": HookKind.TOOL_CALL,
+        "PostToolUse": HookKind.TOOL_RESULT,
+        "AfterTool": HookKind.TOOL_RESULT,
+        "Stop": HookKind.STOP,
+        "AfterAgent": HookKind.STOP,
+        "SubagentStop": HookKind.SUBAGENT_STOP,
+        "SessionEnd": HookKind.SESSION_END,
+    }
+    rt = get_runtime(runtime)
+    for name in SEQUENCES[runtime]:
+        event = rt.parse(fixture(runtime, name))
+        assert (event.kind, event.name, event.session_id) == (
+            kinds[name],
+            name,
+            session_of(runtime),
+        )
+    assert set(rt.events) == set(SEQUENCES[runtime])
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_whole_session_maps_to_hub_events(hub: Hub, runtime: str) -> None:
+    await _team(hub, runtime)
+    sid = session_of(runtime)
+    answers = {}
+    for name in SEQUENCES[runtime]:
+        result = await call(hub, "t", "w", runtime, fixture(runtime, name))
+        assert result.problem is None, (name, result.problem)
+        assert result.session == sid
+        answers[name] = result.answer
+    intro = answers["SessionStart"]["hookSpecificOutput"]
+    assert intro["hookEventName"] == "SessionStart"
+    assert "you are 'w' in team 't'" in intro["additionalContext"]
+    assert all(a == {} for n, a in answers.items() if n != "SessionStart")
+
+    events = await _kinds(hub, sid)
+    kinds = [k for k, _, _ in events]
+    expected = ["session", "turn_start", "tool_call", "tool_result"]
+    expected += ["agent_output"] if runtime == "claude-code" else []
+    expected += ["agent_stop"]
+    expected += ["session"] if "SessionEnd" in SEQUENCES[runtime] else []
+    assert kinds == expected
+    by_kind = {k: (t, d) for k, t, d in events}
+    prompt = fixture(runtime, PROMPT_EVENT[runtime])["prompt"]
+    assert by_kind["turn_start"][0] == prompt
+    call_text, call_data = by_kind["tool_call"]
+    assert call_data["tool"] in ("Bash", "run_shell_command")
+    assert call_text.startswith(call_data["tool"]) and '"command"' in call_text
+    assert by_kind["tool_result"][0]  # the tool's output, as text
+    if "id" in call_data:
+        assert by_kind["tool_result"][1]["id"] == call_data["id"]
+    stop = _stop(runtime)
+    closing = stop.get("last_assistant_message") or stop.get("prompt_response")
+    assert by_kind["agent_stop"][0] == closing
+    s = await hub.get_session("t", sid)
+    ended = "SessionEnd" in SEQUENCES[runtime]
+    assert s.state is (SessionState.TERMINATED if ended else SessionState.IDLE)
+
+
+# -- between-turn delivery -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_peers_message_is_the_stop_answer_and_opens_the_next_turn(
+    hub: Hub, runtime: str
+) -> None:
+    await _team(hub, runtime)
+    sid = session_of(runtime)
+    await call(hub, "t", "w", runtime, fixture(runtime, "SessionStart"))
+    await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime]))
+    sent = await hub.send("t", "lead", "w", "also count the tests")
+    result = await call(hub, "t", "w", runtime, _stop(runtime))
+    reason = _reason(runtime, result.answer)
+    assert "[From lead] also count the tests" in reason
+    assert result.delivered == (sent.message_id,)
+    status = await hub.message_status("t", sent.message_id)
+    assert status.state.value == "acked"
+    assert [h.event for h in status.history][-2:] == ["delivered", "acked"]
+    s = await hub.get_session("t", sid)
+    assert s.state is SessionState.ACTIVE  # the runtime goes on with that input
+    last = (await _kinds(hub, sid))[-1]
+    assert (last[0], last[2]["continued_by"]) == ("turn_start", STOP_EVENT[runtime])
+    again = await call(hub, "t", "w", runtime, _stop(runtime, stop_hook_active=True))
+    assert again.answer == {}
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+
+
+async def test_the_stop_hook_never_loops(hub: Hub) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    await hub.send("t", "lead", "w", "one")
+    first = await call(hub, "t", "w", "claude-code", _stop("claude-code"))
+    assert "[From lead] one" in _reason("claude-code", first.answer)
+    # a peer's message that arrived during the continuation keeps it going
+    await hub.send("t", "lead", "w", "two")
+    second = await call(hub, "t", "w", "claude-code", _stop("claude-code", stop_hook_active=True))
+    assert "[From lead] two" in _reason("claude-code", second.answer)
+    # a continuation whose only news is the hub's own notice (caused by this very stop)
+    # does not go on again
+    bogus = 'Sent.\n<message to="nobody">x</message>'
+    third = await call(
+        hub,
+        "t",
+        "w",
+        "claude-code",
+        _stop("claude-code", stop_hook_active=True, last_assistant_message=bogus),
+    )
+    assert third.answer == {}
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+    # the notice is not lost: it comes with the next prompt
+    prompt = await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    context = prompt.answer["hookSpecificOutput"]["additionalContext"]
+    assert "[backchannel]" in context and "'nobody'" in context
+
+
+async def test_notices_alone_do_not_start_a_turn(hub: Hub) -> None:
+    await _team(hub)
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    bogus = '<message to="nobody">x</message>'
+    result = await call(
+        hub, "t", "w", "claude-code", _stop("claude-code", last_assistant_message=bogus)
+    )
+    assert result.answer == {}
+    got = await hub.receive("t", "w", session=session_of("claude-code"))
+    assert [g.message.kind for g in got] == [MessageKind.SYSTEM]
+
+
+@pytest.mark.parametrize("runtime", ["claude-code", "gemini"])
+async def test_the_prompt_hook_hands_over_waiting_messages(hub: Hub, runtime: str) -> None:
+    await _team(hub, runtime)
+    await call(hub, "t", "w", runtime, fixture(runtime, "SessionStart"))
+    sent = await hub.send("t", "lead", "w", "the build is red")
+    result = await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime]))
+    out = result.answer["hookSpecificOutput"]
+    assert out["hookEventName"] == PROMPT_EVENT[runtime]
+    assert "[From lead] the build is red" in out["additionalContext"]
+    assert (await hub.message_status("t", sent.message_id)).state.value == "acked"
+
+
+async def test_a_timer_breadcrumb_arrives_as_the_stop_answer(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    await hub.set_timer("t", "w", sid, "anchor", 60, "finish the line count")
+    clock.advance(61)
+    await hub.maintain()
+    result = await call(hub, "t", "w", "claude-code", _stop("claude-code"))
+    assert "ANCHOR: finish the line count" in _reason("claude-code", result.answer)
+
+
+async def test_subagent_stop_never_delivers(hub: Hub) -> None:
+    await _team(hub)
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    await hub.send("t", "lead", "w", "waits for the main agent")
+    result = await call(hub, "t", "w", "claude-code", fixture("claude-code", "SubagentStop"))
+    assert (result.answer, result.problem) == ({}, None)
+    assert await _texts(hub, "w") == ["waits for the main agent"]
+
+
+# -- runtimes that are not tidy ---------------------------------------------------------------
+
+
+async def test_a_stop_outside_a_turn_opens_one_and_routes_its_closing_text(hub: Hub) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart"))
+    closing = 'Done.\n<message to="lead">420 lines</message>'
+    result = await call(
+        hub, "t", "w", "claude-code", _stop("claude-code", last_assistant_message=closing)
+    )
+    assert result.problem is None
+    assert await _texts(hub, "lead") == ["420 lines"]
+    starts = [d for k, _, d in await _kinds(hub, sid) if k == "turn_start"]
+    assert starts[0]["opened_by"] == "Stop"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_tool_result_outside_a_turn_opens_one(hub: Hub, runtime: str) -> None:
+    await _team(hub, runtime)
+    name = "AfterTool" if runtime == "gemini" else "PostToolUse"
+    result = await call(hub, "t", "w", runtime, fixture(runtime, name))  # unknown session too
+    assert result.problem is None
+    sid = session_of(runtime)
+    assert (await hub.get_session("t", sid)).state is SessionState.ACTIVE
+    kinds = [(k, d.get("opened_by")) for k, _, d in await _kinds(hub, sid)]
+    assert kinds[:3] == [("session", None), ("turn_start", name), ("tool_result", None)]
+
+
+async def test_codex_notify_reports_the_finished_turn(hub: Hub) -> None:
+    await _team(hub, "codex")
+    await hub.send("t", "lead", "w", "cannot ride on notify")
+    payload = fixture("codex", "notify")
+    result = await call(hub, "t", "w", "codex", payload)
+    assert (result.answer, result.problem) == ({}, None)
+    events = await _kinds(hub, payload["thread-id"])
+    assert [k for k, _, _ in events] == ["session", "turn_start", "agent_stop"]
+    assert events[1][1] == "Rename foo to bar and update the callers."
+    assert await _texts(hub, "lead") == ["foo is now bar"]
+    assert await _texts(hub, "w") == ["cannot ride on notify"]  # still waiting
+
+
+async def test_a_resumed_session_after_its_end_continues_as_a_new_one(hub: Hub) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart"))
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionEnd"))
+    resumed = await call(
+        hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", source="resume")
+    )
+    assert resumed.session == f"{sid}.2"
+    stop = await call(hub, "t", "w", "claude-code", _stop("claude-code"))
+    assert stop.session == f"{sid}.2"
+    assert (await hub.get_session("t", sid)).state is SessionState.TERMINATED
+
+
+async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hub: Hub) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    start = fixture("claude-code", "SessionStart")
+    await call(hub, "t", "w", "claude-code", {**start, "source": "compact"})
+    assert (await hub.get_session("t", sid)).state is SessionState.ACTIVE
+    await call(hub, "t", "w", "claude-code", {**start, "source": "resume"})
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+
+
+async def test_the_transcript_is_read_when_the_last_message_is_absent(
+    hub: Hub, tmp_path: Path
+) -> None:
+    await _team(hub)
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
+    expected = 'src/ holds 420 lines of Python.\n<message to="lead">420 lines in src/</message>'
+    assert last_assistant_text(transcript) == expected
+    assert last_assistant_text(tmp_path / "missing.jsonl") is None
+    payload = fixture("claude-code", "Stop-without-last-message", transcript_path=str(transcript))
+    result = await call(hub, "t", "w", "claude-code", payload)
+    assert result.problem is None
+    assert await _texts(hub, "lead") == ["420 lines in src/"]
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+_SID = session_of("claude-code")
+BAD = {
+    "not an object": ["Stop"],
+    "a string": "Stop",
+    "no event name": {"session_id": _SID},
+    "no session id (older version)": {"hook_event_name": "Stop", "last_assistant_message": "x"},
+    "mistyped session id": {"hook_event_name": "Stop", "session_id": 42},
+    "invalid session id": {"hook_event_name": "Stop", "session_id": "../../etc"},
+    "unmapped event": {"hook_event_name": "Notification", "session_id": _SID, "message": "hi"},
+    "no tool name": {"hook_event_name": "PreToolUse", "session_id": _SID},
+    "end of an unknown session": {"hook_event_name": "SessionEnd", "session_id": _SID},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+async def test_bad_input_has_no_effect_and_the_hub_says_why(
+    hub: Hub, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _team(hub)
+    with caplog.at_level(logging.WARNING, logger="backchannel.hooks"):
+        result = await call(hub, "t", "w", "claude-code", BAD[case])
+    assert result.answer == {}
+    assert result.problem
+    assert any(
+        "had no effect" in r.getMessage() and result.problem in r.getMessage()
+        for r in caplog.records
+    )
+    assert await hub.list_sessions("t") == []
+
+
+async def test_an_unknown_runtime_and_someone_elses_session_are_refused(hub: Hub) -> None:
+    await _team(hub)
+    result = await call(hub, "t", "w", "cursor", fixture("claude-code", "Stop"))
+    assert (result.answer, "unknown runtime 'cursor'" in (result.problem or "")) == ({}, True)
+    await hub.open_session("t", "lead", _SID)
+    result = await call(hub, "t", "w", "claude-code", fixture("claude-code", "Stop"))
+    assert result.answer == {}
+    assert "belongs to 'lead', not 'w'" in (result.problem or "")

@@ -1,0 +1,212 @@
+"""The MCP server through the official MCP client: over stdio (``backchannel mcp``
+against a real server, and in-process on a data directory) and over streamable HTTP
+(``/mcp`` on ``backchannel serve``). Every tool is called; bad arguments come back as
+tool errors that name the argument."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import pytest
+from mcp import ClientSession
+
+from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
+from tests.conftest import BIN, Server, start_server
+from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
+
+TOOLS = {
+    "send_message",
+    "check_inbox",
+    "get_session_data",
+    "list_members",
+    "set_timer",
+    "cancel_timer",
+    "add_reaction",
+}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("mcp") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def errlog(tmp_path: Path) -> Iterator[TextIO]:
+    """Where the stdio server's stderr goes (the MCP client needs a real file)."""
+    with open(tmp_path / "mcp-stderr.log", "w") as f:
+        yield f
+
+
+@asynccontextmanager
+async def connect(
+    transport: str, srv: Server, token: str, session: str | None, errlog: TextIO
+) -> AsyncIterator[ClientSession]:
+    if transport == "http":
+        async with http_mcp(srv.url, token, session) as s:
+            yield s
+        return
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": token}
+    if session:
+        env["BACKCHANNEL_SESSION"] = session
+    async with stdio_mcp(env, errlog) as s:
+        yield s
+
+
+async def ok(s: ClientSession, tool: str, **args: Any) -> tuple[str, Any]:
+    result = await s.call_tool(tool, args)
+    assert not result.is_error, text(result)
+    return text(result), result.structured_content
+
+
+async def fails(s: ClientSession, tool: str, **args: Any) -> str:
+    result = await s.call_tool(tool, args)
+    assert result.is_error, text(result)
+    return text(result)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
+    team = f"tools-{transport}"
+    tokens = make_team(srv, team, "a:claude-code", "b:gemini")
+    with srv.client(tokens["a"]) as c:  # a's runtime opened a session and a turn
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+        c.post("/v1/sessions/a-1/events", json={"kind": "turn_start"}).raise_for_status()
+    async with connect(transport, srv, tokens["a"], "a-1", errlog) as s:
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        expected = TOOLS | ({"delegate"} if hasattr(Hub, "delegate") else set())
+        assert set(listed) == expected
+        send = listed["send_message"].input_schema
+        assert send["required"] == ["to", "message"]
+        assert send["additionalProperties"] is False
+        assert send["properties"]["summary"]["type"] == "string"
+        assert listed["set_timer"].input_schema["properties"]["intent"]["enum"] == [
+            "anchor",
+            "check",
+            "wait",
+        ]
+        assert all(t.description and len(t.description) > 30 for t in listed.values())
+
+        members, _ = await ok(s, "list_members")
+        assert f"Team {team}:" in members
+        assert "- a (you), claude-code; sessions: a-1 (active)" in members
+        assert "- b, gemini" in members
+
+        sent, data = await ok(s, "send_message", to="b", message="hello b", summary="greeting")
+        assert sent.startswith("Sent to b (message_id ")
+        mid = data["message_id"]
+        reacted, _ = await ok(s, "add_reaction", message_id=mid, emoji="👍")
+        assert reacted == f"Reacted 👍 to {mid}."
+
+        timer_text, timer = await ok(
+            s, "set_timer", intent="anchor", minutes=30, note="back to the plan"
+        )
+        assert f"anchor timer {timer['timer_id']} set on session a-1" in timer_text
+        cancelled, _ = await ok(s, "cancel_timer", id=timer["timer_id"])
+        assert cancelled == f"Timer {timer['timer_id']} cancelled."
+
+        transcript, _ = await ok(s, "get_session_data", session="a-1")
+        assert transcript.startswith("Session a-1 of a: active, turn 1.")
+        assert "sent: hello b" in transcript  # the send belongs to a's open turn
+        by_name, _ = await ok(s, "get_session_data", session="a", tail_chars=50)
+        assert by_name.startswith("Session a-1 of a")
+
+        inbox, _ = await ok(s, "check_inbox")
+        assert inbox == "No new messages." or "[backchannel]" in inbox
+
+        # bad arguments: tool errors that name the argument
+        assert "argument 'to'" in await fails(s, "send_message", to="bb", message="x")
+        assert "did you mean 'b'" in await fails(s, "send_message", to="bb", message="x")
+        assert "missing argument 'to'" in await fails(s, "send_message", message="x")
+        assert "unexpected argument 'urgent'" in await fails(
+            s, "send_message", to="b", message="x", urgent=True
+        )
+        bad_timer = await fails(s, "set_timer", intent="nap", minutes=0, note="")
+        for arg in ("intent", "minutes", "note"):
+            assert f"invalid argument '{arg}'" in bad_timer
+        assert "argument 'target'" in await fails(
+            s, "set_timer", intent="check", minutes=1, note="n", target="nobody"
+        )
+        assert "argument 'id'" in await fails(s, "cancel_timer", id=timer["timer_id"])
+        assert "invalid argument 'id'" in await fails(s, "cancel_timer", id="seven")
+        assert "invalid argument 'since'" in await fails(
+            s, "get_session_data", session="a-1", since=-1
+        )
+        assert "argument 'session'" in await fails(s, "get_session_data", session="nope")
+        assert "argument 'message_id'" in await fails(
+            s, "add_reaction", message_id="msg_nope", emoji="👍"
+        )
+        assert "unknown tool 'fly'" in await fails(s, "fly")
+
+        if "delegate" in listed:
+            started, data = await ok(s, "delegate", to="b", task="count the lines in src/")
+            assert started.startswith("Delegated to b; this returns at once")
+            assert "invalid argument 'timeout_s'" in await fails(
+                s, "delegate", to="b", task="x", timeout_s=-1
+            )
+
+    async with connect("http", srv, tokens["b"], None, errlog) as s:
+        inbox, data = await ok(s, "check_inbox")
+        assert "[From a] hello b" in inbox
+        assert f"(message_id: {mid})" in inbox
+        assert (await ok(s, "check_inbox"))[0] == "No new messages."  # acked
+
+
+async def test_the_mcp_endpoint_needs_a_member_token(srv: Server) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.post("/mcp", json=body, headers=headers)
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer"
+        bad = {**headers, "Authorization": "Bearer bc_nope"}
+        assert (await c.post("/mcp", json=body, headers=bad)).status_code == 401
+        admin = {**headers, "Authorization": f"Bearer {srv.admin_token}"}
+        r = await c.post("/mcp", json=body, headers=admin)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden")
+
+
+async def test_stdio_in_process_on_the_data_directory(tmp_path: Path, errlog: TextIO) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    async with Hub(SqliteStore(home / "backchannel.db")) as hub:
+        await hub.create_team("local")
+        _, token = await hub.add_member("local", "solo")
+        await hub.add_member("local", "peer")
+    env = {"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": token}
+    async with stdio_mcp(env, errlog) as s:
+        members, _ = await ok(s, "list_members")
+        assert "- solo (you), llm" in members
+        await ok(s, "send_message", to="peer", message="offline hello")
+    async with Hub(SqliteStore(home / "backchannel.db")) as hub:
+        got = await hub.receive("local", "peer")
+        assert [g.message.text for g in got] == ["offline hello"]
+
+
+def test_stdio_refuses_a_wrong_token_or_member(srv: Server) -> None:
+    tokens = make_team(srv, "refuse", "x")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    for token, args, message in [
+        ("bc_nope", [], "invalid token"),
+        (tokens["x"], ["--as", "refuse/y"], "belongs to refuse/x"),
+    ]:
+        run = subprocess.run(
+            [str(BIN), "mcp", *args],
+            env={**env, "BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": token},
+            capture_output=True,
+            text=True,
+            input="",
+            timeout=60,
+        )
+        assert run.returncode == 1
+        assert message in run.stderr
