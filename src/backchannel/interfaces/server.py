@@ -13,6 +13,7 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.callbacks import CallbackConfig
+from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
 from backchannel.interfaces.http import create_app
 
@@ -92,6 +93,8 @@ def run_server(
     async def main() -> None:
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
+        dispatcher = Dispatcher(hub)  # push delivery: inbox files, tmux, stdin, webhooks
+        await dispatcher.start()
         config.write_server_info(data_dir, url, store.url)
         console.print(
             f"backchannel listening on [bold]{url}[/bold]  store: {config.redact_url(store.url)}  "
@@ -102,6 +105,7 @@ def run_server(
             await server.serve(sockets=[sock])
         finally:
             config.clear_server_info(data_dir)
+            await dispatcher.stop()
             await hub.close()
 
     if uv_config.loop == "uvloop":

@@ -1,0 +1,135 @@
+"""The push adapters by ``delivery.type``, and the check of a member's ``delivery`` setting.
+
+=============  ==========================================  ===============================
+``type``       adapter                                     module
+=============  ==========================================  ===============================
+inbox-file     Claude Code team inbox file                 :mod:`.inbox_file`
+tmux           typed into an idle tmux pane                :mod:`.tmux`
+stdin          stream-json lines on a lead process's stdin :mod:`.stdin`
+webhook        signed POST to a registered service         :mod:`.webhook`
+=============  ==========================================  ===============================
+
+A member without a ``delivery`` setting, or with one of :data:`PULL_TYPES`, fetches its
+messages itself (SDK, long-poll, SSE, a runtime's hooks); the dispatcher leaves it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from backchannel.delivery.base import (
+    DEFAULT_RETRY,
+    Adapter,
+    AdapterContext,
+    PermanentDeliveryError,
+)
+from backchannel.delivery.inbox_file import InboxFileAdapter
+from backchannel.delivery.stdin import StdinAdapter
+from backchannel.delivery.tmux import TmuxAdapter
+from backchannel.delivery.webhook import WebhookAdapter
+from backchannel.errors import InvalidRequest
+from backchannel.types import InboxMessage
+
+__all__ = [
+    "ADAPTERS",
+    "PULL_TYPES",
+    "AdapterFactory",
+    "MisconfiguredAdapter",
+    "build_adapter",
+    "check_delivery_setting",
+    "delivery_type",
+]
+
+#: Builds a member's adapter from its context; raises ``PermanentDeliveryError``.
+AdapterFactory = Callable[[AdapterContext], Adapter]
+
+ADAPTERS: Mapping[str, AdapterFactory] = {
+    InboxFileAdapter.type: InboxFileAdapter,
+    TmuxAdapter.type: TmuxAdapter,
+    StdinAdapter.type: StdinAdapter,
+    WebhookAdapter.type: WebhookAdapter,
+}
+
+#: ``delivery.type`` values whose member fetches its own messages: not dispatched.
+PULL_TYPES = frozenset({"pull", "hook"})
+
+
+def delivery_type(setting: Mapping[str, Any] | None) -> str:
+    """The setting's ``type``: ``"pull"`` when the setting is empty or has none."""
+    if not setting:
+        return "pull"
+    value = setting.get("type", "pull")
+    return value if isinstance(value, str) else repr(value)
+
+
+def check_delivery_setting(
+    setting: Mapping[str, Any] | None, *, adapters: Mapping[str, AdapterFactory] = ADAPTERS
+) -> None:
+    """Refuse a ``delivery`` setting no adapter understands (for ``member add``).
+
+    Checks the type and the options each adapter needs without side effects; things only
+    known at delivery time (a registered service, a live pane) are checked then.
+    Raises :class:`~backchannel.errors.InvalidRequest` naming the fix.
+    """
+    kind = delivery_type(setting)
+    if kind in PULL_TYPES:
+        return
+    if kind not in adapters:
+        choices = ", ".join(sorted({*PULL_TYPES, *adapters}))
+        raise InvalidRequest(
+            f"unknown delivery type {kind!r}; use one of: {choices}", field="delivery"
+        )
+    assert setting is not None
+    need = {"tmux": "target", "webhook": "service", "stdin": "command"}.get(kind)
+    if need is not None and not setting.get(need):
+        raise InvalidRequest(
+            f"a {kind} delivery needs {need!r}; see docs/adapters/README.md", field="delivery"
+        )
+    if kind == "webhook" and "url" in setting:
+        raise InvalidRequest(
+            "a webhook delivery names a registered service, never a URL: drop 'url' and "
+            "register the URL as a callback service",
+            field="delivery",
+        )
+
+
+class MisconfiguredAdapter(Adapter):
+    """Stands in for an adapter that could not be built: dead-letters each message with
+    the reason it could not be built (which names the fix)."""
+
+    def __init__(self, ctx: AdapterContext, reason: str) -> None:
+        self.ctx = ctx
+        self.reason = reason
+        self.kind = delivery_type(ctx.setting)
+        self.session = None
+        self.retry = DEFAULT_RETRY
+        self.attempt_timeout = DEFAULT_RETRY.timeout
+        self.turn_wait = 0.0
+
+    async def deliver(self, item: InboxMessage) -> str:
+        raise PermanentDeliveryError(self.reason)
+
+    def describe(self) -> str:
+        return f"misconfigured {self.kind} delivery: {self.reason}"
+
+
+def build_adapter(
+    ctx: AdapterContext, *, adapters: Mapping[str, AdapterFactory] = ADAPTERS
+) -> Adapter:
+    """The adapter for ``ctx.setting``. A setting that cannot be served (unknown type,
+    missing option) yields an adapter that dead-letters every message with the reason,
+    so the senders learn about it instead of their messages waiting forever."""
+    kind = delivery_type(ctx.setting)
+    factory = adapters.get(kind)
+    if factory is None:
+        choices = ", ".join(sorted({*PULL_TYPES, *adapters}))
+        return MisconfiguredAdapter(
+            ctx,
+            f"member {ctx.member!r} has an unknown delivery type {kind!r}; set its delivery "
+            f"type to one of: {choices}",
+        )
+    try:
+        return factory(ctx)
+    except PermanentDeliveryError as exc:
+        return MisconfiguredAdapter(ctx, exc.message)

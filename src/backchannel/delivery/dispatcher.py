@@ -1,0 +1,544 @@
+"""The push dispatcher: one task per member whose ``delivery`` setting names a push adapter.
+
+::
+
+    async with Dispatcher(hub):       # or: await d.start() ... await d.stop()
+        ...
+
+Every ``rescan_s`` seconds (and on :meth:`Dispatcher.poke`) the dispatcher lists the
+teams and their members. A member whose ``delivery.type`` is a push adapter
+(``inbox-file``, ``tmux``, ``stdin``, ``webhook``) gets a worker task; a member added later
+is picked up by the next scan, a member whose setting changed gets a new worker, and a
+member whose setting went back to pull loses its worker. Members without a setting, or
+with ``pull``/``hook``, fetch their messages themselves and are left alone; an unknown
+type is logged once and left alone too (its messages wait for whoever pulls them).
+
+A worker leases its member's messages with ``hub.receive(team, member, session=...,
+wait=...)``: the hub wakes it when a message is committed (no polling), holds messages
+back while the adapter's session has a turn open, and hands them out in send order. The
+worker hands them to the adapter one at a time, in that order, and records the result:
+
+* returned: ``hub.mark_delivered(detail)``, then ``hub.ack`` (the agent cannot ack);
+* :class:`~backchannel.delivery.base.AdapterError` (transient): the rest of the batch is
+  released at once, the worker waits the adapter's backoff (``retry_after`` or
+  ``retry.delay(attempt)``, capped) still holding the lease, then releases the copy, which
+  comes back first on the next lease. Once the copy has had the hub's ``max_attempts``, or
+  the adapter's retry budget since its first failure is spent, it is given up instead:
+  ``hub.give_up`` with ``"gave up after N attempt(s): <last error>"``;
+* :class:`~backchannel.delivery.base.PermanentDeliveryError`: ``hub.give_up(reason)``;
+  the copy is dead, the sender gets a ``system`` notice, and the next message follows;
+* anything else: logged with its traceback and treated as transient.
+
+The session a worker leases with is the adapter's ``session``: an id from the setting
+(opened if the hub does not know it; the worker stops when it is terminated), ``"auto"``
+(the member's most recently active session that is not terminated, looked up again when
+a session ends and at least every 5 s), or none (no gating).
+
+Workers are independent tasks, so one member's slow adapter (a webhook that hangs, an
+inbox lock held by another writer) never delays another member's deliveries. A worker's
+lease is long enough for one attempt plus the longest backoff, so the hub does not take
+a copy back while the worker still works on it.
+
+Shutdown (:meth:`Dispatcher.stop`): scanning stops, idle workers are cancelled at once,
+workers in the middle of a delivery get ``grace_s`` to finish it, then are cancelled;
+every copy a worker still holds is released (it is delivered again later: at least once),
+and every adapter is closed. A lease transaction that was running when its worker was
+cancelled may still commit: that copy returns when its lease runs out.
+
+Run one dispatcher per store. Two hub processes on one PostgreSQL store each running a
+dispatcher would both serve the same members: nothing is lost or leased twice, but two
+workers can deliver one member's consecutive messages out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Self
+
+from backchannel.core.delegation import next_try
+from backchannel.delivery.adapters import (
+    ADAPTERS,
+    PULL_TYPES,
+    AdapterFactory,
+    MisconfiguredAdapter,
+    build_adapter,
+    delivery_type,
+)
+from backchannel.delivery.base import (
+    AUTO_SESSION,
+    Adapter,
+    AdapterContext,
+    AdapterError,
+    PermanentDeliveryError,
+)
+from backchannel.errors import (
+    BackchannelError,
+    Forbidden,
+    InvalidState,
+    UnknownMember,
+    UnknownSession,
+    UnknownTeam,
+)
+from backchannel.types import InboxMessage, Member, SessionState
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+__all__ = ["Dispatcher", "WorkerStatus"]
+
+log = logging.getLogger("backchannel.delivery.dispatcher")
+
+#: Longest pause of a worker whose hub calls fail (the store is down, say).
+_MAX_PAUSE = 30.0
+
+
+class _Outcome(StrEnum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
+@dataclass
+class WorkerStatus:
+    """What one member's worker is doing, for logs, dashboards and tests."""
+
+    team: str
+    member: str
+    type: str
+    target: str = ""
+    state: str = "starting"  # starting | waiting | delivering | backoff | stopped | failed
+    session: str | None = None
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    last_error: str | None = None
+    stopped_reason: str | None = None
+    updated_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class _Worker:
+    """One member's delivery loop (see the module docstring)."""
+
+    def __init__(self, d: Dispatcher, member: Member, snapshot: str) -> None:
+        self.d = d
+        self.hub = d.hub
+        self.team, self.member = member.team, member.name
+        self.setting = dict(member.delivery)
+        self.snapshot = snapshot
+        self.status = WorkerStatus(self.team, self.member, delivery_type(self.setting))
+        self.closing = False
+        self.busy = False
+        self.held: dict[str, None] = {}  # leased ids not yet resolved, in order
+        self.first_failure: dict[str, float] = {}
+        self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
+
+    def stopping(self) -> bool:
+        return self.closing
+
+    def _state(self, state: str, error: str | None = None) -> None:
+        self.status.state = state
+        self.status.updated_at = time.time()
+        if error is not None:
+            self.status.last_error = error
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def run(self) -> None:
+        ctx = AdapterContext(self.hub, self.team, self.member, self.setting)
+        adapter = build_adapter(ctx, adapters=self.d.adapters)
+        try:
+            adapter = await self._start(adapter, ctx)
+            self.status.target = adapter.describe()
+            await self._loop(adapter)
+        finally:
+            await self._release(list(self.held))
+            try:
+                await adapter.close()
+            except Exception:
+                log.exception("closing %s failed", adapter.describe())
+            if self.status.state != "failed":
+                self._state("stopped")
+
+    async def _start(self, adapter: Adapter, ctx: AdapterContext) -> Adapter:
+        pause = 0.5
+        while True:
+            try:
+                await adapter.start()
+                break
+            except PermanentDeliveryError as exc:
+                log.error("%s/%s: %s", self.team, self.member, exc.message)
+                await adapter.close()
+                adapter = MisconfiguredAdapter(ctx, exc.message)
+                break
+            except Exception as exc:
+                self._state("backoff", f"start failed: {exc}")
+                log.warning("%s/%s: starting %s failed (%s); retrying in %.1f s",
+                            self.team, self.member, adapter.describe(), exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+        if adapter.session is None and isinstance(s := self.setting.get("session"), str):
+            adapter.session = s  # a misconfigured adapter still leases what it must refuse
+        self.status.session = adapter.session
+        return adapter
+
+    async def stop(self, grace: float) -> None:
+        """Finish the delivery under way (up to ``grace`` seconds), then end."""
+        self.closing = True
+        if self.task.done():
+            return
+        if not self.busy:
+            self.task.cancel()
+        done, _ = await asyncio.wait({self.task}, timeout=grace)
+        if not done:
+            self.task.cancel()
+            await asyncio.wait({self.task})
+
+    # -- the loop ----------------------------------------------------------------------
+    async def _loop(self, adapter: Adapter) -> None:
+        hub = self.hub
+        lease = max(hub.config.lease_seconds, adapter.attempt_timeout + adapter.retry.cap + 5.0)
+        follow = adapter.session == AUTO_SESSION
+        # following: look again for the member's live session at least this often
+        wait = min(self.d.wait_s, 5.0) if follow else self.d.wait_s
+        pause = 0.5
+        while not self.closing:
+            session = await self._live_session() if follow else adapter.session
+            self.status.session = session
+            one_per_turn = adapter.starts_turn and session is not None
+            self._state("waiting")
+            try:
+                got = await hub.receive(
+                    self.team,
+                    self.member,
+                    session=session,
+                    limit=1 if one_per_turn else self.d.batch,
+                    wait=wait,
+                    lease_seconds=lease,
+                )
+            except (InvalidState, UnknownSession) as exc:
+                if follow:
+                    continue  # that session just ended: follow the next one
+                if isinstance(exc, UnknownSession) and session is not None:
+                    if not await self._open_session(session):
+                        return
+                    continue
+                self.status.stopped_reason = exc.message  # the session was terminated
+                log.warning("%s/%s: stopped delivering: %s", self.team, self.member, exc.message)
+                return
+            except (UnknownMember, UnknownTeam) as exc:
+                self.status.stopped_reason = exc.message
+                return
+            except Exception as exc:
+                self._state("backoff", f"receive failed: {exc}")
+                log.warning("%s/%s: receive failed (%s); retrying in %.1f s",
+                            self.team, self.member, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+                continue
+            pause = 0.5
+            self.held.update(dict.fromkeys(g.message.message_id for g in got))
+            if follow and got and await self._live_session() != session:
+                await self._release(list(self.held))  # a session began or ended meanwhile
+                continue
+            turn_before = await self._turn(session) if session and one_per_turn and got else None
+            for i, item in enumerate(got):
+                if self.stopping():
+                    return  # the rest is released on the way out
+                if not await self._handle(adapter, item, got[i + 1 :]):
+                    break
+            if session is not None and turn_before is not None and adapter.turn_wait > 0:
+                await self._await_turn(session, turn_before, adapter.turn_wait)
+
+    async def _handle(self, adapter: Adapter, item: InboxMessage, rest: list[InboxMessage]) -> bool:
+        """Deliver one copy and record the result. False: it is being retried, so the
+        rest of the batch was released and the loop must lease again."""
+        mid = item.message.message_id
+        self.busy = True  # through the recording: stop() lets this finish
+        try:
+            outcome, detail, retry_after = await self._attempt(adapter, item)
+            if outcome is _Outcome.RETRY:
+                delay = self._retry_delay(adapter, item, retry_after)
+                if delay is None:
+                    outcome = _Outcome.DEAD
+                    detail = f"gave up after {item.attempt} attempt(s): {detail}"
+                else:
+                    self.status.retried += 1
+                    self._state("backoff", detail)
+                    log.info("%s/%s: %s failed (attempt %d): %s; retrying in %.2f s",
+                             self.team, self.member, mid, item.attempt, detail, delay)  # fmt: skip
+                    await self._release([m.message.message_id for m in rest])
+                    self.busy = False
+                    if not self.closing:
+                        await asyncio.sleep(delay)
+                    await self._release([mid])
+                    return False
+            await self._record_outcome(adapter, mid, outcome, detail)
+            return True
+        finally:
+            self.busy = False
+
+    async def _record_outcome(
+        self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str
+    ) -> None:
+        self.first_failure.pop(mid, None)
+        if outcome is _Outcome.DEAD:
+            self.status.dead += 1
+            self._state("delivering", detail)
+            log.warning("%s/%s: dead-lettering %s: %s", self.team, self.member, mid, detail)
+            await self._record(self.hub.give_up(self.team, self.member, mid, detail), mid)
+        else:
+            self.status.delivered += 1
+            moved = await self._record(
+                self.hub.mark_delivered(self.team, self.member, mid, detail), mid
+            )
+            if moved is False:
+                log.warning("%s/%s: %s was no longer leased when delivered; it may be "
+                            "delivered again", self.team, self.member, mid)  # fmt: skip
+            if adapter.ack_on_delivery:
+                await self._record(self.hub.ack(self.team, self.member, [mid]), mid)
+        self.held.pop(mid, None)
+
+    async def _attempt(
+        self, adapter: Adapter, item: InboxMessage
+    ) -> tuple[_Outcome, str, float | None]:
+        self._state("delivering")
+        try:
+            detail = await adapter.deliver(item)
+        except PermanentDeliveryError as exc:
+            return _Outcome.DEAD, exc.message, None
+        except AdapterError as exc:
+            return _Outcome.RETRY, exc.message, exc.retry_after
+        except Exception as exc:
+            log.exception("%s failed on %s", adapter.describe(), item.message.message_id)
+            return _Outcome.RETRY, f"{type(exc).__name__}: {exc}", None
+        return _Outcome.DELIVERED, detail, None
+
+    def _retry_delay(
+        self, adapter: Adapter, item: InboxMessage, retry_after: float | None
+    ) -> float | None:
+        """The wait before the next attempt, or None when the copy must be given up."""
+        if item.attempt >= self.hub.config.max_attempts:
+            return None
+        now = time.monotonic()
+        first = self.first_failure.setdefault(item.message.message_id, now)
+        policy = adapter.retry
+        at = next_try(policy, item.attempt, first, now)
+        if at is None:
+            return None
+        delay = at - now if retry_after is None else min(retry_after, policy.cap)
+        return max(0.0, delay)
+
+    async def _record(self, call: Any, mid: str) -> Any:
+        """Await a hub call that records an outcome; a failure is logged (the lease runs
+        out and the copy is delivered again)."""
+        try:
+            return await call
+        except Exception as exc:
+            log.error("%s/%s: could not record the outcome of %s (%s); it will be "
+                      "delivered again", self.team, self.member, mid, exc)  # fmt: skip
+            return None
+
+    async def _release(self, ids: list[str]) -> None:
+        for mid in ids:
+            self.held.pop(mid, None)
+        if not ids:
+            return
+        try:
+            await self.hub.release(self.team, self.member, ids)
+        except Exception as exc:
+            log.warning("%s/%s: could not release %s (%s); they return when their lease "
+                        "ends", self.team, self.member, ids, exc)  # fmt: skip
+
+    # -- sessions ------------------------------------------------------------------------
+    async def _live_session(self) -> str | None:
+        """``"session": "auto"``: the member's most recently active session that is not
+        terminated (the one its runtime reports turns for), or None."""
+        try:
+            sessions = await self.hub.list_sessions(self.team, self.member)
+        except BackchannelError:
+            return None
+        live = [s for s in sessions if s.state is not SessionState.TERMINATED]
+        return max(live, key=lambda s: s.updated_at).session_id if live else None
+
+    async def _open_session(self, session: str) -> bool:
+        """The setting names a session the hub does not know yet: open it."""
+        try:
+            await self.hub.open_session(self.team, self.member, session)
+            return True
+        except (Forbidden, InvalidState, UnknownMember) as exc:
+            self.status.stopped_reason = exc.message
+            self._state("failed", exc.message)
+            log.error("%s/%s: cannot use session %r: %s",
+                      self.team, self.member, session, exc.message)  # fmt: skip
+            return False
+        except BackchannelError as exc:
+            log.warning("%s/%s: cannot open session %r yet: %s",
+                        self.team, self.member, session, exc.message)  # fmt: skip
+            await asyncio.sleep(1.0)
+            return True
+
+    async def _turn(self, session: str) -> int | None:
+        try:
+            return (await self.hub.get_session(self.team, session)).turn
+        except BackchannelError:
+            return None
+
+    async def _await_turn(self, session: str, before: int, turn_wait: float) -> None:
+        """After typing a message in, wait (at most ``turn_wait``) for the turn it starts
+        to be reported, so the next message is not typed into that turn."""
+        self._state("waiting")
+        deadline = time.monotonic() + turn_wait
+        step = 0.02
+        while time.monotonic() < deadline and not self.closing:
+            try:
+                s = await self.hub.get_session(self.team, session)
+            except BackchannelError:
+                return
+            if s.turn > before or s.state is not SessionState.IDLE:
+                return
+            await asyncio.sleep(min(step, max(0.0, deadline - time.monotonic())))
+            step = min(step * 2, 0.25)
+
+
+class Dispatcher:
+    """Pushes messages to every member whose ``delivery`` names a push adapter.
+
+    ``rescan_s``: how often teams are listed for new or changed members; ``wait_s``: the
+    longest single ``receive`` wait; ``batch``: copies leased at once (1 for adapters that
+    start a turn and have a session); ``grace_s``: how long :meth:`stop` lets a delivery
+    under way finish; ``adapters``: ``delivery.type`` -> factory; ``teams``: serve only
+    these teams (default all).
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        rescan_s: float = 2.0,
+        wait_s: float = 30.0,
+        batch: int = 16,
+        grace_s: float = 5.0,
+        adapters: Mapping[str, AdapterFactory] = ADAPTERS,
+        teams: Collection[str] | None = None,
+    ) -> None:
+        if rescan_s <= 0 or wait_s <= 0 or batch < 1 or grace_s < 0:
+            raise ValueError("rescan_s and wait_s must be positive, batch at least 1")
+        self.hub = hub
+        self.rescan_s, self.wait_s, self.batch, self.grace_s = rescan_s, wait_s, batch, grace_s
+        self.adapters = adapters
+        self.teams = frozenset(teams) if teams is not None else None
+        self._workers: dict[tuple[str, str], _Worker] = {}
+        self._warned: set[tuple[str, str, str]] = set()
+        self._scan_task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+        self._scan_lock = asyncio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Scan once (so members that exist are served when this returns), then keep
+        scanning in the background. The hub must be started."""
+        if self._scan_task is not None:
+            return
+        self._closed = False
+        await self.rescan()
+        self._scan_task = asyncio.create_task(self._scan_loop(), name="bc-dispatcher-scan")
+
+    async def stop(self) -> None:
+        """Stop scanning, let deliveries under way finish (``grace_s``), release what the
+        workers hold and close the adapters. Idempotent."""
+        self._closed = True
+        if self._scan_task is not None:
+            self._scan_task.cancel()
+            await asyncio.wait({self._scan_task})
+            self._scan_task = None
+        async with self._scan_lock:
+            workers = list(self._workers.values())
+            self._workers.clear()
+        if workers:
+            await asyncio.gather(*(w.stop(self.grace_s) for w in workers))
+
+    def poke(self) -> None:
+        """Scan now instead of at the next ``rescan_s`` tick (after adding a member)."""
+        self._poke.set()
+
+    def status(self) -> list[WorkerStatus]:
+        """One entry per member served (or stopped), sorted by team and member."""
+        return [self._workers[k].status for k in sorted(self._workers)]
+
+    async def _scan_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.rescan_s)
+            self._poke.clear()
+            try:
+                await self.rescan()
+            except Exception:
+                log.exception("scanning teams for push members failed; retrying")
+
+    async def rescan(self) -> None:
+        """List teams and members now; start, replace or stop workers to match."""
+        async with self._scan_lock:
+            if self._closed:
+                return
+            wanted: dict[tuple[str, str], tuple[Member, str]] = {}
+            for team in await self.hub.list_teams():
+                if self.teams is not None and team.name not in self.teams:
+                    continue
+                try:
+                    members = await self.hub.list_members(team.name)
+                except UnknownTeam:
+                    continue
+                for m in members:
+                    kind = delivery_type(m.delivery)
+                    if kind in PULL_TYPES:
+                        continue
+                    if kind not in self.adapters:
+                        self._warn_unknown(m, kind)
+                        continue
+                    snapshot = json.dumps(m.delivery, sort_keys=True, default=str)
+                    wanted[(m.team, m.name)] = (m, snapshot)
+            stale = []
+            for key, w in list(self._workers.items()):
+                want = wanted.get(key)
+                crashed = w.task.done() and not w.task.cancelled() and w.task.exception()
+                if want is None or want[1] != w.snapshot or crashed:
+                    stale.append(w)
+                    del self._workers[key]
+            if stale:
+                await asyncio.gather(*(w.stop(self.grace_s) for w in stale))
+            for key, (member, snapshot) in wanted.items():
+                if key not in self._workers:
+                    w = _Worker(self, member, snapshot)
+                    w.task.add_done_callback(_log_crash)
+                    self._workers[key] = w
+                    log.info("delivering to %s/%s by %s", key[0], key[1], w.status.type)
+
+    def _warn_unknown(self, m: Member, kind: str) -> None:
+        key = (m.team, m.name, kind)
+        if key not in self._warned:
+            self._warned.add(key)
+            known = ", ".join(sorted({*PULL_TYPES, *self.adapters}))
+            log.warning("member %s/%s has delivery type %r, which no adapter serves (known: "
+                        "%s); its messages wait for whoever pulls them", m.team, m.name,
+                        kind, known)  # fmt: skip
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("delivery worker %s crashed", task.get_name(), exc_info=exc)

@@ -1,0 +1,188 @@
+"""``tmux``: type a message into the pane an agent runs in, between its turns.
+
+Setting::
+
+    {"type": "tmux",
+     "target": "work:0.1",          # required; session:window.pane, or a pane id like %3
+     "session": "auto",             # strongly advised: the agent's hub session id, or "auto"
+     "socket_name": "agents",       # optional; tmux -L (default: tmux's default socket)
+     "socket_path": "/tmp/t.sock",  # optional; tmux -S (instead of socket_name)
+     "turn_wait": 3}                # optional; seconds to wait for the turn to start
+
+**Between turns only.** With ``session``, the dispatcher leases with that session, and
+the hub hands nothing out while the session has an open turn (its runtime reported
+``turn_start`` and not yet ``agent_stop``): the message waits ``queued`` and is typed in
+when the turn ends. ``"auto"`` follows the member's live session (the most recently
+active one that is not terminated: the one its runtime's hooks report turns for), so a
+restarted agent with a new session id is followed without changing the setting. After
+typing one message the dispatcher waits up to ``turn_wait``
+seconds for the turn it starts to be reported before it leases the next, so a second
+message is not typed into a turn that is just starting. Without ``session`` nothing
+gates the pane: a message is typed in whenever it arrives.
+
+**How.** The pane is looked up first (``display-message -t target``); the text goes into
+a private tmux buffer through ``load-buffer -`` (stdin, so size is no issue) and is
+pasted with ``paste-buffer -p``: when the program in the pane asked for bracketed paste
+(Claude Code, Codex, Gemini CLI, readline do), the text is wrapped in ``ESC[200~ ...
+ESC[201~`` and its newlines stay newlines instead of submitting; then ``Enter``. Escape
+and other control characters (but newline and tab) are removed from the text first, so
+a message cannot end the paste early and type keystrokes of its own.
+
+**Errors.** A pane (or tmux server) that is not there, or whose program has exited, is
+permanent: the copy is dead-lettered with the reason and the sender told. A pane in copy
+mode (someone scrolling) and a tmux command that hangs are transient and retried.
+tmux cannot tell whether the agent already saw a message, so a crash between the paste
+and the hub's record types it twice (the window is milliseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import Sequence
+
+from backchannel.delivery.base import (
+    Adapter,
+    AdapterContext,
+    AdapterError,
+    PermanentDeliveryError,
+    agent_text,
+)
+from backchannel.types import InboxMessage
+
+__all__ = ["TmuxAdapter", "sanitize"]
+
+#: One tmux command may take this long before the attempt counts as failed.
+COMMAND_TIMEOUT = 10.0
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+_GONE = ("can't find", "no server running", "error connecting", "no such file")
+
+
+def sanitize(text: str) -> str:
+    """``text`` safe to paste: newlines normalized to ``\\n``, trailing newlines dropped
+    (the Enter that follows submits), other control characters (ESC above all) removed."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n")
+    return _CONTROL.sub("", text)
+
+
+class TmuxAdapter(Adapter):
+    """See the module docstring."""
+
+    type = "tmux"
+    starts_turn = True
+
+    def __init__(self, ctx: AdapterContext) -> None:
+        super().__init__(ctx)
+        target = ctx.str_option("target")
+        if not target or target.startswith("-"):
+            raise PermanentDeliveryError(
+                f"member {ctx.member!r} has a tmux delivery setting without a valid 'target'; "
+                "set the member's delivery to e.g. "
+                '{"type": "tmux", "target": "session:window.pane", "session": "<hub session>"}'
+            )
+        self.target = target
+        self.socket: list[str] = []
+        if path := ctx.str_option("socket_path"):
+            self.socket = ["-S", path]
+        elif name := ctx.str_option("socket_name"):
+            self.socket = ["-L", name]
+        self.turn_wait = ctx.float_option("turn_wait", 3.0)
+        self.attempt_timeout = 4 * COMMAND_TIMEOUT
+
+    def describe(self) -> str:
+        where = f" ({' '.join(self.socket)})" if self.socket else ""
+        return f"tmux pane {self.target}{where}"
+
+    async def _tmux(self, *args: str, data: bytes | None = None) -> tuple[int, str]:
+        """Run one tmux command; returns its exit status and output (stdout, then stderr)."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "tmux",
+                *self.socket,
+                *args,
+                stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            raise PermanentDeliveryError(
+                "tmux is not installed on the hub's host (no 'tmux' on PATH); install it "
+                "or give the member another delivery"
+            ) from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(data), COMMAND_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise AdapterError(
+                f"tmux {args[0]} did not answer within {COMMAND_TIMEOUT:g} s"
+            ) from None
+        text = (out + err).decode("utf-8", "replace").strip()
+        return proc.returncode or 0, text
+
+    async def _check(self, args: Sequence[str], what: str) -> str:
+        rc, text = await self._tmux(*args)
+        if rc != 0:
+            raise AdapterError(f"tmux {what} for pane {self.target} failed: {text or rc}")
+        return text
+
+    async def pane(self) -> str:
+        """The pane id (``%N``) of the target, checked to exist with a live program.
+
+        Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
+        server is gone, or the program in it has exited; :class:`AdapterError` while the
+        pane is in copy mode.
+        """
+        # display-message falls back to the current pane for a target that does not
+        # exist (tmux 3.3), capture-pane does not: it checks the target first
+        rc, text = await self._tmux("capture-pane", "-p", "-t", self.target, "-S", "0", "-E", "0")
+        if rc == 0:
+            rc, text = await self._tmux(
+                "display-message",
+                "-p",
+                "-t",
+                self.target,
+                "#{pane_id} #{pane_dead} #{pane_in_mode}",
+            )
+        if rc != 0:
+            if any(s in text.lower() for s in _GONE):
+                raise PermanentDeliveryError(
+                    f"tmux pane {self.target!r} not found ({text}); the agent's pane is gone: "
+                    "restart the agent in that pane, or change the member's delivery target"
+                )
+            raise AdapterError(f"tmux could not look up pane {self.target!r}: {text or rc}")
+        parts = text.split()
+        if len(parts) != 3 or not parts[0].startswith("%"):
+            raise AdapterError(f"unexpected answer from tmux about pane {self.target!r}: {text!r}")
+        pane_id, dead, in_mode = parts
+        if dead == "1":
+            raise PermanentDeliveryError(
+                f"the program in tmux pane {self.target!r} has exited; restart the agent there"
+            )
+        if in_mode == "1":
+            raise AdapterError(
+                f"tmux pane {self.target!r} is in copy mode (someone is scrolling); "
+                "the message is typed in once it leaves copy mode"
+            )
+        return pane_id
+
+    async def deliver(self, item: InboxMessage) -> str:
+        pane = await self.pane()
+        text = sanitize(agent_text(item))
+        buffer = f"backchannel-{uuid.uuid4().hex[:12]}"
+        rc, out = await self._tmux("load-buffer", "-b", buffer, "-", data=text.encode("utf-8"))
+        if rc != 0:
+            raise AdapterError(f"tmux load-buffer failed: {out or rc}")
+        try:
+            await self._check(["paste-buffer", "-p", "-d", "-b", buffer, "-t", pane], "paste")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._tmux("delete-buffer", "-b", buffer)
+            raise
+        await self._check(["send-keys", "-t", pane, "Enter"], "send-keys Enter")
+        lines = text.count("\n") + 1
+        return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"

@@ -1,0 +1,188 @@
+"""Helpers for the push adapter tests (imported explicitly; ``conftest.py`` is the inbox
+writer's): a real hub, bounded waits, a local HTTP endpoint, a private tmux server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import libtmux
+import pytest
+
+from backchannel.callbacks import CallbackConfig, Service
+from backchannel.core.delegation import RetryPolicy
+from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.hub import Hub
+from backchannel.testing import MemoryStore
+
+SECRET = "adapter-test-secret"
+FAST_RETRY = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=5.0, timeout=5.0)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, within: float = 10.0, what: str = "condition"
+) -> Any:
+    """Wait (at most ``within`` s) until ``check()`` returns something truthy; return it."""
+    deadline = time.monotonic() + within
+    step = 0.01
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
+        await asyncio.sleep(step)
+        step = min(step * 2, 0.1)
+
+
+async def state_of(hub: Hub, team: str, message_id: str) -> str:
+    return (await hub.message_status(team, message_id)).state.value
+
+
+async def wait_state(hub: Hub, team: str, message_id: str, state: str, within: float = 10) -> Any:
+    async def check() -> Any:
+        st = await hub.message_status(team, message_id)
+        return st if st.state.value == state else None
+
+    return await eventually(check, within=within, what=f"{message_id} to be {state}")
+
+
+@asynccontextmanager
+async def running_hub(
+    services: dict[str, str] | None = None,
+    *,
+    tokens: dict[str, str] | None = None,
+    retry: RetryPolicy = FAST_RETRY,
+    max_attempts: int = 3,
+    lease_seconds: float = 30.0,
+) -> AsyncIterator[Hub]:
+    """A real in-process hub (memory store, real clock, maintenance running) with a
+    callback registry of ``name -> url`` and a team ``t`` without the anchor rule."""
+    tokens = tokens or {}
+    callbacks = CallbackConfig(
+        secret=SECRET,
+        services={n: Service(n, u, tokens.get(n)) for n, u in (services or {}).items()},
+        retry=retry,
+    )
+    hub = Hub(
+        MemoryStore(), callbacks=callbacks, lease_seconds=lease_seconds, max_attempts=max_attempts
+    )
+    async with hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        yield hub
+
+
+@asynccontextmanager
+async def dispatching(hub: Hub, **options: Any) -> AsyncIterator[Dispatcher]:
+    options.setdefault("rescan_s", 0.1)
+    options.setdefault("grace_s", 2.0)
+    d = Dispatcher(hub, **options)
+    await d.start()
+    try:
+        yield d
+    finally:
+        await d.stop()
+
+
+# -- a local HTTP endpoint ---------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+#: Decides the answer to one request: (status, body bytes, extra headers).
+Behaviour = Callable[[Seen, int], tuple[int, bytes, dict[str, str]]]
+
+
+@dataclass
+class Endpoint:
+    """An HTTP server on 127.0.0.1 in threads; ``behaviour(request, n)`` answers the
+    n-th request (0-based). ``release`` unblocks handlers that wait on it."""
+
+    behaviour: Behaviour
+    seen: list[Seen] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    url: str = ""
+
+    def count(self) -> int:
+        return len(self.seen)
+
+
+@contextmanager
+def endpoint(behaviour: Behaviour) -> Iterator[Endpoint]:
+    ep = Endpoint(behaviour)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length", "0"))
+            req = Seen(
+                self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(size)
+            )
+            with lock:
+                n = len(ep.seen)
+                ep.seen.append(req)
+            status, body, headers = ep.behaviour(req, n)
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    ep.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield ep
+    finally:
+        ep.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def answer(status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> Behaviour:
+    return lambda req, n: (status, body, headers or {})
+
+
+# -- a private tmux server ---------------------------------------------------------------
+
+
+@contextmanager
+def tmux_server() -> Iterator[libtmux.Server]:
+    """A real tmux server on its own socket (``tmux -L bc-test-...``), killed at the end."""
+    if shutil.which("tmux") is None:
+        pytest.fail("the tmux adapter tests need tmux on PATH (scripts/setup-system.sh)")
+    server = libtmux.Server(socket_name=f"bc-test-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
+    try:
+        yield server
+    finally:
+        socket = server.socket_path
+        if server.is_alive():
+            socket = server.cmd("display-message", "-p", "#{socket_path}").stdout[0]
+            server.kill()
+        if socket:
+            Path(socket).unlink(missing_ok=True)

@@ -1,0 +1,280 @@
+"""The push dispatcher on a real hub: order, members added later, shutdown, settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backchannel.delivery.adapters import ADAPTERS, AdapterFactory, check_delivery_setting
+from backchannel.delivery.base import Adapter, AdapterContext, AdapterError
+from backchannel.delivery.claude_inbox import read_inbox
+from backchannel.delivery.inbox_file import InboxFileAdapter
+from backchannel.errors import InvalidRequest
+from backchannel.hub import Hub
+from backchannel.types import InboxMessage
+from tests.delivery.conftest_adapters import (
+    FAST_RETRY,
+    dispatching,
+    eventually,
+    running_hub,
+    state_of,
+    wait_state,
+)
+
+
+@dataclass
+class Sink:
+    """What the recording adapters of one test share."""
+
+    delivered: list[tuple[str, str]] = field(default_factory=list)  # (member, text)
+    fail_once: set[str] = field(default_factory=set)  # texts whose first attempt fails
+    hang: set[str] = field(default_factory=set)  # texts whose delivery waits for `gate`
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+
+
+class Recorder(Adapter):
+    type = "record"
+
+    def __init__(self, ctx: AdapterContext, sink: Sink) -> None:
+        super().__init__(ctx)
+        self.sink = sink
+        self.retry = FAST_RETRY
+
+    async def deliver(self, item: InboxMessage) -> str:
+        text = item.message.text
+        if text in self.sink.fail_once:
+            self.sink.fail_once.discard(text)
+            raise AdapterError(f"{text} failed once")
+        if text in self.sink.hang:
+            self.sink.entered.set()
+            try:
+                await self.sink.gate.wait()
+            except asyncio.CancelledError:
+                self.sink.cancelled.append(text)
+                raise
+        self.sink.delivered.append((self.ctx.member, text))
+        return "recorded"
+
+    async def close(self) -> None:
+        self.sink.closed.append(self.ctx.member)
+
+
+def _with(sink: Sink) -> dict[str, AdapterFactory]:
+    return {**ADAPTERS, "record": lambda ctx: Recorder(ctx, sink)}
+
+
+async def _delivered(sink: Sink, n: int) -> list[tuple[str, str]]:
+    async def check() -> bool:
+        return len(sink.delivered) >= n
+
+    await eventually(check, what=f"{n} deliveries")
+    return sink.delivered
+
+
+async def test_per_member_order_is_kept_through_retries() -> None:
+    sink = Sink(fail_once={"a-3", "a-11", "b-5"})
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "record"})
+        await hub.add_member("t", "b", delivery={"type": "record"})
+        async with dispatching(hub, adapters=_with(sink), batch=4) as d:
+            for i in range(15):
+                await hub.send("t", "user", "a", f"a-{i}", link=False)
+                await hub.send("t", "user", "b", f"b-{i}", link=False)
+            await _delivered(sink, 30)
+            assert not sink.fail_once  # each failed once and was retried
+            assert sum(s.retried for s in d.status()) == 3
+    for member in ("a", "b"):
+        got = [text for m, text in sink.delivered if m == member]
+        assert got == [f"{member}-{i}" for i in range(15)]
+
+
+async def test_member_added_after_start_is_served(tmp_path: Path) -> None:
+    sink = Sink()
+    async with running_hub() as hub, dispatching(hub, adapters=_with(sink)) as d:
+        assert d.status() == []
+        await hub.add_member("t", "late", delivery={"type": "record"})
+        sent = await hub.send("t", "user", "late", "welcome", link=False)
+        await wait_state(hub, "t", sent.message_id, "acked")
+        assert sink.delivered == [("late", "welcome")]
+        assert [(s.member, s.type, s.delivered) for s in d.status()] == [("late", "record", 1)]
+
+
+async def test_poke_scans_at_once() -> None:
+    sink = Sink()
+    async with running_hub() as hub, dispatching(hub, adapters=_with(sink), rescan_s=600) as d:
+        await hub.add_member("t", "late", delivery={"type": "record"})
+        sent = await hub.send("t", "user", "late", "now", link=False)
+        d.poke()
+        await wait_state(hub, "t", sent.message_id, "acked")
+
+
+async def test_shutdown_lets_a_delivery_finish_within_the_grace() -> None:
+    sink = Sink(hang={"slow"})
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "record"})
+        await hub.add_member("t", "idle", delivery={"type": "record"})
+        d = await _started(hub, sink, grace_s=10)
+        sent = await hub.send("t", "user", "a", "slow", link=False)
+        await asyncio.wait_for(sink.entered.wait(), 10)
+        stopping = asyncio.create_task(d.stop())
+        await asyncio.sleep(0)
+        assert not stopping.done()
+        sink.gate.set()
+        await asyncio.wait_for(stopping, 10)
+        assert await state_of(hub, "t", sent.message_id) == "acked"
+        assert sorted(sink.closed) == ["a", "idle"]
+        assert _workers_left() == []
+
+
+async def test_shutdown_past_the_grace_releases_what_it_holds() -> None:
+    sink = Sink(hang={"stuck"})
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "record"})
+        d = await _started(hub, sink, grace_s=0.1, batch=8)
+        stuck = await hub.send("t", "user", "a", "stuck", link=False)
+        after = await hub.send("t", "user", "a", "after", link=False)
+        await asyncio.wait_for(sink.entered.wait(), 10)
+        assert await state_of(hub, "t", after.message_id) == "leased"  # same batch
+        await asyncio.wait_for(d.stop(), 10)
+        assert sink.cancelled == ["stuck"]
+        assert sink.closed == ["a"]
+        # both go back to the queue at once, not after their lease
+        assert await state_of(hub, "t", stuck.message_id) == "queued"
+        assert await state_of(hub, "t", after.message_id) == "queued"
+        assert _workers_left() == []
+        # and a new dispatcher delivers them, in order
+        sink.hang.clear()
+        async with dispatching(hub, adapters=_with(sink)):
+            await wait_state(hub, "t", after.message_id, "acked")
+        assert sink.delivered == [("a", "stuck"), ("a", "after")]
+
+
+async def test_pull_members_are_left_alone_and_unknown_types_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "backchannel.delivery.dispatcher")
+    async with running_hub() as hub:
+        await hub.add_member("t", "p1")
+        await hub.add_member("t", "p2", delivery={"type": "pull"})
+        await hub.add_member("t", "odd", delivery={"type": "carrier-pigeon"})
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "odd", "hello", link=False)
+            await d.rescan()
+            assert d.status() == []
+            assert await state_of(hub, "t", sent.message_id) == "queued"
+            got = await hub.receive("t", "odd")  # whoever pulls still gets it
+            assert [g.message.text for g in got] == ["hello"]
+    warnings = [r.getMessage() for r in caplog.records if "carrier-pigeon" in r.getMessage()]
+    assert len(warnings) == 1  # once, not on every scan
+
+
+async def test_misconfigured_push_setting_dead_letters_with_the_fix() -> None:
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "tmux", "session": "a-1"})
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead")
+            assert d.status()[0].target.startswith("misconfigured tmux delivery")
+    reason = st.deliveries[0].dead_reason or ""
+    assert "without a valid 'target'" in reason
+    assert "set the member's delivery to" in reason
+
+
+async def test_inbox_file_adapter_writes_the_entry_once(tmp_path: Path) -> None:
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root), "team": "cc-team", "color": "blue"}
+    async with running_hub() as hub:
+        await hub.add_member("t", "researcher", "claude-code", delivery=setting)
+        async with dispatching(hub):
+            sent = await hub.send(
+                "t", "user", "researcher", "look at #7", summary="#7", message_id="m-7", link=False
+            )
+            st = await wait_state(hub, "t", sent.message_id, "acked")
+        path = root / "cc-team" / "inboxes" / "researcher.json"
+        (entry,) = read_inbox(path)
+        assert {k: entry[k] for k in ("from", "text", "summary", "msg_id", "color", "read")} == {
+            "from": "user",
+            "text": "look at #7",
+            "summary": "#7",
+            "msg_id": "m-7",
+            "color": "blue",
+            "read": False,
+        }
+        assert f"written to {path}" in [e.detail for e in st.history if e.event == "delivered"]
+        # a redelivery (after a crash before the hub recorded it) writes nothing
+        await hub.send("t", "user", "researcher", "again", message_id="m-8", link=False)
+        (item,) = await hub.receive("t", "researcher")
+        adapter = InboxFileAdapter(AdapterContext(hub, "t", "researcher", setting))
+        assert (await adapter.deliver(item)).startswith("written")
+        assert (await adapter.deliver(item)).startswith("already in")
+        assert [e["msg_id"] for e in read_inbox(path)] == ["m-7", "m-8"]
+
+
+def test_check_delivery_setting() -> None:
+    for ok in (
+        None,
+        {},
+        {"type": "pull"},
+        {"type": "inbox-file"},
+        {"type": "tmux", "target": "a:0.1"},
+        {"type": "stdin", "command": ["claude"]},
+        {"type": "webhook", "service": "bot"},
+    ):
+        check_delivery_setting(ok)
+    with pytest.raises(InvalidRequest, match="unknown delivery type 'tmx'; use one of"):
+        check_delivery_setting({"type": "tmx"})
+    with pytest.raises(InvalidRequest, match="needs 'target'"):
+        check_delivery_setting({"type": "tmux"})
+    with pytest.raises(InvalidRequest, match="never a URL"):
+        check_delivery_setting({"type": "webhook", "service": "x", "url": "http://evil"})
+
+
+async def _started(hub: Hub, sink: Sink, **options: Any) -> Any:
+    from backchannel.delivery.dispatcher import Dispatcher
+
+    d = Dispatcher(hub, adapters=_with(sink), rescan_s=0.1, **options)
+    await d.start()
+    return d
+
+
+def _workers_left() -> list[str]:
+    return [
+        t.get_name()
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith(("bc-deliver-", "bc-dispatcher")) and not t.done()
+    ]
+
+
+def test_serve_runs_the_dispatcher(server: Any, tmp_path: Path) -> None:
+    """``backchannel serve`` starts the dispatcher: a member added over HTTP with an
+    inbox-file delivery gets its messages written (the next scan picks it up)."""
+    import time
+
+    root = tmp_path / "teams"
+    tokens = server.team("alpha")
+    with server.client() as admin:
+        r = admin.post(
+            "/v1/teams/alpha/members",
+            json={
+                "name": "cc",
+                "kind": "claude-code",
+                "delivery": {"type": "inbox-file", "root": str(root)},
+            },
+        )
+        assert r.status_code == 201, r.text
+    with server.client(tokens["user"]) as user:
+        r = user.post("/v1/messages", json={"to": "cc", "text": "hi", "message_id": "srv-1"})
+        assert r.status_code == 201, r.text
+        deadline = time.monotonic() + 20
+        while user.get("/v1/messages/srv-1").json()["status"] != "acked":
+            assert time.monotonic() < deadline, "the server did not push the message"
+            time.sleep(0.05)
+    assert [e["msg_id"] for e in read_inbox(root / "alpha" / "inboxes" / "cc.json")] == ["srv-1"]

@@ -1,0 +1,254 @@
+"""The tmux adapter against a real tmux server on a private socket (libtmux drives it)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import libtmux
+import pytest
+
+from backchannel.delivery.tmux import sanitize
+from backchannel.hub import Hub
+from tests.delivery.conftest_adapters import (
+    dispatching,
+    eventually,
+    running_hub,
+    state_of,
+    tmux_server,
+    wait_state,
+)
+
+# A stand-in for an agent's TUI: raw mode, asks for bracketed paste (as Claude Code does),
+# shows READY, then appends every byte it is sent to a file.
+READER = r"""
+import os, sys, tty
+out = sys.argv[1]
+tty.setraw(0)
+os.write(1, b"\x1b[?2004hREADY\r\n")
+with open(out, "ab", buffering=0) as f:
+    while True:
+        data = os.read(0, 65536)
+        if not data:
+            break
+        f.write(data)
+"""
+
+START, END = b"\x1b[200~", b"\x1b[201~"
+
+
+@pytest.fixture
+def tmux() -> Iterator[libtmux.Server]:
+    with tmux_server() as server:
+        yield server
+
+
+def _reader_pane(server: libtmux.Server, tmp_path: Path, name: str) -> Path:
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    out = tmp_path / f"{name}.bytes"
+    out.touch()
+    session = server.new_session(
+        session_name=name, window_command=f"{sys.executable} {script} {out}", x=200, y=50
+    )
+    pane = session.active_window.active_pane
+    assert pane is not None
+    return out
+
+
+async def _ready(server: libtmux.Server, name: str) -> None:
+    """The reader showed READY, so tmux has seen its bracketed-paste request."""
+
+    async def shown() -> bool:
+        pane = server.sessions.get(session_name=name).active_window.active_pane
+        return pane is not None and "READY" in "\n".join(pane.capture_pane() or [])
+
+    await eventually(shown, what=f"the reader in {name} to start")
+
+
+def pastes(raw: bytes) -> list[str]:
+    """Each bracketed paste followed by Enter, as the agent would submit it."""
+    out = []
+    while raw:
+        assert raw.startswith(START), raw
+        body, sep, raw = raw[len(START) :].partition(END + b"\r")
+        assert sep, f"paste not closed and submitted: {raw!r}"
+        out.append(body.decode().replace("\r", "\n"))
+    return out
+
+
+async def _pasted(out: Path, n: int = 1) -> list[str]:
+    async def check() -> list[str] | None:
+        raw = out.read_bytes()  # noqa: ASYNC240
+        if raw.count(END + b"\r") < n:
+            return None
+        return pastes(raw)
+
+    return list(await eventually(check, what=f"{n} paste(s) in {out.name}"))
+
+
+def _tmux(server: libtmux.Server, target: str, session: str, **extra: object) -> dict[str, object]:
+    return {
+        "type": "tmux",
+        "target": target,
+        "socket_name": server.socket_name,
+        "session": session,
+        **extra,
+    }
+
+
+async def _member(hub: Hub, name: str, setting: dict[str, object]) -> None:
+    await hub.add_member("t", name, "claude-code", delivery=setting)
+    await hub.open_session("t", name, str(setting["session"]))
+
+
+async def test_multiline_message_arrives_intact_as_one_bracketed_paste(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    text = "first line\n  second, indented\n\nfourth after a blank line\twith a tab\n"
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1"))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", text, link=False)
+            st = await wait_state(hub, "t", sent.message_id, "acked")
+            got = await _pasted(out)
+    assert got == ["[From user] " + text.rstrip("\n")]
+    assert "typed into tmux pane agent:0.0" in next(
+        e.detail for e in st.history if e.event == "delivered"
+    )
+
+
+async def test_plain_program_gets_lines(tmux: libtmux.Server, tmp_path: Path) -> None:
+    out = tmp_path / "cat.txt"
+    tmux.new_session(session_name="cat", window_command=f"cat > {out}", x=200, y=50)
+    await eventually(lambda: _async(out.exists()), what="cat to start")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "cat", "a-s1"))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "one\ntwo", link=False)
+            await wait_state(hub, "t", sent.message_id, "acked")
+            await eventually(lambda: _async(out.read_text().endswith("two\n")), what="cat")
+    assert out.read_text() == "[From user] one\ntwo\n"
+
+
+async def test_busy_session_gets_nothing_until_its_turn_ends(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    busy_out = _reader_pane(tmux, tmp_path, "busy")
+    idle_out = _reader_pane(tmux, tmp_path, "idle")
+    await _ready(tmux, "busy")
+    await _ready(tmux, "idle")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "busy", "a-s1"))
+        await _member(hub, "b", _tmux(tmux, "idle", "b-s1"))
+        await hub.report_event("t", "a", "a-s1", "turn_start", "working")
+        async with dispatching(hub):
+            to_a = await hub.send("t", "user", "a", "wait for your turn", link=False)
+            to_b = await hub.send("t", "user", "b", "you are idle", link=False)
+            # b, sent after a and idle, has its message typed in...
+            await wait_state(hub, "t", to_b.message_id, "acked")
+            assert await _pasted(idle_out) == ["[From user] you are idle"]
+            # ...while a's stays queued and its pane untouched as long as the turn runs
+            assert await state_of(hub, "t", to_a.message_id) == "queued"
+            assert busy_out.read_bytes() == b""
+            await hub.report_event("t", "a", "a-s1", "agent_stop", "done")
+            assert await _pasted(busy_out) == ["[From user] wait for your turn"]
+            await wait_state(hub, "t", to_a.message_id, "acked")
+
+
+async def test_auto_session_follows_the_members_live_session(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    out = _reader_pane(tmux, tmp_path, "agent")
+    control = _reader_pane(tmux, tmp_path, "control")
+    await _ready(tmux, "agent")
+    await _ready(tmux, "control")
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery=_tmux(tmux, "agent", "auto", turn_wait=0))
+        await _member(hub, "b", _tmux(tmux, "control", "b-s1", turn_wait=0))
+
+        async def barrier(n: int) -> None:
+            """b's message, sent after a's, is typed in: a's worker has looked already."""
+            sent = await hub.send("t", "user", "b", f"barrier {n}", link=False)
+            await wait_state(hub, "t", sent.message_id, "acked")
+
+        await hub.open_session("t", "a", "s1")
+        await hub.report_event("t", "a", "s1", "turn_start")
+        async with dispatching(hub):
+            m1 = await hub.send("t", "user", "a", "one", link=False)
+            await barrier(1)
+            assert await state_of(hub, "t", m1.message_id) == "queued"
+            await hub.report_event("t", "a", "s1", "agent_stop", "done")
+            await wait_state(hub, "t", m1.message_id, "acked")
+            # the agent restarts: s1 ends, s2 is its live session, busy
+            await hub.terminate_session("t", "a", "s1", "restarted")
+            await hub.open_session("t", "a", "s2")
+            await hub.report_event("t", "a", "s2", "turn_start")
+            m2 = await hub.send("t", "user", "a", "two", link=False)
+            await barrier(2)
+            assert await state_of(hub, "t", m2.message_id) == "queued"
+            await hub.report_event("t", "a", "s2", "agent_stop", "done")
+            await wait_state(hub, "t", m2.message_id, "acked")
+    assert await _pasted(out, 2) == ["[From user] one", "[From user] two"]
+    assert len(await _pasted(control, 2)) == 2
+
+
+async def test_one_message_per_turn(tmux: libtmux.Server, tmp_path: Path) -> None:
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent", "a-s1", turn_wait=20))
+        async with dispatching(hub):
+            first = await hub.send("t", "user", "a", "first", link=False)
+            second = await hub.send("t", "user", "a", "second", link=False)
+            await wait_state(hub, "t", first.message_id, "acked")
+            # the dispatcher waits for the turn "first" starts before typing "second"
+            assert await state_of(hub, "t", second.message_id) == "queued"
+            await hub.report_event("t", "a", "a-s1", "turn_start", "first")
+            assert await state_of(hub, "t", second.message_id) == "queued"
+            await hub.report_event("t", "a", "a-s1", "agent_stop", "done")
+            await wait_state(hub, "t", second.message_id, "acked")
+            assert await _pasted(out, 2) == ["[From user] first", "[From user] second"]
+
+
+async def test_vanished_pane_is_dead_lettered_with_a_clear_reason(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    keep = _reader_pane(tmux, tmp_path, "keep")  # keeps the server alive
+    gone = _reader_pane(tmux, tmp_path, "gone")
+    tmux.sessions.get(session_name="gone").kill()
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "gone:0.0", "a-s1"))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "anyone there?", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead")
+            notice = await hub.receive("t", "user")
+    reason = st.deliveries[0].dead_reason or ""
+    assert "tmux pane 'gone:0.0' not found" in reason
+    assert "can't find session" in reason
+    assert "restart the agent" in reason
+    assert st.deliveries[0].attempts == 1  # permanent: not retried
+    assert "not found" in notice[0].message.text
+    assert keep.read_bytes() == gone.read_bytes() == b""
+
+
+async def test_no_tmux_server_is_dead_lettered(tmp_path: Path) -> None:
+    async with running_hub() as hub:
+        setting = {"type": "tmux", "target": "x:0", "socket_name": "bc-test-none", "session": "s"}
+        await _member(hub, "a", setting)
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "hello", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead")
+    assert "not found" in (st.deliveries[0].dead_reason or "")
+
+
+def test_sanitize_strips_escapes() -> None:
+    assert sanitize("a\r\nb\rc\n\n") == "a\nb\nc"
+    assert sanitize("x\x1b[201~\x03y\tz") == "x[201~y\tz"
+
+
+async def _async(value: object) -> object:
+    return value

@@ -1,0 +1,197 @@
+"""The webhook adapter against a real HTTP server on 127.0.0.1, driven by the dispatcher."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from backchannel.delivery.webhook import DELIVER_PATH, SIGNATURE_HEADER, verify
+from backchannel.types import MessageKind
+from tests.delivery.conftest_adapters import (
+    SECRET,
+    Seen,
+    answer,
+    dispatching,
+    endpoint,
+    eventually,
+    running_hub,
+    state_of,
+    wait_state,
+)
+
+
+def _hook(service: str) -> dict[str, str]:
+    return {"type": "webhook", "service": service}
+
+
+async def test_delivered_signed_and_acked() -> None:
+    with endpoint(answer(200, b'{"ok": true}')) as ep:
+        async with running_hub({"bot": ep.url}, tokens={"bot": "svc-token"}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send(
+                    "t", "user", "a", "hello\nworld", summary="hi", message_id="m-1", link=False
+                )
+                st = await wait_state(hub, "t", sent.message_id, "acked")
+    assert ep.count() == 1
+    req = ep.seen[0]
+    assert req.path == DELIVER_PATH
+    assert req.headers["authorization"] == "Bearer svc-token"
+    assert req.headers["idempotency-key"] == "m-1"
+    assert req.headers["x-backchannel-message-id"] == "m-1"
+    assert req.headers["content-type"] == "application/json"
+    sig = req.headers[SIGNATURE_HEADER.lower()]
+    assert verify(SECRET, req.body, sig, now=time.time())
+    assert not verify(SECRET, req.body + b" ", sig, now=time.time())
+    assert not verify("other", req.body, sig, now=time.time())
+    body = req.json()
+    assert body["team"] == "t"
+    assert body["message_id"] == "m-1"
+    assert body["from"] == "user"
+    assert body["to"] == "a"
+    assert body["text"] == "hello\nworld"
+    assert body["summary"] == "hi"
+    events = [e.event for e in st.history]
+    assert events == ["queued", "leased", "delivered", "acked"]
+    assert "HTTP 200" in next(e.detail for e in st.history if e.event == "delivered")
+
+
+async def test_slow_endpoint_does_not_delay_another_member() -> None:
+    def slow(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        ep_slow.release.wait(15)
+        return 200, b"", {}
+
+    with endpoint(slow) as ep_slow, endpoint(answer(204)) as ep_fast:
+        async with running_hub({"slow": ep_slow.url, "fast": ep_fast.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("slow"))
+            await hub.add_member("t", "b", delivery=_hook("fast"))
+            async with dispatching(hub):
+                to_a = await hub.send("t", "user", "a", "for a", link=False)
+                # a's POST has arrived and hangs...
+                await eventually(lambda: _async(ep_slow.count() == 1), what="a's POST")
+                to_b = await hub.send("t", "user", "b", "for b", link=False)
+                # ...and b's message is delivered all the same
+                await wait_state(hub, "t", to_b.message_id, "acked", within=5)
+                assert await state_of(hub, "t", to_a.message_id) == "leased"
+                ep_slow.release.set()
+                await wait_state(hub, "t", to_a.message_id, "acked")
+    assert ep_fast.count() == 1
+    assert ep_slow.count() == 1
+
+
+async def test_503_then_200_is_delivered_once() -> None:
+    def flaky(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        return (503, b"busy", {}) if n == 0 else (200, b"", {})
+
+    with endpoint(flaky) as ep:
+        async with running_hub({"bot": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "once", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "acked")
+    assert ep.count() == 2
+    assert [r.headers["x-backchannel-attempt"] for r in ep.seen] == ["1", "2"]
+    assert [r.json()["message_id"] for r in ep.seen] == [sent.message_id] * 2
+    events = [e.event for e in st.history]
+    assert events.count("delivered") == 1
+    assert events.count("acked") == 1
+    assert "released" in events
+
+
+async def test_404_is_dead_lettered_without_a_retry_storm() -> None:
+    with endpoint(answer(404, b"no such hook")) as ep:
+        async with running_hub({"bot": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                first = await hub.send("t", "user", "a", "one", link=False)
+                second = await hub.send("t", "user", "a", "two", link=False)
+                st1 = await wait_state(hub, "t", first.message_id, "dead")
+                await wait_state(hub, "t", second.message_id, "dead")
+                # one POST per message: the worker went on to the next without retrying
+                assert ep.count() == 2
+                notices = await hub.receive("t", "user", limit=10)
+    reason = st1.deliveries[0].dead_reason or ""
+    assert "HTTP 404" in reason
+    assert "no such hook" in reason
+    assert st1.deliveries[0].attempts == 1
+    assert [n.message.kind for n in notices] == [MessageKind.SYSTEM, MessageKind.SYSTEM]
+    assert "HTTP 404" in notices[0].message.text
+
+
+async def test_garbage_body_with_2xx_is_delivered() -> None:
+    garbage = b"\x00\xff<html>not json{{{"
+    with endpoint(answer(202, garbage, {"Content-Type": "application/json"})) as ep:
+        async with running_hub({"bot": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+    assert ep.count() == 1
+
+
+async def test_unknown_service_is_dead_lettered_with_the_fix() -> None:
+    with endpoint(answer(200)) as ep:
+        async with running_hub({"billing": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("biling"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead")
+    reason = st.deliveries[0].dead_reason or ""
+    assert "unknown callback service 'biling'" in reason
+    assert "did you mean 'billing'" in reason
+    assert "Fix: register 'biling'" in reason
+    assert ep.count() == 0
+
+
+async def test_5xx_forever_gives_up_after_the_hubs_attempts() -> None:
+    with endpoint(answer(500, b"boom")) as ep:
+        async with running_hub({"bot": ep.url}, max_attempts=3) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead")
+    assert ep.count() == 3
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("gave up after 3 attempt(s): HTTP 500")
+
+
+async def test_redirect_is_not_followed() -> None:
+    with (
+        endpoint(answer(200)) as target,
+        endpoint(lambda req, n: (307, b"", {"Location": target.url + DELIVER_PATH})) as ep,
+    ):
+        async with running_hub({"bot": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead")
+    assert target.count() == 0
+    assert "redirects are never followed" in (st.deliveries[0].dead_reason or "")
+
+
+async def test_429_retry_after_is_honoured() -> None:
+    def limited(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        return (429, b"", {"Retry-After": "0"}) if n == 0 else (200, b"", {})
+
+    with endpoint(limited) as ep:
+        async with running_hub({"bot": ep.url}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+    assert ep.count() == 2
+
+
+async def _async(value: object) -> object:
+    return value
+
+
+def test_body_is_the_message_json() -> None:
+    # the signature covers exactly the bytes sent
+    body = json.dumps({"a": 1}).encode()
+    from backchannel.delivery.webhook import sign
+
+    header = sign(SECRET, body, 1_700_000_000)
+    assert header.startswith("t=1700000000,v1=")
+    assert verify(SECRET, body, header, now=1_700_000_100)
+    assert not verify(SECRET, body, header, now=1_700_001_000)  # too old
