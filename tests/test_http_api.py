@@ -285,3 +285,29 @@ def test_unknown_endpoint_uses_error_format(srv: Server) -> None:
     r = httpx.get(f"{srv.url}/v1/nope")
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "not_found"
+
+
+def test_member_delivery_setting_is_checked_and_can_change(
+    srv: Server, tokens: dict[str, str]
+) -> None:
+    with srv.client() as admin:
+        bad = admin.post(
+            "/v1/teams/alpha/members", json={"name": "typo", "delivery": {"type": "tmx"}}
+        )
+        assert bad.status_code == 422
+        assert "tmx" in bad.json()["error"]["message"]
+        names = [m["name"] for m in admin.get("/v1/teams/alpha/members").json()["members"]]
+        assert "typo" not in names, "nothing half-written"
+        r = admin.patch(
+            "/v1/teams/alpha/members/worker-2",
+            json={"delivery": {"type": "webhook", "service": "ops"}},
+        )
+        assert r.status_code == 200
+        assert r.json()["delivery"] == {"type": "webhook", "service": "ops"}
+        assert (
+            admin.patch("/v1/teams/alpha/members/nobody", json={"delivery": {}}).status_code == 404
+        )
+    with srv.client(tokens["lead"]) as lead:
+        assert (
+            lead.patch("/v1/teams/alpha/members/worker-2", json={"delivery": {}}).status_code == 403
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import secrets
@@ -202,6 +203,14 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
             await event.wait()
 
 
+def _check_delivery(delivery: Mapping[str, Any] | None) -> None:
+    """Refuse a delivery setting no adapter understands, before anything is stored."""
+    if delivery:
+        from backchannel.delivery.adapters import check_delivery_setting
+
+        check_delivery_setting(delivery)
+
+
 class _Waiters:
     """Wake-ups for receivers blocked on an empty inbox; keyed by (team, member).
 
@@ -376,6 +385,7 @@ class HubBase:
             raise InvalidRequest(f"unknown member kind {kind!r}; use one of: {choices}") from None
         if name == HUB_SENDER:
             raise InvalidRequest(f"{HUB_SENDER!r} is reserved for the hub's own messages")
+        _check_delivery(delivery)
         token = new_token()
         member = Member(
             team,
@@ -396,6 +406,36 @@ class HubBase:
 
         await self.store.transact(fn)
         return member, token
+
+    async def update_member(
+        self,
+        team: str,
+        name: str,
+        *,
+        delivery: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> Member:
+        """Change how a member's messages reach it (``delivery``) or its ``settings``;
+        what is not given stays."""
+        _check_delivery(delivery)
+
+        def fn(tx: Tx) -> Member:
+            m = tx.get_member(team, name)
+            if m is None:
+                if tx.get_team(team) is None:
+                    raise UnknownTeam(f"unknown team {team!r}", team=team)
+                raise UnknownMember(f"unknown member {name!r} in team {team!r}", member=name)
+            new = dataclasses.replace(
+                m,
+                delivery=dict(delivery) if delivery is not None else m.delivery,
+                settings=dict(settings) if settings is not None else m.settings,
+            )
+            tx.update_member(new)
+            return new
+
+        member = await self.store.transact(fn)
+        self._tokens.clear()  # cached members carry the old settings
+        return member
 
     async def list_members(self, team: str) -> list[Member]:
         def fn(tx: Tx) -> list[Member]:

@@ -129,6 +129,20 @@ async def check_teams_and_members(make_store: StoreFactory) -> None:
             raise AssertionError("a duplicate member must raise AlreadyExists")
         names = await store.read(lambda tx: [m.name for m in tx.list_members("alpha")])
         assert names == ["a", "b", "c", "user"], names
+        b = await store.read(lambda tx: tx.get_member("alpha", "b"))
+        assert b is not None
+        changed = Member(
+            "alpha", "b", MemberKind.CODEX, T0 + 9, "other-hash", {"type": "tmux"}, {"x": 1}
+        )
+        await store.transact(lambda tx: tx.update_member(changed))
+        after = await store.read(lambda tx: tx.get_member("alpha", "b"))
+        assert after is not None
+        assert (dict(after.delivery), dict(after.settings)) == ({"type": "tmux"}, {"x": 1})
+        assert (after.kind, after.token_hash, after.created_at) == (
+            b.kind,
+            b.token_hash,
+            b.created_at,
+        )
         found = await store.read(lambda tx: tx.member_by_token_hash("hash-alpha-b"))
         assert found is not None and (found.team, found.name) == ("alpha", "b")
         assert await store.read(lambda tx: tx.member_by_token_hash("missing")) is None

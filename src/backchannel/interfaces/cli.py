@@ -122,6 +122,10 @@ def serve(
     lease: Annotated[float, typer.Option(help="Seconds a received message stays leased.")] = 60.0,
     max_attempts: Annotated[int, typer.Option(help="Deliveries before a message is dead.")] = 5,
     max_text: Annotated[int, typer.Option(help="Largest message text in bytes.")] = 256 * 1024,
+    dispatch: Annotated[
+        bool,
+        typer.Option(help="Push to members with a delivery adapter (one hub per store should)."),
+    ] = True,
     home: HomeOpt = None,
 ) -> None:
     """Run the hub: HTTP API, live streams and the data directory's admin token."""
@@ -139,6 +143,7 @@ def serve(
             max_attempts=max_attempts,
             max_text=max_text,
             console=err,
+            dispatch=dispatch,
         )
     except BackchannelError as exc:
         _fail(exc.message)

@@ -89,6 +89,11 @@ class MemberIn(_Body):
     settings: dict[str, Any] = Field(default_factory=dict)
 
 
+class MemberPatch(_Body):
+    delivery: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+
+
 class MessageIn(_Body):
     to: str = Field(description="a member name, or '*' for every member but you")
     text: str
@@ -374,6 +379,19 @@ def create_app(
             team, body.name, body.kind, delivery=body.delivery, settings=body.settings
         )
         return {"name": member.name, "team": member.team, "kind": member.kind.value, "token": token}
+
+    @app.patch("/v1/teams/{team}/members/{name}", tags=["teams"])
+    async def update_member(team: str, name: str, body: MemberPatch, who: Auth) -> dict[str, Any]:
+        """Change a member's delivery setting or settings (admin)."""
+        who.need_admin()
+        m = await hub.update_member(team, name, delivery=body.delivery, settings=body.settings)
+        return {
+            "name": m.name,
+            "team": m.team,
+            "kind": m.kind.value,
+            "delivery": dict(m.delivery),
+            "settings": dict(m.settings),
+        }
 
     @app.get("/v1/teams/{team}/members", tags=["teams"])
     async def list_members(team: str, who: Auth) -> dict[str, Any]:

@@ -44,6 +44,7 @@ def run_server(
     max_attempts: int,
     max_text: int,
     console: Console,
+    dispatch: bool = True,
 ) -> None:
     """Serve until SIGINT/SIGTERM. Raises ``StoreError`` if the store cannot be opened."""
     logging.basicConfig(
@@ -93,8 +94,10 @@ def run_server(
     async def main() -> None:
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
-        dispatcher = Dispatcher(hub)  # push delivery: inbox files, tmux, stdin, webhooks
-        await dispatcher.start()
+        # push delivery: inbox files, tmux, stdin, webhooks (one dispatcher per store)
+        dispatcher = Dispatcher(hub) if dispatch else None
+        if dispatcher is not None:
+            await dispatcher.start()
         config.write_server_info(data_dir, url, store.url)
         console.print(
             f"backchannel listening on [bold]{url}[/bold]  store: {config.redact_url(store.url)}  "
@@ -105,7 +108,8 @@ def run_server(
             await server.serve(sockets=[sock])
         finally:
             config.clear_server_info(data_dir)
-            await dispatcher.stop()
+            if dispatcher is not None:
+                await dispatcher.stop()
             await hub.close()
 
     if uv_config.loop == "uvloop":

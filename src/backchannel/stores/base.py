@@ -86,6 +86,9 @@ class Tx(Protocol):
         """The team's members, by name."""
         ...
 
+    def update_member(self, member: Member) -> None:
+        """Replace a member's ``delivery`` and ``settings`` (name, kind and token stay)."""
+
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None: ...
 

@@ -119,6 +119,15 @@ class MemoryTx:
         self._set(self._d.members, key, member)
         self._set(self._d.tokens, member.token_hash, key)
 
+    def update_member(self, member: Member) -> None:
+        old = self._d.members.get((member.team, member.name))
+        if old is not None:
+            self._set(
+                self._d.members,
+                (member.team, member.name),
+                dataclasses.replace(old, delivery=member.delivery, settings=member.settings),
+            )
+
     def list_members(self, team: str) -> list[Member]:
         return sorted(
             (m for (t, _), m in self._d.members.items() if t == team), key=lambda m: m.name

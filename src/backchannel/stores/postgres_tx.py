@@ -272,6 +272,14 @@ class PgTx:
             f"member {m.name!r} in team {m.team!r}", m.team,
         )  # fmt: skip
 
+    def update_member(self, member: Member) -> None:
+        m = member
+        self._exec(
+            "UPDATE members SET delivery = %s, settings = %s WHERE team = %s AND name = %s",
+            (_dump(m.delivery), _dump(m.settings), m.team, m.name),
+            m.team,
+        )
+
     def list_members(self, team: str) -> list[Member]:
         rows = self._all(
             f"SELECT {_MEMBER_COLS} FROM members WHERE team = %s ORDER BY name", (team,), team

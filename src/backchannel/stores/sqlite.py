@@ -385,6 +385,12 @@ class SqliteTx:
             f"member {member.name!r} in team {member.team!r}",
         )
 
+    def update_member(self, member: Member) -> None:
+        self._c.execute(
+            "UPDATE members SET delivery = ?, settings = ? WHERE team = ? AND name = ?",
+            (_dumps(member.delivery), _dumps(member.settings), member.team, member.name),
+        )
+
     def list_members(self, team: str) -> list[Member]:
         rows = self._c.execute(
             f"SELECT {_MEMBER_COLS} FROM members WHERE team = ? ORDER BY name", (team,)
