@@ -303,8 +303,9 @@ class SessionsMixin(HubBase):
     ) -> StopResult:
         parsed = turns.parse_closing_text(text)
         self._event(tx, s, EventKind.AGENT_STOP, text, data)
-        members = [m.name for m in tx.list_members(s.team)]
-        ledger = tx.ledger(s.team, s.session_id)
+        # the member list is only needed to route blocks (most closing texts have none)
+        members = [m.name for m in tx.list_members(s.team)] if parsed.blocks else []
+        ledger = tx.ledger(s.team, s.session_id) if parsed.blocks else []
         sent: list[str] = []
         dups: list[str] = []
         unknown: list[str] = []

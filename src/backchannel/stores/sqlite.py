@@ -246,7 +246,7 @@ _MSG_COLS = (
 
 
 def _loads(text: str | None) -> dict[str, Any]:
-    return json.loads(text) if text else {}
+    return json.loads(text) if text and text != "{}" else {}
 
 
 def _dumps(value: Any) -> str:
