@@ -23,7 +23,7 @@ from backchannel.stores.sqlite import SqliteStore
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
@@ -61,7 +61,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     )
                     got = await hub.receive("t", peer, session=f"{peer}-s", limit=10)
                     latencies.append((time.perf_counter() - t0) * 1000)
-                    assert got and got[0].message.kind.value == "link", got
+                    if not got or got[0].message.kind.value != "link":
+                        raise RuntimeError(f"the crossing was not deliverable: {got}")
                     await hub.ack("t", peer, [g.message.message_id for g in got])
 
             sem = asyncio.Semaphore(args.concurrency)
