@@ -128,3 +128,12 @@ def test_serve_reports_a_busy_port(server: Server) -> None:
     assert r.returncode == 1
     assert "cannot listen" in r.stderr
     assert "--port" in r.stderr
+
+
+def test_sigterm_stops_serve_cleanly(tmp_path: Path) -> None:
+    from tests.conftest import start_server
+
+    srv = start_server(tmp_path / "home")
+    srv.proc.terminate()
+    assert srv.proc.wait(15) == 0
+    assert not (srv.home / "server.json").exists(), "the hub said goodbye"

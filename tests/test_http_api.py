@@ -311,3 +311,19 @@ def test_member_delivery_setting_is_checked_and_can_change(
         assert (
             lead.patch("/v1/teams/alpha/members/worker-2", json={"delivery": {}}).status_code == 403
         )
+
+
+def test_a_long_poll_whose_client_left_leases_nothing(srv: Server) -> None:
+    tokens = srv.team("gone", "rx", "tx")
+    import socket
+
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(
+            f"GET /v1/inbox?wait=30 HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer {tokens['rx']}\\r\\n\\r\\n".encode()
+        )
+        # the request is in; the client goes away before anything arrives
+    with srv.client(tokens["tx"]) as tx, srv.client(tokens["rx"]) as rx:
+        mid = tx.post("/v1/messages", json={"to": "rx", "text": "after you left"}).json()["message_id"]
+        got = rx.get("/v1/inbox", params={"wait": 5}).json()["messages"]
+        assert [(m["message_id"], m["attempt"]) for m in got] in ([(mid, 1)], [(mid, 2)])

@@ -431,6 +431,7 @@ def create_app(
     @app.get("/v1/inbox", tags=["inbox"])
     async def inbox(
         who: Auth,
+        request: Request,
         wait: Annotated[
             float, Query(ge=0, le=3600, description="seconds to wait for the first")
         ] = 0,
@@ -440,15 +441,32 @@ def create_app(
         pinned_only: bool = False,
     ) -> dict[str, Any]:
         me = who.need_member()
-        got = await hub.receive(
-            me.team,
-            me.name,
-            session=session,
-            limit=limit,
-            wait=wait,
-            lease_seconds=lease,
-            pinned_only=pinned_only,
-        )
+        gone = asyncio.Event()
+
+        async def watch_client() -> None:
+            # a long-poll whose client went away must not lease messages nobody reads
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch_client()) if wait > 0 else None
+        try:
+            got = await hub.receive(
+                me.team,
+                me.name,
+                session=session,
+                limit=limit,
+                wait=wait,
+                lease_seconds=lease,
+                pinned_only=pinned_only,
+                stop=gone,
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if got and (gone.is_set() or await request.is_disconnected()):
+            await hub.release(me.team, me.name, [m.message.message_id for m in got])
+            return {"messages": []}
         return {"messages": [m.to_json() for m in got]}
 
     @app.get("/v1/inbox/pending", tags=["inbox"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from pathlib import Path
 
@@ -111,6 +112,13 @@ def run_server(
             if dispatcher is not None:
                 await dispatcher.stop()
             await hub.close()
+
+    def _terminate(signum: int, frame: object) -> None:
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises it; raising SystemExit
+        # here (instead of dying on the default handler) lets main() close the hub
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _terminate)
 
     if uv_config.loop == "uvloop":
         import uvloop
