@@ -34,9 +34,11 @@ demo: setup
 	$(PY) examples/demo.py
 
 bench: setup
-	$(PY) bench/bench_send.py inproc
-	$(PY) bench/bench_send.py http
-	$(PY) bench/bench_send.py wakeup
+	$(PY) -m bench.bench_send all
+	$(PY) bench/bench_links.py
+	$(PY) bench/bench_timers.py
+	$(PY) bench/bench_inbox.py
+	$(PY) -m bench.bench_postgres
 
 clean:
 	rm -rf $(VENV) .cache .backchannel .mypy_cache .ruff_cache
