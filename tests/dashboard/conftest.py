@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -73,9 +73,9 @@ def new_page(browser: Browser) -> Iterator[Callable[..., Page]]:
     contexts = []
     errors: list[str] = []
 
-    def make(color_scheme: Literal["light", "dark"] = "light") -> Page:
+    def make(color_scheme: Literal["light", "dark"] = "light", height: int = 900) -> Page:
         ctx = browser.new_context(
-            viewport={"width": 1440, "height": 900}, color_scheme=color_scheme
+            viewport={"width": 1440, "height": height}, color_scheme=color_scheme
         )
         ctx.set_default_timeout(10_000)
         contexts.append(ctx)
@@ -113,10 +113,14 @@ class Team:
             r.raise_for_status()
             return str(r.json()["message_id"])
 
-    def receive(self, member: str, lease: float | None = None) -> list[dict[str, object]]:
-        params: dict[str, float] = {"wait": 5}
+    def receive(
+        self, member: str, lease: float | None = None, session: str | None = None
+    ) -> list[dict[str, object]]:
+        params: dict[str, float | str] = {"wait": 5, "limit": 100}
         if lease is not None:
             params["lease"] = lease
+        if session is not None:
+            params["session"] = session
         with self.client(member) as c:
             r = c.get("/v1/inbox", params=params)
             r.raise_for_status()
@@ -126,31 +130,61 @@ class Team:
         with self.client(member) as c:
             c.post("/v1/inbox/ack", json={"message_ids": list(ids)}).raise_for_status()
 
+    def drain(self, member: str, session: str) -> None:
+        """Take and acknowledge whatever waits for ``session``, as its runtime would."""
+        with self.client(member) as c:
+            got = c.get("/v1/inbox", params={"session": session, "limit": 100}).json()
+            ids = [m["message_id"] for m in got["messages"]]
+            if ids:
+                c.post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+
+    def post(self, member: str, path: str, **body: object) -> dict[str, Any]:
+        """POST ``body`` as ``member``; the answer's JSON."""
+        with self.client(member) as c:
+            r = c.post(path, json=body)
+            assert r.is_success, f"POST {path}: {r.status_code} {r.text}"
+            return dict(r.json())
+
     def report(
         self, member: str, session_id: str, kind: str, text: str = "", **data: object
-    ) -> bool:
-        """Report a runtime event to a session; False while the hub has no such endpoint."""
-        with self.client(member) as c:
-            r = c.post(
-                f"/v1/sessions/{session_id}/events", json={"kind": kind, "text": text, "data": data}
-            )
-            if r.status_code in (404, 405) and r.json()["error"]["code"] == "not_found":
-                return False
-            r.raise_for_status()
-            return True
+    ) -> dict[str, Any]:
+        """Report a runtime event (``turn_start``, ``thought``, ``agent_stop``, ...)."""
+        return self.post(
+            member, f"/v1/sessions/{session_id}/events", kind=kind, text=text, data=data
+        )
+
+    def turn(self, member: str, session_id: str, closing: str) -> dict[str, Any]:
+        """A whole turn that only ends with ``closing`` (its output crosses any link)."""
+        self.report(member, session_id, "turn_start")
+        return self.report(member, session_id, "agent_stop", closing)
 
     def open_session(self, member: str, session_id: str | None = None) -> str:
-        with self.client(member) as c:
-            r = c.post("/v1/sessions", json={"session_id": session_id})
-            r.raise_for_status()
-            return str(r.json()["session_id"])
+        return str(self.post(member, "/v1/sessions", session_id=session_id)["session_id"])
 
 
 @pytest.fixture
-def team(hub_server: Server) -> Team:
-    name = f"team{next(_teams)}"
-    tokens = hub_server.team(name, "lead", "worker", "reviewer")
-    return Team(hub_server, name, tokens)
+def make_team(hub_server: Server) -> Callable[..., Team]:
+    """A factory of fresh teams on the shared server: ``make_team("a", "b",
+    settings={"anchor_policy": "off"})``; tokens for the members and ``user``."""
+
+    def make(*members: str, settings: dict[str, object] | None = None) -> Team:
+        name = f"team{next(_teams)}"
+        with hub_server.client() as c:
+            r = c.post("/v1/teams", json={"name": name, "settings": settings or {}})
+            r.raise_for_status()
+            tokens = {"user": str(r.json()["user_token"])}
+            for m in members:
+                r = c.post(f"/v1/teams/{name}/members", json={"name": m})
+                r.raise_for_status()
+                tokens[m] = str(r.json()["token"])
+        return Team(hub_server, name, tokens)
+
+    return make
+
+
+@pytest.fixture
+def team(make_team: Callable[..., Team]) -> Team:
+    return make_team("lead", "worker", "reviewer")
 
 
 def sign_in(page: Page, server: Server, token: str) -> None:
@@ -164,6 +198,7 @@ def sign_in(page: Page, server: Server, token: str) -> None:
 def screenshot(page: Page, name: str, tmp_path: Path) -> Path:
     """Take ``name``.png; copy it into docs/screenshots when missing or asked to."""
     shot = tmp_path / f"{name}.png"
+    page.mouse.move(0, 0)  # no hover highlight where the last click was
     page.screenshot(path=str(shot), animations="disabled")
     assert shot.stat().st_size > 1000
     target = SCREENSHOTS / shot.name

@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
-from backchannel.interfaces.dashboard import _ticket_key, issue_ticket
+from backchannel.interfaces.dashboard import (
+    FINISHED_SHOWN,
+    _live_first,
+    _ticket_key,
+    issue_ticket,
+    snapshot_key,
+)
 from tests.dashboard.conftest import Team
 
 
@@ -85,25 +91,130 @@ def test_members_show_session_state(team: Team) -> None:
     assert members["lead"]["state"] == "no session"
 
 
-def test_planned_panels_answer_empty_lists(team: Team) -> None:
-    with team.client("lead") as c:
-        snap = c.get(f"/v1/dashboard/teams/{team.name}/snapshot").json()
-        assert snap["links"] == [] or isinstance(snap["links"], list)
-        for name in ("links", "timers", "delegations"):
-            r = c.get(f"/v1/dashboard/teams/{team.name}/{name}")
-            assert r.status_code == 200
-            assert isinstance(r.json()[name], list)
+def test_panels_answer_the_hubs_records(make_team: Callable[..., Team]) -> None:
+    t = make_team("a", "b", settings={"anchor_policy": "off"})
+    base = f"/v1/dashboard/teams/{t.name}"
+    with t.client("b") as c:
+        snap = c.get(f"{base}/snapshot").json()
+    assert (snap["links"], snap["timers"], snap["delegations"]) == ([], [], [])
+    assert snap["hidden"] == {"links": 0, "delegations": 0}
+    assert set(snap["delegation_tally"].values()) == {0}
+    assert abs(snap["now"] - time.time()) < 60
+
+    t.open_session("a", "a-s")
+    t.open_session("b", "b-s")
+    t.report("a", "a-s", "turn_start")
+    t.post("a", "/v1/messages", to="b", text="let's talk", from_session="a-s")
+    t.post("a", "/v1/timers", intent="wait", minutes=5, note="did b answer?", target="b")
+    t.post("a", "/v1/delegations", to="b", task="count files", tool_use_id="tu_1")
+    t.report("a", "a-s", "agent_stop", "")
+    with t.client("b") as c:  # any member of the team sees it all
+        links = c.get(f"{base}/links").json()["links"]
+        timers = c.get(f"{base}/timers").json()["timers"]
+        delegations = c.get(f"{base}/delegations").json()["delegations"]
+        snap = c.get(f"{base}/snapshot").json()
+    [link] = links
+    assert {k: link[k] for k in ("initiator", "initiator_session", "responder")} == {
+        "initiator": "a",
+        "initiator_session": "a-s",
+        "responder": "b",
+    }
+    assert (link["responder_session"], link["state"], link["turns_used"], link["budget"]) == (
+        "b-s",
+        "open",
+        0,
+        8,
+    )
+    assert link["close_reason"] is None
+    [timer] = timers
+    assert (timer["intent"], timer["note"], timer["target"], timer["state"]) == (
+        "wait",
+        "did b answer?",
+        "b",
+        "pending",
+    )
+    assert (timer["member"], timer["session"]) == ("a", "a-s")
+    assert 290 < timer["due_in"] <= 300
+    [d] = delegations
+    assert (d["caller"], d["callee"], d["task"], d["state"]) == ("a", "b", "count files", "pending")
+    assert d["callee_session"] == "a-s--tu_1"
+    assert snap["links"] == links
+    assert snap["delegations"] == delegations
+    assert snap["delegation_tally"] == {
+        "pending": 1,
+        "answered": 0,
+        "timed_out": 0,
+        "late": 0,
+        "failed": 0,
+    }
+
+
+def test_stream_sends_a_new_snapshot_when_a_link_crosses(make_team: Callable[..., Team]) -> None:
+    t = make_team("a", "b", settings={"anchor_policy": "off"})
+    t.open_session("a", "a-s")
+    t.open_session("b", "b-s")
+    t.report("a", "a-s", "turn_start")
+    t.post("a", "/v1/messages", to="b", text="let's talk", from_session="a-s")
+    t.report("a", "a-s", "agent_stop", "")
+    url = f"/v1/dashboard/teams/{t.name}/stream"
+    with (
+        httpx.Client(base_url=t.server.url, timeout=10) as c,
+        c.stream("GET", url, params={"ticket": _ticket(t, "a")}) as resp,
+    ):
+        events = _events(resp)
+        name, snap = next(events)
+        assert name == "snapshot"
+        assert [x["turns_used"] for x in snap["links"]] == [0]
+        while next(events)[0] != "live":
+            pass
+        t.turn("b", "b-s", "here is what I think")
+        snaps = (data for name, data in events if name == "snapshot")
+        seen = next(s for s in snaps if s["links"][0]["turns_used"] == 1)
+        assert seen["links"][0]["history"][-1]["event"] == "crossing"
+
+
+def test_snapshots_change_with_the_records_not_the_clock() -> None:
+    timer = {"timer_id": 1, "due_at": 100.0, "due_in": 30.0}
+    snap: dict[str, Any] = {"now": 70.0, "links": [], "timers": [timer]}
+    later = {**snap, "now": 71.0, "timers": [{**timer, "due_in": 29.0}]}
+    assert snapshot_key(snap) == snapshot_key(later)
+    moved = {**snap, "timers": [{**timer, "due_at": 200.0}]}
+    assert snapshot_key(snap) != snapshot_key(moved)
+
+
+def test_finished_records_are_capped_live_ones_never() -> None:
+    # (live?, created_at)
+    records = [(True, float(i)) for i in range(3)] + [
+        (False, float(i)) for i in range(FINISHED_SHOWN + 5)
+    ]
+    kept, hidden = _live_first(records, lambda r: r[0], lambda r: r[1])
+    assert hidden == 5
+    assert kept[:3] == [(True, 2.0), (True, 1.0), (True, 0.0)]
+    assert len(kept) == 3 + FINISHED_SHOWN
+    assert kept[3] == (False, float(FINISHED_SHOWN + 4))  # the newest finished one
 
 
 def test_session_view(team: Team) -> None:
     sid = team.open_session("lead")
+    team.report("lead", sid, "turn_start", "plan")
+    team.report("lead", sid, "tool_call", "", name="read_file", input={"path": "a.py"})
+    team.report("lead", sid, "agent_stop", "all planned")
     with team.client("reviewer") as c:
         r = c.get(f"/v1/dashboard/teams/{team.name}/sessions/{sid}")
         assert r.status_code == 200
         body = r.json()
         assert body["session"]["member"] == "lead"
         assert body["session"]["state"] == "idle"
-        assert isinstance(body["transcript"], list)
+        assert body["session"]["last_output"] == "all planned"
+        kinds = [e["kind"] for e in body["transcript"]]
+        assert kinds == ["session", "turn_start", "tool_call", "agent_stop"]
+        assert body["transcript"][2]["data"] == {"name": "read_file", "input": {"path": "a.py"}}
+        assert body["note"] is None
+        # only the end of a long transcript, and a note that says so
+        r = c.get(f"/v1/dashboard/teams/{team.name}/sessions/{sid}", params={"tail_chars": 5})
+        body = r.json()
+        assert [e["text"] for e in body["transcript"]] == ["[…cut…] anned"]
+        assert "last 5 characters" in body["note"]
         r = c.get(f"/v1/dashboard/teams/{team.name}/sessions/nope")
         assert r.status_code == 404
         assert r.json()["error"]["code"] == "unknown_session"

@@ -1,16 +1,16 @@
 """The dashboard in real headless Chromium against a real ``backchannel serve``.
 
 Every wait is one of Playwright's auto-waiting ``expect`` assertions; nothing sleeps.
-Rows of the timeline carry ``data-id`` (the message id) and ``data-state``; side-panel
-items carry ``data-link-id`` / ``data-timer-id`` / ``data-delegation-id``, and a link's
-turns read ``used / budget`` in its ``.turns`` element, for the link tests to come.
+Rows of the timeline carry ``data-id`` (the message id), ``data-kind`` and
+``data-state``; side-panel items carry ``data-link-id`` / ``data-timer-id`` /
+``data-delegation-id`` and ``data-state``, and a link's turns read ``used/budget`` in
+its ``.turns`` element. The links, timers and delegations are the hub's own, made
+through the HTTP API as agents would make them.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -162,123 +162,318 @@ def test_dead_letter_shows_its_reason(page: Page, team: Team) -> None:
     expect(page.locator(".deliveries .why")).to_contain_text("attempt")
 
 
-def test_session_view_and_dark_theme(
-    new_page: Callable[..., Page], team: Team, tmp_path: Path
+def _no_reload_mark(page: Page) -> None:
+    """Mark the page: a reload or navigation would lose the mark (see _not_reloaded)."""
+    page.evaluate("window.__sameDocument = true")
+
+
+def _not_reloaded(page: Page) -> None:
+    assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
+
+
+def _off(make_team: Callable[..., Team], *members: str) -> Team:
+    """A team without the anchor rule (it has tests of its own), so any turn may send."""
+    return make_team(*members, settings={"anchor_policy": "off"})
+
+
+def test_see_a_links_budget_change_after_a_crossing(
+    page: Page, make_team: Callable[..., Team]
 ) -> None:
-    sid = team.open_session("lead", "lead-main")
-    team.open_session("worker", "worker-main")
-    team.send("lead", "worker", "Split the parser into lexer and grammar", summary="split parser")
-    team.send("user", "lead", "How far along is the parser?")
-    # a transcript, where the hub records session events (skipped while it does not)
-    transcript = team.report("lead", sid, "turn_start", "Plan the parser work")
-    if transcript:
-        team.report("lead", sid, "thought", "The grammar is small; split lexing out first.")
-        team.report("lead", sid, "tool_call", "", name="read_file", input={"path": "src/parse.py"})
-        team.report("lead", sid, "tool_result", "412 lines")
-        team.report("lead", sid, "agent_stop", "Plan: lexer first, then the grammar.")
-    page = new_page("dark")
-    sign_in(page, team.server, team.server.admin_token)
-    page.get_by_label("team", exact=True).select_option(team.name)
-    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
-    expect(page.locator("#timeline .row")).to_have_count(2)
-    screenshot(page, "overview-dark", tmp_path)
-    page.locator('#members > li[data-member="lead"] .session-link').click()
-    drawer = page.get_by_role("dialog")
-    expect(drawer.locator("#drawer-title")).to_have_text(sid)
-    expect(drawer.locator("#drawer-kicker")).to_have_text("session of lead")
-    expect(drawer).to_contain_text("idle")
-    if transcript:
-        expect(drawer.locator(".transcript")).to_contain_text("lexer first, then the grammar")
-        expect(drawer.locator(".tr-thought")).to_contain_text("split lexing out first")
-    else:
-        expect(drawer.locator(".empty")).to_have_text("no transcript yet")
-    screenshot(page, "session", tmp_path)
+    t = _off(make_team, "a", "b")
+    t.open_session("a", "a-s")
+    t.open_session("b", "b-s")
+    # a's turn sends to b: that opens a link between a-s and b-s
+    t.report("a", "a-s", "turn_start")
+    t.post("a", "/v1/messages", to="b", text="Can you check the lexer?", from_session="a-s")
+    t.report("a", "a-s", "agent_stop", "")  # no output: nothing crosses yet
+    with t.client("a") as c:
+        [link] = c.get("/v1/links").json()["links"]
+    assert (link["turns_used"], link["budget"]) == (0, 8)
+
+    sign_in(page, t.server, t.tokens["user"])
+    _no_reload_mark(page)
+    item = page.locator(f'#links li[data-link-id="{link["link_id"]}"]')
+    expect(page.locator("#links li.link")).to_have_count(1)
+    expect(item.locator(".peers")).to_have_text("a ↔ b")
+    expect(item.locator(".link-sessions")).to_have_text("a-s↔b-s")
+    expect(item.locator(".pill")).to_have_text("open")
+    expect(item.locator(".turns")).to_have_text("0/8")
+    expect(page.locator("#links-count")).to_have_text("1")
+
+    # b's turn ends with output: it crosses to a and uses one turn of the budget
+    t.report("b", "b-s", "turn_start")
+    stop = t.report("b", "b-s", "agent_stop", "The lexer is fine; the grammar needs work.")
+    assert stop["crossed"] == [
+        {"link_id": link["link_id"], "to": "a", "turns_used": 1, "budget": 8}
+    ]
+    expect(item.locator(".turns")).to_have_text("1/8")
+    expect(item.locator(".meter")).to_have_attribute("title", "1 of 8 turns used")
+    crossing = page.locator(f'#timeline .row[data-id="{link["link_id"]}-1"]')
+    expect(crossing.locator(".kind")).to_have_text("link")
+    expect(crossing.locator(".route")).to_have_text("b → a")
+
+    # the initiator closes it: the panel says so, and why
+    t.post("a", "/v1/messages", to="b", text="Thanks, that is all.", close_link=True)
+    expect(item.locator(".pill")).to_have_text("closed")
+    expect(item.locator(".why")).to_have_text("closed: a, who opened it, closed it")
+    expect(item.locator(".why")).to_have_attribute("data-reason", "closed_by_initiator")
+    expect(item.locator(".turns")).to_have_text("1/8")
+    _not_reloaded(page)
 
 
-def test_panels_render_links_timers_and_delegations(page: Page, team: Team, tmp_path: Path) -> None:
-    """The hub does not record links, timers or delegations yet: serve records of the
-    planned shape in place of the snapshot and the stream, and check how they show."""
-    now = time.time()
-    snap = {
-        "members": [
-            {"name": "lead", "kind": "claude-code", "state": "active", "last_activity": now},
-            {"name": "reviewer", "kind": "codex", "state": "idle", "last_activity": now - 90},
-            {"name": "user", "kind": "human", "state": "no session", "last_activity": None},
-            {"name": "worker", "kind": "gemini", "state": "idle", "last_activity": now - 20},
-        ],
-        "links": [
-            {
-                "link_id": "lnk_1",
-                "initiator": "lead",
-                "responder": "worker",
-                "state": "open",
-                "budget": 8,
-                "turns_used": 3,
-            },
-            {
-                "link_id": "lnk_2",
-                "initiator": "lead",
-                "responder": "reviewer",
-                "state": "closed",
-                "budget": 8,
-                "turns_used": 8,
-                "closed_reason": "turn budget exhausted",
-            },
-        ],
-        "timers": [
-            {
-                "timer_id": "tmr_1",
-                "member": "worker",
-                "intent": "anchor",
-                "note": "return to task 3 — implement the report generator",
-                "due_at": now + 240,
-            },
-            {
-                "timer_id": "tmr_2",
-                "member": "lead",
-                "intent": "check",
-                "target": "worker",
-                "note": "is the worker stuck on the lexer?",
-                "due_at": now + 65,
-            },
-        ],
-        "delegations": [
-            {
-                "delegation_id": f"dlg_{state}",
-                "caller": "lead",
-                "callee": "reviewer",
-                "state": state,
-                "task": f"Review the lexer split ({state})",
-                "deadline": now + 300,
-            }
-            for state in ("pending", "answered", "timed_out", "late")
-        ],
-    }
-    body = f"event: snapshot\ndata: {json.dumps(snap)}\n\nevent: live\ndata: {{}}\n\n"
-    page.route(
-        "**/v1/dashboard/teams/*/snapshot",
-        lambda route: route.fulfill(json=snap),
+def test_timers_show_intent_note_and_due_time_live(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    t = _off(make_team, "lead", "worker")
+    t.open_session("lead", "lead-s")
+    t.open_session("worker", "worker-s")
+    sign_in(page, t.server, t.tokens["lead"])
+    _no_reload_mark(page)
+    expect(page.locator("#timers-empty")).to_have_text("no timers yet")
+
+    check = t.post(
+        "lead",
+        "/v1/timers",
+        intent="check",
+        minutes=5,
+        note="is the worker stuck on the lexer?",
+        target="worker",
+        session="lead-s",
     )
-    page.route(
-        "**/v1/dashboard/teams/*/stream?*",
-        lambda route: route.fulfill(body=body, content_type="text/event-stream"),
-    )
-    page.goto(team.server.url + "/")
-    page.locator("#token-input").fill(team.tokens["user"])
-    page.get_by_role("button", name="Sign in").click()
+    assert check["state"] == "pending"
+    item = page.locator(f'#timers li[data-timer-id="{check["timer_id"]}"]')
+    expect(item).to_have_attribute("data-state", "pending")
+    expect(item.locator(".intent")).to_have_text("CHECK")
+    expect(item.locator(".owner")).to_have_text("lead")
+    expect(item.locator(".target")).to_have_text("→ worker")
+    expect(item.locator(".note")).to_have_text("is the worker stuck on the lexer?")
+    expect(item.locator(".reltime")).to_have_text(re.compile(r"due in [45] min"))
+    expect(item.locator(".session-ref")).to_have_text("lead-s")
+    expect(page.locator("#timers-empty")).to_be_hidden()
 
-    link = page.locator('#links li[data-link-id="lnk_1"]')
-    expect(link.locator(".peers")).to_have_text("lead ↔ worker")
-    expect(link.locator(".turns")).to_have_text("3 / 8")
-    closed = page.locator('#links li[data-link-id="lnk_2"]')
-    expect(closed.locator(".why")).to_have_text("closed: turn budget exhausted")
-    expect(page.locator("#links-empty")).to_be_hidden()
-    anchor = page.locator('#timers li[data-timer-id="tmr_1"]')
-    expect(anchor).to_contain_text("ANCHOR")
-    expect(anchor).to_contain_text("return to task 3")
-    expect(anchor.locator(".reltime")).to_have_text(re.compile(r"due in [34] min"))
-    expect(page.locator("#timers li").first).to_contain_text("CHECK")  # soonest first
-    expect(page.locator("#delegation-tally")).to_contain_text("1 timed out")
-    expect(page.locator('#delegations li[data-state="late"] .pill')).to_have_text("late")
-    expect(page.locator('#members > li[data-member="lead"] .member-state')).to_have_text("active")
+    # soonest first
+    anchor = t.post(
+        "worker",
+        "/v1/timers",
+        intent="anchor",
+        minutes=2,
+        note="return to task 3 — implement the report generator",
+        session="worker-s",
+    )
+    ids = page.locator("#timers li")
+    expect(ids).to_have_count(2)
+    expect(ids.first).to_have_attribute("data-timer-id", str(anchor["timer_id"]))
+    expect(ids.first.locator(".intent")).to_have_text("ANCHOR")
+    expect(ids.first.locator(".target")).to_have_count(0)
+
+    # a timer that fires becomes its session's breadcrumb message and leaves the panel
+    t.post("worker", "/v1/timers", intent="anchor", seconds=1, note="look up", session="worker-s")
+    fired = page.locator('#timeline .row[data-kind="timer"]')
+    expect(fired.locator(".route")).to_have_text("hub → worker")
+    expect(fired.locator(".summary")).to_contain_text("look up")
+    expect(ids).to_have_count(2)
+
+    # a cancelled timer leaves it too
+    with t.client("lead") as c:
+        c.delete(f"/v1/timers/{check['timer_id']}").raise_for_status()
+    expect(ids).to_have_count(1)
+    expect(page.locator("#timers-count")).to_have_text("1")
+    _not_reloaded(page)
+
+
+def _answer(t: Team, callee: str, session_id: str, text: str) -> None:
+    """Play the callee: its delegated session runs one turn that ends with the answer."""
+    t.turn(callee, session_id, text)
+
+
+def test_delegations_pending_answered_timed_out_and_late(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    t = _off(make_team, "lead", "counter")
+    t.open_session("lead", "lead-s")
+    sign_in(page, t.server, t.tokens["user"])
+    _no_reload_mark(page)
+    expect(page.locator("#delegations-empty")).to_have_text("no delegations yet")
+
+    t.report("lead", "lead-s", "turn_start")
+    count = t.post(
+        "lead",
+        "/v1/delegations",
+        to="counter",
+        task="Count the Python files",
+        tool_use_id="tu_count",
+    )
+    slow = t.post(
+        "lead",
+        "/v1/delegations",
+        to="counter",
+        task="Benchmark the parser\n(all three grammars)",
+        tool_use_id="tu_slow",
+        timeout_s=1,
+    )
+    t.report("lead", "lead-s", "agent_stop", "")
+    assert (count["state"], count["callee_session"]) == ("pending", "lead-s--tu_count")
+
+    item = page.locator(f'#delegations li[data-delegation-id="{count["delegation_id"]}"]')
+    expect(item).to_have_attribute("data-state", "pending")
+    expect(item.locator(".item-line").first).to_have_text("lead ⇢ counterpending")
+    expect(item.locator(".task")).to_have_text("Count the Python files")
+    expect(item.locator(".detail")).to_have_text(re.compile(r"answer due in [45] min"))
+    expect(item.locator(".session-ref")).to_have_text("lead-s--tu_count")
+
+    # the slow one passes its deadline: timed out, with the error the caller got
+    late = page.locator(f'#delegations li[data-delegation-id="{slow["delegation_id"]}"]')
+    expect(late).to_have_attribute("data-state", "timed_out")
+    expect(late.locator(".pill")).to_have_text("timed out")
+    expect(late.locator(".task")).to_have_text("Benchmark the parser")
+    expect(late.locator(".why")).to_contain_text("counter did not answer within 1 s")
+    tally = page.locator("#delegation-tally .tally-item")
+    expect(tally).to_have_text(["1 pending", "0 answered", "1 timed out", "0 late"])
+
+    # the callee answers both: one answered, one late
+    _answer(t, "counter", "lead-s--tu_count", "There are 42 Python files.")
+    expect(item).to_have_attribute("data-state", "answered")
+    expect(item.locator(".pill")).to_have_text("answered")
+    expect(item.locator(".result")).to_have_text("There are 42 Python files.")
+    _answer(t, "counter", "lead-s--tu_slow", "Parsing takes 3 ms per file.")
+    expect(late).to_have_attribute("data-state", "late")
+    expect(late.locator(".detail")).to_contain_text("answered after its deadline")
+    expect(late.locator(".result")).to_have_text("Parsing takes 3 ms per file.")
+    expect(tally).to_have_text(["0 pending", "1 answered", "0 timed out", "1 late"])
+    expect(page.locator("#delegations-count")).to_have_text("2")
+    # the results reach the caller as tool_result messages
+    expect(page.locator('#timeline .row[data-kind="tool_result"]')).to_have_count(2)
+    _not_reloaded(page)
+
+
+def _busy_team(make_team: Callable[..., Team]) -> Team:
+    """A team in the middle of work: links (one spent), timers, delegations in every
+    state, a dead letter and a session with a transcript."""
+    t = _off(make_team, "lead", "worker", "reviewer")
+    for m in ("lead", "worker", "reviewer"):
+        t.open_session(m, f"{m}-s")
+    t.report("lead", "lead-s", "turn_start", "Plan the parser work")
+    t.report("lead", "lead-s", "thought", "The grammar is small; split lexing out first.")
+    t.report("lead", "lead-s", "tool_call", "", name="read_file", input={"path": "src/parse.py"})
+    t.report("lead", "lead-s", "tool_result", "412 lines")
+    t.post(
+        "lead",
+        "/v1/messages",
+        to="worker",
+        text="Split the parser into a lexer and a grammar.",
+        summary="split the parser",
+        from_session="lead-s",
+    )
+    t.post(
+        "lead",
+        "/v1/messages",
+        to="reviewer",
+        text="Review the lexer as soon as it lands.",
+        summary="review the lexer",
+        from_session="lead-s",
+        link_budget=2,
+    )
+    t.post(
+        "lead",
+        "/v1/timers",
+        intent="anchor",
+        minutes=10,
+        note="return to task 3 — implement the report generator",
+        session="lead-s",
+    )
+    t.post(
+        "lead",
+        "/v1/timers",
+        intent="check",
+        minutes=2,
+        note="is the worker stuck on the lexer?",
+        target="worker",
+        session="lead-s",
+    )
+    for to, task, tu, timeout in (
+        ("reviewer", "Review the lexer split", "tu_review", None),
+        ("worker", "Count the Python files", "tu_count", None),
+        ("reviewer", "Benchmark the old parser", "tu_bench", 1),
+        ("worker", "List the TODOs in src/", "tu_todo", 1),
+    ):
+        t.post("lead", "/v1/delegations", to=to, task=task, tool_use_id=tu, timeout_s=timeout)
+    t.report("lead", "lead-s", "agent_stop", "Plan: lexer first, then the grammar.")
+    t.turn("worker", "worker-s", "Lexer split done; the grammar is next.")
+    t.turn(
+        "reviewer", "reviewer-s", "The lexer reads well. Two nits: rename `tok`, test empty input."
+    )
+    _answer(t, "worker", "lead-s--tu_count", "There are 42 Python files.")
+    for m in ("lead", "worker", "reviewer"):
+        t.drain(m, f"{m}-s")
+    return t
+
+
+def test_busy_team_panels_and_session_view(
+    new_page: Callable[..., Page], make_team: Callable[..., Team], tmp_path: Path
+) -> None:
+    t = _busy_team(make_team)
+    page = new_page(height=1300)
+    sign_in(page, t.server, t.tokens["user"])
+    links = page.locator("#links li.link")
+    expect(links).to_have_count(2)
+    # open links first: lead's turn crossed both, then each peer's turn crossed back
+    expect(links.nth(0).locator(".peers")).to_have_text("lead ↔ worker")
+    expect(links.nth(0).locator(".turns")).to_have_text("2/8")
+    expect(links.nth(0)).to_have_attribute("data-state", "open")
+    expect(links.nth(1).locator(".peers")).to_have_text("lead ↔ reviewer")
+    expect(links.nth(1).locator(".turns")).to_have_text("2/2")
+    expect(links.nth(1)).to_have_attribute("data-state", "closed")
+    expect(links.nth(1).locator(".why")).to_have_text("closed: its 2 turns are used up")
+    expect(page.locator("#timers li .intent")).to_have_text(["CHECK", "ANCHOR"])
+    tally = page.locator("#delegation-tally .tally-item")
+    expect(tally).to_have_text(["1 pending", "1 answered", "2 timed out", "0 late"])
+    _answer(t, "worker", "lead-s--tu_todo", "3 TODOs: lexer.py:12, grammar.py:40, cli.py:7")
+    expect(tally).to_have_text(["1 pending", "1 answered", "1 timed out", "1 late"])
+    # a dead letter, with its reason
+    mid = t.send("worker", "reviewer", "Can you look at this diff?", summary="look at the diff")
+    # the server allows one attempt: a copy taken and never acked is dead
+    t.receive("reviewer", lease=0.2, session="reviewer-s")
+    expect(page.locator(f'#dead li[data-id="{mid}"] .why')).to_contain_text("attempt")
     screenshot(page, "panels", tmp_path)
+
+    # the session view: its links, timers and delegations, and its transcript
+    page.locator('#members > li[data-member="lead"] .session-link', has_text="lead-s").click()
+    drawer = page.get_by_role("dialog")
+    expect(drawer.locator("#drawer-title")).to_have_text("lead-s")
+    expect(drawer.locator(".link .mini-what")).to_have_text(["↔ worker", "↔ reviewer"])
+    expect(drawer.locator(".link .turns")).to_have_text(["2/8", "2/2"])
+    expect(drawer.locator(".timer .intent")).to_have_text(["CHECK", "ANCHOR"])
+    expect(drawer.locator(".delegation .mini-what")).to_have_count(4)
+    expect(drawer.locator('.delegation[data-state="late"] .mini-what')).to_have_text("⇢ worker")
+    transcript = drawer.locator(".transcript > li")
+    expect(transcript.first).to_have_attribute("data-kind", "session")
+    expect(drawer.locator(".tr-thought")).to_contain_text("split lexing out first")
+    expect(drawer.locator(".tr-tool_call .tr-about")).to_have_text("read_file")
+    expect(drawer.locator(".tr-tool_call .tr-text")).to_contain_text('"path": "src/parse.py"')
+    expect(drawer.locator(".tr-sent .tr-about")).to_have_text(["→ worker", "→ reviewer"])
+    expect(drawer.locator(".tr-agent_stop").first).to_contain_text("lexer first, then the grammar")
+    # the open session view follows the session: a link crossing into it shows up
+    t.turn("worker", "worker-s", "The grammar is done too.")
+    expect(drawer.locator(".link .turns")).to_have_text(["3/8", "2/2"])
+    screenshot(page, "session", tmp_path)
+    # ... and a running turn, event by event
+    t.report("lead", "lead-s", "turn_start", "Next: the grammar")
+    expect(drawer.locator(".facts .pill")).to_have_text("active")
+    t.report("lead", "lead-s", "thought", "Check the worker's lexer before the grammar.")
+    expect(drawer.locator(".tr-thought").last).to_have_text(re.compile("worker's lexer before"))
+
+
+def test_overview_in_the_dark_theme(
+    new_page: Callable[..., Page], make_team: Callable[..., Team], tmp_path: Path
+) -> None:
+    t = _busy_team(make_team)
+    t.send("user", "lead", "How far along is the parser?", summary="status?")
+    page = new_page("dark")
+    sign_in(page, t.server, t.server.admin_token)
+    page.get_by_label("team", exact=True).select_option(t.name)
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(page.locator('#timeline .row[data-from="user"]')).to_have_count(1)
+    expect(page.locator("#links li.link")).to_have_count(2)
+    expect(page.locator("#delegations li")).to_have_count(4)
+    expect(page.locator('#delegation-tally [data-state="timed_out"]')).to_have_text("2 timed out")
+    screenshot(page, "overview-dark", tmp_path)

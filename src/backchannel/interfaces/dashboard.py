@@ -16,9 +16,11 @@ member's token hash, so a member whose token changed cannot use an old one. The
 signing key is derived from the admin token, so every hub process sharing a data
 directory accepts tickets issued by the others.
 
-Links, timers, delegations and session transcripts come from hub methods that may not
-exist yet (``list_links``, ``list_timers``, ``list_delegations``, ``get_session_data``);
-they are looked up with ``getattr`` and answer empty lists while they are missing.
+Links, timers, delegations and session transcripts come from the hub's own records
+(``list_links``, ``list_timers``, ``list_delegations``, ``get_session_data``), in the
+same JSON as the rest of the API. The snapshot keeps every open link, pending timer and
+pending delegation, plus the latest :data:`FINISHED_SHOWN` closed links and finished
+delegations (a tally counts them all), so a long-lived team does not grow it forever.
 """
 
 from __future__ import annotations
@@ -26,16 +28,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import enum
 import hashlib
 import hmac
-import inspect
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -51,7 +51,15 @@ from backchannel.errors import (
 )
 from backchannel.hub import FeedItem, Hub
 from backchannel.interfaces.http import Auth, Principal
-from backchannel.types import USER, Member, Session, SessionState
+from backchannel.types import (
+    USER,
+    Delegation,
+    DelegationState,
+    LinkState,
+    Member,
+    Session,
+    SessionState,
+)
 
 log = logging.getLogger("backchannel.dashboard")
 
@@ -63,6 +71,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 TICKET_SECONDS = 60.0
 #: How often an open stream looks for changed members, links, timers and delegations.
 SNAPSHOT_SECONDS = 1.0
+#: How soon after traffic it looks again (most changes come with a message).
+SNAPSHOT_AFTER_TRAFFIC = 0.2
 KEEPALIVE_SECONDS = 15.0
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -76,8 +86,10 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-#: Planned hub read methods, looked up with ``getattr`` (name -> JSON key).
-PANELS = {"links": "list_links", "timers": "list_timers", "delegations": "list_delegations"}
+#: Closed links and finished delegations kept in a snapshot (the latest ones).
+FINISHED_SHOWN = 50
+#: How much of a session's transcript the session view shows (its last characters).
+TRANSCRIPT_CHARS = 50_000
 
 
 # -- bodies -------------------------------------------------------------------------
@@ -164,20 +176,11 @@ async def check_ticket(hub: Hub, key: bytes, ticket: str, team: str) -> Principa
 
 
 def jsonable(value: Any) -> Any:
-    """Plain JSON for whatever a (planned) hub method returns."""
+    """Plain JSON for a message's metadata (enums by value, anything odd as text)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, enum.Enum):
         return jsonable(value.value)
-    to_json = getattr(value, "to_json", None)
-    if callable(to_json):
-        return jsonable(to_json())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.repr and not f.name.endswith("_hash")
-        }
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -185,21 +188,46 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
+_T = TypeVar("_T")
 
 
-async def panel(hub: Hub, team: str, name: str) -> list[Any]:
-    """``links``/``timers``/``delegations`` of a team, or ``[]`` while the hub has none."""
-    method = getattr(hub, PANELS[name], None)
-    if method is None:
-        return []
-    got = jsonable(await _maybe_await(method(team)))
-    if isinstance(got, Mapping):  # {"links": [...]} is accepted too
-        got = got.get(name, [])
-    return list(got) if isinstance(got, list) else []
+def _live_first(
+    items: Sequence[_T], live: Callable[[_T], bool], at: Callable[[_T], float]
+) -> tuple[list[_T], int]:
+    """The live items, then the latest :data:`FINISHED_SHOWN` finished ones, each group
+    newest first; and how many older finished ones were left out."""
+    ordered = sorted(items, key=at, reverse=True)
+    finished = [x for x in ordered if not live(x)]
+    kept = [x for x in ordered if live(x)] + finished[:FINISHED_SHOWN]
+    return kept, len(finished) - len(finished[:FINISHED_SHOWN])
+
+
+async def links_view(hub: Hub, team: str) -> tuple[list[dict[str, Any]], int]:
+    """Open links, then the latest closed ones; and how many closed ones were left out."""
+    kept, hidden = _live_first(
+        await hub.list_links(team), lambda x: x.state is LinkState.OPEN, lambda x: x.created_at
+    )
+    return [x.to_json() for x in kept], hidden
+
+
+async def timers_view(hub: Hub, team: str) -> list[dict[str, Any]]:
+    """Pending timers, soonest first, with ``due_in`` by the hub's clock."""
+    now = hub.clock.now()
+    timers = sorted(await hub.list_timers(team), key=lambda t: t.due_at)
+    return [t.to_json(now) for t in timers]
+
+
+async def delegations_view(hub: Hub, team: str) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
+    """Pending delegations, then the latest finished ones; how many finished ones were
+    left out; and how many there are in each state, all of them counted."""
+    found: list[Delegation] = await hub.list_delegations(team)
+    kept, hidden = _live_first(
+        found, lambda x: x.state is DelegationState.PENDING, lambda x: x.created_at
+    )
+    tally = {state.value: 0 for state in DelegationState}
+    for d in found:
+        tally[d.state.value] += 1
+    return [x.to_json() for x in kept], hidden, tally
 
 
 def _session_json(s: Session) -> dict[str, Any]:
@@ -249,11 +277,27 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
 
 
 async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
-    """Everything but the timeline, as the page shows it."""
+    """Everything but the timeline, as the page shows it. ``now`` is the hub's clock
+    (the page sets its own by it); ``hidden`` counts the closed links and finished
+    delegations left out; ``delegation_tally`` counts every delegation by state."""
+    links, links_hidden = await links_view(hub, team)
+    delegations, delegations_hidden, tally = await delegations_view(hub, team)
     return {
+        "now": hub.clock.now(),
         "members": await members_view(hub, team),
-        **{name: await panel(hub, team, name) for name in PANELS},
+        "links": links,
+        "timers": await timers_view(hub, team),
+        "delegations": delegations,
+        "delegation_tally": tally,
+        "hidden": {"links": links_hidden, "delegations": delegations_hidden},
     }
+
+
+def snapshot_key(snap: Mapping[str, Any]) -> str:
+    """What decides whether a snapshot changed: all of it but the clock (``now`` and
+    the timers' ``due_in``), which changes every time it is read."""
+    timers = [{k: v for k, v in t.items() if k != "due_in"} for t in snap.get("timers", [])]
+    return json.dumps({**snap, "now": None, "timers": timers}, sort_keys=True)
 
 
 # -- the router -----------------------------------------------------------------------
@@ -293,17 +337,17 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
     @router.get("/teams/{team}/links")
     async def links(team: str, who: Auth) -> dict[str, Any]:
         await need_team(who, team)
-        return {"links": await panel(hub, team, "links")}
+        return {"links": (await links_view(hub, team))[0]}
 
     @router.get("/teams/{team}/timers")
     async def timers(team: str, who: Auth) -> dict[str, Any]:
         await need_team(who, team)
-        return {"timers": await panel(hub, team, "timers")}
+        return {"timers": await timers_view(hub, team)}
 
     @router.get("/teams/{team}/delegations")
     async def delegations(team: str, who: Auth) -> dict[str, Any]:
         await need_team(who, team)
-        return {"delegations": await panel(hub, team, "delegations")}
+        return {"delegations": (await delegations_view(hub, team))[0]}
 
     @router.get("/teams/{team}/messages/{message_id}")
     async def message(team: str, message_id: str, who: Auth) -> dict[str, Any]:
@@ -323,21 +367,20 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         who: Auth,
         tail_chars: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
     ) -> dict[str, Any]:
-        """A session and its transcript (empty while the hub keeps none)."""
+        """A session and the end of its transcript: the last ``tail_chars`` characters
+        (:data:`TRANSCRIPT_CHARS` by default), with a note when earlier events are cut."""
         await need_team(who, team)
         s = await hub.get_session(team, session_id)
-        transcript: Any = []
-        note: Any = None
-        method = getattr(hub, "get_session_data", None)
-        if method is not None:
-            kwargs = {"tail_chars": tail_chars} if tail_chars is not None else {}
-            transcript = jsonable(await _maybe_await(method(team, session_id, **kwargs)))
-        if isinstance(transcript, Mapping):
-            note = transcript.get("note") if transcript.get("truncated") else None
-            transcript = transcript.get("events", transcript.get("transcript", []))
-        if not isinstance(transcript, list):
-            transcript = [{"kind": "text", "text": str(transcript)}] if transcript else []
-        return {"session": _session_json(s), "transcript": transcript, "note": note}
+        tail = tail_chars or TRANSCRIPT_CHARS
+        data = await hub.get_session_data(team, session_id, tail_chars=tail)
+        note = None
+        if data["truncated"]:
+            note = (
+                f"Earlier events are cut: this view keeps the last {tail:,} characters of "
+                f"the transcript (GET /v1/sessions/{session_id}/transcript pages through "
+                "all of it)."
+            )
+        return {"session": _session_json(s), "transcript": data["events"], "note": note}
 
     @router.post("/teams/{team}/messages", status_code=201)
     async def compose(team: str, body: ComposeIn, who: Auth) -> JSONResponse:
@@ -378,22 +421,28 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
 
 
 async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIterator[str]:
+    """The stream's loop. The snapshot is read again every :data:`SNAPSHOT_SECONDS`,
+    and :data:`SNAPSHOT_AFTER_TRAFFIC` after traffic (a crossing, a task, an answer, a
+    timer firing are all messages), so what traffic changes shows at once."""
     loop = asyncio.get_running_loop()
     feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
     pending: asyncio.Future[FeedItem] | None = None
     shown = ""
     checked = sent = loop.time()
+    traffic = False  # traffic since the last look at the snapshot
     live = False
     try:
         yield ": connected\n\n"
         while True:
             now = loop.time()
-            if now - checked >= SNAPSHOT_SECONDS or not shown:
-                checked = now
+            look_at = checked + (SNAPSHOT_AFTER_TRAFFIC if traffic else SNAPSHOT_SECONDS)
+            if now >= look_at or not shown:
+                checked, traffic = now, False
+                look_at = now + SNAPSHOT_SECONDS
                 snap = await snapshot(hub, team)
-                text = json.dumps(snap, sort_keys=True)
-                if text != shown:
-                    shown = text
+                key = snapshot_key(snap)
+                if key != shown:
+                    shown = key
                     sent = now
                     yield _sse("snapshot", snap)
             if await request.is_disconnected():
@@ -401,11 +450,13 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
             if pending is None:
                 pending = asyncio.ensure_future(anext(feed))
             # asyncio.wait does not cancel the pending read: the feed survives quiet spells
-            done, _ = await asyncio.wait({pending}, timeout=0.25 if not live else SNAPSHOT_SECONDS)
+            wait = 0.25 if not live else max(0.01, look_at - loop.time())
+            done, _ = await asyncio.wait({pending}, timeout=wait)
             if pending in done:
                 item = pending.result()
                 pending = None
                 sent = loop.time()
+                traffic = True
                 yield _sse("traffic", item.to_json(), item.cursor)
             elif not live:
                 live = True

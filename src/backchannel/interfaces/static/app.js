@@ -7,6 +7,7 @@
   const TEAM_KEY = "backchannel.team";
   const THEME_KEY = "backchannel.theme";
   const MAX_ROWS = 1000;
+  const ACTIVE_SESSION_REFRESH_MS = 2000;
   const STATE_OF_EVENT = {
     queued: "queued",
     lease_expired: "queued",
@@ -68,15 +69,19 @@
     return `${Math.floor(s / 86400)} d`;
   }
 
+  // The hub's clock, as far as this page can tell (each snapshot says what time it is there).
+  let skew = 0;
+  const hubNow = () => Date.now() / 1000 + skew;
+
   function ago(ts) {
     if (!ts) return "never";
-    const d = Date.now() / 1000 - ts;
+    const d = hubNow() - ts;
     return d < 1 ? "just now" : `${span(d)} ago`;
   }
 
   function dueIn(ts) {
     if (!ts) return "";
-    const d = ts - Date.now() / 1000;
+    const d = ts - hubNow();
     return d >= 0 ? `due in ${span(d)}` : `overdue ${span(d)}`;
   }
 
@@ -115,6 +120,8 @@
     links: [],
     timers: [],
     delegations: [],
+    tally: {}, // delegation state -> how many (all of them, also those not listed)
+    hidden: {}, // panel -> how many older records the snapshot left out
     dead: new Map(), // `${id}|${to}` -> {id, to, from, reason, at, summary}
     filter: { member: "", kind: "" },
     drawer: null, // {type: "message", id} | {type: "session", id}
@@ -257,6 +264,8 @@
     S.links = [];
     S.timers = [];
     S.delegations = [];
+    S.tally = {};
+    S.hidden = {};
     S.filter = { member: "", kind: "" };
     $("filter-member").value = "";
     $("filter-kind").value = "";
@@ -358,6 +367,9 @@
     S.links = snap.links || [];
     S.timers = snap.timers || [];
     S.delegations = snap.delegations || [];
+    S.tally = snap.delegation_tally || {};
+    S.hidden = snap.hidden || {};
+    if (typeof snap.now === "number") skew = snap.now - Date.now() / 1000;
     renderMembers();
     renderMemberOptions();
     renderLinks();
@@ -610,29 +622,30 @@
   }
 
   // -- side panels --------------------------------------------------------------------------
-  // Field names follow the planned hub records; a missing field falls back, never throws.
-  const first = (obj, ...keys) => {
-    for (const k of keys) if (obj && obj[k] !== undefined && obj[k] !== null) return obj[k];
-    return undefined;
-  };
-
-  function panelList(name, items, render) {
+  // The records are the hub's own JSON (Link, Timer and Delegation .to_json()).
+  function panelList(name, items, render, hidden = 0, total = items.length) {
     const list = $(name);
     clear(list);
     for (const item of items) list.append(render(item));
-    $(`${name}-count`).textContent = items.length ? String(items.length) : "";
-    show($(`${name}-empty`), items.length === 0);
+    if (hidden > 0) {
+      list.append(h("li", { class: "more muted small", text: `+ ${hidden} older not shown` }));
+    }
+    $(`${name}-count`).textContent = total ? String(total) : "";
+    show($(`${name}-empty`), total === 0);
   }
 
-  function peerName(p) {
-    if (p && typeof p === "object") return first(p, "member", "name", "session_id") || "?";
-    return p;
-  }
-
-  function linkPeers(l) {
-    const peers = first(l, "peers");
-    if (Array.isArray(peers)) return peers.map(peerName);
-    return [first(l, "initiator", "a", "from") || "?", first(l, "responder", "b", "to") || "?"].map(peerName);
+  function sessionButton(sid, fallback) {
+    if (!sid) return h("span", { class: "muted", text: fallback });
+    return h("button", {
+      type: "button",
+      class: "session-ref mono",
+      title: `open session ${sid}`,
+      text: sid,
+      onclick: (e) => {
+        e.stopPropagation();
+        openSession(sid);
+      },
+    });
   }
 
   function meter(pct, title) {
@@ -641,94 +654,149 @@
     return h("div", { class: "meter", title }, fill);
   }
 
+  // Why a link closed, in words (the hub's close_reason codes).
+  function closeReason(l) {
+    switch (l.close_reason) {
+      case "budget_exhausted":
+        return `its ${l.budget} turns are used up`;
+      case "closed_by_initiator":
+        return `${l.initiator}, who opened it, closed it`;
+      case "session_terminated":
+        return "a session on it was terminated";
+      default:
+        return l.close_reason ? String(l.close_reason).replaceAll("_", " ") : "no reason given";
+    }
+  }
+
+  function linkItem(l) {
+    const used = Number(l.turns_used) || 0;
+    const budget = Number(l.budget) || 0;
+    const pct = budget ? Math.min(100, Math.round((used / budget) * 100)) : 0;
+    return h(
+      "li",
+      {
+        class: `item link link-${l.state}`,
+        title: `opened by ${l.initiator} ${ago(l.created_at)}`,
+        dataset: { linkId: l.link_id, state: l.state },
+      },
+      h(
+        "div",
+        { class: "item-line" },
+        h(
+          "span",
+          { class: "peers" },
+          h("b", { text: l.initiator }),
+          h("span", { class: "muted", text: " ↔ " }),
+          h("b", { text: l.responder }),
+        ),
+        h("span", { class: `pill pill-${l.state}`, text: l.state }),
+      ),
+      h(
+        "div",
+        { class: "item-line small link-sessions" },
+        sessionButton(l.initiator_session, "?"),
+        h("span", { class: "muted", text: "↔" }),
+        sessionButton(l.responder_session, "no session yet"),
+      ),
+      h(
+        "div",
+        { class: "item-line" },
+        meter(pct, `${used} of ${budget} turns used`),
+        h("span", { class: "turns mono", title: `${used} of ${budget} turns used`, text: `${used}/${budget}` }),
+        h("span", { class: "muted small", text: "turns" }),
+      ),
+      l.state === "closed"
+        ? h("div", { class: "why small", title: l.close_reason || "", dataset: { reason: l.close_reason || "" } }, `closed: ${closeReason(l)}`)
+        : null,
+    );
+  }
+
   function renderLinks() {
-    panelList("links", S.links, (l) => {
-      const id = first(l, "link_id", "id") || "";
-      const used = Number(first(l, "turns_used", "used") || 0);
-      const budget = Number(first(l, "budget", "turn_budget", "max_turns") || 0);
-      const state = String(first(l, "state", "status") || "open");
-      const why = first(l, "closed_reason", "close_reason", "reason");
-      const [a, b] = linkPeers(l);
-      const pct = budget ? Math.min(100, Math.round((used / budget) * 100)) : 0;
-      return h(
-        "li",
-        { class: `item link link-${state}`, dataset: { linkId: id, state } },
-        h(
-          "div",
-          { class: "item-line" },
-          h("span", { class: "peers" }, h("b", { text: a }), h("span", { class: "muted", text: " ↔ " }), h("b", { text: b })),
-          h("span", { class: `pill pill-${state}`, text: state }),
-        ),
-        h(
-          "div",
-          { class: "item-line" },
-          meter(pct, `${used} of ${budget} turns used`),
-          h("span", { class: "turns mono", text: `${used} / ${budget || "?"}` }),
-          h("span", { class: "muted small", text: " turns" }),
-        ),
-        why ? h("div", { class: "why small", text: `closed: ${why}` }) : null,
-      );
-    });
+    panelList("links", S.links, linkItem, S.hidden.links || 0, S.links.length + (S.hidden.links || 0));
+  }
+
+  function timerItem(t) {
+    const intent = String(t.intent || "timer");
+    return h(
+      "li",
+      { class: "item timer", dataset: { timerId: String(t.timer_id), state: t.state } },
+      h(
+        "div",
+        { class: "item-line" },
+        h("span", { class: `intent intent-${intent}`, text: intent.toUpperCase() }),
+        h("b", { class: "owner", text: t.member }),
+        t.target ? h("span", { class: "target muted", text: `→ ${t.target}` }) : null,
+        h("span", { class: "spacer" }),
+        t.state === "pending"
+          ? relTime(t.due_at, "due")
+          : h("span", { class: `pill pill-${t.state}`, text: t.state }),
+      ),
+      h("div", { class: "note", title: t.note, text: t.note }),
+      h("div", { class: "item-line small" }, h("span", { class: "muted", text: "on" }), sessionButton(t.session, "?")),
+    );
   }
 
   function renderTimers() {
-    const timers = [...S.timers].sort((x, y) => (first(x, "due_at", "due") || 0) - (first(y, "due_at", "due") || 0));
-    panelList("timers", timers, (t) => {
-      const intent = String(first(t, "intent") || "timer");
-      const owner = first(t, "member", "owner") || first(t, "session_id", "session") || "";
-      const target = first(t, "target", "peer");
-      const state = first(t, "state", "status");
-      return h(
-        "li",
-        { class: "item timer", dataset: { timerId: first(t, "timer_id", "id") || "" } },
-        h(
-          "div",
-          { class: "item-line" },
-          h("span", { class: `intent intent-${intent}`, text: intent.toUpperCase() }),
-          h("b", { text: owner }),
-          target ? h("span", { class: "muted", text: ` → ${peerName(target)}` }) : null,
-          h("span", { class: "spacer" }),
-          state && state !== "pending" ? h("span", { class: "pill", text: state }) : relTime(first(t, "due_at", "due"), "due"),
-        ),
-        first(t, "note") ? h("div", { class: "note", text: first(t, "note") }) : null,
-      );
-    });
+    const timers = [...S.timers].sort((x, y) => x.due_at - y.due_at);
+    panelList("timers", timers, timerItem);
   }
 
-  const DELEGATION_STATES = ["pending", "answered", "timed_out", "late"];
+  const DELEGATION_STATES = ["pending", "answered", "timed_out", "late", "failed"];
+  const stateLabel = (st) => String(st).replaceAll("_", " ");
+  const firstLine = (text) => String(text || "").trim().split("\n")[0];
+
+  function delegationDetail(d) {
+    switch (d.state) {
+      case "pending":
+        return h("div", { class: "small muted detail" }, "answer ", relTime(d.deadline, "due"));
+      case "answered":
+      case "late":
+        return h(
+          "div",
+          { class: "small detail" },
+          h("span", { class: "muted" }, d.state === "late" ? "answered after its deadline, " : "answered ", relTime(d.answered_at)),
+          d.result ? h("div", { class: "result", title: d.result, text: firstLine(d.result) }) : null,
+        );
+      default: // timed_out, failed
+        return h("div", { class: "why small clamp", title: d.error || "", text: d.error || stateLabel(d.state) });
+    }
+  }
+
+  function delegationItem(d) {
+    return h(
+      "li",
+      { class: "item delegation", dataset: { delegationId: d.delegation_id, state: d.state } },
+      h(
+        "div",
+        { class: "item-line" },
+        h("b", { text: d.caller }),
+        h("span", { class: "muted", text: " ⇢ " }),
+        h("b", { text: d.callee }),
+        h("span", { class: `pill pill-${d.state}`, text: stateLabel(d.state) }),
+      ),
+      h("div", { class: "note task", title: d.task, text: firstLine(d.task) }),
+      delegationDetail(d),
+      d.callee_session
+        ? h("div", { class: "item-line small" }, h("span", { class: "muted", text: "in" }), sessionButton(d.callee_session, ""))
+        : null,
+    );
+  }
 
   function renderDelegations() {
     const tally = $("delegation-tally");
     clear(tally);
-    if (S.delegations.length) {
+    const counts = S.tally || {};
+    const total = Object.values(counts).reduce((a, b) => a + b, 0) || S.delegations.length;
+    if (total) {
       for (const st of DELEGATION_STATES) {
-        const n = S.delegations.filter((d) => (first(d, "state", "status") || "pending") === st).length;
+        const n = counts[st] || 0;
+        if (st === "failed" && !n) continue;
         tally.append(
-          h("span", { class: `tally-item ${n ? `pill-${st}` : "zero"}` }, h("b", { text: String(n) }), ` ${st.replace("_", " ")}`),
+          h("span", { class: `tally-item ${n ? `pill-${st}` : "zero"}`, dataset: { state: st } }, h("b", { text: String(n) }), ` ${stateLabel(st)}`),
         );
       }
     }
-    panelList("delegations", S.delegations, (d) => {
-      const st = String(first(d, "state", "status") || "pending");
-      const task = first(d, "task", "summary", "text") || "";
-      return h(
-        "li",
-        { class: "item delegation", dataset: { delegationId: first(d, "delegation_id", "id") || "", state: st } },
-        h(
-          "div",
-          { class: "item-line" },
-          h("b", { text: first(d, "caller", "from") || "?" }),
-          h("span", { class: "muted", text: " ⇢ " }),
-          h("b", { text: first(d, "callee", "to") || "?" }),
-          h("span", { class: "spacer" }),
-          h("span", { class: `pill pill-${st}`, text: st.replace("_", " ") }),
-        ),
-        task ? h("div", { class: "note", text: String(task).split("\n")[0] }) : null,
-        first(d, "deadline") && st === "pending"
-          ? h("div", { class: "small muted" }, relTime(first(d, "deadline"), "due"))
-          : null,
-      );
-    });
+    panelList("delegations", S.delegations, delegationItem, S.hidden.delegations || 0, total);
   }
 
   function renderDead() {
@@ -795,7 +863,10 @@
       const data = await api(teamPath(path));
       if (seq !== drawerSeq || S.drawer !== d) return;
       if (d.type === "message") renderMessage(data);
-      else renderSession(data);
+      else {
+        d.active = data.session.state === "active";
+        renderSession(data);
+      }
     } catch (err) {
       if (seq !== drawerSeq || S.drawer !== d) return;
       $("drawer-kicker").textContent = d.type;
@@ -877,24 +948,99 @@
     }
   }
 
-  function eventText(e) {
-    const t = first(e, "text", "output", "content", "summary");
-    if (t !== undefined && t !== "") return typeof t === "string" ? t : JSON.stringify(t, null, 2);
-    const data = first(e, "data", "input", "args");
-    if (data && typeof data === "object" && typeof data.name === "string") {
-      const args = first(data, "input", "arguments", "args");
-      return args === undefined ? `${data.name}()` : `${data.name}(${JSON.stringify(args)})`;
-    }
-    if (data && typeof data === "object" && Object.keys(data).length) return JSON.stringify(data, null, 2);
+  // One line of a session's transcript (SessionEvent.to_json(): kind, text, data, turn, at).
+  const TRANSCRIPT_LABELS = {
+    turn_start: "turn start",
+    thought: "thought",
+    tool_call: "tool call",
+    tool_result: "tool result",
+    agent_output: "output",
+    agent_stop: "stop",
+    checkpoint: "checkpoint",
+    input: "input",
+    sent: "sent",
+    duplicate_dropped: "duplicate dropped",
+    routing_error: "routing error",
+    session: "session",
+  };
+
+  function eventAbout(e) {
+    const d = e.data || {};
+    if (e.kind === "sent" && d.to) return `→ ${d.to}`;
+    if (e.kind === "input" && d.from) return `from ${d.from}${d.kind && d.kind !== "direct" ? ` (${d.kind})` : ""}`;
+    if (e.kind === "tool_call" && typeof d.name === "string") return d.name;
+    if (e.kind === "turn_start" && d.checkpoint) return "checkpoint";
+    if (e.kind === "turn_start" && d.retried) return "retried";
     return "";
+  }
+
+  function eventText(e) {
+    if (e.text) return e.text;
+    const d = e.data || {};
+    if (e.kind === "tool_call" && d.input !== undefined) return JSON.stringify(d.input, null, 2);
+    if (e.kind === "tool_call" || e.kind === "tool_result") {
+      const rest = Object.fromEntries(Object.entries(d).filter(([k]) => k !== "name"));
+      return Object.keys(rest).length ? JSON.stringify(rest, null, 2) : "";
+    }
+    return "";
+  }
+
+  // The session view lists what the snapshot knows about the session, one line each.
+  function miniLink(l, member) {
+    const peer = member === l.initiator ? l.responder : l.initiator;
+    return h(
+      "li",
+      { class: `mini link link-${l.state}`, dataset: { linkId: l.link_id, state: l.state } },
+      h("span", { class: "mini-what" }, h("span", { class: "muted", text: "↔ " }), h("b", { text: peer })),
+      h("span", { class: "turns mono", title: `${l.turns_used} of ${l.budget} turns used`, text: `${l.turns_used}/${l.budget}` }),
+      h("span", { class: "mini-note why", text: l.state === "closed" ? closeReason(l) : "" }),
+      h("span", { class: `pill pill-${l.state}`, text: l.state }),
+    );
+  }
+
+  function miniTimer(t) {
+    return h(
+      "li",
+      { class: "mini timer", dataset: { timerId: String(t.timer_id), state: t.state } },
+      h(
+        "span",
+        { class: "mini-what" },
+        h("span", { class: `intent intent-${t.intent}`, text: String(t.intent).toUpperCase() }),
+        t.target ? h("span", { class: "muted", text: ` → ${t.target}` }) : null,
+      ),
+      h("span", { class: "mini-note note", title: t.note, text: t.note }),
+      relTime(t.due_at, "due"),
+    );
+  }
+
+  function miniDelegation(d, sid) {
+    const outgoing = d.caller_session === sid;
+    return h(
+      "li",
+      { class: "mini delegation", dataset: { delegationId: d.delegation_id, state: d.state } },
+      h(
+        "span",
+        { class: "mini-what" },
+        h("span", { class: "muted", text: outgoing ? "⇢ " : "⇠ " }),
+        h("b", { text: outgoing ? d.callee : d.caller }),
+      ),
+      h("span", { class: "mini-note note", title: d.task, text: firstLine(d.task) }),
+      h("span", { class: `pill pill-${d.state}`, text: stateLabel(d.state) }),
+    );
+  }
+
+  function sessionRecords(title, items, render) {
+    if (!items.length) return null;
+    return [h("h3", { text: title }), h("ul", { class: "minis" }, items.map(render))];
   }
 
   function renderSession(data) {
     const s = data.session;
+    const sid = s.session_id;
     $("drawer-kicker").textContent = `session of ${s.member}`;
     const title = $("drawer-title");
     clear(title);
-    title.append(mono(s.session_id));
+    title.append(mono(sid));
     const body = $("drawer-body");
     clear(body);
     body.append(
@@ -906,10 +1052,21 @@
         ["last activity", relTime(s.updated_at)],
         ["last output", s.last_output ? h("span", { class: "note", text: s.last_output }) : null],
       ]),
-      h("h3", { text: "Transcript" }),
     );
+    // what the snapshot knows about this session: its links, timers and delegations
+    const mine = (...ids) => ids.includes(sid);
+    body.append(
+      ...[
+        sessionRecords("Links", S.links.filter((l) => mine(l.initiator_session, l.responder_session)), (l) => miniLink(l, s.member)),
+        sessionRecords("Timers", S.timers.filter((t) => t.session === sid), miniTimer),
+        sessionRecords("Delegations", S.delegations.filter((d) => mine(d.caller_session, d.callee_session)), (d) => miniDelegation(d, sid)),
+      ]
+        .flat()
+        .filter(Boolean),
+    );
+    body.append(h("h3", { text: "Transcript" }));
     const events = data.transcript || [];
-    if (data.note) body.append(h("p", { class: "muted small", text: data.note }));
+    if (data.note) body.append(h("p", { class: "muted small transcript-note", text: data.note }));
     if (!events.length) {
       body.append(h("p", { class: "empty", text: "no transcript yet" }));
       return;
@@ -919,18 +1076,22 @@
         "ol",
         { class: "transcript" },
         events.map((e) => {
-          const type = String(first(e, "type", "event", "kind") || "event");
+          const kind = String(e.kind || "event");
+          const about = eventAbout(e);
+          const text = eventText(e);
           return h(
             "li",
-            { class: `tr tr-${type}` },
+            { class: `tr tr-${kind}`, dataset: { kind, eventId: String(e.event_id ?? "") } },
             h(
               "div",
               { class: "tr-head" },
-              h("span", { class: "tr-type", text: type.replace("_", " ") }),
-              first(e, "turn") ? h("span", { class: "muted small", text: `turn ${e.turn}` }) : null,
-              first(e, "at") ? h("span", { class: "mono muted small", title: fullTime(e.at), text: clock(e.at) }) : null,
+              h("span", { class: "tr-type", text: TRANSCRIPT_LABELS[kind] || kind.replaceAll("_", " ") }),
+              about ? h("span", { class: "tr-about", text: about }) : null,
+              h("span", { class: "spacer" }),
+              e.turn ? h("span", { class: "muted small", text: `turn ${e.turn}` }) : null,
+              e.at ? h("span", { class: "mono muted small", title: fullTime(e.at), text: clock(e.at) }) : null,
             ),
-            eventText(e) ? h("pre", { class: "tr-text", text: eventText(e) }) : null,
+            text ? h("pre", { class: "tr-text", text }) : null,
           );
         }),
       ),
@@ -1036,6 +1197,12 @@
       if (e.key === "Escape" && S.drawer) closeDrawer();
     });
     setInterval(tick, 1000);
+    // events inside a running turn change no snapshot: an open view of an active
+    // session reads its transcript again every few seconds
+    setInterval(() => {
+      const d = S.drawer;
+      if (d && d.type === "session" && d.active && document.visibilityState === "visible") refreshDrawer();
+    }, ACTIVE_SESSION_REFRESH_MS);
     const saved = sessionStorage.getItem(TOKEN_KEY);
     if (saved) signIn(saved, { quiet: true });
     else $("token-input").focus();
