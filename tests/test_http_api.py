@@ -324,6 +324,8 @@ def test_a_long_poll_whose_client_left_leases_nothing(srv: Server) -> None:
         )
         # the request is in; the client goes away before anything arrives
     with srv.client(tokens["tx"]) as tx, srv.client(tokens["rx"]) as rx:
-        mid = tx.post("/v1/messages", json={"to": "rx", "text": "after you left"}).json()["message_id"]
+        mid = tx.post("/v1/messages", json={"to": "rx", "text": "after you left"}).json()[
+            "message_id"
+        ]
         got = rx.get("/v1/inbox", params={"wait": 5}).json()["messages"]
         assert [(m["message_id"], m["attempt"]) for m in got] in ([(mid, 1)], [(mid, 2)])

@@ -47,6 +47,11 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   ``message_id``: the caller retries). The pool replaces broken connections. A hub that
   dies mid-transaction: PostgreSQL rolls the transaction back and frees its locks;
   leases it handed out expire and are re-queued by any hub.
+* **Outages.** While the listener cannot reach the database, a transaction waits at
+  most :data:`OUTAGE_WAIT` for a connection (not ``connect_timeout``), so callers get
+  their 503 at once and retry; the pool retries connecting every few seconds at most
+  (``reconnect_timeout=connect_timeout``: psycopg_pool's default backs off for five
+  minutes, which would keep a hub failing for minutes after the database is back).
 * **Migrations.** Numbered scripts recorded in ``schema_migrations``, applied in one
   transaction under an advisory lock: hubs starting together migrate once. A database
   newer than this code is refused, naming both versions.
@@ -83,6 +88,9 @@ log = logging.getLogger("backchannel.stores.postgres")
 LISTENER_NAME = "backchannel-listen"
 MAX_ATTEMPTS = 30
 _MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
+#: Seconds a transaction waits for a pooled connection while the database is known to be
+#: unreachable (the listener lost it), before failing with ``StoreError`` (HTTP 503).
+OUTAGE_WAIT = 1.0
 
 
 def mask_url(url: str) -> str:
@@ -136,6 +144,8 @@ class PostgresStore(Store):
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
+        #: set by the listener while it cannot reach the database: fail fast, not slowly
+        self._unreachable = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         #: Transaction attempts re-run after a serialization failure, deadlock or lost
@@ -185,6 +195,16 @@ class PostgresStore(Store):
         with self._connect(autocommit=True) as conn:
             try:
                 self._migrate(conn)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                user = conn.info.user
+                raise StoreError(
+                    f"PostgreSQL store {self.url} could not be migrated: "
+                    f"{self._scrub(str(exc).strip().splitlines()[0])}. The role {user!r} must "
+                    "be allowed to create tables: make it the database's owner, or GRANT "
+                    f'CREATE ON SCHEMA public TO "{user}" (PostgreSQL 15 and later no longer '
+                    "grant that to every role)",
+                    store=self.url,
+                ) from exc
             except psycopg.Error as exc:
                 raise self._error(exc, "could not be migrated") from exc
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -198,6 +218,10 @@ class PostgresStore(Store):
             max_size=self._pool_size,
             open=False,
             timeout=self._connect_timeout,
+            # give up a reconnection attempt (and its growing backoff) after this long;
+            # the next transaction starts a fresh one, so a hub reconnects within seconds
+            # of the database coming back, however long it was away
+            reconnect_timeout=self._connect_timeout,
             name=f"backchannel-{self._origin}",
         )
         try:
@@ -219,9 +243,10 @@ class PostgresStore(Store):
             if current > SCHEMA_VERSION:
                 raise StoreError(
                     f"the PostgreSQL database {self.url} has schema version {current}, but "
-                    f"this backchannel supports up to version {SCHEMA_VERSION}: upgrade "
-                    "backchannel on this host to the version the other hubs run (or point it "
-                    "at another database)",
+                    f"this backchannel supports up to version {SCHEMA_VERSION} (it does not "
+                    f"know migration {current}, applied by a newer backchannel): upgrade "
+                    f"backchannel on this host to a release that includes migration {current}, "
+                    "the version the other hubs run (or point it at another database)",
                     store=self.url,
                     database_version=current,
                     supported_version=SCHEMA_VERSION,
@@ -266,15 +291,19 @@ class PostgresStore(Store):
             raise StoreError(f"the PostgreSQL store {self.url} is closed")
         lost = 0
         for attempt in range(1, MAX_ATTEMPTS + 1):
+            outage = self._unreachable
             try:
-                with pool.connection() as conn:
+                with pool.connection(
+                    timeout=min(OUTAGE_WAIT, self._connect_timeout) if outage else None
+                ) as conn:
                     tx = PgTx(conn, readonly=readonly, origin=self._origin, error=self._error)
                     try:
                         outcome = self._attempt(tx, fn)
                     finally:
                         tx._cleanup()
             except (PoolTimeout, PoolClosed) as exc:
-                raise self._error(exc, "has no connection available") from exc
+                what = "cannot reach the database" if outage else "has no connection available"
+                raise self._error(exc, what) from exc
             if outcome is not None:
                 return outcome[0]
             self.retries += 1
@@ -338,6 +367,7 @@ class PostgresStore(Store):
                     self._dsn, autocommit=True, connect_timeout=5, application_name=LISTENER_NAME
                 )
             except psycopg.Error as exc:
+                self._unreachable = True
                 log.warning("LISTEN connection to %s failed: %s", self.url, self._scrub(str(exc)))
                 self._post(None, None)
                 self._stop.wait(backoff)
@@ -347,11 +377,15 @@ class PostgresStore(Store):
             try:
                 with conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self._unreachable = False
                     self._listening.set()
                     self._post(None, None)  # anything may have happened while deaf
                     while not self._stop.is_set():
                         seen: dict[str, None] = {}
-                        for n in conn.notifies(timeout=0.2):
+                        # return with the first packet, not at the end of the 0.2 s window:
+                        # a waiter on this hub wakes as soon as the other hub's NOTIFY lands
+                        # (what a packet holds is still coalesced below)
+                        for n in conn.notifies(timeout=0.2, stop_after=1):
                             if not n.payload.startswith(own):
                                 seen[n.payload.partition(":")[2]] = None
                         for key in seen:
@@ -362,5 +396,6 @@ class PostgresStore(Store):
                             self._post(None, None)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
+                    self._unreachable = True
                     log.warning("LISTEN connection to %s lost: %s", self.url, self._scrub(str(exc)))
                     self._post(None, None)
