@@ -21,6 +21,7 @@ from typing import Any, Self
 from backchannel.core import delivery as rules
 from backchannel.errors import (
     AlreadyExists,
+    StoreError,
     InvalidRequest,
     InvalidState,
     UnknownMember,
@@ -984,6 +985,11 @@ class HubBase:
                 next_due = await self.maintain()
             except asyncio.CancelledError:
                 raise
+            except StoreError as exc:  # the store is down: say so once a second, briefly
+                log.warning(
+                    "maintenance could not reach the store (%s); retrying in 1 s", exc.message
+                )
+                next_due = self.clock.now() + 1.0
             except Exception:
                 log.exception("maintenance failed; retrying in 1 s")
                 next_due = self.clock.now() + 1.0
