@@ -21,9 +21,9 @@ from typing import Any, Self
 from backchannel.core import delivery as rules
 from backchannel.errors import (
     AlreadyExists,
-    StoreError,
     InvalidRequest,
     InvalidState,
+    StoreError,
     UnknownMember,
     UnknownMessage,
     UnknownSession,
