@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from backchannel.core import delivery as rules
 from backchannel.errors import (
@@ -54,6 +55,7 @@ from backchannel.types import (
 )
 
 log = logging.getLogger("backchannel.hub")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +90,15 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+_ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
+_id_counter = itertools.count()
+
+
 def new_message_id() -> str:
-    """Time-ordered (nanoseconds, then 48 random bits): new rows land at the end of the
-    indexes instead of all over them, which keeps commits small."""
-    return f"msg_{time.time_ns():016x}{secrets.token_hex(6)}"
+    """Time-ordered (nanoseconds, then a per-process random prefix and a counter): new
+    rows land at the end of the indexes instead of all over them, which keeps commits
+    small, and no system call is needed per id."""
+    return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
 
 
 class HubMiddleware:
@@ -310,6 +317,7 @@ class HubBase:
         # due times scheduled inside transactions (which may run on a store thread);
         # drained on the event loop by _flush_due after the commit
         self._scheduled: list[float] = []
+        self._send_memo: dict[str, dict[str, Any]] = {}
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------
@@ -602,10 +610,31 @@ class HubBase:
                     f"member {to!r} has no session {to_session!r}; send to the member instead",
                     session=to_session,
                 )
-        self._before_insert(tx, message, recipients, options or _NO_LINK)
-        tx.insert_message(message, recipients)
-        self._after_insert(tx, message, recipients, options or _NO_LINK)
+        # reads several parts need about this one send are made once (see _memo)
+        self._send_memo[message.message_id] = {}
+        try:
+            self._before_insert(tx, message, recipients, options or _NO_LINK)
+            tx.insert_message(message, recipients)
+            self._after_insert(tx, message, recipients, options or _NO_LINK)
+        finally:
+            self._send_memo.pop(message.message_id, None)
         return SendResult(message.message_id, DeliveryState.QUEUED, recipients)
+
+    def _memo(self, message: Message, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, once per send of ``message`` (its parts ask the same questions:
+        is there an open link, which session's turn is this)."""
+        memo = self._send_memo.get(message.message_id)
+        if memo is None:
+            return compute()
+        if key not in memo:
+            memo[key] = compute()
+        value: T = memo[key]
+        return value
+
+    def _open_link_of(self, tx: Tx, message: Message) -> Any:
+        return self._memo(
+            message, "link", lambda: tx.find_open_link(message.team, message.sender, message.to)
+        )
 
     def _before_insert(
         self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions

@@ -64,7 +64,7 @@ class LinksMixin(SessionsMixin):
             return
         if message.to == BROADCAST:
             raise InvalidRequest("close_link needs one recipient, not '*'", field="close_link")
-        link = tx.find_open_link(message.team, message.sender, message.to)
+        link = self._open_link_of(tx, message)
         if link is None:
             raise InvalidRequest(
                 f"there is no open link between {message.sender!r} and {message.to!r} to "
@@ -88,11 +88,11 @@ class LinksMixin(SessionsMixin):
             return
         now = message.created_at
         if options.close_link:
-            link = tx.find_open_link(message.team, message.sender, message.to)
+            link = self._open_link_of(tx, message)
             if link is not None:
                 self._close_link(tx, link, "closed_by_initiator", now)
             return
-        if not options.link or tx.find_open_link(message.team, message.sender, message.to):
+        if not options.link or self._open_link_of(tx, message):
             return
         session = self._turn_session(tx, message)
         if session is None:

@@ -434,6 +434,12 @@ class SessionsMixin(HubBase):
     def _turn_session(self, tx: Tx, message: Message) -> Session | None:
         """The session whose open turn made this send: the one named, or the member's only
         active session."""
+        found: Session | None = self._memo(
+            message, "turn_session", lambda: self._find_turn_session(tx, message)
+        )
+        return found
+
+    def _find_turn_session(self, tx: Tx, message: Message) -> Session | None:
         if message.sender_session is not None:
             s = tx.get_session(message.team, message.sender_session)
             if s is None or s.member != message.sender:

@@ -238,7 +238,7 @@ class TimersMixin(LinksMixin):
         super()._before_insert(tx, message, recipients, options)
         if not options.by_agent or message.kind is not MessageKind.DIRECT:
             return
-        link = tx.find_open_link(message.team, message.sender, message.to)
+        link = self._open_link_of(tx, message)
         if link is None:
             return
         team = tx.get_team(message.team)

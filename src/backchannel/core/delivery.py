@@ -84,13 +84,14 @@ def fingerprint(
     meta: Mapping[str, Any] | None = None,
 ) -> str:
     """Identity of a send's content: the same ``message_id`` must come with the same print."""
-    payload = json.dumps(
-        [sender, to, to_session, text, summary, kind, dict(meta or {})],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    h = hashlib.sha256()
+    # fields joined with a separator no name contains; absent values differ from empty ones
+    for part in (sender, to, to_session, summary, kind):
+        h.update(b"\x00" if part is None else part.encode("utf-8") + b"\x1f")
+    h.update(text.encode("utf-8"))
+    if meta:
+        h.update(b"\x1e" + json.dumps(dict(meta), sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
 
 
 class Replay(StrEnum):
