@@ -1169,13 +1169,44 @@ class SqliteStore(Store):
             conn.close()
 
     def _run_batch(self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]) -> None:
-        results: list[tuple[_Job, Any, BaseException | None]] = []
+        """One transaction for the whole batch. Optimistically the jobs run back to back;
+        if one raises, the batch is rolled back and run again with a savepoint per job,
+        so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
             self._answer([(job, None, err) for job in batch])
             return
+        results: list[tuple[_Job, Any, BaseException | None]] = []
+        try:
+            for job in batch:
+                results.append((job, job.fn(tx), None))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            retried = self._run_one_by_one(conn, tx, batch)
+            if retried is None:
+                return
+            results = retried
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failed = _translate(exc, self.path)
+            results = [(job, None, failed if e is None else e) for job, _, e in results]
+        self._answer(results)
+
+    def _run_one_by_one(
+        self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]
+    ) -> list[tuple[_Job, Any, BaseException | None]] | None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            self._answer([(job, None, err) for job in batch])
+            return None
+        results: list[tuple[_Job, Any, BaseException | None]] = []
         for job in batch:
             conn.execute("SAVEPOINT job")
             try:
@@ -1189,14 +1220,7 @@ class SqliteStore(Store):
             else:
                 conn.execute("RELEASE job")
                 results.append((job, value, None))
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            failed = _translate(exc, self.path)
-            results = [(job, None, failed if e is None else e) for job, _, e in results]
-        self._answer(results)
+        return results
 
     def _read_loop(self) -> None:
         conn = _connect(self.path)
