@@ -15,13 +15,14 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from backchannel.errors import (
     BackchannelError,
@@ -71,6 +72,9 @@ class Principal:
 
 
 # -- request bodies ---------------------------------------------------------------
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class _Body(BaseModel):
@@ -263,7 +267,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str
                 "send a JSON object with Content-Type: application/json",
                 [],
             )
-        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
+        if not loc and err.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             return (
                 "request body must be a JSON object; send one with Content-Type: application/json",
                 [],
@@ -704,6 +708,26 @@ def create_app(
         me = who.need_member()
         await hub.react(me.team, me.name, message_id, body.emoji)
         return {"message_id": message_id, "emoji": body.emoji}
+
+    # The hottest endpoints skip FastAPI's dependency machinery (about half of their
+    # cost): the same functions, the same model validation and the same errors, with the
+    # routes above kept for the OpenAPI description.
+    async def _body(request: Request, model: type[_M]) -> _M:
+        try:
+            return model.model_validate_json(await request.body() or b"null")
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+
+    async def fast_send(request: Request) -> Response:
+        who = await principal(request)
+        return await send(await _body(request, MessageIn), who)
+
+    async def fast_ack(request: Request) -> Response:
+        who = await principal(request)
+        return JSONResponse(await ack(await _body(request, AckIn), who))
+
+    app.router.routes.insert(0, Route("/v1/messages", fast_send, methods=["POST"]))
+    app.router.routes.insert(0, Route("/v1/inbox/ack", fast_ack, methods=["POST"]))
 
     from backchannel.interfaces.agents_http import mount_agent_routes
     from backchannel.interfaces.dashboard import mount_dashboard
