@@ -28,6 +28,7 @@ TOOLS = {
     "list_members",
     "set_timer",
     "cancel_timer",
+    "list_timers",
     "add_reaction",
 }
 
@@ -112,6 +113,9 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
             s, "set_timer", intent="anchor", minutes=30, note="back to the plan"
         )
         assert f"anchor timer {timer['timer_id']} set on session a-1" in timer_text
+        listed_timers, tdata = await ok(s, "list_timers")
+        assert f"{timer['timer_id']}: anchor for a (session a-1)" in listed_timers
+        assert [t["timer_id"] for t in tdata["timers"]] == [timer["timer_id"]]
         cancelled, _ = await ok(s, "cancel_timer", id=timer["timer_id"])
         assert cancelled == f"Timer {timer['timer_id']} cancelled."
 

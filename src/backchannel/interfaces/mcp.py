@@ -225,6 +225,18 @@ async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
     return f"Timer {x.id} cancelled.", t
 
 
+async def _list_timers(a: Agent, x: _NoArgs) -> Output:
+    timers = await a.client.timers()
+    if not timers:
+        return "No pending timers in your team.", {"timers": []}
+    lines = [
+        f"{t['timer_id']}: {t['intent']}{' about ' + t['target'] if t.get('target') else ''} "
+        f"for {t['member']} (session {t['session']}), due in {t['due_in']:.0f} s: {t['note']}"
+        for t in timers
+    ]
+    return "\n".join(lines), {"timers": timers}
+
+
 async def _react(a: Agent, x: ReactionArgs) -> Output:
     await a.client.react(x.message_id, x.emoji)
     return f"Reacted {x.emoji} to {x.message_id}.", {"message_id": x.message_id, "emoji": x.emoji}
@@ -304,6 +316,12 @@ TOOLS: tuple[Tool, ...] = (
         CancelTimerArgs,
         _cancel_timer,
         (("not_found", "id"), ("timer_id", "id"), ("forbidden", "id")),
+    ),
+    Tool(
+        "list_timers",
+        "List your team's pending timers: id, intent, whose, due in how long, and the note.",
+        _NoArgs,
+        _list_timers,
     ),
     Tool(
         "add_reaction",
