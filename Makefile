@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint types unit demo bench clean
+.PHONY: setup setup-system test lint types unit demo bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# what the tests drive for real: PostgreSQL, Node.js + proper-lockfile, tmux, Chromium
+setup-system: setup
 	@bash scripts/setup-system.sh
 
 lint: setup
@@ -25,7 +28,7 @@ lint: setup
 types: setup
 	$(VENV)/bin/mypy
 
-unit: setup
+unit: setup-system
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint types unit
@@ -33,7 +36,7 @@ test: lint types unit
 demo: setup
 	$(PY) examples/demo.py
 
-bench: setup
+bench: setup-system
 	$(PY) -m bench.bench_send all
 	$(PY) bench/bench_links.py
 	$(PY) bench/bench_timers.py
