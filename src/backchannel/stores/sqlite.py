@@ -4,8 +4,9 @@ How it keeps the contract:
 
 * **One writer thread** owns the write connection. ``transact`` queues the function;
   the thread takes every function waiting (up to a batch bound), opens one
-  ``BEGIN IMMEDIATE`` transaction, runs each function inside its own ``SAVEPOINT``
-  (a function that raises is rolled back alone), then commits once. With
+  ``BEGIN IMMEDIATE`` transaction, runs them back to back, then commits once. If one
+  raises, the batch is rolled back and run again with a ``SAVEPOINT`` per function, so
+  the failing one is undone alone. With
   ``synchronous=FULL`` in WAL mode that commit is one fsync of the log, shared by the
   whole batch (group commit); only after it returns are the callers answered, so an
   answered transaction survives ``kill -9`` and power loss.
