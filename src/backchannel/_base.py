@@ -819,20 +819,11 @@ class HubBase:
         now = self.clock.now()
 
         def fn(tx: Tx) -> tuple[bool, str | None]:
-            moved = tx.transition(
-                team,
-                message_id,
-                member,
-                from_states=[DeliveryState.LEASED],
-                to_state=DeliveryState.DEAD,
-                now=now,
-                event="dead",
-                detail=reason,
-                dead_reason=reason,
+            copy = next(
+                (d for d in tx.deliveries(team, message_id) if d.recipient.member == member), None
             )
-            if not moved:
+            if copy is None or not self._kill(tx, copy, reason, now):
                 return False, None
-            copy = next(d for d in tx.deliveries(team, message_id) if d.recipient.member == member)
             return True, self._dead_notice(tx, copy, reason, now)
 
         moved, notified = await self.store.transact(fn)
@@ -917,7 +908,7 @@ class HubBase:
             for d in expired:
                 member = d.recipient.member
                 if rules.after_lease_expiry(d.attempts, max_attempts) is rules.ExpiryAction.REQUEUE:
-                    tx.transition(
+                    moved = tx.transition(
                         d.team,
                         d.message_id,
                         member,
@@ -927,20 +918,12 @@ class HubBase:
                         event="lease_expired",
                         detail=f"attempt {d.attempts} was not acknowledged",
                     )
-                    woken.add((d.team, member))
+                    if moved:
+                        woken.add((d.team, member))
                     continue
                 reason = rules.exhausted_reason(d.attempts)
-                tx.transition(
-                    d.team,
-                    d.message_id,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.DEAD,
-                    now=now,
-                    event="dead",
-                    detail=reason,
-                    dead_reason=reason,
-                )
+                if not self._kill(tx, d, reason, now):
+                    continue  # acked meanwhile (by another hub): nothing to give up
                 dead.append((d, reason))
                 notice_to = self._dead_notice(tx, d, reason, now)
                 if notice_to is not None:
@@ -980,6 +963,21 @@ class HubBase:
                 self._start_after(job)
         self._next_due = next_due
         return next_due
+
+    @staticmethod
+    def _kill(tx: Tx, d: Delivery, reason: str, now: float) -> bool:
+        """A leased copy is given up on: ``dead``, with ``reason`` in its history."""
+        return tx.transition(
+            d.team,
+            d.message_id,
+            d.recipient.member,
+            from_states=[DeliveryState.LEASED],
+            to_state=DeliveryState.DEAD,
+            now=now,
+            event="dead",
+            detail=reason,
+            dead_reason=reason,
+        )
 
     def _dead_notice(self, tx: Tx, d: Delivery, reason: str, now: float) -> str | None:
         msg = tx.get_message(d.team, d.message_id)
