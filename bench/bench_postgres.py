@@ -51,6 +51,7 @@ from bench.common import (
     ServerProcess,
     Target,
     cpu_of,
+    cpus,
     dump_json,
     json_client,
     latency_row,
@@ -61,10 +62,10 @@ from bench.common import (
     machine_info,
     make_text,
     print_results,
+    quiet_before,
     run,
     setup_team_http,
     summarize,
-    wait_quiet,
 )
 
 perf = time.perf_counter
@@ -277,7 +278,7 @@ def bench_load(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Resul
         label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
         label += f", {args.senders} senders in {args.teams} team(s)"
         log(f"[load] {label} ...")
-        _quiet(args)
+        quiet_before(args.quiet_wait)
         with Hubs(pg, base, f"load-{rate:g}-{args.teams}", args.server_arg or ()) as hubs:
             tokens = setup_teams(hubs, args.senders, args.teams)
             m = run(_load_phase, args, hubs, tokens, rate, pg, use_uvloop=args.uvloop)
@@ -303,7 +304,7 @@ def bench_load(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Resul
             ),
             (
                 "machine busy",
-                f"{100 * m['machine_busy_s'] / wall / _cpus():.0f}% of {_cpus()} CPUs",
+                f"{100 * m['machine_busy_s'] / wall / cpus():.0f}% of {cpus()} CPUs",
             ),
         ]
         res = Result(
@@ -323,7 +324,7 @@ def bench_load(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Resul
         )
         res.notes.append(
             "every message is sent through one hub and received+acked through the other; the "
-            f"load generator, both hubs and PostgreSQL share the same {_cpus()} CPUs"
+            f"load generator, both hubs and PostgreSQL share the same {cpus()} CPUs"
         )
         if m["errors"]:
             res.notes.append(f"{m['errors']} errors, first: {'; '.join(m['first_errors'])}")
@@ -425,7 +426,7 @@ def bench_wakeup(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Res
                 raise SystemExit(f"unknown --wake-via {via!r}; use cross and/or same")
             recv_url = hubs.urls[1] if via == "cross" else hubs.urls[0]
             log(f"[wakeup] {via}: {args.samples} samples ...")
-            _quiet(args)
+            quiet_before(args.quiet_wait)
             m = run(_wake, args, hubs.urls[0], recv_url, tokens, use_uvloop=args.uvloop)
             phase = (
                 "send on hub A → receiver waiting on hub B (LISTEN/NOTIFY)"
@@ -444,7 +445,7 @@ def bench_wakeup(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Res
                     ("send call", latency_row(m["send_ms"])),
                     (
                         "machine busy",
-                        f"{100 * m['machine_busy_s'] / wall / _cpus():.0f}% of {_cpus()} CPUs",
+                        f"{100 * m['machine_busy_s'] / wall / cpus():.0f}% of {cpus()} CPUs",
                     ),
                 ],
                 metrics=m,
@@ -469,17 +470,6 @@ def bench_wakeup(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Res
 
 
 # -- shared bits -----------------------------------------------------------------------------
-
-
-def _quiet(args: argparse.Namespace) -> None:
-    if args.quiet_wait > 0:
-        others = wait_quiet(args.quiet_wait)
-        if others >= 0.2:
-            log(f"  machine still busy (other processes use {others:.2f} CPUs); measuring anyway")
-
-
-def _cpus() -> int:
-    return os.cpu_count() or 1
 
 
 def parser() -> argparse.ArgumentParser:

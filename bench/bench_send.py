@@ -36,6 +36,7 @@ from bench.common import (
     ServerProcess,
     Target,
     cpu_self,
+    cpus,
     dump_json,
     json_client,
     latency_row,
@@ -47,11 +48,11 @@ from bench.common import (
     make_text,
     parse_text,
     print_results,
+    quiet_before,
     run,
     setup_team_http,
     setup_team_hub,
     summarize,
-    wait_quiet,
 )
 
 perf = time.perf_counter
@@ -370,7 +371,7 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
             "other processes' CPU",
             f"{m['other_cpu_s']:.2f} s "
             f"({100 * m['other_cpu_s'] / wall:.0f}% of one core; machine busy "
-            f"{100 * m['machine_busy_s'] / wall / _cpus():.0f}% of {_cpus()} CPUs)",
+            f"{100 * m['machine_busy_s'] / wall / cpus():.0f}% of {cpus()} CPUs)",
         )
     )
     return rows
@@ -442,7 +443,7 @@ def bench_inproc(args: argparse.Namespace, base: Path) -> list[Result]:
     for rate in _rates(args, "0,1000"):
         label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
         log(f"[inproc] {label} ...")
-        _quiet(args)
+        quiet_before(args.quiet_wait)
         db = base / f"inproc-{rate:g}" / "bench.db"
         m = run(_inproc_phase, args, db, rate, use_uvloop=args.uvloop)
         res = Result(
@@ -539,7 +540,7 @@ def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
     for rate in _rates(args, "0,100,1000,3000"):
         label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
         log(f"[http] {label} ...")
-        _quiet(args)
+        quiet_before(args.quiet_wait)
         home = base / f"http-{rate:g}"
         prof = (
             Path(args.server_profile) / f"server-rate{rate:g}.pstats"
@@ -618,7 +619,7 @@ def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
                 )
         res.notes.append(
             f"the load generator (this process, {m['cpu_s']:.1f} CPU s) and the server "
-            f"({m['server_cpu_s']:.1f} CPU s) share the same {_cpus()} CPUs; figures are "
+            f"({m['server_cpu_s']:.1f} CPU s) share the same {cpus()} CPUs; figures are "
             "for both on one box, not for the server alone"
         )
         _common_notes(res, m)
@@ -751,7 +752,7 @@ def bench_wakeup(args: argparse.Namespace, base: Path) -> list[Result]:
     vias = [v.strip() for v in args.wake_via.split(",") if v.strip()]
     for via in vias:
         log(f"[wakeup] {via}: {args.samples} samples ...")
-        _quiet(args)
+        quiet_before(args.quiet_wait)
         if via == "inproc":
             m = run(_wake_inproc, args, base / "wake-inproc" / "bench.db", use_uvloop=args.uvloop)
             phase = "in-process receive(wait=...)"
@@ -771,7 +772,7 @@ def bench_wakeup(args: argparse.Namespace, base: Path) -> list[Result]:
             notes = [
                 "the POST is answered just after its commit, so commit→wake here slightly "
                 "understates the true figure; send-start→wake is an upper bound",
-                f"client and server share the same {_cpus()} CPUs",
+                f"client and server share the same {cpus()} CPUs",
             ]
         else:
             raise SystemExit(f"unknown --wake-via {via!r}; use inproc and/or http")
@@ -799,7 +800,7 @@ def bench_wakeup(args: argparse.Namespace, base: Path) -> list[Result]:
         res.rows.append(
             (
                 "machine busy (all processes)",
-                f"{100 * m['machine_busy_s'] / wall / _cpus():.0f}% of {_cpus()} CPUs "
+                f"{100 * m['machine_busy_s'] / wall / cpus():.0f}% of {cpus()} CPUs "
                 f"(this process {100 * m['cpu_s'] / wall:.0f}% of one core)",
             )
         )
@@ -818,19 +819,6 @@ def bench_wakeup(args: argparse.Namespace, base: Path) -> list[Result]:
 
 
 # -- shared bits -------------------------------------------------------------------------------
-
-
-def _quiet(args: argparse.Namespace) -> None:
-    if args.quiet_wait > 0:
-        others = wait_quiet(args.quiet_wait)
-        if others >= 0.2:
-            log(f"  machine still busy (other processes use {others:.2f} CPUs); measuring anyway")
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 def _common_notes(res: Result, m: dict[str, Any]) -> None:

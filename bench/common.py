@@ -595,3 +595,15 @@ def json_client(kind: str, url: str, token: str, timeout: float) -> JsonClient:
     if kind == "raw":
         return RawClient(url, token, timeout)
     raise ValueError(f"unknown HTTP client {kind!r}; use httpx or raw")
+
+
+def quiet_before(max_wait: float) -> None:
+    """Wait (up to ``max_wait`` s) for the machine to go quiet before a phase."""
+    if max_wait > 0:
+        others = wait_quiet(max_wait)
+        if others >= 0.2:
+            log(f"  machine still busy (other processes use {others:.2f} CPUs); measuring anyway")
+
+
+def cpus() -> int:
+    return os.cpu_count() or 1
