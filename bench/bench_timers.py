@@ -41,7 +41,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         hub = Hub(SqliteStore(Path(tmp) / "timers.db"))
         await hub.start()
         try:
-            await hub.create_team("t", settings={"anchor_policy": "off"})
+            await hub.create_team(
+                "t", settings={"anchor_policy": "off", "max_timers": args.pending}
+            )
             sessions = []
             for i in range(args.sessions):
                 await hub.add_member("t", f"m{i}")

@@ -327,7 +327,7 @@ def backchannel_command() -> list[str]:
     found = shutil.which("backchannel")
     if found:
         return [found]
-    return [sys.executable, "-m", "backchannel.interfaces.cli"]
+    return [sys.executable, "-m", "backchannel"]
 
 
 _PROFILED_SERVER = """
@@ -454,9 +454,14 @@ class ServerProcess:
 # -- team setup ---------------------------------------------------------------------------------
 
 
+#: A load generator may run ahead of its receivers: the inbox quota (10,000 queued by
+#: default) is raised so that a backlog shows as latency, not as refused sends.
+TEAM_SETTINGS = {"max_queued": 10_000_000}
+
+
 async def setup_team_hub(hub: Any, team: str, members: Sequence[str]) -> None:
     """Create ``team`` and ``members`` on an in-process :class:`Hub`."""
-    await hub.create_team(team)
+    await hub.create_team(team, settings=TEAM_SETTINGS)
     for name in members:
         await hub.add_member(team, name)
 
@@ -470,7 +475,7 @@ def setup_team_http(
     headers = {"Authorization": f"Bearer {admin_token}"}
     tokens: dict[str, str] = {}
     with httpx.Client(base_url=url, headers=headers, timeout=10.0) as c:
-        r = c.post("/v1/teams", json={"name": team})
+        r = c.post("/v1/teams", json={"name": team, "settings": TEAM_SETTINGS})
         r.raise_for_status()
         for name in members:
             r = c.post(f"/v1/teams/{team}/members", json={"name": name})

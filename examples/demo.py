@@ -29,7 +29,7 @@ from backchannel.runtimes.teamfile import load_team
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".backchannel" / "demo"
 TASK = "Survey this repository: count its code by language and list its TODOs, then report."
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def start_hub() -> tuple[subprocess.Popen[bytes], str, str]:
@@ -61,14 +61,25 @@ def start_hub() -> tuple[subprocess.Popen[bytes], str, str]:
 
 
 def main() -> int:
-    console.print("[bold]backchannel demo[/bold]: a hub on SQLite and a scripted team surveying this repository")
+    console.print(
+        "[bold]backchannel demo[/bold]: a hub on SQLite and a scripted team surveying this repository"
+    )
     started = time.monotonic()
     proc, url, admin_token = start_hub()
     console.print(f"hub: {url}   dashboard: {url}/   (admin token in {HOME / 'admin.token'})")
     try:
         team = load_team(ROOT / "examples" / "survey-team.yaml")
         result = asyncio.run(
-            run_team(team, TASK, url=url, admin_token=admin_token, workspace=ROOT, time_limit=120, console=console)
+            run_team(
+                team,
+                TASK,
+                url=url,
+                admin_token=admin_token,
+                workspace=ROOT,
+                time_limit=120,
+                quiet_seconds=1.0,
+                console=console,
+            )
         )
         print_report(result, console)
     finally:
@@ -79,9 +90,14 @@ def main() -> int:
         f"\nDone in {time.monotonic() - started:.1f} s: {len(result.delegations)} delegations "
         f"({len(late)} late), {len(result.links)} link(s), {result.duplicates_dropped} duplicate suppressed."
     )
+    exe = os.path.relpath(Path(sys.executable).parent / "backchannel")
+    home = os.path.relpath(HOME)
+    console.print("\nOpen the dashboard on the demo's data (stop it with Ctrl-C):")
+    console.print(f"  BACKCHANNEL_HOME={home} {exe} serve --port 8766", markup=False)
     console.print(
-        f"See it in the dashboard: BACKCHANNEL_HOME={HOME.relative_to(ROOT)} .venv/bin/backchannel serve, "
-        f"then open the address it prints and sign in with the admin token."
+        f"then open http://127.0.0.1:8766/ and sign in with the admin token "
+        f"(cat {os.path.join(home, 'admin.token')}).",
+        markup=False,
     )
     return 0 if result.ended_because == "the team is quiet" else 1
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real (a PostgreSQL server, Node.js with npm
-# for the Claude Code lock interop test, tmux, headless Chromium). Idempotent and quiet:
+# for the Claude Code lock interop test and the real agent CLIs, tmux, headless Chromium). Idempotent and quiet:
 # it installs only what is missing, with Debian's apt, and does nothing when all is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,3 +18,4 @@ if [[ ${#need[@]} -gt 0 ]]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 bash scripts/setup-postgres.sh .venv/bin/python
+bash scripts/setup-clis.sh  # the real agent CLIs tests/realcli drives (pinned, cached)

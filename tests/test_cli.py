@@ -49,7 +49,7 @@ def test_full_flow_against_a_server(server: Server) -> None:
     env = {"BACKCHANNEL_HOME": str(server.home)}  # found through server.json, admin token file
     team = run("team", "create", "crew", env=env)
     assert team.returncode == 0, team.stderr
-    assert json.loads(team.stdout)["name"] == "crew"
+    assert team.stdout.strip().startswith("bc_")  # the user's token, alone, for $(...)
     assert "shown once" in team.stderr
     lead = run("member", "add", "crew", "lead", env=env)
     worker = run("member", "add", "crew", "worker", "--kind", "codex", env=env)
@@ -74,8 +74,8 @@ def test_full_flow_against_a_server(server: Server) -> None:
 
     inbox = run("inbox", "--json", env={**env, "BACKCHANNEL_TOKEN": worker_tok})
     assert inbox.returncode == 0, inbox.stderr
-    msgs = [json.loads(line) for line in inbox.stdout.splitlines()]
-    assert next((m["message_id"], m["sender"], m["text"]) for m in msgs) == (
+    msgs = json.loads(inbox.stdout)
+    assert next((m["message_id"], m["from"], m["text"]) for m in msgs) == (
         "job-1",
         "lead",
         "count the files",
@@ -113,6 +113,7 @@ def test_failures_exit_nonzero_with_the_way_out(server: Server) -> None:
 
 def test_works_on_the_data_directory_without_a_server(tmp_path: Path) -> None:
     env = {"BACKCHANNEL_HOME": str(tmp_path / "home")}
+    assert run("init", env=env).returncode == 0
     assert run("team", "create", "solo", env=env).returncode == 0
     a = run("member", "add", "solo", "a", env=env).stdout.strip()
     b = run("member", "add", "solo", "b", env=env).stdout.strip()

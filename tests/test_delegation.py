@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -14,7 +15,13 @@ import pytest
 
 from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as rules
-from backchannel.errors import InvalidRequest, Unauthorized, UnknownRecipient, UnknownService
+from backchannel.errors import (
+    Conflict,
+    InvalidRequest,
+    Unauthorized,
+    UnknownRecipient,
+    UnknownService,
+)
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import DelegationState, MessageKind
@@ -318,6 +325,65 @@ async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[...,
         await hub.close()
 
 
+async def test_a_bearer_token_that_is_not_visible_ascii_is_refused_at_ingress() -> None:
+    hub = await _callee_hub({"caller": "http://127.0.0.1:9"})
+    try:
+        for token in ("t\u00f8ken", "two words", "line\nbreak", "x" * 5000):
+            with pytest.raises(InvalidRequest) as exc:
+                await hub.accept_chat(
+                    "t", "hub-a", "worker", "x", reply_service="caller", reply_token=token
+                )
+            assert exc.value.status == 422
+            assert exc.value.details["field"] == "reply.bearerToken"
+        assert await hub.list_delegations("t") == []
+    finally:
+        await hub.close()
+
+
+async def test_an_outbox_job_that_raises_goes_dead_with_the_reason(
+    scripted: Callable[..., Scripted],
+) -> None:
+    srv = scripted(lambda path, body, n: (200, 0))
+    budget = rules.RetryPolicy(start=0.05, factor=2, cap=0.1, budget=0.3, timeout=2)
+    hub = await _callee_hub({"caller": srv.url}, retry=budget)
+    try:
+        d = await hub.accept_chat(
+            "t",
+            "hub-a",
+            "worker",
+            "task",
+            reply_service="caller",
+            reply_token="tok",
+            session_id="remote-s",
+            tool_use_id="tu_bad",
+        )
+        # a reply token stored before tokens were checked: httpx cannot put it in a header
+        bad = dataclasses.replace(d, reply_token="t\u00f8ken")
+        await hub.store.transact(lambda tx: tx.update_delegation(bad))
+        assert d.callee_session is not None
+        got = await hub.receive("t", "worker", session=d.callee_session)
+        await hub.ack("t", "worker", [g.message.message_id for g in got])
+        await hub.report_event("t", "worker", d.callee_session, "turn_start")
+        await hub.report_event("t", "worker", d.callee_session, "agent_stop", "the answer")
+
+        async def failed() -> bool:
+            return (await hub.get_delegation("t", d.delegation_id)).state is DelegationState.FAILED
+
+        deadline = time.monotonic() + 10
+        while not await failed():
+            assert time.monotonic() < deadline, "the job never went dead"
+            await asyncio.sleep(0.01)
+        error = (await hub.get_delegation("t", d.delegation_id)).error or ""
+        assert "could not send the POST" in error and "UnicodeEncodeError" in error
+        assert srv.requests == []
+        notes = await hub.receive("t", "worker", limit=10)
+        assert any("could not be delivered" in g.message.text for g in notes)
+        jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox"))
+        assert jobs == []  # nothing left pending to re-run
+    finally:
+        await hub.close()
+
+
 async def test_404_goes_to_dead_letters_without_a_retry_storm(
     scripted: Callable[..., Scripted],
 ) -> None:
@@ -384,6 +450,7 @@ async def test_tool_response_tokens_tampered_expired_replayed(clock: FakeClock) 
         d = await hub.delegate(
             "t", "lead", "lead-s", "worker@hub-b", "remote task", timeout_s=60, tool_use_id="tu_r"
         )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")  # the task goes out
         jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox"))
         token = jobs[0].payload["body"]["reply"]["bearerToken"]
         assert jobs[0].payload["body"]["reply"]["callbackService"] == "backchannel"
@@ -392,16 +459,31 @@ async def test_tool_response_tokens_tampered_expired_replayed(clock: FakeClock) 
             await hub.accept_tool_response(payload + "." + sig[::-1], "forged")
         done = await hub.accept_tool_response(token, "the remote answer")
         assert done.state is DelegationState.ANSWERED
-        with pytest.raises(Unauthorized, match="already used"):
-            await hub.accept_tool_response(token, "again")
-        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        # the callee hub lost our acknowledgement and sends the same answer again: taken
+        # once, acknowledged twice; a different answer on the spent token is a conflict
+        again = await hub.accept_tool_response(token, "the remote answer")
+        assert (again.state, again.result) == (DelegationState.ANSWERED, "the remote answer")
+        with pytest.raises(Conflict, match="already answered with a different result") as exc:
+            await hub.accept_tool_response(token, "another answer")
+        assert exc.value.status == 409
         [result] = await _results(hub)
         assert "the remote answer" in result.text
+        assert await _results(hub) == [], "the repeat delivered nothing a second time"
+        # a token signed for a delegation this hub does not have is refused as unknown
+        stray = rules.make_token(
+            SECRET,
+            {**_claims(), "tool_id": "t/dlg_unknown"},
+            now=clock.now(),
+            ttl=60,
+        )
+        with pytest.raises(Unauthorized, match="matches no delegation"):
+            await hub.accept_tool_response(stray, "x")
         # a token outlives the deadline (late answers are accepted) but not forever
         await hub.report_event("t", "lead", "lead-s", "turn_start")
         d2 = await hub.delegate(
             "t", "lead", "lead-s", "worker@hub-b", "another", timeout_s=60, tool_use_id="tu_e"
         )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
         jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox", pending_only=False))
         token2 = next(j for j in jobs if j.payload["ref"].endswith(d2.delegation_id)).payload[
             "body"

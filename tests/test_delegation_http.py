@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sqlite3
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +76,18 @@ def test_in_hub_round_trip(server: Server) -> None:
         assert [d["state"] for d in listed] == ["answered"]
 
 
-@pytest.fixture
-def two_hubs(tmp_path: Path) -> Iterator[tuple[Server, Server, dict[str, str]]]:
-    port_a, port_b = free_port(), free_port()
-    url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+def _start_two_hubs(
+    tmp_path: Path, port_a: int, a_as_seen_by_b: str
+) -> tuple[Server, Server, dict[str, str]]:
+    port_b = free_port()
+    url_b = f"http://127.0.0.1:{port_b}"
     hub_b = start_server(
         tmp_path / "b",
         port=port_b,
         env={
             "BACKCHANNEL_SERVICE_NAME": "hub-b",
             "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
-            "BACKCHANNEL_CALLBACKS": f"hub-a={url_a}",
+            "BACKCHANNEL_CALLBACKS": f"hub-a={a_as_seen_by_b}",
         },
     )
     with hub_b.client() as admin:
@@ -101,8 +107,15 @@ def two_hubs(tmp_path: Path) -> Iterator[tuple[Server, Server, dict[str, str]]]:
     with hub_a.client() as admin:
         admin.post("/v1/teams", json={"name": "leads", "settings": {"anchor_policy": "off"}})
         lead = admin.post("/v1/teams/leads/members", json={"name": "lead"}).json()["token"]
+    return hub_a, hub_b, {"lead": lead, "worker": worker, "caller": caller}
+
+
+@pytest.fixture
+def two_hubs(tmp_path: Path) -> Iterator[tuple[Server, Server, dict[str, str]]]:
+    port_a = free_port()
+    hub_a, hub_b, tokens = _start_two_hubs(tmp_path, port_a, f"http://127.0.0.1:{port_a}")
     try:
-        yield hub_a, hub_b, {"lead": lead, "worker": worker, "caller": caller}
+        yield hub_a, hub_b, tokens
     finally:
         hub_a.stop()
         hub_b.stop()
@@ -153,6 +166,16 @@ def test_cross_hub_ingress_refusals(two_hubs: tuple[Server, Server, dict[str, st
             },
         )
         assert ok.status_code == 202
+        odd = c.post(
+            "/api/chat",
+            json={
+                "agent": "worker",
+                "message": "x",
+                "reply": {"callbackService": "hub-a", "bearerToken": "t\u00f8ken"},
+            },
+        )
+        assert odd.status_code == 422, odd.text
+        assert "reply.bearerToken" in odd.text
     for token in ("garbage", "e30.AAAA", "x.y.z"):
         r = httpx.post(
             f"{hub_a.url}/api/tools/response",
@@ -166,3 +189,116 @@ def test_cross_hub_ingress_refusals(two_hubs: tuple[Server, Server, dict[str, st
         headers={"Authorization": "Bearer a.b"},
     )
     assert r.status_code == 401
+
+
+class DropFirstAck:
+    """A proxy in front of hub A as hub B reaches it: it forwards every request, but cuts
+    the connection instead of relaying hub A's answer to the first tool response, as a
+    network fault after hub A committed would."""
+
+    def __init__(self, upstream: str) -> None:
+        self.relayed: list[tuple[str, int, bool]] = []  # path, upstream status, dropped
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() in ("authorization", "content-type")
+                }
+                r = httpx.post(upstream + self.path, content=body, headers=headers, timeout=30)
+                drop = self.path.endswith("/tools/response") and not any(
+                    d for _, _, d in outer.relayed
+                )
+                outer.relayed.append((self.path, r.status_code, drop))
+                if drop:
+                    self.close_connection = True
+                    return  # no status line: the caller sees the connection cut
+                self.send_response(r.status_code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _reply_jobs(hub: Server) -> list[tuple[str, dict[str, Any]]]:
+    """Hub B's answer POSTs as its own database holds them: (state, payload)."""
+    with contextlib.closing(sqlite3.connect(hub.home / "backchannel.db")) as db:
+        rows = db.execute("SELECT state, payload FROM jobs WHERE kind = 'outbox'").fetchall()
+    jobs = [(state, json.loads(payload)) for state, payload in rows]
+    return [(state, p) for state, p in jobs if p.get("purpose") == "reply"]
+
+
+@pytest.mark.slow
+def test_a_lost_acknowledgement_is_no_dead_letter(tmp_path: Path) -> None:
+    """Hub A takes the answer, its acknowledgement is lost on the way back, hub B sends
+    the answer again: hub A acknowledges the repeat, hub B records the answer as
+    delivered and tells its agent nothing false; the lead gets the result once."""
+    port_a = free_port()
+    proxy = DropFirstAck(f"http://127.0.0.1:{port_a}")
+    hub_a, hub_b, tokens = _start_two_hubs(tmp_path, port_a, proxy.url)
+    try:
+        with hub_a.client(tokens["lead"]) as lead, hub_b.client(tokens["worker"]) as worker:
+            lead.post("/v1/sessions", json={"session_id": "lead-s"})
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start"})
+            r = lead.post(
+                "/v1/delegations",
+                json={"to": "worker@hub-b", "task": "list every TODO", "tool_use_id": "tu_x"},
+            )
+            assert r.status_code == 201, r.text
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+            _play_callee(worker, "worker", "3 TODOs: a, b, c")
+            result = _wait_inbox(lead, "lead-s", "tool_result")
+            assert result["text"].endswith("3 TODOs: a, b, c")
+            # wait until hub B has recorded how its answer POST ended
+            deadline = time.monotonic() + 30
+            while not (jobs := _reply_jobs(hub_b)) or jobs[0][0] == "pending":
+                assert time.monotonic() < deadline, "hub B never finished its answer POST"
+                time.sleep(0.05)
+            assert [(path, status, dropped) for path, status, dropped in proxy.relayed] == [
+                ("/api/tools/response", 200, True),
+                ("/api/tools/response", 200, False),
+            ]
+            [(state, payload)] = jobs
+            assert (state, payload["attempt"]) == ("done", 2)
+            assert payload["bearer"] is None, "a finished POST keeps no credentials"
+            [d] = worker.get("/v1/delegations").json()["delegations"]
+            assert (d["state"], d["error"]) == ("answered", None)
+            notes = worker.get("/v1/inbox", params={"limit": 20}).json()["messages"]
+            assert not [m for m in notes if "could not be delivered" in m["text"]]
+            more = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 20}).json()
+            assert more["messages"] == [], "the repeated answer was not delivered twice"
+            [mine] = lead.get("/v1/delegations").json()["delegations"]
+            assert (mine["state"], mine["result"]) == ("answered", "3 TODOs: a, b, c")
+            # the same token once more, straight to hub A: the same answer is acknowledged,
+            # a different one is a conflict, a forged one is unauthorized
+            with contextlib.closing(sqlite3.connect(hub_b.home / "backchannel.db")) as db:
+                [(token,)] = db.execute("SELECT reply_token FROM delegations").fetchall()
+            url, auth = f"{hub_a.url}/api/tools/response", {"Authorization": f"Bearer {token}"}
+            same = httpx.post(url, json={"result": "3 TODOs: a, b, c"}, headers=auth)
+            assert (same.status_code, same.json()["state"]) == (200, "answered")
+            other = httpx.post(url, json={"result": "4 TODOs"}, headers=auth)
+            assert other.status_code == 409
+            assert "already answered with a different result" in other.json()["error"]["message"]
+            forged = httpx.post(
+                url, json={"result": "x"}, headers={"Authorization": f"Bearer {token}x"}
+            )
+            assert forged.status_code == 401
+    finally:
+        hub_a.stop()
+        hub_b.stop()
+        proxy.close()

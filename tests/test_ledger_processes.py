@@ -3,6 +3,8 @@ behind by a killed turn."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,15 @@ def _setup(url: str) -> tuple[str, str]:
         lead = admin.add_member("t", "lead")["token"]
         worker = admin.add_member("t", "w")["token"]
     return lead, worker
+
+
+def _stored_ledger(db: Path, session: str) -> int:
+    """How many ledger entries the database file holds for ``session``."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM ledger WHERE session_id = ?", (session,)
+        ).fetchone()
+    return int(row[0])
 
 
 def _lead_texts(url: str, lead: str) -> list[str]:
@@ -72,9 +83,11 @@ def test_ledger_left_by_a_sigkilled_turn_does_not_suppress_the_next(tmp_path: Pa
         timeout=60,
     )
     assert killed.returncode == -9
+    assert _stored_ledger(tmp_path / "k.db", "w-1") == 1, "the killed turn left its entry"
     with connect_sync(url, worker) as restarted:  # a new process picks the session up
         resumed = restarted.open_session("w-1")
         assert resumed["state"] == "idle"
+        assert _stored_ledger(tmp_path / "k.db", "w-1") == 0, "cleared by the recovery itself"
         restarted.report_event("w-1", "turn_start")
         stop = restarted.report_event(
             "w-1", "agent_stop", '<message to="lead">the total is 42</message>'

@@ -105,6 +105,7 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
 
         sent, data = await ok(s, "send_message", to="b", message="hello b", summary="greeting")
         assert sent.startswith("Sent to b (message_id ")
+        assert data["text"] == sent, "the structured content leads with the same wording"
         mid = data["message_id"]
         reacted, _ = await ok(s, "add_reaction", message_id=mid, emoji="👍")
         assert reacted == f"Reacted 👍 to {mid}."

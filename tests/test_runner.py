@@ -32,6 +32,7 @@ def _workspace(tmp_path: Path) -> Path:
 
 async def test_survey_team_end_to_end_over_a_real_hub(server: Server, tmp_path: Path) -> None:
     team = load_team(ROOT / "examples" / "survey-team.yaml")
+    shown = io.StringIO()
     result = await run_team(
         team,
         "Survey this repository.",
@@ -39,8 +40,20 @@ async def test_survey_team_end_to_end_over_a_real_hub(server: Server, tmp_path: 
         admin_token=server.admin_token,
         workspace=_workspace(tmp_path),
         time_limit=60,
-        console=Console(file=io.StringIO()),
+        console=Console(file=shown, width=200),
     )
+    story = shown.getvalue()
+    for line in (
+        "lead delegates to counter: Count this repository's code by language. (deadline 30 s)",
+        "lead delegates to finder:",
+        "lead-main: delegation results arrive: counter answered; finder timed out",
+        "link crossing: reviewer's output -> lead (turn 2 of 2); budget spent, link closed",
+        "hub drops lead's closing message to reviewer: it repeats what the turn sent",
+        "lead-main: timer fired, ANCHOR: return to the repository survey",
+        "lead-main: late answer from finder arrives after its deadline",
+    ):
+        assert line in story, line
+    assert "messages 0 " not in story, "the live footer counts delivered messages"
     assert result.ended_because == "the team is quiet"
     states = {d["callee"]: d["state"] for d in result.delegations}
     assert states == {"counter": "answered", "finder": "late"}
@@ -52,6 +65,10 @@ async def test_survey_team_end_to_end_over_a_real_hub(server: Server, tmp_path: 
     assert "Code by language (8 lines in all)" in report["text"]
     assert "the totals match" in report["text"]
     assert "2 TODO/FIXME comments" in report["text"]
+    # the whole of each answer, not its heading
+    assert "Python: 2 files, 5 lines" in report["text"]
+    assert "pkg/a.py:3: TODO handle errors" in report["text"]
+    assert "pkg/b.py:1: FIXME magic number" in report["text"]
     sessions = {s["session"]: s for s in result.sessions}
     assert sessions["reviewer-main"]["turns"] >= 1
     assert any(k.startswith("lead-main--") for k in sessions), "delegations ran in sub-sessions"
@@ -125,3 +142,21 @@ async def test_interrupting_a_turn_loses_nothing() -> None:
         assert stops[-1]["data"] == {"interrupted": True}
     finally:
         await hub.close()
+
+
+def test_the_todo_hunt_finds_comments_not_the_word(tmp_path: Path) -> None:
+    from backchannel.runtimes.tools import find_todo_lines
+
+    (tmp_path / "a.py").write_text(
+        '"""Lists TODO and FIXME comments."""\n'
+        'TODO_RE = "TODO"\n'
+        'write("# TODO: not a comment, a string")\n'
+        "x = 1  # TODO: a real one\n"
+        "# FIXME: another\n"
+    )
+    (tmp_path / "b.js").write_text("let y = 2; // TODO js too\n")
+    assert find_todo_lines(tmp_path, tmp_path) == [
+        "a.py:4: TODO a real one",
+        "a.py:5: FIXME another",
+        "b.js:1: TODO js too",
+    ]

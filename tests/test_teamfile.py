@@ -88,3 +88,12 @@ def test_validation_errors(text: str, needle: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="cannot read team file"):
         load_team(tmp_path / "nope.yaml")
+
+
+def test_the_exit_grace_is_a_team_policy() -> None:
+    text = (
+        "team: t\npolicies:\n  exit_grace_seconds: 120\nmembers:\n  - name: a\n    policy: echo\n"
+    )
+    assert parse_team(text, "team.yaml").settings()["exit_grace_seconds"] == 120
+    msg = _error(text.replace("120", "-5"))
+    assert "team.yaml:3: policies.exit_grace_seconds" in msg

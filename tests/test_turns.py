@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from backchannel.core import turns
 from backchannel.errors import Forbidden, InvalidRequest, InvalidState, UnknownSession
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
-from backchannel.types import EventKind, MessageKind, SessionState
+from backchannel.types import EventKind, LedgerEntry, MessageKind, SessionState
 
 
 async def _setup(hub: Hub, *members: str) -> None:
@@ -170,6 +171,66 @@ async def test_the_same_text_to_another_member_flows(hub: Hub) -> None:
     await hub.open_session("t", "w", "w-1")
     await _turn_with_tool_sends(hub, ["totals: 42"], '<message to="rev">totals: 42</message>')
     assert await _texts(hub, "rev") == ["totals: 42"]
+
+
+async def _ledger(hub: Hub, session: str) -> list[str]:
+    """The texts' recipients the stored ledger holds for ``session``."""
+    return [e.to for e in await hub.store.read(lambda tx: tx.ledger("t", session))]
+
+
+async def test_the_duplicate_check_is_case_sensitive(hub: Hub) -> None:
+    await _setup(hub, "lead", "w")
+    await hub.open_session("t", "w", "w-1")
+    stop = await _turn_with_tool_sends(
+        hub, ["Build is green."], '<message to="lead">build is GREEN.</message>'
+    )
+    assert stop["duplicates_dropped"] == []
+    assert await _texts(hub, "lead") == ["Build is green.", "build is GREEN."]
+
+
+async def test_turn_start_clears_a_ledger_left_behind(hub: Hub, clock: FakeClock) -> None:
+    await _setup(hub, "lead", "w")
+    await hub.open_session("t", "w", "w-1")
+    # an entry no boundary cleared (say, written by a version that did not clear it)
+    left = LedgerEntry("t", "w-1", "lead", turns.digest("status: green"), "old", clock.now())
+    await hub.store.transact(lambda tx: tx.ledger_add(left))
+    await hub.report_event("t", "w", "w-1", "turn_start")
+    assert await _ledger(hub, "w-1") == []
+    await hub.report_event(
+        "t", "w", "w-1", "agent_stop", '<message to="lead">status: green</message>'
+    )
+    assert await _texts(hub, "lead") == ["status: green"]
+
+
+async def test_agent_stop_leaves_no_ledger_behind(hub: Hub) -> None:
+    """A session that never runs another turn (a delegation's sub-session) must not keep
+    its last turn's ledger: agent_stop clears it, not only the next turn_start."""
+    await _setup(hub, "lead", "w")
+    await hub.open_session("t", "w", "w-1")
+    await hub.report_event("t", "w", "w-1", "turn_start")
+    await hub.send("t", "w", "lead", "status: green", sender_session="w-1")
+    assert await _ledger(hub, "w-1") == ["lead"]
+    await hub.report_event("t", "w", "w-1", "agent_stop", "done")
+    assert await _ledger(hub, "w-1") == []
+
+
+async def test_recovering_a_crashed_session_clears_its_ledger_at_once(hub: Hub) -> None:
+    await _setup(hub, "lead", "w")
+    await hub.open_session("t", "w", "w-1")
+    await hub.report_event("t", "w", "w-1", "turn_start")
+    await hub.send("t", "w", "lead", "half done", sender_session="w-1")
+    assert await _ledger(hub, "w-1") == ["lead"]
+    await hub.open_session("t", "w", "w-1")  # a new process resumes the session
+    assert await _ledger(hub, "w-1") == [], "cleared by the recovery, before any new turn"
+
+
+async def test_terminating_a_session_clears_its_ledger(hub: Hub) -> None:
+    await _setup(hub, "lead", "w")
+    await hub.open_session("t", "w", "w-1")
+    await hub.report_event("t", "w", "w-1", "turn_start")
+    await hub.send("t", "w", "lead", "bye", sender_session="w-1")
+    await hub.terminate_session("t", "w", "w-1", "done")
+    assert await _ledger(hub, "w-1") == []
 
 
 async def test_ledger_is_cleared_after_the_turn(hub: Hub) -> None:

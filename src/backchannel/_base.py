@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from backchannel.core import delivery as rules
+from backchannel.core import quotas
+from backchannel.core.timers import anchors_first
 from backchannel.errors import (
     AlreadyExists,
     InvalidRequest,
@@ -90,6 +92,10 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+#: How long an authenticated token is remembered. A rotation or removal clears this
+#: process's cache at once; other hub processes on the same store forget within this.
+_TOKEN_CACHE_SECONDS = 5.0
+
 _ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
 _id_counter = itertools.count()
 
@@ -99,6 +105,11 @@ def new_message_id() -> str:
     rows land at the end of the indexes instead of all over them, which keeps commits
     small, and no system call is needed per id."""
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+DEFAULT_RETENTION = 30 * 86400.0
+"""Acked and dead messages are kept 30 days by default (``retention_seconds``)."""
+COMPACT_EVERY = 300.0  # seconds between retention passes once caught up
 
 
 class HubMiddleware:
@@ -156,6 +167,8 @@ class MessageStatus:
             "summary": m.summary,
             "text": m.text,
             "created_at": m.created_at,
+            "chain_id": m.chain_id,
+            "hop": m.hop,
             "status": self.state.value,
             "deliveries": [
                 {
@@ -296,6 +309,7 @@ class HubBase:
         middleware: Iterable[HubMiddleware] = (),
         background: bool = True,
         check_delivery: bool = True,
+        retention_seconds: float | None = DEFAULT_RETENTION,
     ) -> None:
         if lease_seconds <= 0:
             raise InvalidRequest("lease_seconds must be positive")
@@ -318,7 +332,15 @@ class HubBase:
         # drained on the event loop by _flush_due after the commit
         self._scheduled: list[float] = []
         self._send_memo: dict[str, dict[str, Any]] = {}
+        self._inbox_room: dict[tuple[str, str], int] = {}  # sends left before a recount
+        self._timer_room: dict[tuple[str, str], int] = {}  # timers left before a recount
         self._started = False
+        if retention_seconds is not None and retention_seconds <= 0:
+            raise InvalidRequest("retention_seconds must be positive (or None to keep all)")
+        # acked and dead messages older than this are removed by maintenance
+        self.retention_seconds = retention_seconds
+        self._compact_at = 0.0
+        self._compact_from = 0.0
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -374,6 +396,17 @@ class HubBase:
     ) -> tuple[Team, str]:
         """Create a team and its ``user`` member. Returns the team and ``user``'s token."""
         rules.check_name("team", name)
+        grace = (settings or {}).get("exit_grace_seconds")
+        if grace is not None and (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not 0 <= grace <= 2_592_000
+        ):
+            raise InvalidRequest(
+                f"exit_grace_seconds must be a number of seconds from 0 to 2592000 (30 days), "
+                f"not {grace!r}",
+                field="settings.exit_grace_seconds",
+            )
         now = self.clock.now()
         token = new_token()
         team = Team(name, now, dict(settings or {}))
@@ -467,6 +500,8 @@ class HubBase:
 
         member = await self.store.transact(fn)
         self._tokens.clear()  # cached members carry the old settings
+        self._inbox_room.clear()  # and the room left under the old limits
+        self._timer_room.clear()
         return member
 
     async def list_members(self, team: str) -> list[Member]:
@@ -495,7 +530,7 @@ class HubBase:
         if member is not None:
             if len(self._tokens) > 10_000:
                 self._tokens.clear()
-            self._tokens[digest] = _Cached(member, now + 30.0)
+            self._tokens[digest] = _Cached(member, now + _TOKEN_CACHE_SECONDS)
         return member
 
     # -- sessions --------------------------------------------------------------
@@ -571,6 +606,7 @@ class HubBase:
                     tuple(d.recipient for d in copies),
                     replayed=True,
                 )
+            self._check_inbox_room(tx, team, sender, to)
             return self._insert(tx, message, to_session, options)
 
         result = await self.store.transact(fn)
@@ -579,6 +615,34 @@ class HubBase:
                 self._waiters.notify(team, r.member)
             self._run_middleware("after_send", message, result)
         return result
+
+    def _check_inbox_room(self, tx: Tx, team: str, sender: str, to: str) -> None:
+        """Refuse a send into an inbox at its quota (:mod:`backchannel.core.quotas`). The
+        count is bounded by the limit and taken again only once about half the room seen
+        at the last count is used, so a send into short inboxes costs nothing extra.
+        (With several hub processes a queue may overshoot by what the others send
+        between two counts.)"""
+        if to == BROADCAST:
+            names = [m.name for m in tx.list_members(team) if m.name != sender]
+        else:
+            names = [to]
+        for name in names:
+            key = (team, name)
+            room = self._inbox_room.get(key, 0)
+            if room > 0:
+                self._inbox_room[key] = room - 1
+                continue
+            member = tx.get_member(team, name)
+            if member is None:
+                continue  # refused by _insert, with suggestions
+            found = tx.get_team(team)
+            cap = quotas.limit(quotas.MAX_QUEUED, found.settings if found else {}, member.settings)
+            count = tx.queued_count(team, name, cap)
+            if count >= cap:
+                raise quotas.inbox_full(name, count, cap)
+            if len(self._inbox_room) > 10_000:
+                self._inbox_room.clear()
+            self._inbox_room[key] = (cap - count) // 2
 
     def _insert(
         self,
@@ -613,6 +677,7 @@ class HubBase:
         # reads several parts need about this one send are made once (see _memo)
         self._send_memo[message.message_id] = {}
         try:
+            message = self._stamp(tx, message, recipients)
             self._before_insert(tx, message, recipients, options or _NO_LINK)
             tx.insert_message(message, recipients)
             self._after_insert(tx, message, recipients, options or _NO_LINK)
@@ -636,6 +701,10 @@ class HubBase:
             message, "link", lambda: tx.find_open_link(message.team, message.sender, message.to)
         )
 
+    def _stamp(self, tx: Tx, message: Message, recipients: Sequence[Recipient]) -> Message:
+        """Hook: the message as it will be stored (the budget part sets its chain)."""
+        return message
+
     def _before_insert(
         self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
     ) -> None:
@@ -651,6 +720,11 @@ class HubBase:
         self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
     ) -> None:
         """Hook: messages were handed to ``session``. Runs in ``tx``."""
+
+    def _after_member_lease(
+        self, tx: Tx, team: str, member: str, got: Sequence[InboxMessage], now: float
+    ) -> None:
+        """Hook: messages were handed to a member that named no session. Runs in ``tx``."""
 
     def _job_handlers(self) -> dict[str, JobHandler]:
         """Scheduled-job kinds and what firing one does (extended by the parts on top)."""
@@ -671,12 +745,15 @@ class HubBase:
         lease_seconds: float | None = None,
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
+        owner: str | None = None,
     ) -> list[InboxMessage]:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
         the first. Leased messages come back after the lease unless acked. With
         ``pinned_only``, only messages pinned to ``session`` (a delegation's sub-session
         takes nothing addressed to the member as a whole). Setting ``stop`` ends the wait
-        early (a long-poll whose client went away)."""
+        early (a long-poll whose client went away). With ``owner`` (a push dispatcher's
+        hub id), nothing is leased unless ``owner`` holds the member's push-delivery lease
+        (``Tx.claim_dispatch``), checked in the leasing transaction itself."""
         limit = self.config.default_limit if limit is None else limit
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000", field="limit")
@@ -692,7 +769,7 @@ class HubBase:
             now = self.clock.now()
             got = await self.store.transact(
                 lambda tx, now=now: self._lease_tx(  # type: ignore[misc]
-                    tx, team, member, session, now, now + lease, limit, not pinned_only
+                    tx, team, member, session, now, now + lease, limit, not pinned_only, owner
                 )
             )
             if got:
@@ -716,7 +793,10 @@ class HubBase:
         until: float,
         limit: int,
         include_unpinned: bool = True,
+        owner: str | None = None,
     ) -> list[InboxMessage]:
+        if owner is not None and (tx.dispatch_owner(team, member) or ("",))[0] != owner:
+            return []  # another hub pushes this member's messages now
         if session is not None:
             s = tx.get_session(team, session)
             if s is None or s.member != member:
@@ -728,11 +808,16 @@ class HubBase:
                 raise InvalidState(f"session {session!r} is terminated; open a new one")
             if s.state is SessionState.ACTIVE:
                 return []  # never injected mid-turn; delivered when the turn ends
-            got = tx.lease(team, member, session, now, until, limit, include_unpinned)
+            got = anchors_first(
+                tx.lease(team, member, session, now, until, limit, include_unpinned)
+            )
             if got:
                 self._after_lease(tx, s, got, now)
             return got
-        return tx.lease(team, member, session, now, until, limit)
+        got = anchors_first(tx.lease(team, member, session, now, until, limit))
+        if got:
+            self._after_member_lease(tx, team, member, got, now)
+        return got
 
     async def inbox(
         self,
@@ -961,8 +1046,35 @@ class HubBase:
                 self._run_middleware("after_dead", d, reason)
             for job in after:
                 self._start_after(job)
+        if self.retention_seconds is not None and now >= self._compact_at:
+            await self.compact(now - self.retention_seconds)
         self._next_due = next_due
         return next_due
+
+    async def compact(self, before: float, *, batch: int = 500, max_batches: int = 8) -> int:
+        """Remove acked and dead messages (with their history) created before
+        ``before``, and finished jobs, a bounded number of batches at a time; maintenance
+        calls this every few minutes with ``now - retention_seconds``. Messages still
+        waiting for a recipient are never removed. Returns how many messages went."""
+        removed = 0
+        for _ in range(max_batches):
+            frm = self._compact_from
+
+            def fn(tx: Tx, frm: float = frm) -> tuple[int, float | None]:
+                return tx.compact(before, frm, batch)
+
+            gone, last = await self.store.transact(fn)
+            removed += gone
+            if last is None:  # reached the end: next time, look again from the oldest
+                self._compact_from = 0.0
+                self._compact_at = self.clock.now() + COMPACT_EVERY
+                break
+            self._compact_from = last
+        else:
+            self._compact_at = self.clock.now() + 1.0  # more to do: soon, in small steps
+        if removed:
+            log.info("retention: removed %d messages created before %.0f", removed, before)
+        return removed
 
     @staticmethod
     def _kill(tx: Tx, d: Delivery, reason: str, now: float) -> bool:
@@ -979,7 +1091,9 @@ class HubBase:
             dead_reason=reason,
         )
 
-    def _dead_notice(self, tx: Tx, d: Delivery, reason: str, now: float) -> str | None:
+    def _dead_notice(
+        self, tx: Tx, d: Delivery, reason: str, now: float, advice: str | None = None
+    ) -> str | None:
         msg = tx.get_message(d.team, d.message_id)
         if (
             msg is None
@@ -987,7 +1101,7 @@ class HubBase:
             or tx.get_member(d.team, msg.sender) is None
         ):
             return None  # never a notice about a notice: no loops
-        notice = rules.dead_letter_notice(msg, d.recipient, reason)
+        notice = rules.dead_letter_notice(msg, d.recipient, reason, advice)
         system = Message(
             team=d.team,
             message_id=f"dead-{d.message_id}-{d.recipient.member}"[:128],

@@ -1,31 +1,37 @@
 """Agents as asynchronous tools: delegate, get the answer back, never hang.
 
 ``delegate(to, task)`` returns at once with a pending id. The callee runs an ordinary
-session ``{caller_session}--{tool_use_id}`` whose input is the task; its ``agent_stop``
-output becomes the caller's tool result, delivered between the caller's turns. The
-results of one caller turn's delegations are gathered into one ``tool_result`` message;
-a delegation past its deadline yields a synthesized error so no turn hangs, and an
-answer arriving after that is delivered as a late result.
+session ``{caller_session}--{tool_use_id}`` whose input is the task, framed like any
+message from its teammate; its ``agent_stop`` output (or, when it has no text outside
+``<message>`` blocks, its blocks to the caller) becomes the caller's tool result,
+delivered between the caller's turns. The results of one caller turn's delegations are
+gathered into one ``tool_result`` message; a delegation past its deadline yields a
+synthesized error so no turn hangs, and an answer arriving after that is delivered as
+a late result.
 
-Across hubs the task goes to the callee hub's ``/api/chat`` with a reply descriptor
+Across hubs the task goes to the callee hub's ``/api/chat`` when the caller's turn ends
+(the reply token counts the turn's delegations), with a reply descriptor
 ``{"callbackService": NAME, "bearerToken": TOKEN}``; the callee hub POSTs the answer to
 the caller hub's ``/api/tools/response``. Both hubs resolve service names in their own
-callback registry; a token is signed by the caller hub and works once.
+callback registry; a token is signed by the caller hub and is spent by the first
+answer: a repeat of that answer is acknowledged, a different one refused (409).
+Finished delegations are forgotten after the retention period.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from backchannel._base import JobHandler
+from backchannel._base import JobHandler, JobOutcome
 from backchannel._outbox import OutboxMixin
 from backchannel.core import delegation as rules
-from backchannel.core import delivery
-from backchannel.errors import InvalidRequest, NotFound, Unauthorized
+from backchannel.core import delivery, turns
+from backchannel.errors import Conflict, InvalidRequest, NotFound, Unauthorized, UnknownService
 from backchannel.stores.base import Tx
 from backchannel.types import (
     HUB_SENDER,
@@ -46,6 +52,8 @@ CHAT_PATH = "/api/chat"
 #: Member kinds whose runtime the hub reaches through hooks, not by starting sessions.
 HOOK_KINDS = frozenset({MemberKind.CLAUDE_CODE, MemberKind.CODEX, MemberKind.GEMINI})
 RESPONSE_PATH = "/api/tools/response"
+#: What an ``Authorization: Bearer`` value may hold: visible ASCII, no spaces.
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 
 
 class DelegationMixin(OutboxMixin):
@@ -73,7 +81,7 @@ class DelegationMixin(OutboxMixin):
             agent, _, service = to.partition("@")
             delivery.check_name("agent", agent)
             svc = self.callbacks.resolve(service)
-            if not self.callbacks.secret:
+            if not self.callbacks.secret and svc.kind != "a2a":  # A2A answers come back inline
                 raise InvalidRequest(
                     "delegating to another hub needs a callback secret to sign the reply "
                     "token; set BACKCHANNEL_CALLBACK_SECRET",
@@ -83,7 +91,7 @@ class DelegationMixin(OutboxMixin):
             delivery.check_name("recipient", to)
 
         def fn(tx: Tx) -> Delegation:
-            caller = self._timer_session(tx, team, member, session_id)
+            caller = self._timer_session(tx, team, member, session_id, "delegation")
             if caller.state is not SessionState.ACTIVE:
                 raise InvalidRequest(
                     f"delegate from a turn: session {caller.session_id!r} has no open turn",
@@ -108,41 +116,9 @@ class DelegationMixin(OutboxMixin):
                 batch=batch,
             )
             if remote:
-                total = len(tx.list_delegations(team, batch=batch)) + 1
-                token = rules.make_token(
-                    self.callbacks.secret or "",
-                    {
-                        "session_id": caller.session_id,
-                        "tool_use_id": tuid,
-                        "tool_id": f"{team}/{d.delegation_id}",
-                        "name": "delegate",
-                        "total_tools": total,
-                    },
-                    now=now,
-                    ttl=timeout + rules.TOKEN_GRACE,
-                )
+                # sent when the caller's turn ends, when the turn's count of delegations
+                # (the token's ``total_tools``) is known
                 tx.insert_delegation(d)
-                self._enqueue_post(
-                    tx,
-                    team,
-                    service=svc.name,
-                    path=CHAT_PATH,
-                    body={
-                        "agent": agent,
-                        "message": task,
-                        "session_id": caller.session_id,
-                        "tool_use_id": tuid,
-                        "timeout_s": timeout,
-                        "reply": {
-                            "callbackService": self.callbacks.service_name,
-                            "bearerToken": token,
-                        },
-                    },
-                    bearer=svc.token,
-                    purpose="chat",
-                    ref=f"{team}/{d.delegation_id}",
-                    now=now,
-                )
             else:
                 if tx.get_member(team, to) is None:
                     raise delivery.unknown_recipient(
@@ -150,11 +126,13 @@ class DelegationMixin(OutboxMixin):
                     )
                 if to == member:
                     raise InvalidRequest("delegate to another member, not yourself", field="to")
+                self._check_inbox_room(tx, team, member, to)  # a task is a queued message
                 d = dataclasses.replace(
                     d, callee_session=rules.sub_session(caller.session_id, tuid)
                 )
                 tx.insert_delegation(d)
                 self._start_callee(tx, d, sender=member, now=now)
+            self._keep_pruned(tx, team, now)
             tx.add_job(
                 Job(
                     team,
@@ -173,6 +151,71 @@ class DelegationMixin(OutboxMixin):
         if d.callee_session:
             self._waiters.notify(team, d.callee)
         return d
+
+    def _dispatch_batch(self, tx: Tx, team: str, batch: str, now: float) -> None:
+        """The caller's turn ``batch`` is over: send its tasks for other hubs, each with a
+        reply token whose ``total_tools`` is the number of delegations the turn issued.
+        A turn ends once, so this runs once per batch."""
+        ds = tx.list_delegations(team, batch=batch)
+        for d in ds:
+            if d.route is not Route.OUTBOUND or d.state not in rules.OPEN_STATES:
+                continue
+            agent, _, service = d.callee.partition("@")
+            try:
+                svc = self.callbacks.resolve(service)
+            except UnknownService as exc:  # the registry changed since the call
+                self._refused(tx, d, exc.message, now)
+                continue
+            token = rules.make_token(
+                self.callbacks.secret or "",
+                {
+                    "session_id": d.caller_session,
+                    "tool_use_id": d.tool_use_id,
+                    "tool_id": f"{team}/{d.delegation_id}",
+                    "name": "delegate",
+                    "total_tools": len(ds),
+                },
+                now=now,
+                ttl=max(0.0, d.deadline - now) + rules.TOKEN_GRACE,
+            )
+            self._enqueue_post(
+                tx,
+                team,
+                service=svc.name,
+                path=CHAT_PATH,
+                body={
+                    "agent": agent,
+                    "message": d.task,
+                    "session_id": d.caller_session,
+                    "tool_use_id": d.tool_use_id,
+                    "timeout_s": max(1.0, round(d.deadline - now, 3)),
+                    "reply": {
+                        "callbackService": self.callbacks.service_name,
+                        "bearerToken": token,
+                    },
+                },
+                bearer=svc.token,
+                purpose="chat",
+                ref=f"{team}/{d.delegation_id}",
+                now=now,
+            )
+
+    def _refused(self, tx: Tx, d: Delegation, reason: str, now: float) -> None:
+        """The task never reached the callee: the delegation failed (its batch is told)."""
+        failed = dataclasses.replace(
+            d,
+            state=DelegationState.FAILED,
+            error=f"the callee's hub refused the task: {reason}",
+            answered_at=now,
+        )
+        tx.update_delegation(failed)
+        self._deliver_batch(tx, d.team, d.batch, now)
+
+    def _turn_over(self, tx: Tx, session: Session, turn: int, now: float) -> None:
+        super()._turn_over(tx, session, turn, now)
+        batch = f"{session.session_id}#{turn}"
+        self._dispatch_batch(tx, session.team, batch, now)
+        self._deliver_batch(tx, session.team, batch, now)
 
     def _start_callee(self, tx: Tx, d: Delegation, *, sender: str, now: float) -> None:
         """Open the callee's session for this request and give it the task.
@@ -241,6 +284,14 @@ class DelegationMixin(OutboxMixin):
         self.callbacks.resolve(reply_service)  # refused at ingress when unknown
         if not isinstance(reply_token, str) or not reply_token:
             raise InvalidRequest("reply.bearerToken is missing", field="reply.bearerToken")
+        if len(reply_token) > rules.MAX_BEARER_TOKEN or not _TOKEN_CHARS.fullmatch(reply_token):
+            raise InvalidRequest(
+                "reply.bearerToken must be 1 to "
+                f"{rules.MAX_BEARER_TOKEN} visible ASCII characters (no spaces or controls), "
+                "as an HTTP Authorization header carries it; send the token as the caller's "
+                "hub issued it",
+                field="reply.bearerToken",
+            )
         timeout = rules.check_delegate(agent, message, timeout_s)
         delivery.check_name("agent", agent)
         caller_session = (
@@ -277,6 +328,7 @@ class DelegationMixin(OutboxMixin):
             )
             tx.insert_delegation(d)
             self._start_callee(tx, d, sender=caller, now=now)
+            self._keep_pruned(tx, team, now)
             return d
 
         d = await self.store.transact(fn)
@@ -286,26 +338,39 @@ class DelegationMixin(OutboxMixin):
     # -- the caller hub: an answer arrives from another hub -----------------------------
     async def accept_tool_response(self, token: str, result: Any) -> Delegation:
         """``POST /api/tools/response``: verify the one-time token and deliver ``result``.
-        A tampered, expired or replayed token is refused (``Unauthorized``)."""
+
+        A forged or expired token, or one that names no delegation of this hub, is refused
+        (``Unauthorized``, 401). A token spent before is a repeat of a callback this hub
+        already took (the callee never saw the acknowledgement): the same result is
+        acknowledged again and changes nothing; a different one is refused (``Conflict``,
+        409), since the delegation keeps the answer it got first."""
         now = self.clock.now()
         claims = rules.verify_token(self.callbacks.secret, token, now=now)
         team, _, delegation_id = str(claims["tool_id"]).partition("/")
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
         delivery.check_text(text, self.config.max_text)
 
-        def fn(tx: Tx) -> Delegation:
-            if not tx.spend_token(str(claims["jti"]), float(claims["exp"])):
-                raise Unauthorized("this callback token was already used; a token works once")
+        def fn(tx: Tx) -> tuple[Delegation, bool]:
             d = tx.get_delegation(team, delegation_id)
             if d is None or (d.caller_session, d.tool_use_id) != (
                 claims["session_id"],
                 claims["tool_use_id"],
             ):
                 raise Unauthorized("this callback token matches no delegation of this hub")
-            return self._resolve(tx, d, text, now)
+            if not tx.spend_token(str(claims["jti"]), float(claims["exp"])):
+                d = tx.get_delegation(team, delegation_id) or d  # as the spender left it
+                if d.state in rules.ANSWERED_STATES and d.result == text:
+                    return d, False  # a repeat of the callback already taken
+                raise Conflict(
+                    f"delegation {d.delegation_id} ({d.tool_use_id}) was already answered "
+                    "with a different result; the first answer stands and this one was not "
+                    "taken"
+                )
+            return self._resolve(tx, d, text, now), True
 
-        d = await self.store.transact(fn)
-        self._waiters.notify(d.team, d.caller)
+        d, fresh = await self.store.transact(fn)
+        if fresh:
+            self._waiters.notify(d.team, d.caller)
         return d
 
     # -- resolving ------------------------------------------------------------------------
@@ -317,13 +382,15 @@ class DelegationMixin(OutboxMixin):
             )
             tx.update_delegation(d)
             self._deliver_batch(tx, d.team, d.batch, now)
-        elif d.state is DelegationState.TIMED_OUT:
+        elif d.state in (DelegationState.TIMED_OUT, DelegationState.FAILED):
+            # the caller was given an error for it already; the answer still reaches it
+            why = "had timed out" if d.state is DelegationState.TIMED_OUT else "had failed"
             d = dataclasses.replace(d, state=DelegationState.LATE, result=result, answered_at=now)
             tx.update_delegation(d)
             self._tool_result(
                 tx,
                 d,
-                rules.late_text(d),
+                rules.late_text(d, why),
                 {"late": True, "results": [rules.result_of(d) | {"result": result}]},
                 now,
             )
@@ -342,7 +409,7 @@ class DelegationMixin(OutboxMixin):
             and f"{caller.session_id}#{caller.turn}" == batch
         ):
             return  # the turn that delegated is still running: gathered at its agent_stop
-        if tx.get_message(team, f"results-{batch}") is not None:
+        if tx.get_message(team, rules.results_message_id(batch)) is not None:
             return  # delivered already
         self._tool_result(
             tx,
@@ -350,7 +417,7 @@ class DelegationMixin(OutboxMixin):
             rules.results_text(ds),
             {"results": [rules.result_of(x) for x in ds]},
             now,
-            message_id=f"results-{batch}",
+            message_id=rules.results_message_id(batch),
         )
 
     def _tool_result(
@@ -398,9 +465,57 @@ class DelegationMixin(OutboxMixin):
         return ((d.team, d.caller),)
 
     def _job_handlers(self) -> dict[str, JobHandler]:
-        return {**super()._job_handlers(), rules.DEADLINE_JOB: self._fire_deadline}
+        return {
+            **super()._job_handlers(),
+            rules.DEADLINE_JOB: self._fire_deadline,
+            rules.PRUNE_JOB: self._fire_prune,
+        }
+
+    # -- retention: finished delegations and their tokens are forgotten -----------------
+    def _prune_every(self) -> float:
+        return min(self.callbacks.retention, rules.PRUNE_INTERVAL)
+
+    def _keep_pruned(self, tx: Tx, team: str, now: float) -> None:
+        """Make sure a team with delegations has its pruning job."""
+        if not tx.list_jobs(team, kind=rules.PRUNE_JOB):
+            due = now + self._prune_every()
+            tx.add_job(Job(team, rules.PRUNE_JOB, due, now, None, {}))
+            self._scheduled.append(due)
+
+    def _fire_prune(self, tx: Tx, job: Job, now: float) -> JobOutcome:
+        """Forget the team's delegations that ended more than the retention period ago
+        (with their stored reply tokens), and spent token ids past their expiry."""
+        tx.prune_delegations(
+            job.team,
+            ended_before=now - self.callbacks.retention,
+            expired_before=now - rules.TOKEN_GRACE,
+        )
+        tx.prune_spent_tokens(now)
+        if not tx.list_delegations(job.team):
+            return JobOutcome()  # done; the team's next delegation schedules it again
+        due = now + self._prune_every()
+        tx.reschedule_job(job.job_id, due, job.payload)
+        self._scheduled.append(due)
+        return JobOutcome(keep=True)
 
     # -- turns: the callee's answer, the caller's gathering ---------------------------------
+    def _closing_text(self, tx: Tx, s: Session, parsed: turns.ClosingText) -> turns.ClosingText:
+        """A callee that answers only in ``<message>`` blocks (no text outside them) answers
+        with the blocks addressed to its caller: they become the answer, not messages."""
+        parsed = super()._closing_text(tx, s, parsed)
+        if parsed.output or not parsed.blocks or s.turn_kind == "checkpoint":
+            return parsed
+        d = tx.find_delegation(s.team, callee_session=s.session_id)
+        if d is None or d.state not in rules.OPEN_STATES:
+            return parsed
+        to_caller = [b for b in parsed.blocks if b.to == d.caller and b.body.strip()]
+        if not to_caller:
+            return parsed
+        return turns.ClosingText(
+            tuple(b for b in parsed.blocks if b not in to_caller),
+            "\n\n".join(b.body.strip() for b in to_caller),
+        )
+
     def _after_stop(
         self,
         tx: Tx,
@@ -438,27 +553,41 @@ class DelegationMixin(OutboxMixin):
                 self._resolve(tx, d, output, now)
                 woken.add((d.team, d.caller))
             extra = {**extra, "answered_delegation": d.delegation_id}
-        # the turn that delegated has ended: deliver its results if they are all in
-        self._deliver_batch(tx, session.team, f"{session.session_id}#{session.turn}", now)
+        # the turn that delegated has ended: send its tasks for other hubs, and deliver
+        # its results if they are all in
+        batch = f"{session.session_id}#{session.turn}"
+        self._dispatch_batch(tx, session.team, batch, now)
+        self._deliver_batch(tx, session.team, batch, now)
         return extra
 
     # -- the outbox's verdicts ----------------------------------------------------------------
-    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float) -> None:
-        super()._outbox_dead(tx, job, reason, now)
+    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float, status: int | None) -> None:
+        super()._outbox_dead(tx, job, reason, now, status)
         team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
         d = tx.get_delegation(team, delegation_id)
         if d is None:
             return
         purpose = job.payload.get("purpose")
         if purpose == "chat" and d.state is DelegationState.PENDING:
-            failed = dataclasses.replace(
-                d,
-                state=DelegationState.FAILED,
-                error=f"the callee's hub refused the task: {reason}",
-                answered_at=now,
+            self._refused(tx, d, reason, now)
+        elif purpose == "reply" and status == 409:
+            # the caller holds an answer to this request already (a different one): this
+            # answer was not taken, but nothing the caller was given is lost
+            tx.update_delegation(
+                dataclasses.replace(
+                    d, error=f"the caller already held a different answer: {reason}"
+                )
             )
-            tx.update_delegation(failed)
-            self._deliver_batch(tx, team, d.batch, now)
+            self._notify_callee(
+                tx,
+                d,
+                f"undelivered-{d.delegation_id}",
+                f"{d.caller} already had a different answer to its request {d.tool_use_id}; "
+                f"this answer was not delivered ({reason}).",
+                f"answer to {d.caller} not taken: already answered",
+                reason,
+                now,
+            )
         elif purpose == "reply":
             failed = dataclasses.replace(
                 d,
@@ -467,21 +596,38 @@ class DelegationMixin(OutboxMixin):
             )
             tx.update_delegation(failed)
             # the callee's operator sees why, in the callee's inbox and the dashboard
-            text = (
-                f"Your answer to {d.caller}'s request {d.tool_use_id} could not be delivered to "
-                f"{d.reply_service}: {reason}."
+            self._notify_callee(
+                tx,
+                d,
+                f"undeliverable-{d.delegation_id}",
+                f"Your answer to {d.caller}'s request {d.tool_use_id} could not be delivered "
+                f"to {d.reply_service}: {reason}.",
+                f"answer to {d.caller} undeliverable",
+                reason,
+                now,
             )
-            msg = Message(
-                team=team,
-                message_id=f"undeliverable-{d.delegation_id}",
-                sender=HUB_SENDER,
-                to=d.callee,
-                text=text,
-                kind=MessageKind.SYSTEM,
-                created_at=now,
-                fingerprint=delivery.fingerprint(HUB_SENDER, d.callee, text, None, "system"),
-                summary=f"answer to {d.caller} undeliverable",
-                meta={"delegation_id": d.delegation_id, "reason": reason},
-            )
-            if tx.get_message(team, msg.message_id) is None:
-                self._insert(tx, msg, None)
+
+    def _notify_callee(
+        self,
+        tx: Tx,
+        d: Delegation,
+        message_id: str,
+        text: str,
+        summary: str,
+        reason: str,
+        now: float,
+    ) -> None:
+        msg = Message(
+            team=d.team,
+            message_id=message_id,
+            sender=HUB_SENDER,
+            to=d.callee,
+            text=text,
+            kind=MessageKind.SYSTEM,
+            created_at=now,
+            fingerprint=delivery.fingerprint(HUB_SENDER, d.callee, text, None, "system"),
+            summary=summary,
+            meta={"delegation_id": d.delegation_id, "reason": reason},
+        )
+        if tx.get_message(d.team, msg.message_id) is None:
+            self._insert(tx, msg, None)

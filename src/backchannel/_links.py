@@ -21,7 +21,7 @@ from backchannel._base import SendOptions
 from backchannel._sessions import SessionsMixin
 from backchannel.core import delivery
 from backchannel.core import links as rules
-from backchannel.errors import Forbidden, InvalidRequest, NotFound
+from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
 from backchannel.stores.base import Tx
 from backchannel.types import (
     BROADCAST,
@@ -105,11 +105,7 @@ class LinksMixin(SessionsMixin):
         budget = options.link_budget or rules.team_budget(settings)
         responder_session = recipients[0].session if recipients else None
         if responder_session is None:
-            live = [
-                s
-                for s in tx.list_sessions(message.team, message.to)
-                if s.state is not SessionState.TERMINATED
-            ]
+            live = tx.list_sessions(message.team, message.to, which="live", limit=2)
             responder_session = live[0].session_id if len(live) == 1 else None
         link = Link(
             team=message.team,
@@ -278,10 +274,16 @@ class LinksMixin(SessionsMixin):
                 peer_s = tx.get_session(session.team, pinned)
                 if peer_s is None or peer_s.state is SessionState.TERMINATED:
                     pinned = None
-            self._insert(tx, msg, pinned)
+            try:
+                self._insert(tx, msg, pinned)
+            except BudgetExhausted as exc:
+                self._crossing_refused(tx, link, session, exc, now)
+                woken.update((session.team, m) for m in (session.member, peer))
+                continue
             woken.add((session.team, peer))
+            # re-read: the crossing may have spent the pair's budget, which closes the link
             used = dataclasses.replace(
-                link,
+                tx.get_link(link.team, link.link_id) or link,
                 turns_used=n,
                 history=(
                     *link.history,
@@ -298,13 +300,38 @@ class LinksMixin(SessionsMixin):
             crossed.append(
                 {"link_id": link.link_id, "to": peer, "turns_used": n, "budget": link.budget}
             )
-            if decision.closes:
+            if decision.closes and used.state is LinkState.OPEN:
                 self._close_link(tx, used, "budget_exhausted", now)
         return {**extra, "crossed": crossed}
+
+    def _crossing_refused(
+        self, tx: Tx, link: Link, session: Session, exc: BudgetExhausted, now: float
+    ) -> None:
+        """A turn's output over the pair's or the chain's budget: it does not cross, its
+        sender is told why, and the link closes (nothing more could cross it)."""
+        peer = link.peer_of(session.member)[0]
+        self._notice(
+            tx,
+            link,
+            session.member,
+            f"Your turn's output did not reach {peer}: {exc.message}",
+            now,
+            summary=f"output not sent to {peer}: budget spent",
+            event="refused",
+        )
+        current = tx.get_link(link.team, link.link_id)
+        if current is not None and current.state is LinkState.OPEN:
+            self._close_link(tx, current, "conversation_budget", now)
 
     def _on_terminate(self, tx: Tx, session: Session, reason: str) -> None:
         super()._on_terminate(tx, session, reason)
         now = self.clock.now()
+        live = any(
+            s.state is not SessionState.TERMINATED
+            for s in tx.list_sessions(session.team, session.member)
+        )
         for link in tx.list_links(session.team, member=session.member, open_only=True):
-            if session.session_id in (link.initiator_session, link.responder_session):
+            # a side whose member has no live session left can take no more turns, whether
+            # or not the link ever bound one of its sessions
+            if not live or session.session_id in (link.initiator_session, link.responder_session):
                 self._close_link(tx, link, "session_terminated", now)

@@ -106,6 +106,22 @@ class OutboxMixin(TimersMixin):
         task.add_done_callback(self._posts.discard)
 
     async def _post(self, job: Job) -> None:
+        """One attempt. Whatever goes wrong in it (a payload this hub cannot send, a bug)
+        counts as a failed attempt: retried within the budget, then dead with the reason,
+        never re-run forever."""
+        try:
+            await self._attempt_post(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("POST job %s failed unexpectedly", job.job_id)
+            detail = f"could not send the POST ({type(exc).__name__}: {exc})"
+            try:
+                await self._finish_post(job, rules.Outcome.RETRY, detail, None)
+            except Exception:
+                log.exception("could not record the failure of POST job %s", job.job_id)
+
+    async def _attempt_post(self, job: Job) -> None:
         p = job.payload
         policy = self.callbacks.retry
         status: int | None = None
@@ -113,7 +129,12 @@ class OutboxMixin(TimersMixin):
         try:
             svc = self.callbacks.resolve(str(p["service"]))  # checked again before sending
         except UnknownService as exc:
-            await self._finish_post(job, rules.Outcome.DEAD, exc.message)
+            await self._finish_post(job, rules.Outcome.DEAD, exc.message, None)
+            return
+        if svc.kind == "a2a":  # an A2A agent, called with the A2A client
+            from backchannel.a2a_peer import run_a2a_job
+
+            await run_a2a_job(self, job, svc)
             return
         if self._http is None:
             self._http = httpx.AsyncClient(follow_redirects=False)
@@ -131,9 +152,11 @@ class OutboxMixin(TimersMixin):
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
         outcome = rules.classify(status)
-        await self._finish_post(job, outcome, detail)
+        await self._finish_post(job, outcome, detail, status)
 
-    async def _finish_post(self, job: Job, outcome: rules.Outcome, detail: str) -> None:
+    async def _finish_post(
+        self, job: Job, outcome: rules.Outcome, detail: str, status: int | None
+    ) -> None:
         p = dict(job.payload)
         now = self.clock.now()
         attempt = int(p.get("attempt", 0)) + 1
@@ -150,11 +173,13 @@ class OutboxMixin(TimersMixin):
                 tx.reschedule_job(job.job_id, at or now, p)
                 self._scheduled.append(at or now)
                 return
+            # a finished POST keeps its record, not its credentials
+            tx.reschedule_job(job.job_id, now, _without_secrets(p))
             tx.finish_job(job.job_id, JobState.DONE, now)
             if outcome is rules.Outcome.DONE:
                 self._outbox_done(tx, job, now)
             else:
-                self._outbox_dead(tx, job, detail, now)
+                self._outbox_dead(tx, job, detail, now, status)
 
         log.log(
             logging.WARNING if outcome is rules.Outcome.DEAD else logging.DEBUG,
@@ -178,5 +203,16 @@ class OutboxMixin(TimersMixin):
     def _outbox_done(self, tx: Tx, job: Job, now: float) -> None:
         """Hook: a POST was accepted (2xx). Runs in the recording transaction."""
 
-    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float) -> None:
-        """Hook: a POST was given up on. Runs in the recording transaction."""
+    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float, status: int | None) -> None:
+        """Hook: a POST was given up on (``status``: the last HTTP status, ``None`` when
+        there was no answer). Runs in the recording transaction."""
+
+
+def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """``payload`` without the bearer token it was sent with, nor a reply token in its body."""
+    out = {**payload, "bearer": None}
+    body = payload.get("body")
+    if isinstance(body, Mapping) and isinstance(body.get("reply"), Mapping):
+        reply = {k: v for k, v in body["reply"].items() if k != "bearerToken"}
+        out["body"] = {**body, "reply": reply}
+    return out

@@ -10,6 +10,7 @@ retried turn, and when a session recovers from a crash.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,9 +21,11 @@ from backchannel._base import HubBase, JobHandler, SendOptions
 from backchannel.core import delivery as rules
 from backchannel.core import turns
 from backchannel.errors import (
+    BudgetExhausted,
     Forbidden,
     InvalidRequest,
     InvalidState,
+    QuotaExceeded,
     UnknownMember,
     UnknownSession,
 )
@@ -43,6 +46,27 @@ from backchannel.types import (
 )
 
 CHECKPOINT_JOB = "checkpoint"
+#: Events read per store round trip when paging a transcript (each may be large).
+_TRANSCRIPT_BATCH = 32
+
+EXIT_JOB = "session_exit"
+#: Session meta of a turn a stop hook's answer continued: the closing text before it
+#: (a runtime that reports the whole continuation's text repeats it first).
+CONTINUED = "continued_from"
+#: How long an exited session keeps its links and timers for a resume (team setting
+#: ``exit_grace_seconds``; docs/decisions.md says why an hour).
+DEFAULT_EXIT_GRACE_S = 3600.0
+
+
+def exit_grace(settings: Mapping[str, Any]) -> float:
+    value = settings.get("exit_grace_seconds", DEFAULT_EXIT_GRACE_S)
+    try:
+        grace = float(value)
+    except (TypeError, ValueError):
+        return DEFAULT_EXIT_GRACE_S
+    return grace if grace >= 0 else DEFAULT_EXIT_GRACE_S
+
+
 DEFAULT_CHECKPOINT_TEXT = (
     "Checkpoint: you have been idle for a while. In two or three lines, say where your "
     "task stands, what is next, and whether anything blocks you."
@@ -118,12 +142,15 @@ class SessionsMixin(HubBase):
             self._own(existing, member)
             if existing.state is SessionState.TERMINATED:
                 raise InvalidState(f"session {sid!r} was terminated; open a new session instead")
+            if existing.state is SessionState.EXITED:
+                return self._resume(tx, existing, now)
             if existing.state is SessionState.ACTIVE:
                 tx.ledger_clear(team, sid)
                 recovered = dataclasses.replace(
                     existing, state=SessionState.IDLE, updated_at=now, turn_started_at=None
                 )
                 tx.put_session(recovered)
+                self._turn_over(tx, recovered, existing.turn, now)
                 self._event(
                     tx,
                     recovered,
@@ -135,8 +162,69 @@ class SessionsMixin(HubBase):
             return existing
 
         session = await self.store.transact(fn)
+        self._flush_due()
         self._waiters.notify(team, member)
         return session
+
+    def _resume(self, tx: Tx, s: Session, now: float) -> Session:
+        """An exited session comes back (its runtime resumed it): idle again, with its
+        links, timers and ledger; what arrived meanwhile waits in its inbox."""
+        back = dataclasses.replace(s, state=SessionState.IDLE, updated_at=now)
+        tx.put_session(back)
+        self._event(tx, back, EventKind.SESSION, "resumed")
+        return back
+
+    async def exit_session(
+        self, team: str, member: str, session_id: str, reason: str = ""
+    ) -> Session:
+        """The session's process exited (``SessionEnd`` of a one-shot run): the session
+        keeps its links, timers and ledger for the team's exit grace
+        (``exit_grace_seconds``, default an hour), and a resume picks it up again; after
+        the grace it terminates. A running turn is closed. Idempotent."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> Session:
+            s = self._load(tx, team, member, session_id)
+            if s.state in (SessionState.TERMINATED, SessionState.EXITED):
+                return s
+            gone = dataclasses.replace(
+                s, state=SessionState.EXITED, updated_at=now, turn_started_at=None
+            )
+            tx.put_session(gone)
+            if s.state is SessionState.ACTIVE:
+                tx.ledger_clear(team, session_id)
+                self._turn_over(tx, gone, s.turn, now)
+            t = tx.get_team(team)
+            grace = exit_grace(t.settings if t else {})
+            self._event(
+                tx,
+                gone,
+                EventKind.SESSION,
+                f"exited{': ' + reason if reason else ''}; kept {grace:g} s for a resume",
+                {"grace_seconds": grace},
+            )
+            due = now + grace
+            tx.add_job(Job(team, EXIT_JOB, due, now, session_id, {"exited_at": now}))
+            self._scheduled.append(due)
+            return gone
+
+        session = await self.store.transact(fn)
+        self._flush_due()
+        self._waiters.notify(team, None)
+        return session
+
+    def _fire_exit(self, tx: Tx, job: Job, now: float) -> Iterable[tuple[str, str]]:
+        s = tx.get_session(job.team, job.session_id or "")
+        if s is None or s.state is not SessionState.EXITED:
+            return ()  # resumed (or ended) meanwhile
+        if s.updated_at != job.payload.get("exited_at"):
+            return ()  # exited again later: that exit's job decides
+        done = dataclasses.replace(s, state=SessionState.TERMINATED, updated_at=now)
+        tx.ledger_clear(s.team, s.session_id)
+        tx.put_session(done)
+        self._event(tx, done, EventKind.SESSION, "terminated: not resumed within the exit grace")
+        self._on_terminate(tx, done, "not resumed within the exit grace")
+        return ()
 
     @staticmethod
     def _own(session: Session, member: str) -> None:
@@ -181,11 +269,14 @@ class SessionsMixin(HubBase):
                 s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
             )
             tx.put_session(done)
+            if s.state is SessionState.ACTIVE:
+                self._turn_over(tx, done, s.turn, now)
             self._event(tx, done, EventKind.SESSION, f"terminated{': ' + reason if reason else ''}")
             self._on_terminate(tx, done, reason)
             return done
 
         session = await self.store.transact(fn)
+        self._flush_due()
         self._waiters.notify(team, None)
         return session
 
@@ -227,6 +318,7 @@ class SessionsMixin(HubBase):
             raise InvalidRequest("text must be a string", field="text")
         rules.check_text(text, self.config.max_text)
         data = dict(data or {})
+        turns.check_event_data(data)
         now = self.clock.now()
         woken: set[tuple[str, str]] = set()
 
@@ -236,6 +328,8 @@ class SessionsMixin(HubBase):
                 raise InvalidState(
                     f"session {session_id!r} is terminated; open a new session to report events"
                 )
+            if s.state is SessionState.EXITED:  # the runtime resumed it
+                s = self._resume(tx, s, now)
             if kind is EventKind.TURN_START:
                 return self._turn_start(tx, s, text, data, now)
             if s.state is not SessionState.ACTIVE:
@@ -263,10 +357,22 @@ class SessionsMixin(HubBase):
     ) -> dict[str, Any]:
         retried = s.state is SessionState.ACTIVE
         tx.ledger_clear(s.team, s.session_id)
-        checkpoint = bool(data.get("checkpoint", s.meta.get("checkpoint_pending", False)))
+        # only a turn on the checkpoint the hub handed over is a checkpoint turn: a human
+        # who typed something else meanwhile started an ordinary one
+        checkpoint = (
+            bool(s.meta.get("checkpoint_pending", False))
+            and data.get("checkpoint") is not False
+            and turns.is_hub_input(text, s.meta.get("checkpoint_texts") or ())
+        )
         for job in tx.list_jobs(s.team, session_id=s.session_id, kind=CHECKPOINT_JOB):
             tx.finish_job(job.job_id, job.state.CANCELLED, now)
-        meta = {k: v for k, v in s.meta.items() if k != "checkpoint_pending"}
+        meta = {
+            k: v
+            for k, v in s.meta.items()
+            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED)
+        }
+        if data.get("continued_by"):  # a stop hook's answer keeps the turn going
+            meta[CONTINUED] = str(data.get("continued_after") or s.last_output or "")
         started = dataclasses.replace(
             s,
             state=SessionState.ACTIVE,
@@ -277,6 +383,8 @@ class SessionsMixin(HubBase):
             meta=meta,
         )
         tx.put_session(started)
+        if retried:
+            self._turn_over(tx, started, s.turn, now)
         eid = self._event(
             tx,
             started,
@@ -301,7 +409,7 @@ class SessionsMixin(HubBase):
         now: float,
         woken: set[tuple[str, str]],
     ) -> StopResult:
-        parsed = turns.parse_closing_text(text)
+        parsed = self._closing_text(tx, s, turns.parse_closing_text(text))
         self._event(tx, s, EventKind.AGENT_STOP, text, data)
         # the member list is only needed to route blocks (most closing texts have none)
         members = [m.name for m in tx.list_members(s.team)] if parsed.blocks else []
@@ -309,14 +417,28 @@ class SessionsMixin(HubBase):
         sent: list[str] = []
         dups: list[str] = []
         unknown: list[str] = []
+        refused: list[str] = []
         for d in turns.route_blocks(parsed.blocks, s.member, members, ledger):
             b = d.block
             if d.action is turns.BlockAction.SEND:
-                mid = f"{s.session_id}-t{s.turn}-b{len(sent) + len(dups) + len(unknown)}"[:128]
-                msg = self._message(s, b.to, b.body, MessageKind.DIRECT, now, message_id=mid)
-                result = self._insert(tx, msg, None)
-                woken.update((s.team, r.member) for r in result.recipients)
-                sent.append(mid)
+                n = len(sent) + len(dups) + len(unknown) + len(refused)
+                for i, to in enumerate(d.only if d.only is not None else (b.to,)):
+                    if not self._block_fits(tx, s, to, now):
+                        woken.add((s.team, s.member))  # told why, by a system notice
+                        continue
+                    mid = f"{s.session_id}-t{s.turn}-b{n}" + (f"-{i}" if d.only else "")
+                    msg = self._message(
+                        s, to, b.body, MessageKind.DIRECT, now, message_id=mid[:128]
+                    )
+                    try:
+                        result = self._insert(tx, msg, None)
+                    except BudgetExhausted as exc:  # told, never dropped in silence
+                        refused.append(to)
+                        self._refused_block(tx, s, to, b.body, exc, now)
+                        woken.add((s.team, s.member))
+                        continue
+                    woken.update((s.team, r.member) for r in result.recipients)
+                    sent.append(mid[:128])
             elif d.action is turns.BlockAction.DUPLICATE:
                 dups.append(b.to)
                 self._event(
@@ -359,7 +481,58 @@ class SessionsMixin(HubBase):
         tx.ledger_clear(s.team, s.session_id)
         if not checkpoint_turn:
             self._schedule_checkpoint(tx, stopped, now)
+        if refused:
+            extra = {**extra, "refused": refused}
         return StopResult(stopped, parsed.output, tuple(sent), tuple(dups), tuple(unknown), extra)
+
+    def _block_fits(self, tx: Tx, s: Session, to: str, now: float) -> bool:
+        """A closing block is a send: over the recipient's inbox quota it is refused, and
+        the session is told (the rest of the stop goes on)."""
+        try:
+            self._check_inbox_room(tx, s.team, s.member, to)
+        except QuotaExceeded as exc:
+            notice = f"Your closing <message to={to!r}> block was not delivered: {exc.message}"
+            self._event(tx, s, EventKind.ROUTING_ERROR, notice, {"to": to})
+            sysmsg = self._message(s, s.member, notice, MessageKind.SYSTEM, now, sender=HUB_SENDER)
+            self._insert(tx, sysmsg, s.session_id)
+            return False
+        return True
+
+    def _turn_over(self, tx: Tx, session: Session, turn: int, now: float) -> None:
+        """Hook for the parts on top: turn ``turn`` of ``session`` (as it is now) ended
+        other than by its ``agent_stop``: retried, recovered after a crash, or terminated.
+        Runs in that transaction."""
+
+    def _closing_text(self, tx: Tx, s: Session, parsed: turns.ClosingText) -> turns.ClosingText:
+        """Hook for the parts on top: they may take blocks out of routing and make them the
+        turn's output (a delegated request answered in blocks). Runs in the stop's tx."""
+        return parsed
+
+    def _refused_block(
+        self, tx: Tx, s: Session, to: str, body: str, exc: BudgetExhausted, now: float
+    ) -> None:
+        """A closing block over a conversation budget comes back to its sender."""
+        notice = f'Your closing <message to="{to}"> block was {exc.message}'
+        self._event(tx, s, EventKind.ROUTING_ERROR, notice, {"to": to, **exc.details})
+        # told once per session and budget state: a notice that woke an agent which tries
+        # again must not wake it again (that would be a loop with the hub)
+        told = "refused-" + rules.fingerprint(
+            s.session_id, str(exc.details.get("key")), str(exc.details.get("limit")), "", "system",
+            None, {"resets_at": exc.details.get("resets_at")},
+        )  # fmt: skip
+        if tx.get_message(s.team, told) is not None:
+            return
+        sysmsg = self._message(
+            s,
+            s.member,
+            notice,
+            MessageKind.SYSTEM,
+            now,
+            sender=HUB_SENDER,
+            meta={"refused_to": to, "body": body, **exc.details},
+            message_id=told[:128],
+        )
+        self._insert(tx, sysmsg, s.session_id)
 
     def _after_stop(
         self,
@@ -448,11 +621,7 @@ class SessionsMixin(HubBase):
                     session=message.sender_session,
                 )
             return s if s.state is SessionState.ACTIVE else None
-        active = [
-            s
-            for s in tx.list_sessions(message.team, message.sender)
-            if s.state is SessionState.ACTIVE
-        ]
+        active = tx.list_sessions(message.team, message.sender, which="active", limit=2)
         return active[0] if len(active) == 1 else None
 
     def _after_lease(
@@ -472,8 +641,11 @@ class SessionsMixin(HubBase):
                 },
             )
         pending = all(m.message.kind is MessageKind.CHECKPOINT for m in got)
-        if pending != bool(session.meta.get("checkpoint_pending", False)):
-            meta = {**session.meta, "checkpoint_pending": pending}
+        texts = [m.message.text for m in got] if pending else None
+        if pending != bool(session.meta.get("checkpoint_pending", False)) or (
+            texts != session.meta.get("checkpoint_texts")
+        ):
+            meta = {**session.meta, "checkpoint_pending": pending, "checkpoint_texts": texts}
             tx.put_session(dataclasses.replace(session, meta=meta, updated_at=now))
 
     # -- checkpoints ----------------------------------------------------------------
@@ -510,7 +682,11 @@ class SessionsMixin(HubBase):
         return ((s.team, s.member),)
 
     def _job_handlers(self) -> dict[str, JobHandler]:
-        return {**super()._job_handlers(), CHECKPOINT_JOB: self._fire_checkpoint}
+        return {
+            **super()._job_handlers(),
+            CHECKPOINT_JOB: self._fire_checkpoint,
+            EXIT_JOB: self._fire_exit,
+        }
 
     # -- transcripts ----------------------------------------------------------------
     async def get_session_data(
@@ -534,23 +710,44 @@ class SessionsMixin(HubBase):
         if not 1 <= max_chars <= 1_000_000:
             raise InvalidRequest("max_chars must be between 1 and 1000000", field="max_chars")
 
-        def fn(tx: Tx) -> tuple[Session | None, list[SessionEvent], bool]:
-            s = tx.get_session(team, session_id)
-            if s is None:
-                return None, [], False
-            if tail_chars is not None:
-                evs = tx.list_events(team, session_id, since, until, 1_000_000)
-                return s, evs, False
-            evs = tx.list_events(team, session_id, since, until, limit + 1)
-            return s, evs[:limit], len(evs) > limit
-
-        session, events, more = await self.store.read(fn)
+        session = await self.store.read(lambda tx: tx.get_session(team, session_id))
         if session is None:
             raise UnknownSession(
                 f"unknown session {session_id!r} in team {team!r}; list sessions to see them",
                 session=session_id,
             )
-        page = turns.page_transcript(events, max_chars=max_chars, tail_chars=tail_chars, more=more)
+        # read in small batches and keep only what the page can show: a transcript of
+        # large events never sits in memory whole
+        kept: collections.deque[SessionEvent] = collections.deque()
+        kept_chars = skipped = 0
+        after, more = since, False
+        while True:
+            batch = await self.store.read(
+                lambda tx, after=after: tx.list_events(  # type: ignore[misc]
+                    team, session_id, after, until, _TRANSCRIPT_BATCH
+                )
+            )
+            for ev in batch:
+                if tail_chars is None and (len(kept) >= limit or kept_chars > max_chars):
+                    more = True
+                    break
+                kept.append(ev)
+                kept_chars += turns.viewable(ev)[1]
+                # the tail keeps one event beyond its budget (shown cut), and no more
+                # than ``limit`` events (empty ones weigh nothing)
+                while tail_chars is not None and len(kept) > 1:
+                    first = turns.viewable(kept[0])[1]
+                    if kept_chars - first < tail_chars and len(kept) <= limit:
+                        break
+                    kept.popleft()
+                    kept_chars -= first
+                    skipped += 1
+            if more or len(batch) < _TRANSCRIPT_BATCH:
+                break
+            after = batch[-1].event_id
+        page = turns.page_transcript(
+            list(kept), max_chars=max_chars, tail_chars=tail_chars, more=more, skipped=skipped
+        )
         return {
             "session": session_json(session),
             "events": [e.to_json() for e in page.events],

@@ -21,7 +21,7 @@ from typing import Any
 
 from backchannel._base import JobHandler, SendOptions
 from backchannel._links import LinksMixin
-from backchannel.core import delivery
+from backchannel.core import delivery, quotas
 from backchannel.core import timers as rules
 from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownMember
 from backchannel.stores.base import Tx
@@ -29,6 +29,7 @@ from backchannel.types import (
     HUB_SENDER,
     Job,
     JobState,
+    MemberKind,
     Message,
     MessageKind,
     Recipient,
@@ -106,6 +107,7 @@ class TimersMixin(LinksMixin):
                     raise delivery.unknown_recipient(target, team, known)
                 if target == member:
                     raise InvalidRequest("a timer's target is a peer, not yourself", field="target")
+            self._check_timer_room(tx, team, member)
             job = Job(
                 team,
                 rules.TIMER_JOB,
@@ -128,7 +130,31 @@ class TimersMixin(LinksMixin):
         self._flush_due()
         return timer
 
-    def _timer_session(self, tx: Tx, team: str, member: str, session_id: str | None) -> Session:
+    def _check_timer_room(self, tx: Tx, team: str, member: str) -> None:
+        """Refuse a timer over the member's quota (:mod:`backchannel.core.quotas`),
+        counted (bounded by the limit) only once about half the room seen at the last
+        count is used."""
+        key = (team, member)
+        room = self._timer_room.get(key, 0)
+        if room > 0:
+            self._timer_room[key] = room - 1
+            return
+        found, me = tx.get_team(team), tx.get_member(team, member)
+        cap = quotas.limit(
+            quotas.MAX_TIMERS, found.settings if found else {}, me.settings if me else {}
+        )
+        count = 0
+        for s in tx.list_sessions(team, member):
+            count += tx.count_jobs(team, s.session_id, rules.TIMER_JOB, cap - count)
+            if count >= cap:
+                raise quotas.too_many_timers(member, count, cap)
+        if len(self._timer_room) > 10_000:
+            self._timer_room.clear()
+        self._timer_room[key] = (cap - count) // 2
+
+    def _timer_session(
+        self, tx: Tx, team: str, member: str, session_id: str | None, purpose: str = "timer"
+    ) -> Session:
         if session_id is not None:
             s = self._load(tx, team, member, session_id)
         else:
@@ -139,9 +165,17 @@ class TimersMixin(LinksMixin):
             pick = active if len(active) == 1 else live
             if tx.get_member(team, member) is None:
                 raise UnknownMember(f"unknown member {member!r} in team {team!r}")
-            if len(pick) != 1:
+            if not live:
                 raise InvalidRequest(
-                    f"{member!r} has {len(live)} open sessions; say which one the timer is for",
+                    f"{member!r} has no open session for the {purpose}; open one first "
+                    "(POST /v1/sessions, or `backchannel session open`)",
+                    field="session",
+                )
+            if len(pick) != 1:
+                ids = ", ".join(x.session_id for x in live)
+                raise InvalidRequest(
+                    f"{member!r} has {len(live)} open sessions ({ids}); say which one the "
+                    f"{purpose} is for with session",
                     field="session",
                 )
             s = pick[0]
@@ -241,6 +275,9 @@ class TimersMixin(LinksMixin):
         link = self._open_link_of(tx, message)
         if link is None:
             return
+        sender = tx.get_member(message.team, message.sender)
+        if sender is not None and sender.kind is MemberKind.HUMAN:
+            return  # a person at a terminal is not held to the agents' heartbeat rule
         team = tx.get_team(message.team)
         policy = rules.anchor_policy(team.settings if team else {})
         if policy is rules.AnchorPolicy.OFF:

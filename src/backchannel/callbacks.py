@@ -12,10 +12,14 @@ Configuration, later sources winning:
       callback_secret: "long random"  # signs and verifies reply tokens
       callbacks:
         hub-b: {url: "http://10.0.0.2:8765", token: "bc_..."}   # token: for their /api/chat
+        weather: {type: a2a, url: "http://10.0.0.3:9999"}       # an A2A agent
+        hub-c: {type: a2a, url: "http://10.0.0.4:8765/a2a/ops/{agent}", token: "bc_..."}
       retry: {start: 1, factor: 2, cap: 15, budget: 120, timeout: 10}
+      delegation_retention: 604800   # seconds a finished delegation is kept (7 days)
 
 * ``BACKCHANNEL_CALLBACKS=name=url,...``, ``BACKCHANNEL_CALLBACK_TOKENS=name=token,...``,
-  ``BACKCHANNEL_CALLBACK_SECRET``, ``BACKCHANNEL_SERVICE_NAME``.
+  ``BACKCHANNEL_CALLBACK_SECRET``, ``BACKCHANNEL_SERVICE_NAME``,
+  ``BACKCHANNEL_DELEGATION_RETENTION`` (seconds).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from backchannel.core.delivery import suggest
 from backchannel.errors import InvalidRequest, UnknownService
 
 CONFIG_FILE = "config.yaml"
+#: How long a finished delegation (and its stored reply token) is kept, by default.
+DEFAULT_RETENTION = 7 * 86_400.0
+SERVICE_KINDS = ("backchannel", "a2a")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +48,16 @@ class Service:
     name: str
     url: str
     token: str | None = field(default=None, repr=False)
+    #: ``backchannel`` (another hub's ``/api/chat``) or ``a2a`` (an A2A agent: ``url`` is
+    #: the agent, or holds ``{agent}`` for the name before the ``@``)
+    kind: str = "backchannel"
 
     def endpoint(self, path: str) -> str:
         return self.url.rstrip("/") + path
+
+    def agent_url(self, agent: str) -> str:
+        """Where the A2A agent ``agent`` of this service is (its card below it)."""
+        return self.url.replace("{agent}", agent).rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,7 @@ class CallbackConfig:
     service_name: str = "backchannel"
     services: Mapping[str, Service] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retention: float = DEFAULT_RETENTION  # seconds a finished delegation is kept
 
     def resolve(self, name: str) -> Service:
         """The registered service, or ``UnknownService`` (400) naming the known ones."""
@@ -85,21 +100,29 @@ class CallbackConfig:
                 spec = {"url": spec}
             if not isinstance(spec, dict) or "url" not in spec:
                 raise InvalidRequest(f"callback {name!r} in {CONFIG_FILE} needs a url")
+            kind = str(spec.get("type", "backchannel"))
+            if kind not in SERVICE_KINDS:
+                raise InvalidRequest(
+                    f"callback {name!r} in {CONFIG_FILE}: unknown type {kind!r}; use one of "
+                    f"{', '.join(SERVICE_KINDS)}"
+                )
             services[str(name)] = Service(
-                str(name), _check_url(str(name), str(spec["url"])), spec.get("token")
+                str(name), _check_url(str(name), str(spec["url"])), spec.get("token"), kind
             )
         tokens = _pairs(env.get("BACKCHANNEL_CALLBACK_TOKENS", ""), "BACKCHANNEL_CALLBACK_TOKENS")
         for name, url in _pairs(
             env.get("BACKCHANNEL_CALLBACKS", ""), "BACKCHANNEL_CALLBACKS"
         ).items():
-            services[name] = Service(
-                name, _check_url(name, url), services.get(name, Service(name, url)).token
-            )
+            known = services.get(name, Service(name, url))
+            services[name] = Service(name, _check_url(name, url), known.token, known.kind)
         for name, token in tokens.items():
             if name in services:
-                services[name] = Service(name, services[name].url, token)
+                services[name] = Service(name, services[name].url, token, services[name].kind)
         retry = RetryPolicy(**{k: float(v) for k, v in (data.get("retry") or {}).items()})
         return cls(
+            retention=_retention(
+                env.get("BACKCHANNEL_DELEGATION_RETENTION", data.get("delegation_retention"))
+            ),
             secret=env.get("BACKCHANNEL_CALLBACK_SECRET") or data.get("callback_secret"),
             service_name=env.get("BACKCHANNEL_SERVICE_NAME")
             or data.get("service_name")
@@ -107,6 +130,21 @@ class CallbackConfig:
             services=services,
             retry=retry,
         )
+
+
+def _retention(value: Any) -> float:
+    if value is None or value == "":
+        return DEFAULT_RETENTION
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise InvalidRequest(
+            f"delegation retention must be a positive number of seconds, got {value!r}; set "
+            "BACKCHANNEL_DELEGATION_RETENTION (or delegation_retention in the config file)"
+        )
+    return seconds
 
 
 def _pairs(text: str, where: str) -> dict[str, str]:

@@ -148,6 +148,10 @@ class Client(ABC):
     @abstractmethod
     async def ack(self, message_ids: Sequence[str]) -> dict[str, Any]: ...
 
+    async def release(self, message_ids: Sequence[str]) -> int:
+        """Give leased messages back at once instead of at the lease's end."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release messages")
+
     @abstractmethod
     async def status(self, message_id: str) -> dict[str, Any]:
         """Delivery state and history of a message you sent or received."""
@@ -262,6 +266,8 @@ class LocalClient(Client):
     def _member(self) -> Member:
         if self._me is None:
             raise Unauthorized("this call acts as a member: connect with a member token")
+        if self._me.token_hash in self.hub.revoked:
+            raise Unauthorized("this token was rotated or its member removed; use the new token")
         return self._me
 
     def _admin(self) -> None:
@@ -433,6 +439,10 @@ class LocalClient(Client):
         me = self._member()
         result = await self.hub.ack(me.team, me.name, list(message_ids))
         return {"acked": len(result.acked), "not_held": list(result.not_held)}
+
+    async def release(self, message_ids: Sequence[str]) -> int:
+        me = self._member()
+        return await self.hub.release(me.team, me.name, list(message_ids))
 
     async def status(self, message_id: str) -> dict[str, Any]:
         me = self._member()
@@ -667,6 +677,12 @@ class HttpClient(Client):
             "POST", "/v1/inbox/ack", json={"message_ids": list(message_ids)}
         )
         return result
+
+    async def release(self, message_ids: Sequence[str]) -> int:
+        result = await self._call(
+            "POST", "/v1/inbox/release", json={"message_ids": list(message_ids)}
+        )
+        return int(result["released"])
 
     async def status(self, message_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("GET", f"/v1/messages/{message_id}")

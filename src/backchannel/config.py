@@ -1,9 +1,13 @@
 """The data directory and store URLs.
 
 ``$BACKCHANNEL_HOME`` (default ``./.backchannel``) holds the SQLite file
-(``backchannel.db``), the admin token (``admin.token``, mode 0600, written on first
-start) and ``server.json``, where a running ``backchannel serve`` says where it listens
-so that the CLI finds it without ``BACKCHANNEL_URL``.
+(``backchannel.db``), the admin token (``admin.token``, written on first start) and
+``server.json``, where a running ``backchannel serve`` says where it listens so that the
+CLI finds it without ``BACKCHANNEL_URL``.
+
+Everything in it is private to the user the hub runs as: the directory is 0700, the
+files 0600 (the SQLite store creates its database, ``-wal`` and ``-shm`` the same way).
+A directory or file left more open by an older version is narrowed when ``serve`` starts.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,15 +37,39 @@ def default_store_url(data_dir: Path) -> str:
     return f"sqlite://{data_dir / DB_FILE}"
 
 
+#: Modes of the data directory and of every file the hub writes in it.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) as 0700, or narrow an existing one to 0700."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
+        path.chmod(DIR_MODE)
+
+
+def private_file(path: Path) -> None:
+    """Narrow an existing file to 0600 (nothing if it is not there)."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_IMODE(path.stat().st_mode) != FILE_MODE:
+            path.chmod(FILE_MODE)
+
+
 def admin_token(data_dir: Path, *, create: bool = True) -> str | None:
-    """The admin token, created (mode 0600) on first use when ``create`` is true."""
+    """The admin token. With ``create`` (what ``serve`` does at start) the data directory
+    is made private first (0700, its files 0600) and the token is created (0600) if it
+    is not there yet."""
     path = data_dir / ADMIN_TOKEN_FILE
+    if create:
+        private_dir(data_dir)
+        for name in (ADMIN_TOKEN_FILE, SERVER_FILE):
+            private_file(data_dir / name)
     try:
         return path.read_text().strip()
     except FileNotFoundError:
         if not create:
             return None
-    data_dir.mkdir(parents=True, exist_ok=True)
     token = "bca_" + secrets.token_urlsafe(32)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -52,9 +81,12 @@ def admin_token(data_dir: Path, *, create: bool = True) -> str | None:
 
 
 def write_server_info(data_dir: Path, url: str, store_url: str) -> None:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     tmp = data_dir / f".{SERVER_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "store": store_url}))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)  # a stale temporary file keeps its old mode otherwise
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"url": url, "pid": os.getpid(), "store": store_url}))
     tmp.replace(data_dir / SERVER_FILE)
 
 

@@ -20,10 +20,12 @@ apart, as the HTTP status classes are::
     │   │   │   └── UnknownRecipient 404 unknown_recipient (with ``suggestions``)
     │   │   ├── UnknownSession       404 unknown_session
     │   │   └── UnknownMessage       404 unknown_message
+    │   ├── BudgetExhausted          429 budget_exhausted: a pair's or chain's conversation budget is spent
     │   └── Conflict                 409 conflict
     │       ├── AlreadyExists        409 already_exists
     │       ├── MessageIdConflict    409 message_id_conflict
     │       └── InvalidState         409 invalid_state: e.g. an event for a terminated session
+    │   └── QuotaExceeded            429 quota_exceeded: too many pending timers or queued messages
     └── ServiceError                 a peer or the store failed; retrying may work (5xx)
         ├── StoreError               503 store_unavailable
         └── PeerError                502 peer_failed: a remote hub or callback failed
@@ -37,6 +39,7 @@ __all__ = [
     "AlreadyExists",
     "AnchorRequired",
     "BackchannelError",
+    "BudgetExhausted",
     "Conflict",
     "Forbidden",
     "InvalidName",
@@ -45,6 +48,7 @@ __all__ = [
     "MessageIdConflict",
     "NotFound",
     "PeerError",
+    "QuotaExceeded",
     "RequestError",
     "ServiceError",
     "StoreError",
@@ -110,6 +114,14 @@ class AnchorRequired(Forbidden):
     code = "anchor_required"
 
 
+class BudgetExhausted(RequestError):
+    """A send between two members (or in a chain) over its conversation budget. The
+    details say which budget, when it resets and who can extend it."""
+
+    code = "budget_exhausted"
+    status = 429
+
+
 class NotFound(RequestError):
     code = "not_found"
     status = 404
@@ -150,6 +162,11 @@ class MessageIdConflict(Conflict):
 
 class InvalidState(Conflict):
     code = "invalid_state"
+
+
+class QuotaExceeded(RequestError):
+    code = "quota_exceeded"
+    status = 429
 
 
 class ServiceError(BackchannelError):

@@ -9,13 +9,18 @@ the member the token belongs to. Each part lives in its own module:
 * :mod:`backchannel._links` — links between sessions;
 * :mod:`backchannel._timers` — timers with intent and the anchor rule;
 * :mod:`backchannel._outbox` — durable, retried POSTs to registered services;
-* :mod:`backchannel._delegation` — agents called as asynchronous tools.
+* :mod:`backchannel._delegation` — agents called as asynchronous tools;
+* :mod:`backchannel._inbox` — Claude Code inbox files read back, once.
+* :mod:`backchannel._budget` — conversation budgets per pair and per chain.
+* :mod:`backchannel._admin` — token rotation, member and team removal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from backchannel._admin import AdminMixin, Removal
 from backchannel._base import (
     AckResult,
     FeedItem,
@@ -25,11 +30,14 @@ from backchannel._base import (
     hash_token,
     new_token,
 )
-from backchannel._delegation import DelegationMixin
+from backchannel._budget import BudgetMixin
+from backchannel._inbox import InboxMixin, TakeResult
 from backchannel._sessions import StopResult, session_json
 from backchannel._timers import Timer
 from backchannel.callbacks import CallbackConfig
-from backchannel.stores.base import Store
+from backchannel.core import delivery
+from backchannel.stores.base import Store, Tx
+from backchannel.types import HUB_SENDER, Message, MessageKind
 
 __all__ = [
     "AckResult",
@@ -37,7 +45,9 @@ __all__ = [
     "Hub",
     "HubMiddleware",
     "MessageStatus",
+    "Removal",
     "StopResult",
+    "TakeResult",
     "Timer",
     "hash_token",
     "new_token",
@@ -45,7 +55,7 @@ __all__ = [
 ]
 
 
-class Hub(DelegationMixin, HubBase):
+class Hub(InboxMixin, AdminMixin, BudgetMixin, HubBase):
     """A message hub on a store. Use as ``async with Hub(store) as hub:``.
 
     ``callbacks`` is the callback registry (where delegation answers and webhooks may
@@ -61,3 +71,42 @@ class Hub(DelegationMixin, HubBase):
     async def close(self) -> None:
         await self._close_outbox()
         await super().close()
+
+    async def notice(
+        self,
+        team: str,
+        to: str,
+        text: str,
+        *,
+        message_id: str,
+        summary: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Send the hub's own ``system`` notice to member ``to`` (for parts outside the
+        hub, such as the delivery dispatcher, that must tell a member something).
+        Idempotent on ``message_id``; False when it was sent already or ``to`` is no
+        member of ``team``."""
+        now = self.clock.now()
+        msg = Message(
+            team=team,
+            message_id=message_id,
+            sender=HUB_SENDER,
+            to=to,
+            text=text,
+            kind=MessageKind.SYSTEM,
+            created_at=now,
+            fingerprint=delivery.fingerprint(HUB_SENDER, to, text, summary, "system"),
+            summary=summary,
+            meta=dict(meta or {}),
+        )
+
+        def fn(tx: Tx) -> bool:
+            if tx.get_member(team, to) is None or tx.get_message(team, message_id) is not None:
+                return False
+            self._insert(tx, msg, None)
+            return True
+
+        sent = await self.store.transact(fn)
+        if sent:
+            self._waiters.notify(team, to)
+        return sent

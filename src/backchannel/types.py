@@ -15,7 +15,11 @@ from typing import Any, Protocol
 __all__ = [
     "BROADCAST",
     "HUB_SENDER",
+    "MESSAGE_ID_PATTERN",
+    "NAME_PATTERN",
+    "SESSION_PATTERN",
     "USER",
+    "Budget",
     "Clock",
     "Delegation",
     "DelegationState",
@@ -23,6 +27,7 @@ __all__ = [
     "DeliveryEvent",
     "DeliveryState",
     "EventKind",
+    "InboxEntry",
     "InboxMessage",
     "Job",
     "JobState",
@@ -30,6 +35,7 @@ __all__ = [
     "Link",
     "LinkState",
     "Member",
+    "MemberActivity",
     "MemberKind",
     "Message",
     "MessageKind",
@@ -50,6 +56,16 @@ USER = "user"
 #: Sender name of the hub's own ``system`` messages; no member may take it.
 HUB_SENDER = "hub"
 
+# The shapes of names and ids, matched whole (``re.fullmatch``: with ``re.match`` a
+# ``$`` also accepts a trailing newline). ECMA-262 reads them the same way, so the
+# OpenAPI document publishes these very strings.
+#: Team and member names.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+#: Session ids (a runtime's own id may carry '.' and ':').
+SESSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
+#: Message ids, a caller's own or the hub's.
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
 Json = dict[str, Any]
 
 
@@ -65,6 +81,7 @@ class MemberKind(StrEnum):
 class SessionState(StrEnum):
     ACTIVE = "active"  # a turn is running
     IDLE = "idle"  # between turns
+    EXITED = "exited"  # its process exited; resumable until the team's exit grace ends
     TERMINATED = "terminated"
 
 
@@ -362,6 +379,30 @@ class Message:
     summary: str | None = None
     sender_session: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    #: the conversation chain this message belongs to (started by a human's message, a
+    #: timer or a task from outside) and how many agent-originated hops it is from there
+    chain_id: str | None = None
+    hop: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How much of a conversation budget is spent: a pair of members
+    (``key = "pair:a|b"``, names sorted) or a chain (``key = "chain:<id>"``).
+
+    ``used`` counts exchanges (a pair) or hops (a chain) in the window that began at
+    ``window_start``; ``granted`` is what a human or administrator added on top of the
+    team's budget; ``last_from`` is the member who made the pair's last exchange;
+    ``stopped_at`` is set while the budget is spent (the stop was announced)."""
+
+    team: str
+    key: str
+    window_start: float
+    used: int = 0
+    granted: int = 0
+    last_from: str | None = None
+    stopped_at: float | None = None
+    updated_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +433,38 @@ class DeliveryEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """An entry of a Claude Code inbox file that the hub has taken in (its read cursor).
+
+    ``inbox`` names the file (``"<claude team>/<inbox name>"``); ``entry_id`` is the
+    entry's ``msg_id``/``messageId`` or its derived id. ``kind`` is ``"message"`` (chat,
+    now a hub message), ``"hub"`` (an entry the hub wrote itself), ``"skipped"``, or the
+    protocol frame's ``type``; ``at`` is when the sender wrote it.
+    """
+
+    team: str
+    inbox: str
+    entry_id: str
+    sender: str
+    kind: str
+    at: float
+    seen_at: float
+    terminates: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemberActivity:
+    """What a member's inbox traffic says about it: its last activity, and when it
+    last approved a shutdown."""
+
+    team: str
+    member: str
+    last_at: float
+    last_kind: str
+    terminated_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class InboxMessage:
     """A message as handed to its recipient: the envelope plus this copy's attempt number."""
 
@@ -413,6 +486,8 @@ class InboxMessage:
             "created_at": m.created_at,
             "attempt": self.attempt,
             "meta": dict(m.meta),
+            "chain_id": m.chain_id,
+            "hop": m.hop,
         }
 
 
@@ -429,3 +504,19 @@ class SendResult:
             "status": self.status.value,
             "recipients": [r.member for r in self.recipients],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class A2ATask:
+    """An A2A task a member works on: who asked (``owner``), the member's session that
+    runs it, and the task as the A2A protocol shows it (``body``, JSON)."""
+
+    team: str
+    task_id: str
+    member: str
+    owner: str
+    context_id: str
+    state: str
+    body: str
+    created_at: float
+    updated_at: float

@@ -221,6 +221,33 @@ def test_see_a_links_budget_change_after_a_crossing(
     _not_reloaded(page)
 
 
+def test_a_spent_conversation_budget_shows_and_the_human_extends_it(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    t = make_team("a", "b", settings={"anchor_policy": "off", "pair_budget": 2})
+    sign_in(page, t.server, t.tokens["user"])
+    _no_reload_mark(page)
+    expect(page.locator("#budgets-empty")).to_be_visible()
+    t.post("a", "/v1/messages", to="b", text="ping", link=False)
+    t.post("b", "/v1/messages", to="a", text="pong", link=False)  # spends the pair's budget
+    item = page.locator('#budgets li[data-key="pair:a|b"]')
+    expect(item.locator(".peers")).to_have_text("a ↔ b")
+    expect(item.locator(".turns")).to_have_text("2/2")
+    expect(item.locator(".pill")).to_have_text("spent")
+    expect(item).to_have_attribute("data-spent", "true")
+    with t.client("a") as c:
+        r = c.post("/v1/messages", json={"to": "b", "text": "again", "link": False})
+    assert (r.status_code, r.json()["error"]["code"]) == (429, "budget_exhausted")
+    item.locator(".extend-by").fill("3")
+    item.locator("button.extend").click()
+    expect(page.locator("#budgets-status")).to_have_text("pair:a|b: 2 of 5 used")
+    expect(item.locator(".turns")).to_have_text("2/5")
+    expect(item).to_have_attribute("data-spent", "false")
+    t.post("a", "/v1/messages", to="b", text="again, allowed", link=False)
+    expect(item.locator(".turns")).to_have_text("3/5")
+    _not_reloaded(page)
+
+
 def test_timers_show_intent_note_and_due_time_live(
     page: Page, make_team: Callable[..., Team]
 ) -> None:

@@ -1,6 +1,6 @@
 // A Claude Code-style inbox writer, for contention tests and the benchmark.
 //
-// Usage: node node_writer.js <node_modules dir> <inbox.json> <writer id> <count>
+// Usage: node node_writer.js <node_modules dir> <inbox.json> <writer id> <count> [id prefix]
 //
 // It appends <count> entries to <inbox.json> the way Claude Code's writeToMailbox does
 // (read from its bundled code, v2.1.x): create the file as "[]" with an exclusive
@@ -17,7 +17,8 @@ const path = require('path');
 const fs = require('fs/promises');
 const crypto = require('crypto');
 
-const [modulesDir, inbox, writerId, countArg] = process.argv.slice(2);
+const [modulesDir, inbox, writerId, countArg, prefixArg] = process.argv.slice(2);
+const prefix = prefixArg || writerId; // msg_id prefix: unique per inbox, as Claude Code's random ids are
 const lockfile = require(path.join(path.resolve(modulesDir), 'proper-lockfile'));
 const LOCK_OPTIONS = { retries: { retries: 10, minTimeout: 5, maxTimeout: 100 }, stale: 10000 };
 
@@ -63,7 +64,7 @@ async function main() {
     const count = Number(countArg);
     const out = { writer: writerId, ok: [], elocked: [], errors: [], latencies_ms: [] };
     for (let i = 0; i < count; i++) {
-        const msgId = `${writerId}-${i}`;
+        const msgId = `${prefix}-${i}`;
         const started = process.hrtime.bigint();
         try {
             await writeToMailbox(inbox, {

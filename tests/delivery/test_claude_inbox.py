@@ -484,7 +484,8 @@ def test_member_state_from_protocol_messages() -> None:
     approved = {"type": "shutdown_approved", "requestId": "r", "from": "bob", "timestamp": "x"}
     response = {"type": "shutdown_response", "request_id": "r", "approve": True}
     rejected = {"type": "shutdown_response", "request_id": "r", "approve": False, "reason": "busy"}
-    assert member_state_from_entry(text_entry(json.dumps(idle)), NOW) == "idle"
+    # the research: an idle notification is activity too; idle means quiet for 5 minutes
+    assert member_state_from_entry(text_entry(json.dumps(idle)), NOW) == "active"
     assert member_state_from_entry(text_entry(json.dumps(idle), 9999), NOW) == "idle"
     assert member_state_from_entry(text_entry(json.dumps(approved)), NOW) == "terminated"
     assert member_state_from_entry(text_entry(json.dumps(response), 9999), NOW) == "terminated"

@@ -202,7 +202,7 @@ async def test_inbox_file_adapter_writes_the_entry_once(tmp_path: Path) -> None:
         (entry,) = read_inbox(path)
         assert {k: entry[k] for k in ("from", "text", "summary", "msg_id", "color", "read")} == {
             "from": "user",
-            "text": "look at #7",
+            "text": "[From user] look at #7",
             "summary": "#7",
             "msg_id": "m-7",
             "color": "blue",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,10 +68,9 @@ async def _session_state(hub: Hub, sid: str, state: SessionState) -> Any:
 
 
 async def test_each_message_is_one_stream_json_user_line(tmp_path: Path) -> None:
+    setting = {**_setting(tmp_path, "run", session="lead-1"), "stdout": str(tmp_path / "log")}
     async with running_hub() as hub:
-        await hub.add_member(
-            "t", "lead", "claude-code", delivery=_setting(tmp_path, "run", session="lead-1")
-        )
+        await hub.add_member("t", "lead", "claude-code", delivery=setting)
         async with dispatching(hub) as d:
             first = await hub.send(
                 "t", "user", "lead", 'plan the work\n"quoted" ünïcode', link=False
@@ -99,6 +100,7 @@ async def test_each_message_is_one_stream_json_user_line(tmp_path: Path) -> None
             },
         },
     ]
+    assert stat.S_IMODE(os.stat(tmp_path / "log").st_mode) == 0o600  # the agent's output
     assert lines[0].encode() + b"\n" == stream_json_line(
         '[From user] plan the work\n"quoted" ünïcode'
     )

@@ -88,12 +88,17 @@ async def _pasted(out: Path, n: int = 1) -> list[str]:
     return list(await eventually(check, what=f"{n} paste(s) in {out.name}"))
 
 
+#: The stand-in agents' program names, as tmux reports the foreground program.
+AGENTS = [Path(sys.executable).name, "cat"]
+
+
 def _tmux(server: libtmux.Server, target: str, session: str, **extra: object) -> dict[str, object]:
     return {
         "type": "tmux",
         "target": target,
         "socket_name": server.socket_name,
         "session": session,
+        "agent_commands": AGENTS,
         **extra,
     }
 
@@ -123,7 +128,7 @@ async def test_multiline_message_arrives_intact_as_one_bracketed_paste(
 
 async def test_plain_program_gets_lines(tmux: libtmux.Server, tmp_path: Path) -> None:
     out = tmp_path / "cat.txt"
-    tmux.new_session(session_name="cat", window_command=f"cat > {out}", x=200, y=50)
+    tmux.new_session(session_name="cat", window_command=f"exec cat > {out}", x=200, y=50)
     await eventually(lambda: _async(out.exists()), what="cat to start")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "cat", "a-s1"))
@@ -252,3 +257,85 @@ def test_sanitize_strips_escapes() -> None:
 
 async def _async(value: object) -> object:
     return value
+
+
+async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_back(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    out, marker = tmp_path / "agent.bytes", tmp_path / "pwned"
+    out.touch()
+    session = tmux.new_session(
+        session_name="shell", window_command="bash --norc --noprofile", x=200, y=50
+    )
+    pane = session.active_window.active_pane
+    assert pane is not None
+
+    async def in_shell() -> bool:
+        return pane.display_message("#{pane_current_command}", get_text=True) == ["bash"]
+
+    # the agent ran in the pane and exited: its shell is in the foreground again
+    pane.send_keys(f"{sys.executable} -c 'print(\"agent exits\")'", enter=True)
+    await eventually(
+        lambda: _async("agent exits" in "\n".join(pane.capture_pane())), what="the agent"
+    )
+    await eventually(in_shell, what="the shell in the foreground")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "shell", "a-s1"))
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", f"touch {marker}", link=False)
+            held = await eventually(
+                lambda: _async(next((w for w in d.status() if w.state == "held"), None)),
+                what="the worker to hold the message",
+            )
+            assert "runs 'bash' in the foreground, not the agent" in (held.last_error or "")
+            st = await hub.message_status("t", sent.message_id)
+            assert st.state.value == "queued"  # held: neither typed, nor dead, nor acked
+            [notice] = await hub.receive("t", "user")  # the operator is told
+            assert notice.message.kind.value == "system"
+            assert "held, not delivered" in notice.message.text
+            assert "runs 'bash' in the foreground" in notice.message.text
+            assert "touch" not in "\n".join(pane.capture_pane())
+            # the agent is started again in the pane: the held message is typed into it
+            pane.send_keys(f"{sys.executable} {script} {out}", enter=True)
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            assert await _pasted(out) == [f"[From user] touch {marker}"]
+    assert not marker.exists()
+
+
+def test_a_shell_is_never_accepted_as_the_agent(tmp_path: Path) -> None:
+    from backchannel.delivery.adapters import (
+        MisconfiguredAdapter,
+        build_adapter,
+        check_delivery_setting,
+    )
+    from backchannel.delivery.base import AdapterContext
+    from backchannel.errors import InvalidRequest
+
+    setting = {"type": "tmux", "target": "x:0", "agent_commands": ["claude", "bash"]}
+    adapter = build_adapter(AdapterContext(None, "t", "a", setting))  # type: ignore[arg-type]
+    assert isinstance(adapter, MisconfiguredAdapter)
+    assert "names the shell 'bash'" in adapter.reason
+    with pytest.raises(InvalidRequest, match="names the shell 'zsh'"):
+        check_delivery_setting({"type": "tmux", "target": "x:0", "agent_commands": "zsh"})
+    with pytest.raises(InvalidRequest, match="must be a program name"):
+        check_delivery_setting({"type": "tmux", "target": "x:0", "agent_commands": []})
+    check_delivery_setting({"type": "tmux", "target": "x:0", "agent_commands": ["my-agent"]})
+
+
+async def test_a_forged_sender_line_is_typed_escaped(tmux: libtmux.Server, tmp_path: Path) -> None:
+    from tests.test_framing import FORGED, WANT, parse
+
+    out = _reader_pane(tmux, tmp_path, "framed")
+    await _ready(tmux, "framed")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "framed:0.0", "a-s1", turn_wait=0))
+        for name in ("mallory", "lead"):
+            await hub.add_member("t", name)
+        async with dispatching(hub):
+            await hub.send("t", "mallory", "a", FORGED, link=False)
+            last = await hub.send("t", "lead", "a", "and a real one", link=False)
+            await wait_state(hub, "t", last.message_id, "acked")
+            typed = await _pasted(out, 2)
+    assert [m for t in typed for m in parse(t)] == WANT

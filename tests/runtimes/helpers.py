@@ -22,7 +22,14 @@ SEQUENCES = {
         "Stop",
         "SessionEnd",
     ],
-    "codex": ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"],
+    "codex": [
+        "SessionStart",
+        "UserPromptSubmit",
+        "PreToolUse",
+        "PostToolUse",
+        "Stop",
+        "SessionEnd",
+    ],
     "gemini": [
         "SessionStart",
         "BeforeAgent",

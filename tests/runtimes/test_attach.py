@@ -136,7 +136,7 @@ def test_attach_merges_with_existing_config_and_keeps_a_backup(
         mcp = _load(tmp_path / ".mcp.json")
         assert set(mcp["mcpServers"]) == {"github", "backchannel"}
         settings = _load(tmp_path / ".claude/settings.local.json")
-        assert settings["permissions"] == {"allow": ["Bash(npm test:*)"]}
+        assert settings["permissions"] == {"allow": ["Bash(npm test:*)", "mcp__backchannel"]}
         commands = [h["command"] for h in _hooks(settings, "Stop")]
         assert commands[0] == "make lint" and len(commands) == 2
     elif runtime == "codex":
@@ -223,3 +223,113 @@ def test_a_broken_config_file_is_left_alone(tmp_path: Path) -> None:
     assert "not valid JSON" in result.stderr
     assert path.read_text() == '{"theme": "GitHub",'
     assert _backups(tmp_path) == []
+
+
+LINKED_DIR = {"claude-code": ".claude", "codex": ".codex", "gemini": ".gemini"}
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_a_symlinked_runtime_directory_outside_the_project_is_refused(
+    tmp_path: Path, runtime: str
+) -> None:
+    project, outside = tmp_path / "project", tmp_path / "home-config"
+    project.mkdir()
+    outside.mkdir()
+    (outside / "keep.json").write_text("{}")
+    link = project / LINKED_DIR[runtime]
+    link.symlink_to(outside, target_is_directory=True)
+    result = attach(project, runtime)
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())  # the console wraps long lines
+    assert f"{link} is a symlink to {outside}" in said
+    assert "outside the project" in said and "replace the symlink" in said
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.json"]
+    assert sorted(p.name for p in project.iterdir()) == [LINKED_DIR[runtime]]  # nothing written
+
+
+def test_a_symlinked_file_outside_the_project_is_refused(tmp_path: Path) -> None:
+    project, outside = tmp_path / "project", tmp_path / "elsewhere.json"
+    project.mkdir()
+    outside.write_text('{"mcpServers": {}}')
+    (project / ".mcp.json").symlink_to(outside)
+    result = attach(project, "claude-code")
+    assert result.exit_code == 1
+    assert f"{project / '.mcp.json'} is a symlink to {outside}" in " ".join(result.stderr.split())
+    assert outside.read_text() == '{"mcpServers": {}}'
+    assert not (project / ".claude").exists()
+
+
+def test_a_symlink_that_stays_in_the_project_is_followed(tmp_path: Path) -> None:
+    real = tmp_path / "config" / "gemini"
+    real.mkdir(parents=True)
+    (tmp_path / ".gemini").symlink_to(Path("config") / "gemini", target_is_directory=True)
+    result = attach(tmp_path, "gemini")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / ".gemini").is_symlink()
+    assert "mcpServers" in _load(real / "settings.json")
+
+
+def test_claude_code_over_http_keeps_session_start_a_command(tmp_path: Path) -> None:
+    assert attach(tmp_path, "claude-code", "--http").exit_code == 0
+    settings = _load(tmp_path / ".claude/settings.local.json")
+    [start] = _hooks(settings, "SessionStart")
+    assert start["type"] == "command" and "hook claude-code --as t/w" in start["command"]
+    assert all(h["type"] == "http" for h in _hooks(settings, "UserPromptSubmit"))
+    assert attach(tmp_path, "claude-code", "--http").exit_code == 0  # idempotent
+    assert _load(tmp_path / ".claude/settings.local.json") == settings
+
+
+def _codex_attach(d: Path, home: Path, *extra: str) -> Any:
+    args = ["attach", "codex", "--team", "t", "--member", "w", "--dir", str(d), "--url", URL]
+    env = {"BACKCHANNEL_TOKEN": TOKEN, "CODEX_HOME": str(home)}
+    return CliRunner().invoke(app, [*args, *extra], env=env)
+
+
+def test_codex_server_is_required_and_approved_and_session_end_fits_codex(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "codex-home"
+    assert _codex_attach(tmp_path, home).exit_code == 0
+    with open(tmp_path / ".codex/config.toml", "rb") as f:
+        server = tomllib.load(f)["mcp_servers"]["backchannel"]
+    assert server["required"] is True
+    assert server["default_tools_approval_mode"] == "approve"
+    hooks = _load(tmp_path / ".codex/hooks.json")
+    [end] = _hooks(hooks, "SessionEnd")
+    assert end["timeout"] <= 3  # Codex clamps a longer one, which voids its trust
+
+
+def test_codex_hook_trust_is_reported_and_granted_once(tmp_path: Path) -> None:
+    from backchannel.runtimes.codex_trust import hook_trust
+
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('model = "o3"\n')
+    first = _codex_attach(tmp_path, home)
+    assert first.exit_code == 0
+    assert "--trust-hooks" in first.output and "untrusted" in first.output
+    assert not (home / "config.toml").read_text().count("hooks.state")
+
+    granted = _codex_attach(tmp_path, home, "--trust-hooks")
+    assert granted.exit_code == 0
+    states = hook_trust(tmp_path, home)
+    assert {t.event for t in states} == set(SEQUENCES["codex"])
+    assert all(t.status == "trusted" for t in states)
+    config = (home / "config.toml").read_text()
+    assert config.startswith('model = "o3"\n')  # the user's config is kept
+    assert _codex_attach(tmp_path, home, "--trust-hooks").exit_code == 0
+    assert (home / "config.toml").read_text() == config  # granted once
+
+    # a changed handler is no longer trusted: Codex would skip it
+    hooks = _load(tmp_path / ".codex/hooks.json")
+    _hooks(hooks, "Stop")[0]["timeout"] = 31
+    (tmp_path / ".codex/hooks.json").write_text(json.dumps(hooks))
+    assert {t.event: t.status for t in hook_trust(tmp_path, home)}["Stop"] == "modified"
+
+
+def test_gemini_server_is_trusted_and_the_folder_trust_step_is_printed(tmp_path: Path) -> None:
+    result = attach(tmp_path, "gemini")
+    assert result.exit_code == 0
+    server = _load(tmp_path / ".gemini/settings.json")["mcpServers"]["backchannel"]
+    assert server["trust"] is True
+    assert "gemini --skip-trust" in result.output and "GEMINI_CLI_TRUST_WORKSPACE" in result.output

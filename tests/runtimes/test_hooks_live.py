@@ -114,7 +114,7 @@ async def test_two_agents_talk_through_hooks_and_mcp_tools(srv: Server) -> None:
         [link] = c.get("/v1/links").json()["links"]
         assert (link["state"], link["close_reason"]) == ("closed", "closed_by_initiator")
         states = {s["session_id"]: s["state"] for s in c.get("/v1/sessions").json()["sessions"]}
-    assert states == {ls: "terminated", ws: "terminated"}
+    assert states == {ls: "exited", ws: "exited"}  # resumable for the team's exit grace
 
 
 # -- the command hook --------------------------------------------------------------------------
@@ -149,10 +149,13 @@ def test_command_hook_reads_the_transcript_and_takes_codex_notify(
     srv: Server, tmp_path: Path
 ) -> None:
     tokens = make_team(srv, "cmd", "w:claude-code", "lead", "cx:codex")
-    transcript = tmp_path / "session.jsonl"
+    config = tmp_path / "claude-config"  # CLAUDE_CONFIG_DIR: transcripts under projects/
+    transcript = config / "projects" / "-home-dev-proj" / "session.jsonl"
+    transcript.parent.mkdir(parents=True)
     transcript.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
     payload = fixture("claude-code", "Stop-without-last-message", transcript_path=str(transcript))
-    run = hook_cmd("claude-code", json.dumps(payload), env=_env(srv, tokens["w"]))
+    env = {**_env(srv, tokens["w"]), "CLAUDE_CONFIG_DIR": str(config)}
+    run = hook_cmd("claude-code", json.dumps(payload), env=env)
     assert (_answer(run), run.stderr) == ({}, "")
     assert _texts(srv, tokens["lead"]) == ["420 lines in src/"]
     # Codex's notify program gets the JSON as its last argument and stdin is empty

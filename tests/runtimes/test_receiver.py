@@ -11,7 +11,6 @@ import pytest
 
 from backchannel.hub import Hub
 from backchannel.runtimes import HookKind, get_runtime
-from backchannel.runtimes.common import last_assistant_text
 from backchannel.testing import FakeClock
 from backchannel.types import MessageKind, SessionState
 
@@ -117,7 +116,7 @@ async def test_a_whole_session_maps_to_hub_events(hub: Hub, runtime: str) -> Non
     assert by_kind["agent_stop"][0] == closing
     s = await hub.get_session("t", sid)
     ended = "SessionEnd" in SEQUENCES[runtime]
-    assert s.state is (SessionState.TERMINATED if ended else SessionState.IDLE)
+    assert s.state is (SessionState.EXITED if ended else SessionState.IDLE)
 
 
 # -- between-turn delivery -------------------------------------------------------------------
@@ -263,11 +262,24 @@ async def test_codex_notify_reports_the_finished_turn(hub: Hub) -> None:
     assert await _texts(hub, "w") == ["cannot ride on notify"]  # still waiting
 
 
-async def test_a_resumed_session_after_its_end_continues_as_a_new_one(hub: Hub) -> None:
+async def test_a_resumed_session_after_its_exit_is_the_same_session(hub: Hub) -> None:
     await _team(hub)
     sid = session_of("claude-code")
     await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart"))
     await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionEnd"))
+    assert (await hub.get_session("t", sid)).state is SessionState.EXITED
+    resumed = await call(
+        hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", source="resume")
+    )
+    assert resumed.session == sid
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+
+
+async def test_a_resumed_session_after_it_terminated_continues_as_a_new_one(hub: Hub) -> None:
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart"))
+    await hub.terminate_session("t", "w", sid, "done")
     resumed = await call(
         hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", source="resume")
     )
@@ -288,19 +300,16 @@ async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hu
     assert (await hub.get_session("t", sid)).state is SessionState.IDLE
 
 
-async def test_the_transcript_is_read_when_the_last_message_is_absent(
-    hub: Hub, tmp_path: Path
-) -> None:
+async def test_the_hub_never_reads_the_transcript_a_payload_names(hub: Hub, tmp_path: Path) -> None:
     await _team(hub)
     transcript = tmp_path / "t.jsonl"
     transcript.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
-    expected = 'src/ holds 420 lines of Python.\n<message to="lead">420 lines in src/</message>'
-    assert last_assistant_text(transcript) == expected
-    assert last_assistant_text(tmp_path / "missing.jsonl") is None
     payload = fixture("claude-code", "Stop-without-last-message", transcript_path=str(transcript))
     result = await call(hub, "t", "w", "claude-code", payload)
     assert result.problem is None
-    assert await _texts(hub, "lead") == ["420 lines in src/"]
+    assert await _texts(hub, "lead") == []  # the closing text was not taken from the file
+    events = await _kinds(hub, session_of("claude-code"))
+    assert ("agent_stop", "", {"hook": "Stop"}) in events
 
 
 # -- bad input ------------------------------------------------------------------------------------

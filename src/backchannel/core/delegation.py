@@ -23,7 +23,25 @@ from backchannel.types import Delegation, DelegationState
 
 DEFAULT_TIMEOUT = 300.0
 DEADLINE_JOB = "delegation_deadline"
+PRUNE_JOB = "delegation_prune"
+PRUNE_INTERVAL = 3600.0  # finished delegations are looked for at most this often
 TOKEN_GRACE = 3600.0  # a reply token outlives its delegation's deadline by this much
+#: States in which a delegation still waits for its callee's answer.
+OPEN_STATES = frozenset({DelegationState.PENDING, DelegationState.TIMED_OUT})
+#: States in which a delegation holds its callee's answer.
+ANSWERED_STATES = frozenset({DelegationState.ANSWERED, DelegationState.LATE})
+#: How an answer with no text reads to the caller (never a bare, empty tool result).
+EMPTY_ANSWER = "(the agent answered with no text)"
+MAX_BEARER_TOKEN = 4096  # longest reply.bearerToken accepted from another hub
+
+
+def results_message_id(batch: str) -> str:
+    """The id of the message that gathers a caller turn's results: a valid message id
+    (``#`` is not allowed in one), hashed when the session id makes it too long."""
+    mid = "results-" + batch.replace("#", ".")
+    if len(mid) <= 128:
+        return mid
+    return "results-" + hashlib.sha256(batch.encode("utf-8")).hexdigest()[:40]
 
 
 def sub_session(caller_session: str, tool_use_id: str) -> str:
@@ -148,7 +166,14 @@ def result_of(d: Delegation) -> dict[str, Any]:
         out.update({"error": d.error or "the delegation failed", "reason": "failed"})
     else:
         out["result"] = d.result
+        if not (d.result or "").strip():
+            out["empty"] = True
     return out
+
+
+def answer_text(result: str | None) -> str:
+    """An answer as the caller reads it: an empty one is said to be empty."""
+    return result if result and result.strip() else EMPTY_ANSWER
 
 
 def results_text(ds: Sequence[Delegation]) -> str:
@@ -157,15 +182,15 @@ def results_text(ds: Sequence[Delegation]) -> str:
     for d in ds:
         r = result_of(d)
         head = f"Result of delegate(to={d.callee!r}) [{d.tool_use_id}]"
-        body = r.get("result") if "result" in r else f"ERROR ({r['reason']}): {r['error']}"
+        body = answer_text(d.result) if "result" in r else f"ERROR ({r['reason']}): {r['error']}"
         parts.append(f"{head}:\n{body}")
     return "\n\n".join(parts)
 
 
-def late_text(d: Delegation) -> str:
+def late_text(d: Delegation, why: str = "had timed out") -> str:
     return (
-        f"Late result of delegate(to={d.callee!r}) [{d.tool_use_id}], which had timed out:\n"
-        f"{d.result}"
+        f"Late result of delegate(to={d.callee!r}) [{d.tool_use_id}], which {why}:\n"
+        f"{answer_text(d.result)}"
     )
 
 

@@ -18,17 +18,26 @@ from backchannel.errors import (
     TooLarge,
     UnknownRecipient,
 )
-from backchannel.types import BROADCAST, DeliveryState, Message, Recipient
+from backchannel.types import (
+    BROADCAST,
+    MESSAGE_ID_PATTERN,
+    NAME_PATTERN,
+    SESSION_PATTERN,
+    DeliveryState,
+    Message,
+    Recipient,
+)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
-MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# use with ``fullmatch`` only: ``match`` lets ``$`` accept a trailing newline
+NAME_RE = re.compile(NAME_PATTERN)
+SESSION_RE = re.compile(SESSION_PATTERN)
+MESSAGE_ID_RE = re.compile(MESSAGE_ID_PATTERN)
 DEFAULT_MAX_TEXT = 256 * 1024
 
 
 def check_name(what: str, name: str) -> str:
     """Return ``name`` if it is a valid team or member name, else raise :class:`InvalidName`."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid {what} name {name!r}: use 1 to 64 letters, digits, '_' or '-', "
             "starting with a letter or digit",
@@ -38,7 +47,7 @@ def check_name(what: str, name: str) -> str:
 
 
 def check_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not SESSION_RE.match(session_id):
+    if not isinstance(session_id, str) or not SESSION_RE.fullmatch(session_id):
         raise InvalidName(
             f"invalid session id {session_id!r}: use 1 to 200 letters, digits, '_', '-', '.' "
             "or ':', starting with a letter or digit",
@@ -48,7 +57,7 @@ def check_session_id(session_id: str) -> str:
 
 
 def check_message_id(message_id: str) -> str:
-    if not MESSAGE_ID_RE.match(message_id):
+    if not isinstance(message_id, str) or not MESSAGE_ID_RE.fullmatch(message_id):
         raise InvalidRequest(
             f"invalid message_id {message_id!r}: use 1 to 128 letters, digits, '_', '-', '.' "
             "or ':', starting with a letter or digit (or omit it and the hub picks one)",
@@ -171,8 +180,11 @@ class DeadNotice:
     meta: Mapping[str, Any]
 
 
-def dead_letter_notice(message: Message, recipient: Recipient, reason: str) -> DeadNotice:
-    """The ``system`` message that tells a sender one copy of its message is dead."""
+def dead_letter_notice(
+    message: Message, recipient: Recipient, reason: str, advice: str | None = None
+) -> DeadNotice:
+    """The ``system`` message that tells a sender one copy of its message is dead;
+    ``advice`` replaces the usual "check it is running, then send again"."""
     first = (
         message.summary or message.text.strip().splitlines()[0][:80] if message.text.strip() else ""
     )
@@ -180,8 +192,12 @@ def dead_letter_notice(message: Message, recipient: Recipient, reason: str) -> D
         to=message.sender,
         text=(
             f"Your message {message.message_id} to {recipient.member} was not delivered: {reason}. "
-            f"It begins: {first!r}. Check that {recipient.member} is running and reading its "
-            "inbox, then send it again with a new message_id."
+            f"It begins: {first!r}. "
+            + (
+                advice
+                or f"Check that {recipient.member} is running and reading its inbox, then "
+                "send it again with a new message_id."
+            )
         ),
         summary=f"undelivered: {message.message_id} to {recipient.member}",
         meta={

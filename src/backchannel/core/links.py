@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core import timers
 from backchannel.core.turns import already_sent, normalize
 from backchannel.types import LedgerEntry, Link
 
@@ -16,7 +17,12 @@ DEFAULT_RULES = (
     "You are now linked with {peer}: when either of you finishes a turn, its final output "
     "goes to the other as input, for at most {budget} turns. Rules: contribute before "
     "acknowledging; never restate the peer; ask only what blocks you; silence is valid; "
-    "receiving input does not oblige a reply."
+    "receiving input does not oblige a reply.\n"
+    'Heartbeats: (1) always hold an anchor on your own task: set_timer(intent="anchor", '
+    'minutes={anchor_minutes}, note="return to <your task>"); (2) absorb what {peer} '
+    "says without answering unless it changes your work; (3) before you answer, set a new "
+    "anchor; (4) when your anchor fires, it wins: go back to your task, the conversation "
+    "waits; (5) to see how {peer} is doing, set a check timer instead of asking."
 )
 
 
@@ -32,7 +38,9 @@ def rules_text(settings: Mapping[str, Any], peer: str, budget: int) -> str:
     if not isinstance(template, str) or not template.strip():
         template = DEFAULT_RULES
     try:
-        return template.format(peer=peer, budget=budget)
+        return template.format(
+            peer=peer, budget=budget, anchor_minutes=timers.DEFAULT_ANCHOR_MINUTES
+        )
     except (KeyError, IndexError, ValueError):
         return template
 
@@ -72,10 +80,19 @@ def closed_text(link: Link, reason: str, member: str) -> str:
     if reason == "budget_exhausted":
         return (
             f"Your link with {peer} is closed: its budget of {link.budget} turns is spent. "
-            f"Further turns will not reach {peer}; use send_message if you must say more."
+            f"Your turns no longer reach {peer}, and every other route to {peer} counts "
+            "against the same conversation budget between you. Carry on with your own task."
+        )
+    if reason == "conversation_budget":
+        return (
+            f"Your link with {peer} is closed: the conversation budget between you (or of "
+            "this conversation chain) is spent, and nothing more passes by any route until it "
+            "resets or the team's human extends it. Carry on with your own task."
         )
     if reason == "closed_by_initiator":
         return f"Your link with {peer} was closed by {link.initiator}."
+    if reason == "member_removed":
+        return f"Your link with {peer} is closed: {peer} was removed from the team."
     if reason == "session_terminated":
         return f"Your link with {peer} is closed: a session on it terminated."
     return f"Your link with {peer} is closed ({reason})."

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from backchannel.errors import InvalidRequest
-from backchannel.types import Message, Session
+from backchannel.types import InboxMessage, Message, MessageKind, Session
 
 TIMER_JOB = "timer"
 #: Firing later than this after the due time is reported as late (the hub was down).
@@ -67,8 +67,29 @@ def anchor_policy(settings: Mapping[str, Any]) -> AnchorPolicy:
         return AnchorPolicy.ENFORCE
 
 
+#: How far ahead an anchor is set when no time is given (see docs/decisions.md): long
+#: enough for a real piece of work, short enough that a conversation cannot hold an
+#: agent away from its task for long.
+DEFAULT_ANCHOR_MINUTES = 10
+
+
 def anchor_call(peer: str) -> str:
-    return f'set_timer(intent="anchor", minutes=10, note="return to <your task> (talking with {peer})")'
+    return (
+        f'set_timer(intent="anchor", minutes={DEFAULT_ANCHOR_MINUTES}, '
+        f'note="return to <your task> (talking with {peer})")'
+    )
+
+
+def anchors_first(got: list[InboxMessage]) -> list[InboxMessage]:
+    """A fired anchor is handed over before any other input leased with it (the order
+    is otherwise kept): the agent reads where its own task stands before the rest."""
+
+    def is_anchor(m: InboxMessage) -> bool:
+        return m.message.kind is MessageKind.TIMER and m.message.meta.get("intent") == "anchor"
+
+    if not any(is_anchor(m) for m in got):
+        return got
+    return [m for m in got if is_anchor(m)] + [m for m in got if not is_anchor(m)]
 
 
 def anchor_missing(session_id: str, peer: str) -> str:

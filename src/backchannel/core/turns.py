@@ -8,12 +8,15 @@ and never loses text: whatever is not a well-formed block stays in the output.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from backchannel.core.delivery import suggest
+from backchannel.errors import InvalidRequest, TooLarge
 from backchannel.types import BROADCAST, LedgerEntry, SessionEvent
 
 _OPEN = re.compile(r"<message\b([^<>]*)>", re.IGNORECASE)
@@ -116,6 +119,8 @@ class BlockDecision:
     block: Block
     action: BlockAction
     duplicate_of: str | None = None  # the message id already sent
+    #: a broadcast some members already got this turn: send to these only
+    only: tuple[str, ...] | None = None
 
 
 def route_blocks(
@@ -136,9 +141,30 @@ def route_blocks(
         if dup is not None:
             out.append(BlockDecision(b, BlockAction.DUPLICATE, dup.message_id))
             continue
-        out.append(BlockDecision(b, BlockAction.SEND))
-        seen.append(LedgerEntry("", "", b.to, digest(b.body), "(this closing text)", 0.0))
+        only = None
+        if b.to == BROADCAST:  # expanded: nobody gets the same text twice in a turn
+            d = digest(b.body)
+            got = {e.to: e.message_id for e in seen if e.digest == d}
+            if got:
+                only = tuple(m for m in members if m != sender and m not in got)
+                if not only:
+                    out.append(BlockDecision(b, BlockAction.DUPLICATE, next(iter(got.values()))))
+                    continue
+        out.append(BlockDecision(b, BlockAction.SEND, only=only))
+        for to in only or (b.to,):
+            seen.append(LedgerEntry("", "", to, digest(b.body), "(this closing text)", 0.0))
     return out
+
+
+def is_hub_input(turn_text: str, inputs: Sequence[str]) -> bool:
+    """Whether a turn's reported input is (one of) ``inputs``, the texts the hub handed
+    the session last. A runtime that reports no input text is taken at its word that it
+    went on with what it was handed; any other text must carry one of them (a human who
+    typed something else started the turn, not the hub)."""
+    said = normalize(turn_text)
+    if not said:
+        return True
+    return any(normalize(t) and normalize(t)[:200] in said for t in inputs)
 
 
 def unknown_destination_notice(bad: str, sender: str, team: str, members: Sequence[str]) -> str:
@@ -165,25 +191,110 @@ class TranscriptPage:
     note: str
 
 
+#: The most characters of serialized ``data`` one event may carry, and how deep it may
+#: nest; checked where events are accepted, and again when a view shows what is stored.
+MAX_EVENT_DATA_CHARS = 64 * 1024
+MAX_EVENT_DATA_DEPTH = 32
+
+
+def data_depth(value: object, stop: int = MAX_EVENT_DATA_DEPTH + 1) -> int:
+    """How deep ``value`` nests (a scalar is 0), counted without recursion and no
+    further than ``stop``."""
+    deepest = 0
+    todo: list[tuple[object, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest >= stop:
+            return deepest
+        todo.extend((child, depth) for child in children)
+    return deepest
+
+
+def check_event_data(data: Mapping[str, Any]) -> None:
+    """Refuse event ``data`` that nests too deep (422) or is too large (413)."""
+    depth = data_depth(data)
+    if depth > MAX_EVENT_DATA_DEPTH:
+        raise InvalidRequest(
+            f"event data nests more than {MAX_EVENT_DATA_DEPTH} levels deep; flatten it "
+            "or send it as text",
+            field="data",
+        )
+    try:
+        size = len(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"event data is not plain JSON: {exc}", field="data") from None
+    if size > MAX_EVENT_DATA_CHARS:
+        raise TooLarge(
+            f"event data is {size} characters of JSON, over the {MAX_EVENT_DATA_CHARS}-character "
+            "limit; keep large outputs in the event's text, or store them elsewhere and "
+            "report a path",
+            limit=MAX_EVENT_DATA_CHARS,
+            size=size,
+        )
+
+
+def _data_chars(data: Mapping[str, Any]) -> int | None:
+    """Characters of ``data`` as JSON, or ``None`` when a view cannot show it."""
+    if not data:
+        return 0
+    if data_depth(data) > MAX_EVENT_DATA_DEPTH:
+        return None
+    try:
+        return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return None
+
+
+def viewable(ev: SessionEvent, room: int | None = None) -> tuple[SessionEvent, int]:
+    """The event as a view may show it, and its size (text plus serialized data).
+    Data a view cannot show (stored before the limits, or odd), or larger than ``room``,
+    is replaced by a note that says so."""
+    chars = _data_chars(ev.data)
+    if chars is None:
+        note = {"omitted": f"data nests deeper than {MAX_EVENT_DATA_DEPTH} levels"}
+        ev = replace(ev, data=note)
+        chars = _data_chars(note) or 0
+    elif room is not None and chars > room:
+        note = {"omitted": f"{chars} characters of data cut to fit the page"}
+        ev = replace(ev, data=note)
+        chars = _data_chars(note) or 0
+    return ev, len(ev.text) + chars
+
+
 def page_transcript(
-    events: Sequence[SessionEvent], *, max_chars: int, tail_chars: int | None, more: bool
+    events: Sequence[SessionEvent],
+    *,
+    max_chars: int,
+    tail_chars: int | None,
+    more: bool,
+    skipped: int = 0,
 ) -> TranscriptPage:
-    """Cap a run of events (oldest first) to ``max_chars`` of text, or keep only the last
-    ``tail_chars``; say clearly where it was cut and how to read on."""
+    """Cap a run of events (oldest first) to ``max_chars``, or keep only the last
+    ``tail_chars``, counting each event's text and serialized data; say clearly where it
+    was cut and how to read on. ``skipped`` events before ``events`` were already cut."""
     if tail_chars is not None:
         kept: list[SessionEvent] = []
         used = 0
         for ev in reversed(events):
-            size = len(ev.text)
+            shown, size = viewable(ev)
             if used + size > tail_chars:
                 room = tail_chars - used
                 if room > 0:
-                    kept.append(_cut_front(ev, room))
+                    shown, _ = viewable(ev, room - min(len(ev.text), room))
+                    kept.append(_cut_front(shown, min(len(ev.text), room)))
                 break
-            kept.append(ev)
+            kept.append(shown)
             used += size
         kept.reverse()
-        skipped = len(events) - len(kept) + (1 if kept and kept[0].text.startswith("[…") else 0)
+        skipped += len(events) - len(kept) + (1 if kept and kept[0].text.startswith("[…") else 0)
         note = (
             f"[… {skipped} earlier event(s) cut to keep the last {tail_chars} characters; "
             "read them with since/until …]"
@@ -194,21 +305,24 @@ def page_transcript(
     out: list[SessionEvent] = []
     used = 0
     for ev in events:
-        if out and used + len(ev.text) > max_chars:
+        shown, size = viewable(ev)
+        if out and used + size > max_chars:
             nxt = out[-1].event_id
             return TranscriptPage(
                 tuple(out),
                 True,
                 nxt,
-                f"[… transcript cut at {max_chars} characters; {len(events) - len(out)} more "
-                f"event(s) here; call again with since={nxt} to read on …]",
+                f"[… transcript cut at {max_chars} characters; more event(s) follow; "
+                f"call again with since={nxt} to read on …]",
             )
-        if not out and len(ev.text) > max_chars:
-            out.append(_cut_back(ev, max_chars))
+        if not out and size > max_chars:
+            keep = min(len(ev.text), max_chars)
+            shown, _ = viewable(ev, max_chars - keep)
+            out.append(_cut_back(shown, keep) if keep < len(ev.text) else shown)
             used = max_chars
             continue
-        out.append(ev)
-        used += len(ev.text)
+        out.append(shown)
+        used += size
     if more and out:
         nxt = out[-1].event_id
         return TranscriptPage(
@@ -218,12 +332,8 @@ def page_transcript(
 
 
 def _cut_front(ev: SessionEvent, keep: int) -> SessionEvent:
-    from dataclasses import replace
-
     return replace(ev, text="[…cut…] " + ev.text[len(ev.text) - keep :])
 
 
 def _cut_back(ev: SessionEvent, keep: int) -> SessionEvent:
-    from dataclasses import replace
-
     return replace(ev, text=ev.text[:keep] + " […cut…]")

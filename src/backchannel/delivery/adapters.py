@@ -27,6 +27,7 @@ from backchannel.delivery.base import (
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.delivery.stdin import StdinAdapter
 from backchannel.delivery.tmux import TmuxAdapter
+from backchannel.delivery.tmux import agent_commands as tmux_agent_commands
 from backchannel.delivery.webhook import WebhookAdapter
 from backchannel.errors import InvalidRequest
 from backchannel.types import InboxMessage
@@ -86,6 +87,11 @@ def check_delivery_setting(
         raise InvalidRequest(
             f"a {kind} delivery needs {need!r}; see docs/adapters/README.md", field="delivery"
         )
+    if kind == "tmux" and "agent_commands" in setting:
+        try:
+            tmux_agent_commands(setting.get("agent_commands"), "the member")
+        except PermanentDeliveryError as exc:
+            raise InvalidRequest(exc.message, field="delivery") from None
     if kind == "webhook" and "url" in setting:
         raise InvalidRequest(
             "a webhook delivery names a registered service, never a URL: drop 'url' and "

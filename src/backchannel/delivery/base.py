@@ -11,6 +11,10 @@ each to the member's :class:`Adapter`, and records what happened::
                                                 retry budget are spent)
     deliver() raises PermanentDeliveryError  -> hub.give_up(reason): the copy is ``dead``
                                                 and the sender is told
+    deliver() raises HeldDelivery            -> hub.release at once (no backoff, no budget
+                                                spent), a warning logged, the worker
+                                                ``held``; it polls ready() and leases
+                                                again once the medium is ready
     any other exception                      -> logged with its traceback, then as AdapterError
 
 Delivery is **at least once**. The hub records a delivery only after ``deliver`` returned,
@@ -47,6 +51,7 @@ __all__ = [
     "Adapter",
     "AdapterContext",
     "AdapterError",
+    "HeldDelivery",
     "PermanentDeliveryError",
     "agent_text",
 ]
@@ -71,6 +76,15 @@ class AdapterError(PeerError):
     def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
         super().__init__(message, **details)
         self.retry_after = retry_after
+
+
+class HeldDelivery(AdapterError):
+    """The medium is there but must not take a message now (a terminal pane whose
+    foreground program is not the agent: a shell would run the text as commands). The
+    copy goes back to the queue untouched by backoff or retry budget, and nothing is
+    leased until :meth:`Adapter.ready` says the medium is ready again."""
+
+    code = "delivery_held"
 
 
 class PermanentDeliveryError(PeerError):
@@ -167,6 +181,12 @@ class Adapter(abc.ABC):
         the copy is then released and delivered again later.
         """
 
+    async def ready(self) -> str | None:
+        """Why a delivery would be held now (see :class:`HeldDelivery`), or None when it
+        may be tried. Called while a copy is held, to know when to lease again; must not
+        raise."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release what :meth:`start` acquired. Called once, also after a failed start."""
 
@@ -176,7 +196,7 @@ class Adapter(abc.ABC):
 
 
 def agent_text(item: InboxMessage) -> str:
-    """A message as an agent reads it when typed into its input (tmux, stdin): a peer's
-    words framed ``[From name]``, the hub's notices marked, breadcrumbs as they are."""
+    """A message as an agent reads it (tmux, stdin, inbox files): a header line the hub
+    writes, then the text escaped so it cannot forge one (:mod:`backchannel.core.framing`)."""
     m = item.message
     return format_message(m.sender, m.kind.value, m.text)

@@ -63,6 +63,7 @@ __all__ = [
     "MemberState",
     "default_root",
     "entry_id",
+    "entry_ids",
     "inbox_path",
     "is_active",
     "js_timestamp",
@@ -122,10 +123,14 @@ def js_timestamp(when: float | None = None) -> str:
 
 
 def stable_id(entry: Mapping[str, Any]) -> str:
-    """The id of an entry written without one: a hash of ``from``, ``timestamp``, ``text``.
+    """The id of an entry written without one: ``sha256(from + timestamp + text)``.
 
-    Claude Code itself matches entries on these three fields, and none of them changes
-    when the entry is marked read, so the id is the same on every read.
+    Exactly as the research's reader computes it (``buildLegacyInboxMessageId``):
+    ``"inbox-" + sha256(from + "\\n" + timestamp + "\\n" + text)``, first 16 hex digits,
+    so both name the same entry alike. The newlines keep ``("ab", t, "c")`` and
+    ``("a", t, "bc")``-style splits apart. Claude Code itself matches entries on these
+    three fields, and none of them changes when the entry is marked read, so the id is
+    the same on every read.
     """
     parts = (entry.get(k) for k in ("from", "timestamp", "text"))
     key = "\n".join(p if isinstance(p, str) else "" if p is None else json.dumps(p) for p in parts)
@@ -133,9 +138,24 @@ def stable_id(entry: Mapping[str, Any]) -> str:
 
 
 def entry_id(entry: Mapping[str, Any]) -> str:
-    """The entry's ``msg_id`` if it has a non-empty string one, else :func:`stable_id`."""
-    value = entry.get("msg_id")
-    return value if isinstance(value, str) and value else stable_id(entry)
+    """The entry's id: its ``msg_id`` (Claude Code's key), else its ``messageId`` (the key
+    other tools write), else :func:`stable_id`. Empty or non-string ids do not count."""
+    for key in ("msg_id", "messageId"):
+        value = entry.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return stable_id(entry)
+
+
+def entry_ids(entry: Mapping[str, Any]) -> set[str]:
+    """Every id the entry answers to: ``msg_id`` and ``messageId`` when both are set, so an
+    append of either id finds it."""
+    ids = {entry_id(entry)}
+    for key in ("msg_id", "messageId"):
+        value = entry.get(key)
+        if isinstance(value, str) and value.strip():
+            ids.add(value)
+    return ids
 
 
 def _decode(data: bytes | str) -> list[Any]:
@@ -336,7 +356,7 @@ class _View:
     @classmethod
     def of(cls, raw: str, entries: list[Any], base: _View | None = None) -> _View:
         objs = [e for e in entries if isinstance(e, dict)]
-        ids = frozenset(entry_id(e) for e in objs)
+        ids = frozenset(i for e in objs for i in entry_ids(e))
         n_read = sum(1 for e in objs if e.get("read") is True)
         if base is None:
             return cls(raw, entries, ids, n_read)
@@ -741,19 +761,19 @@ def is_active(
 
 
 def member_state_from_entry(entry: Mapping[str, Any], now: float) -> MemberState:
-    """The state of the entry's sender (``entry["from"]``) that this entry shows.
+    """The state of the entry's sender (``entry["from"]``) if it is its last entry.
 
-    * ``text`` is JSON with ``type == "idle_notification"`` → ``"idle"``;
+    The research's rule (:mod:`backchannel.core.presence` applies it to the hub's record):
+
     * ``type == "shutdown_approved"`` (what Claude Code writes when a teammate approves
       a shutdown) or ``"shutdown_response"`` with ``approve: true`` (the SendMessage
       tool's input form) → ``"terminated"``;
-    * anything else → ``"active"`` if its ``timestamp`` is within :data:`ACTIVE_WINDOW_S`
-      of ``now`` or unreadable, else ``"idle"``.
+    * any other entry, ``idle_notification`` included, is activity: ``"active"`` if its
+      ``timestamp`` is within :data:`ACTIVE_WINDOW_S` of ``now`` or unreadable, else
+      ``"idle"``.
     """
     proto = protocol_message(entry.get("text")) or {}
     kind = proto.get("type")
-    if kind == "idle_notification":
-        return "idle"
     if kind == "shutdown_approved" or (
         kind == "shutdown_response" and proto.get("approve") is True
     ):

@@ -27,6 +27,14 @@ worker hands them to the adapter one at a time, in that order, and records the r
   ``hub.give_up`` with ``"gave up after N attempt(s): <last error>"``;
 * :class:`~backchannel.delivery.base.PermanentDeliveryError`: ``hub.give_up(reason)``;
   the copy is dead, the sender gets a ``system`` notice, and the next message follows;
+* :class:`~backchannel.delivery.base.HeldDelivery` (the agent is not in its pane): the
+  copy and the rest of the batch are released at once, neither dead-lettered nor
+  counted against the retry budget; the operator is told by a ``system`` notice to the
+  team's ``user`` (once per held copy and lease), a WARNING in the hub's log (again every
+  :data:`HOLD_REMIND_S` while it lasts) and the worker's status (``held``, with the
+  reason); the worker asks ``adapter.ready()`` (every 0.5 s, slowing
+  to :data:`HOLD_PAUSE_MAX` s) and leases again once it is ready. Each hold costs the
+  copy one lease (one of the hub's ``max_attempts``) but no more;
 * anything else: logged with its traceback and treated as transient.
 
 The session a worker leases with is the adapter's ``session``: an id from the setting
@@ -45,9 +53,14 @@ every copy a worker still holds is released (it is delivered again later: at lea
 and every adapter is closed. A lease transaction that was running when its worker was
 cancelled may still commit: that copy returns when its lease runs out.
 
-Run one dispatcher per store. Two hub processes on one PostgreSQL store each running a
-dispatcher would both serve the same members: nothing is lost or leased twice, but two
-workers can deliver one member's consecutive messages out of order.
+Many hubs, one store: every hub may run a dispatcher. Each member's push delivery is
+owned by one hub at a time through a lease in the store (:mod:`.ownership`); a hub runs
+a member's worker only while it holds that lease, renews it on every scan, and another
+hub takes it over once it runs out (a hub that stops gracefully gives it up at once).
+The hub that takes a member over returns the copies the previous owner still held to
+the queue in the same transaction, so they go out again before anything newer, and
+the worker's ``receive`` leases only while its hub holds the member: per-member order is
+kept across failover, and a copy is pushed twice only if it was never acked.
 """
 
 from __future__ import annotations
@@ -76,8 +89,10 @@ from backchannel.delivery.base import (
     Adapter,
     AdapterContext,
     AdapterError,
+    HeldDelivery,
     PermanentDeliveryError,
 )
+from backchannel.delivery.ownership import OWNERSHIP_S, Ownership
 from backchannel.errors import (
     BackchannelError,
     Forbidden,
@@ -102,7 +117,16 @@ _MAX_PAUSE = 30.0
 class _Outcome(StrEnum):
     DELIVERED = "delivered"
     RETRY = "retry"
+    HOLD = "hold"
     DEAD = "dead"
+
+
+#: Longest pause between two ``ready()`` checks while a delivery is held.
+HOLD_PAUSE_MAX = 5.0
+#: How often the log repeats that a delivery is still held.
+HOLD_REMIND_S = 300.0
+#: Who is told that a delivery is held: the team's human.
+OPERATOR = "user"
 
 
 @dataclass
@@ -113,7 +137,7 @@ class WorkerStatus:
     member: str
     type: str
     target: str = ""
-    state: str = "starting"  # starting | waiting | delivering | backoff | stopped | failed
+    state: str = "starting"  # starting | waiting | delivering | backoff | held | stopped | failed
     session: str | None = None
     delivered: int = 0
     retried: int = 0
@@ -137,13 +161,27 @@ class _Worker:
         self.snapshot = snapshot
         self.status = WorkerStatus(self.team, self.member, delivery_type(self.setting))
         self.closing = False
+        self.lost = False  # this hub no longer owns the member's push delivery
         self.busy = False
         self.held: dict[str, None] = {}  # leased ids not yet resolved, in order
         self.first_failure: dict[str, float] = {}
         self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.team, self.member)
+
     def stopping(self) -> bool:
-        return self.closing
+        return self.closing or self._lost()
+
+    def _lost(self) -> bool:
+        """Whether this hub's lease on the member ran out (it stops pushing at once)."""
+        if not self.lost and not self.d.ownership.holds(self.key):
+            self.lost = True
+            self.status.stopped_reason = "push delivery moved to another hub"
+            log.warning("%s/%s: this hub's lease on its push delivery ran out; stopping",
+                        self.team, self.member)  # fmt: skip
+        return self.lost
 
     def _state(self, state: str, error: str | None = None) -> None:
         self.status.state = state
@@ -210,7 +248,7 @@ class _Worker:
         # following: look again for the member's live session at least this often
         wait = min(self.d.wait_s, 5.0) if follow else self.d.wait_s
         pause = 0.5
-        while not self.closing:
+        while not self.stopping():
             session = await self._live_session() if follow else adapter.session
             self.status.session = session
             one_per_turn = adapter.starts_turn and session is not None
@@ -223,6 +261,7 @@ class _Worker:
                     limit=1 if one_per_turn else self.d.batch,
                     wait=wait,
                     lease_seconds=lease,
+                    owner=self.d.ownership.owner,
                 )
             except (InvalidState, UnknownSession) as exc:
                 if follow:
@@ -265,6 +304,12 @@ class _Worker:
         self.busy = True  # through the recording: stop() lets this finish
         try:
             outcome, detail, retry_after = await self._attempt(adapter, item)
+            if outcome is _Outcome.HOLD:
+                await self._release([mid, *(m.message.message_id for m in rest)])
+                self.busy = False
+                await self._tell_operator(item, detail)
+                await self._hold(adapter, detail)
+                return False
             if outcome is _Outcome.RETRY:
                 delay = self._retry_delay(adapter, item, retry_after)
                 if delay is None:
@@ -285,6 +330,51 @@ class _Worker:
             return True
         finally:
             self.busy = False
+
+    async def _tell_operator(self, item: InboxMessage, reason: str) -> None:
+        """A ``system`` notice to the team's human (``user``), once per held copy and
+        lease, so the operator learns that an agent is not in its pane. Never about the
+        operator's own deliveries (a notice held for them would beget another)."""
+        if self.member == OPERATOR:
+            return
+        m = item.message
+        text = (
+            f"A message from {m.sender} to {self.member} is held, not delivered: {reason}. "
+            "It waits in the queue and is delivered once the agent is back."
+        )
+        try:
+            await self.hub.notice(
+                self.team,
+                OPERATOR,
+                text,
+                message_id=f"held-{m.message_id}-{self.member}-{item.attempt}"[:128],
+                summary=f"delivery to {self.member} held",
+                meta={"held_message_id": m.message_id, "member": self.member, "reason": reason},
+            )
+        except Exception as exc:  # the log line in _hold still tells
+            log.warning("%s/%s: could not send the hold notice (%s)", self.team, self.member, exc)
+
+    async def _hold(self, adapter: Adapter, reason: str) -> None:
+        """Wait, leasing nothing, until the adapter is ready again (or the worker stops)."""
+        self._state("held", reason)
+        log.warning("%s/%s: holding deliveries to %s: %s", self.team, self.member,
+                    adapter.describe(), reason)  # fmt: skip
+        pause, reminded = 0.5, time.monotonic()
+        while not self.closing:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, HOLD_PAUSE_MAX)
+            try:
+                why = await adapter.ready()
+            except Exception as exc:  # ready() must not raise; never let it end the worker
+                why = f"{type(exc).__name__}: {exc}"
+            if why is None:
+                log.warning("%s/%s: %s is ready again; delivering", self.team, self.member,
+                            adapter.describe())  # fmt: skip
+                return
+            if time.monotonic() - reminded >= HOLD_REMIND_S:
+                reminded = time.monotonic()
+                log.warning("%s/%s: still holding deliveries: %s", self.team, self.member, why)
+            self._state("held", why)
 
     async def _record_outcome(
         self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str
@@ -315,6 +405,8 @@ class _Worker:
             detail = await adapter.deliver(item)
         except PermanentDeliveryError as exc:
             return _Outcome.DEAD, exc.message, None
+        except HeldDelivery as exc:
+            return _Outcome.HOLD, exc.message, None
         except AdapterError as exc:
             return _Outcome.RETRY, exc.message, exc.retry_after
         except Exception as exc:
@@ -350,8 +442,8 @@ class _Worker:
     async def _release(self, ids: list[str]) -> None:
         for mid in ids:
             self.held.pop(mid, None)
-        if not ids:
-            return
+        if not ids or self._lost():
+            return  # the next owner returns them to the queue when it takes over
         try:
             await self.hub.release(self.team, self.member, ids)
         except Exception as exc:
@@ -416,7 +508,10 @@ class Dispatcher:
     longest single ``receive`` wait; ``batch``: copies leased at once (1 for adapters that
     start a turn and have a session); ``grace_s``: how long :meth:`stop` lets a delivery
     under way finish; ``adapters``: ``delivery.type`` -> factory; ``teams``: serve only
-    these teams (default all).
+    these teams (default all); ``owner``: this hub's name in the store's push-delivery
+    leases (default: host, process id and a random part); ``ownership_s``: how long such a
+    lease lasts (a crashed hub's members move to another hub within about this long; it
+    is renewed at least every quarter of it).
     """
 
     def __init__(
@@ -429,9 +524,14 @@ class Dispatcher:
         grace_s: float = 5.0,
         adapters: Mapping[str, AdapterFactory] = ADAPTERS,
         teams: Collection[str] | None = None,
+        owner: str | None = None,
+        ownership_s: float = OWNERSHIP_S,
     ) -> None:
         if rescan_s <= 0 or wait_s <= 0 or batch < 1 or grace_s < 0:
             raise ValueError("rescan_s and wait_s must be positive, batch at least 1")
+        self.ownership = Ownership(hub, owner=owner, lease_s=ownership_s)
+        # scan (and renew the leases) often enough that one slow renewal is harmless
+        self._tick = min(rescan_s, ownership_s / 4)
         self.hub = hub
         self.rescan_s, self.wait_s, self.batch, self.grace_s = rescan_s, wait_s, batch, grace_s
         self.adapters = adapters
@@ -472,6 +572,7 @@ class Dispatcher:
             self._workers.clear()
         if workers:
             await asyncio.gather(*(w.stop(self.grace_s) for w in workers))
+        await self.ownership.release()
 
     def poke(self) -> None:
         """Scan now instead of at the next ``rescan_s`` tick (after adding a member)."""
@@ -484,7 +585,7 @@ class Dispatcher:
     async def _scan_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.rescan_s)
+                await asyncio.wait_for(self._poke.wait(), self._tick)
             self._poke.clear()
             try:
                 await self.rescan()
@@ -492,7 +593,8 @@ class Dispatcher:
                 log.exception("scanning teams for push members failed; retrying")
 
     async def rescan(self) -> None:
-        """List teams and members now; start, replace or stop workers to match."""
+        """List teams and members now; claim or renew this hub's lease on each push
+        member's delivery; start, replace or stop workers to match."""
         async with self._scan_lock:
             if self._closed:
                 return
@@ -517,13 +619,23 @@ class Dispatcher:
             for key, w in list(self._workers.items()):
                 want = wanted.get(key)
                 crashed = w.task.done() and not w.task.cancelled() and w.task.exception()
-                if want is None or want[1] != w.snapshot or crashed:
+                if want is None or want[1] != w.snapshot or crashed or w.lost:
                     stale.append(w)
                     del self._workers[key]
             if stale:
                 await asyncio.gather(*(w.stop(self.grace_s) for w in stale))
+            held = await self.ownership.claim(
+                wanted, running=set(self._workers), drop=self.ownership.held()
+            )
+            lost = [w for key, w in self._workers.items() if key not in held]
+            for w in lost:
+                w.lost = True  # another hub owns it: release nothing on the way out
+                w.status.stopped_reason = "push delivery moved to another hub"
+                del self._workers[w.key]
+            if lost:
+                await asyncio.gather(*(w.stop(self.grace_s) for w in lost))
             for key, (member, snapshot) in wanted.items():
-                if key not in self._workers:
+                if key in held and key not in self._workers:
                     w = _Worker(self, member, snapshot)
                     w.task.add_done_callback(_log_crash)
                     self._workers[key] = w

@@ -10,7 +10,9 @@ Setting::
      "session": "<hub session>"}  # optional; hold messages while that session's turn runs
 
 Each message becomes one entry ``{from: sender, text, summary?, msg_id: message_id,
-color?}`` written by :class:`~backchannel.delivery.claude_inbox.InboxWriter` (Claude
+color?}`` whose ``text`` is the message framed as every adapter frames it
+(``[From sender] ...``, see :mod:`backchannel.core.framing`: so a text can neither pose
+as another sender's message nor as one of Claude Code's JSON protocol messages), written by :class:`~backchannel.delivery.claude_inbox.InboxWriter` (Claude
 Code's own lock, atomic replace, read back). An entry whose ``msg_id`` is already in the
 inbox is not written again, so a redelivery after a crash is a no-op unless the agent had
 already read and pruned the entry. ``InboxWriteError`` (lock not won before the writer's
@@ -19,7 +21,7 @@ deadline, I/O error) is transient: the dispatcher retries.
 
 from __future__ import annotations
 
-from backchannel.delivery.base import Adapter, AdapterContext, AdapterError
+from backchannel.delivery.base import Adapter, AdapterContext, AdapterError, agent_text
 from backchannel.delivery.claude_inbox import InboxWriteError, InboxWriter
 from backchannel.types import InboxMessage
 
@@ -49,7 +51,7 @@ class InboxFileAdapter(Adapter):
                 self.inbox,
                 msg_id=m.message_id,
                 from_=m.sender,
-                text=m.text,
+                text=agent_text(item),
                 summary=m.summary,
                 color=self.color,
             )

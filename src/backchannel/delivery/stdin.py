@@ -9,6 +9,9 @@ Setting::
      "env": {"NAME": "value"},      # optional; added to the hub's environment
      "stdout": "/path/agent.log",   # optional; the agent's stdout and stderr (default: discarded)
      "session": "<hub session id>", # optional; default (or "auto"): a new session opened at start
+     "events": true,                # optional; read the agent's stream-json stdout into
+                                    # session events (default: when the command has
+                                    # "--output-format stream-json")
      "turn_wait": 0}                # optional; see backchannel.delivery.base.Adapter
 
 When the dispatcher starts serving the member, :class:`StdinAgent` starts ``command``
@@ -27,6 +30,14 @@ setting (or a hub restart) starts a new process. A hub shutdown closes the agent
 stdin (end of input), waits briefly, then terminates it, *without* terminating the
 session, so the next start resumes it.
 
+**The agent's stdout.** With ``events`` on, the adapter reports ``turn_start`` (the
+message's text) before it writes a line, and reads the agent's stdout as Claude Code's
+``--output-format stream-json``: ``assistant`` messages give ``thought`` (thinking),
+``agent_output`` (text) and ``tool_call`` (tool_use) events, ``user`` tool results give
+``tool_result``, and the ``result`` line gives ``agent_stop`` with the result text. The
+hub holds the next message until then, so messages reach the agent between turns. Lines
+that are not stream-json are kept in the ``stdout`` file only.
+
 The agent's own ``message_id`` check is impossible here (the line carries only text), so
 a crash between the write and the hub's record delivers the line twice.
 """
@@ -39,7 +50,7 @@ import json
 import logging
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,9 +63,15 @@ from backchannel.delivery.base import (
     agent_text,
 )
 from backchannel.errors import BackchannelError, Forbidden, InvalidState
-from backchannel.types import InboxMessage
+from backchannel.types import EventKind, InboxMessage
 
-__all__ = ["StdinAdapter", "StdinAgent", "StdinClosed", "stream_json_line"]
+__all__ = [
+    "StdinAdapter",
+    "StdinAgent",
+    "StdinClosed",
+    "stream_json_events",
+    "stream_json_line",
+]
 
 log = logging.getLogger("backchannel.delivery.stdin")
 
@@ -83,9 +100,12 @@ class StdinAgent:
         cwd: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         stdout: str | os.PathLike[str] | None = None,
+        on_line: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         if not command:
             raise ValueError("command is empty")
+        self.on_line = on_line
+        self._pump: asyncio.Task[None] | None = None
         self.command = list(command)
         self.cwd = cwd
         self.env = {**os.environ, **env} if env else None
@@ -105,21 +125,48 @@ class StdinAgent:
         """Start the process. ``OSError`` if the command cannot be run."""
         out: IO[bytes] | int = asyncio.subprocess.DEVNULL
         if self.stdout is not None:
-            self.stdout.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.stdout, "ab")  # noqa: SIM115, ASYNC230 - local file; the child keeps a copy
+            self.stdout.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # the agent's output holds its messages: private, as every file the hub writes
+            fd = os.open(self.stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            out = os.fdopen(fd, "ab")  # the child keeps a copy
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command,
                 stdin=asyncio.subprocess.PIPE,
-                stdout=out,
+                stdout=asyncio.subprocess.PIPE if self.on_line else out,
                 stderr=out if self.stdout is not None else asyncio.subprocess.DEVNULL,
                 cwd=self.cwd,
                 env=self.env,
                 start_new_session=True,
+                limit=16 * 1024 * 1024,  # one stream-json line can be a long tool result
             )
         finally:
-            if not isinstance(out, int):
+            if not isinstance(out, int) and self.on_line is None:
                 out.close()
+        if self.on_line is not None:
+            log_file = out if not isinstance(out, int) else None
+            self._pump = asyncio.create_task(self._read_stdout(log_file), name="bc-stdin-stdout")
+
+    async def _read_stdout(self, log_file: IO[bytes] | None) -> None:
+        """Hand each stdout line to ``on_line`` (and append it to the log file)."""
+        proc = self.proc
+        assert proc is not None
+        assert proc.stdout is not None
+        assert self.on_line is not None
+        try:
+            while line := await proc.stdout.readline():
+                if log_file is not None:
+                    await asyncio.to_thread(_append, log_file, line)
+                try:
+                    await self.on_line(line)
+                except Exception:
+                    log.exception("handling a line of the agent's stdout failed")
+        except ValueError:  # a line past the limit: the rest is read as it comes
+            log.warning("the agent (pid %s) wrote a stdout line over 16 MiB; stopped reading "
+                        "its stdout", proc.pid)  # fmt: skip
+        finally:
+            if log_file is not None:
+                log_file.close()
 
     async def send(self, data: bytes, *, within: float = 30.0) -> None:
         """Write ``data`` (whole lines) and wait until the pipe took it. Raises
@@ -174,6 +221,14 @@ class StdinAgent:
         proc = self.proc
         if proc is None:
             return None
+        try:
+            return await self._close(proc, grace)
+        finally:
+            if self._pump is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(self._pump, grace)
+
+    async def _close(self, proc: asyncio.subprocess.Process, grace: float) -> int | None:
         steps: list[Any] = [proc.terminate, proc.kill]
         if proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.close()
@@ -185,6 +240,40 @@ class StdinAgent:
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(proc.wait(), grace)
         return proc.returncode
+
+
+def _append(f: IO[bytes], line: bytes) -> None:
+    f.write(line)
+    f.flush()
+
+
+def stream_json_events(obj: Mapping[str, Any]) -> list[tuple[EventKind, str, dict[str, Any]]]:
+    """The session events one line of Claude Code's ``--output-format stream-json`` holds."""
+    kind = obj.get("type")
+    message = obj.get("message")
+    blocks = message.get("content") if isinstance(message, dict) else None
+    out: list[tuple[EventKind, str, dict[str, Any]]] = []
+    if kind == "result":
+        text = obj.get("result")
+        data = {k: obj[k] for k in ("subtype", "is_error", "num_turns") if k in obj}
+        out.append((EventKind.AGENT_STOP, text if isinstance(text, str) else "", data))
+    elif kind in ("assistant", "user") and isinstance(blocks, list):
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            t = b.get("type")
+            if t == "text" and kind == "assistant" and isinstance(b.get("text"), str):
+                out.append((EventKind.AGENT_OUTPUT, b["text"], {}))
+            elif t == "thinking" and isinstance(b.get("thinking"), str):
+                out.append((EventKind.THOUGHT, b["thinking"], {}))
+            elif t == "tool_use":
+                data = {"tool": b.get("name"), "input": b.get("input"), "id": b.get("id")}
+                out.append((EventKind.TOOL_CALL, str(b.get("name") or ""), data))
+            elif t == "tool_result":
+                content = b.get("content")
+                text = content if isinstance(content, str) else json.dumps(content)
+                out.append((EventKind.TOOL_RESULT, text, {"id": b.get("tool_use_id")}))
+    return out
 
 
 def _command(ctx: AdapterContext) -> list[str]:
@@ -215,8 +304,21 @@ class StdinAdapter(Adapter):
             raise PermanentDeliveryError(
                 f"member {ctx.member!r}'s stdin delivery 'env' must map names to strings"
             )
+        command = _command(ctx)
+        events: Any = ctx.option("events")
+        if events is None:
+            events = "--output-format" in command and "stream-json" in command
+        if not isinstance(events, bool):
+            raise PermanentDeliveryError(
+                f"member {ctx.member!r}'s stdin delivery 'events' must be true or false"
+            )
+        self.events = events
         self.agent = StdinAgent(
-            _command(ctx), cwd=ctx.str_option("cwd"), env=env, stdout=ctx.str_option("stdout")
+            command,
+            cwd=ctx.str_option("cwd"),
+            env=env,
+            stdout=ctx.str_option("stdout"),
+            on_line=self._on_line if events else None,
         )
         self._watch: asyncio.Task[None] | None = None
         self._closing = False
@@ -264,8 +366,33 @@ class StdinAdapter(Adapter):
         except BackchannelError as exc:
             log.warning("could not terminate session %s: %s", self.session, exc.message)
 
+    async def _on_line(self, line: bytes) -> None:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(obj, dict) or self.session is None:
+            return
+        for kind, text, data in stream_json_events(obj):
+            await self._report(kind, text, data)
+
+    async def _report(self, kind: EventKind, text: str, data: Mapping[str, Any]) -> None:
+        assert self.session is not None
+        try:
+            await self.ctx.hub.report_event(
+                self.ctx.team, self.ctx.member, self.session, kind, text, data
+            )
+        except BackchannelError as exc:  # no turn open (output before any input), say
+            log.info("%s/%s: %s event not recorded: %s", self.ctx.team, self.ctx.member,
+                     kind.value, exc.message)  # fmt: skip
+
     async def deliver(self, item: InboxMessage) -> str:
-        line = stream_json_line(agent_text(item))
+        text = agent_text(item)
+        line = stream_json_line(text)
+        if self.events and self.session is not None:
+            m = item.message
+            data = {"message_id": m.message_id, "from": m.sender}
+            await self._report(EventKind.TURN_START, text, data)
         try:
             await self.agent.send(line, within=self.attempt_timeout)
         except StdinClosed as exc:

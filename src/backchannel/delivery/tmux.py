@@ -7,7 +7,22 @@ Setting::
      "session": "auto",             # strongly advised: the agent's hub session id, or "auto"
      "socket_name": "agents",       # optional; tmux -L (default: tmux's default socket)
      "socket_path": "/tmp/t.sock",  # optional; tmux -S (instead of socket_name)
+     "agent_commands": ["claude"],  # optional; what may run in the pane's foreground
      "turn_wait": 3}                # optional; seconds to wait for the turn to start
+
+**Only into the agent.** Text typed into a terminal runs as commands when the agent has
+exited and left its shell in the pane. Before every paste the adapter asks tmux for the
+pane's foreground program (``#{pane_current_command}``: the name, ``argv[0]`` without
+its directory, of the foreground process group of the pane's terminal) and types only
+when it is one of ``agent_commands`` (a name or a list of names; default
+:data:`DEFAULT_AGENT_COMMANDS`: Claude Code runs as ``claude`` or ``node``, Codex as
+``codex``, Gemini CLI as ``node`` or ``gemini``). Set it to the agent's own program name
+for anything else; a shell's name (``bash``, ``zsh``...) is refused. Otherwise the copy
+is **held**: not typed, not dead-lettered, back in the queue; the team's ``user`` gets a
+``system`` notice and the hub's log a WARNING naming the program found in the pane, the
+dispatcher's status shows the worker ``held``, and the message is typed in as soon as
+the agent is back in the foreground (checked every few seconds). A pane whose
+foreground program tmux cannot name is held the same way.
 
 **Between turns only.** With ``session``, the dispatcher leases with that session, and
 the hub hands nothing out while the session has an open turn (its runtime reported
@@ -28,9 +43,9 @@ ESC[201~`` and its newlines stay newlines instead of submitting; then ``Enter``.
 and other control characters (but newline and tab) are removed from the text first, so
 a message cannot end the paste early and type keystrokes of its own.
 
-**Errors.** A pane (or tmux server) that is not there, or whose program has exited, is
-permanent: the copy is dead-lettered with the reason and the sender told. A pane in copy
-mode (someone scrolling) and a tmux command that hangs are transient and retried.
+**Errors.** A pane (or tmux server) that is not there, or whose program has exited (with
+``remain-on-exit``), is permanent: the copy is dead-lettered with the reason and the
+sender told. A pane in copy mode (someone scrolling) and a tmux command that hangs are transient and retried.
 tmux cannot tell whether the agent already saw a message, so a crash between the paste
 and the hub's record types it twice (the window is milliseconds).
 """
@@ -47,12 +62,21 @@ from backchannel.delivery.base import (
     Adapter,
     AdapterContext,
     AdapterError,
+    HeldDelivery,
     PermanentDeliveryError,
     agent_text,
 )
 from backchannel.types import InboxMessage
 
-__all__ = ["TmuxAdapter", "sanitize"]
+__all__ = ["DEFAULT_AGENT_COMMANDS", "SHELLS", "TmuxAdapter", "agent_commands", "sanitize"]
+
+#: Foreground programs a message is typed into when the setting names none.
+DEFAULT_AGENT_COMMANDS = ("claude", "codex", "gemini", "node")
+#: Never accepted as an agent: text typed into these runs as commands.
+SHELLS = frozenset(
+    {"sh", "bash", "zsh", "fish", "dash", "ksh", "mksh", "tcsh", "csh", "ash", "busybox",
+     "nu", "xonsh", "pwsh", "elvish", "login", "su", "sudo"}
+)  # fmt: skip
 
 #: One tmux command may take this long before the attempt counts as failed.
 COMMAND_TIMEOUT = 10.0
@@ -91,6 +115,9 @@ class TmuxAdapter(Adapter):
             self.socket = ["-L", name]
         self.turn_wait = ctx.float_option("turn_wait", 3.0)
         self.attempt_timeout = 4 * COMMAND_TIMEOUT
+        self.agents = agent_commands(
+            ctx.option("agent_commands", DEFAULT_AGENT_COMMANDS), f"member {ctx.member!r}"
+        )
 
     def describe(self) -> str:
         where = f" ({' '.join(self.socket)})" if self.socket else ""
@@ -146,7 +173,7 @@ class TmuxAdapter(Adapter):
                 "-p",
                 "-t",
                 self.target,
-                "#{pane_id} #{pane_dead} #{pane_in_mode}",
+                "#{pane_id} #{pane_dead} #{pane_in_mode} #{pane_current_command}",
             )
         if rc != 0:
             if any(s in text.lower() for s in _GONE):
@@ -155,13 +182,23 @@ class TmuxAdapter(Adapter):
                     "restart the agent in that pane, or change the member's delivery target"
                 )
             raise AdapterError(f"tmux could not look up pane {self.target!r}: {text or rc}")
-        parts = text.split()
-        if len(parts) != 3 or not parts[0].startswith("%"):
+        parts = text.split(" ", 3)
+        if len(parts) == 3:
+            parts.append("")  # tmux could not name the foreground program
+        if len(parts) != 4 or not parts[0].startswith("%"):
             raise AdapterError(f"unexpected answer from tmux about pane {self.target!r}: {text!r}")
-        pane_id, dead, in_mode = parts
+        pane_id, dead, in_mode, foreground = parts
         if dead == "1":
             raise PermanentDeliveryError(
                 f"the program in tmux pane {self.target!r} has exited; restart the agent there"
+            )
+        if foreground not in self.agents:
+            runs = f"runs {foreground!r}" if foreground else "runs a program tmux cannot name"
+            raise HeldDelivery(
+                f"tmux pane {self.target!r} {runs} in the foreground, not the "
+                f"agent ({' or '.join(self.agents)}); the message is held, not typed: "
+                "restart the agent in that pane (or set the member's delivery "
+                "'agent_commands' to the agent's program name)"
             )
         if in_mode == "1":
             raise AdapterError(
@@ -169,6 +206,15 @@ class TmuxAdapter(Adapter):
                 "the message is typed in once it leaves copy mode"
             )
         return pane_id
+
+    async def ready(self) -> str | None:
+        try:
+            await self.pane()
+        except HeldDelivery as exc:
+            return exc.message
+        except (AdapterError, PermanentDeliveryError):
+            return None  # the delivery attempt reports it
+        return None
 
     async def deliver(self, item: InboxMessage) -> str:
         pane = await self.pane()
@@ -186,3 +232,25 @@ class TmuxAdapter(Adapter):
         await self._check(["send-keys", "-t", pane, "Enter"], "send-keys Enter")
         lines = text.count("\n") + 1
         return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
+
+
+def agent_commands(value: object, member: str) -> tuple[str, ...]:
+    """The ``agent_commands`` option checked: a name or a non-empty list of names, no
+    shell. Raises :class:`PermanentDeliveryError` naming the fix."""
+    names = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(names, list | tuple)
+        or not names
+        or not all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        raise PermanentDeliveryError(
+            f"{member}'s tmux delivery 'agent_commands' must be a program name or a list "
+            f'of them, got {value!r}; e.g. "agent_commands": ["claude"]'
+        )
+    shells = sorted(set(names) & SHELLS)
+    if shells:
+        raise PermanentDeliveryError(
+            f"{member}'s tmux delivery 'agent_commands' names the shell {shells[0]!r}: "
+            "messages typed into a shell run as commands; name the agent's own program instead"
+        )
+    return tuple(names)

@@ -16,12 +16,11 @@ answers JSON. ``Backchannel-Session: <id>`` names the session the tools act for.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.routing import Route
@@ -32,6 +31,7 @@ from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, Serv
 from backchannel.hub import Hub
 from backchannel.interfaces.http import Auth, principal
 from backchannel.interfaces.mcp import Agent, build_server, hub_delegate
+from backchannel.interfaces.wire import parse_json
 from backchannel.runtimes import RUNTIMES
 from backchannel.runtimes.common import PROBLEM_HEADER, check_expected
 from backchannel.runtimes.receiver import handle_hook
@@ -56,7 +56,11 @@ def mount_agent_routes(app: FastAPI) -> None:
     hub: Hub = app.state.hub
 
     @app.post("/v1/hooks/{runtime}", tags=["hooks"])
-    async def hook(runtime: str, request: Request, who: Auth) -> JSONResponse:
+    async def hook(
+        runtime: Annotated[str, Path(pattern=f"^({'|'.join(RUNTIMES)})$")],
+        request: Request,
+        who: Auth,
+    ) -> JSONResponse:
         """A runtime's hook call: its own hook JSON in, its own hook output JSON out."""
         me = who.need_member()
         if runtime not in RUNTIMES:
@@ -68,7 +72,7 @@ def mount_agent_routes(app: FastAPI) -> None:
         raw = await request.body()
         try:
             check_expected(me, expect)
-            payload: Any = json.loads(raw)
+            payload: Any = parse_json(raw)
         except Forbidden as exc:
             return _ignored(me, runtime, exc.message)
         except ValueError as exc:

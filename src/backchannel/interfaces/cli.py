@@ -1,9 +1,11 @@
-"""The ``backchannel`` command. Data goes to stdout, talk to stderr; exit 1 on failure.
+"""The ``backchannel`` command. Data goes to stdout, talk to stderr. Exit codes: 0 done,
+1 the command failed (the hub refused, nothing found, no hub), 2 the command line is wrong.
 
-Which hub: ``--url``/``BACKCHANNEL_URL``; else the server recorded in the data directory
-(``$BACKCHANNEL_HOME/server.json``, written by ``serve``); else the data directory's
-SQLite file, opened in this process. Which identity: ``--token``/``BACKCHANNEL_TOKEN``;
-admin commands fall back to ``$BACKCHANNEL_HOME/admin.token``.
+Which hub: see :mod:`backchannel.interfaces.cli_hub` (``backchannel status`` says which);
+no command but ``serve``, ``init`` or an explicit ``--store`` creates a store. Which
+identity: ``--token``/``BACKCHANNEL_TOKEN``; admin commands fall back to
+``$BACKCHANNEL_HOME/admin.token``. Listings take ``--json``: a JSON array (``[]`` when
+empty) with the HTTP API's field names.
 """
 
 from __future__ import annotations
@@ -24,43 +26,76 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.client import Client, HttpClient, connect
-from backchannel.errors import BackchannelError
+from backchannel.delivery.ownership import OWNERSHIP_S
+from backchannel.errors import AnchorRequired, BackchannelError
+from backchannel.interfaces import cli_hub
+from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
+from backchannel.interfaces.terminal import markup_safe, printable
+from backchannel.interfaces.terminal import printable as _p
 
 T = TypeVar("T")
 
+# plain help (no rich markup: hints such as "[your own]" stay as written); -h or --help
+PLAIN: dict[str, Any] = {"rich_markup_mode": None, "no_args_is_help": True}
 app = typer.Typer(
     name="backchannel",
     help="A durable message hub for teams of AI agents.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    **PLAIN,
 )
-team_app = typer.Typer(help="Create and list teams (admin).", no_args_is_help=True)
-member_app = typer.Typer(help="Add and list members (admin).", no_args_is_help=True)
+team_app = typer.Typer(help="Create and list teams (admin).", **PLAIN)
+member_app = typer.Typer(help="Add and list members (admin).", **PLAIN)
 app.add_typer(team_app, name="team")
 app.add_typer(member_app, name="member")
 
-err = Console(stderr=True, highlight=False)
+# soft_wrap: a long line is never cut into 80 columns (pipes, logs, narrow terminals)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
-
-UrlOpt = Annotated[
-    str | None,
-    typer.Option("--url", envvar="BACKCHANNEL_URL", help="Hub URL (http://...) or store URL."),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", envvar="BACKCHANNEL_TOKEN", help="Member or admin token."),
-]
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option("--home", envvar="BACKCHANNEL_HOME", help="Data directory [./.backchannel]."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    err.print("[red]error:[/red] ", end="")
+    err.print(printable(message, multiline=True), markup=False)
     raise typer.Exit(code)
+
+
+# -- global options: --version, --verbose ----------------------------------------------
+_verbose = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"backchannel {version('backchannel')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Say which hub or store each command uses.")
+    ] = False,
+) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+def _locate(url: str | None, home: Path | None) -> cli_hub.Target:
+    try:
+        target = cli_hub.locate(url, home)
+    except BackchannelError as exc:
+        _fail(exc.message)
+        raise
+    if _verbose:
+        err.print(f"using {target.describe()}", markup=False)
+    return target
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -74,10 +109,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _client(url: str | None, token: str | None, home: Path | None, *, admin: bool) -> Client:
-    data_dir = config.home(home)
-    if url is None:
-        info = config.read_server_info(data_dir)
-        url = info["url"] if info else config.default_store_url(data_dir)
+    target = _locate(url, home)
+    data_dir, url = target.data_dir, target.url
     if admin and token is None:
         if url.startswith(("http://", "https://")):
             token = config.admin_token(data_dir, create=False)
@@ -121,14 +154,53 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8765,
     lease: Annotated[float, typer.Option(help="Seconds a received message stays leased.")] = 60.0,
     max_attempts: Annotated[int, typer.Option(help="Deliveries before a message is dead.")] = 5,
-    max_text: Annotated[int, typer.Option(help="Largest message text in bytes.")] = 256 * 1024,
+    max_text: Annotated[int, typer.Option(help="Largest message text, in UTF-8 bytes.")] = 256
+    * 1024,
     dispatch: Annotated[
         bool,
-        typer.Option(help="Push to members with a delivery adapter (one hub per store should)."),
+        typer.Option(
+            help="Push to members with a delivery adapter (safe in every hub of a store: "
+            "each member is pushed by one hub at a time)."
+        ),
     ] = True,
+    dispatch_lease: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a hub's hold on a member's push delivery lasts unrenewed: how soon "
+            "another hub takes over after a crash."
+        ),
+    ] = OWNERSHIP_S,
+    retention_days: Annotated[
+        float,
+        typer.Option(help="Days acked and dead messages are kept (0 keeps them forever)."),
+    ] = 30.0,
+    log_format: Annotated[
+        str, typer.Option(help="text, or json (one object per line) for log collectors.")
+    ] = "text",
+    header_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a client may take to send a request's head.")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a client may take to send a request's body.")
+    ] = 30.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Open connections before new ones get 503 (at most half the open-file limit).",
+        ),
+    ] = 1000,
     home: HomeOpt = None,
 ) -> None:
     """Run the hub: HTTP API, live streams and the data directory's admin token."""
+    from backchannel.interfaces.guard import ConnectionLimits
+
+    if dispatch_lease <= 0:
+        raise typer.BadParameter(
+            "must be a positive number of seconds", param_hint="--dispatch-lease"
+        )
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("use text or json", param_hint="--log-format")
     from backchannel.interfaces.server import run_server
 
     data_dir = config.home(home)
@@ -144,6 +216,10 @@ def serve(
             max_text=max_text,
             console=err,
             dispatch=dispatch,
+            dispatch_lease=dispatch_lease,
+            retention_seconds=retention_days * 86400 if retention_days != 0 else None,
+            log_format="json" if log_format == "json" else "text",
+            limits=ConnectionLimits(header_timeout, body_timeout, max_connections),
         )
     except BackchannelError as exc:
         _fail(exc.message)
@@ -154,30 +230,48 @@ def serve(
 
 @team_app.command("create")
 def team_create(
-    name: str, url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None
+    name: str,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole team as JSON, not just the token.")
+    ] = False,
 ) -> None:
-    """Create a team (with its `user` member). Prints the team and user's token."""
+    """Create a team with its `user` member (you). Prints user's token, once."""
     result = _run(_with(_client(url, token, home, admin=True), lambda c: c.create_team(name)))
-    err.print(f"team [bold]{name}[/bold] created; the user token is shown once:")
-    _print_json(result)
+    err.print(f"team [bold]{name}[/bold] created; the token of its user (shown once):")
+    if as_json:
+        _print_json(result)
+    else:
+        print(result["user_token"])
 
 
 @team_app.command("list")
-def team_list(url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None) -> None:
+def team_list(
+    url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None, as_json: JsonOpt = False
+) -> None:
     """List teams."""
     client = _client(url, token, home, admin=True)
 
-    async def run(c: Client) -> list[str]:
+    async def run(c: Client) -> list[dict[str, Any]]:
         if isinstance(c, HttpClient):
             data = await c._call("GET", "/v1/teams")
-            return [t["name"] for t in data["teams"]]
+            teams: list[dict[str, Any]] = data["teams"]
+            return teams
         from backchannel.client import LocalClient
 
         assert isinstance(c, LocalClient)
-        return [t.name for t in await c.hub.list_teams()]
+        return [{"name": t.name, "created_at": t.created_at} for t in await c.hub.list_teams()]
 
-    for name in _run(_with(client, run)):
-        print(name)
+    found = _run(_with(client, run))
+    if as_json:
+        _print_json(found)
+        return
+    for t in found:
+        print(_p(t["name"]))
+    if not found:
+        err.print("no teams")
 
 
 @member_app.command("add")
@@ -213,7 +307,106 @@ def member_list(
         _print_json(members)
         return
     for m in members:
-        print(f"{m['name']}\t{m['kind']}")
+        seen = m.get("presence")  # Claude Code teammates: state from their inbox traffic
+        state = f"\t{seen['state']}\t{seen['last_event']}" if seen else ""
+        print(f"{_p(m['name'])}\t{_p(m['kind'])}{_p(state)}")
+
+
+# -- credentials and removal (admin) -----------------------------------------------------
+
+
+def _admin_call(
+    url: str | None,
+    token: str | None,
+    home: Path | None,
+    method: str,
+    path: str,
+    local: Callable[[Any], Awaitable[Any]],
+    **kw: Any,
+) -> Any:
+    """One admin call, over HTTP or on a hub in this process."""
+
+    async def run(c: Client) -> Any:
+        if isinstance(c, HttpClient):
+            return await c._call(method, path, **kw)
+        from backchannel.client import LocalClient
+
+        assert isinstance(c, LocalClient)
+        return await local(c.hub)
+
+    return _run(_with(_client(url, token, home, admin=True), run))
+
+
+@member_app.command("rotate-token")
+def member_rotate_token(
+    team: str, name: str, url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None
+) -> None:
+    """Give a member a new token (printed once); the old one stops working at once."""
+    result = _admin_call(
+        url,
+        token,
+        home,
+        "POST",
+        f"/v1/teams/{team}/members/{name}/token",
+        lambda hub: _as_token(hub.rotate_token(team, name)),
+    )
+    err.print(f"new token for [bold]{name}[/bold] in {team} (shown once; the old one is void):")
+    print(result["token"])
+
+
+async def _as_token(rotation: Awaitable[str]) -> dict[str, Any]:
+    return {"token": await rotation}
+
+
+@member_app.command("remove")
+def member_remove(
+    team: str,
+    name: str,
+    reason: Annotated[str, typer.Option(help="Why; told to senders of undelivered mail.")] = "",
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Remove a member: mail still waiting for it becomes dead letters (senders are told),
+    its links close, its timers are cancelled, its token stops working."""
+
+    async def local(hub: Any) -> Any:
+        return (await hub.remove_member(team, name, reason=reason)).to_json()
+
+    result = _admin_call(
+        url, token, home, "DELETE", f"/v1/teams/{team}/members/{name}", local,
+        params={"reason": reason} if reason else None,
+    )  # fmt: skip
+    err.print(
+        f"member [bold]{name}[/bold] removed from {team}: {result['dead_letters']} dead "
+        f"letter(s), {result['links_closed']} link(s) closed, {result['jobs_cancelled']} "
+        "timer(s) cancelled"
+    )
+    _print_json(result)
+
+
+@team_app.command("remove")
+def team_remove(
+    name: str,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: everything of the team goes.")] = (
+        False
+    ),
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+) -> None:
+    """Remove a team and everything stored for it (messages, transcripts, timers)."""
+    if not yes:
+        _fail(f"removing team {name!r} deletes all it holds; run again with --yes to confirm")
+
+    async def local(hub: Any) -> Any:
+        return (await hub.remove_team(name)).to_json()
+
+    result = _admin_call(url, token, home, "DELETE", f"/v1/teams/{name}", local)
+    err.print(
+        f"team [bold]{name}[/bold] removed; {result['dropped']} undelivered copies went with it"
+    )
+    _print_json(result)
 
 
 # -- messages ----------------------------------------------------------------------------
@@ -234,14 +427,25 @@ def send(
     """Send a message as the member whose token you hold. Prints the message id."""
     if text == "-":
         text = sys.stdin.read()
-    result = _run(
-        _with(
-            _client(url, token, home, admin=False),
-            lambda c: c.send(to, text, summary=summary, message_id=message_id),
+    if not text.strip():
+        raise typer.BadParameter("the message is empty; say something", param_hint="TEXT")
+    client = _client(url, token, home, admin=False)
+    try:
+        result = asyncio.run(
+            _with(client, lambda c: c.send(to, text, summary=summary, message_id=message_id))
         )
-    )
-    err.print(f"{result['status']} for {', '.join(result['recipients'])}")
-    print(result["message_id"])
+    except AnchorRequired as exc:
+        sid = exc.details.get("session", "SESSION")
+        _fail(
+            f"{exc.message}\nFrom the command line: backchannel timer set anchor 10 "
+            f"'return to <your task>' --session {sid}"
+        )
+        raise
+    except BackchannelError as exc:
+        _fail(exc.message)
+        raise
+    err.print(markup_safe(f"{result['status']} for {', '.join(result['recipients'])}"))
+    print(_p(result["message_id"]))
 
 
 @app.command()
@@ -252,56 +456,76 @@ def inbox(
     no_ack: Annotated[
         bool, typer.Option("--no-ack", help="Leave messages unacknowledged (they come back).")
     ] = False,
+    session: Annotated[
+        str | None,
+        typer.Option(help="Also read what is pinned to this session of yours (fired timers)."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
-    as_json: JsonOpt = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="A JSON array ([] when empty); with --follow one per line."),
+    ] = False,
 ) -> None:
     """Read your messages (and acknowledge them, unless --no-ack)."""
+    collected: list[dict[str, Any]] = []
 
     async def run(c: Client) -> int:
         count = 0
         while True:
-            got = await c.receive(limit=limit, wait=30.0 if follow else wait)
+            got = await c.receive(limit=limit, wait=30.0 if follow else wait, session=session)
             for m in got:
                 count += 1
-                if as_json:
+                if as_json and not follow:
+                    collected.append(cli_hub.message_json(m))
+                elif as_json:
+                    print(json.dumps(cli_hub.message_json(m)), flush=True)
+                else:
                     print(
-                        json.dumps({k: v for k, v in m.__dict__.items() if k != "_client"}),
+                        f"[{_when(m.created_at)}] {_p(m.sender)} ({_p(m.kind)}): "
+                        f"{printable(m.text, multiline=True)}",
                         flush=True,
                     )
-                else:
-                    print(f"[{_when(m.created_at)}] {m.sender} ({m.kind}): {m.text}", flush=True)
             if got and not no_ack:
                 await c.ack([m.message_id for m in got])
             if not follow and (not got or len(got) < limit):
                 return count
 
     count = _run(_with(_client(url, token, home, admin=False), run))
+    if as_json and not follow:
+        print(json.dumps(collected))
     if not follow and count == 0:
         err.print("no messages")
 
 
 @app.command()
 def status(
-    message_id: str,
+    message_id: Annotated[
+        str | None, typer.Argument(help="A message id [none: the hub, the store and who you are].")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a message's delivery state and history."""
+    """Which hub or store this terminal talks to, as whom; or a message's delivery history."""
+    if message_id is None:
+        from backchannel.interfaces.cli_sessions import where
+
+        where(_locate(url, home), token, as_json)
+        return
     data = _run(_with(_client(url, token, home, admin=False), lambda c: c.status(message_id)))
     if as_json:
         _print_json(data)
         return
-    print(f"{data['message_id']}  {data['from']} -> {data['to']}  {data['status']}")
+    print(_p(f"{data['message_id']}  {data['from']} -> {data['to']}  {data['status']}"))
     for d in data["deliveries"]:
         extra = f"  ({d['dead_reason']})" if d.get("dead_reason") else ""
-        print(f"  {d['to']}: {d['state']}, {d['attempts']} attempt(s){extra}")
+        print(_p(f"  {d['to']}: {d['state']}, {d['attempts']} attempt(s){extra}"))
     for h in data["history"]:
         detail = f" {h['detail']}" if h["detail"] else ""
-        print(f"  {_when(h['at'])}  {h['to']}  {h['event']}{detail}")
+        print(_p(f"  {_when(h['at'])}  {h['to']}  {h['event']}{detail}"))
 
 
 @app.command()
@@ -325,10 +549,8 @@ def run(
     from backchannel.runtimes.session import print_report, run_team
     from backchannel.runtimes.teamfile import load_team
 
-    data_dir = config.home(home)
-    if url is None:
-        info = config.read_server_info(data_dir)
-        url = info["url"] if info else config.default_store_url(data_dir)
+    target = _locate(url, home)
+    data_dir, url = target.data_dir, target.url
     admin_token = token or (
         config.admin_token(data_dir, create=False) if url.startswith("http") else None
     )
@@ -361,7 +583,7 @@ def run(
         print_report(result, out)
 
 
-timer_app = typer.Typer(help="Heartbeats: set, list and cancel timers.", no_args_is_help=True)
+timer_app = typer.Typer(help="Heartbeats: set, list and cancel timers.", **PLAIN)
 app.add_typer(timer_app, name="timer")
 
 
@@ -403,7 +625,16 @@ def timer_list(
     for t in found:
         target = f" -> {t['target']}" if t["target"] else ""
         print(
-            f"{t['timer_id']}\t{t['session']}\t{t['intent']}{target}\tdue in {t['due_in']:.0f} s\t{t['note']}"
+            "\t".join(
+                _p(v)
+                for v in (
+                    t["timer_id"],
+                    t["session"],
+                    f"{t['intent']}{target}",
+                    f"due in {t['due_in']:.0f} s",
+                    t["note"],
+                )
+            )
         )
     if not found:
         err.print("no pending timers")
@@ -436,8 +667,10 @@ def links(
     for link in found:
         why = f" ({link['close_reason']})" if link["close_reason"] else ""
         print(
-            f"{link['link_id']}  {link['initiator']} <-> {link['responder']}  "
-            f"{link['turns_used']}/{link['budget']} turns  {link['state']}{why}"
+            _p(
+                f"{link['link_id']}  {link['initiator']} <-> {link['responder']}  "
+                f"{link['turns_used']}/{link['budget']} turns  {link['state']}{why}"
+            )
         )
     if not found:
         err.print("no links")
@@ -461,8 +694,8 @@ def tail(
             return
         detail = f" ({item['detail']})" if item.get("detail") else ""
         print(
-            f"[{_when(item['at'])}] {item['event']:<13} {item['from']} -> {item['to']} "
-            f"{item['kind']}: {item['summary']}{detail}",
+            f"[{_when(item['at'])}] {_p(item['event']):<13} {_p(item['from'])} -> "
+            f"{_p(item['to'])} {_p(item['kind'])}: {_p(item['summary'])}{_p(detail)}",
             flush=True,
         )
 
@@ -499,18 +732,20 @@ def tail(
         _run(_with(client, run))
 
 
-from backchannel.interfaces import cli_agents  # noqa: E402  (registers hook, mcp, attach)
+from backchannel.interfaces import cli_agents, cli_sessions  # noqa: E402
 
-cli_agents.register(app)
+cli_agents.register(app)  # hook, mcp, attach
+cli_sessions.register(app)  # init, session open|list|event|terminate
+
+from backchannel.interfaces import cli_budget  # noqa: E402  (registers budget)
+
+cli_budget.register(app)
 
 
 def main() -> None:
-    # a closed stdout (``| head``) is not an error worth a traceback
+    # a closed stdout (``| head``) is not an error worth a traceback; ``serve`` puts
+    # SIGPIPE back to ignored, so a client hanging up never ends the hub
     with suppress(AttributeError):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()
-
-
-if __name__ == "__main__":
-    main()

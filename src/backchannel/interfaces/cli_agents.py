@@ -10,7 +10,6 @@ the data directory's store otherwise.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
@@ -22,36 +21,19 @@ import httpx
 import typer
 from rich.console import Console
 
-from backchannel import config
 from backchannel.client import HttpClient, LocalClient, connect
 from backchannel.errors import BackchannelError
+from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt
+from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
 
 err = Console(stderr=True, highlight=False)
 
-UrlOpt = Annotated[
-    str | None,
-    typer.Option("--url", envvar="BACKCHANNEL_URL", help="Hub URL (http://...) or store URL."),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", envvar="BACKCHANNEL_TOKEN", help="This agent's member token."),
-]
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option("--home", envvar="BACKCHANNEL_HOME", help="Data directory [./.backchannel]."),
-]
-AsOpt = Annotated[
-    str | None,
-    typer.Option("--as", help="TEAM/MEMBER this agent is attached as; other tokens are refused."),
-]
-
 
 def _hub_url(url: str | None, home: Path | None) -> str:
-    if url:
-        return url
-    data_dir = config.home(home)
-    info = config.read_server_info(data_dir)
-    return str(info["url"]) if info else config.default_store_url(data_dir)
+    """The hub or existing store (never a new one); ``InvalidRequest`` names the ways out."""
+    from backchannel.interfaces.cli_hub import locate
+
+    return locate(url, home).url
 
 
 # -- hook ---------------------------------------------------------------------------------
@@ -74,26 +56,36 @@ def run_hook(
     if not token:
         return {}, "BACKCHANNEL_TOKEN is not set; export this agent's member token"
     target = _hub_url(url, home)
+    raw, note = _enriched(runtime, raw)
     if target.startswith(("http://", "https://")):
-        return _forward(runtime, raw, target, token, expect)
-    return asyncio.run(_local_hook(runtime, raw, target, token, expect))
+        answer, problem = _forward(runtime, raw, target, token, expect)
+    else:
+        answer, problem = asyncio.run(_local_hook(runtime, raw, target, token, expect))
+    return answer, problem or note
+
+
+def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
+    """The payload with the closing text read from this machine's transcript when it
+    lacks it (the hub never reads a file a hook names); a bad payload goes as it is."""
+    from backchannel.runtimes.transcripts import enrich
+
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return raw, None
+    filled, note = enrich(runtime, payload)
+    return (raw if filled is payload else json.dumps(filled)), note
 
 
 def _forward(
     runtime: str, raw: str, url: str, token: str, expect: str | None
 ) -> tuple[dict[str, Any], str | None]:
-    from backchannel.runtimes.claude_code import enrich
     from backchannel.runtimes.common import PROBLEM_HEADER
 
-    body = raw
-    if runtime == "claude-code":
-        # the hub may not see this machine's transcript files; a bad payload goes as it is
-        with contextlib.suppress(ValueError):
-            body = json.dumps(enrich(json.loads(raw)))
     try:
         resp = httpx.post(
             f"{url.rstrip('/')}/v1/hooks/{runtime}",
-            content=body.encode("utf-8"),
+            content=raw.encode("utf-8"),
             params={"as": expect} if expect else None,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
             timeout=httpx.Timeout(30.0, connect=5.0),
@@ -179,10 +171,10 @@ def mcp(
     if not token:
         err.print("[red]error:[/red] set BACKCHANNEL_TOKEN to this agent's member token")
         raise typer.Exit(1)
-    target = _hub_url(url, home)
-    client = HttpClient(target, token) if target.startswith("http") else connect(target, token)
     expect = tuple(as_.split("/", 1)) if as_ else ()
     try:
+        target = _hub_url(url, home)
+        client = HttpClient(target, token) if target.startswith("http") else connect(target, token)
         asyncio.run(serve_stdio(client, session=session, expect=expect))
     except BackchannelError as exc:
         err.print(f"[red]error:[/red] {exc.message}")
@@ -216,6 +208,13 @@ def attach(
     http: Annotated[
         bool, typer.Option("--http", help="MCP (and Claude Code hooks) over HTTP, not commands.")
     ] = False,
+    trust_hooks: Annotated[
+        bool,
+        typer.Option(
+            "--trust-hooks",
+            help="Codex: also record your trust of backchannel's hooks in your Codex config.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
@@ -224,7 +223,10 @@ def attach(
     merged with what is there (backed up first). The token is never written."""
     from backchannel.runtimes.attach import AttachOptions, apply, instructions, plan
 
-    hub = _hub_url(url, home)
+    try:
+        hub = _hub_url(url, home)
+    except BackchannelError:
+        hub = ""
     if not hub.startswith(("http://", "https://")):
         hub = "http://127.0.0.1:8765"
         err.print(f"no running hub found; using {hub} (pass --url to choose)")
@@ -249,6 +251,10 @@ def attach(
     if not done:
         err.print("already attached; nothing changed")
     err.print(instructions(runtime, opts, token))
+    if runtime == "codex":
+        from backchannel.runtimes.attach import codex_trust_note
+
+        err.print(codex_trust_note(opts, grant=trust_hooks))
 
 
 def register(app: typer.Typer) -> None:
@@ -256,3 +262,6 @@ def register(app: typer.Typer) -> None:
     app.command()(hook)
     app.command("mcp")(mcp)
     app.command()(attach)
+    from backchannel.interfaces.cli_doctor import doctor
+
+    app.command()(doctor)

@@ -50,8 +50,20 @@ from backchannel.errors import (
     UnknownTeam,
 )
 from backchannel.hub import FeedItem, Hub
-from backchannel.interfaces.http import Auth, Principal
+from backchannel.interfaces.budgets_http import ExtendIn
+from backchannel.interfaces.http import Auth, EventStream, Principal
+from backchannel.interfaces.wire import (
+    MAX_INT,
+    REPLAYED,
+    TO_PATTERN,
+    MessageId,
+    SessionId,
+    StrictRoute,
+    TeamName,
+)
 from backchannel.types import (
+    MESSAGE_ID_PATTERN,
+    NAME_PATTERN,
     USER,
     Delegation,
     DelegationState,
@@ -88,6 +100,13 @@ _PAGE_HEADERS = {
 
 #: Closed links and finished delegations kept in a snapshot (the latest ones).
 FINISHED_SHOWN = 50
+#: Links, timers and delegations in a snapshot or one page of a panel (a snapshot of a
+#: team with thousands of timers stays small: the page reads the rest on demand).
+SNAPSHOT_PAGE = 50
+#: The most records one page request may ask for.
+MAX_PAGE = 500
+#: Sessions shown per member in a snapshot (its latest).
+SESSIONS_SHOWN = 20
 #: How much of a session's transcript the session view shows (its last characters).
 TRANSCRIPT_CHARS = 50_000
 
@@ -100,14 +119,22 @@ class _Body(BaseModel):
 
 
 class TicketIn(_Body):
-    team: str = Field(description="the team whose stream the ticket opens")
+    team: str = Field(pattern=NAME_PATTERN, description="the team whose stream the ticket opens")
 
 
 class ComposeIn(_Body):
-    to: str = Field(description="a member name, or '*' for every member but user")
+    to: str = Field(
+        pattern=TO_PATTERN, description="a member name, or '*' for every member but user"
+    )
     text: str
     summary: str | None = None
-    message_id: str | None = Field(None, description="your id for idempotent retries")
+    message_id: str | None = Field(
+        None, pattern=MESSAGE_ID_PATTERN, description="your id for idempotent retries"
+    )
+
+
+PageOffset = Annotated[int, Query(ge=0, le=1_000_000)]
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 
 
 # -- tickets ------------------------------------------------------------------------
@@ -202,24 +229,33 @@ def _live_first(
     return kept, len(finished) - len(finished[:FINISHED_SHOWN])
 
 
-async def links_view(hub: Hub, team: str) -> tuple[list[dict[str, Any]], int]:
-    """Open links, then the latest closed ones; and how many closed ones were left out."""
+async def links_view(
+    hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the open links, then the latest closed ones; and how many of those
+    were left out of the page."""
     kept, hidden = _live_first(
         await hub.list_links(team), lambda x: x.state is LinkState.OPEN, lambda x: x.created_at
     )
-    return [x.to_json() for x in kept], hidden
+    page = kept[offset : offset + limit]
+    return [x.to_json() for x in page], hidden + len(kept) - len(page)
 
 
-async def timers_view(hub: Hub, team: str) -> list[dict[str, Any]]:
-    """Pending timers, soonest first, with ``due_in`` by the hub's clock."""
+async def timers_view(
+    hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the pending timers, soonest first, with ``due_in`` by the hub's clock;
+    and how many there are in all."""
     now = hub.clock.now()
     timers = sorted(await hub.list_timers(team), key=lambda t: t.due_at)
-    return [t.to_json(now) for t in timers]
+    return [t.to_json(now) for t in timers[offset : offset + limit]], len(timers)
 
 
-async def delegations_view(hub: Hub, team: str) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
-    """Pending delegations, then the latest finished ones; how many finished ones were
-    left out; and how many there are in each state, all of them counted."""
+async def delegations_view(
+    hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
+) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
+    """A page of the pending delegations, then the latest finished ones; how many of
+    those were left out of the page; and how many there are in each state, all counted."""
     found: list[Delegation] = await hub.list_delegations(team)
     kept, hidden = _live_first(
         found, lambda x: x.state is DelegationState.PENDING, lambda x: x.created_at
@@ -227,7 +263,8 @@ async def delegations_view(hub: Hub, team: str) -> tuple[list[dict[str, Any]], i
     tally = {state.value: 0 for state in DelegationState}
     for d in found:
         tally[d.state.value] += 1
-    return [x.to_json() for x in kept], hidden, tally
+    page = kept[offset : offset + limit]
+    return [x.to_json() for x in page], hidden + len(kept) - len(page), tally
 
 
 def _session_json(s: Session) -> dict[str, Any]:
@@ -247,7 +284,12 @@ def _session_json(s: Session) -> dict[str, Any]:
 
 def _member_state(sessions: list[Session]) -> str:
     states = {s.state for s in sessions}
-    for state in (SessionState.ACTIVE, SessionState.IDLE, SessionState.TERMINATED):
+    for state in (
+        SessionState.ACTIVE,
+        SessionState.IDLE,
+        SessionState.EXITED,
+        SessionState.TERMINATED,
+    ):
         if state in states:
             return state.value
     return "no session"
@@ -257,39 +299,58 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
     """Each member with its state (from its sessions), kind and last session activity."""
     members = await hub.list_members(team)
     sessions = await hub.list_sessions(team)
+    presence = await hub.member_states(team)  # Claude Code teammates, from inbox traffic
     by_member: dict[str, list[Session]] = {}
     for s in sessions:
         by_member.setdefault(s.member, []).append(s)
     out = []
     for m in members:
         mine = by_member.get(m.name, [])
+        seen = presence.get(m.name)
+        last = max((s.updated_at for s in mine), default=None)
+        state = _member_state(mine)
+        if seen is not None and state != SessionState.ACTIVE.value:
+            state = seen["state"]  # a running turn wins; else what the inbox traffic says
+            last = max(last or 0.0, seen["last_activity"])
         out.append(
             {
                 "name": m.name,
                 "kind": m.kind.value,
                 "created_at": m.created_at,
-                "state": _member_state(mine),
-                "last_activity": max((s.updated_at for s in mine), default=None),
-                "sessions": [_session_json(s) for s in mine],
+                "state": state,
+                "last_activity": last,
+                "sessions": [_session_json(s) for s in mine[-SESSIONS_SHOWN:]],
+                "sessions_total": len(mine),
+                **({"presence": seen} if seen is not None else {}),
             }
         )
     return out
 
 
 async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
-    """Everything but the timeline, as the page shows it. ``now`` is the hub's clock
-    (the page sets its own by it); ``hidden`` counts the closed links and finished
-    delegations left out; ``delegation_tally`` counts every delegation by state."""
+    """Everything but the timeline, as the page shows it, bounded: the first
+    :data:`SNAPSHOT_PAGE` links, timers and delegations (the rest are read page by page
+    from their own endpoints) and each member's latest :data:`SESSIONS_SHOWN` sessions.
+    ``now`` is the hub's clock (the page sets its own by it); ``hidden`` counts the
+    records of each panel left out; ``delegation_tally`` counts every delegation by
+    state."""
     links, links_hidden = await links_view(hub, team)
     delegations, delegations_hidden, tally = await delegations_view(hub, team)
+    timers, timers_total = await timers_view(hub, team)
     return {
         "now": hub.clock.now(),
         "members": await members_view(hub, team),
         "links": links,
-        "timers": await timers_view(hub, team),
+        "timers": timers,
         "delegations": delegations,
         "delegation_tally": tally,
-        "hidden": {"links": links_hidden, "delegations": delegations_hidden},
+        # the budgets that need a human: spent, or already extended
+        "budgets": [b for b in await hub.list_budgets(team) if b["spent"] or b["granted"]],
+        "hidden": {
+            "links": links_hidden,
+            "delegations": delegations_hidden,
+            "timers": timers_total - len(timers),
+        },
     }
 
 
@@ -309,7 +370,7 @@ def _sse(event: str, data: Any, event_id: int | None = None) -> str:
 
 
 def build_router(hub: Hub, key: bytes) -> APIRouter:
-    router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"])
+    router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"], route_class=StrictRoute)
 
     async def need_team(who: Principal, team: str) -> None:
         who.need_team(team)
@@ -324,33 +385,45 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         return {"ticket": token, "expires_at": expires}
 
     @router.get("/teams/{team}/members")
-    async def members(team: str, who: Auth) -> dict[str, Any]:
+    async def members(team: TeamName, who: Auth) -> dict[str, Any]:
         await need_team(who, team)
         return {"members": await members_view(hub, team)}
 
     @router.get("/teams/{team}/snapshot")
-    async def team_snapshot(team: str, who: Auth) -> dict[str, Any]:
+    async def team_snapshot(team: TeamName, who: Auth) -> dict[str, Any]:
         """Members, links, timers and delegations in one answer."""
         await need_team(who, team)
         return await snapshot(hub, team)
 
     @router.get("/teams/{team}/links")
-    async def links(team: str, who: Auth) -> dict[str, Any]:
+    async def links(
+        team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
+    ) -> dict[str, Any]:
+        """A page of links: open ones first, then the latest closed ones."""
         await need_team(who, team)
-        return {"links": (await links_view(hub, team))[0]}
+        page, hidden = await links_view(hub, team, offset, limit)
+        return {"links": page, "offset": offset, "hidden": hidden}
 
     @router.get("/teams/{team}/timers")
-    async def timers(team: str, who: Auth) -> dict[str, Any]:
+    async def timers(
+        team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
+    ) -> dict[str, Any]:
+        """A page of pending timers, soonest first, and how many there are."""
         await need_team(who, team)
-        return {"timers": await timers_view(hub, team)}
+        page, total = await timers_view(hub, team, offset, limit)
+        return {"timers": page, "offset": offset, "total": total}
 
     @router.get("/teams/{team}/delegations")
-    async def delegations(team: str, who: Auth) -> dict[str, Any]:
+    async def delegations(
+        team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
+    ) -> dict[str, Any]:
+        """A page of delegations: pending ones first, then the latest finished ones."""
         await need_team(who, team)
-        return {"delegations": (await delegations_view(hub, team))[0]}
+        page, hidden, _ = await delegations_view(hub, team, offset, limit)
+        return {"delegations": page, "offset": offset, "hidden": hidden}
 
     @router.get("/teams/{team}/messages/{message_id}")
-    async def message(team: str, message_id: str, who: Auth) -> dict[str, Any]:
+    async def message(team: TeamName, message_id: MessageId, who: Auth) -> dict[str, Any]:
         """The full message, each copy's state and the delivery history."""
         await need_team(who, team)
         status = await hub.message_status(team, message_id)
@@ -362,8 +435,8 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
 
     @router.get("/teams/{team}/sessions/{session_id}")
     async def session(
-        team: str,
-        session_id: str,
+        team: TeamName,
+        session_id: SessionId,
         who: Auth,
         tail_chars: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
     ) -> dict[str, Any]:
@@ -382,8 +455,15 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
             )
         return {"session": _session_json(s), "transcript": data["events"], "note": note}
 
-    @router.post("/teams/{team}/messages", status_code=201)
-    async def compose(team: str, body: ComposeIn, who: Auth) -> JSONResponse:
+    @router.post("/teams/{team}/budgets/extend")
+    async def extend_budget(team: TeamName, body: ExtendIn, who: Auth) -> dict[str, Any]:
+        """Extend a spent conversation budget: the admin or the team's own ``user``."""
+        await need_team(who, team)
+        by_whom = "admin" if who.member is None else who.member.name
+        return await hub.extend_budget(team, body.key, body.by, by_whom=by_whom)
+
+    @router.post("/teams/{team}/messages", status_code=201, responses=REPLAYED)
+    async def compose(team: TeamName, body: ComposeIn, who: Auth) -> JSONResponse:
         """Send as ``user``: allowed for the admin and for the team's own ``user``."""
         await need_team(who, team)
         if who.member is not None and who.member.name != USER:
@@ -398,12 +478,12 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         )
         return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
 
-    @router.get("/teams/{team}/stream")
+    @router.get("/teams/{team}/stream", response_class=EventStream)
     async def stream(
-        team: str,
+        team: TeamName,
         request: Request,
         ticket: Annotated[str, Query(description="from POST /v1/dashboard/tickets")],
-        after: Annotated[int, Query(ge=0)] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     ) -> StreamingResponse:
         """Server-sent events: ``snapshot`` (members, links, timers, delegations; sent
         at once and whenever they change), ``traffic`` (the team's delivery events, id =
@@ -411,7 +491,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         await check_ticket(hub, key, ticket, team)
         await hub.get_team(team)
         last_id = request.headers.get("last-event-id", "")
-        if last_id.isdigit():
+        if last_id.isascii() and last_id.isdigit() and len(last_id) <= 18:
             after = max(after, int(last_id))
         return StreamingResponse(
             _stream(hub, team, after, request), media_type="text/event-stream", headers=_SSE_HEADERS

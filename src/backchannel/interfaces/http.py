@@ -15,15 +15,24 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
+from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.errors import (
     BackchannelError,
     Forbidden,
@@ -33,6 +42,29 @@ from backchannel.errors import (
     UnknownTeam,
 )
 from backchannel.hub import FeedItem, Hub, session_json
+from backchannel.interfaces.wire import (
+    MAX_INT,
+    NAME_SHAPES,
+    REFUSED,
+    REPLAYED,
+    SHAPES,
+    TO_PATTERN,
+    IdField,
+    ItemId,
+    JsonObject,
+    JsonValue,
+    MemberName,
+    MemberQuery,
+    MessageId,
+    NameField,
+    SessionField,
+    SessionId,
+    SessionQuery,
+    StrictRoute,
+    TeamName,
+    body_limit,
+    document_errors,
+)
 from backchannel.types import Member, MemberKind
 
 log = logging.getLogger("backchannel.http")
@@ -78,52 +110,77 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TeamIn(_Body):
-    name: str = Field(description="team name: letters, digits, '_' or '-', at most 64")
-    settings: dict[str, Any] = Field(default_factory=dict)
+    name: NameField = Field(description="team name: letters, digits, '_' or '-', at most 64")
+    settings: JsonObject = Field(default_factory=dict)
 
 
 class MemberIn(_Body):
-    name: str
+    name: NameField
     kind: MemberKind = MemberKind.LLM
-    delivery: dict[str, Any] = Field(default_factory=dict)
-    settings: dict[str, Any] = Field(default_factory=dict)
+    delivery: JsonObject = Field(default_factory=dict)
+    settings: JsonObject = Field(default_factory=dict)
 
 
 class MemberPatch(_Body):
-    delivery: dict[str, Any] | None = None
-    settings: dict[str, Any] | None = None
+    delivery: JsonObject | None = None
+    settings: JsonObject | None = None
 
 
 class MessageIn(_Body):
-    to: str = Field(description="a member name, or '*' for every member but you")
+    # a broadcast can neither name one session of its recipients nor close a link
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "not": {
+                        "required": ["to", "session"],
+                        "properties": {"to": {"const": "*"}, "session": {"type": "string"}},
+                    }
+                },
+                {
+                    "not": {
+                        "required": ["to", "close_link"],
+                        "properties": {"to": {"const": "*"}, "close_link": {"const": True}},
+                    }
+                },
+            ]
+        }
+    )
+    to: str = Field(
+        pattern=TO_PATTERN, description="a member name, or '*' for every member but you"
+    )
     text: str
     summary: str | None = None
-    message_id: str | None = Field(None, description="your id for idempotent retries")
-    session: str | None = Field(None, description="deliver to this session of the recipient only")
-    from_session: str | None = Field(None, description="your session that is sending (its turn)")
+    message_id: IdField | None = Field(None, description="your id for idempotent retries")
+    session: SessionField | None = Field(
+        None, description="deliver to this session of the recipient only"
+    )
+    from_session: SessionField | None = Field(
+        None, description="your session that is sending (its turn)"
+    )
     close_link: bool = Field(False, description="deliver, then close your open link with them")
     link: bool = Field(True, description="open a link to the recipient if none is open")
     link_budget: int | None = Field(None, ge=1, le=1000, description="turns for a new link")
 
 
 class AckIn(_Body):
-    message_ids: list[str]
+    message_ids: list[IdField] = Field(min_length=1, max_length=1000)
 
 
 class SessionIn(_Body):
-    session_id: str | None = None
+    session_id: SessionField | None = None
 
 
 class EventIn(_Body):
-    kind: str = Field(
-        description="turn_start, thought, tool_call, tool_result, agent_output or agent_stop"
-    )
+    kind: Literal[
+        "turn_start", "thought", "tool_call", "tool_result", "agent_output", "agent_stop"
+    ] = Field(description="turn_start, thought, tool_call, tool_result, agent_output or agent_stop")
     text: str = ""
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: JsonObject = Field(default_factory=dict)
 
 
 class TerminateIn(_Body):
@@ -131,15 +188,15 @@ class TerminateIn(_Body):
 
 
 class ReactionIn(_Body):
-    emoji: str
+    emoji: str = Field(min_length=1, max_length=32)
 
 
 class DelegateIn(_Body):
     to: str = Field(description="a member, or agent@service for an agent on another hub")
-    task: str
-    timeout_s: float | None = Field(None, gt=0, le=86400)
-    tool_use_id: str | None = None
-    session: str | None = Field(None, description="your session [your only open turn]")
+    task: str = Field(pattern=r"\S", description="what the callee should do")
+    timeout_s: float | None = Field(None, ge=1, le=86400)
+    tool_use_id: IdField | None = None
+    session: SessionField | None = Field(None, description="your session [your only open turn]")
 
 
 class ReplyRoute(BaseModel):
@@ -150,28 +207,62 @@ class ReplyRoute(BaseModel):
 
 class ChatIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    agent: str
+    agent: NameField
     message: str
     reply: ReplyRoute
-    session_id: str | None = None
-    tool_use_id: str | None = None
-    timeout_s: float | None = Field(None, gt=0, le=86400)
+    session_id: SessionField | None = None
+    tool_use_id: IdField | None = None
+    timeout_s: float | None = Field(None, ge=1, le=86400)
 
 
 class ToolResponseIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    result: Any
+    result: JsonValue
+
+
+def _duration(unit: float, what: str) -> Any:
+    """A positive number of ``unit`` seconds up to the longest timer; null is refused
+    (leave the field out instead), so the schema need not allow it."""
+    top = MAX_TIMER_SECONDS / unit
+    schema = {"type": "number", "exclusiveMinimum": 0, "maximum": top, "description": what}
+    return Annotated[
+        float | None,
+        Field(gt=0, le=top),
+        BeforeValidator(_not_null),
+        WithJsonSchema(schema),
+    ]
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("give a number, or leave the field out")
+    return value
 
 
 class TimerIn(_Body):
-    intent: str = Field(
+    # at most one of minutes and seconds (an anchor without either is due in the default
+    # time); check and wait name their peer and one of the two
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {"required": ["minutes", "seconds"]},
+            "if": {"required": ["intent"], "properties": {"intent": {"enum": ["check", "wait"]}}},
+            "then": {
+                "required": ["target"],
+                "properties": {"target": {"type": "string"}},
+                "anyOf": [{"required": ["minutes"]}, {"required": ["seconds"]}],
+            },
+        }
+    )
+    intent: Literal["anchor", "check", "wait"] = Field(
         description="anchor (return to your task), check (look at a peer), wait (see whether a peer replied)"
     )
-    minutes: float | None = Field(None, gt=0, description="due in this many minutes")
-    seconds: float | None = Field(None, gt=0, description="or in this many seconds")
-    note: str = Field(description="the breadcrumb you will read when it fires")
-    target: str | None = Field(None, description="the peer, for check and wait")
-    session: str | None = Field(None, description="your session [your only open one]")
+    minutes: _duration(60, "due in this many minutes (an anchor: 10 when not given)") = None  # type: ignore[valid-type]
+    seconds: _duration(1, "or in this many seconds") = None  # type: ignore[valid-type]
+    note: str = Field(
+        pattern=r"\S", max_length=2000, description="the breadcrumb you will read when it fires"
+    )
+    target: NameField | None = Field(None, description="the peer, for check and wait")
+    session: SessionField | None = Field(None, description="your session [your only open one]")
 
 
 # -- the app ------------------------------------------------------------------------
@@ -201,7 +292,7 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit and too_large is None:
-                    too_large = self._error(seen)
+                    too_large = self._error(seen, complete=not msg.get("more_body", False))
                     raise _BodyTooLarge(too_large)
             return msg
 
@@ -222,10 +313,14 @@ class BodyLimit:
             if not replaced:
                 await _send_error(send, exc.error)
 
-    def _error(self, size: int) -> TooLarge:
+    def _error(self, size: int, *, complete: bool = True) -> TooLarge:
+        # a chunked body is refused as soon as it passes the limit: its size is unknown
+        said = (
+            f"is {size} bytes" if complete else f"is at least {size} bytes (refused as it arrived)"
+        )
         return TooLarge(
-            f"request body is {size} bytes, over the {self.limit}-byte limit; "
-            "send less text per message",
+            f"request body {said}, over the {self.limit}-byte limit; send less per request "
+            "(a message text may hold up to the hub's text limit in UTF-8 bytes)",
             limit=self.limit,
         )
 
@@ -262,6 +357,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         if err.get("type") == "json_invalid":
             ctx = err.get("ctx", {})
+            why = str(ctx.get("error", ""))
+            if why.startswith(REFUSED):
+                return f"request body refused: {why.removeprefix(REFUSED)}", []
             return (
                 f"request body is not valid JSON ({ctx.get('error', 'parse error')}); "
                 "send a JSON object with Content-Type: application/json",
@@ -272,9 +370,18 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str
                 "request body must be a JSON object; send one with Content-Type: application/json",
                 [],
             )
-        problems.append({"field": loc or "body", "problem": err.get("msg", "invalid")})
+        problem = err.get("msg", "invalid")
+        if err.get("type") == "string_pattern_mismatch":
+            pattern = err.get("ctx", {}).get("pattern", "")
+            shape = SHAPES.get(pattern, f"must match {pattern}")
+            problem = f"{_clip(repr(err.get('input')))} is not valid: {shape}"
+        problems.append({"field": loc or "body", "problem": problem})
     text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
     return f"invalid request: {text}", problems
+
+
+def _clip(text: str, size: int = 80) -> str:
+    return text if len(text) <= size else text[: size - 3] + "..."
 
 
 async def principal(request: Request) -> Principal:
@@ -308,7 +415,7 @@ def create_app(
     title: str = "backchannel",
 ) -> FastAPI:
     """The ASGI app serving the API for ``hub``."""
-    limit = max_body if max_body is not None else hub.config.max_text + 64 * 1024
+    limit = max_body if max_body is not None else body_limit(hub.config.max_text)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -323,6 +430,7 @@ def create_app(
         docs_url="/docs",
         redoc_url=None,
     )
+    app.router.route_class = StrictRoute  # strict JSON bodies on every route added below
     app.state.hub = hub
     app.state.admin_token = admin_token
 
@@ -335,7 +443,13 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, problems = _validation_message(exc)
-        body = {"error": {"code": "invalid_request", "message": message, "problems": problems}}
+        names = any(
+            e.get("type") == "string_pattern_mismatch"
+            and e.get("ctx", {}).get("pattern") in NAME_SHAPES
+            for e in exc.errors()
+        )
+        code = "invalid_name" if names else "invalid_request"
+        body = {"error": {"code": code, "message": message, "problems": problems}}
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -346,8 +460,18 @@ def create_app(
             if exc.status_code in (404, 405)
             else str(exc.detail)
         )
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # every method the path takes (starlette names only the first route's)
+            allowed: set[str] = set()
+            for route in request.app.router.routes:
+                if route.matches(request.scope)[0] != Match.NONE:
+                    allowed |= getattr(route, "methods", None) or set()
+            headers["Allow"] = ", ".join(sorted(allowed))
         return JSONResponse(
-            {"error": {"code": code, "message": message}}, status_code=exc.status_code
+            {"error": {"code": code, "message": message}},
+            status_code=exc.status_code,
+            headers=headers,
         )
 
     @app.get("/healthz", tags=["meta"])
@@ -377,7 +501,7 @@ def create_app(
         return {"teams": [{"name": n} for n in names]}
 
     @app.post("/v1/teams/{team}/members", status_code=201, tags=["teams"])
-    async def add_member(team: str, body: MemberIn, who: Auth) -> dict[str, Any]:
+    async def add_member(team: TeamName, body: MemberIn, who: Auth) -> dict[str, Any]:
         who.need_admin()
         member, token = await hub.add_member(
             team, body.name, body.kind, delivery=body.delivery, settings=body.settings
@@ -385,7 +509,9 @@ def create_app(
         return {"name": member.name, "team": member.team, "kind": member.kind.value, "token": token}
 
     @app.patch("/v1/teams/{team}/members/{name}", tags=["teams"])
-    async def update_member(team: str, name: str, body: MemberPatch, who: Auth) -> dict[str, Any]:
+    async def update_member(
+        team: TeamName, name: MemberName, body: MemberPatch, who: Auth
+    ) -> dict[str, Any]:
         """Change a member's delivery setting or settings (admin)."""
         who.need_admin()
         m = await hub.update_member(team, name, delivery=body.delivery, settings=body.settings)
@@ -398,17 +524,24 @@ def create_app(
         }
 
     @app.get("/v1/teams/{team}/members", tags=["teams"])
-    async def list_members(team: str, who: Auth) -> dict[str, Any]:
+    async def list_members(team: TeamName, who: Auth) -> dict[str, Any]:
         who.need_team(team)
         members = await hub.list_members(team)
+        states = await hub.member_states(team)  # from Claude Code inbox traffic
         return {
             "members": [
-                {"name": m.name, "kind": m.kind.value, "created_at": m.created_at} for m in members
+                {
+                    "name": m.name,
+                    "kind": m.kind.value,
+                    "created_at": m.created_at,
+                    **({"presence": states[m.name]} if m.name in states else {}),
+                }
+                for m in members
             ]
         }
 
     # -- messages ----------------------------------------------------------------
-    @app.post("/v1/messages", status_code=201, tags=["messages"])
+    @app.post("/v1/messages", status_code=201, tags=["messages"], responses=REPLAYED)
     async def send(body: MessageIn, who: Auth) -> JSONResponse:
         me = who.need_member()
         result = await hub.send(
@@ -427,7 +560,7 @@ def create_app(
         return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
 
     @app.get("/v1/messages/{message_id}", tags=["messages"])
-    async def message_status(message_id: str, who: Auth) -> dict[str, Any]:
+    async def message_status(message_id: MessageId, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         status = await hub.message_status(me.team, message_id, viewer=me.name)
         return status.to_json()
@@ -440,7 +573,7 @@ def create_app(
             float, Query(ge=0, le=3600, description="seconds to wait for the first")
         ] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-        session: str | None = None,
+        session: SessionQuery = None,
         lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
         pinned_only: bool = False,
     ) -> dict[str, Any]:
@@ -490,9 +623,9 @@ def create_app(
         me = who.need_member()
         return {"released": await hub.release(me.team, me.name, body.message_ids)}
 
-    @app.get("/v1/inbox/stream", tags=["inbox"])
+    @app.get("/v1/inbox/stream", tags=["inbox"], response_class=EventStream)
     async def inbox_stream(
-        who: Auth, request: Request, session: str | None = None
+        who: Auth, request: Request, session: SessionQuery = None
     ) -> StreamingResponse:
         """Server-sent events: each message is leased and sent as ``event: message``;
         ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open."""
@@ -505,13 +638,18 @@ def create_app(
                 if not got:
                     yield ": keep-alive\n\n"
                 for m in got:
-                    yield f"event: message\nid: {m.message.message_id}\ndata: {json.dumps(m.to_json())}\n\n"
+                    # ids are checked whole on the way in; the line is kept one line anyway
+                    mid = m.message.message_id.replace("\r", "").replace("\n", "")
+                    yield f"event: message\nid: {mid}\ndata: {json.dumps(m.to_json())}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=_SSE_HEADERS)
 
-    @app.get("/v1/teams/{team}/events", tags=["teams"])
+    @app.get("/v1/teams/{team}/events", tags=["teams"], response_class=EventStream)
     async def team_events(
-        team: str, who: Auth, request: Request, after: int = 0
+        team: TeamName,
+        who: Auth,
+        request: Request,
+        after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     ) -> StreamingResponse:
         """Server-sent events: the team's traffic (sends, leases, acks, dead letters)."""
         who.need_team(team)
@@ -545,14 +683,14 @@ def create_app(
     # -- links -------------------------------------------------------------------
     @app.get("/v1/links", tags=["links"])
     async def list_links(
-        who: Auth, member: str | None = None, open_only: bool = False
+        who: Auth, member: MemberQuery = None, open_only: bool = False
     ) -> dict[str, Any]:
         me = who.need_member()
         links = await hub.list_links(me.team, member=member, open_only=open_only)
         return {"links": [link.to_json() for link in links]}
 
     @app.get("/v1/links/{link_id}", tags=["links"])
-    async def get_link(link_id: str, who: Auth) -> dict[str, Any]:
+    async def get_link(link_id: ItemId, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return (await hub.get_link(me.team, link_id)).to_json()
 
@@ -573,13 +711,13 @@ def create_app(
         return d.to_json()
 
     @app.get("/v1/delegations", tags=["delegation"])
-    async def list_delegations(who: Auth, member: str | None = None) -> dict[str, Any]:
+    async def list_delegations(who: Auth, member: MemberQuery = None) -> dict[str, Any]:
         me = who.need_member()
         found = await hub.list_delegations(me.team, member=member)
         return {"delegations": [d.to_json() for d in found]}
 
     @app.get("/v1/delegations/{delegation_id}", tags=["delegation"])
-    async def get_delegation(delegation_id: str, who: Auth) -> dict[str, Any]:
+    async def get_delegation(delegation_id: ItemId, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return (await hub.get_delegation(me.team, delegation_id)).to_json()
 
@@ -630,9 +768,12 @@ def create_app(
     @app.post("/v1/timers", status_code=201, tags=["timers"])
     async def set_timer(body: TimerIn, who: Auth) -> dict[str, Any]:
         me = who.need_member()
-        if (body.minutes is None) == (body.seconds is None):
+        minutes = body.minutes
+        if minutes is None and body.seconds is None and body.intent == "anchor":
+            minutes = DEFAULT_ANCHOR_MINUTES  # an anchor without a time: the default
+        if (minutes is None) == (body.seconds is None):
             raise InvalidRequest("give exactly one of minutes or seconds", field="minutes")
-        seconds = body.seconds if body.seconds is not None else float(body.minutes or 0) * 60
+        seconds = body.seconds if body.seconds is not None else float(minutes or 0) * 60
         timer = await hub.set_timer(
             me.team, me.name, body.session, body.intent, seconds, body.note, body.target
         )
@@ -640,7 +781,7 @@ def create_app(
 
     @app.get("/v1/timers", tags=["timers"])
     async def list_timers(
-        who: Auth, member: str | None = None, session: str | None = None, all: bool = False
+        who: Auth, member: MemberQuery = None, session: SessionQuery = None, all: bool = False
     ) -> dict[str, Any]:
         me = who.need_member()
         timers = await hub.list_timers(
@@ -650,7 +791,9 @@ def create_app(
         return {"timers": [t.to_json(now) for t in timers]}
 
     @app.delete("/v1/timers/{timer_id}", tags=["timers"])
-    async def cancel_timer(timer_id: int, who: Auth) -> dict[str, Any]:
+    async def cancel_timer(
+        timer_id: Annotated[int, Path(ge=1, le=MAX_INT)], who: Auth
+    ) -> dict[str, Any]:
         me = who.need_member()
         return (await hub.cancel_timer(me.team, me.name, timer_id)).to_json()
 
@@ -662,33 +805,33 @@ def create_app(
         return session_json(await hub.open_session(me.team, me.name, body.session_id))
 
     @app.get("/v1/sessions", tags=["sessions"])
-    async def list_sessions(who: Auth, member: str | None = None) -> dict[str, Any]:
+    async def list_sessions(who: Auth, member: MemberQuery = None) -> dict[str, Any]:
         me = who.need_member()
         return {"sessions": [session_json(s) for s in await hub.list_sessions(me.team, member)]}
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"])
-    async def get_session(session_id: str, who: Auth) -> dict[str, Any]:
+    async def get_session(session_id: SessionId, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return session_json(await hub.get_session(me.team, session_id))
 
     @app.post("/v1/sessions/{session_id}/events", tags=["sessions"])
-    async def report_event(session_id: str, body: EventIn, who: Auth) -> dict[str, Any]:
+    async def report_event(session_id: SessionId, body: EventIn, who: Auth) -> dict[str, Any]:
         """Report a runtime event: turn_start, thought, tool_call, tool_result,
         agent_output or agent_stop (whose text is the closing text, routed)."""
         me = who.need_member()
         return await hub.report_event(me.team, me.name, session_id, body.kind, body.text, body.data)
 
     @app.post("/v1/sessions/{session_id}/terminate", tags=["sessions"])
-    async def terminate(session_id: str, body: TerminateIn, who: Auth) -> dict[str, Any]:
+    async def terminate(session_id: SessionId, body: TerminateIn, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         return session_json(await hub.terminate_session(me.team, me.name, session_id, body.reason))
 
     @app.get("/v1/sessions/{session_id}/transcript", tags=["sessions"])
     async def transcript(
-        session_id: str,
+        session_id: SessionId,
         who: Auth,
-        since: Annotated[int, Query(ge=0)] = 0,
-        until: Annotated[int | None, Query(ge=0)] = None,
+        since: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        until: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
         tail_chars: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
         max_chars: Annotated[int, Query(ge=1, le=1_000_000)] = 20_000,
     ) -> dict[str, Any]:
@@ -704,7 +847,7 @@ def create_app(
         )
 
     @app.post("/v1/messages/{message_id}/reactions", tags=["messages"])
-    async def react(message_id: str, body: ReactionIn, who: Auth) -> dict[str, Any]:
+    async def react(message_id: MessageId, body: ReactionIn, who: Auth) -> dict[str, Any]:
         me = who.need_member()
         await hub.react(me.team, me.name, message_id, body.emoji)
         return {"message_id": message_id, "emoji": body.emoji}
@@ -729,13 +872,27 @@ def create_app(
     app.router.routes.insert(0, Route("/v1/messages", fast_send, methods=["POST"]))
     app.router.routes.insert(0, Route("/v1/inbox/ack", fast_ack, methods=["POST"]))
 
+    from backchannel.interfaces.admin_http import mount_admin_routes
     from backchannel.interfaces.agents_http import mount_agent_routes
+    from backchannel.interfaces.budgets_http import mount_budget_routes
     from backchannel.interfaces.dashboard import mount_dashboard
 
     mount_agent_routes(app)  # hook receivers and the MCP endpoint
+    mount_budget_routes(app)
+    mount_admin_routes(app)  # token rotation, member and team removal
     mount_dashboard(app)
+    from backchannel.interfaces.a2a import mount_a2a
+
+    mount_a2a(app)  # every member as an A2A agent, when a2a-sdk is installed
     app.add_middleware(BodyLimit, limit=limit)
+    document_errors(app.routes)
     return app
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events (so the OpenAPI document names the media type)."""
+
+    media_type = "text/event-stream"

@@ -15,6 +15,7 @@ tool's send to the turn that made it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -25,25 +26,37 @@ from typing import Annotated, Any, Literal
 import mcp.types as mt
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backchannel import __version__
 from backchannel.client import Client, HttpClient, LocalClient, Received
+from backchannel.core import framing
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
+from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
 from backchannel.runtimes.common import format_message
 
-__all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami"]
+__all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
 
 log = logging.getLogger("backchannel.mcp")
 
 #: ``delegate(session, to, task, timeout_s)``: starts a delegation, answers at once.
 DelegateFn = Callable[[str | None, str, str, float | None], Awaitable[Any]]
 
+#: The client that takes channel pushes (``clientInfo.name`` of its ``initialize``).
+CHANNEL_CLIENT = "claude-code"
+#: After the handshake, how long before the first push (Claude Code sets up
+#: its channel listener right after connecting; a push it missed is released anyway).
+CHANNEL_SETTLE_S = 0.5
+
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
     "send_message reaches a teammate; their finished turns and messages reach you between "
     "your turns, framed [From name]. check_inbox reads what waits now. Contribute before "
-    "acknowledging, never restate a peer, ask only what blocks you; silence is valid."
+    "acknowledging, never restate a peer, ask only what blocks you; silence is valid. "
+    + framing.READING
 )
 
 
@@ -100,7 +113,12 @@ class TimerArgs(_Args):
         description="anchor: bring you back to your own task; check: look at a peer's state "
         "(needs target); wait: tell you whether a peer replied (needs target)."
     )
-    minutes: float = Field(gt=0, le=10_080, description="Due in this many minutes.")
+    minutes: float = Field(
+        DEFAULT_ANCHOR_MINUTES,
+        gt=0,
+        le=10_080,
+        description=f"Due in this many minutes ({DEFAULT_ANCHOR_MINUTES} if not given).",
+    )
     note: str = Field(
         min_length=1, max_length=2000, description="The breadcrumb you will read when it fires."
     )
@@ -400,9 +418,15 @@ def _hub_error_text(tool: Tool, exc: BackchannelError) -> str:
 Resolver = Callable[[Any], Awaitable[Agent]]
 
 
-def build_server(resolve: Resolver, *, delegate: bool = False) -> Server[Any]:
+def build_server(
+    resolve: Resolver,
+    *,
+    delegate: bool = False,
+    connected: Callable[[str], None] | None = None,
+) -> Server[Any]:
     """An MCP server with :data:`TOOLS` (``delegate`` only when the hub offers it);
-    ``resolve(ctx)`` says which agent a call acts for."""
+    ``resolve(ctx)`` says which agent a call acts for; ``connected(client_name)`` is
+    called once a client has finished the handshake."""
     tools = {t.name: t for t in TOOLS if delegate or t.name != "delegate"}
     listed = [
         mt.Tool(name=t.name, description=t.description, input_schema=t.schema())
@@ -427,16 +451,39 @@ def build_server(resolve: Resolver, *, delegate: bool = False) -> Server[Any]:
         except Exception as exc:
             log.exception("tool %s failed", tool.name)
             return _error(f"{tool.name} failed: internal error ({type(exc).__name__}: {exc})")
-        structured = data if isinstance(data, dict) else {"result": data}
+        # some clients (Claude Code) show the model the structured content instead of the
+        # text: it leads with the same wording, then the fields a program reads
+        fields = data if isinstance(data, dict) else {"result": data}
+        structured = {"text": text, **{k: v for k, v in fields.items() if k != "text"}}
         return mt.CallToolResult(content=[mt.TextContent(text=text)], structured_content=structured)
 
-    return Server(
+    server: Server[Any] = Server(
         "backchannel",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    # a legacy (handshake) server: Claude Code delivers channel notifications only on a
+    # connection of the handshake era, so the modern era's discovery is declined
+    server.add_request_handler("server/discover", mt.RequestParams, _no_discover)
+
+    async def initialized(ctx: Any, params: Any) -> None:
+        if connected is not None:
+            params = ctx.session.client_params
+            connected(params.client_info.name if params is not None else "")
+
+    server.add_notification_handler("notifications/initialized", mt.NotificationParams, initialized)
+    return server
+
+
+async def _no_discover(ctx: Any, params: Any) -> Any:
+    raise MCPError(mt.METHOD_NOT_FOUND, "Method not found")
+
+
+def init_options(server: Server[Any]) -> Any:
+    """What the server declares in ``initialize``: its tools, and the Claude Code channel."""
+    return server.create_initialization_options(experimental_capabilities={CAPABILITY: {}})
 
 
 def hub_delegate(hub: Any, team: str, name: str) -> DelegateFn | None:
@@ -479,9 +526,14 @@ async def whoami(client: Client) -> tuple[str, str]:
 
 
 async def serve_stdio(
-    client: Client, *, session: str | None = None, expect: Sequence[str] = ()
+    client: Client,
+    *,
+    session: str | None = None,
+    expect: Sequence[str] = (),
+    streams: tuple[Any, Any] | None = None,
 ) -> None:
-    """Serve the tools on stdin/stdout as the member whose token ``client`` holds."""
+    """Serve the tools on stdin/stdout as the member whose token ``client`` holds
+    (``streams``: the lines in and out instead, as :mod:`.mcp_front` passes them)."""
     async with client:
         team, name = await whoami(client)
         if expect and tuple(expect) != (team, name):
@@ -494,6 +546,94 @@ async def serve_stdio(
         async def resolve(ctx: Any) -> Agent:
             return agent
 
-        server = build_server(resolve, delegate=agent.delegate is not None)
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        hello: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def connected(client_name: str) -> None:
+            if not hello.done():
+                hello.set_result(client_name)
+
+        server = build_server(resolve, delegate=agent.delegate is not None, connected=connected)
+        async with stdio_server(*(streams or ())) as (read, write):
+
+            async def push(content: str, meta: dict[str, str]) -> None:
+                note = mt.JSONRPCNotification.model_validate(notification(content, meta))
+                await write.send(SessionMessage(note))
+
+            pusher = ChannelPusher(client, name, push, session=session)
+
+            async def channel() -> None:
+                if await hello != CHANNEL_CLIENT:
+                    return  # only Claude Code takes channel pushes; others get hook routes
+                await asyncio.sleep(CHANNEL_SETTLE_S)
+                try:
+                    await pusher.run()
+                except Exception:  # the tools go on; the hook routes deliver instead
+                    log.exception("channel pushes stopped")
+
+            task = asyncio.create_task(channel())
+            try:
+                await server.run(read, write, init_options(server))
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+class _Script:
+    """A scripted client on the stdio transport's line streams (for :func:`wire_snapshot`)."""
+
+    def __init__(self, lines: Sequence[dict[str, Any]], last_id: int) -> None:
+        self.inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self.answers: dict[Any, Any] = {}
+        self._last = last_id
+        for msg in lines:
+            self.inbox.put_nowait(json.dumps(msg))
+
+    def __aiter__(self) -> _Script:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.inbox.get()
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+    async def write(self, text: str) -> None:
+        msg = json.loads(text)
+        self.answers[msg.get("id")] = msg.get("result", msg.get("error"))
+        if msg.get("id") == self._last:
+            self.inbox.put_nowait(None)
+
+    async def flush(self) -> None:
+        pass
+
+
+async def wire_snapshot() -> dict[str, Any]:
+    """What the stdio server answers to ``initialize`` (each handshake version) and to
+    ``tools/list``: the answers :mod:`.mcp_front` gives while the server loads."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    async def nobody(ctx: Any) -> Agent:
+        raise AssertionError("listing tools acts for no one")
+
+    server = build_server(nobody, delegate=True)
+    snapshot: dict[str, Any] = {"initialize": {}}
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        hello = {
+            "protocolVersion": version,
+            "capabilities": {},
+            "clientInfo": {"name": "snapshot", "version": "0"},
+        }
+        script = _Script(
+            [
+                {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            ],
+            last_id=2,
+        )
+        async with stdio_server(script, script) as (read, write):  # type: ignore[arg-type]
+            await server.run(read, write, init_options(server))
+        snapshot["initialize"][version] = script.answers[1]
+        snapshot["tools/list"] = script.answers[2]
+    return snapshot

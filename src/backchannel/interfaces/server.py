@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import faulthandler
 import logging
 import signal
 import socket
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from rich.console import Console
 
 from backchannel import config
 from backchannel.callbacks import CallbackConfig
 from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.delivery.inbox_watch import InboxBridge
+from backchannel.delivery.ownership import OWNERSHIP_S
 from backchannel.hub import Hub
+from backchannel.interfaces import logs
+from backchannel.interfaces.guard import ConnectionLimits, guarded_protocol
 from backchannel.interfaces.http import create_app
+from backchannel.interfaces.logs import LogFormat
+
+log = logging.getLogger("backchannel.serve")
 
 
 def _event_loop_kind() -> str:
@@ -27,12 +36,18 @@ def _event_loop_kind() -> str:
     return "uvloop"
 
 
-def _http_kind() -> str:
+def _add_metrics(app: FastAPI, hub: Hub, token: str) -> None:
     try:
-        import httptools  # noqa: F401
+        from backchannel.interfaces import metrics
     except ImportError:
-        return "h11"
-    return "httptools"
+
+        @app.get("/metrics", include_in_schema=False)
+        async def no_metrics() -> JSONResponse:
+            message = "metrics need the 'metrics' extra: pip install 'backchannel[metrics]'"
+            return JSONResponse({"error": {"code": "not_installed", "message": message}}, 501)
+
+        return
+    metrics.install(app, hub, token)
 
 
 def run_server(
@@ -46,11 +61,20 @@ def run_server(
     max_text: int,
     console: Console,
     dispatch: bool = True,
+    dispatch_lease: float = OWNERSHIP_S,
+    retention_seconds: float | None = None,
+    log_format: LogFormat = "text",
+    limits: ConnectionLimits | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM. Raises ``StoreError`` if the store cannot be opened."""
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    """Serve until SIGINT, SIGTERM or SIGHUP. Raises ``StoreError`` if the store cannot be
+    opened. Whatever ends the process is logged with its cause: a signal by name, an
+    exception with its traceback, a fatal signal (SIGSEGV, SIGABRT...) by faulthandler."""
+    logs.configure(log_format)
+    # A peer that hangs up makes a write fail with EPIPE on that one socket; with the
+    # default SIGPIPE action (which the CLI sets for commands that print to pipes) it
+    # would end the whole hub instead.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    faulthandler.enable()
     token = config.admin_token(data_dir)
     assert token is not None
     store = config.open_store(store_url)
@@ -61,8 +85,10 @@ def run_server(
         max_attempts=max_attempts,
         max_text=max_text,
         callbacks=callbacks,
+        retention_seconds=retention_seconds,
     )
     app = create_app(hub, token)
+    _add_metrics(app, hub, token)
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -81,12 +107,20 @@ def run_server(
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound}"
 
+    asked = limits or ConnectionLimits()
+    limits = asked.within_open_files()
+    if limits.max_connections < asked.max_connections:
+        console.print(
+            f"connections capped at {limits.max_connections} (half the open-file limit; "
+            "raise it with ulimit -n)"
+        )
     uv_config = uvicorn.Config(
         app,
         loop=_event_loop_kind(),
-        http=_http_kind(),
+        http=guarded_protocol(limits),
         log_level="warning",
         access_log=False,
+        log_config=None,  # uvicorn's records go through the handler logs.configure set
         lifespan="on",
         timeout_graceful_shutdown=3,
     )
@@ -95,36 +129,64 @@ def run_server(
     async def main() -> None:
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
-        # push delivery: inbox files, tmux, stdin, webhooks (one dispatcher per store)
-        dispatcher = Dispatcher(hub) if dispatch else None
+        # push delivery: inbox files, tmux, stdin, webhooks; every hub of a store may run
+        # it (each member is pushed by the hub holding its lease in the store)
+        dispatcher = Dispatcher(hub, ownership_s=dispatch_lease) if dispatch else None
         if dispatcher is not None:
             await dispatcher.start()
+        # Claude Code inbox files read back: teammates' replies, protocol frames
+        bridge = InboxBridge(hub) if dispatch else None
+        if bridge is not None:
+            await bridge.start()
         config.write_server_info(data_dir, url, store.url)
         console.print(
             f"backchannel listening on [bold]{url}[/bold]  store: {config.redact_url(store.url)}  "
             f"data: {data_dir}"
         )
         console.print(f"dashboard: {url}/   admin token: {data_dir / config.ADMIN_TOKEN_FILE}")
+
+        def _hangup() -> None:
+            stopped_by.append("SIGHUP")
+            server.should_exit = True
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _hangup)
         try:
             await server.serve(sockets=[sock])
         finally:
             config.clear_server_info(data_dir)
+            if bridge is not None:
+                await bridge.stop()
             if dispatcher is not None:
                 await dispatcher.stop()
             await hub.close()
 
+    stopped_by: list[str] = []
+
     def _terminate(signum: int, frame: object) -> None:
         # uvicorn shuts down gracefully on SIGTERM, then re-raises it; raising SystemExit
         # here (instead of dying on the default handler) lets main() close the hub
+        stopped_by.append("SIGTERM")
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _terminate)
 
-    if uv_config.loop == "uvloop":
-        import uvloop
+    try:
+        if uv_config.loop == "uvloop":
+            import uvloop
 
-        with contextlib.suppress(KeyboardInterrupt):
             uvloop.run(main())
-    else:
-        with contextlib.suppress(KeyboardInterrupt):
+        else:
             asyncio.run(main())
+    except KeyboardInterrupt:
+        stopped_by.append("SIGINT")
+    except SystemExit:
+        pass
+    except BaseException as exc:
+        log.critical("backchannel serve crashed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        try:
+            config.clear_server_info(data_dir)
+        except OSError as cleanup:  # the data directory may be what failed
+            log.critical("could not remove %s: %s", config.SERVER_FILE, cleanup)
+        raise SystemExit(1) from None
+    reason = stopped_by[0] if stopped_by else "the server's own shutdown"
+    console.print(f"backchannel stopped on {reason}")

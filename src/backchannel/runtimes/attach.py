@@ -3,8 +3,9 @@
 Files (each runtime's documented project-level configuration):
 
 * Claude Code: ``.mcp.json`` (``mcpServers.backchannel``) and
-  ``.claude/settings.local.json`` (``hooks``, and ``enabledMcpjsonServers`` so the
-  server needs no approval; this file is Claude Code's personal, uncommitted one);
+  ``.claude/settings.local.json`` (``hooks``, ``enabledMcpjsonServers`` so the server
+  needs no approval, and ``permissions.allow`` so its tools run without a prompt; this
+  file is Claude Code's personal, uncommitted one);
 * Codex: ``.codex/config.toml`` (``[mcp_servers.backchannel]``) and ``.codex/hooks.json``;
 * Gemini CLI: ``.gemini/settings.json`` (``mcpServers.backchannel`` and ``hooks``).
 
@@ -16,6 +17,11 @@ member's token is never written: files refer to ``BACKCHANNEL_TOKEN`` the way ea
 runtime reads environment values (``${BACKCHANNEL_TOKEN}`` in ``.mcp.json``,
 ``$BACKCHANNEL_TOKEN`` in Gemini's settings and Claude Code's HTTP hook headers,
 ``env_vars``/``bearer_token_env_var`` in Codex's config).
+
+Nothing is read or written outside the project: each component of a file's path below
+the project directory is checked, and a symlink (``.claude`` linked to ``~/.claude``, a
+linked ``settings.json``) that leads out of the project is refused with its name. A
+symlink that stays inside the project is followed, so the file it names is updated.
 """
 
 from __future__ import annotations
@@ -90,6 +96,30 @@ class FileChange:
             tofile=f"b/{name}",
         )
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# -- where files go -------------------------------------------------------------------------
+
+
+def _target(opts: AttachOptions, *parts: str) -> Path:
+    """``opts.directory / parts``, refused when a symlink on the way leads out of the
+    project; an in-project symlink is followed (the returned path is the real file,
+    still under ``opts.directory``)."""
+    root = opts.directory.resolve()
+    real = root
+    for i, part in enumerate(parts):
+        real = real / part
+        if real.is_symlink():
+            link = opts.directory.joinpath(*parts[: i + 1])
+            real = real.resolve()
+            if not real.is_relative_to(root):
+                raise AttachError(
+                    f"refusing to write {Path(*parts)}: {link} is a symlink to {real}, outside "
+                    f"the project {root}; replace the symlink with a real "
+                    f"{'file' if i == len(parts) - 1 else 'directory'} in the project, or run "
+                    "attach in the project the link points into"
+                )
+    return opts.directory / real.relative_to(root)
 
 
 # -- merging -------------------------------------------------------------------------------
@@ -208,8 +238,10 @@ def _toml_change(path: Path, table: str, body: dict[str, Any]) -> FileChange:
 # -- the runtimes ----------------------------------------------------------------------------
 
 
+CLAUDE_TOOLS_RULE = f"mcp__{SERVER}"  # a permission rule naming a server allows its tools
+
+
 def _claude_code(opts: AttachOptions) -> list[FileChange]:
-    d = opts.directory
     server: dict[str, Any]
     if opts.http:
         server = {
@@ -241,21 +273,48 @@ def _claude_code(opts: AttachOptions) -> list[FileChange]:
         _obj(data, "mcpServers", "'mcpServers'")[SERVER] = server
 
     def settings(data: dict[str, Any]) -> None:
-        _put_hooks(data, "claude-code", get_runtime("claude-code").events, handler)
+        events = get_runtime("claude-code").events
+        if opts.http:
+            # Claude Code runs no HTTP hook for SessionStart ("HTTP hooks are not
+            # supported for SessionStart"): that one stays a command, or the agent is
+            # never told who it is
+            command = {
+                "type": "command",
+                "command": opts.hook_command("claude-code"),
+                "timeout": HOOK_TIMEOUT_S,
+            }
+            _put_hooks(data, "claude-code", ("SessionStart",), command)
+            events = tuple(e for e in events if e != "SessionStart")
+        _put_hooks(data, "claude-code", events, handler)
         enabled = data.setdefault("enabledMcpjsonServers", [])
         if not isinstance(enabled, list):
             raise AttachError("cannot merge: enabledMcpjsonServers is not a list")
         if SERVER not in enabled:
             enabled.append(SERVER)
+        # the backchannel tools run without a prompt, also headless (`claude -p`), where
+        # an unapproved tool is refused outright
+        permissions = _obj(data, "permissions", "'permissions'")
+        allow = permissions.setdefault("allow", [])
+        if not isinstance(allow, list):
+            raise AttachError("cannot merge: permissions.allow is not a list")
+        if CLAUDE_TOOLS_RULE not in allow:
+            allow.append(CLAUDE_TOOLS_RULE)
 
     return [
-        _json_change(d / ".mcp.json", mcp_json),
-        _json_change(d / ".claude" / "settings.local.json", settings),
+        _json_change(_target(opts, ".mcp.json"), mcp_json),
+        _json_change(_target(opts, ".claude", "settings.local.json"), settings),
     ]
 
 
+CODEX_END_TIMEOUT_S = 3
+CODEX_SERVER_EXTRA: dict[str, Any] = {
+    "required": True,
+    "startup_timeout_sec": 30,
+    "default_tools_approval_mode": "approve",
+}
+
+
 def _codex(opts: AttachOptions) -> list[FileChange]:
-    d = opts.directory
     body: dict[str, Any]
     if opts.http:
         body = {"url": f"{opts.url}/mcp", "bearer_token_env_var": TOKEN_VAR}
@@ -265,13 +324,23 @@ def _codex(opts: AttachOptions) -> list[FileChange]:
             "args": opts.mcp_args(),
             "env_vars": [TOKEN_VAR, "BACKCHANNEL_SESSION"],
         }
+    # Codex starts its first turn without waiting for a server that is not `required`
+    # (backchannel's tools would be missing from it), and refuses an MCP tool call that
+    # needs approval when the approval policy is `never` (`codex exec`): the server is
+    # required and its tools approved
+    body.update(CODEX_SERVER_EXTRA)
     handler = {"type": "command", "command": opts.hook_command("codex"), "timeout": HOOK_TIMEOUT_S}
     events = get_runtime("codex").events
+
+    def hooks(data: dict[str, Any]) -> None:
+        _put_hooks(data, "codex", tuple(e for e in events if e != "SessionEnd"), handler)
+        # Codex gives a SessionEnd hook at most 3 s (it clamps a longer timeout, and
+        # the clamped handler no longer matches the trust granted for it)
+        _put_hooks(data, "codex", ("SessionEnd",), {**handler, "timeout": CODEX_END_TIMEOUT_S})
+
     return [
-        _toml_change(d / ".codex" / "config.toml", f"mcp_servers.{SERVER}", body),
-        _json_change(
-            d / ".codex" / "hooks.json", lambda data: _put_hooks(data, "codex", events, handler)
-        ),
+        _toml_change(_target(opts, ".codex", "config.toml"), f"mcp_servers.{SERVER}", body),
+        _json_change(_target(opts, ".codex", "hooks.json"), hooks),
     ]
 
 
@@ -295,11 +364,15 @@ def _gemini(opts: AttachOptions) -> list[FileChange]:
         "timeout": HOOK_TIMEOUT_S * 1000,  # Gemini CLI counts milliseconds
     }
 
+    # headless Gemini CLI offers an untrusted server's tools to the model only under
+    # --yolo; `trust` skips its confirmations for this server alone
+    server["trust"] = True
+
     def settings(data: dict[str, Any]) -> None:
         _obj(data, "mcpServers", "'mcpServers'")[SERVER] = server
         _put_hooks(data, "gemini", get_runtime("gemini").events, handler)
 
-    return [_json_change(opts.directory / ".gemini" / "settings.json", settings)]
+    return [_json_change(_target(opts, ".gemini", "settings.json"), settings)]
 
 
 _WRITERS: dict[str, Callable[[AttachOptions], list[FileChange]]] = {
@@ -341,6 +414,9 @@ def apply(changes: list[FileChange], *, stamp: str | None = None) -> list[tuple[
     return done
 
 
+#: Enables the channel of the ``backchannel`` server of ``.mcp.json`` for one launch.
+CHANNEL_FLAG = "--dangerously-load-development-channels server:backchannel"
+
 _START = {
     "claude-code": "claude",
     "codex": "codex",
@@ -360,6 +436,55 @@ def instructions(runtime: str, opts: AttachOptions, token: str | None) -> str:
         "",
         "Each running agent needs its own member's token.",
     ]
-    if runtime == "codex":
-        lines.append("Codex reads .codex/ only in a trusted project; trust it when asked.")
+    if runtime == "claude-code":  # the server of .mcp.json pushes into an idle session
+        lines.append(
+            "So that a teammate's message wakes it when idle (Claude Code channels), "
+            f"start it as: {_START[runtime]} {CHANNEL_FLAG}"
+        )
+    if runtime == "gemini":
+        lines += [
+            "Gemini CLI runs only in a trusted folder (headless, an untrusted one exits with",
+            "code 55): trust this folder once when Gemini asks (it is remembered), or pass",
+            "`gemini --skip-trust` (that run only); automation may set",
+            "GEMINI_CLI_TRUST_WORKSPACE=true.",
+        ]
+    return "\n".join(lines)
+
+
+def codex_trust_note(opts: AttachOptions, *, grant: bool = False) -> str:
+    """Codex's two grants, which only the user makes (in the user's Codex config): the
+    project's trust (else .codex/ is not read) and each hook's (else hooks are skipped
+    silently). Records the hooks' trust when ``grant``; says what is missing."""
+    from backchannel.runtimes import codex_trust
+
+    lines: list[str] = []
+    if grant:
+        config, granted = codex_trust.grant(opts.directory)
+        lines.append(f"Recorded trust of {len(granted)} backchannel hook(s) in {config}.")
+    states = codex_trust.hook_trust(opts.directory)
+    pending = [t for t in states if t.status != "trusted"]
+    if pending:
+        grant_cmd = " ".join(
+            shlex.quote(p)
+            for p in opts.command(
+                "attach", "codex", "--team", opts.team, "--member", opts.member,
+                "--dir", str(opts.directory), "--url", opts.url, "--trust-hooks",
+            )
+        )  # fmt: skip
+        lines += [
+            f"Codex skips hooks you have not trusted: {len(pending)} of backchannel's "
+            f"hooks are {', '.join(sorted({t.status for t in pending}))}. Trust them once:",
+            "",
+            f"  {grant_cmd}",
+            "",
+            "(or review them in Codex with /hooks; `codex exec "
+            "--dangerously-bypass-hook-trust` runs them for one invocation only).",
+        ]
+    elif states:
+        lines.append(f"Codex trusts backchannel's {len(states)} hooks.")
+    if not codex_trust.project_trusted(opts.directory):
+        lines.append(
+            "Codex reads .codex/ only in a trusted project: answer its trust prompt, or "
+            f"run `codex exec --trust` once in {opts.directory}."
+        )
     return "\n".join(lines)

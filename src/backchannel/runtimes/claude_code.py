@@ -8,8 +8,9 @@ SessionStart       open (or resume) the session; ``source`` startup/resume/clear
 UserPromptSubmit   ``turn_start`` with ``prompt``; waiting messages as additionalContext
 PreToolUse         ``tool_call`` (``tool_name``, ``tool_input``, ``tool_use_id``)
 PostToolUse        ``tool_result`` (``tool_response``)
-Stop               ``agent_stop`` with ``last_assistant_message`` (else the transcript's
-                   last assistant message); waiting messages answer ``decision: block``
+Stop               ``agent_stop`` with ``last_assistant_message`` (the command hook fills
+                   it in from the transcript when it is missing, see :mod:`.transcripts`);
+                   waiting messages answer ``decision: block``
 SubagentStop       ``agent_output`` of a subagent, inside the parent's turn
 SessionEnd         terminate the session (``reason``)
 =================  =========================================================
@@ -22,6 +23,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from backchannel.runtimes.channel_tags import (
+    SEEN_FIELD,
+    STOP_CONTEXT_SINCE,
+    VERSION_FIELD,
+    channel_ids,
+    version_tuple,
+)
 from backchannel.runtimes.common import (
     HookEvent,
     HookInputError,
@@ -30,7 +38,6 @@ from backchannel.runtimes.common import (
     Runtime,
     compact,
     event_name,
-    last_assistant_text,
     opt_bool,
     opt_str,
     req_str,
@@ -58,6 +65,12 @@ _KINDS = {
 }
 
 
+def _seen(obj: Mapping[str, Any], prompt: str) -> tuple[str, ...]:
+    listed = obj.get(SEEN_FIELD)
+    extra = [i for i in listed if isinstance(i, str)] if isinstance(listed, list) else []
+    return tuple(dict.fromkeys([*channel_ids(prompt), *extra]))[:100]
+
+
 def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KINDS) -> HookEvent:
     """A Claude-shaped hook payload (Claude Code, Codex hooks) as a :class:`HookEvent`."""
     obj, name = event_name(payload, "hook_event_name")
@@ -66,15 +79,17 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
         raise HookInputError(f"{runtime} event {name!r} is not one backchannel maps")
     sid = req_str(obj, "session_id")
     transcript = opt_str(obj, "transcript_path")
+    prompt = (opt_str(obj, "prompt") or "") if kind is HookKind.PROMPT else ""
     common: dict[str, Any] = {
         "runtime": runtime,
         "name": name,
         "kind": kind,
         "session_id": sid,
         "transcript_path": transcript,
+        "seen": _seen(obj, prompt),
     }
     if kind is HookKind.PROMPT:
-        return HookEvent(**common, text=opt_str(obj, "prompt") or "")
+        return HookEvent(**common, text=prompt)
     if kind in (HookKind.TOOL_CALL, HookKind.TOOL_RESULT):
         tool = req_str(obj, "tool_name")
         text = (
@@ -84,13 +99,14 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
         )
         return HookEvent(**common, text=text, tool=tool, tool_id=opt_str(obj, "tool_use_id"))
     if kind in (HookKind.STOP, HookKind.SUBAGENT_STOP):
+        # never read from transcript_path here: the hub parses payloads it received over
+        # HTTP; the command hook fills the message in on the agent's machine (.transcripts)
         closing = opt_str(obj, "last_assistant_message")
-        source = opt_str(obj, "agent_transcript_path") if kind is HookKind.SUBAGENT_STOP else None
-        if closing is None and (source or transcript):
-            closing = last_assistant_text(source or transcript or "")
         extra = {"agent_id": obj["agent_id"]} if isinstance(obj.get("agent_id"), str) else {}
         if isinstance(obj.get("agent_type"), str):
             extra["agent_type"] = obj["agent_type"]
+        if kind is HookKind.STOP and isinstance(obj.get(VERSION_FIELD), str):
+            extra["cli_version"] = obj[VERSION_FIELD]
         return HookEvent(
             **common,
             text=closing or "",
@@ -107,9 +123,18 @@ def parse(payload: Any) -> HookEvent:
 
 
 def render_event(event: HookEvent, outcome: Outcome) -> dict[str, Any]:
-    """Claude Code's hook output: ``decision: block`` keeps a stopping agent going with
-    ``reason`` as its input; ``additionalContext`` adds to a prompt or a session start."""
+    """Claude Code's hook output: a stopping agent goes on with the waiting messages as its
+    input, as plain feedback (``hookSpecificOutput.additionalContext``) where the version
+    takes it, else ``decision: block`` (shown as a "stop hook problem"; older versions
+    and Codex); ``additionalContext`` adds to a prompt or a session start."""
     if outcome.continue_with and event.kind is HookKind.STOP and event.answerable:
+        if version_tuple(event.extra.get("cli_version")) >= STOP_CONTEXT_SINCE:
+            return {
+                "hookSpecificOutput": {
+                    "hookEventName": event.name,
+                    "additionalContext": outcome.continue_with,
+                }
+            }
         return {"decision": "block", "reason": outcome.continue_with}
     if outcome.context and event.kind in (HookKind.PROMPT, HookKind.SESSION_START):
         return {
@@ -122,18 +147,3 @@ def render_event(event: HookEvent, outcome: Outcome) -> dict[str, Any]:
 
 
 RUNTIME = Runtime(NAME, parse, render_event, EVENTS)
-
-
-def enrich(payload: Any) -> Any:
-    """Fill in ``last_assistant_message`` from the transcript on this machine (for a
-    hook forwarded to a hub elsewhere, which cannot read the agent's files)."""
-    if (
-        isinstance(payload, dict)
-        and payload.get("hook_event_name") in ("Stop", "SubagentStop")
-        and not isinstance(payload.get("last_assistant_message"), str)
-    ):
-        path = payload.get("agent_transcript_path") or payload.get("transcript_path")
-        text = last_assistant_text(path) if isinstance(path, str) and path else None
-        if text is not None:
-            return {**payload, "last_assistant_message": text}
-    return payload

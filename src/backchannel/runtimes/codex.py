@@ -4,7 +4,8 @@ Hooks (``.codex/hooks.json``): ``SessionStart``, ``UserPromptSubmit``, ``PreTool
 ``PostToolUse`` and ``Stop`` carry ``session_id``, ``turn_id``, ``transcript_path``,
 ``cwd``, ``model`` and ``hook_event_name``; ``Stop`` adds ``stop_hook_active`` and
 ``last_assistant_message``, and answers ``{"decision": "block", "reason": ...}`` to make
-Codex continue with ``reason`` as its next input.
+Codex continue with ``reason`` as its next input. ``SessionEnd`` (with ``reason``) says
+the process is leaving the session: the hub session waits for a resume (exited).
 
 ``notify`` (``notify = ["backchannel", "hook", "codex"]`` in ``config.toml``): Codex runs
 the program with one JSON argument, ``{"type": "agent-turn-complete", "thread-id",
@@ -30,13 +31,14 @@ from backchannel.runtimes.common import (
 )
 
 NAME = "codex"
-EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
+EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop", "SessionEnd")
 _KINDS = {
     "SessionStart": HookKind.SESSION_START,
     "UserPromptSubmit": HookKind.PROMPT,
     "PreToolUse": HookKind.TOOL_CALL,
     "PostToolUse": HookKind.TOOL_RESULT,
     "Stop": HookKind.STOP,
+    "SessionEnd": HookKind.SESSION_END,
 }
 NOTIFY_TYPE = "agent-turn-complete"
 

@@ -1,5 +1,5 @@
 """What every runtime's hooks share: the normalized hook event, the answer a receiver
-decides on, payload field helpers, message formatting, and Claude Code transcripts.
+decides on, payload field helpers and message formatting (transcripts: :mod:`.transcripts`).
 
 A runtime module (:mod:`.claude_code`, :mod:`.codex`, :mod:`.gemini`) only translates:
 ``parse(payload) -> HookEvent`` and ``render(event, outcome) -> dict`` (its own hook
@@ -9,12 +9,12 @@ output JSON). What an event does to the hub lives in :mod:`.receiver`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core import framing
 from backchannel.errors import Forbidden
 from backchannel.types import Member
 
@@ -28,7 +28,6 @@ __all__ = [
     "check_expected",
     "compact",
     "format_messages",
-    "last_assistant_text",
     "opt_bool",
     "opt_str",
     "req_str",
@@ -38,8 +37,6 @@ __all__ = [
 PROBLEM_HEADER = "Backchannel-Hook-Problem"
 #: Longest text recorded for one tool call or tool result (the rest is cut, marked).
 TOOL_TEXT_LIMIT = 8_000
-#: How much of a transcript's tail is read to find the last assistant message.
-TRANSCRIPT_TAIL_BYTES = 2 * 1024 * 1024
 
 
 class HookInputError(ValueError):
@@ -72,6 +69,8 @@ class HookEvent:
     detail: str = ""  # SessionStart source, SessionEnd reason
     transcript_path: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: messages the session shows it already has (Claude Code channel pushes), by id
+    seen: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,80 +161,14 @@ def tool_call_text(tool: str, tool_input: Any) -> str:
 
 
 def format_message(sender: str, kind: str, text: str) -> str:
-    """One message as the agent reads it: a peer's words framed ``[From name]``, the hub's
-    own notices marked, breadcrumbs (timers, checkpoints) as they are."""
-    if kind == "link" or kind in ("timer", "checkpoint"):
-        return text  # link crossings arrive framed already; breadcrumbs speak for themselves
-    if kind == "system":
-        return f"[backchannel] {text}"
-    if kind in ("delegation", "tool_result"):
-        return f"[{kind.replace('_', ' ')} from {sender}] {text}"
-    return f"[From {sender}] {text}"
+    """One message as the agent reads it: a header line the hub writes (``[From name]``,
+    ``[backchannel]`` for the hub's notices, ``[timer]``...), then the text, escaped so
+    that none of its lines reads as another header (:mod:`backchannel.core.framing`)."""
+    return framing.frame(framing.header(sender, kind), text)
 
 
 def format_messages(items: Iterable[tuple[str, str, str]], *, heading: str) -> str:
-    """``(sender, kind, text)`` triples as one block of input, under ``heading``."""
+    """``(sender, kind, text)`` triples as one block of input, under ``heading`` (which
+    must not begin with ``[``), separated by blank lines."""
     body = "\n\n".join(format_message(s, k, t) for s, k, t in items)
     return f"{heading}\n\n{body}"
-
-
-# -- Claude Code transcripts -----------------------------------------------------------
-
-
-def _text_blocks(message: Any) -> list[str]:
-    if not isinstance(message, Mapping):
-        return []
-    content = message.get("content")
-    if isinstance(content, str):
-        return [content] if content.strip() else []
-    out = []
-    if isinstance(content, list):
-        for block in content:
-            if isinstance(block, Mapping) and block.get("type") == "text":
-                text = block.get("text")
-                if isinstance(text, str) and text.strip():
-                    out.append(text)
-    return out
-
-
-def last_assistant_text(path: str | os.PathLike[str]) -> str | None:
-    """The text of the last assistant message in a Claude Code transcript (JSONL, one
-    entry per content block), or ``None`` when there is none or the file is unreadable.
-    Only the file's tail is read."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TRANSCRIPT_TAIL_BYTES))
-            raw = f.read()
-    except OSError:
-        return None
-    lines = raw.decode("utf-8", errors="replace").splitlines()
-    if len(raw) >= TRANSCRIPT_TAIL_BYTES and lines:
-        lines = lines[1:]  # the first line may be cut
-    entries: list[Mapping[str, Any]] = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, Mapping):
-            entries.append(entry)
-    msg_id: object = None
-    parts: list[str] = []
-    for entry in reversed(entries):
-        message = entry.get("message")
-        if entry.get("type") != "assistant" or not isinstance(message, Mapping):
-            if parts:
-                break
-            continue
-        this_id = message.get("id")
-        texts = _text_blocks(message)
-        if not parts:
-            if texts:
-                msg_id, parts = this_id, texts
-            continue
-        if this_id is None or this_id != msg_id:
-            break
-        parts = texts + parts
-    return "\n".join(parts) if parts else None

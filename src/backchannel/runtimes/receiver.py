@@ -5,15 +5,19 @@ runtimes are not so tidy, so this layer makes them fit:
 
 * A session the hub does not know is opened by whichever event names it first (hooks
   attached mid-session, Codex ``notify``, a lost ``SessionStart``). ``SessionEnd`` for an
-  unknown session changes nothing. A runtime session that was terminated and is then
-  resumed continues as ``<id>.2`` (``.3``...), so a resumed agent keeps talking.
+  unknown session changes nothing. ``SessionEnd`` of a known one means its process
+  exited: the session is *exited*, keeping its links, timers and ledger for the team's
+  exit grace, and any later event of the same runtime session id (a resume) makes it
+  idle again. A runtime session that was terminated (the grace ran out, or an explicit
+  terminate) and is then resumed continues as ``<id>.2`` (``.3``...).
 * A tool event or a stop outside a turn opens one first (``turn_start``, marked
   ``opened_by``), so the closing text is still routed.
 * ``SessionStart`` with source ``startup``/``resume`` on a session whose turn was running
   recovers it (the process died mid-turn); ``clear``/``compact`` leave the turn alone.
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
-formatted (``[From x] ...``, hub notices, timer breadcrumbs) and become the stop hook's
+framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
+and become the stop hook's
 "keep going" answer; they are marked delivered and acked as that answer is produced (the
 answer is the delivery), and a ``turn_start`` is reported because the runtime goes on with
 that input. The hub's own notices (link rules, unknown destinations...) never start a
@@ -23,6 +27,11 @@ runtime says its stop hook is already active, messages the agent sent itself are
 back too, so a continuation can only be fed by others (peers within their links' turn
 budgets, timers that fire once) and can never loop on its own. ``UserPromptSubmit``/``BeforeAgent`` hands waiting
 messages over as additional context of the turn it opens.
+
+Channel pushes (:mod:`backchannel.interfaces.mcp_channel`) are acked here, by the session's
+next hook event that shows them (``HookEvent.seen``: the channel tags of its prompt, or of
+its transcript at the turn's end); the ack comes before any lease, so a push the session
+has shown is never handed over a second time by the routes above.
 
 Anything wrong (malformed payload, missing fields, someone else's session, a hub error)
 leaves the agent untouched: the answer is ``{}`` and the reason is logged and returned.
@@ -35,6 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backchannel._sessions import CONTINUED
+from backchannel.core import framing
 from backchannel.core.delivery import check_session_id
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
@@ -54,6 +65,8 @@ log = logging.getLogger("backchannel.hooks")
 
 #: Most messages handed over in one hook answer (the rest wait for the next one).
 MAX_DELIVERY = 20
+#: Runtimes that HTML-escape the hook context they show the model.
+ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
 MAX_RESUMES = 50
 
@@ -99,12 +112,15 @@ def _ignored(member: Member, runtime: str, reason: str, session: str | None = No
     return HookResult({}, reason, session)
 
 
-def intro(member: Member) -> str:
+def intro(member: Member, *, inline: bool = True) -> str:
+    """Who the agent is and how to reach teammates. ``inline=False`` leaves out the
+    closing-text ``message`` block, written with angle brackets, for a runtime that
+    HTML-escapes hook context (Gemini CLI): the tools alone say it there."""
+    how = ' or end your reply with <message to="name">...</message>' if inline else ""
     return (
         f"backchannel: you are '{member.name}' in team '{member.team}'. Teammates' messages "
         "reach you between turns, framed [From name]. Reach them with the backchannel tools "
-        "(send_message, check_inbox, list_members, set_timer), or end your reply with "
-        '<message to="name">...</message>.'
+        f"(send_message, check_inbox, list_members, set_timer){how}. " + framing.READING
     )
 
 
@@ -114,16 +130,25 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         if ended is None:
             raise UnknownSession(f"no open session {ev.session_id!r} to end", session=ev.session_id)
         reason = f"{ev.runtime} {ev.name}" + (f" ({ev.detail})" if ev.detail else "")
-        await hub.terminate_session(m.team, m.name, ended.session_id, reason)
+        # the process left; the session keeps its links for a resume (the exit grace)
+        await hub.exit_session(m.team, m.name, ended.session_id, reason)
         return Outcome(), ended.session_id, ()
     if ev.kind is HookKind.SESSION_START:
         started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
-        return Outcome(context=intro(m)), started.session_id, ()
+        context = intro(m, inline=ev.runtime not in ESCAPES_CONTEXT)
+        return Outcome(context=context), started.session_id, ()
 
     s = await _live(hub, m, ev.session_id)
     sid = s.session_id
+    if ev.seen:  # channel pushes the session shows: delivered, and never handed over again
+        await hub.ack(m.team, m.name, list(ev.seen))
+    continued = s.meta.get(CONTINUED) if s.state is SessionState.ACTIVE else None
+    if ev.kind is HookKind.PROMPT and continued is not None and ev.runtime == "gemini":
+        # Gemini fires BeforeAgent again for the input an AfterAgent `deny` gave it:
+        # the continuation is already this turn, not another one
+        return Outcome(), sid, ()
     if ev.kind is HookKind.PROMPT:
-        got = await _lease(hub, m, sid) if s.state is SessionState.IDLE else []
+        got = await _lease(hub, m, sid, ev) if s.state is SessionState.IDLE else []
         try:
             await _event(hub, m, sid, "turn_start", ev.text, {"hook": ev.name})
         except BaseException:
@@ -153,10 +178,15 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         return Outcome(), sid, ()
 
     # the turn's end: route the closing text, then hand over what waits
-    await _event(hub, m, sid, "agent_stop", ev.text, data)
+    closing = ev.text
+    if isinstance(continued, str) and continued and closing.startswith(continued):
+        # Gemini's AfterAgent after a continuation reports the text before it too:
+        # only what the continuation added is this turn's (the rest was routed already)
+        closing = closing[len(continued) :].lstrip()
+    await _event(hub, m, sid, "agent_stop", closing, data)
     if not ev.answerable:
         return Outcome(), sid, ()
-    got = await _lease(hub, m, sid)
+    got = await _lease(hub, m, sid, ev)
     if ev.stop_hook_active:  # a continuation never feeds itself
         own = [g for g in got if g.message.sender == m.name]
         await _release(hub, m, own)
@@ -167,7 +197,8 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     text = _format(got, "arrived for you")
     ids = [g.message.message_id for g in got]
     try:
-        await _event(hub, m, sid, "turn_start", text, {"continued_by": ev.name, "messages": ids})
+        continued_data = {"continued_by": ev.name, "messages": ids, "continued_after": ev.text}
+        await _event(hub, m, sid, "turn_start", text, continued_data)
     except BaseException:
         await _release(hub, m, got)
         raise
@@ -208,14 +239,21 @@ async def _find(
                 "each agent needs its own member token"
             )
         if s.state is not SessionState.TERMINATED:
-            if recover and s.state is SessionState.ACTIVE:
+            resumed = create and s.state is SessionState.EXITED
+            if resumed or (recover and s.state is SessionState.ACTIVE):
                 s = await hub.open_session(m.team, m.name, sid)
             return s
     raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
 
 
-async def _lease(hub: Hub, m: Member, sid: str) -> list[InboxMessage]:
-    return await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
+async def _lease(hub: Hub, m: Member, sid: str, ev: HookEvent) -> list[InboxMessage]:
+    """The session's waiting messages, less copies it shows it already has (a channel
+    push whose lease ran out before its ack): those are acked, not shown again."""
+    got = await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
+    shown = [g.message.message_id for g in got if g.message.message_id in ev.seen]
+    if shown:
+        await hub.ack(m.team, m.name, shown)
+    return [g for g in got if g.message.message_id not in ev.seen]
 
 
 async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:

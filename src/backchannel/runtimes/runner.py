@@ -21,6 +21,8 @@ from typing import Any
 
 from backchannel.client import Client, Received
 from backchannel.errors import BackchannelError
+from backchannel.runtimes import story
+from backchannel.runtimes.common import format_message
 from backchannel.runtimes.models import ChatMessage, Model, ModelError, Usage, price_for
 from backchannel.runtimes.scripted import ScriptedModel, load_policy
 from backchannel.runtimes.teamfile import MemberSpec, TeamFile
@@ -48,14 +50,8 @@ def make_model(spec: MemberSpec) -> Model:
 
 
 def format_input(m: Received) -> str:
-    """How a delivered message reads to the model."""
-    if m.kind in ("link", "tool_result"):
-        return m.text
-    if m.kind == "timer":
-        return f"[Timer] {m.text}"
-    if m.kind in ("system", "checkpoint"):
-        return f"[Hub] {m.text}"
-    return f"[From {m.sender}] {m.text}"
+    """How a delivered message reads to the model: framed as every adapter frames it."""
+    return format_message(m.sender, m.kind, m.text)
 
 
 @dataclass
@@ -102,6 +98,9 @@ class SessionLoop:
         stats.working = True
         self.runner.changed()
         ids = [m.message_id for m in inputs]
+        self.runner.delivered += len(inputs)
+        for m in inputs:
+            self.runner.tell(story.on_input(sid, m))
         text = "\n\n".join(format_input(m) for m in inputs)
         await c.report_event(sid, "turn_start", text)
         stats.turns += 1
@@ -121,6 +120,7 @@ class SessionLoop:
                 if reply.text:
                     await c.report_event(sid, "thought", reply.text)
                 for call in reply.tool_calls:
+                    self.runner.tell(story.on_tool_call(self.spec.name, call.name, call.arguments))
                     await c.report_event(
                         sid,
                         "tool_call",
@@ -154,7 +154,8 @@ class SessionLoop:
         if self._over_budget() and stats.stopped is None:
             stats.stopped = "budget"
             final = (final + "\n\n" if final else "") + self._budget_note()
-        await c.report_event(sid, "agent_stop", final)
+        answer = await c.report_event(sid, "agent_stop", final)
+        self.runner.tell(story.on_stop(self.spec.name, answer))
         await c.ack(ids)
         stats.last_output = final
         stats.working = False
@@ -196,6 +197,7 @@ class Runner:
         timeout: float = 600.0,
         on_change: Callable[[], None] | None = None,
         note: Callable[[str], None] | None = None,
+        story: Callable[[str], None] | None = None,
     ) -> None:
         self.team = team
         self.clients = clients
@@ -206,6 +208,8 @@ class Runner:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change
         self._note = note
+        self._story = story
+        self.delivered = 0  # messages handed to hosted sessions
         self.started = time.monotonic()
         self.ended_because = ""
 
@@ -216,6 +220,12 @@ class Runner:
     def console_note(self, text: str) -> None:
         if self._note is not None:
             self._note(text)
+
+    def tell(self, lines: list[str]) -> None:
+        """Hand story lines (see :mod:`backchannel.runtimes.story`) to the ``story`` callback."""
+        if self._story is not None:
+            for line in lines:
+                self._story(f"{time.monotonic() - self.started:5.1f}s  {line}")
 
     @property
     def hosted(self) -> list[MemberSpec]:

@@ -122,7 +122,7 @@ def counter(ctx: ScriptContext) -> ModelReply:
         return use(call("count_lines", path="."))
     totals = json.loads(ctx.result())
     lines = [
-        f"{lang}: {v['files']} files, {v['lines']} lines ({v['code']} non-blank)"
+        f"{lang}: {v['files']} file{'s' if v['files'] != 1 else ''}, {v['lines']} lines ({v['code']} non-blank)"
         for lang, v in totals.items()
     ]
     all_lines = sum(v["lines"] for v in totals.values())
@@ -135,7 +135,10 @@ async def slow_todo_finder(ctx: ScriptContext) -> ModelReply:
         await asyncio.sleep(float(ctx.state.get("delay", 0)))
         return use(call("find_todos", path="."))
     found = [line for line in ctx.result().splitlines() if line and not line.startswith("(")]
-    return say(f"{len(found)} TODO/FIXME comments:\n" + "\n".join(found[:40]))
+    if not found:
+        return say("No TODO or FIXME comments in the workspace.")
+    more = f"\n(and {len(found) - 40} more)" if len(found) > 40 else ""
+    return say(f"{len(found)} TODO/FIXME comments:\n" + "\n".join(found[:40]) + more)
 
 
 def reviewer(ctx: ScriptContext) -> ModelReply:
@@ -213,12 +216,13 @@ def survey_lead(ctx: ScriptContext) -> ModelReply:
         and "reported" not in s
     ):
         s["reported"] = True
-        todos = s["todos"].splitlines()[0]
+        # the whole of each answer, not its heading: the report is what the user reads
+        report = f"Survey done.\n{s['counts']}\n{s['review']}\n{s['todos']}"
         return use(
             call(
                 "send_message",
                 to="user",
-                message=f"Survey done. {s['counts'].splitlines()[0]} {s['review']} {todos}",
+                message=report,
                 summary="survey report",
                 close_link=False,
             ),

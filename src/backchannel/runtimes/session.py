@@ -16,6 +16,7 @@ from rich.table import Table
 from backchannel.client import Client, HttpClient, attach, connect
 from backchannel.config import open_store
 from backchannel.errors import AlreadyExists, InvalidRequest
+from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.runtimes.runner import Runner
 from backchannel.runtimes.teamfile import TeamFile
 
@@ -91,9 +92,9 @@ def progress(runner: Runner, extra: dict[str, Any]) -> Group:
         )
     t = runner.totals()
     line = (
-        f"messages {extra.get('messages', 0)} · links open {extra.get('links', 0)} · "
-        f"timers pending {extra.get('timers', 0)} · delegations pending {extra.get('delegations', 0)} · "
-        f"cost ${t['cost']:.4f}"
+        f"messages {runner.delivered} · links open {extra.get('links', 0)} · "
+        f"timers pending {extra.get('timers', 0)} · delegations pending {extra.get('delegations', 0)}"
+        f"\ncost ${t['cost']:.4f}"
     )
     return Group(table, line)
 
@@ -134,7 +135,13 @@ async def run_team(
         hosted = {m.name: clients[m.name] for m in team.members if m.name in clients}
         counts: dict[str, Any] = {}
         runner = Runner(
-            team, hosted, workspace=workspace, timeout=time_limit, quiet_seconds=quiet_seconds
+            team,
+            hosted,
+            workspace=workspace,
+            timeout=time_limit,
+            quiet_seconds=quiet_seconds,
+            note=lambda line: console.print(f"[red]{line}[/red]"),
+            story=lambda line: console.print(line, markup=False),
         )
 
         async def refresh(live: Live) -> None:
@@ -208,29 +215,33 @@ def print_report(result: RunResult, console: Console) -> None:
         f"\n[bold]Report for team {result.team}[/bold] — ended because {result.ended_because}"
     )
     t = Table(title="sessions")
-    for col in ("session", "turns", "tools", "tokens", "cost", "last output"):
+    for col in ("session", "turns", "tools", "tokens", "cost"):
         t.add_column(col)
+    outputs = []
     for s in result.sessions:
-        last = (s["last_output"] or "").strip().splitlines()
         t.add_row(
-            s["session"],
+            markup_safe(s["session"]),
             str(s["turns"]),
             str(s["tool_calls"]),
             str(s["tokens"]),
             f"${s['cost']:.4f}",
-            (last[0][:60] if last else ""),
         )
+        last = (s["last_output"] or "").strip().splitlines()
+        if last:
+            outputs.append(f"  {printable(s['session'])}: {printable(last[0][:100])}")
     console.print(t)
+    if outputs:
+        console.print("last output of each session:", *outputs, sep="\n", markup=False)
     if result.links:
         lt = Table(title="links")
         for col in ("peers", "turns used", "state", "why closed"):
             lt.add_column(col)
         for link in result.links:
             lt.add_row(
-                f"{link['initiator']} <-> {link['responder']}",
+                markup_safe(f"{link['initiator']} <-> {link['responder']}"),
                 f"{link['turns_used']}/{link['budget']}",
                 link["state"],
-                link["close_reason"] or "",
+                markup_safe(link["close_reason"] or ""),
             )
         console.print(lt)
     if result.delegations:
@@ -238,9 +249,17 @@ def print_report(result: RunResult, console: Console) -> None:
         for col in ("from", "to", "task", "state"):
             dt.add_column(col)
         for d in result.delegations:
-            dt.add_row(d["caller"], d["callee"], d["task"][:50], d["state"])
+            dt.add_row(
+                markup_safe(d["caller"]),
+                markup_safe(d["callee"]),
+                markup_safe(d["task"][:50]),
+                d["state"],
+            )
         console.print(dt)
     console.print(f"duplicate closing messages suppressed: {result.duplicates_dropped}")
     for m in result.to_user:
-        console.print(f"[bold]to user[/bold] from {m['from']}: {m['text']}")
+        console.print(
+            f"[bold]to user[/bold] from {markup_safe(m['from'])}: "
+            f"{markup_safe(m['text'], multiline=True)}"
+        )
     console.print(f"tokens {result.tokens}, cost ${result.cost:.4f}")

@@ -8,6 +8,9 @@
       anchor: enforce               # enforce | warn | off
       link_budget: 8
       link_rules: "..."             # optional, with {peer} and {budget}
+      pair_budget: 24               # exchanges between two agents per pair_window
+      pair_window: 3600             # seconds
+      chain_budget: 32              # agent hops after a human, timer or outside task
     callbacks:                      # optional: callback services (name: url)
       hub-b: http://127.0.0.1:9001
     members:
@@ -74,7 +77,7 @@ class MemberSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v) or v in ("user", "hub"):
+        if not NAME_RE.fullmatch(v) or v in ("user", "hub"):
             raise ValueError("use 1 to 64 letters, digits, '_' or '-' (not 'user' or 'hub')")
         return v
 
@@ -104,6 +107,10 @@ class Policies(_Strict):
     anchor: Literal["enforce", "warn", "off"] = "enforce"
     link_budget: int = Field(8, ge=1, le=1000)
     link_rules: str | None = None
+    pair_budget: int | None = Field(None, ge=1, le=100_000)
+    pair_window: float | None = Field(None, gt=0, le=30 * 24 * 3600)
+    chain_budget: int | None = Field(None, ge=1, le=100_000)
+    exit_grace_seconds: float | None = Field(None, ge=0, le=30 * 86400)
 
 
 class TeamFile(_Strict):
@@ -116,7 +123,7 @@ class TeamFile(_Strict):
     @field_validator("team")
     @classmethod
     def _team(cls, v: str) -> str:
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError("use 1 to 64 letters, digits, '_' or '-'")
         return v
 
@@ -143,6 +150,12 @@ class TeamFile(_Strict):
         }
         if self.policies.link_rules:
             out["link_rules"] = self.policies.link_rules
+        for name in ("pair_budget", "pair_window", "chain_budget"):
+            value = getattr(self.policies, name)
+            if value is not None:
+                out[name] = value
+        if self.policies.exit_grace_seconds is not None:
+            out["exit_grace_seconds"] = self.policies.exit_grace_seconds
         return out
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from backchannel.client import Client
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError
+from backchannel.runtimes.common import format_message
 from backchannel.runtimes.models import ToolSpec
 
 MAX_RESULT = 20_000
@@ -59,7 +61,8 @@ LANGUAGES = {
     ".sql": "SQL",
     "Makefile": "Makefile",
 }
-TODO_RE = re.compile(r"\b(TODO|FIXME)\b[:\s]*(.*)")
+# a TODO in a comment (after #, //, /*, <!--, -- or ;), not the word in prose or a string
+TODO_RE = re.compile(r"(?:^|\s)(?:#+|//+|/\*+|<!--|--|;+)\s*\b(TODO|FIXME)\b[:\s]*(.*)")
 
 
 @dataclass
@@ -157,6 +160,8 @@ async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 async def set_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     intent, note = _req(args, "intent"), _req(args, "note")
     minutes = _num(args, "minutes")
+    if minutes is None and intent == "anchor":
+        minutes = DEFAULT_ANCHOR_MINUTES
     if minutes is None:
         raise ToolFailed("argument 'minutes' is required")
     t = await ctx.client.set_timer(
@@ -190,7 +195,7 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     got = await ctx.client.receive(limit=50, session=ctx.session)
     if got:
         await ctx.client.ack([m.message_id for m in got])
-    return "\n".join(f"[From {m.sender}] {m.text}" for m in got) or "(no messages)"
+    return "\n\n".join(format_message(m.sender, m.kind, m.text) for m in got) or "(no messages)"
 
 
 async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
@@ -237,6 +242,11 @@ async def count_lines(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     return json.dumps(count_by_language(base), indent=1)
 
 
+def _outside_quotes(line: str, at: int) -> bool:
+    before = line[:at]
+    return before.count('"') % 2 == 0 and before.count("'") % 2 == 0
+
+
 def find_todo_lines(base: Path, root: Path) -> list[str]:
     out = []
     for p in _files(base):
@@ -248,7 +258,7 @@ def find_todo_lines(base: Path, root: Path) -> list[str]:
             continue
         for n, line in enumerate(text.splitlines(), 1):
             m = TODO_RE.search(line)
-            if m:
+            if m and _outside_quotes(line, m.start()):
                 out.append(f"{p.relative_to(root)}:{n}: {m.group(1)} {m.group(2).strip()[:100]}")
     return out
 
@@ -298,7 +308,8 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
         ToolSpec(
             "set_timer",
             "Set a heartbeat: intent 'anchor' brings you back to your own task, 'check' shows a "
-            "peer's state (target required), 'wait' says whether a peer replied (target required).",
+            "peer's state (target required), 'wait' says whether a peer replied (target required). "
+            "An anchor without minutes is due in 10.",
             _schema(
                 {
                     "intent": {"type": "string", "enum": ["anchor", "check", "wait"]},
@@ -306,7 +317,7 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
                     "note": _S,
                     "target": _S,
                 },
-                ["intent", "minutes", "note"],
+                ["intent", "note"],
             ),
         ),
         set_timer,

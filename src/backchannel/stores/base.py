@@ -29,20 +29,24 @@ database fails.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 from backchannel.types import (
+    A2ATask,
+    Budget,
     Delegation,
     Delivery,
     DeliveryEvent,
     DeliveryState,
+    InboxEntry,
     InboxMessage,
     Job,
     JobState,
     LedgerEntry,
     Link,
     Member,
+    MemberActivity,
     Message,
     Recipient,
     Session,
@@ -56,7 +60,11 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 10
+
+SessionFilter = Literal["all", "live", "active"]
+"""Which sessions :meth:`Tx.list_sessions` returns: every one, those not terminated, or
+those with a turn running."""
 
 
 class Tx(Protocol):
@@ -95,8 +103,18 @@ class Tx(Protocol):
     def put_session(self, session: Session) -> None:
         """Insert or replace the session with this ``(team, session_id)``."""
 
-    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
-        """Sessions of a team (or of one member), oldest first."""
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
+        """Sessions of a team (or of one member), oldest first: ``"all"``, the ``"live"``
+        ones (not terminated) or the ``"active"`` ones (a turn running), at most
+        ``limit``. Served by an index per filter, so asking whether a member has exactly
+        one live session (``limit=2``) costs the same with ten sessions or ten thousand."""
         ...
 
     # -- messages ----------------------------------------------------------
@@ -134,7 +152,9 @@ class Tx(Protocol):
         ...
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
-        """Deliveries ``leased`` with ``lease_until <= now``, lowest ``seq`` first."""
+        """Deliveries ``leased`` with ``lease_until <= now``, the earliest expiry first
+        (then lowest ``seq``): the order of the lease-expiry index, so no store has to
+        sort or scan the deliveries that are not leased."""
         ...
 
     def next_lease_expiry(self) -> float | None:
@@ -191,6 +211,40 @@ class Tx(Protocol):
 
     def pending_count(self, team: str, member: str) -> int:
         """How many of the member's copies are ``queued`` or ``leased``."""
+        ...
+
+    # -- push delivery ownership ---------------------------------------------
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        """Take or renew ``owner``'s lease on pushing the member's messages: the one hub
+        that may run the member's push delivery until ``lease_until``.
+
+        True, with the lease now held by ``owner`` until ``lease_until``, when nobody
+        held it, it was released, its ``lease_until`` is at or before ``now`` (its owner
+        stopped renewing it), or ``owner`` already held it. False, writing nothing, while
+        another owner's lease runs. Two concurrent claims of one member never both
+        succeed against a live lease: exactly one owner holds it at any time."""
+        ...
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        """Give up ``owner``'s lease on the member's push delivery at once, so another
+        hub may claim it without waiting for it to run out. False (and nothing changes)
+        if ``owner`` did not hold it."""
+        ...
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        """Who holds the lease on the member's push delivery and until when, expired or
+        not; ``None`` if nobody does (never claimed, or released)."""
+        ...
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        """Return every ``leased`` copy of the member's messages (pinned to a session or
+        not) to ``queued`` at once, each with a ``released`` history event carrying
+        ``detail``; attempts are kept. Returns their ids, lowest ``seq`` first. A hub
+        that takes over a member's push delivery calls this in the transaction that gives
+        it the lease, so the copies the previous owner held go out again before anything
+        newer: order is kept, and a copy is pushed again only if it was never acked."""
         ...
 
     # -- transcripts ---------------------------------------------------------
@@ -294,7 +348,8 @@ class Tx(Protocol):
         callee_session: str | None = None,
     ) -> Delegation | None:
         """The delegation with this ``(caller_session, tool_use_id)``, or the one whose
-        callee runs in ``callee_session``."""
+        callee runs in ``callee_session`` (when a session answers several, the oldest that
+        is still ``pending`` or ``timed_out``, else the oldest)."""
         ...
 
     def update_delegation(self, d: Delegation) -> None:
@@ -307,10 +362,103 @@ class Tx(Protocol):
         oldest first."""
         ...
 
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        """Forget a team's delegations that are over, with their stored reply tokens: those
+        that ended (``answered_at``, else ``deadline``) before ``ended_before``, whose
+        ``deadline`` is before ``expired_before`` (no reply token for them is still
+        accepted), and none of whose batch is still ``pending``. Returns how many."""
+        ...
+
+    # -- credentials, removal, quota counts ----------------------------------
+    def set_token_hash(self, team: str, name: str, token_hash: str) -> bool:
+        """Replace a member's token hash (a rotation): the old token stops matching in
+        this transaction. False if there is no such member."""
+        ...
+
+    def delete_member(self, team: str, name: str) -> bool:
+        """Remove the member's row (its token stops matching). Its messages, deliveries,
+        sessions and links stay: the hub settles them first. False if it did not exist."""
+        ...
+
+    def delete_team(self, name: str) -> int:
+        """Remove a team and every row that belongs to it (members, sessions, messages,
+        deliveries, history, transcripts, ledgers, jobs, links, delegations). Returns
+        how many copies were still ``queued`` or ``leased`` (dropped with it)."""
+        ...
+
+    def undelivered(self, team: str, member: str, limit: int) -> list[Delivery]:
+        """Up to ``limit`` of the member's ``queued`` or ``leased`` copies, lowest ``seq``
+        first."""
+        ...
+
+    def queued_count(self, team: str, member: str, limit: int) -> int:
+        """How many of the member's copies are ``queued``, counted no further than
+        ``limit`` (a quota check: the cost is bounded by the limit)."""
+        ...
+
+    def count_jobs(self, team: str, session_id: str, kind: str, limit: int) -> int:
+        """How many of the session's jobs of ``kind`` are ``pending``, counted no further
+        than ``limit``."""
+        ...
+
     # -- one-time tokens -----------------------------------------------------
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        """Retention. Examines up to ``limit`` messages created in ``[after, before)``,
+        oldest first, and removes those whose every copy is ``acked`` or ``dead``, with
+        their copies and delivery history; a message with a copy still queued, leased or
+        delivered is kept, whatever its age. Also removes jobs that finished (done or
+        cancelled) before ``before``. Returns how many messages were removed and the
+        ``created_at`` of the last one examined, where the next call goes on (``None``
+        once none is left before ``before``). Each call is bounded by ``limit``."""
+        ...
+
     def spend_token(self, jti: str, expires_at: float) -> bool:
         """Mark a token id spent. False if it was spent before (a replay). Ids may be
         forgotten once ``expires_at`` has passed, when the token is refused anyway."""
+        ...
+
+    def prune_spent_tokens(self, now: float) -> int:
+        """Forget spent token ids whose ``expires_at`` is at or before ``now``. Returns how
+        many."""
+
+    # -- Claude Code inbox files read back -----------------------------------
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        """Which of ``entry_ids`` are recorded for ``(team, inbox)``."""
+        ...
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        """Record entries as taken in. An id already recorded for its inbox is kept as it
+        was (idempotent), so a retried transaction changes nothing."""
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        """Per sender of recorded entries (``kind`` other than ``"hub"`` and
+        ``"skipped"``): the latest ``at`` and its kind, and the latest ``at`` of an entry
+        with ``terminates``. By member name."""
+        ...
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        """Drop the records of ``inbox`` seen before ``before`` whose id is not in
+        ``keep`` (the ids still in the file); the number dropped."""
+
+    # -- conversation budgets ----------------------------------------------
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        """A pair's or chain's budget record (see :class:`backchannel.types.Budget`)."""
+        ...
+
+    def put_budget(self, budget: Budget) -> None:
+        """Insert or replace the record with the same ``(team, key)``."""
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        """The team's budget records, ordered by key."""
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        """Insert or replace the task ``(team, task_id)``."""
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None: ...
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        """The tasks ``owner`` gave ``member``, most recently updated first."""
         ...
 
 

@@ -10,16 +10,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import Store, Tx
+from backchannel.stores.base import SessionFilter, Store, Tx
 from backchannel.types import (
+    A2ATask,
+    Budget,
     Delegation,
+    DelegationState,
     Delivery,
     DeliveryEvent,
     DeliveryState,
+    InboxEntry,
     InboxMessage,
     Job,
     JobState,
@@ -27,10 +31,12 @@ from backchannel.types import (
     Link,
     LinkState,
     Member,
+    MemberActivity,
     Message,
     Recipient,
     Session,
     SessionEvent,
+    SessionState,
     Team,
 )
 
@@ -38,6 +44,7 @@ T = TypeVar("T")
 _MISSING = object()
 
 _LEASABLE = (DeliveryState.QUEUED,)
+_UNDELIVERED = (DeliveryState.QUEUED, DeliveryState.LEASED)
 
 
 class _Data:
@@ -60,7 +67,12 @@ class _Data:
         self.links: dict[tuple[str, str], Link] = {}
         self.delegations: dict[tuple[str, str], Delegation] = {}
         self.spent: dict[str, float] = {}
+        self.inbox: dict[tuple[str, str, str], InboxEntry] = {}
+        self.budgets: dict[tuple[str, str], Budget] = {}
+        self.a2a_tasks: dict[tuple[str, str], A2ATask] = {}
         self.job_seq = 0
+        # (team, member) -> (owner, lease_until): who pushes the member's messages
+        self.dispatch: dict[tuple[str, str], tuple[str, float]] = {}
 
 
 class MemoryTx:
@@ -140,13 +152,26 @@ class MemoryTx:
     def put_session(self, session: Session) -> None:
         self._set(self._d.sessions, (session.team, session.session_id), session)
 
-    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
         found = [
             s
             for (t, _), s in self._d.sessions.items()
-            if t == team and (member is None or s.member == member)
+            if t == team
+            and (member is None or s.member == member)
+            and (
+                which == "all"
+                or (which == "live" and s.state is not SessionState.TERMINATED)
+                or (which == "active" and s.state is SessionState.ACTIVE)
+            )
         ]
-        return sorted(found, key=lambda s: (s.created_at, s.session_id))
+        return sorted(found, key=lambda s: (s.created_at, s.session_id))[:limit]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -242,7 +267,7 @@ class MemoryTx:
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         found = [d for d in self._leased() if d.lease_until is not None and d.lease_until <= now]
-        return sorted(found, key=lambda d: d.seq)[:limit]
+        return sorted(found, key=lambda d: (d.lease_until, d.seq))[:limit]
 
     def _leased(self) -> list[Delivery]:
         out = []
@@ -333,13 +358,137 @@ class MemoryTx:
         inbox = self._d.open.get((team, member), {})
         return sum(1 for key in inbox.values() if self._d.deliveries[key].state.pending)
 
+    # -- credentials, removal, quota counts ------------------------------------
+    def set_token_hash(self, team: str, name: str, token_hash: str) -> bool:
+        old = self._d.members.get((team, name))
+        if old is None:
+            return False
+        self._pop(self._d.tokens, old.token_hash)
+        self._set(self._d.tokens, token_hash, (team, name))
+        self._set(self._d.members, (team, name), dataclasses.replace(old, token_hash=token_hash))
+        return True
+
+    def delete_member(self, team: str, name: str) -> bool:
+        old = self._d.members.get((team, name))
+        if old is None:
+            return False
+        self._pop(self._d.tokens, old.token_hash)
+        self._pop(self._d.members, (team, name))
+        return True
+
+    def delete_team(self, name: str) -> int:
+        d = self._d
+        dropped = sum(
+            1 for (t, _, _), x in d.deliveries.items() if t == name and x.state in _UNDELIVERED
+        )
+        for m in [m for (t, _), m in d.members.items() if t == name]:
+            self._pop(d.tokens, m.token_hash)
+        tables: list[dict[Any, Any]] = [
+            d.members, d.sessions, d.messages, d.deliveries, d.open, d.history, d.events,
+            d.ledgers, d.links, d.delegations, d.budgets, d.inbox, d.a2a_tasks, d.dispatch,
+        ]  # fmt: skip
+        for table in tables:
+            for key in [k for k in table if k[0] == name]:
+                self._pop(table, key)
+        for job_id in [j for j, job in d.jobs.items() if job.team == name]:
+            self._pop(d.jobs, job_id)
+        old_feed = list(d.feed)
+        d.feed[:] = [f for f in d.feed if f[1] != name]
+        self._undo.append(lambda: d.feed.__setitem__(slice(None), old_feed))
+        self._pop(d.teams, name)
+        return dropped
+
+    def undelivered(self, team: str, member: str, limit: int) -> list[Delivery]:
+        inbox = self._d.open.get((team, member), {})
+        found = (self._d.deliveries[inbox[seq]] for seq in sorted(inbox))
+        return [x for x in found if x.state in _UNDELIVERED][:limit]
+
+    def queued_count(self, team: str, member: str, limit: int) -> int:
+        inbox = self._d.open.get((team, member), {})
+        n = 0
+        for key in inbox.values():
+            if self._d.deliveries[key].state is DeliveryState.QUEUED:
+                n += 1
+                if n >= limit:
+                    break
+        return n
+
+    def count_jobs(self, team: str, session_id: str, kind: str, limit: int) -> int:
+        n = 0
+        for job in self._d.jobs.values():
+            if (job.team, job.session_id, job.kind, job.state) == (
+                team,
+                session_id,
+                kind,
+                JobState.PENDING,
+            ):
+                n += 1
+                if n >= limit:
+                    break
+        return n
+
     def _bump(self, attr: str) -> int:
         old = getattr(self._d, attr)
         self._undo.append(functools.partial(setattr, self._d, attr, old))
         setattr(self._d, attr, old + 1)
         return int(old + 1)
 
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        rows = sorted(
+            (m for m in self._d.messages.values() if after <= m.created_at < before),
+            key=lambda m: m.created_at,
+        )[:limit]
+        gone = 0
+        for m in rows:
+            copies = [
+                key
+                for key, d in self._d.deliveries.items()
+                if key[0] == m.team and key[1] == m.message_id
+            ]
+            final = (DeliveryState.ACKED, DeliveryState.DEAD)
+            if any(self._d.deliveries[key].state not in final for key in copies):
+                continue
+            for key in copies:
+                self._pop(self._d.deliveries, key)
+            self._pop(self._d.history, (m.team, m.message_id))
+            self._pop(self._d.messages, (m.team, m.message_id))
+            gone += 1
+        for job_id, job in list(self._d.jobs.items()):
+            if job.state is not JobState.PENDING and (job.done_at or before) < before:
+                self._pop(self._d.jobs, job_id)
+        return gone, (rows[-1].created_at if len(rows) == limit else None)
+
     # -- transcripts ---------------------------------------------------------
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        held = self._d.dispatch.get((team, member))
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._set(self._d.dispatch, (team, member), (owner, lease_until))
+        return True
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        held = self._d.dispatch.get((team, member))
+        if held is None or held[0] != owner:
+            return False
+        self._pop(self._d.dispatch, (team, member))
+        return True
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        return self._d.dispatch.get((team, member))
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        inbox = self._d.open.get((team, member), {})
+        out: list[str] = []
+        for seq in sorted(inbox):
+            d = self._d.deliveries[inbox[seq]]
+            if d.state is DeliveryState.LEASED:
+                self._replace(d, state=DeliveryState.QUEUED, lease_until=None, updated_at=now)
+                self._event(team, DeliveryEvent(d.message_id, member, now, "released", detail))
+                out.append(d.message_id)
+        return out
+
     def append_event(self, event: SessionEvent) -> int:
         eid = self._bump("event_seq")
         key = (event.team, event.session_id)
@@ -484,13 +633,17 @@ class MemoryTx:
         tool_use_id: str | None = None,
         callee_session: str | None = None,
     ) -> Delegation | None:
+        if callee_session is not None:
+            found = [
+                d
+                for (t, _), d in self._d.delegations.items()
+                if t == team and d.callee_session == callee_session
+            ]
+            open_ = (DelegationState.PENDING, DelegationState.TIMED_OUT)
+            found.sort(key=lambda d: (d.state not in open_, d.created_at, d.delegation_id))
+            return found[0] if found else None
         for (t, _), d in self._d.delegations.items():
-            if t != team:
-                continue
-            if callee_session is not None:
-                if d.callee_session == callee_session:
-                    return d
-            elif d.caller_session == caller_session and d.tool_use_id == tool_use_id:
+            if t == team and d.caller_session == caller_session and d.tool_use_id == tool_use_id:
                 return d
         return None
 
@@ -514,6 +667,87 @@ class MemoryTx:
             return False
         self._set(self._d.spent, jti, expires_at)
         return True
+
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        mine = [d for (t, _), d in self._d.delegations.items() if t == team]
+        busy = {d.batch for d in mine if d.state is DelegationState.PENDING}
+        gone = [
+            d
+            for d in mine
+            if d.batch not in busy
+            and (d.answered_at if d.answered_at is not None else d.deadline) < ended_before
+            and d.deadline < expired_before
+        ]
+        for d in gone:
+            self._pop(self._d.delegations, (team, d.delegation_id))
+        return len(gone)
+
+    def prune_spent_tokens(self, now: float) -> int:
+        gone = [jti for jti, exp in self._d.spent.items() if exp <= now]
+        for jti in gone:
+            self._pop(self._d.spent, jti)
+        return len(gone)
+
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        return {i for i in entry_ids if (team, inbox, i) in self._d.inbox}
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        for e in entries:
+            key = (e.team, e.inbox, e.entry_id)
+            if key not in self._d.inbox:
+                self._set(self._d.inbox, key, e)
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        found: dict[str, MemberActivity] = {}
+        for e in self._d.inbox.values():
+            if e.team != team or e.kind in ("hub", "skipped"):
+                continue
+            a = found.get(e.sender) or MemberActivity(team, e.sender, e.at, e.kind)
+            if e.at > a.last_at or (e.at == a.last_at and e.terminates):
+                a = dataclasses.replace(a, last_at=e.at, last_kind=e.kind)
+            if e.terminates and (a.terminated_at is None or e.at > a.terminated_at):
+                a = dataclasses.replace(a, terminated_at=e.at)
+            found[e.sender] = a
+        return [found[k] for k in sorted(found)]
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        drop = [
+            k
+            for k, e in self._d.inbox.items()
+            if k[0] == team and k[1] == inbox and e.seen_at < before and k[2] not in keep
+        ]
+        for k in drop:
+            self._pop(self._d.inbox, k)
+        return len(drop)
+
+    # -- conversation budgets ----------------------------------------------------
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        return self._d.budgets.get((team, key))
+
+    def put_budget(self, budget: Budget) -> None:
+        self._set(self._d.budgets, (budget.team, budget.key), budget)
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        return sorted(
+            (b for (t, _), b in self._d.budgets.items() if t == team), key=lambda b: b.key
+        )
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        self._set(self._d.a2a_tasks, (task.team, task.task_id), task)
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
+        return self._d.a2a_tasks.get((team, task_id))
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        found = [
+            t
+            for t in self._d.a2a_tasks.values()
+            if (t.team, t.member, t.owner) == (team, member, owner)
+        ]
+        found.sort(key=lambda t: t.task_id)
+        found.sort(key=lambda t: t.updated_at, reverse=True)
+        return found
 
 
 class MemoryStore(Store):

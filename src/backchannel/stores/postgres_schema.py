@@ -216,6 +216,89 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX spent_tokens_expiry ON spent_tokens (expires_at);
     """,
+    # 6: indexes that keep the hot paths flat as messages, sessions, links and jobs pile up
+    """
+    DROP INDEX sessions_member;
+    CREATE INDEX sessions_member ON sessions (team, member, created_at, session_id);
+    CREATE INDEX sessions_live ON sessions (team, member, created_at, session_id)
+        WHERE state != 'terminated';
+    CREATE INDEX sessions_active ON sessions (team, member, created_at, session_id)
+        WHERE state = 'active';
+    CREATE INDEX links_open_initiator ON links (team, initiator, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX links_open_responder ON links (team, responder, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX jobs_session_pending ON jobs (team, session_id, kind, due_at, job_id)
+        WHERE state = 'pending';
+    DROP INDEX deliveries_leased;
+    CREATE INDEX deliveries_leased ON deliveries (lease_until, seq) WHERE state = 'leased';
+    CREATE INDEX messages_created ON messages (created_at);
+    CREATE INDEX jobs_kind_pending ON jobs (team, kind, due_at, job_id) WHERE state = 'pending';
+    DROP INDEX delegations_callee_session;
+    CREATE INDEX delegations_callee_session
+        ON delegations (team, callee_session, created_at, delegation_id);
+    CREATE INDEX delegations_callee_open
+        ON delegations (team, callee_session, created_at, delegation_id)
+        WHERE state IN ('pending', 'timed_out');
+    CREATE INDEX jobs_finished ON jobs (done_at) WHERE state != 'pending';
+    """,
+    # 7: the read cursor of Claude Code inbox files
+    """
+    CREATE TABLE inbox_entries (
+        team text NOT NULL,
+        inbox text NOT NULL,
+        entry_id text NOT NULL,
+        sender text NOT NULL,
+        kind text NOT NULL,
+        at double precision NOT NULL,
+        seen_at double precision NOT NULL,
+        terminates boolean NOT NULL DEFAULT false,
+        PRIMARY KEY (team, inbox, entry_id)
+    );
+    CREATE INDEX inbox_entries_sender ON inbox_entries (team, sender, at);
+    """,
+    # 8: conversation budgets: every message's chain and hop; spent budgets
+    """
+    ALTER TABLE messages ADD COLUMN chain_id text;
+    ALTER TABLE messages ADD COLUMN hop integer NOT NULL DEFAULT 0;
+    CREATE TABLE budgets (
+        team text NOT NULL,
+        key text NOT NULL,
+        window_start double precision NOT NULL,
+        used integer NOT NULL DEFAULT 0,
+        granted integer NOT NULL DEFAULT 0,
+        last_from text,
+        stopped_at double precision,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (team, key)
+    );
+    """,
+    # 9: A2A tasks
+    """
+    CREATE TABLE a2a_tasks (
+        team text NOT NULL,
+        task_id text NOT NULL,
+        member text NOT NULL,
+        owner text NOT NULL,
+        context_id text NOT NULL,
+        state text NOT NULL,
+        body text NOT NULL,
+        created_at double precision NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (team, task_id)
+    );
+    CREATE INDEX a2a_tasks_owner ON a2a_tasks (team, member, owner, updated_at);
+    """,
+    # 10: which hub pushes each member's messages (a lease that moves on failover)
+    """
+    CREATE TABLE dispatch_owners (
+        team text NOT NULL,
+        member text NOT NULL,
+        owner text NOT NULL,
+        lease_until double precision NOT NULL,
+        PRIMARY KEY (team, member)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -223,7 +306,7 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 
 _MSG_COLS = (
     "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
-    "m.fingerprint, m.summary, m.sender_session, m.meta"
+    "m.fingerprint, m.summary, m.sender_session, m.meta, m.chain_id, m.hop"
 )
 _DELIVERY_COLS = (
     "team, message_id, member, session, seq, state, attempts, created_at, updated_at, "
@@ -249,6 +332,7 @@ def _message(r: Sequence[Any]) -> Message:
     return Message(
         team=r[0], message_id=r[1], sender=r[2], to=r[3], text=r[4], kind=MessageKind(r[5]),
         created_at=r[6], fingerprint=r[7], summary=r[8], sender_session=r[9], meta=r[10] or {},
+        chain_id=r[11], hop=r[12],
     )  # fmt: skip
 
 

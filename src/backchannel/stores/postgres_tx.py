@@ -6,13 +6,17 @@ the :class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import astuple
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
+from backchannel.stores.base import SessionFilter
+from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
+from backchannel.stores.lifecycle import LifecycleSql
 from backchannel.stores.postgres_schema import (  # the row mapping
     _DEL_COLS,
     _DELIVERY_COLS,
@@ -32,18 +36,23 @@ from backchannel.stores.postgres_schema import (  # the row mapping
     _message,
     _session,
 )
+from backchannel.stores.sql import OPEN_DELEGATION, links_query, pg, sessions_query
 from backchannel.types import (
+    A2ATask,
+    Budget,
     Delegation,
     Delivery,
     DeliveryEvent,
     DeliveryState,
     EventKind,
+    InboxEntry,
     InboxMessage,
     Job,
     JobState,
     LedgerEntry,
     Link,
     Member,
+    MemberActivity,
     Message,
     Recipient,
     Session,
@@ -70,7 +79,7 @@ class RetryTransaction(StoreError):
     """A serialization failure or deadlock: the store re-runs the transaction function."""
 
 
-class PgTx:
+class PgTx(LifecycleSql):
     """:class:`Tx` over one pooled connection; the store drives its transaction.
 
     Writers run at ``READ COMMITTED`` and take the team's lock
@@ -104,6 +113,10 @@ class PgTx:
         self.broken = False  # the connection was lost
 
     # -- plumbing ----------------------------------------------------------
+    def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
+        self._flush()  # buffered history first: a removal must not leave it behind
+        return self._exec(sql.replace("?", "%s"), args, team)
+
     def _exec(self, sql: str, args: Sequence[Any] = (), team: str | None = None) -> Cursor:
         conn = self._conn
         first: list[tuple[str, Sequence[Any]]] = []
@@ -307,14 +320,16 @@ class PgTx:
             s.team,
         )  # fmt: skip
 
-    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
-        rows = self._all(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE team = %s "
-            "AND (%s::text IS NULL OR member = %s) ORDER BY created_at, session_id",
-            (team, member, member),
-            team,
-        )
-        return [_session(r) for r in rows]
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
+        sql, args = sessions_query(_SESSION_COLS, team, member, which, limit)
+        return [_session(r) for r in self._all(pg(sql), args, team)]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -329,8 +344,8 @@ class PgTx:
         m = message
         rows = self._all(
             "WITH msg AS (INSERT INTO messages (team, message_id, sender, sender_session, "
-            "to_name, kind, text, summary, created_at, fingerprint, meta) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "to_name, kind, text, summary, created_at, fingerprint, meta, chain_id, hop) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING RETURNING team, message_id), "
             "dl AS (INSERT INTO deliveries (team, message_id, member, session, seq, state, "
             "attempts, created_at, updated_at) SELECT msg.team, msg.message_id, r.b, r.s, "
@@ -339,7 +354,8 @@ class PgTx:
             "RETURNING member, seq) "
             "SELECT NULL, NULL FROM msg UNION ALL SELECT member, seq FROM dl",
             (m.team, m.message_id, m.sender, m.sender_session, m.to, m.kind.value, m.text,
-             m.summary, m.created_at, m.fingerprint, _dump(m.meta), m.created_at, m.created_at,
+             m.summary, m.created_at, m.fingerprint, _dump(m.meta), m.chain_id, m.hop,
+             m.created_at, m.created_at,
              [r.member for r in recipients], [r.session for r in recipients]),
             m.team,
         )  # fmt: skip
@@ -409,7 +425,9 @@ class PgTx:
         where = "state = 'leased' AND lease_until <= %s"
         return [
             _delivery(r)
-            for r in self._claim(_DELIVERY_COLS, "deliveries", where, "seq", (now,), limit)
+            for r in self._claim(
+                _DELIVERY_COLS, "deliveries", where, "lease_until, seq", (now,), limit
+            )
         ]
 
     def next_lease_expiry(self) -> float | None:
@@ -521,7 +539,80 @@ class PgTx:
         )
         return int(row[0])
 
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        rows = self._all(
+            "SELECT team, message_id, created_at FROM messages "
+            "WHERE created_at >= %s AND created_at < %s ORDER BY created_at LIMIT %s",
+            (after, before, limit),
+        )
+        self._lock_teams(sorted({r[0] for r in rows}))
+        gone = self._all(
+            "SELECT m.team, m.message_id FROM messages m "
+            "WHERE (m.team, m.message_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.team = m.team "
+            "AND d.message_id = m.message_id AND d.state NOT IN ('acked', 'dead'))",
+            ([r[0] for r in rows], [r[1] for r in rows]),
+        )
+        for table in ("delivery_events", "deliveries", "messages"):
+            self._exec(
+                f"DELETE FROM {table} WHERE (team, message_id) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                ([g[0] for g in gone], [g[1] for g in gone]),
+            )
+        self._exec("DELETE FROM jobs WHERE state != 'pending' AND done_at < %s", (before,))
+        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+
     # -- transcripts ---------------------------------------------------------
+    # -- push delivery ownership ---------------------------------------------
+    # Every statement takes the team's lock first (team=...), so a claim, a lease of the
+    # member's messages and a requeue never interleave; the upsert's row lock alone
+    # would also keep two claims from both winning.
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        row = self._one(
+            "INSERT INTO dispatch_owners (team, member, owner, lease_until) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (team, member) DO UPDATE SET "
+            "owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until "
+            "WHERE dispatch_owners.owner = EXCLUDED.owner "
+            "OR dispatch_owners.lease_until <= %s RETURNING 1",
+            (team, member, owner, lease_until, now),
+            team,
+        )
+        return row is not None
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        row = self._one(
+            "DELETE FROM dispatch_owners WHERE team = %s AND member = %s AND owner = %s "
+            "RETURNING 1",
+            (team, member, owner),
+            team,
+        )
+        return row is not None
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        row = self._one(
+            "SELECT owner, lease_until FROM dispatch_owners WHERE team = %s AND member = %s",
+            (team, member),
+            team,
+        )
+        return (row[0], row[1]) if row else None
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        rows = self._all(
+            "WITH upd AS (UPDATE deliveries SET state = 'queued', lease_until = NULL, "
+            "updated_at = %s WHERE team = %s AND member = %s AND state = 'leased' "
+            "RETURNING message_id, seq) SELECT message_id FROM upd ORDER BY seq",
+            (now, team, member),
+            team,
+        )
+        ids = [r[0] for r in rows]
+        for mid in ids:
+            self._event(team, DeliveryEvent(mid, member, now, "released", detail))
+        if ids:
+            self._wake(team, member)
+        return ids
+
     def append_event(self, event: SessionEvent) -> int:
         e = event
         row = self._one(
@@ -617,13 +708,8 @@ class PgTx:
     def list_links(
         self, team: str, *, member: str | None = None, open_only: bool = False
     ) -> list[Link]:
-        rows = self._all(
-            f"SELECT {_LINK_COLS} FROM links WHERE team = %s "
-            "AND (%s::text IS NULL OR initiator = %s OR responder = %s) "
-            "AND (NOT %s OR state = 'open') ORDER BY created_at, link_id",
-            (team, member, member, member, open_only),
-            team,
-        )
+        sql, args = links_query(_LINK_COLS, team, member, open_only)
+        rows = self._all(pg(sql), args, team)
         return [_link(r) for r in rows]
 
     # -- scheduled jobs ------------------------------------------------------
@@ -696,14 +782,17 @@ class PgTx:
         kind: str | None = None,
         pending_only: bool = True,
     ) -> list[Job]:
-        rows = self._all(
-            f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s "
-            "AND (%s::text IS NULL OR session_id = %s) AND (%s::text IS NULL OR kind = %s) "
-            "AND (NOT %s OR state = 'pending') ORDER BY due_at, job_id",
-            (team, session_id, session_id, kind, kind, pending_only),
-            team,
-        )
-        return self._jobs(rows)
+        sql = f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s"
+        args: list[Any] = [team]
+        if session_id is not None:
+            sql += " AND session_id = %s"
+            args.append(session_id)
+        if kind is not None:
+            sql += " AND kind = %s"
+            args.append(kind)
+        if pending_only:
+            sql += " AND state = 'pending'"
+        return self._jobs(self._all(sql + " ORDER BY due_at, job_id", args, team))
 
     # -- delegation ----------------------------------------------------------
     def insert_delegation(self, d: Delegation) -> None:
@@ -730,17 +819,20 @@ class PgTx:
         tool_use_id: str | None = None,
         callee_session: str | None = None,
     ) -> Delegation | None:
-        args: tuple[Any, ...]
-        if callee_session is not None:
-            where, args = "callee_session = %s", (callee_session,)
-        else:
-            where, args = "caller_session = %s AND tool_use_id = %s", (caller_session, tool_use_id)
-        row = self._one(
-            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s AND {where} "
-            "ORDER BY created_at, delegation_id LIMIT 1",
-            (team, *args),
-            team,
-        )
+        sql = f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s"
+        if callee_session is None:
+            row = self._one(
+                sql + " AND caller_session = %s AND tool_use_id = %s",
+                (team, caller_session, tool_use_id),
+                team,
+            )
+            return _delegation(row) if row else None
+        # the oldest one still waiting for its answer, else the oldest (as SQLite)
+        sql += " AND callee_session = %s"
+        order = " ORDER BY created_at, delegation_id LIMIT 1"
+        row = self._one(sql + f" AND {OPEN_DELEGATION}" + order, (team, callee_session), team)
+        if row is None:
+            row = self._one(sql + order, (team, callee_session), team)
         return _delegation(row) if row else None
 
     def update_delegation(self, d: Delegation) -> None:
@@ -751,6 +843,16 @@ class PgTx:
              d.delegation_id),
             d.team,
         )  # fmt: skip
+
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        cur = self._exec(
+            "DELETE FROM delegations WHERE team = %s AND COALESCE(answered_at, deadline) < %s "
+            "AND deadline < %s AND batch NOT IN "
+            "(SELECT batch FROM delegations WHERE team = %s AND state = 'pending')",
+            (team, ended_before, expired_before, team),
+            team,
+        )
+        return cur.rowcount
 
     def list_delegations(
         self, team: str, *, batch: str | None = None, member: str | None = None
@@ -766,6 +868,42 @@ class PgTx:
         return [_delegation(r) for r in rows]
 
     # -- one-time tokens -----------------------------------------------------
+    # -- inbox files read back -----------------------------------------------
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        rows = self._all(
+            "SELECT entry_id FROM inbox_entries WHERE team = %s AND inbox = %s "
+            "AND entry_id = ANY(%s::text[])",
+            (team, inbox, list(entry_ids)),
+        )
+        return {r[0] for r in rows}
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        for e in entries:
+            self._exec(
+                "INSERT INTO inbox_entries (team, inbox, entry_id, sender, kind, at, seen_at, "
+                "terminates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, e.terminates),
+                e.team,
+            )
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        return activity_rows(team, self._all(INBOX_ACTIVITY_SQL, (team, team)))
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        rows = self._all(
+            "SELECT entry_id FROM inbox_entries WHERE team = %s AND inbox = %s AND seen_at < %s",
+            (team, inbox, before),
+        )
+        drop = [r[0] for r in rows if r[0] not in keep]
+        if drop:
+            self._exec(
+                "DELETE FROM inbox_entries WHERE team = %s AND inbox = %s "
+                "AND entry_id = ANY(%s::text[])",
+                (team, inbox, drop),
+                team,
+            )
+        return len(drop)
+
     def spend_token(self, jti: str, expires_at: float) -> bool:
         # not team-scoped: a concurrent spend of the same id waits for this one, then
         # finds the row and reports a replay
@@ -775,3 +913,63 @@ class PgTx:
             (jti, expires_at),
         )
         return row is not None
+
+    def prune_spent_tokens(self, now: float) -> int:
+        return self._exec("DELETE FROM spent_tokens WHERE expires_at <= %s", (now,)).rowcount
+
+    # -- conversation budgets ----------------------------------------------------
+    _BUDGET_COLS = "team, key, window_start, used, granted, last_from, stopped_at, updated_at"
+
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        row = self._one(
+            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = %s AND key = %s",
+            (team, key),
+            team,
+        )
+        return Budget(*row) if row else None
+
+    def put_budget(self, budget: Budget) -> None:
+        b = budget
+        self._exec(
+            f"INSERT INTO budgets ({self._BUDGET_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (team, key) DO UPDATE SET window_start = EXCLUDED.window_start, "
+            "used = EXCLUDED.used, granted = EXCLUDED.granted, last_from = EXCLUDED.last_from, "
+            "stopped_at = EXCLUDED.stopped_at, updated_at = EXCLUDED.updated_at",
+            (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
+             b.updated_at),
+            b.team,
+        )  # fmt: skip
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        rows = self._all(
+            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = %s ORDER BY key", (team,), team
+        )
+        return [Budget(*r) for r in rows]
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        self._exec(
+            "INSERT INTO a2a_tasks (team, task_id, member, owner, context_id, state, body, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (team, task_id) DO UPDATE SET member = excluded.member, "
+            "owner = excluded.owner, context_id = excluded.context_id, state = excluded.state, "
+            "body = excluded.body, updated_at = excluded.updated_at",
+            astuple(task),
+            task.team,
+        )
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
+        row = self._one(
+            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = %s AND task_id = %s",
+            (team, task_id),
+            team,
+        )
+        return A2ATask(*row) if row else None
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        rows = self._all(
+            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = %s AND member = %s AND owner = %s "
+            "ORDER BY updated_at DESC, task_id",
+            (team, member, owner),
+            team,
+        )
+        return [A2ATask(*r) for r in rows]

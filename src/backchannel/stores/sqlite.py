@@ -30,21 +30,28 @@ import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
-from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
+from backchannel.stores.base import SCHEMA_VERSION, SessionFilter, Store, Tx
+from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
+from backchannel.stores.lifecycle import LifecycleSql
+from backchannel.stores.sql import OPEN_DELEGATION, links_query, sessions_query
 from backchannel.types import (
+    A2ATask,
+    Budget,
     Delegation,
     DelegationState,
     Delivery,
     DeliveryEvent,
     DeliveryState,
     EventKind,
+    InboxEntry,
     InboxMessage,
     Job,
     JobState,
@@ -52,6 +59,7 @@ from backchannel.types import (
     Link,
     LinkState,
     Member,
+    MemberActivity,
     MemberKind,
     Message,
     MessageKind,
@@ -237,12 +245,97 @@ MIGRATIONS: list[str] = [
         expires_at REAL NOT NULL
     );
     """,
+    # 6: indexes that keep the hot paths flat as messages, sessions, links and jobs pile up
+    """
+    DROP INDEX sessions_member;
+    CREATE INDEX sessions_member ON sessions (team, member, created_at, session_id);
+    CREATE INDEX sessions_live ON sessions (team, member, created_at, session_id)
+        WHERE state != 'terminated';
+    CREATE INDEX sessions_active ON sessions (team, member, created_at, session_id)
+        WHERE state = 'active';
+    CREATE INDEX links_open_initiator ON links (team, initiator, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX links_open_responder ON links (team, responder, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX jobs_session_pending ON jobs (team, session_id, kind, due_at, id)
+        WHERE state = 'pending';
+    CREATE INDEX spent_tokens_expiry ON spent_tokens (expires_at);
+    CREATE INDEX deliveries_open ON deliveries (team, member)
+        WHERE state IN ('queued', 'leased');
+    CREATE INDEX messages_created ON messages (created_at);
+    CREATE INDEX jobs_kind_pending ON jobs (team, kind, due_at, id) WHERE state = 'pending';
+    DROP INDEX delegations_callee_session;
+    CREATE INDEX delegations_callee_session
+        ON delegations (team, callee_session, created_at, delegation_id);
+    CREATE INDEX delegations_callee_open
+        ON delegations (team, callee_session, created_at, delegation_id)
+        WHERE state IN ('pending', 'timed_out');
+    CREATE INDEX jobs_finished ON jobs (done_at) WHERE state != 'pending';
+    """,
+    # 7: the read cursor of Claude Code inbox files
+    """
+    CREATE TABLE inbox_entries (
+        team TEXT NOT NULL,
+        inbox TEXT NOT NULL,
+        entry_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        at REAL NOT NULL,
+        seen_at REAL NOT NULL,
+        terminates INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (team, inbox, entry_id)
+    );
+    CREATE INDEX inbox_entries_sender ON inbox_entries (team, sender, at);
+    """,
+    # 8: conversation budgets: every message's chain and hop; spent budgets
+    """
+    ALTER TABLE messages ADD COLUMN chain_id TEXT;
+    ALTER TABLE messages ADD COLUMN hop INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE budgets (
+        team TEXT NOT NULL,
+        key TEXT NOT NULL,
+        window_start REAL NOT NULL,
+        used INTEGER NOT NULL DEFAULT 0,
+        granted INTEGER NOT NULL DEFAULT 0,
+        last_from TEXT,
+        stopped_at REAL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (team, key)
+    );
+    """,
+    # 9: A2A tasks
+    """
+    CREATE TABLE a2a_tasks (
+        team TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        context_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (team, task_id)
+    );
+    CREATE INDEX a2a_tasks_owner ON a2a_tasks (team, member, owner, updated_at);
+    """,
+    # 10: which hub pushes each member's messages (a lease that moves on failover)
+    """
+    CREATE TABLE dispatch_owners (
+        team TEXT NOT NULL,
+        member TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        lease_until REAL NOT NULL,
+        PRIMARY KEY (team, member)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
+
 _MSG_COLS = (
     "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
-    "m.fingerprint, m.summary, m.sender_session, m.meta"
+    "m.fingerprint, m.summary, m.sender_session, m.meta, m.chain_id, m.hop"
 )
 
 
@@ -267,6 +360,8 @@ def _message(row: Sequence[Any]) -> Message:
         summary=row[8],
         sender_session=row[9],
         meta=_loads(row[10]),
+        chain_id=row[11],
+        hop=row[12],
     )
 
 
@@ -329,8 +424,11 @@ def _session(row: Sequence[Any]) -> Session:
     )
 
 
-class SqliteTx:
+class SqliteTx(LifecycleSql):
     """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
+
+    def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
+        return self._c.execute(sql, args)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
@@ -427,20 +525,16 @@ class SqliteTx:
             ),
         )
 
-    def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
-        if member is None:
-            rows = self._c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE team = ? "
-                "ORDER BY created_at, session_id",
-                (team,),
-            )
-        else:
-            rows = self._c.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE team = ? AND member = ? "
-                "ORDER BY created_at, session_id",
-                (team, member),
-            )
-        return [_session(r) for r in rows]
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
+        sql, args = sessions_query(_SESSION_COLS, team, member, which, limit)
+        return [_session(r) for r in self._c.execute(sql, args)]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -461,7 +555,8 @@ class SqliteTx:
         m = message
         self._insert(
             "INSERT INTO messages (team, message_id, sender, sender_session, to_name, kind, "
-            "text, summary, created_at, fingerprint, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "text, summary, created_at, fingerprint, meta, chain_id, hop) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 m.team,
                 m.message_id,
@@ -474,6 +569,8 @@ class SqliteTx:
                 m.created_at,
                 m.fingerprint,
                 _dumps(m.meta),
+                m.chain_id,
+                m.hop,
             ),
             f"message {m.message_id!r}",
         )
@@ -541,7 +638,7 @@ class SqliteTx:
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         rows = self._c.execute(
             f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
-            "ORDER BY seq LIMIT ?",
+            "ORDER BY lease_until, seq LIMIT ?",
             (now, limit),
         )
         return [_delivery(r) for r in rows]
@@ -660,7 +757,74 @@ class SqliteTx:
         )
         return int(row[0])
 
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        rows = self._c.execute(
+            "SELECT team, message_id, created_at FROM messages "
+            "WHERE created_at >= ? AND created_at < ? ORDER BY created_at LIMIT ?",
+            (after, before, limit),
+        ).fetchall()
+        gone = []
+        for team, message_id, _ in rows:
+            live = self._one(
+                "SELECT 1 FROM deliveries WHERE team = ? AND message_id = ? "
+                "AND state NOT IN ('acked', 'dead') LIMIT 1",
+                (team, message_id),
+            )
+            if live is None:
+                gone.append((team, message_id))
+        for table in ("delivery_events", "deliveries", "messages"):
+            self._c.executemany(f"DELETE FROM {table} WHERE team = ? AND message_id = ?", gone)
+        self._c.execute("DELETE FROM jobs WHERE state != 'pending' AND done_at < ?", (before,))
+        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+
     # -- transcripts ---------------------------------------------------------
+    # -- push delivery ownership ---------------------------------------------
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        cur = self._c.execute(
+            "INSERT INTO dispatch_owners (team, member, owner, lease_until) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (team, member) DO UPDATE SET owner = excluded.owner, "
+            "lease_until = excluded.lease_until "
+            "WHERE dispatch_owners.owner = excluded.owner OR dispatch_owners.lease_until <= ?",
+            (team, member, owner, lease_until, now),
+        )
+        return cur.rowcount > 0
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        cur = self._c.execute(
+            "DELETE FROM dispatch_owners WHERE team = ? AND member = ? AND owner = ?",
+            (team, member, owner),
+        )
+        return cur.rowcount > 0
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        row = self._one(
+            "SELECT owner, lease_until FROM dispatch_owners WHERE team = ? AND member = ?",
+            (team, member),
+        )
+        return (row[0], row[1]) if row else None
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        # the WHERE repeats deliveries_open's condition word for word, so SQLite uses it
+        ids = [
+            r[0]
+            for r in self._c.execute(
+                "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                "AND state IN ('queued', 'leased') AND state = 'leased' ORDER BY seq",
+                (team, member),
+            )
+        ]
+        if not ids:
+            return []
+        self._c.executemany(
+            "UPDATE deliveries SET state = 'queued', lease_until = NULL, updated_at = ? "
+            "WHERE team = ? AND message_id = ? AND member = ?",
+            [(now, team, mid, member) for mid in ids],
+        )
+        self._events(team, [DeliveryEvent(mid, member, now, "released", detail) for mid in ids])
+        return ids
+
     def append_event(self, event: SessionEvent) -> int:
         e = event
         cur = self._c.execute(
@@ -784,14 +948,8 @@ class SqliteTx:
     def list_links(
         self, team: str, *, member: str | None = None, open_only: bool = False
     ) -> list[Link]:
-        sql = f"SELECT {self._LINK_COLS} FROM links WHERE team = ?"
-        args: list[Any] = [team]
-        if member is not None:
-            sql += " AND (initiator = ? OR responder = ?)"
-            args += [member, member]
-        if open_only:
-            sql += " AND state = 'open'"
-        rows = self._c.execute(sql + " ORDER BY created_at, link_id", args)
+        sql, args = links_query(self._LINK_COLS, team, member, open_only)
+        rows = self._c.execute(sql, args)
         return [self._link(r) for r in rows]
 
     # -- jobs ----------------------------------------------------------------
@@ -952,10 +1110,13 @@ class SqliteTx:
         callee_session: str | None = None,
     ) -> Delegation | None:
         if callee_session is not None:
-            row = self._one(
-                f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND callee_session = ?",
-                (team, callee_session),
-            )
+            # the oldest one still waiting for its answer, else the oldest: two indexed
+            # searches, however many delegations the session has answered
+            sql = f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND callee_session = ?"
+            order = " ORDER BY created_at, delegation_id LIMIT 1"
+            row = self._one(sql + f" AND {OPEN_DELEGATION}" + order, (team, callee_session))
+            if row is None:
+                row = self._one(sql + order, (team, callee_session))
         else:
             row = self._one(
                 f"SELECT {self._DEL_COLS} FROM delegations WHERE team = ? AND caller_session = ? "
@@ -999,6 +1160,105 @@ class SqliteTx:
         )
         return cur.rowcount > 0
 
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        cur = self._c.execute(
+            "DELETE FROM delegations WHERE team = ? AND COALESCE(answered_at, deadline) < ? "
+            "AND deadline < ? AND batch NOT IN "
+            "(SELECT batch FROM delegations WHERE team = ? AND state = 'pending')",
+            (team, ended_before, expired_before, team),
+        )
+        return cur.rowcount
+
+    def prune_spent_tokens(self, now: float) -> int:
+        return self._c.execute("DELETE FROM spent_tokens WHERE expires_at <= ?", (now,)).rowcount
+
+    # -- inbox files read back -----------------------------------------------
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(entry_ids), 500):
+            chunk = list(entry_ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self._c.execute(
+                f"SELECT entry_id FROM inbox_entries WHERE team = ? AND inbox = ? "
+                f"AND entry_id IN ({marks})",
+                [team, inbox, *chunk],
+            )
+            found.update(r[0] for r in rows)
+        return found
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        self._c.executemany(
+            "INSERT OR IGNORE INTO inbox_entries (team, inbox, entry_id, sender, kind, at, "
+            "seen_at, terminates) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, int(e.terminates))
+                for e in entries
+            ],
+        )
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        rows = self._c.execute(INBOX_ACTIVITY_SQL.replace("%s", "?"), (team, team))
+        return activity_rows(team, rows)
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        rows = self._c.execute(
+            "SELECT entry_id FROM inbox_entries WHERE team = ? AND inbox = ? AND seen_at < ?",
+            (team, inbox, before),
+        ).fetchall()
+        drop = [(team, inbox, r[0]) for r in rows if r[0] not in keep]
+        self._c.executemany(
+            "DELETE FROM inbox_entries WHERE team = ? AND inbox = ? AND entry_id = ?", drop
+        )
+        return len(drop)
+
+    # -- conversation budgets ----------------------------------------------------
+    _BUDGET_COLS = "team, key, window_start, used, granted, last_from, stopped_at, updated_at"
+
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        row = self._one(
+            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = ? AND key = ?", (team, key)
+        )
+        return Budget(*row) if row else None
+
+    def put_budget(self, budget: Budget) -> None:
+        b = budget
+        self._c.execute(
+            f"INSERT OR REPLACE INTO budgets ({self._BUDGET_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
+             b.updated_at),
+        )  # fmt: skip
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        rows = self._c.execute(
+            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = ? ORDER BY key", (team,)
+        )
+        return [Budget(*r) for r in rows]
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        self._c.execute(
+            "INSERT INTO a2a_tasks (team, task_id, member, owner, context_id, state, body, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (team, task_id) DO UPDATE SET member = excluded.member, "
+            "owner = excluded.owner, context_id = excluded.context_id, state = excluded.state, "
+            "body = excluded.body, updated_at = excluded.updated_at",
+            astuple(task),
+        )
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
+        row = self._one(
+            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = ? AND task_id = ?",
+            (team, task_id),
+        )
+        return A2ATask(*row) if row else None
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        rows = self._c.execute(
+            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = ? AND member = ? AND owner = ? "
+            "ORDER BY updated_at DESC, task_id",
+            (team, member, owner),
+        )
+        return [A2ATask(*r) for r in rows]
+
 
 @dataclass
 class _Job:
@@ -1039,8 +1299,18 @@ def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:
 class SqliteStore(Store):
     """The embedded store; see the module docstring for how it keeps the contract."""
 
-    def __init__(self, path: str | os.PathLike[str], *, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_batch: int = 512,
+        on_statement: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_statement`` sees every SQL statement the reader and writer run, with
+        its values filled in (SQLite's trace hook): for diagnostics and the query-plan
+        tests, never for production logging."""
         self.path = sqlite_path(os.fspath(path))
+        self._on_statement = on_statement
         self.url = f"sqlite://{self.path}"
         self._max_batch = max_batch
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -1055,7 +1325,7 @@ class SqliteStore(Store):
             return
         self._loop = asyncio.get_running_loop()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self._create_private)
             await asyncio.to_thread(self._migrate)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
@@ -1067,6 +1337,31 @@ class SqliteStore(Store):
         )
         self._writer.start()
         self._reader.start()
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = _connect(self.path)
+        if self._on_statement is not None:
+            conn.set_trace_callback(self._on_statement)
+        return conn
+
+    def _create_private(self) -> None:
+        """Create the database file 0600 (in a new 0700 directory) before SQLite opens it:
+        SQLite gives ``-wal`` and ``-shm`` the mode of the database file. An existing
+        database and its companions are narrowed to 0600."""
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    companion = Path(f"{self.path}{suffix}")
+                    if stat.S_IMODE(companion.stat().st_mode) != 0o600:
+                        companion.chmod(0o600)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create SQLite store {self.path} privately: {exc}; check that the "
+                "directory exists and belongs to the user the hub runs as"
+            ) from exc
 
     def _migrate(self) -> None:
         conn = _connect(self.path)
@@ -1133,7 +1428,7 @@ class SqliteStore(Store):
                 loop.call_soon_threadsafe(_resolve_all, items)
 
     def _write_loop(self) -> None:
-        conn = _connect(self.path)
+        conn = self._connection()
         tx = SqliteTx(conn)
         last_version = conn.execute("PRAGMA data_version").fetchone()[0]
         try:
@@ -1224,7 +1519,7 @@ class SqliteStore(Store):
         return results
 
     def _read_loop(self) -> None:
-        conn = _connect(self.path)
+        conn = self._connection()
         tx = SqliteTx(conn)
         try:
             while True:

@@ -120,8 +120,10 @@
     links: [],
     timers: [],
     delegations: [],
+    budgets: [],
     tally: {}, // delegation state -> how many (all of them, also those not listed)
-    hidden: {}, // panel -> how many older records the snapshot left out
+    hidden: {}, // panel -> how many records the snapshot (or the loaded pages) left out
+    pageSize: {}, // panel -> how many records the page asked for (beyond the snapshot's)
     dead: new Map(), // `${id}|${to}` -> {id, to, from, reason, at, summary}
     filter: { member: "", kind: "" },
     drawer: null, // {type: "message", id} | {type: "session", id}
@@ -219,6 +221,7 @@
       for (const t of teams) picker.append(h("option", { value: t.name, text: t.name }));
       show($("team-picker-label"), true);
       show($("team-name"), false);
+      show($("remove-team"), teams.length > 0);
       if (!teams.length) {
         show($("no-teams"), true);
         return true;
@@ -246,7 +249,7 @@
     sessionStorage.removeItem(TOKEN_KEY);
     sessionStorage.removeItem(TEAM_KEY);
     closeDrawer();
-    for (const id of ["app-view", "team-area", "whoami", "sign-out", "conn", "no-teams"]) show($(id), false);
+    for (const id of ["app-view", "team-area", "whoami", "sign-out", "conn", "no-teams", "remove-team", "admin-note"]) show($(id), false);
     show($("signin-view"), true);
     signinError(message || "");
     $("token-input").focus();
@@ -264,8 +267,10 @@
     S.links = [];
     S.timers = [];
     S.delegations = [];
+    S.budgets = [];
     S.tally = {};
     S.hidden = {};
+    S.pageSize = {};
     S.filter = { member: "", kind: "" };
     $("filter-member").value = "";
     $("filter-kind").value = "";
@@ -367,14 +372,18 @@
     S.links = snap.links || [];
     S.timers = snap.timers || [];
     S.delegations = snap.delegations || [];
+    S.budgets = snap.budgets || [];
     S.tally = snap.delegation_tally || {};
     S.hidden = snap.hidden || {};
+    // panels where more pages were asked for are read again at that size
+    for (const kind of Object.keys(S.pageSize)) refreshPanel(kind);
     if (typeof snap.now === "number") skew = snap.now - Date.now() / 1000;
     renderMembers();
     renderMemberOptions();
     renderLinks();
     renderTimers();
     renderDelegations();
+    renderBudgets();
     if (S.drawer && S.drawer.type === "session") refreshDrawer();
   }
 
@@ -589,12 +598,70 @@
             h("span", { class: `dot state-${state.replace(" ", "-")}` }),
             h("span", { class: "member-name", text: m.name }),
             h("span", { class: "badge kind-badge", text: m.kind }),
-            h("span", { class: `member-state state-text-${state.replace(" ", "-")}`, text: state }),
+            h("span", {
+              class: `member-state state-text-${state.replace(" ", "-")}`,
+              text: state,
+              title: m.presence ? `from its inbox traffic; last: ${m.presence.last_event}` : "",
+            }),
             h("span", { class: "member-activity muted small" }, relTime(lastActivity(m))),
           ),
           sessions.length ? h("ul", { class: "sessions" }, sessions) : null,
+          m.sessions_total > sessions.length
+            ? h("div", { class: "muted small", text: `+ ${m.sessions_total - sessions.length} older sessions` })
+            : null,
+          S.me && S.me.admin && m.name !== "user" ? memberActions(m.name) : null,
         ),
       );
+    }
+  }
+
+  // -- admin actions: a new token, removing a member or the team -----------------------------
+  function adminNote(text, isError = false) {
+    const note = $("admin-note");
+    clear(note);
+    note.append(h("span", { class: isError ? "error" : "", text }));
+    show(note, true);
+  }
+
+  function memberActions(name) {
+    const act = (label, title, fn) =>
+      h("button", { type: "button", class: "admin-action", title, text: label, dataset: { action: label, member: name }, onclick: fn });
+    return h(
+      "div",
+      { class: "member-actions" },
+      act("new token", `give ${name} a new token; the old one stops working at once`, async (e) => {
+        e.stopPropagation();
+        if (!window.confirm(`Give ${name} a new token? Its current token stops working at once.`)) return;
+        try {
+          const r = await api(`/v1/teams/${encodeURIComponent(S.team)}/members/${encodeURIComponent(name)}/token`, { method: "POST", body: {} });
+          adminNote(`New token for ${name} (shown once): ${r.token}`);
+        } catch (err) {
+          adminNote(err.message, true);
+        }
+      }),
+      act("remove", `remove ${name} from the team`, async (e) => {
+        e.stopPropagation();
+        if (!window.confirm(`Remove ${name}? Messages waiting for it become dead letters (their senders are told), its links close and its timers are cancelled.`)) return;
+        try {
+          const r = await api(`/v1/teams/${encodeURIComponent(S.team)}/members/${encodeURIComponent(name)}`, { method: "DELETE" });
+          adminNote(`${name} removed: ${r.dead_letters} dead letter(s), ${r.links_closed} link(s) closed, ${r.jobs_cancelled} timer(s) cancelled.`);
+        } catch (err) {
+          adminNote(err.message, true);
+        }
+      }),
+    );
+  }
+
+  async function removeTeam() {
+    const team = S.team;
+    if (!team || window.prompt(`Remove team ${team} and everything it holds? Type its name to confirm.`) !== team) return;
+    try {
+      const r = await api(`/v1/teams/${encodeURIComponent(team)}`, { method: "DELETE" });
+      sessionStorage.removeItem(TEAM_KEY);
+      await signIn(S.token, { quiet: true });
+      adminNote(`Team ${team} removed; ${r.dropped} undelivered message(s) went with it.`);
+    } catch (err) {
+      adminNote(err.message, true);
     }
   }
 
@@ -623,12 +690,42 @@
 
   // -- side panels --------------------------------------------------------------------------
   // The records are the hub's own JSON (Link, Timer and Delegation .to_json()).
+  // Snapshots carry the first page of each panel; "show more" reads bigger pages.
+  const PAGE = 50;
+
+  async function refreshPanel(kind) {
+    const gen = S.gen;
+    let data;
+    try {
+      data = await api(teamPath(`/${kind}?limit=${S.pageSize[kind]}`));
+    } catch (err) {
+      return; // the next snapshot tries again
+    }
+    if (gen !== S.gen) return;
+    S[kind] = data[kind] || [];
+    S.hidden[kind] = kind === "timers" ? data.total - S[kind].length : data.hidden;
+    ({ links: renderLinks, timers: renderTimers, delegations: renderDelegations })[kind]();
+  }
+
+  function showMore(kind) {
+    S.pageSize[kind] = Math.min((S.pageSize[kind] || PAGE) + PAGE * 2, 500);
+    refreshPanel(kind);
+  }
+
   function panelList(name, items, render, hidden = 0, total = items.length) {
     const list = $(name);
     clear(list);
     for (const item of items) list.append(render(item));
     if (hidden > 0) {
-      list.append(h("li", { class: "more muted small", text: `+ ${hidden} older not shown` }));
+      const more = (S.pageSize[name] || PAGE) < 500;
+      list.append(
+        h(
+          "li",
+          { class: "more muted small" },
+          h("span", { text: `+ ${hidden} more not shown ` }),
+          more ? h("button", { type: "button", class: "show-more", onclick: () => showMore(name), text: "show more" }) : null,
+        ),
+      );
     }
     $(`${name}-count`).textContent = total ? String(total) : "";
     show($(`${name}-empty`), total === 0);
@@ -663,6 +760,8 @@
         return `${l.initiator}, who opened it, closed it`;
       case "session_terminated":
         return "a session on it was terminated";
+      case "conversation_budget":
+        return "the conversation budget between them is spent";
       default:
         return l.close_reason ? String(l.close_reason).replaceAll("_", " ") : "no reason given";
     }
@@ -738,7 +837,67 @@
 
   function renderTimers() {
     const timers = [...S.timers].sort((x, y) => x.due_at - y.due_at);
-    panelList("timers", timers, timerItem);
+    const hidden = S.hidden.timers || 0;
+    panelList("timers", timers, timerItem, hidden, timers.length + hidden);
+  }
+
+  // Conversation budgets (per pair and per chain): spent ones first, each with its extend action.
+  function budgetItem(b) {
+    const used = Number(b.used) || 0;
+    const limit = Number(b.limit) || 0;
+    const pct = limit ? Math.min(100, Math.round((used / limit) * 100)) : 0;
+    const who = b.scope === "pair" ? (b.members || []).join(" ↔ ") : `chain ${String(b.key).slice(6)}`;
+    const by = h("input", { type: "number", min: "1", max: "1000", value: "4", class: "extend-by", title: "how many more" });
+    const button = h("button", {
+      type: "button",
+      class: "extend",
+      text: "extend",
+      title: `let this many more ${b.scope === "pair" ? "exchanges" : "hops"} through`,
+      onclick: () => extendBudget(b.key, Number(by.value), button),
+    });
+    return h(
+      "li",
+      { class: `item budget ${b.spent ? "budget-spent" : ""}`, dataset: { key: b.key, spent: String(!!b.spent) } },
+      h(
+        "div",
+        { class: "item-line" },
+        h("b", { class: "peers", text: who }),
+        h("span", { class: "spacer" }),
+        b.spent ? h("span", { class: "pill pill-closed", text: "spent" }) : null,
+      ),
+      h(
+        "div",
+        { class: "item-line" },
+        meter(pct, `${used} of ${limit} used`),
+        h("span", { class: "turns mono", text: `${used}/${limit}` }),
+        h("span", { class: "muted small", text: b.scope === "pair" ? "exchanges" : "hops" }),
+      ),
+      b.spent && b.resets_at ? h("div", { class: "small muted" }, "resets ", relTime(b.resets_at, "due")) : null,
+      h("div", { class: "item-line small" }, by, button),
+    );
+  }
+
+  function renderBudgets() {
+    const items = [...S.budgets].sort((x, y) => Number(!!y.spent) - Number(!!x.spent) || y.updated_at - x.updated_at);
+    panelList("budgets", items, budgetItem);
+  }
+
+  async function extendBudget(key, by, button) {
+    const status = $("budgets-status");
+    status.className = "compose-status";
+    button.disabled = true;
+    try {
+      const r = await api(teamPath("/budgets/extend"), { method: "POST", body: { key, by } });
+      status.textContent = `${key}: ${r.used} of ${r.limit} used`;
+      status.classList.add("ok");
+      const snap = await api(teamPath("/snapshot"));
+      applySnapshot(snap);
+    } catch (err) {
+      status.textContent = err.message;
+      status.classList.add("error");
+    } finally {
+      button.disabled = false;
+    }
   }
 
   const DELEGATION_STATES = ["pending", "answered", "timed_out", "late", "failed"];
@@ -830,6 +989,7 @@
     renderLinks();
     renderTimers();
     renderDelegations();
+    renderBudgets();
     renderDead();
     renderCount();
   }
@@ -1176,6 +1336,7 @@
     });
     $("sign-out").addEventListener("click", () => signOut(""));
     $("team-picker").addEventListener("change", (e) => openTeam(e.target.value));
+    $("remove-team").addEventListener("click", removeTeam);
     $("filter-member").addEventListener("change", (e) => setMemberFilter(e.target.value));
     $("filter-kind").addEventListener("change", (e) => {
       S.filter.kind = e.target.value;

@@ -1,0 +1,114 @@
+"""Benchmark: does the hub's inbox writer make Claude Code's own appends give up more?
+
+    .venv/bin/python bench/bench_inbox_fair.py [--node-writers 8] [--messages 60] [--rounds 3]
+
+Claude Code's writer (``proper-lockfile``, ``retries: {retries: 10, minTimeout: 5,
+maxTimeout: 100}``, stale 10 s) gives up with ``ELOCKED`` when it cannot take the inbox
+lock within its ~655 ms of retries, and the message is lost. Two set-ups, alternated
+``--rounds`` times so the machine's load falls on both alike:
+
+* ``claude x 9``: 9 Claude Code-style writers (``tests/delivery/node_writer.js``, real
+  proper-lockfile) append ``--messages`` each into one inbox;
+* ``claude x 8 + hub``: 8 of them plus the hub's ``InboxWriter`` (fsync on, as ``serve``
+  runs it) appending ``--messages`` of its own, back to back.
+
+Fair means the Claude Code writers' ELOCKED rate in the second set-up is no higher than
+in the first: the hub's writer takes the lock no more often than one more Claude Code
+writer would. Prints each round and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_inbox import MODULE, NODE_WRITER, PY_WRITER, node_modules
+
+
+def one_run(
+    modules: Path, base: Path, node_writers: int, hub: bool, messages: int
+) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="fair-", dir=base))
+    inbox = root / "t" / "inboxes" / "lead.json"
+    inbox.parent.mkdir(parents=True)
+    inbox.write_text("[]")
+    procs = []
+    for n in range(node_writers):
+        cmd = ["node", str(NODE_WRITER), str(modules), str(inbox), f"cc{n}", str(messages)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    if hub:
+        cmd = [sys.executable, "-c", PY_WRITER, str(MODULE), str(root), "t", "lead", "hub",
+               str(messages), "1"]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    started = time.monotonic()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=110)
+        if p.returncode != 0:
+            sys.exit(f"a writer failed: {err.decode()}")
+        results.append(json.loads(out))
+    elapsed = time.monotonic() - started
+    cc = [r for r in results if r["writer"].startswith("cc")]
+    ours = [r for r in results if r["writer"] == "hub"]
+    final = json.loads(inbox.read_text())
+    ids = [e.get("msg_id") for e in final]
+    return {
+        "elapsed": elapsed,
+        "cc_attempts": sum(len(r["ok"]) + len(r["elocked"]) for r in cc),
+        "cc_elocked": sum(len(r["elocked"]) for r in cc),
+        "hub_ok": sum(len(r["ok"]) for r in ours),
+        "hub_failed": sum(len(r["errors"]) for r in ours),
+        "lost": sum(1 for r in results for m in r["ok"] if m not in ids),
+        "duplicated": len(ids) - len(set(ids)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--node-writers", type=int, default=8)
+    parser.add_argument("--messages", type=int, default=60, help="appends per writer")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", help="where the inboxes go (default: the system temp dir)")
+    args = parser.parse_args()
+    modules = node_modules("yes")
+    assert modules is not None
+    base = Path(args.dir or tempfile.gettempdir())
+    n = args.node_writers
+    totals: dict[str, dict[str, float]] = {}
+    print(f"{n + 1} writers x {args.messages} appends into one inbox under {base}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for r in range(args.rounds):
+        for label, cc, hub in (
+            (f"claude x {n + 1}", n + 1, False),
+            (f"claude x {n} + hub", n, True),
+        ):
+            res = one_run(modules, base, cc, hub, args.messages)
+            t = totals.setdefault(label, dict.fromkeys(res, 0.0))
+            for k, v in res.items():
+                t[k] += v
+            rate = res["cc_elocked"] / max(1, res["cc_attempts"])
+            print(f"round {r + 1} {label:18} {res['elapsed']:6.1f} s  claude ELOCKED "
+                  f"{res['cc_elocked']:4d}/{res['cc_attempts']:4d} = {rate:6.1%}  hub wrote "
+                  f"{res['hub_ok']:3d}, failed {res['hub_failed']}  lost {res['lost']}  "
+                  f"duplicated {res['duplicated']}")  # fmt: skip
+    print()
+    for label, t in totals.items():
+        rate = t["cc_elocked"] / max(1, t["cc_attempts"])
+        print(f"total {label:18} claude ELOCKED {int(t['cc_elocked'])}/{int(t['cc_attempts'])} "
+              f"= {rate:.1%}; hub failed {int(t['hub_failed'])}; lost {int(t['lost'])}; "
+              f"duplicated {int(t['duplicated'])}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Delegating to an A2A agent: ``delegate(to="agent@service")`` where ``service`` is a
+callback-registry entry of ``type: a2a`` (needs ``a2a-sdk``).
+
+The outbox runs the call like any of its POSTs (durable, leased, retried with backoff):
+the official A2A client reads the agent card at the registered URL, sends the task as
+one message (``returnImmediately``, so no connection is held open for long) and follows
+the task by polling ``GetTask`` until it ends. The remote task id is kept in the job,
+so a hub that restarts mid-call follows the same task instead of sending it again.
+
+* The final answer (the task's artifacts' text, or its status message, or a Message
+  answer) resolves the delegation: the caller's tool result, or a late result after the
+  deadline, exactly as for a member of this hub.
+* ``input-required`` ends the call too: the agent's question is the result.
+* ``failed``, ``rejected``, ``canceled`` fail the delegation with the agent's words.
+* Connection errors, timeouts, 408/425/429/5xx are retried; other refusals are final.
+
+The hub only talks to the registered service: redirects are never followed, and an
+agent card whose interfaces point to another origin is refused. It never asks the agent
+for push notifications, so no request can make the agent call an address of its choosing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from backchannel.core import delegation as rules
+from backchannel.stores.base import Tx
+from backchannel.types import Job, JobState
+
+if TYPE_CHECKING:
+    from a2a.client import Client
+    from a2a.types.a2a_pb2 import AgentCard, Task
+
+    from backchannel._outbox import OutboxMixin
+    from backchannel.callbacks import Service
+
+log = logging.getLogger("backchannel.a2a")
+
+POLL_START, POLL_CAP = 0.2, 5.0
+GIVE_UP_AFTER = rules.TOKEN_GRACE  # past the deadline, a late answer is no longer awaited
+
+
+class _Final(Exception):
+    """The call is over with this outcome (``DEAD`` or ``RETRY``) and detail."""
+
+    def __init__(self, outcome: rules.Outcome, detail: str) -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def check_card(card: AgentCard, base: str) -> None:
+    """Refuse a card that sends the hub anywhere but the registered service."""
+    if not card.supported_interfaces:
+        raise _Final(rules.Outcome.DEAD, "the agent card lists no interface")
+    for iface in card.supported_interfaces:
+        if _origin(iface.url) != _origin(base):
+            raise _Final(
+                rules.Outcome.DEAD,
+                f"the agent card points to {iface.url!r}, outside the registered service "
+                f"{base!r}; register that address instead",
+            )
+
+
+def answer_text(task: Task) -> str:
+    texts = [p.text for a in task.artifacts for p in a.parts if p.WhichOneof("content") == "text"]
+    if texts:
+        return "\n".join(texts)
+    return "\n".join(p.text for p in task.status.message.parts if p.WhichOneof("content") == "text")
+
+
+def _classify(exc: BaseException) -> _Final:
+    from a2a.client.errors import A2AClientTimeoutError, AgentCardResolutionError
+
+    detail = f"{type(exc).__name__}: {exc}"
+    status: int | None = None
+    if isinstance(exc, AgentCardResolutionError):
+        status = exc.status_code
+    cause = exc.__cause__
+    if isinstance(cause, httpx.HTTPStatusError):
+        status = cause.response.status_code
+    if status is not None:
+        return _Final(rules.classify(status), detail)
+    if isinstance(exc, A2AClientTimeoutError | httpx.HTTPError) or isinstance(
+        cause, httpx.HTTPError
+    ):
+        return _Final(rules.Outcome.RETRY, detail)
+    return _Final(rules.Outcome.DEAD, detail)
+
+
+async def _follow(client: Client, task: Task, payload: dict[str, Any], remember: Any) -> Task:
+    from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
+
+    ongoing = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+    if task.id and payload.get("a2a_task") != task.id:
+        await remember(task.id)
+    pause = POLL_START
+    while task.status.state in ongoing:
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, POLL_CAP)
+        task = await client.get_task(GetTaskRequest(id=task.id))
+    return task
+
+
+async def call(
+    svc: Service, agent: str, text: str, message_id: str, payload: dict[str, Any], remember: Any
+) -> tuple[bool, str]:
+    """Send ``text`` to the agent and wait for its end: ``(answered, text)``; ``answered``
+    is False when the agent's task failed (``text`` says why)."""
+    from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+    from a2a.types.a2a_pb2 import (
+        GetTaskRequest,
+        Message,
+        Part,
+        Role,
+        SendMessageConfiguration,
+        SendMessageRequest,
+        TaskState,
+    )
+
+    base = svc.agent_url(agent)
+    headers = {"Authorization": f"Bearer {svc.token}"} if svc.token else {}
+    async with httpx.AsyncClient(headers=headers, timeout=30.0, follow_redirects=False) as http:
+        card = await A2ACardResolver(http, base).get_agent_card()
+        check_card(card, base)
+        config = ClientConfig(
+            streaming=False,
+            httpx_client=http,
+            supported_protocol_bindings=["JSONRPC", "HTTP+JSON"],
+        )
+        client = ClientFactory(config).create(card)
+        known = payload.get("a2a_task")
+        if isinstance(known, str) and known:
+            task = await client.get_task(GetTaskRequest(id=known))
+        else:
+            request = SendMessageRequest(
+                message=Message(
+                    role=Role.ROLE_USER, message_id=message_id, parts=[Part(text=text)]
+                ),
+                configuration=SendMessageConfiguration(return_immediately=True),
+            )
+            got = None
+            async for event in client.send_message(request):
+                got = event
+            if got is None:
+                raise _Final(rules.Outcome.DEAD, "the agent sent no answer")
+            if got.HasField("message"):
+                return True, "\n".join(
+                    p.text for p in got.message.parts if p.WhichOneof("content") == "text"
+                )
+            task = got.task
+        task = await _follow(client, task, payload, remember)
+    state = task.status.state
+    words = answer_text(task)
+    if state == TaskState.TASK_STATE_COMPLETED:
+        return True, words
+    if state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED):
+        return True, f"[the agent asks back] {words}"
+    name = TaskState.Name(state).removeprefix("TASK_STATE_").lower()
+    return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else "")
+
+
+async def run_a2a_job(hub: OutboxMixin, job: Job, svc: Service) -> None:
+    """The outbox's part for ``type: a2a`` services (see the module docstring)."""
+    from backchannel._delegation import DelegationMixin
+
+    assert isinstance(hub, DelegationMixin)
+    p = dict(job.payload)
+    try:
+        import a2a.client  # noqa: F401
+    except ImportError:
+        detail = f"service {svc.name!r} is an A2A agent and a2a-sdk is not installed: pip install 'backchannel[a2a]'"
+        await hub._finish_post(job, rules.Outcome.DEAD, detail, None)
+        return
+    if p.get("purpose") != "chat":
+        detail = f"service {svc.name!r} is an A2A agent: it takes tasks, not {p.get('purpose')}"
+        await hub._finish_post(job, rules.Outcome.DEAD, detail, None)
+        return
+    body = p["body"]
+    team, _, delegation_id = str(p.get("ref", "")).partition("/")
+    lease = hub.callbacks.retry.timeout + 5.0
+
+    async def remember(task_id: str) -> None:
+        p["a2a_task"] = task_id
+        await keep_leased()
+
+    async def keep_leased() -> None:
+        now = hub.clock.now()
+        await hub.store.transact(lambda tx: tx.reschedule_job(job.job_id, now + lease, p))
+
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(lease / 2)
+            await keep_leased()
+
+    beat = asyncio.create_task(heartbeat())
+    try:
+        d = await hub.get_delegation(team, delegation_id)
+        if hub.clock.now() > d.deadline + GIVE_UP_AFTER:
+            raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
+        answered, text = await call(
+            svc, str(body["agent"]), str(body["message"]), delegation_id, p, remember
+        )
+    except _Final as final:
+        await hub._finish_post(
+            dataclasses.replace(job, payload=p), final.outcome, final.detail, None
+        )
+        return
+    except Exception as exc:  # the client's errors: retried or final, as HTTP would be
+        verdict = _classify(exc)
+        log.info("A2A call for %s: %s", p.get("ref"), verdict.detail)
+        await hub._finish_post(
+            dataclasses.replace(job, payload=p), verdict.outcome, verdict.detail, None
+        )
+        return
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+    if not answered:
+        await hub._finish_post(dataclasses.replace(job, payload=p), rules.Outcome.DEAD, text, None)
+        return
+    room = max(1024, hub.config.max_text - 4096)  # the tool result wraps the answer
+    if len(text.encode()) > room:
+        text = text.encode()[:room].decode(errors="ignore") + "\n[answer cut at the size limit]"
+    now = hub.clock.now()
+
+    def fn(tx: Tx) -> None:
+        tx.finish_job(job.job_id, JobState.DONE, now)
+        current = tx.get_delegation(team, delegation_id)
+        if current is not None:
+            hub._resolve(tx, current, text, now)
+
+    await hub.store.transact(fn)
+    hub._flush_due()
+    hub._waiters.notify(team, d.caller)

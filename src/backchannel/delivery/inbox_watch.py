@@ -1,0 +1,274 @@
+"""Claude Code inbox files read back: what teammates write reaches the hub, once.
+
+:class:`InboxBridge` is the other half of the ``inbox-file`` adapter. For every team
+with ``inbox-file`` members it watches the directory their inboxes live in
+(``{root}/{claude team}/inboxes``, from the members' settings) with ``watchfiles``: the
+operating system wakes it when a file changes, there is no polling interval. Each
+changed ``<name>.json`` whose name is a member's inbox (the ``inbox`` setting, else the
+member name, so ``user.json`` is the human's and a lead the hub starts on stdin has one
+too) is read, and its entries go to :meth:`backchannel.hub.Hub.take_inbox_entries`,
+which brings each in once: chat becomes a hub message from its ``from`` to the file's
+owner, protocol frames become the sender's state and a line of traffic, the hub's own
+entries are recognised by their ids. The read cursor is in the store, so a rewrite, a
+mark-read, pruning and a hub restart bring nothing in twice.
+
+The owner of a file it does not read itself (a lead the hub started on stdin, ``user``)
+gets the message by its own delivery: that is the lead relay. Entries for the lead reach
+its stdin between turns, framed ``[From name]`` like any message, with no instruction to
+forward anything; a message a teammate writes to another teammate's inbox is taken in
+for the record but acked at once (that teammate reads its own file), so it never passes
+through the lead.
+
+Files are read without the lock: every writer (Claude Code's and ours) replaces the file
+by rename, so a read sees one whole version. An unreadable file reads as empty and is
+read again at its next change. Teams and members are listed again every ``rescan_s``
+(to pick up new ones; the files themselves are never polled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backchannel.delivery.adapters import delivery_type
+from backchannel.delivery.claude_inbox import default_root, inbox_path, read_inbox
+from backchannel.errors import BackchannelError
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub, TakeResult
+
+__all__ = ["InboxBridge", "InboxOwner"]
+
+log = logging.getLogger("backchannel.delivery.inbox_watch")
+
+#: Cursor records of entries gone from their file are dropped after this long.
+FORGET_AFTER_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class InboxOwner:
+    """Whose file ``<name>.json`` is: the hub team and member, and whether the member
+    reads the file itself (an ``inbox-file`` member) or gets its messages another way."""
+
+    team: str
+    member: str
+    reads_file: bool
+
+
+@dataclass
+class _Dir:
+    """One watched inboxes directory."""
+
+    path: Path
+    claude_team: str
+    owners: dict[str, InboxOwner]
+    task: asyncio.Task[None] | None = None
+    seen: dict[str, set[str]] = field(default_factory=dict)  # file -> ids taken in
+    forgot_at: dict[str, float] = field(default_factory=dict)
+
+
+class InboxBridge:
+    """Watches inbox files and hands new entries to the hub (see the module docstring).
+
+    ``teams`` limits the hub teams served; ``root`` overrides the members' ``root``
+    setting (tests). :meth:`scan` reads every watched file once, now; with
+    ``watch=False`` nothing else reads them (one-off scans).
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        rescan_s: float = 2.0,
+        teams: set[str] | None = None,
+        root: Path | str | None = None,
+        debounce_ms: int = 10,
+        force_polling: bool | None = None,
+        watch: bool = True,
+    ) -> None:
+        self.hub = hub
+        self.watch = watch
+        self.rescan_s = rescan_s
+        self.teams = teams
+        self.root = Path(root) if root is not None else None
+        self.debounce_ms, self.force_polling = debounce_ms, force_polling
+        self._dirs: dict[Path, _Dir] = {}
+        self._scan_task: asyncio.Task[None] | None = None
+        self._warned: set[tuple[str, str]] = set()
+        self.taken = 0  # hub messages made, for status and tests
+
+    async def start(self) -> None:
+        """Find the directories to watch, start watching them and read every file once."""
+        await self.refresh()
+        if self.watch:
+            self._scan_task = asyncio.create_task(self._refresh_loop(), name="bc-inbox-members")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._scan_task, *(d.task for d in self._dirs.values())) if t]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._scan_task = None
+        self._dirs.clear()
+
+    async def __aenter__(self) -> InboxBridge:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- which files belong to whom ------------------------------------------------
+    async def owners(self) -> dict[Path, tuple[str, dict[str, InboxOwner]]]:
+        """Inboxes directory -> (Claude Code team, inbox name -> owner), for every hub
+        team that has ``inbox-file`` members."""
+        found: dict[Path, tuple[str, dict[str, InboxOwner]]] = {}
+        for team in await self.hub.list_teams():
+            if self.teams is not None and team.name not in self.teams:
+                continue
+            try:
+                members = await self.hub.list_members(team.name)
+            except BackchannelError:
+                continue
+            files = [m for m in members if delivery_type(m.delivery) == "inbox-file"]
+            for m in files:
+                claude_team = _opt(m.delivery, "team") or team.name
+                inbox = _opt(m.delivery, "inbox") or m.name
+                path = _inbox_file(claude_team, inbox, self.root or _opt(m.delivery, "root"))
+                _, owners = found.setdefault(path.parent, (claude_team, {}))
+                owners[path.stem] = InboxOwner(team.name, m.name, True)
+            for d, (claude_team, owners) in found.items():
+                if not any(o.team == team.name for o in owners.values()):
+                    continue
+                for m in members:  # the others' inboxes: user.json, a lead's
+                    stem = inbox_path(claude_team, m.name, d.parent.parent).stem
+                    owners.setdefault(stem, InboxOwner(team.name, m.name, False))
+        return found
+
+    async def refresh(self) -> None:
+        """List teams and members again: watch new directories, drop gone ones."""
+        wanted = await self.owners()
+        for path in [p for p in self._dirs if p not in wanted]:
+            d = self._dirs.pop(path)
+            if d.task is not None:
+                d.task.cancel()
+        for path, (claude_team, owners) in wanted.items():
+            have = self._dirs.get(path)
+            if have is None:
+                d = self._dirs[path] = _Dir(path, claude_team, owners)
+                if self.watch:
+                    name = f"bc-inbox-watch-{claude_team}"
+                    d.task = asyncio.create_task(self._watch(d), name=name)
+            elif have.owners != owners:
+                d = have
+                d.owners = owners
+                d.seen.clear()  # a new owner may make old entries takeable
+                await self._scan_dir(d)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rescan_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("listing teams for inbox files failed; retrying")
+
+    # -- reading -------------------------------------------------------------------
+    async def scan(self) -> list[TakeResult]:
+        """Read every watched file now; what each file's entries came to."""
+        out: list[TakeResult] = []
+        for d in list(self._dirs.values()):
+            out.extend(await self._scan_dir(d))
+        return out
+
+    async def _scan_dir(self, d: _Dir, names: set[str] | None = None) -> list[TakeResult]:
+        out = []
+        for name in sorted(d.owners if names is None else names & d.owners.keys()):
+            result = await self._scan_file(d, name)
+            if result is not None:
+                out.append(result)
+        return out
+
+    async def _scan_file(self, d: _Dir, name: str) -> TakeResult | None:
+        owner = d.owners[name]
+        path = d.path / f"{name}.json"
+        entries = await asyncio.to_thread(read_inbox, path)
+        seen = d.seen.setdefault(name, set())
+        new = [e for e in entries if e["msg_id"] not in seen]
+        if not new:
+            return None
+        key = f"{d.claude_team}/{name}"
+        try:
+            result = await self.hub.take_inbox_entries(
+                owner.team, key, owner.member, new, owner_reads_file=owner.reads_file
+            )
+        except BackchannelError as exc:
+            log.warning("inbox %s: could not take in its entries: %s", path, exc.message)
+            return None
+        for sender in result.unknown_senders:
+            if (owner.team, sender) not in self._warned:
+                self._warned.add((owner.team, sender))
+                log.warning("inbox %s has entries from %r, which is not a member of team %r; "
+                            "add the member and they are taken in", path, sender, owner.team)  # fmt: skip
+        unknown = set(result.unknown_senders)
+        seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
+        self.taken += len(result.messages)
+        present = [e["msg_id"] for e in entries]
+        seen.intersection_update(present)
+        now = time.monotonic()
+        if now - d.forgot_at.get(name, 0.0) > 3600:
+            d.forgot_at[name] = now
+            with contextlib.suppress(BackchannelError):
+                await self.hub.forget_inbox_entries(owner.team, key, present, FORGET_AFTER_S)
+        return result
+
+    async def _watch(self, d: _Dir) -> None:
+        import watchfiles
+
+        d.path.mkdir(parents=True, exist_ok=True)
+        changes = watchfiles.awatch(
+            d.path,
+            watch_filter=lambda _change, name: name.endswith(".json"),
+            debounce=self.debounce_ms,
+            step=min(50, max(1, self.debounce_ms)),
+            recursive=False,
+            force_polling=self.force_polling,
+        )
+        pending = asyncio.ensure_future(anext(changes))
+        try:
+            await asyncio.sleep(0)  # the watch is set up before the first read
+            await self._safe_scan(d, None)
+            while True:
+                batch = await pending
+                pending = asyncio.ensure_future(anext(changes))
+                names = {Path(p).stem for _, p in batch if Path(p).parent == d.path}
+                await self._safe_scan(d, names)
+        finally:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+            await changes.aclose()
+
+    async def _safe_scan(self, d: _Dir, names: set[str] | None) -> None:
+        try:
+            await self._scan_dir(d, names)
+        except Exception:
+            log.exception("reading the inboxes in %s failed; they are read again at the "
+                          "next change", d.path)  # fmt: skip
+
+
+def _inbox_file(team: str, inbox: str, root: Path | str | None) -> Path:
+    return inbox_path(team, inbox, Path(root).expanduser() if root else default_root())
+
+
+def _opt(setting: Mapping[str, Any], key: str) -> str | None:
+    value = setting.get(key)
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,140 @@
+"""Which hub pushes which member's messages: one lease per member, kept in the store.
+
+Several hubs (``serve`` processes on one PostgreSQL database, or on one SQLite file) may
+each run a :class:`~backchannel.delivery.dispatcher.Dispatcher`. For every push member
+the dispatcher asks :meth:`Ownership.claim` for the member's lease (``Tx.claim_dispatch``)
+and runs the member's worker only while this hub holds it:
+
+* a claim succeeds when nobody holds the lease, its owner gave it up, its
+  ``lease_until`` has passed, or this hub already holds it (a renewal); the dispatcher
+  claims on every scan, at least every quarter of the lease;
+* a hub that *starts* pushing to a member (a takeover, or a worker started again) returns
+  the member's ``leased`` copies to the queue in the same transaction
+  (``Tx.requeue_leased``), so copies a crashed owner held go out first, in send order;
+* a worker pushes only while :meth:`Ownership.holds` says so: until
+  :data:`PUSH_WINDOW` of the lease has passed since the claim began, on this hub's own
+  clock. The rest of the lease is margin, so a hub that cannot renew (its store is
+  unreachable, its process is frozen) stops pushing before another can take over, as
+  long as hub clocks agree to within that margin;
+* the worker's ``receive`` leases only while the store names this hub as the owner,
+  checked in the leasing transaction: a hub that lost the member cannot lease new copies,
+  whatever its clock says;
+* a hub that stops gracefully gives its leases up (:meth:`Ownership.release`), and the
+  next scan of another hub takes them at once.
+
+What a takeover can repeat is only a copy that was never acked: one the old owner was
+pushing when it died (the adapters and the agents drop repeats by ``message_id``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
+
+from backchannel.stores.base import Tx
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+__all__ = ["OWNERSHIP_S", "PUSH_WINDOW", "Ownership", "hub_id"]
+
+log = logging.getLogger("backchannel.delivery.ownership")
+
+#: Default length of a hub's lease on a member's push delivery, in seconds: a crashed
+#: hub's members move to another hub within about this long.
+OWNERSHIP_S = 10.0
+#: The part of the lease during which its holder pushes; the rest is margin for clock
+#: drift between hubs and for a renewal that is slow to commit.
+PUSH_WINDOW = 0.75
+
+Key = tuple[str, str]
+
+
+def hub_id() -> str:
+    """A name for this hub process, unique across hosts and restarts."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+class Ownership:
+    """This hub's leases on members' push delivery (see the module docstring)."""
+
+    def __init__(self, hub: Hub, *, owner: str | None = None, lease_s: float = OWNERSHIP_S):
+        if lease_s <= 0:
+            raise ValueError("the push-delivery lease must be positive")
+        self.hub = hub
+        self.owner = owner or hub_id()
+        self.lease_s = lease_s
+        self._until: dict[Key, float] = {}  # member -> when this hub stops pushing
+
+    def holds(self, key: Key) -> bool:
+        """Whether this hub may push to the member now."""
+        return self.hub.clock.now() < self._until.get(key, 0.0)
+
+    def held(self) -> list[Key]:
+        """The members this hub claimed last and still holds, sorted."""
+        return sorted(k for k in self._until if self.holds(k))
+
+    async def claim(
+        self, wanted: Iterable[Key], running: Collection[Key], drop: Iterable[Key] = ()
+    ) -> set[Key]:
+        """In one transaction: claim or renew the lease on every ``wanted`` member and
+        give up those in ``drop``. Members not in ``running`` (no live worker here) have
+        their leased copies returned to the queue as they are taken. Returns the members
+        this hub holds now; the others are forgotten (their workers must stop)."""
+        keys = sorted(set(wanted))
+        gone = sorted(set(drop) - set(keys))
+        now = self.hub.clock.now()
+        until = now + self.lease_s
+        owner = self.owner
+        if not keys and not gone:
+            self._until = {}
+            return set()  # no push members: no transaction (and no commit) at all
+
+        def fn(tx: Tx) -> tuple[list[Key], list[tuple[Key, str | None, int]]]:
+            got: list[Key] = []
+            moved: list[tuple[Key, str | None, int]] = []
+            for key in keys:  # sorted: PostgreSQL takes team locks in one order
+                prev = tx.dispatch_owner(*key)
+                if not tx.claim_dispatch(*key, owner, now, until):
+                    continue
+                got.append(key)
+                if prev is None or prev[0] != owner or key not in running:
+                    back = tx.requeue_leased(*key, now, f"push delivery taken by {owner}")
+                    moved.append((key, prev[0] if prev else None, len(back)))
+            for key in gone:
+                tx.release_dispatch(*key, owner)
+            return got, moved
+
+        got, moved = await self.hub.store.transact(fn)
+        for (team, member), prev_owner, n in moved:
+            if prev_owner not in (None, owner):
+                log.warning("took over push delivery to %s/%s from hub %s; %d copies it held "
+                            "go out again first", team, member, prev_owner, n)  # fmt: skip
+            elif n:
+                log.info("%s/%s: %d leased copies back in the queue before pushing",
+                         team, member, n)  # fmt: skip
+        held = set(got)
+        stop_at = now + self.lease_s * PUSH_WINDOW
+        self._until = dict.fromkeys(held, stop_at)
+        return held
+
+    async def release(self) -> None:
+        """Give up every lease this hub holds, so other hubs take them at once."""
+        keys, self._until = sorted(self._until), {}
+        if not keys:
+            return
+        owner = self.owner
+
+        def fn(tx: Tx) -> None:
+            for key in keys:
+                tx.release_dispatch(*key, owner)
+
+        try:
+            await self.hub.store.transact(fn)
+        except Exception as exc:
+            log.warning("could not give up push delivery to %d members (%s); other hubs "
+                        "take them over when the leases run out", len(keys), exc)  # fmt: skip

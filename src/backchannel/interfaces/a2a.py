@@ -1,0 +1,319 @@
+"""Every member is an A2A agent: ``/a2a/{team}/{member}/`` (needs ``a2a-sdk``).
+
+The agent card is at ``/a2a/{team}/{member}/.well-known/agent-card.json``; it lists two
+interfaces, JSON-RPC at ``/a2a/{team}/{member}/`` and HTTP+JSON under the same prefix
+(``.../message:send``, ``.../tasks/{id}``), both with streaming. The routes are the
+SDK's own (``create_jsonrpc_routes``, ``create_rest_routes``), mounted behind a gate:
+
+* every request, the card included, carries ``Authorization: Bearer <token>`` of a
+  member of the same team (the card declares this as its ``bearer`` security scheme).
+  No token or a wrong one is 401; an unknown member and another team's member are the
+  same 404, so nobody learns of another team;
+* the message comes from the member the token belongs to.
+
+What a message does to the member is :mod:`.a2a_tasks`. ``mount_a2a(app, open_member=
+(team, member, caller))`` lets one member be called without a token, acting as
+``caller``; it exists for the conformance kit (which sends no credentials) and is never
+used by ``backchannel serve``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from backchannel.errors import BackchannelError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from backchannel.hub import Hub
+
+log = logging.getLogger("backchannel.a2a")
+
+PREFIX = "/a2a"
+CARD_PATH = "/.well-known/agent-card.json"
+
+Scope = MutableMapping[str, Any]
+ASGIMessage = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[ASGIMessage]]
+Send = Callable[[ASGIMessage], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def available() -> bool:
+    """Whether ``a2a-sdk`` (the ``a2a`` extra) is installed."""
+    try:
+        import a2a.server.routes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def mount_a2a(app: FastAPI, *, open_member: tuple[str, str, str] | None = None) -> bool:
+    """Serve every member of ``app.state.hub`` as an A2A agent under ``/a2a``. Does
+    nothing (and returns False) when ``a2a-sdk`` is not installed."""
+    if not available():
+        log.debug("a2a-sdk is not installed; no A2A endpoints (pip install 'backchannel[a2a]')")
+        return False
+    gate = build(app.state.hub, open_member=open_member)
+    app.mount(PREFIX, gate)
+    outer = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async with outer(a) as state:
+            try:
+                yield state
+            finally:
+                await gate.close()  # running tasks end; their state stays in the store
+
+    app.router.lifespan_context = lifespan
+    return True
+
+
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    raw = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class Gate:
+    """Authenticates, resolves ``/{team}/{member}`` and hands over to the SDK's routes."""
+
+    def __init__(
+        self, hub: Hub, inner: ASGIApp, handler: Any, open_member: tuple[str, str, str] | None
+    ) -> None:
+        self.hub = hub
+        self.inner = inner
+        self.handler = handler
+        self.open_member = open_member
+
+    async def close(self) -> None:
+        await self.handler.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        from backchannel.interfaces.a2a_tasks import STATE_KEY, Caller
+
+        path: str = scope.get("path", "")
+        root = scope.get("root_path", "")
+        rest = path[len(root) :] if root and path.startswith(root) else path
+        parts = rest.lstrip("/").split("/", 2)
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            await self._not_found(send, "use /a2a/{team}/{member}/")
+            return
+        team, member = parts[0], parts[1]
+        token = _bearer(scope)
+        caller: str | None = None
+        if self.open_member is not None and (team, member) == self.open_member[:2]:
+            caller = self.open_member[2]
+        elif token is None:
+            await _send_json(
+                send,
+                401,
+                _error(
+                    "unauthorized",
+                    "missing bearer token: send 'Authorization: Bearer <token>' with the "
+                    "token of a member of this team",
+                ),
+                {"WWW-Authenticate": 'Bearer realm="backchannel"'},
+            )
+            return
+        else:
+            who = await self.hub.authenticate(token)
+            if who is None:
+                await _send_json(
+                    send,
+                    401,
+                    _error("unauthorized", "unknown token: use a member token of this team"),
+                    {"WWW-Authenticate": 'Bearer realm="backchannel", error="invalid_token"'},
+                )
+                return
+            if who.team != team:
+                await self._not_found(send, f"no A2A agent at /a2a/{team}/{member}")
+                return
+            caller = who.name
+        try:
+            await self.hub.get_member(team, member)
+        except BackchannelError:
+            await self._not_found(send, f"no A2A agent at /a2a/{team}/{member}")
+            return
+        ctype = _header(scope, b"content-type")
+        if scope.get("method") == "POST" and ctype and not _is_json(ctype):
+            await _unsupported_media(send, ctype, jsonrpc=len(parts) < 3 or not parts[2])
+            return
+        state = scope.setdefault("state", {})
+        state[STATE_KEY] = Caller(team, member, caller)
+
+        async def plain_json(message: ASGIMessage) -> None:
+            # HTTP+JSON answers are application/json (spec 1.0.1, section 11.1)
+            if message["type"] == "http.response.start":
+                message["headers"] = [
+                    (k, b"application/json" if k == b"content-type" and v == _A2A_JSON else v)
+                    for k, v in message.get("headers", [])
+                ]
+            await send(message)
+
+        await self.inner(scope, receive, plain_json)
+
+    @staticmethod
+    async def _not_found(send: Send, message: str) -> None:
+        await _send_json(send, 404, _error("not_found", message), {})
+
+
+_A2A_JSON = b"application/a2a+json"
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return bytes(v).decode("latin-1")
+    return None
+
+
+def _is_json(ctype: str) -> bool:
+    media = ctype.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+async def _unsupported_media(send: Send, ctype: str, *, jsonrpc: bool) -> None:
+    message = f"Content-Type {ctype!r} is not supported: send application/json"
+    if jsonrpc:  # ContentTypeNotSupportedError, whose HTTP status is 415 (spec section 5.4)
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32005, "message": message}}
+    else:  # the binding's own error shape (AIP-193), as the SDK writes it
+        from a2a.utils.error_handlers import build_rest_error_payload
+        from a2a.utils.errors import ContentTypeNotSupportedError
+
+        body = build_rest_error_payload(ContentTypeNotSupportedError(message))
+    await _send_json(send, 415, body, {})
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def build(hub: Hub, *, open_member: tuple[str, str, str] | None = None) -> Gate:
+    """The ASGI app for ``/a2a``: the gate in front of the SDK's routes."""
+    from a2a.server.context import ServerCallContext
+    from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+    from a2a.server.routes import (
+        DefaultServerCallContextBuilder,
+        create_jsonrpc_routes,
+        create_rest_routes,
+    )
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Mount, Route, Router
+
+    from backchannel.interfaces.a2a_tasks import (
+        STATE_KEY,
+        Caller,
+        HubTaskStore,
+        MemberRequestHandler,
+    )
+
+    class ContextBuilder(DefaultServerCallContextBuilder):
+        def build(self, request: Request) -> ServerCallContext:
+            ctx = super().build(request)
+            ctx.state[STATE_KEY] = request.scope["state"][STATE_KEY]
+            return ctx
+
+    tasks = HubTaskStore(hub)
+    handler = MemberRequestHandler(
+        hub,
+        tasks,
+        agent_card=member_card("team", "member", "http://localhost/a2a/team/member"),
+    )
+    builder = ContextBuilder()
+
+    async def card(request: Request) -> Response:
+        who: Caller = request.scope["state"][STATE_KEY]
+        base = str(request.base_url).rstrip("/")
+        c = member_card(
+            who.team,
+            who.member,
+            f"{base}{PREFIX}/{who.team}/{who.member}",
+            open_access=open_member is not None and (who.team, who.member) == open_member[:2],
+        )
+        return JSONResponse(agent_card_to_dict(c))
+
+    member_routes = [
+        Route(CARD_PATH, card, methods=["GET"]),
+        *create_jsonrpc_routes(handler, "/", context_builder=builder),
+        *create_rest_routes(handler, context_builder=builder),
+    ]
+    router = Router(routes=[Mount("/{team}/{member}", routes=member_routes)])
+    return Gate(hub, router, handler, open_member)
+
+
+def member_card(team: str, member: str, url: str, *, open_access: bool = False) -> Any:
+    """The agent card of ``member`` (its interfaces under ``url``)."""
+    from a2a.types.a2a_pb2 import (
+        AgentCapabilities,
+        AgentCard,
+        AgentInterface,
+        AgentSkill,
+        HTTPAuthSecurityScheme,
+        SecurityRequirement,
+        SecurityScheme,
+        StringList,
+    )
+
+    card = AgentCard(
+        name=member,
+        description=(
+            f"Member {member!r} of team {team!r} on a backchannel hub. A message starts a "
+            "task the member works on in its own session; its answer is the task's artifact."
+        ),
+        version="1.0.0",
+        supported_interfaces=[
+            AgentInterface(
+                url=url.rstrip("/") + "/", protocol_binding="JSONRPC", protocol_version="1.0"
+            ),
+            AgentInterface(
+                url=url.rstrip("/"), protocol_binding="HTTP+JSON", protocol_version="1.0"
+            ),
+        ],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[
+            AgentSkill(
+                id="work",
+                name="work on a task",
+                description=f"{member} works on what you send and answers when its turn ends",
+                tags=["backchannel"],
+            )
+        ],
+    )
+    if not open_access:
+        card.security_schemes["bearer"].CopyFrom(
+            SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="Bearer",
+                    description="the token of a member of the same team",
+                )
+            )
+        )
+        card.security_requirements.append(SecurityRequirement(schemes={"bearer": StringList()}))
+    return card

@@ -1,0 +1,557 @@
+"""A2A tasks run by hub members: the executor, the durable task store, the handler.
+
+A ``message/send`` to member M from member C (the authenticated caller) opens M's
+session ``a2a-{task_id}`` (one per task, like a delegation's sub-session) and sends it
+the message text, with the A2A ids in the message's ``meta["a2a"]``. The member works on
+it as on any input; its next ``agent_stop`` (not a checkpoint turn's) is the answer:
+
+* the closing text becomes the task's artifact and the task is ``completed``;
+* ``data["a2a"]`` on that ``agent_stop`` may say more: ``state`` (``completed``,
+  ``input-required`` to ask the caller back, ``failed``, ``rejected``), ``artifacts``
+  (a list of ``{"parts": [...], "name"?, "artifact_id"?, "append"?, "last_chunk"?}`` in
+  A2A JSON, sent in order instead of the text artifact);
+* a session that ends without answering fails the task; ``tasks/cancel`` ends the
+  session and cancels the task.
+
+A follow-up message naming the task goes to the same session. Tasks live in the hub's
+store (table ``a2a_tasks``), so get, list and cancel work after a hub restart, and a
+task whose answer came while no executor watched it (the hub restarted meanwhile) is
+brought up to date from the session's transcript when it is next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import Event, EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import (
+    Artifact,
+    CancelTaskRequest,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Part,
+    Role,
+    SubscribeToTaskRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+
+from backchannel._delegation import HOOK_KINDS
+from backchannel.errors import BackchannelError, InvalidRequest
+from backchannel.hub import Hub
+from backchannel.types import A2ATask, MessageKind, SessionState
+
+log = logging.getLogger("backchannel.a2a")
+
+STATE_KEY = "backchannel.a2a"
+SESSION_PREFIX = "a2a-"
+
+TERMINAL = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+    }
+)
+INTERRUPTED = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
+_ANSWER_STATES = {
+    "completed": TaskState.TASK_STATE_COMPLETED,
+    "input-required": TaskState.TASK_STATE_INPUT_REQUIRED,
+    "failed": TaskState.TASK_STATE_FAILED,
+    "rejected": TaskState.TASK_STATE_REJECTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whom a request is for (``team``/``member``) and who sent it (``caller``)."""
+
+    team: str
+    member: str
+    caller: str
+
+
+def caller_of(context: ServerCallContext) -> Caller:
+    who = context.state.get(STATE_KEY)
+    if not isinstance(who, Caller):  # the gate sets it on every request it lets through
+        raise RuntimeError("A2A request without an authenticated caller")
+    return who
+
+
+def session_for(task_id: str) -> str:
+    return f"{SESSION_PREFIX}{task_id}"
+
+
+# -- answers: what the member's transcript says ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    state: TaskState
+    text: str
+    artifacts: tuple[Mapping[str, Any], ...] | None = None  # None: the text is the artifact
+    as_message: bool = False  # answer with a Message instead of a Task, if none was shown yet
+
+
+def answer_in(
+    events: Sequence[Mapping[str, Any]], after_turn: int, session_state: str
+) -> Answer | None:
+    """The member's answer in its transcript: the first ``agent_stop`` of a turn after
+    ``after_turn`` that is not a checkpoint turn. A terminated session with no answer
+    fails the task. ``None`` while the member is still at work."""
+    checkpoint_turns = {
+        e["turn"]
+        for e in events
+        if e.get("kind") == "turn_start" and (e.get("data") or {}).get("checkpoint")
+    }
+    for e in events:
+        turn = int(e.get("turn", 0))
+        if e.get("kind") != "agent_stop" or turn <= after_turn or turn in checkpoint_turns:
+            continue
+        data = e.get("data") or {}
+        spec = data["a2a"] if isinstance(data.get("a2a"), dict) else {}
+        state = _ANSWER_STATES.get(str(spec.get("state", "completed")))
+        artifacts = spec.get("artifacts")
+        if state is None:
+            return Answer(
+                TaskState.TASK_STATE_FAILED,
+                f"the member answered with an unknown A2A state {spec.get('state')!r}; use "
+                f"one of {', '.join(_ANSWER_STATES)}",
+            )
+        if artifacts is not None and not (
+            isinstance(artifacts, list) and all(isinstance(a, dict) for a in artifacts)
+        ):
+            return Answer(TaskState.TASK_STATE_FAILED, "the member's a2a.artifacts is not a list")
+        return Answer(
+            state,
+            str(e.get("text", "")),
+            None if artifacts is None else tuple(artifacts),
+            spec.get("reply") == "message",
+        )
+    if session_state == SessionState.TERMINATED.value:
+        return Answer(TaskState.TASK_STATE_FAILED, "the member's session ended before it answered")
+    return None
+
+
+def progress_in(events: Sequence[Mapping[str, Any]], after_turn: int) -> bool:
+    """Whether the member has shown work on this input beyond starting its turn."""
+    shown = {"thought", "tool_call", "tool_result", "agent_output"}
+    return any(e.get("kind") in shown and int(e.get("turn", 0)) > after_turn for e in events)
+
+
+def _text_part(text: str) -> Part:
+    return Part(text=text)
+
+
+def _artifact_events(task_id: str, context_id: str, answer: Answer) -> list[Event]:
+    """The artifact updates an answer makes (text as one artifact, or the member's own)."""
+    out: list[Event] = []
+    if answer.state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_FAILED):
+        return out  # these answers travel as the status message
+    if answer.state is TaskState.TASK_STATE_REJECTED:
+        return out
+    specs: Sequence[Mapping[str, Any]] = (
+        answer.artifacts
+        if answer.artifacts is not None
+        else ([{"parts": [{"text": answer.text}], "name": "answer"}] if answer.text else [])
+    )
+    for i, spec in enumerate(specs):
+        art = ParseDict(
+            {
+                "artifactId": str(spec.get("artifact_id") or f"{task_id}-a{i}"),
+                "parts": list(spec.get("parts") or []),
+                **({"name": str(spec["name"])} if spec.get("name") else {}),
+            },
+            Artifact(),
+        )
+        out.append(
+            TaskArtifactUpdateEvent(
+                task_id=task_id,
+                context_id=context_id,
+                artifact=art,
+                append=bool(spec.get("append", False)),
+                last_chunk=bool(spec.get("last_chunk", False)),
+            )
+        )
+    return out
+
+
+def _status_message(task_id: str, context_id: str, answer: Answer) -> Message | None:
+    if answer.state is TaskState.TASK_STATE_COMPLETED and answer.artifacts is None:
+        return None  # the text is the artifact
+    if not answer.text:
+        return None
+    return Message(
+        role=Role.ROLE_AGENT,
+        message_id=uuid.uuid4().hex,
+        task_id=task_id,
+        context_id=context_id,
+        parts=[_text_part(answer.text)],
+    )
+
+
+def _status_event(task_id: str, context_id: str, answer: Answer) -> TaskStatusUpdateEvent:
+    status = TaskStatus(state=answer.state)
+    status.timestamp.FromDatetime(datetime.now(UTC))
+    msg = _status_message(task_id, context_id, answer)
+    if msg is not None:
+        status.message.CopyFrom(msg)
+    return TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+
+
+def message_text(message: Message) -> str:
+    """What the member reads: text parts as they are, data parts as JSON, files by name."""
+    out = []
+    for part in message.parts:
+        kind = part.WhichOneof("content")
+        if kind == "text":
+            out.append(part.text)
+        elif kind == "data":
+            out.append(json.dumps(MessageToDict(part.data), ensure_ascii=False))
+        elif kind == "url":
+            out.append(f"[file {part.filename or ''} at {part.url}]")
+        elif kind == "raw":
+            out.append(f"[file {part.filename or ''}, {len(part.raw)} bytes, {part.media_type}]")
+    return "\n".join(out)
+
+
+# -- the durable task store ----------------------------------------------------------------
+
+
+class HubTaskStore(TaskStore):
+    """A2A tasks in the hub's store, visible only to the member who gave them."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.live: set[str] = set()  # tasks an executor of this process is watching
+
+    async def _record(self, team: str, task_id: str) -> A2ATask | None:
+        return await self.hub.store.read(lambda tx: tx.get_a2a_task(team, task_id))
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        who = caller_of(context)
+        now = self.hub.clock.now()
+        body = MessageToDict(task)
+        state = TaskState.Name(task.status.state)
+
+        def fn(tx: Any) -> None:
+            old = tx.get_a2a_task(who.team, task.id)
+            if old is not None and (old.member, old.owner) != (who.member, who.caller):
+                raise PermissionError("task belongs to someone else")
+            extra = json.loads(old.body).get("bc", {}) if old is not None else {}
+            tx.put_a2a_task(
+                A2ATask(
+                    who.team,
+                    task.id,
+                    who.member,
+                    who.caller,
+                    task.context_id,
+                    state,
+                    json.dumps({"task": body, "bc": extra}),
+                    old.created_at if old is not None else now,
+                    now,
+                )
+            )
+
+        await self.hub.store.transact(fn)
+
+    async def set_turn(self, who: Caller, task_id: str, turn: int) -> None:
+        """Remember the session's turn before this input: its answer is a later turn."""
+
+        def fn(tx: Any) -> None:
+            old = tx.get_a2a_task(who.team, task_id)
+            if old is None:
+                return
+            body = json.loads(old.body)
+            body["bc"] = {"after_turn": turn}
+            tx.put_a2a_task(A2ATask(**{**_fields(old), "body": json.dumps(body)}))
+
+        await self.hub.store.transact(fn)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        who = caller_of(context)
+        rec = await self._record(who.team, task_id)
+        if rec is None or (rec.member, rec.owner) != (who.member, who.caller):
+            return None
+        task = _task_of(rec)
+        if task.status.state in TERMINAL or task_id in self.live:
+            return task
+        return await self._catch_up(who, rec, task, context)
+
+    async def _catch_up(
+        self, who: Caller, rec: A2ATask, task: Task, context: ServerCallContext
+    ) -> Task:
+        """A task nobody watched while its member answered (the hub restarted): apply
+        the answer from the transcript now."""
+        if task.status.state not in (
+            TaskState.TASK_STATE_SUBMITTED,
+            TaskState.TASK_STATE_WORKING,
+        ):
+            return task
+        after = int(json.loads(rec.body).get("bc", {}).get("after_turn", 0))
+        answer = await read_answer(self.hub, who, task.id, after)
+        if answer is None:
+            return task
+        for event in [*_artifact_events(task.id, task.context_id, answer)]:
+            assert isinstance(event, TaskArtifactUpdateEvent)
+            task.artifacts.append(event.artifact)
+        task.status.CopyFrom(_status_event(task.id, task.context_id, answer).status)
+        await self.save(task, context)
+        return task
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        who = caller_of(context)
+        recs = await self.hub.store.read(
+            lambda tx: tx.list_a2a_tasks(who.team, who.member, who.caller)
+        )
+        # the SDK's own paging and filtering, over this caller's tasks
+        page = InMemoryTaskStore(owner_resolver=lambda _ctx: "caller", use_copying=False)
+        for rec in recs:
+            task = _task_of(rec)
+            if task.status.state not in TERMINAL and task.id not in self.live:
+                task = await self._catch_up(who, rec, task, context)
+            await page.save(task, context)
+        return await page.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        raise NotImplementedError("A2A tasks are kept; they are not deleted")
+
+
+def _fields(obj: A2ATask) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in A2ATask.__slots__}
+
+
+def _task_of(rec: A2ATask) -> Task:
+    try:
+        task: Task = ParseDict(json.loads(rec.body)["task"], Task(), ignore_unknown_fields=True)
+        return task
+    except (ValueError, KeyError, ParseError) as exc:
+        raise RuntimeError(f"stored A2A task {rec.task_id!r} is unreadable: {exc}") from exc
+
+
+async def read_answer(hub: Hub, who: Caller, task_id: str, after_turn: int) -> Answer | None:
+    return (await read_progress(hub, who, task_id, after_turn))[0]
+
+
+async def read_progress(
+    hub: Hub, who: Caller, task_id: str, after_turn: int
+) -> tuple[Answer | None, bool]:
+    """The member's answer (None while it works) and whether it has shown work."""
+    events: list[dict[str, Any]] = []
+    since = 0
+    while True:  # the whole transcript, uncut (the answer is the closing text in full)
+        try:
+            data = await hub.get_session_data(
+                who.team, session_for(task_id), since=since, max_chars=1_000_000, limit=500
+            )
+        except BackchannelError:
+            gone = "the member's session for this task is gone"
+            return Answer(TaskState.TASK_STATE_FAILED, gone), True
+        events += data["events"]
+        if data["next_since"] is None:
+            break
+        since = int(data["next_since"])
+    return answer_in(events, after_turn, data["session"]["state"]), progress_in(events, after_turn)
+
+
+# -- the executor ----------------------------------------------------------------------------
+
+
+class MemberExecutor(AgentExecutor):
+    """Hands an A2A message to the member's session and reports its answer."""
+
+    def __init__(self, hub: Hub, tasks: HubTaskStore) -> None:
+        self.hub = hub
+        self.tasks = tasks
+        self.canceling: set[str] = set()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        call = context.call_context
+        assert call is not None
+        assert context.task_id
+        assert context.context_id
+        assert context.message is not None
+        who = caller_of(call)
+        task_id, context_id = context.task_id, context.context_id
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        message = context.message
+        shown = context.current_task is not None
+
+        async def show() -> None:
+            # the Task appears once the member shows work (or the client asked for it
+            # at once); until then the member may still answer with a plain Message
+            nonlocal shown
+            if not shown:
+                shown = True
+                task = Task(id=task_id, context_id=context_id, history=[message])
+                task.status.state = TaskState.TASK_STATE_SUBMITTED
+                await event_queue.enqueue_event(task)
+                await updater.start_work()
+
+        if context.configuration is not None and context.configuration.return_immediately:
+            await show()
+        sid = session_for(task_id)
+        self.tasks.live.add(task_id)
+        try:
+            if (await self.hub.get_member(who.team, who.member)).kind in HOOK_KINDS:
+                raise InvalidRequest(
+                    f"{who.member} runs in a runtime attached through hooks, which the hub "
+                    "cannot start in a session of its own; send it a message instead"
+                )
+            session = await self.hub.open_session(who.team, who.member, sid)
+            await self.tasks.set_turn(who, task_id, session.turn)
+            await self.hub.send(
+                who.team,
+                who.caller,
+                who.member,
+                message_text(context.message) or "(an empty message)",
+                message_id=f"a2a-{uuid.uuid4().hex}",
+                kind=MessageKind.DELEGATION,
+                to_session=sid,
+                link=False,
+                meta={
+                    "a2a": {
+                        "task_id": task_id,
+                        "context_id": context_id,
+                        "message_id": context.message.message_id,
+                    }
+                },
+            )
+            if context.current_task is not None:
+                await updater.start_work()
+            answer = await self._wait(who, task_id, session.turn, show)
+        except BackchannelError as exc:
+            answer = Answer(TaskState.TASK_STATE_FAILED, exc.message)
+        finally:
+            self.tasks.live.discard(task_id)
+        if task_id in self.canceling:
+            self.canceling.discard(task_id)
+            return  # cancel() reports the outcome
+        if answer.as_message and not shown:
+            parts = [_text_part(answer.text)] if answer.text else []
+            for spec in answer.artifacts or ():
+                parts += [ParseDict(p, Part()) for p in spec.get("parts") or []]
+            reply = Message(
+                role=Role.ROLE_AGENT,
+                message_id=uuid.uuid4().hex,
+                context_id=context_id,
+                parts=parts,
+            )
+            await event_queue.enqueue_event(reply)
+            return
+        await show()
+        for event in _artifact_events(task_id, context_id, answer):
+            await event_queue.enqueue_event(event)
+        await event_queue.enqueue_event(_status_event(task_id, context_id, answer))
+
+    async def _wait(
+        self, who: Caller, task_id: str, after_turn: int, show: Callable[[], Awaitable[None]]
+    ) -> Answer:
+        while True:
+            # woken by every event the team's sessions report (and by terminations)
+            changed = self.hub._waiters.event(who.team, None)
+            answer, progressed = await read_progress(self.hub, who, task_id, after_turn)
+            if answer is not None:
+                return answer
+            if progressed:
+                await show()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=5.0)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        call = context.call_context
+        assert call is not None
+        assert context.task_id
+        assert context.context_id
+        who = caller_of(call)
+        self.canceling.add(context.task_id)
+        try:
+            await self.hub.terminate_session(
+                who.team,
+                who.member,
+                session_for(context.task_id),
+                f"A2A task canceled by {who.caller}",
+            )
+        except BackchannelError as exc:
+            log.info("cancel of A2A task %s: %s", context.task_id, exc.message)
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+# -- the handler: resubscribe to a task this process did not start -------------------------
+
+
+class MemberRequestHandler(DefaultRequestHandler):
+    """The SDK's handler, plus resubscription to tasks whose executor is gone (started
+    before a restart): the stored task, then its changes as the transcript shows them."""
+
+    def __init__(self, hub: Hub, tasks: HubTaskStore, **kwargs: Any) -> None:
+        super().__init__(agent_executor=MemberExecutor(hub, tasks), task_store=tasks, **kwargs)
+        self.hub = hub
+        self.tasks = tasks
+
+    async def on_cancel_task(
+        self, params: CancelTaskRequest, context: ServerCallContext
+    ) -> Task | None:
+        running_here = await self._active_task_registry.get(params.id) is not None
+        task: Task | None = await super().on_cancel_task(params, context)
+        if not running_here and task is not None:
+            # started before a restart: no executor was there to end the session
+            who = caller_of(context)
+            with contextlib.suppress(BackchannelError):
+                await self.hub.terminate_session(
+                    who.team,
+                    who.member,
+                    session_for(params.id),
+                    f"A2A task canceled by {who.caller}",
+                )
+        return task
+
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        if await self._active_task_registry.get(params.id) is not None:
+            async for event in super().on_subscribe_to_task(params, context):
+                yield event
+            return
+        task = await self.tasks.get(params.id, context)
+        if task is None or task.status.state in TERMINAL:
+            async for event in super().on_subscribe_to_task(params, context):
+                yield event  # the SDK's errors: not found, terminal
+            return
+        yield task
+        who = caller_of(context)
+        while task.status.state not in TERMINAL | INTERRUPTED:
+            changed = self.hub._waiters.event(who.team, None)
+            fresh = await self.tasks.get(params.id, context)
+            if fresh is None:
+                return
+            if fresh.status.state != task.status.state:
+                for art in fresh.artifacts[len(task.artifacts) :]:
+                    yield TaskArtifactUpdateEvent(
+                        task_id=fresh.id, context_id=fresh.context_id, artifact=art
+                    )
+                yield TaskStatusUpdateEvent(
+                    task_id=fresh.id, context_id=fresh.context_id, status=fresh.status
+                )
+                task = fresh
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=5.0)

@@ -1,0 +1,37 @@
+"""The options every CLI command module shares, declared once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["AsOpt", "HomeOpt", "JsonOpt", "MemberTokenOpt", "TokenOpt", "UrlOpt"]
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        "--store",
+        envvar="BACKCHANNEL_URL",
+        help="Hub URL (http://...) or store URL (sqlite:///path, postgresql://...).",
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="BACKCHANNEL_TOKEN", help="Member or admin token."),
+]
+MemberTokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="BACKCHANNEL_TOKEN", help="Your member token."),
+]
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option("--home", envvar="BACKCHANNEL_HOME", help="Data directory [./.backchannel]."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+AsOpt = Annotated[
+    str | None,
+    typer.Option("--as", help="TEAM/MEMBER this agent is attached as; other tokens are refused."),
+]

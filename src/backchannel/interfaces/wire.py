@@ -1,0 +1,297 @@
+"""What the HTTP API accepts off the wire, and what it says it answers.
+
+Every JSON body the API reads goes through :func:`parse_json`: strict JSON (no lone
+UTF-16 surrogates, no ``NaN`` or ``Infinity``, no invalid UTF-8), nested at most
+:data:`MAX_DEPTH` deep, integers within a signed 64-bit range and floats finite. A body
+that breaks a rule is refused with 422 and the error model, before any of it reaches
+the hub, so nothing the hub stores can later fail to encode or to load.
+
+:func:`error_responses` gives each operation's error statuses for the OpenAPI document,
+all with the one error model ``{"error": {"code", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Annotated, Any
+
+import pydantic_core
+from fastapi import Path, Query, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import Field
+from typing_extensions import TypeAliasType
+
+from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN
+
+#: Deepest nesting of arrays and objects in a request body.
+MAX_DEPTH = 64
+#: Largest integer a typed field accepts (path, query or body): what a signed 64-bit
+#: column holds. Free-form JSON (``data``, ``settings``) keeps any integer as written.
+MAX_INT = 2**63 - 1
+
+#: Any JSON value the API stores as given (``data``, ``settings``, ``delivery``). JSON
+#: puts no bound on an integer and the hub keeps it as written; floats are finite.
+JsonValue = TypeAliasType(
+    "JsonValue",
+    "bool | int | Annotated[float, Field(allow_inf_nan=False)] | str | "
+    "list[JsonValue] | dict[str, JsonValue] | None",
+)
+JsonObject = dict[str, JsonValue]
+
+#: Marks a parse error that is a refusal of valid JSON (too deep, too large a number).
+REFUSED = "refused: "
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` as a JSON value, or :class:`json.JSONDecodeError` naming the problem
+    (which FastAPI and :func:`~backchannel.interfaces.http.create_app` answer with 422)."""
+    try:
+        value = pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError as exc:
+        # jiter's own error names the line and column; keep it
+        raise json.JSONDecodeError(str(exc), _text(raw), 0) from None
+    problem = json_problem(value)
+    if problem is not None:
+        raise json.JSONDecodeError(REFUSED + problem, _text(raw), 0)
+    return value
+
+
+def json_problem(value: Any) -> str | None:
+    """Why a parsed JSON value is refused (nested too deep, a float too large to be
+    finite), or None. Iterative, so no input can exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "a number is too large for a float; send a smaller one or a string"
+            continue
+        else:  # None, bool, int, str
+            continue
+        if depth > MAX_DEPTH:
+            return f"JSON nested deeper than {MAX_DEPTH} levels; flatten the data"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _text(raw: bytes) -> str:
+    return raw[:200].decode("utf-8", "replace")
+
+
+class StrictRequest(Request):
+    """A request whose ``json()`` is :func:`parse_json` (FastAPI reads bodies with it)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = parse_json(await self.body())
+        return self._json
+
+
+class StrictRoute(APIRoute):
+    """An API route that reads its JSON body with :func:`parse_json`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictRequest(request.scope, request.receive, request._send))
+
+        return strict
+
+
+# -- names and ids, as the OpenAPI document publishes them ----------------------------
+
+#: A member name, or ``*`` for every member but the sender.
+TO_PATTERN = r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63})$"
+SHAPES = {
+    NAME_PATTERN: "use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit",
+    SESSION_PATTERN: (
+        "use 1 to 200 letters, digits, '_', '-', '.' or ':', starting with a letter or digit"
+    ),
+    MESSAGE_ID_PATTERN: (
+        "use 1 to 128 letters, digits, '_', '-', '.' or ':', starting with a letter or digit"
+    ),
+    TO_PATTERN: "use a member name (letters, digits, '_' or '-') or '*' for everyone",
+}
+NAME_SHAPES = (NAME_PATTERN, SESSION_PATTERN, TO_PATTERN)
+
+TeamName = Annotated[str, Path(pattern=NAME_PATTERN, description="a team name")]
+MemberName = Annotated[str, Path(pattern=NAME_PATTERN, description="a member name")]
+SessionId = Annotated[str, Path(pattern=SESSION_PATTERN, description="a session id")]
+MessageId = Annotated[str, Path(pattern=MESSAGE_ID_PATTERN, description="a message id")]
+ItemId = Annotated[str, Path(pattern=MESSAGE_ID_PATTERN, description="an id the hub gave")]
+MemberQuery = Annotated[
+    str | None, Query(pattern=NAME_PATTERN, description="only this member's [all]")
+]
+SessionQuery = Annotated[str | None, Query(pattern=SESSION_PATTERN, description="a session id")]
+NameField = Annotated[str, Field(pattern=NAME_PATTERN)]
+SessionField = Annotated[str, Field(pattern=SESSION_PATTERN)]
+IdField = Annotated[str, Field(pattern=MESSAGE_ID_PATTERN)]
+
+
+#: JSON escapes one byte of UTF-8 text in at most 6 bytes (``\u0001``; any other
+#: character costs at most 3 times its UTF-8 size), so a body this many times the text
+#: limit (plus room for the other fields) carries any text within the limit.
+ESCAPE_FACTOR = 6
+_BODY_ROOM = 64 * 1024
+#: The body limit never goes past this, however large the text limit is set.
+MAX_BODY = 64 * 1024 * 1024
+
+
+def body_limit(max_text: int) -> int:
+    """The request body limit that lets through every text of at most ``max_text``
+    UTF-8 bytes, however it is escaped, up to :data:`MAX_BODY`."""
+    return min(ESCAPE_FACTOR * max_text + _BODY_ROOM, max(max_text + _BODY_ROOM, MAX_BODY))
+
+
+# -- the error model in the OpenAPI document ------------------------------------------
+
+
+#: Every error the API answers (4xx and 5xx) has this shape.
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string", "description": "stable, e.g. unknown_recipient"},
+                "message": {"type": "string", "description": "what was wrong and the way out"},
+            },
+        }
+    },
+}
+
+#: The extra success of an idempotent send: the same message_id again answers 200.
+REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Replayed: a message with this message_id was already sent",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+
+_WHY = {
+    400: "Bad request (e.g. an unknown callback service)",
+    401: "Missing or invalid bearer token",
+    403: "Authenticated, but this token may not do this",
+    404: "No such team, member, session, message, link, delegation or timer",
+    408: "The request's head or body did not arrive in time",
+    409: "Conflicts with the current state (exists already, id reused, wrong state)",
+    413: "Request body or message text over the limit",
+    422: "Invalid request: bad JSON, a field missing, mistyped, out of range or malformed",
+    502: "A peer (another hub or a callback) failed",
+    503: "Busy (too many connections) or the store is unavailable; retry after Retry-After",
+}
+
+
+def error_responses(statuses: Iterable[int]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for ``statuses``, each with the error model."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in sorted(set(statuses)):
+        entry: dict[str, Any] = {
+            "description": _WHY[status],
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+        }
+        if status == 503:
+            entry["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before retrying",
+                    "schema": {"type": "integer"},
+                }
+            }
+        out[status] = entry
+    return out
+
+
+# Beyond what every route gets from its shape (below), the statuses each operation can
+# answer, by endpoint name. 403: a member token on an admin call or the reverse; 404:
+# a name or id that does not exist (or another team's); 409: a state conflict.
+_EXTRA: dict[str, set[int]] = {
+    "healthz": set(),
+    "me": set(),
+    "list_teams": set(),
+    "create_team": {403, 409},
+    "add_member": {403, 404, 409},
+    "update_member": {403, 404},
+    "list_members": {404},
+    "send": {403, 404, 409},
+    "fast_send": {403, 404, 409},
+    "message_status": {403, 404},
+    "react": {403, 404},
+    "inbox": {403, 404},
+    "pending": {403},
+    "ack": {403},
+    "release": {403},
+    "inbox_stream": {403, 404},
+    "team_events": {404},
+    "list_links": {403, 404},
+    "get_link": {403, 404},
+    "delegate": {403, 404, 409, 502},
+    "list_delegations": {403, 404},
+    "get_delegation": {403, 404},
+    "chat": {400, 403, 404, 409},
+    "tool_response": {404, 409},
+    "set_timer": {403, 404, 409},
+    "list_timers": {403, 404},
+    "cancel_timer": {403, 404, 409},
+    "open_session": {403, 404, 409},
+    "list_sessions": {403, 404},
+    "get_session": {403, 404},
+    "report_event": {403, 404, 409},
+    "terminate": {403, 404, 409},
+    "transcript": {403, 404},
+    "hook": {403},
+    # the dashboard's routes
+    "ticket": {404},
+    "members": {404},
+    "team_snapshot": {404},
+    "links": {404},
+    "timers": {404},
+    "delegations": {404},
+    "message": {404},
+    "session": {404},
+    "compose": {403, 404, 409},
+    "stream": {401, 404},
+}
+#: For a route not in the table: what an authenticated call can usually answer.
+_UNLISTED = {403, 404, 409}
+
+
+def document_errors(routes: Iterable[Any]) -> None:
+    """Set every API route's error responses in the OpenAPI document: 503 on all
+    (busy, store down); 401 where a token is needed; 408, 413 and 422 where a body is
+    read; 422 where there are parameters; and the route's own from the table above."""
+    for route in routes:
+        included = getattr(route, "original_router", None)  # an included APIRouter
+        if included is not None:
+            document_errors(included.routes)
+            continue
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        dep = route.dependant
+        statuses = {503}
+        if _needs_token(dep) or route.name == "tool_response":
+            statuses.add(401)
+        if route.body_field is not None or route.name == "hook":
+            statuses |= {408, 413, 422}
+        if dep.path_params or dep.query_params or dep.header_params:
+            statuses.add(422)
+        statuses |= _EXTRA.get(route.name, _UNLISTED)
+        route.responses = {**error_responses(statuses), **route.responses}
+
+
+def _needs_token(dependant: Any) -> bool:
+    stack = [dependant]
+    while stack:
+        dep = stack.pop()
+        if getattr(dep.call, "__name__", "") in ("principal", "check_ticket"):
+            return True
+        stack.extend(dep.dependencies)
+    return False

@@ -1,0 +1,213 @@
+"""Reading a runtime's own transcript, on the agent's machine only.
+
+A ``Stop`` hook of an older Claude Code (or Codex) may lack ``last_assistant_message``;
+the turn's closing text is then the last assistant message of the session's transcript,
+named by the payload's ``transcript_path``. Only the command hook (``backchannel hook``,
+run by the runtime as the agent's user) fills it in, through :func:`enrich`. The hub
+never opens a path a request names: a hook posted over HTTP is taken as it is.
+
+Even the command hook reads a transcript only when
+
+* its real path (symlinks resolved) lies inside the runtime's own transcript directory:
+  ``$CLAUDE_CONFIG_DIR/projects`` (default ``~/.claude/projects``) for Claude Code,
+  ``$CODEX_HOME/sessions`` (default ``~/.codex/sessions``) for Codex;
+* it is a regular file, checked on the open descriptor (opened ``O_NONBLOCK`` and
+  ``O_NOFOLLOW``, so a FIFO or device never blocks and a swapped-in link is not followed)
+  and the same file that was checked;
+* and then only its last :data:`TRANSCRIPT_TAIL_BYTES` are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TRANSCRIPT_TAIL_BYTES",
+    "TranscriptRefused",
+    "enrich",
+    "last_assistant_text",
+    "parse_last_assistant",
+    "transcript_dirs",
+]
+
+#: How much of a transcript's tail is read to find the last assistant message.
+TRANSCRIPT_TAIL_BYTES = 2 * 1024 * 1024
+
+
+class TranscriptRefused(ValueError):
+    """The named transcript is not one this runtime's hook may read (the message says why)."""
+
+
+def transcript_dirs(runtime: str) -> tuple[Path, ...]:
+    """Where ``runtime`` keeps its session transcripts on this machine."""
+    if runtime == "claude-code":
+        base = os.environ.get("CLAUDE_CONFIG_DIR") or str(Path.home() / ".claude")
+        return (Path(base) / "projects",)
+    if runtime == "codex":
+        base = os.environ.get("CODEX_HOME") or str(Path.home() / ".codex")
+        return (Path(base) / "sessions",)
+    return ()
+
+
+def _read_tail(path: str, runtime: str) -> tuple[bytes, bool]:
+    """The last bytes of the transcript at ``path`` and whether it was cut; raises
+    :class:`TranscriptRefused` naming the reason, ``OSError`` when it cannot be read."""
+    roots = [os.path.realpath(d) for d in transcript_dirs(runtime)]
+    real = os.path.realpath(path)
+    if not any(os.path.commonpath([real, root]) == root for root in roots):
+        where = " or ".join(roots) or "no transcript directory"
+        raise TranscriptRefused(
+            f"transcript_path {path!r} is not inside {runtime}'s transcript directory "
+            f"({where}); the hook reads no other file"
+        )
+    checked = os.stat(real)
+    if not stat.S_ISREG(checked.st_mode):
+        raise TranscriptRefused(f"transcript_path {path!r} is not a regular file")
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
+            checked.st_dev,
+            checked.st_ino,
+        ):
+            raise TranscriptRefused(f"transcript_path {path!r} changed while it was opened")
+        start = max(0, opened.st_size - TRANSCRIPT_TAIL_BYTES)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks: list[bytes] = []
+        left = TRANSCRIPT_TAIL_BYTES
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), start > 0
+    finally:
+        os.close(fd)
+
+
+def last_assistant_text(path: str | os.PathLike[str], runtime: str = "claude-code") -> str | None:
+    """The last assistant message in ``runtime``'s transcript at ``path``, or ``None``
+    when there is none or the file is unreadable. Raises :class:`TranscriptRefused` for a
+    file the hook may not read (see the module docstring)."""
+    try:
+        raw, cut = _read_tail(os.fspath(path), runtime)
+    except OSError:
+        return None
+    return parse_last_assistant(raw, cut=cut)
+
+
+def _text_blocks(message: Any, kinds: tuple[str, ...] = ("text",)) -> list[str]:
+    if not isinstance(message, Mapping):
+        return []
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content] if content.strip() else []
+    out = []
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") in kinds:
+                text = block.get("text")
+                if isinstance(text, str) and text.strip():
+                    out.append(text)
+    return out
+
+
+def _assistant(entry: Mapping[str, Any]) -> tuple[object, list[str]] | None:
+    """``(message id, texts)`` of an assistant entry (Claude Code: one entry per content
+    block, sharing the message id; Codex rollout: one ``response_item`` per message)."""
+    message = entry.get("message")
+    if entry.get("type") == "assistant" and isinstance(message, Mapping):
+        return message.get("id"), _text_blocks(message)
+    payload = entry.get("payload")
+    if (
+        entry.get("type") == "response_item"
+        and isinstance(payload, Mapping)
+        and payload.get("type") == "message"
+        and payload.get("role") == "assistant"
+    ):
+        return None, _text_blocks(payload, ("output_text", "text"))
+    return None
+
+
+def parse_last_assistant(raw: bytes, *, cut: bool = False) -> str | None:
+    """The last assistant message in a JSONL transcript's bytes (``cut``: the first line
+    may be partial and is skipped)."""
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    if cut and lines:
+        lines = lines[1:]
+    entries: list[Mapping[str, Any]] = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, Mapping):
+            entries.append(entry)
+    msg_id: object = None
+    parts: list[str] = []
+    for entry in reversed(entries):
+        found = _assistant(entry)
+        if found is None:
+            if parts:
+                break
+            continue
+        this_id, texts = found
+        if not parts:
+            if texts:
+                msg_id, parts = this_id, texts
+            continue
+        if this_id is None or this_id != msg_id:
+            break
+        parts = texts + parts
+    return "\n".join(parts) if parts else None
+
+
+def enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
+    """``payload`` with ``last_assistant_message`` filled in from the runtime's transcript
+    when a stop event lacks it, and why it could not be (or ``None``). For Claude Code's
+    ``Stop`` also the channel pushes the transcript shows (``backchannel_seen``: the hub
+    acks them and never hands them over again) and the Claude Code version
+    (``backchannel_cli_version``: it says how a Stop answer may keep the session going)."""
+    if runtime == "claude-code" and isinstance(payload, dict):
+        payload = _claude_stop_extras(payload)
+    if (
+        runtime not in ("claude-code", "codex")
+        or not isinstance(payload, dict)
+        or payload.get("hook_event_name") not in ("Stop", "SubagentStop")
+        or isinstance(payload.get("last_assistant_message"), str)
+    ):
+        return payload, None
+    path = payload.get("agent_transcript_path") or payload.get("transcript_path")
+    if not isinstance(path, str) or not path:
+        return payload, None
+    try:
+        text = last_assistant_text(path, runtime)
+    except TranscriptRefused as exc:
+        return payload, str(exc)
+    if text is None:
+        return payload, None
+    return {**payload, "last_assistant_message": text}, None
+
+
+def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
+    from backchannel.runtimes import channel_tags as tags
+
+    if payload.get("hook_event_name") != "Stop":
+        return payload
+    version = tags.cli_version()
+    if version and not isinstance(payload.get(tags.VERSION_FIELD), str):
+        payload = {**payload, tags.VERSION_FIELD: version}
+    path = payload.get("transcript_path")
+    if isinstance(path, str) and path:
+        try:
+            raw, _ = _read_tail(path, "claude-code")  # the same checks as for the text
+        except TranscriptRefused:
+            return payload  # said when the closing text is looked for, if it is
+        tail = raw[-tags.SEEN_TAIL_BYTES :].decode("utf-8", errors="replace")
+        seen = tags.channel_ids(tail)[-100:]
+        if seen:
+            payload = {**payload, tags.SEEN_FIELD: seen}
+    return payload

@@ -1,0 +1,253 @@
+"""Several hubs on one store: each member's push delivery is owned by one hub at a time,
+through a lease that moves on failover (driven here by a FakeClock)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from backchannel.delivery.adapters import ADAPTERS, AdapterFactory
+from backchannel.delivery.base import Adapter, AdapterContext
+from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.hub import Hub
+from backchannel.stores.base import Store
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import InboxMessage
+from tests.delivery.conftest_adapters import FAST_RETRY, eventually
+
+# a lease and a scan period far beyond any test's run time: only the FakeClock moves
+# leases, and scans happen when a test calls rescan()
+LONG = 1000.0
+
+
+@dataclass
+class Pushed:
+    got: list[tuple[str, str]] = field(default_factory=list)  # (hub name, text)
+
+    def texts(self) -> list[str]:
+        return [t for _, t in self.got]
+
+
+class Recorder(Adapter):
+    type = "record"
+
+    def __init__(self, ctx: AdapterContext, pushed: Pushed, name: str) -> None:
+        super().__init__(ctx)
+        self.pushed, self.name = pushed, name
+        self.retry = FAST_RETRY
+
+    async def deliver(self, item: InboxMessage) -> str:
+        self.pushed.got.append((self.name, item.message.text))
+        return "recorded"
+
+
+def _adapters(pushed: Pushed, name: str) -> dict[str, AdapterFactory]:
+    return {**ADAPTERS, "record": lambda ctx: Recorder(ctx, pushed, name)}
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, Store]:
+    """One store seen by two hubs: a shared in-memory store, or two connections to one
+    SQLite file (as two ``serve`` processes on one file have)."""
+    if request.param == "memory":
+        shared = MemoryStore()
+        return shared, shared
+    return SqliteStore(tmp_path / "one.db"), SqliteStore(tmp_path / "one.db")
+
+
+@asynccontextmanager
+async def two_hubs(clock: FakeClock, stores: tuple[Store, Store]) -> AsyncIterator[tuple[Hub, Hub]]:
+    """Two hubs on one store and one clock, with team ``t`` and push member ``p``."""
+    a = Hub(stores[0], clock=clock, check_delivery=False)
+    b = Hub(stores[1], clock=clock, check_delivery=False)
+    async with a, b:
+        await a.create_team("t", settings={"anchor_policy": "off"})
+        await a.add_member("t", "p", delivery={"type": "record"})
+        yield a, b
+
+
+def _dispatcher(hub: Hub, pushed: Pushed, name: str) -> Dispatcher:
+    return Dispatcher(
+        hub,
+        adapters=_adapters(pushed, name),
+        owner=name,
+        ownership_s=LONG,
+        rescan_s=LONG,
+        wait_s=0.2,  # the hubs share a store but not their wake-ups
+        grace_s=2.0,
+    )
+
+
+async def _owner(hub: Hub) -> str | None:
+    row = await hub.store.read(lambda tx: tx.dispatch_owner("t", "p"))
+    return row[0] if row else None
+
+
+async def _history(hub: Hub, mid: str) -> list[tuple[str, str]]:
+    return [(e.event, e.detail) for e in (await hub.message_status("t", mid)).history]
+
+
+async def _pushed(pushed: Pushed, n: int) -> None:
+    async def check() -> bool:
+        return len(pushed.got) >= n
+
+    await eventually(check, what=f"{n} pushes")
+
+
+async def test_a_crashed_owners_member_moves_when_its_lease_runs_out(
+    stores: tuple[Store, Store],
+) -> None:
+    clock = FakeClock()
+    pushed = Pushed()
+    async with two_hubs(clock, stores) as (a, b):
+        sent = [(await a.send("t", "user", "p", f"m{i}", link=False)).message_id for i in range(3)]
+        # hub "dead" owned p, leased m0 for a push, and died
+        t0 = clock.now()
+        assert await a.store.transact(lambda tx: tx.claim_dispatch("t", "p", "dead", t0, t0 + 10))
+        got = await a.receive("t", "p", limit=1, owner="dead")
+        assert [g.message.text for g in got] == ["m0"]
+
+        d = _dispatcher(b, pushed, "b")
+        await d.start()
+        try:
+            # the lease still runs: b serves nobody, and its receive would lease nothing
+            assert d.status() == []
+            assert await _owner(b) == "dead"
+            assert await b.receive("t", "p", owner="b") == []
+            clock.advance(10)  # the dead hub's lease runs out
+            await d.rescan()
+            assert await _owner(b) == "b"
+            await _pushed(pushed, 3)
+        finally:
+            await d.stop()
+        # the copy the dead hub held went out again first: order kept, nothing lost
+        assert pushed.got == [("b", "m0"), ("b", "m1"), ("b", "m2")]
+        assert ("released", "push delivery taken by b") in await _history(b, sent[0])
+        assert (await b.message_status("t", sent[0])).deliveries[0].attempts == 2
+        assert await _owner(b) is None, "a hub that stops gives its leases up"
+
+
+async def test_a_graceful_stop_hands_over_at_once_and_order_is_kept(
+    stores: tuple[Store, Store],
+) -> None:
+    clock = FakeClock()
+    pushed = Pushed()
+    async with two_hubs(clock, stores) as (a, b):
+        da, db = _dispatcher(a, pushed, "a"), _dispatcher(b, pushed, "b")
+        await da.start()
+        await db.start()
+        try:
+            assert await _owner(a) == "a"
+            assert [s.member for s in da.status()] == ["p"]
+            assert db.status() == [], "one owner at a time"
+            for i in range(5):
+                await a.send("t", "user", "p", f"m{i}", link=False)
+            await _pushed(pushed, 5)
+            await da.stop()  # releases p at once: no waiting for the lease to run out
+            await db.rescan()
+            assert await _owner(b) == "b"
+            for i in range(5, 10):
+                await b.send("t", "user", "p", f"m{i}", link=False)
+            await _pushed(pushed, 10)
+        finally:
+            await da.stop()
+            await db.stop()
+        assert pushed.texts() == [f"m{i}" for i in range(10)]
+        assert {h for h, t in pushed.got if t < "m5"} == {"a"}
+        assert {h for h, t in pushed.got if t >= "m5"} == {"b"}
+
+
+async def test_a_hub_that_cannot_renew_stops_pushing_and_is_taken_over(
+    stores: tuple[Store, Store],
+) -> None:
+    clock = FakeClock()
+    pushed = Pushed()
+    async with two_hubs(clock, stores) as (a, b):
+        da = _dispatcher(a, pushed, "a")
+        await da.start()
+        db = _dispatcher(b, pushed, "b")
+        try:
+            # a renews nothing (as if its store were unreachable): once the push window
+            # (3/4 of the lease) has passed, its worker stops before pushing anything
+            clock.advance(LONG * 0.8)
+            sent = await a.send("t", "user", "p", "x0", link=False)
+
+            async def a_stopped() -> bool:
+                return all(s.stopped_reason for s in da.status())
+
+            await eventually(a_stopped, what="a's worker to stop")
+            assert pushed.got == []
+            # (it may have leased x0 before it noticed; if so, it keeps the copy leased)
+            state = (await a.message_status("t", sent.message_id)).state.value
+            assert state in ("queued", "leased"), state
+            # b cannot take over before the lease runs out ...
+            await db.start()
+            assert await _owner(b) == "a"
+            assert db.status() == []
+            # ... and then does, pushing the copy a held
+            clock.advance(LONG * 0.2)
+            await db.rescan()
+            await _pushed(pushed, 1)
+            # a learns on its next scan that it lost p
+            await da.rescan()
+            assert da.status() == []
+        finally:
+            await da.stop()
+            await db.stop()
+        assert pushed.got == [("b", "x0")]
+        assert await _owner(b) is None
+
+
+async def test_receive_leases_only_for_the_owner_of_the_member(stores: tuple[Store, Store]) -> None:
+    clock = FakeClock()
+    async with two_hubs(clock, stores) as (a, b):
+        now = clock.now()
+        await a.send("t", "user", "p", "m0", link=False)
+        assert await a.store.transact(lambda tx: tx.claim_dispatch("t", "p", "a", now, now + 5))
+        assert await b.receive("t", "p", owner="b") == []
+        clock.advance(5)
+        # a's lease ran out but nobody took p: a may still lease (the store says it owns p)
+        assert await b.store.transact(lambda tx: tx.claim_dispatch("t", "p", "b", now + 5, now + 9))
+        # b took it: a leases nothing from now on, whatever a's clock says
+        assert await a.receive("t", "p", owner="a") == []
+        got = await b.receive("t", "p", owner="b")
+        assert [g.message.text for g in got] == ["m0"]
+        # a receive that names no owner (a pulling client) is not gated
+        await a.send("t", "user", "p", "m1", link=False)
+        assert [g.message.text for g in await a.receive("t", "p")] == ["m1"]
+
+
+async def test_a_hub_that_renews_late_starts_again_with_the_copies_it_held(
+    stores: tuple[Store, Store],
+) -> None:
+    clock = FakeClock()
+    pushed = Pushed()
+    async with two_hubs(clock, stores) as (a, _):
+        da = _dispatcher(a, pushed, "a")
+        await da.start()
+        try:
+            await a.send("t", "user", "p", "x0", link=False)
+            await _pushed(pushed, 1)
+            # past the push window with no renewal (a store outage, say): the worker stops
+            clock.advance(LONG * 0.8)
+            sent = await a.send("t", "user", "p", "x1", link=False)
+
+            async def stopped() -> bool:
+                return all(s.stopped_reason for s in da.status())
+
+            await eventually(stopped, what="the worker to stop")
+            # nobody took p meanwhile: the next scan renews, starts a worker again, and
+            # first puts back any copy the stopped worker still held
+            await da.rescan()
+            await _pushed(pushed, 2)
+            assert await _owner(a) == "a"
+        finally:
+            await da.stop()
+        assert pushed.got == [("a", "x0"), ("a", "x1")]
+        hist = await _history(a, sent.message_id)
+        assert hist[-1][0] == "acked", hist

@@ -1,0 +1,323 @@
+"""Claude Code inbox files read back: teammates' replies, member states, the lead relay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from backchannel.delivery.claude_inbox import InboxLock, InboxWriter, inbox_path
+from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.delivery.inbox_watch import InboxBridge
+from backchannel.delivery.stdin import stream_json_line
+from backchannel.hub import Hub
+from backchannel.interfaces.dashboard import members_view
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import FakeClock, MemoryStore
+from tests.delivery.conftest_adapters import eventually
+
+NODE_WRITER = Path(__file__).with_name("node_writer.js")
+WRITERS = ["w1", "w2", "w3", "w4"]
+
+
+def rewrite(path: Path, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+    """Rewrite an inbox the way Claude Code's reader does (mark read, drop delivered
+    entries): under the proper-lockfile lock, tmp file renamed over it."""
+    lock = InboxLock(path)
+    deadline = time.monotonic() + 30
+    while not lock.try_acquire():
+        assert time.monotonic() < deadline, f"lock {lock.path} not won"
+        time.sleep(0.005)
+    try:
+        entries = json.loads(path.read_text("utf-8"))
+        tmp = path.with_name(path.name + ".tmp.rewrite")
+        tmp.write_text(json.dumps(change(entries), indent=2), "utf-8")
+        os.replace(tmp, path)
+    finally:
+        lock.release()
+
+
+def node_writer(modules: Path, inbox: Path, writer: str, count: int, prefix: str) -> Any:
+    cmd = ["node", str(NODE_WRITER), str(modules), str(inbox), writer, str(count), prefix]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+async def finished(procs: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for proc in procs:
+        stdout, stderr = await asyncio.to_thread(proc.communicate, timeout=100)
+        assert proc.returncode == 0, stderr.decode()
+        out.append(json.loads(stdout))
+    return out
+
+
+Key = tuple[str, str, str, str]
+
+
+async def imported(hub: Hub, team: str = "t") -> Counter[Key]:
+    """(sender, recipient, text, writer run) of every hub message a teammate wrote,
+    counted; the run is the id's prefix, so an entry taken in again under another id (a
+    derived one, say) shows up as a key nobody wrote."""
+
+    def fn(tx: Any) -> Counter[Key]:
+        seen: Counter[Key] = Counter()
+        for _, ev in tx.feed(team, 0, 1_000_000):
+            if ev.event != "queued":
+                continue
+            m = tx.get_message(team, ev.message_id)
+            if m is not None and m.sender in WRITERS:
+                run = m.message_id.rsplit("-", 1)[0]
+                seen[(m.sender, ev.member, m.text, run)] += 1
+        return seen
+
+    result: Counter[Key] = await hub.store.read(fn)
+    return result
+
+
+def written(results: list[dict[str, Any]], owner: str) -> set[Key]:
+    return {
+        (r["writer"], owner, f"#{m.rsplit('-', 1)[1]}", m.rsplit("-", 1)[0])
+        for r in results
+        for m in r["ok"]
+    }
+
+
+async def test_replies_of_proper_lockfile_writers_reach_the_hub_once(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    """Claude Code-style writers (real proper-lockfile, Claude Code's options) reply into
+    user.json and the lead's inbox while the hub writes to the lead's inbox and watches;
+    every reply arrives once, through mark-read, pruning and a hub restart."""
+    root, db = tmp_path / "teams", tmp_path / "hub.db"
+    inbox_file = {"type": "inbox-file", "root": str(root)}
+    user_json, lead_json = inbox_path("t", "user", root), inbox_path("t", "lead", root)
+
+    async def start() -> tuple[Hub, Dispatcher, InboxBridge]:
+        hub = Hub(SqliteStore(db), check_delivery=False)
+        await hub.start()
+        d, bridge = Dispatcher(hub, rescan_s=0.1), InboxBridge(hub, rescan_s=0.1)
+        await d.start()
+        await bridge.start()
+        return hub, d, bridge
+
+    async def stop(hub: Hub, d: Dispatcher, bridge: InboxBridge) -> None:
+        await bridge.stop()
+        await d.stop()
+        await hub.close()
+
+    async def arrived(hub: Hub, want: set[Key]) -> Counter[Key]:
+        async def check() -> Counter[Key] | None:
+            got = await imported(hub)
+            return got if set(got) >= want else None
+
+        found: Counter[Key] = await eventually(
+            check, within=30, what=f"{len(want)} replies in the hub"
+        )
+        return found
+
+    hub = Hub(SqliteStore(db), check_delivery=False)
+    async with hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        for name in ["lead", *WRITERS]:
+            await hub.add_member("t", name, "claude-code", delivery=inbox_file)
+    hub, d, bridge = await start()
+    try:
+        procs = [node_writer(node_modules, user_json, w, 25, f"{w}-u") for w in WRITERS]
+        procs += [node_writer(node_modules, lead_json, w, 25, f"{w}-l") for w in WRITERS]
+        ours = [await hub.send("t", "user", "lead", f"task {i}", link=False) for i in range(20)]
+        results = await finished(procs)
+        want = written(results[:4], "user") | written(results[4:], "lead")
+        assert len(want) > 100  # most appends win the lock; the rest gave up (ELOCKED)
+        got = await arrived(hub, want)
+        assert set(got) == want and set(got.values()) == {1}
+        for r in ours:  # the hub's own entries are not read back as replies
+            assert (await hub.message_status("t", r.message_id)).state.value == "acked"
+
+        # Claude Code's reader marks entries read, or drops the delivered ones
+        await asyncio.to_thread(rewrite, user_json, lambda es: [{**e, "read": True} for e in es])
+        await asyncio.to_thread(rewrite, lead_json, lambda es: es[len(es) // 2 :])
+        more = await finished([node_writer(node_modules, user_json, "w1", 5, "w1-more")])
+        want |= written(more, "user")
+        got = await arrived(hub, want)
+        assert set(got) == want and set(got.values()) == {1}
+    finally:
+        await stop(hub, d, bridge)
+
+    # while the hub is down: more replies, and another rewrite
+    down = await finished([node_writer(node_modules, user_json, "w2", 5, "w2-down")])
+    await asyncio.to_thread(rewrite, user_json, lambda es: [{**e, "read": True} for e in es])
+    hub, d, bridge = await start()
+    try:
+        want |= written(down, "user")
+        got = await arrived(hub, want)
+        assert set(got) == want, "a reply was lost or taken in under another id"
+        assert set(got.values()) == {1}, "a reply was taken in twice"
+        assert sum(got.values()) == sum(len(r["ok"]) for r in [*results, *more, *down])
+    finally:
+        await stop(hub, d, bridge)
+
+
+async def _message(hub: Hub, mid: str) -> Any:
+    return await hub.store.read(lambda tx: tx.get_message("t", mid))
+
+
+# ---------------------------------------------------------------------- member states
+
+T0 = 1_800_000_000.0
+
+
+async def test_member_states_follow_inbox_traffic(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    root = tmp_path / "teams"
+    writer = InboxWriter(root)
+    hub = Hub(MemoryStore(), clock=clock, check_delivery=False, background=False)
+    async with hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        for name in ["lead", *WRITERS]:
+            await hub.add_member(
+                "t", name, "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+            )
+        bridge = InboxBridge(hub, watch=False)
+        await bridge.start()
+        try:
+
+            def frame(**fields: Any) -> str:
+                return json.dumps(fields)
+
+            def write(sender: str, text: str, mid: str) -> None:
+                writer.append("t", "lead", msg_id=mid, from_=sender, text=text,
+                              timestamp=clock.now())  # fmt: skip
+
+            write("w1", "found the bug in parser.py", "m1")
+            write("w2", frame(type="idle_notification", idleReason="available"), "m2")
+            write("w3", frame(type="shutdown_approved", requestId="r1", **{"from": "w3"}), "m3")
+            write("w4", frame(type="shutdown_response", request_id="r2", approve=False), "m4")
+            await bridge.scan()
+            states = await hub.member_states("t")
+            assert {m: s["state"] for m, s in states.items()} == {
+                "w1": "active",
+                "w2": "active",  # an idle notification is activity: the research's rule
+                "w3": "terminated",
+                "w4": "active",
+            }
+            assert states["w2"]["last_event"] == "idle_notification"
+            # protocol frames are state and traffic, never chat
+            for mid in ("m2", "m3", "m4"):
+                assert await _message(hub, mid) is None
+            m1 = await _message(hub, "m1")
+            assert (m1.sender, m1.to, m1.text) == ("w1", "lead", "found the bug in parser.py")
+            feed = [i.to_json() for i in await hub.feed("t")]
+            assert [f["detail"] for f in feed if f["event"] == "inbox_protocol"] == [
+                "w2: idle_notification",
+                "w3: shutdown_approved",
+                "w4: shutdown_response",
+            ]
+
+            clock.advance(300)  # exactly 5 minutes: still active
+            assert (await hub.member_states("t"))["w1"]["state"] == "active"
+            clock.advance(1)
+            view = {m["name"]: m["state"] for m in await members_view(hub, "t")}
+            assert view == {"lead": "no session", "user": "no session", "w1": "idle",
+                            "w2": "idle", "w3": "terminated", "w4": "idle"}  # fmt: skip
+            write("w3", "back again after a restart", "m5")
+            write("w2", frame(type="idle_notification", idleReason="available"), "m6")
+            await bridge.scan()
+            states = await hub.member_states("t")
+            assert (states["w3"]["state"], states["w2"]["state"]) == ("active", "active")
+            write("w3", frame(type="shutdown_response", request_id="r3", approve=True), "m7")
+            await bridge.scan()
+            assert (await hub.member_states("t"))["w3"]["state"] == "terminated"
+        finally:
+            await bridge.stop()
+
+
+# ------------------------------------------------------------------------- lead relay
+
+# A stand-in for `claude -p --input-format stream-json --output-format stream-json`:
+# appends each stdin line to OUT, then answers in stream-json on stdout.
+LEAD = r"""
+import json, sys
+out = sys.argv[1]
+print(json.dumps({"type": "system", "subtype": "init", "session_id": "x"}), flush=True)
+for line in sys.stdin:
+    with open(out, "a") as f:
+        f.write(line)
+    text = json.loads(line)["message"]["content"][0]["text"]
+    print(json.dumps({"type": "assistant", "message": {"content": [
+        {"type": "thinking", "thinking": "read it"},
+        {"type": "text", "text": "noted: " + text}]}}), flush=True)
+    print(json.dumps({"type": "result", "subtype": "success", "result": "ok: " + text}),
+          flush=True)
+"""
+
+
+async def test_lead_inbox_is_relayed_to_its_stdin_between_turns(tmp_path: Path) -> None:
+    root, out = tmp_path / "teams", tmp_path / "lead-stdin.jsonl"
+    (tmp_path / "lead.py").write_text(LEAD)
+    command = [sys.executable, str(tmp_path / "lead.py"), str(out),
+               "--input-format", "stream-json", "--output-format", "stream-json"]  # fmt: skip
+    writer = InboxWriter(root)
+    hub = Hub(MemoryStore(), check_delivery=False)
+    async with hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "team-lead", "claude-code",
+                             delivery={"type": "stdin", "command": command})  # fmt: skip
+        for w in ("w1", "w2"):
+            await hub.add_member(
+                "t", w, "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+            )
+        async with Dispatcher(hub, rescan_s=0.1), InboxBridge(hub, rescan_s=0.1) as bridge:
+            # a teammate writes to the lead's inbox, and to another teammate's
+            await writer.append_async("t", "team-lead", msg_id="r1", from_="w1", text="done: A")
+            await writer.append_async("t", "w2", msg_id="p1", from_="w1", text="for w2 only")
+            await writer.append_async("t", "team-lead", msg_id="r2", from_="w2", text="done: B")
+
+            async def lines() -> list[str] | None:
+                got = out.read_text().splitlines() if out.exists() else []
+                return got if len(got) >= 2 else None
+
+            got = await eventually(lines, within=20, what="two lines on the lead's stdin")
+            assert got == [
+                stream_json_line("[From w1] done: A").decode().rstrip("\n"),
+                stream_json_line("[From w2] done: B").decode().rstrip("\n"),
+            ]  # nothing to forward, nothing for w2, each once, in order
+            await eventually(lambda: _message(hub, "p1"), what="p1 to be taken in")
+            w2_copy = await hub.message_status("t", "p1")
+            assert [(d.recipient.member, d.state.value) for d in w2_copy.deliveries] == [
+                ("w2", "acked")
+            ]  # w2 reads its own file: the hub took it in for the record only
+
+            [session] = await hub.list_sessions("t", "team-lead")
+
+            async def stopped() -> Any:
+                data = await hub.get_session_data("t", session.session_id)
+                kinds = [e["kind"] for e in data["events"]]
+                return kinds if kinds.count("agent_stop") >= 2 else None
+
+            kinds = await eventually(stopped, what="two turns reported from stdout")
+            turn = ["input", "turn_start", "thought", "agent_output", "agent_stop"]
+            assert [k for k in kinds if k != "session"] == turn + turn
+
+            # Claude Code marks the lead's entries read: nothing is relayed again
+            lead_json = inbox_path("t", "team-lead", root)
+            await asyncio.to_thread(
+                rewrite, lead_json, lambda es: [{**e, "read": True} for e in es]
+            )
+            assert await bridge.scan() == []
+            fresh = InboxBridge(hub, watch=False)  # no memory: only the store's cursor
+            await fresh.refresh()
+            try:
+                results = await fresh.scan()
+                assert [r.messages for r in results] == [()] * len(results)
+                assert sum(r.already for r in results) == 3
+            finally:
+                await fresh.stop()
+            assert await hub.pending("t", "team-lead") == 0
+            assert len(out.read_text().splitlines()) == 2

@@ -1,0 +1,228 @@
+"""The real Claude Code CLI (pinned, from npm) in a tmux pane, attached to a real
+``backchannel serve``, its model a scripted API on 127.0.0.1: a teammate's message pushed
+through the channel starts a turn in an idle session, is shown once, and without
+channels the Stop route still delivers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BIN, Server, start_server
+from tests.realcli.fake_anthropic import FakeAnthropic, Rule, last_user_text, say, texts
+from tests.realcli.tmux_harness import (
+    RefusingProxy,
+    claude_pane,
+    cli_env,
+    wait_until,
+    write_home,
+)
+
+pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(240)]
+
+#: What Claude Code 2.1.330 itself tries to reach when its feature flags are on (as
+#: channels need): its flag and metrics service and a file on GitHub. The proxy refuses
+#: them; nothing of ours is among them.
+CLI_OWN_SERVICES = {"api.anthropic.com:443", "raw.githubusercontent.com:443"}
+#: Turns off Claude Code's own background traffic; channels need its feature flags, so
+#: the channel tests keep the flag service (refused by the proxy) and set the rest.
+QUIET = {
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+}
+NO_TRAFFIC = {**QUIET, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+#: Channels are behind a feature flag; a first run reads it from this cache in
+#: ~/.claude.json until the flag service answers (here it never does).
+CHANNEL_FLAGS = {
+    "cachedGrowthBookFeatures": {"tengu_harbor": True},
+    "cachedFeatureFlags": {"tengu_harbor": True},
+}
+DEV_CHANNEL = ("--dangerously-load-development-channels", "server:backchannel")
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Server]:
+    srv = start_server(tmp_path / "hub")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def proxy() -> Iterator[RefusingProxy]:
+    p = RefusingProxy()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _team(hub: Server) -> dict[str, str]:
+    tokens = {}
+    with hub.client() as c:
+        c.post("/v1/teams", json={"name": "demo"}).raise_for_status()
+        for name in ("lead", "worker"):
+            r = c.post("/v1/teams/demo/members", json={"name": name, "kind": "claude-code"})
+            r.raise_for_status()
+            tokens[name] = r.json()["token"]
+    return tokens
+
+
+def _attach(hub: Server, project: Path) -> None:
+    project.mkdir(parents=True)
+    args = ["claude-code", "--team", "demo", "--member", "worker", "--dir", str(project)]
+    subprocess.run(
+        [str(BIN), "attach", *args, "--url", hub.url],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "BACKCHANNEL_HOME": str(hub.home)},
+    )
+
+
+def _home(tmp_path: Path, project: Path, flags: bool) -> Path:
+    home = tmp_path / "home"
+    write_home(home, [project])
+    if flags:
+        config = json.loads((home / ".claude.json").read_text())
+        (home / ".claude.json").write_text(json.dumps({**config, **CHANNEL_FLAGS}))
+    return home
+
+
+def _get(hub: Server, token: str, path: str, **params: Any) -> Any:
+    with hub.client(token) as c:
+        r = c.get(path, params=params)
+        r.raise_for_status()
+        return r.json()
+
+
+def _send(hub: Server, token: str, to: str, text: str) -> str:
+    with hub.client(token) as c:
+        r = c.post("/v1/messages", json={"to": to, "text": text})
+        r.raise_for_status()
+        return str(r.json()["message_id"])
+
+
+def _session(hub: Server, token: str) -> dict[str, Any] | None:
+    found = _get(hub, token, "/v1/sessions", member="worker")["sessions"]
+    live = [s for s in found if s["state"] != "terminated"]
+    return live[0] if live else None
+
+
+def _copy(hub: Server, token: str, message_id: str) -> dict[str, Any]:
+    status = _get(hub, token, f"/v1/messages/{message_id}")
+    return {**status["deliveries"][0], "history": status.get("history", [])}
+
+
+def _asking(api: FakeAnthropic, mark: str) -> list[dict[str, Any]]:
+    return [r for r in api.model_requests() if mark in last_user_text(r)]
+
+
+def _shown(req: dict[str, Any], mark: str) -> int:
+    """How often ``mark`` is in what the model is shown by ``req`` (its whole history)."""
+    return sum(t.count(mark) for t in texts({"messages": req.get("messages", [])}))
+
+
+def test_idle_session_is_woken_by_a_channel_push_and_shown_it_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    tokens = _team(hub)
+    project = tmp_path / "worker"
+    _attach(hub, project)
+    env = cli_env(_home(tmp_path, project, flags=True), "", proxy, **QUIET)
+    env["BACKCHANNEL_TOKEN"] = tokens["worker"]
+    with FakeAnthropic([], fallback="Noted.") as api:
+        env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(project, env, *DEV_CHANNEL) as pane:
+            pane.wait_for("I am using this for local development")
+            pane.enter()
+            session = wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session")
+            assert session["state"] == "idle" and session["turn"] == 0
+
+            # nothing typed: the push alone starts a turn that carries the message
+            sent_at = time.monotonic()
+            first = _send(hub, tokens["lead"], "worker", "MARK-ONE: count the lines in src/")
+            (req,) = wait_until(lambda: _asking(api, "MARK-ONE"), 60, "a request with it", pane)
+            woke_in = time.monotonic() - sent_at
+            shown = last_user_text(req)
+            assert f'<channel source="backchannel" message_id="{first}"' in shown
+            assert "[From lead] MARK-ONE: count the lines in src/" in shown
+            pane.wait_for("← backchannel: [From lead] MARK-ONE")
+
+            # acked by the hook of the turn it started, on its first and only lease
+            wait_until(
+                lambda: _copy(hub, tokens["worker"], first)["state"] == "acked", 30, "the ack"
+            )
+            assert _copy(hub, tokens["worker"], first)["attempts"] == 1
+
+            # the turn ends; the Stop route does not hand it over again: the next
+            # message's turn shows the first one once, in the whole conversation
+            wait_until(
+                lambda: (_session(hub, tokens["worker"]) or {}).get("last_stop_at"),
+                60,
+                "the turn's end",
+            )
+            sent_at = time.monotonic()
+            second = _send(hub, tokens["lead"], "worker", "MARK-TWO: and the tests?")
+            (later,) = wait_until(lambda: _asking(api, "MARK-TWO"), 60, "the second", pane)
+            woke_again_in = time.monotonic() - sent_at
+            assert _shown(later, "MARK-ONE") == 1
+            assert f'message_id="{second}"' in last_user_text(later)
+            sid = session["session_id"]
+            events = _get(hub, tokens["worker"], f"/v1/sessions/{sid}/transcript")["events"]
+            starts = [e for e in events if e["kind"] == "turn_start"]
+            assert [e["data"].get("hook") for e in starts] == ["UserPromptSubmit"] * 2
+            assert not [e for e in starts if e["data"].get("continued_by")]
+    print(f"\nchannel push to model request: {woke_in:.2f} s just after start (the MCP")
+    print(f"server still connecting), {woke_again_in:.2f} s when idle after a turn")
+    assert {a.split()[1] for a in proxy.attempts} <= CLI_OWN_SERVICES, proxy.attempts
+
+
+def test_without_channels_the_stop_route_still_delivers(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    tokens = _team(hub)
+    project = tmp_path / "worker"
+    _attach(hub, project)
+    env = cli_env(_home(tmp_path, project, flags=False), "", proxy, **NO_TRAFFIC)
+    env["BACKCHANNEL_TOKEN"] = tokens["worker"]
+    working, go_on = threading.Event(), threading.Event()
+
+    def busy(req: dict[str, Any]) -> Any:
+        working.set()
+        go_on.wait(60)  # the turn runs until the test has sent its message
+        return say("Task done.")
+
+    rules = [Rule(lambda r: "START-TASK" in last_user_text(r), busy, times=1)]
+    with FakeAnthropic(rules, fallback="Noted.") as api:
+        env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(project, env) as pane:
+            wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session", pane)
+            pane.type("START-TASK")
+            wait_until(working.is_set, 60, "the turn's model request", pane)
+            wait_until(
+                lambda: (_session(hub, tokens["worker"]) or {}).get("state") == "active",
+                30,
+                "the open turn",
+            )
+            mid = _send(hub, tokens["lead"], "worker", "MARK-STOP: the build is red")
+            go_on.set()
+            (req,) = wait_until(lambda: _asking(api, "MARK-STOP"), 60, "the Stop answer", pane)
+            assert "[From lead] MARK-STOP: the build is red" in last_user_text(req)
+            assert "<channel" not in last_user_text(req)
+            wait_until(lambda: _copy(hub, tokens["worker"], mid)["state"] == "acked", 30, "ack")
+            details = [h.get("detail", "") for h in _copy(hub, tokens["worker"], mid)["history"]]
+            assert "claude-code Stop hook answer" in details
+            # shown as the hook's plain feedback, not as a problem
+            screen = pane.wait_for("Stop hook says: backchannel: 1 message arrived")
+            assert "reported a problem" not in screen and "stop hook problem" not in screen
+    assert proxy.attempts == []

@@ -1,0 +1,93 @@
+"""The lean ``backchannel hook`` path: a real process against a real ``serve``, loading
+no more than it needs, and handing anything unusual to the full CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, Server, start_server
+
+from .agents import hook_cmd, make_team
+from .helpers import fixture
+
+HEAVY = ("typer", "rich", "httpx", "backchannel.hub", "backchannel.client", "fastapi")
+
+_PROBE = """
+import sys
+from backchannel.interfaces import launcher
+sys.argv = ["backchannel", "hook", "claude-code"]
+launcher.main()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {0!r})), file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("hookcmd") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    return {**env, **extra}
+
+
+def test_the_hook_loads_neither_the_cli_framework_nor_the_hub(srv: Server) -> None:
+    tokens = make_team(srv, "lean", "w:claude-code", "lead")
+    with srv.client(tokens["lead"]) as c:
+        c.post("/v1/messages", json={"to": "w", "text": "the report is due"}).raise_for_status()
+    tops = {m.split(".")[0] for m in HEAVY}
+    run = subprocess.run(
+        [sys.executable, "-c", "import json\n" + _PROBE.format(sorted(tops))],
+        input=json.dumps(fixture("claude-code", "Stop", session_id="lean-1")),
+        capture_output=True,
+        text=True,
+        env=_clean_env(BACKCHANNEL_URL=srv.url, BACKCHANNEL_TOKEN=tokens["w"]),
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    assert answer["decision"] == "block" and "the report is due" in answer["reason"]
+    loaded = set(json.loads(run.stderr.strip().splitlines()[-1]))
+    assert not loaded & set(HEAVY), f"the lean hook loaded {sorted(loaded & set(HEAVY))}"
+
+
+def test_anything_unusual_goes_to_the_full_cli(srv: Server, tmp_path: Path) -> None:
+    run = subprocess.run([str(BIN), "hook", "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "Usage" in run.stdout, run.stderr
+    # no server: the full CLI takes it, and says where to find a hub (it invents no store)
+    home = tmp_path / "nohub"
+    stop = json.dumps(fixture("claude-code", "Stop"))
+    run = hook_cmd(
+        "claude-code", stop, env={"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": "x"}
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, "{}"), run.stderr
+    assert "no hub found" in run.stderr
+    assert not home.exists()
+
+
+def test_a_server_json_left_by_a_dead_server_is_not_used(srv: Server, tmp_path: Path) -> None:
+    home = tmp_path / "stale"
+    home.mkdir()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(dead.stdout)
+    (home / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": pid}))
+    stop = json.dumps(fixture("claude-code", "Stop"))
+    run = hook_cmd(
+        "claude-code", stop, env={"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": "x"}
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, "{}"), run.stderr
+    assert "cannot reach" not in run.stderr  # the dead server's URL was not used
+    assert "no hub found" in run.stderr

@@ -1,0 +1,176 @@
+"""Hook payloads never make the hub open a file; the command hook reads only its own
+runtime's transcripts, regular files, the tail, without blocking."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backchannel.runtimes.transcripts import (
+    TRANSCRIPT_TAIL_BYTES,
+    TranscriptRefused,
+    enrich,
+    last_assistant_text,
+)
+from tests.conftest import Server, start_server
+
+from .agents import hook_cmd, make_team
+from .helpers import FIXTURES, fixture
+
+EXPECTED = 'src/ holds 420 lines of Python.\n<message to="lead">420 lines in src/</message>'
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("transcripts") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def claude_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    config = tmp_path / "claude-config"
+    (config / "projects" / "-proj").mkdir(parents=True)
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    return config / "projects" / "-proj"
+
+
+def _no_reader(fifo: Path) -> bool:
+    """True when nobody has the FIFO open for reading (a writer's non-blocking open fails)."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        return exc.errno == errno.ENXIO
+    os.close(fd)
+    return False
+
+
+def _stop(runtime: str, path: Path) -> dict[str, object]:
+    stop = fixture(runtime, "Stop", transcript_path=str(path))
+    del stop["last_assistant_message"]
+    return stop
+
+
+# -- over HTTP: the hub opens nothing ------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["claude-code", "codex"])
+def test_a_fifo_named_in_a_hook_posted_over_http_is_never_opened(
+    srv: Server, tmp_path: Path, runtime: str
+) -> None:
+    team = f"fifo-{runtime}"
+    tokens = make_team(srv, team, f"w:{runtime}", "lead")
+    fifo = tmp_path / "transcript.jsonl"
+    os.mkfifo(fifo)
+    secret = tmp_path / "other-session.jsonl"  # another agent's transcript on the hub's host
+    secret.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
+    auth = {"Authorization": f"Bearer {tokens['w']}"}
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        for path in (fifo, secret):
+            r = c.post(f"/v1/hooks/{runtime}", json=_stop(runtime, path), headers=auth)
+            assert r.status_code == 200, r.text
+            assert c.get("/healthz").status_code == 200
+        assert _no_reader(fifo)
+        inbox = c.get("/v1/inbox", headers={"Authorization": f"Bearer {tokens['lead']}"})
+        assert inbox.json()["messages"] == []  # nothing of the other transcript was routed
+        sid = str(_stop(runtime, fifo)["session_id"])
+        events = c.get(f"/v1/sessions/{sid}/transcript", headers=auth).json()["events"]
+        assert events and not any("420" in json.dumps(e) for e in events)
+
+
+# -- the command hook, on the agent's machine -----------------------------------------------
+
+
+def test_the_command_hook_reads_a_transcript_in_the_runtime_directory(
+    srv: Server, claude_dir: Path
+) -> None:
+    tokens = make_team(srv, "happy", "w:claude-code", "lead")
+    transcript = claude_dir / "s.jsonl"
+    transcript.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "CLAUDE_CONFIG_DIR": os.environ["CLAUDE_CONFIG_DIR"],
+    }
+    run = hook_cmd("claude-code", json.dumps(_stop("claude-code", transcript)), env=env)
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, "{}", "")
+    with srv.client(tokens["lead"]) as c:
+        assert [m["text"] for m in c.get("/v1/inbox").json()["messages"]] == ["420 lines in src/"]
+
+
+def test_the_command_hook_refuses_a_fifo_without_blocking(srv: Server, claude_dir: Path) -> None:
+    tokens = make_team(srv, "fifo-cmd", "w:claude-code")
+    fifo = claude_dir / "s.jsonl"
+    os.mkfifo(fifo)
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "CLAUDE_CONFIG_DIR": os.environ["CLAUDE_CONFIG_DIR"],
+    }
+    run = hook_cmd("claude-code", json.dumps(_stop("claude-code", fifo)), env=env)
+    assert (run.returncode, run.stdout.strip()) == (0, "{}")
+    assert "is not a regular file" in run.stderr
+    assert _no_reader(fifo)
+
+
+def test_a_transcript_outside_the_runtime_directory_is_refused(
+    tmp_path: Path, claude_dir: Path
+) -> None:
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text((FIXTURES / "claude-code" / "transcript.jsonl").read_text())
+    payload, note = enrich("claude-code", _stop("claude-code", outside))
+    assert "last_assistant_message" not in payload
+    assert note is not None and "not inside claude-code's transcript directory" in note
+    # nor through a symlink that sits inside it
+    link = claude_dir / "link.jsonl"
+    link.symlink_to(outside)
+    with pytest.raises(TranscriptRefused, match="not inside"):
+        last_assistant_text(link)
+    # nor another runtime's directory
+    with pytest.raises(TranscriptRefused):
+        last_assistant_text(claude_dir / "x.jsonl", "codex")
+
+
+def test_only_the_tail_is_read(claude_dir: Path) -> None:
+    transcript = claude_dir / "big.jsonl"
+    early = json.dumps(
+        {"type": "assistant", "message": {"id": "m1", "content": [{"type": "text", "text": "x"}]}}
+    )
+    filler = json.dumps({"type": "user", "message": {"content": "y" * 1000}})
+    lines = [early] + [filler] * (TRANSCRIPT_TAIL_BYTES // 1000 + 10)
+    transcript.write_text("\n".join(lines) + "\n")
+    assert last_assistant_text(transcript) is None  # the early message is beyond the tail
+    transcript.write_text("\n".join([*lines, early]) + "\n")
+    assert last_assistant_text(transcript) == "x"
+
+
+def test_a_codex_rollout_is_read_from_codex_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = tmp_path / "codex-home" / "sessions" / "2026" / "11" / "22"
+    sessions.mkdir(parents=True)
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / "codex-home"))
+    rollout = sessions / "rollout-1.jsonl"
+    entries = [
+        {"type": "session_meta", "payload": {"id": "s"}},
+        {
+            "type": "response_item",
+            "payload": {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "renamed foo to bar"}],
+            },
+        },
+        {"type": "event_msg", "payload": {"type": "token_count"}},
+    ]
+    rollout.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    payload, note = enrich("codex", _stop("codex", rollout))
+    assert (payload["last_assistant_message"], note) == ("renamed foo to bar", None)

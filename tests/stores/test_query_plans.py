@@ -1,0 +1,242 @@
+"""Every statement on the hot paths is served by an index, so cost stays flat as the hub
+grows (a million stored messages, ten thousand sessions, twenty thousand links).
+
+A hub on SQLite runs one of each thing an agent team does (sends with and without a
+link, closing blocks, a broadcast, receive and ack, lease expiry, timers firing, a
+delegation and its answer, a session ending) while the store reports every statement.
+Each one is then explained on the same file, with the planner's default statistics:
+what a real hub has, since nothing runs ANALYZE. A full scan of a table that grows, or a
+sort of rows the table can hold without bound, fails the test with the statement and
+its plan. On PostgreSQL the same is asked of the statements that differ most, with
+sequential scans disabled: a "Seq Scan" left in the plan means no index can serve it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import FakeClock
+from backchannel.types import MESSAGE_ID_PATTERN
+
+# tables whose row count grows with traffic, sessions or time
+GROWING = (
+    "messages",
+    "deliveries",
+    "delivery_events",
+    "session_events",
+    "ledger",
+    "jobs",
+    "links",
+    "sessions",
+    "delegations",
+    "spent_tokens",
+)
+
+# sorts that are bounded by something other than the table's size, each with the bound
+BOUNDED_SORTS = {
+    "FROM delegations WHERE team = ? AND batch = ?": "the delegations of one caller turn",
+    "FROM ledger WHERE team = ? AND session_id = ?": "the texts one turn sent",
+}
+
+
+def _normalize(sql: str) -> str:
+    sql = re.sub(r"\s+", " ", sql.strip())
+    sql = re.sub(r"'(?:[^']|'')*'", "?", sql)
+    return re.sub(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", "?", sql)
+
+
+class _Statements:
+    """Collects each distinct statement shape once, with one concrete example."""
+
+    def __init__(self) -> None:
+        self.examples: dict[str, str] = {}
+
+    def __call__(self, sql: str) -> None:
+        if re.match(r"\s*(SELECT|UPDATE|DELETE)\b", sql, re.IGNORECASE):
+            self.examples.setdefault(_normalize(sql), sql)
+
+
+def _problems(db: Path, statements: dict[str, str]) -> list[str]:
+    conn = sqlite3.connect(db)
+    found = []
+    try:
+        for shape, example in sorted(statements.items()):
+            plan = [row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + example)]
+            for step in plan:
+                scan = re.match(r"SCAN (\w+)(.*)", step)
+                if scan and scan.group(1) in GROWING and "LIMIT" not in shape.upper():
+                    found.append(f"full scan: {shape}\n    plan: {plan}")
+                if "TEMP B-TREE" in step and not any(k in shape for k in BOUNDED_SORTS):
+                    found.append(f"unbounded sort: {shape}\n    plan: {plan}")
+                if scan and scan.group(1) in GROWING and "INDEX" not in scan.group(2):
+                    found.append(f"table scan: {shape}\n    plan: {plan}")
+                team_only = re.match(r"SEARCH (\w+) .*\(team=\?\)$", step)
+                if team_only and team_only.group(1) in GROWING:
+                    found.append(f"whole-team search: {shape}\n    plan: {plan}")
+    finally:
+        conn.close()
+    return sorted(set(found))
+
+
+async def _team_day(hub: Hub, clock: FakeClock) -> None:
+    """One of everything a team does, on every hot path."""
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for m in ("lead", "a", "b", "counter"):
+        await hub.add_member("t", m)
+        await hub.open_session("t", m, f"{m}-s")
+
+    async def take(member: str, session: str | None = None) -> None:
+        got = await hub.receive("t", member, session=session, limit=50)
+        if got:
+            await hub.ack("t", member, [g.message.message_id for g in got])
+
+    for i in range(2):
+        # a linked exchange with a closing block, a broadcast and an unlinked send
+        await hub.report_event("t", "a", "a-s", "turn_start")
+        await hub.send("t", "a", "b", f"question {i}", sender_session="a-s")
+        await hub.report_event("t", "a", "a-s", "agent_stop", f"done {i}")
+        await take("b", "b-s")
+        await hub.report_event("t", "b", "b-s", "turn_start")
+        await hub.report_event(
+            "t", "b", "b-s", "agent_stop", f'answer {i} <message to="lead">fyi {i}</message>'
+        )
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.report_event(
+            "t", "lead", "lead-s", "agent_stop", f'<message to="*">all {i}</message>'
+        )
+        await hub.send("t", "user", "a", f"from the human {i}")
+        await hub.send("t", "lead", "b", f"no link {i}", link=False)
+        for m in ("a", "b", "lead", "counter"):
+            await take(m, f"{m}-s")
+        await take("user")
+
+    # a lease that runs out, then its redelivery
+    await hub.send("t", "lead", "a", "leased and dropped", link=False)
+    await hub.receive("t", "a", session="a-s", limit=5)
+    clock.advance(3600)
+    await hub.maintain()
+    await take("a", "a-s")
+
+    # timers: set, fire on the clock, cancel
+    await hub.set_timer("t", "a", "a-s", "anchor", 60, "back to task 3")
+    await hub.set_timer("t", "a", "a-s", "check", 60, "how is b", target="b")
+    t = await hub.set_timer("t", "b", "b-s", "wait", 600, "the answer from a", target="a")
+    clock.advance(120)
+    await hub.maintain()
+    await hub.cancel_timer("t", "b", t.timer_id)
+    await take("a", "a-s")
+
+    # a delegation and its answer
+    await hub.report_event("t", "lead", "lead-s", "turn_start")
+    await hub.delegate("t", "lead", "lead-s", "counter", "count the files", tool_use_id="tu_1")
+    await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    for s in await hub.list_sessions("t", "counter"):
+        got = await hub.receive("t", "counter", session=s.session_id, limit=5)
+        for g in got:
+            await hub.ack("t", "counter", [g.message.message_id])
+            await hub.report_event("t", "counter", s.session_id, "turn_start", g.message.text)
+            await hub.report_event("t", "counter", s.session_id, "agent_stop", "12 files")
+    await hub.maintain()
+    await take("lead", "lead-s")
+
+    await hub.terminate_session("t", "b", "b-s", "done")
+    await hub.maintain()
+    await hub.pending("t", "a")
+    await hub.compact(clock.now())  # retention, with everything old enough
+
+
+async def test_hot_paths_on_sqlite_use_indexes(tmp_path: Path, clock: FakeClock) -> None:
+    seen = _Statements()
+    db = tmp_path / "hub.db"
+    store = SqliteStore(db, on_statement=seen)
+    async with Hub(store, clock=clock, background=False, lease_seconds=30) as hub:
+        await _team_day(hub, clock)
+    assert len(seen.examples) > 30, "the workload should reach every hot path"
+    problems = _problems(db, seen.examples)
+    assert not problems, "\n".join(problems)
+    # every id the hub minted on the way is one a client may send back (an ack, a status)
+    with sqlite3.connect(db) as conn:
+        ids = [r[0] for r in conn.execute("SELECT message_id FROM messages")]
+    bad = [i for i in ids if not re.fullmatch(MESSAGE_ID_PATTERN, i)]
+    assert ids and not bad, bad
+
+
+def test_the_check_catches_a_scan(tmp_path: Path) -> None:
+    db = tmp_path / "x.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE deliveries (seq INTEGER PRIMARY KEY, state TEXT, lease_until REAL)")
+    conn.execute(
+        "CREATE TABLE links (team TEXT, link_id TEXT, a TEXT, PRIMARY KEY (team, link_id))"
+    )
+    conn.close()
+    bad = "SELECT seq FROM deliveries WHERE state = 'leased' ORDER BY lease_until"
+    team_wide = "SELECT link_id FROM links WHERE team = 't' AND a = 'x'"
+    found = _problems(db, {_normalize(bad): bad, _normalize(team_wide): team_wide})
+    assert any(p.startswith("table scan") for p in found), found
+    assert any(p.startswith("unbounded sort") for p in found), found
+    assert any(p.startswith("whole-team search") for p in found), found
+
+
+# the statements the two stores write differently, each with the index that must serve it
+PG_CHECKS = {
+    "sessions_live": "SELECT session_id FROM sessions WHERE team = 't' AND member = 'a' "
+    "AND state != 'terminated' ORDER BY created_at, session_id LIMIT 2",
+    "sessions_active": "SELECT session_id FROM sessions WHERE team = 't' AND member = 'a' "
+    "AND state = 'active' ORDER BY created_at, session_id LIMIT 2",
+    "links_open_responder": "SELECT link_id FROM links WHERE team = 't' AND initiator = 'a' "
+    "AND state = 'open' UNION ALL SELECT link_id FROM links WHERE team = 't' "
+    "AND responder = 'a' AND initiator != 'a' AND state = 'open'",
+    "jobs_session_pending": "SELECT job_id FROM jobs WHERE team = 't' AND session_id = 'a-s' "
+    "AND kind = 'checkpoint' AND state = 'pending' ORDER BY due_at, job_id",
+    "deliveries_leased": "SELECT seq FROM deliveries WHERE state = 'leased' "
+    "AND lease_until <= 1e12 ORDER BY lease_until, seq LIMIT 500",
+    "deliveries_queued": "SELECT seq FROM deliveries WHERE team = 't' AND member = 'a' "
+    "AND state = 'queued' ORDER BY seq LIMIT 64",
+    "deliveries_open": "SELECT count(*) FROM deliveries WHERE team = 't' AND member = 'a' "
+    "AND state IN ('queued', 'leased')",
+    "messages_created": "SELECT team, message_id FROM messages WHERE created_at >= 0 "
+    "AND created_at < 1e12 ORDER BY created_at LIMIT 500",
+    "jobs_finished": "DELETE FROM jobs WHERE state != 'pending' AND done_at < 1e12",
+    "jobs_kind_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'prune' "
+    "AND state = 'pending' ORDER BY due_at, job_id",
+    "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
+    "AND callee_session = 'c-s' AND state IN ('pending', 'timed_out') "
+    "ORDER BY created_at, delegation_id LIMIT 1",
+}
+
+
+def _pg_plans(url: str) -> dict[str, str]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        return {
+            index: "\n".join(row[0] for row in conn.execute(f"EXPLAIN {sql}"))  # type: ignore[arg-type]
+            for index, sql in PG_CHECKS.items()
+        }
+
+
+@pytest.mark.postgres
+async def test_hot_paths_on_postgres_use_indexes(
+    new_postgres_url: Callable[[], str], clock: FakeClock
+) -> None:
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    async with Hub(PostgresStore(url), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team_day(hub, clock)
+    plans = await asyncio.to_thread(_pg_plans, url)
+    bad = [
+        f"{index}: {plan}"
+        for index, plan in plans.items()
+        if "Seq Scan" in plan or index not in plan
+    ]
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,358 @@
+"""Members as A2A agents: the official a2a-sdk client against a real ``serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("a2a.client")
+
+from a2a.client import A2ACardResolver, Client, ClientConfig, create_client
+from a2a.client.errors import AgentCardResolutionError
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import TaskNotFoundError
+
+from tests.conftest import Server, start_server
+
+Answer = Callable[[dict[str, Any]], tuple[str, dict[str, Any]] | None]
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
+    srv = start_server(tmp_path / "home")
+    try:
+        tokens = srv.team("t", "lead", "worker")
+        tokens["other"] = srv.team("u", "other")["other"]
+        yield srv, tokens
+    finally:
+        srv.stop()
+
+
+class Worker:
+    """Plays the member's runtime over the HTTP API: takes each task message from its
+    sessions and answers it with ``agent_stop`` as ``answer`` says (None: no answer)."""
+
+    def __init__(self, url: str, token: str, answer: Answer) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+        self.answer = answer
+        self.seen: list[dict[str, Any]] = []
+
+    async def run(self) -> None:
+        while True:
+            sessions = (await self.http.get("/v1/sessions")).json()["sessions"]
+            for s in sessions:
+                if s["state"] != "idle" or not s["session_id"].startswith("a2a-"):
+                    continue
+                sid = s["session_id"]
+                r = await self.http.get("/v1/inbox", params={"session": sid, "limit": 5})
+                if r.status_code != 200:
+                    continue  # ended meanwhile (a canceled task)
+                for m in r.json()["messages"]:
+                    await self.http.post("/v1/inbox/ack", json={"message_ids": [m["message_id"]]})
+                    self.seen.append(m)
+                    reply = self.answer(m)
+                    if reply is None:
+                        continue
+                    await self.http.post(
+                        f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]}
+                    )
+                    text, data = reply
+                    await self.http.post(
+                        f"/v1/sessions/{sid}/events",
+                        json={"kind": "agent_stop", "text": text, "data": data},
+                    )
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def playing(worker: Worker) -> AsyncIterator[Worker]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await worker.http.aclose()
+
+
+@contextlib.asynccontextmanager
+async def a2a_client(
+    url: str, token: str, *, streaming: bool, binding: str = "JSONRPC"
+) -> AsyncIterator[Client]:
+    http = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    try:
+        config = ClientConfig(
+            streaming=streaming,
+            httpx_client=http,
+            supported_protocol_bindings=[binding],
+            use_client_preference=True,
+        )
+        client = await create_client(url, config)
+        yield client
+        await client.close()
+    finally:
+        await http.aclose()
+
+
+def _message(text: str, task_id: str = "") -> Message:
+    return Message(
+        role=Role.ROLE_USER,
+        message_id=f"m-{text.split()[0]}-{id(text)}",
+        task_id=task_id,
+        parts=[Part(text=text)],
+    )
+
+
+def _answers(m: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    text = m["text"]
+    if text.startswith("hold"):
+        return None
+    if text.startswith("trip"):
+        return "Which city?", {"a2a": {"state": "input-required"}}
+    if text.startswith("Paris"):
+        return "Booked: Paris", {}
+    return f"done: {text} (from {m['from']})", {}
+
+
+async def _final_task(client: Client, request: SendMessageRequest) -> Task:
+    last: Task | None = None
+    async for event in client.send_message(request):
+        if event.HasField("task"):
+            last = event.task
+    assert last is not None
+    return last
+
+
+async def test_send_stream_get_list_input_required(hub: tuple[Server, dict[str, str]]) -> None:
+    srv, tokens = hub
+    url = f"{srv.url}/a2a/t/worker"
+    async with playing(Worker(srv.url, tokens["worker"], _answers)) as worker:
+        async with a2a_client(url, tokens["lead"], streaming=False) as client:
+            async with httpx.AsyncClient(
+                headers={"Authorization": f"Bearer {tokens['lead']}"}
+            ) as http:
+                card = await A2ACardResolver(http, url).get_agent_card()
+            assert [i.protocol_binding for i in card.supported_interfaces] == [
+                "JSONRPC",
+                "HTTP+JSON",
+            ]
+            assert "bearer" in card.security_schemes
+            task = await _final_task(client, SendMessageRequest(message=_message("count files")))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            assert task.artifacts[0].parts[0].text == "done: count files (from lead)"
+            assert worker.seen[-1]["from"] == "lead"  # the sender is the token's member
+            assert worker.seen[-1]["kind"] == "delegation"
+            got = await client.get_task(GetTaskRequest(id=task.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            assert got.artifacts[0].parts[0].text == "done: count files (from lead)"
+
+            # the member asks back; the follow-up goes to the same session
+            asked = await _final_task(client, SendMessageRequest(message=_message("trip to")))
+            assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            assert asked.status.message.parts[0].text == "Which city?"
+            booked = await _final_task(
+                client, SendMessageRequest(message=_message("Paris", task_id=asked.id))
+            )
+            assert booked.id == asked.id
+            assert booked.status.state == TaskState.TASK_STATE_COMPLETED
+            assert booked.artifacts[-1].parts[0].text == "Booked: Paris"
+            listed = await client.list_tasks(ListTasksRequest())
+            assert {t.id for t in listed.tasks} == {task.id, asked.id}
+
+        async with a2a_client(url, tokens["lead"], streaming=True) as client:
+            states = []
+            texts = []
+            async for event in client.send_message(
+                SendMessageRequest(message=_message("stream this"))
+            ):
+                if event.HasField("task"):
+                    states.append(event.task.status.state)
+                elif event.HasField("status_update"):
+                    states.append(event.status_update.status.state)
+                elif event.HasField("artifact_update"):
+                    texts.append(event.artifact_update.artifact.parts[0].text)
+            assert texts == ["done: stream this (from lead)"]
+            assert states[0] == TaskState.TASK_STATE_SUBMITTED
+            assert TaskState.TASK_STATE_WORKING in states
+            assert states[-1] == TaskState.TASK_STATE_COMPLETED
+
+        # the same over HTTP+JSON, streamed
+        async with a2a_client(url, tokens["lead"], streaming=True, binding="HTTP+JSON") as client:
+            rest = await _final_task(client, SendMessageRequest(message=_message("over rest")))
+            got = await client.get_task(GetTaskRequest(id=rest.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            assert got.artifacts[0].parts[0].text == "done: over rest (from lead)"
+
+        # tasks are the caller's own: another member of the team does not see them
+        async with a2a_client(url, tokens["user"], streaming=False) as client:
+            assert list((await client.list_tasks(ListTasksRequest())).tasks) == []
+            with pytest.raises(TaskNotFoundError):
+                await client.get_task(GetTaskRequest(id=task.id))
+
+
+@pytest.mark.slow
+async def test_cancel_then_durable_after_restart(
+    hub: tuple[Server, dict[str, str]], tmp_path: Path
+) -> None:
+    srv, tokens = hub
+    url = f"{srv.url}/a2a/t/worker"
+    async with playing(Worker(srv.url, tokens["worker"], _answers)) as worker:
+        async with a2a_client(url, tokens["lead"], streaming=False) as client:
+            request = SendMessageRequest(
+                message=_message("hold on"),
+                configuration=SendMessageConfiguration(return_immediately=True),
+            )
+            pending = await _final_task(client, request)
+            assert pending.status.state in (
+                TaskState.TASK_STATE_SUBMITTED,
+                TaskState.TASK_STATE_WORKING,
+            )
+            for _ in range(200):  # the member has the task
+                if any(m["text"] == "hold on" for m in worker.seen):
+                    break
+                await asyncio.sleep(0.05)
+            canceled = await client.cancel_task(CancelTaskRequest(id=pending.id))
+            assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            done = await _final_task(client, SendMessageRequest(message=_message("keep me")))
+            # two more that are still open when the hub goes down
+            to_cancel = await _final_task(
+                client,
+                SendMessageRequest(
+                    message=_message("hold three"),
+                    configuration=SendMessageConfiguration(return_immediately=True),
+                ),
+            )
+            open_task = await _final_task(
+                client,
+                SendMessageRequest(
+                    message=_message("hold again"),
+                    configuration=SendMessageConfiguration(return_immediately=True),
+                ),
+            )
+        async with httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as w:
+            sessions = (await w.get("/v1/sessions")).json()["sessions"]
+            states = {s["session_id"]: s["state"] for s in sessions}
+            assert states[f"a2a-{pending.id}"] == "terminated"
+
+    # a restart keeps the tasks; an answer given meanwhile completes the open one
+    srv.stop()
+    again = start_server(srv.home, srv.store_url)
+    try:
+        url = f"{again.url}/a2a/t/worker"
+        async with a2a_client(url, tokens["lead"], streaming=True) as client:
+            got = await client.get_task(GetTaskRequest(id=done.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            assert got.artifacts[0].parts[0].text == "done: keep me (from lead)"
+            got = await client.get_task(GetTaskRequest(id=pending.id))
+            assert got.status.state == TaskState.TASK_STATE_CANCELED
+            canceled = await client.cancel_task(CancelTaskRequest(id=to_cancel.id))
+            assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            async with httpx.AsyncClient(
+                base_url=again.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+            ) as w:
+                sessions = (await w.get("/v1/sessions", params={"member": "worker"})).json()
+                states = {s["session_id"]: s["state"] for s in sessions["sessions"]}
+                assert states[f"a2a-{to_cancel.id}"] == "terminated"
+
+            events: list[Any] = []
+
+            async def follow() -> None:
+                async for event in client.subscribe(SubscribeToTaskRequest(id=open_task.id)):
+                    events.append(event)
+
+            follower = asyncio.create_task(follow())
+            for _ in range(200):
+                if events:
+                    break
+                await asyncio.sleep(0.05)
+            assert events, "resubscribing yields the stored task first"
+
+            def late(m: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+                return ("finally", {}) if m["text"] == "hold again" else None
+
+            sid = f"a2a-{open_task.id}"
+            async with httpx.AsyncClient(
+                base_url=again.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+            ) as w:
+                await w.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+                await w.post(
+                    f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": "finally"}
+                )
+            del late
+            await asyncio.wait_for(follower, 30)
+            last = events[-1]
+            assert last.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+            got = await client.get_task(GetTaskRequest(id=open_task.id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            assert got.artifacts[-1].parts[0].text == "finally"
+    finally:
+        again.stop()
+
+
+async def test_bad_token_and_other_teams(hub: tuple[Server, dict[str, str]]) -> None:
+    srv, tokens = hub
+    with pytest.raises(AgentCardResolutionError):
+        async with a2a_client(f"{srv.url}/a2a/t/worker", "bc_not-a-token", streaming=False):
+            pass
+    async with httpx.AsyncClient(base_url=srv.url) as http:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {"messageId": "x", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+            },
+        }
+        r = await http.post("/a2a/t/worker/", json=body)
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        r = await http.post(
+            "/a2a/t/worker/", json=body, headers={"Authorization": "Bearer bc_wrong"}
+        )
+        assert r.status_code == 401
+        lead = {"Authorization": f"Bearer {tokens['lead']}"}
+        card = "/.well-known/agent-card.json"
+        other = await http.get(f"/a2a/u/other{card}", headers=lead)
+        unknown = await http.get(f"/a2a/t/nobody{card}", headers=lead)
+        assert (other.status_code, unknown.status_code) == (404, 404)
+        assert other.json()["error"]["code"] == unknown.json()["error"]["code"] == "not_found"
+        r = await http.post("/a2a/u/other/", json=body, headers=lead)
+        assert r.status_code == 404
+        # the other team's member reaches its own teammate, not ours
+        mine = await http.get(
+            f"/a2a/u/other{card}", headers={"Authorization": f"Bearer {tokens['other']}"}
+        )
+        assert mine.status_code == 200
+    with pytest.raises(AgentCardResolutionError):
+        async with a2a_client(f"{srv.url}/a2a/u/other", tokens["lead"], streaming=False):
+            pass
+    # a member attached through hooks cannot be started in a session: said at once
+    with srv.client() as admin:
+        admin.post("/v1/teams/t/members", json={"name": "cc", "kind": "claude-code"})
+    async with a2a_client(f"{srv.url}/a2a/t/cc", tokens["lead"], streaming=False) as client:
+        task = await _final_task(client, SendMessageRequest(message=_message("hello")))
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        assert "attached through hooks" in task.status.message.parts[0].text

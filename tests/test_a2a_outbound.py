@@ -1,0 +1,283 @@
+"""Delegating to an A2A agent: a hub calls a small a2a-sdk server started by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("a2a.server.routes")
+
+import uvicorn
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import (
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Part,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from backchannel.callbacks import CallbackConfig, Service
+from backchannel.core import delegation as rules
+from backchannel.errors import InvalidRequest, UnknownService
+from backchannel.hub import Hub
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import DelegationState, MessageKind
+from tests.conftest import free_port
+
+
+class Forecaster(AgentExecutor):
+    """Answers "forecast for X" with "sunny in X", once the test releases it; "fail" fails."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.seen: list[tuple[str, str]] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id
+        assert context.context_id
+        assert context.message is not None
+        text = context.get_user_input()
+        self.seen.append((context.message.message_id, text))
+        await event_queue.enqueue_event(
+            Task(
+                id=context.task_id,
+                context_id=context.context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[context.message],
+            )
+        )
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.start_work()
+        if "slow" in text:
+            await asyncio.to_thread(self.release.wait, 30)
+        if "fail" in text:
+            msg = updater.new_agent_message([Part(text="no data for that place")])
+            await updater.failed(msg)
+            return
+        await updater.add_artifact([Part(text=f"sunny in {text.split()[-1]}")], name="forecast")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+class Recorder:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.auth: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            self.auth.append(headers.get(b"authorization", b"").decode())
+        await self.app(scope, receive, send)
+
+
+class Peer:
+    def __init__(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        card = AgentCard(
+            name="forecaster",
+            description="weather",
+            version="1.0.0",
+            supported_interfaces=[
+                AgentInterface(
+                    url=f"{self.url}/", protocol_binding="JSONRPC", protocol_version="1.0"
+                ),
+            ],
+            skills=[AgentSkill(id="forecast", name="forecast", description="weather", tags=["w"])],
+            capabilities=AgentCapabilities(streaming=True),
+            default_input_modes=["text/plain"],
+            default_output_modes=["text/plain"],
+        )
+        self.agent = Forecaster()
+        handler = DefaultRequestHandler(
+            agent_executor=self.agent, task_store=InMemoryTaskStore(), agent_card=card
+        )
+        app = Starlette(
+            routes=[
+                *create_agent_card_routes(card),
+                *create_jsonrpc_routes(handler, "/"),
+                *create_rest_routes(handler),
+            ]
+        )
+        self.app = Recorder(app)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the A2A test server did not start"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.agent.release.set()
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def peer() -> Iterator[Peer]:
+    p = Peer()
+    yield p
+    p.close()
+
+
+FAST = rules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=5, timeout=5)
+
+
+async def _hub(clock: FakeClock, url: str) -> Hub:
+    cfg = CallbackConfig(
+        services={"weather": Service("weather", url, "tok-weather", "a2a")}, retry=FAST
+    )
+    hub = Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg)
+    await hub.start()
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "lead")
+    await hub.open_session("t", "lead", "lead-s")
+    return hub
+
+
+async def _until(check: Callable[[], Any], seconds: float = 20.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "timed out waiting for the condition"
+        await asyncio.sleep(0.02)
+
+
+async def _results(hub: Hub) -> list[Any]:
+    got = await hub.receive("t", "lead", session="lead-s", limit=10)
+    if got:
+        await hub.ack("t", "lead", [g.message.message_id for g in got])
+    return [g.message for g in got if g.message.kind is MessageKind.TOOL_RESULT]
+
+
+async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
+    clock = FakeClock()
+    hub = await _hub(clock, peer.url)
+    try:
+        # an answer in time is the caller's tool result
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate(
+            "t", "lead", "lead-s", "forecaster@weather", "forecast for Oslo", tool_use_id="tu_1"
+        )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()  # the outbox makes the call
+        [result] = await _until(lambda: _results(hub))
+        assert result.text == "Result of delegate(to='forecaster@weather') [tu_1]:\nsunny in Oslo"
+        assert peer.agent.seen == [(d.delegation_id, "forecast for Oslo")]
+        assert set(peer.app.auth) == {"Bearer tok-weather"}  # the registered token
+
+        # past the deadline: a synthesized error, then the late answer
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate(
+            "t",
+            "lead",
+            "lead-s",
+            "forecaster@weather",
+            "slow forecast for Rome",
+            timeout_s=30,
+            tool_use_id="tu_2",
+        )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()
+        await _until(lambda: _seen(peer, "slow forecast for Rome"))
+        clock.advance(31)
+        await hub.maintain()
+        [timeout] = await _until(lambda: _results(hub))
+        [r] = timeout.meta["results"]
+        assert (r["reason"], r["tool_use_id"]) == ("timeout", "tu_2")
+        peer.agent.release.set()
+        [late] = await _until(lambda: _results(hub))
+        assert late.meta["late"] is True
+        assert late.text.startswith("Late result of delegate(to='forecaster@weather') [tu_2]")
+        assert "sunny in Rome" in late.text
+        states = {x.tool_use_id: x.state for x in await hub.list_delegations("t")}
+        assert states == {"tu_1": DelegationState.ANSWERED, "tu_2": DelegationState.LATE}
+
+        # a failed task fails the delegation with the agent's words
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate(
+            "t", "lead", "lead-s", "forecaster@weather", "fail for Atlantis", tool_use_id="tu_3"
+        )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()
+        [failed] = await _until(lambda: _results(hub))
+        [r] = failed.meta["results"]
+        assert "failed: no data for that place" in r["error"]
+    finally:
+        await hub.close()
+
+
+async def _seen(peer: Peer, text: str) -> bool:
+    return any(t == text for _, t in peer.agent.seen)
+
+
+async def test_a2a_services_need_no_callback_secret_and_refuse_foreign_cards() -> None:
+    from backchannel.a2a_peer import _Final, check_card
+
+    card = AgentCard(
+        supported_interfaces=[AgentInterface(url="http://10.9.9.9:80/", protocol_binding="JSONRPC")]
+    )
+    with pytest.raises(_Final, match="outside the registered service"):
+        check_card(card, "http://127.0.0.1:9999")
+
+
+def test_config_yaml_declares_a2a_services(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "callbacks:\n"
+        "  weather: {type: a2a, url: 'http://127.0.0.1:9999'}\n"
+        "  ops: {type: a2a, url: 'http://127.0.0.1:8765/a2a/ops/{agent}', token: bc_x}\n"
+        "  hub-b: {url: 'http://127.0.0.1:8766'}\n"
+    )
+    cfg = CallbackConfig.load(tmp_path, env={})
+    assert cfg.secret is None  # A2A services need no callback secret
+    weather, ops = cfg.resolve("weather"), cfg.resolve("ops")
+    assert (weather.kind, weather.agent_url("forecaster")) == ("a2a", "http://127.0.0.1:9999")
+    assert (ops.kind, ops.agent_url("deployer"), ops.token) == (
+        "a2a",
+        "http://127.0.0.1:8765/a2a/ops/deployer",
+        "bc_x",
+    )
+    assert cfg.resolve("hub-b").kind == "backchannel"
+    (tmp_path / "config.yaml").write_text("callbacks:\n  x: {type: grpc, url: 'http://h'}\n")
+    with pytest.raises(InvalidRequest, match="unknown type 'grpc'; use one of backchannel, a2a"):
+        CallbackConfig.load(tmp_path, env={})
+
+
+async def test_a_hub_without_a_secret_delegates_to_an_a2a_service(peer: Peer) -> None:
+    hub = await _hub(FakeClock(), peer.url)
+    try:
+        assert hub.callbacks.secret is None
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate("t", "lead", "lead-s", "forecaster@weather", "forecast for Kyiv")
+        assert d.state is DelegationState.PENDING
+        with pytest.raises(UnknownService, match="unknown callback service 'wether'"):
+            await hub.delegate("t", "lead", "lead-s", "forecaster@wether", "forecast")
+    finally:
+        await hub.close()

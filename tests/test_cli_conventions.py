@@ -1,0 +1,184 @@
+"""The CLI's conventions and its honesty about where it goes, as a user meets them:
+real subprocesses against a real ``serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import BIN, Server
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    return subprocess.run(
+        [str(BIN), *args],
+        capture_output=True,
+        text=True,
+        env={**base, "COLUMNS": "60", **(env or {})},
+        cwd=cwd,
+        input=input,
+        timeout=60,
+    )
+
+
+def test_no_store_is_invented_in_the_current_directory(tmp_path: Path) -> None:
+    r = run("team", "create", "alpha", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "no hub found" in r.stderr
+    for way_out in ("backchannel serve", "BACKCHANNEL_URL", "BACKCHANNEL_HOME", "backchannel init"):
+        assert way_out in r.stderr
+    assert "\n" not in r.stderr.strip(), "one line, never wrapped when not a terminal"
+    assert not (tmp_path / ".backchannel").exists()
+    where = run("status", cwd=tmp_path)
+    assert where.returncode == 1
+    assert "no hub found" in where.stderr
+    # saying so creates one: init, then the same command works on that store
+    assert run("init", cwd=tmp_path).returncode == 0
+    assert (tmp_path / ".backchannel" / "backchannel.db").exists()
+    assert (tmp_path / ".backchannel").stat().st_mode & 0o077 == 0
+    assert run("team", "create", "alpha", cwd=tmp_path).returncode == 0
+    here = run("status", "--json", cwd=tmp_path)
+    info = json.loads(here.stdout)
+    assert (info["kind"], info["identity"]) == ("store", None)
+    assert info["found_by"].startswith("the store in")
+
+
+def test_status_says_which_hub_and_who(server: Server, tmp_path: Path) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    r = run("status", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"hub: {server.url}" in r.stdout
+    assert "server.json" in r.stdout
+    assert "you are: the administrator" in r.stdout
+    tok = run("team", "create", "crew", env=env).stdout.strip()
+    me = json.loads(run("status", "--json", env={**env, "BACKCHANNEL_TOKEN": tok}).stdout)
+    assert me["identity"]["name"] == "user" and me["identity"]["team"] == "crew"
+    assert me["reachable"] is True
+    verbose = run("-v", "team", "list", env=env)
+    assert f"using hub {server.url}, found by" in verbose.stderr
+    assert verbose.stdout.split() == ["crew"]
+    bad = run("status", env={**env, "BACKCHANNEL_TOKEN": "bc_nobody"})
+    assert bad.returncode == 1
+    assert "token is refused" in bad.stderr
+
+
+def test_sessions_timers_inbox_and_links_from_the_shell(server: Server) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    user = run("team", "create", "crew", env=env).stdout.strip()
+    agent = run("member", "add", "crew", "agent", env=env).stdout.strip()
+    as_user = {**env, "BACKCHANNEL_TOKEN": user}
+    as_agent = {**env, "BACKCHANNEL_TOKEN": agent}
+
+    assert json.loads(run("session", "list", "--json", env=as_user).stdout) == []
+    assert json.loads(run("links", "--json", env=as_user).stdout) == []
+    sid = run("session", "open", env=as_agent).stdout.strip()
+    assert sid
+    started = run("session", "event", sid, "turn_start", "working", env=as_agent)
+    assert started.returncode == 0, started.stderr
+    later = run(
+        "timer",
+        "set",
+        "check",
+        "30",
+        "is user there",
+        "--target",
+        "user",
+        "--session",
+        sid,
+        env=as_agent,
+    )
+    assert later.returncode == 0, later.stderr
+    timers = json.loads(run("timer", "list", "--json", env=as_agent).stdout)
+    assert [(t["session"], t["intent"]) for t in timers] == [(sid, "check")]
+    assert run("timer", "cancel", later.stdout.strip(), env=as_agent).returncode == 0
+    assert json.loads(run("timer", "list", "--json", env=as_agent).stdout) == []
+    timer = run(
+        "timer", "set", "anchor", "0.01", "back to the task", "--session", sid, env=as_agent
+    )
+    assert timer.returncode == 0, timer.stderr
+    stop = run("session", "event", sid, "agent_stop", "done for now", env=as_agent)
+    assert json.loads(stop.stdout)["state"] == "idle"
+    # the timer fires between turns, into the session: `inbox --session` reads it
+    got = json.loads(run("inbox", "--session", sid, "--wait", "20", "--json", env=as_agent).stdout)
+    timer_msgs = [m for m in got if m["kind"] == "timer"]
+    assert timer_msgs and timer_msgs[0]["text"].startswith("ANCHOR: back to the task")
+    assert timer_msgs[0]["from"] == "hub"
+    # the human, in a turn of their own, opens a link to the agent with a first send
+    mine = run("session", "open", env=as_user).stdout.strip()
+    assert run("session", "event", mine, "turn_start", env=as_user).returncode == 0
+    for text in ("over to you", "and another thing"):  # the second goes over the link
+        sent = run("send", "agent", text, env=as_user)
+        assert sent.returncode == 0, sent.stderr  # never held to the agents' anchor rule
+    found = json.loads(run("links", "--json", env=as_user).stdout)
+    assert [(x["initiator"], x["responder"], x["state"]) for x in found] == [
+        ("user", "agent", "open")
+    ]
+    ended = run("session", "terminate", sid, env=as_agent)
+    assert ended.returncode == 0, ended.stderr
+    assert "terminated" in ended.stderr
+
+
+def test_an_agent_held_by_the_anchor_rule_gets_the_cli_way_out(server: Server) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    run("team", "create", "crew", env=env)
+    a = {**env, "BACKCHANNEL_TOKEN": run("member", "add", "crew", "a", env=env).stdout.strip()}
+    run("member", "add", "crew", "b", env=env)
+    sid = run("session", "open", env=a).stdout.strip()
+    run("session", "event", sid, "turn_start", env=a)
+    assert run("send", "b", "first: opens the link", env=a).returncode == 0
+    held = run("send", "b", "second: needs an anchor", env=a)
+    assert held.returncode == 1
+    assert f"backchannel timer set anchor 10 'return to <your task>' --session {sid}" in held.stderr
+
+
+def test_conventions(server: Server) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    version = run("--version")
+    assert version.returncode == 0
+    assert version.stdout.startswith("backchannel 0.")
+    short = run("tail", "-h")
+    assert short.returncode == 0
+    assert "Team to watch [your own]." in short.stdout
+    assert "<bool>" not in short.stdout
+    usage = run("send", "--no-such-flag")
+    assert usage.returncode == 2
+    tok = run("team", "create", "crew", env=env).stdout.strip()
+    empty = run("send", "user", "  ", env={**env, "BACKCHANNEL_TOKEN": tok})
+    assert empty.returncode == 2
+    assert "empty" in empty.stderr
+    listings = [
+        ("team", "list", "--json"),
+        ("member", "list", "crew", "--json"),
+        ("inbox", "--json"),
+        ("timer", "list", "--json"),
+        ("links", "--json"),
+        ("session", "list", "--json"),
+    ]
+    for args in listings:
+        r = run(*args, env={**env, "BACKCHANNEL_TOKEN": tok} if args[0] != "team" else env)
+        assert r.returncode == 0, (args, r.stderr)
+        assert isinstance(json.loads(r.stdout), list), args
+    assert run("inbox", "--json", env={**env, "BACKCHANNEL_TOKEN": tok}).stdout.strip() == "[]"
+
+
+def test_delegation_without_a_session_says_delegation(server: Server) -> None:
+    import httpx
+
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    run("team", "create", "crew", env=env)
+    tok = run("member", "add", "crew", "lead", env=env).stdout.strip()
+    run("member", "add", "crew", "worker", env=env)
+    r = httpx.post(
+        f"{server.url}/v1/delegations",
+        json={"to": "worker", "task": "count"},
+        headers={"Authorization": f"Bearer {tok}"},
+    )
+    assert r.status_code == 422
+    message = r.json()["error"]["message"]
+    assert "delegation" in message and "timer" not in message
+    assert "backchannel session open" in message

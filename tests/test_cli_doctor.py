@@ -1,0 +1,127 @@
+"""``backchannel doctor``: a project's attachment checked end to end against a real
+``backchannel serve`` (the MCP server started for real), with what to fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, Server, start_server
+from tests.runtimes.agents import make_team
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("doctor") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _run(
+    project: Path, *args: str, token: str | None, home: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("BACKCHANNEL_TOKEN", "BACKCHANNEL_URL")}
+    env |= {
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "PATH": f"{BIN.parent}:{env['PATH']}",
+    }
+    if token:
+        env["BACKCHANNEL_TOKEN"] = token
+    return subprocess.run(
+        [str(BIN), *args], cwd=project, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def _attach(srv: Server, project: Path, runtime: str, home: Path, *extra: str) -> None:
+    project.mkdir(exist_ok=True)
+    run = _run(project, "attach", runtime, "--team", "doc", "--member", "alice", "--url", srv.url,
+               *extra, token=None, home=home)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.fixture(scope="module")
+def tokens(srv: Server) -> dict[str, str]:
+    return make_team(srv, "doc", "alice:claude-code", "bob")
+
+
+def test_a_sound_attachment_passes_every_check(
+    srv: Server, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    _attach(srv, project, "claude-code", home)
+    run = _run(project, "doctor", "claude-code", token=tokens["alice"], home=home)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for line in ("ok   hub reachable", "ok   token's member", "ok   hooks registered",
+                 "ok   MCP server lists its tools"):  # fmt: skip
+        assert line in run.stdout
+
+
+def test_another_members_token_and_no_token_fail_with_the_fix(
+    srv: Server, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    _attach(srv, project, "claude-code", home)
+    wrong = _run(project, "doctor", token=tokens["bob"], home=home)
+    assert wrong.returncode == 1
+    assert "FAIL token's member: token of doc/bob, attached as doc/alice" in wrong.stdout
+    assert "fix: export the token of doc/alice as BACKCHANNEL_TOKEN" in wrong.stdout
+    none = _run(project, "doctor", token=None, home=home)
+    assert none.returncode == 1 and "BACKCHANNEL_TOKEN is not set" in none.stdout
+
+
+def test_codex_untrusted_hooks_fail_until_granted(
+    srv: Server, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    _attach(srv, project, "codex", home)
+    before = _run(project, "doctor", "codex", token=tokens["alice"], home=home)
+    assert before.returncode == 1
+    assert "FAIL hooks trusted (Codex)" in before.stdout and "--trust-hooks" in before.stdout
+    assert "FAIL project trusted (Codex)" in before.stdout
+    _attach(srv, project, "codex", home, "--trust-hooks")
+    config = home / ".codex" / "config.toml"
+    config.write_text(
+        config.read_text() + f'\n[projects."{project.resolve()}"]\ntrust_level = "trusted"\n'
+    )
+    after = _run(project, "doctor", "codex", token=tokens["alice"], home=home)
+    assert after.returncode == 0, after.stdout
+
+
+def test_a_project_not_attached_says_how(tmp_path: Path) -> None:
+    run = _run(tmp_path, "doctor", token=None, home=tmp_path)
+    assert run.returncode == 1 and "backchannel attach" in run.stderr
+
+
+def test_a_hub_that_is_gone_fails_reachability(tokens: dict[str, str], tmp_path: Path) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    project.mkdir()
+    run = _run(project, "attach", "claude-code", "--team", "doc", "--member", "alice",
+               "--url", "http://127.0.0.1:9", token=None, home=home)  # fmt: skip
+    assert run.returncode == 0
+    gone = _run(project, "doctor", token=tokens["alice"], home=home)
+    assert gone.returncode == 1 and "FAIL hub reachable" in gone.stdout
+
+
+def test_gemini_folder_trust_is_checked(
+    srv: Server, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    _attach(srv, project, "gemini", home)
+    before = _run(project, "doctor", "gemini", token=tokens["alice"], home=home)
+    assert before.returncode == 1 and "FAIL folder trusted (Gemini)" in before.stdout
+    assert "ok   MCP server trusted (Gemini)" in before.stdout
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "trustedFolders.json").write_text(
+        f'{{"{project.resolve()}": "TRUST_FOLDER"}}'
+    )
+    after = _run(project, "doctor", "gemini", token=tokens["alice"], home=home)
+    assert after.returncode == 0, after.stdout

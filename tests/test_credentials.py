@@ -1,0 +1,196 @@
+"""Token rotation, member and team removal, and per-member quotas, on the hub."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from backchannel import Hub
+from backchannel.errors import (
+    InvalidRequest,
+    QuotaExceeded,
+    UnknownMember,
+    UnknownRecipient,
+    UnknownTeam,
+)
+from backchannel.stores.base import Store
+from backchannel.testing import FakeClock
+from backchannel.types import DeliveryState, LinkState, MessageKind
+
+
+async def _team(hub: Hub, *members: str, **settings: object) -> dict[str, str]:
+    _, user = await hub.create_team("t", settings={"anchor_policy": "off", **settings})
+    tokens = {"user": user}
+    for m in members:
+        tokens[m] = (await hub.add_member("t", m))[1]
+    return tokens
+
+
+@pytest.fixture
+async def any_hub(make_store: Callable[[], Store]) -> AsyncIterator[Hub]:
+    """A hub on each store: memory, SQLite and PostgreSQL."""
+    async with Hub(make_store(), clock=FakeClock(), background=False) as h:
+        yield h
+
+
+async def test_rotation_retires_the_old_token_at_once(any_hub: Hub) -> None:
+    hub = any_hub
+    tokens = await _team(hub, "a")
+    assert (await hub.authenticate(tokens["a"])) is not None  # now cached
+    new = await hub.rotate_token("t", "a")
+    assert new != tokens["a"]
+    assert await hub.authenticate(tokens["a"]) is None
+    me = await hub.authenticate(new)
+    assert me is not None and me.name == "a"
+    stored = await hub.get_member("t", "a")
+    assert new not in stored.token_hash and len(stored.token_hash) == 64  # only its hash
+    with pytest.raises(UnknownMember, match="unknown member 'zed'"):
+        await hub.rotate_token("t", "zed")
+    with pytest.raises(UnknownTeam):
+        await hub.rotate_token("nope", "a")
+
+
+async def test_removal_settles_everything_the_member_had(any_hub: Hub) -> None:
+    hub = any_hub
+    tokens = await _team(hub, "a", "b", "c")
+    await hub.open_session("t", "b", "b-1")
+    await hub.set_timer("t", "b", "b-1", "anchor", 600, "keep going")
+    for m in ("a", "c"):  # sends from inside a turn open links
+        await hub.open_session("t", m, f"{m}-1")
+        await hub.report_event("t", m, f"{m}-1", "turn_start", "work")
+    await hub.send("t", "a", "b", "for b, never read", message_id="m-to-b")
+    await hub.send("t", "c", "b", "also for b", message_id="m2-to-b")
+    await hub.send("t", "b", "c", "from b, still queued", message_id="m-from-b")
+    link = (await hub.list_links("t", member="a"))[0]
+    assert link.state is LinkState.OPEN
+
+    removal = await hub.remove_member("t", "b", reason="token leaked")
+    assert (removal.sessions_terminated, removal.jobs_cancelled) == (1, 1)
+    assert removal.dead_letters >= 2  # the two sends, and the hub's own notices to b
+    assert removal.links_closed >= 2  # a<->b and c<->b
+
+    assert await hub.authenticate(tokens["b"]) is None
+    status = await hub.message_status("t", "m-to-b")
+    assert status.state is DeliveryState.DEAD
+    assert "recipient 'b' was removed from team 't' (token leaked)" in (
+        status.deliveries[0].dead_reason or ""
+    )
+    # the senders are told; the peer hears its link closed; b's own send still arrives
+    for m in ("a", "c"):
+        await hub.report_event("t", m, f"{m}-1", "agent_stop", "")
+    got_a = await hub.receive("t", "a", limit=50)
+    got_a += await hub.receive("t", "a", session="a-1", limit=50)
+    texts_a = [g.message.text for g in got_a if g.message.kind is MessageKind.SYSTEM]
+    assert any("m-to-b" in t and "no longer a member" in t for t in texts_a), texts_a
+    assert any("b was removed from the team" in t for t in texts_a), texts_a
+    got_c = await hub.receive("t", "c", limit=50)
+    assert "from b, still queued" in [g.message.text for g in got_c]
+    assert any("also for b" in g.message.text or "m2-to-b" in g.message.text for g in got_c)
+    assert all(lk.state is LinkState.CLOSED for lk in await hub.list_links("t", member="b"))
+    assert await hub.list_timers("t", member="b") == []
+    with pytest.raises(UnknownRecipient):
+        await hub.send("t", "a", "b", "anyone there?")
+    with pytest.raises(InvalidRequest, match="every team keeps its 'user'"):
+        await hub.remove_member("t", "user")
+    with pytest.raises(UnknownMember):
+        await hub.remove_member("t", "b")
+
+
+async def test_team_removal_deletes_it_and_says_what_went(any_hub: Hub) -> None:
+    hub = any_hub
+    tokens = await _team(hub, "a", "b")
+    await hub.send("t", "a", "b", "pending")
+    removal = await hub.remove_team("t")
+    assert removal.dropped == 1
+    assert await hub.authenticate(tokens["a"]) is None
+    assert await hub.authenticate(tokens["user"]) is None
+    with pytest.raises(UnknownTeam):
+        await hub.get_team("t")
+    with pytest.raises(UnknownTeam):
+        await hub.remove_team("t")
+    await _team(hub, "a")  # the name is free again
+
+
+async def test_queued_messages_quota(any_hub: Hub) -> None:
+    hub = any_hub
+    await _team(hub, "a", "b", "c", max_queued=5)
+    for i in range(5):
+        await hub.send("t", "a", "b", f"m{i}", link=False)
+    with pytest.raises(QuotaExceeded) as exc:
+        await hub.send("t", "c", "b", "one too many", link=False)
+    err = exc.value
+    assert err.status == 429 and err.code == "quota_exceeded"
+    assert (err.details["limit"], err.details["count"], err.details["setting"]) == (
+        5,
+        5,
+        "max_queued",
+    )
+    assert "acked" in err.message and "'max_queued'" in err.message
+    # the way out: the recipient takes its messages, or the member's limit is raised
+    got = await hub.receive("t", "b", limit=2)
+    await hub.send("t", "c", "b", "fits now", link=False)
+    await hub.ack("t", "b", [g.message.message_id for g in got])
+    await hub.send("t", "c", "b", "fits too", link=False)
+    with pytest.raises(QuotaExceeded):
+        await hub.send("t", "c", "b", "full again", link=False)
+    await hub.update_member("t", "b", settings={"max_queued": 50})
+    await hub.send("t", "c", "b", "raised", link=False)
+    await hub.update_member("t", "b", settings={"max_queued": 1})
+    with pytest.raises(QuotaExceeded):  # a broadcast is refused when any inbox is full
+        await hub.send("t", "a", "*", "to all", link=False)
+
+
+async def test_pending_timers_quota(hub: Hub) -> None:
+    await _team(hub, "a", "b", max_timers=3)
+    await hub.open_session("t", "a", "a-1")
+    await hub.open_session("t", "b", "b-1")
+    timers = [await hub.set_timer("t", "a", "a-1", "anchor", 60 + i, f"n{i}") for i in range(3)]
+    with pytest.raises(QuotaExceeded, match="already has 3 pending timers") as exc:
+        await hub.set_timer("t", "a", "a-1", "anchor", 90, "one more")
+    assert "cancel_timer" in exc.value.message and exc.value.details["setting"] == "max_timers"
+    await hub.set_timer("t", "b", "b-1", "anchor", 60, "b's own quota")
+    await hub.cancel_timer("t", "a", timers[0].timer_id)
+    await hub.set_timer("t", "a", "a-1", "anchor", 90, "fits after a cancel")
+
+
+async def test_closing_blocks_respect_the_inbox_quota(hub: Hub) -> None:
+    await _team(hub, "a", "b", max_queued=1)
+    await hub.send("t", "user", "b", "fills b's inbox", link=False)
+    await hub.open_session("t", "a", "a-1")
+    await hub.report_event("t", "a", "a-1", "turn_start", "go")
+    stop = await hub.report_event(
+        "t", "a", "a-1", "agent_stop", 'done <message to="b">one more for b</message>'
+    )
+    assert stop["sent"] == [] and stop["state"] == "idle"
+    got = await hub.receive("t", "a", session="a-1", limit=10)
+    [notice] = [g.message.text for g in got if g.message.kind is MessageKind.SYSTEM]
+    assert "block was not delivered" in notice and "'max_queued'" in notice
+    assert [g.message.text for g in await hub.receive("t", "b", limit=10)] == ["fills b's inbox"]
+
+
+async def test_delegated_tasks_respect_the_inbox_quota(hub: Hub) -> None:
+    await _team(hub, "a", "b", max_queued=1)
+    await hub.send("t", "user", "b", "fills b's inbox", link=False)
+    await hub.open_session("t", "a", "a-1")
+    await hub.report_event("t", "a", "a-1", "turn_start", "go")
+    with pytest.raises(QuotaExceeded, match="'b' has 1 messages waiting"):
+        await hub.delegate("t", "a", "a-1", "b", "count the files", tool_use_id="tu1")
+
+
+async def test_a_client_in_this_process_loses_a_rotated_token(hub: Hub) -> None:
+    from backchannel.client import attach
+    from backchannel.errors import Unauthorized
+
+    tokens = await _team(hub, "a", "b")
+    client = attach(hub, tokens["a"])
+    await client.start()
+    await client.send("b", "before")
+    await hub.rotate_token("t", "a")
+    with pytest.raises(Unauthorized, match="rotated or its member removed"):
+        await client.send("b", "after")
+    other = attach(hub, tokens["b"])
+    await other.start()
+    await hub.remove_member("t", "b")
+    with pytest.raises(Unauthorized):
+        await other.receive()

@@ -1,0 +1,112 @@
+"""Token rotation, member and team removal and quotas over a real socket against
+`backchannel serve`, and the same through the `backchannel` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.test_cli import run
+
+
+def test_rotate_remove_and_quotas_over_http(server: Server) -> None:
+    tokens = server.team("crew", "lead", "worker")
+    with server.client(tokens["lead"]) as lead:
+        r = lead.post("/v1/teams/crew/members/worker/token")
+        assert r.status_code == 403  # members cannot rotate tokens
+        assert lead.post("/v1/messages", json={"to": "worker", "text": "job 1"}).status_code == 201
+    with server.client() as admin:
+        r = admin.post("/v1/teams/crew/members/worker/token")
+        assert r.status_code == 200, r.text
+        new = r.json()["token"]
+        assert admin.post("/v1/teams/crew/members/ghost/token").status_code == 404
+    with server.client(tokens["worker"]) as old:
+        r = old.get("/v1/inbox")
+        assert r.status_code == 401  # at once: no grace from the token cache
+    with server.client(new) as worker:
+        assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["job 1"]
+
+    with server.client(tokens["lead"]) as lead:
+        mid = lead.post("/v1/messages", json={"to": "worker", "text": "job 2"}).json()["message_id"]
+    with server.client() as admin:
+        r = admin.delete("/v1/teams/crew/members/worker", params={"reason": "retired"})
+        assert r.status_code == 200, r.text
+        assert r.json()["dead_letters"] == 2  # job 2 queued, job 1 leased and not acked
+        assert admin.delete("/v1/teams/crew/members/worker").status_code == 404
+        assert admin.delete("/v1/teams/crew/members/user").status_code == 422
+    with server.client(new) as worker:
+        assert worker.get("/v1/inbox").status_code == 401
+    with server.client(tokens["lead"]) as lead:
+        status = lead.get(f"/v1/messages/{mid}").json()
+        assert status["status"] == "dead"
+        assert "was removed from team 'crew' (retired)" in status["deliveries"][0]["dead_reason"]
+        notices = lead.get("/v1/inbox", params={"limit": 10}).json()["messages"]
+        assert any(n["kind"] == "system" and mid in n["text"] for n in notices)
+        r = lead.post("/v1/messages", json={"to": "worker", "text": "still there?"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_recipient"
+
+    # quotas answer 429 with the limit, the count and the setting to raise
+    with server.client() as admin:
+        r = admin.post("/v1/teams", json={"name": "q", "settings": {"max_queued": 2}})
+        user = r.json()["user_token"]
+        admin.post("/v1/teams/q/members", json={"name": "slow"})
+    with server.client(user) as u:
+        for i in range(2):
+            assert u.post("/v1/messages", json={"to": "slow", "text": f"{i}"}).status_code == 201
+        r = u.post("/v1/messages", json={"to": "slow", "text": "over"})
+        assert r.status_code == 429, r.text
+        error = r.json()["error"]
+        assert error["code"] == "quota_exceeded"
+        assert (error["limit"], error["count"], error["setting"]) == (2, 2, "max_queued")
+
+    with server.client() as admin:
+        r = admin.delete("/v1/teams/q")
+        assert r.status_code == 200 and r.json()["dropped"] == 2
+        assert admin.delete("/v1/teams/q").status_code == 404
+    with server.client(user) as u:
+        assert u.get("/v1/inbox").status_code == 401
+
+
+@pytest.mark.slow
+def test_the_command_rotates_and_removes(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "home")
+    try:
+        env = {"BACKCHANNEL_HOME": str(srv.home)}
+        tokens = srv.team("ops", "a", "b")
+        rotated = run("member", "rotate-token", "ops", "b", env=env)
+        assert rotated.returncode == 0, rotated.stderr
+        new = rotated.stdout.strip()
+        assert new.startswith("bc_") and new != tokens["b"]
+        assert (
+            httpx.get(f"{srv.url}/v1/me", headers={"Authorization": f"Bearer {new}"}).json()["name"]
+            == "b"
+        )
+        removed = run("member", "remove", "ops", "b", "--reason", "gone", env=env)
+        assert removed.returncode == 0, removed.stderr
+        assert json.loads(removed.stdout)["name"] == "b"
+        again = run("member", "remove", "ops", "b", env=env)
+        assert again.returncode == 1 and "unknown member 'b'" in again.stderr
+        refused = run("team", "remove", "ops", env=env)
+        assert refused.returncode == 1 and "--yes" in refused.stderr
+        gone = run("team", "remove", "ops", "--yes", env=env)
+        assert gone.returncode == 0, gone.stderr
+        assert "ops" not in run("team", "list", env=env).stdout.split()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_the_command_works_on_the_data_directory(tmp_path: Path) -> None:
+    env = {"BACKCHANNEL_HOME": str(tmp_path / "home")}
+    assert run("init", env=env).returncode == 0
+    assert run("team", "create", "solo", env=env).returncode == 0
+    assert run("member", "add", "solo", "a", env=env).returncode == 0
+    r = run("member", "rotate-token", "solo", "a", env=env)
+    assert r.returncode == 0 and r.stdout.strip().startswith("bc_"), r.stderr
+    r = run("member", "remove", "solo", "a", env=env)
+    assert r.returncode == 0, r.stderr
+    assert run("team", "remove", "solo", "--yes", env=env).returncode == 0

@@ -1,0 +1,85 @@
+"""The data directory and everything the hub writes in it are private to its user."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
+from tests.conftest import Server, start_server
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _hub_files(home: Path) -> dict[str, int]:
+    names = ["backchannel.db", "backchannel.db-wal", "backchannel.db-shm"]
+    return {n: _mode(home / n) for n in [*names, "admin.token", "server.json"]}
+
+
+def _send_one(srv: Server) -> None:
+    tokens = srv.team("alpha", "lead", "worker")
+    with srv.client(tokens["lead"]) as c:
+        r = c.post("/v1/messages", json={"to": "worker", "text": "private words"})
+        assert r.status_code == 201, r.text
+
+
+def test_a_new_data_directory_is_0700_and_its_files_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the usual umask, which would give 0755 and 0644
+    try:
+        home = tmp_path / "new" / "home"
+        srv = start_server(home)
+    finally:
+        os.umask(old)
+    try:
+        _send_one(srv)
+        assert _mode(home) == 0o700
+        assert _hub_files(home) == dict.fromkeys(_hub_files(home), 0o600)
+    finally:
+        srv.stop()
+
+
+def test_a_world_readable_data_directory_is_narrowed_on_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    db = home / "backchannel.db"
+    conn = sqlite3.connect(db)  # a database left by an older version, 0644 with its WAL
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE leftover (x)")
+    conn.execute("INSERT INTO leftover VALUES (1)")
+    for path in (home / "admin.token", *home.glob("backchannel.db*")):
+        if not path.exists():
+            path.write_text("bca_old-token\n")
+        path.chmod(0o644)
+    assert {_mode(p) for p in home.glob("backchannel.db*")} == {0o644}
+    conn.close()
+    srv = start_server(home)
+    try:
+        _send_one(srv)
+        assert _mode(home) == 0o700
+        assert _hub_files(home) == dict.fromkeys(_hub_files(home), 0o600)
+        assert srv.admin_token == "bca_old-token"
+    finally:
+        srv.stop()
+
+
+async def test_the_sqlite_store_creates_its_files_private_in_a_new_directory(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0o022)
+    try:
+        store = SqliteStore(tmp_path / "made" / "hub.db")
+        async with Hub(store, background=False) as hub:
+            await hub.create_team("t")
+            await hub.add_member("t", "a")
+            assert _mode(tmp_path / "made") == 0o700
+            files = sorted(p.name for p in (tmp_path / "made").iterdir())
+            assert files == ["hub.db", "hub.db-shm", "hub.db-wal"]
+            assert {_mode(tmp_path / "made" / f) for f in files} == {0o600}
+    finally:
+        os.umask(old)

@@ -1,0 +1,127 @@
+"""The README's "Run a hub yourself" walkthrough, run verbatim: the first terminal's
+block as a real ``serve``, the second terminal's block as a bash script in the same
+directory. Once with the development install, once from a wheel built and installed by
+``make install`` into a clean virtual environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def walkthrough() -> tuple[str, str]:
+    """The shell blocks after "In a first terminal" and "In a second terminal"."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Run a hub yourself") :]
+    blocks = []
+    for lead in ("In a first terminal", "In a second terminal"):
+        rest = section[section.index(lead) :]
+        m = re.search(r"```sh\n(.*?)```", rest, re.S)
+        assert m is not None, f"no sh block after {lead!r}"
+        blocks.append(m.group(1))
+    return blocks[0], blocks[1]
+
+
+def run_walkthrough(bin_dir: Path, cwd: Path) -> str:
+    first, second = walkthrough()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    assert first.strip() == "backchannel serve"
+    # the default port may be taken on a shared machine: the same command on a free port
+    log = open(cwd / "serve.log", "wb")  # noqa: SIM115 (closed below)
+    serve = subprocess.Popen(
+        ["bash", "-c", first.strip() + " --port 0"],
+        cwd=cwd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        info = cwd / ".backchannel" / "server.json"
+        deadline = time.monotonic() + 60
+        while not info.exists():
+            assert serve.poll() is None, (cwd / "serve.log").read_text()
+            assert time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.05)
+        script = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", second],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert script.stdout is not None
+        fd = script.stdout.fileno()
+        seen = b""
+        deadline = time.monotonic() + 90
+        try:
+            # the last command, `tail`, runs until stopped: read until it shows the ack
+            # (raw reads: a buffered reader could hold lines that select() cannot see)
+            while not re.search(rb"acked\s+user -> worker-1", seen):
+                assert script.poll() is None, seen.decode()
+                assert time.monotonic() < deadline, seen.decode()
+                ready, _, _ = select.select([fd], [], [], 1.0)
+                if ready:
+                    seen += os.read(fd, 65536)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGINT)
+            script.wait(15)
+            script.stdout.close()
+        return seen.decode()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(20)
+        log.close()
+
+
+def test_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    out = run_walkthrough(Path(sys.executable).parent, tmp_path)
+    assert "hub: http://127.0.0.1:" in out  # status
+    assert "worker-1 (direct): count the lines in src/" not in out  # inbox shows sender
+    assert "user (direct): count the lines in src/" in out
+    assert "error" not in out.lower()
+
+
+@pytest.mark.slow
+def test_wheel_builds_installs_and_serves(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    quiet = {"capture_output": True, "text": True, "timeout": 600}
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        **quiet,  # type: ignore[call-overload]
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = dist.glob("backchannel-*.whl")
+    # `make install` (the README's step) from that wheel, into places of the test's own
+    venv, bin_dir = tmp_path / "venv", tmp_path / "bin"
+    installed = subprocess.run(
+        ["make", "install", f"PACKAGE={wheel}", f"INSTALL_DIR={venv}", f"BIN_DIR={bin_dir}"],
+        cwd=ROOT,
+        **quiet,  # type: ignore[call-overload]
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert f"{bin_dir} is not on your PATH" in installed.stderr
+    assert (bin_dir / "backchannel").resolve() == (venv / "bin" / "backchannel").resolve()
+    version = subprocess.run(
+        [str(bin_dir / "backchannel"), "--version"], capture_output=True, text=True
+    )
+    assert version.stdout.startswith("backchannel ")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = run_walkthrough(bin_dir, work)
+    assert "user (direct): count the lines in src/" in out

@@ -1,0 +1,78 @@
+"""Retention: maintenance removes acked and dead messages past their age, never a message
+someone is still waiting for, so a year of traffic does not pile up in the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backchannel.errors import InvalidRequest, UnknownMessage
+from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import FakeClock, MemoryStore
+
+HOUR = 3600.0
+
+
+async def _team(hub: Hub) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for m in ("a", "b"):
+        await hub.add_member("t", m)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_old_acked_messages_go_and_waiting_ones_stay(
+    kind: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        old = [(await hub.send("t", "a", "b", f"old {i}")).message_id for i in range(3)]
+        got = await hub.receive("t", "b", limit=2)
+        await hub.ack("t", "b", [g.message.message_id for g in got])
+        clock.advance(HOUR / 2)
+        await hub.maintain()
+        for mid in old:  # not old enough yet
+            await hub.message_status("t", mid)
+
+        clock.advance(HOUR)
+        recent = (await hub.send("t", "a", "b", "recent")).message_id
+        await hub.maintain()
+        for mid in old[:2]:
+            with pytest.raises(UnknownMessage):
+                await hub.message_status("t", mid)
+        # the third was never received: it is kept however old, and still delivered
+        assert (await hub.message_status("t", old[2])).state.value == "queued"
+        got = await hub.receive("t", "b", limit=10)
+        assert [g.message.message_id for g in got] == [old[2], recent]
+
+
+async def test_retention_runs_every_few_minutes_not_every_tick(clock: FakeClock) -> None:
+    async with Hub(MemoryStore(), clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        mid = (await hub.send("t", "a", "b", "x")).message_id
+        [g] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [g.message.message_id])
+        clock.advance(HOUR - 100)
+        await hub.maintain()  # a pass runs: nothing is old enough; the next is in 300 s
+        clock.advance(150)
+        await hub.maintain()  # old enough now, but no pass is due
+        assert (await hub.message_status("t", mid)).state.value == "acked"
+        clock.advance(150)
+        await hub.maintain()  # the pass is due
+        with pytest.raises(UnknownMessage):
+            await hub.message_status("t", mid)
+
+
+async def test_keeping_everything_and_bad_settings(clock: FakeClock) -> None:
+    async with Hub(MemoryStore(), clock=clock, background=False, retention_seconds=None) as hub:
+        await _team(hub)
+        mid = (await hub.send("t", "a", "b", "kept")).message_id
+        [g] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [g.message.message_id])
+        clock.advance(400 * 86400)
+        await hub.maintain()
+        assert (await hub.message_status("t", mid)).state.value == "acked"
+    with pytest.raises(InvalidRequest, match="retention_seconds must be positive"):
+        Hub(MemoryStore(), retention_seconds=0)

@@ -1,0 +1,121 @@
+"""Sessions across processes: an exited session keeps its links, timers and ledger for
+the team's exit grace; a resume is the same session; the grace's end terminates it."""
+
+from __future__ import annotations
+
+import pytest
+
+from backchannel._sessions import DEFAULT_EXIT_GRACE_S
+from backchannel.errors import InvalidRequest, InvalidState
+from backchannel.hub import Hub
+from backchannel.testing import FakeClock
+from backchannel.types import LinkState, MessageKind, SessionState
+
+
+async def _team(hub: Hub, settings: dict[str, object] | None = None) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off", **(settings or {})})
+    for m in ("a", "b"):
+        await hub.add_member("t", m)
+        await hub.open_session("t", m, f"{m}-s")
+
+
+async def _link(hub: Hub) -> None:
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    await hub.send("t", "a", "b", "let's talk", sender_session="a-s")
+    await hub.report_event("t", "a", "a-s", "agent_stop", "")
+
+
+async def _texts(hub: Hub, member: str) -> list[str]:
+    got = await hub.receive("t", member, session=f"{member}-s", limit=100)
+    if got:
+        await hub.ack("t", member, [g.message.message_id for g in got])
+    return [g.message.text for g in got if g.message.kind is not MessageKind.SYSTEM]
+
+
+async def test_an_exit_keeps_the_link_and_a_resume_is_the_same_session(hub: Hub) -> None:
+    await _team(hub)
+    await _link(hub)
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    exited = await hub.exit_session("t", "a", "a-s", "claude-code SessionEnd")
+    assert exited.state is SessionState.EXITED
+    assert (await hub.exit_session("t", "a", "a-s")).state is SessionState.EXITED  # idempotent
+    [link] = await hub.list_links("t")
+    assert link.state is LinkState.OPEN
+
+    # the peer answers over the link while a is away: it waits in a's inbox
+    await hub.report_event("t", "b", "b-s", "turn_start")
+    await hub.report_event("t", "b", "b-s", "agent_stop", "here is my answer")
+
+    resumed = await hub.open_session("t", "a", "a-s")
+    assert (resumed.session_id, resumed.state) == ("a-s", SessionState.IDLE)
+    assert any("here is my answer" in t for t in await _texts(hub, "a"))
+    [link] = await hub.list_links("t")
+    assert link.state is LinkState.OPEN
+
+
+async def test_an_event_of_the_same_runtime_session_resumes_it(hub: Hub) -> None:
+    await _team(hub)
+    await hub.exit_session("t", "a", "a-s")
+    await hub.report_event("t", "a", "a-s", "turn_start", "again")
+    assert (await hub.get_session("t", "a-s")).state is SessionState.ACTIVE
+
+
+async def test_the_grace_ends_the_session_and_closes_its_links(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub, {"exit_grace_seconds": 600})
+    await _link(hub)
+    await hub.exit_session("t", "a", "a-s")
+    clock.advance(599)
+    await hub.maintain()
+    assert (await hub.get_session("t", "a-s")).state is SessionState.EXITED
+    clock.advance(1)
+    await hub.maintain()
+    assert (await hub.get_session("t", "a-s")).state is SessionState.TERMINATED
+    [link] = await hub.list_links("t")
+    assert link.state is LinkState.CLOSED
+    try:
+        await hub.open_session("t", "a", "a-s")
+    except InvalidState:
+        pass
+    else:
+        raise AssertionError("a terminated session cannot be resumed")
+
+
+async def test_a_resume_within_the_grace_cancels_its_end(hub: Hub, clock: FakeClock) -> None:
+    await _team(hub)
+    await _link(hub)
+    await hub.exit_session("t", "a", "a-s")
+    clock.advance(DEFAULT_EXIT_GRACE_S / 2)
+    await hub.open_session("t", "a", "a-s")
+    clock.advance(DEFAULT_EXIT_GRACE_S)
+    await hub.maintain()
+    assert (await hub.get_session("t", "a-s")).state is SessionState.IDLE
+    [link] = await hub.list_links("t")
+    assert link.state is LinkState.OPEN
+
+
+async def test_a_timer_due_while_exited_is_handed_over_on_resume(
+    hub: Hub, clock: FakeClock
+) -> None:
+    await _team(hub)
+    await hub.set_timer("t", "a", "a-s", "anchor", 60, "check the build")
+    await hub.exit_session("t", "a", "a-s")
+    clock.advance(61)
+    await hub.maintain()
+    await hub.open_session("t", "a", "a-s")
+    assert any("check the build" in t for t in await _texts(hub, "a"))
+
+
+async def test_an_explicit_terminate_ends_an_exited_session(hub: Hub) -> None:
+    await _team(hub)
+    await _link(hub)
+    await hub.exit_session("t", "a", "a-s")
+    await hub.terminate_session("t", "a", "a-s", "done")
+    assert (await hub.get_session("t", "a-s")).state is SessionState.TERMINATED
+    [link] = await hub.list_links("t")
+    assert link.state is LinkState.CLOSED
+
+
+@pytest.mark.parametrize("bad", [-1, "soon", True, 10**9])
+async def test_a_bad_exit_grace_is_refused_with_its_range(hub: Hub, bad: object) -> None:
+    with pytest.raises(InvalidRequest, match=r"exit_grace_seconds .*30 days"):
+        await hub.create_team("t", settings={"exit_grace_seconds": bad})
