@@ -98,3 +98,16 @@ async def test_a_generated_client_has_typed_models_for_every_v1_answer(tmp_path:
         for field, info in fields.items():
             assert info.annotation is not Any, (op, name, field)
             assert str(info.annotation) != "dict[str, Any]", (op, name, field)
+
+
+async def test_every_error_status_points_at_the_error_model() -> None:
+    doc = await _served_document()
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            for status, response in op["responses"].items():
+                if status.startswith("2") or not path.startswith("/v1/"):
+                    continue
+                schema = response["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (method, path)
+    send = doc["paths"]["/v1/messages"]["post"]["responses"]
+    assert {"401", "403", "404", "409", "413", "422", "429", "503"} <= set(send)
