@@ -14,7 +14,9 @@ import hashlib
 import itertools
 import logging
 import secrets
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
@@ -243,15 +245,25 @@ async def _wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
             w.cancel()
 
 
+_storing = threading.local()  # the set a transaction function records recipients in
+
+
 class _Waiters:
-    """Wake-ups for receivers blocked on an empty inbox; keyed by (team, member).
+    """Wake-ups for receivers blocked on an empty inbox; keyed by (team, member), and
+    (team, None) for those watching the team's traffic (feed, events, tasks).
 
     A waiter takes the current event *before* it looks at the store, so a message
-    committed between its look and its wait still wakes it.
+    committed between its look and its wait still wakes it. A receiver is woken only
+    for its own member: a change that can store messages for members it does not name
+    runs its transaction function through :meth:`recording`, which collects every
+    member a message was stored for (:meth:`stored_for`, called where messages are
+    inserted), and wakes those after the commit (:meth:`notify_members`). ``woken``
+    counts, per key, the wake-ups that found someone waiting.
     """
 
     def __init__(self) -> None:
         self._events: dict[tuple[str | None, str | None], asyncio.Event] = {}
+        self.woken: Counter[tuple[str | None, str | None]] = Counter()
 
     def event(self, team: str | None, member: str | None) -> asyncio.Event:
         ev = self._events.get((team, member))
@@ -259,13 +271,26 @@ class _Waiters:
             ev = self._events[(team, member)] = asyncio.Event()
         return ev
 
-    def notify_watchers(self, team: str) -> None:
-        """Wake those watching the team's traffic, not its receivers."""
-        ev = self._events.pop((team, None), None)
+    def _set(self, key: tuple[str | None, str | None]) -> None:
+        ev = self._events.pop(key, None)
         if ev is not None:
+            self.woken[key] += 1
             ev.set()
 
+    def notify_watchers(self, team: str) -> None:
+        """Wake those watching the team's traffic, not its receivers."""
+        self._set((team, None))
+
+    def notify_members(self, team: str, members: Iterable[str]) -> None:
+        """Wake the receivers of ``members`` and the team's watchers."""
+        for member in set(members):
+            self._set((team, member))
+        self._set((team, None))
+
     def notify(self, team: str | None, member: str | None) -> None:
+        """Wake ``member``'s receivers and the team's watchers; with ``member`` None,
+        every waiter of the team (a team removed, a change another process made that
+        does not say whose), with ``team`` None every waiter."""
         if team is None:
             keys = list(self._events)
         else:
@@ -275,9 +300,29 @@ class _Waiters:
                 else [k for k in self._events if k[0] == team]
             )
         for key in keys:
-            ev = self._events.pop(key, None)
-            if ev is not None:
-                ev.set()
+            self._set(key)
+
+    @staticmethod
+    def recording(fn: Callable[[Tx], T], into: set[str]) -> Callable[[Tx], T]:
+        """``fn``, adding to ``into`` the member of every message stored while it runs
+        (in whichever thread the store runs it; a rerun after a failed commit only adds)."""
+
+        def run(tx: Tx) -> T:
+            outer = getattr(_storing, "into", None)
+            _storing.into = into
+            try:
+                return fn(tx)
+            finally:
+                _storing.into = outer
+
+        return run
+
+    @staticmethod
+    def stored_for(recipients: Iterable[Recipient]) -> None:
+        """A message was stored for ``recipients`` in the running transaction function."""
+        into: set[str] | None = getattr(_storing, "into", None)
+        if into is not None:
+            into.update(r.member for r in recipients)
 
 
 @dataclass
@@ -680,6 +725,7 @@ class HubBase:
             message = self._stamp(tx, message, recipients)
             self._before_insert(tx, message, recipients, options or _NO_LINK)
             tx.insert_message(message, recipients)
+            _Waiters.stored_for(recipients)
             self._after_insert(tx, message, recipients, options or _NO_LINK)
         finally:
             self._send_memo.pop(message.message_id, None)
@@ -1117,7 +1163,9 @@ class HubBase:
             meta=notice.meta,
         )
         if tx.get_message(d.team, system.message_id) is None:
-            tx.insert_message(system, [Recipient(notice.to)])
+            to = [Recipient(notice.to)]
+            tx.insert_message(system, to)
+            _Waiters.stored_for(to)
         return notice.to
 
     async def _maintenance_loop(self) -> None:

@@ -357,6 +357,7 @@ class BudgetMixin(DelegationMixin):
                     )  # fmt: skip
             return out
 
-        out = await self.store.transact(fn)
-        self._waiters.notify(team, None)
+        stored: set[str] = set()
+        out = await self.store.transact(self._waiters.recording(fn, stored))
+        self._waiters.notify_members(team, stored)
         return out

@@ -137,13 +137,12 @@ class InboxMixin(HubBase):
                 frozenset({owner} if made else ()),
             )
 
-        result = await self.store.transact(fn)
+        stored: set[str] = set()
+        result = await self.store.transact(self._waiters.recording(fn, stored))
         for eid, why in result.refused:
             log.warning("inbox %s: entry %s was not taken in: %s", inbox, eid, why)
         if result.messages or result.protocol:
-            for member in result.recipients:
-                self._waiters.notify(team, member)
-            self._waiters.notify(team, None)
+            self._waiters.notify_members(team, {*result.recipients, *stored})
         return result
 
     def _take_chat(

@@ -191,14 +191,15 @@ class OutboxMixin(TimersMixin):
             outcome.value,
             detail,
         )
+        stored: set[str] = set()
         try:
-            await self.store.transact(fn)
+            await self.store.transact(self._waiters.recording(fn, stored))
         except Exception:
             log.exception(
                 "could not record the outcome of POST job %s; it will be retried", job.job_id
             )
         self._flush_due()
-        self._waiters.notify(job.team, None)
+        self._waiters.notify_members(job.team, stored)
 
     def _outbox_done(self, tx: Tx, job: Job, now: float) -> None:
         """Hook: a POST was accepted (2xx). Runs in the recording transaction."""

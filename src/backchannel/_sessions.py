@@ -208,9 +208,10 @@ class SessionsMixin(HubBase):
             self._scheduled.append(due)
             return gone
 
-        session = await self.store.transact(fn)
+        stored = {member}  # its session's inbox may be open to receivers now
+        session = await self.store.transact(self._waiters.recording(fn, stored))
         self._flush_due()
-        self._waiters.notify(team, None)
+        self._waiters.notify_members(team, stored)
         return session
 
     def _fire_exit(self, tx: Tx, job: Job, now: float) -> Iterable[tuple[str, str]]:
@@ -275,9 +276,10 @@ class SessionsMixin(HubBase):
             self._on_terminate(tx, done, reason)
             return done
 
-        session = await self.store.transact(fn)
+        stored = {member}  # its session's inbox may be open to receivers now
+        session = await self.store.transact(self._waiters.recording(fn, stored))
         self._flush_due()
-        self._waiters.notify(team, None)
+        self._waiters.notify_members(team, stored)
         return session
 
     def _on_terminate(self, tx: Tx, session: Session, reason: str) -> None:
@@ -343,13 +345,14 @@ class SessionsMixin(HubBase):
             eid = self._event(tx, s, kind, text, data)
             return {"event_id": eid, "session": s.session_id, "turn": s.turn}
 
-        result = await self.store.transact(fn)
+        stored: set[str] = set()
+        result = await self.store.transact(self._waiters.recording(fn, stored))
         self._flush_due()
         if kind is EventKind.AGENT_STOP:
             woken.add((team, member))
         for t, m in woken:
             self._waiters.notify(t, m)
-        self._waiters.notify(team, None)
+        self._waiters.notify_members(team, stored)
         return result
 
     def _turn_start(
