@@ -1,5 +1,5 @@
 """The PostgreSQL schema as numbered migrations, and the mapping between rows and the
-values of :mod:`backchannel.types` (used by :mod:`backchannel.stores.postgres_tx`).
+values of :mod:`backchannel.types` (used by :mod:`backchannel.stores.postgres.tx`).
 
 The schema mirrors the SQLite one. Team-owned tables are keyed by ``team`` first, since
 every query about them is scoped to one team, which is also what a sharded deployment
@@ -11,11 +11,14 @@ released migration is never edited, only followed by a new one. JSON values are
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
+from backchannel.errors import StoreError
 from backchannel.stores.base import SCHEMA_VERSION
 from backchannel.types import (
     Delegation,
@@ -36,7 +39,10 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["MIGRATIONS"]
+__all__ = ["MIGRATIONS", "migrate"]
+
+log = logging.getLogger("backchannel.stores.postgres")
+_MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
 
 MIGRATIONS: list[str] = [
     # 1: the messaging core (mirrors the SQLite schema; every key starts with team)
@@ -301,6 +307,35 @@ MIGRATIONS: list[str] = [
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def migrate(conn: psycopg.Connection[Any], url: str) -> None:
+    """Bring the database to :data:`SCHEMA_VERSION` in one transaction, under an advisory
+    lock so that hubs starting together migrate once; ``url`` (masked) names it in errors."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        current = int(row[0]) if row and row[0] is not None else 0
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"the PostgreSQL database {url} has schema version {current}, but "
+                f"this backchannel supports up to version {SCHEMA_VERSION} (it does not "
+                f"know migration {current}, applied by a newer backchannel): upgrade "
+                f"backchannel on this host to a release that includes migration {current}, "
+                "the version the other hubs run (or point it at another database)",
+                store=url,
+                database_version=current,
+                supported_version=SCHEMA_VERSION,
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            log.info("migrating %s to schema version %d", url, version)
+            conn.execute(MIGRATIONS[version - 1].encode())
+            conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+
 
 # -- row mapping: column lists and row <-> value converters -----------------------------
 

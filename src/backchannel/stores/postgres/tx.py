@@ -1,7 +1,7 @@
 """The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: :class:`PgTx`,
 the :class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
-:mod:`backchannel.stores.postgres` for the guarantees and
-:mod:`backchannel.stores.postgres_schema` for the tables."""
+:mod:`backchannel.stores.postgres.store` for the guarantees and
+:mod:`backchannel.stores.postgres.schema` for the tables."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, 
 from backchannel.stores.base import SessionFilter
 from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
 from backchannel.stores.lifecycle import LifecycleSql
-from backchannel.stores.postgres_schema import (  # the row mapping
+from backchannel.stores.postgres.schema import (  # the row mapping
     _DEL_COLS,
     _DELIVERY_COLS,
     _JOB_COLS,
