@@ -1,7 +1,8 @@
 """The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: :class:`PgTx`,
 the :class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
 :mod:`backchannel.stores.postgres.store` for the guarantees and
-:mod:`backchannel.stores.postgres.schema` for the tables."""
+:mod:`backchannel.stores.postgres.schema` for the tables; the statements and row mappers
+it shares with SQLite are in :mod:`backchannel.stores.sql`."""
 
 from __future__ import annotations
 
@@ -12,31 +13,31 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
+from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
 from backchannel.stores.base import SessionFilter
 from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
 from backchannel.stores.lifecycle import LifecycleSql
-from backchannel.stores.postgres.schema import (  # the row mapping
-    _DEL_COLS,
-    _DELIVERY_COLS,
-    _JOB_COLS,
-    _LINK_COLS,
-    _MEMBER_COLS,
-    _MSG_COLS,
-    _SESSION_COLS,
-    _delegation,
-    _delegation_args,
-    _delivery,
-    _dump,
-    _job,
-    _link,
-    _link_args,
-    _member,
-    _message,
-    _session,
+from backchannel.stores.sql import (
+    delegations_query,
+    jobs_query,
+    links_query,
+    pg,
+    sessions_query,
 )
-from backchannel.stores.sql import OPEN_DELEGATION, links_query, pg, sessions_query
+from backchannel.stores.sql.rows import (
+    DEL_COLS,
+    DELIVERY_COLS,
+    LINK_COLS,
+    MSG_COLS,
+    SESSION_COLS,
+    delegation,
+    delegation_args,
+    delivery,
+    rows,
+)
+from backchannel.stores.sql.statements import Sql
 from backchannel.types import (
     A2ATask,
     Budget,
@@ -44,7 +45,6 @@ from backchannel.types import (
     Delivery,
     DeliveryEvent,
     DeliveryState,
-    EventKind,
     InboxEntry,
     InboxMessage,
     Job,
@@ -68,6 +68,46 @@ Cursor = psycopg.Cursor[Any]
 CHANNEL = "backchannel"
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def _load(value: Any) -> Mapping[str, Any]:
+    return value or {}
+
+
+def _load_list(value: Any) -> Sequence[Any]:
+    return value or ()
+
+
+def _dump(value: Mapping[str, Any] | None) -> Jsonb:
+    return Jsonb(dict(value) if value else {})
+
+
+# JSON travels as jsonb (psycopg hands back dicts and lists); built once, at import
+_ROWS = rows(_load, _load_list, _dump, Jsonb)
+_message = _ROWS.message
+_member = _ROWS.member
+_session = _ROWS.session
+_link = _ROWS.link
+_job = _ROWS.job
+Q = Sql(pg, job_id="job_id", event_id="event_id")
+_INSERT_LINK = Q.insert_link + " ON CONFLICT DO NOTHING RETURNING 1"
+_CLAIM_DISPATCH = Q.claim_dispatch + " RETURNING 1"
+_RELEASE_DISPATCH = Q.release_dispatch + " RETURNING 1"
+_ADD_JOB = Q.add_job + " RETURNING job_id"
+_FINISH_JOB = Q.finish_job + " RETURNING 1"
+_RESCHEDULE_JOB = Q.reschedule_job + " RETURNING 1"
+_SPEND_TOKEN = Q.spend_token + " RETURNING 1"
+_UNTIL_NONE = 2**62  # list_events with no upper bound
+_LEASE = (
+    "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
+    "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
+    "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+    "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
+    "lease_until = %s, updated_at = %s FROM picked p, messages m "
+    "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
+    "AND m.team = d.team AND m.message_id = d.message_id "
+    f"RETURNING d.seq, d.session, d.attempts, {MSG_COLS}"
+)
 
 
 def _lock_key(team: str) -> int:
@@ -248,77 +288,44 @@ class PgTx(LifecycleSql):
 
     # -- teams -------------------------------------------------------------
     def get_team(self, name: str) -> Team | None:
-        row = self._one(
-            "SELECT name, created_at, settings FROM teams WHERE name = %s", (name,), name
-        )
-        return Team(row[0], row[1], row[2] or {}) if row else None
+        row = self._one(Q.get_team, (name,), name)
+        return _ROWS.team(row) if row else None
 
     def insert_team(self, team: Team) -> None:
-        self._insert(
-            "INSERT INTO teams (name, created_at, settings) VALUES (%s, %s, %s)",
-            (team.name, team.created_at, _dump(team.settings)),
-            f"team {team.name!r}",
-            team.name,
-        )
+        self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}", team.name)
 
     def list_teams(self) -> list[Team]:
-        rows = self._all("SELECT name, created_at, settings FROM teams ORDER BY name", ())
-        return [Team(r[0], r[1], r[2] or {}) for r in rows]
+        return [_ROWS.team(r) for r in self._all(Q.list_teams, ())]
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
-        row = self._one(
-            f"SELECT {_MEMBER_COLS} FROM members WHERE team = %s AND name = %s", (team, name), team
-        )
+        row = self._one(Q.get_member, (team, name), team)
         return _member(row) if row else None
 
     def member_by_token_hash(self, token_hash: str) -> Member | None:
-        row = self._one(f"SELECT {_MEMBER_COLS} FROM members WHERE token_hash = %s", (token_hash,))
+        row = self._one(Q.member_by_token_hash, (token_hash,))
         return _member(row) if row else None
 
     def insert_member(self, member: Member) -> None:
         m = member
-        self._insert(
-            f"INSERT INTO members ({_MEMBER_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (m.team, m.name, m.kind.value, m.created_at, m.token_hash, _dump(m.delivery),
-             _dump(m.settings)),
-            f"member {m.name!r} in team {m.team!r}", m.team,
-        )  # fmt: skip
+        what = f"member {m.name!r} in team {m.team!r}"
+        self._insert(Q.insert_member, _ROWS.member_args(m), what, m.team)
 
     def update_member(self, member: Member) -> None:
         m = member
-        self._exec(
-            "UPDATE members SET delivery = %s, settings = %s WHERE team = %s AND name = %s",
-            (_dump(m.delivery), _dump(m.settings), m.team, m.name),
-            m.team,
-        )
+        args = (_dump(m.delivery), _dump(m.settings), m.team, m.name)
+        self._exec(Q.update_member, args, m.team)
 
     def list_members(self, team: str) -> list[Member]:
-        rows = self._all(
-            f"SELECT {_MEMBER_COLS} FROM members WHERE team = %s ORDER BY name", (team,), team
-        )
-        return [_member(r) for r in rows]
+        return [_member(r) for r in self._all(Q.list_members, (team,), team)]
 
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None:
-        row = self._one(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE team = %s AND session_id = %s",
-            (team, session_id),
-            team,
-        )
+        row = self._one(Q.get_session, (team, session_id), team)
         return _session(row) if row else None
 
     def put_session(self, session: Session) -> None:
-        s = session
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _SESSION_COLS.split(", ")[2:])
-        self._exec(
-            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            f"ON CONFLICT (team, session_id) DO UPDATE SET {updates}",
-            (s.team, s.session_id, s.member, s.state.value, s.created_at, s.updated_at, s.turn,
-             s.turn_started_at, s.turn_kind, s.last_output, s.last_stop_at, _dump(s.meta)),
-            s.team,
-        )  # fmt: skip
+        self._exec(Q.put_session, _ROWS.session_args(session), session.team)
 
     def list_sessions(
         self,
@@ -328,16 +335,12 @@ class PgTx(LifecycleSql):
         which: SessionFilter = "all",
         limit: int | None = None,
     ) -> list[Session]:
-        sql, args = sessions_query(_SESSION_COLS, team, member, which, limit)
+        sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
         return [_session(r) for r in self._all(pg(sql), args, team)]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
-        row = self._one(
-            f"SELECT {_MSG_COLS} FROM messages m WHERE m.team = %s AND m.message_id = %s",
-            (team, message_id),
-            team,
-        )
+        row = self._one(Q.get_message, (team, message_id), team)
         return _message(row) if row else None
 
     def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
@@ -353,9 +356,7 @@ class PgTx(LifecycleSql):
             "unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(b, s, o) ORDER BY r.o "
             "RETURNING member, seq) "
             "SELECT NULL, NULL FROM msg UNION ALL SELECT member, seq FROM dl",
-            (m.team, m.message_id, m.sender, m.sender_session, m.to, m.kind.value, m.text,
-             m.summary, m.created_at, m.fingerprint, _dump(m.meta), m.chain_id, m.hop,
-             m.created_at, m.created_at,
+            (*_ROWS.message_args(m), m.created_at, m.created_at,
              [r.member for r in recipients], [r.session for r in recipients]),
             m.team,
         )  # fmt: skip
@@ -381,14 +382,7 @@ class PgTx(LifecycleSql):
         include_unpinned: bool = True,
     ) -> list[InboxMessage]:
         rows = self._all(
-            "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
-            "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
-            "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
-            "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
-            "lease_until = %s, updated_at = %s FROM picked p, messages m "
-            "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
-            "AND m.team = d.team AND m.message_id = d.message_id "
-            f"RETURNING d.seq, d.session, d.attempts, {_MSG_COLS}",
+            _LEASE,
             (team, member, include_unpinned, session, limit, lease_until, now, team, member),
             team,
         )
@@ -424,14 +418,14 @@ class PgTx(LifecycleSql):
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         where = "state = 'leased' AND lease_until <= %s"
         return [
-            _delivery(r)
+            delivery(r)
             for r in self._claim(
-                _DELIVERY_COLS, "deliveries", where, "lease_until, seq", (now,), limit
+                DELIVERY_COLS, "deliveries", where, "lease_until, seq", (now,), limit
             )
         ]
 
     def next_lease_expiry(self) -> float | None:
-        row = self._one("SELECT min(lease_until) FROM deliveries WHERE state = 'leased'", ())
+        row = self._one(Q.next_lease_expiry, ())
         return row[0] if row else None
 
     def transition(
@@ -488,7 +482,7 @@ class PgTx(LifecycleSql):
         self, team: str, sender: str, recipient: str, since: float
     ) -> Message | None:
         row = self._one(
-            f"SELECT {_MSG_COLS} FROM messages m JOIN deliveries d ON d.team = m.team "
+            f"SELECT {MSG_COLS} FROM messages m JOIN deliveries d ON d.team = m.team "
             "AND d.message_id = m.message_id AND d.member = %s WHERE m.team = %s "
             "AND m.sender = %s AND m.created_at >= %s ORDER BY m.created_at, d.seq LIMIT 1",
             (recipient, team, sender, since),
@@ -502,42 +496,19 @@ class PgTx(LifecycleSql):
         self._event(team, event)
 
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
-        rows = self._all(
-            f"SELECT {_DELIVERY_COLS} FROM deliveries WHERE team = %s AND message_id = %s "
-            "ORDER BY member",
-            (team, message_id),
-            team,
-        )
-        return [_delivery(r) for r in rows]
+        return [delivery(r) for r in self._all(Q.deliveries, (team, message_id), team)]
 
     def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
         self._flush()
-        rows = self._all(
-            "SELECT message_id, member, at, event, detail FROM delivery_events "
-            "WHERE team = %s AND message_id = %s ORDER BY id",
-            (team, message_id),
-            team,
-        )
-        return [DeliveryEvent(*r) for r in rows]
+        return [DeliveryEvent(*r) for r in self._all(Q.history, (team, message_id), team)]
 
     def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
         self._flush()
-        rows = self._all(
-            "SELECT id, message_id, member, at, event, detail FROM delivery_events "
-            "WHERE team = %s AND id > %s ORDER BY id LIMIT %s",
-            (team, after, limit),
-            team,
-        )
+        rows = self._all(Q.feed, (team, after, limit), team)
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
     def pending_count(self, team: str, member: str) -> int:
-        row = self._one(
-            "SELECT count(*) FROM deliveries WHERE team = %s AND member = %s "
-            "AND state IN ('queued', 'leased')",
-            (team, member),
-            team,
-        )
-        return int(row[0])
+        return int(self._one(Q.pending_count, (team, member), team)[0])
 
     def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
         rows = self._all(
@@ -562,7 +533,6 @@ class PgTx(LifecycleSql):
         self._exec("DELETE FROM jobs WHERE state != 'pending' AND done_at < %s", (before,))
         return len(gone), (rows[-1][2] if len(rows) == limit else None)
 
-    # -- transcripts ---------------------------------------------------------
     # -- push delivery ownership ---------------------------------------------
     # Every statement takes the team's lock first (team=...), so a claim, a lease of the
     # member's messages and a requeue never interleave; the upsert's row lock alone
@@ -570,32 +540,14 @@ class PgTx(LifecycleSql):
     def claim_dispatch(
         self, team: str, member: str, owner: str, now: float, lease_until: float
     ) -> bool:
-        row = self._one(
-            "INSERT INTO dispatch_owners (team, member, owner, lease_until) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (team, member) DO UPDATE SET "
-            "owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until "
-            "WHERE dispatch_owners.owner = EXCLUDED.owner "
-            "OR dispatch_owners.lease_until <= %s RETURNING 1",
-            (team, member, owner, lease_until, now),
-            team,
-        )
-        return row is not None
+        args = (team, member, owner, lease_until, now)
+        return self._one(_CLAIM_DISPATCH, args, team) is not None
 
     def release_dispatch(self, team: str, member: str, owner: str) -> bool:
-        row = self._one(
-            "DELETE FROM dispatch_owners WHERE team = %s AND member = %s AND owner = %s "
-            "RETURNING 1",
-            (team, member, owner),
-            team,
-        )
-        return row is not None
+        return self._one(_RELEASE_DISPATCH, (team, member, owner), team) is not None
 
     def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
-        row = self._one(
-            "SELECT owner, lease_until FROM dispatch_owners WHERE team = %s AND member = %s",
-            (team, member),
-            team,
-        )
+        row = self._one(Q.dispatch_owner, (team, member), team)
         return (row[0], row[1]) if row else None
 
     def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
@@ -626,52 +578,24 @@ class PgTx(LifecycleSql):
     def list_events(
         self, team: str, session_id: str, after: int, until: int | None, limit: int
     ) -> list[SessionEvent]:
-        rows = self._all(
-            "SELECT team, session_id, turn, at, kind, text, data, event_id FROM session_events "
-            "WHERE team = %s AND session_id = %s AND event_id > %s "
-            "AND (%s::bigint IS NULL OR event_id <= %s) ORDER BY event_id LIMIT %s",
-            (team, session_id, after, until, until, limit),
-            team,
-        )
-        return [
-            SessionEvent(r[0], r[1], r[2], r[3], EventKind(r[4]), r[5], r[6] or {}, r[7])
-            for r in rows
-        ]
+        last = until if until is not None else _UNTIL_NONE
+        rows = self._all(Q.list_events, (team, session_id, after, last, limit), team)
+        return [_ROWS.event(r) for r in rows]
 
     # -- the per-turn ledger -------------------------------------------------
     def ledger_add(self, entry: LedgerEntry) -> None:
         e = entry
-        self._exec(
-            "INSERT INTO ledger (team, session_id, to_name, digest, message_id, at) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
-            (e.team, e.session_id, e.to, e.digest, e.message_id, e.at),
-            e.team,
-        )
+        self._exec(Q.ledger_add, (e.team, e.session_id, e.to, e.digest, e.message_id, e.at), e.team)
 
     def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
-        rows = self._all(
-            "SELECT team, session_id, to_name, digest, message_id, at FROM ledger "
-            "WHERE team = %s AND session_id = %s ORDER BY id",
-            (team, session_id),
-            team,
-        )
-        return [LedgerEntry(*r) for r in rows]
+        return [LedgerEntry(*r) for r in self._all(Q.ledger, (team, session_id), team)]
 
     def ledger_clear(self, team: str, session_id: str) -> int:
-        cur = self._exec(
-            "DELETE FROM ledger WHERE team = %s AND session_id = %s", (team, session_id), team
-        )
-        return cur.rowcount
+        return self._exec(Q.ledger_clear, (team, session_id), team).rowcount
 
     # -- links ---------------------------------------------------------------
     def insert_link(self, link: Link) -> Link:
-        row = self._one(
-            f"INSERT INTO links ({_LINK_COLS}, pair) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING RETURNING 1",
-            (*_link_args(link), link.pair),
-            link.team,
-        )
+        row = self._one(_INSERT_LINK, (*_ROWS.link_args(link), link.pair), link.team)
         if row is not None:
             return link
         existing = self.find_open_link(link.team, link.initiator, link.responder)
@@ -680,54 +604,32 @@ class PgTx(LifecycleSql):
         return existing
 
     def get_link(self, team: str, link_id: str) -> Link | None:
-        row = self._one(
-            f"SELECT {_LINK_COLS} FROM links WHERE team = %s AND link_id = %s",
-            (team, link_id),
-            team,
-        )
+        row = self._one(Q.get_link, (team, link_id), team)
         return _link(row) if row else None
 
     def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
-        row = self._one(
-            f"SELECT {_LINK_COLS} FROM links WHERE team = %s AND pair = %s AND state = 'open'",
-            (team, "|".join(sorted((member_a, member_b)))),
-            team,
-        )
+        row = self._one(Q.find_open_link, (team, "|".join(sorted((member_a, member_b)))), team)
         return _link(row) if row else None
 
     def update_link(self, link: Link) -> None:
-        self._exec(
-            "UPDATE links SET initiator = %s, initiator_session = %s, responder = %s, "
-            "responder_session = %s, budget = %s, created_at = %s, state = %s, "
-            "turns_used = %s, closed_at = %s, close_reason = %s, history = %s "
-            "WHERE team = %s AND link_id = %s",
-            (*_link_args(link)[2:], link.team, link.link_id),
-            link.team,
-        )
+        self._exec(Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team)
 
     def list_links(
         self, team: str, *, member: str | None = None, open_only: bool = False
     ) -> list[Link]:
-        sql, args = links_query(_LINK_COLS, team, member, open_only)
-        rows = self._all(pg(sql), args, team)
-        return [_link(r) for r in rows]
+        sql, args = links_query(LINK_COLS, team, member, open_only)
+        return [_link(r) for r in self._all(pg(sql), args, team)]
 
     # -- scheduled jobs ------------------------------------------------------
     def add_job(self, job: Job) -> int:
         j = job
-        row = self._one(
-            "INSERT INTO jobs (team, kind, due_at, created_at, session_id, payload, state) "
-            "VALUES (%s, %s, %s, %s, %s, %s, 'pending') RETURNING job_id",
-            (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload)),
-            j.team,
-        )
-        self._job_team[int(row[0])] = j.team
-        return int(row[0])
+        args = (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload))
+        job_id = int(self._one(_ADD_JOB, args, j.team)[0])
+        self._job_team[job_id] = j.team
+        return job_id
 
     def get_job(self, team: str, job_id: int) -> Job | None:
-        row = self._one(
-            f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s AND job_id = %s", (team, job_id), team
-        )
+        row = self._one(Q.get_job, (team, job_id), team)
         return self._jobs([row])[0] if row else None
 
     def _jobs(self, rows: Iterable[Sequence[Any]]) -> list[Job]:
@@ -737,7 +639,7 @@ class PgTx(LifecycleSql):
 
     def due_jobs(self, now: float, limit: int) -> list[Job]:
         where = "state = 'pending' AND due_at <= %s"
-        return self._jobs(self._claim(_JOB_COLS, "jobs", where, "due_at, job_id", (now,), limit))
+        return self._jobs(self._claim(Q.job_cols, "jobs", where, "due_at, job_id", (now,), limit))
 
     def next_job_due(self) -> float | None:
         row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())
@@ -754,25 +656,13 @@ class PgTx(LifecycleSql):
         team = self._team_of_job(job_id)
         if team is None:
             return False
-        row = self._one(
-            "UPDATE jobs SET state = %s, done_at = %s WHERE job_id = %s AND state = 'pending' "
-            "RETURNING 1",
-            (state.value, at, job_id),
-            team,
-        )
-        return row is not None
+        return self._one(_FINISH_JOB, (state.value, at, job_id), team) is not None
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
         team = self._team_of_job(job_id)
         if team is None:
             return False
-        row = self._one(
-            "UPDATE jobs SET due_at = %s, payload = %s WHERE job_id = %s AND state = 'pending' "
-            "RETURNING 1",
-            (due_at, _dump(payload), job_id),
-            team,
-        )
-        return row is not None
+        return self._one(_RESCHEDULE_JOB, (due_at, _dump(payload), job_id), team) is not None
 
     def list_jobs(
         self,
@@ -782,34 +672,17 @@ class PgTx(LifecycleSql):
         kind: str | None = None,
         pending_only: bool = True,
     ) -> list[Job]:
-        sql = f"SELECT {_JOB_COLS} FROM jobs WHERE team = %s"
-        args: list[Any] = [team]
-        if session_id is not None:
-            sql += " AND session_id = %s"
-            args.append(session_id)
-        if kind is not None:
-            sql += " AND kind = %s"
-            args.append(kind)
-        if pending_only:
-            sql += " AND state = 'pending'"
-        return self._jobs(self._all(sql + " ORDER BY due_at, job_id", args, team))
+        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only)
+        return self._jobs(self._all(pg(sql), args, team))
 
     # -- delegation ----------------------------------------------------------
     def insert_delegation(self, d: Delegation) -> None:
-        self._insert(
-            f"INSERT INTO delegations ({_DEL_COLS}) VALUES ({', '.join(['%s'] * 18)})",
-            _delegation_args(d),
-            f"delegation {d.delegation_id!r}",
-            d.team,
-        )
+        what = f"delegation {d.delegation_id!r}"
+        self._insert(Q.insert_delegation, delegation_args(d), what, d.team)
 
     def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
-        row = self._one(
-            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s AND delegation_id = %s",
-            (team, delegation_id),
-            team,
-        )
-        return _delegation(row) if row else None
+        row = self._one(Q.get_delegation, (team, delegation_id), team)
+        return delegation(row) if row else None
 
     def find_delegation(
         self,
@@ -819,55 +692,32 @@ class PgTx(LifecycleSql):
         tool_use_id: str | None = None,
         callee_session: str | None = None,
     ) -> Delegation | None:
-        sql = f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s"
-        if callee_session is None:
-            row = self._one(
-                sql + " AND caller_session = %s AND tool_use_id = %s",
-                (team, caller_session, tool_use_id),
-                team,
-            )
-            return _delegation(row) if row else None
-        # the oldest one still waiting for its answer, else the oldest (as SQLite)
-        sql += " AND callee_session = %s"
-        order = " ORDER BY created_at, delegation_id LIMIT 1"
-        row = self._one(sql + f" AND {OPEN_DELEGATION}" + order, (team, callee_session), team)
-        if row is None:
-            row = self._one(sql + order, (team, callee_session), team)
-        return _delegation(row) if row else None
+        if callee_session is not None:
+            row = self._one(Q.open_delegation_of_callee, (team, callee_session), team)
+            if row is None:
+                row = self._one(Q.delegation_of_callee, (team, callee_session), team)
+        else:
+            row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id), team)
+        return delegation(row) if row else None
 
     def update_delegation(self, d: Delegation) -> None:
         self._exec(
-            "UPDATE delegations SET state = %s, result = %s, error = %s, answered_at = %s, "
-            "callee_session = %s WHERE team = %s AND delegation_id = %s",
+            Q.update_delegation,
             (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
              d.delegation_id),
             d.team,
         )  # fmt: skip
 
     def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
-        cur = self._exec(
-            "DELETE FROM delegations WHERE team = %s AND COALESCE(answered_at, deadline) < %s "
-            "AND deadline < %s AND batch NOT IN "
-            "(SELECT batch FROM delegations WHERE team = %s AND state = 'pending')",
-            (team, ended_before, expired_before, team),
-            team,
-        )
-        return cur.rowcount
+        args = (team, ended_before, expired_before, team)
+        return self._exec(Q.prune_delegations, args, team).rowcount
 
     def list_delegations(
         self, team: str, *, batch: str | None = None, member: str | None = None
     ) -> list[Delegation]:
-        rows = self._all(
-            f"SELECT {_DEL_COLS} FROM delegations WHERE team = %s "
-            "AND (%s::text IS NULL OR batch = %s) "
-            "AND (%s::text IS NULL OR caller = %s OR callee = %s) "
-            "ORDER BY created_at, delegation_id",
-            (team, batch, batch, member, member, member),
-            team,
-        )
-        return [_delegation(r) for r in rows]
+        sql, args = delegations_query(DEL_COLS, team, batch, member)
+        return [delegation(r) for r in self._all(pg(sql), args, team)]
 
-    # -- one-time tokens -----------------------------------------------------
     # -- inbox files read back -----------------------------------------------
     def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
         rows = self._all(
@@ -879,21 +729,14 @@ class PgTx(LifecycleSql):
 
     def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
         for e in entries:
-            self._exec(
-                "INSERT INTO inbox_entries (team, inbox, entry_id, sender, kind, at, seen_at, "
-                "terminates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, e.terminates),
-                e.team,
-            )
+            args = (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, e.terminates)
+            self._exec(Q.inbox_record, args, e.team)
 
     def inbox_activity(self, team: str) -> list[MemberActivity]:
         return activity_rows(team, self._all(INBOX_ACTIVITY_SQL, (team, team)))
 
     def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
-        rows = self._all(
-            "SELECT entry_id FROM inbox_entries WHERE team = %s AND inbox = %s AND seen_at < %s",
-            (team, inbox, before),
-        )
+        rows = self._all(Q.inbox_seen_before, (team, inbox, before))
         drop = [r[0] for r in rows if r[0] not in keep]
         if drop:
             self._exec(
@@ -904,72 +747,39 @@ class PgTx(LifecycleSql):
             )
         return len(drop)
 
+    # -- one-time tokens -----------------------------------------------------
     def spend_token(self, jti: str, expires_at: float) -> bool:
         # not team-scoped: a concurrent spend of the same id waits for this one, then
         # finds the row and reports a replay
-        row = self._one(
-            "INSERT INTO spent_tokens (jti, expires_at) VALUES (%s, %s) "
-            "ON CONFLICT DO NOTHING RETURNING 1",
-            (jti, expires_at),
-        )
-        return row is not None
+        return self._one(_SPEND_TOKEN, (jti, expires_at)) is not None
 
     def prune_spent_tokens(self, now: float) -> int:
-        return self._exec("DELETE FROM spent_tokens WHERE expires_at <= %s", (now,)).rowcount
+        return self._exec(Q.prune_spent_tokens, (now,)).rowcount
 
     # -- conversation budgets ----------------------------------------------------
-    _BUDGET_COLS = "team, key, window_start, used, granted, last_from, stopped_at, updated_at"
-
     def get_budget(self, team: str, key: str) -> Budget | None:
-        row = self._one(
-            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = %s AND key = %s",
-            (team, key),
-            team,
-        )
+        row = self._one(Q.get_budget, (team, key), team)
         return Budget(*row) if row else None
 
     def put_budget(self, budget: Budget) -> None:
         b = budget
         self._exec(
-            f"INSERT INTO budgets ({self._BUDGET_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (team, key) DO UPDATE SET window_start = EXCLUDED.window_start, "
-            "used = EXCLUDED.used, granted = EXCLUDED.granted, last_from = EXCLUDED.last_from, "
-            "stopped_at = EXCLUDED.stopped_at, updated_at = EXCLUDED.updated_at",
+            Q.put_budget,
             (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
              b.updated_at),
             b.team,
         )  # fmt: skip
 
     def list_budgets(self, team: str) -> list[Budget]:
-        rows = self._all(
-            f"SELECT {self._BUDGET_COLS} FROM budgets WHERE team = %s ORDER BY key", (team,), team
-        )
-        return [Budget(*r) for r in rows]
+        return [Budget(*r) for r in self._all(Q.list_budgets, (team,), team)]
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:
-        self._exec(
-            "INSERT INTO a2a_tasks (team, task_id, member, owner, context_id, state, body, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (team, task_id) DO UPDATE SET member = excluded.member, "
-            "owner = excluded.owner, context_id = excluded.context_id, state = excluded.state, "
-            "body = excluded.body, updated_at = excluded.updated_at",
-            astuple(task),
-            task.team,
-        )
+        self._exec(Q.put_a2a_task, astuple(task), task.team)
 
     def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
-        row = self._one(
-            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = %s AND task_id = %s",
-            (team, task_id),
-            team,
-        )
+        row = self._one(Q.get_a2a_task, (team, task_id), team)
         return A2ATask(*row) if row else None
 
     def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
-        rows = self._all(
-            "SELECT team, task_id, member, owner, context_id, state, body, created_at, updated_at FROM a2a_tasks WHERE team = %s AND member = %s AND owner = %s "
-            "ORDER BY updated_at DESC, task_id",
-            (team, member, owner),
-            team,
-        )
-        return [A2ATask(*r) for r in rows]
+        return [A2ATask(*r) for r in self._all(Q.list_a2a_tasks, (team, member, owner), team)]
