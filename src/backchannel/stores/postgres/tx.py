@@ -17,8 +17,6 @@ from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
 from backchannel.stores.base import SessionFilter
-from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
-from backchannel.stores.lifecycle import LifecycleSql
 from backchannel.stores.sql import (
     delegations_query,
     jobs_query,
@@ -26,6 +24,8 @@ from backchannel.stores.sql import (
     pg,
     sessions_query,
 )
+from backchannel.stores.sql.inbox import activity_rows
+from backchannel.stores.sql.lifecycle import LifecycleSql
 from backchannel.stores.sql.rows import (
     DEL_COLS,
     DELIVERY_COLS,
@@ -733,7 +733,7 @@ class PgTx(LifecycleSql):
             self._exec(Q.inbox_record, args, e.team)
 
     def inbox_activity(self, team: str) -> list[MemberActivity]:
-        return activity_rows(team, self._all(INBOX_ACTIVITY_SQL, (team, team)))
+        return activity_rows(team, self._all(Q.inbox_activity, (team, team)))
 
     def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
         rows = self._all(Q.inbox_seen_before, (team, inbox, before))

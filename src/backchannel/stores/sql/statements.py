@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from backchannel.stores.sql import OPEN_DELEGATION
+from backchannel.stores.sql.inbox import INBOX_ACTIVITY_SQL
 from backchannel.stores.sql.rows import (
     A2A_COLS,
     BUDGET_COLS,
@@ -169,6 +170,7 @@ class Sql:
             "INSERT INTO inbox_entries (team, inbox, entry_id, sender, kind, at, seen_at, "
             "terminates) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
         )
+        self.inbox_activity = m(INBOX_ACTIVITY_SQL)
         self.inbox_seen_before = m(
             "SELECT entry_id FROM inbox_entries WHERE team = ? AND inbox = ? AND seen_at < ?"
         )

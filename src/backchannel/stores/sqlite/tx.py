@@ -14,14 +14,14 @@ from typing import Any
 
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import SessionFilter
-from backchannel.stores.inbox_sql import INBOX_ACTIVITY_SQL, activity_rows
-from backchannel.stores.lifecycle import LifecycleSql
 from backchannel.stores.sql import (
     delegations_query,
     jobs_query,
     links_query,
     sessions_query,
 )
+from backchannel.stores.sql.inbox import activity_rows
+from backchannel.stores.sql.lifecycle import LifecycleSql
 from backchannel.stores.sql.rows import (
     DEL_COLS,
     DELIVERY_COLS,
@@ -103,6 +103,14 @@ _LEASE = (
 _MARK_LEASED = (
     "UPDATE deliveries SET state = 'leased', attempts = attempts + 1, lease_until = ?, "
     "updated_at = ? WHERE seq = ?"
+)
+_EXPIRED_LEASES = (
+    f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
+    "ORDER BY lease_until, seq LIMIT ?"
+)
+_DUE_JOBS = (
+    f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
+    "ORDER BY due_at, id LIMIT ?"
 )
 _UNTIL_NONE = 2**62  # list_events with no upper bound
 
@@ -245,12 +253,7 @@ class SqliteTx(LifecycleSql):
         return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
-        rows = self._c.execute(
-            f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
-            "ORDER BY lease_until, seq LIMIT ?",
-            (now, limit),
-        )
-        return [delivery(r) for r in rows]
+        return [delivery(r) for r in self._c.execute(_EXPIRED_LEASES, (now, limit))]
 
     def next_lease_expiry(self) -> float | None:
         row = self._one(Q.next_lease_expiry, ())
@@ -472,12 +475,7 @@ class SqliteTx(LifecycleSql):
         return _job(row) if row else None
 
     def due_jobs(self, now: float, limit: int) -> list[Job]:
-        rows = self._c.execute(
-            f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
-            "ORDER BY due_at, id LIMIT ?",
-            (now, limit),
-        )
-        return [_job(r) for r in rows]
+        return [_job(r) for r in self._c.execute(_DUE_JOBS, (now, limit))]
 
     def next_job_due(self) -> float | None:
         row = self._one(
@@ -564,7 +562,7 @@ class SqliteTx(LifecycleSql):
         return found
 
     def inbox_activity(self, team: str) -> list[MemberActivity]:
-        rows = self._c.execute(INBOX_ACTIVITY_SQL.replace("%s", "?"), (team, team))
+        rows = self._c.execute(Q.inbox_activity, (team, team))
         return activity_rows(team, rows)
 
     def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
