@@ -78,7 +78,8 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from backchannel.errors import StoreError
 from backchannel.stores.base import Store, Tx
 from backchannel.stores.postgres.schema import MIGRATIONS, migrate
-from backchannel.stores.postgres.tx import CHANNEL, PgTx, RetryTransaction
+from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
+from backchannel.stores.postgres.tx import PgTx
 
 __all__ = ["LISTENER_NAME", "MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
 
