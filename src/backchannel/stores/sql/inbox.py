@@ -1,4 +1,5 @@
-"""The inbox read cursor's statements that SQLite and PostgreSQL share (``%s`` style)."""
+"""The inbox read cursor's activity query, shared by SQLite and PostgreSQL (``?`` style;
+:class:`~backchannel.stores.sql.statements.Sql` holds it in each store's placeholders)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ SELECT e.sender, e.at, e.kind, e.terminates, t.term
 FROM (
     SELECT sender, MAX(at) AS at, MAX(CASE WHEN terminates THEN at END) AS term
     FROM inbox_entries
-    WHERE team = %s AND kind NOT IN ('hub', 'skipped')
+    WHERE team = ? AND kind NOT IN ('hub', 'skipped')
     GROUP BY sender
 ) t
 JOIN inbox_entries e
-  ON e.team = %s AND e.sender = t.sender AND e.at = t.at AND e.kind NOT IN ('hub', 'skipped')
+  ON e.team = ? AND e.sender = t.sender AND e.at = t.at AND e.kind NOT IN ('hub', 'skipped')
 ORDER BY e.sender
 """
 

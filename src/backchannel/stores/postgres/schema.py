@@ -1,7 +1,7 @@
-"""The PostgreSQL schema as numbered migrations, and the mapping between rows and the
-values of :mod:`backchannel.types` (used by :mod:`backchannel.stores.postgres_tx`).
+"""The PostgreSQL schema as numbered migrations, and how they are applied.
 
-The schema mirrors the SQLite one. Team-owned tables are keyed by ``team`` first, since
+The schema mirrors the SQLite one (the row mapping both share is
+:mod:`backchannel.stores.sql.rows`). Team-owned tables are keyed by ``team`` first, since
 every query about them is scoped to one team, which is also what a sharded deployment
 distributes by (docs/postgres.md); ``jobs`` (keyed by a global id) and ``spent_tokens``
 are the exceptions. Migration ``n`` takes a database from version ``n - 1`` to ``n``; a
@@ -11,32 +11,18 @@ released migration is never edited, only followed by a new one. JSON values are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
 from typing import Any
 
-from psycopg.types.json import Jsonb
+import psycopg
 
+from backchannel.errors import StoreError
 from backchannel.stores.base import SCHEMA_VERSION
-from backchannel.types import (
-    Delegation,
-    DelegationState,
-    Delivery,
-    DeliveryState,
-    Job,
-    JobState,
-    Link,
-    LinkState,
-    Member,
-    MemberKind,
-    Message,
-    MessageKind,
-    Recipient,
-    Route,
-    Session,
-    SessionState,
-)
 
-__all__ = ["MIGRATIONS"]
+__all__ = ["MIGRATIONS", "migrate"]
+
+log = logging.getLogger("backchannel.stores.postgres")
+_MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
 
 MIGRATIONS: list[str] = [
     # 1: the messaging core (mirrors the SQLite schema; every key starts with team)
@@ -302,105 +288,30 @@ MIGRATIONS: list[str] = [
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
-# -- row mapping: column lists and row <-> value converters -----------------------------
 
-_MSG_COLS = (
-    "m.team, m.message_id, m.sender, m.to_name, m.text, m.kind, m.created_at, "
-    "m.fingerprint, m.summary, m.sender_session, m.meta, m.chain_id, m.hop"
-)
-_DELIVERY_COLS = (
-    "team, message_id, member, session, seq, state, attempts, created_at, updated_at, "
-    "lease_until, dead_reason"
-)
-_MEMBER_COLS = "team, name, kind, created_at, token_hash, delivery, settings"
-_JOB_COLS = "team, kind, due_at, created_at, session_id, payload, state, job_id, done_at"
-_LINK_COLS = (
-    "team, link_id, initiator, initiator_session, responder, responder_session, budget, "
-    "created_at, state, turns_used, closed_at, close_reason, history"
-)
-_SESSION_COLS = (
-    "team, session_id, member, state, created_at, updated_at, turn, turn_started_at, "
-    "turn_kind, last_output, last_stop_at, meta"
-)
-
-
-def _dump(value: Mapping[str, Any] | None) -> Jsonb:
-    return Jsonb(dict(value) if value else {})
-
-
-def _message(r: Sequence[Any]) -> Message:
-    return Message(
-        team=r[0], message_id=r[1], sender=r[2], to=r[3], text=r[4], kind=MessageKind(r[5]),
-        created_at=r[6], fingerprint=r[7], summary=r[8], sender_session=r[9], meta=r[10] or {},
-        chain_id=r[11], hop=r[12],
-    )  # fmt: skip
-
-
-def _delivery(r: Sequence[Any]) -> Delivery:
-    return Delivery(
-        team=r[0], message_id=r[1], recipient=Recipient(r[2], r[3]), seq=r[4],
-        state=DeliveryState(r[5]), attempts=r[6], created_at=r[7], updated_at=r[8],
-        lease_until=r[9], dead_reason=r[10],
-    )  # fmt: skip
-
-
-def _job(r: Sequence[Any]) -> Job:
-    return Job(
-        team=r[0], kind=r[1], due_at=r[2], created_at=r[3], session_id=r[4],
-        payload=r[5] or {}, state=JobState(r[6]), job_id=r[7], done_at=r[8],
-    )  # fmt: skip
-
-
-def _link(r: Sequence[Any]) -> Link:
-    return Link(
-        team=r[0], link_id=r[1], initiator=r[2], initiator_session=r[3], responder=r[4],
-        responder_session=r[5], budget=r[6], created_at=r[7], state=LinkState(r[8]),
-        turns_used=r[9], closed_at=r[10], close_reason=r[11], history=tuple(r[12] or ()),
-    )  # fmt: skip
-
-
-def _link_args(k: Link) -> tuple[Any, ...]:
-    return (
-        k.team, k.link_id, k.initiator, k.initiator_session, k.responder, k.responder_session,
-        k.budget, k.created_at, k.state.value, k.turns_used, k.closed_at, k.close_reason,
-        Jsonb([dict(h) for h in k.history]),
-    )  # fmt: skip
-
-
-_DEL_COLS = (
-    "team, delegation_id, route, caller, caller_session, tool_use_id, callee, task, "
-    "created_at, deadline, batch, callee_session, state, result, error, answered_at, "
-    "reply_service, reply_token"
-)
-
-
-def _delegation(r: Sequence[Any]) -> Delegation:
-    return Delegation(
-        team=r[0], delegation_id=r[1], route=Route(r[2]), caller=r[3], caller_session=r[4],
-        tool_use_id=r[5], callee=r[6], task=r[7], created_at=r[8], deadline=r[9], batch=r[10],
-        callee_session=r[11], state=DelegationState(r[12]), result=r[13], error=r[14],
-        answered_at=r[15], reply_service=r[16], reply_token=r[17],
-    )  # fmt: skip
-
-
-def _delegation_args(d: Delegation) -> tuple[Any, ...]:
-    return (
-        d.team, d.delegation_id, d.route.value, d.caller, d.caller_session, d.tool_use_id,
-        d.callee, d.task, d.created_at, d.deadline, d.batch, d.callee_session, d.state.value,
-        d.result, d.error, d.answered_at, d.reply_service, d.reply_token,
-    )  # fmt: skip
-
-
-def _member(r: Sequence[Any]) -> Member:
-    return Member(
-        team=r[0], name=r[1], kind=MemberKind(r[2]), created_at=r[3], token_hash=r[4],
-        delivery=r[5] or {}, settings=r[6] or {},
-    )  # fmt: skip
-
-
-def _session(r: Sequence[Any]) -> Session:
-    return Session(
-        team=r[0], session_id=r[1], member=r[2], state=SessionState(r[3]), created_at=r[4],
-        updated_at=r[5], turn=r[6], turn_started_at=r[7], turn_kind=r[8], last_output=r[9],
-        last_stop_at=r[10], meta=r[11] or {},
-    )  # fmt: skip
+def migrate(conn: psycopg.Connection[Any], url: str) -> None:
+    """Bring the database to :data:`SCHEMA_VERSION` in one transaction, under an advisory
+    lock so that hubs starting together migrate once; ``url`` (masked) names it in errors."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        current = int(row[0]) if row and row[0] is not None else 0
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"the PostgreSQL database {url} has schema version {current}, but "
+                f"this backchannel supports up to version {SCHEMA_VERSION} (it does not "
+                f"know migration {current}, applied by a newer backchannel): upgrade "
+                f"backchannel on this host to a release that includes migration {current}, "
+                "the version the other hubs run (or point it at another database)",
+                store=url,
+                database_version=current,
+                supported_version=SCHEMA_VERSION,
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            log.info("migrating %s to schema version %d", url, version)
+            conn.execute(MIGRATIONS[version - 1].encode())
+            conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))

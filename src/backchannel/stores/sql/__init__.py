@@ -1,7 +1,9 @@
-"""SQL fragments that SQLite and PostgreSQL share, written once.
+"""SQL that SQLite and PostgreSQL share, written once.
 
-Each SQL store builds its statements from these where the text is the same in both
-dialects (placeholders aside); a fragment here must stay valid in both.
+Here: the fragments and the statements whose shape depends on the call (which filters
+are given); :mod:`.statements` holds every fixed statement the two stores share and
+:mod:`.rows` the column lists and row mappers. Everything here must stay valid in both
+dialects; it is written with ``?`` placeholders (see :func:`pg`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,15 @@ from typing import Any
 
 from backchannel.stores.base import SessionFilter
 
-__all__ = ["OPEN_DELEGATION", "SESSION_FILTER", "links_query", "pg", "sessions_query"]
+__all__ = [
+    "OPEN_DELEGATION",
+    "SESSION_FILTER",
+    "delegations_query",
+    "jobs_query",
+    "links_query",
+    "pg",
+    "sessions_query",
+]
 
 # Each filter matches a partial index's WHERE clause word for word (sessions_live,
 # sessions_active), which is what lets SQLite's planner use that index.
@@ -61,3 +71,41 @@ def links_query(
         f"{sql} AND responder = ? AND initiator != ?{state} ORDER BY created_at, link_id",
         (team, member, team, member, member),
     )
+
+
+def jobs_query(
+    cols: str,
+    job_id: str,
+    team: str,
+    session_id: str | None,
+    kind: str | None,
+    pending_only: bool,
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_jobs`: only the filters in use are named (``job_id`` is the
+    dialect's name for the id column)."""
+    sql = f"SELECT {cols} FROM jobs WHERE team = ?"
+    args: list[Any] = [team]
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        args.append(session_id)
+    if kind is not None:
+        sql += " AND kind = ?"
+        args.append(kind)
+    if pending_only:
+        sql += " AND state = 'pending'"
+    return f"{sql} ORDER BY due_at, {job_id}", args
+
+
+def delegations_query(
+    cols: str, team: str, batch: str | None, member: str | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_delegations`: only the filters in use are named."""
+    sql = f"SELECT {cols} FROM delegations WHERE team = ?"
+    args: list[Any] = [team]
+    if batch is not None:
+        sql += " AND batch = ?"
+        args.append(batch)
+    if member is not None:
+        sql += " AND (caller = ? OR callee = ?)"
+        args += [member, member]
+    return sql + " ORDER BY created_at, delegation_id", args

@@ -76,18 +76,18 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from backchannel.errors import StoreError
-from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
-from backchannel.stores.postgres_schema import MIGRATIONS
-from backchannel.stores.postgres_tx import CHANNEL, PgTx, RetryTransaction
+from backchannel.stores.base import Store, Tx
+from backchannel.stores.postgres.schema import MIGRATIONS, migrate
+from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
+from backchannel.stores.postgres.tx import PgTx
 
-__all__ = ["MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
+__all__ = ["LISTENER_NAME", "MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
 
 T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.postgres")
 
 LISTENER_NAME = "backchannel-listen"
 MAX_ATTEMPTS = 30
-_MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
 #: Seconds a transaction waits for a pooled connection while the database is known to be
 #: unreachable (the listener lost it), before failing with ``StoreError`` (HTTP 503).
 OUTAGE_WAIT = 1.0
@@ -194,7 +194,7 @@ class PostgresStore(Store):
     def _open_sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._connect(autocommit=True) as conn:
             try:
-                self._migrate(conn)
+                migrate(conn, self.url)
             except psycopg.errors.InsufficientPrivilege as exc:
                 user = conn.info.user
                 raise StoreError(
@@ -230,31 +230,6 @@ class PostgresStore(Store):
             pool.close()
             raise StoreError(f"cannot connect to PostgreSQL at {self.url}: {exc}") from exc
         return pool
-
-    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
-                "applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
-            current = int(row[0]) if row and row[0] is not None else 0
-            if current > SCHEMA_VERSION:
-                raise StoreError(
-                    f"the PostgreSQL database {self.url} has schema version {current}, but "
-                    f"this backchannel supports up to version {SCHEMA_VERSION} (it does not "
-                    f"know migration {current}, applied by a newer backchannel): upgrade "
-                    f"backchannel on this host to a release that includes migration {current}, "
-                    "the version the other hubs run (or point it at another database)",
-                    store=self.url,
-                    database_version=current,
-                    supported_version=SCHEMA_VERSION,
-                )
-            for version in range(current + 1, SCHEMA_VERSION + 1):
-                log.info("migrating %s to schema version %d", self.url, version)
-                conn.execute(MIGRATIONS[version - 1].encode())
-                conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
 
     async def close(self) -> None:
         """Let in-flight transactions finish, stop the listener, close the pool."""
