@@ -1,0 +1,20 @@
+"""Fakes and conformance checks, shipped for users' tests as well as ours.
+
+* :class:`FakeClock` — a clock that moves only when told to.
+* :class:`MemoryStore` — the in-memory store (re-exported).
+* :func:`check_store` — every guarantee of the :mod:`backchannel.stores.base` contract,
+  run against a store factory. Each check is also in :data:`STORE_CHECKS`, so a test
+  suite can parametrize over them and see one result per guarantee::
+
+      @pytest.mark.parametrize("check", STORE_CHECKS, ids=lambda c: c.__name__)
+      async def test_store_contract(make_store, check):
+          await check(make_store)
+"""
+
+from __future__ import annotations
+
+from backchannel.stores.memory import MemoryStore
+from backchannel.testing.clock import FakeClock
+from backchannel.testing.store_checks import STORE_CHECKS, StoreFactory, check_store
+
+__all__ = ["STORE_CHECKS", "FakeClock", "MemoryStore", "StoreFactory", "check_store"]
