@@ -9,6 +9,9 @@
       @pytest.mark.parametrize("check", STORE_CHECKS, ids=lambda c: c.__name__)
       async def test_store_contract(make_store, check):
           await check(make_store)
+
+* :func:`eventually` / :func:`eventually_blocking` — wait for observable state, naming
+  what is awaited, instead of sleeping.
 """
 
 from __future__ import annotations
@@ -16,5 +19,14 @@ from __future__ import annotations
 from backchannel.stores.memory import MemoryStore
 from backchannel.testing.clock import FakeClock
 from backchannel.testing.store_checks import STORE_CHECKS, StoreFactory, check_store
+from backchannel.testing.waiting import eventually, eventually_blocking
 
-__all__ = ["STORE_CHECKS", "FakeClock", "MemoryStore", "StoreFactory", "check_store"]
+__all__ = [
+    "STORE_CHECKS",
+    "FakeClock",
+    "MemoryStore",
+    "StoreFactory",
+    "check_store",
+    "eventually",
+    "eventually_blocking",
+]
