@@ -284,6 +284,10 @@ async def _callee_hub(services: dict[str, str], retry: rules.RetryPolicy = FAST)
     return hub
 
 
+async def _outbox_idle(hub: Hub) -> bool:
+    return await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox")) == []
+
+
 async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
     d = await hub.accept_chat(
         "t",
@@ -309,7 +313,8 @@ async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[...,
     try:
         await _inbound(hub, "tu_1")
         await eventually(lambda: len(srv.requests) >= 3, what="three POSTs")
-        await asyncio.sleep(0.5)  # a fourth POST would have been made by now
+        # once the outbox job has ended, nothing is left that could make a fourth POST
+        await eventually(lambda: _outbox_idle(hub), what="the outbox job to end")
         assert len(srv.requests) == 3
         path, body, headers = srv.requests[-1]
         assert (path, body) == ("/api/tools/response", {"result": "answer tu_1"})
