@@ -12,10 +12,9 @@ from rich.console import Console
 from backchannel.client import attach
 from backchannel.hub import Hub
 from backchannel.runtimes.runner import Runner
-from backchannel.runtimes.scripted import ScriptContext, say
 from backchannel.runtimes.session import run_team
 from backchannel.runtimes.teamfile import load_team, parse_team
-from backchannel.testing import MemoryStore
+from backchannel.testing import MemoryStore, ScriptContext, say
 from tests.conftest import Server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 __all__ = ["eventually", "eventually_blocking"]
 
@@ -27,16 +27,24 @@ FIRST_PAUSE = 0.01
 LONGEST_PAUSE = 0.1
 
 
+@overload
 async def eventually(
-    check: Callable[[], T | Awaitable[T]], *, what: str, within: float = 10.0
-) -> T:
+    check: Callable[[], Awaitable[T]], *, what: str, within: float = 10.0
+) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T], *, what: str, within: float = 10.0) -> T: ...
+
+
+async def eventually(check: Callable[[], Any], *, what: str, within: float = 10.0) -> Any:
     """Call ``check`` until it returns something truthy and return that; raise
     ``AssertionError`` after ``within`` seconds. Exceptions from ``check`` propagate."""
     deadline = time.monotonic() + within
     pause = FIRST_PAUSE
     while True:
         got = check()
-        value: T = await got if inspect.isawaitable(got) else got
+        value = await got if inspect.isawaitable(got) else got
         if value:
             return value
         await asyncio.sleep(_next_pause(pause, deadline, what, within, value))
