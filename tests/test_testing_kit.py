@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backchannel.runtimes.models import ChatMessage, ModelReply
+from backchannel.runner.models import ChatMessage, ModelReply
 from backchannel.testing import (
     ScriptContext,
     ScriptedModel,

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from backchannel.runtimes.scripted import Policy, ScriptContext, ScriptedModel, call, say, use
+from backchannel.runner.scripted import Policy, ScriptContext, ScriptedModel, call, say, use
 from backchannel.stores.memory import MemoryStore
 from backchannel.testing.adapters import Recording, RecordingAdapter, check_adapter
 from backchannel.testing.clock import FakeClock
