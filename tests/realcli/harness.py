@@ -13,13 +13,13 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import BIN, ROOT, Server
 
 from . import fake_anthropic, fake_gemini, fake_openai
@@ -246,13 +246,7 @@ class Rig:
                 c.post(f"/v1/sessions/{sid}/events", json=body).raise_for_status()
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        return eventually_blocking(check, what=what, within=timeout)
 
 
 def _session_id(runtime: str, stdout: str) -> str:

@@ -20,8 +20,8 @@ from typing import Any
 from backchannel.client import Client
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError
+from backchannel.runner.models import ToolSpec
 from backchannel.runtimes.common import format_message
-from backchannel.runtimes.models import ToolSpec
 
 MAX_RESULT = 20_000
 SKIP_DIRS = {

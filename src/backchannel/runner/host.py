@@ -21,12 +21,12 @@ from typing import Any
 
 from backchannel.client import Client, Received
 from backchannel.errors import BackchannelError
-from backchannel.runtimes import story
+from backchannel.runner import story
+from backchannel.runner.models import ChatMessage, Model, ModelError, Usage, price_for
+from backchannel.runner.scripted import ScriptedModel, load_policy
+from backchannel.runner.teamfile import MemberSpec, TeamFile
+from backchannel.runner.tools import DEFAULT_TOOLS, TOOLS, ToolContext, run_tool
 from backchannel.runtimes.common import format_message
-from backchannel.runtimes.models import ChatMessage, Model, ModelError, Usage, price_for
-from backchannel.runtimes.scripted import ScriptedModel, load_policy
-from backchannel.runtimes.teamfile import MemberSpec, TeamFile
-from backchannel.runtimes.tools import DEFAULT_TOOLS, TOOLS, ToolContext, run_tool
 from backchannel.types import MemberKind
 
 log = logging.getLogger("backchannel.runner")
@@ -41,7 +41,7 @@ def make_model(spec: MemberSpec) -> Model:
         )
         model.state.update(spec.options)
         return model
-    from backchannel.runtimes.providers import AnthropicModel, OpenAIModel
+    from backchannel.runner.providers import AnthropicModel, OpenAIModel
 
     assert spec.model_name is not None
     if spec.model == "anthropic":
@@ -222,7 +222,7 @@ class Runner:
             self._note(text)
 
     def tell(self, lines: list[str]) -> None:
-        """Hand story lines (see :mod:`backchannel.runtimes.story`) to the ``story`` callback."""
+        """Hand story lines (see :mod:`backchannel.runner.story`) to the ``story`` callback."""
         if self._story is not None:
             for line in lines:
                 self._story(f"{time.monotonic() - self.started:5.1f}s  {line}")

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from backchannel.core.delivery import NAME_RE
 from backchannel.errors import InvalidRequest
-from backchannel.runtimes.tools import TOOLS
+from backchannel.runner.tools import TOOLS
 from backchannel.types import MemberKind
 
 

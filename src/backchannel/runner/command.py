@@ -17,8 +17,8 @@ from backchannel.client import Client, HttpClient, attach, connect
 from backchannel.config import open_store
 from backchannel.errors import AlreadyExists, InvalidRequest
 from backchannel.interfaces.terminal import markup_safe, printable
-from backchannel.runtimes.runner import Runner
-from backchannel.runtimes.teamfile import TeamFile
+from backchannel.runner.host import Runner
+from backchannel.runner.teamfile import TeamFile
 
 
 @dataclass

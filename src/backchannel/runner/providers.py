@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from backchannel.runtimes.models import (
+from backchannel.runner.models import (
     ChatMessage,
     ModelError,
     ModelReply,

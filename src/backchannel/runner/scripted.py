@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backchannel.runtimes.models import (
+from backchannel.runner.models import (
     ChatMessage,
     ModelReply,
     ToolCall,
