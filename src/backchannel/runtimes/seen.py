@@ -22,9 +22,9 @@ Standard library only: the lean command hook imports this on every call.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,12 @@ def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def _path(runtime: str, session_id: str) -> Path:
-    key = hashlib.sha256(f"{runtime}\0{session_id}".encode()).hexdigest()[:40]
+    # quoted, not hashed: importing hashlib costs the hook ~3 ms
+    key = urllib.parse.quote(f"{runtime}_{session_id}", safe="-_.")
+    if len(key) > 200:
+        import hashlib
+
+        key = f"{runtime}_{hashlib.sha256(session_id.encode()).hexdigest()}"
     return state_dir() / f"{key}.json"
 
 
