@@ -32,8 +32,9 @@ hook event settles them:
 
 * a call from the command hook carries its record of what the session was shown
   (``HookEvent.had``, :mod:`.seen`, written only after the answer was printed): the ids
-  it lists are acked, the others were never printed and are released to be handed over
-  again (at once, when this event is itself a prompt or a stop);
+  it lists are acked, the others were never printed and are released: the session's
+  next answer (this one, when it is a prompt of an idle session or a stop) hands them
+  over again;
 * a call without a record (an HTTP hook) settles by what the event is: the runtime went
   on with the answer when the next event is a tool call, a stop, or (prompt answers, and
   Gemini, which repeats ``BeforeAgent`` for a continuation) a prompt, or a compaction;
