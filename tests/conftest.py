@@ -61,6 +61,13 @@ def _no_real_network(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(key, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _private_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Keep what command hooks record per session (runtimes.seen) out of the real home."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("BACKCHANNEL_STATE_DIR", raising=False)
+
+
 # -- stores --------------------------------------------------------------------------
 
 _counter = itertools.count()

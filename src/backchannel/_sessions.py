@@ -53,6 +53,10 @@ EXIT_JOB = "session_exit"
 #: Session meta of a turn a stop hook's answer continued: the closing text before it
 #: (a runtime that reports the whole continuation's text repeats it first).
 CONTINUED = "continued_from"
+#: Session meta of a turn a hook's answer fed: ``{"ids": [...], "at": "stop"|"prompt"}``,
+#: the messages handed over, leased until the runtime's next event confirms them
+#: (:mod:`backchannel.runtimes.receiver`); set from ``turn_start`` data ``handed``.
+HANDED = "handed"
 #: How long an exited session keeps its links and timers for a resume (team setting
 #: ``exit_grace_seconds``; docs/decisions.md says why an hour).
 DEFAULT_EXIT_GRACE_S = 3600.0
@@ -372,10 +376,12 @@ class SessionsMixin(HubBase):
         meta = {
             k: v
             for k, v in s.meta.items()
-            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED)
+            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED, HANDED)
         }
         if data.get("continued_by"):  # a stop hook's answer keeps the turn going
             meta[CONTINUED] = str(data.get("continued_after") or s.last_output or "")
+        if isinstance(data.get(HANDED), Mapping):  # what the hook answer hands over
+            meta[HANDED] = dict(data[HANDED])
         started = dataclasses.replace(
             s,
             state=SessionState.ACTIVE,

@@ -126,6 +126,8 @@ async def test_the_stop_route_drops_a_copy_the_session_has_shown(ready: Hub) -> 
     reason = res.answer["reason"]
     assert "not yet shown" in reason and "already shown" not in reason
     assert await _state(ready, shown.message_id) == ("acked", 1)
+    assert await _state(ready, other.message_id) == ("leased", 1)  # until the next event
+    await call(ready, "t", "w", "claude-code", fixture("claude-code", "PreToolUse"))
     assert await _state(ready, other.message_id) == ("acked", 1)
 
 
@@ -192,6 +194,7 @@ async def test_a_busy_session_gets_no_push(ready: Hub) -> None:
             ready, "t", "w", "claude-code", fixture("claude-code", STOP_EVENT["claude-code"])
         )
         assert "for after the turn" in res.answer["reason"]  # the Stop route had it
+        await call(ready, "t", "w", "claude-code", fixture("claude-code", "PreToolUse"))
         assert await _state(ready, r.message_id) == ("acked", 1)
         assert pushed == []
     finally:
