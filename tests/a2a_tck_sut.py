@@ -25,8 +25,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from backchannel._base import HubBase
 from backchannel.hub import Hub, HubMiddleware
+from backchannel.hub.messages import HubBase
 from backchannel.interfaces.a2a import mount_a2a
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.types import MemberKind, Message, SendResult

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from a2a.client import Client
     from a2a.types.a2a_pb2 import AgentCard, Task
 
-    from backchannel._outbox import OutboxMixin
     from backchannel.callbacks import Service
+    from backchannel.hub.outbox import OutboxMixin
 
 log = logging.getLogger("backchannel.a2a")
 
@@ -174,7 +174,7 @@ async def call(
 
 async def run_a2a_job(hub: OutboxMixin, job: Job, svc: Service) -> None:
     """The outbox's part for ``type: a2a`` services (see the module docstring)."""
-    from backchannel._delegation import DelegationMixin
+    from backchannel.hub.delegations import DelegationMixin
 
     assert isinstance(hub, DelegationMixin)
     p = dict(job.payload)

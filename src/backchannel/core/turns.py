@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from backchannel.core.delivery import suggest
+from backchannel.core.messages import suggest
 from backchannel.errors import InvalidRequest, TooLarge
 from backchannel.types import BROADCAST, LedgerEntry, SessionEvent
 

@@ -27,10 +27,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from backchannel._base import HubBase, HubMiddleware
-from backchannel._outbox import OUTBOX_JOB
 from backchannel.core.timers import TIMER_JOB
 from backchannel.hub import Hub
+from backchannel.hub.messages import HubBase, HubMiddleware
+from backchannel.hub.outbox import OUTBOX_JOB
 from backchannel.stores.base import Tx
 from backchannel.types import Delivery, Job, Message, SendResult
 

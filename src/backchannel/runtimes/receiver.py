@@ -44,11 +44,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._sessions import CONTINUED
 from backchannel.core import framing
-from backchannel.core.delivery import check_session_id
+from backchannel.core.messages import check_session_id
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
+from backchannel.hub.sessions import CONTINUED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,

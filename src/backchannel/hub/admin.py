@@ -21,9 +21,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._base import hash_token, new_token
-from backchannel._delegation import DelegationMixin
 from backchannel.errors import InvalidRequest, UnknownMember, UnknownTeam
+from backchannel.hub.delegations import DelegationMixin
+from backchannel.hub.messages import hash_token, new_token
 from backchannel.stores.base import Tx
 from backchannel.types import USER, DeliveryState, EventKind, JobState, SessionState
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
-from backchannel._base import JobHandler, JobOutcome
-from backchannel._timers import TimersMixin
 from backchannel.callbacks import CallbackConfig
 from backchannel.core import delegation as rules
 from backchannel.errors import UnknownService
+from backchannel.hub.messages import JobHandler, JobOutcome
+from backchannel.hub.timers import TimersMixin
 from backchannel.stores.base import Tx
 from backchannel.types import Job, JobState
 

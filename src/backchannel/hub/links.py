@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backchannel._base import SendOptions
-from backchannel._sessions import SessionsMixin
-from backchannel.core import delivery
 from backchannel.core import links as rules
+from backchannel.core import messages
 from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
+from backchannel.hub.messages import SendOptions
+from backchannel.hub.sessions import SessionsMixin
 from backchannel.stores.base import Tx
 from backchannel.types import (
     BROADCAST,
@@ -166,7 +166,7 @@ class LinksMixin(SessionsMixin):
             text=text,
             kind=MessageKind.SYSTEM,
             created_at=now,
-            fingerprint=delivery.fingerprint(
+            fingerprint=messages.fingerprint(
                 HUB_SENDER, member, text, summary, "system", None, meta
             ),
             summary=summary,
@@ -263,7 +263,7 @@ class LinksMixin(SessionsMixin):
                 text=text,
                 kind=MessageKind.LINK,
                 created_at=now,
-                fingerprint=delivery.fingerprint(
+                fingerprint=messages.fingerprint(
                     session.member, peer, text, None, "link", peer_session, meta
                 ),
                 sender_session=session.session_id,

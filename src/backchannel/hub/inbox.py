@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backchannel._base import HubBase, SendOptions
-from backchannel.core import delivery as rules
+from backchannel.core import messages as rules
 from backchannel.core import presence
 from backchannel.errors import BackchannelError
+from backchannel.hub.messages import HubBase, SendOptions
 from backchannel.stores.base import Tx
 from backchannel.types import (
     DeliveryEvent,

@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backchannel._base import HubBase, JobHandler, SendOptions
-from backchannel.core import delivery as rules
+from backchannel.core import messages as rules
 from backchannel.core import turns
 from backchannel.errors import (
     BudgetExhausted,
@@ -29,6 +28,7 @@ from backchannel.errors import (
     UnknownMember,
     UnknownSession,
 )
+from backchannel.hub.messages import HubBase, JobHandler, SendOptions
 from backchannel.stores.base import Tx
 from backchannel.types import (
     HUB_SENDER,

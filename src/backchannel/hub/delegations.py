@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from backchannel._base import JobHandler, JobOutcome
-from backchannel._outbox import OutboxMixin
 from backchannel.core import delegation as rules
-from backchannel.core import delivery, turns
+from backchannel.core import messages, turns
 from backchannel.errors import Conflict, InvalidRequest, NotFound, Unauthorized, UnknownService
+from backchannel.hub.messages import JobHandler, JobOutcome
+from backchannel.hub.outbox import OutboxMixin
 from backchannel.stores.base import Tx
 from backchannel.types import (
     HUB_SENDER,
@@ -74,12 +74,12 @@ class DelegationMixin(OutboxMixin):
         at once; the answer arrives later as a ``tool_result`` message."""
         timeout = rules.check_delegate(to, task, timeout_s)
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
-        delivery.check_message_id(tuid)
+        messages.check_message_id(tuid)
         now = self.clock.now()
         remote = "@" in to
         if remote:
             agent, _, service = to.partition("@")
-            delivery.check_name("agent", agent)
+            messages.check_name("agent", agent)
             svc = self.callbacks.resolve(service)
             if not self.callbacks.secret and svc.kind != "a2a":  # A2A answers come back inline
                 raise InvalidRequest(
@@ -88,7 +88,7 @@ class DelegationMixin(OutboxMixin):
                     field="to",
                 )
         else:
-            delivery.check_name("recipient", to)
+            messages.check_name("recipient", to)
 
         def fn(tx: Tx) -> Delegation:
             caller = self._timer_session(tx, team, member, session_id, "delegation")
@@ -121,7 +121,7 @@ class DelegationMixin(OutboxMixin):
                 tx.insert_delegation(d)
             else:
                 if tx.get_member(team, to) is None:
-                    raise delivery.unknown_recipient(
+                    raise messages.unknown_recipient(
                         to, team, [m.name for m in tx.list_members(team)]
                     )
                 if to == member:
@@ -240,7 +240,7 @@ class DelegationMixin(OutboxMixin):
             text=d.task,
             kind=MessageKind.DELEGATION,
             created_at=now,
-            fingerprint=delivery.fingerprint(sender, callee, d.task, None, "delegation", pinned),
+            fingerprint=messages.fingerprint(sender, callee, d.task, None, "delegation", pinned),
             meta={"delegation_id": d.delegation_id},
         )
         self._insert(tx, msg, pinned)
@@ -293,9 +293,9 @@ class DelegationMixin(OutboxMixin):
                 field="reply.bearerToken",
             )
         timeout = rules.check_delegate(agent, message, timeout_s)
-        delivery.check_name("agent", agent)
+        messages.check_name("agent", agent)
         caller_session = (
-            delivery.check_session_id(session_id)
+            messages.check_session_id(session_id)
             if session_id
             else "remote-" + uuid.uuid4().hex[:12]
         )
@@ -307,7 +307,7 @@ class DelegationMixin(OutboxMixin):
             if known is not None:
                 return known
             if tx.get_member(team, agent) is None:
-                raise delivery.unknown_recipient(
+                raise messages.unknown_recipient(
                     agent, team, [m.name for m in tx.list_members(team)]
                 )
             d = Delegation(
@@ -348,7 +348,7 @@ class DelegationMixin(OutboxMixin):
         claims = rules.verify_token(self.callbacks.secret, token, now=now)
         team, _, delegation_id = str(claims["tool_id"]).partition("/")
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
-        delivery.check_text(text, self.config.max_text)
+        messages.check_text(text, self.config.max_text)
 
         def fn(tx: Tx) -> tuple[Delegation, bool]:
             d = tx.get_delegation(team, delegation_id)
@@ -444,7 +444,7 @@ class DelegationMixin(OutboxMixin):
             text=text,
             kind=MessageKind.TOOL_RESULT,
             created_at=now,
-            fingerprint=delivery.fingerprint(
+            fingerprint=messages.fingerprint(
                 HUB_SENDER, d.caller, text, None, "tool_result", pinned, meta
             ),
             summary=text.splitlines()[0][:120],
@@ -625,7 +625,7 @@ class DelegationMixin(OutboxMixin):
             text=text,
             kind=MessageKind.SYSTEM,
             created_at=now,
-            fingerprint=delivery.fingerprint(HUB_SENDER, d.callee, text, None, "system"),
+            fingerprint=messages.fingerprint(HUB_SENDER, d.callee, text, None, "system"),
             summary=summary,
             meta={"delegation_id": d.delegation_id, "reason": reason},
         )

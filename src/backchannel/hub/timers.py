@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._base import JobHandler, SendOptions
-from backchannel._links import LinksMixin
-from backchannel.core import delivery, quotas
+from backchannel.core import messages, quotas
 from backchannel.core import timers as rules
 from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownMember
+from backchannel.hub.links import LinksMixin
+from backchannel.hub.messages import JobHandler, SendOptions
 from backchannel.stores.base import Tx
 from backchannel.types import (
     HUB_SENDER,
@@ -104,7 +104,7 @@ class TimersMixin(LinksMixin):
             if target is not None:
                 if tx.get_member(team, target) is None:
                     known = [m.name for m in tx.list_members(team)]
-                    raise delivery.unknown_recipient(target, team, known)
+                    raise messages.unknown_recipient(target, team, known)
                 if target == member:
                     raise InvalidRequest("a timer's target is a peer, not yourself", field="target")
             self._check_timer_room(tx, team, member)
@@ -253,7 +253,7 @@ class TimersMixin(LinksMixin):
             text=text,
             kind=MessageKind.TIMER,
             created_at=now,
-            fingerprint=delivery.fingerprint(
+            fingerprint=messages.fingerprint(
                 HUB_SENDER, timer.member, text, None, "timer", s.session_id, meta
             ),
             summary=text.splitlines()[0][:120],
@@ -314,7 +314,7 @@ class TimersMixin(LinksMixin):
             text=text,
             kind=MessageKind.SYSTEM,
             created_at=message.created_at,
-            fingerprint=delivery.fingerprint(HUB_SENDER, message.sender, text, None, "system"),
+            fingerprint=messages.fingerprint(HUB_SENDER, message.sender, text, None, "system"),
             summary="set an anchor timer",
             meta={"anchor_reminder": True, "peer": message.to},
         )

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, M
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
-from backchannel.core import delivery as rules
+from backchannel.core import messages as rules
 from backchannel.core import quotas
 from backchannel.core.timers import anchors_first
 from backchannel.errors import (
@@ -32,6 +32,7 @@ from backchannel.errors import (
     UnknownSession,
     UnknownTeam,
 )
+from backchannel.hub.checks import DeliveryChecks
 from backchannel.stores.base import Store, Tx
 from backchannel.types import (
     BROADCAST,
@@ -131,7 +132,7 @@ class HubMiddleware:
 
 @dataclass(frozen=True, slots=True)
 class SendOptions:
-    """How a send takes part in links (see :mod:`backchannel._links`)."""
+    """How a send takes part in links (see :mod:`backchannel.hub.links`)."""
 
     link: bool = True  # open a link to the recipient if none is open
     close_link: bool = False  # deliver, then close the open link (initiator only)
@@ -226,14 +227,6 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
             await event.wait()
 
 
-def _check_delivery(delivery: Mapping[str, Any] | None) -> None:
-    """Refuse a delivery setting no adapter understands, before anything is stored."""
-    if delivery:
-        from backchannel.delivery.adapters import check_delivery_setting
-
-        check_delivery_setting(delivery)
-
-
 async def _wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
@@ -320,9 +313,11 @@ class HubBase:
         self.config = HubConfig(lease_seconds, max_attempts, max_text)
         self.middleware = list(middleware)
         self._background = background
-        # refuse delivery settings the stock adapters do not understand; off for a hub
-        # whose dispatcher brings adapters of its own
+        # refuse delivery settings the registered adapters do not understand (they
+        # register their checks here, see hub/checks.py); off for a hub whose dispatcher
+        # brings adapters of its own
         self._check_delivery_on = check_delivery
+        self.delivery_checks = DeliveryChecks()
         self._waiters = _Waiters()
         self._tokens: dict[str, _Cached] = {}
         self._maint_task: asyncio.Task[None] | None = None
@@ -449,7 +444,7 @@ class HubBase:
         if name == HUB_SENDER:
             raise InvalidRequest(f"{HUB_SENDER!r} is reserved for the hub's own messages")
         if self._check_delivery_on:
-            _check_delivery(delivery)
+            self.delivery_checks.check(delivery)
         token = new_token()
         member = Member(
             team,
@@ -482,7 +477,7 @@ class HubBase:
         """Change how a member's messages reach it (``delivery``) or its ``settings``;
         what is not given stays."""
         if self._check_delivery_on:
-            _check_delivery(delivery)
+            self.delivery_checks.check(delivery)
 
         def fn(tx: Tx) -> Member:
             m = tx.get_member(team, name)

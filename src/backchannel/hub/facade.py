@@ -1,18 +1,7 @@
-"""The Hub: everything that talks to a hub (the SDK, the HTTP API, the CLI, the MCP
-server, the runner) goes through its methods.
+"""The Hub facade: everything that talks to a hub goes through its methods.
 
 The caller is always already authenticated: the ``sender`` or ``member`` passed in is
-the member the token belongs to. Each part lives in its own module:
-
-* :mod:`backchannel._base` — teams, members, messages, leases, scheduled jobs;
-* :mod:`backchannel._sessions` — sessions, turns, events, the ledger, checkpoints;
-* :mod:`backchannel._links` — links between sessions;
-* :mod:`backchannel._timers` — timers with intent and the anchor rule;
-* :mod:`backchannel._outbox` — durable, retried POSTs to registered services;
-* :mod:`backchannel._delegation` — agents called as asynchronous tools;
-* :mod:`backchannel._inbox` — Claude Code inbox files read back, once.
-* :mod:`backchannel._budget` — conversation budgets per pair and per chain.
-* :mod:`backchannel._admin` — token rotation, member and team removal.
+the member the token belongs to. docs/architecture.md draws the parts and their order.
 """
 
 from __future__ import annotations
@@ -20,8 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backchannel._admin import AdminMixin, Removal
-from backchannel._base import (
+from backchannel.callbacks import CallbackConfig
+from backchannel.core import messages
+from backchannel.hub.admin import AdminMixin, Removal
+from backchannel.hub.budgets import BudgetMixin
+from backchannel.hub.inbox import InboxMixin, TakeResult
+from backchannel.hub.messages import (
     AckResult,
     FeedItem,
     HubBase,
@@ -30,12 +23,8 @@ from backchannel._base import (
     hash_token,
     new_token,
 )
-from backchannel._budget import BudgetMixin
-from backchannel._inbox import InboxMixin, TakeResult
-from backchannel._sessions import StopResult, session_json
-from backchannel._timers import Timer
-from backchannel.callbacks import CallbackConfig
-from backchannel.core import delivery
+from backchannel.hub.sessions import StopResult, session_json
+from backchannel.hub.timers import Timer
 from backchannel.stores.base import Store, Tx
 from backchannel.types import HUB_SENDER, Message, MessageKind
 
@@ -95,7 +84,7 @@ class Hub(InboxMixin, AdminMixin, BudgetMixin, HubBase):
             text=text,
             kind=MessageKind.SYSTEM,
             created_at=now,
-            fingerprint=delivery.fingerprint(HUB_SENDER, to, text, summary, "system"),
+            fingerprint=messages.fingerprint(HUB_SENDER, to, text, summary, "system"),
             summary=summary,
             meta=dict(meta or {}),
         )

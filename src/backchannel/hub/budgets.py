@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backchannel._base import SendOptions
-from backchannel._delegation import DelegationMixin
 from backchannel.core import budget as rules
-from backchannel.core import delivery, turns
+from backchannel.core import messages, turns
 from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
+from backchannel.hub.delegations import DelegationMixin
+from backchannel.hub.messages import SendOptions
 from backchannel.stores.base import Tx
 from backchannel.types import (
     BROADCAST,
@@ -231,7 +231,7 @@ class BudgetMixin(DelegationMixin):
             text=text,
             kind=MessageKind.SYSTEM,
             created_at=at,
-            fingerprint=delivery.fingerprint(
+            fingerprint=messages.fingerprint(
                 HUB_SENDER, to, text, summary, "system", session, meta
             ),
             summary=summary,
@@ -340,7 +340,7 @@ class BudgetMixin(DelegationMixin):
                 for name in rules.key_members(key):
                     if tx.get_member(team, name) is None:
                         known = [m.name for m in tx.list_members(team)]
-                        raise delivery.unknown_recipient(name, team, known)
+                        raise messages.unknown_recipient(name, team, known)
                 record = rules.current_pair(record, team, key, now, lim)
             elif record is None:
                 record = rules.fresh(team, key, now)
