@@ -26,7 +26,6 @@ import uvicorn
 from fastapi import FastAPI
 
 from backchannel.hub import Hub, HubMiddleware
-from backchannel.hub.messages import HubBase
 from backchannel.interfaces.a2a import mount_a2a
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.types import MemberKind, Message, SendResult
@@ -121,7 +120,7 @@ class Inputs(HubMiddleware):
     def __init__(self) -> None:
         self.queue: asyncio.Queue[str] = asyncio.Queue()
 
-    def after_send(self, hub: HubBase, message: Message, result: SendResult) -> None:
+    def after_send(self, hub: Hub, message: Message, result: SendResult) -> None:
         for r in result.recipients:
             if r.member == MEMBER and message.team == TEAM and r.session:
                 self.queue.put_nowait(r.session)

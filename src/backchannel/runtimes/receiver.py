@@ -48,7 +48,7 @@ from backchannel.core import framing
 from backchannel.core.messages import check_session_id
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
-from backchannel.hub.sessions import CONTINUED
+from backchannel.hub.turns import CONTINUED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,
