@@ -140,10 +140,11 @@ class Turns:
         tx.ledger_clear(s.team, s.session_id)
         # only a turn on the checkpoint the hub handed over is a checkpoint turn: a human
         # who typed something else meanwhile started an ordinary one
-        checkpoint = (
-            bool(s.meta.get("checkpoint_pending", False))
-            and data.get("checkpoint") is not False
-            and turns.is_hub_input(text, s.meta.get("checkpoint_texts") or ())
+        checkpoint = turns.is_checkpoint_turn(
+            bool(s.meta.get("checkpoint_pending", False)),
+            data.get("checkpoint"),
+            text,
+            s.meta.get("checkpoint_texts") or (),
         )
         for job in tx.list_jobs(s.team, session_id=s.session_id, kind=CHECKPOINT_JOB):
             tx.finish_job(job.job_id, job.state.CANCELLED, now)
@@ -328,7 +329,7 @@ class Turns:
                     "message_id": m.message.message_id,
                 },
             )
-        pending = all(m.message.kind is MessageKind.CHECKPOINT for m in got)
+        pending = turns.checkpoint_handed([m.message.kind for m in got])
         texts = [m.message.text for m in got] if pending else None
         if pending != bool(session.meta.get("checkpoint_pending", False)) or (
             texts != session.meta.get("checkpoint_texts")
@@ -340,10 +341,11 @@ class Turns:
     def _schedule_checkpoint(self, c: Ctx, s: Session, now: float) -> None:
         tx = c.tx
         member = tx.get_member(s.team, s.member)
-        policy = member.settings.get("checkpoint") if member else None
-        if not isinstance(policy, Mapping) or not policy.get("idle_seconds"):
+        policy = turns.checkpoint_policy(member.settings) if member else None
+        if policy is None:
             return
-        due = now + float(policy["idle_seconds"])
+        idle, text = policy
+        due = now + idle
         tx.add_job(
             Job(
                 s.team,
@@ -351,7 +353,7 @@ class Turns:
                 due,
                 now,
                 s.session_id,
-                {"stop_at": now, "text": str(policy.get("text") or DEFAULT_CHECKPOINT_TEXT)},
+                {"stop_at": now, "text": text or DEFAULT_CHECKPOINT_TEXT},
             )
         )
         c.schedule(due)
