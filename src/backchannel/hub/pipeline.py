@@ -178,10 +178,12 @@ class Pipeline:
         self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float
     ) -> None:
         """Messages were handed to ``session`` (its turn starts on them)."""
+        # the session's record is rewritten by the first and the last step: the budget
+        # part re-reads it, so it comes last and keeps what the turns part wrote
         self.turns.on_lease(c, session, got, now)  # its transcript; checkpoint pending?
         self.links.on_lease(c, session, got)  # a link's responder side binds to it
         self.delegations.on_lease(c, session, got)  # a task taken by another session
-        self.budgets.on_lease(c, session, got)  # the chain its turn works in (last)
+        self.budgets.on_lease(c, session, got)  # the chain its turn works in
 
     def after_member_lease(
         self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
@@ -211,8 +213,9 @@ class Pipeline:
         now: float,
     ) -> dict[str, Any]:
         """A turn ended by its ``agent_stop`` (its blocks already sent, the ledger still
-        full). Links carry the output first; then a delegation is answered with it and
-        the turn's own delegations go out."""
+        full: a crossing must not repeat what the turn sent). Links carry the output
+        first, then a delegation is answered with it and the turn's own delegations go
+        out: both count against the pair's budget, and the crossing is counted first."""
         extra = self.links.after_stop(c, session, output, checkpoint_turn, ledger, now)
         return {**extra, **self.delegations.after_stop(c, session, output, checkpoint_turn, now)}
 

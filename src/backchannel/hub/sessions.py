@@ -95,6 +95,7 @@ class Sessions:
 
         def fn(c: Ctx) -> Session:
             tx = c.tx
+            c.wake(team, member)
             if tx.get_member(team, member) is None:
                 raise UnknownMember(f"unknown member {member!r} in team {team!r}", member=member)
             existing = tx.get_session(team, sid)
@@ -125,11 +126,7 @@ class Sessions:
                 return recovered
             return existing
 
-        def opened(c: Ctx) -> Session:
-            c.wake(team, member)
-            return fn(c)
-
-        return await self.env.transact(opened)
+        return await self.env.transact(fn)
 
     def resume(self, c: Ctx, s: Session, now: float) -> Session:
         """An exited session comes back (its runtime resumed it): idle again, with its
