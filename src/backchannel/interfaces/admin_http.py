@@ -1,4 +1,4 @@
-"""Admin routes for credentials and removal (``backchannel._admin`` over HTTP).
+"""Admin routes for credentials and removal (``backchannel.hub.admin`` over HTTP).
 
 * ``POST /v1/teams/{team}/members/{name}/token`` gives the member a new token (shown
   only in this answer); the old one answers 401 from then on.

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from backchannel.errors import ModelError as ModelError  # re-exported
+
 Role = Literal["user", "assistant", "tool"]
 
 
@@ -73,10 +75,6 @@ class Model(Protocol):
     ) -> ModelReply:
         """One model call. Raises :class:`ModelError` on a failure retrying did not fix."""
         ...
-
-
-class ModelError(Exception):
-    """The model service failed (after the provider's retries)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from backchannel.core.delivery import NAME_RE
+from backchannel.core.messages import NAME_RE
 from backchannel.errors import InvalidRequest
 from backchannel.runner.tools import TOOLS
 from backchannel.types import MemberKind

@@ -19,7 +19,7 @@ from typing import Any
 
 from backchannel.client import Client
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
-from backchannel.errors import BackchannelError
+from backchannel.errors import BackchannelError, ToolFailed
 from backchannel.runner.models import ToolSpec
 from backchannel.runtimes.common import format_message
 
@@ -77,10 +77,6 @@ class ToolContext:
 
 
 Handler = Callable[[ToolContext, Mapping[str, Any]], Awaitable[str]]
-
-
-class ToolFailed(Exception):
-    """A tool call the model can learn from: its message goes back as the tool error."""
 
 
 def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:

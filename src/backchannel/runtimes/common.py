@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from backchannel.core import framing
-from backchannel.errors import Forbidden
+from backchannel.errors import Forbidden, HookInputError
 from backchannel.runtimes.seen import HAD_FIELD, KEEP
 from backchannel.types import Member
 
@@ -39,10 +39,6 @@ __all__ = [
 PROBLEM_HEADER = "Backchannel-Hook-Problem"
 #: Longest text recorded for one tool call or tool result (the rest is cut, marked).
 TOOL_TEXT_LIMIT = 8_000
-
-
-class HookInputError(ValueError):
-    """The hook payload cannot be used (malformed, or a field is missing or mistyped)."""
 
 
 class HookKind(StrEnum):

@@ -58,11 +58,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._sessions import CONTINUED, HANDED
 from backchannel.core import framing
-from backchannel.core.delivery import check_session_id
+from backchannel.core.messages import check_session_id
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
+from backchannel.hub.turns import CONTINUED, HANDED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,

@@ -14,25 +14,22 @@ anchor timer.
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._base import JobHandler, SendOptions
-from backchannel._links import LinksMixin
-from backchannel.core import delivery, quotas
+from backchannel.core import messages, notices
 from backchannel.core import timers as rules
 from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownMember
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.sessions import Sessions
 from backchannel.stores.base import Tx
 from backchannel.types import (
-    HUB_SENDER,
     Job,
     JobState,
     MemberKind,
-    Message,
     MessageKind,
-    Recipient,
     Session,
     SessionState,
 )
@@ -82,8 +79,15 @@ class Timer:
         return out
 
 
-class TimersMixin(LinksMixin):
+class Timers:
     """Timers and the anchor rule (see the module docstring)."""
+
+    def __init__(self, env: Env, sessions: Sessions, quotas: Quotas, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.sessions = sessions
+        self.quotas = quotas
+        self.pipeline = pipeline
 
     async def set_timer(
         self,
@@ -99,15 +103,16 @@ class TimersMixin(LinksMixin):
         it = rules.check_timer(intent, seconds, note, target)
         now = self.clock.now()
 
-        def fn(tx: Tx) -> Timer:
-            s = self._timer_session(tx, team, member, session_id)
+        def fn(c: Ctx) -> Timer:
+            tx = c.tx
+            s = self.session_for(c, team, member, session_id)
             if target is not None:
                 if tx.get_member(team, target) is None:
                     known = [m.name for m in tx.list_members(team)]
-                    raise delivery.unknown_recipient(target, team, known)
+                    raise messages.unknown_recipient(target, team, known)
                 if target == member:
                     raise InvalidRequest("a timer's target is a peer, not yourself", field="target")
-            self._check_timer_room(tx, team, member)
+            self.quotas.check_timers(c, team, member)
             job = Job(
                 team,
                 rules.TIMER_JOB,
@@ -123,40 +128,18 @@ class TimersMixin(LinksMixin):
                 },
             )
             job_id = tx.add_job(job)
-            self._scheduled.append(job.due_at)
+            c.schedule(job.due_at)
             return Timer.of(dataclasses.replace(job, job_id=job_id))
 
-        timer = await self.store.transact(fn)
-        self._flush_due()
-        return timer
+        return await self.env.transact(fn)
 
-    def _check_timer_room(self, tx: Tx, team: str, member: str) -> None:
-        """Refuse a timer over the member's quota (:mod:`backchannel.core.quotas`),
-        counted (bounded by the limit) only once about half the room seen at the last
-        count is used."""
-        key = (team, member)
-        room = self._timer_room.get(key, 0)
-        if room > 0:
-            self._timer_room[key] = room - 1
-            return
-        found, me = tx.get_team(team), tx.get_member(team, member)
-        cap = quotas.limit(
-            quotas.MAX_TIMERS, found.settings if found else {}, me.settings if me else {}
-        )
-        count = 0
-        for s in tx.list_sessions(team, member):
-            count += tx.count_jobs(team, s.session_id, rules.TIMER_JOB, cap - count)
-            if count >= cap:
-                raise quotas.too_many_timers(member, count, cap)
-        if len(self._timer_room) > 10_000:
-            self._timer_room.clear()
-        self._timer_room[key] = (cap - count) // 2
-
-    def _timer_session(
-        self, tx: Tx, team: str, member: str, session_id: str | None, purpose: str = "timer"
+    def session_for(
+        self, c: Ctx, team: str, member: str, session_id: str | None, purpose: str = "timer"
     ) -> Session:
+        """The session named, or the member's only open-turn (else only live) session."""
+        tx = c.tx
         if session_id is not None:
-            s = self._load(tx, team, member, session_id)
+            s = self.sessions.load(c, team, member, session_id)
         else:
             live = [
                 x for x in tx.list_sessions(team, member) if x.state is not SessionState.TERMINATED
@@ -221,11 +204,12 @@ class TimersMixin(LinksMixin):
         return [t for t in timers if member is None or t.member == member]
 
     # -- firing -------------------------------------------------------------------
-    def _fire_timer(self, tx: Tx, job: Job, now: float) -> Iterable[tuple[str, str]]:
+    def _fire_timer(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        tx = c.tx
         timer = Timer.of(job)
         s = tx.get_session(job.team, timer.session)
         if s is None or s.state is SessionState.TERMINATED:
-            return ()
+            return None
         peer = None
         if timer.target:
             sessions = [
@@ -245,34 +229,21 @@ class TimersMixin(LinksMixin):
             peer=peer,
         )
         meta["timer_id"] = job.job_id
-        msg = Message(
-            team=job.team,
-            message_id=f"timer-{job.job_id}-{uuid.uuid4().hex[:8]}",
-            sender=HUB_SENDER,
-            to=timer.member,
-            text=text,
-            kind=MessageKind.TIMER,
-            created_at=now,
-            fingerprint=delivery.fingerprint(
-                HUB_SENDER, timer.member, text, None, "timer", s.session_id, meta
-            ),
-            summary=text.splitlines()[0][:120],
-            meta=meta,
-        )
-        self._insert(tx, msg, s.session_id)
-        return ((job.team, timer.member),)
+        msg = notices.timer(job.team, timer.member, s.session_id, job.job_id, text, meta, now)
+        self.pipeline.insert(c, msg, s.session_id)
+        return None
 
-    def _job_handlers(self) -> dict[str, JobHandler]:
-        return {**super()._job_handlers(), rules.TIMER_JOB: self._fire_timer}
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {rules.TIMER_JOB: self._fire_timer}
 
     # -- the anchor rule ----------------------------------------------------------------
-    def _before_insert(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
-    ) -> None:
-        super()._before_insert(tx, message, recipients, options)
-        if not options.by_agent or message.kind is not MessageKind.DIRECT:
+    def check_anchor(self, s: Send) -> None:
+        """An agent's own send to a linked peer needs a pending anchor timer on the
+        sending session (the rule: :func:`backchannel.core.timers.anchor_action`)."""
+        c, tx, message = s.c, s.c.tx, s.message
+        if not s.options.by_agent or message.kind is not MessageKind.DIRECT:
             return
-        link = self._open_link_of(tx, message)
+        link = s.open_link()
         if link is None:
             return
         sender = tx.get_member(message.team, message.sender)
@@ -282,7 +253,7 @@ class TimersMixin(LinksMixin):
         policy = rules.anchor_policy(team.settings if team else {})
         if policy is rules.AnchorPolicy.OFF:
             return
-        session = self._turn_session(tx, message)
+        session = s.turn_session()
         sid = (
             session.session_id
             if session
@@ -294,28 +265,19 @@ class TimersMixin(LinksMixin):
         )
         if sid is None:
             return
-        anchors = [
-            j
+        anchored = any(
+            j.payload.get("intent") == rules.Intent.ANCHOR.value
             for j in tx.list_jobs(message.team, session_id=sid, kind=rules.TIMER_JOB)
-            if j.payload.get("intent") == rules.Intent.ANCHOR.value
-        ]
-        if anchors:
-            return
-        if policy is rules.AnchorPolicy.ENFORCE:
+        )
+        action = rules.anchor_action(policy, anchored)
+        if action is rules.AnchorAction.REFUSE:
             raise AnchorRequired(
                 rules.anchor_missing(sid, message.to), session=sid, peer=message.to
             )
-        text = rules.anchor_reminder(message.to)
-        reminder = Message(
-            team=message.team,
-            message_id="sys_" + uuid.uuid4().hex,
-            sender=HUB_SENDER,
-            to=message.sender,
-            text=text,
-            kind=MessageKind.SYSTEM,
-            created_at=message.created_at,
-            fingerprint=delivery.fingerprint(HUB_SENDER, message.sender, text, None, "system"),
-            summary="set an anchor timer",
-            meta={"anchor_reminder": True, "peer": message.to},
-        )
-        self._insert(tx, reminder, sid)
+        if action is rules.AnchorAction.REMIND:
+            reminder = notices.system(
+                message.team, message.sender, rules.anchor_reminder(message.to),
+                message.created_at, summary="set an anchor timer",
+                meta={"anchor_reminder": True, "peer": message.to},
+            )  # fmt: skip
+            self.pipeline.insert(c, reminder, sid)

@@ -5,7 +5,8 @@ leases it (pushes its due time past one attempt's timeout, so a hub that dies mi
 leaves it to be retried) and the POST runs after the commit, in its own task: a slow or
 hanging service never delays another delivery. Connection errors, 408, 425, 429 and 5xx
 are retried with capped exponential backoff within a time budget; other answers
-(including redirects, never followed) are final and go to ``_outbox_dead``.
+(including redirects, never followed) are final: the pipeline's ``post_dead`` tells the
+part that queued the POST.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from typing import Any
 
 import httpx
 
-from backchannel._base import JobHandler, JobOutcome
-from backchannel._timers import TimersMixin
 from backchannel.callbacks import CallbackConfig
 from backchannel.core import delegation as rules
 from backchannel.errors import UnknownService
-from backchannel.stores.base import Tx
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline
 from backchannel.types import Job, JobState
 
 log = logging.getLogger("backchannel.outbox")
@@ -31,20 +31,19 @@ log = logging.getLogger("backchannel.outbox")
 OUTBOX_JOB = "outbox"
 
 
-class OutboxMixin(TimersMixin):
+class Outbox:
     """Outbound HTTP through the callback registry (see the module docstring)."""
 
-    callbacks: CallbackConfig
-    _http: httpx.AsyncClient | None = None
-    _posts: set[asyncio.Task[None]]
-    _post_slots: asyncio.Semaphore
-
-    def _init_outbox(self, callbacks: CallbackConfig | None) -> None:
+    def __init__(self, env: Env, pipeline: Pipeline, callbacks: CallbackConfig | None) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.pipeline = pipeline
         self.callbacks = callbacks or CallbackConfig.load(None)
-        self._posts = set()
+        self._http: httpx.AsyncClient | None = None
+        self._posts: set[asyncio.Task[None]] = set()
         self._post_slots = asyncio.Semaphore(64)
 
-    async def _close_outbox(self) -> None:
+    async def close(self) -> None:
         for task in list(self._posts):
             task.cancel()
         for task in list(self._posts):
@@ -54,9 +53,9 @@ class OutboxMixin(TimersMixin):
             await self._http.aclose()
             self._http = None
 
-    def _enqueue_post(
+    def enqueue(
         self,
-        tx: Tx,
+        c: Ctx,
         team: str,
         *,
         service: str,
@@ -67,7 +66,7 @@ class OutboxMixin(TimersMixin):
         ref: str,
         now: float,
     ) -> int:
-        """Queue a POST in ``tx``; it runs once the transaction committed."""
+        """Queue a POST in ``c``; it runs once the transaction committed."""
         job = Job(
             team,
             OUTBOX_JOB,
@@ -85,21 +84,22 @@ class OutboxMixin(TimersMixin):
                 "first_at": now,
             },
         )
-        job_id = tx.add_job(job)
-        self._scheduled.append(now)
+        job_id = c.tx.add_job(job)
+        c.schedule(now)
         return job_id
 
-    def _fire_outbox(self, tx: Tx, job: Job, now: float) -> JobOutcome:
+    def _fire(self, c: Ctx, job: Job, now: float) -> JobOutcome:
         lease = now + self.callbacks.retry.timeout + 5.0
-        tx.reschedule_job(job.job_id, lease, job.payload)
+        c.tx.reschedule_job(job.job_id, lease, job.payload)
         return JobOutcome(keep=True, run_after=job)
 
-    def _job_handlers(self) -> dict[str, JobHandler]:
-        return {**super()._job_handlers(), OUTBOX_JOB: self._fire_outbox}
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {OUTBOX_JOB: self._fire}
 
-    def _start_after(self, job: Job) -> None:
+    def start(self, job: Job) -> None:
+        """Run the POST of a fired job in its own task."""
         if job.kind != OUTBOX_JOB:
-            super()._start_after(job)
+            log.warning("job %s asked for work after commit, but nothing runs it", job.job_id)
             return
         task = asyncio.create_task(self._post(job), name=f"bc-post-{job.job_id}")
         self._posts.add(task)
@@ -117,7 +117,7 @@ class OutboxMixin(TimersMixin):
             log.exception("POST job %s failed unexpectedly", job.job_id)
             detail = f"could not send the POST ({type(exc).__name__}: {exc})"
             try:
-                await self._finish_post(job, rules.Outcome.RETRY, detail, None)
+                await self.finish(job, rules.Outcome.RETRY, detail, None)
             except Exception:
                 log.exception("could not record the failure of POST job %s", job.job_id)
 
@@ -129,7 +129,7 @@ class OutboxMixin(TimersMixin):
         try:
             svc = self.callbacks.resolve(str(p["service"]))  # checked again before sending
         except UnknownService as exc:
-            await self._finish_post(job, rules.Outcome.DEAD, exc.message, None)
+            await self.finish(job, rules.Outcome.DEAD, exc.message, None)
             return
         if svc.kind == "a2a":  # an A2A agent, called with the A2A client
             from backchannel.a2a_peer import run_a2a_job
@@ -152,9 +152,9 @@ class OutboxMixin(TimersMixin):
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
         outcome = rules.classify(status)
-        await self._finish_post(job, outcome, detail, status)
+        await self.finish(job, outcome, detail, status)
 
-    async def _finish_post(
+    async def finish(
         self, job: Job, outcome: rules.Outcome, detail: str, status: int | None
     ) -> None:
         p = dict(job.payload)
@@ -168,18 +168,20 @@ class OutboxMixin(TimersMixin):
         p["attempt"] = attempt
         p["last"] = detail
 
-        def fn(tx: Tx) -> None:
+        def fn(c: Ctx) -> None:
+            tx = c.tx
+            c.watched(job.team)  # the feed shows the outcome; recipients wake on insert
             if outcome is rules.Outcome.RETRY:
                 tx.reschedule_job(job.job_id, at or now, p)
-                self._scheduled.append(at or now)
+                c.schedule(at or now)
                 return
             # a finished POST keeps its record, not its credentials
             tx.reschedule_job(job.job_id, now, _without_secrets(p))
             tx.finish_job(job.job_id, JobState.DONE, now)
             if outcome is rules.Outcome.DONE:
-                self._outbox_done(tx, job, now)
+                self.pipeline.post_done(c, job, now)
             else:
-                self._outbox_dead(tx, job, detail, now, status)
+                self.pipeline.post_dead(c, job, detail, now, status)
 
         log.log(
             logging.WARNING if outcome is rules.Outcome.DEAD else logging.DEBUG,
@@ -191,22 +193,23 @@ class OutboxMixin(TimersMixin):
             outcome.value,
             detail,
         )
-        stored: set[str] = set()
         try:
-            await self.store.transact(self._waiters.recording(fn, stored))
+            await self.env.transact(fn)
         except Exception:
             log.exception(
                 "could not record the outcome of POST job %s; it will be retried", job.job_id
             )
-        self._flush_due()
-        self._waiters.notify_members(job.team, stored)
 
-    def _outbox_done(self, tx: Tx, job: Job, now: float) -> None:
-        """Hook: a POST was accepted (2xx). Runs in the recording transaction."""
+    async def answered(self, job: Job, text: str) -> None:
+        """A call that answers inline (an A2A agent) answered ``text``: the job is done
+        and the pipeline delivers the answer."""
+        now = self.clock.now()
 
-    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float, status: int | None) -> None:
-        """Hook: a POST was given up on (``status``: the last HTTP status, ``None`` when
-        there was no answer). Runs in the recording transaction."""
+        def fn(c: Ctx) -> None:
+            c.tx.finish_job(job.job_id, JobState.DONE, now)
+            self.pipeline.post_answered(c, job, text, now)
+
+        await self.env.transact(fn)
 
 
 def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,24 +24,23 @@ import dataclasses
 import json
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from backchannel._base import JobHandler, JobOutcome
-from backchannel._outbox import OutboxMixin
 from backchannel.core import delegation as rules
-from backchannel.core import delivery, turns
+from backchannel.core import messages, notices, turns
 from backchannel.errors import Conflict, InvalidRequest, NotFound, Unauthorized, UnknownService
-from backchannel.stores.base import Tx
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.outbox import Outbox
+from backchannel.hub.pipeline import Pipeline
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.timers import Timers
 from backchannel.types import (
-    HUB_SENDER,
     Delegation,
     DelegationState,
     InboxMessage,
     Job,
-    LedgerEntry,
     MemberKind,
-    Message,
     MessageKind,
     Route,
     Session,
@@ -56,8 +55,24 @@ RESPONSE_PATH = "/api/tools/response"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 
 
-class DelegationMixin(OutboxMixin):
+class Delegations:
     """Delegation (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: Env,
+        timers: Timers,
+        quotas: Quotas,
+        outbox: Outbox,
+        pipeline: Pipeline,
+    ) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.timers = timers  # which session a delegation comes from
+        self.quotas = quotas
+        self.outbox = outbox
+        self.callbacks = outbox.callbacks
+        self.pipeline = pipeline
 
     async def delegate(
         self,
@@ -74,12 +89,12 @@ class DelegationMixin(OutboxMixin):
         at once; the answer arrives later as a ``tool_result`` message."""
         timeout = rules.check_delegate(to, task, timeout_s)
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
-        delivery.check_message_id(tuid)
+        messages.check_message_id(tuid)
         now = self.clock.now()
         remote = "@" in to
         if remote:
             agent, _, service = to.partition("@")
-            delivery.check_name("agent", agent)
+            messages.check_name("agent", agent)
             svc = self.callbacks.resolve(service)
             if not self.callbacks.secret and svc.kind != "a2a":  # A2A answers come back inline
                 raise InvalidRequest(
@@ -88,10 +103,11 @@ class DelegationMixin(OutboxMixin):
                     field="to",
                 )
         else:
-            delivery.check_name("recipient", to)
+            messages.check_name("recipient", to)
 
-        def fn(tx: Tx) -> Delegation:
-            caller = self._timer_session(tx, team, member, session_id, "delegation")
+        def fn(c: Ctx) -> Delegation:
+            tx = c.tx
+            caller = self.timers.session_for(c, team, member, session_id, "delegation")
             if caller.state is not SessionState.ACTIVE:
                 raise InvalidRequest(
                     f"delegate from a turn: session {caller.session_id!r} has no open turn",
@@ -121,18 +137,18 @@ class DelegationMixin(OutboxMixin):
                 tx.insert_delegation(d)
             else:
                 if tx.get_member(team, to) is None:
-                    raise delivery.unknown_recipient(
+                    raise messages.unknown_recipient(
                         to, team, [m.name for m in tx.list_members(team)]
                     )
                 if to == member:
                     raise InvalidRequest("delegate to another member, not yourself", field="to")
-                self._check_inbox_room(tx, team, member, to)  # a task is a queued message
+                self.quotas.check_inbox(c, team, member, to)  # a task is a queued message
                 d = dataclasses.replace(
                     d, callee_session=rules.sub_session(caller.session_id, tuid)
                 )
                 tx.insert_delegation(d)
-                self._start_callee(tx, d, sender=member, now=now)
-            self._keep_pruned(tx, team, now)
+                self._start_callee(c, d, sender=member, now=now)
+            self._keep_pruned(c, team, now)
             tx.add_job(
                 Job(
                     team,
@@ -143,20 +159,16 @@ class DelegationMixin(OutboxMixin):
                     {"delegation_id": d.delegation_id},
                 )
             )
-            self._scheduled.append(d.deadline)
+            c.schedule(d.deadline)
             return d
 
-        d = await self.store.transact(fn)
-        self._flush_due()
-        if d.callee_session:
-            self._waiters.notify(team, d.callee)
-        return d
+        return await self.env.transact(fn)
 
-    def _dispatch_batch(self, tx: Tx, team: str, batch: str, now: float) -> None:
+    def _dispatch_batch(self, c: Ctx, team: str, batch: str, now: float) -> None:
         """The caller's turn ``batch`` is over: send its tasks for other hubs, each with a
         reply token whose ``total_tools`` is the number of delegations the turn issued.
         A turn ends once, so this runs once per batch."""
-        ds = tx.list_delegations(team, batch=batch)
+        ds = c.tx.list_delegations(team, batch=batch)
         for d in ds:
             if d.route is not Route.OUTBOUND or d.state not in rules.OPEN_STATES:
                 continue
@@ -164,7 +176,7 @@ class DelegationMixin(OutboxMixin):
             try:
                 svc = self.callbacks.resolve(service)
             except UnknownService as exc:  # the registry changed since the call
-                self._refused(tx, d, exc.message, now)
+                self._refused(c, d, exc.message, now)
                 continue
             token = rules.make_token(
                 self.callbacks.secret or "",
@@ -178,8 +190,8 @@ class DelegationMixin(OutboxMixin):
                 now=now,
                 ttl=max(0.0, d.deadline - now) + rules.TOKEN_GRACE,
             )
-            self._enqueue_post(
-                tx,
+            self.outbox.enqueue(
+                c,
                 team,
                 service=svc.name,
                 path=CHAT_PATH,
@@ -200,7 +212,7 @@ class DelegationMixin(OutboxMixin):
                 now=now,
             )
 
-    def _refused(self, tx: Tx, d: Delegation, reason: str, now: float) -> None:
+    def _refused(self, c: Ctx, d: Delegation, reason: str, now: float) -> None:
         """The task never reached the callee: the delegation failed (its batch is told)."""
         failed = dataclasses.replace(
             d,
@@ -208,22 +220,24 @@ class DelegationMixin(OutboxMixin):
             error=f"the callee's hub refused the task: {reason}",
             answered_at=now,
         )
-        tx.update_delegation(failed)
-        self._deliver_batch(tx, d.team, d.batch, now)
+        c.tx.update_delegation(failed)
+        self._deliver_batch(c, d.team, d.batch, now)
 
-    def _turn_over(self, tx: Tx, session: Session, turn: int, now: float) -> None:
-        super()._turn_over(tx, session, turn, now)
+    def turn_over(self, c: Ctx, session: Session, turn: int, now: float) -> None:
+        """A turn that delegated is over: its tasks for other hubs go out, and its
+        results, if all are in, are delivered."""
         batch = f"{session.session_id}#{turn}"
-        self._dispatch_batch(tx, session.team, batch, now)
-        self._deliver_batch(tx, session.team, batch, now)
+        self._dispatch_batch(c, session.team, batch, now)
+        self._deliver_batch(c, session.team, batch, now)
 
-    def _start_callee(self, tx: Tx, d: Delegation, *, sender: str, now: float) -> None:
+    def _start_callee(self, c: Ctx, d: Delegation, *, sender: str, now: float) -> None:
         """Open the callee's session for this request and give it the task.
 
         Agents attached through hooks (Claude Code, Codex, Gemini) cannot be started in a
         new session by the hub: their task goes to the member, and whichever session of
         theirs takes it answers it with its next ``agent_stop``."""
         assert d.callee_session is not None
+        tx = c.tx
         callee = d.callee.partition("@")[0]
         member = tx.get_member(d.team, callee)
         pinned: str | None = d.callee_session
@@ -231,24 +245,12 @@ class DelegationMixin(OutboxMixin):
             pinned = None
         elif tx.get_session(d.team, d.callee_session) is None:
             tx.put_session(Session(d.team, d.callee_session, callee, SessionState.IDLE, now, now))
-        # the reply route stays in the delegation record, never in the message
-        msg = Message(
-            team=d.team,
-            message_id=f"task-{d.delegation_id}",
-            sender=sender,
-            to=callee,
-            text=d.task,
-            kind=MessageKind.DELEGATION,
-            created_at=now,
-            fingerprint=delivery.fingerprint(sender, callee, d.task, None, "delegation", pinned),
-            meta={"delegation_id": d.delegation_id},
-        )
-        self._insert(tx, msg, pinned)
+        msg = notices.task(d.team, sender, callee, d.task, d.delegation_id, pinned, now)
+        self.pipeline.insert(c, msg, pinned)
 
-    def _after_lease(
-        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
-    ) -> None:
-        super()._after_lease(tx, session, got, now)
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
+        """A task taken by another session of the callee is answered from there."""
+        tx = c.tx
         for m in got:
             did = m.message.meta.get("delegation_id")
             if m.message.kind is MessageKind.DELEGATION and isinstance(did, str):
@@ -293,21 +295,22 @@ class DelegationMixin(OutboxMixin):
                 field="reply.bearerToken",
             )
         timeout = rules.check_delegate(agent, message, timeout_s)
-        delivery.check_name("agent", agent)
+        messages.check_name("agent", agent)
         caller_session = (
-            delivery.check_session_id(session_id)
+            messages.check_session_id(session_id)
             if session_id
             else "remote-" + uuid.uuid4().hex[:12]
         )
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
         now = self.clock.now()
 
-        def fn(tx: Tx) -> Delegation:
+        def fn(c: Ctx) -> Delegation:
+            tx = c.tx
             known = tx.find_delegation(team, caller_session=caller_session, tool_use_id=tuid)
             if known is not None:
                 return known
             if tx.get_member(team, agent) is None:
-                raise delivery.unknown_recipient(
+                raise messages.unknown_recipient(
                     agent, team, [m.name for m in tx.list_members(team)]
                 )
             d = Delegation(
@@ -327,13 +330,11 @@ class DelegationMixin(OutboxMixin):
                 reply_token=reply_token,
             )
             tx.insert_delegation(d)
-            self._start_callee(tx, d, sender=caller, now=now)
-            self._keep_pruned(tx, team, now)
+            self._start_callee(c, d, sender=caller, now=now)
+            self._keep_pruned(c, team, now)
             return d
 
-        d = await self.store.transact(fn)
-        self._waiters.notify(team, agent)
-        return d
+        return await self.env.transact(fn)
 
     # -- the caller hub: an answer arrives from another hub -----------------------------
     async def accept_tool_response(self, token: str, result: Any) -> Delegation:
@@ -348,9 +349,10 @@ class DelegationMixin(OutboxMixin):
         claims = rules.verify_token(self.callbacks.secret, token, now=now)
         team, _, delegation_id = str(claims["tool_id"]).partition("/")
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
-        delivery.check_text(text, self.config.max_text)
+        messages.check_text(text, self.config.max_text)
 
-        def fn(tx: Tx) -> tuple[Delegation, bool]:
+        def fn(c: Ctx) -> Delegation:
+            tx = c.tx
             d = tx.get_delegation(team, delegation_id)
             if d is None or (d.caller_session, d.tool_use_id) != (
                 claims["session_id"],
@@ -360,35 +362,33 @@ class DelegationMixin(OutboxMixin):
             if not tx.spend_token(str(claims["jti"]), float(claims["exp"])):
                 d = tx.get_delegation(team, delegation_id) or d  # as the spender left it
                 if d.state in rules.ANSWERED_STATES and d.result == text:
-                    return d, False  # a repeat of the callback already taken
+                    return d  # a repeat of the callback already taken
                 raise Conflict(
                     f"delegation {d.delegation_id} ({d.tool_use_id}) was already answered "
                     "with a different result; the first answer stands and this one was not "
                     "taken"
                 )
-            return self._resolve(tx, d, text, now), True
+            return self.resolve(c, d, text, now)
 
-        d, fresh = await self.store.transact(fn)
-        if fresh:
-            self._waiters.notify(d.team, d.caller)
-        return d
+        return await self.env.transact(fn)
 
     # -- resolving ------------------------------------------------------------------------
-    def _resolve(self, tx: Tx, d: Delegation, result: str, now: float) -> Delegation:
+    def resolve(self, c: Ctx, d: Delegation, result: str, now: float) -> Delegation:
         """An answer for a caller of this hub: the tool result, or a late result."""
+        tx = c.tx
         if d.state is DelegationState.PENDING:
             d = dataclasses.replace(
                 d, state=DelegationState.ANSWERED, result=result, answered_at=now
             )
             tx.update_delegation(d)
-            self._deliver_batch(tx, d.team, d.batch, now)
+            self._deliver_batch(c, d.team, d.batch, now)
         elif d.state in (DelegationState.TIMED_OUT, DelegationState.FAILED):
             # the caller was given an error for it already; the answer still reaches it
             why = "had timed out" if d.state is DelegationState.TIMED_OUT else "had failed"
             d = dataclasses.replace(d, state=DelegationState.LATE, result=result, answered_at=now)
             tx.update_delegation(d)
             self._tool_result(
-                tx,
+                c,
                 d,
                 rules.late_text(d, why),
                 {"late": True, "results": [rules.result_of(d) | {"result": result}]},
@@ -396,9 +396,10 @@ class DelegationMixin(OutboxMixin):
             )
         return d
 
-    def _deliver_batch(self, tx: Tx, team: str, batch: str, now: float) -> None:
+    def _deliver_batch(self, c: Ctx, team: str, batch: str, now: float) -> None:
         """Once none of a caller turn's delegations is pending (and that turn is over),
         give the caller all their results in one message."""
+        tx = c.tx
         ds = tx.list_delegations(team, batch=batch)
         if not ds or any(x.state is DelegationState.PENDING for x in ds):
             return
@@ -412,7 +413,7 @@ class DelegationMixin(OutboxMixin):
         if tx.get_message(team, rules.results_message_id(batch)) is not None:
             return  # delivered already
         self._tool_result(
-            tx,
+            c,
             ds[0],
             rules.results_text(ds),
             {"results": [rules.result_of(x) for x in ds]},
@@ -422,7 +423,7 @@ class DelegationMixin(OutboxMixin):
 
     def _tool_result(
         self,
-        tx: Tx,
+        c: Ctx,
         d: Delegation,
         text: str,
         meta: dict[str, Any],
@@ -430,43 +431,35 @@ class DelegationMixin(OutboxMixin):
         *,
         message_id: str | None = None,
     ) -> None:
+        tx = c.tx
         caller = tx.get_session(d.team, d.caller_session)
         pinned = (
             d.caller_session
             if caller is not None and caller.state is not SessionState.TERMINATED
             else None
         )
-        msg = Message(
-            team=d.team,
-            message_id=message_id or f"late-{d.delegation_id}",
-            sender=HUB_SENDER,
-            to=d.caller,
-            text=text,
-            kind=MessageKind.TOOL_RESULT,
-            created_at=now,
-            fingerprint=delivery.fingerprint(
-                HUB_SENDER, d.caller, text, None, "tool_result", pinned, meta
-            ),
-            summary=text.splitlines()[0][:120],
-            meta=meta,
-        )
+        msg = notices.tool_result(
+            d.team, d.caller, text, meta, now,
+            message_id=message_id or f"late-{d.delegation_id}", pinned=pinned,
+        )  # fmt: skip
         if tx.get_message(d.team, msg.message_id) is None:
-            self._insert(tx, msg, pinned)
+            self.pipeline.insert(c, msg, pinned)
 
-    def _fire_deadline(self, tx: Tx, job: Job, now: float) -> Iterable[tuple[str, str]]:
+    def _fire_deadline(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        tx = c.tx
         d = tx.get_delegation(job.team, str(job.payload.get("delegation_id")))
         if d is None or d.state is not DelegationState.PENDING:
-            return ()
+            return None
         timed_out = dataclasses.replace(
             d, state=DelegationState.TIMED_OUT, error=rules.timeout_error(d)["error"]
         )
         tx.update_delegation(timed_out)
-        self._deliver_batch(tx, d.team, d.batch, now)
-        return ((d.team, d.caller),)
+        self._deliver_batch(c, d.team, d.batch, now)
+        c.wake(d.team, d.caller)
+        return None
 
-    def _job_handlers(self) -> dict[str, JobHandler]:
+    def job_handlers(self) -> dict[str, JobHandler]:
         return {
-            **super()._job_handlers(),
             rules.DEADLINE_JOB: self._fire_deadline,
             rules.PRUNE_JOB: self._fire_prune,
         }
@@ -475,16 +468,17 @@ class DelegationMixin(OutboxMixin):
     def _prune_every(self) -> float:
         return min(self.callbacks.retention, rules.PRUNE_INTERVAL)
 
-    def _keep_pruned(self, tx: Tx, team: str, now: float) -> None:
+    def _keep_pruned(self, c: Ctx, team: str, now: float) -> None:
         """Make sure a team with delegations has its pruning job."""
-        if not tx.list_jobs(team, kind=rules.PRUNE_JOB):
+        if not c.tx.list_jobs(team, kind=rules.PRUNE_JOB):
             due = now + self._prune_every()
-            tx.add_job(Job(team, rules.PRUNE_JOB, due, now, None, {}))
-            self._scheduled.append(due)
+            c.tx.add_job(Job(team, rules.PRUNE_JOB, due, now, None, {}))
+            c.schedule(due)
 
-    def _fire_prune(self, tx: Tx, job: Job, now: float) -> JobOutcome:
+    def _fire_prune(self, c: Ctx, job: Job, now: float) -> JobOutcome:
         """Forget the team's delegations that ended more than the retention period ago
         (with their stored reply tokens), and spent token ids past their expiry."""
+        tx = c.tx
         tx.prune_delegations(
             job.team,
             ended_before=now - self.callbacks.retention,
@@ -495,17 +489,16 @@ class DelegationMixin(OutboxMixin):
             return JobOutcome()  # done; the team's next delegation schedules it again
         due = now + self._prune_every()
         tx.reschedule_job(job.job_id, due, job.payload)
-        self._scheduled.append(due)
+        c.schedule(due)
         return JobOutcome(keep=True)
 
     # -- turns: the callee's answer, the caller's gathering ---------------------------------
-    def _closing_text(self, tx: Tx, s: Session, parsed: turns.ClosingText) -> turns.ClosingText:
+    def closing_text(self, c: Ctx, s: Session, parsed: turns.ClosingText) -> turns.ClosingText:
         """A callee that answers only in ``<message>`` blocks (no text outside them) answers
         with the blocks addressed to its caller: they become the answer, not messages."""
-        parsed = super()._closing_text(tx, s, parsed)
         if parsed.output or not parsed.blocks or s.turn_kind == "checkpoint":
             return parsed
-        d = tx.find_delegation(s.team, callee_session=s.session_id)
+        d = c.tx.find_delegation(s.team, callee_session=s.session_id)
         if d is None or d.state not in rules.OPEN_STATES:
             return parsed
         to_caller = [b for b in parsed.blocks if b.to == d.caller and b.body.strip()]
@@ -516,17 +509,12 @@ class DelegationMixin(OutboxMixin):
             "\n\n".join(b.body.strip() for b in to_caller),
         )
 
-    def _after_stop(
-        self,
-        tx: Tx,
-        session: Session,
-        output: str,
-        checkpoint_turn: bool,
-        ledger: Sequence[LedgerEntry],
-        now: float,
-        woken: set[tuple[str, str]],
+    def after_stop(
+        self, c: Ctx, session: Session, output: str, checkpoint_turn: bool, now: float
     ) -> dict[str, Any]:
-        extra = super()._after_stop(tx, session, output, checkpoint_turn, ledger, now, woken)
+        """A callee's turn answers its delegation; the turn's own delegations go out."""
+        tx = c.tx
+        extra: dict[str, Any] = {}
         d = tx.find_delegation(session.team, callee_session=session.session_id)
         if (
             d is not None
@@ -538,8 +526,8 @@ class DelegationMixin(OutboxMixin):
                     d, state=DelegationState.ANSWERED, result=output, answered_at=now
                 )
                 tx.update_delegation(answered)
-                self._enqueue_post(
-                    tx,
+                self.outbox.enqueue(
+                    c,
                     d.team,
                     service=d.reply_service or "",
                     path=RESPONSE_PATH,
@@ -550,26 +538,35 @@ class DelegationMixin(OutboxMixin):
                     now=now,
                 )
             else:
-                self._resolve(tx, d, output, now)
-                woken.add((d.team, d.caller))
+                self.resolve(c, d, output, now)
+                c.wake(d.team, d.caller)
             extra = {**extra, "answered_delegation": d.delegation_id}
         # the turn that delegated has ended: send its tasks for other hubs, and deliver
         # its results if they are all in
         batch = f"{session.session_id}#{session.turn}"
-        self._dispatch_batch(tx, session.team, batch, now)
-        self._deliver_batch(tx, session.team, batch, now)
+        self._dispatch_batch(c, session.team, batch, now)
+        self._deliver_batch(c, session.team, batch, now)
         return extra
 
     # -- the outbox's verdicts ----------------------------------------------------------------
-    def _outbox_dead(self, tx: Tx, job: Job, reason: str, now: float, status: int | None) -> None:
-        super()._outbox_dead(tx, job, reason, now, status)
+    def post_answered(self, c: Ctx, job: Job, text: str, now: float) -> None:
+        """The POST of a task answered inline (an A2A agent)."""
+        team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
+        current = c.tx.get_delegation(team, delegation_id)
+        if current is not None:
+            self.resolve(c, current, text, now)
+            c.wake(team, current.caller)
+
+    def post_dead(self, c: Ctx, job: Job, reason: str, now: float, status: int | None) -> None:
+        """A POST of this part was given up on."""
+        tx = c.tx
         team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
         d = tx.get_delegation(team, delegation_id)
         if d is None:
             return
         purpose = job.payload.get("purpose")
         if purpose == "chat" and d.state is DelegationState.PENDING:
-            self._refused(tx, d, reason, now)
+            self._refused(c, d, reason, now)
         elif purpose == "reply" and status == 409:
             # the caller holds an answer to this request already (a different one): this
             # answer was not taken, but nothing the caller was given is lost
@@ -579,7 +576,7 @@ class DelegationMixin(OutboxMixin):
                 )
             )
             self._notify_callee(
-                tx,
+                c,
                 d,
                 f"undelivered-{d.delegation_id}",
                 f"{d.caller} already had a different answer to its request {d.tool_use_id}; "
@@ -597,7 +594,7 @@ class DelegationMixin(OutboxMixin):
             tx.update_delegation(failed)
             # the callee's operator sees why, in the callee's inbox and the dashboard
             self._notify_callee(
-                tx,
+                c,
                 d,
                 f"undeliverable-{d.delegation_id}",
                 f"Your answer to {d.caller}'s request {d.tool_use_id} could not be delivered "
@@ -609,7 +606,7 @@ class DelegationMixin(OutboxMixin):
 
     def _notify_callee(
         self,
-        tx: Tx,
+        c: Ctx,
         d: Delegation,
         message_id: str,
         text: str,
@@ -617,17 +614,9 @@ class DelegationMixin(OutboxMixin):
         reason: str,
         now: float,
     ) -> None:
-        msg = Message(
-            team=d.team,
-            message_id=message_id,
-            sender=HUB_SENDER,
-            to=d.callee,
-            text=text,
-            kind=MessageKind.SYSTEM,
-            created_at=now,
-            fingerprint=delivery.fingerprint(HUB_SENDER, d.callee, text, None, "system"),
-            summary=summary,
+        msg = notices.system(
+            d.team, d.callee, text, now, message_id=message_id, summary=summary,
             meta={"delegation_id": d.delegation_id, "reason": reason},
-        )
-        if tx.get_message(d.team, msg.message_id) is None:
-            self._insert(tx, msg, None)
+        )  # fmt: skip
+        if c.tx.get_message(d.team, msg.message_id) is None:
+            self.pipeline.insert(c, msg, None)

@@ -2,7 +2,7 @@
 
 A Claude Code teammate writes to another member's inbox file; whatever reads the files
 (:mod:`backchannel.delivery.inbox_watch`) hands the entries of one file to
-:meth:`InboxMixin.take_inbox_entries`, which, in one store transaction:
+:meth:`InboxFiles.take_inbox_entries`, which, in one store transaction:
 
 * skips the entries already taken in (the read cursor: ids per file, in the store), so a
   rewrite, a mark-read, a pruned file or a hub restart never brings one in twice;
@@ -26,11 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backchannel._base import HubBase, SendOptions
-from backchannel.core import delivery as rules
+from backchannel.core import messages as rules
 from backchannel.core import presence
 from backchannel.errors import BackchannelError
-from backchannel.stores.base import Tx
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.pipeline import Pipeline, SendOptions
 from backchannel.types import (
     DeliveryEvent,
     DeliveryState,
@@ -40,7 +40,7 @@ from backchannel.types import (
     MessageKind,
 )
 
-__all__ = ["InboxMixin", "TakeResult"]
+__all__ = ["InboxFiles", "TakeResult"]
 
 log = logging.getLogger("backchannel.inbox")
 
@@ -50,7 +50,7 @@ _IMPORTED = SendOptions(link=False, by_agent=False)
 
 @dataclass(frozen=True, slots=True)
 class TakeResult:
-    """What :meth:`InboxMixin.take_inbox_entries` did with one file's entries."""
+    """What :meth:`InboxFiles.take_inbox_entries` did with one file's entries."""
 
     messages: tuple[str, ...] = ()  # ids of the hub messages made from chat
     protocol: tuple[tuple[str, str], ...] = ()  # (sender, frame type) taken as state
@@ -65,8 +65,13 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
-class InboxMixin(HubBase):
+class InboxFiles:
     """See the module docstring."""
+
+    def __init__(self, env: Env, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.pipeline = pipeline
 
     async def take_inbox_entries(
         self,
@@ -86,7 +91,8 @@ class InboxMixin(HubBase):
         ids = [str(e["msg_id"]) for e in entries]
         now = self.clock.now()
 
-        def fn(tx: Tx) -> TakeResult:
+        def fn(c: Ctx) -> TakeResult:
+            tx = c.tx
             known = tx.inbox_known(team, inbox, ids) if ids else set()
             names = {m.name for m in tx.list_members(team)}
             records: list[InboxEntry] = []
@@ -118,7 +124,7 @@ class InboxMixin(HubBase):
                     tx.add_history(team, DeliveryEvent(eid, owner, now, "inbox_protocol", detail))
                     records.append(record)
                     continue
-                why = self._take_chat(tx, team, inbox, owner, eid, sender, e, now, owner_reads_file)
+                why = self._take_chat(c, team, inbox, owner, eid, sender, e, now, owner_reads_file)
                 if why is None:
                     made.append(eid)
                     records.append(record)
@@ -137,17 +143,16 @@ class InboxMixin(HubBase):
                 frozenset({owner} if made else ()),
             )
 
-        stored: set[str] = set()
-        result = await self.store.transact(self._waiters.recording(fn, stored))
+        result = await self.env.transact(fn)
         for eid, why in result.refused:
             log.warning("inbox %s: entry %s was not taken in: %s", inbox, eid, why)
         if result.messages or result.protocol:
-            self._waiters.notify_members(team, {*result.recipients, *stored})
+            self.env.waiters.notify_members(team, result.recipients)
         return result
 
     def _take_chat(
         self,
-        tx: Tx,
+        c: Ctx,
         team: str,
         inbox: str,
         owner: str,
@@ -181,11 +186,11 @@ class InboxMixin(HubBase):
             meta=meta,
         )
         try:
-            self._insert(tx, message, None, _IMPORTED)
+            self.pipeline.insert(c, message, None, _IMPORTED)
         except BackchannelError as exc:
             return exc.message
         if owner_reads_file:
-            tx.transition(
+            c.tx.transition(
                 team,
                 eid,
                 owner,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backchannel.core import delivery as rules
+from backchannel.core import messages as rules
 from backchannel.errors import InvalidName, MessageIdConflict, TooLarge, UnknownRecipient
 from backchannel.types import DeliveryState, Message, MessageKind, Recipient
 

@@ -17,30 +17,29 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backchannel._base import SendOptions
-from backchannel._sessions import SessionsMixin
-from backchannel.core import delivery
 from backchannel.core import links as rules
+from backchannel.core import notices
 from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
-from backchannel.stores.base import Tx
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.types import (
     BROADCAST,
-    HUB_SENDER,
     InboxMessage,
     LedgerEntry,
     Link,
     LinkState,
-    MemberKind,
-    Message,
-    MessageKind,
-    Recipient,
     Session,
     SessionState,
 )
 
 
-class LinksMixin(SessionsMixin):
+class Links:
     """Links (see the module docstring)."""
+
+    def __init__(self, env: Env, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.pipeline = pipeline
 
     async def list_links(
         self, team: str, *, member: str | None = None, open_only: bool = False
@@ -56,15 +55,14 @@ class LinksMixin(SessionsMixin):
         return link
 
     # -- opening and closing, as part of a send ----------------------------------------
-    def _before_insert(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
-    ) -> None:
-        super()._before_insert(tx, message, recipients, options)
-        if not options.close_link:
+    def check_close(self, s: Send) -> None:
+        """Refuse ``close_link`` unless the sender opened the link it would close."""
+        message = s.message
+        if not s.options.close_link:
             return
         if message.to == BROADCAST:
             raise InvalidRequest("close_link needs one recipient, not '*'", field="close_link")
-        link = self._open_link_of(tx, message)
+        link = s.open_link()
         if link is None:
             raise InvalidRequest(
                 f"there is no open link between {message.sender!r} and {message.to!r} to "
@@ -78,32 +76,28 @@ class LinksMixin(SessionsMixin):
                 link_id=link.link_id,
             )
 
-    def _after_insert(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
-    ) -> None:
-        super()._after_insert(tx, message, recipients, options)
-        if message.kind is not MessageKind.DIRECT or message.to == BROADCAST:
-            return
-        if message.sender == HUB_SENDER:
+    def after_send(self, s: Send) -> None:
+        """A stored send closes the link it asked to close, or opens one (the rules:
+        :func:`backchannel.core.links.may_change_links` and ``opens_link``)."""
+        c, tx, message, options = s.c, s.c.tx, s.message, s.options
+        if not rules.may_change_links(message.kind, message.sender, message.to):
             return
         now = message.created_at
         if options.close_link:
-            link = self._open_link_of(tx, message)
+            link = s.open_link()
             if link is not None:
-                self._close_link(tx, link, "closed_by_initiator", now)
+                self.close(c, link, "closed_by_initiator", now)
             return
-        if not options.link or self._open_link_of(tx, message):
+        if not options.link or s.open_link() is not None:
             return
-        session = self._turn_session(tx, message)
-        if session is None:
-            return  # links join sessions: a send from outside a turn opens none
-        callee = tx.get_member(message.team, message.to)
-        if callee is None or callee.kind is MemberKind.HUMAN:
-            return  # a human reads at their own pace: no turns to carry
+        session = s.turn_session()
+        callee = tx.get_member(message.team, message.to) if session is not None else None
+        if session is None or not rules.opens_link(callee.kind if callee else None):
+            return
         team = tx.get_team(message.team)
         settings: Mapping[str, Any] = team.settings if team else {}
         budget = options.link_budget or rules.team_budget(settings)
-        responder_session = recipients[0].session if recipients else None
+        responder_session = s.recipients[0].session if s.recipients else None
         if responder_session is None:
             live = tx.list_sessions(message.team, message.to, which="live", limit=2)
             responder_session = live[0].session_id if len(live) == 1 else None
@@ -130,7 +124,7 @@ class LinksMixin(SessionsMixin):
         for member in (link.initiator, link.responder):
             peer = link.peer_of(member)[0]
             self._notice(
-                tx,
+                c,
                 link,
                 member,
                 rules.rules_text(settings, peer, budget),
@@ -144,7 +138,7 @@ class LinksMixin(SessionsMixin):
 
     def _notice(
         self,
-        tx: Tx,
+        c: Ctx,
         link: Link,
         member: str,
         text: str,
@@ -155,26 +149,14 @@ class LinksMixin(SessionsMixin):
     ) -> None:
         """A ``system`` message from the hub to one side of a link."""
         sid = self._side_session(link, member)
-        s = tx.get_session(link.team, sid) if sid else None
+        s = c.tx.get_session(link.team, sid) if sid else None
         pinned = sid if s is not None and s.state is not SessionState.TERMINATED else None
         meta = {"link_id": link.link_id, "event": event}
-        msg = Message(
-            team=link.team,
-            message_id="sys_" + uuid.uuid4().hex,
-            sender=HUB_SENDER,
-            to=member,
-            text=text,
-            kind=MessageKind.SYSTEM,
-            created_at=now,
-            fingerprint=delivery.fingerprint(
-                HUB_SENDER, member, text, summary, "system", None, meta
-            ),
-            summary=summary,
-            meta=meta,
-        )
-        self._insert(tx, msg, pinned)  # the caller wakes the team's waiters after commit
+        msg = notices.system(link.team, member, text, now, summary=summary, meta=meta)
+        self.pipeline.insert(c, msg, pinned)
 
-    def _close_link(self, tx: Tx, link: Link, reason: str, now: float) -> Link:
+    def close(self, c: Ctx, link: Link, reason: str, now: float) -> Link:
+        """Close ``link`` for ``reason`` and tell both sides."""
         closed = dataclasses.replace(
             link,
             state=LinkState.CLOSED,
@@ -182,10 +164,10 @@ class LinksMixin(SessionsMixin):
             close_reason=reason,
             history=(*link.history, {"at": now, "event": "closed", "reason": reason}),
         )
-        tx.update_link(closed)
+        c.tx.update_link(closed)
         for member in (link.initiator, link.responder):
             self._notice(
-                tx,
+                c,
                 closed,
                 member,
                 rules.closed_text(closed, reason, member),
@@ -196,48 +178,46 @@ class LinksMixin(SessionsMixin):
         return closed
 
     # -- binding the responder's session ---------------------------------------------
-    def _bind(self, tx: Tx, link: Link, session: Session) -> Link:
+    def _bind(self, c: Ctx, link: Link, session: Session) -> Link:
         if link.responder_session is not None or session.member != link.responder:
             return link
         bound = dataclasses.replace(link, responder_session=session.session_id)
-        tx.update_link(bound)
+        c.tx.update_link(bound)
         return bound
 
-    def _after_lease(
-        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
-    ) -> None:
-        super()._after_lease(tx, session, got, now)
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
+        """A session handed a link's message is that link's responder side."""
         for m in got:
             link_id = m.message.meta.get("link_id")
             if isinstance(link_id, str):
-                link = tx.get_link(session.team, link_id)
+                link = c.tx.get_link(session.team, link_id)
                 if link is not None and link.state is LinkState.OPEN:
-                    self._bind(tx, link, session)
+                    self._bind(c, link, session)
 
-    def _session_links(self, tx: Tx, session: Session) -> list[Link]:
+    def _session_links(self, c: Ctx, session: Session) -> list[Link]:
         """Open links this session is on (binding unbound ones where it is the responder)."""
         out = []
-        for link in tx.list_links(session.team, member=session.member, open_only=True):
+        for link in c.tx.list_links(session.team, member=session.member, open_only=True):
             if link.responder == session.member and link.responder_session is None:
-                link = self._bind(tx, link, session)
+                link = self._bind(c, link, session)
             if session.session_id in (link.initiator_session, link.responder_session):
                 out.append(link)
         return out
 
     # -- crossing at the end of a turn ---------------------------------------------------
-    def _after_stop(
+    def after_stop(
         self,
-        tx: Tx,
+        c: Ctx,
         session: Session,
         output: str,
         checkpoint_turn: bool,
         ledger: Sequence[LedgerEntry],
         now: float,
-        woken: set[tuple[str, str]],
     ) -> dict[str, Any]:
-        extra = super()._after_stop(tx, session, output, checkpoint_turn, ledger, now, woken)
+        """A turn's output crosses each open link of its session."""
+        tx = c.tx
         crossed: list[dict[str, Any]] = []
-        for link in self._session_links(tx, session):
+        for link in self._session_links(c, session):
             peer, peer_session = link.peer_of(session.member)
             decision = rules.decide_crossing(link, peer, output, checkpoint_turn, ledger)
             if decision.action is not rules.Crossing.CROSS:
@@ -253,34 +233,20 @@ class LinksMixin(SessionsMixin):
                     )
                 continue
             n = link.turns_used + 1
-            text = rules.frame(session.member, output)
-            meta = {"link_id": link.link_id, "crossing": n}
-            msg = Message(
-                team=session.team,
-                message_id=f"{link.link_id}-{n}",
-                sender=session.member,
-                to=peer,
-                text=text,
-                kind=MessageKind.LINK,
-                created_at=now,
-                fingerprint=delivery.fingerprint(
-                    session.member, peer, text, None, "link", peer_session, meta
-                ),
-                sender_session=session.session_id,
-                meta=meta,
-            )
             pinned = peer_session
             if pinned is not None:
                 peer_s = tx.get_session(session.team, pinned)
                 if peer_s is None or peer_s.state is SessionState.TERMINATED:
                     pinned = None
+            msg = notices.crossing(
+                link, session.member, session.session_id, peer, output, n, pinned, now
+            )
             try:
-                self._insert(tx, msg, pinned)
+                self.pipeline.insert(c, msg, pinned)
             except BudgetExhausted as exc:
-                self._crossing_refused(tx, link, session, exc, now)
-                woken.update((session.team, m) for m in (session.member, peer))
+                self._crossing_refused(c, link, session, exc, now)
+                c.wake(session.team, peer)
                 continue
-            woken.add((session.team, peer))
             # re-read: the crossing may have spent the pair's budget, which closes the link
             used = dataclasses.replace(
                 tx.get_link(link.team, link.link_id) or link,
@@ -301,17 +267,17 @@ class LinksMixin(SessionsMixin):
                 {"link_id": link.link_id, "to": peer, "turns_used": n, "budget": link.budget}
             )
             if decision.closes and used.state is LinkState.OPEN:
-                self._close_link(tx, used, "budget_exhausted", now)
-        return {**extra, "crossed": crossed}
+                self.close(c, used, "budget_exhausted", now)
+        return {"crossed": crossed}
 
     def _crossing_refused(
-        self, tx: Tx, link: Link, session: Session, exc: BudgetExhausted, now: float
+        self, c: Ctx, link: Link, session: Session, exc: BudgetExhausted, now: float
     ) -> None:
         """A turn's output over the pair's or the chain's budget: it does not cross, its
         sender is told why, and the link closes (nothing more could cross it)."""
         peer = link.peer_of(session.member)[0]
         self._notice(
-            tx,
+            c,
             link,
             session.member,
             f"Your turn's output did not reach {peer}: {exc.message}",
@@ -319,13 +285,13 @@ class LinksMixin(SessionsMixin):
             summary=f"output not sent to {peer}: budget spent",
             event="refused",
         )
-        current = tx.get_link(link.team, link.link_id)
+        current = c.tx.get_link(link.team, link.link_id)
         if current is not None and current.state is LinkState.OPEN:
-            self._close_link(tx, current, "conversation_budget", now)
+            self.close(c, current, "conversation_budget", now)
 
-    def _on_terminate(self, tx: Tx, session: Session, reason: str) -> None:
-        super()._on_terminate(tx, session, reason)
-        now = self.clock.now()
+    def on_terminate(self, c: Ctx, session: Session) -> None:
+        """A session that terminated closes its links (see the module docstring)."""
+        tx, now = c.tx, self.clock.now()
         live = any(
             s.state is not SessionState.TERMINATED
             for s in tx.list_sessions(session.team, session.member)
@@ -334,4 +300,4 @@ class LinksMixin(SessionsMixin):
             # a side whose member has no live session left can take no more turns, whether
             # or not the link ever bound one of its sessions
             if not live or session.session_id in (link.initiator_session, link.responder_session):
-                self._close_link(tx, link, "session_terminated", now)
+                self.close(c, link, "session_terminated", now)

@@ -21,9 +21,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._base import hash_token, new_token
-from backchannel._delegation import DelegationMixin
 from backchannel.errors import InvalidRequest, UnknownMember, UnknownTeam
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.links import Links
+from backchannel.hub.members import Members, hash_token, new_token
+from backchannel.hub.messages import Messages
+from backchannel.hub.pipeline import Pipeline
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.sessions import Sessions
 from backchannel.stores.base import Tx
 from backchannel.types import USER, DeliveryState, EventKind, JobState, SessionState
 
@@ -47,15 +52,25 @@ class Removal:
         return dataclasses.asdict(self)
 
 
-class AdminMixin(DelegationMixin):
+class Admin:
     """Token rotation and removal (see the module docstring)."""
 
-    #: Hashes of tokens rotated away or removed by this process (see ``_revoke``).
-    revoked: set[str]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.revoked = set()
+    def __init__(
+        self,
+        env: Env,
+        members: Members,
+        quotas: Quotas,
+        messages: Messages,
+        sessions: Sessions,
+        links: Links,
+        pipeline: Pipeline,
+    ) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.members, self.quotas, self.messages = members, quotas, messages
+        self.sessions, self.links, self.pipeline = sessions, links, pipeline
+        #: Hashes of tokens rotated away or removed by this process (see ``_revoke``).
+        self.revoked: set[str] = set()
 
     async def rotate_token(self, team: str, name: str) -> str:
         """Give a member a new token and return it; the old one fails from now on."""
@@ -84,16 +99,15 @@ class AdminMixin(DelegationMixin):
         )
         advice = f"It will not be delivered: {name} is no longer a member of the team."
         now = self.clock.now()
-        woken: set[tuple[str, str]] = set()
 
-        def fn(tx: Tx) -> Removal:
-            woken.clear()
+        def fn(c: Ctx) -> Removal:
+            tx = c.tx
             revoked.clear()
             if tx.get_member(team, name) is None:
                 self._missing(tx, team, name)
             terminated = cancelled = closed = 0
             for link in tx.list_links(team, member=name, open_only=True):
-                self._close_link(tx, link, "member_removed", now)
+                self.links.close(c, link, "member_removed", now)
                 closed += 1
             for s in tx.list_sessions(team, name):
                 for job in tx.list_jobs(team, session_id=s.session_id, pending_only=True):
@@ -105,10 +119,11 @@ class AdminMixin(DelegationMixin):
                     s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
                 )
                 tx.put_session(done)
-                self._event(tx, done, EventKind.SESSION, "terminated: member removed")
-                self._on_terminate(tx, done, "member_removed")
+                self.sessions.event(c, done, EventKind.SESSION, "terminated: member removed")
+                self.pipeline.terminated(c, done, "member_removed")
                 terminated += 1
-            woken.update((team, m.name) for m in tx.list_members(team))  # peers were told
+            for m in tx.list_members(team):
+                c.wake(team, m.name)  # peers were told
             dead = 0
             while batch := tx.undelivered(team, name, _BATCH):
                 for d in batch:
@@ -125,19 +140,15 @@ class AdminMixin(DelegationMixin):
                     )
                     if moved:
                         dead += 1
-                        told = self._dead_notice(tx, d, why, now, advice)
-                        if told is not None:
-                            woken.add((team, told))
+                        self.messages.dead_notice(c, d, why, now, advice)
             revoked.append(tx.get_member(team, name).token_hash)  # type: ignore[union-attr]
             tx.delete_member(team, name)
             return Removal(team, name, dead, terminated, closed, cancelled)
 
         revoked: list[str] = []
-        removal = await self.store.transact(fn)
+        removal = await self.env.transact(fn)
         self._revoke(revoked)
-        for t, m in woken:
-            self._waiters.notify(t, m)
-        self._waiters.notify_watchers(team)
+        self.env.waiters.notify_watchers(team)
         return removal
 
     async def remove_team(self, team: str) -> Removal:
@@ -152,15 +163,14 @@ class AdminMixin(DelegationMixin):
         revoked: list[str] = []
         removal = await self.store.transact(fn)
         self._revoke(revoked)
-        self._waiters.notify(team, None)
+        self.env.waiters.notify(team, None)
         return removal
 
     def _revoke(self, token_hashes: list[str]) -> None:
         """Tokens that stopped working: forget every cached token, and remember these
         for clients in this process that authenticated once (``attach``)."""
-        self._tokens.clear()
-        self._inbox_room.clear()  # a name added again starts with a fresh count
-        self._timer_room.clear()
+        self.members.forget_tokens()
+        self.quotas.forget()  # a name added again starts with a fresh count
         if len(self.revoked) > 10_000:
             self.revoked.clear()
         self.revoked.update(token_hashes)

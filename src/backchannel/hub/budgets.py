@@ -1,10 +1,10 @@
 """Conversation budgets applied to every send (rules in :mod:`backchannel.core.budget`).
 
-Every message passes through :meth:`HubBase._insert`, whichever route made it, so the
-budget is checked there, inside the send's transaction: ``_stamp`` gives the message
-its chain and hop, ``_before_insert`` refuses a send over a spent budget
+Every message passes through :meth:`Pipeline.insert`, whichever route made it, so the
+budget is checked there, inside the send's transaction: ``stamp`` gives the message
+its chain and hop, ``refuse`` refuses a send over a spent budget
 (:class:`~backchannel.errors.BudgetExhausted`, before anything is written), and
-``_after_insert`` records the exchange and, when it spends a budget, tells both sides
+``record`` records the exchange and, when it spends a budget, tells both sides
 and the team's human. The routes the hub drives itself (link crossings, closing
 blocks) catch the refusal and tell the sender with a ``system`` notice instead.
 """
@@ -12,15 +12,15 @@ blocks) catch the refusal and tell the sender with a ``system`` notice instead.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backchannel._base import SendOptions
-from backchannel._delegation import DelegationMixin
 from backchannel.core import budget as rules
-from backchannel.core import delivery, turns
+from backchannel.core import messages, notices, turns
 from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.links import Links
+from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.stores.base import Tx
 from backchannel.types import (
     BROADCAST,
@@ -51,8 +51,14 @@ def _ref(meta: Mapping[str, Any]) -> rules.ChainRef | None:
     return None
 
 
-class BudgetMixin(DelegationMixin):
+class Budgets:
     """Conversation budgets (see the module docstring)."""
+
+    def __init__(self, env: Env, links: Links, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.links = links  # a spent pair budget closes the pair's link
+        self.pipeline = pipeline
 
     # -- which sends count -------------------------------------------------------------
     def _is_agent(self, tx: Tx, team: str, name: str) -> bool:
@@ -86,20 +92,21 @@ class BudgetMixin(DelegationMixin):
             return out
         return []
 
-    def _turn_chain(self, tx: Tx, message: Message) -> rules.ChainRef | None:
+    def _turn_chain(self, s: Send) -> rules.ChainRef | None:
+        tx, message = s.c.tx, s.message
         if message.kind is MessageKind.TOOL_RESULT:
             refs = []
             for r in message.meta.get("results") or ():
                 did = r.get("delegation_id") if isinstance(r, Mapping) else None
                 d = tx.get_delegation(message.team, did) if isinstance(did, str) else None
-                s = (
+                callee = (
                     tx.get_session(message.team, d.callee_session)
                     if d and d.callee_session
                     else None
                 )
-                refs.append(_ref(s.meta) if s else None)
+                refs.append(_ref(callee.meta) if callee else None)
             return rules.turn_chain(refs, None)
-        session = self._turn_session(tx, message)
+        session = s.turn_session()
         if session is None and message.sender_session is not None:
             session = tx.get_session(message.team, message.sender_session)
         if session is not None:
@@ -109,17 +116,16 @@ class BudgetMixin(DelegationMixin):
         return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
 
     # -- the three steps of a send -------------------------------------------------------
-    def _stamp(self, tx: Tx, message: Message, recipients: Sequence[Recipient]) -> Message:
-        message = super()._stamp(tx, message, recipients)
-        pairs = self._memo(
-            message, "budget_pairs", lambda: self._counted_pairs(tx, message, recipients)
-        )
+    def stamp(self, s: Send) -> Message:
+        """The message with the chain it belongs to and its hop in it."""
+        tx, message, recipients = s.c.tx, s.message, s.recipients
+        pairs = s.remember("budget_pairs", lambda: self._counted_pairs(tx, message, recipients))
         if pairs or (
             message.kind in _AGENT_KINDS and self._is_agent(tx, message.team, message.sender)
         ):
             ref = rules.chain_for_send(
                 counted=True,
-                turn_chain=self._turn_chain(tx, message),
+                turn_chain=self._turn_chain(s),
                 message_id=message.message_id,
             )
         elif message.kind in _CHAIN_STARTERS or (
@@ -132,11 +138,10 @@ class BudgetMixin(DelegationMixin):
             return message
         return dataclasses.replace(message, chain_id=ref.chain_id, hop=ref.hop)
 
-    def _budget_decisions(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient]
-    ) -> list[rules.Decision]:
-        pairs: list[tuple[str, str, bool]] = self._memo(
-            message, "budget_pairs", lambda: self._counted_pairs(tx, message, recipients)
+    def _budget_decisions(self, s: Send) -> list[rules.Decision]:
+        tx, message, recipients = s.c.tx, s.message, s.recipients
+        pairs: list[tuple[str, str, bool]] = s.remember(
+            "budget_pairs", lambda: self._counted_pairs(tx, message, recipients)
         )
         if not pairs:
             return []
@@ -157,31 +162,26 @@ class BudgetMixin(DelegationMixin):
             out.append(d)
         return out
 
-    def _before_insert(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
-    ) -> None:
-        decisions = self._memo(
-            message, "budget", lambda: self._budget_decisions(tx, message, recipients)
-        )
+    def refuse(self, s: Send) -> None:
+        """Refuse a send over a spent budget, before anything is written."""
+        decisions = s.remember("budget", lambda: self._budget_decisions(s))
         for d in decisions:
             if d.refusal is not None:
                 raise BudgetExhausted(d.refusal.text, **d.refusal.details())
-        super()._before_insert(tx, message, recipients, options)
 
-    def _after_insert(
-        self, tx: Tx, message: Message, recipients: Sequence[Recipient], options: SendOptions
-    ) -> None:
-        super()._after_insert(tx, message, recipients, options)
-        decisions: list[rules.Decision] = self._memo(message, "budget", list)
+    def record(self, s: Send) -> None:
+        """Count the stored exchange; a budget it spends is announced."""
+        decisions: list[rules.Decision] = s.remember("budget", list)
         for d in decisions:
             if d.record is None:
                 continue
-            tx.put_budget(d.record)
+            s.c.tx.put_budget(d.record)
             if d.stops:
-                self._announce_stop(tx, d.record, message)
+                self._announce_stop(s.c, d.record, s.message)
 
     # -- telling people ---------------------------------------------------------------------
-    def _announce_stop(self, tx: Tx, b: Budget, message: Message) -> None:
+    def _announce_stop(self, c: Ctx, b: Budget, message: Message) -> None:
+        tx = c.tx
         team = tx.get_team(b.team)
         lim = rules.limits(team.settings if team else {})
         scope = rules.Scope(b.key.partition(":")[0])
@@ -196,7 +196,7 @@ class BudgetMixin(DelegationMixin):
         if scope is rules.Scope.PAIR:
             link = tx.find_open_link(b.team, sides[0], sides[1])
             if link is not None:  # nothing more could cross it
-                self._close_link(tx, link, "conversation_budget", message.created_at)
+                self.links.close(c, link, "conversation_budget", message.created_at)
         meta = {"budget": scope.value, "key": b.key, "limit": limit, "resets_at": resets}
         for who in dict.fromkeys([*sides, USER]):
             if tx.get_member(b.team, who) is None:
@@ -204,48 +204,16 @@ class BudgetMixin(DelegationMixin):
             human = who == USER or not self._is_agent(tx, b.team, who)
             text = rules.stop_text(scope, b.key, limit, resets, for_human=human)
             # the notice belongs to the chain it stops: a turn it starts goes no further
-            self._system(
-                tx, b.team, who, text, f"{scope.value} budget spent: {b.key}", meta,
-                chain=(message.chain_id, message.hop) if message.chain_id else None,
+            msg = notices.system(
+                b.team, who, text, self.clock.now(), summary=f"{scope.value} budget spent: {b.key}",
+                meta=meta, chain=(message.chain_id, message.hop) if message.chain_id else None,
             )  # fmt: skip
-
-    def _system(
-        self,
-        tx: Tx,
-        team: str,
-        to: str,
-        text: str,
-        summary: str,
-        meta: Mapping[str, Any],
-        *,
-        session: str | None = None,
-        now: float | None = None,
-        chain: tuple[str, int] | None = None,
-    ) -> None:
-        at = self.clock.now() if now is None else now
-        msg = Message(
-            team=team,
-            message_id="sys_" + uuid.uuid4().hex,
-            sender=HUB_SENDER,
-            to=to,
-            text=text,
-            kind=MessageKind.SYSTEM,
-            created_at=at,
-            fingerprint=delivery.fingerprint(
-                HUB_SENDER, to, text, summary, "system", session, meta
-            ),
-            summary=summary,
-            meta=dict(meta),
-            chain_id=chain[0] if chain else None,
-            hop=chain[1] if chain else 0,
-        )
-        self._insert(tx, msg, session)
+            self.pipeline.insert(c, msg, None)
 
     # -- the chain a session's turn works in -----------------------------------------------
-    def _after_lease(
-        self, tx: Tx, session: Session, got: Sequence[InboxMessage], now: float
-    ) -> None:
-        super()._after_lease(tx, session, got, now)
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
+        """The turn ``session`` starts on ``got`` works in the chain they belong to."""
+        tx = c.tx
         refs = [
             rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
             for m in got
@@ -260,23 +228,22 @@ class BudgetMixin(DelegationMixin):
             meta["chain"] = [ref.chain_id, ref.hop]
         tx.put_session(dataclasses.replace(s, meta=meta))
 
-    def _turn_start(
-        self, tx: Tx, s: Session, text: str, data: Mapping[str, Any], now: float
-    ) -> dict[str, Any]:
-        out = super()._turn_start(tx, s, text, data, now)
+    def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
+        """A turn started on input the hub did not hand over starts no chain."""
+        tx = c.tx
         started = tx.get_session(s.team, s.session_id)
         if started is None or "chain" not in started.meta:
-            return out
+            return
         if not turns.is_hub_input(text, started.meta.get("input_texts") or ()):
             # a human typed this turn's input into the runtime: a new chain begins
             meta = {k: v for k, v in started.meta.items() if k not in ("chain", "input_texts")}
             tx.put_session(dataclasses.replace(started, meta=meta))
-        return out
 
-    def _after_member_lease(
-        self, tx: Tx, team: str, member: str, got: Sequence[InboxMessage], now: float
+    def on_member_lease(
+        self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
     ) -> None:
-        super()._after_member_lease(tx, team, member, got, now)
+        """A member without sessions continues the chain it was handed last."""
+        tx = c.tx
         refs = [
             rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
             for m in got
@@ -324,7 +291,9 @@ class BudgetMixin(DelegationMixin):
             key = rules.pair_key(*names)
         now = self.clock.now()
 
-        def fn(tx: Tx) -> dict[str, Any]:
+        def fn(c: Ctx) -> dict[str, Any]:
+            tx = c.tx
+            c.watched(team)  # the notices wake their readers as they are stored
             t = tx.get_team(team)
             if t is None:
                 raise NotFound(f"unknown team {team!r}", team=team)
@@ -340,7 +309,7 @@ class BudgetMixin(DelegationMixin):
                 for name in rules.key_members(key):
                     if tx.get_member(team, name) is None:
                         known = [m.name for m in tx.list_members(team)]
-                        raise delivery.unknown_recipient(name, team, known)
+                        raise messages.unknown_recipient(name, team, known)
                 record = rules.current_pair(record, team, key, now, lim)
             elif record is None:
                 record = rules.fresh(team, key, now)
@@ -351,13 +320,11 @@ class BudgetMixin(DelegationMixin):
             sides = rules.key_members(key) if scope == rules.Scope.PAIR.value else ()
             for who in dict.fromkeys([*sides, USER]):
                 if tx.get_member(team, who) is not None:
-                    self._system(
-                        tx, team, who, text, f"budget {key} extended by {by}",
-                        {"budget": scope, "key": key, "extended_by": by}, now=now,
+                    msg = notices.system(
+                        team, who, text, now, summary=f"budget {key} extended by {by}",
+                        meta={"budget": scope, "key": key, "extended_by": by},
                     )  # fmt: skip
+                    self.pipeline.insert(c, msg, None)
             return out
 
-        stored: set[str] = set()
-        out = await self.store.transact(self._waiters.recording(fn, stored))
-        self._waiters.notify_members(team, stored)
-        return out
+        return await self.env.transact(fn)
