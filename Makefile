@@ -13,7 +13,7 @@ BIN_DIR ?= $(HOME)/.local/bin
 EXTRAS ?=
 PACKAGE ?= .
 
-.PHONY: setup setup-system test lint types unit a2a-tck demo install uninstall bench clean test-latest-clis
+.PHONY: setup setup-system test lint types unit a2a-tck demo install uninstall bench bench-quick clean test-latest-clis
 
 $(RUNTIME_STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -93,12 +93,13 @@ uninstall:
 	rm -f $(BIN_DIR)/backchannel
 	rm -rf $(INSTALL_DIR)
 
+# every benchmark at its default size, then one table of the figures (bench/README.md)
 bench: setup-system
-	$(PY) -m bench.bench_send all
-	$(PY) bench/bench_links.py
-	$(PY) bench/bench_timers.py
-	$(PY) bench/bench_inbox.py
-	$(PY) -m bench.bench_postgres
+	$(PY) bench/all.py
+
+# the same at small sizes: checks the harness, not the hub
+bench-quick: setup-system
+	$(PY) bench/all.py --quick
 
 clean:
 	rm -rf $(VENV) .cache .backchannel .mypy_cache .ruff_cache

@@ -33,6 +33,7 @@ if __package__ in (None, ""):
 
 from bench.bench_send import HttpTransport, HubTransport, run_load
 from bench.common import ServerProcess, log, loop_name, machine_info, run
+from bench.figures import Figure, Goal, write_results
 
 TEAM = "bench"
 MAX_RATIO = 2.0
@@ -288,6 +289,29 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
     return ok
 
 
+def figures(results: dict[str, dict[str, Any]]) -> list[Figure]:
+    """Per phase, how much slower the grown hub is than the empty one (throughput and send
+    p50), and the grown hub's peak RSS over HTTP."""
+    src = "DESIGN §7"
+    out = []
+    rss: list[float] = []
+    for phase, e in results["empty"].items():
+        g = results["grown"][phase]
+        name = phase.replace("inproc", "in-process").replace("http", "HTTP")
+        slower = e["throughput_msgs_s"] / max(g["throughput_msgs_s"], 1e-9)
+        out.append(Figure(f"{name}: empty msgs/s ÷ grown", slower, "×",
+                          Goal("<=", MAX_RATIO, src)))  # fmt: skip
+        p50 = g["send_ms"].get("p50_ms", float("nan")) / max(e["send_ms"].get("p50_ms", 0), 1e-9)
+        out.append(Figure(f"{name}: grown send p50 ÷ empty", p50, "×",
+                          Goal("<=", MAX_RATIO, src)))  # fmt: skip
+        if "rss_mb" in g:
+            rss.append(g["rss_mb"])
+    if rss:
+        out.append(Figure("grown hub's peak RSS (HTTP)", max(rss), "MB",
+                          Goal("<=", MAX_RSS_MB, src)))  # fmt: skip
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=1_000_000, help="stored messages")
@@ -302,6 +326,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cache", default=".cache/bench", help="where the grown hub is kept")
     p.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
+    p.add_argument("--results", metavar="PATH", help="write the figures for bench/all.py to PATH")
     return p
 
 
@@ -318,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = report(results, args)
     if args.json:
         print(json.dumps(results, indent=1, default=str))
+    write_results(args.results, "growth", figures(results), {"machine": info, **results})
     return 0 if ok else 1
 
 

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ServerProcess, log, percentile
+from bench.figures import Figure, Goal, write_results
 
 HOOK_P50_MS = 100.0
 MCP_READY_MS = 300.0
@@ -40,6 +41,7 @@ TURN = {
     "gemini": ["SessionStart", "BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"],
 }
 KIND = {"claude-code": "claude-code", "codex": "codex", "gemini": "gemini"}
+LABEL = {"claude-code": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI"}
 
 
 def _payload(runtime: str, event: str, session: str) -> str:
@@ -133,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=20, help="turns per runtime (5 hooks each)")
     p.add_argument("--mcp-runs", type=int, default=10)
     p.add_argument("--compare", action="store_true", help="also time the full CLI path")
+    p.add_argument("--results", metavar="PATH", help="write the figures for bench/all.py to PATH")
     args = p.parse_args(argv)
+    figures: list[Figure] = []
+    raw: dict[str, Any] = {}
     bin_dir = Path(sys.executable).parent
     lean = [str(bin_dir / "backchannel")]
     full = [sys.executable, "-c", "from backchannel.interfaces.cli import main; main()"]
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                     p50 = _ms(times, 50)
                     if name == "lean":
                         ok &= p50 <= HOOK_P50_MS
+                        figures.append(Figure(f"{LABEL[runtime]} command hook answered, p50", p50,
+                                              "ms", Goal("<=", HOOK_P50_MS, "DESIGN §7")))  # fmt: skip
+                    raw[f"{runtime} {name}"] = {"p50_ms": p50, "p95_ms": _ms(times, 95)}
                     print(
                         f"{runtime:<12} {name:<6} {len(times):>6} {p50:>8.1f} {_ms(times, 95):>8.1f}"
                     )
@@ -161,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             init = [r[0] for r in runs]
             listed = [r[1] for r in runs]
             ok &= _ms(listed, 50) <= MCP_READY_MS
+            figures.append(Figure("MCP server ready (tools/list answered), p50", _ms(listed, 50),
+                                  "ms", Goal("<=", MCP_READY_MS, "DESIGN §7")))  # fmt: skip
+            raw["mcp"] = {"initialize_p50_ms": _ms(init, 50), "tools_list_p50_ms": _ms(listed, 50)}
             print(
                 f"\nMCP server over stdio ({args.mcp_runs} starts): initialize answered p50 "
                 f"{_ms(init, 50):.0f} ms (p95 {_ms(init, 95):.0f}); tools/list answered p50 "
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("met" if ok else "MISSED")
     )
     log(f"load average: {os.getloadavg()}")
+    write_results(args.results, "hooks", figures, raw)
     return 0 if ok else 1
 
 

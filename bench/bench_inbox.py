@@ -29,6 +29,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(REPO))
+
+from bench.figures import Figure, Goal, write_results  # noqa: E402
+
 NODE_WRITER = REPO / "tests" / "delivery" / "node_writer.js"
 NPM_CACHE = REPO / ".cache" / "npm-test"
 MODULE = REPO / "src" / "backchannel" / "delivery" / "claude_inbox.py"
@@ -159,7 +164,27 @@ def run(
     }
 
 
-def main() -> None:
+def figures(rows: list[dict[str, Any]]) -> list[Figure]:
+    """Nothing lost, duplicated or corrupt (DESIGN §7), for our writer alone and mixed
+    with Claude Code's; how fast our writer appends."""
+    out = []
+    zero = Goal("==", 0, "DESIGN §7")
+    for r in rows:
+        if r["run"].startswith("InboxWriter"):
+            out += [
+                Figure("our writer: appends lost", r["lost"], "", zero),
+                Figure("our writer: appends duplicated", r["duplicated"], "", zero),
+                Figure("our writer: corrupt reads", r["corrupt"], "", zero),
+                Figure("our writer: appends per second", r["per_s"], "/s"),
+            ]
+        elif r["run"].startswith("mixed"):
+            bad = r["lost"] + r["duplicated"] + r["corrupt"]
+            out.append(Figure("mixed with Claude Code's writer: lost + duplicated + corrupt",
+                              bad, "", zero))  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -175,7 +200,8 @@ def main() -> None:
     parser.add_argument(
         "--no-fsync", action="store_true", help="our writer skips fsync (not for production)"
     )
-    args = parser.parse_args()
+    parser.add_argument("--results", help="write the figures for bench/all.py to this path")
+    args = parser.parse_args(argv)
     modules = node_modules(args.node)
     n, m, fsync = args.writers, args.messages, not args.no_fsync
     runs = {
@@ -210,6 +236,7 @@ def main() -> None:
         "with ELOCKED, which Claude Code logs and drops.\nlost = accepted but missing from the file; "
         "corrupt = reads of the file (by a concurrent reader) that did not parse."
     )
+    write_results(args.results, "inbox", figures(rows), rows)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_inbox
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.figures
 
+from bench.figures import Figure, Goal, write_results
 from bench_inbox import MODULE, NODE_WRITER, PY_WRITER, node_modules
 
 
@@ -72,7 +74,24 @@ def one_run(
     }
 
 
-def main() -> None:
+def figures(totals: dict[str, dict[str, float]], n: int) -> list[Figure]:
+    """Claude Code's give-up rate with the hub's writer against one more of its own."""
+    alone, shared = totals[f"claude x {n + 1}"], totals[f"claude x {n} + hub"]
+
+    def pct(t: dict[str, float]) -> float:
+        return 100 * t["cc_elocked"] / max(1, t["cc_attempts"])
+
+    bad = sum(t["lost"] + t["duplicated"] for t in (alone, shared))
+    return [
+        Figure("Claude Code's ELOCKED rate, its writers only", pct(alone), "%"),
+        Figure("Claude Code's ELOCKED rate, the hub's writer in place of one", pct(shared), "%"),
+        Figure("ELOCKED rate with the hub's writer − without",
+               pct(shared) - pct(alone), "points", Goal("<=", 0, "fair: no higher")),
+        Figure("appends lost or duplicated", bad, "", Goal("==", 0, "DESIGN §7")),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -80,7 +99,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=60, help="appends per writer")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="where the inboxes go (default: the system temp dir)")
-    args = parser.parse_args()
+    parser.add_argument("--results", help="write the figures for bench/all.py to this path")
+    args = parser.parse_args(argv)
     modules = node_modules("yes")
     assert modules is not None
     base = Path(args.dir or tempfile.gettempdir())
@@ -108,6 +128,8 @@ def main() -> None:
         print(f"total {label:18} claude ELOCKED {int(t['cc_elocked'])}/{int(t['cc_attempts'])} "
               f"= {rate:.1%}; hub failed {int(t['hub_failed'])}; lost {int(t['lost'])}; "
               f"duplicated {int(t['duplicated'])}")  # fmt: skip
+
+    write_results(args.results, "inbox_fair", figures(totals, n), totals)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from bench.common import (
     setup_team_http,
     summarize,
 )
+from bench.figures import Figure, Goal, write_results
 
 perf = time.perf_counter
 WAKE_P99_MS = 50.0  # the issue's target for a send on hub A waking a receiver on hub B
@@ -469,6 +470,32 @@ def bench_wakeup(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Res
     return results
 
 
+def figures(results: Sequence[Result]) -> list[Figure]:
+    """Two hubs on one database: throughput, nothing lost, the cross-hub wake-up."""
+    out: list[Figure] = []
+    lost = 0.0
+    loads = [r for r in results if r.mode == "postgres"]
+    for r in loads:
+        m = r.metrics
+        lost += max(0, m["sent"] - m["received_unique"]) + m["duplicates"]
+        if not r.config.get("rate"):
+            out.append(Figure("two hubs: msgs/s, as fast as possible", m["throughput_msgs_s"],
+                              "msgs/s"))  # fmt: skip
+    if loads:
+        out.append(Figure("two hubs: messages lost or duplicated", lost, "",
+                          Goal("==", 0, "issue 24")))  # fmt: skip
+    for r in results:
+        if r.mode != "postgres wakeup":
+            continue
+        p99 = r.metrics["send_start_to_wake_ms"].get("p99_ms")
+        if "hub B" in r.phase:
+            out.append(Figure("send on hub A → receiver on hub B woken, p99", p99, "ms",
+                              Goal("<=", WAKE_P99_MS, "cross-hub")))  # fmt: skip
+        else:
+            out.append(Figure("send on hub A → receiver on hub A woken, p99", p99, "ms"))
+    return out
+
+
 # -- shared bits -----------------------------------------------------------------------------
 
 
@@ -512,6 +539,7 @@ def parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--quiet-wait", type=float, default=30.0, help="wait for a quiet machine")
     gen.add_argument("--json", action="store_true", help="JSON results on stdout")
+    gen.add_argument("--results", metavar="PATH", help="write the figures for bench/all.py")
     gen.add_argument("--dir", default=None, help="where the hubs' data directories go")
     return p
 
@@ -546,6 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.json:
         print(dump_json(results, machine))
+    write_results(
+        args.results,
+        "postgres",
+        figures(results),
+        {"machine": machine, "results": [r.to_json() for r in results]},
+    )
     return 0 if all(t.met for r in results for t in r.targets) else 1
 
 

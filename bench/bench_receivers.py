@@ -27,6 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ServerProcess, log, percentile
+from bench.figures import Figure, Goal, write_results
 
 TARGET_P99_MS = 20.0
 perf = time.perf_counter
@@ -174,12 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=500)
     p.add_argument("--gap", type=float, default=0.01, help="seconds between samples")
     p.add_argument("--mode", choices=["poll", "sse", "both"], default="both")
+    p.add_argument("--results", metavar="PATH", help="write the figures for bench/all.py to PATH")
     args = p.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = args.receivers * 2 + 256  # this process and the server it starts
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
     ok = True
+    figures: list[Figure] = []
+    raw: dict[str, Any] = {"receivers": args.receivers, "samples": args.samples}
     for mode in ["poll", "sse"] if args.mode == "both" else [args.mode]:
         args.mode = mode
         with tempfile.TemporaryDirectory(prefix="bc-recv-") as tmp:
@@ -200,12 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
         ok &= p99 <= TARGET_P99_MS
         per = (rss1 - rss0) * 1024 / args.receivers
+        label = "long-poll" if mode == "poll" else "SSE"
+        figures += [
+            Figure(f"{label}, every receiver held: p99 send→received", p99, "ms",
+                   Goal("<=", TARGET_P99_MS, "issue 24")),
+            Figure(f"{label}: server memory per held receiver", per, "KiB"),
+        ]  # fmt: skip
+        raw[mode] = {"p50_ms": p50, "p99_ms": p99, "max_ms": lat[-1] * 1000, "rss_mb": [rss0, rss1]}
         print(
             f"{mode:<5} {args.receivers} receivers held: send->received p50 {p50:.1f} ms, "
             f"p99 {p99:.1f} ms, max {lat[-1] * 1000:.1f} ms ({len(lat)} samples); server RSS "
             f"{rss0:.0f} -> {rss1:.0f} MB ({per:.1f} KiB per held receiver)"
         )
     print(f"target p99 <= {TARGET_P99_MS:g} ms: " + ("met" if ok else "MISSED"))
+    write_results(args.results, "receivers", figures, raw)
     return 0 if ok else 1
 
 

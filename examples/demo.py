@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from backchannel.runtimes.session import print_report, run_team
-from backchannel.runtimes.teamfile import load_team
+from backchannel.runner.command import print_report, run_team
+from backchannel.runner.teamfile import load_team
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".backchannel" / "demo"

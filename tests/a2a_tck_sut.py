@@ -25,7 +25,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from backchannel._base import HubBase
 from backchannel.hub import Hub, HubMiddleware
 from backchannel.interfaces.a2a import mount_a2a
 from backchannel.stores.sqlite import SqliteStore
@@ -121,7 +120,7 @@ class Inputs(HubMiddleware):
     def __init__(self) -> None:
         self.queue: asyncio.Queue[str] = asyncio.Queue()
 
-    def after_send(self, hub: HubBase, message: Message, result: SendResult) -> None:
+    def after_send(self, hub: Hub, message: Message, result: SendResult) -> None:
         for r in result.recipients:
             if r.member == MEMBER and message.team == TEAM and r.session:
                 self.queue.put_nowait(r.session)

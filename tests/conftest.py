@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from backchannel.hub import Hub
 from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
 
 pytest_plugins = ["tests.conftest_pg"]
 
@@ -60,6 +59,13 @@ def _no_real_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
     for key in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL"):
         monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _private_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Keep what command hooks record per session (runtimes.seen) out of the real home."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("BACKCHANNEL_STATE_DIR", raising=False)
 
 
 # -- stores --------------------------------------------------------------------------
@@ -164,8 +170,8 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def up() -> Server | None:
         if proc.poll() is not None:
             raise RuntimeError(f"serve exited early: {(home / 'serve.log').read_text()}")
         if info.exists():
@@ -176,9 +182,13 @@ def start_server(
                     return Server(url, home, token, proc, store_url)
             except (ValueError, KeyError, httpx.HTTPError):
                 pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"serve did not come up: {(home / 'serve.log').read_text()}")
+        return None
+
+    try:
+        return eventually_blocking(up, what="serve to come up", within=30)
+    except AssertionError:
+        proc.kill()
+        raise RuntimeError(f"serve did not come up: {(home / 'serve.log').read_text()}") from None
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import TaskNotFoundError
 
+from backchannel.testing import eventually
 from tests.conftest import Server, start_server
 
 Answer = Callable[[dict[str, Any]], tuple[str, dict[str, Any]] | None]
@@ -228,10 +229,10 @@ async def test_cancel_then_durable_after_restart(
                 TaskState.TASK_STATE_SUBMITTED,
                 TaskState.TASK_STATE_WORKING,
             )
-            for _ in range(200):  # the member has the task
-                if any(m["text"] == "hold on" for m in worker.seen):
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(
+                lambda: any(m["text"] == "hold on" for m in worker.seen),
+                what="the member to have the task",
+            )
             canceled = await client.cancel_task(CancelTaskRequest(id=pending.id))
             assert canceled.status.state == TaskState.TASK_STATE_CANCELED
             done = await _final_task(client, SendMessageRequest(message=_message("keep me")))
@@ -284,11 +285,8 @@ async def test_cancel_then_durable_after_restart(
                     events.append(event)
 
             follower = asyncio.create_task(follow())
-            for _ in range(200):
-                if events:
-                    break
-                await asyncio.sleep(0.05)
-            assert events, "resubscribing yields the stored task first"
+            # resubscribing yields the stored task first
+            await eventually(lambda: events, what="the stored task from the resubscription")
 
             def late(m: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
                 return ("finally", {}) if m["text"] == "hold again" else None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as rules
 from backchannel.errors import InvalidRequest, UnknownService
 from backchannel.hub import Hub
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 from backchannel.types import DelegationState, MessageKind
 from tests.conftest import free_port
 
@@ -127,10 +126,7 @@ class Peer:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the A2A test server did not start"
-            time.sleep(0.01)
+        eventually_blocking(lambda: self.server.started, what="the A2A test server to start")
 
     def close(self) -> None:
         self.agent.release.set()
@@ -160,16 +156,6 @@ async def _hub(clock: FakeClock, url: str) -> Hub:
     return hub
 
 
-async def _until(check: Callable[[], Any], seconds: float = 20.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "timed out waiting for the condition"
-        await asyncio.sleep(0.02)
-
-
 async def _results(hub: Hub) -> list[Any]:
     got = await hub.receive("t", "lead", session="lead-s", limit=10)
     if got:
@@ -188,7 +174,7 @@ async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
         )
         await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
         await hub.maintain()  # the outbox makes the call
-        [result] = await _until(lambda: _results(hub))
+        [result] = await eventually(lambda: _results(hub), what="the tool result", within=20)
         assert result.text == "Result of delegate(to='forecaster@weather') [tu_1]:\nsunny in Oslo"
         assert peer.agent.seen == [(d.delegation_id, "forecast for Oslo")]
         assert set(peer.app.auth) == {"Bearer tok-weather"}  # the registered token
@@ -206,14 +192,16 @@ async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
         )
         await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
         await hub.maintain()
-        await _until(lambda: _seen(peer, "slow forecast for Rome"))
+        await eventually(
+            lambda: _seen(peer, "slow forecast for Rome"), what="the slow request", within=20
+        )
         clock.advance(31)
         await hub.maintain()
-        [timeout] = await _until(lambda: _results(hub))
+        [timeout] = await eventually(lambda: _results(hub), what="the time-out result", within=20)
         [r] = timeout.meta["results"]
         assert (r["reason"], r["tool_use_id"]) == ("timeout", "tu_2")
         peer.agent.release.set()
-        [late] = await _until(lambda: _results(hub))
+        [late] = await eventually(lambda: _results(hub), what="the late answer", within=20)
         assert late.meta["late"] is True
         assert late.text.startswith("Late result of delegate(to='forecaster@weather') [tu_2]")
         assert "sunny in Rome" in late.text
@@ -227,7 +215,7 @@ async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
         )
         await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
         await hub.maintain()
-        [failed] = await _until(lambda: _results(hub))
+        [failed] = await eventually(lambda: _results(hub), what="the failed result", within=20)
         [r] = failed.meta["results"]
         assert "failed: no data for that place" in r["error"]
     finally:

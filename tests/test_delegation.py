@@ -23,7 +23,7 @@ from backchannel.errors import (
     UnknownService,
 )
 from backchannel.hub import Hub
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually
 from backchannel.types import DelegationState, MessageKind
 
 SECRET = "test-secret-0123456789"
@@ -284,11 +284,8 @@ async def _callee_hub(services: dict[str, str], retry: rules.RetryPolicy = FAST)
     return hub
 
 
-async def _wait_for(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting for the condition"
-        await asyncio.sleep(0.01)
+async def _outbox_idle(hub: Hub) -> bool:
+    return await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox")) == []
 
 
 async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
@@ -315,8 +312,9 @@ async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[...,
     hub = await _callee_hub({"caller": srv.url})
     try:
         await _inbound(hub, "tu_1")
-        await _wait_for(lambda: len(srv.requests) >= 3)
-        await asyncio.sleep(0.5)  # a fourth POST would have been made by now
+        await eventually(lambda: len(srv.requests) >= 3, what="three POSTs")
+        # once the outbox job has ended, nothing is left that could make a fourth POST
+        await eventually(lambda: _outbox_idle(hub), what="the outbox job to end")
         assert len(srv.requests) == 3
         path, body, headers = srv.requests[-1]
         assert (path, body) == ("/api/tools/response", {"result": "answer tu_1"})
@@ -369,10 +367,7 @@ async def test_an_outbox_job_that_raises_goes_dead_with_the_reason(
         async def failed() -> bool:
             return (await hub.get_delegation("t", d.delegation_id)).state is DelegationState.FAILED
 
-        deadline = time.monotonic() + 10
-        while not await failed():
-            assert time.monotonic() < deadline, "the job never went dead"
-            await asyncio.sleep(0.01)
+        await eventually(failed, what="the delegation to fail")
         error = (await hub.get_delegation("t", d.delegation_id)).error or ""
         assert "could not send the POST" in error and "UnicodeEncodeError" in error
         assert srv.requests == []
@@ -395,10 +390,7 @@ async def test_404_goes_to_dead_letters_without_a_retry_storm(
         async def failed() -> bool:
             return (await hub.get_delegation("t", did)).state is DelegationState.FAILED
 
-        deadline = time.monotonic() + 10
-        while not await failed():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await eventually(failed, what="the delegation to fail")
         assert len(srv.requests) == 1
         d = await hub.get_delegation("t", did)
         assert "HTTP 404" in (d.error or "")
@@ -416,12 +408,11 @@ async def test_a_hanging_callback_server_does_not_delay_another(
     hub = await _callee_hub({"slow": hang.url, "fast": fast.url})
     try:
         await _inbound(hub, "tu_slow", service="slow")
-        await _wait_for(lambda: len(hang.requests) == 1)
+        await eventually(lambda: len(hang.requests) == 1, what="the slow POST")
         started = time.monotonic()
         await _inbound(hub, "tu_fast", service="fast")
-        await _wait_for(
-            lambda: len(fast.requests) == 1, seconds=2.5
-        )  # well before the slow one ends
+        # well before the slow one ends
+        await eventually(lambda: len(fast.requests) == 1, what="the fast POST", within=2.5)
         assert time.monotonic() - started < 2.5
     finally:
         await hub.close()

@@ -3,7 +3,6 @@ records live."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ from backchannel.core import delegation as rules
 from backchannel.errors import InvalidRequest, Unauthorized
 from backchannel.hub import Hub
 from backchannel.runtimes.common import format_message
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually
 from backchannel.types import DelegationState, MessageKind
 from tests.runtimes.helpers import STOP_EVENT, call, fixture, session_of
 from tests.test_delegation import (
@@ -25,7 +24,6 @@ from tests.test_delegation import (
     _callee_hub,
     _results,
     _team,
-    _wait_for,
     scripted,
 )
 
@@ -117,7 +115,7 @@ async def test_an_inbound_task_answered_in_blocks_sends_the_blocks_as_the_answer
         await hub.report_event(
             "t", "worker", d.callee_session, "agent_stop", '<message to="hub-a">7</message>'
         )
-        await _wait_for(lambda: len(srv.requests) == 1)
+        await eventually(lambda: len(srv.requests) == 1, what="one POST")
         assert srv.requests[0][1] == {"result": "7"}
         assert await hub.receive("t", "hub-a", limit=10) == [], "no second copy as a message"
     finally:
@@ -153,13 +151,7 @@ async def test_a_409_for_an_answer_is_not_reported_as_lost(
             got = await hub.receive("t", "worker", limit=10)
             return [g.message.text for g in got if g.message.kind is MessageKind.SYSTEM]
 
-        notes: list[str] = []
-        for _ in range(500):
-            notes = await noted()
-            if notes:
-                break
-            await asyncio.sleep(0.01)
-        [note] = notes
+        [note] = await eventually(noted, what="a system note to the worker")
         assert "already had a different answer" in note
         assert "could not be delivered" not in note
         assert len(srv.requests) == 1, "a 409 is final: no retry"
@@ -224,14 +216,9 @@ async def test_an_answer_after_a_refused_task_arrives_as_a_late_result(
         await hub.report_event("t", "lead", "lead-s", "turn_start")
         d = await hub.delegate("t", "lead", "lead-s", "w@hub-b", "task", tool_use_id="tu_f")
         await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
-        await _wait_for(lambda: len(srv.requests) == 1)
+        await eventually(lambda: len(srv.requests) == 1, what="one POST")
         token = srv.requests[0][1]["reply"]["bearerToken"]
-        failed: list[Any] = []
-        for _ in range(500):
-            failed = await _results(hub)
-            if failed:
-                break
-            await asyncio.sleep(0.01)
+        failed = await eventually(lambda: _results(hub), what="the failed result")
         assert failed[0].meta["results"][0]["reason"] == "failed"
         # the callee's hub did the task all the same, and answers
         late = await hub.accept_tool_response(token, "done after all")
@@ -321,7 +308,7 @@ async def test_the_reply_token_counts_the_delegations_of_the_turn(
         await _team(hub)
 
         async def sent(n: int) -> list[dict[str, Any]]:
-            await _wait_for(lambda: len(srv.requests) == n)
+            await eventually(lambda: len(srv.requests) == n, what=f"{n} POSTs")
             return [
                 rules.verify_token(SECRET, body["reply"]["bearerToken"], now=hub.clock.now())
                 for _, body, _ in srv.requests
@@ -364,7 +351,7 @@ async def test_a_turn_that_ends_without_agent_stop_still_sends_its_tasks(
             await hub.open_session("t", "lead", "lead-s")
         else:
             await hub.terminate_session("t", "lead", "lead-s")
-        await _wait_for(lambda: len(srv.requests) == 2)
+        await eventually(lambda: len(srv.requests) == 2, what="two POSTs")
         totals = [
             rules.verify_token(SECRET, body["reply"]["bearerToken"], now=hub.clock.now())[
                 "total_tools"

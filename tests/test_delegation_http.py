@@ -6,7 +6,6 @@ import contextlib
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,27 +14,26 @@ from typing import Any
 import httpx
 import pytest
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import Server, free_port, start_server
 
 
 def _wait_inbox(c: httpx.Client, session: str, kind: str, seconds: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def arrived() -> dict[str, Any] | None:
         got = c.get("/v1/inbox", params={"session": session, "wait": 2, "limit": 20}).json()[
             "messages"
         ]
         if got:
             c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
-        for m in got:
-            if m["kind"] == kind:
-                return m
-    raise AssertionError(f"no {kind} message for {session} within {seconds} s")
+        return next((m for m in got if m["kind"] == kind), None)
+
+    return eventually_blocking(arrived, what=f"a {kind} message for {session}", within=seconds)
 
 
 def _play_callee(c: httpx.Client, member: str, answer: str, seconds: float = 20) -> str:
     """Find the task in one of the member's sessions and answer it, as a runtime would."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+
+    def answered() -> str | None:
         for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
             got = c.get("/v1/inbox", params={"session": s["session_id"], "limit": 5}).json()[
                 "messages"
@@ -51,8 +49,9 @@ def _play_callee(c: httpx.Client, member: str, answer: str, seconds: float = 20)
                         f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": answer}
                     )
                     return str(m["text"])
-        time.sleep(0.05)
-    raise AssertionError("the callee never got its task")
+        return None
+
+    return eventually_blocking(answered, what=f"a task for {member}", within=seconds)
 
 
 def test_in_hub_round_trip(server: Server) -> None:
@@ -265,10 +264,11 @@ def test_a_lost_acknowledgement_is_no_dead_letter(tmp_path: Path) -> None:
             result = _wait_inbox(lead, "lead-s", "tool_result")
             assert result["text"].endswith("3 TODOs: a, b, c")
             # wait until hub B has recorded how its answer POST ended
-            deadline = time.monotonic() + 30
-            while not (jobs := _reply_jobs(hub_b)) or jobs[0][0] == "pending":
-                assert time.monotonic() < deadline, "hub B never finished its answer POST"
-                time.sleep(0.05)
+            jobs = eventually_blocking(
+                lambda: j if (j := _reply_jobs(hub_b)) and j[0][0] != "pending" else None,
+                what="hub B to finish its answer POST",
+                within=30,
+            )
             assert [(path, status, dropped) for path, status, dropped in proxy.relayed] == [
                 ("/api/tools/response", 200, True),
                 ("/api/tools/response", 200, False),

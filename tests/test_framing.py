@@ -19,8 +19,8 @@ from backchannel.delivery.base import AdapterContext, agent_text
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.delivery.stdin import stream_json_line
 from backchannel.hub import Hub
-from backchannel.runtimes import tools
-from backchannel.runtimes.runner import format_input
+from backchannel.runner import tools
+from backchannel.runner.host import format_input
 from backchannel.types import InboxMessage
 from tests.conftest import start_server
 from tests.runtimes.agents import http_mcp, make_team

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from backchannel.core.delivery import check_message_id, check_name, check_session_id
+from backchannel.core.messages import check_message_id, check_name, check_session_id
 from backchannel.errors import InvalidRequest
 from backchannel.interfaces.http import body_limit
 from backchannel.interfaces.wire import MAX_DEPTH, MAX_INT

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
 
 
@@ -36,13 +36,6 @@ def samples(srv: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
     return out
 
 
-def until(check: object, what: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_metrics_count_what_operators_watch(strict_server: Server) -> None:
     srv = strict_server
     tok = srv.team("ops", "a", "b", "idle")
@@ -63,7 +56,7 @@ def test_metrics_count_what_operators_watch(strict_server: Server) -> None:
             b.get("/v1/inbox", params={"lease": 0.1})  # leased, never acked
             return bool(a.get(f"/v1/messages/{dead}").json()["status"] == "dead")
 
-        until(lapsed, "the lapsed copy is given up on")
+        eventually_blocking(lapsed, what="the lapsed copy is given up on", within=20)
         # a link crossing: a's turn sends to b (opening a link), its output crosses at stop
         b.post("/v1/sessions", json={"session_id": "b-1"})
         a.post("/v1/sessions", json={"session_id": "a-1"})
@@ -87,7 +80,11 @@ def test_metrics_count_what_operators_watch(strict_server: Server) -> None:
         poll = threading.Thread(target=hold)
         poll.start()
         try:
-            until(lambda: samples(srv)[("backchannel_open_connections", ())] >= 2, "poll open")
+            eventually_blocking(
+                lambda: samples(srv)[("backchannel_open_connections", ())] >= 2,
+                what="poll open",
+                within=20,
+            )
         finally:
             poll.join()
     m = samples(srv)
@@ -107,7 +104,11 @@ def test_json_logs_are_one_object_per_line(strict_server: Server) -> None:
         r = a.post("/v1/hooks/claude-code", content=b"not json")
         assert r.status_code == 200
     log = srv.home / "serve.log"
-    until(lambda: "backchannel" in log.read_text().split("listening", 1)[-1], "a log line")
+    eventually_blocking(
+        lambda: "backchannel" in log.read_text().split("listening", 1)[-1],
+        what="a log line",
+        within=20,
+    )
     lines = [x for x in log.read_text().splitlines() if x.startswith("{")]
     assert lines, log.read_text()
     entries = [json.loads(x) for x in lines]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from backchannel.runtimes.models import ChatMessage, ModelError, ToolCall, ToolSpec
-from backchannel.runtimes.providers import AnthropicModel, OpenAIModel
+from backchannel.runner.models import ChatMessage, ModelError, ToolCall, ToolSpec
+from backchannel.runner.providers import AnthropicModel, OpenAIModel
 
 Answer = Callable[[dict[str, Any], int], tuple[int, dict[str, Any], dict[str, str]]]
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from backchannel.testing import eventually_blocking
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,11 +52,12 @@ def run_walkthrough(bin_dir: Path, cwd: Path) -> str:
     )
     try:
         info = cwd / ".backchannel" / "server.json"
-        deadline = time.monotonic() + 60
-        while not info.exists():
+
+        def started() -> bool:
             assert serve.poll() is None, (cwd / "serve.log").read_text()
-            assert time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.05)
+            return info.exists()
+
+        eventually_blocking(started, what="serve to start", within=60)
         script = subprocess.Popen(
             ["bash", "-euo", "pipefail", "-c", second],
             cwd=cwd,

@@ -11,11 +11,10 @@ from rich.console import Console
 
 from backchannel.client import attach
 from backchannel.hub import Hub
-from backchannel.runtimes.runner import Runner
-from backchannel.runtimes.scripted import ScriptContext, say
-from backchannel.runtimes.session import run_team
-from backchannel.runtimes.teamfile import load_team, parse_team
-from backchannel.testing import MemoryStore
+from backchannel.runner.command import run_team
+from backchannel.runner.host import Runner
+from backchannel.runner.teamfile import load_team, parse_team
+from backchannel.testing import MemoryStore, ScriptContext, say
 from tests.conftest import Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +144,7 @@ async def test_interrupting_a_turn_loses_nothing() -> None:
 
 
 def test_the_todo_hunt_finds_comments_not_the_word(tmp_path: Path) -> None:
-    from backchannel.runtimes.tools import find_todo_lines
+    from backchannel.runner.tools import find_todo_lines
 
     (tmp_path / "a.py").write_text(
         '"""Lists TODO and FIXME comments."""\n'

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backchannel._sessions import DEFAULT_EXIT_GRACE_S
 from backchannel.errors import InvalidRequest, InvalidState
 from backchannel.hub import Hub
+from backchannel.hub.sessions import DEFAULT_EXIT_GRACE_S
 from backchannel.testing import FakeClock
 from backchannel.types import LinkState, MessageKind, SessionState
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backchannel.errors import InvalidRequest
-from backchannel.runtimes.teamfile import load_team, parse_team
+from backchannel.runner.teamfile import load_team, parse_team
 
 ROOT = Path(__file__).resolve().parent.parent
 

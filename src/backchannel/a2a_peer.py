@@ -31,15 +31,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from backchannel.core import delegation as rules
-from backchannel.stores.base import Tx
-from backchannel.types import Job, JobState
+from backchannel.types import Job
 
 if TYPE_CHECKING:
     from a2a.client import Client
     from a2a.types.a2a_pb2 import AgentCard, Task
 
-    from backchannel._outbox import OutboxMixin
     from backchannel.callbacks import Service
+    from backchannel.hub.outbox import Outbox
 
 log = logging.getLogger("backchannel.a2a")
 
@@ -172,21 +171,18 @@ async def call(
     return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else "")
 
 
-async def run_a2a_job(hub: OutboxMixin, job: Job, svc: Service) -> None:
+async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
     """The outbox's part for ``type: a2a`` services (see the module docstring)."""
-    from backchannel._delegation import DelegationMixin
-
-    assert isinstance(hub, DelegationMixin)
     p = dict(job.payload)
     try:
         import a2a.client  # noqa: F401
     except ImportError:
         detail = f"service {svc.name!r} is an A2A agent and a2a-sdk is not installed: pip install 'backchannel[a2a]'"
-        await hub._finish_post(job, rules.Outcome.DEAD, detail, None)
+        await hub.finish(job, rules.Outcome.DEAD, detail, None)
         return
     if p.get("purpose") != "chat":
         detail = f"service {svc.name!r} is an A2A agent: it takes tasks, not {p.get('purpose')}"
-        await hub._finish_post(job, rules.Outcome.DEAD, detail, None)
+        await hub.finish(job, rules.Outcome.DEAD, detail, None)
         return
     body = p["body"]
     team, _, delegation_id = str(p.get("ref", "")).partition("/")
@@ -207,42 +203,30 @@ async def run_a2a_job(hub: OutboxMixin, job: Job, svc: Service) -> None:
 
     beat = asyncio.create_task(heartbeat())
     try:
-        d = await hub.get_delegation(team, delegation_id)
+        d = await hub.store.read(lambda tx: tx.get_delegation(team, delegation_id))
+        if d is None:
+            raise _Final(rules.Outcome.DEAD, f"unknown delegation {delegation_id!r}")
         if hub.clock.now() > d.deadline + GIVE_UP_AFTER:
             raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
         answered, text = await call(
             svc, str(body["agent"]), str(body["message"]), delegation_id, p, remember
         )
     except _Final as final:
-        await hub._finish_post(
-            dataclasses.replace(job, payload=p), final.outcome, final.detail, None
-        )
+        await hub.finish(dataclasses.replace(job, payload=p), final.outcome, final.detail, None)
         return
     except Exception as exc:  # the client's errors: retried or final, as HTTP would be
         verdict = _classify(exc)
         log.info("A2A call for %s: %s", p.get("ref"), verdict.detail)
-        await hub._finish_post(
-            dataclasses.replace(job, payload=p), verdict.outcome, verdict.detail, None
-        )
+        await hub.finish(dataclasses.replace(job, payload=p), verdict.outcome, verdict.detail, None)
         return
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
     if not answered:
-        await hub._finish_post(dataclasses.replace(job, payload=p), rules.Outcome.DEAD, text, None)
+        await hub.finish(dataclasses.replace(job, payload=p), rules.Outcome.DEAD, text, None)
         return
     room = max(1024, hub.config.max_text - 4096)  # the tool result wraps the answer
     if len(text.encode()) > room:
         text = text.encode()[:room].decode(errors="ignore") + "\n[answer cut at the size limit]"
-    now = hub.clock.now()
-
-    def fn(tx: Tx) -> None:
-        tx.finish_job(job.job_id, JobState.DONE, now)
-        current = tx.get_delegation(team, delegation_id)
-        if current is not None:
-            hub._resolve(tx, current, text, now)
-
-    await hub.store.transact(fn)
-    hub._flush_due()
-    hub._waiters.notify(team, d.caller)
+    await hub.answered(job, text)

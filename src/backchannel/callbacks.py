@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from backchannel.core.delegation import RetryPolicy
-from backchannel.core.delivery import suggest
+from backchannel.core.messages import suggest
 from backchannel.errors import InvalidRequest, UnknownService
 
 CONFIG_FILE = "config.yaml"

@@ -2,33 +2,48 @@
 
 Every error carries a stable ``code`` (the HTTP API's ``error.code``), the HTTP
 ``status`` it maps to, and ``details`` for machines. Messages name the bad input and
-the way out. "You did something wrong" and "a peer or the store failed" are kept
-apart, as the HTTP status classes are::
+the way out. "You did something wrong", "a peer or the store failed, retrying may
+work" and "delivery cannot succeed" are kept apart::
 
     BackchannelError
     ├── RequestError                 the caller must change the request (4xx)
     │   ├── InvalidRequest           422 invalid_request: a field is missing, mistyped or malformed
-    │   │   └── InvalidName          422 invalid_name: team, member or session name
+    │   │   ├── InvalidName          422 invalid_name: team, member or session name
+    │   │   ├── HookInputError       422 invalid_hook_input: a runtime's hook payload cannot be used
+    │   │   └── AttachError          422 attach_failed: a project file cannot be merged
     │   ├── UnknownService           400 unknown_callback_service: not in the callback registry
     │   ├── TooLarge                 413 too_large
     │   ├── Unauthorized             401 unauthorized: missing or wrong token
     │   ├── Forbidden                403 forbidden: authenticated, but not allowed
-    │   │   └── AnchorRequired       403 anchor_required: set an anchor timer before messaging a linked peer
+    │   │   ├── AnchorRequired       403 anchor_required: set an anchor timer before messaging a linked peer
+    │   │   └── TranscriptRefused    403 transcript_refused: not a transcript this hook may read
     │   ├── NotFound                 404 not_found
     │   │   ├── UnknownTeam          404 unknown_team
     │   │   ├── UnknownMember        404 unknown_member
     │   │   │   └── UnknownRecipient 404 unknown_recipient (with ``suggestions``)
     │   │   ├── UnknownSession       404 unknown_session
     │   │   └── UnknownMessage       404 unknown_message
+    │   ├── Conflict                 409 conflict
+    │   │   ├── AlreadyExists        409 already_exists
+    │   │   ├── MessageIdConflict    409 message_id_conflict
+    │   │   └── InvalidState         409 invalid_state: e.g. an event for a terminated session
     │   ├── BudgetExhausted          429 budget_exhausted: a pair's or chain's conversation budget is spent
-    │   └── Conflict                 409 conflict
-    │       ├── AlreadyExists        409 already_exists
-    │       ├── MessageIdConflict    409 message_id_conflict
-    │       └── InvalidState         409 invalid_state: e.g. an event for a terminated session
-    │   └── QuotaExceeded            429 quota_exceeded: too many pending timers or queued messages
-    └── ServiceError                 a peer or the store failed; retrying may work (5xx)
-        ├── StoreError               503 store_unavailable
-        └── PeerError                502 peer_failed: a remote hub or callback failed
+    │   ├── QuotaExceeded            429 quota_exceeded: too many pending timers or queued messages
+    │   └── ToolFailed               422 tool_failed: a built-in agent's tool call; the model sees why
+    └── ServiceError                 a peer or the store failed (5xx)
+        ├── StoreError               503 store_unavailable; retrying may work
+        │   └── RetryTransaction     (stores.postgres_tx) re-run by the store itself, never raised past it
+        ├── PeerError                502 peer_failed: a remote hub or callback failed; retrying may work
+        │   ├── AdapterError         502 delivery_failed: not delivered this time; retried with backoff
+        │   │   └── HeldDelivery     502 delivery_held: the medium must not take a message now
+        │   ├── InboxWriteError      502 inbox_write_failed: a Claude Code inbox entry was not written
+        │   ├── StdinClosed          502 stdin_closed: an agent process no longer takes input
+        │   └── ModelError           502 model_failed: the model service failed after its retries
+        └── PermanentDeliveryError   502 delivery_impossible: retrying will not help; the copy is dead
+
+Delivery and runtime modules re-export the classes they raise (``backchannel.delivery.base``
+still offers ``AdapterError``). A few private exceptions carry control flow inside one
+module (``_Abort``, ``_LockLost``, ``_BodyTooLarge``, ``_Final``) and never leave it.
 """
 
 from __future__ import annotations
@@ -36,23 +51,33 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AdapterError",
     "AlreadyExists",
     "AnchorRequired",
+    "AttachError",
     "BackchannelError",
     "BudgetExhausted",
     "Conflict",
     "Forbidden",
+    "HeldDelivery",
+    "HookInputError",
+    "InboxWriteError",
     "InvalidName",
     "InvalidRequest",
     "InvalidState",
     "MessageIdConflict",
+    "ModelError",
     "NotFound",
     "PeerError",
+    "PermanentDeliveryError",
     "QuotaExceeded",
     "RequestError",
     "ServiceError",
+    "StdinClosed",
     "StoreError",
     "TooLarge",
+    "ToolFailed",
+    "TranscriptRefused",
     "Unauthorized",
     "UnknownMember",
     "UnknownMessage",
@@ -181,4 +206,83 @@ class StoreError(ServiceError):
 
 class PeerError(ServiceError):
     code = "peer_failed"
+    status = 502
+
+
+class HookInputError(InvalidRequest, ValueError):
+    """A runtime's hook payload cannot be used (malformed, or a field is missing or
+    mistyped)."""
+
+    code = "invalid_hook_input"
+
+
+class AttachError(InvalidRequest):
+    """A project file cannot be merged (it is not valid JSON or TOML, or has another shape)."""
+
+    code = "attach_failed"
+
+
+class TranscriptRefused(Forbidden, ValueError):
+    """The named transcript is not one this runtime's hook may read (the message says why)."""
+
+    code = "transcript_refused"
+
+
+class ToolFailed(RequestError):
+    """A built-in agent's tool call the model can learn from: its message goes back as
+    the tool error."""
+
+    code = "tool_failed"
+    status = 422
+
+
+class AdapterError(PeerError):
+    """A transient failure: the message was not delivered, and trying again may work.
+
+    ``retry_after`` (seconds), when the peer said how long to wait (a ``Retry-After``
+    header), replaces the policy's delay for the next attempt, capped at the policy's cap.
+    """
+
+    code = "delivery_failed"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after
+
+
+class HeldDelivery(AdapterError):
+    """The medium is there but must not take a message now (a terminal pane whose
+    foreground program is not the agent: a shell would run the text as commands). The
+    copy goes back to the queue untouched by backoff or retry budget, and nothing is
+    leased until the adapter says the medium is ready again."""
+
+    code = "delivery_held"
+
+
+class InboxWriteError(PeerError):
+    """A Claude Code inbox entry could not be written (lock not won in time, I/O error,
+    failed check). The caller must not acknowledge the message. The inbox is unchanged
+    unless the message says the entry was written but not found on reading back."""
+
+    code = "inbox_write_failed"
+
+
+class StdinClosed(PeerError):
+    """The agent's stdin no longer takes input (the process exited or closed it)."""
+
+    code = "stdin_closed"
+
+
+class ModelError(PeerError):
+    """The model service failed (after the provider's retries)."""
+
+    code = "model_failed"
+
+
+class PermanentDeliveryError(ServiceError):
+    """Delivery cannot succeed (a pane that is gone, a 404, a setting that names nothing):
+    the copy is dead-lettered with this message as the reason, which should name the fix.
+    Not a :class:`PeerError`: retrying will not help."""
+
+    code = "delivery_impossible"
     status = 502

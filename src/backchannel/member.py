@@ -401,7 +401,9 @@ class MemberApi:
         except BackchannelError as exc:
             return HookResult(answer={}, problem=exc.message)
         result = await handle_hook(self.hub, self.member, runtime, payload)
-        return HookResult(answer=result.answer, problem=result.problem)
+        return HookResult(
+            answer=result.answer, problem=result.problem, delivered=list(result.delivered)
+        )
 
     # -- budgets ---------------------------------------------------------------------
     async def budgets(self) -> BudgetList:

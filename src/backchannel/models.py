@@ -755,3 +755,6 @@ class HookResult(_Out):
 
     answer: JsonObject
     problem: str | None = None
+    delivered: list[str] = Field(
+        default_factory=list, description="ids the answer hands over, to record as seen"
+    )

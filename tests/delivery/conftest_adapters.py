@@ -3,13 +3,11 @@ writer's): a real hub, bounded waits, a local HTTP endpoint, a private tmux serv
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,26 +21,10 @@ from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core.delegation import RetryPolicy
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
-from backchannel.testing import MemoryStore
+from backchannel.testing import MemoryStore, eventually
 
 SECRET = "adapter-test-secret"
 FAST_RETRY = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=5.0, timeout=5.0)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], *, within: float = 10.0, what: str = "condition"
-) -> Any:
-    """Wait (at most ``within`` s) until ``check()`` returns something truthy; return it."""
-    deadline = time.monotonic() + within
-    step = 0.01
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(step)
-        step = min(step * 2, 0.1)
 
 
 async def state_of(hub: Hub, team: str, message_id: str) -> str:

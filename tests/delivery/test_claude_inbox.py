@@ -34,6 +34,7 @@ from backchannel.delivery.claude_inbox import (
     read_inbox,
     stable_id,
 )
+from backchannel.testing import eventually_blocking
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 TEAM = "team-a"
@@ -261,10 +262,10 @@ def test_held_lock_is_refreshed_and_knows_when_taken(tmp_path: Path) -> None:
     lock = InboxLock(tmp_path / "bob.json", stale_s=1.0, refresh_s=0.05)
     assert lock.try_acquire()
     first = lock.path.stat().st_mtime_ns
-    deadline = time.monotonic() + 10
-    while lock.path.stat().st_mtime_ns == first and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert lock.path.stat().st_mtime_ns != first and lock.still_held()
+    eventually_blocking(
+        lambda: lock.path.stat().st_mtime_ns != first, what="the lock to be refreshed"
+    )
+    assert lock.still_held()
     lock.release()
     assert not lock.path.exists()
 

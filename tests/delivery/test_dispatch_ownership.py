@@ -16,9 +16,9 @@ from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
 from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually
 from backchannel.types import InboxMessage
-from tests.delivery.conftest_adapters import FAST_RETRY, eventually
+from tests.delivery.conftest_adapters import FAST_RETRY
 
 # a lease and a scan period far beyond any test's run time: only the FakeClock moves
 # leases, and scans happen when a test calls rescan()

@@ -16,11 +16,11 @@ from backchannel.delivery.claude_inbox import read_inbox
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.errors import InvalidRequest
 from backchannel.hub import Hub
+from backchannel.testing import eventually, eventually_blocking
 from backchannel.types import InboxMessage
 from tests.delivery.conftest_adapters import (
     FAST_RETRY,
     dispatching,
-    eventually,
     running_hub,
     state_of,
     wait_state,
@@ -256,7 +256,6 @@ def _workers_left() -> list[str]:
 def test_serve_runs_the_dispatcher(server: Any, tmp_path: Path) -> None:
     """``backchannel serve`` starts the dispatcher: a member added over HTTP with an
     inbox-file delivery gets its messages written (the next scan picks it up)."""
-    import time
 
     root = tmp_path / "teams"
     tokens = server.team("alpha")
@@ -273,8 +272,9 @@ def test_serve_runs_the_dispatcher(server: Any, tmp_path: Path) -> None:
     with server.client(tokens["user"]) as user:
         r = user.post("/v1/messages", json={"to": "cc", "text": "hi", "message_id": "srv-1"})
         assert r.status_code == 201, r.text
-        deadline = time.monotonic() + 20
-        while user.get("/v1/messages/srv-1").json()["status"] != "acked":
-            assert time.monotonic() < deadline, "the server did not push the message"
-            time.sleep(0.05)
+        eventually_blocking(
+            lambda: user.get("/v1/messages/srv-1").json()["status"] == "acked",
+            what="the server to push srv-1",
+            within=20,
+        )
     assert [e["msg_id"] for e in read_inbox(root / "alpha" / "inboxes" / "cc.json")] == ["srv-1"]

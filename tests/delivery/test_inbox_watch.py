@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +19,7 @@ from backchannel.delivery.stdin import stream_json_line
 from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import members_view
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing import FakeClock, MemoryStore
-from tests.delivery.conftest_adapters import eventually
+from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 WRITERS = ["w1", "w2", "w3", "w4"]
@@ -31,10 +29,7 @@ def rewrite(path: Path, change: Callable[[list[dict[str, Any]]], list[dict[str, 
     """Rewrite an inbox the way Claude Code's reader does (mark read, drop delivered
     entries): under the proper-lockfile lock, tmp file renamed over it."""
     lock = InboxLock(path)
-    deadline = time.monotonic() + 30
-    while not lock.try_acquire():
-        assert time.monotonic() < deadline, f"lock {lock.path} not won"
-        time.sleep(0.005)
+    eventually_blocking(lock.try_acquire, what=f"the lock {lock.path}", within=30)
     try:
         entries = json.loads(path.read_text("utf-8"))
         tmp = path.with_name(path.name + ".tmp.rewrite")

@@ -14,8 +14,9 @@ import pytest
 from backchannel.delivery.base import AdapterContext, PermanentDeliveryError
 from backchannel.delivery.stdin import StdinAdapter, StdinAgent, StdinClosed, stream_json_line
 from backchannel.hub import Hub
+from backchannel.testing import eventually
 from backchannel.types import SessionState
-from tests.delivery.conftest_adapters import dispatching, eventually, running_hub, wait_state
+from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
 
 # Appends each stdin line to OUT. "exit N": exit after N lines. "close": close stdin at
 # once, say so in OUT, and linger until killed.

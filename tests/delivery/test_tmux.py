@@ -11,9 +11,9 @@ import pytest
 
 from backchannel.delivery.tmux import sanitize
 from backchannel.hub import Hub
+from backchannel.testing import eventually
 from tests.delivery.conftest_adapters import (
     dispatching,
-    eventually,
     running_hub,
     state_of,
     tmux_server,
@@ -129,13 +129,13 @@ async def test_multiline_message_arrives_intact_as_one_bracketed_paste(
 async def test_plain_program_gets_lines(tmux: libtmux.Server, tmp_path: Path) -> None:
     out = tmp_path / "cat.txt"
     tmux.new_session(session_name="cat", window_command=f"exec cat > {out}", x=200, y=50)
-    await eventually(lambda: _async(out.exists()), what="cat to start")
+    await eventually(out.exists, what="cat to start")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "cat", "a-s1"))
         async with dispatching(hub):
             sent = await hub.send("t", "user", "a", "one\ntwo", link=False)
             await wait_state(hub, "t", sent.message_id, "acked")
-            await eventually(lambda: _async(out.read_text().endswith("two\n")), what="cat")
+            await eventually(lambda: out.read_text().endswith("two\n"), what="cat")
     assert out.read_text() == "[From user] one\ntwo\n"
 
 
@@ -255,10 +255,6 @@ def test_sanitize_strips_escapes() -> None:
     assert sanitize("x\x1b[201~\x03y\tz") == "x[201~y\tz"
 
 
-async def _async(value: object) -> object:
-    return value
-
-
 async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_back(
     tmux: libtmux.Server, tmp_path: Path
 ) -> None:
@@ -277,16 +273,14 @@ async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_b
 
     # the agent ran in the pane and exited: its shell is in the foreground again
     pane.send_keys(f"{sys.executable} -c 'print(\"agent exits\")'", enter=True)
-    await eventually(
-        lambda: _async("agent exits" in "\n".join(pane.capture_pane())), what="the agent"
-    )
+    await eventually(lambda: "agent exits" in "\n".join(pane.capture_pane()), what="the agent")
     await eventually(in_shell, what="the shell in the foreground")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "shell", "a-s1"))
         async with dispatching(hub) as d:
             sent = await hub.send("t", "user", "a", f"touch {marker}", link=False)
             held = await eventually(
-                lambda: _async(next((w for w in d.status() if w.state == "held"), None)),
+                lambda: next((w for w in d.status() if w.state == "held"), None),
                 what="the worker to hold the message",
             )
             assert "runs 'bash' in the foreground, not the agent" in (held.last_error or "")

@@ -6,6 +6,7 @@ import json
 import time
 
 from backchannel.delivery.webhook import DELIVER_PATH, SIGNATURE_HEADER, verify
+from backchannel.testing import eventually
 from backchannel.types import MessageKind
 from tests.delivery.conftest_adapters import (
     SECRET,
@@ -13,7 +14,6 @@ from tests.delivery.conftest_adapters import (
     answer,
     dispatching,
     endpoint,
-    eventually,
     running_hub,
     state_of,
     wait_state,
@@ -68,7 +68,7 @@ async def test_slow_endpoint_does_not_delay_another_member() -> None:
             async with dispatching(hub):
                 to_a = await hub.send("t", "user", "a", "for a", link=False)
                 # a's POST has arrived and hangs...
-                await eventually(lambda: _async(ep_slow.count() == 1), what="a's POST")
+                await eventually(lambda: ep_slow.count() == 1, what="a's POST")
                 to_b = await hub.send("t", "user", "b", "for b", link=False)
                 # ...and b's message is delivered all the same
                 await wait_state(hub, "t", to_b.message_id, "acked", within=5)
@@ -180,10 +180,6 @@ async def test_429_retry_after_is_honoured() -> None:
                 sent = await hub.send("t", "user", "a", "x", link=False)
                 await wait_state(hub, "t", sent.message_id, "acked")
     assert ep.count() == 2
-
-
-async def _async(value: object) -> object:
-    return value
 
 
 def test_body_is_the_message_json() -> None:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import BIN, ROOT, Server
 
 from . import fake_anthropic, fake_gemini, fake_openai
@@ -119,6 +121,7 @@ class Rig:
     proxy: RefusingProxy
     api: Api | None = None
     runs: list[Run] = field(default_factory=list)
+    proc: subprocess.Popen[str] | None = None  # the run under way
 
     @property
     def model(self) -> Model:
@@ -183,8 +186,9 @@ class Rig:
             "[features]\napps = false\nplugins = false\nremote_plugin = false\n"
         )
 
-    def run(self, prompt: str, resume: str | None = None) -> Run:
-        """One headless run of the CLI in the project (resuming ``resume``)."""
+    def run(self, prompt: str, resume: str | None = None, *, check: bool = True) -> Run:
+        """One headless run of the CLI in the project (resuming ``resume``); ``check``:
+        it must exit 0."""
         if self.runtime == "claude-code":
             args = [str(self.bin_dir / "claude"), "-p", prompt, "--output-format", "json"]
             args += ["--resume", resume] if resume else []
@@ -200,19 +204,36 @@ class Rig:
                        env={"CODEX_HOME": str(self.home / ".codex")})  # fmt: skip
             args = [str(self.bin_dir / "codex"), "exec", "--skip-git-repo-check", "--json"]
             args += ["resume", resume, prompt] if resume else [prompt]
-        p = subprocess.run(
+        with subprocess.Popen(
             args,
             cwd=self.project,
             env=self.env(),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=RUN_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
-        )
-        run = Run(p.returncode, p.stdout, p.stderr, _session_id(self.runtime, p.stdout))
+            start_new_session=True,  # its own process group: see kill()
+        ) as p:
+            self.proc = p
+            try:
+                out, err = p.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                p.communicate()
+                raise
+            finally:
+                self.proc = None
+        run = Run(p.returncode, out, err, _session_id(self.runtime, out))
         self.runs.append(run)
-        assert p.returncode == 0, f"{self.runtime} exited {p.returncode}: {p.stderr[-2000:]}"
+        if check:
+            assert p.returncode == 0, f"{self.runtime} exited {p.returncode}: {err[-2000:]}"
         return run
+
+    def kill(self) -> None:
+        """Kill the run under way as a crash would: the CLI, its hooks and its MCP
+        server, at once, with no chance to report anything."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     # -- the hub's side ---------------------------------------------------------------
     def get(self, who: str, path: str, **params: Any) -> Any:
@@ -246,13 +267,7 @@ class Rig:
                 c.post(f"/v1/sessions/{sid}/events", json=body).raise_for_status()
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        return eventually_blocking(check, what=what, within=timeout)
 
 
 def _session_id(runtime: str, stdout: str) -> str:
@@ -291,3 +306,33 @@ def attach(
 def have(bin_dir: Path, runtime: str) -> bool:
     name = {"claude-code": "claude", "codex": "codex", "gemini": "gemini"}[runtime]
     return (bin_dir / name).exists() or shutil.which(name, path=str(bin_dir)) is not None
+
+
+_teams = iter(range(1, 1000))
+
+
+@contextmanager
+def attached(runtime: str, server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
+    """A fresh team (alice on ``runtime``, bob), a git project attached as alice, a home
+    and the refusing proxy; after the test, the proxy must have recorded nothing."""
+    from tests.runtimes.agents import make_team
+
+    if not have(bin_dir, runtime):
+        raise AssertionError(f"{runtime} is not installed in {bin_dir}; run scripts/setup-clis.sh")
+    team = f"t{next(_teams)}-{os.getpid()}"
+    tokens = make_team(server, team, f"alice:{runtime}", "bob")
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    attach(runtime, project, server.url, team)
+    home = tmp_path / "home"
+    home.mkdir()
+    proxy = RefusingProxy()
+    r = Rig(runtime, team, server, tokens, project, home, bin_dir, proxy)
+    try:
+        yield r
+    finally:
+        proxy.close()
+        if r.api is not None:
+            r.api.__exit__(None, None, None)
+    assert proxy.seen == [], f"{runtime} tried to reach the network: {proxy.seen}"

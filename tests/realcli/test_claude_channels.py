@@ -220,8 +220,9 @@ def test_without_channels_the_stop_route_still_delivers(
             assert "[From lead] MARK-STOP: the build is red" in last_user_text(req)
             assert "<channel" not in last_user_text(req)
             wait_until(lambda: _copy(hub, tokens["worker"], mid)["state"] == "acked", 30, "ack")
-            details = [h.get("detail", "") for h in _copy(hub, tokens["worker"], mid)["history"]]
-            assert "claude-code Stop hook answer" in details
+            # leased for the Stop answer, acked by the continuation's next hook event
+            events = [h["event"] for h in _copy(hub, tokens["worker"], mid)["history"]]
+            assert events.count("leased") == events.count("acked") == 1, events
             # shown as the hook's plain feedback, not as a problem
             screen = pane.wait_for("Stop hook says: backchannel: 1 message arrived")
             assert "reported a problem" not in screen and "stop hook problem" not in screen

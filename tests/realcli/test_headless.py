@@ -7,7 +7,6 @@ records nothing)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import Server, start_server
-from tests.runtimes.agents import make_team
 
 from .fake_anthropic import Rule, call, say
-from .harness import MODELS, RefusingProxy, Rig, attach, have, install_clis
+from .harness import MODELS, Rig, attach, attached, install_clis
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,31 +38,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         s.stop()
 
 
-_teams = iter(range(1, 1000))
-
-
 @pytest.fixture(params=RUNTIMES)
 def rig(
     request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
 ) -> Iterator[Rig]:
-    runtime = request.param
-    if not have(bin_dir, runtime):
-        pytest.fail(f"{runtime} is not installed in {bin_dir}; run scripts/setup-clis.sh")
-    team = f"t{next(_teams)}"
-    tokens = make_team(server, team, f"alice:{runtime}", "bob")
-    project = tmp_path / "project"
-    project.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    attach(runtime, project, server.url, team)
-    home = tmp_path / "home"
-    home.mkdir()
-    proxy = RefusingProxy()
-    r = Rig(runtime, team, server, tokens, project, home, bin_dir, proxy)
-    try:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
         yield r
-    finally:
-        proxy.close()
-    assert proxy.seen == [], f"{runtime} tried to reach the network: {proxy.seen}"
 
 
 def _main(r: Rig) -> Any:
@@ -96,13 +75,6 @@ def _texts(msgs: list[dict[str, Any]]) -> list[str]:
 def _script(r: Rig, rules: list[Rule]) -> None:
     r.api = MODELS[r.runtime].make(rules)
     r.api.__enter__()
-
-
-@pytest.fixture(autouse=True)
-def _stop_api(rig: Rig) -> Iterator[None]:
-    yield
-    if rig.api is not None:
-        rig.api.__exit__(None, None, None)
 
 
 def test_tools_are_offered_and_called_and_hooks_reach_the_hub(rig: Rig) -> None:

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 
 import libtmux
 import pytest
+
+from backchannel.testing import eventually_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_DIR = ROOT / ".cache" / "clis"
@@ -135,14 +136,12 @@ class Pane:
 def wait_until(
     check: Callable[[], Any], timeout: float, what: str, pane: Pane | None = None
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    screen = f"\n--- screen ---\n{pane.screen()}" if pane else ""
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{screen}")
+    try:
+        return eventually_blocking(check, what=what, within=timeout)
+    except AssertionError as exc:
+        if pane is None:
+            raise
+        raise AssertionError(f"{exc}\n--- screen ---\n{pane.screen()}") from None
 
 
 @contextmanager

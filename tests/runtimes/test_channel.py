@@ -19,7 +19,7 @@ from backchannel.interfaces.mcp_front import Front
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.channel_tags import channel_ids, cli_version
 from backchannel.runtimes.transcripts import enrich
-from backchannel.testing import MemoryStore
+from backchannel.testing import MemoryStore, eventually
 
 from .helpers import PROMPT_EVENT, STOP_EVENT, call, fixture, session_of
 
@@ -44,17 +44,6 @@ def _tag(message_id: str, sender: str = "lead") -> str:
 async def _state(hub: Hub, mid: str) -> tuple[str, int]:
     status = (await hub.message_status("t", mid)).to_json()["deliveries"][0]
     return str(status["state"]), int(status["attempts"])
-
-
-async def _until(check: Any, what: str) -> Any:
-    """Wait for ``check()`` (sync or async) to be true: observable state, polled."""
-    for _ in range(500):
-        got = check()
-        got = await got if asyncio.iscoroutine(got) else got
-        if got:
-            return got
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _pusher(hub: Hub, pushed: list[tuple[str, dict[str, str]]], **kw: Any) -> ChannelPusher:
@@ -137,6 +126,8 @@ async def test_the_stop_route_drops_a_copy_the_session_has_shown(ready: Hub) -> 
     reason = res.answer["reason"]
     assert "not yet shown" in reason and "already shown" not in reason
     assert await _state(ready, shown.message_id) == ("acked", 1)
+    assert await _state(ready, other.message_id) == ("leased", 1)  # until the next event
+    await call(ready, "t", "w", "claude-code", fixture("claude-code", "PreToolUse"))
     assert await _state(ready, other.message_id) == ("acked", 1)
 
 
@@ -165,7 +156,7 @@ async def test_the_pusher_pushes_into_the_idle_session_and_goes_live_on_the_ack(
     task = asyncio.create_task(pusher.run())
     try:
         r = await ready.send("t", "lead", "w", "wake up", summary="ping")
-        await _until(lambda: pushed, "a push")
+        await eventually(lambda: pushed, what="a push")
         content, meta = pushed[0]
         assert content == "[From lead] wake up"
         assert meta == {
@@ -184,7 +175,7 @@ async def test_the_pusher_pushes_into_the_idle_session_and_goes_live_on_the_ack(
             "claude-code",
             fixture("claude-code", PROMPT_EVENT["claude-code"], prompt=prompt),
         )
-        await _until(lambda: pusher.live, "the pusher live")
+        await eventually(lambda: pusher.live, what="the pusher live")
         assert await _state(ready, r.message_id) == ("acked", 1)
     finally:
         task.cancel()
@@ -203,6 +194,7 @@ async def test_a_busy_session_gets_no_push(ready: Hub) -> None:
             ready, "t", "w", "claude-code", fixture("claude-code", STOP_EVENT["claude-code"])
         )
         assert "for after the turn" in res.answer["reason"]  # the Stop route had it
+        await call(ready, "t", "w", "claude-code", fixture("claude-code", "PreToolUse"))
         assert await _state(ready, r.message_id) == ("acked", 1)
         assert pushed == []
     finally:
@@ -219,7 +211,7 @@ async def test_a_client_that_does_not_listen_gets_its_messages_back_at_once(
     task = asyncio.create_task(pusher.run())
     try:
         r = await ready.send("t", "lead", "w", "nobody listens")
-        await _until(lambda: pusher.live is False, "probation over")
+        await eventually(lambda: pusher.live is False, what="probation over")
         assert await _state(ready, r.message_id) == ("queued", 1)
         # the next prompt hands it over, and the pusher has stopped for good
         res = await call(
@@ -279,10 +271,10 @@ async def test_notices_alone_are_not_pushed_and_ride_with_the_next_message(ready
     pusher = await _pusher(ready, pushed, confirm_s=60)
     task = asyncio.create_task(pusher.run())
     try:
-        await _until(lambda: pusher._hold is not None, "the notice held back")
+        await eventually(lambda: pusher._hold is not None, what="the notice held back")
         assert pushed == []
         r = await ready.send("t", "lead", "w", "now something real")
-        await _until(lambda: len(pushed) == 2, "both pushed")
+        await eventually(lambda: len(pushed) == 2, what="both pushed")
         (notice, meta), (text, real) = pushed
         assert meta["kind"] == "system" and notice.startswith("[backchannel] ")
         assert (real["message_id"], text) == (r.message_id, "[From lead] now something real")

@@ -135,9 +135,8 @@ async def test_a_peers_message_is_the_stop_answer_and_opens_the_next_turn(
     reason = _reason(runtime, result.answer)
     assert "[From lead] also count the tests" in reason
     assert result.delivered == (sent.message_id,)
-    status = await hub.message_status("t", sent.message_id)
-    assert status.state.value == "acked"
-    assert [h.event for h in status.history][-2:] == ["delivered", "acked"]
+    # handed over, not yet taken in: leased until the runtime's next event shows it
+    assert (await hub.message_status("t", sent.message_id)).state.value == "leased"
     s = await hub.get_session("t", sid)
     assert s.state is SessionState.ACTIVE  # the runtime goes on with that input
     last = (await _kinds(hub, sid))[-1]
@@ -145,6 +144,9 @@ async def test_a_peers_message_is_the_stop_answer_and_opens_the_next_turn(
     again = await call(hub, "t", "w", runtime, _stop(runtime, stop_hook_active=True))
     assert again.answer == {}
     assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+    status = await hub.message_status("t", sent.message_id)
+    assert status.state.value == "acked"
+    assert [h.event for h in status.history][-2:] == ["leased", "acked"]
 
 
 async def test_the_stop_hook_never_loops(hub: Hub) -> None:
@@ -197,6 +199,8 @@ async def test_the_prompt_hook_hands_over_waiting_messages(hub: Hub, runtime: st
     out = result.answer["hookSpecificOutput"]
     assert out["hookEventName"] == PROMPT_EVENT[runtime]
     assert "[From lead] the build is red" in out["additionalContext"]
+    assert (await hub.message_status("t", sent.message_id)).state.value == "leased"
+    await call(hub, "t", "w", runtime, _stop(runtime))  # the turn ran with it
     assert (await hub.message_status("t", sent.message_id)).state.value == "acked"
 
 

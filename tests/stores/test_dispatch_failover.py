@@ -12,7 +12,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -107,15 +108,6 @@ def start_two_hubs(base: Path, url: str, service_url: str) -> list[Server]:
         return [f.result() for f in futures]
 
 
-def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds:g} s waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
 def rows(url: str, sql: str) -> list[Any]:
     """Rows of a query (no parameters) straight from the store's database."""
     if url.startswith("sqlite://"):
@@ -172,7 +164,9 @@ def test_kill_9_of_the_owning_hub_mid_stream_the_other_pushes_everything_in_orde
                 )
                 assert r.status_code == 201, r.text
             # both hubs scan; exactly one of them takes the member
-            pid = wait_for(lambda: owner_pid(url), 15, "a hub to own po/sink")
+            pid = eventually_blocking(
+                lambda: owner_pid(url), within=15, what="a hub to own po/sink"
+            )
             owner = next(h for h in hubs if h.proc.pid == pid)
             other = next(h for h in hubs if h is not owner)
 
@@ -194,7 +188,9 @@ def test_kill_9_of_the_owning_hub_mid_stream_the_other_pushes_everything_in_orde
             sender = threading.Thread(target=stream)
             sender.start()
             try:
-                wait_for(lambda: len(rec.ids()) >= N // 5, 30, "the owner to push a fifth")
+                eventually_blocking(
+                    lambda: len(rec.ids()) >= N // 5, within=30, what="the owner to push a fifth"
+                )
                 owner.kill()  # SIGKILL, in the middle of the stream
                 killed_at = time.monotonic()
                 pushed_before_kill = len(rec.ids())
@@ -205,12 +201,16 @@ def test_kill_9_of_the_owning_hub_mid_stream_the_other_pushes_everything_in_orde
             assert len(accepted) == N
 
             want = set(accepted)
-            wait_for(lambda: want <= set(rec.ids()), 30, "every accepted message pushed")
+            eventually_blocking(
+                lambda: want <= set(rec.ids()), within=30, what="every accepted message pushed"
+            )
             assert owner_pid(url) == other.proc.pid, "the survivor owns the member now"
 
             # nothing is left queued or leased: each copy is acked after its push, or
             # `delivered` (the dead hub recorded the push and died before its ack)
-            wait_for(lambda: not _states(url) - {"acked", "delivered"}, 30, "every copy done")
+            eventually_blocking(
+                lambda: not _states(url) - {"acked", "delivered"}, within=30, what="every copy done"
+            )
 
             with rec.lock:
                 got = list(rec.got)

@@ -14,6 +14,7 @@ import pytest
 from backchannel.errors import AlreadyExists, InvalidRequest, StoreError
 from backchannel.stores.base import SCHEMA_VERSION, Tx
 from backchannel.stores.postgres import LISTENER_NAME, PostgresStore, mask_url
+from backchannel.testing import eventually
 from backchannel.types import (
     Delivery,
     DeliveryEvent,
@@ -108,24 +109,10 @@ async def open_hubs(url: str, n: int, **kwargs: Any) -> list[PostgresStore]:
     return stores
 
 
-def listen(store: PostgresStore) -> tuple[Heard, asyncio.Event]:
+def listen(store: PostgresStore) -> Heard:
     heard: Heard = []
-    event = asyncio.Event()
-
-    def cb(team: str | None, member: str | None) -> None:
-        heard.append((team, member))
-        event.set()
-
-    store.on_external_change(cb)
-    return heard, event
-
-
-async def wait_until(check: Callable[[], bool], event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``check()`` holds, re-checking each time ``event`` fires."""
-    async with asyncio.timeout(seconds):
-        while not check():
-            await event.wait()
-            event.clear()
+    store.on_external_change(lambda team, member: heard.append((team, member)))
+    return heard
 
 
 # -- leases across hubs ---------------------------------------------------------
@@ -260,17 +247,17 @@ async def test_notify_wakes_the_other_hub_quickly(new_postgres_url: Callable[[],
     # no fallback timer: only NOTIFY can deliver these wake-ups
     a, b = await open_hubs(new_postgres_url(), 2, fallback_interval=0)
     try:
-        heard_a, event_a = listen(a)
-        heard_b, event_b = listen(b)
+        heard_a = listen(a)
+        heard_b = listen(b)
         await a.transact(setup_team)
         loop = asyncio.get_running_loop()
         start = loop.time()
         await a.transact(send("m1", to="b"))
-        await wait_until(lambda: (TEAM, "b") in heard_b, event_b, 5.0)
+        await eventually(lambda: (TEAM, "b") in heard_b, what="b to hear m1", within=5)
         assert loop.time() - start < 1.0
         # b's send commits after a's: by the time a hears it, it would have heard its own
         await b.transact(send("m2", to="c"))
-        await wait_until(lambda: (TEAM, "c") in heard_a, event_a, 5.0)
+        await eventually(lambda: (TEAM, "c") in heard_a, what="a to hear m2", within=5)
         assert (TEAM, "b") not in heard_a, "a store is not woken by its own writes"
         # a delivery going back to the queue wakes the other hub too
         await a.transact(lease("c"))
@@ -281,7 +268,7 @@ async def test_notify_wakes_the_other_hub_quickly(new_postgres_url: Callable[[],
                 to_state=DeliveryState.QUEUED, now=T0, event="released",
             )
         )  # fmt: skip
-        await wait_until(lambda: (TEAM, "c") in heard_b, event_b, 5.0)
+        await eventually(lambda: (TEAM, "c") in heard_b, what="b to hear m2 requeued", within=5)
     finally:
         await a.close()
         await b.close()
@@ -291,8 +278,8 @@ async def test_fallback_timer_and_listener_reconnect(new_postgres_url: Callable[
     url = new_postgres_url()
     a, b = await open_hubs(url, 2, fallback_interval=0.2)
     try:
-        heard, event = listen(b)
-        await wait_until(lambda: (None, None) in heard, event, 5.0)  # the fallback timer
+        heard = listen(b)
+        await eventually(lambda: (None, None) in heard, what="the fallback timer", within=5)
         with psycopg.connect(url, autocommit=True) as admin:
             killed = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -305,9 +292,9 @@ async def test_fallback_timer_and_listener_reconnect(new_postgres_url: Callable[
             heard.clear()
             await a.transact(send(f"m{i}"))
             try:
-                await wait_until(lambda: (TEAM, "b") in heard, event, 1.0)
+                await eventually(lambda: (TEAM, "b") in heard, what=f"b to hear m{i}", within=1)
                 break
-            except TimeoutError:
+            except AssertionError:
                 continue
         else:
             raise AssertionError("the listener never came back after its connection died")

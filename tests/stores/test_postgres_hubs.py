@@ -30,6 +30,7 @@ import pytest
 
 from backchannel.stores.base import SCHEMA_VERSION
 from backchannel.stores.postgres import _MIGRATION_LOCK, PostgresStore
+from backchannel.testing import eventually_blocking
 from tests.conftest import BIN, Server, free_port, start_server
 from tests.pg_harness import PgServer
 
@@ -111,15 +112,6 @@ def drain(
             got.extend(batch)
             ack(c, [m["message_id"] for m in batch])
     return got
-
-
-def wait_for(check: Callable[[], bool], seconds: float, what: str, every: float = 0.05) -> None:
-    """Poll an observable condition until it holds; fail after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(every)
 
 
 def sse_messages(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
@@ -434,7 +426,7 @@ def test_two_hubs_starting_together_on_a_fresh_database_migrate_once(
             ).fetchone()
             return row == (2,) or bool(failed)
 
-        wait_for(both_waiting, 30, "both hubs to wait on the migration lock")
+        eventually_blocking(both_waiting, within=30, what="both hubs to wait on the migration lock")
         gate.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
         launcher.join(60)
     assert not failed, failed
@@ -479,7 +471,9 @@ def test_kill_9_of_a_hub_mid_stream_the_other_delivers_every_answered_send_once(
         for t in senders:
             t.start()
         try:
-            wait_for(lambda: len(answered) >= 300, 30, "300 answered sends through hub A")
+            eventually_blocking(
+                lambda: len(answered) >= 300, within=30, what="300 answered sends through hub A"
+            )
             with a.client(tokens["rx"]) as rx_a:
                 leased = receive(rx_a, limit=50, lease=2)  # held by a receiver on A ...
             a.kill()  # ... when A is killed with SIGKILL, in the middle of the stream
@@ -606,14 +600,22 @@ def test_connection_lost_while_serving_503_with_retry_after_then_recovers(
         for t in senders:
             t.start()
         try:
-            wait_for(lambda: len(answered) >= 50, 20, "sends before the outage")
+            eventually_blocking(
+                lambda: len(answered) >= 50, within=20, what="sends before the outage"
+            )
             proxy.down()
             down_at = time.monotonic()
-            wait_for(lambda: len(unavailable) >= 6, 30, "503 answers during the outage")
+            eventually_blocking(
+                lambda: len(unavailable) >= 6, within=30, what="503 answers during the outage"
+            )
             proxy.up()
             up_at = time.monotonic()
             before = len(answered)
-            wait_for(lambda: len(answered) >= before + 30, 20, "sends answered after the outage")
+            eventually_blocking(
+                lambda: len(answered) >= before + 30,
+                within=20,
+                what="sends answered after the outage",
+            )
             recovered = time.monotonic() - up_at
         finally:
             stop.set()

@@ -771,15 +771,13 @@ class Client:
         JSON in, its own hook output JSON out. ``expect`` (``TEAM/MEMBER``) refuses,
         with no effect, a token of any other member. A payload it cannot use answers
         ``{}`` with the ``problem``."""
-        from backchannel.runtimes.common import PROBLEM_HEADER
-
         call: Call[HookResult] = Call(
             "POST",
             f"/v1/hooks/{_q(runtime)}",
             lambda s: s.member.hook(runtime, payload, expect=expect),
             json=payload,
             params=_given(**{"as": expect}),
-            parse=lambda resp: hook_result(resp, PROBLEM_HEADER),
+            parse=hook_result,
         )
         got: HookResult = await self._do(call)
         return got

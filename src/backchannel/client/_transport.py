@@ -230,15 +230,22 @@ class HttpTransport(Transport):
             raise self._unreachable(exc) from exc
 
 
-def hook_result(resp: httpx.Response, problem_header: str) -> HookResult:
-    """A hook call's answer over HTTP: the runtime's JSON, the problem from its header."""
+def hook_result(resp: httpx.Response) -> HookResult:
+    """A hook call's answer over HTTP: the runtime's JSON, the problem and the ids it
+    hands over from their headers."""
+    from backchannel.runtimes.common import PROBLEM_HEADER
+    from backchannel.runtimes.seen import DELIVERED_HEADER, delivered_ids
+
     try:
         answer = resp.json()
     except ValueError:
         answer = None
     if resp.status_code >= 400:
         raise_for(resp)
+    if not isinstance(answer, dict):
+        return HookResult(answer={}, problem=resp.headers.get(PROBLEM_HEADER))
     return HookResult(
-        answer=answer if isinstance(answer, dict) else {},
-        problem=resp.headers.get(problem_header),
+        answer=answer,
+        problem=resp.headers.get(PROBLEM_HEADER),
+        delivered=delivered_ids(resp.headers.get(DELIVERED_HEADER)),
     )

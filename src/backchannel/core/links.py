@@ -1,4 +1,5 @@
-"""Link rules: budgets, what crosses, and the texts both sides are told."""
+"""Link rules: which send opens a link, budgets, what crosses, and the texts both sides
+are told."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from backchannel.core import timers
 from backchannel.core.turns import already_sent, normalize
-from backchannel.types import LedgerEntry, Link
+from backchannel.types import BROADCAST, HUB_SENDER, LedgerEntry, Link, MemberKind, MessageKind
 
 DEFAULT_BUDGET = 8
 
@@ -43,6 +44,18 @@ def rules_text(settings: Mapping[str, Any], peer: str, budget: int) -> str:
         )
     except (KeyError, IndexError, ValueError):
         return template
+
+
+def may_change_links(kind: MessageKind, sender: str, to: str) -> bool:
+    """Only a direct message from a member to one member opens or closes a link."""
+    return kind is MessageKind.DIRECT and to != BROADCAST and sender != HUB_SENDER
+
+
+def opens_link(callee_kind: MemberKind | None) -> bool:
+    """A send from a session's turn, with no link open between the two and the sender
+    not opting out, opens a link, unless the recipient is a human (who reads at their
+    own pace: there are no turns to carry) or no member at all."""
+    return callee_kind is not None and callee_kind is not MemberKind.HUMAN
 
 
 def frame(member: str, text: str) -> str:

@@ -70,6 +70,20 @@ def anchor_policy(settings: Mapping[str, Any]) -> AnchorPolicy:
 #: How far ahead an anchor is set when no time is given (see docs/decisions.md): long
 #: enough for a real piece of work, short enough that a conversation cannot hold an
 #: agent away from its task for long.
+class AnchorAction(StrEnum):
+    PASS = "pass"  # the send goes on
+    REFUSE = "refuse"  # AnchorRequired: the send is not made
+    REMIND = "remind"  # the send goes on, and the sender is reminded
+
+
+def anchor_action(policy: AnchorPolicy, anchored: bool) -> AnchorAction:
+    """The anchor rule, for an agent's send to a peer it has an open link with:
+    ``anchored`` says whether the sending session holds a pending anchor timer."""
+    if policy is AnchorPolicy.OFF or anchored:
+        return AnchorAction.PASS
+    return AnchorAction.REFUSE if policy is AnchorPolicy.ENFORCE else AnchorAction.REMIND
+
+
 DEFAULT_ANCHOR_MINUTES = 10
 
 

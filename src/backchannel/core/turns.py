@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from backchannel.core.delivery import suggest
+from backchannel.core.messages import suggest
 from backchannel.errors import InvalidRequest, TooLarge
-from backchannel.types import BROADCAST, LedgerEntry, SessionEvent
+from backchannel.types import BROADCAST, LedgerEntry, MessageKind, SessionEvent
 
 _OPEN = re.compile(r"<message\b([^<>]*)>", re.IGNORECASE)
 _CLOSE = re.compile(r"</message\s*>", re.IGNORECASE)
@@ -165,6 +165,30 @@ def is_hub_input(turn_text: str, inputs: Sequence[str]) -> bool:
     if not said:
         return True
     return any(normalize(t) and normalize(t)[:200] in said for t in inputs)
+
+
+def checkpoint_handed(kinds: Sequence[MessageKind]) -> bool:
+    """Whether what a session was handed is a checkpoint prompt and nothing else: a turn
+    on it crosses no link and uses no budget."""
+    return all(k is MessageKind.CHECKPOINT for k in kinds)
+
+
+def is_checkpoint_turn(
+    pending: bool, reported: object, turn_text: str, checkpoint_texts: Sequence[str]
+) -> bool:
+    """Only a turn on the checkpoint the hub handed over is a checkpoint turn
+    (``pending``): not one the runtime reports as something else (``reported`` is its
+    ``checkpoint`` flag), nor one a human started by typing something else meanwhile."""
+    return pending and reported is not False and is_hub_input(turn_text, checkpoint_texts)
+
+
+def checkpoint_policy(settings: Mapping[str, Any]) -> tuple[float, str | None] | None:
+    """A member's ``checkpoint`` setting as (idle seconds, prompt text), or ``None``
+    when it asks for no checkpoints."""
+    policy = settings.get("checkpoint")
+    if not isinstance(policy, Mapping) or not policy.get("idle_seconds"):
+        return None
+    return float(policy["idle_seconds"]), (str(policy.get("text") or "") or None)
 
 
 def unknown_destination_notice(bad: str, sender: str, team: str, members: Sequence[str]) -> str:

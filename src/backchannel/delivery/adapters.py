@@ -30,6 +30,7 @@ from backchannel.delivery.tmux import TmuxAdapter
 from backchannel.delivery.tmux import agent_commands as tmux_agent_commands
 from backchannel.delivery.webhook import WebhookAdapter
 from backchannel.errors import InvalidRequest
+from backchannel.hub.checks import DeliveryChecks
 from backchannel.types import InboxMessage
 
 __all__ = [
@@ -98,6 +99,12 @@ def check_delivery_setting(
             "register the URL as a callback service",
             field="delivery",
         )
+
+
+def register_checks(checks: DeliveryChecks) -> None:
+    """Register the stock adapters' setting check with a hub (see
+    :mod:`backchannel.hub.checks`)."""
+    checks.register(check_delivery_setting)
 
 
 class MisconfiguredAdapter(Adapter):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backchannel.core.delegation import RetryPolicy
-from backchannel.errors import PeerError
+from backchannel.errors import AdapterError, HeldDelivery, PermanentDeliveryError
 from backchannel.runtimes.common import format_message
 from backchannel.types import InboxMessage
 
@@ -62,36 +62,6 @@ AUTO_SESSION = "auto"
 
 #: Backoff between attempts for adapters that do not bring their own policy.
 DEFAULT_RETRY = RetryPolicy(start=0.5, factor=2.0, cap=10.0, budget=120.0, timeout=30.0)
-
-
-class AdapterError(PeerError):
-    """A transient failure: the message was not delivered, and trying again may work.
-
-    ``retry_after`` (seconds), when the peer said how long to wait (a ``Retry-After``
-    header), replaces the policy's delay for the next attempt, capped at the policy's cap.
-    """
-
-    code = "delivery_failed"
-
-    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
-        super().__init__(message, **details)
-        self.retry_after = retry_after
-
-
-class HeldDelivery(AdapterError):
-    """The medium is there but must not take a message now (a terminal pane whose
-    foreground program is not the agent: a shell would run the text as commands). The
-    copy goes back to the queue untouched by backoff or retry budget, and nothing is
-    leased until :meth:`Adapter.ready` says the medium is ready again."""
-
-    code = "delivery_held"
-
-
-class PermanentDeliveryError(PeerError):
-    """Delivery cannot succeed (a pane that is gone, a 404, a setting that names nothing):
-    the copy is dead-lettered with this message as the reason, which should name the fix."""
-
-    code = "delivery_impossible"
 
 
 @dataclass(frozen=True, slots=True)

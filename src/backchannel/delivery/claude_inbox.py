@@ -49,6 +49,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from backchannel.errors import InboxWriteError
+
 if TYPE_CHECKING:
     import anyio
 
@@ -83,14 +85,6 @@ ACTIVE_WINDOW_S = 300.0
 MemberState = Literal["active", "idle", "terminated"]
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
-
-
-class InboxWriteError(Exception):
-    """The entry could not be written (lock not won in time, I/O error, failed check).
-
-    The caller must not acknowledge the message. The inbox is unchanged unless the
-    message says the entry was written but not found on reading back.
-    """
 
 
 @dataclass(frozen=True, slots=True)

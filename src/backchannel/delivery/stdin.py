@@ -62,7 +62,7 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
     agent_text,
 )
-from backchannel.errors import BackchannelError, Forbidden, InvalidState
+from backchannel.errors import BackchannelError, Forbidden, InvalidState, StdinClosed
 from backchannel.types import EventKind, InboxMessage
 
 __all__ = [
@@ -80,10 +80,6 @@ def stream_json_line(text: str) -> bytes:
     """One user turn in Claude Code's ``--input-format stream-json``, newline-terminated."""
     obj = {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}}
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-class StdinClosed(Exception):
-    """The agent's stdin no longer takes input (the process exited or closed it)."""
 
 
 class StdinAgent:

@@ -53,9 +53,9 @@ from a2a.types.a2a_pb2 import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
-from backchannel._delegation import HOOK_KINDS
 from backchannel.errors import BackchannelError, InvalidRequest
 from backchannel.hub import Hub
+from backchannel.hub.delegations import HOOK_KINDS
 from backchannel.types import A2ATask, MessageKind, SessionState
 
 log = logging.getLogger("backchannel.a2a")

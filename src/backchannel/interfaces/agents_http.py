@@ -5,7 +5,9 @@ server over streamable HTTP (``/mcp``).
 member token and answers with the runtime's own hook output JSON. A payload it cannot
 use is answered ``200 {}`` (a broken hook must never block the agent), with the reason
 logged and sent back in the ``Backchannel-Hook-Problem`` header. ``?as=TEAM/MEMBER``
-makes the call refuse (with no effect) a token of any other member.
+makes the call refuse (with no effect) a token of any other member. An answer that
+hands messages over names their ids in ``Backchannel-Delivered`` (a JSON list), which the
+command hook records for the session (:mod:`backchannel.runtimes.seen`).
 
 ``/mcp`` serves the agent tools (:mod:`.mcp`) to the member whose token is in the
 ``Authorization`` header (resolved like every other call), on the hub this process runs.
@@ -16,6 +18,7 @@ answers JSON. ``Backchannel-Session: <id>`` names the session the tools act for.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -36,6 +39,7 @@ from backchannel.models import HookAnswer
 from backchannel.runtimes import RUNTIMES
 from backchannel.runtimes.common import PROBLEM_HEADER, check_expected
 from backchannel.runtimes.receiver import handle_hook
+from backchannel.runtimes.seen import DELIVERED_HEADER
 from backchannel.types import Member
 
 log = logging.getLogger("backchannel.hooks")
@@ -84,7 +88,9 @@ def mount_agent_routes(app: FastAPI) -> None:
         except ValueError as exc:
             return _ignored(me, runtime, f"hook payload is not JSON ({exc})")
         result = await handle_hook(hub, me, runtime, payload)
-        headers = {PROBLEM_HEADER: _header_safe(result.problem)} if result.problem else None
+        headers = {PROBLEM_HEADER: _header_safe(result.problem)} if result.problem else {}
+        if result.delivered:  # the command hook records them for the session (runtimes.seen)
+            headers[DELIVERED_HEADER] = json.dumps(list(result.delivered))
         return JSONResponse(result.answer, headers=headers)
 
     endpoint = McpEndpoint(hub)

@@ -509,8 +509,8 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Host a team file's llm members on a hub and give the lead a task."""
-    from backchannel.runtimes.session import print_report, run_team
-    from backchannel.runtimes.teamfile import load_team
+    from backchannel.runner.command import print_report, run_team
+    from backchannel.runner.teamfile import load_team
 
     target = _locate(url, home)
     data_dir, url = target.data_dir, target.url

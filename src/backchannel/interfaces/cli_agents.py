@@ -47,26 +47,29 @@ def run_hook(
     token: str | None,
     home: Path | None = None,
     expect: str | None = None,
-) -> tuple[dict[str, Any], str | None]:
-    """Apply one hook call; returns the answer to print and why it had no effect."""
+) -> tuple[dict[str, Any], str | None, list[str]]:
+    """Apply one hook call; returns the answer to print, why it had no effect, and the
+    ids it hands over (to record for the session once printed: :mod:`..runtimes.seen`)."""
     from backchannel.runtimes import RUNTIMES
 
     if runtime not in RUNTIMES:
-        return {}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}"
+        return {}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}", []
     if not token:
-        return {}, "BACKCHANNEL_TOKEN is not set; export this agent's member token"
+        return {}, "BACKCHANNEL_TOKEN is not set; export this agent's member token", []
     target = _hub_url(url, home)
     raw, note = _enriched(runtime, raw)
     if target.startswith(("http://", "https://")):
-        answer, problem = _forward(runtime, raw, target, token, expect)
+        answer, problem, handed = _forward(runtime, raw, target, token, expect)
     else:
-        answer, problem = asyncio.run(_local_hook(runtime, raw, target, token, expect))
-    return answer, problem or note
+        answer, problem, handed = asyncio.run(_local_hook(runtime, raw, target, token, expect))
+    return answer, problem or note, handed
 
 
 def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
     """The payload with the closing text read from this machine's transcript when it
-    lacks it (the hub never reads a file a hook names); a bad payload goes as it is."""
+    lacks it (the hub never reads a file a hook names) and the session's record of what
+    hook answers showed it; a bad payload goes as it is."""
+    from backchannel.runtimes.seen import add_record
     from backchannel.runtimes.transcripts import enrich
 
     try:
@@ -74,13 +77,15 @@ def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
     except ValueError:
         return raw, None
     filled, note = enrich(runtime, payload)
+    filled = add_record(runtime, filled)
     return (raw if filled is payload else json.dumps(filled)), note
 
 
 def _forward(
     runtime: str, raw: str, url: str, token: str, expect: str | None
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[dict[str, Any], str | None, list[str]]:
     from backchannel.runtimes.common import PROBLEM_HEADER
+    from backchannel.runtimes.seen import DELIVERED_HEADER, delivered_ids
 
     try:
         resp = httpx.post(
@@ -91,27 +96,34 @@ def _forward(
             timeout=httpx.Timeout(30.0, connect=5.0),
         )
     except httpx.HTTPError as exc:
-        return {}, f"cannot reach the hub at {url}: {exc}"
+        return {}, f"cannot reach the hub at {url}: {exc}", []
     try:
         answer = resp.json()
     except ValueError:
         answer = None
     if resp.status_code >= 400:
         error = answer.get("error", {}) if isinstance(answer, dict) else {}
-        return {}, f"hub answered {resp.status_code}: {error.get('message', resp.text[:200])}"
-    return (answer if isinstance(answer, dict) else {}), resp.headers.get(PROBLEM_HEADER)
+        return (
+            {},
+            f"hub answered {resp.status_code}: {error.get('message', resp.text[:200])}",
+            [],
+        )
+    if not isinstance(answer, dict):
+        return {}, resp.headers.get(PROBLEM_HEADER), []
+    handed = delivered_ids(resp.headers.get(DELIVERED_HEADER))
+    return answer, resp.headers.get(PROBLEM_HEADER), handed
 
 
 async def _local_hook(
     runtime: str, raw: str, store_url: str, token: str, expect: str | None
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[dict[str, Any], str | None, list[str]]:
     try:
         payload = json.loads(raw)
     except ValueError as exc:
-        return {}, f"hook payload is not JSON ({exc})"
+        return {}, f"hook payload is not JSON ({exc})", []
     async with Client(store_url, token) as client:
         result = await client.hook(runtime, payload, expect=expect)
-        return dict(result.answer), result.problem
+        return dict(result.answer), result.problem, list(result.delivered)
 
 
 def hook(
@@ -129,17 +141,34 @@ def hook(
     exits 0; why a call had no effect goes to stderr."""
     answer: dict[str, Any] = {}
     problem: str | None
+    handed: list[str] = []
+    raw = ""
     logging.getLogger("backchannel").setLevel(logging.ERROR)  # reasons are printed below
     try:
         raw = payload if payload is not None else sys.stdin.read()
-        answer, problem = run_hook(runtime, raw, url=url, token=token, home=home, expect=as_)
+        answer, problem, handed = run_hook(
+            runtime, raw, url=url, token=token, home=home, expect=as_
+        )
     except BackchannelError as exc:
         problem = exc.message
     except Exception as exc:  # a broken hook must never block the agent
         problem = f"internal error: {type(exc).__name__}: {exc}"
     print(json.dumps(answer), flush=True)
+    if handed:  # printed: now the session has them
+        _remember(runtime, raw, handed)
     if problem:
         print(f"backchannel hook {runtime}: {problem}", file=sys.stderr, flush=True)
+
+
+def _remember(runtime: str, raw: str, handed: list[str]) -> None:
+    from backchannel.runtimes.seen import remember
+
+    try:
+        sid = json.loads(raw).get("session_id")
+    except (ValueError, AttributeError):
+        return
+    if isinstance(sid, str) and sid:
+        remember(runtime, sid, handed)
 
 
 # -- mcp ----------------------------------------------------------------------------------

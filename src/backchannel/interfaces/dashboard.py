@@ -1,8 +1,12 @@
 """The live web dashboard, served at ``/`` by ``backchannel serve``.
 
-The page (``static/index.html``, ``app.js``, ``style.css``) ships inside the package
-and needs no build step and no network. It signs in with a member or admin token kept
-in the tab's ``sessionStorage`` and calls the read endpoints below with
+The page (``static/index.html``, ``style.css``, the entry module ``app.js`` and the
+modules it imports from ``static/js/``) ships inside the package and needs no build step
+and no network. Assets are served from a list made when the dashboard is mounted (every
+``.js`` and ``.css`` file under ``static/``), never by opening a path a request names;
+each with its type, ``nosniff`` and ``no-cache`` (the browser asks again, with the
+ETag, so a page never mixes modules of two versions). It signs in with a member or
+admin token kept in the tab's ``sessionStorage`` and calls the read endpoints below with
 ``Authorization: Bearer``. Every endpoint is team-scoped and open to the admin and to
 the members of that team; another team answers 404, like the rest of the API.
 
@@ -39,8 +43,8 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from backchannel.errors import (
     Forbidden,
@@ -87,7 +91,7 @@ from backchannel.types import (
 
 log = logging.getLogger("backchannel.dashboard")
 
-__all__ = ["STATIC_DIR", "TICKET_SECONDS", "mount_dashboard"]
+__all__ = ["ASSET_TYPES", "STATIC_DIR", "TICKET_SECONDS", "mount_dashboard", "static_assets"]
 
 #: Where the page's assets live inside the installed package.
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -109,6 +113,11 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
+
+#: The types of the files the page may load, by suffix; nothing else under
+#: :data:`STATIC_DIR` is served (``index.html`` is the page at ``/``).
+ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+_ASSET_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 
 #: Closed links and finished delegations kept in a snapshot (the latest ones).
 FINISHED_SHOWN = 50
@@ -584,14 +593,43 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
 # -- mounting -------------------------------------------------------------------------
 
 
+def static_assets(root: Path = STATIC_DIR) -> dict[str, tuple[Path, str]]:
+    """The page's assets by their path under ``/static/`` (``js/team.js``): every file
+    under ``root`` with a suffix in :data:`ASSET_TYPES`, and the type it is served with."""
+    return {
+        path.relative_to(root).as_posix(): (path, ASSET_TYPES[path.suffix])
+        for path in sorted(root.rglob("*"))
+        if path.suffix in ASSET_TYPES and path.is_file()
+    }
+
+
 def mount_dashboard(app: FastAPI) -> None:
     """Add the dashboard's page, static assets and read endpoints to ``app``."""
     hub: Hub = app.state.hub
     key = _ticket_key(app.state.admin_token)
     app.include_router(build_router(hub, key))
+    assets = static_assets()
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+    @app.api_route("/static/{name:path}", methods=["GET", "HEAD"], include_in_schema=False)
+    async def asset(name: str, request: Request) -> Response:
+        """One of :func:`static_assets`, looked up by name: a path the list does not hold
+        (a directory, ``../``, any other file) is 404 and never touches the disk."""
+        found = assets.get(name)
+        if found is None:
+            raise HTTPException(404)
+        path, media_type = found
+        try:
+            stat = path.stat()
+        except OSError:  # removed since the hub started
+            raise HTTPException(404) from None
+        response = FileResponse(
+            path, media_type=media_type, headers=_ASSET_HEADERS, stat_result=stat
+        )
+        etag = response.headers["etag"]
+        if etag in (tag.strip() for tag in request.headers.get("if-none-match", "").split(",")):
+            return Response(status_code=304, headers={**_ASSET_HEADERS, "ETag": etag})
+        return response

@@ -2,7 +2,9 @@
 call, so it must cost next to nothing.
 
 It imports only the standard library and the runtime's payload module, reads the hook
-JSON, POSTs it to the hub's ``/v1/hooks/{runtime}`` and prints the answer. When the hub
+JSON, adds the session's record of what hook answers showed it
+(:mod:`backchannel.runtimes.seen`), POSTs it to the hub's ``/v1/hooks/{runtime}``, prints
+the answer, and only then records the ids the answer handed over. When the hub
 is not a running server (the CLI then applies hooks on the data directory's store), or
 the arguments are anything but the plain form, :func:`run` returns ``None`` and the full
 CLI takes over, with the same behaviour as ever: always exit 0, print a JSON object,
@@ -18,10 +20,11 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 RUNTIMES = ("claude-code", "codex", "gemini")
 PROBLEM_HEADER = "Backchannel-Hook-Problem"  # the same as runtimes.common.PROBLEM_HEADER
+DELIVERED_HEADER = "Backchannel-Delivered"  # the same as runtimes.seen.DELIVERED_HEADER
 _OPTIONS = {"--as": "as", "--url": "url", "--token": "token", "--home": "home"}
 
 
@@ -65,22 +68,26 @@ def _hub_url(opts: dict[str, str]) -> str | None:
     return found if isinstance(found, str) and found.startswith("http") else None
 
 
-def _enrich(runtime: str, raw: str) -> tuple[bytes, str | None]:
+def _enrich(runtime: str, raw: str) -> tuple[bytes, str | None, str | None]:
     """The payload with the closing text read from this machine's transcript when it
-    lacks it (the hub never reads a file a hook names), and why it could not be."""
+    lacks it (the hub never reads a file a hook names) and the session's record of what
+    it was shown; why the text could not be read; the runtime session id."""
+    from backchannel.runtimes import seen
     from backchannel.runtimes.transcripts import enrich
 
     try:
         payload = json.loads(raw)
     except ValueError:  # a bad payload goes as it is: the hub says what is wrong with it
-        return raw.encode("utf-8", "surrogateescape"), None
+        return raw.encode("utf-8", "surrogateescape"), None, None
     filled, note = enrich(runtime, payload)
+    filled = seen.add_record(runtime, filled)
     body = raw if filled is payload else json.dumps(filled)
-    return body.encode("utf-8", "surrogateescape"), note
+    sid = filled.get("session_id") if isinstance(filled, dict) else None
+    return body.encode("utf-8", "surrogateescape"), note, sid if isinstance(sid, str) else None
 
 
 def _post(url: str, runtime: str, body: bytes, token: str, expect: str | None) -> Any:
-    """POST the payload; returns ``(status, body, problem header)``. A few lines of
+    """POST the payload; returns ``(status, body, problem header, delivered header)``. A few lines of
     HTTP/1.1 on a socket: ``urllib`` and ``http.client`` would cost the hook more to
     import than the whole round trip to a local hub takes."""
     if any(c in token for c in "\r\n") or (expect and any(c in expect for c in "\r\n")):
@@ -111,7 +118,7 @@ def _post(url: str, runtime: str, body: bytes, token: str, expect: str | None) -
     return _response(b"".join(chunks))
 
 
-def _response(raw: bytes) -> tuple[int, bytes, str | None]:
+def _response(raw: bytes) -> tuple[int, bytes, str | None, str | None]:
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -128,23 +135,33 @@ def _response(raw: bytes) -> tuple[int, bytes, str | None]:
                 break
             out, rest = out + rest[:size], rest[size + 2 :]
         body = out
-    return status, body, headers.get(PROBLEM_HEADER.lower())
+    return status, body, headers.get(PROBLEM_HEADER.lower()), headers.get(DELIVERED_HEADER.lower())
 
 
-def answer(opts: dict[str, str], url: str, stdin: Any) -> tuple[dict[str, Any], str | None]:
-    """Forward one hook call; returns the answer to print and why it had no effect."""
+class Answer(NamedTuple):
+    """One forwarded hook call: what to print, why it had no effect, and what to record
+    once it is printed (the ids it hands over to runtime session ``session``)."""
+
+    result: dict[str, Any]
+    problem: str | None
+    session: str | None = None
+    delivered: str | None = None
+
+
+def answer(opts: dict[str, str], url: str, stdin: Any) -> Answer:
+    """Forward one hook call."""
     runtime = opts["runtime"]
     if runtime not in RUNTIMES:
-        return {}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}"
+        return Answer({}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}")
     token = opts.get("token") or os.environ.get("BACKCHANNEL_TOKEN")
     if not token:
-        return {}, "BACKCHANNEL_TOKEN is not set; export this agent's member token"
+        return Answer({}, "BACKCHANNEL_TOKEN is not set; export this agent's member token")
     raw = opts["payload"] if "payload" in opts else stdin.read()
-    payload, note = _enrich(runtime, raw)
+    payload, note, session = _enrich(runtime, raw)
     try:
-        status, body, problem = _post(url, runtime, payload, token, opts.get("as"))
+        status, body, problem, delivered = _post(url, runtime, payload, token, opts.get("as"))
     except (OSError, ValueError, IndexError) as exc:
-        return {}, f"cannot reach the hub at {url}: {exc}"
+        return Answer({}, f"cannot reach the hub at {url}: {exc}")
     try:
         data = json.loads(body)
     except ValueError:
@@ -152,8 +169,12 @@ def answer(opts: dict[str, str], url: str, stdin: Any) -> tuple[dict[str, Any], 
     if status >= 400:
         error = data.get("error", {}) if isinstance(data, dict) else {}
         detail = error.get("message") if isinstance(error, dict) else None
-        return {}, f"hub answered {status}: {detail or body[:200].decode('utf-8', 'replace')}"
-    return (data if isinstance(data, dict) else {}), problem or note
+        return Answer(
+            {}, f"hub answered {status}: {detail or body[:200].decode('utf-8', 'replace')}"
+        )
+    if not isinstance(data, dict):
+        return Answer({}, problem or note)
+    return Answer(data, problem or note, session, delivered)
 
 
 def run(argv: Sequence[str]) -> bool:
@@ -165,10 +186,14 @@ def run(argv: Sequence[str]) -> bool:
     if url is None:
         return False
     try:
-        result, problem = answer(opts, url, sys.stdin)
+        got = answer(opts, url, sys.stdin)
     except Exception as exc:  # a broken hook must never block the agent
-        result, problem = {}, f"internal error: {type(exc).__name__}: {exc}"
-    print(json.dumps(result), flush=True)
-    if problem:
-        print(f"backchannel hook {opts['runtime']}: {problem}", file=sys.stderr, flush=True)
+        got = Answer({}, f"internal error: {type(exc).__name__}: {exc}")
+    print(json.dumps(got.result), flush=True)
+    if got.session and got.delivered:  # printed: now the session has them
+        from backchannel.runtimes import seen
+
+        seen.remember(opts["runtime"], got.session, seen.delivered_ids(got.delivered))
+    if got.problem:
+        print(f"backchannel hook {opts['runtime']}: {got.problem}", file=sys.stderr, flush=True)
     return True

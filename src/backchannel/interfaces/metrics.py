@@ -27,10 +27,9 @@ from prometheus_client import (
     generate_latest,
 )
 
-from backchannel._base import HubBase, HubMiddleware
-from backchannel._outbox import OUTBOX_JOB
 from backchannel.core.timers import TIMER_JOB
-from backchannel.hub import Hub
+from backchannel.hub import Hub, HubMiddleware
+from backchannel.hub.outbox import OUTBOX_JOB
 from backchannel.stores.base import Tx
 from backchannel.types import Delivery, Job, Message, SendResult
 
@@ -59,21 +58,21 @@ class MetricsMiddleware(HubMiddleware):
             "backchannel_dead_letters", "Copies given up on", ["team"], registry=registry
         )
 
-    def after_send(self, hub: HubBase, message: Message, result: SendResult) -> None:
+    def after_send(self, hub: Hub, message: Message, result: SendResult) -> None:
         self.messages.labels(message.team, message.kind.value).inc()
         for r in result.recipients:
             self.sent[(message.team, r.member, message.message_id)] = message.created_at
         while len(self.sent) > _PENDING_SENDS:
             self.sent.popitem(last=False)
 
-    def after_ack(self, hub: HubBase, team: str, member: str, message_ids: Sequence[str]) -> None:
+    def after_ack(self, hub: Hub, team: str, member: str, message_ids: Sequence[str]) -> None:
         now = hub.clock.now()
         for mid in message_ids:
             at = self.sent.pop((team, member, mid), None)
             if at is not None:
                 self.latency.labels(team).observe(max(0.0, now - at))
 
-    def after_dead(self, hub: HubBase, delivery: Delivery, reason: str) -> None:
+    def after_dead(self, hub: Hub, delivery: Delivery, reason: str) -> None:
         self.dead.labels(delivery.team).inc()
 
 

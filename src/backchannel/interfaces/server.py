@@ -16,6 +16,7 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.callbacks import CallbackConfig
+from backchannel.delivery.adapters import register_checks
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.delivery.inbox_watch import InboxBridge
 from backchannel.delivery.ownership import OWNERSHIP_S
@@ -87,6 +88,7 @@ def run_server(
         callbacks=callbacks,
         retention_seconds=retention_seconds,
     )
+    register_checks(hub.delivery_checks)  # the adapters this server runs check settings
     app = create_app(hub, token)
     _add_metrics(app, hub, token)
 

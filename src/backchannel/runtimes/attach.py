@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backchannel.errors import InvalidRequest
+from backchannel.errors import AttachError
 from backchannel.runtimes import get_runtime
 
 __all__ = ["AttachError", "AttachOptions", "FileChange", "apply", "instructions", "plan"]
@@ -47,10 +47,6 @@ __all__ = ["AttachError", "AttachOptions", "FileChange", "apply", "instructions"
 SERVER = "backchannel"
 HOOK_TIMEOUT_S = 30
 TOKEN_VAR = "BACKCHANNEL_TOKEN"
-
-
-class AttachError(InvalidRequest):
-    """A project file cannot be merged (it is not valid JSON or TOML, or has another shape)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from backchannel.runtimes.common import (
     Runtime,
     compact,
     event_name,
+    had_ids,
     opt_bool,
     opt_str,
     req_str,
@@ -87,6 +88,7 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
         "session_id": sid,
         "transcript_path": transcript,
         "seen": _seen(obj, prompt),
+        "had": had_ids(obj),
     }
     if kind is HookKind.PROMPT:
         return HookEvent(**common, text=prompt)

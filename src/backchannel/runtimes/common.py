@@ -15,7 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from backchannel.core import framing
-from backchannel.errors import Forbidden
+from backchannel.errors import Forbidden, HookInputError
+from backchannel.runtimes.seen import HAD_FIELD, KEEP
 from backchannel.types import Member
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "check_expected",
     "compact",
     "format_messages",
+    "had_ids",
     "opt_bool",
     "opt_str",
     "req_str",
@@ -37,10 +39,6 @@ __all__ = [
 PROBLEM_HEADER = "Backchannel-Hook-Problem"
 #: Longest text recorded for one tool call or tool result (the rest is cut, marked).
 TOOL_TEXT_LIMIT = 8_000
-
-
-class HookInputError(ValueError):
-    """The hook payload cannot be used (malformed, or a field is missing or mistyped)."""
 
 
 class HookKind(StrEnum):
@@ -71,6 +69,9 @@ class HookEvent:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: messages the session shows it already has (Claude Code channel pushes), by id
     seen: tuple[str, ...] = ()
+    #: the command hook's record of the ids hook answers showed this session
+    #: (:mod:`.seen`); ``None`` when the call keeps no record (an HTTP hook)
+    had: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,14 @@ def opt_str(payload: Mapping[str, Any], *keys: str) -> str | None:
 def opt_bool(payload: Mapping[str, Any], key: str) -> bool:
     value = payload.get(key)
     return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def had_ids(payload: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The command hook's record of what the session was shown (:mod:`.seen`), if sent."""
+    listed = payload.get(HAD_FIELD)
+    if not isinstance(listed, list):
+        return None
+    return tuple(i for i in listed if isinstance(i, str))[-KEEP:]
 
 
 def event_name(payload: Any, *keys: str) -> tuple[Mapping[str, Any], str]:

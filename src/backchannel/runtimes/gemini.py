@@ -28,6 +28,7 @@ from backchannel.runtimes.common import (
     Runtime,
     compact,
     event_name,
+    had_ids,
     opt_bool,
     opt_str,
     req_str,
@@ -68,6 +69,7 @@ def parse(payload: Any) -> HookEvent:
         "kind": kind,
         "session_id": req_str(obj, "session_id"),
         "transcript_path": opt_str(obj, "transcript_path"),
+        "had": had_ids(obj),
     }
     if kind is HookKind.PROMPT:
         return HookEvent(**common, text=opt_str(obj, "prompt") or "")

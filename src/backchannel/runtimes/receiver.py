@@ -17,21 +17,34 @@ runtimes are not so tidy, so this layer makes them fit:
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
 framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
-and become the stop hook's
-"keep going" answer; they are marked delivered and acked as that answer is produced (the
-answer is the delivery), and a ``turn_start`` is reported because the runtime goes on with
-that input. The hub's own notices (link rules, unknown destinations...) never start a
-turn by themselves: alone, they wait for the next turn and ride along with it. Everything
-waiting arrived since the last answer (that answer delivered all there was), and when the
-runtime says its stop hook is already active, messages the agent sent itself are held
-back too, so a continuation can only be fed by others (peers within their links' turn
-budgets, timers that fire once) and can never loop on its own. ``UserPromptSubmit``/``BeforeAgent`` hands waiting
-messages over as additional context of the turn it opens.
+and become the stop hook's "keep going" answer, and a ``turn_start`` is reported because
+the runtime goes on with that input. The hub's own notices (link rules, unknown
+destinations...) never start a turn by themselves: alone, they wait for the next turn
+and ride along with it. When the runtime says its stop hook is already active, messages
+the agent sent itself are held back, so a continuation can only be fed by others (peers
+within their links' turn budgets, timers that fire once) and can never loop on its own.
+``UserPromptSubmit``/``BeforeAgent`` hands waiting messages over as additional context of
+the turn it opens.
 
-Channel pushes (:mod:`backchannel.interfaces.mcp_channel`) are acked here, by the session's
-next hook event that shows them (``HookEvent.seen``: the channel tags of its prompt, or of
-its transcript at the turn's end); the ack comes before any lease, so a push the session
-has shown is never handed over a second time by the routes above.
+Into the model exactly once: what a hook answer hands over stays *leased*; the
+``turn_start`` it opens records the ids (session meta ``handed``), and the session's next
+hook event settles them:
+
+* a call from the command hook carries its record of what the session was shown
+  (``HookEvent.had``, :mod:`.seen`, written only after the answer was printed): the ids
+  it lists are acked, the others were never printed and are released: the session's
+  next answer (this one, when it is a prompt of an idle session or a stop) hands them
+  over again;
+* a call without a record (an HTTP hook) settles by what the event is: the runtime went
+  on with the answer when the next event is a tool call, a stop, or (prompt answers, and
+  Gemini, which repeats ``BeforeAgent`` for a continuation) a prompt, or a compaction;
+  any other ``SessionStart``, a ``SessionEnd``, or a new prompt after a stop answer shows
+  the continuation never ran, and the ids are released.
+
+No event at all (the process died) leaves the copies leased: after the lease they are
+queued again and the next answer hands them over, less those the command hook's record
+(or a channel tag) shows the session already has, which are acked instead. A hook answer
+adds no round trip: settling rides on the next call.
 
 Anything wrong (malformed payload, missing fields, someone else's session, a hub error)
 leaves the agent untouched: the answer is ``{}`` and the reason is logged and returned.
@@ -40,15 +53,16 @@ leaves the agent untouched: the answer is ``{}`` and the reason is logged and re
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backchannel._sessions import CONTINUED
 from backchannel.core import framing
-from backchannel.core.delivery import check_session_id
+from backchannel.core.messages import check_session_id
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
+from backchannel.hub.turns import CONTINUED, HANDED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,
@@ -69,6 +83,10 @@ MAX_DELIVERY = 20
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
 MAX_RESUMES = 50
+#: Hand-outs settled per hub, remembered so the rest of a turn's events cost no ack.
+_SETTLED_KEEP = 4096
+_Settled = dict[tuple[str, str, int, tuple[str, ...]], frozenset[str]]
+_settled: weakref.WeakKeyDictionary[Hub, _Settled] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +148,13 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         if ended is None:
             raise UnknownSession(f"no open session {ev.session_id!r} to end", session=ev.session_id)
         reason = f"{ev.runtime} {ev.name}" + (f" ({ev.detail})" if ev.detail else "")
+        await _settle(hub, m, ended, ev)
         # the process left; the session keeps its links for a resume (the exit grace)
         await hub.exit_session(m.team, m.name, ended.session_id, reason)
         return Outcome(), ended.session_id, ()
     if ev.kind is HookKind.SESSION_START:
         started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
+        await _settle(hub, m, started, ev)
         context = intro(m, inline=ev.runtime not in ESCAPES_CONTEXT)
         return Outcome(context=context), started.session_id, ()
 
@@ -142,22 +162,24 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     sid = s.session_id
     if ev.seen:  # channel pushes the session shows: delivered, and never handed over again
         await hub.ack(m.team, m.name, list(ev.seen))
+    had = await _settle(hub, m, s, ev) | frozenset(ev.seen)
     continued = s.meta.get(CONTINUED) if s.state is SessionState.ACTIVE else None
     if ev.kind is HookKind.PROMPT and continued is not None and ev.runtime == "gemini":
         # Gemini fires BeforeAgent again for the input an AfterAgent `deny` gave it:
         # the continuation is already this turn, not another one
         return Outcome(), sid, ()
     if ev.kind is HookKind.PROMPT:
-        got = await _lease(hub, m, sid, ev) if s.state is SessionState.IDLE else []
+        got = await _lease(hub, m, sid, had) if s.state is SessionState.IDLE else []
         try:
-            await _event(hub, m, sid, "turn_start", ev.text, {"hook": ev.name})
+            opened = {"hook": ev.name, **_handed(got, "prompt")}
+            await _event(hub, m, sid, "turn_start", ev.text, opened)
         except BaseException:
             await _release(hub, m, got)
             raise
         if not got:
             return Outcome(), sid, ()
         text = _format(got, "arrived for you while you were away")
-        return Outcome(context=text), sid, await _delivered(hub, m, got, ev)
+        return Outcome(context=text), sid, _ids(got)
 
     if s.state is not SessionState.ACTIVE:
         opening = str(ev.extra.get("input") or "")
@@ -186,7 +208,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     await _event(hub, m, sid, "agent_stop", closing, data)
     if not ev.answerable:
         return Outcome(), sid, ()
-    got = await _lease(hub, m, sid, ev)
+    got = await _lease(hub, m, sid, had)
     if ev.stop_hook_active:  # a continuation never feeds itself
         own = [g for g in got if g.message.sender == m.name]
         await _release(hub, m, own)
@@ -195,14 +217,18 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         await _release(hub, m, got)  # notices alone wait for the next turn
         return Outcome(), sid, ()
     text = _format(got, "arrived for you")
-    ids = [g.message.message_id for g in got]
     try:
-        continued_data = {"continued_by": ev.name, "messages": ids, "continued_after": ev.text}
+        continued_data = {
+            "continued_by": ev.name,
+            "messages": list(_ids(got)),
+            "continued_after": ev.text,
+            **_handed(got, "stop"),
+        }
         await _event(hub, m, sid, "turn_start", text, continued_data)
     except BaseException:
         await _release(hub, m, got)
         raise
-    return Outcome(continue_with=text), sid, await _delivered(hub, m, got, ev)
+    return Outcome(continue_with=text), sid, _ids(got)
 
 
 async def _event(
@@ -246,14 +272,15 @@ async def _find(
     raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
 
 
-async def _lease(hub: Hub, m: Member, sid: str, ev: HookEvent) -> list[InboxMessage]:
-    """The session's waiting messages, less copies it shows it already has (a channel
-    push whose lease ran out before its ack): those are acked, not shown again."""
+async def _lease(hub: Hub, m: Member, sid: str, had: frozenset[str]) -> list[InboxMessage]:
+    """The session's waiting messages, less copies it shows it already has (``had``: a
+    channel push or a hook answer whose lease ran out before its ack): those are acked,
+    not shown again. What is returned stays leased until the next event settles it."""
     got = await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
-    shown = [g.message.message_id for g in got if g.message.message_id in ev.seen]
+    shown = [g.message.message_id for g in got if g.message.message_id in had]
     if shown:
         await hub.ack(m.team, m.name, shown)
-    return [g for g in got if g.message.message_id not in ev.seen]
+    return [g for g in got if g.message.message_id not in had]
 
 
 async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
@@ -261,14 +288,61 @@ async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
         await hub.release(m.team, m.name, [g.message.message_id for g in got])
 
 
-async def _delivered(
-    hub: Hub, m: Member, got: Sequence[InboxMessage], ev: HookEvent
-) -> tuple[str, ...]:
-    ids = [g.message.message_id for g in got]
-    for mid in ids:
-        await hub.mark_delivered(m.team, m.name, mid, f"{ev.runtime} {ev.name} hook answer")
-    await hub.ack(m.team, m.name, ids)
-    return tuple(ids)
+def _ids(got: Sequence[InboxMessage]) -> tuple[str, ...]:
+    return tuple(g.message.message_id for g in got)
+
+
+def _handed(got: Sequence[InboxMessage], at: str) -> dict[str, Any]:
+    """``turn_start`` data that records a hand-out in the session (see the docstring)."""
+    return {HANDED: {"ids": list(_ids(got)), "at": at}} if got else {}
+
+
+def _took_it(ev: HookEvent, at: str, s: Session) -> bool:
+    """Whether ``ev``, the first event after a hook answer made at ``at`` (``stop`` or
+    ``prompt``), shows the runtime went on with that answer (no record to go by)."""
+    if ev.kind is HookKind.SESSION_START:  # a compaction comes after the model had it
+        return ev.detail == "compact"
+    if ev.kind is HookKind.SESSION_END:
+        return False
+    if ev.kind is HookKind.PROMPT:  # Gemini repeats BeforeAgent for a continuation
+        gemini_repeat = ev.runtime == "gemini" and s.state is SessionState.ACTIVE
+        return at == "prompt" or gemini_repeat
+    return True
+
+
+async def _settle(hub: Hub, m: Member, s: Session, ev: HookEvent) -> frozenset[str]:
+    """Ack what the session's last hook answer handed over once ``ev`` shows the runtime
+    has it, release the rest (module docstring); returns the ids the session has."""
+    had = frozenset(ev.had or ())
+    record = s.meta.get(HANDED)
+    if not isinstance(record, Mapping) or not isinstance(record.get("ids"), list):
+        return had
+    ids = tuple(i for i in record["ids"] if isinstance(i, str))
+    done = _settled.setdefault(hub, {})
+    key = (m.team, s.session_id, s.turn, ids)
+    if key in done:  # settled by an earlier event (of this hub process)
+        return had | done[key]
+    if ev.had is not None:
+        taken = [i for i in ids if i in had]
+    else:
+        taken = list(ids) if _took_it(ev, str(record.get("at")), s) else []
+    rest = [i for i in ids if i not in taken]
+    if taken:
+        await hub.ack(m.team, m.name, taken)
+    if rest:
+        log.info(
+            "%s %s of %s/%s does not show %d handed-over message(s); they go out again",
+            ev.runtime,
+            ev.name,
+            m.team,
+            s.session_id,
+            len(rest),
+        )
+        await hub.release(m.team, m.name, rest)
+    done[key] = frozenset(taken)
+    if len(done) > _SETTLED_KEEP:
+        del done[next(iter(done))]
+    return had | done[key]
 
 
 def _format(got: Sequence[InboxMessage], what: str) -> str:

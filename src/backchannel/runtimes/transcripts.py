@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from backchannel.errors import TranscriptRefused
+
 __all__ = [
     "TRANSCRIPT_TAIL_BYTES",
     "TranscriptRefused",
@@ -37,10 +39,6 @@ __all__ = [
 
 #: How much of a transcript's tail is read to find the last assistant message.
 TRANSCRIPT_TAIL_BYTES = 2 * 1024 * 1024
-
-
-class TranscriptRefused(ValueError):
-    """The named transcript is not one this runtime's hook may read (the message says why)."""
 
 
 def transcript_dirs(runtime: str) -> tuple[Path, ...]:

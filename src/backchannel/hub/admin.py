@@ -1,0 +1,185 @@
+"""Credentials and removal: token rotation, member removal, team removal.
+
+What happens to a removed member's traffic (the contract, also in docs/decisions.md):
+
+* copies still ``queued`` or ``leased`` for it become ``dead`` with the reason
+  ``recipient '<name>' was removed from team '<team>'``, and each sender gets the usual
+  ``system`` notice (nothing vanishes without a word);
+* messages it sent that are still queued for others are delivered as usual;
+* its sessions terminate, which closes their links and tells the peers; links not yet
+  bound to one of its sessions close with the reason ``member_removed``;
+* its pending timers and other scheduled jobs of its sessions are cancelled;
+* its token stops working at once (this process forgets every cached token).
+
+Removing a team deletes everything stored for it; the answer says how many undelivered
+copies went with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from backchannel.errors import InvalidRequest, UnknownMember, UnknownTeam
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.links import Links
+from backchannel.hub.members import Members, hash_token, new_token
+from backchannel.hub.messages import Messages
+from backchannel.hub.pipeline import Pipeline
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.sessions import Sessions
+from backchannel.stores.base import Tx
+from backchannel.types import USER, DeliveryState, EventKind, JobState, SessionState
+
+#: Copies settled per round when a member is removed (each round is one store call).
+_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """What removing a member (or a team) settled."""
+
+    team: str
+    name: str | None
+    dead_letters: int = 0  # copies for the removed member, now dead (senders told)
+    sessions_terminated: int = 0
+    links_closed: int = 0
+    jobs_cancelled: int = 0
+    dropped: int = 0  # team removal: undelivered copies deleted with the team
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Admin:
+    """Token rotation and removal (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: Env,
+        members: Members,
+        quotas: Quotas,
+        messages: Messages,
+        sessions: Sessions,
+        links: Links,
+        pipeline: Pipeline,
+    ) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.members, self.quotas, self.messages = members, quotas, messages
+        self.sessions, self.links, self.pipeline = sessions, links, pipeline
+        #: Hashes of tokens rotated away or removed by this process (see ``_revoke``).
+        self.revoked: set[str] = set()
+
+    async def rotate_token(self, team: str, name: str) -> str:
+        """Give a member a new token and return it; the old one fails from now on."""
+        token = new_token()
+
+        def fn(tx: Tx) -> str:
+            old = tx.get_member(team, name)
+            if old is None or not tx.set_token_hash(team, name, hash_token(token)):
+                self._missing(tx, team, name)
+            assert old is not None
+            return old.token_hash
+
+        self._revoke([await self.store.transact(fn)])
+        return token
+
+    async def remove_member(self, team: str, name: str, *, reason: str = "") -> Removal:
+        """Remove a member (see the module docstring for what happens to its traffic)."""
+        if name == USER:
+            raise InvalidRequest(
+                f"every team keeps its {USER!r} member; rotate its token instead, or remove "
+                "the team",
+                field="name",
+            )
+        why = f"recipient {name!r} was removed from team {team!r}" + (
+            f" ({reason})" if reason else ""
+        )
+        advice = f"It will not be delivered: {name} is no longer a member of the team."
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> Removal:
+            tx = c.tx
+            revoked.clear()
+            if tx.get_member(team, name) is None:
+                self._missing(tx, team, name)
+            terminated = cancelled = closed = 0
+            for link in tx.list_links(team, member=name, open_only=True):
+                self.links.close(c, link, "member_removed", now)
+                closed += 1
+            for s in tx.list_sessions(team, name):
+                for job in tx.list_jobs(team, session_id=s.session_id, pending_only=True):
+                    cancelled += tx.finish_job(job.job_id, JobState.CANCELLED, now)
+                if s.state is SessionState.TERMINATED:
+                    continue
+                tx.ledger_clear(team, s.session_id)
+                done = dataclasses.replace(
+                    s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
+                )
+                tx.put_session(done)
+                self.sessions.event(c, done, EventKind.SESSION, "terminated: member removed")
+                self.pipeline.terminated(c, done, "member_removed")
+                terminated += 1
+            for m in tx.list_members(team):
+                c.wake(team, m.name)  # peers were told
+            dead = 0
+            while batch := tx.undelivered(team, name, _BATCH):
+                for d in batch:
+                    moved = tx.transition(
+                        team,
+                        d.message_id,
+                        name,
+                        from_states=[DeliveryState.QUEUED, DeliveryState.LEASED],
+                        to_state=DeliveryState.DEAD,
+                        now=now,
+                        event="dead",
+                        detail=why,
+                        dead_reason=why,
+                    )
+                    if moved:
+                        dead += 1
+                        self.messages.dead_notice(c, d, why, now, advice)
+            revoked.append(tx.get_member(team, name).token_hash)  # type: ignore[union-attr]
+            tx.delete_member(team, name)
+            return Removal(team, name, dead, terminated, closed, cancelled)
+
+        revoked: list[str] = []
+        removal = await self.env.transact(fn)
+        self._revoke(revoked)
+        self.env.waiters.notify_watchers(team)
+        return removal
+
+    async def remove_team(self, team: str) -> Removal:
+        """Delete a team and everything stored for it."""
+
+        def fn(tx: Tx) -> Removal:
+            if tx.get_team(team) is None:
+                raise UnknownTeam(f"unknown team {team!r}; list teams to see them", team=team)
+            revoked[:] = [m.token_hash for m in tx.list_members(team)]
+            return Removal(team, None, dropped=tx.delete_team(team))
+
+        revoked: list[str] = []
+        removal = await self.store.transact(fn)
+        self._revoke(revoked)
+        self.env.waiters.notify(team, None)
+        return removal
+
+    def _revoke(self, token_hashes: list[str]) -> None:
+        """Tokens that stopped working: forget every cached token, and remember these
+        for clients in this process that authenticated once (``attach``)."""
+        self.members.forget_tokens()
+        self.quotas.forget()  # a name added again starts with a fresh count
+        if len(self.revoked) > 10_000:
+            self.revoked.clear()
+        self.revoked.update(token_hashes)
+
+    @staticmethod
+    def _missing(tx: Tx, team: str, name: str) -> None:
+        if tx.get_team(team) is None:
+            raise UnknownTeam(f"unknown team {team!r}; list teams to see them", team=team)
+        raise UnknownMember(
+            f"unknown member {name!r} in team {team!r}; list its members to see them",
+            member=name,
+        )

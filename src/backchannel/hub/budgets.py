@@ -1,0 +1,330 @@
+"""Conversation budgets applied to every send (rules in :mod:`backchannel.core.budget`).
+
+Every message passes through :meth:`Pipeline.insert`, whichever route made it, so the
+budget is checked there, inside the send's transaction: ``stamp`` gives the message
+its chain and hop, ``refuse`` refuses a send over a spent budget
+(:class:`~backchannel.errors.BudgetExhausted`, before anything is written), and
+``record`` records the exchange and, when it spends a budget, tells both sides
+and the team's human. The routes the hub drives itself (link crossings, closing
+blocks) catch the refusal and tell the sender with a ``system`` notice instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from backchannel.core import budget as rules
+from backchannel.core import messages, notices, turns
+from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
+from backchannel.hub.context import Ctx, Env
+from backchannel.hub.links import Links
+from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.stores.base import Tx
+from backchannel.types import (
+    BROADCAST,
+    HUB_SENDER,
+    USER,
+    Budget,
+    InboxMessage,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+)
+
+#: Kinds of message an agent originates; each counts against its pair and its chain.
+_AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
+#: Budget-table key of the chain a member without sessions was handed last (``used`` is
+#: the hop, ``last_from`` the chain id): its sends continue that chain.
+_CTX = "ctx:"
+#: Kinds of the hub's own messages that start a chain of their own.
+_CHAIN_STARTERS = (MessageKind.TIMER,)
+
+
+def _ref(meta: Mapping[str, Any]) -> rules.ChainRef | None:
+    raw = meta.get("chain")
+    if isinstance(raw, list | tuple) and len(raw) == 2:
+        return rules.ChainRef(str(raw[0]), int(raw[1]))
+    return None
+
+
+class Budgets:
+    """Conversation budgets (see the module docstring)."""
+
+    def __init__(self, env: Env, links: Links, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.links = links  # a spent pair budget closes the pair's link
+        self.pipeline = pipeline
+
+    # -- which sends count -------------------------------------------------------------
+    def _is_agent(self, tx: Tx, team: str, name: str) -> bool:
+        if name == HUB_SENDER:
+            return False
+        m = tx.get_member(team, name)
+        return m is not None and m.kind is not MemberKind.HUMAN
+
+    def _counted_pairs(
+        self, tx: Tx, message: Message, recipients: Sequence[Recipient]
+    ) -> list[tuple[str, str, bool]]:
+        """``(from, to, refusable)`` for every pair of agents this message is an exchange
+        between."""
+        team = message.team
+        if message.kind in _AGENT_KINDS and self._is_agent(tx, team, message.sender):
+            names = dict.fromkeys(r.member for r in recipients if r.member != message.sender)
+            return [(message.sender, n, True) for n in names if self._is_agent(tx, team, n)]
+        if message.kind is MessageKind.TOOL_RESULT:
+            # a delegation's answer: the callee answering the caller; owed, never refused
+            out = []
+            for r in message.meta.get("results") or ():
+                callee = r.get("to") if isinstance(r, Mapping) else None
+                if (
+                    isinstance(callee, str)
+                    and "result" in r
+                    and callee != message.to
+                    and self._is_agent(tx, team, callee)
+                    and self._is_agent(tx, team, message.to)
+                ):
+                    out.append((callee, message.to, False))
+            return out
+        return []
+
+    def _turn_chain(self, s: Send) -> rules.ChainRef | None:
+        tx, message = s.c.tx, s.message
+        if message.kind is MessageKind.TOOL_RESULT:
+            refs = []
+            for r in message.meta.get("results") or ():
+                did = r.get("delegation_id") if isinstance(r, Mapping) else None
+                d = tx.get_delegation(message.team, did) if isinstance(did, str) else None
+                callee = (
+                    tx.get_session(message.team, d.callee_session)
+                    if d and d.callee_session
+                    else None
+                )
+                refs.append(_ref(callee.meta) if callee else None)
+            return rules.turn_chain(refs, None)
+        session = s.turn_session()
+        if session is None and message.sender_session is not None:
+            session = tx.get_session(message.team, message.sender_session)
+        if session is not None:
+            return _ref(session.meta)
+        # a member without sessions: what it was handed last
+        ctx = tx.get_budget(message.team, _CTX + message.sender)
+        return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
+
+    # -- the three steps of a send -------------------------------------------------------
+    def stamp(self, s: Send) -> Message:
+        """The message with the chain it belongs to and its hop in it."""
+        tx, message, recipients = s.c.tx, s.message, s.recipients
+        pairs = s.remember("budget_pairs", lambda: self._counted_pairs(tx, message, recipients))
+        if pairs or (
+            message.kind in _AGENT_KINDS and self._is_agent(tx, message.team, message.sender)
+        ):
+            ref = rules.chain_for_send(
+                counted=True,
+                turn_chain=self._turn_chain(s),
+                message_id=message.message_id,
+            )
+        elif message.kind in _CHAIN_STARTERS or (
+            message.sender != HUB_SENDER and message.kind in _AGENT_KINDS
+        ):
+            ref = rules.ChainRef(message.message_id, 0)  # a human's message or a timer
+        else:
+            ref = None
+        if ref is None:
+            return message
+        return dataclasses.replace(message, chain_id=ref.chain_id, hop=ref.hop)
+
+    def _budget_decisions(self, s: Send) -> list[rules.Decision]:
+        tx, message, recipients = s.c.tx, s.message, s.recipients
+        pairs: list[tuple[str, str, bool]] = s.remember(
+            "budget_pairs", lambda: self._counted_pairs(tx, message, recipients)
+        )
+        if not pairs:
+            return []
+        team = tx.get_team(message.team)
+        lim = rules.limits(team.settings if team else {})
+        now = message.created_at
+        out = []
+        for a, b, refusable in pairs:
+            key = rules.pair_key(a, b)
+            record = tx.get_budget(message.team, key)
+            out.append(rules.decide_pair(record, message.team, a, b, now, lim, refusable=refusable))
+        if message.chain_id is not None and message.hop >= lim.chain_budget:
+            ref = rules.ChainRef(message.chain_id, message.hop)
+            record = tx.get_budget(message.team, rules.chain_key(ref.chain_id))
+            d = rules.decide_chain(message.team, ref, record, lim, now)
+            if d.refusal is not None and not all(r for _, _, r in pairs):
+                d = rules.Decision()  # an owed answer is never refused
+            out.append(d)
+        return out
+
+    def refuse(self, s: Send) -> None:
+        """Refuse a send over a spent budget, before anything is written."""
+        decisions = s.remember("budget", lambda: self._budget_decisions(s))
+        for d in decisions:
+            if d.refusal is not None:
+                raise BudgetExhausted(d.refusal.text, **d.refusal.details())
+
+    def record(self, s: Send) -> None:
+        """Count the stored exchange; a budget it spends is announced."""
+        decisions: list[rules.Decision] = s.remember("budget", list)
+        for d in decisions:
+            if d.record is None:
+                continue
+            s.c.tx.put_budget(d.record)
+            if d.stops:
+                self._announce_stop(s.c, d.record, s.message)
+
+    # -- telling people ---------------------------------------------------------------------
+    def _announce_stop(self, c: Ctx, b: Budget, message: Message) -> None:
+        tx = c.tx
+        team = tx.get_team(b.team)
+        lim = rules.limits(team.settings if team else {})
+        scope = rules.Scope(b.key.partition(":")[0])
+        if scope is rules.Scope.PAIR:
+            limit = lim.pair_budget + b.granted
+            resets: float | None = b.window_start + lim.pair_window
+            sides = list(rules.key_members(b.key))
+        else:
+            limit, resets = lim.chain_budget + b.granted, None
+            to = [] if message.to == BROADCAST else [message.to]
+            sides = [message.sender, *to]
+        if scope is rules.Scope.PAIR:
+            link = tx.find_open_link(b.team, sides[0], sides[1])
+            if link is not None:  # nothing more could cross it
+                self.links.close(c, link, "conversation_budget", message.created_at)
+        meta = {"budget": scope.value, "key": b.key, "limit": limit, "resets_at": resets}
+        for who in dict.fromkeys([*sides, USER]):
+            if tx.get_member(b.team, who) is None:
+                continue
+            human = who == USER or not self._is_agent(tx, b.team, who)
+            text = rules.stop_text(scope, b.key, limit, resets, for_human=human)
+            # the notice belongs to the chain it stops: a turn it starts goes no further
+            msg = notices.system(
+                b.team, who, text, self.clock.now(), summary=f"{scope.value} budget spent: {b.key}",
+                meta=meta, chain=(message.chain_id, message.hop) if message.chain_id else None,
+            )  # fmt: skip
+            self.pipeline.insert(c, msg, None)
+
+    # -- the chain a session's turn works in -----------------------------------------------
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
+        """The turn ``session`` starts on ``got`` works in the chain they belong to."""
+        tx = c.tx
+        refs = [
+            rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
+            for m in got
+        ]
+        s = tx.get_session(session.team, session.session_id) or session
+        previous = _ref(s.meta)
+        ref = rules.turn_chain(refs, previous)
+        # what was handed over, to tell a turn on it from a turn a human typed
+        texts = [turns.normalize(m.message.text)[:200] for m in got][-20:]
+        meta = {**s.meta, "input_texts": texts}
+        if ref is not None:
+            meta["chain"] = [ref.chain_id, ref.hop]
+        tx.put_session(dataclasses.replace(s, meta=meta))
+
+    def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
+        """A turn started on input the hub did not hand over starts no chain."""
+        tx = c.tx
+        started = tx.get_session(s.team, s.session_id)
+        if started is None or "chain" not in started.meta:
+            return
+        if not turns.is_hub_input(text, started.meta.get("input_texts") or ()):
+            # a human typed this turn's input into the runtime: a new chain begins
+            meta = {k: v for k, v in started.meta.items() if k not in ("chain", "input_texts")}
+            tx.put_session(dataclasses.replace(started, meta=meta))
+
+    def on_member_lease(
+        self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
+    ) -> None:
+        """A member without sessions continues the chain it was handed last."""
+        tx = c.tx
+        refs = [
+            rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
+            for m in got
+        ]
+        ref = rules.turn_chain(refs, None)
+        if ref is not None:
+            tx.put_budget(Budget(team, _CTX + member, now, ref.hop, 0, ref.chain_id, None, now))
+
+    # -- reading and extending ----------------------------------------------------------------
+    async def list_budgets(self, team: str) -> list[dict[str, Any]]:
+        """The team's pair and chain budgets that have been used, as JSON."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> list[dict[str, Any]]:
+            t = tx.get_team(team)
+            if t is None:
+                raise NotFound(f"unknown team {team!r}", team=team)
+            lim = rules.limits(t.settings)
+            return [
+                rules.budget_json(b, lim, now)
+                for b in tx.list_budgets(team)
+                if not b.key.startswith(_CTX)
+            ]
+
+        return await self.store.read(fn)
+
+    async def extend_budget(self, team: str, key: str, by: int, *, by_whom: str) -> dict[str, Any]:
+        """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
+        through. Only the team's human or an administrator (``by_whom="admin"``) may."""
+        if not isinstance(by, int) or isinstance(by, bool) or not 1 <= by <= rules.MAX_EXTEND:
+            raise InvalidRequest(
+                f"by must be a whole number from 1 to {rules.MAX_EXTEND}", field="by"
+            )
+        scope, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
+        if scope not in (rules.Scope.PAIR.value, rules.Scope.CHAIN.value) or not rest:
+            raise InvalidRequest(
+                "key names a budget: 'pair:<a>|<b>' or 'chain:<chain_id>' (GET the team's "
+                "budgets to see them)",
+                field="key",
+            )
+        if scope == rules.Scope.PAIR.value:
+            names = rest.split("|")
+            if len(names) != 2:
+                raise InvalidRequest("a pair key is 'pair:<a>|<b>'", field="key")
+            key = rules.pair_key(*names)
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> dict[str, Any]:
+            tx = c.tx
+            c.watched(team)  # the notices wake their readers as they are stored
+            t = tx.get_team(team)
+            if t is None:
+                raise NotFound(f"unknown team {team!r}", team=team)
+            if by_whom != "admin":
+                m = tx.get_member(team, by_whom)
+                if m is None or m.kind is not MemberKind.HUMAN:
+                    raise Forbidden(
+                        "only the team's human (user) or an administrator extends a budget"
+                    )
+            lim = rules.limits(t.settings)
+            record = tx.get_budget(team, key)
+            if scope == rules.Scope.PAIR.value:
+                for name in rules.key_members(key):
+                    if tx.get_member(team, name) is None:
+                        known = [m.name for m in tx.list_members(team)]
+                        raise messages.unknown_recipient(name, team, known)
+                record = rules.current_pair(record, team, key, now, lim)
+            elif record is None:
+                record = rules.fresh(team, key, now)
+            new = rules.extend(record, by, now)
+            tx.put_budget(new)
+            out = rules.budget_json(new, lim, now)
+            text = f"{by_whom} extended the conversation budget {key} by {by}: {out['used']} of {out['limit']} used."
+            sides = rules.key_members(key) if scope == rules.Scope.PAIR.value else ()
+            for who in dict.fromkeys([*sides, USER]):
+                if tx.get_member(team, who) is not None:
+                    msg = notices.system(
+                        team, who, text, now, summary=f"budget {key} extended by {by}",
+                        meta={"budget": scope, "key": key, "extended_by": by},
+                    )  # fmt: skip
+                    self.pipeline.insert(c, msg, None)
+            return out
+
+        return await self.env.transact(fn)

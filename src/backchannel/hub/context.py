@@ -1,0 +1,234 @@
+"""What every part of the hub is built on (:class:`Env`), and the state of one store
+transaction (:class:`Ctx`), which the parts fill with their after-commit effects.
+
+Nothing per transaction lives on the hub or on a part: a store may run several
+transactions at once on several threads (PostgreSQL), and may run a transaction
+function again after a failed commit. :meth:`Env.transact` gives each run a fresh
+:class:`Ctx` and applies the effects of the run that committed, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backchannel.core import messages as rules
+from backchannel.stores.base import Store, Tx
+from backchannel.types import Clock, Delivery, Job, Message, SendResult
+
+if TYPE_CHECKING:
+    from backchannel.hub.facade import Hub
+
+log = logging.getLogger("backchannel.hub")
+T = TypeVar("T")
+
+__all__ = ["Ctx", "Env", "HubConfig", "HubMiddleware", "JobHandler", "JobOutcome", "Waiters"]
+
+
+class HubMiddleware:
+    """Ordered hooks around hub operations, for audit, metrics and the like.
+
+    Every hook runs after the operation committed; an exception in a hook is logged
+    and never undoes or fails the operation.
+    """
+
+    def after_send(self, hub: Hub, message: Message, result: SendResult) -> None:
+        """A message was accepted (not called on an idempotent replay)."""
+
+    def after_ack(self, hub: Hub, team: str, member: str, message_ids: Sequence[str]) -> None:
+        """Copies were acknowledged."""
+
+    def after_dead(self, hub: Hub, delivery: Delivery, reason: str) -> None:
+        """A copy was given up on."""
+
+
+@dataclass
+class HubConfig:
+    lease_seconds: float = 60.0
+    max_attempts: int = 5
+    max_text: int = rules.DEFAULT_MAX_TEXT
+    default_limit: int = 10
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What firing a job did, for the work that follows the commit."""
+
+    keep: bool = False  # the handler rescheduled the job: leave it pending
+    run_after: Job | None = None  # I/O to start once the transaction committed
+
+
+#: Fires one scheduled job inside the maintenance transaction (no I/O there); wake-ups
+#: go in the :class:`Ctx`; returns a :class:`JobOutcome` (``None``: done).
+JobHandler = Callable[["Ctx", Job, float], "JobOutcome | None"]
+
+
+class Ctx:
+    """One run of a store transaction: its :class:`Tx` and the effects the parts ask
+    for once it commits. Parts write effects here and never keep them themselves."""
+
+    __slots__ = ("after", "due", "events", "tx", "watchers", "woken")
+
+    def __init__(self, tx: Tx) -> None:
+        self.tx = tx
+        self.woken: set[tuple[str | None, str | None]] = set()  # inboxes to wake
+        self.watchers: set[str] = set()  # teams whose traffic watchers to wake
+        self.due: list[float] = []  # times scheduled work falls due
+        self.events: list[tuple[str, tuple[Any, ...]]] = []  # middleware hooks to run
+        self.after: list[Job] = []  # I/O to start (outbox POSTs)
+
+    def wake(self, team: str | None, member: str | None) -> None:
+        """Wake the receivers of ``member`` (``None``: everyone in ``team``)."""
+        self.woken.add((team, member))
+
+    def watched(self, team: str) -> None:
+        """Wake those watching ``team``'s traffic (feed, events, tasks), no receiver:
+        a message stored in this transaction wakes its own readers."""
+        self.watchers.add(team)
+
+    def schedule(self, when: float) -> None:
+        """Something stored in this transaction falls due at ``when``."""
+        self.due.append(when)
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Run middleware ``hook`` with ``args`` after the commit."""
+        self.events.append((hook, args))
+
+
+class Waiters:
+    """Wake-ups for receivers blocked on an empty inbox; keyed by (team, member), and
+    (team, None) for those watching the team's traffic (feed, events, tasks).
+
+    A waiter takes the current event *before* it looks at the store, so a message
+    committed between its look and its wait still wakes it. A receiver is woken only
+    for its own member (:meth:`Ctx.wake` per recipient, where messages are stored).
+    ``woken`` counts, per key, the wake-ups that found someone waiting.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str | None, str | None], asyncio.Event] = {}
+        self.woken: Counter[tuple[str | None, str | None]] = Counter()
+
+    def event(self, team: str | None, member: str | None) -> asyncio.Event:
+        ev = self._events.get((team, member))
+        if ev is None:
+            ev = self._events[(team, member)] = asyncio.Event()
+        return ev
+
+    def _set(self, key: tuple[str | None, str | None]) -> None:
+        ev = self._events.pop(key, None)
+        if ev is not None:
+            self.woken[key] += 1
+            ev.set()
+
+    def notify_watchers(self, team: str) -> None:
+        """Wake those watching the team's traffic, not its receivers."""
+        self._set((team, None))
+
+    def notify_members(self, team: str, members: Iterable[str]) -> None:
+        """Wake the receivers of ``members`` and the team's watchers."""
+        for member in set(members):
+            self._set((team, member))
+        self._set((team, None))
+
+    def notify(self, team: str | None, member: str | None) -> None:
+        """Wake ``member``'s receivers and the team's watchers; with ``member`` None,
+        every waiter of the team (a team removed, a change another process made that
+        does not say whose), with ``team`` None every waiter."""
+        if team is None:
+            keys = list(self._events)
+        else:
+            keys = (
+                [(team, member), (team, None)]
+                if member is not None
+                else [k for k in self._events if k[0] == team]
+            )
+        for key in keys:
+            self._set(key)
+
+
+async def wait_for(event: asyncio.Event, seconds: float) -> None:
+    """Wait for ``event`` up to ``seconds``. (Not ``asyncio.wait_for``: on Python 3.11 it
+    can swallow a cancellation that arrives as the event is set, leaving a task that will
+    not stop.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
+async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+class Env:
+    """The store, the clock, the settings, the wake-ups and the middleware every part
+    uses; it runs transactions and applies their effects after the commit."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        config: HubConfig,
+        middleware: Iterable[HubMiddleware],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.config = config
+        self.middleware = list(middleware)
+        self.waiters = Waiters()
+        self.hub: Hub | None = None  # what middleware hooks receive; set by the facade
+        self.next_due: float | None = None
+        self.maint_wake = asyncio.Event()
+
+    async def transact(self, fn: Callable[[Ctx], T]) -> T:
+        """Run ``fn`` in one store transaction; apply its effects once it committed."""
+        result, _ = await self.transact_ctx(fn)
+        return result
+
+    async def transact_ctx(self, fn: Callable[[Ctx], T]) -> tuple[T, Ctx]:
+        """:meth:`transact`, also returning the committed run's :class:`Ctx`."""
+        runs: list[Ctx] = []
+
+        def run(tx: Tx) -> T:
+            c = Ctx(tx)  # a run again after a failed commit starts from scratch
+            runs.append(c)
+            return fn(c)
+
+        result = await self.store.transact(run)
+        c = runs[-1]
+        self.apply(c)
+        return result, c
+
+    def apply(self, c: Ctx) -> None:
+        for when in c.due:
+            self.due_at(when)
+        for team, member in c.woken:
+            self.waiters.notify(team, member)
+        for team in c.watchers:
+            self.waiters.notify_watchers(team)
+        for hook, args in c.events:
+            self.run_middleware(hook, *args)
+
+    def due_at(self, when: float) -> None:
+        """Something was scheduled for ``when``: make the maintenance task wake by then."""
+        if self.next_due is None or when < self.next_due:
+            self.next_due = when
+            self.maint_wake.set()
+
+    def run_middleware(self, hook: str, *args: Any) -> None:
+        for mw in self.middleware:
+            try:
+                getattr(mw, hook)(self.hub, *args)
+            except Exception:
+                log.exception("middleware %s.%s failed", type(mw).__name__, hook)

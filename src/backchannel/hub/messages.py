@@ -1,0 +1,516 @@
+"""Messages: sending, leasing, acknowledging, giving up; message status and traffic.
+
+Every message is stored by :meth:`backchannel.hub.pipeline.Pipeline.insert`, whichever
+route made it; this part is the member's side of it (``send``, ``receive``, ``ack``...)
+and the hub's own ``system`` notices. Rules live in :mod:`backchannel.core.messages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backchannel.core import messages as rules
+from backchannel.core import notices
+from backchannel.core.timers import anchors_first
+from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
+from backchannel.hub.context import Ctx, Env, wait_any, wait_for
+from backchannel.hub.pipeline import Pipeline, SendOptions
+from backchannel.hub.quotas import Quotas
+from backchannel.stores.base import Tx
+from backchannel.types import (
+    BROADCAST,
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxMessage,
+    Message,
+    MessageKind,
+    SendResult,
+    SessionState,
+)
+
+__all__ = ["AckResult", "FeedItem", "MessageStatus", "Messages", "new_message_id"]
+
+_ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
+_id_counter = itertools.count()
+
+
+def new_message_id() -> str:
+    """Time-ordered (nanoseconds, then a per-process random prefix and a counter): new
+    rows land at the end of the indexes instead of all over them, which keeps commits
+    small, and no system call is needed per id."""
+    return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    acked: tuple[str, ...]
+    not_held: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStatus:
+    message: Message
+    state: DeliveryState
+    deliveries: tuple[Delivery, ...]
+    history: tuple[DeliveryEvent, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.message
+        return {
+            "message_id": m.message_id,
+            "from": m.sender,
+            "to": m.to,
+            "kind": m.kind.value,
+            "summary": m.summary,
+            "text": m.text,
+            "created_at": m.created_at,
+            "chain_id": m.chain_id,
+            "hop": m.hop,
+            "status": self.state.value,
+            "deliveries": [
+                {
+                    "to": d.recipient.member,
+                    "session": d.recipient.session,
+                    "state": d.state.value,
+                    "attempts": d.attempts,
+                    "lease_until": d.lease_until,
+                    "dead_reason": d.dead_reason,
+                    "updated_at": d.updated_at,
+                }
+                for d in self.deliveries
+            ],
+            "history": [
+                {"at": e.at, "to": e.member, "event": e.event, "detail": e.detail}
+                for e in self.history
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FeedItem:
+    """One line of a team's live traffic: a history event with its message."""
+
+    cursor: int
+    event: DeliveryEvent
+    message: Message | None
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.message
+        return {
+            "cursor": self.cursor,
+            "at": self.event.at,
+            "event": self.event.event,
+            "detail": self.event.detail,
+            "message_id": self.event.message_id,
+            "to": self.event.member,
+            "from": m.sender if m else None,
+            "kind": m.kind.value if m else None,
+            "summary": (m.summary or _first_line(m.text)) if m else None,
+        }
+
+
+def _first_line(text: str, width: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+class Messages:
+    """The member's side of messages (see the module docstring)."""
+
+    def __init__(self, env: Env, quotas: Quotas, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.quotas = quotas
+        self.pipeline = pipeline
+
+    # -- messages --------------------------------------------------------------
+    async def send(
+        self,
+        team: str,
+        sender: str,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        kind: MessageKind = MessageKind.DIRECT,
+        sender_session: str | None = None,
+        to_session: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
+    ) -> SendResult:
+        """Queue ``text`` for ``to`` (a member name, or ``*`` for everyone but the sender).
+
+        Idempotent on ``message_id``: the same id with the same content returns the first
+        result (``replayed=True``); with other content it raises ``MessageIdConflict``.
+        Unknown recipients raise ``UnknownRecipient`` with the closest names.
+        """
+        if not isinstance(text, str):
+            raise InvalidRequest("text must be a string", field="text")
+        rules.check_text(text, self.config.max_text)
+        if to != BROADCAST:
+            rules.check_name("recipient", to)
+        if link_budget is not None and not 1 <= link_budget <= 1000:
+            raise InvalidRequest(
+                "link_budget must be between 1 and 1000 turns", field="link_budget"
+            )
+        options = SendOptions(link, close_link, link_budget)
+        mid = rules.check_message_id(message_id) if message_id else new_message_id()
+        now = self.clock.now()
+        fp = rules.fingerprint(sender, to, text, summary, kind.value, to_session, meta)
+        message = Message(
+            team=team,
+            message_id=mid,
+            sender=sender,
+            to=to,
+            text=text,
+            kind=kind,
+            created_at=now,
+            fingerprint=fp,
+            summary=summary,
+            sender_session=sender_session,
+            meta=dict(meta or {}),
+        )
+
+        minted = message_id is None  # a fresh hub id cannot be a replay
+
+        def fn(c: Ctx) -> SendResult:
+            tx = c.tx
+            existing = None if minted else tx.get_message(team, mid)
+            if rules.decide_replay(existing, fp) is rules.Replay.REPLAY:
+                copies = tx.deliveries(team, mid)
+                return SendResult(
+                    mid,
+                    rules.aggregate_state(d.state for d in copies),
+                    tuple(d.recipient for d in copies),
+                    replayed=True,
+                )
+            self.quotas.check_inbox(c, team, sender, to)
+            result = self.pipeline.insert(c, message, to_session, options)
+            c.emit("after_send", message, result)
+            return result
+
+        return await self.env.transact(fn)
+
+    async def receive(
+        self,
+        team: str,
+        member: str,
+        *,
+        session: str | None = None,
+        limit: int | None = None,
+        wait: float = 0.0,
+        lease_seconds: float | None = None,
+        pinned_only: bool = False,
+        stop: asyncio.Event | None = None,
+        owner: str | None = None,
+    ) -> list[InboxMessage]:
+        """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
+        the first. Leased messages come back after the lease unless acked. With
+        ``pinned_only``, only messages pinned to ``session`` (a delegation's sub-session
+        takes nothing addressed to the member as a whole). Setting ``stop`` ends the wait
+        early (a long-poll whose client went away). With ``owner`` (a push dispatcher's
+        hub id), nothing is leased unless ``owner`` holds the member's push-delivery lease
+        (``Tx.claim_dispatch``), checked in the leasing transaction itself."""
+        limit = self.config.default_limit if limit is None else limit
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be between 1 and 1000", field="limit")
+        if wait < 0 or wait > 3600:
+            raise InvalidRequest("wait must be between 0 and 3600 seconds", field="wait")
+        lease = self.config.lease_seconds if lease_seconds is None else lease_seconds
+        if lease <= 0:
+            raise InvalidRequest("lease_seconds must be positive", field="lease_seconds")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            ready = self.env.waiters.event(team, member)
+            now = self.clock.now()
+            got = await self.env.transact(
+                lambda c, now=now: self._lease(  # type: ignore[misc]
+                    c, team, member, session, now, now + lease, limit, not pinned_only, owner
+                )
+            )
+            if got:
+                return got
+            remaining = deadline - loop.time()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return []
+            if stop is None:
+                await wait_for(ready, remaining)
+            else:
+                await wait_any((ready, stop), remaining)
+
+    def _lease(
+        self,
+        c: Ctx,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        until: float,
+        limit: int,
+        include_unpinned: bool = True,
+        owner: str | None = None,
+    ) -> list[InboxMessage]:
+        tx = c.tx
+        if owner is not None and (tx.dispatch_owner(team, member) or ("",))[0] != owner:
+            return []  # another hub pushes this member's messages now
+        if session is not None:
+            s = tx.get_session(team, session)
+            if s is None or s.member != member:
+                raise UnknownSession(
+                    f"member {member!r} has no session {session!r}; open it first",
+                    session=session,
+                )
+            if s.state is SessionState.TERMINATED:
+                raise InvalidState(f"session {session!r} is terminated; open a new one")
+            if s.state is SessionState.ACTIVE:
+                return []  # never injected mid-turn; delivered when the turn ends
+            got = anchors_first(
+                tx.lease(team, member, session, now, until, limit, include_unpinned)
+            )
+            if got:
+                c.schedule(until)  # the lease ends then
+                self.pipeline.after_lease(c, s, got, now)
+            return got
+        got = anchors_first(tx.lease(team, member, session, now, until, limit))
+        if got:
+            c.schedule(until)
+            self.pipeline.after_member_lease(c, team, member, got, now)
+        return got
+
+    async def inbox(
+        self,
+        team: str,
+        member: str,
+        *,
+        session: str | None = None,
+        batch: int = 32,
+        wait: float = 30.0,
+    ) -> AsyncIterator[InboxMessage]:
+        """Yield messages as they arrive, forever. The caller acks each one."""
+        while True:
+            for item in await self.receive(team, member, session=session, limit=batch, wait=wait):
+                yield item
+
+    async def ack(self, team: str, member: str, message_ids: Sequence[str]) -> AckResult:
+        """Acknowledge copies the member holds. Ids it does not hold are reported back
+        in ``not_held`` (nothing else changes)."""
+        ids = [str(i) for i in message_ids]
+        if not ids:
+            raise InvalidRequest(
+                "message_ids is empty; pass the ids you received", field="message_ids"
+            )
+        if len(ids) > 1000:
+            raise InvalidRequest("at most 1000 message_ids per ack", field="message_ids")
+        now = self.clock.now()
+        acked = await self.store.transact(lambda tx: tx.ack(team, member, ids, now))
+        done = set(acked)
+        result = AckResult(tuple(acked), tuple(i for i in dict.fromkeys(ids) if i not in done))
+        if acked:
+            self.env.run_middleware("after_ack", team, member, result.acked)
+            self.env.waiters.notify_watchers(team)
+        return result
+
+    async def release(self, team: str, member: str, message_ids: Sequence[str]) -> int:
+        """Give leased copies back at once instead of waiting for the lease to end."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> int:
+            return sum(
+                tx.transition(
+                    team,
+                    mid,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.QUEUED,
+                    now=now,
+                    event="released",
+                )
+                for mid in dict.fromkeys(message_ids)
+            )
+
+        n = await self.store.transact(fn)
+        if n:
+            self.env.waiters.notify(team, member)
+        return n
+
+    async def mark_delivered(
+        self, team: str, member: str, message_id: str, detail: str = ""
+    ) -> bool:
+        """An adapter put a leased copy in front of the agent (inbox file, hook answer...)."""
+        now = self.clock.now()
+        return await self.store.transact(
+            lambda tx: tx.transition(
+                team,
+                message_id,
+                member,
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DELIVERED,
+                now=now,
+                event="delivered",
+                detail=detail,
+            )
+        )
+
+    async def pending(self, team: str, member: str) -> int:
+        """How many copies the member has not acked yet (queued or leased)."""
+        return await self.store.read(lambda tx: tx.pending_count(team, member))
+
+    async def give_up(self, team: str, member: str, message_id: str, reason: str) -> bool:
+        """An adapter cannot deliver a leased copy and retrying will not help (a 404 from
+        a webhook, a pane that is gone): the copy is ``dead`` with ``reason`` and the
+        sender is told. False if the copy was not leased."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> bool:
+            copy = next(
+                (d for d in c.tx.deliveries(team, message_id) if d.recipient.member == member),
+                None,
+            )
+            if copy is None or not self.kill(c, copy, reason, now):
+                return False
+            self.dead_notice(c, copy, reason, now)
+            return True
+
+        return await self.env.transact(fn)
+
+    async def message_status(
+        self, team: str, message_id: str, *, viewer: str | None = None
+    ) -> MessageStatus:
+        """Delivery state and history. ``viewer`` (when given) must be the sender or a
+        recipient; anyone else is told the message does not exist."""
+
+        def fn(tx: Tx) -> MessageStatus | None:
+            msg = tx.get_message(team, message_id)
+            if msg is None:
+                return None
+            copies = tx.deliveries(team, message_id)
+            if (
+                viewer is not None
+                and viewer != msg.sender
+                and all(d.recipient.member != viewer for d in copies)
+            ):
+                return None
+            return MessageStatus(
+                msg,
+                rules.aggregate_state(d.state for d in copies),
+                tuple(copies),
+                tuple(tx.history(team, message_id)),
+            )
+
+        status = await self.store.read(fn)
+        if status is None:
+            raise UnknownMessage(
+                f"no message {message_id!r} that you sent or received in team {team!r}",
+                message_id=message_id,
+            )
+        return status
+
+    async def feed(self, team: str, after: int = 0, limit: int = 200) -> list[FeedItem]:
+        def fn(tx: Tx) -> list[FeedItem]:
+            events = tx.feed(team, after, limit)
+            cache: dict[str, Message | None] = {}
+            out = []
+            for cursor, ev in events:
+                if ev.message_id not in cache:
+                    cache[ev.message_id] = tx.get_message(team, ev.message_id)
+                out.append(FeedItem(cursor, ev, cache[ev.message_id]))
+            return out
+
+        return await self.store.read(fn)
+
+    async def watch(
+        self, team: str, after: int = 0, *, idle_check: float = 1.0
+    ) -> AsyncGenerator[FeedItem, None]:
+        """Yield a team's traffic as it happens, from cursor ``after`` on."""
+        while True:
+            ready = self.env.waiters.event(team, None)
+            items = await self.feed(team, after)
+            for item in items:
+                after = item.cursor
+                yield item
+            if not items:
+                await wait_for(ready, idle_check)
+
+    @staticmethod
+    def kill(c: Ctx, d: Delivery, reason: str, now: float) -> bool:
+        """A leased copy is given up on: ``dead``, with ``reason`` in its history."""
+        return c.tx.transition(
+            d.team,
+            d.message_id,
+            d.recipient.member,
+            from_states=[DeliveryState.LEASED],
+            to_state=DeliveryState.DEAD,
+            now=now,
+            event="dead",
+            detail=reason,
+            dead_reason=reason,
+        )
+
+    def dead_notice(
+        self, c: Ctx, d: Delivery, reason: str, now: float, advice: str | None = None
+    ) -> None:
+        """Tell the sender of a copy given up on (never a notice about a notice)."""
+        tx = c.tx
+        msg = tx.get_message(d.team, d.message_id)
+        if (
+            msg is None
+            or msg.kind is MessageKind.SYSTEM
+            or tx.get_member(d.team, msg.sender) is None
+        ):
+            return  # never a notice about a notice: no loops
+        system = notices.dead_letter(msg, d.recipient, reason, now, advice)
+        if tx.get_message(d.team, system.message_id) is None:
+            self.pipeline.insert(c, system, None)
+
+    async def notice(
+        self,
+        team: str,
+        to: str,
+        text: str,
+        *,
+        message_id: str,
+        summary: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Send the hub's own ``system`` notice to member ``to`` (for parts outside the
+        hub, such as the delivery dispatcher, that must tell a member something).
+        Idempotent on ``message_id``; False when it was sent already or ``to`` is no
+        member of ``team``."""
+        msg = notices.system(
+            team, to, text, self.clock.now(), message_id=message_id, summary=summary, meta=meta
+        )
+
+        def fn(c: Ctx) -> bool:
+            tx = c.tx
+            if tx.get_member(team, to) is None or tx.get_message(team, message_id) is not None:
+                return False
+            self.pipeline.insert(c, msg, None)
+            return True
+
+        return await self.env.transact(fn)
+
+    async def react(self, team: str, member: str, message_id: str, emoji: str) -> None:
+        """Add a reaction to a message you sent or received. A reaction is not a send: it
+        never feeds the ledger and never crosses a link; it is recorded in the message's
+        history."""
+        if not isinstance(emoji, str) or not 1 <= len(emoji) <= 32:
+            raise InvalidRequest("emoji must be 1 to 32 characters", field="emoji")
+        status = await self.message_status(team, message_id, viewer=member)
+        now = self.clock.now()
+        await self.store.transact(
+            lambda tx: tx.add_history(
+                team, DeliveryEvent(message_id, member, now, "reaction", emoji)
+            )
+        )
+        del status

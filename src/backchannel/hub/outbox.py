@@ -1,0 +1,222 @@
+"""The outbox: durable HTTP POSTs to registered callback services, retried with backoff.
+
+A POST is a scheduled job of kind ``outbox``. When due, the maintenance transaction
+leases it (pushes its due time past one attempt's timeout, so a hub that dies mid-POST
+leaves it to be retried) and the POST runs after the commit, in its own task: a slow or
+hanging service never delays another delivery. Connection errors, 408, 425, 429 and 5xx
+are retried with capped exponential backoff within a time budget; other answers
+(including redirects, never followed) are final: the pipeline's ``post_dead`` tells the
+part that queued the POST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from backchannel.callbacks import CallbackConfig
+from backchannel.core import delegation as rules
+from backchannel.errors import UnknownService
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline
+from backchannel.types import Job, JobState
+
+log = logging.getLogger("backchannel.outbox")
+
+OUTBOX_JOB = "outbox"
+
+
+class Outbox:
+    """Outbound HTTP through the callback registry (see the module docstring)."""
+
+    def __init__(self, env: Env, pipeline: Pipeline, callbacks: CallbackConfig | None) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.pipeline = pipeline
+        self.callbacks = callbacks or CallbackConfig.load(None)
+        self._http: httpx.AsyncClient | None = None
+        self._posts: set[asyncio.Task[None]] = set()
+        self._post_slots = asyncio.Semaphore(64)
+
+    async def close(self) -> None:
+        for task in list(self._posts):
+            task.cancel()
+        for task in list(self._posts):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def enqueue(
+        self,
+        c: Ctx,
+        team: str,
+        *,
+        service: str,
+        path: str,
+        body: Mapping[str, Any],
+        bearer: str | None,
+        purpose: str,
+        ref: str,
+        now: float,
+    ) -> int:
+        """Queue a POST in ``c``; it runs once the transaction committed."""
+        job = Job(
+            team,
+            OUTBOX_JOB,
+            now,
+            now,
+            None,
+            {
+                "service": service,
+                "path": path,
+                "body": dict(body),
+                "bearer": bearer,
+                "purpose": purpose,
+                "ref": ref,
+                "attempt": 0,
+                "first_at": now,
+            },
+        )
+        job_id = c.tx.add_job(job)
+        c.schedule(now)
+        return job_id
+
+    def _fire(self, c: Ctx, job: Job, now: float) -> JobOutcome:
+        lease = now + self.callbacks.retry.timeout + 5.0
+        c.tx.reschedule_job(job.job_id, lease, job.payload)
+        return JobOutcome(keep=True, run_after=job)
+
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {OUTBOX_JOB: self._fire}
+
+    def start(self, job: Job) -> None:
+        """Run the POST of a fired job in its own task."""
+        if job.kind != OUTBOX_JOB:
+            log.warning("job %s asked for work after commit, but nothing runs it", job.job_id)
+            return
+        task = asyncio.create_task(self._post(job), name=f"bc-post-{job.job_id}")
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
+
+    async def _post(self, job: Job) -> None:
+        """One attempt. Whatever goes wrong in it (a payload this hub cannot send, a bug)
+        counts as a failed attempt: retried within the budget, then dead with the reason,
+        never re-run forever."""
+        try:
+            await self._attempt_post(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("POST job %s failed unexpectedly", job.job_id)
+            detail = f"could not send the POST ({type(exc).__name__}: {exc})"
+            try:
+                await self.finish(job, rules.Outcome.RETRY, detail, None)
+            except Exception:
+                log.exception("could not record the failure of POST job %s", job.job_id)
+
+    async def _attempt_post(self, job: Job) -> None:
+        p = job.payload
+        policy = self.callbacks.retry
+        status: int | None = None
+        detail = ""
+        try:
+            svc = self.callbacks.resolve(str(p["service"]))  # checked again before sending
+        except UnknownService as exc:
+            await self.finish(job, rules.Outcome.DEAD, exc.message, None)
+            return
+        if svc.kind == "a2a":  # an A2A agent, called with the A2A client
+            from backchannel.a2a_peer import run_a2a_job
+
+            await run_a2a_job(self, job, svc)
+            return
+        if self._http is None:
+            self._http = httpx.AsyncClient(follow_redirects=False)
+        headers = {"Authorization": f"Bearer {p['bearer']}"} if p.get("bearer") else {}
+        async with self._post_slots:
+            try:
+                resp = await self._http.post(
+                    svc.endpoint(str(p["path"])),
+                    json=p["body"],
+                    headers=headers,
+                    timeout=policy.timeout,
+                )
+                status = resp.status_code
+                detail = f"HTTP {status}: {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+        outcome = rules.classify(status)
+        await self.finish(job, outcome, detail, status)
+
+    async def finish(
+        self, job: Job, outcome: rules.Outcome, detail: str, status: int | None
+    ) -> None:
+        p = dict(job.payload)
+        now = self.clock.now()
+        attempt = int(p.get("attempt", 0)) + 1
+        if outcome is rules.Outcome.RETRY:
+            at = rules.next_try(self.callbacks.retry, attempt, float(p["first_at"]), now)
+            if at is None:
+                outcome = rules.Outcome.DEAD
+                detail = f"gave up after {attempt} attempts over the retry budget; last: {detail}"
+        p["attempt"] = attempt
+        p["last"] = detail
+
+        def fn(c: Ctx) -> None:
+            tx = c.tx
+            c.watched(job.team)  # the feed shows the outcome; recipients wake on insert
+            if outcome is rules.Outcome.RETRY:
+                tx.reschedule_job(job.job_id, at or now, p)
+                c.schedule(at or now)
+                return
+            # a finished POST keeps its record, not its credentials
+            tx.reschedule_job(job.job_id, now, _without_secrets(p))
+            tx.finish_job(job.job_id, JobState.DONE, now)
+            if outcome is rules.Outcome.DONE:
+                self.pipeline.post_done(c, job, now)
+            else:
+                self.pipeline.post_dead(c, job, detail, now, status)
+
+        log.log(
+            logging.WARNING if outcome is rules.Outcome.DEAD else logging.DEBUG,
+            "POST %s%s for %s %s: %s (%s)",
+            p.get("service"),
+            p.get("path"),
+            p.get("purpose"),
+            p.get("ref"),
+            outcome.value,
+            detail,
+        )
+        try:
+            await self.env.transact(fn)
+        except Exception:
+            log.exception(
+                "could not record the outcome of POST job %s; it will be retried", job.job_id
+            )
+
+    async def answered(self, job: Job, text: str) -> None:
+        """A call that answers inline (an A2A agent) answered ``text``: the job is done
+        and the pipeline delivers the answer."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> None:
+            c.tx.finish_job(job.job_id, JobState.DONE, now)
+            self.pipeline.post_answered(c, job, text, now)
+
+        await self.env.transact(fn)
+
+
+def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """``payload`` without the bearer token it was sent with, nor a reply token in its body."""
+    out = {**payload, "bearer": None}
+    body = payload.get("body")
+    if isinstance(body, Mapping) and isinstance(body.get("reply"), Mapping):
+        reply = {k: v for k, v in body["reply"].items() if k != "bearerToken"}
+        out["body"] = {**body, "reply": reply}
+    return out

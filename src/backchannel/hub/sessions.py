@@ -1,0 +1,320 @@
+"""Sessions: open, resume, exit, terminate; their events and transcripts.
+
+A session is one run of a member. A resumed session keeps its id, links, timers and
+ledger; a session whose process exited keeps them for the team's exit grace
+(``exit_grace_seconds``), after which it terminates. What a turn does (``turn_start``,
+``agent_stop``, the ledger, checkpoints) is :mod:`backchannel.hub.turns`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from backchannel.core import messages as rules
+from backchannel.core import turns
+from backchannel.errors import (
+    Forbidden,
+    InvalidRequest,
+    InvalidState,
+    UnknownMember,
+    UnknownSession,
+)
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline
+from backchannel.types import EventKind, Job, Session, SessionEvent, SessionState
+
+__all__ = ["EXIT_JOB", "Sessions", "exit_grace", "session_json"]
+
+_TRANSCRIPT_BATCH = 32
+
+EXIT_JOB = "session_exit"
+#: How long an exited session keeps its links and timers for a resume (team setting
+#: ``exit_grace_seconds``; docs/decisions.md says why an hour).
+DEFAULT_EXIT_GRACE_S = 3600.0
+
+
+def exit_grace(settings: Mapping[str, Any]) -> float:
+    value = settings.get("exit_grace_seconds", DEFAULT_EXIT_GRACE_S)
+    try:
+        grace = float(value)
+    except (TypeError, ValueError):
+        return DEFAULT_EXIT_GRACE_S
+    return grace if grace >= 0 else DEFAULT_EXIT_GRACE_S
+
+
+def session_json(s: Session) -> dict[str, Any]:
+    return {
+        "session_id": s.session_id,
+        "member": s.member,
+        "state": s.state.value,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "turn": s.turn,
+        "turn_kind": s.turn_kind,
+        "turn_started_at": s.turn_started_at,
+        "last_stop_at": s.last_stop_at,
+        "last_output": s.last_output,
+    }
+
+
+class Sessions:
+    """Sessions and their events (see the module docstring)."""
+
+    def __init__(self, env: Env, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.pipeline = pipeline
+
+    async def get_session(self, team: str, session_id: str) -> Session:
+        session = await self.store.read(lambda tx: tx.get_session(team, session_id))
+        if session is None:
+            raise UnknownSession(f"unknown session {session_id!r} in team {team!r}")
+        return session
+
+    async def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
+        return await self.store.read(lambda tx: tx.list_sessions(team, member))
+
+    async def open_session(self, team: str, member: str, session_id: str | None = None) -> Session:
+        """Open a session for ``member``, or resume ``session_id`` with its state, links
+        and timers. Resuming a session whose turn was running means its process died
+        mid-turn: the turn is closed and its ledger cleared, so nothing it recorded can
+        suppress the next turn."""
+        sid = (
+            rules.check_session_id(session_id)
+            if session_id
+            else f"{member}-{uuid.uuid4().hex[:12]}"
+        )
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> Session:
+            tx = c.tx
+            c.wake(team, member)
+            if tx.get_member(team, member) is None:
+                raise UnknownMember(f"unknown member {member!r} in team {team!r}", member=member)
+            existing = tx.get_session(team, sid)
+            if existing is None:
+                session = Session(team, sid, member, SessionState.IDLE, now, now)
+                tx.put_session(session)
+                self.event(c, session, EventKind.SESSION, "opened")
+                return session
+            self.own(existing, member)
+            if existing.state is SessionState.TERMINATED:
+                raise InvalidState(f"session {sid!r} was terminated; open a new session instead")
+            if existing.state is SessionState.EXITED:
+                return self.resume(c, existing, now)
+            if existing.state is SessionState.ACTIVE:
+                tx.ledger_clear(team, sid)
+                recovered = dataclasses.replace(
+                    existing, state=SessionState.IDLE, updated_at=now, turn_started_at=None
+                )
+                tx.put_session(recovered)
+                self.pipeline.turn_over(c, recovered, existing.turn, now)
+                self.event(
+                    c,
+                    recovered,
+                    EventKind.SESSION,
+                    f"recovered: turn {existing.turn} was interrupted and is closed",
+                    {"recovered_turn": existing.turn},
+                )
+                return recovered
+            return existing
+
+        return await self.env.transact(fn)
+
+    def resume(self, c: Ctx, s: Session, now: float) -> Session:
+        """An exited session comes back (its runtime resumed it): idle again, with its
+        links, timers and ledger; what arrived meanwhile waits in its inbox."""
+        back = dataclasses.replace(s, state=SessionState.IDLE, updated_at=now)
+        c.tx.put_session(back)
+        self.event(c, back, EventKind.SESSION, "resumed")
+        return back
+
+    async def exit_session(
+        self, team: str, member: str, session_id: str, reason: str = ""
+    ) -> Session:
+        """The session's process exited (``SessionEnd`` of a one-shot run): the session
+        keeps its links, timers and ledger for the team's exit grace
+        (``exit_grace_seconds``, default an hour), and a resume picks it up again; after
+        the grace it terminates. A running turn is closed. Idempotent."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> Session:
+            tx = c.tx
+            c.wake(team, member)  # its session's inbox may be open to receivers now
+            s = self.load(c, team, member, session_id)
+            if s.state in (SessionState.TERMINATED, SessionState.EXITED):
+                return s
+            gone = dataclasses.replace(
+                s, state=SessionState.EXITED, updated_at=now, turn_started_at=None
+            )
+            tx.put_session(gone)
+            if s.state is SessionState.ACTIVE:
+                tx.ledger_clear(team, session_id)
+                self.pipeline.turn_over(c, gone, s.turn, now)
+            t = tx.get_team(team)
+            grace = exit_grace(t.settings if t else {})
+            self.event(
+                c,
+                gone,
+                EventKind.SESSION,
+                f"exited{': ' + reason if reason else ''}; kept {grace:g} s for a resume",
+                {"grace_seconds": grace},
+            )
+            due = now + grace
+            tx.add_job(Job(team, EXIT_JOB, due, now, session_id, {"exited_at": now}))
+            c.schedule(due)
+            return gone
+
+        return await self.env.transact(fn)
+
+    def _fire_exit(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        tx = c.tx
+        s = tx.get_session(job.team, job.session_id or "")
+        if s is None or s.state is not SessionState.EXITED:
+            return None  # resumed (or ended) meanwhile
+        if s.updated_at != job.payload.get("exited_at"):
+            return None  # exited again later: that exit's job decides
+        done = dataclasses.replace(s, state=SessionState.TERMINATED, updated_at=now)
+        tx.ledger_clear(s.team, s.session_id)
+        tx.put_session(done)
+        self.event(c, done, EventKind.SESSION, "terminated: not resumed within the exit grace")
+        self.pipeline.terminated(c, done, "not resumed within the exit grace")
+        return None
+
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {EXIT_JOB: self._fire_exit}
+
+    @staticmethod
+    def own(session: Session, member: str) -> None:
+        if session.member != member:
+            raise Forbidden(
+                f"session {session.session_id!r} belongs to {session.member!r}, not {member!r}; "
+                "report events for your own sessions"
+            )
+
+    def event(
+        self,
+        c: Ctx,
+        session: Session,
+        kind: EventKind,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        return c.tx.append_event(
+            SessionEvent(
+                session.team,
+                session.session_id,
+                session.turn,
+                self.clock.now(),
+                kind,
+                text,
+                dict(data or {}),
+            )
+        )
+
+    async def terminate_session(
+        self, team: str, member: str, session_id: str, reason: str = ""
+    ) -> Session:
+        """End a session for good. Idempotent."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> Session:
+            tx = c.tx
+            c.wake(team, member)  # its session's inbox may be open to receivers now
+            s = self.load(c, team, member, session_id)
+            if s.state is SessionState.TERMINATED:
+                return s
+            tx.ledger_clear(team, session_id)
+            done = dataclasses.replace(
+                s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
+            )
+            tx.put_session(done)
+            if s.state is SessionState.ACTIVE:
+                self.pipeline.turn_over(c, done, s.turn, now)
+            self.event(c, done, EventKind.SESSION, f"terminated{': ' + reason if reason else ''}")
+            self.pipeline.terminated(c, done, reason)
+            return done
+
+        return await self.env.transact(fn)
+
+    def load(self, c: Ctx, team: str, member: str, session_id: str) -> Session:
+        s = c.tx.get_session(team, session_id)
+        if s is None:
+            raise UnknownSession(
+                f"unknown session {session_id!r} in team {team!r}; open it first",
+                session=session_id,
+            )
+        self.own(s, member)
+        return s
+
+    # -- transcripts ----------------------------------------------------------------
+    async def get_session_data(
+        self,
+        team: str,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+        max_chars: int = 20_000,
+        limit: int = 500,
+    ) -> dict[str, Any]:
+        """A session's full transcript (thoughts, tool calls, inputs, outputs) for a
+        member of the same team: paged by event id, capped in size with a marker that
+        says where it was cut and how to read on."""
+        if since < 0 or (until is not None and until < since):
+            raise InvalidRequest("since must be >= 0 and until >= since", field="since")
+        if tail_chars is not None and not 1 <= tail_chars <= 1_000_000:
+            raise InvalidRequest("tail_chars must be between 1 and 1000000", field="tail_chars")
+        if not 1 <= max_chars <= 1_000_000:
+            raise InvalidRequest("max_chars must be between 1 and 1000000", field="max_chars")
+
+        session = await self.store.read(lambda tx: tx.get_session(team, session_id))
+        if session is None:
+            raise UnknownSession(
+                f"unknown session {session_id!r} in team {team!r}; list sessions to see them",
+                session=session_id,
+            )
+        # read in small batches and keep only what the page can show: a transcript of
+        # large events never sits in memory whole
+        kept: collections.deque[SessionEvent] = collections.deque()
+        kept_chars = skipped = 0
+        after, more = since, False
+        while True:
+            batch = await self.store.read(
+                lambda tx, after=after: tx.list_events(  # type: ignore[misc]
+                    team, session_id, after, until, _TRANSCRIPT_BATCH
+                )
+            )
+            for ev in batch:
+                if tail_chars is None and (len(kept) >= limit or kept_chars > max_chars):
+                    more = True
+                    break
+                kept.append(ev)
+                kept_chars += turns.viewable(ev)[1]
+                # the tail keeps one event beyond its budget (shown cut), and no more
+                # than ``limit`` events (empty ones weigh nothing)
+                while tail_chars is not None and len(kept) > 1:
+                    first = turns.viewable(kept[0])[1]
+                    if kept_chars - first < tail_chars and len(kept) <= limit:
+                        break
+                    kept.popleft()
+                    kept_chars -= first
+                    skipped += 1
+            if more or len(batch) < _TRANSCRIPT_BATCH:
+                break
+            after = batch[-1].event_id
+        page = turns.page_transcript(
+            list(kept), max_chars=max_chars, tail_chars=tail_chars, more=more, skipped=skipped
+        )
+        return {
+            "session": session_json(session),
+            "events": [e.to_json() for e in page.events],
+            "truncated": page.truncated,
+            "next_since": page.next_since,
+            "note": page.note,
+        }

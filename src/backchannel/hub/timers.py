@@ -1,0 +1,283 @@
+"""Intentional heartbeats: durable timers with intent, and the anchor rule.
+
+A timer is a scheduled job of kind ``timer`` on the session that set it. When due it
+becomes a ``timer`` message to that session, shown as the breadcrumb ``ANCHOR: <note>``
+(``CHECK:`` with the peer's state and last output, ``WAIT:`` with whether the peer
+replied). It waits for the session's turn to end like any message. Timers live in the
+store; one due while the hub was down fires once when it comes back, marked late.
+
+The anchor rule (team setting ``anchor_policy``: ``enforce`` by default, ``warn``,
+``off``): a session may ``send_message`` to a linked peer only while it holds a pending
+anchor timer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from backchannel.core import messages, notices
+from backchannel.core import timers as rules
+from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownMember
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.sessions import Sessions
+from backchannel.stores.base import Tx
+from backchannel.types import (
+    Job,
+    JobState,
+    MemberKind,
+    MessageKind,
+    Session,
+    SessionState,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    timer_id: int
+    session: str
+    member: str
+    intent: str
+    note: str
+    target: str | None
+    due_at: float
+    set_at: float
+    state: str
+
+    @classmethod
+    def of(cls, job: Job) -> Timer:
+        p = job.payload
+        return cls(
+            timer_id=job.job_id,
+            session=job.session_id or "",
+            member=str(p.get("member", "")),
+            intent=str(p.get("intent", "")),
+            note=str(p.get("note", "")),
+            target=p.get("target"),
+            due_at=job.due_at,
+            set_at=float(p.get("set_at", job.created_at)),
+            state=job.state.value,
+        )
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        out = {
+            "timer_id": self.timer_id,
+            "session": self.session,
+            "member": self.member,
+            "intent": self.intent,
+            "note": self.note,
+            "target": self.target,
+            "due_at": self.due_at,
+            "set_at": self.set_at,
+            "state": self.state,
+        }
+        if now is not None:
+            out["due_in"] = round(self.due_at - now, 3)
+        return out
+
+
+class Timers:
+    """Timers and the anchor rule (see the module docstring)."""
+
+    def __init__(self, env: Env, sessions: Sessions, quotas: Quotas, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock = env.store, env.clock
+        self.sessions = sessions
+        self.quotas = quotas
+        self.pipeline = pipeline
+
+    async def set_timer(
+        self,
+        team: str,
+        member: str,
+        session_id: str | None,
+        intent: str,
+        seconds: float,
+        note: str,
+        target: str | None = None,
+    ) -> Timer:
+        """Set a timer on ``session_id`` (or the member's only open-turn session)."""
+        it = rules.check_timer(intent, seconds, note, target)
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> Timer:
+            tx = c.tx
+            s = self.session_for(c, team, member, session_id)
+            if target is not None:
+                if tx.get_member(team, target) is None:
+                    known = [m.name for m in tx.list_members(team)]
+                    raise messages.unknown_recipient(target, team, known)
+                if target == member:
+                    raise InvalidRequest("a timer's target is a peer, not yourself", field="target")
+            self.quotas.check_timers(c, team, member)
+            job = Job(
+                team,
+                rules.TIMER_JOB,
+                now + seconds,
+                now,
+                s.session_id,
+                {
+                    "intent": it.value,
+                    "note": note.strip(),
+                    "target": target,
+                    "set_at": now,
+                    "member": member,
+                },
+            )
+            job_id = tx.add_job(job)
+            c.schedule(job.due_at)
+            return Timer.of(dataclasses.replace(job, job_id=job_id))
+
+        return await self.env.transact(fn)
+
+    def session_for(
+        self, c: Ctx, team: str, member: str, session_id: str | None, purpose: str = "timer"
+    ) -> Session:
+        """The session named, or the member's only open-turn (else only live) session."""
+        tx = c.tx
+        if session_id is not None:
+            s = self.sessions.load(c, team, member, session_id)
+        else:
+            live = [
+                x for x in tx.list_sessions(team, member) if x.state is not SessionState.TERMINATED
+            ]
+            active = [x for x in live if x.state is SessionState.ACTIVE]
+            pick = active if len(active) == 1 else live
+            if tx.get_member(team, member) is None:
+                raise UnknownMember(f"unknown member {member!r} in team {team!r}")
+            if not live:
+                raise InvalidRequest(
+                    f"{member!r} has no open session for the {purpose}; open one first "
+                    "(POST /v1/sessions, or `backchannel session open`)",
+                    field="session",
+                )
+            if len(pick) != 1:
+                ids = ", ".join(x.session_id for x in live)
+                raise InvalidRequest(
+                    f"{member!r} has {len(live)} open sessions ({ids}); say which one the "
+                    f"{purpose} is for with session",
+                    field="session",
+                )
+            s = pick[0]
+        if s.state is SessionState.TERMINATED:
+            raise InvalidRequest(f"session {s.session_id!r} is terminated", field="session")
+        return s
+
+    async def cancel_timer(self, team: str, member: str, timer_id: int) -> Timer:
+        """Cancel one of your pending timers."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> Timer:
+            job = tx.get_job(team, timer_id)
+            if job is None or job.kind != rules.TIMER_JOB:
+                raise NotFound(
+                    f"no timer {timer_id} in team {team!r}; list your timers", timer_id=timer_id
+                )
+            if job.payload.get("member") != member:
+                raise Forbidden(f"timer {timer_id} belongs to {job.payload.get('member')!r}")
+            if job.state is not JobState.PENDING:
+                raise InvalidRequest(
+                    f"timer {timer_id} already {job.state.value}", field="timer_id"
+                )
+            tx.finish_job(timer_id, JobState.CANCELLED, now)
+            return Timer.of(dataclasses.replace(job, state=JobState.CANCELLED, done_at=now))
+
+        return await self.store.transact(fn)
+
+    async def list_timers(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        session_id: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Timer]:
+        jobs = await self.store.read(
+            lambda tx: tx.list_jobs(
+                team, session_id=session_id, kind=rules.TIMER_JOB, pending_only=pending_only
+            )
+        )
+        timers = [Timer.of(j) for j in jobs]
+        return [t for t in timers if member is None or t.member == member]
+
+    # -- firing -------------------------------------------------------------------
+    def _fire_timer(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        tx = c.tx
+        timer = Timer.of(job)
+        s = tx.get_session(job.team, timer.session)
+        if s is None or s.state is SessionState.TERMINATED:
+            return None
+        peer = None
+        if timer.target:
+            sessions = [
+                x
+                for x in tx.list_sessions(job.team, timer.target)
+                if x.state is not SessionState.TERMINATED
+            ] or tx.list_sessions(job.team, timer.target)
+            latest = max(sessions, key=lambda x: x.updated_at) if sessions else None
+            reply = tx.first_message_from(job.team, timer.target, timer.member, timer.set_at)
+            peer = rules.PeerView(timer.target, latest, reply)
+        text, meta = rules.breadcrumb(
+            rules.Intent(timer.intent),
+            timer.note,
+            due_at=job.due_at,
+            now=now,
+            set_at=timer.set_at,
+            peer=peer,
+        )
+        meta["timer_id"] = job.job_id
+        msg = notices.timer(job.team, timer.member, s.session_id, job.job_id, text, meta, now)
+        self.pipeline.insert(c, msg, s.session_id)
+        return None
+
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {rules.TIMER_JOB: self._fire_timer}
+
+    # -- the anchor rule ----------------------------------------------------------------
+    def check_anchor(self, s: Send) -> None:
+        """An agent's own send to a linked peer needs a pending anchor timer on the
+        sending session (the rule: :func:`backchannel.core.timers.anchor_action`)."""
+        c, tx, message = s.c, s.c.tx, s.message
+        if not s.options.by_agent or message.kind is not MessageKind.DIRECT:
+            return
+        link = s.open_link()
+        if link is None:
+            return
+        sender = tx.get_member(message.team, message.sender)
+        if sender is not None and sender.kind is MemberKind.HUMAN:
+            return  # a person at a terminal is not held to the agents' heartbeat rule
+        team = tx.get_team(message.team)
+        policy = rules.anchor_policy(team.settings if team else {})
+        if policy is rules.AnchorPolicy.OFF:
+            return
+        session = s.turn_session()
+        sid = (
+            session.session_id
+            if session
+            else (
+                link.initiator_session
+                if message.sender == link.initiator
+                else link.responder_session
+            )
+        )
+        if sid is None:
+            return
+        anchored = any(
+            j.payload.get("intent") == rules.Intent.ANCHOR.value
+            for j in tx.list_jobs(message.team, session_id=sid, kind=rules.TIMER_JOB)
+        )
+        action = rules.anchor_action(policy, anchored)
+        if action is rules.AnchorAction.REFUSE:
+            raise AnchorRequired(
+                rules.anchor_missing(sid, message.to), session=sid, peer=message.to
+            )
+        if action is rules.AnchorAction.REMIND:
+            reminder = notices.system(
+                message.team, message.sender, rules.anchor_reminder(message.to),
+                message.created_at, summary="set an anchor timer",
+                meta={"anchor_reminder": True, "peer": message.to},
+            )  # fmt: skip
+            self.pipeline.insert(c, reminder, sid)

@@ -1,0 +1,382 @@
+"""Turns: ``turn_start`` to ``agent_stop``; closing-text routing; the ledger; checkpoints.
+
+Rules (from :mod:`backchannel.core.turns`): a turn runs from ``turn_start`` to
+``agent_stop``; messages for a session wait while its turn runs; at ``agent_stop`` the
+closing text's ``<message to=...>`` blocks are sent (unless this turn already sent the
+same text to the same recipient) and the rest is the turn's output. The ledger of what
+a turn sent is durable and is cleared at turn start, after every ``agent_stop``, on a
+retried turn, and when a session recovers from a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backchannel.core import messages as rules
+from backchannel.core import notices, turns
+from backchannel.errors import BudgetExhausted, InvalidRequest, InvalidState, QuotaExceeded
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.hub.quotas import Quotas
+from backchannel.hub.sessions import Sessions
+from backchannel.types import (
+    HUB_SENDER,
+    EventKind,
+    InboxMessage,
+    Job,
+    LedgerEntry,
+    MessageKind,
+    Session,
+    SessionState,
+)
+
+__all__ = ["CHECKPOINT_JOB", "CONTINUED", "HANDED", "StopResult", "Turns"]
+
+CHECKPOINT_JOB = "checkpoint"
+#: Session meta of a turn a stop hook's answer continued: the closing text before it
+#: (a runtime that reports the whole continuation's text repeats it first).
+CONTINUED = "continued_from"
+#: Session meta of a turn a hook's answer fed: ``{"ids": [...], "at": "stop"|"prompt"}``,
+#: the messages handed over, leased until the runtime's next event confirms them
+#: (:mod:`backchannel.runtimes.receiver`); set from ``turn_start`` data ``handed``.
+HANDED = "handed"
+
+DEFAULT_CHECKPOINT_TEXT = (
+    "Checkpoint: you have been idle for a while. In two or three lines, say where your "
+    "task stands, what is next, and whether anything blocks you."
+)
+#: Message kinds whose delivery to a session's turn does not feed the ledger.
+_LEDGER_KINDS = (MessageKind.DIRECT,)
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    """What ``agent_stop`` did with the closing text."""
+
+    session: Session
+    output: str
+    sent: tuple[str, ...] = ()  # message ids
+    duplicates: tuple[str, ...] = ()  # recipients whose block was dropped as a repeat
+    unknown: tuple[str, ...] = ()  # destinations that do not exist
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session.session_id,
+            "state": self.session.state.value,
+            "turn": self.session.turn,
+            "output": self.output,
+            "sent": list(self.sent),
+            "duplicates_dropped": list(self.duplicates),
+            "unknown_destinations": list(self.unknown),
+            **dict(self.extra),
+        }
+
+
+class Turns:
+    """Turns and their closing texts (see the module docstring)."""
+
+    def __init__(self, env: Env, sessions: Sessions, quotas: Quotas, pipeline: Pipeline) -> None:
+        self.env = env
+        self.store, self.clock, self.config = env.store, env.clock, env.config
+        self.sessions = sessions
+        self.quotas = quotas
+        self.pipeline = pipeline
+
+    async def report_event(
+        self,
+        team: str,
+        member: str,
+        session_id: str,
+        kind: EventKind | str,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Record what a runtime reports. ``turn_start`` opens a turn (a second one while
+        a turn runs is a retry: the ledger is cleared); ``agent_stop`` closes it and
+        routes the closing text. Other events need an open turn."""
+        try:
+            kind = EventKind(kind)
+        except ValueError:
+            allowed = ", ".join(k.value for k in EventKind if k.reported)
+            raise InvalidRequest(f"unknown event kind {kind!r}; use one of: {allowed}") from None
+        if not kind.reported:
+            allowed = ", ".join(k.value for k in EventKind if k.reported)
+            raise InvalidRequest(f"{kind.value!r} is recorded by the hub; report one of: {allowed}")
+        if not isinstance(text, str):
+            raise InvalidRequest("text must be a string", field="text")
+        rules.check_text(text, self.config.max_text)
+        data = dict(data or {})
+        turns.check_event_data(data)
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> dict[str, Any]:
+            c.watched(team)  # traffic watchers; inboxes wake as messages are stored
+            s = self.sessions.load(c, team, member, session_id)
+            if s.state is SessionState.TERMINATED:
+                raise InvalidState(
+                    f"session {session_id!r} is terminated; open a new session to report events"
+                )
+            if s.state is SessionState.EXITED:  # the runtime resumed it
+                s = self.sessions.resume(c, s, now)
+            if kind is EventKind.TURN_START:
+                return self._turn_start(c, s, text, data, now)
+            if s.state is not SessionState.ACTIVE:
+                raise InvalidState(
+                    f"no turn is open in session {session_id!r}: report turn_start before "
+                    f"{kind.value}"
+                )
+            if kind is EventKind.AGENT_STOP:
+                return self._agent_stop(c, s, text, data, now).to_json()
+            eid = self.sessions.event(c, s, kind, text, data)
+            return {"event_id": eid, "session": s.session_id, "turn": s.turn}
+
+        return await self.env.transact(fn)
+
+    def _turn_start(
+        self, c: Ctx, s: Session, text: str, data: Mapping[str, Any], now: float
+    ) -> dict[str, Any]:
+        tx = c.tx
+        retried = s.state is SessionState.ACTIVE
+        tx.ledger_clear(s.team, s.session_id)
+        # only a turn on the checkpoint the hub handed over is a checkpoint turn: a human
+        # who typed something else meanwhile started an ordinary one
+        checkpoint = turns.is_checkpoint_turn(
+            bool(s.meta.get("checkpoint_pending", False)),
+            data.get("checkpoint"),
+            text,
+            s.meta.get("checkpoint_texts") or (),
+        )
+        for job in tx.list_jobs(s.team, session_id=s.session_id, kind=CHECKPOINT_JOB):
+            tx.finish_job(job.job_id, job.state.CANCELLED, now)
+        meta = {
+            k: v
+            for k, v in s.meta.items()
+            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED, HANDED)
+        }
+        if data.get("continued_by"):  # a stop hook's answer keeps the turn going
+            meta[CONTINUED] = str(data.get("continued_after") or s.last_output or "")
+        if isinstance(data.get(HANDED), Mapping):  # what the hook answer hands over
+            meta[HANDED] = dict(data[HANDED])
+        started = dataclasses.replace(
+            s,
+            state=SessionState.ACTIVE,
+            turn=s.turn + 1,
+            turn_started_at=now,
+            turn_kind="checkpoint" if checkpoint else "normal",
+            updated_at=now,
+            meta=meta,
+        )
+        tx.put_session(started)
+        if retried:
+            self.pipeline.turn_over(c, started, s.turn, now)
+        eid = self.sessions.event(
+            c,
+            started,
+            EventKind.TURN_START,
+            text,
+            {**data, "retried": retried, "checkpoint": checkpoint},
+        )
+        self.pipeline.turn_started(c, started, text)
+        return {
+            "event_id": eid,
+            "session": s.session_id,
+            "turn": started.turn,
+            "retried": retried,
+            "checkpoint": checkpoint,
+        }
+
+    def _agent_stop(
+        self, c: Ctx, s: Session, text: str, data: Mapping[str, Any], now: float
+    ) -> StopResult:
+        tx = c.tx
+        c.wake(s.team, s.member)
+        parsed = self.pipeline.closing_text(c, s, turns.parse_closing_text(text))
+        self.sessions.event(c, s, EventKind.AGENT_STOP, text, data)
+        # the member list is only needed to route blocks (most closing texts have none)
+        members = [m.name for m in tx.list_members(s.team)] if parsed.blocks else []
+        ledger = tx.ledger(s.team, s.session_id) if parsed.blocks else []
+        sent: list[str] = []
+        dups: list[str] = []
+        unknown: list[str] = []
+        refused: list[str] = []
+        for d in turns.route_blocks(parsed.blocks, s.member, members, ledger):
+            b = d.block
+            if d.action is turns.BlockAction.SEND:
+                n = len(sent) + len(dups) + len(unknown) + len(refused)
+                for i, to in enumerate(d.only if d.only is not None else (b.to,)):
+                    if not self._block_fits(c, s, to, now):
+                        continue  # told why, by a system notice
+                    mid = f"{s.session_id}-t{s.turn}-b{n}" + (f"-{i}" if d.only else "")
+                    msg = notices.block(
+                        s.team, s.member, s.session_id, to, b.body, now, message_id=mid[:128]
+                    )
+                    try:
+                        self.pipeline.insert(c, msg, None)
+                    except BudgetExhausted as exc:  # told, never dropped in silence
+                        refused.append(to)
+                        self._refused_block(c, s, to, b.body, exc, now)
+                        continue
+                    sent.append(mid[:128])
+            elif d.action is turns.BlockAction.DUPLICATE:
+                dups.append(b.to)
+                self.sessions.event(
+                    c,
+                    s,
+                    EventKind.DUPLICATE_DROPPED,
+                    f"closing <message to={b.to!r}> dropped: this turn already sent the same "
+                    f"text to {b.to} ({d.duplicate_of})",
+                    {"to": b.to, "duplicate_of": d.duplicate_of},
+                )
+            elif d.action is turns.BlockAction.UNKNOWN:
+                unknown.append(b.to)
+                notice = turns.unknown_destination_notice(b.to, s.member, s.team, members)
+                self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": b.to})
+                sysmsg = notices.system(
+                    s.team, s.member, notice, now,
+                    meta={"unknown_destination": b.to, "body": b.body},
+                )  # fmt: skip
+                self.pipeline.insert(c, sysmsg, s.session_id)
+        checkpoint_turn = s.turn_kind == "checkpoint"
+        stopped = dataclasses.replace(
+            s,
+            state=SessionState.IDLE,
+            updated_at=now,
+            turn_started_at=None,
+            last_stop_at=now,
+            last_output=s.last_output if checkpoint_turn else parsed.output,
+        )
+        tx.put_session(stopped)
+        sent_this_turn = tx.ledger(s.team, s.session_id)  # tool sends and the blocks above
+        extra = self.pipeline.after_stop(
+            c, stopped, parsed.output, checkpoint_turn, sent_this_turn, now
+        )
+        tx.ledger_clear(s.team, s.session_id)
+        if not checkpoint_turn:
+            self._schedule_checkpoint(c, stopped, now)
+        if refused:
+            extra = {**extra, "refused": refused}
+        return StopResult(stopped, parsed.output, tuple(sent), tuple(dups), tuple(unknown), extra)
+
+    def _block_fits(self, c: Ctx, s: Session, to: str, now: float) -> bool:
+        """A closing block is a send: over the recipient's inbox quota it is refused, and
+        the session is told (the rest of the stop goes on)."""
+        try:
+            self.quotas.check_inbox(c, s.team, s.member, to)
+        except QuotaExceeded as exc:
+            notice = f"Your closing <message to={to!r}> block was not delivered: {exc.message}"
+            self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": to})
+            self.pipeline.insert(c, notices.system(s.team, s.member, notice, now), s.session_id)
+            return False
+        return True
+
+    def _refused_block(
+        self, c: Ctx, s: Session, to: str, body: str, exc: BudgetExhausted, now: float
+    ) -> None:
+        """A closing block over a conversation budget comes back to its sender."""
+        notice = f'Your closing <message to="{to}"> block was {exc.message}'
+        self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": to, **exc.details})
+        # told once per session and budget state: a notice that woke an agent which tries
+        # again must not wake it again (that would be a loop with the hub)
+        told = "refused-" + rules.fingerprint(
+            s.session_id, str(exc.details.get("key")), str(exc.details.get("limit")), "", "system",
+            None, {"resets_at": exc.details.get("resets_at")},
+        )  # fmt: skip
+        if c.tx.get_message(s.team, told[:128]) is not None:
+            return
+        sysmsg = notices.system(
+            s.team, s.member, notice, now,
+            message_id=told[:128], meta={"refused_to": to, "body": body, **exc.details},
+        )  # fmt: skip
+        self.pipeline.insert(c, sysmsg, s.session_id)
+
+    # -- the ledger is fed by sends made during a turn ------------------------------
+    def record_send(self, s: Send) -> None:
+        """A send made during a turn feeds that turn's ledger and transcript."""
+        message = s.message
+        if message.kind not in _LEDGER_KINDS or message.sender == HUB_SENDER:
+            return
+        session = s.turn_session()
+        if session is None:
+            return
+        s.c.tx.ledger_add(
+            LedgerEntry(
+                message.team,
+                session.session_id,
+                message.to,
+                turns.digest(message.text),
+                message.message_id,
+                message.created_at,
+            )
+        )
+        self.sessions.event(
+            s.c,
+            session,
+            EventKind.SENT,
+            message.text,
+            {"to": message.to, "message_id": message.message_id},
+        )
+
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:
+        """What a session was handed goes in its transcript; a turn on nothing but
+        checkpoint prompts will be a checkpoint turn."""
+        for m in got:
+            self.sessions.event(
+                c,
+                session,
+                EventKind.INPUT,
+                m.message.text,
+                {
+                    "from": m.message.sender,
+                    "kind": m.message.kind.value,
+                    "message_id": m.message.message_id,
+                },
+            )
+        pending = turns.checkpoint_handed([m.message.kind for m in got])
+        texts = [m.message.text for m in got] if pending else None
+        if pending != bool(session.meta.get("checkpoint_pending", False)) or (
+            texts != session.meta.get("checkpoint_texts")
+        ):
+            meta = {**session.meta, "checkpoint_pending": pending, "checkpoint_texts": texts}
+            c.tx.put_session(dataclasses.replace(session, meta=meta, updated_at=now))
+
+    # -- checkpoints ----------------------------------------------------------------
+    def _schedule_checkpoint(self, c: Ctx, s: Session, now: float) -> None:
+        tx = c.tx
+        member = tx.get_member(s.team, s.member)
+        policy = turns.checkpoint_policy(member.settings) if member else None
+        if policy is None:
+            return
+        idle, text = policy
+        due = now + idle
+        tx.add_job(
+            Job(
+                s.team,
+                CHECKPOINT_JOB,
+                due,
+                now,
+                s.session_id,
+                {"stop_at": now, "text": text or DEFAULT_CHECKPOINT_TEXT},
+            )
+        )
+        c.schedule(due)
+
+    def _fire_checkpoint(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        s = c.tx.get_session(job.team, job.session_id or "")
+        if (
+            s is None
+            or s.state is not SessionState.IDLE
+            or s.last_stop_at != job.payload.get("stop_at")
+        ):
+            return None  # the session moved on (a new turn, or it ended): no checkpoint
+        text = str(job.payload.get("text") or DEFAULT_CHECKPOINT_TEXT)
+        msg = notices.checkpoint(s.team, s.member, s.session_id, text, now)
+        self.pipeline.insert(c, msg, s.session_id)
+        self.sessions.event(c, s, EventKind.CHECKPOINT, text)
+        return None
+
+    def job_handlers(self) -> dict[str, JobHandler]:
+        return {CHECKPOINT_JOB: self._fire_checkpoint}

@@ -1,0 +1,251 @@
+"""``backchannel run``: set a team up on a hub, host it with the runner, show progress,
+and print the team's report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from backchannel.client import Client
+from backchannel.config import open_store
+from backchannel.errors import AlreadyExists, InvalidRequest
+from backchannel.interfaces.terminal import markup_safe, printable
+from backchannel.models import Delegation, Link
+from backchannel.runner.host import Runner
+from backchannel.runner.teamfile import TeamFile
+
+
+@dataclass
+class RunResult:
+    team: str
+    ended_because: str
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    delegations: list[Delegation] = field(default_factory=list)
+    duplicates_dropped: int = 0
+    to_user: list[dict[str, Any]] = field(default_factory=list)
+    cost: float = 0.0
+    tokens: int = 0
+
+
+async def setup_team(admin: Client, team: TeamFile, name: str) -> dict[str, str]:
+    """Create the team and its members; returns member -> token (``user`` included)."""
+    try:
+        created = await admin.create_team(name, team.settings())
+    except AlreadyExists:
+        raise InvalidRequest(
+            f"team {name!r} already exists on this hub; run with --team NEW_NAME "
+            "(each run sets up its team afresh)"
+        ) from None
+    tokens = {"user": created.user_token}
+    for m in team.members:
+        settings: dict[str, Any] = {}
+        if m.checkpoint is not None:
+            settings["checkpoint"] = m.checkpoint.model_dump(exclude_none=True)
+        added = await admin.add_member(name, m.name, m.kind.value, m.delivery, settings=settings)
+        tokens[m.name] = added.token
+    return tokens
+
+
+def progress(runner: Runner, extra: dict[str, Any]) -> Group:
+    table = Table(title=f"team {runner.team.team}", expand=False)
+    for col in ("session", "state", "turns", "tools", "tokens", "cost"):
+        table.add_column(
+            col, justify="right" if col in ("turns", "tools", "tokens", "cost") else "left"
+        )
+    for lp in runner.loops.values():
+        s = lp.stats
+        state = s.stopped or ("working" if s.working else "idle")
+        style = (
+            "bold green"
+            if s.working
+            else ("red" if s.stopped and s.stopped != "interrupted" else "")
+        )
+        table.add_row(
+            lp.session,
+            f"[{style}]{state}[/]" if style else state,
+            str(s.turns),
+            str(s.tool_calls),
+            str(s.usage.input_tokens + s.usage.output_tokens),
+            f"${s.cost:.4f}",
+        )
+    t = runner.totals()
+    line = (
+        f"messages {runner.delivered} · links open {extra.get('links', 0)} · "
+        f"timers pending {extra.get('timers', 0)} · delegations pending {extra.get('delegations', 0)}"
+        f"\ncost ${t['cost']:.4f}"
+    )
+    return Group(table, line)
+
+
+async def run_team(
+    team: TeamFile,
+    task: str,
+    *,
+    url: str,
+    admin_token: str | None,
+    workspace: Path,
+    team_name: str | None = None,
+    time_limit: float = 600.0,
+    quiet_seconds: float = 2.0,
+    console: Console | None = None,
+) -> RunResult:
+    """Set ``team`` up on the hub at ``url`` (HTTP, or a store URL opened in-process), host
+    its llm members on ``task`` until it is quiet, and gather the report."""
+    console = console or Console(stderr=True)
+    name = team_name or team.team
+    hub = None
+    if url.startswith(("http://", "https://")):
+        admin = Client(url, admin_token)
+    else:
+        from backchannel.hub import Hub
+
+        hub = Hub(open_store(url))
+        admin = Client.local(hub)
+    await admin.start()
+    clients: dict[str, Client] = {}
+    try:
+        tokens = await setup_team(admin, team, name)
+        for member, token in tokens.items():
+            c = Client(url, token) if hub is None else Client.local(hub, token)
+            await c.start()
+            clients[member] = c
+        user = clients["user"]
+        hosted = {m.name: clients[m.name] for m in team.members if m.name in clients}
+        counts: dict[str, Any] = {}
+        runner = Runner(
+            team,
+            hosted,
+            workspace=workspace,
+            timeout=time_limit,
+            quiet_seconds=quiet_seconds,
+            note=lambda line: console.print(f"[red]{line}[/red]"),
+            story=lambda line: console.print(line, markup=False),
+        )
+
+        async def refresh(live: Live) -> None:
+            any_c = next(iter(hosted.values()))
+            while True:
+                with contextlib.suppress(Exception):
+                    counts["links"] = len(await any_c.links(open_only=True))
+                    counts["timers"] = len(await any_c.timers())
+                    counts["delegations"] = sum(
+                        d.state == "pending" for d in await any_c.delegations()
+                    )
+                live.update(progress(runner, counts))
+                await asyncio.sleep(0.5)
+
+        with Live(
+            progress(runner, counts), console=console, refresh_per_second=4, transient=False
+        ) as live:
+            ticker = asyncio.create_task(refresh(live))
+            try:
+                ended = await runner.run(task, user)
+            finally:
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
+                live.update(progress(runner, counts))
+        return await report(runner, hosted, user, name, ended)
+    finally:
+        for c in clients.values():
+            with contextlib.suppress(Exception):
+                await c.close()
+        await admin.close()
+        if hub is not None:
+            await hub.close()
+
+
+async def report(
+    runner: Runner, hosted: dict[str, Client], user: Client, name: str, ended: str
+) -> RunResult:
+    any_c = next(iter(hosted.values()))
+    result = RunResult(name, ended)
+    result.links = await any_c.links()
+    result.delegations = await any_c.delegations()
+    for lp in runner.loops.values():
+        data = await any_c.session_data(lp.session)
+        result.duplicates_dropped += sum(e.kind == "duplicate_dropped" for e in data.events)
+        s = lp.stats
+        result.sessions.append(
+            {
+                "session": lp.session,
+                "member": s.member,
+                "turns": s.turns,
+                "tool_calls": s.tool_calls,
+                "tokens": s.usage.input_tokens + s.usage.output_tokens,
+                "cost": round(s.cost, 6),
+                "stopped": s.stopped,
+                "last_output": s.last_output,
+            }
+        )
+    got = await user.receive(limit=100)
+    if got:
+        await user.ack([m.message_id for m in got])
+    result.to_user = [{"from": m.sender, "kind": m.kind, "text": m.text} for m in got]
+    t = runner.totals()
+    result.cost = t["cost"]
+    result.tokens = t["usage"].input_tokens + t["usage"].output_tokens
+    return result
+
+
+def print_report(result: RunResult, console: Console) -> None:
+    console.print(
+        f"\n[bold]Report for team {result.team}[/bold] — ended because {result.ended_because}"
+    )
+    t = Table(title="sessions")
+    for col in ("session", "turns", "tools", "tokens", "cost"):
+        t.add_column(col)
+    outputs = []
+    for s in result.sessions:
+        t.add_row(
+            markup_safe(s["session"]),
+            str(s["turns"]),
+            str(s["tool_calls"]),
+            str(s["tokens"]),
+            f"${s['cost']:.4f}",
+        )
+        last = (s["last_output"] or "").strip().splitlines()
+        if last:
+            outputs.append(f"  {printable(s['session'])}: {printable(last[0][:100])}")
+    console.print(t)
+    if outputs:
+        console.print("last output of each session:", *outputs, sep="\n", markup=False)
+    if result.links:
+        lt = Table(title="links")
+        for col in ("peers", "turns used", "state", "why closed"):
+            lt.add_column(col)
+        for link in result.links:
+            lt.add_row(
+                markup_safe(f"{link['initiator']} <-> {link['responder']}"),
+                f"{link['turns_used']}/{link['budget']}",
+                link["state"],
+                markup_safe(link["close_reason"] or ""),
+            )
+        console.print(lt)
+    if result.delegations:
+        dt = Table(title="delegations")
+        for col in ("from", "to", "task", "state"):
+            dt.add_column(col)
+        for d in result.delegations:
+            dt.add_row(
+                markup_safe(d["caller"]),
+                markup_safe(d["callee"]),
+                markup_safe(d["task"][:50]),
+                d["state"],
+            )
+        console.print(dt)
+    console.print(f"duplicate closing messages suppressed: {result.duplicates_dropped}")
+    for m in result.to_user:
+        console.print(
+            f"[bold]to user[/bold] from {markup_safe(m['from'])}: "
+            f"{markup_safe(m['text'], multiline=True)}"
+        )
+    console.print(f"tokens {result.tokens}, cost ${result.cost:.4f}")

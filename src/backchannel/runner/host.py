@@ -1,0 +1,331 @@
+"""The built-in runner: hosts a team file's ``llm`` members on a hub.
+
+For each session of each hosted member (its main session, and one sub-session per
+delegation it answers) a turn loop waits for input, reports ``turn_start``, calls the
+model with the hub tools, runs the tool calls through the hub, reports every event, and
+ends the turn with ``agent_stop`` (whose closing text the hub routes). The run ends when
+the team is quiet, when ``timeout`` passes, or on Ctrl-C; inputs of an interrupted turn
+are given back to the hub, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backchannel.client import Client, Received
+from backchannel.errors import BackchannelError
+from backchannel.runner import story
+from backchannel.runner.models import ChatMessage, Model, ModelError, Usage, price_for
+from backchannel.runner.scripted import ScriptedModel, load_policy
+from backchannel.runner.teamfile import MemberSpec, TeamFile
+from backchannel.runner.tools import DEFAULT_TOOLS, TOOLS, ToolContext, run_tool
+from backchannel.runtimes.common import format_message
+from backchannel.types import MemberKind
+
+log = logging.getLogger("backchannel.runner")
+
+LEASE = 900.0  # a turn may run long; its inputs stay leased meanwhile
+
+
+def make_model(spec: MemberSpec) -> Model:
+    if spec.model == "scripted":
+        model = ScriptedModel(
+            spec.name, load_policy(spec.policy or "echo"), name=f"scripted:{spec.policy}"
+        )
+        model.state.update(spec.options)
+        return model
+    from backchannel.runner.providers import AnthropicModel, OpenAIModel
+
+    assert spec.model_name is not None
+    if spec.model == "anthropic":
+        return AnthropicModel(spec.model_name, base_url=spec.base_url, api_key_env=spec.api_key_env)
+    return OpenAIModel(spec.model_name, base_url=spec.base_url, api_key_env=spec.api_key_env)
+
+
+def format_input(m: Received) -> str:
+    """How a delivered message reads to the model: framed as every adapter frames it."""
+    return format_message(m.sender, m.kind, m.text)
+
+
+@dataclass
+class SessionStats:
+    member: str
+    session: str
+    turns: int = 0
+    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost: float = 0.0
+    working: bool = False
+    stopped: str | None = None
+    last_output: str = ""
+
+
+class SessionLoop:
+    """One session's turn loop."""
+
+    def __init__(self, runner: Runner, spec: MemberSpec, client: Client, session: str) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.client = client
+        self.session = session
+        self.model = make_model(spec)
+        self.history: list[ChatMessage] = []
+        self.stats = SessionStats(spec.name, session)
+        self.allowed = frozenset(spec.tools or DEFAULT_TOOLS)
+        self.price = price_for(self.model.name, spec.price)
+
+    async def run(self) -> None:
+        while self.stats.stopped is None:
+            got = await self.client.receive(
+                limit=20,
+                wait=1.0,
+                session=self.session,
+                lease=LEASE,
+                pinned_only=not self.session.endswith("-main"),
+            )
+            if got:
+                await self.turn(got)
+
+    async def turn(self, inputs: list[Received]) -> None:
+        stats, c, sid = self.stats, self.client, self.session
+        stats.working = True
+        self.runner.changed()
+        ids = [m.message_id for m in inputs]
+        self.runner.delivered += len(inputs)
+        for m in inputs:
+            self.runner.tell(story.on_input(sid, m))
+        text = "\n\n".join(format_input(m) for m in inputs)
+        await c.report_event(sid, "turn_start", text)
+        stats.turns += 1
+        self.history.append(ChatMessage("user", text))
+        final = ""
+        try:
+            for _ in range(self.spec.max_steps):
+                reply = await self.model.complete(
+                    self.spec.system, self.history, [TOOLS[t][0] for t in sorted(self.allowed)]
+                )
+                stats.usage += reply.usage
+                stats.cost += self.price.cost(reply.usage)
+                self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
+                if not reply.tool_calls:
+                    final = reply.text
+                    break
+                if reply.text:
+                    await c.report_event(sid, "thought", reply.text)
+                for call in reply.tool_calls:
+                    self.runner.tell(story.on_tool_call(self.spec.name, call.name, call.arguments))
+                    await c.report_event(
+                        sid,
+                        "tool_call",
+                        f"{call.name}({call.arguments})",
+                        {"tool": call.name, "id": call.call_id},
+                    )
+                    ctx = ToolContext(c, self.spec.name, sid, self.runner.workspace, call.call_id)
+                    result, is_error = await run_tool(ctx, call.name, call.arguments, self.allowed)
+                    stats.tool_calls += 1
+                    await c.report_event(
+                        sid, "tool_result", result, {"id": call.call_id, "error": is_error}
+                    )
+                    self.history.append(
+                        ChatMessage("tool", result, call_id=call.call_id, is_error=is_error)
+                    )
+                if self._over_budget():
+                    final = self._budget_note()
+                    stats.stopped = "budget"
+                    break
+            else:
+                final = f"(stopped after {self.spec.max_steps} model calls in one turn)"
+        except ModelError as exc:
+            final = f"(the model failed: {exc})"
+            stats.stopped = "model error"
+            self.runner.console_note(f"{self.spec.name}: {exc}")
+        except asyncio.CancelledError:
+            # interrupted: close the turn and give the inputs back, so nothing is lost
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._interrupted(ids))
+            raise
+        if self._over_budget() and stats.stopped is None:
+            stats.stopped = "budget"
+            final = (final + "\n\n" if final else "") + self._budget_note()
+        answer = await c.report_event(sid, "agent_stop", final)
+        self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
+        await c.ack(ids)
+        stats.last_output = final
+        stats.working = False
+        self.runner.changed()
+
+    async def _interrupted(self, ids: list[str]) -> None:
+        await self.client.report_event(self.session, "agent_stop", "", {"interrupted": True})
+        await self.runner.release(self.client, ids)
+        self.stats.working = False
+        self.stats.stopped = "interrupted"
+
+    def _over_budget(self) -> bool:
+        s, spec = self.stats, self.spec
+        used = s.usage.input_tokens + s.usage.output_tokens
+        return bool(
+            (spec.budget_usd and s.cost >= spec.budget_usd)
+            or (spec.max_tokens and used >= spec.max_tokens)
+        )
+
+    def _budget_note(self) -> str:
+        s, spec = self.stats, self.spec
+        return (
+            f"Budget spent (${s.cost:.4f} of ${spec.budget_usd or 0:.2f}, "
+            f"{s.usage.input_tokens + s.usage.output_tokens} tokens of {spec.max_tokens or 'unlimited'}): "
+            f"{spec.name} stops here."
+        )
+
+
+class Runner:
+    """Hosts a team's llm members. Use :meth:`run`."""
+
+    def __init__(
+        self,
+        team: TeamFile,
+        clients: dict[str, Client],
+        *,
+        workspace: Path,
+        quiet_seconds: float = 2.0,
+        timeout: float = 600.0,
+        on_change: Callable[[], None] | None = None,
+        note: Callable[[str], None] | None = None,
+        story: Callable[[str], None] | None = None,
+    ) -> None:
+        self.team = team
+        self.clients = clients
+        self.workspace = workspace
+        self.quiet_seconds = quiet_seconds
+        self.timeout = timeout
+        self.loops: dict[str, SessionLoop] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._on_change = on_change
+        self._note = note
+        self._story = story
+        self.delivered = 0  # messages handed to hosted sessions
+        self.started = time.monotonic()
+        self.ended_because = ""
+
+    def changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    def console_note(self, text: str) -> None:
+        if self._note is not None:
+            self._note(text)
+
+    def tell(self, lines: list[str]) -> None:
+        """Hand story lines (see :mod:`backchannel.runner.story`) to the ``story`` callback."""
+        if self._story is not None:
+            for line in lines:
+                self._story(f"{time.monotonic() - self.started:5.1f}s  {line}")
+
+    @property
+    def hosted(self) -> list[MemberSpec]:
+        return [m for m in self.team.members if m.kind is MemberKind.LLM]
+
+    async def release(self, client: Client, ids: list[str]) -> None:
+        await client.release(ids)
+
+    async def _discover(self) -> None:
+        """Start a loop for every open session of a hosted member (main sessions and the
+        sub-sessions delegations create)."""
+        for spec in self.hosted:
+            client = self.clients[spec.name]
+            for s in await client.list_sessions(spec.name):
+                sid = s.session_id
+                if s.state == "terminated" or sid in self.loops:
+                    continue
+                loop = SessionLoop(self, spec, client, sid)
+                self.loops[sid] = loop
+                self.tasks[sid] = asyncio.create_task(self._guard(loop), name=f"bc-session-{sid}")
+                self.changed()
+
+    async def _guard(self, loop: SessionLoop) -> None:
+        try:
+            await loop.run()
+        except asyncio.CancelledError:
+            raise
+        except BackchannelError as exc:
+            loop.stats.stopped = f"hub error: {exc.message}"
+            self.console_note(f"{loop.session}: {exc.message}")
+        except Exception as exc:
+            loop.stats.stopped = f"crashed: {exc!r}"
+            log.exception("session loop %s crashed", loop.session)
+            self.console_note(f"{loop.session} crashed: {exc!r}")
+
+    async def _busy(self) -> bool:
+        """Is anything still owed to a hosted member, or is anyone working?"""
+        if any(lp.stats.working for lp in self.loops.values()):
+            return True
+        any_client = next(iter(self.clients.values()))
+        if any(d.state == "pending" for d in await any_client.delegations()):
+            return True
+        if await any_client.timers():
+            return True
+        for spec in self.hosted:
+            if await self.clients[spec.name].pending() > 0:
+                return True
+        return False
+
+    async def run(self, task: str, user: Client) -> str:
+        """Give ``task`` to the lead, host the team until it is quiet; returns why it ended."""
+        for spec in self.hosted:
+            await self.clients[spec.name].open_session(f"{spec.name}-main")
+        await user.send(
+            self.team.lead_name, task, session=f"{self.team.lead_name}-main", link=False
+        )
+        quiet_since: float | None = None
+        try:
+            while True:
+                await self._discover()
+                now = time.monotonic()
+                if now - self.started > self.timeout:
+                    self.ended_because = f"timeout after {self.timeout:.0f} s"
+                    break
+                if all(
+                    lp.stats.stopped for lp in self.loops.values() if lp.session.endswith("-main")
+                ):
+                    self.ended_because = "every agent stopped"
+                    break
+                if await self._busy():
+                    quiet_since = None
+                elif quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since >= self.quiet_seconds:
+                    self.ended_because = "the team is quiet"
+                    break
+                await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            self.ended_because = "interrupted"
+            raise
+        finally:
+            await self.stop()
+        return self.ended_because
+
+    async def stop(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        for t in self.tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.changed()
+
+    def totals(self) -> dict[str, Any]:
+        usage = Usage()
+        cost = 0.0
+        for lp in self.loops.values():
+            usage += lp.stats.usage
+            cost += lp.stats.cost
+        return {
+            "usage": usage,
+            "cost": cost,
+            "turns": sum(lp.stats.turns for lp in self.loops.values()),
+        }

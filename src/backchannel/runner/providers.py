@@ -1,0 +1,235 @@
+"""Real model providers: Anthropic's Messages API and OpenAI-compatible Chat Completions.
+
+Both use the official SDKs (extras ``anthropic`` and ``openai``), whose clients retry
+rate limits (429) and transient errors (408, 409, 5xx, connection errors) with
+exponential backoff; ``max_retries`` sets how often. ``base_url`` points the OpenAI
+provider at any compatible server (Ollama, vLLM, llama.cpp) and either provider at a
+local test server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from backchannel.runner.models import (
+    ChatMessage,
+    ModelError,
+    ModelReply,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+
+def _api_key(env_name: str | None, default_env: str) -> str:
+    key = os.environ.get(env_name or default_env)
+    if not key:
+        raise ModelError(
+            f"no API key: set {env_name or default_env} (or api_key_env in the team file), "
+            "or use model: scripted to run offline"
+        )
+    return key
+
+
+class AnthropicModel:
+    """Claude through the Messages API, with tool use and prompt caching (the system
+    prompt and the tool definitions are marked cacheable)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str | None = None,
+        max_tokens: int = 4096,
+        max_retries: int = 4,
+    ) -> None:
+        try:
+            import anthropic
+        except ImportError as exc:  # pragma: no cover - the extra is missing
+            raise ModelError(
+                "the anthropic provider needs: pip install 'backchannel[anthropic]'"
+            ) from exc
+        self.name = model
+        self._anthropic = anthropic
+        self._client = anthropic.AsyncAnthropic(
+            api_key=_api_key(api_key_env, "ANTHROPIC_API_KEY"),
+            base_url=base_url,
+            max_retries=max_retries,
+        )
+        self.max_tokens = max_tokens
+
+    @staticmethod
+    def _messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            if m.role == "tool":
+                block = {
+                    "type": "tool_result",
+                    "tool_use_id": m.call_id,
+                    "content": m.text,
+                    "is_error": m.is_error,
+                }
+                if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                    out[-1]["content"].append(block)
+                else:
+                    out.append({"role": "user", "content": [block]})
+            elif m.role == "assistant":
+                content: list[dict[str, Any]] = [{"type": "text", "text": m.text}] if m.text else []
+                content += [
+                    {
+                        "type": "tool_use",
+                        "id": c.call_id,
+                        "name": c.name,
+                        "input": dict(c.arguments),
+                    }
+                    for c in m.tool_calls
+                ]
+                out.append(
+                    {"role": "assistant", "content": content or [{"type": "text", "text": ""}]}
+                )
+            else:
+                if out and out[-1]["role"] == "user":
+                    prev = out[-1]["content"]
+                    blocks = prev if isinstance(prev, list) else [{"type": "text", "text": prev}]
+                    out[-1]["content"] = [*blocks, {"type": "text", "text": m.text}]
+                else:
+                    out.append({"role": "user", "content": m.text})
+        return out
+
+    async def complete(
+        self, system: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply:
+        tool_defs: list[dict[str, Any]] = [
+            {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+            for t in tools
+        ]
+        if tool_defs:
+            tool_defs[-1]["cache_control"] = {"type": "ephemeral"}
+        system_blocks = [
+            {
+                "type": "text",
+                "text": system or "You are a helpful agent.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ]
+        try:
+            resp = await self._client.messages.create(
+                model=self.name,
+                max_tokens=self.max_tokens,
+                system=system_blocks,  # type: ignore[arg-type]
+                messages=self._messages(messages),  # type: ignore[arg-type]
+                tools=tool_defs,  # type: ignore[arg-type]
+            )
+        except self._anthropic.APIError as exc:
+            raise ModelError(f"Anthropic API error: {exc}") from exc
+        text = "".join(b.text for b in resp.content if b.type == "text")
+        calls = tuple(
+            ToolCall(b.id, b.name, dict(b.input) if isinstance(b.input, dict) else {})
+            for b in resp.content
+            if b.type == "tool_use"
+        )
+        u = resp.usage
+        usage = Usage(
+            u.input_tokens,
+            u.output_tokens,
+            getattr(u, "cache_read_input_tokens", 0) or 0,
+            getattr(u, "cache_creation_input_tokens", 0) or 0,
+        )
+        return ModelReply(text, calls, usage, resp.stop_reason or "end_turn")
+
+
+class OpenAIModel:
+    """Any OpenAI-compatible Chat Completions server, with tools."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str | None = None,
+        max_retries: int = 4,
+    ) -> None:
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - the extra is missing
+            raise ModelError(
+                "the openai provider needs: pip install 'backchannel[openai]'"
+            ) from exc
+        self.name = model
+        self._openai = openai
+        key = os.environ.get(api_key_env or "OPENAI_API_KEY") or ("local" if base_url else None)
+        if key is None:
+            key = _api_key(api_key_env, "OPENAI_API_KEY")
+        self._client = openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=max_retries)
+
+    @staticmethod
+    def _messages(system: str, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        for m in messages:
+            if m.role == "tool":
+                out.append({"role": "tool", "tool_call_id": m.call_id, "content": m.text})
+            elif m.role == "assistant":
+                msg: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+                if m.tool_calls:
+                    msg["tool_calls"] = [
+                        {
+                            "id": c.call_id,
+                            "type": "function",
+                            "function": {
+                                "name": c.name,
+                                "arguments": json.dumps(dict(c.arguments)),
+                            },
+                        }
+                        for c in m.tool_calls
+                    ]
+                out.append(msg)
+            else:
+                out.append({"role": "user", "content": m.text})
+        return out
+
+    async def complete(
+        self, system: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> ModelReply:
+        tool_defs = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": dict(t.parameters),
+                },
+            }
+            for t in tools
+        ]
+        try:
+            resp = await self._client.chat.completions.create(
+                model=self.name,
+                messages=self._messages(system, messages),  # type: ignore[arg-type]
+                tools=tool_defs or self._openai.NOT_GIVEN,  # type: ignore[arg-type]
+            )
+        except self._openai.APIError as exc:
+            raise ModelError(f"OpenAI-compatible API error: {exc}") from exc
+        if not resp.choices:
+            raise ModelError("the model server answered with no choices")
+        choice = resp.choices[0]
+        calls = []
+        for c in choice.message.tool_calls or []:
+            fn = getattr(c, "function", None)
+            if fn is None:
+                continue
+            try:
+                args = json.loads(fn.arguments or "{}")
+            except ValueError:
+                args = {"_unparsed": fn.arguments}
+            calls.append(
+                ToolCall(c.id, fn.name, args if isinstance(args, dict) else {"value": args})
+            )
+        u = resp.usage
+        usage = Usage(u.prompt_tokens, u.completion_tokens) if u else Usage()
+        return ModelReply(
+            choice.message.content or "", tuple(calls), usage, str(choice.finish_reason)
+        )

@@ -1,0 +1,398 @@
+"""The tools the built-in runner gives a model: the hub's agent tools and read-only
+workspace tools for real work on local files.
+
+Hub tools act for the agent's session through the SDK :class:`backchannel.Client`;
+workspace tools only read files under the team's workspace directory.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backchannel.client import Client
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
+from backchannel.errors import BackchannelError, ToolFailed
+from backchannel.runner.models import ToolSpec
+from backchannel.runtimes.common import format_message
+
+MAX_RESULT = 20_000
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".cache",
+    ".backchannel",
+    ".pytest_cache",
+    "dist",
+    "build",
+}
+LANGUAGES = {
+    ".py": "Python",
+    ".js": "JavaScript",
+    ".ts": "TypeScript",
+    ".tsx": "TypeScript",
+    ".css": "CSS",
+    ".html": "HTML",
+    ".md": "Markdown",
+    ".sh": "Shell",
+    ".toml": "TOML",
+    ".yaml": "YAML",
+    ".yml": "YAML",
+    ".json": "JSON",
+    ".go": "Go",
+    ".rs": "Rust",
+    ".c": "C",
+    ".h": "C",
+    ".cpp": "C++",
+    ".java": "Java",
+    ".rb": "Ruby",
+    ".sql": "SQL",
+    "Makefile": "Makefile",
+}
+# a TODO in a comment (after #, //, /*, <!--, -- or ;), not the word in prose or a string
+TODO_RE = re.compile(r"(?:^|\s)(?:#+|//+|/\*+|<!--|--|;+)\s*\b(TODO|FIXME)\b[:\s]*(.*)")
+
+
+@dataclass
+class ToolContext:
+    """What a tool call acts for."""
+
+    client: Client
+    member: str
+    session: str
+    workspace: Path
+    call_id: str = ""
+
+
+Handler = Callable[[ToolContext, Mapping[str, Any]], Awaitable[str]]
+
+
+def _str(args: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = args.get(key)
+    if value is None:
+        if required:
+            raise ToolFailed(f"argument {key!r} is required")
+        return None
+    if not isinstance(value, str):
+        raise ToolFailed(f"argument {key!r} must be a string")
+    return value
+
+
+def _req(args: Mapping[str, Any], key: str) -> str:
+    value = _str(args, key)
+    assert value is not None
+    return value
+
+
+def _num(args: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
+    value = args.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolFailed(f"argument {key!r} must be a number")
+    return float(value)
+
+
+def _inside(ctx: ToolContext, rel: str) -> Path:
+    root = ctx.workspace.resolve()
+    path = (root / rel).resolve()
+    if path != root and root not in path.parents:
+        raise ToolFailed(f"path {rel!r} is outside the workspace; use a path relative to it")
+    if not path.exists():
+        raise ToolFailed(f"no such file or directory in the workspace: {rel!r}")
+    return path
+
+
+def _files(base: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        out += [Path(dirpath) / f for f in sorted(filenames)]
+    return out
+
+
+# -- hub tools ------------------------------------------------------------------------
+
+
+async def send_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    to, text = _req(args, "to"), _req(args, "message")
+    r = await ctx.client.send(
+        to,
+        text,
+        summary=_str(args, "summary", required=False),
+        from_session=ctx.session,
+        close_link=bool(args.get("close_link", False)),
+    )
+    return f"sent {r.message_id} to {', '.join(r.recipients)}"
+
+
+async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    to, task = _req(args, "to"), _req(args, "task")
+    d = await ctx.client.delegate(
+        to,
+        task,
+        timeout_s=_num(args, "timeout_s"),
+        session=ctx.session,
+        tool_use_id=ctx.call_id or None,
+    )
+    return (
+        f"delegated to {to} as {d.delegation_id} (pending). The answer arrives as a tool "
+        "result in a later turn; do not wait for it in this turn."
+    )
+
+
+async def set_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    intent, note = _req(args, "intent"), _req(args, "note")
+    minutes = _num(args, "minutes")
+    if minutes is None and intent == "anchor":
+        minutes = DEFAULT_ANCHOR_MINUTES
+    if minutes is None:
+        raise ToolFailed("argument 'minutes' is required")
+    t = await ctx.client.set_timer(
+        intent, minutes, note, _str(args, "target", required=False), session=ctx.session
+    )
+    return f"timer {t.timer_id} ({t.intent}) due in {t.due_in or 0:.0f} s"
+
+
+async def cancel_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    tid = _num(args, "id")
+    if tid is None:
+        raise ToolFailed("argument 'id' is required")
+    await ctx.client.cancel_timer(int(tid))
+    return f"timer {int(tid)} cancelled"
+
+
+async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    session = _req(args, "session")
+    since = int(_num(args, "since", 0) or 0)
+    tail = _num(args, "tail_chars")
+    data = await ctx.client.session_data(
+        session, since=since, tail_chars=int(tail) if tail else None
+    )
+    lines = [f"[{e.kind}] {e.text}" for e in data.events if e.text]
+    if data.note:
+        lines.append(data.note)
+    return "\n".join(lines) or "(no events)"
+
+
+async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    got = await ctx.client.receive(limit=50, session=ctx.session)
+    if got:
+        await ctx.client.ack([m.message_id for m in got])
+    return "\n\n".join(format_message(m.sender, m.kind, m.text) for m in got) or "(no messages)"
+
+
+async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    return "\n".join(f"{m.name} ({m.kind})" for m in await ctx.client.members())
+
+
+# -- workspace tools ---------------------------------------------------------------------
+
+
+async def list_files(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    base = _inside(ctx, _str(args, "path", required=False) or ".")
+    pattern = _str(args, "pattern", required=False) or "*"
+    root = ctx.workspace.resolve()
+    names = [str(p.relative_to(root)) for p in _files(base) if fnmatch.fnmatch(p.name, pattern)]
+    return "\n".join(names) or "(no files)"
+
+
+async def read_file(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    path = _inside(ctx, _str(args, "path") or "")
+    if path.is_dir():
+        raise ToolFailed(f"{args['path']!r} is a directory; use list_files")
+    return path.read_text(errors="replace")
+
+
+def count_by_language(base: Path) -> dict[str, dict[str, int]]:
+    totals: dict[str, Counter[str]] = {}
+    for p in _files(base):
+        lang = LANGUAGES.get(p.suffix) or LANGUAGES.get(p.name)
+        if lang is None:
+            continue
+        try:
+            lines = p.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        c = totals.setdefault(lang, Counter())
+        c["files"] += 1
+        c["lines"] += len(lines)
+        c["code"] += sum(1 for line in lines if line.strip())
+    return {k: dict(v) for k, v in sorted(totals.items(), key=lambda kv: -kv[1]["lines"])}
+
+
+async def count_lines(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    base = _inside(ctx, _str(args, "path", required=False) or ".")
+    return json.dumps(count_by_language(base), indent=1)
+
+
+def _outside_quotes(line: str, at: int) -> bool:
+    before = line[:at]
+    return before.count('"') % 2 == 0 and before.count("'") % 2 == 0
+
+
+def find_todo_lines(base: Path, root: Path) -> list[str]:
+    out = []
+    for p in _files(base):
+        if (LANGUAGES.get(p.suffix) or LANGUAGES.get(p.name)) is None:
+            continue
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            m = TODO_RE.search(line)
+            if m and _outside_quotes(line, m.start()):
+                out.append(f"{p.relative_to(root)}:{n}: {m.group(1)} {m.group(2).strip()[:100]}")
+    return out
+
+
+async def find_todos(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    base = _inside(ctx, _str(args, "path", required=False) or ".")
+    return "\n".join(find_todo_lines(base, ctx.workspace.resolve())) or "(no TODO or FIXME)"
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_S = {"type": "string"}
+_N = {"type": "number"}
+
+TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
+    "send_message": (
+        ToolSpec(
+            "send_message",
+            "Send a message to a teammate (a member name, or '*' for everyone). The first message "
+            "to a teammate from your turn links you: from then on each of your finished turns "
+            "reaches them, and theirs reach you. Set close_link to end a link you opened.",
+            _schema(
+                {"to": _S, "message": _S, "summary": _S, "close_link": {"type": "boolean"}},
+                ["to", "message"],
+            ),
+        ),
+        send_message,
+    ),
+    "delegate": (
+        ToolSpec(
+            "delegate",
+            "Ask a teammate (or agent@service on another hub) to do a task, as an asynchronous "
+            "tool: returns at once; the answer arrives as a tool result in a later turn. Several "
+            "delegations may run at once.",
+            _schema({"to": _S, "task": _S, "timeout_s": _N}, ["to", "task"]),
+        ),
+        delegate,
+    ),
+    "set_timer": (
+        ToolSpec(
+            "set_timer",
+            "Set a heartbeat: intent 'anchor' brings you back to your own task, 'check' shows a "
+            "peer's state (target required), 'wait' says whether a peer replied (target required). "
+            "An anchor without minutes is due in 10.",
+            _schema(
+                {
+                    "intent": {"type": "string", "enum": ["anchor", "check", "wait"]},
+                    "minutes": _N,
+                    "note": _S,
+                    "target": _S,
+                },
+                ["intent", "note"],
+            ),
+        ),
+        set_timer,
+    ),
+    "cancel_timer": (
+        ToolSpec(
+            "cancel_timer", "Cancel one of your pending timers by id.", _schema({"id": _N}, ["id"])
+        ),
+        cancel_timer,
+    ),
+    "get_session_data": (
+        ToolSpec(
+            "get_session_data",
+            "Read a teammate's session transcript (thoughts, tool calls, outputs), paged.",
+            _schema({"session": _S, "since": _N, "tail_chars": _N}, ["session"]),
+        ),
+        get_session_data,
+    ),
+    "check_inbox": (
+        ToolSpec("check_inbox", "Read messages waiting for you now.", _schema({}, [])),
+        check_inbox,
+    ),
+    "list_members": (
+        ToolSpec("list_members", "List your team's members.", _schema({}, [])),
+        list_members,
+    ),
+    "list_files": (
+        ToolSpec(
+            "list_files",
+            "List files under a workspace directory, optionally matching a glob.",
+            _schema({"path": _S, "pattern": _S}, []),
+        ),
+        list_files,
+    ),
+    "read_file": (
+        ToolSpec("read_file", "Read a workspace file.", _schema({"path": _S}, ["path"])),
+        read_file,
+    ),
+    "count_lines": (
+        ToolSpec(
+            "count_lines",
+            "Count files, lines and non-blank lines by language under a workspace directory.",
+            _schema({"path": _S}, []),
+        ),
+        count_lines,
+    ),
+    "find_todos": (
+        ToolSpec(
+            "find_todos",
+            "List every TODO and FIXME comment under a workspace directory.",
+            _schema({"path": _S}, []),
+        ),
+        find_todos,
+    ),
+}
+
+DEFAULT_TOOLS = (
+    "send_message",
+    "delegate",
+    "set_timer",
+    "cancel_timer",
+    "get_session_data",
+    "check_inbox",
+    "list_members",
+)
+
+
+async def run_tool(
+    ctx: ToolContext, name: str, args: Mapping[str, Any], allowed: frozenset[str]
+) -> tuple[str, bool]:
+    """Run one tool call; returns ``(text, is_error)``. Errors are for the model to read."""
+    if name not in TOOLS or name not in allowed:
+        return f"unknown tool {name!r}; available: {', '.join(sorted(allowed))}", True
+    try:
+        text = await TOOLS[name][1](ctx, args)
+    except ToolFailed as exc:
+        return f"{name} failed: {exc}", True
+    except BackchannelError as exc:
+        return f"{name} failed: {exc.message}", True
+    if len(text) > MAX_RESULT:
+        text = text[:MAX_RESULT] + f"\n[… cut at {MAX_RESULT} characters]"
+    return text, False

@@ -1,0 +1,122 @@
+"""The command hook's record of what each runtime session was shown, on the agent's machine.
+
+A message handed over in a hook answer stays leased on the hub until the session's next
+hook event confirms it (:mod:`backchannel.runtimes.receiver`). The command hook
+(``backchannel hook``) is the runtime side of that: after it has printed an answer that
+hands messages over, it writes their ids here (the hub names them in the
+:data:`DELIVERED_HEADER` response header), and every later hook call of the same runtime
+session sends the record along as :data:`HAD_FIELD`. The hub acks the ids it lists and
+never shows them to the session again, even when a copy comes back after its lease (the
+session died before its next event, then was resumed); a handed-over id the record lacks
+was never printed, so the hub hands it over again.
+
+The record is one small JSON file per runtime session under the user's private state
+directory (``$BACKCHANNEL_STATE_DIR``, else ``$XDG_STATE_HOME/backchannel/seen``, else
+``~/.local/state/backchannel/seen``): directory mode 0700, files 0600, replaced
+atomically, the last :data:`KEEP` ids. A record that cannot be read counts as empty; one
+that cannot be written is skipped (the hub then shows the messages again rather than
+lose them).
+
+Standard library only: the lean command hook imports this on every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DELIVERED_HEADER",
+    "HAD_FIELD",
+    "KEEP",
+    "add_record",
+    "delivered_ids",
+    "recorded",
+    "remember",
+    "state_dir",
+]
+
+#: Response header of ``POST /v1/hooks/{runtime}``: the ids its answer hands over (JSON list).
+DELIVERED_HEADER = "Backchannel-Delivered"
+#: Where a hook payload lists the ids its session was already shown (see the docstring).
+HAD_FIELD = "backchannel_had"
+#: How many ids one session's record keeps (the newest).
+KEEP = 200
+_MAX_FILE = 64 * 1024
+
+
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    explicit = environ.get("BACKCHANNEL_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "backchannel" / "seen"
+
+
+def _path(runtime: str, session_id: str) -> Path:
+    # quoted, not hashed: importing hashlib costs the hook ~3 ms
+    key = urllib.parse.quote(f"{runtime}_{session_id}", safe="-_.")
+    if len(key) > 200:
+        import hashlib
+
+        key = f"{runtime}_{hashlib.sha256(session_id.encode()).hexdigest()}"
+    return state_dir() / f"{key}.json"
+
+
+def recorded(runtime: str, session_id: str) -> list[str]:
+    """The ids session ``session_id`` of ``runtime`` was shown, oldest first."""
+    try:
+        with open(_path(runtime, session_id), "rb") as f:
+            data = json.loads(f.read(_MAX_FILE))
+    except (OSError, ValueError):
+        return []
+    ids = data.get("ids") if isinstance(data, dict) else None
+    return [i for i in ids if isinstance(i, str)][-KEEP:] if isinstance(ids, list) else []
+
+
+def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
+    """Add ``ids`` to the session's record; never raises."""
+    new = [i for i in ids if isinstance(i, str)]
+    if not new:
+        return
+    try:
+        path = _path(runtime, session_id)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"ids": keep}, f)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError:
+        return
+
+
+def add_record(runtime: str, payload: Any) -> Any:
+    """``payload`` with :data:`HAD_FIELD` added (the session's record, maybe empty), when it
+    names a session; the field also tells the hub that this hook keeps a record."""
+    if not isinstance(payload, dict) or HAD_FIELD in payload:
+        return payload
+    sid = payload.get("session_id")
+    if not isinstance(sid, str) or not sid:
+        return payload
+    return {**payload, HAD_FIELD: recorded(runtime, sid)}
+
+
+def delivered_ids(header: str | None) -> list[str]:
+    """The ids a :data:`DELIVERED_HEADER` value names."""
+    if not header:
+        return []
+    try:
+        ids = json.loads(header)
+    except ValueError:
+        return []
+    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []

@@ -1,0 +1,376 @@
+"""PostgreSQL store: many hub processes on many hosts sharing one database.
+
+How it keeps the :mod:`backchannel.stores.base` contract:
+
+* **Transactions.** ``transact(fn)`` runs ``fn(tx)`` on a worker thread (at most
+  ``pool_size`` at once, each on its own pooled psycopg connection) inside one
+  PostgreSQL transaction; ``fn`` raising rolls it back and the exception propagates
+  unchanged. A deadlock rolls the attempt back and re-runs ``fn`` on a fresh
+  :class:`PgTx` (hence the contract's "no I/O from the function"), up to
+  :data:`MAX_ATTEMPTS` times. ``read(fn)`` runs in a ``REPEATABLE READ READ ONLY``
+  snapshot and takes no locks.
+* **Isolation: one writer per team.** Every query on a team's rows names the team (the
+  few that do not only read: ``list_teams``, ``member_by_token_hash``, ``next_*``; or
+  touch no team's rows: ``spend_token``), and the first query
+  of a writing transaction about a team takes that team's advisory lock
+  (``pg_advisory_xact_lock``, in the same round trip) and holds it to ``COMMIT``. The
+  transaction runs at ``READ COMMITTED``, so every statement after the lock reads the
+  latest committed data, which no other writer can change until this one ends: writers
+  of one team run one at a time across all hubs, exactly as if serial, without
+  serialization failures. Writers of different teams touch disjoint rows and run in
+  parallel. The calls that span teams (``expired_leases``, ``due_jobs``) lock the teams
+  of the rows they found, in sorted order, and then the rows themselves.
+* **Ordering.** ``seq``, history cursors and event ids come from sequences drawn under
+  the team lock, so within a team they grow in commit order: a lease sees a gap-free
+  prefix of each inbox (FIFO by ``seq``), and a live feed that read up to cursor ``c``
+  never later finds an event below ``c``.
+* **Leases.** ``lease`` (and ``expired_leases``, ``due_jobs``) claim rows ``FOR UPDATE
+  SKIP LOCKED``: two hubs never hand out one delivery or run one job twice.
+* **Idempotency.** Inserts use ``ON CONFLICT DO NOTHING`` and raise ``AlreadyExists``
+  without aborting the transaction, so a function may catch it and go on.
+* **Durability.** ``transact`` returns after ``COMMIT`` returns: with the server's
+  defaults (``fsync=on``, ``synchronous_commit=on``) after the WAL is on disk.
+* **Wake-ups.** Each queued (or re-queued) delivery sends ``NOTIFY backchannel`` with
+  payload ``"<origin>:<team>/<member>"`` right after ``COMMIT``, in its own statement
+  (PostgreSQL serializes the commits of notifying transactions cluster-wide, so a
+  notify inside the transaction would serialize every send's WAL flush). A listener
+  thread on its own connection reports other hubs' notifications through
+  :meth:`Store.on_external_change` on the loop that called :meth:`open` (a hub's own
+  are skipped: it wakes its waiters itself), and every ``fallback_interval`` seconds
+  reports ``(None, None)``, so a lost notification or a listener reconnecting after the
+  database went away only delays a delivery.
+* **Failures.** An unreachable database at :meth:`open`, a lost connection, a pool that
+  cannot hand out a connection in ``connect_timeout``, or any driver error becomes
+  ``StoreError`` (HTTP 503: retry later) naming the URL without its password. A
+  connection lost *before* ``COMMIT`` is retried on a fresh connection; lost *during*
+  ``COMMIT`` the outcome is unknown and the error says so (sends are idempotent on
+  ``message_id``: the caller retries). The pool replaces broken connections. A hub that
+  dies mid-transaction: PostgreSQL rolls the transaction back and frees its locks;
+  leases it handed out expire and are re-queued by any hub.
+* **Outages.** While the listener cannot reach the database, a transaction waits at
+  most :data:`OUTAGE_WAIT` for a connection (not ``connect_timeout``), so callers get
+  their 503 at once and retry; the pool retries connecting every few seconds at most
+  (``reconnect_timeout=connect_timeout``: psycopg_pool's default backs off for five
+  minutes, which would keep a hub failing for minutes after the database is back).
+* **Migrations.** Numbered scripts recorded in ``schema_migrations``, applied in one
+  transaction under an advisory lock: hubs starting together migrate once. A database
+  newer than this code is refused, naming both versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from backchannel.errors import StoreError
+from backchannel.stores.base import Store, Tx
+from backchannel.stores.postgres.schema import MIGRATIONS, migrate
+from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
+from backchannel.stores.postgres.tx import PgTx
+
+__all__ = ["LISTENER_NAME", "MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
+
+T = TypeVar("T")
+log = logging.getLogger("backchannel.stores.postgres")
+
+LISTENER_NAME = "backchannel-listen"
+MAX_ATTEMPTS = 30
+#: Seconds a transaction waits for a pooled connection while the database is known to be
+#: unreachable (the listener lost it), before failing with ``StoreError`` (HTTP 503).
+OUTAGE_WAIT = 1.0
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (URL or ``key=value`` form)."""
+    if "://" in url:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, host = netloc.rpartition("@")
+            user, has_pw, _ = userinfo.partition(":")
+            netloc = f"{user}:***@{host}" if has_pw else netloc
+        query = re.sub(r"(?i)(^|&)password=[^&]*", r"\1password=***", parts.query)
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
+
+
+def _password(url: str) -> str | None:
+    with contextlib.suppress(psycopg.Error, ValueError):
+        return psycopg.conninfo.conninfo_to_dict(url).get("password") or None  # type: ignore[return-value]
+    return None
+
+
+class PostgresStore(Store):
+    """The many-hosts store; see the module docstring for how it keeps the contract.
+
+    ``url`` is a libpq URL (``postgresql://user:pass@host:5432/db``) or ``key=value``
+    string. ``pool_size`` bounds connections *and* concurrent transactions of this hub;
+    the listener uses one more connection. ``connect_timeout`` bounds how long open()
+    and a transaction wait for a connection before raising ``StoreError``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 10.0,
+        fallback_interval: float = 2.0,
+    ) -> None:
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        self._dsn = url
+        self.url = mask_url(url)
+        self._secret = _password(url)
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._fallback = fallback_interval
+        self._origin = secrets.token_hex(6)
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._listener: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        #: set by the listener while it cannot reach the database: fail fast, not slowly
+        self._unreachable = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        #: Transaction attempts re-run after a serialization failure, deadlock or lost
+        #: connection (a health signal: it grows with contention).
+        self.retries = 0
+
+    # -- errors ------------------------------------------------------------
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _error(self, exc: BaseException, what: str = "failed") -> StoreError:
+        detail = self._scrub(str(exc).strip().replace("\n", " "))
+        return StoreError(
+            f"PostgreSQL store {self.url} {what}: {detail}; retry shortly", store=self.url
+        )
+
+    # -- lifecycle ---------------------------------------------------------
+    async def open(self) -> None:
+        """Connect, migrate to :data:`SCHEMA_VERSION`, start the pool and the listener."""
+        if self._pool is not None:
+            return
+        if self._closed:
+            raise StoreError(f"PostgreSQL store {self.url} is closed; create a new one")
+        self._loop = asyncio.get_running_loop()
+        self._pool = await asyncio.to_thread(self._open_sync)
+        self._executor = ThreadPoolExecutor(self._pool_size, thread_name_prefix="bc-pg")
+        self._listener = threading.Thread(target=self._listen, name="bc-pg-listen", daemon=True)
+        self._listener.start()
+        # wake-ups are reliable from the moment open() returns (bounded wait; without the
+        # listener the fallback timer still wakes waiters)
+        await asyncio.to_thread(self._listening.wait, self._connect_timeout)
+
+    def _connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(
+                self._dsn, connect_timeout=max(1, round(self._connect_timeout)), **kwargs
+            )
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {self.url}: "
+                f"{self._scrub(str(exc).strip())}. Check that the server is running and "
+                "that the URL, user and password are right",
+                store=self.url,
+            ) from exc
+
+    def _open_sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        with self._connect(autocommit=True) as conn:
+            try:
+                migrate(conn, self.url)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                user = conn.info.user
+                raise StoreError(
+                    f"PostgreSQL store {self.url} could not be migrated: "
+                    f"{self._scrub(str(exc).strip().splitlines()[0])}. The role {user!r} must "
+                    "be allowed to create tables: make it the database's owner, or GRANT "
+                    f'CREATE ON SCHEMA public TO "{user}" (PostgreSQL 15 and later no longer '
+                    "grant that to every role)",
+                    store=self.url,
+                ) from exc
+            except psycopg.Error as exc:
+                raise self._error(exc, "could not be migrated") from exc
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self._dsn,
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, round(self._connect_timeout)),
+                "application_name": "backchannel",
+            },
+            min_size=1,
+            max_size=self._pool_size,
+            open=False,
+            timeout=self._connect_timeout,
+            # give up a reconnection attempt (and its growing backoff) after this long;
+            # the next transaction starts a fresh one, so a hub reconnects within seconds
+            # of the database coming back, however long it was away
+            reconnect_timeout=self._connect_timeout,
+            name=f"backchannel-{self._origin}",
+        )
+        try:
+            pool.open(wait=True, timeout=self._connect_timeout)
+        except PoolTimeout as exc:
+            pool.close()
+            raise StoreError(f"cannot connect to PostgreSQL at {self.url}: {exc}") from exc
+        return pool
+
+    async def close(self) -> None:
+        """Let in-flight transactions finish, stop the listener, close the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        executor, pool, listener = self._executor, self._pool, self._listener
+        self._executor = self._pool = self._listener = None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True)
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
+        if listener is not None:
+            await asyncio.to_thread(listener.join)
+
+    # -- transactions ------------------------------------------------------
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(fn, readonly=False)
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(fn, readonly=True)
+
+    async def _submit(self, fn: Callable[[Tx], T], *, readonly: bool) -> T:
+        executor = self._executor
+        if executor is None:
+            raise StoreError(f"the PostgreSQL store {self.url} is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self._run, fn, readonly)
+
+    def _run(self, fn: Callable[[Tx], T], readonly: bool) -> T:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"the PostgreSQL store {self.url} is closed")
+        lost = 0
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            outage = self._unreachable
+            try:
+                with pool.connection(
+                    timeout=min(OUTAGE_WAIT, self._connect_timeout) if outage else None
+                ) as conn:
+                    tx = PgTx(conn, readonly=readonly, origin=self._origin, error=self._error)
+                    try:
+                        outcome = self._attempt(tx, fn)
+                    finally:
+                        tx._cleanup()
+            except (PoolTimeout, PoolClosed) as exc:
+                what = "cannot reach the database" if outage else "has no connection available"
+                raise self._error(exc, what) from exc
+            if outcome is not None:
+                return outcome[0]
+            self.retries += 1
+            if tx.broken:
+                lost += 1
+                if lost > 2:
+                    raise StoreError(
+                        f"PostgreSQL store {self.url} keeps losing its connection; retry shortly",
+                        store=self.url,
+                    )
+                with contextlib.suppress(Exception):
+                    pool.check()  # drop the other dead connections at once
+                continue
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        raise StoreError(
+            f"PostgreSQL store {self.url}: transaction kept conflicting with concurrent ones "
+            f"({MAX_ATTEMPTS} attempts); retry shortly",
+            store=self.url,
+        )
+
+    def _attempt(self, tx: PgTx, fn: Callable[[Tx], T]) -> tuple[T] | None:
+        """One try: ``(result,)`` once committed, ``None`` if it must be re-run, else raises."""
+        try:
+            result = fn(tx)
+        except BaseException as exc:
+            if tx.retry or (tx.broken and isinstance(exc, StoreError)):
+                return None  # the database failed under fn, not fn itself: run it again
+            raise
+        if tx.retry or tx.broken:  # fn swallowed a database error: the attempt is void
+            return None
+        try:
+            tx._commit()
+        except RetryTransaction:
+            return None
+        except StoreError as exc:
+            if not tx.broken:
+                raise
+            raise StoreError(
+                f"{exc.message} (the connection was lost while committing: the transaction "
+                "may or may not have been applied)",
+                store=self.url,
+            ) from exc
+        return (result,)
+
+    # -- listener ------------------------------------------------------------
+    def _post(self, team: str | None, member: str | None) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._emit_change, team, member)
+
+    def _listen(self) -> None:
+        """Background thread: LISTEN, report others' notifications, reconnect, fall back."""
+        backoff = 0.1
+        next_fallback = time.monotonic() + self._fallback
+        own = self._origin + ":"
+        while not self._stop.is_set():
+            try:
+                conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=5, application_name=LISTENER_NAME
+                )
+            except psycopg.Error as exc:
+                self._unreachable = True
+                log.warning("LISTEN connection to %s failed: %s", self.url, self._scrub(str(exc)))
+                self._post(None, None)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._fallback or 2.0)
+                continue
+            backoff = 0.1
+            try:
+                with conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._unreachable = False
+                    self._listening.set()
+                    self._post(None, None)  # anything may have happened while deaf
+                    while not self._stop.is_set():
+                        seen: dict[str, None] = {}
+                        # return with the first packet, not at the end of the 0.2 s window:
+                        # a waiter on this hub wakes as soon as the other hub's NOTIFY lands
+                        # (what a packet holds is still coalesced below)
+                        for n in conn.notifies(timeout=0.2, stop_after=1):
+                            if not n.payload.startswith(own):
+                                seen[n.payload.partition(":")[2]] = None
+                        for key in seen:
+                            team, _, member = key.partition("/")
+                            self._post(team or None, member or None)
+                        if self._fallback and time.monotonic() >= next_fallback:
+                            next_fallback = time.monotonic() + self._fallback
+                            self._post(None, None)
+            except psycopg.Error as exc:
+                if not self._stop.is_set():
+                    self._unreachable = True
+                    log.warning("LISTEN connection to %s lost: %s", self.url, self._scrub(str(exc)))
+                    self._post(None, None)

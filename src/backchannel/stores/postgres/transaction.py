@@ -1,0 +1,216 @@
+"""One PostgreSQL transaction on a pooled connection, as :class:`PgTx` runs it.
+
+Writers run at ``READ COMMITTED`` and take the team's lock (``pg_advisory_xact_lock``) in
+the same round trip as their first statement about that team; every statement after it
+reads fresh data that no other writer can change until this transaction ends (see
+:mod:`backchannel.stores.postgres.store`). History events are buffered and written in
+the ``COMMIT`` round trip; wake-ups for other hubs are sent right after it. Driver errors
+become :mod:`backchannel.errors` here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+
+from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
+from backchannel.types import DeliveryEvent
+
+__all__ = ["CHANNEL", "PgTransaction", "RetryTransaction"]
+
+Cursor = psycopg.Cursor[Any]
+
+#: The LISTEN/NOTIFY channel; payloads are ``"<origin>:<team>/<member>"``.
+CHANNEL = "backchannel"
+_BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def _lock_key(team: str) -> int:
+    digest = hashlib.blake2b(f"backchannel:team:{team}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class RetryTransaction(StoreError):
+    """A serialization failure or deadlock: the store re-runs the transaction function."""
+
+
+class PgTransaction:
+    """The plumbing under :class:`~backchannel.stores.postgres.tx.PgTx`: statements with
+    the team lock taken first, row claims across teams, the history buffer, ``COMMIT``
+    and the wake-ups after it."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        readonly: bool,
+        origin: str,
+        error: Callable[[psycopg.Error], StoreError],
+    ) -> None:
+        self._conn = conn
+        self._readonly = readonly
+        self._origin = origin  # this store's tag in NOTIFY payloads
+        self._error = error  # driver error -> StoreError naming the (masked) URL
+        self._locked: set[str] = set()
+        self._events: list[tuple[str, DeliveryEvent]] = []
+        self._notify: dict[str, None] = {}
+        self._open = False  # BEGIN sent, COMMIT not yet done
+        self._job_team: dict[int, str] = {}  # jobs seen in this transaction
+        self._tainted = False  # a pipeline failed: psycopg may wrongly think a statement
+        #                        is prepared, so the connection is closed afterwards
+        self.retry = False  # the database asked for a re-run (deadlock)
+        self.broken = False  # the connection was lost
+
+    def _exec(self, sql: str, args: Sequence[Any] = (), team: str | None = None) -> Cursor:
+        conn = self._conn
+        first: list[tuple[str, Sequence[Any]]] = []
+        if not self._open:
+            first.append((_BEGIN_READ if self._readonly else _BEGIN_WRITE, ()))
+        if team is not None and team not in self._locked and not self._readonly:
+            first.append(("SELECT pg_advisory_xact_lock(%s)", (_lock_key(team),)))
+            self._locked.add(team)
+        try:
+            if not first:
+                return conn.execute(sql, args)
+            self._open = self._tainted = True
+            with conn.pipeline():
+                for s, a in first:
+                    conn.execute(s, a)
+                cur = conn.execute(sql, args)
+            self._tainted = False
+            return cur
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+
+    def _translate(self, exc: psycopg.Error) -> BackchannelError:
+        if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected):
+            self.retry = True
+            return RetryTransaction(f"PostgreSQL asked to retry: {exc.sqlstate}")
+        if isinstance(exc, pgerr.UniqueViolation):
+            return AlreadyExists(f"duplicate key: {exc.diag.message_detail or exc}")
+        if isinstance(exc, pgerr.UntranslatableCharacter) or (
+            isinstance(exc, psycopg.DataError) and "NUL" in str(exc)
+        ):
+            return InvalidRequest("text contains a NUL character (\\x00), which cannot be stored")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or self._conn.broken:
+            self.broken = True
+        return self._error(exc)
+
+    def _one(self, sql: str, args: Sequence[Any], team: str | None = None) -> Any:
+        return self._exec(sql, args, team).fetchone()
+
+    def _all(self, sql: str, args: Sequence[Any], team: str | None = None) -> list[Any]:
+        return self._exec(sql, args, team).fetchall()
+
+    def _lock_teams(self, teams: Iterable[str]) -> None:
+        """Lock several teams at once, in sorted order (no deadlock between such calls)."""
+        todo = sorted(set(teams) - self._locked)
+        if todo and not self._readonly:
+            self._exec(
+                "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY "
+                "AS u(k, o) ORDER BY o",
+                ([_lock_key(t) for t in todo],),
+            )
+            self._locked.update(todo)
+
+    def _claim(self, cols: str, table: str, where: str, order: str, args: Sequence[Any],
+               limit: int) -> list[Any]:  # fmt: skip
+        """Rows due across teams: lock their teams first (sorted), then the rows (``FOR
+        UPDATE SKIP LOCKED``), so locks are always taken team first, row second."""
+        sql = f"SELECT {cols} FROM {table} WHERE {where}"
+        if self._readonly:
+            return self._all(f"{sql} ORDER BY {order} LIMIT %s", (*args, limit))
+        teams = self._all(
+            f"SELECT DISTINCT team FROM (SELECT team FROM {table} WHERE {where} "
+            f"ORDER BY {order} LIMIT %s) AS due",
+            (*args, limit),
+        )
+        if not teams:
+            return []
+        self._lock_teams(r[0] for r in teams)
+        return self._all(
+            f"{sql} AND team = ANY(%s) ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED",
+            (*args, sorted(self._locked), limit),
+        )
+
+    def _pending(self) -> list[tuple[str, Sequence[Any]]]:
+        """Statements writing the buffered history events (empties the buffer)."""
+        out: list[tuple[str, Sequence[Any]]] = []
+        if self._events:
+            cols: list[list[Any]] = [[], [], [], [], [], []]
+            for team, e in self._events:
+                for col, v in zip(cols, (team, e.message_id, e.member, e.at, e.event, e.detail)):  # noqa: B905
+                    col.append(v)
+            out.append((
+                "INSERT INTO delivery_events (team, id, message_id, member, at, event, detail) "
+                "SELECT t, nextval('delivery_event_id'), m, b, a, e, d FROM unnest(%s::text[], "
+                "%s::text[], %s::text[], %s::float8[], %s::text[], %s::text[]) "
+                "WITH ORDINALITY AS u(t, m, b, a, e, d, o) ORDER BY o", cols))  # fmt: skip
+        self._events = []
+        return out
+
+    def _flush(self) -> None:
+        for sql, args in self._pending():
+            self._exec(sql, args)
+
+    def _commit(self) -> None:
+        """Buffered writes and ``COMMIT`` in one round trip."""
+        if not self._open:
+            return
+        conn = self._conn
+        self._tainted = True
+        try:
+            with conn.pipeline():
+                for sql, args in self._pending():
+                    conn.execute(sql, args)
+                conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            raise self._translate(exc) from exc
+        self._open = self._tainted = False
+        if self._notify:
+            self._wake_others()
+
+    def _wake_others(self) -> None:
+        """NOTIFY the other hubs, after ``COMMIT`` and in its own transaction: PostgreSQL
+        serializes the commits of notifying transactions cluster-wide, so notifying
+        inside a durable commit would serialize every send's WAL flush. A notification
+        lost here (the hub dies between the two) only delays: the fallback timer wakes
+        waiters anyway."""
+        payloads, self._notify = list(self._notify), {}
+        try:
+            self._conn.execute(
+                "SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p",
+                (CHANNEL, self._origin + ":", payloads),
+            )
+        except psycopg.Error:  # the data is committed; the wake-up is only a hint
+            self.broken = self.broken or self._conn.broken
+
+    def _cleanup(self) -> None:
+        """Roll back an unfinished transaction; a connection that cannot is closed (the
+        pool replaces it; the server drops its locks)."""
+        conn = self._conn
+        if not self._open or conn.closed:
+            return
+        try:
+            if conn.broken or self._tainted:
+                raise psycopg.OperationalError("connection broken or tainted")
+            conn.execute("ROLLBACK")
+            self._open = False
+        except psycopg.Error:
+            conn.close()
+
+    def _wake(self, team: str, member: str) -> None:
+        self._notify[f"{team}/{member}"] = None
+
+    def _event(self, team: str, ev: DeliveryEvent) -> None:
+        self._events.append((team, ev))
+
+    def _insert(self, sql: str, args: Sequence[Any], what: str, team: str) -> None:
+        row = self._one(sql + " ON CONFLICT DO NOTHING RETURNING 1", args, team)
+        if row is None:
+            raise AlreadyExists(f"{what} already exists")

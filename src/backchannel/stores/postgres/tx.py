@@ -1,0 +1,588 @@
+"""The SQL side of :class:`backchannel.stores.postgres.PostgresStore`: :class:`PgTx`,
+the :class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
+:mod:`backchannel.stores.postgres.store` for the guarantees and
+:mod:`backchannel.stores.postgres.schema` for the tables; the statements and row mappers
+it shares with SQLite are in :mod:`backchannel.stores.sql`."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import astuple
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import SessionFilter
+from backchannel.stores.postgres.transaction import PgTransaction
+from backchannel.stores.sql import (
+    delegations_query,
+    jobs_query,
+    links_query,
+    pg,
+    sessions_query,
+)
+from backchannel.stores.sql.inbox import activity_rows
+from backchannel.stores.sql.lifecycle import LifecycleSql
+from backchannel.stores.sql.rows import (
+    DEL_COLS,
+    DELIVERY_COLS,
+    LINK_COLS,
+    MSG_COLS,
+    SESSION_COLS,
+    delegation,
+    delegation_args,
+    delivery,
+    rows,
+)
+from backchannel.stores.sql.statements import Sql
+from backchannel.types import (
+    A2ATask,
+    Budget,
+    Delegation,
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxEntry,
+    InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
+    Link,
+    Member,
+    MemberActivity,
+    Message,
+    Recipient,
+    Session,
+    SessionEvent,
+    Team,
+)
+
+__all__ = ["PgTx"]
+
+
+def _load(value: Any) -> Mapping[str, Any]:
+    return value or {}
+
+
+def _load_list(value: Any) -> Sequence[Any]:
+    return value or ()
+
+
+def _dump(value: Mapping[str, Any] | None) -> Jsonb:
+    return Jsonb(dict(value) if value else {})
+
+
+# JSON travels as jsonb (psycopg hands back dicts and lists); built once, at import
+_ROWS = rows(_load, _load_list, _dump, Jsonb)
+_message = _ROWS.message
+_member = _ROWS.member
+_session = _ROWS.session
+_link = _ROWS.link
+_job = _ROWS.job
+Q = Sql(pg, job_id="job_id", event_id="event_id")
+_INSERT_LINK = Q.insert_link + " ON CONFLICT DO NOTHING RETURNING 1"
+_CLAIM_DISPATCH = Q.claim_dispatch + " RETURNING 1"
+_RELEASE_DISPATCH = Q.release_dispatch + " RETURNING 1"
+_ADD_JOB = Q.add_job + " RETURNING job_id"
+_FINISH_JOB = Q.finish_job + " RETURNING 1"
+_RESCHEDULE_JOB = Q.reschedule_job + " RETURNING 1"
+_SPEND_TOKEN = Q.spend_token + " RETURNING 1"
+_UNTIL_NONE = 2**62  # list_events with no upper bound
+_LEASE = (
+    "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
+    "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
+    "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+    "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
+    "lease_until = %s, updated_at = %s FROM picked p, messages m "
+    "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
+    "AND m.team = d.team AND m.message_id = d.message_id "
+    f"RETURNING d.seq, d.session, d.attempts, {MSG_COLS}"
+)
+
+
+class PgTx(PgTransaction, LifecycleSql):
+    """:class:`Tx` over one pooled connection; the store drives its transaction (see
+    :class:`~backchannel.stores.postgres.transaction.PgTransaction` for the locking)."""
+
+    def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
+        self._flush()  # buffered history first: a removal must not leave it behind
+        return self._exec(sql.replace("?", "%s"), args, team)
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None:
+        row = self._one(Q.get_team, (name,), name)
+        return _ROWS.team(row) if row else None
+
+    def insert_team(self, team: Team) -> None:
+        self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}", team.name)
+
+    def list_teams(self) -> list[Team]:
+        return [_ROWS.team(r) for r in self._all(Q.list_teams, ())]
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None:
+        row = self._one(Q.get_member, (team, name), team)
+        return _member(row) if row else None
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        row = self._one(Q.member_by_token_hash, (token_hash,))
+        return _member(row) if row else None
+
+    def insert_member(self, member: Member) -> None:
+        m = member
+        what = f"member {m.name!r} in team {m.team!r}"
+        self._insert(Q.insert_member, _ROWS.member_args(m), what, m.team)
+
+    def update_member(self, member: Member) -> None:
+        m = member
+        args = (_dump(m.delivery), _dump(m.settings), m.team, m.name)
+        self._exec(Q.update_member, args, m.team)
+
+    def list_members(self, team: str) -> list[Member]:
+        return [_member(r) for r in self._all(Q.list_members, (team,), team)]
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None:
+        row = self._one(Q.get_session, (team, session_id), team)
+        return _session(row) if row else None
+
+    def put_session(self, session: Session) -> None:
+        self._exec(Q.put_session, _ROWS.session_args(session), session.team)
+
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
+        sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
+        return [_session(r) for r in self._all(pg(sql), args, team)]
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None:
+        row = self._one(Q.get_message, (team, message_id), team)
+        return _message(row) if row else None
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        m = message
+        rows = self._all(
+            "WITH msg AS (INSERT INTO messages (team, message_id, sender, sender_session, "
+            "to_name, kind, text, summary, created_at, fingerprint, meta, chain_id, hop) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING team, message_id), "
+            "dl AS (INSERT INTO deliveries (team, message_id, member, session, seq, state, "
+            "attempts, created_at, updated_at) SELECT msg.team, msg.message_id, r.b, r.s, "
+            "nextval('delivery_seq'), 'queued', 0, %s, %s FROM msg, "
+            "unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(b, s, o) ORDER BY r.o "
+            "RETURNING member, seq) "
+            "SELECT NULL, NULL FROM msg UNION ALL SELECT member, seq FROM dl",
+            (*_ROWS.message_args(m), m.created_at, m.created_at,
+             [r.member for r in recipients], [r.session for r in recipients]),
+            m.team,
+        )  # fmt: skip
+        if not rows:
+            raise AlreadyExists(f"message {m.message_id!r} already exists")
+        seqs = {member: seq for member, seq in rows if member is not None}
+        out = []
+        for r in recipients:
+            out.append(Delivery(m.team, m.message_id, r, seqs[r.member], DeliveryState.QUEUED,
+                                0, m.created_at, m.created_at))  # fmt: skip
+            self._event(m.team, DeliveryEvent(m.message_id, r.member, m.created_at, "queued"))
+            self._wake(m.team, r.member)
+        return out
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+        include_unpinned: bool = True,
+    ) -> list[InboxMessage]:
+        rows = self._all(
+            _LEASE,
+            (team, member, include_unpinned, session, limit, lease_until, now, team, member),
+            team,
+        )
+        rows.sort(key=lambda r: r[0])
+        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
+        for im in out:
+            ev = DeliveryEvent(
+                im.message.message_id, member, now, "leased", f"attempt {im.attempt}"
+            )
+            self._event(team, ev)
+        return out
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        where = "state = 'leased' AND lease_until <= %s"
+        return [
+            delivery(r)
+            for r in self._claim(
+                DELIVERY_COLS, "deliveries", where, "lease_until, seq", (now,), limit
+            )
+        ]
+
+    def next_lease_expiry(self) -> float | None:
+        row = self._one(Q.next_lease_expiry, ())
+        return row[0] if row else None
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        keep_lease = "lease_until" if to_state is DeliveryState.LEASED else "NULL"
+        row = self._one(
+            f"UPDATE deliveries SET state = %s, updated_at = %s, lease_until = {keep_lease}, "
+            "dead_reason = COALESCE(%s, dead_reason) WHERE team = %s AND message_id = %s "
+            "AND member = %s AND state = ANY(%s::text[]) RETURNING 1",
+            (to_state.value, now, dead_reason if to_state is DeliveryState.DEAD else None,
+             team, message_id, member, [s.value for s in from_states]),
+            team,
+        )  # fmt: skip
+        if row is None:
+            return False
+        self._event(team, DeliveryEvent(message_id, member, now, event, detail))
+        if to_state is DeliveryState.QUEUED:
+            self._wake(team, member)
+        return True
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        rows = self._all(
+            "WITH upd AS (UPDATE deliveries SET state = 'acked', lease_until = NULL, "
+            "updated_at = %s WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
+            "AND state IN ('leased', 'delivered') RETURNING message_id) "
+            "SELECT message_id, true FROM upd UNION ALL SELECT message_id, false "
+            "FROM deliveries WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
+            "AND state = 'acked'",
+            (now, team, member, ids, team, member, ids),
+            team,
+        )
+        fresh = {mid for mid, new in rows if new}
+        done = {mid for mid, _ in rows}
+        for mid in ids:
+            if mid in fresh:
+                self._event(team, DeliveryEvent(mid, member, now, "acked"))
+        return [mid for mid in ids if mid in done]
+
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        row = self._one(
+            f"SELECT {MSG_COLS} FROM messages m JOIN deliveries d ON d.team = m.team "
+            "AND d.message_id = m.message_id AND d.member = %s WHERE m.team = %s "
+            "AND m.sender = %s AND m.created_at >= %s ORDER BY m.created_at, d.seq LIMIT 1",
+            (recipient, team, sender, since),
+            team,
+        )
+        return _message(row) if row else None
+
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        if team not in self._locked:
+            self._exec("SELECT 1", (), team)  # take the team's lock
+        self._event(team, event)
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        return [delivery(r) for r in self._all(Q.deliveries, (team, message_id), team)]
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        self._flush()
+        return [DeliveryEvent(*r) for r in self._all(Q.history, (team, message_id), team)]
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        self._flush()
+        rows = self._all(Q.feed, (team, after, limit), team)
+        return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
+
+    def pending_count(self, team: str, member: str) -> int:
+        return int(self._one(Q.pending_count, (team, member), team)[0])
+
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        rows = self._all(
+            "SELECT team, message_id, created_at FROM messages "
+            "WHERE created_at >= %s AND created_at < %s ORDER BY created_at LIMIT %s",
+            (after, before, limit),
+        )
+        self._lock_teams(sorted({r[0] for r in rows}))
+        gone = self._all(
+            "SELECT m.team, m.message_id FROM messages m "
+            "WHERE (m.team, m.message_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.team = m.team "
+            "AND d.message_id = m.message_id AND d.state NOT IN ('acked', 'dead'))",
+            ([r[0] for r in rows], [r[1] for r in rows]),
+        )
+        for table in ("delivery_events", "deliveries", "messages"):
+            self._exec(
+                f"DELETE FROM {table} WHERE (team, message_id) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                ([g[0] for g in gone], [g[1] for g in gone]),
+            )
+        self._exec("DELETE FROM jobs WHERE state != 'pending' AND done_at < %s", (before,))
+        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+
+    # -- push delivery ownership ---------------------------------------------
+    # Every statement takes the team's lock first (team=...), so a claim, a lease of the
+    # member's messages and a requeue never interleave; the upsert's row lock alone
+    # would also keep two claims from both winning.
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        args = (team, member, owner, lease_until, now)
+        return self._one(_CLAIM_DISPATCH, args, team) is not None
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        return self._one(_RELEASE_DISPATCH, (team, member, owner), team) is not None
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        row = self._one(Q.dispatch_owner, (team, member), team)
+        return (row[0], row[1]) if row else None
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        rows = self._all(
+            "WITH upd AS (UPDATE deliveries SET state = 'queued', lease_until = NULL, "
+            "updated_at = %s WHERE team = %s AND member = %s AND state = 'leased' "
+            "RETURNING message_id, seq) SELECT message_id FROM upd ORDER BY seq",
+            (now, team, member),
+            team,
+        )
+        ids = [r[0] for r in rows]
+        for mid in ids:
+            self._event(team, DeliveryEvent(mid, member, now, "released", detail))
+        if ids:
+            self._wake(team, member)
+        return ids
+
+    def append_event(self, event: SessionEvent) -> int:
+        e = event
+        row = self._one(
+            "INSERT INTO session_events (team, session_id, event_id, turn, at, kind, text, data) "
+            "VALUES (%s, %s, nextval('session_event_id'), %s, %s, %s, %s, %s) RETURNING event_id",
+            (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dump(e.data)),
+            e.team,
+        )
+        return int(row[0])
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        last = until if until is not None else _UNTIL_NONE
+        rows = self._all(Q.list_events, (team, session_id, after, last, limit), team)
+        return [_ROWS.event(r) for r in rows]
+
+    # -- the per-turn ledger -------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        e = entry
+        self._exec(Q.ledger_add, (e.team, e.session_id, e.to, e.digest, e.message_id, e.at), e.team)
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        return [LedgerEntry(*r) for r in self._all(Q.ledger, (team, session_id), team)]
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        return self._exec(Q.ledger_clear, (team, session_id), team).rowcount
+
+    # -- links ---------------------------------------------------------------
+    def insert_link(self, link: Link) -> Link:
+        row = self._one(_INSERT_LINK, (*_ROWS.link_args(link), link.pair), link.team)
+        if row is not None:
+            return link
+        existing = self.find_open_link(link.team, link.initiator, link.responder)
+        if existing is None:
+            raise AlreadyExists(f"link {link.link_id!r} already exists")
+        return existing
+
+    def get_link(self, team: str, link_id: str) -> Link | None:
+        row = self._one(Q.get_link, (team, link_id), team)
+        return _link(row) if row else None
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        row = self._one(Q.find_open_link, (team, "|".join(sorted((member_a, member_b)))), team)
+        return _link(row) if row else None
+
+    def update_link(self, link: Link) -> None:
+        self._exec(Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team)
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        sql, args = links_query(LINK_COLS, team, member, open_only)
+        return [_link(r) for r in self._all(pg(sql), args, team)]
+
+    # -- scheduled jobs ------------------------------------------------------
+    def add_job(self, job: Job) -> int:
+        j = job
+        args = (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload))
+        job_id = int(self._one(_ADD_JOB, args, j.team)[0])
+        self._job_team[job_id] = j.team
+        return job_id
+
+    def get_job(self, team: str, job_id: int) -> Job | None:
+        row = self._one(Q.get_job, (team, job_id), team)
+        return self._jobs([row])[0] if row else None
+
+    def _jobs(self, rows: Iterable[Sequence[Any]]) -> list[Job]:
+        out = [_job(r) for r in rows]
+        self._job_team.update((j.job_id, j.team) for j in out)
+        return out
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        where = "state = 'pending' AND due_at <= %s"
+        return self._jobs(self._claim(Q.job_cols, "jobs", where, "due_at, job_id", (now,), limit))
+
+    def next_job_due(self) -> float | None:
+        row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())
+        return row[0] if row else None
+
+    def _team_of_job(self, job_id: int) -> str | None:
+        team = self._job_team.get(job_id)
+        if team is None:  # a job this transaction has not seen: find its team to lock it
+            found = self._one("SELECT team FROM jobs WHERE job_id = %s", (job_id,))
+            team = str(found[0]) if found else None
+        return team
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        team = self._team_of_job(job_id)
+        if team is None:
+            return False
+        return self._one(_FINISH_JOB, (state.value, at, job_id), team) is not None
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        team = self._team_of_job(job_id)
+        if team is None:
+            return False
+        return self._one(_RESCHEDULE_JOB, (due_at, _dump(payload), job_id), team) is not None
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only)
+        return self._jobs(self._all(pg(sql), args, team))
+
+    # -- delegation ----------------------------------------------------------
+    def insert_delegation(self, d: Delegation) -> None:
+        what = f"delegation {d.delegation_id!r}"
+        self._insert(Q.insert_delegation, delegation_args(d), what, d.team)
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
+        row = self._one(Q.get_delegation, (team, delegation_id), team)
+        return delegation(row) if row else None
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        if callee_session is not None:
+            row = self._one(Q.open_delegation_of_callee, (team, callee_session), team)
+            if row is None:
+                row = self._one(Q.delegation_of_callee, (team, callee_session), team)
+        else:
+            row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id), team)
+        return delegation(row) if row else None
+
+    def update_delegation(self, d: Delegation) -> None:
+        self._exec(
+            Q.update_delegation,
+            (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
+             d.delegation_id),
+            d.team,
+        )  # fmt: skip
+
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        args = (team, ended_before, expired_before, team)
+        return self._exec(Q.prune_delegations, args, team).rowcount
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        sql, args = delegations_query(DEL_COLS, team, batch, member)
+        return [delegation(r) for r in self._all(pg(sql), args, team)]
+
+    # -- inbox files read back -----------------------------------------------
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        rows = self._all(
+            "SELECT entry_id FROM inbox_entries WHERE team = %s AND inbox = %s "
+            "AND entry_id = ANY(%s::text[])",
+            (team, inbox, list(entry_ids)),
+        )
+        return {r[0] for r in rows}
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        for e in entries:
+            args = (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, e.terminates)
+            self._exec(Q.inbox_record, args, e.team)
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        return activity_rows(team, self._all(Q.inbox_activity, (team, team)))
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        rows = self._all(Q.inbox_seen_before, (team, inbox, before))
+        drop = [r[0] for r in rows if r[0] not in keep]
+        if drop:
+            self._exec(
+                "DELETE FROM inbox_entries WHERE team = %s AND inbox = %s "
+                "AND entry_id = ANY(%s::text[])",
+                (team, inbox, drop),
+                team,
+            )
+        return len(drop)
+
+    # -- one-time tokens -----------------------------------------------------
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        # not team-scoped: a concurrent spend of the same id waits for this one, then
+        # finds the row and reports a replay
+        return self._one(_SPEND_TOKEN, (jti, expires_at)) is not None
+
+    def prune_spent_tokens(self, now: float) -> int:
+        return self._exec(Q.prune_spent_tokens, (now,)).rowcount
+
+    # -- conversation budgets ----------------------------------------------------
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        row = self._one(Q.get_budget, (team, key), team)
+        return Budget(*row) if row else None
+
+    def put_budget(self, budget: Budget) -> None:
+        b = budget
+        self._exec(
+            Q.put_budget,
+            (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
+             b.updated_at),
+            b.team,
+        )  # fmt: skip
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        return [Budget(*r) for r in self._all(Q.list_budgets, (team,), team)]
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        self._exec(Q.put_a2a_task, astuple(task), task.team)
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
+        row = self._one(Q.get_a2a_task, (team, task_id), team)
+        return A2ATask(*row) if row else None
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        return [A2ATask(*r) for r in self._all(Q.list_a2a_tasks, (team, member, owner), team)]

@@ -1,0 +1,111 @@
+"""SQL that SQLite and PostgreSQL share, written once.
+
+Here: the fragments and the statements whose shape depends on the call (which filters
+are given); :mod:`.statements` holds every fixed statement the two stores share and
+:mod:`.rows` the column lists and row mappers. Everything here must stay valid in both
+dialects; it is written with ``?`` placeholders (see :func:`pg`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backchannel.stores.base import SessionFilter
+
+__all__ = [
+    "OPEN_DELEGATION",
+    "SESSION_FILTER",
+    "delegations_query",
+    "jobs_query",
+    "links_query",
+    "pg",
+    "sessions_query",
+]
+
+# Each filter matches a partial index's WHERE clause word for word (sessions_live,
+# sessions_active), which is what lets SQLite's planner use that index.
+SESSION_FILTER: dict[SessionFilter, str] = {
+    "all": "",
+    "live": " AND state != 'terminated'",
+    "active": " AND state = 'active'",
+}
+
+# a delegation still waiting for its answer (the delegations_callee_open index's WHERE)
+OPEN_DELEGATION = "state IN ('pending', 'timed_out')"
+
+
+def pg(sql: str) -> str:
+    """A statement written here (``?`` placeholders) in PostgreSQL's ``%s`` style. The
+    statements here hold no literal ``?`` or ``%``."""
+    return sql.replace("?", "%s")
+
+
+def sessions_query(
+    cols: str, team: str, member: str | None, which: SessionFilter, limit: int | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_sessions`: only the filters in use are named (an ``(? IS NULL OR
+    member = ?)`` form would keep PostgreSQL's generic plans off the member indexes)."""
+    sql = f"SELECT {cols} FROM sessions WHERE team = ?"
+    args: list[Any] = [team]
+    if member is not None:
+        sql += " AND member = ?"
+        args.append(member)
+    sql += SESSION_FILTER[which] + " ORDER BY created_at, session_id"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
+def links_query(
+    cols: str, team: str, member: str | None, open_only: bool
+) -> tuple[str, tuple[Any, ...]]:
+    """:meth:`Tx.list_links`: a member's links are one indexed search per side (an ``OR``
+    of the two would read every open link of the team)."""
+    sql = f"SELECT {cols} FROM links WHERE team = ?"
+    state = " AND state = 'open'" if open_only else ""
+    if member is None:
+        return sql + state + " ORDER BY created_at, link_id", (team,)
+    return (
+        f"{sql} AND initiator = ?{state} UNION ALL "
+        f"{sql} AND responder = ? AND initiator != ?{state} ORDER BY created_at, link_id",
+        (team, member, team, member, member),
+    )
+
+
+def jobs_query(
+    cols: str,
+    job_id: str,
+    team: str,
+    session_id: str | None,
+    kind: str | None,
+    pending_only: bool,
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_jobs`: only the filters in use are named (``job_id`` is the
+    dialect's name for the id column)."""
+    sql = f"SELECT {cols} FROM jobs WHERE team = ?"
+    args: list[Any] = [team]
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        args.append(session_id)
+    if kind is not None:
+        sql += " AND kind = ?"
+        args.append(kind)
+    if pending_only:
+        sql += " AND state = 'pending'"
+    return f"{sql} ORDER BY due_at, {job_id}", args
+
+
+def delegations_query(
+    cols: str, team: str, batch: str | None, member: str | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_delegations`: only the filters in use are named."""
+    sql = f"SELECT {cols} FROM delegations WHERE team = ?"
+    args: list[Any] = [team]
+    if batch is not None:
+        sql += " AND batch = ?"
+        args.append(batch)
+    if member is not None:
+        sql += " AND (caller = ? OR callee = ?)"
+        args += [member, member]
+    return sql + " ORDER BY created_at, delegation_id", args

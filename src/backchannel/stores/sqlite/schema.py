@@ -1,0 +1,301 @@
+"""The SQLite schema as numbered migrations, and how they are applied.
+
+Migration ``n`` takes a file from version ``n - 1`` to ``n``; a released migration is
+never edited, only followed by a new one. Each is applied under the write lock
+(``BEGIN IMMEDIATE``) and recorded in ``schema_migrations``; a file written by newer code
+is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from backchannel.errors import StoreError
+from backchannel.stores.base import SCHEMA_VERSION
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+MIGRATIONS: list[str] = [
+    # 1: the messaging core
+    """
+    CREATE TABLE teams (
+        name TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        settings TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE members (
+        team TEXT NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        token_hash TEXT NOT NULL UNIQUE,
+        delivery TEXT NOT NULL DEFAULT '{}',
+        settings TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, name)
+    );
+    CREATE TABLE sessions (
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        turn INTEGER NOT NULL DEFAULT 0,
+        turn_started_at REAL,
+        turn_kind TEXT NOT NULL DEFAULT 'normal',
+        last_output TEXT NOT NULL DEFAULT '',
+        last_stop_at REAL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, session_id)
+    );
+    CREATE INDEX sessions_member ON sessions (team, member, created_at);
+    CREATE TABLE messages (
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        sender_session TEXT,
+        to_name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL,
+        summary TEXT,
+        created_at REAL NOT NULL,
+        fingerprint TEXT NOT NULL,
+        meta TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (team, message_id)
+    );
+    CREATE TABLE deliveries (
+        seq INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        session TEXT,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        lease_until REAL,
+        dead_reason TEXT,
+        UNIQUE (team, message_id, member)
+    );
+    CREATE INDEX deliveries_queued ON deliveries (team, member, seq) WHERE state = 'queued';
+    CREATE INDEX deliveries_leased ON deliveries (lease_until) WHERE state = 'leased';
+    CREATE TABLE delivery_events (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        at REAL NOT NULL,
+        event TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX delivery_events_message ON delivery_events (team, message_id, id);
+    CREATE INDEX delivery_events_team ON delivery_events (team, id);
+    """,
+    # 2: transcripts, the per-turn ledger, scheduled jobs
+    """
+    CREATE TABLE session_events (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        turn INTEGER NOT NULL,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL DEFAULT '',
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX session_events_session ON session_events (team, session_id, id);
+    CREATE TABLE ledger (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        to_name TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX ledger_session ON ledger (team, session_id, id);
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        team TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        due_at REAL NOT NULL,
+        created_at REAL NOT NULL,
+        session_id TEXT,
+        payload TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL DEFAULT 'pending',
+        done_at REAL
+    );
+    CREATE INDEX jobs_due ON jobs (due_at, id) WHERE state = 'pending';
+    CREATE INDEX jobs_team ON jobs (team, session_id, kind);
+    """,
+    # 3: links
+    """
+    CREATE TABLE links (
+        team TEXT NOT NULL,
+        link_id TEXT NOT NULL,
+        pair TEXT NOT NULL,
+        initiator TEXT NOT NULL,
+        initiator_session TEXT NOT NULL,
+        responder TEXT NOT NULL,
+        responder_session TEXT,
+        budget INTEGER NOT NULL,
+        turns_used INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        closed_at REAL,
+        close_reason TEXT,
+        history TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (team, link_id)
+    );
+    CREATE UNIQUE INDEX links_open_pair ON links (team, pair) WHERE state = 'open';
+    CREATE INDEX links_initiator ON links (team, initiator);
+    CREATE INDEX links_responder ON links (team, responder);
+    """,
+    # 4: "has the peer replied since?" for wait timers
+    """
+    CREATE INDEX messages_sender ON messages (team, sender, created_at);
+    """,
+    # 5: delegation and one-time tokens
+    """
+    CREATE TABLE delegations (
+        team TEXT NOT NULL,
+        delegation_id TEXT NOT NULL,
+        route TEXT NOT NULL,
+        caller TEXT NOT NULL,
+        caller_session TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        callee TEXT NOT NULL,
+        task TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        deadline REAL NOT NULL,
+        batch TEXT NOT NULL,
+        callee_session TEXT,
+        state TEXT NOT NULL,
+        result TEXT,
+        error TEXT,
+        answered_at REAL,
+        reply_service TEXT,
+        reply_token TEXT,
+        PRIMARY KEY (team, delegation_id),
+        UNIQUE (team, caller_session, tool_use_id)
+    );
+    CREATE INDEX delegations_callee_session ON delegations (team, callee_session);
+    CREATE INDEX delegations_batch ON delegations (team, batch);
+    CREATE TABLE spent_tokens (
+        jti TEXT PRIMARY KEY,
+        expires_at REAL NOT NULL
+    );
+    """,
+    # 6: indexes that keep the hot paths flat as messages, sessions, links and jobs pile up
+    """
+    DROP INDEX sessions_member;
+    CREATE INDEX sessions_member ON sessions (team, member, created_at, session_id);
+    CREATE INDEX sessions_live ON sessions (team, member, created_at, session_id)
+        WHERE state != 'terminated';
+    CREATE INDEX sessions_active ON sessions (team, member, created_at, session_id)
+        WHERE state = 'active';
+    CREATE INDEX links_open_initiator ON links (team, initiator, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX links_open_responder ON links (team, responder, created_at, link_id)
+        WHERE state = 'open';
+    CREATE INDEX jobs_session_pending ON jobs (team, session_id, kind, due_at, id)
+        WHERE state = 'pending';
+    CREATE INDEX spent_tokens_expiry ON spent_tokens (expires_at);
+    CREATE INDEX deliveries_open ON deliveries (team, member)
+        WHERE state IN ('queued', 'leased');
+    CREATE INDEX messages_created ON messages (created_at);
+    CREATE INDEX jobs_kind_pending ON jobs (team, kind, due_at, id) WHERE state = 'pending';
+    DROP INDEX delegations_callee_session;
+    CREATE INDEX delegations_callee_session
+        ON delegations (team, callee_session, created_at, delegation_id);
+    CREATE INDEX delegations_callee_open
+        ON delegations (team, callee_session, created_at, delegation_id)
+        WHERE state IN ('pending', 'timed_out');
+    CREATE INDEX jobs_finished ON jobs (done_at) WHERE state != 'pending';
+    """,
+    # 7: the read cursor of Claude Code inbox files
+    """
+    CREATE TABLE inbox_entries (
+        team TEXT NOT NULL,
+        inbox TEXT NOT NULL,
+        entry_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        at REAL NOT NULL,
+        seen_at REAL NOT NULL,
+        terminates INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (team, inbox, entry_id)
+    );
+    CREATE INDEX inbox_entries_sender ON inbox_entries (team, sender, at);
+    """,
+    # 8: conversation budgets: every message's chain and hop; spent budgets
+    """
+    ALTER TABLE messages ADD COLUMN chain_id TEXT;
+    ALTER TABLE messages ADD COLUMN hop INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE budgets (
+        team TEXT NOT NULL,
+        key TEXT NOT NULL,
+        window_start REAL NOT NULL,
+        used INTEGER NOT NULL DEFAULT 0,
+        granted INTEGER NOT NULL DEFAULT 0,
+        last_from TEXT,
+        stopped_at REAL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (team, key)
+    );
+    """,
+    # 9: A2A tasks
+    """
+    CREATE TABLE a2a_tasks (
+        team TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        member TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        context_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (team, task_id)
+    );
+    CREATE INDEX a2a_tasks_owner ON a2a_tasks (team, member, owner, updated_at);
+    """,
+    # 10: which hub pushes each member's messages (a lease that moves on failover)
+    """
+    CREATE TABLE dispatch_owners (
+        team TEXT NOT NULL,
+        member TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        lease_until REAL NOT NULL,
+        PRIMARY KEY (team, member)
+    );
+    """,
+]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring the file on ``conn`` to :data:`SCHEMA_VERSION` in one write transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+    )
+    row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    current = row[0] or 0
+    if current > SCHEMA_VERSION:
+        conn.execute("ROLLBACK")
+        raise StoreError(
+            f"the SQLite file {path} has schema version {current}, newer than "
+            f"this backchannel (which knows up to {SCHEMA_VERSION}); upgrade backchannel"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[version - 1].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?, strftime('%s','now'))",
+            (version,),
+        )
+    conn.execute("COMMIT")

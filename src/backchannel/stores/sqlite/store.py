@@ -1,0 +1,320 @@
+"""SQLite store: the embedded default. One file, WAL, durable group commit.
+
+How it keeps the contract:
+
+* **One writer thread** owns the write connection. ``transact`` queues the function;
+  the thread takes every function waiting (up to a batch bound), opens one
+  ``BEGIN IMMEDIATE`` transaction, runs them back to back, then commits once. If one
+  raises, the batch is rolled back and run again with a ``SAVEPOINT`` per function, so
+  the failing one is undone alone. With
+  ``synchronous=FULL`` in WAL mode that commit is one fsync of the log, shared by the
+  whole batch (group commit); only after it returns are the callers answered, so an
+  answered transaction survives ``kill -9`` and power loss.
+* **Several processes** may open the same file: ``BEGIN IMMEDIATE`` takes SQLite's
+  write lock and ``busy_timeout`` waits for it, so writes from all processes are
+  serialized by SQLite itself. When the writer is idle it watches
+  ``PRAGMA data_version`` and reports changes made by other processes to
+  :meth:`Store.on_external_change` within a quarter second.
+* **Reads** (``read``) run on a second connection in their own thread, from a WAL
+  snapshot, without waiting for the writer.
+* **Migrations** are numbered scripts applied under the write lock, recorded in
+  ``schema_migrations``; a file written by newer code is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from backchannel.errors import AlreadyExists, BackchannelError, StoreError
+from backchannel.stores.base import Store, Tx
+from backchannel.stores.sqlite.schema import migrate
+from backchannel.stores.sqlite.tx import SqliteTx
+
+__all__ = ["SqliteStore", "sqlite_path"]
+
+T = TypeVar("T")
+log = logging.getLogger("backchannel.stores.sqlite")
+
+
+@dataclass
+class _Job:
+    fn: Callable[[Tx], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+def sqlite_path(url: str) -> Path:
+    """``sqlite:///abs/path.db`` (absolute), ``sqlite://rel/path.db`` (relative) or a path."""
+    if url.startswith("sqlite://"):
+        rest = url[len("sqlite://") :]
+        return Path("/" + rest.lstrip("/")) if rest.startswith("/") else Path(rest)
+    return Path(url)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -32768")
+    return conn
+
+
+def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    for job, value, error in results:
+        if job.future.done():
+            continue
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(value)
+
+
+class SqliteStore(Store):
+    """The embedded store; see the module docstring for how it keeps the contract."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_batch: int = 512,
+        on_statement: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_statement`` sees every SQL statement the reader and writer run, with
+        its values filled in (SQLite's trace hook): for diagnostics and the query-plan
+        tests, never for production logging."""
+        self.path = sqlite_path(os.fspath(path))
+        self._on_statement = on_statement
+        self.url = f"sqlite://{self.path}"
+        self._max_batch = max_batch
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        try:
+            await asyncio.to_thread(self._create_private)
+            await asyncio.to_thread(self._migrate)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+        self._writer = threading.Thread(
+            target=self._write_loop, name="bc-sqlite-writer", daemon=True
+        )
+        self._reader = threading.Thread(
+            target=self._read_loop, name="bc-sqlite-reader", daemon=True
+        )
+        self._writer.start()
+        self._reader.start()
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = _connect(self.path)
+        if self._on_statement is not None:
+            conn.set_trace_callback(self._on_statement)
+        return conn
+
+    def _create_private(self) -> None:
+        """Create the database file 0600 (in a new 0700 directory) before SQLite opens it:
+        SQLite gives ``-wal`` and ``-shm`` the mode of the database file. An existing
+        database and its companions are narrowed to 0600."""
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    companion = Path(f"{self.path}{suffix}")
+                    if stat.S_IMODE(companion.stat().st_mode) != 0o600:
+                        companion.chmod(0o600)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create SQLite store {self.path} privately: {exc}; check that the "
+                "directory exists and belongs to the user the hub runs as"
+            ) from exc
+
+    def _migrate(self) -> None:
+        conn = _connect(self.path)
+        try:
+            migrate(conn, self.path)
+        finally:
+            conn.close()
+
+    async def close(self) -> None:
+        if self._closed or self._writer is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._jobs.put(None)
+        self._reads.put(None)
+        await asyncio.to_thread(self._writer.join)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.join)
+
+    async def transact(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(self._jobs, fn)
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(self._reads, fn)
+
+    async def _submit(self, q: queue.SimpleQueue[_Job | None], fn: Callable[[Tx], T]) -> T:
+        if self._closed or self._writer is None:
+            raise StoreError("the SQLite store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        q.put(_Job(fn, loop, fut))
+        return await fut
+
+    # -- threads -----------------------------------------------------------
+    def _answer(self, results: list[tuple[_Job, Any, BaseException | None]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
+        for item in results:
+            by_loop.setdefault(item[0].loop, []).append(item)
+        for loop, items in by_loop.items():
+            # a closed loop means nobody is waiting any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve_all, items)
+
+    def _write_loop(self) -> None:
+        conn = self._connection()
+        tx = SqliteTx(conn)
+        last_version = conn.execute("PRAGMA data_version").fetchone()[0]
+        try:
+            while True:
+                try:
+                    first = self._jobs.get(timeout=0.25)
+                except queue.Empty:
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != last_version:
+                        last_version = version
+                        self._external_change()
+                    continue
+                if first is None:
+                    return
+                batch = [first]
+                stop = False
+                while len(batch) < self._max_batch:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stop = True
+                        break
+                    batch.append(job)
+                self._run_batch(conn, tx, batch)
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+                if version != last_version:
+                    last_version = version
+                    self._external_change()
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]) -> None:
+        """One transaction for the whole batch. Optimistically the jobs run back to back;
+        if one raises, the batch is rolled back and run again with a savepoint per job,
+        so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            self._answer([(job, None, err) for job in batch])
+            return
+        results: list[tuple[_Job, Any, BaseException | None]] = []
+        try:
+            for job in batch:
+                results.append((job, job.fn(tx), None))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            retried = self._run_one_by_one(conn, tx, batch)
+            if retried is None:
+                return
+            results = retried
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failed = _translate(exc, self.path)
+            results = [(job, None, failed if e is None else e) for job, _, e in results]
+        self._answer(results)
+
+    def _run_one_by_one(
+        self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]
+    ) -> list[tuple[_Job, Any, BaseException | None]] | None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            self._answer([(job, None, err) for job in batch])
+            return None
+        results: list[tuple[_Job, Any, BaseException | None]] = []
+        for job in batch:
+            conn.execute("SAVEPOINT job")
+            try:
+                value = job.fn(tx)
+            except BaseException as exc:
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                if isinstance(exc, sqlite3.Error):
+                    exc = _translate(exc, self.path)
+                results.append((job, None, exc))
+            else:
+                conn.execute("RELEASE job")
+                results.append((job, value, None))
+        return results
+
+    def _read_loop(self) -> None:
+        conn = self._connection()
+        tx = SqliteTx(conn)
+        try:
+            while True:
+                job = self._reads.get()
+                if job is None:
+                    return
+                try:
+                    conn.execute("BEGIN")
+                    try:
+                        value = job.fn(tx)
+                    finally:
+                        conn.execute("ROLLBACK")
+                except BaseException as exc:
+                    if isinstance(exc, sqlite3.Error):
+                        exc = _translate(exc, self.path)
+                    self._answer([(job, None, exc)])
+                else:
+                    self._answer([(job, value, None)])
+        finally:
+            conn.close()
+
+    def _external_change(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._emit_change, None, None)
+
+
+def _translate(exc: sqlite3.Error, path: Path) -> BackchannelError:
+    if isinstance(exc, sqlite3.IntegrityError):
+        return AlreadyExists(f"duplicate key: {exc}")
+    return StoreError(f"SQLite store {path} failed: {exc}; retry shortly")

@@ -1,0 +1,611 @@
+"""The SQL side of :class:`backchannel.stores.sqlite.SqliteStore`: :class:`SqliteTx`, the
+:class:`~backchannel.stores.base.Tx` it hands to transaction functions. See
+:mod:`backchannel.stores.sqlite.store` for the guarantees and
+:mod:`backchannel.stores.sqlite.schema` for the tables; the statements and row mappers
+it shares with PostgreSQL are in :mod:`backchannel.stores.sql`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import astuple
+from typing import Any
+
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import SessionFilter
+from backchannel.stores.sql import (
+    delegations_query,
+    jobs_query,
+    links_query,
+    sessions_query,
+)
+from backchannel.stores.sql.inbox import activity_rows
+from backchannel.stores.sql.lifecycle import LifecycleSql
+from backchannel.stores.sql.rows import (
+    DEL_COLS,
+    DELIVERY_COLS,
+    LINK_COLS,
+    MSG_COLS,
+    SESSION_COLS,
+    delegation,
+    delegation_args,
+    delivery,
+    rows,
+)
+from backchannel.stores.sql.statements import Sql
+from backchannel.types import (
+    A2ATask,
+    Budget,
+    Delegation,
+    Delivery,
+    DeliveryEvent,
+    DeliveryState,
+    InboxEntry,
+    InboxMessage,
+    Job,
+    JobState,
+    LedgerEntry,
+    Link,
+    Member,
+    MemberActivity,
+    Message,
+    Recipient,
+    Session,
+    SessionEvent,
+    Team,
+)
+
+__all__ = ["SqliteTx"]
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text and text != "{}" else {}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(dict(value), separators=(",", ":"), ensure_ascii=False) if value else "{}"
+
+
+def _dumps_list(value: list[Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+# JSON travels as text; built once, the mappers are plain functions
+_ROWS = rows(_loads, json.loads, _dumps, _dumps_list)
+_message = _ROWS.message
+_member = _ROWS.member
+_session = _ROWS.session
+_link = _ROWS.link
+_job = _ROWS.job
+_event = _ROWS.event
+Q = Sql(str, job_id="id", event_id="id")
+
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (team, message_id, sender, sender_session, to_name, kind, "
+    "text, summary, created_at, fingerprint, meta, chain_id, hop) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_DELIVERY = (
+    "INSERT INTO deliveries (team, message_id, member, session, state, attempts, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO delivery_events (team, message_id, member, at, event, detail) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_LEASE = (
+    f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
+    "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
+    "WHERE d.team = ? AND d.member = ? AND d.state = 'queued' "
+    "AND ((d.session IS NULL AND ?) OR d.session = ?) ORDER BY d.seq LIMIT ?"
+)
+_MARK_LEASED = (
+    "UPDATE deliveries SET state = 'leased', attempts = attempts + 1, lease_until = ?, "
+    "updated_at = ? WHERE seq = ?"
+)
+_EXPIRED_LEASES = (
+    f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
+    "ORDER BY lease_until, seq LIMIT ?"
+)
+_DUE_JOBS = (
+    f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
+    "ORDER BY due_at, id LIMIT ?"
+)
+_UNTIL_NONE = 2**62  # list_events with no upper bound
+
+
+class SqliteTx(LifecycleSql):
+    """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
+
+    def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
+        return self._c.execute(sql, args)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def _one(self, sql: str, args: Sequence[Any]) -> Any:
+        return self._c.execute(sql, args).fetchone()
+
+    def _insert(self, sql: str, args: Sequence[Any], what: str) -> None:
+        try:
+            self._c.execute(sql, args)
+        except sqlite3.IntegrityError as exc:
+            raise AlreadyExists(f"{what} already exists") from exc
+
+    # -- teams -------------------------------------------------------------
+    def get_team(self, name: str) -> Team | None:
+        row = self._one(Q.get_team, (name,))
+        return _ROWS.team(row) if row else None
+
+    def insert_team(self, team: Team) -> None:
+        self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}")
+
+    def list_teams(self) -> list[Team]:
+        return [_ROWS.team(r) for r in self._c.execute(Q.list_teams)]
+
+    # -- members -----------------------------------------------------------
+    def get_member(self, team: str, name: str) -> Member | None:
+        row = self._one(Q.get_member, (team, name))
+        return _member(row) if row else None
+
+    def member_by_token_hash(self, token_hash: str) -> Member | None:
+        row = self._one(Q.member_by_token_hash, (token_hash,))
+        return _member(row) if row else None
+
+    def insert_member(self, member: Member) -> None:
+        self._insert(
+            Q.insert_member,
+            _ROWS.member_args(member),
+            f"member {member.name!r} in team {member.team!r}",
+        )
+
+    def update_member(self, member: Member) -> None:
+        self._c.execute(
+            Q.update_member,
+            (_dumps(member.delivery), _dumps(member.settings), member.team, member.name),
+        )
+
+    def list_members(self, team: str) -> list[Member]:
+        return [_member(r) for r in self._c.execute(Q.list_members, (team,))]
+
+    # -- sessions ----------------------------------------------------------
+    def get_session(self, team: str, session_id: str) -> Session | None:
+        row = self._one(Q.get_session, (team, session_id))
+        return _session(row) if row else None
+
+    def put_session(self, session: Session) -> None:
+        self._c.execute(Q.put_session, _ROWS.session_args(session))
+
+    def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        which: SessionFilter = "all",
+        limit: int | None = None,
+    ) -> list[Session]:
+        sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
+        return [_session(r) for r in self._c.execute(sql, args)]
+
+    # -- messages ----------------------------------------------------------
+    def get_message(self, team: str, message_id: str) -> Message | None:
+        row = self._one(Q.get_message, (team, message_id))
+        return _message(row) if row else None
+
+    def _events(self, team: str, events: Sequence[DeliveryEvent]) -> None:
+        self._c.executemany(
+            _INSERT_EVENTS,
+            [(team, e.message_id, e.member, e.at, e.event, e.detail) for e in events],
+        )
+
+    def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
+        m = message
+        self._insert(_INSERT_MESSAGE, _ROWS.message_args(m), f"message {m.message_id!r}")
+        out = []
+        for r in recipients:
+            cur = self._c.execute(
+                _INSERT_DELIVERY,
+                (m.team, m.message_id, r.member, r.session, m.created_at, m.created_at),
+            )
+            seq = cur.lastrowid
+            assert seq is not None
+            out.append(
+                Delivery(
+                    team=m.team,
+                    message_id=m.message_id,
+                    recipient=r,
+                    seq=seq,
+                    state=DeliveryState.QUEUED,
+                    attempts=0,
+                    created_at=m.created_at,
+                    updated_at=m.created_at,
+                )
+            )
+        self._events(
+            m.team,
+            [DeliveryEvent(m.message_id, r.member, m.created_at, "queued") for r in recipients],
+        )
+        return out
+
+    def lease(
+        self,
+        team: str,
+        member: str,
+        session: str | None,
+        now: float,
+        lease_until: float,
+        limit: int,
+        include_unpinned: bool = True,
+    ) -> list[InboxMessage]:
+        rows = self._c.execute(_LEASE, (team, member, include_unpinned, session, limit)).fetchall()
+        if not rows:
+            return []
+        self._c.executemany(_MARK_LEASED, [(lease_until, now, r[0]) for r in rows])
+        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0]) for r in rows]
+        self._events(
+            team,
+            [
+                DeliveryEvent(im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
+                for im in out
+            ],
+        )
+        return out
+
+    def expired_leases(self, now: float, limit: int) -> list[Delivery]:
+        return [delivery(r) for r in self._c.execute(_EXPIRED_LEASES, (now, limit))]
+
+    def next_lease_expiry(self) -> float | None:
+        row = self._one(Q.next_lease_expiry, ())
+        return row[0] if row else None
+
+    def transition(
+        self,
+        team: str,
+        message_id: str,
+        member: str,
+        *,
+        from_states: Sequence[DeliveryState],
+        to_state: DeliveryState,
+        now: float,
+        event: str,
+        detail: str = "",
+        dead_reason: str | None = None,
+    ) -> bool:
+        marks = ",".join("?" * len(from_states))
+        keep_lease = to_state is DeliveryState.LEASED
+        cur = self._c.execute(
+            f"UPDATE deliveries SET state = ?, updated_at = ?, "
+            f"lease_until = {'lease_until' if keep_lease else 'NULL'}, "
+            "dead_reason = COALESCE(?, dead_reason) "
+            f"WHERE team = ? AND message_id = ? AND member = ? AND state IN ({marks})",
+            (
+                to_state.value,
+                now,
+                dead_reason if to_state is DeliveryState.DEAD else None,
+                team,
+                message_id,
+                member,
+                *(s.value for s in from_states),
+            ),
+        )
+        if cur.rowcount == 0:
+            return False
+        self._events(team, [DeliveryEvent(message_id, member, now, event, detail)])
+        return True
+
+    def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        acked: list[str] = []
+        fresh: list[str] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for mid, state in self._c.execute(
+                f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
+                f"AND message_id IN ({marks})",
+                (team, member, *chunk),
+            ):
+                if state == "acked":
+                    acked.append(mid)
+                elif state in ("leased", "delivered"):
+                    fresh.append(mid)
+        if fresh:
+            self._c.executemany(
+                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                "WHERE team = ? AND message_id = ? AND member = ?",
+                [(now, team, mid, member) for mid in fresh],
+            )
+            self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
+        done = set(acked) | set(fresh)
+        return [mid for mid in ids if mid in done]
+
+    def first_message_from(
+        self, team: str, sender: str, recipient: str, since: float
+    ) -> Message | None:
+        row = self._one(
+            f"SELECT {MSG_COLS} FROM messages m JOIN deliveries d "
+            "ON d.team = m.team AND d.message_id = m.message_id AND d.member = ? "
+            "WHERE m.team = ? AND m.sender = ? AND m.created_at >= ? "
+            "ORDER BY m.created_at LIMIT 1",
+            (recipient, team, sender, since),
+        )
+        return _message(row) if row else None
+
+    def add_history(self, team: str, event: DeliveryEvent) -> None:
+        self._events(team, [event])
+
+    def deliveries(self, team: str, message_id: str) -> list[Delivery]:
+        return [delivery(r) for r in self._c.execute(Q.deliveries, (team, message_id))]
+
+    def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        return [DeliveryEvent(*r) for r in self._c.execute(Q.history, (team, message_id))]
+
+    def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        rows = self._c.execute(Q.feed, (team, after, limit))
+        return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
+
+    def pending_count(self, team: str, member: str) -> int:
+        return int(self._one(Q.pending_count, (team, member))[0])
+
+    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        rows = self._c.execute(
+            "SELECT team, message_id, created_at FROM messages "
+            "WHERE created_at >= ? AND created_at < ? ORDER BY created_at LIMIT ?",
+            (after, before, limit),
+        ).fetchall()
+        gone = []
+        for team, message_id, _ in rows:
+            live = self._one(
+                "SELECT 1 FROM deliveries WHERE team = ? AND message_id = ? "
+                "AND state NOT IN ('acked', 'dead') LIMIT 1",
+                (team, message_id),
+            )
+            if live is None:
+                gone.append((team, message_id))
+        for table in ("delivery_events", "deliveries", "messages"):
+            self._c.executemany(f"DELETE FROM {table} WHERE team = ? AND message_id = ?", gone)
+        self._c.execute("DELETE FROM jobs WHERE state != 'pending' AND done_at < ?", (before,))
+        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+
+    # -- push delivery ownership ---------------------------------------------
+    def claim_dispatch(
+        self, team: str, member: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        return (
+            self._c.execute(Q.claim_dispatch, (team, member, owner, lease_until, now)).rowcount > 0
+        )
+
+    def release_dispatch(self, team: str, member: str, owner: str) -> bool:
+        return self._c.execute(Q.release_dispatch, (team, member, owner)).rowcount > 0
+
+    def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
+        row = self._one(Q.dispatch_owner, (team, member))
+        return (row[0], row[1]) if row else None
+
+    def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
+        # the WHERE repeats deliveries_open's condition word for word, so SQLite uses it
+        ids = [
+            r[0]
+            for r in self._c.execute(
+                "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                "AND state IN ('queued', 'leased') AND state = 'leased' ORDER BY seq",
+                (team, member),
+            )
+        ]
+        if not ids:
+            return []
+        self._c.executemany(
+            "UPDATE deliveries SET state = 'queued', lease_until = NULL, updated_at = ? "
+            "WHERE team = ? AND message_id = ? AND member = ?",
+            [(now, team, mid, member) for mid in ids],
+        )
+        self._events(team, [DeliveryEvent(mid, member, now, "released", detail) for mid in ids])
+        return ids
+
+    def append_event(self, event: SessionEvent) -> int:
+        e = event
+        cur = self._c.execute(
+            "INSERT INTO session_events (team, session_id, turn, at, kind, text, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dumps(e.data)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def list_events(
+        self, team: str, session_id: str, after: int, until: int | None, limit: int
+    ) -> list[SessionEvent]:
+        last = until if until is not None else _UNTIL_NONE
+        return [
+            _event(r)
+            for r in self._c.execute(Q.list_events, (team, session_id, after, last, limit))
+        ]
+
+    # -- ledger --------------------------------------------------------------
+    def ledger_add(self, entry: LedgerEntry) -> None:
+        e = entry
+        self._c.execute(Q.ledger_add, (e.team, e.session_id, e.to, e.digest, e.message_id, e.at))
+
+    def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
+        return [LedgerEntry(*r) for r in self._c.execute(Q.ledger, (team, session_id))]
+
+    def ledger_clear(self, team: str, session_id: str) -> int:
+        return self._c.execute(Q.ledger_clear, (team, session_id)).rowcount
+
+    # -- links ---------------------------------------------------------------
+    def insert_link(self, link: Link) -> Link:
+        existing = self.find_open_link(link.team, link.initiator, link.responder)
+        if existing is not None:
+            return existing
+        self._c.execute(Q.insert_link, (*_ROWS.link_args(link), link.pair))
+        return link
+
+    def get_link(self, team: str, link_id: str) -> Link | None:
+        row = self._one(Q.get_link, (team, link_id))
+        return _link(row) if row else None
+
+    def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
+        row = self._one(Q.find_open_link, (team, "|".join(sorted((member_a, member_b)))))
+        return _link(row) if row else None
+
+    def update_link(self, link: Link) -> None:
+        args = _ROWS.link_args(link)
+        self._c.execute(Q.update_link, (*args[2:], link.team, link.link_id))
+
+    def list_links(
+        self, team: str, *, member: str | None = None, open_only: bool = False
+    ) -> list[Link]:
+        sql, args = links_query(LINK_COLS, team, member, open_only)
+        return [_link(r) for r in self._c.execute(sql, args)]
+
+    # -- jobs ----------------------------------------------------------------
+    def add_job(self, job: Job) -> int:
+        j = job
+        cur = self._c.execute(
+            Q.add_job, (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dumps(j.payload))
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def get_job(self, team: str, job_id: int) -> Job | None:
+        row = self._one(Q.get_job, (team, job_id))
+        return _job(row) if row else None
+
+    def due_jobs(self, now: float, limit: int) -> list[Job]:
+        return [_job(r) for r in self._c.execute(_DUE_JOBS, (now, limit))]
+
+    def next_job_due(self) -> float | None:
+        row = self._one(
+            "SELECT due_at FROM jobs WHERE state = 'pending' ORDER BY due_at, id LIMIT 1", ()
+        )
+        return row[0] if row else None
+
+    def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        return self._c.execute(Q.finish_job, (state.value, at, job_id)).rowcount > 0
+
+    def list_jobs(
+        self,
+        team: str,
+        *,
+        session_id: str | None = None,
+        kind: str | None = None,
+        pending_only: bool = True,
+    ) -> list[Job]:
+        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only)
+        return [_job(r) for r in self._c.execute(sql, args)]
+
+    def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        return self._c.execute(Q.reschedule_job, (due_at, _dumps(payload), job_id)).rowcount > 0
+
+    # -- delegation ------------------------------------------------------------
+    def insert_delegation(self, d: Delegation) -> None:
+        self._insert(Q.insert_delegation, delegation_args(d), f"delegation {d.delegation_id!r}")
+
+    def get_delegation(self, team: str, delegation_id: str) -> Delegation | None:
+        row = self._one(Q.get_delegation, (team, delegation_id))
+        return delegation(row) if row else None
+
+    def find_delegation(
+        self,
+        team: str,
+        *,
+        caller_session: str | None = None,
+        tool_use_id: str | None = None,
+        callee_session: str | None = None,
+    ) -> Delegation | None:
+        if callee_session is not None:
+            row = self._one(Q.open_delegation_of_callee, (team, callee_session))
+            if row is None:
+                row = self._one(Q.delegation_of_callee, (team, callee_session))
+        else:
+            row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id))
+        return delegation(row) if row else None
+
+    def update_delegation(self, d: Delegation) -> None:
+        self._c.execute(
+            Q.update_delegation,
+            (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
+             d.delegation_id),
+        )  # fmt: skip
+
+    def list_delegations(
+        self, team: str, *, batch: str | None = None, member: str | None = None
+    ) -> list[Delegation]:
+        sql, args = delegations_query(DEL_COLS, team, batch, member)
+        return [delegation(r) for r in self._c.execute(sql, args)]
+
+    def spend_token(self, jti: str, expires_at: float) -> bool:
+        return self._c.execute(Q.spend_token, (jti, expires_at)).rowcount > 0
+
+    def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
+        args = (team, ended_before, expired_before, team)
+        return self._c.execute(Q.prune_delegations, args).rowcount
+
+    def prune_spent_tokens(self, now: float) -> int:
+        return self._c.execute(Q.prune_spent_tokens, (now,)).rowcount
+
+    # -- inbox files read back -----------------------------------------------
+    def inbox_known(self, team: str, inbox: str, entry_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(entry_ids), 500):
+            chunk = list(entry_ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self._c.execute(
+                f"SELECT entry_id FROM inbox_entries WHERE team = ? AND inbox = ? "
+                f"AND entry_id IN ({marks})",
+                [team, inbox, *chunk],
+            )
+            found.update(r[0] for r in rows)
+        return found
+
+    def inbox_activity(self, team: str) -> list[MemberActivity]:
+        rows = self._c.execute(Q.inbox_activity, (team, team))
+        return activity_rows(team, rows)
+
+    def inbox_record(self, entries: Sequence[InboxEntry]) -> None:
+        self._c.executemany(
+            Q.inbox_record,
+            [
+                (e.team, e.inbox, e.entry_id, e.sender, e.kind, e.at, e.seen_at, int(e.terminates))
+                for e in entries
+            ],
+        )
+
+    def inbox_forget(self, team: str, inbox: str, before: float, keep: Collection[str]) -> int:
+        rows = self._c.execute(Q.inbox_seen_before, (team, inbox, before)).fetchall()
+        drop = [(team, inbox, r[0]) for r in rows if r[0] not in keep]
+        self._c.executemany(
+            "DELETE FROM inbox_entries WHERE team = ? AND inbox = ? AND entry_id = ?", drop
+        )
+        return len(drop)
+
+    # -- conversation budgets ----------------------------------------------------
+    def get_budget(self, team: str, key: str) -> Budget | None:
+        row = self._one(Q.get_budget, (team, key))
+        return Budget(*row) if row else None
+
+    def put_budget(self, budget: Budget) -> None:
+        b = budget
+        self._c.execute(
+            Q.put_budget,
+            (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
+             b.updated_at),
+        )  # fmt: skip
+
+    def list_budgets(self, team: str) -> list[Budget]:
+        return [Budget(*r) for r in self._c.execute(Q.list_budgets, (team,))]
+
+    # -- A2A tasks -----------------------------------------------------------
+    def put_a2a_task(self, task: A2ATask) -> None:
+        self._c.execute(Q.put_a2a_task, astuple(task))
+
+    def get_a2a_task(self, team: str, task_id: str) -> A2ATask | None:
+        row = self._one(Q.get_a2a_task, (team, task_id))
+        return A2ATask(*row) if row else None
+
+    def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
+        rows = self._c.execute(Q.list_a2a_tasks, (team, member, owner))
+        return [A2ATask(*r) for r in rows]

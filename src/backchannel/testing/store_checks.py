@@ -1,0 +1,470 @@
+"""The store conformance suite: every guarantee of the :mod:`backchannel.stores.base`
+contract, run against a store factory. Each check is also in :data:`STORE_CHECKS`, so a
+test suite can parametrize over them and see one result per guarantee::
+
+    @pytest.mark.parametrize("check", STORE_CHECKS, ids=lambda c: c.__name__)
+    async def test_store_contract(make_store, check):
+        await check(make_store)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import Any
+
+from backchannel._dispatch_checks import check_dispatch_ownership, check_requeue_leased
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import SessionFilter, Tx
+from backchannel.testing._fixtures import T0, StoreFactory, make_msg, opened, seed_team
+from backchannel.testing.store_records import (
+    check_a2a_tasks,
+    check_budgets_and_chains,
+    check_compaction,
+    check_credentials_and_removal,
+    check_delegations_and_tokens,
+    check_inbox_cursor,
+    check_links,
+)
+from backchannel.types import (
+    DeliveryEvent,
+    DeliveryState,
+    EventKind,
+    Job,
+    JobState,
+    LedgerEntry,
+    Member,
+    MemberKind,
+    Recipient,
+    Session,
+    SessionEvent,
+    SessionState,
+    Team,
+)
+
+__all__ = ["STORE_CHECKS", "StoreFactory", "check_store"]
+
+
+async def check_teams_and_members(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        team = await store.read(lambda tx: tx.get_team("alpha"))
+        assert team is not None and team.name == "alpha" and dict(team.settings) == {"k": 1}
+        assert await store.read(lambda tx: tx.get_team("nope")) is None
+        try:
+            await store.transact(lambda tx: tx.insert_team(Team("alpha", T0)))
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate team must raise AlreadyExists")
+        try:
+            await store.transact(
+                lambda tx: tx.insert_member(Member("alpha", "a", MemberKind.LLM, T0, "other"))
+            )
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate member must raise AlreadyExists")
+        names = await store.read(lambda tx: [m.name for m in tx.list_members("alpha")])
+        assert names == ["a", "b", "c", "user"], names
+        b = await store.read(lambda tx: tx.get_member("alpha", "b"))
+        assert b is not None
+        changed = Member(
+            "alpha", "b", MemberKind.CODEX, T0 + 9, "other-hash", {"type": "tmux"}, {"x": 1}
+        )
+        await store.transact(lambda tx: tx.update_member(changed))
+        after = await store.read(lambda tx: tx.get_member("alpha", "b"))
+        assert after is not None
+        assert (dict(after.delivery), dict(after.settings)) == ({"type": "tmux"}, {"x": 1})
+        assert (after.kind, after.token_hash, after.created_at) == (
+            b.kind,
+            b.token_hash,
+            b.created_at,
+        )
+        found = await store.read(lambda tx: tx.member_by_token_hash("hash-alpha-b"))
+        assert found is not None and (found.team, found.name) == ("alpha", "b")
+        assert await store.read(lambda tx: tx.member_by_token_hash("missing")) is None
+        await store.transact(lambda tx: tx.insert_team(Team("beta", T0)))
+        teams = await store.read(lambda tx: [t.name for t in tx.list_teams()])
+        assert teams == ["alpha", "beta"]
+        assert await store.read(lambda tx: tx.list_members("beta")) == []
+
+
+async def check_sessions(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        s1 = Session("alpha", "s1", "a", SessionState.IDLE, T0, T0, meta={"x": 1})
+        s2 = Session("alpha", "s2", "b", SessionState.ACTIVE, T0 + 1, T0 + 1, turn=3)
+        await store.transact(lambda tx: (tx.put_session(s1), tx.put_session(s2)))
+        got = await store.read(lambda tx: tx.get_session("alpha", "s2"))
+        assert got == s2, got
+        s1b = Session("alpha", "s1", "a", SessionState.TERMINATED, T0, T0 + 5, last_output="bye")
+        await store.transact(lambda tx: tx.put_session(s1b))
+        assert await store.read(lambda tx: tx.get_session("alpha", "s1")) == s1b
+        every = await store.read(lambda tx: [s.session_id for s in tx.list_sessions("alpha")])
+        assert every == ["s1", "s2"]
+        only_b = await store.read(lambda tx: [s.session_id for s in tx.list_sessions("alpha", "b")])
+        assert only_b == ["s2"]
+        for i, state in enumerate([SessionState.IDLE, SessionState.ACTIVE, SessionState.IDLE]):
+            extra = Session("alpha", f"a{i}", "a", state, T0 + 2 + i, T0 + 2 + i)
+            await store.transact(lambda tx, extra=extra: tx.put_session(extra))
+
+        def ids(member: str | None, which: SessionFilter, limit: int | None = None) -> Any:
+            return store.read(
+                lambda tx: [
+                    s.session_id
+                    for s in tx.list_sessions("alpha", member, which=which, limit=limit)
+                ]
+            )
+
+        assert await ids("a", "all") == ["s1", "a0", "a1", "a2"]
+        assert await ids("a", "live") == ["a0", "a1", "a2"], "terminated s1 is not live"
+        assert await ids("a", "live", 2) == ["a0", "a1"]
+        assert await ids("a", "active") == ["a1"]
+        assert await ids(None, "active") == ["s2", "a1"]
+        assert await ids("c", "live") == []
+
+
+async def check_send_and_history(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        m = make_msg("m1", to="*")
+        copies = await store.transact(
+            lambda tx: tx.insert_message(m, [Recipient("b"), Recipient("c", "sess-c")])
+        )
+        assert [d.recipient for d in copies] == [Recipient("b"), Recipient("c", "sess-c")]
+        assert copies[0].seq < copies[1].seq
+        assert all(d.state is DeliveryState.QUEUED and d.attempts == 0 for d in copies)
+        assert await store.read(lambda tx: tx.get_message("alpha", "m1")) == m
+        try:
+            await store.transact(lambda tx: tx.insert_message(make_msg("m1"), [Recipient("b")]))
+        except AlreadyExists:
+            pass
+        else:
+            raise AssertionError("a duplicate message_id must raise AlreadyExists")
+        stored = await store.read(lambda tx: tx.deliveries("alpha", "m1"))
+        assert [(d.recipient.member, d.state) for d in stored] == [
+            ("b", DeliveryState.QUEUED),
+            ("c", DeliveryState.QUEUED),
+        ]
+        hist = await store.read(lambda tx: tx.history("alpha", "m1"))
+        assert [(e.member, e.event) for e in hist] == [("b", "queued"), ("c", "queued")]
+        feed = await store.read(lambda tx: tx.feed("alpha", 0, 10))
+        assert [e.event for _, e in feed] == ["queued", "queued"]
+        assert feed[0][0] < feed[1][0]
+        later = await store.read(lambda tx: tx.feed("alpha", feed[0][0], 10))
+        assert [c for c, _ in later] == [feed[1][0]]
+        assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0)) == m
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0 + 1)) is None
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "user", T0)) is None
+        assert await store.read(lambda tx: tx.first_message_from("alpha", "b", "c", T0)) is None
+        note = DeliveryEvent("m1", "c", T0 + 1, "reaction", "+1")
+        await store.transact(lambda tx: tx.add_history("alpha", note))
+        hist = await store.read(lambda tx: tx.history("alpha", "m1"))
+        assert hist[-1] == note
+        states = await store.read(lambda tx: [d.state for d in tx.deliveries("alpha", "m1")])
+        assert states == [DeliveryState.QUEUED, DeliveryState.QUEUED]
+
+
+async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(5):
+            session = "s-b" if i == 2 else None
+            await store.transact(
+                lambda tx, i=i, session=session: tx.insert_message(
+                    make_msg(f"m{i}"), [Recipient("b", session)]
+                )
+            )
+        got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2))
+        assert [g.message.message_id for g in got] == ["m0", "m1"]
+        assert all(g.attempt == 1 for g in got)
+        got2 = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 10))
+        # m2 is pinned to session s-b and is not handed to a member-wide lease
+        assert [g.message.message_id for g in got2] == ["m3", "m4"]
+        got3 = await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10))
+        assert [(g.message.message_id, g.recipient.session) for g in got3] == [("m2", "s-b")]
+        assert await store.transact(lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10)) == []
+        await store.transact(lambda tx: tx.insert_message(make_msg("m5"), [Recipient("b", "s-b")]))
+        await store.transact(lambda tx: tx.insert_message(make_msg("m6"), [Recipient("b")]))
+        pinned = await store.transact(
+            lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 10, include_unpinned=False)
+        )
+        assert [g.message.message_id for g in pinned] == ["m5"]
+        assert await store.transact(lambda tx: tx.lease("alpha", "c", None, T0, T0 + 60, 10)) == []
+        states = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert states[0].state is DeliveryState.LEASED and states[0].lease_until == T0 + 60
+        hist = await store.read(lambda tx: tx.history("alpha", "m0"))
+        assert [e.event for e in hist] == ["queued", "leased"]
+
+
+async def check_concurrent_leases_never_overlap(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(60):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i:03}"), [Recipient("b")])
+            )
+
+        async def take() -> list[str]:
+            got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 7))
+            return [g.message.message_id for g in got]
+
+        batches = await asyncio.gather(*(take() for _ in range(12)))
+        seen = [mid for b in batches for mid in b]
+        assert len(seen) == len(set(seen)) == 60, "each delivery is handed out once"
+        for b in batches:
+            assert b == sorted(b), "a batch is in send order"
+
+
+async def check_ack(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(3):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2))
+        acked = await store.transact(lambda tx: tx.ack("alpha", "b", ["m0", "m2", "zz", "m0"], T0))
+        assert acked == ["m0"], acked  # m2 is still queued, zz does not exist
+        again = await store.transact(lambda tx: tx.ack("alpha", "b", ["m0", "m1"], T0 + 1))
+        assert again == ["m0", "m1"], again
+        assert await store.transact(lambda tx: tx.ack("alpha", "c", ["m1"], T0)) == []
+        d = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert d[0].state is DeliveryState.ACKED and d[0].lease_until is None
+        hist = await store.read(lambda tx: [e.event for e in tx.history("alpha", "m0")])
+        assert hist == ["queued", "leased", "acked"], hist
+        assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+
+
+async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(3):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        assert await store.read(lambda tx: tx.next_lease_expiry()) is None
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 30, 1))
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 10, 1))
+        assert await store.read(lambda tx: tx.next_lease_expiry()) == T0 + 10
+        assert await store.read(lambda tx: tx.expired_leases(T0 + 9, 10)) == []
+        expired = await store.read(lambda tx: tx.expired_leases(T0 + 30, 10))
+        assert [d.message_id for d in expired] == ["m1", "m0"], "earliest expiry first"
+        first = await store.read(lambda tx: tx.expired_leases(T0 + 30, 1))
+        assert [d.message_id for d in first] == ["m1"]
+        moved = await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m1",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=T0 + 10,
+                event="lease_expired",
+            )
+        )
+        assert moved is True
+        not_moved = await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m2",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 10,
+                event="dead",
+                dead_reason="x",
+            )
+        )
+        assert not_moved is False
+        again = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 10, T0 + 70, 5))
+        # the requeued m1 comes before m2, which was never handed out
+        assert [(g.message.message_id, g.attempt) for g in again] == [("m1", 2), ("m2", 1)]
+        await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m0",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 31,
+                event="dead",
+                detail="gave up",
+                dead_reason="gave up",
+            )
+        )
+        d = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert d[0].state is DeliveryState.DEAD and d[0].dead_reason == "gave up"
+        assert await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0 + 32)) == []
+
+
+async def check_atomicity(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+
+        def half_done(tx: Tx) -> None:
+            tx.insert_team(Team("gamma", T0))
+            tx.insert_message(make_msg("lost"), [Recipient("b")])
+            raise RuntimeError("boom")
+
+        try:
+            await store.transact(half_done)
+        except RuntimeError as exc:
+            assert str(exc) == "boom"
+        else:
+            raise AssertionError("the function's exception must propagate")
+        assert await store.read(lambda tx: tx.get_team("gamma")) is None
+        assert await store.read(lambda tx: tx.get_message("alpha", "lost")) is None
+        assert await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 1, 5)) == []
+        assert await store.read(lambda tx: tx.history("alpha", "lost")) == []
+        # a failing function does not disturb others committed alongside it
+        results = await asyncio.gather(
+            store.transact(lambda tx: tx.insert_message(make_msg("ok1"), [Recipient("b")])),
+            store.transact(half_done),
+            store.transact(lambda tx: tx.insert_message(make_msg("ok2"), [Recipient("b")])),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], RuntimeError)
+        got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 1, 5))
+        # concurrent functions commit in some order; both of them, and nothing else
+        assert sorted(g.message.message_id for g in got) == ["ok1", "ok2"]
+
+
+async def check_many_concurrent_writers(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        n = 300
+        await asyncio.gather(
+            *(
+                store.transact(
+                    lambda tx, i=i: tx.insert_message(
+                        make_msg(f"c{i:04}", text=str(i)), [Recipient("c")]
+                    )
+                )
+                for i in range(n)
+            )
+        )
+        got = await store.transact(lambda tx: tx.lease("alpha", "c", None, T0, T0 + 1, 1000))
+        ids = [g.message.message_id for g in got]
+        assert len(ids) == n and len(set(ids)) == n
+        seqs = [g.seq for g in got]
+        assert seqs == sorted(seqs)
+
+
+async def check_transcripts(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        ids = []
+        for i, kind in enumerate([EventKind.TURN_START, EventKind.THOUGHT, EventKind.AGENT_STOP]):
+            ev = SessionEvent("alpha", "s1", 1, T0 + i, kind, f"t{i}", {"i": i})
+            ids.append(await store.transact(lambda tx, ev=ev: tx.append_event(ev)))
+        other = SessionEvent("alpha", "s2", 1, T0, EventKind.THOUGHT, "elsewhere")
+        await store.transact(lambda tx: tx.append_event(other))
+        assert ids == sorted(ids)
+        assert len(set(ids)) == 3
+        got = await store.read(lambda tx: tx.list_events("alpha", "s1", 0, None, 10))
+        assert [(e.kind, e.text, dict(e.data), e.event_id) for e in got] == [
+            (EventKind.TURN_START, "t0", {"i": 0}, ids[0]),
+            (EventKind.THOUGHT, "t1", {"i": 1}, ids[1]),
+            (EventKind.AGENT_STOP, "t2", {"i": 2}, ids[2]),
+        ]
+        page = await store.read(lambda tx: tx.list_events("alpha", "s1", ids[0], ids[1], 10))
+        assert [e.event_id for e in page] == [ids[1]]
+        limited = await store.read(lambda tx: tx.list_events("alpha", "s1", 0, None, 2))
+        assert [e.event_id for e in limited] == ids[:2]
+
+
+async def check_ledger(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        e1 = LedgerEntry("alpha", "s1", "b", "d1", "m1", T0)
+        e2 = LedgerEntry("alpha", "s1", "*", "d2", "m2", T0 + 1)
+        e3 = LedgerEntry("alpha", "s2", "b", "d1", "m3", T0)
+        await store.transact(lambda tx: (tx.ledger_add(e1), tx.ledger_add(e2), tx.ledger_add(e3)))
+        assert await store.read(lambda tx: tx.ledger("alpha", "s1")) == [e1, e2]
+        assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 2
+        assert await store.read(lambda tx: tx.ledger("alpha", "s1")) == []
+        assert await store.read(lambda tx: tx.ledger("alpha", "s2")) == [e3]
+        assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 0
+
+
+async def check_jobs(make_store: StoreFactory) -> None:
+    async with opened(make_store) as store:
+        assert await store.read(lambda tx: tx.next_job_due()) is None
+        late = Job("alpha", "timer", T0 + 50, T0, "s1", {"note": "later"})
+        soon = Job("alpha", "timer", T0 + 10, T0, "s1", {"note": "soon"})
+        other = Job("beta", "checkpoint", T0 + 20, T0, "s9")
+        jid_late = await store.transact(lambda tx: tx.add_job(late))
+        jid_soon = await store.transact(lambda tx: tx.add_job(soon))
+        jid_other = await store.transact(lambda tx: tx.add_job(other))
+        assert len({jid_late, jid_soon, jid_other}) == 3
+        assert await store.read(lambda tx: tx.next_job_due()) == T0 + 10
+        got = await store.read(lambda tx: tx.get_job("alpha", jid_soon))
+        assert got is not None
+        assert (got.job_id, dict(got.payload), got.state) == (
+            jid_soon,
+            {"note": "soon"},
+            JobState.PENDING,
+        )
+        assert await store.read(lambda tx: tx.get_job("beta", jid_soon)) is None
+        assert await store.read(lambda tx: tx.due_jobs(T0 + 9, 10)) == []
+        due = await store.read(lambda tx: tx.due_jobs(T0 + 20, 10))
+        assert [j.job_id for j in due] == [jid_soon, jid_other]
+        assert await store.transact(lambda tx: tx.finish_job(jid_soon, JobState.DONE, T0 + 20))
+        assert not await store.transact(
+            lambda tx: tx.finish_job(jid_soon, JobState.CANCELLED, T0 + 21)
+        )
+        assert await store.read(lambda tx: tx.next_job_due()) == T0 + 20
+        pending = await store.read(lambda tx: [j.job_id for j in tx.list_jobs("alpha")])
+        assert pending == [jid_late]
+        every = await store.read(
+            lambda tx: tx.list_jobs("alpha", session_id="s1", pending_only=False)
+        )
+        assert [(j.job_id, j.state) for j in every] == [
+            (jid_soon, JobState.DONE),
+            (jid_late, JobState.PENDING),
+        ]
+        assert await store.read(lambda tx: tx.list_jobs("alpha", kind="checkpoint")) == []
+
+        def claim_and_fail(tx: Tx) -> None:
+            for j in tx.due_jobs(T0 + 100, 10):
+                tx.finish_job(j.job_id, JobState.DONE, T0 + 100)
+            raise RuntimeError("crashed while firing")
+
+        with suppress(RuntimeError):
+            await store.transact(claim_and_fail)
+        again = await store.read(lambda tx: [j.job_id for j in tx.due_jobs(T0 + 100, 10)])
+        assert again == [jid_other, jid_late], "a failed firing leaves the jobs due"
+
+
+STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
+    check_compaction,
+    check_teams_and_members,
+    check_sessions,
+    check_send_and_history,
+    check_lease_order_and_filters,
+    check_concurrent_leases_never_overlap,
+    check_ack,
+    check_expiry_and_transitions,
+    check_atomicity,
+    check_many_concurrent_writers,
+    check_transcripts,
+    check_ledger,
+    check_jobs,
+    check_links,
+    check_delegations_and_tokens,
+    check_inbox_cursor,
+    check_budgets_and_chains,
+    check_credentials_and_removal,
+    check_a2a_tasks,
+    check_dispatch_ownership,
+    check_requeue_leased,
+]
+
+
+async def check_store(make_store: StoreFactory) -> None:
+    """Run every conformance check against stores made by ``make_store``; raise
+    ``AssertionError`` at the first guarantee that does not hold."""
+    for check in STORE_CHECKS:
+        await check(make_store)

@@ -1,0 +1,257 @@
+"""Into the model exactly once: what a hook answer hands over stays leased until the
+session's next event settles it; a copy the session already has is never shown again."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backchannel.hub import Hub
+from backchannel.runtimes import seen
+from backchannel.testing import FakeClock
+from tests.conftest import Server, start_server
+
+from .agents import hook_cmd, make_team
+from .helpers import PROMPT_EVENT, STOP_EVENT, call, fixture, session_of
+
+RUNTIMES = ["claude-code", "codex", "gemini"]
+TOOL_EVENT = {"claude-code": "PreToolUse", "codex": "PreToolUse", "gemini": "BeforeTool"}
+
+
+async def _team(hub: Hub, runtime: str) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "w", runtime)
+    await hub.add_member("t", "lead")
+
+
+async def _state(hub: Hub, mid: str) -> tuple[str, list[str]]:
+    status = await hub.message_status("t", mid)
+    copy = next(d for d in status.deliveries if d.recipient.member == "w")
+    return copy.state.value, [h.event for h in status.history if h.member == "w"]
+
+
+def _continued(runtime: str, answer: dict[str, Any]) -> str:
+    if "hookSpecificOutput" in answer:
+        return str(answer["hookSpecificOutput"]["additionalContext"])
+    return str(answer.get("reason", ""))
+
+
+async def _handed_at_stop(hub: Hub, runtime: str, text: str, **stop: Any) -> str:
+    """A turn whose stop answer hands ``text`` over; returns the message id."""
+    await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime], **stop))
+    sent = await hub.send("t", "lead", "w", text)
+    result = await call(hub, "t", "w", runtime, fixture(runtime, STOP_EVENT[runtime], **stop))
+    assert text in _continued(runtime, result.answer)
+    assert result.delivered == (sent.message_id,)
+    return sent.message_id
+
+
+# -- without a record (HTTP hooks): the event itself settles ---------------------------
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_the_next_event_acks_what_the_stop_answer_handed_over(hub: Hub, runtime: str) -> None:
+    await _team(hub, runtime)
+    mid = await _handed_at_stop(hub, runtime, "also count the tests")
+    assert (await _state(hub, mid))[0] == "leased"
+    await call(hub, "t", "w", runtime, fixture(runtime, TOOL_EVENT[runtime]))
+    assert await _state(hub, mid) == ("acked", ["queued", "leased", "acked"])
+    # the rest of the turn changes nothing, and the copy never comes again
+    await call(hub, "t", "w", runtime, fixture(runtime, TOOL_EVENT[runtime]))
+    end = await call(hub, "t", "w", runtime, fixture(runtime, STOP_EVENT[runtime]))
+    assert end.answer == {}
+    assert await _state(hub, mid) == ("acked", ["queued", "leased", "acked"])
+
+
+async def test_gemini_repeating_before_agent_for_the_continuation_acks_it(hub: Hub) -> None:
+    await _team(hub, "gemini")
+    mid = await _handed_at_stop(hub, "gemini", "also count the tests")
+    again = await call(hub, "t", "w", "gemini", fixture("gemini", "BeforeAgent", prompt="x"))
+    assert again.answer == {}
+    assert (await _state(hub, mid))[0] == "acked"
+
+
+@pytest.mark.parametrize("runtime", ["claude-code", "codex"])
+async def test_a_new_prompt_after_a_stop_answer_gives_it_back(hub: Hub, runtime: str) -> None:
+    # the stop hook's answer never reached the runtime (its process died): the session
+    # stopped, and the user's next prompt opens a turn (the hub still ran the
+    # continuation, so that turn is a retry); its stop is the next chance
+    await _team(hub, runtime)
+    mid = await _handed_at_stop(hub, runtime, "also count the tests")
+    prompt = await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime]))
+    assert prompt.answer == {}
+    assert (await _state(hub, mid))[0] == "queued"
+    stop = await call(hub, "t", "w", runtime, fixture(runtime, STOP_EVENT[runtime]))
+    assert "[From lead] also count the tests" in _continued(runtime, stop.answer)
+    assert stop.delivered == (mid,)
+    await call(hub, "t", "w", runtime, fixture(runtime, TOOL_EVENT[runtime]))
+    state, history = await _state(hub, mid)
+    assert (state, history.count("acked"), history.count("released")) == ("acked", 1, 1)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_session_that_dies_before_its_next_event_gets_it_after_the_lease(
+    hub: Hub, clock: FakeClock, runtime: str
+) -> None:
+    await _team(hub, runtime)
+    mid = await _handed_at_stop(hub, runtime, "also count the tests")
+    clock.advance(31)  # the hub's lease in these tests is 30 s
+    await hub.maintain()
+    assert (await _state(hub, mid))[0] == "queued"
+    # resumed: SessionStart proves nothing; the next prompt hands the copy over again
+    resumed = fixture(runtime, "SessionStart", source="resume")
+    await call(hub, "t", "w", runtime, resumed)
+    prompt = await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime]))
+    assert "also count the tests" in prompt.answer["hookSpecificOutput"]["additionalContext"]
+    await call(hub, "t", "w", runtime, fixture(runtime, STOP_EVENT[runtime]))
+    assert (await _state(hub, mid))[0] == "acked"
+
+
+async def test_session_end_right_after_a_stop_answer_gives_it_back(hub: Hub) -> None:
+    await _team(hub, "codex")
+    mid = await _handed_at_stop(hub, "codex", "also count the tests")
+    await call(hub, "t", "w", "codex", fixture("codex", "SessionEnd"))
+    assert (await _state(hub, mid))[0] == "queued"
+
+
+# -- with the command hook's record --------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_copy_the_record_shows_is_never_shown_again(
+    hub: Hub, clock: FakeClock, runtime: str
+) -> None:
+    await _team(hub, runtime)
+    mid = await _handed_at_stop(hub, runtime, "also count the tests", backchannel_had=[])
+    other = await hub.send("t", "lead", "w", "a second note")
+    # the runtime took the answer in and the hook recorded it, then the process died
+    # before its next event; the lease runs out
+    clock.advance(31)
+    await hub.maintain()
+    assert (await _state(hub, mid))[0] == "queued"
+    had = {seen.HAD_FIELD: [mid]}
+    await call(hub, "t", "w", runtime, fixture(runtime, "SessionStart", source="resume", **had))
+    prompt = await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime], **had))
+    context = prompt.answer["hookSpecificOutput"]["additionalContext"]
+    assert "a second note" in context and "also count the tests" not in context
+    assert prompt.delivered == (other.message_id,)
+    assert (await _state(hub, mid))[0] == "acked"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_an_answer_the_record_lacks_was_never_printed_and_comes_again(
+    hub: Hub, runtime: str
+) -> None:
+    await _team(hub, runtime)
+    mid = await _handed_at_stop(hub, runtime, "also count the tests", backchannel_had=[])
+    # the next event says the session was shown nothing: the hook died before printing
+    # (for a stop answer the runtime then stops; its next stop is the next chance)
+    tool = fixture(runtime, TOOL_EVENT[runtime], backchannel_had=[])
+    await call(hub, "t", "w", runtime, tool)
+    assert (await _state(hub, mid))[0] == "queued"
+    stop = fixture(runtime, STOP_EVENT[runtime], backchannel_had=[])
+    result = await call(hub, "t", "w", runtime, stop)
+    assert "also count the tests" in _continued(runtime, result.answer)
+    await call(hub, "t", "w", runtime, fixture(runtime, TOOL_EVENT[runtime], backchannel_had=[mid]))
+    assert (await _state(hub, mid))[0] == "acked"
+
+
+@pytest.mark.parametrize("runtime", ["claude-code", "gemini"])
+async def test_a_prompt_answer_is_settled_the_same_way(hub: Hub, runtime: str) -> None:
+    await _team(hub, runtime)
+    sent = await hub.send("t", "lead", "w", "the build is red")
+    first = fixture(runtime, PROMPT_EVENT[runtime], backchannel_had=[])
+    prompt = await call(hub, "t", "w", runtime, first)
+    assert prompt.delivered == (sent.message_id,)
+    assert (await _state(hub, sent.message_id))[0] == "leased"
+    had = [sent.message_id]
+    await call(hub, "t", "w", runtime, fixture(runtime, TOOL_EVENT[runtime], backchannel_had=had))
+    assert (await _state(hub, sent.message_id))[0] == "acked"
+
+
+# -- the record itself -------------------------------------------------------------------
+
+
+def test_the_record_is_private_bounded_and_per_session(tmp_path: Path) -> None:
+    os.environ["BACKCHANNEL_STATE_DIR"] = str(tmp_path / "state")
+    try:
+        assert seen.recorded("claude-code", "s-1") == []
+        seen.remember("claude-code", "s-1", ["m-1", "m-2"])
+        seen.remember("claude-code", "s-1", ["m-2", "m-3"])
+        assert seen.recorded("claude-code", "s-1") == ["m-1", "m-2", "m-3"]
+        assert seen.recorded("claude-code", "s-2") == seen.recorded("codex", "s-1") == []
+        seen.remember("claude-code", "s-1", [f"x-{i}" for i in range(seen.KEEP + 5)])
+        kept = seen.recorded("claude-code", "s-1")
+        assert len(kept) == seen.KEEP and kept[-1] == f"x-{seen.KEEP + 4}"
+        folder = tmp_path / "state"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        files = list(folder.iterdir())
+        assert len(files) == 1 and stat.S_IMODE(files[0].stat().st_mode) == 0o600
+        payload = seen.add_record("claude-code", {"session_id": "s-2"})
+        assert payload == {"session_id": "s-2", seen.HAD_FIELD: []}
+        files[0].write_text("not json")
+        assert seen.recorded("claude-code", "s-1") == []  # unreadable counts as empty
+    finally:
+        del os.environ["BACKCHANNEL_STATE_DIR"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("once") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_the_command_hook_records_what_it_printed_and_sends_it_along(
+    srv: Server, tmp_path: Path
+) -> None:
+    tokens = make_team(srv, "once", "w:claude-code", "lead")
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "BACKCHANNEL_STATE_DIR": str(tmp_path / "state"),
+    }
+    sid = "once-1"
+
+    def hook(name: str, **changes: Any) -> dict[str, Any]:
+        run = hook_cmd("claude-code", json.dumps(fixture("claude-code", name, **changes)), env=env)
+        assert run.returncode == 0, run.stderr
+        answer: dict[str, Any] = json.loads(run.stdout)
+        return answer
+
+    assert hook("UserPromptSubmit", session_id=sid) == {}
+    with srv.client(tokens["lead"]) as c:
+        r = c.post("/v1/messages", json={"to": "w", "text": "the report is due"})
+        mid = r.json()["message_id"]
+    answer = hook("Stop", session_id=sid)
+    assert "the report is due" in answer["reason"]
+    os.environ["BACKCHANNEL_STATE_DIR"] = env["BACKCHANNEL_STATE_DIR"]
+    try:
+        assert seen.recorded("claude-code", sid) == [mid]
+    finally:
+        del os.environ["BACKCHANNEL_STATE_DIR"]
+
+    def state() -> str:
+        with srv.client(tokens["lead"]) as c:
+            body = c.get(f"/v1/messages/{mid}").json()
+        return str(body["deliveries"][0]["state"])
+
+    assert state() == "leased"
+    assert hook("PreToolUse", session_id=sid) == {}
+    assert state() == "acked"
+
+
+def test_session_of_is_what_the_fixtures_share() -> None:
+    # the tests above drive each runtime's fixtures as one session
+    for runtime in RUNTIMES:
+        sid = session_of(runtime)
+        assert fixture(runtime, STOP_EVENT[runtime])["session_id"] == sid
+        assert fixture(runtime, TOOL_EVENT[runtime])["session_id"] == sid

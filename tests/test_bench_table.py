@@ -1,0 +1,125 @@
+"""``make bench`` prints one table of every figure: the table is built from each
+benchmark's results, a figure a benchmark did not give shows as missing, and the quick
+mode runs every benchmark end to end (slow). Nothing here judges a figure's value."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench import all as bench_all
+from bench.figures import (
+    COLUMNS,
+    Figure,
+    Goal,
+    machine,
+    machine_line,
+    read_results,
+    rows,
+    table,
+    write_results,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_figure_is_judged_against_its_target() -> None:
+    assert Figure("x", 12.0, "ms", Goal("<=", 20)).status == "pass"
+    assert Figure("x", 25.0, "ms", Goal("<=", 20)).status == "short"
+    assert Figure("x", 3000.0, "msgs/s", Goal(">=", 3000)).status == "pass"
+    assert Figure("x", 1.0, "", Goal("==", 0)).status == "short"
+    assert Figure("x", 37.0, "KiB").status == "info"
+    assert Figure("x", None, "ms", Goal("<=", 20)).status == "missing"
+    assert Figure("x", None, "", skipped="no PostgreSQL").status == "skipped"
+
+
+def test_results_written_by_a_benchmark_come_back_whole(tmp_path: Path) -> None:
+    figures = [
+        Figure("p99", 4.25, "ms", Goal("<=", 10, "DESIGN §7"), "3 errors"),
+        Figure("rss", 41.0, "MB"),
+    ]
+    write_results(tmp_path / "r.json", "demo", figures, {"anything": [1, 2]})
+    assert read_results(tmp_path / "r.json") == figures
+    assert json.loads((tmp_path / "r.json").read_text())["raw"] == {"anything": [1, 2]}
+
+
+def test_the_table_has_a_row_per_figure_with_value_unit_target_and_verdict() -> None:
+    results = [
+        ("send", [Figure("msgs/s", 4474.3, "msgs/s", Goal(">=", 20_000, "DESIGN §7"))]),
+        ("wake", [Figure("p99", 1.53, "ms", Goal("<=", 20, "DESIGN §7"))]),
+        ("recv", [Figure("per receiver", 37.0, "KiB")]),
+        ("pg", [Figure("p99", None, "", skipped="no PostgreSQL")]),
+    ]
+    assert rows(results) == [
+        ("send", "msgs/s", "4,474", "msgs/s", "≥ 20,000 msgs/s (DESIGN §7)", "short"),
+        ("wake", "p99", "1.53", "ms", "≤ 20 ms (DESIGN §7)", "pass"),
+        ("recv", "per receiver", "37", "KiB", "", "info"),
+        ("pg", "p99", "-", "", "", "skipped (no PostgreSQL)"),
+    ]
+    text = table(results).splitlines()
+    assert len(text) == 2 + len(results)  # header, rule, one line per figure
+    assert [c.strip() for c in text[0].strip("|").split("|")] == list(COLUMNS)
+    assert [c.strip() for c in text[2].strip("|").split("|")] == list(rows(results)[0])
+    assert len({len(line) for line in text}) == 1, "the columns line up"
+
+
+def test_the_machine_line_names_cores_memory_cpu_and_load() -> None:
+    m = machine()
+    assert m["cores"] and m["cpu_model"] and m["loadavg"]
+    line = machine_line(m, "0.10 0.20 0.30")
+    assert f"{m['cores']} cores" in line and "GiB RAM" in line and "load average" in line
+
+
+def test_a_figure_a_benchmark_did_not_give_is_missing_and_extras_follow() -> None:
+    bench = bench_all.BENCHES[0]
+    got = [Figure(bench.figures[1], 5.0, "ms"), Figure("something new", 1.0, "")]
+    done = bench_all.complete(bench, got, "exited with 1")
+    assert [f.name for f in done] == [*bench.figures, "something new"]
+    assert done[0].status == "missing" and done[0].note == "exited with 1"
+    assert done[1].value == 5.0
+
+
+def test_every_benchmark_has_a_quick_mode_unless_it_is_a_slow_test_run_in_full() -> None:
+    names = [b.name for b in bench_all.BENCHES]
+    assert len(set(names)) == len(names)
+    for b in bench_all.BENCHES:
+        assert b.figures, b.name
+        assert b.full_only or b.quick, f"{b.name} runs at full size in quick mode"
+        assert (b.parse is not None) == b.full_only, b.name
+
+
+def test_the_figures_printed_by_the_slow_tests_are_read_back() -> None:
+    [crash] = bench_all.parse_crash(
+        "kill -9 after 25004 answered sends; serving again 1.63 s after the restart began"
+    )
+    assert (crash.value, crash.status) == (1.63, "pass")
+    sqlite, pg = bench_all.parse_failover(
+        "sqlite: failover 2.07 s from kill -9 to the survivor's first push"
+    )
+    assert (sqlite.value, pg.value) == (2.07, None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_quick_mode_runs_every_benchmark_and_prints_one_table(tmp_path: Path) -> None:
+    out = tmp_path / "all.json"
+    run = subprocess.run(
+        [sys.executable, "bench/all.py", "--quick", "--out", str(tmp_path / "logs"),
+         "--results", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=1400,
+    )  # fmt: skip
+    assert "| benchmark" in run.stdout, run.stdout + run.stderr
+    data = json.loads(out.read_text())
+    want = {b.name: b for b in bench_all.BENCHES}
+    assert set(data["benchmarks"]) == set(want)
+    for name, figures in data["benchmarks"].items():
+        got = [Figure.from_json(f) for f in figures]
+        assert [f.name for f in got][: len(want[name].figures)] == list(want[name].figures)
+        for f in got:
+            assert f.status != "missing", f"{name}: {f.name} missing ({f.note})\n{run.stdout}"
+            assert f.status != "skipped" or want[name].full_only or want[name].needs, f
+            assert f.name in run.stdout
+    assert run.returncode == 0, run.stdout + run.stderr
