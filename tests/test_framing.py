@@ -142,7 +142,7 @@ async def test_runner_input_and_its_check_inbox(hub: Hub, tmp_path: Path) -> Non
     await hub.open_session("t", "bot", "bot-s")
     await _send_both(hub, to="bot")
     items = await hub.receive("t", "bot", limit=10)
-    received = [Received.from_json(i.to_json(), None) for i in items]
+    received = [Received.model_validate(i.to_json()) for i in items]
     assert parse("\n\n".join(format_input(r) for r in received)) == WANT  # a turn's input
     await hub.release("t", "bot", [i.message.message_id for i in items])
     async with attach(hub, token) as client:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from backchannel.client import connect
+from backchannel import Client
 
 
 async def main(url: str, token: str) -> None:
-    async with connect(url, token) as hub:
+    async with Client(url, token) as hub:
         await hub.open_session("lead-main")
         await hub.turn_start("lead-main", "plan the trip")
         await hub.delegate("forecaster@weather", "forecast for Oslo", session="lead-main")

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from backchannel.client import connect
+from backchannel import Client
 
 
 async def main(url: str, token: str, me: str) -> None:
-    async with connect(url, token) as hub:
+    async with Client(url, token) as hub:
         while True:
             for s in await hub.list_sessions(me):
-                sid = s["session_id"]
-                if s["state"] != "idle" or not sid.startswith("a2a-"):
+                sid = s.session_id
+                if s.state != "idle" or not sid.startswith("a2a-"):
                     continue
                 for m in await hub.receive(session=sid, pinned_only=True):
                     await hub.turn_start(sid, m.text)

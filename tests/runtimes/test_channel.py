@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backchannel.client import LocalClient
+from backchannel.client import Client
 from backchannel.hub import Hub
 from backchannel.interfaces.mcp_channel import ChannelPusher
 from backchannel.interfaces.mcp_front import Front
@@ -47,7 +47,7 @@ async def _state(hub: Hub, mid: str) -> tuple[str, int]:
 
 
 async def _pusher(hub: Hub, pushed: list[tuple[str, dict[str, str]]], **kw: Any) -> ChannelPusher:
-    client = LocalClient(hub, _token(hub), own_hub=False)
+    client = Client.local(hub, _token(hub))
     await client.start()
 
     async def push(content: str, meta: dict[str, str]) -> None:
@@ -247,12 +247,12 @@ def test_the_front_declines_discovery_so_the_connection_takes_channels() -> None
 
 
 async def test_released_over_http_a_leased_message_is_queued_again(server: Any) -> None:
-    from backchannel.client import HttpClient
+    from backchannel.client import Client
 
     tokens = server.team("h", "w", "lead")
-    async with HttpClient(server.url, tokens["lead"]) as lead:
+    async with Client(server.url, tokens["lead"]) as lead:
         sent = await lead.send("w", "give it back", link=False)
-    async with HttpClient(server.url, tokens["w"]) as w:
+    async with Client(server.url, tokens["w"]) as w:
         (got,) = await w.receive(limit=1)
         assert got.message_id == sent["message_id"]
         assert await w.release([got.message_id]) == 1

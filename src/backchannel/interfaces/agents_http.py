@@ -29,12 +29,13 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from backchannel.client import attach
+from backchannel.client import Client
 from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, ServiceError
 from backchannel.hub import Hub
 from backchannel.interfaces.http import Auth, principal
-from backchannel.interfaces.mcp import Agent, build_server, hub_delegate
+from backchannel.interfaces.mcp import Agent, build_server
 from backchannel.interfaces.wire import parse_json
+from backchannel.models import HookAnswer
 from backchannel.runtimes import RUNTIMES
 from backchannel.runtimes.common import PROBLEM_HEADER, check_expected
 from backchannel.runtimes.receiver import handle_hook
@@ -59,7 +60,12 @@ def mount_agent_routes(app: FastAPI) -> None:
     """Add the hook receivers and the MCP endpoint to ``app``."""
     hub: Hub = app.state.hub
 
-    @app.post("/v1/hooks/{runtime}", tags=["hooks"])
+    @app.post(
+        "/v1/hooks/{runtime}",
+        tags=["hooks"],
+        response_model=None,
+        responses={200: {"model": HookAnswer}},
+    )
     async def hook(
         runtime: Annotated[str, Path(pattern=f"^({'|'.join(RUNTIMES)})$")],
         request: Request,
@@ -110,9 +116,7 @@ class McpEndpoint:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.server = build_server(
-            self._resolve, delegate=getattr(hub, "delegate", None) is not None
-        )
+        self.server = build_server(self._resolve, delegate=True)
         self.manager: StreamableHTTPSessionManager | None = None
 
     @contextlib.asynccontextmanager
@@ -147,7 +151,6 @@ class McpEndpoint:
     async def _resolve(self, ctx: Any) -> Agent:
         scope = ctx.request.scope
         member: Member = scope[_MEMBER_KEY]
-        client = attach(self.hub, scope[_TOKEN_KEY])
+        client = Client.local(self.hub, scope[_TOKEN_KEY])
         await client.start()
-        delegate = hub_delegate(self.hub, member.team, member.name)
-        return Agent(client, member.team, member.name, scope.get(_SESSION_KEY), delegate)
+        return Agent(client, member.team, member.name, scope.get(_SESSION_KEY))

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 
 from backchannel import config
-from backchannel.client import Client, HttpClient, connect
+from backchannel.client import Client
 from backchannel.delivery.ownership import OWNERSHIP_S
 from backchannel.errors import AnchorRequired, BackchannelError
 from backchannel.interfaces import cli_hub
@@ -119,13 +119,11 @@ def _client(url: str | None, token: str | None, home: Path | None, *, admin: boo
                     f"no admin token: set BACKCHANNEL_TOKEN or run on the hub's host "
                     f"(looked for {data_dir / config.ADMIN_TOKEN_FILE})"
                 )
-            return HttpClient(url, token)
-        return connect(url, None)
+            return Client(url, token)
+        return Client(url, None)
     if token is None:
         _fail("no token: set BACKCHANNEL_TOKEN (or --token) to a member token")
-    if not url.startswith(("http://", "https://")):
-        return connect(url, token)
-    return HttpClient(url, token)
+    return Client(url, token)
 
 
 async def _with(client: Client, fn: Callable[[Client], Awaitable[T]]) -> T:
@@ -134,7 +132,19 @@ async def _with(client: Client, fn: Callable[[Client], Awaitable[T]]) -> T:
 
 
 def _print_json(data: Any) -> None:
-    out.print_json(json.dumps(data)) if sys.stdout.isatty() else print(json.dumps(data))
+    text = json.dumps(plain(data))
+    out.print_json(text) if sys.stdout.isatty() else print(text)
+
+
+def plain(data: Any) -> Any:
+    """``data`` as JSON values: the client's models as they are on the wire."""
+    if hasattr(data, "model_dump"):
+        return data.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if isinstance(data, list | tuple):
+        return [plain(x) for x in data]
+    if isinstance(data, dict):
+        return {k: plain(v) for k, v in data.items()}
+    return data
 
 
 def _when(ts: float) -> str:
@@ -254,17 +264,7 @@ def team_list(
     """List teams."""
     client = _client(url, token, home, admin=True)
 
-    async def run(c: Client) -> list[dict[str, Any]]:
-        if isinstance(c, HttpClient):
-            data = await c._call("GET", "/v1/teams")
-            teams: list[dict[str, Any]] = data["teams"]
-            return teams
-        from backchannel.client import LocalClient
-
-        assert isinstance(c, LocalClient)
-        return [{"name": t.name, "created_at": t.created_at} for t in await c.hub.list_teams()]
-
-    found = _run(_with(client, run))
+    found = _run(_with(client, lambda c: c.teams()))
     if as_json:
         _print_json(found)
         return
@@ -315,47 +315,16 @@ def member_list(
 # -- credentials and removal (admin) -----------------------------------------------------
 
 
-def _admin_call(
-    url: str | None,
-    token: str | None,
-    home: Path | None,
-    method: str,
-    path: str,
-    local: Callable[[Any], Awaitable[Any]],
-    **kw: Any,
-) -> Any:
-    """One admin call, over HTTP or on a hub in this process."""
-
-    async def run(c: Client) -> Any:
-        if isinstance(c, HttpClient):
-            return await c._call(method, path, **kw)
-        from backchannel.client import LocalClient
-
-        assert isinstance(c, LocalClient)
-        return await local(c.hub)
-
-    return _run(_with(_client(url, token, home, admin=True), run))
-
-
 @member_app.command("rotate-token")
 def member_rotate_token(
     team: str, name: str, url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None
 ) -> None:
     """Give a member a new token (printed once); the old one stops working at once."""
-    result = _admin_call(
-        url,
-        token,
-        home,
-        "POST",
-        f"/v1/teams/{team}/members/{name}/token",
-        lambda hub: _as_token(hub.rotate_token(team, name)),
+    result = _run(
+        _with(_client(url, token, home, admin=True), lambda c: c.rotate_token(team, name))
     )
     err.print(f"new token for [bold]{name}[/bold] in {team} (shown once; the old one is void):")
     print(result["token"])
-
-
-async def _as_token(rotation: Awaitable[str]) -> dict[str, Any]:
-    return {"token": await rotation}
 
 
 @member_app.command("remove")
@@ -369,14 +338,12 @@ def member_remove(
 ) -> None:
     """Remove a member: mail still waiting for it becomes dead letters (senders are told),
     its links close, its timers are cancelled, its token stops working."""
-
-    async def local(hub: Any) -> Any:
-        return (await hub.remove_member(team, name, reason=reason)).to_json()
-
-    result = _admin_call(
-        url, token, home, "DELETE", f"/v1/teams/{team}/members/{name}", local,
-        params={"reason": reason} if reason else None,
-    )  # fmt: skip
+    result = _run(
+        _with(
+            _client(url, token, home, admin=True),
+            lambda c: c.remove_member(team, name, reason=reason),
+        )
+    )
     err.print(
         f"member [bold]{name}[/bold] removed from {team}: {result['dead_letters']} dead "
         f"letter(s), {result['links_closed']} link(s) closed, {result['jobs_cancelled']} "
@@ -398,11 +365,7 @@ def team_remove(
     """Remove a team and everything stored for it (messages, transcripts, timers)."""
     if not yes:
         _fail(f"removing team {name!r} deletes all it holds; run again with --yes to confirm")
-
-    async def local(hub: Any) -> Any:
-        return (await hub.remove_team(name)).to_json()
-
-    result = _admin_call(url, token, home, "DELETE", f"/v1/teams/{name}", local)
+    result = _run(_with(_client(url, token, home, admin=True), lambda c: c.remove_team(name)))
     err.print(
         f"team [bold]{name}[/bold] removed; {result['dropped']} undelivered copies went with it"
     )
@@ -700,33 +663,8 @@ def tail(
         )
 
     async def run(c: Client) -> None:
-        nonlocal team
-        if isinstance(c, HttpClient):
-            if team is None:
-                team = (await c._call("GET", "/v1/me"))["team"]
-            async with c._http.stream(
-                "GET", f"/v1/teams/{team}/events", params={"after": after}, timeout=None
-            ) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    from backchannel.client import _raise_for
-
-                    _raise_for(resp)
-                async for line in resp.aiter_lines():
-                    if line.startswith("data: "):
-                        show(json.loads(line[6:]))
-            return
-        from backchannel.client import LocalClient
-
-        assert isinstance(c, LocalClient)
-        if team is None:
-            if c._me is None:
-                _fail("name the team to watch")
-            assert c._me is not None
-            team = c._me.team
-        await c.hub.get_team(team)
-        async for item in c.hub.watch(team, after):
-            show(item.to_json())
+        async for item in c.team_events(team, after=after):
+            show(plain(item))
 
     with suppress(KeyboardInterrupt):
         _run(_with(client, run))

@@ -21,7 +21,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from backchannel.client import HttpClient, LocalClient, connect
+from backchannel.client import Client
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
@@ -117,22 +117,13 @@ def _forward(
 async def _local_hook(
     runtime: str, raw: str, store_url: str, token: str, expect: str | None
 ) -> tuple[dict[str, Any], str | None, list[str]]:
-    from backchannel.runtimes.common import check_expected
-    from backchannel.runtimes.receiver import handle_hook
-
-    client = connect(store_url, token)
-    assert isinstance(client, LocalClient)
-    async with client:
-        me = client._member()
-        try:
-            check_expected(me, expect)
-            payload = json.loads(raw)
-        except BackchannelError as exc:
-            return {}, exc.message, []
-        except ValueError as exc:
-            return {}, f"hook payload is not JSON ({exc})", []
-        result = await handle_hook(client.hub, me, runtime, payload)
-        return result.answer, result.problem, list(result.delivered)
+    try:
+        payload = json.loads(raw)
+    except ValueError as exc:
+        return {}, f"hook payload is not JSON ({exc})", []
+    async with Client(store_url, token) as client:
+        result = await client.hook(runtime, payload, expect=expect)
+        return dict(result.answer), result.problem, list(result.delivered)
 
 
 def hook(
@@ -203,8 +194,7 @@ def mcp(
     expect = tuple(as_.split("/", 1)) if as_ else ()
     try:
         target = _hub_url(url, home)
-        client = HttpClient(target, token) if target.startswith("http") else connect(target, token)
-        asyncio.run(serve_stdio(client, session=session, expect=expect))
+        asyncio.run(serve_stdio(Client(target, token), session=session, expect=expect))
     except BackchannelError as exc:
         err.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None

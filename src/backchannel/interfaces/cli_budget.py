@@ -6,12 +6,10 @@ token: a human decides whether two agents, or a chain, may go on.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-from urllib.parse import quote
+from typing import Annotated
 
 import typer
 
-from backchannel.client import Client, HttpClient, LocalClient
 from backchannel.interfaces.cli import _client, _print_json, _run, _with
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
 
@@ -19,11 +17,6 @@ budget_app = typer.Typer(
     help="See and extend conversation budgets (per pair of members and per chain).",
     no_args_is_help=True,
 )
-
-
-def _local(c: Client) -> LocalClient:
-    assert isinstance(c, LocalClient)
-    return c
 
 
 @budget_app.command("list")
@@ -35,14 +28,8 @@ def budget_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List the team's used budgets: `pair:a|b` (exchanges in the window) and chains."""
-
-    async def run(c: Client) -> list[dict[str, Any]]:
-        if isinstance(c, HttpClient):
-            data = await c._call("GET", f"/v1/teams/{quote(team, safe='')}/budgets")
-            return list(data["budgets"])
-        return await _local(c).hub.list_budgets(team)
-
-    budgets = _run(_with(_client(url, token, home, admin=token is None), run))
+    client = _client(url, token, home, admin=token is None)
+    budgets = _run(_with(client, lambda c: c.budgets(team)))
     if as_json:
         _print_json(budgets)
         return
@@ -61,17 +48,8 @@ def budget_extend(
     home: HomeOpt = None,
 ) -> None:
     """Let exactly BY more exchanges (a pair) or hops (a chain) through."""
-
-    async def run(c: Client) -> dict[str, Any]:
-        if isinstance(c, HttpClient):
-            path = f"/v1/teams/{quote(team, safe='')}/budgets/extend"
-            result: dict[str, Any] = await c._call("POST", path, json={"key": key, "by": by})
-            return result
-        local = _local(c)
-        who = "admin" if local._me is None else local._me.name
-        return await local.hub.extend_budget(team, key, by, by_whom=who)
-
-    _print_json(_run(_with(_client(url, token, home, admin=token is None), run)))
+    client = _client(url, token, home, admin=token is None)
+    _print_json(_run(_with(client, lambda c: c.extend_budget(key, by, team=team))))
 
 
 def register(app: typer.Typer) -> None:

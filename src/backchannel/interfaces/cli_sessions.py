@@ -17,7 +17,7 @@ import httpx
 import typer
 
 from backchannel import config
-from backchannel.client import Client, HttpClient, LocalClient, connect
+from backchannel.client import Client
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
@@ -39,7 +39,7 @@ def _cli() -> ModuleType:
     return cli
 
 
-def _call(url: str | None, token: str | None, home: Path | None, fn: Any) -> Any:
+def _as_member(url: str | None, token: str | None, home: Path | None, fn: Any) -> Any:
     cli = _cli()
     return cli._run(cli._with(cli._client(url, token, home, admin=False), fn))
 
@@ -55,7 +55,7 @@ def session_open(
     as_json: JsonOpt = False,
 ) -> None:
     """Open (or resume) a session of yours. Prints its id."""
-    s = _call(url, token, home, lambda c: c.open_session(session_id))
+    s = _as_member(url, token, home, lambda c: c.open_session(session_id))
     if as_json:
         _cli()._print_json(s)
         return
@@ -72,7 +72,7 @@ def session_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Your team's sessions and their states."""
-    found: list[dict[str, Any]] = _call(url, token, home, lambda c: c.list_sessions(member))
+    found: list[dict[str, Any]] = _as_member(url, token, home, lambda c: c.list_sessions(member))
     if as_json:
         _cli()._print_json(found)
         return
@@ -114,7 +114,7 @@ def session_event(
             raise typer.BadParameter(f"not JSON ({exc})", param_hint="--data") from None
         if not isinstance(extra, dict):
             raise typer.BadParameter("must be a JSON object", param_hint="--data")
-    answer = _call(url, token, home, lambda c: c.report_event(session_id, kind, text, extra))
+    answer = _as_member(url, token, home, lambda c: c.report_event(session_id, kind, text, extra))
     _cli()._print_json(answer)
 
 
@@ -127,7 +127,7 @@ def session_terminate(
     home: HomeOpt = None,
 ) -> None:
     """End a session: its links close and its timers are cancelled."""
-    s = _call(url, token, home, lambda c: c.terminate_session(session_id, reason))
+    s = _as_member(url, token, home, lambda c: c.terminate_session(session_id, reason))
     _cli().err.print(f"session {s['session_id']} is {s['state']}", markup=False)
 
 
@@ -181,14 +181,8 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
 
 
 async def _whoami(url: str, token: str) -> dict[str, Any]:
-    client: Client = HttpClient(url, token) if url.startswith("http") else connect(url, token)
-    async with client:
-        if isinstance(client, HttpClient):
-            me: dict[str, Any] = await client._call("GET", "/v1/me")
-            return me
-        assert isinstance(client, LocalClient)
-        m = client._member()
-        return {"admin": False, "team": m.team, "name": m.name, "kind": m.kind.value}
+    async with Client(url, token) as client:
+        return (await client.me()).model_dump()
 
 
 def init(

@@ -54,16 +54,28 @@ from backchannel.errors import (
     UnknownTeam,
 )
 from backchannel.hub import FeedItem, Hub
-from backchannel.interfaces.budgets_http import ExtendIn
 from backchannel.interfaces.http import Auth, EventStream, Principal
 from backchannel.interfaces.wire import (
     MAX_INT,
-    REPLAYED,
+    SENT,
+    SSE_EVENT,
     TO_PATTERN,
     MessageId,
     SessionId,
     StrictRoute,
     TeamName,
+)
+from backchannel.models import (
+    Budget,
+    DashboardMembers,
+    DelegationPage,
+    ExtendIn,
+    LinkPage,
+    MessageView,
+    SessionView,
+    Snapshot,
+    Ticket,
+    TimerPage,
 )
 from backchannel.types import (
     MESSAGE_ID_PATTERN,
@@ -385,7 +397,9 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         who.need_team(team)
         await hub.get_team(team)
 
-    @router.post("/tickets", status_code=201)
+    @router.post(
+        "/tickets", status_code=201, response_model=None, responses={201: {"model": Ticket}}
+    )
     async def ticket(body: TicketIn, who: Auth) -> dict[str, Any]:
         """A short-lived ticket for the team's dashboard stream (EventSource sends no
         Authorization header; the long-lived token must not go in a URL)."""
@@ -393,18 +407,20 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         token, expires = issue_ticket(key, body.team, who.member, hub.clock.now())
         return {"ticket": token, "expires_at": expires}
 
-    @router.get("/teams/{team}/members")
+    @router.get(
+        "/teams/{team}/members", response_model=None, responses={200: {"model": DashboardMembers}}
+    )
     async def members(team: TeamName, who: Auth) -> dict[str, Any]:
         await need_team(who, team)
         return {"members": await members_view(hub, team)}
 
-    @router.get("/teams/{team}/snapshot")
+    @router.get("/teams/{team}/snapshot", response_model=None, responses={200: {"model": Snapshot}})
     async def team_snapshot(team: TeamName, who: Auth) -> dict[str, Any]:
         """Members, links, timers and delegations in one answer."""
         await need_team(who, team)
         return await snapshot(hub, team)
 
-    @router.get("/teams/{team}/links")
+    @router.get("/teams/{team}/links", response_model=None, responses={200: {"model": LinkPage}})
     async def links(
         team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
     ) -> dict[str, Any]:
@@ -413,7 +429,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         page, hidden = await links_view(hub, team, offset, limit)
         return {"links": page, "offset": offset, "hidden": hidden}
 
-    @router.get("/teams/{team}/timers")
+    @router.get("/teams/{team}/timers", response_model=None, responses={200: {"model": TimerPage}})
     async def timers(
         team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
     ) -> dict[str, Any]:
@@ -422,7 +438,9 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         page, total = await timers_view(hub, team, offset, limit)
         return {"timers": page, "offset": offset, "total": total}
 
-    @router.get("/teams/{team}/delegations")
+    @router.get(
+        "/teams/{team}/delegations", response_model=None, responses={200: {"model": DelegationPage}}
+    )
     async def delegations(
         team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
     ) -> dict[str, Any]:
@@ -431,7 +449,11 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         page, hidden, _ = await delegations_view(hub, team, offset, limit)
         return {"delegations": page, "offset": offset, "hidden": hidden}
 
-    @router.get("/teams/{team}/messages/{message_id}")
+    @router.get(
+        "/teams/{team}/messages/{message_id}",
+        response_model=None,
+        responses={200: {"model": MessageView}},
+    )
     async def message(team: TeamName, message_id: MessageId, who: Auth) -> dict[str, Any]:
         """The full message, each copy's state and the delivery history."""
         await need_team(who, team)
@@ -442,7 +464,11 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
             "meta": jsonable(status.message.meta),
         }
 
-    @router.get("/teams/{team}/sessions/{session_id}")
+    @router.get(
+        "/teams/{team}/sessions/{session_id}",
+        response_model=None,
+        responses={200: {"model": SessionView}},
+    )
     async def session(
         team: TeamName,
         session_id: SessionId,
@@ -464,14 +490,16 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
             )
         return {"session": _session_json(s), "transcript": data["events"], "note": note}
 
-    @router.post("/teams/{team}/budgets/extend")
+    @router.post(
+        "/teams/{team}/budgets/extend", response_model=None, responses={200: {"model": Budget}}
+    )
     async def extend_budget(team: TeamName, body: ExtendIn, who: Auth) -> dict[str, Any]:
         """Extend a spent conversation budget: the admin or the team's own ``user``."""
         await need_team(who, team)
         by_whom = "admin" if who.member is None else who.member.name
         return await hub.extend_budget(team, body.key, body.by, by_whom=by_whom)
 
-    @router.post("/teams/{team}/messages", status_code=201, responses=REPLAYED)
+    @router.post("/teams/{team}/messages", status_code=201, responses=SENT)
     async def compose(team: TeamName, body: ComposeIn, who: Auth) -> JSONResponse:
         """Send as ``user``: allowed for the admin and for the team's own ``user``."""
         await need_team(who, team)
@@ -487,7 +515,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         )
         return JSONResponse(result.to_json(), status_code=200 if result.replayed else 201)
 
-    @router.get("/teams/{team}/stream", response_class=EventStream)
+    @router.get("/teams/{team}/stream", response_class=EventStream, responses=SSE_EVENT)
     async def stream(
         team: TeamName,
         request: Request,

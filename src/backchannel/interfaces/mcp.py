@@ -31,19 +31,18 @@ from mcp.shared.message import SessionMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backchannel import __version__
-from backchannel.client import Client, HttpClient, LocalClient, Received
+from backchannel.client import Client
 from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
+from backchannel.models import Received, SessionInfo
 from backchannel.runtimes.common import format_message
 
 __all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
 
 log = logging.getLogger("backchannel.mcp")
 
-#: ``delegate(session, to, task, timeout_s)``: starts a delegation, answers at once.
-DelegateFn = Callable[[str | None, str, str, float | None], Awaitable[Any]]
 
 #: The client that takes channel pushes (``clientInfo.name`` of its ``initialize``).
 CHANNEL_CLIENT = "claude-code"
@@ -68,7 +67,6 @@ class Agent:
     team: str
     name: str
     session: str | None = None  # the session named explicitly, if any
-    delegate: DelegateFn | None = None
 
 
 # -- arguments --------------------------------------------------------------------------
@@ -154,9 +152,13 @@ async def _send(a: Agent, x: SendArgs) -> Output:
     r = await a.client.send(
         x.to, x.message, summary=x.summary, close_link=x.close_link, from_session=a.session
     )
-    to = ", ".join(r["recipients"])
+    to = ", ".join(r.recipients)
     closed = " Your link with them is now closed." if x.close_link else ""
-    return f"Sent to {to} (message_id {r['message_id']}).{closed}", r
+    return f"Sent to {to} (message_id {r.message_id}).{closed}", _json(r)
+
+
+def _json(model: Any) -> Any:
+    return model.model_dump(mode="json", by_alias=True)
 
 
 def _received(m: Received) -> str:
@@ -172,7 +174,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     got += await a.client.receive(limit=50)
     if got:
         await a.client.ack([m.message_id for m in got])
-    data = [{k: v for k, v in vars(m).items() if k != "_client"} for m in got]
+    data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
     if not got:
         return "No new messages.", {"messages": []}
     n = len(got)
@@ -180,67 +182,57 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     return text, {"messages": data}
 
 
-async def sessions(a: Agent, member: str | None = None) -> list[dict[str, Any]]:
+async def sessions(a: Agent, member: str | None = None) -> list[SessionInfo]:
     """Sessions of the agent's team (of one member)."""
-    client = a.client
-    if isinstance(client, LocalClient):
-        from backchannel.hub import session_json
-
-        return [session_json(s) for s in await client.hub.list_sessions(a.team, member)]
-    if isinstance(client, HttpClient):
-        params = {"member": member} if member else {}
-        found: list[dict[str, Any]] = (await client._call("GET", "/v1/sessions", params=params))[
-            "sessions"
-        ]
-        return found
-    return []
+    return await a.client.list_sessions(member)
 
 
 async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
     try:
         data = await a.client.session_data(x.session, since=x.since, tail_chars=x.tail_chars)
     except UnknownSession:
-        mine = [s for s in await sessions(a, x.session) if s["member"] == x.session]
+        mine = [s for s in await sessions(a, x.session) if s.member == x.session]
         if not mine:
             raise
-        latest = max(mine, key=lambda s: (s["state"] != "terminated", s["updated_at"]))
+        latest = max(mine, key=lambda s: (s.state != "terminated", s.updated_at))
         data = await a.client.session_data(
-            latest["session_id"], since=x.since, tail_chars=x.tail_chars
+            latest.session_id, since=x.since, tail_chars=x.tail_chars
         )
-    s = data["session"]
-    lines = [f"Session {s['session_id']} of {s['member']}: {s['state']}, turn {s['turn']}."]
-    for e in data["events"]:
-        lines.append(f"#{e['event_id']} turn {e['turn']} {e['kind']}: {e['text']}")
-    if data.get("note"):
-        lines.append(str(data["note"]))
-    return "\n".join(lines), data
+    s = data.session
+    lines = [f"Session {s.session_id} of {s.member}: {s.state}, turn {s.turn}."]
+    for e in data.events:
+        lines.append(f"#{e.event_id} turn {e.turn} {e.kind}: {e.text}")
+    if data.note:
+        lines.append(data.note)
+    return "\n".join(lines), _json(data)
 
 
 async def _list_members(a: Agent, x: _NoArgs) -> Output:
     members = await a.client.members()
-    live = [s for s in await sessions(a) if s["state"] != "terminated"]
+    live = [s for s in await sessions(a) if s.state != "terminated"]
     lines = [f"Team {a.team}:"]
     for m in members:
-        own = [f"{s['session_id']} ({s['state']})" for s in live if s["member"] == m["name"]]
-        you = " (you)" if m["name"] == a.name else ""
+        own = [f"{s.session_id} ({s.state})" for s in live if s.member == m.name]
+        you = " (you)" if m.name == a.name else ""
         where = f"; sessions: {', '.join(own)}" if own else ""
-        lines.append(f"- {m['name']}{you}, {m['kind']}{where}")
-    return "\n".join(lines), {"members": members, "sessions": live}
+        lines.append(f"- {m.name}{you}, {m.kind}{where}")
+    data = {"members": [_json(m) for m in members], "sessions": [_json(s) for s in live]}
+    return "\n".join(lines), data
 
 
 async def _set_timer(a: Agent, x: TimerArgs) -> Output:
     t = await a.client.set_timer(x.intent, x.minutes, x.note, x.target, session=a.session)
-    about = f" about {t['target']}" if t.get("target") else ""
+    about = f" about {t.target}" if t.target else ""
     return (
-        f"{t['intent']} timer {t['timer_id']}{about} set on session {t['session']}; it fires "
-        f"in {x.minutes:g} min with: {t['note']}. cancel_timer(id={t['timer_id']}) cancels it.",
-        t,
+        f"{t.intent} timer {t.timer_id}{about} set on session {t.session}; it fires "
+        f"in {x.minutes:g} min with: {t.note}. cancel_timer(id={t.timer_id}) cancels it.",
+        _json(t),
     )
 
 
 async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
     t = await a.client.cancel_timer(x.id)
-    return f"Timer {x.id} cancelled.", t
+    return f"Timer {x.id} cancelled.", _json(t)
 
 
 async def _list_timers(a: Agent, x: _NoArgs) -> Output:
@@ -248,11 +240,11 @@ async def _list_timers(a: Agent, x: _NoArgs) -> Output:
     if not timers:
         return "No pending timers in your team.", {"timers": []}
     lines = [
-        f"{t['timer_id']}: {t['intent']}{' about ' + t['target'] if t.get('target') else ''} "
-        f"for {t['member']} (session {t['session']}), due in {t['due_in']:.0f} s: {t['note']}"
+        f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
+        f"for {t.member} (session {t.session}), due in {t.due_in or 0:.0f} s: {t.note}"
         for t in timers
     ]
-    return "\n".join(lines), {"timers": timers}
+    return "\n".join(lines), {"timers": [_json(t) for t in timers]}
 
 
 async def _react(a: Agent, x: ReactionArgs) -> Output:
@@ -261,15 +253,12 @@ async def _react(a: Agent, x: ReactionArgs) -> Output:
 
 
 async def _delegate(a: Agent, x: DelegateArgs) -> Output:
-    if a.delegate is None:
-        raise InvalidState("delegation is not available on this hub")
-    result = await a.delegate(a.session, x.to, x.task, x.timeout_s)
-    data = result.to_json() if hasattr(result, "to_json") else result
-    text = json.dumps(data, default=str) if not isinstance(data, str) else data
+    result = await a.client.delegate(x.to, x.task, timeout_s=x.timeout_s, session=a.session)
+    data = _json(result)
     return (
         f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
-        f"tool result later. {text}",
-        data if isinstance(data, dict) else {"result": data},
+        f"tool result later. {json.dumps(data, default=str)}",
+        data,
     )
 
 
@@ -486,43 +475,12 @@ def init_options(server: Server[Any]) -> Any:
     return server.create_initialization_options(experimental_capabilities={CAPABILITY: {}})
 
 
-def hub_delegate(hub: Any, team: str, name: str) -> DelegateFn | None:
-    """``hub.delegate`` bound to a member, when the hub has delegation."""
-    fn = getattr(hub, "delegate", None)
-    if fn is None:
-        return None
-
-    async def run(session: str | None, to: str, task: str, timeout_s: float | None) -> Any:
-        return await fn(team, name, session, to, task, timeout_s=timeout_s)
-
-    return run
-
-
-def client_delegate(client: Client, team: str, name: str) -> DelegateFn | None:
-    """Delegation through the SDK client (in-process: only when the hub has it)."""
-    if isinstance(client, LocalClient):
-        return hub_delegate(client.hub, team, name)
-    fn = getattr(client, "delegate", None)
-    if fn is None:
-        return None
-
-    async def run(session: str | None, to: str, task: str, timeout_s: float | None) -> Any:
-        return await fn(to, task, timeout_s=timeout_s, session=session)
-
-    return run
-
-
 async def whoami(client: Client) -> tuple[str, str]:
     """``(team, member)`` of the client's token."""
-    if isinstance(client, LocalClient):
-        me = client._member()
-        return me.team, me.name
-    if isinstance(client, HttpClient):
-        data = await client._call("GET", "/v1/me")
-        if data.get("admin"):
-            raise BackchannelError("the MCP server needs a member token, not the admin token")
-        return str(data["team"]), str(data["name"])
-    raise TypeError(f"unsupported client {type(client).__name__}")
+    me = await client.me()
+    if me.admin or me.team is None or me.name is None:
+        raise BackchannelError("the MCP server needs a member token, not the admin token")
+    return me.team, me.name
 
 
 async def serve_stdio(
@@ -541,7 +499,7 @@ async def serve_stdio(
                 f"BACKCHANNEL_TOKEN belongs to {team}/{name}, but this agent is attached as "
                 f"{'/'.join(expect)}; export that member's token"
             )
-        agent = Agent(client, team, name, session, client_delegate(client, team, name))
+        agent = Agent(client, team, name, session)
 
         async def resolve(ctx: Any) -> Agent:
             return agent
@@ -552,7 +510,7 @@ async def serve_stdio(
             if not hello.done():
                 hello.set_result(client_name)
 
-        server = build_server(resolve, delegate=agent.delegate is not None, connected=connected)
+        server = build_server(resolve, delegate=True, connected=connected)
         async with stdio_server(*(streams or ())) as (read, write):
 
             async def push(content: str, meta: dict[str, str]) -> None:

@@ -37,8 +37,9 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from backchannel.client import Client, Received
+from backchannel.client import Client
 from backchannel.errors import BackchannelError
+from backchannel.models import Received, SessionInfo
 from backchannel.runtimes.common import format_message
 
 __all__ = ["CAPABILITY", "METHOD", "ChannelPusher", "notification"]
@@ -143,7 +144,7 @@ class ChannelPusher:
         self._hold = None
         return False
 
-    async def _target(self) -> dict[str, Any] | None:
+    async def _target(self) -> SessionInfo | None:
         """The session to push into: the one named, else the live one of the Claude Code
         session that started this server, else the member's most recently active live
         session (delegation sub-sessions aside)."""

@@ -182,11 +182,10 @@ class _Out:
 
 
 async def _serve(front: Front, opts: dict[str, str]) -> None:
-    from backchannel.client import HttpClient, connect
+    from backchannel.client import Client
     from backchannel.interfaces.mcp import serve_stdio
 
-    token, target = opts["token"], opts["target"]
-    client = HttpClient(target, token) if target.startswith("http") else connect(target, token)
+    client = Client(opts["target"], opts["token"])
     lines = _Lines()
     loop = asyncio.get_running_loop()
 

@@ -20,26 +20,37 @@ from typing import Annotated, Any
 import pydantic_core
 from fastapi import Path, Query, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import Field
-from typing_extensions import TypeAliasType
 
+from backchannel.models import (
+    MAX_INT,
+    TO_PATTERN,
+    ErrorBody,
+    IdField,
+    JsonObject,
+    JsonValue,
+    NameField,
+    Sent,
+    SessionField,
+)
 from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INT",
+    "TO_PATTERN",
+    "IdField",
+    "JsonObject",
+    "JsonValue",
+    "NameField",
+    "SessionField",
+    "StrictRoute",
+    "body_limit",
+    "document_errors",
+    "parse_json",
+]
 
 #: Deepest nesting of arrays and objects in a request body.
 MAX_DEPTH = 64
-#: Largest integer a typed field accepts (path, query or body): what a signed 64-bit
-#: column holds. Free-form JSON (``data``, ``settings``) keeps any integer as written.
-MAX_INT = 2**63 - 1
-
-#: Any JSON value the API stores as given (``data``, ``settings``, ``delivery``). JSON
-#: puts no bound on an integer and the hub keeps it as written; floats are finite.
-JsonValue = TypeAliasType(
-    "JsonValue",
-    "bool | int | Annotated[float, Field(allow_inf_nan=False)] | str | "
-    "list[JsonValue] | dict[str, JsonValue] | None",
-)
-JsonObject = dict[str, JsonValue]
-
 #: Marks a parse error that is a refusal of valid JSON (too deep, too large a number).
 REFUSED = "refused: "
 
@@ -94,7 +105,12 @@ class StrictRequest(Request):
 
 
 class StrictRoute(APIRoute):
-    """An API route that reads its JSON body with :func:`parse_json`."""
+    """An API route that reads its JSON body with :func:`parse_json`, and answers with
+    the fields its model was given (an answer says what the hub said, no more)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        kwargs.setdefault("response_model_exclude_unset", True)
+        super().__init__(path, endpoint, **kwargs)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -107,8 +123,6 @@ class StrictRoute(APIRoute):
 
 # -- names and ids, as the OpenAPI document publishes them ----------------------------
 
-#: A member name, or ``*`` for every member but the sender.
-TO_PATTERN = r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63})$"
 SHAPES = {
     NAME_PATTERN: "use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit",
     SESSION_PATTERN: (
@@ -130,9 +144,6 @@ MemberQuery = Annotated[
     str | None, Query(pattern=NAME_PATTERN, description="only this member's [all]")
 ]
 SessionQuery = Annotated[str | None, Query(pattern=SESSION_PATTERN, description="a session id")]
-NameField = Annotated[str, Field(pattern=NAME_PATTERN)]
-SessionField = Annotated[str, Field(pattern=SESSION_PATTERN)]
-IdField = Annotated[str, Field(pattern=MESSAGE_ID_PATTERN)]
 
 
 #: JSON escapes one byte of UTF-8 text in at most 6 bytes (``\u0001``; any other
@@ -153,29 +164,40 @@ def body_limit(max_text: int) -> int:
 # -- the error model in the OpenAPI document ------------------------------------------
 
 
-#: Every error the API answers (4xx and 5xx) has this shape.
-ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {
-                "code": {"type": "string", "description": "stable, e.g. unknown_recipient"},
-                "message": {"type": "string", "description": "what was wrong and the way out"},
-            },
-        }
-    },
-}
-
 #: The extra success of an idempotent send: the same message_id again answers 200.
 REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {"model": Sent, "description": "Replayed: a message with this message_id was sent"}
+}
+#: A route that sends answers this (201), or the first answer again (200).
+SENT: dict[int | str, dict[str, Any]] = {201: {"model": Sent, "description": "Sent"}, **REPLAYED}
+
+ERROR_REF = "#/components/schemas/ErrorBody"
+#: One server-sent event as a stream route's answer documents it.
+SSE_EVENT: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "Replayed: a message with this message_id was already sent",
-        "content": {"application/json": {"schema": {"type": "object"}}},
+        "description": "Server-sent events; each event's data is one JSON object",
+        "content": {
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "event": {"type": "string"},
+                        "id": {"type": "string"},
+                        "data": {"type": "string", "description": "a JSON object"},
+                    },
+                }
+            }
+        },
     }
 }
+
+
+def error_components() -> dict[str, Any]:
+    """The error model's schemas, for the document's components."""
+    schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {"ErrorBody": schema, **defs}
+
 
 _WHY = {
     400: "Bad request (e.g. an unknown callback service)",
@@ -186,6 +208,7 @@ _WHY = {
     409: "Conflicts with the current state (exists already, id reused, wrong state)",
     413: "Request body or message text over the limit",
     422: "Invalid request: bad JSON, a field missing, mistyped, out of range or malformed",
+    429: "Over a limit: a spent conversation budget, a full inbox or too many timers",
     502: "A peer (another hub or a callback) failed",
     503: "Busy (too many connections) or the store is unavailable; retry after Retry-After",
 }
@@ -197,7 +220,7 @@ def error_responses(statuses: Iterable[int]) -> dict[int | str, dict[str, Any]]:
     for status in sorted(set(statuses)):
         entry: dict[str, Any] = {
             "description": _WHY[status],
-            "content": {"application/json": {"schema": ERROR_SCHEMA}},
+            "content": {"application/json": {"schema": {"$ref": ERROR_REF}}},
         }
         if status == 503:
             entry["headers"] = {
@@ -221,24 +244,26 @@ _EXTRA: dict[str, set[int]] = {
     "add_member": {403, 404, 409},
     "update_member": {403, 404},
     "list_members": {404},
-    "send": {403, 404, 409},
-    "fast_send": {403, 404, 409},
+    "send": {403, 404, 409, 429},
+    "fast_send": {403, 404, 409, 429},
     "message_status": {403, 404},
     "react": {403, 404},
     "inbox": {403, 404},
     "pending": {403},
     "ack": {403},
+    "ack_batch": {403},
+    "send_batch": {403},
     "release": {403},
     "inbox_stream": {403, 404},
     "team_events": {404},
     "list_links": {403, 404},
     "get_link": {403, 404},
-    "delegate": {403, 404, 409, 502},
+    "delegate": {403, 404, 409, 429, 502},
     "list_delegations": {403, 404},
     "get_delegation": {403, 404},
-    "chat": {400, 403, 404, 409},
+    "chat": {400, 403, 404, 409, 429},
     "tool_response": {404, 409},
-    "set_timer": {403, 404, 409},
+    "set_timer": {403, 404, 409, 429},
     "list_timers": {403, 404},
     "cancel_timer": {403, 404, 409},
     "open_session": {403, 404, 409},
@@ -257,7 +282,7 @@ _EXTRA: dict[str, set[int]] = {
     "delegations": {404},
     "message": {404},
     "session": {404},
-    "compose": {403, 404, 409},
+    "compose": {403, 404, 409, 429},
     "stream": {401, 404},
 }
 #: For a route not in the table: what an authenticated call can usually answer.

@@ -13,10 +13,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from backchannel.client import Client, HttpClient, attach, connect
+from backchannel.client import Client
 from backchannel.config import open_store
 from backchannel.errors import AlreadyExists, InvalidRequest
 from backchannel.interfaces.terminal import markup_safe, printable
+from backchannel.models import Delegation, Link
 from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile
 
@@ -26,8 +27,8 @@ class RunResult:
     team: str
     ended_because: str
     sessions: list[dict[str, Any]] = field(default_factory=list)
-    links: list[dict[str, Any]] = field(default_factory=list)
-    delegations: list[dict[str, Any]] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    delegations: list[Delegation] = field(default_factory=list)
     duplicates_dropped: int = 0
     to_user: list[dict[str, Any]] = field(default_factory=list)
     cost: float = 0.0
@@ -43,28 +44,13 @@ async def setup_team(admin: Client, team: TeamFile, name: str) -> dict[str, str]
             f"team {name!r} already exists on this hub; run with --team NEW_NAME "
             "(each run sets up its team afresh)"
         ) from None
-    tokens = {"user": created["user_token"]}
+    tokens = {"user": created.user_token}
     for m in team.members:
         settings: dict[str, Any] = {}
         if m.checkpoint is not None:
             settings["checkpoint"] = m.checkpoint.model_dump(exclude_none=True)
-        if isinstance(admin, HttpClient):
-            body = {
-                "name": m.name,
-                "kind": m.kind.value,
-                "delivery": m.delivery,
-                "settings": settings,
-            }
-            r = await admin._call("POST", f"/v1/teams/{name}/members", json=body)
-            tokens[m.name] = r["token"]
-        else:
-            from backchannel.client import LocalClient
-
-            assert isinstance(admin, LocalClient)
-            _, token = await admin.hub.add_member(
-                name, m.name, m.kind, delivery=m.delivery, settings=settings
-            )
-            tokens[m.name] = token
+        added = await admin.add_member(name, m.name, m.kind.value, m.delivery, settings=settings)
+        tokens[m.name] = added.token
     return tokens
 
 
@@ -117,18 +103,18 @@ async def run_team(
     name = team_name or team.team
     hub = None
     if url.startswith(("http://", "https://")):
-        admin: Client = connect(url, admin_token)
+        admin = Client(url, admin_token)
     else:
         from backchannel.hub import Hub
 
         hub = Hub(open_store(url))
-        admin = attach(hub, None)
+        admin = Client.local(hub)
     await admin.start()
     clients: dict[str, Client] = {}
     try:
         tokens = await setup_team(admin, team, name)
         for member, token in tokens.items():
-            c = connect(url, token) if hub is None else attach(hub, token)
+            c = Client(url, token) if hub is None else Client.local(hub, token)
             await c.start()
             clients[member] = c
         user = clients["user"]
@@ -151,7 +137,7 @@ async def run_team(
                     counts["links"] = len(await any_c.links(open_only=True))
                     counts["timers"] = len(await any_c.timers())
                     counts["delegations"] = sum(
-                        d["state"] == "pending" for d in await any_c.delegations()
+                        d.state == "pending" for d in await any_c.delegations()
                     )
                 live.update(progress(runner, counts))
                 await asyncio.sleep(0.5)
@@ -186,7 +172,7 @@ async def report(
     result.delegations = await any_c.delegations()
     for lp in runner.loops.values():
         data = await any_c.session_data(lp.session)
-        result.duplicates_dropped += sum(e["kind"] == "duplicate_dropped" for e in data["events"])
+        result.duplicates_dropped += sum(e.kind == "duplicate_dropped" for e in data.events)
         s = lp.stats
         result.sessions.append(
             {

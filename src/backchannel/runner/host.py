@@ -155,7 +155,7 @@ class SessionLoop:
             stats.stopped = "budget"
             final = (final + "\n\n" if final else "") + self._budget_note()
         answer = await c.report_event(sid, "agent_stop", final)
-        self.runner.tell(story.on_stop(self.spec.name, answer))
+        self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
         await c.ack(ids)
         stats.last_output = final
         stats.working = False
@@ -232,12 +232,7 @@ class Runner:
         return [m for m in self.team.members if m.kind is MemberKind.LLM]
 
     async def release(self, client: Client, ids: list[str]) -> None:
-        from backchannel.client import HttpClient, LocalClient
-
-        if isinstance(client, LocalClient) and client._me is not None:
-            await client.hub.release(client._me.team, client._me.name, ids)
-        elif isinstance(client, HttpClient):
-            await client._call("POST", "/v1/inbox/release", json={"message_ids": ids})
+        await client.release(ids)
 
     async def _discover(self) -> None:
         """Start a loop for every open session of a hosted member (main sessions and the
@@ -245,8 +240,8 @@ class Runner:
         for spec in self.hosted:
             client = self.clients[spec.name]
             for s in await client.list_sessions(spec.name):
-                sid = s["session_id"]
-                if s["state"] == "terminated" or sid in self.loops:
+                sid = s.session_id
+                if s.state == "terminated" or sid in self.loops:
                     continue
                 loop = SessionLoop(self, spec, client, sid)
                 self.loops[sid] = loop
@@ -271,7 +266,7 @@ class Runner:
         if any(lp.stats.working for lp in self.loops.values()):
             return True
         any_client = next(iter(self.clients.values()))
-        if any(d["state"] == "pending" for d in await any_client.delegations()):
+        if any(d.state == "pending" for d in await any_client.delegations()):
             return True
         if await any_client.timers():
             return True

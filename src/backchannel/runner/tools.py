@@ -135,7 +135,7 @@ async def send_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
         from_session=ctx.session,
         close_link=bool(args.get("close_link", False)),
     )
-    return f"sent {r['message_id']} to {', '.join(r['recipients'])}"
+    return f"sent {r.message_id} to {', '.join(r.recipients)}"
 
 
 async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
@@ -148,7 +148,7 @@ async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
         tool_use_id=ctx.call_id or None,
     )
     return (
-        f"delegated to {to} as {d['delegation_id']} (pending). The answer arrives as a tool "
+        f"delegated to {to} as {d.delegation_id} (pending). The answer arrives as a tool "
         "result in a later turn; do not wait for it in this turn."
     )
 
@@ -163,7 +163,7 @@ async def set_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     t = await ctx.client.set_timer(
         intent, minutes, note, _str(args, "target", required=False), session=ctx.session
     )
-    return f"timer {t['timer_id']} ({t['intent']}) due in {t['due_in']:.0f} s"
+    return f"timer {t.timer_id} ({t.intent}) due in {t.due_in or 0:.0f} s"
 
 
 async def cancel_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
@@ -181,9 +181,9 @@ async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     data = await ctx.client.session_data(
         session, since=since, tail_chars=int(tail) if tail else None
     )
-    lines = [f"[{e['kind']}] {e['text']}" for e in data["events"] if e["text"]]
-    if data.get("note"):
-        lines.append(data["note"])
+    lines = [f"[{e.kind}] {e.text}" for e in data.events if e.text]
+    if data.note:
+        lines.append(data.note)
     return "\n".join(lines) or "(no events)"
 
 
@@ -195,7 +195,7 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 
 
 async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
-    return "\n".join(f"{m['name']} ({m['kind']})" for m in await ctx.client.members())
+    return "\n".join(f"{m.name} ({m.kind})" for m in await ctx.client.members())
 
 
 # -- workspace tools ---------------------------------------------------------------------

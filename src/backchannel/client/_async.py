@@ -1,0 +1,783 @@
+"""The asynchronous client: every operation of the API v1, typed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from backchannel.client._transport import (
+    Call,
+    HttpTransport,
+    LocalTransport,
+    Scope,
+    Stream,
+    Transport,
+    hook_result,
+)
+from backchannel.errors import InvalidRequest
+from backchannel.member import answer_delegation
+from backchannel.models import (
+    Acked,
+    AckedBatch,
+    Budget,
+    BudgetList,
+    ChatAccepted,
+    Delegation,
+    DelegationList,
+    EventAnswer,
+    HookResult,
+    Inbox,
+    Link,
+    LinkList,
+    Me,
+    MemberCreated,
+    MemberInfo,
+    MemberList,
+    MemberUpdated,
+    MessageIn,
+    MessageReport,
+    Pending,
+    Reaction,
+    Received,
+    Released,
+    Removal,
+    Sent,
+    SentBatch,
+    SessionInfo,
+    SessionList,
+    TeamCreated,
+    TeamList,
+    TeamRef,
+    Timer,
+    TimerList,
+    TokenRotated,
+    ToolResponseAccepted,
+    Traffic,
+    Transcript,
+)
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+#: What a URL that is not ``http(s)://`` opens in this process (a store URL).
+LOCAL_SCHEMES = ("sqlite:", "postgresql:", "postgres:", "memory:")
+
+
+def _q(part: str) -> str:
+    return quote(part, safe="")
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class Client:
+    """A client of one hub, acting as the member whose token it holds (or, without a
+    token, as the administrator of a hub in this process).
+
+    ``Client("http://127.0.0.1:8765", token=...)`` talks to a running hub over HTTP;
+    ``Client("sqlite:///path/hub.db", token=...)`` (or ``postgresql://...``,
+    ``memory://``) runs a hub on that store inside this process, closed with the client;
+    :meth:`Client.local` uses a hub this process already runs. The calls and what they
+    return are the same either way. Use it with ``async with``.
+    """
+
+    _transport: Transport
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        **hub_options: Any,
+    ) -> None:
+        transport: Transport
+        if url.startswith(("http://", "https://")):
+            transport = HttpTransport(url, token, timeout=timeout)
+        elif url.startswith(LOCAL_SCHEMES):
+            from backchannel.config import open_store
+            from backchannel.hub import Hub
+
+            transport = LocalTransport(Hub(open_store(url), **hub_options), token, own_hub=True)
+        else:
+            raise InvalidRequest(
+                f"cannot tell where {url!r} is: use http(s)://HOST:PORT for a running hub, "
+                "or sqlite:///PATH, postgresql://... or memory:// for a hub in this process"
+            )
+        self._transport = transport
+
+    @classmethod
+    def local(cls, hub: Hub, token: str | None = None) -> Client:
+        """A client of ``hub``, which this process runs (not closed with the client).
+        Without a token it acts as the administrator."""
+        return cls.over(LocalTransport(hub, token, own_hub=False))
+
+    @classmethod
+    def over(cls, transport: Transport) -> Client:
+        """A client whose calls ``transport`` carries."""
+        client = cls.__new__(cls)
+        client._transport = transport
+        return client
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self._transport.start()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def _do(self, call: Call[Any]) -> Any:
+        return await self._transport.call(call)
+
+    # -- who -------------------------------------------------------------------------
+    async def me(self) -> Me:
+        """Who this client acts as: the administrator, or a member of a team."""
+
+        async def local(s: Scope) -> Me:
+            from backchannel.member import AdminApi
+
+            return AdminApi.me() if s.is_admin else s.member.me()
+
+        got: Me = await self._do(Call("GET", "/v1/me", local, Me))
+        return got
+
+    async def _team(self, team: str | None) -> str:
+        if team is not None:
+            return team
+        me = await self.me()
+        if me.team is None:
+            raise InvalidRequest("name the team: the administrator belongs to none")
+        return me.team
+
+    # -- teams and members (administrator) -------------------------------------------
+    async def create_team(
+        self, name: str, settings: Mapping[str, Any] | None = None
+    ) -> TeamCreated:
+        """Create a team; the answer carries ``user_token``, shown only once."""
+        body = _given(name=name, settings=dict(settings) if settings else None)
+        call = Call(
+            "POST", "/v1/teams", lambda s: s.admin.create_team(name, settings), TeamCreated, body
+        )
+        got: TeamCreated = await self._do(call)
+        return got
+
+    async def teams(self) -> list[TeamRef]:
+        """Every team (administrator), or your own."""
+
+        async def local(s: Scope) -> TeamList:
+            if s.is_admin:
+                return await s.admin.teams()
+            return TeamList(teams=[TeamRef(name=s.member.team)])
+
+        got: TeamList = await self._do(Call("GET", "/v1/teams", local, TeamList))
+        return got.teams
+
+    async def add_member(
+        self,
+        team: str,
+        name: str,
+        kind: str = "llm",
+        delivery: Mapping[str, Any] | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberCreated:
+        """Add a member; the answer carries its ``token``, shown only once."""
+        body = _given(
+            name=name,
+            kind=kind,
+            delivery=dict(delivery) if delivery else None,
+            settings=dict(settings) if settings else None,
+        )
+        call = Call(
+            "POST",
+            f"/v1/teams/{_q(team)}/members",
+            lambda s: s.admin.add_member(team, name, kind, delivery=delivery, settings=settings),
+            MemberCreated,
+            body,
+        )
+        got: MemberCreated = await self._do(call)
+        return got
+
+    async def update_member(
+        self,
+        team: str,
+        name: str,
+        *,
+        delivery: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberUpdated:
+        """Change a member's delivery setting or settings (what is not given stays)."""
+        body = _given(
+            delivery=None if delivery is None else dict(delivery),
+            settings=None if settings is None else dict(settings),
+        )
+        call = Call(
+            "PATCH",
+            f"/v1/teams/{_q(team)}/members/{_q(name)}",
+            lambda s: s.admin.update_member(team, name, delivery=delivery, settings=settings),
+            MemberUpdated,
+            body,
+        )
+        got: MemberUpdated = await self._do(call)
+        return got
+
+    async def members(self, team: str | None = None) -> list[MemberInfo]:
+        """The members of ``team`` (a member: of its own team, the default)."""
+        name = await self._team(team)
+
+        async def local(s: Scope) -> MemberList:
+            s.need_team(name)
+            from backchannel.member import AdminApi
+
+            return await AdminApi(s.hub).members(name)
+
+        got: MemberList = await self._do(
+            Call("GET", f"/v1/teams/{_q(name)}/members", local, MemberList)
+        )
+        return got.members
+
+    async def rotate_token(self, team: str, name: str) -> TokenRotated:
+        """Give a member a new token (in the answer only); the old one fails at once."""
+        call = Call(
+            "POST",
+            f"/v1/teams/{_q(team)}/members/{_q(name)}/token",
+            lambda s: s.admin.rotate_token(team, name),
+            TokenRotated,
+        )
+        got: TokenRotated = await self._do(call)
+        return got
+
+    async def remove_member(self, team: str, name: str, *, reason: str = "") -> Removal:
+        """Remove a member: what waits for it becomes dead letters (senders told)."""
+        call = Call(
+            "DELETE",
+            f"/v1/teams/{_q(team)}/members/{_q(name)}",
+            lambda s: s.admin.remove_member(team, name, reason=reason),
+            Removal,
+            params={"reason": reason} if reason else None,
+        )
+        got: Removal = await self._do(call)
+        return got
+
+    async def remove_team(self, team: str) -> Removal:
+        """Remove a team and everything stored for it."""
+        call = Call("DELETE", f"/v1/teams/{_q(team)}", lambda s: s.admin.remove_team(team), Removal)
+        got: Removal = await self._do(call)
+        return got
+
+    async def budgets(self, team: str | None = None) -> list[Budget]:
+        """The conversation budgets used in ``team`` (yours by default)."""
+        name = await self._team(team)
+
+        async def local(s: Scope) -> BudgetList:
+            s.need_team(name)
+            from backchannel.member import AdminApi
+
+            return await AdminApi(s.hub).budgets(name)
+
+        got: BudgetList = await self._do(
+            Call("GET", f"/v1/teams/{_q(name)}/budgets", local, BudgetList)
+        )
+        return got.budgets
+
+    async def extend_budget(self, key: str, by: int, *, team: str | None = None) -> Budget:
+        """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
+        through: the team's human or the administrator only."""
+        name = await self._team(team)
+
+        async def local(s: Scope) -> Budget:
+            s.need_team(name)
+            if s.is_admin:
+                return await s.admin.extend_budget(name, key, by)
+            return await s.member.extend_budget(key, by)
+
+        call = Call(
+            "POST",
+            f"/v1/teams/{_q(name)}/budgets/extend",
+            local,
+            Budget,
+            {"key": key, "by": by},
+        )
+        got: Budget = await self._do(call)
+        return got
+
+    def team_events(self, team: str | None = None, *, after: int = 0) -> AsyncIterator[Traffic]:
+        """The team's live traffic (sends, leases, acks, dead letters) from cursor
+        ``after`` on; it never ends by itself."""
+
+        async def run() -> AsyncIterator[Traffic]:
+            name = await self._team(team)
+
+            def local(s: Scope) -> AsyncIterator[Traffic]:
+                s.need_team(name)
+                if s.is_admin:
+                    return s.admin.events(name, after=after)
+                return s.member.events(after=after)
+
+            stream = Stream(f"/v1/teams/{_q(name)}/events", local, Traffic, {"after": after})
+            async for item in self._transport.stream(stream):
+                yield item
+
+        return run()
+
+    # -- messages ----------------------------------------------------------------------
+    async def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+        from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
+    ) -> Sent:
+        """Send as your member (from ``from_session``'s turn, if given). A send from a
+        turn opens a link to the recipient unless ``link=False``. Idempotent on
+        ``message_id``: the same id again answers the first result, ``replayed``."""
+        body = {
+            "to": to,
+            "text": text,
+            "link": link,
+            "close_link": close_link,
+            **_given(
+                summary=summary,
+                message_id=message_id,
+                session=session,
+                from_session=from_session,
+                link_budget=link_budget,
+            ),
+        }
+
+        def local(s: Scope) -> Any:
+            return s.member.send(
+                to,
+                text,
+                summary=summary,
+                message_id=message_id,
+                session=session,
+                from_session=from_session,
+                link=link,
+                close_link=close_link,
+                link_budget=link_budget,
+            )
+
+        got: Sent = await self._do(Call("POST", "/v1/messages", local, Sent, body))
+        return got
+
+    async def send_batch(self, messages: Sequence[MessageIn | Mapping[str, Any]]) -> SentBatch:
+        """Send many messages in one request (each a :class:`MessageIn` or its JSON).
+        Each is answered on its own; a bad one loses none of the others."""
+        items = [
+            m.model_dump(exclude_defaults=True) if isinstance(m, MessageIn) else dict(m)
+            for m in messages
+        ]
+        call = Call(
+            "POST",
+            "/v1/messages/batch",
+            lambda s: s.member.send_batch(items),
+            SentBatch,
+            {"messages": items},
+        )
+        got: SentBatch = await self._do(call)
+        return got
+
+    async def status(self, message_id: str) -> MessageReport:
+        """Delivery state and history of a message you sent or received."""
+        call = Call(
+            "GET",
+            f"/v1/messages/{_q(message_id)}",
+            lambda s: s.member.status(message_id),
+            MessageReport,
+        )
+        got: MessageReport = await self._do(call)
+        return got
+
+    async def react(self, message_id: str, emoji: str) -> Reaction:
+        """React to a message you sent or received (not a send: it crosses no link)."""
+        call = Call(
+            "POST",
+            f"/v1/messages/{_q(message_id)}/reactions",
+            lambda s: s.member.react(message_id, emoji),
+            Reaction,
+            {"emoji": emoji},
+        )
+        got: Reaction = await self._do(call)
+        return got
+
+    # -- inbox -------------------------------------------------------------------------
+    async def receive(
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+    ) -> list[Received]:
+        """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
+        ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``).
+        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled."""
+        params = {
+            "limit": limit,
+            "wait": wait,
+            "pinned_only": pinned_only,
+            **_given(session=session, lease=lease),
+        }
+
+        async def local(s: Scope) -> Inbox:
+            got = await s.member.receive(
+                limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+            )
+            return Inbox(messages=got)
+
+        inbox: Inbox = await self._do(
+            Call("GET", "/v1/inbox", local, Inbox, params=params, wait=wait)
+        )
+        return [m.bind(self) for m in inbox.messages]
+
+    async def inbox(
+        self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
+    ) -> AsyncIterator[Received]:
+        """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
+        while True:
+            for msg in await self.receive(limit=batch, wait=wait, session=session):
+                yield msg
+
+    async def pending(self) -> int:
+        """How many of your messages are not acked yet."""
+        call = Call("GET", "/v1/inbox/pending", lambda s: s.member.pending(), Pending)
+        got: Pending = await self._do(call)
+        return got.pending
+
+    async def ack(self, message_ids: Sequence[str]) -> Acked:
+        """Ack messages you hold; ``not_held`` names those you did not."""
+        ids = list(message_ids)
+        call = Call(
+            "POST", "/v1/inbox/ack", lambda s: s.member.ack(ids), Acked, {"message_ids": ids}
+        )
+        got: Acked = await self._do(call)
+        return got
+
+    async def ack_batch(self, message_ids: Sequence[str]) -> AckedBatch:
+        """Ack many ids, each answered on its own (``acked``, ``not_held``, ``invalid``)."""
+        ids = list(message_ids)
+        call = Call(
+            "POST",
+            "/v1/inbox/ack/batch",
+            lambda s: s.member.ack_batch(ids),
+            AckedBatch,
+            {"message_ids": ids},
+        )
+        got: AckedBatch = await self._do(call)
+        return got
+
+    async def release(self, message_ids: Sequence[str]) -> int:
+        """Give leased messages back at once instead of at the lease's end."""
+        ids = list(message_ids)
+        call = Call(
+            "POST",
+            "/v1/inbox/release",
+            lambda s: s.member.release(ids),
+            Released,
+            {"message_ids": ids},
+        )
+        got: Released = await self._do(call)
+        return got.released
+
+    # -- sessions and turns ------------------------------------------------------------
+    async def open_session(self, session_id: str | None = None) -> SessionInfo:
+        """Open a session, or resume ``session_id`` (same state, links and timers)."""
+        call = Call(
+            "POST",
+            "/v1/sessions",
+            lambda s: s.member.open_session(session_id),
+            SessionInfo,
+            {"session_id": session_id},
+        )
+        got: SessionInfo = await self._do(call)
+        return got
+
+    async def list_sessions(self, member: str | None = None) -> list[SessionInfo]:
+        """Sessions of your team (or of one member)."""
+        call = Call(
+            "GET",
+            "/v1/sessions",
+            lambda s: s.member.sessions(member=member),
+            SessionList,
+            params=_given(member=member),
+        )
+        got: SessionList = await self._do(call)
+        return got.sessions
+
+    async def session(self, session_id: str) -> SessionInfo:
+        """One session of your team."""
+        call = Call(
+            "GET",
+            f"/v1/sessions/{_q(session_id)}",
+            lambda s: s.member.session(session_id),
+            SessionInfo,
+        )
+        got: SessionInfo = await self._do(call)
+        return got
+
+    async def report_event(
+        self,
+        session_id: str,
+        kind: str,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> EventAnswer:
+        """Report ``turn_start``, ``thought``, ``tool_call``, ``tool_result``,
+        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed)."""
+        body = {"kind": kind, "text": text, "data": dict(data or {})}
+        call = Call(
+            "POST",
+            f"/v1/sessions/{_q(session_id)}/events",
+            lambda s: s.member.report_event(session_id, kind, text, data),
+            EventAnswer,
+            body,
+        )
+        got: EventAnswer = await self._do(call)
+        return got
+
+    async def turn_start(self, session_id: str, text: str = "") -> EventAnswer:
+        return await self.report_event(session_id, "turn_start", text)
+
+    async def agent_stop(self, session_id: str, text: str) -> EventAnswer:
+        return await self.report_event(session_id, "agent_stop", text)
+
+    async def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
+        call = Call(
+            "POST",
+            f"/v1/sessions/{_q(session_id)}/terminate",
+            lambda s: s.member.terminate_session(session_id, reason),
+            SessionInfo,
+            {"reason": reason},
+        )
+        got: SessionInfo = await self._do(call)
+        return got
+
+    async def session_data(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+        max_chars: int = 20_000,
+    ) -> Transcript:
+        """A teammate's transcript, paged and capped (``get_session_data``)."""
+        params = {
+            "since": since,
+            "max_chars": max_chars,
+            **_given(until=until, tail_chars=tail_chars),
+        }
+        call = Call(
+            "GET",
+            f"/v1/sessions/{_q(session_id)}/transcript",
+            lambda s: s.member.transcript(
+                session_id, since=since, until=until, tail_chars=tail_chars, max_chars=max_chars
+            ),
+            Transcript,
+            params=params,
+        )
+        got: Transcript = await self._do(call)
+        return got
+
+    # -- links -------------------------------------------------------------------------
+    async def links(self, *, member: str | None = None, open_only: bool = False) -> list[Link]:
+        """Your team's links: peers, turns used of the budget, state, why closed."""
+        call = Call(
+            "GET",
+            "/v1/links",
+            lambda s: s.member.links(member=member, open_only=open_only),
+            LinkList,
+            params={"open_only": open_only, **_given(member=member)},
+        )
+        got: LinkList = await self._do(call)
+        return got.links
+
+    async def link(self, link_id: str) -> Link:
+        call = Call("GET", f"/v1/links/{_q(link_id)}", lambda s: s.member.link(link_id), Link)
+        got: Link = await self._do(call)
+        return got
+
+    # -- timers ------------------------------------------------------------------------
+    async def set_timer(
+        self,
+        intent: str,
+        minutes: float | None = None,
+        note: str = "",
+        target: str | None = None,
+        *,
+        seconds: float | None = None,
+        session: str | None = None,
+    ) -> Timer:
+        """Set a heartbeat: ``anchor`` (back to your task; 10 minutes when no time is
+        given), ``check`` or ``wait`` (on the ``target`` peer). One of ``minutes`` and
+        ``seconds``."""
+        body = {
+            "intent": intent,
+            "note": note,
+            **_given(minutes=minutes, seconds=seconds, target=target, session=session),
+        }
+        call = Call(
+            "POST",
+            "/v1/timers",
+            lambda s: s.member.set_timer(
+                intent, minutes, note, target, seconds=seconds, session=session
+            ),
+            Timer,
+            body,
+        )
+        got: Timer = await self._do(call)
+        return got
+
+    async def cancel_timer(self, timer_id: int) -> Timer:
+        call = Call(
+            "DELETE", f"/v1/timers/{timer_id}", lambda s: s.member.cancel_timer(timer_id), Timer
+        )
+        got: Timer = await self._do(call)
+        return got
+
+    async def timers(
+        self, *, member: str | None = None, session: str | None = None, all: bool = False
+    ) -> list[Timer]:
+        """Pending timers of your team (``all``: fired and cancelled ones too)."""
+        call = Call(
+            "GET",
+            "/v1/timers",
+            lambda s: s.member.timers(member=member, session=session, all=all),
+            TimerList,
+            params={"all": all, **_given(member=member, session=session)},
+        )
+        got: TimerList = await self._do(call)
+        return got.timers
+
+    # -- delegation --------------------------------------------------------------------
+    async def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> Delegation:
+        """Call ``to`` as an asynchronous tool from your open turn; returns at once,
+        pending. The answer arrives as a ``tool_result`` message."""
+        body = {
+            "to": to,
+            "task": task,
+            **_given(timeout_s=timeout_s, session=session, tool_use_id=tool_use_id),
+        }
+        call = Call(
+            "POST",
+            "/v1/delegations",
+            lambda s: s.member.delegate(
+                to, task, timeout_s=timeout_s, session=session, tool_use_id=tool_use_id
+            ),
+            Delegation,
+            body,
+        )
+        got: Delegation = await self._do(call)
+        return got
+
+    async def delegations(self, *, member: str | None = None) -> list[Delegation]:
+        call = Call(
+            "GET",
+            "/v1/delegations",
+            lambda s: s.member.delegations(member=member),
+            DelegationList,
+            params=_given(member=member),
+        )
+        got: DelegationList = await self._do(call)
+        return got.delegations
+
+    async def delegation(self, delegation_id: str) -> Delegation:
+        call = Call(
+            "GET",
+            f"/v1/delegations/{_q(delegation_id)}",
+            lambda s: s.member.delegation(delegation_id),
+            Delegation,
+        )
+        got: Delegation = await self._do(call)
+        return got
+
+    async def chat(
+        self,
+        agent: str,
+        message: str,
+        *,
+        reply_service: str,
+        reply_token: str,
+        session_id: str | None = None,
+        tool_use_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ChatAccepted:
+        """As another hub: ask ``agent`` of your team for a task; the answer goes to
+        ``reply_service`` (registered on the hub) with ``reply_token``."""
+        body = {
+            "agent": agent,
+            "message": message,
+            "reply": {"callbackService": reply_service, "bearerToken": reply_token},
+            **_given(session_id=session_id, tool_use_id=tool_use_id, timeout_s=timeout_s),
+        }
+        call = Call(
+            "POST",
+            "/v1/chat",
+            lambda s: s.member.chat(
+                agent,
+                message,
+                reply_service=reply_service,
+                reply_token=reply_token,
+                session_id=session_id,
+                tool_use_id=tool_use_id,
+                timeout_s=timeout_s,
+            ),
+            ChatAccepted,
+            body,
+        )
+        got: ChatAccepted = await self._do(call)
+        return got
+
+    async def tool_response(self, reply_token: str, result: Any) -> ToolResponseAccepted:
+        """As a callee hub: answer a delegation with the one-time ``reply_token``."""
+        call = Call(
+            "POST",
+            "/v1/tools/response",
+            lambda s: answer_delegation(s.hub, reply_token, result),
+            ToolResponseAccepted,
+            {"result": result},
+            token=reply_token,
+        )
+        got: ToolResponseAccepted = await self._do(call)
+        return got
+
+    # -- hooks -------------------------------------------------------------------------
+    async def hook(self, runtime: str, payload: Any, *, expect: str | None = None) -> HookResult:
+        """A runtime's hook call (``claude-code``, ``codex``, ``gemini``): its own hook
+        JSON in, its own hook output JSON out. ``expect`` (``TEAM/MEMBER``) refuses,
+        with no effect, a token of any other member. A payload it cannot use answers
+        ``{}`` with the ``problem``."""
+        call: Call[HookResult] = Call(
+            "POST",
+            f"/v1/hooks/{_q(runtime)}",
+            lambda s: s.member.hook(runtime, payload, expect=expect),
+            json=payload,
+            params=_given(**{"as": expect}),
+            parse=hook_result,
+        )
+        got: HookResult = await self._do(call)
+        return got

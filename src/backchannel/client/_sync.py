@@ -1,0 +1,421 @@
+"""The same client without ``await``, for scripts: :class:`SyncClient` runs a
+:class:`~backchannel.client.Client` on an event loop in a thread of its own. Its methods
+are the async client's, one for one (a test holds them equal)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backchannel.client._async import Client
+from backchannel.client._transport import Transport
+from backchannel.models import (
+    Acked,
+    AckedBatch,
+    Budget,
+    ChatAccepted,
+    Delegation,
+    EventAnswer,
+    HookResult,
+    Link,
+    Me,
+    MemberCreated,
+    MemberInfo,
+    MemberUpdated,
+    MessageIn,
+    MessageReport,
+    Reaction,
+    Received,
+    Removal,
+    Sent,
+    SentBatch,
+    SessionInfo,
+    TeamCreated,
+    TeamRef,
+    Timer,
+    TokenRotated,
+    ToolResponseAccepted,
+    Traffic,
+    Transcript,
+)
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """:class:`~backchannel.client.Client`'s calls without ``await``.
+    ``SyncClient(url, token)`` picks the transport by the URL, as the async client does."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        **hub_options: Any,
+    ) -> None:
+        self._setup(lambda: Client(url, token, timeout=timeout, **hub_options))
+
+    @classmethod
+    def local(cls, hub: Hub, token: str | None = None) -> SyncClient:
+        """A client of ``hub`` (not closed with the client). The hub runs on this
+        client's own event loop: give it a hub no other loop has started."""
+        client = cls.__new__(cls)
+        client._setup(lambda: Client.local(hub, token))
+        return client
+
+    @classmethod
+    def over(cls, transport: Transport) -> SyncClient:
+        """A client whose calls ``transport`` carries."""
+        client = cls.__new__(cls)
+        client._setup(lambda: Client.over(transport))
+        return client
+
+    def _setup(self, make: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._async: Client = make()
+        try:
+            self._run(self._async.start())
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        async def step() -> T:
+            return await anext(items)
+
+        try:
+            while True:
+                try:
+                    yield self._run(step())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(_aclose(items))
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def start(self) -> None:
+        """Nothing to do: a sync client starts when it is made (kept so the two
+        clients have the same calls)."""
+
+    def close(self) -> None:
+        try:
+            self._run(self._async.close())
+        finally:
+            self._stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def me(self) -> Me:
+        """Who this client acts as: the administrator, or a member of a team."""
+        return self._run(self._async.me())
+
+    def create_team(self, name: str, settings: Mapping[str, Any] | None = None) -> TeamCreated:
+        """Create a team; the answer carries ``user_token``, shown only once."""
+        return self._run(self._async.create_team(name, settings))
+
+    def teams(self) -> list[TeamRef]:
+        """Every team (administrator), or your own."""
+        return self._run(self._async.teams())
+
+    def add_member(
+        self,
+        team: str,
+        name: str,
+        kind: str = "llm",
+        delivery: Mapping[str, Any] | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberCreated:
+        """Add a member; the answer carries its ``token``, shown only once."""
+        return self._run(self._async.add_member(team, name, kind, delivery, settings=settings))
+
+    def update_member(
+        self,
+        team: str,
+        name: str,
+        *,
+        delivery: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberUpdated:
+        """Change a member's delivery setting or settings (what is not given stays)."""
+        return self._run(
+            self._async.update_member(team, name, delivery=delivery, settings=settings)
+        )
+
+    def members(self, team: str | None = None) -> list[MemberInfo]:
+        """The members of ``team`` (a member: of its own team, the default)."""
+        return self._run(self._async.members(team))
+
+    def rotate_token(self, team: str, name: str) -> TokenRotated:
+        """Give a member a new token (in the answer only); the old one fails at once."""
+        return self._run(self._async.rotate_token(team, name))
+
+    def remove_member(self, team: str, name: str, *, reason: str = "") -> Removal:
+        """Remove a member: what waits for it becomes dead letters (senders told)."""
+        return self._run(self._async.remove_member(team, name, reason=reason))
+
+    def remove_team(self, team: str) -> Removal:
+        """Remove a team and everything stored for it."""
+        return self._run(self._async.remove_team(team))
+
+    def budgets(self, team: str | None = None) -> list[Budget]:
+        """The conversation budgets used in ``team`` (yours by default)."""
+        return self._run(self._async.budgets(team))
+
+    def extend_budget(self, key: str, by: int, *, team: str | None = None) -> Budget:
+        """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
+        through: the team's human or the administrator only."""
+        return self._run(self._async.extend_budget(key, by, team=team))
+
+    def team_events(self, team: str | None = None, *, after: int = 0) -> Iterator[Traffic]:
+        """The team's live traffic (sends, leases, acks, dead letters) from cursor
+        ``after`` on; it never ends by itself."""
+        return self._iterate(self._async.team_events(team, after=after))
+
+    def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+        from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
+    ) -> Sent:
+        """Send as your member (from ``from_session``'s turn, if given). A send from a
+        turn opens a link to the recipient unless ``link=False``. Idempotent on
+        ``message_id``: the same id again answers the first result, ``replayed``."""
+        return self._run(
+            self._async.send(
+                to,
+                text,
+                summary=summary,
+                message_id=message_id,
+                session=session,
+                from_session=from_session,
+                link=link,
+                close_link=close_link,
+                link_budget=link_budget,
+            )
+        )
+
+    def send_batch(self, messages: Sequence[MessageIn | Mapping[str, Any]]) -> SentBatch:
+        """Send many messages in one request (each a :class:`MessageIn` or its JSON).
+        Each is answered on its own; a bad one loses none of the others."""
+        return self._run(self._async.send_batch(messages))
+
+    def status(self, message_id: str) -> MessageReport:
+        """Delivery state and history of a message you sent or received."""
+        return self._run(self._async.status(message_id))
+
+    def react(self, message_id: str, emoji: str) -> Reaction:
+        """React to a message you sent or received (not a send: it crosses no link)."""
+        return self._run(self._async.react(message_id, emoji))
+
+    def receive(
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+    ) -> list[Received]:
+        """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
+        ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``).
+        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled."""
+        return self._run(
+            self._async.receive(
+                limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+            )
+        )
+
+    def inbox(
+        self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
+    ) -> Iterator[Received]:
+        """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
+        return self._iterate(self._async.inbox(session=session, wait=wait, batch=batch))
+
+    def pending(self) -> int:
+        """How many of your messages are not acked yet."""
+        return self._run(self._async.pending())
+
+    def ack(self, message_ids: Sequence[str]) -> Acked:
+        """Ack messages you hold; ``not_held`` names those you did not."""
+        return self._run(self._async.ack(message_ids))
+
+    def ack_batch(self, message_ids: Sequence[str]) -> AckedBatch:
+        """Ack many ids, each answered on its own (``acked``, ``not_held``, ``invalid``)."""
+        return self._run(self._async.ack_batch(message_ids))
+
+    def release(self, message_ids: Sequence[str]) -> int:
+        """Give leased messages back at once instead of at the lease's end."""
+        return self._run(self._async.release(message_ids))
+
+    def open_session(self, session_id: str | None = None) -> SessionInfo:
+        """Open a session, or resume ``session_id`` (same state, links and timers)."""
+        return self._run(self._async.open_session(session_id))
+
+    def list_sessions(self, member: str | None = None) -> list[SessionInfo]:
+        """Sessions of your team (or of one member)."""
+        return self._run(self._async.list_sessions(member))
+
+    def session(self, session_id: str) -> SessionInfo:
+        """One session of your team."""
+        return self._run(self._async.session(session_id))
+
+    def report_event(
+        self,
+        session_id: str,
+        kind: str,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> EventAnswer:
+        """Report ``turn_start``, ``thought``, ``tool_call``, ``tool_result``,
+        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed)."""
+        return self._run(self._async.report_event(session_id, kind, text, data))
+
+    def turn_start(self, session_id: str, text: str = "") -> EventAnswer:
+        return self._run(self._async.turn_start(session_id, text))
+
+    def agent_stop(self, session_id: str, text: str) -> EventAnswer:
+        return self._run(self._async.agent_stop(session_id, text))
+
+    def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
+        return self._run(self._async.terminate_session(session_id, reason))
+
+    def session_data(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+        max_chars: int = 20_000,
+    ) -> Transcript:
+        """A teammate's transcript, paged and capped (``get_session_data``)."""
+        return self._run(
+            self._async.session_data(
+                session_id, since=since, until=until, tail_chars=tail_chars, max_chars=max_chars
+            )
+        )
+
+    def links(self, *, member: str | None = None, open_only: bool = False) -> list[Link]:
+        """Your team's links: peers, turns used of the budget, state, why closed."""
+        return self._run(self._async.links(member=member, open_only=open_only))
+
+    def link(self, link_id: str) -> Link:
+        return self._run(self._async.link(link_id))
+
+    def set_timer(
+        self,
+        intent: str,
+        minutes: float | None = None,
+        note: str = "",
+        target: str | None = None,
+        *,
+        seconds: float | None = None,
+        session: str | None = None,
+    ) -> Timer:
+        """Set a heartbeat: ``anchor`` (back to your task; 10 minutes when no time is
+        given), ``check`` or ``wait`` (on the ``target`` peer). One of ``minutes`` and
+        ``seconds``."""
+        return self._run(
+            self._async.set_timer(intent, minutes, note, target, seconds=seconds, session=session)
+        )
+
+    def cancel_timer(self, timer_id: int) -> Timer:
+        return self._run(self._async.cancel_timer(timer_id))
+
+    def timers(
+        self, *, member: str | None = None, session: str | None = None, all: bool = False
+    ) -> list[Timer]:
+        """Pending timers of your team (``all``: fired and cancelled ones too)."""
+        return self._run(self._async.timers(member=member, session=session, all=all))
+
+    def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> Delegation:
+        """Call ``to`` as an asynchronous tool from your open turn; returns at once,
+        pending. The answer arrives as a ``tool_result`` message."""
+        return self._run(
+            self._async.delegate(
+                to, task, timeout_s=timeout_s, session=session, tool_use_id=tool_use_id
+            )
+        )
+
+    def delegations(self, *, member: str | None = None) -> list[Delegation]:
+        return self._run(self._async.delegations(member=member))
+
+    def delegation(self, delegation_id: str) -> Delegation:
+        return self._run(self._async.delegation(delegation_id))
+
+    def chat(
+        self,
+        agent: str,
+        message: str,
+        *,
+        reply_service: str,
+        reply_token: str,
+        session_id: str | None = None,
+        tool_use_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ChatAccepted:
+        """As another hub: ask ``agent`` of your team for a task; the answer goes to
+        ``reply_service`` (registered on the hub) with ``reply_token``."""
+        return self._run(
+            self._async.chat(
+                agent,
+                message,
+                reply_service=reply_service,
+                reply_token=reply_token,
+                session_id=session_id,
+                tool_use_id=tool_use_id,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def tool_response(self, reply_token: str, result: Any) -> ToolResponseAccepted:
+        """As a callee hub: answer a delegation with the one-time ``reply_token``."""
+        return self._run(self._async.tool_response(reply_token, result))
+
+    def hook(self, runtime: str, payload: Any, *, expect: str | None = None) -> HookResult:
+        """A runtime's hook call (``claude-code``, ``codex``, ``gemini``): its own hook
+        JSON in, its own hook output JSON out. ``expect`` (``TEAM/MEMBER``) refuses,
+        with no effect, a token of any other member. A payload it cannot use answers
+        ``{}`` with the ``problem``."""
+        return self._run(self._async.hook(runtime, payload, expect=expect))
+
+
+async def _aclose(items: AsyncIterator[Any]) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()

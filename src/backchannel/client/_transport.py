@@ -1,0 +1,251 @@
+"""Where a client's calls go: over HTTP to a running hub, or to a hub in this process.
+
+A :class:`Call` is one operation of the API v1, described once for both transports: the
+HTTP request (method, path, body, query) and the same operation as a call on the
+in-process :class:`~backchannel.member.MemberApi` or :class:`~backchannel.member.AdminApi`.
+The client builds calls; a transport carries them. Callers never see which transport
+they have.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from backchannel import errors
+from backchannel.errors import BackchannelError, Forbidden, PeerError, Unauthorized
+from backchannel.member import AdminApi, MemberApi
+from backchannel.models import HookResult
+from backchannel.types import Member
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+R = TypeVar("R")
+
+
+class Scope:
+    """What an in-process call may use: the caller's member API or the admin API (each
+    refused with the same 403 the HTTP API answers), and the hub for the few calls
+    that act on it directly."""
+
+    def __init__(self, hub: Hub, member: Member | None) -> None:
+        self.hub = hub
+        self._member = member
+
+    @property
+    def is_admin(self) -> bool:
+        return self._member is None
+
+    @property
+    def member(self) -> MemberApi:
+        if self._member is None:
+            raise Forbidden(
+                "this call acts as a member; use a member token (the admin token manages "
+                "teams and members only)"
+            )
+        return MemberApi(self.hub, self._member)
+
+    @property
+    def admin(self) -> AdminApi:
+        if self._member is not None:
+            raise Forbidden("this call needs the administrator: connect without a member token")
+        return AdminApi(self.hub)
+
+    def need_team(self, team: str) -> None:
+        if self._member is not None and self._member.team != team:
+            raise errors.UnknownTeam(f"unknown team {team!r}", team=team)
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    """One operation: ``local`` runs it in-process; the rest says it over HTTP, and
+    ``model`` reads the answer (``None``: the answer is ``parse``'s)."""
+
+    method: str
+    path: str
+    local: Callable[[Scope], Awaitable[R]]
+    model: type[BaseModel] | None = None
+    json: Any = None
+    params: dict[str, Any] | None = None
+    wait: float = 0.0
+    token: str | None = None  # another bearer token for this one call
+    parse: Callable[[httpx.Response], R] | None = None
+
+
+@dataclass(frozen=True)
+class Stream(Generic[R]):
+    """A server-sent event stream, read item by item."""
+
+    path: str
+    local: Callable[[Scope], AsyncIterator[R]]
+    model: type[BaseModel]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Transport:
+    """Carries calls. ``start`` before the first, ``close`` after the last."""
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def call(self, call: Call[R]) -> R:
+        raise NotImplementedError
+
+    def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
+        raise NotImplementedError
+
+
+class LocalTransport(Transport):
+    """A hub in this process. ``token=None`` acts as the administrator. ``own_hub``: the
+    hub is started and closed with the transport."""
+
+    def __init__(self, hub: Hub, token: str | None, *, own_hub: bool) -> None:
+        self._hub = hub
+        self._token = token
+        self._own = own_hub
+        self._me: Member | None = None
+
+    async def start(self) -> None:
+        await self._hub.start()
+        if self._token is not None:
+            self._me = await self._hub.authenticate(self._token)
+            if self._me is None:
+                raise Unauthorized("invalid token: no member of any team has it")
+
+    async def close(self) -> None:
+        if self._own:
+            await self._hub.close()
+
+    def _scope(self) -> Scope:
+        if self._token is not None:
+            if self._me is None:
+                raise Unauthorized("the client is not started: use `async with` or start()")
+            if self._me.token_hash in self._hub.revoked:
+                raise Unauthorized(
+                    "this token was rotated or its member removed; use the new token"
+                )
+        return Scope(self._hub, self._me)
+
+    async def call(self, call: Call[R]) -> R:
+        return await call.local(self._scope())
+
+    async def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
+        async for item in stream.local(self._scope()):
+            yield item
+
+
+_ERRORS: dict[str, type[BackchannelError]] = {
+    cls.code: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, BackchannelError)
+}
+
+
+def raise_for(resp: httpx.Response) -> None:
+    """The hub's error answer as the exception it stands for."""
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()["error"]
+        code, message = body.pop("code"), body.pop("message")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise PeerError(
+            f"hub answered {resp.status_code} without a backchannel error body: {resp.text[:200]}"
+        ) from None
+    raise _ERRORS.get(code, BackchannelError)(message, **body)
+
+
+class HttpTransport(Transport):
+    """A hub over its HTTP API v1 (``transport``: httpx's, e.g. ``httpx.ASGITransport``
+    or ``httpx.MockTransport`` in tests)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            transport=transport,
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def _unreachable(self, exc: Exception) -> PeerError:
+        return PeerError(
+            f"cannot reach the hub at {self.url}: {exc}; is `backchannel serve` running?"
+        )
+
+    async def call(self, call: Call[R]) -> R:
+        timeout = httpx.Timeout(call.wait + 30.0, connect=5.0)
+        headers = {"Authorization": f"Bearer {call.token}"} if call.token else None
+        try:
+            resp = await self._http.request(
+                call.method,
+                call.path,
+                json=call.json,
+                params=call.params,
+                headers=headers,
+                timeout=timeout,
+            )
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        if call.parse is not None:
+            return call.parse(resp)
+        raise_for(resp)
+        assert call.model is not None
+        got: R = call.model.model_validate(resp.json())  # type: ignore[assignment]
+        return got
+
+    async def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
+        try:
+            async with self._http.stream(
+                "GET", stream.path, params=stream.params, timeout=None
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise_for(resp)
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        item: R = stream.model.model_validate(json.loads(line[6:]))  # type: ignore[assignment]
+                        yield item
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+
+def hook_result(resp: httpx.Response) -> HookResult:
+    """A hook call's answer over HTTP: the runtime's JSON, the problem and the ids it
+    hands over from their headers."""
+    from backchannel.runtimes.common import PROBLEM_HEADER
+    from backchannel.runtimes.seen import DELIVERED_HEADER, delivered_ids
+
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = None
+    if resp.status_code >= 400:
+        raise_for(resp)
+    if not isinstance(answer, dict):
+        return HookResult(answer={}, problem=resp.headers.get(PROBLEM_HEADER))
+    return HookResult(
+        answer=answer,
+        problem=resp.headers.get(PROBLEM_HEADER),
+        delivered=delivered_ids(resp.headers.get(DELIVERED_HEADER)),
+    )

@@ -1,0 +1,25 @@
+"""``/healthz`` and ``/v1/me``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from backchannel.interfaces.routes.deps import Auth, hub_of
+from backchannel.interfaces.wire import StrictRoute
+from backchannel.member import AdminApi, MemberApi
+from backchannel.models import Health, Me
+
+router = APIRouter(route_class=StrictRoute, tags=["meta"])
+
+
+@router.get("/healthz")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/v1/me")
+async def me(who: Auth, request: Request) -> Me:
+    """Who the token is: the administrator, or a member of a team."""
+    if who.member is None:
+        return AdminApi.me()
+    return MemberApi(hub_of(request), who.member).me()

@@ -1,0 +1,163 @@
+"""Teams and members (admin), credentials and removal, budgets, and a team's live feed.
+
+* ``POST /v1/teams/{team}/members/{name}/token`` gives the member a new token (shown
+  only in this answer); the old one answers 401 from then on.
+* ``DELETE /v1/teams/{team}/members/{name}`` removes a member: copies still waiting for
+  it become dead letters (senders told), its links close (peers told), its timers are
+  cancelled, its token stops working. The answer counts what was settled.
+* ``DELETE /v1/teams/{team}`` removes a team and everything stored for it.
+* ``GET /v1/teams/{team}/budgets`` lists the pair and chain budgets that have been used;
+  ``POST .../budgets/extend`` lets exactly ``by`` more exchanges (or hops) through: only
+  the team's human (``user``) or the admin may. A send over a spent budget is answered
+  ``429 budget_exhausted`` by every sending route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from backchannel.hub import FeedItem
+from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of
+from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
+from backchannel.interfaces.wire import MAX_INT, SSE_EVENT, MemberName, StrictRoute, TeamName
+from backchannel.member import AdminApi, MemberApi
+from backchannel.models import (
+    Budget,
+    BudgetList,
+    ExtendIn,
+    MemberCreated,
+    MemberIn,
+    MemberList,
+    MemberPatch,
+    MemberUpdated,
+    Removal,
+    TeamCreated,
+    TeamIn,
+    TeamList,
+    TeamRef,
+    TokenRotated,
+)
+
+router = APIRouter(route_class=StrictRoute, tags=["teams"])
+
+
+@router.post("/v1/teams", status_code=201)
+async def create_team(body: TeamIn, admin: AsAdmin) -> TeamCreated:
+    """Create a team (admin); the answer carries its human member's token, shown once."""
+    return await admin.create_team(body.name, body.settings)
+
+
+@router.get("/v1/teams")
+async def list_teams(who: Auth, request: Request) -> TeamList:
+    """Every team (admin), or the caller's own."""
+    if who.member is not None:
+        return TeamList(teams=[TeamRef(name=who.member.team)])
+    return await AdminApi(hub_of(request)).teams()
+
+
+@router.post("/v1/teams/{team}/members", status_code=201)
+async def add_member(team: TeamName, body: MemberIn, admin: AsAdmin) -> MemberCreated:
+    """Add a member (admin); the answer carries its token, shown only once."""
+    return await admin.add_member(
+        team, body.name, body.kind, delivery=body.delivery, settings=body.settings
+    )
+
+
+@router.patch("/v1/teams/{team}/members/{name}")
+async def update_member(
+    team: TeamName, name: MemberName, body: MemberPatch, admin: AsAdmin
+) -> MemberUpdated:
+    """Change a member's delivery setting or settings (admin)."""
+    return await admin.update_member(team, name, delivery=body.delivery, settings=body.settings)
+
+
+@router.get("/v1/teams/{team}/members")
+async def list_members(team: TeamName, who: Auth, request: Request) -> MemberList:
+    who.need_team(team)
+    return await AdminApi(hub_of(request)).members(team)
+
+
+@router.post("/v1/teams/{team}/members/{name}/token")
+async def rotate_token(team: TeamName, name: MemberName, admin: AsAdmin) -> TokenRotated:
+    """Rotate a member's token (admin); the old token fails at once."""
+    return await admin.rotate_token(team, name)
+
+
+@router.delete("/v1/teams/{team}/members/{name}")
+async def remove_member(
+    team: TeamName,
+    name: MemberName,
+    admin: AsAdmin,
+    reason: Annotated[str, Query(max_length=500)] = "",
+) -> Removal:
+    """Remove a member (admin); what was waiting for it becomes dead letters."""
+    return await admin.remove_member(team, name, reason=reason)
+
+
+@router.delete("/v1/teams/{team}")
+async def remove_team(team: TeamName, admin: AsAdmin) -> Removal:
+    """Remove a team and everything stored for it (admin)."""
+    return await admin.remove_team(team)
+
+
+@router.get("/v1/teams/{team}/budgets", tags=["budgets"])
+async def list_budgets(team: TeamName, who: Auth, request: Request) -> BudgetList:
+    """Used conversation budgets: per pair (exchanges in the window) and per chain."""
+    who.need_team(team)
+    return await AdminApi(hub_of(request)).budgets(team)
+
+
+@router.post("/v1/teams/{team}/budgets/extend", tags=["budgets"])
+async def extend_budget(team: TeamName, body: ExtendIn, who: Auth, request: Request) -> Budget:
+    """Let exactly ``by`` more exchanges (or hops) through: the team's human or the
+    admin only."""
+    who.need_team(team)
+    hub = hub_of(request)
+    if who.member is None:
+        return await AdminApi(hub).extend_budget(team, body.key, body.by)
+    return await MemberApi(hub, who.member).extend_budget(body.key, body.by)
+
+
+@router.get("/v1/teams/{team}/events", response_class=EventStream, responses=SSE_EVENT)
+async def team_events(
+    team: TeamName,
+    who: Auth,
+    request: Request,
+    after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+) -> StreamingResponse:
+    """Server-sent events: the team's traffic (sends, leases, acks, dead letters)."""
+    who.need_team(team)
+    hub = hub_of(request)
+    await hub.get_team(team)
+
+    async def events() -> AsyncIterator[str]:
+        yield ": connected\n\n"
+        stream = hub.watch(team, after)
+        pending: asyncio.Future[FeedItem] | None = None
+        try:
+            while not await request.is_disconnected():
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(stream))
+                # asyncio.wait does not cancel the read, so a quiet spell keeps the feed
+                done, _ = await asyncio.wait({pending}, timeout=15.0)
+                if not done:
+                    yield ": keep-alive\n\n"
+                    continue
+                item = pending.result()
+                pending = None
+                yield f"event: traffic\nid: {item.cursor}\ndata: {json.dumps(item.to_json())}\n\n"
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            await stream.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,542 @@
+"""What a member may do, and what the administrator may do, as typed calls on a hub.
+
+:class:`MemberApi` is one member of one team acting on a :class:`~backchannel.hub.Hub`:
+every call is scoped to that member's team, and the sender of a message is always that
+member. :class:`AdminApi` manages teams and members. The HTTP routes and the in-process
+SDK transport both call these, so the two answer the same models with the same errors.
+
+Both are cheap to build (one per request); they hold no state of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
+
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
+from backchannel.errors import BackchannelError, InvalidRequest
+from backchannel.models import (
+    Acked,
+    AckedBatch,
+    AckOutcome,
+    Budget,
+    BudgetList,
+    ChatAccepted,
+    Delegation,
+    DelegationList,
+    ErrorDetail,
+    EventAnswer,
+    HookResult,
+    Link,
+    LinkList,
+    Me,
+    MemberCreated,
+    MemberList,
+    MemberUpdated,
+    MessageIn,
+    MessageReport,
+    Pending,
+    Reaction,
+    Received,
+    Released,
+    Removal,
+    SendOutcome,
+    Sent,
+    SentBatch,
+    SessionInfo,
+    SessionList,
+    TeamCreated,
+    TeamList,
+    TeamRef,
+    Timer,
+    TimerList,
+    TokenRotated,
+    ToolResponseAccepted,
+    Traffic,
+    Transcript,
+)
+from backchannel.types import MESSAGE_ID_PATTERN, Member, MemberKind
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
+
+__all__ = ["AdminApi", "MemberApi", "batch_error"]
+
+_ID_RE = re.compile(MESSAGE_ID_PATTERN)
+
+
+def batch_error(exc: Exception) -> tuple[ErrorDetail, int]:
+    """One batch item's error: the error model and the status it alone would have had."""
+    if isinstance(exc, BackchannelError):
+        body = exc.to_json()["error"]
+        return ErrorDetail.model_validate(body), exc.status
+    if isinstance(exc, ValidationError):
+        problems = [
+            {
+                "field": ".".join(str(p) for p in e.get("loc", ())) or "body",
+                "problem": e.get("msg", "invalid"),
+            }
+            for e in exc.errors()
+        ]
+        text = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+        detail = {"code": "invalid_request", "message": f"invalid item: {text}"}
+        return ErrorDetail.model_validate({**detail, "problems": problems}), 422
+    raise exc
+
+
+class MemberApi:
+    """One member of one team, acting on ``hub``."""
+
+    def __init__(self, hub: Hub, member: Member) -> None:
+        self.hub = hub
+        self.member = member
+        self.team = member.team
+        self.name = member.name
+
+    def me(self) -> Me:
+        m = self.member
+        return Me(admin=False, team=m.team, name=m.name, kind=m.kind.value)
+
+    async def members(self) -> MemberList:
+        return await _members(self.hub, self.team)
+
+    # -- messages --------------------------------------------------------------------
+    async def send(
+        self,
+        to: str,
+        text: str,
+        *,
+        summary: str | None = None,
+        message_id: str | None = None,
+        session: str | None = None,
+        from_session: str | None = None,
+        link: bool = True,
+        close_link: bool = False,
+        link_budget: int | None = None,
+    ) -> Sent:
+        result = await self.hub.send(
+            self.team,
+            self.name,
+            to,
+            text,
+            summary=summary,
+            message_id=message_id,
+            to_session=session,
+            sender_session=from_session,
+            link=link,
+            close_link=close_link,
+            link_budget=link_budget,
+        )
+        return Sent(
+            message_id=result.message_id,
+            status=result.status.value,
+            recipients=[r.member for r in result.recipients],
+            replayed=result.replayed,
+        )
+
+    async def send_batch(self, items: Sequence[Any]) -> SentBatch:
+        """Send each item (a :class:`MessageIn` or its JSON) on its own: a bad item is
+        answered with its error and the others still go. The sends run concurrently,
+        so the store's writer commits them in few transactions."""
+
+        async def one(item: Any) -> Sent:
+            body = item if isinstance(item, MessageIn) else MessageIn.model_validate(item)
+            return await self.send(
+                body.to,
+                body.text,
+                summary=body.summary,
+                message_id=body.message_id,
+                session=body.session,
+                from_session=body.from_session,
+                link=body.link,
+                close_link=body.close_link,
+                link_budget=body.link_budget,
+            )
+
+        done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+        results: list[SendOutcome] = []
+        for index, got in enumerate(done):
+            if isinstance(got, Sent):
+                results.append(
+                    SendOutcome(index=index, sent=got, status=200 if got.replayed else 201)
+                )
+            elif isinstance(got, Exception):
+                error, status = batch_error(got)
+                results.append(SendOutcome(index=index, error=error, status=status))
+            else:  # a BaseException (cancellation): not ours to keep
+                raise got
+        sent = sum(1 for r in results if r.sent is not None)
+        return SentBatch(results=results, sent=sent, failed=len(results) - sent)
+
+    async def status(self, message_id: str) -> MessageReport:
+        status = await self.hub.message_status(self.team, message_id, viewer=self.name)
+        return MessageReport.model_validate(status.to_json())
+
+    async def react(self, message_id: str, emoji: str) -> Reaction:
+        await self.hub.react(self.team, self.name, message_id, emoji)
+        return Reaction(message_id=message_id, emoji=emoji)
+
+    # -- inbox -----------------------------------------------------------------------
+    async def receive(
+        self,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> list[Received]:
+        got = await self.hub.receive(
+            self.team,
+            self.name,
+            session=session,
+            limit=limit,
+            wait=wait,
+            lease_seconds=lease,
+            pinned_only=pinned_only,
+            stop=stop,
+        )
+        return [Received.model_validate(m.to_json()) for m in got]
+
+    async def pending(self) -> Pending:
+        return Pending(pending=await self.hub.pending(self.team, self.name))
+
+    async def ack(self, message_ids: Sequence[str]) -> Acked:
+        result = await self.hub.ack(self.team, self.name, list(message_ids))
+        return Acked(acked=len(result.acked), not_held=list(result.not_held))
+
+    async def ack_batch(self, message_ids: Sequence[Any]) -> AckedBatch:
+        """Ack each id on its own: a malformed id is answered ``invalid`` and the
+        others are still acked (in one store transaction)."""
+        valid: list[str] = []
+        results: list[AckOutcome] = []
+        for mid in message_ids:
+            if isinstance(mid, str) and _ID_RE.match(mid):
+                valid.append(mid)
+                results.append(AckOutcome(message_id=mid, outcome="acked"))
+            else:
+                error = ErrorDetail(
+                    code="invalid_request",
+                    message=(
+                        f"{str(mid)[:80]!r} is not a message id: use 1 to 128 letters, "
+                        "digits, '_', '-', '.' or ':', starting with a letter or digit"
+                    ),
+                )
+                shown = mid if isinstance(mid, str) else None
+                results.append(AckOutcome(message_id=shown, outcome="invalid", error=error))
+        not_held: set[str] = set()
+        if valid:
+            got = await self.hub.ack(self.team, self.name, valid)
+            not_held = set(got.not_held)
+        for r in results:
+            if r.outcome == "acked" and r.message_id in not_held:
+                r.outcome = "not_held"
+        counts = {k: sum(1 for r in results if r.outcome == k) for k in ("acked", "not_held")}
+        return AckedBatch(
+            results=results,
+            acked=counts["acked"],
+            not_held=counts["not_held"],
+            invalid=len(results) - counts["acked"] - counts["not_held"],
+        )
+
+    async def release(self, message_ids: Sequence[str]) -> Released:
+        return Released(released=await self.hub.release(self.team, self.name, list(message_ids)))
+
+    # -- links -----------------------------------------------------------------------
+    async def links(self, *, member: str | None = None, open_only: bool = False) -> LinkList:
+        found = await self.hub.list_links(self.team, member=member, open_only=open_only)
+        return LinkList(links=[Link.model_validate(x.to_json()) for x in found])
+
+    async def link(self, link_id: str) -> Link:
+        return Link.model_validate((await self.hub.get_link(self.team, link_id)).to_json())
+
+    # -- delegation ------------------------------------------------------------------
+    async def delegate(
+        self,
+        to: str,
+        task: str,
+        *,
+        timeout_s: float | None = None,
+        session: str | None = None,
+        tool_use_id: str | None = None,
+    ) -> Delegation:
+        d = await self.hub.delegate(
+            self.team, self.name, session, to, task, timeout_s=timeout_s, tool_use_id=tool_use_id
+        )
+        return Delegation.model_validate(d.to_json())
+
+    async def delegations(self, *, member: str | None = None) -> DelegationList:
+        found = await self.hub.list_delegations(self.team, member=member)
+        return DelegationList(delegations=[Delegation.model_validate(d.to_json()) for d in found])
+
+    async def delegation(self, delegation_id: str) -> Delegation:
+        d = await self.hub.get_delegation(self.team, delegation_id)
+        return Delegation.model_validate(d.to_json())
+
+    async def chat(
+        self,
+        agent: str,
+        message: str,
+        *,
+        reply_service: str,
+        reply_token: str,
+        session_id: str | None = None,
+        tool_use_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ChatAccepted:
+        """Another hub (this member) asks ``agent`` of this team to do a task; the answer
+        goes to ``reply_service`` with ``reply_token``."""
+        d = await self.hub.accept_chat(
+            self.team,
+            self.name,
+            agent,
+            message,
+            reply_service=reply_service,
+            reply_token=reply_token,
+            session_id=session_id,
+            tool_use_id=tool_use_id,
+            timeout_s=timeout_s,
+        )
+        return ChatAccepted(
+            delegation_id=d.delegation_id, status=d.state.value, session=d.callee_session
+        )
+
+    # -- timers ----------------------------------------------------------------------
+    async def set_timer(
+        self,
+        intent: Literal["anchor", "check", "wait"] | str,
+        minutes: float | None = None,
+        note: str = "",
+        target: str | None = None,
+        *,
+        seconds: float | None = None,
+        session: str | None = None,
+    ) -> Timer:
+        """Exactly one of ``minutes`` and ``seconds`` (an anchor without either: the
+        default time)."""
+        if minutes is None and seconds is None and intent == "anchor":
+            minutes = DEFAULT_ANCHOR_MINUTES
+        if (minutes is None) == (seconds is None):
+            raise InvalidRequest("give exactly one of minutes or seconds", field="minutes")
+        due = seconds if seconds is not None else float(minutes or 0) * 60
+        timer = await self.hub.set_timer(self.team, self.name, session, intent, due, note, target)
+        return Timer.model_validate(timer.to_json(self.hub.clock.now()))
+
+    async def timers(
+        self, *, member: str | None = None, session: str | None = None, all: bool = False
+    ) -> TimerList:
+        found = await self.hub.list_timers(
+            self.team, member=member, session_id=session, pending_only=not all
+        )
+        now = self.hub.clock.now()
+        return TimerList(timers=[Timer.model_validate(t.to_json(now)) for t in found])
+
+    async def cancel_timer(self, timer_id: int) -> Timer:
+        timer = await self.hub.cancel_timer(self.team, self.name, timer_id)
+        return Timer.model_validate(timer.to_json())
+
+    # -- sessions --------------------------------------------------------------------
+    async def open_session(self, session_id: str | None = None) -> SessionInfo:
+        return _session(await self.hub.open_session(self.team, self.name, session_id))
+
+    async def sessions(self, *, member: str | None = None) -> SessionList:
+        found = await self.hub.list_sessions(self.team, member)
+        return SessionList(sessions=[_session(s) for s in found])
+
+    async def session(self, session_id: str) -> SessionInfo:
+        return _session(await self.hub.get_session(self.team, session_id))
+
+    async def report_event(
+        self,
+        session_id: str,
+        kind: str,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> EventAnswer:
+        got = await self.hub.report_event(
+            self.team, self.name, session_id, kind, text, dict(data or {})
+        )
+        return EventAnswer.model_validate(got)
+
+    async def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
+        return _session(await self.hub.terminate_session(self.team, self.name, session_id, reason))
+
+    async def transcript(
+        self,
+        session_id: str,
+        *,
+        since: int = 0,
+        until: int | None = None,
+        tail_chars: int | None = None,
+        max_chars: int = 20_000,
+    ) -> Transcript:
+        got = await self.hub.get_session_data(
+            self.team,
+            session_id,
+            since=since,
+            until=until,
+            tail_chars=tail_chars,
+            max_chars=max_chars,
+        )
+        return Transcript.model_validate(got)
+
+    async def events(self, *, after: int = 0) -> AsyncIterator[Traffic]:
+        """The team's live traffic from cursor ``after`` on; never ends by itself."""
+        async for item in _watch(self.hub, self.team, after):
+            yield item
+
+    async def hook(self, runtime: str, payload: Any, *, expect: str | None = None) -> HookResult:
+        """Apply a runtime's hook call (its own hook JSON); never raises for a payload
+        it cannot use: the answer is then ``{}`` and ``problem`` says why."""
+        from backchannel.runtimes.common import check_expected
+        from backchannel.runtimes.receiver import handle_hook
+
+        try:
+            check_expected(self.member, expect)
+        except BackchannelError as exc:
+            return HookResult(answer={}, problem=exc.message)
+        result = await handle_hook(self.hub, self.member, runtime, payload)
+        return HookResult(
+            answer=result.answer, problem=result.problem, delivered=list(result.delivered)
+        )
+
+    # -- budgets ---------------------------------------------------------------------
+    async def budgets(self) -> BudgetList:
+        return await _budgets(self.hub, self.team)
+
+    async def extend_budget(self, key: str, by: int) -> Budget:
+        """Only the team's human (``user``) may; the hub says so otherwise."""
+        got = await self.hub.extend_budget(self.team, key, by, by_whom=self.name)
+        return Budget.model_validate(got)
+
+
+class AdminApi:
+    """The administrator: teams and members, credentials and removal."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    @staticmethod
+    def me() -> Me:
+        return Me(admin=True, team=None, name=None)
+
+    async def create_team(
+        self, name: str, settings: Mapping[str, Any] | None = None
+    ) -> TeamCreated:
+        team, token = await self.hub.create_team(name, settings=dict(settings or {}))
+        return TeamCreated(name=team.name, created_at=team.created_at, user_token=token)
+
+    async def teams(self) -> TeamList:
+        return TeamList(teams=[TeamRef(name=t.name) for t in await self.hub.list_teams()])
+
+    async def add_member(
+        self,
+        team: str,
+        name: str,
+        kind: MemberKind | str = MemberKind.LLM,
+        *,
+        delivery: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberCreated:
+        member, token = await self.hub.add_member(
+            team, name, kind, delivery=dict(delivery or {}), settings=dict(settings or {})
+        )
+        return MemberCreated(
+            name=member.name, team=member.team, kind=member.kind.value, token=token
+        )
+
+    async def update_member(
+        self,
+        team: str,
+        name: str,
+        *,
+        delivery: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> MemberUpdated:
+        m = await self.hub.update_member(
+            team,
+            name,
+            delivery=None if delivery is None else dict(delivery),
+            settings=None if settings is None else dict(settings),
+        )
+        return MemberUpdated(
+            name=m.name,
+            team=m.team,
+            kind=m.kind.value,
+            delivery=dict(m.delivery),
+            settings=dict(m.settings),
+        )
+
+    async def members(self, team: str) -> MemberList:
+        return await _members(self.hub, team)
+
+    async def rotate_token(self, team: str, name: str) -> TokenRotated:
+        token = await self.hub.rotate_token(team, name)
+        return TokenRotated(name=name, team=team, token=token)
+
+    async def remove_member(self, team: str, name: str, *, reason: str = "") -> Removal:
+        got = await self.hub.remove_member(team, name, reason=reason)
+        return Removal.model_validate(got.to_json())
+
+    async def remove_team(self, team: str) -> Removal:
+        return Removal.model_validate((await self.hub.remove_team(team)).to_json())
+
+    async def budgets(self, team: str) -> BudgetList:
+        return await _budgets(self.hub, team)
+
+    async def events(self, team: str, *, after: int = 0) -> AsyncIterator[Traffic]:
+        async for item in _watch(self.hub, team, after):
+            yield item
+
+    async def extend_budget(self, team: str, key: str, by: int) -> Budget:
+        got = await self.hub.extend_budget(team, key, by, by_whom="admin")
+        return Budget.model_validate(got)
+
+
+async def _members(hub: Hub, team: str) -> MemberList:
+    members = await hub.list_members(team)
+    states = await hub.member_states(team)  # from Claude Code inbox traffic
+    return MemberList.model_validate(
+        {
+            "members": [
+                {
+                    "name": m.name,
+                    "kind": m.kind.value,
+                    "created_at": m.created_at,
+                    **({"presence": states[m.name]} if m.name in states else {}),
+                }
+                for m in members
+            ]
+        }
+    )
+
+
+async def _budgets(hub: Hub, team: str) -> BudgetList:
+    return BudgetList.model_validate({"budgets": await hub.list_budgets(team)})
+
+
+async def _watch(hub: Hub, team: str, after: int) -> AsyncIterator[Traffic]:
+    await hub.get_team(team)
+    stream = hub.watch(team, after)
+    try:
+        async for item in stream:
+            yield Traffic.model_validate(item.to_json())
+    finally:
+        await stream.aclose()
+
+
+async def answer_delegation(hub: Hub, reply_token: str, result: Any) -> ToolResponseAccepted:
+    """A callee hub's answer to a delegation, carrying the one-time reply token."""
+    d = await hub.accept_tool_response(reply_token, result)
+    return ToolResponseAccepted(delegation_id=d.delegation_id, state=d.state.value)
+
+
+def _session(s: Any) -> SessionInfo:
+    from backchannel.hub import session_json
+
+    return SessionInfo.model_validate(session_json(s))
