@@ -77,6 +77,12 @@ def test_sync_facade(tmp_path: Path) -> None:
         got = cb.receive(wait=5)
         assert [m.text for m in got] == ["sync hello"]
         assert cb.ack([mid]).acked == 1
+        # a message a SyncClient hands out acks itself without await
+        ca.send("b", "second", message_id="m-2")
+        [second] = cb.receive(wait=5)
+        second.ack()
+        assert cb.pending() == 0
+        assert [c.state for c in cb.status("m-2").deliveries] == ["acked"]
 
 
 def test_public_api_is_exactly_all() -> None:

@@ -11,6 +11,7 @@ them (a misspelt field is a mistake worth hearing about).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, WithJsonSchema
@@ -418,18 +419,41 @@ class Received(_Out):
     chain_id: str | None = None
     hop: int = 0
     _client: Client | None = PrivateAttr(default=None)
+    _ack_now: Callable[[Sequence[str]], object] | None = PrivateAttr(default=None)
 
     def bind(self, client: Client | None) -> Received:
         """This message, answering :meth:`ack` through ``client``."""
         self._client = client
         return self
 
-    async def ack(self) -> None:
+    def bind_sync(self, ack: Callable[[Sequence[str]], object]) -> Received:
+        """This message, acking at once through a blocking ``ack`` (a SyncClient's)."""
+        self._ack_now = ack
+        return self
+
+    def ack(self) -> Awaitable[None]:
+        """Ack this message. From an async client ``await msg.ack()``; from a
+        :class:`~backchannel.SyncClient` a plain ``msg.ack()`` acks at once (and the
+        awaitable it returns is already done)."""
+        if self._ack_now is not None:
+            self._ack_now([self.message_id])
+            return _Done()
         if self._client is None:
             from backchannel.errors import InvalidRequest
 
             raise InvalidRequest("this message is not bound to a client")
-        await self._client.ack([self.message_id])
+        return self._ack_async(self._client)
+
+    async def _ack_async(self, client: Client) -> None:
+        await client.ack([self.message_id])
+
+
+class _Done:
+    """An awaitable that is already complete."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield
 
 
 class Inbox(_Out):

@@ -246,17 +246,19 @@ class SyncClient:
         """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
         ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``).
         Ack each (:meth:`ack`, or ``await msg.ack()``) once handled."""
-        return self._run(
+        got = self._run(
             self._async.receive(
                 limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
             )
         )
+        return [m.bind_sync(self.ack) for m in got]
 
     def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
     ) -> Iterator[Received]:
         """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
-        return self._iterate(self._async.inbox(session=session, wait=wait, batch=batch))
+        for m in self._iterate(self._async.inbox(session=session, wait=wait, batch=batch)):
+            yield m.bind_sync(self.ack)
 
     def pending(self) -> int:
         """How many of your messages are not acked yet."""
