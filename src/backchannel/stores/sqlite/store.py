@@ -233,6 +233,7 @@ class SqliteStore(Store):
         """One transaction for the whole batch. Optimistically the jobs run back to back;
         if one raises, the batch is rolled back and run again with a savepoint per job,
         so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
+        tx.forget()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -261,6 +262,7 @@ class SqliteStore(Store):
     def _run_one_by_one(
         self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]
     ) -> list[tuple[_Job, Any, BaseException | None]] | None:
+        tx.forget()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -275,6 +277,7 @@ class SqliteStore(Store):
             except BaseException as exc:
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
+                tx.forget()
                 if isinstance(exc, sqlite3.Error):
                     exc = _translate(exc, self.path)
                 results.append((job, None, exc))
@@ -291,6 +294,7 @@ class SqliteStore(Store):
                 job = self._reads.get()
                 if job is None:
                     return
+                tx.forget()
                 try:
                     conn.execute("BEGIN")
                     try:
