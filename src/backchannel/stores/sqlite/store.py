@@ -233,9 +233,9 @@ class SqliteStore(Store):
         """One transaction for the whole batch. Optimistically the jobs run back to back;
         if one raises, the batch is rolled back and run again with a savepoint per job,
         so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
-        tx.forget()
         try:
             conn.execute("BEGIN IMMEDIATE")
+            tx.begin_write()
         except sqlite3.Error as exc:
             err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
             self._answer([(job, None, err) for job in batch])
@@ -246,6 +246,7 @@ class SqliteStore(Store):
                 results.append((job, job.fn(tx), None))
         except BaseException:
             conn.execute("ROLLBACK")
+            tx.forget()
             retried = self._run_one_by_one(conn, tx, batch)
             if retried is None:
                 return
@@ -255,6 +256,7 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            tx.forget()
             failed = _translate(exc, self.path)
             results = [(job, None, failed if e is None else e) for job, _, e in results]
         self._answer(results)

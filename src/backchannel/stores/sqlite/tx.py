@@ -125,18 +125,27 @@ class SqliteTx(LifecycleSql):
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
-        # teams and members read in this transaction (nobody else can change them while
-        # it holds the write lock or reads its snapshot); every send reads the sender,
-        # the recipient and the team several times over. Dropped by every write to
-        # those tables and by the store at each BEGIN and rollback.
+        # Teams and members as read on this connection: every send reads its sender,
+        # its recipient and the team, often several times over. Dropped by every write
+        # to those tables made here, by the store after a rollback, and when another
+        # connection committed since (``begin_write``); a reader drops them per job.
         self._teams: dict[str, Team | None] = {}
         self._members: dict[tuple[str, str], Member | None] = {}
+        self._data_version = -1
 
     def forget(self) -> None:
-        """Drop what this transaction read of teams and members (a new transaction or
-        a rollback begins)."""
+        """Drop what was read of teams and members (a rollback, a new snapshot)."""
         self._teams.clear()
         self._members.clear()
+
+    def begin_write(self) -> None:
+        """The write lock is taken (``BEGIN IMMEDIATE``): what was read of teams and
+        members stays good unless another connection committed since it was read
+        (SQLite's ``data_version`` moves only for other connections' commits)."""
+        version = self._c.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._data_version = version
+            self.forget()
 
     def _one(self, sql: str, args: Sequence[Any]) -> Any:
         return self._c.execute(sql, args).fetchone()
