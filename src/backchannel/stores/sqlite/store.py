@@ -106,6 +106,11 @@ class SqliteStore(Store):
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # results waiting for their event loop to pick them up (see ``_answer``)
+        self._answers: dict[
+            asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]
+        ] = {}
+        self._answers_lock = threading.Lock()
 
     async def open(self) -> None:
         if self._writer is not None:
@@ -184,13 +189,30 @@ class SqliteStore(Store):
 
     # -- threads -----------------------------------------------------------
     def _answer(self, results: list[tuple[_Job, Any, BaseException | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
-        for item in results:
-            by_loop.setdefault(item[0].loop, []).append(item)
-        for loop, items in by_loop.items():
-            # a closed loop means nobody is waiting any more
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve_all, items)
+        """Hand results to their event loops. A loop is woken (a write to its self-pipe,
+        a system call) only when no hand-over to it is pending already; results that
+        come while one is pending ride along with it."""
+        wake: list[asyncio.AbstractEventLoop] = []
+        with self._answers_lock:
+            for item in results:
+                loop = item[0].loop
+                pending = self._answers.get(loop)
+                if pending is None:
+                    self._answers[loop] = [item]
+                    wake.append(loop)
+                else:
+                    pending.append(item)
+        for loop in wake:
+            try:
+                loop.call_soon_threadsafe(self._hand_over, loop)
+            except RuntimeError:  # a closed loop: nobody is waiting any more
+                with self._answers_lock:
+                    self._answers.pop(loop, None)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._answers_lock:
+            items = self._answers.pop(loop, [])
+        _resolve_all(items)
 
     def _write_loop(self) -> None:
         conn = self._connection()
