@@ -106,6 +106,11 @@ class SqliteStore(Store):
         self._reader: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # results waiting for their event loop to pick them up (see ``_answer``)
+        self._answers: dict[
+            asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]
+        ] = {}
+        self._answers_lock = threading.Lock()
 
     async def open(self) -> None:
         if self._writer is not None:
@@ -184,13 +189,30 @@ class SqliteStore(Store):
 
     # -- threads -----------------------------------------------------------
     def _answer(self, results: list[tuple[_Job, Any, BaseException | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]] = {}
-        for item in results:
-            by_loop.setdefault(item[0].loop, []).append(item)
-        for loop, items in by_loop.items():
-            # a closed loop means nobody is waiting any more
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve_all, items)
+        """Hand results to their event loops. A loop is woken (a write to its self-pipe,
+        a system call) only when no hand-over to it is pending already; results that
+        come while one is pending ride along with it."""
+        wake: list[asyncio.AbstractEventLoop] = []
+        with self._answers_lock:
+            for item in results:
+                loop = item[0].loop
+                pending = self._answers.get(loop)
+                if pending is None:
+                    self._answers[loop] = [item]
+                    wake.append(loop)
+                else:
+                    pending.append(item)
+        for loop in wake:
+            try:
+                loop.call_soon_threadsafe(self._hand_over, loop)
+            except RuntimeError:  # a closed loop: nobody is waiting any more
+                with self._answers_lock:
+                    self._answers.pop(loop, None)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._answers_lock:
+            items = self._answers.pop(loop, [])
+        _resolve_all(items)
 
     def _write_loop(self) -> None:
         conn = self._connection()
@@ -235,6 +257,7 @@ class SqliteStore(Store):
         so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
         try:
             conn.execute("BEGIN IMMEDIATE")
+            tx.begin_write()
         except sqlite3.Error as exc:
             err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
             self._answer([(job, None, err) for job in batch])
@@ -245,6 +268,7 @@ class SqliteStore(Store):
                 results.append((job, job.fn(tx), None))
         except BaseException:
             conn.execute("ROLLBACK")
+            tx.forget()
             retried = self._run_one_by_one(conn, tx, batch)
             if retried is None:
                 return
@@ -254,6 +278,7 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            tx.forget()
             failed = _translate(exc, self.path)
             results = [(job, None, failed if e is None else e) for job, _, e in results]
         self._answer(results)
@@ -261,6 +286,7 @@ class SqliteStore(Store):
     def _run_one_by_one(
         self, conn: sqlite3.Connection, tx: SqliteTx, batch: list[_Job]
     ) -> list[tuple[_Job, Any, BaseException | None]] | None:
+        tx.forget()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -275,6 +301,7 @@ class SqliteStore(Store):
             except BaseException as exc:
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
+                tx.forget()
                 if isinstance(exc, sqlite3.Error):
                     exc = _translate(exc, self.path)
                 results.append((job, None, exc))
@@ -291,6 +318,7 @@ class SqliteStore(Store):
                 job = self._reads.get()
                 if job is None:
                     return
+                tx.forget()
                 try:
                     conn.execute("BEGIN")
                     try:

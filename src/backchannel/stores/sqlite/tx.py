@@ -119,10 +119,33 @@ class SqliteTx(LifecycleSql):
     """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
 
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
+        if "members" in sql or "teams" in sql:
+            self.forget()
         return self._c.execute(sql, args)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+        # Teams and members as read on this connection: every send reads its sender,
+        # its recipient and the team, often several times over. Dropped by every write
+        # to those tables made here, by the store after a rollback, and when another
+        # connection committed since (``begin_write``); a reader drops them per job.
+        self._teams: dict[str, Team | None] = {}
+        self._members: dict[tuple[str, str], Member | None] = {}
+        self._data_version = -1
+
+    def forget(self) -> None:
+        """Drop what was read of teams and members (a rollback, a new snapshot)."""
+        self._teams.clear()
+        self._members.clear()
+
+    def begin_write(self) -> None:
+        """The write lock is taken (``BEGIN IMMEDIATE``): what was read of teams and
+        members stays good unless another connection committed since it was read
+        (SQLite's ``data_version`` moves only for other connections' commits)."""
+        version = self._c.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._data_version = version
+            self.forget()
 
     def _one(self, sql: str, args: Sequence[Any]) -> Any:
         return self._c.execute(sql, args).fetchone()
@@ -135,10 +158,16 @@ class SqliteTx(LifecycleSql):
 
     # -- teams -------------------------------------------------------------
     def get_team(self, name: str) -> Team | None:
+        try:
+            return self._teams[name]
+        except KeyError:
+            pass
         row = self._one(Q.get_team, (name,))
-        return _ROWS.team(row) if row else None
+        found = self._teams[name] = _ROWS.team(row) if row else None
+        return found
 
     def insert_team(self, team: Team) -> None:
+        self.forget()
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}")
 
     def list_teams(self) -> list[Team]:
@@ -146,14 +175,21 @@ class SqliteTx(LifecycleSql):
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
-        row = self._one(Q.get_member, (team, name))
-        return _member(row) if row else None
+        key = (team, name)
+        try:
+            return self._members[key]
+        except KeyError:
+            pass
+        row = self._one(Q.get_member, key)
+        found = self._members[key] = _member(row) if row else None
+        return found
 
     def member_by_token_hash(self, token_hash: str) -> Member | None:
         row = self._one(Q.member_by_token_hash, (token_hash,))
         return _member(row) if row else None
 
     def insert_member(self, member: Member) -> None:
+        self.forget()
         self._insert(
             Q.insert_member,
             _ROWS.member_args(member),
@@ -161,6 +197,7 @@ class SqliteTx(LifecycleSql):
         )
 
     def update_member(self, member: Member) -> None:
+        self.forget()
         self._c.execute(
             Q.update_member,
             (_dumps(member.delivery), _dumps(member.settings), member.team, member.name),
