@@ -4,9 +4,11 @@ and records every attempt to reach anything else, and the CLI in a real tmux pan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -179,8 +181,11 @@ def cli_pane(
     )
     # a CLI that exits leaves its pane (dead) and its last screen, for Pane.exited
     server.cmd("set-option", "-wg", "remain-on-exit", "on")
+    pane = session.active_window.active_pane
+    assert pane is not None
+    leader = int(pane.cmd("display-message", "-p", "#{pane_pid}").stdout[0])
     try:
-        yield Pane(session.active_window.active_pane)
+        yield Pane(pane)
     finally:
         socket_path = None
         if server.is_alive():
@@ -188,6 +193,10 @@ def cli_pane(
             server.kill()
         if socket_path:
             Path(socket_path).unlink(missing_ok=True)
+        # the CLI's process group, for what outlives the pane's hangup (Gemini CLI's
+        # relaunched child, its MCP server)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
 
 
 def _quote(s: str) -> str:
