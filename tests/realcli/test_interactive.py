@@ -1,7 +1,7 @@
 """Codex and Gemini CLI as a user runs them: interactive, in a real tmux pane, in a project
 set up by ``backchannel attach`` and nothing else but what the docs tell the user to do
-(Codex: ``attach --trust-hooks`` and ``codex --no-daemon``; both: answer the CLI's
-folder-trust prompt). The session starts and the agent is told who it is, the tools are
+(Codex: ``attach --trust-hooks``, ``codex --no-daemon``, its folder-trust prompt answered
+in the pane; Gemini: the folder trusted as Gemini records it). The session starts and the agent is told who it is, the tools are
 offered and a call reaches the hub, a message arriving mid-turn is handed over by the
 stop hook and reaches the model exactly once, and quitting leaves the hub session exited
 with a waiting message still waiting."""
