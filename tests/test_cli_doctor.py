@@ -94,6 +94,7 @@ def test_codex_untrusted_hooks_fail_until_granted(
     )
     after = _run(project, "doctor", "codex", token=tokens["alice"], home=home)
     assert after.returncode == 0, after.stdout
+    assert "ok   sessions in their own process (Codex)" in after.stdout
 
 
 def test_a_project_not_attached_says_how(tmp_path: Path) -> None:

@@ -156,9 +156,10 @@ class Rig:
             env |= {"GOOGLE_GEMINI_BASE_URL": self.api.url, "GEMINI_API_KEY": "test"}
         return env
 
-    def write_gemini_config(self) -> None:
+    def write_gemini_config(self, *, trusted: bool = True) -> None:
         """The user's side: API-key auth, one model (no routing requests), no usage
-        statistics, and the project folder trusted (the step `attach` prints)."""
+        statistics, no update check, and (``trusted``) the project folder trusted (the
+        step `attach` prints; else Gemini asks)."""
         gemini = self.home / ".gemini"
         gemini.mkdir(parents=True, exist_ok=True)
         settings = {
@@ -166,20 +167,29 @@ class Rig:
             "model": {"name": "gemini-2.5-flash"},
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
+            # the interactive CLI asks registry.npmjs.org for a newer version
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
         }
         (gemini / "settings.json").write_text(json.dumps(settings))
-        (gemini / "trustedFolders.json").write_text(json.dumps({str(self.project): "TRUST_FOLDER"}))
+        if trusted:
+            folders = {str(self.project): "TRUST_FOLDER"}
+            (gemini / "trustedFolders.json").write_text(json.dumps(folders))
 
-    def write_codex_config(self) -> None:
+    def write_codex_config(self, *, trusted: bool = True) -> None:
+        """The user's side: the scripted provider, what would reach past the machine
+        turned off, and (``trusted``) the project trusted (else Codex asks)."""
         assert self.api is not None
         config = self.home / ".codex" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
+        trust = f'[projects."{self.project}"]\ntrust_level = "trusted"\n' if trusted else ""
         config.write_text(
             'model = "gpt-test"\nmodel_provider = "fake"\n'
+            # the interactive CLI asks api.github.com for a newer version
+            "check_for_update_on_startup = false\n"
             "[model_providers.fake]\n"
             f'name = "fake"\nbase_url = "{self.api.url}/v1"\nwire_api = "responses"\n'
             'env_key = "FAKE_OPENAI_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n'
-            f'[projects."{self.project}"]\ntrust_level = "trusted"\n'
+            f"{trust}"
             # what would reach past the machine: usage analytics, the apps and plugin
             # catalogues (chatgpt.com, github.com)
             "[analytics]\nenabled = false\n"

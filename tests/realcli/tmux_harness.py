@@ -4,9 +4,11 @@ and records every attempt to reach anything else, and the CLI in a real tmux pan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -132,6 +134,10 @@ class Pane:
     def enter(self) -> None:
         self.pane.send_keys("", enter=True)
 
+    def exited(self) -> bool:
+        """Whether the CLI in the pane has exited (its pane is dead)."""
+        return self.pane.cmd("display-message", "-p", "#{pane_dead}").stdout == ["1"]
+
 
 def wait_until(
     check: Callable[[], Any], timeout: float, what: str, pane: Pane | None = None
@@ -149,21 +155,37 @@ def claude_pane(
     cwd: Path, env: dict[str, str], *args: str, width: int = 160, height: int = 50
 ) -> Iterator[Pane]:
     """``claude ARGS`` in a tmux pane on a private tmux server, killed at the end."""
+    with cli_pane(claude_binary(), cwd, env, *args, width=width, height=height) as pane:
+        yield pane
+
+
+@contextmanager
+def cli_pane(
+    binary: Path, cwd: Path, env: dict[str, str], *args: str, width: int = 160, height: int = 50
+) -> Iterator[Pane]:
+    """``BINARY ARGS`` in a tmux pane on a private tmux server, with exactly ``env`` as
+    its environment; the server (and so the CLI) is killed at the end."""
     import uuid
 
-    binary = claude_binary()
+    if shutil.which("tmux") is None:
+        pytest.fail("the real-CLI tests need tmux on PATH (scripts/setup-system.sh)")
     server = libtmux.Server(socket_name=f"bc-cli-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
     command = " ".join(_quote(a) for a in [str(binary), *args])
     exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
     session = server.new_session(
-        session_name="claude",
+        session_name=binary.name.split(".")[0],
         window_command=f"env -i {exports} {command}",
         start_directory=str(cwd),
         x=width,
         y=height,
     )
+    # a CLI that exits leaves its pane (dead) and its last screen, for Pane.exited
+    server.cmd("set-option", "-wg", "remain-on-exit", "on")
+    pane = session.active_window.active_pane
+    assert pane is not None
+    leader = int(pane.cmd("display-message", "-p", "#{pane_pid}").stdout[0])
     try:
-        yield Pane(session.active_window.active_pane)
+        yield Pane(pane)
     finally:
         socket_path = None
         if server.is_alive():
@@ -171,6 +193,10 @@ def claude_pane(
             server.kill()
         if socket_path:
             Path(socket_path).unlink(missing_ok=True)
+        # the CLI's process group, for what outlives the pane's hangup (Gemini CLI's
+        # relaunched child, its MCP server)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
 
 
 def _quote(s: str) -> str:

@@ -144,7 +144,9 @@ def test_attach_merges_with_existing_config_and_keeps_a_backup(
         assert text.startswith(CODEX_TOML)  # comments and layout kept
         config = tomllib.loads(text)
         assert set(config["mcp_servers"]) == {"other", "backchannel"}
-        assert (config["model"], config["features"]) == ("o3", {"hooks": True})
+        # the user's features kept; Codex's shared background server turned off
+        features = {"hooks": True, "daemon_auto_start": False}
+        assert (config["model"], config["features"]) == ("o3", features)
         hooks = _load(tmp_path / ".codex/hooks.json")
         assert _hooks(hooks, "Stop")[0]["command"] == "uvx codhc ruff check"
     else:
@@ -291,7 +293,9 @@ def test_codex_server_is_required_and_approved_and_session_end_fits_codex(
     home = tmp_path / "codex-home"
     assert _codex_attach(tmp_path, home).exit_code == 0
     with open(tmp_path / ".codex/config.toml", "rb") as f:
-        server = tomllib.load(f)["mcp_servers"]["backchannel"]
+        config = tomllib.load(f)
+    server = config["mcp_servers"]["backchannel"]
+    assert config["features"] == {"daemon_auto_start": False}  # one process per session
     assert server["required"] is True
     assert server["default_tools_approval_mode"] == "approve"
     hooks = _load(tmp_path / ".codex/hooks.json")

@@ -159,6 +159,15 @@ def check_hooks(a: Attachment, project: Path) -> list[Check]:
         out.append(Check("hooks trusted (Codex)", bool(states) and not bad,
                          ", ".join(f"{t.event}: {t.status}" for t in bad) or f"{len(states)} trusted",
                          attach_cmd + " --trust-hooks" if bad or not states else ""))  # fmt: skip
+        try:
+            config = tomllib.loads((project / ".codex" / "config.toml").read_text("utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            config = {}
+        features = config.get("features")
+        own = isinstance(features, dict) and features.get("daemon_auto_start") is False
+        out.append(Check("sessions in their own process (Codex)", own,
+                         "" if own else "the shared background server would run them",
+                         "" if own else attach_cmd))  # fmt: skip
         trusted = codex_trust.project_trusted(project)
         out.append(Check("project trusted (Codex)", trusted, str(project),
                          "" if trusted else f"run `codex exec --trust` once in {project}"))  # fmt: skip

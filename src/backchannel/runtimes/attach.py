@@ -6,7 +6,9 @@ Files (each runtime's documented project-level configuration):
   ``.claude/settings.local.json`` (``hooks``, ``enabledMcpjsonServers`` so the server
   needs no approval, and ``permissions.allow`` so its tools run without a prompt; this
   file is Claude Code's personal, uncommitted one);
-* Codex: ``.codex/config.toml`` (``[mcp_servers.backchannel]``) and ``.codex/hooks.json``;
+* Codex: ``.codex/config.toml`` (``[mcp_servers.backchannel]``, and ``daemon_auto_start =
+  false`` in ``[features]`` so that a session runs in its own ``codex`` process) and
+  ``.codex/hooks.json``;
 * Gemini CLI: ``.gemini/settings.json`` (``mcpServers.backchannel`` and ``hooks``).
 
 What is there is kept: only backchannel's own entries are added or replaced (a hook is
@@ -231,6 +233,48 @@ def _toml_change(path: Path, table: str, body: dict[str, Any]) -> FileChange:
     return FileChange(path, before, after)
 
 
+def _toml_key_change(change: FileChange, table: str, key: str, value: Any) -> FileChange:
+    """``change`` with ``key = value`` set in ``[table]`` (the table's other keys and the
+    rest of the file kept as written; the table is added at the end when missing)."""
+    text = change.after
+    current: Any = tomllib.loads(text)
+    for part in table.split("."):
+        current = current.get(part) if isinstance(current, dict) else None
+    if isinstance(current, dict) and current.get(key) == value:
+        return change
+    line = f"{key} = {json.dumps(value)}\n"
+    lines = text.splitlines(keepends=True)
+    start = next(
+        (i for i, ln in enumerate(lines) if (m := _TABLE_RE.match(ln)) and m[1] == table), None
+    )
+    if start is None:
+        sep = "" if not text else ("\n" if text.endswith("\n") else "\n\n")
+        after = f"{text}{sep}[{table}]\n{line}"
+    else:
+        end = start + 1
+        while end < len(lines) and not _TABLE_RE.match(lines[end]):
+            end += 1
+        mine = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        at = next((i for i in range(start + 1, end) if mine.match(lines[i])), None)
+        if at is not None:
+            lines[at] = line
+        else:
+            while end > start + 1 and not lines[end - 1].strip():
+                end -= 1  # after the table's last entry, before its blank lines
+            if not lines[end - 1].endswith("\n"):
+                lines[end - 1] += "\n"
+            lines.insert(end, line)
+        after = "".join(lines)
+    try:
+        tomllib.loads(after)
+    except tomllib.TOMLDecodeError as exc:
+        raise AttachError(
+            f"cannot merge into {change.path}: [{table}] is defined in a way this command "
+            f"cannot rewrite ({exc}); set {key} = {json.dumps(value)} there yourself"
+        ) from None
+    return FileChange(change.path, change.before, after)
+
+
 # -- the runtimes ----------------------------------------------------------------------------
 
 
@@ -303,6 +347,7 @@ def _claude_code(opts: AttachOptions) -> list[FileChange]:
 
 
 CODEX_END_TIMEOUT_S = 3
+CODEX_DAEMON_FEATURE = "daemon_auto_start"
 CODEX_SERVER_EXTRA: dict[str, Any] = {
     "required": True,
     "startup_timeout_sec": 30,
@@ -334,10 +379,14 @@ def _codex(opts: AttachOptions) -> list[FileChange]:
         # the clamped handler no longer matches the trust granted for it)
         _put_hooks(data, "codex", ("SessionEnd",), {**handler, "timeout": CODEX_END_TIMEOUT_S})
 
-    return [
-        _toml_change(_target(opts, ".codex", "config.toml"), f"mcp_servers.{SERVER}", body),
-        _json_change(_target(opts, ".codex", "hooks.json"), hooks),
-    ]
+    config = _toml_change(_target(opts, ".codex", "config.toml"), f"mcp_servers.{SERVER}", body)
+    # an interactive `codex` otherwise runs its threads in a background server shared by
+    # every project of the user: started with the environment (BACKCHANNEL_TOKEN) of the
+    # first `codex` of the day, it runs every later session's hooks and MCP server with
+    # that member's token, and quitting the TUI leaves the thread running there, so no
+    # SessionEnd reaches the hub; this project's sessions run in the `codex` process
+    config = _toml_key_change(config, "features", CODEX_DAEMON_FEATURE, False)
+    return [config, _json_change(_target(opts, ".codex", "hooks.json"), hooks)]
 
 
 def _gemini(opts: AttachOptions) -> list[FileChange]:
@@ -415,7 +464,9 @@ CHANNEL_FLAG = "--dangerously-load-development-channels server:backchannel"
 
 _START = {
     "claude-code": "claude",
-    "codex": "codex",
+    # Codex reads the project's `daemon_auto_start = false` only once the project is
+    # trusted; the first start, at the trust prompt, would use the shared server
+    "codex": "codex --no-daemon",
     "gemini": "gemini",
 }
 
@@ -437,6 +488,14 @@ def instructions(runtime: str, opts: AttachOptions, token: str | None) -> str:
             "So that a teammate's message wakes it when idle (Claude Code channels), "
             f"start it as: {_START[runtime]} {CHANNEL_FLAG}"
         )
+    if runtime == "codex":
+        lines += [
+            "`--no-daemon` keeps the session in that `codex` process, with that shell's token,",
+            "and ends it when you quit. Codex's shared background server would run it with the",
+            "token of whichever `codex` started the server, and keep it running after you quit.",
+            "Once Codex trusts the project, its .codex/config.toml turns that server off for",
+            "a plain `codex` too.",
+        ]
     if runtime == "gemini":
         lines += [
             "Gemini CLI runs only in a trusted folder (headless, an untrusted one exits with",
