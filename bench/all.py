@@ -124,6 +124,13 @@ BENCHES: tuple[Bench, ...] = (
         sizes="16 senders over HTTP (raw client), 10 s a phase, at 0/100/1,000/3,000 msgs/s",
     ),
     Bench(
+        "send HTTP, batches",
+        "-m bench.bench_batch",
+        quick="--senders 4 --batch 10 --duration 1 --warmup 0.5",
+        figures=("HTTP batch sends and acks, msgs/s", "HTTP batch send→received, p99"),
+        sizes="16 senders posting batches of 50, receivers acking in batches, 10 s",
+    ),
+    Bench(
         "send wake-up",
         "-m bench.bench_send wakeup",
         quick="--samples 20 --wake-warmup 2 --quiet-wait 0",
