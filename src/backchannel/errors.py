@@ -32,7 +32,7 @@ work" and "delivery cannot succeed" are kept apart::
     │   └── ToolFailed               422 tool_failed: a built-in agent's tool call; the model sees why
     └── ServiceError                 a peer or the store failed (5xx)
         ├── StoreError               503 store_unavailable; retrying may work
-        │   └── RetryTransaction     (stores.postgres_tx) re-run by the store itself, never raised past it
+        │   └── RetryTransaction     (stores.postgres)    re-run by the store itself, never raised past it
         ├── PeerError                502 peer_failed: a remote hub or callback failed; retrying may work
         │   ├── AdapterError         502 delivery_failed: not delivered this time; retried with backoff
         │   │   └── HeldDelivery     502 delivery_held: the medium must not take a message now
