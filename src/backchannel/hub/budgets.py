@@ -249,8 +249,12 @@ class Budgets:
             for m in got
         ]
         ref = rules.turn_chain(refs, None)
-        if ref is not None:
-            tx.put_budget(Budget(team, _CTX + member, now, ref.hop, 0, ref.chain_id, None, now))
+        if ref is None:
+            return
+        key = _CTX + member
+        last = tx.get_budget(team, key)  # only its chain and hop are ever read
+        if last is None or (last.last_from, last.used) != (ref.chain_id, ref.hop):
+            tx.put_budget(Budget(team, key, now, ref.hop, 0, ref.chain_id, None, now))
 
     # -- reading and extending ----------------------------------------------------------------
     async def list_budgets(self, team: str) -> list[dict[str, Any]]:

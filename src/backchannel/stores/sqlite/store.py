@@ -266,6 +266,7 @@ class SqliteStore(Store):
         try:
             for job in batch:
                 results.append((job, job.fn(tx), None))
+            tx.flush()
         except BaseException:
             conn.execute("ROLLBACK")
             tx.forget()
@@ -298,6 +299,7 @@ class SqliteStore(Store):
             conn.execute("SAVEPOINT job")
             try:
                 value = job.fn(tx)
+                tx.flush()
             except BaseException as exc:
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")

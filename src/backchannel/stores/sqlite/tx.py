@@ -119,29 +119,53 @@ class SqliteTx(LifecycleSql):
     """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
 
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
-        if "members" in sql or "teams" in sql:
-            self.forget()
+        if not sql.startswith("SELECT"):  # removal and credentials: rare, drop it all
+            self.flush()
+            self._drop_cached()
         return self._c.execute(sql, args)
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
-        # Teams and members as read on this connection: every send reads its sender,
-        # its recipient and the team, often several times over. Dropped by every write
-        # to those tables made here, by the store after a rollback, and when another
-        # connection committed since (``begin_write``); a reader drops them per job.
+        # Rows every send reads, as read (or written) on this connection: the team, the
+        # sender and recipient, the pair's and the chain's budgets, the sender's active
+        # sessions and the pair's open link. Dropped by the writes here that could
+        # change them, by the store after a rollback, and when another connection
+        # committed since (``begin_write``); a reader drops them per job.
         self._teams: dict[str, Team | None] = {}
         self._members: dict[tuple[str, str], Member | None] = {}
+        self._budgets: dict[tuple[str, str], Budget | None] = {}
+        self._active: dict[tuple[str, str], dict[int | None, list[Session]]] = {}
+        self._open_links: dict[tuple[str, str], Link | None] = {}
         self._data_version = -1
+        # delivery history written by this transaction and not yet sent to SQLite: one
+        # ``executemany`` at the end (``flush``) instead of a statement per event
+        self._history: list[tuple[str, str, str, float, str, str]] = []
 
-    def forget(self) -> None:
-        """Drop what was read of teams and members (a rollback, a new snapshot)."""
+    def _drop_cached(self) -> None:
         self._teams.clear()
         self._members.clear()
+        self._budgets.clear()
+        self._active.clear()
+        self._open_links.clear()
+
+    def forget(self) -> None:
+        """Drop what was read and the history not yet written (a rollback, a new
+        snapshot)."""
+        self._drop_cached()
+        self._history.clear()
+
+    def flush(self) -> None:
+        """Write the delivery history this transaction recorded; the store calls it
+        before every commit (and before a savepoint is released), and the reads and
+        deletes of ``delivery_events`` call it first."""
+        if self._history:
+            rows, self._history = self._history, []
+            self._c.executemany(_INSERT_EVENTS, rows)
 
     def begin_write(self) -> None:
-        """The write lock is taken (``BEGIN IMMEDIATE``): what was read of teams and
-        members stays good unless another connection committed since it was read
-        (SQLite's ``data_version`` moves only for other connections' commits)."""
+        """The write lock is taken (``BEGIN IMMEDIATE``): what was read stays good
+        unless another connection committed since it was read (SQLite's
+        ``data_version`` moves only for other connections' commits)."""
         version = self._c.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             self._data_version = version
@@ -167,7 +191,7 @@ class SqliteTx(LifecycleSql):
         return found
 
     def insert_team(self, team: Team) -> None:
-        self.forget()
+        self._drop_cached()
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}")
 
     def list_teams(self) -> list[Team]:
@@ -189,7 +213,7 @@ class SqliteTx(LifecycleSql):
         return _member(row) if row else None
 
     def insert_member(self, member: Member) -> None:
-        self.forget()
+        self._drop_cached()
         self._insert(
             Q.insert_member,
             _ROWS.member_args(member),
@@ -197,7 +221,7 @@ class SqliteTx(LifecycleSql):
         )
 
     def update_member(self, member: Member) -> None:
-        self.forget()
+        self._drop_cached()
         self._c.execute(
             Q.update_member,
             (_dumps(member.delivery), _dumps(member.settings), member.team, member.name),
@@ -212,6 +236,7 @@ class SqliteTx(LifecycleSql):
         return _session(row) if row else None
 
     def put_session(self, session: Session) -> None:
+        self._active.pop((session.team, session.member), None)
         self._c.execute(Q.put_session, _ROWS.session_args(session))
 
     def list_sessions(
@@ -222,8 +247,18 @@ class SqliteTx(LifecycleSql):
         which: SessionFilter = "all",
         limit: int | None = None,
     ) -> list[Session]:
+        if member is None or which != "active":
+            sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
+            return [_session(r) for r in self._c.execute(sql, args)]
+        # "whose turn is this send?": asked on every send by a member
+        by_limit = self._active.setdefault((team, member), {})
+        try:
+            return list(by_limit[limit])
+        except KeyError:
+            pass
         sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
-        return [_session(r) for r in self._c.execute(sql, args)]
+        found = by_limit[limit] = [_session(r) for r in self._c.execute(sql, args)]
+        return list(found)
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -231,9 +266,8 @@ class SqliteTx(LifecycleSql):
         return _message(row) if row else None
 
     def _events(self, team: str, events: Sequence[DeliveryEvent]) -> None:
-        self._c.executemany(
-            _INSERT_EVENTS,
-            [(team, e.message_id, e.member, e.at, e.event, e.detail) for e in events],
+        self._history.extend(
+            (team, e.message_id, e.member, e.at, e.event, e.detail) for e in events
         )
 
     def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
@@ -333,30 +367,35 @@ class SqliteTx(LifecycleSql):
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
         ids = list(dict.fromkeys(message_ids))
-        if not ids:
-            return []
-        acked: list[str] = []
-        fresh: list[str] = []
+        done: set[str] = set()
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for mid, state in self._c.execute(
-                f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
-                f"AND message_id IN ({marks})",
-                (team, member, *chunk),
-            ):
-                if state == "acked":
-                    acked.append(mid)
-                elif state in ("leased", "delivered"):
-                    fresh.append(mid)
-        if fresh:
-            self._c.executemany(
-                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
-                "WHERE team = ? AND message_id = ? AND member = ?",
-                [(now, team, mid, member) for mid in fresh],
-            )
-            self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
-        done = set(acked) | set(fresh)
+            # one statement in the usual case: every id held, now acked
+            changed = {
+                r[0]
+                for r in self._c.execute(
+                    "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                    f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
+                    "AND state IN ('leased', 'delivered') RETURNING message_id",
+                    (now, team, member, *chunk),
+                ).fetchall()
+            }
+            if changed:
+                fresh = [mid for mid in chunk if mid in changed]
+                self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
+                done.update(changed)
+            rest = [mid for mid in chunk if mid not in changed]
+            if rest:  # acked before (an ack is idempotent) or not held
+                marks = ",".join("?" * len(rest))
+                done.update(
+                    r[0]
+                    for r in self._c.execute(
+                        "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                        f"AND message_id IN ({marks}) AND state = 'acked'",
+                        (team, member, *rest),
+                    )
+                )
         return [mid for mid in ids if mid in done]
 
     def first_message_from(
@@ -378,9 +417,11 @@ class SqliteTx(LifecycleSql):
         return [delivery(r) for r in self._c.execute(Q.deliveries, (team, message_id))]
 
     def history(self, team: str, message_id: str) -> list[DeliveryEvent]:
+        self.flush()
         return [DeliveryEvent(*r) for r in self._c.execute(Q.history, (team, message_id))]
 
     def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
+        self.flush()
         rows = self._c.execute(Q.feed, (team, after, limit))
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
@@ -388,6 +429,7 @@ class SqliteTx(LifecycleSql):
         return int(self._one(Q.pending_count, (team, member))[0])
 
     def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+        self.flush()
         rows = self._c.execute(
             "SELECT team, message_id, created_at FROM messages "
             "WHERE created_at >= ? AND created_at < ? ORDER BY created_at LIMIT ?",
@@ -477,6 +519,7 @@ class SqliteTx(LifecycleSql):
         existing = self.find_open_link(link.team, link.initiator, link.responder)
         if existing is not None:
             return existing
+        self._open_links.pop((link.team, link.pair), None)
         self._c.execute(Q.insert_link, (*_ROWS.link_args(link), link.pair))
         return link
 
@@ -485,10 +528,17 @@ class SqliteTx(LifecycleSql):
         return _link(row) if row else None
 
     def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
-        row = self._one(Q.find_open_link, (team, "|".join(sorted((member_a, member_b)))))
-        return _link(row) if row else None
+        key = (team, "|".join(sorted((member_a, member_b))))
+        try:
+            return self._open_links[key]
+        except KeyError:
+            pass
+        row = self._one(Q.find_open_link, key)
+        found = self._open_links[key] = _link(row) if row else None
+        return found
 
     def update_link(self, link: Link) -> None:
+        self._open_links.pop((link.team, link.pair), None)
         args = _ROWS.link_args(link)
         self._c.execute(Q.update_link, (*args[2:], link.team, link.link_id))
 
@@ -621,11 +671,18 @@ class SqliteTx(LifecycleSql):
 
     # -- conversation budgets ----------------------------------------------------
     def get_budget(self, team: str, key: str) -> Budget | None:
-        row = self._one(Q.get_budget, (team, key))
-        return Budget(*row) if row else None
+        k = (team, key)
+        try:
+            return self._budgets[k]
+        except KeyError:
+            pass
+        row = self._one(Q.get_budget, k)
+        found = self._budgets[k] = Budget(*row) if row else None
+        return found
 
     def put_budget(self, budget: Budget) -> None:
         b = budget
+        self._budgets[(b.team, b.key)] = b  # the upsert overwrites every column
         self._c.execute(
             Q.put_budget,
             (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
