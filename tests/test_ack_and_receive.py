@@ -1,22 +1,26 @@
 """A receive that acks first: the member's finished messages are acked in the same store
 transaction as the first lease attempt, committed before any wait; ids not held fail
-nothing."""
+nothing. The hub, the HTTP route ``POST /v1/inbox/receive`` and the SDK (in-process and
+over HTTP) say the same."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
-from backchannel import Client
+from backchannel import Client, connect_sync
 from backchannel.client import HttpTransport
 from backchannel.errors import InvalidRequest, UnknownSession
 from backchannel.hub import AckResult, Hub, HubMiddleware
 from backchannel.interfaces.http import create_app
+from backchannel.models import MAX_BATCH
 from backchannel.stores.base import Tx
 from backchannel.stores.memory import MemoryStore
 from backchannel.testing import FakeClock
@@ -155,3 +159,157 @@ async def test_a_waiting_receive_committed_its_ack_before_the_wait(rig: Rig) -> 
     assert [g.message.message_id for g in got] == [m1]
     assert got.acked == AckResult((m0,), ())
     assert rig.log.acks == [("t", "b", (m0,))]  # the lease after the wake acked nothing
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+
+
+async def test_http_acks_then_receives(rig: Rig) -> None:
+    m0, m1 = await rig.send(2)
+    r = await rig.http.get("/v1/inbox", params={"limit": 1}, headers=rig.auth("b"))
+    assert [m["message_id"] for m in r.json()["messages"]] == [m0]
+    r = await rig.http.post(
+        "/v1/inbox/receive", json={"ack": [m0, "nope"], "limit": 5}, headers=rig.auth("b")
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [m["message_id"] for m in body["messages"]] == [m1]
+    assert body["messages"][0]["from"] == "a"
+    assert (body["acked"], body["not_held"]) == (1, ["nope"])
+    assert await rig.state(m0) is DeliveryState.ACKED
+    # no ids, an integer wait and the other parameters of GET /v1/inbox
+    r = await rig.http.post(
+        "/v1/inbox/receive",
+        json={"limit": 1, "wait": 0, "lease": 5, "pinned_only": False},
+        headers=rig.auth("b"),
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"messages": [], "acked": 0, "not_held": []}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"ack": ["bad id!"]},
+        {"ack": [""]},
+        {"ack": "m-1"},
+        {"ack": [5]},
+        {"ack": [f"m-{i}" for i in range(MAX_BATCH + 1)]},
+        {"limit": 0},
+        {"limit": 1001},
+        {"wait": 3601},
+        {"wait": -1},
+        {"lease": 0},
+        {"session": "bad session"},
+        {"pinned_only": 1},
+        {"acks": []},
+    ],
+)
+async def test_http_refuses_bad_input_with_422(rig: Rig, body: dict[str, Any]) -> None:
+    r = await rig.http.post("/v1/inbox/receive", json=body, headers=rig.auth("b"))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"]
+
+
+async def test_http_needs_a_member_token(rig: Rig) -> None:
+    r = await rig.http.post(
+        "/v1/inbox/receive", json={}, headers={"Authorization": "Bearer bc_nope"}
+    )
+    assert r.status_code == 401
+    r = await rig.http.post(
+        "/v1/inbox/receive", json={}, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert r.status_code == 403
+
+
+async def test_http_long_poll_whose_client_leaves_keeps_its_ack_and_leases_nothing(
+    rig: Rig,
+) -> None:
+    [m0] = await rig.send(1)
+    await rig.hub.receive("t", "b")
+    app = rig.http._transport.app  # type: ignore[attr-defined]
+    raw = json.dumps({"ack": [m0], "wait": 60}).encode()
+    left = asyncio.Event()
+    events = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/inbox/receive",
+        "raw_path": b"/v1/inbox/receive",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"hub"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+            (b"authorization", f"Bearer {rig.tokens['b']}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("hub", 80),
+    }
+    call = asyncio.create_task(app(scope, receive, send))
+    await asyncio.wait_for(rig.log.next_ack.wait(), 5)
+    assert await rig.state(m0) is DeliveryState.ACKED
+    assert not call.done()
+    left.set()
+    await asyncio.wait_for(call, 5)  # the wait ended with the client, far below 60 s
+    assert sent[0]["status"] == 200
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert answer == {"messages": [], "acked": 1, "not_held": []}
+    [m1] = await rig.send(1)
+    assert await rig.state(m1) is DeliveryState.QUEUED  # nothing leased for nobody
+
+
+# -- the SDK --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["in_process", "over_http"])
+async def test_sdk_acks_then_receives(rig: Rig, where: str) -> None:
+    m0, m1, m2 = await rig.send(3)
+    async with getattr(rig, where)("b") as cb:
+        [first] = await cb.receive(limit=1)
+        got = await cb.ack_and_receive([first.message_id, "nope"], limit=1)
+        assert [m.message_id for m in got.messages] == [m1]
+        assert (got.acked, got.not_held) == (1, ["nope"])
+        # the messages it hands out ack themselves as receive's do
+        await got.messages[0].ack()
+        assert await rig.state(m1) is DeliveryState.ACKED
+        last = await cb.ack_and_receive([], wait=1)
+        assert [m.message_id for m in last.messages] == [m2]
+        assert (last.acked, last.not_held) == (0, [])
+        done = await cb.ack_and_receive([m.message_id for m in last.messages])
+        assert (done.messages, done.acked) == ([], 1)
+        assert await cb.pending() == 0
+    assert await rig.state(m0) is DeliveryState.ACKED
+
+
+def test_sync_client_acks_then_receives(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 's.db'}"
+    with connect_sync(url) as admin:
+        admin.create_team("s")
+        a = admin.add_member("s", "a")["token"]
+        b = admin.add_member("s", "b")["token"]
+    with connect_sync(url, a) as ca, connect_sync(url, b) as cb:
+        ca.send("b", "one", message_id="s-1")
+        ca.send("b", "two", message_id="s-2")
+        [one] = cb.receive(limit=1)
+        got = cb.ack_and_receive([one.message_id], wait=5)
+        assert [m.text for m in got.messages] == ["two"]
+        assert got.acked == 1
+        got.messages[0].ack()
+        assert cb.pending() == 0
