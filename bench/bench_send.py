@@ -7,6 +7,9 @@ Modes (see ``--help`` and bench/README.md):
 * ``http``   — ``backchannel serve`` as a subprocess; senders POST /v1/messages over
   httpx (one keep-alive connection each); receivers long-poll GET /v1/inbox and
   POST /v1/inbox/ack. The load generator shares the machine with the server.
+
+With ``--ack-with-receive`` receivers ack each batch with their next receive
+(``hub.receive(..., ack=...)``; ``POST /v1/inbox/receive``) instead of a separate ack.
 * ``wakeup`` — one receiver blocked in ``receive(wait=...)`` (in-process, then over
   HTTP long-poll); one message at a time; commit → wake latency.
 * ``all``    — the three, one after the other.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import shutil
 import sys
 import tempfile
@@ -73,7 +77,9 @@ WAKE_P99_MS = 20.0
 
 class Transport(Protocol):
     async def send(self, sender: int, to: str, text: str) -> None: ...
-    async def receive(self, receiver: int) -> list[tuple[str, str]]: ...
+    async def receive(
+        self, receiver: int, ack: list[str] | None = None
+    ) -> list[tuple[str, str]]: ...
     async def ack(self, receiver: int, message_ids: list[str]) -> None: ...
 
 
@@ -89,9 +95,9 @@ class HubTransport:
     async def send(self, sender: int, to: str, text: str) -> None:
         await self.hub.send(TEAM, self.senders[sender], to, text)
 
-    async def receive(self, receiver: int) -> list[tuple[str, str]]:
+    async def receive(self, receiver: int, ack: list[str] | None = None) -> list[tuple[str, str]]:
         got = await self.hub.receive(
-            TEAM, self.receivers[receiver], limit=self.limit, wait=self.wait
+            TEAM, self.receivers[receiver], limit=self.limit, wait=self.wait, ack=ack or ()
         )
         return [(m.message.message_id, m.message.text) for m in got]
 
@@ -124,12 +130,19 @@ class HttpTransport:
         if status != 201:
             raise RuntimeError(f"POST /v1/messages answered {status}: {str(data)[:200]}")
 
-    async def receive(self, receiver: int) -> list[tuple[str, str]]:
-        status, data = await self._receivers[receiver].call(
-            "GET", "/v1/inbox", params=self._inbox_params
-        )
+    async def receive(self, receiver: int, ack: list[str] | None = None) -> list[tuple[str, str]]:
+        if ack is None:
+            what = "GET /v1/inbox"
+            status, data = await self._receivers[receiver].call(
+                "GET", "/v1/inbox", params=self._inbox_params
+            )
+        else:
+            what = "POST /v1/inbox/receive"
+            status, data = await self._receivers[receiver].call(
+                "POST", "/v1/inbox/receive", {"ack": ack, **self._inbox_params}
+            )
         if status != 200:
-            raise RuntimeError(f"GET /v1/inbox answered {status}: {str(data)[:200]}")
+            raise RuntimeError(f"{what} answered {status}: {str(data)[:200]}")
         return [(m["message_id"], m["text"]) for m in data["messages"]]
 
     async def ack(self, receiver: int, message_ids: list[str]) -> None:
@@ -169,10 +182,15 @@ async def run_load(
     server_cpu: Callable[[], float | None] | None = None,
     recv_wait: float = 1.0,
     overrun: float = 5.0,
+    ack_with_receive: bool = False,
 ) -> dict[str, Any]:
     """Send ``total`` messages (fewer if ``duration`` runs out) and wait until every one is
     received and acked. With ``rate`` > 0 message n is due at t0 + n/rate (open loop)
-    and latency counts from that due time, so a stalled sender cannot hide queueing."""
+    and latency counts from that due time, so a stalled sender cannot hide queueing.
+
+    With ``ack_with_receive`` a receiver acks each batch with its next receive; the
+    batch that completes the run is acked at once with a plain ack, so the run ends
+    when every message is acked, as without it."""
     n_recv = len(receivers)
     if rate > 0:
         total = max(1, min(total, int(rate * duration)))
@@ -185,7 +203,8 @@ async def run_load(
     seen: set[str] = set()
     dup = 0
     sent = 0
-    calls = {"receive": 0, "ack": 0}
+    calls = {"receive": 0, "ack": 0, "carried": 0}
+    unacked: list[list[str]] = [[] for _ in receivers]  # received, ack not known done
     last_send_end = 0.0
     last_ack = 0.0
     senders_done = False
@@ -224,22 +243,48 @@ async def run_load(
             sent += 1
             last_send_end = max(last_send_end, end)
 
+    def acked(at: float) -> None:
+        nonlocal last_ack
+        last_ack = max(last_ack, at)
+        if senders_done and len(seen) >= sent and not any(unacked):
+            all_acked.set()
+
+    async def plain_ack(j: int) -> None:
+        calls["ack"] += 1
+        try:
+            await tp.ack(j, unacked[j])
+        except Exception as exc:
+            errors.append(f"ack: {exc!r}")
+            return  # tried again before the next receive (acks are idempotent)
+        unacked[j] = []
+        acked(perf())
+
     async def receiver(j: int) -> None:
-        nonlocal dup, last_ack
+        nonlocal dup
         # never cancelled mid-poll: an abandoned receive (or HTTP long-poll, which the
         # server keeps serving after the client goes) would lease messages nobody reads
         while not stop_recv.is_set():
+            if unacked[j] and not ack_with_receive:
+                await plain_ack(j)  # an ack that failed
+                continue
             calls["receive"] += 1
+            carried = unacked[j]
+            called = perf()
             try:
-                got = await tp.receive(j)
+                got = await tp.receive(j, carried if ack_with_receive else None)
             except Exception as exc:
                 errors.append(f"receive: {exc!r}")
                 await asyncio.sleep(0.05)
-                continue
+                continue  # what it carried goes again with the next
             t = perf()
+            if carried:
+                calls["carried"] += 1
+                unacked[j] = []
+                # the ack committed in the receive's first transaction: at its end when it
+                # leased at once, at its start when it then waited for messages
+                acked(t if got else called)
             if not got:
                 continue
-            ids = []
             for mid, text in got:
                 if mid in seen:
                     dup += 1
@@ -248,16 +293,12 @@ async def run_load(
                 due, started = parse_text(text)
                 e2e.append(t - due)
                 e2e_actual.append(t - started)
-                ids.append(mid)
-            calls["ack"] += 1
-            try:
-                await tp.ack(j, [mid for mid, _ in got])
-            except Exception as exc:
-                errors.append(f"ack: {exc!r}")
-                continue
-            last_ack = perf()
-            if senders_done and len(seen) >= sent:
-                all_acked.set()
+            unacked[j] = [mid for mid, _ in got]
+            if ack_with_receive and not (senders_done and len(seen) >= sent):
+                continue  # acked by the next receive
+            await plain_ack(j)  # the batch that completes the run is acked at once
+        if unacked[j]:  # the phase ended before this batch's ack (a drain timeout)
+            await plain_ack(j)
 
     srv0 = server_cpu() if server_cpu else None
     cpu0, wall0, busy0 = cpu_self(), perf(), machine_busy()
@@ -265,7 +306,7 @@ async def run_load(
     recv_tasks = [asyncio.create_task(receiver(j)) for j in range(n_recv)]
     await asyncio.gather(*(sender(i) for i in range(senders)))
     senders_done = True
-    if len(seen) >= sent:
+    if len(seen) >= sent and not any(unacked):
         all_acked.set()
     drained = True
     try:
@@ -304,6 +345,7 @@ async def run_load(
         "loop_lag_ms": summarize(lag),
         "receive_calls": calls["receive"],
         "ack_calls": calls["ack"],
+        "carried_acks": calls["carried"],
         "cpu_s": cpu1 - cpu0,
         "server_cpu_s": (srv1 - srv0) if srv0 is not None and srv1 is not None else None,
         "machine_busy_s": busy1 - busy0,
@@ -350,7 +392,8 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
         (
             "calls per message",
             f"1 send + {m['receive_calls'] / n:.2f} receive + {m['ack_calls'] / n:.2f} ack "
-            f"({m['receive_calls']} receives, {m['ack_calls']} acks)",
+            f"({m['receive_calls']} receives, {m['carried_acks']} of them acking the batch "
+            f"before; {m['ack_calls']} acks)",
         )
     )
     rows.append(
@@ -379,6 +422,10 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
     return rows
 
 
+def _acks(args: argparse.Namespace) -> str:
+    return "with the next receive" if args.ack_with_receive else "a separate ack per batch"
+
+
 def _rates(args: argparse.Namespace, default: str) -> list[float]:
     text = args.rate if args.rate is not None else default
     return [float(x) for x in text.split(",") if x.strip()]
@@ -404,6 +451,7 @@ async def _inproc_phase(args: argparse.Namespace, db: Path, rate: float) -> dict
             "drain_timeout": args.drain_timeout,
             "overrun": args.overrun,
             "recv_wait": args.poll_wait,
+            "ack_with_receive": args.ack_with_receive,
         }
         if args.warmup:
             await run_load(tp, total=args.warmup, rate=0, duration=30, **common)
@@ -437,6 +485,12 @@ def _count_store_calls(store: Any) -> Counter[str]:
 
 def _caller(fn: Any) -> str:
     name = getattr(fn, "__qualname__", "?")
+    if name.startswith("Env.transact"):  # the hub's transaction runner: name its function
+        inner = [c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents)]
+        if inner:
+            return _caller(inner[0])
+    if isinstance(fn, functools.partial):
+        return _caller(fn.func)
     return name.split(".<locals>")[0].rsplit(".", 1)[-1]
 
 
@@ -459,6 +513,7 @@ def bench_inproc(args: argparse.Namespace, base: Path) -> list[Result]:
                 "messages": args.messages,
                 "duration": args.duration,
                 "limit": args.limit,
+                "acks": _acks(args),
                 "store": "sqlite (WAL, synchronous=FULL)",
             },
             rows=_load_rows(m, open_loop=rate > 0),
@@ -521,6 +576,7 @@ async def _http_phase(
         "drain_timeout": args.drain_timeout,
         "overrun": args.overrun,
         "recv_wait": args.poll_wait,
+        "ack_with_receive": args.ack_with_receive,
     }
     try:
         if args.warmup:
@@ -579,6 +635,7 @@ def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
                 "messages": args.messages,
                 "duration": args.duration,
                 "limit": args.limit,
+                "acks": _acks(args),
                 "client": f"{args.client}, HTTP/1.1 keep-alive",
                 "load_loop": loop_name(args.uvloop),
             },
@@ -989,6 +1046,13 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--limit", type=int, default=64, help="receive batch size (limit=)")
     load.add_argument(
         "--poll-wait", type=float, default=1.0, help="receivers' receive/long-poll wait in seconds"
+    )
+    load.add_argument(
+        "--ack-with-receive",
+        action="store_true",
+        help="receivers ack each batch with their next receive (hub.receive(ack=...); "
+        "POST /v1/inbox/receive) instead of a separate ack; the batch that completes a "
+        "phase is acked at once",
     )
     load.add_argument(
         "--overrun",

@@ -1,7 +1,8 @@
 """schemathesis hooks for tests/test_openapi_fuzz.py (loaded by SCHEMATHESIS_HOOKS).
 
 - A long-poll may wait up to an hour by design; the fuzzer's requests wait at most a
-  fraction of a second, so a run stays short and no request times out.
+  fraction of a second (``wait`` in a query or a JSON body), so a run stays short and
+  no request times out.
 - A valid team name in a path becomes the team the run set up ($FUZZ_TEAM), so those
   calls reach the hub's logic instead of all answering 404. Invalid names are left as
   drawn: they are the negative cases.
@@ -36,6 +37,12 @@ def map_query(ctx: Any, query: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 @schemathesis.hook
+def map_body(ctx: Any, body: Any) -> Any:
+    _short_wait(body)
+    return body
+
+
+@schemathesis.hook
 def map_path_parameters(ctx: Any, path: dict[str, Any] | None) -> dict[str, Any] | None:
     team = os.environ.get("FUZZ_TEAM")
     value = (path or {}).get("team")
@@ -48,3 +55,4 @@ def map_path_parameters(ctx: Any, path: dict[str, Any] | None) -> dict[str, Any]
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     # cases of the coverage and stateful phases do not all pass through map_query
     _short_wait(case.query)
+    _short_wait(case.body)

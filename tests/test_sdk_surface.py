@@ -32,6 +32,7 @@ OPERATIONS = {
     "GET /v1/messages/{message_id}": "status",
     "POST /v1/messages/{message_id}/reactions": "react",
     "GET /v1/inbox": "receive",
+    "POST /v1/inbox/receive": "ack_and_receive",
     "GET /v1/inbox/pending": "pending",
     "POST /v1/inbox/ack": "ack",
     "POST /v1/inbox/ack/batch": "ack_batch",

@@ -31,6 +31,7 @@ from backchannel.models import (
     ErrorDetail,
     EventAnswer,
     HookResult,
+    InboxAcked,
     Link,
     LinkList,
     Me,
@@ -202,6 +203,37 @@ class MemberApi:
             stop=stop,
         )
         return [Received.model_validate(m.to_json()) for m in got]
+
+    async def ack_and_receive(
+        self,
+        ack: Sequence[str],
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> InboxAcked:
+        """Ack ``ack`` (as :meth:`ack` does), then :meth:`receive`: the ack and the first
+        lease attempt are one store transaction, committed before any wait. Ids not
+        held come back in ``not_held``; they never fail the receive."""
+        got = await self.hub.receive(
+            self.team,
+            self.name,
+            session=session,
+            limit=limit,
+            wait=wait,
+            lease_seconds=lease,
+            pinned_only=pinned_only,
+            stop=stop,
+            ack=list(ack),
+        )
+        return InboxAcked(
+            messages=[Received.model_validate(m.to_json()) for m in got],
+            acked=len(got.acked.acked),
+            not_held=list(got.acked.not_held),
+        )
 
     async def pending(self) -> Pending:
         return Pending(pending=await self.hub.pending(self.team, self.name))

@@ -122,6 +122,25 @@ class AckIn(_Body):
     message_ids: list[IdField] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class ReceiveIn(_Body):
+    """A receive that first acks the messages you are done with: ``GET /v1/inbox``'s
+    parameters, and ``ack``."""
+
+    ack: list[IdField] = Field(
+        default_factory=list,
+        max_length=MAX_BATCH,
+        description=(
+            f"up to {MAX_BATCH} ids of messages you received earlier and are done with; "
+            "acked in the same transaction as the first lease, before any wait"
+        ),
+    )
+    limit: int = Field(10, ge=1, le=1000)
+    wait: float = Field(0, ge=0, le=3600, description="seconds to wait for the first")
+    session: SessionField | None = None
+    lease: float | None = Field(None, gt=0, le=86400)
+    pinned_only: bool = False
+
+
 class AckBatchIn(_Body):
     """Many acks in one request. Each id is checked and answered on its own."""
 
@@ -465,6 +484,17 @@ class Pending(_Out):
 
 
 class Acked(_Out):
+    acked: int
+    not_held: list[str] = Field(
+        default_factory=list, description="ids you did not hold (acked before, or not yours)"
+    )
+
+
+class InboxAcked(_Out):
+    """A receive that acked first: the messages it leased, and what became of the ids
+    it acked (as :class:`Acked` says it)."""
+
+    messages: list[Received]
     acked: int
     not_held: list[str] = Field(
         default_factory=list, description="ids you did not hold (acked before, or not yours)"

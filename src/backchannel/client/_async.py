@@ -28,6 +28,7 @@ from backchannel.models import (
     EventAnswer,
     HookResult,
     Inbox,
+    InboxAcked,
     Link,
     LinkList,
     Me,
@@ -445,6 +446,41 @@ class Client:
             Call("GET", "/v1/inbox", local, Inbox, params=params, wait=wait)
         )
         return [m.bind(self) for m in inbox.messages]
+
+    async def ack_and_receive(
+        self,
+        ack: Sequence[str],
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+    ) -> InboxAcked:
+        """Ack ``ack`` (messages you received and are done with), then :meth:`receive`,
+        in one request and one store transaction: a receiver loop passes the ids of its
+        last batch with each call. ``acked`` and ``not_held`` say what the ack did (ids
+        not held fail nothing); ``messages`` are what was leased."""
+        ids = list(ack)
+        body = {
+            "ack": ids,
+            "limit": limit,
+            "wait": wait,
+            "pinned_only": pinned_only,
+            **_given(session=session, lease=lease),
+        }
+
+        async def local(s: Scope) -> InboxAcked:
+            return await s.member.ack_and_receive(
+                ids, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+            )
+
+        got: InboxAcked = await self._do(
+            Call("POST", "/v1/inbox/receive", local, InboxAcked, body, wait=wait)
+        )
+        for m in got.messages:
+            m.bind(self)
+        return got
 
     async def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32

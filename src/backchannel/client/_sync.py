@@ -19,6 +19,7 @@ from backchannel.models import (
     Delegation,
     EventAnswer,
     HookResult,
+    InboxAcked,
     Link,
     Me,
     MemberCreated,
@@ -252,6 +253,29 @@ class SyncClient:
             )
         )
         return [m.bind_sync(self.ack) for m in got]
+
+    def ack_and_receive(
+        self,
+        ack: Sequence[str],
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        session: str | None = None,
+        lease: float | None = None,
+        pinned_only: bool = False,
+    ) -> InboxAcked:
+        """Ack ``ack`` (messages you received and are done with), then :meth:`receive`,
+        in one request and one store transaction: a receiver loop passes the ids of its
+        last batch with each call. ``acked`` and ``not_held`` say what the ack did (ids
+        not held fail nothing); ``messages`` are what was leased."""
+        got = self._run(
+            self._async.ack_and_receive(
+                ack, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+            )
+        )
+        for m in got.messages:
+            m.bind_sync(self.ack)
+        return got
 
     def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32

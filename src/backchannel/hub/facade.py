@@ -25,7 +25,7 @@ from backchannel.hub.inbox import InboxFiles, TakeResult
 from backchannel.hub.links import Links
 from backchannel.hub.maintenance import DEFAULT_RETENTION, Maintenance
 from backchannel.hub.members import Members, hash_token, new_token
-from backchannel.hub.messages import AckResult, FeedItem, Messages, MessageStatus
+from backchannel.hub.messages import AckResult, FeedItem, Leased, Messages, MessageStatus
 from backchannel.hub.outbox import Outbox
 from backchannel.hub.pipeline import Pipeline
 from backchannel.hub.quotas import Quotas
@@ -40,6 +40,7 @@ __all__ = [
     "FeedItem",
     "Hub",
     "HubMiddleware",
+    "Leased",
     "MessageStatus",
     "Removal",
     "StopResult",

@@ -11,8 +11,9 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from backchannel.core import messages as rules
@@ -35,7 +36,7 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["AckResult", "FeedItem", "MessageStatus", "Messages", "new_message_id"]
+__all__ = ["AckResult", "FeedItem", "Leased", "MessageStatus", "Messages", "new_message_id"]
 
 _ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
 _id_counter = itertools.count()
@@ -52,6 +53,31 @@ def new_message_id() -> str:
 class AckResult:
     acked: tuple[str, ...]
     not_held: tuple[str, ...]
+
+
+NOTHING_ACKED = AckResult((), ())
+
+
+class Leased(list[InboxMessage]):
+    """What a receive leased, in send order (a plain list to whoever wants one), with
+    ``acked``: what became of the ids the receive was asked to ack first (nothing when
+    it was asked none)."""
+
+    __slots__ = ("acked",)
+
+    def __init__(
+        self, messages: Iterable[InboxMessage] = (), acked: AckResult = NOTHING_ACKED
+    ) -> None:
+        super().__init__(messages)
+        self.acked = acked
+
+
+def ack_ids(message_ids: Sequence[str], field: str) -> list[str]:
+    """The ids an ack was given, checked as every ack checks them (at most 1000)."""
+    ids = [str(i) for i in message_ids]
+    if len(ids) > 1000:
+        raise InvalidRequest(f"at most 1000 ids in {field} per ack", field=field)
+    return ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,14 +239,23 @@ class Messages:
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
         owner: str | None = None,
-    ) -> list[InboxMessage]:
+        ack: Sequence[str] = (),
+    ) -> Leased:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
         the first. Leased messages come back after the lease unless acked. With
         ``pinned_only``, only messages pinned to ``session`` (a delegation's sub-session
         takes nothing addressed to the member as a whole). Setting ``stop`` ends the wait
         early (a long-poll whose client went away). With ``owner`` (a push dispatcher's
         hub id), nothing is leased unless ``owner`` holds the member's push-delivery lease
-        (``Tx.claim_dispatch``), checked in the leasing transaction itself."""
+        (``Tx.claim_dispatch``), checked in the leasing transaction itself.
+
+        ``ack`` names messages received earlier that the member is done with: they are
+        acked as :meth:`ack` acks them, in the same store transaction as the first lease
+        attempt, so a receiver loop costs one transaction per batch. The result's
+        ``acked`` says which were acked and which not held; ids not held never fail the
+        receive. The ack is committed before any wait for messages begins, and is not
+        done again when the wait ends; a receive that fails (a bad session) acks
+        nothing."""
         limit = self.config.default_limit if limit is None else limit
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000", field="limit")
@@ -229,21 +264,28 @@ class Messages:
         lease = self.config.lease_seconds if lease_seconds is None else lease_seconds
         if lease <= 0:
             raise InvalidRequest("lease_seconds must be positive", field="lease_seconds")
+        ids = ack_ids(ack, "ack")
+        acked = NOTHING_ACKED
+
+        def attempt(c: Ctx, now: float, ids: list[str]) -> tuple[AckResult, list[InboxMessage]]:
+            done = self._ack(c, team, member, ids, now) if ids else NOTHING_ACKED
+            got = self._lease(
+                c, team, member, session, now, now + lease, limit, not pinned_only, owner
+            )
+            return done, got
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             ready = self.env.waiters.event(team, member)
-            now = self.clock.now()
-            got = await self.env.transact(
-                lambda c, now=now: self._lease(  # type: ignore[misc]
-                    c, team, member, session, now, now + lease, limit, not pinned_only, owner
-                )
-            )
+            done, got = await self.env.transact(partial(attempt, now=self.clock.now(), ids=ids))
+            if ids:  # acked with the first attempt only, and committed with it
+                acked, ids = done, []
             if got:
-                return got
+                return Leased(got, acked)
             remaining = deadline - loop.time()
             if remaining <= 0 or (stop is not None and stop.is_set()):
-                return []
+                return Leased((), acked)
             if stop is None:
                 await wait_for(ready, remaining)
             else:
@@ -305,20 +347,24 @@ class Messages:
     async def ack(self, team: str, member: str, message_ids: Sequence[str]) -> AckResult:
         """Acknowledge copies the member holds. Ids it does not hold are reported back
         in ``not_held`` (nothing else changes)."""
-        ids = [str(i) for i in message_ids]
+        ids = ack_ids(message_ids, "message_ids")
         if not ids:
             raise InvalidRequest(
                 "message_ids is empty; pass the ids you received", field="message_ids"
             )
-        if len(ids) > 1000:
-            raise InvalidRequest("at most 1000 message_ids per ack", field="message_ids")
         now = self.clock.now()
-        acked = await self.store.transact(lambda tx: tx.ack(team, member, ids, now))
+        return await self.env.transact(lambda c: self._ack(c, team, member, ids, now))
+
+    @staticmethod
+    def _ack(c: Ctx, team: str, member: str, ids: list[str], now: float) -> AckResult:
+        """The ack inside a transaction (:meth:`ack`, or a receive that acks first); the
+        ``after_ack`` hooks and the team's watchers run once it committed."""
+        acked = c.tx.ack(team, member, ids, now)
         done = set(acked)
         result = AckResult(tuple(acked), tuple(i for i in dict.fromkeys(ids) if i not in done))
         if acked:
-            self.env.run_middleware("after_ack", team, member, result.acked)
-            self.env.waiters.notify_watchers(team)
+            c.emit("after_ack", team, member, result.acked)
+            c.watched(team)
         return result
 
     async def release(self, team: str, member: str, message_ids: Sequence[str]) -> int:

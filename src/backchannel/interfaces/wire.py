@@ -249,6 +249,7 @@ _EXTRA: dict[str, set[int]] = {
     "message_status": {403, 404},
     "react": {403, 404},
     "inbox": {403, 404},
+    "receive": {403, 404, 409},
     "pending": {403},
     "ack": {403},
     "ack_batch": {403},

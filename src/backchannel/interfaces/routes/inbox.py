@@ -2,11 +2,15 @@
 
 ``POST /v1/inbox/ack/batch`` acks many ids and answers each on its own (``acked``,
 ``not_held`` or ``invalid``), so a malformed id loses none of the others.
+``POST /v1/inbox/receive`` acks the messages a receiver is done with and leases the
+next ones in one request (and one store transaction): a receiver loop's one round trip
+per batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -17,17 +21,50 @@ from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.routes.messages import fast_call
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import SSE_EVENT, SessionQuery, StrictRoute
+from backchannel.member import MemberApi
 from backchannel.models import (
     AckBatchIn,
     Acked,
     AckedBatch,
     AckIn,
     Inbox,
+    InboxAcked,
     Pending,
+    Received,
+    ReceiveIn,
     Released,
 )
 
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
+
+
+@contextlib.asynccontextmanager
+async def client_watch(request: Request, wait: float) -> AsyncIterator[asyncio.Event]:
+    """An event set when the client goes away, watched while a long-poll may wait."""
+    gone = asyncio.Event()
+
+    async def watch_client() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.ensure_future(watch_client()) if wait > 0 else None
+    try:
+        yield gone
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def kept(
+    api: MemberApi, request: Request, gone: asyncio.Event, got: list[Received]
+) -> list[Received]:
+    """The messages to answer: none when the client went away (a long-poll must not
+    lease messages nobody reads; they are given back at once)."""
+    if got and (gone.is_set() or await request.is_disconnected()):
+        await api.release([m.message_id for m in got])
+        return []
+    return got
 
 
 @router.get("/v1/inbox")
@@ -42,16 +79,7 @@ async def inbox(
 ) -> Inbox:
     """Lease up to ``limit`` messages, waiting up to ``wait`` seconds for the first;
     each comes back after its lease unless acked."""
-    gone = asyncio.Event()
-
-    async def watch_client() -> None:
-        # a long-poll whose client went away must not lease messages nobody reads
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        gone.set()
-
-    watcher = asyncio.ensure_future(watch_client()) if wait > 0 else None
-    try:
+    async with client_watch(request, wait) as gone:
         got = await api.receive(
             session=session,
             limit=limit,
@@ -60,13 +88,27 @@ async def inbox(
             pinned_only=pinned_only,
             stop=gone,
         )
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-    if got and (gone.is_set() or await request.is_disconnected()):
-        await api.release([m.message_id for m in got])
-        return Inbox(messages=[])
-    return Inbox(messages=got)
+    return Inbox(messages=await kept(api, request, gone, got))
+
+
+@router.post("/v1/inbox/receive")
+async def receive(body: ReceiveIn, api: AsMember, request: Request) -> InboxAcked:
+    """Ack ``ack`` (messages you are done with), then lease as ``GET /v1/inbox`` does:
+    the ack and the first lease are one transaction, committed before any wait. Ids you
+    do not hold come back in ``not_held`` and fail nothing; a receive that fails (a
+    session that is not yours) acks nothing."""
+    async with client_watch(request, body.wait) as gone:
+        got = await api.ack_and_receive(
+            body.ack,
+            session=body.session,
+            limit=body.limit,
+            wait=body.wait,
+            lease=body.lease,
+            pinned_only=body.pinned_only,
+            stop=gone,
+        )
+    got.messages = await kept(api, request, gone, got.messages)
+    return got
 
 
 @router.get("/v1/inbox/pending")
