@@ -93,7 +93,7 @@ def _fill(path: str) -> str:
 
 # parsed by the model itself (pydantic's strict JSON, no free-form fields): a 422 all
 # the same, whose message may name a field instead
-FAST = ("/v1/messages", "/v1/inbox/ack")
+FAST = ("/v1/messages", "/v1/inbox/ack", "/v1/inbox/receive")
 
 BAD_BODIES = [
     pytest.param(b'{"text": "\\ud800"}', "not valid JSON", id="lone-surrogate"),

@@ -26,3 +26,4 @@ def include_routes(app: FastAPI) -> None:
     # the fast paths answer first (see routes.messages); the routes above document them
     app.router.routes.insert(0, Route("/v1/messages", messages.fast_send, methods=["POST"]))
     app.router.routes.insert(0, Route("/v1/inbox/ack", inbox.fast_ack, methods=["POST"]))
+    app.router.routes.insert(0, Route("/v1/inbox/receive", inbox.fast_receive, methods=["POST"]))

@@ -161,3 +161,22 @@ async def fast_ack(request: Request) -> Response:
     api, body = await fast_call(request, AckIn)
     acked = await api.ack(body.message_ids)
     return JSONResponse(acked.model_dump())
+
+
+async def fast_receive(request: Request) -> Response:
+    """``POST /v1/inbox/receive`` (the receiver loop's one request a batch) without the
+    dependency machinery: the same checks, errors and answer as :func:`receive`."""
+    api, body = await fast_call(request, ReceiveIn)
+    async with client_watch(request, body.wait) as gone:
+        got = await api.ack_and_receive(
+            body.ack,
+            session=body.session,
+            limit=body.limit,
+            wait=body.wait,
+            lease=body.lease,
+            pinned_only=body.pinned_only,
+            stop=gone,
+        )
+    got.messages = await kept(api, request, gone, got.messages)
+    body_json = got.model_dump_json(by_alias=True, exclude_unset=True)
+    return Response(body_json, media_type="application/json")
