@@ -4,8 +4,11 @@ synchronous=FULL), beside the single-message figures of ``bench_send http``.
 
 K senders each post batches of B messages in a closed loop (the next batch as soon as the
 previous one was answered: every message in it committed and fsynced); K receivers
-long-poll ``GET /v1/inbox`` and ack what they got with one batch ack. The figure is
-messages received and acked per second, and send→received latency from the batch's post.
+long-poll and ack. By default (``--receive with-ack``) a receiver's one request a batch is
+``POST /v1/inbox/receive``, acking the batch before; with ``--receive ack-batch`` it
+long-polls ``GET /v1/inbox`` and acks what it got with ``POST /v1/inbox/ack/batch``. The
+figure is messages received and acked per second (a message counts once its ack was
+answered), and send→received latency from the batch's post.
 
     .venv/bin/python -m bench.bench_batch                 # 16 senders, batches of 50, 10 s
     .venv/bin/python -m bench.bench_batch --batch 200 --results out.json
@@ -63,6 +66,30 @@ async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> d
                 return
             sent += len(items)
 
+    def took(ids: list[str]) -> None:
+        now = time.perf_counter()
+        latencies.extend(now - posted.get(mid, now) for mid in ids)
+
+    async def receiver_with_ack(i: int) -> None:
+        nonlocal received
+        held: list[str] = []
+        while not stop.is_set() or held:
+            body = {"ack": held, "wait": 0 if stop.is_set() else 1, "limit": 500}
+            status, data = await receivers[i].call("POST", "/v1/inbox/receive", body)
+            if status != 200 or data.get("acked") != len(held):
+                errors.append(f"receive answered {status}: {str(data)[:200]}")
+                stop.set()
+                return
+            received += len(held)
+            held = [m["message_id"] for m in data["messages"]]
+            took(held)
+            if stop.is_set() and held:  # the last batch: ack it, take nothing more
+                status, data = await receivers[i].call(
+                    "POST", "/v1/inbox/ack/batch", {"message_ids": held}
+                )
+                received += len(held) if status == 200 else 0
+                return
+
     async def receiver(i: int) -> None:
         nonlocal received
         params = {"wait": 1, "limit": 500}
@@ -75,8 +102,7 @@ async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> d
             ids = [m["message_id"] for m in data["messages"]]
             if not ids:
                 continue
-            now = time.perf_counter()
-            latencies.extend(now - posted.get(mid, now) for mid in ids)
+            took(ids)
             status, data = await receivers[i].call(
                 "POST", "/v1/inbox/ack/batch", {"message_ids": ids}
             )
@@ -87,7 +113,8 @@ async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> d
             received += len(ids)
 
     tasks = [asyncio.create_task(sender(i)) for i in range(k)]
-    tasks += [asyncio.create_task(receiver(i)) for i in range(k)]
+    receive = receiver_with_ack if args.receive == "with-ack" else receiver
+    tasks += [asyncio.create_task(receive(i)) for i in range(k)]
     await asyncio.sleep(args.warmup)
     base, t0 = received, time.perf_counter()
     await asyncio.sleep(args.duration)
@@ -115,6 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--client", choices=["httpx", "raw"], default="raw")
+    p.add_argument(
+        "--receive",
+        choices=["with-ack", "ack-batch"],
+        default="with-ack",
+        help="with-ack: POST /v1/inbox/receive acking the batch before (one request a "
+        "batch); ack-batch: GET /v1/inbox, then POST /v1/inbox/ack/batch",
+    )
     p.add_argument("--results", help="write the figures as JSON to this path")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bc-batch-") as tmp:
@@ -125,7 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             members = [f"s{i}" for i in range(args.senders)]
             members += [f"r{i}" for i in range(args.senders)]
             tokens = setup_team_http(server.url, server.admin_token, TEAM, members)
-            log(f"[batch] {args.senders} senders, batches of {args.batch}, load {loadavg()}")
+            log(
+                f"[batch] {args.senders} senders, batches of {args.batch}, receive "
+                f"{args.receive}, load {loadavg()}"
+            )
             m = asyncio.run(_load(args, server.url, tokens))
         finally:
             server.stop()
@@ -141,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             m["throughput_msgs_s"],
             "msgs/s",
             Goal(">=", 3000, "issue: HTTP at 16 senders"),
-            f"{args.senders} senders, batches of {args.batch}",
+            f"{args.senders} senders, batches of {args.batch}, receive {args.receive}",
         ),
         Figure("HTTP batch send→received, p99", e2e.get("p99_ms"), "ms"),
     ]

@@ -113,6 +113,9 @@ _DUE_JOBS = (
     "ORDER BY due_at, id LIMIT ?"
 )
 _UNTIL_NONE = 2**62  # list_events with no upper bound
+#: Rows a cache of the writer's connection may hold before it starts over (each is a
+#: few hundred bytes; a hub with many members and pairs stays bounded)
+_CACHE_ROWS = 20_000
 
 
 class SqliteTx(LifecycleSql):
@@ -141,12 +144,13 @@ class SqliteTx(LifecycleSql):
         # ``executemany`` at the end (``flush``) instead of a statement per event
         self._history: list[tuple[str, str, str, float, str, str]] = []
 
+    @property
+    def _caches(self) -> tuple[dict[Any, Any], ...]:
+        return (self._teams, self._members, self._budgets, self._active, self._open_links)
+
     def _drop_cached(self) -> None:
-        self._teams.clear()
-        self._members.clear()
-        self._budgets.clear()
-        self._active.clear()
-        self._open_links.clear()
+        for cache in self._caches:
+            cache.clear()
 
     def forget(self) -> None:
         """Drop what was read and the history not yet written (a rollback, a new
@@ -170,6 +174,8 @@ class SqliteTx(LifecycleSql):
         if version != self._data_version:
             self._data_version = version
             self.forget()
+        elif max(map(len, self._caches)) > _CACHE_ROWS:  # a long-lived hub's bound
+            self._drop_cached()
 
     def _one(self, sql: str, args: Sequence[Any]) -> Any:
         return self._c.execute(sql, args).fetchone()

@@ -1,0 +1,237 @@
+"""The SQLite writer keeps what every send reads (teams, members, budgets, a member's
+active sessions, a pair's open link) across transactions, and writes the delivery
+history once per commit. These tests attack the ways such a cache goes wrong: another
+process writing the same file, a transaction that fails after writing, a job that fails
+in a batch of good ones, a read of the history inside the transaction that wrote it,
+and a hub that lives long enough to see many pairs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from backchannel.errors import AlreadyExists
+from backchannel.stores.base import Tx
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.stores.sqlite import tx as sqlite_tx
+from backchannel.types import (
+    Budget,
+    DeliveryEvent,
+    Link,
+    LinkState,
+    Member,
+    MemberKind,
+    Message,
+    MessageKind,
+    Recipient,
+    Session,
+    SessionState,
+    Team,
+)
+
+
+async def _setup(store: SqliteStore) -> None:
+    def fn(tx: Tx) -> None:
+        tx.insert_team(Team("t", 0.0))
+        for name in ("a", "b"):
+            tx.insert_member(Member("t", name, MemberKind.LLM, 0.0, f"h-{name}"))
+
+    await store.transact(fn)
+
+
+def _session(sid: str, state: SessionState) -> Session:
+    return Session("t", sid, "a", state, 0.0, 0.0)
+
+
+def _link(state: LinkState = LinkState.OPEN) -> Link:
+    return Link("t", "l1", "a", "s1", "b", None, 10, 0.0, state=state)
+
+
+def _message(mid: str) -> Message:
+    return Message("t", mid, "a", "b", "hi", MessageKind.DIRECT, 0.0, "fp")
+
+
+async def test_another_process_writing_the_file_is_seen(tmp_path: Path) -> None:
+    db = tmp_path / "hub.db"
+    hub, other = SqliteStore(db), SqliteStore(db)
+    await hub.open()
+    await other.open()
+    try:
+        await _setup(hub)
+
+        def read(tx: Tx) -> tuple[Budget | None, list[Session], Link | None]:
+            return (
+                tx.get_budget("t", "pair:a|b"),
+                tx.list_sessions("t", "a", which="active", limit=2),
+                tx.find_open_link("t", "b", "a"),
+            )
+
+        assert await hub.transact(read) == (None, [], None)  # read, and kept
+
+        def write(tx: Tx) -> None:
+            tx.put_budget(Budget("t", "pair:a|b", 0.0, used=3))
+            tx.put_session(_session("s1", SessionState.ACTIVE))
+            tx.insert_link(_link())
+
+        await other.transact(write)
+        budget, sessions, link = await hub.transact(read)
+        assert budget is not None and budget.used == 3
+        assert [s.session_id for s in sessions] == ["s1"]
+        assert link is not None and link.link_id == "l1"
+
+        def close(tx: Tx) -> None:
+            tx.update_link(_link(LinkState.CLOSED))
+            tx.put_session(_session("s1", SessionState.EXITED))
+            tx.put_budget(Budget("t", "pair:a|b", 0.0, used=4))
+
+        await other.transact(close)
+        budget, sessions, link = await hub.transact(read)
+        assert budget is not None and budget.used == 4
+        assert (sessions, link) == ([], None)
+    finally:
+        await other.close()
+        await hub.close()
+
+
+async def test_own_writes_are_read_back_in_the_same_and_later_transactions(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "hub.db")
+    await store.open()
+    try:
+        await _setup(store)
+
+        def fn(tx: Tx) -> tuple[int, int, bool]:
+            assert tx.list_sessions("t", "a", which="active", limit=2) == []
+            assert tx.find_open_link("t", "a", "b") is None
+            tx.put_session(_session("s1", SessionState.ACTIVE))
+            tx.insert_link(_link())
+            tx.put_budget(Budget("t", "pair:a|b", 0.0, used=1))
+            b = tx.get_budget("t", "pair:a|b")
+            return (
+                len(tx.list_sessions("t", "a", which="active", limit=2)),
+                b.used if b else 0,
+                tx.find_open_link("t", "a", "b") is not None,
+            )
+
+        assert await store.transact(fn) == (1, 1, True)
+
+        def later(tx: Tx) -> tuple[int, bool]:
+            tx.update_link(_link(LinkState.CLOSED))
+            return (
+                len(tx.list_sessions("t", "a", which="active", limit=2)),
+                tx.find_open_link("t", "a", "b") is None,
+            )
+
+        assert await store.transact(later) == (1, True)
+    finally:
+        await store.close()
+
+
+async def test_a_failed_transaction_leaves_nothing_cached(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "hub.db")
+    await store.open()
+    try:
+        await _setup(store)
+
+        def fails(tx: Tx) -> None:
+            assert tx.get_budget("t", "pair:a|b") is None
+            tx.put_budget(Budget("t", "pair:a|b", 0.0, used=9))
+            tx.put_session(_session("s1", SessionState.ACTIVE))
+            tx.insert_link(_link())
+            tx.insert_message(_message("m1"), [Recipient("b")])
+            raise RuntimeError("the send is refused after its writes")
+
+        with pytest.raises(RuntimeError):
+            await store.transact(fails)
+
+        def read(tx: Tx) -> tuple[Budget | None, list[Session], Link | None, list[DeliveryEvent]]:
+            return (
+                tx.get_budget("t", "pair:a|b"),
+                tx.list_sessions("t", "a", which="active", limit=2),
+                tx.find_open_link("t", "a", "b"),
+                tx.history("t", "m1"),
+            )
+
+        assert await store.transact(read) == (None, [], None, [])
+    finally:
+        await store.close()
+
+
+async def test_a_failing_job_in_a_batch_takes_only_its_own_history(tmp_path: Path) -> None:
+    """Jobs queued together commit together; one that fails (here a duplicate message
+    id) is undone alone, its buffered history with it."""
+    store = SqliteStore(tmp_path / "hub.db")
+    await store.open()
+    try:
+        await _setup(store)
+        await store.transact(lambda tx: tx.insert_message(_message("m0"), [Recipient("b")]))
+
+        def insert(mid: str) -> Callable[[Tx], None]:
+            def fn(tx: Tx) -> None:
+                tx.insert_message(_message(mid), [Recipient("b")])
+                tx.add_history("t", DeliveryEvent(mid, "b", 1.0, "noted", "by " + mid))
+
+            return fn
+
+        # queued together: the writer runs them as one batch, then one by one
+        results = await asyncio.gather(
+            store.transact(insert("m1")),
+            store.transact(insert("m0")),
+            store.transact(insert("m2")),
+            return_exceptions=True,
+        )
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], AlreadyExists)
+
+        def events(tx: Tx) -> dict[str, list[str]]:
+            return {m: [e.event for e in tx.history("t", m)] for m in ("m0", "m1", "m2")}
+
+        assert await store.read(events) == {
+            "m0": ["queued"],
+            "m1": ["queued", "noted"],
+            "m2": ["queued", "noted"],
+        }
+    finally:
+        await store.close()
+
+
+async def test_history_written_in_a_transaction_is_read_in_it(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "hub.db")
+    await store.open()
+    try:
+        await _setup(store)
+
+        def fn(tx: Tx) -> tuple[list[str], int]:
+            tx.insert_message(_message("m1"), [Recipient("b")])
+            seen = [e.event for e in tx.history("t", "m1")]
+            return seen, len(tx.feed("t", 0, 10))
+
+        assert await store.transact(fn) == (["queued"], 1)
+    finally:
+        await store.close()
+
+
+async def test_the_caches_stay_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_tx, "_CACHE_ROWS", 50)
+    store = SqliteStore(tmp_path / "hub.db")
+    await store.open()
+    try:
+        await _setup(store)
+        sizes: list[int] = []
+
+        def fn(tx: Tx) -> None:
+            for i in range(30):
+                tx.get_budget("t", f"pair:x{i}|y")
+            assert isinstance(tx, sqlite_tx.SqliteTx)
+            sizes.append(len(tx._budgets))
+
+        for _ in range(6):
+            await store.transact(fn)
+        assert max(sizes) <= 50 + 30
+        assert sizes[-1] < 30 * 6
+    finally:
+        await store.close()
