@@ -373,35 +373,30 @@ class SqliteTx(LifecycleSql):
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
         ids = list(dict.fromkeys(message_ids))
-        done: set[str] = set()
+        if not ids:
+            return []
+        acked: list[str] = []
+        fresh: list[str] = []
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            # one statement in the usual case: every id held, now acked
-            changed = {
-                r[0]
-                for r in self._c.execute(
-                    "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
-                    f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
-                    "AND state IN ('leased', 'delivered') RETURNING message_id",
-                    (now, team, member, *chunk),
-                ).fetchall()
-            }
-            if changed:
-                fresh = [mid for mid in chunk if mid in changed]
-                self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
-                done.update(changed)
-            rest = [mid for mid in chunk if mid not in changed]
-            if rest:  # acked before (an ack is idempotent) or not held
-                marks = ",".join("?" * len(rest))
-                done.update(
-                    r[0]
-                    for r in self._c.execute(
-                        "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
-                        f"AND message_id IN ({marks}) AND state = 'acked'",
-                        (team, member, *rest),
-                    )
-                )
+            for mid, state in self._c.execute(
+                f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
+                f"AND message_id IN ({marks})",
+                (team, member, *chunk),
+            ):
+                if state == "acked":
+                    acked.append(mid)
+                elif state in ("leased", "delivered"):
+                    fresh.append(mid)
+        if fresh:
+            self._c.executemany(
+                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                "WHERE team = ? AND message_id = ? AND member = ?",
+                [(now, team, mid, member) for mid in fresh],
+            )
+            self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
+        done = set(acked) | set(fresh)
         return [mid for mid in ids if mid in done]
 
     def first_message_from(
