@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
 from starlette.routing import Route
 
 from backchannel.interfaces.routes import (
@@ -20,10 +22,18 @@ from backchannel.interfaces.routes import (
 ROUTERS = (meta, teams, messages, inbox, links, delegations, federation, timers, sessions)
 
 
+def hot_routes() -> dict[tuple[str, str], Callable[[Request], Awaitable[Response]]]:
+    """The fast endpoints by method and path (see routes.messages)."""
+    return {
+        ("POST", "/v1/messages"): messages.fast_send,
+        ("POST", "/v1/inbox/ack"): inbox.fast_ack,
+        ("POST", "/v1/inbox/receive"): inbox.fast_receive,
+    }
+
+
 def include_routes(app: FastAPI) -> None:
     for module in ROUTERS:
         app.include_router(module.router)
     # the fast paths answer first (see routes.messages); the routes above document them
-    app.router.routes.insert(0, Route("/v1/messages", messages.fast_send, methods=["POST"]))
-    app.router.routes.insert(0, Route("/v1/inbox/ack", inbox.fast_ack, methods=["POST"]))
-    app.router.routes.insert(0, Route("/v1/inbox/receive", inbox.fast_receive, methods=["POST"]))
+    for (method, path), endpoint in hot_routes().items():
+        app.router.routes.insert(0, Route(path, endpoint, methods=[method]))
