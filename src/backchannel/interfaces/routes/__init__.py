@@ -28,6 +28,7 @@ def hot_routes() -> dict[tuple[str, str], Callable[[Request], Awaitable[Response
         ("POST", "/v1/messages"): messages.fast_send,
         ("POST", "/v1/inbox/ack"): inbox.fast_ack,
         ("POST", "/v1/inbox/receive"): inbox.fast_receive,
+        ("GET", "/v1/inbox"): inbox.fast_inbox,
     }
 
 

@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backchannel.interfaces.routes.deps import AsMember
+from backchannel.interfaces.routes.deps import AsMember, hub_of, principal
 from backchannel.interfaces.routes.messages import fast_call
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import SSE_EVENT, SessionQuery, StrictRoute
@@ -34,6 +36,7 @@ from backchannel.models import (
     ReceiveIn,
     Released,
 )
+from backchannel.types import SESSION_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
 
@@ -180,3 +183,41 @@ async def fast_receive(request: Request) -> Response:
     got.messages = await kept(api, request, gone, got.messages)
     body_json = got.model_dump_json(by_alias=True, exclude_unset=True)
     return Response(body_json, media_type="application/json")
+
+
+class _InboxQuery(BaseModel):
+    """``GET /v1/inbox``'s query, with the constraints of :func:`inbox`'s parameters."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    wait: float = Field(0, ge=0, le=3600)
+    limit: int = Field(10, ge=1, le=1000)
+    session: str | None = Field(None, pattern=SESSION_PATTERN)
+    lease: float | None = Field(None, gt=0, le=86400)
+    pinned_only: bool = False
+
+
+async def fast_inbox(request: Request) -> Response:
+    """``GET /v1/inbox`` without the dependency machinery: the caller (401), the query
+    (422), the right to act as a member (403), as the documented route checks them,
+    with the same errors and answer."""
+    who = await principal(request)
+    try:
+        q = _InboxQuery.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
+        raise RequestValidationError(errors) from None
+    api = MemberApi(hub_of(request), who.need_member())
+    async with client_watch(request, q.wait) as gone:
+        got = await api.receive(
+            session=q.session,
+            limit=q.limit,
+            wait=q.wait,
+            lease=q.lease,
+            pinned_only=q.pinned_only,
+            stop=gone,
+        )
+    answer = Inbox(messages=await kept(api, request, gone, got))
+    return Response(
+        answer.model_dump_json(by_alias=True, exclude_unset=True), media_type="application/json"
+    )
