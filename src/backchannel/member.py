@@ -192,17 +192,16 @@ class MemberApi:
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
     ) -> list[Received]:
-        got = await self.hub.receive(
-            self.team,
-            self.name,
-            session=session,
+        got = await self.ack_and_receive(
+            (),
             limit=limit,
             wait=wait,
-            lease_seconds=lease,
+            session=session,
+            lease=lease,
             pinned_only=pinned_only,
             stop=stop,
         )
-        return [Received.model_validate(m.to_json()) for m in got]
+        return got.messages
 
     async def ack_and_receive(
         self,

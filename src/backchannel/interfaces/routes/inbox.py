@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -82,16 +82,42 @@ async def inbox(
 ) -> Inbox:
     """Lease up to ``limit`` messages, waiting up to ``wait`` seconds for the first;
     each comes back after its lease unless acked."""
-    async with client_watch(request, wait) as gone:
-        got = await api.receive(
-            session=session,
-            limit=limit,
-            wait=wait,
-            lease=lease,
-            pinned_only=pinned_only,
+    query = _InboxQuery(
+        wait=wait, limit=limit, session=session, lease=lease, pinned_only=pinned_only
+    )
+    return Inbox(messages=(await leased(api, request, query)).messages)
+
+
+class _InboxQuery(BaseModel):
+    """``GET /v1/inbox``'s query, with the constraints of :func:`inbox`'s parameters
+    (the fast path checks the query with it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    wait: float = Field(0, ge=0, le=3600)
+    limit: int = Field(10, ge=1, le=1000)
+    session: str | None = Field(None, pattern=SESSION_PATTERN)
+    lease: float | None = Field(None, gt=0, le=86400)
+    pinned_only: bool = False
+
+
+async def leased(
+    api: MemberApi, request: Request, q: _InboxQuery | ReceiveIn, ack: Sequence[str] = ()
+) -> InboxAcked:
+    """The long-poll both receive routes share: ack ``ack``, lease, and give the
+    messages back if the client went away meanwhile."""
+    async with client_watch(request, q.wait) as gone:
+        got = await api.ack_and_receive(
+            ack,
+            session=q.session,
+            limit=q.limit,
+            wait=q.wait,
+            lease=q.lease,
+            pinned_only=q.pinned_only,
             stop=gone,
         )
-    return Inbox(messages=await kept(api, request, gone, got))
+    got.messages = await kept(api, request, gone, got.messages)
+    return got
 
 
 @router.post("/v1/inbox/receive")
@@ -100,18 +126,7 @@ async def receive(body: ReceiveIn, api: AsMember, request: Request) -> InboxAcke
     the ack and the first lease are one transaction, committed before any wait. Ids you
     do not hold come back in ``not_held`` and fail nothing; a receive that fails (a
     session that is not yours) acks nothing."""
-    async with client_watch(request, body.wait) as gone:
-        got = await api.ack_and_receive(
-            body.ack,
-            session=body.session,
-            limit=body.limit,
-            wait=body.wait,
-            lease=body.lease,
-            pinned_only=body.pinned_only,
-            stop=gone,
-        )
-    got.messages = await kept(api, request, gone, got.messages)
-    return got
+    return await leased(api, request, body, body.ack)
 
 
 @router.get("/v1/inbox/pending")
@@ -170,31 +185,14 @@ async def fast_receive(request: Request) -> Response:
     """``POST /v1/inbox/receive`` (the receiver loop's one request a batch) without the
     dependency machinery: the same checks, errors and answer as :func:`receive`."""
     api, body = await fast_call(request, ReceiveIn)
-    async with client_watch(request, body.wait) as gone:
-        got = await api.ack_and_receive(
-            body.ack,
-            session=body.session,
-            limit=body.limit,
-            wait=body.wait,
-            lease=body.lease,
-            pinned_only=body.pinned_only,
-            stop=gone,
-        )
-    got.messages = await kept(api, request, gone, got.messages)
-    body_json = got.model_dump_json(by_alias=True, exclude_unset=True)
-    return Response(body_json, media_type="application/json")
+    return _json(await leased(api, request, body, body.ack))
 
 
-class _InboxQuery(BaseModel):
-    """``GET /v1/inbox``'s query, with the constraints of :func:`inbox`'s parameters."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    wait: float = Field(0, ge=0, le=3600)
-    limit: int = Field(10, ge=1, le=1000)
-    session: str | None = Field(None, pattern=SESSION_PATTERN)
-    lease: float | None = Field(None, gt=0, le=86400)
-    pinned_only: bool = False
+def _json(answer: Inbox | InboxAcked) -> Response:
+    """An answer as the documented routes give it (wire names, only the fields set)."""
+    return Response(
+        answer.model_dump_json(by_alias=True, exclude_unset=True), media_type="application/json"
+    )
 
 
 async def fast_inbox(request: Request) -> Response:
@@ -208,16 +206,4 @@ async def fast_inbox(request: Request) -> Response:
         errors = [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
         raise RequestValidationError(errors) from None
     api = MemberApi(hub_of(request), who.need_member())
-    async with client_watch(request, q.wait) as gone:
-        got = await api.receive(
-            session=q.session,
-            limit=q.limit,
-            wait=q.wait,
-            lease=q.lease,
-            pinned_only=q.pinned_only,
-            stop=gone,
-        )
-    answer = Inbox(messages=await kept(api, request, gone, got))
-    return Response(
-        answer.model_dump_json(by_alias=True, exclude_unset=True), media_type="application/json"
-    )
+    return _json(Inbox(messages=(await leased(api, request, q)).messages))
