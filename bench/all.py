@@ -131,6 +131,16 @@ BENCHES: tuple[Bench, ...] = (
         sizes="16 senders posting batches of 50, receivers acking in batches, 10 s",
     ),
     Bench(
+        "send in-process, batches",
+        "-m bench.bench_batch --inproc",
+        quick="--senders 4 --batch 10 --duration 1 --warmup 0.5",
+        figures=(
+            "in-process batch sends and acks, msgs/s",
+            "in-process batch send→received, p99",
+        ),
+        sizes="16 senders sending batches of 50 on the member API, receivers acking, 10 s",
+    ),
+    Bench(
         "send wake-up",
         "-m bench.bench_send wakeup",
         quick="--samples 20 --wake-warmup 2 --quiet-wait 0",

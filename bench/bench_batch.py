@@ -1,6 +1,8 @@
 """Batched sends and acks over HTTP: ``POST /v1/messages/batch`` and
 ``POST /v1/inbox/ack/batch`` against a real ``backchannel serve`` (SQLite, WAL,
-synchronous=FULL), beside the single-message figures of ``bench_send http``.
+synchronous=FULL), beside the single-message figures of ``bench_send http``; with
+``--inproc``, the same load on the same calls of an in-process hub's member API
+(``MemberApi.send_batch``, ``ack_and_receive``, ``receive``, ``ack_batch``).
 
 K senders each post batches of B messages in a closed loop (the next batch as soon as the
 previous one was answered: every message in it committed and fsynced); K receivers
@@ -12,6 +14,7 @@ answered), and send→received latency from the batch's post.
 
     .venv/bin/python -m bench.bench_batch                 # 16 senders, batches of 50, 10 s
     .venv/bin/python -m bench.bench_batch --batch 200 --results out.json
+    .venv/bin/python -m bench.bench_batch --inproc        # no HTTP: the member API
 """
 
 from __future__ import annotations
@@ -20,16 +23,19 @@ import argparse
 import asyncio
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    JsonClient,
     ServerProcess,
     json_client,
     loadavg,
     log,
+    run,
     setup_team_http,
+    setup_team_hub,
     summarize,
 )
 from bench.figures import Figure, Goal, write_results
@@ -37,10 +43,69 @@ from bench.figures import Figure, Goal, write_results
 TEAM = "bench"
 
 
-async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> dict[str, Any]:
+class MemberClient(JsonClient):
+    """The requests the load makes, as calls on an in-process member API: the answer is
+    what the load reads of the route's JSON, taken from the models the calls return."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    async def call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        api = self.api
+        if path == "/v1/messages/batch":
+            sent = await api.send_batch(body["messages"])
+            return 200, {"failed": sent.failed}
+        if path == "/v1/inbox/receive":
+            got = await api.ack_and_receive(body["ack"], limit=body["limit"], wait=body["wait"])
+            ids = [{"message_id": m.message_id} for m in got.messages]
+            return 200, {"acked": got.acked, "messages": ids}
+        if path == "/v1/inbox":
+            assert params is not None
+            got = await api.receive(limit=params["limit"], wait=params["wait"])
+            return 200, {"messages": [{"message_id": m.message_id} for m in got]}
+        if path == "/v1/inbox/ack/batch":
+            acked = await api.ack_batch(body["message_ids"])
+            return 200, {"acked": acked.acked}
+        raise ValueError(f"the in-process load makes no {method} {path}")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _load_inproc(args: argparse.Namespace, db: Path) -> dict[str, Any]:
+    from backchannel.hub import Hub
+    from backchannel.member import MemberApi
+    from backchannel.stores.sqlite import SqliteStore
+
+    names = [f"s{i}" for i in range(args.senders)] + [f"r{i}" for i in range(args.senders)]
+    async with Hub(SqliteStore(db)) as hub:
+        await setup_team_hub(hub, TEAM, names)
+        clients: dict[str, JsonClient] = {}
+        for name in names:
+            member = await hub.get_member(TEAM, name)
+            clients[name] = MemberClient(MemberApi(hub, member))
+        return await _run(args, clients, time.process_time)
+
+
+async def _load(
+    args: argparse.Namespace, server: ServerProcess, tokens: dict[str, str]
+) -> dict[str, Any]:
+    clients = {
+        name: json_client(args.client, server.url, token, 60.0) for name, token in tokens.items()
+    }
+    return await _run(args, clients, server.cpu_seconds)
+
+
+async def _run(
+    args: argparse.Namespace,
+    clients: dict[str, JsonClient],
+    hub_cpu: Callable[[], float | None],
+) -> dict[str, Any]:
     k = args.senders
-    senders = [json_client(args.client, url, tokens[f"s{i}"], 60.0) for i in range(k)]
-    receivers = [json_client(args.client, url, tokens[f"r{i}"], 60.0) for i in range(k)]
+    senders = [clients[f"s{i}"] for i in range(k)]
+    receivers = [clients[f"r{i}"] for i in range(k)]
     stop = asyncio.Event()
     posted: dict[str, float] = {}
     latencies: list[float] = []
@@ -116,9 +181,9 @@ async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> d
     receive = receiver_with_ack if args.receive == "with-ack" else receiver
     tasks += [asyncio.create_task(receive(i)) for i in range(k)]
     await asyncio.sleep(args.warmup)
-    base, t0 = received, time.perf_counter()
+    base, t0, cpu0 = received, time.perf_counter(), hub_cpu()
     await asyncio.sleep(args.duration)
-    got, wall = received - base, time.perf_counter() - t0
+    got, wall, cpu1 = received - base, time.perf_counter() - t0, hub_cpu()
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     for c in (*senders, *receivers):
@@ -130,6 +195,10 @@ async def _load(args: argparse.Namespace, url: str, tokens: dict[str, str]) -> d
         "sent": sent,
         "received": received,
         "wall_s": wall,
+        # the hub's CPU a message: the server process, or in-process the whole process
+        "hub_cpu_us_per_msg": (
+            1e6 * (cpu1 - cpu0) / max(got, 1) if cpu0 is not None and cpu1 is not None else None
+        ),
         "e2e_ms": summarize(latencies),
     }
 
@@ -149,41 +218,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with-ack: POST /v1/inbox/receive acking the batch before (one request a "
         "batch); ack-batch: GET /v1/inbox, then POST /v1/inbox/ack/batch",
     )
+    p.add_argument(
+        "--inproc",
+        action="store_true",
+        help="no server: the same load on an in-process hub's member API",
+    )
     p.add_argument("--results", help="write the figures as JSON to this path")
     args = p.parse_args(argv)
+    where = "in-process" if args.inproc else "over HTTP"
     with tempfile.TemporaryDirectory(prefix="bc-batch-") as tmp:
         home = Path(tmp)
-        server = ServerProcess(home, f"sqlite:///{home / 'bench.db'}", (), None)
-        server.start(timeout=60)
-        try:
-            members = [f"s{i}" for i in range(args.senders)]
-            members += [f"r{i}" for i in range(args.senders)]
-            tokens = setup_team_http(server.url, server.admin_token, TEAM, members)
+        if args.inproc:
             log(
-                f"[batch] {args.senders} senders, batches of {args.batch}, receive "
-                f"{args.receive}, load {loadavg()}"
+                f"[batch] in-process, {args.senders} senders, batches of {args.batch}, "
+                f"receive {args.receive}, load {loadavg()}"
             )
-            m = asyncio.run(_load(args, server.url, tokens))
-        finally:
-            server.stop()
+            m = run(_load_inproc, args, home / "bench.db", use_uvloop=True)
+        else:
+            m = _serve_and_load(args, home)
     e2e = m["e2e_ms"]
     print(
-        f"batch sends over HTTP, {args.senders} senders x {args.batch}: "
+        f"batch sends {where}, {args.senders} senders x {args.batch}: "
         f"{m['throughput_msgs_s']:,.0f} msgs/s received and acked; send→received "
-        f"p50 {e2e.get('p50_ms', 0):.1f} p99 {e2e.get('p99_ms', 0):.1f} ms; load {loadavg()}"
+        f"p50 {e2e.get('p50_ms', 0):.1f} p99 {e2e.get('p99_ms', 0):.1f} ms; "
+        f"hub CPU {m['hub_cpu_us_per_msg'] or 0:.0f} µs/msg; load {loadavg()}"
+    )
+    label = "in-process" if args.inproc else "HTTP"
+    goal = (
+        Goal(">=", 10000, "issue: in-process at 16 senders")
+        if args.inproc
+        else Goal(">=", 3000, "issue: HTTP at 16 senders")
     )
     figures = [
         Figure(
-            "HTTP batch sends and acks, msgs/s",
+            f"{label} batch sends and acks, msgs/s",
             m["throughput_msgs_s"],
             "msgs/s",
-            Goal(">=", 3000, "issue: HTTP at 16 senders"),
+            goal,
             f"{args.senders} senders, batches of {args.batch}, receive {args.receive}",
         ),
-        Figure("HTTP batch send→received, p99", e2e.get("p99_ms"), "ms"),
+        Figure(f"{label} batch send→received, p99", e2e.get("p99_ms"), "ms"),
     ]
     write_results(args.results, "batch", figures, {"args": vars(args), "metrics": m})
     return 0
+
+
+def _serve_and_load(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    server = ServerProcess(home, f"sqlite:///{home / 'bench.db'}", (), None)
+    server.start(timeout=60)
+    try:
+        members = [f"s{i}" for i in range(args.senders)]
+        members += [f"r{i}" for i in range(args.senders)]
+        tokens = setup_team_http(server.url, server.admin_token, TEAM, members)
+        log(
+            f"[batch] over HTTP, {args.senders} senders, batches of {args.batch}, receive "
+            f"{args.receive}, load {loadavg()}"
+        )
+        return asyncio.run(_load(args, server, tokens))
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidRequest
+from backchannel.hub.messages import Outgoing
 from backchannel.models import (
     Acked,
     AckedBatch,
@@ -60,7 +61,7 @@ from backchannel.models import (
     Traffic,
     Transcript,
 )
-from backchannel.types import MESSAGE_ID_PATTERN, Member, MemberKind
+from backchannel.types import MESSAGE_ID_PATTERN, Member, MemberKind, SendResult
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub
@@ -87,6 +88,15 @@ def batch_error(exc: Exception) -> tuple[ErrorDetail, int]:
         detail = {"code": "invalid_request", "message": f"invalid item: {text}"}
         return ErrorDetail.model_validate({**detail, "problems": problems}), 422
     raise exc
+
+
+def _sent(result: SendResult) -> Sent:
+    return Sent(
+        message_id=result.message_id,
+        status=result.status.value,
+        recipients=[r.member for r in result.recipients],
+        replayed=result.replayed,
+    )
 
 
 class MemberApi:
@@ -132,44 +142,48 @@ class MemberApi:
             close_link=close_link,
             link_budget=link_budget,
         )
-        return Sent(
-            message_id=result.message_id,
-            status=result.status.value,
-            recipients=[r.member for r in result.recipients],
-            replayed=result.replayed,
-        )
+        return _sent(result)
 
     async def send_batch(self, items: Sequence[Any]) -> SentBatch:
         """Send each item (a :class:`MessageIn` or its JSON) on its own: a bad item is
-        answered with its error and the others still go. The sends run concurrently,
-        so the store's writer commits them in few transactions."""
-
-        async def one(item: Any) -> Sent:
-            body = item if isinstance(item, MessageIn) else MessageIn.model_validate(item)
-            return await self.send(
-                body.to,
-                body.text,
-                summary=body.summary,
-                message_id=body.message_id,
-                session=body.session,
-                from_session=body.from_session,
-                link=body.link,
-                close_link=body.close_link,
-                link_budget=body.link_budget,
-            )
-
-        done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-        results: list[SendOutcome] = []
-        for index, got in enumerate(done):
-            if isinstance(got, Sent):
-                results.append(
-                    SendOutcome(index=index, sent=got, status=200 if got.replayed else 201)
+        answered with its error and the others still go. The items go to the hub as one
+        call (:meth:`Hub.send_many`), so the store's writer commits them in few
+        transactions and answers them together."""
+        outcomes: list[Sent | Exception | None] = [None] * len(items)
+        outgoing: list[Outgoing] = []
+        places: list[int] = []
+        for index, item in enumerate(items):
+            try:
+                body = item if isinstance(item, MessageIn) else MessageIn.model_validate(item)
+            except ValidationError as exc:
+                outcomes[index] = exc
+                continue
+            places.append(index)
+            outgoing.append(
+                Outgoing(
+                    body.to,
+                    body.text,
+                    summary=body.summary,
+                    message_id=body.message_id,
+                    to_session=body.session,
+                    sender_session=body.from_session,
+                    link=body.link,
+                    close_link=body.close_link,
+                    link_budget=body.link_budget,
                 )
-            elif isinstance(got, Exception):
-                error, status = batch_error(got)
+            )
+        done = await self.hub.send_many(self.team, self.name, outgoing)
+        for index, got in zip(places, done, strict=True):
+            outcomes[index] = got if isinstance(got, Exception) else _sent(got)
+        results: list[SendOutcome] = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, Sent):
+                status = 200 if outcome.replayed else 201
+                results.append(SendOutcome(index=index, sent=outcome, status=status))
+            else:
+                assert outcome is not None
+                error, status = batch_error(outcome)
                 results.append(SendOutcome(index=index, error=error, status=status))
-            else:  # a BaseException (cancellation): not ours to keep
-                raise got
         sent = sum(1 for r in results if r.sent is not None)
         return SentBatch(results=results, sent=sent, failed=len(results) - sent)
 

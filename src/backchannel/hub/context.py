@@ -210,6 +210,25 @@ class Env:
         self.apply(c)
         return result, c
 
+    async def transact_each(self, fns: Sequence[Callable[[Ctx], T]]) -> list[T | Exception]:
+        """Run each of ``fns`` as :meth:`transact` does, as one store call
+        (:meth:`Store.transact_each`): each one's result or exception, in order. The
+        effects of each that committed are applied; those of one that raised are not."""
+        runs: list[Ctx | None] = [None] * len(fns)
+
+        def runner(index: int, fn: Callable[[Ctx], T]) -> Callable[[Tx], T]:
+            def run(tx: Tx) -> T:
+                c = runs[index] = Ctx(tx)  # a run again starts from scratch
+                return fn(c)
+
+            return run
+
+        done = await self.store.transact_each([runner(i, fn) for i, fn in enumerate(fns)])
+        for c, outcome in zip(runs, done, strict=True):
+            if c is not None and not isinstance(outcome, Exception):
+                self.apply(c)
+        return done
+
     def apply(self, c: Ctx) -> None:
         for when in c.due:
             self.due_at(when)

@@ -25,7 +25,14 @@ from backchannel.hub.inbox import InboxFiles, TakeResult
 from backchannel.hub.links import Links
 from backchannel.hub.maintenance import DEFAULT_RETENTION, Maintenance
 from backchannel.hub.members import Members, hash_token, new_token
-from backchannel.hub.messages import AckResult, FeedItem, Leased, Messages, MessageStatus
+from backchannel.hub.messages import (
+    AckResult,
+    FeedItem,
+    Leased,
+    Messages,
+    MessageStatus,
+    Outgoing,
+)
 from backchannel.hub.outbox import Outbox
 from backchannel.hub.pipeline import Pipeline
 from backchannel.hub.quotas import Quotas
@@ -42,6 +49,7 @@ __all__ = [
     "HubMiddleware",
     "Leased",
     "MessageStatus",
+    "Outgoing",
     "Removal",
     "StopResult",
     "TakeResult",
@@ -190,6 +198,7 @@ class Hub:
     remove_team = _Delegate("admin", Admin.remove_team)
     # -- messages ----------------------------------------------------------------------------
     send = _Delegate("messages", Messages.send)
+    send_many = _Delegate("messages", Messages.send_many)
     notice = _Delegate("messages", Messages.notice)
     receive = _Delegate("messages", Messages.receive)
     inbox = _Delegate("messages", Messages.inbox)

@@ -11,7 +11,14 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -36,7 +43,15 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["AckResult", "FeedItem", "Leased", "MessageStatus", "Messages", "new_message_id"]
+__all__ = [
+    "AckResult",
+    "FeedItem",
+    "Leased",
+    "MessageStatus",
+    "Messages",
+    "Outgoing",
+    "new_message_id",
+]
 
 _ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
 _id_counter = itertools.count()
@@ -47,6 +62,24 @@ def new_message_id() -> str:
     rows land at the end of the indexes instead of all over them, which keeps commits
     small, and no system call is needed per id."""
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message of :meth:`Messages.send_many`: the arguments of :meth:`Messages.send`
+    after the sender."""
+
+    to: str
+    text: str
+    summary: str | None = None
+    message_id: str | None = None
+    kind: MessageKind = MessageKind.DIRECT
+    sender_session: str | None = None
+    to_session: str | None = None
+    meta: Mapping[str, Any] | None = None
+    link: bool = True
+    close_link: bool = False
+    link_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,19 +213,62 @@ class Messages:
         result (``replayed=True``); with other content it raises ``MessageIdConflict``.
         Unknown recipients raise ``UnknownRecipient`` with the closest names.
         """
+        item = Outgoing(
+            to,
+            text,
+            summary=summary,
+            message_id=message_id,
+            kind=kind,
+            sender_session=sender_session,
+            to_session=to_session,
+            meta=meta,
+            link=link,
+            close_link=close_link,
+            link_budget=link_budget,
+        )
+        return await self.env.transact(self._sending(team, sender, item))
+
+    async def send_many(
+        self, team: str, sender: str, items: Sequence[Outgoing]
+    ) -> list[SendResult | Exception]:
+        """Send each of ``items`` as :meth:`send` does, in one call: the answer is, in
+        order, each one's :class:`SendResult` or the error it alone raised (a bad item
+        fails alone; the others are sent). The sends go to the store as one call
+        (:meth:`Env.transact_each`), in the order given, so the writer commits them in
+        few transactions and the event loop is answered once."""
+        answers: list[SendResult | Exception | None] = [None] * len(items)
+        fns: list[Callable[[Ctx], SendResult]] = []
+        places: list[int] = []
+        for index, item in enumerate(items):
+            try:
+                fns.append(self._sending(team, sender, item))
+            except Exception as exc:  # a bad item: answered alone, nothing stored
+                answers[index] = exc
+            else:
+                places.append(index)
+        for index, outcome in zip(places, await self.env.transact_each(fns), strict=True):
+            answers[index] = outcome
+        return [a for a in answers if a is not None]
+
+    def _sending(self, team: str, sender: str, item: Outgoing) -> Callable[[Ctx], SendResult]:
+        """Check ``item`` and build its message; the transaction function that stores
+        it (or answers a replay of it)."""
+        text, to, message_id = item.text, item.to, item.message_id
         if not isinstance(text, str):
             raise InvalidRequest("text must be a string", field="text")
         rules.check_text(text, self.config.max_text)
         if to != BROADCAST:
             rules.check_name("recipient", to)
+        link_budget = item.link_budget
         if link_budget is not None and not 1 <= link_budget <= 1000:
             raise InvalidRequest(
                 "link_budget must be between 1 and 1000 turns", field="link_budget"
             )
-        options = SendOptions(link, close_link, link_budget)
+        options = SendOptions(item.link, item.close_link, link_budget)
         mid = rules.check_message_id(message_id) if message_id else new_message_id()
         now = self.clock.now()
-        fp = rules.fingerprint(sender, to, text, summary, kind.value, to_session, meta)
+        kind, to_session, meta = item.kind, item.to_session, item.meta
+        fp = rules.fingerprint(sender, to, text, item.summary, kind.value, to_session, meta)
         message = Message(
             team=team,
             message_id=mid,
@@ -202,8 +278,8 @@ class Messages:
             kind=kind,
             created_at=now,
             fingerprint=fp,
-            summary=summary,
-            sender_session=sender_session,
+            summary=item.summary,
+            sender_session=item.sender_session,
             meta=dict(meta or {}),
         )
 
@@ -225,7 +301,7 @@ class Messages:
             c.emit("after_send", message, result)
             return result
 
-        return await self.env.transact(fn)
+        return fn
 
     async def receive(
         self,

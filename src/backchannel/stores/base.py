@@ -484,6 +484,20 @@ class Store(ABC):
     async def transact(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one durable transaction and return its result (see module doc)."""
 
+    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+        """Run each of ``fns`` as :meth:`transact` runs it, in the order given (each sees
+        what those before it wrote), as one call: the answer is, in order, each one's
+        result, or the exception it raised (it alone is undone). Stores may commit
+        several of them together. Anything but an ``Exception`` (a cancellation) is
+        raised, not answered."""
+        done: list[T | Exception] = []
+        for fn in fns:
+            try:
+                done.append(await self.transact(fn))
+            except Exception as exc:
+                done.append(exc)
+        return done
+
     async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run a read-only ``fn``. Stores may serve it from a snapshot without a commit."""
         return await self.transact(fn)

@@ -301,6 +301,37 @@ async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
         assert await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0 + 32)) == []
 
 
+async def check_transact_each(make_store: StoreFactory) -> None:
+    """``transact_each``: each function's answer in order; a failing one is undone
+    alone and answered with its exception; the others commit."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        assert await store.transact_each([]) == []
+
+        def send(mid: str) -> Callable[[Tx], str]:
+            def fn(tx: Tx) -> str:
+                tx.insert_message(make_msg(mid), [Recipient("b")])
+                return mid
+
+            return fn
+
+        def half_done(tx: Tx) -> str:
+            tx.insert_message(make_msg("lost"), [Recipient("b")])
+            raise RuntimeError("boom")
+
+        got = await store.transact_each([send("e1"), half_done, send("e2"), send("e3")])
+        assert got[0] == "e1" and got[2:] == ["e2", "e3"]
+        assert isinstance(got[1], RuntimeError) and str(got[1]) == "boom"
+        assert await store.read(lambda tx: tx.get_message("alpha", "lost")) is None
+        leased = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 1, 10))
+        assert sorted(g.message.message_id for g in leased) == ["e1", "e2", "e3"]
+        # a later function sees what an earlier one of the same call wrote
+        seen = await store.transact_each(
+            [send("e4"), lambda tx: tx.get_message("alpha", "e4") is not None]
+        )
+        assert seen == ["e4", True]
+
+
 async def check_atomicity(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -448,6 +479,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_ack,
     check_expiry_and_transitions,
     check_atomicity,
+    check_transact_each,
     check_many_concurrent_writers,
     check_transcripts,
     check_ledger,

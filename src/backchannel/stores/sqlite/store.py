@@ -31,7 +31,7 @@ import queue
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,11 +47,36 @@ T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.sqlite")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     fn: Callable[[Tx], Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    group: _Group | None = None  # one of ``transact_each``'s functions
+    index: int = 0  # its place in the group
+
+
+class _Group:
+    """The answers of one ``transact_each`` call, gathered on the event loop; its
+    future resolves once every function has its answer."""
+
+    __slots__ = ("answers", "future", "left")
+
+    def __init__(self, future: asyncio.Future[list[Any]], n: int) -> None:
+        self.future = future
+        self.answers: list[Any] = [None] * n
+        self.left = n
+
+    def answer(self, index: int, value: Any, error: BaseException | None) -> None:
+        if self.future.done():
+            return
+        if error is not None and not isinstance(error, Exception):
+            self.future.set_exception(error)  # a cancellation is raised, not answered
+            return
+        self.answers[index] = value if error is None else error
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.answers)
 
 
 def sqlite_path(url: str) -> Path:
@@ -75,6 +100,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:
     for job, value, error in results:
+        if job.group is not None:
+            job.group.answer(job.index, value, error)
+            continue
         if job.future.done():
             continue
         if error is not None:
@@ -175,6 +203,22 @@ class SqliteStore(Store):
 
     async def transact(self, fn: Callable[[Tx], T]) -> T:
         return await self._submit(self._jobs, fn)
+
+    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+        """One future for all of ``fns``: each is a job of its own to the writer (a
+        failing one is undone alone, as a failing ``transact`` is), and the event loop
+        is handed the answers together."""
+        if not fns:
+            return []
+        if self._closed or self._writer is None:
+            raise StoreError("the SQLite store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[T | Exception]] = loop.create_future()
+        group = _Group(fut, len(fns))
+        put = self._jobs.put
+        for index, fn in enumerate(fns):
+            put(_Job(fn, loop, fut, group, index))
+        return await fut
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         return await self._submit(self._reads, fn)
