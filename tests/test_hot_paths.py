@@ -1,5 +1,5 @@
-"""The hottest requests (``POST /v1/messages``, ``/v1/inbox/ack``, ``/v1/inbox/receive``,
-``GET /v1/inbox``) skip the router and FastAPI's dependency layer: :class:`~backchannel.interfaces.http.HotPaths`
+"""The hottest requests (``POST /v1/messages`` and ``/v1/messages/batch``,
+``/v1/inbox/ack`` and ``/v1/inbox/ack/batch``, ``/v1/inbox/receive``, ``GET /v1/inbox``) skip the router and FastAPI's dependency layer: :class:`~backchannel.interfaces.http.HotPaths`
 hands them straight to their fast endpoints. The documented FastAPI routes stay for the
 OpenAPI document; here a second app keeps only those (its fast routes taken out, and
 mounted under a ``root_path`` so that HotPaths lets its requests by), which lets every
@@ -56,10 +56,22 @@ def _shape(r: httpx.Response, loose: bool = False) -> tuple[int, Any]:
     def keep(k: str, v: Any) -> Any:
         if k == "messages":  # each message's fields, by the names on the wire
             return [sorted(m) for m in v]
-        return v if k in ("acked", "not_held", "status") else type(v).__name__
+        if k == "results":  # a batch's items: place, status, fields, error code
+            return [
+                (x.get("index"), x.get("status"), x.get("outcome"), sorted(x), _code(x)) for x in v
+            ]
+        exact = ("acked", "not_held", "status", "sent", "failed", "invalid")
+        return v if k in exact else type(v).__name__
 
     return r.status_code, {k: keep(k, v) for k, v in body.items()}
 
+
+def _code(item: dict[str, Any]) -> str | None:
+    error = item.get("error")
+    return error.get("code") if isinstance(error, dict) else None
+
+
+BATCH = [{"to": "b", "text": "one"}, {"to": "bob", "text": "x"}, {"to": "b"}, {"to": "b"}]
 
 REQUESTS: list[tuple[str, str, Any, str | None]] = [
     ("/v1/messages", "a", {"to": "b", "text": "hello"}, None),
@@ -79,6 +91,18 @@ REQUESTS: list[tuple[str, str, Any, str | None]] = [
     ("/v1/inbox/receive", "b", {"ack": ["sys_1"], "limit": 5}, None),
     ("/v1/inbox/receive", "b", {"limit": 0}, None),  # 422
     ("/v1/inbox/receive", "b", {"session": "nope"}, None),  # unknown session
+    # a batch: each item answered alone (201, 404 with suggestions, 422, 422)
+    ("/v1/messages/batch", "a", {"messages": BATCH}, None),
+    ("/v1/messages/batch", "a", {"messages": []}, None),  # 422: empty
+    ("/v1/messages/batch", "a", {"messages": {"to": "b"}}, None),  # 422: not a list
+    ("/v1/messages/batch", "a", {"messages": [{"to": "b", "text": "x"}] * 1001}, None),
+    ("/v1/messages/batch", "a", b'{"messages": [{"to": "b", "text": "\\ud800"}]}', None),
+    ("/v1/messages/batch", None, {"messages": BATCH}, "bc_wrong"),  # 401
+    ("/v1/messages/batch", None, {"messages": BATCH}, ADMIN),  # 403
+    ("/v1/inbox/ack/batch", "b", {"message_ids": ["sys_1", "no spaces", 5]}, None),
+    ("/v1/inbox/ack/batch", "b", {"message_ids": []}, None),  # 422
+    ("/v1/inbox/ack/batch", "b", {"ids": ["sys_1"]}, None),  # 422: the field's name
+    ("/v1/inbox/ack/batch", None, {"message_ids": ["sys_1"]}, ADMIN),  # 403
 ]
 
 

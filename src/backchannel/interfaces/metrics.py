@@ -58,8 +58,16 @@ class MetricsMiddleware(HubMiddleware):
             "backchannel_dead_letters", "Copies given up on", ["team"], registry=registry
         )
 
+        # the labelled children, kept: ``labels()`` costs more than the count itself
+        self._counts: dict[tuple[str, str], Any] = {}
+        self._latencies: dict[str, Any] = {}
+
     def after_send(self, hub: Hub, message: Message, result: SendResult) -> None:
-        self.messages.labels(message.team, message.kind.value).inc()
+        key = (message.team, message.kind.value)
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = self.messages.labels(*key)
+        count.inc()
         for r in result.recipients:
             self.sent[(message.team, r.member, message.message_id)] = message.created_at
         while len(self.sent) > _PENDING_SENDS:
@@ -67,10 +75,13 @@ class MetricsMiddleware(HubMiddleware):
 
     def after_ack(self, hub: Hub, team: str, member: str, message_ids: Sequence[str]) -> None:
         now = hub.clock.now()
+        latency = self._latencies.get(team)
+        if latency is None:
+            latency = self._latencies[team] = self.latency.labels(team)
         for mid in message_ids:
             at = self.sent.pop((team, member, mid), None)
             if at is not None:
-                self.latency.labels(team).observe(max(0.0, now - at))
+                latency.observe(max(0.0, now - at))
 
     def after_dead(self, hub: Hub, delivery: Delivery, reason: str) -> None:
         self.dead.labels(delivery.team).inc()

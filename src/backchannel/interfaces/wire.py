@@ -72,23 +72,28 @@ def parse_json(raw: bytes) -> Any:
 def json_problem(value: Any) -> str | None:
     """Why a parsed JSON value is refused (nested too deep, a float too large to be
     finite), or None. Iterative, so no input can exhaust the stack."""
+    # the parser makes exact dicts, lists and floats: ``type(...) is`` is enough, and
+    # only containers are stacked (most values of a body are strings)
+    if type(value) is float:
+        return None if math.isfinite(value) else _TOO_LARGE
+    if type(value) is not dict and type(value) is not list:
+        return None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Iterable[Any] = item.values()
-        elif isinstance(item, list):
-            children = item
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return "a number is too large for a float; send a smaller one or a string"
-            continue
-        else:  # None, bool, int, str
-            continue
         if depth > MAX_DEPTH:
             return f"JSON nested deeper than {MAX_DEPTH} levels; flatten the data"
-        stack.extend((child, depth + 1) for child in children)
+        children: Iterable[Any] = item.values() if type(item) is dict else item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is float and not math.isfinite(child):
+                return _TOO_LARGE
     return None
+
+
+_TOO_LARGE = "a number is too large for a float; send a smaller one or a string"
 
 
 def _text(raw: bytes) -> str:

@@ -26,7 +26,9 @@ def hot_routes() -> dict[tuple[str, str], Callable[[Request], Awaitable[Response
     """The fast endpoints by method and path (see routes.messages)."""
     return {
         ("POST", "/v1/messages"): messages.fast_send,
+        ("POST", "/v1/messages/batch"): messages.fast_send_batch,
         ("POST", "/v1/inbox/ack"): inbox.fast_ack,
+        ("POST", "/v1/inbox/ack/batch"): inbox.fast_ack_batch,
         ("POST", "/v1/inbox/receive"): inbox.fast_receive,
         ("GET", "/v1/inbox"): inbox.fast_inbox,
     }

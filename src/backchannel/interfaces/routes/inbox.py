@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backchannel.interfaces.routes.deps import AsMember, hub_of, principal
-from backchannel.interfaces.routes.messages import fast_call
+from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import SSE_EVENT, SessionQuery, StrictRoute
 from backchannel.member import MemberApi
@@ -181,18 +181,16 @@ async def fast_ack(request: Request) -> Response:
     return JSONResponse(acked.model_dump())
 
 
+async def fast_ack_batch(request: Request) -> Response:
+    api, body = await fast_call(request, AckBatchIn, read_python)
+    return as_documented(await api.ack_batch(body.message_ids), every_field=True)
+
+
 async def fast_receive(request: Request) -> Response:
     """``POST /v1/inbox/receive`` (the receiver loop's one request a batch) without the
     dependency machinery: the same checks, errors and answer as :func:`receive`."""
     api, body = await fast_call(request, ReceiveIn)
-    return _json(await leased(api, request, body, body.ack))
-
-
-def _json(answer: Inbox | InboxAcked) -> Response:
-    """An answer as the documented routes give it (wire names, only the fields set)."""
-    return Response(
-        answer.model_dump_json(by_alias=True, exclude_unset=True), media_type="application/json"
-    )
+    return as_documented(await leased(api, request, body, body.ack))
 
 
 async def fast_inbox(request: Request) -> Response:
@@ -206,4 +204,4 @@ async def fast_inbox(request: Request) -> Response:
         errors = [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
         raise RequestValidationError(errors) from None
     api = MemberApi(hub_of(request), who.need_member())
-    return _json(Inbox(messages=(await leased(api, request, q)).messages))
+    return as_documented(Inbox(messages=(await leased(api, request, q)).messages))
