@@ -432,3 +432,38 @@ def test_a_turn_works_in_its_furthest_chain() -> None:
     assert rules.chain_for_send(counted=True, turn_chain=None, message_id="m") == rules.ChainRef(
         "m", 1
     )
+
+
+def test_a_stamped_message_keeps_every_other_field() -> None:
+    import dataclasses
+
+    m = Message(
+        team="t",
+        message_id="m1",
+        sender="a",
+        to="b",
+        text="hi",
+        kind=MessageKind.LINK,
+        created_at=5.0,
+        fingerprint="f",
+        summary="s",
+        sender_session="a-s",
+        meta={"k": 1},
+        chain_id="old",
+        hop=1,
+    )
+    # every field is given a value other than its default above: a field added to
+    # Message without being copied by in_chain fails here
+    assert all(getattr(m, f.name) != f.default for f in dataclasses.fields(Message)), (
+        "give the new field a non-default value above"
+    )
+    assert m.in_chain("c9", 4) == dataclasses.replace(m, chain_id="c9", hop=4)
+
+
+def test_limits_follow_the_settings_object() -> None:
+    settings: dict[str, Any] = {"pair_budget": 7}
+    first = rules.limits(settings)
+    assert first.pair_budget == 7 and rules.limits(settings) is first
+    changed = {**settings, "pair_budget": 9}  # a team changed: new settings, new limits
+    assert rules.limits(changed).pair_budget == 9
+    assert rules.limits({}).pair_budget == rules.DEFAULT_PAIR_BUDGET

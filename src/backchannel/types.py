@@ -384,6 +384,26 @@ class Message:
     chain_id: str | None = None
     hop: int = 0
 
+    def in_chain(self, chain_id: str, hop: int) -> Message:
+        """This message as hop ``hop`` of chain ``chain_id``: ``dataclasses.replace``
+        without its cost (it looks the fields up on every call, and every send is
+        stamped)."""
+        return Message(
+            team=self.team,
+            message_id=self.message_id,
+            sender=self.sender,
+            to=self.to,
+            text=self.text,
+            kind=self.kind,
+            created_at=self.created_at,
+            fingerprint=self.fingerprint,
+            summary=self.summary,
+            sender_session=self.sender_session,
+            meta=self.meta,
+            chain_id=chain_id,
+            hop=hop,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:

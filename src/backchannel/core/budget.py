@@ -56,14 +56,27 @@ def _positive(value: Any, default: float) -> Any:
     return value if ok else default
 
 
+#: Limits by the settings they were read from (kept with them, so the id is theirs):
+#: every send reads its team's, and a store hands back the same settings object until
+#: the team changes. Settings are never changed in place (a team is frozen).
+_READ: dict[int, tuple[Mapping[str, Any], Limits]] = {}
+
+
 def limits(settings: Mapping[str, Any]) -> Limits:
     """The team's budgets. A missing or unusable value means the default: a budget can be
     raised, never switched off."""
-    return Limits(
+    known = _READ.get(id(settings))
+    if known is not None and known[0] is settings:
+        return known[1]
+    read = Limits(
         int(_positive(settings.get("pair_budget"), DEFAULT_PAIR_BUDGET)),
         float(_positive(settings.get("pair_window"), DEFAULT_PAIR_WINDOW)),
         int(_positive(settings.get("chain_budget"), DEFAULT_CHAIN_BUDGET)),
     )
+    if len(_READ) >= 1024:
+        _READ.clear()
+    _READ[id(settings)] = (settings, read)
+    return read
 
 
 def pair_key(a: str, b: str) -> str:

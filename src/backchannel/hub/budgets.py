@@ -136,7 +136,7 @@ class Budgets:
             ref = None
         if ref is None:
             return message
-        return dataclasses.replace(message, chain_id=ref.chain_id, hop=ref.hop)
+        return message.in_chain(ref.chain_id, ref.hop)
 
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
         tx, message, recipients = s.c.tx, s.message, s.recipients

@@ -69,8 +69,11 @@ class _Delegate(Generic[P, R]):
 
     def __init__(self, part: str, method: Callable[Concatenate[Any, P], R]) -> None:
         self.part = part
-        self.name = method.__name__
+        self.name = self.attr = method.__name__
         self.__doc__ = method.__doc__
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
 
     @overload
     def __get__(self, hub: None, owner: type) -> Self: ...
@@ -80,6 +83,9 @@ class _Delegate(Generic[P, R]):
         if hub is None:
             return self
         method: Callable[P, R] = getattr(getattr(hub, self.part), self.name)
+        # kept on the hub: the next look-up finds it there, not here (the parts are
+        # set once, in the hub's constructor)
+        vars(hub)[self.attr] = method
         return method
 
 
