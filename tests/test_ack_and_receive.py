@@ -313,3 +313,47 @@ def test_sync_client_acks_then_receives(tmp_path: Path) -> None:
         assert got.acked == 1
         got.messages[0].ack()
         assert cb.pending() == 0
+
+
+@pytest.mark.parametrize("wait", [0, 30])
+async def test_http_receive_whose_client_left_as_it_leased_gives_the_messages_back(
+    rig: Rig, wait: int
+) -> None:
+    """The client is gone by the time the lease comes back: what was leased is released
+    at once (not held for the lease's length), whether a watch ran (a wait) or not."""
+    [m0] = await rig.send(1)
+    app = rig.http._transport.app  # type: ignore[attr-defined]
+    raw = json.dumps({"wait": wait}).encode()
+    events = [{"type": "http.disconnect"}, {"type": "http.request", "body": raw}]
+
+    async def receive() -> dict[str, Any]:
+        return events.pop() if events else {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/inbox/receive",
+        "raw_path": b"/v1/inbox/receive",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"hub"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+            (b"authorization", f"Bearer {rig.tokens['b']}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("hub", 80),
+    }
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert answer["messages"] == []
+    assert await rig.state(m0) is DeliveryState.QUEUED  # given back, not leased

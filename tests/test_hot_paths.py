@@ -73,7 +73,7 @@ def _code(item: dict[str, Any]) -> str | None:
 
 BATCH = [{"to": "b", "text": "one"}, {"to": "bob", "text": "x"}, {"to": "b"}, {"to": "b"}]
 
-REQUESTS: list[tuple[str, str, Any, str | None]] = [
+REQUESTS: list[tuple[str, str | None, Any, str | None]] = [
     ("/v1/messages", "a", {"to": "b", "text": "hello"}, None),
     ("/v1/messages", "a", {"to": "bob", "text": "hello"}, None),  # 404 with suggestions
     ("/v1/messages", "a", {"to": "b"}, None),  # 422: text missing
@@ -185,3 +185,16 @@ async def test_the_hot_paths_are_in_the_app_and_take_only_their_routes(
     r = await hot.get("/v1/messages", headers={"Authorization": f"Bearer {tokens['a']}"})
     assert r.status_code == 405
     assert "POST" in r.headers["allow"]
+
+
+def test_fastapi_telemetry_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off, no request looks up OpenTelemetry's global providers (a cost on every
+    request); ``BACKCHANNEL_OPENTELEMETRY=1`` gives FastAPI's native spans back."""
+    hub = Hub(MemoryStore(), clock=FakeClock(), background=False)
+    monkeypatch.delenv("BACKCHANNEL_OPENTELEMETRY", raising=False)
+    off = create_app(hub, ADMIN)
+    assert not any(off._telemetry[k] for k in ("tracing", "metrics", "logs"))
+    monkeypatch.setenv("BACKCHANNEL_OPENTELEMETRY", "1")
+    on = create_app(hub, ADMIN)
+    assert all(on._telemetry[k] for k in ("tracing", "metrics", "logs"))
+    assert create_app(hub, ADMIN, opentelemetry=False)._telemetry["tracing"] is False

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -236,9 +237,15 @@ def create_app(
     *,
     max_body: int | None = None,
     title: str = "backchannel",
+    opentelemetry: bool | None = None,
 ) -> FastAPI:
-    """The ASGI app serving the API for ``hub``."""
+    """The ASGI app serving the API for ``hub``. FastAPI's own OpenTelemetry spans and
+    metrics are off unless ``opentelemetry`` (by default: ``BACKCHANNEL_OPENTELEMETRY``
+    set to ``1``) turns them on: off, no request looks the global providers up."""
     limit = max_body if max_body is not None else body_limit(hub.config.max_text)
+    if opentelemetry is None:
+        opentelemetry = os.environ.get("BACKCHANNEL_OPENTELEMETRY", "") in ("1", "true", "yes")
+    telemetry: Any = {} if opentelemetry else {"tracing": False, "metrics": False, "logs": False}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -252,6 +259,7 @@ def create_app(
         lifespan=lifespan,
         docs_url="/docs",
         redoc_url=None,
+        telemetry=telemetry,
     )
     app.router.route_class = StrictRoute  # strict JSON bodies on every route added below
     app.state.hub = hub

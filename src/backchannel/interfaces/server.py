@@ -122,6 +122,7 @@ def run_server(
         http=guarded_protocol(limits),
         log_level="warning",
         access_log=False,
+        server_header=False,  # no "server: uvicorn" on every answer
         log_config=None,  # uvicorn's records go through the handler logs.configure set
         lifespan="on",
         timeout_graceful_shutdown=3,

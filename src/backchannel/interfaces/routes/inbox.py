@@ -41,10 +41,18 @@ from backchannel.types import SESSION_PATTERN
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
 
 
+class Gone(asyncio.Event):
+    """Set when the client went away; ``watched`` while a task reads the request's
+    messages for the disconnect."""
+
+    watched = False
+
+
 @contextlib.asynccontextmanager
-async def client_watch(request: Request, wait: float) -> AsyncIterator[asyncio.Event]:
+async def client_watch(request: Request, wait: float) -> AsyncIterator[Gone]:
     """An event set when the client goes away, watched while a long-poll may wait."""
-    gone = asyncio.Event()
+    gone = Gone()
+    gone.watched = wait > 0
 
     async def watch_client() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -59,12 +67,19 @@ async def client_watch(request: Request, wait: float) -> AsyncIterator[asyncio.E
             watcher.cancel()
 
 
-async def kept(
-    api: MemberApi, request: Request, gone: asyncio.Event, got: list[Received]
-) -> list[Received]:
+async def kept(api: MemberApi, request: Request, gone: Gone, got: list[Received]) -> list[Received]:
     """The messages to answer: none when the client went away (a long-poll must not
-    lease messages nobody reads; they are given back at once)."""
-    if got and (gone.is_set() or await request.is_disconnected()):
+    lease messages nobody reads; they are given back at once). While the watch is on,
+    one turn of the loop lets it see a disconnect that has just come; without one (no
+    wait), the request is asked (which costs a cancel scope)."""
+    if not got:
+        return got
+    if gone.watched:
+        await asyncio.sleep(0)
+        away = gone.is_set()
+    else:
+        away = await request.is_disconnected()
+    if away:
         await api.release([m.message_id for m in got])
         return []
     return got
@@ -116,7 +131,7 @@ async def leased(
             pinned_only=q.pinned_only,
             stop=gone,
         )
-    got.messages = await kept(api, request, gone, got.messages)
+        got.messages = await kept(api, request, gone, got.messages)
     return got
 
 
