@@ -29,7 +29,7 @@ database fails.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from backchannel.types import (
@@ -481,8 +481,10 @@ class Store(ABC):
         """Finish in-flight transactions and release connections. Idempotent."""
 
     @abstractmethod
-    async def transact(self, fn: Callable[[Tx], T]) -> T:
-        """Run ``fn`` in one durable transaction and return its result (see module doc)."""
+    def transact(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
+        """Run ``fn`` in one durable transaction; the awaitable gives its result (see
+        module doc). A store may answer with a future of its own rather than a
+        coroutine: every send awaits at least one."""
 
     async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
         """Run each of ``fns`` as :meth:`transact` runs it, in the order given (each sees
@@ -498,9 +500,9 @@ class Store(ABC):
                 done.append(exc)
         return done
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
+    def read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
         """Run a read-only ``fn``. Stores may serve it from a snapshot without a commit."""
-        return await self.transact(fn)
+        return self.transact(fn)
 
     def on_external_change(self, callback: ChangeCallback) -> None:
         """Register ``callback`` for changes made by *other* processes or hosts.

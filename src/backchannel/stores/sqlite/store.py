@@ -201,8 +201,8 @@ class SqliteStore(Store):
         if self._reader is not None:
             await asyncio.to_thread(self._reader.join)
 
-    async def transact(self, fn: Callable[[Tx], T]) -> T:
-        return await self._submit(self._jobs, fn)
+    def transact(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        return self._submit(self._jobs, fn)
 
     async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
         """One future for all of ``fns``: each is a job of its own to the writer (a
@@ -220,16 +220,20 @@ class SqliteStore(Store):
             put(_Job(fn, loop, fut, group, index))
         return await fut
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
-        return await self._submit(self._reads, fn)
+    def read(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        return self._submit(self._reads, fn)
 
-    async def _submit(self, q: queue.SimpleQueue[_Job | None], fn: Callable[[Tx], T]) -> T:
-        if self._closed or self._writer is None:
-            raise StoreError("the SQLite store is not open")
+    def _submit(
+        self, q: queue.SimpleQueue[_Job | None], fn: Callable[[Tx], T]
+    ) -> asyncio.Future[T]:
+        """The job's future, which the thread resolves (no coroutine around it)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        q.put(_Job(fn, loop, fut))
-        return await fut
+        if self._closed or self._writer is None:
+            fut.set_exception(StoreError("the SQLite store is not open"))
+        else:
+            q.put(_Job(fn, loop, fut))
+        return fut
 
     # -- threads -----------------------------------------------------------
     def _answer(self, results: list[tuple[_Job, Any, BaseException | None]]) -> None:
