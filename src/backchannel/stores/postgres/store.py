@@ -67,7 +67,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -252,6 +252,26 @@ class PostgresStore(Store):
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         return await self._submit(fn, readonly=True)
+
+    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+        """One after another on one worker thread (one hand-off for the lot), each in a
+        transaction of its own with its own retries. They are not run concurrently:
+        they are one sender's, in its team, whose lock would order them anyway, and in
+        order they keep the sender's order."""
+        executor = self._executor
+        if executor is None:
+            raise StoreError(f"the PostgreSQL store {self.url} is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self._run_each, list(fns))
+
+    def _run_each(self, fns: list[Callable[[Tx], T]]) -> list[T | Exception]:
+        done: list[T | Exception] = []
+        for fn in fns:
+            try:
+                done.append(self._run(fn, False))
+            except Exception as exc:
+                done.append(exc)
+        return done
 
     async def _submit(self, fn: Callable[[Tx], T], *, readonly: bool) -> T:
         executor = self._executor
