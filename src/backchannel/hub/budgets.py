@@ -72,10 +72,13 @@ class Budgets:
     ) -> list[tuple[str, str, bool]]:
         """``(from, to, refusable)`` for every pair of agents this message is an exchange
         between."""
-        team = message.team
-        if message.kind in _AGENT_KINDS and self._is_agent(tx, team, message.sender):
-            names = dict.fromkeys(r.member for r in recipients if r.member != message.sender)
-            return [(message.sender, n, True) for n in names if self._is_agent(tx, team, n)]
+        team, sender = message.team, message.sender
+        if message.kind in _AGENT_KINDS and self._is_agent(tx, team, sender):
+            if len(recipients) == 1:  # most sends: no set of names to build
+                to = recipients[0].member
+                return [(sender, to, True)] if to != sender and self._is_agent(tx, team, to) else []
+            names = dict.fromkeys(r.member for r in recipients if r.member != sender)
+            return [(sender, n, True) for n in names if self._is_agent(tx, team, n)]
         if message.kind is MessageKind.TOOL_RESULT:
             # a delegation's answer: the callee answering the caller; owed, never refused
             out = []

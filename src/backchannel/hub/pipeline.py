@@ -79,7 +79,7 @@ def find_turn_session(c: Ctx, message: Message) -> Session | None:
     return active[0] if len(active) == 1 else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Send:
     """One send going through the pipeline: the reads several parts need about it are
     made once (is there an open link, which session's turn is this)."""

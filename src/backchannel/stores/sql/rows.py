@@ -166,11 +166,13 @@ def rows(
             turn_kind=r[8], last_output=r[9], last_stop_at=r[10], meta=load(r[11]),
         )  # fmt: skip
 
+    kinds = {k.value: k for k in MessageKind}  # every leased row has one: no Enum call
+
     def message(r: Row) -> Message:
         return Message(
             team=r[0], message_id=r[1], sender=r[2], to=r[3], text=r[4],
-            kind=MessageKind(r[5]), created_at=r[6], fingerprint=r[7], summary=r[8],
-            sender_session=r[9], meta=load(r[10]), chain_id=r[11], hop=r[12],
+            kind=kinds.get(r[5]) or MessageKind(r[5]), created_at=r[6], fingerprint=r[7],
+            summary=r[8], sender_session=r[9], meta=load(r[10]), chain_id=r[11], hop=r[12],
         )  # fmt: skip
 
     def link(r: Row) -> Link:
