@@ -235,3 +235,55 @@ async def test_the_caches_stay_bounded(tmp_path: Path, monkeypatch: pytest.Monke
         assert sizes[-1] < 30 * 6
     finally:
         await store.close()
+
+
+async def test_budget_writes_are_one_row_a_key_and_read_back_whatever_was_dropped(
+    tmp_path: Path,
+) -> None:
+    """A transaction's budget upserts go to SQLite once per key at the end: what it
+    wrote is read back in it, after its cache was dropped (a member added), by
+    ``list_budgets``, by the reader once committed; a failing job's budget is undone
+    with it; a rolled-back transaction writes none."""
+    statements: list[str] = []
+    store = SqliteStore(tmp_path / "hub.db", on_statement=statements.append)
+    await store.open()
+    try:
+        await _setup(store)
+
+        def count(used: int) -> Callable[[Tx], None]:
+            def fn(tx: Tx) -> None:
+                tx.put_budget(Budget("t", "pair:a|b", 0.0, used=used))
+
+            return fn
+
+        def counted_then_dropped(tx: Tx) -> tuple[int, int, list[int]]:
+            for used in (1, 2, 3):
+                tx.put_budget(Budget("t", "pair:a|b", 0.0, used=used))
+            tx.insert_member(Member("t", "c", MemberKind.LLM, 0.0, "h-c"))  # drops the cache
+            got = tx.get_budget("t", "pair:a|b")
+            upserts = sum("INTO budgets" in s for s in statements)
+            tx.put_budget(Budget("t", "pair:a|c", 0.0, used=7))
+            listed = [b.used for b in tx.list_budgets("t")]
+            assert got is not None
+            return got.used, upserts, listed
+
+        statements.clear()
+        used, upserts_before_the_read, listed = await store.transact(counted_then_dropped)
+        assert used == 3 and listed == [3, 7]
+        assert upserts_before_the_read == 1  # three writes of one key: one row
+        assert sum("INTO budgets" in s for s in statements) == 2  # and a:c, once
+
+        def fails(tx: Tx) -> None:
+            tx.put_budget(Budget("t", "pair:b|c", 0.0, used=99))
+            raise RuntimeError("refused after counting")
+
+        with pytest.raises(RuntimeError):
+            await store.transact(fails)
+        # in one batch: the failing job's count is undone alone
+        results = await store.transact_each([count(4), fails, count(5)])
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], RuntimeError)
+        got = await store.read(lambda tx: [(b.key, b.used) for b in tx.list_budgets("t")])
+        assert got == [("pair:a|b", 5), ("pair:a|c", 7)]
+    finally:
+        await store.close()

@@ -143,6 +143,9 @@ class SqliteTx(LifecycleSql):
         # delivery history written by this transaction and not yet sent to SQLite: one
         # ``executemany`` at the end (``flush``) instead of a statement per event
         self._history: list[tuple[str, str, str, float, str, str]] = []
+        # budget rows written by this transaction and not yet sent, by key (the last
+        # write of a key is its row: a pair counted by fifty sends is one upsert)
+        self._budget_rows: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     @property
     def _caches(self) -> tuple[dict[Any, Any], ...]:
@@ -153,18 +156,26 @@ class SqliteTx(LifecycleSql):
             cache.clear()
 
     def forget(self) -> None:
-        """Drop what was read and the history not yet written (a rollback, a new
-        snapshot)."""
+        """Drop what was read and the history and budgets not yet written (a rollback,
+        a new snapshot)."""
         self._drop_cached()
         self._history.clear()
+        self._budget_rows.clear()
 
     def flush(self) -> None:
-        """Write the delivery history this transaction recorded; the store calls it
-        before every commit (and before a savepoint is released), and the reads and
-        deletes of ``delivery_events`` call it first."""
+        """Write the delivery history and the budgets this transaction recorded; the
+        store calls it before every commit (and before a savepoint is released), and
+        the reads and deletes of ``delivery_events`` and ``budgets`` call it first."""
         if self._history:
             rows, self._history = self._history, []
             self._c.executemany(_INSERT_EVENTS, rows)
+        self._write_budgets()
+
+    def _write_budgets(self) -> None:
+        if self._budget_rows:
+            rows = list(self._budget_rows.values())
+            self._budget_rows.clear()
+            self._c.executemany(Q.put_budget, rows)
 
     def begin_write(self) -> None:
         """The write lock is taken (``BEGIN IMMEDIATE``): what was read stays good
@@ -677,6 +688,7 @@ class SqliteTx(LifecycleSql):
             return self._budgets[k]
         except KeyError:
             pass
+        self._write_budgets()  # the cache was dropped: what this transaction wrote first
         row = self._one(Q.get_budget, k)
         found = self._budgets[k] = Budget(*row) if row else None
         return found
@@ -684,13 +696,13 @@ class SqliteTx(LifecycleSql):
     def put_budget(self, budget: Budget) -> None:
         b = budget
         self._budgets[(b.team, b.key)] = b  # the upsert overwrites every column
-        self._c.execute(
-            Q.put_budget,
-            (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
-             b.updated_at),
+        self._budget_rows[(b.team, b.key)] = (
+            b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
+            b.updated_at,
         )  # fmt: skip
 
     def list_budgets(self, team: str) -> list[Budget]:
+        self._write_budgets()
         return [Budget(*r) for r in self._c.execute(Q.list_budgets, (team,))]
 
     # -- A2A tasks -----------------------------------------------------------
