@@ -222,6 +222,29 @@ async def test_http_needs_a_member_token(rig: Rig) -> None:
     assert r.status_code == 403
 
 
+def _receive_scope(raw: bytes, token: str) -> dict[str, Any]:
+    """The ASGI scope of ``POST /v1/inbox/receive`` with body ``raw``, as ``token``."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/inbox/receive",
+        "raw_path": b"/v1/inbox/receive",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"hub"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("hub", 80),
+    }
+
+
 async def test_http_long_poll_whose_client_leaves_keeps_its_ack_and_leases_nothing(
     rig: Rig,
 ) -> None:
@@ -243,25 +266,7 @@ async def test_http_long_poll_whose_client_leaves_keeps_its_ack_and_leases_nothi
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/inbox/receive",
-        "raw_path": b"/v1/inbox/receive",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"host", b"hub"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(raw)).encode()),
-            (b"authorization", f"Bearer {rig.tokens['b']}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("hub", 80),
-    }
+    scope = _receive_scope(raw, rig.tokens["b"])
     call = asyncio.create_task(app(scope, receive, send))
     await asyncio.wait_for(rig.log.next_ack.wait(), 5)
     assert await rig.state(m0) is DeliveryState.ACKED
@@ -334,25 +339,7 @@ async def test_http_receive_whose_client_left_as_it_leased_gives_the_messages_ba
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/inbox/receive",
-        "raw_path": b"/v1/inbox/receive",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"host", b"hub"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(raw)).encode()),
-            (b"authorization", f"Bearer {rig.tokens['b']}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("hub", 80),
-    }
+    scope = _receive_scope(raw, rig.tokens["b"])
     await asyncio.wait_for(app(scope, receive, send), 5)
     answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert answer["messages"] == []

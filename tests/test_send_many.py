@@ -16,6 +16,7 @@ import pytest
 from backchannel.errors import InvalidRequest, MessageIdConflict, UnknownRecipient
 from backchannel.hub import Hub, HubMiddleware, Outgoing
 from backchannel.member import MemberApi
+from backchannel.models import MAX_BATCH
 from backchannel.stores.base import Store
 from backchannel.stores.memory import MemoryStore
 from backchannel.stores.sqlite import SqliteStore
@@ -109,3 +110,19 @@ async def test_an_empty_batch_is_answered_empty(rig: tuple[Hub, SendLog]) -> Non
     hub, log = rig
     assert await hub.send_many("t", "a", []) == []
     assert log.sent == []
+
+
+async def test_an_in_process_batch_over_the_bound_is_refused_whole(
+    rig: tuple[Hub, SendLog],
+) -> None:
+    """In-process callers get the bound the HTTP routes hold bodies to (1,000 items):
+    refused before anything is sent, saying how to get through."""
+    hub, log = rig
+    api = MemberApi(hub, await hub.get_member("t", "a"))
+    too_many = [{"to": "b", "text": f"m{i}"} for i in range(MAX_BATCH + 1)]
+    with pytest.raises(InvalidRequest, match="split it"):
+        await api.send_batch(too_many)
+    with pytest.raises(InvalidRequest, match="split it"):
+        await api.ack_batch([f"id-{i}" for i in range(MAX_BATCH + 1)])
+    assert log.sent == []
+    assert (await api.send_batch(too_many[:MAX_BATCH])).sent == MAX_BATCH

@@ -21,6 +21,7 @@ from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidRequest
 from backchannel.hub.messages import Outgoing
 from backchannel.models import (
+    MAX_BATCH,
     Acked,
     AckedBatch,
     AckOutcome,
@@ -90,6 +91,16 @@ def batch_error(exc: Exception) -> tuple[ErrorDetail, int]:
     raise exc
 
 
+def _check_batch(items: Sequence[Any], name: str) -> None:
+    """The batch bound the HTTP routes hold bodies to, for in-process callers too."""
+    if len(items) > MAX_BATCH:
+        raise InvalidRequest(
+            f"{name} holds {len(items)} items, over the {MAX_BATCH} a batch may hold; "
+            "split it into several batches",
+            field=name,
+        )
+
+
 def _sent(result: SendResult) -> Sent:
     return Sent(
         message_id=result.message_id,
@@ -149,6 +160,7 @@ class MemberApi:
         answered with its error and the others still go. The items go to the hub as one
         call (:meth:`Hub.send_many`), so the store's writer commits them in few
         transactions and answers them together."""
+        _check_batch(items, "messages")
         outcomes: list[Sent | Exception | None] = [None] * len(items)
         outgoing: list[Outgoing] = []
         places: list[int] = []
@@ -258,6 +270,7 @@ class MemberApi:
     async def ack_batch(self, message_ids: Sequence[Any]) -> AckedBatch:
         """Ack each id on its own: a malformed id is answered ``invalid`` and the
         others are still acked (in one store transaction)."""
+        _check_batch(message_ids, "message_ids")
         valid: list[str] = []
         results: list[AckOutcome] = []
         for mid in message_ids:

@@ -153,6 +153,18 @@ class Waiters:
             self._set(key)
 
 
+def _in_ctx(fn: Callable[[Ctx], T], runs: list[Ctx]) -> Callable[[Tx], T]:
+    """``fn`` as a store transaction function: each run gets a fresh :class:`Ctx`
+    (a run again after a failed commit starts from scratch), the last in ``runs``."""
+
+    def run(tx: Tx) -> T:
+        c = Ctx(tx)
+        runs.append(c)
+        return fn(c)
+
+    return run
+
+
 async def wait_for(event: asyncio.Event, seconds: float) -> None:
     """Wait for ``event`` up to ``seconds``. (Not ``asyncio.wait_for``: on Python 3.11 it
     can swallow a cancellation that arrives as the event is set, leaving a task that will
@@ -195,47 +207,28 @@ class Env:
         """Run ``fn`` in one store transaction; apply its effects once it committed.
         (:meth:`transact_ctx` without the context: one coroutine fewer a call.)"""
         runs: list[Ctx] = []
-
-        def run(tx: Tx) -> T:
-            c = Ctx(tx)  # a run again after a failed commit starts from scratch
-            runs.append(c)
-            return fn(c)
-
-        result = await self.store.transact(run)
+        result = await self.store.transact(_in_ctx(fn, runs))
         self.apply(runs[-1])
         return result
 
     async def transact_ctx(self, fn: Callable[[Ctx], T]) -> tuple[T, Ctx]:
         """:meth:`transact`, also returning the committed run's :class:`Ctx`."""
         runs: list[Ctx] = []
-
-        def run(tx: Tx) -> T:
-            c = Ctx(tx)  # a run again after a failed commit starts from scratch
-            runs.append(c)
-            return fn(c)
-
-        result = await self.store.transact(run)
-        c = runs[-1]
-        self.apply(c)
-        return result, c
+        result = await self.store.transact(_in_ctx(fn, runs))
+        self.apply(runs[-1])
+        return result, runs[-1]
 
     async def transact_each(self, fns: Sequence[Callable[[Ctx], T]]) -> list[T | Exception]:
         """Run each of ``fns`` as :meth:`transact` does, as one store call
         (:meth:`Store.transact_each`): each one's result or exception, in order. The
         effects of each that committed are applied; those of one that raised are not."""
-        runs: list[Ctx | None] = [None] * len(fns)
-
-        def runner(index: int, fn: Callable[[Ctx], T]) -> Callable[[Tx], T]:
-            def run(tx: Tx) -> T:
-                c = runs[index] = Ctx(tx)  # a run again starts from scratch
-                return fn(c)
-
-            return run
-
-        done = await self.store.transact_each([runner(i, fn) for i, fn in enumerate(fns)])
-        for c, outcome in zip(runs, done, strict=True):
-            if c is not None and not isinstance(outcome, Exception):
-                self.apply(c)
+        runs: list[list[Ctx]] = [[] for _ in fns]
+        done = await self.store.transact_each(
+            [_in_ctx(fn, r) for fn, r in zip(fns, runs, strict=True)]
+        )
+        for r, outcome in zip(runs, done, strict=True):
+            if r and not isinstance(outcome, Exception):
+                self.apply(r[-1])
         return done
 
     def apply(self, c: Ctx) -> None:
