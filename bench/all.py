@@ -151,6 +151,22 @@ BENCHES: tuple[Bench, ...] = (
         sizes="2,000 messages one at a time to a blocked receiver",
     ),
     Bench(
+        "floors",
+        "-m bench.bench_floors",
+        quick="--calls 300 --seconds 0.5",
+        figures=(
+            "event loop → thread → event loop, CPU",
+            "SQLite commit of one row, synchronous=FULL, CPU",
+            "SQLite commit of one row, synchronous=NORMAL, CPU",
+            "SQLite store: empty transaction, one at a time, CPU",
+            "HTTP request to a bare ASGI app, server CPU",
+            "HTTP GET /healthz, server CPU",
+            "HTTP receive finding nothing, server CPU",
+            "HTTP send, server CPU",
+        ),
+        sizes="5,000 round trips and transactions; 5 s of each request at 16 connections",
+    ),
+    Bench(
         "growth",
         "-m bench.bench_growth",
         quick="--messages 2000 --sessions 100 --links 200 --agents 10 --duration 1 "

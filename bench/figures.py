@@ -169,7 +169,7 @@ COLUMNS = ("benchmark", "figure", "value", "unit", "target", "result")
 
 def rows(results: Sequence[tuple[str, Sequence[Figure]]]) -> list[tuple[str, ...]]:
     """The table's rows, one per figure, in the benchmarks' order."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for bench, figures in results:
         for f in figures:
             value = "-" if f.value is None else fmt_value(f.value)
