@@ -314,7 +314,7 @@ def complete(bench: Bench, got: Sequence[Figure], why_missing: str) -> list[Figu
     ``missing`` (with ``why_missing``); any it gave beyond those come after."""
     by_name = {f.name: f for f in got}
     out = [
-        by_name.pop(name, None) or Figure(name, None, "", note=why_missing)
+        by_name.pop(name) if name in by_name else Figure(name, None, "", note=why_missing)
         for name in bench.figures
     ]
     return out + list(by_name.values())

@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ async def _build(db: Path, args: argparse.Namespace, load_members: list[str]) ->
                 tx.put_session(Session(TEAM, f"{agent}-s{i}", agent, state, at, at, turn=4))
 
         for lo in range(0, args.sessions, 5_000):
-            await store.transact(lambda tx, lo=lo: sessions(tx, lo, min(lo + 5_000, args.sessions)))
+            await store.transact(partial(sessions, lo=lo, hi=min(lo + 5_000, args.sessions)))
         log(f"  {args.sessions} sessions ({per_agent} per agent)")
 
         pairs = [(a, b) for i, a in enumerate(agents) for b in agents[i + 1 :]]
@@ -119,7 +120,7 @@ async def _build(db: Path, args: argparse.Namespace, load_members: list[str]) ->
                 )
 
         for lo in range(0, args.links, 5_000):
-            await store.transact(lambda tx, lo=lo: links(tx, lo, min(lo + 5_000, args.links)))
+            await store.transact(partial(links, lo=lo, hi=min(lo + 5_000, args.links)))
         log(f"  {args.links} links")
 
         text = "x" * args.size
@@ -144,7 +145,7 @@ async def _build(db: Path, args: argparse.Namespace, load_members: list[str]) ->
                 tx.ack(TEAM, to, ids, now + 1)
 
         for lo in range(0, args.messages, batch):
-            await store.transact(lambda tx, lo=lo: messages(tx, lo, min(lo + batch, args.messages)))
+            await store.transact(partial(messages, lo=lo, hi=min(lo + batch, args.messages)))
             done = min(lo + batch, args.messages)
             if done % 100_000 == 0 or done == args.messages:
                 rate = done / (time.perf_counter() - started)
@@ -162,14 +163,14 @@ def _grown(args: argparse.Namespace, dest: Path, load_members: list[str]) -> dic
     tokens_file = cache.with_suffix(".tokens.json")
     if not (cache.exists() and tokens_file.exists()):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_suffix(".partial")
-        partial.unlink(missing_ok=True)
+        building = cache.with_suffix(".building")
+        building.unlink(missing_ok=True)
         log(f"building the grown hub once into {cache} ...")
-        tokens = asyncio.run(_build(partial, args, load_members))
+        built = asyncio.run(_build(building, args, load_members))
         for suffix in ("-wal", "-shm"):
-            Path(str(partial) + suffix).unlink(missing_ok=True)
-        partial.rename(cache)
-        tokens_file.write_text(json.dumps(tokens))
+            Path(str(building) + suffix).unlink(missing_ok=True)
+        building.rename(cache)
+        tokens_file.write_text(json.dumps(built))
     shutil.copyfile(cache, dest)
     tokens: dict[str, str] = json.loads(tokens_file.read_text())
     return tokens

@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_inbox
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.figures
 
+from bench.bench_inbox import MODULE, NODE_WRITER, PY_WRITER, node_modules
 from bench.figures import Figure, Goal, write_results
-from bench_inbox import MODULE, NODE_WRITER, PY_WRITER, node_modules
 
 
 def one_run(

@@ -209,10 +209,19 @@ class CrossHubTransport:
         if status != 201:
             raise RuntimeError(f"POST /v1/messages answered {status}: {str(data)[:200]}")
 
-    async def receive(self, receiver: int) -> list[tuple[str, str]]:
-        status, data = await self._receivers[receiver].call("GET", "/v1/inbox", params=self._params)
+    async def receive(self, receiver: int, ack: list[str] | None = None) -> list[tuple[str, str]]:
+        if ack is None:
+            what = "GET /v1/inbox"
+            status, data = await self._receivers[receiver].call(
+                "GET", "/v1/inbox", params=self._params
+            )
+        else:  # acking the batch before (the load's --ack-with-receive)
+            what = "POST /v1/inbox/receive"
+            status, data = await self._receivers[receiver].call(
+                "POST", "/v1/inbox/receive", {"ack": ack, **self._params}
+            )
         if status != 200:
-            raise RuntimeError(f"GET /v1/inbox answered {status}: {str(data)[:200]}")
+            raise RuntimeError(f"{what} answered {status}: {str(data)[:200]}")
         return [(m["message_id"], m["text"]) for m in data["messages"]]
 
     async def ack(self, receiver: int, message_ids: list[str]) -> None:
