@@ -163,8 +163,11 @@ BENCHES: tuple[Bench, ...] = (
             "HTTP GET /healthz, server CPU",
             "HTTP receive finding nothing, server CPU",
             "HTTP send, server CPU",
+            "HTTP request to a bare ASGI app at a low rate, server CPU",
+            "HTTP send at a low rate, server CPU",
         ),
-        sizes="5,000 round trips and transactions; 5 s of each request at 16 connections",
+        sizes="5,000 round trips and transactions; 5 s of each request at 16 connections, "
+        "as fast as the server answers and at 200 requests/s",
     ),
     Bench(
         "growth",

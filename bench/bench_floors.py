@@ -14,7 +14,9 @@ run on the event loop) can be costed before it is built:
 - the SQLite store's own transaction doing nothing, awaited one at a time;
 - one HTTP request, as the server's CPU per request at 16 keep-alive connections: to a
   bare ASGI app behind the hub's own uvicorn protocol, then to ``backchannel serve``:
-  ``GET /healthz``, a receive that finds nothing (``POST /v1/inbox/receive``), a send.
+  ``GET /healthz``, a receive that finds nothing (``POST /v1/inbox/receive``), a send;
+  then the bare app and the send again at a low rate (``--slow-rate``, 200 requests/s),
+  where the server sleeps between requests and each one wakes it.
 
 CPU is the process's (every thread, user and kernel); the figures are informational
 (no targets), and compare only within one run.
@@ -145,10 +147,19 @@ async def store_noop(directory: Path, n: int) -> tuple[float, float]:
 # -- HTTP ---------------------------------------------------------------------------------
 
 
-async def _connection(port: int, request: bytes, counts: list[int], i: int) -> None:
+async def _connection(
+    port: int, request: bytes, counts: list[int], i: int, gap: float, offset: float
+) -> None:
+    """Requests one after another on one connection; with ``gap``, one every ``gap``
+    seconds from ``offset`` on (the connections' schedules interleaved)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    due = time.perf_counter() + offset
     try:
         while True:
+            if gap:
+                if (wait := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait)
+                due += gap
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             size = 0
@@ -164,12 +175,17 @@ async def _connection(port: int, request: bytes, counts: list[int], i: int) -> N
 
 
 async def server_cpu_per_request(
-    pid: int, port: int, requests: list[bytes], seconds: float
+    pid: int, port: int, requests: list[bytes], seconds: float, rate: float = 0.0
 ) -> tuple[float, float]:
     """Server CPU µs a request, and requests/s, with one keep-alive connection per
-    request template, counted over ``seconds`` after a warm-up second."""
+    request template, counted over ``seconds`` after a warm-up second: as fast as the
+    server answers, or ``rate`` requests/s in all."""
     counts = [0] * len(requests)
-    tasks = [asyncio.create_task(_connection(port, r, counts, i)) for i, r in enumerate(requests)]
+    gap = len(requests) / rate if rate else 0.0
+    tasks = [
+        asyncio.create_task(_connection(port, r, counts, i, gap, gap * i / len(requests)))
+        for i, r in enumerate(requests)
+    ]
     try:
         await asyncio.sleep(min(1.0, seconds))
         for t in tasks:
@@ -199,7 +215,7 @@ def _post(path: str, token: str, body: Any) -> bytes:
 
 
 async def http_floors(
-    directory: Path, seconds: float, conns: int
+    directory: Path, seconds: float, conns: int, slow: float
 ) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
     bare = await asyncio.create_subprocess_exec(
@@ -216,6 +232,9 @@ async def http_floors(
             except OSError:
                 await asyncio.sleep(0.05)
         out["bare"] = await server_cpu_per_request(bare.pid, port, [_get("/")] * conns, seconds)
+        out["bare, slow"] = await server_cpu_per_request(
+            bare.pid, port, [_get("/")] * conns, seconds, slow
+        )
     finally:
         bare.terminate()
         await bare.wait()
@@ -235,6 +254,7 @@ async def http_floors(
         out["receive"] = await server_cpu_per_request(pid, port, empty, seconds)
         sends = [_post("/v1/messages", tokens[n], {"to": "sink", "text": "x" * 256}) for n in names]
         out["send"] = await server_cpu_per_request(pid, port, sends, seconds)
+        out["send, slow"] = await server_cpu_per_request(pid, port, sends, seconds, slow)
     finally:
         server.stop()
     return out
@@ -250,7 +270,7 @@ async def main(args: argparse.Namespace) -> list[Figure]:
         log("[floors] the store's empty transaction ...")
         noop = await store_noop(directory, args.calls)
         log("[floors] HTTP requests ...")
-        http = await http_floors(directory, args.seconds, args.connections)
+        http = await http_floors(directory, args.seconds, args.connections, args.slow_rate)
 
     def fig(name: str, value: float, note: str = "") -> Figure:
         return Figure(name, round(value, 1), "µs", note=note)
@@ -276,6 +296,8 @@ async def main(args: argparse.Namespace) -> list[Figure]:
         "healthz": "HTTP GET /healthz, server CPU",
         "receive": "HTTP receive finding nothing, server CPU",
         "send": "HTTP send, server CPU",
+        "bare, slow": "HTTP request to a bare ASGI app at a low rate, server CPU",
+        "send, slow": "HTTP send at a low rate, server CPU",
     }
     for key, label in labels.items():
         cpu, rate = http[key]
@@ -291,6 +313,12 @@ def cli() -> None:
     parser.add_argument("--calls", type=int, default=5000, help="round trips and transactions")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per HTTP figure")
     parser.add_argument("--connections", type=int, default=16, help="keep-alive connections")
+    parser.add_argument(
+        "--slow-rate",
+        type=float,
+        default=200.0,
+        help="requests/s of the low-rate HTTP figures (a server woken for each request)",
+    )
     parser.add_argument("--results", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
 
