@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from backchannel.core import messages as rules
 from backchannel.stores.base import Store, Tx
-from backchannel.types import Clock, Delivery, Job, Message, SendResult
+from backchannel.types import Clock, Delivery, InboxMessage, Job, Message, SendResult
 
 if TYPE_CHECKING:
     from backchannel.hub.facade import Hub
@@ -27,7 +28,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("backchannel.hub")
 T = TypeVar("T")
 
-__all__ = ["Ctx", "Env", "HubConfig", "HubMiddleware", "JobHandler", "JobOutcome", "Waiters"]
+__all__ = [
+    "Ctx",
+    "Env",
+    "HubConfig",
+    "HubMiddleware",
+    "JobHandler",
+    "JobOutcome",
+    "Taker",
+    "Takers",
+    "Waiters",
+]
 
 
 class HubMiddleware:
@@ -73,10 +84,11 @@ class Ctx:
     """One run of a store transaction: its :class:`Tx` and the effects the parts ask
     for once it commits. Parts write effects here and never keep them themselves."""
 
-    __slots__ = ("after", "due", "events", "tx", "watchers", "woken")
+    __slots__ = ("after", "due", "events", "handed", "tx", "watchers", "woken")
 
     def __init__(self, tx: Tx) -> None:
         self.tx = tx
+        self.handed: list[tuple[Taker, list[InboxMessage]]] | None = None  # see Takers
         self.woken: set[tuple[str | None, str | None]] = set()  # inboxes to wake
         self.watchers: set[str] = set()  # teams whose traffic watchers to wake
         self.due: list[float] = []  # times scheduled work falls due
@@ -99,6 +111,74 @@ class Ctx:
     def emit(self, hook: str, *args: Any) -> None:
         """Run middleware ``hook`` with ``args`` after the commit."""
         self.events.append((hook, args))
+
+    def hand(self, taker: Taker, got: list[InboxMessage]) -> None:
+        """``got`` was leased in this transaction for ``taker``: its receive gets them
+        once the transaction committed."""
+        if self.handed is None:
+            self.handed = []
+        self.handed.append((taker, got))
+
+
+class Taker:
+    """A receive waiting on an empty inbox, which a send to its member may lease its
+    message for in the send's own transaction (:class:`Takers`). One use: claimed by
+    at most one transaction run, then answered once, on the event loop, with what that
+    run leased for it if the run committed and nothing otherwise."""
+
+    __slots__ = ("claimed", "future", "lease", "limit")
+
+    def __init__(self, limit: int, lease: float, future: asyncio.Future[list[InboxMessage]]):
+        self.limit = limit
+        self.lease = lease
+        self.future = future
+        self.claimed = False  # under Takers' lock
+
+    def answer(self, got: list[InboxMessage]) -> None:
+        if not self.future.done():
+            self.future.set_result(got)
+
+
+class Takers:
+    """The receives of this process waiting on an empty inbox, by (team, member), that
+    a send may hand its message to: the send's transaction leases it for the first of
+    them, and that receive returns it without a transaction of its own (one store
+    transaction and one wake-up fewer a message). Claimed from the store's threads,
+    hence the lock; a receive that stops waiting while a send has claimed it takes
+    what that send leased (or, cancelled, gives it back)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_member: dict[tuple[str, str], list[Taker]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_member)
+
+    def add(self, team: str, member: str, taker: Taker) -> None:
+        with self._lock:
+            self._by_member.setdefault((team, member), []).append(taker)
+
+    def remove(self, team: str, member: str, taker: Taker) -> bool:
+        """Stop offering ``taker``; False if a transaction has claimed it already."""
+        with self._lock:
+            waiting = self._by_member.get((team, member))
+            if waiting is not None and taker in waiting:
+                waiting.remove(taker)
+                if not waiting:
+                    del self._by_member[(team, member)]
+            return not taker.claimed
+
+    def claim(self, team: str, member: str) -> Taker | None:
+        """The first waiting receive of ``member``, taken out (from a transaction)."""
+        with self._lock:
+            waiting = self._by_member.get((team, member))
+            if not waiting:
+                return None
+            taker = waiting.pop(0)
+            if not waiting:
+                del self._by_member[(team, member)]
+            taker.claimed = True
+            return taker
 
 
 class Waiters:
@@ -153,6 +233,15 @@ class Waiters:
             self._set(key)
 
 
+def _unhand(runs: Iterable[Ctx]) -> None:
+    """Runs that did not commit: the receives they claimed get nothing, and lease
+    again themselves."""
+    for c in runs:
+        if c.handed:
+            for taker, _ in c.handed:
+                taker.answer([])
+
+
 def _in_ctx(fn: Callable[[Ctx], T], runs: list[Ctx]) -> Callable[[Tx], T]:
     """``fn`` as a store transaction function: each run gets a fresh :class:`Ctx`
     (a run again after a failed commit starts from scratch), the last in ``runs``."""
@@ -199,6 +288,7 @@ class Env:
         self.config = config
         self.middleware = list(middleware)
         self.waiters = Waiters()
+        self.takers = Takers()
         self.hub: Hub | None = None  # what middleware hooks receive; set by the facade
         self.next_due: float | None = None
         self.maint_wake = asyncio.Event()
@@ -207,14 +297,25 @@ class Env:
         """Run ``fn`` in one store transaction; apply its effects once it committed.
         (:meth:`transact_ctx` without the context: one coroutine fewer a call.)"""
         runs: list[Ctx] = []
-        result = await self.store.transact(_in_ctx(fn, runs))
+        try:
+            result = await self.store.transact(_in_ctx(fn, runs))
+        except BaseException:
+            _unhand(runs)
+            raise
+        if len(runs) > 1:
+            _unhand(runs[:-1])
         self.apply(runs[-1])
         return result
 
     async def transact_ctx(self, fn: Callable[[Ctx], T]) -> tuple[T, Ctx]:
         """:meth:`transact`, also returning the committed run's :class:`Ctx`."""
         runs: list[Ctx] = []
-        result = await self.store.transact(_in_ctx(fn, runs))
+        try:
+            result = await self.store.transact(_in_ctx(fn, runs))
+        except BaseException:
+            _unhand(runs)
+            raise
+        _unhand(runs[:-1])
         self.apply(runs[-1])
         return result, runs[-1]
 
@@ -223,15 +324,25 @@ class Env:
         (:meth:`Store.transact_each`): each one's result or exception, in order. The
         effects of each that committed are applied; those of one that raised are not."""
         runs: list[list[Ctx]] = [[] for _ in fns]
-        done = await self.store.transact_each(
-            [_in_ctx(fn, r) for fn, r in zip(fns, runs, strict=True)]
-        )
+        try:
+            done = await self.store.transact_each(
+                [_in_ctx(fn, r) for fn, r in zip(fns, runs, strict=True)]
+            )
+        except BaseException:
+            _unhand(c for r in runs for c in r)
+            raise
         for r, outcome in zip(runs, done, strict=True):
             if r and not isinstance(outcome, Exception):
+                _unhand(r[:-1])
                 self.apply(r[-1])
+            else:
+                _unhand(r)
         return done
 
     def apply(self, c: Ctx) -> None:
+        if c.handed:  # before the wake-ups: a woken receive finds its messages
+            for taker, got in c.handed:
+                taker.answer(got)
         for when in c.due:
             self.due_at(when)
         for team, member in c.woken:

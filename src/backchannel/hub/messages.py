@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import (
@@ -27,7 +28,7 @@ from backchannel.core import messages as rules
 from backchannel.core import notices
 from backchannel.core.timers import anchors_first
 from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
-from backchannel.hub.context import Ctx, Env, wait_any, wait_for
+from backchannel.hub.context import Ctx, Env, Taker, wait_any, wait_for
 from backchannel.hub.pipeline import Pipeline, SendOptions
 from backchannel.hub.quotas import Quotas
 from backchannel.stores.base import Tx
@@ -43,6 +44,7 @@ from backchannel.types import (
     SessionState,
 )
 
+log = logging.getLogger("backchannel.hub")
 __all__ = [
     "AckResult",
     "FeedItem",
@@ -188,6 +190,7 @@ class Messages:
         self.store, self.clock, self.config = env.store, env.clock, env.config
         self.quotas = quotas
         self.pipeline = pipeline
+        self._giving_back: set[asyncio.Task[int]] = set()
 
     # -- messages --------------------------------------------------------------
     async def send(
@@ -226,7 +229,7 @@ class Messages:
             close_link=close_link,
             link_budget=link_budget,
         )
-        return await self.env.transact(self._sending(team, sender, item))
+        return await self.env.transact(self._sending(team, sender, item, hand_off=True))
 
     async def send_many(
         self, team: str, sender: str, items: Sequence[Outgoing]
@@ -250,9 +253,14 @@ class Messages:
             answers[index] = outcome
         return [a for a in answers if a is not None]
 
-    def _sending(self, team: str, sender: str, item: Outgoing) -> Callable[[Ctx], SendResult]:
+    def _sending(
+        self, team: str, sender: str, item: Outgoing, *, hand_off: bool = False
+    ) -> Callable[[Ctx], SendResult]:
         """Check ``item`` and build its message; the transaction function that stores
-        it (or answers a replay of it)."""
+        it (or answers a replay of it). With ``hand_off``, a receive of a recipient
+        waiting in this process is handed the message, leased in this transaction
+        (:class:`~backchannel.hub.context.Takers`); a batch does not, so that a woken
+        receiver leases the whole batch at once."""
         text, to, message_id = item.text, item.to, item.message_id
         if not isinstance(text, str):
             raise InvalidRequest("text must be a string", field="text")
@@ -299,6 +307,15 @@ class Messages:
             self.quotas.check_inbox(c, team, sender, to)
             result = self.pipeline.insert(c, message, to_session, options)
             c.emit("after_send", message, result)
+            takers = self.env.takers
+            if hand_off and takers and to_session is None:
+                for r in result.recipients:
+                    taker = takers.claim(team, r.member) if r.session is None else None
+                    if taker is not None:
+                        got = self._lease(
+                            c, team, r.member, None, now, now + taker.lease, taker.limit
+                        )
+                        c.hand(taker, got)
             return result
 
         return fn
@@ -362,10 +379,51 @@ class Messages:
             remaining = deadline - loop.time()
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 return Leased((), acked)
-            if stop is None:
-                await wait_for(ready, remaining)
-            else:
-                await wait_any((ready, stop), remaining)
+            # a send to this member may lease its message for this receive
+            taker = None
+            if session is None and owner is None:
+                taker = Taker(limit, lease, loop.create_future())
+                self.env.takers.add(team, member, taker)
+            try:
+                if stop is None:
+                    await wait_for(ready, remaining)
+                else:
+                    await wait_any((ready, stop), remaining)
+            except BaseException:
+                if taker is not None and not self.env.takers.remove(team, member, taker):
+                    self._give_back(team, member, taker)
+                raise
+            if taker is not None and not self.env.takers.remove(team, member, taker):
+                try:  # claimed: that send's commit (or failure) answers it
+                    got = await asyncio.shield(taker.future)
+                except BaseException:
+                    self._give_back(team, member, taker)
+                    raise
+                if got:
+                    return Leased(got, acked)
+
+    def _give_back(self, team: str, member: str, taker: Taker) -> None:
+        """A receive that stopped while a send had claimed it (cancelled): what that
+        send leases for it goes back to the inbox at once, not at the lease's end."""
+
+        def handed(fut: asyncio.Future[list[InboxMessage]]) -> None:
+            got = [] if fut.cancelled() else fut.result()
+            if got:
+                ids = [m.message.message_id for m in got]
+                task = asyncio.ensure_future(self.release(team, member, ids))
+                self._giving_back.add(task)
+                task.add_done_callback(self._given_back)
+
+        taker.future.add_done_callback(handed)
+
+    def _given_back(self, task: asyncio.Task[int]) -> None:
+        self._giving_back.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "giving back messages leased for a receive that stopped failed (they come "
+                "back when their lease ends): %s",
+                task.exception(),
+            )
 
     def _lease(
         self,
