@@ -321,6 +321,9 @@ def cli() -> None:
     )
     parser.add_argument("--results", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
+    for name in ("calls", "seconds", "connections", "slow_rate"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
 
     figures = run(main, args, use_uvloop=True)
     width = max(len(f.name) for f in figures)

@@ -128,7 +128,9 @@ class Taker:
 
     __slots__ = ("claimed", "future", "lease", "limit")
 
-    def __init__(self, limit: int, lease: float, future: asyncio.Future[list[InboxMessage]]):
+    def __init__(
+        self, limit: int, lease: float, future: asyncio.Future[list[InboxMessage]]
+    ) -> None:
         self.limit = limit
         self.lease = lease
         self.future = future
