@@ -383,31 +383,42 @@ class SqliteTx(LifecycleSql):
         return True
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
+        """One ``UPDATE … RETURNING`` a chunk; the copies it did not change are looked up
+        only when there are any (already acked ones count as acked)."""
         ids = list(dict.fromkeys(message_ids))
         if not ids:
             return []
-        acked: list[str] = []
-        fresh: list[str] = []
+        fresh: set[str] = set()
+        done: set[str] = set()
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for mid, state in self._c.execute(
-                f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
-                f"AND message_id IN ({marks})",
-                (team, member, *chunk),
-            ):
-                if state == "acked":
-                    acked.append(mid)
-                elif state in ("leased", "delivered"):
-                    fresh.append(mid)
+            changed = {
+                r[0]
+                for r in self._c.execute(
+                    "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                    f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
+                    "AND state IN ('leased', 'delivered') RETURNING message_id",
+                    (now, team, member, *chunk),
+                ).fetchall()
+            }
+            fresh |= changed
+            rest = [mid for mid in chunk if mid not in changed]
+            if rest:
+                marks = ",".join("?" * len(rest))
+                done.update(
+                    r[0]
+                    for r in self._c.execute(
+                        "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                        f"AND message_id IN ({marks}) AND state = 'acked'",
+                        (team, member, *rest),
+                    )
+                )
         if fresh:
-            self._c.executemany(
-                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
-                "WHERE team = ? AND message_id = ? AND member = ?",
-                [(now, team, mid, member) for mid in fresh],
+            self._events(
+                team, [DeliveryEvent(mid, member, now, "acked") for mid in ids if mid in fresh]
             )
-            self._events(team, [DeliveryEvent(mid, member, now, "acked") for mid in fresh])
-        done = set(acked) | set(fresh)
+        done |= fresh
         return [mid for mid in ids if mid in done]
 
     def first_message_from(
