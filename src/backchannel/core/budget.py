@@ -80,8 +80,7 @@ def limits(settings: Mapping[str, Any]) -> Limits:
 
 
 def pair_key(a: str, b: str) -> str:
-    x, y = sorted((a, b))
-    return f"pair:{x}|{y}"
+    return f"pair:{a}|{b}" if a <= b else f"pair:{b}|{a}"
 
 
 def chain_key(chain_id: str) -> str:

@@ -310,9 +310,10 @@ class SqliteTx(LifecycleSql):
                     updated_at=m.created_at,
                 )
             )
-        self._events(
-            m.team,
-            [DeliveryEvent(m.message_id, r.member, m.created_at, "queued") for r in recipients],
+        # history rows as the insert takes them (no DeliveryEvent a row: every send
+        # writes one a recipient, and every lease and ack one a message)
+        self._history.extend(
+            (m.team, m.message_id, r.member, m.created_at, "queued", "") for r in recipients
         )
         return out
 
@@ -331,12 +332,9 @@ class SqliteTx(LifecycleSql):
             return []
         self._c.executemany(_MARK_LEASED, [(lease_until, now, r[0]) for r in rows])
         out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0]) for r in rows]
-        self._events(
-            team,
-            [
-                DeliveryEvent(im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
-                for im in out
-            ],
+        self._history.extend(
+            (team, im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
+            for im in out
         )
         return out
 
@@ -415,8 +413,8 @@ class SqliteTx(LifecycleSql):
                     )
                 )
         if fresh:
-            self._events(
-                team, [DeliveryEvent(mid, member, now, "acked") for mid in ids if mid in fresh]
+            self._history.extend(
+                (team, mid, member, now, "acked", "") for mid in ids if mid in fresh
             )
         done |= fresh
         return [mid for mid in ids if mid in done]
