@@ -237,6 +237,20 @@ async def check_ack(make_store: StoreFactory) -> None:
         hist = await store.read(lambda tx: [e.event for e in tx.history("alpha", "m0")])
         assert hist == ["queued", "leased", "acked"], hist
         assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 1
+        # more ids than one statement takes: answered in the order asked, each once
+        many = [f"n{i:03}" for i in range(620)]
+        await store.transact(
+            lambda tx: [tx.insert_message(make_msg(mid), [Recipient("b")]) for mid in many]
+        )
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 700))
+        ask = [*reversed(many), "m0", "zz", many[0]]
+        acked = await store.transact(lambda tx: tx.ack("alpha", "b", ask, T0 + 2))
+        assert acked == [*reversed(many), "m0"], acked[:5]
+        assert await store.read(lambda tx: [e.event for e in tx.history("alpha", "n500")]) == [
+            "queued",
+            "leased",
+            "acked",
+        ]
 
 
 async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
