@@ -90,6 +90,10 @@ _INSERT_DELIVERY = (
     "INSERT INTO deliveries (team, message_id, member, session, state, attempts, "
     "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)"
 )
+
+#: ``UPDATE … RETURNING`` (SQLite 3.35, 2021); older libraries read the states first
+RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
 _INSERT_EVENTS = (
     "INSERT INTO delivery_events (team, message_id, member, at, event, detail) "
     "VALUES (?, ?, ?, ?, ?, ?)"
@@ -381,8 +385,7 @@ class SqliteTx(LifecycleSql):
         return True
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
-        """One ``UPDATE … RETURNING`` a chunk; the copies it did not change are looked up
-        only when there are any (already acked ones count as acked)."""
+        """Ack by chunks of 500 ids; copies already acked count as acked, once."""
         ids = list(dict.fromkeys(message_ids))
         if not ids:
             return []
@@ -390,34 +393,72 @@ class SqliteTx(LifecycleSql):
         done: set[str] = set()
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            changed = {
-                r[0]
-                for r in self._c.execute(
-                    "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
-                    f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
-                    "AND state IN ('leased', 'delivered') RETURNING message_id",
-                    (now, team, member, *chunk),
-                ).fetchall()
-            }
+            changed, acked = (
+                self._ack_returning(team, member, chunk, now)
+                if RETURNING
+                else self._ack_read_first(team, member, chunk, now)
+            )
             fresh |= changed
-            rest = [mid for mid in chunk if mid not in changed]
-            if rest:
-                marks = ",".join("?" * len(rest))
-                done.update(
-                    r[0]
-                    for r in self._c.execute(
-                        "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
-                        f"AND message_id IN ({marks}) AND state = 'acked'",
-                        (team, member, *rest),
-                    )
-                )
+            done |= acked
         if fresh:
             self._history.extend(
                 (team, mid, member, now, "acked", "") for mid in ids if mid in fresh
             )
         done |= fresh
         return [mid for mid in ids if mid in done]
+
+    def _ack_returning(
+        self, team: str, member: str, chunk: list[str], now: float
+    ) -> tuple[set[str], set[str]]:
+        """One ``UPDATE … RETURNING``; the copies it did not change are looked up only
+        when there are any. The ids it acked, and those acked before."""
+        marks = ",".join("?" * len(chunk))
+        changed = {
+            r[0]
+            for r in self._c.execute(
+                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
+                "AND state IN ('leased', 'delivered') RETURNING message_id",
+                (now, team, member, *chunk),
+            )
+        }
+        rest = [mid for mid in chunk if mid not in changed]
+        if not rest:
+            return changed, set()
+        marks = ",".join("?" * len(rest))
+        acked = {
+            r[0]
+            for r in self._c.execute(
+                "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                f"AND message_id IN ({marks}) AND state = 'acked'",
+                (team, member, *rest),
+            )
+        }
+        return changed, acked
+
+    def _ack_read_first(
+        self, team: str, member: str, chunk: list[str], now: float
+    ) -> tuple[set[str], set[str]]:
+        """The same for SQLite before 3.35 (no ``RETURNING``): the states, then an update."""
+        marks = ",".join("?" * len(chunk))
+        fresh: list[str] = []
+        acked: set[str] = set()
+        for mid, state in self._c.execute(
+            f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
+            f"AND message_id IN ({marks})",
+            (team, member, *chunk),
+        ):
+            if state == "acked":
+                acked.add(mid)
+            elif state in ("leased", "delivered"):
+                fresh.append(mid)
+        if fresh:
+            self._c.executemany(
+                "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
+                "WHERE team = ? AND message_id = ? AND member = ?",
+                [(now, team, mid, member) for mid in fresh],
+            )
+        return set(fresh), acked
 
     def first_message_from(
         self, team: str, sender: str, recipient: str, since: float
