@@ -98,3 +98,18 @@ def test_the_figures_printed_by_the_slow_tests_are_read_back() -> None:
         "sqlite: failover 2.07 s from kill -9 to the survivor's first push"
     )
     assert (sqlite.value, pg.value) == (2.07, None)
+
+
+def test_inbox_fairness_is_short_only_beyond_the_noise_of_its_counts() -> None:
+    from bench.bench_inbox_fair import figures
+
+    def counts(elocked: float) -> dict[str, float]:
+        return {"cc_attempts": 480.0, "cc_elocked": elocked, "lost": 0.0, "duplicated": 0.0}
+
+    def fairness(alone: float, shared: float) -> Figure:
+        return figures({"claude x 9": counts(alone), "claude x 8 + hub": counts(shared)}, 8)[2]
+
+    assert fairness(0, 1).status == "pass"  # one give-up in 480 is chance
+    assert fairness(0, 20).status == "short"  # 4 points more is not
+    assert fairness(3, 3).status == "pass"
+    assert fairness(0, 0).status == "pass"
