@@ -31,6 +31,7 @@ import queue
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,15 +88,51 @@ def sqlite_path(url: str) -> Path:
     return Path(url)
 
 
+#: how long opening waits for another process that is turning a new file into WAL
+_OPEN_WAIT = 30.0
+_pause = time.sleep  # between two tries of that switch
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA journal_mode = WAL")
+    try:
+        _into_wal(conn, path)
+    except BaseException:
+        conn.close()
+        raise
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA busy_timeout = 30000")
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.execute("PRAGMA cache_size = -32768")
     return conn
+
+
+def _into_wal(conn: sqlite3.Connection, path: Path) -> None:
+    """``journal_mode = WAL``, waiting for other processes. Turning a new file into WAL
+    needs it to itself, and SQLite answers "database is locked" at once, without its busy
+    timeout, while another process opening the same new file holds it (two hubs started
+    together on one file); the switch is tried again until it is done or ``_OPEN_WAIT``
+    has passed."""
+    deadline = time.monotonic() + _OPEN_WAIT
+    pause = 0.005
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            mode = None
+        if mode == "wal":
+            return
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"cannot put SQLite store {path} into WAL mode: another process holds it "
+                f"(journal mode {mode or 'locked'} after {_OPEN_WAIT:g} s); stop the other "
+                "process or wait for it, then start again"
+            )
+        _pause(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:

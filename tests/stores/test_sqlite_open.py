@@ -1,0 +1,62 @@
+"""Opening a new SQLite file that another process is opening too (two hubs started
+together on one file): SQLite refuses the switch to WAL at once, without its busy
+timeout, while the other holds the new file, so the store tries again until it can."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from backchannel.errors import StoreError
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.stores.sqlite import store as sqlite_store
+
+
+def _holder(path: Path) -> sqlite3.Connection:
+    """Another process's connection: the new file, in its rollback journal, write-locked
+    (what the first of two hubs holds for an instant while it sets the file up)."""
+    path.touch(mode=0o600)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("BEGIN IMMEDIATE")
+    return conn
+
+
+async def test_a_new_file_locked_by_another_opener_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "shared.db"
+    holder = _holder(path)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # the store's retry: the other opener lets go
+        pauses.append(seconds)
+        if holder.in_transaction:
+            holder.execute("COMMIT")
+
+    monkeypatch.setattr(sqlite_store, "_pause", pause)
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert pauses, "the first switch to WAL was refused while the file was held"
+        assert await store.transact(lambda tx: tx.get_team("t")) is None
+        probe = sqlite3.connect(path)
+        assert probe.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        probe.close()
+    finally:
+        await store.close()
+        holder.close()
+
+
+async def test_a_file_held_too_long_is_an_error_that_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "held.db"
+    holder = _holder(path)
+    monkeypatch.setattr(sqlite_store, "_OPEN_WAIT", 0.05)
+    try:
+        with pytest.raises(StoreError, match="into WAL mode: another process holds it"):
+            await SqliteStore(path).open()
+    finally:
+        holder.close()
