@@ -60,3 +60,14 @@ async def test_a_file_held_too_long_is_an_error_that_says_what_to_do(
             await SqliteStore(path).open()
     finally:
         holder.close()
+
+
+async def test_a_file_that_is_no_database_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are not the pages of a database " * 200)
+    path.chmod(0o600)
+    monkeypatch.setattr(sqlite_store, "_pause", lambda s: pytest.fail("waited for a lock"))
+    with pytest.raises(StoreError, match="cannot open SQLite store"):
+        await SqliteStore(path).open()

@@ -120,7 +120,7 @@ def _into_wal(conn: sqlite3.Connection, path: Path) -> None:
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
+            if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise
             mode = None
         if mode == "wal":
