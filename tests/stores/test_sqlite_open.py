@@ -71,3 +71,18 @@ async def test_a_file_that_is_no_database_fails_at_once(
     monkeypatch.setattr(sqlite_store, "_pause", lambda s: pytest.fail("waited for a lock"))
     with pytest.raises(StoreError, match="cannot open SQLite store"):
         await SqliteStore(path).open()
+
+
+def test_a_file_system_where_wal_cannot_work_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite's "unix-none" file layer has no shared memory: SQLite keeps the old journal
+    # mode and says no more, as on a file system that cannot map the WAL index
+    path = tmp_path / "nowal.db"
+    conn = sqlite3.connect(f"file:{path}?vfs=unix-none", uri=True, isolation_level=None)
+    monkeypatch.setattr(sqlite_store, "_pause", lambda s: pytest.fail("waited for a lock"))
+    try:
+        with pytest.raises(StoreError, match=r"kept journal mode 'delete'.*local disk"):
+            sqlite_store._into_wal(conn, path)
+    finally:
+        conn.close()

@@ -113,7 +113,8 @@ def _into_wal(conn: sqlite3.Connection, path: Path) -> None:
     needs it to itself, and SQLite answers "database is locked" at once, without its busy
     timeout, while another process opening the same new file holds it (two hubs started
     together on one file); the switch is tried again until it is done or ``_OPEN_WAIT``
-    has passed."""
+    has passed. SQLite answers with the old mode, without an error, only where WAL cannot
+    work at all (a file system without the shared memory it needs): that fails at once."""
     deadline = time.monotonic() + _OPEN_WAIT
     pause = 0.005
     while True:
@@ -122,14 +123,19 @@ def _into_wal(conn: sqlite3.Connection, path: Path) -> None:
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise
-            mode = None
-        if mode == "wal":
-            return
+        else:
+            if mode == "wal":
+                return
+            raise StoreError(
+                f"cannot put SQLite store {path} into WAL mode: SQLite kept journal mode "
+                f"{mode!r}, so this file system cannot give WAL the shared memory it needs; "
+                "put the store on a local disk, or use PostgreSQL"
+            )
         if time.monotonic() >= deadline:
             raise StoreError(
                 f"cannot put SQLite store {path} into WAL mode: another process holds it "
-                f"(journal mode {mode or 'locked'} after {_OPEN_WAIT:g} s); stop the other "
-                "process or wait for it, then start again"
+                f"(still locked after {_OPEN_WAIT:g} s); stop the other process or wait for "
+                "it, then start again"
             )
         _pause(pause)
         pause = min(pause * 2, 0.2)
