@@ -346,3 +346,15 @@ def attached(runtime: str, server: Server, bin_dir: Path, tmp_path: Path) -> Ite
         if r.api is not None:
             r.api.__exit__(None, None, None)
     assert proxy.seen == [], f"{runtime} tried to reach the network: {proxy.seen}"
+    crashed = _hook_crashes(r)
+    assert crashed == [], f"a backchannel hook failed open inside {runtime}: {crashed}"
+
+
+def _hook_crashes(r: Rig) -> list[str]:
+    """What says a backchannel hook hit an internal error (it then answers ``{}`` and the
+    CLI goes on, so nothing else shows it): the runs' stderr, and the hook results Claude
+    Code keeps in its session transcripts."""
+    said = [line for run in r.runs for line in run.stderr.splitlines()]
+    for transcript in (r.home / ".claude" / "projects").rglob("*.jsonl"):
+        said += transcript.read_text(errors="replace").splitlines()
+    return [line[:500] for line in said if "backchannel hook" in line and "internal error" in line]

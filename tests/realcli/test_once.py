@@ -50,6 +50,14 @@ def _copy_state(rig: Rig, mid: str) -> str:
     return str(next(d["state"] for d in status["deliveries"] if d["to"] == "alice"))
 
 
+def _story(rig: Rig, sid: str | None) -> str:
+    """What the model was asked and what the hub saw, for a failure's message."""
+    assert rig.api is not None
+    asked = [rig.model.last(q)[-200:] for q in rig.api.requests]
+    seen = [(e["kind"], e["data"]) for e in rig.events(sid)] if sid else []
+    return f"asked: {asked}\nthe session's events: {seen}"
+
+
 def test_a_stop_answer_reaches_the_model_once_across_a_kill_and_a_resume(rig: Rig) -> None:
     sent: list[str] = []
 
@@ -76,7 +84,7 @@ def test_a_stop_answer_reaches_the_model_once_across_a_kill_and_a_resume(rig: Ri
         ],
     )
     killed = rig.run("Do Y.", check=False)
-    assert killed.returncode != 0
+    assert killed.returncode != 0, _story(rig, killed.session_id)
     [mid] = sent
     [s] = rig.get("alice", "/v1/sessions", member="alice")["sessions"]
     assert s["state"] == "active"  # the continuation was running: no hook said otherwise

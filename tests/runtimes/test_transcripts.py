@@ -107,6 +107,43 @@ def test_the_command_hook_reads_a_transcript_in_the_runtime_directory(
         assert [m["text"] for m in c.get("/v1/inbox").json()["messages"]] == ["420 lines in src/"]
 
 
+def test_a_stop_hook_that_runs_before_the_transcript_is_written_still_reaches_the_hub(
+    srv: Server, claude_dir: Path
+) -> None:
+    # Claude Code may run the Stop hook of a session's first turn before it first writes
+    # the transcript; the payload carries the closing text, and the missing file is no
+    # reason to drop the event (it once made the hook fail open, the turn's end unseen)
+    tokens = make_team(srv, "unwritten", "w:claude-code", "lead")
+    missing = claude_dir / "not-yet.jsonl"
+    stop = fixture(
+        "claude-code", "Stop", transcript_path=str(missing), last_assistant_message=EXPECTED
+    )
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "CLAUDE_CONFIG_DIR": os.environ["CLAUDE_CONFIG_DIR"],
+    }
+    run = hook_cmd("claude-code", json.dumps(stop), env=env)
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, "{}", "")
+    with srv.client(tokens["lead"]) as c:
+        assert [m["text"] for m in c.get("/v1/inbox").json()["messages"]] == ["420 lines in src/"]
+    with srv.client(tokens["w"]) as c:
+        events = c.get(f"/v1/sessions/{stop['session_id']}/transcript").json()["events"]
+    assert "agent_stop" in [e["kind"] for e in events]
+
+
+def test_enriching_never_raises(claude_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backchannel.runtimes import transcripts
+
+    def broken(path: str, runtime: str) -> tuple[bytes, bool]:
+        raise RuntimeError("a disk that lies")
+
+    monkeypatch.setattr(transcripts, "_read_tail", broken)
+    stop = _stop("claude-code", claude_dir / "s.jsonl")
+    payload, note = enrich("claude-code", stop)
+    assert payload is stop and note is not None and "a disk that lies" in note
+
+
 def test_the_command_hook_refuses_a_fifo_without_blocking(srv: Server, claude_dir: Path) -> None:
     tokens = make_team(srv, "fifo-cmd", "w:claude-code")
     fifo = claude_dir / "s.jsonl"

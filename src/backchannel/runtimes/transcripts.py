@@ -168,7 +168,18 @@ def enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
     when a stop event lacks it, and why it could not be (or ``None``). For Claude Code's
     ``Stop`` also the channel pushes the transcript shows (``backchannel_seen``: the hub
     acks them and never hands them over again) and the Claude Code version
-    (``backchannel_cli_version``: it says how a Stop answer may keep the session going)."""
+    (``backchannel_cli_version``: it says how a Stop answer may keep the session going).
+
+    Never raises: what this machine's files add is a help, and no failure to read them may
+    keep the event itself from the hub (the payload then goes as it came, with the
+    reason)."""
+    try:
+        return _enrich(runtime, payload)
+    except Exception as exc:  # the event must still reach the hub
+        return payload, f"the transcript could not be read ({type(exc).__name__}: {exc})"
+
+
+def _enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
     if runtime == "claude-code" and isinstance(payload, dict):
         payload = _claude_stop_extras(payload)
     if (
@@ -204,6 +215,10 @@ def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
             raw, _ = _read_tail(path, "claude-code")  # the same checks as for the text
         except TranscriptRefused:
             return payload  # said when the closing text is looked for, if it is
+        except OSError:
+            # not there yet: Claude Code may run the Stop hook before it first writes
+            # the session's transcript (its payload then carries the closing text)
+            return payload
         tail = raw[-tags.SEEN_TAIL_BYTES :].decode("utf-8", errors="replace")
         seen = tags.channel_ids(tail)[-100:]
         if seen:
