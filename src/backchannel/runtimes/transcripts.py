@@ -213,11 +213,9 @@ def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
     if isinstance(path, str) and path:
         try:
             raw, _ = _read_tail(path, "claude-code")  # the same checks as for the text
-        except TranscriptRefused:
-            return payload  # said when the closing text is looked for, if it is
-        except OSError:
-            # not there yet: Claude Code may run the Stop hook before it first writes
-            # the session's transcript (its payload then carries the closing text)
+        except (TranscriptRefused, OSError):
+            # refused: said when the closing text is looked for, if it is; not there yet:
+            # Claude Code may run the Stop hook before it first writes the transcript
             return payload
         tail = raw[-tags.SEEN_TAIL_BYTES :].decode("utf-8", errors="replace")
         seen = tags.channel_ids(tail)[-100:]
