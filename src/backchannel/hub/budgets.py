@@ -95,6 +95,13 @@ class Budgets:
             return out
         return []
 
+    def _pairs(self, s: Send) -> list[tuple[str, str, bool]]:
+        """:meth:`_counted_pairs` of the send, read once (its first step asks first)."""
+        pairs = s.budget_pairs
+        if pairs is None:
+            pairs = s.budget_pairs = self._counted_pairs(s.c.tx, s.message, s.recipients)
+        return pairs
+
     def _turn_chain(self, s: Send) -> rules.ChainRef | None:
         tx, message = s.c.tx, s.message
         if message.kind is MessageKind.TOOL_RESULT:
@@ -121,8 +128,8 @@ class Budgets:
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
         """The message with the chain it belongs to and its hop in it."""
-        tx, message, recipients = s.c.tx, s.message, s.recipients
-        pairs = s.remember("budget_pairs", lambda: self._counted_pairs(tx, message, recipients))
+        tx, message = s.c.tx, s.message
+        pairs = self._pairs(s)
         if pairs or (
             message.kind in _AGENT_KINDS and self._is_agent(tx, message.team, message.sender)
         ):
@@ -142,10 +149,8 @@ class Budgets:
         return message.in_chain(ref.chain_id, ref.hop)
 
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
-        tx, message, recipients = s.c.tx, s.message, s.recipients
-        pairs: list[tuple[str, str, bool]] = s.remember(
-            "budget_pairs", lambda: self._counted_pairs(tx, message, recipients)
-        )
+        tx, message = s.c.tx, s.message
+        pairs = self._pairs(s)
         if not pairs:
             return []
         team = tx.get_team(message.team)
@@ -167,15 +172,16 @@ class Budgets:
 
     def refuse(self, s: Send) -> None:
         """Refuse a send over a spent budget, before anything is written."""
-        decisions = s.remember("budget", lambda: self._budget_decisions(s))
+        decisions = s.budget_decisions
+        if decisions is None:
+            decisions = s.budget_decisions = self._budget_decisions(s)
         for d in decisions:
             if d.refusal is not None:
                 raise BudgetExhausted(d.refusal.text, **d.refusal.details())
 
     def record(self, s: Send) -> None:
         """Count the stored exchange; a budget it spends is announced."""
-        decisions: list[rules.Decision] = s.remember("budget", list)
-        for d in decisions:
+        for d in s.budget_decisions or ():
             if d.record is None:
                 continue
             s.c.tx.put_budget(d.record)

@@ -12,9 +12,9 @@ send, and the pipeline needs them to react).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from backchannel.core import messages as rules
 from backchannel.core import turns as turn_rules
@@ -34,6 +34,7 @@ from backchannel.types import (
 )
 
 if TYPE_CHECKING:
+    from backchannel.core.budget import Decision
     from backchannel.hub.budgets import Budgets
     from backchannel.hub.delegations import Delegations
     from backchannel.hub.links import Links
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from backchannel.hub.timers import Timers
     from backchannel.hub.turns import Turns
     from backchannel.types import Job
-
-T = TypeVar("T")
 
 __all__ = ["NO_LINK", "Pipeline", "Send", "SendOptions"]
 
@@ -79,29 +78,41 @@ def find_turn_session(c: Ctx, message: Message) -> Session | None:
     return active[0] if len(active) == 1 else None
 
 
+#: Not read yet (``None`` is an answer: no open link, no session's turn).
+_UNREAD: Any = object()
+
+
 @dataclass(slots=True)
 class Send:
     """One send going through the pipeline: the reads several parts need about it are
-    made once (is there an open link, which session's turn is this)."""
+    made once (is there an open link, which session's turn is this), and the budget
+    part keeps what it decided between its steps."""
 
     c: Ctx
     message: Message
     recipients: Sequence[Recipient]
     options: SendOptions
-    memo: dict[str, Any] = field(default_factory=dict)
-
-    def remember(self, key: str, compute: Callable[[], T]) -> T:
-        if key not in self.memo:
-            self.memo[key] = compute()
-        value: T = self.memo[key]
-        return value
+    _link: Any = _UNREAD
+    _turn_session: Any = _UNREAD
+    #: the pairs of agents the send is an exchange between (``Budgets``)
+    budget_pairs: list[tuple[str, str, bool]] | None = None
+    #: what the budgets decided about it (``Budgets.refuse``, then ``Budgets.record``)
+    budget_decisions: list[Decision] | None = None
 
     def open_link(self) -> Link | None:
-        m = self.message
-        return self.remember("link", lambda: self.c.tx.find_open_link(m.team, m.sender, m.to))
+        link = self._link
+        if link is _UNREAD:
+            m = self.message
+            link = self._link = self.c.tx.find_open_link(m.team, m.sender, m.to)
+        found: Link | None = link
+        return found
 
     def turn_session(self) -> Session | None:
-        return self.remember("turn_session", lambda: find_turn_session(self.c, self.message))
+        session = self._turn_session
+        if session is _UNREAD:
+            session = self._turn_session = find_turn_session(self.c, self.message)
+        found: Session | None = session
+        return found
 
 
 class Pipeline:
