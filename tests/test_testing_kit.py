@@ -39,6 +39,22 @@ async def test_eventually_names_what_it_waited_for_and_what_it_last_saw() -> Non
     assert "last returned 0" in message
 
 
+async def test_eventually_shows_what_it_is_told_to_once_it_times_out() -> None:
+    shown: list[int] = []
+
+    def workers() -> str:
+        shown.append(1)
+        return "worker a: retrying"
+
+    assert await eventually(lambda: "x", what="x", show=workers) == "x"
+    assert shown == []  # not called unless it times out
+    with pytest.raises(AssertionError, match=r"last returned None; then: 'worker a: retrying'"):
+        await eventually(lambda: None, what="a held worker", within=0.05, show=workers)
+    with pytest.raises(AssertionError, match=r"then: 'worker a: retrying'"):
+        eventually_blocking(lambda: None, what="a held worker", within=0.05, show=workers)
+    assert shown == [1, 1]
+
+
 def test_eventually_blocking_is_the_same_loop_without_an_event_loop() -> None:
     seen = iter([None, "", "done"])
     assert eventually_blocking(lambda: next(seen), what="done") == "done"

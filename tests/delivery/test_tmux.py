@@ -279,14 +279,12 @@ async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_b
         await _member(hub, "a", _tmux(tmux, "shell", "a-s1"))
         async with dispatching(hub) as d:
             sent = await hub.send("t", "user", "a", f"touch {marker}", link=False)
-            try:
-                held = await eventually(
-                    lambda: next((w for w in d.status() if w.state == "held"), None),
-                    what="the worker to hold the message",
-                    within=20,
-                )
-            except AssertionError as exc:  # say what the workers were doing instead
-                raise AssertionError(f"{exc}; the workers: {d.status()!r}") from None
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,  # what the workers were doing instead
+            )
             assert "runs 'bash' in the foreground, not the agent" in (held.last_error or "")
             st = await hub.message_status("t", sent.message_id)
             assert st.state.value == "queued"  # held: neither typed, nor dead, nor acked

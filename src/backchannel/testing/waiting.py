@@ -8,6 +8,11 @@ On time-out both raise ``AssertionError`` naming what was awaited and the last v
 check returned, so a failure says how far things got::
 
     status = await eventually(lambda: hub.message_status("t", mid), what="m1 acked")
+
+A check that can only answer "not yet" (``None``) names what else to show with ``show``,
+called once, on time-out::
+
+    await eventually(held_worker, what="a held worker", show=dispatcher.status)
 """
 
 from __future__ import annotations
@@ -29,17 +34,34 @@ LONGEST_PAUSE = 0.1
 
 @overload
 async def eventually(
-    check: Callable[[], Awaitable[T]], *, what: str, within: float = 10.0
+    check: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    within: float = 10.0,
+    show: Callable[[], object] | None = None,
 ) -> T: ...
 
 
 @overload
-async def eventually(check: Callable[[], T], *, what: str, within: float = 10.0) -> T: ...
+async def eventually(
+    check: Callable[[], T],
+    *,
+    what: str,
+    within: float = 10.0,
+    show: Callable[[], object] | None = None,
+) -> T: ...
 
 
-async def eventually(check: Callable[[], Any], *, what: str, within: float = 10.0) -> Any:
+async def eventually(
+    check: Callable[[], Any],
+    *,
+    what: str,
+    within: float = 10.0,
+    show: Callable[[], object] | None = None,
+) -> Any:
     """Call ``check`` until it returns something truthy and return that; raise
-    ``AssertionError`` after ``within`` seconds. Exceptions from ``check`` propagate."""
+    ``AssertionError`` after ``within`` seconds (with what ``show`` returns, if given).
+    Exceptions from ``check`` propagate."""
     deadline = time.monotonic() + within
     pause = FIRST_PAUSE
     while True:
@@ -47,11 +69,17 @@ async def eventually(check: Callable[[], Any], *, what: str, within: float = 10.
         value = await got if inspect.isawaitable(got) else got
         if value:
             return value
-        await asyncio.sleep(_next_pause(pause, deadline, what, within, value))
+        await asyncio.sleep(_next_pause(pause, deadline, what, within, value, show))
         pause = min(pause * 2, LONGEST_PAUSE)
 
 
-def eventually_blocking(check: Callable[[], T], *, what: str, within: float = 10.0) -> T:
+def eventually_blocking(
+    check: Callable[[], T],
+    *,
+    what: str,
+    within: float = 10.0,
+    show: Callable[[], object] | None = None,
+) -> T:
     """:func:`eventually` for code that is not in an event loop: blocks the thread."""
     deadline = time.monotonic() + within
     pause = FIRST_PAUSE
@@ -59,17 +87,28 @@ def eventually_blocking(check: Callable[[], T], *, what: str, within: float = 10
         value = check()
         if value:
             return value
-        time.sleep(_next_pause(pause, deadline, what, within, value))
+        time.sleep(_next_pause(pause, deadline, what, within, value, show))
         pause = min(pause * 2, LONGEST_PAUSE)
 
 
-def _next_pause(pause: float, deadline: float, what: str, within: float, last: Any) -> float:
+def _shown(value: object) -> str:
+    seen = repr(value)
+    return seen if len(seen) <= 500 else seen[:500] + "..."
+
+
+def _next_pause(
+    pause: float,
+    deadline: float,
+    what: str,
+    within: float,
+    last: Any,
+    show: Callable[[], object] | None,
+) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        seen = repr(last)
-        if len(seen) > 500:
-            seen = seen[:500] + "..."
+        also = "" if show is None else f"; then: {_shown(show())}"
         raise AssertionError(
-            f"timed out after {within:g} s waiting for {what}; the check last returned {seen}"
+            f"timed out after {within:g} s waiting for {what}; the check last returned "
+            f"{_shown(last)}{also}"
         )
     return min(pause, left)
