@@ -30,6 +30,9 @@ from typing import Any
 from bench.common import (
     JsonClient,
     ServerProcess,
+    add_gc_option,
+    gc_thresholds,
+    host_gc,
     json_client,
     loadavg,
     log,
@@ -223,15 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="no server: the same load on an in-process hub's member API",
     )
+    add_gc_option(p)
     p.add_argument("--results", help="write the figures as JSON to this path")
     args = p.parse_args(argv)
+    host_gc(args.python_gc)
     where = "in-process" if args.inproc else "over HTTP"
     with tempfile.TemporaryDirectory(prefix="bc-batch-") as tmp:
         home = Path(tmp)
         if args.inproc:
             log(
                 f"[batch] in-process, {args.senders} senders, batches of {args.batch}, "
-                f"receive {args.receive}, load {loadavg()}"
+                f"receive {args.receive}, gc thresholds {gc_thresholds()}, load {loadavg()}"
             )
             m = run(_load_inproc, args, home / "bench.db", use_uvloop=True)
         else:

@@ -39,9 +39,11 @@ from bench.common import (
     Result,
     ServerProcess,
     Target,
+    add_gc_option,
     cpu_self,
     cpus,
     dump_json,
+    host_gc,
     json_client,
     latency_row,
     loadavg,
@@ -1102,6 +1104,7 @@ def parser() -> argparse.ArgumentParser:
         help="run this process (hub or load generator) on asyncio's default loop "
         "instead of uvloop (the server subprocess picks its own: uvloop if installed)",
     )
+    add_gc_option(gen)
     gen.add_argument(
         "--client",
         choices=["httpx", "raw"],
@@ -1176,6 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.senders < 1:
         raise SystemExit("--senders must be at least 1")
+    host_gc(args.python_gc)
     base = Path(tempfile.mkdtemp(prefix="bc-bench-", dir=args.dir))
     machine = machine_info(base, loop_name(args.uvloop))
     results: list[Result] = []

@@ -7,8 +7,10 @@ Nothing here is imported by the package itself; the benchmarks are run by hand
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -151,7 +153,7 @@ def print_results(results: Sequence[Result], machine: dict[str, Any], *, stderr:
     console.print(
         "[dim]machine:[/dim] "
         f"{machine['cpus']} CPUs ({machine['cpu_model']}), Python {machine['python']}, "
-        f"loop {machine['loop']}, data dir {machine['data_dir']} on {machine['fs_type']} "
+        f"loop {machine['loop']}, gc thresholds {machine.get('gc_thresholds', '?')}, data dir {machine['data_dir']} on {machine['fs_type']} "
         f"(fsync p50 {machine['fsync_p50_ms']:.3f} ms, p99 {machine['fsync_p99_ms']:.3f} ms), "
         f"load average at start {machine['loadavg_at_start']}; code {machine['source']}"
     )
@@ -238,6 +240,7 @@ def machine_info(data_dir: Path, loop: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "loop": loop,
+        "gc_thresholds": gc_thresholds(),
         "data_dir": str(data_dir),
         "fs_type": fs_type(data_dir),
         "fsync_p50_ms": p50,
@@ -293,6 +296,30 @@ def cpu_of(pid: int) -> float | None:
 
 
 # -- event loops ----------------------------------------------------------------------------
+
+
+def add_gc_option(group: argparse._ActionsContainer) -> None:
+    """``--python-gc``: the host process keeps Python's collector thresholds."""
+    group.add_argument(
+        "--python-gc",
+        action="store_true",
+        help="keep Python's garbage-collector thresholds in this process (700/10/10) "
+        "instead of calling backchannel.tune_gc(), as the README tells a program that "
+        "runs a busy hub in-process to (backchannel serve tunes its own process either way)",
+    )
+
+
+def host_gc(python_gc: bool) -> None:
+    """This process hosts a hub (or the load on one): tune its collector as the README
+    tells such a program to, unless ``python_gc``. The machine line shows the result."""
+    if not python_gc:
+        from backchannel.tuning import tune_gc
+
+        tune_gc()
+
+
+def gc_thresholds() -> str:
+    return "/".join(str(n) for n in gc.get_threshold())
 
 
 def loop_name(want_uvloop: bool) -> str:

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from backchannel.stores.base import Store, Tx
     from backchannel.stores.memory import MemoryStore
     from backchannel.stores.sqlite import SqliteStore
+    from backchannel.tuning import tune_gc
     from backchannel.types import (
         BROADCAST,
         USER,
@@ -177,6 +178,7 @@ __all__ = [
     "__version__",
     "connect",
     "connect_sync",
+    "tune_gc",
 ]
 
 # Names load on first use, so that a command hook that imports one small module does
@@ -243,6 +245,7 @@ _WHERE: dict[str, str] = {
     "UnknownTeam": "backchannel.errors",
     "AckResult": "backchannel.hub",
     "Hub": "backchannel.hub",
+    "tune_gc": "backchannel.tuning",
     "HubMiddleware": "backchannel.hub",
     "MessageStatus": "backchannel.hub",
     "Store": "backchannel.stores.base",

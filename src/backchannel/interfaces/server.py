@@ -25,6 +25,7 @@ from backchannel.interfaces import logs
 from backchannel.interfaces.guard import ConnectionLimits, guarded_protocol
 from backchannel.interfaces.http import create_app
 from backchannel.interfaces.logs import LogFormat
+from backchannel.tuning import tune_gc
 
 log = logging.getLogger("backchannel.serve")
 
@@ -51,6 +52,16 @@ def _add_metrics(app: FastAPI, hub: Hub, token: str) -> None:
     metrics.install(app, hub, token)
 
 
+def prepare_process() -> None:
+    """What the hub's own process needs before it serves."""
+    # A peer that hangs up makes a write fail with EPIPE on that one socket; with the
+    # default SIGPIPE action (which the CLI sets for commands that print to pipes) it
+    # would end the whole hub instead.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    faulthandler.enable()
+    tune_gc()  # the process is the hub's: its collector runs as a busy hub needs
+
+
 def run_server(
     *,
     data_dir: Path,
@@ -71,11 +82,7 @@ def run_server(
     opened. Whatever ends the process is logged with its cause: a signal by name, an
     exception with its traceback, a fatal signal (SIGSEGV, SIGABRT...) by faulthandler."""
     logs.configure(log_format)
-    # A peer that hangs up makes a write fail with EPIPE on that one socket; with the
-    # default SIGPIPE action (which the CLI sets for commands that print to pipes) it
-    # would end the whole hub instead.
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    faulthandler.enable()
+    prepare_process()
     token = config.admin_token(data_dir)
     assert token is not None
     store = config.open_store(store_url)
