@@ -153,7 +153,8 @@ def print_results(results: Sequence[Result], machine: dict[str, Any], *, stderr:
     console.print(
         "[dim]machine:[/dim] "
         f"{machine['cpus']} CPUs ({machine['cpu_model']}), Python {machine['python']}, "
-        f"loop {machine['loop']}, gc thresholds {machine.get('gc_thresholds', '?')}, data dir {machine['data_dir']} on {machine['fs_type']} "
+        f"loop {machine['loop']}, gc thresholds {machine.get('gc_thresholds', '?')}, "
+        f"data dir {machine['data_dir']} on {machine['fs_type']} "
         f"(fsync p50 {machine['fsync_p50_ms']:.3f} ms, p99 {machine['fsync_p99_ms']:.3f} ms), "
         f"load average at start {machine['loadavg_at_start']}; code {machine['source']}"
     )
@@ -319,6 +320,7 @@ def host_gc(python_gc: bool) -> None:
 
 
 def gc_thresholds() -> str:
+    """This process's collector thresholds, as ``700/10/10``."""
     return "/".join(str(n) for n in gc.get_threshold())
 
 

@@ -37,10 +37,11 @@ def test_a_threshold_the_program_chose_is_never_lowered_nor_collection_turned_ba
     assert gc.get_threshold() == (0, 10, 10)
 
 
-def test_a_threshold_below_one_is_refused_with_its_value() -> None:
+@pytest.mark.parametrize("bad", [0, -5, 2**31, 10**40, True, 2.5, "10000"])
+def test_a_threshold_that_is_not_a_count_is_refused_with_its_value(bad: object) -> None:
     gc.set_threshold(700, 10, 10)
-    with pytest.raises(ValueError, match="not 0"):
-        tune_gc(0)
+    with pytest.raises(ValueError, match=f"from 1 to 2147483647, not {bad!r}"):
+        tune_gc(bad)  # type: ignore[arg-type]
     assert gc.get_threshold() == (700, 10, 10)
 
 

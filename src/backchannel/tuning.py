@@ -28,13 +28,17 @@ __all__ = ["GC_YOUNG_THRESHOLD", "tune_gc"]
 #: 50,000 measured no better.
 GC_YOUNG_THRESHOLD = 10_000
 
+_MOST = 2**31 - 1  # the collector keeps its thresholds as C ints
+
 
 def tune_gc(young: int = GC_YOUNG_THRESHOLD) -> tuple[int, int, int]:
     """Collect the youngest generation every ``young`` allocations instead of Python's
     700, if it is lower now; the older generations keep their thresholds. Returns the
     thresholds as they were, for ``gc.set_threshold(*before)``."""
-    if young < 1:
-        raise ValueError(f"young must be a positive number of allocations, not {young}")
+    if isinstance(young, bool) or not isinstance(young, int) or not 1 <= young <= _MOST:
+        raise ValueError(
+            f"young must be a whole number of allocations from 1 to {_MOST}, not {young!r}"
+        )
     before = gc.get_threshold()
     if 0 < before[0] < young:  # 0: the program turned collection off; left so
         gc.set_threshold(young, before[1], before[2])
