@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownRecipient
 from backchannel.hub import Hub
+from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import MessageKind
@@ -83,6 +85,72 @@ async def test_wait_timer_says_whether_the_peer_replied(hub: Hub, clock: FakeClo
         "WAIT: x's numbers",
         "x has not replied since you set this timer (2 min ago).",
     ]
+
+
+def _wait_lines(texts: list[str]) -> list[str]:
+    [text] = texts
+    return text.splitlines()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_a_wait_timer_shows_the_first_reply_of_many(
+    store: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    made = MemoryStore() if store == "memory" else SqliteStore(tmp_path / "wait.db")
+    async with Hub(made, clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "lead", "w", "x", policy="off")
+        await hub.send("t", "w", "lead", "before the timer")
+        clock.advance(1)
+        await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the verdict", target="w")
+        clock.advance(10)
+        await hub.send("t", "w", "x", "to someone else")
+        await hub.send("t", "x", "lead", "from someone else")
+        clock.advance(10)
+        await hub.send("t", "w", "*", "the verdict, to everyone")
+        clock.advance(10)
+        await hub.send("t", "w", "lead", "a second word")
+        clock.advance(90)
+        await hub.maintain()
+        assert _wait_lines(await _take(hub, "lead")) == [
+            "WAIT: the verdict",
+            'w has replied since you set this timer (20 s after): "the verdict, to everyone"',
+        ]
+
+
+async def test_a_reply_sent_as_the_timer_is_set_counts(tmp_path: Path, clock: FakeClock) -> None:
+    """A reply created at the timer's moment but stored before it is found when the
+    timer is stored."""
+    async with Hub(SqliteStore(tmp_path / "early.db"), clock=clock, background=False) as hub:
+        await _team(hub, "lead", "w", policy="off")
+        await hub.send("t", "w", "lead", "already done")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "the count", target="w")
+        clock.advance(60)
+        await hub.maintain()
+        assert _wait_lines(await _take(hub, "lead")) == [
+            "WAIT: the count",
+            'w has replied since you set this timer (0 s after): "already done"',
+        ]
+
+
+async def test_a_reply_through_another_hub_on_the_same_file_counts(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    db = tmp_path / "two.db"
+    async with (
+        Hub(SqliteStore(db), clock=clock, background=False) as one,
+        Hub(SqliteStore(db), clock=clock, background=False) as two,
+    ):
+        await _team(one, "lead", "w", policy="off")
+        await two.send("t", "w", "lead", "before: two's writer reads the team now")
+        clock.advance(1)
+        await one.set_timer("t", "lead", "lead-s", "wait", 60, "the count", target="w")
+        clock.advance(5)
+        await two.send("t", "w", "lead", "sent through the other hub")
+        clock.advance(55)
+        await one.maintain()
+        assert _wait_lines(await _take(one, "lead"))[1] == (
+            'w has replied since you set this timer (5 s after): "sent through the other hub"'
+        )
 
 
 async def test_a_timer_due_mid_turn_waits_for_the_turn_to_end(hub: Hub, clock: FakeClock) -> None:
@@ -233,3 +301,80 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
         await asyncio.gather(one.maintain(), two.maintain(), one.maintain(), two.maintain())
         fired = await _take(two, "a")
         assert sorted(fired) == sorted(f"ANCHOR: note {i}" for i in range(20))
+
+
+# -- a store from before timers watched their targets (schema 10) ---------------------------
+
+_TO_SCHEMA_10 = {
+    "sqlite": [
+        "UPDATE jobs SET payload = json_remove(payload, '$.reply')",
+        "DROP INDEX jobs_watch",
+        "ALTER TABLE jobs DROP COLUMN watch",
+        "CREATE INDEX messages_sender ON messages (team, sender, created_at)",
+        "DELETE FROM schema_migrations WHERE version = 11",
+    ],
+    "postgres": [
+        "UPDATE jobs SET payload = payload - 'reply'",
+        "DROP INDEX jobs_watch",
+        "ALTER TABLE jobs DROP COLUMN watch",
+        "CREATE INDEX messages_sender ON messages (team, sender, created_at)",
+        "DELETE FROM schema_migrations WHERE version = 11",
+    ],
+}
+
+
+def _downgrade(kind: str, where: str) -> None:
+    """Make the store what schema 10 left: targets only in the timers' payloads, no reply
+    noted, the index by sender."""
+    if kind == "sqlite":
+        conn = sqlite3.connect(where, isolation_level=None)
+        try:
+            for statement in _TO_SCHEMA_10[kind]:
+                conn.execute(statement)
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(where, autocommit=True) as pg:
+        for statement in _TO_SCHEMA_10[kind]:
+            pg.execute(statement.encode())
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_pending_wait_timers_of_schema_10_are_migrated(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Migration 11 gives a pending wait timer its target's reply already sent, or its
+    target to watch for one."""
+    clock = FakeClock()
+    if kind == "sqlite":
+        where = str(tmp_path / "old.db")
+
+        def store() -> Store:
+            return SqliteStore(where)
+    else:
+        where = request.getfixturevalue("new_postgres_url")()
+        from backchannel.stores.postgres import PostgresStore
+
+        def store() -> Store:
+            return PostgresStore(where)
+
+    async with Hub(store(), clock=clock, background=False) as hub:
+        await _team(hub, "lead", "w", "x", policy="off")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "w's verdict", target="w")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "x's numbers", target="x")
+        clock.advance(5)
+        await hub.send("t", "w", "lead", "verdict: fine")
+    _downgrade(kind, where)
+    async with Hub(store(), clock=clock, background=False) as hub:
+        clock.advance(5)
+        await hub.send("t", "x", "lead", "numbers: 42")
+        await hub.send("t", "w", "lead", "a later word")
+        clock.advance(50)
+        await hub.maintain()
+        texts = sorted(await _take(hub, "lead"))
+    assert [t.splitlines()[1] for t in texts] == [
+        'w has replied since you set this timer (5 s after): "verdict: fine"',
+        'x has replied since you set this timer (10 s after): "numbers: 42"',
+    ]

@@ -247,6 +247,10 @@ class Job:
     state: JobState = JobState.PENDING
     job_id: int = 0  # assigned by the store
     done_at: float | None = None
+    #: a member whose next message the job waits for (a timer's target): the hub finds
+    #: the job with ``Tx.watching`` on each of that member's sends, and ends the watch
+    #: with ``Tx.end_watch`` once the message it waited for came
+    watch: str | None = None
 
 
 class LinkState(StrEnum):

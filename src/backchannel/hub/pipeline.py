@@ -180,6 +180,7 @@ class Pipeline:
         self.turns.record_send(s)
         self.links.after_send(s)
         self.budgets.record(s)
+        self.timers.after_send(s)  # a timer waiting for this sender's reply notes it
         for r in recipients:
             c.wake(team, r.member)
         return SendResult(s.message.message_id, DeliveryState.QUEUED, recipients)

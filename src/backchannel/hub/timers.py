@@ -6,6 +6,11 @@ becomes a ``timer`` message to that session, shown as the breadcrumb ``ANCHOR: <
 replied). It waits for the session's turn to end like any message. Timers live in the
 store; one due while the hub was down fires once when it comes back, marked late.
 
+A timer with a target watches it (``Job.watch``): the target's first message with a copy
+for the timer's member is noted on the timer as it is sent (:meth:`Timers.after_send`,
+one of the send's reactions), and the breadcrumb reads it from there. A reply already
+sent while the timer was being set is looked up when it is set.
+
 The anchor rule (team setting ``anchor_policy``: ``enforce`` by default, ``warn``,
 ``off``): a session may ``send_message`` to a linked peer only while it holds a pending
 anchor timer.
@@ -126,7 +131,13 @@ class Timers:
                     "set_at": now,
                     "member": member,
                 },
+                watch=target,
             )
+            if target is not None:  # a reply sent while this waited for the writer
+                early = tx.first_message_from(team, target, member, now)
+                if early is not None:
+                    payload = {**job.payload, "reply": early.message_id}
+                    job = dataclasses.replace(job, payload=payload, watch=None)
             job_id = tx.add_job(job)
             c.schedule(job.due_at)
             return Timer.of(dataclasses.replace(job, job_id=job_id))
@@ -218,7 +229,8 @@ class Timers:
                 if x.state is not SessionState.TERMINATED
             ] or tx.list_sessions(job.team, timer.target)
             latest = max(sessions, key=lambda x: x.updated_at) if sessions else None
-            reply = tx.first_message_from(job.team, timer.target, timer.member, timer.set_at)
+            reply_id = job.payload.get("reply")
+            reply = tx.get_message(job.team, reply_id) if isinstance(reply_id, str) else None
             peer = rules.PeerView(timer.target, latest, reply)
         text, meta = rules.breadcrumb(
             rules.Intent(timer.intent),
@@ -235,6 +247,21 @@ class Timers:
 
     def job_handlers(self) -> dict[str, JobHandler]:
         return {rules.TIMER_JOB: self._fire_timer}
+
+    # -- a target's reply -----------------------------------------------------------------
+    def after_send(self, s: Send) -> None:
+        """A message was stored: the first one from a timer's target with a copy for the
+        timer's member is noted on the timer, which then watches no more."""
+        message = s.message
+        watching = s.c.tx.watching(message.team, message.sender)
+        if not watching:
+            return
+        reached = {r.member for r in s.recipients}
+        for job in watching:
+            p = job.payload
+            set_at = float(p.get("set_at", job.created_at))
+            if p.get("member") in reached and message.created_at >= set_at:
+                s.c.tx.end_watch(job.job_id, {**p, "reply": message.message_id})
 
     # -- the anchor rule ----------------------------------------------------------------
     def check_anchor(self, s: Send) -> None:

@@ -60,7 +60,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 SessionFilter = Literal["all", "live", "active"]
 """Which sessions :meth:`Tx.list_sessions` returns: every one, those not terminated, or
@@ -189,7 +189,9 @@ class Tx(Protocol):
         self, team: str, sender: str, recipient: str, since: float
     ) -> Message | None:
         """The earliest message from ``sender`` with a copy for ``recipient``, created at
-        or after ``since`` (``system`` messages from the hub excluded)."""
+        or after ``since`` (``system`` messages from the hub excluded). Its cost grows
+        with the messages created since ``since``: it is asked for a moment just past
+        (a timer being set), never for a long stretch of time."""
         ...
 
     def add_history(self, team: str, event: DeliveryEvent) -> None:
@@ -330,6 +332,17 @@ class Tx(Protocol):
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
         """Move a pending job to ``due_at`` with a new payload (a retry, or a lease while
         its work runs outside the transaction). False if it is not pending."""
+        ...
+
+    def watching(self, team: str, sender: str) -> Sequence[Job]:
+        """The team's pending jobs that watch ``sender`` (``Job.watch``), by id. Asked on
+        every send, so a store answers it without growing with the team's jobs (the
+        SQLite writer keeps the answer until a job changes)."""
+        ...
+
+    def end_watch(self, job_id: int, payload: Mapping[str, Any]) -> bool:
+        """The message a pending job watched for came: clear its ``watch`` and give it
+        ``payload``. False if the job is not pending or watches nobody."""
         ...
 
     # -- delegation ----------------------------------------------------------

@@ -614,6 +614,21 @@ class MemoryTx:
         )
         return True
 
+    def watching(self, team: str, sender: str) -> list[Job]:
+        found = [
+            j
+            for j in self._d.jobs.values()
+            if j.watch == sender and j.team == team and j.state is JobState.PENDING
+        ]
+        return sorted(found, key=lambda j: j.job_id)
+
+    def end_watch(self, job_id: int, payload: Mapping[str, Any]) -> bool:
+        job = self._d.jobs.get(job_id)
+        if job is None or job.state is not JobState.PENDING or job.watch is None:
+            return False
+        self._set(self._d.jobs, job_id, dataclasses.replace(job, watch=None, payload=dict(payload)))
+        return True
+
     # -- delegation ------------------------------------------------------------
     def insert_delegation(self, d: Delegation) -> None:
         if (d.team, d.delegation_id) in self._d.delegations or self.find_delegation(

@@ -10,6 +10,7 @@ test suite can parametrize over them and see one result per guarantee::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -483,6 +484,54 @@ async def check_jobs(make_store: StoreFactory) -> None:
         assert again == [jid_other, jid_late], "a failed firing leaves the jobs due"
 
 
+async def check_watches(make_store: StoreFactory) -> None:
+    """A job that watches a sender is found by ``watching`` until ``end_watch`` (or its
+    end) stops it, in its own team only; the answer follows writes made since."""
+    async with opened(make_store) as store:
+        wait_b = Job("alpha", "timer", T0 + 60, T0, "s1", {"member": "a"}, watch="b")
+        wait_c = Job("alpha", "timer", T0 + 60, T0, "s1", {"member": "a"}, watch="c")
+        plain = Job("alpha", "timer", T0 + 60, T0, "s1", {"member": "a"})
+        beta = Job("beta", "timer", T0 + 60, T0, "s9", {"member": "a"}, watch="b")
+
+        def watched(team: str, sender: str) -> Callable[[Tx], list[int]]:
+            return lambda tx: [j.job_id for j in tx.watching(team, sender)]
+
+        assert await store.transact(watched("alpha", "b")) == []  # and remembered empty
+        ids = []
+        for job in (wait_b, wait_c, plain, beta):
+            ids.append(await store.transact(lambda tx, job=job: tx.add_job(job)))
+        jb, jc, _, jbeta = ids
+        assert await store.transact(watched("alpha", "b")) == [jb]
+        assert await store.read(watched("alpha", "c")) == [jc]
+        assert await store.transact(watched("beta", "b")) == [jbeta]
+        assert await store.transact(watched("alpha", "a")) == []
+        got = await store.read(lambda tx: tx.get_job("alpha", jb))
+        assert got is not None and got.watch == "b"
+
+        def reply(tx: Tx) -> tuple[bool, list[int]]:
+            ended = tx.end_watch(jb, {"member": "a", "reply": "m9"})
+            return ended, [j.job_id for j in tx.watching("alpha", "b")]
+
+        assert await store.transact(reply) == (True, [])
+        got = await store.read(lambda tx: tx.get_job("alpha", jb))
+        assert got is not None and (got.watch, dict(got.payload)) == (
+            None,
+            {"member": "a", "reply": "m9"},
+        )
+        assert not await store.transact(lambda tx: tx.end_watch(jb, {})), "once only"
+        assert await store.transact(lambda tx: tx.finish_job(jc, JobState.CANCELLED, T0 + 1))
+        assert await store.transact(watched("alpha", "c")) == []
+        assert not await store.transact(lambda tx: tx.end_watch(jc, {}))
+
+        def add_and_fail(tx: Tx) -> None:
+            tx.add_job(dataclasses.replace(wait_c, watch="d"))
+            raise RuntimeError("crashed after adding")
+
+        with suppress(RuntimeError):
+            await store.transact(add_and_fail)
+        assert await store.transact(watched("alpha", "d")) == [], "rolled back with its job"
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_compaction,
     check_teams_and_members,
@@ -498,6 +547,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transcripts,
     check_ledger,
     check_jobs,
+    check_watches,
     check_links,
     check_delegations_and_tokens,
     check_inbox_cursor,

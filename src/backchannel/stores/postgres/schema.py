@@ -285,6 +285,28 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, member)
     );
     """,
+    # 11: a timer notes its target's first reply as it is sent (see the SQLite schema)
+    """
+    ALTER TABLE jobs ADD COLUMN watch text;
+    CREATE INDEX jobs_watch ON jobs (team, watch, job_id)
+        WHERE state = 'pending' AND watch IS NOT NULL;
+    UPDATE jobs SET watch = payload->>'target'
+        WHERE kind = 'timer' AND state = 'pending' AND payload->>'target' IS NOT NULL;
+    WITH replies AS (
+        SELECT j.job_id, (
+            SELECT m.message_id FROM messages m JOIN deliveries d
+                ON d.team = m.team AND d.message_id = m.message_id
+                AND d.member = j.payload->>'member'
+            WHERE m.team = j.team AND m.sender = j.watch
+                AND m.created_at >= COALESCE((j.payload->>'set_at')::double precision, j.created_at)
+            ORDER BY m.created_at, d.seq LIMIT 1
+        ) AS reply
+        FROM jobs j WHERE j.watch IS NOT NULL
+    )
+    UPDATE jobs SET payload = jsonb_set(jobs.payload, '{reply}', to_jsonb(r.reply)), watch = NULL
+        FROM replies r WHERE jobs.job_id = r.job_id AND r.reply IS NOT NULL;
+    DROP INDEX messages_sender;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

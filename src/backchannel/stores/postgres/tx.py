@@ -87,6 +87,7 @@ _RELEASE_DISPATCH = Q.release_dispatch + " RETURNING 1"
 _ADD_JOB = Q.add_job + " RETURNING job_id"
 _FINISH_JOB = Q.finish_job + " RETURNING 1"
 _RESCHEDULE_JOB = Q.reschedule_job + " RETURNING 1"
+_END_WATCH = Q.end_watch + " RETURNING 1"
 _SPEND_TOKEN = Q.spend_token + " RETURNING 1"
 _UNTIL_NONE = 2**62  # list_events with no upper bound
 _LEASE = (
@@ -426,7 +427,7 @@ class PgTx(PgTransaction, LifecycleSql):
     # -- scheduled jobs ------------------------------------------------------
     def add_job(self, job: Job) -> int:
         j = job
-        args = (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload))
+        args = (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload), j.watch)
         job_id = int(self._one(_ADD_JOB, args, j.team)[0])
         self._job_team[job_id] = j.team
         return job_id
@@ -466,6 +467,15 @@ class PgTx(PgTransaction, LifecycleSql):
         if team is None:
             return False
         return self._one(_RESCHEDULE_JOB, (due_at, _dump(payload), job_id), team) is not None
+
+    def watching(self, team: str, sender: str) -> list[Job]:
+        return self._jobs(self._all(Q.watching, (team, sender), team))
+
+    def end_watch(self, job_id: int, payload: Mapping[str, Any]) -> bool:
+        team = self._team_of_job(job_id)
+        if team is None:
+            return False
+        return self._one(_END_WATCH, (_dump(payload), job_id), team) is not None
 
     def list_jobs(
         self,

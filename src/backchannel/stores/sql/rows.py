@@ -88,7 +88,7 @@ A2A_COLS = "team, task_id, member, owner, context_id, state, body, created_at, u
 
 def job_cols(job_id: str) -> str:
     """The jobs columns; the id column is ``id`` in SQLite and ``job_id`` in PostgreSQL."""
-    return f"team, kind, due_at, created_at, session_id, payload, state, {job_id}, done_at"
+    return f"team, kind, due_at, created_at, session_id, payload, state, {job_id}, done_at, watch"
 
 
 def event_cols(event_id: str) -> str:
@@ -186,7 +186,7 @@ def rows(
     def job(r: Row) -> Job:
         return Job(
             team=r[0], kind=r[1], due_at=r[2], created_at=r[3], session_id=r[4],
-            payload=load(r[5]), state=JobState(r[6]), job_id=r[7], done_at=r[8],
+            payload=load(r[5]), state=JobState(r[6]), job_id=r[7], done_at=r[8], watch=r[9],
         )  # fmt: skip
 
     def event(r: Row) -> SessionEvent:

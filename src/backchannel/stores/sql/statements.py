@@ -127,8 +127,16 @@ class Sql:
         )
         # -- scheduled jobs
         self.add_job = m(
-            "INSERT INTO jobs (team, kind, due_at, created_at, session_id, payload, state) "
-            "VALUES (?, ?, ?, ?, ?, ?, 'pending')"
+            "INSERT INTO jobs (team, kind, due_at, created_at, session_id, payload, state, "
+            "watch) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)"
+        )
+        self.watching = m(
+            f"SELECT {self.job_cols} FROM jobs WHERE team = ? AND watch = ? "
+            f"AND state = 'pending' ORDER BY {job_id}"
+        )
+        self.end_watch = m(
+            f"UPDATE jobs SET watch = NULL, payload = ? WHERE {job_id} = ? "
+            "AND state = 'pending' AND watch IS NOT NULL"
         )
         self.get_job = m(f"SELECT {self.job_cols} FROM jobs WHERE team = ? AND {job_id} = ?")
         self.finish_job = m(

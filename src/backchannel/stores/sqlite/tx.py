@@ -116,6 +116,7 @@ _DUE_JOBS = (
     f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
     "ORDER BY due_at, id LIMIT ?"
 )
+_WATCHING = f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND watch IS NOT NULL AND state = 'pending'"  # by (team, watch, id): the index's order
 _UNTIL_NONE = 2**62  # list_events with no upper bound
 #: Rows a cache of the writer's connection may hold before it starts over (each is a
 #: few hundred bytes; a hub with many members and pairs stays bounded)
@@ -143,6 +144,8 @@ class SqliteTx(LifecycleSql):
         self._budgets: dict[tuple[str, str], Budget | None] = {}
         self._active: dict[tuple[str, str], dict[int | None, list[Session]]] = {}
         self._open_links: dict[tuple[str, str], Link | None] = {}
+        # each team's pending jobs that watch a sender, by sender (asked on every send)
+        self._watching: dict[str, dict[str, list[Job]]] = {}
         self._data_version = -1
         # delivery history written by this transaction and not yet sent to SQLite: one
         # ``executemany`` at the end (``flush``) instead of a statement per event
@@ -153,7 +156,14 @@ class SqliteTx(LifecycleSql):
 
     @property
     def _caches(self) -> tuple[dict[Any, Any], ...]:
-        return (self._teams, self._members, self._budgets, self._active, self._open_links)
+        return (
+            self._teams,
+            self._members,
+            self._budgets,
+            self._active,
+            self._open_links,
+            self._watching,
+        )
 
     def _drop_cached(self) -> None:
         for cache in self._caches:
@@ -464,11 +474,11 @@ class SqliteTx(LifecycleSql):
         self, team: str, sender: str, recipient: str, since: float
     ) -> Message | None:
         row = self._one(
-            f"SELECT {MSG_COLS} FROM messages m JOIN deliveries d "
+            f"SELECT {MSG_COLS} FROM messages m INDEXED BY messages_created JOIN deliveries d "
             "ON d.team = m.team AND d.message_id = m.message_id AND d.member = ? "
-            "WHERE m.team = ? AND m.sender = ? AND m.created_at >= ? "
+            "WHERE m.created_at >= ? AND m.team = ? AND m.sender = ? "
             "ORDER BY m.created_at LIMIT 1",
-            (recipient, team, sender, since),
+            (recipient, since, team, sender),
         )
         return _message(row) if row else None
 
@@ -613,8 +623,11 @@ class SqliteTx(LifecycleSql):
     # -- jobs ----------------------------------------------------------------
     def add_job(self, job: Job) -> int:
         j = job
+        if j.watch is not None:
+            self._watching.pop(j.team, None)
         cur = self._c.execute(
-            Q.add_job, (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dumps(j.payload))
+            Q.add_job,
+            (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dumps(j.payload), j.watch),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -633,6 +646,7 @@ class SqliteTx(LifecycleSql):
         return row[0] if row else None
 
     def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        self._watching.clear()
         return self._c.execute(Q.finish_job, (state.value, at, job_id)).rowcount > 0
 
     def list_jobs(
@@ -647,7 +661,21 @@ class SqliteTx(LifecycleSql):
         return [_job(r) for r in self._c.execute(sql, args)]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        self._watching.clear()
         return self._c.execute(Q.reschedule_job, (due_at, _dumps(payload), job_id)).rowcount > 0
+
+    def watching(self, team: str, sender: str) -> list[Job]:
+        by_sender = self._watching.get(team)
+        if by_sender is None:
+            by_sender = self._watching[team] = {}
+            for r in self._c.execute(_WATCHING, (team,)):
+                job = _job(r)
+                by_sender.setdefault(job.watch or "", []).append(job)
+        return list(by_sender.get(sender, ()))
+
+    def end_watch(self, job_id: int, payload: Mapping[str, Any]) -> bool:
+        self._watching.clear()
+        return self._c.execute(Q.end_watch, (_dumps(payload), job_id)).rowcount > 0
 
     # -- delegation ------------------------------------------------------------
     def insert_delegation(self, d: Delegation) -> None:
