@@ -205,6 +205,8 @@ PG_CHECKS = {
     "messages_created": "SELECT team, message_id FROM messages WHERE created_at >= 0 "
     "AND created_at < 1e12 ORDER BY created_at LIMIT 500",
     "jobs_finished": "DELETE FROM jobs WHERE state != 'pending' AND done_at < 1e12",
+    "jobs_watch": "SELECT job_id FROM jobs WHERE team = 't' AND watch = 'a' "
+    "AND state = 'pending' ORDER BY job_id",
     "jobs_kind_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'prune' "
     "AND state = 'pending' ORDER BY due_at, job_id",
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
