@@ -176,11 +176,12 @@ class Pipeline:
         tx.insert_message(s.message, recipients)
         # 3. reactions to the stored message: the ledger first (a link opened below
         #    must not be crossed by text this turn already sent), then links, then the
-        #    budget, whose spending may close the link just opened
+        #    budget, whose spending may close the link just opened; last, a timer
+        #    waiting for this sender's reply notes it
         self.turns.record_send(s)
         self.links.after_send(s)
         self.budgets.record(s)
-        self.timers.after_send(s)  # a timer waiting for this sender's reply notes it
+        self.timers.after_send(s)
         for r in recipients:
             c.wake(team, r.member)
         return SendResult(s.message.message_id, DeliveryState.QUEUED, recipients)
