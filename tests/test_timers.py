@@ -67,16 +67,26 @@ async def test_check_timer_shows_the_peers_state_and_last_output(
     ]
 
 
-async def test_wait_timer_says_whether_the_peer_replied(hub: Hub, clock: FakeClock) -> None:
+async def _lead_waits_for_w_and_x(hub: Hub) -> None:
+    """``lead`` sets a two-minute wait timer on each of ``w`` and ``x``."""
     await _team(hub, "lead", "w", "x", policy="off")
     await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the reviewer's verdict", target="w")
     await hub.set_timer("t", "lead", "lead-s", "wait", 120, "x's numbers", target="x")
+
+
+async def _fired(hub: Hub, clock: FakeClock, seconds: float, member: str = "lead") -> list[str]:
+    """The timers' texts ``member`` gets once ``seconds`` passed and they fired."""
+    clock.advance(seconds)
+    await hub.maintain()
+    return sorted(await _take(hub, member))
+
+
+async def test_wait_timer_says_whether_the_peer_replied(hub: Hub, clock: FakeClock) -> None:
+    await _lead_waits_for_w_and_x(hub)
     clock.advance(30)
     await hub.send("t", "w", "lead", "Verdict: the totals match.")
     await hub.send("t", "x", "user", "not for lead")
-    clock.advance(90)
-    await hub.maintain()
-    texts = sorted(await _take(hub, "lead"))
+    texts = await _fired(hub, clock, 90)
     assert texts[0].splitlines() == [
         "WAIT: the reviewer's verdict",
         'w has replied since you set this timer (30 s after): "Verdict: the totals match."',
@@ -361,9 +371,7 @@ async def test_pending_wait_timers_of_schema_10_are_migrated(
             return PostgresStore(where)
 
     async with Hub(store(), clock=clock, background=False) as hub:
-        await _team(hub, "lead", "w", "x", policy="off")
-        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "w's verdict", target="w")
-        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "x's numbers", target="x")
+        await _lead_waits_for_w_and_x(hub)
         clock.advance(5)
         await hub.send("t", "w", "lead", "verdict: fine")
     _downgrade(kind, where)
@@ -371,9 +379,7 @@ async def test_pending_wait_timers_of_schema_10_are_migrated(
         clock.advance(5)
         await hub.send("t", "x", "lead", "numbers: 42")
         await hub.send("t", "w", "lead", "a later word")
-        clock.advance(50)
-        await hub.maintain()
-        texts = sorted(await _take(hub, "lead"))
+        texts = await _fired(hub, clock, 110)
     assert [t.splitlines()[1] for t in texts] == [
         'w has replied since you set this timer (5 s after): "verdict: fine"',
         'x has replied since you set this timer (10 s after): "numbers: 42"',
