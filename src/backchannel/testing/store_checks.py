@@ -508,6 +508,17 @@ async def check_watches(make_store: StoreFactory) -> None:
         got = await store.read(lambda tx: tx.get_job("alpha", jb))
         assert got is not None and got.watch == "b"
 
+        def send_then_ask(sender: str) -> Callable[[Tx], list[int]]:
+            def fn(tx: Tx) -> list[int]:  # as a send asks: right after storing its message
+                tx.insert_message(make_msg(f"m-{sender}", sender=sender, to="a"), [Recipient("a")])
+                return [j.job_id for j in tx.watching("alpha", sender)]
+
+            return fn
+
+        await store.transact(seed_team)
+        assert await store.transact(send_then_ask("b")) == [jb]
+        assert await store.transact(send_then_ask("user")) == []
+
         def reply(tx: Tx) -> tuple[bool, list[int]]:
             ended = tx.end_watch(jb, {"member": "a", "reply": "m9"})
             return ended, [j.job_id for j in tx.watching("alpha", "b")]

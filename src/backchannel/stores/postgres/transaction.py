@@ -61,6 +61,9 @@ class PgTransaction:
         self._notify: dict[str, None] = {}
         self._open = False  # BEGIN sent, COMMIT not yet done
         self._job_team: dict[int, str] = {}  # jobs seen in this transaction
+        # pending jobs watching a sender, by (team, sender), as the insert of that
+        # sender's message found them (``PgTx.watching`` answers from it)
+        self._watch_ids: dict[tuple[str, str], list[int]] = {}
         self._tainted = False  # a pipeline failed: psycopg may wrongly think a statement
         #                        is prepared, so the connection is closed afterwards
         self.retry = False  # the database asked for a re-run (deadlock)

@@ -108,6 +108,7 @@ class PgTx(PgTransaction, LifecycleSql):
 
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         self._flush()  # buffered history first: a removal must not leave it behind
+        self._watch_ids.clear()
         return self._exec(sql.replace("?", "%s"), args, team)
 
     # -- teams -------------------------------------------------------------
@@ -179,14 +180,19 @@ class PgTx(PgTransaction, LifecycleSql):
             "nextval('delivery_seq'), 'queued', 0, %s, %s FROM msg, "
             "unnest(%s::text[], %s::text[]) WITH ORDINALITY AS r(b, s, o) ORDER BY r.o "
             "RETURNING member, seq) "
-            "SELECT NULL, NULL FROM msg UNION ALL SELECT member, seq FROM dl",
+            "SELECT 'm', NULL, NULL FROM msg UNION ALL SELECT 'd', member, seq FROM dl "
+            # the jobs watching the sender, asked for by the send next (one round trip)
+            "UNION ALL SELECT 'w', NULL, job_id FROM jobs WHERE EXISTS (SELECT 1 FROM msg) "
+            "AND team = %s AND watch = %s AND state = 'pending'",
             (*_ROWS.message_args(m), m.created_at, m.created_at,
-             [r.member for r in recipients], [r.session for r in recipients]),
+             [r.member for r in recipients], [r.session for r in recipients],
+             m.team, m.sender),
             m.team,
         )  # fmt: skip
-        if not rows:
+        if not any(part == "m" for part, _, _ in rows):
             raise AlreadyExists(f"message {m.message_id!r} already exists")
-        seqs = {member: seq for member, seq in rows if member is not None}
+        seqs = {member: seq for part, member, seq in rows if part == "d"}
+        self._watch_ids[(m.team, m.sender)] = [job_id for part, _, job_id in rows if part == "w"]
         out = []
         for r in recipients:
             out.append(Delivery(m.team, m.message_id, r, seqs[r.member], DeliveryState.QUEUED,
@@ -427,6 +433,7 @@ class PgTx(PgTransaction, LifecycleSql):
     # -- scheduled jobs ------------------------------------------------------
     def add_job(self, job: Job) -> int:
         j = job
+        self._watch_ids.clear()
         args = (j.team, j.kind, j.due_at, j.created_at, j.session_id, _dump(j.payload), j.watch)
         job_id = int(self._one(_ADD_JOB, args, j.team)[0])
         self._job_team[job_id] = j.team
@@ -457,21 +464,27 @@ class PgTx(PgTransaction, LifecycleSql):
         return team
 
     def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
+        self._watch_ids.clear()
         team = self._team_of_job(job_id)
         if team is None:
             return False
         return self._one(_FINISH_JOB, (state.value, at, job_id), team) is not None
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
+        self._watch_ids.clear()
         team = self._team_of_job(job_id)
         if team is None:
             return False
         return self._one(_RESCHEDULE_JOB, (due_at, _dump(payload), job_id), team) is not None
 
     def watching(self, team: str, sender: str) -> list[Job]:
+        found = self._watch_ids.get((team, sender))
+        if found == []:  # the insert of the sender's message found none, this transaction
+            return []
         return self._jobs(self._all(Q.watching, (team, sender), team))
 
     def end_watch(self, job_id: int, payload: Mapping[str, Any]) -> bool:
+        self._watch_ids.clear()
         team = self._team_of_job(job_id)
         if team is None:
             return False
