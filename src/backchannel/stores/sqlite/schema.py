@@ -288,7 +288,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN watch TEXT;
     CREATE INDEX jobs_watch ON jobs (team, watch) WHERE state = 'pending' AND watch IS NOT NULL;
     UPDATE jobs SET watch = json_extract(payload, '$.target')
-        WHERE kind = 'timer' AND state = 'pending' AND json_extract(payload, '$.target') IS NOT NULL;
+        WHERE kind = 'timer' AND state = 'pending'
+        AND json_extract(payload, '$.target') IS NOT NULL;
     UPDATE jobs SET payload = json_set(payload, '$.reply', {_FIRST_REPLY})
         WHERE watch IS NOT NULL AND {_FIRST_REPLY} IS NOT NULL;
     UPDATE jobs SET watch = NULL

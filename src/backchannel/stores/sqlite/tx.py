@@ -116,7 +116,10 @@ _DUE_JOBS = (
     f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
     "ORDER BY due_at, id LIMIT ?"
 )
-_WATCHING = f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND watch IS NOT NULL AND state = 'pending'"  # by (team, watch, id): the index's order
+#: a team's pending watching jobs, in ``jobs_watch``'s order: by watch, then id
+_WATCHING = (
+    f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND watch IS NOT NULL AND state = 'pending'"
+)
 _UNTIL_NONE = 2**62  # list_events with no upper bound
 #: Rows a cache of the writer's connection may hold before it starts over (each is a
 #: few hundred bytes; a hub with many members and pairs stays bounded)
