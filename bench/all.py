@@ -109,6 +109,18 @@ BENCHES: tuple[Bench, ...] = (
         sizes="16 senders, 50,000 messages or 10 s a phase, as fast as possible and at 1,000/s",
     ),
     Bench(
+        "in-process against autogen-core",
+        "-m bench.bench_reference",
+        quick="--rounds 1 --messages 2000 --duration 1 --warmup 100",
+        figures=(
+            "autogen-core in memory, 16 senders: msgs/s",
+            "in-process msgs/s, the same rounds",
+            "in-process ÷ autogen-core in memory, interleaved",
+        ),
+        sizes="3 rounds of each, alternating: 16 senders one message at a time, 50,000 "
+        "messages (the hub: or 10 s); autogen-core in an environment of its own",
+    ),
+    Bench(
         "send HTTP",
         f"-m bench.bench_send http --client raw --rate {HTTP_RATES}",
         quick="--messages 2000 --duration 1 --warmup 100 --overrun 2 --drain-timeout 10 "

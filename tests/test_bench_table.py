@@ -113,3 +113,19 @@ def test_inbox_fairness_is_short_only_beyond_the_noise_of_its_counts() -> None:
     assert fairness(0, 20).status == "short"  # 4 points more is not
     assert fairness(3, 3).status == "pass"
     assert fairness(0, 0).status == "pass"
+
+
+def test_the_reference_runtime_that_cannot_be_installed_leaves_its_figures_skipped(
+    tmp_path: Path,
+) -> None:
+    from bench import bench_reference
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = bench_reference.parser().parse_args(["--env", str(blocker / "env")])
+    figures, raw = bench_reference.measure(args)
+    assert [f.name for f in figures] == list(bench_reference.FIGURES)
+    assert all(f.status == "skipped" and "autogen-core" in f.skipped for f in figures)
+    assert "autogen-core not installed" in raw["error"]
+    [entry] = [b for b in bench_all.BENCHES if b.command == "-m bench.bench_reference"]
+    assert entry.figures == bench_reference.FIGURES

@@ -1,0 +1,195 @@
+"""The hub against autogen-core's in-memory runtime, interleaved in one run.
+
+Issue 24 sets the in-process figure (16 senders, one message at a time, send →
+received → acked) at 1.5× autogen-core's in-memory runtime on the same machine. This
+machine's speed moves by a quarter within a day, so an absolute figure taken an hour
+apart says little about the ratio; this benchmark measures both in alternating rounds
+(``--rounds``, the order swapped every round) and reports the median of each and the
+median of the rounds' ratios.
+
+- The hub: ``bench.bench_send inproc --rate 0`` (SQLite, every answered send fsynced),
+  as a process of its own per round.
+- autogen-core: ``bench/reference_autogen.py`` (the same senders, message count, text
+  size and event loop; ``send_message`` returns once the receiver's handler ran; nothing
+  is written anywhere), run by an interpreter of its own: autogen-core pins a protobuf
+  older than the one the hub's A2A extra needs. Its environment is made once under
+  ``.cache/bench/autogen`` (``--env``) with the same Python, then reused.
+
+Run from the repository root: ``.venv/bin/python -m bench.bench_reference``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.figures import Figure, Goal, machine, machine_line, read_results, write_results
+
+REPO = Path(__file__).resolve().parent.parent
+AUTOGEN_CORE = "0.7.5"  # the version measured; pinned so figures compare across days
+SCRIPT = REPO / "bench" / "reference_autogen.py"
+HUB_FIGURE = "in-process msgs/s, as fast as possible"
+RATIO_GOAL = Goal(">=", 1.5, "issue 24")
+
+FIGURES = (
+    "autogen-core in memory, 16 senders: msgs/s",
+    "in-process msgs/s, the same rounds",
+    "in-process ÷ autogen-core in memory, interleaved",
+)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _uvloop_pin() -> str:
+    try:
+        return f"uvloop=={metadata.version('uvloop')}"
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def reference_python(env: Path) -> Path:
+    """The interpreter of autogen-core's environment, made on first use (same Python as
+    this one). Raises ``RuntimeError`` naming what failed and how to retry."""
+    python = env / "bin" / "python"
+    wanted = " ".join(filter(None, [f"autogen-core=={AUTOGEN_CORE}", _uvloop_pin()]))
+    stamp = env / ".installed"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    say(f"making autogen-core's environment in {env} (once: {wanted}) ...")
+    shutil.rmtree(env, ignore_errors=True)
+    env.parent.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    steps = [
+        [base, "-m", "venv", str(env)],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         *wanted.split()],
+    ]  # fmt: skip
+    for cmd in steps:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"{' '.join(cmd[:4])} failed ({'; '.join(tail)}); check that a package "
+                f"index is reachable, then run again (or delete {env} to start over)"
+            )
+    stamp.write_text(wanted)
+    return python
+
+
+def run_reference(python: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [str(python), str(SCRIPT), "--senders", str(args.senders), "--messages",
+           str(args.messages), "--size", str(args.size), "--warmup", str(args.warmup)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"autogen-core's run failed: {done.stderr.strip()[-400:]}")
+    got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+def run_hub(args: argparse.Namespace, scratch: Path) -> float:
+    results = scratch / "hub.json"
+    results.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "bench.bench_send", "inproc", "--rate", "0",
+           "--senders", str(args.senders), "--messages", str(args.messages),
+           "--size", str(args.size), "--warmup", str(args.warmup),
+           "--duration", str(args.duration), "--quiet-wait", "0", "--results", str(results)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+           os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO, env=env
+    )
+    figures = {f.name: f for f in read_results(results)} if results.exists() else {}
+    found = figures.get(HUB_FIGURE)  # it exits with 1 when a target is missed
+    if found is None or found.value is None:
+        raise RuntimeError(f"the hub's run failed: {done.stderr.strip()[-400:]}")
+    return float(found.value)
+
+
+def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
+    try:
+        python = reference_python(args.env)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        why = f"autogen-core not installed: {exc}"
+        return [Figure(name, None, "", skipped=why) for name in FIGURES], {"error": why}
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bc-bench-ref-") as tmp:
+        for k in range(args.rounds):
+            order = ("hub", "autogen") if k % 2 == 0 else ("autogen", "hub")
+            got: dict[str, Any] = {}
+            for side in order:
+                say(f"round {k + 1}/{args.rounds}: {side} ...")
+                if side == "hub":
+                    got["hub_msgs_s"] = run_hub(args, Path(tmp))
+                else:
+                    ref = run_reference(python, args)
+                    got["autogen_msgs_s"] = ref["msgs_s"]
+                    got["autogen_cpu_us"] = ref["cpu_us_per_message"]
+                    got["autogen"] = {k: ref[k] for k in ("autogen_core", "loop", "python")}
+            got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
+            say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, autogen-core "
+                f"{got['autogen_msgs_s']:,.0f} msgs/s: {got['ratio']:.2f}×")  # fmt: skip
+            rounds.append(got)
+    med = statistics.median
+    note = f"median of {len(rounds)} interleaved rounds" if len(rounds) > 1 else "one round"
+    spread = ", ".join(f"{r['ratio']:.2f}" for r in rounds)
+    figures = [
+        Figure(FIGURES[0], med(r["autogen_msgs_s"] for r in rounds), "msgs/s", None, note),
+        Figure(FIGURES[1], med(r["hub_msgs_s"] for r in rounds), "msgs/s", None, note),
+        Figure(FIGURES[2], med(r["ratio"] for r in rounds), "×", RATIO_GOAL,
+               f"rounds: {spread}"),
+    ]  # fmt: skip
+    return figures, {"rounds": rounds, "machine": machine()}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="The hub in-process against autogen-core's in-memory runtime, "
+        "interleaved (see the module docstring)."
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating")
+    p.add_argument("--senders", type=int, default=16)
+    p.add_argument("--messages", type=int, default=50_000, help="messages a round")
+    p.add_argument("--duration", type=float, default=10.0, help="the hub's seconds at most")
+    p.add_argument("--size", type=int, default=256, help="text size in bytes")
+    p.add_argument("--warmup", type=int, default=500, help="messages first, not counted")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a run at most")
+    p.add_argument(
+        "--env", type=Path, default=REPO / ".cache" / "bench" / "autogen",
+        help="autogen-core's environment (made on first use)",
+    )  # fmt: skip
+    p.add_argument("--results", default=None, help="write the figures as JSON here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.rounds < 1 or args.senders < 1 or args.messages < args.senders:
+        raise SystemExit("--rounds and --senders must be at least 1, --messages at least "
+                         "--senders")  # fmt: skip
+    start = machine()
+    try:
+        figures, raw = measure(args)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        say(f"error: {exc}")
+        return 1
+    print(machine_line(start, str(machine()["loadavg"])))
+    for f in figures:
+        value = "skipped" if f.value is None else f"{f.value:,.2f} {f.unit}"
+        print(f"{f.name}: {value} ({f.note or f.skipped})")
+    write_results(args.results, "reference", figures, raw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
