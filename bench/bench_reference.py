@@ -103,7 +103,8 @@ def run_hub(args: argparse.Namespace, scratch: Path) -> float:
     cmd = [sys.executable, "-m", "bench.bench_send", "inproc", "--rate", "0",
            "--senders", str(args.senders), "--messages", str(args.messages),
            "--size", str(args.size), "--warmup", str(args.warmup),
-           "--duration", str(args.duration), "--quiet-wait", "0", "--results", str(results)]  # fmt: skip
+           "--duration", str(args.duration), "--quiet-wait", "0",
+           "--results", str(results)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
            os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
