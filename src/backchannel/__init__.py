@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from backchannel.stores.base import Store, Tx
     from backchannel.stores.memory import MemoryStore
     from backchannel.stores.sqlite import SqliteStore
-    from backchannel.tuning import tune_gc
+    from backchannel.tuning import pin_to_cpu, tune_gc, unpin_cpu
     from backchannel.types import (
         BROADCAST,
         USER,
@@ -178,7 +178,9 @@ __all__ = [
     "__version__",
     "connect",
     "connect_sync",
+    "pin_to_cpu",
     "tune_gc",
+    "unpin_cpu",
 ]
 
 # Names load on first use, so that a command hook that imports one small module does
@@ -246,6 +248,8 @@ _WHERE: dict[str, str] = {
     "AckResult": "backchannel.hub",
     "Hub": "backchannel.hub",
     "tune_gc": "backchannel.tuning",
+    "pin_to_cpu": "backchannel.tuning",
+    "unpin_cpu": "backchannel.tuning",
     "HubMiddleware": "backchannel.hub",
     "MessageStatus": "backchannel.hub",
     "Store": "backchannel.stores.base",
