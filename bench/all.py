@@ -115,10 +115,13 @@ BENCHES: tuple[Bench, ...] = (
         figures=(
             "autogen-core in memory, 16 senders: msgs/s",
             "in-process msgs/s, the same rounds",
+            "in-process on one CPU (pin_to_cpu) msgs/s, the same rounds",
             "in-process ÷ autogen-core in memory, interleaved",
+            "in-process on one CPU ÷ autogen-core in memory, interleaved",
         ),
-        sizes="3 rounds of each, alternating: 16 senders one message at a time, 50,000 "
-        "messages (the hub: or 10 s); autogen-core in an environment of its own",
+        sizes="3 rounds, each running the hub, the hub on one CPU and autogen-core (in an "
+        "environment of its own), the order turned each round: 16 senders one message at "
+        "a time, 50,000 messages (the hub: or 10 s)",
     ),
     Bench(
         "send HTTP",

@@ -5,7 +5,9 @@ received → acked) at 1.5× autogen-core's in-memory runtime on the same machin
 machine's speed moves by a quarter within a day, so an absolute figure taken an hour
 apart says little about the ratio; this benchmark measures both in alternating rounds
 (``--rounds``, the order swapped every round) and reports the median of each and the
-median of the rounds' ratios.
+median of the rounds' ratios. The hub runs twice a round: as it comes, and on one CPU
+(``--cpu``, what ``backchannel.pin_to_cpu`` does: its two threads hand work to each
+other for less there on a virtual machine).
 
 - The hub: ``bench.bench_send inproc --rate 0`` (SQLite, every answered send fsynced),
   as a process of its own per round.
@@ -32,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.common import allowed_cpus
 from bench.figures import Figure, Goal, machine, machine_line, read_results, write_results
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,11 +43,16 @@ SCRIPT = REPO / "bench" / "reference_autogen.py"
 HUB_FIGURE = "in-process msgs/s, as fast as possible"
 RATIO_GOAL = Goal(">=", 1.5, "issue 24")
 
+ISSUE_GOAL = Goal(">=", 10_000, "issue 24")
+
 FIGURES = (
     "autogen-core in memory, 16 senders: msgs/s",
     "in-process msgs/s, the same rounds",
+    "in-process on one CPU (pin_to_cpu) msgs/s, the same rounds",
     "in-process ÷ autogen-core in memory, interleaved",
+    "in-process on one CPU ÷ autogen-core in memory, interleaved",
 )
+SIDES = ("hub", "hub on one CPU", "autogen")
 
 
 def say(text: str) -> None:
@@ -97,14 +105,14 @@ def run_reference(python: Path, args: argparse.Namespace) -> dict[str, Any]:
     return got
 
 
-def run_hub(args: argparse.Namespace, scratch: Path) -> float:
+def run_hub(args: argparse.Namespace, scratch: Path, cpu: int | None = None) -> float:
     results = scratch / "hub.json"
     results.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.bench_send", "inproc", "--rate", "0",
            "--senders", str(args.senders), "--messages", str(args.messages),
            "--size", str(args.size), "--warmup", str(args.warmup),
            "--duration", str(args.duration), "--quiet-wait", "0",
-           "--results", str(results)]  # fmt: skip
+           "--results", str(results), *(["--cpu", str(cpu)] if cpu is not None else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
            os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
@@ -124,31 +132,42 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
         why = f"autogen-core not installed: {exc}"
         return [Figure(name, None, "", skipped=why) for name in FIGURES], {"error": why}
     rounds: list[dict[str, Any]] = []
+    cpu = args.hub_cpu if args.hub_cpu is not None else max(allowed_cpus())
     with tempfile.TemporaryDirectory(prefix="bc-bench-ref-") as tmp:
         for k in range(args.rounds):
-            order = ("hub", "autogen") if k % 2 == 0 else ("autogen", "hub")
+            order = SIDES[k % 3 :] + SIDES[: k % 3]  # each side first once in three rounds
             got: dict[str, Any] = {}
             for side in order:
                 say(f"round {k + 1}/{args.rounds}: {side} ...")
                 if side == "hub":
                     got["hub_msgs_s"] = run_hub(args, Path(tmp))
+                elif side == "hub on one CPU":
+                    got["pinned_msgs_s"] = run_hub(args, Path(tmp), cpu)
                 else:
                     ref = run_reference(python, args)
                     got["autogen_msgs_s"] = ref["msgs_s"]
                     got["autogen_cpu_us"] = ref["cpu_us_per_message"]
                     got["autogen"] = {k: ref[k] for k in ("autogen_core", "loop", "python")}
             got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
-            say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, autogen-core "
-                f"{got['autogen_msgs_s']:,.0f} msgs/s: {got['ratio']:.2f}×")  # fmt: skip
+            got["pinned_ratio"] = got["pinned_msgs_s"] / got["autogen_msgs_s"]
+            say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, on CPU {cpu} "
+                f"{got['pinned_msgs_s']:,.0f}, autogen-core {got['autogen_msgs_s']:,.0f}")  # fmt: skip
             rounds.append(got)
     med = statistics.median
     note = f"median of {len(rounds)} interleaved rounds" if len(rounds) > 1 else "one round"
-    spread = ", ".join(f"{r['ratio']:.2f}" for r in rounds)
+
+    def each(key: str, digits: int) -> str:
+        return "rounds: " + ", ".join(f"{r[key]:,.{digits}f}" for r in rounds)
+
     figures = [
         Figure(FIGURES[0], med(r["autogen_msgs_s"] for r in rounds), "msgs/s", None, note),
-        Figure(FIGURES[1], med(r["hub_msgs_s"] for r in rounds), "msgs/s", None, note),
-        Figure(FIGURES[2], med(r["ratio"] for r in rounds), "×", RATIO_GOAL,
-               f"rounds: {spread}"),
+        Figure(FIGURES[1], med(r["hub_msgs_s"] for r in rounds), "msgs/s", ISSUE_GOAL,
+               each("hub_msgs_s", 0)),
+        Figure(FIGURES[2], med(r["pinned_msgs_s"] for r in rounds), "msgs/s", ISSUE_GOAL,
+               f"CPU {cpu}; {each('pinned_msgs_s', 0)}"),
+        Figure(FIGURES[3], med(r["ratio"] for r in rounds), "×", RATIO_GOAL, each("ratio", 2)),
+        Figure(FIGURES[4], med(r["pinned_ratio"] for r in rounds), "×", RATIO_GOAL,
+               each("pinned_ratio", 2)),
     ]  # fmt: skip
     return figures, {"rounds": rounds, "machine": machine()}
 
@@ -165,6 +184,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=256, help="text size in bytes")
     p.add_argument("--warmup", type=int, default=500, help="messages first, not counted")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run at most")
+    p.add_argument(
+        "--hub-cpu", type=int, default=None, metavar="N",
+        help="the CPU of the pinned hub's runs [the highest this process may use]",
+    )  # fmt: skip
     p.add_argument(
         "--env", type=Path, default=REPO / ".cache" / "bench" / "autogen",
         help="autogen-core's environment (made on first use)",

@@ -39,10 +39,12 @@ from bench.common import (
     Result,
     ServerProcess,
     Target,
+    add_cpu_option,
     add_gc_option,
     cpu_self,
     cpus,
     dump_json,
+    host_cpu,
     host_gc,
     json_client,
     latency_row,
@@ -1105,6 +1107,7 @@ def parser() -> argparse.ArgumentParser:
         "instead of uvloop (the server subprocess picks its own: uvloop if installed)",
     )
     add_gc_option(gen)
+    add_cpu_option(gen)
     gen.add_argument(
         "--client",
         choices=["httpx", "raw"],
@@ -1180,6 +1183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.senders < 1:
         raise SystemExit("--senders must be at least 1")
     host_gc(args.python_gc)
+    host_cpu(args.cpu)
     base = Path(tempfile.mkdtemp(prefix="bc-bench-", dir=args.dir))
     machine = machine_info(base, loop_name(args.uvloop))
     results: list[Result] = []

@@ -154,7 +154,7 @@ def print_results(results: Sequence[Result], machine: dict[str, Any], *, stderr:
         "[dim]machine:[/dim] "
         f"{machine['cpus']} CPUs ({machine['cpu_model']}), Python {machine['python']}, "
         f"loop {machine['loop']}, gc thresholds {machine.get('gc_thresholds', '?')}, "
-        f"data dir {machine['data_dir']} on {machine['fs_type']} "
+        f"{pinned_note(machine)}data dir {machine['data_dir']} on {machine['fs_type']} "
         f"(fsync p50 {machine['fsync_p50_ms']:.3f} ms, p99 {machine['fsync_p99_ms']:.3f} ms), "
         f"load average at start {machine['loadavg_at_start']}; code {machine['source']}"
     )
@@ -242,6 +242,7 @@ def machine_info(data_dir: Path, loop: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "loop": loop,
         "gc_thresholds": gc_thresholds(),
+        "cpus_allowed": allowed_cpus(),
         "data_dir": str(data_dir),
         "fs_type": fs_type(data_dir),
         "fsync_p50_ms": p50,
@@ -317,6 +318,45 @@ def host_gc(python_gc: bool) -> None:
         from backchannel.tuning import tune_gc
 
         tune_gc()
+
+
+def add_cpu_option(group: argparse._ActionsContainer) -> None:
+    """``--cpu N``: this process on one CPU, as ``backchannel.pin_to_cpu`` does."""
+    group.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run this process (hub or load generator) on CPU N only, with "
+        "backchannel.pin_to_cpu (Linux); for the server, pass --server-arg=--cpu=N",
+    )
+
+
+def host_cpu(cpu: int | None) -> None:
+    """Pin this process to ``cpu`` (if given) before it starts a thread; the machine
+    line shows it."""
+    if cpu is not None:
+        from backchannel.tuning import pin_to_cpu
+
+        try:
+            pin_to_cpu(cpu)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--cpu: {exc}") from None
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (all of them unless pinned)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def pinned_note(machine: dict[str, Any]) -> str:
+    allowed = machine.get("cpus_allowed") or []
+    if not allowed or len(allowed) >= (machine.get("cpus") or 0):
+        return ""
+    return f"this process on CPU {', '.join(map(str, allowed))} only, "
 
 
 def gc_thresholds() -> str:
