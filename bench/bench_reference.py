@@ -112,7 +112,9 @@ def run_hub(args: argparse.Namespace, scratch: Path, cpu: int | None = None) -> 
            "--senders", str(args.senders), "--messages", str(args.messages),
            "--size", str(args.size), "--warmup", str(args.warmup),
            "--duration", str(args.duration), "--quiet-wait", "0",
-           "--results", str(results), *(["--cpu", str(cpu)] if cpu is not None else [])]  # fmt: skip
+           "--results", str(results)]  # fmt: skip
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
            os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
@@ -151,7 +153,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
             got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
             got["pinned_ratio"] = got["pinned_msgs_s"] / got["autogen_msgs_s"]
             say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, on CPU {cpu} "
-                f"{got['pinned_msgs_s']:,.0f}, autogen-core {got['autogen_msgs_s']:,.0f}")  # fmt: skip
+                f"{got['pinned_msgs_s']:,.0f}, "
+                f"autogen-core {got['autogen_msgs_s']:,.0f}")  # fmt: skip
             rounds.append(got)
     med = statistics.median
     note = f"median of {len(rounds)} interleaved rounds" if len(rounds) > 1 else "one round"
