@@ -81,7 +81,8 @@ def pin_to_cpu(cpu: int | None = None) -> frozenset[int]:
     ``ValueError`` for a CPU the process may not use."""
     if not hasattr(os, "sched_setaffinity"):
         raise OSError(
-            "pinning to one CPU needs Linux (os.sched_setaffinity); run without --cpu here"
+            "pinning to one CPU needs Linux (os.sched_setaffinity); leave it out here "
+            "(for serve: without --cpu)"
         )
     allowed = frozenset(os.sched_getaffinity(0))
     if cpu is None:
