@@ -4,7 +4,7 @@ Issue 24 sets the in-process figure (16 senders, one message at a time, send →
 received → acked) at 1.5× autogen-core's in-memory runtime on the same machine. This
 machine's speed moves by a quarter within a day, so an absolute figure taken an hour
 apart says little about the ratio; this benchmark measures both in alternating rounds
-(``--rounds``, the order swapped every round) and reports the median of each and the
+(``--rounds``, the order turned every round) and reports the median of each and the
 median of the rounds' ratios. The hub runs twice a round: as it comes, and on one CPU
 (``--cpu``, what ``backchannel.pin_to_cpu`` does: its two threads hand work to each
 other for less there on a virtual machine).
@@ -149,7 +149,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
                     ref = run_reference(python, args)
                     got["autogen_msgs_s"] = ref["msgs_s"]
                     got["autogen_cpu_us"] = ref["cpu_us_per_message"]
-                    got["autogen"] = {k: ref[k] for k in ("autogen_core", "loop", "python")}
+                    got["autogen"] = {key: ref[key] for key in ("autogen_core", "loop", "python")}
             got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
             got["pinned_ratio"] = got["pinned_msgs_s"] / got["autogen_msgs_s"]
             say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, on CPU {cpu} "
