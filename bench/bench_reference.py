@@ -1,9 +1,10 @@
 """The hub against autogen-core's in-memory runtime, interleaved in one run.
 
 Issue 24 sets the in-process figure (16 senders, one message at a time, send →
-received → acked) at 1.5× autogen-core's in-memory runtime on the same machine. This
-machine's speed moves by a quarter within a day, so an absolute figure taken an hour
-apart says little about the ratio; this benchmark measures both in alternating rounds
+received → acked) at 1.5× autogen-core's in-memory runtime on the same machine. The
+machine's speed moves within a day, and the hub's figure by up to a quarter from run to
+run (where its threads land), so an absolute figure taken an hour apart says little
+about the ratio; this benchmark measures both in alternating rounds
 (``--rounds``, the order turned every round) and reports the median of each and the
 median of the rounds' ratios. The hub runs twice a round: as it comes, and on one CPU
 (``--cpu``, what ``backchannel.pin_to_cpu`` does: its two threads hand work to each
