@@ -202,6 +202,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.hub_cpu is not None and args.hub_cpu not in allowed_cpus():
+        raise SystemExit(f"--hub-cpu: CPU {args.hub_cpu} is not one this process may use; "
+                         f"pick one of {', '.join(map(str, allowed_cpus()))}")  # fmt: skip
     if args.rounds < 1 or args.senders < 1 or args.messages < args.senders:
         raise SystemExit("--rounds and --senders must be at least 1, --messages at least "
                          "--senders")  # fmt: skip

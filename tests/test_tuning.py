@@ -123,8 +123,12 @@ def test_a_cpu_the_process_may_not_use_is_refused_naming_those_it_may(bad: objec
     with pytest.raises(ValueError, match=f"pick one of {allowed}"):
         pin_to_cpu(bad)  # type: ignore[arg-type]
     assert os.sched_getaffinity(0) == before
-    with pytest.raises(ValueError, match="no CPUs given"):
-        unpin_cpu([])
+    for cpus in ([], ["0"], [True]):
+        with pytest.raises(ValueError, match="CPUs are whole numbers"):
+            unpin_cpu(cpus)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="CPUs 4096 were refused"):
+        unpin_cpu([4096])
+    assert os.sched_getaffinity(0) == before
 
 
 @needs_affinity

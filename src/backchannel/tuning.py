@@ -99,6 +99,14 @@ def unpin_cpu(cpus: Iterable[int]) -> None:
     """Let every thread of this process run on ``cpus`` again (what :func:`pin_to_cpu`
     returned)."""
     wanted = set(cpus)
-    if not wanted:
-        raise ValueError("no CPUs given: pass what pin_to_cpu returned")
-    _set_every_thread(wanted)
+    if not wanted or not all(isinstance(c, int) and not isinstance(c, bool) for c in wanted):
+        raise ValueError(
+            f"CPUs are whole numbers, at least one, not {sorted(wanted, key=repr)!r}: pass "
+            "what pin_to_cpu returned"
+        )
+    try:
+        _set_every_thread(wanted)
+    except OSError as exc:  # none of them is a CPU this system has for the process
+        raise ValueError(
+            f"CPUs {_cpu_list(wanted)} were refused ({exc.strerror}): pass what pin_to_cpu returned"
+        ) from None
