@@ -118,10 +118,12 @@ BENCHES: tuple[Bench, ...] = (
             "in-process on one CPU (pin_to_cpu) msgs/s, the same rounds",
             "in-process ÷ autogen-core in memory, interleaved",
             "in-process on one CPU ÷ autogen-core in memory, interleaved",
+            "bound: the hub on the memory store (nothing durable) msgs/s, the same rounds",
+            "bound: the hub on the memory store ÷ autogen-core in memory, interleaved",
         ),
-        sizes="3 rounds, each running the hub, the hub on one CPU and autogen-core (in an "
-        "environment of its own), the order turned each round: 16 senders one message at "
-        "a time, 50,000 messages (the hub: or 10 s)",
+        sizes="3 rounds, each running the hub, the hub on one CPU, autogen-core (in an "
+        "environment of its own) and the hub on the memory store, the order turned each "
+        "round: 16 senders one message at a time, 50,000 messages (the hub: or 10 s)",
     ),
     Bench(
         "send HTTP",

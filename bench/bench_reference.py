@@ -8,10 +8,13 @@ about the ratio; this benchmark measures both in alternating rounds
 (``--rounds``, the order turned every round) and reports the median of each and the
 median of the rounds' ratios. The hub runs twice a round: as it comes, and on one CPU
 (``--cpu``, what ``backchannel.pin_to_cpu`` does: its two threads hand work to each
-other for less there on a virtual machine).
+other for less there on a virtual machine). A third run a round puts the same hub and
+load on the memory store: nothing durable, so not the hub's figure but a bound on it,
+what the hub's own work allows with the store's cost taken away.
 
 - The hub: ``bench.bench_send inproc --rate 0`` (SQLite, every answered send fsynced),
   as a process of its own per round.
+- The bound: ``bench.bench_send inproc --rate 0 --store memory``.
 - autogen-core: ``bench/reference_autogen.py`` (the same senders, message count, text
   size and event loop; ``send_message`` returns once the receiver's handler ran; nothing
   is written anywhere), run by an interpreter of its own: autogen-core pins a protobuf
@@ -42,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 AUTOGEN_CORE = "0.7.5"  # the version measured; pinned so figures compare across days
 SCRIPT = REPO / "bench" / "reference_autogen.py"
 HUB_FIGURE = "in-process msgs/s, as fast as possible"
+MEMORY_FIGURE = "in-process on the memory store msgs/s, as fast as possible"
 RATIO_GOAL = Goal(">=", 1.5, "issue 24")
 
 ISSUE_GOAL = Goal(">=", 10_000, "issue 24")
@@ -52,8 +56,10 @@ FIGURES = (
     "in-process on one CPU (pin_to_cpu) msgs/s, the same rounds",
     "in-process ÷ autogen-core in memory, interleaved",
     "in-process on one CPU ÷ autogen-core in memory, interleaved",
+    "bound: the hub on the memory store (nothing durable) msgs/s, the same rounds",
+    "bound: the hub on the memory store ÷ autogen-core in memory, interleaved",
 )
-SIDES = ("hub", "hub on one CPU", "autogen")
+SIDES = ("hub", "hub on one CPU", "autogen", "hub on the memory store")
 
 
 def say(text: str) -> None:
@@ -106,7 +112,10 @@ def run_reference(python: Path, args: argparse.Namespace) -> dict[str, Any]:
     return got
 
 
-def run_hub(args: argparse.Namespace, scratch: Path, cpu: int | None = None) -> float:
+def run_hub(
+    args: argparse.Namespace, scratch: Path, cpu: int | None = None, store: str = "sqlite"
+) -> float:
+    """One ``bench_send inproc`` run: its msgs/s."""
     results = scratch / "hub.json"
     results.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.bench_send", "inproc", "--rate", "0",
@@ -116,13 +125,16 @@ def run_hub(args: argparse.Namespace, scratch: Path, cpu: int | None = None) -> 
            "--results", str(results)]  # fmt: skip
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
+    if store != "sqlite":
+        cmd += ["--store", store]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
            os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO, env=env
     )
     figures = {f.name: f for f in read_results(results)} if results.exists() else {}
-    found = figures.get(HUB_FIGURE)  # it exits with 1 when a target is missed
+    # it exits with 1 when a target is missed
+    found = figures.get(HUB_FIGURE if store == "sqlite" else MEMORY_FIGURE)
     if found is None or found.value is None:
         raise RuntimeError(f"the hub's run failed: {done.stderr.strip()[-400:]}")
     return float(found.value)
@@ -138,7 +150,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
     cpu = args.hub_cpu if args.hub_cpu is not None else max(allowed_cpus())
     with tempfile.TemporaryDirectory(prefix="bc-bench-ref-") as tmp:
         for k in range(args.rounds):
-            order = SIDES[k % 3 :] + SIDES[: k % 3]  # each side first once in three rounds
+            turn = k % len(SIDES)  # each side first in turn
+            order = SIDES[turn:] + SIDES[:turn]
             got: dict[str, Any] = {}
             for side in order:
                 say(f"round {k + 1}/{args.rounds}: {side} ...")
@@ -146,6 +159,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
                     got["hub_msgs_s"] = run_hub(args, Path(tmp))
                 elif side == "hub on one CPU":
                     got["pinned_msgs_s"] = run_hub(args, Path(tmp), cpu)
+                elif side == "hub on the memory store":
+                    got["memory_msgs_s"] = run_hub(args, Path(tmp), store="memory")
                 else:
                     ref = run_reference(python, args)
                     got["autogen_msgs_s"] = ref["msgs_s"]
@@ -153,9 +168,10 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
                     got["autogen"] = {key: ref[key] for key in ("autogen_core", "loop", "python")}
             got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
             got["pinned_ratio"] = got["pinned_msgs_s"] / got["autogen_msgs_s"]
+            got["memory_ratio"] = got["memory_msgs_s"] / got["autogen_msgs_s"]
             say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, on CPU {cpu} "
-                f"{got['pinned_msgs_s']:,.0f}, "
-                f"autogen-core {got['autogen_msgs_s']:,.0f}")  # fmt: skip
+                f"{got['pinned_msgs_s']:,.0f}, autogen-core {got['autogen_msgs_s']:,.0f}, "
+                f"the hub on the memory store {got['memory_msgs_s']:,.0f}")  # fmt: skip
             rounds.append(got)
     med = statistics.median
     note = f"median of {len(rounds)} interleaved rounds" if len(rounds) > 1 else "one round"
@@ -172,6 +188,10 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
         Figure(FIGURES[3], med(r["ratio"] for r in rounds), "×", RATIO_GOAL, each("ratio", 2)),
         Figure(FIGURES[4], med(r["pinned_ratio"] for r in rounds), "×", RATIO_GOAL,
                each("pinned_ratio", 2)),
+        Figure(FIGURES[5], med(r["memory_msgs_s"] for r in rounds), "msgs/s", None,
+               each("memory_msgs_s", 0)),
+        Figure(FIGURES[6], med(r["memory_ratio"] for r in rounds), "×", None,
+               each("memory_ratio", 2)),
     ]  # fmt: skip
     return figures, {"rounds": rounds, "machine": machine()}
 

@@ -129,3 +129,31 @@ def test_the_reference_runtime_that_cannot_be_installed_leaves_its_figures_skipp
     assert "autogen-core not installed" in raw["error"]
     [entry] = [b for b in bench_all.BENCHES if b.command == "-m bench.bench_reference"]
     assert entry.figures == bench_reference.FIGURES
+
+
+def test_the_memory_store_run_gives_a_bound_without_a_target(tmp_path: Path) -> None:
+    """``bench_send inproc --store memory``: the same hub and load with nothing durable,
+    reported as a bound of its own, never as the hub's in-process figure."""
+    import subprocess
+    import sys
+
+    from bench import bench_send
+
+    out = tmp_path / "memory.json"
+    run = [sys.executable, "-m", "bench.bench_send"]
+    small = ["--rate", "0", "--messages", "320", "--warmup", "0", "--quiet-wait", "0"]
+    done = subprocess.run(
+        [*run, "inproc", "--store", "memory", *small, "--results", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    [figure] = read_results(out)
+    assert figure.name == bench_send.MEMORY_FIGURE
+    assert figure.goal is None and figure.value is not None and figure.value > 0
+    assert "nothing durable" in done.stdout and "target" not in done.stdout
+    refused = subprocess.run(
+        [*run, "http", "--store", "memory", *small], cwd=REPO, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "--store memory is for inproc only" in refused.stderr
