@@ -176,6 +176,8 @@ BENCHES: tuple[Bench, ...] = (
             "SQLite commit of one row, synchronous=FULL, CPU",
             "SQLite commit of one row, synchronous=NORMAL, CPU",
             "SQLite store: empty transaction, one at a time, CPU",
+            "the hub's own work: a send, CPU a message",
+            "the hub's own work: receive and ack, 2 at a time, CPU a message",
             "HTTP request to a bare ASGI app, server CPU",
             "HTTP GET /healthz, server CPU",
             "HTTP receive finding nothing, server CPU",

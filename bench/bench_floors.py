@@ -12,6 +12,9 @@ run on the event loop) can be costed before it is built:
   ``call_soon_threadsafe``), as the SQLite store makes one per batch;
 - a commit of one row with ``synchronous=FULL`` (an fsync of the WAL) and ``NORMAL``;
 - the SQLite store's own transaction doing nothing, awaited one at a time;
+- the hub's own work a message, on the memory store (no store cost, no thread): a send,
+  and a receive with its ack taking two messages at a time, as receivers do under the
+  in-process load on SQLite (16 senders, 0.5 receives a message);
 - one HTTP request, as the server's CPU per request at 16 keep-alive connections: to a
   bare ASGI app behind the hub's own uvicorn protocol, then to ``backchannel serve``:
   ``GET /healthz``, a receive that finds nothing (``POST /v1/inbox/receive``), a send;
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import queue
 import sqlite3
@@ -49,6 +53,7 @@ from bench.common import (  # noqa: E402
     log,
     run,
     setup_team_http,
+    setup_team_hub,
 )
 from bench.figures import Figure, write_results  # noqa: E402
 
@@ -73,6 +78,12 @@ _BARE_SERVER = textwrap.dedent(
                             lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
     """
+)
+
+
+HUB_WORK = (
+    "the hub's own work: a send, CPU a message",
+    "the hub's own work: receive and ack, 2 at a time, CPU a message",
 )
 
 
@@ -142,6 +153,37 @@ async def store_noop(directory: Path, n: int) -> tuple[float, float]:
         return (cpu_self() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6
     finally:
         await store.close()
+
+
+async def hub_work(n: int, batch: int = 2) -> tuple[float, float]:
+    """The hub's CPU a message on the memory store, one call at a time: a send, then a
+    receive and an ack of ``batch`` messages. The collector is tuned as for a busy hub
+    (``tune_gc``) while it runs."""
+    from backchannel import tune_gc
+    from backchannel.hub import Hub
+    from backchannel.stores.memory import MemoryStore
+
+    before = tune_gc()
+    text = "x" * 256
+    send = receive = 0.0
+    count = 0
+    try:
+        async with Hub(MemoryStore()) as hub:
+            await setup_team_hub(hub, "floors", ["s0", "r0"])
+            for k in range(n // batch + 20):
+                start = cpu_self()
+                for _ in range(batch):
+                    await hub.send("floors", "s0", "r0", text)
+                sent = cpu_self()
+                got = await hub.receive("floors", "r0", limit=batch, wait=0)
+                await hub.ack("floors", "r0", [m.message.message_id for m in got])
+                if k >= 20:  # the first rounds warm the caches up
+                    send += sent - start
+                    receive += cpu_self() - sent
+                    count += len(got)
+    finally:
+        gc.set_threshold(*before)
+    return send / count * 1e6, receive / count * 1e6
 
 
 # -- HTTP ---------------------------------------------------------------------------------
@@ -269,6 +311,8 @@ async def main(args: argparse.Namespace) -> list[Figure]:
         commits = sqlite_commits(directory, max(args.calls // 5, 50))
         log("[floors] the store's empty transaction ...")
         noop = await store_noop(directory, args.calls)
+        log("[floors] the hub's own work on the memory store ...")
+        work = await hub_work(args.calls)
         log("[floors] HTTP requests ...")
         http = await http_floors(directory, args.seconds, args.connections, args.slow_rate)
 
@@ -290,6 +334,8 @@ async def main(args: argparse.Namespace) -> list[Figure]:
         fig(
             "SQLite store: empty transaction, one at a time, CPU", noop[0], f"wall {noop[1]:.0f} µs"
         ),
+        fig(HUB_WORK[0], work[0], "memory store, one call at a time"),
+        fig(HUB_WORK[1], work[1], "memory store, two messages a receive"),
     ]
     labels = {
         "bare": "HTTP request to a bare ASGI app, server CPU",
