@@ -8,8 +8,8 @@ about the ratio; this benchmark measures both in alternating rounds
 (``--rounds``, the order turned every round) and reports the median of each and the
 median of the rounds' ratios. The hub runs twice a round: as it comes, and on one CPU
 (``--cpu``, what ``backchannel.pin_to_cpu`` does: its two threads hand work to each
-other for less there on a virtual machine). A third run a round puts the same hub and
-load on the memory store: nothing durable, so not the hub's figure but a bound on it,
+other for less there on a virtual machine). A third run of the hub a round puts it and
+its load on the memory store: nothing durable, so not the hub's figure but a bound on it,
 what the hub's own work allows with the store's cost taken away.
 
 - The hub: ``bench.bench_send inproc --rate 0`` (SQLite, every answered send fsynced),
@@ -38,6 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.bench_send import MEMORY_FIGURE
 from bench.common import allowed_cpus
 from bench.figures import Figure, Goal, machine, machine_line, read_results, write_results
 
@@ -45,7 +46,6 @@ REPO = Path(__file__).resolve().parent.parent
 AUTOGEN_CORE = "0.7.5"  # the version measured; pinned so figures compare across days
 SCRIPT = REPO / "bench" / "reference_autogen.py"
 HUB_FIGURE = "in-process msgs/s, as fast as possible"
-MEMORY_FIGURE = "in-process on the memory store msgs/s, as fast as possible"
 RATIO_GOAL = Goal(">=", 1.5, "issue 24")
 
 ISSUE_GOAL = Goal(">=", 10_000, "issue 24")
