@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(REPO))
 
+from bench.bench_reference import FIGURES as REFERENCE_FIGURES  # noqa: E402
 from bench.figures import (  # noqa: E402
     Figure,
     Goal,
@@ -112,15 +113,7 @@ BENCHES: tuple[Bench, ...] = (
         "in-process against autogen-core",
         "-m bench.bench_reference",
         quick="--rounds 1 --messages 2000 --duration 1 --warmup 100",
-        figures=(
-            "autogen-core in memory, 16 senders: msgs/s",
-            "in-process msgs/s, the same rounds",
-            "in-process on one CPU (pin_to_cpu) msgs/s, the same rounds",
-            "in-process ÷ autogen-core in memory, interleaved",
-            "in-process on one CPU ÷ autogen-core in memory, interleaved",
-            "bound: the hub on the memory store (nothing durable) msgs/s, the same rounds",
-            "bound: the hub on the memory store ÷ autogen-core in memory, interleaved",
-        ),
+        figures=REFERENCE_FIGURES,
         sizes="3 rounds, each running the hub, the hub on one CPU, autogen-core (in an "
         "environment of its own) and the hub on the memory store, the order turned each "
         "round: 16 senders one message at a time, 50,000 messages (the hub: or 10 s)",

@@ -127,8 +127,6 @@ def test_the_reference_runtime_that_cannot_be_installed_leaves_its_figures_skipp
     assert [f.name for f in figures] == list(bench_reference.FIGURES)
     assert all(f.status == "skipped" and "autogen-core" in f.skipped for f in figures)
     assert "autogen-core not installed" in raw["error"]
-    [entry] = [b for b in bench_all.BENCHES if b.command == "-m bench.bench_reference"]
-    assert entry.figures == bench_reference.FIGURES
 
 
 def test_the_memory_store_run_gives_a_bound_without_a_target(tmp_path: Path) -> None:
