@@ -29,6 +29,7 @@ import functools
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -64,6 +65,7 @@ from bench.common import (
     setup_team_http,
     setup_team_hub,
     summarize,
+    thread_cpu,
 )
 from bench.figures import Figure, Goal, write_results
 
@@ -183,6 +185,44 @@ async def _loop_lag(samples: list[float], stop: asyncio.Event, every: float = 0.
         samples.append(max(0.0, perf() - t - every))
 
 
+def _roles(read: Callable[[], dict[str, float]] | None) -> dict[str, float]:
+    return read() if read is not None else {}
+
+
+def _used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each role's threads used between two readings. A thread that ended in
+    between takes its CPU with it, so a role never counts below zero."""
+    return {role: max(0.0, cpu - before.get(role, 0.0)) for role, cpu in after.items()}
+
+
+def own_threads() -> dict[str, float]:
+    """This process's CPU seconds by thread role: the event loop's (the caller's thread),
+    the SQLite store's writer and reader, and every other thread."""
+    from backchannel.stores.sqlite.store import READER_THREAD, WRITER_THREAD
+
+    loop_tid = threading.get_native_id()
+    named = {t.native_id: t.name for t in threading.enumerate()}
+    roles = {WRITER_THREAD: "store writer", READER_THREAD: "store reader"}
+    used: dict[str, float] = {}
+    for tid, cpu in thread_cpu().items():
+        role = "event loop" if tid == loop_tid else roles.get(named.get(tid, ""), "other")
+        used[role] = used.get(role, 0.0) + cpu
+    order = ("event loop", "store writer", "store reader", "other")
+    return {role: used[role] for role in order if role in used}
+
+
+def threads_of(pid: int) -> Callable[[], dict[str, float]]:
+    """Process ``pid``'s CPU seconds, its main thread (a server's event loop) apart."""
+
+    def read() -> dict[str, float]:
+        out = {"event loop": 0.0, "other threads": 0.0}
+        for tid, cpu in thread_cpu(pid).items():
+            out["event loop" if tid == pid else "other threads"] += cpu
+        return out
+
+    return read
+
+
 async def run_load(
     tp: Transport,
     *,
@@ -194,6 +234,8 @@ async def run_load(
     size: int,
     drain_timeout: float,
     server_cpu: Callable[[], float | None] | None = None,
+    threads: Callable[[], dict[str, float]] | None = None,
+    server_threads: Callable[[], dict[str, float]] | None = None,
     recv_wait: float = 1.0,
     overrun: float = 5.0,
     ack_with_receive: bool = False,
@@ -315,6 +357,7 @@ async def run_load(
             await plain_ack(j)
 
     srv0 = server_cpu() if server_cpu else None
+    thr0, srv_thr0 = _roles(threads), _roles(server_threads)
     cpu0, wall0, busy0 = cpu_self(), perf(), machine_busy()
     lag_task = asyncio.create_task(_loop_lag(lag, stop_lag))
     recv_tasks = [asyncio.create_task(receiver(j)) for j in range(n_recv)]
@@ -329,6 +372,7 @@ async def run_load(
         drained = False
     cpu1, wall1, busy1 = cpu_self(), perf(), machine_busy()
     srv1 = server_cpu() if server_cpu else None
+    thr1, srv_thr1 = _roles(threads), _roles(server_threads)
     stop_lag.set()
     stop_recv.set()  # each receiver ends after its current poll (at most --poll-wait)
     _, stuck = await asyncio.wait(recv_tasks, timeout=recv_wait + 10.0)
@@ -362,6 +406,8 @@ async def run_load(
         "carried_acks": calls["carried"],
         "cpu_s": cpu1 - cpu0,
         "server_cpu_s": (srv1 - srv0) if srv0 is not None and srv1 is not None else None,
+        "threads_cpu_s": _used(thr0, thr1),
+        "server_threads_cpu_s": _used(srv_thr0, srv_thr1),
         "machine_busy_s": busy1 - busy0,
         "other_cpu_s": max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - ((srv1 or 0.0) - (srv0 or 0.0))),
         "wall_s": wall1 - wall0,
@@ -417,6 +463,8 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
             f"({100 * m['cpu_s'] / wall:.0f}% of one core; {1e6 * m['cpu_s'] / n:.0f} µs/message)",
         )
     )
+    if m.get("threads_cpu_s"):
+        rows.append(("this process CPU by thread", _by_thread(m["threads_cpu_s"], n)))
     if m.get("server_cpu_s") is not None:
         rows.append(
             (
@@ -425,6 +473,8 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
                 f"{1e6 * m['server_cpu_s'] / n:.0f} µs/message)",
             )
         )
+    if m.get("server_threads_cpu_s"):
+        rows.append(("server process CPU by thread", _by_thread(m["server_threads_cpu_s"], n)))
     rows.append(
         (
             "other processes' CPU",
@@ -434,6 +484,11 @@ def _load_rows(m: dict[str, Any], *, open_loop: bool) -> list[tuple[str, str]]:
         )
     )
     return rows
+
+
+def _by_thread(used: dict[str, float], n: int) -> str:
+    each = ", ".join(f"{role} {1e6 * cpu / n:.0f}" for role, cpu in used.items())
+    return f"{each} µs/message"
 
 
 def _acks(args: argparse.Namespace) -> str:
@@ -481,7 +536,14 @@ async def _inproc_phase(args: argparse.Namespace, db: Path, rate: float) -> dict
         profiler = _start_profile(args)
         counts.clear()
         try:
-            m = await run_load(tp, total=args.messages, rate=rate, duration=args.duration, **common)
+            m = await run_load(
+                tp,
+                total=args.messages,
+                rate=rate,
+                duration=args.duration,
+                threads=own_threads,
+                **common,
+            )
         finally:
             _stop_profile(args, profiler, f"inproc-rate{rate:g}")
     m["store_calls"] = dict(counts)
@@ -598,6 +660,7 @@ async def _http_phase(
     tokens: dict[str, str],
     rate: float,
     server_cpu: Callable[[], float | None],
+    server_threads: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     senders = [f"s{i}" for i in range(args.senders)]
     receivers = [f"r{j}" for j in range(args.receivers or args.senders)]
@@ -620,6 +683,7 @@ async def _http_phase(
             rate=rate,
             duration=args.duration,
             server_cpu=server_cpu,
+            server_threads=server_threads,
             **common,
         )
     finally:
@@ -651,6 +715,7 @@ def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
                 tokens,
                 rate,
                 server.cpu_seconds,
+                threads_of(server.pid),
                 use_uvloop=args.uvloop,
             )
         finally:

@@ -287,6 +287,24 @@ def cpu_self() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def thread_cpu(pid: int | None = None) -> dict[int, float]:
+    """CPU seconds (user + system) each thread of process ``pid`` (this one by default)
+    has used so far, by thread id; empty where ``/proc`` cannot tell."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid or os.getpid()}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended while it was read
+    return out
+
+
 def cpu_of(pid: int) -> float | None:
     """CPU seconds (user + system, every thread) used by process ``pid`` so far."""
     try:

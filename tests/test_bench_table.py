@@ -155,3 +155,56 @@ def test_the_memory_store_run_gives_a_bound_without_a_target(tmp_path: Path) -> 
     )  # fmt: skip
     assert refused.returncode != 0
     assert "--store memory is for inproc only" in refused.stderr
+
+
+def test_thread_cpu_reads_each_thread_by_its_id() -> None:
+    """``bench.common.thread_cpu``: the CPU a thread has used, read from outside it."""
+    import threading
+    import time
+
+    from bench.common import thread_cpu
+
+    burned, done = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        while time.thread_time() < 0.05:
+            pass
+        burned.set()
+        done.wait(10)
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    try:
+        assert burned.wait(10)
+        used = thread_cpu()
+    finally:
+        done.set()
+        worker.join()
+    assert worker.native_id in used and threading.get_native_id() in used
+    assert used[worker.native_id] >= 0.04  # 50 ms burned, read in clock ticks
+
+
+def test_the_in_process_run_splits_its_cpu_by_thread(tmp_path: Path) -> None:
+    """``bench_send inproc`` tells the event loop's CPU from the SQLite writer's; on the
+    memory store there is no writer thread to count."""
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "bench.bench_send", "inproc", "--json"]
+    small = ["--rate", "0", "--messages", "3000", "--warmup", "0", "--quiet-wait", "0"]
+    split = {}
+    for store in ("sqlite", "memory"):
+        done = subprocess.run(
+            [*run, "--store", store, *small], cwd=REPO, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        # exit 1 is a target missed (DESIGN.md's 20,000 msgs/s), not a failed run
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        [result] = json.loads(done.stdout)["results"]
+        metrics = result["metrics"]
+        split[store] = metrics["threads_cpu_s"]
+        # every thread's CPU in the window, counted once (ticks of 10 ms each way)
+        assert abs(sum(split[store].values()) - metrics["cpu_s"]) < 0.05 * len(split[store])
+    assert list(split["sqlite"])[:2] == ["event loop", "store writer"]
+    assert split["sqlite"]["event loop"] > 0 and split["sqlite"]["store writer"] > 0
+    assert "store writer" not in split["memory"] and split["memory"]["event loop"] > 0

@@ -42,10 +42,14 @@ from backchannel.stores.base import Store, Tx
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
 
-__all__ = ["SqliteStore", "sqlite_path"]
+__all__ = ["READER_THREAD", "WRITER_THREAD", "SqliteStore", "sqlite_path"]
 
 T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.sqlite")
+
+#: The names of the store's two threads (``threading.Thread.name``).
+WRITER_THREAD = "bc-sqlite-writer"
+READER_THREAD = "bc-sqlite-reader"
 
 
 @dataclass(slots=True)
@@ -192,12 +196,8 @@ class SqliteStore(Store):
             await asyncio.to_thread(self._migrate)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
-        self._writer = threading.Thread(
-            target=self._write_loop, name="bc-sqlite-writer", daemon=True
-        )
-        self._reader = threading.Thread(
-            target=self._read_loop, name="bc-sqlite-reader", daemon=True
-        )
+        self._writer = threading.Thread(target=self._write_loop, name=WRITER_THREAD, daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name=READER_THREAD, daemon=True)
         self._writer.start()
         self._reader.start()
 
