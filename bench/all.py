@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(REPO))
 
 from bench.bench_reference import FIGURES as REFERENCE_FIGURES  # noqa: E402
+from bench.bench_send import THREAD_FIGURES  # noqa: E402
 from bench.figures import (  # noqa: E402
     Figure,
     Goal,
@@ -105,6 +106,7 @@ BENCHES: tuple[Bench, ...] = (
         quick="--messages 2000 --duration 1 --warmup 100 --quiet-wait 0",
         figures=(
             "in-process msgs/s, as fast as possible",
+            *THREAD_FIGURES.values(),
             "in-process p99 send→delivered at 1,000 msgs/s",
         ),
         sizes="16 senders, 50,000 messages or 10 s a phase, as fast as possible and at 1,000/s",

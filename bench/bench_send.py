@@ -86,6 +86,11 @@ STORES = {
     "memory": "memory (nothing durable: a bound on the hub, not its figure)",
 }
 MEMORY_FIGURE = "in-process on the memory store msgs/s, as fast as possible"
+#: the in-process run's CPU a message on each of the hub's busy threads
+THREAD_FIGURES = {
+    "event loop": "in-process CPU a message: the event loop's thread",
+    "store writer": "in-process CPU a message: the SQLite writer's thread",
+}
 
 
 # -- transports: the same load over the Hub or over HTTP ------------------------------------------
@@ -1052,6 +1057,11 @@ def figures(results: Sequence[Result]) -> list[Figure]:
         elif r.mode == "inproc" and rate == 0:
             out.append(Figure("in-process msgs/s, as fast as possible", m["throughput_msgs_s"],
                               "msgs/s", Goal(">=", INPROC_MSGS_PER_S, design), note))  # fmt: skip
+            used, n = m.get("threads_cpu_s") or {}, max(m.get("received_unique") or 0, 1)
+            for role, name in THREAD_FIGURES.items():
+                if role in used:
+                    out.append(Figure(name, round(1e6 * used[role] / n, 1), "µs", None,
+                                      "the same run; clock ticks of 10 ms"))  # fmt: skip
         elif r.mode == "inproc":
             out.append(Figure(f"in-process p99 send→delivered at {rate_name(rate)}",
                               m["e2e_ms"].get("p99_ms"), "ms", Goal("<=", INPROC_P99_MS, design),
