@@ -287,10 +287,15 @@ def cpu_self() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _stat_cpu(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc/.../stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def thread_cpu(pid: int | None = None) -> dict[int, float]:
     """CPU seconds (user + system) each thread of process ``pid`` (this one by default)
     has used so far, by thread id; empty where ``/proc`` cannot tell."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out: dict[int, float] = {}
     try:
         tasks = list(Path(f"/proc/{pid or os.getpid()}/task").iterdir())
@@ -298,8 +303,7 @@ def thread_cpu(pid: int | None = None) -> dict[int, float]:
         return out
     for task in tasks:
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+            out[int(task.name)] = _stat_cpu(task / "stat")
         except (OSError, IndexError, ValueError):
             continue  # the thread ended while it was read
     return out
@@ -308,11 +312,9 @@ def thread_cpu(pid: int | None = None) -> dict[int, float]:
 def cpu_of(pid: int) -> float | None:
     """CPU seconds (user + system, every thread) used by process ``pid`` so far."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return _stat_cpu(Path(f"/proc/{pid}/stat"))
+    except (OSError, IndexError, ValueError):
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
 
 
 # -- event loops ----------------------------------------------------------------------------

@@ -158,10 +158,13 @@ def test_the_memory_store_run_gives_a_bound_without_a_target(tmp_path: Path) -> 
 
 
 def test_thread_cpu_reads_each_thread_by_its_id() -> None:
-    """``bench.common.thread_cpu``: the CPU a thread has used, read from outside it."""
+    """``bench.common.thread_cpu``: the CPU a thread has used, read from outside it; and
+    ``bench_send.threads_of``, a process's main thread (a server's event loop) apart."""
+    import os
     import threading
     import time
 
+    from bench.bench_send import threads_of
     from bench.common import thread_cpu
 
     burned, done = threading.Event(), threading.Event()
@@ -177,11 +180,16 @@ def test_thread_cpu_reads_each_thread_by_its_id() -> None:
     try:
         assert burned.wait(10)
         used = thread_cpu()
+        roles = threads_of(os.getpid())()
     finally:
         done.set()
         worker.join()
     assert worker.native_id in used and threading.get_native_id() in used
     assert used[worker.native_id] >= 0.04  # 50 ms burned, read in clock ticks
+    if threading.get_native_id() == os.getpid():  # the test runs on the main thread
+        # read just after ``used``: the same count, or a tick or two on
+        assert 0 <= roles["event loop"] - used[os.getpid()] <= 0.05
+        assert roles["other threads"] >= used[worker.native_id]
 
 
 def test_the_in_process_run_splits_its_cpu_by_thread(tmp_path: Path) -> None:
