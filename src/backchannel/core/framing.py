@@ -32,7 +32,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["READING", "escape_lines", "frame", "header", "normalize_breaks", "unframe"]
+__all__ = [
+    "READING",
+    "escape_lines",
+    "frame",
+    "header",
+    "needs_escape",
+    "normalize_breaks",
+    "unframe",
+]
 
 #: The rule as agents are told it (hook session context, MCP instructions).
 READING = (
@@ -53,6 +61,11 @@ _HEADERS = {
 def normalize_breaks(text: str) -> str:
     """Every line break as ``\\n``."""
     return _BREAKS.sub("\n", text)
+
+
+def needs_escape(line: str) -> bool:
+    """Whether a continuation line gets a ``\\`` in front (it would begin with ``[``)."""
+    return _NEEDS_ESCAPE.match(line) is not None
 
 
 def escape_lines(lines: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core import framing
 from backchannel.core.messages import suggest
 from backchannel.errors import InvalidRequest, TooLarge
 from backchannel.types import BROADCAST, LedgerEntry, MessageKind, SessionEvent
@@ -156,15 +157,35 @@ def route_blocks(
     return out
 
 
+def handed_text(sender: str, kind: str, text: str) -> str:
+    """What a turn's reported input is checked against for one message handed to its
+    session (:func:`is_hub_input`): the start of its text, or for a text with nothing
+    to read, the header runtimes show it under (``[From name]``)."""
+    return normalize(text)[:200] or normalize(framing.header(sender, kind))
+
+
 def is_hub_input(turn_text: str, inputs: Sequence[str]) -> bool:
     """Whether a turn's reported input is (one of) ``inputs``, the texts the hub handed
     the session last. A runtime that reports no input text is taken at its word that it
     went on with what it was handed; any other text must carry one of them (a human who
-    typed something else started the turn, not the hub)."""
+    typed something else started the turn, not the hub). Runtimes report the input as
+    the agent read it, framed (:mod:`backchannel.core.framing`): a text's lines that
+    begin with ``[`` carry one more ``\\`` there, which is taken off before comparing."""
     said = normalize(turn_text)
     if not said:
         return True
-    return any(normalize(t) and normalize(t)[:200] in said for t in inputs)
+    lines = framing.normalize_breaks(turn_text).split("\n")
+    shown = normalize("\n".join(_unescape(line) for line in lines))
+    for t in inputs:
+        handed = normalize(t)[:200]
+        if handed and (handed in said or handed in shown):
+            return True
+    return False
+
+
+def _unescape(line: str) -> str:
+    """A framed line without the ``\\`` framing added in front of it, if it has one."""
+    return line[1:] if line[:1] == "\\" and framing.needs_escape(line[1:]) else line
 
 
 def checkpoint_handed(kinds: Sequence[MessageKind]) -> bool:

@@ -231,7 +231,9 @@ class Budgets:
         previous = _ref(s.meta)
         ref = rules.turn_chain(refs, previous)
         # what was handed over, to tell a turn on it from a turn a human typed
-        texts = [turns.normalize(m.message.text)[:200] for m in got][-20:]
+        texts = [
+            turns.handed_text(m.message.sender, m.message.kind.value, m.message.text) for m in got
+        ][-20:]
         meta = {**s.meta, "input_texts": texts}
         if ref is not None:
             meta["chain"] = [ref.chain_id, ref.hop]
