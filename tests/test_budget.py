@@ -339,6 +339,48 @@ async def test_a_ring_of_agents_without_sessions_stops_at_the_chain_budget(
         assert [b["used"] for b in budgets if b["scope"] == "pair"] == [1, 1, 1]
 
 
+@pytest.mark.parametrize("turns", [False, True])
+async def test_a_ring_sending_outside_a_known_turn_stops_at_the_chain_budget(
+    clock: FakeClock, turns: bool
+) -> None:
+    """Messages handed to a session (a push adapter that holds them while its turn
+    runs), answered by a send that names no session: outside any turn, or while the
+    member has two turns running, so the hub cannot tell which turn sends. The send
+    still continues the chain its member was handed last."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=6, pair_budget=100)
+        for n in nxt:
+            await hub.open_session("t", n, f"{n}-other")
+            if turns:  # a second turn of the member runs all along
+                await hub.report_event("t", n, f"{n}-other", "turn_start", "elsewhere")
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for _ in range(30):
+            progressed = False
+            for n in nxt:
+                got = await hub.receive("t", n, session=f"{n}-s", limit=100)
+                if not got:
+                    continue
+                progressed = True
+                await hub.ack("t", n, [g.message.message_id for g in got])
+                if turns:
+                    text = "\n".join(g.message.text for g in got)
+                    await hub.report_event("t", n, f"{n}-s", "turn_start", text)
+                try:
+                    await hub.send("t", n, nxt[n], f"{n} passes it on", link=False)
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                if turns:
+                    await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
+            if not progressed:
+                break
+        assert sent == 6 and refused and set(refused) == {"chain"}
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+
+
 async def test_a_turn_a_human_typed_starts_a_new_chain(clock: FakeClock) -> None:
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
         await _team(hub, "a", "b", chain_budget=2, pair_budget=100)

@@ -121,7 +121,8 @@ class Budgets:
             session = tx.get_session(message.team, message.sender_session)
         if session is not None:
             return _ref(session.meta)
-        # a member without sessions: what it was handed last
+        # no turn to place it in (a member without sessions, a send that names none
+        # outside a turn or while several run): the chain it was handed last
         ctx = tx.get_budget(message.team, _CTX + message.sender)
         return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
 
@@ -220,8 +221,9 @@ class Budgets:
             self.pipeline.insert(c, msg, None)
 
     # -- the chain a session's turn works in -----------------------------------------------
-    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
-        """The turn ``session`` starts on ``got`` works in the chain they belong to."""
+    def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:
+        """The turn ``session`` starts on ``got`` works in the chain they belong to; a
+        send of its member the hub cannot place in a turn continues it too."""
         tx = c.tx
         refs = [
             rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
@@ -237,6 +239,7 @@ class Budgets:
         meta = {**s.meta, "input_texts": texts}
         if ref is not None:
             meta["chain"] = [ref.chain_id, ref.hop]
+            self._remember(tx, session.team, session.member, ref, now)
         tx.put_session(dataclasses.replace(s, meta=meta))
 
     def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
@@ -254,14 +257,17 @@ class Budgets:
         self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
     ) -> None:
         """A member without sessions continues the chain it was handed last."""
-        tx = c.tx
         refs = [
             rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
             for m in got
         ]
         ref = rules.turn_chain(refs, None)
-        if ref is None:
-            return
+        if ref is not None:
+            self._remember(c.tx, team, member, ref, now)
+
+    @staticmethod
+    def _remember(tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float) -> None:
+        """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`)."""
         key = _CTX + member
         last = tx.get_budget(team, key)  # only its chain and hop are ever read
         if last is None or (last.last_from, last.used) != (ref.chain_id, ref.hop):

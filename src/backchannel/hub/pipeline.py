@@ -196,7 +196,7 @@ class Pipeline:
         self.turns.on_lease(c, session, got, now)  # its transcript; checkpoint pending?
         self.links.on_lease(c, session, got)  # a link's responder side binds to it
         self.delegations.on_lease(c, session, got)  # a task taken by another session
-        self.budgets.on_lease(c, session, got)  # the chain its turn works in
+        self.budgets.on_lease(c, session, got, now)  # the chain its turn works in
 
     def after_member_lease(
         self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
