@@ -272,6 +272,32 @@ async def test_delegation_ping_pong_stops_at_the_pair_budget(clock: FakeClock) -
         )
 
 
+async def test_a_delegation_continues_the_chain_of_the_turn_that_made_it(
+    clock: FakeClock,
+) -> None:
+    """A task goes on in the chain of the caller's turn, even while another turn of the
+    caller's member runs on a newer chain (the hub knows which turn delegates)."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c")
+        start = await _kick(hub, "a")
+        await hub.receive("t", "a", session="a-s")
+        await hub.report_event("t", "a", "a-s", "turn_start", "start")
+        d = await hub.delegate("t", "a", "a-s", "b", "find the bug", tool_use_id="tu_1")
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        sub = d.callee_session
+        assert sub is not None
+        task = await hub.receive("t", "b", session=sub, pinned_only=True)
+        assert [(g.message.chain_id, g.message.hop) for g in task] == [(start.message_id, 1)]
+        await hub.report_event("t", "b", sub, "turn_start", "find the bug")
+        # meanwhile b's main session takes a human's message and starts a turn on it
+        await _kick(hub, "b", "unrelated")
+        await hub.receive("t", "b", session="b-s")
+        await hub.report_event("t", "b", "b-s", "turn_start", "unrelated")
+        d2 = await hub.delegate("t", "b", sub, "c", "look at the parser", tool_use_id="tu_2")
+        m = (await hub.message_status("t", f"task-{d2.delegation_id}")).message
+        assert (m.chain_id, m.hop) == (start.message_id, 2)
+
+
 async def test_a_ring_of_three_stops_at_the_chain_budget(clock: FakeClock) -> None:
     """No pair ever answers its partner in a ring, so only the chain can stop it."""
     nxt = {"a": "b", "b": "c", "c": "a"}

@@ -176,10 +176,13 @@ def task(
     delegation_id: str,
     pinned: str | None,
     now: float,
+    sender_session: str | None = None,
 ) -> Message:
-    """A delegation's task for its callee; the reply route stays in the delegation
-    record, never in the message."""
+    """A delegation's task for its callee, from the turn of ``sender_session`` when it
+    is this hub's; the reply route stays in the delegation record, never in the
+    message."""
     return _message(
         team, sender, callee, text, MessageKind.DELEGATION, now,
         message_id=f"task-{delegation_id}", meta={"delegation_id": delegation_id}, pinned=pinned,
+        sender_session=sender_session,
     )  # fmt: skip

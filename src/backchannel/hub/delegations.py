@@ -245,7 +245,9 @@ class Delegations:
             pinned = None
         elif tx.get_session(d.team, d.callee_session) is None:
             tx.put_session(Session(d.team, d.callee_session, callee, SessionState.IDLE, now, now))
-        msg = notices.task(d.team, sender, callee, d.task, d.delegation_id, pinned, now)
+        # a local caller's task goes on in the chain of the turn that delegated
+        turn = d.caller_session if d.route is Route.LOCAL else None
+        msg = notices.task(d.team, sender, callee, d.task, d.delegation_id, pinned, now, turn)
         self.pipeline.insert(c, msg, pinned)
 
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
