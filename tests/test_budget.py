@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from backchannel.core import budget as rules
+from backchannel.delivery.tmux import sanitize as tmux_sanitize
 from backchannel.errors import BudgetExhausted, Forbidden
 from backchannel.hub import Hub
 from backchannel.runtimes.common import format_message
@@ -438,6 +439,45 @@ async def test_a_turn_a_human_typed_starts_a_new_chain(clock: FakeClock) -> None
         assert m.hop == 1 and m.chain_id == r.message_id
 
 
+def _framed(got: list[InboxMessage]) -> str:
+    """A batch as runtimes show it to the agent (and report it as the turn's input)."""
+    return "\n\n".join(
+        format_message(g.message.sender, g.message.kind.value, g.message.text) for g in got
+    )
+
+
+async def _ring_on_shown_input(
+    clock: FakeClock, text: str, show: Callable[[list[InboxMessage]], str]
+) -> None:
+    """A ring of three that always passes ``text`` on, each turn reported with the input
+    as ``show`` makes it: it stops at the chain budget, in the chain the human started."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=6, pair_budget=100)
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for _ in range(30):
+            progressed = False
+            for n in nxt:
+                got = await hub.receive("t", n, session=f"{n}-s", limit=100)
+                if not got:
+                    continue
+                progressed = True
+                await hub.ack("t", n, [g.message.message_id for g in got])
+                await hub.report_event("t", n, f"{n}-s", "turn_start", show(got))
+                try:
+                    await hub.send("t", n, nxt[n], text.format(n=n), link=False)
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
+            if not progressed:
+                break
+        assert sent == 6 and refused and set(refused) == {"chain"}
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -455,35 +495,23 @@ async def test_a_ring_reading_framed_input_stops_at_the_chain_budget(
     that begins with "[" escaped, an empty one as its header alone. Such a turn is still a
     turn on what the hub handed over, not one a human typed: the chain goes on, whatever
     the peer's text holds."""
-    nxt = {"a": "b", "b": "c", "c": "a"}
-    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", "c", chain_budget=6, pair_budget=100)
-        start = await _kick(hub, "a")
-        sent, refused = 0, []
-        for _ in range(30):
-            progressed = False
-            for n in nxt:
-                got = await hub.receive("t", n, session=f"{n}-s", limit=100)
-                if not got:
-                    continue
-                progressed = True
-                await hub.ack("t", n, [g.message.message_id for g in got])
-                shown = "\n\n".join(
-                    format_message(g.message.sender, g.message.kind.value, g.message.text)
-                    for g in got
-                )
-                await hub.report_event("t", n, f"{n}-s", "turn_start", shown)
-                try:
-                    await hub.send("t", n, nxt[n], text.format(n=n), link=False)
-                    sent += 1
-                except BudgetExhausted as exc:
-                    refused.append(exc.details["budget"])
-                await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
-            if not progressed:
-                break
-        assert sent == 6 and refused and set(refused) == {"chain"}
-        msgs = await _agent_messages(hub, "a", "b", "c")
-        assert {m.chain_id for m in msgs} == {start.message_id}
+    await _ring_on_shown_input(clock, text, _framed)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{n}: \x1b[31mFAILED\x1b[0m test_parser, passing it on",  # colored test output
+        "{n} passes it on\x07",
+        "{n} passes\x1fit on",
+    ],
+)
+async def test_a_ring_typed_in_by_tmux_stops_at_the_chain_budget(
+    clock: FakeClock, text: str
+) -> None:
+    """The tmux adapter types a message in without its control characters, and the
+    runtime's hooks report the prompt typed: still the input the hub handed over."""
+    await _ring_on_shown_input(clock, text, lambda got: tmux_sanitize(_framed(got)))
 
 
 # -- extending -------------------------------------------------------------------------

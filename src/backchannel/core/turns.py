@@ -157,11 +157,22 @@ def route_blocks(
     return out
 
 
+#: Control characters a runtime may leave out of what it shows the agent (the tmux
+#: adapter types a message in without them); left out of both sides of a comparison.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _comparable(text: str) -> str:
+    """``text`` as :func:`is_hub_input` compares it: line breaks of every kind as one,
+    control characters left out, whitespace collapsed."""
+    return normalize(_CONTROLS.sub("", framing.normalize_breaks(text)))
+
+
 def handed_text(sender: str, kind: str, text: str) -> str:
     """What a turn's reported input is checked against for one message handed to its
     session (:func:`is_hub_input`): the start of its text, or for a text with nothing
     to read, the header runtimes show it under (``[From name]``)."""
-    return normalize(text)[:200] or normalize(framing.header(sender, kind))
+    return _comparable(text)[:200] or normalize(framing.header(sender, kind))
 
 
 def is_hub_input(turn_text: str, inputs: Sequence[str]) -> bool:
@@ -170,14 +181,15 @@ def is_hub_input(turn_text: str, inputs: Sequence[str]) -> bool:
     went on with what it was handed; any other text must carry one of them (a human who
     typed something else started the turn, not the hub). Runtimes report the input as
     the agent read it, framed (:mod:`backchannel.core.framing`): a text's lines that
-    begin with ``[`` carry one more ``\\`` there, which is taken off before comparing."""
-    said = normalize(turn_text)
+    begin with ``[`` carry one more ``\\`` there, which is taken off before comparing,
+    and control characters may be gone."""
+    said = _comparable(turn_text)
     if not said:
         return True
     lines = framing.normalize_breaks(turn_text).split("\n")
-    shown = normalize("\n".join(_unescape(line) for line in lines))
+    shown = _comparable("\n".join(_unescape(line) for line in lines))
     for t in inputs:
-        handed = normalize(t)[:200]
+        handed = _comparable(t)[:200]
         if handed and (handed in said or handed in shown):
             return True
     return False
