@@ -171,6 +171,22 @@ async def test_lease_expiry_redelivers_then_dead_letters_and_tells_sender(
     assert notice.meta["dead_message_id"] == r.message_id
 
 
+async def test_every_dead_copy_of_a_long_id_tells_the_sender(hub: Hub, clock: FakeClock) -> None:
+    """A notice id made from a message id of the longest kind is not cut short into the
+    same id for every copy: the sender hears of each dead copy."""
+    await _team(hub, "a", "b", "c")
+    mid = "m" * 128
+    await hub.send("alpha", "a", "*", "for all", message_id=mid)
+    for _ in range(3):
+        for member in ("b", "c", "user"):
+            await hub.receive("alpha", member)
+        clock.advance(30)
+        await hub.maintain()
+    told = await hub.receive("alpha", "a", limit=10)
+    assert sorted(m.message.meta["recipient"] for m in told) == ["b", "c", "user"]
+    assert all(len(m.message.message_id) <= 128 for m in told)
+
+
 async def test_dead_system_message_never_produces_another_notice(
     hub: Hub, clock: FakeClock
 ) -> None:

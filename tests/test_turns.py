@@ -94,6 +94,24 @@ async def test_closing_blocks_are_sends_and_the_rest_is_output(hub: Hub) -> None
     assert status.message.sender_session == "w-1"
 
 
+async def test_closing_blocks_of_a_long_session_id_are_all_sent(hub: Hub) -> None:
+    """A session id of up to 200 characters: each block of each turn is its own
+    message, never one id cut short for all of them."""
+    await _setup(hub, "w", "a", "b")
+    sid = "w-" + "x" * 198
+    await hub.open_session("t", "w", sid)
+    for turn in ("one", "two"):
+        await hub.report_event("t", "w", sid, "turn_start")
+        stop = await hub.report_event(
+            "t", "w", sid, "agent_stop",
+            f'<message to="a">{turn} for a</message><message to="b">{turn} for b</message>',
+        )  # fmt: skip
+        assert len(set(stop["sent"])) == 2
+        assert all(len(mid) <= 128 for mid in stop["sent"])
+    assert await _texts(hub, "a") == ["one for a", "two for a"]
+    assert await _texts(hub, "b") == ["one for b", "two for b"]
+
+
 async def test_block_to_unknown_destination_is_reported_back_never_dropped(hub: Hub) -> None:
     await _setup(hub, "lead", "w")
     await hub.open_session("t", "w", "w-1")

@@ -66,6 +66,20 @@ def check_message_id(message_id: str) -> str:
     return message_id
 
 
+#: The longest message id (``MESSAGE_ID_PATTERN``).
+MAX_MESSAGE_ID = 128
+
+
+def derived_id(name: str) -> str:
+    """A message id the hub derives from what a message is about (``dead-<message>-
+    <member>``, ``<session>-t<turn>-b<n>``): ``name`` itself when it fits, else its start
+    and a hash of all of it, so that two names never share an id by being cut short."""
+    if len(name) <= MAX_MESSAGE_ID:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+    return f"{name[: MAX_MESSAGE_ID - len(digest) - 1]}-{digest}"
+
+
 def check_text(text: str, limit: int) -> None:
     if "\x00" in text:
         raise InvalidRequest(

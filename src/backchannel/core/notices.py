@@ -101,7 +101,8 @@ def dead_letter(
     notice = rules.dead_letter_notice(msg, recipient, reason, advice)
     return system(
         msg.team, notice.to, notice.text, now,
-        message_id=f"dead-{msg.message_id}-{recipient.member}"[:128], summary=notice.summary,
+        message_id=rules.derived_id(f"dead-{msg.message_id}-{recipient.member}"),
+        summary=notice.summary,
         meta=notice.meta,
     )  # fmt: skip
 

@@ -76,6 +76,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Self
 
 from backchannel.core.delegation import next_try
+from backchannel.core.messages import derived_id
 from backchannel.delivery.adapters import (
     ADAPTERS,
     PULL_TYPES,
@@ -347,7 +348,7 @@ class _Worker:
                 self.team,
                 OPERATOR,
                 text,
-                message_id=f"held-{m.message_id}-{self.member}-{item.attempt}"[:128],
+                message_id=derived_id(f"held-{m.message_id}-{self.member}-{item.attempt}"),
                 summary=f"delivery to {self.member} held",
                 meta={"held_message_id": m.message_id, "member": self.member, "reason": reason},
             )

@@ -210,9 +210,11 @@ class Turns:
                 for i, to in enumerate(d.only if d.only is not None else (b.to,)):
                     if not self._block_fits(c, s, to, now):
                         continue  # told why, by a system notice
-                    mid = f"{s.session_id}-t{s.turn}-b{n}" + (f"-{i}" if d.only else "")
+                    mid = rules.derived_id(
+                        f"{s.session_id}-t{s.turn}-b{n}" + (f"-{i}" if d.only else "")
+                    )
                     msg = notices.block(
-                        s.team, s.member, s.session_id, to, b.body, now, message_id=mid[:128]
+                        s.team, s.member, s.session_id, to, b.body, now, message_id=mid
                     )
                     try:
                         self.pipeline.insert(c, msg, None)
@@ -220,7 +222,7 @@ class Turns:
                         refused.append(to)
                         self._refused_block(c, s, to, b.body, exc, now)
                         continue
-                    sent.append(mid[:128])
+                    sent.append(mid)
             elif d.action is turns.BlockAction.DUPLICATE:
                 dups.append(b.to)
                 self.sessions.event(
