@@ -119,3 +119,33 @@ async def test_an_explicit_terminate_ends_an_exited_session(hub: Hub) -> None:
 async def test_a_bad_exit_grace_is_refused_with_its_range(hub: Hub, bad: object) -> None:
     with pytest.raises(InvalidRequest, match=r"exit_grace_seconds .*30 days"):
         await hub.create_team("t", settings={"exit_grace_seconds": bad})
+
+
+async def test_what_waits_for_a_session_that_ends_goes_to_its_member(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """Nothing can lease for a terminated session: what was pinned to it (waiting, or
+    leased and given back later) and what is sent to it afterwards reach the member's
+    next session instead of waiting forever."""
+    await _team(hub, {"exit_grace_seconds": 600})
+    await _link(hub)
+    held = await hub.send("t", "b", "a", "leased when it ended", to_session="a-s")
+    got = await hub.receive("t", "a", session="a-s", limit=100, lease_seconds=3600)
+    others = [g.message.message_id for g in got if g.message.message_id != held.message_id]
+    await hub.ack("t", "a", others)
+    await hub.exit_session("t", "a", "a-s")
+    # the peer's turn crosses the link while a is away: pinned to a's session
+    await hub.report_event("t", "b", "b-s", "turn_start")
+    await hub.report_event("t", "b", "b-s", "agent_stop", "here is my answer")
+    clock.advance(600)
+    await hub.maintain()
+    assert (await hub.get_session("t", "a-s")).state is SessionState.TERMINATED
+    assert await hub.release("t", "a", [held.message_id]) == 1
+    late = await hub.send("t", "b", "a", "sent after it ended", to_session="a-s")
+    await hub.open_session("t", "a", "a-s.2")
+    got2 = await hub.receive("t", "a", session="a-s.2", limit=100)
+    texts = [g.message.text for g in got2 if g.message.kind is not MessageKind.SYSTEM]
+    assert texts[0] == "leased when it ended"
+    assert any("here is my answer" in t for t in texts)
+    assert texts[-1] == "sent after it ended"
+    assert {held.message_id, late.message_id} <= {g.message.message_id for g in got2}

@@ -164,6 +164,10 @@ class Pipeline:
                     f"member {to!r} has no session {to_session!r}; send to the member instead",
                     session=to_session,
                 )
+            if session.state is SessionState.TERMINATED:
+                # nothing leases for a terminated session: its member takes the message
+                # (what waited for the session went the same way when it ended)
+                recipients = rules.resolve_recipients(team, to, message.sender, names, None)
         s = Send(c, message, recipients, options)
         # 1. the budget part gives the message its chain and hop, which the refusal
         #    below and every later hop of the chain read
@@ -239,7 +243,9 @@ class Pipeline:
 
     # -- a termination -----------------------------------------------------------------------
     def terminated(self, c: Ctx, session: Session, reason: str) -> None:
-        """A session ended for good: its links close and both sides are told."""
+        """A session ended for good: what waits for it goes to its member as a whole,
+        then its links close and both sides are told."""
+        self.sessions.on_terminate(c, session)
         self.links.on_terminate(c, session)
 
     # -- a tick ----------------------------------------------------------------------------------

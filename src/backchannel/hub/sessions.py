@@ -188,6 +188,14 @@ class Sessions:
     def job_handlers(self) -> dict[str, JobHandler]:
         return {EXIT_JOB: self._fire_exit}
 
+    def on_terminate(self, c: Ctx, s: Session) -> None:
+        """A session ended for good: the copies pinned to it, waiting or leased, become
+        its member's as a whole, for any receive of the member to take (nothing leases
+        for a terminated session; one given back or run out comes back unpinned)."""
+        detail = f"session {s.session_id} ended"
+        if c.tx.unpin_session(s.team, s.member, s.session_id, self.clock.now(), detail):
+            c.wake(s.team, s.member)
+
     @staticmethod
     def own(session: Session, member: str) -> None:
         if session.member != member:

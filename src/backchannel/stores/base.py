@@ -249,6 +249,16 @@ class Tx(Protocol):
         newer: order is kept, and a copy is pushed again only if it was never acked."""
         ...
 
+    def unpin_session(
+        self, team: str, member: str, session: str, now: float, detail: str
+    ) -> list[str]:
+        """The member's ``queued`` and ``leased`` copies pinned to ``session`` become the
+        member's as a whole (their state, attempts and lease are kept), each with an
+        ``unpinned`` history event carrying ``detail``. Returns their ids, lowest
+        ``seq`` first. A session that ended for good calls this: nothing could lease a
+        copy pinned to it any more."""
+        ...
+
     # -- transcripts ---------------------------------------------------------
     def append_event(self, event: SessionEvent) -> int:
         """Append to a session's transcript; returns the new ``event_id``, greater than

@@ -489,6 +489,19 @@ class MemoryTx:
                 out.append(d.message_id)
         return out
 
+    def unpin_session(
+        self, team: str, member: str, session: str, now: float, detail: str
+    ) -> list[str]:
+        inbox = self._d.open.get((team, member), {})
+        out: list[str] = []
+        for seq in sorted(inbox):
+            d = self._d.deliveries[inbox[seq]]
+            if d.recipient.session == session:
+                self._replace(d, recipient=Recipient(member), updated_at=now)
+                self._event(team, DeliveryEvent(d.message_id, member, now, "unpinned", detail))
+                out.append(d.message_id)
+        return out
+
     def append_event(self, event: SessionEvent) -> int:
         eid = self._bump("event_seq")
         key = (event.team, event.session_id)

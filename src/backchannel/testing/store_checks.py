@@ -201,6 +201,49 @@ async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
         assert [e.event for e in hist] == ["queued", "leased"]
 
 
+async def check_unpin_session(make_store: StoreFactory) -> None:
+    """A session that ended gives the copies pinned to it, waiting or leased, to its
+    member as a whole; other sessions' copies and other members' are left alone."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for mid, to in [
+            ("p0", Recipient("b", "s-b")),
+            ("u1", Recipient("b")),
+            ("p2", Recipient("b", "s-b")),
+            ("o3", Recipient("b", "s-other")),
+            ("c4", Recipient("c", "s-b")),
+            ("p5", Recipient("b", "s-b")),
+        ]:
+            await store.transact(lambda tx, m=mid, r=to: tx.insert_message(make_msg(m), [r]))
+        await store.transact(
+            lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 1, include_unpinned=False)
+        )
+        await store.transact(lambda tx: tx.ack("alpha", "b", ["p0"], T0))
+        await store.transact(
+            lambda tx: tx.lease("alpha", "b", "s-b", T0, T0 + 60, 1, include_unpinned=False)
+        )
+        got = await store.transact(
+            lambda tx: tx.unpin_session("alpha", "b", "s-b", T0 + 1, "session s-b ended")
+        )
+        assert got == ["p2", "p5"], got  # p0 acked; lowest seq first
+        p2 = (await store.read(lambda tx: tx.deliveries("alpha", "p2")))[0]
+        assert (p2.recipient, p2.state, p2.attempts) == (Recipient("b"), DeliveryState.LEASED, 1)
+        hist = await store.read(lambda tx: tx.history("alpha", "p5"))
+        assert [(e.event, e.detail) for e in hist][-1] == ("unpinned", "session s-b ended")
+        for mid, session in [("p0", "s-b"), ("o3", "s-other")]:
+            copies = await store.read(lambda tx, m=mid: tx.deliveries("alpha", m))
+            assert copies[0].recipient.session == session, copies
+        c4 = await store.read(lambda tx: tx.deliveries("alpha", "c4"))
+        assert c4[0].recipient == Recipient("c", "s-b")
+        # a member-wide lease takes them now (p2 once its lease is given back)
+        got2 = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 1, T0 + 60, 10))
+        assert [(g.message.message_id, g.recipient.session) for g in got2] == [
+            ("u1", None),
+            ("p5", None),
+        ]
+        assert await store.transact(lambda tx: tx.unpin_session("alpha", "b", "s-b", T0, "")) == []
+
+
 async def check_concurrent_leases_never_overlap(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -567,6 +610,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_a2a_tasks,
     check_dispatch_ownership,
     check_requeue_leased,
+    check_unpin_session,
 ]
 
 

@@ -375,6 +375,24 @@ class PgTx(PgTransaction, LifecycleSql):
             self._wake(team, member)
         return ids
 
+    def unpin_session(
+        self, team: str, member: str, session: str, now: float, detail: str
+    ) -> list[str]:
+        rows = self._all(
+            "WITH upd AS (UPDATE deliveries SET session = NULL, updated_at = %s "
+            "WHERE team = %s AND member = %s AND session = %s "
+            "AND state IN ('queued', 'leased') RETURNING message_id, seq) "
+            "SELECT message_id FROM upd ORDER BY seq",
+            (now, team, member, session),
+            team,
+        )
+        ids = [r[0] for r in rows]
+        for mid in ids:
+            self._event(team, DeliveryEvent(mid, member, now, "unpinned", detail))
+        if ids:
+            self._wake(team, member)
+        return ids
+
     def append_event(self, event: SessionEvent) -> int:
         e = event
         row = self._one(

@@ -559,6 +559,28 @@ class SqliteTx(LifecycleSql):
         self._events(team, [DeliveryEvent(mid, member, now, "released", detail) for mid in ids])
         return ids
 
+    def unpin_session(
+        self, team: str, member: str, session: str, now: float, detail: str
+    ) -> list[str]:
+        # the WHERE repeats deliveries_open's condition word for word, so SQLite uses it
+        ids = [
+            r[0]
+            for r in self._c.execute(
+                "SELECT message_id FROM deliveries WHERE team = ? AND member = ? "
+                "AND state IN ('queued', 'leased') AND session = ? ORDER BY seq",
+                (team, member, session),
+            )
+        ]
+        if not ids:
+            return []
+        self._c.executemany(
+            "UPDATE deliveries SET session = NULL, updated_at = ? "
+            "WHERE team = ? AND message_id = ? AND member = ?",
+            [(now, team, mid, member) for mid in ids],
+        )
+        self._events(team, [DeliveryEvent(mid, member, now, "unpinned", detail) for mid in ids])
+        return ids
+
     def append_event(self, event: SessionEvent) -> int:
         e = event
         cur = self._c.execute(
