@@ -2,12 +2,14 @@
 transaction leases it for that receive (``Takers``), which then returns it without a
 store transaction of its own. Attacked where it can go wrong: two receives waiting
 for one member, a batch, a send whose transaction fails after claiming a receive, a
-receive cancelled while a send that claimed it is committing, and receives that must
-never be handed anything (a session's, a push dispatcher's)."""
+receive cancelled while a send that claimed it is committing, a send cancelled while the
+store's thread runs it, and receives that must never be handed anything (a session's, a
+push dispatcher's)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -15,8 +17,9 @@ import pytest
 
 from backchannel.errors import StoreError
 from backchannel.hub import Hub, Outgoing
-from backchannel.stores.base import Tx
+from backchannel.stores.base import Store, Tx
 from backchannel.testing import MemoryStore, eventually
+from backchannel.types import SendResult
 
 T = TypeVar("T")
 
@@ -34,10 +37,8 @@ class GatedStore(MemoryStore):
 
     async def transact(self, fn: Callable[[Tx], T]) -> T:
         self.transactions += 1
-        inner = [c.cell_contents for c in fn.__closure__ or ()]  # Env's runner: its function
-        if any(
-            getattr(f, "func", f).__qualname__.endswith(".attempt") for f in inner if callable(f)
-        ):
+        inner = getattr(fn, "fn", fn)  # Env's runner: its function
+        if getattr(inner, "func", inner).__qualname__.endswith(".attempt"):
             self.attempts += 1
         failing, self.fail_next = self.fail_next, False
 
@@ -146,6 +147,46 @@ async def test_a_receive_cancelled_while_a_claiming_send_commits_gives_it_back(h
     assert [m.message.message_id for m in got] == [sent.message_id]
     history = await hub.store.read(lambda tx: tx.history("t", sent.message_id))
     assert [e.event for e in history].count("released") == 1
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["send", "send_many"])
+@pytest.mark.parametrize("make_store", ["sqlite", "postgres"], indirect=True)
+async def test_a_send_cancelled_while_the_store_runs_it_answers_the_receive_it_claims(
+    make_store: Callable[[], Store], batch: bool
+) -> None:
+    """The sender stops waiting (cancelled) while the store's thread runs its
+    transaction, which then claims the waiting receive and commits: the receive gets
+    the message at once (it never waits on a claim nobody answers, nor the lease)."""
+    async with Hub(make_store()) as hub:
+        await hub.create_team("t")
+        for name in ("a", "b"):
+            await hub.add_member("t", name)
+        task = await waiting(hub)
+        inside, go_on = threading.Event(), threading.Event()
+        insert = hub.messages.pipeline.insert
+
+        def held(*args: object) -> SendResult:  # on the store's thread
+            inside.set()
+            go_on.wait(10)
+            return insert(*args)  # type: ignore[arg-type]
+
+        hub.messages.pipeline.insert = held  # type: ignore[method-assign]
+        text = "sent, then cancelled"
+        sending = asyncio.ensure_future(
+            hub.send_many("t", "a", [Outgoing("b", text)])
+            if batch
+            else hub.send("t", "a", "b", text)
+        )
+        await eventually(inside.is_set, what="the store runs the send's transaction")
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        go_on.set()
+        got = await asyncio.wait_for(task, 10)
+        assert len(got) == 1
+        history = await hub.store.read(lambda tx: tx.history("t", got[0]))
+        assert [e.event for e in history] == ["queued", "leased"]
+        assert (await hub.ack("t", "b", got)).acked == tuple(got)
 
 
 async def test_a_sessions_receive_and_a_dispatchers_are_never_handed_anything(hub: Hub) -> None:

@@ -14,8 +14,9 @@ import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backchannel.core import messages as rules
@@ -244,16 +245,51 @@ def _unhand(runs: Iterable[Ctx]) -> None:
                 taker.answer([])
 
 
-def _in_ctx(fn: Callable[[Ctx], T], runs: list[Ctx]) -> Callable[[Tx], T]:
-    """``fn`` as a store transaction function: each run gets a fresh :class:`Ctx`
-    (a run again after a failed commit starts from scratch), the last in ``runs``."""
+class _Run:
+    """``fn`` as a store transaction function: each run gets a fresh :class:`Ctx` (a run
+    again after a failed commit starts from scratch), the last in ``runs``.
 
-    def run(tx: Tx) -> T:
+    Its caller may stop waiting (cancelled) while a store's thread still runs it: such a
+    store calls :meth:`finished` once it knows whether it committed
+    (:func:`~backchannel.stores.base.tell_finished`), and the caller's :class:`Env`
+    settles it then (:meth:`when_finished`)."""
+
+    __slots__ = ("_committed", "_then", "fn", "runs")
+
+    def __init__(self, fn: Callable[[Ctx], Any]) -> None:
+        self.fn = fn
+        self.runs: list[Ctx] = []
+        self._then: Callable[[bool], None] | None = None
+        self._committed: bool | None = None
+
+    def __call__(self, tx: Tx) -> Any:
         c = Ctx(tx)
-        runs.append(c)
-        return fn(c)
+        self.runs.append(c)
+        return self.fn(c)
 
-    return run
+    def finished(self, committed: bool) -> None:
+        """The store's word, on the event loop, for a caller that stopped waiting."""
+        then, self._then = self._then, None
+        if then is None:
+            self._committed = committed
+        else:
+            then(committed)
+
+    def when_finished(self, then: Callable[[bool], None]) -> None:
+        """Call ``then`` with the store's word (at once if it came already)."""
+        if self._committed is None:
+            self._then = then
+        else:
+            then(self._committed)
+
+    def settle(self, env: Env, committed: bool) -> None:
+        """Apply the effects of the run that committed; answer the claims of the others."""
+        runs = self.runs
+        if committed and runs:
+            _unhand(runs[:-1])
+            env.apply(runs[-1])
+        else:
+            _unhand(runs)
 
 
 async def wait_for(event: asyncio.Event, seconds: float) -> None:
@@ -297,49 +333,73 @@ class Env:
 
     async def transact(self, fn: Callable[[Ctx], T]) -> T:
         """Run ``fn`` in one store transaction; apply its effects once it committed.
-        (:meth:`transact_ctx` without the context: one coroutine fewer a call.)"""
-        runs: list[Ctx] = []
+        (:meth:`transact_ctx` without the context: one coroutine fewer a call.)
+
+        A caller cancelled meanwhile stops waiting, but a store whose thread runs the
+        transaction may still commit it: its effects are then applied when the store
+        is done (:meth:`_left`), so a receive it handed messages to is answered and the
+        recipients of what it stored are woken."""
+        run = _Run(fn)
+        call = self.store.transact(run)
         try:
-            result = await self.store.transact(_in_ctx(fn, runs))
-        except BaseException:
-            _unhand(runs)
+            result: T = await call
+        except asyncio.CancelledError:
+            self._left(call, [run])
             raise
-        if len(runs) > 1:
-            _unhand(runs[:-1])
-        self.apply(runs[-1])
+        except BaseException:
+            _unhand(run.runs)
+            raise
+        run.settle(self, True)
         return result
 
     async def transact_ctx(self, fn: Callable[[Ctx], T]) -> tuple[T, Ctx]:
         """:meth:`transact`, also returning the committed run's :class:`Ctx`."""
-        runs: list[Ctx] = []
+        run = _Run(fn)
+        call = self.store.transact(run)
         try:
-            result = await self.store.transact(_in_ctx(fn, runs))
-        except BaseException:
-            _unhand(runs)
+            result: T = await call
+        except asyncio.CancelledError:
+            self._left(call, [run])
             raise
-        _unhand(runs[:-1])
-        self.apply(runs[-1])
-        return result, runs[-1]
+        except BaseException:
+            _unhand(run.runs)
+            raise
+        run.settle(self, True)
+        return result, run.runs[-1]
 
     async def transact_each(self, fns: Sequence[Callable[[Ctx], T]]) -> list[T | Exception]:
         """Run each of ``fns`` as :meth:`transact` does, as one store call
         (:meth:`Store.transact_each`): each one's result or exception, in order. The
         effects of each that committed are applied; those of one that raised are not."""
-        runs: list[list[Ctx]] = [[] for _ in fns]
+        runs = [_Run(fn) for fn in fns]
+        call = self.store.transact_each(runs)
         try:
-            done = await self.store.transact_each(
-                [_in_ctx(fn, r) for fn, r in zip(fns, runs, strict=True)]
-            )
-        except BaseException:
-            _unhand(c for r in runs for c in r)
+            done: list[T | Exception] = await call
+        except asyncio.CancelledError:
+            self._left(call, runs, each=True)
             raise
-        for r, outcome in zip(runs, done, strict=True):
-            if r and not isinstance(outcome, Exception):
-                _unhand(r[:-1])
-                self.apply(r[-1])
-            else:
-                _unhand(r)
+        except BaseException:
+            _unhand(c for r in runs for c in r.runs)
+            raise
+        for run, outcome in zip(runs, done, strict=True):
+            run.settle(self, not isinstance(outcome, Exception))
         return done
+
+    def _left(self, call: Awaitable[Any], runs: Sequence[_Run], each: bool = False) -> None:
+        """The caller of a store call was cancelled. A coroutine stopped with it, and
+        what it ran did not commit. A future (a store's thread runs the transactions)
+        may have been answered just before, or is settled when the store tells."""
+        if not isinstance(call, asyncio.Future):
+            _unhand(c for r in runs for c in r.runs)
+        elif not call.done() or call.cancelled():
+            for run in runs:
+                run.when_finished(partial(run.settle, self))
+        elif call.exception() is not None:
+            _unhand(c for r in runs for c in r.runs)
+        else:
+            outcomes = call.result() if each else [None]
+            for run, outcome in zip(runs, outcomes, strict=True):
+                run.settle(self, not isinstance(outcome, Exception))
 
     def apply(self, c: Ctx) -> None:
         if c.handed:  # before the wake-ups: a woken receive finds its messages

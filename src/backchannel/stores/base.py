@@ -20,6 +20,13 @@ Guarantees every implementation gives (the conformance suite in
 * **No I/O from the function but the tx.** ``fn`` may run on another thread and may be
   re-run by a store that retries serialization failures, so it must not touch the
   outside world; it computes from what it reads and returns a value.
+* **A caller that stops waiting is told how it ended.** A store whose threads run the
+  transactions answers with a future, and runs a function whose caller was cancelled
+  meanwhile all the same. Once it knows whether that transaction committed, it calls
+  :func:`tell_finished` on the function (on the event loop), so the caller can still
+  apply what the commit implies (the hub answers a receive its send leased messages
+  for). A store that answers with a coroutine stops with its caller: what it ran then
+  did not commit.
 
 ``Tx`` methods raise :class:`backchannel.errors.AlreadyExists` on a duplicate key, and
 :class:`backchannel.errors.StoreError` (translated from the driver's error) when the
@@ -61,6 +68,15 @@ T = TypeVar("T")
 ChangeCallback = Callable[[str | None, str | None], None]
 
 SCHEMA_VERSION = 11
+
+
+def tell_finished(fn: object, committed: bool) -> None:
+    """A transaction function whose caller stopped waiting (its future was cancelled)
+    was run: tell it whether it committed, if it asks (a ``finished`` method)."""
+    finished = getattr(fn, "finished", None)
+    if finished is not None:
+        finished(committed)
+
 
 SessionFilter = Literal["all", "live", "active"]
 """Which sessions :meth:`Tx.list_sessions` returns: every one, those not terminated, or
@@ -507,14 +523,20 @@ class Store(ABC):
     def transact(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
         """Run ``fn`` in one durable transaction; the awaitable gives its result (see
         module doc). A store may answer with a future of its own rather than a
-        coroutine: every send awaits at least one."""
+        coroutine: every send awaits at least one. A store whose threads run the
+        transactions answers with a future, and tells a function whose caller stopped
+        waiting how it ended (:func:`tell_finished`)."""
 
-    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+    def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> Awaitable[list[T | Exception]]:
         """Run each of ``fns`` as :meth:`transact` runs it, in the order given (each sees
         what those before it wrote), as one call: the answer is, in order, each one's
         result, or the exception it raised (it alone is undone). Stores may commit
         several of them together. Anything but an ``Exception`` (a cancellation) is
-        raised, not answered."""
+        raised, not answered. A future, as :meth:`transact` answers, from a store whose
+        threads run them."""
+        return self._each(fns)
+
+    async def _each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
         done: list[T | Exception] = []
         for fn in fns:
             try:

@@ -76,7 +76,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from backchannel.errors import StoreError
-from backchannel.stores.base import Store, Tx
+from backchannel.stores.base import Store, Tx, tell_finished
 from backchannel.stores.postgres.schema import MIGRATIONS, migrate
 from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
 from backchannel.stores.postgres.tx import PgTx
@@ -84,6 +84,7 @@ from backchannel.stores.postgres.tx import PgTx
 __all__ = ["LISTENER_NAME", "MIGRATIONS", "PgTx", "PostgresStore", "mask_url"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger("backchannel.stores.postgres")
 
 LISTENER_NAME = "backchannel-listen"
@@ -111,6 +112,21 @@ def _password(url: str) -> str | None:
     with contextlib.suppress(psycopg.Error, ValueError):
         return psycopg.conninfo.conninfo_to_dict(url).get("password") or None  # type: ignore[return-value]
     return None
+
+
+def _answer(fut: asyncio.Future[Any], fn: Any, value: Any, error: BaseException | None) -> None:
+    """A worker thread's answer, on the event loop. A caller that stopped waiting has its
+    function told how it ended (each of ``transact_each``'s by its own outcome)."""
+    if fut.cancelled():
+        if isinstance(fn, list):
+            for one, got in zip(fn, value or [error] * len(fn), strict=True):
+                tell_finished(one, not isinstance(got, BaseException))
+        else:
+            tell_finished(fn, error is None)
+    elif error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
 
 
 class PostgresStore(Store):
@@ -247,22 +263,20 @@ class PostgresStore(Store):
             await asyncio.to_thread(listener.join)
 
     # -- transactions ------------------------------------------------------
-    async def transact(self, fn: Callable[[Tx], T]) -> T:
-        return await self._submit(fn, readonly=False)
+    def transact(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        return self._submit(self._run, fn, False)
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
-        return await self._submit(fn, readonly=True)
+    def read(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        return self._submit(self._run, fn, True)
 
-    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+    def transact_each(
+        self, fns: Sequence[Callable[[Tx], T]]
+    ) -> asyncio.Future[list[T | Exception]]:
         """One after another on one worker thread (one hand-off for the lot), each in a
         transaction of its own with its own retries. They are not run concurrently:
         they are one sender's, in its team, whose lock would order them anyway, and in
         order they keep the sender's order."""
-        executor = self._executor
-        if executor is None:
-            raise StoreError(f"the PostgreSQL store {self.url} is not open")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self._run_each, list(fns))
+        return self._submit(self._run_each, list(fns))
 
     def _run_each(self, fns: list[Callable[[Tx], T]]) -> list[T | Exception]:
         done: list[T | Exception] = []
@@ -273,12 +287,30 @@ class PostgresStore(Store):
                 done.append(exc)
         return done
 
-    async def _submit(self, fn: Callable[[Tx], T], *, readonly: bool) -> T:
+    def _submit(self, call: Callable[..., R], fn: Any, *args: Any) -> asyncio.Future[R]:
+        """``call(fn, *args)`` on a worker thread; the future it answers. It runs even if
+        its caller stops waiting, and ``fn`` (or each of a list) is then told how it
+        ended (:func:`tell_finished`)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
         executor = self._executor
         if executor is None:
-            raise StoreError(f"the PostgreSQL store {self.url} is not open")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self._run, fn, readonly)
+            fut.set_exception(StoreError(f"the PostgreSQL store {self.url} is not open"))
+            return fut
+
+        def work() -> None:
+            try:
+                outcome: tuple[Any, BaseException | None] = (call(fn, *args), None)
+            except BaseException as exc:  # handed to the caller, as run_in_executor does
+                outcome = (None, exc)
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_answer, fut, fn, *outcome)
+
+        try:
+            executor.submit(work)
+        except RuntimeError:  # shut down by close() meanwhile
+            fut.set_exception(StoreError(f"the PostgreSQL store {self.url} is closed"))
+        return fut
 
     def _run(self, fn: Callable[[Tx], T], readonly: bool) -> T:
         pool = self._pool

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
-from backchannel.stores.base import Store, Tx
+from backchannel.stores.base import Store, Tx, tell_finished
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
 
@@ -61,27 +61,50 @@ class _Job:
     index: int = 0  # its place in the group
 
 
+#: An answer of a ``transact_each`` group not in yet, and one whose function was told
+#: how it ended (its caller stopped waiting).
+_PENDING: Any = object()
+_TOLD: Any = object()
+
+
 class _Group:
     """The answers of one ``transact_each`` call, gathered on the event loop; its
     future resolves once every function has its answer."""
 
-    __slots__ = ("answers", "future", "left")
+    __slots__ = ("answers", "fns", "future", "left")
 
-    def __init__(self, future: asyncio.Future[list[Any]], n: int) -> None:
+    def __init__(
+        self, future: asyncio.Future[list[Any]], fns: Sequence[Callable[[Tx], Any]]
+    ) -> None:
         self.future = future
-        self.answers: list[Any] = [None] * n
-        self.left = n
+        self.fns = fns
+        self.answers: list[Any] = [_PENDING] * len(fns)
+        self.left = len(fns)
 
     def answer(self, index: int, value: Any, error: BaseException | None) -> None:
-        if self.future.done():
+        future = self.future
+        if future.done():
+            if future.cancelled():
+                self._tell(index, error is None)
             return
         if error is not None and not isinstance(error, Exception):
-            self.future.set_exception(error)  # a cancellation is raised, not answered
+            future.set_exception(error)  # a cancellation is raised, not answered
             return
         self.answers[index] = value if error is None else error
         self.left -= 1
         if self.left == 0:
-            self.future.set_result(self.answers)
+            future.set_result(self.answers)
+
+    def _tell(self, index: int, committed: bool) -> None:
+        """The caller stopped waiting: each function is told how it ended, those
+        answered before it learnt so as well (:func:`tell_finished`)."""
+        answers = self.answers
+        for i, got in enumerate(answers):
+            if got is not _PENDING and got is not _TOLD:
+                answers[i] = _TOLD
+                tell_finished(self.fns[i], not isinstance(got, Exception))
+        answers[index] = _TOLD
+        tell_finished(self.fns[index], committed)
 
 
 def sqlite_path(url: str) -> Path:
@@ -150,12 +173,15 @@ def _resolve_all(results: list[tuple[_Job, Any, BaseException | None]]) -> None:
         if job.group is not None:
             job.group.answer(job.index, value, error)
             continue
-        if job.future.done():
+        future = job.future
+        if future.done():
+            if future.cancelled():  # its caller stopped waiting: tell the function
+                tell_finished(job.fn, error is None)
             continue
         if error is not None:
-            job.future.set_exception(error)
+            future.set_exception(error)
         else:
-            job.future.set_result(value)
+            future.set_result(value)
 
 
 class SqliteStore(Store):
@@ -247,21 +273,24 @@ class SqliteStore(Store):
     def transact(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
         return self._submit(self._jobs, fn)
 
-    async def transact_each(self, fns: Sequence[Callable[[Tx], T]]) -> list[T | Exception]:
+    def transact_each(
+        self, fns: Sequence[Callable[[Tx], T]]
+    ) -> asyncio.Future[list[T | Exception]]:
         """One future for all of ``fns``: each is a job of its own to the writer (a
         failing one is undone alone, as a failing ``transact`` is), and the event loop
         is handed the answers together."""
-        if not fns:
-            return []
-        if self._closed or self._writer is None:
-            raise StoreError("the SQLite store is not open")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[T | Exception]] = loop.create_future()
-        group = _Group(fut, len(fns))
-        put = self._jobs.put
-        for index, fn in enumerate(fns):
-            put(_Job(fn, loop, fut, group, index))
-        return await fut
+        if not fns:
+            fut.set_result([])
+        elif self._closed or self._writer is None:
+            fut.set_exception(StoreError("the SQLite store is not open"))
+        else:
+            group = _Group(fut, fns)
+            put = self._jobs.put
+            for index, fn in enumerate(fns):
+                put(_Job(fn, loop, fut, group, index))
+        return fut
 
     def read(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
         return self._submit(self._reads, fn)
