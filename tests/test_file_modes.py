@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import stat
 from pathlib import Path
 
+import pytest
+
+from backchannel.config import admin_token
+from backchannel.errors import StoreError
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
 from tests.conftest import Server, start_server
@@ -19,6 +24,16 @@ def _mode(path: Path) -> int:
 def _hub_files(home: Path) -> dict[str, int]:
     names = ["backchannel.db", "backchannel.db-wal", "backchannel.db-shm"]
     return {n: _mode(home / n) for n in [*names, "admin.token", "server.json"]}
+
+
+def _hub_database(path: Path) -> None:
+    """A hub's database at ``path``, made by the store (its schema in it)."""
+
+    async def make() -> None:
+        async with Hub(SqliteStore(path), background=False) as hub:
+            await hub.create_team("t")
+
+    asyncio.run(make())
 
 
 def _send_one(srv: Server) -> None:
@@ -48,6 +63,7 @@ def test_a_world_readable_data_directory_is_narrowed_on_start(tmp_path: Path) ->
     home.mkdir(mode=0o755)
     home.chmod(0o755)
     db = home / "backchannel.db"
+    _hub_database(db)
     conn = sqlite3.connect(db)  # a database left by an older version, 0644 with its WAL
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("CREATE TABLE leftover (x)")
@@ -83,3 +99,51 @@ async def test_the_sqlite_store_creates_its_files_private_in_a_new_directory(
             assert {_mode(tmp_path / "made" / f) for f in files} == {0o600}
     finally:
         os.umask(old)
+
+
+def test_a_directory_that_is_not_the_hubs_keeps_its_mode(tmp_path: Path) -> None:
+    """A data directory named by mistake (``/tmp``, a home: files, none of the hub's) is
+    not narrowed; the admin token the hub writes in it is 0600 all the same."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "someone-elses.txt").write_text("hello\n")
+    token = admin_token(shared)
+    assert token is not None and token.startswith("bca_")
+    assert _mode(shared) == 0o1777
+    assert _mode(shared / "admin.token") == 0o600
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    empty.chmod(0o755)
+    admin_token(empty)  # an empty directory is the hub's to make private
+    assert _mode(empty) == 0o700
+
+
+@pytest.mark.parametrize("kind", ["text", "foreign database"])
+def test_a_file_that_is_not_a_hub_database_is_refused_and_left_alone(
+    tmp_path: Path, kind: str
+) -> None:
+    """``--store`` naming a file that is not the hub's (``/etc/passwd``, another
+    program's SQLite database): refused with an error naming it; neither its mode nor
+    its content changes."""
+    path = tmp_path / "theirs"
+    if kind == "text":
+        path.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    else:
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE messages (their_column)")
+        conn.commit()
+        conn.close()
+    path.chmod(0o644)
+    before = path.read_bytes()
+
+    async def open_it() -> None:
+        async with Hub(SqliteStore(path), background=False):
+            pass
+
+    with pytest.raises(StoreError) as err:
+        asyncio.run(open_it())
+    assert str(path) in err.value.message and "not a backchannel store" in err.value.message
+    assert _mode(path) == 0o644
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]

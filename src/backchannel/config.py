@@ -7,7 +7,10 @@ CLI finds it without ``BACKCHANNEL_URL``.
 
 Everything in it is private to the user the hub runs as: the directory is 0700, the
 files 0600 (the SQLite store creates its database, ``-wal`` and ``-shm`` the same way).
-A directory or file left more open by an older version is narrowed when ``serve`` starts.
+A directory or file left more open by an older version is narrowed when ``serve`` starts;
+a directory that is not the hub's own (``/tmp`` or a home named by mistake: it holds
+files, none of them the hub's) keeps its mode, and the hub's files in it are 0600 all
+the same.
 """
 
 from __future__ import annotations
@@ -43,10 +46,25 @@ FILE_MODE = 0o600
 
 
 def private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) as 0700, or narrow an existing one to 0700."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    """Create ``path`` (and missing parents) as 0700, or narrow an existing one to 0700
+    if it is the hub's own: empty, or holding a file the hub writes there. Any other
+    directory (``/tmp``, a home directory) keeps its mode."""
+    try:
+        path.mkdir(mode=DIR_MODE, parents=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        if not _hubs_own(path):
+            return
     if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
         path.chmod(DIR_MODE)
+
+
+def _hubs_own(path: Path) -> bool:
+    if any((path / name).exists() for name in (ADMIN_TOKEN_FILE, SERVER_FILE, DB_FILE)):
+        return True
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def private_file(path: Path) -> None:

@@ -47,6 +47,9 @@ __all__ = ["READER_THREAD", "WRITER_THREAD", "SqliteStore", "sqlite_path"]
 T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.sqlite")
 
+#: The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
 #: The names of the store's two threads (``threading.Thread.name``).
 WRITER_THREAD = "bc-sqlite-writer"
 READER_THREAD = "bc-sqlite-reader"
@@ -236,11 +239,31 @@ class SqliteStore(Store):
     def _create_private(self) -> None:
         """Create the database file 0600 (in a new 0700 directory) before SQLite opens it:
         SQLite gives ``-wal`` and ``-shm`` the mode of the database file. An existing
-        database and its companions are narrowed to 0600."""
+        database and its companions are narrowed to 0600; an existing file that is not
+        a SQLite database is refused, its mode and content left as they are."""
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
+            try:
+                head = os.read(fd, len(_SQLITE_HEADER))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create SQLite store {self.path} privately: {exc}; check that the "
+                "directory exists and belongs to the user the hub runs as"
+            ) from exc
+        if head and (head != _SQLITE_HEADER or _foreign(self.path)):
+            what = (
+                "a SQLite database of something else"
+                if head == _SQLITE_HEADER
+                else "not a SQLite database"
+            )
+            raise StoreError(
+                f"{self.path} is {what}, not a backchannel store (left as it is); name a "
+                "new file, or the database file of a hub"
+            )
+        try:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 with contextlib.suppress(FileNotFoundError):
                     companion = Path(f"{self.path}{suffix}")
@@ -248,8 +271,8 @@ class SqliteStore(Store):
                         companion.chmod(0o600)
         except OSError as exc:
             raise StoreError(
-                f"cannot create SQLite store {self.path} privately: {exc}; check that the "
-                "directory exists and belongs to the user the hub runs as"
+                f"cannot make SQLite store {self.path} private: {exc}; check that it "
+                "belongs to the user the hub runs as"
             ) from exc
 
     def _migrate(self) -> None:
@@ -462,6 +485,19 @@ class SqliteStore(Store):
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._emit_change, None, None)
+
+
+def _foreign(path: Path) -> bool:
+    """Whether the SQLite database at ``path`` holds tables but not the hub's schema."""
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False  # what it is, SQLite says when it opens it
+    return bool(names) and "schema_migrations" not in names
 
 
 def _translate(exc: sqlite3.Error, path: Path) -> BackchannelError:
