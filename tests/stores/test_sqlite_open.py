@@ -69,7 +69,7 @@ async def test_a_file_that_is_no_database_fails_at_once(
     path.write_bytes(b"these are not the pages of a database " * 200)
     path.chmod(0o600)
     monkeypatch.setattr(sqlite_store, "_pause", lambda s: pytest.fail("waited for a lock"))
-    with pytest.raises(StoreError, match="cannot open SQLite store"):
+    with pytest.raises(StoreError, match="is not a SQLite database, not a backchannel store"):
         await SqliteStore(path).open()
 
 
