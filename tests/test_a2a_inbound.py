@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -354,3 +355,40 @@ async def test_bad_token_and_other_teams(hub: tuple[Server, dict[str, str]]) -> 
         task = await _final_task(client, SendMessageRequest(message=_message("hello")))
         assert task.status.state == TaskState.TASK_STATE_FAILED
         assert "attached through hooks" in task.status.message.parts[0].text
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "1e400"])
+async def test_a_number_json_cannot_carry_is_refused_before_a_task_starts(
+    hub: tuple[Server, dict[str, str]], number: str
+) -> None:
+    # the protobuf JSON parser takes these in data parts and metadata; the hub cannot
+    # store or show them, so the request is refused as invalid params, not a 500
+    srv, tokens = hub
+    headers = {
+        "Authorization": f"Bearer {tokens['lead']}",
+        "content-type": "application/json",
+        "A2A-Version": "1.0",
+    }
+    data = {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"data": {"n": "N"}}]}
+    meta = {
+        "messageId": "m-2",
+        "role": "ROLE_USER",
+        "parts": [{"text": "hi"}],
+        "metadata": {"n": "N"},
+    }
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        for message in (data, meta):
+            for path in ("message:send", "message:stream"):
+                raw = json.dumps({"message": message}).replace('"N"', number)
+                r = await http.post(f"/a2a/t/worker/{path}", content=raw)
+                assert r.status_code == 400, r.text
+                assert "NaN, Infinity or a number too large" in r.json()["error"]["message"]
+            for method in ("SendMessage", "SendStreamingMessage"):
+                rpc = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"message": message}}
+                r = await http.post(
+                    "/a2a/t/worker/", content=json.dumps(rpc).replace('"N"', number)
+                )
+                assert r.status_code == 200, r.text
+                assert r.json()["error"]["code"] == -32602, r.text
+    with srv.client(tokens["worker"]) as worker:
+        assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started

@@ -44,6 +44,7 @@ from a2a.types.a2a_pb2 import (
     Message,
     Part,
     Role,
+    SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
     TaskArtifactUpdateEvent,
@@ -51,7 +52,8 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from a2a.utils.errors import InvalidParamsError
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, SerializeToJsonError
 
 from backchannel.errors import BackchannelError, InvalidRequest
 from backchannel.hub import Hub
@@ -498,6 +500,20 @@ class MemberExecutor(AgentExecutor):
 # -- the handler: resubscribe to a task this process did not start -------------------------
 
 
+def check_encodable(params: SendMessageRequest) -> None:
+    """Refuse a request the hub could not write down: the protobuf JSON parser takes
+    ``NaN``, ``Infinity`` and numbers too large for a float (as infinity) in ``data``
+    parts and metadata, which no JSON can carry on, so the task, its history and the
+    member's message could not be stored or shown."""
+    try:
+        MessageToDict(params)
+    except (SerializeToJsonError, ValueError):
+        raise InvalidParamsError(
+            "the message holds NaN, Infinity or a number too large for a float, which JSON "
+            "cannot carry; send finite numbers (a large one as a string)"
+        ) from None
+
+
 class MemberRequestHandler(DefaultRequestHandler):
     """The SDK's handler, plus resubscription to tasks whose executor is gone (started
     before a restart): the stored task, then its changes as the transcript shows them."""
@@ -506,6 +522,20 @@ class MemberRequestHandler(DefaultRequestHandler):
         super().__init__(agent_executor=MemberExecutor(hub, tasks), task_store=tasks, **kwargs)
         self.hub = hub
         self.tasks = tasks
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        check_encodable(params)
+        answer: Message | Task = await super().on_message_send(params, context)
+        return answer
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        check_encodable(params)
+        async for event in super().on_message_send_stream(params, context):
+            yield event
 
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
