@@ -148,6 +148,11 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
             s, "get_session_data", session="a-1", since=-1
         )
         assert "argument 'session'" in await fails(s, "get_session_data", session="nope")
+        # past a store's 64-bit integers: a bad argument, not an internal error
+        assert "invalid argument 'since'" in await fails(
+            s, "get_session_data", session="a-1", since=2**63
+        )
+        assert "invalid argument 'id'" in await fails(s, "cancel_timer", id=2**63)
         assert "argument 'message_id'" in await fails(
             s, "add_reaction", message_id="msg_nope", emoji="👍"
         )

@@ -36,7 +36,7 @@ from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
-from backchannel.models import Received, SessionInfo
+from backchannel.models import MAX_INT, Received, SessionInfo
 from backchannel.runtimes.common import format_message
 
 __all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
@@ -100,7 +100,9 @@ class SessionDataArgs(_Args):
     session: Name = Field(
         description="A session id, or a teammate's member name for their latest session."
     )
-    since: int = Field(0, ge=0, description="Only events after this event id (to page on).")
+    since: int = Field(
+        0, ge=0, le=MAX_INT, description="Only events after this event id (to page on)."
+    )
     tail_chars: int | None = Field(
         None, ge=1, le=1_000_000, description="Only the last this-many characters of text."
     )
@@ -124,7 +126,7 @@ class TimerArgs(_Args):
 
 
 class CancelTimerArgs(_Args):
-    id: int = Field(ge=1, description="The timer id that set_timer returned.")
+    id: int = Field(ge=1, le=MAX_INT, description="The timer id that set_timer returned.")
 
 
 class ReactionArgs(_Args):
