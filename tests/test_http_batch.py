@@ -123,6 +123,22 @@ async def test_a_batch_ack_answers_each_id(rig: Rig) -> None:
     assert pending.json() == {"pending": 1}
 
 
+async def test_a_batch_ack_calls_an_id_with_a_line_end_invalid(rig: Rig) -> None:
+    # an id read with its line end is malformed, as POST /v1/inbox/ack says; "not_held"
+    # would tell the receiver its lease ran out while the message stays leased to it
+    await rig.http.post("/v1/messages", json={"to": "b", "text": "m"}, headers=rig.auth("a"))
+    inbox = await rig.http.get("/v1/inbox", headers=rig.auth("b"))
+    held = inbox.json()["messages"][0]["message_id"]
+    ids = [held + "\n", held + "\r\n"]
+    r = await rig.http.post("/v1/inbox/ack/batch", json={"message_ids": ids}, headers=rig.auth("b"))
+    assert r.status_code == 200, r.text
+    assert [x["outcome"] for x in r.json()["results"]] == ["invalid", "invalid"]
+    single = await rig.http.post(
+        "/v1/inbox/ack", json={"message_ids": [held + "\n"]}, headers=rig.auth("b")
+    )
+    assert single.status_code == 422
+
+
 @pytest.mark.parametrize("where", ["over_http", "in_process"])
 async def test_the_sdk_batches_the_same_either_way(rig: Rig, where: str) -> None:
     async with getattr(rig, where)("a") as a, getattr(rig, where)("b") as b:

@@ -274,7 +274,7 @@ class MemberApi:
         valid: list[str] = []
         results: list[AckOutcome] = []
         for mid in message_ids:
-            if isinstance(mid, str) and _ID_RE.match(mid):
+            if isinstance(mid, str) and _ID_RE.fullmatch(mid):
                 valid.append(mid)
                 results.append(AckOutcome(message_id=mid, outcome="acked"))
             else:
