@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
 from tests.test_cli import run
 
@@ -72,6 +74,98 @@ def test_rotate_remove_and_quotas_over_http(server: Server) -> None:
 
 
 @pytest.mark.slow
+def _rotate(server: Server, team: str, name: str) -> str:
+    with server.client() as admin:
+        r = admin.post(f"/v1/teams/{team}/members/{name}/token")
+        assert r.status_code == 200, r.text
+        return str(r.json()["token"])
+
+
+def _state(server: Server, token: str, mid: str) -> str:
+    with server.client(token) as c:
+        return str(c.get(f"/v1/messages/{mid}").json()["deliveries"][0]["state"])
+
+
+def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> None:
+    # a token is checked when its request comes; a long-poll that waits past a rotation
+    # must not lease what arrives later to the holder of the old token
+    tokens = server.team("crew", "lead", "worker")
+    with server.client(tokens["lead"]) as lead:
+        first = lead.post("/v1/messages", json={"to": "worker", "text": "one"}).json()
+    with server.client(tokens["worker"]) as old:
+        assert [m["message_id"] for m in old.get("/v1/inbox").json()["messages"]] == [
+            first["message_id"]
+        ]
+    answer: dict[str, httpx.Response] = {}
+
+    def poll() -> None:
+        with server.client(tokens["worker"]) as old:
+            body = {"ack": [first["message_id"]], "wait": 30}
+            answer["r"] = old.post("/v1/inbox/receive", json=body)
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    # the ack commits before the wait: once it shows, the poll is waiting
+    eventually_blocking(
+        lambda: _state(server, tokens["lead"], first["message_id"]) == "acked",
+        what="the long-poll waits",
+    )
+    new = _rotate(server, "crew", "worker")
+    with server.client(tokens["lead"]) as lead:
+        mid = lead.post("/v1/messages", json={"to": "worker", "text": "two"}).json()["message_id"]
+    waiter.join(20)
+    assert not waiter.is_alive()
+    r = answer["r"]
+    assert r.status_code == 401, r.text
+    assert "rotated" in r.json()["error"]["message"]
+    assert _state(server, tokens["lead"], mid) == "queued"
+    with server.client(new) as worker:
+        assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["two"]
+
+
+def test_an_inbox_stream_of_a_rotated_token_ends_and_hands_over_nothing(server: Server) -> None:
+    tokens = server.team("crew", "lead", "worker")
+    with (
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {tokens['worker']}"}, timeout=30
+        ) as c,
+        c.stream("GET", "/v1/inbox/stream") as resp,
+    ):
+        lines = resp.iter_lines()
+        assert next(lines) == ": connected"
+        new = _rotate(server, "crew", "worker")
+        with server.client(tokens["lead"]) as lead:
+            mid = lead.post("/v1/messages", json={"to": "worker", "text": "secret"}).json()[
+                "message_id"
+            ]
+        event = next(line for line in lines if line.startswith("event: "))
+        data = next(line for line in lines if line.startswith("data: "))
+        assert (event, "rotated" in data) == ("event: error", True), data
+        assert list(lines) == [""]  # and the stream ends
+    assert _state(server, tokens["lead"], mid) == "queued"
+    with server.client(new) as worker:
+        assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["secret"]
+
+
+def test_a_team_events_stream_of_a_rotated_token_ends(server: Server) -> None:
+    tokens = server.team("crew", "lead", "worker")
+    with (
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {tokens['lead']}"}, timeout=30
+        ) as c,
+        c.stream("GET", "/v1/teams/crew/events") as resp,
+    ):
+        lines = resp.iter_lines()
+        assert next(lines) == ": connected"
+        _rotate(server, "crew", "lead")
+        with server.client(tokens["user"]) as user:
+            user.post("/v1/messages", json={"to": "worker", "text": "secret plans"})
+        event = next(line for line in lines if line.startswith("event: "))
+        data = next(line for line in lines if line.startswith("data: "))
+        assert (event, "rotated" in data) == ("event: error", True), data
+        assert list(lines) == [""]  # and the stream ends
+
+
 def test_the_command_rotates_and_removes(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "home")
     try:

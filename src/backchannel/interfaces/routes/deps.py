@@ -71,6 +71,20 @@ async def principal(request: Request) -> Principal:
 Auth = Annotated[Principal, Depends(principal)]
 
 
+async def revoked(request: Request) -> Unauthorized | None:
+    """Why the request's token no longer acts as its member (rotated, or the member
+    removed), or None. A token is checked when its request comes; a long-poll or a
+    stream that outlives a rotation asks again before it hands messages over."""
+    try:
+        await principal(request)
+    except Unauthorized:
+        return Unauthorized(
+            "this token was rotated or its member removed while the request waited; "
+            "use the member's new token (`backchannel member rotate-token` shows one)"
+        )
+    return None
+
+
 def hub_of(request: Request) -> Hub:
     hub: Hub = request.app.state.hub
     return hub

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated
 
@@ -19,7 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backchannel.interfaces.routes.deps import AsMember, hub_of, principal
+from backchannel.errors import BackchannelError
+from backchannel.interfaces.routes.deps import AsMember, hub_of, principal, revoked
 from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import SSE_EVENT, SessionQuery, StrictRoute
@@ -85,6 +87,13 @@ async def kept(api: MemberApi, request: Request, gone: Gone, got: list[Received]
     return got
 
 
+async def given_back(api: MemberApi, got: Sequence[Received]) -> None:
+    """Release ``got`` for a receiver that will not read them."""
+    if got:
+        with contextlib.suppress(BackchannelError):  # a removed member's copies are dead
+            await api.release([m.message_id for m in got])
+
+
 @router.get("/v1/inbox")
 async def inbox(
     api: AsMember,
@@ -132,6 +141,9 @@ async def leased(
             stop=gone,
         )
         got.messages = await kept(api, request, gone, got.messages)
+    if got.messages and q.wait > 0 and (error := await revoked(request)) is not None:
+        await given_back(api, got.messages)
+        raise error
     return got
 
 
@@ -179,6 +191,10 @@ async def inbox_stream(
         yield ": connected\n\n"
         while not await request.is_disconnected():
             got = await api.receive(session=session, limit=32, wait=15.0)
+            if (error := await revoked(request)) is not None:
+                await given_back(api, got)
+                yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+                return
             if not got:
                 yield ": keep-alive\n\n"
             for m in got:

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from backchannel.hub import FeedItem
-from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of
+from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of, revoked
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import MAX_INT, SSE_EVENT, MemberName, StrictRoute, TeamName
 from backchannel.member import AdminApi, MemberApi
@@ -147,6 +147,9 @@ async def team_events(
                     pending = asyncio.ensure_future(anext(stream))
                 # asyncio.wait does not cancel the read, so a quiet spell keeps the feed
                 done, _ = await asyncio.wait({pending}, timeout=15.0)
+                if (error := await revoked(request)) is not None:
+                    yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+                    return
                 if not done:
                     yield ": keep-alive\n\n"
                     continue
