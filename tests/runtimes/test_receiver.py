@@ -348,6 +348,21 @@ async def test_bad_input_has_no_effect_and_the_hub_says_why(
     assert await hub.list_sessions("t") == []
 
 
+async def test_what_a_payload_says_is_logged_on_one_line(
+    hub: Hub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a member's payload must not write lines of its own into the hub's log
+    await _team(hub)
+    forged = "x\n2026-01-01 00:00:00,000 ERROR backchannel.serve: forged\x1b[2J"
+    with caplog.at_level(logging.WARNING, logger="backchannel.hooks"):
+        result = await call(
+            hub, "t", "w", "claude-code", {"hook_event_name": "Stop", "session_id": forged}
+        )
+    assert result.answer == {}
+    said = [r.getMessage() for r in caplog.records if "had no effect" in r.getMessage()]
+    assert said and all(m.isprintable() for m in said), said
+
+
 async def test_an_unknown_runtime_and_someone_elses_session_are_refused(hub: Hub) -> None:
     await _team(hub)
     result = await call(hub, "t", "w", "cursor", fixture("claude-code", "Stop"))

@@ -124,10 +124,16 @@ def _ignored(member: Member, runtime: str, reason: str, session: str | None = No
         runtime,
         member.team,
         member.name,
-        session or "-",
-        reason,
+        _one_line(session or "-"),
+        _one_line(reason),
     )
     return HookResult({}, reason, session)
+
+
+def _one_line(text: str) -> str:
+    """``text`` for a log line: a payload's line ends and control characters escaped,
+    so a member cannot write log lines of its own."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def intro(member: Member, *, inline: bool = True) -> str:
