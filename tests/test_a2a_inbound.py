@@ -389,6 +389,48 @@ async def test_a_number_json_cannot_carry_is_refused_before_a_task_starts(
                     "/a2a/t/worker/", content=json.dumps(rpc).replace('"N"', number)
                 )
                 assert r.status_code == 200, r.text
-                assert r.json()["error"]["code"] == -32602, r.text
+                # a JSON-RPC body is parsed as strict JSON first: none of these is JSON
+                assert r.json()["error"]["code"] == -32700, r.text
     with srv.client(tokens["worker"]) as worker:
         assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"[" * 100_000, id="depth-100000"),
+        pytest.param(
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": '
+            + b"[" * 5000
+            + b"]" * 5000
+            + b"}",
+            id="deep-params",
+        ),
+        pytest.param(
+            b'{"jsonrpc": "2.0", "id": 1' + b"0" * 5000 + b', "method": "GetTask"}',
+            id="id-5000-digits",
+        ),
+    ],
+)
+async def test_json_rpc_bodies_no_parser_takes_are_parse_errors(
+    hub: tuple[Server, dict[str, str]], raw: bytes
+) -> None:
+    # JSON-RPC's parse error, as for any other bad JSON: not an internal error with a
+    # traceback in the hub's log for every such request
+    srv, tokens = hub
+    headers = {
+        "Authorization": f"Bearer {tokens['lead']}",
+        "content-type": "application/json",
+        "A2A-Version": "1.0",
+    }
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        r = await http.post("/a2a/t/worker/", content=raw)
+        assert r.status_code == 200, r.text
+        assert r.json()["error"]["code"] == -32700, r.text
+        assert r.json()["id"] is None
+        ok = await http.post(
+            "/a2a/t/worker/",
+            json={"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": "nope"}},
+        )
+        assert ok.json()["error"]["code"] == -32001, ok.text  # parsed, and not found
+    assert "Traceback" not in (srv.home / "serve.log").read_text()

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from backchannel.errors import BackchannelError
+from backchannel.interfaces.wire import REFUSED, parse_json
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -149,9 +150,20 @@ class Gate:
             await self._not_found(send, f"no A2A agent at /a2a/{team}/{member}")
             return
         ctype = _header(scope, b"content-type")
+        jsonrpc = len(parts) < 3 or not parts[2]
         if scope.get("method") == "POST" and ctype and not _is_json(ctype):
-            await _unsupported_media(send, ctype, jsonrpc=len(parts) < 3 or not parts[2])
+            await _unsupported_media(send, ctype, jsonrpc=jsonrpc)
             return
+        if scope.get("method") == "POST" and jsonrpc:
+            # the SDK's JSON-RPC parser answers a body nested too deep or a number too
+            # long as an internal error, with a traceback logged: read it here first
+            body = await _body(receive)
+            try:
+                parse_json(body)
+            except json.JSONDecodeError as exc:
+                await _parse_error(send, exc.msg)
+                return
+            receive = _replay(body, receive)
         state = scope.setdefault("state", {})
         state[STATE_KEY] = Caller(team, member, caller)
 
@@ -198,6 +210,42 @@ async def _unsupported_media(send: Send, ctype: str, *, jsonrpc: bool) -> None:
 
         body = build_rest_error_payload(ContentTypeNotSupportedError(message))
     await _send_json(send, 415, body, {})
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with ``body`` given first (then the client's disconnect, as before)."""
+    given = False
+
+    async def replay() -> ASGIMessage:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _parse_error(send: Send, why: str) -> None:
+    message = (
+        f"request body refused: {why.removeprefix(REFUSED)}"
+        if why.startswith(REFUSED)
+        else f"request body is not valid JSON ({why})"
+    )
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": message}}
+    await _send_json(send, 200, body, {})
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
