@@ -198,3 +198,61 @@ def test_fastapi_telemetry_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPat
     on = create_app(hub, ADMIN)
     assert all(on._telemetry[k] for k in ("tracing", "metrics", "logs"))
     assert create_app(hub, ADMIN, opentelemetry=False)._telemetry["tracing"] is False
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/messages",
+        "/v1/messages/batch",
+        "/v1/inbox/ack",
+        "/v1/inbox/ack/batch",
+        "/v1/inbox/receive",
+        "/v1/hooks/codex",
+        "/v1/sessions",
+    ],
+)
+async def test_a_client_that_hangs_up_mid_body_is_no_error(path: str) -> None:
+    # the client is gone: nothing to answer, and nothing for the server to log as an
+    # exception of the application (uvicorn logs whatever the app raises, with a traceback)
+    hub = Hub(MemoryStore(), clock=FakeClock(), background=False)
+    await hub.start()
+    await hub.create_team("t")
+    token = (await hub.add_member("t", "a"))[1]
+    app = create_app(hub, ADMIN)
+    messages = [
+        {"type": "http.request", "body": b'{"message_ids": ["m', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"hub"),
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"1000"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("hub", 80),
+        "state": {},
+    }
+    try:
+        await app(scope, receive, send)
+    finally:
+        await hub.close()

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from backchannel.errors import BackchannelError, TooLarge
@@ -224,6 +225,8 @@ class HotPaths:
             response = await on_error(request, exc)
         except RequestValidationError as exc:
             response = await on_invalid(request, exc)
+        except ClientDisconnect:
+            return  # gone before its body came whole: nobody to answer
         await response(scope, receive, send)
 
 
@@ -267,6 +270,12 @@ def create_app(
 
     app.add_exception_handler(BackchannelError, on_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_invalid)  # type: ignore[arg-type]
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # a route that reads its own body (a hook's) and whose client hung up meanwhile:
+        # an answer nobody reads, not an error of the hub's
+        return Response(status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
