@@ -261,6 +261,34 @@ def test_sse_inbox_stream_pushes_messages(srv: Server, tokens: dict[str, str]) -
     assert (data["message_id"], data["text"], data["from"]) == (mid, "streamed", "tx")
 
 
+def test_sse_inbox_stream_of_a_session_refuses_a_bad_one_and_ends_with_it(srv: Server) -> None:
+    tokens = srv.team("sse-s", "rx", "tx")
+    with srv.client(tokens["rx"]) as rx:
+        # a session that is not the member's: an error answer, not a stream that is cut
+        r = rx.get("/v1/inbox/stream", params={"session": "nope"})
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "unknown_session"
+        sid = rx.post("/v1/sessions", json={}).json()["session_id"]
+    with (
+        httpx.Client(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['rx']}"}, timeout=30
+        ) as c,
+        c.stream("GET", "/v1/inbox/stream", params={"session": sid}) as resp,
+    ):
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        assert next(lines) == ": connected"
+        with srv.client(tokens["rx"]) as rx:
+            rx.post(f"/v1/sessions/{sid}/terminate", json={}).raise_for_status()
+        with srv.client(tokens["tx"]) as tx:  # wakes the stream's wait
+            tx.post("/v1/messages", json={"to": "rx", "text": "after the end"}).raise_for_status()
+        rest = list(lines)  # to the stream's end: it ends, cleanly
+    events = [line for line in rest if line.startswith("event: ")]
+    data = [line for line in rest if line.startswith("data: ")]
+    assert events[-1] == "event: error", rest
+    assert "terminated" in json.loads(data[-1][6:])["error"]["message"]
+
+
 def test_team_events_stream(srv: Server, tokens: dict[str, str]) -> None:
     with srv.client(tokens["lead"]) as lead:
         mid = lead.post("/v1/messages", json={"to": "worker-1", "text": "watched"}).json()[

@@ -185,23 +185,33 @@ async def inbox_stream(
     api: AsMember, request: Request, session: SessionQuery = None
 ) -> StreamingResponse:
     """Server-sent events: each message is leased and sent as ``event: message``;
-    ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open."""
+    ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open. A
+    session that is not yours is refused before the stream starts; one that ends while
+    it is open ends it with ``event: error``."""
+    first = await api.receive(session=session, limit=32)
 
     async def events() -> AsyncIterator[str]:
         yield ": connected\n\n"
-        while not await request.is_disconnected():
-            got = await api.receive(session=session, limit=32, wait=15.0)
+        got = first
+        while True:
+            for m in got:
+                # ids are checked whole on the way in; the line is kept one line anyway
+                mid = m.message_id.replace("\r", "").replace("\n", "")
+                data = m.model_dump_json(by_alias=True)
+                yield f"event: message\nid: {mid}\ndata: {data}\n\n"
+            if await request.is_disconnected():
+                return
+            try:
+                got = await api.receive(session=session, limit=32, wait=15.0)
+            except BackchannelError as exc:  # the session ended meanwhile
+                yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
+                return
             if (error := await revoked(request)) is not None:
                 await given_back(api, got)
                 yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
                 return
             if not got:
                 yield ": keep-alive\n\n"
-            for m in got:
-                # ids are checked whole on the way in; the line is kept one line anyway
-                mid = m.message_id.replace("\r", "").replace("\n", "")
-                data = m.model_dump_json(by_alias=True)
-                yield f"event: message\nid: {mid}\ndata: {data}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
