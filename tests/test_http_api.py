@@ -289,6 +289,26 @@ def test_sse_inbox_stream_of_a_session_refuses_a_bad_one_and_ends_with_it(srv: S
     assert "terminated" in json.loads(data[-1][6:])["error"]["message"]
 
 
+def test_the_dashboard_stream_of_a_removed_team_ends_with_an_error(srv: Server) -> None:
+    # the dashboard removes teams while its own stream of that team is open
+    srv.team("doomed")
+    with srv.client() as admin:
+        ticket = admin.post("/v1/dashboard/tickets", json={"team": "doomed"}).json()["ticket"]
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("GET", "/v1/dashboard/teams/doomed/stream", params={"ticket": ticket}) as resp,
+    ):
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("event: ")) == "event: snapshot"
+        with srv.client() as admin:
+            admin.delete("/v1/teams/doomed").raise_for_status()
+        rest = list(lines)  # to the stream's end: it ends, cleanly
+    events = [line for line in rest if line.startswith("event: ")]
+    data = [line for line in rest if line.startswith("data: ")]
+    assert events[-1] == "event: error", rest
+    assert json.loads(data[-1][6:])["error"]["code"] == "unknown_team"
+
+
 def test_team_events_stream(srv: Server, tokens: dict[str, str]) -> None:
     with srv.client(tokens["lead"]) as lead:
         mid = lead.post("/v1/messages", json={"to": "worker-1", "text": "watched"}).json()[

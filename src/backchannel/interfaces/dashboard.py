@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from backchannel.errors import (
+    BackchannelError,
     Forbidden,
     InvalidRequest,
     Unauthorized,
@@ -581,6 +582,8 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
             elif loop.time() - sent >= KEEPALIVE_SECONDS:
                 sent = loop.time()
                 yield ": keep-alive\n\n"
+    except BackchannelError as exc:  # the team was removed meanwhile: say so and end
+        yield _sse("error", exc.to_json())
     finally:
         if pending is not None:
             pending.cancel()
