@@ -182,3 +182,32 @@ def test_delegation_without_a_session_says_delegation(server: Server) -> None:
     message = r.json()["error"]["message"]
     assert "delegation" in message and "timer" not in message
     assert "backchannel session open" in message
+
+
+def test_text_that_is_not_utf8_is_refused_by_name_not_with_a_traceback(server: Server) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    tok = run("team", "create", "crew", env=env).stdout.strip()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    as_user = {**base, **env, "BACKCHANNEL_TOKEN": tok}
+    sid = run("session", "open", env=as_user).stdout.strip()
+
+    def raw(*args: str | bytes, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(BIN), *args], capture_output=True, env=as_user, input=stdin, timeout=60
+        )
+
+    for args, stdin in [
+        (("send", "user", "-"), b"caf\xe9 latin-1\n"),
+        (("session", "event", sid, "thought", "-"), b"caf\xe9"),
+        (("send", "user", b"caf\xe9"), b""),
+        (("send", b"us\xffer", "hello"), b""),
+    ]:
+        r = raw(*args, stdin=stdin)
+        assert r.returncode == 2, (args, r.stderr)
+        assert b"Traceback" not in r.stderr, args
+        assert b"not UTF-8" in r.stderr, (args, r.stderr)
+    piped = raw("send", "user", "-", stdin=b"caf\xe9")
+    assert b"iconv" in piped.stderr  # the way out
+    assert raw("send", "user", "-", stdin="café".encode()).returncode == 0
+    got = json.loads(run("inbox", "--json", env=as_user).stdout)
+    assert [m["text"] for m in got] == ["café"]

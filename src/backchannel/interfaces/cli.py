@@ -65,6 +65,33 @@ def _fail(message: str, code: int = 1) -> None:
 _verbose = False
 
 
+def read_stdin(param_hint: str) -> str:
+    """All of stdin as text (for an argument given as ``-``), refused with the way out
+    when there is none or it is not UTF-8."""
+    if sys.stdin is None:
+        raise typer.BadParameter("'-' reads stdin, and stdin is closed", param_hint=param_hint)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise typer.BadParameter(
+            f"stdin is not UTF-8 (byte {exc.start} is {data[exc.start]:#04x}); "
+            "convert it first, e.g. with iconv -t UTF-8",
+            param_hint=param_hint,
+        ) from None
+
+
+def _argv_not_utf8(argv: list[str]) -> str | None:
+    """Why an argument cannot be sent to the hub (it is not UTF-8), or None."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return f"argument '{printable(shown)}' is not UTF-8; the hub takes UTF-8 text only"
+    return None
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -403,7 +430,7 @@ def send(
 ) -> None:
     """Send a message as the member whose token you hold. Prints the message id."""
     if text == "-":
-        text = sys.stdin.read()
+        text = read_stdin("TEXT")
     if not text.strip():
         raise typer.BadParameter("the message is empty; say something", param_hint="TEXT")
     client = _client(url, token, home, admin=False)
@@ -700,4 +727,8 @@ def main() -> None:
     with suppress(AttributeError):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    problem = _argv_not_utf8(sys.argv[1:])
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     app()

@@ -97,15 +97,13 @@ def session_event(
     """Report a turn's event: turn_start opens the turn, agent_stop ends it and routes its
     closing text (<message to="name">...</message> blocks, link crossings). Prints the
     hub's answer as JSON."""
-    import sys
-
     if kind not in EVENT_KINDS:
         raise typer.BadParameter(
             f"{kind!r} is not an event kind; use one of: {', '.join(EVENT_KINDS)}",
             param_hint="KIND",
         )
     if text == "-":
-        text = sys.stdin.read()
+        text = _cli().read_stdin("TEXT")
     extra: dict[str, Any] | None = None
     if data is not None:
         try:
