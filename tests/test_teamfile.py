@@ -90,6 +90,13 @@ def test_missing_file(tmp_path: Path) -> None:
         load_team(tmp_path / "nope.yaml")
 
 
+def test_a_file_not_in_utf8_is_named_not_a_traceback(tmp_path: Path) -> None:
+    latin1 = tmp_path / "team.yaml"
+    latin1.write_bytes("team: caf\xe9\nmembers:\n  - {name: a, policy: echo}\n".encode("latin-1"))
+    with pytest.raises(InvalidRequest, match="byte 9 is not UTF-8; save it as UTF-8"):
+        load_team(latin1)
+
+
 def test_the_exit_grace_is_a_team_policy() -> None:
     text = (
         "team: t\npolicies:\n  exit_grace_seconds: 120\nmembers:\n  - name: a\n    policy: echo\n"

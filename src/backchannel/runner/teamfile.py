@@ -220,7 +220,11 @@ def parse_team(text: str, source: str = "team.yaml") -> TeamFile:
 def load_team(path: str | Path) -> TeamFile:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidRequest(f"cannot read team file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"cannot read team file {p}: byte {exc.start} is not UTF-8; save it as UTF-8"
+        ) from None
     return parse_team(text, str(p))
