@@ -211,3 +211,24 @@ def test_text_that_is_not_utf8_is_refused_by_name_not_with_a_traceback(server: S
     assert raw("send", "user", "-", stdin="café".encode()).returncode == 0
     got = json.loads(run("inbox", "--json", env=as_user).stdout)
     assert [m["text"] for m in got] == ["café"]
+
+
+def test_nan_and_inf_are_refused_as_numbers_on_the_command_line(server: Server) -> None:
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    run("team", "create", "crew", env=env)
+    agent = {**env, "BACKCHANNEL_TOKEN": run("member", "add", "crew", "a", env=env).stdout.strip()}
+    sid = run("session", "open", env=agent).stdout.strip()
+    for args, option in [
+        (("inbox", "--wait", "nan"), "'--wait'"),
+        (("timer", "set", "anchor", "inf", "note", "--session", sid), "'minutes'"),
+        (("timer", "set", "anchor", "nan", "note", "--session", sid), "'minutes'"),
+        (("run", "team.yaml", "task", "--timeout", "nan"), "'--timeout'"),
+        (("serve", "--port", "0", "--lease", "nan"), "'--lease'"),
+        (("serve", "--port", "0", "--dispatch-lease", "inf"), "'--dispatch-lease'"),
+        (("serve", "--port", "0", "--retention-days", "nan"), "'--retention-days'"),
+    ]:
+        r = run(*args, env=agent)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr, args
+        assert f"Invalid value for {option}: must be a finite number" in r.stderr, args
+    assert json.loads(run("timer", "list", "--json", env=agent).stdout) == []

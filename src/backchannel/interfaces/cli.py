@@ -29,7 +29,7 @@ from backchannel.client import Client
 from backchannel.delivery.ownership import OWNERSHIP_S
 from backchannel.errors import AnchorRequired, BackchannelError
 from backchannel.interfaces import cli_hub
-from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
+from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
 
@@ -189,7 +189,9 @@ def serve(
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8765,
-    lease: Annotated[float, typer.Option(help="Seconds a received message stays leased.")] = 60.0,
+    lease: Annotated[
+        float, typer.Option(callback=finite, help="Seconds a received message stays leased.")
+    ] = 60.0,
     max_attempts: Annotated[int, typer.Option(help="Deliveries before a message is dead.")] = 5,
     max_text: Annotated[int, typer.Option(help="Largest message text, in UTF-8 bytes.")] = 256
     * 1024,
@@ -203,22 +205,31 @@ def serve(
     dispatch_lease: Annotated[
         float,
         typer.Option(
+            callback=finite,
             help="Seconds a hub's hold on a member's push delivery lasts unrenewed: how soon "
-            "another hub takes over after a crash."
+            "another hub takes over after a crash.",
         ),
     ] = OWNERSHIP_S,
     retention_days: Annotated[
         float,
-        typer.Option(help="Days acked and dead messages are kept (0 keeps them forever)."),
+        typer.Option(
+            callback=finite, help="Days acked and dead messages are kept (0 keeps them forever)."
+        ),
     ] = 30.0,
     log_format: Annotated[
         str, typer.Option(help="text, or json (one object per line) for log collectors.")
     ] = "text",
     header_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds a client may take to send a request's head.")
+        float,
+        typer.Option(
+            min=0.1, callback=finite, help="Seconds a client may take to send a request's head."
+        ),
     ] = 10.0,
     body_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds a client may take to send a request's body.")
+        float,
+        typer.Option(
+            min=0.1, callback=finite, help="Seconds a client may take to send a request's body."
+        ),
     ] = 30.0,
     max_connections: Annotated[
         int,
@@ -455,7 +466,9 @@ def send(
 @app.command()
 def inbox(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep waiting for more.")] = False,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for the first message.")] = 0.0,
+    wait: Annotated[
+        float, typer.Option(callback=finite, help="Seconds to wait for the first message.")
+    ] = 0.0,
     limit: Annotated[int, typer.Option(help="At most this many per fetch.")] = 50,
     no_ack: Annotated[
         bool, typer.Option("--no-ack", help="Leave messages unacknowledged (they come back).")
@@ -542,8 +555,12 @@ def run(
     workspace: Annotated[Path, typer.Option(help="Directory the workspace tools may read.")] = Path(
         "."
     ),
-    timeout: Annotated[float, typer.Option(help="Stop after this many seconds.")] = 600.0,
-    quiet: Annotated[float, typer.Option(help="Seconds of quiet that end the run.")] = 2.0,
+    timeout: Annotated[
+        float, typer.Option(callback=finite, help="Stop after this many seconds.")
+    ] = 600.0,
+    quiet: Annotated[
+        float, typer.Option(callback=finite, help="Seconds of quiet that end the run.")
+    ] = 2.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
@@ -594,7 +611,7 @@ app.add_typer(timer_app, name="timer")
 @timer_app.command("set")
 def timer_set(
     intent: Annotated[str, typer.Argument(help="anchor, check or wait")],
-    minutes: Annotated[float, typer.Argument(help="Due in this many minutes.")],
+    minutes: Annotated[float, typer.Argument(callback=finite, help="Due in this many minutes.")],
     note: Annotated[str, typer.Argument(help="The breadcrumb you will read when it fires.")],
     target: Annotated[str | None, typer.Option(help="The peer, for check and wait.")] = None,
     session: Annotated[str | None, typer.Option(help="Your session [your only open one].")] = None,

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-__all__ = ["AsOpt", "HomeOpt", "JsonOpt", "MemberTokenOpt", "TokenOpt", "UrlOpt"]
+__all__ = ["AsOpt", "HomeOpt", "JsonOpt", "MemberTokenOpt", "TokenOpt", "UrlOpt", "finite"]
+
+
+def finite(value: float | None) -> float | None:
+    """The callback of every number option: ``nan`` and ``inf`` parse as floats but are
+    no number of seconds, minutes or days."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, not {value}")
+    return value
+
 
 UrlOpt = Annotated[
     str | None,
