@@ -232,3 +232,16 @@ def test_nan_and_inf_are_refused_as_numbers_on_the_command_line(server: Server) 
         assert "Traceback" not in r.stderr, args
         assert f"Invalid value for {option}: must be a finite number" in r.stderr, args
     assert json.loads(run("timer", "list", "--json", env=agent).stdout) == []
+
+
+def test_attach_never_wraps_its_lines(tmp_path: Path) -> None:
+    project = tmp_path / ("a-project-directory-with-a-rather-long-name-" * 2)
+    project.mkdir()
+    url = "http://127.0.0.1:8765"
+    r = run(
+        "attach", "claude-code", "--team", "demo", "--member", "lead", "--dir", str(project),
+        "--url", url,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"Attached claude-code in {project} as demo/lead (hub {url})." in r.stderr
+    assert f"  cd {project} && claude\n" in r.stderr

@@ -26,7 +26,7 @@ from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _hub_url(url: str | None, home: Path | None) -> str:
