@@ -245,3 +245,28 @@ def test_attach_never_wraps_its_lines(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert f"Attached claude-code in {project} as demo/lead (hub {url})." in r.stderr
     assert f"  cd {project} && claude\n" in r.stderr
+
+
+def test_a_hub_url_that_is_neither_http_nor_a_store_is_named(tmp_path: Path) -> None:
+    for args, env in [
+        (("team", "list", "--store", "bogus://x"), {}),
+        (("send", "user", "hi", "--url", "127.0.0.1:8765"), {"BACKCHANNEL_TOKEN": "bc_x"}),
+        (("inbox",), {"BACKCHANNEL_TOKEN": "bc_x", "BACKCHANNEL_URL": "localhost:8765"}),
+        (("status",), {"BACKCHANNEL_URL": "localhost:8765"}),
+    ]:
+        r = run(*args, env=env, cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr, args
+        assert "cannot tell where" in r.stderr and "http(s)://HOST:PORT" in r.stderr, args
+        assert "token" not in r.stderr, args
+
+
+def test_status_says_a_store_that_does_not_open_does_not_answer(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    r = run("status", "--store", f"sqlite:///{tmp_path}/a-file/hub.db", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "answers: no" in r.stdout
+    assert "the store does not open: cannot create SQLite store" in r.stderr
+    good = run("status", "--store", f"sqlite:///{tmp_path}/hub.db", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert "answers: yes" in good.stdout

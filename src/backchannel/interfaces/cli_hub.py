@@ -16,6 +16,7 @@ from typing import Any
 
 from backchannel import config
 from backchannel.client import Received
+from backchannel.client._async import LOCAL_SCHEMES
 from backchannel.errors import InvalidRequest
 
 
@@ -60,6 +61,12 @@ def locate(url: str | None, home: Path | None) -> Target:
     data_dir = config.home(home)
     if url:
         by = "BACKCHANNEL_URL" if os.environ.get("BACKCHANNEL_URL") == url else "--url/--store"
+        if not url.startswith(("http://", "https://", *LOCAL_SCHEMES)):
+            raise InvalidRequest(
+                f"cannot tell where {config.redact_url(url)!r} ({by}) is: use "
+                "http(s)://HOST:PORT for a running hub, or sqlite:///PATH, postgresql://... "
+                "or memory:// for a store opened in this process"
+            )
         return Target(url, by, data_dir)
     info = config.read_server_info(data_dir)
     if info is not None:

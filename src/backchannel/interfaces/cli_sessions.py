@@ -147,7 +147,12 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
             info["reachable"] = False
             problem = f"the hub at {target.url} does not answer ({exc}); is `backchannel serve` still running?"
     else:
-        info["reachable"] = True
+        try:  # a store answers when it opens
+            asyncio.run(_whoami(target.url, None))
+            info["reachable"] = True
+        except BackchannelError as exc:
+            info["reachable"] = False
+            problem = f"the store does not open: {exc.message}"
     identity = None
     if info["reachable"]:
         who_token = token
@@ -178,7 +183,7 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
         cli._fail(problem)
 
 
-async def _whoami(url: str, token: str) -> dict[str, Any]:
+async def _whoami(url: str, token: str | None) -> dict[str, Any]:
     async with Client(url, token) as client:
         return (await client.me()).model_dump()
 
