@@ -270,3 +270,17 @@ def test_status_says_a_store_that_does_not_open_does_not_answer(tmp_path: Path) 
     good = run("status", "--store", f"sqlite:///{tmp_path}/hub.db", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     assert "answers: yes" in good.stdout
+
+
+def test_another_hubs_admin_token_is_named_with_the_way_out(server: Server, tmp_path: Path) -> None:
+    assert run("init", cwd=tmp_path).returncode == 0  # a data directory of another hub
+    stale = tmp_path / ".backchannel" / "admin.token"
+    (tmp_path / "team.yaml").write_text("team: t\nmembers:\n  - {name: a, policy: echo}\n")
+    for args in [("team", "list"), ("status",), ("run", "team.yaml", "task")]:
+        r = run(*args, "--url", server.url, cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stderr)
+        assert f"the admin token in {stale} is not this hub's" in r.stderr, args
+        assert "BACKCHANNEL_HOME" in r.stderr, args
+    own = run("team", "list", "--url", server.url, "--token", "bc_nobody", cwd=tmp_path)
+    assert own.returncode == 1
+    assert "admin.token" not in own.stderr  # a token given is not the file's

@@ -27,7 +27,7 @@ from rich.console import Console
 from backchannel import config
 from backchannel.client import Client
 from backchannel.delivery.ownership import OWNERSHIP_S
-from backchannel.errors import AnchorRequired, BackchannelError
+from backchannel.errors import AnchorRequired, BackchannelError, Unauthorized
 from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
 from backchannel.interfaces.terminal import markup_safe, printable
@@ -125,9 +125,34 @@ def _locate(url: str | None, home: Path | None) -> cli_hub.Target:
     return target
 
 
+# where this command's admin token came from, when it was read from a data directory
+_admin_token_file: Path | None = None
+
+
+def file_admin_token(data_dir: Path) -> str | None:
+    """The admin token in ``data_dir``, remembered as this command's (see :func:`_run`)."""
+    global _admin_token_file
+    token = config.admin_token(data_dir, create=False)
+    _admin_token_file = data_dir / config.ADMIN_TOKEN_FILE if token is not None else None
+    return token
+
+
+def refused(message: str) -> str:
+    """A hub's 401 ``message``, and, when the token was read from a data directory, that
+    this is another hub's and the way to this one's."""
+    if _admin_token_file is None:
+        return message
+    return (
+        f"{message} (the admin token in {_admin_token_file} is not this hub's: set "
+        "BACKCHANNEL_HOME to the data directory of the hub's `serve`, or BACKCHANNEL_TOKEN)"
+    )
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
+    except Unauthorized as exc:
+        _fail(refused(exc.message))
     except BackchannelError as exc:
         _fail(exc.message)
     except KeyboardInterrupt:
@@ -140,7 +165,7 @@ def _client(url: str | None, token: str | None, home: Path | None, *, admin: boo
     data_dir, url = target.data_dir, target.url
     if admin and token is None:
         if url.startswith(("http://", "https://")):
-            token = config.admin_token(data_dir, create=False)
+            token = file_admin_token(data_dir)
             if token is None:
                 _fail(
                     f"no admin token: set BACKCHANNEL_TOKEN or run on the hub's host "
@@ -572,9 +597,7 @@ def run(
 
     target = _locate(url, home)
     data_dir, url = target.data_dir, target.url
-    admin_token = token or (
-        config.admin_token(data_dir, create=False) if url.startswith("http") else None
-    )
+    admin_token = token or (file_admin_token(data_dir) if url.startswith("http") else None)
     if url.startswith("http") and admin_token is None:
         _fail(
             f"no admin token: set BACKCHANNEL_TOKEN, or run where {data_dir / config.ADMIN_TOKEN_FILE} is"

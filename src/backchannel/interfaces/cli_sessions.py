@@ -157,12 +157,12 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
     if info["reachable"]:
         who_token = token
         if who_token is None and target.is_http:
-            who_token = config.admin_token(target.data_dir, create=False)
+            who_token = cli.file_admin_token(target.data_dir)
         if who_token is not None:
             try:
                 identity = asyncio.run(_whoami(target.url, who_token))
             except BackchannelError as exc:
-                problem = f"the token is refused: {exc.message}"
+                problem = f"the token is refused: {cli.refused(exc.message)}"
     info["identity"] = identity
     if as_json:
         cli._print_json(info)
