@@ -284,3 +284,16 @@ def test_another_hubs_admin_token_is_named_with_the_way_out(server: Server, tmp_
     own = run("team", "list", "--url", server.url, "--token", "bc_nobody", cwd=tmp_path)
     assert own.returncode == 1
     assert "admin.token" not in own.stderr  # a token given is not the file's
+
+
+def test_serve_names_a_port_out_of_range_and_a_host_not_of_this_machine(tmp_path: Path) -> None:
+    home = str(tmp_path / "data")
+    port = run("serve", "--port", "70000", "--home", home)
+    assert port.returncode == 2
+    assert "Traceback" not in port.stderr
+    assert "Invalid value for '--port'" in port.stderr
+    host = run("serve", "--host", "999.1.1.1", "--port", "0", "--home", home)
+    assert host.returncode == 1
+    assert "cannot listen on 999.1.1.1:0" in host.stderr
+    assert "give --host an address of this machine" in host.stderr
+    assert "--port" not in host.stderr

@@ -213,7 +213,9 @@ def serve(
         typer.Option(help="sqlite:///path, postgresql://... or memory:// [data dir's SQLite]"),
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8765,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")
+    ] = 8765,
     lease: Annotated[
         float, typer.Option(callback=finite, help="Seconds a received message stays leased.")
     ] = 60.0,

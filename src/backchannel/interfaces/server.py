@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import faulthandler
 import logging
 import signal
@@ -105,9 +106,12 @@ def run_server(
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            way_out = "give --host an address of this machine (0.0.0.0 listens on all)"
+        else:
+            way_out = "pick another --port (0 chooses a free one)"
         console.print(
-            f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror}; "
-            "pick another --port (0 chooses a free one)"
+            f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror}; {way_out}"
         )
         raise SystemExit(1) from None
     sock.listen(2048)
