@@ -286,12 +286,19 @@ def test_another_hubs_admin_token_is_named_with_the_way_out(server: Server, tmp_
     assert "admin.token" not in own.stderr  # a token given is not the file's
 
 
-def test_serve_names_a_port_out_of_range_and_a_host_not_of_this_machine(tmp_path: Path) -> None:
+def test_serve_names_a_port_or_text_limit_out_of_range_and_a_host_not_its_own(
+    tmp_path: Path,
+) -> None:
     home = str(tmp_path / "data")
     port = run("serve", "--port", "70000", "--home", home)
     assert port.returncode == 2
     assert "Traceback" not in port.stderr
     assert "Invalid value for '--port'" in port.stderr
+    # a hub that would refuse every message as too large is no hub to start
+    for text in ("0", "-5"):
+        none_fit = run("serve", "--port", "0", "--max-text", text, "--home", home)
+        assert none_fit.returncode == 2
+        assert "Invalid value for '--max-text'" in none_fit.stderr
     host = run("serve", "--host", "999.1.1.1", "--port", "0", "--home", home)
     assert host.returncode == 1
     assert "cannot listen on 999.1.1.1:0" in host.stderr

@@ -220,8 +220,9 @@ def serve(
         float, typer.Option(callback=finite, help="Seconds a received message stays leased.")
     ] = 60.0,
     max_attempts: Annotated[int, typer.Option(help="Deliveries before a message is dead.")] = 5,
-    max_text: Annotated[int, typer.Option(help="Largest message text, in UTF-8 bytes.")] = 256
-    * 1024,
+    max_text: Annotated[
+        int, typer.Option(min=1, help="Largest message text, in UTF-8 bytes.")
+    ] = 256 * 1024,
     dispatch: Annotated[
         bool,
         typer.Option(
