@@ -3,12 +3,14 @@ why it stops when it does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import struct
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -109,3 +111,58 @@ def test_an_exception_that_ends_the_server_is_logged_with_its_traceback(tmp_path
     assert "backchannel serve crashed: IsADirectoryError" in run.stderr
     assert "Traceback" in run.stderr
     assert "write_server_info" in run.stderr
+
+
+def test_stopping_with_receivers_waiting_answers_them_and_logs_no_traceback(
+    tmp_path: Path,
+) -> None:
+    srv = start_server(tmp_path / "home")
+    tokens = srv.team("crew", "worker")
+    auth = {"Authorization": f"Bearer {tokens['worker']}"}
+    answers: dict[str, object] = {}
+    # a long-poll and the streams: the inbox's, and the team's that `tail` reads
+    poll = httpx.Client(base_url=srv.url, headers=auth, timeout=60)
+    stream = httpx.Client(base_url=srv.url, headers=auth, timeout=60)
+    env = {**os.environ, "BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["user"]}
+    tail = subprocess.Popen(
+        [str(BIN), "tail"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+
+        def long_poll() -> None:
+            try:
+                answers["poll"] = poll.get("/v1/inbox", params={"wait": 60}).status_code
+            except httpx.HTTPError as exc:  # the connection closed: also an answer
+                answers["poll"] = type(exc).__name__
+
+        waiter = threading.Thread(target=long_poll)
+        waiter.start()
+        with srv.client(tokens["user"]) as c:
+            c.post("/v1/messages", json={"to": "user", "text": "for tail to show"})
+        assert tail.stdout is not None and tail.stderr is not None
+        assert "for tail to show" in tail.stdout.readline().decode()
+        with (
+            stream.stream("GET", "/v1/inbox/stream") as inbox,
+            stream.stream("GET", "/v1/teams/crew/events") as events,
+        ):
+            readers = [inbox.iter_lines(), events.iter_lines()]
+            assert [next(r) for r in readers] == [": connected", ": connected"]
+            srv.proc.terminate()
+            assert srv.proc.wait(20) == 0
+            for r in readers:  # what is left, to the stream's end
+                with contextlib.suppress(httpx.HTTPError):
+                    for _ in r:
+                        pass
+        waiter.join(20)
+        assert answers["poll"] != 500
+        assert tail.wait(20) == 1
+        assert "the hub ended the stream" in tail.stderr.read().decode()
+        log = (srv.home / "serve.log").read_text()
+        assert "Traceback" not in log
+        assert "stopped on SIGTERM" in log
+    finally:
+        srv.stop()
+        tail.kill()
+        tail.communicate()
+        poll.close()
+        stream.close()

@@ -752,6 +752,8 @@ def tail(
 
     with suppress(KeyboardInterrupt):
         _run(_with(client, run))
+        # a hub ends a team's stream only when it stops
+        _fail("the hub ended the stream: it is shutting down; run tail again once it is back")
 
 
 from backchannel.interfaces import cli_agents, cli_sessions  # noqa: E402

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import faulthandler
+import json
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -61,6 +65,64 @@ def prepare_process() -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     faulthandler.enable()
     tune_gc()  # the process is the hub's: its collector runs as a busy hub needs
+
+
+class _EndedByShutdown:
+    """ASGI wrapper. At shutdown uvicorn waits a while (``timeout_graceful_shutdown``) for
+    the requests under way, then cancels those still running: long-polls and event
+    streams, which wait by design. Such a request then ends as an answer, not as a
+    traceback in the log and a bare 500: a 503 that says the hub is stopping, or the end
+    of a stream already under way. A cancellation while the server runs is not touched."""
+
+    def __init__(self, app: Any, stopping: Callable[[], bool]) -> None:
+        self.app = app
+        self.stopping = stopping
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = ended = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started, ended
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                ended = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if not self.stopping():
+                raise
+            with contextlib.suppress(OSError):
+                if not started:
+                    await send(_STOPPING_START)
+                    await send({"type": "http.response.body", "body": _STOPPING_BODY})
+                elif not ended:
+                    await send({"type": "http.response.body", "body": b""})
+
+
+_STOPPING_BODY = json.dumps(
+    {
+        "error": {
+            "code": "unavailable",
+            "message": "the hub is shutting down; retry once it is back",
+        }
+    }
+).encode()
+_STOPPING_START = {
+    "type": "http.response.start",
+    "status": 503,
+    "headers": [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(_STOPPING_BODY)).encode()),
+        (b"retry-after", b"5"),
+        (b"connection", b"close"),
+    ],
+}
 
 
 def run_server(
@@ -128,7 +190,7 @@ def run_server(
             "raise it with ulimit -n)"
         )
     uv_config = uvicorn.Config(
-        app,
+        _EndedByShutdown(app, lambda: server.should_exit),
         loop=_event_loop_kind(),
         http=guarded_protocol(limits),
         log_level="warning",
