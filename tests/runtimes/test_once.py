@@ -210,6 +210,19 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         s.stop()
 
 
+def test_the_state_directories_it_creates_are_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BACKCHANNEL_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seen.remember("claude-code", "s-1", ["m-1"])
+    assert seen.recorded("claude-code", "s-1") == ["m-1"]
+    made = [tmp_path / ".local", tmp_path / ".local" / "state"]
+    made += [made[-1] / "backchannel", made[-1] / "backchannel" / "seen"]
+    assert [oct(stat.S_IMODE(d.stat().st_mode)) for d in made] == [oct(0o700)] * 4
+
+
 def test_the_command_hook_records_what_it_printed_and_sends_it_along(
     srv: Server, tmp_path: Path
 ) -> None:

@@ -78,6 +78,17 @@ def recorded(runtime: str, session_id: str) -> list[str]:
     return [i for i in ids if isinstance(i, str)][-KEEP:] if isinstance(ids, list) else []
 
 
+def _private_dirs(folder: Path) -> None:
+    """``folder`` and every missing directory above it, created 0700 (as the XDG base
+    directory spec asks; ``mkdir(parents=True)`` would give the parents the umask's)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
 def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
     """Add ``ids`` to the session's record; never raises."""
     new = [i for i in ids if isinstance(i, str)]
@@ -85,7 +96,7 @@ def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
         return
     try:
         path = _path(runtime, session_id)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _private_dirs(path.parent)
         keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
