@@ -4,6 +4,7 @@ idempotent, with a dry run; the token never lands in a file."""
 from __future__ import annotations
 
 import json
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -337,3 +338,21 @@ def test_gemini_server_is_trusted_and_the_folder_trust_step_is_printed(tmp_path:
     server = _load(tmp_path / ".gemini/settings.json")["mcpServers"]["backchannel"]
     assert server["trust"] is True
     assert "gemini --skip-trust" in result.output and "GEMINI_CLI_TRUST_WORKSPACE" in result.output
+
+
+def test_a_private_file_stays_private_and_so_does_its_backup(tmp_path: Path) -> None:
+    mcp = tmp_path / ".mcp.json"
+    mcp.write_text('{"mcpServers": {"mine": {"command": "x", "env": {"KEY": "secret"}}}}')
+    mcp.chmod(0o600)
+    assert attach(tmp_path, "claude-code").exit_code == 0
+    (backup,) = _backups(tmp_path)
+    assert stat.S_IMODE(mcp.stat().st_mode) == 0o600
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    # and the user's own Codex config, where --trust-hooks records the grant
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('model = "o3"\n')
+    (home / "config.toml").chmod(0o600)
+    assert _codex_attach(tmp_path, home, "--trust-hooks").exit_code == 0
+    assert "hooks.state" in (home / "config.toml").read_text()
+    assert stat.S_IMODE((home / "config.toml").stat().st_mode) == 0o600

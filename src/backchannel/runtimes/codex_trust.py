@@ -153,7 +153,7 @@ def grant(project: Path, home: Path | None = None) -> tuple[Path, list[HookTrust
             text = "".join(lines[:start]) + block + "".join(lines[end:])
     tomllib.loads(text)  # never leave the user's config unreadable
     home.mkdir(parents=True, exist_ok=True)
-    tmp = config.with_name(f".{config.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(config)
+    from backchannel.runtimes.attach import replace_text
+
+    replace_text(config, text)  # as private as it was
     return config, pending
