@@ -304,3 +304,17 @@ def test_serve_names_a_port_or_text_limit_out_of_range_and_a_host_not_its_own(
     assert "cannot listen on 999.1.1.1:0" in host.stderr
     assert "give --host an address of this machine" in host.stderr
     assert "--port" not in host.stderr
+
+
+def test_a_data_directory_that_is_a_file_is_named_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    home = str(tmp_path / "a-file")
+    for args in [("serve", "--port", "0"), ("init",), ("team", "list"), ("status",)]:
+        r = run(*args, env={"BACKCHANNEL_HOME": home})
+        assert r.returncode == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr, args
+        assert f"the data directory {home} is not a directory" in r.stderr, args
+    under = run("init", "--home", str(tmp_path / "a-file" / "data"))
+    assert under.returncode == 1
+    assert "Traceback" not in under.stderr
+    assert "cannot create the data directory" in under.stderr

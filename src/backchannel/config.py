@@ -33,7 +33,15 @@ DB_FILE = "backchannel.db"
 
 
 def home(path: str | os.PathLike[str] | None = None) -> Path:
-    return Path(path or os.environ.get("BACKCHANNEL_HOME") or ".backchannel").absolute()
+    """The data directory: ``path``, else ``$BACKCHANNEL_HOME``, else ``./.backchannel``.
+    Raises ``InvalidRequest`` when something other than a directory is there."""
+    found = Path(path or os.environ.get("BACKCHANNEL_HOME") or ".backchannel").absolute()
+    if found.exists() and not found.is_dir():
+        raise InvalidRequest(
+            f"the data directory {found} is not a directory; point --home or "
+            "BACKCHANNEL_HOME at a directory (it is created when missing)"
+        )
+    return found
 
 
 def default_store_url(data_dir: Path) -> str:
@@ -53,11 +61,20 @@ def private_dir(path: Path) -> None:
         path.mkdir(mode=DIR_MODE, parents=True)
     except FileExistsError:
         if not path.is_dir():
-            raise
+            raise _no_data_dir(path, "it is a file, not a directory") from None
         if not _hubs_own(path):
             return
+    except OSError as exc:
+        raise _no_data_dir(path, exc.strerror or str(exc)) from None
     if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
         path.chmod(DIR_MODE)
+
+
+def _no_data_dir(path: Path, why: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"cannot create the data directory {path}: {why}; point --home or "
+        "BACKCHANNEL_HOME at a directory you may write"
+    )
 
 
 def _hubs_own(path: Path) -> bool:

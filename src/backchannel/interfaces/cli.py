@@ -293,9 +293,9 @@ def serve(
             raise typer.BadParameter(str(exc), param_hint="--cpu") from None
     from backchannel.interfaces.server import run_server
 
-    data_dir = config.home(home)
-    store_url = store or config.default_store_url(data_dir)
     try:
+        data_dir = config.home(home)
+        store_url = store or config.default_store_url(data_dir)
         run_server(
             data_dir=data_dir,
             store_url=store_url,

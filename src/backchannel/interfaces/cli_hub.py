@@ -84,8 +84,7 @@ def init_store(store: str | None, home: Path | None) -> tuple[Path, str, bool]:
     from backchannel.hub import Hub
 
     data_dir = config.home(home)
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    config.admin_token(data_dir)
+    config.admin_token(data_dir)  # the data directory first (0700)
     url = store or config.default_store_url(data_dir)
     existed = (data_dir / config.DB_FILE).exists() if store is None else False
 
