@@ -82,27 +82,20 @@ class _EndedByShutdown:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = ended = False
-
-        async def tracked(message: Any) -> None:
-            nonlocal started, ended
-            if message["type"] == "http.response.start":
-                started = True
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                ended = True
-            await send(message)
-
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, receive, send)
         except asyncio.CancelledError:
             if not self.stopping():
                 raise
-            with contextlib.suppress(OSError):
-                if not started:
+            # uvicorn refuses a second response head (RuntimeError): a stream under way
+            # is ended instead (nothing is tracked on the way, so a request costs nothing)
+            with contextlib.suppress(OSError, RuntimeError):
+                try:
                     await send(_STOPPING_START)
-                    await send({"type": "http.response.body", "body": _STOPPING_BODY})
-                elif not ended:
+                except RuntimeError:
                     await send({"type": "http.response.body", "body": b""})
+                else:
+                    await send({"type": "http.response.body", "body": _STOPPING_BODY})
 
 
 _STOPPING_BODY = json.dumps(
