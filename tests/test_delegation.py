@@ -16,6 +16,7 @@ import pytest
 from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as rules
 from backchannel.errors import (
+    BudgetExhausted,
     Conflict,
     InvalidRequest,
     Unauthorized,
@@ -500,3 +501,146 @@ async def test_a_hook_attached_callee_answers_from_its_own_session(hub: Hub) -> 
     await hub.report_event("t", "cc", "cc-live", "agent_stop", "LGTM")
     [result] = await _results(hub)
     assert result.text.endswith("LGTM")
+
+
+# -- the chain budget across hubs ----------------------------------------------------------
+
+
+async def _chain_team(hub: Hub, chain_budget: int) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off", "chain_budget": chain_budget})
+    await hub.add_member("t", "lead")
+    await hub.add_member("t", "hub-b")  # the other hub, as a member of this team
+    await hub.open_session("t", "lead", "lead-s")
+
+
+async def _task_from_hub_b(hub: Hub, tool_use_id: str, chain: Any) -> str:
+    """Hub B hands lead a task in ``chain``; lead's turn on it starts. Returns the session."""
+    d = await hub.accept_chat(
+        "t", "hub-b", "lead", "pass it on", reply_service="hub-b", reply_token="tok",
+        session_id="b-s", tool_use_id=tool_use_id, chain=chain,
+    )  # fmt: skip
+    assert d.callee_session is not None
+    got = await hub.receive("t", "lead", session=d.callee_session)
+    await hub.ack("t", "lead", [g.message.message_id for g in got])
+    await hub.report_event("t", "lead", d.callee_session, "turn_start")
+    return d.callee_session
+
+
+async def _chat_bodies(hub: Hub) -> dict[str, dict[str, Any]]:
+    jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox", pending_only=False))
+    return {
+        j.payload["body"]["tool_use_id"]: j.payload["body"]
+        for j in jobs
+        if j.payload["purpose"] == "chat"
+    }
+
+
+async def test_a_task_for_another_hub_carries_its_chain_and_stops_at_the_budget(
+    clock: FakeClock,
+) -> None:
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _chain_team(hub, chain_budget=3)
+        # a turn on nothing the hub handed over has no chain: the task names none
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate("t", "lead", "lead-s", "worker@hub-b", "x", tool_use_id="tu_0")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        # a task at hop 1 of a chain: the turn on it delegates at hop 2
+        sub = await _task_from_hub_b(hub, "tu_b1", {"id": "c-1", "hop": 1})
+        await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_1")
+        await hub.report_event("t", "lead", sub, "agent_stop", "")
+        # at hop 2 the task at hop 3 reaches the budget: it goes, and spends it
+        sub = await _task_from_hub_b(hub, "tu_b2", {"id": "c-1", "hop": 2})
+        await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_2")
+        await hub.report_event("t", "lead", sub, "agent_stop", "")
+        bodies = await _chat_bodies(hub)
+        assert "chain" not in bodies["tu_0"]
+        assert bodies["tu_1"]["chain"] == {"id": "c-1", "hop": 2}
+        assert bodies["tu_2"]["chain"] == {"id": "c-1", "hop": 3}
+        got = await hub.receive("t", "user", limit=100)
+        [told] = [g.message for g in got if g.message.meta.get("budget") == "chain"]
+        assert (told.meta["key"], told.meta["limit"]) == ("chain:c-1", 3)
+        # at hop 3 the next task would be past it: refused as a local send would be
+        sub = await _task_from_hub_b(hub, "tu_b3", {"id": "c-1", "hop": 3})
+        with pytest.raises(BudgetExhausted) as exc:
+            await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_3")
+        assert exc.value.status == 429
+        assert (exc.value.details["budget"], exc.value.details["key"]) == ("chain", "chain:c-1")
+        assert "chain_budget" in exc.value.message
+        assert "tu_3" not in {d.tool_use_id for d in await hub.list_delegations("t")}
+        # a human's extension lets exactly that many more hops through
+        await hub.extend_budget("t", "chain:c-1", 1, by_whom="user")
+        await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_4")
+        await hub.report_event("t", "lead", sub, "agent_stop", "")
+        assert (await _chat_bodies(hub))["tu_4"]["chain"] == {"id": "c-1", "hop": 4}
+
+
+async def test_a_task_from_another_hub_goes_on_in_the_chain_it_names(clock: FakeClock) -> None:
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _chain_team(hub, chain_budget=5)
+        await hub.add_member("t", "helper")
+        # a task without a chain starts a new one at hop 0
+        d = await hub.accept_chat(
+            "t", "hub-b", "lead", "fresh", reply_service="hub-b", reply_token="tok",
+            session_id="b-s", tool_use_id="tu_f",
+        )  # fmt: skip
+        [task] = await hub.receive("t", "lead", session=d.callee_session)
+        assert (task.message.chain_id, task.message.hop) == (task.message.message_id, 0)
+        # a task in a chain continues it: the turn on it sends one hop further
+        sub = await _task_from_hub_b(hub, "tu_c", {"id": "c-2", "hop": 4})
+        sent = await hub.send("t", "lead", "helper", "help", sender_session=sub)
+        m = (await hub.message_status("t", sent.message_id)).message
+        assert (m.chain_id, m.hop) == ("c-2", 5)
+        sub = await _task_from_hub_b(hub, "tu_d", {"id": "c-2", "hop": 5})
+        with pytest.raises(BudgetExhausted):
+            await hub.send("t", "lead", "helper", "more", sender_session=sub)
+        # a task past this team's budget is refused at ingress, like a send would be
+        with pytest.raises(BudgetExhausted) as exc:
+            await hub.accept_chat(
+                "t", "hub-b", "lead", "too far", reply_service="hub-b", reply_token="tok",
+                session_id="b-s", tool_use_id="tu_far", chain={"id": "c-3", "hop": 6},
+            )  # fmt: skip
+        assert exc.value.details["key"] == "chain:c-3"
+        assert "tu_far" not in {d.tool_use_id for d in await hub.list_delegations("t")}
+
+
+@pytest.mark.parametrize(
+    ("chain", "field"),
+    [
+        ("c-1", "chain"),
+        (["c-1", 1], "chain"),
+        ({"hop": 1}, "chain.id"),
+        ({"id": "", "hop": 1}, "chain.id"),
+        ({"id": "_c", "hop": 1}, "chain.id"),
+        ({"id": "c 1", "hop": 1}, "chain.id"),
+        ({"id": "c" * 129, "hop": 1}, "chain.id"),
+        ({"id": 7, "hop": 1}, "chain.id"),
+        ({"id": "c-1"}, "chain.hop"),
+        ({"id": "c-1", "hop": -1}, "chain.hop"),
+        ({"id": "c-1", "hop": 1_000_001}, "chain.hop"),
+        ({"id": "c-1", "hop": 1.0}, "chain.hop"),
+        ({"id": "c-1", "hop": "1"}, "chain.hop"),
+        ({"id": "c-1", "hop": True}, "chain.hop"),
+    ],
+)
+async def test_a_bad_chain_from_another_hub_is_refused_naming_the_field(
+    clock: FakeClock, chain: Any, field: str
+) -> None:
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _chain_team(hub, chain_budget=5)
+        with pytest.raises(InvalidRequest) as exc:
+            await hub.accept_chat(
+                "t", "hub-b", "lead", "x", reply_service="hub-b", reply_token="tok",
+                chain=chain,
+            )  # fmt: skip
+        assert exc.value.status == 422
+        assert exc.value.details["field"] == field
+        assert await hub.list_delegations("t") == []

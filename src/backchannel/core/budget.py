@@ -25,18 +25,23 @@ the hub loads the records, asks these functions, and writes what they return.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from backchannel.types import Budget
+from backchannel.errors import InvalidRequest
+from backchannel.types import MESSAGE_ID_PATTERN, Budget
 
 DEFAULT_PAIR_BUDGET = 24
 DEFAULT_PAIR_WINDOW = 3600.0
 DEFAULT_CHAIN_BUDGET = 32
 MAX_EXTEND = 1000
+#: Highest hop another hub may name for a task's chain (``/api/chat``'s ``chain.hop``).
+MAX_HOP = 1_000_000
+_CHAIN_ID_RE = re.compile(MESSAGE_ID_PATTERN)
 
 
 class Scope(StrEnum):
@@ -112,6 +117,33 @@ def chain_for_send(
             return ChainRef(message_id, 1)
         return ChainRef(turn_chain.chain_id, turn_chain.hop + 1)
     return None
+
+
+def chain_wire(chain: ChainRef) -> dict[str, Any]:
+    """How a task for another hub names its chain (``/api/chat``'s ``chain``)."""
+    return {"id": chain.chain_id, "hop": chain.hop}
+
+
+def check_chain(value: Any) -> ChainRef | None:
+    """The chain another hub named for a task (``{"id", "hop"}``; ``None``: none named).
+    The id is a message id of the hub that started the chain; the hop a whole number from
+    0 to :data:`MAX_HOP`. Anything else is refused, naming the field."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidRequest('chain must be an object {"id": ..., "hop": ...}', field="chain")
+    chain_id, hop = value.get("id"), value.get("hop")
+    if not isinstance(chain_id, str) or not _CHAIN_ID_RE.fullmatch(chain_id):
+        raise InvalidRequest(
+            "chain.id must be 1 to 128 letters, digits, '_', '-', '.' or ':', starting with a "
+            "letter or digit (a message id of the hub that started the chain)",
+            field="chain.id",
+        )
+    if not isinstance(hop, int) or isinstance(hop, bool) or not 0 <= hop <= MAX_HOP:
+        raise InvalidRequest(
+            f"chain.hop must be a whole number from 0 to {MAX_HOP}", field="chain.hop"
+        )
+    return ChainRef(chain_id, hop)
 
 
 def turn_chain(inputs: list[ChainRef | None], previous: ChainRef | None) -> ChainRef | None:

@@ -44,6 +44,11 @@ _CTX = "ctx:"
 _CHAIN_STARTERS = (MessageKind.TIMER,)
 
 
+def _carried(message: Message) -> bool:
+    """A task from another hub comes with its chain (``accept_chat`` put it there)."""
+    return message.kind is MessageKind.DELEGATION and message.chain_id is not None
+
+
 def _ref(meta: Mapping[str, Any]) -> rules.ChainRef | None:
     raw = meta.get("chain")
     if isinstance(raw, list | tuple) and len(raw) == 2:
@@ -130,6 +135,8 @@ class Budgets:
     def stamp(self, s: Send) -> Message:
         """The message with the chain it belongs to and its hop in it."""
         tx, message = s.c.tx, s.message
+        if _carried(message):
+            return message  # a task from another hub goes on in the chain it named
         pairs = self._pairs(s)
         if pairs or (
             message.kind in _AGENT_KINDS and self._is_agent(tx, message.team, message.sender)
@@ -152,7 +159,7 @@ class Budgets:
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
         tx, message = s.c.tx, s.message
         pairs = self._pairs(s)
-        if not pairs:
+        if not pairs and not _carried(message):
             return []
         team = tx.get_team(message.team)
         lim = rules.limits(team.settings if team else {})
@@ -191,6 +198,15 @@ class Budgets:
 
     # -- telling people ---------------------------------------------------------------------
     def _announce_stop(self, c: Ctx, b: Budget, message: Message) -> None:
+        to = [] if message.to == BROADCAST else [message.to]
+        chain = (message.chain_id, message.hop) if message.chain_id else None
+        self._tell_stop(c, b, [message.sender, *to], chain, message.created_at)
+
+    def _tell_stop(
+        self, c: Ctx, b: Budget, sides: list[str], chain: tuple[str, int] | None, at: float
+    ) -> None:
+        """Tell both sides of the send that spent budget ``b`` (a chain's: ``sides``) and
+        the team's human."""
         tx = c.tx
         team = tx.get_team(b.team)
         lim = rules.limits(team.settings if team else {})
@@ -201,12 +217,10 @@ class Budgets:
             sides = list(rules.key_members(b.key))
         else:
             limit, resets = lim.chain_budget + b.granted, None
-            to = [] if message.to == BROADCAST else [message.to]
-            sides = [message.sender, *to]
         if scope is rules.Scope.PAIR:
             link = tx.find_open_link(b.team, sides[0], sides[1])
             if link is not None:  # nothing more could cross it
-                self.links.close(c, link, "conversation_budget", message.created_at)
+                self.links.close(c, link, "conversation_budget", at)
         meta = {"budget": scope.value, "key": b.key, "limit": limit, "resets_at": resets}
         for who in dict.fromkeys([*sides, USER]):
             if tx.get_member(b.team, who) is None:
@@ -216,9 +230,38 @@ class Budgets:
             # the notice belongs to the chain it stops: a turn it starts goes no further
             msg = notices.system(
                 b.team, who, text, self.clock.now(), summary=f"{scope.value} budget spent: {b.key}",
-                meta=meta, chain=(message.chain_id, message.hop) if message.chain_id else None,
+                meta=meta, chain=chain,
             )  # fmt: skip
             self.pipeline.insert(c, msg, None)
+
+    # -- a task for another hub ----------------------------------------------------------------
+    def outbound_chain(
+        self, c: Ctx, team: str, caller: str, session: Session, callee: str, now: float
+    ) -> tuple[rules.ChainRef | None, rules.Refusal | None]:
+        """The chain a task of ``session``'s turn for ``callee`` on another hub goes on in
+        (its turn's chain, one hop further; ``None`` when the turn has none), and the
+        refusal when that hop is past the chain budget, as for a task of this hub. The task
+        that reaches the budget spends it: the caller and the team's human are told."""
+        turn = _ref(session.meta)
+        if turn is None:
+            return None, None
+        ref = rules.chain_for_send(counted=True, turn_chain=turn, message_id="")
+        assert ref is not None
+        tx = c.tx
+        t = tx.get_team(team)
+        lim = rules.limits(t.settings if t else {})
+        if ref.hop < lim.chain_budget:
+            return ref, None
+        d = rules.decide_chain(
+            team, ref, tx.get_budget(team, rules.chain_key(ref.chain_id)), lim, now
+        )
+        if d.refusal is not None:
+            return ref, d.refusal
+        if d.record is not None:
+            tx.put_budget(d.record)
+            if d.stops:
+                self._tell_stop(c, d.record, [caller, callee], (ref.chain_id, ref.hop), now)
+        return ref, None
 
     # -- the chain a session's turn works in -----------------------------------------------
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:

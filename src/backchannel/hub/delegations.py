@@ -27,9 +27,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from backchannel.core import budget as budget_rules
 from backchannel.core import delegation as rules
 from backchannel.core import messages, notices, turns
-from backchannel.errors import Conflict, InvalidRequest, NotFound, Unauthorized, UnknownService
+from backchannel.errors import (
+    BudgetExhausted,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    UnknownService,
+)
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.outbox import Outbox
 from backchannel.hub.pipeline import Pipeline
@@ -132,6 +140,11 @@ class Delegations:
                 batch=batch,
             )
             if remote:
+                # refused like a task for a member of this hub when it would go past the
+                # chain budget (the task carries the turn's chain to the other hub)
+                _, refusal = self.pipeline.budgets.outbound_chain(c, team, member, caller, to, now)
+                if refusal is not None:
+                    raise BudgetExhausted(refusal.text, **refusal.details())
                 # sent when the caller's turn ends, when the turn's count of delegations
                 # (the token's ``total_tools``) is known
                 tx.insert_delegation(d)
@@ -178,6 +191,15 @@ class Delegations:
             except UnknownService as exc:  # the registry changed since the call
                 self._refused(c, d, exc.message, now)
                 continue
+            caller = c.tx.get_session(team, d.caller_session)
+            chain, refusal = (
+                self.pipeline.budgets.outbound_chain(c, team, d.caller, caller, d.callee, now)
+                if caller is not None
+                else (None, None)
+            )
+            if refusal is not None:  # the turn's chain went further after the call
+                self._failed(c, d, refusal.text, now)
+                continue
             token = rules.make_token(
                 self.callbacks.secret or "",
                 {
@@ -205,6 +227,8 @@ class Delegations:
                         "callbackService": self.callbacks.service_name,
                         "bearerToken": token,
                     },
+                    # the chain the task goes on in, so the other hub's budget sees it
+                    **({"chain": budget_rules.chain_wire(chain)} if chain else {}),
                 },
                 bearer=svc.token,
                 purpose="chat",
@@ -214,12 +238,11 @@ class Delegations:
 
     def _refused(self, c: Ctx, d: Delegation, reason: str, now: float) -> None:
         """The task never reached the callee: the delegation failed (its batch is told)."""
-        failed = dataclasses.replace(
-            d,
-            state=DelegationState.FAILED,
-            error=f"the callee's hub refused the task: {reason}",
-            answered_at=now,
-        )
+        self._failed(c, d, f"the callee's hub refused the task: {reason}", now)
+
+    def _failed(self, c: Ctx, d: Delegation, error: str, now: float) -> None:
+        """The task is not sent: the delegation failed with ``error`` (its batch is told)."""
+        failed = dataclasses.replace(d, state=DelegationState.FAILED, error=error, answered_at=now)
         c.tx.update_delegation(failed)
         self._deliver_batch(c, d.team, d.batch, now)
 
@@ -230,8 +253,17 @@ class Delegations:
         self._dispatch_batch(c, session.team, batch, now)
         self._deliver_batch(c, session.team, batch, now)
 
-    def _start_callee(self, c: Ctx, d: Delegation, *, sender: str, now: float) -> None:
-        """Open the callee's session for this request and give it the task.
+    def _start_callee(
+        self,
+        c: Ctx,
+        d: Delegation,
+        *,
+        sender: str,
+        now: float,
+        chain: budget_rules.ChainRef | None = None,
+    ) -> None:
+        """Open the callee's session for this request and give it the task. A task from
+        another hub goes on in the ``chain`` it named, or starts one at hop 0.
 
         Agents attached through hooks (Claude Code, Codex, Gemini) cannot be started in a
         new session by the hub: their task goes to the member, and whichever session of
@@ -248,6 +280,9 @@ class Delegations:
         # a local caller's task goes on in the chain of the turn that delegated
         turn = d.caller_session if d.route is Route.LOCAL else None
         msg = notices.task(d.team, sender, callee, d.task, d.delegation_id, pinned, now, turn)
+        if d.route is Route.INBOUND:
+            chain = chain or budget_rules.ChainRef(msg.message_id, 0)
+            msg = msg.in_chain(chain.chain_id, chain.hop)
         self.pipeline.insert(c, msg, pinned)
 
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage]) -> None:
@@ -282,10 +317,17 @@ class Delegations:
         session_id: str | None = None,
         tool_use_id: str | None = None,
         timeout_s: float | None = None,
+        chain: Any = None,
     ) -> Delegation:
         """``POST /api/chat``: run ``agent`` on ``message`` and send its answer to
-        ``reply_service``. Idempotent on ``(session_id, tool_use_id)``."""
+        ``reply_service``. Idempotent on ``(session_id, tool_use_id)``.
+
+        ``chain`` (``{"id", "hop"}``) is the conversation chain the caller's hub put the
+        task in: the task goes on in it at that hop, so the chain budget holds across
+        hubs (past it, the task is refused like any send). Without it the task starts a
+        new chain at hop 0."""
         self.callbacks.resolve(reply_service)  # refused at ingress when unknown
+        carried = budget_rules.check_chain(chain)
         if not isinstance(reply_token, str) or not reply_token:
             raise InvalidRequest("reply.bearerToken is missing", field="reply.bearerToken")
         if len(reply_token) > rules.MAX_BEARER_TOKEN or not _TOKEN_CHARS.fullmatch(reply_token):
@@ -332,7 +374,7 @@ class Delegations:
                 reply_token=reply_token,
             )
             tx.insert_delegation(d)
-            self._start_callee(c, d, sender=caller, now=now)
+            self._start_callee(c, d, sender=caller, now=now, chain=carried)
             self._keep_pruned(c, team, now)
             return d
 
