@@ -226,6 +226,7 @@ class Scripted:
 
     def __init__(self, answer: Callable[[str, dict[str, Any], int], tuple[int, float]]) -> None:
         self.answer = answer
+        self.body = b"{}"  # what every answer carries
         self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         outer = self
 
@@ -239,7 +240,7 @@ class Scripted:
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.end_headers()
-                self.wfile.write(b"{}")
+                self.wfile.write(outer.body)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -644,3 +645,33 @@ async def test_a_bad_chain_from_another_hub_is_refused_naming_the_field(
         assert exc.value.status == 422
         assert exc.value.details["field"] == field
         assert await hub.list_delegations("t") == []
+
+
+async def test_a_task_refused_for_a_spent_chain_is_not_retried(
+    scripted: Callable[..., Scripted],
+) -> None:
+    """A chain does not reset with time: the other hub's 429 for it fails the delegation
+    at once (a 429 for anything else is retried)."""
+    srv = scripted(lambda path, body, n: (429, 0))
+    srv.body = json.dumps(
+        {"error": {"code": "budget_exhausted", "message": "not sent", "budget": "chain"}}
+    ).encode()
+    cfg = CallbackConfig(secret=SECRET, services={"hub-b": Service("hub-b", srv.url)}, retry=FAST)
+    hub = Hub(MemoryStore(), callbacks=cfg)
+    await hub.start()
+    try:
+        await _team(hub)
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate("t", "lead", "lead-s", "worker@hub-b", "x", tool_use_id="tu_s")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+
+        async def failed() -> bool:
+            got = await hub.get_delegation("t", d.delegation_id)
+            return got.state is DelegationState.FAILED
+
+        await eventually(failed, what="the delegation to fail")
+        assert len(srv.requests) == 1
+        got = await hub.get_delegation("t", d.delegation_id)
+        assert got.error is not None and "budget_exhausted" in got.error
+    finally:
+        await hub.close()

@@ -151,6 +151,11 @@ class Outbox:
                 detail = f"HTTP {status}: {resp.text[:200]}"
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
+            else:
+                if status == 429 and _chain_spent(resp):
+                    # a spent chain does not reset with time: no retry gets it through
+                    await self.finish(job, rules.Outcome.DEAD, detail, status)
+                    return
         outcome = rules.classify(status)
         await self.finish(job, outcome, detail, status)
 
@@ -220,3 +225,16 @@ def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:
         reply = {k: v for k, v in body["reply"].items() if k != "bearerToken"}
         out["body"] = {**body, "reply": reply}
     return out
+
+
+def _chain_spent(resp: httpx.Response) -> bool:
+    """The other hub refused the request because its conversation chain is spent."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    return (
+        isinstance(error, dict)
+        and error.get("code") == "budget_exhausted"
+        and error.get("budget") == "chain"
+    )
