@@ -302,3 +302,202 @@ def test_a_lost_acknowledgement_is_no_dead_letter(tmp_path: Path) -> None:
         hub_a.stop()
         hub_b.stop()
         proxy.close()
+
+
+# -- the chain budget across hubs ----------------------------------------------------------
+
+
+def _start_hubs_both_ways(
+    tmp_path: Path, chain_budget: int
+) -> tuple[Server, Server, dict[str, str]]:
+    """Two hubs whose agents can delegate to each other: ``lead`` on hub A (team
+    ``leads``) and ``worker`` on hub B (team ``workers``), each hub a member of the other's
+    team. Hub A starts again once hub B's token for it exists."""
+    port_a, port_b = free_port(), free_port()
+    url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+    settings = {"anchor_policy": "off", "chain_budget": chain_budget}
+    env_a = {
+        "BACKCHANNEL_SERVICE_NAME": "hub-a",
+        "BACKCHANNEL_CALLBACK_SECRET": "secret-of-a",
+        "BACKCHANNEL_CALLBACKS": f"hub-b={url_b}",
+    }
+    hub_a = start_server(tmp_path / "a", port=port_a, env=env_a)
+    with hub_a.client() as admin:
+        made = admin.post("/v1/teams", json={"name": "leads", "settings": settings}).json()
+        tokens = {"user_a": made["user_token"]}
+        tokens["lead"] = admin.post("/v1/teams/leads/members", json={"name": "lead"}).json()[
+            "token"
+        ]
+        b_on_a = admin.post("/v1/teams/leads/members", json={"name": "hub-b"}).json()["token"]
+    hub_b = start_server(
+        tmp_path / "b",
+        port=port_b,
+        env={
+            "BACKCHANNEL_SERVICE_NAME": "hub-b",
+            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
+            "BACKCHANNEL_CALLBACKS": f"hub-a={url_a}",
+            "BACKCHANNEL_CALLBACK_TOKENS": f"hub-a={b_on_a}",
+        },
+    )
+    with hub_b.client() as admin:
+        made = admin.post("/v1/teams", json={"name": "workers", "settings": settings}).json()
+        tokens["user_b"] = made["user_token"]
+        tokens["worker"] = admin.post("/v1/teams/workers/members", json={"name": "worker"}).json()[
+            "token"
+        ]
+        a_on_b = admin.post("/v1/teams/workers/members", json={"name": "hub-a"}).json()["token"]
+    hub_a.stop()
+    hub_a = start_server(
+        tmp_path / "a",
+        port=port_a,
+        env={**env_a, "BACKCHANNEL_CALLBACK_TOKENS": f"hub-b={a_on_b}"},
+    )
+    return hub_a, hub_b, tokens
+
+
+def _pass_on(
+    c: httpx.Client, member: str, to: str, n: int
+) -> tuple[dict[str, Any], httpx.Response]:
+    """Play ``member``: take the task waiting in one of its sessions, delegate it on to
+    ``to`` in the same turn, end the turn. Returns the task and the delegate answer."""
+
+    def task() -> tuple[str, dict[str, Any]] | None:
+        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
+            sid = s["session_id"]
+            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
+            if got:
+                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
+            found = next((m for m in got if m["kind"] == "delegation"), None)
+            if found is not None:
+                return sid, found
+        return None
+
+    sid, m = eventually_blocking(task, what=f"task {n} for {member}", within=30)
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
+    r = c.post(
+        "/v1/delegations",
+        json={"to": to, "task": f"pass it on ({n})", "tool_use_id": f"tu_{n}", "session": sid},
+    )
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": f"passed on {n}"})
+    return m, r
+
+
+@pytest.mark.slow
+def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_chain_budget(
+    tmp_path: Path,
+) -> None:
+    """lead (hub A) delegates to worker (hub B), whose turn on the task delegates back to
+    lead, and so on: each task carries its chain to the other hub, one hop further, until
+    the delegation past chain_budget is refused like a send of this hub."""
+    budget = 4
+    hub_a, hub_b, tokens = _start_hubs_both_ways(tmp_path, budget)
+    try:
+        with (
+            hub_a.client(tokens["lead"]) as lead,
+            hub_b.client(tokens["worker"]) as worker,
+            hub_a.client(tokens["user_a"]) as user_a,
+            hub_b.client(tokens["user_b"]) as user_b,
+        ):
+            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
+            lead.post("/v1/sessions", json={"session_id": "lead-s"})
+            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
+            lead.post(
+                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
+            )
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
+            first = lead.post(
+                "/v1/delegations",
+                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
+            )
+            assert first.status_code == 201, first.text
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+            tasks, refused = [], None
+            players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
+            for n in range(1, 2 * budget):
+                c, member, to = players[(n - 1) % 2]
+                task, r = _pass_on(c, member, to, n)
+                tasks.append((member, task["chain_id"], task["hop"]))
+                if r.status_code != 201:
+                    refused = r
+                    break
+            assert tasks == [
+                (("worker", "lead")[i % 2], start["message_id"], i + 1) for i in range(budget)
+            ]
+            assert refused is not None and refused.status_code == 429, refused
+            error = refused.json()["error"]
+            assert (error["code"], error["budget"]) == ("budget_exhausted", "chain")
+            assert error["key"] == f"chain:{start['message_id']}"
+            # the task that reached the budget spent it on both hubs: their humans are told
+            for user in (user_a, user_b):
+                notes = eventually_blocking(
+                    lambda u=user: (
+                        [
+                            m
+                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
+                            if m["kind"] == "system" and m["meta"].get("budget") == "chain"
+                        ]
+                        or None
+                    ),
+                    what="a chain budget notice for the team's human",
+                    within=10,
+                )
+                assert "budget extend" in notes[0]["text"]
+            # nothing was sent past the budget: the refused call left no delegation
+            mine = lead.get("/v1/delegations").json()["delegations"]
+            assert f"tu_{len(tasks)}" not in {d["tool_use_id"] for d in mine}
+    finally:
+        hub_a.stop()
+        hub_b.stop()
+
+
+@pytest.mark.slow
+def test_a_chat_with_a_bad_chain_is_refused_naming_the_field(
+    two_hubs: tuple[Server, Server, dict[str, str]],
+) -> None:
+    _, hub_b, tokens = two_hubs
+    base = {
+        "agent": "worker",
+        "message": "x",
+        "reply": {"callbackService": "hub-a", "bearerToken": "t"},
+    }
+    bad = [
+        ({"id": "", "hop": 1}, "chain.id"),
+        ({"id": "-starts-with-a-dash", "hop": 1}, "chain.id"),
+        ({"id": "has space", "hop": 1}, "chain.id"),
+        ({"id": "x" * 129, "hop": 1}, "chain.id"),
+        ({"id": 12, "hop": 1}, "chain.id"),
+        ({"hop": 1}, "chain.id"),
+        ({"id": "c1", "hop": -1}, "chain.hop"),
+        ({"id": "c1", "hop": 1_000_001}, "chain.hop"),
+        ({"id": "c1", "hop": 2**70}, "chain.hop"),
+        ({"id": "c1", "hop": 1.5}, "chain.hop"),
+        ({"id": "c1", "hop": 2.0}, "chain.hop"),
+        ({"id": "c1", "hop": "3"}, "chain.hop"),
+        ({"id": "c1", "hop": True}, "chain.hop"),
+        ({"id": "c1"}, "chain.hop"),
+        ("c1", "chain"),
+        ([["c1", 1]], "chain"),
+    ]
+    with hub_b.client(tokens["caller"]) as c, hub_b.client(tokens["worker"]) as worker:
+        for chain, field in bad:
+            r = c.post("/api/chat", json={**base, "chain": chain})
+            assert r.status_code == 422, (chain, r.text)
+            problems = r.json()["error"]["problems"]
+            assert field in {p["field"] for p in problems}, (chain, problems)
+        assert worker.get("/v1/delegations").json()["delegations"] == []
+        # a good chain is taken at its hop; no chain starts a new one at hop 0
+        ok = c.post(
+            "/api/chat",
+            json={**base, "tool_use_id": "tu_c", "chain": {"id": "chain-1:x", "hop": 3}},
+        )
+        assert ok.status_code == 202, ok.text
+        plain = c.post("/api/chat", json={**base, "tool_use_id": "tu_p"})
+        assert plain.status_code == 202, plain.text
+        by_session = {}
+        for sid in (ok.json()["session"], plain.json()["session"]):
+            got = worker.get("/v1/inbox", params={"session": sid, "limit": 5}).json()["messages"]
+            [task] = [m for m in got if m["kind"] == "delegation"]
+            by_session[sid] = (task["chain_id"], task["hop"], task["message_id"])
+        assert by_session[ok.json()["session"]][:2] == ("chain-1:x", 3)
+        chain_id, hop, message_id = by_session[plain.json()["session"]]
+        assert (chain_id, hop) == (message_id, 0)

@@ -346,9 +346,11 @@ class MemberApi:
         session_id: str | None = None,
         tool_use_id: str | None = None,
         timeout_s: float | None = None,
+        chain: Mapping[str, Any] | None = None,
     ) -> ChatAccepted:
         """Another hub (this member) asks ``agent`` of this team to do a task; the answer
-        goes to ``reply_service`` with ``reply_token``."""
+        goes to ``reply_service`` with ``reply_token``. ``chain`` (``{"id", "hop"}``): the
+        conversation chain the task goes on in."""
         d = await self.hub.accept_chat(
             self.team,
             self.name,
@@ -359,6 +361,7 @@ class MemberApi:
             session_id=session_id,
             tool_use_id=tool_use_id,
             timeout_s=timeout_s,
+            chain=chain,
         )
         return ChatAccepted(
             delegation_id=d.delegation_id, status=d.state.value, session=d.callee_session

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, WithJsonSchema
 from typing_extensions import TypeAliasType
 
+from backchannel.core.budget import MAX_HOP
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN, MemberKind
 
@@ -185,6 +186,18 @@ class ReplyRoute(BaseModel):
     bearerToken: str
 
 
+class ChainIn(BaseModel):
+    """The conversation chain a task from another hub goes on in."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: IdField = Field(description="the chain's id (a message id of the hub that started it)")
+    hop: int = Field(
+        ge=0,
+        le=MAX_HOP,
+        description="the task's hop in the chain: the caller's turn's hop, one further",
+    )
+
+
 class ChatIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     agent: NameField
@@ -193,6 +206,11 @@ class ChatIn(BaseModel):
     session_id: SessionField | None = None
     tool_use_id: IdField | None = None
     timeout_s: float | None = Field(None, ge=1, le=86400)
+    chain: ChainIn | None = Field(
+        None,
+        description="the chain the task goes on in (the callee's turn continues it, and the "
+        "team's chain_budget counts its hops); without it the task starts a new chain",
+    )
 
 
 class ToolResponseIn(BaseModel):

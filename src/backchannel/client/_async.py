@@ -761,14 +761,17 @@ class Client:
         session_id: str | None = None,
         tool_use_id: str | None = None,
         timeout_s: float | None = None,
+        chain: Mapping[str, Any] | None = None,
     ) -> ChatAccepted:
         """As another hub: ask ``agent`` of your team for a task; the answer goes to
-        ``reply_service`` (registered on the hub) with ``reply_token``."""
+        ``reply_service`` (registered on the hub) with ``reply_token``. ``chain``
+        (``{"id", "hop"}``): the conversation chain the task goes on in."""
         body = {
             "agent": agent,
             "message": message,
             "reply": {"callbackService": reply_service, "bearerToken": reply_token},
             **_given(session_id=session_id, tool_use_id=tool_use_id, timeout_s=timeout_s),
+            **({"chain": dict(chain)} if chain is not None else {}),
         }
         call = Call(
             "POST",
@@ -781,6 +784,7 @@ class Client:
                 session_id=session_id,
                 tool_use_id=tool_use_id,
                 timeout_s=timeout_s,
+                chain=chain,
             ),
             ChatAccepted,
             body,

@@ -414,9 +414,11 @@ class SyncClient:
         session_id: str | None = None,
         tool_use_id: str | None = None,
         timeout_s: float | None = None,
+        chain: Mapping[str, Any] | None = None,
     ) -> ChatAccepted:
         """As another hub: ask ``agent`` of your team for a task; the answer goes to
-        ``reply_service`` (registered on the hub) with ``reply_token``."""
+        ``reply_service`` (registered on the hub) with ``reply_token``. ``chain``
+        (``{"id", "hop"}``): the conversation chain the task goes on in."""
         return self._run(
             self._async.chat(
                 agent,
@@ -426,6 +428,7 @@ class SyncClient:
                 session_id=session_id,
                 tool_use_id=tool_use_id,
                 timeout_s=timeout_s,
+                chain=chain,
             )
         )
 

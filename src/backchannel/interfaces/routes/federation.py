@@ -26,6 +26,7 @@ async def chat(body: ChatIn, api: AsMember) -> ChatAccepted:
         session_id=body.session_id,
         tool_use_id=body.tool_use_id,
         timeout_s=body.timeout_s,
+        chain=body.chain.model_dump() if body.chain else None,
     )
 
 
