@@ -675,3 +675,20 @@ async def test_a_task_refused_for_a_spent_chain_is_not_retried(
         assert got.error is not None and "budget_exhausted" in got.error
     finally:
         await hub.close()
+
+
+async def test_a_task_for_an_a2a_agent_past_the_chain_budget_is_refused(
+    clock: FakeClock,
+) -> None:
+    services = {
+        "hub-b": Service("hub-b", "http://127.0.0.1:9"),
+        "agents": Service("agents", "http://127.0.0.1:9/a2a/t/{agent}", kind="a2a"),
+    }
+    cfg = CallbackConfig(secret=SECRET, services=services, retry=FAST)
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _chain_team(hub, chain_budget=3)
+        sub = await _task_from_hub_b(hub, "tu_b", {"id": "c-4", "hop": 3})
+        with pytest.raises(BudgetExhausted) as exc:
+            await hub.delegate("t", "lead", sub, "helper@agents", "on", tool_use_id="tu_a")
+        assert exc.value.details["key"] == "chain:c-4"
+        assert "tu_a" not in {d.tool_use_id for d in await hub.list_delegations("t")}
