@@ -117,6 +117,15 @@ async def a2a_client(
         await http.aclose()
 
 
+def _json_headers(token: str) -> dict[str, str]:
+    """A JSON request of A2A 1.0 with ``token``."""
+    return {
+        "Authorization": f"Bearer {token}",
+        "content-type": "application/json",
+        "A2A-Version": "1.0",
+    }
+
+
 def _message(text: str, task_id: str = "") -> Message:
     return Message(
         role=Role.ROLE_USER,
@@ -364,11 +373,7 @@ async def test_a_number_json_cannot_carry_is_refused_before_a_task_starts(
     # the protobuf JSON parser takes these in data parts and metadata; the hub cannot
     # store or show them, so the request is refused as invalid params, not a 500
     srv, tokens = hub
-    headers = {
-        "Authorization": f"Bearer {tokens['lead']}",
-        "content-type": "application/json",
-        "A2A-Version": "1.0",
-    }
+    headers = _json_headers(tokens["lead"])
     data = {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"data": {"n": "N"}}]}
     meta = {
         "messageId": "m-2",
@@ -418,11 +423,7 @@ async def test_json_rpc_bodies_no_parser_takes_are_parse_errors(
     # JSON-RPC's parse error, as for any other bad JSON: not an internal error with a
     # traceback in the hub's log for every such request
     srv, tokens = hub
-    headers = {
-        "Authorization": f"Bearer {tokens['lead']}",
-        "content-type": "application/json",
-        "A2A-Version": "1.0",
-    }
+    headers = _json_headers(tokens["lead"])
     async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
         r = await http.post("/a2a/t/worker/", content=raw)
         assert r.status_code == 200, r.text

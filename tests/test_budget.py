@@ -374,38 +374,19 @@ async def test_a_ring_sending_outside_a_known_turn_stops_at_the_chain_budget(
     runs), answered by a send that names no session: outside any turn, or while the
     member has two turns running, so the hub cannot tell which turn sends. The send
     still continues the chain its member was handed last."""
-    nxt = {"a": "b", "b": "c", "c": "a"}
-    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", "c", chain_budget=6, pair_budget=100)
-        for n in nxt:
+
+    async def other_sessions(hub: Hub) -> None:
+        for n in ("a", "b", "c"):
             await hub.open_session("t", n, f"{n}-other")
             if turns:  # a second turn of the member runs all along
                 await hub.report_event("t", n, f"{n}-other", "turn_start", "elsewhere")
-        start = await _kick(hub, "a")
-        sent, refused = 0, []
-        for _ in range(30):
-            progressed = False
-            for n in nxt:
-                got = await hub.receive("t", n, session=f"{n}-s", limit=100)
-                if not got:
-                    continue
-                progressed = True
-                await hub.ack("t", n, [g.message.message_id for g in got])
-                if turns:
-                    text = "\n".join(g.message.text for g in got)
-                    await hub.report_event("t", n, f"{n}-s", "turn_start", text)
-                try:
-                    await hub.send("t", n, nxt[n], f"{n} passes it on", link=False)
-                    sent += 1
-                except BudgetExhausted as exc:
-                    refused.append(exc.details["budget"])
-                if turns:
-                    await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
-            if not progressed:
-                break
-        assert sent == 6 and refused and set(refused) == {"chain"}
-        msgs = await _agent_messages(hub, "a", "b", "c")
-        assert {m.chain_id for m in msgs} == {start.message_id}
+
+    def texts(got: list[InboxMessage]) -> str:
+        return "\n".join(g.message.text for g in got)
+
+    await _ring_of_sessions(
+        clock, "{n} passes it on", texts if turns else None, setup=other_sessions
+    )
 
 
 async def test_a_turn_a_human_typed_starts_a_new_chain(clock: FakeClock) -> None:
@@ -446,14 +427,20 @@ def _framed(got: list[InboxMessage]) -> str:
     )
 
 
-async def _ring_on_shown_input(
-    clock: FakeClock, text: str, show: Callable[[list[InboxMessage]], str]
+async def _ring_of_sessions(
+    clock: FakeClock,
+    text: str,
+    show: Callable[[list[InboxMessage]], str] | None,
+    setup: Callable[[Hub], Awaitable[None]] | None = None,
 ) -> None:
-    """A ring of three that always passes ``text`` on, each turn reported with the input
-    as ``show`` makes it: it stops at the chain budget, in the chain the human started."""
+    """A ring of three whose sessions always pass ``text`` on, by a send that names no
+    session; each turn reported with the input as ``show`` makes it (no turn events
+    without it). It stops at the chain budget, in the chain the human started."""
     nxt = {"a": "b", "b": "c", "c": "a"}
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
         await _team(hub, "a", "b", "c", chain_budget=6, pair_budget=100)
+        if setup is not None:
+            await setup(hub)
         start = await _kick(hub, "a")
         sent, refused = 0, []
         for _ in range(30):
@@ -464,13 +451,15 @@ async def _ring_on_shown_input(
                     continue
                 progressed = True
                 await hub.ack("t", n, [g.message.message_id for g in got])
-                await hub.report_event("t", n, f"{n}-s", "turn_start", show(got))
+                if show is not None:
+                    await hub.report_event("t", n, f"{n}-s", "turn_start", show(got))
                 try:
                     await hub.send("t", n, nxt[n], text.format(n=n), link=False)
                     sent += 1
                 except BudgetExhausted as exc:
                     refused.append(exc.details["budget"])
-                await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
+                if show is not None:
+                    await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
             if not progressed:
                 break
         assert sent == 6 and refused and set(refused) == {"chain"}
@@ -495,7 +484,7 @@ async def test_a_ring_reading_framed_input_stops_at_the_chain_budget(
     that begins with "[" escaped, an empty one as its header alone. Such a turn is still a
     turn on what the hub handed over, not one a human typed: the chain goes on, whatever
     the peer's text holds."""
-    await _ring_on_shown_input(clock, text, _framed)
+    await _ring_of_sessions(clock, text, _framed)
 
 
 @pytest.mark.parametrize(
@@ -511,7 +500,7 @@ async def test_a_ring_typed_in_by_tmux_stops_at_the_chain_budget(
 ) -> None:
     """The tmux adapter types a message in without its control characters, and the
     runtime's hooks report the prompt typed: still the input the hub handed over."""
-    await _ring_on_shown_input(clock, text, lambda got: tmux_sanitize(_framed(got)))
+    await _ring_of_sessions(clock, text, lambda got: tmux_sanitize(_framed(got)))
 
 
 # -- extending -------------------------------------------------------------------------

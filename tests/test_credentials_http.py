@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -123,16 +125,22 @@ def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> No
         assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["two"]
 
 
-def test_an_inbox_stream_of_a_rotated_token_ends_and_hands_over_nothing(server: Server) -> None:
-    tokens = server.team("crew", "lead", "worker")
+@contextlib.contextmanager
+def _stream(server: Server, token: str, path: str) -> Iterator[Iterator[str]]:
+    """The lines of an event stream of ``path`` opened with ``token``, once connected."""
+    auth = {"Authorization": f"Bearer {token}"}
     with (
-        httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {tokens['worker']}"}, timeout=30
-        ) as c,
-        c.stream("GET", "/v1/inbox/stream") as resp,
+        httpx.Client(base_url=server.url, headers=auth, timeout=30) as c,
+        c.stream("GET", path) as resp,
     ):
         lines = resp.iter_lines()
         assert next(lines) == ": connected"
+        yield lines
+
+
+def test_an_inbox_stream_of_a_rotated_token_ends_and_hands_over_nothing(server: Server) -> None:
+    tokens = server.team("crew", "lead", "worker")
+    with _stream(server, tokens["worker"], "/v1/inbox/stream") as lines:
         new = _rotate(server, "crew", "worker")
         with server.client(tokens["lead"]) as lead:
             mid = lead.post("/v1/messages", json={"to": "worker", "text": "secret"}).json()[
@@ -149,14 +157,7 @@ def test_an_inbox_stream_of_a_rotated_token_ends_and_hands_over_nothing(server: 
 
 def test_a_team_events_stream_of_a_rotated_token_ends(server: Server) -> None:
     tokens = server.team("crew", "lead", "worker")
-    with (
-        httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {tokens['lead']}"}, timeout=30
-        ) as c,
-        c.stream("GET", "/v1/teams/crew/events") as resp,
-    ):
-        lines = resp.iter_lines()
-        assert next(lines) == ": connected"
+    with _stream(server, tokens["lead"], "/v1/teams/crew/events") as lines:
         _rotate(server, "crew", "lead")
         with server.client(tokens["user"]) as user:
             user.post("/v1/messages", json={"to": "worker", "text": "secret plans"})

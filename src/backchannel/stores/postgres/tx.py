@@ -368,12 +368,7 @@ class PgTx(PgTransaction, LifecycleSql):
             (now, team, member),
             team,
         )
-        ids = [r[0] for r in rows]
-        for mid in ids:
-            self._event(team, DeliveryEvent(mid, member, now, "released", detail))
-        if ids:
-            self._wake(team, member)
-        return ids
+        return self._moved(team, member, rows, now, "released", detail)
 
     def unpin_session(
         self, team: str, member: str, session: str, now: float, detail: str
@@ -386,9 +381,16 @@ class PgTx(PgTransaction, LifecycleSql):
             (now, team, member, session),
             team,
         )
+        return self._moved(team, member, rows, now, "unpinned", detail)
+
+    def _moved(
+        self, team: str, member: str, rows: list[Any], now: float, event: str, detail: str
+    ) -> list[str]:
+        """The ids of copies a statement moved back to the member's inbox, each with its
+        history line; the member's receivers are woken."""
         ids = [r[0] for r in rows]
         for mid in ids:
-            self._event(team, DeliveryEvent(mid, member, now, "unpinned", detail))
+            self._event(team, DeliveryEvent(mid, member, now, event, detail))
         if ids:
             self._wake(team, member)
         return ids
