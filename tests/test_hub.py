@@ -56,6 +56,11 @@ async def test_duplicate_and_invalid_names_are_refused(hub: Hub) -> None:
         await hub.add_member("alpha", "r", "robot")
     with pytest.raises(InvalidRequest, match="reserved"):
         await hub.add_member("alpha", "hub")
+    # framed "[From User]", such a member's text would pass for the human's
+    for lookalike in ("User", "USER", "Hub", "hUB"):
+        with pytest.raises(InvalidRequest, match="reads as the reserved"):
+            await hub.add_member("alpha", lookalike)
+    assert {m.name for m in await hub.list_members("alpha")} == {"a", "user"}
 
 
 async def test_send_receive_ack_in_order(hub: Hub) -> None:

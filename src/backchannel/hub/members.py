@@ -117,6 +117,13 @@ class Members:
             raise InvalidRequest(f"unknown member kind {kind!r}; use one of: {choices}") from None
         if name == HUB_SENDER:
             raise InvalidRequest(f"{HUB_SENDER!r} is reserved for the hub's own messages")
+        if name.casefold() in (HUB_SENDER, USER) and name != USER:
+            # framed "[From User]", a member's text would pass for the human's (or the hub's)
+            raise InvalidRequest(
+                f"member name {name!r} reads as the reserved {name.casefold()!r} (the "
+                "team's human, the hub's own messages); choose another name",
+                field="name",
+            )
         if self.check_delivery:
             self.delivery_checks.check(delivery)
         token = new_token()
