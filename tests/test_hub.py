@@ -139,6 +139,24 @@ async def test_ack_reports_ids_not_held(hub: Hub) -> None:
         await hub.ack("alpha", "b", [])
 
 
+async def test_an_ack_after_its_lease_ran_out_spares_the_model_a_second_copy(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """The receiver worked past its lease: the copy was queued again, and its ack came
+    before anyone was handed it anew. The ack is taken; nobody is handed it again."""
+    await _team(hub, "a", "b")
+    r = await hub.send("alpha", "a", "b", "a long job")
+    assert [g.message.message_id for g in await hub.receive("alpha", "b")] == [r.message_id]
+    clock.advance(30)  # the hub fixture's lease
+    await hub.maintain()
+    result = await hub.ack("alpha", "b", [r.message_id])
+    assert (result.acked, result.not_held) == ((r.message_id,), ())
+    assert await hub.receive("alpha", "b") == []
+    status = await hub.message_status("alpha", r.message_id)
+    assert status.state is DeliveryState.ACKED
+    assert [h.event for h in status.history] == ["queued", "leased", "lease_expired", "acked"]
+
+
 async def test_lease_expiry_redelivers_then_dead_letters_and_tells_sender(
     hub: Hub, clock: FakeClock
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.stores.sqlite import tx as sqlite_tx
-from backchannel.testing.store_checks import check_ack
+from backchannel.testing.store_checks import check_ack, check_late_ack
 
 
 async def test_ack_without_returning_keeps_the_contract(
@@ -19,6 +19,7 @@ async def test_ack_without_returning_keeps_the_contract(
     monkeypatch.setattr(sqlite_tx, "RETURNING", False)
     seen: list[str] = []
     await check_ack(lambda: SqliteStore(tmp_path / "old.db", on_statement=seen.append))
+    await check_late_ack(lambda: SqliteStore(tmp_path / "late.db", on_statement=seen.append))
     acks = [s for s in seen if "SET state = 'acked'" in s]
     assert acks and not any("RETURNING" in s for s in acks), acks[:2]
 

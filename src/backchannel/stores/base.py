@@ -196,9 +196,12 @@ class Tx(Protocol):
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:
         """Mark the member's ``leased`` or ``delivered`` copies of these messages
-        ``acked``, with an ``acked`` history event. Idempotent: acking an acked copy is a
-        no-op that still counts it as acked. Returns the ids that are now acked; ids the
-        member holds no copy of, or whose copy is ``queued`` or ``dead``, are left out."""
+        ``acked``, with an ``acked`` history event, and its ``queued`` copies that were
+        handed out before (``attempts`` > 0: a lease ran out or was given back while the
+        receiver worked, and its ack came late; taking it spares the model the copy a
+        second time). Idempotent: acking an acked copy is a no-op that still counts it
+        as acked. Returns the ids that are now acked; ids the member holds no copy of,
+        or whose copy was never handed out or is ``dead``, are left out."""
         ...
 
     def first_message_from(

@@ -316,7 +316,9 @@ class MemoryTx:
                 continue
             if d.state is DeliveryState.ACKED:
                 acked.append(mid)
-            elif d.state in (DeliveryState.LEASED, DeliveryState.DELIVERED):
+            elif d.state in (DeliveryState.LEASED, DeliveryState.DELIVERED) or (
+                d.state is DeliveryState.QUEUED and d.attempts > 0
+            ):
                 self._replace(d, state=DeliveryState.ACKED, lease_until=None, updated_at=now)
                 self._event(team, DeliveryEvent(mid, member, now, "acked"))
                 acked.append(mid)

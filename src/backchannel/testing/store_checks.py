@@ -263,6 +263,32 @@ async def check_concurrent_leases_never_overlap(make_store: StoreFactory) -> Non
             assert b == sorted(b), "a batch is in send order"
 
 
+async def check_late_ack(make_store: StoreFactory) -> None:
+    """An ack that comes after its lease ran out (the copy queued again, not yet handed
+    out anew) acks the copy: the model is not handed it a second time. A copy never
+    handed out is not acked by an id the member guessed."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for mid in ("m0", "m1"):
+            await store.transact(lambda tx, m=mid: tx.insert_message(make_msg(m), [Recipient("b")]))
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 1))
+        ran_out = await store.transact(
+            lambda tx: tx.transition(
+                "alpha", "m0", "b", from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED, now=T0 + 60, event="lease_expired",
+            )
+        )  # fmt: skip
+        assert ran_out
+        acked = await store.transact(lambda tx: tx.ack("alpha", "b", ["m0", "m1"], T0 + 61))
+        assert acked == ["m0"], acked  # m1 was never handed out
+        d = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert (d[0].state, d[0].attempts, d[0].lease_until) == (DeliveryState.ACKED, 1, None)
+        hist = await store.read(lambda tx: [e.event for e in tx.history("alpha", "m0")])
+        assert hist == ["queued", "leased", "lease_expired", "acked"], hist
+        again = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 61, T0 + 90, 9))
+        assert [m.message.message_id for m in again] == ["m1"]
+
+
 async def check_ack(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -594,6 +620,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_lease_order_and_filters,
     check_concurrent_leases_never_overlap,
     check_ack,
+    check_late_ack,
     check_expiry_and_transitions,
     check_atomicity,
     check_transact_each,

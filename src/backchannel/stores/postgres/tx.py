@@ -274,7 +274,8 @@ class PgTx(PgTransaction, LifecycleSql):
         rows = self._all(
             "WITH upd AS (UPDATE deliveries SET state = 'acked', lease_until = NULL, "
             "updated_at = %s WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
-            "AND state IN ('leased', 'delivered') RETURNING message_id) "
+            "AND (state IN ('leased', 'delivered') OR (state = 'queued' AND attempts > 0)) "
+            "RETURNING message_id) "
             "SELECT message_id, true FROM upd UNION ALL SELECT message_id, false "
             "FROM deliveries WHERE team = %s AND member = %s AND message_id = ANY(%s::text[]) "
             "AND state = 'acked'",

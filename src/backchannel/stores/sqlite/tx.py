@@ -431,7 +431,8 @@ class SqliteTx(LifecycleSql):
             for r in self._c.execute(
                 "UPDATE deliveries SET state = 'acked', lease_until = NULL, updated_at = ? "
                 f"WHERE team = ? AND member = ? AND message_id IN ({marks}) "
-                "AND state IN ('leased', 'delivered') RETURNING message_id",
+                "AND (state IN ('leased', 'delivered') OR (state = 'queued' AND attempts > 0)) "
+                "RETURNING message_id",
                 (now, team, member, *chunk),
             )
         }
@@ -456,14 +457,14 @@ class SqliteTx(LifecycleSql):
         marks = ",".join("?" * len(chunk))
         fresh: list[str] = []
         acked: set[str] = set()
-        for mid, state in self._c.execute(
-            f"SELECT message_id, state FROM deliveries WHERE team = ? AND member = ? "
+        for mid, state, attempts in self._c.execute(
+            f"SELECT message_id, state, attempts FROM deliveries WHERE team = ? AND member = ? "
             f"AND message_id IN ({marks})",
             (team, member, *chunk),
         ):
             if state == "acked":
                 acked.add(mid)
-            elif state in ("leased", "delivered"):
+            elif state in ("leased", "delivered") or (state == "queued" and attempts > 0):
                 fresh.append(mid)
         if fresh:
             self._c.executemany(
