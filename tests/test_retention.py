@@ -76,3 +76,32 @@ async def test_keeping_everything_and_bad_settings(clock: FakeClock) -> None:
         assert (await hub.message_status("t", mid)).state.value == "acked"
     with pytest.raises(InvalidRequest, match="retention_seconds must be positive"):
         Hub(MemoryStore(), retention_seconds=0)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_wait_timer_longer_than_the_retention_still_quotes_the_reply(
+    kind: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    """A wait timer notes its target's reply as it is sent (its id, time and the start of
+    its text): when the timer fires after retention took the acked reply, it still tells
+    its session that the peer replied, and what."""
+    store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        for m in ("a", "b"):
+            await hub.open_session("t", m, f"{m}-s")
+        await hub.set_timer("t", "a", "a-s", "wait", 10 * HOUR, "did b answer?", target="b")
+        reply = (await hub.send("t", "b", "a", "the answer is 42")).message_id
+        got = await hub.receive("t", "a", session="a-s", limit=10)
+        await hub.ack("t", "a", [g.message.message_id for g in got])
+        clock.advance(2 * HOUR)
+        await hub.maintain()
+        with pytest.raises(UnknownMessage):  # retention took it
+            await hub.message_status("t", reply)
+
+        clock.advance(8 * HOUR)
+        await hub.maintain()
+        got = await hub.receive("t", "a", session="a-s", limit=10)
+        [breadcrumb] = [g.message for g in got if g.message.kind.value == "timer"]
+        assert "b has replied" in breadcrumb.text and "the answer is 42" in breadcrumb.text
+        assert breadcrumb.meta["reply_message_id"] == reply

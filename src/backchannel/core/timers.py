@@ -136,12 +136,39 @@ def _preview(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """The first message from a ``wait`` timer's target since it was set, as the timer
+    notes it when it is sent (``noted``, in the job's payload): the breadcrumb quotes it
+    from there, so retention may remove the message meanwhile."""
+
+    message_id: str
+    created_at: float
+    preview: str
+
+    @classmethod
+    def of(cls, message: Message) -> Reply:
+        return cls(message.message_id, message.created_at, _preview(message.text))
+
+    def noted(self) -> dict[str, Any]:
+        return {"reply": self.message_id, "reply_at": self.created_at, "reply_text": self.preview}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> Reply | None:
+        """The reply a payload noted whole (``None`` when it names none, or only its id,
+        as a timer noted before the text was)."""
+        mid, at, text = payload.get("reply"), payload.get("reply_at"), payload.get("reply_text")
+        if isinstance(mid, str) and isinstance(at, int | float) and isinstance(text, str):
+            return cls(mid, float(at), text)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class PeerView:
     """What a ``check`` or ``wait`` timer needs to know about its target."""
 
     member: str
     session: Session | None
-    reply: Message | None  # the first message from the peer since the timer was set
+    reply: Reply | None  # the first message from the peer since the timer was set
 
 
 def breadcrumb(
@@ -178,7 +205,7 @@ def breadcrumb(
         if peer.reply is not None:
             lines.append(
                 f"{peer.member} has replied since you set this timer "
-                f'({_ago(peer.reply.created_at - set_at)} after): "{_preview(peer.reply.text)}"'
+                f'({_ago(peer.reply.created_at - set_at)} after): "{peer.reply.preview}"'
             )
             meta["replied"] = True
             meta["reply_message_id"] = peer.reply.message_id

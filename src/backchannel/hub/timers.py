@@ -8,8 +8,9 @@ store; one due while the hub was down fires once when it comes back, marked late
 
 A timer with a target watches it (``Job.watch``): the target's first message with a copy
 for the timer's member is noted on the timer as it is sent (:meth:`Timers.after_send`,
-one of the send's reactions), and the breadcrumb reads it from there. A reply already
-sent while the timer was being set is looked up when it is set.
+one of the send's reactions): its id, its time and the start of its text, which the
+breadcrumb quotes from there, so retention may take the message meanwhile. A reply
+already sent while the timer was being set is looked up when it is set.
 
 The anchor rule (team setting ``anchor_policy``: ``enforce`` by default, ``warn``,
 ``off``): a session may ``send_message`` to a linked peer only while it holds a pending
@@ -136,7 +137,7 @@ class Timers:
             if target is not None:  # a reply sent while this waited for the writer
                 early = tx.first_message_from(team, target, member, now)
                 if early is not None:
-                    payload = {**job.payload, "reply": early.message_id}
+                    payload = {**job.payload, **rules.Reply.of(early).noted()}
                     job = dataclasses.replace(job, payload=payload, watch=None)
             job_id = tx.add_job(job)
             c.schedule(job.due_at)
@@ -229,8 +230,12 @@ class Timers:
                 if x.state is not SessionState.TERMINATED
             ] or tx.list_sessions(job.team, timer.target)
             latest = max(sessions, key=lambda x: x.updated_at) if sessions else None
-            reply_id = job.payload.get("reply")
-            reply = tx.get_message(job.team, reply_id) if isinstance(reply_id, str) else None
+            reply = rules.Reply.from_payload(job.payload)
+            if reply is None and isinstance(reply_id := job.payload.get("reply"), str):
+                # noted by id alone (before the text was noted too): still in the store
+                # unless retention took it
+                found = tx.get_message(job.team, reply_id)
+                reply = rules.Reply.of(found) if found is not None else None
             peer = rules.PeerView(timer.target, latest, reply)
         text, meta = rules.breadcrumb(
             rules.Intent(timer.intent),
@@ -261,7 +266,7 @@ class Timers:
             p = job.payload
             set_at = float(p.get("set_at", job.created_at))
             if p.get("member") in reached and message.created_at >= set_at:
-                s.c.tx.end_watch(job.job_id, {**p, "reply": message.message_id})
+                s.c.tx.end_watch(job.job_id, {**p, **rules.Reply.of(message).noted()})
 
     # -- the anchor rule ----------------------------------------------------------------
     def check_anchor(self, s: Send) -> None:
