@@ -761,6 +761,7 @@ class Hidden(_Out):
     links: int
     delegations: int
     timers: int
+    budgets: int
 
 
 class Snapshot(_Out):
@@ -778,6 +779,12 @@ class Snapshot(_Out):
 
 class LinkPage(_Out):
     links: list[Link]
+    offset: int
+    hidden: int
+
+
+class BudgetPage(_Out):
+    budgets: list[Budget]
     offset: int
     hidden: int
 

@@ -10,13 +10,19 @@ from typing import Any
 
 import httpx
 
+from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import (
     FINISHED_SHOWN,
+    SNAPSHOT_PAGE,
     _live_first,
     _ticket_key,
+    budgets_view,
     issue_ticket,
+    snapshot,
     snapshot_key,
 )
+from backchannel.testing import MemoryStore
+from backchannel.types import Budget
 from tests.dashboard.conftest import Team
 
 
@@ -97,7 +103,7 @@ def test_panels_answer_the_hubs_records(make_team: Callable[..., Team]) -> None:
     with t.client("b") as c:
         snap = c.get(f"{base}/snapshot").json()
     assert (snap["links"], snap["timers"], snap["delegations"]) == ([], [], [])
-    assert snap["hidden"] == {"links": 0, "delegations": 0, "timers": 0}
+    assert snap["hidden"] == {"links": 0, "delegations": 0, "timers": 0, "budgets": 0}
     assert set(snap["delegation_tally"].values()) == {0}
     assert abs(snap["now"] - time.time()) < 60
 
@@ -180,6 +186,27 @@ def test_snapshots_change_with_the_records_not_the_clock() -> None:
     assert snapshot_key(snap) == snapshot_key(later)
     moved = {**snap, "timers": [{**timer, "due_at": 200.0}]}
     assert snapshot_key(snap) != snapshot_key(moved)
+
+
+async def test_spent_budgets_are_a_bounded_panel() -> None:
+    """Spent chain budgets are never forgotten; the snapshot carries the first page of
+    them (spent ones first, newest first) and counts the rest, which pages read."""
+    async with Hub(MemoryStore(), background=False) as hub:
+        await hub.create_team("t")
+        n = SNAPSHOT_PAGE + 30
+
+        def spend(tx: Any) -> None:
+            for i in range(n):
+                tx.put_budget(Budget("t", f"chain:c{i}", 0.0, used=10_000, updated_at=float(i)))
+
+        await hub.store.transact(spend)
+        snap = await snapshot(hub, "t")
+        assert len(snap["budgets"]) == SNAPSHOT_PAGE
+        assert snap["hidden"]["budgets"] == 30
+        assert snap["budgets"][0]["key"] == f"chain:c{n - 1}"  # the newest first
+        page, hidden = await budgets_view(hub, "t", SNAPSHOT_PAGE, 100)
+        assert (len(page), hidden) == (30, SNAPSHOT_PAGE)
+        assert page[-1]["key"] == "chain:c0"
 
 
 def test_finished_records_are_capped_live_ones_never() -> None:

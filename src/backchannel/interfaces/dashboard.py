@@ -24,7 +24,8 @@ Links, timers, delegations and session transcripts come from the hub's own recor
 (``list_links``, ``list_timers``, ``list_delegations``, ``get_session_data``), in the
 same JSON as the rest of the API. The snapshot keeps every open link, pending timer and
 pending delegation, plus the latest :data:`FINISHED_SHOWN` closed links and finished
-delegations (a tally counts them all), so a long-lived team does not grow it forever.
+delegations (a tally counts them all), so a long-lived team does not grow it forever;
+each panel (budgets too) carries its first :data:`SNAPSHOT_PAGE` records.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from backchannel.interfaces.wire import (
 )
 from backchannel.models import (
     Budget,
+    BudgetPage,
     DashboardMembers,
     DelegationPage,
     ExtendIn,
@@ -289,6 +291,18 @@ async def delegations_view(
     return [x.to_json() for x in page], hidden + len(kept) - len(page), tally
 
 
+async def budgets_view(
+    hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the budgets that need a human (spent, or already extended): spent ones
+    first, each group newest first; and how many were left out of the page. Spent chain
+    budgets are kept for good, so a long-lived team's list grows without bound."""
+    found = [b for b in await hub.list_budgets(team) if b["spent"] or b["granted"]]
+    found.sort(key=lambda b: (not b["spent"], -(b["updated_at"] or 0.0), b["key"]))
+    page = found[offset : offset + limit]
+    return page, len(found) - len(page)
+
+
 def _session_json(s: Session) -> dict[str, Any]:
     last = s.last_output.strip()
     return {
@@ -359,6 +373,7 @@ async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
     links, links_hidden = await links_view(hub, team)
     delegations, delegations_hidden, tally = await delegations_view(hub, team)
     timers, timers_total = await timers_view(hub, team)
+    budgets, budgets_hidden = await budgets_view(hub, team)
     return {
         "now": hub.clock.now(),
         "members": await members_view(hub, team),
@@ -366,12 +381,12 @@ async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
         "timers": timers,
         "delegations": delegations,
         "delegation_tally": tally,
-        # the budgets that need a human: spent, or already extended
-        "budgets": [b for b in await hub.list_budgets(team) if b["spent"] or b["granted"]],
+        "budgets": budgets,  # the budgets that need a human: spent, or already extended
         "hidden": {
             "links": links_hidden,
             "delegations": delegations_hidden,
             "timers": timers_total - len(timers),
+            "budgets": budgets_hidden,
         },
     }
 
@@ -449,6 +464,17 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         await need_team(who, team)
         page, hidden, _ = await delegations_view(hub, team, offset, limit)
         return {"delegations": page, "offset": offset, "hidden": hidden}
+
+    @router.get(
+        "/teams/{team}/budgets", response_model=None, responses={200: {"model": BudgetPage}}
+    )
+    async def budgets(
+        team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
+    ) -> dict[str, Any]:
+        """A page of the budgets that need a human: spent ones first, newest first."""
+        await need_team(who, team)
+        page, hidden = await budgets_view(hub, team, offset, limit)
+        return {"budgets": page, "offset": offset, "hidden": hidden}
 
     @router.get(
         "/teams/{team}/messages/{message_id}",

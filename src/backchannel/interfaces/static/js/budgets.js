@@ -45,7 +45,8 @@ function budgetItem(b) {
 
 export function renderBudgets() {
   const items = [...S.budgets].sort((x, y) => Number(!!y.spent) - Number(!!x.spent) || y.updated_at - x.updated_at);
-  panelList("budgets", items, budgetItem);
+  const hidden = S.hidden.budgets || 0; // the snapshot carries the first page
+  panelList("budgets", items, budgetItem, hidden, items.length + hidden);
 }
 
 async function extendBudget(key, by, button) {
