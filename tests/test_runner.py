@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from backchannel.client import attach
+from backchannel.errors import ModelError
 from backchannel.hub import Hub
 from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner
@@ -159,3 +160,40 @@ def test_the_todo_hunt_finds_comments_not_the_word(tmp_path: Path) -> None:
         "a.py:5: FIXME another",
         "b.js:1: TODO js too",
     ]
+
+
+def _model_down(ctx: ScriptContext) -> object:
+    raise ModelError("the model service answered 503 after its retries")
+
+
+def _policy_bug(ctx: ScriptContext) -> object:
+    raise RuntimeError("a bug in the policy")
+
+
+@pytest.mark.parametrize(
+    ("policy", "stopped"),
+    [
+        ("_model_down", "model error"),
+        ("_policy_bug", "crashed: RuntimeError('a bug in the policy')"),
+    ],
+)
+async def test_a_turn_whose_model_call_fails_gives_its_inputs_back(
+    policy: str, stopped: str
+) -> None:
+    hub, runner, _ = await _hub_with(
+        f"team: f\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("f", "boss", "human"))[1])
+        await user.start()
+        assert await runner.run("do the thing", user) == "every agent stopped"
+        loop = runner.loops["worker-main"]
+        assert loop.stats.stopped == stopped
+        assert not loop.stats.working
+        s = await hub.get_session("f", "worker-main")
+        assert s.state.value == "idle", "the failed turn is closed"
+        got = await hub.receive("f", "worker", session="worker-main")
+        assert [g.message.text for g in got] == ["do the thing"], "not acked, not leased"
+        assert got[0].attempt == 2
+    finally:
+        await hub.close()

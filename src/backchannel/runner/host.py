@@ -106,11 +106,13 @@ class SessionLoop:
         stats.turns += 1
         self.history.append(ChatMessage("user", text))
         final = ""
+        answered = False  # the model answered once this turn: its inputs reached it
         try:
             for _ in range(self.spec.max_steps):
                 reply = await self.model.complete(
                     self.spec.system, self.history, [TOOLS[t][0] for t in sorted(self.allowed)]
                 )
+                answered = True
                 stats.usage += reply.usage
                 stats.cost += self.price.cost(reply.usage)
                 self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
@@ -143,11 +145,18 @@ class SessionLoop:
             else:
                 final = f"(stopped after {self.spec.max_steps} model calls in one turn)"
         except ModelError as exc:
+            self.runner.console_note(f"{self.spec.name}: {exc}")
+            if not answered:  # the inputs never reached the model: give them back
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._interrupted(ids))
+                stats.stopped = "model error"
+                self.runner.changed()
+                return
             final = f"(the model failed: {exc})"
             stats.stopped = "model error"
-            self.runner.console_note(f"{self.spec.name}: {exc}")
-        except asyncio.CancelledError:
-            # interrupted: close the turn and give the inputs back, so nothing is lost
+        except BaseException:
+            # interrupted, or a policy or the hub failed mid-turn: close the turn and give
+            # the inputs back, so nothing is lost and the session is not left in a turn
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._interrupted(ids))
             raise
@@ -162,10 +171,12 @@ class SessionLoop:
         self.runner.changed()
 
     async def _interrupted(self, ids: list[str]) -> None:
-        await self.client.report_event(self.session, "agent_stop", "", {"interrupted": True})
-        await self.runner.release(self.client, ids)
         self.stats.working = False
         self.stats.stopped = "interrupted"
+        try:
+            await self.client.report_event(self.session, "agent_stop", "", {"interrupted": True})
+        finally:
+            await self.runner.release(self.client, ids)
 
     def _over_budget(self) -> bool:
         s, spec = self.stats, self.spec
