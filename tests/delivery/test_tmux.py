@@ -335,3 +335,31 @@ async def test_a_forged_sender_line_is_typed_escaped(tmux: libtmux.Server, tmp_p
             await wait_state(hub, "t", last.message_id, "acked")
             typed = await _pasted(out, 2)
     assert [m for t in typed for m in parse(t)] == WANT
+
+
+async def test_a_pane_in_copy_mode_holds_the_message_until_the_scrolling_ends(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    out = _reader_pane(tmux, tmp_path, "scroll")
+    await _ready(tmux, "scroll")
+    pane = tmux.sessions.get(session_name="scroll").active_window.active_pane
+    assert pane is not None
+    pane.cmd("copy-mode")  # someone scrolls back through the agent's output, for minutes
+    assert pane.display_message("#{pane_in_mode}", get_text=True) == ["1"]
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "scroll:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "read this when you can", link=False)
+            # held, like an agent away from its pane: no retries that run out, no dead letter
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "copy mode" in (held.last_error or "")
+            assert await state_of(hub, "t", sent.message_id) == "queued"
+            assert out.read_bytes() == b""
+            pane.cmd("send-keys", "-X", "cancel")  # the scrolling ends
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            assert await _pasted(out) == ["[From user] read this when you can"]

@@ -45,7 +45,9 @@ a message cannot end the paste early and type keystrokes of its own.
 
 **Errors.** A pane (or tmux server) that is not there, or whose program has exited (with
 ``remain-on-exit``), is permanent: the copy is dead-lettered with the reason and the
-sender told. A pane in copy mode (someone scrolling) and a tmux command that hangs are transient and retried.
+sender told. A pane in copy mode (someone scrolling, for as long as it takes) is held
+like a pane without its agent, the message typed in once the pane leaves copy mode. A
+tmux command that hangs is transient and retried.
 tmux cannot tell whether the agent already saw a message, so a crash between the paste
 and the hub's record types it twice (the window is milliseconds).
 """
@@ -161,8 +163,8 @@ class TmuxAdapter(Adapter):
         """The pane id (``%N``) of the target, checked to exist with a live program.
 
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
-        server is gone, or the program in it has exited; :class:`AdapterError` while the
-        pane is in copy mode.
+        server is gone, or the program in it has exited; :class:`HeldDelivery` when the
+        agent is not in the foreground or the pane is in copy mode.
         """
         # display-message falls back to the current pane for a target that does not
         # exist (tmux 3.3), capture-pane does not: it checks the target first
@@ -200,8 +202,8 @@ class TmuxAdapter(Adapter):
                 "restart the agent in that pane (or set the member's delivery "
                 "'agent_commands' to the agent's program name)"
             )
-        if in_mode == "1":
-            raise AdapterError(
+        if in_mode == "1":  # held, not retried: scrolling back may well outlast retries
+            raise HeldDelivery(
                 f"tmux pane {self.target!r} is in copy mode (someone is scrolling); "
                 "the message is typed in once it leaves copy mode"
             )
