@@ -363,3 +363,36 @@ async def test_a_pane_in_copy_mode_holds_the_message_until_the_scrolling_ends(
             pane.cmd("send-keys", "-X", "cancel")  # the scrolling ends
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             assert await _pasted(out) == ["[From user] read this when you can"]
+
+
+def _native_reader(server: libtmux.Server, tmp_path: Path) -> Path:
+    native = tmp_path / "versions" / "2.1.330"
+    native.parent.mkdir()
+    native.symlink_to(Path(sys.executable).resolve())
+    script, out = tmp_path / "reader.py", tmp_path / "native.bytes"
+    script.write_text(READER)
+    out.touch()
+    server.new_session(
+        session_name="native", window_command=f"{native} {script} {out}", x=200, y=50
+    )
+    return out
+
+
+async def test_claude_codes_native_build_named_by_its_version_is_the_agent(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    # the native build runs as ~/.local/share/claude/versions/<version>: tmux names the
+    # pane's foreground program "2.1.330", not "claude"
+    out = _native_reader(tmux, tmp_path)
+    await _ready(tmux, "native")
+    pane = tmux.sessions.get(session_name="native").active_window.active_pane
+    assert pane is not None
+    assert pane.display_message("#{pane_current_command}", get_text=True) == ["2.1.330"]
+    setting = _tmux(tmux, "native:0.0", "a-s1", turn_wait=0)
+    del setting["agent_commands"]  # the defaults: claude, codex, gemini, node
+    async with running_hub() as hub:
+        await _member(hub, "a", setting)
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "hello, native build", link=False)
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            assert await _pasted(out) == ["[From user] hello, native build"]

@@ -16,7 +16,8 @@ pane's foreground program (``#{pane_current_command}``: the name, ``argv[0]`` wi
 its directory, of the foreground process group of the pane's terminal) and types only
 when it is one of ``agent_commands`` (a name or a list of names; default
 :data:`DEFAULT_AGENT_COMMANDS`: Claude Code runs as ``claude`` or ``node``, Codex as
-``codex``, Gemini CLI as ``node`` or ``gemini``). Set it to the agent's own program name
+``codex``, Gemini CLI as ``node`` or ``gemini``; Claude Code's native build is named by
+its version, e.g. ``2.1.330``, which counts as ``claude``). Set it to the agent's own program name
 for anything else; a shell's name (``bash``, ``zsh``...) is refused. Otherwise the copy
 is **held**: not typed, not dead-lettered, back in the queue; the team's ``user`` gets a
 ``system`` notice and the hub's log a WARNING naming the program found in the pane, the
@@ -84,6 +85,9 @@ SHELLS = frozenset(
 COMMAND_TIMEOUT = 10.0
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+#: Claude Code's native build runs as ``~/.local/share/claude/versions/<version>``, so
+#: tmux names its foreground program by the version (``2.1.330``), not ``claude``.
+_CLAUDE_NATIVE = re.compile(r"\d+\.\d+\.\d+")
 _GONE = ("can't find", "no server running", "error connecting", "no such file")
 
 
@@ -194,7 +198,8 @@ class TmuxAdapter(Adapter):
             raise PermanentDeliveryError(
                 f"the program in tmux pane {self.target!r} has exited; restart the agent there"
             )
-        if foreground not in self.agents:
+        program = "claude" if _CLAUDE_NATIVE.fullmatch(foreground) else foreground
+        if program not in self.agents:
             runs = f"runs {foreground!r}" if foreground else "runs a program tmux cannot name"
             raise HeldDelivery(
                 f"tmux pane {self.target!r} {runs} in the foreground, not the "
