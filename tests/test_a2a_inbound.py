@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("a2a.client")
 
 from a2a.client import A2ACardResolver, Client, ClientConfig, create_client
-from a2a.client.errors import AgentCardResolutionError
+from a2a.client.errors import A2AClientError, AgentCardResolutionError
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -364,6 +364,95 @@ async def test_bad_token_and_other_teams(hub: tuple[Server, dict[str, str]]) -> 
         task = await _final_task(client, SendMessageRequest(message=_message("hello")))
         assert task.status.state == TaskState.TASK_STATE_FAILED
         assert "attached through hooks" in task.status.message.parts[0].text
+
+
+async def _task_in_hand(w: httpx.AsyncClient) -> str:
+    """The session of the A2A task the member (client ``w``) was just given; its message
+    is taken, so the next call finds the next task."""
+
+    async def find() -> str | None:
+        for s in (await w.get("/v1/sessions", params={"member": "worker"})).json()["sessions"]:
+            sid = s["session_id"]
+            if not sid.startswith("a2a-") or s["state"] != "idle":
+                continue
+            r = await w.get("/v1/inbox", params={"session": sid, "limit": 5})
+            if r.status_code == 200 and (got := r.json()["messages"]):
+                await w.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
+                return str(sid)
+        return None
+
+    return await eventually(find, what="the member to have the task")
+
+
+async def test_a_request_that_waits_past_a_rotation_hands_over_nothing(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    # the token is checked when the request comes; a stream or a blocking send that
+    # waits for the member's answer past a rotation of the caller's token (or its
+    # removal) must not hand the answer to the holder of the old token
+    srv, tokens = hub
+    url = f"{srv.url}/a2a/t/worker"
+    token = tokens["lead"]
+    secret = "the answer for lead only"
+
+    def rotate() -> str:
+        with srv.client() as admin:
+            r = admin.post("/v1/teams/t/members/lead/token")
+            assert r.status_code == 200, r.text
+            return str(r.json()["token"])
+
+    async def answer(w: httpx.AsyncClient, sid: str) -> None:
+        await w.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+        await w.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": secret})
+
+    async with httpx.AsyncClient(
+        base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}, timeout=30
+    ) as w:
+        for binding in ("JSONRPC", "HTTP+JSON"):
+            events: list[str] = []
+            async with a2a_client(url, token, streaming=True, binding=binding) as client:
+
+                async def follow(client: Client = client, events: list[str] = events) -> None:
+                    request = SendMessageRequest(message=_message("hold it"))
+                    async for event in client.send_message(request):
+                        events.append(str(event))
+
+                stream = asyncio.create_task(follow())
+                sid = await _task_in_hand(w)
+                token = rotate()
+                await answer(w, sid)
+                with pytest.raises(A2AClientError, match="rotated"):
+                    await asyncio.wait_for(stream, 30)
+            assert not [e for e in events if secret in e], (binding, events)
+
+        # a blocking send (no stream) that waited is refused as the token is: 401
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            body = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "SendMessage",
+                "params": {
+                    "message": {"messageId": "m-b", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+                },
+            }
+            blocking = asyncio.create_task(
+                http.post("/a2a/t/worker/", json=body, headers=_json_headers(token))
+            )
+            sid = await _task_in_hand(w)
+            token = rotate()
+            await answer(w, sid)
+            r = await asyncio.wait_for(blocking, 30)
+            assert r.status_code == 401, r.text
+            assert secret not in r.text
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            # the new token reads the task as before
+            listed = await http.post(
+                "/a2a/t/worker/",
+                json={"jsonrpc": "2.0", "id": 8, "method": "ListTasks", "params": {}},
+                headers=_json_headers(token),
+            )
+            assert listed.status_code == 200, listed.text
+            assert len(listed.json()["result"]["tasks"]) == 3, listed.text
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "1e400"])

@@ -9,7 +9,10 @@ SDK's own (``create_jsonrpc_routes``, ``create_rest_routes``), mounted behind a 
   member of the same team (the card declares this as its ``bearer`` security scheme).
   No token or a wrong one is 401; an unknown member and another team's member are the
   same 404, so nobody learns of another team;
-* the message comes from the member the token belongs to.
+* the message comes from the member the token belongs to;
+* a request that waits (a blocking ``message/send``, a stream) asks again whether its
+  token still acts for its member before it hands anything over: a token rotated (or
+  its member removed) meanwhile gets 401, or the stream ends with an ``error`` event.
 
 What a message does to the member is :mod:`.a2a_tasks`. ``mount_a2a(app, open_member=
 (team, member, caller))`` lets one member be called without a token, acting as
@@ -118,6 +121,7 @@ class Gate:
         caller: str | None = None
         if self.open_member is not None and (team, member) == self.open_member[:2]:
             caller = self.open_member[2]
+            token = None  # not the caller's credential: nothing to ask again
         elif token is None:
             await _send_json(
                 send,
@@ -137,7 +141,7 @@ class Gate:
                     send,
                     401,
                     _error("unauthorized", "unknown token: use a member token of this team"),
-                    {"WWW-Authenticate": 'Bearer realm="backchannel", error="invalid_token"'},
+                    _CHALLENGE,
                 )
                 return
             if who.team != team:
@@ -154,29 +158,60 @@ class Gate:
         if scope.get("method") == "POST" and ctype and not _is_json(ctype):
             await _unsupported_media(send, ctype, jsonrpc=jsonrpc)
             return
+        rpc_id: Any = None
         if scope.get("method") == "POST" and jsonrpc:
             # the SDK's JSON-RPC parser answers a body nested too deep or a number too
             # long as an internal error, with a traceback logged: read it here first
             body = await _body(receive)
             try:
-                parse_json(body)
+                parsed = parse_json(body)
             except json.JSONDecodeError as exc:
                 await _parse_error(send, exc.msg)
                 return
+            rpc_id = parsed.get("id") if isinstance(parsed, dict) else None
             receive = _replay(body, receive)
         state = scope.setdefault("state", {})
         state[STATE_KEY] = Caller(team, member, caller)
+        streaming = ended = False
 
-        async def plain_json(message: ASGIMessage) -> None:
-            # HTTP+JSON answers are application/json (spec 1.0.1, section 11.1)
+        async def revoked() -> bool:
+            # asked again before an answer or a stream's event is handed over: a
+            # blocking send or a stream can outlive a rotation or a removal
+            if token is None:
+                return False  # the open member (the conformance kit's) needs no token
+            who = await self.hub.authenticate(token)
+            return who is None or (who.team, who.name) != (team, caller)
+
+        async def guarded(message: ASGIMessage) -> None:
+            nonlocal streaming, ended
+            if ended:
+                return  # the answer was refused: nothing more of it goes out
             if message["type"] == "http.response.start":
+                headers = message.get("headers", [])
+                kind = next((bytes(v) for k, v in headers if k == b"content-type"), b"")
+                streaming = kind.startswith(b"text/event-stream")
+                if not streaming and await revoked():
+                    ended = True
+                    await _send_json(send, 401, _error("unauthorized", _REVOKED), _CHALLENGE)
+                    return
+                # HTTP+JSON answers are application/json (spec 1.0.1, section 11.1)
                 message["headers"] = [
                     (k, b"application/json" if k == b"content-type" and v == _A2A_JSON else v)
-                    for k, v in message.get("headers", [])
+                    for k, v in headers
                 ]
+            elif streaming and message.get("body") and await revoked():
+                ended = True
+                error = (
+                    {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": -32000, "message": _REVOKED}}
+                    if jsonrpc
+                    else {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": _REVOKED}}
+                )
+                event = f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+                return
             await send(message)
 
-        await self.inner(scope, receive, plain_json)
+        await self.inner(scope, receive, guarded)
 
     @staticmethod
     async def _not_found(send: Send, message: str) -> None:
@@ -184,6 +219,11 @@ class Gate:
 
 
 _A2A_JSON = b"application/a2a+json"
+_REVOKED = (
+    "this token was rotated or its member removed while the request waited; use the "
+    "member's new token (`backchannel member rotate-token` shows one)"
+)
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="backchannel", error="invalid_token"'}
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
