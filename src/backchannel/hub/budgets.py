@@ -17,7 +17,7 @@ from typing import Any
 
 from backchannel.core import budget as rules
 from backchannel.core import messages, notices, turns
-from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
+from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, UnknownTeam
 from backchannel.hub.context import Ctx, Env
 from backchannel.hub.links import Links
 from backchannel.hub.pipeline import Pipeline, Send
@@ -324,7 +324,7 @@ class Budgets:
         def fn(tx: Tx) -> list[dict[str, Any]]:
             t = tx.get_team(team)
             if t is None:
-                raise NotFound(f"unknown team {team!r}", team=team)
+                raise UnknownTeam(f"unknown team {team!r}", team=team)
             lim = rules.limits(t.settings)
             return [
                 rules.budget_json(b, lim, now)
@@ -360,7 +360,7 @@ class Budgets:
             c.watched(team)  # the notices wake their readers as they are stored
             t = tx.get_team(team)
             if t is None:
-                raise NotFound(f"unknown team {team!r}", team=team)
+                raise UnknownTeam(f"unknown team {team!r}", team=team)
             if by_whom != "admin":
                 m = tx.get_member(team, by_whom)
                 if m is None or m.kind is not MemberKind.HUMAN:
