@@ -262,11 +262,17 @@ def test_a_hub_url_that_is_neither_http_nor_a_store_is_named(tmp_path: Path) -> 
 
 
 def test_status_says_a_store_that_does_not_open_does_not_answer(tmp_path: Path) -> None:
-    (tmp_path / "a-file").write_text("")
-    r = run("status", "--store", f"sqlite:///{tmp_path}/a-file/hub.db", cwd=tmp_path)
+    (tmp_path / "notes.db").write_text("not the pages of a database\n")
+    r = run("status", "--store", f"sqlite:///{tmp_path}/notes.db", cwd=tmp_path)
     assert r.returncode == 1
     assert "answers: no" in r.stdout
-    assert "the store does not open: cannot create SQLite store" in r.stderr
+    assert "the store does not open:" in r.stderr and "not a backchannel store" in r.stderr
+    # asked about a store that is not there yet, status says so and makes nothing
+    absent = run("status", "--store", f"sqlite:///{tmp_path}/new/hub.db", cwd=tmp_path)
+    assert absent.returncode == 1
+    assert "there is no store at" in absent.stderr and "backchannel init" in absent.stderr
+    assert not (tmp_path / "new").exists()
+    assert run("init", "--store", f"sqlite:///{tmp_path}/hub.db", cwd=tmp_path).returncode == 0
     good = run("status", "--store", f"sqlite:///{tmp_path}/hub.db", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     assert "answers: yes" in good.stdout

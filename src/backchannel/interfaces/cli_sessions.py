@@ -146,6 +146,12 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
         except httpx.HTTPError as exc:
             info["reachable"] = False
             problem = f"the hub at {target.url} does not answer ({exc}); is `backchannel serve` still running?"
+    elif (missing := _no_sqlite_file(target.url)) is not None:
+        info["reachable"] = False  # asking must not make one
+        problem = (
+            f"there is no store at {missing} yet; `backchannel init --store {target.url}` "
+            "makes one (any command that uses it does too)"
+        )
     else:
         try:  # a store answers when it opens
             asyncio.run(_whoami(target.url, None))
@@ -181,6 +187,16 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
             print(f"you are: {identity.get('name')} of team {identity.get('team')}")
     if problem:
         cli._fail(problem)
+
+
+def _no_sqlite_file(url: str) -> Path | None:
+    """The file a SQLite store URL names, when it is not there (opening would make it)."""
+    if not url.startswith("sqlite:"):
+        return None
+    from backchannel.stores.sqlite.store import sqlite_path
+
+    path = sqlite_path(url)
+    return None if path.exists() else path
 
 
 async def _whoami(url: str, token: str | None) -> dict[str, Any]:
