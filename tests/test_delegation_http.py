@@ -75,37 +75,39 @@ def test_in_hub_round_trip(server: Server) -> None:
         assert [d["state"] for d in listed] == ["answered"]
 
 
+def _hub_env(me: str, other: str, other_url: str, token: str | None = None) -> dict[str, str]:
+    """The settings of hub ``me`` that knows hub ``other`` at ``other_url`` (and, with
+    ``token``, holds its member token on ``other``)."""
+    env = {
+        "BACKCHANNEL_SERVICE_NAME": me,
+        "BACKCHANNEL_CALLBACK_SECRET": f"secret-of-{me.removeprefix('hub-')}",
+        "BACKCHANNEL_CALLBACKS": f"{other}={other_url}",
+    }
+    if token is not None:
+        env["BACKCHANNEL_CALLBACK_TOKENS"] = f"{other}={token}"
+    return env
+
+
+def _member(admin: httpx.Client, team: str, name: str) -> str:
+    token: str = admin.post(f"/v1/teams/{team}/members", json={"name": name}).json()["token"]
+    return token
+
+
 def _start_two_hubs(
     tmp_path: Path, port_a: int, a_as_seen_by_b: str
 ) -> tuple[Server, Server, dict[str, str]]:
     port_b = free_port()
     url_b = f"http://127.0.0.1:{port_b}"
     hub_b = start_server(
-        tmp_path / "b",
-        port=port_b,
-        env={
-            "BACKCHANNEL_SERVICE_NAME": "hub-b",
-            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
-            "BACKCHANNEL_CALLBACKS": f"hub-a={a_as_seen_by_b}",
-        },
+        tmp_path / "b", port=port_b, env=_hub_env("hub-b", "hub-a", a_as_seen_by_b)
     )
     with hub_b.client() as admin:
         admin.post("/v1/teams", json={"name": "workers"})
-        worker = admin.post("/v1/teams/workers/members", json={"name": "worker"}).json()["token"]
-        caller = admin.post("/v1/teams/workers/members", json={"name": "hub-a"}).json()["token"]
-    hub_a = start_server(
-        tmp_path / "a",
-        port=port_a,
-        env={
-            "BACKCHANNEL_SERVICE_NAME": "hub-a",
-            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-a",
-            "BACKCHANNEL_CALLBACKS": f"hub-b={url_b}",
-            "BACKCHANNEL_CALLBACK_TOKENS": f"hub-b={caller}",
-        },
-    )
+        worker, caller = _member(admin, "workers", "worker"), _member(admin, "workers", "hub-a")
+    hub_a = start_server(tmp_path / "a", port=port_a, env=_hub_env("hub-a", "hub-b", url_b, caller))
     with hub_a.client() as admin:
         admin.post("/v1/teams", json={"name": "leads", "settings": {"anchor_policy": "off"}})
-        lead = admin.post("/v1/teams/leads/members", json={"name": "lead"}).json()["token"]
+        lead = _member(admin, "leads", "lead")
     return hub_a, hub_b, {"lead": lead, "worker": worker, "caller": caller}
 
 
@@ -316,42 +318,19 @@ def _start_hubs_both_ways(
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
     settings = {"anchor_policy": "off", "chain_budget": chain_budget}
-    env_a = {
-        "BACKCHANNEL_SERVICE_NAME": "hub-a",
-        "BACKCHANNEL_CALLBACK_SECRET": "secret-of-a",
-        "BACKCHANNEL_CALLBACKS": f"hub-b={url_b}",
-    }
-    hub_a = start_server(tmp_path / "a", port=port_a, env=env_a)
+    hub_a = start_server(tmp_path / "a", port=port_a, env=_hub_env("hub-a", "hub-b", url_b))
     with hub_a.client() as admin:
         made = admin.post("/v1/teams", json={"name": "leads", "settings": settings}).json()
-        tokens = {"user_a": made["user_token"]}
-        tokens["lead"] = admin.post("/v1/teams/leads/members", json={"name": "lead"}).json()[
-            "token"
-        ]
-        b_on_a = admin.post("/v1/teams/leads/members", json={"name": "hub-b"}).json()["token"]
-    hub_b = start_server(
-        tmp_path / "b",
-        port=port_b,
-        env={
-            "BACKCHANNEL_SERVICE_NAME": "hub-b",
-            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
-            "BACKCHANNEL_CALLBACKS": f"hub-a={url_a}",
-            "BACKCHANNEL_CALLBACK_TOKENS": f"hub-a={b_on_a}",
-        },
-    )
+        tokens = {"user_a": made["user_token"], "lead": _member(admin, "leads", "lead")}
+        b_on_a = _member(admin, "leads", "hub-b")
+    hub_b = start_server(tmp_path / "b", port=port_b, env=_hub_env("hub-b", "hub-a", url_a, b_on_a))
     with hub_b.client() as admin:
         made = admin.post("/v1/teams", json={"name": "workers", "settings": settings}).json()
         tokens["user_b"] = made["user_token"]
-        tokens["worker"] = admin.post("/v1/teams/workers/members", json={"name": "worker"}).json()[
-            "token"
-        ]
-        a_on_b = admin.post("/v1/teams/workers/members", json={"name": "hub-a"}).json()["token"]
-    hub_a.stop()
-    hub_a = start_server(
-        tmp_path / "a",
-        port=port_a,
-        env={**env_a, "BACKCHANNEL_CALLBACK_TOKENS": f"hub-b={a_on_b}"},
-    )
+        tokens["worker"] = _member(admin, "workers", "worker")
+        a_on_b = _member(admin, "workers", "hub-a")
+    hub_a.stop()  # again, now with its token on hub B
+    hub_a = start_server(tmp_path / "a", port=port_a, env=_hub_env("hub-a", "hub-b", url_b, a_on_b))
     return hub_a, hub_b, tokens
 
 
