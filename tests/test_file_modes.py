@@ -12,6 +12,7 @@ import pytest
 
 from backchannel.config import admin_token
 from backchannel.errors import StoreError
+from backchannel.files import write_atomic
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
 from tests.conftest import Server, start_server
@@ -147,3 +148,69 @@ def test_a_file_that_is_not_a_hub_database_is_refused_and_left_alone(
     assert _mode(path) == 0o644
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]
+
+
+# -- files written over at once (backchannel.files.write_atomic) -------------------------
+
+
+def test_a_file_written_over_keeps_its_mode_and_a_new_one_takes_the_umasks(
+    tmp_path: Path,
+) -> None:
+    private = tmp_path / "config.toml"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_atomic(private, "new")
+    assert (private.read_text(), _mode(private)) == ("new", 0o600)
+
+    backup = tmp_path / "config.toml.bak"
+    write_atomic(backup, "old", mode_of=private)
+    assert _mode(backup) == 0o600
+
+    fresh = tmp_path / "fresh.json"
+    old = os.umask(0o027)
+    try:
+        write_atomic(fresh, "{}")
+    finally:
+        os.umask(old)
+    assert _mode(fresh) == 0o640
+
+    chosen = tmp_path / "server.json"
+    chosen.write_text("{}")
+    chosen.chmod(0o644)
+    write_atomic(chosen, "{}", mode=0o600)
+    assert _mode(chosen) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.toml",
+        "config.toml.bak",
+        "fresh.json",
+        "server.json",
+    ]
+
+
+def test_two_writers_of_one_file_at_once_each_write_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second write that starts while the first is between its write and its rename
+    (another thread of the same process) uses a temporary file of its own: with one name
+    per process, it truncated the first's file and the first's rename found nothing."""
+    target = tmp_path / "server.json"
+    rename = os.replace
+    calls: list[str] = []
+
+    def second_write_first(src: str, dst: str) -> None:
+        if not calls:
+            calls.append("second")
+            write_atomic(target, '{"writer": 2}', mode=0o600)
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", second_write_first)
+    write_atomic(target, '{"writer": 1}', mode=0o600)
+    assert target.read_text() == '{"writer": 1}'
+    assert [p.name for p in tmp_path.iterdir()] == ["server.json"]
+
+
+def test_a_write_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_atomic(tmp_path / "taken", "text")
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from backchannel.errors import InvalidRequest
+from backchannel.files import write_atomic
 from backchannel.stores.base import Store
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -117,12 +118,8 @@ def admin_token(data_dir: Path, *, create: bool = True) -> str | None:
 
 def write_server_info(data_dir: Path, url: str, store_url: str) -> None:
     private_dir(data_dir)
-    tmp = data_dir / f".{SERVER_FILE}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    os.fchmod(fd, FILE_MODE)  # a stale temporary file keeps its old mode otherwise
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"url": url, "pid": os.getpid(), "store": store_url}))
-    tmp.replace(data_dir / SERVER_FILE)
+    info = {"url": url, "pid": os.getpid(), "store": store_url}
+    write_atomic(data_dir / SERVER_FILE, json.dumps(info), mode=FILE_MODE)
 
 
 def read_server_info(data_dir: Path) -> dict[str, Any] | None:

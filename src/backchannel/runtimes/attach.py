@@ -31,10 +31,8 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import os
 import re
 import shlex
-import stat
 import time
 import tomllib
 from collections.abc import Callable
@@ -43,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from backchannel.errors import AttachError
+from backchannel.files import write_atomic
 from backchannel.runtimes import get_runtime
 
 __all__ = ["AttachError", "AttachOptions", "FileChange", "apply", "instructions", "plan"]
@@ -451,32 +450,11 @@ def apply(changes: list[FileChange], *, stamp: str | None = None) -> list[tuple[
             while backup.exists():
                 n += 1
                 backup = change.path.with_name(f"{change.path.name}.bak-{stamp}-{n}")
-            replace_text(backup, change.before, mode_of=change.path)
+            write_atomic(backup, change.before, mode_of=change.path)
         change.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_text(change.path, change.after)
+        write_atomic(change.path, change.after)
         done.append((change.path, backup))
     return done
-
-
-def replace_text(path: Path, text: str, *, mode_of: Path | None = None) -> None:
-    """Write ``text`` to ``path`` at once (a temporary file renamed over it) with the
-    permission bits of ``mode_of`` (default: the file it replaces) when that exists: a
-    private config stays private, and so does its backup; a new file gets the umask's."""
-    try:
-        mode: int | None = stat.S_IMODE((mode_of or path).stat().st_mode)
-    except FileNotFoundError:
-        mode = None
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else 0o600)
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 #: Enables the channel of the ``backchannel`` server of ``.mcp.json`` for one launch.

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backchannel.files import write_atomic
+
 __all__ = ["HookTrust", "codex_home", "grant", "hook_trust", "project_trusted"]
 
 _OURS = re.compile(r"backchannel\S*\s+hook\s+codex\b")
@@ -153,7 +155,5 @@ def grant(project: Path, home: Path | None = None) -> tuple[Path, list[HookTrust
             text = "".join(lines[:start]) + block + "".join(lines[end:])
     tomllib.loads(text)  # never leave the user's config unreadable
     home.mkdir(parents=True, exist_ok=True)
-    from backchannel.runtimes.attach import replace_text
-
-    replace_text(config, text)  # as private as it was
+    write_atomic(config, text)  # as private as it was
     return config, pending

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from backchannel.files import write_atomic
+
 __all__ = [
     "DELIVERED_HEADER",
     "HAD_FIELD",
@@ -98,15 +100,7 @@ def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
         path = _path(runtime, session_id)
         _private_dirs(path.parent)
         keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"ids": keep}, f)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
     except OSError:
         return
 

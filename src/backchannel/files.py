@@ -1,0 +1,65 @@
+"""Files the hub and its commands write over: whole, at once, with a mode on purpose.
+
+A reader sees the old text or the new, never half of either: the new text goes to a
+temporary file beside the target, which is renamed over it. The temporary file's name is
+this call's own (process id and random bytes), created exclusively and never through a
+symlink, so two writers (two threads, two processes) never write into one temporary
+file, and a file left behind by a crash is never reused with its old mode.
+
+The mode is chosen, never inherited by accident: ``mode`` sets it; without it the file
+keeps the mode of ``mode_of`` (default: the file it replaces), so a private config stays
+private; a file that is new gets the umask's, as ``open`` would give it. The text is
+never readable by others before its mode is set: the temporary file is made 0600 and
+widened, if at all, only once it is written.
+
+Only the standard library here: the hook command imports this on every hook.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+__all__ = ["write_atomic"]
+
+
+def write_atomic(
+    path: Path, text: str, *, mode: int | None = None, mode_of: Path | None = None
+) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) at once; see the module's docstring.
+
+    Raises ``OSError`` as ``open`` and ``rename`` do; nothing is left behind then."""
+    if mode is None:
+        try:
+            mode = stat.S_IMODE((mode_of or path).stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if mode != 0o600:
+                os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it
+    (``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
