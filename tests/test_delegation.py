@@ -325,6 +325,51 @@ async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[...,
         await hub.close()
 
 
+async def test_a_request_kept_before_requests_were_kept_per_caller_is_found_by_its_caller() -> None:
+    """A delegation stored under the caller's bare session id (as before the callee hub
+    kept requests per caller) is what a repeat from its caller finds: it is not run again.
+    Another caller with the same ids gets a delegation of its own; a session of the team
+    named like a caller's request is never handed to that caller."""
+    hub = await _callee_hub({"caller": "http://127.0.0.1:9"})
+
+    async def chat(caller: str, session_id: str, tool_use_id: str) -> Any:
+        return await hub.accept_chat(
+            "t", caller, "worker", "task", reply_service="caller", reply_token="tok",
+            session_id=session_id, tool_use_id=tool_use_id,
+        )  # fmt: skip
+
+    try:
+        await hub.add_member("t", "hub-c")
+        first = await chat("hub-a", "remote-s", "tu_1")
+        assert (first.caller_session, first.callee_session) == (
+            "hub-a:remote-s",
+            "hub-a:remote-s--tu_1",
+        )
+        old = dataclasses.replace(
+            first,
+            delegation_id="dlg_stored_before",
+            tool_use_id="tu_old",
+            caller_session="remote-s",
+            callee_session="remote-s--tu_old",
+            batch="remote-s#inbound",
+        )
+        await hub.store.transact(lambda tx: tx.insert_delegation(old))
+        assert (await chat("hub-a", "remote-s", "tu_old")).delegation_id == "dlg_stored_before"
+        other = await chat("hub-c", "remote-s", "tu_old")
+        assert other.delegation_id != "dlg_stored_before"
+        assert (other.caller, other.caller_session) == ("hub-c", "hub-c:remote-s")
+        # a delegation of this team's own session named "hub-a:mine" is not hub-a's
+        await hub.open_session("t", "worker", "hub-a:mine")
+        await hub.report_event("t", "worker", "hub-a:mine", "turn_start")
+        await hub.delegate("t", "worker", "hub-a:mine", "hub-c", "x", tool_use_id="tu_same")
+        with pytest.raises(Conflict) as exc:
+            await chat("hub-a", "mine", "tu_same")
+        assert "new tool_use_id" in exc.value.message
+        assert len(await hub.list_delegations("t")) == 4
+    finally:
+        await hub.close()
+
+
 async def test_a_bearer_token_that_is_not_visible_ascii_is_refused_at_ingress() -> None:
     hub = await _callee_hub({"caller": "http://127.0.0.1:9"})
     try:

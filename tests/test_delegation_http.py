@@ -139,7 +139,7 @@ def test_cross_hub_round_trip(two_hubs: tuple[Server, Server, dict[str, str]]) -
             s["session_id"]
             for s in worker.get("/v1/sessions", params={"member": "worker"}).json()["sessions"]
         ]
-        assert sessions == ["lead-s--tu_x"]
+        assert sessions == ["hub-a:lead-s--tu_x"]
         result = _wait_inbox(lead, "lead-s", "tool_result")
         assert result["text"] == "Result of delegate(to='worker@hub-b') [tu_x]:\n3 TODOs: a, b, c"
 
@@ -480,3 +480,135 @@ def test_a_chat_with_a_bad_chain_is_refused_naming_the_field(
         assert by_session[ok.json()["session"]][:2] == ("chain-1:x", 3)
         chain_id, hop, message_id = by_session[plain.json()["session"]]
         assert (chain_id, hop) == (message_id, 0)
+
+
+# -- two callers of one team ---------------------------------------------------------------
+
+
+class ReplyRecorder:
+    """Where the callers' hubs would take their answers: records every POST (path, bearer,
+    body) and acknowledges it."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, str, dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                bearer = self.headers.get("authorization", "").partition(" ")[2]
+                outer.got.append((self.path, bearer, json.loads(body)))
+                raw = b'{"state": "answered"}'
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _answer_each(c: httpx.Client, member: str, count: int) -> list[str]:
+    """Play ``member``: answer each of ``count`` tasks, in whichever of its sessions it
+    waits, with ``done: <task>``. Returns the tasks' texts."""
+    seen: list[str] = []
+
+    def all_answered() -> list[str] | None:
+        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
+            sid = s["session_id"]
+            got = c.get("/v1/inbox", params={"session": sid, "limit": 5}).json()["messages"]
+            for m in got:
+                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"]]})
+                if m["kind"] == "delegation":
+                    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+                    c.post(
+                        f"/v1/sessions/{sid}/events",
+                        json={"kind": "agent_stop", "text": f"done: {m['text']}"},
+                    )
+                    seen.append(str(m["text"]))
+        return seen if len(seen) >= count else None
+
+    return eventually_blocking(all_answered, what=f"{count} tasks for {member}", within=20)
+
+
+@pytest.mark.slow
+def test_two_callers_with_the_same_ids_each_get_their_own_delegation(tmp_path: Path) -> None:
+    """Two callers of one team (hub-a, hub-c) send tasks with the same session_id and
+    tool_use_id: each is its own delegation, run and answered to its own caller; neither
+    is told anything of the other's, and a repeat by either returns its own."""
+    recorder = ReplyRecorder()
+    hub_b = start_server(
+        tmp_path / "b",
+        env={
+            "BACKCHANNEL_SERVICE_NAME": "hub-b",
+            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
+            "BACKCHANNEL_CALLBACKS": f"hub-a={recorder.url},hub-c={recorder.url}",
+        },
+    )
+    try:
+        with hub_b.client() as admin:
+            admin.post("/v1/teams", json={"name": "workers"})
+            worker = _member(admin, "workers", "worker")
+            caller_a, caller_c = (
+                _member(admin, "workers", "hub-a"),
+                _member(admin, "workers", "hub-c"),
+            )
+        ids = {"session_id": "lead-s", "tool_use_id": "tu_1"}
+
+        def chat(c: httpx.Client, service: str, text: str) -> httpx.Response:
+            return c.post(
+                "/api/chat",
+                json={
+                    "agent": "worker",
+                    "message": text,
+                    **ids,
+                    "reply": {"callbackService": service, "bearerToken": f"reply-for-{service}"},
+                },
+            )
+
+        with (
+            hub_b.client(caller_a) as a,
+            hub_b.client(caller_c) as c,
+            hub_b.client(worker) as w,
+        ):
+            first_a = chat(a, "hub-a", "the task of A")
+            assert first_a.status_code == 202, first_a.text
+            first_c = chat(c, "hub-c", "the task of C")
+            assert first_c.status_code == 202, first_c.text
+            mine_a, mine_c = first_a.json(), first_c.json()
+            assert mine_c["delegation_id"] != mine_a["delegation_id"]
+            assert mine_c["session"] != mine_a["session"]
+            assert mine_a["delegation_id"] not in first_c.text
+            assert mine_a["session"] not in first_c.text
+            # a repeat is idempotent for its own caller only
+            assert chat(c, "hub-c", "the task of C").json() == mine_c
+            assert chat(a, "hub-a", "the task of A").json() == mine_a
+            # both tasks ran, each answered to its own caller's service
+            assert sorted(_answer_each(w, "worker", 2)) == ["the task of A", "the task of C"]
+            replies = eventually_blocking(
+                lambda: list(recorder.got) if len(recorder.got) >= 2 else None,
+                what="both answers at the callers' services",
+                within=20,
+            )
+            assert sorted((bearer, body["result"]) for _, bearer, body in replies) == [
+                ("reply-for-hub-a", "done: the task of A"),
+                ("reply-for-hub-c", "done: the task of C"),
+            ]
+            listed = w.get("/v1/delegations").json()["delegations"]
+            assert sorted((d["caller"], d["task"], d["state"]) for d in listed) == [
+                ("hub-a", "the task of A", "answered"),
+                ("hub-c", "the task of C", "answered"),
+            ]
+    finally:
+        hub_b.stop()
+        recorder.close()

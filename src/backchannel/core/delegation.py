@@ -49,6 +49,14 @@ def sub_session(caller_session: str, tool_use_id: str) -> str:
     return f"{caller_session}--{tool_use_id}"
 
 
+def inbound_session(caller: str, session_id: str) -> str:
+    """How the callee hub names the session of another hub's request: ``{caller}:
+    {session_id}``. Session ids are chosen by each caller, so two callers may send the
+    same one; with the caller's member name in front (which holds no ``:``), one caller's
+    request can never be taken for another's."""
+    return f"{caller}:{session_id}"
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 

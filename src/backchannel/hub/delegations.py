@@ -12,7 +12,9 @@ a late result.
 Across hubs the task goes to the callee hub's ``/api/chat`` when the caller's turn ends
 (the reply token counts the turn's delegations), with a reply descriptor
 ``{"callbackService": NAME, "bearerToken": TOKEN}``; the callee hub POSTs the answer to
-the caller hub's ``/api/tools/response``. Both hubs resolve service names in their own
+the caller hub's ``/api/tools/response``. The callee hub keeps such a request per caller
+(the member whose token sent it), in the sub-session
+``{caller}:{session_id}--{tool_use_id}``. Both hubs resolve service names in their own
 callback registry; a token is signed by the caller hub and is spent by the first
 answer: a repeat of that answer is acknowledged, a different one refused (409).
 Finished delegations are forgotten after the retention period.
@@ -320,7 +322,10 @@ class Delegations:
         chain: Any = None,
     ) -> Delegation:
         """``POST /api/chat``: run ``agent`` on ``message`` and send its answer to
-        ``reply_service``. Idempotent on ``(session_id, tool_use_id)``.
+        ``reply_service``. Idempotent on ``(caller, session_id, tool_use_id)``: a repeat
+        from the same caller returns its delegation; another caller that sends the same
+        ids has a delegation (and a callee session) of its own, and is told nothing of
+        the first (see :func:`~backchannel.core.delegation.inbound_session`).
 
         ``chain`` (``{"id", "hop"}``) is the conversation chain the caller's hub put the
         task in: the task goes on in it at that hop, so the chain budget holds across
@@ -340,19 +345,33 @@ class Delegations:
             )
         timeout = rules.check_delegate(agent, message, timeout_s)
         messages.check_name("agent", agent)
-        caller_session = (
+        remote_session = (
             messages.check_session_id(session_id)
             if session_id
             else "remote-" + uuid.uuid4().hex[:12]
         )
+        caller_session = rules.inbound_session(caller, remote_session)
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
         now = self.clock.now()
 
         def fn(c: Ctx) -> Delegation:
             tx = c.tx
             known = tx.find_delegation(team, caller_session=caller_session, tool_use_id=tuid)
+            if known is None and session_id:
+                # kept under the caller's own session id before requests were kept per
+                # caller: a repeat of it finds it (never another caller's)
+                old = tx.find_delegation(team, caller_session=remote_session, tool_use_id=tuid)
+                if old is not None and (old.route, old.caller) == (Route.INBOUND, caller):
+                    known = old
             if known is not None:
-                return known
+                if (known.route, known.caller) == (Route.INBOUND, caller):
+                    return known
+                # only a session of this team named like a caller's request gets here
+                raise Conflict(
+                    f"session_id {remote_session!r} with tool_use_id {tuid!r} names a request "
+                    "this team already holds under another owner; send the task with a new "
+                    "tool_use_id"
+                )
             if tx.get_member(team, agent) is None:
                 raise messages.unknown_recipient(
                     agent, team, [m.name for m in tx.list_members(team)]
