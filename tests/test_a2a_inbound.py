@@ -524,3 +524,108 @@ async def test_json_rpc_bodies_no_parser_takes_are_parse_errors(
         )
         assert ok.json()["error"]["code"] == -32001, ok.text  # parsed, and not found
     assert "Traceback" not in (srv.home / "serve.log").read_text()
+
+
+# -- the conversation chain another hub names ----------------------------------------------
+
+
+def _in_chain(text: str, chain: Any) -> Message:
+    """A message that names the conversation chain it goes on in, as a hub sends it."""
+    m = _message(text)
+    m.metadata.update({"backchannel.chain": chain})
+    return m
+
+
+async def test_a_message_goes_on_in_the_chain_it_names_and_a_forged_hop_resets_nothing(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    """A task another hub sends names its chain in the message's metadata: the member's
+    task goes on in it at that hop. A chain spent on this hub stays spent: a message that
+    names it again at a smaller hop goes on at the budget, where the member's turn can send
+    nothing further in it; one past the budget is refused like any send (the task fails
+    with the refusal) and the member is handed nothing."""
+    srv, tokens = hub
+    url = f"{srv.url}/a2a/t/worker"
+    budget = 32  # the team's chain_budget (the default)
+    async with (
+        playing(Worker(srv.url, tokens["worker"], _answers)) as worker,
+        a2a_client(url, tokens["lead"], streaming=False) as client,
+    ):
+        task = await _final_task(
+            client, SendMessageRequest(message=_in_chain("go on", {"id": "c-1", "hop": 5}))
+        )
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert (worker.seen[-1]["chain_id"], worker.seen[-1]["hop"]) == ("c-1", 5)
+        # the task at the budget is taken, and spends the chain on this hub
+        spend = _in_chain("last hop", {"id": "c-spent", "hop": budget})
+        task = await _final_task(client, SendMessageRequest(message=spend))
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert (worker.seen[-1]["chain_id"], worker.seen[-1]["hop"]) == ("c-spent", budget)
+        forged = _in_chain("start over", {"id": "c-spent", "hop": 0})
+        task = await _final_task(client, SendMessageRequest(message=forged))
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert (worker.seen[-1]["chain_id"], worker.seen[-1]["hop"]) == ("c-spent", budget)
+        sid = f"a2a-{task.id}"
+        with srv.client(tokens["worker"]) as w:
+            sent = w.post("/v1/messages", json={"to": "lead", "text": "on", "from_session": sid})
+            assert sent.status_code == 429, sent.text
+            assert sent.json()["error"]["key"] == "chain:c-spent"
+        seen = len(worker.seen)
+        past = _in_chain("past it", {"id": "c-spent", "hop": budget + 1})
+        task = await _final_task(client, SendMessageRequest(message=past))
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        why = task.status.message.parts[0].text
+        assert why.startswith("not sent: this conversation chain (c-spent)"), why
+        assert len(worker.seen) == seen, "the member was handed nothing"
+        # a message that names no chain starts one of its own, as before
+        task = await _final_task(client, SendMessageRequest(message=_message("fresh start")))
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert worker.seen[-1]["chain_id"] not in ("c-1", "c-spent")
+
+
+async def test_a_malformed_chain_in_the_metadata_is_invalid_params_naming_the_field(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    srv, tokens = hub
+    key = 'metadata["backchannel.chain"]'
+    bad = [
+        ({"id": "", "hop": 1}, f"{key}.id"),
+        ({"id": "has space", "hop": 1}, f"{key}.id"),
+        ({"id": "x" * 129, "hop": 1}, f"{key}.id"),
+        ({"id": 12, "hop": 1}, f"{key}.id"),
+        ({"hop": 1}, f"{key}.id"),
+        ({"id": "c1", "hop": -1}, f"{key}.hop"),
+        ({"id": "c1", "hop": 1_000_001}, f"{key}.hop"),
+        ({"id": "c1", "hop": 2**70}, f"{key}.hop"),
+        ({"id": "c1", "hop": 1.5}, f"{key}.hop"),
+        ({"id": "c1", "hop": "3"}, f"{key}.hop"),
+        ({"id": "c1", "hop": True}, f"{key}.hop"),
+        ({"id": "c1"}, f"{key}.hop"),
+        ("c1", key),
+        ([["c1", 1]], key),
+    ]
+    headers = _json_headers(tokens["lead"])
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        for chain, field in bad:
+            message = {
+                "messageId": "m-1",
+                "role": "ROLE_USER",
+                "parts": [{"text": "hi"}],
+                "metadata": {"backchannel.chain": chain},
+            }
+            rpc = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {"message": message},
+            }
+            r = await http.post("/a2a/t/worker/", json=rpc)
+            assert r.status_code == 200, r.text
+            error = r.json()["error"]
+            assert error["code"] == -32602, (chain, error)
+            assert error["message"].startswith(f"message.{field} "), (chain, error)
+            r = await http.post("/a2a/t/worker/message:send", json={"message": message})
+            assert r.status_code == 400, (chain, r.text)
+            assert r.json()["error"]["message"].startswith(f"message.{field} "), (chain, r.text)
+    with srv.client(tokens["worker"]) as worker:
+        assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("a2a.server.routes")
@@ -41,7 +42,8 @@ from backchannel.errors import InvalidRequest, UnknownService
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 from backchannel.types import DelegationState, MessageKind
-from tests.conftest import free_port
+from tests.conftest import Server, free_port, start_server
+from tests.test_delegation_http import _member, _pass_on
 
 
 class Forecaster(AgentExecutor):
@@ -269,3 +271,159 @@ async def test_a_hub_without_a_secret_delegates_to_an_a2a_service(peer: Peer) ->
             await hub.delegate("t", "lead", "lead-s", "forecaster@wether", "forecast")
     finally:
         await hub.close()
+
+
+# -- two hubs whose agents delegate to each other over A2A ---------------------------------
+
+
+def _a2a_registry(home: Path, other: str, other_url: str, team: str) -> None:
+    """Hub ``home`` knows ``other`` as an A2A service: the members of ``team`` there."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(
+        f"callbacks:\n  {other}: {{type: a2a, url: '{other_url}/a2a/{team}/{{agent}}'}}\n"
+    )
+
+
+def _start_hubs_over_a2a(
+    tmp_path: Path, chain_budget: int
+) -> tuple[Server, Server, dict[str, str]]:
+    """``lead`` on hub A (team ``leads``) and ``worker`` on hub B (team ``workers``), each
+    hub an A2A service of the other, calling with its member token there. Hub A starts
+    again once hub B's token for it exists."""
+    port_a, port_b = free_port(), free_port()
+    url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+    settings = {"anchor_policy": "off", "chain_budget": chain_budget}
+    _a2a_registry(tmp_path / "a", "hub-b", url_b, "workers")
+    _a2a_registry(tmp_path / "b", "hub-a", url_a, "leads")
+    hub_a = start_server(tmp_path / "a", port=port_a, env={"BACKCHANNEL_SERVICE_NAME": "hub-a"})
+    with hub_a.client() as admin:
+        made = admin.post("/v1/teams", json={"name": "leads", "settings": settings}).json()
+        tokens = {"user_a": made["user_token"], "lead": _member(admin, "leads", "lead")}
+        b_on_a = _member(admin, "leads", "hub-b")
+    hub_b = start_server(
+        tmp_path / "b",
+        port=port_b,
+        env={"BACKCHANNEL_SERVICE_NAME": "hub-b", "BACKCHANNEL_CALLBACK_TOKENS": f"hub-a={b_on_a}"},
+    )
+    with hub_b.client() as admin:
+        made = admin.post("/v1/teams", json={"name": "workers", "settings": settings}).json()
+        tokens["user_b"] = made["user_token"]
+        tokens["worker"] = _member(admin, "workers", "worker")
+        tokens["a_on_b"] = _member(admin, "workers", "hub-a")
+    hub_a.stop()  # again, now with its token on hub B
+    hub_a = start_server(
+        tmp_path / "a",
+        port=port_a,
+        env={
+            "BACKCHANNEL_SERVICE_NAME": "hub-a",
+            "BACKCHANNEL_CALLBACK_TOKENS": f"hub-b={tokens['a_on_b']}",
+        },
+    )
+    return hub_a, hub_b, tokens
+
+
+@pytest.mark.slow
+def test_agents_of_two_hubs_that_always_delegate_over_a2a_stop_at_the_chain_budget(
+    tmp_path: Path,
+) -> None:
+    """lead (hub A) delegates to worker (hub B) over A2A, whose turn on the task delegates
+    back to lead over A2A, and so on: each A2A message names its chain, one hop further,
+    until the delegation past chain_budget is refused like a send of its own hub. A
+    message that names the spent chain at hop 0 does not start it again."""
+    budget = 4
+    hub_a, hub_b, tokens = _start_hubs_over_a2a(tmp_path, budget)
+    try:
+        with (
+            hub_a.client(tokens["lead"]) as lead,
+            hub_b.client(tokens["worker"]) as worker,
+            hub_a.client(tokens["user_a"]) as user_a,
+            hub_b.client(tokens["user_b"]) as user_b,
+        ):
+            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
+            lead.post("/v1/sessions", json={"session_id": "lead-s"})
+            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
+            lead.post(
+                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
+            )
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
+            first = lead.post(
+                "/v1/delegations",
+                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
+            )
+            assert first.status_code == 201, first.text
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+            tasks, refused = [], None
+            players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
+            for n in range(1, 2 * budget):
+                c, member, to = players[(n - 1) % 2]
+                task, r = _pass_on(c, member, to, n)
+                tasks.append((member, task["chain_id"], task["hop"]))
+                if r.status_code != 201:
+                    refused = r
+                    break
+            assert tasks == [
+                (("worker", "lead")[i % 2], start["message_id"], i + 1) for i in range(budget)
+            ]
+            assert refused is not None and refused.status_code == 429, refused
+            error = refused.json()["error"]
+            assert (error["code"], error["budget"]) == ("budget_exhausted", "chain")
+            assert error["key"] == f"chain:{start['message_id']}"
+            assert error["message"].startswith("not sent: this conversation chain")
+            # the task that reached the budget spent it on both hubs: their humans are told
+            for user in (user_a, user_b):
+                notes = eventually_blocking(
+                    lambda u=user: (
+                        [
+                            m
+                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
+                            if m["kind"] == "system" and m["meta"].get("budget") == "chain"
+                        ]
+                        or None
+                    ),
+                    what="a chain budget notice for the team's human",
+                    within=10,
+                )
+                assert "budget extend" in notes[0]["text"]
+            mine = lead.get("/v1/delegations").json()["delegations"]
+            assert f"tu_{len(tasks)}" not in {d["tool_use_id"] for d in mine}
+            # every task sent was answered over A2A (none was lost on the way)
+
+            def all_answered() -> list[dict[str, Any]] | None:
+                ds: list[dict[str, Any]] = lead.get("/v1/delegations").json()["delegations"]
+                return ds if all(d["state"] == "answered" for d in ds) else None
+
+            answered = eventually_blocking(
+                all_answered, what="hub A's delegations to be answered", within=30
+            )
+            assert len(answered) == budget // 2
+            # the spent chain named again at hop 0, as hub A's member on hub B: the task
+            # goes on at the budget, and the worker's turn on it can delegate no further
+            forged = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {
+                    "message": {
+                        "messageId": "m-forged",
+                        "role": "ROLE_USER",
+                        "parts": [{"text": "start over"}],
+                        "metadata": {"backchannel.chain": {"id": start["message_id"], "hop": 0}},
+                    },
+                    "configuration": {"returnImmediately": True},
+                },
+            }
+            r = httpx.post(
+                f"{hub_b.url}/a2a/workers/worker/",
+                json=forged,
+                headers={"Authorization": f"Bearer {tokens['a_on_b']}", "A2A-Version": "1.0"},
+                timeout=30,
+            )
+            assert "result" in r.json(), r.text
+            task, again = _pass_on(worker, "worker", "lead@hub-a", 99)
+            assert task["text"].endswith("start over")
+            assert (task["chain_id"], task["hop"]) == (start["message_id"], budget)
+            assert again.status_code == 429, again.text
+            assert again.json()["error"]["key"] == f"chain:{start['message_id']}"
+    finally:
+        hub_a.stop()
+        hub_b.stop()

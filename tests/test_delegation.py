@@ -645,6 +645,18 @@ async def test_a_task_from_another_hub_goes_on_in_the_chain_it_names(clock: Fake
         sub = await _task_from_hub_b(hub, "tu_d", {"id": "c-2", "hop": 5})
         with pytest.raises(BudgetExhausted):
             await hub.send("t", "lead", "helper", "more", sender_session=sub)
+        # the spent chain named again at a smaller hop is not started again: the task
+        # goes on at the budget, and its turn sends nothing further in it
+        d = await hub.accept_chat(
+            "t", "hub-b", "lead", "start over", reply_service="hub-b", reply_token="tok",
+            session_id="b-s", tool_use_id="tu_forged", chain={"id": "c-2", "hop": 0},
+        )  # fmt: skip
+        [task] = await hub.receive("t", "lead", session=d.callee_session)
+        assert (task.message.chain_id, task.message.hop) == ("c-2", 5)
+        await hub.ack("t", "lead", [task.message.message_id])
+        await hub.report_event("t", "lead", d.callee_session, "turn_start")
+        with pytest.raises(BudgetExhausted):
+            await hub.send("t", "lead", "helper", "more", sender_session=d.callee_session)
         # a task past this team's budget is refused at ingress, like a send would be
         with pytest.raises(BudgetExhausted) as exc:
             await hub.accept_chat(

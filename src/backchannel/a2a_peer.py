@@ -14,6 +14,11 @@ so a hub that restarts mid-call follows the same task instead of sending it agai
 * ``failed``, ``rejected``, ``canceled`` fail the delegation with the agent's words.
 * Connection errors, timeouts, 408/425/429/5xx are retried; other refusals are final.
 
+The message names the conversation chain the task goes on in, as ``/api/chat``'s
+``chain`` does, in its ``metadata`` under ``"backchannel.chain"`` (``{"id", "hop"}``): a
+backchannel hub on the other side continues that chain, so two hubs whose agents always
+delegate to each other over A2A stop at the chain budget. Other agents ignore it.
+
 The hub only talks to the registered service: redirects are never followed, and an
 agent card whose interfaces point to another origin is refused. It never asks the agent
 for push notifications, so no request can make the agent call an address of its choosing.
@@ -31,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from backchannel.core import delegation as rules
+from backchannel.core.budget import A2A_CHAIN_KEY
 from backchannel.types import Job
 
 if TYPE_CHECKING:
@@ -114,10 +120,18 @@ async def _follow(client: Client, task: Task, payload: dict[str, Any], remember:
 
 
 async def call(
-    svc: Service, agent: str, text: str, message_id: str, payload: dict[str, Any], remember: Any
+    svc: Service,
+    agent: str,
+    text: str,
+    message_id: str,
+    payload: dict[str, Any],
+    remember: Any,
+    chain: Any = None,
 ) -> tuple[bool, str]:
     """Send ``text`` to the agent and wait for its end: ``(answered, text)``; ``answered``
-    is False when the agent's task failed (``text`` says why)."""
+    is False when the agent's task failed (``text`` says why). ``chain`` (``{"id",
+    "hop"}``): the conversation chain the task goes on in, named in the message's
+    metadata."""
     from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
     from a2a.types.a2a_pb2 import (
         GetTaskRequest,
@@ -144,10 +158,11 @@ async def call(
         if isinstance(known, str) and known:
             task = await client.get_task(GetTaskRequest(id=known))
         else:
+            message = Message(role=Role.ROLE_USER, message_id=message_id, parts=[Part(text=text)])
+            if isinstance(chain, dict):
+                message.metadata.update({A2A_CHAIN_KEY: chain})
             request = SendMessageRequest(
-                message=Message(
-                    role=Role.ROLE_USER, message_id=message_id, parts=[Part(text=text)]
-                ),
+                message=message,
                 configuration=SendMessageConfiguration(return_immediately=True),
             )
             got = None
@@ -209,7 +224,13 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
         if hub.clock.now() > d.deadline + GIVE_UP_AFTER:
             raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
         answered, text = await call(
-            svc, str(body["agent"]), str(body["message"]), delegation_id, p, remember
+            svc,
+            str(body["agent"]),
+            str(body["message"]),
+            delegation_id,
+            p,
+            remember,
+            body.get("chain"),
         )
     except _Final as final:
         await hub.finish(dataclasses.replace(job, payload=p), final.outcome, final.detail, None)

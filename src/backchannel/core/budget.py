@@ -41,6 +41,9 @@ DEFAULT_CHAIN_BUDGET = 32
 MAX_EXTEND = 1000
 #: Highest hop another hub may name for a task's chain (``/api/chat``'s ``chain.hop``).
 MAX_HOP = 1_000_000
+#: Where an A2A message names its chain (``{"id", "hop"}``, as ``/api/chat``'s ``chain``):
+#: a key of the message's ``metadata``.
+A2A_CHAIN_KEY = "backchannel.chain"
 _CHAIN_ID_RE = re.compile(MESSAGE_ID_PATTERN)
 
 
@@ -144,6 +147,20 @@ def check_chain(value: Any) -> ChainRef | None:
             f"chain.hop must be a whole number from 0 to {MAX_HOP}", field="chain.hop"
         )
     return ChainRef(chain_id, hop)
+
+
+def named_chain(named: ChainRef, record: Budget | None, otherwise: ChainRef | None) -> ChainRef:
+    """The chain a task goes on in when another hub named ``named`` for it. The hop named
+    may raise the hop the task would otherwise have, never lower it, so a forged small hop
+    cannot reset a spent chain: a chain this team keeps a ``record`` of (it reached its
+    budget here, or was extended) goes on no lower than the hop recorded (a spent one at
+    its budget, where a turn can send nothing further in it, as for a message of this hub
+    at that hop), and the chain the send has without the name (``otherwise``) stands when
+    it is further."""
+    hop = max(named.hop, record.used) if record is not None else named.hop
+    if otherwise is not None and otherwise.hop > hop:
+        return otherwise
+    return named if hop == named.hop else ChainRef(named.chain_id, hop)
 
 
 def turn_chain(inputs: list[ChainRef | None], previous: ChainRef | None) -> ChainRef | None:

@@ -133,10 +133,35 @@ class Budgets:
 
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
-        """The message with the chain it belongs to and its hop in it."""
+        """The message with the chain it belongs to and its hop in it. A chain another hub
+        named (a task's from ``/api/chat``, an A2A task's) may raise the chain and hop the
+        message would otherwise have, never lower them (:func:`rules.named_chain`)."""
         tx, message = s.c.tx, s.message
         if _carried(message):
-            return message  # a task from another hub goes on in the chain it named
+            # a task from another hub goes on in the chain it named
+            named = rules.ChainRef(message.chain_id or "", message.hop)
+            goes_on = self._named(tx, message.team, named, None)
+            if goes_on == named:
+                return message
+            return message.in_chain(goes_on.chain_id, goes_on.hop)
+        own = self._own_chain(s)
+        ref = (
+            own if s.options.chain is None else self._named(tx, message.team, s.options.chain, own)
+        )
+        if ref is None:
+            return message
+        return message.in_chain(ref.chain_id, ref.hop)
+
+    @staticmethod
+    def _named(
+        tx: Tx, team: str, named: rules.ChainRef, otherwise: rules.ChainRef | None
+    ) -> rules.ChainRef:
+        record = tx.get_budget(team, rules.chain_key(named.chain_id))
+        return rules.named_chain(named, record, otherwise)
+
+    def _own_chain(self, s: Send) -> rules.ChainRef | None:
+        """The chain a message is in by its own route (no chain named for it)."""
+        tx, message = s.c.tx, s.message
         pairs = self._pairs(s)
         if pairs or (
             message.kind in _AGENT_KINDS and self._is_agent(tx, message.team, message.sender)
@@ -152,9 +177,7 @@ class Budgets:
             ref = rules.ChainRef(message.message_id, 0)  # a human's message or a timer
         else:
             ref = None
-        if ref is None:
-            return message
-        return message.in_chain(ref.chain_id, ref.hop)
+        return ref
 
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
         tx, message = s.c.tx, s.message

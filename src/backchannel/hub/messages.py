@@ -26,6 +26,7 @@ from typing import Any
 
 from backchannel.core import messages as rules
 from backchannel.core import notices
+from backchannel.core.budget import ChainRef
 from backchannel.core.timers import anchors_first
 from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
 from backchannel.hub.context import Ctx, Env, Taker, wait_any, wait_for
@@ -82,6 +83,7 @@ class Outgoing:
     link: bool = True
     close_link: bool = False
     link_budget: int | None = None
+    chain: ChainRef | None = None  # named by another hub: see ``SendOptions.chain``
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +211,15 @@ class Messages:
         link: bool = True,
         close_link: bool = False,
         link_budget: int | None = None,
+        chain: ChainRef | None = None,
     ) -> SendResult:
         """Queue ``text`` for ``to`` (a member name, or ``*`` for everyone but the sender).
 
         Idempotent on ``message_id``: the same id with the same content returns the first
         result (``replayed=True``); with other content it raises ``MessageIdConflict``.
-        Unknown recipients raise ``UnknownRecipient`` with the closest names.
+        Unknown recipients raise ``UnknownRecipient`` with the closest names. ``chain``:
+        the conversation chain another hub named for this send (an A2A task's), which
+        may raise the chain and hop the send has, never lower them.
         """
         item = Outgoing(
             to,
@@ -228,6 +233,7 @@ class Messages:
             link=link,
             close_link=close_link,
             link_budget=link_budget,
+            chain=chain,
         )
         return await self.env.transact(self._sending(team, sender, item, hand_off=True))
 
@@ -272,7 +278,7 @@ class Messages:
             raise InvalidRequest(
                 "link_budget must be between 1 and 1000 turns", field="link_budget"
             )
-        options = SendOptions(item.link, item.close_link, link_budget)
+        options = SendOptions(item.link, item.close_link, link_budget, chain=item.chain)
         mid = rules.check_message_id(message_id) if message_id else new_message_id()
         now = self.clock.now()
         kind, to_session, meta = item.kind, item.to_session, item.meta

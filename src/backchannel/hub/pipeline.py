@@ -34,7 +34,7 @@ from backchannel.types import (
 )
 
 if TYPE_CHECKING:
-    from backchannel.core.budget import Decision
+    from backchannel.core.budget import ChainRef, Decision
     from backchannel.hub.budgets import Budgets
     from backchannel.hub.delegations import Delegations
     from backchannel.hub.links import Links
@@ -55,6 +55,9 @@ class SendOptions:
     close_link: bool = False  # deliver, then close the open link (initiator only)
     link_budget: int | None = None  # turns for a link this send opens
     by_agent: bool = True  # an agent's own send (send_message), subject to its rules
+    #: the conversation chain another hub named for the send (an A2A task's metadata):
+    #: it may raise the send's chain, never lower it (``Budgets.stamp``)
+    chain: ChainRef | None = None
 
 
 #: Options of the hub's own sends (notices, crossings, closing blocks): no link changes,

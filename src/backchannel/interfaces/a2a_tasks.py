@@ -55,6 +55,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, SerializeToJsonError
 
+from backchannel.core import budget as budget_rules
 from backchannel.errors import BackchannelError, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.hub.delegations import HOOK_KINDS
@@ -217,6 +218,30 @@ def _status_event(task_id: str, context_id: str, answer: Answer) -> TaskStatusUp
     if msg is not None:
         status.message.CopyFrom(msg)
     return TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+
+
+def chain_of(message: Message) -> budget_rules.ChainRef | None:
+    """The conversation chain a message names in its metadata (``"backchannel.chain":
+    {"id", "hop"}``, as another hub's ``/api/chat`` names it), or None. Checked as strictly
+    as ``/api/chat``'s ``chain``; a JSON number reaches the hub as a float, so a whole one
+    (``3.0``) is the whole number it spells. Anything else is an invalid-params error
+    naming the field."""
+    key = budget_rules.A2A_CHAIN_KEY
+    if key not in message.metadata.fields:
+        return None
+    value = MessageToDict(message.metadata).get(key)
+    if isinstance(value, dict) and isinstance(value.get("hop"), float):
+        hop = value["hop"]
+        value = {**value, "hop": int(hop) if hop.is_integer() else hop}
+    try:
+        return budget_rules.check_chain(value)
+    except InvalidRequest as exc:
+        # check_chain's field ("chain", "chain.id", "chain.hop") is its message's first
+        # word; here the chain is the metadata key
+        sub = str(exc.details.get("field", "chain")).removeprefix("chain")
+        field = f'message.metadata["{key}"]{sub}'
+        why = exc.message.partition(" ")[2]
+        raise InvalidParamsError(f"{field} {why}", data={"field": field}) from None
 
 
 def message_text(message: Message) -> str:
@@ -429,6 +454,7 @@ class MemberExecutor(AgentExecutor):
                 kind=MessageKind.DELEGATION,
                 to_session=sid,
                 link=False,
+                chain=chain_of(context.message),  # the other hub's, when it named one
                 meta={
                     "a2a": {
                         "task_id": task_id,
@@ -504,7 +530,8 @@ def check_encodable(params: SendMessageRequest) -> None:
     """Refuse a request the hub could not write down: the protobuf JSON parser takes
     ``NaN``, ``Infinity`` and numbers too large for a float (as infinity) in ``data``
     parts and metadata, which no JSON can carry on, so the task, its history and the
-    member's message could not be stored or shown."""
+    member's message could not be stored or shown. A conversation chain named in the
+    metadata is checked here too, before a task starts (:func:`chain_of`)."""
     try:
         MessageToDict(params)
     except (SerializeToJsonError, ValueError):
@@ -512,6 +539,7 @@ def check_encodable(params: SendMessageRequest) -> None:
             "the message holds NaN, Infinity or a number too large for a float, which JSON "
             "cannot carry; send finite numbers (a large one as a string)"
         ) from None
+    chain_of(params.message)
 
 
 class MemberRequestHandler(DefaultRequestHandler):
