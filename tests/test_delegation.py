@@ -749,3 +749,27 @@ async def test_a_task_for_an_a2a_agent_past_the_chain_budget_is_refused(
             await hub.delegate("t", "lead", sub, "helper@agents", "on", tool_use_id="tu_a")
         assert exc.value.details["key"] == "chain:c-4"
         assert "tu_a" not in {d.tool_use_id for d in await hub.list_delegations("t")}
+
+
+async def test_the_callee_session_of_the_longest_ids_is_a_session_id_the_callee_can_name(
+    hub: Hub,
+) -> None:
+    """A caller session of 200 characters and a tool_use_id of 128 made a callee session
+    of 330: the callee could not name it (``session=`` takes 200 at most), so the task
+    waited in a session its agent could not receive from. Each request still gets a
+    session of its own."""
+    await _team(hub)
+    caller = "s" * 200
+    await hub.open_session("t", "lead", caller)
+    await hub.report_event("t", "lead", caller, "turn_start")
+    ids = ["a" * 128, "a" * 127 + "b"]
+    made = [
+        await hub.delegate("t", "lead", caller, "counter", f"task {i}", tool_use_id=tuid)
+        for i, tuid in enumerate(ids)
+    ]
+    sessions = [d.callee_session for d in made]
+    assert len(set(sessions)) == 2
+    for i, s in enumerate(sessions):
+        assert s is not None and len(s) <= 200
+        [task] = await hub.receive("t", "counter", session=s)
+        assert task.message.text == f"task {i}"

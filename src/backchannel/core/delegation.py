@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core.messages import MAX_SESSION_ID, derived_id
 from backchannel.errors import InvalidRequest, Unauthorized
 from backchannel.types import Delegation, DelegationState
 
@@ -45,8 +46,10 @@ def results_message_id(batch: str) -> str:
 
 
 def sub_session(caller_session: str, tool_use_id: str) -> str:
-    """The callee's session for one request."""
-    return f"{caller_session}--{tool_use_id}"
+    """The callee's session for one request: ``<caller session>--<tool_use_id>``, its
+    start and a hash when that is longer than a session id may be, so the callee can
+    always name it."""
+    return derived_id(f"{caller_session}--{tool_use_id}", MAX_SESSION_ID)
 
 
 def inbound_session(caller: str, session_id: str) -> str:

@@ -68,16 +68,19 @@ def check_message_id(message_id: str) -> str:
 
 #: The longest message id (``MESSAGE_ID_PATTERN``).
 MAX_MESSAGE_ID = 128
+#: The longest session id (``SESSION_PATTERN``).
+MAX_SESSION_ID = 200
 
 
-def derived_id(name: str) -> str:
-    """A message id the hub derives from what a message is about (``dead-<message>-
-    <member>``, ``<session>-t<turn>-b<n>``): ``name`` itself when it fits, else its start
-    and a hash of all of it, so that two names never share an id by being cut short."""
-    if len(name) <= MAX_MESSAGE_ID:
+def derived_id(name: str, limit: int = MAX_MESSAGE_ID) -> str:
+    """An id the hub derives from what it names (``dead-<message>-<member>``,
+    ``<session>-t<turn>-b<n>``, a delegation's ``<session>--<tool_use_id>``): ``name``
+    itself when it fits in ``limit`` characters, else its start and a hash of all of it,
+    so that two names never share an id by being cut short."""
+    if len(name) <= limit:
         return name
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
-    return f"{name[: MAX_MESSAGE_ID - len(digest) - 1]}-{digest}"
+    return f"{name[: limit - len(digest) - 1]}-{digest}"
 
 
 def check_text(text: str, limit: int) -> None:
