@@ -230,3 +230,52 @@ def test_the_network_guard_stops_a_real_model_call() -> None:
             sock.connect(("203.0.113.7", 443))  # stands for api.anthropic.com: never reached
     finally:
         sock.close()
+
+
+def _not_an_api_answer(body: dict[str, Any], n: int) -> tuple[int, Any, dict[str, str]]:
+    """A 200 whose body is no answer of the API: what a proxy or a captive portal in
+    the way sends (the fake server writes a JSON string, which parses to a str)."""
+    return 200, "<html>502 Bad Gateway</html>", {}
+
+
+async def test_an_answer_that_is_not_the_apis_is_a_model_error(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner closes a turn on a ModelError and keeps what it owes; any other
+    exception out of a provider crashes the session instead."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(_not_an_api_answer)  # type: ignore[arg-type]
+    with pytest.raises(ModelError, match="not an answer of the Messages API"):
+        await AnthropicModel("claude-sonnet-5-5", base_url=srv.url).complete("", CONVO, TOOLS)
+    with pytest.raises(ModelError, match="not an answer of the Chat Completions API"):
+        await OpenAIModel("gpt-4o", base_url=srv.url + "/v1").complete("", CONVO, TOOLS)
+
+
+async def test_a_body_cut_short_is_a_model_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 200 whose JSON ends mid-way (a proxy that cut the body but set its length)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+
+    class Cut(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            data = b'{"id": "msg_1", "type": "message", "content": [{"type": "te'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ModelError, match="not an answer of the Messages API"):
+            await AnthropicModel("claude-sonnet-5-5", base_url=url).complete("", CONVO, TOOLS)
+        with pytest.raises(ModelError, match="not an answer of the Chat Completions API"):
+            await OpenAIModel("gpt-4o", base_url=url + "/v1").complete("", CONVO, TOOLS)
+    finally:
+        server.shutdown()
+        server.server_close()

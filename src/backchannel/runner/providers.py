@@ -5,6 +5,11 @@ rate limits (429) and transient errors (408, 409, 5xx, connection errors) with
 exponential backoff; ``max_retries`` sets how often. ``base_url`` points the OpenAI
 provider at any compatible server (Ollama, vLLM, llama.cpp) and either provider at a
 local test server.
+
+A 200 whose body is not the API's answer (a proxy's error page, a body cut short that
+still parses as far as its length says) is a :class:`ModelError` like any other failed
+call, never another exception: the runner closes the turn on a ModelError and keeps
+what it owes, where an unexpected exception crashes the session.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from backchannel.runner.models import (
     ToolSpec,
     Usage,
 )
+
+
+def _not_an_answer(api: str, exc: Exception) -> ModelError:
+    return ModelError(
+        f"the model server's answer is not an answer of {api} ({type(exc).__name__}: "
+        f"{exc}); is base_url the API's own address, with no proxy page in the way?"
+    )
 
 
 def _api_key(env_name: str | None, default_env: str) -> str:
@@ -126,6 +138,15 @@ class AnthropicModel:
             )
         except self._anthropic.APIError as exc:
             raise ModelError(f"Anthropic API error: {exc}") from exc
+        except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
+            raise _not_an_answer("the Messages API", exc) from exc
+        try:
+            return self._reply(resp)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise _not_an_answer("the Messages API", exc) from exc
+
+    @staticmethod
+    def _reply(resp: Any) -> ModelReply:
         text = "".join(b.text for b in resp.content if b.type == "text")
         calls = tuple(
             ToolCall(b.id, b.name, dict(b.input) if isinstance(b.input, dict) else {})
@@ -213,6 +234,15 @@ class OpenAIModel:
             )
         except self._openai.APIError as exc:
             raise ModelError(f"OpenAI-compatible API error: {exc}") from exc
+        except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
+            raise _not_an_answer("the Chat Completions API", exc) from exc
+        try:
+            return self._reply(resp)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise _not_an_answer("the Chat Completions API", exc) from exc
+
+    @staticmethod
+    def _reply(resp: Any) -> ModelReply:
         if not resp.choices:
             raise ModelError("the model server answered with no choices")
         choice = resp.choices[0]
