@@ -14,6 +14,7 @@ from backchannel.errors import ModelError
 from backchannel.hub import Hub
 from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner
+from backchannel.runner.scripted import call, use
 from backchannel.runner.teamfile import load_team, parse_team
 from backchannel.testing import MemoryStore, ScriptContext, say
 from tests.conftest import Server
@@ -195,5 +196,54 @@ async def test_a_turn_whose_model_call_fails_gives_its_inputs_back(
         got = await hub.receive("f", "worker", session="worker-main")
         assert [g.message.text for g in got] == ["do the thing"], "not acked, not leased"
         assert got[0].attempt == 2
+    finally:
+        await hub.close()
+
+
+def _bug_after_a_tool_call(ctx: ScriptContext) -> object:
+    if ctx.step == 0:
+        return use(call("list_members"))
+    raise RuntimeError("a bug in the policy, after the model answered")
+
+
+async def _stuck_after_a_tool_call(ctx: ScriptContext) -> object:
+    if ctx.step == 0:
+        return use(call("list_members"))
+    _signals["answered"].set()
+    await asyncio.sleep(3600)
+    return say("never")
+
+
+@pytest.mark.parametrize("how", ["crash", "interrupt"])
+async def test_a_turn_that_fails_after_the_model_answered_hands_nothing_twice(how: str) -> None:
+    """Once the model has answered in a turn, its inputs reached it: a failure or an
+    interruption later in the turn closes the turn and acks them, and never gives them
+    back for a model to be handed again."""
+    _signals["answered"] = asyncio.Event()
+    policy = "_bug_after_a_tool_call" if how == "crash" else "_stuck_after_a_tool_call"
+    hub, runner, _ = await _hub_with(
+        f"team: g\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("g", "boss", "human"))[1])
+        await user.start()
+        if how == "crash":
+            assert await runner.run("do the thing", user) == "every agent stopped"
+        else:
+            run = asyncio.create_task(runner.run("do the thing", user))
+            await asyncio.wait_for(_signals["answered"].wait(), 10)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+        s = await hub.get_session("g", "worker-main")
+        assert s.state.value == "idle", "the turn is closed"
+        data = await hub.get_session_data("g", "worker-main")
+        stops = [e for e in data["events"] if e["kind"] == "agent_stop"]
+        assert stops[-1]["data"] == {"interrupted": True}
+        assert await hub.pending("g", "worker") == 0, "the model saw its input: acked"
+        feed = await hub.feed("g", 0)
+        [task] = {i.event.message_id for i in feed if i.message and i.message.sender == "boss"}
+        [copy] = (await hub.message_status("g", task)).deliveries
+        assert copy.state.value == "acked"
     finally:
         await hub.close()

@@ -4,8 +4,9 @@ For each session of each hosted member (its main session, and one sub-session pe
 delegation it answers) a turn loop waits for input, reports ``turn_start``, calls the
 model with the hub tools, runs the tool calls through the hub, reports every event, and
 ends the turn with ``agent_stop`` (whose closing text the hub routes). The run ends when
-the team is quiet, when ``timeout`` passes, or on Ctrl-C; inputs of an interrupted turn
-are given back to the hub, so nothing is lost.
+the team is quiet, when ``timeout`` passes, or on Ctrl-C. Inputs of a turn interrupted
+before the model answered in it are given back to the hub, so nothing is lost; once the
+model has answered, they reached it and are acked, so none reaches a model twice.
 """
 
 from __future__ import annotations
@@ -148,17 +149,18 @@ class SessionLoop:
             self.runner.console_note(f"{self.spec.name}: {exc}")
             if not answered:  # the inputs never reached the model: give them back
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._interrupted(ids))
+                    await asyncio.shield(self._interrupted(ids, handed=False))
                 stats.stopped = "model error"
                 self.runner.changed()
                 return
             final = f"(the model failed: {exc})"
             stats.stopped = "model error"
         except BaseException:
-            # interrupted, or a policy or the hub failed mid-turn: close the turn and give
-            # the inputs back, so nothing is lost and the session is not left in a turn
+            # interrupted, or a policy or the hub failed mid-turn: close the turn, so the
+            # session is not left in one; inputs the model never saw go back (nothing
+            # lost), those it answered are acked (never handed to a model twice)
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._interrupted(ids))
+                await asyncio.shield(self._interrupted(ids, handed=answered))
             raise
         if self._over_budget() and stats.stopped is None:
             stats.stopped = "budget"
@@ -170,13 +172,18 @@ class SessionLoop:
         stats.working = False
         self.runner.changed()
 
-    async def _interrupted(self, ids: list[str]) -> None:
+    async def _interrupted(self, ids: list[str], *, handed: bool) -> None:
+        """Close a turn that did not finish. ``handed``: the model answered in it, so
+        its inputs reached it and are acked; otherwise they are given back."""
         self.stats.working = False
         self.stats.stopped = "interrupted"
         try:
             await self.client.report_event(self.session, "agent_stop", "", {"interrupted": True})
         finally:
-            await self.runner.release(self.client, ids)
+            if handed:
+                await self.client.ack(ids)
+            else:
+                await self.runner.release(self.client, ids)
 
     def _over_budget(self) -> bool:
         s, spec = self.stats, self.spec
