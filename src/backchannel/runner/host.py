@@ -26,7 +26,13 @@ from backchannel.runner import story
 from backchannel.runner.models import ChatMessage, Model, ModelError, Usage, price_for
 from backchannel.runner.scripted import ScriptedModel, load_policy
 from backchannel.runner.teamfile import MemberSpec, TeamFile
-from backchannel.runner.tools import DEFAULT_TOOLS, TOOLS, ToolContext, run_tool
+from backchannel.runner.tools import (
+    DEFAULT_TOOLS,
+    TOOLS,
+    ToolContext,
+    run_tool,
+    unparsed_arguments,
+)
 from backchannel.runtimes.common import format_message
 from backchannel.types import MemberKind
 
@@ -131,7 +137,12 @@ class SessionLoop:
                         {"tool": call.name, "id": call.call_id},
                     )
                     ctx = ToolContext(c, self.spec.name, sid, self.runner.workspace, call.call_id)
-                    result, is_error = await run_tool(ctx, call.name, call.arguments, self.allowed)
+                    if call.unparsed is not None:
+                        result, is_error = unparsed_arguments(call.name, call.unparsed), True
+                    else:
+                        result, is_error = await run_tool(
+                            ctx, call.name, call.arguments, self.allowed
+                        )
                     stats.tool_calls += 1
                     await c.report_event(
                         sid, "tool_result", result, {"id": call.call_id, "error": is_error}

@@ -25,9 +25,14 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
+    """One call the model asked for. ``unparsed``: the arguments as the model wrote
+    them, when they are not a JSON object (``arguments`` is then empty); the call is not
+    run, the model hears why, and the call goes back to it as it was written."""
+
     call_id: str
     name: str
     arguments: Mapping[str, Any]
+    unparsed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

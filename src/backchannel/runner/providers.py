@@ -149,7 +149,9 @@ class AnthropicModel:
     def _reply(resp: Any) -> ModelReply:
         text = "".join(b.text for b in resp.content if b.type == "text")
         calls = tuple(
-            ToolCall(b.id, b.name, dict(b.input) if isinstance(b.input, dict) else {})
+            ToolCall(b.id, b.name, dict(b.input))
+            if isinstance(b.input, dict)
+            else ToolCall(b.id, b.name, {}, unparsed=json.dumps(b.input))
             for b in resp.content
             if b.type == "tool_use"
         )
@@ -202,7 +204,9 @@ class OpenAIModel:
                             "type": "function",
                             "function": {
                                 "name": c.name,
-                                "arguments": json.dumps(dict(c.arguments)),
+                                "arguments": c.unparsed
+                                if c.unparsed is not None
+                                else json.dumps(dict(c.arguments)),
                             },
                         }
                         for c in m.tool_calls
@@ -254,10 +258,11 @@ class OpenAIModel:
             try:
                 args = json.loads(fn.arguments or "{}")
             except ValueError:
-                args = {"_unparsed": fn.arguments}
-            calls.append(
-                ToolCall(c.id, fn.name, args if isinstance(args, dict) else {"value": args})
-            )
+                args = None
+            if isinstance(args, dict):
+                calls.append(ToolCall(c.id, fn.name, args))
+            else:  # broken JSON, or JSON but not an object: the runner tells the model
+                calls.append(ToolCall(c.id, fn.name, {}, unparsed=str(fn.arguments)))
         u = resp.usage
         usage = Usage(u.prompt_tokens, u.completion_tokens) if u else Usage()
         return ModelReply(

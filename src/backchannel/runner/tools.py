@@ -381,6 +381,17 @@ DEFAULT_TOOLS = (
 )
 
 
+def unparsed_arguments(name: str, text: str) -> str:
+    """What the model hears for a call whose arguments are not a JSON object: the tool
+    was not run (guessing what it meant could send the wrong message)."""
+    shown = text if len(text) <= 500 else text[:500] + "…"
+    return (
+        f"{name} was not run: its arguments are not valid JSON for an object of "
+        f"arguments: {shown} -- call it again with its arguments as one JSON object, "
+        "as the tool's parameters describe"
+    )
+
+
 async def run_tool(
     ctx: ToolContext, name: str, args: Mapping[str, Any], allowed: frozenset[str]
 ) -> tuple[str, bool]:

@@ -1,0 +1,108 @@
+"""The built-in runner driving a model through the providers' SDKs, against a local
+server that speaks their wire formats (``tests.test_providers.FakeProvider``): what a
+model's odd answers do to the turn loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from backchannel.client import Client, attach
+from backchannel.hub import Hub
+from backchannel.runner.host import Runner
+from backchannel.runner.teamfile import parse_team
+from backchannel.testing import MemoryStore
+from tests.test_providers import Answer, FakeProvider, provider
+
+__all__ = ["provider"]  # the fixture, used here too
+
+
+def _chat(content: str | None, calls: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
+    """A Chat Completions answer: ``content``, and tool calls as (id, name, arguments)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in calls
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+async def _openai_team(url: str, extra: str = "") -> tuple[Hub, Runner, Client]:
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: w, model: openai, model_name: m, base_url: '{url}/v1'{extra}}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team("t", settings=team.settings())
+    clients = {}
+    for m in team.members:
+        _, token = await hub.add_member("t", m.name)
+        clients[m.name] = attach(hub, token)
+        await clients[m.name].start()
+    user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+    await user.start()
+    runner = Runner(team, clients, workspace=Path("."), quiet_seconds=0.5, timeout=30)
+    return hub, runner, user
+
+
+def _tool_results(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+
+
+async def test_tool_call_arguments_that_are_not_json_are_named_so_to_the_model(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A model that writes broken JSON for a tool's arguments hears that, not that an
+    argument is missing (which would send it looking for the wrong mistake)."""
+    cut = '{"to": "boss", "message": "hi'
+    srv = provider(
+        lambda body, n: (
+            (200, _chat(None, [("call_1", "send_message", cut)]), {})
+            if n == 1
+            else (200, _chat("done"), {})
+        )
+    )
+    hub, runner, user = await _openai_team(srv.url)
+    try:
+        await runner.run("say hi to boss", user)
+        [result] = _tool_results(srv.requests[1][1])
+        assert "not valid JSON" in result, result
+        assert cut in result
+        # the call goes back to the model as it wrote it
+        [call] = [m for m in srv.requests[1][1]["messages"] if m.get("tool_calls")]
+        assert call["tool_calls"][0]["function"]["arguments"] == cut
+    finally:
+        await hub.close()
+
+
+async def test_a_call_to_an_unknown_tool_is_answered_as_an_error(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    srv = provider(
+        lambda body, n: (
+            (200, _chat(None, [("call_1", "rm_rf", json.dumps({"path": "/"}))]), {})
+            if n == 1
+            else (200, _chat("done"), {})
+        )
+    )
+    hub, runner, user = await _openai_team(srv.url)
+    try:
+        await runner.run("clean up", user)
+        [result] = _tool_results(srv.requests[1][1])
+        assert result.startswith("unknown tool 'rm_rf'; available: ")
+        assert len(srv.requests) == 2
+    finally:
+        await hub.close()
