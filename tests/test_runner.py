@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -13,7 +14,7 @@ from backchannel.client import attach
 from backchannel.errors import ModelError
 from backchannel.hub import Hub
 from backchannel.runner.command import run_team
-from backchannel.runner.host import Runner
+from backchannel.runner.host import Runner, SessionLoop
 from backchannel.runner.scripted import call, use
 from backchannel.runner.teamfile import load_team, parse_team
 from backchannel.testing import MemoryStore, ScriptContext, say
@@ -245,5 +246,53 @@ async def test_a_turn_that_fails_after_the_model_answered_hands_nothing_twice(ho
         [task] = {i.event.message_id for i in feed if i.message and i.message.sender == "boss"}
         [copy] = (await hub.message_status("g", task)).deliveries
         assert copy.state.value == "acked"
+    finally:
+        await hub.close()
+
+
+_sent_sizes: list[tuple[int, str]] = []
+
+
+class _Recording:
+    """Wraps a session's model: records what each call is sent (characters, last input)."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+        self.name = "recording"
+
+    async def complete(self, system: str, messages: list[Any], tools: list[Any]) -> Any:
+        _sent_sizes.append((sum(len(m.text) for m in messages), messages[-1].text))
+        assert messages[0].role == "user", "a conversation starts with a turn's input"
+        return await self.model.complete(system, messages, tools)  # type: ignore[attr-defined]
+
+
+async def test_a_long_conversation_sends_the_model_a_bounded_context() -> None:
+    """Every turn adds to a session's conversation; what the model is sent (and what
+    the session keeps) stays within ``context_chars``, dropping the oldest turns whole,
+    and always holds the turn in progress."""
+    _sent_sizes.clear()
+    hub, runner, _ = await _hub_with(
+        "team: h\nmembers:\n  - {name: worker, policy: echo, context_chars: 4000}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("h", "boss", "human"))[1])
+        await user.start()
+        client = runner.clients["worker"]
+        await client.open_session("worker-main")
+        loop = SessionLoop(runner, runner.team.members[0], client, "worker-main")
+        loop.model = _Recording(loop.model)  # type: ignore[assignment]
+        for n in range(40):
+            await user.send("worker", f"task {n}: " + "x" * 500, session="worker-main")
+            got = await client.receive(session="worker-main", limit=5)
+            await loop.turn(got)
+        assert len(_sent_sizes) == 40
+        # each turn is its input (about 530 characters) and the echo of it
+        assert max(size for size, _ in _sent_sizes) <= 4000
+        assert all(last.startswith("[From boss]") for _, last in _sent_sizes)
+        assert _sent_sizes[-1][1].endswith("task 39: " + "x" * 500)
+        # the session forgets too: what it keeps is the bound and the last turn's answer
+        assert sum(len(m.text) for m in loop.history) <= 4000 + 600
+        assert sum(1 for m in loop.history if m.role == "user") <= 8
+        assert await hub.pending("h", "worker") == 0
     finally:
         await hub.close()

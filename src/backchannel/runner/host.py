@@ -3,7 +3,9 @@
 For each session of each hosted member (its main session, and one sub-session per
 delegation it answers) a turn loop waits for input, reports ``turn_start``, calls the
 model with the hub tools, runs the tool calls through the hub, reports every event, and
-ends the turn with ``agent_stop`` (whose closing text the hub routes). The run ends when
+ends the turn with ``agent_stop`` (whose closing text the hub routes). The model is sent
+the session's conversation, bounded by the member's ``context_chars`` (oldest whole turns
+dropped first), so a long-lived session never outgrows its model's context. The run ends when
 the team is quiet, when ``timeout`` passes, or on Ctrl-C. Inputs of a turn interrupted
 before the model answered in it are given back to the hub, so nothing is lost; once the
 model has answered, they reached it and are acked, so none reaches a model twice.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -59,6 +62,27 @@ def make_model(spec: MemberSpec) -> Model:
 def format_input(m: Received) -> str:
     """How a delivered message reads to the model: framed as every adapter frames it."""
     return format_message(m.sender, m.kind, m.text)
+
+
+def _chars(m: ChatMessage) -> int:
+    return len(m.text) + sum(len(c.name) + len(json.dumps(dict(c.arguments))) for c in m.tool_calls)
+
+
+def bounded(history: list[ChatMessage], limit: int) -> list[ChatMessage]:
+    """``history`` without its oldest whole turns, as many as it takes to hold at most
+    ``limit`` characters; the turn in progress (from the last ``user`` message, a
+    turn's input) always stays. Whole turns, so a tool result never loses its call."""
+    starts = [i for i, m in enumerate(history) if m.role == "user"]
+    if not starts:
+        return history
+    size = sum(_chars(m) for m in history)
+    first = 0
+    for start in starts[1:]:
+        if size <= limit:
+            break
+        size -= sum(_chars(m) for m in history[first:start])
+        first = start
+    return history[first:] if first else history
 
 
 @dataclass
@@ -116,6 +140,7 @@ class SessionLoop:
         answered = False  # the model answered once this turn: its inputs reached it
         try:
             for _ in range(self.spec.max_steps):
+                self.history = bounded(self.history, self.spec.context_chars)
                 reply = await self.model.complete(
                     self.spec.system, self.history, [TOOLS[t][0] for t in sorted(self.allowed)]
                 )

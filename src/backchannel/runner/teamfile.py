@@ -71,6 +71,7 @@ class MemberSpec(_Strict):
     budget_usd: float | None = Field(None, gt=0)
     max_tokens: int | None = Field(None, gt=0)
     max_steps: int = Field(12, ge=1, le=200)
+    context_chars: int = Field(400_000, ge=1_000, le=100_000_000)
     price: dict[str, float] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
