@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from pathlib import Path
 from typing import Any
@@ -10,15 +11,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from backchannel.client import attach
+from backchannel.client import Client, attach
 from backchannel.errors import ModelError
 from backchannel.hub import Hub
 from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner, SessionLoop
 from backchannel.runner.scripted import call, use
 from backchannel.runner.teamfile import load_team, parse_team
-from backchannel.testing import MemoryStore, ScriptContext, say
-from tests.conftest import Server
+from backchannel.testing import MemoryStore, ScriptContext, eventually, say
+from tests.conftest import Server, free_port, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -296,3 +297,65 @@ async def test_a_long_conversation_sends_the_model_a_bounded_context() -> None:
         assert await hub.pending("h", "worker") == 0
     finally:
         await hub.close()
+
+
+async def _thinks_through_a_restart(ctx: ScriptContext) -> object:
+    if ctx.turn == 1:  # the hub restarts while the model thinks about the first input
+        _signals["thinking"].set()
+        await _signals["restarted"].wait()
+    return say(f"Got: {ctx.text}")
+
+
+async def test_the_runner_rides_out_a_hub_restart(tmp_path: Path) -> None:
+    """``backchannel serve`` restarts (an upgrade, a crash) while the runner hosts a
+    team over HTTP, in the middle of a turn: the runner waits for the hub to come back
+    and carries on. The turn ends and its input is acked; the session does not stop,
+    and a message sent after the restart reaches the model."""
+    _signals["thinking"], _signals["restarted"] = asyncio.Event(), asyncio.Event()
+    port = free_port()
+    home = tmp_path / "home"
+    srv = await asyncio.to_thread(start_server, home, None, port=port)
+    tokens = srv.team("rs", "worker")
+    team = parse_team(
+        "team: rs\nmembers:\n"
+        "  - {name: worker, policy: 'tests.test_runner:_thinks_through_a_restart'}\n"
+    )
+    worker, user = Client(srv.url, tokens["worker"]), Client(srv.url, tokens["user"])
+    runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60, timeout=90)
+    run = asyncio.create_task(runner.run("before the restart", user))
+    try:
+        await asyncio.wait_for(_signals["thinking"].wait(), 10)
+        loop = runner.loops["worker-main"]
+        srv.stop()
+        await asyncio.sleep(1.5)  # the runner's calls meet a closed port meanwhile
+        srv = await asyncio.to_thread(start_server, home, None, port=port)
+        _signals["restarted"].set()
+        await eventually(
+            lambda: loop.stats.turns == 1 and not loop.stats.working,
+            what="the first turn to end",
+            within=30,
+            show=lambda: (loop.stats, run.done() and run.exception()),
+        )
+        assert "before the restart" in loop.stats.last_output
+        await user.send("worker", "after the restart", session="worker-main")
+        await eventually(
+            lambda: loop.stats.turns == 2 and not loop.stats.working,
+            what="turn 2",
+            within=30,
+            show=lambda: (loop.stats, run.done() and run.exception()),
+        )
+        assert loop.stats.stopped is None, loop.stats.stopped
+        assert "after the restart" in loop.stats.last_output
+        assert not run.done(), "the runner goes on"
+        with srv.client(tokens["worker"]) as c:
+            assert c.get("/v1/inbox/pending").json()["pending"] == 0
+            events = c.get("/v1/sessions/worker-main/transcript").json()["events"]
+        kinds = [e["kind"] for e in events if e["kind"] in ("turn_start", "agent_stop")]
+        assert kinds == ["turn_start", "agent_stop"] * 2, kinds
+    finally:
+        run.cancel()
+        with contextlib.suppress(BaseException):
+            await run
+        await worker.close()
+        await user.close()
+        srv.stop()

@@ -18,13 +18,15 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import httpx
 
 from backchannel.client import Client, Received
-from backchannel.errors import BackchannelError
+from backchannel.errors import BackchannelError, PeerError, StoreError
 from backchannel.runner import story
 from backchannel.runner.models import ChatMessage, Model, ModelError, Usage, price_for
 from backchannel.runner.scripted import ScriptedModel, load_policy
@@ -42,6 +44,28 @@ from backchannel.types import MemberKind
 log = logging.getLogger("backchannel.runner")
 
 LEASE = 900.0  # a turn may run long; its inputs stay leased meanwhile
+#: How long the runner keeps calling a hub it cannot reach (restarting, say) before it
+#: gives up on what it was doing.
+HUB_PATIENCE = 300.0
+
+_T = TypeVar("_T")
+
+
+def hub_away(exc: BaseException, *, repeatable: bool) -> bool:
+    """Is ``exc`` the hub being away for a while, so the call may be made again? A
+    refused connection never reached the hub, and a 503 is the hub saying its store
+    could not do it now: neither did anything. With ``repeatable`` (reads, acks and
+    releases: calls that mean the same made twice) any failure to reach it counts; a
+    call that changes something is not made again after a failure that may have
+    reached the hub (an ``agent_stop`` twice would be refused, a tool's send sent twice)."""
+    if isinstance(exc, StoreError):
+        return True
+    if not isinstance(exc, PeerError) or isinstance(exc, ModelError):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return True
+    return repeatable and isinstance(cause, httpx.TransportError)
 
 
 def make_model(spec: MemberSpec) -> Model:
@@ -114,15 +138,24 @@ class SessionLoop:
 
     async def run(self) -> None:
         while self.stats.stopped is None:
-            got = await self.client.receive(
-                limit=20,
-                wait=1.0,
-                session=self.session,
-                lease=LEASE,
-                pinned_only=not self.session.endswith("-main"),
+            got = await self.runner.patient(
+                lambda: self.client.receive(
+                    limit=20,
+                    wait=1.0,
+                    session=self.session,
+                    lease=LEASE,
+                    pinned_only=not self.session.endswith("-main"),
+                ),
+                repeatable=True,
             )
             if got:
                 await self.turn(got)
+
+    async def _report(self, kind: str, text: str = "", data: dict[str, Any] | None = None) -> Any:
+        """Report a turn's event, waiting out a hub that is away (restarting)."""
+        return await self.runner.patient(
+            lambda: self.client.report_event(self.session, kind, text, data)
+        )
 
     async def turn(self, inputs: list[Received]) -> None:
         stats, c, sid = self.stats, self.client, self.session
@@ -133,7 +166,7 @@ class SessionLoop:
         for m in inputs:
             self.runner.tell(story.on_input(sid, m))
         text = "\n\n".join(format_input(m) for m in inputs)
-        await c.report_event(sid, "turn_start", text)
+        await self._report("turn_start", text)
         stats.turns += 1
         self.history.append(ChatMessage("user", text))
         final = ""
@@ -152,11 +185,10 @@ class SessionLoop:
                     final = reply.text
                     break
                 if reply.text:
-                    await c.report_event(sid, "thought", reply.text)
+                    await self._report("thought", reply.text)
                 for call in reply.tool_calls:
                     self.runner.tell(story.on_tool_call(self.spec.name, call.name, call.arguments))
-                    await c.report_event(
-                        sid,
+                    await self._report(
                         "tool_call",
                         f"{call.name}({call.arguments})",
                         {"tool": call.name, "id": call.call_id},
@@ -169,8 +201,8 @@ class SessionLoop:
                             ctx, call.name, call.arguments, self.allowed
                         )
                     stats.tool_calls += 1
-                    await c.report_event(
-                        sid, "tool_result", result, {"id": call.call_id, "error": is_error}
+                    await self._report(
+                        "tool_result", result, {"id": call.call_id, "error": is_error}
                     )
                     self.history.append(
                         ChatMessage("tool", result, call_id=call.call_id, is_error=is_error)
@@ -201,9 +233,9 @@ class SessionLoop:
         if self._over_budget() and stats.stopped is None:
             stats.stopped = "budget"
             final = (final + "\n\n" if final else "") + self._budget_note()
-        answer = await c.report_event(sid, "agent_stop", final)
+        answer = await self._report("agent_stop", final)
         self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
-        await c.ack(ids)
+        await self.runner.patient(lambda: c.ack(ids), repeatable=True)
         stats.last_output = final
         stats.working = False
         self.runner.changed()
@@ -252,12 +284,14 @@ class Runner:
         on_change: Callable[[], None] | None = None,
         note: Callable[[str], None] | None = None,
         story: Callable[[str], None] | None = None,
+        hub_patience: float = HUB_PATIENCE,
     ) -> None:
         self.team = team
         self.clients = clients
         self.workspace = workspace
         self.quiet_seconds = quiet_seconds
         self.timeout = timeout
+        self.hub_patience = hub_patience
         self.loops: dict[str, SessionLoop] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change
@@ -280,6 +314,30 @@ class Runner:
         if self._story is not None:
             for line in lines:
                 self._story(f"{time.monotonic() - self.started:5.1f}s  {line}")
+
+    async def patient(self, call: Callable[[], Awaitable[_T]], *, repeatable: bool = False) -> _T:
+        """``call()``, made again while the hub is away (:func:`hub_away`), for up to
+        ``hub_patience`` seconds: a hub that restarts under the runner does not stop its
+        sessions. Any other error, or the hub away for longer, is raised."""
+        deadline: float | None = None
+        pause = 0.2
+        while True:
+            try:
+                return await call()
+            except BackchannelError as exc:
+                if not hub_away(exc, repeatable=repeatable):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.hub_patience
+                    self.console_note(
+                        f"the hub is away ({exc.message}); trying again for up to "
+                        f"{self.hub_patience:.0f} s"
+                    )
+                elif now >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     @property
     def hosted(self) -> list[MemberSpec]:
@@ -339,7 +397,7 @@ class Runner:
         quiet_since: float | None = None
         try:
             while True:
-                await self._discover()
+                await self.patient(self._discover, repeatable=True)
                 now = time.monotonic()
                 if now - self.started > self.timeout:
                     self.ended_because = f"timeout after {self.timeout:.0f} s"
@@ -349,7 +407,7 @@ class Runner:
                 ):
                     self.ended_because = "every agent stopped"
                     break
-                if await self._busy():
+                if await self.patient(self._busy, repeatable=True):
                     quiet_since = None
                 elif quiet_since is None:
                     quiet_since = now
