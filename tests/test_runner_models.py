@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from backchannel.client import Client, attach
 from backchannel.hub import Hub
 from backchannel.runner.host import Runner
@@ -104,5 +106,94 @@ async def test_a_call_to_an_unknown_tool_is_answered_as_an_error(
         [result] = _tool_results(srv.requests[1][1])
         assert result.startswith("unknown tool 'rm_rf'; available: ")
         assert len(srv.requests) == 2
+    finally:
+        await hub.close()
+
+
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+def _anthropic_text(text: str) -> dict[str, Any]:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+async def test_an_overloaded_model_api_that_recovers_does_not_stop_the_agent(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """529 (overloaded) for longer than the SDK's own retries, then answers: the turn
+    waits for the API and goes on, its input handed to the model once, and the agent
+    does not stop."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (529, OVERLOADED, {"retry-after-ms": "10"})
+            if n <= 7  # the SDK makes 5 requests (4 retries) per call
+            else (200, _anthropic_text("done at last"), {})
+        )
+    )
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{srv.url}'}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    try:
+        await hub.create_team("t", settings=team.settings())
+        worker = attach(hub, (await hub.add_member("t", "w"))[1])
+        user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+        await worker.start()
+        await user.start()
+        runner = Runner(team, {"w": worker}, workspace=Path("."), quiet_seconds=0.5, timeout=60)
+        assert await runner.run("do it", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert loop.stats.stopped is None, loop.stats.stopped
+        assert loop.stats.last_output == "done at last"
+        assert loop.stats.turns == 1
+        assert len(srv.requests) == 8
+        assert await hub.pending("t", "w") == 0
+    finally:
+        await hub.close()
+
+
+async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_back(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(lambda body, n: (529, OVERLOADED, {"retry-after-ms": "10"}))
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{srv.url}'}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    try:
+        await hub.create_team("t", settings=team.settings())
+        worker = attach(hub, (await hub.add_member("t", "w"))[1])
+        user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+        await worker.start()
+        await user.start()
+        runner = Runner(
+            team,
+            {"w": worker},
+            workspace=Path("."),
+            quiet_seconds=0.5,
+            timeout=60,
+            model_patience=1.5,
+            model_pause=0.5,
+        )
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert runner.loops["w-main"].stats.stopped == "model error"
+        assert len(srv.requests) > 5, "tried again after the SDK's retries"
+        got = await hub.receive("t", "w", session="w-main")
+        assert [g.message.text for g in got] == ["do it"], "given back, not lost"
     finally:
         await hub.close()

@@ -28,7 +28,14 @@ import httpx
 from backchannel.client import Client, Received
 from backchannel.errors import BackchannelError, PeerError, StoreError
 from backchannel.runner import story
-from backchannel.runner.models import ChatMessage, Model, ModelError, Usage, price_for
+from backchannel.runner.models import (
+    ChatMessage,
+    Model,
+    ModelError,
+    ModelReply,
+    Usage,
+    price_for,
+)
 from backchannel.runner.scripted import ScriptedModel, load_policy
 from backchannel.runner.teamfile import MemberSpec, TeamFile
 from backchannel.runner.tools import (
@@ -44,6 +51,11 @@ from backchannel.types import MemberKind
 log = logging.getLogger("backchannel.runner")
 
 LEASE = 900.0  # a turn may run long; its inputs stay leased meanwhile
+#: How long a turn waits for a model API that fails in a way that passes (rate limited,
+#: overloaded, a server error) after the SDK's own retries, before it gives up.
+MODEL_PATIENCE = 300.0
+#: The first pause between two tries of such an API (it doubles, up to a minute).
+MODEL_PAUSE = 1.0
 #: How long the runner keeps calling a hub it cannot reach (restarting, say) before it
 #: gives up on what it was doing.
 HUB_PATIENCE = 300.0
@@ -151,6 +163,31 @@ class SessionLoop:
             if got:
                 await self.turn(got)
 
+    async def _complete(self) -> ModelReply:
+        """One model call, tried again while the API fails in a way that passes (the
+        error says ``retryable``: rate limits, overload, server errors), for up to
+        the runner's ``model_patience``: an API that is overloaded for a minute does not
+        stop the agent, and the turn's inputs stay leased to it meanwhile."""
+        tools = [TOOLS[t][0] for t in sorted(self.allowed)]
+        deadline: float | None = None
+        pause = self.runner.model_pause
+        while True:
+            try:
+                return await self.model.complete(self.spec.system, self.history, tools)
+            except ModelError as exc:
+                if not exc.details.get("retryable"):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.runner.model_patience
+                if now + pause > deadline:
+                    raise
+                self.runner.console_note(
+                    f"{self.spec.name}: {exc.message}; trying again in {pause:.0f} s"
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 60.0)
+
     async def _report(self, kind: str, text: str = "", data: dict[str, Any] | None = None) -> Any:
         """Report a turn's event, waiting out a hub that is away (restarting)."""
         return await self.runner.patient(
@@ -174,9 +211,7 @@ class SessionLoop:
         try:
             for _ in range(self.spec.max_steps):
                 self.history = bounded(self.history, self.spec.context_chars)
-                reply = await self.model.complete(
-                    self.spec.system, self.history, [TOOLS[t][0] for t in sorted(self.allowed)]
-                )
+                reply = await self._complete()
                 answered = True
                 stats.usage += reply.usage
                 stats.cost += self.price.cost(reply.usage)
@@ -285,6 +320,8 @@ class Runner:
         note: Callable[[str], None] | None = None,
         story: Callable[[str], None] | None = None,
         hub_patience: float = HUB_PATIENCE,
+        model_patience: float = MODEL_PATIENCE,
+        model_pause: float = MODEL_PAUSE,
     ) -> None:
         self.team = team
         self.clients = clients
@@ -292,6 +329,8 @@ class Runner:
         self.quiet_seconds = quiet_seconds
         self.timeout = timeout
         self.hub_patience = hub_patience
+        self.model_patience = model_patience
+        self.model_pause = model_pause
         self.loops: dict[str, SessionLoop] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change

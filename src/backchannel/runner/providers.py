@@ -4,7 +4,9 @@ Both use the official SDKs (extras ``anthropic`` and ``openai``), whose clients 
 rate limits (429) and transient errors (408, 409, 5xx, connection errors) with
 exponential backoff; ``max_retries`` sets how often. ``base_url`` points the OpenAI
 provider at any compatible server (Ollama, vLLM, llama.cpp) and either provider at a
-local test server.
+local test server. A failure that passes (429, 5xx, 529, no connection) raises a
+:class:`ModelError` marked ``retryable`` once the SDK's retries are spent: the runner
+waits longer for the API before it gives up on a turn.
 
 A 200 whose body is not the API's answer (a proxy's error page, a body cut short that
 still parses as far as its length says) is a :class:`ModelError` like any other failed
@@ -27,6 +29,15 @@ from backchannel.runner.models import (
     ToolSpec,
     Usage,
 )
+
+
+def _retryable(sdk: Any, exc: Exception) -> bool:
+    """Is the SDK's error one that passes (rate limited, overloaded, a server error, no
+    connection), so the same call may work later? A 400 or a 401 will not."""
+    if isinstance(exc, sdk.APIConnectionError):  # timeouts too
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status in (408, 409, 429) or status >= 500)
 
 
 def _not_an_answer(api: str, exc: Exception) -> ModelError:
@@ -137,7 +148,9 @@ class AnthropicModel:
                 tools=tool_defs,  # type: ignore[arg-type]
             )
         except self._anthropic.APIError as exc:
-            raise ModelError(f"Anthropic API error: {exc}") from exc
+            raise ModelError(
+                f"Anthropic API error: {exc}", retryable=_retryable(self._anthropic, exc)
+            ) from exc
         except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
             raise _not_an_answer("the Messages API", exc) from exc
         try:
@@ -237,7 +250,9 @@ class OpenAIModel:
                 tools=tool_defs or self._openai.NOT_GIVEN,  # type: ignore[arg-type]
             )
         except self._openai.APIError as exc:
-            raise ModelError(f"OpenAI-compatible API error: {exc}") from exc
+            raise ModelError(
+                f"OpenAI-compatible API error: {exc}", retryable=_retryable(self._openai, exc)
+            ) from exc
         except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
             raise _not_an_answer("the Chat Completions API", exc) from exc
         try:
