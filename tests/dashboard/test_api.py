@@ -339,3 +339,26 @@ def test_stream_sends_snapshot_then_live_traffic(team: Team) -> None:
         assert name == "snapshot"
         states = {m["name"]: m["state"] for m in snap["members"]}
         assert states["lead"] == "idle"
+
+
+def test_a_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
+    """A ticket is checked when the stream opens; a member whose token is rotated (or
+    who is removed) meanwhile must not go on watching the team's traffic."""
+    ticket = _ticket(team, "reviewer")
+    url = f"/v1/dashboard/teams/{team.name}/stream"
+    with (
+        httpx.Client(base_url=team.server.url, timeout=10) as c,
+        c.stream("GET", url, params={"ticket": ticket}) as resp,
+    ):
+        assert resp.status_code == 200
+        events = _events(resp)
+        assert next(events)[0] == "snapshot"
+        assert next(events)[0] == "live"
+        with team.client() as admin:
+            r = admin.post(f"/v1/teams/{team.name}/members/reviewer/token")
+            assert r.status_code == 200, r.text
+        secret = team.send("lead", "worker", "after the rotation")
+        rest = list(events)  # the stream ends
+    assert [name for name, _ in rest] == ["error"], rest
+    assert rest[0][1]["error"]["code"] == "unauthorized"
+    assert secret not in json.dumps(rest)

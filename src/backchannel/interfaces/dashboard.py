@@ -15,8 +15,10 @@ never sit in a URL (it ends up in logs, history and ``Referer``). So the page fi
 trades its bearer token for a *ticket* (``POST /v1/dashboard/tickets``): a signed
 statement "this principal may watch this team until T", valid for
 :data:`TICKET_SECONDS`, which the stream endpoint takes as a query parameter. A ticket
-is checked when a stream opens (an open stream stays open); it carries a prefix of the
-member's token hash, so a member whose token changed cannot use an old one. The
+is checked when a stream opens; it carries a prefix of the member's token hash, so a
+member whose token changed cannot use an old one. An open stream checks again before
+everything it sends: a member whose token is rotated, or who is removed, meanwhile
+gets an ``error`` event and the stream ends, as ``/v1/teams/{team}/events`` does. The
 signing key is derived from the admin token, so every hub process sharing a data
 directory accepts tickets issued by the others.
 
@@ -195,6 +197,23 @@ def _bad_ticket() -> Unauthorized:
         "the stream ticket is invalid or expired; get a new one with "
         "POST /v1/dashboard/tickets (it is valid for a minute)"
     )
+
+
+async def still_valid(hub: Hub, team: str, who: Principal) -> Unauthorized | None:
+    """Why ``who`` (whom a ticket spoke for when its stream opened) may no longer
+    watch ``team``: its token was rotated or it was removed. ``None``: it still may."""
+    if who.member is None:
+        return None
+    try:
+        member = await hub.get_member(team, who.member.name)
+    except UnknownMember:
+        member = None
+    if member is None or not hmac.compare_digest(member.token_hash, who.member.token_hash):
+        return Unauthorized(
+            f"the token of {who.member.name!r} was rotated or the member removed while "
+            "the dashboard watched; sign in again with the member's new token"
+        )
+    return None
 
 
 async def check_ticket(hub: Hub, key: bytes, ticket: str, team: str) -> Principal:
@@ -552,22 +571,27 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         """Server-sent events: ``snapshot`` (members, links, timers, delegations; sent
         at once and whenever they change), ``traffic`` (the team's delivery events, id =
         cursor) and ``live`` (the replay from ``after`` has caught up)."""
-        await check_ticket(hub, key, ticket, team)
+        who = await check_ticket(hub, key, ticket, team)
         await hub.get_team(team)
         last_id = request.headers.get("last-event-id", "")
         if last_id.isascii() and last_id.isdigit() and len(last_id) <= 18:
             after = max(after, int(last_id))
         return StreamingResponse(
-            _stream(hub, team, after, request), media_type="text/event-stream", headers=_SSE_HEADERS
+            _stream(hub, team, who, after, request),
+            media_type="text/event-stream",
+            headers=_SSE_HEADERS,
         )
 
     return router
 
 
-async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIterator[str]:
+async def _stream(
+    hub: Hub, team: str, who: Principal, after: int, request: Request
+) -> AsyncIterator[str]:
     """The stream's loop. The snapshot is read again every :data:`SNAPSHOT_SECONDS`,
     and :data:`SNAPSHOT_AFTER_TRAFFIC` after traffic (a crossing, a task, an answer, a
-    timer firing are all messages), so what traffic changes shows at once."""
+    timer firing are all messages), so what traffic changes shows at once. Before it
+    sends a snapshot or a traffic event it checks that ``who`` may still watch."""
     loop = asyncio.get_running_loop()
     feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
     pending: asyncio.Future[FeedItem] | None = None
@@ -586,6 +610,8 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
                 snap = await snapshot(hub, team)
                 key = snapshot_key(snap)
                 if key != shown:
+                    if (error := await still_valid(hub, team, who)) is not None:
+                        raise error
                     shown = key
                     sent = now
                     yield _sse("snapshot", snap)
@@ -599,6 +625,8 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
             if pending in done:
                 item = pending.result()
                 pending = None
+                if (error := await still_valid(hub, team, who)) is not None:
+                    raise error
                 sent = loop.time()
                 traffic = True
                 yield _sse("traffic", item.to_json(), item.cursor)
@@ -608,7 +636,7 @@ async def _stream(hub: Hub, team: str, after: int, request: Request) -> AsyncIte
             elif loop.time() - sent >= KEEPALIVE_SECONDS:
                 sent = loop.time()
                 yield ": keep-alive\n\n"
-    except BackchannelError as exc:  # the team was removed meanwhile: say so and end
+    except BackchannelError as exc:  # the team or the member's token went: say so and end
         yield _sse("error", exc.to_json())
     finally:
         if pending is not None:
