@@ -111,3 +111,22 @@ def test_admin_rotates_removes_and_deletes_from_the_page(
         page.get_by_label("team", exact=True).locator(f'option[value="{t.name}"]')
     ).to_have_count(0)
     assert httpx.get(me, headers={"Authorization": f"Bearer {t.tokens['lead']}"}).status_code == 401
+
+
+def test_the_dead_letters_panel_is_bounded(page: Page, make_team: Callable[..., Team]) -> None:
+    """A team with many dead letters in its history: the panel lists the latest
+    SNAPSHOT_PAGE of them and counts the rest, rather than one item for each."""
+    t = make_team("sink")
+    n = SNAPSHOT_PAGE + 20
+    for i in range(n):
+        t.send("user", "sink", f"doomed {i}", summary=f"doomed {i}")
+    got = t.receive("sink", lease=0.2)  # one attempt allowed: never acked -> dead
+    assert len(got) == n
+    sign_in(page, t.server, t.tokens["user"])
+    expect(page.locator("#dead-count")).to_have_text(str(n))
+    items = page.locator("#dead li.item")
+    expect(items).to_have_count(SNAPSHOT_PAGE)
+    expect(items.first.locator(".note")).to_have_text(f"doomed {n - 1}")  # newest first
+    more = page.locator("#dead .more")
+    expect(more).to_contain_text("+ 20 more not shown")
+    expect(more.get_by_role("button")).to_have_count(0)  # no page to read: they are in the timeline

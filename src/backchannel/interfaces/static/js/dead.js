@@ -6,9 +6,15 @@ import { panelList } from "./panels.js";
 import { S } from "./state.js";
 import { relTime } from "./time.js";
 
+// The panel lists the latest of them and counts the rest (a long-lived team may have
+// thousands); each is still a row of the timeline while the timeline holds it.
+const SHOWN = 50;
+
 export function renderDead() {
-  const items = [...S.dead.values()].sort((x, y) => y.at - x.at);
-  panelList("dead", items, (d) =>
+  const items = [...S.dead.values()].sort((x, y) => y.at - x.at || y.cursor - x.cursor);
+  const shown = items.slice(0, SHOWN);
+  const hidden = S.deadForgotten + items.length - shown.length;
+  panelList("dead", shown, (d) =>
     h(
       "li",
       { class: "item dead", dataset: { id: d.id } },
@@ -28,5 +34,8 @@ export function renderDead() {
         h("div", { class: "why small", text: d.reason }),
       ),
     ),
+    hidden,
+    shown.length + hidden,
+    { more: false },
   );
 }

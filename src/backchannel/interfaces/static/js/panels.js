@@ -30,12 +30,14 @@ function showMore(kind) {
   refreshPanel(kind);
 }
 
-export function panelList(name, items, draw, hidden = 0, total = items.length) {
+// `more: false`: a panel with no endpoint to read further pages from (it only counts
+// what it leaves out).
+export function panelList(name, items, draw, hidden = 0, total = items.length, { more: pages = true } = {}) {
   const list = $(name);
   clear(list);
   for (const item of items) list.append(draw(item));
   if (hidden > 0) {
-    const more = (S.pageSize[name] || PAGE) < 500;
+    const more = pages && (S.pageSize[name] || PAGE) < 500;
     list.append(
       h(
         "li",

@@ -18,6 +18,7 @@ function resetTeam() {
   S.rows.clear();
   S.activity.clear();
   S.dead.clear();
+  S.deadForgotten = 0;
   S.members = [];
   S.links = [];
   S.timers = [];

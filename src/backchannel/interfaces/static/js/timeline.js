@@ -9,6 +9,8 @@ import { clock, fullTime } from "./time.js";
 import { render, scheduleRender } from "./views.js";
 
 const MAX_ROWS = 1000;
+// Dead letters the page remembers (the panel shows the latest; the rest are counted).
+const MAX_DEAD = 1000;
 // A message with copies in several states shows the first of these it has.
 const STATE_ORDER = ["queued", "leased", "delivered", "acked", "dead"];
 
@@ -39,12 +41,19 @@ export function applyTraffic(ev) {
   if (ev.event === "queued") touch(ev.from, ev.at);
   else touch(ev.to, ev.at);
   if (ev.event === "dead") {
-    S.dead.set(`${msg.id}|${ev.to}`, {
+    const key = `${msg.id}|${ev.to}`;
+    if (!S.dead.has(key) && S.dead.size >= MAX_DEAD) {
+      const [oldest] = S.dead.keys(); // the first seen; the feed comes in order
+      S.dead.delete(oldest);
+      S.deadForgotten += 1;
+    }
+    S.dead.set(key, {
       id: msg.id,
       to: ev.to,
       from: msg.from,
       reason: ev.detail || "no reason given",
       at: ev.at,
+      cursor: ev.cursor || 0,
       summary: msg.summary,
     });
     scheduleRender("dead");
