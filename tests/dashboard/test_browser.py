@@ -504,3 +504,46 @@ def test_overview_in_the_dark_theme(
     expect(page.locator("#delegations li")).to_have_count(4)
     expect(page.locator('#delegation-tally [data-state="timed_out"]')).to_have_text("2 timed out")
     screenshot(page, "overview-dark", tmp_path)
+
+
+MARKUP = '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</script><b>bold</b>'
+
+
+def test_text_agents_write_is_shown_as_text_everywhere(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """Markup in every field an agent or a member writes (a message's text and
+    summary, a timer's note, a delegation's task and answer, a turn's thought and
+    closing text, a block to an unknown member and the hub's notice quoting it) is
+    shown as text: no element of it is ever made, whatever the CSP would block."""
+    t = _off(make_team, "lead", "counter")
+    t.open_session("lead", "lead-s")
+    t.report("lead", "lead-s", "turn_start")
+    mid = t.send("lead", "counter", MARKUP, summary=MARKUP, from_session="lead-s")
+    t.post("lead", "/v1/timers", intent="anchor", minutes=5, note=MARKUP, session="lead-s")
+    t.post("lead", "/v1/delegations", to="counter", task=MARKUP, tool_use_id="tu_x")
+    t.report("lead", "lead-s", "thought", MARKUP)
+    t.report("lead", "lead-s", "agent_stop", f'{MARKUP}\n<message to="nobody">{MARKUP}</message>')
+    _answer(t, "counter", "lead-s--tu_x", MARKUP)
+
+    sign_in(page, t.server, t.tokens["user"])
+    expect(page.locator(f'#timeline .row[data-id="{mid}"] .summary')).to_have_text(MARKUP)
+    expect(page.locator("#timers .note")).to_have_text(MARKUP)
+    expect(page.locator("#delegations .task")).to_contain_text("<img src=x")
+    expect(page.locator("#delegations .result")).to_contain_text("<img src=x")
+    page.locator(f'#timeline .row[data-id="{mid}"]').click()
+    expect(page.locator("#drawer .message-text").first).to_have_text(MARKUP)
+    page.locator("#drawer-close").click()
+    page.locator('#timeline .row[data-from="hub"]').first.click()  # the unknown-member notice
+    expect(page.locator("#drawer .message-text").first).to_contain_text("<img src=x")
+    page.locator("#drawer-close").click()
+    page.locator("#members .session-link", has_text="lead-s").first.click()
+    expect(page.locator("#drawer .transcript")).to_contain_text(MARKUP)
+    made = page.evaluate(
+        """[
+            document.querySelectorAll('img, script:not([src])').length,
+            [...document.querySelectorAll('b')].filter((b) => b.textContent === 'bold').length,
+            window.__xss,
+        ]"""
+    )
+    assert made == [0, 0, None], made
