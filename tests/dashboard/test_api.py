@@ -362,3 +362,25 @@ def test_a_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
     assert [name for name, _ in rest] == ["error"], rest
     assert rest[0][1]["error"]["code"] == "unauthorized"
     assert secret not in json.dumps(rest)
+
+
+async def test_a_rotation_by_another_hub_process_ends_a_stream_too(hub: Hub, clock: Any) -> None:
+    """Hub processes sharing a store each know their own rotations at once; another's
+    is seen once the member's last check is TOKEN_CACHE_SECONDS old, as for a bearer
+    token."""
+    from backchannel.hub.members import TOKEN_CACHE_SECONDS
+    from backchannel.interfaces.dashboard import Watcher
+    from backchannel.interfaces.http import Principal
+
+    await hub.create_team("w")
+    member, _ = await hub.add_member("w", "lead")
+    watcher = Watcher(hub, "w", Principal(member))
+    assert await watcher.revoked() is None
+    await hub.rotate_token("w", "lead")
+    hub.revoked.clear()  # as if another process had rotated it
+    assert await watcher.revoked() is None, "the last check is fresh"
+    clock.advance(TOKEN_CACHE_SECONDS)
+    error = await watcher.revoked()
+    assert error is not None
+    assert "rotated or the member removed" in error.message
+    assert await Watcher(hub, "w", Principal(None)).revoked() is None, "the admin's ticket"

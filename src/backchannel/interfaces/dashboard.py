@@ -58,6 +58,7 @@ from backchannel.errors import (
     UnknownTeam,
 )
 from backchannel.hub import FeedItem, Hub
+from backchannel.hub.members import TOKEN_CACHE_SECONDS
 from backchannel.interfaces.http import Auth, EventStream, Principal
 from backchannel.interfaces.wire import (
     MAX_INT,
@@ -199,21 +200,37 @@ def _bad_ticket() -> Unauthorized:
     )
 
 
-async def still_valid(hub: Hub, team: str, who: Principal) -> Unauthorized | None:
-    """Why ``who`` (whom a ticket spoke for when its stream opened) may no longer
-    watch ``team``: its token was rotated or it was removed. ``None``: it still may."""
-    if who.member is None:
+class Watcher:
+    """Whom a stream's ticket spoke for when it opened, checked again as the stream
+    goes on, as a bearer token is (:meth:`Hub.authenticate`): a token rotated or a
+    member removed by this process counts at once, and the store is asked again once
+    the last answer is :data:`TOKEN_CACHE_SECONDS` old (another process may have done
+    it), so a replay of a long history is not a store read an event."""
+
+    def __init__(self, hub: Hub, team: str, who: Principal) -> None:
+        self.hub, self.team, self.who = hub, team, who
+        self.checked = hub.clock.now()  # check_ticket read the member just now
+
+    async def revoked(self) -> Unauthorized | None:
+        """Why the member may no longer watch the team, or ``None``."""
+        me = self.who.member
+        if me is None:
+            return None
+        now = self.hub.clock.now()
+        gone = me.token_hash in self.hub.revoked
+        if not gone and now - self.checked >= TOKEN_CACHE_SECONDS:
+            try:
+                member: Member | None = await self.hub.get_member(self.team, me.name)
+            except UnknownMember:
+                member = None
+            gone = member is None or not hmac.compare_digest(member.token_hash, me.token_hash)
+            self.checked = now
+        if gone:
+            return Unauthorized(
+                f"the token of {me.name!r} was rotated or the member removed while the "
+                "dashboard watched; sign in again with the member's new token"
+            )
         return None
-    try:
-        member = await hub.get_member(team, who.member.name)
-    except UnknownMember:
-        member = None
-    if member is None or not hmac.compare_digest(member.token_hash, who.member.token_hash):
-        return Unauthorized(
-            f"the token of {who.member.name!r} was rotated or the member removed while "
-            "the dashboard watched; sign in again with the member's new token"
-        )
-    return None
 
 
 async def check_ticket(hub: Hub, key: bytes, ticket: str, team: str) -> Principal:
@@ -593,6 +610,7 @@ async def _stream(
     timer firing are all messages), so what traffic changes shows at once. Before it
     sends a snapshot or a traffic event it checks that ``who`` may still watch."""
     loop = asyncio.get_running_loop()
+    watcher = Watcher(hub, team, who)
     feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
     pending: asyncio.Future[FeedItem] | None = None
     shown = ""
@@ -610,7 +628,7 @@ async def _stream(
                 snap = await snapshot(hub, team)
                 key = snapshot_key(snap)
                 if key != shown:
-                    if (error := await still_valid(hub, team, who)) is not None:
+                    if (error := await watcher.revoked()) is not None:
                         raise error
                     shown = key
                     sent = now
@@ -625,7 +643,7 @@ async def _stream(
             if pending in done:
                 item = pending.result()
                 pending = None
-                if (error := await still_valid(hub, team, who)) is not None:
+                if (error := await watcher.revoked()) is not None:
                     raise error
                 sent = loop.time()
                 traffic = True
