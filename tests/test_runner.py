@@ -359,3 +359,43 @@ async def test_the_runner_rides_out_a_hub_restart(tmp_path: Path) -> None:
         await worker.close()
         await user.close()
         srv.stop()
+
+
+_seen_inputs: list[str] = []
+
+
+async def _records_and_waits(ctx: ScriptContext) -> object:
+    if ctx.step == 0:
+        _seen_inputs.extend(t for text in ctx.inputs for t in text.split("\n\n"))
+    if ctx.turn == 1:
+        _signals["in_turn"].set()
+        await _signals["go_on"].wait()
+    return say(f"done {ctx.turn}")
+
+
+async def test_a_message_that_arrives_while_a_turn_runs_is_the_next_turns_input_once() -> None:
+    """Messages sent while a turn runs wait for it to end, then start the next turn
+    together: each handed to the model once, none lost."""
+    _signals["in_turn"], _signals["go_on"] = asyncio.Event(), asyncio.Event()
+    _seen_inputs.clear()
+    hub, runner, _ = await _hub_with(
+        "team: m\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_records_and_waits'}\n"
+    )
+    try:
+        user = attach(hub, (await hub.add_member("m", "boss", "human"))[1])
+        await user.start()
+        run = asyncio.create_task(runner.run("first", user))
+        await asyncio.wait_for(_signals["in_turn"].wait(), 10)
+        await user.send("worker", "second, sent during the first turn")
+        await user.send("worker", "third, sent during the first turn")
+        _signals["go_on"].set()
+        assert await run == "the team is quiet"
+        assert _seen_inputs == [
+            "[From boss] first",
+            "[From boss] second, sent during the first turn",
+            "[From boss] third, sent during the first turn",
+        ], _seen_inputs
+        assert runner.loops["worker-main"].stats.turns == 2
+        assert await hub.pending("m", "worker") == 0
+    finally:
+        await hub.close()
