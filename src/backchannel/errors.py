@@ -241,13 +241,24 @@ class AdapterError(PeerError):
 
     ``retry_after`` (seconds), when the peer said how long to wait (a ``Retry-After``
     header), replaces the policy's delay for the next attempt, capped at the policy's cap.
+    ``tell_operator``: should the copy be given up after this error, the team's human is
+    told as well as the sender (part of the message was left where only a person can
+    finish or undo it, e.g. a text typed into a prompt but not submitted).
     """
 
     code = "delivery_failed"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        tell_operator: bool = False,
+        **details: Any,
+    ) -> None:
         super().__init__(message, **details)
         self.retry_after = retry_after
+        self.tell_operator = tell_operator
 
 
 class HeldDelivery(AdapterError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import libtmux
 import pytest
 
-from backchannel.delivery.tmux import sanitize
+from backchannel.delivery.tmux import ENTER_TRIES, sanitize
 from backchannel.hub import Hub
 from backchannel.testing import eventually
 from tests.delivery.conftest_adapters import (
@@ -396,3 +397,163 @@ async def test_claude_codes_native_build_named_by_its_version_is_the_agent(
             sent = await hub.send("t", "user", "a", "hello, native build", link=False)
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             assert await _pasted(out) == ["[From user] hello, native build"]
+
+
+# -- an Enter that fails after the paste went in -------------------------------------------
+
+#: Stands in for tmux on PATH: runs the real one, but fails (or hangs) the first N
+#: ``send-keys ... Enter`` (N in ``fail-enter``), counting every such call in ``enters``.
+FLAKY_TMUX = r"""#!/bin/sh
+case " $* " in
+  *" send-keys "*" Enter "*)
+    echo x >> "{dir}/enters"
+    n=$(cat "{dir}/fail-enter" 2>/dev/null || echo 0)
+    if [ "$n" -gt 0 ]; then
+      echo $((n - 1)) > "{dir}/fail-enter"
+      if [ -e "{dir}/hang" ]; then exec sleep 60; fi
+      echo "lost server" >&2
+      exit 1
+    fi;;
+esac
+exec {real} "$@"
+"""
+
+
+@pytest.fixture
+def flaky_enter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory whose ``fail-enter`` file says how many Enters fail from now on."""
+    import shutil
+
+    real = shutil.which("tmux")
+    assert real is not None
+    bindir = tmp_path / "flaky-bin"
+    bindir.mkdir()
+    wrapper = bindir / "tmux"
+    wrapper.write_text(FLAKY_TMUX.format(dir=bindir, real=real))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return bindir
+
+
+def _enters(bindir: Path) -> int:
+    try:
+        return len((bindir / "enters").read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("fails", [1, ENTER_TRIES])
+async def test_an_enter_that_fails_after_the_paste_never_pastes_again(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path, fails: int
+) -> None:
+    # 1: the Enter is pressed again in place; ENTER_TRIES: the whole attempt fails, and
+    # the dispatcher's retry presses only Enter
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    (flaky_enter / "fail-enter").write_text(str(fails))
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "only once, please", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            await _pasted(out)
+    # the prompt got the text once and one Enter submitted it
+    assert out.read_bytes() == START + b"[From user] only once, please" + END + b"\r"
+    assert _enters(flaky_enter) == fails + 1
+    assert st.deliveries[0].attempts == (1 if fails < ENTER_TRIES else 2)
+
+
+async def test_an_enter_that_hangs_after_the_paste_never_pastes_again(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backchannel.delivery import tmux as tmux_adapter
+
+    monkeypatch.setattr(tmux_adapter, "COMMAND_TIMEOUT", 1.0)
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    (flaky_enter / "hang").touch()
+    (flaky_enter / "fail-enter").write_text(str(ENTER_TRIES))
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "hung once", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "acked", within=30)
+            await _pasted(out)
+    assert out.read_bytes() == START + b"[From user] hung once" + END + b"\r"
+    assert st.deliveries[0].attempts == 2
+
+
+async def test_an_enter_that_never_works_leaves_one_paste_and_tells_sender_and_operator(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path
+) -> None:
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    (flaky_enter / "fail-enter").write_text("1000")
+    async with running_hub(max_attempts=3) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "stuck in the prompt", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+            told_sender = await hub.receive("t", "lead")
+            told_user = await hub.receive("t", "user")
+    # typed in once, never submitted, never typed again
+    assert out.read_bytes() == START + b"[From lead] stuck in the prompt" + END
+    assert _enters(flaky_enter) == 3 * ENTER_TRIES
+    reason = st.deliveries[0].dead_reason or ""
+    assert "waits unsubmitted in the agent's prompt" in reason
+    assert "press Enter" in reason
+    assert [m.message.kind.value for m in told_sender] == ["system"]
+    assert "waits unsubmitted" in told_sender[0].message.text
+    assert len(told_user) == 1
+    assert "waits unsubmitted" in told_user[0].message.text
+    assert "tmux pane agent:0.0" in told_user[0].message.text
+
+
+async def test_a_text_left_in_the_prompt_of_an_agent_that_restarted_is_typed_in_afresh(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path
+) -> None:
+    # the agent runs from a shell in the pane; its Enter fails, then it exits and is
+    # started again: its old prompt (and the text in it) is gone, so the retry types the
+    # message into the new agent instead of pressing Enter on nothing
+    import signal
+
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    first, second = tmp_path / "first.bytes", tmp_path / "second.bytes"
+    first.touch()
+    second.touch()
+    session = tmux.new_session(session_name="sh", window_command="bash --norc --noprofile")
+    pane = session.active_window.active_pane
+    assert pane is not None
+    shell_pid = int(pane.display_message("#{pane_pid}", get_text=True)[0])
+
+    def foreground() -> int:  # the foreground process group of the pane's terminal
+        stat = Path(f"/proc/{shell_pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[5])
+
+    async def reader_in_front() -> bool:
+        cmd = pane.display_message("#{pane_current_command}", get_text=True)
+        return cmd == [Path(sys.executable).name] and "READY" in "\n".join(pane.capture_pane())
+
+    pane.send_keys(f"{sys.executable} {script} {first}", enter=True)
+    await eventually(reader_in_front, what="the first agent")
+    (flaky_enter / "fail-enter").write_text("1000")
+    async with running_hub(max_attempts=20) as hub:
+        await _member(hub, "a", _tmux(tmux, "sh", "a-s1", turn_wait=0))
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "for whoever runs", link=False)
+            await eventually(lambda: _enters(flaky_enter) >= ENTER_TRIES, what="Enter to fail")
+            os.kill(foreground(), signal.SIGTERM)  # the first agent exits...
+            await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message while the shell is in front",
+                within=20,
+                show=d.status,
+            )
+            (flaky_enter / "fail-enter").write_text("0")
+            pane.send_keys("clear", enter=True)
+            pane.send_keys(f"{sys.executable} {script} {second}", enter=True)  # ...and is back
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+    assert first.read_bytes() == START + b"[From user] for whoever runs" + END
+    assert second.read_bytes() == START + b"[From user] for whoever runs" + END + b"\r"

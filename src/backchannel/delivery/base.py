@@ -27,7 +27,11 @@ and, where the medium allows, checks it first:
 * ``webhook`` sends the id in the body and as ``Idempotency-Key``; the receiver drops repeats;
 * ``tmux`` and ``stdin`` cannot look back into what the agent already read: the window is
   the few milliseconds between the write and the hub's record, and a crash inside it
-  shows the agent the message twice.
+  shows the agent the message twice. Within one adapter ``tmux`` does remember: a retry
+  after a paste whose ``Enter`` failed presses only ``Enter``.
+
+An :class:`AdapterError` raised with ``tell_operator=True`` (part of the message was left
+where only a person can finish or undo it) makes a give-up tell the team's ``user`` too.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ worker hands them to the adapter one at a time, in that order, and records the r
   ``retry.delay(attempt)``, capped) still holding the lease, then releases the copy, which
   comes back first on the next lease. Once the copy has had the hub's ``max_attempts``, or
   the adapter's retry budget since its first failure is spent, it is given up instead:
-  ``hub.give_up`` with ``"gave up after N attempt(s): <last error>"``;
+  ``hub.give_up`` with ``"gave up after N attempt(s): <last error>"`` (the sender is
+  told; when the last error has ``tell_operator``, the team's ``user`` gets a ``system``
+  notice too);
 * :class:`~backchannel.delivery.base.PermanentDeliveryError`: ``hub.give_up(reason)``;
   the copy is dead, the sender gets a ``system`` notice, and the next message follows;
 * :class:`~backchannel.delivery.base.HeldDelivery` (the agent is not in its pane): the
@@ -304,7 +306,7 @@ class _Worker:
         mid = item.message.message_id
         self.busy = True  # through the recording: stop() lets this finish
         try:
-            outcome, detail, retry_after = await self._attempt(adapter, item)
+            outcome, detail, error = await self._attempt(adapter, item)
             if outcome is _Outcome.HOLD:
                 await self._release([mid, *(m.message.message_id for m in rest)])
                 self.busy = False
@@ -312,10 +314,12 @@ class _Worker:
                 await self._hold(adapter, detail)
                 return False
             if outcome is _Outcome.RETRY:
-                delay = self._retry_delay(adapter, item, retry_after)
+                delay = self._retry_delay(adapter, item, error.retry_after if error else None)
                 if delay is None:
                     outcome = _Outcome.DEAD
                     detail = f"gave up after {item.attempt} attempt(s): {detail}"
+                    if error is not None and error.tell_operator:
+                        await self._tell_operator_given_up(item, detail)
                 else:
                     self.status.retried += 1
                     self._state("backoff", detail)
@@ -354,6 +358,28 @@ class _Worker:
             )
         except Exception as exc:  # the log line in _hold still tells
             log.warning("%s/%s: could not send the hold notice (%s)", self.team, self.member, exc)
+
+    async def _tell_operator_given_up(self, item: InboxMessage, reason: str) -> None:
+        """A ``system`` notice to the team's human that a copy is given up with part of
+        it left where only a person can finish or undo it (``AdapterError.tell_operator``:
+        a text typed into a prompt, not submitted). Not when the human is the sender (the
+        dead-letter notice tells them) or the recipient."""
+        m = item.message
+        if OPERATOR in (self.member, m.sender):
+            return
+        text = f"A message from {m.sender} to {self.member} was given up: {reason}."
+        try:
+            await self.hub.notice(
+                self.team,
+                OPERATOR,
+                text,
+                message_id=derived_id(f"given-up-{m.message_id}-{self.member}"),
+                summary=f"delivery to {self.member} given up",
+                meta={"dead_message_id": m.message_id, "member": self.member, "reason": reason},
+            )
+        except Exception as exc:  # the dead letter and the log still tell
+            log.warning("%s/%s: could not send the give-up notice (%s)",
+                        self.team, self.member, exc)  # fmt: skip
 
     async def _hold(self, adapter: Adapter, reason: str) -> None:
         """Wait, leasing nothing, until the adapter is ready again (or the worker stops)."""
@@ -400,7 +426,9 @@ class _Worker:
 
     async def _attempt(
         self, adapter: Adapter, item: InboxMessage
-    ) -> tuple[_Outcome, str, float | None]:
+    ) -> tuple[_Outcome, str, AdapterError | None]:
+        """The outcome, its detail, and the transient error (for its ``retry_after`` and
+        ``tell_operator``)."""
         self._state("delivering")
         try:
             detail = await adapter.deliver(item)
@@ -409,7 +437,7 @@ class _Worker:
         except HeldDelivery as exc:
             return _Outcome.HOLD, exc.message, None
         except AdapterError as exc:
-            return _Outcome.RETRY, exc.message, exc.retry_after
+            return _Outcome.RETRY, exc.message, exc
         except Exception as exc:
             log.exception("%s failed on %s", adapter.describe(), item.message.message_id)
             return _Outcome.RETRY, f"{type(exc).__name__}: {exc}", None

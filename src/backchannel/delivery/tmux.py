@@ -44,11 +44,30 @@ ESC[201~`` and its newlines stay newlines instead of submitting; then ``Enter``.
 and other control characters (but newline and tab) are removed from the text first, so
 a message cannot end the paste early and type keystrokes of its own.
 
+**Pasted once.** Once the paste went in, the text sits in the agent's prompt, and no
+attempt of this adapter pastes it there again. A failed ``Enter`` (a tmux error, or a
+command that hangs past :data:`COMMAND_TIMEOUT`) is pressed again in place, up to
+:data:`ENTER_TRIES` times; if none works, the adapter remembers the message id, the pane
+and who holds the prompt (the foreground process group of the pane's terminal, from
+``/proc``; elsewhere the pane's first process) and the attempt fails as transient, its
+error saying that the text waits unsubmitted. The dispatcher's retry then presses only
+``Enter``. If by then the prompt the text went into is gone (the target is another pane,
+or the agent in it was restarted), the text went with it unsubmitted, so the message is
+typed in afresh: the model saw it not once. If the pane is gone, the copy is
+dead-lettered saying it was typed in but never submitted. If the retries run out, the
+copy is dead-lettered with that error (the text waits in the prompt: press Enter there
+to submit it, or clear it) and the team's ``user`` is told as well as the sender
+(``AdapterError.tell_operator``): only a person at the pane can finish or undo it. An
+Enter whose tmux command hung may still have been pressed; the one pressed after it
+then meets an empty prompt (or what someone typed there meanwhile). What was typed in
+is remembered by this adapter only: a hub restarted between the failed Enter and the
+retry pastes again.
+
 **Errors.** A pane (or tmux server) that is not there, or whose program has exited (with
 ``remain-on-exit``), is permanent: the copy is dead-lettered with the reason and the
 sender told. A pane in copy mode (someone scrolling, for as long as it takes) is held
 like a pane without its agent, the message typed in once the pane leaves copy mode. A
-tmux command that hangs is transient and retried.
+tmux command that hangs is transient and retried (after the paste, only the Enter).
 tmux cannot tell whether the agent already saw a message, so a crash between the paste
 and the hub's record types it twice (the window is milliseconds).
 """
@@ -57,9 +76,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from backchannel.delivery.base import (
     Adapter,
@@ -71,7 +94,16 @@ from backchannel.delivery.base import (
 )
 from backchannel.types import InboxMessage
 
-__all__ = ["DEFAULT_AGENT_COMMANDS", "SHELLS", "TmuxAdapter", "agent_commands", "sanitize"]
+__all__ = [
+    "DEFAULT_AGENT_COMMANDS",
+    "ENTER_TRIES",
+    "SHELLS",
+    "TmuxAdapter",
+    "agent_commands",
+    "sanitize",
+]
+
+log = logging.getLogger("backchannel.delivery.tmux")
 
 #: Foreground programs a message is typed into when the setting names none.
 DEFAULT_AGENT_COMMANDS = ("claude", "codex", "gemini", "node")
@@ -83,6 +115,12 @@ SHELLS = frozenset(
 
 #: One tmux command may take this long before the attempt counts as failed.
 COMMAND_TIMEOUT = 10.0
+#: After a paste, Enter is pressed up to this many times in place before the attempt fails.
+ENTER_TRIES = 3
+#: The pause before the second Enter; doubled before each one after it.
+ENTER_PAUSE = 0.2
+#: How many messages typed in but not yet submitted one adapter remembers.
+_TYPED_MAX = 64
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 #: Claude Code's native build runs as ``~/.local/share/claude/versions/<version>``, so
@@ -96,6 +134,15 @@ def sanitize(text: str) -> str:
     (the Enter that follows submits), other control characters (ESC above all) removed."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n")
     return _CONTROL.sub("", text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Typed:
+    """A message pasted into a prompt and not submitted yet: the pane, and who held the
+    prompt (see :meth:`TmuxAdapter._prompt_owner`)."""
+
+    pane: str
+    owner: str
 
 
 class TmuxAdapter(Adapter):
@@ -120,7 +167,10 @@ class TmuxAdapter(Adapter):
         elif name := ctx.str_option("socket_name"):
             self.socket = ["-L", name]
         self.turn_wait = ctx.float_option("turn_wait", 3.0)
-        self.attempt_timeout = 4 * COMMAND_TIMEOUT
+        # pane lookup (2 commands), load, paste, then up to ENTER_TRIES Enters and pauses
+        self.attempt_timeout = (4 + ENTER_TRIES) * COMMAND_TIMEOUT + ENTER_PAUSE * 2**ENTER_TRIES
+        # message id -> where its text waits unsubmitted (pasted, Enter failed)
+        self._typed: OrderedDict[str, _Typed] = OrderedDict()
         self.agents = agent_commands(
             ctx.option("agent_commands", DEFAULT_AGENT_COMMANDS), f"member {ctx.member!r}"
         )
@@ -166,6 +216,12 @@ class TmuxAdapter(Adapter):
     async def pane(self) -> str:
         """The pane id (``%N``) of the target, checked to exist with a live program.
 
+        Raises :class:`PermanentDeliveryError` and :class:`HeldDelivery` as :meth:`look`."""
+        return (await self.look())[0]
+
+    async def look(self) -> tuple[str, str]:
+        """The target's pane id (``%N``) and the pid of the pane's first process, checked.
+
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
         server is gone, or the program in it has exited; :class:`HeldDelivery` when the
         agent is not in the foreground or the pane is in copy mode.
@@ -179,7 +235,7 @@ class TmuxAdapter(Adapter):
                 "-p",
                 "-t",
                 self.target,
-                "#{pane_id} #{pane_dead} #{pane_in_mode} #{pane_current_command}",
+                "#{pane_id} #{pane_pid} #{pane_dead} #{pane_in_mode} #{pane_current_command}",
             )
         if rc != 0:
             if any(s in text.lower() for s in _GONE):
@@ -188,12 +244,12 @@ class TmuxAdapter(Adapter):
                     "restart the agent in that pane, or change the member's delivery target"
                 )
             raise AdapterError(f"tmux could not look up pane {self.target!r}: {text or rc}")
-        parts = text.split(" ", 3)
-        if len(parts) == 3:
+        parts = text.split(" ", 4)
+        if len(parts) == 4:
             parts.append("")  # tmux could not name the foreground program
-        if len(parts) != 4 or not parts[0].startswith("%"):
+        if len(parts) != 5 or not parts[0].startswith("%"):
             raise AdapterError(f"unexpected answer from tmux about pane {self.target!r}: {text!r}")
-        pane_id, dead, in_mode, foreground = parts
+        pane_id, pane_pid, dead, in_mode, foreground = parts
         if dead == "1":
             raise PermanentDeliveryError(
                 f"the program in tmux pane {self.target!r} has exited; restart the agent there"
@@ -212,7 +268,7 @@ class TmuxAdapter(Adapter):
                 f"tmux pane {self.target!r} is in copy mode (someone is scrolling); "
                 "the message is typed in once it leaves copy mode"
             )
-        return pane_id
+        return pane_id, pane_pid
 
     async def ready(self) -> str | None:
         try:
@@ -224,8 +280,34 @@ class TmuxAdapter(Adapter):
         return None
 
     async def deliver(self, item: InboxMessage) -> str:
-        pane = await self.pane()
+        mid = item.message.message_id
+        typed = self._typed.get(mid)
+        try:
+            pane, pane_pid = await self.look()
+        except PermanentDeliveryError as exc:
+            if typed is None:
+                raise
+            del self._typed[mid]
+            raise PermanentDeliveryError(
+                f"{exc.message}. The message had been typed into that pane ({typed.pane}) "
+                "but never submitted, so the agent did not get it"
+            ) from None
+        owner = self._prompt_owner(pane_pid)
         text = sanitize(agent_text(item))
+        lines = text.count("\n") + 1
+        if typed is not None:
+            if typed == _Typed(pane, owner):
+                await self._submit(mid, typed)
+                return (
+                    f"submitted in tmux pane {self.target} ({pane}): typed in by an earlier "
+                    f"attempt, {lines} line(s); only Enter was pressed now"
+                )
+            # the prompt it was typed into is gone (another pane, or the agent restarted):
+            # the text went with it unread, so it is typed in afresh
+            log.warning("%s: %s was typed into %s but not submitted, and that prompt is gone "
+                        "(now %s); typing it in again", self.describe(), mid, typed,
+                        _Typed(pane, owner))  # fmt: skip
+            del self._typed[mid]
         buffer = f"backchannel-{uuid.uuid4().hex[:12]}"
         rc, out = await self._tmux("load-buffer", "-b", buffer, "-", data=text.encode("utf-8"))
         if rc != 0:
@@ -236,9 +318,51 @@ class TmuxAdapter(Adapter):
             with contextlib.suppress(Exception):
                 await self._tmux("delete-buffer", "-b", buffer)
             raise
-        await self._check(["send-keys", "-t", pane, "Enter"], "send-keys Enter")
-        lines = text.count("\n") + 1
+        # from here on the text is in the prompt: no attempt of this adapter pastes it again
+        await self._submit(mid, _Typed(pane, owner))
         return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
+
+    async def _submit(self, mid: str, typed: _Typed) -> None:
+        """Press Enter in the pane that holds ``mid``'s text, up to :data:`ENTER_TRIES`
+        times. Fails with an :class:`AdapterError` that says the text waits unsubmitted
+        (and remembers it, so the next attempt only presses Enter)."""
+        self._typed[mid] = typed
+        self._typed.move_to_end(mid)
+        while len(self._typed) > _TYPED_MAX:
+            self._typed.popitem(last=False)
+        error = ""
+        for n in range(ENTER_TRIES):
+            if n:
+                await asyncio.sleep(ENTER_PAUSE * 2 ** (n - 1))
+            try:
+                await self._check(["send-keys", "-t", typed.pane, "Enter"], "send-keys Enter")
+            except AdapterError as exc:
+                error = exc.message
+                if any(s in error.lower() for s in _GONE):
+                    break  # the pane is gone, its prompt with it: the next attempt says so
+                continue
+            self._typed.pop(mid, None)
+            return
+        raise AdapterError(
+            f"the message is typed into tmux pane {self.target} ({typed.pane}) but not "
+            f"submitted: {error}. It waits unsubmitted in the agent's prompt; the next attempt "
+            "presses only Enter. Should none succeed, press Enter in the pane to submit it "
+            "(or clear the prompt)",
+            tell_operator=True,
+        )
+
+    def _prompt_owner(self, pane_pid: str) -> str:
+        """Who holds the pane's prompt: the foreground process group of the pane's
+        terminal, read from ``/proc`` (Linux, the hub on tmux's host); else the pane's
+        first process. An agent restarted in the pane is another owner, so a text typed
+        into the old one's prompt is known to be gone."""
+        try:
+            stat = Path(f"/proc/{int(pane_pid)}/stat").read_text()
+            # pid (comm) state ppid pgrp session tty_nr tpgid ...; comm may hold spaces
+            tpgid = stat.rsplit(")", 1)[1].split()[5]
+        except (OSError, ValueError, IndexError):
+            return f"pid {pane_pid}"
+        return f"pgid {tpgid}" if tpgid not in ("-1", "0") else f"pid {pane_pid}"
 
 
 def agent_commands(value: object, member: str) -> tuple[str, ...]:
