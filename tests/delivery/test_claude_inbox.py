@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -248,6 +249,134 @@ def test_stale_lock_is_taken_over_after_stale_time_and_no_sooner(tmp_path: Path)
     lock_dir.mkdir()
     age_lock(lock_dir, 1.3)
     assert writer.append(TEAM, "bob", msg_id="m-1", from_="a", text="b").written
+    assert not lock_dir.exists()
+
+
+class _StaleRace:
+    """Two threads take over one stale lock, both past the stale check before either
+    removes it: the first to reach ``os.rmdir`` of the lock (or, ``at="flock"``, the
+    take-over's ``flock``) waits there until the other thread's first
+    :meth:`InboxLock.try_acquire` has returned."""
+
+    def __init__(self, lock_dir: Path, monkeypatch: pytest.MonkeyPatch, at: str = "rmdir") -> None:
+        self.lock_dir = lock_dir
+        self.tried = {n: threading.Event() for n in ("w0", "w1")}
+        self.paused: str | None = None
+        self.gate = threading.Lock()
+        real_rmdir, real_flock, real_try = os.rmdir, fcntl.flock, InboxLock.try_acquire
+
+        def pause() -> None:
+            me = threading.current_thread().name
+            if me not in self.tried:
+                return
+            with self.gate:
+                first = self.paused is None
+                if first:
+                    self.paused = me
+            if first:
+                other = "w1" if me == "w0" else "w0"
+                assert self.tried[other].wait(10), f"{other}'s try never returned"
+
+        def rmdir(path: Any, *args: Any, **kwargs: Any) -> None:
+            if at == "rmdir" and Path(path) == self.lock_dir:
+                pause()
+            real_rmdir(path, *args, **kwargs)
+
+        def flock(fd: Any, op: int) -> None:
+            if at == "flock":
+                pause()
+            real_flock(fd, op)
+
+        def try_acquire(lock: InboxLock) -> bool:
+            try:
+                return real_try(lock)
+            finally:
+                if (me := threading.current_thread().name) in self.tried:
+                    self.tried[me].set()
+
+        monkeypatch.setattr(os, "rmdir", rmdir)
+        monkeypatch.setattr(fcntl, "flock", flock)
+        monkeypatch.setattr(InboxLock, "try_acquire", try_acquire)
+
+    def run(self, work: Any) -> dict[str, Any]:
+        """``work(name)`` in threads w0 and w1; their results (or exceptions)."""
+        results: dict[str, Any] = {}
+
+        def main(name: str) -> None:
+            try:
+                results[name] = work(name)
+            except BaseException as exc:
+                results[name] = exc
+
+        threads = [threading.Thread(target=main, args=(n,), name=n) for n in ("w0", "w1")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert self.paused is not None, "nobody took the stale lock over"
+        return results
+
+
+@pytest.mark.parametrize("at", ["rmdir", "flock"])
+def test_two_writers_taking_over_one_stale_lock_never_both_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    # rmdir: one waits to remove the stale lock while the other tries; flock: one waits
+    # before its guard while the other takes the lock over, then finds a new directory
+    path = tmp_path / "bob.json"
+    lock_dir = Path(f"{path}.lock")
+    lock_dir.mkdir()  # left by a writer that crashed
+    age_lock(lock_dir, 30)
+    race = _StaleRace(lock_dir, monkeypatch, at)
+    locks = {n: InboxLock(path, stale_s=10.0, refresh_s=60.0) for n in ("w0", "w1")}
+    got = race.run(lambda name: locks[name].try_acquire())
+    assert sorted(got.values()) == [False, True], got  # one takes it over, one does not
+    holder = next(n for n, ok in got.items() if ok)
+    assert locks[holder].still_held()
+    for lock in locks.values():
+        lock.release()
+    assert not lock_dir.exists()
+
+
+def test_two_appends_racing_for_one_stale_lock_are_both_written_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = InboxWriter(tmp_path).path_for(TEAM, "bob")
+    path.parent.mkdir(parents=True)
+    path.write_text("[]")
+    lock_dir = Path(f"{path}.lock")
+    lock_dir.mkdir()
+    age_lock(lock_dir, 30)
+    race = _StaleRace(lock_dir, monkeypatch)
+    inside, most = Counter[str](), Counter[str]()
+    real_append = InboxWriter._append_locked
+
+    def append_locked(writer: InboxWriter, *args: Any) -> bool:
+        with race.gate:
+            inside["n"] += 1
+            most["n"] = max(most["n"], inside["n"])
+        try:
+            # the writer that got the lock first writes only once the one paused at the
+            # stale lock has tried too: a second holder would be inside with it
+            paused = race.paused
+            if paused is not None and paused != threading.current_thread().name:
+                race.tried[paused].wait(10)
+            return real_append(writer, *args)
+        finally:
+            with race.gate:
+                inside["n"] -= 1
+
+    monkeypatch.setattr(InboxWriter, "_append_locked", append_locked)
+
+    def append(name: str) -> bool:
+        writer = InboxWriter(tmp_path, stale_s=10.0, deadline_s=20.0)
+        return writer.append(TEAM, "bob", msg_id=f"m-{name}", from_=name, text="hi").written
+
+    got = race.run(append)
+    assert got == {"w0": True, "w1": True}
+    assert most["n"] == 1, "two writers held the inbox lock at once"
+    assert sorted(e["msg_id"] for e in entries_of(path)) == ["m-w0", "m-w1"]
     assert not lock_dir.exists()
 
 

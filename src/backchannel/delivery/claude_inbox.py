@@ -10,6 +10,13 @@ Writers hold a ``proper-lockfile`` lock: the *directory* ``<inbox>.json.lock``, 
 :class:`InboxWriter` takes the same lock, so it interleaves safely with Claude Code's own
 writers, and it promises more than they do:
 
+* it takes a stale lock over so that two of the hub's writers (threads or processes)
+  that find it stale at once never both hold it: one removes and remakes it, under a
+  ``flock`` on the stale directory and after checking it is still that directory and
+  still stale, and the other sees the new lock (:class:`InboxLock`). proper-lockfile's
+  take-over (``stat``, ``rmdir``, ``mkdir``) has no such step, so against Claude Code's
+  writers a take-over races as it does between two of them; the lock left behind is the
+  same empty directory either way;
 * it never gives up silently: it retries until a deadline, then raises
   :class:`InboxWriteError`, and the hub does not acknowledge the message;
 * the new array goes to ``<inbox>.json.tmp.<hex>``, is fsynced, renamed over the inbox,
@@ -32,6 +39,7 @@ inboxes, e.g. ``user.json``); :func:`member_state_from_entry` maps them to membe
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -236,8 +244,10 @@ class InboxLock:
     """The lock Claude Code takes on an inbox, made the way ``proper-lockfile`` makes it.
 
     The lock is the directory ``<inbox>.lock``: whoever creates it holds it. One whose
-    mtime is over ``stale_s`` old is taken over as proper-lockfile does: remove it, then
-    ``mkdir`` once more. While held, a background thread refreshes the mtime every
+    mtime is over ``stale_s`` old is taken over: remove it, then ``mkdir`` once more, as
+    proper-lockfile does, but under a ``flock`` on the stale directory and only if it is
+    still that directory and still stale, so two of the hub's writers that find it stale
+    at once never both hold it (:meth:`_take_over`). While held, a background thread refreshes the mtime every
     ``refresh_s``; if the directory goes or its mtime is not the one we set, someone took
     the lock over and :meth:`still_held` turns false. Not reentrant.
     """
@@ -266,12 +276,51 @@ class InboxLock:
                 return self._mkdir_once()
             if age <= self.stale_s:
                 return False
+            return self._take_over()
+        self._acquired()
+        return True
+
+    def _take_over(self) -> bool:
+        """Take over the lock directory found stale, so that of the hub's writers who
+        found it stale at once (threads or processes) one wins and the others see the
+        new lock, never remove it.
+
+        proper-lockfile's own take-over (``stat``, ``rmdir``, ``mkdir``) lets a second
+        writer that judged the old lock stale remove the first one's new lock and make
+        its own: both then hold it. Here the stale directory is opened and ``flock``-ed
+        (exclusive, not waiting: a lock per open file, so two threads of one process
+        exclude each other as two processes do), and under that only if the path is
+        still that very directory (same device and inode: the open descriptor keeps the
+        inode from being reused) and still stale is it removed and made anew. A writer
+        that finds the flock taken, or another directory at the path, has lost the race
+        and tries again later. Writers that take no flock (Claude Code's) take it over
+        as proper-lockfile does, racing as they always have.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # released meanwhile: like proper-lockfile, try once
+            return self._mkdir_once()
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # another of our writers is taking it over right now
+            opened = os.fstat(fd)
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                return self._mkdir_once()
+            if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+                return False  # taken over (or released and taken) since we looked
+            age = time.time() - now.st_mtime
+            if age <= self.stale_s:
+                return False  # its holder refreshed it meanwhile
             logger.warning("taking over stale inbox lock %s (untouched for %.1f s)", self.path, age)
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(self.path)
             return self._mkdir_once()
-        self._acquired()
-        return True
+        finally:
+            os.close(fd)  # drops the flock
 
     def _mkdir_once(self) -> bool:
         try:

@@ -17,6 +17,14 @@ Code's own lock, atomic replace, read back). An entry whose ``msg_id`` is alread
 inbox is not written again, so a redelivery after a crash is a no-op unless the agent had
 already read and pruned the entry. ``InboxWriteError`` (lock not won before the writer's
 deadline, I/O error) is transient: the dispatcher retries.
+
+The lock is proper-lockfile's (the directory ``<inbox>.lock``, stale after 10 s). A stale
+one is taken over under a ``flock`` on it, and only while it is still that directory and
+still stale (:class:`~backchannel.delivery.claude_inbox.InboxLock`): of the hub's writers
+(its threads, other hub processes) that find it stale at once, one takes it over and
+the others wait for the new lock, so no two write the inbox at once and no append is
+lost. Claude Code's own writers take a stale lock over as proper-lockfile does, without
+that step.
 """
 
 from __future__ import annotations
