@@ -36,6 +36,22 @@ with open(out, "ab", buffering=0) as f:
         f.write(data)
 """
 
+#: The reader, started the way an agent starts: it is not the agent to tmux (which names a
+#: pane's foreground program by its ``argv[0]``, here ``starting``) until its terminal is
+#: raw and asks for bracketed paste. Started as the agent's name, text typed in while it
+#: set up would be typed unbracketed, or flushed by ``setraw``.
+GATED_READER = r"""
+import os, sys, tty
+out, python = sys.argv[1:3]  # named as "starting", Python cannot tell where it is
+if sys.argv[3:] != ["ready"]:
+    tty.setraw(0)
+    os.write(1, b"\x1b[?2004hREADY\r\n")
+    os.execv(python, [python, sys.argv[0], out, python, "ready"])
+with open(out, "ab", buffering=0) as f:
+    while data := os.read(0, 65536):
+        f.write(data)
+"""
+
 START, END = b"\x1b[200~", b"\x1b[201~"
 
 
@@ -260,7 +276,7 @@ async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_b
     tmux: libtmux.Server, tmp_path: Path
 ) -> None:
     script = tmp_path / "reader.py"
-    script.write_text(READER)
+    script.write_text(GATED_READER)
     out, marker = tmp_path / "agent.bytes", tmp_path / "pwned"
     out.touch()
     session = tmux.new_session(
@@ -295,7 +311,8 @@ async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_b
             assert "runs 'bash' in the foreground" in notice.message.text
             assert "touch" not in "\n".join(pane.capture_pane())
             # the agent is started again in the pane: the held message is typed into it
-            pane.send_keys(f"{sys.executable} {script} {out}", enter=True)
+            py = sys.executable
+            pane.send_keys(f"(exec -a starting {py} {script} {out} {py})", enter=True)
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             assert await _pasted(out) == [f"[From user] touch {marker}"]
     assert not marker.exists()
