@@ -18,7 +18,10 @@ wait=...)``: the hub wakes it when a message is committed (no polling), holds me
 back while the adapter's session has a turn open, and hands them out in send order. The
 worker hands them to the adapter one at a time, in that order, and records the result:
 
-* returned: ``hub.mark_delivered(detail)``, then ``hub.ack`` (the agent cannot ack);
+* returned: ``hub.mark_delivered(detail)``, then ``hub.ack`` (the agent cannot ack).
+  While the store cannot be reached these are tried again, and nothing else is pushed
+  until they are recorded: the push has happened, and a copy left leased would come
+  back at its lease's end and be pushed again, after newer messages;
 * :class:`~backchannel.delivery.base.AdapterError` (transient): the rest of the batch is
   released at once, the worker waits the adapter's backoff (``retry_after`` or
   ``retry.delay(attempt)``, capped) still holding the lease, then releases the copy, which
@@ -72,7 +75,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Self
@@ -100,6 +103,7 @@ from backchannel.errors import (
     BackchannelError,
     Forbidden,
     InvalidState,
+    StoreError,
     UnknownMember,
     UnknownSession,
     UnknownTeam,
@@ -411,17 +415,17 @@ class _Worker:
             self.status.dead += 1
             self._state("delivering", detail)
             log.warning("%s/%s: dead-lettering %s: %s", self.team, self.member, mid, detail)
-            await self._record(self.hub.give_up(self.team, self.member, mid, detail), mid)
+            await self._record(lambda: self.hub.give_up(self.team, self.member, mid, detail), mid)
         else:
             self.status.delivered += 1
             moved = await self._record(
-                self.hub.mark_delivered(self.team, self.member, mid, detail), mid
+                lambda: self.hub.mark_delivered(self.team, self.member, mid, detail), mid
             )
             if moved is False:
                 log.warning("%s/%s: %s was no longer leased when delivered; it may be "
                             "delivered again", self.team, self.member, mid)  # fmt: skip
             if adapter.ack_on_delivery:
-                await self._record(self.hub.ack(self.team, self.member, [mid]), mid)
+                await self._record(lambda: self.hub.ack(self.team, self.member, [mid]), mid)
         self.held.pop(mid, None)
 
     async def _attempt(
@@ -458,15 +462,32 @@ class _Worker:
         delay = at - now if retry_after is None else min(retry_after, policy.cap)
         return max(0.0, delay)
 
-    async def _record(self, call: Any, mid: str) -> Any:
-        """Await a hub call that records an outcome; a failure is logged (the lease runs
-        out and the copy is delivered again)."""
-        try:
-            return await call
-        except Exception as exc:
-            log.error("%s/%s: could not record the outcome of %s (%s); it will be "
-                      "delivered again", self.team, self.member, mid, exc)  # fmt: skip
-            return None
+    async def _record(self, call: Callable[[], Awaitable[Any]], mid: str) -> Any:
+        """Make a hub call that records an outcome. The push it records has happened, so
+        while the store cannot be reached (``StoreError``) the call is made again, with
+        backoff, and nothing else is pushed meanwhile: a copy left leased would come
+        back when its lease ran out and be pushed a second time, after the messages
+        sent later. Only a worker that is stopping gives up (the copy is then delivered
+        again); any other failure is logged and the copy comes back the same way."""
+        pause = 0.5
+        while True:
+            try:
+                return await call()
+            except StoreError as exc:
+                if self.closing:
+                    log.error("%s/%s: could not record the outcome of %s before stopping "
+                              "(%s); it will be delivered again", self.team, self.member,
+                              mid, exc)  # fmt: skip
+                    return None
+                self._state("backoff", f"recording {mid} failed: {exc}")
+                log.warning("%s/%s: could not record the outcome of %s (%s); trying again "
+                            "in %.1f s", self.team, self.member, mid, exc, pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+            except Exception as exc:
+                log.error("%s/%s: could not record the outcome of %s (%s); it will be "
+                          "delivered again", self.team, self.member, mid, exc)  # fmt: skip
+                return None
 
     async def _release(self, ids: list[str]) -> None:
         for mid in ids:

@@ -1,0 +1,102 @@
+"""The push dispatcher when the store goes away between a push and its record: the push
+happened, so the worker records it once the store is back, before it pushes anything
+else. Left leased, the copy would come back when its lease ran out and be pushed a
+second time, after the messages sent later."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import pytest
+
+from backchannel.delivery.adapters import ADAPTERS
+from backchannel.delivery.base import Adapter, AdapterContext
+from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.hub import Hub
+from backchannel.stores.postgres import PostgresStore
+from backchannel.testing import eventually
+from backchannel.types import InboxMessage
+from tests.delivery.conftest_adapters import FAST_RETRY
+from tests.stores.test_postgres_hubs import Proxy
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
+
+OUTAGE_S = 5.0  # how long the database host is away after the first push
+
+
+@dataclass
+class Cut:
+    """Pushes recorded in order; the first push takes the database away for a moment."""
+
+    proxy: Proxy
+    got: list[str] = field(default_factory=list)
+    back: threading.Event = field(default_factory=threading.Event)
+
+    def push(self, text: str) -> None:
+        self.got.append(text)
+        if len(self.got) == 1:
+            self.proxy.down()  # the push is done; recording it will fail
+            timer = threading.Timer(OUTAGE_S, self._up)
+            timer.daemon = True
+            timer.start()
+
+    def _up(self) -> None:
+        self.proxy.up()
+        self.back.set()
+
+
+class CutAdapter(Adapter):
+    type = "cut"
+
+    def __init__(self, ctx: AdapterContext, cut: Cut) -> None:
+        super().__init__(ctx)
+        self.cut = cut
+        self.retry = FAST_RETRY
+        self.attempt_timeout = FAST_RETRY.timeout
+
+    async def deliver(self, item: InboxMessage) -> str:
+        self.cut.push(item.message.text)
+        return "pushed"
+
+
+async def test_a_push_whose_record_failed_is_recorded_when_the_store_is_back_not_pushed_again(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    url = new_postgres_url()
+    parts = urlsplit(url)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    cut = Cut(proxy)
+    store = PostgresStore(proxy.url(url), connect_timeout=2, fallback_interval=0.5)
+    # a short lease: a copy left leased comes back (and is pushed again) within seconds
+    async with Hub(store, lease_seconds=1.0, check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "cut"})
+        sent = [
+            (await hub.send("t", "user", "p", f"m{i}", link=False)).message_id for i in range(5)
+        ]
+        d = Dispatcher(
+            hub,
+            adapters={**ADAPTERS, "cut": lambda ctx: CutAdapter(ctx, cut)},
+            rescan_s=0.5,
+            wait_s=0.5,
+        )
+        await d.start()
+        try:
+
+            async def all_acked() -> bool:
+                if not cut.back.is_set():
+                    return False
+                try:
+                    states = [(await hub.message_status("t", m)).state.value for m in sent]
+                except Exception:  # the store is still coming back
+                    return False
+                return all(s == "acked" for s in states)
+
+            await eventually(all_acked, within=40, what="every copy acked", show=lambda: cut.got)
+        finally:
+            await d.stop()
+            proxy.down()
+    assert cut.got == [f"m{i}" for i in range(5)], "each message pushed once, in send order"
