@@ -9,6 +9,7 @@ import pytest
 
 from backchannel.errors import InvalidRequest, UnknownMessage
 from backchannel.hub import Hub
+from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
 
@@ -105,3 +106,72 @@ async def test_a_wait_timer_longer_than_the_retention_still_quotes_the_reply(
         [breadcrumb] = [g.message for g in got if g.message.kind.value == "timer"]
         assert "b has replied" in breadcrumb.text and "the answer is 42" in breadcrumb.text
         assert breadcrumb.meta["reply_message_id"] == reply
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_feed_reader_misses_nothing_when_retention_takes_the_newest_events(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A message that waited past the retention and was then acked owns the newest
+    history events; when retention takes it, a feed reader (``tail --after``, the
+    dashboard) whose cursor is on those events still sees every later event."""
+    if kind == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
+    else:
+        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        old = (await hub.send("t", "a", "b", "waited long")).message_id
+        clock.advance(2 * HOUR)
+        [got] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [got.message.message_id])
+        seen = await hub.feed("t")
+        assert seen[-1].event.message_id == old and seen[-1].event.event == "acked"
+        cursor = seen[-1].cursor
+        await hub.maintain()  # retention takes the old message and its history
+        with pytest.raises(UnknownMessage):
+            await hub.message_status("t", old)
+        new = (await hub.send("t", "a", "b", "after the pass")).message_id
+        later = await hub.feed("t", after=cursor)
+        assert [(i.event.message_id, i.event.event) for i in later] == [(new, "queued")]
+        assert all(i.cursor > cursor for i in later)
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_feed_reader_misses_nothing_when_another_team_is_removed(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Removing a team takes its history with it; a reader of another team's feed, whose
+    own last events retention took, still sees every later event of its team."""
+    if kind == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
+    else:
+        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        await hub.create_team("x", settings={"anchor_policy": "off"})
+        for m in ("a", "b"):
+            await hub.add_member("x", m)
+        await hub.send("x", "a", "b", "x, early")  # x's history comes first ...
+        old = (await hub.send("t", "a", "b", "waited long")).message_id
+        clock.advance(2 * HOUR)
+        [got] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [got.message.message_id])
+        cursor = (await hub.feed("t"))[-1].cursor
+        await hub.send("x", "a", "b", "x, late")  # ... and last
+        await hub.maintain()  # retention takes t's old message, not x's late one
+        with pytest.raises(UnknownMessage):
+            await hub.message_status("t", old)
+        await hub.remove_team("x")
+        new = (await hub.send("t", "a", "b", "after the removal")).message_id
+        later = await hub.feed("t", after=cursor)
+        assert [(i.event.message_id, i.event.event) for i in later] == [(new, "queued")]
+        assert all(i.cursor > cursor for i in later)

@@ -394,8 +394,11 @@ class MemoryTx:
                 self._pop(table, key)
         for job_id in [j for j, job in d.jobs.items() if job.team == name]:
             self._pop(d.jobs, job_id)
+        # the team's feed entries stay in place, named for no team: a feed cursor is a
+        # position in the list, so removing them would move every later team's entries
+        # below their readers' cursors (and give the next event a cursor given before)
         old_feed = list(d.feed)
-        d.feed[:] = [f for f in d.feed if f[1] != name]
+        d.feed[:] = [(c, "" if t == name else t, ev) for c, t, ev in d.feed]
         self._undo.append(lambda: d.feed.__setitem__(slice(None), old_feed))
         self._pop(d.teams, name)
         return dropped

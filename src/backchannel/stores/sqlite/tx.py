@@ -511,6 +511,7 @@ class SqliteTx(LifecycleSql):
             "WHERE created_at >= ? AND created_at < ? ORDER BY created_at LIMIT ?",
             (after, before, limit),
         ).fetchall()
+        top = self._top_event_id()
         gone = []
         for team, message_id, _ in rows:
             live = self._one(
@@ -522,8 +523,38 @@ class SqliteTx(LifecycleSql):
                 gone.append((team, message_id))
         for table in ("delivery_events", "deliveries", "messages"):
             self._c.executemany(f"DELETE FROM {table} WHERE team = ? AND message_id = ?", gone)
+        self._keep_top_event_id(top)
         self._c.execute("DELETE FROM jobs WHERE state != 'pending' AND done_at < ?", (before,))
         return len(gone), (rows[-1][2] if len(rows) == limit else None)
+
+    def delete_team(self, name: str) -> int:
+        self.flush()
+        top = self._top_event_id()
+        n = super().delete_team(name)
+        self._keep_top_event_id(top)
+        return n
+
+    # -- history ids are never given twice ------------------------------------
+    def _top_event_id(self) -> int | None:
+        row = self._one("SELECT max(id) FROM delivery_events", ())
+        return row[0] if row else None
+
+    def _keep_top_event_id(self, top: int | None) -> None:
+        """After a deletion from ``delivery_events``: SQLite gives a new row the largest id
+        in the table plus one, so once the rows with the largest ids are gone (retention
+        took a message that waited long and was acked last) ids would be given again,
+        below the cursor of a feed reader that saw them (``tail --after``, the
+        dashboard), which would miss what comes next. A placeholder row (team ``''``,
+        which no team is named; no query about a team or message sees it) keeps the
+        largest id given so far; older placeholders go."""
+        if top is None:
+            return
+        self._c.execute(
+            "INSERT OR IGNORE INTO delivery_events (id, team, message_id, member, at, event) "
+            "VALUES (?, '', '', '', 0, '')",
+            (top,),
+        )
+        self._c.execute("DELETE FROM delivery_events WHERE team = '' AND id < ?", (top,))
 
     # -- push delivery ownership ---------------------------------------------
     def claim_dispatch(
