@@ -5,6 +5,7 @@ second time, after the messages sent later."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,25 @@ class Cut:
     def _up(self) -> None:
         self.proxy.up()
         self.back.set()
+
+
+@dataclass
+class Recorded:
+    got: list[str] = field(default_factory=list)
+
+
+class RecAdapter(Adapter):
+    type = "rec"
+
+    def __init__(self, ctx: AdapterContext, pushed: Recorded) -> None:
+        super().__init__(ctx)
+        self.pushed = pushed
+        self.retry = FAST_RETRY
+        self.attempt_timeout = FAST_RETRY.timeout
+
+    async def deliver(self, item: InboxMessage) -> str:
+        self.pushed.got.append(item.message.text)
+        return "pushed"
 
 
 class CutAdapter(Adapter):
@@ -100,3 +120,90 @@ async def test_a_push_whose_record_failed_is_recorded_when_the_store_is_back_not
             await d.stop()
             proxy.down()
     assert cut.got == [f"m{i}" for i in range(5)], "each message pushed once, in send order"
+
+
+SYNC = b"S\x00\x00\x00\x04"  # the frontend's Sync message
+
+
+class CommitCut(Proxy):
+    """A proxy that, once armed, loses the connection of the first transaction that
+    commits a lease: the ``COMMIT`` reaches PostgreSQL (which applies it), its answer
+    never reaches the hub, which learns only that the outcome is unknown."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.armed = False
+        self.fired = threading.Event()
+        super().__init__(host, port)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target, timeout=5)
+            upstream.settimeout(None)
+            with self._lock:
+                self._socks += [client, upstream]
+            threading.Thread(target=self._pipe_in, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    def _pipe_in(self, client: socket.socket, upstream: socket.socket) -> None:
+        committing = False
+        try:
+            while data := client.recv(65536):
+                upstream.sendall(data)
+                # a lease's history rows ("leased", "attempt 1") are written with its COMMIT,
+                # and the pipeline ends with a Sync message
+                if self.armed and b"leased" in data and b"attempt " in data:
+                    self.armed, committing = False, True
+                if committing and data.endswith(SYNC):
+                    client.shutdown(socket.SHUT_RDWR)  # the answer is lost on the way
+                    self.fired.set()
+                    return
+        except OSError:
+            pass
+
+
+async def test_a_lease_whose_commit_answer_was_lost_does_not_let_later_messages_overtake(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """The connection is lost while a worker's lease commits: the lease is applied, the
+    worker hears only that its receive failed. The copies it leased must go out before
+    the messages sent after them, not when their lease runs out."""
+    url = new_postgres_url()
+    parts = urlsplit(url)
+    proxy = CommitCut(parts.hostname or "127.0.0.1", parts.port or 5432)
+    pushed = Recorded()
+    store = PostgresStore(proxy.url(url), connect_timeout=2, fallback_interval=0.5)
+    async with Hub(store, lease_seconds=1.0, check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "rec"})
+        d = Dispatcher(
+            hub,
+            adapters={**ADAPTERS, "rec": lambda ctx: RecAdapter(ctx, pushed)},
+            rescan_s=0.5,
+            wait_s=0.5,
+        )
+        await d.start()
+        sent: list[str] = []
+        try:
+            for i in range(3):
+                sent.append((await hub.send("t", "user", "p", f"m{i}", link=False)).message_id)
+            await eventually(lambda: len(pushed.got) >= 3, what="the first pushes")
+            proxy.armed = True
+            for i in range(3, 6):
+                sent.append((await hub.send("t", "user", "p", f"m{i}", link=False)).message_id)
+            await eventually(proxy.fired.is_set, what="a lease's commit answer lost")
+            for i in range(6, 9):
+                sent.append((await hub.send("t", "user", "p", f"m{i}", link=False)).message_id)
+
+            async def all_acked() -> bool:
+                states = [(await hub.message_status("t", m)).state.value for m in sent]
+                return all(s == "acked" for s in states)
+
+            await eventually(all_acked, within=40, what="every copy acked", show=lambda: pushed.got)
+        finally:
+            await d.stop()
+            proxy.down()
+    assert pushed.got == [f"m{i}" for i in range(9)], "each message pushed once, in send order"

@@ -170,6 +170,9 @@ class _Worker:
         self.closing = False
         self.lost = False  # this hub no longer owns the member's push delivery
         self.busy = False
+        # a receive failed: what it leased (if it committed) is held by nobody; returned
+        # to the queue before the next receive
+        self.unsure = False
         self.held: dict[str, None] = {}  # leased ids not yet resolved, in order
         self.first_failure: dict[str, float] = {}
         self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
@@ -259,6 +262,10 @@ class _Worker:
             session = await self._live_session() if follow else adapter.session
             self.status.session = session
             one_per_turn = adapter.starts_turn and session is not None
+            if self.unsure and not await self._requeue_unsure():
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+                continue
             self._state("waiting")
             try:
                 got = await hub.receive(
@@ -284,6 +291,7 @@ class _Worker:
                 self.status.stopped_reason = exc.message
                 return
             except Exception as exc:
+                self.unsure = True  # it may have leased copies (a commit whose answer was lost)
                 self._state("backoff", f"receive failed: {exc}")
                 log.warning("%s/%s: receive failed (%s); retrying in %.1f s",
                             self.team, self.member, exc, pause)  # fmt: skip
@@ -303,6 +311,23 @@ class _Worker:
                     break
             if session is not None and turn_before is not None and adapter.turn_wait > 0:
                 await self._await_turn(session, turn_before, adapter.turn_wait)
+
+    async def _requeue_unsure(self) -> bool:
+        """After a failed receive: return the member's leased copies to the queue (this
+        worker holds none of them now), so a lease that committed although its answer
+        was lost does not let later messages overtake its copies. False: try again."""
+        try:
+            n = await self.d.ownership.requeue(self.key, "a lease's outcome was not known")
+        except Exception as exc:
+            self._state("backoff", f"returning leased copies failed: {exc}")
+            log.warning("%s/%s: could not return leased copies to the queue (%s); retrying",
+                        self.team, self.member, exc)  # fmt: skip
+            return False
+        self.unsure = False
+        if n:
+            log.warning("%s/%s: %d copies leased by a receive that failed are back in the "
+                        "queue", self.team, self.member, n)  # fmt: skip
+        return True
 
     async def _handle(self, adapter: Adapter, item: InboxMessage, rest: list[InboxMessage]) -> bool:
         """Deliver one copy and record the result. False: it is being retried, so the

@@ -19,6 +19,9 @@ and runs the member's worker only while this hub holds it:
 * the worker's ``receive`` leases only while the store names this hub as the owner,
   checked in the leasing transaction: a hub that lost the member cannot lease new copies,
   whatever its clock says;
+* a worker whose ``receive`` failed returns the member's leased copies to the queue
+  (:meth:`Ownership.requeue`) before it leases again: the failed lease may have
+  committed (its answer lost with the connection), leaving copies held by nobody;
 * a hub that stops gracefully gives its leases up (:meth:`Ownership.release`), and the
   next scan of another hub takes them at once.
 
@@ -121,6 +124,24 @@ class Ownership:
         stop_at = now + self.lease_s * PUSH_WINDOW
         self._until = dict.fromkeys(held, stop_at)
         return held
+
+    async def requeue(self, key: Key, detail: str) -> int | None:
+        """Return the member's leased copies to the queue, in one transaction, if the store
+        still names this hub its owner (None if not). For a worker whose lease failed
+        with an unknown outcome (the connection was lost while it committed): copies it
+        may have leased are held by nobody, and would otherwise come back only when
+        their lease ran out, after the messages sent later."""
+        team, member = key
+        now = self.hub.clock.now()
+        owner = self.owner
+
+        def fn(tx: Tx) -> int | None:
+            row = tx.dispatch_owner(team, member)
+            if row is None or row[0] != owner:
+                return None
+            return len(tx.requeue_leased(team, member, now, detail))
+
+        return await self.hub.store.transact(fn)
 
     async def release(self) -> None:
         """Give up every lease this hub holds, so other hubs take them at once."""
