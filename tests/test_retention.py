@@ -132,6 +132,7 @@ async def test_a_feed_reader_misses_nothing_when_retention_takes_the_newest_even
         seen = await hub.feed("t")
         assert seen[-1].event.message_id == old and seen[-1].event.event == "acked"
         cursor = seen[-1].cursor
+        clock.advance(2 * HOUR)
         await hub.maintain()  # retention takes the old message and its history
         with pytest.raises(UnknownMessage):
             await hub.message_status("t", old)
@@ -166,6 +167,7 @@ async def test_a_feed_reader_misses_nothing_when_another_team_is_removed(
         [got] = await hub.receive("t", "b")
         await hub.ack("t", "b", [got.message.message_id])
         cursor = (await hub.feed("t"))[-1].cursor
+        clock.advance(2 * HOUR)
         await hub.send("x", "a", "b", "x, late")  # ... and last
         await hub.maintain()  # retention takes t's old message, not x's late one
         with pytest.raises(UnknownMessage):
@@ -175,3 +177,37 @@ async def test_a_feed_reader_misses_nothing_when_another_team_is_removed(
         later = await hub.feed("t", after=cursor)
         assert [(i.event.message_id, i.event.event) for i in later] == [(new, "queued")]
         assert all(i.cursor > cursor for i in later)
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_message_acked_after_waiting_past_the_retention_is_kept_a_retention_more(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Retention counts from when a message was done with, not from when it was sent: a
+    message acked after a long wait keeps its status and history (its sender can see it
+    was delivered; a feed reader polling now sees its ack) for the retention period."""
+    if kind == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
+    else:
+        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        old = (await hub.send("t", "a", "b", "waited long")).message_id
+        clock.advance(2 * HOUR)
+        [got] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [got.message.message_id])
+        await hub.maintain()  # a pass right after the ack
+        assert (await hub.message_status("t", old)).state.value == "acked"
+        events = [(i.event.message_id, i.event.event) for i in await hub.feed("t")]
+        assert events == [(old, "queued"), (old, "leased"), (old, "acked")]
+        clock.advance(HOUR / 2)
+        await hub.maintain()
+        assert (await hub.message_status("t", old)).state.value == "acked"
+        clock.advance(HOUR)
+        await hub.maintain()  # a retention after the ack: now it goes
+        with pytest.raises(UnknownMessage):
+            await hub.message_status("t", old)

@@ -110,8 +110,8 @@ class Maintenance:
         return next_due
 
     async def compact(self, before: float, *, batch: int = 500, max_batches: int = 8) -> int:
-        """Remove acked and dead messages (with their history) created before
-        ``before``, and finished jobs, a bounded number of batches at a time; maintenance
+        """Remove acked and dead messages (with their history) created and done with
+        (acked, dead) before ``before``, and finished jobs, a bounded number of batches at a time; maintenance
         calls this every few minutes with ``now - retention_seconds``. Messages still
         waiting for a recipient are never removed. Returns how many messages went."""
         removed = 0

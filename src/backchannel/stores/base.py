@@ -446,9 +446,11 @@ class Tx(Protocol):
     # -- one-time tokens -----------------------------------------------------
     def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
         """Retention. Examines up to ``limit`` messages created in ``[after, before)``,
-        oldest first, and removes those whose every copy is ``acked`` or ``dead``, with
-        their copies and delivery history; a message with a copy still queued, leased or
-        delivered is kept, whatever its age. Also removes jobs that finished (done or
+        oldest first, and removes those whose every copy is ``acked`` or ``dead`` and was
+        last changed before ``before`` too, with their copies and delivery history; a
+        message with a copy still queued, leased or delivered is kept, whatever its age,
+        and one acked after a long wait is kept a retention period from its ack (its
+        sender still sees it delivered, a feed reader still sees its last events). Also removes jobs that finished (done or
         cancelled) before ``before``. Returns how many messages were removed and the
         ``created_at`` of the last one examined, where the next call goes on (``None``
         once none is left before ``before``). Each call is bounded by ``limit``."""

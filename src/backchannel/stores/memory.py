@@ -451,7 +451,10 @@ class MemoryTx:
                 if key[0] == m.team and key[1] == m.message_id
             ]
             final = (DeliveryState.ACKED, DeliveryState.DEAD)
-            if any(self._d.deliveries[key].state not in final for key in copies):
+            if any(
+                (d := self._d.deliveries[key]).state not in final or d.updated_at >= before
+                for key in copies
+            ):
                 continue
             for key in copies:
                 self._pop(self._d.deliveries, key)

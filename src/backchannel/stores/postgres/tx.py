@@ -332,8 +332,9 @@ class PgTx(PgTransaction, LifecycleSql):
             "SELECT m.team, m.message_id FROM messages m "
             "WHERE (m.team, m.message_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
             "AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.team = m.team "
-            "AND d.message_id = m.message_id AND d.state NOT IN ('acked', 'dead'))",
-            ([r[0] for r in rows], [r[1] for r in rows]),
+            "AND d.message_id = m.message_id "
+            "AND (d.state NOT IN ('acked', 'dead') OR d.updated_at >= %s))",
+            ([r[0] for r in rows], [r[1] for r in rows], before),
         )
         for table in ("delivery_events", "deliveries", "messages"):
             self._exec(

@@ -516,8 +516,8 @@ class SqliteTx(LifecycleSql):
         for team, message_id, _ in rows:
             live = self._one(
                 "SELECT 1 FROM deliveries WHERE team = ? AND message_id = ? "
-                "AND state NOT IN ('acked', 'dead') LIMIT 1",
-                (team, message_id),
+                "AND (state NOT IN ('acked', 'dead') OR updated_at >= ?) LIMIT 1",
+                (team, message_id, before),
             )
             if live is None:
                 gone.append((team, message_id))
