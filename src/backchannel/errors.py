@@ -130,6 +130,17 @@ class Unauthorized(RequestError):
     status = 401
 
 
+def token_revoked(while_: str, way_out: str | None = None) -> Unauthorized:
+    """The refusal of a token that stopped acting for its member (rotated, or the member
+    removed) ``while_`` its request waited or its stream ran: one text wherever a
+    request that outlives a rotation asks again (long-polls, streams, A2A, the
+    dashboard)."""
+    return Unauthorized(
+        f"this token was rotated or its member removed while {while_}; "
+        + (way_out or "use the member's new token (`backchannel member rotate-token` shows one)")
+    )
+
+
 class Forbidden(RequestError):
     code = "forbidden"
     status = 403

@@ -198,6 +198,7 @@ class Hub:
     list_members = _Delegate("members", Members.list_members)
     get_member = _Delegate("members", Members.get_member)
     authenticate = _Delegate("members", Members.authenticate)
+    member_of_token = _Delegate("members", Members.member_of_token)
     # -- credentials and removal --------------------------------------------------------------
     rotate_token = _Delegate("admin", Admin.rotate_token)
     remove_member = _Delegate("admin", Admin.remove_member)

@@ -196,7 +196,14 @@ class Members:
     async def authenticate(self, token: str) -> Member | None:
         """The member whose token this is, or ``None``. Positive answers are cached
         briefly (tokens are 256-bit random strings; only their hashes are stored)."""
-        digest = hash_token(token)
+        return await self.member_of_token(hash_token(token))
+
+    async def member_of_token(self, digest: str) -> Member | None:
+        """The member whose token hashes to ``digest``, or ``None``: what
+        :meth:`authenticate` answers, for a caller that kept only the hash (a dashboard's
+        ticket, a request that waits and asks again). A token rotated or removed in this
+        process is refused at once (the cache is forgotten); in another hub process on
+        the same store, within ``TOKEN_CACHE_SECONDS``."""
         now = self.clock.now()
         cached = self._tokens.get(digest)
         if cached is not None and cached.until > now:

@@ -28,7 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from backchannel.errors import BackchannelError
+from backchannel.errors import BackchannelError, token_revoked
 from backchannel.interfaces.wire import REFUSED, parse_json
 
 if TYPE_CHECKING:
@@ -219,10 +219,7 @@ class Gate:
 
 
 _A2A_JSON = b"application/a2a+json"
-_REVOKED = (
-    "this token was rotated or its member removed while the request waited; use the "
-    "member's new token (`backchannel member rotate-token` shows one)"
-)
+_REVOKED = token_revoked("the request waited").message
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="backchannel", error="invalid_token"'}
 
 

@@ -56,9 +56,9 @@ from backchannel.errors import (
     Unauthorized,
     UnknownMember,
     UnknownTeam,
+    token_revoked,
 )
 from backchannel.hub import FeedItem, Hub
-from backchannel.hub.members import TOKEN_CACHE_SECONDS
 from backchannel.interfaces.http import Auth, EventStream, Principal
 from backchannel.interfaces.wire import (
     MAX_INT,
@@ -202,35 +202,20 @@ def _bad_ticket() -> Unauthorized:
 
 class Watcher:
     """Whom a stream's ticket spoke for when it opened, checked again as the stream
-    goes on, as a bearer token is (:meth:`Hub.authenticate`): a token rotated or a
-    member removed by this process counts at once, and the store is asked again once
-    the last answer is :data:`TOKEN_CACHE_SECONDS` old (another process may have done
-    it), so a replay of a long history is not a store read an event."""
+    goes on, as a bearer token is (:meth:`Hub.member_of_token`, the cache bearer tokens
+    use): a token rotated or a member removed by this process counts at once, by
+    another process once the cache's answer is :data:`TOKEN_CACHE_SECONDS` old, so a
+    replay of a long history is not a store read an event."""
 
     def __init__(self, hub: Hub, team: str, who: Principal) -> None:
         self.hub, self.team, self.who = hub, team, who
-        self.checked = hub.clock.now()  # check_ticket read the member just now
 
     async def revoked(self) -> Unauthorized | None:
         """Why the member may no longer watch the team, or ``None``."""
         me = self.who.member
-        if me is None:
+        if me is None or await self.hub.member_of_token(me.token_hash) is not None:
             return None
-        now = self.hub.clock.now()
-        gone = me.token_hash in self.hub.revoked
-        if not gone and now - self.checked >= TOKEN_CACHE_SECONDS:
-            try:
-                member: Member | None = await self.hub.get_member(self.team, me.name)
-            except UnknownMember:
-                member = None
-            gone = member is None or not hmac.compare_digest(member.token_hash, me.token_hash)
-            self.checked = now
-        if gone:
-            return Unauthorized(
-                f"the token of {me.name!r} was rotated or the member removed while the "
-                "dashboard watched; sign in again with the member's new token"
-            )
-        return None
+        return token_revoked("the dashboard watched", "sign in again with the member's new token")
 
 
 async def check_ticket(hub: Hub, key: bytes, ticket: str, team: str) -> Principal:

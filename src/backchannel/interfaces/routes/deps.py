@@ -14,7 +14,7 @@ from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request
 
-from backchannel.errors import Forbidden, Unauthorized, UnknownTeam
+from backchannel.errors import Forbidden, Unauthorized, UnknownTeam, token_revoked
 from backchannel.hub import Hub
 from backchannel.member import AdminApi, MemberApi
 from backchannel.types import Member
@@ -78,10 +78,7 @@ async def revoked(request: Request) -> Unauthorized | None:
     try:
         await principal(request)
     except Unauthorized:
-        return Unauthorized(
-            "this token was rotated or its member removed while the request waited; "
-            "use the member's new token (`backchannel member rotate-token` shows one)"
-        )
+        return token_revoked("the request waited")
     return None
 
 
