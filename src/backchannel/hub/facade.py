@@ -217,6 +217,8 @@ class Hub:
     message_status = _Delegate("messages", Messages.message_status)
     react = _Delegate("messages", Messages.react)
     feed = _Delegate("messages", Messages.feed)
+    feed_start = _Delegate("messages", Messages.feed_start)
+    dead_letters = _Delegate("messages", Messages.dead_letters)
     watch = _Delegate("messages", Messages.watch)
     # -- sessions and turns -------------------------------------------------------------------
     get_session = _Delegate("sessions", Sessions.get_session)

@@ -48,6 +48,7 @@ from backchannel.types import (
 log = logging.getLogger("backchannel.hub")
 __all__ = [
     "AckResult",
+    "DeadLetter",
     "FeedItem",
     "Leased",
     "MessageStatus",
@@ -173,6 +174,27 @@ class FeedItem:
             "detail": self.event.detail,
             "message_id": self.event.message_id,
             "to": self.event.member,
+            "from": m.sender if m else None,
+            "kind": m.kind.value if m else None,
+            "summary": (m.summary or _first_line(m.text)) if m else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A copy the hub gave up on, with its message."""
+
+    delivery: Delivery
+    message: Message | None
+
+    def to_json(self) -> dict[str, Any]:
+        d, m = self.delivery, self.message
+        return {
+            "message_id": d.message_id,
+            "to": d.recipient.member,
+            "at": d.updated_at,
+            "reason": d.dead_reason or "",
+            "attempts": d.attempts,
             "from": m.sender if m else None,
             "kind": m.kind.value if m else None,
             "summary": (m.summary or _first_line(m.text)) if m else None,
@@ -612,6 +634,24 @@ class Messages:
                     cache[ev.message_id] = tx.get_message(team, ev.message_id)
                 out.append(FeedItem(cursor, ev, cache[ev.message_id]))
             return out
+
+        return await self.store.read(fn)
+
+    async def feed_start(self, team: str, last: int) -> int:
+        """The cursor the team's latest ``last`` history events follow (0: all of them)."""
+        return await self.store.read(lambda tx: tx.feed_start(team, last))
+
+    async def dead_letters(self, team: str, limit: int) -> tuple[list[DeadLetter], int]:
+        """The team's latest ``limit`` dead copies, the latest given up on first, each
+        with its message; and how many dead copies the team holds in all."""
+
+        def fn(tx: Tx) -> tuple[list[DeadLetter], int]:
+            found, total = tx.dead_letters(team, limit)
+            cache: dict[str, Message | None] = {}
+            for d in found:
+                if d.message_id not in cache:
+                    cache[d.message_id] = tx.get_message(team, d.message_id)
+            return [DeadLetter(d, cache[d.message_id]) for d in found], total
 
         return await self.store.read(fn)
 

@@ -67,7 +67,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def tell_finished(fn: object, committed: bool) -> None:
@@ -228,6 +228,20 @@ class Tx(Protocol):
     def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
         """History events of a team with a cursor greater than ``after``, oldest first.
         Cursors increase in commit order within one store; they drive live views."""
+        ...
+
+    def feed_start(self, team: str, last: int) -> int:
+        """The cursor the team's latest ``last`` history events follow: ``feed(team,
+        cursor, last)`` returns exactly them; 0 when the team has no more than ``last``
+        (``feed`` from 0 returns them all). A view that keeps only the latest events
+        starts here rather than at 0. Served by an index: its cost grows with ``last``,
+        never with the team's history (many dashboards opening ask it at once)."""
+        ...
+
+    def dead_letters(self, team: str, limit: int) -> tuple[list[Delivery], int]:
+        """The team's latest ``limit`` copies in state ``dead`` (the latest given up on
+        first, by ``updated_at``, then ``seq``), and how many it holds in all. Served by
+        an index of the dead copies alone, so its cost is theirs, not the team's."""
         ...
 
     def pending_count(self, team: str, member: str) -> int:

@@ -7,6 +7,7 @@ thread; an undo journal rolls back a function that raises.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import threading
@@ -58,7 +59,10 @@ class _Data:
         # (team, member) -> {seq: delivery key} for copies not yet acked or dead
         self.open: dict[tuple[str, str], dict[int, tuple[str, str, str]]] = {}
         self.history: dict[tuple[str, str], list[DeliveryEvent]] = {}
-        self.feed: list[tuple[int, str, DeliveryEvent]] = []
+        # team -> its history events with their cursors, oldest first; cursors come from
+        # feed_seq (one sequence for every team, never reused)
+        self.feed: dict[str, list[tuple[int, DeliveryEvent]]] = {}
+        self.feed_seq = 0
         self.seq = 0
         self.events: dict[tuple[str, str], list[SessionEvent]] = {}
         self.event_seq = 0
@@ -183,7 +187,14 @@ class MemoryTx:
             hist = []
             self._set(self._d.history, (team, ev.message_id), hist)
         self._append(hist, ev)
-        self._append(self._d.feed, (len(self._d.feed) + 1, team, ev))
+        feed = self._d.feed.get(team)
+        if feed is None:
+            feed = []
+            self._set(self._d.feed, team, feed)
+        old_seq = self._d.feed_seq
+        self._d.feed_seq += 1
+        self._undo.append(functools.partial(setattr, self._d, "feed_seq", old_seq))
+        self._append(feed, (self._d.feed_seq, ev))
 
     def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
         key = (message.team, message.message_id)
@@ -348,13 +359,22 @@ class MemoryTx:
         return list(self._d.history.get((team, message_id), []))
 
     def feed(self, team: str, after: int, limit: int) -> list[tuple[int, DeliveryEvent]]:
-        out = []
-        for cursor, t, ev in self._d.feed[after:]:
-            if t == team:
-                out.append((cursor, ev))
-                if len(out) >= limit:
-                    break
-        return out
+        feed = self._d.feed.get(team, [])
+        start = bisect.bisect_right(feed, after, key=lambda item: item[0])
+        return feed[start : start + limit]
+
+    def feed_start(self, team: str, last: int) -> int:
+        feed = self._d.feed.get(team, [])
+        return feed[-last - 1][0] if len(feed) > last else 0
+
+    def dead_letters(self, team: str, limit: int) -> tuple[list[Delivery], int]:
+        dead = [
+            d
+            for (t, _, _), d in self._d.deliveries.items()
+            if t == team and d.state is DeliveryState.DEAD
+        ]
+        dead.sort(key=lambda d: (d.updated_at, d.seq), reverse=True)
+        return dead[:limit], len(dead)
 
     def pending_count(self, team: str, member: str) -> int:
         inbox = self._d.open.get((team, member), {})
@@ -394,12 +414,7 @@ class MemoryTx:
                 self._pop(table, key)
         for job_id in [j for j, job in d.jobs.items() if job.team == name]:
             self._pop(d.jobs, job_id)
-        # the team's feed entries stay in place, named for no team: a feed cursor is a
-        # position in the list, so removing them would move every later team's entries
-        # below their readers' cursors (and give the next event a cursor given before)
-        old_feed = list(d.feed)
-        d.feed[:] = [(c, "" if t == name else t, ev) for c, t, ev in d.feed]
-        self._undo.append(lambda: d.feed.__setitem__(slice(None), old_feed))
+        self._pop(d.feed, name)
         self._pop(d.teams, name)
         return dropped
 

@@ -612,11 +612,107 @@ async def check_watches(make_store: StoreFactory) -> None:
         assert await store.transact(watched("alpha", "d")) == [], "rolled back with its job"
 
 
+async def check_feed_start(make_store: StoreFactory) -> None:
+    """``feed_start``: the cursor the team's latest events follow, other teams' events
+    between them or not; cursors keep growing after another team is deleted."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        await store.transact(lambda tx: seed_team(tx, "beta"))
+        assert await store.read(lambda tx: tx.feed_start("alpha", 3)) == 0, "no events yet"
+        for i in range(4):  # alpha's copies interleave with beta's
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(
+                    make_msg(f"m{i}"), [Recipient("b"), Recipient("c")]
+                )
+            )
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"x{i}", team="beta"), [Recipient("b")])
+            )
+        every = await store.read(lambda tx: tx.feed("alpha", 0, 100))
+        assert len(every) == 8
+
+        def start(last: int) -> Any:
+            return store.read(lambda tx: tx.feed_start("alpha", last))
+
+        for last in (1, 3, 7):
+            cursor = await start(last)
+            assert cursor == every[-last - 1][0], (last, cursor)
+            got = await store.read(lambda tx, c=cursor, n=last: tx.feed("alpha", c, n))
+            assert got == every[-last:], last
+        assert await start(8) == 0 and await start(100) == 0, "no more than that: from 0"
+        assert await start(0) == every[-1][0], "none of them: after the newest"
+        assert await store.read(lambda tx: tx.feed_start("gamma", 5)) == 0, "no such team"
+        # deleting a team leaves the others' cursors growing, never reused
+        await store.transact(lambda tx: tx.delete_team("beta"))
+        await store.transact(lambda tx: tx.insert_message(make_msg("m9"), [Recipient("b")]))
+        newer = await store.read(lambda tx: tx.feed("alpha", every[-1][0], 10))
+        assert [(e.message_id, e.event) for _, e in newer] == [("m9", "queued")], newer
+        assert newer[0][0] > every[-1][0]
+        assert await store.read(lambda tx: tx.feed("alpha", 0, 100)) == [*every, *newer]
+        assert await start(1) == every[-1][0]
+
+
+async def check_dead_letters(make_store: StoreFactory) -> None:
+    """``dead_letters``: the team's dead copies, the latest given up on first, and
+    how many there are; other states and other teams left out."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        await store.transact(lambda tx: seed_team(tx, "beta"))
+        assert await store.read(lambda tx: tx.dead_letters("alpha", 10)) == ([], 0)
+        for i in range(4):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(
+                    make_msg(f"m{i}"), [Recipient("b"), Recipient("c")]
+                )
+            )
+        await store.transact(
+            lambda tx: tx.insert_message(make_msg("x", team="beta"), [Recipient("b")])
+        )
+
+        def kill(team: str, mid: str, member: str, at: float) -> Any:
+            return store.transact(
+                lambda tx: tx.transition(
+                    team,
+                    mid,
+                    member,
+                    from_states=[DeliveryState.QUEUED],
+                    to_state=DeliveryState.DEAD,
+                    now=at,
+                    event="dead",
+                    dead_reason=f"why {mid}",
+                )
+            )
+
+        await kill("alpha", "m2", "b", T0 + 5)
+        await kill("alpha", "m0", "c", T0 + 9)
+        await kill("alpha", "m1", "b", T0 + 5)  # as late as m2's: m2's later seq first
+        await kill("alpha", "m3", "c", T0 + 1)
+        await kill("beta", "x", "b", T0 + 50)
+
+        def dead(limit: int) -> Any:
+            return store.read(lambda tx: tx.dead_letters("alpha", limit))
+
+        found, total = await dead(10)
+        assert total == 4
+        assert [(d.message_id, d.recipient.member) for d in found] == [
+            ("m0", "c"),
+            ("m2", "b"),
+            ("m1", "b"),
+            ("m3", "c"),
+        ], found
+        assert all(d.state is DeliveryState.DEAD for d in found)
+        assert found[0].dead_reason == "why m0" and found[0].updated_at == T0 + 9
+        found, total = await dead(2)
+        assert [d.message_id for d in found] == ["m0", "m2"] and total == 4
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_compaction,
     check_teams_and_members,
     check_sessions,
     check_send_and_history,
+    check_feed_start,
+    check_dead_letters,
     check_lease_order_and_filters,
     check_concurrent_leases_never_overlap,
     check_ack,

@@ -307,6 +307,11 @@ MIGRATIONS: list[str] = [
         FROM replies r WHERE jobs.job_id = r.job_id AND r.reply IS NOT NULL;
     DROP INDEX messages_sender;
     """,
+    # 12: the dead copies of a team, latest first (see the SQLite schema)
+    """
+    CREATE INDEX deliveries_dead ON deliveries (team, state, updated_at, seq)
+        WHERE state = 'dead';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

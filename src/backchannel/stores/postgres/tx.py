@@ -318,6 +318,15 @@ class PgTx(PgTransaction, LifecycleSql):
         rows = self._all(Q.feed, (team, after, limit), team)
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
+    def feed_start(self, team: str, last: int) -> int:
+        self._flush()
+        row = self._one(Q.feed_start, (team, last), team)
+        return int(row[0]) if row else 0
+
+    def dead_letters(self, team: str, limit: int) -> tuple[list[Delivery], int]:
+        found = [delivery(r) for r in self._all(Q.dead_letters, (team, limit), team)]
+        return found, int(self._one(Q.dead_count, (team,), team)[0])
+
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member), team)[0])
 

@@ -87,6 +87,16 @@ class Sql:
             "SELECT id, message_id, member, at, event, detail FROM delivery_events "
             "WHERE team = ? AND id > ? ORDER BY id LIMIT ?"
         )
+        # the index on (team, id) read backwards: the team's latest events, no more
+        self.feed_start = m(
+            "SELECT id FROM delivery_events WHERE team = ? ORDER BY id DESC LIMIT 1 OFFSET ?"
+        )
+        # deliveries_dead, a partial index of the dead copies alone
+        self.dead_letters = m(
+            f"SELECT {DELIVERY_COLS} FROM deliveries WHERE team = ? AND state = 'dead' "
+            "ORDER BY updated_at DESC, seq DESC LIMIT ?"
+        )
+        self.dead_count = m("SELECT count(*) FROM deliveries WHERE team = ? AND state = 'dead'")
         self.pending_count = m(
             "SELECT count(*) FROM deliveries WHERE team = ? AND member = ? "
             "AND state IN ('queued', 'leased')"

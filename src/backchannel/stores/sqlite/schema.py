@@ -296,6 +296,11 @@ MIGRATIONS: list[str] = [
         WHERE watch IS NOT NULL AND json_extract(payload, '$.reply') IS NOT NULL;
     DROP INDEX messages_sender;
     """,
+    # 12: the dead copies of a team, latest first, for the dashboard's dead letters panel
+    """
+    CREATE INDEX deliveries_dead ON deliveries (team, state, updated_at, seq)
+        WHERE state = 'dead';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

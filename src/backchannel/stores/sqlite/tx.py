@@ -501,6 +501,15 @@ class SqliteTx(LifecycleSql):
         rows = self._c.execute(Q.feed, (team, after, limit))
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
+    def feed_start(self, team: str, last: int) -> int:
+        self.flush()
+        row = self._one(Q.feed_start, (team, last))
+        return int(row[0]) if row else 0
+
+    def dead_letters(self, team: str, limit: int) -> tuple[list[Delivery], int]:
+        found = [delivery(r) for r in self._c.execute(Q.dead_letters, (team, limit))]
+        return found, int(self._one(Q.dead_count, (team,))[0])
+
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member))[0])
 
