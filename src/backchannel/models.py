@@ -762,10 +762,25 @@ class Hidden(_Out):
     delegations: int
     timers: int
     budgets: int
+    dead: int
+
+
+class DeadLetterView(_Out):
+    """A copy the hub gave up on: to whom, when, why, and its message's sender and summary."""
+
+    message_id: str
+    to: str
+    at: float = Field(description="when the hub gave up on it")
+    reason: str
+    attempts: int
+    sender: str | None = Field(alias="from")
+    kind: str | None
+    summary: str | None
 
 
 class Snapshot(_Out):
-    """Members, the first page of links, timers and delegations, and spent budgets."""
+    """Members, the first page of links, timers and delegations, spent budgets and the
+    latest dead letters."""
 
     now: float
     members: list[DashboardMember]
@@ -774,6 +789,7 @@ class Snapshot(_Out):
     delegations: list[Delegation]
     delegation_tally: dict[str, int]
     budgets: list[Budget]
+    dead: list[DeadLetterView] = Field(description="the latest dead letters, latest first")
     hidden: Hidden
 
 

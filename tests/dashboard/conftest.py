@@ -113,6 +113,23 @@ class Team:
             r.raise_for_status()
             return str(r.json()["message_id"])
 
+    def flood(self, sender: str, messages: int, prefix: str = "flood") -> list[str]:
+        """Broadcast ``messages`` messages from ``sender`` in batches (each a ``queued``
+        event for every other member but ``user``): a long history, quickly. Their ids."""
+        ids: list[str] = []
+        with self.client(sender) as c:
+            for start in range(0, messages, 1000):
+                items = [
+                    {"to": "*", "text": f"{prefix} {i}", "summary": f"{prefix} {i}"}
+                    for i in range(start, min(start + 1000, messages))
+                ]
+                r = c.post("/v1/messages/batch", json={"messages": items}, timeout=120)
+                r.raise_for_status()
+                results = r.json()["results"]
+                assert all(x["sent"] for x in results), [x for x in results if not x["sent"]][:3]
+                ids += [str(x["sent"]["message_id"]) for x in results]
+        return ids
+
     def receive(
         self, member: str, lease: float | None = None, session: str | None = None
     ) -> list[dict[str, object]]:

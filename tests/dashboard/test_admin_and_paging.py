@@ -10,7 +10,31 @@ import httpx
 from playwright.sync_api import Dialog, Page, expect
 
 from backchannel.interfaces.dashboard import SNAPSHOT_PAGE
+from backchannel.testing import eventually_blocking
 from tests.dashboard.conftest import Team, sign_in
+
+# Counts, in the page, the traffic events its streams deliver, and how many had come
+# when the stream said it was live (a test's view of what opening the page cost).
+COUNT_TRAFFIC = """
+window.__traffic = 0;
+window.__trafficAtLive = null;
+const addListener = EventSource.prototype.addEventListener;
+EventSource.prototype.addEventListener = function (type, listener, options) {
+  let counted = listener;
+  if (type === "traffic") {
+    counted = (ev) => {
+      window.__traffic += 1;
+      return listener(ev);
+    };
+  } else if (type === "live") {
+    counted = (ev) => {
+      window.__trafficAtLive = window.__traffic;
+      return listener(ev);
+    };
+  }
+  return addListener.call(this, type, counted, options);
+};
+"""
 
 
 def _many_timers(make_team: Callable[..., Team], n: int) -> tuple[Team, list[int]]:
@@ -129,4 +153,41 @@ def test_the_dead_letters_panel_is_bounded(page: Page, make_team: Callable[..., 
     expect(items.first.locator(".note")).to_have_text(f"doomed {n - 1}")  # newest first
     more = page.locator("#dead .more")
     expect(more).to_contain_text("+ 20 more not shown")
-    expect(more.get_by_role("button")).to_have_count(0)  # no page to read: they are in the timeline
+    expect(more.get_by_role("button")).to_have_count(0)  # it only counts what it leaves out
+
+
+def _dead(t: Team, message_id: str) -> bool:
+    with t.client() as c:
+        r = c.get(f"/v1/dashboard/teams/{t.name}/messages/{message_id}")
+        r.raise_for_status()
+        return all(d["state"] == "dead" for d in r.json()["deliveries"])
+
+
+def test_opening_a_long_history_costs_what_the_page_shows(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A team with 20,000 events: the page is sent the latest 1,000 (as many as its
+    timeline keeps) and is live after those, showing the newest messages; a dead letter
+    from before them is still in its panel; a message sent once it is open shows live."""
+    members = [f"m{i}" for i in range(10)]
+    t = make_team(*members)
+    doomed = t.send("user", "m0", "doomed early", summary="doomed early")
+    assert len(t.receive("m0", lease=0.2)) == 1  # one attempt allowed: never acked -> dead
+    eventually_blocking(lambda: _dead(t, doomed), what="the copy to be given up on")
+    t.flood("user", 2_000)  # a broadcast to 10 members each: 20,000 events
+    page.add_init_script(COUNT_TRAFFIC)
+    sign_in(page, t.server, t.tokens["user"])
+    assert page.evaluate("window.__trafficAtLive") == 1000
+    rows = page.locator("#timeline .row")
+    expect(page.locator("#timeline-count")).to_have_text("100 messages")
+    expect(rows.first.locator(".summary")).to_have_text("flood 1999")
+    expect(rows.last.locator(".summary")).to_have_text("flood 1900")
+    expect(rows.first.locator(".progress")).to_have_text("0/10 acked")
+    expect(page.locator("#dead-count")).to_have_text("1")
+    expect(page.locator("#dead li.item .note")).to_have_text("doomed early")
+    expect(page.locator("#dead li.item .why")).not_to_be_empty()
+    t.send("m1", "m2", "after opening", summary="after opening")
+    expect(rows.first.locator(".summary")).to_have_text("after opening")
+    expect(page.locator("#timeline-count")).to_have_text("101 messages")
+    sent = page.evaluate("window.__traffic")
+    assert 1000 < sent < 1010, sent

@@ -106,7 +106,8 @@ def test_panels_answer_the_hubs_records(make_team: Callable[..., Team]) -> None:
     with t.client("b") as c:
         snap = c.get(f"{base}/snapshot").json()
     assert (snap["links"], snap["timers"], snap["delegations"]) == ([], [], [])
-    assert snap["hidden"] == {"links": 0, "delegations": 0, "timers": 0, "budgets": 0}
+    hidden = {"links": 0, "delegations": 0, "timers": 0, "budgets": 0, "dead": 0}
+    assert (snap["hidden"], snap["dead"]) == (hidden, [])
     assert set(snap["delegation_tally"].values()) == {0}
     assert abs(snap["now"] - time.time()) < 60
 
@@ -171,6 +172,7 @@ def test_stream_sends_a_new_snapshot_when_a_link_crosses(make_team: Callable[...
         c.stream("GET", url, params={"ticket": _ticket(t, "a")}) as resp,
     ):
         events = _events(resp)
+        assert next(events) == ("replay", {"after": 0}), "from the start: no `last`"
         name, snap = next(events)
         assert name == "snapshot"
         assert [x["turns_used"] for x in snap["links"]] == [0]
@@ -322,6 +324,7 @@ def test_stream_sends_snapshot_then_live_traffic(team: Team) -> None:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         events = _events(resp)
+        assert next(events) == ("replay", {"after": 0}), "from the start: no `last`"
         name, snap = next(events)
         assert name == "snapshot"
         assert {m["name"] for m in snap["members"]} == {"user", "lead", "worker", "reviewer"}
@@ -342,6 +345,52 @@ def test_stream_sends_snapshot_then_live_traffic(team: Team) -> None:
         assert states["lead"] == "idle"
 
 
+def _replay(team: Team, **params: object) -> tuple[int, list[dict[str, Any]]]:
+    """Open the stream with ``params``: where its replay starts and the traffic it sends
+    before ``live``."""
+    url = f"/v1/dashboard/teams/{team.name}/stream"
+    with (
+        httpx.Client(base_url=team.server.url, timeout=30) as c,
+        c.stream("GET", url, params={"ticket": _ticket(team), **params}) as resp,
+    ):
+        assert resp.status_code == 200, resp.read()
+        events = _events(resp)
+        name, start = next(events)
+        assert name == "replay"
+        traffic = []
+        for name, data in events:
+            if name == "live":
+                return start["after"], traffic
+            if name == "traffic":
+                traffic.append(data)
+    raise AssertionError("the stream ended before it was live")
+
+
+def test_a_stream_asked_for_the_latest_events_replays_only_those(
+    make_team: Callable[..., Team],
+) -> None:
+    """A page that keeps 1,000 events asks for no more: the replay starts where the
+    team's latest 1,000 begin, not at its first event, and a stream resuming from a
+    later cursor starts there."""
+    t = make_team("a", "b", "c", "d")
+    t.flood("user", 1_000)  # 4 copies each: 4,000 events
+    start, sent = _replay(t, last=1000)
+    assert len(sent) == 1000, len(sent)
+    _, every = _replay(t)  # no `last`: the whole history, as before
+    assert len(every) == 4000
+    assert sent == every[-1000:], "the newest 1,000, in order"
+    assert start == every[-1001]["cursor"]
+    # a cursor later than where the latest 1,000 begin wins; `last` beyond the history
+    # replays it all
+    _, resumed = _replay(t, last=1000, after=every[-10]["cursor"])
+    assert resumed == every[-9:]
+    assert _replay(t, last=5000) == (0, every)
+    with httpx.Client(base_url=t.server.url) as c:
+        url = f"/v1/dashboard/teams/{t.name}/stream"
+        too_many = c.get(url, params={"ticket": _ticket(t), "last": 10_001})
+        assert too_many.status_code == 422
+
+
 def test_a_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
     """A ticket is checked when the stream opens; a member whose token is rotated (or
     who is removed) meanwhile must not go on watching the team's traffic."""
@@ -353,8 +402,7 @@ def test_a_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
     ):
         assert resp.status_code == 200
         events = _events(resp)
-        assert next(events)[0] == "snapshot"
-        assert next(events)[0] == "live"
+        assert [next(events)[0] for _ in range(3)] == ["replay", "snapshot", "live"]
         with team.client() as admin:
             r = admin.post(f"/v1/teams/{team.name}/members/reviewer/token")
             assert r.status_code == 200, r.text

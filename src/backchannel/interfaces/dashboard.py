@@ -27,7 +27,14 @@ Links, timers, delegations and session transcripts come from the hub's own recor
 same JSON as the rest of the API. The snapshot keeps every open link, pending timer and
 pending delegation, plus the latest :data:`FINISHED_SHOWN` closed links and finished
 delegations (a tally counts them all), so a long-lived team does not grow it forever;
-each panel (budgets too) carries its first :data:`SNAPSHOT_PAGE` records.
+each panel (budgets too) carries its first :data:`SNAPSHOT_PAGE` records, and the
+latest dead letters come from the store (``dead_letters``) with a count of the rest.
+
+Opening the page costs what it shows: the stream replays the team's traffic after the
+cursor the page gives (``after``), or, when it asks for its ``last`` N events (the
+timeline's bound), after the cursor where those begin if that is later
+(``feed_start``, from an index: it does not read the team's history), and says first
+where its replay starts (``replay``).
 """
 
 from __future__ import annotations
@@ -132,6 +139,9 @@ FINISHED_SHOWN = 50
 SNAPSHOT_PAGE = 50
 #: The most records one page request may ask for.
 MAX_PAGE = 500
+#: The most history events a stream may be asked to replay (``last``); the page asks
+#: for the bound of its timeline.
+MAX_BACKLOG = 10_000
 #: Sessions shown per member in a snapshot (its latest).
 SESSIONS_SHOWN = 20
 #: How much of a session's transcript the session view shows (its last characters).
@@ -387,7 +397,9 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
 async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
     """Everything but the timeline, as the page shows it, bounded: the first
     :data:`SNAPSHOT_PAGE` links, timers and delegations (the rest are read page by page
-    from their own endpoints) and each member's latest :data:`SESSIONS_SHOWN` sessions.
+    from their own endpoints), the latest :data:`SNAPSHOT_PAGE` dead letters (from the
+    store, not the traffic the page was sent: that is only the latest events) and each
+    member's latest :data:`SESSIONS_SHOWN` sessions.
     ``now`` is the hub's clock (the page sets its own by it); ``hidden`` counts the
     records of each panel left out; ``delegation_tally`` counts every delegation by
     state."""
@@ -395,6 +407,7 @@ async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
     delegations, delegations_hidden, tally = await delegations_view(hub, team)
     timers, timers_total = await timers_view(hub, team)
     budgets, budgets_hidden = await budgets_view(hub, team)
+    dead, dead_total = await hub.dead_letters(team, SNAPSHOT_PAGE)
     return {
         "now": hub.clock.now(),
         "members": await members_view(hub, team),
@@ -403,11 +416,13 @@ async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
         "delegations": delegations,
         "delegation_tally": tally,
         "budgets": budgets,  # the budgets that need a human: spent, or already extended
+        "dead": [d.to_json() for d in dead],  # the latest dead letters, latest first
         "hidden": {
             "links": links_hidden,
             "delegations": delegations_hidden,
             "timers": timers_total - len(timers),
             "budgets": budgets_hidden,
+            "dead": dead_total - len(dead),
         },
     }
 
@@ -569,15 +584,28 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         request: Request,
         ticket: Annotated[str, Query(description="from POST /v1/dashboard/tickets")],
         after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        last: Annotated[
+            int | None,
+            Query(
+                ge=0,
+                le=MAX_BACKLOG,
+                description="replay no more than the team's latest `last` events",
+            ),
+        ] = None,
     ) -> StreamingResponse:
-        """Server-sent events: ``snapshot`` (members, links, timers, delegations; sent
-        at once and whenever they change), ``traffic`` (the team's delivery events, id =
-        cursor) and ``live`` (the replay from ``after`` has caught up)."""
+        """Server-sent events: ``replay`` (the cursor the replay starts after, sent
+        first), ``snapshot`` (members, links, timers, delegations, dead letters; sent at
+        once and whenever they change), ``traffic`` (the team's delivery events, id =
+        cursor) and ``live`` (the replay has caught up). The replay starts after
+        ``after``, or where the team's latest ``last`` events begin if that is later:
+        a page that keeps only so many is sent only those, however long the history."""
         who = await check_ticket(hub, key, ticket, team)
         await hub.get_team(team)
         last_id = request.headers.get("last-event-id", "")
         if last_id.isascii() and last_id.isdigit() and len(last_id) <= 18:
             after = max(after, int(last_id))
+        if last is not None:
+            after = max(after, await hub.feed_start(team, last))
         return StreamingResponse(
             _stream(hub, team, who, after, request),
             media_type="text/event-stream",
@@ -604,6 +632,7 @@ async def _stream(
     live = False
     try:
         yield ": connected\n\n"
+        yield _sse("replay", {"after": after})
         while True:
             now = loop.time()
             look_at = checked + (SNAPSHOT_AFTER_TRAFFIC if traffic else SNAPSHOT_SECONDS)

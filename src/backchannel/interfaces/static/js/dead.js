@@ -1,4 +1,6 @@
-// The dead letters panel: copies the hub gave up on, seen in this page's traffic.
+// The dead letters panel: copies the hub gave up on, the latest ones, as each snapshot
+// lists them (from the hub's records, not from the traffic this page was sent, which
+// is only the latest events).
 
 import { h } from "./dom.js";
 import { openMessage } from "./drawer.js";
@@ -6,21 +8,16 @@ import { panelList } from "./panels.js";
 import { S } from "./state.js";
 import { relTime } from "./time.js";
 
-// The panel lists the latest of them and counts the rest (a long-lived team may have
-// thousands); each is still a row of the timeline while the timeline holds it.
-const SHOWN = 50;
-
 export function renderDead() {
-  const items = [...S.dead.values()].sort((x, y) => y.at - x.at || y.cursor - x.cursor);
-  const shown = items.slice(0, SHOWN);
-  const hidden = S.deadForgotten + items.length - shown.length;
+  const shown = S.dead;
+  const hidden = S.hidden.dead || 0;
   panelList("dead", shown, (d) =>
     h(
       "li",
-      { class: "item dead", dataset: { id: d.id } },
+      { class: "item dead", dataset: { id: d.message_id } },
       h(
         "button",
-        { type: "button", class: "item-button", onclick: () => openMessage(d.id) },
+        { type: "button", class: "item-button", onclick: () => openMessage(d.message_id) },
         h(
           "div",
           { class: "item-line" },
@@ -30,8 +27,8 @@ export function renderDead() {
           h("span", { class: "spacer" }),
           relTime(d.at),
         ),
-        h("div", { class: "note", text: d.summary || d.id }),
-        h("div", { class: "why small", text: d.reason }),
+        h("div", { class: "note", text: d.summary || d.message_id }),
+        h("div", { class: "why small", text: d.reason || "no reason given" }),
       ),
     ),
     hidden,

@@ -23,8 +23,7 @@ export const S = {
   tally: {}, // delegation state -> how many (all of them, also those not listed)
   hidden: {}, // panel -> how many records the snapshot (or the loaded pages) left out
   pageSize: {}, // panel -> how many records the page asked for (beyond the snapshot's)
-  dead: new Map(), // `${id}|${to}` -> {id, to, from, reason, at, cursor, summary}, the latest
-  deadForgotten: 0, // dead letters seen, then let go of to keep the map bounded
+  dead: [], // the latest dead letters (the snapshot's), latest first; hidden.dead counts the rest
   filter: { member: "", kind: "" },
   drawer: null, // {type: "message", id} | {type: "session", id}
 };

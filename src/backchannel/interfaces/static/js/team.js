@@ -1,24 +1,22 @@
 // The open team: its first snapshot, then the live stream (snapshots and traffic) with
-// a fresh one-minute ticket on every (re)connect.
+// a fresh one-minute ticket on every (re)connect. The stream replays only the team's
+// latest events (as many as the timeline keeps), then goes live.
 
 import { api, teamPath } from "./api.js";
-import { $, clear, show } from "./dom.js";
+import { $, show } from "./dom.js";
 import { closeDrawer, refreshDrawer } from "./drawer.js";
 import { refreshPanel } from "./panels.js";
 import { signOut } from "./signin.js";
 import { S, TEAM_KEY } from "./state.js";
 import { setHubNow } from "./time.js";
-import { applyTraffic, renderCount } from "./timeline.js";
+import { MAX_ROWS, applyTraffic, renderCount, resetTimeline } from "./timeline.js";
 import { render, renderAll } from "./views.js";
 
 function resetTeam() {
   S.cursor = 0;
   S.live = false;
-  S.messages.clear();
-  S.rows.clear();
-  S.activity.clear();
-  S.dead.clear();
-  S.deadForgotten = 0;
+  resetTimeline();
+  S.dead = [];
   S.members = [];
   S.links = [];
   S.timers = [];
@@ -30,7 +28,6 @@ function resetTeam() {
   S.filter = { member: "", kind: "" };
   $("filter-member").value = "";
   $("filter-kind").value = "";
-  clear($("timeline"));
   closeDrawer();
 }
 
@@ -88,13 +85,24 @@ async function connect(gen) {
     return retryLater(gen, err.message);
   }
   if (gen !== S.gen) return;
-  const url = `${teamPath("/stream")}?ticket=${encodeURIComponent(ticket)}&after=${S.cursor}`;
+  // only the latest events the timeline can keep, whatever the length of the history
+  const url = `${teamPath("/stream")}?ticket=${encodeURIComponent(ticket)}&after=${S.cursor}&last=${MAX_ROWS}`;
   const es = new EventSource(url);
   S.es = es;
   es.addEventListener("open", () => {
     if (gen !== S.gen) return;
     S.retry = 0;
     setConn(S.live ? "live" : "connecting", S.live ? "live" : "loading history…");
+  });
+  es.addEventListener("replay", (ev) => {
+    if (gen !== S.gen) return;
+    const { after } = JSON.parse(ev.data);
+    // resuming past events this page never saw: what it built from traffic is stale
+    if (S.cursor > 0 && after > S.cursor) {
+      resetTimeline();
+      render("members", "count");
+    }
+    S.cursor = Math.max(S.cursor, after);
   });
   es.addEventListener("snapshot", (ev) => gen === S.gen && applySnapshot(JSON.parse(ev.data)));
   es.addEventListener("traffic", (ev) => gen === S.gen && applyTraffic(JSON.parse(ev.data)));
@@ -127,12 +135,13 @@ export function applySnapshot(snap) {
   S.timers = snap.timers || [];
   S.delegations = snap.delegations || [];
   S.budgets = snap.budgets || [];
+  S.dead = snap.dead || [];
   S.tally = snap.delegation_tally || {};
   S.hidden = snap.hidden || {};
   // panels where more pages were asked for are read again at that size
   for (const kind of Object.keys(S.pageSize)) refreshPanel(kind);
   if (typeof snap.now === "number") setHubNow(snap.now);
-  render("members", "memberOptions", "links", "timers", "delegations", "budgets");
+  render("members", "memberOptions", "links", "timers", "delegations", "budgets", "dead");
   if (S.drawer && S.drawer.type === "session") refreshDrawer();
 }
 

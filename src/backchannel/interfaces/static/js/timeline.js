@@ -8,15 +8,24 @@ import { S } from "./state.js";
 import { clock, fullTime } from "./time.js";
 import { render, scheduleRender } from "./views.js";
 
-const MAX_ROWS = 1000;
-// Dead letters the page remembers (the panel shows the latest; the rest are counted).
-const MAX_DEAD = 1000;
+// The rows the timeline keeps (the latest messages). A stream opens with the team's
+// latest MAX_ROWS events, not its whole history: older ones could only be dropped.
+export const MAX_ROWS = 1000;
 // A message with copies in several states shows the first of these it has.
 const STATE_ORDER = ["queued", "leased", "delivered", "acked", "dead"];
 
 function touch(member, at) {
   if (!member || !at) return;
   if ((S.activity.get(member) || 0) < at) S.activity.set(member, at);
+}
+
+// Forget the messages, rows and activity seen in traffic (a new team, or a stream that
+// resumes past events this page never saw).
+export function resetTimeline() {
+  S.messages.clear();
+  S.rows.clear();
+  S.activity.clear();
+  clear($("timeline"));
 }
 
 export function applyTraffic(ev) {
@@ -40,24 +49,6 @@ export function applyTraffic(ev) {
   else if (ev.to && !msg.to.has(ev.to)) msg.to.set(ev.to, "queued");
   if (ev.event === "queued") touch(ev.from, ev.at);
   else touch(ev.to, ev.at);
-  if (ev.event === "dead") {
-    const key = `${msg.id}|${ev.to}`;
-    if (!S.dead.has(key) && S.dead.size >= MAX_DEAD) {
-      const [oldest] = S.dead.keys(); // the first seen; the feed comes in order
-      S.dead.delete(oldest);
-      S.deadForgotten += 1;
-    }
-    S.dead.set(key, {
-      id: msg.id,
-      to: ev.to,
-      from: msg.from,
-      reason: ev.detail || "no reason given",
-      at: ev.at,
-      cursor: ev.cursor || 0,
-      summary: msg.summary,
-    });
-    scheduleRender("dead");
-  }
   updateRow(msg);
   scheduleRender("members");
   if (S.drawer && S.drawer.type === "message" && S.drawer.id === msg.id) refreshDrawer();
