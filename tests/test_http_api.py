@@ -299,7 +299,8 @@ def test_the_dashboard_stream_of_a_removed_team_ends_with_an_error(srv: Server) 
         c.stream("GET", "/v1/dashboard/teams/doomed/stream", params={"ticket": ticket}) as resp,
     ):
         lines = resp.iter_lines()
-        assert next(line for line in lines if line.startswith("event: ")) == "event: snapshot"
+        named = (line for line in lines if line.startswith("event: "))
+        assert [next(named), next(named)] == ["event: replay", "event: snapshot"]
         with srv.client() as admin:
             admin.delete("/v1/teams/doomed").raise_for_status()
         rest = list(lines)  # to the stream's end: it ends, cleanly
