@@ -317,6 +317,8 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX deliveries_dead",  # schema 12, the next one
+        "DELETE FROM schema_migrations WHERE version = 12",
         "UPDATE jobs SET payload = json_remove(payload, '$.reply')",
         "DROP INDEX jobs_watch",
         "ALTER TABLE jobs DROP COLUMN watch",
@@ -324,6 +326,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX deliveries_dead",  # schema 12, the next one
+        "DELETE FROM schema_migrations WHERE version = 12",
         "UPDATE jobs SET payload = payload - 'reply'",
         "DROP INDEX jobs_watch",
         "ALTER TABLE jobs DROP COLUMN watch",
