@@ -201,6 +201,42 @@ def test_the_record_is_private_bounded_and_per_session(tmp_path: Path) -> None:
         del os.environ["BACKCHANNEL_STATE_DIR"]
 
 
+def _remember_many(state: str, who: int, start: Any, count: int) -> None:
+    os.environ["BACKCHANNEL_STATE_DIR"] = state
+    start.wait()
+    for i in range(count):
+        seen.remember("claude-code", "s-1", [f"p{who}-{i}"])
+
+
+def test_hook_processes_of_one_session_at_once_lose_no_id_of_the_record(tmp_path: Path) -> None:
+    # a Stop hook and a UserPromptSubmit hook (or two of any kind) of one session may
+    # run at once: each adds what it printed, and neither may drop what the other added
+    # (an id missing from the record is handed over, and shown, again)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    writers, count = 6, 25
+    assert writers * count <= seen.KEEP
+    procs = [
+        ctx.Process(target=_remember_many, args=(str(tmp_path / "state"), w, start, count))
+        for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    os.environ["BACKCHANNEL_STATE_DIR"] = str(tmp_path / "state")
+    try:
+        kept = set(seen.recorded("claude-code", "s-1"))
+    finally:
+        del os.environ["BACKCHANNEL_STATE_DIR"]
+    lost = {f"p{w}-{i}" for w in range(writers) for i in range(count)} - kept
+    assert not lost, f"{len(lost)} id(s) dropped from the record: {sorted(lost)[:5]}"
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(tmp_path_factory.mktemp("once") / "home")

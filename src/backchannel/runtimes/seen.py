@@ -13,7 +13,8 @@ was never printed, so the hub hands it over again.
 The record is one small JSON file per runtime session under the user's private state
 directory (``$BACKCHANNEL_STATE_DIR``, else ``$XDG_STATE_HOME/backchannel/seen``, else
 ``~/.local/state/backchannel/seen``): directory mode 0700, files 0600, replaced
-atomically, the last :data:`KEEP` ids. A record that cannot be read counts as empty; one
+atomically under a lock on the directory (hooks of one session may run at once), the last
+:data:`KEEP` ids. A record that cannot be read counts as empty; one
 that cannot be written is skipped (the hub then shows the messages again rather than
 lose them).
 
@@ -22,10 +23,12 @@ Standard library only: the lean command hook imports this on every call.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +102,27 @@ def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
     try:
         path = _path(runtime, session_id)
         _private_dirs(path.parent)
-        keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
-        write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
+        with _locked(path.parent):
+            keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
+            write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
     except OSError:
         return
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the record directory: two hook processes of one
+    session (a Stop and a UserPromptSubmit hook at once) each read the record, add their
+    ids and write it back, and without the lock the later write drops the earlier one's
+    ids, which the hub then hands over, and the session shows, again. One lock for the
+    directory rather than a lock file per session: it is held for one small read and
+    write, and leaves nothing behind."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def add_record(runtime: str, payload: Any) -> Any:
