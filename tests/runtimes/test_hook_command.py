@@ -91,3 +91,58 @@ def test_a_server_json_left_by_a_dead_server_is_not_used(srv: Server, tmp_path: 
     assert (run.returncode, run.stdout.strip()) == (0, "{}"), run.stderr
     assert "cannot reach" not in run.stderr  # the dead server's URL was not used
     assert "no hub found" in run.stderr
+
+
+def test_a_hub_that_hangs_gets_an_answer_within_the_hooks_budget(tmp_path: Path) -> None:
+    # a hub that took the connection and then stalls (stopped, wedged, behind a proxy
+    # that trickles) must not hold the agent: the runtime kills a hook at its timeout
+    # (attach gives 30 s) and shows the agent an error, so the hook gives up well before
+    # that, answers {} and says why
+    import socket
+    import threading
+    import time
+
+    from backchannel.interfaces.hook_command import DEADLINE_S
+    from backchannel.runtimes.attach import HOOK_TIMEOUT_S
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    done = threading.Event()
+
+    def trickle() -> None:  # reads the request, then one byte of an answer a second
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 600:
+                if done.wait(0.5):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    stop = json.dumps(fixture("claude-code", "Stop", session_id="hang-1"))
+    began = time.monotonic()
+    try:
+        run = subprocess.run(
+            [str(BIN), "hook", "claude-code"],
+            input=stop,
+            capture_output=True,
+            text=True,
+            env=_clean_env(
+                BACKCHANNEL_URL=f"http://127.0.0.1:{port}",
+                BACKCHANNEL_TOKEN="x",
+                BACKCHANNEL_STATE_DIR=str(tmp_path / "state"),
+            ),
+            timeout=HOOK_TIMEOUT_S - 5,  # a hook still running here is past its budget
+        )
+    finally:
+        done.set()
+        listener.close()
+    took = time.monotonic() - began
+    assert DEADLINE_S < HOOK_TIMEOUT_S / 2
+    assert took < DEADLINE_S + 5, took
+    assert (run.returncode, run.stdout.strip()) == (0, "{}"), run.stderr
+    assert f"did not answer within {DEADLINE_S:g} s" in run.stderr

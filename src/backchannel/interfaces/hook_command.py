@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,13 @@ RUNTIMES = ("claude-code", "codex", "gemini")
 PROBLEM_HEADER = "Backchannel-Hook-Problem"  # the same as runtimes.common.PROBLEM_HEADER
 DELIVERED_HEADER = "Backchannel-Delivered"  # the same as runtimes.seen.DELIVERED_HEADER
 _OPTIONS = {"--as": "as", "--url": "url", "--token": "token", "--home": "home"}
+#: How long one hook call waits for the hub, connecting and answering together. A
+#: runtime kills a hook at its timeout (``backchannel attach`` gives 30 s) and shows the
+#: agent an error; a hub that answers a hook at all does so in milliseconds, so a hub
+#: that has not answered by then is wedged, and the hook answers ``{}`` and says so. What
+#: the hub may have handed out meanwhile is never printed, so it is not recorded, and the
+#: session's next hook call gives it back.
+DEADLINE_S = 10.0
 
 
 def _parse(argv: Sequence[str]) -> dict[str, str] | None:
@@ -103,19 +111,38 @@ def _post(url: str, runtime: str, body: bytes, token: str, expect: str | None) -
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
-    sock = socket.create_connection((host, port), timeout=30.0)
-    try:
-        if secure:
-            import ssl
+    deadline = time.monotonic() + DEADLINE_S
 
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        sock.sendall(head.encode("latin-1") + body)
-        chunks = []
-        while data := sock.recv(65536):
-            chunks.append(data)
-    finally:
-        sock.close()
+    def left() -> float:  # a timeout per step would let a hub that trickles hold us
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
+    try:
+        sock = socket.create_connection((host, port), timeout=left())
+        try:
+            if secure:
+                import ssl
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+            sock.settimeout(left())
+            sock.sendall(head.encode("latin-1") + body)
+            chunks = []
+            while True:
+                sock.settimeout(left())
+                if not (data := sock.recv(65536)):
+                    break
+                chunks.append(data)
+        finally:
+            sock.close()
+    except TimeoutError:
+        raise HubTooSlow(f"the hub at {url} did not answer within {DEADLINE_S:g} s") from None
     return _response(b"".join(chunks))
+
+
+class HubTooSlow(Exception):
+    """The hub took the call and did not answer within :data:`DEADLINE_S`."""
 
 
 def _response(raw: bytes) -> tuple[int, bytes, str | None, str | None]:
@@ -160,6 +187,8 @@ def answer(opts: dict[str, str], url: str, stdin: Any) -> Answer:
     payload, note, session = _enrich(runtime, raw)
     try:
         status, body, problem, delivered = _post(url, runtime, payload, token, opts.get("as"))
+    except HubTooSlow as exc:
+        return Answer({}, f"{exc}; the agent goes on without it")
     except (OSError, ValueError, IndexError) as exc:
         return Answer({}, f"cannot reach the hub at {url}: {exc}")
     try:
