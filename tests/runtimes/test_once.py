@@ -3,6 +3,7 @@ session's next event settles it; a copy the session already has is never shown a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -304,3 +305,120 @@ def test_session_of_is_what_the_fixtures_share() -> None:
         sid = session_of(runtime)
         assert fixture(runtime, STOP_EVENT[runtime])["session_id"] == sid
         assert fixture(runtime, TOOL_EVENT[runtime])["session_id"] == sid
+
+
+class _Held:
+    """A loopback TCP proxy to the hub that passes requests on at once but holds the
+    hub's answers until :meth:`release`: a hook whose answer is on its way back."""
+
+    def __init__(self, url: str) -> None:
+        import socket
+        import threading
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(url)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self._open = threading.Event()
+        self.answered = threading.Event()  # the hub's answer reached the proxy
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target, timeout=30)
+
+            def up(a: socket.socket = client, b: socket.socket = upstream) -> None:
+                with contextlib.suppress(OSError):
+                    while data := a.recv(65536):
+                        b.sendall(data)
+
+            def down(a: socket.socket = upstream, b: socket.socket = client) -> None:
+                held = b""
+                with contextlib.suppress(OSError):
+                    while data := a.recv(65536):
+                        held += data
+                        self.answered.set()
+                self._open.wait(60)
+                with contextlib.suppress(OSError):
+                    b.sendall(held)
+                    b.shutdown(socket.SHUT_RDWR)
+
+            threading.Thread(target=up, daemon=True).start()
+            threading.Thread(target=down, daemon=True).start()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._open.set()
+        self._listener.close()
+
+
+def test_a_hook_of_the_session_running_while_an_answer_is_on_its_way_does_not_give_it_back(
+    srv: Server, tmp_path: Path
+) -> None:
+    # the Stop hook's answer hands a message over and is on its way to the hook when a
+    # UserPromptSubmit hook of the same session starts: that one must not read the
+    # record before the Stop hook wrote it, or it tells the hub the message was never
+    # shown, the hub puts it back, and the session is shown it twice
+    import subprocess
+    import time
+
+    from backchannel.testing import eventually_blocking
+    from tests.conftest import BIN
+
+    tokens = make_team(srv, "held", "w:claude-code", "lead")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")},
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "BACKCHANNEL_STATE_DIR": str(tmp_path / "state"),
+    }
+    sid = "held-1"
+
+    def start(name: str, url: str) -> subprocess.Popen[str]:
+        payload = json.dumps(fixture("claude-code", name, session_id=sid))
+        return subprocess.Popen(
+            [str(BIN), "hook", "claude-code", payload],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "BACKCHANNEL_URL": url},
+        )
+
+    def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        answer: dict[str, Any] = json.loads(out)
+        return answer
+
+    assert finish(start("UserPromptSubmit", srv.url)) == {}
+    with srv.client(tokens["lead"]) as c:
+        mid = c.post("/v1/messages", json={"to": "w", "text": "the report is due"}).json()[
+            "message_id"
+        ]
+    held = _Held(srv.url)
+    try:
+        stop = start("Stop", held.url)
+        eventually_blocking(held.answered.is_set, what="the hub to answer the Stop hook")
+        prompt = start("UserPromptSubmit", srv.url)
+        until = time.monotonic() + 3  # its chance to reach the hub before the Stop hook prints
+        while prompt.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        held.release()
+        assert "the report is due" in finish(stop)["reason"]
+        finish(prompt)
+    finally:
+        held.close()
+    with srv.client(tokens["lead"]) as c:
+        body = c.get(f"/v1/messages/{mid}").json()
+    history = [h["event"] for h in body["history"] if h["to"] == "w"]
+    assert (body["deliveries"][0]["state"], history) == ("acked", ["queued", "leased", "acked"])

@@ -13,6 +13,7 @@ say on stderr why a call had no effect.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -76,16 +77,15 @@ def _hub_url(opts: dict[str, str]) -> str | None:
     return found if isinstance(found, str) and found.startswith("http") else None
 
 
-def _enrich(runtime: str, raw: str) -> tuple[bytes, str | None, str | None]:
-    """The payload with the closing text read from this machine's transcript when it
-    lacks it (the hub never reads a file a hook names) and the session's record of what
-    it was shown; why the text could not be read; the runtime session id."""
+def _enrich(runtime: str, raw: str, payload: Any) -> tuple[bytes, str | None, str | None]:
+    """The payload (``raw``, parsed) with the closing text read from this machine's
+    transcript when it lacks it (the hub never reads a file a hook names) and the
+    session's record of what it was shown; why the text could not be read; the runtime
+    session id."""
     from backchannel.runtimes import seen
     from backchannel.runtimes.transcripts import enrich
 
-    try:
-        payload = json.loads(raw)
-    except ValueError:  # a bad payload goes as it is: the hub says what is wrong with it
+    if payload is _UNPARSED:  # a bad payload goes as it is: the hub says what is wrong
         return raw.encode("utf-8", "surrogateescape"), None, None
     filled, note = enrich(runtime, payload)
     filled = seen.add_record(runtime, filled)
@@ -175,8 +175,13 @@ class Answer(NamedTuple):
     delivered: str | None = None
 
 
-def answer(opts: dict[str, str], url: str, stdin: Any) -> Answer:
-    """Forward one hook call."""
+_UNPARSED = object()
+
+
+def answer(opts: dict[str, str], url: str, stdin: Any, hold: contextlib.ExitStack) -> Answer:
+    """Forward one hook call; ``hold`` keeps the session's hook lock
+    (:func:`~backchannel.runtimes.seen.session_lock`) until the answer is printed and
+    recorded."""
     runtime = opts["runtime"]
     if runtime not in RUNTIMES:
         return Answer({}, f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}")
@@ -184,7 +189,16 @@ def answer(opts: dict[str, str], url: str, stdin: Any) -> Answer:
     if not token:
         return Answer({}, "BACKCHANNEL_TOKEN is not set; export this agent's member token")
     raw = opts["payload"] if "payload" in opts else stdin.read()
-    payload, note, session = _enrich(runtime, raw)
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = _UNPARSED
+    sid = parsed.get("session_id") if isinstance(parsed, dict) else None
+    if isinstance(sid, str) and sid:
+        from backchannel.runtimes import seen
+
+        hold.enter_context(seen.session_lock(runtime, sid, wait=DEADLINE_S))
+    payload, note, session = _enrich(runtime, raw, parsed)
     try:
         status, body, problem, delivered = _post(url, runtime, payload, token, opts.get("as"))
     except HubTooSlow as exc:
@@ -214,15 +228,16 @@ def run(argv: Sequence[str]) -> bool:
     url = _hub_url(opts)
     if url is None:
         return False
-    try:
-        got = answer(opts, url, sys.stdin)
-    except Exception as exc:  # a broken hook must never block the agent
-        got = Answer({}, f"internal error: {type(exc).__name__}: {exc}")
-    print(json.dumps(got.result), flush=True)
-    if got.session and got.delivered:  # printed: now the session has them
-        from backchannel.runtimes import seen
+    with contextlib.ExitStack() as hold:
+        try:
+            got = answer(opts, url, sys.stdin, hold)
+        except Exception as exc:  # a broken hook must never block the agent
+            got = Answer({}, f"internal error: {type(exc).__name__}: {exc}")
+        print(json.dumps(got.result), flush=True)
+        if got.session and got.delivered:  # printed: now the session has them
+            from backchannel.runtimes import seen
 
-        seen.remember(opts["runtime"], got.session, seen.delivered_ids(got.delivered))
+            seen.remember(opts["runtime"], got.session, seen.delivered_ids(got.delivered))
     if got.problem:
         print(f"backchannel hook {opts['runtime']}: {got.problem}", file=sys.stderr, flush=True)
     return True

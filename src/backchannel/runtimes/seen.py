@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -42,6 +43,7 @@ __all__ = [
     "delivered_ids",
     "recorded",
     "remember",
+    "session_lock",
     "state_dir",
 ]
 
@@ -121,6 +123,45 @@ def _locked(folder: Path) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+@contextlib.contextmanager
+def session_lock(runtime: str, session_id: str, wait: float) -> Iterator[bool]:
+    """Hold the lock of one runtime session's hook calls for as long as the ``with``
+    lasts, waiting up to ``wait`` s for it; yields whether it holds it (without it, the
+    call goes on as before: the lock is for never-twice, and the agent must not wait).
+
+    A hook call reads the record, asks the hub, prints and then adds what it printed;
+    the hub takes an id the record lacks for one that was never printed and hands it
+    over again. A second hook of the session (a UserPromptSubmit hook while the Stop
+    hook's answer is on its way) that read the record before the first one wrote it
+    would have the hub put back what the first one is printing. Held across the whole
+    call, the lock makes the second read what the first printed."""
+    fd = -1
+    try:
+        path = _path(runtime, session_id)
+        _private_dirs(path.parent)
+        fd = os.open(
+            path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        until = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    raise
+                time.sleep(0.01)
+    except OSError:
+        if fd >= 0:
+            os.close(fd)
+        yield False
+        return
+    try:
+        yield True
     finally:
         os.close(fd)  # drops the flock
 
