@@ -16,6 +16,7 @@ from backchannel.client._transport import (
     hook_result,
 )
 from backchannel.errors import InvalidRequest
+from backchannel.hub.messages import new_message_id
 from backchannel.member import answer_delegation
 from backchannel.models import (
     Acked,
@@ -345,7 +346,11 @@ class Client:
     ) -> Sent:
         """Send as your member (from ``from_session``'s turn, if given). A send from a
         turn opens a link to the recipient unless ``link=False``. Idempotent on
-        ``message_id``: the same id again answers the first result, ``replayed``."""
+        ``message_id``: the same id again answers the first result, ``replayed``. Without
+        one the client picks it, so that a send whose answer was lost on the way is made
+        again as the same message, never a second one."""
+        if message_id is None:
+            message_id = new_message_id()
         body = {
             "to": to,
             "text": text,
@@ -373,22 +378,27 @@ class Client:
                 link_budget=link_budget,
             )
 
-        got: Sent = await self._do(Call("POST", "/v1/messages", local, Sent, body))
+        got: Sent = await self._do(Call("POST", "/v1/messages", local, Sent, body, repeatable=True))
         return got
 
     async def send_batch(self, messages: Sequence[MessageIn | Mapping[str, Any]]) -> SentBatch:
         """Send many messages in one request (each a :class:`MessageIn` or its JSON).
-        Each is answered on its own; a bad one loses none of the others."""
+        Each is answered on its own; a bad one loses none of the others. An item without
+        a ``message_id`` gets one from the client, as in :meth:`send`."""
         items = [
             m.model_dump(exclude_defaults=True) if isinstance(m, MessageIn) else dict(m)
             for m in messages
         ]
+        for item in items:
+            if item.get("message_id") is None:
+                item["message_id"] = new_message_id()
         call = Call(
             "POST",
             "/v1/messages/batch",
             lambda s: s.member.send_batch(items),
             SentBatch,
             {"messages": items},
+            repeatable=True,
         )
         got: SentBatch = await self._do(call)
         return got
@@ -476,7 +486,7 @@ class Client:
             )
 
         got: InboxAcked = await self._do(
-            Call("POST", "/v1/inbox/receive", local, InboxAcked, body, wait=wait)
+            Call("POST", "/v1/inbox/receive", local, InboxAcked, body, wait=wait, repeatable=True)
         )
         for m in got.messages:
             m.bind(self)
@@ -500,7 +510,12 @@ class Client:
         """Ack messages you hold; ``not_held`` names those you did not."""
         ids = list(message_ids)
         call = Call(
-            "POST", "/v1/inbox/ack", lambda s: s.member.ack(ids), Acked, {"message_ids": ids}
+            "POST",
+            "/v1/inbox/ack",
+            lambda s: s.member.ack(ids),
+            Acked,
+            {"message_ids": ids},
+            repeatable=True,
         )
         got: Acked = await self._do(call)
         return got
@@ -514,6 +529,7 @@ class Client:
             lambda s: s.member.ack_batch(ids),
             AckedBatch,
             {"message_ids": ids},
+            repeatable=True,
         )
         got: AckedBatch = await self._do(call)
         return got
@@ -527,6 +543,7 @@ class Client:
             lambda s: s.member.release(ids),
             Released,
             {"message_ids": ids},
+            repeatable=True,
         )
         got: Released = await self._do(call)
         return got.released

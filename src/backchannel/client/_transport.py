@@ -9,7 +9,9 @@ they have.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -76,6 +78,10 @@ class Call(Generic[R]):
     wait: float = 0.0
     token: str | None = None  # another bearer token for this one call
     parse: Callable[[httpx.Response], R] | None = None
+    #: Made twice, the call means what it meant once (a read, an ack, a send under its
+    #: ``message_id``): made again when its answer was lost on the way (see
+    #: :class:`HttpTransport`).
+    repeatable: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,9 +170,35 @@ def raise_for(resp: httpx.Response) -> None:
     raise _ERRORS.get(code, BackchannelError)(message, **body)
 
 
+#: How long a call is made again while the way to the hub fails (a hub restarting, a
+#: proxy that cut the connection), and the longest pause between two tries.
+RETRY_WITHIN = 10.0
+RETRY_PAUSE_MAX = 2.0
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """The pause a 503, or a 429 that says how long to wait, asks for (a 429 without
+    ``Retry-After`` is the hub's budget or quota: trying again changes nothing)."""
+    value = resp.headers.get("Retry-After")
+    if resp.status_code == 503 or (resp.status_code == 429 and value is not None):
+        try:
+            return max(float(value or 0), 0.0)
+        except ValueError:
+            return 1.0  # an HTTP date: wait as for a bare 503
+    return None
+
+
 class HttpTransport(Transport):
     """A hub over its HTTP API v1 (``transport``: httpx's, e.g. ``httpx.ASGITransport``
-    or ``httpx.MockTransport`` in tests)."""
+    or ``httpx.MockTransport`` in tests).
+
+    A call that failed to connect never reached the hub and is made again, pausing
+    (0.2 s, doubling up to :data:`RETRY_PAUSE_MAX`) for up to :data:`RETRY_WITHIN` s. A
+    :attr:`Call.repeatable` call (and any GET) is also made again when the connection broke after the
+    request went out (the hub may have done it: a send then answers ``replayed``, never a
+    second message) and on a 503 or a 429 with ``Retry-After`` (after that pause). Any
+    other call whose answer was lost raises :class:`PeerError`: made twice it could do
+    twice what it did (a turn's ``agent_stop``, a new session)."""
 
     def __init__(
         self,
@@ -196,17 +228,32 @@ class HttpTransport(Transport):
     async def call(self, call: Call[R]) -> R:
         timeout = httpx.Timeout(call.wait + 30.0, connect=5.0)
         headers = {"Authorization": f"Bearer {call.token}"} if call.token else None
-        try:
-            resp = await self._http.request(
-                call.method,
-                call.path,
-                json=call.json,
-                params=call.params,
-                headers=headers,
-                timeout=timeout,
-            )
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        # a GET reads (a receive leases: made again, what the lost answer held comes
+        # back after its lease, late but once)
+        repeatable = call.repeatable or call.method == "GET"
+        until = time.monotonic() + RETRY_WITHIN
+        pause = 0.2
+        while True:
+            try:
+                resp = await self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    params=call.params,
+                    headers=headers,
+                    timeout=timeout,
+                )
+            except httpx.TransportError as exc:
+                never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if not (never_sent or repeatable) or time.monotonic() + pause > until:
+                    raise self._unreachable(exc) from exc
+            else:
+                asked = _retry_after(resp) if repeatable else None
+                if asked is None or time.monotonic() + min(asked, RETRY_PAUSE_MAX) > until:
+                    break
+                pause = max(pause, min(asked, RETRY_PAUSE_MAX))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSE_MAX)
         if call.parse is not None:
             return call.parse(resp)
         raise_for(resp)

@@ -1,0 +1,191 @@
+"""The SDK over HTTP when the way to the hub fails: a real ``backchannel serve`` behind a
+proxy that cuts a connection after it passed the request on (the hub did it; its answer
+is lost), or answers 503 or 429 itself (a hub restarting behind it, a rate limit)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from backchannel import Client
+from backchannel.errors import PeerError
+from tests.conftest import Server, start_server
+
+
+class Faulty:
+    """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``) is used once,
+    by the first request it matches: ``cut`` passes the request on and closes the
+    connection instead of relaying the answer; ``503``/``429`` answer that status with
+    ``Retry-After: 1`` without passing the request on."""
+
+    def __init__(self, upstream: str) -> None:
+        self.faults: list[tuple[str, str, str]] = []
+        self.seen: list[tuple[str, str, str]] = []  # method, path, what was done
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                path = self.path.split("?")[0]
+                with lock:
+                    fault = next(
+                        (f for f in outer.faults if f[0] == self.command and f[1] == path), None
+                    )
+                    if fault is not None:
+                        outer.faults.remove(fault)
+                what = fault[2] if fault else "pass"
+                outer.seen.append((self.command, path, what))
+                if what in ("503", "429"):
+                    self.send_response(int(what))
+                    self.send_header("Retry-After", "1")
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() in ("authorization", "content-type")
+                }
+                r = httpx.request(
+                    self.command, upstream + self.path, content=body, headers=headers, timeout=60
+                )
+                if what == "cut":
+                    self.close_connection = True
+                    return  # no status line: the client sees the connection closed
+                self.send_response(r.status_code)
+                for k, v in r.headers.items():
+                    if k.lower() in ("content-type", "retry-after"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            do_GET = do_POST = do_DELETE = do_PATCH = _any
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("sdkfaults") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def proxy(srv: Server) -> Iterator[Faulty]:
+    p = Faulty(srv.url)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _inbox(srv: Server, token: str) -> list[dict[str, Any]]:
+    with srv.client(token) as c:
+        got: list[dict[str, Any]] = c.get("/v1/inbox", params={"limit": 50}).json()["messages"]
+        if got:
+            ids = [m["message_id"] for m in got]
+            c.post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+        return got
+
+
+async def test_a_send_whose_answer_is_lost_is_sent_once(srv: Server, proxy: Faulty) -> None:
+    # the hub committed the send and the connection broke before its answer came back:
+    # the client sends it again under the same message_id, and the hub answers the
+    # first result instead of making a second message
+    tokens = srv.team("cut-send", "a", "b")
+    proxy.faults.append(("POST", "/v1/messages", "cut"))
+    async with Client(proxy.url, tokens["a"]) as a:
+        sent = await a.send("b", "deploy at noon")
+    assert sent.replayed
+    assert [w for _, p, w in proxy.seen if p == "/v1/messages"] == ["cut", "pass"]
+    got = _inbox(srv, tokens["b"])
+    assert [(m["message_id"], m["text"]) for m in got] == [(sent.message_id, "deploy at noon")]
+
+
+async def test_a_batch_whose_answer_is_lost_is_sent_once(srv: Server, proxy: Faulty) -> None:
+    tokens = srv.team("cut-batch", "a", "b")
+    proxy.faults.append(("POST", "/v1/messages/batch", "cut"))
+    async with Client(proxy.url, tokens["a"]) as a:
+        sent = await a.send_batch([{"to": "b", "text": "one"}, {"to": "b", "text": "two"}])
+    assert [(r.status, r.sent and r.sent.replayed) for r in sent.results] == [(200, True)] * 2
+    assert [m["text"] for m in _inbox(srv, tokens["b"])] == ["one", "two"]
+
+
+@pytest.mark.parametrize("status", ["503", "429"])
+async def test_a_hub_that_says_come_back_later_is_called_again(
+    srv: Server, proxy: Faulty, status: str
+) -> None:
+    tokens = srv.team(f"later-{status}", "a", "b")
+    proxy.faults += [("POST", "/v1/messages", status), ("GET", "/v1/inbox", status)]
+    async with Client(proxy.url, tokens["a"]) as a, Client(proxy.url, tokens["b"]) as b:
+        await a.send("b", "deploy at noon")
+        got = await b.receive(wait=5)
+        assert [m.text for m in got] == ["deploy at noon"]
+        await got[0].ack()
+    assert ("POST", "/v1/messages", status) in proxy.seen
+    assert ("GET", "/v1/inbox", status) in proxy.seen
+
+
+async def test_an_event_whose_answer_is_lost_is_not_reported_twice(
+    srv: Server, proxy: Faulty
+) -> None:
+    # a call that changes something and has no id to be recognised by is not made again:
+    # the caller hears the connection broke, and the hub did it once
+    tokens = srv.team("cut-event", "a")
+    async with Client(proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        await a.turn_start(s.session_id, "go")
+        proxy.faults.append(("POST", f"/v1/sessions/{s.session_id}/events", "cut"))
+        with pytest.raises(PeerError):
+            await a.agent_stop(s.session_id, "done")
+    events = [w for m, p, w in proxy.seen if p.endswith("/events")]
+    assert events == ["pass", "cut"]
+
+
+def test_the_sync_client_sends_once_too(srv: Server, proxy: Faulty) -> None:
+    from backchannel import SyncClient
+
+    tokens = srv.team("cut-sync", "a", "b")
+    proxy.faults.append(("POST", "/v1/messages", "cut"))
+    with SyncClient(proxy.url, tokens["a"]) as a:
+        sent = a.send("b", "deploy at noon")
+    assert sent.replayed
+    assert [m["text"] for m in _inbox(srv, tokens["b"])] == ["deploy at noon"]
+
+
+async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_loses_nothing(
+    srv: Server, proxy: Faulty
+) -> None:
+    # a proxy dropped the long-poll's answer, which held a message: the client polls
+    # again, and the message comes back once its lease ends (late, not lost, and once)
+    tokens = srv.team("cut-poll", "a", "b")
+    proxy.faults.append(("GET", "/v1/inbox", "cut"))
+    async with Client(proxy.url, tokens["a"]) as a, Client(proxy.url, tokens["b"]) as b:
+        sent = await a.send("b", "deploy at noon")
+        got = await b.receive(wait=10, lease=1)
+        assert [m.message_id for m in got] == [sent.message_id]
+        await got[0].ack()
+        assert await b.receive(wait=0) == []
+    assert [w for m, p, w in proxy.seen if p == "/v1/inbox"][:2] == ["cut", "pass"]
