@@ -324,3 +324,45 @@ def test_a_data_directory_that_is_a_file_is_named_not_a_traceback(tmp_path: Path
     assert under.returncode == 1
     assert "Traceback" not in under.stderr
     assert "cannot create the data directory" in under.stderr
+
+
+def test_a_command_gives_up_on_a_hub_that_breaks_every_connection_within_a_second(
+    tmp_path: Path,
+) -> None:
+    """The SDK rides out a hub it cannot reach for ten seconds (a restart); a person at
+    the command line is told at once instead: a send is tried again within a second,
+    then the command says it cannot reach the hub."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[float] = []
+
+    def cut_every_connection() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1.0)
+            conn.recv(65536)  # the request went out; its answer never comes
+            conn.close()
+
+    threading.Thread(target=cut_every_connection, daemon=True).start()
+    try:
+        run = subprocess.run(
+            [str(BIN), "send", "--url", f"http://127.0.0.1:{port}", "--token", "bca_x", "b", "hi"],
+            env={**os.environ, "BACKCHANNEL_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        listener.close()
+    assert run.returncode == 1
+    assert f"cannot reach the hub at http://127.0.0.1:{port}" in run.stderr
+    # tried again (the answer was lost, the send carries its id), but not for ten seconds:
+    # pauses of 0.2 s doubling make 3 tries in one second and 8 in ten
+    assert 2 <= len(accepted) <= 4, accepted

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from backchannel.client._transport import (
+    RETRY_WITHIN,
     Call,
     HttpTransport,
     LocalTransport,
@@ -93,11 +94,12 @@ class Client:
         token: str | None = None,
         *,
         timeout: float = 30.0,
+        retry_within: float = RETRY_WITHIN,
         **hub_options: Any,
     ) -> None:
         transport: Transport
         if url.startswith(("http://", "https://")):
-            transport = HttpTransport(url, token, timeout=timeout)
+            transport = HttpTransport(url, token, timeout=timeout, retry_within=retry_within)
         elif url.startswith(LOCAL_SCHEMES):
             from backchannel.config import open_store
             from backchannel.hub import Hub

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backchannel.client._async import Client
-from backchannel.client._transport import Transport
+from backchannel.client._transport import RETRY_WITHIN, Transport
 from backchannel.models import (
     Acked,
     AckedBatch,
@@ -58,9 +58,12 @@ class SyncClient:
         token: str | None = None,
         *,
         timeout: float = 30.0,
+        retry_within: float = RETRY_WITHIN,
         **hub_options: Any,
     ) -> None:
-        self._setup(lambda: Client(url, token, timeout=timeout, **hub_options))
+        self._setup(
+            lambda: Client(url, token, timeout=timeout, retry_within=retry_within, **hub_options)
+        )
 
     @classmethod
     def local(cls, hub: Hub, token: str | None = None) -> SyncClient:

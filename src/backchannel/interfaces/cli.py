@@ -160,6 +160,11 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     raise AssertionError("unreachable")
 
 
+#: How long a command rides out a hub it cannot reach (a person waits on it): a refused
+#: connection is tried a few times within it, a send whose answer was lost made again.
+CLI_RETRY_WITHIN = 1.0
+
+
 def _client(url: str | None, token: str | None, home: Path | None, *, admin: bool) -> Client:
     target = _locate(url, home)
     data_dir, url = target.data_dir, target.url
@@ -171,11 +176,11 @@ def _client(url: str | None, token: str | None, home: Path | None, *, admin: boo
                     f"no admin token: set BACKCHANNEL_TOKEN or run on the hub's host "
                     f"(looked for {data_dir / config.ADMIN_TOKEN_FILE})"
                 )
-            return Client(url, token)
+            return Client(url, token, retry_within=CLI_RETRY_WITHIN)
         return Client(url, None)
     if token is None:
         _fail("no token: set BACKCHANNEL_TOKEN (or --token) to a member token")
-    return Client(url, token)
+    return Client(url, token, retry_within=CLI_RETRY_WITHIN)
 
 
 async def _with(client: Client, fn: Callable[[Client], Awaitable[T]]) -> T:
