@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from backchannel.runner.models import (
@@ -45,6 +45,25 @@ def _not_an_answer(api: str, exc: Exception) -> ModelError:
         f"the model server's answer is not an answer of {api} ({type(exc).__name__}: "
         f"{exc}); is base_url the API's own address, with no proxy page in the way?"
     )
+
+
+async def _answer(
+    request: Awaitable[Any], sdk: Any, vendor: str, api: str, read: Callable[[Any], ModelReply]
+) -> ModelReply:
+    """The reply ``read`` makes of what ``request`` (a call of the ``sdk``'s client)
+    answers, every way it can fail a :class:`ModelError`: the SDK's errors (retryable when
+    they pass), and an answer that is not ``api``'s (a body that is not JSON, or JSON of
+    another shape: a proxy's page, a body cut short)."""
+    try:
+        resp = await request
+    except sdk.APIError as exc:
+        raise ModelError(f"{vendor} API error: {exc}", retryable=_retryable(sdk, exc)) from exc
+    except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
+        raise _not_an_answer(api, exc) from exc
+    try:
+        return read(resp)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _not_an_answer(api, exc) from exc
 
 
 def _api_key(env_name: str | None, default_env: str) -> str:
@@ -139,24 +158,14 @@ class AnthropicModel:
                 "cache_control": {"type": "ephemeral"},
             }
         ]
-        try:
-            resp = await self._client.messages.create(
-                model=self.name,
-                max_tokens=self.max_tokens,
-                system=system_blocks,  # type: ignore[arg-type]
-                messages=self._messages(messages),  # type: ignore[arg-type]
-                tools=tool_defs,  # type: ignore[arg-type]
-            )
-        except self._anthropic.APIError as exc:
-            raise ModelError(
-                f"Anthropic API error: {exc}", retryable=_retryable(self._anthropic, exc)
-            ) from exc
-        except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
-            raise _not_an_answer("the Messages API", exc) from exc
-        try:
-            return self._reply(resp)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise _not_an_answer("the Messages API", exc) from exc
+        request = self._client.messages.create(
+            model=self.name,
+            max_tokens=self.max_tokens,
+            system=system_blocks,  # type: ignore[arg-type]
+            messages=self._messages(messages),  # type: ignore[arg-type]
+            tools=tool_defs,  # type: ignore[arg-type]
+        )
+        return await _answer(request, self._anthropic, "Anthropic", "the Messages API", self._reply)
 
     @staticmethod
     def _reply(resp: Any) -> ModelReply:
@@ -243,22 +252,14 @@ class OpenAIModel:
             }
             for t in tools
         ]
-        try:
-            resp = await self._client.chat.completions.create(
-                model=self.name,
-                messages=self._messages(system, messages),  # type: ignore[arg-type]
-                tools=tool_defs or self._openai.NOT_GIVEN,  # type: ignore[arg-type]
-            )
-        except self._openai.APIError as exc:
-            raise ModelError(
-                f"OpenAI-compatible API error: {exc}", retryable=_retryable(self._openai, exc)
-            ) from exc
-        except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
-            raise _not_an_answer("the Chat Completions API", exc) from exc
-        try:
-            return self._reply(resp)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise _not_an_answer("the Chat Completions API", exc) from exc
+        request = self._client.chat.completions.create(
+            model=self.name,
+            messages=self._messages(system, messages),  # type: ignore[arg-type]
+            tools=tool_defs or self._openai.NOT_GIVEN,  # type: ignore[arg-type]
+        )
+        return await _answer(
+            request, self._openai, "OpenAI-compatible", "the Chat Completions API", self._reply
+        )
 
     @staticmethod
     def _reply(resp: Any) -> ModelReply:
