@@ -43,7 +43,7 @@ from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 from backchannel.types import DelegationState, MessageKind
 from tests.conftest import Server, free_port, start_server
-from tests.test_delegation_http import _member, _pass_on
+from tests.test_delegation_http import _member, _pass_on, ring_to_the_budget
 
 
 class Forecaster(AgentExecutor):
@@ -333,59 +333,8 @@ def test_agents_of_two_hubs_that_always_delegate_over_a2a_stop_at_the_chain_budg
     budget = 4
     hub_a, hub_b, tokens = _start_hubs_over_a2a(tmp_path, budget)
     try:
-        with (
-            hub_a.client(tokens["lead"]) as lead,
-            hub_b.client(tokens["worker"]) as worker,
-            hub_a.client(tokens["user_a"]) as user_a,
-            hub_b.client(tokens["user_b"]) as user_b,
-        ):
-            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
-            lead.post("/v1/sessions", json={"session_id": "lead-s"})
-            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
-            lead.post(
-                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
-            )
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
-            first = lead.post(
-                "/v1/delegations",
-                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
-            )
-            assert first.status_code == 201, first.text
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
-            tasks, refused = [], None
-            players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
-            for n in range(1, 2 * budget):
-                c, member, to = players[(n - 1) % 2]
-                task, r = _pass_on(c, member, to, n)
-                tasks.append((member, task["chain_id"], task["hop"]))
-                if r.status_code != 201:
-                    refused = r
-                    break
-            assert tasks == [
-                (("worker", "lead")[i % 2], start["message_id"], i + 1) for i in range(budget)
-            ]
-            assert refused is not None and refused.status_code == 429, refused
-            error = refused.json()["error"]
-            assert (error["code"], error["budget"]) == ("budget_exhausted", "chain")
-            assert error["key"] == f"chain:{start['message_id']}"
-            assert error["message"].startswith("not sent: this conversation chain")
-            # the task that reached the budget spent it on both hubs: their humans are told
-            for user in (user_a, user_b):
-                notes = eventually_blocking(
-                    lambda u=user: (
-                        [
-                            m
-                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
-                            if m["kind"] == "system" and m["meta"].get("budget") == "chain"
-                        ]
-                        or None
-                    ),
-                    what="a chain budget notice for the team's human",
-                    within=10,
-                )
-                assert "budget extend" in notes[0]["text"]
-            mine = lead.get("/v1/delegations").json()["delegations"]
-            assert f"tu_{len(tasks)}" not in {d["tool_use_id"] for d in mine}
+        with ring_to_the_budget(hub_a, hub_b, tokens, budget) as ring:
+            lead, worker, start = ring.lead, ring.worker, ring.start
             # every task sent was answered over A2A (none was lost on the way)
 
             def all_answered() -> list[dict[str, Any]] | None:

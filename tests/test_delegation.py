@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -26,6 +24,7 @@ from backchannel.errors import (
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually
 from backchannel.types import DelegationState, MessageKind
+from tests.peers import Peer, QuietHandler
 
 SECRET = "test-secret-0123456789"
 
@@ -221,7 +220,7 @@ def test_retry_policy() -> None:
 # -- a scripted callback server (a real socket) --------------------------------------------
 
 
-class Scripted:
+class Scripted(Peer):
     """An HTTP server whose answers a test scripts, recording every request."""
 
     def __init__(self, answer: Callable[[str, dict[str, Any], int], tuple[int, float]]) -> None:
@@ -230,7 +229,7 @@ class Scripted:
         self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
                 outer.requests.append((self.path, body, dict(self.headers)))
@@ -242,17 +241,7 @@ class Scripted:
                 self.end_headers()
                 self.wfile.write(outer.body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture

@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server, free_port, start_server
+from tests.peers import Peer, QuietHandler
 
 
 def _wait_inbox(c: httpx.Client, session: str, kind: str, seconds: float = 20) -> dict[str, Any]:
@@ -192,7 +192,7 @@ def test_cross_hub_ingress_refusals(two_hubs: tuple[Server, Server, dict[str, st
     assert r.status_code == 401
 
 
-class DropFirstAck:
+class DropFirstAck(Peer):
     """A proxy in front of hub A as hub B reaches it: it forwards every request, but cuts
     the connection instead of relaying hub A's answer to the first tool response, as a
     network fault after hub A committed would."""
@@ -201,7 +201,7 @@ class DropFirstAck:
         self.relayed: list[tuple[str, int, bool]] = []  # path, upstream status, dropped
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {
@@ -223,17 +223,7 @@ class DropFirstAck:
                 self.end_headers()
                 self.wfile.write(r.content)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 def _reply_jobs(hub: Server) -> list[tuple[str, dict[str, Any]]]:
@@ -361,6 +351,81 @@ def _pass_on(
     return m, r
 
 
+@dataclass
+class Ring:
+    """Two hubs' agents that always delegate to each other, driven to the chain budget."""
+
+    lead: httpx.Client
+    worker: httpx.Client
+    start: dict[str, Any]  # the human's message that started the chain
+    tasks: list[tuple[str, str, int]]  # (member, chain id, hop) of each task taken
+
+
+@contextlib.contextmanager
+def ring_to_the_budget(
+    hub_a: Server, hub_b: Server, tokens: dict[str, str], budget: int
+) -> Iterator[Ring]:
+    """lead (hub A) delegates to worker (hub B), whose turn on the task delegates back to
+    lead, and so on, until the delegation past ``budget`` is refused. Checks what every
+    route must show (each task one hop further in the human's chain, the refusal a 429
+    ``budget_exhausted`` of the chain, both hubs' humans told, no delegation made by the
+    refused call), then yields the ring for what a route adds."""
+    with (
+        hub_a.client(tokens["lead"]) as lead,
+        hub_b.client(tokens["worker"]) as worker,
+        hub_a.client(tokens["user_a"]) as user_a,
+        hub_b.client(tokens["user_b"]) as user_b,
+    ):
+        start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
+        lead.post("/v1/sessions", json={"session_id": "lead-s"})
+        got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
+        lead.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]})
+        lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
+        first = lead.post(
+            "/v1/delegations",
+            json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
+        )
+        assert first.status_code == 201, first.text
+        lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+        tasks: list[tuple[str, str, int]] = []
+        refused = None
+        players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
+        for n in range(1, 2 * budget):
+            c, member, to = players[(n - 1) % 2]
+            task, r = _pass_on(c, member, to, n)
+            tasks.append((member, task["chain_id"], task["hop"]))
+            if r.status_code != 201:
+                refused = r
+                break
+        assert tasks == [
+            (("worker", "lead")[i % 2], start["message_id"], i + 1) for i in range(budget)
+        ]
+        assert refused is not None and refused.status_code == 429, refused
+        error = refused.json()["error"]
+        assert (error["code"], error["budget"]) == ("budget_exhausted", "chain")
+        assert error["key"] == f"chain:{start['message_id']}"
+        assert error["message"].startswith("not sent: this conversation chain")
+        # the task that reached the budget spent it on both hubs: their humans are told
+        for user in (user_a, user_b):
+            notes = eventually_blocking(
+                lambda u=user: (
+                    [
+                        m
+                        for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
+                        if m["kind"] == "system" and m["meta"].get("budget") == "chain"
+                    ]
+                    or None
+                ),
+                what="a chain budget notice for the team's human",
+                within=10,
+            )
+            assert "budget extend" in notes[0]["text"]
+        # nothing was sent past the budget: the refused call left no delegation
+        mine = lead.get("/v1/delegations").json()["delegations"]
+        assert f"tu_{len(tasks)}" not in {d["tool_use_id"] for d in mine}
+        yield Ring(lead, worker, start, tasks)
+
+
 @pytest.mark.slow
 def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_chain_budget(
     tmp_path: Path,
@@ -371,59 +436,8 @@ def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_chain
     budget = 4
     hub_a, hub_b, tokens = _start_hubs_both_ways(tmp_path, budget)
     try:
-        with (
-            hub_a.client(tokens["lead"]) as lead,
-            hub_b.client(tokens["worker"]) as worker,
-            hub_a.client(tokens["user_a"]) as user_a,
-            hub_b.client(tokens["user_b"]) as user_b,
-        ):
-            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
-            lead.post("/v1/sessions", json={"session_id": "lead-s"})
-            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
-            lead.post(
-                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
-            )
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
-            first = lead.post(
-                "/v1/delegations",
-                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
-            )
-            assert first.status_code == 201, first.text
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
-            tasks, refused = [], None
-            players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
-            for n in range(1, 2 * budget):
-                c, member, to = players[(n - 1) % 2]
-                task, r = _pass_on(c, member, to, n)
-                tasks.append((member, task["chain_id"], task["hop"]))
-                if r.status_code != 201:
-                    refused = r
-                    break
-            assert tasks == [
-                (("worker", "lead")[i % 2], start["message_id"], i + 1) for i in range(budget)
-            ]
-            assert refused is not None and refused.status_code == 429, refused
-            error = refused.json()["error"]
-            assert (error["code"], error["budget"]) == ("budget_exhausted", "chain")
-            assert error["key"] == f"chain:{start['message_id']}"
-            # the task that reached the budget spent it on both hubs: their humans are told
-            for user in (user_a, user_b):
-                notes = eventually_blocking(
-                    lambda u=user: (
-                        [
-                            m
-                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
-                            if m["kind"] == "system" and m["meta"].get("budget") == "chain"
-                        ]
-                        or None
-                    ),
-                    what="a chain budget notice for the team's human",
-                    within=10,
-                )
-                assert "budget extend" in notes[0]["text"]
-            # nothing was sent past the budget: the refused call left no delegation
-            mine = lead.get("/v1/delegations").json()["delegations"]
-            assert f"tu_{len(tasks)}" not in {d["tool_use_id"] for d in mine}
+        with ring_to_the_budget(hub_a, hub_b, tokens, budget):
+            pass  # what every route shows is checked by the ring itself
     finally:
         hub_a.stop()
         hub_b.stop()
@@ -485,7 +499,7 @@ def test_a_chat_with_a_bad_chain_is_refused_naming_the_field(
 # -- two callers of one team ---------------------------------------------------------------
 
 
-class ReplyRecorder:
+class ReplyRecorder(Peer):
     """Where the callers' hubs would take their answers: records every POST (path, bearer,
     body) and acknowledges it."""
 
@@ -493,7 +507,7 @@ class ReplyRecorder:
         self.got: list[tuple[str, str, dict[str, Any]]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 bearer = self.headers.get("authorization", "").partition(" ")[2]
@@ -505,17 +519,7 @@ class ReplyRecorder:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 def _answer_each(c: httpx.Client, member: str, count: int) -> list[str]:

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from backchannel.runner.models import ChatMessage, ModelError, ToolCall, ToolSpec
 from backchannel.runner.providers import AnthropicModel, OpenAIModel
+from tests.peers import Peer, QuietHandler
 
 Answer = Callable[[dict[str, Any], int], tuple[int, dict[str, Any], dict[str, str]]]
 
 
-class FakeProvider:
+class FakeProvider(Peer):
     def __init__(self, answer: Answer) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 outer.requests.append(
@@ -38,16 +37,7 @@ class FakeProvider:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture
@@ -255,7 +245,7 @@ async def test_a_body_cut_short_is_a_model_error(monkeypatch: pytest.MonkeyPatch
     """A 200 whose JSON ends mid-way (a proxy that cut the body but set its length)."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
 
-    class Cut(BaseHTTPRequestHandler):
+    class Cut(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["content-length"]))
             data = b'{"id": "msg_1", "type": "message", "content": [{"type": "te'
@@ -265,17 +255,13 @@ async def test_a_body_cut_short_is_a_model_error(monkeypatch: pytest.MonkeyPatch
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    peer = Peer()
+    peer.serve(Cut)
+    url = peer.url
     try:
         with pytest.raises(ModelError, match="not an answer of the Messages API"):
             await AnthropicModel("claude-sonnet-5-5", base_url=url).complete("", CONVO, TOOLS)
         with pytest.raises(ModelError, match="not an answer of the Chat Completions API"):
             await OpenAIModel("gpt-4o", base_url=url + "/v1").complete("", CONVO, TOOLS)
     finally:
-        server.shutdown()
-        server.server_close()
+        peer.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -15,9 +14,10 @@ import pytest
 from backchannel import Client
 from backchannel.errors import PeerError
 from tests.conftest import Server, start_server
+from tests.peers import Peer, QuietHandler
 
 
-class Faulty:
+class Faulty(Peer):
     """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``) is used once,
     by the first request it matches: ``cut`` passes the request on and closes the
     connection instead of relaying the answer; ``503``/``429`` answer that status with
@@ -29,7 +29,7 @@ class Faulty:
         lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def _any(self) -> None:
@@ -70,17 +70,7 @@ class Faulty:
 
             do_GET = do_POST = do_DELETE = do_PATCH = _any
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture(scope="module")
