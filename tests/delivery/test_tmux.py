@@ -289,8 +289,13 @@ async def test_a_shell_left_by_an_exited_agent_gets_nothing_until_the_agent_is_b
         return pane.display_message("#{pane_current_command}", get_text=True) == ["bash"]
 
     # the agent ran in the pane and exited: its shell is in the foreground again
-    pane.send_keys(f"{sys.executable} -c 'print(\"agent exits\")'", enter=True)
-    await eventually(lambda: "agent exits" in "\n".join(pane.capture_pane()), what="the agent")
+    # (what it prints is not in the command line tmux echoes: waiting for the echo would
+    # let the hub start while the agent still runs, and type into it)
+    pane.send_keys(f'{sys.executable} -c \'print("agent", "exits")\'', enter=True)
+    await eventually(
+        lambda: any(line.strip() == "agent exits" for line in pane.capture_pane()),
+        what="the agent to have run",
+    )
     await eventually(in_shell, what="the shell in the foreground")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "shell", "a-s1"))
