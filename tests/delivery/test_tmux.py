@@ -77,11 +77,20 @@ def _reader_pane(server: libtmux.Server, tmp_path: Path, name: str) -> Path:
 async def _ready(server: libtmux.Server, name: str) -> None:
     """The reader showed READY, so tmux has seen its bracketed-paste request."""
 
-    async def shown() -> bool:
-        pane = server.sessions.get(session_name=name).active_window.active_pane
-        return pane is not None and "READY" in "\n".join(pane.capture_pane() or [])
+    def pane() -> libtmux.Pane | None:
+        # a tmux that is slow to answer may list no session yet: asked again, not failed
+        session = server.sessions.get(session_name=name, default=None)
+        return None if session is None else session.active_window.active_pane
 
-    await eventually(shown, what=f"the reader in {name} to start")
+    async def shown() -> bool:
+        p = pane()
+        return p is not None and "READY" in "\n".join(p.capture_pane() or [])
+
+    def seen() -> object:
+        p = pane()
+        return [s.session_name for s in server.sessions], p and p.capture_pane()
+
+    await eventually(shown, what=f"the reader in {name} to start", show=seen)
 
 
 def pastes(raw: bytes) -> list[str]:
