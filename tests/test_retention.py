@@ -108,6 +108,15 @@ async def test_a_wait_timer_longer_than_the_retention_still_quotes_the_reply(
         assert breadcrumb.meta["reply_message_id"] == reply
 
 
+def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    """A new store of ``kind`` (memory, sqlite, or postgres on a database of its own)."""
+    if kind == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        return PostgresStore(request.getfixturevalue("new_postgres_url")())
+    return MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+
+
 @pytest.mark.parametrize(
     "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
@@ -117,12 +126,7 @@ async def test_a_feed_reader_misses_nothing_when_retention_takes_the_newest_even
     """A message that waited past the retention and was then acked owns the newest
     history events; when retention takes it, a feed reader (``tail --after``, the
     dashboard) whose cursor is on those events still sees every later event."""
-    if kind == "postgres":
-        from backchannel.stores.postgres import PostgresStore
-
-        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
-    else:
-        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    store = _store(kind, tmp_path, request)
     async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
         await _team(hub)
         old = (await hub.send("t", "a", "b", "waited long")).message_id
@@ -150,12 +154,7 @@ async def test_a_feed_reader_misses_nothing_when_another_team_is_removed(
 ) -> None:
     """Removing a team takes its history with it; a reader of another team's feed, whose
     own last events retention took, still sees every later event of its team."""
-    if kind == "postgres":
-        from backchannel.stores.postgres import PostgresStore
-
-        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
-    else:
-        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    store = _store(kind, tmp_path, request)
     async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
         await _team(hub)
         await hub.create_team("x", settings={"anchor_policy": "off"})
@@ -188,12 +187,7 @@ async def test_a_message_acked_after_waiting_past_the_retention_is_kept_a_retent
     """Retention counts from when a message was done with, not from when it was sent: a
     message acked after a long wait keeps its status and history (its sender can see it
     was delivered; a feed reader polling now sees its ack) for the retention period."""
-    if kind == "postgres":
-        from backchannel.stores.postgres import PostgresStore
-
-        store: Store = PostgresStore(request.getfixturevalue("new_postgres_url")())
-    else:
-        store = MemoryStore() if kind == "memory" else SqliteStore(tmp_path / "hub.db")
+    store = _store(kind, tmp_path, request)
     async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
         await _team(hub)
         old = (await hub.send("t", "a", "b", "waited long")).message_id

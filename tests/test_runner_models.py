@@ -4,8 +4,9 @@ model's odd answers do to the turn loop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from backchannel.client import Client, attach
 from backchannel.hub import Hub
 from backchannel.runner.host import Runner
-from backchannel.runner.teamfile import parse_team
+from backchannel.runner.teamfile import TeamFile, parse_team
 from backchannel.testing import MemoryStore
 from tests.test_providers import Answer, FakeProvider, provider
 
@@ -126,6 +127,26 @@ def _anthropic_text(text: str) -> dict[str, Any]:
     }
 
 
+@contextlib.asynccontextmanager
+async def _anthropic_worker(url: str) -> AsyncIterator[tuple[TeamFile, Hub, Client, Client]]:
+    """A team of one runner agent, ``w``, on an Anthropic API at ``url``, and its human."""
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{url}'}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    try:
+        await hub.create_team("t", settings=team.settings())
+        worker = attach(hub, (await hub.add_member("t", "w"))[1])
+        user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+        await worker.start()
+        await user.start()
+        yield team, hub, worker, user
+    finally:
+        await hub.close()
+
+
 async def test_an_overloaded_model_api_that_recovers_does_not_stop_the_agent(
     provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,18 +161,7 @@ async def test_an_overloaded_model_api_that_recovers_does_not_stop_the_agent(
             else (200, _anthropic_text("done at last"), {})
         )
     )
-    team = parse_team(
-        "team: t\nmembers:\n"
-        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{srv.url}'}}\n"
-    )
-    hub = Hub(MemoryStore())
-    await hub.start()
-    try:
-        await hub.create_team("t", settings=team.settings())
-        worker = attach(hub, (await hub.add_member("t", "w"))[1])
-        user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
-        await worker.start()
-        await user.start()
+    async with _anthropic_worker(srv.url) as (team, hub, worker, user):
         runner = Runner(team, {"w": worker}, workspace=Path("."), quiet_seconds=0.5, timeout=60)
         assert await runner.run("do it", user) == "the team is quiet"
         loop = runner.loops["w-main"]
@@ -160,8 +170,6 @@ async def test_an_overloaded_model_api_that_recovers_does_not_stop_the_agent(
         assert loop.stats.turns == 1
         assert len(srv.requests) == 8
         assert await hub.pending("t", "w") == 0
-    finally:
-        await hub.close()
 
 
 async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_back(
@@ -169,18 +177,7 @@ async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(lambda body, n: (529, OVERLOADED, {"retry-after-ms": "10"}))
-    team = parse_team(
-        "team: t\nmembers:\n"
-        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{srv.url}'}}\n"
-    )
-    hub = Hub(MemoryStore())
-    await hub.start()
-    try:
-        await hub.create_team("t", settings=team.settings())
-        worker = attach(hub, (await hub.add_member("t", "w"))[1])
-        user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
-        await worker.start()
-        await user.start()
+    async with _anthropic_worker(srv.url) as (team, hub, worker, user):
         runner = Runner(
             team,
             {"w": worker},
@@ -195,5 +192,3 @@ async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_
         assert len(srv.requests) > 5, "tried again after the SDK's retries"
         got = await hub.receive("t", "w", session="w-main")
         assert [g.message.text for g in got] == ["do it"], "given back, not lost"
-    finally:
-        await hub.close()
