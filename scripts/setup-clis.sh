@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PINS=("@anthropic-ai/claude-code@2.1.330" "@openai/codex@0.169.0" "@google/gemini-cli@0.61.0")
+PINS=("@anthropic-ai/claude-code@2.1.332" "@openai/codex@0.171.0" "@google/gemini-cli@0.61.0")
 DIR=.cache/clis
 if [[ "${LATEST:-}" == "1" ]]; then
     PINS=("@anthropic-ai/claude-code@latest" "@openai/codex@latest" "@google/gemini-cli@latest")

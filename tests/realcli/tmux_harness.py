@@ -24,8 +24,6 @@ from backchannel.testing import eventually_blocking
 ROOT = Path(__file__).resolve().parents[2]
 CLI_DIR = ROOT / ".cache" / "clis"
 CLAUDE = CLI_DIR / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe"
-#: The pinned version (scripts/setup-clis.sh, docs/runtimes/versions.md).
-CLAUDE_VERSION = "2.1.330"
 
 
 def claude_binary() -> Path:
