@@ -5,6 +5,8 @@ tool errors that name the argument."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -220,3 +222,98 @@ def test_stdio_refuses_a_wrong_token_or_member(srv: Server) -> None:
         )
         assert run.returncode == 1
         assert message in run.stderr
+
+
+#: Lines a client may really send that the MCP SDK would drop without an answer, so the
+#: caller would wait for ever: a model's text with half an emoji pair, a number past any
+#: parser, nesting past the stack, bytes that are not UTF-8, no JSON, no JSON-RPC.
+_CALL = b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"send_message",'
+REFUSED_LINES = [
+    (_CALL % b"2" + b'"arguments":{"to":"b","message":"half \\ud83d a pair"}}}', 2, -32700),
+    (_CALL % b'"s3"' + b'"arguments":{"to":"b","message":' + b"9" * 5000 + b"}}}", "s3", -32700),
+    (_CALL % b"4" + b'"arguments":{"to":"b","message":"\xff\xfe"}}}', 4, -32700),
+    (b'{"jsonrpc":"2.0","id":5,"m":' + b"[" * 50_000 + b"]" * 50_000 + b"}", None, -32700),
+    (b"{not json", None, -32700),
+    (b'{"jsonrpc":"2.0","id":6,"params":{}}', 6, -32600),
+    (b"[1, 2]", None, -32600),
+]
+
+
+def _answers(proc: subprocess.Popen[bytes], n: int) -> list[dict[str, Any]]:
+    """The next ``n`` lines the server writes (the test's timeout bounds the wait)."""
+    assert proc.stdout is not None
+    return [json.loads(proc.stdout.readline()) for _ in range(n)]
+
+
+@pytest.mark.parametrize("through", ["hub", "data directory"])
+def test_a_line_the_sdk_cannot_read_is_answered_and_the_server_goes_on(
+    srv: Server, tmp_path: Path, through: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    if through == "hub":  # the quick front, then the server behind it
+        tokens = make_team(srv, "lines", "a", "b")
+        env |= {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    else:  # no hub running: the full CLI serves on the store itself
+        home = tmp_path / "home"
+        home.mkdir()
+        token = asyncio.run(_team_on_store(home / "backchannel.db"))
+        env |= {"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": token}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    hello["clientInfo"] = {"name": "test", "version": "0"}
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    ]
+    proc = subprocess.Popen(
+        [str(BIN), "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write("\n".join(lines).encode() + b"\n")
+        for line, _, _ in REFUSED_LINES:
+            proc.stdin.write(line + b"\n")
+        ok = {"name": "send_message", "arguments": {"to": "b", "message": "still here 😀"}}
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                                     "params": ok}).encode() + b"\n")  # fmt: skip
+        proc.stdin.flush()
+        answers = _answers(proc, 2 + len(REFUSED_LINES))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    # answers come as each is ready, not in the order asked: match them by id
+    by_id = {a["id"]: a for a in answers if a["id"] is not None}
+    assert "result" in by_id[1]
+    nameless = sorted(a["error"]["code"] for a in answers if a["id"] is None)
+    assert nameless == sorted(code for _, ident, code in REFUSED_LINES if ident is None)
+    for _, ident, code in REFUSED_LINES:
+        if ident is not None:
+            assert by_id[ident]["error"]["code"] == code, by_id[ident]
+    for got in answers:
+        if "error" in got:
+            assert "one JSON-RPC 2.0 message a line" in got["error"]["message"]
+    assert "lone UTF-16 surrogate" in by_id[2]["error"]["message"]
+    sent = by_id[9]
+    assert not sent["result"]["isError"], sent
+    # only the good call reached the hub; nothing refused was stored, mangled or not
+    if through == "hub":
+        with srv.client(tokens["b"]) as c:
+            got = c.get("/v1/inbox", params={"limit": 20}).json()["messages"]
+        texts = [m["text"] for m in got]
+    else:
+        texts = asyncio.run(_inbox_on_store(home / "backchannel.db"))
+    assert texts == ["still here 😀"]
+
+
+async def _team_on_store(db: Path) -> str:
+    async with Hub(SqliteStore(db)) as hub:
+        await hub.create_team("lines")
+        await hub.add_member("lines", "b")
+        _, token = await hub.add_member("lines", "a")
+    return token
+
+
+async def _inbox_on_store(db: Path) -> list[str]:
+    async with Hub(SqliteStore(db)) as hub:
+        return [g.message.text for g in await hub.receive("lines", "b")]

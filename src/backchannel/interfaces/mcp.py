@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -36,6 +36,7 @@ from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
+from backchannel.interfaces.strict import REFUSED, parse_json
 from backchannel.models import MAX_INT, Received, SessionInfo
 from backchannel.runtimes.common import format_message
 
@@ -513,7 +514,12 @@ async def serve_stdio(
                 hello.set_result(client_name)
 
         server = build_server(resolve, delegate=True, connected=connected)
-        async with stdio_server(*(streams or ())) as (read, write):
+        lines = CheckedLines(streams[0] if streams else _stdin())
+        async with stdio_server(lines, streams[1] if streams else None) as (read, write):  # type: ignore[arg-type]
+
+            async def refuse() -> None:
+                while True:
+                    await write.send(SessionMessage(await lines.refused.get()))
 
             async def push(content: str, meta: dict[str, str]) -> None:
                 note = mt.JSONRPCNotification.model_validate(notification(content, meta))
@@ -530,13 +536,97 @@ async def serve_stdio(
                 except Exception:  # the tools go on; the hook routes deliver instead
                     log.exception("channel pushes stopped")
 
-            task = asyncio.create_task(channel())
+            tasks = [asyncio.create_task(channel()), asyncio.create_task(refuse())]
             try:
                 await server.run(read, write, init_options(server))
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+
+def _stdin() -> AsyncIterable[str]:
+    """The process's stdin as lines of text; bytes that are not UTF-8 are kept (as
+    surrogate escapes) for :class:`CheckedLines` to refuse, not replaced."""
+    import anyio
+
+    return anyio.wrap_file(open(0, encoding="utf-8", errors="surrogateescape", closefd=False))
+
+
+class CheckedLines:
+    """The client's lines, less those the MCP SDK would drop without an answer.
+
+    The SDK's stdio reader drops a line it cannot read as a JSON-RPC message, and its
+    sender waits for an answer that never comes: a model's text with half an emoji pair
+    (a lone UTF-16 surrogate) in a tool argument hangs the tool call. Each line is read
+    here first, with the rules of the HTTP API (:func:`.strict.parse_json`: UTF-8, no
+    lone surrogates, nesting and numbers bounded), and as a JSON-RPC message. A line that
+    fails goes to :attr:`refused` as the JSON-RPC error that answers it (``-32700`` or
+    ``-32600``, with the request's id when it can be read), and never reaches the SDK."""
+
+    def __init__(self, lines: AsyncIterable[str]) -> None:
+        self._lines = lines
+        self.refused: asyncio.Queue[mt.JSONRPCError] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[str]:
+        async for line in self._lines:
+            if not line.strip():
+                continue
+            error = refusal(line)
+            if error is None:
+                yield line
+            else:
+                log.warning("refused a line from the client: %s", error.error.message)
+                self.refused.put_nowait(error)
+
+
+def refusal(line: str) -> mt.JSONRPCError | None:
+    """The JSON-RPC error that answers ``line``, or None when the SDK can read it."""
+    try:
+        value = parse_json(line.encode("utf-8", "surrogateescape"))
+    except json.JSONDecodeError as exc:
+        code = mt.PARSE_ERROR
+        message = (
+            f"Parse error: {exc.msg.removeprefix(REFUSED)}; send one JSON-RPC 2.0 message a "
+            "line, as UTF-8 JSON with no lone UTF-16 surrogate (half an emoji pair) in its "
+            "strings"
+        )
+    else:
+        try:
+            mt.jsonrpc_message_adapter.validate_python(value, by_name=False)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"][1:]) or "the message"
+            code = mt.INVALID_REQUEST
+            message = (
+                f"Invalid Request: not a JSON-RPC 2.0 message ({where}: {first['msg']}); "
+                'send one JSON-RPC 2.0 message a line, an object with "jsonrpc": "2.0" and a '
+                '"method"'
+            )
+        else:
+            return None
+    error = mt.ErrorData(code=code, message=message)
+    return mt.JSONRPCError(jsonrpc="2.0", id=_request_id(line), error=error)
+
+
+class _Int(str):
+    """An integer of a refused line, kept as its digits (no digit limit)."""
+
+
+def _request_id(line: str) -> int | str | None:
+    """The id of a refused line, when a lenient reading finds one at its top level."""
+    try:
+        msg = json.loads(line, parse_int=_Int, parse_float=str, parse_constant=str)
+    except (ValueError, RecursionError):
+        return None
+    ident = msg.get("id") if isinstance(msg, dict) else None
+    if isinstance(ident, _Int):
+        return int(ident) if len(ident) <= 20 else None
+    return ident if isinstance(ident, str) else None
 
 
 class _Script:

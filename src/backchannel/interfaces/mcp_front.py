@@ -103,8 +103,9 @@ class Front:
 
     def _answer(self, line: str) -> bool:
         try:
+            line.encode("utf-8")  # bytes that were not UTF-8 (escaped): the server refuses
             msg = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the stack
             return False
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             return False
@@ -237,7 +238,7 @@ def run(argv: Sequence[str]) -> bool:
     worker.start()
     stdin = sys.stdin.buffer
     for raw in iter(stdin.readline, b""):
-        front.received(raw.decode("utf-8", "replace"))
+        front.received(raw.decode("utf-8", "surrogateescape"))  # refused, not mangled
     front.received(None)
     done.wait(10.0)
     return True

@@ -1,10 +1,9 @@
 """What the HTTP API accepts off the wire, and what it says it answers.
 
-Every JSON body the API reads goes through :func:`parse_json`: strict JSON (no lone
-UTF-16 surrogates, no ``NaN`` or ``Infinity``, no invalid UTF-8), nested at most
-:data:`MAX_DEPTH` deep, integers within a signed 64-bit range and floats finite. A body
-that breaks a rule is refused with 422 and the error model, before any of it reaches
-the hub, so nothing the hub stores can later fail to encode or to load.
+Every JSON body the API reads goes through :func:`~.strict.parse_json` (the rules are
+in :mod:`.strict`, shared with the MCP server on stdio). A body that breaks a rule is
+refused with 422 and the error model, before any of it reaches the hub, so nothing the
+hub stores can later fail to encode or to load.
 
 :func:`error_responses` gives each operation's error statuses for the OpenAPI document,
 all with the one error model ``{"error": {"code", "message", ...}}``.
@@ -12,15 +11,13 @@ all with the one error model ``{"error": {"code", "message", ...}}``.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Annotated, Any
 
-import pydantic_core
 from fastapi import Path, Query, Request, Response
 from fastapi.routing import APIRoute
 
+from backchannel.interfaces.strict import MAX_DEPTH, REFUSED, parse_json
 from backchannel.models import (
     MAX_INT,
     TO_PATTERN,
@@ -37,6 +34,7 @@ from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN
 __all__ = [
     "MAX_DEPTH",
     "MAX_INT",
+    "REFUSED",
     "TO_PATTERN",
     "IdField",
     "JsonObject",
@@ -48,56 +46,6 @@ __all__ = [
     "document_errors",
     "parse_json",
 ]
-
-#: Deepest nesting of arrays and objects in a request body.
-MAX_DEPTH = 64
-#: Marks a parse error that is a refusal of valid JSON (too deep, too large a number).
-REFUSED = "refused: "
-
-
-def parse_json(raw: bytes) -> Any:
-    """``raw`` as a JSON value, or :class:`json.JSONDecodeError` naming the problem
-    (which FastAPI and :func:`~backchannel.interfaces.http.create_app` answer with 422)."""
-    try:
-        value = pydantic_core.from_json(raw, allow_inf_nan=False)
-    except ValueError as exc:
-        # jiter's own error names the line and column; keep it
-        raise json.JSONDecodeError(str(exc), _text(raw), 0) from None
-    problem = json_problem(value)
-    if problem is not None:
-        raise json.JSONDecodeError(REFUSED + problem, _text(raw), 0)
-    return value
-
-
-def json_problem(value: Any) -> str | None:
-    """Why a parsed JSON value is refused (nested too deep, a float too large to be
-    finite), or None. Iterative, so no input can exhaust the stack."""
-    # the parser makes exact dicts, lists and floats: ``type(...) is`` is enough, and
-    # only containers are stacked (most values of a body are strings)
-    if type(value) is float:
-        return None if math.isfinite(value) else _TOO_LARGE
-    if type(value) is not dict and type(value) is not list:
-        return None
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return f"JSON nested deeper than {MAX_DEPTH} levels; flatten the data"
-        children: Iterable[Any] = item.values() if type(item) is dict else item
-        for child in children:
-            kind = type(child)
-            if kind is dict or kind is list:
-                stack.append((child, depth + 1))
-            elif kind is float and not math.isfinite(child):
-                return _TOO_LARGE
-    return None
-
-
-_TOO_LARGE = "a number is too large for a float; send a smaller one or a string"
-
-
-def _text(raw: bytes) -> str:
-    return raw[:200].decode("utf-8", "replace")
 
 
 class StrictRequest(Request):

@@ -1,0 +1,70 @@
+"""The JSON every interface accepts off the wire, whatever carries it.
+
+Strict JSON: no lone UTF-16 surrogates, no ``NaN`` or ``Infinity``, no invalid UTF-8,
+nested at most :data:`MAX_DEPTH` deep, floats finite (integers are bounded where a model
+takes them). The HTTP API (:mod:`.wire`) refuses a body that breaks a rule with 422, and
+the MCP server on stdio answers such a line with a JSON-RPC error (:mod:`.mcp`), so
+nothing the hub stores can later fail to encode or to load. This module imports only
+pydantic-core, so the MCP server loads it without the web framework.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import pydantic_core
+
+__all__ = ["MAX_DEPTH", "REFUSED", "json_problem", "parse_json"]
+
+#: Deepest nesting of arrays and objects in a request body.
+MAX_DEPTH = 64
+#: Marks a parse error that is a refusal of valid JSON (too deep, too large a number).
+REFUSED = "refused: "
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` as a JSON value, or :class:`json.JSONDecodeError` naming the problem
+    (which FastAPI and :func:`~backchannel.interfaces.http.create_app` answer with 422)."""
+    try:
+        value = pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError as exc:
+        # jiter's own error names the line and column; keep it
+        raise json.JSONDecodeError(str(exc), _text(raw), 0) from None
+    problem = json_problem(value)
+    if problem is not None:
+        raise json.JSONDecodeError(REFUSED + problem, _text(raw), 0)
+    return value
+
+
+def json_problem(value: Any) -> str | None:
+    """Why a parsed JSON value is refused (nested too deep, a float too large to be
+    finite), or None. Iterative, so no input can exhaust the stack."""
+    # the parser makes exact dicts, lists and floats: ``type(...) is`` is enough, and
+    # only containers are stacked (most values of a body are strings)
+    if type(value) is float:
+        return None if math.isfinite(value) else _TOO_LARGE
+    if type(value) is not dict and type(value) is not list:
+        return None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"JSON nested deeper than {MAX_DEPTH} levels; flatten the data"
+        children: Iterable[Any] = item.values() if type(item) is dict else item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is float and not math.isfinite(child):
+                return _TOO_LARGE
+    return None
+
+
+_TOO_LARGE = "a number is too large for a float; send a smaller one or a string"
+
+
+def _text(raw: bytes) -> str:
+    return raw[:200].decode("utf-8", "replace")
