@@ -419,3 +419,17 @@ async def test_newer_schema_is_refused_with_both_versions(
     assert f"up to version {SCHEMA_VERSION}" in text
     assert "upgrade backchannel" in text
     assert info.value.details["database_version"] == newer
+
+
+def test_a_full_or_exhausted_database_server_says_what_to_do() -> None:
+    import psycopg.errors as pgerr
+
+    from backchannel.stores.postgres import PostgresStore
+
+    store = PostgresStore("postgresql://hub@db.example/bc")
+    full = store._error(pgerr.DiskFull('could not extend file "base/1/2": No space left'))
+    assert "disk is full: free space there" in full.message
+    crowded = store._error(pgerr.TooManyConnections("sorry, too many clients already"))
+    assert "raise its max_connections" in crowded.message
+    lost = store._error(OSError("connection reset"))
+    assert lost.message.endswith("retry shortly")

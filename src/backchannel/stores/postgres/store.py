@@ -129,6 +129,16 @@ def _answer(fut: asyncio.Future[Any], fn: Any, value: Any, error: BaseException 
         fut.set_result(value)
 
 
+#: What PostgreSQL's "insufficient resources" errors mean for the person running the
+#: hub, and what to do; any other failure is transient, retried by the request's sender.
+_WAY_OUT = {
+    "53100": "the database server's disk is full: free space there, then retry",
+    "53200": "the database server is out of memory: give it more, then retry",
+    "53300": "the database server has no connection left: raise its max_connections or "
+    "run fewer hubs on it, then retry",
+}
+
+
 class PostgresStore(Store):
     """The many-hosts store; see the module docstring for how it keeps the contract.
 
@@ -174,8 +184,9 @@ class PostgresStore(Store):
 
     def _error(self, exc: BaseException, what: str = "failed") -> StoreError:
         detail = self._scrub(str(exc).strip().replace("\n", " "))
+        way_out = _WAY_OUT.get(getattr(exc, "sqlstate", None) or "", "retry shortly")
         return StoreError(
-            f"PostgreSQL store {self.url} {what}: {detail}; retry shortly", store=self.url
+            f"PostgreSQL store {self.url} {what}: {detail}; {way_out}", store=self.url
         )
 
     # -- lifecycle ---------------------------------------------------------

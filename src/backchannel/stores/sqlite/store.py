@@ -402,7 +402,7 @@ class SqliteStore(Store):
             conn.execute("BEGIN IMMEDIATE")
             tx.begin_write()
         except sqlite3.Error as exc:
-            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return
         results: list[tuple[_Job, Any, BaseException | None]] = []
@@ -434,7 +434,7 @@ class SqliteStore(Store):
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            err = StoreError(f"SQLite store {self.path} is unavailable: {exc}; retry shortly")
+            err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return None
         results: list[tuple[_Job, Any, BaseException | None]] = []
@@ -500,7 +500,26 @@ def _foreign(path: Path) -> bool:
     return bool(names) and "schema_migrations" not in names
 
 
-def _translate(exc: sqlite3.Error, path: Path) -> BackchannelError:
+#: What SQLite's primary error codes mean for the person running the hub, and what to
+#: do; any other code is a transient failure, retried by whoever sent the request.
+_WAY_OUT = {
+    sqlite3.SQLITE_FULL: "the disk holding it is full: free space there (the hub goes on "
+    "by itself once there is room), then retry",
+    sqlite3.SQLITE_IOERR: "reading or writing its file failed: check the disk and the "
+    "system log, then retry",
+    sqlite3.SQLITE_READONLY: "it cannot be written: give the user the hub runs as write "
+    "access to the file and its directory, then restart the hub",
+    sqlite3.SQLITE_CORRUPT: "the file is damaged: stop the hub and restore it from a "
+    "backup (or recover it with `sqlite3 FILE .recover`)",
+    sqlite3.SQLITE_NOTADB: "the file is damaged: stop the hub and restore it from a "
+    "backup (or recover it with `sqlite3 FILE .recover`)",
+}
+
+
+def _translate(exc: sqlite3.Error, path: Path, what: str = "failed") -> BackchannelError:
+    """The hub's error for SQLite's: nothing of the failed request was stored, and the
+    message says why and what to do (not "retry shortly" for a full disk)."""
     if isinstance(exc, sqlite3.IntegrityError):
         return AlreadyExists(f"duplicate key: {exc}")
-    return StoreError(f"SQLite store {path} failed: {exc}; retry shortly")
+    way_out = _WAY_OUT.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF, "retry shortly")
+    return StoreError(f"SQLite store {path} {what}: {exc}; nothing was stored; {way_out}")
