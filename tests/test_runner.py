@@ -399,3 +399,128 @@ async def test_a_message_that_arrives_while_a_turn_runs_is_the_next_turns_input_
         assert await hub.pending("m", "worker") == 0
     finally:
         await hub.close()
+
+
+_handed: list[str] = []
+
+
+async def _answers_then_loses_the_hub(ctx: ScriptContext) -> object:
+    """Turn 1: answers with a tool call once the hub is gone; every turn's inputs are
+    recorded in ``_handed`` (what the member's model was handed, across runners)."""
+    if ctx.step == 0:
+        _handed.extend(t for text in ctx.inputs for t in text.split("\n\n"))
+    if ctx.turn == 1 and ctx.step == 0 and "first" in ctx.text:
+        _signals["answering"].set()
+        await _signals["hub_gone"].wait()
+        return use(call("list_members"))
+    return say(f"done {ctx.turn}")
+
+
+async def test_inputs_the_model_saw_before_the_runner_gave_up_on_the_hub_are_not_handed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub goes away after the model answered in a turn and stays away past the
+    runner's patience: the runner gives up with the turn's inputs leased and unacked.
+    When a runner for the member starts again, those inputs (back in the queue once
+    their lease ran out) are acked, not handed to the member's model a second time."""
+    import backchannel.runner.host as host
+
+    monkeypatch.setattr(host, "LEASE", 1.0)  # the lease runs out while the hub is away
+    _signals["answering"], _signals["hub_gone"] = asyncio.Event(), asyncio.Event()
+    _handed.clear()
+    port = free_port()
+    home = tmp_path / "home"
+    srv = await asyncio.to_thread(start_server, home, None, port=port)
+    tokens = srv.team("gu", "worker")
+    team = parse_team(
+        "team: gu\nmembers:\n"
+        "  - {name: worker, policy: 'tests.test_runner:_answers_then_loses_the_hub'}\n"
+    )
+    clients = [Client(srv.url, tokens[m], retry_within=0.2) for m in ("worker", "user")]
+    worker, user = clients
+    try:
+        runner = Runner(
+            team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60, hub_patience=0.5
+        )
+        run = asyncio.create_task(runner.run("first task", user))
+        await asyncio.wait_for(_signals["answering"].wait(), 10)
+        srv.stop()
+        _signals["hub_gone"].set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run, 30)
+        assert runner.loops["worker-main"].stats.stopped is not None, "the runner gave up"
+        await asyncio.sleep(1.2)  # past the lease of the turn's input
+        srv = await asyncio.to_thread(start_server, home, None, port=port)
+        again = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=0.5)
+        assert await asyncio.wait_for(again.run("second task", user), 30) == "the team is quiet"
+        assert _handed == ["[From user] first task", "[From user] second task"], _handed
+        with srv.client(tokens["worker"]) as c:
+            assert c.get("/v1/inbox/pending").json()["pending"] == 0
+    finally:
+        for c in clients:
+            await c.close()
+        srv.stop()
+
+
+_sends_tried: list[str] = []
+
+
+def _sends_until_sent(ctx: ScriptContext) -> object:
+    """Sends one message; a send the tool reports failed is made again, as a model does."""
+    send = call("send_message", to="peer", message="the build is green")
+    if ctx.step == 0:
+        return use(call("set_timer", intent="anchor", note="the report"), send)
+    _sends_tried.append(ctx.result())
+    if ctx.result().startswith("send_message failed") and len(_sends_tried) < 3:
+        return use(send)
+    return say("")
+
+
+async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path: Path) -> None:
+    """A tool's send reaches the hub, and its answer is lost (the connection is cut after
+    the hub took it, past the SDK's own retries): the runner makes the send again with
+    the same ``message_id``, so the hub answers it ``replayed`` and the peer gets the
+    message once, whatever the model does when told the send failed."""
+    from tests.test_sdk_faults import Faulty
+
+    _sends_tried.clear()
+    srv = await asyncio.to_thread(start_server, tmp_path / "home")
+    proxy = Faulty(srv.url)
+    tokens = srv.team("ls", "worker", "peer")
+    team = parse_team(
+        "team: ls\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_sends_until_sent'}\n"
+    )
+    worker = Client(proxy.url, tokens["worker"], retry_within=0)
+    user = Client(srv.url, tokens["user"])
+    try:
+        proxy.faults.append(("POST", "/v1/messages", "cut"))
+        runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60)
+        run = asyncio.create_task(runner.run("report", user))
+        await eventually(
+            lambda: (
+                "worker-main" in runner.loops
+                and runner.loops["worker-main"].stats.turns == 1
+                and not runner.loops["worker-main"].stats.working
+            ),
+            what="the worker's turn to end",
+            within=30,
+            show=lambda: (
+                runner.loops["worker-main"].stats,
+                _sends_tried,
+                run.done() and run.exception(),
+            ),
+        )
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        assert runner.loops["worker-main"].stats.stopped in (None, "interrupted")
+        with srv.client(tokens["peer"]) as c:
+            got = c.get("/v1/inbox", params={"limit": 50}).json()["messages"]
+        sent = [m["text"] for m in got if m["from"] == "worker"]
+        assert sent == ["the build is green"], (sent, _sends_tried)
+        assert not _sends_tried[0].startswith("send_message failed"), _sends_tried
+    finally:
+        await worker.close()
+        await user.close()
+        proxy.close()
+        srv.stop()

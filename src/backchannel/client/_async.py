@@ -125,6 +125,13 @@ class Client:
         client._transport = transport
         return client
 
+    @property
+    def hub_url(self) -> str | None:
+        """The hub's URL when this client reaches it over HTTP; None for a hub in this
+        process."""
+        url = getattr(self._transport, "url", None)
+        return url if isinstance(url, str) else None
+
     async def __aenter__(self) -> Client:
         await self.start()
         return self

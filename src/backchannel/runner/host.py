@@ -8,13 +8,18 @@ the session's conversation, bounded by the member's ``context_chars`` (oldest wh
 dropped first), so a long-lived session never outgrows its model's context. The run ends when
 the team is quiet, when ``timeout`` passes, or on Ctrl-C. Inputs of a turn interrupted
 before the model answered in it are given back to the hub, so nothing is lost; once the
-model has answered, they reached it and are acked, so none reaches a model twice.
+model has answered, they reached it and are acked, so none reaches a model twice. Their
+ids are written down locally until the hub has acked them
+(:mod:`backchannel.runner.record`): a runner that gave up on an unreachable hub, or was
+killed, before it could ack them has the next runner of the member ack them before it
+receives anything, so they are not handed to a model again when their lease runs out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -36,6 +41,7 @@ from backchannel.runner.models import (
     Usage,
     price_for,
 )
+from backchannel.runner.record import SeenRecord, record_path
 from backchannel.runner.scripted import ScriptedModel, load_policy
 from backchannel.runner.teamfile import MemberSpec, TeamFile
 from backchannel.runner.tools import (
@@ -147,6 +153,8 @@ class SessionLoop:
         self.stats = SessionStats(spec.name, session)
         self.allowed = frozenset(spec.tools or DEFAULT_TOOLS)
         self.price = price_for(self.model.name, spec.price)
+        # inputs the model answered in a turn whose ack the hub has not confirmed
+        self.unacked: list[str] = []
 
     async def run(self) -> None:
         while self.stats.stopped is None:
@@ -203,6 +211,7 @@ class SessionLoop:
         for m in inputs:
             self.runner.tell(story.on_input(sid, m))
         text = "\n\n".join(format_input(m) for m in inputs)
+        record = await self.runner.record(self.spec.name)
         await self._report("turn_start", text)
         stats.turns += 1
         self.history.append(ChatMessage("user", text))
@@ -212,7 +221,10 @@ class SessionLoop:
             for _ in range(self.spec.max_steps):
                 self.history = bounded(self.history, self.spec.context_chars)
                 reply = await self._complete()
-                answered = True
+                if not answered:  # from here on the inputs must never reach a model again
+                    answered = True
+                    record.add(ids)
+                    self.unacked = ids
                 stats.usage += reply.usage
                 stats.cost += self.price.cost(reply.usage)
                 self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
@@ -228,7 +240,14 @@ class SessionLoop:
                         f"{call.name}({call.arguments})",
                         {"tool": call.name, "id": call.call_id},
                     )
-                    ctx = ToolContext(c, self.spec.name, sid, self.runner.workspace, call.call_id)
+                    ctx = ToolContext(
+                        c,
+                        self.spec.name,
+                        sid,
+                        self.runner.workspace,
+                        call.call_id,
+                        again=self._again,
+                    )
                     if call.unparsed is not None:
                         result, is_error = unparsed_arguments(call.name, call.unparsed), True
                     else:
@@ -271,6 +290,7 @@ class SessionLoop:
         answer = await self._report("agent_stop", final)
         self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
         await self.runner.patient(lambda: c.ack(ids), repeatable=True)
+        self._acked(record, ids)
         stats.last_output = final
         stats.working = False
         self.runner.changed()
@@ -285,8 +305,25 @@ class SessionLoop:
         finally:
             if handed:
                 await self.client.ack(ids)
+                self._acked(await self.runner.record(self.spec.name), ids)
             else:
                 await self.runner.release(self.client, ids)
+
+    def _acked(self, record: SeenRecord, ids: list[str]) -> None:
+        record.drop(ids)
+        if self.unacked == ids:
+            self.unacked = []
+
+    async def settle(self) -> None:
+        """Ack the inputs of a turn that ended without acking them (the hub was away
+        past the runner's patience): the model saw them."""
+        if self.unacked:
+            ids = self.unacked
+            await self.client.ack(ids)
+            self._acked(await self.runner.record(self.spec.name), ids)
+
+    async def _again(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        return await self.runner.patient(call, repeatable=True)
 
     def _over_budget(self) -> bool:
         s, spec = self.stats, self.spec
@@ -322,6 +359,7 @@ class Runner:
         hub_patience: float = HUB_PATIENCE,
         model_patience: float = MODEL_PATIENCE,
         model_pause: float = MODEL_PAUSE,
+        record_dir: Path | None = None,
     ) -> None:
         self.team = team
         self.clients = clients
@@ -331,6 +369,8 @@ class Runner:
         self.hub_patience = hub_patience
         self.model_patience = model_patience
         self.model_pause = model_pause
+        self.record_dir = record_dir  # None: runner/ in the user's state directory
+        self._records: dict[str, SeenRecord] = {}
         self.loops: dict[str, SessionLoop] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._on_change = on_change
@@ -382,6 +422,37 @@ class Runner:
     def hosted(self) -> list[MemberSpec]:
         return [m for m in self.team.members if m.kind is MemberKind.LLM]
 
+    async def record(self, member: str) -> SeenRecord:
+        """``member``'s record of inputs its models were handed and the hub has not
+        acked (:mod:`backchannel.runner.record`), read on first use."""
+        rec = self._records.get(member)
+        if rec is None:
+            client = self.clients[member]
+            me = await self.patient(client.me, repeatable=True)
+            where = client.hub_url or "in-process"
+            path = record_path(where, me.team or "", member, self.record_dir)
+            rec = self._records.setdefault(member, SeenRecord(path))
+        return rec
+
+    async def _settle_record(self, member: str) -> None:
+        """Ack what ``member``'s record holds from an earlier runner that could not."""
+        rec = await self.record(member)
+        if ids := rec.ids:
+            self.console_note(
+                f"{member}: acking {len(ids)} message(s) its model was handed before the "
+                "runner stopped without acking them"
+            )
+            await self.patient(functools.partial(self.clients[member].ack, ids), repeatable=True)
+            rec.drop(ids)
+
+    async def _settle_stopped(self) -> None:
+        """Ack the inputs stopped sessions' turns left unacked, now that the hub answers."""
+        for sid, lp in self.loops.items():
+            task = self.tasks.get(sid)
+            if lp.unacked and (task is None or task.done()):
+                with contextlib.suppress(BackchannelError):
+                    await lp.settle()
+
     async def release(self, client: Client, ids: list[str]) -> None:
         await client.release(ids)
 
@@ -429,6 +500,8 @@ class Runner:
     async def run(self, task: str, user: Client) -> str:
         """Give ``task`` to the lead, host the team until it is quiet; returns why it ended."""
         for spec in self.hosted:
+            await self._settle_record(spec.name)
+        for spec in self.hosted:
             await self.clients[spec.name].open_session(f"{spec.name}-main")
         await user.send(
             self.team.lead_name, task, session=f"{self.team.lead_name}-main", link=False
@@ -437,6 +510,7 @@ class Runner:
         try:
             while True:
                 await self.patient(self._discover, repeatable=True)
+                await self._settle_stopped()
                 now = time.monotonic()
                 if now - self.started > self.timeout:
                     self.ended_because = f"timeout after {self.timeout:.0f} s"
@@ -467,6 +541,8 @@ class Runner:
         for t in self.tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        with contextlib.suppress(Exception):
+            await self._settle_stopped()
         self.changed()
 
     def totals(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from backchannel.client import Client
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, ToolFailed
+from backchannel.hub.messages import new_message_id
 from backchannel.runner.models import ToolSpec
 from backchannel.runtimes.common import format_message
 
@@ -65,15 +66,26 @@ LANGUAGES = {
 TODO_RE = re.compile(r"(?:^|\s)(?:#+|//+|/\*+|<!--|--|;+)\s*\b(TODO|FIXME)\b[:\s]*(.*)")
 
 
+#: Makes a call again while the hub cannot be reached, for a call that means the same
+#: made twice (the runner's :meth:`~backchannel.runner.host.Runner.patient`).
+Again = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+async def _once(call: Callable[[], Awaitable[Any]]) -> Any:
+    return await call()
+
+
 @dataclass
 class ToolContext:
-    """What a tool call acts for."""
+    """What a tool call acts for. ``again`` makes a hub call again while the hub is away
+    (only calls that mean the same made twice go through it)."""
 
     client: Client
     member: str
     session: str
     workspace: Path
     call_id: str = ""
+    again: Again = _once
 
 
 Handler = Callable[[ToolContext, Mapping[str, Any]], Awaitable[str]]
@@ -127,13 +139,23 @@ def _files(base: Path) -> list[Path]:
 
 
 async def send_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    """One send, under one ``message_id`` chosen here: made again while the hub is away
+    (its answer lost after the hub took it, say), the hub answers the first result
+    (``replayed``) instead of sending it twice. Told the send failed, a model sends
+    again, and that would be a second message."""
     to, text = _req(args, "to"), _req(args, "message")
-    r = await ctx.client.send(
-        to,
-        text,
-        summary=_str(args, "summary", required=False),
-        from_session=ctx.session,
-        close_link=bool(args.get("close_link", False)),
+    summary = _str(args, "summary", required=False)
+    close_link = bool(args.get("close_link", False))
+    mid = new_message_id()
+    r = await ctx.again(
+        lambda: ctx.client.send(
+            to,
+            text,
+            summary=summary,
+            from_session=ctx.session,
+            close_link=close_link,
+            message_id=mid,
+        )
     )
     return f"sent {r.message_id} to {', '.join(r.recipients)}"
 
