@@ -182,6 +182,29 @@ def test_corrupt_inbox_is_moved_aside_not_overwritten(
     )
 
 
+@pytest.mark.parametrize("same_writer", [True, False])
+def test_a_truncated_inbox_keeps_its_whole_entries(tmp_path: Path, same_writer: bool) -> None:
+    """An inbox cut short (a writer that writes in place died, or the disk filled, part
+    way through): the entries before the cut were delivered, and starting the inbox
+    afresh would lose them from the agent's view. The writer keeps every whole entry
+    the file still holds, and a writer that wrote the file last restores it whole from
+    what it wrote; the cut file is moved aside as before."""
+    first = InboxWriter(tmp_path)
+    for i in range(3):
+        first.append(TEAM, "bob", msg_id=f"m-{i}", from_="a", text=f"message {i}")
+    path = claude_inbox.inbox_path(TEAM, "bob", tmp_path)
+    full = path.read_bytes()
+    cut = full[: full.index(b'"m-2"')]  # part way through the last entry
+    path.write_bytes(cut)
+    (first if same_writer else InboxWriter(tmp_path)).append(
+        TEAM, "bob", msg_id="m-3", from_="a", text="message 3"
+    )
+    kept = ["m-0", "m-1", "m-2"] if same_writer else ["m-0", "m-1"]
+    assert [e["msg_id"] for e in entries_of(path)] == [*kept, "m-3"]
+    [aside] = path.parent.glob("bob.json.corrupt-*")
+    assert aside.read_bytes() == cut
+
+
 def test_blank_inbox_is_empty_not_corrupt(tmp_path: Path) -> None:
     path = claude_inbox.inbox_path(TEAM, "bob", tmp_path)
     path.parent.mkdir(parents=True)

@@ -39,6 +39,7 @@ inboxes, e.g. ``user.json``); :func:`member_state_from_entry` maps them to membe
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -48,6 +49,7 @@ import os
 import random
 import re
 import secrets
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -65,8 +67,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVE_WINDOW_S",
     "LOCK_STALE_S",
+    "MAX_INBOX_BYTES",
     "AppendResult",
     "InboxLock",
+    "InboxTooBig",
     "InboxWatcher",
     "InboxWriteError",
     "InboxWriter",
@@ -87,6 +91,8 @@ logger = logging.getLogger("backchannel.delivery.claude_inbox")
 
 #: proper-lockfile's default ``stale``: a lock whose mtime is older than this is dead.
 LOCK_STALE_S = 10.0
+#: An inbox file larger than this is neither read nor rewritten (see :func:`read_inbox`).
+MAX_INBOX_BYTES = 32 * 1024 * 1024
 #: A member counts as active this long after its last message.
 ACTIVE_WINDOW_S = 300.0
 #: The values of :class:`backchannel.types.SessionState`.
@@ -170,16 +176,67 @@ def _decode(data: bytes | str) -> list[Any]:
     return value
 
 
+class InboxTooBig(OSError):
+    """An inbox file over the size the hub reads (:data:`MAX_INBOX_BYTES`)."""
+
+    def __init__(self, path: Path | str, size: int, limit: int) -> None:
+        super().__init__(
+            f"inbox {path} holds {size / 2**20:.1f} MiB, more than the {limit / 2**20:.0f} "
+            "MiB the hub reads or rewrites; clear its read entries (or move it aside) "
+            "and the hub writes to it again"
+        )
+
+
+def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
+    """The bytes of the inbox file ``path`` itself, never through a symlink (``OSError``
+    ``ELOOP``: a link put in an inbox's place is not the inbox, and what it points to,
+    another team's inbox or any file of the user's, is not read into it) and never over
+    ``limit`` bytes (:class:`InboxTooBig`: an inbox costs the hub several times its size
+    in memory at every read, and unread entries are never pruned)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise InboxTooBig(path, size, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InboxTooBig(path, len(data), limit)
+    return data
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: Path | str, exc: OSError) -> None:
+    """Log why an inbox is not read, once per file and reason (it is read at every change)."""
+    key = (str(path), type(exc).__name__ if exc.errno is None else str(exc.errno))
+    if key not in _warned and len(_warned) < 10_000:
+        _warned.add(key)
+        if exc.errno == errno.ELOOP:
+            logger.warning("inbox %s is a symlink; it is not read through it", path)
+        else:
+            logger.warning("%s", exc)
+
+
 def read_inbox(path: Path | str) -> list[dict[str, Any]]:
     """Read an inbox without locking; every entry returned (a copy) has a ``msg_id``.
 
-    A missing, unparseable or non-array file reads as ``[]``, as in Claude Code; elements
-    that are not objects are skipped; entries without an id get :func:`stable_id`.
-    Writers replace the file by rename, so a read sees one whole version.
+    A missing, unparseable or non-array file reads as ``[]``, as in Claude Code; so does
+    a symlink and a file over :data:`MAX_INBOX_BYTES` (logged once, see
+    :func:`_read_own`). Elements that are not objects are skipped; entries without an id
+    get :func:`stable_id`. Writers replace the file by rename, so a read sees one whole
+    version.
     """
     try:
-        items = _decode(Path(path).read_bytes())
-    except (OSError, ValueError):
+        items = _decode(_read_own(path))
+    except InboxTooBig as exc:
+        _warn_once(path, exc)
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _warn_once(path, exc)
+        return []
+    except ValueError:
         return []
     return [{**e, "msg_id": entry_id(e)} for e in items if isinstance(e, dict)]
 
@@ -428,6 +485,41 @@ def _parse(raw: str, cached: _View | None) -> _View:
     return _View.of(raw, _decode(raw))
 
 
+#: Pauses between reads of an inbox that does not parse, before it counts as corrupt.
+_TORN_PAUSES = (0.02, 0.05)
+
+
+def _salvage(data: bytes, cached: _View | None) -> _View:
+    """What is left of an inbox that does not parse: the version this writer last saw,
+    when the file is that version cut short (it wrote it, and a crash or a full disk
+    cut it); else every whole element from the start of a cut or damaged array; else
+    nothing."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return _View.of("[]", [])
+    if cached is not None and text.strip() and cached.raw.startswith(text):
+        return cached
+    body = text.lstrip()
+    if not body.startswith("["):
+        return _View.of("[]", [])
+    decoder, items, at = json.JSONDecoder(), [], 1
+    while True:
+        while at < len(body) and body[at] in " \t\r\n":
+            at += 1
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except ValueError:
+            break
+        items.append(value)
+        while at < len(body) and body[at] in " \t\r\n":
+            at += 1
+        if body[at : at + 1] != ",":
+            break
+        at += 1
+    return _View.of(_dumps(items), items) if items else _View.of("[]", [])
+
+
 class InboxWriter:
     """Appends entries to Claude Code inbox files; synchronous and thread-safe.
 
@@ -452,6 +544,7 @@ class InboxWriter:
         backoff_initial_s: float = 0.002,
         backoff_max_s: float = 0.05,
         fsync: bool = True,
+        max_bytes: int = MAX_INBOX_BYTES,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.deadline_s, self.stale_s, self.refresh_s = deadline_s, stale_s, refresh_s
@@ -459,6 +552,7 @@ class InboxWriter:
         self.prune_to = prune_to if prune_to is not None else max(1, max_entries * 9 // 10)
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.fsync = fsync
+        self.max_bytes = max_bytes
         self._cache: OrderedDict[Path, _View] = OrderedDict()  # last version seen, per inbox
         self._cache_lock = threading.Lock()
 
@@ -588,23 +682,47 @@ class InboxWriter:
             return view
 
     def _load(self, path: Path) -> _View:
-        """Read the inbox under the lock; a corrupt one is moved aside and reads as empty."""
-        try:
-            return _parse(path.read_bytes().decode("utf-8"), self._remember(path))
-        except FileNotFoundError:
-            return _View.of("[]", [])
-        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, not an array
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-            aside, n = Path(f"{path}.corrupt-{stamp}"), 0
-            while aside.exists():
-                n += 1
-                aside = Path(f"{path}.corrupt-{stamp}-{n}")
-            os.rename(path, aside)
-            logger.warning(
-                "inbox %s is not a JSON array (%s); moved it aside to %s and started a new one",
-                path, exc, aside.name,
-            )  # fmt: skip
-            return _View.of("[]", [])
+        """Read the inbox under the lock. One that does not parse is read again after a
+        pause or two (a writer that takes no lock may be part way through), then moved
+        aside; what reads on is what :func:`_salvage` finds of it. A symlink in the inbox's place reads as empty, never through it, and the new
+        inbox replaces the link (the file it points to is neither read nor written); one
+        over ``max_bytes`` raises :class:`InboxTooBig` (an ``OSError``)."""
+        cached, error = self._remember(path), ValueError()
+        for pause in (*_TORN_PAUSES, None):
+            try:
+                data = _read_own(path, self.max_bytes)
+            except FileNotFoundError:
+                return _View.of("[]", [])
+            except InboxTooBig:
+                raise
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                logger.warning(
+                    "inbox %s is a symlink (to %s); not reading through it: the inbox "
+                    "written now replaces the link",
+                    path, os.readlink(path),
+                )  # fmt: skip
+                return _View.of("[]", [])
+            try:
+                return _parse(data.decode("utf-8"), cached)
+            except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, not an array
+                error = exc
+            if pause is not None:  # a writer that takes no lock may be part way through
+                time.sleep(pause)
+        kept = _salvage(data, cached)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        aside, n = Path(f"{path}.corrupt-{stamp}"), 0
+        while aside.exists():
+            n += 1
+            aside = Path(f"{path}.corrupt-{stamp}-{n}")
+        os.rename(path, aside)
+        logger.warning(
+            "inbox %s is not a JSON array (%s); moved it aside to %s and started a new "
+            "one with the %d whole entries it held",
+            path, error, aside.name, len(kept.entries),
+        )  # fmt: skip
+        return kept
 
     def _append_locked(self, path: Path, lock: InboxLock, entry: dict[str, Any]) -> bool:
         view = self._load(path)
@@ -621,7 +739,7 @@ class InboxWriter:
         self._replace(path, data, lock)
         self._remember(path, new)
         try:  # read back: normally the very bytes written, compared without parsing
-            back = path.read_bytes()
+            back = _read_own(path, len(data) + self.max_bytes)
             found = back == data or msg_id in _parse(back.decode("utf-8"), new).ids
         except (OSError, ValueError) as exc:
             raise InboxWriteError(f"wrote {msg_id!r} to {path}; reading back: {exc}") from exc
@@ -643,7 +761,8 @@ class InboxWriter:
         """Write ``<inbox>.tmp.<hex>``, fsync, rename over the inbox, fsync the directory."""
         tmp = Path(f"{path}.tmp.{secrets.token_hex(4)}")
         try:
-            mode: int | None = os.stat(path).st_mode & 0o777
+            st = os.lstat(path)  # a symlink's target is not the inbox: its mode is not used
+            mode: int | None = st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else None
         except FileNotFoundError:
             mode = None
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -723,7 +842,7 @@ class InboxWatcher:
             if self.members is not None and member not in self.members:
                 continue
             try:
-                items = [e for e in _decode(path.read_bytes()) if isinstance(e, dict)]
+                items = [e for e in _decode(_read_own(path)) if isinstance(e, dict)]
             except (OSError, ValueError):
                 continue
             seen = self._seen.get(member, set())

@@ -17,6 +17,14 @@ A Claude Code teammate writes to another member's inbox file; whatever reads the
 
 An entry from a name that is not a member of the team is left for later (not recorded),
 so adding the member brings it in; the result lists those names.
+
+An entry whose ``from`` names a human member (``user``) is refused (recorded, never
+brought in): any process of the user's can write any ``from`` into a file, and the hub
+cannot tell who wrote it, so a file never speaks for a human, whose messages count
+against no budget and whom agents take at its word. Claude Code's own lead writes such
+entries into its teammates' files signed with a key only the teammate can check
+(``lead_sig``); the teammate reads them from its file, so the hub's record lacks them
+and no delivery does.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from backchannel.types import (
     DeliveryState,
     InboxEntry,
     MemberActivity,
+    MemberKind,
     Message,
     MessageKind,
 )
@@ -44,6 +53,11 @@ __all__ = ["InboxFiles", "TakeResult"]
 
 log = logging.getLogger("backchannel.inbox")
 
+_FORGED = (
+    "its sender {sender!r} is a human member, and an inbox file cannot speak for a human "
+    "(anything that can write {inbox} can write any sender); a human sends through the "
+    "hub, or through the lead's prompt"
+)
 #: Imported chat: no link is opened and no agent rule refuses it (the teammate already sent it).
 _IMPORTED = SendOptions(link=False, by_agent=False)
 
@@ -94,7 +108,7 @@ class InboxFiles:
         def fn(c: Ctx) -> TakeResult:
             tx = c.tx
             known = tx.inbox_known(team, inbox, ids) if ids else set()
-            names = {m.name for m in tx.list_members(team)}
+            members = {m.name: m for m in tx.list_members(team)}
             records: list[InboxEntry] = []
             made: list[str] = []
             proto: list[tuple[str, str]] = []
@@ -113,8 +127,12 @@ class InboxFiles:
                     own += 1
                     records.append(InboxEntry(team, inbox, eid, mine.sender, "hub", at, now))
                     continue
-                if sender not in names:
+                if (member := members.get(sender)) is None:
                     unknown.add(sender)
+                    continue
+                if member.kind is MemberKind.HUMAN:
+                    refused.append((eid, _FORGED.format(sender=sender, inbox=inbox)))
+                    records.append(InboxEntry(team, inbox, eid, sender, "skipped", at, now))
                     continue
                 kind = presence.classify(e)
                 record = InboxEntry(team, inbox, eid, sender, kind.kind, at, now, kind.terminates)
