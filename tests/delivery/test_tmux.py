@@ -494,6 +494,37 @@ async def test_an_enter_that_fails_after_the_paste_never_pastes_again(
     assert st.deliveries[0].attempts == (1 if fails < ENTER_TRIES else 2)
 
 
+async def test_a_hub_restarted_between_the_paste_and_its_enter_never_pastes_again(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path
+) -> None:
+    """The paste went in and every Enter failed; the hub's process then stops before the
+    retry, and the next one's adapter, with nothing in memory, delivers the message: it
+    presses only Enter, since the text waits in the prompt, rather than pasting it a
+    second time after the first."""
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    (flaky_enter / "fail-enter").write_text(str(ENTER_TRIES))
+    async with running_hub(max_attempts=5) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "across a restart", link=False)
+            await eventually(
+                lambda: (_enters(flaky_enter) >= ENTER_TRIES) and (_attempts(d) > 0),
+                what="the attempt whose Enters failed",
+                show=lambda: (_enters(flaky_enter), d.status()),
+            )
+        async with dispatching(hub):  # a new process: new adapters, nothing remembered
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            await _pasted(out)
+    assert out.read_bytes() == START + b"[From user] across a restart" + END + b"\r"
+    assert _enters(flaky_enter) == ENTER_TRIES + 1
+
+
+def _attempts(d: object) -> int:
+    """Failed attempts the dispatcher's workers report."""
+    return sum(1 for w in d.status() if w.last_error)  # type: ignore[attr-defined]
+
+
 async def test_an_enter_that_hangs_after_the_paste_never_pastes_again(
     tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

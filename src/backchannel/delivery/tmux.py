@@ -59,9 +59,11 @@ copy is dead-lettered with that error (the text waits in the prompt: press Enter
 to submit it, or clear it) and the team's ``user`` is told as well as the sender
 (``AdapterError.tell_operator``): only a person at the pane can finish or undo it. An
 Enter whose tmux command hung may still have been pressed; the one pressed after it
-then meets an empty prompt (or what someone typed there meanwhile). What was typed in
-is remembered by this adapter only: a hub restarted between the failed Enter and the
-retry pastes again.
+then meets an empty prompt (or what someone typed there meanwhile). Once an Enter has
+failed, what waits unsubmitted is also written to a private file (0600, under
+``runtimes.seen.state_dir()``, in ``tmux/``, one per tmux server, team and member),
+so a hub restarted before the retry presses only Enter too, rather than pasting the
+text a second time.
 
 **Errors.** A pane (or tmux server) that is not there, or whose program has exited (with
 ``remain-on-exit``), is permanent: the copy is dead-lettered with the reason and the
@@ -69,13 +71,16 @@ sender told. A pane in copy mode (someone scrolling, for as long as it takes) is
 like a pane without its agent, the message typed in once the pane leaves copy mode. A
 tmux command that hangs is transient and retried (after the paste, only the Enter).
 tmux cannot tell whether the agent already saw a message, so a crash between the paste
-and the hub's record types it twice (the window is milliseconds).
+and the hub's record, or between the paste and its first Enter, types it twice (the
+window is milliseconds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import re
 import uuid
@@ -92,6 +97,7 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
     agent_text,
 )
+from backchannel.files import write_atomic
 from backchannel.types import InboxMessage
 
 __all__ = [
@@ -169,8 +175,11 @@ class TmuxAdapter(Adapter):
         self.turn_wait = ctx.float_option("turn_wait", 3.0)
         # pane lookup (2 commands), load, paste, then up to ENTER_TRIES Enters and pauses
         self.attempt_timeout = (4 + ENTER_TRIES) * COMMAND_TIMEOUT + ENTER_PAUSE * 2**ENTER_TRIES
-        # message id -> where its text waits unsubmitted (pasted, Enter failed)
-        self._typed: OrderedDict[str, _Typed] = OrderedDict()
+        # message id -> where its text waits unsubmitted (pasted, Enter failed); kept in
+        # a file too, for the hub's next process
+        key = json.dumps([self.socket, ctx.team, ctx.member])
+        self._record = _record_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+        self._typed: OrderedDict[str, _Typed] = self._load()
         self.agents = agent_commands(
             ctx.option("agent_commands", DEFAULT_AGENT_COMMANDS), f"member {ctx.member!r}"
         )
@@ -288,6 +297,7 @@ class TmuxAdapter(Adapter):
             if typed is None:
                 raise
             del self._typed[mid]
+            self._save()
             raise PermanentDeliveryError(
                 f"{exc.message}. The message had been typed into that pane ({typed.pane}) "
                 "but never submitted, so the agent did not get it"
@@ -308,6 +318,7 @@ class TmuxAdapter(Adapter):
                         "(now %s); typing it in again", self.describe(), mid, typed,
                         _Typed(pane, owner))  # fmt: skip
             del self._typed[mid]
+            self._save()
         buffer = f"backchannel-{uuid.uuid4().hex[:12]}"
         rc, out = await self._tmux("load-buffer", "-b", buffer, "-", data=text.encode("utf-8"))
         if rc != 0:
@@ -330,9 +341,13 @@ class TmuxAdapter(Adapter):
         self._typed.move_to_end(mid)
         while len(self._typed) > _TYPED_MAX:
             self._typed.popitem(last=False)
+        saved = mid in self._saved
         error = ""
         for n in range(ENTER_TRIES):
             if n:
+                if not saved:  # an Enter failed: the hub's next process must know too
+                    self._save()
+                    saved = True
                 await asyncio.sleep(ENTER_PAUSE * 2 ** (n - 1))
             try:
                 await self._check(["send-keys", "-t", typed.pane, "Enter"], "send-keys Enter")
@@ -342,7 +357,11 @@ class TmuxAdapter(Adapter):
                     break  # the pane is gone, its prompt with it: the next attempt says so
                 continue
             self._typed.pop(mid, None)
+            if saved:
+                self._save()
             return
+        if not saved:
+            self._save()
         raise AdapterError(
             f"the message is typed into tmux pane {self.target} ({typed.pane}) but not "
             f"submitted: {error}. It waits unsubmitted in the agent's prompt; the next attempt "
@@ -350,6 +369,42 @@ class TmuxAdapter(Adapter):
             "(or clear the prompt)",
             tell_operator=True,
         )
+
+    def _load(self) -> OrderedDict[str, _Typed]:
+        """What the hub's earlier process left waiting unsubmitted (see the module
+        docstring); a record that cannot be read counts as empty."""
+        self._saved: frozenset[str] = frozenset()
+        try:
+            data = json.loads(self._record.read_text("utf-8"))
+            typed = OrderedDict(
+                (mid, _Typed(pane, owner))
+                for mid, (pane, owner) in data.items()
+                if isinstance(pane, str) and isinstance(owner, str)
+            )
+        except (OSError, ValueError, TypeError, AttributeError):
+            return OrderedDict()
+        self._saved = frozenset(typed)
+        return typed
+
+    def _save(self) -> None:
+        """Write what waits unsubmitted to the record (removed when nothing does)."""
+        try:
+            folder, missing = self._record.parent, []
+            while not folder.exists():
+                missing.append(folder)
+                folder = folder.parent
+            for d in reversed(missing):
+                d.mkdir(mode=0o700, exist_ok=True)
+            if self._typed:
+                data = {mid: [t.pane, t.owner] for mid, t in self._typed.items()}
+                write_atomic(self._record, json.dumps(data), mode=0o600)
+            else:
+                self._record.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("%s: cannot write %s (%s); a hub restarted before the next attempt "
+                        "would type in again what waits unsubmitted", self.describe(),
+                        self._record, exc)  # fmt: skip
+        self._saved = frozenset(self._typed)
 
     def _prompt_owner(self, pane_pid: str) -> str:
         """Who holds the pane's prompt: the foreground process group of the pane's
@@ -363,6 +418,12 @@ class TmuxAdapter(Adapter):
         except (OSError, ValueError, IndexError):
             return f"pid {pane_pid}"
         return f"pgid {tpgid}" if tpgid not in ("-1", "0") else f"pid {pane_pid}"
+
+
+def _record_dir() -> Path:
+    from backchannel.runtimes.seen import state_dir
+
+    return state_dir() / "tmux"
 
 
 def agent_commands(value: object, member: str) -> tuple[str, ...]:
