@@ -285,14 +285,16 @@ def _a2a_registry(home: Path, other: str, other_url: str, team: str) -> None:
 
 
 def _start_hubs_over_a2a(
-    tmp_path: Path, chain_budget: int
+    tmp_path: Path, chain_budget: int, chain_budget_b: int | None = None
 ) -> tuple[Server, Server, dict[str, str]]:
     """``lead`` on hub A (team ``leads``) and ``worker`` on hub B (team ``workers``), each
     hub an A2A service of the other, calling with its member token there. Hub A starts
-    again once hub B's token for it exists."""
+    again once hub B's token for it exists. ``chain_budget_b``: hub B's team's own chain
+    budget, when it is not hub A's."""
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
     settings = {"anchor_policy": "off", "chain_budget": chain_budget}
+    settings_b = {**settings, "chain_budget": chain_budget_b or chain_budget}
     _a2a_registry(tmp_path / "a", "hub-b", url_b, "workers")
     _a2a_registry(tmp_path / "b", "hub-a", url_a, "leads")
     hub_a = start_server(tmp_path / "a", port=port_a, env={"BACKCHANNEL_SERVICE_NAME": "hub-a"})
@@ -306,7 +308,7 @@ def _start_hubs_over_a2a(
         env={"BACKCHANNEL_SERVICE_NAME": "hub-b", "BACKCHANNEL_CALLBACK_TOKENS": f"hub-a={b_on_a}"},
     )
     with hub_b.client() as admin:
-        made = admin.post("/v1/teams", json={"name": "workers", "settings": settings}).json()
+        made = admin.post("/v1/teams", json={"name": "workers", "settings": settings_b}).json()
         tokens["user_b"] = made["user_token"]
         tokens["worker"] = _member(admin, "workers", "worker")
         tokens["a_on_b"] = _member(admin, "workers", "hub-a")
@@ -373,6 +375,60 @@ def test_agents_of_two_hubs_that_always_delegate_over_a2a_stop_at_the_chain_budg
             assert (task["chain_id"], task["hop"]) == (start["message_id"], budget)
             assert again.status_code == 429, again.text
             assert again.json()["error"]["key"] == f"chain:{start['message_id']}"
+    finally:
+        hub_a.stop()
+        hub_b.stop()
+
+
+@pytest.mark.slow
+def test_a_task_past_the_callee_hubs_chain_budget_over_a2a_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """Hub B's team keeps a smaller chain budget than hub A's: the task hub A lets through
+    arrives past hub B's budget and is refused there. The refusal opens no session for the
+    worker and hands it nothing, and hub A's caller gets the refusal, naming the chain
+    budget, as the delegation's error."""
+    hub_a, hub_b, tokens = _start_hubs_over_a2a(tmp_path, 8, chain_budget_b=2)
+    try:
+        with (
+            hub_a.client(tokens["lead"]) as lead,
+            hub_b.client(tokens["worker"]) as worker,
+            hub_a.client(tokens["user_a"]) as user_a,
+        ):
+            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
+            lead.post("/v1/sessions", json={"session_id": "lead-s"})
+            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
+            lead.post(
+                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
+            )
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
+            first = lead.post(
+                "/v1/delegations",
+                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
+            )
+            assert first.status_code == 201, first.text
+            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+            # hop 1 on hub B, hop 2 (hub B's budget, spent there) back on hub A
+            task, r = _pass_on(worker, "worker", "lead@hub-a", 1)
+            assert (task["chain_id"], task["hop"], r.status_code) == (start["message_id"], 1, 201)
+            before = {s["session_id"] for s in worker.get("/v1/sessions").json()["sessions"]}
+            # hop 3: under hub A's budget, past hub B's
+            task, r = _pass_on(lead, "lead", "worker@hub-b", 2)
+            assert (task["hop"], r.status_code) == (2, 201), r.text
+
+            def failed() -> dict[str, Any] | None:
+                ds = lead.get("/v1/delegations").json()["delegations"]
+                d = next(x for x in ds if x["tool_use_id"] == "tu_2")
+                return d if d["state"] == "failed" else None
+
+            d = eventually_blocking(failed, what="the refused delegation to fail", within=30)
+            assert "not sent: this conversation chain" in d["error"], d
+            assert "chain_budget" in d["error"], d
+            # hub B: no session was opened for the refused task, nothing was handed over
+            after = {s["session_id"] for s in worker.get("/v1/sessions").json()["sessions"]}
+            assert after == before, after - before
+            got = worker.get("/v1/inbox", params={"limit": 20}).json()["messages"]
+            assert [m for m in got if m["kind"] == "delegation"] == []
     finally:
         hub_a.stop()
         hub_b.stop()

@@ -206,6 +206,7 @@ class Hub:
     # -- messages ----------------------------------------------------------------------------
     send = _Delegate("messages", Messages.send)
     send_many = _Delegate("messages", Messages.send_many)
+    sending = _Delegate("messages", Messages.sending)
     notice = _Delegate("messages", Messages.notice)
     receive = _Delegate("messages", Messages.receive)
     inbox = _Delegate("messages", Messages.inbox)

@@ -281,6 +281,12 @@ class Messages:
             answers[index] = outcome
         return [a for a in answers if a is not None]
 
+    def sending(self, team: str, sender: str, item: Outgoing) -> Callable[[Ctx], SendResult]:
+        """The transaction function of :meth:`send` for ``item``, to run inside another
+        part's transaction (``Sessions.open_session``'s ``first``): the send is checked
+        now; it is stored, or refused, with that transaction."""
+        return self._sending(team, sender, item)
+
     def _sending(
         self, team: str, sender: str, item: Outgoing, *, hand_off: bool = False
     ) -> Callable[[Ctx], SendResult]:

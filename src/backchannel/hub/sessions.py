@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from backchannel.core import messages as rules
@@ -78,11 +78,23 @@ class Sessions:
     async def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
         return await self.store.read(lambda tx: tx.list_sessions(team, member))
 
-    async def open_session(self, team: str, member: str, session_id: str | None = None) -> Session:
+    async def open_session(
+        self,
+        team: str,
+        member: str,
+        session_id: str | None = None,
+        *,
+        first: Callable[[Ctx], object] | None = None,
+    ) -> Session:
         """Open a session for ``member``, or resume ``session_id`` with its state, links
         and timers. Resuming a session whose turn was running means its process died
         mid-turn: the turn is closed and its ledger cleared, so nothing it recorded can
-        suppress the next turn."""
+        suppress the next turn.
+
+        ``first`` (a send's transaction function, :meth:`Messages.sending`) gives the
+        session its input in the same transaction: a send that is refused (a spent
+        budget, a full inbox) opens no session either, so a task refused at the door
+        leaves nothing behind."""
         sid = (
             rules.check_session_id(session_id)
             if session_id
@@ -91,6 +103,12 @@ class Sessions:
         now = self.clock.now()
 
         def fn(c: Ctx) -> Session:
+            session = opening(c)
+            if first is not None:
+                first(c)
+            return session
+
+        def opening(c: Ctx) -> Session:
             tx = c.tx
             c.wake(team, member)
             if tx.get_member(team, member) is None:

@@ -57,7 +57,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, Se
 
 from backchannel.core import budget as budget_rules
 from backchannel.errors import BackchannelError, InvalidRequest
-from backchannel.hub import Hub
+from backchannel.hub import Hub, Outgoing
 from backchannel.hub.delegations import HOOK_KINDS
 from backchannel.types import A2ATask, MessageKind, SessionState
 
@@ -443,11 +443,7 @@ class MemberExecutor(AgentExecutor):
                     f"{who.member} runs in a runtime attached through hooks, which the hub "
                     "cannot start in a session of its own; send it a message instead"
                 )
-            session = await self.hub.open_session(who.team, who.member, sid)
-            await self.tasks.set_turn(who, task_id, session.turn)
-            await self.hub.send(
-                who.team,
-                who.caller,
+            task_input = Outgoing(
                 who.member,
                 message_text(context.message) or "(an empty message)",
                 message_id=f"a2a-{uuid.uuid4().hex}",
@@ -463,6 +459,15 @@ class MemberExecutor(AgentExecutor):
                     }
                 },
             )
+            # the session opens with its input, in one transaction: a message refused at
+            # the door (a spent budget, a full inbox) leaves no session behind
+            session = await self.hub.open_session(
+                who.team,
+                who.member,
+                sid,
+                first=self.hub.sending(who.team, who.caller, task_input),
+            )
+            await self.tasks.set_turn(who, task_id, session.turn)
             if context.current_task is not None:
                 await updater.start_work()
             answer = await self._wait(who, task_id, session.turn, show)
