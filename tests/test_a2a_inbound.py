@@ -526,6 +526,49 @@ async def test_json_rpc_bodies_no_parser_takes_are_parse_errors(
     assert "Traceback" not in (srv.home / "serve.log").read_text()
 
 
+@pytest.mark.parametrize(
+    ("parts", "why"),
+    [
+        pytest.param([{"text": "x" * 300_000}], "over the 262144-byte limit", id="one-part"),
+        pytest.param([{"text": "y" * 100_000}] * 3, "over the 262144-byte limit", id="parts"),
+        pytest.param([{"text": "a\x00b"}], "NUL character", id="nul"),
+    ],
+)
+async def test_a_message_the_member_could_not_be_sent_is_invalid_params_before_a_task_starts(
+    hub: tuple[Server, dict[str, str]], parts: list[dict[str, Any]], why: str
+) -> None:
+    """A message whose text the hub would refuse to hand the member (over the hub's text
+    limit, or holding a NUL) is an invalid-params error naming why, on both bindings and
+    whether or not the client asked for the task at once: no task is kept (with the
+    whole oversized message in its history), no session opened."""
+    srv, tokens = hub
+    headers = _json_headers(tokens["lead"])
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        for n, method in enumerate(("SendMessage", "SendStreamingMessage")):
+            for at_once in (False, True):
+                message = {"messageId": f"m-{n}-{at_once}", "role": "ROLE_USER", "parts": parts}
+                params = {"message": message, "configuration": {"returnImmediately": at_once}}
+                rpc = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+                r = await http.post("/a2a/t/worker/", json=rpc)
+                body = (
+                    r.text.removeprefix("data: ").strip()
+                    if "stream" in r.headers.get("content-type", "")
+                    else r.text
+                )
+                error = json.loads(body)["error"]
+                assert error["code"] == -32602, (method, at_once, error)
+                assert why in error["message"], error
+                assert error["message"].startswith("message.parts: "), error
+        r = await http.post("/a2a/t/worker/message:send", json={"message": message})
+        assert r.status_code == 400, r.text
+        assert why in r.json()["error"]["message"], r.text
+        listed = await http.get("/a2a/t/worker/tasks")
+        assert listed.status_code == 200, listed.text
+        assert listed.json().get("tasks", []) == [], listed.text
+    with srv.client(tokens["worker"]) as worker:
+        assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started
+
+
 # -- the conversation chain another hub names ----------------------------------------------
 
 

@@ -56,6 +56,7 @@ from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, SerializeToJsonError
 
 from backchannel.core import budget as budget_rules
+from backchannel.core import messages
 from backchannel.errors import BackchannelError, InvalidRequest
 from backchannel.hub import Hub, Outgoing
 from backchannel.hub.delegations import HOOK_KINDS
@@ -547,6 +548,18 @@ def check_encodable(params: SendMessageRequest) -> None:
     chain_of(params.message)
 
 
+def check_text(params: SendMessageRequest, max_text: int) -> None:
+    """Refuse a message whose text the hub would not hand the member (over its text
+    limit, or holding a NUL) as invalid params, before a task starts: otherwise the task
+    would be kept, failed, with the whole message in its history."""
+    try:
+        messages.check_text(message_text(params.message), max_text)
+    except BackchannelError as exc:
+        raise InvalidParamsError(
+            f"message.parts: {exc.message}", data={"field": "message.parts"}
+        ) from None
+
+
 class MemberRequestHandler(DefaultRequestHandler):
     """The SDK's handler, plus resubscription to tasks whose executor is gone (started
     before a restart): the stored task, then its changes as the transcript shows them."""
@@ -560,6 +573,7 @@ class MemberRequestHandler(DefaultRequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
         check_encodable(params)
+        check_text(params, self.hub.config.max_text)
         answer: Message | Task = await super().on_message_send(params, context)
         return answer
 
@@ -567,6 +581,7 @@ class MemberRequestHandler(DefaultRequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
         check_encodable(params)
+        check_text(params, self.hub.config.max_text)
         async for event in super().on_message_send_stream(params, context):
             yield event
 
