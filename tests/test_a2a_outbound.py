@@ -83,14 +83,23 @@ class Forecaster(AgentExecutor):
 
 
 class Recorder:
+    """Records each request's credentials; answers the next ``fail_posts`` POSTs 503, as
+    an agent behind a proxy that restarts would."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.auth: list[str] = []
+        self.fail_posts = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             self.auth.append(headers.get(b"authorization", b"").decode())
+            if scope["method"] == "POST" and self.fail_posts > 0:
+                self.fail_posts -= 1
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+                await send({"type": "http.response.body", "body": b"restarting"})
+                return
         await self.app(scope, receive, send)
 
 
@@ -226,6 +235,56 @@ async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
 
 async def _seen(peer: Peer, text: str) -> bool:
     return any(t == text for _, t in peer.agent.seen)
+
+
+async def test_a_fault_late_in_a_long_a2a_task_is_retried_not_fatal(peer: Peer) -> None:
+    """The retry budget is for failures in a row, not for the task's whole run: a poll
+    that fails once after the agent worked longer than the budget is tried again, and the
+    answer still arrives."""
+    clock = FakeClock()
+    hub = await _hub(clock, peer.url)
+    try:
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate(
+            "t",
+            "lead",
+            "lead-s",
+            "forecaster@weather",
+            "slow forecast for Rome",
+            timeout_s=600,
+            tool_use_id="tu_long",
+        )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()
+        await eventually(
+            lambda: _seen(peer, "slow forecast for Rome"), what="the slow request", within=20
+        )
+        clock.advance(FAST.budget * 4)  # the agent works past the retry budget
+        peer.app.fail_posts = 1  # its next poll meets a 503
+
+        async def retried_or_over() -> bool:
+            await hub.maintain()
+            current = await hub.get_delegation("t", d.delegation_id)
+            if current.state is not DelegationState.PENDING:
+                return True
+            jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox"))
+            return peer.app.fail_posts == 0 and any(j.payload.get("attempt") for j in jobs)
+
+        await eventually(retried_or_over, what="the failed poll to be judged", within=20)
+        current = await hub.get_delegation("t", d.delegation_id)
+        assert current.state is DelegationState.PENDING, current.error
+        peer.agent.release.set()
+
+        async def answered() -> list[Any] | None:
+            clock.advance(1)
+            await hub.maintain()  # the retry, when due
+            return await _results(hub) or None
+
+        [result] = await eventually(answered, what="the answer after the retry", within=30)
+        assert result.text.endswith("sunny in Rome"), result.text
+        assert [t for _, t in peer.agent.seen] == ["slow forecast for Rome"], "sent once"
+    finally:
+        await hub.close()
 
 
 async def test_a2a_services_need_no_callback_secret_and_refuse_foreign_cards() -> None:

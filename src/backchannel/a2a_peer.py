@@ -109,13 +109,14 @@ async def _follow(client: Client, task: Task, payload: dict[str, Any], remember:
     from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
 
     ongoing = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
-    if task.id and payload.get("a2a_task") != task.id:
+    if task.id:
         await remember(task.id)
     pause = POLL_START
     while task.status.state in ongoing:
         await asyncio.sleep(pause)
         pause = min(pause * 2, POLL_CAP)
         task = await client.get_task(GetTaskRequest(id=task.id))
+        await remember(task.id)  # the agent answered: its task is alive
     return task
 
 
@@ -204,8 +205,13 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
     lease = hub.callbacks.retry.timeout + 5.0
 
     async def remember(task_id: str) -> None:
-        p["a2a_task"] = task_id
-        await keep_leased()
+        # the agent answered about its task: the retry budget is for failures in a row,
+        # so a fault after the agent worked longer than the budget is retried, not fatal
+        # (the outbox starts the budget again at the next failure)
+        p["first_at"], p["attempt"] = None, 0
+        if p.get("a2a_task") != task_id:
+            p["a2a_task"] = task_id
+            await keep_leased()
 
     async def keep_leased() -> None:
         now = hub.clock.now()

@@ -165,6 +165,8 @@ class Outbox:
         p = dict(job.payload)
         now = self.clock.now()
         attempt = int(p.get("attempt", 0)) + 1
+        if p.get("first_at") is None:  # the first failure since the call last got through
+            p["first_at"] = now
         if outcome is rules.Outcome.RETRY:
             at = rules.next_try(self.callbacks.retry, attempt, float(p["first_at"]), now)
             if at is None:
