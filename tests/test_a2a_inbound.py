@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.errors import TaskNotFoundError
+from google.protobuf.json_format import ParseDict
 
 from backchannel.testing import eventually
 from tests.conftest import Server, start_server
@@ -129,7 +131,7 @@ def _json_headers(token: str) -> dict[str, str]:
 def _message(text: str, task_id: str = "") -> Message:
     return Message(
         role=Role.ROLE_USER,
-        message_id=f"m-{text.split()[0]}-{id(text)}",
+        message_id=f"m-{text.split()[0]}-{uuid.uuid4().hex[:12]}",  # unique, as A2A asks
         task_id=task_id,
         parts=[Part(text=text)],
     )
@@ -567,6 +569,66 @@ async def test_a_message_the_member_could_not_be_sent_is_invalid_params_before_a
         assert listed.json().get("tasks", []) == [], listed.text
     with srv.client(tokens["worker"]) as worker:
         assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started
+
+
+async def test_a_message_sent_again_reaches_the_member_once(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    """A caller whose answer to a send was lost (a timeout, a cut connection: another
+    hub's outbox then sends again) sends the same message (its ``messageId`` and all it
+    holds) again: the member is handed it once, and every send of it answers with the one
+    task, on both bindings, streaming or not. Another caller's message of the same id,
+    and another message under the same id, are messages of their own."""
+    srv, tokens = hub
+    with srv.client() as admin:
+        made = admin.post("/v1/teams/t/members", json={"name": "other_t"})
+        tokens["other_t"] = made.json()["token"]
+    message = {"messageId": "dlg_once", "role": "ROLE_USER", "parts": [{"text": "once only"}]}
+    params = {"message": message, "configuration": {"returnImmediately": True}}
+    task_ids = set()
+    async with (
+        playing(Worker(srv.url, tokens["worker"], _answers)) as worker,
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=30
+        ) as http,
+    ):
+        for n in range(3):
+            rpc = {"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": params}
+            r = await http.post("/a2a/t/worker/", json=rpc)
+            task_ids.add(r.json()["result"]["task"]["id"])
+        r = await http.post("/a2a/t/worker/message:send", json=params)
+        assert r.status_code == 200, r.text
+        task_ids.add(r.json()["task"]["id"])
+        rpc = {"jsonrpc": "2.0", "id": 9, "method": "SendStreamingMessage", "params": params}
+        async with http.stream("POST", "/a2a/t/worker/", json=rpc) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    first = json.loads(line.removeprefix("data: "))
+                    break
+        task_ids.add(first["result"]["task"]["id"])
+        assert len(task_ids) == 1, task_ids
+
+        async def taken() -> bool:
+            return len(worker.seen) >= 1
+
+        await eventually(taken, what="the task", within=10)
+        async with a2a_client(f"{srv.url}/a2a/t/worker", tokens["other_t"], streaming=False) as c:
+            other = await _final_task(c, SendMessageRequest(message=ParseDict(message, Message())))
+        assert other.id not in task_ids
+        # another message under the same messageId is a message of its own
+        changed = {**message, "parts": [{"text": "once more, with feeling"}]}
+        rpc = {"jsonrpc": "2.0", "id": 10, "method": "SendMessage", "params": {"message": changed}}
+        again = (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]["task"]
+        assert again["id"] not in task_ids | {other.id}
+    with srv.client(tokens["worker"]) as w:
+        sessions = {s["session_id"] for s in w.get("/v1/sessions").json()["sessions"]}
+    assert sessions == {f"a2a-{t}" for t in task_ids | {other.id, again["id"]}}, sessions
+    seen = sorted((m["from"], m["text"]) for m in worker.seen)
+    assert seen == [
+        ("lead", "once more, with feeling"),
+        ("lead", "once only"),
+        ("other_t", "once only"),
+    ], seen
 
 
 # -- the conversation chain another hub names ----------------------------------------------

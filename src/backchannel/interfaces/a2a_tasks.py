@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import uuid
@@ -65,6 +66,9 @@ from backchannel.types import A2ATask, MessageKind, SessionState
 log = logging.getLogger("backchannel.a2a")
 
 STATE_KEY = "backchannel.a2a"
+#: Where the handler leaves the hub message id of a request's message for the executor
+#: (computed from the message as the caller sent it, before the SDK fills in its ids).
+INPUT_KEY = "backchannel.a2a.input"
 SESSION_PREFIX = "a2a-"
 
 TERMINAL = frozenset(
@@ -102,6 +106,17 @@ def caller_of(context: ServerCallContext) -> Caller:
 
 def session_for(task_id: str) -> str:
     return f"{SESSION_PREFIX}{task_id}"
+
+
+def input_id(who: Caller, message: Message) -> str:
+    """The id of the hub message that hands the member a caller's A2A message: one per
+    member, caller and message (its ``messageId`` and all it holds), so the same message
+    sent again (its sender lost the answer and retried) is never handed over twice, and
+    is found again (:meth:`MemberRequestHandler.on_message_send`). Another message under
+    a ``messageId`` used before is a message of its own."""
+    body = json.dumps(MessageToDict(message), sort_keys=True, ensure_ascii=False)
+    key = "\n".join((who.member, who.caller, body)).encode("utf-8", "surrogatepass")
+    return "a2a-" + hashlib.sha256(key).hexdigest()[:40]
 
 
 # -- answers: what the member's transcript says ------------------------------------------
@@ -447,7 +462,7 @@ class MemberExecutor(AgentExecutor):
             task_input = Outgoing(
                 who.member,
                 message_text(context.message) or "(an empty message)",
-                message_id=f"a2a-{uuid.uuid4().hex}",
+                message_id=str(call.state.get(INPUT_KEY) or f"a2a-{uuid.uuid4().hex}"),
                 kind=MessageKind.DELEGATION,
                 to_session=sid,
                 link=False,
@@ -574,6 +589,11 @@ class MemberRequestHandler(DefaultRequestHandler):
     ) -> Message | Task:
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
+        context.state[INPUT_KEY] = input_id(caller_of(context), params.message)
+        repeat = await self._repeat(params, context)
+        if repeat is not None:  # sent before: its task, as a send of it would answer
+            at_once = params.configuration.return_immediately
+            return repeat if at_once else await self._settled(repeat, context)
         answer: Message | Task = await super().on_message_send(params, context)
         return answer
 
@@ -582,8 +602,50 @@ class MemberRequestHandler(DefaultRequestHandler):
     ) -> AsyncGenerator[Event, None]:
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
+        context.state[INPUT_KEY] = input_id(caller_of(context), params.message)
+        repeat = await self._repeat(params, context)
+        if repeat is not None:  # sent before: its task, and its changes from now on
+            if repeat.status.state in TERMINAL:
+                yield repeat
+                return
+            async for event in self.on_subscribe_to_task(
+                SubscribeToTaskRequest(id=repeat.id), context
+            ):
+                yield event
+            return
         async for event in super().on_message_send_stream(params, context):
             yield event
+
+    async def _repeat(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
+        """The task a new message (one that names no task) started when its caller sent
+        it before, or None. A sender that lost the answer to a send (a timeout, a cut
+        connection) sends it again with the same ``messageId``: the member was handed it
+        once and works on it in that task, which the repeat answers with."""
+        message = params.message
+        if message.task_id:
+            return None  # a follow-up is handed over once by its hub message id alone
+        who = caller_of(context)
+        mid = str(context.state[INPUT_KEY])
+        sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
+        a2a = sent.meta.get("a2a") if sent is not None else None
+        if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
+            return None
+        return await self.tasks.get(a2a["task_id"], context)
+
+    async def _settled(self, task: Task, context: ServerCallContext) -> Task:
+        """``task`` once it ends or asks back, as a blocking send answers."""
+        who = caller_of(context)
+        while task.status.state not in TERMINAL | INTERRUPTED:
+            changed = self.hub._waiters.event(who.team, None)
+            fresh = await self.tasks.get(task.id, context)
+            if fresh is None:
+                break
+            task = fresh
+            if task.status.state in TERMINAL | INTERRUPTED:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=5.0)
+        return task
 
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
