@@ -237,6 +237,39 @@ async def _seen(peer: Peer, text: str) -> bool:
     return any(t == text for _, t in peer.agent.seen)
 
 
+async def test_an_a2a_task_that_never_ends_is_not_followed_forever(peer: Peer) -> None:
+    """An agent whose task stays working is polled until its answer could no longer be
+    taken as a late result (the deadline and the token's grace), then given up on."""
+    from backchannel.a2a_peer import GIVE_UP_AFTER
+    from backchannel.hub.outbox import OUTBOX_JOB
+
+    clock = FakeClock()
+    hub = await _hub(clock, peer.url)
+    try:
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate(
+            "t", "lead", "lead-s", "forecaster@weather", "slow forecast for Lima", timeout_s=30
+        )
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()
+        await eventually(
+            lambda: _seen(peer, "slow forecast for Lima"), what="the slow request", within=20
+        )
+        clock.advance(30 + GIVE_UP_AFTER + 1)
+
+        async def given_up() -> str | None:
+            jobs = await hub.store.read(
+                lambda tx: tx.list_jobs("t", kind=OUTBOX_JOB, pending_only=False)
+            )
+            [job] = jobs
+            return str(job.payload.get("last")) if job.state.value != "pending" else None
+
+        last = await eventually(given_up, what="the call to be given up", within=20)
+        assert "no answer long after the deadline" in last, last
+    finally:
+        await hub.close()
+
+
 async def test_a_fault_late_in_a_long_a2a_task_is_retried_not_fatal(peer: Peer) -> None:
     """The retry budget is for failures in a row, not for the task's whole run: a poll
     that fails once after the agent worked longer than the budget is tried again, and the

@@ -204,7 +204,11 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
     team, _, delegation_id = str(p.get("ref", "")).partition("/")
     lease = hub.callbacks.retry.timeout + 5.0
 
+    give_up_at = float("inf")  # set once the delegation is read
+
     async def remember(task_id: str) -> None:
+        if hub.clock.now() > give_up_at:  # a task that stays working is not followed forever
+            raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
         # the agent answered about its task: the retry budget is for failures in a row,
         # so a fault after the agent worked longer than the budget is retried, not fatal
         # (the outbox starts the budget again at the next failure)
@@ -227,7 +231,8 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
         d = await hub.store.read(lambda tx: tx.get_delegation(team, delegation_id))
         if d is None:
             raise _Final(rules.Outcome.DEAD, f"unknown delegation {delegation_id!r}")
-        if hub.clock.now() > d.deadline + GIVE_UP_AFTER:
+        give_up_at = d.deadline + GIVE_UP_AFTER
+        if hub.clock.now() > give_up_at:
             raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
         answered, text = await call(
             svc,
