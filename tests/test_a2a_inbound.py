@@ -145,6 +145,8 @@ def _answers(m: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         return "Which city?", {"a2a": {"state": "input-required"}}
     if text.startswith("Paris"):
         return "Booked: Paris", {}
+    if text.startswith("chat"):
+        return "hi back", {"a2a": {"reply": "message"}}
     return f"done: {text} (from {m['from']})", {}
 
 
@@ -574,16 +576,20 @@ async def test_a_message_the_member_could_not_be_sent_is_invalid_params_before_a
 async def test_a_message_sent_again_reaches_the_member_once(
     hub: tuple[Server, dict[str, str]],
 ) -> None:
-    """A caller whose answer to a send was lost (a timeout, a cut connection: another
-    hub's outbox then sends again) sends the same message (its ``messageId`` and all it
-    holds) again: the member is handed it once, and every send of it answers with the one
-    task, on both bindings, streaming or not. Another caller's message of the same id,
-    and another message under the same id, are messages of their own."""
+    """Another hub's outbox whose answer to a send was lost (a timeout, a cut
+    connection) sends the same message (its ``messageId`` and all it holds, its chain
+    among it) again: the member is handed it once, and every send of it answers with the
+    one task, on both bindings, streaming or not, or with the one Message its member
+    answered. Another caller's message of the same id, another message under the same
+    id, and a message from a client that is no hub (no chain named) are messages of their
+    own."""
     srv, tokens = hub
     with srv.client() as admin:
         made = admin.post("/v1/teams/t/members", json={"name": "other_t"})
         tokens["other_t"] = made.json()["token"]
+    chain = {"backchannel.chain": {"id": "msg_chain_1", "hop": 1}}
     message = {"messageId": "dlg_once", "role": "ROLE_USER", "parts": [{"text": "once only"}]}
+    message["metadata"] = chain
     params = {"message": message, "configuration": {"returnImmediately": True}}
     task_ids = set()
     async with (
@@ -620,13 +626,36 @@ async def test_a_message_sent_again_reaches_the_member_once(
         rpc = {"jsonrpc": "2.0", "id": 10, "method": "SendMessage", "params": {"message": changed}}
         again = (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]["task"]
         assert again["id"] not in task_ids | {other.id}
-    with srv.client(tokens["worker"]) as w:
-        sessions = {s["session_id"] for s in w.get("/v1/sessions").json()["sessions"]}
-    assert sessions == {f"a2a-{t}" for t in task_ids | {other.id, again["id"]}}, sessions
+        # a send answered with a Message is answered with it again, not with a task
+        chat = {"messageId": "dlg_chat", "role": "ROLE_USER", "parts": [{"text": "chat"}]}
+        chat["metadata"] = chain
+        for n in (11, 12):
+            rpc = {"jsonrpc": "2.0", "id": n, "method": "SendMessage",
+                   "params": {"message": chat}}  # fmt: skip
+            answer = (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]
+            assert answer["message"]["parts"] == [{"text": "hi back"}], answer
+        # a client that names no chain is no hub: its messages are each their own
+        plain = {"messageId": "kit_1", "role": "ROLE_USER", "parts": [{"text": "twice"}]}
+        plain_tasks = set()
+        for n in (13, 14):
+            rpc = {"jsonrpc": "2.0", "id": n, "method": "SendMessage",
+                   "params": {**params, "message": plain}}  # fmt: skip
+            plain_tasks.add(
+                (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]["task"]["id"]
+            )
+        assert len(plain_tasks) == 2
+
+        async def all_seen() -> bool:
+            return len(worker.seen) >= 6
+
+        await eventually(all_seen, what="every task's input", within=10)
     seen = sorted((m["from"], m["text"]) for m in worker.seen)
     assert seen == [
+        ("lead", "chat"),
         ("lead", "once more, with feeling"),
         ("lead", "once only"),
+        ("lead", "twice"),
+        ("lead", "twice"),
         ("other_t", "once only"),
     ], seen
 

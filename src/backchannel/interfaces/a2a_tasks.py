@@ -390,6 +390,17 @@ def _task_of(rec: A2ATask) -> Task:
         raise RuntimeError(f"stored A2A task {rec.task_id!r} is unreadable: {exc}") from exc
 
 
+def reply_message(answer: Answer, context_id: str) -> Message:
+    """The Message that answers a send when the member answered with one (``reply:
+    message``) before its task was shown."""
+    parts = [_text_part(answer.text)] if answer.text else []
+    for spec in answer.artifacts or ():
+        parts += [ParseDict(p, Part()) for p in spec.get("parts") or []]
+    return Message(
+        role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex, context_id=context_id, parts=parts
+    )
+
+
 async def read_answer(hub: Hub, who: Caller, task_id: str, after_turn: int) -> Answer | None:
     return (await read_progress(hub, who, task_id, after_turn))[0]
 
@@ -495,16 +506,7 @@ class MemberExecutor(AgentExecutor):
             self.canceling.discard(task_id)
             return  # cancel() reports the outcome
         if answer.as_message and not shown:
-            parts = [_text_part(answer.text)] if answer.text else []
-            for spec in answer.artifacts or ():
-                parts += [ParseDict(p, Part()) for p in spec.get("parts") or []]
-            reply = Message(
-                role=Role.ROLE_AGENT,
-                message_id=uuid.uuid4().hex,
-                context_id=context_id,
-                parts=parts,
-            )
-            await event_queue.enqueue_event(reply)
+            await event_queue.enqueue_event(reply_message(answer, context_id))
             return
         await show()
         for event in _artifact_events(task_id, context_id, answer):
@@ -589,11 +591,12 @@ class MemberRequestHandler(DefaultRequestHandler):
     ) -> Message | Task:
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
-        context.state[INPUT_KEY] = input_id(caller_of(context), params.message)
         repeat = await self._repeat(params, context)
-        if repeat is not None:  # sent before: its task, as a send of it would answer
+        if repeat is not None:  # sent before: what a send of it answers (or answered)
             at_once = params.configuration.return_immediately
-            return repeat if at_once else await self._settled(repeat, context)
+            if isinstance(repeat, Message) or at_once:
+                return repeat
+            return await self._settled(repeat, context)
         answer: Message | Task = await super().on_message_send(params, context)
         return answer
 
@@ -602,10 +605,9 @@ class MemberRequestHandler(DefaultRequestHandler):
     ) -> AsyncGenerator[Event, None]:
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
-        context.state[INPUT_KEY] = input_id(caller_of(context), params.message)
         repeat = await self._repeat(params, context)
         if repeat is not None:  # sent before: its task, and its changes from now on
-            if repeat.status.state in TERMINAL:
+            if isinstance(repeat, Message) or repeat.status.state in TERMINAL:
                 yield repeat
                 return
             async for event in self.on_subscribe_to_task(
@@ -616,21 +618,46 @@ class MemberRequestHandler(DefaultRequestHandler):
         async for event in super().on_message_send_stream(params, context):
             yield event
 
-    async def _repeat(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
+    async def _repeat(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | Message | None:
         """The task a new message (one that names no task) started when its caller sent
-        it before, or None. A sender that lost the answer to a send (a timeout, a cut
-        connection) sends it again with the same ``messageId``: the member was handed it
-        once and works on it in that task, which the repeat answers with."""
+        it before, or the Message that answered it; None for a message not sent before.
+        Another hub's outbox (the message names its chain) that lost the answer to a send
+        (a timeout, a cut connection) sends it again with the same ``messageId``: the
+        member was handed it once and works on it in that task, and the repeat is
+        answered as the send was. Other clients' messages are each a message of their
+        own, as the A2A conformance kit expects of a ``messageId`` it sends again."""
         message = params.message
+        if budget_rules.A2A_CHAIN_KEY not in message.metadata.fields:
+            return None  # not a hub's: see docs/decisions.md, "An A2A message sent again"
+        who = caller_of(context)
+        mid = context.state[INPUT_KEY] = input_id(who, message)
         if message.task_id:
             return None  # a follow-up is handed over once by its hub message id alone
-        who = caller_of(context)
-        mid = str(context.state[INPUT_KEY])
         sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
         a2a = sent.meta.get("a2a") if sent is not None else None
         if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
             return None
-        return await self.tasks.get(a2a["task_id"], context)
+        task_id = a2a["task_id"]
+        task = await self.tasks.get(task_id, context)
+        if task is not None:
+            return task
+        # a task not shown (none is kept until it is): answered, or to be answered,
+        # with a Message, or shown once its member shows work
+        context_id = str(a2a.get("context_id", ""))
+        while True:
+            changed = self.hub._waiters.event(who.team, None)
+            answer = await read_answer(self.hub, who, task_id, 0)
+            if answer is not None and answer.as_message:
+                return reply_message(answer, context_id)
+            task = await self.tasks.get(task_id, context)
+            if task is not None:
+                return task
+            if task_id not in self.tasks.live:
+                return None  # its executor is gone (a restart) and kept no task
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=5.0)
 
     async def _settled(self, task: Task, context: ServerCallContext) -> Task:
         """``task`` once it ends or asks back, as a blocking send answers."""
