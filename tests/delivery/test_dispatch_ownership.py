@@ -3,6 +3,7 @@ through a lease that moves on failover (driven here by a FakeClock)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from backchannel.delivery.adapters import ADAPTERS, AdapterFactory
-from backchannel.delivery.base import Adapter, AdapterContext
+from backchannel.delivery.base import Adapter, AdapterContext, PermanentDeliveryError
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
-from backchannel.stores.base import Store
+from backchannel.stores.base import Store, Tx
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore, eventually
 from backchannel.types import InboxMessage
@@ -50,13 +51,48 @@ def _adapters(pushed: Pushed, name: str) -> dict[str, AdapterFactory]:
     return {**ADAPTERS, "record": lambda ctx: Recorder(ctx, pushed, name)}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@dataclass
+class Gates:
+    """Pushes that wait, per hub, until the test lets them end (as told: ``fail`` ends
+    them with a permanent failure)."""
+
+    started: list[tuple[str, str]] = field(default_factory=list)  # (hub name, text)
+    open: dict[str, asyncio.Event] = field(default_factory=dict)
+    fail: set[str] = field(default_factory=set)
+
+    def gate(self, name: str) -> asyncio.Event:
+        return self.open.setdefault(name, asyncio.Event())
+
+
+class Gated(Adapter):
+    type = "record"
+
+    def __init__(self, ctx: AdapterContext, gates: Gates, name: str) -> None:
+        super().__init__(ctx)
+        self.gates, self.name = gates, name
+        self.retry = FAST_RETRY
+
+    async def deliver(self, item: InboxMessage) -> str:
+        self.gates.started.append((self.name, item.message.text))
+        await self.gates.gate(self.name).wait()
+        if self.name in self.gates.fail:
+            raise PermanentDeliveryError("the pane is gone")
+        return "recorded"
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, Store]:
-    """One store seen by two hubs: a shared in-memory store, or two connections to one
-    SQLite file (as two ``serve`` processes on one file have)."""
+    """One store seen by two hubs: a shared in-memory store, two connections to one
+    SQLite file (as two ``serve`` processes on one file have), or two to one PostgreSQL
+    database."""
     if request.param == "memory":
         shared = MemoryStore()
         return shared, shared
+    if request.param == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        url = request.getfixturevalue("new_postgres_url")()
+        return PostgresStore(url), PostgresStore(url)
     return SqliteStore(tmp_path / "one.db"), SqliteStore(tmp_path / "one.db")
 
 
@@ -71,10 +107,12 @@ async def two_hubs(clock: FakeClock, stores: tuple[Store, Store]) -> AsyncIterat
         yield a, b
 
 
-def _dispatcher(hub: Hub, pushed: Pushed, name: str) -> Dispatcher:
+def _dispatcher(
+    hub: Hub, pushed: Pushed, name: str, adapters: dict[str, AdapterFactory] | None = None
+) -> Dispatcher:
     return Dispatcher(
         hub,
-        adapters=_adapters(pushed, name),
+        adapters=adapters or _adapters(pushed, name),
         owner=name,
         ownership_s=LONG,
         rescan_s=LONG,
@@ -251,3 +289,83 @@ async def test_a_hub_that_renews_late_starts_again_with_the_copies_it_held(
         assert pushed.got == [("a", "x0"), ("a", "x1")]
         hist = await _history(a, sent.message_id)
         assert hist[-1][0] == "acked", hist
+
+
+async def test_a_hub_that_lost_the_member_changes_none_of_its_copies(
+    stores: tuple[Store, Store],
+) -> None:
+    """Every record a push worker makes on a copy (delivered, acked, dead, released) takes
+    effect only while the store names its hub the owner, checked in the same transaction:
+    a hub that was paused past its lease cannot touch a copy the new owner now holds."""
+    clock = FakeClock()
+    async with two_hubs(clock, stores) as (a, b):
+        now = clock.now()
+        mid = (await a.send("t", "user", "p", "m0", link=False)).message_id
+        assert await a.store.transact(lambda tx: tx.claim_dispatch("t", "p", "a", now, now + 5))
+        assert [g.message.text for g in await a.receive("t", "p", owner="a")] == ["m0"]
+        clock.advance(5)
+
+        def take_over(tx: Tx) -> list[str]:
+            assert tx.claim_dispatch("t", "p", "b", now + 5, now + 10)
+            return tx.requeue_leased("t", "p", now + 5, "push delivery taken by b")
+
+        assert await b.store.transact(take_over) == [mid]
+        assert [g.message.text for g in await b.receive("t", "p", owner="b")] == ["m0"]
+        # a, paused mid-push, now records what it did: nothing of it takes effect
+        assert await a.give_up("t", "p", mid, "the pane is gone", owner="a") is False
+        assert await a.mark_delivered("t", "p", mid, "typed in", owner="a") is False
+        assert (await a.ack("t", "p", [mid], owner="a")).not_held == (mid,)
+        assert await a.release("t", "p", [mid], owner="a") == 0
+        status = await b.message_status("t", mid)
+        assert status.state.value == "leased"
+        assert [e for e, _ in await _history(b, mid)] == ["queued", "leased", "released", "leased"]
+        # the owner's own records do
+        assert await b.mark_delivered("t", "p", mid, "typed in", owner="b") is True
+        assert (await b.ack("t", "p", [mid], owner="b")).acked == (mid,)
+
+
+@pytest.mark.parametrize("outcome", ["dead", "delivered"])
+async def test_a_stale_owners_push_ending_late_leaves_the_new_owners_copy_alone(
+    stores: tuple[Store, Store], outcome: str
+) -> None:
+    """Hub a is paused in the middle of a push until its lease has run out and b has
+    taken the member over and begun pushing the copy again. When a's push then ends (a
+    permanent failure, or done), a records nothing: the copy is b's, and neither dead
+    (its sender told so) nor marked delivered while b pushes it."""
+    clock = FakeClock()
+    gates = Gates()
+    async with two_hubs(clock, stores) as (a, b):
+        da = _dispatcher(a, Pushed(), "a", {**ADAPTERS, "record": lambda c: Gated(c, gates, "a")})
+        db = _dispatcher(b, Pushed(), "b", {**ADAPTERS, "record": lambda c: Gated(c, gates, "b")})
+        await da.start()
+        try:
+            mid = (await a.send("t", "user", "p", "x0", link=False)).message_id
+            await eventually(lambda: len(gates.started) == 1, what="a's push to begin")
+            clock.advance(LONG)  # a is paused past its lease; b takes p over
+            await db.start()
+            assert await _owner(b) == "b"
+            await eventually(lambda: len(gates.started) == 2, what="b's push to begin")
+            assert gates.started == [("a", "x0"), ("b", "x0")]
+
+            if outcome == "dead":
+                gates.fail.add("a")
+            gates.gate("a").set()
+
+            async def a_stopped() -> bool:
+                return all(s.state == "stopped" for s in da.status())
+
+            await eventually(a_stopped, what="a's worker to stop")
+            assert (await b.message_status("t", mid)).state.value == "leased"
+            gates.gate("b").set()
+
+            async def acked() -> bool:
+                return (await b.message_status("t", mid)).state.value == "acked"
+
+            await eventually(acked, what="b's push to be recorded")
+        finally:
+            await da.stop()
+            await db.stop()
+        events = [e for e, _ in await _history(b, mid)]
+        assert "dead" not in events and events.count("delivered") == 1, events
+        notices = await b.receive("t", "user", limit=10)
+        assert [g.message.text for g in notices] == [], "the sender is told of no dead letter"

@@ -64,8 +64,10 @@ a member's worker only while it holds that lease, renews it on every scan, and a
 hub takes it over once it runs out (a hub that stops gracefully gives it up at once).
 The hub that takes a member over returns the copies the previous owner still held to
 the queue in the same transaction, so they go out again before anything newer, and
-the worker's ``receive`` leases only while its hub holds the member: per-member order is
-kept across failover, and a copy is pushed twice only if it was never acked.
+the worker's ``receive`` leases, and its records of a push (delivered, acked, dead,
+released) take effect, only while its hub holds the member: per-member order is kept
+across failover, a copy is pushed twice only if it was never acked, and a hub that
+lost the member never dead-letters or acks the copy its new owner is pushing.
 """
 
 from __future__ import annotations
@@ -347,8 +349,6 @@ class _Worker:
                 if delay is None:
                     outcome = _Outcome.DEAD
                     detail = f"gave up after {item.attempt} attempt(s): {detail}"
-                    if error is not None and error.tell_operator:
-                        await self._tell_operator_given_up(item, detail)
                 else:
                     self.status.retried += 1
                     self._state("backoff", detail)
@@ -360,7 +360,9 @@ class _Worker:
                         await asyncio.sleep(delay)
                     await self._release([mid])
                     return False
-            await self._record_outcome(adapter, mid, outcome, detail)
+            recorded = await self._record_outcome(adapter, mid, outcome, detail)
+            if recorded and outcome is _Outcome.DEAD and error is not None and error.tell_operator:
+                await self._tell_operator_given_up(item, detail)
             return True
         finally:
             self.busy = False
@@ -434,24 +436,36 @@ class _Worker:
 
     async def _record_outcome(
         self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str
-    ) -> None:
+    ) -> bool:
+        """Record the push's outcome; whether it took effect. Every record names this
+        hub (``owner``) and takes effect only while the store names it the member's
+        owner: a hub paused mid-push while another took the member over must not mark
+        delivered, ack or dead-letter the copy the new owner now holds."""
         self.first_failure.pop(mid, None)
+        owner = self.d.ownership.owner
+        team, member = self.team, self.member
         if outcome is _Outcome.DEAD:
             self.status.dead += 1
             self._state("delivering", detail)
-            log.warning("%s/%s: dead-lettering %s: %s", self.team, self.member, mid, detail)
-            await self._record(lambda: self.hub.give_up(self.team, self.member, mid, detail), mid)
+            log.warning("%s/%s: dead-lettering %s: %s", team, member, mid, detail)
+            done = await self._record(
+                lambda: self.hub.give_up(team, member, mid, detail, owner=owner), mid
+            )
+            if done is False:
+                log.warning("%s/%s: %s was no longer leased by this hub when given up; it "
+                            "is not dead-lettered", team, member, mid)  # fmt: skip
         else:
             self.status.delivered += 1
-            moved = await self._record(
-                lambda: self.hub.mark_delivered(self.team, self.member, mid, detail), mid
+            done = await self._record(
+                lambda: self.hub.mark_delivered(team, member, mid, detail, owner=owner), mid
             )
-            if moved is False:
-                log.warning("%s/%s: %s was no longer leased when delivered; it may be "
-                            "delivered again", self.team, self.member, mid)  # fmt: skip
+            if done is False:
+                log.warning("%s/%s: %s was no longer leased by this hub when delivered; it "
+                            "may be delivered again", team, member, mid)  # fmt: skip
             if adapter.ack_on_delivery:
-                await self._record(lambda: self.hub.ack(self.team, self.member, [mid]), mid)
+                await self._record(lambda: self.hub.ack(team, member, [mid], owner=owner), mid)
         self.held.pop(mid, None)
+        return bool(done)
 
     async def _attempt(
         self, adapter: Adapter, item: InboxMessage
@@ -520,7 +534,7 @@ class _Worker:
         if not ids or self._lost():
             return  # the next owner returns them to the queue when it takes over
         try:
-            await self.hub.release(self.team, self.member, ids)
+            await self.hub.release(self.team, self.member, ids, owner=self.d.ownership.owner)
         except Exception as exc:
             log.warning("%s/%s: could not release %s (%s); they return when their lease "
                         "ends", self.team, self.member, ids, exc)  # fmt: skip

@@ -18,7 +18,9 @@ and runs the member's worker only while this hub holds it:
   long as hub clocks agree to within that margin;
 * the worker's ``receive`` leases only while the store names this hub as the owner,
   checked in the leasing transaction: a hub that lost the member cannot lease new copies,
-  whatever its clock says;
+  whatever its clock says. So with every record the worker makes on a copy (delivered,
+  acked, dead, released): a hub paused in the middle of a push until another took the
+  member over changes nothing of the copy the new owner holds;
 * a worker whose ``receive`` failed returns the member's leased copies to the queue
   (:meth:`Ownership.requeue`) before it leases again: the failed lease may have
   committed (its answer lost with the connection), leaving copies held by nobody;

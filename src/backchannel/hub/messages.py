@@ -110,6 +110,14 @@ class Leased(list[InboxMessage]):
         self.acked = acked
 
 
+def owns(tx: Tx, team: str, member: str, owner: str | None) -> bool:
+    """Whether the store names ``owner`` (a push dispatcher's hub id) the hub that pushes
+    the member's messages (``Tx.claim_dispatch``); True when no owner is named (a client
+    that pulls). Read in the transaction that acts on it: on PostgreSQL it takes the
+    team's lock, as a claim does, so no takeover commits between the check and the act."""
+    return owner is None or (tx.dispatch_owner(team, member) or ("",))[0] == owner
+
+
 def ack_ids(message_ids: Sequence[str], field: str) -> list[str]:
     """The ids an ack was given, checked as every ack checks them (at most 1000)."""
     ids = [str(i) for i in message_ids]
@@ -395,7 +403,7 @@ class Messages:
         acked = NOTHING_ACKED
 
         def attempt(c: Ctx, now: float, ids: list[str]) -> tuple[AckResult, list[InboxMessage]]:
-            done = self._ack(c, team, member, ids, now) if ids else NOTHING_ACKED
+            done = self._ack(c, team, member, ids, now, owner) if ids else NOTHING_ACKED
             got = self._lease(
                 c, team, member, session, now, now + lease, limit, not pinned_only, owner
             )
@@ -472,7 +480,7 @@ class Messages:
         owner: str | None = None,
     ) -> list[InboxMessage]:
         tx = c.tx
-        if owner is not None and (tx.dispatch_owner(team, member) or ("",))[0] != owner:
+        if not owns(tx, team, member, owner):
             return []  # another hub pushes this member's messages now
         if session is not None:
             s = tx.get_session(team, session)
@@ -512,21 +520,31 @@ class Messages:
             for item in await self.receive(team, member, session=session, limit=batch, wait=wait):
                 yield item
 
-    async def ack(self, team: str, member: str, message_ids: Sequence[str]) -> AckResult:
+    async def ack(
+        self, team: str, member: str, message_ids: Sequence[str], *, owner: str | None = None
+    ) -> AckResult:
         """Acknowledge copies the member holds. Ids it does not hold are reported back
-        in ``not_held`` (nothing else changes)."""
+        in ``not_held`` (nothing else changes). With ``owner`` (a push dispatcher's hub
+        id), nothing is acked unless ``owner`` holds the member's push delivery, checked
+        in the same transaction (so do :meth:`release`, :meth:`mark_delivered` and
+        :meth:`give_up`): a hub that lost the member cannot touch a copy the new owner
+        holds."""
         ids = ack_ids(message_ids, "message_ids")
         if not ids:
             raise InvalidRequest(
                 "message_ids is empty; pass the ids you received", field="message_ids"
             )
         now = self.clock.now()
-        return await self.env.transact(lambda c: self._ack(c, team, member, ids, now))
+        return await self.env.transact(lambda c: self._ack(c, team, member, ids, now, owner))
 
     @staticmethod
-    def _ack(c: Ctx, team: str, member: str, ids: list[str], now: float) -> AckResult:
+    def _ack(
+        c: Ctx, team: str, member: str, ids: list[str], now: float, owner: str | None = None
+    ) -> AckResult:
         """The ack inside a transaction (:meth:`ack`, or a receive that acks first); the
         ``after_ack`` hooks and the team's watchers run once it committed."""
+        if not owns(c.tx, team, member, owner):
+            return AckResult((), tuple(dict.fromkeys(ids)))
         acked = c.tx.ack(team, member, ids, now)
         done = set(acked)
         result = AckResult(tuple(acked), tuple(i for i in dict.fromkeys(ids) if i not in done))
@@ -535,11 +553,16 @@ class Messages:
             c.watched(team)
         return result
 
-    async def release(self, team: str, member: str, message_ids: Sequence[str]) -> int:
-        """Give leased copies back at once instead of waiting for the lease to end."""
+    async def release(
+        self, team: str, member: str, message_ids: Sequence[str], *, owner: str | None = None
+    ) -> int:
+        """Give leased copies back at once instead of waiting for the lease to end (with
+        ``owner``, only while it holds the member's push delivery; see :meth:`ack`)."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> int:
+            if not owns(tx, team, member, owner):
+                return 0
             return sum(
                 tx.transition(
                     team,
@@ -559,20 +582,25 @@ class Messages:
         return n
 
     async def mark_delivered(
-        self, team: str, member: str, message_id: str, detail: str = ""
+        self, team: str, member: str, message_id: str, detail: str = "", *, owner: str | None = None
     ) -> bool:
-        """An adapter put a leased copy in front of the agent (inbox file, hook answer...)."""
+        """An adapter put a leased copy in front of the agent (inbox file, hook answer...).
+        False if the copy was not leased (or, with ``owner``, ``owner`` no longer holds the
+        member's push delivery; see :meth:`ack`)."""
         now = self.clock.now()
         return await self.store.transact(
-            lambda tx: tx.transition(
-                team,
-                message_id,
-                member,
-                from_states=[DeliveryState.LEASED],
-                to_state=DeliveryState.DELIVERED,
-                now=now,
-                event="delivered",
-                detail=detail,
+            lambda tx: (
+                owns(tx, team, member, owner)
+                and tx.transition(
+                    team,
+                    message_id,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.DELIVERED,
+                    now=now,
+                    event="delivered",
+                    detail=detail,
+                )
             )
         )
 
@@ -580,13 +608,18 @@ class Messages:
         """How many copies the member has not acked yet (queued or leased)."""
         return await self.store.read(lambda tx: tx.pending_count(team, member))
 
-    async def give_up(self, team: str, member: str, message_id: str, reason: str) -> bool:
+    async def give_up(
+        self, team: str, member: str, message_id: str, reason: str, *, owner: str | None = None
+    ) -> bool:
         """An adapter cannot deliver a leased copy and retrying will not help (a 404 from
         a webhook, a pane that is gone): the copy is ``dead`` with ``reason`` and the
-        sender is told. False if the copy was not leased."""
+        sender is told. False if the copy was not leased (or, with ``owner``, ``owner``
+        no longer holds the member's push delivery; see :meth:`ack`)."""
         now = self.clock.now()
 
         def fn(c: Ctx) -> bool:
+            if not owns(c.tx, team, member, owner):
+                return False
             copy = next(
                 (d for d in c.tx.deliveries(team, message_id) if d.recipient.member == member),
                 None,
