@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from backchannel.errors import InvalidRequest, UnknownMessage
-from backchannel.hub import Hub
+from backchannel.hub import Hub, Outgoing
 from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import SendResult
 
 HOUR = 3600.0
 
@@ -205,3 +206,44 @@ async def test_a_message_acked_after_waiting_past_the_retention_is_kept_a_retent
         await hub.maintain()  # a retention after the ack: now it goes
         with pytest.raises(UnknownMessage):
             await hub.message_status("t", old)
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_pass_gets_past_more_waiting_messages_of_one_moment_than_a_batch(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Retention reads messages a batch (500) at a time, oldest first. When more than a
+    batch that must stay (still waiting) were all created at one moment (a batch send,
+    a frozen clock), a pass goes on past them to the messages after, instead of reading
+    the same batch again and again and never reaching the rest."""
+    store = _store(kind, tmp_path, request)
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        await hub.add_member("t", "c")
+        waiting = await hub.send_many(
+            "t", "a", [Outgoing("b", f"waiting {i}", link=False) for i in range(600)]
+        )
+        done = await hub.send_many(
+            "t", "a", [Outgoing("c", f"done {i}", link=False) for i in range(3)]
+        )
+        clock.advance(1)
+        done.append(await hub.send("t", "a", "c", "done later", link=False))
+        moments = {
+            (await hub.message_status("t", r.message_id)).message.created_at
+            for r in [*waiting, *done[:3]]
+            if isinstance(r, SendResult)
+        }
+        assert len(moments) == 1, "the batch is one moment"
+        got = await hub.receive("t", "c", limit=10)
+        assert len(got) == 4
+        await hub.ack("t", "c", [g.message.message_id for g in got])
+
+        clock.advance(2 * HOUR)
+        await hub.maintain()  # one pass
+        for r in done:
+            assert isinstance(r, SendResult)
+            with pytest.raises(UnknownMessage):
+                await hub.message_status("t", r.message_id)
+        assert await hub.pending("t", "b") == 600, "what still waits is kept"

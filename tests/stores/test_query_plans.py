@@ -280,8 +280,9 @@ PG_CHECKS = {
     "AND state = 'queued' ORDER BY seq LIMIT 64",
     "deliveries_open": "SELECT count(*) FROM deliveries WHERE team = 't' AND member = 'a' "
     "AND state IN ('queued', 'leased')",
-    "messages_created": "SELECT team, message_id FROM messages WHERE created_at >= 0 "
-    "AND created_at < 1e12 ORDER BY created_at LIMIT 500",
+    "messages_created": "SELECT team, message_id FROM messages WHERE created_at < 1e12 "
+    "AND (created_at, team, message_id) > (0, 't', 'm') "
+    "ORDER BY created_at, team, message_id LIMIT 500",
     "jobs_finished": "DELETE FROM jobs WHERE state != 'pending' AND done_at < 1e12",
     "jobs_watch": "SELECT job_id FROM jobs WHERE team = 't' AND watch = 'a' "
     "AND state = 'pending' ORDER BY job_id",

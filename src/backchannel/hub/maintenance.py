@@ -17,7 +17,7 @@ from backchannel.errors import StoreError
 from backchannel.hub.context import Ctx, Env, JobOutcome, wait_for
 from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline
-from backchannel.stores.base import Tx
+from backchannel.stores.base import CompactCursor, Tx
 from backchannel.types import DeliveryState, JobState
 
 log = logging.getLogger("backchannel.hub")
@@ -42,7 +42,7 @@ class Maintenance:
         # acked and dead messages older than this are removed by maintenance
         self.retention_seconds = retention_seconds
         self._compact_at = 0.0
-        self._compact_from = 0.0
+        self._compact_from: CompactCursor | None = None  # where the pass under way goes on
 
     def on_external_change(self, team: str | None, member: str | None) -> None:
         self.env.waiters.notify(team, member)
@@ -111,20 +111,23 @@ class Maintenance:
 
     async def compact(self, before: float, *, batch: int = 500, max_batches: int = 8) -> int:
         """Remove acked and dead messages (with their history) created and done with
-        (acked, dead) before ``before``, and finished jobs, a bounded number of batches at a time; maintenance
-        calls this every few minutes with ``now - retention_seconds``. Messages still
-        waiting for a recipient are never removed. Returns how many messages went."""
+        (acked, dead) before ``before``, and finished jobs, a bounded number of batches
+        at a time; maintenance calls this every few minutes with ``now -
+        retention_seconds``. Messages still waiting for a recipient are never removed.
+        Each batch goes on from the last message the one before examined, by its
+        ``(created_at, team, message_id)``, so a pass always advances. Returns how many
+        messages went."""
         removed = 0
         for _ in range(max_batches):
             frm = self._compact_from
 
-            def fn(tx: Tx, frm: float = frm) -> tuple[int, float | None]:
+            def fn(tx: Tx, frm: CompactCursor | None = frm) -> tuple[int, CompactCursor | None]:
                 return tx.compact(before, frm, batch)
 
             gone, last = await self.store.transact(fn)
             removed += gone
             if last is None:  # reached the end: next time, look again from the oldest
-                self._compact_from = 0.0
+                self._compact_from = None
                 self._compact_at = self.clock.now() + COMPACT_EVERY
                 break
             self._compact_from = last

@@ -67,7 +67,15 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
+
+#: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
+#: of the last message it examined. The key, not the time alone: any number of messages
+#: may share one ``created_at`` (a batch sent in one transaction, a clock that stood).
+CompactCursor = tuple[float, str, str]
+#: The cursor before every message (times are seconds since the epoch, no team is named
+#: ``""``): where a retention pass starts.
+COMPACT_START: CompactCursor = (0.0, "", "")
 
 
 def tell_finished(fn: object, committed: bool) -> None:
@@ -458,16 +466,20 @@ class Tx(Protocol):
         ...
 
     # -- one-time tokens -----------------------------------------------------
-    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
-        """Retention. Examines up to ``limit`` messages created in ``[after, before)``,
-        oldest first, and removes those whose every copy is ``acked`` or ``dead`` and was
+    def compact(
+        self, before: float, after: CompactCursor | None, limit: int
+    ) -> tuple[int, CompactCursor | None]:
+        """Retention. Examines up to ``limit`` messages created before ``before`` that
+        come after ``after`` in ``(created_at, team, message_id)`` order (from the oldest
+        when ``after`` is None), in that order, and removes those whose every copy is ``acked`` or ``dead`` and was
         last changed before ``before`` too, with their copies and delivery history; a
         message with a copy still queued, leased or delivered is kept, whatever its age,
         and one acked after a long wait is kept a retention period from its ack (its
         sender still sees it delivered, a feed reader still sees its last events). Also removes jobs that finished (done or
         cancelled) before ``before``. Returns how many messages were removed and the
-        ``created_at`` of the last one examined, where the next call goes on (``None``
-        once none is left before ``before``). Each call is bounded by ``limit``."""
+        cursor of the last one examined, where the next call goes on (``None`` once none
+        is left before ``before``): every call advances, however many messages share
+        one ``created_at``. Each call is bounded by ``limit``."""
         ...
 
     def spend_token(self, jti: str, expires_at: float) -> bool:

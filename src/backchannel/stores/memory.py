@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import SessionFilter, Store, Tx
+from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter, Store, Tx
 from backchannel.types import (
     A2ATask,
     Budget,
@@ -453,10 +453,17 @@ class MemoryTx:
         setattr(self._d, attr, old + 1)
         return int(old + 1)
 
-    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+    def compact(
+        self, before: float, after: CompactCursor | None, limit: int
+    ) -> tuple[int, CompactCursor | None]:
+        start = after or COMPACT_START
         rows = sorted(
-            (m for m in self._d.messages.values() if after <= m.created_at < before),
-            key=lambda m: m.created_at,
+            (
+                m
+                for m in self._d.messages.values()
+                if m.created_at < before and (m.created_at, m.team, m.message_id) > start
+            ),
+            key=lambda m: (m.created_at, m.team, m.message_id),
         )[:limit]
         gone = 0
         for m in rows:
@@ -479,7 +486,8 @@ class MemoryTx:
         for job_id, job in list(self._d.jobs.items()):
             if job.state is not JobState.PENDING and (job.done_at or before) < before:
                 self._pop(self._d.jobs, job_id)
-        return gone, (rows[-1].created_at if len(rows) == limit else None)
+        last = rows[-1] if len(rows) == limit else None
+        return gone, (last.created_at, last.team, last.message_id) if last else None
 
     # -- transcripts ---------------------------------------------------------
     def claim_dispatch(

@@ -255,11 +255,11 @@ async def check_compaction(make_store: StoreFactory) -> None:
         pid = await store.transact(lambda tx: tx.add_job(pending))
 
         # m0..m4 are older than the cut-off (m5 is not); two at a time
-        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, 0.0, 2))
-        assert (gone, last) == (2, T0 + 1), (gone, last)
-        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, T0 + 1.5, 2))
-        assert (gone, last) == (2, T0 + 3), (gone, last)
-        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, T0 + 3.5, 2))
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, None, 2))
+        assert (gone, last) == (2, (T0 + 1, "alpha", "m1")), (gone, last)
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, last, 2))
+        assert (gone, last) == (2, (T0 + 3, "alpha", "m3")), (gone, last)
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, last, 2))
         assert (gone, last) == (0, None), "m4 is still queued: kept"
         for mid in ("m0", "m1", "m2", "m3"):
             assert await store.read(lambda tx, mid=mid: tx.get_message("alpha", mid)) is None
@@ -270,6 +270,18 @@ async def check_compaction(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.pending_count("alpha", "b")) == 2
         assert await store.read(lambda tx: tx.get_job("alpha", jid)) is None
         assert await store.read(lambda tx: tx.get_job("alpha", pid)) is not None
+
+        # more messages of one moment than a call examines, all still waiting: each call
+        # goes on after the last one it examined, never reads the same ones again
+        for i in range(3):
+            msg = dataclasses.replace(make_msg(f"s{i}"), created_at=T0 - 10)
+            await store.transact(lambda tx, msg=msg: tx.insert_message(msg, [Recipient("b")]))
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, None, 2))
+        assert (gone, last) == (0, (T0 - 10, "alpha", "s1")), (gone, last)
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, last, 2))
+        assert (gone, last) == (0, (T0 + 4, "alpha", "m4")), (gone, last)
+        gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, last, 2))
+        assert (gone, last) == (0, None), (gone, last)
 
 
 async def check_budgets_and_chains(make_store: StoreFactory) -> None:

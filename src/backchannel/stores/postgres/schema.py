@@ -312,6 +312,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_dead ON deliveries (team, state, updated_at, seq)
         WHERE state = 'dead';
     """,
+    # 13: retention pages by (created_at, team, message_id) (see the SQLite schema)
+    """
+    DROP INDEX messages_created;
+    CREATE INDEX messages_created ON messages (created_at, team, message_id);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import SessionFilter
+from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.postgres.transaction import PgTransaction
 from backchannel.stores.sql import (
     delegations_query,
@@ -330,11 +330,14 @@ class PgTx(PgTransaction, LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member), team)[0])
 
-    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+    def compact(
+        self, before: float, after: CompactCursor | None, limit: int
+    ) -> tuple[int, CompactCursor | None]:
         rows = self._all(
-            "SELECT team, message_id, created_at FROM messages "
-            "WHERE created_at >= %s AND created_at < %s ORDER BY created_at LIMIT %s",
-            (after, before, limit),
+            "SELECT team, message_id, created_at FROM messages WHERE created_at < %s "
+            "AND (created_at, team, message_id) > (%s, %s, %s) "
+            "ORDER BY created_at, team, message_id LIMIT %s",
+            (before, *(after or COMPACT_START), limit),
         )
         self._lock_teams(sorted({r[0] for r in rows}))
         gone = self._all(
@@ -352,7 +355,7 @@ class PgTx(PgTransaction, LifecycleSql):
                 ([g[0] for g in gone], [g[1] for g in gone]),
             )
         self._exec("DELETE FROM jobs WHERE state != 'pending' AND done_at < %s", (before,))
-        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+        return len(gone), ((rows[-1][2], *rows[-1][:2]) if len(rows) == limit else None)
 
     # -- push delivery ownership ---------------------------------------------
     # Every statement takes the team's lock first (team=...), so a claim, a lease of the

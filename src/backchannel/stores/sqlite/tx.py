@@ -13,7 +13,7 @@ from dataclasses import astuple
 from typing import Any
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import SessionFilter
+from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.sql import (
     delegations_query,
     jobs_query,
@@ -513,12 +513,15 @@ class SqliteTx(LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member))[0])
 
-    def compact(self, before: float, after: float, limit: int) -> tuple[int, float | None]:
+    def compact(
+        self, before: float, after: CompactCursor | None, limit: int
+    ) -> tuple[int, CompactCursor | None]:
         self.flush()
         rows = self._c.execute(
-            "SELECT team, message_id, created_at FROM messages "
-            "WHERE created_at >= ? AND created_at < ? ORDER BY created_at LIMIT ?",
-            (after, before, limit),
+            "SELECT team, message_id, created_at FROM messages WHERE created_at < ? "
+            "AND (created_at, team, message_id) > (?, ?, ?) "
+            "ORDER BY created_at, team, message_id LIMIT ?",
+            (before, *(after or COMPACT_START), limit),
         ).fetchall()
         top = self._top_event_id()
         gone = []
@@ -534,7 +537,7 @@ class SqliteTx(LifecycleSql):
             self._c.executemany(f"DELETE FROM {table} WHERE team = ? AND message_id = ?", gone)
         self._keep_top_event_id(top)
         self._c.execute("DELETE FROM jobs WHERE state != 'pending' AND done_at < ?", (before,))
-        return len(gone), (rows[-1][2] if len(rows) == limit else None)
+        return len(gone), ((rows[-1][2], *rows[-1][:2]) if len(rows) == limit else None)
 
     def delete_team(self, name: str) -> int:
         self.flush()
