@@ -247,3 +247,30 @@ async def test_a_pass_gets_past_more_waiting_messages_of_one_moment_than_a_batch
             with pytest.raises(UnknownMessage):
                 await hub.message_status("t", r.message_id)
         assert await hub.pending("t", "b") == 600, "what still waits is kept"
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_retention_takes_a_removed_messages_events_out_of_the_feed(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A message retention removed leaves nothing in the team's feed (``tail``, the
+    dashboard) on any store: its events go with it, and the events kept keep their
+    cursors."""
+    store = _store(kind, tmp_path, request)
+    async with Hub(store, clock=clock, background=False, retention_seconds=HOUR) as hub:
+        await _team(hub)
+        old = (await hub.send("t", "a", "b", "old")).message_id
+        [got] = await hub.receive("t", "b")
+        await hub.ack("t", "b", [got.message.message_id])
+        waiting = (await hub.send("t", "a", "b", "still waiting")).message_id
+        before = [(i.cursor, i.event.message_id, i.event.event) for i in await hub.feed("t")]
+        assert {mid for _, mid, _ in before} == {old, waiting}
+        clock.advance(2 * HOUR)
+        await hub.maintain()
+        with pytest.raises(UnknownMessage):
+            await hub.message_status("t", old)
+        after = [(i.cursor, i.event.message_id, i.event.event) for i in await hub.feed("t")]
+        assert after == [e for e in before if e[1] == waiting]
+        assert all(i.message is not None for i in await hub.feed("t"))

@@ -465,7 +465,7 @@ class MemoryTx:
             ),
             key=lambda m: (m.created_at, m.team, m.message_id),
         )[:limit]
-        gone = 0
+        gone: dict[str, set[str]] = {}  # team -> ids removed
         for m in rows:
             copies = [
                 key
@@ -482,12 +482,16 @@ class MemoryTx:
                 self._pop(self._d.deliveries, key)
             self._pop(self._d.history, (m.team, m.message_id))
             self._pop(self._d.messages, (m.team, m.message_id))
-            gone += 1
+            gone.setdefault(m.team, set()).add(m.message_id)
+        for team, ids in gone.items():  # their events leave the feed too, as in SQL
+            feed = self._d.feed.get(team, [])
+            self._set(self._d.feed, team, [e for e in feed if e[1].message_id not in ids])
         for job_id, job in list(self._d.jobs.items()):
             if job.state is not JobState.PENDING and (job.done_at or before) < before:
                 self._pop(self._d.jobs, job_id)
         last = rows[-1] if len(rows) == limit else None
-        return gone, (last.created_at, last.team, last.message_id) if last else None
+        removed = sum(len(ids) for ids in gone.values())
+        return removed, (last.created_at, last.team, last.message_id) if last else None
 
     # -- transcripts ---------------------------------------------------------
     def claim_dispatch(
