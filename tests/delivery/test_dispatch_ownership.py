@@ -4,7 +4,8 @@ through a lease that moves on failover (driven here by a FakeClock)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,3 +370,61 @@ async def test_a_stale_owners_push_ending_late_leaves_the_new_owners_copy_alone(
         assert "dead" not in events and events.count("delivered") == 1, events
         notices = await b.receive("t", "user", limit=10)
         assert [g.message.text for g in notices] == [], "the sender is told of no dead letter"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("claimer", ["b", "a"])
+async def test_a_cancelled_receives_late_lease_holds_nothing_past_a_claim(
+    new_postgres_url: Callable[[], str], claimer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a receive's lease runs on one of the store's threads and commits even
+    if its caller was cancelled meanwhile (a push worker stopped on a lost lease). When it
+    commits after a claim of the member (another hub's takeover, or this hub's worker
+    started again, each putting back what the old worker held), it holds nothing: it
+    leases nothing for a hub that no longer owns the member, and what it leased for this
+    hub goes back to the queue at once, not when its lease ends, so the next worker
+    pushes in send order."""
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    clock = FakeClock()
+    slow = PostgresStore(url, pool_size=1)  # hub a's store: one connection, held below
+    async with two_hubs(clock, (slow, PostgresStore(url))) as (a, b):
+        sent = [(await a.send("t", "user", "p", f"m{i}", link=False)).message_id for i in range(2)]
+        now = clock.now()
+        assert await a.store.transact(lambda tx: tx.claim_dispatch("t", "p", "a", now, now + 5))
+        submitted: list[object] = []
+        real = slow.transact
+
+        def counted(fn: Callable[[Tx], object]) -> object:
+            submitted.append(fn)
+            return real(fn)
+
+        monkeypatch.setattr(slow, "transact", counted)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(slow.transact(lambda tx: gate.wait(10)))  # type: ignore[arg-type]
+        recv = asyncio.ensure_future(a.receive("t", "p", limit=10, owner="a"))
+        await eventually(lambda: len(submitted) == 2, what="the lease to wait for the connection")
+        recv.cancel()
+        await asyncio.wait({recv})
+        assert recv.cancelled()
+        # the claim commits first, on another connection; then the lease runs
+        clock.advance(5)
+        then = clock.now()
+
+        def claim(tx: Tx) -> None:
+            assert tx.claim_dispatch("t", "p", claimer, then, then + 5)
+            tx.requeue_leased("t", "p", then, f"push delivery taken by {claimer}")
+
+        await b.store.transact(claim)
+        gate.set()
+        await blocker
+        await slow.transact(lambda tx: None)  # one thread: the lease has run by now
+
+        async def queued() -> bool:
+            states = [(await b.message_status("t", mid)).state.value for mid in sent]
+            return states == ["queued", "queued"]
+
+        await eventually(queued, what="the copies back in the queue")
+        got = await (b if claimer == "b" else a).receive("t", "p", limit=10, owner=claimer)
+        assert [g.message.text for g in got] == ["m0", "m1"]

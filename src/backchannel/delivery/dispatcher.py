@@ -56,7 +56,8 @@ Shutdown (:meth:`Dispatcher.stop`): scanning stops, idle workers are cancelled a
 workers in the middle of a delivery get ``grace_s`` to finish it, then are cancelled;
 every copy a worker still holds is released (it is delivered again later: at least once),
 and every adapter is closed. A lease transaction that was running when its worker was
-cancelled may still commit: that copy returns when its lease runs out.
+cancelled may still commit: what it leased goes back to the queue as soon as it has
+(while this hub still owns the member; a lease for a hub that does not leases nothing).
 
 Many hubs, one store: every hub may run a dispatcher. Each member's push delivery is
 owned by one hub at a time through a lease in the store (:mod:`.ownership`); a hub runs

@@ -402,18 +402,32 @@ class Messages:
         ids = ack_ids(ack, "ack")
         acked = NOTHING_ACKED
 
-        def attempt(c: Ctx, now: float, ids: list[str]) -> tuple[AckResult, list[InboxMessage]]:
+        def attempt(
+            c: Ctx, now: float, ids: list[str], own: Taker
+        ) -> tuple[AckResult, list[InboxMessage]]:
             done = self._ack(c, team, member, ids, now, owner) if ids else NOTHING_ACKED
             got = self._lease(
                 c, team, member, session, now, now + lease, limit, not pinned_only, owner
             )
+            if got:
+                c.hand(own, got)  # answered on commit: given back if this receive is gone
             return done, got
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             ready = self.env.waiters.event(team, member)
-            done, got = await self.env.transact(partial(attempt, now=self.clock.now(), ids=ids))
+            # a receive cancelled while its lease runs in the store's thread (which may
+            # still commit it, after a push worker stopped and another started, say):
+            # what that lease took goes back to the queue at once, not at its end
+            own = Taker(limit, lease, loop.create_future())
+            try:
+                done, got = await self.env.transact(
+                    partial(attempt, now=self.clock.now(), ids=ids, own=own)
+                )
+            except asyncio.CancelledError:
+                self._give_back(team, member, own, owner)
+                raise
             if ids:  # acked with the first attempt only, and committed with it
                 acked, ids = done, []
             if got:
@@ -444,15 +458,17 @@ class Messages:
                 if got:
                     return Leased(got, acked)
 
-    def _give_back(self, team: str, member: str, taker: Taker) -> None:
-        """A receive that stopped while a send had claimed it (cancelled): what that
-        send leases for it goes back to the inbox at once, not at the lease's end."""
+    def _give_back(self, team: str, member: str, taker: Taker, owner: str | None = None) -> None:
+        """A receive that stopped while a transaction leased for it (cancelled: a send
+        had claimed it, or its own lease was still running): what that transaction
+        leases for it goes back to the inbox at once, not at the lease's end (with
+        ``owner``, only while it still holds the member's push delivery)."""
 
         def handed(fut: asyncio.Future[list[InboxMessage]]) -> None:
             got = [] if fut.cancelled() else fut.result()
             if got:
                 ids = [m.message.message_id for m in got]
-                task = asyncio.ensure_future(self.release(team, member, ids))
+                task = asyncio.ensure_future(self.release(team, member, ids, owner=owner))
                 self._giving_back.add(task)
                 task.add_done_callback(self._given_back)
 
