@@ -317,7 +317,10 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
 
 _TO_SCHEMA_10 = {
     "sqlite": [
-        "DROP INDEX deliveries_dead",  # schema 12, the next one
+        "DROP INDEX messages_created",  # schema 13
+        "CREATE INDEX messages_created ON messages (created_at)",
+        "DELETE FROM schema_migrations WHERE version = 13",
+        "DROP INDEX deliveries_dead",  # schema 12
         "DELETE FROM schema_migrations WHERE version = 12",
         "UPDATE jobs SET payload = json_remove(payload, '$.reply')",
         "DROP INDEX jobs_watch",
@@ -326,7 +329,10 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
-        "DROP INDEX deliveries_dead",  # schema 12, the next one
+        "DROP INDEX messages_created",  # schema 13
+        "CREATE INDEX messages_created ON messages (created_at)",
+        "DELETE FROM schema_migrations WHERE version = 13",
+        "DROP INDEX deliveries_dead",  # schema 12
         "DELETE FROM schema_migrations WHERE version = 12",
         "UPDATE jobs SET payload = payload - 'reply'",
         "DROP INDEX jobs_watch",
