@@ -18,13 +18,14 @@ from tests.peers import Peer, QuietHandler
 
 
 class Faulty(Peer):
-    """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``) is used once,
-    by the first request it matches: ``cut`` passes the request on and closes the
-    connection instead of relaying the answer; ``503``/``429`` answer that status with
-    ``Retry-After: 1`` without passing the request on."""
+    """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``, and
+    optionally a text the request's body must hold) is used once, by the first request
+    it matches: ``cut`` passes the request on and closes the connection instead of
+    relaying the answer; ``503``/``429`` answer that status with ``Retry-After: 1``
+    without passing the request on."""
 
     def __init__(self, upstream: str) -> None:
-        self.faults: list[tuple[str, str, str]] = []
+        self.faults: list[tuple[str, ...]] = []
         self.seen: list[tuple[str, str, str]] = []  # method, path, what was done
         lock = threading.Lock()
         outer = self
@@ -37,7 +38,14 @@ class Faulty(Peer):
                 path = self.path.split("?")[0]
                 with lock:
                     fault = next(
-                        (f for f in outer.faults if f[0] == self.command and f[1] == path), None
+                        (
+                            f
+                            for f in outer.faults
+                            if f[0] == self.command
+                            and f[1] == path
+                            and (len(f) < 4 or f[3].encode() in body)
+                        ),
+                        None,
                     )
                     if fault is not None:
                         outer.faults.remove(fault)
@@ -138,20 +146,18 @@ async def test_a_hub_that_says_come_back_later_is_called_again(
     assert ("GET", "/v1/inbox", status) in proxy.seen
 
 
-async def test_an_event_whose_answer_is_lost_is_not_reported_twice(
+async def test_a_call_without_an_id_whose_answer_is_lost_is_not_made_again(
     srv: Server, proxy: Faulty
 ) -> None:
     # a call that changes something and has no id to be recognised by is not made again:
     # the caller hears the connection broke, and the hub did it once
-    tokens = srv.team("cut-event", "a")
-    async with Client(proxy.url, tokens["a"]) as a:
-        s = await a.open_session()
-        await a.turn_start(s.session_id, "go")
-        proxy.faults.append(("POST", f"/v1/sessions/{s.session_id}/events", "cut"))
+    srv.team("cut-rotate", "a")
+    path = "/v1/teams/cut-rotate/members/a/token"
+    proxy.faults.append(("POST", path, "cut"))
+    async with Client(proxy.url, srv.admin_token) as admin:
         with pytest.raises(PeerError):
-            await a.agent_stop(s.session_id, "done")
-    events = [w for m, p, w in proxy.seen if p.endswith("/events")]
-    assert events == ["pass", "cut"]
+            await admin.rotate_token("cut-rotate", "a")
+    assert [w for m, p, w in proxy.seen if p == path] == ["cut"]
 
 
 def test_the_sync_client_sends_once_too(srv: Server, proxy: Faulty) -> None:
@@ -179,3 +185,80 @@ async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_loses_nothing(
         await got[0].ack()
         assert await b.receive(wait=0) == []
     assert [w for m, p, w in proxy.seen if p == "/v1/inbox"][:2] == ["cut", "pass"]
+
+
+# -- calls made again under their id, on every store ---------------------------------
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "memory"])
+def any_srv(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    home = tmp_path_factory.mktemp(f"sdkfaults-{request.param}") / "home"
+    store = None
+    if request.param == "memory":
+        store = "memory://"
+    elif request.param == "postgres":
+        store = request.getfixturevalue("postgres_server").new_database()
+    s = start_server(home, store)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def any_proxy(any_srv: Server) -> Iterator[Faulty]:
+    p = Faulty(any_srv.url)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _events(srv: Server, token: str, session: str) -> list[str]:
+    with srv.client(token) as c:
+        r = c.get(f"/v1/sessions/{session}/transcript")
+        r.raise_for_status()
+        return [e["kind"] for e in r.json()["events"]]
+
+
+async def test_a_turn_start_whose_answer_is_lost_starts_one_turn(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # made twice, turn_start would start a second turn (a retry: the ledger cleared)
+    tokens = any_srv.team("cut-start", "a")
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        any_proxy.faults.append(
+            ("POST", f"/v1/sessions/{s.session_id}/events", "cut", "turn_start")
+        )
+        started = await a.turn_start(s.session_id, "go")
+        assert (started.turn, started.retried, started.replayed) == (1, False, True)
+        assert (await a.session(s.session_id)).turn == 1
+    assert _events(any_srv, tokens["a"], s.session_id).count("turn_start") == 1
+
+
+async def test_an_agent_stop_whose_answer_is_lost_routes_its_closing_text_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # the hub routed the closing text (a block to b, the output across the link the
+    # turn's send opened) and the answer was lost: made again, the stop is answered as it
+    # was, and b gets each message once
+    tokens = any_srv.team("cut-stop", "a", "b")
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        await a.turn_start(s.session_id, "go")
+        await a.send("b", "starting", from_session=s.session_id)
+        any_proxy.faults.append(
+            ("POST", f"/v1/sessions/{s.session_id}/events", "cut", "agent_stop")
+        )
+        stopped = await a.agent_stop(s.session_id, 'all done <message to="b">ship it</message>')
+        assert stopped.replayed and stopped.state == "idle" and len(stopped.sent or []) == 1
+    got = _inbox(any_srv, tokens["b"])
+    assert [(m["kind"], m["text"]) for m in got if m["from"] == "a"] == [
+        ("direct", "starting"),
+        ("direct", "ship it"),
+        ("link", "[From a] all done"),
+    ]
+    assert _events(any_srv, tokens["a"], s.session_id).count("agent_stop") == 1

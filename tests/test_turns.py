@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from backchannel.core import turns
-from backchannel.errors import Forbidden, InvalidRequest, InvalidState, UnknownSession
+from backchannel.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    InvalidState,
+    UnknownSession,
+)
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import EventKind, LedgerEntry, MessageKind, SessionState
@@ -49,6 +55,25 @@ async def test_turn_lifecycle_states_and_timestamps(hub: Hub, clock: FakeClock) 
     assert (s.state, s.last_output, s.last_stop_at) == (SessionState.IDLE, "all done", clock.now())
     done = await hub.terminate_session("t", "a", "a-1", "finished")
     assert done.state is SessionState.TERMINATED
+
+
+async def test_a_report_made_again_under_its_request_id_is_answered_and_not_done_again(
+    hub: Hub,
+) -> None:
+    await _setup(hub, "a", "b")
+    await hub.open_session("t", "a", "a-1")
+    first = await hub.report_event("t", "a", "a-1", "turn_start", "go", request_id="r1")
+    again = await hub.report_event("t", "a", "a-1", "turn_start", "go", request_id="r1")
+    assert again == {**first, "replayed": True}
+    stop = '<message to="b">ship it</message> done'
+    first = await hub.report_event("t", "a", "a-1", "agent_stop", stop, request_id="r2")
+    again = await hub.report_event("t", "a", "a-1", "agent_stop", stop, request_id="r2")
+    assert again == {**first, "replayed": True}
+    assert await _texts(hub, "b") == ["ship it"]
+    assert [k for k, _ in await _events(hub, "a-1")].count("agent_stop") == 1
+    # the same id for another kind of report is a mistake, said so
+    with pytest.raises(Conflict, match="'r2' was already used for the agent_stop report"):
+        await hub.report_event("t", "a", "a-1", "turn_start", "go", request_id="r2")
 
 
 async def test_resume_keeps_the_session(hub: Hub) -> None:

@@ -418,9 +418,11 @@ class MemberApi:
         kind: str,
         text: str = "",
         data: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> EventAnswer:
         got = await self.hub.report_event(
-            self.team, self.name, session_id, kind, text, dict(data or {})
+            self.team, self.name, session_id, kind, text, dict(data or {}), request_id=request_id
         )
         return EventAnswer.model_validate(got)
 

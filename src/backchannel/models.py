@@ -162,6 +162,11 @@ class EventIn(_Body):
     )
     text: str = ""
     data: JsonObject = Field(default_factory=dict)
+    request_id: IdField | None = Field(
+        None,
+        description="your id for this report, for retries: the same id again answers the "
+        "first answer (replayed) and does nothing",
+    )
 
 
 class TerminateIn(_Body):
@@ -658,7 +663,9 @@ class SessionList(_Out):
 
 class EventAnswer(_Out):
     """What reporting an event did. ``agent_stop`` adds what the closing text became
-    (``sent``, ``duplicates_dropped``, ``unknown_destinations``, ``output``)."""
+    (``sent``, ``duplicates_dropped``, ``unknown_destinations``, ``output``).
+    ``replayed``: the session's last report was made with this ``request_id``, and this
+    is its answer again (nothing was done twice)."""
 
     model_config = ConfigDict(extra="allow")
     session: str
@@ -671,6 +678,7 @@ class EventAnswer(_Out):
     sent: list[str] | None = None
     duplicates_dropped: list[str] | None = None
     unknown_destinations: list[str] | None = None
+    replayed: bool = False
 
 
 class Event(_Out):

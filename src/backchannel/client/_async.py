@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -69,6 +70,11 @@ LOCAL_SCHEMES = ("sqlite:", "postgresql:", "postgres:", "memory:")
 
 def _q(part: str) -> str:
     return quote(part, safe="")
+
+
+def new_request_id() -> str:
+    """An id for one call that is safe to make again under it (an event, a timer)."""
+    return "req_" + uuid.uuid4().hex
 
 
 def _given(**fields: Any) -> dict[str, Any]:
@@ -599,16 +605,25 @@ class Client:
         kind: str,
         text: str = "",
         data: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> EventAnswer:
         """Report ``turn_start``, ``thought``, ``tool_call``, ``tool_result``,
-        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed)."""
-        body = {"kind": kind, "text": text, "data": dict(data or {})}
+        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed).
+        Idempotent on ``request_id``: the same id again answers the first answer,
+        ``replayed``. Without one the client picks it, so that a report whose answer was
+        lost on the way is made again without starting a turn twice or routing a
+        closing text twice."""
+        if request_id is None:
+            request_id = new_request_id()
+        body = {"kind": kind, "text": text, "data": dict(data or {}), "request_id": request_id}
         call = Call(
             "POST",
             f"/v1/sessions/{_q(session_id)}/events",
-            lambda s: s.member.report_event(session_id, kind, text, data),
+            lambda s: s.member.report_event(session_id, kind, text, data, request_id=request_id),
             EventAnswer,
             body,
+            repeatable=True,
         )
         got: EventAnswer = await self._do(call)
         return got

@@ -321,10 +321,15 @@ class SyncClient:
         kind: str,
         text: str = "",
         data: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> EventAnswer:
         """Report ``turn_start``, ``thought``, ``tool_call``, ``tool_result``,
-        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed)."""
-        return self._run(self._async.report_event(session_id, kind, text, data))
+        ``agent_output`` or ``agent_stop`` (its text is the closing text, routed).
+        Idempotent on ``request_id`` (the client picks one when not given)."""
+        return self._run(
+            self._async.report_event(session_id, kind, text, data, request_id=request_id)
+        )
 
     def turn_start(self, session_id: str, text: str = "") -> EventAnswer:
         return self._run(self._async.turn_start(session_id, text))

@@ -56,12 +56,13 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def check_message_id(message_id: str) -> str:
+def check_message_id(message_id: str, field: str = "message_id") -> str:
+    """A client-chosen id (``field``: which one, for the error)."""
     if not isinstance(message_id, str) or not MESSAGE_ID_RE.fullmatch(message_id):
         raise InvalidRequest(
-            f"invalid message_id {message_id!r}: use 1 to 128 letters, digits, '_', '-', '.' "
+            f"invalid {field} {message_id!r}: use 1 to 128 letters, digits, '_', '-', '.' "
             "or ':', starting with a letter or digit (or omit it and the hub picks one)",
-            field="message_id",
+            field=field,
         )
     return message_id
 

@@ -17,7 +17,13 @@ from typing import Any
 
 from backchannel.core import messages as rules
 from backchannel.core import notices, turns
-from backchannel.errors import BudgetExhausted, InvalidRequest, InvalidState, QuotaExceeded
+from backchannel.errors import (
+    BudgetExhausted,
+    Conflict,
+    InvalidRequest,
+    InvalidState,
+    QuotaExceeded,
+)
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.hub.quotas import Quotas
@@ -33,7 +39,7 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["CHECKPOINT_JOB", "CONTINUED", "HANDED", "StopResult", "Turns"]
+__all__ = ["ANSWERED", "CHECKPOINT_JOB", "CONTINUED", "HANDED", "StopResult", "Turns"]
 
 CHECKPOINT_JOB = "checkpoint"
 #: Session meta of a turn a stop hook's answer continued: the closing text before it
@@ -48,6 +54,9 @@ DEFAULT_CHECKPOINT_TEXT = (
     "Checkpoint: you have been idle for a while. In two or three lines, say where your "
     "task stands, what is next, and whether anything blocks you."
 )
+#: Session meta of the last event reported with a ``request_id``: ``{"id", "kind",
+#: "answer"}``, the answer a repeat of that request gets again.
+ANSWERED = "answered"
 #: Message kinds whose delivery to a session's turn does not feed the ledger.
 _LEDGER_KINDS = (MessageKind.DIRECT,)
 
@@ -94,10 +103,17 @@ class Turns:
         kind: EventKind | str,
         text: str = "",
         data: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         """Record what a runtime reports. ``turn_start`` opens a turn (a second one while
         a turn runs is a retry: the ledger is cleared); ``agent_stop`` closes it and
-        routes the closing text. Other events need an open turn."""
+        routes the closing text. Other events need an open turn.
+
+        ``request_id`` (the caller's, for this one report) makes the report safe to make
+        again when its answer was lost: the session keeps its last such report's answer,
+        and the same id again is answered with it (``replayed``) and does nothing, so a
+        turn is not started twice nor its closing text routed twice."""
         try:
             kind = EventKind(kind)
         except ValueError:
@@ -108,6 +124,8 @@ class Turns:
             raise InvalidRequest(f"{kind.value!r} is recorded by the hub; report one of: {allowed}")
         if not isinstance(text, str):
             raise InvalidRequest("text must be a string", field="text")
+        if request_id is not None:
+            rules.check_message_id(request_id, "request_id")
         rules.check_text(text, self.config.max_text)
         data = dict(data or {})
         turns.check_event_data(data)
@@ -116,6 +134,27 @@ class Turns:
         def fn(c: Ctx) -> dict[str, Any]:
             c.watched(team)  # traffic watchers; inboxes wake as messages are stored
             s = self.sessions.load(c, team, member, session_id)
+            if request_id is None:
+                return report(c, s)
+            last = s.meta.get(ANSWERED) or {}
+            if last.get("id") == request_id:
+                if last.get("kind") != kind.value:
+                    raise Conflict(
+                        f"request_id {request_id!r} was already used for the "
+                        f"{last.get('kind')} report of session {session_id!r}; pick a new "
+                        "request_id for each report"
+                    )
+                return {**last["answer"], "replayed": True}
+            answer = report(c, s)
+            now_s = c.tx.get_session(team, session_id) or s  # as the report left it
+            meta = {
+                **now_s.meta,
+                ANSWERED: {"id": request_id, "kind": kind.value, "answer": answer},
+            }
+            c.tx.put_session(dataclasses.replace(now_s, meta=meta))
+            return answer
+
+        def report(c: Ctx, s: Session) -> dict[str, Any]:
             if s.state is SessionState.TERMINATED:
                 raise InvalidState(
                     f"session {session_id!r} is terminated; open a new session to report events"

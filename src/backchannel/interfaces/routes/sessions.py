@@ -41,7 +41,9 @@ async def get_session(session_id: SessionId, api: AsMember) -> SessionInfo:
 async def report_event(session_id: SessionId, body: EventIn, api: AsMember) -> EventAnswer:
     """Report a runtime event: turn_start, thought, tool_call, tool_result,
     agent_output or agent_stop (whose text is the closing text, routed)."""
-    return await api.report_event(session_id, body.kind, body.text, body.data)
+    return await api.report_event(
+        session_id, body.kind, body.text, body.data, request_id=body.request_id
+    )
 
 
 @router.post("/v1/sessions/{session_id}/terminate")
