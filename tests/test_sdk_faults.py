@@ -262,3 +262,18 @@ async def test_an_agent_stop_whose_answer_is_lost_routes_its_closing_text_once(
         ("link", "[From a] all done"),
     ]
     assert _events(any_srv, tokens["a"], s.session_id).count("agent_stop") == 1
+
+
+async def test_a_delegation_whose_answer_is_lost_is_made_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-delegate", "a", "b")
+    any_proxy.faults.append(("POST", "/v1/delegations", "cut"))
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        await a.turn_start(s.session_id, "go")
+        d = await a.delegate("b", "count the lines", session=s.session_id)
+        assert [x.delegation_id for x in await a.delegations()] == [d.delegation_id]
+    async with Client(any_srv.url, tokens["b"]) as b:
+        assert [x.session_id for x in await b.list_sessions("b")] == [d.callee_session]
+        assert await b.pending() == 1  # the task, once

@@ -96,10 +96,14 @@ class Delegations:
         tool_use_id: str | None = None,
     ) -> Delegation:
         """Call ``to`` (a member, or ``agent@service`` on another hub) as a tool. Returns
-        at once; the answer arrives later as a ``tool_result`` message."""
+        at once; the answer arrives later as a ``tool_result`` message.
+
+        Idempotent on ``tool_use_id`` within the caller's session: the same call again
+        (made again when its answer was lost) answers the delegation it made, and a
+        different task or callee under it is refused (``Conflict``)."""
         timeout = rules.check_delegate(to, task, timeout_s)
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
-        messages.check_message_id(tuid)
+        messages.check_message_id(tuid, "tool_use_id")
         now = self.clock.now()
         remote = "@" in to
         if remote:
@@ -118,16 +122,22 @@ class Delegations:
         def fn(c: Ctx) -> Delegation:
             tx = c.tx
             caller = self.timers.session_for(c, team, member, session_id, "delegation")
+            known = tx.find_delegation(team, caller_session=caller.session_id, tool_use_id=tuid)
+            if known is not None:
+                if (known.callee, known.task) == (to, task):
+                    return known  # this call, made again: its answer was lost
+                raise Conflict(
+                    f"tool_use_id {tuid!r} was already used in session {caller.session_id!r} "
+                    f"for another delegation ({known.delegation_id} to {known.callee}); give "
+                    "each call its own tool_use_id",
+                    field="tool_use_id",
+                )
             if caller.state is not SessionState.ACTIVE:
                 raise InvalidRequest(
                     f"delegate from a turn: session {caller.session_id!r} has no open turn",
                     field="session",
                 )
             batch = f"{caller.session_id}#{caller.turn}"
-            if tx.find_delegation(team, caller_session=caller.session_id, tool_use_id=tuid):
-                raise InvalidRequest(
-                    f"tool_use_id {tuid!r} was already used in this session", field="tool_use_id"
-                )
             d = Delegation(
                 team=team,
                 delegation_id="dlg_" + uuid.uuid4().hex[:16],
