@@ -264,6 +264,17 @@ async def test_an_agent_stop_whose_answer_is_lost_routes_its_closing_text_once(
     assert _events(any_srv, tokens["a"], s.session_id).count("agent_stop") == 1
 
 
+async def test_a_session_opened_whose_answer_is_lost_is_opened_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-open", "a")
+    any_proxy.faults.append(("POST", "/v1/sessions", "cut"))
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        assert s.session_id.startswith("a-")
+        assert [x.session_id for x in await a.list_sessions("a")] == [s.session_id]
+
+
 async def test_a_delegation_whose_answer_is_lost_is_made_once(
     any_srv: Server, any_proxy: Faulty
 ) -> None:

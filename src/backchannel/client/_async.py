@@ -19,6 +19,7 @@ from backchannel.client._transport import (
 )
 from backchannel.errors import InvalidRequest
 from backchannel.hub.messages import new_message_id
+from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
 from backchannel.models import (
     Acked,
@@ -565,13 +566,21 @@ class Client:
 
     # -- sessions and turns ------------------------------------------------------------
     async def open_session(self, session_id: str | None = None) -> SessionInfo:
-        """Open a session, or resume ``session_id`` (same state, links and timers)."""
+        """Open a session, or resume ``session_id`` (same state, links and timers).
+        Without an id the client picks a new one (as the hub would, ``<member>-<hex>``),
+        so that an open whose answer was lost on the way is made again as the same
+        session, never a second one: opening a session that is open answers it."""
+        if session_id is None:
+            me = await self.me()
+            if me.name is not None:  # the administrator is refused by the hub
+                session_id = new_session_id(me.name)
         call = Call(
             "POST",
             "/v1/sessions",
             lambda s: s.member.open_session(session_id),
             SessionInfo,
             {"session_id": session_id},
+            repeatable=True,
         )
         got: SessionInfo = await self._do(call)
         return got

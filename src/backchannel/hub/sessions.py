@@ -27,7 +27,7 @@ from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
 from backchannel.types import EventKind, Job, Session, SessionEvent, SessionState
 
-__all__ = ["EXIT_JOB", "Sessions", "exit_grace", "session_json"]
+__all__ = ["EXIT_JOB", "Sessions", "exit_grace", "new_session_id", "session_json"]
 
 _TRANSCRIPT_BATCH = 32
 
@@ -35,6 +35,11 @@ EXIT_JOB = "session_exit"
 #: How long an exited session keeps its links and timers for a resume (team setting
 #: ``exit_grace_seconds``; docs/decisions.md says why an hour).
 DEFAULT_EXIT_GRACE_S = 3600.0
+
+
+def new_session_id(member: str) -> str:
+    """A new session's id when its opener names none: ``<member>-<12 hex digits>``."""
+    return f"{member}-{uuid.uuid4().hex[:12]}"
 
 
 def exit_grace(settings: Mapping[str, Any]) -> float:
@@ -95,11 +100,7 @@ class Sessions:
         session its input in the same transaction: a send that is refused (a spent
         budget, a full inbox) opens no session either, so a task refused at the door
         leaves nothing behind."""
-        sid = (
-            rules.check_session_id(session_id)
-            if session_id
-            else f"{member}-{uuid.uuid4().hex[:12]}"
-        )
+        sid = rules.check_session_id(session_id) if session_id else new_session_id(member)
         now = self.clock.now()
 
         def fn(c: Ctx) -> Session:
