@@ -275,6 +275,17 @@ async def test_a_session_opened_whose_answer_is_lost_is_opened_once(
         assert [x.session_id for x in await a.list_sessions("a")] == [s.session_id]
 
 
+async def test_a_timer_set_whose_answer_is_lost_is_set_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-timer", "a")
+    any_proxy.faults.append(("POST", "/v1/timers", "cut"))
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        t = await a.set_timer("anchor", 5, "back to the report", session=s.session_id)
+        assert [x.timer_id for x in await a.timers(all=True)] == [t.timer_id]
+
+
 async def test_a_delegation_whose_answer_is_lost_is_made_once(
     any_srv: Server, any_proxy: Faulty
 ) -> None:

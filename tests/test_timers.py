@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownRecipient
+from backchannel.errors import (
+    AnchorRequired,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    UnknownRecipient,
+)
 from backchannel.hub import Hub
 from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
@@ -45,6 +52,21 @@ async def test_anchor_fires_as_the_agents_breadcrumb(hub: Hub, clock: FakeClock)
     await hub.maintain()
     assert await _take(hub, "a") == [], "a timer fires once"
     assert await hub.list_timers("t") == []
+
+
+async def test_a_timer_set_again_under_its_request_id_is_set_once(
+    hub: Hub, clock: FakeClock
+) -> None:
+    await _team(hub, "a")
+    first = await hub.set_timer("t", "a", "a-s", "anchor", 60, "the report", request_id="r1")
+    clock.advance(60)
+    await hub.maintain()  # fired before the set was made again: still the same timer
+    again = await hub.set_timer("t", "a", "a-s", "anchor", 60, "the report", request_id="r1")
+    assert (again.timer_id, again.state) == (first.timer_id, "done")
+    assert await _take(hub, "a") == ["ANCHOR: the report"]
+    assert [t.timer_id for t in await hub.list_timers("t", pending_only=False)] == [first.timer_id]
+    with pytest.raises(Conflict, match="'r1' was already used for timer"):
+        await hub.set_timer("t", "a", "a-s", "anchor", 60, "another", request_id="r1")
 
 
 async def test_check_timer_shows_the_peers_state_and_last_output(

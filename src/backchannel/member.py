@@ -377,15 +377,18 @@ class MemberApi:
         *,
         seconds: float | None = None,
         session: str | None = None,
+        request_id: str | None = None,
     ) -> Timer:
         """Exactly one of ``minutes`` and ``seconds`` (an anchor without either: the
-        default time)."""
+        default time). Idempotent on ``request_id``."""
         if minutes is None and seconds is None and intent == "anchor":
             minutes = DEFAULT_ANCHOR_MINUTES
         if (minutes is None) == (seconds is None):
             raise InvalidRequest("give exactly one of minutes or seconds", field="minutes")
         due = seconds if seconds is not None else float(minutes or 0) * 60
-        timer = await self.hub.set_timer(self.team, self.name, session, intent, due, note, target)
+        timer = await self.hub.set_timer(
+            self.team, self.name, session, intent, due, note, target, request_id=request_id
+        )
         return Timer.model_validate(timer.to_json(self.hub.clock.now()))
 
     async def timers(

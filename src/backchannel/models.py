@@ -266,6 +266,11 @@ class TimerIn(_Body):
     )
     target: NameField | None = Field(None, description="the peer, for check and wait")
     session: SessionField | None = Field(None, description="your session [your only open one]")
+    request_id: IdField | None = Field(
+        None,
+        description="your id for this timer, for retries: the same id again answers the "
+        "timer it set and sets none",
+    )
 
 
 class ExtendIn(_Body):

@@ -709,23 +709,36 @@ class Client:
         *,
         seconds: float | None = None,
         session: str | None = None,
+        request_id: str | None = None,
     ) -> Timer:
         """Set a heartbeat: ``anchor`` (back to your task; 10 minutes when no time is
         given), ``check`` or ``wait`` (on the ``target`` peer). One of ``minutes`` and
-        ``seconds``."""
+        ``seconds``. Idempotent on ``request_id``: the same id again answers the timer
+        it set. Without one the client picks it, so that a set whose answer was lost on
+        the way is made again as the same timer, never a second one."""
+        if request_id is None:
+            request_id = new_request_id()
         body = {
             "intent": intent,
             "note": note,
+            "request_id": request_id,
             **_given(minutes=minutes, seconds=seconds, target=target, session=session),
         }
         call = Call(
             "POST",
             "/v1/timers",
             lambda s: s.member.set_timer(
-                intent, minutes, note, target, seconds=seconds, session=session
+                intent,
+                minutes,
+                note,
+                target,
+                seconds=seconds,
+                session=session,
+                request_id=request_id,
             ),
             Timer,
             body,
+            repeatable=True,
         )
         got: Timer = await self._do(call)
         return got

@@ -372,12 +372,21 @@ class SyncClient:
         *,
         seconds: float | None = None,
         session: str | None = None,
+        request_id: str | None = None,
     ) -> Timer:
         """Set a heartbeat: ``anchor`` (back to your task; 10 minutes when no time is
         given), ``check`` or ``wait`` (on the ``target`` peer). One of ``minutes`` and
-        ``seconds``."""
+        ``seconds``. Idempotent on ``request_id`` (the client picks one when not given)."""
         return self._run(
-            self._async.set_timer(intent, minutes, note, target, seconds=seconds, session=session)
+            self._async.set_timer(
+                intent,
+                minutes,
+                note,
+                target,
+                seconds=seconds,
+                session=session,
+                request_id=request_id,
+            )
         )
 
     def cancel_timer(self, timer_id: int) -> Timer:

@@ -25,7 +25,14 @@ from typing import Any
 
 from backchannel.core import messages, notices
 from backchannel.core import timers as rules
-from backchannel.errors import AnchorRequired, Forbidden, InvalidRequest, NotFound, UnknownMember
+from backchannel.errors import (
+    AnchorRequired,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    UnknownMember,
+)
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.hub.quotas import Quotas
@@ -104,14 +111,26 @@ class Timers:
         seconds: float,
         note: str,
         target: str | None = None,
+        *,
+        request_id: str | None = None,
     ) -> Timer:
-        """Set a timer on ``session_id`` (or the member's only open-turn session)."""
+        """Set a timer on ``session_id`` (or the member's only open-turn session).
+
+        Idempotent on ``request_id`` (the caller's, kept with the timer): the same id
+        again answers the timer it set, fired or cancelled since, and sets none (a set
+        made again when its answer was lost); another timer under it is a conflict."""
         it = rules.check_timer(intent, seconds, note, target)
+        if request_id is not None:
+            messages.check_message_id(request_id, "request_id")
         now = self.clock.now()
 
         def fn(c: Ctx) -> Timer:
             tx = c.tx
             s = self.session_for(c, team, member, session_id)
+            if request_id is not None:
+                again = self._set_under(tx, s, member, request_id, (it.value, note.strip(), target))
+                if again is not None:
+                    return again  # this set, made again: its answer was lost
             if target is not None:
                 if tx.get_member(team, target) is None:
                     known = [m.name for m in tx.list_members(team)]
@@ -131,6 +150,7 @@ class Timers:
                     "target": target,
                     "set_at": now,
                     "member": member,
+                    **({"request_id": request_id} if request_id is not None else {}),
                 },
                 watch=target,
             )
@@ -144,6 +164,26 @@ class Timers:
             return Timer.of(dataclasses.replace(job, job_id=job_id))
 
         return await self.env.transact(fn)
+
+    @staticmethod
+    def _set_under(
+        tx: Tx, s: Session, member: str, request_id: str, what: tuple[str, str, str | None]
+    ) -> Timer | None:
+        """The timer ``member`` set on ``s`` under ``request_id``, if any; one that is
+        not ``what`` (intent, note, target) is a conflict."""
+        jobs = tx.list_jobs(
+            s.team, session_id=s.session_id, kind=rules.TIMER_JOB, pending_only=False
+        )
+        for job in jobs:
+            if job.payload.get("request_id") == request_id and job.payload.get("member") == member:
+                t = Timer.of(job)
+                if (t.intent, t.note, t.target) != what:
+                    raise Conflict(
+                        f"request_id {request_id!r} was already used for timer {t.timer_id} "
+                        f"({t.intent}: {t.note!r}); pick a new request_id for each timer"
+                    )
+                return t
+        return None
 
     def session_for(
         self, c: Ctx, team: str, member: str, session_id: str | None, purpose: str = "timer"

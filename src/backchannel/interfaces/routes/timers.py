@@ -23,6 +23,7 @@ async def set_timer(body: TimerIn, api: AsMember) -> Timer:
         body.target,
         seconds=body.seconds,
         session=body.session,
+        request_id=body.request_id,
     )
 
 
