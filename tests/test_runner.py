@@ -524,3 +524,75 @@ async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path:
         await user.close()
         proxy.close()
         srv.stop()
+
+
+def _through_cuts(ctx: ScriptContext) -> object:
+    """Sets an anchor and delegates, then ends the turn with a block to the peer."""
+    if ctx.step == 0:
+        return use(
+            call("set_timer", intent="anchor", note="the report"),
+            call("delegate", to="peer", task="count the lines"),
+        )
+    return say('done <message to="peer">ship it</message>')
+
+
+async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
+    tmp_path: Path,
+) -> None:
+    """The answers of the session's open, its turn's start and end, a timer's set and a
+    delegation are lost after the hub did them (the SDK does not try again here): the
+    runner makes each again under the same id, the session goes on, and the hub did
+    each once (one turn, one timer, one delegation, the closing block sent once)."""
+    from tests.test_sdk_faults import Faulty
+
+    srv = await asyncio.to_thread(start_server, tmp_path / "home")
+    proxy = Faulty(srv.url)
+    tokens = srv.team("lc", "worker", "peer")
+    team = parse_team(
+        "team: lc\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_through_cuts'}\n"
+    )
+    worker = Client(proxy.url, tokens["worker"], retry_within=0)
+    user = Client(srv.url, tokens["user"])
+    events = "/v1/sessions/worker-main/events"
+    proxy.faults += [
+        ("POST", "/v1/sessions", "cut"),
+        ("POST", events, "cut", "turn_start"),
+        ("POST", "/v1/timers", "cut"),
+        ("POST", "/v1/delegations", "cut"),
+        ("POST", events, "cut", "agent_stop"),
+    ]
+    try:
+        runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60)
+        run = asyncio.create_task(runner.run("report", user))
+        await eventually(
+            lambda: (
+                (
+                    "worker-main" in runner.loops
+                    and runner.loops["worker-main"].stats.turns == 1
+                    and not runner.loops["worker-main"].stats.working
+                )
+                or run.done()
+            ),
+            what="the worker's turn to end",
+            within=30,
+            show=lambda: (proxy.seen, run.done() and run.exception()),
+        )
+        assert not run.done(), run.exception()
+        assert runner.loops["worker-main"].stats.stopped is None, runner.loops["worker-main"].stats
+        assert proxy.faults == [], "every answer was lost once"
+        async with Client(srv.url, tokens["worker"]) as w:
+            assert [s.session_id for s in await w.list_sessions("worker")] == ["worker-main"]
+            assert (await w.session("worker-main")).turn == 1
+            assert len(await w.timers(all=True)) == 1
+            assert len(await w.delegations()) == 1
+        with srv.client(tokens["peer"]) as c:
+            got = c.get("/v1/inbox", params={"limit": 50}).json()["messages"]
+        assert [m["text"] for m in got if m["from"] == "worker"] == ["ship it"]
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    finally:
+        await worker.close()
+        await user.close()
+        proxy.close()
+        srv.stop()

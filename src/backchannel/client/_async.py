@@ -18,7 +18,7 @@ from backchannel.client._transport import (
     hook_result,
 )
 from backchannel.errors import InvalidRequest
-from backchannel.hub.messages import new_message_id
+from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
 from backchannel.models import (
@@ -71,11 +71,6 @@ LOCAL_SCHEMES = ("sqlite:", "postgresql:", "postgres:", "memory:")
 
 def _q(part: str) -> str:
     return quote(part, safe="")
-
-
-def new_request_id() -> str:
-    """An id for one call that is safe to make again under it (an event, a timer)."""
-    return "req_" + uuid.uuid4().hex
 
 
 def _given(**fields: Any) -> dict[str, Any]:

@@ -79,8 +79,9 @@ class Call(Generic[R]):
     token: str | None = None  # another bearer token for this one call
     parse: Callable[[httpx.Response], R] | None = None
     #: Made twice, the call means what it meant once (a read, an ack, a send under its
-    #: ``message_id``): made again when its answer was lost on the way (see
-    #: :class:`HttpTransport`).
+    #: ``message_id``, an event or a timer under its ``request_id``, a delegation under
+    #: its ``tool_use_id``, an open under its session id): made again when its answer
+    #: was lost on the way (see :class:`HttpTransport`).
     repeatable: bool = False
 
 
@@ -199,7 +200,7 @@ class HttpTransport(Transport):
     request went out (the hub may have done it: a send then answers ``replayed``, never a
     second message) and on a 503 or a 429 with ``Retry-After`` (after that pause). Any
     other call whose answer was lost raises :class:`PeerError`: made twice it could do
-    twice what it did (a turn's ``agent_stop``, a new session)."""
+    twice what it did (a budget extended twice, a token rotated twice)."""
 
     def __init__(
         self,

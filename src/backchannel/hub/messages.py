@@ -12,6 +12,7 @@ import itertools
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -66,6 +67,12 @@ def new_message_id() -> str:
     rows land at the end of the indexes instead of all over them, which keeps commits
     small, and no system call is needed per id."""
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+def new_request_id() -> str:
+    """A client's id for one call it may make again under that id (an event, a timer):
+    made again, the hub answers the first answer instead of doing it twice."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ import httpx
 
 from backchannel.client import Client, Received
 from backchannel.errors import BackchannelError, PeerError, StoreError
+from backchannel.hub.messages import new_request_id
 from backchannel.runner import story
 from backchannel.runner.models import (
     ChatMessage,
@@ -73,9 +74,10 @@ def hub_away(exc: BaseException, *, repeatable: bool) -> bool:
     """Is ``exc`` the hub being away for a while, so the call may be made again? A
     refused connection never reached the hub, and a 503 is the hub saying its store
     could not do it now: neither did anything. With ``repeatable`` (reads, acks and
-    releases: calls that mean the same made twice) any failure to reach it counts; a
-    call that changes something is not made again after a failure that may have
-    reached the hub (an ``agent_stop`` twice would be refused, a tool's send sent twice)."""
+    releases, and calls made again under the id they carry: a send's ``message_id``, an
+    event's or a timer's ``request_id``, a delegation's ``tool_use_id``, a session's id)
+    any failure to reach it counts; any other call that changes something is not made
+    again after a failure that may have reached the hub (it could do it twice)."""
     if isinstance(exc, StoreError):
         return True
     if not isinstance(exc, PeerError) or isinstance(exc, ModelError):
@@ -197,9 +199,14 @@ class SessionLoop:
                 pause = min(pause * 2, 60.0)
 
     async def _report(self, kind: str, text: str = "", data: dict[str, Any] | None = None) -> Any:
-        """Report a turn's event, waiting out a hub that is away (restarting)."""
+        """Report a turn's event, waiting out a hub that is away (restarting), under one
+        ``request_id`` chosen here: made again after its answer was lost, the hub
+        answers the first answer, so a turn is not started twice nor its closing text
+        routed twice."""
+        rid = new_request_id()
         return await self.runner.patient(
-            lambda: self.client.report_event(self.session, kind, text, data)
+            lambda: self.client.report_event(self.session, kind, text, data, request_id=rid),
+            repeatable=True,
         )
 
     async def turn(self, inputs: list[Received]) -> None:
@@ -502,7 +509,8 @@ class Runner:
         for spec in self.hosted:
             await self._settle_record(spec.name)
         for spec in self.hosted:
-            await self.clients[spec.name].open_session(f"{spec.name}-main")
+            opening = functools.partial(self.clients[spec.name].open_session, f"{spec.name}-main")
+            await self.patient(opening, repeatable=True)
         await user.send(
             self.team.lead_name, task, session=f"{self.team.lead_name}-main", link=False
         )

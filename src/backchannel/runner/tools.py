@@ -11,6 +11,7 @@ import fnmatch
 import json
 import os
 import re
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 from backchannel.client import Client
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, ToolFailed
-from backchannel.hub.messages import new_message_id
+from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.runner.models import ToolSpec
 from backchannel.runtimes.common import format_message
 
@@ -161,13 +162,15 @@ async def send_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 
 
 async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    """One delegation, under the tool call's id (or one chosen here): made again while
+    the hub is away, the hub answers the delegation it made, never a second one."""
     to, task = _req(args, "to"), _req(args, "task")
-    d = await ctx.client.delegate(
-        to,
-        task,
-        timeout_s=_num(args, "timeout_s"),
-        session=ctx.session,
-        tool_use_id=ctx.call_id or None,
+    timeout_s = _num(args, "timeout_s")
+    tuid = ctx.call_id or "tu_" + uuid.uuid4().hex[:16]
+    d = await ctx.again(
+        lambda: ctx.client.delegate(
+            to, task, timeout_s=timeout_s, session=ctx.session, tool_use_id=tuid
+        )
     )
     return (
         f"delegated to {to} as {d.delegation_id} (pending). The answer arrives as a tool "
@@ -176,14 +179,19 @@ async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 
 
 async def set_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    """One timer, under one ``request_id`` chosen here: made again while the hub is
+    away, the hub answers the timer it set, never a second one."""
     intent, note = _req(args, "intent"), _req(args, "note")
     minutes = _num(args, "minutes")
     if minutes is None and intent == "anchor":
         minutes = DEFAULT_ANCHOR_MINUTES
     if minutes is None:
         raise ToolFailed("argument 'minutes' is required")
-    t = await ctx.client.set_timer(
-        intent, minutes, note, _str(args, "target", required=False), session=ctx.session
+    target, rid = _str(args, "target", required=False), new_request_id()
+    t = await ctx.again(
+        lambda: ctx.client.set_timer(
+            intent, minutes, note, target, session=ctx.session, request_id=rid
+        )
     )
     return f"timer {t.timer_id} ({t.intent}) due in {t.due_in or 0:.0f} s"
 
