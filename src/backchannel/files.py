@@ -22,7 +22,7 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["private_dirs", "write_atomic"]
 
 
 def write_atomic(
@@ -63,3 +63,14 @@ def _umask() -> int:
     old = os.umask(0o022)
     os.umask(old)
     return old
+
+
+def private_dirs(folder: Path) -> None:
+    """``folder`` and every missing directory above it, created 0700 (as the XDG base
+    directory spec asks; ``mkdir(parents=True)`` would give the parents the umask's)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)

@@ -97,7 +97,7 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
     agent_text,
 )
-from backchannel.files import write_atomic
+from backchannel.files import private_dirs, write_atomic
 from backchannel.types import InboxMessage
 
 __all__ = [
@@ -389,12 +389,7 @@ class TmuxAdapter(Adapter):
     def _save(self) -> None:
         """Write what waits unsubmitted to the record (removed when nothing does)."""
         try:
-            folder, missing = self._record.parent, []
-            while not folder.exists():
-                missing.append(folder)
-                folder = folder.parent
-            for d in reversed(missing):
-                d.mkdir(mode=0o700, exist_ok=True)
+            private_dirs(self._record.parent)
             if self._typed:
                 data = {mid: [t.pane, t.owner] for mid, t in self._typed.items()}
                 write_atomic(self._record, json.dumps(data), mode=0o600)

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from backchannel.files import write_atomic
+from backchannel.files import private_dirs, write_atomic
 from backchannel.runtimes.seen import state_dir
 
 __all__ = ["SeenRecord", "record_path"]
@@ -93,13 +93,7 @@ class SeenRecord:
         while len(self._ids) > KEEP:
             del self._ids[next(iter(self._ids))]
         try:
-            folder = self.path.parent
-            missing = []
-            while not folder.exists():
-                missing.append(folder)
-                folder = folder.parent
-            for d in reversed(missing):
-                d.mkdir(mode=0o700, exist_ok=True)
+            private_dirs(self.path.parent)
             if self._ids:
                 write_atomic(self.path, json.dumps({"handed": list(self._ids)}), mode=0o600)
             else:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from backchannel.files import write_atomic
+from backchannel.files import private_dirs, write_atomic
 
 __all__ = [
     "DELIVERED_HEADER",
@@ -85,17 +85,6 @@ def recorded(runtime: str, session_id: str) -> list[str]:
     return [i for i in ids if isinstance(i, str)][-KEEP:] if isinstance(ids, list) else []
 
 
-def _private_dirs(folder: Path) -> None:
-    """``folder`` and every missing directory above it, created 0700 (as the XDG base
-    directory spec asks; ``mkdir(parents=True)`` would give the parents the umask's)."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-
-
 def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
     """Add ``ids`` to the session's record; never raises."""
     new = [i for i in ids if isinstance(i, str)]
@@ -103,7 +92,7 @@ def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
         return
     try:
         path = _path(runtime, session_id)
-        _private_dirs(path.parent)
+        private_dirs(path.parent)
         with _locked(path.parent):
             keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
             write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
@@ -142,7 +131,7 @@ def session_lock(runtime: str, session_id: str, wait: float) -> Iterator[bool]:
     fd = -1
     try:
         path = _path(runtime, session_id)
-        _private_dirs(path.parent)
+        private_dirs(path.parent)
         fd = os.open(
             path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
