@@ -468,6 +468,8 @@ _sends_tried: list[str] = []
 def _sends_until_sent(ctx: ScriptContext) -> object:
     """Sends one message; a send the tool reports failed is made again, as a model does."""
     send = call("send_message", to="peer", message="the build is green")
+    if "report" not in ctx.text:  # the hub's notice of the link the send opened
+        return say("")
     if ctx.step == 0:
         return use(call("set_timer", intent="anchor", note="the report"), send)
     _sends_tried.append(ctx.result())
@@ -499,7 +501,7 @@ async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path:
         await eventually(
             lambda: (
                 "worker-main" in runner.loops
-                and runner.loops["worker-main"].stats.turns == 1
+                and runner.loops["worker-main"].stats.turns >= 1
                 and not runner.loops["worker-main"].stats.working
             ),
             what="the worker's turn to end",
