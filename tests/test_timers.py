@@ -248,6 +248,61 @@ async def test_a_timer_due_while_the_hub_was_down_fires_once_marked_late(tmp_pat
         assert await _take(hub, "a") == [], "fired once, across restarts"
 
 
+async def test_a_terminated_sessions_timers_are_cancelled_not_fired_into_nothing(
+    tmp_path: Path,
+) -> None:
+    """A terminated session never takes input again: its pending timers are cancelled
+    as it ends (explicitly, or when its exit grace runs out), its record says so, and
+    they stop counting against the member's timer quota, instead of staying pending for
+    up to 30 days and then being marked done without reaching anyone."""
+    clock = FakeClock()
+    async with Hub(SqliteStore(tmp_path / "t.db"), clock=clock, background=False) as hub:
+        await _team(hub, "a")
+        await hub.update_member("t", "a", settings={"max_timers": 2})
+        await hub.open_session("t", "a", "a-2")
+        ended = await hub.set_timer("t", "a", "a-s", "anchor", 60, "gone with a-s")
+        exited = await hub.set_timer("t", "a", "a-2", "anchor", 7200, "gone with a-2")
+        await hub.terminate_session("t", "a", "a-s", "done")
+        assert [t.timer_id for t in await hub.list_timers("t")] == [exited.timer_id]
+        states = {t.timer_id: t.state for t in await hub.list_timers("t", pending_only=False)}
+        assert states[ended.timer_id] == "cancelled"
+        data = await hub.get_session_data("t", "a-s")
+        assert any(f"timer {ended.timer_id} cancelled" in e["text"] for e in data["events"]), data[
+            "events"
+        ]
+        await hub.exit_session("t", "a", "a-2")
+        clock.advance(3601)  # the exit grace runs out: a-2 terminates before its timer
+        await hub.maintain()
+        assert await hub.list_timers("t") == []
+        await hub.open_session("t", "a", "a-3")
+        for i in range(2):  # the cancelled ones no longer take the member's quota
+            await hub.set_timer("t", "a", "a-3", "anchor", 10, f"new {i}")
+        clock.advance(7200)
+        await hub.maintain()
+        states = {t.timer_id: t.state for t in await hub.list_timers("t", pending_only=False)}
+        assert (states[ended.timer_id], states[exited.timer_id]) == ("cancelled", "cancelled")
+
+
+async def test_a_timer_left_pending_on_an_ended_session_is_cancelled_when_due(
+    tmp_path: Path,
+) -> None:
+    """A store whose hub ended sessions without cancelling their timers (before they
+    were): such a timer, once due, is recorded as cancelled, not done, and fires nothing."""
+    clock = FakeClock()
+    db = tmp_path / "old.db"
+    async with Hub(SqliteStore(db), clock=clock, background=False) as hub:
+        await _team(hub, "a")
+        timer = await hub.set_timer("t", "a", "a-s", "anchor", 60, "for an ended session")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE sessions SET state = 'terminated' WHERE session_id = 'a-s'")
+    clock.advance(61)
+    async with Hub(SqliteStore(db), clock=clock, background=False) as hub:
+        await hub.maintain()
+        [t] = await hub.list_timers("t", pending_only=False)
+        assert (t.timer_id, t.state) == (timer.timer_id, "cancelled")
+        assert await hub.receive("t", "a", limit=10) == []
+
+
 # -- the anchor rule --------------------------------------------------------------------
 
 

@@ -247,8 +247,9 @@ class Pipeline:
     # -- a termination -----------------------------------------------------------------------
     def terminated(self, c: Ctx, session: Session, reason: str) -> None:
         """A session ended for good: what waits for it goes to its member as a whole,
-        then its links close and both sides are told."""
+        its pending timers are cancelled, then its links close and both sides are told."""
         self.sessions.on_terminate(c, session)
+        self.timers.on_terminate(c, session)
         self.links.on_terminate(c, session)
 
     # -- a tick ----------------------------------------------------------------------------------

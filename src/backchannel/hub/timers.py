@@ -12,6 +12,11 @@ one of the send's reactions): its id, its time and the start of its text, which 
 breadcrumb quotes from there, so retention may take the message meanwhile. A reply
 already sent while the timer was being set is looked up when it is set.
 
+A session that ends for good (terminated, or not resumed within its exit grace) takes no
+input again: its pending timers are cancelled as it ends, and its record names them
+(:meth:`Timers.on_terminate`), so none stays pending against the member's quota only to
+fire into nothing.
+
 The anchor rule (team setting ``anchor_policy``: ``enforce`` by default, ``warn``,
 ``off``): a session may ``send_message`` to a linked peer only while it holds a pending
 anchor timer.
@@ -20,6 +25,7 @@ anchor timer.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +45,7 @@ from backchannel.hub.quotas import Quotas
 from backchannel.hub.sessions import Sessions
 from backchannel.stores.base import Tx
 from backchannel.types import (
+    EventKind,
     Job,
     JobState,
     MemberKind,
@@ -46,6 +53,8 @@ from backchannel.types import (
     Session,
     SessionState,
 )
+
+log = logging.getLogger("backchannel.hub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +270,13 @@ class Timers:
         timer = Timer.of(job)
         s = tx.get_session(job.team, timer.session)
         if s is None or s.state is SessionState.TERMINATED:
+            # its session ended before it fell due (a timer of a store from before
+            # on_terminate cancelled them): cancelled, not done, since it reached no one
+            tx.finish_job(job.job_id, JobState.CANCELLED, now)
+            log.warning(
+                "timer %s of team %r not fired: session %r has ended; cancelled",
+                job.job_id, job.team, timer.session,
+            )  # fmt: skip
             return None
         peer = None
         if timer.target:
@@ -292,6 +308,21 @@ class Timers:
 
     def job_handlers(self) -> dict[str, JobHandler]:
         return {rules.TIMER_JOB: self._fire_timer}
+
+    def on_terminate(self, c: Ctx, session: Session) -> None:
+        """A session ended for good: its pending timers can reach no one, so they are
+        cancelled now (not left pending against the member's quota, to be dropped when
+        due), and the session's record names them."""
+        tx, now = c.tx, self.clock.now()
+        jobs = tx.list_jobs(session.team, session_id=session.session_id, kind=rules.TIMER_JOB)
+        gone = [j.job_id for j in jobs if tx.finish_job(j.job_id, JobState.CANCELLED, now)]
+        if gone:
+            ids = ", ".join(str(i) for i in gone)
+            what = f"timer{'s' if len(gone) > 1 else ''} {ids} cancelled: the session ended"
+            self.sessions.event(
+                c, session, EventKind.SESSION, what,
+                {"timers_cancelled": gone},
+            )  # fmt: skip
 
     # -- a target's reply -----------------------------------------------------------------
     def after_send(self, s: Send) -> None:
