@@ -199,11 +199,18 @@ def test_integer_query_out_of_range_is_422(srv: Server, tokens: dict[str, str], 
 
 def test_timer_durations_are_bounded(srv: Server, tokens: dict[str, str]) -> None:
     with srv.client(tokens["lead"]) as lead:
-        for field, value in (("minutes", 1e300), ("seconds", 1e308), ("minutes", -1)):
+        for field, value in (
+            ("minutes", 1e300),
+            ("seconds", 1e308),
+            ("minutes", -1),
+            ("seconds", 0.01),  # under a second: a timer re-set on each firing would spin
+            ("minutes", 0.001),
+        ):
             r = lead.post(
                 "/v1/timers", json={"intent": "anchor", field: value, "note": "back to work"}
             )
-            _error(r, 422)
+            err = _error(r, 422)
+            assert field in json.dumps(err), err  # refused for its duration, not elsewhere
 
 
 # -- the text limit counts the text, not its escaping ------------------------------

@@ -221,8 +221,12 @@ async def test_bad_timers_are_refused_with_the_way_out(hub: Hub) -> None:
         await hub.set_timer("t", "a", "a-s", "check", 60, "x")
     with pytest.raises(InvalidRequest, match="needs a note"):
         await hub.set_timer("t", "a", "a-s", "anchor", 60, "  ")
-    with pytest.raises(InvalidRequest, match="between 1 second and 30 days"):
-        await hub.set_timer("t", "a", "a-s", "anchor", -5, "x")
+    for seconds in (-5, 0, 0.001, 0.999, float("nan"), float("inf"), 30 * 86400 + 1):
+        with pytest.raises(InvalidRequest, match="between 1 second and 30 days"):
+            await hub.set_timer("t", "a", "a-s", "anchor", seconds, "x")
+    with pytest.raises(InvalidRequest, match="at most 2000 characters"):
+        await hub.set_timer("t", "a", "a-s", "anchor", 60, "x" * 2001)
+    assert await hub.list_timers("t") == []
     with pytest.raises(UnknownRecipient, match="did you mean 'b'"):
         await hub.set_timer("t", "a", "a-s", "wait", 60, "x", target="bb")
 

@@ -19,6 +19,7 @@ from typing_extensions import TypeAliasType
 
 from backchannel.core.budget import MAX_HOP
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
+from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
 from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN, MemberKind
 
 if TYPE_CHECKING:
@@ -230,13 +231,13 @@ def _not_null(value: Any) -> Any:
 
 
 def _duration(unit: float, what: str) -> Any:
-    """A positive number of ``unit`` seconds up to the longest timer; null is refused
-    (leave the field out instead), so the schema need not allow it."""
-    top = MAX_TIMER_SECONDS / unit
-    schema = {"type": "number", "exclusiveMinimum": 0, "maximum": top, "description": what}
+    """A number of ``unit`` seconds from the shortest timer (a second) to the longest;
+    null is refused (leave the field out instead), so the schema need not allow it."""
+    top, least = MAX_TIMER_SECONDS / unit, MIN_TIMER_SECONDS / unit
+    schema = {"type": "number", "minimum": least, "maximum": top, "description": what}
     return Annotated[
         float | None,
-        Field(gt=0, le=top),
+        Field(ge=least, le=top),
         BeforeValidator(_not_null),
         WithJsonSchema(schema),
     ]

@@ -14,6 +14,9 @@ TIMER_JOB = "timer"
 #: Firing later than this after the due time is reported as late (the hub was down).
 LATE_AFTER = 2.0
 MAX_SECONDS = 30 * 24 * 3600
+#: The shortest timer. An agent that answers each firing by setting the next timer is
+#: held to one firing a second at most (each also waits for the turn it starts to end).
+MIN_SECONDS = 1
 PREVIEW = 200
 
 
@@ -39,7 +42,11 @@ def check_timer(intent: str, seconds: float, note: str, target: str | None) -> I
             "'check' (look at a peer) or 'wait' (see whether a peer replied)",
             field="intent",
         ) from None
-    if not isinstance(seconds, int | float) or not 0 < seconds <= MAX_SECONDS:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not MIN_SECONDS <= seconds <= MAX_SECONDS
+    ):
         raise InvalidRequest(
             f"a timer is due between 1 second and 30 days from now, not {seconds!r} s",
             field="minutes",
