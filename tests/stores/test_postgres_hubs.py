@@ -639,3 +639,93 @@ def test_connection_lost_while_serving_503_with_retry_after_then_recovers(
     finally:
         hub.stop()
         proxy.down()
+
+
+def test_timers_fire_once_through_a_kill_9_mid_firing_and_a_restart_of_every_hub(
+    new_postgres_url: Callable[[], str], tmp_path: Path
+) -> None:
+    """Many timers fall due at once on two hubs; one is killed with SIGKILL as the
+    firing has begun (a firing transaction of its may be cut off), the other goes on.
+    Then every hub is down while more fall due, and one comes back. Each timer reaches
+    its session exactly once; those due while no hub ran come late, marked so."""
+    url = new_postgres_url()
+    a, b = start_hubs(tmp_path, url, 2)
+    hubs = [a, b]
+    try:
+        tokens = a.team("tk", "w")
+        with a.client() as admin:
+            r = admin.patch("/v1/teams/tk/members/w", json={"settings": {"max_timers": 1000}})
+            assert r.status_code == 200, r.text
+        with a.client(tokens["w"]) as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+        first, later = 400, 40
+        due = time.time() + 12.0  # the first lot, all due at one instant
+        due_later = due + 10.0  # the second lot, due while no hub runs
+
+        def set_timers(hub: Server, lot: str, numbers: range, at: float) -> None:
+            with hub.client(tokens["w"]) as c:
+                for i in numbers:
+                    r = c.post("/v1/timers", json={"intent": "anchor", "session": sid,
+                               "seconds": at - time.time(), "note": f"{lot} {i}"})  # fmt: skip
+                    assert r.status_code == 201, r.text
+
+        with ThreadPoolExecutor(2) as pool:  # half of each lot through each hub
+            jobs = [
+                pool.submit(set_timers, h, lot, range(k, n, 2), at)
+                for lot, n, at in (("first", first, due), ("later", later, due_later))
+                for k, h in enumerate(hubs)
+            ]
+            for j in jobs:
+                j.result()
+        assert time.time() < due, "setting the timers took too long for them to be due together"
+
+        def fired() -> int:
+            with db(url) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM messages WHERE team = 'tk' AND kind = 'timer'"
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        eventually_blocking(lambda: fired() > 0, within=due - time.time() + 20, what="firing")
+        a.kill()  # in the middle of firing the first lot
+        with db(url) as conn:  # B fires what A left, whatever A's cut-off transaction held
+            eventually_blocking(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM jobs WHERE team = 'tk' AND state = 'pending' "
+                        "AND due_at < %s",
+                        (due_later - 4,),
+                    ).fetchone()
+                    == (0,)
+                ),
+                within=30,
+                what="the first lot fired",
+            )
+        assert time.time() < due_later, "the first lot took too long to fire"
+        b.kill()  # every hub is down while the second lot falls due
+        assert fired() == first
+        while time.time() < due_later + 3:
+            time.sleep(0.2)
+        hubs = [start_server(a.home, url)]  # one hub comes back
+        with hubs[0].client(tokens["w"]) as c:
+            got = drain(c, lambda g: len(g) >= first + later, 30, session=sid)
+            assert receive(c, session=sid, wait=2) == [], "nothing more comes"
+        notes = [m["text"].splitlines()[0] for m in got]
+        assert len(notes) == len(set(notes)) == first + later, "each timer reached w once"
+        assert set(notes) == {f"ANCHOR: first {i}" for i in range(first)} | {
+            f"ANCHOR: later {i}" for i in range(later)
+        }
+        late = [m for m in got if m["text"].startswith("ANCHOR: later")]
+        assert all("the hub was not running when it was due" in m["text"] for m in late)
+        with db(url) as conn:
+            counts = conn.execute(
+                "SELECT count(*), count(DISTINCT meta->>'timer_id') FROM messages "
+                "WHERE team = 'tk' AND kind = 'timer'"
+            ).fetchone()
+            states = conn.execute(
+                "SELECT state, count(*) FROM jobs WHERE team = 'tk' GROUP BY state"
+            ).fetchall()
+        assert counts == (first + later, first + later)
+        assert dict(states) == {"done": first + later}
+    finally:
+        stop_all(hubs)
