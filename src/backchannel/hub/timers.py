@@ -270,13 +270,15 @@ class Timers:
         timer = Timer.of(job)
         s = tx.get_session(job.team, timer.session)
         if s is None or s.state is SessionState.TERMINATED:
-            # its session ended before it fell due (a timer of a store from before
-            # on_terminate cancelled them): cancelled, not done, since it reached no one
-            tx.finish_job(job.job_id, JobState.CANCELLED, now)
-            log.warning(
-                "timer %s of team %r not fired: session %r has ended; cancelled",
-                job.job_id, job.team, timer.session,
-            )  # fmt: skip
+            # its session ended before it fell due: on_terminate cancelled it, in this
+            # maintenance pass (it was due with the session's exit grace) or before it
+            # was picked; or an older hub ended the session and left it pending, and it
+            # is cancelled now, not done, since it reached no one
+            if tx.finish_job(job.job_id, JobState.CANCELLED, now):
+                log.warning(
+                    "timer %s of team %r not fired: session %r has ended; cancelled",
+                    job.job_id, job.team, timer.session,
+                )  # fmt: skip
             return None
         peer = None
         if timer.target:
