@@ -98,7 +98,7 @@ def test_sessions_timers_inbox_and_links_from_the_shell(server: Server) -> None:
     assert run("timer", "cancel", later.stdout.strip(), env=as_agent).returncode == 0
     assert json.loads(run("timer", "list", "--json", env=as_agent).stdout) == []
     timer = run(
-        "timer", "set", "anchor", "0.01", "back to the task", "--session", sid, env=as_agent
+        "timer", "set", "anchor", "0.02", "back to the task", "--session", sid, env=as_agent
     )
     assert timer.returncode == 0, timer.stderr
     stop = run("session", "event", sid, "agent_stop", "done for now", env=as_agent)

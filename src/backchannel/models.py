@@ -14,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+)
 from typing_extensions import TypeAliasType
 
 from backchannel.core.budget import MAX_HOP
@@ -235,9 +243,17 @@ def _duration(unit: float, what: str) -> Any:
     null is refused (leave the field out instead), so the schema need not allow it."""
     top, least = MAX_TIMER_SECONDS / unit, MIN_TIMER_SECONDS / unit
     schema = {"type": "number", "minimum": least, "maximum": top, "description": what}
+
+    def in_range(value: float | None) -> float | None:
+        if value is not None and not least <= value <= top:
+            raise ValueError(
+                f"a timer is due between 1 second and 30 days from now, not {value * unit:g} s"
+            )
+        return value
+
     return Annotated[
         float | None,
-        Field(ge=least, le=top),
+        AfterValidator(in_range),
         BeforeValidator(_not_null),
         WithJsonSchema(schema),
     ]
