@@ -85,6 +85,41 @@ def parse_closing_text(text: str) -> ClosingText:
     return ClosingText(tuple(blocks), output)
 
 
+#: What no store keeps in a text: NUL, and a lone UTF-16 surrogate (half an emoji pair).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """A closing text as a store keeps it: NUL and lone surrogates become U+FFFD. A
+    closing text is what the model said, not a send its client could fix: refusing it
+    would leave the turn open and route nothing."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def cut_to(text: str, limit: int) -> tuple[str, int]:
+    """``text`` within ``limit`` UTF-8 bytes, with a note of how much was cut, and the
+    number of bytes cut (0 when it fits)."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, 0
+    note = f" […cut: {len(data)} bytes, over the hub's {limit}-byte limit]"
+    keep = max(0, limit - len(note.encode("utf-8")))
+    return data[:keep].decode("utf-8", "ignore") + note, len(data) - keep
+
+
+def fit_closing_text(parsed: ClosingText, limit: int) -> tuple[ClosingText, int]:
+    """``parsed`` with its output and each block's body cut to ``limit`` bytes (each is a
+    message on its own), and the bytes cut in all. Parsed first and cut after, so a
+    block at the end of a long closing text is never cut open into the output."""
+    output, cut = cut_to(parsed.output, limit)
+    blocks = []
+    for b in parsed.blocks:
+        body, n = cut_to(b.body, limit)
+        blocks.append(replace(b, body=body))
+        cut += n
+    return ClosingText(tuple(blocks), output), cut
+
+
 def normalize(text: str) -> str:
     """Trim and collapse every run of whitespace to one space."""
     return " ".join(text.split())

@@ -126,7 +126,10 @@ class Turns:
             raise InvalidRequest("text must be a string", field="text")
         if request_id is not None:
             rules.check_message_id(request_id, "request_id")
-        rules.check_text(text, self.config.max_text)
+        if kind is EventKind.AGENT_STOP:  # ends the turn whatever the model wrote
+            text = turns.storable(text)
+        else:
+            rules.check_text(text, self.config.max_text)
         data = dict(data or {})
         turns.check_event_data(data)
         now = self.clock.now()
@@ -233,8 +236,12 @@ class Turns:
     ) -> StopResult:
         tx = c.tx
         c.wake(s.team, s.member)
-        parsed = self.pipeline.closing_text(c, s, turns.parse_closing_text(text))
-        self.sessions.event(c, s, EventKind.AGENT_STOP, text, data)
+        limit = self.config.max_text
+        fitted, cut = turns.fit_closing_text(turns.parse_closing_text(text), limit)
+        parsed = self.pipeline.closing_text(c, s, fitted)
+        self.sessions.event(c, s, EventKind.AGENT_STOP, turns.cut_to(text, limit)[0], data)
+        if cut:
+            self._told_cut(c, s, len(text.encode("utf-8")), now)
         # the member list is only needed to route blocks (most closing texts have none)
         members = [m.name for m in tx.list_members(s.team)] if parsed.blocks else []
         ledger = tx.ledger(s.team, s.session_id) if parsed.blocks else []
@@ -301,6 +308,20 @@ class Turns:
         if refused:
             extra = {**extra, "refused": refused}
         return StopResult(stopped, parsed.output, tuple(sent), tuple(dups), tuple(unknown), extra)
+
+    def _told_cut(self, c: Ctx, s: Session, size: int, now: float) -> None:
+        """A closing text over the text limit was cut where it goes on (the crossing to a
+        linked peer, a closing block): its session is told, so nothing is cut unheard."""
+        limit = self.config.max_text
+        notice = (
+            f"Your turn's closing text was {size} bytes, over the hub's {limit}-byte limit: "
+            "what it sent on (to a linked peer, or in <message> blocks) was cut to fit, "
+            "marked […cut…]. Put long results in a file and send its path."
+        )
+        self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"size": size, "limit": limit})
+        meta = {"closing_text_cut": size}
+        msg = notices.system(s.team, s.member, notice, now, meta=meta)
+        self.pipeline.insert(c, msg, s.session_id)
 
     def _block_fits(self, c: Ctx, s: Session, to: str, now: float) -> bool:
         """A closing block is a send: over the recipient's inbox quota it is refused, and

@@ -34,7 +34,7 @@ from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, Serv
 from backchannel.hub import Hub
 from backchannel.interfaces.http import Auth, principal
 from backchannel.interfaces.mcp import Agent, build_server
-from backchannel.interfaces.wire import parse_json
+from backchannel.interfaces.strict import parse_runtime_json
 from backchannel.models import HookAnswer
 from backchannel.runtimes import RUNTIMES
 from backchannel.runtimes.common import PROBLEM_HEADER, check_expected
@@ -82,7 +82,7 @@ def mount_agent_routes(app: FastAPI) -> None:
         raw = await request.body()
         try:
             check_expected(me, expect)
-            payload: Any = parse_json(raw)
+            payload: Any = parse_runtime_json(raw)
         except Forbidden as exc:
             return _ignored(me, runtime, exc.message)
         except ValueError as exc:

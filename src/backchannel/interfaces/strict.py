@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import pydantic_core
 
-__all__ = ["MAX_DEPTH", "REFUSED", "json_problem", "parse_json"]
+__all__ = ["MAX_DEPTH", "REFUSED", "json_problem", "parse_json", "parse_runtime_json"]
 
 #: Deepest nesting of arrays and objects in a request body.
 MAX_DEPTH = 64
@@ -68,3 +69,28 @@ _TOO_LARGE = "a number is too large for a float; send a smaller one or a string"
 
 def _text(raw: bytes) -> str:
     return raw[:200].decode("utf-8", "replace")
+
+
+#: A ``\\uD800``-``\\uDFFF`` escape in JSON text: half of a UTF-16 surrogate pair.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def parse_runtime_json(raw: bytes) -> Any:
+    """A runtime's own JSON (a hook call), as :func:`parse_json` reads it, except that
+    a lone surrogate escape reads as U+FFFD instead of refusing the whole call. A
+    runtime's JavaScript that cuts a text inside an emoji pair writes the lone half that
+    way (``JSON.stringify`` does); refusing the call would lose what it carries (a
+    ``Stop`` hook's closing text: the turn would never end). Every other rule holds."""
+    try:
+        return parse_json(raw)
+    except ValueError as exc:
+        if _SURROGATE_ESCAPE.search(raw) is None:
+            raise
+        problem = exc
+    try:
+        loose = json.loads(raw)  # Python's reader keeps lone surrogates
+        text = json.dumps(loose, ensure_ascii=False, allow_nan=True)
+    except (ValueError, RecursionError):
+        raise problem from None
+    return parse_json(_LONE.sub("\ufffd", text).encode("utf-8"))

@@ -1,0 +1,91 @@
+"""Link crossings in the field: a real ``backchannel serve``, driven through the hook
+endpoint the runtimes call, with closing texts a model may well write."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.runtimes.agents import make_team
+from tests.runtimes.helpers import fixture
+
+LIMIT = 2000
+
+
+@pytest.fixture
+def small(tmp_path: Any) -> Iterator[Server]:
+    srv = start_server(tmp_path / "home", None, "--max-text", str(LIMIT))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _hook(c: httpx.Client, name: str, session: str, **fields: Any) -> dict[str, Any]:
+    raw = json.dumps(fixture("claude-code", name, session_id=session, **fields))
+    r = c.post(
+        "/v1/hooks/claude-code",
+        content=raw.encode("utf-8", "surrogatepass"),
+        headers={"content-type": "application/json"},
+    )
+    r.raise_for_status()
+    out: dict[str, Any] = r.json()
+    return out
+
+
+@pytest.fixture
+def pair(small: Server) -> Iterator[dict[str, httpx.Client]]:
+    """``a`` and ``b`` on Claude Code sessions ``sa`` and ``sb``, linked by ``a``'s send;
+    ``b``'s turn on it is over, so ``a``'s next closing text crosses to ``b``."""
+    tokens = make_team(small, "t", "a:claude-code", "b:claude-code")
+    c = {name: small.client(token) for name, token in tokens.items()}
+    try:
+        _link(c)
+        yield c
+    finally:
+        for client in c.values():
+            client.close()
+
+
+def _link(c: dict[str, httpx.Client]) -> None:
+    _hook(c["a"], "UserPromptSubmit", "sa", prompt="go")
+    _hook(c["b"], "UserPromptSubmit", "sb", prompt="go")
+    sent = c["a"].post("/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"})
+    sent.raise_for_status()
+    _hook(c["b"], "Stop", "sb", last_assistant_message="b is done")  # continued: it had mail
+    _hook(c["b"], "Stop", "sb", last_assistant_message="")  # the turn ends
+
+
+def _inbox(c: httpx.Client, session: str) -> list[dict[str, Any]]:
+    got = c.get("/v1/inbox", params={"session": session, "limit": 100}).json()["messages"]
+    return list(got)
+
+
+@pytest.mark.parametrize(
+    ("closing", "expect"),
+    [
+        ("x" * (LIMIT + 500), "x" * 100),
+        ("before\x00after", "before\ufffdafter"),
+        # a runtime's JavaScript that cut a text inside an emoji pair writes the lone
+        # half as an escape (JSON.stringify does)
+        ("half \ud83d pair", "half \ufffd pair"),
+    ],
+    ids=["over-the-text-limit", "nul", "lone-surrogate"],
+)
+def test_a_closing_text_no_store_keeps_as_is_still_ends_the_turn_and_crosses(
+    pair: dict[str, httpx.Client], closing: str, expect: str
+) -> None:
+    c = pair
+    answer = _hook(c["a"], "Stop", "sa", last_assistant_message=closing)
+    crossing = [m for m in _inbox(c["b"], "sb") if m["kind"] == "link"]
+    assert len(crossing) == 1 and expect in crossing[0]["text"]
+    assert crossing[0]["text"].startswith("[From a] ")
+    assert len(crossing[0]["text"].encode("utf-8")) <= LIMIT + len("[From a] ")
+    if len(closing) > LIMIT:  # what was cut is said, to both sides
+        assert "cut" in crossing[0]["text"]
+        assert "closing text was" in answer.get("reason", ""), answer  # handed over at once
