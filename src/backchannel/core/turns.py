@@ -120,6 +120,12 @@ def fit_closing_text(parsed: ClosingText, limit: int) -> tuple[ClosingText, int]
     return ClosingText(tuple(blocks), output), cut
 
 
+def stop_print(text: str) -> str:
+    """What identifies a closing text exactly (not normalized): the same ``Stop``
+    reported again carries the same print."""
+    return hashlib.sha256(storable(text).encode("utf-8")).hexdigest()[:32]
+
+
 def normalize(text: str) -> str:
     """Trim and collapse every run of whitespace to one space."""
     return " ".join(text.split())

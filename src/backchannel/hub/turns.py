@@ -39,7 +39,7 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["ANSWERED", "CHECKPOINT_JOB", "CONTINUED", "HANDED", "StopResult", "Turns"]
+__all__ = ["ANSWERED", "CHECKPOINT_JOB", "CONTINUED", "HANDED", "LAST_STOP", "StopResult", "Turns"]
 
 CHECKPOINT_JOB = "checkpoint"
 #: Session meta of a turn a stop hook's answer continued: the closing text before it
@@ -49,6 +49,10 @@ CONTINUED = "continued_from"
 #: the messages handed over, leased until the runtime's next event confirms them
 #: (:mod:`backchannel.runtimes.receiver`); set from ``turn_start`` data ``handed``.
 HANDED = "handed"
+#: Session meta of an idle session: the print (:func:`backchannel.core.turns.stop_print`)
+#: of the closing text that ended its last turn, gone when the next turn starts. A hook
+#: receiver tells by it the same ``Stop`` reported again from a new one.
+LAST_STOP = "last_stop"
 
 DEFAULT_CHECKPOINT_TEXT = (
     "Checkpoint: you have been idle for a while. In two or three lines, say where your "
@@ -197,7 +201,7 @@ class Turns:
         meta = {
             k: v
             for k, v in s.meta.items()
-            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED, HANDED)
+            if k not in ("checkpoint_pending", "checkpoint_texts", CONTINUED, HANDED, LAST_STOP)
         }
         if data.get("continued_by"):  # a stop hook's answer keeps the turn going
             meta[CONTINUED] = str(data.get("continued_after") or s.last_output or "")
@@ -296,6 +300,7 @@ class Turns:
             turn_started_at=None,
             last_stop_at=now,
             last_output=s.last_output if checkpoint_turn else parsed.output,
+            meta={**s.meta, LAST_STOP: turns.stop_print(text)},
         )
         tx.put_session(stopped)
         sent_this_turn = tx.ledger(s.team, s.session_id)  # tool sends and the blocks above

@@ -60,9 +60,10 @@ from typing import Any
 
 from backchannel.core import framing
 from backchannel.core.messages import check_session_id
+from backchannel.core.turns import stop_print
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
-from backchannel.hub.turns import CONTINUED, HANDED
+from backchannel.hub.turns import CONTINUED, HANDED, LAST_STOP
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,
@@ -83,6 +84,9 @@ MAX_DELIVERY = 20
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
 MAX_RESUMES = 50
+#: How long after a turn's end the same closing text reported again on the idle session
+#: is that ``Stop`` again (two hook processes, a retried call), not a turn of its own.
+REPEAT_STOP_SECONDS = 300.0
 #: Hand-outs settled per hub, remembered so the rest of a turn's events cost no ack.
 _SETTLED_KEEP = 4096
 _Settled = dict[tuple[str, str, int, tuple[str, ...]], frozenset[str]]
@@ -187,6 +191,8 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         text = _format(got, "arrived for you while you were away")
         return Outcome(context=text), sid, _ids(got)
 
+    if ev.kind is HookKind.STOP and _repeated_stop(hub, s, ev.text):
+        return Outcome(), sid, ()  # routed once already; its answer was given then
     if s.state is not SessionState.ACTIVE:
         opening = str(ev.extra.get("input") or "")
         await _event(hub, m, sid, "turn_start", opening, {"opened_by": ev.name})
@@ -235,6 +241,16 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         await _release(hub, m, got)
         raise
     return Outcome(continue_with=text), sid, _ids(got)
+
+
+def _repeated_stop(hub: Hub, s: Session, closing: str) -> bool:
+    """Whether a ``Stop`` on ``s`` is the one that ended its last turn, reported again:
+    the session is idle since then (no turn started), a short while ago, with the very
+    same closing text. Routed as a turn of its own, its output would cross its links and
+    its blocks go out a second time."""
+    if s.state is not SessionState.IDLE or s.meta.get(LAST_STOP) != stop_print(closing):
+        return False
+    return s.last_stop_at is not None and hub.clock.now() - s.last_stop_at < REPEAT_STOP_SECONDS
 
 
 async def _event(
