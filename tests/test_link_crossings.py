@@ -122,3 +122,22 @@ def test_a_stop_reported_twice_crosses_once(pair: dict[str, httpx.Client]) -> No
     events = c["a"].get("/v1/sessions/sa/transcript").json()["events"]
     blocks = [e["data"]["message_id"] for e in events if e["kind"] == "sent" and e["turn"] > 1]
     assert blocks == ["sa-t3-b0"], "the block went out once"
+
+
+def test_a_crossing_to_a_peer_that_exited_waits_for_its_resume_and_comes_once(
+    pair: dict[str, httpx.Client],
+) -> None:
+    c = pair
+    _hook(c["b"], "SessionEnd", "sb")  # the peer's process quits
+    assert c["b"].get("/v1/sessions/sb").json()["state"] == "exited"
+    _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
+    seen = 0
+    for _ in range(3):  # resumed (the same runtime session id), a turn, quit again
+        _hook(c["b"], "SessionStart", "sb", source="resume")
+        answer = _hook(c["b"], "UserPromptSubmit", "sb", prompt="carry on")
+        seen += json.dumps(answer).count("a's words")
+        seen += json.dumps(_hook(c["b"], "Stop", "sb", last_assistant_message="")).count(
+            "a's words"
+        )
+        _hook(c["b"], "SessionEnd", "sb")
+    assert seen == 1
