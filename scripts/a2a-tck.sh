@@ -2,12 +2,22 @@
 # Run the A2A conformance kit (MUST level, JSON-RPC and HTTP+JSON) against a hub whose
 # test-only member tck/sut follows the kit's scenarios. Usage: scripts/a2a-tck.sh KIT_DIR KIT_PYTHON
 set -euo pipefail
-if [[ ! -f "$1/run_tck.py" ]]; then
+kit_dir=$1
+if [[ ! -f "$kit_dir/run_tck.py" && "$kit_dir" == "../shared/a2a-tck" ]]; then
+    # a clone made elsewhere (git clone . /tmp/x): the kit beside the repository it was
+    # cloned from, when that is a directory on this machine
+    origin=$(git -C "$(dirname "$0")/.." remote get-url origin 2>/dev/null || true)
+    if [[ -n "$origin" && -f "$origin/../shared/a2a-tck/run_tck.py" ]]; then
+        kit_dir="$origin/../shared/a2a-tck"
+    fi
+fi
+if [[ ! -f "$kit_dir/run_tck.py" ]]; then
     echo "a2a-tck: the A2A conformance kit is not at $1 (expected beside the repository," \
-        "as ../shared/a2a-tck); point A2A_TCK at it: make a2a-tck A2A_TCK=/path/to/a2a-tck" >&2
+        "or beside the one it was cloned from, as ../shared/a2a-tck); point A2A_TCK at it:" \
+        "make a2a-tck A2A_TCK=/path/to/a2a-tck" >&2
     exit 1
 fi
-kit=$(cd "$1" && pwd)
+kit=$(cd "$kit_dir" && pwd)
 kit_python="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
 root=$(cd "$(dirname "$0")/.." && pwd)
 work="$root/.cache/a2a-tck-run"
