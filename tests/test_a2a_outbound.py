@@ -43,7 +43,7 @@ from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 from backchannel.types import DelegationState, MessageKind
 from tests.conftest import Server, free_port, start_server
-from tests.test_delegation_http import _member, _pass_on, ring_to_the_budget
+from tests.test_delegation_http import _member, _pass_on, first_delegation, ring_to_the_budget
 
 
 class Forecaster(AgentExecutor):
@@ -487,19 +487,7 @@ def test_a_task_past_the_callee_hubs_chain_budget_over_a2a_leaves_nothing_behind
             hub_b.client(tokens["worker"]) as worker,
             hub_a.client(tokens["user_a"]) as user_a,
         ):
-            start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
-            lead.post("/v1/sessions", json={"session_id": "lead-s"})
-            got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
-            lead.post(
-                "/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]}
-            )
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
-            first = lead.post(
-                "/v1/delegations",
-                json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
-            )
-            assert first.status_code == 201, first.text
-            lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+            start = first_delegation(lead, user_a)
             # hop 1 on hub B, hop 2 (hub B's budget, spent there) back on hub A
             task, r = _pass_on(worker, "worker", "lead@hub-a", 1)
             assert (task["chain_id"], task["hop"], r.status_code) == (start["message_id"], 1, 201)

@@ -361,6 +361,24 @@ class Ring:
     tasks: list[tuple[str, str, int]]  # (member, chain id, hop) of each task taken
 
 
+def first_delegation(lead: httpx.Client, user_a: httpx.Client) -> dict[str, Any]:
+    """The human's "start" to lead (hub A), taken in a turn of lead's session ``lead-s``
+    that delegates "pass it on (0)" to worker (hub B) and ends: the start's send answer,
+    whose id names the chain every task of the ring goes on in."""
+    start: dict[str, Any] = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
+    lead.post("/v1/sessions", json={"session_id": "lead-s"})
+    got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
+    lead.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]})
+    lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
+    first = lead.post(
+        "/v1/delegations",
+        json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
+    )
+    assert first.status_code == 201, first.text
+    lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+    return start
+
+
 @contextlib.contextmanager
 def ring_to_the_budget(
     hub_a: Server, hub_b: Server, tokens: dict[str, str], budget: int
@@ -376,17 +394,7 @@ def ring_to_the_budget(
         hub_a.client(tokens["user_a"]) as user_a,
         hub_b.client(tokens["user_b"]) as user_b,
     ):
-        start = user_a.post("/v1/messages", json={"to": "lead", "text": "start"}).json()
-        lead.post("/v1/sessions", json={"session_id": "lead-s"})
-        got = lead.get("/v1/inbox", params={"session": "lead-s", "limit": 5}).json()
-        lead.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got["messages"]]})
-        lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start", "text": "start"})
-        first = lead.post(
-            "/v1/delegations",
-            json={"to": "worker@hub-b", "task": "pass it on (0)", "tool_use_id": "tu_0"},
-        )
-        assert first.status_code == 201, first.text
-        lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+        start = first_delegation(lead, user_a)
         tasks: list[tuple[str, str, int]] = []
         refused = None
         players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
