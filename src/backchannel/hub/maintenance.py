@@ -10,23 +10,77 @@ store's change callback. What a job does is its part's business
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from backchannel.core import messages as rules
+from backchannel.core.timers import TIMER_JOB
 from backchannel.errors import StoreError
-from backchannel.hub.context import Ctx, Env, JobOutcome, wait_for
+from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome, wait_for
 from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline
 from backchannel.stores.base import CompactCursor, Tx
-from backchannel.types import DeliveryState, JobState
+from backchannel.types import DeliveryState, Job, JobState
 
 log = logging.getLogger("backchannel.hub")
 
-__all__ = ["COMPACT_EVERY", "DEFAULT_RETENTION", "Maintenance"]
+__all__ = [
+    "COMPACT_EVERY",
+    "DEFAULT_RETENTION",
+    "FAILURE_KEY",
+    "FailingJob",
+    "Maintenance",
+    "UnknownJobKind",
+    "retry_delay",
+]
 
 DEFAULT_RETENTION = 30 * 86400.0
 """Acked and dead messages are kept 30 days by default (``retention_seconds``)."""
 COMPACT_EVERY = 300.0  # seconds between retention passes once caught up
+LEASE_BATCH = 500  # expired leases a transaction
+JOB_BATCH = 200  # due jobs a transaction
+#: The payload key of a job set aside after failing: ``failures``, the last ``error``,
+#: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
+FAILURE_KEY = "maintenance_failure"
+RETRY_FIRST = 5.0  # seconds before the first retry of a failed job
+RETRY_MAX = 3600.0  # the longest a failing job waits between two tries
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds until a job that failed ``failures`` times in a row is tried again."""
+    return min(RETRY_FIRST * 2.0 ** min(failures - 1, 30), RETRY_MAX)
+
+
+class UnknownJobKind(Exception):
+    """A due job of a kind this hub has no handler for."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailingJob:
+    """A scheduled job whose firing failed, set aside to be tried again at ``retry_at``
+    while all other maintenance goes on."""
+
+    job_id: int
+    team: str
+    kind: str
+    failures: int  # in a row
+    error: str  # the last one
+    retry_at: float
+
+    @property
+    def way_out(self) -> str:
+        give_up = (
+            f"to give it up, its member cancels it (`backchannel timer cancel {self.job_id}`, "
+            f"or DELETE /v1/timers/{self.job_id})"
+            if self.kind == TIMER_JOB
+            else "to give it up, remove its team or mark it cancelled in the jobs table"
+        )
+        return (
+            "If a newer backchannel on the same database wrote it, upgrade this hub; if "
+            f"the error is a bug, report it with this log; {give_up}."
+        )
 
 
 class Maintenance:
@@ -43,6 +97,7 @@ class Maintenance:
         self.retention_seconds = retention_seconds
         self._compact_at = 0.0
         self._compact_from: CompactCursor | None = None  # where the pass under way goes on
+        self._failing: dict[int, FailingJob] = {}  # jobs set aside, by id (see failing)
 
     def on_external_change(self, team: str | None, member: str | None) -> None:
         self.env.waiters.notify(team, member)
@@ -50,64 +105,212 @@ class Maintenance:
 
     async def maintain(self) -> float | None:
         """Do all work that is due now: expired leases go back to the queue, or dead
-        after the last attempt (the sender is told). Returns when work is next due."""
-        now = self.clock.now()
-        max_attempts = self.config.max_attempts
+        after the last attempt (the sender is told); due jobs fire. Returns when work is
+        next due.
 
-        def fn(c: Ctx) -> tuple[bool, float | None]:
+        All of it runs in one transaction a batch, the quick way. If that fails (a job
+        whose handler raises: one bad row, or a job a newer hub on the same database
+        wrote), the batch is done again piece by piece: the leases in a transaction of
+        their own, then each job in its own, so the failing job alone is undone; it is
+        set aside with backoff (:meth:`_set_aside`) and named, and everything else due,
+        for every team, goes on."""
+        now = self.clock.now()
+        handlers = self.pipeline.job_handlers()
+
+        def fn(c: Ctx) -> tuple[bool, float | None, list[int]]:
             tx = c.tx
-            expired = tx.expired_leases(now, 500)
-            for d in expired:
-                member = d.recipient.member
-                if rules.after_lease_expiry(d.attempts, max_attempts) is rules.ExpiryAction.REQUEUE:
-                    moved = tx.transition(
-                        d.team,
-                        d.message_id,
-                        member,
-                        from_states=[DeliveryState.LEASED],
-                        to_state=DeliveryState.QUEUED,
-                        now=now,
-                        event="lease_expired",
-                        detail=f"attempt {d.attempts} was not acknowledged",
-                    )
-                    if moved:
-                        c.wake(d.team, member)
-                    continue
-                reason = rules.exhausted_reason(d.attempts)
-                if not self.messages.kill(c, d, reason, now):
-                    continue  # acked meanwhile (by another hub): nothing to give up
-                c.emit("after_dead", d, reason)
-                self.messages.dead_notice(c, d, reason, now)
-            handlers = self.pipeline.job_handlers()
-            jobs = tx.due_jobs(now, 200)
+            expired = self._expire(c, now)
+            jobs = tx.due_jobs(now, JOB_BATCH)
             for job in jobs:
-                handler = handlers.get(job.kind)
-                if handler is None:
-                    log.warning(
-                        "no handler for scheduled job kind %r; dropping job %s",
-                        job.kind,
-                        job.job_id,
-                    )
-                    tx.finish_job(job.job_id, JobState.DONE, now)
-                    continue
-                outcome = handler(c, job, now) or JobOutcome()
-                if outcome.run_after is not None:
-                    c.after.append(outcome.run_after)
-                if not outcome.keep:
-                    tx.finish_job(job.job_id, JobState.DONE, now)
+                self._fire(c, handlers, job, now)
             dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
-            return len(expired) == 500 or len(jobs) == 200, min(dues) if dues else None
+            more = expired == LEASE_BATCH or len(jobs) == JOB_BATCH
+            return more, min(dues) if dues else None, [j.job_id for j in jobs]
 
         more = True
         next_due: float | None = None
         while more:
-            (more, next_due), c = await self.env.transact_ctx(fn)
+            try:
+                (more, next_due, fired), c = await self.env.transact_ctx(fn)
+            except Exception as exc:
+                log.debug("maintenance batch failed (%s); going job by job", exc)
+                more, next_due = await self._piece_by_piece(handlers, now)
+                continue
             for job in c.after:
                 self.pipeline.start_after(job)
+            for job_id in fired:
+                self._failing.pop(job_id, None)
+        if self._failing:
+            await self._forget_settled()
         if self.retention_seconds is not None and now >= self._compact_at:
             await self.compact(now - self.retention_seconds)
         self.env.next_due = next_due
         return next_due
+
+    def _expire(self, c: Ctx, now: float) -> int:
+        """Up to :data:`LEASE_BATCH` leases that ran out: back to the queue, or dead after
+        the last attempt. Returns how many were looked at."""
+        tx = c.tx
+        max_attempts = self.config.max_attempts
+        expired = tx.expired_leases(now, LEASE_BATCH)
+        for d in expired:
+            member = d.recipient.member
+            if rules.after_lease_expiry(d.attempts, max_attempts) is rules.ExpiryAction.REQUEUE:
+                moved = tx.transition(
+                    d.team,
+                    d.message_id,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.QUEUED,
+                    now=now,
+                    event="lease_expired",
+                    detail=f"attempt {d.attempts} was not acknowledged",
+                )
+                if moved:
+                    c.wake(d.team, member)
+                continue
+            reason = rules.exhausted_reason(d.attempts)
+            if not self.messages.kill(c, d, reason, now):
+                continue  # acked meanwhile (by another hub): nothing to give up
+            c.emit("after_dead", d, reason)
+            self.messages.dead_notice(c, d, reason, now)
+        return len(expired)
+
+    def _fire(self, c: Ctx, handlers: Mapping[str, JobHandler], job: Job, now: float) -> None:
+        """Fire one due job in ``c``'s transaction. A job set aside after failing is
+        handed to its handler as it was scheduled (its own due time, its payload without
+        the failure record). Raises whatever its handler raises, and
+        :class:`UnknownJobKind` for a kind this hub has no handler for."""
+        failed = job.payload.get(FAILURE_KEY)
+        if failed is not None:
+            payload = {k: v for k, v in job.payload.items() if k != FAILURE_KEY}
+            due = failed.get("due_at") if isinstance(failed, Mapping) else None
+            due_at = float(due) if isinstance(due, int | float) else job.due_at
+            job = dataclasses.replace(job, payload=payload, due_at=due_at)
+        handler = handlers.get(job.kind)
+        if handler is None:
+            raise UnknownJobKind(
+                f"no handler for scheduled job kind {job.kind!r} in this hub (a newer "
+                "backchannel on the same database may have written it)"
+            )
+        outcome = handler(c, job, now) or JobOutcome()
+        if outcome.run_after is not None:
+            c.after.append(outcome.run_after)
+        if not outcome.keep:
+            c.tx.finish_job(job.job_id, JobState.DONE, now)
+
+    async def _piece_by_piece(
+        self, handlers: Mapping[str, JobHandler], now: float
+    ) -> tuple[bool, float | None]:
+        """The batch failed: the leases in a transaction of their own, then every due
+        job in its own (one store call for them all), the failing ones set aside.
+        Returns whether more is due now, and when work is next due."""
+        expired = await self.env.transact(lambda c: self._expire(c, now))
+        due = await self.store.read(lambda tx: tx.due_jobs(now, JOB_BATCH))
+
+        def one(team: str, job_id: int) -> Callable[[Ctx], list[Job] | None]:
+            def fn(c: Ctx) -> list[Job] | None:
+                job = c.tx.get_job(team, job_id)
+                if job is None or job.state is not JobState.PENDING or job.due_at > now:
+                    return None  # done meanwhile (another hub), or moved on
+                self._fire(c, handlers, job, now)
+                return c.after
+
+            return fn
+
+        done = await self.env.transact_each([one(j.team, j.job_id) for j in due])
+        failed: list[tuple[Job, Exception]] = []
+        for job, outcome in zip(due, done, strict=True):
+            if isinstance(outcome, Exception):
+                failed.append((job, outcome))
+                continue
+            for after in outcome or ():
+                self.pipeline.start_after(after)
+            self._failing.pop(job.job_id, None)
+        if failed:
+            await self._set_aside(failed, now)
+
+        def next_due(tx: Tx) -> float | None:
+            dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
+            return min(dues) if dues else None
+
+        more = expired == LEASE_BATCH or len(due) == JOB_BATCH
+        return more, await self.store.read(next_due)
+
+    async def _set_aside(self, failed: Sequence[tuple[Job, Exception]], now: float) -> None:
+        """Jobs whose firing raised: each is left pending with a failure record in its
+        payload (how many failures, the last error, its own due time) and retried after a
+        backoff that doubles up to :data:`RETRY_MAX`, logged with the way out and listed
+        by :meth:`failing`."""
+
+        def one(team: str, job_id: int, error: str) -> Callable[[Ctx], FailingJob | None]:
+            def fn(c: Ctx) -> FailingJob | None:
+                job = c.tx.get_job(team, job_id)
+                if job is None or job.state is not JobState.PENDING:
+                    return None
+                before = job.payload.get(FAILURE_KEY)
+                before = before if isinstance(before, Mapping) else {}
+                count = before.get("failures")
+                failures = (count if isinstance(count, int) else 0) + 1
+                due = before.get("due_at")
+                retry_at = now + retry_delay(failures)
+                record = {
+                    "failures": failures,
+                    "error": error,
+                    "due_at": due if isinstance(due, int | float) else job.due_at,
+                    "at": now,
+                }
+                c.tx.reschedule_job(job_id, retry_at, {**job.payload, FAILURE_KEY: record})
+                c.schedule(retry_at)
+                return FailingJob(job_id, team, job.kind, failures, error, retry_at)
+
+            return fn
+
+        errors = [f"{type(exc).__name__}: {exc}"[:500] for _, exc in failed]
+        done = await self.env.transact_each(
+            [
+                one(job.team, job.job_id, error)
+                for (job, _), error in zip(failed, errors, strict=True)
+            ]
+        )
+        for (job, exc), outcome in zip(failed, done, strict=True):
+            if isinstance(outcome, Exception):
+                log.error(
+                    "scheduled job %s (%s, team %r) failed (%s) and could not be set aside "
+                    "(%s); maintenance tries it again",
+                    job.job_id, job.kind, job.team, exc, outcome,
+                )  # fmt: skip
+                continue
+            if outcome is None:
+                continue  # finished meanwhile (another hub)
+            self._failing[job.job_id] = outcome
+            log.warning(
+                "scheduled job %s (%s, team %r) failed: %s; set aside (failure %d), tried "
+                "again in %.0f s while all other maintenance goes on. %s",
+                job.job_id, job.kind, job.team, outcome.error, outcome.failures,
+                outcome.retry_at - now, outcome.way_out,
+                exc_info=exc if outcome.failures == 1 else None,
+            )  # fmt: skip
+
+    async def _forget_settled(self) -> None:
+        """Drop the jobs set aside that are no longer pending (cancelled, finished by
+        another hub) from :meth:`failing`."""
+        keys = [(f.team, f.job_id) for f in self._failing.values()]
+
+        def fn(tx: Tx) -> list[int]:
+            gone = []
+            for team, job_id in keys:
+                job = tx.get_job(team, job_id)
+                if job is None or job.state is not JobState.PENDING:
+                    gone.append(job_id)
+            return gone
+
+        for job_id in await self.store.read(fn):
+            self._failing.pop(job_id, None)
+
+    def failing(self) -> list[FailingJob]:
+        """The scheduled jobs this hub set aside because firing them failed, by id."""
+        return [self._failing[k] for k in sorted(self._failing)]
 
     async def compact(self, before: float, *, batch: int = 500, max_batches: int = 8) -> int:
         """Remove acked and dead messages (with their history) created and done with

@@ -12,8 +12,11 @@ from backchannel.models import Health, Me
 router = APIRouter(route_class=StrictRoute, tags=["meta"])
 
 
-@router.get("/healthz")
-async def healthz() -> Health:
+@router.get("/healthz", response_model_exclude_none=True)
+async def healthz(request: Request) -> Health:
+    failing = len(hub_of(request).maintenance.failing())
+    if failing:
+        return Health(status="degraded", failing_jobs=failing)
     return Health(status="ok")
 
 

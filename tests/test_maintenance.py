@@ -1,0 +1,117 @@
+"""Scheduled maintenance on every store: a job that fails is set aside while the rest
+goes on, timers due while the hub was stopped, a clock that steps back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from backchannel.hub import Hub
+from backchannel.interfaces.http import create_app
+from backchannel.stores.base import Store, Tx
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import InboxMessage
+
+
+async def _team(hub: Hub, *members: str) -> None:
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for m in members:
+        await hub.add_member("t", m)
+        await hub.open_session("t", m, f"{m}-s")
+
+
+async def _got(hub: Hub, member: str) -> list[InboxMessage]:
+    got = await hub.receive("t", member, session=f"{member}-s", limit=500)
+    if got:
+        await hub.ack("t", member, [g.message.message_id for g in got])
+    return got
+
+
+async def _take(hub: Hub, member: str) -> list[str]:
+    """The first line of each message the member's session receives (acked)."""
+    return [g.message.text.splitlines()[0] for g in await _got(hub, member)]
+
+
+async def _set_payload(hub: Hub, timer_id: int, **changes: object) -> None:
+    def fn(tx: Tx) -> None:
+        job = tx.get_job("t", timer_id)
+        assert job is not None
+        assert tx.reschedule_job(job.job_id, job.due_at, {**job.payload, **changes})
+
+    await hub.store.transact(fn)
+
+
+async def test_a_failing_job_is_set_aside_and_every_other_due_job_goes_on(
+    make_store: Callable[[], Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    caplog.set_level(logging.WARNING, logger="backchannel.hub")
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b", "c")
+        # due first: a timer with an intent this hub does not know (as a newer hub on the
+        # same database might write), among good ones and a lease that runs out
+        bad = await hub.set_timer("t", "a", "a-s", "anchor", 5, "the poisoned one")
+        await _set_payload(hub, bad.timer_id, intent="ponder")
+        await hub.set_timer("t", "b", "b-s", "anchor", 10, "b's task")
+        await hub.set_timer("t", "c", "c-s", "anchor", 20, "c's task")
+        sent = await hub.send("t", "a", "b", "hello")
+        held = await hub.receive("t", "b", session="b-s", limit=10)
+        assert [g.message.message_id for g in held] == [sent.message_id]
+        clock.advance(60)
+
+        await hub.maintain()
+
+        assert await _take(hub, "c") == ["ANCHOR: c's task"]
+        assert sorted(await _take(hub, "b")) == ["ANCHOR: b's task", "hello"]
+        assert await _take(hub, "a") == []
+        failing = hub.maintenance.failing()
+        assert [(f.job_id, f.team, f.kind, f.failures) for f in failing] == [
+            (bad.timer_id, "t", "timer", 1)
+        ]
+        assert "ponder" in failing[0].error
+        logged = [r.getMessage() for r in caplog.records if str(bad.timer_id) in r.getMessage()]
+        assert logged and "ponder" in logged[0] and "upgrade" in logged[0]
+        assert [t.timer_id for t in await hub.list_timers("t", member="a")] == [bad.timer_id]
+
+        # retried with backoff, not every pass; still failing, the count grows
+        await hub.maintain()
+        assert hub.maintenance.failing()[0].failures == 1
+        clock.advance(failing[0].retry_at - clock.now())
+        await hub.maintain()
+        again = hub.maintenance.failing()
+        assert again[0].failures == 2 and again[0].retry_at - clock.now() > 1.0
+
+        # fixed, it goes through once, as it was set (its due time is its own, not the
+        # time of its last retry)
+        await _set_payload(hub, bad.timer_id, intent="anchor")
+        clock.advance(again[0].retry_at - clock.now())
+        await hub.maintain()
+        fired = await _got(hub, "a")
+        assert [g.message.text.splitlines()[0] for g in fired] == ["ANCHOR: the poisoned one"]
+        assert fired[0].message.meta["due_at"] == bad.due_at
+        assert hub.maintenance.failing() == []
+        assert await hub.list_timers("t", member="a") == []
+        clock.advance(3600)
+        await hub.maintain()
+        assert await _take(hub, "a") == []
+
+
+async def test_health_says_degraded_while_a_job_is_set_aside() -> None:
+    clock = FakeClock()
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        app = create_app(hub, "admin-token")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://hub"
+        ) as http:
+            await _team(hub, "a")
+            bad = await hub.set_timer("t", "a", "a-s", "anchor", 5, "poisoned")
+            await _set_payload(hub, bad.timer_id, intent="ponder")
+            clock.advance(5)
+            await hub.maintain()
+            assert (await http.get("/healthz")).json() == {"status": "degraded", "failing_jobs": 1}
+            await hub.cancel_timer("t", "a", bad.timer_id)
+            await hub.maintain()
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
