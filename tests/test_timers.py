@@ -398,6 +398,8 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX jobs_request",  # schema 14
+        "DELETE FROM schema_migrations WHERE version = 14",
         "DROP INDEX messages_created",  # schema 13
         "CREATE INDEX messages_created ON messages (created_at)",
         "DELETE FROM schema_migrations WHERE version = 13",
@@ -410,6 +412,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX jobs_request",  # schema 14
+        "DELETE FROM schema_migrations WHERE version = 14",
         "DROP INDEX messages_created",  # schema 13
         "CREATE INDEX messages_created ON messages (created_at)",
         "DELETE FROM schema_migrations WHERE version = 13",

@@ -247,6 +247,33 @@ async def test_where_a_teams_latest_events_begin_costs_what_it_returns(tmp_path:
     assert history_steps > big_steps * 5, (history_steps, big_steps)
 
 
+async def test_a_timer_is_found_by_its_request_id_in_one_index_search(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """``set_timer`` made again under its ``request_id`` finds the timer it set by that
+    key: an index search on (team, session, kind, request_id), not a range of every
+    timer the session set within the retention window, done and cancelled too."""
+    seen = _Statements()
+    db = tmp_path / "hub.db"
+    async with Hub(SqliteStore(db, on_statement=seen), clock=clock, background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "a")
+        await hub.open_session("t", "a", "a-s")
+        for i in range(3):
+            await hub.set_timer("t", "a", "a-s", "anchor", 60, f"n{i}", request_id=f"r{i}")
+            clock.advance(61)
+            await hub.maintain()
+        again = await hub.set_timer("t", "a", "a-s", "anchor", 60, "n1", request_id="r1")
+        assert (again.note, again.state) == ("n1", "done")
+    lookups = [sql for sql in seen.examples.values() if "request_id" in sql]
+    assert lookups, "set_timer under a request_id should look it up by that key"
+    with sqlite3.connect(db) as conn:
+        plans = [[r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql)] for sql in lookups]
+    for plan in plans:
+        assert len(plan) == 1 and "USING INDEX jobs_request" in plan[0], plans
+        assert "request_id" in plan[0] or "json_extract" in plan[0] or "<expr>" in plan[0], plans
+
+
 def test_the_check_catches_a_scan(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     conn = sqlite3.connect(db)
@@ -286,6 +313,8 @@ PG_CHECKS = {
     "jobs_finished": "DELETE FROM jobs WHERE state != 'pending' AND done_at < 1e12",
     "jobs_watch": "SELECT job_id FROM jobs WHERE team = 't' AND watch = 'a' "
     "AND state = 'pending' ORDER BY job_id",
+    "jobs_request": "SELECT job_id FROM jobs WHERE team = 't' AND session_id = 'a-s' "
+    "AND kind = 'timer' AND payload->>'request_id' = 'r1'",
     "jobs_kind_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'prune' "
     "AND state = 'pending' ORDER BY due_at, job_id",
     "delivery_events_pkey": "SELECT id FROM delivery_events WHERE team = 't' "

@@ -180,19 +180,16 @@ class Timers:
     ) -> Timer | None:
         """The timer ``member`` set on ``s`` under ``request_id``, if any; one that is
         not ``what`` (intent, note, target) is a conflict."""
-        jobs = tx.list_jobs(
-            s.team, session_id=s.session_id, kind=rules.TIMER_JOB, pending_only=False
-        )
-        for job in jobs:
-            if job.payload.get("request_id") == request_id and job.payload.get("member") == member:
-                t = Timer.of(job)
-                if (t.intent, t.note, t.target) != what:
-                    raise Conflict(
-                        f"request_id {request_id!r} was already used for timer {t.timer_id} "
-                        f"({t.intent}: {t.note!r}); pick a new request_id for each timer"
-                    )
-                return t
-        return None
+        job = tx.job_by_request(s.team, s.session_id, rules.TIMER_JOB, request_id)
+        if job is None or job.payload.get("member") != member:
+            return None
+        t = Timer.of(job)
+        if (t.intent, t.note, t.target) != what:
+            raise Conflict(
+                f"request_id {request_id!r} was already used for timer {t.timer_id} "
+                f"({t.intent}: {t.note!r}); pick a new request_id for each timer"
+            )
+        return t
 
     def session_for(
         self, c: Ctx, team: str, member: str, session_id: str | None, purpose: str = "timer"

@@ -67,7 +67,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -359,6 +359,13 @@ class Tx(Protocol):
         they are claimed: a concurrent ``due_jobs`` (another hub) never returns them
         (PostgreSQL: ``FOR UPDATE SKIP LOCKED``). The caller finishes each one in the
         same transaction; if the transaction fails, they are due again."""
+        ...
+
+    def job_by_request(self, team: str, session_id: str, kind: str, request_id: str) -> Job | None:
+        """The session's job of ``kind`` whose payload carries ``request_id`` (the
+        caller's idempotency key), whatever its state; the lowest id if several do. An
+        index search on that key (SQLite and PostgreSQL: ``jobs_request``), so its cost
+        does not grow with the jobs the session had within the retention window."""
         ...
 
     def next_job_due(self) -> float | None:

@@ -624,6 +624,15 @@ class MemoryTx:
         due = [j for j in self._d.jobs.values() if j.state is JobState.PENDING and j.due_at <= now]
         return sorted(due, key=lambda j: (j.due_at, j.job_id))[:limit]
 
+    def job_by_request(self, team: str, session_id: str, kind: str, request_id: str) -> Job | None:
+        found = [
+            j
+            for j in self._d.jobs.values()
+            if (j.team, j.session_id, j.kind) == (team, session_id, kind)
+            and j.payload.get("request_id") == request_id
+        ]
+        return min(found, key=lambda j: j.job_id) if found else None
+
     def next_job_due(self) -> float | None:
         times = [j.due_at for j in self._d.jobs.values() if j.state is JobState.PENDING]
         return min(times) if times else None

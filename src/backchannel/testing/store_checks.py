@@ -552,6 +552,16 @@ async def check_jobs(make_store: StoreFactory) -> None:
         again = await store.read(lambda tx: [j.job_id for j in tx.due_jobs(T0 + 100, 10)])
         assert again == [jid_other, jid_late], "a failed firing leaves the jobs due"
 
+        # a job by its request id, whatever its state; only on its session and kind
+        keyed = Job("alpha", "timer", T0 + 5, T0, "s1", {"request_id": "r-1", "note": "k"})
+        jid_keyed = await store.transact(lambda tx: tx.add_job(keyed))
+        await store.transact(lambda tx: tx.finish_job(jid_keyed, JobState.DONE, T0 + 5))
+        found = await store.read(lambda tx: tx.job_by_request("alpha", "s1", "timer", "r-1"))
+        assert found is not None and (found.job_id, found.state) == (jid_keyed, JobState.DONE)
+        for where in (("alpha", "s2", "timer"), ("alpha", "s1", "exit"), ("beta", "s1", "timer")):
+            assert await store.read(lambda tx, w=where: tx.job_by_request(*w, "r-1")) is None
+        assert await store.read(lambda tx: tx.job_by_request("alpha", "s1", "timer", "r-2")) is None
+
 
 async def check_watches(make_store: StoreFactory) -> None:
     """A job that watches a sender is found by ``watching`` until ``end_watch`` (or its

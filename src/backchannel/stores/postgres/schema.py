@@ -317,6 +317,11 @@ MIGRATIONS: list[str] = [
     DROP INDEX messages_created;
     CREATE INDEX messages_created ON messages (created_at, team, message_id);
     """,
+    # 14: a job by its request id (see the SQLite schema)
+    """
+    CREATE INDEX jobs_request ON jobs (team, session_id, kind, (payload->>'request_id'))
+        WHERE payload->>'request_id' IS NOT NULL;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -87,6 +87,11 @@ _RELEASE_DISPATCH = Q.release_dispatch + " RETURNING 1"
 _ADD_JOB = Q.add_job + " RETURNING job_id"
 _FINISH_JOB = Q.finish_job + " RETURNING 1"
 _RESCHEDULE_JOB = Q.reschedule_job + " RETURNING 1"
+#: a job by its request id (``jobs_request``, an index on the same expression)
+_JOB_BY_REQUEST = (
+    f"SELECT {Q.job_cols} FROM jobs WHERE team = %s AND session_id = %s AND kind = %s "
+    "AND payload->>'request_id' = %s ORDER BY job_id LIMIT 1"
+)
 _END_WATCH = Q.end_watch + " RETURNING 1"
 _SPEND_TOKEN = Q.spend_token + " RETURNING 1"
 _UNTIL_NONE = 2**62  # list_events with no upper bound
@@ -485,6 +490,10 @@ class PgTx(PgTransaction, LifecycleSql):
     def due_jobs(self, now: float, limit: int) -> list[Job]:
         where = "state = 'pending' AND due_at <= %s"
         return self._jobs(self._claim(Q.job_cols, "jobs", where, "due_at, job_id", (now,), limit))
+
+    def job_by_request(self, team: str, session_id: str, kind: str, request_id: str) -> Job | None:
+        row = self._one(_JOB_BY_REQUEST, (team, session_id, kind, request_id), team)
+        return self._jobs([row])[0] if row else None
 
     def next_job_due(self) -> float | None:
         row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())

@@ -307,6 +307,13 @@ MIGRATIONS: list[str] = [
     DROP INDEX messages_created;
     CREATE INDEX messages_created ON messages (created_at, team, message_id);
     """,
+    # 14: set_timer made again under its request_id finds its timer by that key, not
+    #     among every timer the session set within the retention window
+    """
+    CREATE INDEX jobs_request
+        ON jobs (team, session_id, kind, json_extract(payload, '$.request_id'))
+        WHERE json_extract(payload, '$.request_id') IS NOT NULL;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

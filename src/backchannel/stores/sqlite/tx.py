@@ -116,6 +116,11 @@ _DUE_JOBS = (
     f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
     "ORDER BY due_at, id LIMIT ?"
 )
+#: a job by its request id (``jobs_request``, an index on the same expression)
+_JOB_BY_REQUEST = (
+    f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND session_id = ? AND kind = ? "
+    "AND json_extract(payload, '$.request_id') = ? ORDER BY id LIMIT 1"
+)
 #: a team's pending watching jobs, in ``jobs_watch``'s order: by watch, then id
 _WATCHING = (
     f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND watch IS NOT NULL AND state = 'pending'"
@@ -707,6 +712,10 @@ class SqliteTx(LifecycleSql):
 
     def due_jobs(self, now: float, limit: int) -> list[Job]:
         return [_job(r) for r in self._c.execute(_DUE_JOBS, (now, limit))]
+
+    def job_by_request(self, team: str, session_id: str, kind: str, request_id: str) -> Job | None:
+        row = self._one(_JOB_BY_REQUEST, (team, session_id, kind, request_id))
+        return _job(row) if row else None
 
     def next_job_due(self) -> float | None:
         row = self._one(
