@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from backchannel.hub import Hub
 from backchannel.interfaces.http import create_app
 from backchannel.stores.base import Store, Tx
+from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, SystemClock
 
@@ -162,3 +164,78 @@ async def test_a_wall_clock_stepped_back_neither_holds_leases_nor_fires_twice(
         got = [g.message.text for g in await _got(hub, "a")]
         fired = [t for t in got if t.startswith("WAIT:")]
         assert len(fired) == 1 and "b has replied since you set this timer" in fired[0], got
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def same_database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
+    """A factory of stores on one database, for a hub stopped and started again (the
+    memory store: the same object, which outlives its hub)."""
+    if request.param == "memory":
+        memory = MemoryStore()
+        return lambda: memory
+    if request.param == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        url = request.getfixturevalue("new_postgres_url")()
+        return lambda: PostgresStore(url)
+    return lambda: SqliteStore(tmp_path / "hub.db")
+
+
+async def test_hundreds_of_timers_due_while_the_hub_was_stopped_fire_once_in_order(
+    same_database: Callable[[], Store],
+) -> None:
+    """More timers fell due while the hub was stopped than maintenance fires in one
+    transaction: back up, each fires once, in the order they were due, marked late."""
+    clock = FakeClock()
+    count = 450
+    async with Hub(same_database(), clock=clock, background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off", "max_timers": 1000})
+        for m in ("a", "b"):
+            await hub.add_member("t", m)
+            await hub.open_session("t", m, f"{m}-s")
+        for i in range(count):  # due in turn, a's and b's interleaved
+            member = "ab"[i % 2]
+            await hub.set_timer("t", member, f"{member}-s", "anchor", 60 + i, f"n{i:03}")
+    clock.advance(86400)
+    async with Hub(same_database(), clock=clock, background=False) as hub:
+        await hub.maintain()
+        fired = {m: await _got(hub, m) for m in ("a", "b")}
+        for m, got in fired.items():
+            notes = [g.message.text.splitlines()[0] for g in got]
+            mine = [f"ANCHOR: n{i:03}" for i in range(count) if "ab"[i % 2] == m]
+            assert notes == mine
+            assert all("late by" in g.message.text for g in got)
+        await hub.maintain()
+        assert await _take(hub, "a") == [] and await _take(hub, "b") == []
+        assert await hub.list_timers("t") == []
+
+
+async def test_retention_keeps_an_old_message_a_receive_holds_a_lease_on(
+    make_store: Callable[[], Store],
+) -> None:
+    """A message older than the retention period that a receive leased (it waited that
+    long for its recipient) is kept while the lease runs, comes back when it runs out,
+    and is kept a retention period from its ack."""
+    clock = FakeClock()
+    day = 86400.0
+    hub = Hub(make_store(), clock=clock, background=False, lease_seconds=60, retention_seconds=day)
+    async with hub:
+        await _team(hub, "a", "b", "c")
+        old = await hub.send("t", "a", "b", "the old one")
+        done = await hub.send("t", "a", "c", "taken at once")
+        await hub.receive("t", "c", session="c-s", limit=5)
+        await hub.ack("t", "c", [done.message_id])
+        clock.advance(3 * day)
+        held = await hub.receive("t", "b", session="b-s", limit=5)
+        assert [g.message.message_id for g in held] == [old.message_id]
+        assert await hub.compact(clock.now() - day) == 1, "only the one acked long ago"
+        clock.advance(61)
+        await hub.maintain()  # the lease ran out (and retention ran): it comes back
+        back = await hub.receive("t", "b", session="b-s", limit=5)
+        assert [g.message.text for g in back] == ["the old one"]
+        await hub.compact(clock.now() - day)
+        await hub.ack("t", "b", [old.message_id])
+        assert await hub.compact(clock.now() - day) == 0
+        assert (await hub.message_status("t", old.message_id)).state.value == "acked"
+        clock.advance(day + 1)
+        assert await hub.compact(clock.now() - day) == 1
