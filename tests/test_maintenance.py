@@ -4,15 +4,16 @@ goes on, timers due while the hub was stopped, a clock that steps back."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from backchannel.errors import StoreError
 from backchannel.hub import Hub
 from backchannel.interfaces.http import create_app
-from backchannel.stores.base import Store, Tx
+from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, SystemClock
@@ -239,3 +240,43 @@ async def test_retention_keeps_an_old_message_a_receive_holds_a_lease_on(
         assert (await hub.message_status("t", old.message_id)).state.value == "acked"
         clock.advance(day + 1)
         assert await hub.compact(clock.now() - day) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_database_restored_from_an_older_backup_under_a_running_hub_is_named(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The database is put back to an older schema (restored from an older backup) while
+    the hub runs: maintenance, and every other call, fails with an error that says so
+    and what to do (restart the hub, which migrates it), not a missing column."""
+    from tests.test_timers import _downgrade
+
+    clock = FakeClock()
+    if kind == "sqlite":
+        where = str(tmp_path / "hub.db")
+        store: Store = SqliteStore(where)
+    else:
+        from backchannel.stores.postgres import PostgresStore
+
+        where = request.getfixturevalue("new_postgres_url")()
+        store = PostgresStore(where)
+    async with Hub(store, clock=clock, background=False) as hub:
+        await _team(hub, "a", "b")
+        await hub.set_timer("t", "a", "a-s", "wait", 60, "b's answer", target="b")
+        _downgrade(kind, where)
+        clock.advance(61)
+        calls: list[Callable[[], Awaitable[object]]] = [
+            hub.maintain,
+            lambda: hub.send("t", "b", "a", "the answer"),
+        ]
+        for call in calls:
+            with pytest.raises(StoreError) as caught:
+                await call()
+            text = str(caught.value)
+            assert "schema version 10" in text, text
+            assert f"this backchannel opened it at {SCHEMA_VERSION}" in text, text
+            assert "restart" in text and "older backup" in text, text
+    again = SqliteStore(where) if kind == "sqlite" else PostgresStore(where)
+    async with Hub(again, clock=clock, background=False) as hub:
+        await hub.maintain()  # started again: migrated, and the timer fires
+        assert [t.split(":")[0] for t in await _take(hub, "a")] == ["WAIT"]

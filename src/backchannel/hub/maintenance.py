@@ -347,9 +347,7 @@ class Maintenance:
             except asyncio.CancelledError:
                 raise
             except StoreError as exc:  # the store is down: say so once a second, briefly
-                log.warning(
-                    "maintenance could not reach the store (%s); retrying in 1 s", exc.message
-                )
+                log.warning("maintenance: the store failed (%s); retrying in 1 s", exc.message)
                 next_due = self.clock.now() + 1.0
             except Exception:
                 log.exception("maintenance failed; retrying in 1 s")

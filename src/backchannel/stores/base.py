@@ -78,6 +78,19 @@ CompactCursor = tuple[float, str, str]
 COMPACT_START: CompactCursor = (0.0, "", "")
 
 
+def schema_put_back(store: str, version: int) -> str:
+    """What to say when a statement finds a table or column missing and the database's
+    schema is at ``version``, older than the one this code opened it at: it was put back
+    (restored from an older backup) under the running hub. Restarting the hub migrates it
+    again; until then nothing this code writes can be stored."""
+    return (
+        f"the store {store} is at schema version {version}, but this backchannel opened it "
+        f"at {SCHEMA_VERSION}: the database was put back while the hub ran (restored from "
+        "an older backup?); nothing was stored; restart the hub, which migrates it to "
+        f"version {SCHEMA_VERSION} (what was written after that backup is not in it)"
+    )
+
+
 def tell_finished(fn: object, committed: bool) -> None:
     """A transaction function whose caller stopped waiting (its future was cancelled)
     was run: tell it whether it committed, if it asks (a ``finished`` method)."""

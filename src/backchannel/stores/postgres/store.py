@@ -76,7 +76,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from backchannel.errors import StoreError
-from backchannel.stores.base import Store, Tx, tell_finished
+from backchannel.stores.base import SCHEMA_VERSION, Store, Tx, schema_put_back, tell_finished
 from backchannel.stores.postgres.schema import MIGRATIONS, migrate
 from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
 from backchannel.stores.postgres.tx import PgTx
@@ -339,6 +339,10 @@ class PostgresStore(Store):
                         outcome = self._attempt(tx, fn)
                     finally:
                         tx._cleanup()
+            except StoreError as exc:
+                if not tx.undefined:
+                    raise
+                raise self._put_back(pool, exc) from exc
             except (PoolTimeout, PoolClosed) as exc:
                 what = "cannot reach the database" if outage else "has no connection available"
                 raise self._error(exc, what) from exc
@@ -360,6 +364,23 @@ class PostgresStore(Store):
             f"PostgreSQL store {self.url}: transaction kept conflicting with concurrent ones "
             f"({MAX_ATTEMPTS} attempts); retry shortly",
             store=self.url,
+        )
+
+    def _put_back(
+        self, pool: ConnectionPool[psycopg.Connection[Any]], exc: StoreError
+    ) -> StoreError:
+        """A statement named a table or column the database lacks: if its schema is older
+        than this code's (put back under the running hub), the error says so."""
+        try:
+            with pool.connection(timeout=self._connect_timeout) as conn:
+                row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        except (psycopg.Error, PoolTimeout, PoolClosed):
+            return exc
+        version = int(row[0]) if row and row[0] is not None else 0
+        if version >= SCHEMA_VERSION:
+            return exc
+        return StoreError(
+            schema_put_back(f"PostgreSQL database {self.url}", version), store=self.url
         )
 
     def _attempt(self, tx: PgTx, fn: Callable[[Tx], T]) -> tuple[T] | None:

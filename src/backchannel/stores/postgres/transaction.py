@@ -68,6 +68,7 @@ class PgTransaction:
         #                        is prepared, so the connection is closed afterwards
         self.retry = False  # the database asked for a re-run (deadlock)
         self.broken = False  # the connection was lost
+        self.undefined = False  # a statement named a table or column the database lacks
 
     def _exec(self, sql: str, args: Sequence[Any] = (), team: str | None = None) -> Cursor:
         conn = self._conn
@@ -94,6 +95,8 @@ class PgTransaction:
         if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected):
             self.retry = True
             return RetryTransaction(f"PostgreSQL asked to retry: {exc.sqlstate}")
+        if isinstance(exc, pgerr.UndefinedTable | pgerr.UndefinedColumn):
+            self.undefined = True
         if isinstance(exc, pgerr.UniqueViolation):
             return AlreadyExists(f"duplicate key: {exc.diag.message_detail or exc}")
         if isinstance(exc, pgerr.UntranslatableCharacter) or (

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
-from backchannel.stores.base import Store, Tx, tell_finished
+from backchannel.stores.base import SCHEMA_VERSION, Store, Tx, schema_put_back, tell_finished
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
 
@@ -448,7 +448,7 @@ class SqliteStore(Store):
                 conn.execute("RELEASE job")
                 tx.forget()
                 if isinstance(exc, sqlite3.Error):
-                    exc = _translate(exc, self.path)
+                    exc = _translate(exc, self.path, conn=conn)
                 results.append((job, None, exc))
             else:
                 conn.execute("RELEASE job")
@@ -472,7 +472,7 @@ class SqliteStore(Store):
                         conn.execute("ROLLBACK")
                 except BaseException as exc:
                     if isinstance(exc, sqlite3.Error):
-                        exc = _translate(exc, self.path)
+                        exc = _translate(exc, self.path, conn=conn)
                     self._answer([(job, None, exc)])
                 else:
                     self._answer([(job, value, None)])
@@ -485,6 +485,18 @@ class SqliteStore(Store):
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._emit_change, None, None)
+
+
+def _schema_version(conn: sqlite3.Connection) -> int | None:
+    """The file's schema version as ``schema_migrations`` records it (0: none), or
+    ``None`` if it cannot be read."""
+    try:
+        row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    except sqlite3.OperationalError as exc:
+        return 0 if str(exc).startswith("no such table") else None
+    except sqlite3.Error:
+        return None
+    return int(row[0] or 0)
 
 
 def _foreign(path: Path) -> bool:
@@ -516,10 +528,22 @@ _WAY_OUT = {
 }
 
 
-def _translate(exc: sqlite3.Error, path: Path, what: str = "failed") -> BackchannelError:
+def _translate(
+    exc: sqlite3.Error,
+    path: Path,
+    what: str = "failed",
+    *,
+    conn: sqlite3.Connection | None = None,
+) -> BackchannelError:
     """The hub's error for SQLite's: nothing of the failed request was stored, and the
-    message says why and what to do (not "retry shortly" for a full disk)."""
+    message says why and what to do (not "retry shortly" for a full disk). A table or
+    column missing on a file whose schema is older than this code's (put back under the
+    running hub) says so, if ``conn`` (outside any failed transaction) can tell."""
     if isinstance(exc, sqlite3.IntegrityError):
         return AlreadyExists(f"duplicate key: {exc}")
+    if conn is not None and str(exc).startswith(("no such table", "no such column")):
+        version = _schema_version(conn)
+        if version is not None and version < SCHEMA_VERSION:
+            return StoreError(schema_put_back(f"SQLite file {path}", version))
     way_out = _WAY_OUT.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF, "retry shortly")
     return StoreError(f"SQLite store {path} {what}: {exc}; nothing was stored; {way_out}")
