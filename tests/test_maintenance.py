@@ -16,7 +16,7 @@ from backchannel.interfaces.http import create_app
 from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore
-from backchannel.types import InboxMessage, SystemClock
+from backchannel.types import InboxMessage
 
 
 async def _team(hub: Hub, *members: str) -> None:
@@ -118,53 +118,6 @@ async def test_health_says_degraded_while_a_job_is_set_aside() -> None:
             await hub.cancel_timer("t", "a", bad.timer_id)
             await hub.maintain()
             assert (await http.get("/healthz")).json() == {"status": "ok"}
-
-
-class _Host:
-    """A host's two clocks, moved by hand: the wall clock (which NTP or a person may
-    step) and the monotonic one (which only runs)."""
-
-    def __init__(self) -> None:
-        self.wall = 1_700_000_000.0
-        self.mono = 1000.0
-
-    def run(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
-
-
-async def test_a_wall_clock_stepped_back_neither_holds_leases_nor_fires_twice(
-    make_store: Callable[[], Store],
-) -> None:
-    host = _Host()
-    clock = SystemClock(wall=lambda: host.wall, monotonic=lambda: host.mono)
-    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
-        await _team(hub, "a", "b")
-        await hub.set_timer("t", "a", "a-s", "anchor", 10, "back to the report")
-        await hub.set_timer("t", "a", "a-s", "wait", 120, "b's numbers", target="b")
-        sent = await hub.send("t", "a", "b", "count the lines")
-        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
-        host.run(15)
-        await hub.maintain()
-        assert await _take(hub, "a") == ["ANCHOR: back to the report"]
-        before = clock.now()
-
-        host.wall -= 3600  # the wall clock is stepped back an hour
-        assert clock.now() >= before, "the hub's time never runs backwards"
-        host.run(20)  # 35 s after the lease was given: it has run out
-        await hub.maintain()
-        assert await _take(hub, "a") == [], "a timer that fired does not fire again"
-        again = await hub.receive("t", "b", session="b-s", limit=10)
-        assert [g.message.message_id for g in again] == [sent.message_id]
-        await hub.ack("t", "b", [sent.message_id])
-
-        # b's reply after the step is a reply since the wait timer was set
-        await hub.send("t", "b", "a", "1,204 lines")
-        host.run(120)
-        await hub.maintain()
-        got = [g.message.text for g in await _got(hub, "a")]
-        fired = [t for t in got if t.startswith("WAIT:")]
-        assert len(fired) == 1 and "b has replied since you set this timer" in fired[0], got
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -6,9 +6,8 @@ Times are UNIX seconds as ``float`` throughout (the clock is injected, see
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -151,33 +150,8 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The host's wall clock, as seconds since the epoch, that never runs backwards.
-
-    Leases, timers and retention are stored as wall-clock times, so a wall clock stepped
-    back (NTP correcting a clock that ran ahead, a person setting it) would hold every
-    lease and timer for the length of the step, and date a reply before the wait timer
-    it answers. So the time given is the wall clock or, while that is behind, the last
-    time given plus what the monotonic clock has run since: across a step back the
-    hub's time goes on at the monotonic clock's pace until the wall clock catches up.
-    A step forward is taken as it comes (it cannot be told from time that passed)."""
-
-    def __init__(
-        self,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._wall = wall
-        self._monotonic = monotonic
-        self._lock = threading.Lock()
-        self._last = wall()
-        self._last_mono = monotonic()
-
     def now(self) -> float:
-        with self._lock:
-            wall, mono = self._wall(), self._monotonic()
-            now = max(wall, self._last + max(mono - self._last_mono, 0.0))
-            self._last, self._last_mono = now, mono
-            return now
+        return time.time()
 
 
 @dataclass(frozen=True, slots=True)
