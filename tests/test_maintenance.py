@@ -120,6 +120,43 @@ async def test_health_says_degraded_while_a_job_is_set_aside() -> None:
             assert (await http.get("/healthz")).json() == {"status": "ok"}
 
 
+async def test_a_clock_stepped_back_loses_nothing_and_fires_nothing_twice(
+    make_store: Callable[[], Store],
+) -> None:
+    """Each hub keeps the time by its own clock (hubs keep theirs in sync). One stepped
+    back an hour: a timer that fired does not fire again, a lease given before the step
+    runs until the clock is past its end again and the copy then comes back once, and a
+    reply sent after the step is one the wait timer set before it hears of."""
+    clock = FakeClock()
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b")
+        await hub.set_timer("t", "a", "a-s", "anchor", 10, "back to the report")
+        await hub.set_timer("t", "a", "a-s", "wait", 20, "b's numbers", target="b")
+        sent = await hub.send("t", "a", "b", "count the lines")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        clock.advance(15)
+        await hub.maintain()
+        assert await _take(hub, "a") == ["ANCHOR: back to the report"]
+
+        clock.set(clock.now() - 3600)  # the wall clock is stepped back an hour
+        await hub.send("t", "b", "a", "1,204 lines")  # dated before the wait timer was set
+        await hub.maintain()
+        assert [t.splitlines()[0] for t in await _take(hub, "a")] == ["1,204 lines"]
+        clock.advance(3600 + 10)  # the clock is back where it was, and the wait is due
+        await hub.maintain()
+        got = [g.message.text for g in await _got(hub, "a")]
+        assert len(got) == 1 and got[0].startswith("WAIT: b's numbers"), got
+        assert "b has replied since you set this timer" in got[0], got
+        clock.advance(30)
+        await hub.maintain()
+        again = await hub.receive("t", "b", session="b-s", limit=10)
+        assert [g.message.message_id for g in again] == [sent.message_id]
+        await hub.ack("t", "b", [sent.message_id])
+        clock.advance(3600)
+        await hub.maintain()
+        assert await _take(hub, "a") == [] and await _take(hub, "b") == []
+
+
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def same_database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
     """A factory of stores on one database, for a hub stopped and started again (the

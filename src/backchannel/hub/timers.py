@@ -326,7 +326,9 @@ class Timers:
     # -- a target's reply -----------------------------------------------------------------
     def after_send(self, s: Send) -> None:
         """A message was stored: the first one from a timer's target with a copy for the
-        timer's member is noted on the timer, which then watches no more."""
+        timer's member is noted on the timer, which then watches no more. A timer watches
+        from the commit that set it, so every message stored while it watches came after
+        it, whatever its time says (a clock stepped back, another hub's clock behind)."""
         message = s.message
         watching = s.c.tx.watching(message.team, message.sender)
         if not watching:
@@ -334,8 +336,7 @@ class Timers:
         reached = {r.member for r in s.recipients}
         for job in watching:
             p = job.payload
-            set_at = float(p.get("set_at", job.created_at))
-            if p.get("member") in reached and message.created_at >= set_at:
+            if p.get("member") in reached:
                 s.c.tx.end_watch(job.job_id, {**p, **rules.Reply.of(message).noted()})
 
     # -- the anchor rule ----------------------------------------------------------------
