@@ -125,6 +125,42 @@ def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> No
         assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["two"]
 
 
+@pytest.mark.parametrize("how", ["rotate", "remove member", "remove team"])
+def test_an_idle_long_poll_of_a_revoked_token_ends_at_once(server: Server, how: str) -> None:
+    # a long-poll may wait an hour: one whose token stops working must end then with a
+    # 401 that says why, not wait out its hour and answer 200 to the old token
+    tokens = server.team("crew", "lead", "worker")
+    answer: dict[str, httpx.Response] = {}
+
+    with server.client(tokens["lead"]) as lead:
+        mid = lead.post("/v1/messages", json={"to": "worker", "text": "one"}).json()["message_id"]
+    with server.client(tokens["worker"]) as worker:
+        assert len(worker.get("/v1/inbox").json()["messages"]) == 1
+
+    def poll() -> None:
+        with server.client(tokens["worker"]) as old:
+            answer["r"] = old.post("/v1/inbox/receive", json={"ack": [mid], "wait": 600})
+
+    waiter = threading.Thread(target=poll, daemon=True)
+    waiter.start()
+    # the ack commits before the wait: once it shows, the poll is waiting
+    eventually_blocking(
+        lambda: _state(server, tokens["lead"], mid) == "acked", what="the long-poll waits"
+    )
+    with server.client() as admin:
+        r = {
+            "rotate": lambda: admin.post("/v1/teams/crew/members/worker/token"),
+            "remove member": lambda: admin.delete("/v1/teams/crew/members/worker"),
+            "remove team": lambda: admin.delete("/v1/teams/crew"),
+        }[how]()
+        assert r.status_code == 200, r.text
+    waiter.join(20)
+    assert not waiter.is_alive(), "the long-poll still waits"
+    r = answer["r"]
+    assert r.status_code == 401, r.text
+    assert "rotated or its member removed" in r.json()["error"]["message"]
+
+
 @contextlib.contextmanager
 def _stream(server: Server, token: str, path: str) -> Iterator[Iterator[str]]:
     """The lines of an event stream of ``path`` opened with ``token``, once connected."""

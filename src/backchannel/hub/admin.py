@@ -9,7 +9,8 @@ What happens to a removed member's traffic (the contract, also in docs/decisions
 * its sessions terminate, which closes their links and tells the peers; links not yet
   bound to one of its sessions close with the reason ``member_removed``;
 * its pending timers and other scheduled jobs of its sessions are cancelled;
-* its token stops working at once (this process forgets every cached token).
+* its token stops working at once (this process forgets every cached token), and a
+  request of this process that waits with it (:meth:`Admin.watch_revocation`) is woken.
 
 Removing a team deletes everything stored for it; the answer says how many undelivered
 copies went with it.
@@ -17,7 +18,10 @@ copies went with it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +75,9 @@ class Admin:
         self.sessions, self.links, self.pipeline = sessions, links, pipeline
         #: Hashes of tokens rotated away or removed by this process (see ``_revoke``).
         self.revoked: set[str] = set()
+        #: Events of requests that wait with a token, by the token's hash: set when the
+        #: token stops working here (see :meth:`watch_revocation`).
+        self._waiting: dict[str, set[asyncio.Event]] = {}
 
     async def rotate_token(self, team: str, name: str) -> str:
         """Give a member a new token and return it; the old one fails from now on."""
@@ -174,6 +181,24 @@ class Admin:
         if len(self.revoked) > 10_000:
             self.revoked.clear()
         self.revoked.update(token_hashes)
+        for digest in token_hashes:
+            for event in self._waiting.pop(digest, ()):
+                event.set()
+
+    @contextlib.contextmanager
+    def watch_revocation(self, token_hash: str, event: asyncio.Event) -> Iterator[None]:
+        """Set ``event`` if the token hashing to ``token_hash`` is rotated away, or its
+        member or team removed, by this process while the ``with`` lasts: a long-poll
+        that may wait an hour stops waiting then, and answers why. (A rotation by
+        another hub process on the same store is seen when the wait ends.)"""
+        events = self._waiting.setdefault(token_hash, set())
+        events.add(event)
+        try:
+            yield
+        finally:
+            events.discard(event)
+            if not events and self._waiting.get(token_hash) is events:
+                del self._waiting[token_hash]
 
     @staticmethod
     def _missing(tx: Tx, team: str, name: str) -> None:

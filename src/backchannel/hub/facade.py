@@ -152,6 +152,7 @@ class Hub:
         self.callbacks = self.outbox.callbacks
         self.delivery_checks = self.members.delivery_checks
         self.revoked = self.admin.revoked
+        self.watch_revocation = self.admin.watch_revocation
         self._waiters = env.waiters
         self._background = background
         self._maint_task: asyncio.Task[None] | None = None

@@ -44,8 +44,8 @@ router = APIRouter(route_class=StrictRoute, tags=["inbox"])
 
 
 class Gone(asyncio.Event):
-    """Set when the client went away; ``watched`` while a task reads the request's
-    messages for the disconnect."""
+    """Set when the client went away, or when the request's token stopped working;
+    ``watched`` while a task reads the request's messages for the disconnect."""
 
     watched = False
 
@@ -129,19 +129,22 @@ async def leased(
     api: MemberApi, request: Request, q: _InboxQuery | ReceiveIn, ack: Sequence[str] = ()
 ) -> InboxAcked:
     """The long-poll both receive routes share: ack ``ack``, lease, and give the
-    messages back if the client went away meanwhile."""
+    messages back if the client went away meanwhile. A token rotated away (its member
+    or team removed) while the poll waits ends the wait at once (in this hub process;
+    in another, when the wait ends) and is answered 401, never 200."""
     async with client_watch(request, q.wait) as gone:
-        got = await api.ack_and_receive(
-            ack,
-            session=q.session,
-            limit=q.limit,
-            wait=q.wait,
-            lease=q.lease,
-            pinned_only=q.pinned_only,
-            stop=gone,
-        )
+        with hub_of(request).watch_revocation(api.member.token_hash, gone):
+            got = await api.ack_and_receive(
+                ack,
+                session=q.session,
+                limit=q.limit,
+                wait=q.wait,
+                lease=q.lease,
+                pinned_only=q.pinned_only,
+                stop=gone,
+            )
         got.messages = await kept(api, request, gone, got.messages)
-    if got.messages and q.wait > 0 and (error := await revoked(request)) is not None:
+    if q.wait > 0 and (error := await revoked(request)) is not None:
         await given_back(api, got.messages)
         raise error
     return got
