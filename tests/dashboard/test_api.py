@@ -413,6 +413,27 @@ def test_a_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
     assert secret not in json.dumps(rest)
 
 
+def test_a_quiet_stream_ends_when_its_members_token_is_rotated(team: Team) -> None:
+    """With nothing new to send, a stream whose member's token was rotated still ends,
+    within a snapshot's interval, rather than staying open with keep-alives for as long
+    as the team is quiet (a read timeout of 10 s: keep-alives come every 15 s)."""
+    ticket = _ticket(team, "reviewer")
+    url = f"/v1/dashboard/teams/{team.name}/stream"
+    with (
+        httpx.Client(base_url=team.server.url, timeout=10) as c,
+        c.stream("GET", url, params={"ticket": ticket}) as resp,
+    ):
+        assert resp.status_code == 200
+        events = _events(resp)
+        assert [next(events)[0] for _ in range(3)] == ["replay", "snapshot", "live"]
+        with team.client() as admin:
+            r = admin.post(f"/v1/teams/{team.name}/members/reviewer/token")
+            assert r.status_code == 200, r.text
+        rest = list(events)  # the stream ends, with no traffic to send
+    assert [name for name, _ in rest] == ["error"], rest
+    assert "rotated" in rest[0][1]["error"]["message"]
+
+
 def test_a_rotation_by_another_hub_process_ends_a_stream_too(tmp_path: Path) -> None:
     """Hub processes sharing a store each know their own rotations at once; another's
     is seen once the member's last check is TOKEN_CACHE_SECONDS old, as for a bearer

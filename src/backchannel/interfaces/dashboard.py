@@ -17,10 +17,11 @@ statement "this principal may watch this team until T", valid for
 :data:`TICKET_SECONDS`, which the stream endpoint takes as a query parameter. A ticket
 is checked when a stream opens; it carries a prefix of the member's token hash, so a
 member whose token changed cannot use an old one. An open stream checks again before
-everything it sends: a member whose token is rotated, or who is removed, meanwhile
-gets an ``error`` event and the stream ends, as ``/v1/teams/{team}/events`` does. The
-signing key is derived from the admin token, so every hub process sharing a data
-directory accepts tickets issued by the others.
+everything it sends, and every second while it has nothing to send: a member whose
+token is rotated, or who is removed, meanwhile gets an ``error`` event and the stream
+ends, as ``/v1/teams/{team}/events`` does. The signing key is derived from the admin
+token, so every hub process sharing a data directory accepts tickets issued by the
+others.
 
 Links, timers, delegations and session transcripts come from the hub's own records
 (``list_links``, ``list_timers``, ``list_delegations``, ``get_session_data``), in the
@@ -621,7 +622,9 @@ async def _stream(
     """The stream's loop. The snapshot is read again every :data:`SNAPSHOT_SECONDS`,
     and :data:`SNAPSHOT_AFTER_TRAFFIC` after traffic (a crossing, a task, an answer, a
     timer firing are all messages), so what traffic changes shows at once. Before it
-    sends a snapshot or a traffic event it checks that ``who`` may still watch."""
+    sends a traffic event, and at every look at the snapshot (so within
+    :data:`SNAPSHOT_SECONDS` of a rotation in this process, however quiet the team), it
+    checks that ``who`` may still watch."""
     loop = asyncio.get_running_loop()
     watcher = Watcher(hub, team, who)
     feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
@@ -639,11 +642,13 @@ async def _stream(
             if now >= look_at or not shown:
                 checked, traffic = now, False
                 look_at = now + SNAPSHOT_SECONDS
+                # asked at every look, not only before a send: a quiet team would keep
+                # a rotated token's stream open for as long as nothing changes
+                if (error := await watcher.revoked()) is not None:
+                    raise error
                 snap = await snapshot(hub, team)
                 key = snapshot_key(snap)
                 if key != shown:
-                    if (error := await watcher.revoked()) is not None:
-                        raise error
                     shown = key
                     sent = now
                     yield _sse("snapshot", snap)
