@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from backchannel.config import admin_token
+from backchannel.delivery.claude_inbox import InboxWatcher, InboxWriter
+from backchannel.delivery.stdin import StdinAgent
 from backchannel.errors import StoreError
 from backchannel.files import write_atomic
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing import eventually
 from tests.conftest import Server, start_server
 
 
@@ -214,3 +219,68 @@ def test_a_write_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError):
         write_atomic(tmp_path / "taken", "text")
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+
+
+def _made_below(root: Path) -> dict[str, int]:
+    """Every file and directory below ``root`` (``root`` itself excluded), by path."""
+    return {str(p.relative_to(root)): _mode(p) for p in sorted(root.rglob("*"))}
+
+
+def _private(modes: dict[str, int], root: Path) -> dict[str, int]:
+    return {k: 0o700 if (root / k).is_dir() else 0o600 for k in modes}
+
+
+@pytest.fixture
+def umask_000() -> Iterator[None]:
+    """The loosest umask a process can run with: nothing the hub makes may rely on it."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+async def test_with_umask_000_the_data_directory_and_store_make_private_parents(
+    tmp_path: Path, umask_000: None
+) -> None:
+    """``mkdir(parents=True)`` gives the parents it makes the umask's mode (0777 here):
+    a data directory or a SQLite file named below directories that do not exist yet
+    must not leave world-writable directories above the hub's private ones."""
+    admin_token(tmp_path / "a" / "b" / "home")
+    async with Hub(SqliteStore(tmp_path / "s" / "t" / "hub.db"), background=False) as hub:
+        await hub.create_team("t")
+        made = _made_below(tmp_path)
+    assert made == _private(made, tmp_path)
+
+
+async def test_with_umask_000_inbox_files_and_their_directories_are_private(
+    tmp_path: Path, umask_000: None
+) -> None:
+    """The ``inbox-file`` writer makes a team's inbox directory and a member's inbox when
+    missing, and the bridge the directory it watches: under any umask, 0700 and 0600
+    (Claude Code, running as the same user, reads and writes them all the same)."""
+    root = tmp_path / "claude" / "teams"
+    written = InboxWriter(root).append("crew", "worker", msg_id="m1", from_="lead", text="hi")
+    assert written.written
+    watcher = InboxWatcher("other", root=root)
+    watching = asyncio.ensure_future(anext(watcher.watch()))
+    try:
+        await eventually(lambda: (root / "other" / "inboxes").is_dir(), what="the watch")
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await watching
+    made = _made_below(tmp_path)
+    assert "claude/teams/crew/inboxes/worker.json" in made
+    assert made == _private(made, tmp_path)
+
+
+async def test_with_umask_000_a_stdin_agents_output_file_and_its_parents_are_private(
+    tmp_path: Path, umask_000: None
+) -> None:
+    agent = StdinAgent(["cat"], stdout=tmp_path / "logs" / "agents" / "lead.log")
+    await agent.start()
+    await agent.close()
+    made = _made_below(tmp_path)
+    assert "logs/agents/lead.log" in made
+    assert made == _private(made, tmp_path)

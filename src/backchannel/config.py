@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from backchannel.errors import InvalidRequest
-from backchannel.files import write_atomic
+from backchannel.files import private_dirs, write_atomic
 from backchannel.stores.base import Store
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -57,9 +57,12 @@ FILE_MODE = 0o600
 def private_dir(path: Path) -> None:
     """Create ``path`` (and missing parents) as 0700, or narrow an existing one to 0700
     if it is the hub's own: empty, or holding a file the hub writes there. Any other
-    directory (``/tmp``, a home directory) keeps its mode."""
+    directory (``/tmp``, a home directory) keeps its mode, and so does every existing
+    parent; a parent made here is 0700 (``mkdir(parents=True)`` would give it the
+    umask's)."""
     try:
-        path.mkdir(mode=DIR_MODE, parents=True)
+        private_dirs(path.parent)
+        path.mkdir(mode=DIR_MODE)
     except FileExistsError:
         if not path.is_dir():
             raise _no_data_dir(path, "it is a file, not a directory") from None

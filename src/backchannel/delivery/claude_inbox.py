@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from backchannel.errors import InboxWriteError
+from backchannel.files import private_dirs
 
 if TYPE_CHECKING:
     import anyio
@@ -576,8 +577,9 @@ class InboxWriter:
     ) -> AppendResult:
         """Add one entry to ``member``'s inbox unless an entry with ``msg_id`` is there.
 
-        Creates the inbox directory (``mkdir -p``) and the inbox (``[]``, exclusive
-        create, as Claude Code does) when missing. ``timestamp`` is ISO-8601 or UNIX
+        Creates the inbox directory (``mkdir -p``, each directory it makes 0700) and the
+        inbox (``[]``, exclusive create, as Claude Code does; 0600, whatever the umask)
+        when missing; an inbox rewritten keeps its mode. ``timestamp`` is ISO-8601 or UNIX
         seconds (default now). ``summary`` and ``color`` are left out when ``None``:
         Claude Code drops entries holding ``null`` there.
         """
@@ -640,9 +642,9 @@ class InboxWriter:
     def _ensure_inbox(self, path: Path) -> None:
         if path.exists():
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(path.parent)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return
         try:
@@ -765,7 +767,7 @@ class InboxWriter:
             mode: int | None = st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else None
         except FileNotFoundError:
             mode = None
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:
                 if mode is not None:
@@ -867,7 +869,7 @@ class InboxWatcher:
         import anyio.to_thread
         import watchfiles
 
-        self.inboxes.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.inboxes)
         self._stop = anyio.Event()
         first = await anyio.to_thread.run_sync(self.poll)
         for item in () if self.skip_existing else first:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from backchannel.delivery.adapters import delivery_type
 from backchannel.delivery.claude_inbox import default_root, inbox_path, read_inbox
 from backchannel.errors import BackchannelError
+from backchannel.files import private_dirs
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub, TakeResult
@@ -233,7 +234,7 @@ class InboxBridge:
     async def _watch(self, d: _Dir) -> None:
         import watchfiles
 
-        d.path.mkdir(parents=True, exist_ok=True)
+        private_dirs(d.path)
         changes = watchfiles.awatch(
             d.path,
             watch_filter=lambda _change, name: name.endswith(".json"),

@@ -63,6 +63,7 @@ from backchannel.delivery.base import (
     agent_text,
 )
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, StdinClosed
+from backchannel.files import private_dirs
 from backchannel.types import EventKind, InboxMessage
 
 __all__ = [
@@ -121,7 +122,7 @@ class StdinAgent:
         """Start the process. ``OSError`` if the command cannot be run."""
         out: IO[bytes] | int = asyncio.subprocess.DEVNULL
         if self.stdout is not None:
-            self.stdout.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(self.stdout.parent)
             # the agent's output holds its messages: private, as every file the hub writes
             fd = os.open(self.stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             out = os.fdopen(fd, "ab")  # the child keeps a copy

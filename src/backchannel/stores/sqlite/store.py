@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
+from backchannel.files import private_dirs
 from backchannel.stores.base import SCHEMA_VERSION, Store, Tx, schema_put_back, tell_finished
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
@@ -237,12 +238,12 @@ class SqliteStore(Store):
         return conn
 
     def _create_private(self) -> None:
-        """Create the database file 0600 (in a new 0700 directory) before SQLite opens it:
+        """Create the database file 0600 (in new 0700 directories) before SQLite opens it:
         SQLite gives ``-wal`` and ``-shm`` the mode of the database file. An existing
         database and its companions are narrowed to 0600; an existing file that is not
         a SQLite database is refused, its mode and content left as they are."""
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(self.path.parent)  # the parents it makes too, not the umask's
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 head = os.read(fd, len(_SQLITE_HEADER))
