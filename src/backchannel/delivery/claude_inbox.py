@@ -21,7 +21,9 @@ writers, and it promises more than they do:
   :class:`InboxWriteError`, and the hub does not acknowledge the message;
 * the new array goes to ``<inbox>.json.tmp.<hex>``, is fsynced, renamed over the inbox,
   the directory fsynced, and the file read back to check the entry is there;
-* an append whose ``msg_id`` is already in the inbox writes nothing (idempotent);
+* an append whose ``msg_id`` is already in the inbox writes nothing (idempotent), if
+  that entry has the append's ``from`` and ``text``; another entry under the id (one
+  planted there) is never taken for it (:class:`InboxIdTaken`);
 * an inbox that is not a JSON array is moved aside to ``<inbox>.json.corrupt-<UTC>``
   with a warning, never overwritten with a partial view;
 * other writers' entries are kept byte for byte (the text is appended to, not
@@ -70,6 +72,7 @@ __all__ = [
     "LOCK_STALE_S",
     "MAX_INBOX_BYTES",
     "AppendResult",
+    "InboxIdTaken",
     "InboxLock",
     "InboxTooBig",
     "InboxWatcher",
@@ -186,6 +189,15 @@ class InboxTooBig(OSError):
             "MiB the hub reads or rewrites; clear its read entries (or move it aside) "
             "and the hub writes to it again"
         )
+
+
+class InboxIdTaken(InboxWriteError):
+    """The inbox holds an entry under the message's id that is not the one the hub
+    writes (another ``from`` or ``text``): anything running as the user can write any
+    entry, and one planted under the id of a message the hub is about to deliver would
+    otherwise be taken for it, the message reported delivered while the agent read the
+    other text. Writing the message beside it would leave two entries under one id,
+    either of which a reader may keep; the message is not delivered to this inbox."""
 
 
 def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
@@ -731,6 +743,17 @@ class InboxWriter:
         msg_id = entry["msg_id"]
         if msg_id in view.ids:
             self._remember(path, view)
+            said = (entry["from"], entry["text"])
+            for e in view.entries:
+                if not isinstance(e, dict) or msg_id not in entry_ids(e):
+                    continue
+                if (e.get("from"), e.get("text")) != said:
+                    raise InboxIdTaken(
+                        f"{path} holds an entry under {msg_id!r} from {e.get('from')!r} "
+                        "that is not the one the hub writes (another sender or text); "
+                        "the message is not written beside it. Remove that entry (a "
+                        "process that can write the inbox put it there) and send again"
+                    )
             return False
         text = "  " + _dumps(entry).replace("\n", "\n  ")
         raw = f"{view.head},\n{text}\n]" if view.entries else f"[\n{text}\n]"

@@ -29,8 +29,14 @@ that step.
 
 from __future__ import annotations
 
-from backchannel.delivery.base import Adapter, AdapterContext, AdapterError, agent_text
-from backchannel.delivery.claude_inbox import InboxWriteError, InboxWriter
+from backchannel.delivery.base import (
+    Adapter,
+    AdapterContext,
+    AdapterError,
+    PermanentDeliveryError,
+    agent_text,
+)
+from backchannel.delivery.claude_inbox import InboxIdTaken, InboxWriteError, InboxWriter
 from backchannel.types import InboxMessage
 
 __all__ = ["InboxFileAdapter"]
@@ -63,6 +69,8 @@ class InboxFileAdapter(Adapter):
                 summary=m.summary,
                 color=self.color,
             )
+        except InboxIdTaken as exc:  # writing again finds the same entry: never retried
+            raise PermanentDeliveryError(f"inbox {self.path}: {exc}") from exc
         except InboxWriteError as exc:
             raise AdapterError(f"inbox {self.path}: {exc}") from exc
         except OSError as exc:  # not expected (the writer wraps I/O errors), but transient
