@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
 from tests.runtimes.agents import make_team
 from tests.runtimes.helpers import fixture
@@ -141,3 +142,33 @@ def test_a_crossing_to_a_peer_that_exited_waits_for_its_resume_and_comes_once(
         )
         _hook(c["b"], "SessionEnd", "sb")
     assert seen == 1
+
+
+def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session(
+    small: Server,
+) -> None:
+    """The peer's runtime is killed (no ``SessionEnd``) and started again under a new
+    session id: the crossing pinned to its old session waited there for ever. Once the
+    old session has shown no sign of life for the exit grace, the crossing reaches the
+    new one, once, and both sides hear the link closed."""
+    tokens = make_team(small, "t", "a:claude-code", "b:claude-code", exit_grace_seconds=1)
+    c = {name: small.client(token) for name, token in tokens.items()}
+    try:
+        _link(c)
+        _hook(c["b"], "SessionStart", "sb-new", source="startup")  # the restart
+        _hook(c["a"], "UserPromptSubmit", "sa", prompt="go on")
+        _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
+
+        def arrived() -> int:
+            answer = _hook(c["b"], "UserPromptSubmit", "sb-new", prompt="next")
+            _hook(c["b"], "Stop", "sb-new", last_assistant_message="")
+            return json.dumps(answer).count("a's words")
+
+        assert eventually_blocking(arrived, what="the crossing at b's new session") == 1
+        assert c["b"].get("/v1/sessions/sb").json()["state"] == "terminated"
+        assert all(arrived() == 0 for _ in range(2))  # once
+        link = c["a"].get("/v1/links").json()["links"][0]
+        assert (link["state"], link["close_reason"]) == ("closed", "session_silent"), link
+    finally:
+        for client in c.values():
+            client.close()

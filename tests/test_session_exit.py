@@ -3,11 +3,14 @@ the team's exit grace; a resume is the same session; the grace's end terminates 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+
 import pytest
 
 from backchannel.errors import InvalidRequest, InvalidState
 from backchannel.hub import Hub
 from backchannel.hub.sessions import DEFAULT_EXIT_GRACE_S
+from backchannel.stores.base import Store
 from backchannel.testing import FakeClock
 from backchannel.types import LinkState, MessageKind, SessionState
 
@@ -149,3 +152,79 @@ async def test_what_waits_for_a_session_that_ends_goes_to_its_member(
     assert any("here is my answer" in t for t in texts)
     assert texts[-1] == "sent after it ended"
     assert {held.message_id, late.message_id} <= {g.message.message_id for g in got2}
+
+
+@pytest.fixture
+async def store_hub(make_store: Callable[[], Store], clock: FakeClock) -> AsyncIterator[Hub]:
+    """A hub on each store (memory, SQLite, PostgreSQL)."""
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as h:
+        yield h
+
+
+async def _silent_team(hub: Hub) -> None:
+    """``a`` and ``b`` linked; ``b``'s runtime then dies without a ``SessionEnd`` (a
+    crash, ``kill -9``) and comes back under a new runtime session id, ``b-s2``."""
+    await _team(hub, {"exit_grace_seconds": 600})
+    await _link(hub)
+    await _texts(hub, "b")  # the link's rules
+    await hub.open_session("t", "b", "b-s2")
+
+
+async def _cross(hub: Hub, text: str) -> None:
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    await hub.report_event("t", "a", "a-s", "agent_stop", text)
+
+
+async def _taken(hub: Hub, member: str, session: str) -> list[str]:
+    got = await hub.receive("t", member, session=session, limit=100)
+    if got:
+        await hub.ack("t", member, [g.message.message_id for g in got])
+    return [g.message.text for g in got]
+
+
+async def test_a_crossing_to_a_session_that_died_silently_reaches_the_new_one(
+    store_hub: Hub, clock: FakeClock
+) -> None:
+    """A crossing pinned to a session nobody runs any more waited forever: never
+    delivered, never a dead letter, and its sender never heard. A session that shows no
+    sign of life for the exit grace while a message waits for it has gone as an exited
+    one does: it ends, its links close with both sides told, and what waited for it goes
+    to its member's live session."""
+    await _silent_team(store_hub)
+    await _cross(store_hub, "a's words")
+    assert not any("a's words" in t for t in await _taken(store_hub, "b", "b-s2"))
+    clock.advance(599)
+    await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.IDLE
+    clock.advance(1)
+    await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.TERMINATED
+    got = await _taken(store_hub, "b", "b-s2")
+    assert sum("a's words" in t for t in got) == 1, got
+    [link] = await store_hub.list_links("t")
+    assert (link.state, link.close_reason) == (LinkState.CLOSED, "session_silent")
+    told = await _taken(store_hub, "a", "a-s")
+    assert any("closed" in t and "no sign of life" in t for t in told), told
+    assert await _taken(store_hub, "b", "b-s2") == []  # once
+
+
+async def test_a_session_that_shows_life_keeps_what_waits_for_it(
+    store_hub: Hub, clock: FakeClock
+) -> None:
+    """A peer in a long turn (tool calls going on) or an idle session with nothing
+    waiting for it is alive: neither ends, however long it takes."""
+    await _silent_team(store_hub)
+    await store_hub.report_event("t", "b", "b-s", "turn_start")
+    await _cross(store_hub, "a's words")  # waits for b-s's turn to end
+    for _ in range(6):
+        clock.advance(300)
+        await store_hub.report_event("t", "b", "b-s", "tool_call", "make build")
+        await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.ACTIVE
+    await store_hub.report_event("t", "b", "b-s", "agent_stop", "")
+    assert sum("a's words" in t for t in await _taken(store_hub, "b", "b-s")) == 1
+    clock.advance(86_400)  # idle for a day with nothing waiting: still b's session
+    await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.IDLE
+    [link] = await store_hub.list_links("t")
+    assert link.state is LinkState.OPEN

@@ -108,4 +108,10 @@ def closed_text(link: Link, reason: str, member: str) -> str:
         return f"Your link with {peer} is closed: {peer} was removed from the team."
     if reason == "session_terminated":
         return f"Your link with {peer} is closed: a session on it terminated."
+    if reason == "session_silent":
+        return (
+            f"Your link with {peer} is closed: a session on it showed no sign of life while "
+            "messages waited for it (its process ended without saying so). What waited for "
+            "it goes to that member's next session."
+        )
     return f"Your link with {peer} is closed ({reason})."

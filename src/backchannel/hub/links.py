@@ -289,8 +289,9 @@ class Links:
         if current is not None and current.state is LinkState.OPEN:
             self.close(c, current, "conversation_budget", now)
 
-    def on_terminate(self, c: Ctx, session: Session) -> None:
-        """A session that terminated closes its links (see the module docstring)."""
+    def on_terminate(self, c: Ctx, session: Session, reason: str = "session_terminated") -> None:
+        """A session that terminated closes its links for ``reason`` (see the module
+        docstring)."""
         tx, now = c.tx, self.clock.now()
         live = any(
             s.state is not SessionState.TERMINATED
@@ -300,4 +301,4 @@ class Links:
             # a side whose member has no live session left can take no more turns, whether
             # or not the link ever bound one of its sessions
             if not live or session.session_id in (link.initiator_session, link.responder_session):
-                self.close(c, link, "session_terminated", now)
+                self.close(c, link, reason, now)

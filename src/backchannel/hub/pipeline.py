@@ -171,6 +171,8 @@ class Pipeline:
                 # nothing leases for a terminated session: its member takes the message
                 # (what waited for the session went the same way when it ended)
                 recipients = rules.resolve_recipients(team, to, message.sender, names, None)
+            else:  # only this session can take it: is it still alive? (a job looks)
+                self.sessions.watch_pinned(c, session, message.created_at)
         s = Send(c, message, recipients, options)
         # 1. the budget part gives the message its chain and hop, which the refusal
         #    below and every later hop of the chain read
@@ -245,12 +247,15 @@ class Pipeline:
         self.delegations.turn_over(c, session, turn, now)
 
     # -- a termination -----------------------------------------------------------------------
-    def terminated(self, c: Ctx, session: Session, reason: str) -> None:
+    def terminated(
+        self, c: Ctx, session: Session, reason: str, *, link_reason: str = "session_terminated"
+    ) -> None:
         """A session ended for good: what waits for it goes to its member as a whole,
-        its pending timers are cancelled, then its links close and both sides are told."""
+        its pending timers are cancelled, then its links close (for ``link_reason``) and
+        both sides are told."""
         self.sessions.on_terminate(c, session)
         self.timers.on_terminate(c, session)
-        self.links.on_terminate(c, session)
+        self.links.on_terminate(c, session, link_reason)
 
     # -- a tick ----------------------------------------------------------------------------------
     def job_handlers(self) -> dict[str, JobHandler]:

@@ -2,7 +2,10 @@
 
 A session is one run of a member. A resumed session keeps its id, links, timers and
 ledger; a session whose process exited keeps them for the team's exit grace
-(``exit_grace_seconds``), after which it terminates. What a turn does (``turn_start``,
+(``exit_grace_seconds``), after which it terminates. A session whose process died
+without saying so (a crash, ``kill -9``, a runtime restarted under a new session id)
+is found by what waits for it: a session that shows no sign of life for the exit grace
+while a message waits pinned to it ends the same way (``session_silent``). What a turn does (``turn_start``,
 ``agent_stop``, the ledger, checkpoints) is :mod:`backchannel.hub.turns`.
 """
 
@@ -25,9 +28,25 @@ from backchannel.errors import (
 )
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
-from backchannel.types import EventKind, Job, Session, SessionEvent, SessionState
+from backchannel.types import (
+    DeliveryState,
+    EventKind,
+    Job,
+    Message,
+    MessageKind,
+    Session,
+    SessionEvent,
+    SessionState,
+)
 
-__all__ = ["EXIT_JOB", "Sessions", "exit_grace", "new_session_id", "session_json"]
+__all__ = [
+    "EXIT_JOB",
+    "SILENT_JOB",
+    "Sessions",
+    "exit_grace",
+    "new_session_id",
+    "session_json",
+]
 
 _TRANSCRIPT_BATCH = 32
 
@@ -35,6 +54,14 @@ EXIT_JOB = "session_exit"
 #: How long an exited session keeps its links and timers for a resume (team setting
 #: ``exit_grace_seconds``; docs/decisions.md says why an hour).
 DEFAULT_EXIT_GRACE_S = 3600.0
+#: The job that looks, an exit grace after a message came to wait pinned to a session,
+#: whether the session is still alive (:meth:`Sessions.watch_pinned`).
+SILENT_JOB = "session_silent"
+#: An event that changes nothing else in its session's record (a tool call) writes its
+#: time there (``updated_at``, the session's last sign of life) at most this often.
+ALIVE_STEP_S = 60.0
+#: How many of a member's undelivered copies a silent session's check looks through.
+_SILENT_SCAN = 1000
 
 
 def new_session_id(member: str) -> str:
@@ -49,6 +76,12 @@ def exit_grace(settings: Mapping[str, Any]) -> float:
     except (TypeError, ValueError):
         return DEFAULT_EXIT_GRACE_S
     return grace if grace >= 0 else DEFAULT_EXIT_GRACE_S
+
+
+def _owed(m: Message | None) -> bool:
+    """Whether a copy waiting for a session is owed to someone: the hub's own notices
+    wait for the session's next turn and ride along with it, whenever that comes."""
+    return m is not None and m.kind is not MessageKind.SYSTEM
 
 
 def session_json(s: Session) -> dict[str, Any]:
@@ -204,8 +237,64 @@ class Sessions:
         self.pipeline.terminated(c, done, "not resumed within the exit grace")
         return None
 
+    # -- a session that died without saying so ------------------------------------------
+    def alive(self, c: Ctx, s: Session, now: float) -> None:
+        """An event of ``s`` that changes nothing else in its record is a sign of life:
+        written as its ``updated_at``, at most every :data:`ALIVE_STEP_S`."""
+        if now - s.updated_at >= ALIVE_STEP_S:
+            c.tx.put_session(dataclasses.replace(s, updated_at=now))
+
+    def watch_pinned(self, c: Ctx, s: Session, now: float) -> None:
+        """A copy now waits pinned to ``s``, which nothing but ``s`` can take. Unless a
+        watch is set already, a job looks an exit grace later whether ``s`` is still
+        alive (:meth:`_fire_silent`); an exited session has its own job."""
+        if s.state in (SessionState.TERMINATED, SessionState.EXITED):
+            return
+        tx = c.tx
+        if tx.count_jobs(s.team, s.session_id, SILENT_JOB, 1):
+            return
+        t = tx.get_team(s.team)
+        due = now + exit_grace(t.settings if t else {})
+        tx.add_job(Job(s.team, SILENT_JOB, due, now, s.session_id))
+        c.schedule(due)
+
+    def _fire_silent(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
+        """A session that has shown no sign of life (an event, a turn) for the exit
+        grace while a message owed to it (not a hub notice) waited pinned to it, untaken,
+        all that time has gone as an
+        exited one does after its grace: it terminates, its links close with both sides
+        told, and what waited for it goes to its member (docs/decisions.md, "A session
+        that died without saying so"). One that is alive is looked at again an exit
+        grace after its last sign of life, as long as something waits for it."""
+        tx = c.tx
+        s = tx.get_session(job.team, job.session_id or "")
+        if s is None or s.state in (SessionState.TERMINATED, SessionState.EXITED):
+            return None
+        waiting = [
+            d.updated_at
+            for d in tx.undelivered(s.team, s.member, _SILENT_SCAN)
+            if d.recipient.session == s.session_id
+            and d.state is DeliveryState.QUEUED
+            and _owed(tx.get_message(s.team, d.message_id))
+        ]
+        if not waiting:
+            return None  # taken: the next copy pinned to it sets a new watch
+        t = tx.get_team(s.team)
+        grace = exit_grace(t.settings if t else {})
+        quiet_since = max(s.updated_at, min(waiting))
+        if now < quiet_since + grace:
+            tx.reschedule_job(job.job_id, quiet_since + grace, job.payload)
+            c.schedule(quiet_since + grace)
+            return JobOutcome(keep=True)
+        reason = (
+            f"no sign of life for {grace:g} s while {len(waiting)} message(s) waited for it "
+            "(its process ended without a SessionEnd)"
+        )
+        self.end(c, s, now, reason, link_reason="session_silent")
+        return None
+
     def job_handlers(self) -> dict[str, JobHandler]:
-        return {EXIT_JOB: self._fire_exit}
+        return {EXIT_JOB: self._fire_exit, SILENT_JOB: self._fire_silent}
 
     def on_terminate(self, c: Ctx, s: Session) -> None:
         """A session ended for good: the copies pinned to it, waiting or leased, become
@@ -250,23 +339,37 @@ class Sessions:
         now = self.clock.now()
 
         def fn(c: Ctx) -> Session:
-            tx = c.tx
             c.wake(team, member)  # its session's inbox may be open to receivers now
             s = self.load(c, team, member, session_id)
             if s.state is SessionState.TERMINATED:
                 return s
-            tx.ledger_clear(team, session_id)
-            done = dataclasses.replace(
-                s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
-            )
-            tx.put_session(done)
-            if s.state is SessionState.ACTIVE:
-                self.pipeline.turn_over(c, done, s.turn, now)
-            self.event(c, done, EventKind.SESSION, f"terminated{': ' + reason if reason else ''}")
-            self.pipeline.terminated(c, done, reason)
-            return done
+            return self.end(c, s, now, reason)
 
         return await self.env.transact(fn)
+
+    def end(
+        self,
+        c: Ctx,
+        s: Session,
+        now: float,
+        reason: str,
+        *,
+        link_reason: str = "session_terminated",
+    ) -> Session:
+        """Terminate ``s`` inside ``c``: its running turn is closed, then what waits for
+        it, its timers and its links (closed for ``link_reason``) are settled."""
+        tx = c.tx
+        c.wake(s.team, s.member)
+        tx.ledger_clear(s.team, s.session_id)
+        done = dataclasses.replace(
+            s, state=SessionState.TERMINATED, updated_at=now, turn_started_at=None
+        )
+        tx.put_session(done)
+        if s.state is SessionState.ACTIVE:
+            self.pipeline.turn_over(c, done, s.turn, now)
+        self.event(c, done, EventKind.SESSION, f"terminated{': ' + reason if reason else ''}")
+        self.pipeline.terminated(c, done, reason, link_reason=link_reason)
+        return done
 
     def load(self, c: Ctx, team: str, member: str, session_id: str) -> Session:
         s = c.tx.get_session(team, session_id)

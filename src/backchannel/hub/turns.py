@@ -178,6 +178,7 @@ class Turns:
             if kind is EventKind.AGENT_STOP:
                 return self._agent_stop(c, s, text, data, now).to_json()
             eid = self.sessions.event(c, s, kind, text, data)
+            self.sessions.alive(c, s, now)  # a turn long at work is not a silent one
             return {"event_id": eid, "session": s.session_id, "turn": s.turn}
 
         return await self.env.transact(fn)
