@@ -172,3 +172,35 @@ def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session
     finally:
         for client in c.values():
             client.close()
+
+
+def test_codex_turns_ending_alike_each_cross_and_a_turns_stop_again_does_not(
+    small: Server,
+) -> None:
+    """Over the hook endpoint: Codex names each turn, so two turns that end with the same
+    words both cross, and the same turn's ``Stop`` sent again crosses nothing."""
+    tokens = make_team(small, "t", "a:codex", "b:codex")
+    c = {name: small.client(token) for name, token in tokens.items()}
+
+    def codex(who: str, name: str, session: str, **fields: Any) -> dict[str, Any]:
+        payload = {**fixture("codex", name), "session_id": session, **fields}
+        r = c[who].post("/v1/hooks/codex", json=payload)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    try:
+        codex("a", "UserPromptSubmit", "sa", prompt="go", turn_id="t1")
+        codex("b", "UserPromptSubmit", "sb", prompt="go", turn_id="u1")
+        sent = c["a"].post("/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"})
+        sent.raise_for_status()
+        codex("a", "Stop", "sa", last_assistant_message="", turn_id="t1")
+        codex("b", "Stop", "sb", last_assistant_message="", turn_id="u1")  # continued
+        codex("b", "Stop", "sb", last_assistant_message="", turn_id="u1")  # ends
+        for turn in ("t2", "t2", "t3", "t3"):  # no prompt hook between: a failed one
+            codex("a", "Stop", "sa", last_assistant_message="Done.", turn_id=turn)
+        crossed = [m["text"] for m in _inbox(c["b"], "sb") if m["kind"] == "link"]
+        assert crossed == ["[From a] Done.", "[From a] Done."], crossed
+    finally:
+        for client in c.values():
+            client.close()

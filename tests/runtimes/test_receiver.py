@@ -313,7 +313,7 @@ async def test_the_hub_never_reads_the_transcript_a_payload_names(hub: Hub, tmp_
     assert result.problem is None
     assert await _texts(hub, "lead") == []  # the closing text was not taken from the file
     events = await _kinds(hub, session_of("claude-code"))
-    assert ("agent_stop", "", {"hook": "Stop"}) in events
+    assert any(k == "agent_stop" and t == "" and d["hook"] == "Stop" for k, t, d in events)
 
 
 # -- bad input ------------------------------------------------------------------------------------

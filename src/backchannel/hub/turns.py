@@ -49,9 +49,11 @@ CONTINUED = "continued_from"
 #: the messages handed over, leased until the runtime's next event confirms them
 #: (:mod:`backchannel.runtimes.receiver`); set from ``turn_start`` data ``handed``.
 HANDED = "handed"
-#: Session meta of an idle session: the print (:func:`backchannel.core.turns.stop_print`)
-#: of the closing text that ended its last turn, gone when the next turn starts. A hook
-#: receiver tells by it the same ``Stop`` reported again from a new one.
+#: Session meta of an idle session: what marks the stop that ended its last turn, gone
+#: when the next turn starts: ``agent_stop`` data ``last_stop`` as the hook receiver
+#: gave it (the runtime's id of the stop, prints), else ``{"print": ...}`` of the closing
+#: text (:func:`backchannel.core.turns.stop_print`). A hook receiver tells by it the same
+#: ``Stop`` reported again from a new one.
 LAST_STOP = "last_stop"
 
 DEFAULT_CHECKPOINT_TEXT = (
@@ -87,6 +89,13 @@ class StopResult:
             "unknown_destinations": list(self.unknown),
             **dict(self.extra),
         }
+
+
+def _stop_mark(data: Mapping[str, Any], text: str) -> dict[str, str]:
+    given = data.get(LAST_STOP)
+    if isinstance(given, Mapping):
+        return {str(k): str(v) for k, v in given.items() if isinstance(v, str)}
+    return {"print": turns.stop_print(text)}
 
 
 class Turns:
@@ -301,7 +310,7 @@ class Turns:
             turn_started_at=None,
             last_stop_at=now,
             last_output=s.last_output if checkpoint_turn else parsed.output,
-            meta={**s.meta, LAST_STOP: turns.stop_print(text)},
+            meta={**s.meta, LAST_STOP: _stop_mark(data, text)},
         )
         tx.put_session(stopped)
         sent_this_turn = tx.ledger(s.team, s.session_id)  # tool sends and the blocks above

@@ -114,6 +114,7 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
             text=closing or "",
             stop_hook_active=opt_bool(obj, "stop_hook_active"),
             extra=extra,
+            stop_id=(opt_str(obj, "turn_id") or None) if kind is HookKind.STOP else None,
         )
     if kind is HookKind.SESSION_START:
         return HookEvent(**common, detail=opt_str(obj, "source") or "")

@@ -3,7 +3,8 @@
 Hooks (``.codex/hooks.json``): ``SessionStart``, ``UserPromptSubmit``, ``PreToolUse``,
 ``PostToolUse`` and ``Stop`` carry ``session_id``, ``turn_id``, ``transcript_path``,
 ``cwd``, ``model`` and ``hook_event_name``; ``Stop`` adds ``stop_hook_active`` and
-``last_assistant_message``, and answers ``{"decision": "block", "reason": ...}`` to make
+``last_assistant_message`` (its ``turn_id`` tells the same ``Stop`` reported twice from
+another turn's that ends with the same words), and answers ``{"decision": "block", "reason": ...}`` to make
 Codex continue with ``reason`` as its next input. ``SessionEnd`` (with ``reason``) says
 the process is leaving the session: the hub session waits for a resume (exited).
 
@@ -59,6 +60,7 @@ def _notify(obj: Mapping[str, Any]) -> HookEvent:
         text=opt_str(obj, "last-assistant-message") or "",
         answerable=False,
         extra={"input": prompt, "turn_id": obj.get("turn-id")},
+        stop_id=opt_str(obj, "turn-id") or None,
     )
 
 

@@ -72,6 +72,11 @@ class HookEvent:
     #: the command hook's record of the ids hook answers showed this session
     #: (:mod:`.seen`); ``None`` when the call keeps no record (an HTTP hook)
     had: tuple[str, ...] | None = None
+    #: what names the turn's end a stop reports, where the runtime gives it (Codex's
+    #: ``turn_id``, its ``notify``'s ``turn-id``, the ``timestamp`` of Gemini's
+    #: ``AfterAgent`` call): the same stop reported again carries the same id, another
+    #: turn's stop another one. ``None`` where there is none (Claude Code).
+    stop_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,10 @@ def parse(payload: Any) -> HookEvent:
             text=opt_str(obj, "prompt_response") or "",
             stop_hook_active=opt_bool(obj, "stop_hook_active"),
             extra={"input": opt_str(obj, "prompt") or ""},
+            # Gemini names no turn, but stamps each call of its hooks: every hook of one
+            # AfterAgent (and a call made again) gets the same input, another turn's end
+            # another time
+            stop_id=opt_str(obj, "timestamp") or None,
         )
     if kind is HookKind.SESSION_START:
         return HookEvent(**common, detail=opt_str(obj, "source", "trigger") or "")

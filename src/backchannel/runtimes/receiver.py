@@ -84,9 +84,12 @@ MAX_DELIVERY = 20
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
 MAX_RESUMES = 50
-#: How long after a turn's end the same closing text reported again on the idle session
-#: is that ``Stop`` again (two hook processes, a retried call), not a turn of its own.
-REPEAT_STOP_SECONDS = 300.0
+#: For a runtime that names no turn (Claude Code): how long after a turn's end the same
+#: closing text reported again on the idle session, shown the same, is that ``Stop``
+#: again (two hook processes, a retried call), not a turn of its own. The command hook
+#: gives up on the hub after 10 s and a session's hook processes take turns on its
+#: lock, so a repeat comes within seconds.
+REPEAT_STOP_SECONDS = 60.0
 #: Hand-outs settled per hub, remembered so the rest of a turn's events cost no ack.
 _SETTLED_KEEP = 4096
 _Settled = dict[tuple[str, str, int, tuple[str, ...]], frozenset[str]]
@@ -191,7 +194,8 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         text = _format(got, "arrived for you while you were away")
         return Outcome(context=text), sid, _ids(got)
 
-    if ev.kind is HookKind.STOP and _repeated_stop(hub, s, ev.text):
+    mark = _stop_mark(ev) if ev.kind is HookKind.STOP else None
+    if mark is not None and _repeated_stop(hub, s, mark):
         return Outcome(), sid, ()  # routed once already; its answer was given then
     if s.state is not SessionState.ACTIVE:
         opening = str(ev.extra.get("input") or "")
@@ -217,7 +221,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         # Gemini's AfterAgent after a continuation reports the text before it too:
         # only what the continuation added is this turn's (the rest was routed already)
         closing = closing[len(continued) :].lstrip()
-    await _event(hub, m, sid, "agent_stop", closing, data)
+    await _event(hub, m, sid, "agent_stop", closing, {**data, LAST_STOP: mark})
     if not ev.answerable:
         return Outcome(), sid, ()
     got = await _lease(hub, m, sid, had)
@@ -243,12 +247,34 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     return Outcome(continue_with=text), sid, _ids(got)
 
 
-def _repeated_stop(hub: Hub, s: Session, closing: str) -> bool:
-    """Whether a ``Stop`` on ``s`` is the one that ended its last turn, reported again:
-    the session is idle since then (no turn started), a short while ago, with the very
-    same closing text. Routed as a turn of its own, its output would cross its links and
-    its blocks go out a second time."""
-    if s.state is not SessionState.IDLE or s.meta.get(LAST_STOP) != stop_print(closing):
+def _stop_mark(ev: HookEvent) -> dict[str, str]:
+    """What tells this stop from another (kept as the session's ``last_stop``): the
+    runtime's id of it where it gives one; always the print of the closing text, and of
+    what the session shows it was given (Claude Code's channel pushes in its transcript:
+    a turn an idle session ran on a new push shows one more)."""
+    mark = {"print": stop_print(ev.text)}
+    if ev.stop_id:
+        mark["id"] = ev.stop_id
+    if ev.seen:
+        mark["seen"] = stop_print("\n".join(sorted(set(ev.seen))))
+    return mark
+
+
+def _repeated_stop(hub: Hub, s: Session, mark: Mapping[str, str]) -> bool:
+    """Whether a stop on ``s`` is the one that ended its last turn, reported again: the
+    session is idle since then (any event opens a turn, and a turn's start drops the
+    mark), and the stop is the same. Where both carry the runtime's id, the id alone
+    says so, however late; without one, the closing text and what the session was
+    shown must be the same, within :data:`REPEAT_STOP_SECONDS`. Routed as a turn of its
+    own, a repeat's output would cross its links and its blocks go out a second time."""
+    last = s.meta.get(LAST_STOP)
+    if isinstance(last, str):  # an older hub kept the print alone
+        last = {"print": last}
+    if s.state is not SessionState.IDLE or not isinstance(last, Mapping):
+        return False
+    if mark.get("id") and last.get("id"):
+        return bool(mark["id"] == last["id"])
+    if last.get("print") != mark["print"] or last.get("seen") != mark.get("seen"):
         return False
     return s.last_stop_at is not None and hub.clock.now() - s.last_stop_at < REPEAT_STOP_SECONDS
 
