@@ -275,3 +275,14 @@ async def test_crossing_waits_for_the_peers_turn_to_end(hub: Hub) -> None:
 
 
 AlwaysAnswer = Callable[[str], str]
+
+
+async def test_a_send_to_oneself_opens_no_link_and_nothing_crosses_back(hub: Hub) -> None:
+    """A note to self from a turn opened a link from the agent to itself: it was told
+    twice that it is linked with itself, and every turn's output came back to it as
+    ``[From a] ...`` input, a loop with itself."""
+    await _team(hub, "a")
+    await _turn(hub, "a", "my output", send=("a", "note to self"))
+    assert await hub.list_links("t") == []
+    got = [(g.message.kind, g.message.text) for g in await _take(hub, "a")]
+    assert got == [(MessageKind.DIRECT, "note to self")], got

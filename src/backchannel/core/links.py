@@ -47,8 +47,10 @@ def rules_text(settings: Mapping[str, Any], peer: str, budget: int) -> str:
 
 
 def may_change_links(kind: MessageKind, sender: str, to: str) -> bool:
-    """Only a direct message from a member to one member opens or closes a link."""
-    return kind is MessageKind.DIRECT and to != BROADCAST and sender != HUB_SENDER
+    """Only a direct message from a member to one other member opens or closes a link
+    (a note to self has no peer: a link to oneself would feed each turn's output back
+    in as input)."""
+    return kind is MessageKind.DIRECT and to not in (BROADCAST, sender) and sender != HUB_SENDER
 
 
 def opens_link(callee_kind: MemberKind | None) -> bool:

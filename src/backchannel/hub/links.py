@@ -219,6 +219,8 @@ class Links:
         crossed: list[dict[str, Any]] = []
         for link in self._session_links(c, session):
             peer, peer_session = link.peer_of(session.member)
+            if peer == session.member:
+                continue  # a link to oneself (an older hub opened them): no peer to reach
             decision = rules.decide_crossing(link, peer, output, checkpoint_turn, ledger)
             if decision.action is not rules.Crossing.CROSS:
                 if decision.action is rules.Crossing.REPEAT:
