@@ -286,3 +286,16 @@ async def test_a_send_to_oneself_opens_no_link_and_nothing_crosses_back(hub: Hub
     assert await hub.list_links("t") == []
     got = [(g.message.kind, g.message.text) for g in await _take(hub, "a")]
     assert got == [(MessageKind.DIRECT, "note to self")], got
+
+
+@pytest.mark.parametrize("closing", ["\u200b", " \ufeff\n\u2060 ", "\u200b\u200c\u200d"])
+async def test_output_of_invisible_characters_only_crosses_nothing(hub: Hub, closing: str) -> None:
+    """Zero-width characters are no whitespace to ``str.split``: a closing text of them
+    alone crossed as an empty-looking message and spent a turn of the budget."""
+    await _team(hub, "a", "b")
+    await _open(hub, "a", "b")
+    await _take(hub, "b")
+    await _turn(hub, "a", closing)
+    assert await _take(hub, "b") == []
+    [link] = await hub.list_links("t")
+    assert link.turns_used == 0

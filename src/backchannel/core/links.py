@@ -3,13 +3,14 @@ are told."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from backchannel.core import timers
-from backchannel.core.turns import already_sent, normalize
+from backchannel.core.turns import already_sent
 from backchannel.types import BROADCAST, HUB_SENDER, LedgerEntry, Link, MemberKind, MessageKind
 
 DEFAULT_BUDGET = 8
@@ -65,6 +66,12 @@ def frame(member: str, text: str) -> str:
     return f"[From {member}] {text}"
 
 
+def visible(text: str) -> bool:
+    """Whether ``text`` shows anything: not only whitespace and format characters (the
+    zero-width space, joiners, a byte order mark), which ``str.split`` keeps."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
+
+
 class Crossing(StrEnum):
     CROSS = "cross"
     EMPTY = "empty"  # nothing to say: crosses nothing, uses no turn
@@ -83,7 +90,7 @@ def decide_crossing(
 ) -> CrossingDecision:
     if checkpoint_turn:
         return CrossingDecision(Crossing.CHECKPOINT)
-    if not normalize(output):
+    if not visible(output):
         return CrossingDecision(Crossing.EMPTY)
     if already_sent(peer, output, ledger) is not None:
         return CrossingDecision(Crossing.REPEAT)
