@@ -27,6 +27,7 @@ from backchannel.types import (
     LedgerEntry,
     Link,
     Message,
+    MessageKind,
     Recipient,
     SendResult,
     Session,
@@ -171,7 +172,9 @@ class Pipeline:
                 # nothing leases for a terminated session: its member takes the message
                 # (what waited for the session went the same way when it ended)
                 recipients = rules.resolve_recipients(team, to, message.sender, names, None)
-            else:  # only this session can take it: is it still alive? (a job looks)
+            elif message.kind is not MessageKind.SYSTEM:
+                # only this session can take it: is it still alive? (a job looks; the
+                # hub's own notices wait for its next turn, whenever that comes)
                 self.sessions.watch_pinned(c, session, message.created_at)
         s = Send(c, message, recipients, options)
         # 1. the budget part gives the message its chain and hop, which the refusal
