@@ -181,8 +181,17 @@ async def test_a_hook_attached_callee_reads_an_ordinary_request_and_answers_each
     stop, text_field = STOP_EVENT[runtime], "prompt_response" if runtime == "gemini" else None
     text_field = text_field or "last_assistant_message"
 
+    stops = 0
+
     async def stop_hook(text: str) -> dict[str, Any]:
-        payload = fixture(runtime, stop, **{text_field: text, "stop_hook_active": False})
+        nonlocal stops
+        stops += 1  # each stop is another turn's end, named as the runtime names it
+        named = {
+            "codex": {"turn_id": f"turn-{stops}"},
+            "gemini": {"timestamp": f"2026-11-22T09:00:{stops:02d}.000Z"},
+        }.get(runtime, {})
+        fields = {text_field: text, "stop_hook_active": False, **named}
+        payload = fixture(runtime, stop, **fields)
         return (await call(hub, "t", "agent", runtime, payload)).answer
 
     results = []
