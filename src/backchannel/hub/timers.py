@@ -12,6 +12,14 @@ one of the send's reactions): its id, its time and the start of its text, which 
 breadcrumb quotes from there, so retention may take the message meanwhile. A reply
 already sent while the timer was being set is looked up when it is set.
 
+A timer goes on in the conversation chain its session works in when it is set (the
+chain of the turn that sets it, kept in the job's payload) at that hop: its firing is not
+a hop, and the turn it starts sends one hop further, as the turn that set it would have.
+A timer set on a session that works in no chain (a human typed its turn, or none ran)
+starts a chain of its own. So an agent that answers a peer only from its timer's turn
+cannot start a fresh chain with every answer, and a ring of such agents stops at the
+chain budget.
+
 A session that ends for good (terminated, or not resumed within its exit grace) takes no
 input again: its pending timers are cancelled as it ends, and its record names them
 (:meth:`Timers.on_terminate`), so none stays pending against the member's quota only to
@@ -29,6 +37,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from backchannel.core import budget as budget_rules
 from backchannel.core import messages, notices
 from backchannel.core import timers as rules
 from backchannel.errors import (
@@ -40,7 +49,7 @@ from backchannel.errors import (
     UnknownMember,
 )
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
-from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.hub.pipeline import NO_LINK, Pipeline, Send, SendOptions
 from backchannel.hub.quotas import Quotas
 from backchannel.hub.sessions import Sessions
 from backchannel.stores.base import Tx
@@ -99,6 +108,22 @@ class Timer:
         if now is not None:
             out["due_in"] = round(self.due_at - now, 3)
         return out
+
+
+def _chain_of(s: Session) -> list[Any] | None:
+    """The chain ``s`` works in (``[id, hop]``, as the budget part keeps it), if any."""
+    raw = s.meta.get("chain")
+    return list(raw) if isinstance(raw, list | tuple) and len(raw) == 2 else None
+
+
+def _fired_chain(raw: Any) -> budget_rules.ChainRef | None:
+    """The chain a timer's payload names for its firing (none: a chain of its own)."""
+    if not isinstance(raw, list | tuple) or len(raw) != 2:
+        return None
+    chain_id, hop = raw
+    if not isinstance(chain_id, str) or not isinstance(hop, int) or isinstance(hop, bool):
+        return None
+    return budget_rules.ChainRef(chain_id, max(0, hop))
 
 
 class Timers:
@@ -160,6 +185,8 @@ class Timers:
                     "set_at": now,
                     "member": member,
                     **({"request_id": request_id} if request_id is not None else {}),
+                    # the chain the session works in: the firing goes on in it
+                    **({"chain": chain} if (chain := _chain_of(s)) is not None else {}),
                 },
                 watch=target,
             )
@@ -302,7 +329,10 @@ class Timers:
         )
         meta["timer_id"] = job.job_id
         msg = notices.timer(job.team, timer.member, s.session_id, job.job_id, text, meta, now)
-        self.pipeline.insert(c, msg, s.session_id)
+        chain = _fired_chain(job.payload.get("chain"))
+        # in the chain of the turn that set it, at that hop; else a chain of its own
+        options = NO_LINK if chain is None else SendOptions(link=False, by_agent=False, chain=chain)
+        self.pipeline.insert(c, msg, s.session_id, options)
         return None
 
     def job_handlers(self) -> dict[str, JobHandler]:

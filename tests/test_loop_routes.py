@@ -1,0 +1,141 @@
+"""No endless loops when a ring mixes its routes: always-answering agents that pass the
+conversation on by a link crossing, a send, a closing block, a delegation and a timer
+stop at the chain budget, in the one chain a human started, and are told.
+
+The agents are those of ``tests/test_budget.py``; each ring here runs until nobody has
+anything left to do (a deadline in rounds, never a sleep) and counts what got through.
+"""
+
+from __future__ import annotations
+
+from backchannel.hub import Hub
+from backchannel.testing import FakeClock, MemoryStore
+from backchannel.types import InboxMessage, MessageKind, SessionState
+from tests.test_budget import Agent, _agent_messages, _kick, _run, _team, _user_told
+
+
+async def _run_with_timers(hub: Hub, clock: FakeClock, *agents: Agent, cap: int = 400) -> int:
+    """Run ``agents`` until nothing is left to do, firing due timers between rounds
+    (the clock moves on a second whenever every agent is idle). Returns the rounds."""
+    for n in range(cap):
+        progressed = False
+        for a in agents:
+            progressed = await a.step() or progressed
+        if progressed:
+            continue
+        if not await hub.list_timers("t"):
+            return n
+        clock.advance(1)
+        await hub.maintain()
+    raise AssertionError(f"still talking after {cap} rounds: the loop was not stopped")
+
+
+async def test_a_ring_of_link_send_and_delegation_stops_at_the_chain_budget(
+    clock: FakeClock,
+) -> None:
+    """a's closing text crosses its link to b; b passes it to c by send_message; c
+    delegates it to a (a Claude Code member: whichever turn of a's session takes the task
+    answers it), and a's turn ends again, crossing to b. No pair ever answers its partner
+    often enough for the pair budget: only the chain stops it."""
+    budget = 9
+
+    async def answer(a: Agent, got: list[InboxMessage]) -> str:
+        kinds = {g.message.kind for g in got}
+        if a.name == "a":
+            return f"a says {a.turns}"  # crosses the link to b, answers c's task
+        if a.name == "b" and kinds & {MessageKind.LINK, MessageKind.DIRECT}:
+            await a.send("c", f"b passes on {a.turns}", link=False)
+        if a.name == "c" and MessageKind.DIRECT in kinds:
+            await a.delegate("a", f"c asks a {a.turns}")
+        return ""
+
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 100}
+        )
+        await hub.add_member("t", "a", "claude-code")
+        for n in ("b", "c"):
+            await hub.add_member("t", n)
+        for n in "abc":
+            await hub.open_session("t", n, f"{n}-s")
+        agents = [Agent(hub, n, "", answer) for n in "abc"]
+        start = await _kick(hub, "a")
+        # a's first turn opens the link to b by a send; every later turn crosses it
+        await hub.receive("t", "a", session="a-s")
+        await hub.report_event("t", "a", "a-s", "turn_start", "[From user] start")
+        await hub.send("t", "a", "b", "a starts", sender_session="a-s")
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await _run(*agents)
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}, "one chain on every route"
+        sent = [m for m in msgs if m.kind is not MessageKind.TOOL_RESULT]
+        assert max(m.hop for m in sent) == budget
+        # a delegation's answer is owed: the task at the budget still gets it, one hop on
+        assert max(m.hop for m in msgs) == budget + 1
+        kinds = {m.kind for m in msgs}
+        assert {MessageKind.LINK, MessageKind.DIRECT, MessageKind.DELEGATION} <= kinds
+        refused = [e for ag in agents for e in ag.refused]
+        assert (
+            refused
+            or any(ag.refused_blocks for ag in agents)
+            or any(link.close_reason == "conversation_budget" for link in await hub.list_links("t"))
+        ), "the send past the budget was refused"
+        assert await _user_told(hub, "chain")
+
+
+async def test_a_ring_of_three_relaying_through_timers_stops_at_the_chain_budget(
+    clock: FakeClock,
+) -> None:
+    """Each agent answers a peer's message by setting a 1 s timer in its own session, and
+    the timer's turn passes the conversation on to the next. No pair answers its partner
+    (a→b, b→c, c→a: one exchange each), so only the chain can stop the ring: a timer set
+    on a turn goes on in that turn's chain instead of starting a fresh one."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    budget = 8
+
+    async def answer(a: Agent, got: list[InboxMessage]) -> str:
+        kinds = {g.message.kind for g in got}
+        if MessageKind.TIMER in kinds:
+            await a.send(nxt[a.name], f"{a.name} passes it on ({a.turns})", link=False)
+        elif kinds & {MessageKind.DIRECT, MessageKind.LINK}:
+            await hub.set_timer("t", a.name, a.session, "anchor", 1, "pass it on")
+        return ""
+
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=budget, pair_budget=100)
+        agents = [Agent(hub, n, nxt[n], answer) for n in "abc"]
+        start = await _kick(hub, "a")
+        await _run_with_timers(hub, clock, *agents)
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert len(msgs) == budget, [(m.sender, m.to, m.chain_id, m.hop) for m in msgs]
+        assert [m.hop for m in msgs] == list(range(1, budget + 1))
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        refused = [e for ag in agents for e in ag.refused]
+        assert refused and {e.details["budget"] for e in refused} == {"chain"}
+        assert await _user_told(hub, "chain")
+        sessions = [s for n in "abc" for s in await hub.list_sessions("t", n)]
+        assert all(s.state is not SessionState.ACTIVE for s in sessions)
+
+
+async def test_two_agents_relaying_through_timers_stop_at_the_pair_budget(
+    clock: FakeClock,
+) -> None:
+    """The same with two: each answers the other only from its timer's turn."""
+    budget = 6
+
+    async def answer(a: Agent, got: list[InboxMessage]) -> str:
+        kinds = {g.message.kind for g in got}
+        if MessageKind.TIMER in kinds:
+            await a.send(a.peer, f"{a.name} answers ({a.turns})", link=False)
+        elif kinds & {MessageKind.DIRECT, MessageKind.LINK}:
+            await hub.set_timer("t", a.name, a.session, "anchor", 1, "answer")
+        return ""
+
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", pair_budget=budget)
+        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
+        await _kick(hub, "a")
+        await _run_with_timers(hub, clock, a, b)
+        msgs = await _agent_messages(hub, "a", "b")
+        assert len(msgs) == budget
+        assert a.told("pair") and b.told("pair") and await _user_told(hub, "pair")
