@@ -311,7 +311,9 @@ async def test_answer_retried_on_503_then_delivered_once(scripted: Callable[...,
         await eventually(lambda: _outbox_idle(hub), what="the outbox job to end")
         assert len(srv.requests) == 3
         path, body, headers = srv.requests[-1]
-        assert (path, body) == ("/api/tools/response", {"result": "answer tu_1"})
+        assert (path, body["result"]) == ("/api/tools/response", "answer tu_1")
+        # the task named no chain, so it started one at hop 0; the answer goes on at 1
+        assert body["chain"]["hop"] == 1
         assert headers["Authorization"] == "Bearer tok-tu_1"
     finally:
         await hub.close()
@@ -657,6 +659,83 @@ async def test_a_task_from_another_hub_goes_on_in_the_chain_it_names(clock: Fake
             )  # fmt: skip
         assert exc.value.details["key"] == "chain:c-3"
         assert "tu_far" not in {d.tool_use_id for d in await hub.list_delegations("t")}
+
+
+async def test_an_answer_to_another_hub_names_the_chain_its_turn_went_on_in(
+    scripted: Callable[..., Scripted],
+) -> None:
+    srv = scripted(lambda path, body, n: (200, 0))
+    hub = await _callee_hub({"caller": srv.url})
+    try:
+        d = await hub.accept_chat(
+            "t", "hub-a", "worker", "task", reply_service="caller", reply_token="tok",
+            session_id="remote-s", tool_use_id="tu_c", chain={"id": "c-9", "hop": 4},
+        )  # fmt: skip
+        assert d.callee_session is not None
+        got = await hub.receive("t", "worker", session=d.callee_session)
+        await hub.ack("t", "worker", [g.message.message_id for g in got])
+        await hub.report_event("t", "worker", d.callee_session, "turn_start", "task")
+        await hub.report_event("t", "worker", d.callee_session, "agent_stop", "done")
+        await eventually(lambda: len(srv.requests) >= 1, what="the answer's POST")
+        _, body, _ = srv.requests[0]
+        assert body == {"result": "done", "chain": {"id": "c-9", "hop": 5}}
+    finally:
+        await hub.close()
+
+
+async def _remote_call(hub: Hub, session: str, tool_use_id: str) -> str:
+    """lead's turn in ``session`` delegates to worker@hub-b and ends: the reply token."""
+    await hub.delegate("t", "lead", session, "worker@hub-b", "ask", tool_use_id=tool_use_id)
+    await hub.report_event("t", "lead", session, "agent_stop", "")
+    body = (await _chat_bodies(hub))[tool_use_id]
+    token: str = body["reply"]["bearerToken"]
+    return token
+
+
+async def _turn_on_result(hub: Hub, session: str) -> None:
+    got = await hub.receive("t", "lead", session=session, limit=20)
+    await hub.ack("t", "lead", [g.message.message_id for g in got])
+    text = "\n".join(g.message.text for g in got)
+    await hub.report_event("t", "lead", session, "turn_start", text)
+
+
+async def test_an_answer_from_another_hub_carries_its_chain_to_the_callers_next_task(
+    clock: FakeClock,
+) -> None:
+    """lead asks worker@hub-b; the answer comes back at the hop worker's turn reached,
+    one further; lead's turn on it asks again from there, never lower; the answer that
+    reaches the budget spends it (lead and the human are told), and the next task is
+    refused. A malformed chain is refused naming the field, and spends no token."""
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await _chain_team(hub, chain_budget=6)
+        start = await hub.send("t", "user", "lead", "start")
+        await _turn_on_result(hub, "lead-s")
+        token = await _remote_call(hub, "lead-s", "tu_1")
+        assert (await _chat_bodies(hub))["tu_1"]["chain"] == {"id": start.message_id, "hop": 1}
+        with pytest.raises(InvalidRequest) as exc:
+            await hub.accept_tool_response(token, "a", chain={"id": start.message_id, "hop": -1})
+        assert exc.value.details["field"] == "chain.hop"
+        await hub.accept_tool_response(token, "a", chain={"id": start.message_id, "hop": 2})
+        await _turn_on_result(hub, "lead-s")
+        token = await _remote_call(hub, "lead-s", "tu_2")
+        assert (await _chat_bodies(hub))["tu_2"]["chain"] == {"id": start.message_id, "hop": 3}
+        # an answer naming a smaller hop lowers nothing: lead's turn stays at hop 2
+        await hub.accept_tool_response(token, "b", chain={"id": start.message_id, "hop": 1})
+        await _turn_on_result(hub, "lead-s")
+        token = await _remote_call(hub, "lead-s", "tu_3")
+        assert (await _chat_bodies(hub))["tu_3"]["chain"] == {"id": start.message_id, "hop": 3}
+        # the answer at the budget spends it: the caller and the human are told
+        await hub.accept_tool_response(token, "c", chain={"id": start.message_id, "hop": 6})
+        got = await hub.receive("t", "user", limit=100)
+        [told] = [g.message for g in got if g.message.meta.get("budget") == "chain"]
+        assert told.meta["key"] == f"chain:{start.message_id}"
+        await _turn_on_result(hub, "lead-s")
+        with pytest.raises(BudgetExhausted) as refused:
+            await hub.delegate("t", "lead", "lead-s", "worker@hub-b", "ask", tool_use_id="tu_4")
+        assert refused.value.details["key"] == f"chain:{start.message_id}"
 
 
 @pytest.mark.parametrize(

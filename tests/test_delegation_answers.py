@@ -116,7 +116,7 @@ async def test_an_inbound_task_answered_in_blocks_sends_the_blocks_as_the_answer
             "t", "worker", d.callee_session, "agent_stop", '<message to="hub-a">7</message>'
         )
         await eventually(lambda: len(srv.requests) == 1, what="one POST")
-        assert srv.requests[0][1] == {"result": "7"}
+        assert srv.requests[0][1]["result"] == "7"
         assert await hub.receive("t", "hub-a", limit=10) == [], "no second copy as a message"
     finally:
         await hub.close()

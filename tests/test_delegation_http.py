@@ -351,6 +351,27 @@ def _pass_on(
     return m, r
 
 
+def _answer_task(c: httpx.Client, member: str, answer: str) -> dict[str, Any]:
+    """Play ``member``: take the task waiting in one of its sessions and answer it with
+    the turn's closing text. Returns the task."""
+
+    def task() -> tuple[str, dict[str, Any]] | None:
+        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
+            sid = s["session_id"]
+            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
+            if got:
+                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
+            found = next((m for m in got if m["kind"] == "delegation"), None)
+            if found is not None:
+                return sid, found
+        return None
+
+    sid, m = eventually_blocking(task, what=f"a task for {member}", within=30)
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": answer})
+    return m
+
+
 @dataclass
 class Ring:
     """Two hubs' agents that always delegate to each other, driven to the chain budget."""
@@ -446,6 +467,52 @@ def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_chain
     try:
         with ring_to_the_budget(hub_a, hub_b, tokens, budget):
             pass  # what every route shows is checked by the ring itself
+    finally:
+        hub_a.stop()
+        hub_b.stop()
+
+
+@pytest.mark.slow
+def test_a_lead_that_asks_another_hub_again_on_every_answer_stops_at_the_chain_budget(
+    tmp_path: Path,
+) -> None:
+    """lead (hub A) delegates to worker (hub B); worker answers; lead's turn on the answer
+    delegates again, and so on. The answer comes back in the chain worker's turn went on
+    in, one hop further, so lead's next task goes on from there: the exchange stops at the
+    chain budget instead of starting every task at the same hop."""
+    budget = 5
+    hub_a, hub_b, tokens = _start_hubs_both_ways(tmp_path, budget)
+    try:
+        with (
+            hub_a.client(tokens["lead"]) as lead,
+            hub_b.client(tokens["worker"]) as worker,
+            hub_a.client(tokens["user_a"]) as user_a,
+        ):
+            start = first_delegation(lead, user_a)
+            hops: list[tuple[str, int]] = []
+            refused = None
+            for n in range(1, 4 * budget):  # a deadline in rounds: past it, it never stopped
+                task = _answer_task(worker, "worker", f"answer {n}")
+                hops.append((task["chain_id"], task["hop"]))
+                result = _wait_inbox(lead, "lead-s", "tool_result")
+                lead.post(
+                    "/v1/sessions/lead-s/events",
+                    json={"kind": "turn_start", "text": result["text"]},
+                )
+                r = lead.post(
+                    "/v1/delegations",
+                    json={"to": "worker@hub-b", "task": f"again ({n})", "tool_use_id": f"tu_{n}"},
+                )
+                lead.post("/v1/sessions/lead-s/events", json={"kind": "agent_stop", "text": ""})
+                if r.status_code != 201:
+                    refused = r
+                    break
+            assert refused is not None, f"still asking after {len(hops)} answers: {hops}"
+            assert refused.status_code == 429
+            error = refused.json()["error"]
+            assert (error["budget"], error["key"]) == ("chain", f"chain:{start['message_id']}")
+            # tasks at hops 1, 3, 5 (the last spends the budget), each answer one further
+            assert hops == [(start["message_id"], hop) for hop in (1, 3, 5)]
     finally:
         hub_a.stop()
         hub_b.stop()

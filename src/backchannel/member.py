@@ -596,9 +596,12 @@ async def _watch(hub: Hub, team: str, after: int) -> AsyncIterator[Traffic]:
         await stream.aclose()
 
 
-async def answer_delegation(hub: Hub, reply_token: str, result: Any) -> ToolResponseAccepted:
-    """A callee hub's answer to a delegation, carrying the one-time reply token."""
-    d = await hub.accept_tool_response(reply_token, result)
+async def answer_delegation(
+    hub: Hub, reply_token: str, result: Any, chain: Any = None
+) -> ToolResponseAccepted:
+    """A callee hub's answer to a delegation, carrying the one-time reply token (and the
+    conversation chain the answer goes on in, when the callee hub names one)."""
+    d = await hub.accept_tool_response(reply_token, result, chain=chain)
     return ToolResponseAccepted(delegation_id=d.delegation_id, state=d.state.value)
 
 

@@ -201,7 +201,7 @@ class ReplyRoute(BaseModel):
 
 
 class ChainIn(BaseModel):
-    """The conversation chain a task from another hub goes on in."""
+    """The conversation chain a task from another hub, or its answer, goes on in."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
     id: IdField = Field(description="the chain's id (a message id of the hub that started it)")
@@ -230,6 +230,13 @@ class ChatIn(BaseModel):
 class ToolResponseIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     result: JsonValue
+    chain: ChainIn | None = Field(
+        default=None,
+        description=(
+            "the conversation chain the answer goes on in (the callee's turn's, one hop "
+            "further): the caller's session goes on in it"
+        ),
+    )
 
 
 def _not_null(value: Any) -> Any:

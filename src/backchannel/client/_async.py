@@ -856,14 +856,17 @@ class Client:
         got: ChatAccepted = await self._do(call)
         return got
 
-    async def tool_response(self, reply_token: str, result: Any) -> ToolResponseAccepted:
-        """As a callee hub: answer a delegation with the one-time ``reply_token``."""
+    async def tool_response(
+        self, reply_token: str, result: Any, *, chain: Mapping[str, Any] | None = None
+    ) -> ToolResponseAccepted:
+        """As a callee hub: answer a delegation with the one-time ``reply_token``.
+        ``chain`` (``{"id", "hop"}``): the conversation chain the answer goes on in."""
         call = Call(
             "POST",
             "/v1/tools/response",
-            lambda s: answer_delegation(s.hub, reply_token, result),
+            lambda s: answer_delegation(s.hub, reply_token, result, chain),
             ToolResponseAccepted,
-            {"result": result},
+            {"result": result, **({"chain": dict(chain)} if chain is not None else {})},
             token=reply_token,
         )
         got: ToolResponseAccepted = await self._do(call)

@@ -449,9 +449,12 @@ class SyncClient:
             )
         )
 
-    def tool_response(self, reply_token: str, result: Any) -> ToolResponseAccepted:
-        """As a callee hub: answer a delegation with the one-time ``reply_token``."""
-        return self._run(self._async.tool_response(reply_token, result))
+    def tool_response(
+        self, reply_token: str, result: Any, *, chain: Mapping[str, Any] | None = None
+    ) -> ToolResponseAccepted:
+        """As a callee hub: answer a delegation with the one-time ``reply_token``.
+        ``chain`` (``{"id", "hop"}``): the conversation chain the answer goes on in."""
+        return self._run(self._async.tool_response(reply_token, result, chain=chain))
 
     def hook(self, runtime: str, payload: Any, *, expect: str | None = None) -> HookResult:
         """A runtime's hook call (``claude-code``, ``codex``, ``gemini``): its own hook

@@ -286,6 +286,49 @@ class Budgets:
                 self._tell_stop(c, d.record, [caller, callee], (ref.chain_id, ref.hop), now)
         return ref, None
 
+    # -- an answer between hubs ---------------------------------------------------------------
+    def answer_chain(self, session: Session) -> rules.ChainRef | None:
+        """The chain a callee's answer to another hub goes on in: the chain its turn works
+        in, one hop further, as a send of that turn would be (``None``: the turn has none)."""
+        turn = _ref(session.meta)
+        return None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
+
+    def answered(
+        self,
+        c: Ctx,
+        team: str,
+        session: Session,
+        named: rules.ChainRef,
+        callee: str,
+        now: float,
+    ) -> None:
+        """Another hub answered a delegation of ``session`` in chain ``named``: the session
+        works in that chain from now on, as it would after a local callee's answer, so a
+        turn that asks again on the answer goes on one hop further and a lead and another
+        hub's agent that always ask again stop at the chain budget. The hop named may raise
+        the session's chain, never lower it (:func:`rules.named_chain`). The answer is
+        owed, so it is never refused; one that reaches the budget spends it, and the caller
+        and the team's human are told."""
+        tx = c.tx
+        s = tx.get_session(team, session.session_id) or session
+        current = _ref(s.meta)
+        ref = self._named(tx, team, named, current)
+        if ref != current:
+            s = dataclasses.replace(s, meta={**s.meta, "chain": [ref.chain_id, ref.hop]})
+            tx.put_session(s)
+            self._remember(tx, team, s.member, ref, now)
+        t = tx.get_team(team)
+        lim = rules.limits(t.settings if t else {})
+        if ref.hop < lim.chain_budget:
+            return
+        d = rules.decide_chain(
+            team, ref, tx.get_budget(team, rules.chain_key(ref.chain_id)), lim, now
+        )
+        if d.record is not None:  # a refusal is left alone: the answer is owed
+            tx.put_budget(d.record)
+            if d.stops:
+                self._tell_stop(c, d.record, [s.member, callee], (ref.chain_id, ref.hop), now)
+
     # -- the chain a session's turn works in -----------------------------------------------
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:
         """The turn ``session`` starts on ``got`` works in the chain they belong to; a

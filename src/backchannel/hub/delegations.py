@@ -410,8 +410,15 @@ class Delegations:
         return await self.env.transact(fn)
 
     # -- the caller hub: an answer arrives from another hub -----------------------------
-    async def accept_tool_response(self, token: str, result: Any) -> Delegation:
+    async def accept_tool_response(
+        self, token: str, result: Any, *, chain: Any = None
+    ) -> Delegation:
         """``POST /api/tools/response``: verify the one-time token and deliver ``result``.
+
+        ``chain`` (``{"id", "hop"}``, checked as ``/api/chat``'s) is the conversation
+        chain the callee hub's answer goes on in: the caller's session goes on in it
+        (raised, never lowered), so asking again on every answer stops at the chain
+        budget, as it does between two agents of one hub.
 
         A forged or expired token, or one that names no delegation of this hub, is refused
         (``Unauthorized``, 401). A token spent before is a repeat of a callback this hub
@@ -423,6 +430,7 @@ class Delegations:
         team, _, delegation_id = str(claims["tool_id"]).partition("/")
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
         messages.check_text(text, self.config.max_text)
+        carried = budget_rules.check_chain(chain)
 
         def fn(c: Ctx) -> Delegation:
             tx = c.tx
@@ -441,6 +449,9 @@ class Delegations:
                     "with a different result; the first answer stands and this one was not "
                     "taken"
                 )
+            caller = tx.get_session(team, d.caller_session)
+            if carried is not None and caller is not None:
+                self.pipeline.budgets.answered(c, team, caller, carried, d.callee, now)
             return self.resolve(c, d, text, now)
 
         return await self.env.transact(fn)
@@ -599,12 +610,20 @@ class Delegations:
                     d, state=DelegationState.ANSWERED, result=output, answered_at=now
                 )
                 tx.update_delegation(answered)
+                # the answer names the chain it goes on in (the turn's, one hop further),
+                # so the caller's hub goes on from there when its agent asks again
+                chain = self.pipeline.budgets.answer_chain(
+                    tx.get_session(session.team, session.session_id) or session
+                )
                 self.outbox.enqueue(
                     c,
                     d.team,
                     service=d.reply_service or "",
                     path=RESPONSE_PATH,
-                    body={"result": output},
+                    body={
+                        "result": output,
+                        **({"chain": budget_rules.chain_wire(chain)} if chain else {}),
+                    },
                     bearer=d.reply_token,
                     purpose="reply",
                     ref=f"{d.team}/{d.delegation_id}",

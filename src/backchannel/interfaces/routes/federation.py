@@ -38,7 +38,8 @@ async def tool_response(body: ToolResponseIn, request: Request) -> ToolResponseA
         raise Unauthorized(
             "missing bearer token: send the reply token as 'Authorization: Bearer <token>'"
         )
-    return await answer_delegation(hub_of(request), token.strip(), body.result)
+    chain = body.chain.model_dump() if body.chain else None
+    return await answer_delegation(hub_of(request), token.strip(), body.result, chain)
 
 
 for prefix in ("/api", "/v1"):
