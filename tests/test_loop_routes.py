@@ -8,6 +8,11 @@ anything left to do (a deadline in rounds, never a sleep) and counts what got th
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from backchannel.delivery.claude_inbox import InboxWriter
+from backchannel.delivery.inbox_watch import InboxBridge
+from backchannel.errors import BudgetExhausted
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, MessageKind, SessionState
@@ -139,3 +144,84 @@ async def test_two_agents_relaying_through_timers_stop_at_the_pair_budget(
         msgs = await _agent_messages(hub, "a", "b")
         assert len(msgs) == budget
         assert a.told("pair") and b.told("pair") and await _user_told(hub, "pair")
+
+
+async def test_a_ring_through_an_inbox_file_and_hub_sends_stops_at_the_chain_budget(
+    tmp_path: Path,
+) -> None:
+    """a and b are Claude Code teammates: a writes to b's inbox file itself (the hub takes
+    the entry in for the record; b reads its own file), b's turn on it passes it to c by
+    send_message, c's to a, and a's turn writes to b's file again. The file is how b was
+    handed the message: b's turn on it goes on in its chain, so the sends the hub carries
+    stop at the chain budget instead of each starting a fresh chain."""
+    budget = 7
+    root = tmp_path / "teams"
+    writer = InboxWriter(root)
+    hub = Hub(MemoryStore(), check_delivery=False, background=False)
+    await hub.start()
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 100}
+        )
+        for n in ("a", "b"):
+            await hub.add_member(
+                "t", n, "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+            )
+        await hub.add_member("t", "c")
+        for n in "abc":
+            await hub.open_session("t", n, f"{n}-s")
+        await bridge.start()
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for n in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            # a: whatever the hub hands it, its turn writes to b's inbox file
+            got = await hub.receive("t", "a", session="a-s", limit=20)
+            if got:
+                progressed = True
+                await hub.ack("t", "a", [g.message.message_id for g in got])
+                text = "\n".join(g.message.text for g in got)
+                await hub.report_event("t", "a", "a-s", "turn_start", text)
+                writer.append("t", "b", msg_id=f"a-to-b-{n}", from_="a", text=f"a passes {n}")
+                await hub.report_event("t", "a", "a-s", "agent_stop", "")
+            for result in await bridge.scan():
+                for _eid, why in result.refused:
+                    refused.append(why)
+                for eid in result.messages:
+                    # b reads its own file: the entry's text is its next turn's prompt
+                    progressed = True
+                    m = (await hub.message_status("t", eid)).message
+                    prompt = f'<teammate-message teammate_id="a">{m.text}</teammate-message>'
+                    await hub.report_event("t", "b", "b-s", "turn_start", prompt)
+                    try:
+                        await hub.send(
+                            "t", "b", "c", f"b passes {n}", sender_session="b-s", link=False
+                        )
+                        sent += 1
+                    except BudgetExhausted as exc:
+                        refused.append(exc.details["budget"])
+                    await hub.report_event("t", "b", "b-s", "agent_stop", "")
+            got = await hub.receive("t", "c", session="c-s", limit=20)
+            if got:
+                progressed = True
+                await hub.ack("t", "c", [g.message.message_id for g in got])
+                await hub.report_event("t", "c", "c-s", "turn_start", got[-1].message.text)
+                try:
+                    await hub.send("t", "c", "a", f"c passes {n}", sender_session="c-s", link=False)
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                await hub.report_event("t", "c", "c-s", "agent_stop", "")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        assert max(m.hop for m in msgs) == budget
+        assert "chain" in refused
+        assert await _user_told(hub, "chain")
+    finally:
+        await bridge.stop()
+        await hub.close()

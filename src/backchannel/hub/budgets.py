@@ -33,6 +33,7 @@ from backchannel.types import (
     MessageKind,
     Recipient,
     Session,
+    SessionState,
 )
 
 #: Kinds of message an agent originates; each counts against its pair and its chain.
@@ -333,23 +334,41 @@ class Budgets:
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:
         """The turn ``session`` starts on ``got`` works in the chain they belong to; a
         send of its member the hub cannot place in a turn continues it too."""
+        self._handed(c, session, [m.message for m in got], now)
+
+    def _handed(self, c: Ctx, session: Session, got: Sequence[Message], now: float) -> None:
         tx = c.tx
-        refs = [
-            rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
-            for m in got
-        ]
+        refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
         s = tx.get_session(session.team, session.session_id) or session
         previous = _ref(s.meta)
         ref = rules.turn_chain(refs, previous)
         # what was handed over, to tell a turn on it from a turn a human typed
-        texts = [
-            turns.handed_text(m.message.sender, m.message.kind.value, m.message.text) for m in got
-        ][-20:]
+        texts = [turns.handed_text(m.sender, m.kind.value, m.text) for m in got][-20:]
         meta = {**s.meta, "input_texts": texts}
         if ref is not None:
             meta["chain"] = [ref.chain_id, ref.hop]
             self._remember(tx, session.team, session.member, ref, now)
         tx.put_session(dataclasses.replace(s, meta=meta))
+
+    def on_read_from_file(
+        self, c: Ctx, team: str, member: str, got: Sequence[Message], now: float
+    ) -> None:
+        """``member`` reads ``got`` from its own Claude Code inbox file, where teammates
+        wrote them (the hub took them in for the record and never hands them over): the
+        file handed them to it, as a lease would have. Each live session of the member
+        (whichever reads the file) starts its next turn on them in their chain, and a
+        send of the member the hub cannot place in a turn continues it too; without this
+        a ring through a teammate's file and the hub's sends started a fresh chain at
+        every turn and never stopped."""
+        tx = c.tx
+        live = [s for s in tx.list_sessions(team, member) if s.state is not SessionState.TERMINATED]
+        for s in live:
+            self._handed(c, s, got, now)
+        if not live:
+            refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
+            ref = rules.turn_chain(refs, None)
+            if ref is not None:
+                self._remember(tx, team, member, ref, now)
 
     def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
         """A turn started on input the hub did not hand over starts no chain."""

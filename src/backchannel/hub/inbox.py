@@ -114,6 +114,7 @@ class InboxFiles:
             proto: list[tuple[str, str]] = []
             refused: list[tuple[str, str]] = []
             unknown: set[str] = set()
+            read: list[str] = []  # chat its owner reads from the file itself
             own = already = 0
             for e in entries:
                 eid = str(e["msg_id"])
@@ -146,11 +147,17 @@ class InboxFiles:
                 if why is None:
                     made.append(eid)
                     records.append(record)
+                    if owner_reads_file:
+                        read.append(eid)
                 else:
                     refused.append((eid, why))
                     records.append(InboxEntry(team, inbox, eid, sender, "skipped", at, now))
             if records:
                 tx.inbox_record(records)
+            if read:
+                # the owner reads them from its file: that handed them over
+                got = [m for eid in read if (m := tx.get_message(team, eid)) is not None]
+                self.pipeline.budgets.on_read_from_file(c, team, owner, got, now)
             return TakeResult(
                 tuple(made),
                 tuple(proto),
