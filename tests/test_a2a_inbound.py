@@ -33,6 +33,8 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import TaskNotFoundError
 from google.protobuf.json_format import ParseDict
 
+from backchannel.a2a_peer import task_chain
+from backchannel.core.budget import ChainRef
 from backchannel.testing import eventually
 from tests.conftest import Server, start_server
 
@@ -690,6 +692,8 @@ async def test_a_message_goes_on_in_the_chain_it_names_and_a_forged_hop_resets_n
         )
         assert task.status.state == TaskState.TASK_STATE_COMPLETED
         assert (worker.seen[-1]["chain_id"], worker.seen[-1]["hop"]) == ("c-1", 5)
+        # the answer names the chain it goes on in, one hop further, for the caller's hub
+        assert task_chain(task) == ChainRef("c-1", 6)
         # the task at the budget is taken, and spends the chain on this hub
         spend = _in_chain("last hop", {"id": "c-spent", "hop": budget})
         task = await _final_task(client, SendMessageRequest(message=spend))

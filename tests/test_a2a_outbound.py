@@ -43,7 +43,13 @@ from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
 from backchannel.types import DelegationState, MessageKind
 from tests.conftest import Server, free_port, start_server
-from tests.test_delegation_http import _member, _pass_on, first_delegation, ring_to_the_budget
+from tests.test_delegation_http import (
+    _member,
+    _pass_on,
+    ask_again_to_the_budget,
+    first_delegation,
+    ring_to_the_budget,
+)
 
 
 class Forecaster(AgentExecutor):
@@ -467,6 +473,21 @@ def test_agents_of_two_hubs_that_always_delegate_over_a2a_stop_at_the_chain_budg
             assert (task["chain_id"], task["hop"]) == (start["message_id"], budget)
             assert again.status_code == 429, again.text
             assert again.json()["error"]["key"] == f"chain:{start['message_id']}"
+    finally:
+        hub_a.stop()
+        hub_b.stop()
+
+
+@pytest.mark.slow
+def test_a_lead_that_asks_over_a2a_again_on_every_answer_stops_at_the_chain_budget(
+    tmp_path: Path,
+) -> None:
+    """The A2A answer names the chain it goes on in (``backchannel.chain`` in its
+    metadata): lead's next task goes on from there instead of leaving at the same hop."""
+    budget = 5
+    hub_a, hub_b, tokens = _start_hubs_over_a2a(tmp_path, budget)
+    try:
+        ask_again_to_the_budget(hub_a, hub_b, tokens, budget)
     finally:
         hub_a.stop()
         hub_b.stop()

@@ -36,12 +36,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from backchannel.core import delegation as rules
-from backchannel.core.budget import A2A_CHAIN_KEY
+from backchannel.core.budget import A2A_CHAIN_KEY, ChainRef, check_chain
+from backchannel.errors import InvalidRequest
 from backchannel.types import Job
 
 if TYPE_CHECKING:
     from a2a.client import Client
     from a2a.types.a2a_pb2 import AgentCard, Task
+    from google.protobuf.struct_pb2 import Struct
 
     from backchannel.callbacks import Service
     from backchannel.hub.outbox import Outbox
@@ -86,6 +88,39 @@ def answer_text(task: Task) -> str:
     return "\n".join(p.text for p in task.status.message.parts if p.WhichOneof("content") == "text")
 
 
+def _named_chain(*places: Struct) -> ChainRef | None:
+    """The conversation chain an answer names in its metadata (``"backchannel.chain"``, the
+    first of ``places`` that has it): a backchannel hub on the other side names the chain
+    its member's turn went on in, one hop further. A whole double is the whole number it
+    spells (metadata is a protobuf ``Struct``); one that is not a chain is left out, since
+    the answer is owed whatever its metadata says."""
+    from google.protobuf.json_format import MessageToDict
+
+    for meta in places:
+        if A2A_CHAIN_KEY not in meta.fields:
+            continue
+        value = MessageToDict(meta).get(A2A_CHAIN_KEY)
+        if isinstance(value, dict) and isinstance(value.get("hop"), float):
+            hop = value["hop"]
+            value = {**value, "hop": int(hop) if hop.is_integer() else hop}
+        try:
+            return check_chain(value)
+        except InvalidRequest:
+            log.info("an A2A answer named an unusable chain: %r", value)
+            return None
+    return None
+
+
+def task_chain(task: Task) -> ChainRef | None:
+    """The chain a finished task's answer names: on the task, its status or message, or
+    an artifact."""
+    return _named_chain(
+        task.metadata,
+        task.status.message.metadata,
+        *(a.metadata for a in reversed(task.artifacts)),
+    )
+
+
 def _classify(exc: BaseException) -> _Final:
     from a2a.client.errors import A2AClientTimeoutError, AgentCardResolutionError
 
@@ -128,11 +163,11 @@ async def call(
     payload: dict[str, Any],
     remember: Any,
     chain: Any = None,
-) -> tuple[bool, str]:
-    """Send ``text`` to the agent and wait for its end: ``(answered, text)``; ``answered``
-    is False when the agent's task failed (``text`` says why). ``chain`` (``{"id",
-    "hop"}``): the conversation chain the task goes on in, named in the message's
-    metadata."""
+) -> tuple[bool, str, ChainRef | None]:
+    """Send ``text`` to the agent and wait for its end: ``(answered, text, chain)``;
+    ``answered`` is False when the agent's task failed (``text`` says why). ``chain``
+    (``{"id", "hop"}``): the conversation chain the task goes on in, named in the
+    message's metadata; the chain returned is the one the answer names (None: none)."""
     from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
     from a2a.types.a2a_pb2 import (
         GetTaskRequest,
@@ -172,19 +207,20 @@ async def call(
             if got is None:
                 raise _Final(rules.Outcome.DEAD, "the agent sent no answer")
             if got.HasField("message"):
-                return True, "\n".join(
+                said = "\n".join(
                     p.text for p in got.message.parts if p.WhichOneof("content") == "text"
                 )
+                return True, said, _named_chain(got.message.metadata)
             task = got.task
         task = await _follow(client, task, payload, remember)
     state = task.status.state
     words = answer_text(task)
     if state == TaskState.TASK_STATE_COMPLETED:
-        return True, words
+        return True, words, task_chain(task)
     if state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED):
-        return True, f"[the agent asks back] {words}"
+        return True, f"[the agent asks back] {words}", task_chain(task)
     name = TaskState.Name(state).removeprefix("TASK_STATE_").lower()
-    return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else "")
+    return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else ""), None
 
 
 async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
@@ -234,7 +270,7 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
         give_up_at = d.deadline + GIVE_UP_AFTER
         if hub.clock.now() > give_up_at:
             raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
-        answered, text = await call(
+        answered, text, named = await call(
             svc,
             str(body["agent"]),
             str(body["message"]),
@@ -261,4 +297,4 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
     room = max(1024, hub.config.max_text - 4096)  # the tool result wraps the answer
     if len(text.encode()) > room:
         text = text.encode()[:room].decode(errors="ignore") + "\n[answer cut at the size limit]"
-    await hub.answered(job, text)
+    await hub.answered(job, text, named)

@@ -641,11 +641,23 @@ class Delegations:
         return extra
 
     # -- the outbox's verdicts ----------------------------------------------------------------
-    def post_answered(self, c: Ctx, job: Job, text: str, now: float) -> None:
-        """The POST of a task answered inline (an A2A agent)."""
+    def post_answered(
+        self,
+        c: Ctx,
+        job: Job,
+        text: str,
+        now: float,
+        chain: budget_rules.ChainRef | None = None,
+    ) -> None:
+        """The POST of a task answered inline (an A2A agent); an answer that names its
+        chain (another hub's) carries it to the caller's session, as
+        ``/api/tools/response`` does."""
         team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
         current = c.tx.get_delegation(team, delegation_id)
         if current is not None:
+            caller = c.tx.get_session(team, current.caller_session)
+            if chain is not None and caller is not None:
+                self.pipeline.budgets.answered(c, team, caller, chain, current.callee, now)
             self.resolve(c, current, text, now)
             c.wake(team, current.caller)
 

@@ -21,6 +21,7 @@ import httpx
 
 from backchannel.callbacks import CallbackConfig
 from backchannel.core import delegation as rules
+from backchannel.core.budget import ChainRef
 from backchannel.errors import UnknownService
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
@@ -207,14 +208,14 @@ class Outbox:
                 "could not record the outcome of POST job %s; it will be retried", job.job_id
             )
 
-    async def answered(self, job: Job, text: str) -> None:
-        """A call that answers inline (an A2A agent) answered ``text``: the job is done
-        and the pipeline delivers the answer."""
+    async def answered(self, job: Job, text: str, chain: ChainRef | None = None) -> None:
+        """A call that answers inline (an A2A agent) answered ``text`` (in ``chain``, when
+        the answer names one): the job is done and the pipeline delivers the answer."""
         now = self.clock.now()
 
         def fn(c: Ctx) -> None:
             c.tx.finish_job(job.job_id, JobState.DONE, now)
-            self.pipeline.post_answered(c, job, text, now)
+            self.pipeline.post_answered(c, job, text, now, chain)
 
         await self.env.transact(fn)
 

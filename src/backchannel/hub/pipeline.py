@@ -279,9 +279,11 @@ class Pipeline:
     def post_done(self, c: Ctx, job: Job, now: float) -> None:
         """A POST was accepted (2xx)."""
 
-    def post_answered(self, c: Ctx, job: Job, text: str, now: float) -> None:
+    def post_answered(
+        self, c: Ctx, job: Job, text: str, now: float, chain: ChainRef | None = None
+    ) -> None:
         """A call answered inline (an A2A agent): the answer resolves its delegation."""
-        self.delegations.post_answered(c, job, text, now)
+        self.delegations.post_answered(c, job, text, now, chain)
 
     def post_dead(self, c: Ctx, job: Job, reason: str, now: float, status: int | None) -> None:
         """A POST was given up on: the delegation it carried fails or is marked."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -128,6 +129,14 @@ class Answer:
     text: str
     artifacts: tuple[Mapping[str, Any], ...] | None = None  # None: the text is the artifact
     as_message: bool = False  # answer with a Message instead of a Task, if none was shown yet
+    #: the conversation chain the answer goes on in (``{"id", "hop"}``: the member's turn's
+    #: chain, one hop further), named in the answer's metadata so the caller's hub goes on
+    #: from there; None when the turn worked in none
+    chain: Mapping[str, Any] | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        """The metadata every part of the answer carries (the chain, if any)."""
+        return {} if self.chain is None else {budget_rules.A2A_CHAIN_KEY: dict(self.chain)}
 
 
 def answer_in(
@@ -198,6 +207,7 @@ def _artifact_events(task_id: str, context_id: str, answer: Answer) -> list[Even
                 "artifactId": str(spec.get("artifact_id") or f"{task_id}-a{i}"),
                 "parts": list(spec.get("parts") or []),
                 **({"name": str(spec["name"])} if spec.get("name") else {}),
+                **({"metadata": answer.metadata()} if answer.chain is not None else {}),
             },
             Artifact(),
         )
@@ -218,13 +228,15 @@ def _status_message(task_id: str, context_id: str, answer: Answer) -> Message | 
         return None  # the text is the artifact
     if not answer.text:
         return None
-    return Message(
+    msg = Message(
         role=Role.ROLE_AGENT,
         message_id=uuid.uuid4().hex,
         task_id=task_id,
         context_id=context_id,
         parts=[_text_part(answer.text)],
     )
+    msg.metadata.update(answer.metadata())
+    return msg
 
 
 def _status_event(task_id: str, context_id: str, answer: Answer) -> TaskStatusUpdateEvent:
@@ -233,7 +245,9 @@ def _status_event(task_id: str, context_id: str, answer: Answer) -> TaskStatusUp
     msg = _status_message(task_id, context_id, answer)
     if msg is not None:
         status.message.CopyFrom(msg)
-    return TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+    event = TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=status)
+    event.metadata.update(answer.metadata())
+    return event
 
 
 def chain_of(message: Message) -> budget_rules.ChainRef | None:
@@ -396,9 +410,11 @@ def reply_message(answer: Answer, context_id: str) -> Message:
     parts = [_text_part(answer.text)] if answer.text else []
     for spec in answer.artifacts or ():
         parts += [ParseDict(p, Part()) for p in spec.get("parts") or []]
-    return Message(
+    msg = Message(
         role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex, context_id=context_id, parts=parts
     )
+    msg.metadata.update(answer.metadata())
+    return msg
 
 
 async def read_answer(hub: Hub, who: Caller, task_id: str, after_turn: int) -> Answer | None:
@@ -423,7 +439,20 @@ async def read_progress(
         if data["next_since"] is None:
             break
         since = int(data["next_since"])
-    return answer_in(events, after_turn, data["session"]["state"]), progress_in(events, after_turn)
+    answer = answer_in(events, after_turn, data["session"]["state"])
+    if answer is not None and answer.state is not TaskState.TASK_STATE_FAILED:
+        answer = dataclasses.replace(answer, chain=await answer_chain(hub, who, task_id))
+    return answer, progress_in(events, after_turn)
+
+
+async def answer_chain(hub: Hub, who: Caller, task_id: str) -> dict[str, Any] | None:
+    """The chain the member's answer goes on in: its task session's, one hop further, as
+    a send of that turn would be (``/api/tools/response`` names it the same way)."""
+    session = await hub.store.read(lambda tx: tx.get_session(who.team, session_for(task_id)))
+    if session is None:
+        return None
+    ref = hub.budgets.answer_chain(session)
+    return None if ref is None else budget_rules.chain_wire(ref)
 
 
 # -- the executor ----------------------------------------------------------------------------
