@@ -225,3 +225,34 @@ async def test_a_ring_through_an_inbox_file_and_hub_sends_stops_at_the_chain_bud
     finally:
         await bridge.stop()
         await hub.close()
+
+
+async def test_an_extended_chain_goes_on_exactly_as_far_as_extended(clock: FakeClock) -> None:
+    """A ring of three stops at the chain budget; the human extends the chain by three
+    hops. The member the chain stopped at is told, in the chain, and the ring goes on
+    exactly three hops further, then stops again, told again."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    budget, by = 6, 3
+
+    async def answer(a: Agent, got: list[InboxMessage]) -> str:
+        await a.send(nxt[a.name], f"{a.name} passes it on ({a.turns})", link=False)
+        return ""
+
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=budget, pair_budget=100)
+        agents = [Agent(hub, n, nxt[n], answer) for n in "abc"]
+        start = await _kick(hub, "a")
+        await _run(*agents)
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert [m.hop for m in msgs] == list(range(1, budget + 1))
+        assert len(await _user_told(hub, "chain")) == 1
+        out = await hub.extend_budget("t", f"chain:{start.message_id}", by, by_whom="user")
+        assert (out["used"], out["limit"], out["spent"]) == (budget, budget + by, False)
+        await _run(*agents)
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        assert [m.hop for m in msgs] == list(range(1, budget + by + 1)), "exactly `by` more"
+        stops = [m for m in await _user_told(hub, "chain") if "extended_by" not in m.meta]
+        assert len(stops) == 1, "the second stop is told too"
+        told = [m for ag in agents for m in ag.inputs if m.meta.get("extended_by") == by]
+        assert len(told) == 1, "the member the chain stopped at is told of the extension"

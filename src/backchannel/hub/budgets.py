@@ -50,6 +50,13 @@ def _carried(message: Message) -> bool:
     return message.kind is MessageKind.DELEGATION and message.chain_id is not None
 
 
+def _held_by(record: Budget, member: str) -> Budget:
+    """A chain's record as it stops at ``member``, the agent its last hop reached (kept
+    in ``last_from``, which a chain's record has no other use for): an extension wakes
+    it, and the chain goes on from there."""
+    return dataclasses.replace(record, last_from=member)
+
+
 def _ref(meta: Mapping[str, Any]) -> rules.ChainRef | None:
     raw = meta.get("chain")
     if isinstance(raw, list | tuple) and len(raw) == 2:
@@ -216,9 +223,12 @@ class Budgets:
         for d in s.budget_decisions or ():
             if d.record is None:
                 continue
-            s.c.tx.put_budget(d.record)
+            record = d.record
+            if d.stops and record.key.startswith("chain:") and s.message.to != BROADCAST:
+                record = _held_by(record, s.message.to)
+            s.c.tx.put_budget(record)
             if d.stops:
-                self._announce_stop(s.c, d.record, s.message)
+                self._announce_stop(s.c, record, s.message)
 
     # -- telling people ---------------------------------------------------------------------
     def _announce_stop(self, c: Ctx, b: Budget, message: Message) -> None:
@@ -326,9 +336,10 @@ class Budgets:
             team, ref, tx.get_budget(team, rules.chain_key(ref.chain_id)), lim, now
         )
         if d.record is not None:  # a refusal is left alone: the answer is owed
-            tx.put_budget(d.record)
+            record = _held_by(d.record, s.member) if d.stops else d.record
+            tx.put_budget(record)
             if d.stops:
-                self._tell_stop(c, d.record, [s.member, callee], (ref.chain_id, ref.hop), now)
+                self._tell_stop(c, record, [s.member, callee], (ref.chain_id, ref.hop), now)
 
     # -- the chain a session's turn works in -----------------------------------------------
     def on_lease(self, c: Ctx, session: Session, got: Sequence[InboxMessage], now: float) -> None:
@@ -466,12 +477,21 @@ class Budgets:
             tx.put_budget(new)
             out = rules.budget_json(new, lim, now)
             text = f"{by_whom} extended the conversation budget {key} by {by}: {out['used']} of {out['limit']} used."
-            sides = rules.key_members(key) if scope == rules.Scope.PAIR.value else ()
+            chain: tuple[str, int] | None = None
+            if scope == rules.Scope.PAIR.value:
+                sides: tuple[str, ...] = rules.key_members(key)
+            else:
+                # the member the chain stopped at (it holds the chain's furthest hop) is
+                # told, in the chain at that hop: its turn on the notice goes on from
+                # there, exactly `by` hops further
+                sides = (record.last_from,) if record.last_from else ()
+                chain = (rest, record.used)
             for who in dict.fromkeys([*sides, USER]):
                 if tx.get_member(team, who) is not None:
                     msg = notices.system(
                         team, who, text, now, summary=f"budget {key} extended by {by}",
                         meta={"budget": scope, "key": key, "extended_by": by},
+                        chain=chain if who != USER else None,
                     )  # fmt: skip
                     self.pipeline.insert(c, msg, None)
             return out
