@@ -256,3 +256,44 @@ async def test_an_extended_chain_goes_on_exactly_as_far_as_extended(clock: FakeC
         assert len(stops) == 1, "the second stop is told too"
         told = [m for ag in agents for m in ag.inputs if m.meta.get("extended_by") == by]
         assert len(told) == 1, "the member the chain stopped at is told of the extension"
+
+
+async def test_a_ring_handed_over_without_a_session_stops_at_the_chain_budget(
+    clock: FakeClock,
+) -> None:
+    """An adapter that names no session (an inbox file, a pane, a webhook without a
+    ``session`` setting) leases for the member, while the member's turns run in its
+    hook-attached session: those turns go on in the chain of what the member was handed,
+    so a ring of such members stops at the chain budget."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    budget = 6
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=budget, pair_budget=100)
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for _ in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for n in nxt:
+                got = await hub.receive("t", n, limit=20)  # the adapter: no session named
+                if not got:
+                    continue
+                progressed = True
+                await hub.ack("t", n, [g.message.message_id for g in got])
+                shown = "\n".join(f"[From {g.message.sender}] {g.message.text}" for g in got)
+                await hub.report_event("t", n, f"{n}-s", "turn_start", shown)
+                try:
+                    await hub.send(
+                        "t", n, nxt[n], f"{n} passes it on", sender_session=f"{n}-s", link=False
+                    )
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                await hub.report_event("t", n, f"{n}-s", "agent_stop", "")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        assert sent == budget and "chain" in refused
+        assert await _user_told(hub, "chain")

@@ -366,11 +366,19 @@ class Budgets:
     ) -> None:
         """``member`` reads ``got`` from its own Claude Code inbox file, where teammates
         wrote them (the hub took them in for the record and never hands them over): the
-        file handed them to it, as a lease would have. Each live session of the member
-        (whichever reads the file) starts its next turn on them in their chain, and a
-        send of the member the hub cannot place in a turn continues it too; without this
-        a ring through a teammate's file and the hub's sends started a fresh chain at
-        every turn and never stopped."""
+        file handed them to it, as a lease for the member would have
+        (:meth:`_handed_to_member`). Without this a ring through a teammate's file and the
+        hub's sends started a fresh chain at every turn and never stopped."""
+        self._handed_to_member(c, team, member, got, now)
+
+    def _handed_to_member(
+        self, c: Ctx, team: str, member: str, got: Sequence[Message], now: float
+    ) -> None:
+        """``got`` were handed to ``member`` without a session: each live session of the
+        member (whichever runs the turn on them: the hub cannot tell) starts its next turn
+        in their chain, with their texts among the inputs its reported prompt is checked
+        against, and a send of the member the hub cannot place in a turn continues it
+        too."""
         tx = c.tx
         live = [s for s in tx.list_sessions(team, member) if s.state is not SessionState.TERMINATED]
         for s in live:
@@ -395,14 +403,10 @@ class Budgets:
     def on_member_lease(
         self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
     ) -> None:
-        """A member without sessions continues the chain it was handed last."""
-        refs = [
-            rules.ChainRef(m.message.chain_id, m.message.hop) if m.message.chain_id else None
-            for m in got
-        ]
-        ref = rules.turn_chain(refs, None)
-        if ref is not None:
-            self._remember(c.tx, team, member, ref, now)
+        """Messages were handed to a member that named no session (a plain SDK or HTTP
+        client; an adapter without a ``session`` setting, while the member's turns run in
+        its hook-attached session): see :meth:`_handed_to_member`."""
+        self._handed_to_member(c, team, member, [m.message for m in got], now)
 
     @staticmethod
     def _remember(tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float) -> None:
