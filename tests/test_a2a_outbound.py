@@ -298,7 +298,17 @@ async def test_a_fault_late_in_a_long_a2a_task_is_retried_not_fatal(peer: Peer) 
         await eventually(
             lambda: _seen(peer, "slow forecast for Rome"), what="the slow request", within=20
         )
-        clock.advance(FAST.budget * 4)  # the agent works past the retry budget
+        from backchannel.hub.outbox import OUTBOX_JOB
+
+        async def task_in_hand() -> bool:  # the send answered: the hub follows the task
+            jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind=OUTBOX_JOB))
+            return any(j.payload.get("a2a_task") for j in jobs)
+
+        await eventually(task_in_hand, what="the hub to follow the task", within=20)
+        # the agent works past the retry budget, within the job's lease (the retry
+        # policy's timeout + 5 s): a clock moved past the lease would start the job again
+        # beside the one following the task, and that one would send the message anew
+        clock.advance(FAST.budget * 1.5)
         peer.app.fail_posts = 1  # its next poll meets a 503
 
         async def retried_or_over() -> bool:
@@ -306,7 +316,7 @@ async def test_a_fault_late_in_a_long_a2a_task_is_retried_not_fatal(peer: Peer) 
             current = await hub.get_delegation("t", d.delegation_id)
             if current.state is not DelegationState.PENDING:
                 return True
-            jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox"))
+            jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind=OUTBOX_JOB))
             return peer.app.fail_posts == 0 and any(j.payload.get("attempt") for j in jobs)
 
         await eventually(retried_or_over, what="the failed poll to be judged", within=20)
