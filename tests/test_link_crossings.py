@@ -159,10 +159,10 @@ def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session
         _hook(c["a"], "UserPromptSubmit", "sa", prompt="go on")
         _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
 
-        def arrived() -> int:
+        def arrived() -> int:  # handed over in the prompt's answer or the Stop's
             answer = _hook(c["b"], "UserPromptSubmit", "sb-new", prompt="next")
-            _hook(c["b"], "Stop", "sb-new", last_assistant_message="")
-            return json.dumps(answer).count("a's words")
+            stop = _hook(c["b"], "Stop", "sb-new", last_assistant_message="")
+            return json.dumps([answer, stop]).count("a's words")
 
         assert eventually_blocking(arrived, what="the crossing at b's new session") == 1
         assert c["b"].get("/v1/sessions/sb").json()["state"] == "terminated"
