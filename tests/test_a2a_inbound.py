@@ -678,8 +678,9 @@ async def test_a_message_goes_on_in_the_chain_it_names_and_a_forged_hop_resets_n
     """A task another hub sends names its chain in the message's metadata: the member's
     task goes on in it at that hop. A chain spent on this hub stays spent: a message that
     names it again at a smaller hop goes on at the budget, where the member's turn can send
-    nothing further in it; one past the budget is refused like any send (the task fails
-    with the refusal) and the member is handed nothing."""
+    nothing further in it; one past the budget is refused like any send (the task is
+    rejected with the refusal, which names the way out) and the member is handed
+    nothing."""
     srv, tokens = hub
     url = f"{srv.url}/a2a/t/worker"
     budget = 32  # the team's chain_budget (the default)
@@ -711,9 +712,14 @@ async def test_a_message_goes_on_in_the_chain_it_names_and_a_forged_hop_resets_n
         seen = len(worker.seen)
         past = _in_chain("past it", {"id": "c-spent", "hop": budget + 1})
         task = await _final_task(client, SendMessageRequest(message=past))
-        assert task.status.state == TaskState.TASK_STATE_FAILED
+        # A2A's answer for a message the agent will not take: rejected, not failed, with
+        # the budget named and the way out
+        assert task.status.state == TaskState.TASK_STATE_REJECTED
         why = task.status.message.parts[0].text
         assert why.startswith("not sent: this conversation chain (c-spent)"), why
+        assert "chain_budget" in why, why
+        assert "backchannel budget extend t chain:c-spent --by N" in why, why
+        assert "/v1/teams/t/budgets/extend" in why, why
         assert len(worker.seen) == seen, "the member was handed nothing"
         # a message that names no chain starts one of its own, as before
         task = await _final_task(client, SendMessageRequest(message=_message("fresh start")))

@@ -509,8 +509,8 @@ def test_a_task_past_the_callee_hubs_chain_budget_over_a2a_leaves_nothing_behind
 ) -> None:
     """Hub B's team keeps a smaller chain budget than hub A's: the task hub A lets through
     arrives past hub B's budget and is refused there. The refusal opens no session for the
-    worker and hands it nothing, and hub A's caller gets the refusal, naming the chain
-    budget, as the delegation's error."""
+    worker and hands it nothing (the task is rejected), and hub A's caller hears the
+    refusal, naming the chain budget and the way out, as the delegation's error."""
     hub_a, hub_b, tokens = _start_hubs_over_a2a(tmp_path, 8, chain_budget_b=2)
     try:
         with (
@@ -535,6 +535,22 @@ def test_a_task_past_the_callee_hubs_chain_budget_over_a2a_leaves_nothing_behind
             d = eventually_blocking(failed, what="the refused delegation to fail", within=30)
             assert "not sent: this conversation chain" in d["error"], d
             assert "chain_budget" in d["error"], d
+            # hub B rejected the task (A2A's refusal), and the way out came along
+            assert "the A2A agent rejected the task: not sent" in d["error"], d
+            key = f"chain:{start['message_id']}"
+            assert f"backchannel budget extend workers {key} --by N" in d["error"], d
+
+            def told() -> str | None:
+                for s in lead.get("/v1/sessions").json()["sessions"]:
+                    params = {"session": s["session_id"], "limit": 20}
+                    for m in lead.get("/v1/inbox", params=params).json()["messages"]:
+                        if m["kind"] == "tool_result" and "tu_2" in m["text"]:
+                            return str(m["text"])
+                return None
+
+            # the caller hears a refusal, not a failure
+            result = eventually_blocking(told, what="lead's tool result", within=30)
+            assert "ERROR (refused): the callee's hub refused the task" in result, result
             # hub B: no session was opened for the refused task, nothing was handed over
             after = {s["session_id"] for s in worker.get("/v1/sessions").json()["sessions"]}
             assert after == before, after - before

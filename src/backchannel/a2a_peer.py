@@ -11,7 +11,9 @@ so a hub that restarts mid-call follows the same task instead of sending it agai
   answer) resolves the delegation: the caller's tool result, or a late result after the
   deadline, exactly as for a member of this hub.
 * ``input-required`` ends the call too: the agent's question is the result.
-* ``failed``, ``rejected``, ``canceled`` fail the delegation with the agent's words.
+* ``failed``, ``rejected``, ``canceled`` fail the delegation with the agent's words; a
+  ``rejected`` task (another hub's budget refused it) is a refusal the caller hears as
+  such, never retried.
 * Connection errors, timeouts, 408/425/429/5xx are retried; other refusals are final.
 
 The message names the conversation chain the task goes on in, as ``/api/chat``'s
@@ -219,6 +221,10 @@ async def call(
         return True, words, task_chain(task)
     if state in (TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED):
         return True, f"[the agent asks back] {words}", task_chain(task)
+    if state == TaskState.TASK_STATE_REJECTED:
+        # the agent will not take the task (another hub: a spent budget): a refusal,
+        # final like any other, in the agent's words, which name the way out
+        return False, "the A2A agent rejected the task" + (f": {words}" if words else ""), None
     name = TaskState.Name(state).removeprefix("TASK_STATE_").lower()
     return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else ""), None
 

@@ -220,11 +220,15 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
+#: How every budget refusal begins, whatever route carries it (another hub's included).
+NOT_SENT = "not sent: "
+
+
 def pair_refusal(b: Budget, a: str, to: str, lim: Limits) -> Refusal:
     limit = lim.pair_budget + b.granted
     resets = b.window_start + lim.pair_window
     text = (
-        f"not sent: {a} and {to} have spent their conversation budget of {limit} exchanges "
+        f"{NOT_SENT}{a} and {to} have spent their conversation budget of {limit} exchanges "
         f"(team setting pair_budget). Nothing more from an agent passes between you by any "
         f"route (messages, links, closing blocks, broadcasts, delegations) until {_when(resets)}, "
         "when the window (pair_window) ends, unless the team's human (user) or an "
@@ -236,7 +240,7 @@ def pair_refusal(b: Budget, a: str, to: str, lim: Limits) -> Refusal:
 def chain_refusal(chain: ChainRef, granted: int, lim: Limits) -> Refusal:
     limit = lim.chain_budget + granted
     text = (
-        f"not sent: this conversation chain ({chain.chain_id}) has gone {limit} hops between "
+        f"{NOT_SENT}this conversation chain ({chain.chain_id}) has gone {limit} hops between "
         "agents since a human, a timer or an outside task started it (team setting "
         "chain_budget). It takes no more messages from agents; it does not reset with time. "
         "The team's human (user) or an administrator can extend it. Carry on with your own "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core.budget import NOT_SENT
 from backchannel.core.messages import MAX_SESSION_ID, derived_id
 from backchannel.errors import InvalidRequest, Unauthorized
 from backchannel.types import Delegation, DelegationState
@@ -174,12 +175,22 @@ def result_of(d: Delegation) -> dict[str, Any]:
     if d.state is DelegationState.TIMED_OUT:
         out.update(timeout_error(d))
     elif d.state is DelegationState.FAILED:
-        out.update({"error": d.error or "the delegation failed", "reason": "failed"})
+        # a task a conversation budget refused (on this hub, or the callee's: an A2A
+        # task rejected, a 429) is told as a refusal: sent again, it is refused again
+        reason = "refused" if budget_refused(d.error) else "failed"
+        out.update({"error": d.error or "the delegation failed", "reason": reason})
     else:
         out["result"] = d.result
         if not (d.result or "").strip():
             out["empty"] = True
     return out
+
+
+def budget_refused(error: str | None) -> bool:
+    """Whether a delegation's error is a conversation budget's refusal, whichever hub
+    gave it: every route carries the refusal's own words, which begin ``not sent:``
+    (:func:`backchannel.core.budget.pair_refusal`, :func:`~backchannel.core.budget.chain_refusal`)."""
+    return error is not None and NOT_SENT in error
 
 
 def answer_text(result: str | None) -> str:

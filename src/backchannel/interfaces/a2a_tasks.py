@@ -11,7 +11,9 @@ it as on any input; its next ``agent_stop`` (not a checkpoint turn's) is the ans
   (a list of ``{"parts": [...], "name"?, "artifact_id"?, "append"?, "last_chunk"?}`` in
   A2A JSON, sent in order instead of the text artifact);
 * a session that ends without answering fails the task; ``tasks/cancel`` ends the
-  session and cancels the task.
+  session and cancels the task;
+* a message a conversation budget refuses (the pair's or the chain's) is ``rejected``,
+  with the refusal's words and how the team's human extends the budget.
 
 A follow-up message naming the task goes to the same session. Tasks live in the hub's
 store (table ``a2a_tasks``), so get, list and cancel work after a hub restart, and a
@@ -59,7 +61,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, Se
 
 from backchannel.core import budget as budget_rules
 from backchannel.core import messages
-from backchannel.errors import BackchannelError, InvalidRequest
+from backchannel.errors import BackchannelError, BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub, Outgoing
 from backchannel.hub.delegations import HOOK_KINDS
 from backchannel.types import A2ATask, MessageKind, SessionState
@@ -272,6 +274,19 @@ def chain_of(message: Message) -> budget_rules.ChainRef | None:
         field = f'message.metadata["{key}"]{sub}'
         why = exc.message.partition(" ")[2]
         raise InvalidParamsError(f"{field} {why}", data={"field": field}) from None
+
+
+def rejection(team: str, exc: BudgetExhausted) -> str:
+    """Why a message a budget refused was rejected, and the way out: the refusal's own
+    words (which budget, its team setting), then how the team's human extends it."""
+    key = exc.details.get("key")
+    if not isinstance(key, str) or not key:
+        return exc.message
+    return (
+        f"{exc.message} To let it through, the team's human extends the budget (extend_budget):"
+        f" `backchannel budget extend {team} {key} --by N`, or POST "
+        f'/v1/teams/{team}/budgets/extend {{"key": "{key}", "by": N}}.'
+    )
 
 
 def message_text(message: Message) -> str:
@@ -527,6 +542,10 @@ class MemberExecutor(AgentExecutor):
             if context.current_task is not None:
                 await updater.start_work()
             answer = await self._wait(who, task_id, session.turn, show)
+        except BudgetExhausted as exc:
+            # A2A's word for a message the agent will not take is ``rejected``: the
+            # caller (another hub's outbox among them) hears a refusal, not a failure
+            answer = Answer(TaskState.TASK_STATE_REJECTED, rejection(who.team, exc))
         except BackchannelError as exc:
             answer = Answer(TaskState.TASK_STATE_FAILED, exc.message)
         finally:
