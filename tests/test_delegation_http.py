@@ -698,3 +698,101 @@ def test_two_callers_with_the_same_ids_each_get_their_own_delegation(tmp_path: P
     finally:
         hub_b.stop()
         recorder.close()
+
+
+def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) -> None:
+    """Services registered for teams (``BACKCHANNEL_CALLBACK_TEAMS``, or ``teams:`` in the
+    config file) are theirs: a member of team workers that names team ops's service as its
+    ``callbackService`` is refused (403, naming the service and the way out), no task is
+    started and nothing is called back there; its own team's service is taken and answered
+    to. A delegation through another team's service is refused the same way, and a service
+    registered for no team stays every team's."""
+    rec_workers, rec_ops = ReplyRecorder(), ReplyRecorder()
+    hub_b = start_server(
+        tmp_path / "b",
+        env={
+            "BACKCHANNEL_SERVICE_NAME": "hub-b",
+            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
+            "BACKCHANNEL_CALLBACKS": (
+                f"hub-a={rec_workers.url},hub-c={rec_ops.url},shared={rec_workers.url}"
+            ),
+            "BACKCHANNEL_CALLBACK_TEAMS": "hub-a=workers,hub-c=ops",
+        },
+    )
+    try:
+        with hub_b.client() as admin:
+            admin.post("/v1/teams", json={"name": "workers"})
+            admin.post("/v1/teams", json={"name": "ops"})
+            worker = _member(admin, "workers", "worker")
+            caller = _member(admin, "workers", "hub-a")
+            ops = _member(admin, "ops", "opsbot")
+
+        def chat(c: httpx.Client, service: str, tuid: str) -> httpx.Response:
+            return c.post(
+                "/api/chat",
+                json={
+                    "agent": "worker",
+                    "message": f"task {tuid}",
+                    "session_id": "lead-s",
+                    "tool_use_id": tuid,
+                    "reply": {"callbackService": service, "bearerToken": f"reply-{tuid}"},
+                },
+            )
+
+        with hub_b.client(caller) as a, hub_b.client(worker) as w, hub_b.client(ops) as o:
+            refused = chat(a, "hub-c", "tu_other")
+            assert refused.status_code == 403, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "callback_service_not_allowed", error
+            assert "'hub-c'" in error["message"], error
+            assert "BACKCHANNEL_CALLBACK_TEAMS" in error["message"], error
+            assert "ops" not in error["message"], "another team's name is not told"
+            assert w.get("/v1/delegations").json()["delegations"] == []
+            assert w.get("/v1/sessions").json()["sessions"] == []
+            ok = chat(a, "hub-a", "tu_own")
+            assert ok.status_code == 202, ok.text
+            assert chat(a, "shared", "tu_shared").status_code == 202
+            assert sorted(_answer_each(w, "worker", 2)) == ["task tu_own", "task tu_shared"]
+            replies = eventually_blocking(
+                lambda: list(rec_workers.got) if len(rec_workers.got) >= 2 else None,
+                what="the answers at the caller's own services",
+                within=20,
+            )
+            assert sorted(bearer for _, bearer, _ in replies) == ["reply-tu_own", "reply-tu_shared"]
+            assert rec_ops.got == [], "nothing was called back at another team's service"
+            # delegating through another team's service is refused alike
+            o.post("/v1/sessions", json={"session_id": "ops-s"})
+            o.post("/v1/sessions/ops-s/events", json={"kind": "turn_start"})
+            r = o.post("/v1/delegations", json={"to": "lead@hub-a", "task": "x"})
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "callback_service_not_allowed"
+            assert "'hub-a'" in r.json()["error"]["message"]
+    finally:
+        hub_b.stop()
+        rec_workers.close()
+        rec_ops.close()
+
+
+def test_the_config_file_registers_a_service_for_teams(tmp_path: Path) -> None:
+    from backchannel.callbacks import CallbackConfig
+    from backchannel.errors import InvalidRequest, ServiceNotAllowed
+
+    (tmp_path / "config.yaml").write_text(
+        "callbacks:\n"
+        "  hub-a: {url: 'http://127.0.0.1:1', teams: [workers, leads]}\n"
+        "  open: 'http://127.0.0.1:2'\n"
+    )
+    cfg = CallbackConfig.load(tmp_path, env={})
+    assert cfg.resolve("hub-a", team="leads").teams == frozenset({"workers", "leads"})
+    assert cfg.resolve("open", team="ops").teams is None
+    with pytest.raises(ServiceNotAllowed) as refused:
+        cfg.resolve("hub-a", team="ops")
+    assert "name one of this team's services (open)" in refused.value.message
+    for bad in ("[]", "'workers'", "[1]", "['has space']"):
+        (tmp_path / "config.yaml").write_text(
+            f"callbacks:\n  hub-a: {{url: 'http://127.0.0.1:1', teams: {bad}}}\n"
+        )
+        with pytest.raises(InvalidRequest, match="non-empty list of team names"):
+            CallbackConfig.load(tmp_path, env={})
+    with pytest.raises(InvalidRequest, match="not a registered callback service"):
+        CallbackConfig.load(None, env={"BACKCHANNEL_CALLBACK_TEAMS": "nope=workers"})

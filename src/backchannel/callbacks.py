@@ -11,19 +11,26 @@ Configuration, later sources winning:
       service_name: hub-a            # how other hubs name this one in their registries
       callback_secret: "long random"  # signs and verifies reply tokens
       callbacks:
-        hub-b: {url: "http://10.0.0.2:8765", token: "bc_..."}   # token: for their /api/chat
+        hub-b: {url: "http://10.0.0.2:8765", token: "bc_...", teams: [leads]}
         weather: {type: a2a, url: "http://10.0.0.3:9999"}       # an A2A agent
         hub-c: {type: a2a, url: "http://10.0.0.4:8765/a2a/ops/{agent}", token: "bc_..."}
       retry: {start: 1, factor: 2, cap: 15, budget: 120, timeout: 10}
       delegation_retention: 604800   # seconds a finished delegation is kept (7 days)
 
 * ``BACKCHANNEL_CALLBACKS=name=url,...``, ``BACKCHANNEL_CALLBACK_TOKENS=name=token,...``,
-  ``BACKCHANNEL_CALLBACK_SECRET``, ``BACKCHANNEL_SERVICE_NAME``,
-  ``BACKCHANNEL_DELEGATION_RETENTION`` (seconds).
+  ``BACKCHANNEL_CALLBACK_TEAMS=name=team+team,...``, ``BACKCHANNEL_CALLBACK_SECRET``,
+  ``BACKCHANNEL_SERVICE_NAME``, ``BACKCHANNEL_DELEGATION_RETENTION`` (seconds).
+
+``token`` is this hub's credential at the service (for another hub's ``/api/chat``).
+``teams`` makes the service those teams' own: only their members delegate through it
+or name it as the ``callbackService`` of a task they send here (anyone else is refused
+with :class:`~backchannel.errors.ServiceNotAllowed`); a service without ``teams`` is
+every team's, as the operator's hub-wide peer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,8 +41,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from backchannel.core.delegation import RetryPolicy
-from backchannel.core.messages import suggest
-from backchannel.errors import InvalidRequest, UnknownService
+from backchannel.core.messages import NAME_RE, suggest
+from backchannel.errors import InvalidRequest, ServiceNotAllowed, UnknownService
 
 CONFIG_FILE = "config.yaml"
 #: How long a finished delegation (and its stored reply token) is kept, by default.
@@ -51,6 +58,11 @@ class Service:
     #: ``backchannel`` (another hub's ``/api/chat``) or ``a2a`` (an A2A agent: ``url`` is
     #: the agent, or holds ``{agent}`` for the name before the ``@``)
     kind: str = "backchannel"
+    #: the teams whose members may use the service; None: every team
+    teams: frozenset[str] | None = None
+
+    def usable_by(self, team: str) -> bool:
+        return self.teams is None or team in self.teams
 
     def endpoint(self, path: str) -> str:
         return self.url.rstrip("/") + path
@@ -68,9 +80,21 @@ class CallbackConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     retention: float = DEFAULT_RETENTION  # seconds a finished delegation is kept
 
-    def resolve(self, name: str) -> Service:
-        """The registered service, or ``UnknownService`` (400) naming the known ones."""
+    def resolve(self, name: str, *, team: str | None = None) -> Service:
+        """The registered service, or ``UnknownService`` (400) naming the known ones. With
+        ``team``, one its members may use, or ``ServiceNotAllowed`` (403): a service
+        registered for other teams is named only among those a member may use, and
+        which teams those are is not told."""
         svc = self.services.get(name)
+        if svc is not None and team is not None and not svc.usable_by(team):
+            mine = ", ".join(sorted(n for n, s in self.services.items() if s.usable_by(team)))
+            raise ServiceNotAllowed(
+                f"callback service {name!r} is registered for other teams than {team!r}; "
+                f"name one of this team's services ({mine or 'none is registered'}), or the "
+                f"operator adds {team!r} to the service's teams (teams: in the config "
+                f"file, or BACKCHANNEL_CALLBACK_TEAMS={name}=...+{team}).",
+                service=name,
+            )
         if svc is None:
             hints = suggest(name, self.services)
             tail = f"; did you mean {' or '.join(map(repr, hints))}?" if hints else ""
@@ -107,17 +131,31 @@ class CallbackConfig:
                     f"{', '.join(SERVICE_KINDS)}"
                 )
             services[str(name)] = Service(
-                str(name), _check_url(str(name), str(spec["url"])), spec.get("token"), kind
+                str(name),
+                _check_url(str(name), str(spec["url"])),
+                spec.get("token"),
+                kind,
+                _teams(str(name), spec.get("teams"), f"callback {name!r} in {CONFIG_FILE}"),
             )
         tokens = _pairs(env.get("BACKCHANNEL_CALLBACK_TOKENS", ""), "BACKCHANNEL_CALLBACK_TOKENS")
         for name, url in _pairs(
             env.get("BACKCHANNEL_CALLBACKS", ""), "BACKCHANNEL_CALLBACKS"
         ).items():
             known = services.get(name, Service(name, url))
-            services[name] = Service(name, _check_url(name, url), known.token, known.kind)
+            services[name] = dataclasses.replace(known, url=_check_url(name, url))
         for name, token in tokens.items():
             if name in services:
-                services[name] = Service(name, services[name].url, token, services[name].kind)
+                services[name] = dataclasses.replace(services[name], token=token)
+        where = "BACKCHANNEL_CALLBACK_TEAMS"
+        for name, teams in _pairs(env.get(where, ""), where).items():
+            if name not in services:
+                raise InvalidRequest(
+                    f"{where}: {name!r} is not a registered callback service; register it "
+                    "in BACKCHANNEL_CALLBACKS or the config file first"
+                )
+            services[name] = dataclasses.replace(
+                services[name], teams=_teams(name, teams.split("+"), where)
+            )
         retry = RetryPolicy(**{k: float(v) for k, v in (data.get("retry") or {}).items()})
         return cls(
             retention=_retention(
@@ -130,6 +168,22 @@ class CallbackConfig:
             services=services,
             retry=retry,
         )
+
+
+def _teams(name: str, value: Any, where: str) -> frozenset[str] | None:
+    """A service's ``teams``: a list of team names (None: every team's)."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(t, str) and NAME_RE.fullmatch(t) for t in value)
+    ):
+        raise InvalidRequest(
+            f"{where}: the teams of service {name!r} must be a non-empty list of team names "
+            f"(got {value!r}); leave it out for a service every team may use"
+        )
+    return frozenset(value)
 
 
 def _retention(value: Any) -> float:

@@ -16,7 +16,8 @@ work" and "delivery cannot succeed" are kept apart::
     │   ├── Unauthorized             401 unauthorized: missing or wrong token
     │   ├── Forbidden                403 forbidden: authenticated, but not allowed
     │   │   ├── AnchorRequired       403 anchor_required: set an anchor timer before messaging a linked peer
-    │   │   └── TranscriptRefused    403 transcript_refused: not a transcript this hook may read
+    │   │   ├── TranscriptRefused    403 transcript_refused: not a transcript this hook may read
+    │   │   └── ServiceNotAllowed    403 callback_service_not_allowed: registered for other teams
     │   ├── NotFound                 404 not_found
     │   │   ├── UnknownTeam          404 unknown_team
     │   │   ├── UnknownMember        404 unknown_member
@@ -144,6 +145,12 @@ def token_revoked(while_: str, way_out: str | None = None) -> Unauthorized:
 class Forbidden(RequestError):
     code = "forbidden"
     status = 403
+
+
+class ServiceNotAllowed(Forbidden):
+    """A callback service registered for other teams than the caller's."""
+
+    code = "callback_service_not_allowed"
 
 
 class AnchorRequired(Forbidden):

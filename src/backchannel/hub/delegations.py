@@ -37,6 +37,7 @@ from backchannel.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    ServiceNotAllowed,
     Unauthorized,
     UnknownService,
 )
@@ -109,7 +110,7 @@ class Delegations:
         if remote:
             agent, _, service = to.partition("@")
             messages.check_name("agent", agent)
-            svc = self.callbacks.resolve(service)
+            svc = self.callbacks.resolve(service, team=team)  # one this team may use
             if not self.callbacks.secret and svc.kind != "a2a":  # A2A answers come back inline
                 raise InvalidRequest(
                     "delegating to another hub needs a callback secret to sign the reply "
@@ -199,8 +200,8 @@ class Delegations:
                 continue
             agent, _, service = d.callee.partition("@")
             try:
-                svc = self.callbacks.resolve(service)
-            except UnknownService as exc:  # the registry changed since the call
+                svc = self.callbacks.resolve(service, team=team)
+            except (UnknownService, ServiceNotAllowed) as exc:  # the registry changed since
                 self._refused(c, d, exc.message, now)
                 continue
             caller = c.tx.get_session(team, d.caller_session)
@@ -341,7 +342,9 @@ class Delegations:
         task in: the task goes on in it at that hop, so the chain budget holds across
         hubs (past it, the task is refused like any send). Without it the task starts a
         new chain at hop 0."""
-        self.callbacks.resolve(reply_service)  # refused at ingress when unknown
+        # refused at ingress when unknown, or when it is another team's: a member names
+        # only a service its own team may use (nothing is called back at another's)
+        self.callbacks.resolve(reply_service, team=team)
         carried = budget_rules.check_chain(chain)
         if not isinstance(reply_token, str) or not reply_token:
             raise InvalidRequest("reply.bearerToken is missing", field="reply.bearerToken")
