@@ -773,3 +773,62 @@ async def test_a_malformed_chain_in_the_metadata_is_invalid_params_naming_the_fi
             assert r.json()["error"]["message"].startswith(f"message.{field} "), (chain, r.text)
     with srv.client(tokens["worker"]) as worker:
         assert worker.get("/v1/sessions").json()["sessions"] == []  # no task was started
+
+
+async def test_a_follow_up_sent_again_is_answered_as_its_first_send_was(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    """Another hub's outbox that lost the answer to a follow-up (a message naming the
+    task, its chain among its metadata) sends it again: the repeat is answered with the
+    task as the follow-up left it (asking back again, or completed), at once, on both
+    bindings, streaming or not, and the member was handed the follow-up once. It neither
+    waits for another answer nor is refused for the task having ended."""
+    srv, tokens = hub
+    chain = {"backchannel.chain": {"id": "msg_chain_f", "hop": 1}}
+    first = {"messageId": "dlg_f1", "role": "ROLE_USER", "parts": [{"text": "trip to?"}]}
+    first["metadata"] = chain
+    async with (
+        playing(Worker(srv.url, tokens["worker"], _answers)) as worker,
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=15
+        ) as http,
+    ):
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": first}}
+        asked = (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]["task"]
+        assert asked["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", asked
+        for n, (text, state) in enumerate(
+            [("trip further?", "TASK_STATE_INPUT_REQUIRED"), ("Paris", "TASK_STATE_COMPLETED")]
+        ):
+            follow = {
+                "messageId": f"dlg_f2{n}",
+                "role": "ROLE_USER",
+                "taskId": asked["id"],
+                "contextId": asked["contextId"],
+                "parts": [{"text": text}],
+                "metadata": chain,
+            }
+            answers = []
+            for rpc_id in (2, 3):
+                rpc = {"jsonrpc": "2.0", "id": rpc_id, "method": "SendMessage",
+                       "params": {"message": follow}}  # fmt: skip
+                r = await http.post("/a2a/t/worker/", json=rpc)
+                assert "result" in r.json(), r.text
+                answers.append(r.json()["result"]["task"])
+            r = await http.post("/a2a/t/worker/message:send", json={"message": follow})
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["task"])
+            rpc = {"jsonrpc": "2.0", "id": 4, "method": "SendStreamingMessage",
+                   "params": {"message": follow}}  # fmt: skip
+            async with http.stream("POST", "/a2a/t/worker/", json=rpc) as stream:
+                events = [
+                    json.loads(line.removeprefix("data: "))
+                    async for line in stream.aiter_lines()
+                    if line.startswith("data: ")
+                ]
+            assert "result" in events[-1], events
+            answers.append(events[-1]["result"]["task"])
+            for task in answers:
+                assert task["id"] == asked["id"]
+                assert task["status"]["state"] == state, (text, task)
+        assert task["artifacts"][-1]["parts"] == [{"text": "Booked: Paris"}], task
+    assert [m["text"] for m in worker.seen] == ["trip to?", "trip further?", "Paris"]

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -120,6 +120,27 @@ def input_id(who: Caller, message: Message) -> str:
     body = json.dumps(MessageToDict(message), sort_keys=True, ensure_ascii=False)
     key = "\n".join((who.member, who.caller, body)).encode("utf-8", "surrogatepass")
     return "a2a-" + hashlib.sha256(key).hexdigest()[:40]
+
+
+T = TypeVar("T")
+#: The longest a wait goes without looking again: another process of the hub (sharing
+#: its store) that changes a task wakes no waiter of this one.
+LOOK_AGAIN = 5.0
+
+
+async def watch(hub: Hub, team: str, look: Callable[[], Awaitable[T | None]]) -> T:
+    """The first thing ``look()`` finds (not None), asked again at every change the team's
+    sessions report (an event, a termination; see :mod:`backchannel.hub`'s waiters) and at
+    least every :data:`LOOK_AGAIN` seconds. The event is taken before each look, so a
+    change between the look and the wait is never slept through. Every wait of the A2A
+    handler and executor is this one."""
+    while True:
+        changed = hub._waiters.event(team, None)
+        found = await look()
+        if found is not None:
+            return found
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout=LOOK_AGAIN)
 
 
 # -- answers: what the member's transcript says ------------------------------------------
@@ -564,16 +585,13 @@ class MemberExecutor(AgentExecutor):
     async def _wait(
         self, who: Caller, task_id: str, after_turn: int, show: Callable[[], Awaitable[None]]
     ) -> Answer:
-        while True:
-            # woken by every event the team's sessions report (and by terminations)
-            changed = self.hub._waiters.event(who.team, None)
+        async def answered() -> Answer | None:
             answer, progressed = await read_progress(self.hub, who, task_id, after_turn)
-            if answer is not None:
-                return answer
-            if progressed:
+            if answer is None and progressed:
                 await show()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=5.0)
+            return answer
+
+        return await watch(self.hub, who.team, answered)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         call = context.call_context
@@ -655,8 +673,8 @@ class MemberRequestHandler(DefaultRequestHandler):
         check_text(params, self.hub.config.max_text)
         repeat = await self._repeat(params, context)
         if repeat is not None:  # sent before: its task, and its changes from now on
-            if isinstance(repeat, Message) or repeat.status.state in TERMINAL:
-                yield repeat
+            if isinstance(repeat, Message) or repeat.status.state in TERMINAL | INTERRUPTED:
+                yield repeat  # where a stream of the first send ended
                 return
             async for event in self.on_subscribe_to_task(
                 SubscribeToTaskRequest(id=repeat.id), context
@@ -669,58 +687,89 @@ class MemberRequestHandler(DefaultRequestHandler):
     async def _repeat(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message | None:
-        """The task a new message (one that names no task) started when its caller sent
-        it before, or the Message that answered it; None for a message not sent before.
-        Another hub's outbox (the message names its chain) that lost the answer to a send
-        (a timeout, a cut connection) sends it again with the same ``messageId``: the
-        member was handed it once and works on it in that task, and the repeat is
-        answered as the send was. Other clients' messages are each a message of their
-        own, as the A2A conformance kit expects of a ``messageId`` it sends again."""
+        """The task a message started (or, for a follow-up, went on in) when its caller
+        sent it before, or the Message that answered it; None for a message not sent
+        before. Another hub's outbox (the message names its chain) that lost the answer
+        to a send (a timeout, a cut connection) sends it again with the same
+        ``messageId``: the member was handed it once and works on it in that task, and
+        the repeat is answered as the send was. Other clients' messages are each a
+        message of their own, as the A2A conformance kit expects of a ``messageId`` it
+        sends again."""
         message = params.message
         if budget_rules.A2A_CHAIN_KEY not in message.metadata.fields:
             return None  # not a hub's: see docs/decisions.md, "An A2A message sent again"
         who = caller_of(context)
         mid = context.state[INPUT_KEY] = input_id(who, message)
-        if message.task_id:
-            return None  # a follow-up is handed over once by its hub message id alone
         sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
         a2a = sent.meta.get("a2a") if sent is not None else None
         if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
             return None
         task_id = a2a["task_id"]
+        if message.task_id:
+            # a follow-up, handed over before: sent to the task again it would wait for an
+            # answer after the one the member gave it, or be refused once the task ended
+            return await self._followed_up(task_id, context)
         task = await self.tasks.get(task_id, context)
         if task is not None:
             return task
         # a task not shown (none is kept until it is): answered, or to be answered,
         # with a Message, or shown once its member shows work
         context_id = str(a2a.get("context_id", ""))
-        while True:
-            changed = self.hub._waiters.event(who.team, None)
+
+        async def found() -> tuple[Task | Message | None] | None:
             answer = await read_answer(self.hub, who, task_id, 0)
             if answer is not None and answer.as_message:
-                return reply_message(answer, context_id)
+                return (reply_message(answer, context_id),)
             task = await self.tasks.get(task_id, context)
             if task is not None:
-                return task
+                return (task,)
             if task_id not in self.tasks.live:
-                return None  # its executor is gone (a restart) and kept no task
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=5.0)
+                return (None,)  # its executor is gone (a restart) and kept no task
+            return None
+
+        return (await watch(self.hub, who.team, found))[0]
+
+    async def _followed_up(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """The task a follow-up sent before went on in, once its executor has taken the
+        follow-up: while the executor of this process runs, the question the task asked
+        before it is no answer to the follow-up."""
+
+        async def taken() -> tuple[Task | None] | None:
+            task = await self.tasks.get(task_id, context)
+            if task is None:
+                return (None,)
+            if task_id in self.tasks.live and task.status.state in INTERRUPTED:
+                return None
+            return (task,)
+
+        return (await watch(self.hub, caller_of(context).team, taken))[0]
 
     async def _settled(self, task: Task, context: ServerCallContext) -> Task:
         """``task`` once it ends or asks back, as a blocking send answers."""
-        who = caller_of(context)
-        while task.status.state not in TERMINAL | INTERRUPTED:
-            changed = self.hub._waiters.event(who.team, None)
-            fresh = await self.tasks.get(task.id, context)
+        last = task
+
+        async def settled() -> Task | None:
+            nonlocal last
+            if last.status.state in TERMINAL | INTERRUPTED:
+                return last
+            fresh = await self.tasks.get(last.id, context)
             if fresh is None:
-                break
-            task = fresh
-            if task.status.state in TERMINAL | INTERRUPTED:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=5.0)
-        return task
+                return last
+            last = fresh
+            return fresh if fresh.status.state in TERMINAL | INTERRUPTED else None
+
+        return await watch(self.hub, caller_of(context).team, settled)
+
+    async def _changed(self, task: Task, context: ServerCallContext) -> Task | None:
+        """The task once its state is no longer ``task``'s; None once it is gone."""
+
+        async def changed() -> tuple[Task | None] | None:
+            fresh = await self.tasks.get(task.id, context)
+            if fresh is None or fresh.status.state != task.status.state:
+                return (fresh,)
+            return None
+
+        return (await watch(self.hub, caller_of(context).team, changed))[0]
 
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
@@ -752,21 +801,15 @@ class MemberRequestHandler(DefaultRequestHandler):
                 yield event  # the SDK's errors: not found, terminal
             return
         yield task
-        who = caller_of(context)
         while task.status.state not in TERMINAL | INTERRUPTED:
-            changed = self.hub._waiters.event(who.team, None)
-            fresh = await self.tasks.get(params.id, context)
+            fresh = await self._changed(task, context)
             if fresh is None:
                 return
-            if fresh.status.state != task.status.state:
-                for art in fresh.artifacts[len(task.artifacts) :]:
-                    yield TaskArtifactUpdateEvent(
-                        task_id=fresh.id, context_id=fresh.context_id, artifact=art
-                    )
-                yield TaskStatusUpdateEvent(
-                    task_id=fresh.id, context_id=fresh.context_id, status=fresh.status
+            for art in fresh.artifacts[len(task.artifacts) :]:
+                yield TaskArtifactUpdateEvent(
+                    task_id=fresh.id, context_id=fresh.context_id, artifact=art
                 )
-                task = fresh
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=5.0)
+            yield TaskStatusUpdateEvent(
+                task_id=fresh.id, context_id=fresh.context_id, status=fresh.status
+            )
+            task = fresh
