@@ -832,3 +832,34 @@ async def test_a_follow_up_sent_again_is_answered_as_its_first_send_was(
                 assert task["status"]["state"] == state, (text, task)
         assert task["artifacts"][-1]["parts"] == [{"text": "Booked: Paris"}], task
     assert [m["text"] for m in worker.seen] == ["trip to?", "trip further?", "Paris"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "lone"),
+    [
+        pytest.param(b'"\\ud83d"', "\\ud83d", id="high-at-the-end"),
+        pytest.param(b'"\\ud83dx"', "\\ud83d", id="high-then-text"),
+        pytest.param(b'"ok \\ud83d\\ude00 \\ude00"', "\\ude00", id="low-after-a-pair"),
+        pytest.param(b'"\\\\ud800 \\uDBFF\\u0041"', "\\uDBFF", id="after-an-escaped-backslash"),
+    ],
+)
+async def test_a_lone_surrogate_in_the_body_is_a_parse_error_naming_it(
+    hub: tuple[Server, dict[str, str]], raw: bytes, lone: str
+) -> None:
+    """Half an emoji pair escaped in a string is JSON-RPC's parse error that names the
+    lone surrogate and the way out, as the hub's strict JSON rules say it (not the
+    parser's "unexpected end of hex escape"); the HTTP API says the same."""
+    srv, tokens = hub
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": ' + raw + b"}}"
+    headers = _json_headers(tokens["lead"])
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        r = await http.post("/a2a/t/worker/", content=body)
+        error = r.json()["error"]
+        assert error["code"] == -32700, error
+        why = error["message"]
+        assert f"lone UTF-16 surrogate {lone}" in why, why
+        assert "send" in why and "U+FFFD" in why, why
+        assert "hex escape" not in why, why
+        api = await http.post("/v1/messages", content=b'{"to": "worker", "text": ' + raw + b"}")
+        assert api.status_code == 422, api.text
+        assert f"lone UTF-16 surrogate {lone}" in api.json()["error"]["message"], api.text

@@ -18,7 +18,14 @@ from typing import Any
 
 import pydantic_core
 
-__all__ = ["MAX_DEPTH", "REFUSED", "json_problem", "parse_json", "parse_runtime_json"]
+__all__ = [
+    "MAX_DEPTH",
+    "REFUSED",
+    "json_problem",
+    "parse_error",
+    "parse_json",
+    "parse_runtime_json",
+]
 
 #: Deepest nesting of arrays and objects in a request body.
 MAX_DEPTH = 64
@@ -33,11 +40,26 @@ def parse_json(raw: bytes) -> Any:
         value = pydantic_core.from_json(raw, allow_inf_nan=False)
     except ValueError as exc:
         # jiter's own error names the line and column; keep it
-        raise json.JSONDecodeError(str(exc), _text(raw), 0) from None
+        raise json.JSONDecodeError(parse_error(raw, str(exc)), _text(raw), 0) from None
     problem = json_problem(value)
     if problem is not None:
         raise json.JSONDecodeError(REFUSED + problem, _text(raw), 0)
     return value
+
+
+def parse_error(raw: bytes, why: str) -> str:
+    """The parser's error ``why`` for ``raw``, in the words of these rules: a lone
+    surrogate, which the parser reports in the words of its escape reader ("unexpected end
+    of hex escape"), is named, with the way out; any other error is the parser's own."""
+    lone = _lone_surrogate(raw) if "hex escape" in why else None
+    if lone is None:
+        return why
+    where = why[why.rfind(" at line ") :] if " at line " in why else ""
+    return (
+        f"a lone UTF-16 surrogate {lone}{where} (half of a pair, as a text cut inside an "
+        "emoji leaves it); send the pair whole, the character itself as UTF-8, or U+FFFD "
+        "in place of the lost half"
+    )
 
 
 def json_problem(value: Any) -> str | None:
@@ -74,6 +96,22 @@ def _text(raw: bytes) -> str:
 #: A ``\\uD800``-``\\uDFFF`` escape in JSON text: half of a UTF-16 surrogate pair.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE = re.compile("[\ud800-\udfff]")
+
+
+#: An escaped backslash, a surrogate pair, or a lone surrogate escape, in the order met.
+_ESCAPES = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+    rb"|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _lone_surrogate(raw: bytes) -> str | None:
+    """The first ``\\uD800``-``\\uDFFF`` escape in ``raw`` that is not half of a pair
+    (as written, e.g. ``\\ud83d``), or None."""
+    for m in _ESCAPES.finditer(raw):
+        if len(m.group()) == 6:
+            return m.group().decode("ascii")
+    return None
 
 
 def parse_runtime_json(raw: bytes) -> Any:
