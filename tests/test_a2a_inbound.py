@@ -863,3 +863,32 @@ async def test_a_lone_surrogate_in_the_body_is_a_parse_error_naming_it(
         api = await http.post("/v1/messages", content=b'{"to": "worker", "text": ' + raw + b"}")
         assert api.status_code == 422, api.text
         assert f"lone UTF-16 surrogate {lone}" in api.json()["error"]["message"], api.text
+
+
+@pytest.mark.parametrize(
+    ("rpc", "code"),
+    [
+        pytest.param({"jsonrpc": "2.0", "id": 1, "method": "GetTask",
+                      "params": {"id": "x", "historyLength": 1.5}}, -32602, id="half-history"),
+        pytest.param({"jsonrpc": "2.0", "id": 1, "method": "GetTask",
+                      "params": {"id": "x", "historyLength": 2**31}}, -32602, id="huge-history"),
+        pytest.param({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                      "params": {"message": {"role": "ROLE_NOPE"}, "x": []}}, -32602, id="enum"),
+        pytest.param({"jsonrpc": "1.0", "id": 1, "method": "GetTask"}, -32600, id="jsonrpc-1.0"),
+        pytest.param({"id": 1, "params": {}}, -32600, id="no-method"),
+    ],
+)  # fmt: skip
+async def test_requests_the_sdk_cannot_read_are_answered_without_a_traceback_in_the_log(
+    hub: tuple[Server, dict[str, str]], rpc: dict[str, Any], code: int
+) -> None:
+    """A request whose params (or envelope) the SDK cannot read is JSON-RPC's error for
+    it, and the hub's log says so in a line: a client that sends such requests cannot
+    fill the log with the SDK's tracebacks (it logs each with ``logger.exception``)."""
+    srv, tokens = hub
+    headers = _json_headers(tokens["lead"])
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as http:
+        r = await http.post("/a2a/t/worker/", json=rpc)
+        assert r.json()["error"]["code"] == code, r.text
+    log = (srv.home / "serve.log").read_text()
+    assert "Traceback" not in log, log
+    assert "request" in log.lower()  # the line that says what was refused

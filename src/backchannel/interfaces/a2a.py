@@ -297,8 +297,35 @@ def _bearer(scope: Scope) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+class _RefusedRequestLine(logging.Filter):
+    """The SDK's JSON-RPC dispatcher logs a request it cannot read (params of the wrong
+    type or range, an envelope without a method) with ``logger.exception``: a traceback in
+    the hub's log for every such request a client sends. The client is answered with the
+    error (-32602, -32600); the log keeps one warning line naming why."""
+
+    QUIET = frozenset(
+        {"Failed to parse request params", "Failed to validate base JSON-RPC request"}
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.QUIET and record.exc_info:
+            exc = record.exc_info[1]
+            record.msg = f"A2A request refused: {record.msg} ({type(exc).__name__}: {exc})"
+            record.args = None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _quiet_refused_requests() -> None:
+    sdk = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+    if not any(isinstance(f, _RefusedRequestLine) for f in sdk.filters):
+        sdk.addFilter(_RefusedRequestLine())
+
+
 def build(hub: Hub, *, open_member: tuple[str, str, str] | None = None) -> Gate:
     """The ASGI app for ``/a2a``: the gate in front of the SDK's routes."""
+    _quiet_refused_requests()
     from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers.response_helpers import agent_card_to_dict
     from a2a.server.routes import (
