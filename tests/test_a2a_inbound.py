@@ -892,3 +892,38 @@ async def test_requests_the_sdk_cannot_read_are_answered_without_a_traceback_in_
     log = (srv.home / "serve.log").read_text()
     assert "Traceback" not in log, log
     assert "request" in log.lower()  # the line that says what was refused
+
+
+async def test_cancel_of_a_finished_task_is_task_not_cancelable_409_on_http_json(
+    hub: tuple[Server, dict[str, str]],
+) -> None:
+    """``tasks/cancel`` of a task that has ended is ``TaskNotCancelableError``: -32002 on
+    JSON-RPC, and on HTTP+JSON the status spec 1.0 section 5.4 maps it to, 409 Conflict
+    (the SDK answers 400), with the AIP-193 body's code the same; the task stays as it
+    ended."""
+    srv, tokens = hub
+    async with (
+        playing(Worker(srv.url, tokens["worker"], _answers)),
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=30
+        ) as http,
+    ):
+        m = {"messageId": "m-done", "role": "ROLE_USER", "parts": [{"text": "finish it"}]}
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": m}}
+        task = (await http.post("/a2a/t/worker/", json=rpc)).json()["result"]["task"]
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+        r = await http.post(f"/a2a/t/worker/tasks/{task['id']}:cancel", json={})
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["status"]) == (409, "FAILED_PRECONDITION"), error
+        assert error["details"][0]["reason"] == "TASK_NOT_CANCELABLE", error
+        rpc = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task["id"]}}
+        r = await http.post("/a2a/t/worker/", json=rpc)
+        assert r.json()["error"]["code"] == -32002, r.text
+        # other errors keep their status
+        r = await http.post("/a2a/t/worker/tasks/nope:cancel", json={})
+        assert r.status_code == 404, r.text
+        r = await http.get(f"/a2a/t/worker/tasks/{task['id']}", params={"historyLength": "-1"})
+        assert r.status_code == 400, r.text
+        got = (await http.get(f"/a2a/t/worker/tasks/{task['id']}")).json()
+        assert got["status"]["state"] == "TASK_STATE_COMPLETED", got

@@ -173,6 +173,7 @@ class Gate:
         state = scope.setdefault("state", {})
         state[STATE_KEY] = Caller(team, member, caller)
         streaming = ended = False
+        held: ASGIMessage | None = None  # an HTTP+JSON 400's start, until its body is seen
 
         async def revoked() -> bool:
             # asked again before an answer or a stream's event is handed over: a
@@ -183,10 +184,13 @@ class Gate:
             return who is None or (who.team, who.name) != (team, caller)
 
         async def guarded(message: ASGIMessage) -> None:
-            nonlocal streaming, ended
+            nonlocal streaming, ended, held
             if ended:
                 return  # the answer was refused: nothing more of it goes out
-            if message["type"] == "http.response.start":
+            if held is not None and message["type"] == "http.response.body":
+                start, held = held, None
+                await send(_spec_status(start, message))
+            elif message["type"] == "http.response.start":
                 headers = message.get("headers", [])
                 kind = next((bytes(v) for k, v in headers if k == b"content-type"), b"")
                 streaming = kind.startswith(b"text/event-stream")
@@ -199,6 +203,9 @@ class Gate:
                     (k, b"application/json" if k == b"content-type" and v == _A2A_JSON else v)
                     for k, v in headers
                 ]
+                if not jsonrpc and message.get("status") == 400:
+                    held = message  # its status may be another (see _spec_status)
+                    return
             elif streaming and message.get("body") and await revoked():
                 ended = True
                 error = (
@@ -221,6 +228,38 @@ class Gate:
 _A2A_JSON = b"application/a2a+json"
 _REVOKED = token_revoked("the request waited").message
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="backchannel", error="invalid_token"'}
+
+
+#: HTTP+JSON statuses spec 1.0 section 5.4 gives errors the SDK answers with 400, by the
+#: reason in their AIP-193 ``ErrorInfo``.
+_STATUS_OF_REASON = {"TASK_NOT_CANCELABLE": 409}
+
+
+def _spec_status(start: ASGIMessage, body: ASGIMessage) -> ASGIMessage:
+    """``start`` of an HTTP+JSON 400 error with the status the spec maps its error to
+    (the SDK's table answers ``TaskNotCancelableError`` with 400; section 5.4 says ``409
+    Conflict``), rewriting the AIP-193 body's ``code`` alike. Anything else goes out as
+    it came."""
+    raw = body.get("body", b"")
+    if body.get("more_body") or b"_NOT_" not in raw:
+        return start
+    try:
+        payload = json.loads(raw)
+        error = payload["error"]
+        reasons = [d.get("reason") for d in error.get("details", []) if isinstance(d, dict)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return start
+    status = next((_STATUS_OF_REASON[r] for r in reasons if r in _STATUS_OF_REASON), None)
+    if status is None:
+        return start
+    error["code"] = status
+    new = json.dumps(payload).encode()
+    body["body"] = new
+    headers = [
+        (k, str(len(new)).encode() if k == b"content-length" else v)
+        for k, v in start.get("headers", [])
+    ]
+    return {**start, "status": status, "headers": headers}
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
