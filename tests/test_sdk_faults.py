@@ -149,15 +149,17 @@ async def test_a_hub_that_says_come_back_later_is_called_again(
 async def test_a_call_without_an_id_whose_answer_is_lost_is_not_made_again(
     srv: Server, proxy: Faulty
 ) -> None:
-    # a call that changes something and has no id to be recognised by is not made again:
-    # the caller hears the connection broke, and the hub did it once
-    srv.team("cut-rotate", "a")
-    path = "/v1/teams/cut-rotate/members/a/token"
+    # a call that changes something and has no id to be recognised by is not made again
+    # (made again, adding a member answers that it exists, and the token the lost answer
+    # held is gone): the caller hears the hub may have done it, and the hub did it once
+    srv.team("cut-add", "a")
+    path = "/v1/teams/cut-add/members"
     proxy.faults.append(("POST", path, "cut"))
     async with Client(proxy.url, srv.admin_token) as admin:
-        with pytest.raises(PeerError):
-            await admin.rotate_token("cut-rotate", "a")
-    assert [w for m, p, w in proxy.seen if p == path] == ["cut"]
+        with pytest.raises(PeerError, match="may have done it"):
+            await admin.add_member("cut-add", "b")
+        assert [m.name for m in await admin.members("cut-add")] == ["a", "b", "user"]
+    assert [w for m, p, w in proxy.seen if (m, p) == ("POST", path)] == ["cut"]
 
 
 def test_the_sync_client_sends_once_too(srv: Server, proxy: Faulty) -> None:
@@ -299,3 +301,79 @@ async def test_a_delegation_whose_answer_is_lost_is_made_once(
     async with Client(any_srv.url, tokens["b"]) as b:
         assert [x.session_id for x in await b.list_sessions("b")] == [d.callee_session]
         assert await b.pending() == 1  # the task, once
+
+
+async def test_a_terminate_whose_answer_is_lost_is_made_again(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # ending a session is idempotent on the hub: made again, it answers the ended session
+    tokens = any_srv.team("cut-terminate", "a")
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        any_proxy.faults.append(("POST", f"/v1/sessions/{s.session_id}/terminate", "cut"))
+        done = await a.terminate_session(s.session_id, "finished")
+        assert done.state == "terminated"
+    path = f"/v1/sessions/{s.session_id}/terminate"
+    assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]
+    assert _events(any_srv, tokens["a"], s.session_id).count("session") == 2  # open, end
+
+
+async def test_a_timer_cancel_whose_answer_is_lost_answers_the_cancelled_timer(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-cancel", "a")
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        s = await a.open_session()
+        t = await a.set_timer("anchor", 5, "back to the report", session=s.session_id)
+        any_proxy.faults.append(("DELETE", f"/v1/timers/{t.timer_id}", "cut"))
+        cancelled = await a.cancel_timer(t.timer_id)
+        assert (cancelled.timer_id, cancelled.state) == (t.timer_id, "cancelled")
+        assert await a.timers() == []
+    assert [w for _, p, w in any_proxy.seen if p == f"/v1/timers/{t.timer_id}"] == [
+        "cut",
+        "pass",
+    ]
+
+
+async def test_a_reaction_whose_answer_is_lost_counts_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-react", "a", "b")
+    async with Client(any_proxy.url, tokens["a"]) as a:
+        sent = await a.send("b", "deploy at noon")
+        path = f"/v1/messages/{sent.message_id}/reactions"
+        any_proxy.faults.append(("POST", path, "cut"))
+        await a.react(sent.message_id, "👍")
+        report = await a.status(sent.message_id)
+    assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]
+    reactions = [(h.to, h.detail) for h in report.history if h.event == "reaction"]
+    assert reactions == [("a", "👍")]
+
+
+async def test_a_token_rotation_whose_answer_is_lost_is_made_again(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # the token the lost answer held reached no one: a second rotation makes it useless
+    # too, and the token this answer holds is the member's one
+    tokens = any_srv.team("cut-rotate-again", "a")
+    path = "/v1/teams/cut-rotate-again/members/a/token"
+    any_proxy.faults.append(("POST", path, "cut"))
+    async with Client(any_proxy.url, any_srv.admin_token) as admin:
+        rotated = await admin.rotate_token("cut-rotate-again", "a")
+    assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]
+    async with Client(any_srv.url, rotated.token) as a:
+        assert (await a.me()).name == "a"
+    with any_srv.client(tokens["a"]) as old:
+        assert old.get("/v1/me").status_code == 401
+
+
+async def test_a_member_update_whose_answer_is_lost_is_made_again(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    any_srv.team("cut-update", "a")
+    path = "/v1/teams/cut-update/members/a"
+    any_proxy.faults.append(("PATCH", path, "cut"))
+    async with Client(any_proxy.url, any_srv.admin_token) as admin:
+        got = await admin.update_member("cut-update", "a", settings={"max_timers": 5})
+        assert got.settings == {"max_timers": 5}
+    assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]

@@ -335,6 +335,16 @@ async def test_reactions_do_not_feed_the_ledger(hub: Hub) -> None:
     assert (history[-1].event, history[-1].detail) == ("reaction", "👍")
 
 
+async def test_a_reaction_made_again_is_there_once(hub: Hub) -> None:
+    await _setup(hub, "lead", "w")
+    r = await hub.send("t", "lead", "w", "nice work?")
+    for who, emoji in [("w", "👍"), ("w", "👍"), ("w", "🎉"), ("lead", "👍")]:
+        await hub.react("t", who, r.message_id, emoji)
+    history = (await hub.message_status("t", r.message_id)).history
+    reactions = [(h.member, h.detail) for h in history if h.event == "reaction"]
+    assert reactions == [("w", "👍"), ("w", "🎉"), ("lead", "👍")]
+
+
 # -- bad input ------------------------------------------------------------------------
 
 

@@ -227,7 +227,9 @@ class Client:
         delivery: Mapping[str, Any] | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> MemberUpdated:
-        """Change a member's delivery setting or settings (what is not given stays)."""
+        """Change a member's delivery setting or settings (what is not given stays).
+        Each given is set whole, so a change whose answer was lost on the way is made
+        again."""
         body = _given(
             delivery=None if delivery is None else dict(delivery),
             settings=None if settings is None else dict(settings),
@@ -238,6 +240,7 @@ class Client:
             lambda s: s.admin.update_member(team, name, delivery=delivery, settings=settings),
             MemberUpdated,
             body,
+            repeatable=True,
         )
         got: MemberUpdated = await self._do(call)
         return got
@@ -258,12 +261,15 @@ class Client:
         return got.members
 
     async def rotate_token(self, team: str, name: str) -> TokenRotated:
-        """Give a member a new token (in the answer only); the old one fails at once."""
+        """Give a member a new token (in the answer only); the old one fails at once.
+        A rotation whose answer was lost on the way is made again: the token that answer
+        held reached no one, and the second rotation ends it too."""
         call = Call(
             "POST",
             f"/v1/teams/{_q(team)}/members/{_q(name)}/token",
             lambda s: s.admin.rotate_token(team, name),
             TokenRotated,
+            repeatable=True,
         )
         got: TokenRotated = await self._do(call)
         return got
@@ -426,13 +432,16 @@ class Client:
         return got
 
     async def react(self, message_id: str, emoji: str) -> Reaction:
-        """React to a message you sent or received (not a send: it crosses no link)."""
+        """React to a message you sent or received (not a send: it crosses no link). A
+        reaction is there once: made again, it changes nothing, so one whose answer was
+        lost on the way is made again."""
         call = Call(
             "POST",
             f"/v1/messages/{_q(message_id)}/reactions",
             lambda s: s.member.react(message_id, emoji),
             Reaction,
             {"emoji": emoji},
+            repeatable=True,
         )
         got: Reaction = await self._do(call)
         return got
@@ -639,12 +648,15 @@ class Client:
         return await self.report_event(session_id, "agent_stop", text)
 
     async def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
+        """End a session for good. Ending an ended session answers it as it is, so an
+        end whose answer was lost on the way is made again."""
         call = Call(
             "POST",
             f"/v1/sessions/{_q(session_id)}/terminate",
             lambda s: s.member.terminate_session(session_id, reason),
             SessionInfo,
             {"reason": reason},
+            repeatable=True,
         )
         got: SessionInfo = await self._do(call)
         return got
@@ -739,8 +751,14 @@ class Client:
         return got
 
     async def cancel_timer(self, timer_id: int) -> Timer:
+        """Cancel one of your pending timers. A timer cancelled already is answered as it
+        is, so a cancel whose answer was lost on the way is made again."""
         call = Call(
-            "DELETE", f"/v1/timers/{timer_id}", lambda s: s.member.cancel_timer(timer_id), Timer
+            "DELETE",
+            f"/v1/timers/{timer_id}",
+            lambda s: s.member.cancel_timer(timer_id),
+            Timer,
+            repeatable=True,
         )
         got: Timer = await self._do(call)
         return got

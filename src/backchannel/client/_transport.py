@@ -229,6 +229,14 @@ class HttpTransport(Transport):
             f"cannot reach the hub at {self.url}: {exc}; is `backchannel serve` running?"
         )
 
+    def _lost(self, call: Call[Any], exc: Exception) -> PeerError:
+        return PeerError(
+            f"the answer to {call.method} {call.path} was lost on the way back from the hub "
+            f"at {self.url} ({exc}): the hub may have done it. This call is not made again "
+            "by itself (made twice it could do twice what it did); look at what it changes "
+            "before you make it again"
+        )
+
     async def call(self, call: Call[R]) -> R:
         timeout = httpx.Timeout(call.wait + 30.0, connect=5.0)
         headers = {"Authorization": f"Bearer {call.token}"} if call.token else None
@@ -249,7 +257,9 @@ class HttpTransport(Transport):
                 )
             except httpx.TransportError as exc:
                 never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
-                if not (never_sent or repeatable) or time.monotonic() + pause > until:
+                if not (never_sent or repeatable):
+                    raise self._lost(call, exc) from exc
+                if time.monotonic() + pause > until:
                     raise self._unreachable(exc) from exc
             else:
                 asked = _retry_after(resp) if repeatable else None

@@ -791,14 +791,18 @@ class Messages:
     async def react(self, team: str, member: str, message_id: str, emoji: str) -> None:
         """Add a reaction to a message you sent or received. A reaction is not a send: it
         never feeds the ledger and never crosses a link; it is recorded in the message's
-        history."""
+        history. A member's reaction with one emoji is there once: the same reaction
+        again (made again when its answer was lost) changes nothing."""
         if not isinstance(emoji, str) or not 1 <= len(emoji) <= 32:
             raise InvalidRequest("emoji must be 1 to 32 characters", field="emoji")
         status = await self.message_status(team, message_id, viewer=member)
         now = self.clock.now()
-        await self.store.transact(
-            lambda tx: tx.add_history(
-                team, DeliveryEvent(message_id, member, now, "reaction", emoji)
-            )
-        )
+
+        def fn(tx: Tx) -> None:
+            for e in tx.history(team, message_id):
+                if (e.member, e.event, e.detail) == (member, "reaction", emoji):
+                    return
+            tx.add_history(team, DeliveryEvent(message_id, member, now, "reaction", emoji))
+
+        await self.store.transact(fn)
         del status

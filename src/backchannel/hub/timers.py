@@ -252,7 +252,8 @@ class Timers:
         return s
 
     async def cancel_timer(self, team: str, member: str, timer_id: int) -> Timer:
-        """Cancel one of your pending timers."""
+        """Cancel one of your pending timers. A timer cancelled already is answered as it
+        is (a cancel made again when its answer was lost); one that fired is refused."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> Timer:
@@ -263,6 +264,8 @@ class Timers:
                 )
             if job.payload.get("member") != member:
                 raise Forbidden(f"timer {timer_id} belongs to {job.payload.get('member')!r}")
+            if job.state is JobState.CANCELLED:
+                return Timer.of(job)
             if job.state is not JobState.PENDING:
                 raise InvalidRequest(
                     f"timer {timer_id} already {job.state.value}", field="timer_id"
