@@ -16,7 +16,7 @@ import pytest
 
 from backchannel.core import budget as rules
 from backchannel.delivery.tmux import sanitize as tmux_sanitize
-from backchannel.errors import BudgetExhausted, Forbidden
+from backchannel.errors import BudgetExhausted, Conflict, Forbidden
 from backchannel.hub import Hub
 from backchannel.runtimes.common import format_message
 from backchannel.testing import FakeClock, MemoryStore
@@ -526,6 +526,25 @@ async def test_an_extension_lets_exactly_that_many_through(clock: FakeClock) -> 
         assert len(msgs) == 7
         [budget] = await hub.list_budgets("t")
         assert (budget["used"], budget["limit"], budget["spent"]) == (7, 7, True)
+
+
+async def test_an_extension_made_again_under_its_request_id_extends_once(
+    clock: FakeClock,
+) -> None:
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", pair_budget=4)
+        first = await hub.extend_budget("t", "pair:a|b", 3, by_whom="user", request_id="r1")
+        again = await hub.extend_budget("t", "pair:b|a", 3, by_whom="user", request_id="r1")
+        assert (first["limit"], first.get("replayed")) == (7, None)
+        assert (again["limit"], again["replayed"]) == (7, True)
+        with pytest.raises(Conflict, match="request_id 'r1' was already used"):
+            await hub.extend_budget("t", "pair:a|b", 5, by_whom="user", request_id="r1")
+        # the administrator's ids are its own
+        other = await hub.extend_budget("t", "pair:a|b", 3, by_whom="admin", request_id="r1")
+        assert other["limit"] == 10
+        for who in ("a", "b", "user"):
+            got = await hub.receive("t", who, limit=10)
+            assert len([m for m in got if "extended" in m.message.text]) == 2, who
 
 
 async def test_a_spent_pair_resets_when_its_window_passes(clock: FakeClock) -> None:

@@ -350,6 +350,23 @@ async def test_a_reaction_whose_answer_is_lost_counts_once(
     assert reactions == [("a", "👍")]
 
 
+async def test_a_budget_extension_whose_answer_is_lost_extends_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("cut-extend", "a", "b")
+    async with Client(any_proxy.url, tokens["user"]) as user:
+        any_proxy.faults.append(("POST", "/v1/teams/cut-extend/budgets/extend", "cut"))
+        budget = await user.extend_budget("pair:a|b", 3)
+        assert budget.replayed and budget.granted == 3
+        assert [b.granted for b in await user.budgets()] == [3]
+    path = "/v1/teams/cut-extend/budgets/extend"
+    assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]
+    # each side and the human were told once
+    for who in ("a", "b", "user"):
+        told = [m for m in _inbox(any_srv, tokens[who]) if "extended" in m["text"]]
+        assert len(told) == 1, (who, told)
+
+
 async def test_a_token_rotation_whose_answer_is_lost_is_made_again(
     any_srv: Server, any_proxy: Faulty
 ) -> None:

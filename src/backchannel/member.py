@@ -475,9 +475,11 @@ class MemberApi:
     async def budgets(self) -> BudgetList:
         return await _budgets(self.hub, self.team)
 
-    async def extend_budget(self, key: str, by: int) -> Budget:
+    async def extend_budget(self, key: str, by: int, *, request_id: str | None = None) -> Budget:
         """Only the team's human (``user``) may; the hub says so otherwise."""
-        got = await self.hub.extend_budget(self.team, key, by, by_whom=self.name)
+        got = await self.hub.extend_budget(
+            self.team, key, by, by_whom=self.name, request_id=request_id
+        )
         return Budget.model_validate(got)
 
 
@@ -559,8 +561,10 @@ class AdminApi:
         async for item in _watch(self.hub, team, after):
             yield item
 
-    async def extend_budget(self, team: str, key: str, by: int) -> Budget:
-        got = await self.hub.extend_budget(team, key, by, by_whom="admin")
+    async def extend_budget(
+        self, team: str, key: str, by: int, *, request_id: str | None = None
+    ) -> Budget:
+        got = await self.hub.extend_budget(team, key, by, by_whom="admin", request_id=request_id)
         return Budget.model_validate(got)
 
 

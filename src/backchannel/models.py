@@ -304,6 +304,11 @@ class ExtendIn(_Body):
         description="the budget: 'pair:<a>|<b>' or 'chain:<chain_id>'",
     )
     by: int = Field(ge=1, le=1000, description="how many more exchanges (or hops) to let through")
+    request_id: IdField | None = Field(
+        None,
+        description="your id for this extension, for retries: the same id again answers "
+        "the budget as it is (replayed) and extends nothing",
+    )
 
 
 # -- answers --------------------------------------------------------------------------
@@ -749,6 +754,11 @@ class Budget(_Out):
     resets_at: float | None
     last_from: str | None
     updated_at: float | None
+    replayed: bool = Field(
+        False,
+        description="an extension made again under its request_id: the budget as it is, "
+        "extended once",
+    )
 
 
 class BudgetList(_Out):

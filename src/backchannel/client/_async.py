@@ -307,23 +307,31 @@ class Client:
         )
         return got.budgets
 
-    async def extend_budget(self, key: str, by: int, *, team: str | None = None) -> Budget:
+    async def extend_budget(
+        self, key: str, by: int, *, team: str | None = None, request_id: str | None = None
+    ) -> Budget:
         """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
-        through: the team's human or the administrator only."""
+        through: the team's human or the administrator only. Idempotent on
+        ``request_id``: the same id again answers the budget, ``replayed``, and extends
+        nothing. Without one the client picks it, so that an extension whose answer was
+        lost on the way is made again without extending twice."""
         name = await self._team(team)
+        if request_id is None:
+            request_id = new_request_id()
 
         async def local(s: Scope) -> Budget:
             s.need_team(name)
             if s.is_admin:
-                return await s.admin.extend_budget(name, key, by)
-            return await s.member.extend_budget(key, by)
+                return await s.admin.extend_budget(name, key, by, request_id=request_id)
+            return await s.member.extend_budget(key, by, request_id=request_id)
 
         call = Call(
             "POST",
             f"/v1/teams/{_q(name)}/budgets/extend",
             local,
             Budget,
-            {"key": key, "by": by},
+            {"key": key, "by": by, "request_id": request_id},
+            repeatable=True,
         )
         got: Budget = await self._do(call)
         return got

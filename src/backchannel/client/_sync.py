@@ -185,10 +185,13 @@ class SyncClient:
         """The conversation budgets used in ``team`` (yours by default)."""
         return self._run(self._async.budgets(team))
 
-    def extend_budget(self, key: str, by: int, *, team: str | None = None) -> Budget:
+    def extend_budget(
+        self, key: str, by: int, *, team: str | None = None, request_id: str | None = None
+    ) -> Budget:
         """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
-        through: the team's human or the administrator only."""
-        return self._run(self._async.extend_budget(key, by, team=team))
+        through: the team's human or the administrator only (idempotent on
+        ``request_id``, which the client picks when not given)."""
+        return self._run(self._async.extend_budget(key, by, team=team, request_id=request_id))
 
     def team_events(self, team: str | None = None, *, after: int = 0) -> Iterator[Traffic]:
         """The team's live traffic (sends, leases, acks, dead letters) from cursor

@@ -12,12 +12,19 @@ blocks) catch the refusal and tell the sender with a ``system`` notice instead.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backchannel.core import budget as rules
 from backchannel.core import messages, notices, turns
-from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, UnknownTeam
+from backchannel.errors import (
+    BudgetExhausted,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    UnknownTeam,
+)
 from backchannel.hub.context import Ctx, Env
 from backchannel.hub.links import Links
 from backchannel.hub.pipeline import Pipeline, Send
@@ -434,9 +441,19 @@ class Budgets:
 
         return await self.store.read(fn)
 
-    async def extend_budget(self, team: str, key: str, by: int, *, by_whom: str) -> dict[str, Any]:
+    async def extend_budget(
+        self, team: str, key: str, by: int, *, by_whom: str, request_id: str | None = None
+    ) -> dict[str, Any]:
         """Let exactly ``by`` more exchanges (``pair:a|b``) or hops (``chain:<id>``)
-        through. Only the team's human or an administrator (``by_whom="admin"``) may."""
+        through. Only the team's human or an administrator (``by_whom="admin"``) may.
+
+        Idempotent on ``request_id`` (the caller's): the same id again answers the budget
+        as it is now, ``replayed``, and extends nothing (an extension made again when its
+        answer was lost). The notices an extension sends carry ids made from it, and the
+        human's notice is how the hub knows the extension was made; another extension
+        under the same id is a conflict."""
+        if request_id is not None:
+            messages.check_message_id(request_id, "request_id")
         if not isinstance(by, int) or isinstance(by, bool) or not 1 <= by <= rules.MAX_EXTEND:
             raise InvalidRequest(
                 f"by must be a whole number from 1 to {rules.MAX_EXTEND}", field="by"
@@ -469,6 +486,20 @@ class Budgets:
                     )
             lim = rules.limits(t.settings)
             record = tx.get_budget(team, key)
+            if request_id is not None:
+                done = tx.get_message(team, _notice_id(by_whom, request_id, USER))
+                if done is not None:  # this extension, made again: its answer was lost
+                    if (done.meta.get("key"), done.meta.get("extended_by")) != (key, by):
+                        raise Conflict(
+                            f"request_id {request_id!r} was already used to extend "
+                            f"{done.meta.get('key')} by {done.meta.get('extended_by')}; "
+                            "pick a new request_id for each extension"
+                        )
+                    if scope == rules.Scope.PAIR.value:
+                        record = rules.current_pair(record, team, key, now, lim)
+                    elif record is None:
+                        record = rules.fresh(team, key, now)
+                    return {**rules.budget_json(record, lim, now), "replayed": True}
             if scope == rules.Scope.PAIR.value:
                 for name in rules.key_members(key):
                     if tx.get_member(team, name) is None:
@@ -496,8 +527,19 @@ class Budgets:
                         team, who, text, now, summary=f"budget {key} extended by {by}",
                         meta={"budget": scope, "key": key, "extended_by": by},
                         chain=chain if who != USER else None,
+                        message_id=(
+                            None if request_id is None
+                            else _notice_id(by_whom, request_id, who)
+                        ),
                     )  # fmt: skip
                     self.pipeline.insert(c, msg, None)
             return out
 
         return await self.env.transact(fn)
+
+
+def _notice_id(by_whom: str, request_id: str, to: str) -> str:
+    """The id of the notice to ``to`` of the extension ``by_whom`` made under
+    ``request_id``: the same for the same three, so the extension made again finds it."""
+    digest = hashlib.sha256(f"{by_whom}\0{request_id}\0{to}".encode()).hexdigest()
+    return f"budget_{digest[:48]}"

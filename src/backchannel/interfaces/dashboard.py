@@ -561,7 +561,9 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         """Extend a spent conversation budget: the admin or the team's own ``user``."""
         await need_team(who, team)
         by_whom = "admin" if who.member is None else who.member.name
-        return await hub.extend_budget(team, body.key, body.by, by_whom=by_whom)
+        return await hub.extend_budget(
+            team, body.key, body.by, by_whom=by_whom, request_id=body.request_id
+        )
 
     @router.post("/teams/{team}/messages", status_code=201, responses=SENT)
     async def compose(team: TeamName, body: ComposeIn, who: Auth) -> JSONResponse:

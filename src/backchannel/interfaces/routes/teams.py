@@ -121,8 +121,12 @@ async def extend_budget(team: TeamName, body: ExtendIn, who: Auth, request: Requ
     who.need_team(team)
     hub = hub_of(request)
     if who.member is None:
-        return await AdminApi(hub).extend_budget(team, body.key, body.by)
-    return await MemberApi(hub, who.member).extend_budget(body.key, body.by)
+        return await AdminApi(hub).extend_budget(
+            team, body.key, body.by, request_id=body.request_id
+        )
+    return await MemberApi(hub, who.member).extend_budget(
+        body.key, body.by, request_id=body.request_id
+    )
 
 
 @router.get("/v1/teams/{team}/events", response_class=EventStream, responses=SSE_EVENT)
