@@ -320,3 +320,27 @@ async def _team_on_store(db: Path) -> str:
 async def _inbox_on_store(db: Path) -> list[str]:
     async with Hub(SqliteStore(db)) as hub:
         return [g.message.text for g in await hub.receive("lines", "b")]
+
+
+async def test_set_timer_takes_the_range_of_every_other_way_to_set_one(
+    srv: Server, errlog: TextIO
+) -> None:
+    # the MCP tool, HTTP and the hub hold a timer to one range: 1 second to 30 days
+    tokens = make_team(srv, "timer-range", "a")
+    with srv.client(tokens["a"]) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+        http = c.get("/openapi.json").json()["components"]["schemas"]["TimerIn"]
+    async with connect("http", srv, tokens["a"], "a-1", errlog) as s:
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        minutes = listed["set_timer"].input_schema["properties"]["minutes"]
+        assert (minutes["minimum"], minutes["maximum"]) == (
+            http["properties"]["minutes"]["minimum"],
+            http["properties"]["minutes"]["maximum"],
+        )
+        # 20 days, past the 7 the tool used to stop at
+        _, data = await ok(s, "set_timer", intent="anchor", minutes=20 * 24 * 60, note="n")
+        assert data["due_in"] == pytest.approx(20 * 24 * 3600, abs=60)
+        for bad in (0.001, 30 * 24 * 60 + 1):
+            assert "invalid argument 'minutes'" in await fails(
+                s, "set_timer", intent="anchor", minutes=bad, note="n"
+            )

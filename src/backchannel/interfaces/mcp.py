@@ -34,6 +34,8 @@ from backchannel import __version__
 from backchannel.client import Client
 from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
+from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
+from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
 from backchannel.interfaces.strict import REFUSED, parse_json
@@ -114,11 +116,13 @@ class TimerArgs(_Args):
         description="anchor: bring you back to your own task; check: look at a peer's state "
         "(needs target); wait: tell you whether a peer replied (needs target)."
     )
+    # the hub's range, as HTTP takes it (1 second to 30 days)
     minutes: float = Field(
         DEFAULT_ANCHOR_MINUTES,
-        gt=0,
-        le=10_080,
-        description=f"Due in this many minutes ({DEFAULT_ANCHOR_MINUTES} if not given).",
+        ge=MIN_TIMER_SECONDS / 60,
+        le=MAX_TIMER_SECONDS / 60,
+        description=f"Due in this many minutes ({DEFAULT_ANCHOR_MINUTES} if not given; "
+        f"up to {MAX_TIMER_SECONDS // 86_400} days).",
     )
     note: str = Field(
         min_length=1, max_length=2000, description="The breadcrumb you will read when it fires."
