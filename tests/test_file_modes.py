@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +17,13 @@ import pytest
 from backchannel.config import admin_token
 from backchannel.delivery.claude_inbox import InboxWatcher, InboxWriter
 from backchannel.delivery.stdin import StdinAgent
-from backchannel.errors import StoreError
+from backchannel.errors import InvalidRequest, StoreError
 from backchannel.files import write_atomic
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import eventually
-from tests.conftest import Server, start_server
+from tests.conftest import BIN, Server, start_server
+from tests.peers import Peer, QuietHandler
 
 
 def _mode(path: Path) -> int:
@@ -284,3 +287,103 @@ async def test_with_umask_000_a_stdin_agents_output_file_and_its_parents_are_pri
     made = _made_below(tmp_path)
     assert "logs/agents/lead.log" in made
     assert made == _private(made, tmp_path)
+
+
+# -- the admin token's file ---------------------------------------------------------
+
+
+class _Recorder(Peer):
+    """A stand-in hub that records the Authorization header of each request."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        outer = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                outer.seen.append(self.headers.get("authorization", ""))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                body = b'{"teams": []}'
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.serve(Handler)
+
+
+def _data_dir(tmp_path: Path, url: str) -> Path:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    write_atomic(
+        home / "server.json",
+        json.dumps({"url": url, "pid": os.getpid(), "store": "memory://"}),
+        mode=0o600,
+    )
+    return home
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    return subprocess.run(
+        [str(BIN), *args],
+        env={**env, "BACKCHANNEL_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_sends_no_token_a_symlink_in_the_data_directory_points_at(
+    tmp_path: Path,
+) -> None:
+    # whoever could write the data directory (one under /tmp, made by someone else)
+    # could link admin.token to any file the user can read and server.json to their own
+    # address: the CLI would send that file's first line as its bearer token
+    secret = tmp_path / "secret"
+    secret.write_text("the user's secret\n")
+    secret.chmod(0o600)
+    peer = _Recorder()
+    try:
+        home = _data_dir(tmp_path, peer.url)
+        (home / "admin.token").symlink_to(secret)
+        r = _cli(home, "team", "list")
+    finally:
+        peer.close()
+    assert peer.seen == []
+    assert r.returncode == 1
+    assert "admin.token" in r.stderr and "symbolic link" in r.stderr, r.stderr
+    assert "BACKCHANNEL_TOKEN" in r.stderr
+
+
+def test_the_cli_refuses_an_admin_token_others_may_read(tmp_path: Path) -> None:
+    peer = _Recorder()
+    try:
+        home = _data_dir(tmp_path, peer.url)
+        (home / "admin.token").write_text("bca_exposed\n")
+        (home / "admin.token").chmod(0o644)
+        r = _cli(home, "team", "list")
+        assert peer.seen == []
+        assert r.returncode == 1
+        assert "others may read" in r.stderr and "chmod 600" in r.stderr, r.stderr
+        (home / "admin.token").chmod(0o600)
+        r = _cli(home, "team", "list")
+        assert r.returncode == 0, r.stderr
+        assert peer.seen == ["Bearer bca_exposed"]
+    finally:
+        peer.close()
+
+
+def test_serve_neither_follows_nor_narrows_an_admin_token_symlink(tmp_path: Path) -> None:
+    # as root, serve on such a directory narrowed the target (say /etc/passwd) to 0600
+    # and took its first line as the admin token
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    elsewhere.chmod(0o644)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "admin.token").symlink_to(elsewhere)
+    with pytest.raises(InvalidRequest, match="symbolic link"):
+        admin_token(home)
+    assert _mode(elsewhere) == 0o644
+    assert elsewhere.read_text() == "root:x:0:0:root:/root:/bin/bash\n"

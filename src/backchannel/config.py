@@ -89,34 +89,77 @@ def _hubs_own(path: Path) -> bool:
 
 
 def private_file(path: Path) -> None:
-    """Narrow an existing file to 0600 (nothing if it is not there)."""
+    """Narrow an existing file to 0600 (nothing if it is not there). A symbolic link is
+    left alone: what it points at is not the hub's (the hub's writes replace the link)."""
     with contextlib.suppress(FileNotFoundError):
-        if stat.S_IMODE(path.stat().st_mode) != FILE_MODE:
+        st = path.lstat()
+        if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != FILE_MODE:
             path.chmod(FILE_MODE)
 
 
 def admin_token(data_dir: Path, *, create: bool = True) -> str | None:
     """The admin token. With ``create`` (what ``serve`` does at start) the data directory
     is made private first (0700, its files 0600) and the token is created (0600) if it
-    is not there yet."""
+    is not there yet. The token's file must be a file of its own in the directory, not
+    a symbolic link; read without ``create`` (a command of the CLI, which sends it to
+    the address ``server.json`` names) it must be the user's and open to no one else."""
     path = data_dir / ADMIN_TOKEN_FILE
     if create:
         private_dir(data_dir)
-        for name in (ADMIN_TOKEN_FILE, SERVER_FILE):
-            private_file(data_dir / name)
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        if not create:
-            return None
+        private_file(data_dir / SERVER_FILE)
+    token = _read_token(path, narrow=create)
+    if token is not None or not create:
+        return token
     token = "bca_" + secrets.token_urlsafe(32)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:  # another process won the race; use its token
-        return path.read_text().strip()
+        return _read_token(path, narrow=create)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
+
+
+def _read_token(path: Path, *, narrow: bool) -> str | None:
+    """The token in ``path`` (None: no such file), read without following a symbolic
+    link. ``narrow``: a file open to others is narrowed to 0600 (``serve``); else it is
+    refused, and so is a file of another user."""
+    way_out = (
+        "or remove it and `serve` makes a new token"
+        if narrow
+        else "or set BACKCHANNEL_TOKEN to the admin token instead"
+    )
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if path.is_symlink():
+            raise InvalidRequest(
+                f"{path} is a symbolic link (to {os.readlink(path)}); the admin token is "
+                f"read only from a file of its own there: put the token in it, {way_out}"
+            ) from None
+        raise InvalidRequest(f"cannot read {path}: {exc.strerror or exc}; {way_out}") from None
+    with os.fdopen(fd, "r") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidRequest(f"{path} is not a regular file; {way_out}")
+        mode = stat.S_IMODE(st.st_mode)
+        if not narrow and st.st_uid != os.geteuid():
+            raise InvalidRequest(
+                f"{path} belongs to another user (uid {st.st_uid}); the admin token is "
+                f"read only from your own file: {way_out}"
+            )
+        if mode & 0o077:
+            if not narrow:
+                raise InvalidRequest(
+                    f"{path} is open to other users (mode {mode:04o}): others may read the "
+                    f"admin token. chmod 600 it (`serve` narrows it when it starts), "
+                    f"{way_out}"
+                )
+            os.fchmod(f.fileno(), FILE_MODE)
+        return f.read().strip()
 
 
 def write_server_info(data_dir: Path, url: str, store_url: str) -> None:

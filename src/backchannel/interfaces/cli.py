@@ -132,7 +132,11 @@ _admin_token_file: Path | None = None
 def file_admin_token(data_dir: Path) -> str | None:
     """The admin token in ``data_dir``, remembered as this command's (see :func:`_run`)."""
     global _admin_token_file
-    token = config.admin_token(data_dir, create=False)
+    try:
+        token = config.admin_token(data_dir, create=False)
+    except BackchannelError as exc:
+        _fail(exc.message)
+        raise
     _admin_token_file = data_dir / config.ADMIN_TOKEN_FILE if token is not None else None
     return token
 
