@@ -4,6 +4,8 @@ is lost), or answers 503 or 429 itself (a hub restarting behind it, a rate limit
 
 from __future__ import annotations
 
+import asyncio
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,7 @@ import httpx
 import pytest
 
 from backchannel import Client
-from backchannel.errors import PeerError
+from backchannel.errors import InvalidRequest, PeerError
 from tests.conftest import Server, start_server
 from tests.peers import Peer, QuietHandler
 
@@ -21,12 +23,14 @@ class Faulty(Peer):
     """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``, and
     optionally a text the request's body must hold) is used once, by the first request
     it matches: ``cut`` passes the request on and closes the connection instead of
-    relaying the answer; ``503``/``429`` answer that status with ``Retry-After: 1``
+    relaying the answer; ``hold`` waits for
+    :attr:`release` before passing the request on; ``503``/``429`` answer that status with ``Retry-After: 1``
     without passing the request on."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
         self.seen: list[tuple[str, str, str]] = []  # method, path, what was done
+        self.release = threading.Event()  # ends a ``hold``
         lock = threading.Lock()
         outer = self
 
@@ -51,6 +55,8 @@ class Faulty(Peer):
                         outer.faults.remove(fault)
                 what = fault[2] if fault else "pass"
                 outer.seen.append((self.command, path, what))
+                if what == "hold":  # the hub's answer waits for the test to release it
+                    outer.release.wait(60)
                 if what in ("503", "429"):
                     self.send_response(int(what))
                     self.send_header("Retry-After", "1")
@@ -187,6 +193,44 @@ async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_loses_nothing(
         await got[0].ack()
         assert await b.receive(wait=0) == []
     assert [w for m, p, w in proxy.seen if p == "/v1/inbox"][:2] == ["cut", "pass"]
+
+
+async def test_a_call_waits_for_its_answer_no_longer_than_the_clients_timeout(
+    srv: Server, proxy: Faulty
+) -> None:
+    # the client's ``timeout`` was set on its HTTP client and then replaced by 30 s on
+    # every call: a caller that asked for 1 s waited 30
+    tokens = srv.team("slow", "a")
+    proxy.faults.append(("GET", "/v1/inbox/pending", "hold"))
+    try:
+        async with Client(proxy.url, tokens["a"], timeout=1, retry_within=0) as a:
+            with pytest.raises(PeerError, match="cannot reach the hub"):
+                await asyncio.wait_for(a.pending(), 15)
+    finally:
+        proxy.release.set()
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan])
+def test_a_timeout_that_is_no_time_is_refused_naming_it(bad: float) -> None:
+    with pytest.raises(InvalidRequest, match="timeout must be a number of seconds above 0"):
+        Client("http://127.0.0.1:9", "bc_x", timeout=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan])
+def test_a_retry_time_that_is_no_time_is_refused_naming_it(bad: float) -> None:
+    # NaN compared false with every deadline: a hub that was down was called forever
+    with pytest.raises(InvalidRequest, match="retry_within must be a number of seconds"):
+        Client("http://127.0.0.1:9", "bc_x", retry_within=bad)
+
+
+async def test_a_receive_asked_to_wait_nan_seconds_is_answered_by_the_hub(
+    srv: Server,
+) -> None:
+    # the client added NaN to its own timeout and raised a bare ValueError before asking
+    tokens = srv.team("nan-wait", "a")
+    async with Client(srv.url, tokens["a"]) as a:
+        with pytest.raises(InvalidRequest, match="wait"):
+            await a.receive(wait=math.nan)
 
 
 # -- calls made again under their id, on every store ---------------------------------

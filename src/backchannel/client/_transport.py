@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -177,6 +178,13 @@ RETRY_WITHIN = 10.0
 RETRY_PAUSE_MAX = 2.0
 
 
+def _seconds(value: object, *, infinite: bool = False) -> bool:
+    """``value`` is a number of seconds (not a bool, not NaN; infinite if allowed)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return False
+    return infinite or math.isfinite(value)
+
+
 def _retry_after(resp: httpx.Response) -> float | None:
     """The pause a 503, or a 429 that says how long to wait, asks for (a 429 without
     ``Retry-After`` is the hub's budget or quota: trying again changes nothing)."""
@@ -200,7 +208,10 @@ class HttpTransport(Transport):
     request went out (the hub may have done it: a send then answers ``replayed``, never a
     second message) and on a 503 or a 429 with ``Retry-After`` (after that pause). Any
     other call whose answer was lost raises :class:`PeerError`: made twice it could do
-    twice what it did (a budget extended twice, a token rotated twice)."""
+    twice what it did (a member added twice, a removal answered 404).
+
+    ``timeout`` (seconds, above 0) is how long one try waits for the hub's answer, past
+    the ``wait`` a long-poll asks for; connecting waits 5 s at most."""
 
     def __init__(
         self,
@@ -211,13 +222,26 @@ class HttpTransport(Transport):
         retry_within: float = RETRY_WITHIN,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if not _seconds(timeout) or timeout <= 0:
+            raise errors.InvalidRequest(
+                f"timeout must be a number of seconds above 0 (how long a call waits for "
+                f"the hub's answer, past any wait it asks for), not {timeout!r}",
+                field="timeout",
+            )
+        if not _seconds(retry_within, infinite=True) or retry_within < 0:
+            raise errors.InvalidRequest(
+                f"retry_within must be a number of seconds from 0 (how long a call is "
+                f"made again while the way to the hub fails), not {retry_within!r}",
+                field="retry_within",
+            )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.retry_within = retry_within
+        self.timeout = float(timeout)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
-            timeout=httpx.Timeout(timeout, connect=5.0),
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
             transport=transport,
         )
 
@@ -238,7 +262,11 @@ class HttpTransport(Transport):
         )
 
     async def call(self, call: Call[R]) -> R:
-        timeout = httpx.Timeout(call.wait + 30.0, connect=5.0)
+        # a long-poll holds its answer for up to ``wait``: the hub checks the value, and
+        # one that is no time (NaN, negative) adds none here so that the hub's refusal
+        # comes back
+        held = call.wait if _seconds(call.wait) and call.wait > 0 else 0.0
+        timeout = httpx.Timeout(held + self.timeout, connect=min(self.timeout, 5.0))
         headers = {"Authorization": f"Bearer {call.token}"} if call.token else None
         # a GET reads (a receive leases: made again, what the lost answer held comes
         # back after its lease, late but once)
