@@ -23,9 +23,9 @@ class Faulty(Peer):
     """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``, and
     optionally a text the request's body must hold) is used once, by the first request
     it matches: ``cut`` passes the request on and closes the connection instead of
-    relaying the answer; ``hold`` waits for
-    :attr:`release` before passing the request on; ``503``/``429`` answer that status with ``Retry-After: 1``
-    without passing the request on."""
+    relaying the answer (``half``: after half its body); ``hold`` waits for
+    :attr:`release` before passing the request on; ``503``/``429`` answer that status
+    with ``Retry-After: 1`` without passing the request on."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
@@ -74,6 +74,15 @@ class Faulty(Peer):
                 if what == "cut":
                     self.close_connection = True
                     return  # no status line: the client sees the connection closed
+                if what == "half":  # the status, the headers and half the body
+                    self.close_connection = True
+                    self.send_response(r.status_code)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(r.content)))
+                    self.end_headers()
+                    self.wfile.write(r.content[: len(r.content) // 2])
+                    self.wfile.flush()
+                    return
                 self.send_response(r.status_code)
                 for k, v in r.headers.items():
                     if k.lower() in ("content-type", "retry-after"):
@@ -193,6 +202,30 @@ async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_loses_nothing(
         await got[0].ack()
         assert await b.receive(wait=0) == []
     assert [w for m, p, w in proxy.seen if p == "/v1/inbox"][:2] == ["cut", "pass"]
+
+
+@pytest.mark.parametrize("path", ["/v1/inbox", "/v1/inbox/receive"])
+async def test_a_long_poll_cut_mid_body_loses_nothing_and_hands_nothing_twice(
+    srv: Server, proxy: Faulty, path: str
+) -> None:
+    # the answer's head and half its messages came through, then the connection broke:
+    # the client reads nothing of it, polls again and gets each message once, late
+    tokens = srv.team(f"half{path.replace('/', '-')}", "a", "b")
+    method = "GET" if path == "/v1/inbox" else "POST"
+    proxy.faults.append((method, path, "half"))
+    async with Client(proxy.url, tokens["a"]) as a, Client(proxy.url, tokens["b"]) as b:
+        sent = [(await a.send("b", f"part {i}")).message_id for i in range(3)]
+        got: list[str] = []
+        while len(got) < 3:
+            if method == "GET":
+                batch = await b.receive(limit=10, wait=10, lease=1)
+            else:
+                batch = (await b.ack_and_receive(got, limit=10, wait=10, lease=1)).messages
+            got += [m.message_id for m in batch]
+        await b.ack(got)
+        assert sorted(got) == sorted(sent)
+        assert await b.receive(wait=0) == []
+    assert [w for m, p, w in proxy.seen if p == path][:2] == ["half", "pass"]
 
 
 async def test_a_call_waits_for_its_answer_no_longer_than_the_clients_timeout(
