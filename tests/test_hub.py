@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from backchannel.errors import (
     UnknownTeam,
 )
 from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock
 from backchannel.types import DeliveryState, MemberKind, MessageKind
 
@@ -306,3 +308,32 @@ async def test_an_adapter_gives_up_on_a_copy(hub: Hub) -> None:
     )
     [notice] = await hub.receive("alpha", "a")
     assert "webhook answered 404" in notice.message.text
+
+
+@pytest.mark.parametrize(
+    ("what", "value", "field"),
+    [
+        ("lease_seconds", float("nan"), "lease_seconds"),
+        ("lease_seconds", 1e300, "lease_seconds"),
+        ("lease_seconds", True, "lease_seconds"),
+        ("wait", float("nan"), "wait"),
+        ("wait", True, "wait"),
+        ("limit", 1.5, "limit"),
+        ("limit", True, "limit"),
+    ],
+)
+async def test_a_receive_given_no_number_of_its_range_is_refused_naming_it(
+    tmp_path: Path, clock: FakeClock, what: str, value: object, field: str
+) -> None:
+    # on SQLite a NaN lease was stored as no lease end: the message was leased to the
+    # caller for ever, never handed out again and never a dead letter; a NaN wait waited
+    # for ever; a limit of 1.5 failed as "duplicate key"
+    async with Hub(SqliteStore(tmp_path / "hub.db"), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b")
+        await hub.send("alpha", "a", "b", "hello")
+        with pytest.raises(InvalidRequest) as exc:
+            await asyncio.wait_for(hub.receive("alpha", "b", **{what: value}), 10)
+        assert exc.value.details.get("field") == field
+        with pytest.raises(InvalidRequest):
+            await asyncio.wait_for(hub.receive("alpha", "b", ack=[], **{what: value}), 10)
+        assert [m.message.text for m in await hub.receive("alpha", "b")] == ["hello"]

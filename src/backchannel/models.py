@@ -26,6 +26,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from backchannel.core.budget import MAX_HOP
+from backchannel.core.messages import MAX_LEASE, MAX_LIMIT, MAX_WAIT
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
 from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN, SESSION_PATTERN, MemberKind
@@ -144,10 +145,10 @@ class ReceiveIn(_Body):
             "acked in the same transaction as the first lease, before any wait"
         ),
     )
-    limit: int = Field(10, ge=1, le=1000)
-    wait: float = Field(0, ge=0, le=3600, description="seconds to wait for the first")
+    limit: int = Field(10, ge=1, le=MAX_LIMIT)
+    wait: float = Field(0, ge=0, le=MAX_WAIT, description="seconds to wait for the first")
     session: SessionField | None = None
-    lease: float | None = Field(None, gt=0, le=86400)
+    lease: float | None = Field(None, gt=0, le=MAX_LEASE)
     pinned_only: bool = False
 
 

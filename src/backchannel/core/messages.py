@@ -67,6 +67,11 @@ def check_message_id(message_id: str, field: str = "message_id") -> str:
     return message_id
 
 
+#: A receive's bounds: messages in one answer, seconds it waits for the first, seconds a
+#: lease a caller asks for may last (the hub's and the HTTP API's).
+MAX_LIMIT = 1000
+MAX_WAIT = 3600
+MAX_LEASE = 86_400
 #: The longest message id (``MESSAGE_ID_PATTERN``).
 MAX_MESSAGE_ID = 128
 #: The longest session id (``SESSION_PATTERN``).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
@@ -110,8 +111,8 @@ class Hub:
         retention_seconds: float | None = DEFAULT_RETENTION,
         callbacks: CallbackConfig | None = None,
     ) -> None:
-        if lease_seconds <= 0:
-            raise InvalidRequest("lease_seconds must be positive")
+        if not lease_seconds > 0 or not math.isfinite(lease_seconds):  # NaN: not > 0
+            raise InvalidRequest("lease_seconds must be a number of seconds above 0")
         if max_attempts < 1:
             raise InvalidRequest("max_attempts must be at least 1")
         if retention_seconds is not None and retention_seconds <= 0:

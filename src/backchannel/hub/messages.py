@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -67,6 +68,15 @@ def new_message_id() -> str:
     rows land at the end of the indexes instead of all over them, which keeps commits
     small, and no system call is needed per id."""
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+def _number(value: object, *, whole: bool = False) -> bool:
+    """``value`` is a number (an int if ``whole``), not a bool, not NaN."""
+    if isinstance(value, bool):
+        return False
+    if whole:
+        return isinstance(value, int)
+    return isinstance(value, int | float) and not math.isnan(value)
 
 
 def new_request_id() -> str:
@@ -399,13 +409,24 @@ class Messages:
         done again when the wait ends; a receive that fails (a bad session) acks
         nothing."""
         limit = self.config.default_limit if limit is None else limit
-        if not 1 <= limit <= 1000:
-            raise InvalidRequest("limit must be between 1 and 1000", field="limit")
-        if wait < 0 or wait > 3600:
-            raise InvalidRequest("wait must be between 0 and 3600 seconds", field="wait")
+        # not NaN (which no comparison refuses: a NaN lease was stored as no lease end,
+        # and the message was the caller's for ever), not a bool, a whole limit
+        if not _number(limit, whole=True) or not 1 <= limit <= rules.MAX_LIMIT:
+            raise InvalidRequest(
+                f"limit must be a whole number between 1 and {rules.MAX_LIMIT}", field="limit"
+            )
+        if not _number(wait) or not 0 <= wait <= rules.MAX_WAIT:
+            raise InvalidRequest(
+                f"wait must be between 0 and {rules.MAX_WAIT} seconds", field="wait"
+            )
+        if lease_seconds is not None and (
+            not _number(lease_seconds) or not 0 < lease_seconds <= rules.MAX_LEASE
+        ):
+            raise InvalidRequest(
+                f"lease_seconds must be above 0 and at most {rules.MAX_LEASE}",
+                field="lease_seconds",
+            )
         lease = self.config.lease_seconds if lease_seconds is None else lease_seconds
-        if lease <= 0:
-            raise InvalidRequest("lease_seconds must be positive", field="lease_seconds")
         ids = ack_ids(ack, "ack")
         acked = NOTHING_ACKED
 

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backchannel.core.messages import MAX_LEASE, MAX_LIMIT, MAX_WAIT
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.routes.deps import AsMember, hub_of, principal, revoked
 from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
@@ -98,10 +99,12 @@ async def given_back(api: MemberApi, got: Sequence[Received]) -> None:
 async def inbox(
     api: AsMember,
     request: Request,
-    wait: Annotated[float, Query(ge=0, le=3600, description="seconds to wait for the first")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT, description="seconds to wait for the first")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 10,
     session: SessionQuery = None,
-    lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    lease: Annotated[float | None, Query(gt=0, le=MAX_LEASE)] = None,
     pinned_only: bool = False,
 ) -> Inbox:
     """Lease up to ``limit`` messages, waiting up to ``wait`` seconds for the first;
@@ -118,10 +121,10 @@ class _InboxQuery(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    wait: float = Field(0, ge=0, le=3600)
-    limit: int = Field(10, ge=1, le=1000)
+    wait: float = Field(0, ge=0, le=MAX_WAIT)
+    limit: int = Field(10, ge=1, le=MAX_LIMIT)
     session: str | None = Field(None, pattern=SESSION_PATTERN)
-    lease: float | None = Field(None, gt=0, le=86400)
+    lease: float | None = Field(None, gt=0, le=MAX_LEASE)
     pinned_only: bool = False
 
 
