@@ -529,20 +529,28 @@ async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path:
 
 
 def _through_cuts(ctx: ScriptContext) -> object:
-    """Sets an anchor and delegates, then ends the turn with a block to the peer."""
+    """Sets an anchor and delegates, cancels the anchor, then ends the turn with a block
+    to the peer."""
     if ctx.step == 0:
         return use(
             call("set_timer", intent="anchor", note="the report"),
             call("delegate", to="peer", task="count the lines"),
         )
+    if ctx.step == 1:
+        timer = next(r.text for r in ctx.results if r.text.startswith("timer "))
+        return use(call("cancel_timer", id=int(timer.split()[1])))
+    _cancels_told.append(ctx.result())
     return say('done <message to="peer">ship it</message>')
+
+
+_cancels_told: list[str] = []  # what the cancel_timer tool told the model
 
 
 async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
     tmp_path: Path,
 ) -> None:
-    """The answers of the session's open, its turn's start and end, a timer's set and a
-    delegation are lost after the hub did them (the SDK does not try again here): the
+    """The answers of the session's open, its turn's start and end, a timer's set and
+    cancel and a delegation are lost after the hub did them (the SDK does not try again here): the
     runner makes each again under the same id, the session goes on, and the hub did
     each once (one turn, one timer, one delegation, the closing block sent once)."""
     from tests.test_sdk_faults import Faulty
@@ -561,6 +569,7 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
         ("POST", events, "cut", "turn_start"),
         ("POST", "/v1/timers", "cut"),
         ("POST", "/v1/delegations", "cut"),
+        ("DELETE", "/v1/timers/", "cut"),
         ("POST", events, "cut", "agent_stop"),
     ]
     try:
@@ -585,8 +594,10 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
         async with Client(srv.url, tokens["worker"]) as w:
             assert [s.session_id for s in await w.list_sessions("worker")] == ["worker-main"]
             assert (await w.session("worker-main")).turn == 1
-            assert len(await w.timers(all=True)) == 1
+            [timer] = await w.timers(all=True)
+            assert timer.state == "cancelled", timer
             assert len(await w.delegations()) == 1
+        assert _cancels_told == [f"timer {timer.timer_id} cancelled"], _cancels_told
         with srv.client(tokens["peer"]) as c:
             got = c.get("/v1/inbox", params={"limit": 50}).json()["messages"]
         assert [m["text"] for m in got if m["from"] == "worker"] == ["ship it"]

@@ -20,8 +20,9 @@ from tests.peers import Peer, QuietHandler
 
 
 class Faulty(Peer):
-    """An HTTP proxy to the hub. Each fault (``method``, ``path``, ``what``, and
-    optionally a text the request's body must hold) is used once, by the first request
+    """An HTTP proxy to the hub. Each fault (``method``, ``path`` (ending in ``/``: any
+    path below it), ``what``, and optionally a text the request's body must hold) is used
+    once, by the first request
     it matches: ``cut`` passes the request on and closes the connection instead of
     relaying the answer (``half``: after half its body); ``hold`` waits for
     :attr:`release` before passing the request on; ``503``/``429`` answer that status
@@ -46,7 +47,7 @@ class Faulty(Peer):
                             f
                             for f in outer.faults
                             if f[0] == self.command
-                            and f[1] == path
+                            and (f[1] == path or (f[1].endswith("/") and path.startswith(f[1])))
                             and (len(f) < 4 or f[3].encode() in body)
                         ),
                         None,

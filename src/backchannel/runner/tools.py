@@ -197,11 +197,13 @@ async def set_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 
 
 async def cancel_timer(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    """A cancel made again while the hub is away: the hub answers a timer cancelled
+    already as it is, so a model is never told a cancel the hub did had failed."""
     tid = _num(args, "id")
     if tid is None:
         raise ToolFailed("argument 'id' is required")
-    await ctx.client.cancel_timer(int(tid))
-    return f"timer {int(tid)} cancelled"
+    t = await ctx.again(lambda: ctx.client.cancel_timer(int(tid)))
+    return f"timer {t.timer_id} cancelled"
 
 
 async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
