@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BIN, Server
 
 
@@ -366,3 +368,26 @@ def test_a_command_gives_up_on_a_hub_that_breaks_every_connection_within_a_secon
     # tried again (the answer was lost, the send carries its id), but not for ten seconds:
     # pauses of 0.2 s doubling make 3 tries in one second and 8 in ten
     assert 2 <= len(accepted) <= 4, accepted
+
+
+def test_a_hub_url_in_capitals_or_with_a_query_is_read_as_written_or_named(
+    tmp_path: Path,
+) -> None:
+    # a URL's scheme is case-insensitive (RFC 3986); a query, a fragment or a user and
+    # password in the hub's URL has no place there and would be sent mangled
+    from backchannel.client import Client
+    from backchannel.errors import InvalidRequest
+
+    assert Client("HTTP://127.0.0.1:8765/").hub_url == "http://127.0.0.1:8765"
+    assert Client("Https://hub.example:443/team/").hub_url == "https://hub.example:443/team"
+    for url, part in [
+        ("http://127.0.0.1:8765/?team=a", "a query"),
+        ("http://127.0.0.1:8765/#x", "a fragment"),
+        ("http://me:pw@127.0.0.1:8765", "a user name or password"),
+    ]:
+        with pytest.raises(InvalidRequest, match=part) as refused:
+            Client(url)
+        assert "pw" not in refused.value.message
+    r = run("status", env={"BACKCHANNEL_URL": "HTTP://127.0.0.1:9"}, cwd=tmp_path)
+    assert "cannot tell where" not in r.stderr, r.stderr
+    assert "hub: http://127.0.0.1:9" in r.stdout, r.stdout

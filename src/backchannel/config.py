@@ -192,6 +192,39 @@ def clear_server_info(data_dir: Path) -> None:
             (data_dir / SERVER_FILE).unlink()
 
 
+def hub_http_url(url: str) -> str | None:
+    """A running hub's ``url`` as the clients use it (the scheme in lower case, as RFC
+    3986 reads it, and no trailing slash); None when ``url`` is not ``http(s)://``.
+    Raises ``InvalidRequest`` for a query, a fragment or a user and password: each would
+    be sent mangled (the paths go after the query) or where it does not belong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    parts = urlsplit(f"{scheme.lower()}://{rest}")
+    extra = next(
+        (
+            what
+            for what, there in (
+                ("a query", parts.query or url.endswith("?")),
+                ("a fragment", parts.fragment or "#" in url),
+                ("a user name or password", "@" in parts.netloc),
+            )
+            if there
+        ),
+        None,
+    )
+    if extra is not None:
+        bare = urlunsplit(
+            parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="")
+        )
+        raise InvalidRequest(
+            f"the hub's URL {redact_url(url)!r} holds {extra}, which has no place there: "
+            f"give {bare.rstrip('/')!r} (with a path prefix when the hub is served below one), "
+            "and the member's token in BACKCHANNEL_TOKEN"
+        )
+    return urlunsplit(parts).rstrip("/")
+
+
 def redact_url(url: str) -> str:
     """``url`` with any password replaced by ``***``."""
     parts = urlsplit(url)

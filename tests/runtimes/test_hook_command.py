@@ -146,3 +146,47 @@ def test_a_hub_that_hangs_gets_an_answer_within_the_hooks_budget(tmp_path: Path)
     assert took < DEADLINE_S + 5, took
     assert (run.returncode, run.stdout.strip()) == (0, "{}"), run.stderr
     assert f"did not answer within {DEADLINE_S:g} s" in run.stderr
+
+
+def test_a_hub_url_with_a_user_and_password_sends_neither_in_the_host_header(
+    tmp_path: Path,
+) -> None:
+    # the hook writes its request by hand: a scheme in capitals is still HTTP, and the
+    # URL's ``user:password@`` is not part of the host it names (a proxy or a log in
+    # between must not read it there)
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    got: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            got.append(conn.recv(65536))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        run = subprocess.run(
+            [str(BIN), "hook", "claude-code"],
+            input=json.dumps(fixture("claude-code", "Stop", session_id="creds-1")),
+            capture_output=True,
+            text=True,
+            env=_clean_env(
+                BACKCHANNEL_URL=f"HTTP://someone:s3cret@127.0.0.1:{port}",
+                BACKCHANNEL_TOKEN="x",
+                BACKCHANNEL_STATE_DIR=str(tmp_path / "state"),
+            ),
+            timeout=60,
+        )
+        thread.join(10)
+    finally:
+        listener.close()
+    assert run.returncode == 0, run.stderr
+    [request] = got
+    head = request.split(b"\r\n\r\n")[0].decode("latin-1")
+    assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head, head
+    assert "s3cret" not in head and "someone" not in head, head

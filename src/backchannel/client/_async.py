@@ -99,9 +99,11 @@ class Client:
         retry_within: float = RETRY_WITHIN,
         **hub_options: Any,
     ) -> None:
+        from backchannel.config import hub_http_url
+
         transport: Transport
-        if url.startswith(("http://", "https://")):
-            transport = HttpTransport(url, token, timeout=timeout, retry_within=retry_within)
+        if (http := hub_http_url(url)) is not None:
+            transport = HttpTransport(http, token, timeout=timeout, retry_within=retry_within)
         elif url.startswith(LOCAL_SCHEMES):
             from backchannel.config import open_store
             from backchannel.hub import Hub

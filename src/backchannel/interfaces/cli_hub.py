@@ -61,7 +61,9 @@ def locate(url: str | None, home: Path | None) -> Target:
     data_dir = config.home(home)
     if url:
         by = "BACKCHANNEL_URL" if os.environ.get("BACKCHANNEL_URL") == url else "--url/--store"
-        if not url.startswith(("http://", "https://", *LOCAL_SCHEMES)):
+        if (http := config.hub_http_url(url)) is not None:
+            return Target(http, by, data_dir)
+        if not url.startswith(LOCAL_SCHEMES):
             raise InvalidRequest(
                 f"cannot tell where {config.redact_url(url)!r} ({by}) is: use "
                 "http(s)://HOST:PORT for a running hub, or sqlite:///PATH, postgresql://... "

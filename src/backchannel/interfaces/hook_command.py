@@ -64,7 +64,7 @@ def _parse(argv: Sequence[str]) -> dict[str, str] | None:
 def _hub_url(opts: dict[str, str]) -> str | None:
     url = opts.get("url") or os.environ.get("BACKCHANNEL_URL")
     if url:
-        return url if url.startswith(("http://", "https://")) else None
+        return url if url[:8].lower().startswith(("http://", "https://")) else None
     home = Path(opts.get("home") or os.environ.get("BACKCHANNEL_HOME") or ".backchannel")
     try:
         info = json.loads((home.absolute() / "server.json").read_text())
@@ -107,7 +107,8 @@ def _post(url: str, runtime: str, body: bytes, token: str, expect: str | None) -
     query = "?" + urllib.parse.urlencode({"as": expect}) if expect else ""
     path = f"{parts.path.rstrip('/')}/v1/hooks/{runtime}{query}"
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
+        f"Authorization: Bearer {token}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
