@@ -203,6 +203,31 @@ def test_a_team_events_stream_of_a_rotated_token_ends(server: Server) -> None:
         assert list(lines) == [""]  # and the stream ends
 
 
+@pytest.mark.parametrize("path", ["/v1/inbox/stream", "/v1/teams/crew/events"])
+@pytest.mark.parametrize("how", ["rotate", "remove member"])
+def test_a_quiet_stream_of_a_revoked_token_ends_at_once(
+    server: Server, path: str, how: str
+) -> None:
+    # with no traffic to wake it, a stream looked at its token only at its next
+    # keep-alive, 15 s on: read with a 5 s timeout, it must end before that
+    tokens = server.team("crew", "lead", "worker")
+    auth = {"Authorization": f"Bearer {tokens['worker']}"}
+    with (
+        httpx.Client(base_url=server.url, headers=auth, timeout=5) as c,
+        c.stream("GET", path) as resp,
+    ):
+        lines = resp.iter_lines()
+        assert next(lines) == ": connected"
+        with server.client() as admin:
+            r = {
+                "rotate": lambda: admin.post("/v1/teams/crew/members/worker/token"),
+                "remove member": lambda: admin.delete("/v1/teams/crew/members/worker"),
+            }[how]()
+            assert r.status_code == 200, r.text
+        rest = [line for line in lines if line]  # the stream ends, or the read times out
+    assert rest[0] == "event: error" and "rotated" in rest[1], rest
+
+
 def test_the_command_rotates_and_removes(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "home")
     try:

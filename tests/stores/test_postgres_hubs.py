@@ -386,7 +386,8 @@ def test_two_hubs_fire_each_timer_exactly_once(pair: list[Server]) -> None:
     assert all(m["kind"] == "timer" for m in fired)
     with db(a.store_url) as conn:
         pending = conn.execute(
-            "SELECT count(*) FROM jobs WHERE team = 'timers' AND state = 'pending'"
+            "SELECT count(*) FROM jobs WHERE team = 'timers' AND kind = 'timer' "
+            "AND state = 'pending'"
         ).fetchone()
         counts = conn.execute(
             "SELECT count(*), count(DISTINCT meta->>'timer_id') FROM messages "
@@ -692,8 +693,8 @@ def test_timers_fire_once_through_a_kill_9_mid_firing_and_a_restart_of_every_hub
             eventually_blocking(
                 lambda: (
                     conn.execute(
-                        "SELECT count(*) FROM jobs WHERE team = 'tk' AND state = 'pending' "
-                        "AND due_at < %s",
+                        "SELECT count(*) FROM jobs WHERE team = 'tk' AND kind = 'timer' "
+                        "AND state = 'pending' AND due_at < %s",
                         (due_later - 4,),
                     ).fetchone()
                     == (0,)
@@ -723,7 +724,8 @@ def test_timers_fire_once_through_a_kill_9_mid_firing_and_a_restart_of_every_hub
                 "WHERE team = 'tk' AND kind = 'timer'"
             ).fetchone()
             states = conn.execute(
-                "SELECT state, count(*) FROM jobs WHERE team = 'tk' GROUP BY state"
+                "SELECT state, count(*) FROM jobs WHERE team = 'tk' AND kind = 'timer' "
+                "GROUP BY state"
             ).fetchall()
         assert counts == (first + later, first + later)
         assert dict(states) == {"done": first + later}

@@ -193,31 +193,34 @@ async def inbox_stream(
     """Server-sent events: each message is leased and sent as ``event: message``;
     ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open. A
     session that is not yours is refused before the stream starts; one that ends while
-    it is open ends it with ``event: error``."""
+    it is open ends it with ``event: error``, and so does the token's rotation (or its
+    member's removal) in this hub process, at once."""
     first = await api.receive(session=session, limit=32)
+    gone = asyncio.Event()  # set when the token is revoked
 
     async def events() -> AsyncIterator[str]:
         yield ": connected\n\n"
         got = first
-        while True:
-            for m in got:
-                # ids are checked whole on the way in; the line is kept one line anyway
-                mid = m.message_id.replace("\r", "").replace("\n", "")
-                data = m.model_dump_json(by_alias=True)
-                yield f"event: message\nid: {mid}\ndata: {data}\n\n"
-            if await request.is_disconnected():
-                return
-            try:
-                got = await api.receive(session=session, limit=32, wait=15.0)
-            except BackchannelError as exc:  # the session ended meanwhile
-                yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
-                return
-            if (error := await revoked(request)) is not None:
-                await given_back(api, got)
-                yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
-                return
-            if not got:
-                yield ": keep-alive\n\n"
+        with hub_of(request).watch_revocation(api.member.token_hash, gone):
+            while True:
+                for m in got:
+                    # ids are checked whole on the way in; the line is kept one line anyway
+                    mid = m.message_id.replace("\r", "").replace("\n", "")
+                    data = m.model_dump_json(by_alias=True)
+                    yield f"event: message\nid: {mid}\ndata: {data}\n\n"
+                if await request.is_disconnected():
+                    return
+                try:
+                    got = await api.receive(session=session, limit=32, wait=15.0, stop=gone)
+                except BackchannelError as exc:  # the session ended meanwhile
+                    yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
+                    return
+                if (error := await revoked(request)) is not None:
+                    await given_back(api, got)
+                    yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+                    return
+                if not got:
+                    yield ": keep-alive\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -136,31 +136,45 @@ async def team_events(
     request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> StreamingResponse:
-    """Server-sent events: the team's traffic (sends, leases, acks, dead letters)."""
+    """Server-sent events: the team's traffic (sends, leases, acks, dead letters). A
+    member's stream ends with ``event: error`` once its token is rotated (or the member
+    removed) in this hub process, at once."""
     who.need_team(team)
     hub = hub_of(request)
     await hub.get_team(team)
+    gone = asyncio.Event()  # set when a member's token is revoked
 
     async def events() -> AsyncIterator[str]:
         yield ": connected\n\n"
         stream = hub.watch(team, after)
         pending: asyncio.Future[FeedItem] | None = None
+        revocation = asyncio.ensure_future(gone.wait())
+        watching = (
+            hub.watch_revocation(who.member.token_hash, gone)
+            if who.member is not None
+            else contextlib.nullcontext()
+        )
         try:
-            while not await request.is_disconnected():
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(stream))
-                # asyncio.wait does not cancel the read, so a quiet spell keeps the feed
-                done, _ = await asyncio.wait({pending}, timeout=15.0)
-                if (error := await revoked(request)) is not None:
-                    yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
-                    return
-                if not done:
-                    yield ": keep-alive\n\n"
-                    continue
-                item = pending.result()
-                pending = None
-                yield f"event: traffic\nid: {item.cursor}\ndata: {json.dumps(item.to_json())}\n\n"
+            with watching:
+                while not await request.is_disconnected():
+                    if pending is None:
+                        pending = asyncio.ensure_future(anext(stream))
+                    # asyncio.wait does not cancel the read, so a quiet spell keeps the feed
+                    waits: set[asyncio.Future[Any]] = {pending, revocation}
+                    done, _ = await asyncio.wait(
+                        waits, timeout=15.0, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if (error := await revoked(request)) is not None:
+                        yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+                        return
+                    if pending not in done:
+                        yield ": keep-alive\n\n"
+                        continue
+                    item = pending.result()
+                    pending = None
+                    yield f"event: traffic\nid: {item.cursor}\ndata: {json.dumps(item.to_json())}\n\n"
         finally:
+            revocation.cancel()
             if pending is not None:
                 pending.cancel()
                 with contextlib.suppress(BaseException):
