@@ -40,7 +40,6 @@ from backchannel.types import (
     MessageKind,
     Recipient,
     Session,
-    SessionState,
 )
 
 #: Kinds of message an agent originates; each counts against its pair and its chain.
@@ -387,7 +386,7 @@ class Budgets:
         against, and a send of the member the hub cannot place in a turn continues it
         too."""
         tx = c.tx
-        live = [s for s in tx.list_sessions(team, member) if s.state is not SessionState.TERMINATED]
+        live = tx.list_sessions(team, member, which="live")  # one index range, not ended ones
         for s in live:
             self._handed(c, s, got, now)
         if not live:
