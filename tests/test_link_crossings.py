@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backchannel.runtimes.seen import DELIVERED_HEADER
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
 from tests.runtimes.agents import make_team
@@ -204,3 +205,73 @@ def test_codex_turns_ending_alike_each_cross_and_a_turns_stop_again_does_not(
     finally:
         for client in c.values():
             client.close()
+
+
+@pytest.fixture
+def short_lease(tmp_path: Any) -> Iterator[dict[str, httpx.Client]]:
+    """``pair`` on a hub whose leases last a second, so a hand-out nobody settles comes
+    back within the test."""
+    srv = start_server(tmp_path / "home", None, "--lease", "1")
+    tokens = make_team(srv, "t", "a:claude-code", "b:claude-code")
+    c = {name: srv.client(token) for name, token in tokens.items()}
+    try:
+        _link(c)
+        yield c
+    finally:
+        for client in c.values():
+            client.close()
+        srv.stop()
+
+
+def _stop_hands_over(c: dict[str, httpx.Client]) -> str:
+    """``a``'s words cross to ``b``, and ``b``'s next ``Stop`` answer (an HTTP hook: no
+    record of what it showed) hands them over; the crossing's id."""
+    _hook(c["b"], "UserPromptSubmit", "sb", prompt="next")
+    _hook(c["a"], "UserPromptSubmit", "sa", prompt="go on")
+    _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
+    raw = json.dumps(fixture("claude-code", "Stop", session_id="sb", last_assistant_message=""))
+    r = c["b"].post(
+        "/v1/hooks/claude-code", content=raw, headers={"content-type": "application/json"}
+    )
+    r.raise_for_status()
+    assert "a's words" in json.dumps(r.json())
+    (crossing,) = json.loads(r.headers[DELIVERED_HEADER])
+    # the session ends before its next hook event
+    c["b"].post("/v1/sessions/sb/terminate", json={"reason": "ended"}).raise_for_status()
+    return str(crossing)
+
+
+def test_a_crossing_a_stop_answer_carried_is_not_handed_to_the_continued_session(
+    short_lease: dict[str, httpx.Client],
+) -> None:
+    """The runtime went on with the answer; its next event lands on ``sb.2``, the
+    session the hub continues the terminated one under, and shows the model had it."""
+    c = short_lease
+    crossing = _stop_hands_over(c)
+    _hook(c["b"], "Stop", "sb", last_assistant_message="")  # the continuation ends
+    assert c["b"].get("/v1/sessions/sb.2").json()["state"] == "idle"
+    copy = c["b"].get(f"/v1/messages/{crossing}").json()["deliveries"][0]
+    assert copy["state"] == "acked", copy
+    for _ in range(2):  # the next turns of the resumed runtime
+        answer = _hook(c["b"], "UserPromptSubmit", "sb", prompt="carry on")
+        stop = _hook(c["b"], "Stop", "sb", last_assistant_message="")
+        assert "a's words" not in json.dumps([answer, stop])
+
+
+def test_a_crossing_whose_stop_answer_was_lost_reaches_the_continued_session_once(
+    short_lease: dict[str, httpx.Client],
+) -> None:
+    """The answer never reached the runtime: it stopped, and is resumed as ``sb.2``; the
+    crossing is handed over there, once."""
+    c = short_lease
+    _stop_hands_over(c)
+    _hook(c["b"], "SessionStart", "sb", source="resume")
+
+    def arrived() -> int:
+        answer = _hook(c["b"], "UserPromptSubmit", "sb", prompt="carry on")
+        stop = _hook(c["b"], "Stop", "sb", last_assistant_message="")
+        return json.dumps([answer, stop]).count("a's words")
+
+    assert eventually_blocking(arrived, what="the crossing at sb.2") == 1
+    assert c["b"].get("/v1/sessions/sb.2").json()["state"] == "idle"
+    assert all(arrived() == 0 for _ in range(3))  # once

@@ -41,6 +41,10 @@ hook event settles them:
   any other ``SessionStart``, a ``SessionEnd``, or a new prompt after a stop answer shows
   the continuation never ran, and the ids are released.
 
+A session terminated between an answer and its next event (its exit grace ran out, an
+explicit terminate) sends that event to ``<id>.N``: a continuation that has started no
+turn settles the answer of the session it continues, by the same rules.
+
 No event at all (the process died) leaves the copies leased: after the lease they are
 queued again and the next answer hands them over, less those the command hook's record
 (or a channel tag) shows the session already has, which are acked instead. A hook answer
@@ -358,16 +362,38 @@ def _took_it(ev: HookEvent, at: str, s: Session) -> bool:
     return True
 
 
+async def _last_handed(hub: Hub, m: Member, s: Session) -> tuple[Session, Any]:
+    """The session whose last hook answer is the one to settle, and its record of what
+    that answer handed over. A continuation ``<id>.N`` that has started no turn yet
+    settles the answer of the session it continues: a runtime whose session was
+    terminated between a hook answer and its next event (the exit grace ran out, an
+    explicit terminate) brings that event to ``<id>.N``, and it is the one that shows
+    whether the runtime went on with the answer."""
+    record = s.meta.get(HANDED)
+    if record is not None or s.turn != 0:
+        return s, record
+    base, dot, n = s.session_id.rpartition(".")
+    if not dot or not n.isdigit() or not 2 <= int(n) <= MAX_RESUMES:
+        return s, None
+    try:
+        before = await hub.get_session(m.team, base if n == "2" else f"{base}.{int(n) - 1}")
+    except UnknownSession:
+        return s, None
+    if before.member != m.name or before.state is not SessionState.TERMINATED:
+        return s, None  # a runtime session id that merely ends in ".N"
+    return before, before.meta.get(HANDED)
+
+
 async def _settle(hub: Hub, m: Member, s: Session, ev: HookEvent) -> frozenset[str]:
     """Ack what the session's last hook answer handed over once ``ev`` shows the runtime
     has it, release the rest (module docstring); returns the ids the session has."""
     had = frozenset(ev.had or ())
-    record = s.meta.get(HANDED)
+    by, record = await _last_handed(hub, m, s)
     if not isinstance(record, Mapping) or not isinstance(record.get("ids"), list):
         return had
     ids = tuple(i for i in record["ids"] if isinstance(i, str))
     done = _settled.setdefault(hub, {})
-    key = (m.team, s.session_id, s.turn, ids)
+    key = (m.team, by.session_id, by.turn, ids)
     if key in done:  # settled by an earlier event (of this hub process)
         return had | done[key]
     if ev.had is not None:
