@@ -3,6 +3,7 @@ endpoint the runtimes call, with closing texts a model may well write."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -40,18 +41,26 @@ def _hook(c: httpx.Client, name: str, session: str, **fields: Any) -> dict[str, 
     return out
 
 
-@pytest.fixture
-def pair(small: Server) -> Iterator[dict[str, httpx.Client]]:
-    """``a`` and ``b`` on Claude Code sessions ``sa`` and ``sb``, linked by ``a``'s send;
-    ``b``'s turn on it is over, so ``a``'s next closing text crosses to ``b``."""
-    tokens = make_team(small, "t", "a:claude-code", "b:claude-code")
-    c = {name: small.client(token) for name, token in tokens.items()}
+@contextlib.contextmanager
+def _linked(srv: Server, **settings: Any) -> Iterator[dict[str, httpx.Client]]:
+    """``a`` and ``b`` on Claude Code sessions ``sa`` and ``sb`` of team ``t`` (with
+    ``settings``), linked by ``a``'s send; ``b``'s turn on it is over, so ``a``'s next
+    closing text crosses to ``b``."""
+    tokens = make_team(srv, "t", "a:claude-code", "b:claude-code", **settings)
+    c = {name: srv.client(token) for name, token in tokens.items()}
     try:
         _link(c)
         yield c
     finally:
         for client in c.values():
             client.close()
+
+
+@pytest.fixture
+def pair(small: Server) -> Iterator[dict[str, httpx.Client]]:
+    """:func:`_linked` on the module's hub."""
+    with _linked(small) as c:
+        yield c
 
 
 def _link(c: dict[str, httpx.Client]) -> None:
@@ -152,10 +161,7 @@ def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session
     session id: the crossing pinned to its old session waited there for ever. Once the
     old session has shown no sign of life for the exit grace, the crossing reaches the
     new one, once, and both sides hear the link closed."""
-    tokens = make_team(small, "t", "a:claude-code", "b:claude-code", exit_grace_seconds=1)
-    c = {name: small.client(token) for name, token in tokens.items()}
-    try:
-        _link(c)
+    with _linked(small, exit_grace_seconds=1) as c:
         _hook(c["b"], "SessionStart", "sb-new", source="startup")  # the restart
         _hook(c["a"], "UserPromptSubmit", "sa", prompt="go on")
         _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
@@ -170,9 +176,6 @@ def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session
         assert all(arrived() == 0 for _ in range(2))  # once
         link = c["a"].get("/v1/links").json()["links"][0]
         assert (link["state"], link["close_reason"]) == ("closed", "session_silent"), link
-    finally:
-        for client in c.values():
-            client.close()
 
 
 def test_codex_turns_ending_alike_each_cross_and_a_turns_stop_again_does_not(
@@ -212,14 +215,10 @@ def short_lease(tmp_path: Any) -> Iterator[dict[str, httpx.Client]]:
     """``pair`` on a hub whose leases last a second, so a hand-out nobody settles comes
     back within the test."""
     srv = start_server(tmp_path / "home", None, "--lease", "1")
-    tokens = make_team(srv, "t", "a:claude-code", "b:claude-code")
-    c = {name: srv.client(token) for name, token in tokens.items()}
     try:
-        _link(c)
-        yield c
+        with _linked(srv) as c:
+            yield c
     finally:
-        for client in c.values():
-            client.close()
         srv.stop()
 
 
