@@ -13,29 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 
 from .fake_anthropic import Rule, call, say
-from .harness import MODELS, Rig, attach, attached, install_clis
+from .harness import MODELS, Rig, attach, attached
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(600)]
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
 TOOL = "mcp__backchannel__send_message"
-
-
-@pytest.fixture(scope="module")
-def bin_dir() -> Path:
-    return install_clis()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("realcli") / "hub")
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(params=RUNTIMES)

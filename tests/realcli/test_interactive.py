@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from backchannel.testing import eventually_blocking
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 
 from .fake_anthropic import Rule, call, say
-from .harness import Rig, attach, attached, install_clis
+from .harness import Rig, attach, attached
 from .tmux_harness import Pane, cli_pane, wait_until
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -31,20 +31,6 @@ TRUST = {"codex": "Trust this folder?"}
 #: Codex's TUI fetches raw.githubusercontent.com/openai/codex/main/announcement_tip.toml
 #: at every start, with no setting to stop it; the proxy refuses it.
 CLI_OWN_SERVICES = {"codex": {"CONNECT raw.githubusercontent.com:443"}, "gemini": set()}
-
-
-@pytest.fixture(scope="module")
-def bin_dir() -> Path:
-    return install_clis()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("realcli-tty") / "hub")
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(params=["codex", "gemini"])

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import Server, start_server
 
 from .fake_anthropic import Rule, say
-from .harness import Rig, attached, install_clis
+from .harness import Rig, attached
 from .test_headless import RUNTIMES, _last_has, _script, _shown
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -30,11 +30,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture(scope="module")
-def bin_dir() -> Path:
-    return install_clis()
 
 
 @pytest.fixture(params=RUNTIMES)
