@@ -270,3 +270,72 @@ async def test_a_database_restored_from_an_older_backup_under_a_running_hub_is_n
     async with Hub(again, clock=clock, background=False) as hub:
         await hub.maintain()  # started again: migrated, and the timer fires
         assert [t.split(":")[0] for t in await _take(hub, "a")] == ["WAIT"]
+
+
+async def test_a_lease_that_cannot_come_back_is_set_aside_and_everything_else_goes_on(
+    make_store: Callable[[], Store],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One expired lease whose return raises (forced here on its row, in the store's own
+    transaction class): every other lease comes back and every due job fires; the one
+    is set aside with backoff, named in the log and by /healthz, tried again, and comes
+    back once when it goes through."""
+    clock = FakeClock()
+    caplog.set_level(logging.WARNING, logger="backchannel.hub")
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b", "c")
+        poisoned = await hub.send("t", "a", "b", "the poisoned one")
+        fine = await hub.send("t", "a", "c", "c's message")
+        await hub.set_timer("t", "c", "c-s", "anchor", 40, "c's task")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        assert len(await hub.receive("t", "c", session="c-s", limit=10)) == 1
+
+        tx_class: type[Tx] = await hub.store.transact(type)
+        real = tx_class.transition
+
+        def transition(self: Tx, team: str, message_id: str, member: str, **kw: object) -> bool:
+            if message_id == poisoned.message_id:
+                raise RuntimeError("the poisoned row")
+            return real(self, team, message_id, member, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(tx_class, "transition", transition)
+        clock.advance(60)
+        next_due = await hub.maintain()
+
+        assert sorted(await _take(hub, "c")) == ["ANCHOR: c's task", "c's message"]
+        failing = hub.maintenance.failing_leases()
+        assert [(f.team, f.message_id, f.member, f.failures) for f in failing] == [
+            ("t", poisoned.message_id, "b", 1)
+        ]
+        assert "the poisoned row" in failing[0].error
+        assert next_due is not None and next_due > clock.now(), "no busy loop on the one"
+        logged = [r.getMessage() for r in caplog.records if poisoned.message_id in r.getMessage()]
+        assert logged and "the poisoned row" in logged[0] and "set aside" in logged[0]
+        app = create_app(hub, "admin-token")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://hub"
+        ) as http:
+            health = (await http.get("/healthz")).json()
+            assert health == {"status": "degraded", "failing_leases": 1}, health
+
+        # retried with backoff, not every pass; still failing, the count grows
+        await hub.maintain()
+        assert hub.maintenance.failing_leases()[0].failures == 1
+        clock.advance(failing[0].retry_at - clock.now())
+        await hub.maintain()
+        again = hub.maintenance.failing_leases()
+        assert again[0].failures == 2 and again[0].retry_at - clock.now() > 1.0
+
+        # the row mended, it comes back once
+        monkeypatch.undo()
+        clock.advance(again[0].retry_at - clock.now())
+        await hub.maintain()
+        back = await hub.receive("t", "b", session="b-s", limit=10)
+        assert [g.message.message_id for g in back] == [poisoned.message_id]
+        await hub.ack("t", "b", [poisoned.message_id])
+        assert hub.maintenance.failing_leases() == []
+        assert (await hub.message_status("t", fine.message_id)).state.value == "acked"
+        clock.advance(3600)
+        await hub.maintain()
+        assert await _take(hub, "b") == [] and await _take(hub, "c") == []

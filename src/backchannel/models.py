@@ -356,11 +356,13 @@ class ErrorBody(_Out):
 
 class Health(_Out):
     """``ok``; ``degraded`` while maintenance has set scheduled jobs aside because firing
-    them failed (``failing_jobs`` of them: the hub's log names each and the way out),
-    everything else going on."""
+    them failed (``failing_jobs`` of them), or expired leases because returning them
+    failed (``failing_leases``): the hub's log names each and the way out, everything
+    else going on."""
 
     status: str
     failing_jobs: int | None = None
+    failing_leases: int | None = None
 
 
 class Me(_Out):

@@ -22,7 +22,7 @@ from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome, wait_for
 from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline
 from backchannel.stores.base import CompactCursor, Tx
-from backchannel.types import DeliveryState, Job, JobState
+from backchannel.types import Delivery, DeliveryState, Job, JobState
 
 log = logging.getLogger("backchannel.hub")
 
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_RETENTION",
     "FAILURE_KEY",
     "FailingJob",
+    "FailingLease",
     "Maintenance",
     "UnknownJobKind",
     "retry_delay",
@@ -41,6 +42,7 @@ DEFAULT_RETENTION = 30 * 86400.0
 COMPACT_EVERY = 300.0  # seconds between retention passes once caught up
 LEASE_BATCH = 500  # expired leases a transaction
 JOB_BATCH = 200  # due jobs a transaction
+_FAR = 1e15  # a time after every lease's end: "every lease", earliest end first
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
@@ -83,6 +85,36 @@ class FailingJob:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class FailingLease:
+    """An expired lease whose return to the queue (or giving up, after the last attempt)
+    failed, set aside to be tried again at ``retry_at`` while all other maintenance goes
+    on. The copy stays leased meanwhile: handed to nobody, lost to nobody."""
+
+    team: str
+    message_id: str
+    member: str
+    failures: int  # in a row
+    error: str  # the last one
+    retry_at: float
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.team, self.message_id, self.member)
+
+    @property
+    def way_out(self) -> str:
+        return (
+            "If a newer backchannel on the same database wrote it, upgrade this hub; if "
+            "the error is a bug, report it with this log; the copy stays leased (handed "
+            "to nobody) until it goes through, and an ack from its member settles it."
+        )
+
+
+def _key(d: Delivery) -> tuple[str, str, str]:
+    return (d.team, d.message_id, d.recipient.member)
+
+
 class Maintenance:
     """See the module docstring."""
 
@@ -98,6 +130,8 @@ class Maintenance:
         self._compact_at = 0.0
         self._compact_from: CompactCursor | None = None  # where the pass under way goes on
         self._failing: dict[int, FailingJob] = {}  # jobs set aside, by id (see failing)
+        # expired leases set aside, by (team, message id, member) (see failing_leases)
+        self._failing_leases: dict[tuple[str, str, str], FailingLease] = {}
 
     def on_external_change(self, team: str | None, member: str | None) -> None:
         self.env.waiters.notify(team, member)
@@ -110,71 +144,103 @@ class Maintenance:
 
         All of it runs in one transaction a batch, the quick way. If that fails (a job
         whose handler raises: one bad row, or a job a newer hub on the same database
-        wrote), the batch is done again piece by piece: the leases in a transaction of
-        their own, then each job in its own, so the failing job alone is undone; it is
-        set aside with backoff (:meth:`_set_aside`) and named, and everything else due,
-        for every team, goes on."""
+        wrote; a lease whose return raises), the batch is done again piece by piece:
+        each expired lease in a transaction of its own, then each job in its own, so the
+        failing lease or job alone is undone; it is set aside with backoff
+        (:meth:`_set_aside`, :meth:`_set_leases_aside`) and named, and everything else
+        due, for every team, goes on."""
         now = self.clock.now()
         handlers = self.pipeline.job_handlers()
 
-        def fn(c: Ctx) -> tuple[bool, float | None, list[int]]:
+        def fn(c: Ctx) -> tuple[bool, float | None, list[int], list[tuple[str, str, str]]]:
             tx = c.tx
-            expired = self._expire(c, now)
+            expired = self._expirable(tx, now)
+            for d in expired:
+                self._expire(c, d, now)
             jobs = tx.due_jobs(now, JOB_BATCH)
             for job in jobs:
                 self._fire(c, handlers, job, now)
+            more = len(expired) == LEASE_BATCH or len(jobs) == JOB_BATCH
+            returned = [_key(d) for d in expired]
             dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
-            more = expired == LEASE_BATCH or len(jobs) == JOB_BATCH
-            return more, min(dues) if dues else None, [j.job_id for j in jobs]
+            return more, min(dues) if dues else None, [j.job_id for j in jobs], returned
 
         more = True
         next_due: float | None = None
         while more:
             try:
-                (more, next_due, fired), c = await self.env.transact_ctx(fn)
+                (more, next_due, fired, returned), c = await self.env.transact_ctx(fn)
             except Exception as exc:
-                log.debug("maintenance batch failed (%s); going job by job", exc)
+                log.debug("maintenance batch failed (%s); going piece by piece", exc)
                 more, next_due = await self._piece_by_piece(handlers, now)
                 continue
             for job in c.after:
                 self.pipeline.start_after(job)
             for job_id in fired:
                 self._failing.pop(job_id, None)
-        if self._failing:
+            for key in returned:
+                self._failing_leases.pop(key, None)
+        if self._failing or self._failing_leases:
             await self._forget_settled()
+        if self._failing_leases:
+            next_due = await self.store.read(self._next_due)
         if self.retention_seconds is not None and now >= self._compact_at:
             await self.compact(now - self.retention_seconds)
         self.env.next_due = next_due
         return next_due
 
-    def _expire(self, c: Ctx, now: float) -> int:
-        """Up to :data:`LEASE_BATCH` leases that ran out: back to the queue, or dead after
-        the last attempt. Returns how many were looked at."""
+    def _held_back(self, now: float) -> set[tuple[str, str, str]]:
+        """The expired leases set aside whose retry is not due yet."""
+        return {k for k, f in self._failing_leases.items() if f.retry_at > now}
+
+    def _expirable(self, tx: Tx, now: float) -> list[Delivery]:
+        """Up to :data:`LEASE_BATCH` leases that ran out, the earliest first, but for
+        those set aside whose retry is not due (so they never fill a batch)."""
+        held = self._held_back(now)
+        expired = tx.expired_leases(now, LEASE_BATCH + len(held))
+        return [d for d in expired if _key(d) not in held][:LEASE_BATCH]
+
+    def _next_due(self, tx: Tx) -> float | None:
+        """When work is next due: the earliest lease end or job due time. With leases set
+        aside, their retry instead of their end, so a lease that keeps failing never
+        keeps maintenance busy (a read: it looks at live leases, locking none)."""
+        lease = tx.next_lease_expiry()
+        dues = [t for t in (tx.next_job_due(),) if t is not None]
+        if lease is not None and self._failing_leases:
+            held = self._failing_leases
+            first = tx.expired_leases(_FAR, len(held) + 1)
+            ends = [d.lease_until for d in first if _key(d) not in held and d.lease_until]
+            lease = min(ends, default=None)
+            dues += [f.retry_at for f in held.values()]
+        if lease is not None:
+            dues.append(lease)
+        return min(dues) if dues else None
+
+    def _expire(self, c: Ctx, d: Delivery, now: float) -> None:
+        """A lease that ran out: back to the queue, or dead after the last attempt."""
         tx = c.tx
-        max_attempts = self.config.max_attempts
-        expired = tx.expired_leases(now, LEASE_BATCH)
-        for d in expired:
-            member = d.recipient.member
-            if rules.after_lease_expiry(d.attempts, max_attempts) is rules.ExpiryAction.REQUEUE:
-                moved = tx.transition(
-                    d.team,
-                    d.message_id,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.QUEUED,
-                    now=now,
-                    event="lease_expired",
-                    detail=f"attempt {d.attempts} was not acknowledged",
-                )
-                if moved:
-                    c.wake(d.team, member)
-                continue
-            reason = rules.exhausted_reason(d.attempts)
-            if not self.messages.kill(c, d, reason, now):
-                continue  # acked meanwhile (by another hub): nothing to give up
-            c.emit("after_dead", d, reason)
-            self.messages.dead_notice(c, d, reason, now)
-        return len(expired)
+        member = d.recipient.member
+        if rules.after_lease_expiry(d.attempts, self.config.max_attempts) is (
+            rules.ExpiryAction.REQUEUE
+        ):
+            moved = tx.transition(
+                d.team,
+                d.message_id,
+                member,
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=now,
+                event="lease_expired",
+                detail=f"attempt {d.attempts} was not acknowledged",
+            )
+            if moved:
+                c.wake(d.team, member)
+            return
+        reason = rules.exhausted_reason(d.attempts)
+        if not self.messages.kill(c, d, reason, now):
+            return  # acked meanwhile (by another hub): nothing to give up
+        c.emit("after_dead", d, reason)
+        self.messages.dead_notice(c, d, reason, now)
 
     def _fire(self, c: Ctx, handlers: Mapping[str, JobHandler], job: Job, now: float) -> None:
         """Fire one due job in ``c``'s transaction. A job set aside after failing is
@@ -202,10 +268,37 @@ class Maintenance:
     async def _piece_by_piece(
         self, handlers: Mapping[str, JobHandler], now: float
     ) -> tuple[bool, float | None]:
-        """The batch failed: the leases in a transaction of their own, then every due
-        job in its own (one store call for them all), the failing ones set aside.
+        """The batch failed: every expired lease in a transaction of its own, then every
+        due job in its own (one store call for each kind), the failing ones set aside.
         Returns whether more is due now, and when work is next due."""
-        expired = await self.env.transact(lambda c: self._expire(c, now))
+        expired = await self.store.read(lambda tx: self._expirable(tx, now))
+
+        def back(d: Delivery) -> Callable[[Ctx], bool]:
+            def fn(c: Ctx) -> bool:
+                # read again in this transaction (on PostgreSQL under the team's lock,
+                # which every lease takes): another hub may have moved it since
+                member = d.recipient.member
+                copies = c.tx.deliveries(d.team, d.message_id)
+                x = next((x for x in copies if x.recipient.member == member), None)
+                if x is None or x.state is not DeliveryState.LEASED or not x.lease_until:
+                    return False  # acked or returned meanwhile (another hub)
+                if x.lease_until > now:
+                    return False  # leased again meanwhile: a live lease
+                self._expire(c, x, now)
+                return True
+
+            return fn
+
+        returned = await self.env.transact_each([back(d) for d in expired])
+        lost: list[tuple[Delivery, Exception]] = []
+        for d, result in zip(expired, returned, strict=True):
+            if isinstance(result, Exception):
+                lost.append((d, result))
+            else:
+                self._failing_leases.pop(_key(d), None)
+        if lost:
+            self._set_leases_aside(lost, now)
+
         due = await self.store.read(lambda tx: tx.due_jobs(now, JOB_BATCH))
 
         def one(team: str, job_id: int) -> Callable[[Ctx], list[Job] | None]:
@@ -230,12 +323,30 @@ class Maintenance:
         if failed:
             await self._set_aside(failed, now)
 
-        def next_due(tx: Tx) -> float | None:
-            dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
-            return min(dues) if dues else None
+        more = len(expired) == LEASE_BATCH or len(due) == JOB_BATCH
+        return more, await self.store.read(self._next_due)
 
-        more = expired == LEASE_BATCH or len(due) == JOB_BATCH
-        return more, await self.store.read(next_due)
+    def _set_leases_aside(self, lost: Sequence[tuple[Delivery, Exception]], now: float) -> None:
+        """Expired leases whose return raised: each stays leased, is tried again after a
+        backoff that doubles up to :data:`RETRY_MAX`, is logged with the way out and
+        listed by :meth:`failing_leases` (and ``/healthz``). Kept by this hub only: a
+        hub started again tries each at once, and sets it aside again if it still
+        fails."""
+        for d, exc in lost:
+            before = self._failing_leases.get(_key(d))
+            failures = (before.failures if before else 0) + 1
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            retry_at = now + retry_delay(failures)
+            f = FailingLease(d.team, d.message_id, d.recipient.member, failures, error, retry_at)
+            self._failing_leases[f.key] = f
+            self.env.due_at(retry_at)
+            log.warning(
+                "the lease of message %s for %s (team %r) ran out but returning it failed: "
+                "%s; set aside (failure %d), tried again in %.0f s while all other "
+                "maintenance goes on. %s",
+                d.message_id, f.member, d.team, error, failures, retry_at - now, f.way_out,
+                exc_info=exc if failures == 1 else None,
+            )  # fmt: skip
 
     async def _set_aside(self, failed: Sequence[tuple[Job, Exception]], now: float) -> None:
         """Jobs whose firing raised: each is left pending with a failure record in its
@@ -294,23 +405,41 @@ class Maintenance:
 
     async def _forget_settled(self) -> None:
         """Drop the jobs set aside that are no longer pending (cancelled, finished by
-        another hub) from :meth:`failing`."""
+        another hub) from :meth:`failing`, and the leases set aside that are no longer
+        held (acked, returned by another hub) from :meth:`failing_leases`."""
         keys = [(f.team, f.job_id) for f in self._failing.values()]
+        leases = list(self._failing_leases)
 
-        def fn(tx: Tx) -> list[int]:
+        def fn(tx: Tx) -> tuple[list[int], list[tuple[str, str, str]]]:
             gone = []
             for team, job_id in keys:
                 job = tx.get_job(team, job_id)
                 if job is None or job.state is not JobState.PENDING:
                     gone.append(job_id)
-            return gone
+            settled = []
+            for team, message_id, member in leases:
+                held = [
+                    d
+                    for d in tx.deliveries(team, message_id)
+                    if d.recipient.member == member and d.state is DeliveryState.LEASED
+                ]
+                if not held:
+                    settled.append((team, message_id, member))
+            return gone, settled
 
-        for job_id in await self.store.read(fn):
+        gone, settled = await self.store.read(fn)
+        for job_id in gone:
             self._failing.pop(job_id, None)
+        for key in settled:
+            self._failing_leases.pop(key, None)
 
     def failing(self) -> list[FailingJob]:
         """The scheduled jobs this hub set aside because firing them failed, by id."""
         return [self._failing[k] for k in sorted(self._failing)]
+
+    def failing_leases(self) -> list[FailingLease]:
+        """The expired leases this hub set aside because returning them failed."""
+        return [self._failing_leases[k] for k in sorted(self._failing_leases)]
 
     async def compact(self, before: float, *, batch: int = 500, max_batches: int = 8) -> int:
         """Remove acked and dead messages (with their history) created and done with

@@ -14,9 +14,10 @@ router = APIRouter(route_class=StrictRoute, tags=["meta"])
 
 @router.get("/healthz", response_model_exclude_none=True)
 async def healthz(request: Request) -> Health:
-    failing = len(hub_of(request).maintenance.failing())
-    if failing:
-        return Health(status="degraded", failing_jobs=failing)
+    maintenance = hub_of(request).maintenance
+    jobs, leases = len(maintenance.failing()), len(maintenance.failing_leases())
+    if jobs or leases:
+        return Health(status="degraded", failing_jobs=jobs or None, failing_leases=leases or None)
     return Health(status="ok")
 
 
