@@ -125,8 +125,8 @@ async def test_a_clock_stepped_back_loses_nothing_and_fires_nothing_twice(
 ) -> None:
     """Each hub keeps the time by its own clock (hubs keep theirs in sync). One stepped
     back an hour: a timer that fired does not fire again, a lease given before the step
-    runs until the clock is past its end again and the copy then comes back once, and a
-    reply sent after the step is one the wait timer set before it hears of."""
+    comes back once (its length from the step: the next test), and a reply sent after
+    the step is one the wait timer set before it hears of."""
     clock = FakeClock()
     async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
         await _team(hub, "a", "b")
@@ -339,3 +339,64 @@ async def test_a_lease_that_cannot_come_back_is_set_aside_and_everything_else_go
         clock.advance(3600)
         await hub.maintain()
         assert await _take(hub, "b") == [] and await _take(hub, "c") == []
+
+
+async def test_a_lease_given_before_the_clock_stepped_back_runs_its_length_from_the_step(
+    make_store: Callable[[], Store],
+) -> None:
+    """The wall clock stepped back an hour while messages were leased: each lease runs
+    its own length again from the step (not an hour more), a lease given after the step
+    runs as given, and each copy comes back once."""
+    clock = FakeClock()
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b", "c")
+        short = await hub.send("t", "a", "b", "the short lease")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        long = await hub.send("t", "a", "c", "the long lease")
+        got = await hub.receive("t", "c", session="c-s", limit=10, lease_seconds=600)
+        assert [g.message.message_id for g in got] == [long.message_id]
+        await hub.maintain()
+        clock.advance(10)
+
+        clock.set(clock.now() - 3600)  # the wall clock is stepped back an hour
+        after = await hub.send("t", "a", "b", "leased after the step")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        next_due = await hub.maintain()
+        assert next_due is not None and next_due <= clock.now() + 30, next_due - clock.now()
+        assert await hub.receive("t", "b", session="b-s", limit=10) == []
+
+        clock.advance(30)
+        await hub.maintain()
+        back = await hub.receive("t", "b", session="b-s", limit=10)
+        assert sorted(g.message.message_id for g in back) == sorted(
+            [short.message_id, after.message_id]
+        )
+        assert await hub.receive("t", "c", session="c-s", limit=10) == []
+        await hub.ack("t", "b", [g.message.message_id for g in back])
+        clock.advance(570)
+        await hub.maintain()
+        again = await hub.receive("t", "c", session="c-s", limit=10)
+        assert [g.message.message_id for g in again] == [long.message_id]
+        await hub.ack("t", "c", [long.message_id])
+        clock.advance(3600)
+        await hub.maintain()
+        assert await _take(hub, "b") == [] and await _take(hub, "c") == []
+
+
+async def test_a_hub_started_after_the_clock_stepped_back_restarts_the_leases_before_it(
+    same_database: Callable[[], Store],
+) -> None:
+    """The hub was stopped with a message leased, the clock stepped back an hour, the hub
+    started again: the lease runs its length from the start, not an hour more."""
+    clock = FakeClock()
+    async with Hub(same_database(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b")
+        sent = await hub.send("t", "a", "b", "leased before the step")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+    clock.set(clock.now() - 3600)
+    async with Hub(same_database(), clock=clock, background=False, lease_seconds=30) as hub:
+        await hub.maintain()
+        clock.advance(30)
+        await hub.maintain()
+        back = await hub.receive("t", "b", session="b-s", limit=10)
+        assert [g.message.message_id for g in back] == [sent.message_id]

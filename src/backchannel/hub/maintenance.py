@@ -43,6 +43,10 @@ COMPACT_EVERY = 300.0  # seconds between retention passes once caught up
 LEASE_BATCH = 500  # expired leases a transaction
 JOB_BATCH = 200  # due jobs a transaction
 _FAR = 1e15  # a time after every lease's end: "every lease", earliest end first
+#: How far ahead of this hub's clock a lease may have been given before maintenance
+#: takes it for one given before the clock stepped back (and restarts it): the clock
+#: difference tolerated between hubs on one database (see ``clock_skew``).
+CLOCK_SLACK = 5.0
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
@@ -132,6 +136,7 @@ class Maintenance:
         self._failing: dict[int, FailingJob] = {}  # jobs set aside, by id (see failing)
         # expired leases set aside, by (team, message id, member) (see failing_leases)
         self._failing_leases: dict[tuple[str, str, str], FailingLease] = {}
+        self._last_now: float | None = None  # the clock at the last pass (None: none yet)
 
     def on_external_change(self, team: str | None, member: str | None) -> None:
         self.env.waiters.notify(team, member)
@@ -151,6 +156,9 @@ class Maintenance:
         due, for every team, goes on."""
         now = self.clock.now()
         handlers = self.pipeline.job_handlers()
+        if self._last_now is None or now < self._last_now:
+            await self._restart_leases(now)  # the first pass, or the clock stepped back
+        self._last_now = now
 
         def fn(c: Ctx) -> tuple[bool, float | None, list[int], list[tuple[str, str, str]]]:
             tx = c.tx
@@ -188,6 +196,29 @@ class Maintenance:
             await self.compact(now - self.retention_seconds)
         self.env.next_due = next_due
         return next_due
+
+    async def _restart_leases(self, now: float) -> None:
+        """Leases given after now (by the hub's clock, beyond :data:`CLOCK_SLACK`) were
+        given before the clock stepped back: each runs its own length again from now,
+        so its message is not held for as long as the clock stepped back (an hour held
+        an hour), nor taken from a receiver that still works on it. Done on the first
+        pass (the hub may have been stopped while the clock stepped back) and whenever
+        the clock is behind where it was the pass before."""
+        restarted = 0
+        while True:
+            found = await self.store.transact(
+                lambda tx: tx.restart_leases(now, now + CLOCK_SLACK, LEASE_BATCH)
+            )
+            restarted += len(found)
+            if len(found) < LEASE_BATCH:
+                break
+        if restarted:
+            log.warning(
+                "the clock is behind the start of %d leases (it stepped back, or the hub "
+                "that gave them keeps a clock ahead of this one): each runs its length "
+                "again from now",
+                restarted,
+            )
 
     def _held_back(self, now: float) -> set[tuple[str, str, str]]:
         """The expired leases set aside whose retry is not due yet."""

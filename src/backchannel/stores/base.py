@@ -198,6 +198,14 @@ class Tx(Protocol):
         """The earliest ``lease_until`` among leased deliveries, or ``None``."""
         ...
 
+    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
+        """Up to ``limit`` leases given after ``given_after`` (their ``updated_at``: by a
+        clock that has stepped back since) run their length again from ``now``: their
+        ``lease_until`` becomes ``now + lease_until - updated_at`` and their
+        ``updated_at`` ``now``. Returns them as they were. Without this, a lease given
+        before the wall clock stepped back an hour would hold its message an hour."""
+        ...
+
     def transition(
         self,
         team: str,

@@ -293,6 +293,16 @@ class MemoryTx:
         times = [d.lease_until for d in self._leased() if d.lease_until is not None]
         return min(times) if times else None
 
+    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
+        found = [
+            d for d in self._leased() if d.lease_until is not None and d.updated_at > given_after
+        ]
+        found = sorted(found, key=lambda d: (d.lease_until, d.seq))[:limit]
+        for d in found:
+            assert d.lease_until is not None
+            self._replace(d, lease_until=now + d.lease_until - d.updated_at, updated_at=now)
+        return found
+
     def transition(
         self,
         team: str,

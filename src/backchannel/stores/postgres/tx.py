@@ -243,6 +243,22 @@ class PgTx(PgTransaction, LifecycleSql):
         row = self._one(Q.next_lease_expiry, ())
         return row[0] if row else None
 
+    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
+        where = "state = 'leased' AND updated_at > %s"
+        found = [
+            delivery(r)
+            for r in self._claim(
+                DELIVERY_COLS, "deliveries", where, "lease_until, seq", (given_after,), limit
+            )
+        ]
+        if found:  # the rows and their teams are locked by the claim
+            self._exec(
+                "UPDATE deliveries SET lease_until = %s + lease_until - updated_at, "
+                "updated_at = %s WHERE seq = ANY(%s::bigint[])",
+                (now, now, [d.seq for d in found]),
+            )
+        return found
+
     def transition(
         self,
         team: str,

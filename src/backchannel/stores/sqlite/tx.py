@@ -112,6 +112,13 @@ _EXPIRED_LEASES = (
     f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
     "ORDER BY lease_until, seq LIMIT ?"
 )
+_GIVEN_AFTER = (
+    f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND updated_at > ? "
+    "ORDER BY lease_until, seq LIMIT ?"
+)
+_RESTART_LEASE = (
+    "UPDATE deliveries SET lease_until = ? + lease_until - updated_at, updated_at = ? WHERE seq = ?"
+)
 _DUE_JOBS = (
     f"SELECT {Q.job_cols} FROM jobs WHERE state = 'pending' AND due_at <= ? "
     "ORDER BY due_at, id LIMIT ?"
@@ -366,6 +373,11 @@ class SqliteTx(LifecycleSql):
     def next_lease_expiry(self) -> float | None:
         row = self._one(Q.next_lease_expiry, ())
         return row[0] if row else None
+
+    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
+        found = [delivery(r) for r in self._c.execute(_GIVEN_AFTER, (given_after, limit))]
+        self._c.executemany(_RESTART_LEASE, [(now, now, d.seq) for d in found])
+        return found
 
     def transition(
         self,
