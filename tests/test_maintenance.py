@@ -4,13 +4,14 @@ goes on, timers due while the hub was stopped, a clock that steps back."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from backchannel.errors import StoreError
+from backchannel.errors import ClockSkew, StoreError
 from backchannel.hub import Hub
 from backchannel.interfaces.http import create_app
 from backchannel.stores.base import SCHEMA_VERSION, Store, Tx
@@ -400,3 +401,66 @@ async def test_a_hub_started_after_the_clock_stepped_back_restarts_the_leases_be
         await hub.maintain()
         back = await hub.receive("t", "b", session="b-s", limit=10)
         assert [g.message.message_id for g in back] == [sent.message_id]
+
+
+class _OffsetClock:
+    """The wall clock, ``offset`` seconds off (a host whose clock is not in sync)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.mark.postgres
+async def test_a_hub_whose_clock_is_ahead_of_the_database_takes_no_live_lease_back(
+    new_postgres_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hubs on one PostgreSQL give and return leases each by its own clock: one a minute
+    ahead would return the others' live leases early, and the message be handed twice.
+    Such a hub refuses to start (named, with the way out); one a little off starts and
+    says so; one whose clock jumps ahead while it runs returns leases by the database's
+    clock, and /healthz says degraded."""
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    caplog.set_level(logging.WARNING, logger="backchannel.hub")
+    hub_a = Hub(PostgresStore(url), clock=_OffsetClock(0.0), background=False, lease_seconds=30)
+    async with hub_a as a:
+        await _team(a, "x", "y")
+        with pytest.raises(ClockSkew) as caught:
+            await Hub(PostgresStore(url), clock=_OffsetClock(60.0), background=False).start()
+        text = str(caught.value)
+        assert "ahead of the database's" in text and "NTP" in text, text
+        assert 59 < caught.value.details["skew"] < 61
+
+        async with Hub(PostgresStore(url), clock=_OffsetClock(-2.5), background=False):
+            said = [r.getMessage() for r in caplog.records if "behind" in r.getMessage()]
+            assert said and "2." in said[0], said
+
+        ahead = _OffsetClock(0.0)
+        async with Hub(PostgresStore(url), clock=ahead, background=False, lease_seconds=30) as b:
+            sent = await a.send("t", "x", "y", "once only")
+            held = await a.receive("t", "y", session="y-s", limit=10)
+            assert [g.message.message_id for g in held] == [sent.message_id]
+            ahead.offset = 60.0  # b's host's clock jumps a minute ahead
+            await b.maintain()
+            assert await b.receive("t", "y", session="y-s", limit=10) == []
+            assert b.maintenance.skewed and 59 < b.maintenance.skew < 61
+            app = create_app(b, "admin-token")
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://hub"
+            ) as http:
+                health = (await http.get("/healthz")).json()
+                assert health["status"] == "degraded" and 59 < health["clock_skew"] < 61
+            assert (await a.message_status("t", sent.message_id)).state.value == "leased"
+            await a.ack("t", "y", [sent.message_id])
+
+            ahead.offset = 0.0  # in sync again
+            await b.maintain()
+            assert not b.maintenance.skewed
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://hub"
+            ) as http:
+                assert (await http.get("/healthz")).json() == {"status": "ok"}

@@ -58,6 +58,7 @@ __all__ = [
     "AttachError",
     "BackchannelError",
     "BudgetExhausted",
+    "ClockSkew",
     "Conflict",
     "Forbidden",
     "HeldDelivery",
@@ -219,6 +220,14 @@ class ServiceError(BackchannelError):
 
 class StoreError(ServiceError):
     code = "store_unavailable"
+    status = 503
+
+
+class ClockSkew(ServiceError):
+    """This hub's clock and the shared database's differ by more than the hubs on one
+    database tolerate (a hub ahead would take other hubs' live leases back early)."""
+
+    code = "clock_skew"
     status = 503
 
 

@@ -358,11 +358,14 @@ class Health(_Out):
     """``ok``; ``degraded`` while maintenance has set scheduled jobs aside because firing
     them failed (``failing_jobs`` of them), or expired leases because returning them
     failed (``failing_leases``): the hub's log names each and the way out, everything
-    else going on."""
+    else going on; or while this hub's clock is further off the shared database's than
+    hubs on one database may be (``clock_skew``, its clock minus the database's, in
+    seconds: leases are returned by the database's clock meanwhile)."""
 
     status: str
     failing_jobs: int | None = None
     failing_leases: int | None = None
+    clock_skew: float | None = None
 
 
 class Me(_Out):

@@ -144,7 +144,12 @@ class DeliveryState(StrEnum):
 
 
 class Clock(Protocol):
-    """Where the hub reads the time. Tests inject :class:`backchannel.testing.FakeClock`."""
+    """Where the hub reads the time. Tests inject :class:`backchannel.testing.FakeClock`.
+
+    A hub on a database other hubs share compares its clock with the database's (see
+    ``Maintenance.check_clock``); a clock that does not follow the wall clock says so
+    with a ``follows_wall_clock = False`` attribute (:class:`FakeClock` does), and is
+    not compared."""
 
     def now(self) -> float: ...
 

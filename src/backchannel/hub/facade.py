@@ -168,6 +168,11 @@ class Hub:
         if self._started:
             return
         await self.store.open()
+        try:
+            await self.maintenance.check_clock(starting=True)
+        except BaseException:
+            await self.store.close()
+            raise
         self.store.on_external_change(self.maintenance.on_external_change)
         self._started = True
         if self._background:

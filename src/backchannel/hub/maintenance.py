@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from backchannel.core import messages as rules
 from backchannel.core.timers import TIMER_JOB
-from backchannel.errors import StoreError
+from backchannel.errors import ClockSkew, StoreError
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome, wait_for
 from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline
@@ -43,10 +44,14 @@ COMPACT_EVERY = 300.0  # seconds between retention passes once caught up
 LEASE_BATCH = 500  # expired leases a transaction
 JOB_BATCH = 200  # due jobs a transaction
 _FAR = 1e15  # a time after every lease's end: "every lease", earliest end first
-#: How far ahead of this hub's clock a lease may have been given before maintenance
-#: takes it for one given before the clock stepped back (and restarts it): the clock
-#: difference tolerated between hubs on one database (see ``clock_skew``).
-CLOCK_SLACK = 5.0
+#: The most a hub's clock may differ from the database's that hubs on several hosts share
+#: (PostgreSQL): a hub further off refuses to start, and one that drifts further while
+#: it runs returns leases by the database's clock (see :meth:`Maintenance.check_clock`).
+#: Also how far ahead of this hub's clock a lease may have been given before maintenance
+#: takes it for one given before the clock stepped back (and restarts it).
+MAX_CLOCK_SKEW = 5.0
+CLOCK_WARN = 1.0  # a skew that is logged at start, still tolerated
+CLOCK_CHECK_EVERY = 60.0  # seconds (monotonic) between two comparisons while running
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
@@ -137,6 +142,12 @@ class Maintenance:
         # expired leases set aside, by (team, message id, member) (see failing_leases)
         self._failing_leases: dict[tuple[str, str, str], FailingLease] = {}
         self._last_now: float | None = None  # the clock at the last pass (None: none yet)
+        #: this hub's clock minus the database's (PostgreSQL) at the last comparison, and
+        #: whether that was beyond MAX_CLOCK_SKEW; when to compare again (monotonic), and
+        #: the clock minus the monotonic clock then (a step in between compares at once)
+        self.skew = 0.0
+        self.skewed = False
+        self._skew_check: tuple[float, float] | None = None
 
     def on_external_change(self, team: str | None, member: str | None) -> None:
         self.env.waiters.notify(team, member)
@@ -159,10 +170,15 @@ class Maintenance:
         if self._last_now is None or now < self._last_now:
             await self._restart_leases(now)  # the first pass, or the clock stepped back
         self._last_now = now
+        if self._clock_moved():
+            await self.check_clock()
+        # leases end by the database's clock while this hub's runs too far ahead of it:
+        # by its own, it would take other hubs' live leases back early
+        lease_now = now - self.skew if self.skewed and self.skew > 0 else now
 
         def fn(c: Ctx) -> tuple[bool, float | None, list[int], list[tuple[str, str, str]]]:
             tx = c.tx
-            expired = self._expirable(tx, now)
+            expired = self._expirable(tx, lease_now)
             for d in expired:
                 self._expire(c, d, now)
             jobs = tx.due_jobs(now, JOB_BATCH)
@@ -180,7 +196,7 @@ class Maintenance:
                 (more, next_due, fired, returned), c = await self.env.transact_ctx(fn)
             except Exception as exc:
                 log.debug("maintenance batch failed (%s); going piece by piece", exc)
-                more, next_due = await self._piece_by_piece(handlers, now)
+                more, next_due = await self._piece_by_piece(handlers, now, lease_now)
                 continue
             for job in c.after:
                 self.pipeline.start_after(job)
@@ -197,8 +213,70 @@ class Maintenance:
         self.env.next_due = next_due
         return next_due
 
+    def _clock_moved(self) -> bool:
+        """Whether it is time to compare the clock with the database's: every
+        :data:`CLOCK_CHECK_EVERY` seconds, and at once when the clock stepped (moved
+        apart from the monotonic clock by more than :data:`CLOCK_WARN`)."""
+        if self._skew_check is None:
+            return True
+        due, drift = self._skew_check
+        mono = time.monotonic()
+        return mono >= due or abs(self.clock.now() - mono - drift) > CLOCK_WARN
+
+    async def check_clock(self, *, starting: bool = False) -> float | None:
+        """Compare this hub's clock with the database's, where hubs on several hosts
+        share it (PostgreSQL; other stores, and a clock that does not follow the wall
+        clock, are not compared: ``None``). Returns this hub's clock minus the
+        database's.
+
+        Each hub gives leases and returns them by its own clock, so a hub whose clock
+        runs ahead would return other hubs' live leases early: a message handed twice.
+        Starting (``starting``) more than :data:`MAX_CLOCK_SKEW` off, it raises
+        :class:`ClockSkew`; more than :data:`CLOCK_WARN` off, it says so. Drifted
+        further off while running, it logs an error, ``/healthz`` says degraded, and
+        maintenance returns leases by the database's clock until the clocks agree."""
+        if not getattr(self.clock, "follows_wall_clock", True):
+            return None
+        before = self.clock.now()
+        database = await self.store.database_time()
+        after = self.clock.now()
+        mono = time.monotonic()
+        self._skew_check = (mono + CLOCK_CHECK_EVERY, after - mono)
+        if database is None:
+            return None
+        skew = (before + after) / 2 - database
+        off = abs(skew) - (after - before) / 2  # the least it can be off by
+        way = "ahead of" if skew > 0 else "behind"
+        what = (
+            f"this hub's clock is {abs(skew):.1f} s {way} the database's ({self.store.url}); "
+            f"hubs on one database may differ by at most {MAX_CLOCK_SKEW:.0f} s"
+        )
+        fix = (
+            "Keep the hosts' clocks in sync (NTP: chrony or systemd-timesyncd on the hub's "
+            "host and the database's) and start the hub again."
+        )
+        if starting and off > MAX_CLOCK_SKEW:
+            raise ClockSkew(
+                f"{what}: a hub ahead would take other hubs' live leases back early and a "
+                f"message would be handed twice. {fix}",
+                skew=round(skew, 3),
+            )
+        if off > MAX_CLOCK_SKEW:
+            if not self.skewed:
+                log.error(
+                    "%s; leases are returned by the database's clock meanwhile. %s", what, fix
+                )
+            self.skew, self.skewed = skew, True
+            return skew
+        if self.skewed:
+            log.warning("this hub's clock is back within %.0f s of the database's", MAX_CLOCK_SKEW)
+        elif off > CLOCK_WARN:
+            log.warning("%s, but it is more than %.0f s. %s", what, CLOCK_WARN, fix)
+        self.skew, self.skewed = skew, False
+        return skew
+
     async def _restart_leases(self, now: float) -> None:
-        """Leases given after now (by the hub's clock, beyond :data:`CLOCK_SLACK`) were
+        """Leases given after now (by the hub's clock, beyond :data:`MAX_CLOCK_SKEW`) were
         given before the clock stepped back: each runs its own length again from now,
         so its message is not held for as long as the clock stepped back (an hour held
         an hour), nor taken from a receiver that still works on it. Done on the first
@@ -207,7 +285,7 @@ class Maintenance:
         restarted = 0
         while True:
             found = await self.store.transact(
-                lambda tx: tx.restart_leases(now, now + CLOCK_SLACK, LEASE_BATCH)
+                lambda tx: tx.restart_leases(now, now + MAX_CLOCK_SKEW, LEASE_BATCH)
             )
             restarted += len(found)
             if len(found) < LEASE_BATCH:
@@ -297,12 +375,12 @@ class Maintenance:
             c.tx.finish_job(job.job_id, JobState.DONE, now)
 
     async def _piece_by_piece(
-        self, handlers: Mapping[str, JobHandler], now: float
+        self, handlers: Mapping[str, JobHandler], now: float, lease_now: float
     ) -> tuple[bool, float | None]:
         """The batch failed: every expired lease in a transaction of its own, then every
         due job in its own (one store call for each kind), the failing ones set aside.
         Returns whether more is due now, and when work is next due."""
-        expired = await self.store.read(lambda tx: self._expirable(tx, now))
+        expired = await self.store.read(lambda tx: self._expirable(tx, lease_now))
 
         def back(d: Delivery) -> Callable[[Ctx], bool]:
             def fn(c: Ctx) -> bool:
@@ -313,7 +391,7 @@ class Maintenance:
                 x = next((x for x in copies if x.recipient.member == member), None)
                 if x is None or x.state is not DeliveryState.LEASED or not x.lease_until:
                     return False  # acked or returned meanwhile (another hub)
-                if x.lease_until > now:
+                if x.lease_until > lease_now:
                     return False  # leased again meanwhile: a live lease
                 self._expire(c, x, now)
                 return True

@@ -608,6 +608,12 @@ class Store(ABC):
         """Run a read-only ``fn``. Stores may serve it from a snapshot without a commit."""
         return self.transact(fn)
 
+    async def database_time(self) -> float | None:
+        """The clock of a database hubs on several hosts share (PostgreSQL's), in Unix
+        seconds, for each hub to compare its own with; ``None`` for a store only hubs on
+        one host open (their clock is the host's)."""
+        return None
+
     def on_external_change(self, callback: ChangeCallback) -> None:
         """Register ``callback`` for changes made by *other* processes or hosts.
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 class FakeClock:
     """A clock for tests: starts at ``start`` and moves only by :meth:`advance`."""
 
+    #: years from the wall clock on purpose: not compared with a database's clock
+    follows_wall_clock = False
+
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self._now = start
 

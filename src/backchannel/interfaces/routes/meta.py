@@ -16,8 +16,14 @@ router = APIRouter(route_class=StrictRoute, tags=["meta"])
 async def healthz(request: Request) -> Health:
     maintenance = hub_of(request).maintenance
     jobs, leases = len(maintenance.failing()), len(maintenance.failing_leases())
-    if jobs or leases:
-        return Health(status="degraded", failing_jobs=jobs or None, failing_leases=leases or None)
+    skew = round(maintenance.skew, 3) if maintenance.skewed else None
+    if jobs or leases or skew is not None:
+        return Health(
+            status="degraded",
+            failing_jobs=jobs or None,
+            failing_leases=leases or None,
+            clock_skew=skew,
+        )
     return Health(status="ok")
 
 

@@ -69,7 +69,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -279,6 +279,9 @@ class PostgresStore(Store):
 
     def read(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
         return self._submit(self._run, fn, True)
+
+    async def database_time(self) -> float:
+        return await self.read(lambda tx: cast(PgTx, tx).database_time())
 
     def transact_each(
         self, fns: Sequence[Callable[[Tx], T]]

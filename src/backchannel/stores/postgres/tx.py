@@ -243,6 +243,11 @@ class PgTx(PgTransaction, LifecycleSql):
         row = self._one(Q.next_lease_expiry, ())
         return row[0] if row else None
 
+    def database_time(self) -> float:
+        """The database server's clock now (``clock_timestamp()``, not the transaction's
+        start), in Unix seconds."""
+        return float(self._one("SELECT extract(epoch FROM clock_timestamp())::float8", ())[0])
+
     def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
         where = "state = 'leased' AND updated_at > %s"
         found = [
