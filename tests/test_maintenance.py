@@ -4,6 +4,7 @@ goes on, timers due while the hub was stopped, a clock that steps back."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -464,3 +465,46 @@ async def test_a_hub_whose_clock_is_ahead_of_the_database_takes_no_live_lease_ba
                 transport=httpx.ASGITransport(app=app), base_url="http://hub"
             ) as http:
                 assert (await http.get("/healthz")).json() == {"status": "ok"}
+
+
+def _immutable(files: list[Path], on: bool) -> None:
+    """The files read-only even for root (``chattr``), as a store whose disk was
+    remounted read-only for a moment; skips where the file system cannot."""
+    done = subprocess.run(
+        ["chattr", "+i" if on else "-i", *map(str, files)], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot make files immutable here: {done.stderr.decode().strip()}")
+
+
+async def test_a_store_read_only_for_a_moment_sets_nothing_aside(tmp_path: Path) -> None:
+    """The SQLite file cannot be written for a while (three maintenance passes): every
+    pass fails as the store's failure, retried in a second, not as bad rows set aside
+    with a backoff that keeps growing; once it can be written again the expired lease
+    comes back and the due timer fires at once, each once."""
+    clock = FakeClock()
+    where = tmp_path / "hub.db"
+    async with Hub(SqliteStore(where), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b")
+        await hub.set_timer("t", "a", "a-s", "anchor", 40, "the note")
+        sent = await hub.send("t", "a", "b", "hello")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        files = [Path(f"{where}{suffix}") for suffix in ("", "-wal", "-shm")]
+        _immutable(files, True)
+        try:
+            for _ in range(3):
+                clock.advance(60)
+                with pytest.raises(StoreError, match=r"readonly|read-only|I/O"):
+                    await hub.maintain()
+                assert hub.maintenance.failing() == []
+                assert hub.maintenance.failing_leases() == []
+        finally:
+            _immutable(files, False)
+        await hub.maintain()
+        back = await hub.receive("t", "b", session="b-s", limit=10)
+        assert [g.message.message_id for g in back] == [sent.message_id]
+        assert await _take(hub, "a") == ["ANCHOR: the note"]
+        await hub.ack("t", "b", [sent.message_id])
+        clock.advance(3600)
+        await hub.maintain()
+        assert await _take(hub, "a") == [] and await _take(hub, "b") == []

@@ -379,7 +379,9 @@ class Maintenance:
     ) -> tuple[bool, float | None]:
         """The batch failed: every expired lease in a transaction of its own, then every
         due job in its own (one store call for each kind), the failing ones set aside.
-        Returns whether more is due now, and when work is next due."""
+        Raises the store's error instead when nothing went through and every failure
+        was the store's (:class:`StoreError`). Returns whether more is due now, and when
+        work is next due."""
         expired = await self.store.read(lambda tx: self._expirable(tx, lease_now))
 
         def back(d: Delivery) -> Callable[[Ctx], bool]:
@@ -399,15 +401,6 @@ class Maintenance:
             return fn
 
         returned = await self.env.transact_each([back(d) for d in expired])
-        lost: list[tuple[Delivery, Exception]] = []
-        for d, result in zip(expired, returned, strict=True):
-            if isinstance(result, Exception):
-                lost.append((d, result))
-            else:
-                self._failing_leases.pop(_key(d), None)
-        if lost:
-            self._set_leases_aside(lost, now)
-
         due = await self.store.read(lambda tx: tx.due_jobs(now, JOB_BATCH))
 
         def one(team: str, job_id: int) -> Callable[[Ctx], list[Job] | None]:
@@ -421,6 +414,22 @@ class Maintenance:
             return fn
 
         done = await self.env.transact_each([one(j.team, j.job_id) for j in due])
+        errors = [r for r in (*returned, *done) if isinstance(r, Exception)]
+        if errors and len(errors) == len(returned) + len(done):
+            store = [e for e in errors if isinstance(e, StoreError)]
+            if len(store) == len(errors):
+                # nothing went through, each for the store's own failure (its file
+                # cannot be written, the database is down): not bad rows to set aside
+                # with a growing backoff, but the store, which the loop retries each second
+                raise store[0]
+        lost: list[tuple[Delivery, Exception]] = []
+        for d, result in zip(expired, returned, strict=True):
+            if isinstance(result, Exception):
+                lost.append((d, result))
+            else:
+                self._failing_leases.pop(_key(d), None)
+        if lost:
+            self._set_leases_aside(lost, now)
         failed: list[tuple[Job, Exception]] = []
         for job, outcome in zip(due, done, strict=True):
             if isinstance(outcome, Exception):
