@@ -141,6 +141,8 @@ class Rig:
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
         }
+        if os.environ.get("PYTHONPATH"):  # the hooks run the backchannel under test
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         if self.runtime == "claude-code":
             env |= {
                 "ANTHROPIC_BASE_URL": self.api.url,
