@@ -1,8 +1,10 @@
 """A ``Stop`` reported twice routes once; two turns that end with the same words route
 twice. Where the runtime names the turn (Codex's ``turn_id``, its ``notify``'s
-``turn-id``, the ``timestamp`` of Gemini's ``AfterAgent`` call) its id decides; where
-it does not (Claude Code), the closing text, what the session was shown, and a short
-window do."""
+``turn-id``, the ``timestamp`` of Gemini's ``AfterAgent`` call, the uuid of Claude
+Code's last assistant message that ``backchannel hook`` reads from its transcript) its
+id decides; where it does not (Claude Code through a plain HTTP hook), Claude Code's
+``prompt_id`` tells turns of two prompts apart, and else the closing text, what the
+session was shown, and a short window do, until the session starts again."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from backchannel.core.turns import stop_print
 from backchannel.hub import Hub
 from backchannel.hub.turns import LAST_STOP
-from backchannel.runtimes.channel_tags import SEEN_FIELD
+from backchannel.runtimes.channel_tags import SEEN_FIELD, STOP_ID_FIELD
 from backchannel.runtimes.receiver import REPEAT_STOP_SECONDS
 from backchannel.testing import FakeClock
 
@@ -88,19 +90,56 @@ async def test_the_same_turns_stop_again_routes_nothing_however_late(
     assert await lead.got(hub) == 1
 
 
-def _claude_stop(*seen: str) -> dict[str, Any]:
-    payload = fixture("claude-code", "Stop", last_assistant_message=CLOSING)
+def _claude_stop(*seen: str, **fields: str) -> dict[str, Any]:
+    payload = fixture("claude-code", "Stop", last_assistant_message=CLOSING, **fields)
     return {**payload, SEEN_FIELD: list(seen)} if seen else payload
 
 
-async def test_claude_codes_stop_reported_twice_routes_once(hub: Hub, clock: FakeClock) -> None:
-    """No id: the same text on the idle session, shown the same, within the window."""
+def _claude_turn(uuid: str, prompt: str = "p1") -> dict[str, Any]:
+    """Claude Code's ``Stop`` as ``backchannel hook`` sends it: ``prompt_id`` from Claude
+    Code, the uuid of the turn's last assistant message from its transcript."""
+    return _claude_stop(prompt_id=prompt, **{STOP_ID_FIELD: uuid})
+
+
+async def test_two_claude_code_turns_with_the_same_closing_text_both_route(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """A turn of the same prompt (a channel push woke the idle session, or the prompt
+    hook failed) ending with the same words within the window: its last assistant
+    message is another one, so it is a turn of its own. It used to be taken for the
+    first turn's ``Stop`` again, and its crossing was lost."""
     await _team(hub, "claude-code")
     lead = Lead()
-    await call(hub, "t", "w", "claude-code", _claude_stop("m1"))
-    clock.advance(REPEAT_STOP_SECONDS - 1)
-    await call(hub, "t", "w", "claude-code", _claude_stop("m1"))
+    await call(hub, "t", "w", "claude-code", _claude_turn("a-1"))
+    clock.advance(2)
+    await call(hub, "t", "w", "claude-code", _claude_turn("a-2"))
+    assert await lead.got(hub) == 2
+
+
+async def test_a_claude_code_stop_reported_again_routes_nothing_however_late(
+    hub: Hub, clock: FakeClock
+) -> None:
+    await _team(hub, "claude-code")
+    lead = Lead()
+    await call(hub, "t", "w", "claude-code", _claude_turn("a-1"))
+    clock.advance(REPEAT_STOP_SECONDS * 10)
+    assert (await call(hub, "t", "w", "claude-code", _claude_turn("a-1"))).answer == {}
     assert await lead.got(hub) == 1
+
+
+async def test_claude_code_turns_of_two_prompts_route_without_the_transcript(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """A plain HTTP hook reads no transcript: Claude Code's own ``prompt_id`` still
+    tells the turns of two prompts apart; the same prompt's stop again is a repeat."""
+    await _team(hub, "claude-code")
+    lead = Lead()
+    await call(hub, "t", "w", "claude-code", _claude_stop(prompt_id="p1"))
+    clock.advance(2)
+    await call(hub, "t", "w", "claude-code", _claude_stop(prompt_id="p1"))
+    assert await lead.got(hub) == 1
+    await call(hub, "t", "w", "claude-code", _claude_stop(prompt_id="p2"))
+    assert await lead.got(hub) == 2
 
 
 async def test_a_claude_code_turn_on_a_new_channel_push_routes(hub: Hub, clock: FakeClock) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backchannel.runtimes.channel_tags import STOP_ID_FIELD
 from backchannel.runtimes.transcripts import (
     TRANSCRIPT_TAIL_BYTES,
     TranscriptRefused,
@@ -212,3 +213,57 @@ def test_a_codex_rollout_is_read_from_codex_sessions(
     rollout.write_text("".join(json.dumps(e) + "\n" for e in entries))
     payload, note = enrich("codex", _stop("codex", rollout))
     assert (payload["last_assistant_message"], note) == ("renamed foo to bar", None)
+
+
+# -- what names a Claude Code stop -------------------------------------------------------
+
+
+def _entry(kind: str, uuid: str, content: object, msg_id: str | None = None) -> dict[str, object]:
+    message: dict[str, object] = {"role": kind, "content": content}
+    if msg_id:
+        message["id"] = msg_id
+    return {"type": kind, "uuid": uuid, "message": message}
+
+
+def _turn(n: int, closing: str = "Done.") -> list[dict[str, object]]:
+    """One turn as Claude Code 2.1 writes it: the prompt, a tool call and its result, the
+    answer (one entry per content block), and its bookkeeping after the answer."""
+    return [
+        _entry("user", f"u{n}", f"prompt {n}"),
+        _entry("assistant", f"a{n}-call", [{"type": "tool_use", "id": f"t{n}"}], f"m{n}-1"),
+        _entry("user", f"r{n}", [{"type": "tool_result", "tool_use_id": f"t{n}"}]),
+        _entry("assistant", f"a{n}-text", [{"type": "text", "text": "Looked."}], f"m{n}-2"),
+        _entry("assistant", f"a{n}-end", [{"type": "text", "text": closing}], f"m{n}-2"),
+        {"type": "last-prompt", "lastPrompt": f"prompt {n}"},
+        {"type": "attachment", "uuid": f"x{n}", "attachment": {"type": "prompt_snapshot"}},
+        {"type": "system", "uuid": f"s{n}", "subtype": "stop_hook_summary"},
+    ]
+
+
+def _claude_stop_id(claude_dir: Path, entries: list[dict[str, object]], said: str) -> object:
+    transcript = claude_dir / "s.jsonl"
+    transcript.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    stop = fixture("claude-code", "Stop", transcript_path=str(transcript))
+    payload, note = enrich("claude-code", {**stop, "last_assistant_message": said})
+    assert note is None
+    return payload.get(STOP_ID_FIELD)
+
+
+def test_a_claude_code_stop_is_named_by_its_last_assistant_message(claude_dir: Path) -> None:
+    """Two turns that end with the same words are told apart by the uuid of each one's
+    last assistant message; the same turn's stop read again finds the same one."""
+    first = _claude_stop_id(claude_dir, _turn(1), "Looked.\nDone.")
+    assert first == "a1-end"
+    assert _claude_stop_id(claude_dir, _turn(1), "Looked.\nDone.") == first
+    assert _claude_stop_id(claude_dir, _turn(1) + _turn(2), "Looked.\nDone.") == "a2-end"
+
+
+def test_a_transcript_behind_the_stop_names_no_turn(claude_dir: Path) -> None:
+    """A transcript that does not plainly end with this stop's answer names nothing (the
+    hub then tells a repeat by its words): one that ends with a prompt not yet answered,
+    one whose last answer is not the words the stop reports."""
+    behind = _turn(1) + _turn(2)[:1]
+    assert _claude_stop_id(claude_dir, behind, "Looked.\nDone.") is None
+    assert _claude_stop_id(claude_dir, _turn(1), "Something else.") is None
+    no_uuid = [{k: v for k, v in e.items() if k != "uuid"} for e in _turn(1)]
+    assert _claude_stop_id(claude_dir, no_uuid, "Looked.\nDone.") is None

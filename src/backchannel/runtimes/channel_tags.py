@@ -15,6 +15,7 @@ __all__ = [
     "SEEN_FIELD",
     "SEEN_TAIL_BYTES",
     "STOP_CONTEXT_SINCE",
+    "STOP_ID_FIELD",
     "VERSION_FIELD",
     "channel_ids",
     "cli_version",
@@ -33,6 +34,9 @@ SEEN_TAIL_BYTES = 256 * 1024
 #: Where :func:`enrich` puts the Claude Code version its hook runs under (from the
 #: ``AI_AGENT=claude-code_2-1-330_harness`` Claude Code exports to its hooks).
 VERSION_FIELD = "backchannel_cli_version"
+#: Where :func:`enrich` puts what names a ``Stop``: the uuid Claude Code gave the turn's
+#: last assistant message in its transcript (:func:`~.transcripts.last_assistant_uuid`).
+STOP_ID_FIELD = "backchannel_stop_id"
 #: From this version on (the first one checked), a Stop hook's
 #: ``hookSpecificOutput.additionalContext`` keeps the session going as plain feedback;
 #: ``decision: block`` shows the person watching a "Stop hook reported a problem".

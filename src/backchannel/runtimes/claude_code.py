@@ -10,7 +10,10 @@ PreToolUse         ``tool_call`` (``tool_name``, ``tool_input``, ``tool_use_id``
 PostToolUse        ``tool_result`` (``tool_response``)
 Stop               ``agent_stop`` with ``last_assistant_message`` (the command hook fills
                    it in from the transcript when it is missing, see :mod:`.transcripts`);
-                   waiting messages answer ``decision: block``
+                   waiting messages answer ``decision: block``. What tells the same
+                   ``Stop`` reported twice from a new turn's: the uuid of the turn's last
+                   assistant message, which the command hook reads from the transcript
+                   (``backchannel_stop_id``), and ``prompt_id``
 SubagentStop       ``agent_output`` of a subagent, inside the parent's turn
 SessionEnd         terminate the session (``reason``)
 =================  =========================================================
@@ -26,6 +29,7 @@ from typing import Any
 from backchannel.runtimes.channel_tags import (
     SEEN_FIELD,
     STOP_CONTEXT_SINCE,
+    STOP_ID_FIELD,
     VERSION_FIELD,
     channel_ids,
     version_tuple,
@@ -72,6 +76,13 @@ def _seen(obj: Mapping[str, Any], prompt: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*channel_ids(prompt), *extra]))[:100]
 
 
+def _stop_id(obj: Mapping[str, Any]) -> str | None:
+    """What names a stop: Codex's ``turn_id``; for Claude Code, whose payload names no
+    turn, the uuid of the turn's last assistant message the command hook read from the
+    transcript (:func:`~backchannel.runtimes.transcripts.last_assistant_uuid`)."""
+    return opt_str(obj, "turn_id") or opt_str(obj, STOP_ID_FIELD) or None
+
+
 def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KINDS) -> HookEvent:
     """A Claude-shaped hook payload (Claude Code, Codex hooks) as a :class:`HookEvent`."""
     obj, name = event_name(payload, "hook_event_name")
@@ -114,7 +125,8 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
             text=closing or "",
             stop_hook_active=opt_bool(obj, "stop_hook_active"),
             extra=extra,
-            stop_id=(opt_str(obj, "turn_id") or None) if kind is HookKind.STOP else None,
+            stop_id=_stop_id(obj) if kind is HookKind.STOP else None,
+            prompt_id=(opt_str(obj, "prompt_id") or None) if kind is HookKind.STOP else None,
         )
     if kind is HookKind.SESSION_START:
         return HookEvent(**common, detail=opt_str(obj, "source") or "")

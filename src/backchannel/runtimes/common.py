@@ -74,9 +74,15 @@ class HookEvent:
     had: tuple[str, ...] | None = None
     #: what names the turn's end a stop reports, where the runtime gives it (Codex's
     #: ``turn_id``, its ``notify``'s ``turn-id``, the ``timestamp`` of Gemini's
-    #: ``AfterAgent`` call): the same stop reported again carries the same id, another
-    #: turn's stop another one. ``None`` where there is none (Claude Code).
+    #: ``AfterAgent`` call, the uuid of Claude Code's last assistant message, which the
+    #: command hook reads from its transcript): the same stop reported again carries
+    #: the same id, another turn's stop another one. ``None`` where there is none (a
+    #: Claude Code ``Stop`` posted by a plain HTTP hook).
     stop_id: str | None = None
+    #: the runtime's id of the prompt the turn ran on (Claude Code's ``prompt_id``, the
+    #: same for every event until the next prompt, absent before a process's first):
+    #: two stops of different prompts are two turns. ``None`` where there is none.
+    prompt_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,11 +88,11 @@ MAX_DELIVERY = 20
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
 MAX_RESUMES = 50
-#: For a runtime that names no turn (Claude Code): how long after a turn's end the same
-#: closing text reported again on the idle session, shown the same, is that ``Stop``
-#: again (two hook processes, a retried call), not a turn of its own. The command hook
-#: gives up on the hub after 10 s and a session's hook processes take turns on its
-#: lock, so a repeat comes within seconds.
+#: For a stop that names no turn (Claude Code's through a plain HTTP hook): how long
+#: after a turn's end the same closing text reported again on the idle session, shown the
+#: same, is that ``Stop`` again (two hook processes, a retried call), not a turn of its
+#: own. The command hook gives up on the hub after 10 s and a session's hook processes
+#: take turns on its lock, so a repeat comes within seconds.
 REPEAT_STOP_SECONDS = 60.0
 #: Hand-outs settled per hub, remembered so the rest of a turn's events cost no ack.
 _SETTLED_KEEP = 4096
@@ -253,12 +253,15 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
 
 def _stop_mark(ev: HookEvent) -> dict[str, str]:
     """What tells this stop from another (kept as the session's ``last_stop``): the
-    runtime's id of it where it gives one; always the print of the closing text, and of
-    what the session shows it was given (Claude Code's channel pushes in its transcript:
-    a turn an idle session ran on a new push shows one more)."""
+    runtime's id of it where it gives one, and of the prompt its turn ran on; always the
+    print of the closing text, and of what the session shows it was given (Claude Code's
+    channel pushes in its transcript: a turn an idle session ran on a new push shows one
+    more)."""
     mark = {"print": stop_print(ev.text)}
     if ev.stop_id:
         mark["id"] = ev.stop_id
+    if ev.prompt_id:
+        mark["prompt"] = ev.prompt_id
     if ev.seen:
         mark["seen"] = stop_print("\n".join(sorted(set(ev.seen))))
     return mark
@@ -268,9 +271,11 @@ def _repeated_stop(hub: Hub, s: Session, mark: Mapping[str, str]) -> bool:
     """Whether a stop on ``s`` is the one that ended its last turn, reported again: the
     session is idle since then (any event opens a turn, and a turn's start drops the
     mark), and the stop is the same. Where both carry the runtime's id, the id alone
-    says so, however late; without one, the closing text and what the session was
-    shown must be the same, within :data:`REPEAT_STOP_SECONDS`. Routed as a turn of its
-    own, a repeat's output would cross its links and its blocks go out a second time."""
+    says so, however late; stops of two prompts are two turns; else the closing text
+    and what the session was shown must be the same, within
+    :data:`REPEAT_STOP_SECONDS`. Routed as a turn of its own, a repeat's output would
+    cross its links and its blocks go out a second time; taken for a repeat, a turn's
+    would be lost."""
     last = s.meta.get(LAST_STOP)
     if isinstance(last, str):  # an older hub kept the print alone
         last = {"print": last}
@@ -278,6 +283,8 @@ def _repeated_stop(hub: Hub, s: Session, mark: Mapping[str, str]) -> bool:
         return False
     if mark.get("id") and last.get("id"):
         return bool(mark["id"] == last["id"])
+    if mark.get("prompt") and last.get("prompt") and mark["prompt"] != last["prompt"]:
+        return False
     if last.get("print") != mark["print"] or last.get("seen") != mark.get("seen"):
         return False
     return s.last_stop_at is not None and hub.clock.now() - s.last_stop_at < REPEAT_STOP_SECONDS

@@ -2,9 +2,12 @@
 
 A ``Stop`` hook of an older Claude Code (or Codex) may lack ``last_assistant_message``;
 the turn's closing text is then the last assistant message of the session's transcript,
-named by the payload's ``transcript_path``. Only the command hook (``backchannel hook``,
-run by the runtime as the agent's user) fills it in, through :func:`enrich`. The hub
-never opens a path a request names: a hook posted over HTTP is taken as it is.
+named by the payload's ``transcript_path``. Claude Code's ``Stop`` names no turn; what
+does is the uuid its transcript gives the turn's last assistant message
+(:func:`last_assistant_uuid`): the same ``Stop`` reported twice finds the same one, a
+new turn that ends with the same words another. Only the command hook (``backchannel
+hook``, run by the runtime as the agent's user) fills these in, through :func:`enrich`.
+The hub never opens a path a request names: a hook posted over HTTP is taken as it is.
 
 Even the command hook reads a transcript only when
 
@@ -33,6 +36,7 @@ __all__ = [
     "TranscriptRefused",
     "enrich",
     "last_assistant_text",
+    "last_assistant_uuid",
     "parse_last_assistant",
     "transcript_dirs",
 ]
@@ -163,12 +167,73 @@ def parse_last_assistant(raw: bytes, *, cut: bool = False) -> str | None:
     return "\n".join(parts) if parts else None
 
 
+def _is_prompt(entry: Mapping[str, Any]) -> bool:
+    """A user entry that is input for the model (a prompt, a channel push), not the
+    results of its tool calls."""
+    if entry.get("type") != "user":
+        return False
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get("type") != "tool_result" for b in content
+    )
+
+
+def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> str | None:
+    """The uuid Claude Code's transcript (its JSONL bytes; ``cut``: the first line may
+    be partial) gives the last assistant message, written before its ``Stop`` hook runs:
+    what names the turn's end. ``None`` unless the transcript plainly ends with that
+    turn's answer: no input follows it (the transcript would be behind the runtime,
+    showing an earlier turn), and its text is ``text``, the payload's
+    ``last_assistant_message`` (Claude Code gives the message's text blocks joined by
+    line ends), when there is one. Without an id the hub tells a repeat by its words."""
+    lines = raw.split(b"\n")
+    if cut and lines:
+        lines = lines[1:]
+    uuid: str | None = None
+    msg_id: object = None
+    parts: list[str] = []
+    for line in reversed(lines):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, Mapping):
+            continue
+        message = entry.get("message")
+        if entry.get("type") == "assistant" and isinstance(message, Mapping):
+            if uuid is None:
+                found = entry.get("uuid")
+                if not isinstance(found, str) or not found:
+                    return None
+                uuid, msg_id = found, message.get("id")
+            elif msg_id is None or message.get("id") != msg_id:
+                break
+            parts = _text_blocks(message) + parts
+            continue
+        if uuid is not None:
+            break  # the message's entries are written together
+        if _is_prompt(entry):
+            return None
+    if uuid is None:
+        return None
+    if text is not None and "\n".join(parts).strip() != text.strip():
+        return None
+    return uuid
+
+
 def enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
     """``payload`` with ``last_assistant_message`` filled in from the runtime's transcript
     when a stop event lacks it, and why it could not be (or ``None``). For Claude Code's
     ``Stop`` also the channel pushes the transcript shows (``backchannel_seen``: the hub
-    acks them and never hands them over again) and the Claude Code version
-    (``backchannel_cli_version``: it says how a Stop answer may keep the session going).
+    acks them and never hands them over again), what names the stop
+    (``backchannel_stop_id``, :func:`last_assistant_uuid`: the hub tells the same stop
+    reported again by it) and the Claude Code version (``backchannel_cli_version``: it
+    says how a Stop answer may keep the session going).
 
     Never raises: what this machine's files add is a help, and no failure to read them may
     keep the event itself from the hub (the payload then goes as it came, with the
@@ -212,7 +277,7 @@ def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
     path = payload.get("transcript_path")
     if isinstance(path, str) and path:
         try:
-            raw, _ = _read_tail(path, "claude-code")  # the same checks as for the text
+            raw, cut = _read_tail(path, "claude-code")  # the same checks as for the text
         except (TranscriptRefused, OSError):
             # refused: said when the closing text is looked for, if it is; not there yet:
             # Claude Code may run the Stop hook before it first writes the transcript
@@ -221,4 +286,9 @@ def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
         seen = tags.channel_ids(tail)[-100:]
         if seen:
             payload = {**payload, tags.SEEN_FIELD: seen}
+        given = payload.get("last_assistant_message")
+        text = given if isinstance(given, str) else None
+        stop_id = last_assistant_uuid(raw, text, cut=cut)
+        if stop_id:
+            payload = {**payload, tags.STOP_ID_FIELD: stop_id}
     return payload
