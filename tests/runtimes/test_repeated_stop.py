@@ -142,6 +142,34 @@ async def test_claude_code_turns_of_two_prompts_route_without_the_transcript(
     assert await lead.got(hub) == 2
 
 
+async def test_a_session_start_between_two_identical_stops_lets_the_second_route(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """Nothing names the turns (an HTTP hook; Claude Code gives no ``prompt_id`` before
+    a process's first prompt, and a channel push wakes it without one): the session
+    started again between the two stops, so the second is a new process's turn, not the
+    first stop reported again."""
+    await _team(hub, "claude-code")
+    lead = Lead()
+    await call(hub, "t", "w", "claude-code", _claude_stop())
+    clock.advance(2)
+    await call(
+        hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", source="resume")
+    )
+    await call(hub, "t", "w", "claude-code", _claude_stop())
+    assert await lead.got(hub) == 2
+
+
+async def test_claude_codes_stop_reported_twice_routes_once(hub: Hub, clock: FakeClock) -> None:
+    """No id: the same text on the idle session, shown the same, within the window."""
+    await _team(hub, "claude-code")
+    lead = Lead()
+    await call(hub, "t", "w", "claude-code", _claude_stop("m1"))
+    clock.advance(REPEAT_STOP_SECONDS - 1)
+    await call(hub, "t", "w", "claude-code", _claude_stop("m1"))
+    assert await lead.got(hub) == 1
+
+
 async def test_a_claude_code_turn_on_a_new_channel_push_routes(hub: Hub, clock: FakeClock) -> None:
     """An idle Claude Code session woken by a channel push (no prompt hook) that ends
     with the same words as its last turn: its transcript shows a push the last one did

@@ -236,6 +236,7 @@ class Hub:
     terminate_session = _Delegate("sessions", Sessions.terminate_session)
     get_session_data = _Delegate("sessions", Sessions.get_session_data)
     report_event = _Delegate("turns", Turns.report_event)
+    forget_stop = _Delegate("turns", Turns.forget_stop)
     # -- links, timers, delegations, budgets ----------------------------------------------------
     list_links = _Delegate("links", Links.list_links)
     get_link = _Delegate("links", Links.get_link)

@@ -192,6 +192,23 @@ class Turns:
 
         return await self.env.transact(fn)
 
+    async def forget_stop(self, team: str, member: str, session_id: str) -> Session:
+        """Drop the mark of the stop that ended the idle session's last turn
+        (:data:`LAST_STOP`): its runtime started it again (a new process, a cleared or
+        compacted context), so the next stop is a turn of its own whatever its words,
+        never that one reported again. A session that is not idle keeps what it has."""
+
+        def fn(c: Ctx) -> Session:
+            s = self.sessions.load(c, team, member, session_id)
+            if s.state is not SessionState.IDLE or LAST_STOP not in s.meta:
+                return s
+            meta = {k: v for k, v in s.meta.items() if k != LAST_STOP}
+            forgot = dataclasses.replace(s, meta=meta)
+            c.tx.put_session(forgot)
+            return forgot
+
+        return await self.env.transact(fn)
+
     def _turn_start(
         self, c: Ctx, s: Session, text: str, data: Mapping[str, Any], now: float
     ) -> dict[str, Any]:

@@ -172,6 +172,10 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     if ev.kind is HookKind.SESSION_START:
         started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
         await _settle(hub, m, started, ev)
+        if started.state is SessionState.IDLE and LAST_STOP in started.meta:
+            # a process (re)started, or its context was rebuilt: a stop after this is a
+            # turn of its own, never the last one's reported again
+            await hub.forget_stop(m.team, m.name, started.session_id)
         context = intro(m, inline=ev.runtime not in ESCAPES_CONTEXT)
         return Outcome(context=context), started.session_id, ()
 
@@ -270,12 +274,12 @@ def _stop_mark(ev: HookEvent) -> dict[str, str]:
 def _repeated_stop(hub: Hub, s: Session, mark: Mapping[str, str]) -> bool:
     """Whether a stop on ``s`` is the one that ended its last turn, reported again: the
     session is idle since then (any event opens a turn, and a turn's start drops the
-    mark), and the stop is the same. Where both carry the runtime's id, the id alone
-    says so, however late; stops of two prompts are two turns; else the closing text
-    and what the session was shown must be the same, within
-    :data:`REPEAT_STOP_SECONDS`. Routed as a turn of its own, a repeat's output would
-    cross its links and its blocks go out a second time; taken for a repeat, a turn's
-    would be lost."""
+    mark, and so does a session start), and the stop is the same. Where both carry the
+    runtime's id, the id alone says so, however late; stops of two prompts are two
+    turns; else the closing text and what the session was shown must be the same,
+    within :data:`REPEAT_STOP_SECONDS`. Routed as a turn of its own, a repeat's output
+    would cross its links and its blocks go out a second time; taken for a repeat, a
+    turn's would be lost."""
     last = s.meta.get(LAST_STOP)
     if isinstance(last, str):  # an older hub kept the print alone
         last = {"print": last}
