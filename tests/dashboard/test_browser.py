@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.conftest import Server
 from tests.dashboard.conftest import Team, screenshot, sign_in
@@ -246,6 +247,58 @@ def test_a_spent_conversation_budget_shows_and_the_human_extends_it(
     t.post("a", "/v1/messages", to="b", text="again, allowed", link=False)
     expect(item.locator(".turns")).to_have_text("3/5")
     _not_reloaded(page)
+
+
+def test_an_extension_whose_answer_was_lost_is_not_made_twice_by_a_second_click(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    # the hub extends, its answer never reaches the page (a reset): the person clicks
+    # again, and that click must be the same extension made again, not a second one
+    t = make_team("a", "b", settings={"anchor_policy": "off", "pair_budget": 2})
+    sign_in(page, t.server, t.tokens["user"])
+    t.post("a", "/v1/messages", to="b", text="ping", link=False)
+    t.post("b", "/v1/messages", to="a", text="pong", link=False)  # spends the pair's budget
+    item = page.locator('#budgets li[data-key="pair:a|b"]')
+    status = page.locator("#budgets-status")
+    expect(item).to_have_attribute("data-spent", "true")
+    bodies: list[dict[str, Any]] = []
+    lose = {1, 4}  # the requests whose answers are lost
+
+    def answer(route: Route) -> None:
+        bodies.append(dict(route.request.post_data_json))
+        if len(bodies) in lose:
+            route.fetch()  # the hub gets it and extends
+            route.abort("connectionreset")  # and the page never hears
+        else:
+            route.continue_()
+
+    def click(by: str) -> None:
+        expect(item.locator("button.extend")).to_be_enabled()
+        item.locator(".extend-by").fill(by)
+        item.locator("button.extend").click()
+
+    page.route("**/budgets/extend", answer)
+    click("3")
+    expect(status).to_have_class(re.compile(r"\berror\b"))
+    click("3")
+    expect(status).to_have_text("pair:a|b: 2 of 5 used")
+    assert len(bodies) == 2 and bodies[0] == bodies[1], bodies
+    assert bodies[0]["request_id"], bodies
+    # with its answer in hand, the next click is the next extension
+    click("3")
+    expect(status).to_have_text("pair:a|b: 2 of 8 used")
+    assert bodies[2]["request_id"] != bodies[0]["request_id"], bodies
+    # a lost answer, then another amount: the hub refuses it as the same request made
+    # with other terms, and the page says the first one went through
+    click("3")
+    expect(status).to_have_class(re.compile(r"\berror\b"))
+    click("1")
+    expect(status).to_contain_text("your earlier extension by 3 went through")
+    assert bodies[4]["request_id"] == bodies[3]["request_id"], bodies
+    expect(item.locator(".turns")).to_have_text("2/11")
+    click("1")
+    expect(status).to_have_text("pair:a|b: 2 of 12 used")
+    assert len({b["request_id"] for b in bodies}) == 4, bodies
 
 
 def test_timers_show_intent_note_and_due_time_live(

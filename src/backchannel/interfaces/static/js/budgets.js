@@ -8,12 +8,24 @@ import { S } from "./state.js";
 import { applySnapshot } from "./team.js";
 import { relTime } from "./time.js";
 
+// The amount typed for each budget, kept across the live updates that redraw the panel
+// (an extension's own among them), so a click after one extends by what was typed.
+const amounts = new Map();
+
 function budgetItem(b) {
   const used = Number(b.used) || 0;
   const limit = Number(b.limit) || 0;
   const pct = limit ? Math.min(100, Math.round((used / limit) * 100)) : 0;
   const who = b.scope === "pair" ? (b.members || []).join(" ↔ ") : `chain ${String(b.key).slice(6)}`;
-  const by = h("input", { type: "number", min: "1", max: "1000", value: "4", class: "extend-by", title: "how many more" });
+  const by = h("input", {
+    type: "number",
+    min: "1",
+    max: "1000",
+    value: amounts.get(b.key) || "4",
+    class: "extend-by",
+    title: "how many more",
+    oninput: () => amounts.set(b.key, by.value),
+  });
   const button = h("button", {
     type: "button",
     class: "extend",
@@ -49,18 +61,43 @@ export function renderBudgets() {
   panelList("budgets", items, budgetItem, hidden, items.length + hidden);
 }
 
+function newRequestId() {
+  const bytes = new Uint8Array(12);
+  crypto.getRandomValues(bytes);
+  return `dash-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+// The extension of each budget asked for and not yet answered: key -> {by, id}. A click
+// whose answer was lost (a reset, the hub restarting) leaves it here, and the next click
+// on that budget sends the same request_id again: the hub answers the budget as it
+// stands (replayed) instead of extending a second time. If the amount was changed
+// meanwhile, the hub answers a conflict exactly when the first extension went through,
+// and the page says so. An answer clears it: the click after that is a new extension.
+const extending = new Map();
+
 async function extendBudget(key, by, button) {
   const status = $("budgets-status");
   status.className = "compose-status";
   button.disabled = true;
+  if (!extending.has(key)) extending.set(key, { by, id: newRequestId() });
+  const asked = extending.get(key);
   try {
-    const r = await api(teamPath("/budgets/extend"), { method: "POST", body: { key, by } });
+    const body = { key, by, request_id: asked.id };
+    const r = await api(teamPath("/budgets/extend"), { method: "POST", body });
+    extending.delete(key);
     status.textContent = `${key}: ${r.used} of ${r.limit} used`;
     status.classList.add("ok");
     const snap = await api(teamPath("/snapshot"));
     applySnapshot(snap);
   } catch (err) {
-    status.textContent = err.message;
+    if (err.status === 409 && err.code === "conflict") {
+      extending.delete(key);
+      status.textContent =
+        `${key}: your earlier extension by ${asked.by} went through (its answer was lost); ` +
+        `nothing more was extended. Click again to extend by ${by} more.`;
+    } else {
+      status.textContent = err.message;
+    }
     status.classList.add("error");
   } finally {
     button.disabled = false;
