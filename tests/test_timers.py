@@ -398,6 +398,8 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX delivery_events_reaction",  # schema 15
+        "DELETE FROM schema_migrations WHERE version = 15",
         "DROP INDEX jobs_request",  # schema 14
         "DELETE FROM schema_migrations WHERE version = 14",
         "DROP INDEX messages_created",  # schema 13
@@ -412,6 +414,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX delivery_events_reaction",  # schema 15
+        "DELETE FROM schema_migrations WHERE version = 15",
         "DROP INDEX jobs_request",  # schema 14
         "DELETE FROM schema_migrations WHERE version = 14",
         "DROP INDEX messages_created",  # schema 13

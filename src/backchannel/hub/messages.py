@@ -813,17 +813,11 @@ class Messages:
         """Add a reaction to a message you sent or received. A reaction is not a send: it
         never feeds the ledger and never crosses a link; it is recorded in the message's
         history. A member's reaction with one emoji is there once: the same reaction
-        again (made again when its answer was lost) changes nothing."""
+        again (made again when its answer was lost, or twice at the same moment) changes
+        nothing and is answered as the first was; the store enforces it
+        (:meth:`Tx.add_reaction`)."""
         if not isinstance(emoji, str) or not 1 <= len(emoji) <= 32:
             raise InvalidRequest("emoji must be 1 to 32 characters", field="emoji")
-        status = await self.message_status(team, message_id, viewer=member)
-        now = self.clock.now()
-
-        def fn(tx: Tx) -> None:
-            for e in tx.history(team, message_id):
-                if (e.member, e.event, e.detail) == (member, "reaction", emoji):
-                    return
-            tx.add_history(team, DeliveryEvent(message_id, member, now, "reaction", emoji))
-
-        await self.store.transact(fn)
-        del status
+        await self.message_status(team, message_id, viewer=member)
+        event = DeliveryEvent(message_id, member, self.clock.now(), "reaction", emoji)
+        await self.store.transact(lambda tx: tx.add_reaction(team, event))

@@ -67,7 +67,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -244,7 +244,15 @@ class Tx(Protocol):
 
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         """Append a line to a message's history (and the team feed) without changing any
-        delivery, e.g. a reaction."""
+        delivery. Not for reactions: :meth:`add_reaction` records those, once."""
+
+    def add_reaction(self, team: str, event: DeliveryEvent) -> bool:
+        """Append a reaction (``event`` named ``reaction``, its detail the emoji) to a
+        message's history unless that member's reaction with that emoji is there
+        already; False when it was. The database enforces it (SQLite and PostgreSQL: the
+        unique index ``delivery_events_reaction``), so two transactions recording the
+        same reaction at once record it once, whatever locks they took."""
+        ...
 
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         """Every copy of a message, by recipient name."""

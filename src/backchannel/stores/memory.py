@@ -361,6 +361,14 @@ class MemoryTx:
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._event(team, event)
 
+    def add_reaction(self, team: str, event: DeliveryEvent) -> bool:
+        e = event
+        for had in self._d.history.get((team, e.message_id), ()):
+            if (had.member, had.event, had.detail) == (e.member, "reaction", e.detail):
+                return False
+        self._event(team, dataclasses.replace(e, event="reaction"))
+        return True
+
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         found = [d for (t, m, _), d in self._d.deliveries.items() if t == team and m == message_id]
         return sorted(found, key=lambda d: d.recipient.member)

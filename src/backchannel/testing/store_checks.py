@@ -161,10 +161,21 @@ async def check_send_and_history(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0 + 1)) is None
         assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "user", T0)) is None
         assert await store.read(lambda tx: tx.first_message_from("alpha", "b", "c", T0)) is None
-        note = DeliveryEvent("m1", "c", T0 + 1, "reaction", "+1")
+        note = DeliveryEvent("m1", "c", T0 + 1, "noted", "by c")
         await store.transact(lambda tx: tx.add_history("alpha", note))
         hist = await store.read(lambda tx: tx.history("alpha", "m1"))
         assert hist[-1] == note
+        # a reaction is there once: the same again is no line of its own
+        react = DeliveryEvent("m1", "c", T0 + 2, "reaction", "+1")
+        assert await store.transact(lambda tx: tx.add_reaction("alpha", react)) is True
+        again = DeliveryEvent("m1", "c", T0 + 3, "reaction", "+1")
+        assert await store.transact(lambda tx: tx.add_reaction("alpha", again)) is False
+        other = DeliveryEvent("m1", "b", T0 + 3, "reaction", "+1")
+        assert await store.transact(lambda tx: tx.add_reaction("alpha", other)) is True
+        hist = await store.read(lambda tx: tx.history("alpha", "m1"))
+        assert hist[-3:] == [note, react, other]
+        feed = await store.read(lambda tx: tx.feed("alpha", 0, 10))
+        assert [e for _, e in feed][-3:] == [note, react, other]
         states = await store.read(lambda tx: [d.state for d in tx.deliveries("alpha", "m1")])
         assert states == [DeliveryState.QUEUED, DeliveryState.QUEUED]
 

@@ -322,6 +322,15 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_request ON jobs (team, session_id, kind, (payload->>'request_id'))
         WHERE payload->>'request_id' IS NOT NULL;
     """,
+    # 15: a reaction once in a message's history, enforced (see the SQLite schema)
+    """
+    DELETE FROM delivery_events d USING delivery_events k
+        WHERE d.event = 'reaction' AND k.event = 'reaction' AND k.team = d.team
+        AND k.message_id = d.message_id AND k.member = d.member AND k.detail = d.detail
+        AND k.id < d.id;
+    CREATE UNIQUE INDEX delivery_events_reaction
+        ON delivery_events (team, message_id, member, detail) WHERE event = 'reaction';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

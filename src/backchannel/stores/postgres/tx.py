@@ -92,6 +92,13 @@ _JOB_BY_REQUEST = (
     f"SELECT {Q.job_cols} FROM jobs WHERE team = %s AND session_id = %s AND kind = %s "
     "AND payload->>'request_id' = %s ORDER BY job_id LIMIT 1"
 )
+#: a reaction, unless it is there (``delivery_events_reaction``, migration 15): a
+#: transaction inserting the same one at once waits for this one and then inserts nothing
+_ADD_REACTION = (
+    "INSERT INTO delivery_events (team, id, message_id, member, at, event, detail) "
+    "VALUES (%s, nextval('delivery_event_id'), %s, %s, %s, 'reaction', %s) "
+    "ON CONFLICT DO NOTHING RETURNING 1"
+)
 _END_WATCH = Q.end_watch + " RETURNING 1"
 _SPEND_TOKEN = Q.spend_token + " RETURNING 1"
 _UNTIL_NONE = 2**62  # list_events with no upper bound
@@ -331,6 +338,12 @@ class PgTx(PgTransaction, LifecycleSql):
         if team not in self._locked:
             self._exec("SELECT 1", (), team)  # take the team's lock
         self._event(team, event)
+
+    def add_reaction(self, team: str, event: DeliveryEvent) -> bool:
+        self._flush()  # the history before it keeps its place in the feed
+        e = event
+        row = self._one(_ADD_REACTION, (team, e.message_id, e.member, e.at, e.detail), team)
+        return row is not None
 
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         return [delivery(r) for r in self._all(Q.deliveries, (team, message_id), team)]

@@ -314,6 +314,16 @@ MIGRATIONS: list[str] = [
         ON jobs (team, session_id, kind, json_extract(payload, '$.request_id'))
         WHERE json_extract(payload, '$.request_id') IS NOT NULL;
     """,
+    # 15: a member's reaction with one emoji is in a message's history once, as the
+    #     database enforces; copies an earlier hub recorded (the first is kept) go first
+    """
+    DELETE FROM delivery_events WHERE event = 'reaction' AND id NOT IN (
+        SELECT min(id) FROM delivery_events WHERE event = 'reaction'
+        GROUP BY team, message_id, member, detail
+    );
+    CREATE UNIQUE INDEX delivery_events_reaction
+        ON delivery_events (team, message_id, member, detail) WHERE event = 'reaction';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -98,6 +98,11 @@ _INSERT_EVENTS = (
     "INSERT INTO delivery_events (team, message_id, member, at, event, detail) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
+#: a reaction, unless it is there (``delivery_events_reaction``, migration 15)
+_ADD_REACTION = (
+    "INSERT OR IGNORE INTO delivery_events (team, message_id, member, at, event, detail) "
+    "VALUES (?, ?, ?, ?, 'reaction', ?)"
+)
 _LEASE = (
     f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
     "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
@@ -505,6 +510,12 @@ class SqliteTx(LifecycleSql):
 
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._events(team, [event])
+
+    def add_reaction(self, team: str, event: DeliveryEvent) -> bool:
+        self.flush()  # the history before it keeps its place in the feed
+        e = event
+        cur = self._c.execute(_ADD_REACTION, (team, e.message_id, e.member, e.at, e.detail))
+        return cur.rowcount == 1
 
     def deliveries(self, team: str, message_id: str) -> list[Delivery]:
         return [delivery(r) for r in self._c.execute(Q.deliveries, (team, message_id))]
