@@ -18,7 +18,7 @@ from backchannel.runtimes import seen
 from backchannel.testing import FakeClock
 from tests.conftest import Server, start_server
 
-from .agents import hook_cmd, make_team
+from .agents import hook_cmd, hook_http, make_team
 from .helpers import PROMPT_EVENT, STOP_EVENT, call, fixture, session_of
 
 RUNTIMES = ["claude-code", "codex", "gemini"]
@@ -422,3 +422,83 @@ def test_a_hook_of_the_session_running_while_an_answer_is_on_its_way_does_not_gi
         body = c.get(f"/v1/messages/{mid}").json()
     history = [h["event"] for h in body["history"] if h["to"] == "w"]
     assert (body["deliveries"][0]["state"], history) == ("acked", ["queued", "leased", "acked"])
+
+
+# -- a hub restarted between an answer and the events that settle it --------------------
+
+
+class _Restartable:
+    """A real ``backchannel serve`` on its own SQLite file, restarted in place."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.srv = start_server(home)
+
+    def restart(self) -> None:
+        self.srv.stop()
+        self.srv = start_server(self.home)
+
+    def hook(self, token: str, name: str, **fields: Any) -> dict[str, Any]:
+        return hook_http(self.srv, token, "claude-code", fixture("claude-code", name, **fields))
+
+    def copy_of(self, token: str, mid: str) -> tuple[str, list[str]]:
+        with self.srv.client(token) as c:
+            body = c.get(f"/v1/messages/{mid}").json()
+        history = [h["event"] for h in body["history"] if h["to"] == "w"]
+        return body["deliveries"][0]["state"], history
+
+
+@pytest.fixture
+def hub_home(tmp_path: Path) -> Iterator[_Restartable]:
+    hub = _Restartable(tmp_path / "home")
+    try:
+        yield hub
+    finally:
+        hub.srv.stop()
+
+
+def _stop_answer(hub: _Restartable, tokens: dict[str, str], text: str) -> str:
+    """A turn of ``w`` (plain HTTP hooks) whose ``Stop`` answer hands ``text`` over."""
+    assert hub.hook(tokens["w"], "UserPromptSubmit") == {}
+    with hub.srv.client(tokens["lead"]) as c:
+        mid = str(c.post("/v1/messages", json={"to": "w", "text": text}).json()["message_id"])
+    assert text in hub.hook(tokens["w"], "Stop")["reason"]
+    return mid
+
+
+def test_a_hub_restarted_before_the_continuations_first_event_settles_the_answer_once(
+    hub_home: _Restartable,
+) -> None:
+    tokens = make_team(hub_home.srv, "t", "w:claude-code", "lead")
+    mid = _stop_answer(hub_home, tokens, "also count the tests")
+    hub_home.restart()
+    assert hub_home.hook(tokens["w"], "PreToolUse") == {}
+    assert hub_home.copy_of(tokens["lead"], mid) == ("acked", ["queued", "leased", "acked"])
+    hub_home.restart()
+    # the rest of the continuation, and the session's end, change nothing
+    assert hub_home.hook(tokens["w"], "PostToolUse") == {}
+    assert hub_home.hook(tokens["w"], "Stop", last_assistant_message="Counted.") == {}
+    assert hub_home.hook(tokens["w"], "SessionEnd") == {}
+    assert hub_home.copy_of(tokens["lead"], mid) == ("acked", ["queued", "leased", "acked"])
+
+
+def test_an_answer_given_back_before_a_hub_restart_is_not_taken_as_had_after_it(
+    hub_home: _Restartable,
+) -> None:
+    # the Stop answer never ran: the runtime was started again (resume) before the
+    # continuation's first event, which gives the copy back. The hub restarts; the
+    # resumed session is compacted (/compact), which after an answer shows the model had
+    # it, but this answer was settled already: the copy must wait for the next answer,
+    # not be acked unseen
+    tokens = make_team(hub_home.srv, "t", "w:claude-code", "lead")
+    mid = _stop_answer(hub_home, tokens, "also count the tests")
+    assert "hookSpecificOutput" in hub_home.hook(tokens["w"], "SessionStart", source="resume")
+    assert hub_home.copy_of(tokens["lead"], mid)[0] == "queued"
+    hub_home.restart()
+    hub_home.hook(tokens["w"], "SessionStart", source="compact")
+    assert hub_home.copy_of(tokens["lead"], mid)[0] == "queued"
+    prompt = hub_home.hook(tokens["w"], "UserPromptSubmit")
+    assert "also count the tests" in prompt["hookSpecificOutput"]["additionalContext"]
+    assert hub_home.hook(tokens["w"], "PreToolUse") == {}
+    state, history = hub_home.copy_of(tokens["lead"], mid)
+    assert (state, history.count("acked"), history.count("released")) == ("acked", 1, 1)

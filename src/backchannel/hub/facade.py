@@ -237,6 +237,7 @@ class Hub:
     get_session_data = _Delegate("sessions", Sessions.get_session_data)
     report_event = _Delegate("turns", Turns.report_event)
     forget_stop = _Delegate("turns", Turns.forget_stop)
+    settle_handed = _Delegate("turns", Turns.settle_handed)
     # -- links, timers, delegations, budgets ----------------------------------------------------
     list_links = _Delegate("links", Links.list_links)
     get_link = _Delegate("links", Links.get_link)

@@ -25,11 +25,13 @@ from backchannel.errors import (
     QuotaExceeded,
 )
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
+from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.hub.quotas import Quotas
 from backchannel.hub.sessions import Sessions
 from backchannel.types import (
     HUB_SENDER,
+    DeliveryState,
     EventKind,
     InboxMessage,
     Job,
@@ -39,7 +41,16 @@ from backchannel.types import (
     SessionState,
 )
 
-__all__ = ["ANSWERED", "CHECKPOINT_JOB", "CONTINUED", "HANDED", "LAST_STOP", "StopResult", "Turns"]
+__all__ = [
+    "ANSWERED",
+    "CHECKPOINT_JOB",
+    "CONTINUED",
+    "HANDED",
+    "LAST_STOP",
+    "SETTLED",
+    "StopResult",
+    "Turns",
+]
 
 CHECKPOINT_JOB = "checkpoint"
 #: Session meta of a turn a stop hook's answer continued: the closing text before it
@@ -49,6 +60,10 @@ CONTINUED = "continued_from"
 #: the messages handed over, leased until the runtime's next event confirms them
 #: (:mod:`backchannel.runtimes.receiver`); set from ``turn_start`` data ``handed``.
 HANDED = "handed"
+#: Key of a ``handed`` record once the runtime's next event settled it: the ids acked
+#: (the rest were given back). Kept in the store, so the rest of the turn's events, a
+#: hub restarted meanwhile and another hub on the same database leave it as it is.
+SETTLED = "settled"
 #: Session meta of an idle session: what marks the stop that ended its last turn, gone
 #: when the next turn starts: ``agent_stop`` data ``last_stop`` as the hook receiver
 #: gave it (the runtime's id of the stop, prints), else ``{"print": ...}`` of the closing
@@ -206,6 +221,58 @@ class Turns:
             forgot = dataclasses.replace(s, meta=meta)
             c.tx.put_session(forgot)
             return forgot
+
+        return await self.env.transact(fn)
+
+    async def settle_handed(
+        self,
+        team: str,
+        member: str,
+        session_id: str,
+        turn: int,
+        ids: Sequence[str],
+        taken: Sequence[str],
+    ) -> frozenset[str]:
+        """Settle what a hook answer handed over (session meta ``handed`` of ``turn``
+        of ``session_id``, listing ``ids``): ack ``taken``, give the rest back, and note
+        the record settled, in one transaction. Once only: a record settled already (by
+        an earlier event, another hub, this hub before a restart) changes nothing, and
+        the ids it acked are answered. A record that is no longer the session's (a turn
+        started meanwhile) is left alone: its copies come back when their lease ends.
+        Returns the ids the session has (acked now or before)."""
+        now = self.clock.now()
+        ids = list(ids)
+
+        def fn(c: Ctx) -> frozenset[str]:
+            s = self.sessions.load(c, team, member, session_id)
+            record = s.meta.get(HANDED)
+            if s.turn != turn or not isinstance(record, Mapping):
+                return frozenset()
+            if [i for i in record.get("ids") or () if isinstance(i, str)] != ids:
+                return frozenset()
+            done = record.get(SETTLED)
+            if isinstance(done, list):
+                return frozenset(i for i in done if isinstance(i, str))
+            acked = [i for i in ids if i in taken]
+            if acked:
+                Messages._ack(c, team, member, acked, now)
+            for mid in ids:
+                if mid in acked:
+                    continue
+                back = c.tx.transition(
+                    team,
+                    mid,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.QUEUED,
+                    now=now,
+                    event="released",
+                )
+                if back:
+                    c.wake(team, member)
+            meta = {**s.meta, HANDED: {**record, SETTLED: acked}}
+            c.tx.put_session(dataclasses.replace(s, meta=meta))
+            return frozenset(acked)
 
         return await self.env.transact(fn)
 

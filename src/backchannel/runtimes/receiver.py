@@ -41,6 +41,11 @@ hook event settles them:
   any other ``SessionStart``, a ``SessionEnd``, or a new prompt after a stop answer shows
   the continuation never ran, and the ids are released.
 
+An answer is settled once, by the first event after it, in one transaction with the
+acks and releases: the record notes it (``settled``, the ids acked), so the rest of the
+turn's events, the same session's events on another hub, and a hub restarted meanwhile
+leave it as it is (an answer given back and then taken as had would lose its copies).
+
 A session terminated between an answer and its next event (its exit grace ran out, an
 explicit terminate) sends that event to ``<id>.N``: a continuation that has started no
 turn settles the answer of the session it continues, by the same rules.
@@ -57,7 +62,6 @@ leaves the agent untouched: the answer is ``{}`` and the reason is logged and re
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +71,7 @@ from backchannel.core.messages import check_session_id
 from backchannel.core.turns import stop_print
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
-from backchannel.hub.turns import CONTINUED, HANDED, LAST_STOP
+from backchannel.hub.turns import CONTINUED, HANDED, LAST_STOP, SETTLED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
     HookEvent,
@@ -94,10 +98,6 @@ MAX_RESUMES = 50
 #: own. The command hook gives up on the hub after 10 s and a session's hook processes
 #: take turns on its lock, so a repeat comes within seconds.
 REPEAT_STOP_SECONDS = 60.0
-#: Hand-outs settled per hub, remembered so the rest of a turn's events cost no ack.
-_SETTLED_KEEP = 4096
-_Settled = dict[tuple[str, str, int, tuple[str, ...]], frozenset[str]]
-_settled: weakref.WeakKeyDictionary[Hub, _Settled] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,17 +403,14 @@ async def _settle(hub: Hub, m: Member, s: Session, ev: HookEvent) -> frozenset[s
     if not isinstance(record, Mapping) or not isinstance(record.get("ids"), list):
         return had
     ids = tuple(i for i in record["ids"] if isinstance(i, str))
-    done = _settled.setdefault(hub, {})
-    key = (m.team, by.session_id, by.turn, ids)
-    if key in done:  # settled by an earlier event (of this hub process)
-        return had | done[key]
+    settled = record.get(SETTLED)
+    if isinstance(settled, list):  # by an earlier event (of any hub, before any restart)
+        return had | frozenset(i for i in settled if isinstance(i, str))
     if ev.had is not None:
         taken = [i for i in ids if i in had]
     else:
         taken = list(ids) if _took_it(ev, str(record.get("at")), s) else []
     rest = [i for i in ids if i not in taken]
-    if taken:
-        await hub.ack(m.team, m.name, taken)
     if rest:
         log.info(
             "%s %s of %s/%s does not show %d handed-over message(s); they go out again",
@@ -423,11 +420,7 @@ async def _settle(hub: Hub, m: Member, s: Session, ev: HookEvent) -> frozenset[s
             s.session_id,
             len(rest),
         )
-        await hub.release(m.team, m.name, rest)
-    done[key] = frozenset(taken)
-    if len(done) > _SETTLED_KEEP:
-        del done[next(iter(done))]
-    return had | done[key]
+    return had | await hub.settle_handed(m.team, m.name, by.session_id, by.turn, ids, taken)
 
 
 def _format(got: Sequence[InboxMessage], what: str) -> str:
