@@ -39,6 +39,7 @@ from backchannel.types import (
     Message,
     MessageKind,
     Recipient,
+    Route,
     Session,
 )
 
@@ -191,7 +192,27 @@ class Budgets:
             ref = rules.ChainRef(message.message_id, 0)  # a human's message or a timer
         else:
             ref = None
+        if message.kind is MessageKind.TOOL_RESULT:
+            ref = rules.turn_chain([ref, *self._answered_chains(tx, message)], None)
         return ref
+
+    @staticmethod
+    def _answered_chains(tx: Tx, message: Message) -> list[rules.ChainRef | None]:
+        """The chains the answers of another hub's (or an A2A agent's) callees in a tool
+        result went on in: :meth:`answered` raised them on the session that delegated, so
+        that session's chain is at least theirs. The result carries it, so whichever turn
+        takes it goes on in it: the session that asked may have ended (a one-shot
+        ``claude -p`` run) and the result reach another of the member's sessions, whose
+        turn would otherwise start a fresh chain on every answer and never stop."""
+        out: list[rules.ChainRef | None] = []
+        for r in message.meta.get("results") or ():
+            did = r.get("delegation_id") if isinstance(r, Mapping) else None
+            d = tx.get_delegation(message.team, did) if isinstance(did, str) else None
+            if d is None or d.route is not Route.OUTBOUND:
+                continue
+            caller = tx.get_session(message.team, d.caller_session)
+            out.append(_ref(caller.meta) if caller is not None else None)
+        return out
 
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
         tx, message = s.c.tx, s.message
