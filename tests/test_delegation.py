@@ -775,14 +775,15 @@ async def test_a_bad_chain_from_another_hub_is_refused_naming_the_field(
         assert await hub.list_delegations("t") == []
 
 
-async def test_a_task_refused_for_a_spent_chain_is_not_retried(
-    scripted: Callable[..., Scripted],
+@pytest.mark.parametrize("budget", ["chain", "pair"])
+async def test_a_task_refused_for_a_spent_budget_is_not_retried(
+    scripted: Callable[..., Scripted], budget: str
 ) -> None:
-    """A chain does not reset with time: the other hub's 429 for it fails the delegation
-    at once (a 429 for anything else is retried)."""
+    """A chain does not reset with time, nor a pair within the retries: the other hub's
+    429 for either fails the delegation at once (a 429 for anything else is retried)."""
     srv = scripted(lambda path, body, n: (429, 0))
     srv.body = json.dumps(
-        {"error": {"code": "budget_exhausted", "message": "not sent", "budget": "chain"}}
+        {"error": {"code": "budget_exhausted", "message": "not sent", "budget": budget}}
     ).encode()
     cfg = CallbackConfig(secret=SECRET, services={"hub-b": Service("hub-b", srv.url)}, retry=FAST)
     hub = Hub(MemoryStore(), callbacks=cfg)

@@ -93,3 +93,137 @@ async def test_a_lead_in_one_shot_sessions_that_asks_another_hub_on_every_answer
         assert tasks == [(start.message_id, hop) for hop in range(1, budget + 1, 2)]
         assert refused[0].details["budget"] == "chain"
         assert refused[0].details["key"] == f"chain:{start.message_id}"
+
+
+async def _lead_turn(hub: Hub, sid: str, n: int, refused: list[BudgetExhausted]) -> bool:
+    """lead's turn on whatever waits in ``sid``: it asks worker@hub-b. Whether it had
+    anything to do."""
+    got = await hub.receive("t", "lead", session=sid, limit=20)
+    if not got:
+        return False
+    await hub.ack("t", "lead", [g.message.message_id for g in got])
+    await hub.report_event("t", "lead", sid, "turn_start", "\n".join(g.message.text for g in got))
+    try:
+        await hub.delegate("t", "lead", sid, "worker@hub-b", f"ask {n}", tool_use_id=f"tu_{n}")
+    except BudgetExhausted as exc:
+        refused.append(exc)
+    await hub.report_event("t", "lead", sid, "agent_stop", "")
+    return True
+
+
+async def test_two_agents_on_two_hubs_stop_at_the_pair_budget_whichever_route_carries_it(
+    clock: FakeClock,
+) -> None:
+    """lead (this hub) and worker (hub B) always answer each other, and hub B names a
+    fresh chain every time (an older hub, or a peer that mints chain ids), so no chain
+    budget can see the ring. worker takes turns answering lead's task over
+    ``/api/tools/response`` and sending lead a task of its own over ``/api/chat``; lead
+    asks again on either. Across hubs the pair is lead and hub B's member of this team
+    (the member named like the service lead addresses worker by): every task out, every
+    answer in and every task in is a change of speaker between them, so the ring stops
+    at exactly the pair budget whatever route each exchange took."""
+    budget = 7
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=_cfg()) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": 1000, "pair_budget": budget}
+        )
+        await hub.add_member("t", "lead")
+        await hub.add_member("t", "hub-b")  # hub B, as a member of this team
+        await hub.open_session("t", "lead", "lead-s")
+        await hub.send("t", "user", "lead", "start")
+        refused: list[BudgetExhausted] = []
+        routes: list[str] = []  # each exchange that got through, by its route
+        sessions = ["lead-s"]
+        for n in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for sid in list(sessions):
+                if await _lead_turn(hub, sid, n, refused):
+                    progressed = True
+                    body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                    if body is None:
+                        continue
+                    routes.append("task out")
+                    chain = {"id": f"b-fresh-{n}", "hop": 1}  # hub B forgets the chain
+                    if n % 2 == 0:
+                        await hub.accept_tool_response(
+                            body["reply"]["bearerToken"], f"answer {n}", chain=chain
+                        )
+                        routes.append("answer in")
+                    else:
+                        try:
+                            d = await hub.accept_chat(
+                                "t", "hub-b", "lead", f"worker asks back {n}",
+                                reply_service="hub-b", reply_token="tok", session_id="w-s",
+                                tool_use_id=f"tb_{n}", chain=chain,
+                            )  # fmt: skip
+                        except BudgetExhausted as exc:
+                            refused.append(exc)
+                            continue
+                        routes.append("task in")
+                        assert d.callee_session is not None
+                        sessions.append(d.callee_session)
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {len(routes)} exchanges: {routes}")
+        assert {"task out", "answer in", "task in"} <= set(routes)
+        assert len(routes) == budget, routes
+        assert refused and {e.details["budget"] for e in refused} == {"pair"}
+        assert refused[0].details["key"] == "pair:hub-b|lead"
+        got = await hub.receive("t", "user", limit=100)
+        assert [g for g in got if g.message.meta.get("budget") == "pair"], "the human is told"
+
+
+async def test_an_agent_no_member_stands_for_is_a_pair_of_its_own_and_can_be_extended(
+    clock: FakeClock,
+) -> None:
+    """lead asks worker@hub-c on every answer, and hub C's answers name no chain (an A2A
+    agent, an older hub): lead's session stays at one hop, so only the pair can stop it.
+    No member of the team stands for hub C: the pair is lead and ``worker@hub-c``, and
+    the human extends it like any pair, by exactly the exchanges given."""
+    budget, by = 6, 2
+    cfg = CallbackConfig(
+        secret=SECRET, services={"hub-c": Service("hub-c", "http://127.0.0.1:9")}, retry=FAST
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": 1000, "pair_budget": budget}
+        )
+        await hub.add_member("t", "lead")
+        await hub.open_session("t", "lead", "lead-s")
+        await hub.send("t", "user", "lead", "start")
+        refused: list[BudgetExhausted] = []
+        exchanges = 0
+
+        async def ring(first: int) -> int:
+            n = first
+            for n in range(first, first + 6 * budget):  # a deadline in rounds
+                got = await hub.receive("t", "lead", session="lead-s", limit=20)
+                if not got:
+                    return n
+                await hub.ack("t", "lead", [g.message.message_id for g in got])
+                await hub.report_event("t", "lead", "lead-s", "turn_start", got[-1].message.text)
+                try:
+                    await hub.delegate(
+                        "t", "lead", "lead-s", "worker@hub-c", "again", tool_use_id=f"tu_{n}"
+                    )
+                except BudgetExhausted as exc:
+                    refused.append(exc)
+                await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+                body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                if body is not None:
+                    nonlocal exchanges
+                    exchanges += 1
+                    assert body.get("chain", {}).get("hop") == 1, "one hop: no chain stops it"
+                    await hub.accept_tool_response(body["reply"]["bearerToken"], f"answer {n}")
+                    exchanges += 1
+            raise AssertionError(f"still asking after {exchanges} exchanges")
+
+        n = await ring(0)
+        assert exchanges == budget
+        assert refused[-1].details["key"] == "pair:lead|worker@hub-c"
+        out = await hub.extend_budget("t", "pair:lead|worker@hub-c", by, by_whom="user")
+        assert (out["used"], out["limit"]) == (budget, budget + by)
+        await hub.send("t", "user", "lead", "go on")
+        await ring(n + 1)
+        assert exchanges == budget + by, "exactly the extension more"

@@ -324,6 +324,40 @@ class Budgets:
                 self._tell_stop(c, d.record, [caller, callee], (ref.chain_id, ref.hop), now)
         return ref, None
 
+    # -- the pair of an exchange between hubs -------------------------------------------------
+    @staticmethod
+    def remote_party(tx: Tx, team: str, callee: str) -> str:
+        """Who, on this hub, ``callee`` (``agent@service``: an agent of another hub or an
+        A2A agent) is for the pair budget: the other hub's member of this team when one
+        is named like the service (the member its tasks for this team come in as, so a
+        task out, its answer back and a task in are exchanges of one pair), otherwise
+        the agent itself, ``agent@service``."""
+        service = callee.partition("@")[2]
+        m = tx.get_member(team, service) if service else None
+        return service if m is not None and m.kind is not MemberKind.HUMAN else callee
+
+    def across(
+        self, c: Ctx, team: str, sender: str, to: str, now: float, *, refusable: bool
+    ) -> rules.Refusal | None:
+        """One exchange from ``sender`` to ``to`` that no message of this hub carries (a
+        task for another hub, an answer from or for one): it counts against their pair
+        as a send between members would. Returns the refusal when the pair is spent and
+        the exchange ``refusable`` (an answer is owed: it counts, never refused); one
+        that spends the pair tells both sides that are members here and the team's
+        human."""
+        tx = c.tx
+        t = tx.get_team(team)
+        lim = rules.limits(t.settings if t else {})
+        record = tx.get_budget(team, rules.pair_key(sender, to))
+        d = rules.decide_pair(record, team, sender, to, now, lim, refusable=refusable)
+        if d.refusal is not None:
+            return d.refusal
+        if d.record is not None:
+            tx.put_budget(d.record)
+            if d.stops:
+                self._tell_stop(c, d.record, [], None, now)
+        return None
+
     # -- an answer between hubs ---------------------------------------------------------------
     def answer_chain(self, session: Session) -> rules.ChainRef | None:
         """The chain a callee's answer to another hub goes on in: the chain its turn works
@@ -522,6 +556,9 @@ class Budgets:
                     return {**rules.budget_json(record, lim, now), "replayed": True}
             if scope == rules.Scope.PAIR.value:
                 for name in rules.key_members(key):
+                    agent, at, service = name.partition("@")
+                    if at and agent and service:
+                        continue  # another hub's agent (Budgets.remote_party)
                     if tx.get_member(team, name) is None:
                         known = [m.name for m in tx.list_members(team)]
                         raise messages.unknown_recipient(name, team, known)

@@ -155,7 +155,11 @@ class Delegations:
             if remote:
                 # refused like a task for a member of this hub when it would go past the
                 # chain budget (the task carries the turn's chain to the other hub)
-                _, refusal = self.pipeline.budgets.outbound_chain(c, team, member, caller, to, now)
+                budgets = self.pipeline.budgets
+                _, refusal = budgets.outbound_chain(c, team, member, caller, to, now)
+                if refusal is None:  # and like a send to it when the pair is spent
+                    party = budgets.remote_party(tx, team, to)
+                    refusal = budgets.across(c, team, member, party, now, refusable=True)
                 if refusal is not None:
                     raise BudgetExhausted(refusal.text, **refusal.details())
                 # sent when the caller's turn ends, when the turn's count of delegations
@@ -455,11 +459,22 @@ class Delegations:
             caller = tx.get_session(team, d.caller_session)
             if carried is not None and caller is not None:
                 self.pipeline.budgets.answered(c, team, caller, carried, d.callee, now)
+            self._answer_counts(c, d, now)
             return self.resolve(c, d, text, now)
 
         return await self.env.transact(fn)
 
     # -- resolving ------------------------------------------------------------------------
+    def _answer_counts(self, c: Ctx, d: Delegation, now: float) -> None:
+        """The answer of another hub's agent (or an A2A agent) to ``d`` is an exchange of
+        its pair with the caller, as a local callee's is: owed, so never refused. Counted
+        once, when the answer is first taken."""
+        if d.state in rules.ANSWERED_STATES:
+            return
+        budgets = self.pipeline.budgets
+        party = budgets.remote_party(c.tx, d.team, d.callee)
+        budgets.across(c, d.team, party, d.caller, now, refusable=False)
+
     def resolve(self, c: Ctx, d: Delegation, result: str, now: float) -> Delegation:
         """An answer for a caller of this hub: the tool result, or a late result."""
         tx = c.tx
@@ -613,6 +628,8 @@ class Delegations:
                     d, state=DelegationState.ANSWERED, result=output, answered_at=now
                 )
                 tx.update_delegation(answered)
+                # an exchange of the callee with the other hub's member that asked: owed
+                self.pipeline.budgets.across(c, d.team, d.callee, d.caller, now, refusable=False)
                 # the answer names the chain it goes on in (the turn's, one hop further),
                 # so the caller's hub goes on from there when its agent asks again
                 chain = self.pipeline.budgets.answer_chain(
@@ -661,6 +678,7 @@ class Delegations:
             caller = c.tx.get_session(team, current.caller_session)
             if chain is not None and caller is not None:
                 self.pipeline.budgets.answered(c, team, caller, chain, current.callee, now)
+            self._answer_counts(c, current, now)
             self.resolve(c, current, text, now)
             c.wake(team, current.caller)
 

@@ -153,8 +153,10 @@ class Outbox:
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
             else:
-                if status == 429 and _chain_spent(resp):
-                    # a spent chain does not reset with time: no retry gets it through
+                if status == 429 and _budget_spent(resp):
+                    # a spent chain does not reset with time, nor a spent pair within the
+                    # retries (its window runs an hour by default): no retry gets it
+                    # through, and one that did would pass with nobody deciding it
                     await self.finish(job, rules.Outcome.DEAD, detail, status)
                     return
         outcome = rules.classify(status)
@@ -230,8 +232,9 @@ def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _chain_spent(resp: httpx.Response) -> bool:
-    """The other hub refused the request because its conversation chain is spent."""
+def _budget_spent(resp: httpx.Response) -> bool:
+    """The other hub refused the request because a conversation budget (its chain's or
+    its pair's) is spent."""
     try:
         error = resp.json().get("error")
     except (ValueError, AttributeError):
@@ -239,5 +242,5 @@ def _chain_spent(resp: httpx.Response) -> bool:
     return (
         isinstance(error, dict)
         and error.get("code") == "budget_exhausted"
-        and error.get("budget") == "chain"
+        and error.get("budget") in ("chain", "pair")
     )
