@@ -227,3 +227,43 @@ async def test_an_agent_no_member_stands_for_is_a_pair_of_its_own_and_can_be_ext
         await hub.send("t", "user", "lead", "go on")
         await ring(n + 1)
         assert exchanges == budget + by, "exactly the extension more"
+
+
+async def test_a_chain_a_task_for_another_hub_stopped_is_woken_by_an_extension(
+    clock: FakeClock,
+) -> None:
+    """lead asks worker@hub-b again on every answer. The task at the chain budget spends
+    it; its callee is no member of this hub, so the chain is held by lead, the caller: an
+    extension tells lead in the chain at the hop it stopped at, and lead's turn on it
+    asks again, exactly as many hops further as extended (a task, its answer)."""
+    budget, by = 5, 2  # tasks at hops 1, 3, 5; answers at 2, 4, 6
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=_cfg()) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 1000}
+        )
+        await hub.add_member("t", "lead")
+        await hub.add_member("t", "hub-b")
+        await hub.open_session("t", "lead", "lead-s")
+        start = await hub.send("t", "user", "lead", "start")
+        refused: list[BudgetExhausted] = []
+        hops: list[int] = []
+
+        async def ring(first: int) -> int:
+            for n in range(first, first + 4 * budget):  # a deadline in rounds
+                if not await _lead_turn(hub, "lead-s", n, refused):
+                    return n
+                body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                if body is not None:
+                    hops.append(body["chain"]["hop"])
+                    await hub.accept_tool_response(
+                        body["reply"]["bearerToken"], f"answer {n}", chain=_hub_b_answers(body, n)
+                    )
+            raise AssertionError(f"still asking: {hops}")
+
+        n = await ring(0)
+        assert hops == [1, 3, 5]
+        assert refused and refused[-1].details["key"] == f"chain:{start.message_id}"
+        await hub.extend_budget("t", f"chain:{start.message_id}", by, by_whom="user")
+        await ring(n + 1)
+        assert hops == [1, 3, 5, 6], "lead woken at hop 5 asks at 6; its answer at 7 is the end"
+        assert len(refused) == 2

@@ -297,3 +297,53 @@ async def test_a_ring_handed_over_without_a_session_stops_at_the_chain_budget(
         assert {m.chain_id for m in msgs} == {start.message_id}
         assert sent == budget and "chain" in refused
         assert await _user_told(hub, "chain")
+
+
+async def test_a_ring_of_broadcast_and_link_stops_and_an_extension_wakes_the_broadcaster(
+    clock: FakeClock,
+) -> None:
+    """a answers c by broadcasting; b's turn on a broadcast ends with text that crosses
+    its link to c; c answers a link crossing by a send to a. The broadcast at the budget
+    spends the chain and reached everyone, so no one recipient holds it: the chain is
+    held by a, the broadcaster, and an extension wakes a in the chain at the hop it
+    stopped at; the ring goes on exactly as far as extended."""
+    budget, by = 7, 1  # hops 1, 4, 7 are a's broadcasts
+
+    async def answer(a: Agent, got: list[InboxMessage]) -> str:
+        broadcast = any(g.message.to == "*" for g in got)
+        kinds = {g.message.kind for g in got}
+        if a.name == "a":
+            await a.send("*", f"a to all ({a.turns})", link=False)
+        elif a.name == "b" and broadcast:
+            return f"b passes it on ({a.turns})"  # crosses the link to c
+        elif a.name == "c" and MessageKind.LINK in kinds:
+            await a.send("a", f"c passes it on ({a.turns})", link=False)
+        return ""
+
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=budget, pair_budget=100)
+        await hub.report_event("t", "b", "b-s", "turn_start", "set up")
+        await hub.send("t", "b", "c", "let's talk", sender_session="b-s")  # opens the link
+        await hub.report_event("t", "b", "b-s", "agent_stop", "")
+        for n in "bc":
+            got = await hub.receive("t", n, session=f"{n}-s", limit=20)
+            await hub.ack("t", n, [g.message.message_id for g in got])
+        agents = [Agent(hub, n, "", answer) for n in "abc"]
+        start = await _kick(hub, "a")
+        await _run(*agents)
+        msgs = [m for m in await _agent_messages(hub, "a", "b", "c") if m.hop]
+        ring = [m for m in msgs if m.chain_id == start.message_id]
+        assert [m.hop for m in ring] == list(range(1, budget + 1))
+        assert ring[-1].to == "*", "the broadcast spent the chain"
+        assert {m.kind for m in ring} >= {MessageKind.LINK, MessageKind.DIRECT}
+        assert len(await _user_told(hub, "chain")) == 1
+        await hub.extend_budget("t", f"chain:{start.message_id}", by, by_whom="user")
+        await _run(*agents)
+        ring = [
+            m for m in await _agent_messages(hub, "a", "b", "c") if m.chain_id == start.message_id
+        ]
+        assert [m.hop for m in ring] == list(range(1, budget + by + 1)), "exactly `by` more"
+        told = [m for ag in agents for m in ag.inputs if m.meta.get("extended_by") == by]
+        assert [m.to for m in told] == ["a"], "the broadcaster is told of the extension"
+        stops = [m for m in await _user_told(hub, "chain") if "extended_by" not in m.meta]
+        assert len(stops) == 1, "the second stop is told too"

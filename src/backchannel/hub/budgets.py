@@ -251,8 +251,11 @@ class Budgets:
             if d.record is None:
                 continue
             record = d.record
-            if d.stops and record.key.startswith("chain:") and s.message.to != BROADCAST:
-                record = _held_by(record, s.message.to)
+            if d.stops and record.key.startswith("chain:"):
+                # a broadcast reached everyone, so no one recipient holds the chain: its
+                # sender does, and an extension wakes it to go on from there
+                m = s.message
+                record = _held_by(record, m.sender if m.to == BROADCAST else m.to)
             s.c.tx.put_budget(record)
             if d.stops:
                 self._announce_stop(s.c, record, s.message)
@@ -319,9 +322,12 @@ class Budgets:
         if d.refusal is not None:
             return ref, d.refusal
         if d.record is not None:
-            tx.put_budget(d.record)
+            # the callee is no member of this hub: the chain is held by the caller, and
+            # an extension wakes it to go on from there
+            record = _held_by(d.record, caller) if d.stops else d.record
+            tx.put_budget(record)
             if d.stops:
-                self._tell_stop(c, d.record, [caller, callee], (ref.chain_id, ref.hop), now)
+                self._tell_stop(c, record, [caller, callee], (ref.chain_id, ref.hop), now)
         return ref, None
 
     # -- the pair of an exchange between hubs -------------------------------------------------
