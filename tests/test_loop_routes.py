@@ -8,7 +8,11 @@ anything left to do (a deadline in rounds, never a sleep) and counts what got th
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+import pytest
 
 from backchannel.delivery.claude_inbox import InboxWriter
 from backchannel.delivery.inbox_watch import InboxBridge
@@ -347,3 +351,89 @@ async def test_a_ring_of_broadcast_and_link_stops_and_an_extension_wakes_the_bro
         assert [m.to for m in told] == ["a"], "the broadcaster is told of the extension"
         stops = [m for m in await _user_told(hub, "chain") if "extended_by" not in m.meta]
         assert len(stops) == 1, "the second stop is told too"
+
+
+@asynccontextmanager
+async def _hubs(
+    where: str, clock: FakeClock, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Hub, Hub]]:
+    """One hub on the memory store, or two hubs on one PostgreSQL database (two processes
+    of a deployment behind one load balancer: each agent talks to one of them)."""
+    if where == "memory":
+        async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+            yield hub, hub
+        return
+    from backchannel.stores.postgres import PostgresStore
+
+    url = request.getfixturevalue("new_postgres_url")()
+    async with (
+        Hub(PostgresStore(url), clock=clock, background=False) as one,
+        Hub(PostgresStore(url), clock=clock, background=False) as two,
+    ):
+        yield one, two
+
+
+@pytest.mark.parametrize(
+    "where", ["memory", pytest.param("two hubs on one postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_ring_of_link_timer_and_delegation_stops_at_the_chain_budget(
+    clock: FakeClock, where: str, request: pytest.FixtureRequest
+) -> None:
+    """a's closing text crosses its link to b; b answers a crossing by setting a timer,
+    and its timer's turn delegates to c; c (a Claude Code member: its own session takes
+    the task) passes it to a by a send and answers b. Every pair but b and c speaks once
+    a round, and b and c's is far from its budget: only the chain stops the ring, in the
+    one chain the human started, with a link crossing, a timer, a task, an answer and a
+    send in it. On PostgreSQL a and c talk to one hub and b to the other: the budget is
+    the database's, not a process's."""
+    budget = 11
+
+    async def answer(ag: Agent, got: list[InboxMessage]) -> str:
+        kinds = {g.message.kind for g in got}
+        if ag.name == "a" and kinds & {MessageKind.DIRECT, MessageKind.LINK}:
+            return f"a says {ag.turns}"  # crosses the link to b
+        if ag.name == "b" and MessageKind.TIMER in kinds:
+            await ag.delegate("c", f"b asks c {ag.turns}")
+        elif ag.name == "b" and MessageKind.LINK in kinds:
+            await ag.hub.set_timer("t", "b", ag.session, "anchor", 1, "pass it on")
+        if ag.name == "c" and MessageKind.DELEGATION in kinds:
+            await ag.send("a", f"c passes on {ag.turns}", link=False)
+            return f"c did it {ag.turns}"  # the answer to b's task
+        return ""
+
+    async with _hubs(where, clock, request) as (one, two):
+        await one.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 100}
+        )
+        await one.add_member("t", "a")
+        await one.add_member("t", "b")
+        await one.add_member("t", "c", "claude-code")
+        for n in "abc":
+            await one.open_session("t", n, f"{n}-s")
+        at = {"a": one, "b": two, "c": one}
+        agents = [Agent(at[n], n, "", answer) for n in "abc"]
+        # a's first turn opens the link to b by a send; every later turn crosses it
+        await one.report_event("t", "a", "a-s", "turn_start", "set up")
+        await one.send("t", "a", "b", "let's talk", sender_session="a-s")
+        await one.report_event("t", "a", "a-s", "agent_stop", "")
+        for n in "ab":
+            got = await one.receive("t", n, session=f"{n}-s", limit=20)
+            await one.ack("t", n, [g.message.message_id for g in got])
+        start = await _kick(one, "a")
+        await _run_with_timers(two, clock, *agents)
+        msgs = [
+            m for m in await _agent_messages(one, "a", "b", "c") if m.chain_id == start.message_id
+        ]
+        kinds = {m.kind for m in msgs}
+        assert {
+            MessageKind.LINK, MessageKind.DELEGATION, MessageKind.TOOL_RESULT, MessageKind.DIRECT
+        } <= kinds  # fmt: skip
+        sent = [m for m in msgs if m.kind is not MessageKind.TOOL_RESULT]
+        assert sorted(m.hop for m in sent) == list(range(1, budget + 1)), "one send a hop"
+        refused = [e for ag in agents for e in ag.refused]
+        assert (
+            refused
+            or any(ag.refused_blocks for ag in agents)
+            or any(link.close_reason == "conversation_budget" for link in await one.list_links("t"))
+        ), "the send past the budget was refused"
+        assert await _user_told(one, "chain")
