@@ -393,7 +393,10 @@ def _a2a_registry(home: Path, other: str, other_url: str, team: str) -> None:
 
 
 def _start_hubs_over_a2a(
-    tmp_path: Path, chain_budget: int, chain_budget_b: int | None = None
+    tmp_path: Path,
+    chain_budget: int,
+    chain_budget_b: int | None = None,
+    pair_budget: int | None = None,
 ) -> tuple[Server, Server, dict[str, str]]:
     """``lead`` on hub A (team ``leads``) and ``worker`` on hub B (team ``workers``), each
     hub an A2A service of the other, calling with its member token there. Hub A starts
@@ -401,7 +404,9 @@ def _start_hubs_over_a2a(
     budget, when it is not hub A's."""
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
-    settings = {"anchor_policy": "off", "chain_budget": chain_budget}
+    settings: dict[str, Any] = {"anchor_policy": "off", "chain_budget": chain_budget}
+    if pair_budget is not None:
+        settings["pair_budget"] = pair_budget
     settings_b = {**settings, "chain_budget": chain_budget_b or chain_budget}
     _a2a_registry(tmp_path / "a", "hub-b", url_b, "workers")
     _a2a_registry(tmp_path / "b", "hub-a", url_a, "leads")

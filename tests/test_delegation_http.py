@@ -300,14 +300,16 @@ def test_a_lost_acknowledgement_is_no_dead_letter(tmp_path: Path) -> None:
 
 
 def _start_hubs_both_ways(
-    tmp_path: Path, chain_budget: int
+    tmp_path: Path, chain_budget: int, pair_budget: int | None = None
 ) -> tuple[Server, Server, dict[str, str]]:
     """Two hubs whose agents can delegate to each other: ``lead`` on hub A (team
     ``leads``) and ``worker`` on hub B (team ``workers``), each hub a member of the other's
     team. Hub A starts again once hub B's token for it exists."""
     port_a, port_b = free_port(), free_port()
     url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
-    settings = {"anchor_policy": "off", "chain_budget": chain_budget}
+    settings: dict[str, Any] = {"anchor_policy": "off", "chain_budget": chain_budget}
+    if pair_budget is not None:
+        settings["pair_budget"] = pair_budget
     hub_a = start_server(tmp_path / "a", port=port_a, env=_hub_env("hub-a", "hub-b", url_b))
     with hub_a.client() as admin:
         made = admin.post("/v1/teams", json={"name": "leads", "settings": settings}).json()

@@ -9,13 +9,19 @@ it. Each ring runs to a deadline in rounds, never a sleep.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import httpx
+import pytest
 
 from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as drules
 from backchannel.errors import BudgetExhausted
 from backchannel.hub import Hub
-from backchannel.testing import FakeClock, MemoryStore
+from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
+from tests.conftest import Server
+from tests.test_delegation_http import _start_hubs_both_ways, first_delegation
 
 SECRET = "test-secret-0123456789"
 FAST = drules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=5, timeout=2)
@@ -267,3 +273,132 @@ async def test_a_chain_a_task_for_another_hub_stopped_is_woken_by_an_extension(
         await ring(n + 1)
         assert hops == [1, 3, 5, 6], "lead woken at hop 5 asks at 6; its answer at 7 is the end"
         assert len(refused) == 2
+
+
+def _answered_out(c: httpx.Client, member: str) -> None:
+    """Wait until every task ``member`` sent to the other hub has its answer (or failed),
+    so the answer crossing back is counted before ``member`` speaks again."""
+
+    def settled() -> bool:
+        ds = c.get("/v1/delegations").json()["delegations"]
+        return all(d["state"] != "pending" for d in ds if d["caller"] == member)
+
+    eventually_blocking(settled, what=f"the answers to {member}'s tasks", within=30)
+
+
+def _two_hubs(route: str, tmp_path: Path, pair: int) -> tuple[Server, Server, dict[str, str]]:
+    if route == "http":
+        return _start_hubs_both_ways(tmp_path, 1000, pair_budget=pair)
+    pytest.importorskip("a2a.server.routes")
+    from tests.test_a2a_outbound import _start_hubs_over_a2a
+
+    return _start_hubs_over_a2a(tmp_path, 1000, pair_budget=pair)
+
+
+def _pass_on_or_refused(
+    c: httpx.Client, member: str, to: str, n: int, sender: httpx.Client, sender_name: str
+) -> tuple[dict[str, Any] | None, httpx.Response | dict[str, Any]]:
+    """Play ``member`` as ``_pass_on`` does, unless the task ``tu_{n-1}`` that
+    ``sender_name`` sent it was refused at the door of ``member``'s hub: then ``(None,
+    the failed delegation)``. Which comes first is the hubs' race (a turn's task and its
+    answer to the task before are sent together, and both are one speaker)."""
+
+    def ready() -> tuple[str, Any] | None:
+        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
+            sid = s["session_id"]
+            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
+            if got:
+                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
+            found = next((m for m in got if m["kind"] == "delegation"), None)
+            if found is not None:
+                return sid, found
+        ds = sender.get("/v1/delegations").json()["delegations"]
+        sent = [d for d in ds if d["caller"] == sender_name and d["tool_use_id"] == f"tu_{n - 1}"]
+        if sent and sent[0]["state"] == "failed":
+            return "", sent[0]
+        return None
+
+    sid, m = eventually_blocking(ready, what=f"task {n} for {member}", within=30)
+    if not sid:
+        return None, m
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
+    r = c.post(
+        "/v1/delegations",
+        json={"to": to, "task": f"pass it on ({n})", "tool_use_id": f"tu_{n}", "session": sid},
+    )
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": f"passed on {n}"})
+    return m, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["http", "a2a"])
+def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_pair_budget(
+    tmp_path: Path, route: str
+) -> None:
+    """lead (hub A) delegates to worker (hub B), whose turn on the task delegates back to
+    lead and answers it, and so on, over HTTP callbacks or over A2A, with a chain budget
+    out of reach. Each hub counts the round trips against the pair of its member and the
+    other hub's member: every task is a change of speaker, and its answer is the same
+    speaker as the task sent with it. The ring stops at exactly the pair budget on the hub
+    that refuses: its agent's next delegation is refused (429), or the other hub's task
+    is refused at its door when that task's answer to the one before arrived first and
+    spent the pair; both are told as the pair's."""
+    pair = 6
+    hub_a, hub_b, tokens = _two_hubs(route, tmp_path, pair)
+    try:
+        with (
+            hub_a.client(tokens["lead"]) as lead,
+            hub_b.client(tokens["worker"]) as worker,
+            hub_a.client(tokens["user_a"]) as user_a,
+            hub_b.client(tokens["user_b"]) as user_b,
+        ):
+            start = first_delegation(lead, user_a)
+            players = [(worker, "worker", "lead@hub-a"), (lead, "lead", "worker@hub-b")]
+            taken: list[tuple[str, str, int]] = []
+            why: dict[str, Any] | None = None
+            for n in range(1, 4 * pair):  # a deadline in rounds: past it, it never stopped
+                c, member, to = players[(n - 1) % 2]
+                sender, sender_name, _ = players[n % 2]
+                _answered_out(c, member)
+                task, r = _pass_on_or_refused(c, member, to, n, sender, sender_name)
+                if task is None:
+                    assert isinstance(r, dict)
+                    why = {"budget": "pair", "message": r["error"]}
+                    break
+                assert isinstance(r, httpx.Response)
+                taken.append((member, task["chain_id"], task["hop"]))
+                if r.status_code != 201:
+                    assert r.status_code == 429, r.text
+                    why = r.json()["error"]
+                    break
+            else:
+                raise AssertionError(f"still delegating after {len(taken)} tasks")
+            assert why is not None and why["budget"] == "pair", why
+            assert "pair_budget" in why["message"], why
+            assert {chain for _, chain, _ in taken} == {start["message_id"]}
+            assert pair - 1 <= len(taken) <= pair, taken
+            # the hub that refused counted exactly the pair budget of exchanges
+            spent = []
+            for user, team in ((user_a, "leads"), (user_b, "workers")):
+                got = user.get(f"/v1/teams/{team}/budgets").json()["budgets"]
+                spent += [
+                    (b["used"], b["limit"]) for b in got if b["scope"] == "pair" and b["spent"]
+                ]
+            assert spent and set(spent) == {(pair, pair)}, spent
+            for user in (user_a, user_b)[: 2 if len(spent) == 2 else 1]:
+                notes = eventually_blocking(
+                    lambda u=user: (
+                        [
+                            m
+                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
+                            if m["kind"] == "system" and m["meta"].get("budget") == "pair"
+                        ]
+                        or None
+                    ),
+                    what="a pair budget notice for the team's human",
+                    within=10,
+                )
+                assert "budget extend" in notes[0]["text"]
+    finally:
+        hub_a.stop()
+        hub_b.stop()
