@@ -402,3 +402,110 @@ def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_pair_
     finally:
         hub_a.stop()
         hub_b.stop()
+
+
+async def test_a_ring_through_an_inbox_file_and_an_a2a_agent_stops_at_the_pair_budget(
+    tmp_path: Path,
+) -> None:
+    """a and b are Claude Code teammates: a's turn writes to b's inbox file; b's turn on
+    it asks the A2A agent forecaster@weather (which always answers, naming no chain),
+    asks it again on the answer, and on the second answer sends to c by the hub; c's turn
+    sends to a. No pair of members answers its partner (a→b, b→c, c→a), and the agent's
+    answers name no chain, so b's tasks leave at the same hop every time and the chain
+    (its budget out of reach here) goes on slowly: the pair of b and
+    ``forecaster@weather`` (no member stands for the service) counts each task and each
+    answer, and stops the ring at exactly its budget."""
+    pytest.importorskip("a2a.server.routes")
+    from backchannel.delivery.claude_inbox import InboxWriter
+    from backchannel.delivery.inbox_watch import InboxBridge
+    from backchannel.testing import eventually
+    from backchannel.types import MessageKind
+    from tests.test_a2a_outbound import Peer
+
+    pair = 6
+    peer = Peer()
+    root = tmp_path / "teams"
+    writer = InboxWriter(root)
+    cfg = CallbackConfig(
+        services={"weather": Service("weather", peer.url, "tok-weather", "a2a")}, retry=FAST
+    )
+    hub = Hub(MemoryStore(), check_delivery=False, background=False, callbacks=cfg)
+    await hub.start()
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": 1000, "pair_budget": pair}
+        )
+        for n in ("a", "b"):
+            await hub.add_member(
+                "t", n, "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+            )
+            await hub.open_session("t", n, f"{n}-s")
+        await hub.add_member("t", "c")
+        await hub.open_session("t", "c", "c-s")
+        await bridge.start()
+        await hub.send("t", "user", "a", "start")
+        asked, answers, refused = 0, 0, []
+
+        async def b_turn(prompt: str, then: str) -> None:
+            nonlocal asked
+            await hub.report_event("t", "b", "b-s", "turn_start", prompt)
+            try:
+                if then == "ask":
+                    await hub.delegate(
+                        "t", "b", "b-s", "forecaster@weather", f"forecast for Oslo {asked}"
+                    )
+                    asked += 1
+                else:
+                    await hub.send(
+                        "t", "b", "c", "b passes it on", sender_session="b-s", link=False
+                    )
+            except BudgetExhausted as exc:
+                refused.append(exc)
+            await hub.report_event("t", "b", "b-s", "agent_stop", "")
+            if then == "ask" and not refused:
+                await hub.maintain()  # the outbox makes the call
+
+        for n in range(6 * pair):  # a deadline in rounds: past it, it never stopped
+            got = await hub.receive("t", "a", session="a-s", limit=20)
+            if not got:
+                break
+            await hub.ack("t", "a", [g.message.message_id for g in got])
+            await hub.report_event("t", "a", "a-s", "turn_start", got[-1].message.text)
+            writer.append("t", "b", msg_id=f"a-to-b-{n}", from_="a", text=f"a passes {n}")
+            await hub.report_event("t", "a", "a-s", "agent_stop", "")
+            for result in await bridge.scan():
+                for eid in result.messages:  # b reads its own file
+                    m = (await hub.message_status("t", eid)).message
+                    prompt = f'<teammate-message teammate_id="a">{m.text}</teammate-message>'
+                    await b_turn(prompt, "ask")
+            for then in ("ask", "send"):  # b's turns on the agent's two answers
+                if refused:
+                    break
+
+                async def result() -> list[Any]:
+                    got = await hub.receive("t", "b", session="b-s", limit=20)
+                    if got:
+                        await hub.ack("t", "b", [g.message.message_id for g in got])
+                    return [g for g in got if g.message.kind is MessageKind.TOOL_RESULT]
+
+                [r] = await eventually(result, what="the agent's answer", within=20)
+                answers += 1
+                await b_turn(r.message.text, then)
+            if refused:
+                break
+            got = await hub.receive("t", "c", session="c-s", limit=20)
+            await hub.ack("t", "c", [g.message.message_id for g in got])
+            await hub.report_event("t", "c", "c-s", "turn_start", got[-1].message.text)
+            await hub.send("t", "c", "a", "c passes it on", sender_session="c-s", link=False)
+            await hub.report_event("t", "c", "c-s", "agent_stop", "")
+        else:
+            raise AssertionError(f"still asking after {asked} tasks")
+        assert asked + answers == pair, (asked, answers)
+        assert refused[0].details["key"] == "pair:b|forecaster@weather"
+        got = await hub.receive("t", "user", limit=100)
+        assert [g for g in got if g.message.meta.get("budget") == "pair"], "the human is told"
+    finally:
+        await bridge.stop()
+        await hub.close()
+        peer.close()
