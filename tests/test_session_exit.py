@@ -9,7 +9,7 @@ import pytest
 
 from backchannel.errors import InvalidRequest, InvalidState
 from backchannel.hub import Hub
-from backchannel.hub.sessions import DEFAULT_EXIT_GRACE_S
+from backchannel.hub.sessions import DEFAULT_EXIT_GRACE_S, SILENT_JOB
 from backchannel.stores.base import Store
 from backchannel.testing import FakeClock
 from backchannel.types import LinkState, MessageKind, SessionState
@@ -228,3 +228,18 @@ async def test_a_session_that_shows_life_keeps_what_waits_for_it(
     assert (await store_hub.get_session("t", "b-s")).state is SessionState.IDLE
     [link] = await store_hub.list_links("t")
     assert link.state is LinkState.OPEN
+
+
+async def _watches(hub: Hub, session: str) -> int:
+    jobs = await hub.store.read(lambda tx: tx.list_jobs("t", session_id=session, kind=SILENT_JOB))
+    return len(jobs)
+
+
+async def test_a_session_terminated_early_drops_its_watch(store_hub: Hub, clock: FakeClock) -> None:
+    """A session ended for good before its ``session_silent`` watch fell due kept the
+    watch pending until then, an hour by default, for nothing."""
+    await _silent_team(store_hub)
+    await _cross(store_hub, "a's words")
+    assert await _watches(store_hub, "b-s") == 1
+    await store_hub.terminate_session("t", "b", "b-s", "done")
+    assert await _watches(store_hub, "b-s") == 0

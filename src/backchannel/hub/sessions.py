@@ -32,6 +32,7 @@ from backchannel.types import (
     DeliveryState,
     EventKind,
     Job,
+    JobState,
     Message,
     MessageKind,
     Session,
@@ -290,6 +291,7 @@ class Sessions:
             f"no sign of life for {grace:g} s while {len(waiting)} message(s) waited for it "
             "(its process ended without a SessionEnd)"
         )
+        tx.finish_job(job.job_id, JobState.DONE, now)  # done: not one of those dropped
         self.end(c, s, now, reason, link_reason="session_silent")
         return None
 
@@ -299,10 +301,15 @@ class Sessions:
     def on_terminate(self, c: Ctx, s: Session) -> None:
         """A session ended for good: the copies pinned to it, waiting or leased, become
         its member's as a whole, for any receive of the member to take (nothing leases
-        for a terminated session; one given back or run out comes back unpinned)."""
+        for a terminated session; one given back or run out comes back unpinned), and
+        its ``session_silent`` watch is cancelled."""
+        now = self.clock.now()
         detail = f"session {s.session_id} ended"
-        if c.tx.unpin_session(s.team, s.member, s.session_id, self.clock.now(), detail):
+        if c.tx.unpin_session(s.team, s.member, s.session_id, now, detail):
             c.wake(s.team, s.member)
+        # nothing is pinned to it any more: its watch has nothing left to look for
+        for job in c.tx.list_jobs(s.team, session_id=s.session_id, kind=SILENT_JOB):
+            c.tx.finish_job(job.job_id, JobState.CANCELLED, now)
 
     @staticmethod
     def own(session: Session, member: str) -> None:
