@@ -51,6 +51,7 @@ OPERATIONS = {
     "POST /v1/sessions": "open_session",
     "GET /v1/sessions": "list_sessions",
     "GET /v1/sessions/{session_id}": "session",
+    "POST /v1/sessions/alive": "runtime_alive",
     "POST /v1/sessions/{session_id}/events": "report_event",
     "POST /v1/sessions/{session_id}/terminate": "terminate_session",
     "GET /v1/sessions/{session_id}/transcript": "session_data",

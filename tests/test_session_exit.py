@@ -243,3 +243,61 @@ async def test_a_session_terminated_early_drops_its_watch(store_hub: Hub, clock:
     assert await _watches(store_hub, "b-s") == 1
     await store_hub.terminate_session("t", "b", "b-s", "done")
     assert await _watches(store_hub, "b-s") == 0
+
+
+RUNTIME = "boot/4242/1000"  # a runtime process, as the command hook names it
+
+
+async def _beating(hub: Hub, clock: FakeClock, seconds: float) -> None:
+    """The runtime's MCP server beats for ``seconds``, as often as the hub asks."""
+    end = clock.now() + seconds
+    while clock.now() < end:
+        kept, every = await hub.runtime_alive("t", "b", RUNTIME)
+        assert kept == ["b-s"]
+        clock.advance(every)
+        await hub.maintain()
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle at its prompt", "in a long tool call"])
+async def test_a_runtime_that_runs_keeps_its_silent_session(
+    store_hub: Hub, clock: FakeClock, busy: bool
+) -> None:
+    """A runtime left idle at its prompt, or in one tool call longer than the exit grace,
+    reports no event; its MCP server's beats keep its session, links and what waits for
+    it. Once the beats stop (the runtime was killed), the rule ends it as before."""
+    await _silent_team(store_hub)
+    await store_hub.note_runtime("t", "b", "b-s", RUNTIME)
+    if busy:
+        await store_hub.report_event("t", "b", "b-s", "turn_start")
+        await store_hub.report_event("t", "b", "b-s", "tool_call", "make build")
+    await _cross(store_hub, "a's words")
+    await _beating(store_hub, clock, 3 * 600)
+    s = await store_hub.get_session("t", "b-s")
+    assert s.state is (SessionState.ACTIVE if busy else SessionState.IDLE)
+    [link] = await store_hub.list_links("t")
+    assert link.state is LinkState.OPEN
+    if busy:
+        await store_hub.report_event("t", "b", "b-s", "agent_stop", "")
+    assert sum("a's words" in t for t in await _taken(store_hub, "b", "b-s")) == 1
+
+    await _cross(store_hub, "more words")  # then the runtime is killed: no more beats
+    clock.advance(600)
+    await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.TERMINATED
+    [link] = await store_hub.list_links("t")
+    assert (link.state, link.close_reason) == (LinkState.CLOSED, "session_silent")
+
+
+async def test_a_beat_keeps_only_the_live_sessions_of_its_runtime(
+    store_hub: Hub, clock: FakeClock
+) -> None:
+    """Another runtime's beat, or this one's for a session that exited (a ``/clear``
+    leaves the old session exited in the same process), keeps nothing."""
+    await _silent_team(store_hub)
+    await store_hub.note_runtime("t", "b", "b-s", RUNTIME)
+    await store_hub.note_runtime("t", "b", "b-s2", "boot/4243/1000")
+    assert (await store_hub.runtime_alive("t", "b", "boot/9999/1"))[0] == []
+    assert (await store_hub.runtime_alive("t", "a", RUNTIME))[0] == []  # not a's
+    await store_hub.exit_session("t", "b", "b-s")
+    assert (await store_hub.runtime_alive("t", "b", RUNTIME))[0] == []
+    assert (await store_hub.runtime_alive("t", "b", "boot/4243/1000"))[0] == ["b-s2"]

@@ -25,6 +25,7 @@ from backchannel.models import (
     Acked,
     AckedBatch,
     AckOutcome,
+    Alive,
     Budget,
     BudgetList,
     ChatAccepted,
@@ -428,6 +429,10 @@ class MemberApi:
             self.team, self.name, session_id, kind, text, dict(data or {}), request_id=request_id
         )
         return EventAnswer.model_validate(got)
+
+    async def runtime_alive(self, runtime: str) -> Alive:
+        sessions, next_in = await self.hub.runtime_alive(self.team, self.name, runtime)
+        return Alive(sessions=sessions, next_in=next_in)
 
     async def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
         return _session(await self.hub.terminate_session(self.team, self.name, session_id, reason))

@@ -183,6 +183,17 @@ class TerminateIn(_Body):
     reason: str = ""
 
 
+class AliveIn(_Body):
+    """A runtime process's beat (its stdio MCP server sends it while the runtime runs,
+    see :mod:`backchannel.runtimes.liveness`)."""
+
+    runtime: str = Field(
+        min_length=1,
+        max_length=200,
+        description="The runtime process, as the command hook names it on each event.",
+    )
+
+
 class ReactionIn(_Body):
     emoji: str = Field(min_length=1, max_length=32)
 
@@ -704,6 +715,13 @@ class SessionInfo(_Out):
 
 class SessionList(_Out):
     sessions: list[SessionInfo]
+
+
+class Alive(_Out):
+    """What a runtime's beat did: the sessions it kept alive, and how soon to beat again."""
+
+    sessions: list[str]
+    next_in: float
 
 
 class EventAnswer(_Out):

@@ -24,6 +24,7 @@ from backchannel.member import answer_delegation
 from backchannel.models import (
     Acked,
     AckedBatch,
+    Alive,
     Budget,
     BudgetList,
     ChatAccepted,
@@ -656,6 +657,21 @@ class Client:
 
     async def agent_stop(self, session_id: str, text: str) -> EventAnswer:
         return await self.report_event(session_id, "agent_stop", text)
+
+    async def runtime_alive(self, runtime: str) -> Alive:
+        """Runtime process ``runtime`` of yours is alive (as the command hook names it,
+        :func:`backchannel.runtimes.liveness.runtime_key`): your live sessions that run
+        under it are too. The stdio MCP server calls this while its runtime runs."""
+        call = Call(
+            "POST",
+            "/v1/sessions/alive",
+            lambda s: s.member.runtime_alive(runtime),
+            Alive,
+            {"runtime": runtime},
+            repeatable=True,
+        )
+        got: Alive = await self._do(call)
+        return got
 
     async def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
         """End a session for good. Ending an ended session answers it as it is, so an

@@ -14,6 +14,7 @@ from backchannel.client._transport import RETRY_WITHIN, Transport
 from backchannel.models import (
     Acked,
     AckedBatch,
+    Alive,
     Budget,
     ChatAccepted,
     Delegation,
@@ -339,6 +340,10 @@ class SyncClient:
 
     def agent_stop(self, session_id: str, text: str) -> EventAnswer:
         return self._run(self._async.agent_stop(session_id, text))
+
+    def runtime_alive(self, runtime: str) -> Alive:
+        """Runtime process ``runtime`` of yours is alive: your live sessions under it are."""
+        return self._run(self._async.runtime_alive(runtime))
 
     def terminate_session(self, session_id: str, reason: str = "") -> SessionInfo:
         return self._run(self._async.terminate_session(session_id, reason))

@@ -234,6 +234,8 @@ class Hub:
     open_session = _Delegate("sessions", Sessions.open_session)
     exit_session = _Delegate("sessions", Sessions.exit_session)
     terminate_session = _Delegate("sessions", Sessions.terminate_session)
+    note_runtime = _Delegate("sessions", Sessions.note_runtime)
+    runtime_alive = _Delegate("sessions", Sessions.runtime_alive)
     get_session_data = _Delegate("sessions", Sessions.get_session_data)
     report_event = _Delegate("turns", Turns.report_event)
     forget_stop = _Delegate("turns", Turns.forget_stop)

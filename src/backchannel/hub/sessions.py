@@ -5,7 +5,9 @@ ledger; a session whose process exited keeps them for the team's exit grace
 (``exit_grace_seconds``), after which it terminates. A session whose process died
 without saying so (a crash, ``kill -9``, a runtime restarted under a new session id)
 is found by what waits for it: a session that shows no sign of life for the exit grace
-while a message waits pinned to it ends the same way (``session_silent``). What a turn does (``turn_start``,
+while a message waits pinned to it ends the same way (``session_silent``). A sign of life
+is an event, or a beat of the runtime process it runs under (its MCP server's, while the
+runtime runs: :mod:`backchannel.runtimes.liveness`). What a turn does (``turn_start``,
 ``agent_stop``, the ledger, checkpoints) is :mod:`backchannel.hub.turns`.
 """
 
@@ -42,8 +44,10 @@ from backchannel.types import (
 
 __all__ = [
     "EXIT_JOB",
+    "RUNTIME_META",
     "SILENT_JOB",
     "Sessions",
+    "alive_step",
     "exit_grace",
     "new_session_id",
     "session_json",
@@ -61,6 +65,11 @@ SILENT_JOB = "session_silent"
 #: An event that changes nothing else in its session's record (a tool call) writes its
 #: time there (``updated_at``, the session's last sign of life) at most this often.
 ALIVE_STEP_S = 60.0
+#: The key of a session's record (``meta``) that names the runtime process it runs under
+#: (:mod:`backchannel.runtimes.liveness`).
+RUNTIME_META = "runtime"
+#: The shortest time between two beats of a runtime's MCP server.
+MIN_BEAT_S = 0.2
 #: How many of a member's undelivered copies a silent session's check looks through.
 _SILENT_SCAN = 1000
 
@@ -77,6 +86,14 @@ def exit_grace(settings: Mapping[str, Any]) -> float:
     except (TypeError, ValueError):
         return DEFAULT_EXIT_GRACE_S
     return grace if grace >= 0 else DEFAULT_EXIT_GRACE_S
+
+
+def alive_step(grace: float) -> float:
+    """How often a runtime's MCP server beats, and how often a beat is written: often
+    enough that a session whose runtime lives never looks silent for a whole exit grace
+    (two steps at most between the last write and a look), and no more than once a
+    minute."""
+    return max(MIN_BEAT_S, min(ALIVE_STEP_S, grace / 3))
 
 
 def _owed(m: Message | None) -> bool:
@@ -239,11 +256,55 @@ class Sessions:
         return None
 
     # -- a session that died without saying so ------------------------------------------
-    def alive(self, c: Ctx, s: Session, now: float) -> None:
+    def alive(self, c: Ctx, s: Session, now: float, step: float = ALIVE_STEP_S) -> None:
         """An event of ``s`` that changes nothing else in its record is a sign of life:
-        written as its ``updated_at``, at most every :data:`ALIVE_STEP_S`."""
-        if now - s.updated_at >= ALIVE_STEP_S:
+        written as its ``updated_at``, at most every ``step`` seconds."""
+        if now - s.updated_at >= step:
             c.tx.put_session(dataclasses.replace(s, updated_at=now))
+
+    async def note_runtime(self, team: str, member: str, session_id: str, key: str) -> None:
+        """Session ``session_id`` runs under the runtime process ``key`` (its command hook
+        says so, :mod:`backchannel.runtimes.liveness`): kept on the session, so that the
+        beats of that process's MCP server (:meth:`runtime_alive`) keep it alive. Written
+        only when it changes (a session's first event, a resume in a new process)."""
+
+        def fn(c: Ctx) -> None:
+            s = self.load(c, team, member, session_id)
+            if s.state is SessionState.TERMINATED or s.meta.get(RUNTIME_META) == key:
+                return
+            c.tx.put_session(dataclasses.replace(s, meta={**s.meta, RUNTIME_META: key}))
+
+        await self.env.transact(fn)
+
+    async def runtime_alive(self, team: str, member: str, key: str) -> tuple[list[str], float]:
+        """The runtime process ``key`` of ``member`` is alive (its MCP server beats while
+        its parent runs, :mod:`backchannel.runtimes.liveness`): a sign of life of each of
+        the member's sessions that runs under it and has not exited, written as its
+        ``updated_at`` at most every :func:`alive_step`. A runtime idle at its prompt, or
+        in one long tool call, reports no event, and is alive all the same. Returns the
+        sessions kept alive and how soon to beat again."""
+        now = self.clock.now()
+
+        def under(tx: Any) -> tuple[list[Session], float]:
+            t = tx.get_team(team)
+            step = alive_step(exit_grace(t.settings if t else {}))
+            found = [
+                s
+                for s in tx.list_sessions(team, member)
+                if s.state in (SessionState.IDLE, SessionState.ACTIVE)
+                and s.meta.get(RUNTIME_META) == key
+            ]
+            return found, step
+
+        found, step = await self.store.read(under)
+        if any(now - s.updated_at >= step for s in found):
+
+            def fn(c: Ctx) -> None:
+                for s in under(c.tx)[0]:
+                    self.alive(c, s, now, step)
+
+            await self.env.transact(fn)
+        return [s.session_id for s in found], step
 
     def watch_pinned(self, c: Ctx, s: Session, now: float) -> None:
         """A copy now waits pinned to ``s``, which nothing but ``s`` can take. Unless a
@@ -260,9 +321,9 @@ class Sessions:
         c.schedule(due)
 
     def _fire_silent(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
-        """A session that has shown no sign of life (an event, a turn) for the exit
-        grace while a message owed to it (not a hub notice) waited pinned to it, untaken,
-        all that time has gone as an
+        """A session that has shown no sign of life (an event, a turn, a beat of its
+        runtime process: :meth:`runtime_alive`) for the exit grace while a message owed
+        to it (not a hub notice) waited pinned to it, untaken, all that time has gone as an
         exited one does after its grace: it terminates, its links close with both sides
         told, and what waited for it goes to its member (docs/decisions.md, "A session
         that died without saying so"). One that is alive is looked at again an exit
@@ -289,7 +350,7 @@ class Sessions:
             return JobOutcome(keep=True)
         reason = (
             f"no sign of life for {grace:g} s while {len(waiting)} message(s) waited for it "
-            "(its process ended without a SessionEnd)"
+            "(its process ended without a SessionEnd, and no MCP server of it beats)"
         )
         tx.finish_job(job.job_id, JobState.DONE, now)  # done: not one of those dropped
         self.end(c, s, now, reason, link_reason="session_silent")

@@ -68,7 +68,9 @@ def run_hook(
 def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
     """The payload with the closing text read from this machine's transcript when it
     lacks it (the hub never reads a file a hook names) and the session's record of what
-    hook answers showed it; a bad payload goes as it is."""
+    hook answers showed it, and the runtime process it runs under
+    (:mod:`backchannel.runtimes.liveness`); a bad payload goes as it is."""
+    from backchannel.runtimes.liveness import add_runtime
     from backchannel.runtimes.seen import add_record
     from backchannel.runtimes.transcripts import enrich
 
@@ -77,7 +79,7 @@ def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
     except ValueError:
         return raw, None
     filled, note = enrich(runtime, payload)
-    filled = add_record(runtime, filled)
+    filled = add_runtime(add_record(runtime, filled))
     return (raw if filled is payload else json.dumps(filled)), note
 
 

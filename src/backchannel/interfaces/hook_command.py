@@ -80,15 +80,16 @@ def _hub_url(opts: dict[str, str]) -> str | None:
 def _enrich(runtime: str, raw: str, payload: Any) -> tuple[bytes, str | None, str | None]:
     """The payload (``raw``, parsed) with the closing text read from this machine's
     transcript when it lacks it (the hub never reads a file a hook names) and the
-    session's record of what it was shown; why the text could not be read; the runtime
+    session's record of what it was shown and the runtime process it runs under
+    (:mod:`backchannel.runtimes.liveness`); why the text could not be read; the runtime
     session id."""
-    from backchannel.runtimes import seen
+    from backchannel.runtimes import liveness, seen
     from backchannel.runtimes.transcripts import enrich
 
     if payload is _UNPARSED:  # a bad payload goes as it is: the hub says what is wrong
         return raw.encode("utf-8", "surrogateescape"), None, None
     filled, note = enrich(runtime, payload)
-    filled = seen.add_record(runtime, filled)
+    filled = liveness.add_runtime(seen.add_record(runtime, filled))
     body = raw if filled is payload else json.dumps(filled)
     sid = filled.get("session_id") if isinstance(filled, dict) else None
     return body.encode("utf-8", "surrogateescape"), note, sid if isinstance(sid, str) else None

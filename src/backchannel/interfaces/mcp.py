@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -37,9 +38,11 @@ from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
 from backchannel.errors import BackchannelError, InvalidState, UnknownSession
+from backchannel.hub.sessions import ALIVE_STEP_S, MIN_BEAT_S
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
 from backchannel.interfaces.strict import REFUSED, parse_json
 from backchannel.models import MAX_INT, Received, SessionInfo
+from backchannel.runtimes import liveness
 from backchannel.runtimes.common import format_message
 
 __all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
@@ -540,7 +543,11 @@ async def serve_stdio(
                 except Exception:  # the tools go on; the hook routes deliver instead
                     log.exception("channel pushes stopped")
 
-            tasks = [asyncio.create_task(channel()), asyncio.create_task(refuse())]
+            tasks = [
+                asyncio.create_task(channel()),
+                asyncio.create_task(refuse()),
+                asyncio.create_task(beat(client)),
+            ]
             try:
                 await server.run(read, write, init_options(server))
             finally:
@@ -548,6 +555,27 @@ async def serve_stdio(
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+
+
+async def beat(client: Client, parent: int | None = None) -> None:
+    """Tell the hub, while the runtime that started this server runs, that it does:
+    the member's sessions that run under it are alive, idle at their prompt or in one
+    long tool call (:mod:`backchannel.runtimes.liveness`). Stops when the parent goes (a
+    runtime killed: this server is reparented, or its stdin closes and it exits), so
+    the sessions of a dead runtime still end by the hub's rule. A hub that cannot be
+    reached, or does not know beats, is tried again a minute later."""
+    parent = os.getppid() if parent is None else parent
+    key = await asyncio.to_thread(liveness.runtime_key, parent)
+    if key is None:
+        log.debug("no runtime process to beat for (parent %s)", parent)
+        return
+    while os.getppid() == parent:
+        try:
+            every = (await client.runtime_alive(key)).next_in
+        except Exception as exc:  # the tools go on; the next beat tries again
+            log.debug("beat for %s: %s", key, exc)
+            every = ALIVE_STEP_S
+        await asyncio.sleep(max(MIN_BEAT_S, every))
 
 
 def _stdin() -> AsyncIterable[str]:

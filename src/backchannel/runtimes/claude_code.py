@@ -46,6 +46,7 @@ from backchannel.runtimes.common import (
     opt_bool,
     opt_str,
     req_str,
+    runtime_of,
     tool_call_text,
 )
 
@@ -100,6 +101,7 @@ def parse_event(runtime: str, payload: Any, kinds: Mapping[str, HookKind] = _KIN
         "transcript_path": transcript,
         "seen": _seen(obj, prompt),
         "had": had_ids(obj),
+        "runtime_key": runtime_of(obj),
     }
     if kind is HookKind.PROMPT:
         return HookEvent(**common, text=prompt)

@@ -16,6 +16,7 @@ from typing import Any
 
 from backchannel.core import framing
 from backchannel.errors import Forbidden, HookInputError
+from backchannel.runtimes.liveness import RUNTIME_FIELD
 from backchannel.runtimes.seen import HAD_FIELD, KEEP
 from backchannel.types import Member
 
@@ -33,6 +34,7 @@ __all__ = [
     "opt_bool",
     "opt_str",
     "req_str",
+    "runtime_of",
 ]
 
 #: Response header of ``POST /v1/hooks/{runtime}`` that says why a call had no effect.
@@ -83,6 +85,9 @@ class HookEvent:
     #: same for every event until the next prompt, absent before a process's first):
     #: two stops of different prompts are two turns. ``None`` where there is none.
     prompt_id: str | None = None
+    #: the runtime process the command hook ran under
+    #: (:func:`~backchannel.runtimes.liveness.runtime_key`), where it says
+    runtime_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,13 @@ def had_ids(payload: Mapping[str, Any]) -> tuple[str, ...] | None:
     if not isinstance(listed, list):
         return None
     return tuple(i for i in listed if isinstance(i, str))[-KEEP:]
+
+
+def runtime_of(payload: Mapping[str, Any]) -> str | None:
+    """The runtime process the command hook says it ran under, if it says
+    (:mod:`.liveness`)."""
+    key = payload.get(RUNTIME_FIELD)
+    return key if isinstance(key, str) and 0 < len(key) <= 200 else None
 
 
 def event_name(payload: Any, *keys: str) -> tuple[Mapping[str, Any], str]:

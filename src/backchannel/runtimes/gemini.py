@@ -32,6 +32,7 @@ from backchannel.runtimes.common import (
     opt_bool,
     opt_str,
     req_str,
+    runtime_of,
     tool_call_text,
 )
 
@@ -70,6 +71,7 @@ def parse(payload: Any) -> HookEvent:
         "session_id": req_str(obj, "session_id"),
         "transcript_path": opt_str(obj, "transcript_path"),
         "had": had_ids(obj),
+        "runtime_key": runtime_of(obj),
     }
     if kind is HookKind.PROMPT:
         return HookEvent(**common, text=opt_str(obj, "prompt") or "")

@@ -71,6 +71,7 @@ from backchannel.core.messages import check_session_id
 from backchannel.core.turns import stop_print
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, UnknownSession
 from backchannel.hub import Hub
+from backchannel.hub.sessions import RUNTIME_META
 from backchannel.hub.turns import CONTINUED, HANDED, LAST_STOP, SETTLED
 from backchannel.runtimes import get_runtime
 from backchannel.runtimes.common import (
@@ -171,6 +172,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         return Outcome(), ended.session_id, ()
     if ev.kind is HookKind.SESSION_START:
         started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
+        await _runs_under(hub, m, started, ev)
         await _settle(hub, m, started, ev)
         if started.state is SessionState.IDLE and LAST_STOP in started.meta:
             # a process (re)started, or its context was rebuilt: a stop after this is a
@@ -181,6 +183,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
 
     s = await _live(hub, m, ev.session_id)
     sid = s.session_id
+    await _runs_under(hub, m, s, ev)
     if ev.seen:  # channel pushes the session shows: delivered, and never handed over again
         await hub.ack(m.team, m.name, list(ev.seen))
     had = await _settle(hub, m, s, ev) | frozenset(ev.seen)
@@ -253,6 +256,14 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         await _release(hub, m, got)
         raise
     return Outcome(continue_with=text), sid, _ids(got)
+
+
+async def _runs_under(hub: Hub, m: Member, s: Session, ev: HookEvent) -> None:
+    """Note the runtime process the command hook ran under on the session, when it
+    says and it changed: that process's MCP server keeps the session alive while the
+    runtime runs (:mod:`backchannel.runtimes.liveness`)."""
+    if ev.runtime_key is not None and s.meta.get(RUNTIME_META) != ev.runtime_key:
+        await hub.note_runtime(m.team, m.name, s.session_id, ev.runtime_key)
 
 
 def _stop_mark(ev: HookEvent) -> dict[str, str]:

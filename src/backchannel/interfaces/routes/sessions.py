@@ -9,6 +9,8 @@ from fastapi import APIRouter, Query
 from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.wire import MAX_INT, MemberQuery, SessionId, StrictRoute
 from backchannel.models import (
+    Alive,
+    AliveIn,
     EventAnswer,
     EventIn,
     SessionIn,
@@ -30,6 +32,13 @@ async def open_session(body: SessionIn, api: AsMember) -> SessionInfo:
 @router.get("/v1/sessions")
 async def list_sessions(api: AsMember, member: MemberQuery = None) -> SessionList:
     return await api.sessions(member=member)
+
+
+@router.post("/v1/sessions/alive")
+async def runtime_alive(body: AliveIn, api: AsMember) -> Alive:
+    """A runtime process of yours is alive (its MCP server beats while it runs): your
+    live sessions that run under it are too, even idle or in one long tool call."""
+    return await api.runtime_alive(body.runtime)
 
 
 @router.get("/v1/sessions/{session_id}")

@@ -1,0 +1,40 @@
+"""A stand-in for a runtime's process (Claude Code, Codex, Gemini CLI), for tests.
+
+``python stand_in.py BIN TEAM/MEMBER URL``: it starts ``BIN mcp`` as its child with its
+stdin and stdout on pipes, as the runtimes start a stdio MCP server, and keeps it for as
+long as it runs. For each hook payload (one JSON line) written to its stdin, it runs
+``BIN hook claude-code`` through ``sh -c``, as the runtimes run command hooks, and
+writes the hook's answer as one JSON line to its stdout. Between lines it is idle, as a
+runtime at its prompt or in a long tool call is: no event at all.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+
+def main() -> None:
+    bin_, who, url = sys.argv[1:4]
+    mcp = subprocess.Popen(
+        [bin_, "mcp", "--as", who, "--url", url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
+    hook = " ".join(
+        shlex.quote(p) for p in [bin_, "hook", "claude-code", "--as", who, "--url", url]
+    )
+    for line in sys.stdin:
+        run = subprocess.run(
+            ["sh", "-c", hook], input=line, capture_output=True, text=True, check=False
+        )
+        answer = json.loads(run.stdout) if run.stdout.strip() else {}
+        print(json.dumps({"answer": answer, "stderr": run.stderr}), flush=True)
+    mcp.stdin.close()  # type: ignore[union-attr]
+    mcp.wait()
+
+
+if __name__ == "__main__":
+    main()

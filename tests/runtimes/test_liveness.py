@@ -1,0 +1,181 @@
+"""A runtime that runs keeps its sessions; one that is killed loses them.
+
+Real processes: a real ``backchannel serve`` with a short exit grace, and runtimes played
+by :mod:`tests.runtimes.stand_in`, each with its own ``backchannel mcp`` child and
+command hooks run through a shell. A session with a message waiting for it and no event
+for the grace is ended by the hub's ``session_silent`` rule; a runtime idle at its prompt
+or in one long tool call reports no event, yet its process is alive and its human comes
+back to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backchannel.runtimes.liveness import RUNTIME_FIELD, runtime_key
+from backchannel.testing import eventually_blocking
+from tests.conftest import BIN, Server, start_server
+
+from .agents import make_team
+from .helpers import fixture
+
+GRACE_S = 4
+STAND_IN = Path(__file__).with_name("stand_in.py")
+
+
+@pytest.fixture
+def srv(tmp_path: Path) -> Iterator[Server]:
+    s = start_server(tmp_path / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+class Runtime:
+    """One stand-in runtime process of ``member`` (see :mod:`tests.runtimes.stand_in`)."""
+
+    def __init__(self, srv: Server, team: str, member: str, token: str, state: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+        env |= {"BACKCHANNEL_TOKEN": token, "BACKCHANNEL_STATE_DIR": str(state)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(STAND_IN), str(BIN), f"{team}/{member}", srv.url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group: the runtime and its children
+        )
+
+    def hook(self, name: str, session: str, **fields: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        payload = fixture("claude-code", name, session_id=session, **fields)
+        self.proc.stdin.write(json.dumps(payload) + "\n")
+        self.proc.stdin.flush()
+        got = json.loads(self.proc.stdout.readline())
+        answer: dict[str, Any] = got["answer"]
+        return answer
+
+    def kill(self) -> None:
+        """``kill -9`` of the runtime and its children (its MCP server)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def runtimes(tmp_path: Path) -> Iterator[list[Runtime]]:
+    started: list[Runtime] = []
+    yield started
+    for r in started:
+        r.kill()
+
+
+def _state(c: httpx.Client, session: str) -> str:
+    return str(c.get(f"/v1/sessions/{session}").json()["state"])
+
+
+def _link_state(c: httpx.Client, peer: str) -> tuple[str, str | None]:
+    links = c.get("/v1/links").json()["links"]
+    [link] = [x for x in links if peer in (x["initiator"], x["responder"])]
+    return link["state"], link.get("close_reason")
+
+
+def _beating(c: httpx.Client, session: str) -> None:
+    """Wait until the session, idle, shows life without an event: its MCP server beats."""
+    since = c.get(f"/v1/sessions/{session}").json()["updated_at"]
+
+    def moved() -> bool:
+        return bool(c.get(f"/v1/sessions/{session}").json()["updated_at"] > since)
+
+    eventually_blocking(moved, what=f"a beat of {session}'s runtime", within=60)
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle-at-its-prompt", "long-tool-call"])
+def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
+    srv: Server,
+    tmp_path: Path,
+    runtimes: list[Runtime],
+    busy: bool,
+    request: pytest.FixtureRequest,
+) -> None:
+    """``b``'s runtime lives, idle at its prompt or in one tool call that outlasts the
+    exit grace, while ``a``'s crossing waits for it (and ``a``'s runtime, idle too, has
+    ``b``'s answer waiting for its next prompt): its session and link stay, and the
+    crossing reaches it once it goes on. ``d``'s runtime is killed (``kill -9`` of it and
+    its MCP server) while a message waits for its session: the session ends as before.
+    The message to ``d`` waits from after ``a``'s crossing, so by the time ``d``'s session
+    has ended, the hub has looked at ``b``'s."""
+    tokens = make_team(
+        srv, "t", "a:claude-code", "b:claude-code", "d:claude-code", exit_grace_seconds=GRACE_S
+    )
+    c = {name: srv.client(token) for name, token in tokens.items()}
+    for client in c.values():
+        request.addfinalizer(client.close)
+    a, b, d = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}") for m in "abd")
+    runtimes += [a, b, d]
+
+    # a links with b; b's turn on it ends
+    a.hook("SessionStart", "sa", source="startup")
+    a.hook("UserPromptSubmit", "sa", prompt="go")
+    b.hook("SessionStart", "sb", source="startup")
+    b.hook("UserPromptSubmit", "sb", prompt="go")
+    sent = c["a"].post("/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"})
+    sent.raise_for_status()
+    b.hook("Stop", "sb", last_assistant_message="b is done")  # continued: it had mail
+    b.hook("Stop", "sb", last_assistant_message="")  # the turn ends
+    d.hook("SessionStart", "sd", source="startup")
+    if busy:  # a tool call that runs past the grace: no event until it ends
+        b.hook("UserPromptSubmit", "sb", prompt="build it")
+        b.hook("PreToolUse", "sb", tool_name="Bash", tool_input={"command": "make"})
+    _beating(c["b"], "sb")
+
+    a.hook("Stop", "sa", last_assistant_message="a's words")  # crosses to b, pinned to sb
+    d.kill()
+    c["user"].post(
+        "/v1/messages", json={"to": "d", "session": "sd", "text": "are you there?"}
+    ).raise_for_status()
+
+    eventually_blocking(
+        lambda: _state(c["d"], "sd") == "terminated", what="d's session to end", within=60
+    )
+    assert _state(c["b"], "sb") == ("active" if busy else "idle")
+    assert _link_state(c["a"], "b") == ("open", None)
+
+    if busy:
+        b.hook("PostToolUse", "sb", tool_name="Bash", tool_response="built")
+        answer = b.hook("Stop", "sb", last_assistant_message="built")
+    else:
+        answer = b.hook("UserPromptSubmit", "sb", prompt="I'm back")
+    assert json.dumps(answer).count("a's words") == 1, answer
+
+
+def test_the_hook_and_the_mcp_server_name_the_same_runtime() -> None:
+    """The command hook runs through a shell, the MCP server directly: both name the
+    process above them that is neither."""
+    probe = "from backchannel.runtimes.liveness import runtime_key; print(runtime_key())"
+    direct = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    shelled = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c '{probe}'; true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    mine = f"/{os.getpid()}/"
+    assert mine in direct and direct == shelled
+    assert runtime_key() != direct  # this process's own runtime is another
+    assert RUNTIME_FIELD == "backchannel_runtime"
