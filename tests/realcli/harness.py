@@ -133,6 +133,8 @@ class Rig:
             "PATH": f"{BIN.parent}:{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
+            # the code under test in the hooks and MCP server too (a worktree's)
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
             "BACKCHANNEL_TOKEN": self.tokens["alice"],
             "HTTP_PROXY": self.proxy.url,
             "HTTPS_PROXY": self.proxy.url,
@@ -360,3 +362,22 @@ def _hook_crashes(r: Rig) -> list[str]:
     for transcript in (r.home / ".claude" / "projects").rglob("*.jsonl"):
         said += transcript.read_text(errors="replace").splitlines()
     return [line[:500] for line in said if "backchannel hook" in line and "internal error" in line]
+
+
+def mcp_runtime(team: str, member: str) -> str:
+    """The runtime process the CLI's ``backchannel mcp`` of ``team/member`` runs under,
+    named as it names it in its beats (:mod:`backchannel.runtimes.liveness`)."""
+    from backchannel.runtimes.liveness import runtime_key
+
+    who = f"{team}/{member}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if b"mcp" in args and who in args:
+            key = runtime_key(int(stat[stat.rfind(")") + 2 :].split()[1]))
+            assert key is not None, f"no runtime above {entry}"
+            return key
+    raise AssertionError(f"no backchannel mcp process for {team}/{member}")

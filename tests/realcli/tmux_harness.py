@@ -22,7 +22,7 @@ import pytest
 from backchannel.testing import eventually_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_DIR = ROOT / ".cache" / "clis"
+CLI_DIR = Path(os.environ.get("BACKCHANNEL_CLI_DIR") or ROOT / ".cache" / "clis")
 CLAUDE = CLI_DIR / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe"
 
 
@@ -90,7 +90,9 @@ def write_home(home: Path, projects: list[Path]) -> None:
 def cli_env(home: Path, api_url: str, proxy: RefusingProxy, **extra: str) -> dict[str, str]:
     """The environment the CLI runs in: the fake API, the private HOME, and every other
     destination sent to the refusing proxy."""
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TERM", "TMPDIR")}
+    # PYTHONPATH: the code under test in the hooks and MCP server too (a worktree's)
+    names = ("PATH", "LANG", "TERM", "TMPDIR", "PYTHONPATH")
+    keep = {k: v for k, v in os.environ.items() if k in names}
     return {
         **keep,
         "HOME": str(home),
