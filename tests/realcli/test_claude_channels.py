@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import BIN, Server, start_server
 from tests.realcli.fake_anthropic import FakeAnthropic, Rule, last_user_text, say, texts
+from tests.realcli.harness import mcp_runtime
 from tests.realcli.tmux_harness import (
     RefusingProxy,
     claude_pane,
@@ -147,6 +148,11 @@ def test_idle_session_is_woken_by_a_channel_push_and_shown_it_once(
             pane.enter()
             session = wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session")
             assert session["state"] == "idle" and session["turn"] == 0
+            # idle at its prompt, the session is vouched for by Claude Code's MCP server:
+            # the process it runs under is the one the hooks named for the session
+            with hub.client(tokens["worker"]) as c:
+                beat = c.post("/v1/sessions/alive", json={"runtime": mcp_runtime("demo", "worker")})
+            assert beat.json()["sessions"] == [session["session_id"]], beat.text
 
             # nothing typed: the push alone starts a turn that carries the message
             sent_at = time.monotonic()

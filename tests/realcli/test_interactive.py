@@ -19,7 +19,7 @@ from backchannel.testing import eventually_blocking
 from tests.conftest import Server
 
 from .fake_anthropic import Rule, call, say
-from .harness import Rig, attach, attached
+from .harness import Rig, attach, attached, mcp_runtime
 from .tmux_harness import Pane, cli_pane, wait_until
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -143,6 +143,12 @@ def test_an_interactive_session_takes_part_and_exits_without_losing_a_message(
         events = [h["event"] for h in _delivery(rig, sent[0])["history"]]
         assert events.count("leased") == events.count("acked") == 1, events
         wait_until(lambda: _idle(rig, sid), 30, "the turn's end", pane)
+
+        # idle at its prompt, the session is vouched for by the CLI's MCP server: the
+        # process it runs under is the one the hooks named for the session
+        with rig.server.client(rig.tokens["alice"]) as c:
+            beat = c.post("/v1/sessions/alive", json={"runtime": mcp_runtime(rig.team, "alice")})
+        assert beat.json()["sessions"] == [sid], beat.text
 
         # the next prompt's request still shows it once: not handed over a second time
         pane.type("Anything else to do.")  # no "?": Gemini opens its shortcuts on it
