@@ -298,6 +298,11 @@ async def test_a_beat_keeps_only_the_live_sessions_of_its_runtime(
     await store_hub.note_runtime("t", "b", "b-s2", "boot/4243/1000")
     assert (await store_hub.runtime_alive("t", "b", "boot/9999/1"))[0] == []
     assert (await store_hub.runtime_alive("t", "a", RUNTIME))[0] == []  # not a's
+    # nothing waits for it: the beat vouches for it and writes nothing
+    before = (await store_hub.get_session("t", "b-s")).updated_at
+    clock.advance(120)
+    assert (await store_hub.runtime_alive("t", "b", RUNTIME))[0] == ["b-s"]
+    assert (await store_hub.get_session("t", "b-s")).updated_at == before
     await store_hub.exit_session("t", "b", "b-s")
     assert (await store_hub.runtime_alive("t", "b", RUNTIME))[0] == []
     assert (await store_hub.runtime_alive("t", "b", "boot/4243/1000"))[0] == ["b-s2"]

@@ -1,8 +1,8 @@
 """A stand-in for a runtime's process (Claude Code, Codex, Gemini CLI), for tests.
 
 ``python stand_in.py BIN TEAM/MEMBER URL``: it starts ``BIN mcp`` as its child with its
-stdin and stdout on pipes, as the runtimes start a stdio MCP server, and keeps it for as
-long as it runs. For each hook payload (one JSON line) written to its stdin, it runs
+stdin and stdout on pipes, as the runtimes start a stdio MCP server, waits for it to
+answer a tool call, and keeps it for as long as it runs. For each hook payload (one JSON line) written to its stdin, it runs
 ``BIN hook claude-code`` through ``sh -c``, as the runtimes run command hooks, and
 writes the hook's answer as one JSON line to its stdout. Between lines it is idle, as a
 runtime at its prompt or in a long tool call is: no event at all.
@@ -16,13 +16,35 @@ import subprocess
 import sys
 
 
+def ready(mcp: subprocess.Popen[str]) -> None:
+    """The MCP handshake and one tool call: once it is answered, the server is up (and
+    beating), not just its front (:mod:`backchannel.interfaces.mcp_front`)."""
+    assert mcp.stdin is not None and mcp.stdout is not None
+    hello = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "stand-in", "version": "0"},
+    }
+    for msg in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_members"}},
+    ):
+        mcp.stdin.write(json.dumps(msg) + "\n")
+    mcp.stdin.flush()
+    while json.loads(mcp.stdout.readline()).get("id") != 2:
+        pass
+
+
 def main() -> None:
     bin_, who, url = sys.argv[1:4]
     mcp = subprocess.Popen(
         [bin_, "mcp", "--as", who, "--url", url],
         stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    ready(mcp)
     hook = " ".join(
         shlex.quote(p) for p in [bin_, "hook", "claude-code", "--as", who, "--url", url]
     )

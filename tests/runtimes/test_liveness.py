@@ -93,16 +93,6 @@ def _link_state(c: httpx.Client, peer: str) -> tuple[str, str | None]:
     return link["state"], link.get("close_reason")
 
 
-def _beating(c: httpx.Client, session: str) -> None:
-    """Wait until the session, idle, shows life without an event: its MCP server beats."""
-    since = c.get(f"/v1/sessions/{session}").json()["updated_at"]
-
-    def moved() -> bool:
-        return bool(c.get(f"/v1/sessions/{session}").json()["updated_at"] > since)
-
-    eventually_blocking(moved, what=f"a beat of {session}'s runtime", within=60)
-
-
 @pytest.mark.parametrize("busy", [False, True], ids=["idle-at-its-prompt", "long-tool-call"])
 def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
     srv: Server,
@@ -140,7 +130,6 @@ def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
     if busy:  # a tool call that runs past the grace: no event until it ends
         b.hook("UserPromptSubmit", "sb", prompt="build it")
         b.hook("PreToolUse", "sb", tool_name="Bash", tool_input={"command": "make"})
-    _beating(c["b"], "sb")
 
     a.hook("Stop", "sa", last_assistant_message="a's words")  # crosses to b, pinned to sb
     d.kill()

@@ -279,13 +279,15 @@ class Sessions:
     async def runtime_alive(self, team: str, member: str, key: str) -> tuple[list[str], float]:
         """The runtime process ``key`` of ``member`` is alive (its MCP server beats while
         its parent runs, :mod:`backchannel.runtimes.liveness`): a sign of life of each of
-        the member's sessions that runs under it and has not exited, written as its
-        ``updated_at`` at most every :func:`alive_step`. A runtime idle at its prompt, or
-        in one long tool call, reports no event, and is alive all the same. Returns the
-        sessions kept alive and how soon to beat again."""
+        the member's sessions that runs under it and has not exited. A runtime idle at
+        its prompt, or in one long tool call, reports no event, and is alive all the
+        same. Only a session watched for silence (:meth:`watch_pinned`) needs it written:
+        as its ``updated_at``, at most every :func:`alive_step`; the others' records
+        are left as they are. Returns the sessions vouched for and how soon to beat
+        again."""
         now = self.clock.now()
 
-        def under(tx: Any) -> tuple[list[Session], float]:
+        def under(tx: Any) -> tuple[list[Session], list[Session], float]:
             t = tx.get_team(team)
             step = alive_step(exit_grace(t.settings if t else {}))
             found = [
@@ -294,13 +296,18 @@ class Sessions:
                 if s.state in (SessionState.IDLE, SessionState.ACTIVE)
                 and s.meta.get(RUNTIME_META) == key
             ]
-            return found, step
+            stale = [
+                s
+                for s in found
+                if now - s.updated_at >= step and tx.count_jobs(team, s.session_id, SILENT_JOB, 1)
+            ]
+            return found, stale, step
 
-        found, step = await self.store.read(under)
-        if any(now - s.updated_at >= step for s in found):
+        found, stale, step = await self.store.read(under)
+        if stale:
 
             def fn(c: Ctx) -> None:
-                for s in under(c.tx)[0]:
+                for s in under(c.tx)[1]:
                     self.alive(c, s, now, step)
 
             await self.env.transact(fn)
