@@ -68,8 +68,10 @@ ALIVE_STEP_S = 60.0
 #: The key of a session's record (``meta``) that names the runtime process it runs under
 #: (:mod:`backchannel.runtimes.liveness`).
 RUNTIME_META = "runtime"
-#: The shortest time between two beats of a runtime's MCP server.
-MIN_BEAT_S = 0.2
+#: The shortest time between two beats of a runtime's MCP server: a team whose exit
+#: grace is a few seconds (a test's) does not have every MCP server beat many times a
+#: second (a grace under three of these is too short for beats to keep a session).
+MIN_BEAT_S = 1.0
 #: How many of a member's undelivered copies a silent session's check looks through.
 _SILENT_SCAN = 1000
 
