@@ -133,8 +133,6 @@ class Rig:
             "PATH": f"{BIN.parent}:{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
-            # the code under test in the hooks and MCP server too (a worktree's)
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
             "BACKCHANNEL_TOKEN": self.tokens["alice"],
             "HTTP_PROXY": self.proxy.url,
             "HTTPS_PROXY": self.proxy.url,
