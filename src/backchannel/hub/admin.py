@@ -10,7 +10,10 @@ What happens to a removed member's traffic (the contract, also in docs/decisions
   bound to one of its sessions close with the reason ``member_removed``;
 * its pending timers and other scheduled jobs of its sessions are cancelled;
 * its token stops working at once (this process forgets every cached token), and a
-  request of this process that waits with it (:meth:`Admin.watch_revocation`) is woken.
+  request that waits with it (:meth:`Admin.watch_revocation`) is woken: in this process
+  at once, in another hub process on the same store within the store's wake-up latency
+  (:meth:`Admin.on_external_change` asks the store whether the tokens its requests wait
+  with still work whenever another process changed a team's credentials, or may have).
 
 Removing a team deletes everything stored for it; the answer says how many undelivered
 copies went with it.
@@ -21,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +42,13 @@ from backchannel.types import USER, DeliveryState, EventKind, JobState, SessionS
 
 #: Copies settled per round when a member is removed (each round is one store call).
 _BATCH = 1000
+
+#: The least time between two looks at the store for the tokens requests of this
+#: process wait with, when other processes' changes keep coming (SQLite says only that
+#: something changed, up to every quarter second: the same latency its wake-ups give).
+CHECK_INTERVAL = 0.25
+
+log = logging.getLogger("backchannel.hub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,12 @@ class Admin:
         #: Events of requests that wait with a token, by the token's hash: set when the
         #: token stops working here (see :meth:`watch_revocation`).
         self._waiting: dict[str, set[asyncio.Event]] = {}
+        #: The team of each watched token (by hash): whose credentials to look at again
+        #: when another process changes a team's (see :meth:`on_external_change`).
+        self._team_of: dict[str, str] = {}
+        #: Teams whose watched tokens are to be looked at again (``None``: every team).
+        self._recheck: set[str | None] = set()
+        self._checker: asyncio.Task[None] | None = None
 
     async def rotate_token(self, team: str, name: str) -> str:
         """Give a member a new token and return it; the old one fails from now on."""
@@ -186,19 +203,61 @@ class Admin:
                 event.set()
 
     @contextlib.contextmanager
-    def watch_revocation(self, token_hash: str, event: asyncio.Event) -> Iterator[None]:
-        """Set ``event`` if the token hashing to ``token_hash`` is rotated away, or its
-        member or team removed, by this process while the ``with`` lasts: a long-poll
-        that may wait an hour stops waiting then, and answers why. (A rotation by
-        another hub process on the same store is seen when the wait ends.)"""
+    def watch_revocation(
+        self, token_hash: str, event: asyncio.Event, team: str | None = None
+    ) -> Iterator[None]:
+        """Set ``event`` if the token hashing to ``token_hash`` (of a member of
+        ``team``) is rotated away, or its member or team removed, while the ``with``
+        lasts: a long-poll that may wait an hour stops waiting then, and answers why.
+        By this process, at once; by another hub process on the same store, once this
+        one hears of the change (:meth:`on_external_change`). Without ``team``, only a
+        store that says nothing of whose change it saw (SQLite) tells another process's
+        revocation."""
         events = self._waiting.setdefault(token_hash, set())
         events.add(event)
+        if team is not None:
+            self._team_of[token_hash] = team
         try:
             yield
         finally:
             events.discard(event)
             if not events and self._waiting.get(token_hash) is events:
                 del self._waiting[token_hash]
+                self._team_of.pop(token_hash, None)
+
+    def on_external_change(self, team: str | None, member: str | None) -> None:
+        """Another process changed the store. A change the store says is a team's as a
+        whole (PostgreSQL notifies ``(team, None)`` for a rotation or a removal), or
+        one it cannot attribute (``(None, None)``: SQLite's, or a fallback), may have
+        revoked a token a request of this process waits with: look the watched tokens
+        of that team (or of all) up again, at most every :data:`CHECK_INTERVAL`. A
+        change to one member's inbox is a delivery, and revokes nothing."""
+        if member is not None:
+            return
+        if team is not None:
+            self.members.forget_tokens(team)  # cached answers of the team may be stale
+        if not self._waiting:
+            return
+        self._recheck.add(team)
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.ensure_future(self._check())
+
+    async def _check(self) -> None:
+        """Look up the watched tokens of the teams in ``_recheck`` until none are left;
+        those that no longer belong to a member are revoked here (:meth:`_revoke`)."""
+        while self._recheck:
+            teams, self._recheck = self._recheck, set()
+            every = None in teams
+            digests = [d for d in self._waiting if every or self._team_of.get(d, None) in teams]
+            if digests:
+                try:
+                    gone = await self.store.read(_no_member(digests))
+                except Exception as exc:  # a store outage: the next change asks again
+                    log.debug("could not look watched tokens up again: %s", exc)
+                    gone = []
+                if gone:
+                    self._revoke(gone)
+            await asyncio.sleep(CHECK_INTERVAL)
 
     @staticmethod
     def _missing(tx: Tx, team: str, name: str) -> None:
@@ -208,3 +267,8 @@ class Admin:
             f"unknown member {name!r} in team {team!r}; list its members to see them",
             member=name,
         )
+
+
+def _no_member(digests: list[str]) -> Callable[[Tx], list[str]]:
+    """A read: which of the token hashes ``digests`` belong to no member (any more)."""
+    return lambda tx: [d for d in digests if tx.member_by_token_hash(d) is None]

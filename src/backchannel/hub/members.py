@@ -57,8 +57,13 @@ class Members:
         self.delivery_checks = DeliveryChecks()
         self._tokens: dict[str, _Cached] = {}
 
-    def forget_tokens(self) -> None:
-        self._tokens.clear()
+    def forget_tokens(self, team: str | None = None) -> None:
+        """Forget the cached tokens (of ``team``'s members only, if given)."""
+        if team is None:
+            self._tokens.clear()
+        else:
+            for digest in [d for d, c in self._tokens.items() if c.member.team == team]:
+                del self._tokens[digest]
 
     async def create_team(
         self, name: str, *, settings: Mapping[str, Any] | None = None
@@ -203,7 +208,8 @@ class Members:
         :meth:`authenticate` answers, for a caller that kept only the hash (a dashboard's
         ticket, a request that waits and asks again). A token rotated or removed in this
         process is refused at once (the cache is forgotten); in another hub process on
-        the same store, within ``TOKEN_CACHE_SECONDS``."""
+        the same store, within ``TOKEN_CACHE_SECONDS`` (on PostgreSQL, as soon as its
+        notification comes)."""
         now = self.clock.now()
         cached = self._tokens.get(digest)
         if cached is not None and cached.until > now:

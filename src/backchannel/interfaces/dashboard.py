@@ -624,13 +624,20 @@ async def _stream(
     """The stream's loop. The snapshot is read again every :data:`SNAPSHOT_SECONDS`,
     and :data:`SNAPSHOT_AFTER_TRAFFIC` after traffic (a crossing, a task, an answer, a
     timer firing are all messages), so what traffic changes shows at once. Before it
-    sends a traffic event, and at every look at the snapshot (so within
-    :data:`SNAPSHOT_SECONDS` of a rotation in this process, however quiet the team), it
-    checks that ``who`` may still watch."""
+    sends a traffic event, and at every look at the snapshot, it checks that ``who``
+    may still watch; a rotation or a removal ends the stream at once (by another hub
+    process on the same store, once this one hears of it), however quiet the team."""
     loop = asyncio.get_running_loop()
     watcher = Watcher(hub, team, who)
     feed: AsyncGenerator[FeedItem, None] = hub.watch(team, after)
     pending: asyncio.Future[FeedItem] | None = None
+    gone = asyncio.Event()  # set when the member's token is revoked, here or elsewhere
+    revocation = asyncio.ensure_future(gone.wait())
+    watching = (
+        hub.watch_revocation(who.member.token_hash, gone, team)
+        if who.member is not None
+        else contextlib.nullcontext()
+    )
     shown = ""
     checked = sent = loop.time()
     traffic = False  # traffic since the last look at the snapshot
@@ -638,46 +645,53 @@ async def _stream(
     try:
         yield ": connected\n\n"
         yield _sse("replay", {"after": after})
-        while True:
-            now = loop.time()
-            look_at = checked + (SNAPSHOT_AFTER_TRAFFIC if traffic else SNAPSHOT_SECONDS)
-            if now >= look_at or not shown:
-                checked, traffic = now, False
-                look_at = now + SNAPSHOT_SECONDS
-                # asked at every look, not only before a send: a quiet team would keep
-                # a rotated token's stream open for as long as nothing changes
-                if (error := await watcher.revoked()) is not None:
-                    raise error
-                snap = await snapshot(hub, team)
-                key = snapshot_key(snap)
-                if key != shown:
-                    shown = key
-                    sent = now
-                    yield _sse("snapshot", snap)
-            if await request.is_disconnected():
-                return
-            if pending is None:
-                pending = asyncio.ensure_future(anext(feed))
-            # asyncio.wait does not cancel the pending read: the feed survives quiet spells
-            wait = 0.25 if not live else max(0.01, look_at - loop.time())
-            done, _ = await asyncio.wait({pending}, timeout=wait)
-            if pending in done:
-                item = pending.result()
-                pending = None
-                if (error := await watcher.revoked()) is not None:
-                    raise error
-                sent = loop.time()
-                traffic = True
-                yield _sse("traffic", item.to_json(), item.cursor)
-            elif not live:
-                live = True
-                yield _sse("live", {})
-            elif loop.time() - sent >= KEEPALIVE_SECONDS:
-                sent = loop.time()
-                yield ": keep-alive\n\n"
+        with watching:
+            while True:
+                now = loop.time()
+                look_at = checked + (SNAPSHOT_AFTER_TRAFFIC if traffic else SNAPSHOT_SECONDS)
+                if now >= look_at or not shown:
+                    checked, traffic = now, False
+                    look_at = now + SNAPSHOT_SECONDS
+                    # asked at every look, not only before a send: a quiet team would keep
+                    # a rotated token's stream open for as long as nothing changes
+                    if (error := await watcher.revoked()) is not None:
+                        raise error
+                    snap = await snapshot(hub, team)
+                    key = snapshot_key(snap)
+                    if key != shown:
+                        shown = key
+                        sent = now
+                        yield _sse("snapshot", snap)
+                if await request.is_disconnected():
+                    return
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(feed))
+                # asyncio.wait does not cancel the pending read: the feed survives quiet spells
+                wait = 0.25 if not live else max(0.01, look_at - loop.time())
+                waits: set[asyncio.Future[Any]] = {pending, revocation}
+                done, _ = await asyncio.wait(waits, timeout=wait)
+                if gone.is_set():  # rotated or removed, by this process or another
+                    raise await watcher.revoked() or token_revoked(
+                        "the dashboard watched", "sign in again with the member's new token"
+                    )
+                if pending in done:
+                    item = pending.result()
+                    pending = None
+                    if (error := await watcher.revoked()) is not None:
+                        raise error
+                    sent = loop.time()
+                    traffic = True
+                    yield _sse("traffic", item.to_json(), item.cursor)
+                elif not live:
+                    live = True
+                    yield _sse("live", {})
+                elif loop.time() - sent >= KEEPALIVE_SECONDS:
+                    sent = loop.time()
+                    yield ": keep-alive\n\n"
     except BackchannelError as exc:  # the team or the member's token went: say so and end
         yield _sse("error", exc.to_json())
     finally:
+        revocation.cancel()
         if pending is not None:
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):

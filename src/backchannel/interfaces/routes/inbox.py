@@ -133,10 +133,11 @@ async def leased(
 ) -> InboxAcked:
     """The long-poll both receive routes share: ack ``ack``, lease, and give the
     messages back if the client went away meanwhile. A token rotated away (its member
-    or team removed) while the poll waits ends the wait at once (in this hub process;
-    in another, when the wait ends) and is answered 401, never 200."""
+    or team removed) while the poll waits ends the wait at once (by another hub
+    process on the same store, once this one hears of it: the store's wake-up latency)
+    and is answered 401, never 200."""
     async with client_watch(request, q.wait) as gone:
-        with hub_of(request).watch_revocation(api.member.token_hash, gone):
+        with hub_of(request).watch_revocation(api.member.token_hash, gone, api.member.team):
             got = await api.ack_and_receive(
                 ack,
                 session=q.session,
@@ -194,14 +195,15 @@ async def inbox_stream(
     ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open. A
     session that is not yours is refused before the stream starts; one that ends while
     it is open ends it with ``event: error``, and so does the token's rotation (or its
-    member's removal) in this hub process, at once."""
+    member's removal), at once (by another hub process on the same store, once this
+    one hears of it)."""
     first = await api.receive(session=session, limit=32)
     gone = asyncio.Event()  # set when the token is revoked
 
     async def events() -> AsyncIterator[str]:
         yield ": connected\n\n"
         got = first
-        with hub_of(request).watch_revocation(api.member.token_hash, gone):
+        with hub_of(request).watch_revocation(api.member.token_hash, gone, api.member.team):
             while True:
                 for m in got:
                     # ids are checked whole on the way in; the line is kept one line anyway

@@ -138,7 +138,8 @@ async def team_events(
 ) -> StreamingResponse:
     """Server-sent events: the team's traffic (sends, leases, acks, dead letters). A
     member's stream ends with ``event: error`` once its token is rotated (or the member
-    removed) in this hub process, at once."""
+    removed), at once (by another hub process on the same store, once this one hears
+    of it)."""
     who.need_team(team)
     hub = hub_of(request)
     await hub.get_team(team)
@@ -150,7 +151,7 @@ async def team_events(
         pending: asyncio.Future[FeedItem] | None = None
         revocation = asyncio.ensure_future(gone.wait())
         watching = (
-            hub.watch_revocation(who.member.token_hash, gone)
+            hub.watch_revocation(who.member.token_hash, gone, team)
             if who.member is not None
             else contextlib.nullcontext()
         )

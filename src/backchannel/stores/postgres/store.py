@@ -38,7 +38,10 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   :meth:`Store.on_external_change` on the loop that called :meth:`open` (a hub's own
   are skipped: it wakes its waiters itself), and every ``fallback_interval`` seconds
   reports ``(None, None)``, so a lost notification or a listener reconnecting after the
-  database went away only delays a delivery.
+  database went away only delays a delivery. A token rotated, or a member or team
+  removed, notifies ``"<origin>:<team>/"``, reported as ``(team, None)``: a change to
+  the team as a whole, so other hubs end at once the requests that wait with a token
+  that no longer works.
 * **Failures.** An unreachable database at :meth:`open`, a lost connection, a pool that
   cannot hand out a connection in ``connect_timeout``, or any driver error becomes
   ``StoreError`` (HTTP 503: retry later) naming the URL without its password. A

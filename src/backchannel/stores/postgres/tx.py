@@ -123,6 +123,25 @@ class PgTx(PgTransaction, LifecycleSql):
         self._watch_ids.clear()
         return self._exec(sql.replace("?", "%s"), args, team)
 
+    # -- credentials: the other hubs hear of a change to a team's as a whole, ``(team,
+    # None)``, and look the tokens their waiting requests hold up again (Admin)
+    def set_token_hash(self, team: str, name: str, token_hash: str) -> bool:
+        changed = super().set_token_hash(team, name, token_hash)
+        if changed:
+            self._wake(team, "")
+        return changed
+
+    def delete_member(self, team: str, name: str) -> bool:
+        deleted = super().delete_member(team, name)
+        if deleted:
+            self._wake(team, "")
+        return deleted
+
+    def delete_team(self, name: str) -> int:
+        dropped = super().delete_team(name)
+        self._wake(name, "")
+        return dropped
+
     # -- teams -------------------------------------------------------------
     def get_team(self, name: str) -> Team | None:
         row = self._one(Q.get_team, (name,), name)
