@@ -427,7 +427,10 @@ async def test_a_request_that_waits_past_a_rotation_hands_over_nothing(
                 sid = await _task_in_hand(w)
                 token = rotate()
                 await answer(w, sid)
-                with pytest.raises(A2AClientError, match="rotated"):
+                # the stream ends with an error event that says why, or, not begun yet
+                # when the rotation ends it, is answered 401 (the SDK's client shows the
+                # status, not the body)
+                with pytest.raises(A2AClientError, match=r"rotated|401"):
                     await asyncio.wait_for(stream, 30)
             assert not [e for e in events if secret in e], (binding, events)
 
@@ -451,14 +454,61 @@ async def test_a_request_that_waits_past_a_rotation_hands_over_nothing(
             assert r.status_code == 401, r.text
             assert secret not in r.text
             assert r.headers["www-authenticate"].startswith("Bearer")
-            # the new token reads the task as before
-            listed = await http.post(
-                "/a2a/t/worker/",
-                json={"jsonrpc": "2.0", "id": 8, "method": "ListTasks", "params": {}},
-                headers=_json_headers(token),
+            # the new token reads the task as before (the send was answered 401 at the
+            # rotation, before the answer: the task records it as it comes)
+
+            async def three_tasks() -> bool:
+                listed = await http.post(
+                    "/a2a/t/worker/",
+                    json={"jsonrpc": "2.0", "id": 8, "method": "ListTasks", "params": {}},
+                    headers=_json_headers(token),
+                )
+                assert listed.status_code == 200, listed.text
+                return len(listed.json()["result"]["tasks"]) == 3
+
+            await eventually(three_tasks, what="the blocking send's task to be listed")
+
+
+@pytest.mark.parametrize("how", ["rotate", "remove member"])
+async def test_a_request_that_waits_ends_at_once_when_its_token_is_revoked(
+    hub: tuple[Server, dict[str, str]], how: str
+) -> None:
+    # a blocking send, and a stream, whose caller's token is rotated (or its member
+    # removed) while the member has not answered end then with the auth error, not at
+    # the answer (which may never come) or the client's deadline
+    srv, tokens = hub
+
+    def revoke() -> None:
+        with srv.client() as admin:
+            r = (
+                admin.post("/v1/teams/t/members/lead/token")
+                if how == "rotate"
+                else admin.delete("/v1/teams/t/members/lead")
             )
-            assert listed.status_code == 200, listed.text
-            assert len(listed.json()["result"]["tasks"]) == 3, listed.text
+            assert r.status_code == 200, r.text
+
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "SendMessage",
+        "params": {"message": {"messageId": "m-w", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+    }
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}, timeout=30
+        ) as w,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as http,
+    ):
+        blocking = asyncio.create_task(
+            http.post("/a2a/t/worker/", json=body, headers=_json_headers(tokens["lead"]))
+        )
+        await _task_in_hand(w)  # the send waits for the member's answer
+        revoke()
+        # nobody answers: before, the send waited on (for its answer or the deadline)
+        r = await asyncio.wait_for(blocking, 10)
+        assert r.status_code == 401, r.text
+        assert "rotated or its member removed" in r.text
+        assert r.headers["www-authenticate"].startswith("Bearer")
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "1e400"])

@@ -12,7 +12,9 @@ SDK's own (``create_jsonrpc_routes``, ``create_rest_routes``), mounted behind a 
 * the message comes from the member the token belongs to;
 * a request that waits (a blocking ``message/send``, a stream) asks again whether its
   token still acts for its member before it hands anything over: a token rotated (or
-  its member removed) meanwhile gets 401, or the stream ends with an ``error`` event.
+  its member removed) meanwhile gets 401, or the stream ends with an ``error`` event;
+  and it does so at once, not when the answer comes (by another hub process on the
+  same store, once this one hears of the rotation).
 
 What a message does to the member is :mod:`.a2a_tasks`. ``mount_a2a(app, open_member=
 (team, member, caller))`` lets one member be called without a token, acting as
@@ -22,6 +24,7 @@ used by ``backchannel serve``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -99,6 +102,9 @@ class Gate:
         self.inner = inner
         self.handler = handler
         self.open_member = open_member
+        #: Requests whose token was revoked while they waited, answered already, left to
+        #: end on their own (held here so they are not collected while they run).
+        self._detached: set[asyncio.Future[None]] = set()
 
     async def close(self) -> None:
         await self.handler.aclose()
@@ -119,6 +125,7 @@ class Gate:
         team, member = parts[0], parts[1]
         token = _bearer(scope)
         caller: str | None = None
+        digest: str | None = None  # the token's hash, watched while the request runs
         if self.open_member is not None and (team, member) == self.open_member[:2]:
             caller = self.open_member[2]
             token = None  # not the caller's credential: nothing to ask again
@@ -147,7 +154,7 @@ class Gate:
             if who.team != team:
                 await self._not_found(send, f"no A2A agent at /a2a/{team}/{member}")
                 return
-            caller = who.name
+            caller, digest = who.name, who.token_hash
         try:
             await self.hub.get_member(team, member)
         except BackchannelError:
@@ -172,7 +179,7 @@ class Gate:
             receive = _replay(body, receive)
         state = scope.setdefault("state", {})
         state[STATE_KEY] = Caller(team, member, caller)
-        streaming = ended = False
+        streaming = ended = started = False
         held: ASGIMessage | None = None  # an HTTP+JSON 400's start, until its body is seen
 
         async def revoked() -> bool:
@@ -184,11 +191,12 @@ class Gate:
             return who is None or (who.team, who.name) != (team, caller)
 
         async def guarded(message: ASGIMessage) -> None:
-            nonlocal streaming, ended, held
+            nonlocal streaming, ended, held, started
             if ended:
                 return  # the answer was refused: nothing more of it goes out
             if held is not None and message["type"] == "http.response.body":
                 start, held = held, None
+                started = True
                 await send(_spec_status(start, message))
             elif message["type"] == "http.response.start":
                 headers = message.get("headers", [])
@@ -206,23 +214,63 @@ class Gate:
                 if not jsonrpc and message.get("status") == 400:
                     held = message  # its status may be another (see _spec_status)
                     return
+                started = True
             elif streaming and message.get("body") and await revoked():
                 ended = True
-                error = (
-                    {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": -32000, "message": _REVOKED}}
-                    if jsonrpc
-                    else {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": _REVOKED}}
-                )
-                event = f"event: error\ndata: {json.dumps(error)}\n\n".encode()
-                await send({"type": "http.response.body", "body": event, "more_body": False})
+                await send(_stream_error(rpc_id, jsonrpc))
                 return
             await send(message)
 
-        await self.inner(scope, receive, guarded)
+        if token is None or digest is None:
+            await self.inner(scope, receive, guarded)
+            return
+        # a request may wait long (a blocking send waits for the member's answer): the
+        # token's rotation, or its member's removal, ends it then, by this hub process
+        # or another on the same store (Admin.watch_revocation)
+        gone = asyncio.Event()
+        inner = asyncio.ensure_future(self.inner(scope, receive, guarded))
+        with self.hub.watch_revocation(digest, gone, team):
+            revocation = asyncio.ensure_future(gone.wait())
+            try:
+                await asyncio.wait({inner, revocation}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                inner.cancel()
+                raise
+            finally:
+                revocation.cancel()
+        if inner.done() or not await revoked():
+            await inner
+            return
+        # nothing more of the answer goes out (``guarded`` drops it). A stream is
+        # cancelled, as a client that went away cancels it (the SDK consumes the task's
+        # events on); a blocking send is left to end with its task, as it is for a client
+        # that went away (the SDK's wait swallows a cancellation and goes on waiting)
+        ended = True
+        if streaming:
+            inner.cancel()
+        self._detached.add(inner)
+        inner.add_done_callback(self._detached.discard)
+        if not started:
+            await _send_json(send, 401, _error("unauthorized", _REVOKED), _CHALLENGE)
+        elif streaming:
+            await send(_stream_error(rpc_id, jsonrpc))
+        else:  # an answer half sent: end it (the client sees it cut short)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
     async def _not_found(send: Send, message: str) -> None:
         await _send_json(send, 404, _error("not_found", message), {})
+
+
+def _stream_error(rpc_id: Any, jsonrpc: bool) -> ASGIMessage:
+    """The last body of a stream whose token was revoked: an ``error`` event."""
+    error = (
+        {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": -32000, "message": _REVOKED}}
+        if jsonrpc
+        else {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": _REVOKED}}
+    )
+    event = f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+    return {"type": "http.response.body", "body": event, "more_body": False}
 
 
 _A2A_JSON = b"application/a2a+json"
