@@ -75,6 +75,38 @@ def test_in_hub_round_trip(server: Server) -> None:
         assert [d["state"] for d in listed] == ["answered"]
 
 
+def test_a_member_sees_only_its_own_delegations(server: Server) -> None:
+    # a delegation carries its task and its result, as a message does: a member lists
+    # and reads those it made or was asked, as it reads only messages it sent or got;
+    # the team's human sees the team's
+    with server.client() as admin:
+        r = admin.post("/v1/teams", json={"name": "t", "settings": {"anchor_policy": "off"}})
+        user = r.json()["user_token"]
+        tokens = {
+            name: admin.post("/v1/teams/t/members", json={"name": name}).json()["token"]
+            for name in ("lead", "worker", "outsider")
+        }
+    with server.client(tokens["lead"]) as lead, server.client(tokens["outsider"]) as other:
+        lead.post("/v1/sessions", json={"session_id": "lead-s"})
+        lead.post("/v1/sessions/lead-s/events", json={"kind": "turn_start"})
+        r = lead.post(
+            "/v1/delegations", json={"to": "worker", "task": "the secret plan", "tool_use_id": "t1"}
+        )
+        assert r.status_code == 201, r.text
+        did = r.json()["delegation_id"]
+        assert other.get("/v1/delegations").json()["delegations"] == []
+        assert other.get("/v1/delegations", params={"member": "lead"}).json()["delegations"] == []
+        r = other.get(f"/v1/delegations/{did}")
+        assert r.status_code == 404, r.text
+        assert "the secret plan" not in r.text
+        assert "that you made or were asked" in r.json()["error"]["message"]
+        for token in (tokens["lead"], tokens["worker"], user):
+            with server.client(token) as c:
+                listed = c.get("/v1/delegations").json()["delegations"]
+                assert [d["delegation_id"] for d in listed] == [did]
+                assert c.get(f"/v1/delegations/{did}").status_code == 200
+
+
 def _hub_env(me: str, other: str, other_url: str, token: str | None = None) -> dict[str, str]:
     """The settings of hub ``me`` that knows hub ``other`` at ``other_url`` (and, with
     ``token``, holds its member token on ``other``)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
-from backchannel.errors import BackchannelError, InvalidRequest
+from backchannel.errors import BackchannelError, InvalidRequest, NotFound
 from backchannel.hub.messages import Outgoing
 from backchannel.models import (
     MAX_BATCH,
@@ -63,7 +63,7 @@ from backchannel.models import (
     Traffic,
     Transcript,
 )
-from backchannel.types import MESSAGE_ID_PATTERN, Member, MemberKind, SendResult
+from backchannel.types import MESSAGE_ID_PATTERN, USER, Member, MemberKind, SendResult
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub
@@ -330,11 +330,31 @@ class MemberApi:
         return Delegation.model_validate(d.to_json())
 
     async def delegations(self, *, member: str | None = None) -> DelegationList:
-        found = await self.hub.list_delegations(self.team, member=member)
+        """The delegations this member made or was asked (``member``: only those that
+        member is in too); the team's human sees every one of the team's (see
+        docs/decisions.md, "Who sees a delegation")."""
+        if self.name == USER:
+            found = await self.hub.list_delegations(self.team, member=member)
+        else:
+            found = [
+                d
+                for d in await self.hub.list_delegations(self.team, member=self.name)
+                if member is None or member in (d.caller, d.callee)
+            ]
         return DelegationList(delegations=[Delegation.model_validate(d.to_json()) for d in found])
 
     async def delegation(self, delegation_id: str) -> Delegation:
-        d = await self.hub.get_delegation(self.team, delegation_id)
+        """One delegation this member made or was asked (any of the team's, for its
+        human); another is answered as one that does not exist."""
+        try:
+            d = await self.hub.get_delegation(self.team, delegation_id)
+        except NotFound:
+            d = None
+        if d is None or (self.name != USER and self.name not in (d.caller, d.callee)):
+            raise NotFound(
+                f"no delegation {delegation_id!r} that you made or were asked in team "
+                f"{self.team!r}; list yours with GET /v1/delegations"
+            )
         return Delegation.model_validate(d.to_json())
 
     async def chat(

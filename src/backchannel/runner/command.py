@@ -136,8 +136,8 @@ async def run_team(
                 with contextlib.suppress(Exception):
                     counts["links"] = len(await any_c.links(open_only=True))
                     counts["timers"] = len(await any_c.timers())
-                    counts["delegations"] = sum(
-                        d.state == "pending" for d in await any_c.delegations()
+                    counts["delegations"] = sum(  # the team's human sees every one
+                        d.state == "pending" for d in await user.delegations()
                     )
                 live.update(progress(runner, counts))
                 await asyncio.sleep(0.5)
@@ -169,7 +169,7 @@ async def report(
     any_c = next(iter(hosted.values()))
     result = RunResult(name, ended)
     result.links = await any_c.links()
-    result.delegations = await any_c.delegations()
+    result.delegations = await user.delegations()  # the team's human sees every one
     for lp in runner.loops.values():
         data = await any_c.session_data(lp.session)
         result.duplicates_dropped += sum(e.kind == "duplicate_dropped" for e in data.events)

@@ -495,8 +495,9 @@ class Runner:
         if any(lp.stats.working for lp in self.loops.values()):
             return True
         any_client = next(iter(self.clients.values()))
-        if any(d.state == "pending" for d in await any_client.delegations()):
-            return True
+        for client in self.clients.values():  # a member sees the delegations it is in
+            if any(d.state == "pending" for d in await client.delegations()):
+                return True
         if await any_client.timers():
             return True
         for spec in self.hosted:
