@@ -266,3 +266,46 @@ def test_the_command_works_on_the_data_directory(tmp_path: Path) -> None:
     r = run("member", "remove", "solo", "a", env=env)
     assert r.returncode == 0, r.stderr
     assert run("team", "remove", "solo", "--yes", env=env).returncode == 0
+
+
+def test_credentials_sent_the_wrong_way_are_refused_with_the_way_out(server: Server) -> None:
+    # every refusal names what was wrong with the credentials and how to send them
+    tokens = server.team("crew", "lead", "worker")
+    with server.client() as admin:
+        assert admin.delete("/v1/teams/crew/members/worker").status_code == 200
+    lead = tokens["lead"]
+
+    def me(headers: list[tuple[str, str]], **params: str) -> httpx.Response:
+        return httpx.get(f"{server.url}/v1/me", headers=headers, params=params, timeout=10)
+
+    # the forms a client may fairly send are taken: any case of the scheme, padding
+    for value in (f"Bearer {lead}", f"bearer {lead}", f"BEARER  {lead}"):
+        r = me([("Authorization", value)])
+        assert (r.status_code, r.json().get("name")) == (200, "lead"), (value, r.text)
+
+    def refused(r: httpx.Response, *words: str) -> None:
+        assert r.status_code == 401, r.text
+        message = r.json()["error"]["message"]
+        assert all(w in message for w in words), message
+        assert lead not in r.text and server.admin_token not in r.text  # never echoed
+
+    # two Authorization headers: which one counts is not guessed (a proxy may have
+    # checked the other), even for two that agree
+    for second in (server.admin_token, lead):
+        r = me([("Authorization", f"Bearer {lead}"), ("Authorization", f"Bearer {second}")])
+        refused(r, "one Authorization header", "2")
+    a2a = httpx.get(
+        f"{server.url}/a2a/crew/lead/.well-known/agent-card.json",
+        headers=[("Authorization", f"Bearer {lead}"), ("Authorization", f"Bearer {lead}")],
+        timeout=10,
+    )
+    refused(a2a, "one Authorization header")
+    # a token in the query string is not taken (it would be written to logs)
+    for name in ("token", "access_token"):
+        refused(me([], **{name: lead}), "query string", "Authorization: Bearer")
+    # the scheme left out, or another scheme
+    refused(me([("Authorization", lead)]), "'Bearer '")
+    refused(me([("Authorization", "Basic dXNlcjpwYXNz")]), "'Basic'", "Bearer")
+    # a removed member's token says what may have happened and what to do
+    r = me([("Authorization", f"Bearer {tokens['worker']}")])
+    refused(r, "rotated", "removed", "rotate-token")

@@ -123,6 +123,19 @@ class Gate:
             await self._not_found(send, "use /a2a/{team}/{member}/")
             return
         team, member = parts[0], parts[1]
+        given = sum(1 for k, _ in scope.get("headers", []) if k == b"authorization")
+        if given > 1:  # which one counts is not guessed: a proxy may have checked another
+            await _send_json(
+                send,
+                401,
+                _error(
+                    "unauthorized",
+                    f"send one Authorization header, not {given}: 'Authorization: Bearer "
+                    "<token>' with the token of a member of this team",
+                ),
+                {"WWW-Authenticate": 'Bearer realm="backchannel"'},
+            )
+            return
         token = _bearer(scope)
         caller: str | None = None
         digest: str | None = None  # the token's hash, watched while the request runs

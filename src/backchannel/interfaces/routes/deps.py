@@ -9,6 +9,7 @@ calling member (403 for the admin token); ``AsAdmin`` the
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
@@ -48,23 +49,57 @@ class Principal:
             raise UnknownTeam(f"unknown team {team!r}", team=team)
 
 
+#: How to send credentials, the end of every refusal of credentials sent wrongly.
+_HOW = (
+    "send 'Authorization: Bearer <token>' with a member token (from `backchannel member "
+    "add`) or the admin token ($BACKCHANNEL_HOME/admin.token)"
+)
+
+#: Query parameters a client may have put a token in; named in the refusal.
+_QUERY_TOKENS = ("token", "access_token")
+
+
+def bearer_token(headers: list[str], query: Iterable[str] = ()) -> str:
+    """The token of the one ``Authorization: Bearer`` header among ``headers`` (the
+    request's ``Authorization`` values), or :class:`Unauthorized` naming what is wrong:
+    none, several (which one counts is not guessed: a proxy in front may have checked
+    another), another scheme, a token without its scheme, a token in the query string
+    (``query``: the request's parameter names; never taken, it would be logged)."""
+    if len(headers) > 1:
+        raise Unauthorized(f"send one Authorization header, not {len(headers)}: {_HOW}")
+    header = headers[0].strip() if headers else ""
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and token:
+        return token
+    if not header:
+        if any(name in _QUERY_TOKENS for name in query):
+            raise Unauthorized(
+                f"a token in the query string is not accepted (it would be written to logs): {_HOW}"
+            )
+        raise Unauthorized(f"missing bearer token: {_HOW}")
+    if not token and scheme.lower() != "bearer":
+        raise Unauthorized(f"the Authorization header lacks the scheme 'Bearer ': {_HOW}")
+    if scheme.lower() != "bearer":
+        shown = scheme if scheme.isascii() and scheme.isalnum() and len(scheme) <= 20 else "?"
+        raise Unauthorized(f"unsupported scheme {shown!r} in the Authorization header: {_HOW}")
+    raise Unauthorized(f"missing bearer token: {_HOW}")
+
+
 async def principal(request: Request) -> Principal:
     """Resolve the bearer token to the administrator or a member (constant-time compare)."""
     hub: Hub = request.app.state.hub
     admin_token: str = request.app.state.admin_token
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized(
-            "missing bearer token: send 'Authorization: Bearer <token>' with a member token "
-            "(from `backchannel member add`) or the admin token ($BACKCHANNEL_HOME/admin.token)"
-        )
+    token = bearer_token(request.headers.getlist("authorization"), request.query_params.keys())
     if hmac.compare_digest(token.encode(), admin_token.encode()):
         return Principal(None)
     member = await hub.authenticate(token)
     if member is None:
-        raise Unauthorized("invalid token: it belongs to no member and is not the admin token")
+        raise Unauthorized(
+            "invalid token: it belongs to no member and is not the admin token. A member's "
+            "token stops working when it is rotated or its member removed: ask the admin "
+            "for the current one (`backchannel member rotate-token` makes a new one)"
+        )
     return Principal(member)
 
 
