@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,46 @@ async def test_a_client_in_this_process_loses_a_rotated_token(hub: Hub) -> None:
     await hub.remove_member("t", "b")
     with pytest.raises(Unauthorized):
         await other.receive()
+
+
+@pytest.mark.parametrize("how", ["rotate", "remove member", "remove team"])
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_revocation_by_another_hub_on_the_store_wakes_the_requests_that_wait(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str, how: str
+) -> None:
+    # two hubs on one store, as two processes are: the one whose requests wait with a
+    # token hears that the other changed the store (SQLite: that something was committed;
+    # PostgreSQL: the team's credentials, with the fallback timer made too slow to help),
+    # and looks the token up again
+    import asyncio
+
+    from backchannel.stores.postgres import PostgresStore
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import eventually
+
+    def store() -> Store:
+        if kind == "sqlite":
+            return SqliteStore(tmp_path / "shared.db")
+        return PostgresStore(url, fallback_interval=3600)
+
+    url = request.getfixturevalue("new_postgres_url")() if kind == "postgres" else ""
+    async with (
+        Hub(store(), background=False) as one,
+        Hub(store(), background=False) as two,
+    ):
+        await one.create_team("crew")
+        worker, _ = await one.add_member("crew", "worker")
+        kept, _ = await one.add_member("crew", "kept")
+        gone, other = asyncio.Event(), asyncio.Event()
+        with (
+            two.watch_revocation(worker.token_hash, gone, "crew"),
+            two.watch_revocation(kept.token_hash, other, "crew"),
+        ):
+            await {
+                "rotate": lambda: one.rotate_token("crew", "worker"),
+                "remove member": lambda: one.remove_member("crew", "worker"),
+                "remove team": lambda: one.remove_team("crew"),
+            }[how]()
+            await eventually(gone.is_set, what="the other hub to see the revocation")
+            assert other.is_set() == (how == "remove team")
+            assert worker.token_hash in two.revoked

@@ -242,6 +242,14 @@ class Admin:
         if self._checker is None or self._checker.done():
             self._checker = asyncio.ensure_future(self._check())
 
+    async def close(self) -> None:
+        """Stop looking watched tokens up (the hub closes its store next)."""
+        checker, self._checker = self._checker, None
+        if checker is not None and not checker.done():
+            checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checker
+
     async def _check(self) -> None:
         """Look up the watched tokens of the teams in ``_recheck`` until none are left;
         those that no longer belong to a member are revoked here (:meth:`_revoke`)."""

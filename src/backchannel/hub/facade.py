@@ -186,6 +186,7 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maint_task
             self._maint_task = None
+        await self.admin.close()
         self._waiters.notify(None, None)
         await self.store.close()
         self._started = False
