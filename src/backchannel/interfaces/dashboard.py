@@ -669,7 +669,9 @@ async def _stream(
                 # asyncio.wait does not cancel the pending read: the feed survives quiet spells
                 wait = 0.25 if not live else max(0.01, look_at - loop.time())
                 waits: set[asyncio.Future[Any]] = {pending, revocation}
-                done, _ = await asyncio.wait(waits, timeout=wait)
+                done, _ = await asyncio.wait(
+                    waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
                 if gone.is_set():  # rotated or removed, by this process or another
                     raise await watcher.revoked() or token_revoked(
                         "the dashboard watched", "sign in again with the member's new token"
