@@ -391,3 +391,71 @@ def test_a_hub_url_in_capitals_or_with_a_query_is_read_as_written_or_named(
     r = run("status", env={"BACKCHANNEL_URL": "HTTP://127.0.0.1:9"}, cwd=tmp_path)
     assert "cannot tell where" not in r.stderr, r.stderr
     assert "hub: http://127.0.0.1:9" in r.stdout, r.stdout
+
+
+#: The number of ``read`` in /proc/PID/syscall, per machine: how a test knows a command
+#: is blocked reading its stdin without waiting on a clock.
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63}
+
+
+def _reading_stdin(pid: int) -> bool:
+    import platform
+
+    number = _READ_SYSCALL[platform.machine()]
+    return Path(f"/proc/{pid}/syscall").read_text().startswith(f"{number} 0x0 ")
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/syscall").exists()
+    or __import__("platform").machine() not in _READ_SYSCALL,
+    reason="needs Linux's /proc/PID/syscall",
+)
+def test_ctrl_c_in_the_hook_and_the_mcp_server_exits_130_without_a_traceback(
+    server: Server,
+) -> None:
+    import signal
+
+    from backchannel.testing import eventually_blocking
+
+    env = {"BACKCHANNEL_HOME": str(server.home)}
+    run("team", "create", "crew", env=env)
+    token = run("member", "add", "crew", "a", env=env).stdout.strip()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    agent = {**base, "BACKCHANNEL_URL": server.url, "BACKCHANNEL_TOKEN": token}
+    hello = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+    )
+    for args in (("hook", "claude-code"), ("mcp",)):
+        with subprocess.Popen(
+            [str(BIN), *args],
+            env=agent,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                if args == ("mcp",):
+                    proc.stdin.write(hello + "\n")
+                    proc.stdin.flush()
+                    assert '"id":1' in proc.stdout.readline()  # it answered the handshake
+                eventually_blocking(
+                    lambda: _reading_stdin(proc.pid), what=f"{args[0]} to read its stdin"
+                )
+                proc.send_signal(signal.SIGINT)
+                _, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert proc.returncode == 130, (args, proc.returncode, err)
+            assert "Traceback" not in err, (args, err)
