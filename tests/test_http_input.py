@@ -99,7 +99,9 @@ BAD_BODIES = [
     pytest.param(b'{"text": "\\ud800"}', "not valid JSON", id="lone-surrogate"),
     pytest.param(b'{"text": "\\udc00x"}', "not valid JSON", id="lone-low-surrogate"),
     pytest.param(b'{"text": "\xff"}', "not valid JSON", id="invalid-utf8"),
-    pytest.param(b'{"n": NaN}', "not valid JSON", id="nan"),
+    pytest.param(b'{"n": NaN}', "NaN at line 1 column 7 is not a JSON number", id="nan"),
+    pytest.param(b'{"n": Infinity}', "Infinity at line 1 column 7 is not a JSON", id="infinity"),
+    pytest.param(b'{"n":\n-Infinity}', "-Infinity at line 2 column 1 is not a JSON", id="-inf"),
     pytest.param(b'{"n": 1e400}', "too large for a float", id="infinite-float"),
     pytest.param(b'{"n": 1' + b"0" * 5000 + b"}", "not valid JSON", id="int-5000-digits"),
     pytest.param(
@@ -271,3 +273,28 @@ def test_a_chunked_body_over_the_limit_is_413_without_a_false_size(
         err = _error(r, 413)
         assert err["limit"] == limit
         assert "at least" in str(err["message"])
+
+
+def test_nan_and_infinity_are_named_with_the_way_out_wherever_json_is_read() -> None:
+    """Python's ``json.dumps`` writes ``NaN`` and ``Infinity`` by default: the parser's
+    "expected value" would leave a caller guessing, so the literal is named (its line and
+    column in bytes, as the parser counts) with what to send instead."""
+    from backchannel.interfaces.strict import parse_json
+
+    for raw, literal, where in [
+        (b'{"a": NaN}', "NaN", "line 1 column 7"),
+        (b'{"\xc3\xa9": [1, Infinity]}', "Infinity", "line 1 column 12"),
+        (b'{"a":\n  -Infinity}', "-Infinity", "line 2 column 3"),
+        (b'{"a": -NaN}', "-NaN", "line 1 column 7"),
+    ]:
+        with pytest.raises(json.JSONDecodeError) as exc:
+            parse_json(raw)
+        assert exc.value.msg == (
+            f"{literal} at {where} is not a JSON number (JSON has no NaN or Infinity); "
+            "send a finite number, a string or null"
+        ), raw
+    # other errors keep the parser's own words
+    with pytest.raises(json.JSONDecodeError, match="expected value at line 1 column 7"):
+        parse_json(b'{"a": Nope}')
+    with pytest.raises(json.JSONDecodeError, match="EOF"):
+        parse_json(b'{"a": ')

@@ -50,7 +50,12 @@ def parse_json(raw: bytes) -> Any:
 def parse_error(raw: bytes, why: str) -> str:
     """The parser's error ``why`` for ``raw``, in the words of these rules: a lone
     surrogate, which the parser reports in the words of its escape reader ("unexpected end
-    of hex escape"), is named, with the way out; any other error is the parser's own."""
+    of hex escape"), and ``NaN`` or ``Infinity`` (which Python's ``json.dumps`` writes by
+    default, and the parser reports as "expected value"), are named, with the way out; any
+    other error is the parser's own."""
+    non_finite = _non_finite(raw, why)
+    if non_finite is not None:
+        return non_finite
     lone = _lone_surrogate(raw) if "hex escape" in why else None
     if lone is None:
         return why
@@ -59,6 +64,34 @@ def parse_error(raw: bytes, why: str) -> str:
         f"a lone UTF-16 surrogate {lone}{where} (half of a pair, as a text cut inside an "
         "emoji leaves it); send the pair whole, the character itself as UTF-8, or U+FFFD "
         "in place of the lost half"
+    )
+
+
+_WHERE = re.compile(r" at line (\d+) column (\d+)$")
+_NON_FINITE = re.compile(rb"-?(?:NaN|Infinity)")
+
+
+def _non_finite(raw: bytes, why: str) -> str | None:
+    """``NaN``, ``Infinity`` or ``-Infinity`` where the parser stopped (its line and
+    column count bytes), named with its place and the way out; None for anything else."""
+    where = _WHERE.search(why)
+    if where is None:
+        return None
+    line, column = int(where[1]), int(where[2])
+    start = 0
+    for _ in range(line - 1):
+        start = raw.find(b"\n", start) + 1
+        if start == 0:
+            return None
+    pos = start + column - 1
+    if pos > start and raw[pos - 1 : pos] == b"-":
+        pos -= 1  # the parser stops after a minus sign, at the word it cannot read
+    literal = _NON_FINITE.match(raw, pos)
+    if literal is None:
+        return None
+    return (
+        f"{literal[0].decode()} at line {line} column {pos - start + 1} is not a JSON number "
+        "(JSON has no NaN or Infinity); send a finite number, a string or null"
     )
 
 
