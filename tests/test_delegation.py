@@ -845,3 +845,22 @@ async def test_the_callee_session_of_the_longest_ids_is_a_session_id_the_callee_
         assert s is not None and len(s) <= 200
         [task] = await hub.receive("t", "counter", session=s)
         assert task.message.text == f"task {i}"
+
+
+def test_an_unknown_service_is_named_in_sentences_with_when_the_registry_is_read() -> None:
+    """A newcomer who adds a service to config.yaml while the hub runs meets this refusal:
+    it says the registry is read when the hub starts, which is the way out."""
+    empty = CallbackConfig()
+    with pytest.raises(UnknownService) as exc:
+        empty.resolve("weather")
+    assert exc.value.message == (
+        "unknown callback service 'weather'. Known services: none are registered. The "
+        "operator registers services in BACKCHANNEL_CALLBACKS or the config file, which "
+        "the hub reads when it starts (restart it after a change)."
+    )
+    one = CallbackConfig(services={"weather": Service("weather", "http://127.0.0.1:9")})
+    with pytest.raises(UnknownService) as exc:
+        one.resolve("wether")
+    assert exc.value.message.startswith(
+        "unknown callback service 'wether'; did you mean 'weather'? Known services: weather."
+    )

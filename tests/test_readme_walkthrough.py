@@ -128,3 +128,57 @@ def test_wheel_builds_installs_and_serves(tmp_path: Path) -> None:
     work.mkdir()
     out = run_walkthrough(bin_dir, work)
     assert "user (direct): count the lines in src/" in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a2a_inbound_quickstart_runs_as_written_pasted_whole(tmp_path: Path) -> None:
+    """docs/a2a.md's first block, pasted as one piece into a shell in a fresh directory:
+    each command must wait for what the one before it started (the hub runs in the
+    background), and the output must be the one the page shows. Only the port is
+    changed, to a free one; ``python`` is this environment's."""
+    pytest.importorskip("a2a")
+    text = (ROOT / "docs" / "a2a.md").read_text()
+    section = text[text.index("## Two minutes, inbound") :]
+    m = re.search(r"```sh\n(.*?)```\s*```text\n(.*?)```", section, re.S)
+    assert m is not None, "no sh block and its output in docs/a2a.md"
+    block, shown = m.group(1), m.group(2)
+    port = _free_port()
+    script = block.replace("8765", str(port))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # its python too
+    env["HOME"] = str(tmp_path / "home")
+    out_file, err_file = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_file, "wb") as out, open(err_file, "wb") as err:
+        proc = subprocess.Popen(
+            ["bash", "-eo", "pipefail", "-c", script],
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        proc.wait(timeout=120)
+    finally:
+        # the hub and the member's agent were started in the background: stop them all
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = out_file.read_text(), err_file.read_text()
+    assert proc.returncode == 0, said
+    # what the page shows, in its order (the hub in the background prints its own lines)
+    lines = iter(said[0].splitlines())
+    for want in shown.strip().splitlines():
+        assert any(line == want for line in lines), (want, said)

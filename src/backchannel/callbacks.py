@@ -97,11 +97,12 @@ class CallbackConfig:
             )
         if svc is None:
             hints = suggest(name, self.services)
-            tail = f"; did you mean {' or '.join(map(repr, hints))}?" if hints else ""
+            tail = f"; did you mean {' or '.join(map(repr, hints))}?" if hints else "."
             known = ", ".join(sorted(self.services)) or "none are registered"
             raise UnknownService(
                 f"unknown callback service {name!r}{tail} Known services: {known}. The operator "
-                "registers services in BACKCHANNEL_CALLBACKS or the config file.",
+                "registers services in BACKCHANNEL_CALLBACKS or the config file, which the hub "
+                "reads when it starts (restart it after a change).",
                 service=name,
             )
         return svc
