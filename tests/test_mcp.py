@@ -239,6 +239,8 @@ REFUSED_LINES = [
     (b"{not json", None, -32700),
     (b'{"jsonrpc":"2.0","id":6,"params":{}}', 6, -32600),
     (b"[1, 2]", None, -32600),
+    (_CALL % b"7" + b'"arguments":[]}}', 7, -32602),  # read by the SDK, refused unnamed
+    (_CALL % b"8" + b'"arguments":{"to":"b","message":NaN}}}', 8, -32700),
 ]
 
 
@@ -294,9 +296,14 @@ def test_a_line_the_sdk_cannot_read_is_answered_and_the_server_goes_on(
         if ident is not None:
             assert by_id[ident]["error"]["code"] == code, by_id[ident]
     for got in answers:
-        if "error" in got:
+        if "error" in got and got["error"]["code"] != -32602:
             assert "one JSON-RPC 2.0 message a line" in got["error"]["message"]
     assert "lone UTF-16 surrogate" in by_id[2]["error"]["message"]
+    assert by_id[7]["error"]["message"] == (
+        "Invalid params of tools/call: params.arguments: Input should be a valid dictionary; "
+        "send the params the MCP specification gives for tools/call"
+    )
+    assert "NaN at line 1 column " in by_id[8]["error"]["message"]
     sent = by_id[9]
     assert not sent["result"]["isError"], sent
     # only the good call reached the hub; nothing refused was stored, mangled or not

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -640,9 +641,43 @@ def refusal(line: str) -> mt.JSONRPCError | None:
                 '"method"'
             )
         else:
-            return None
+            return _invalid_params(line, value)
     error = mt.ErrorData(code=code, message=message)
     return mt.JSONRPCError(jsonrpc="2.0", id=_request_id(line), error=error)
+
+
+#: Each request the client may send, by its method: what the SDK reads its params as.
+_REQUESTS: dict[str, type[BaseModel]] = {
+    typing.get_args(kind.model_fields["method"].annotation)[0]: kind
+    for kind in typing.get_args(mt.ClientRequest)
+}
+
+
+def _invalid_params(line: str, value: Any) -> mt.JSONRPCError | None:
+    """The ``-32602`` error naming what is wrong with a request's params (the SDK answers
+    such a request with "Invalid request parameters" alone: a caller, often a model,
+    cannot tell what to change), or None when the params are what its method takes or
+    the method is one the SDK answers itself."""
+    if type(value) is not dict or "id" not in value:
+        return None
+    method = value.get("method")
+    kind = _REQUESTS.get(method) if isinstance(method, str) else None
+    if kind is None:
+        return None
+    try:
+        kind.model_validate(value, by_name=False)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'the request'}: {err['msg']}"
+            for err in exc.errors()[:3]
+        )
+        message = (
+            f"Invalid params of {method}: {problems}; send the params the MCP specification "
+            f"gives for {method}"
+        )
+        error = mt.ErrorData(code=mt.INVALID_PARAMS, message=message)
+        return mt.JSONRPCError(jsonrpc="2.0", id=_request_id(line), error=error)
+    return None
 
 
 class _Int(str):
