@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from backchannel.core.messages import derived_id
 from backchannel.delivery.claude_inbox import InboxLock, InboxWriter, inbox_path
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.delivery.inbox_watch import InboxBridge
@@ -411,5 +412,119 @@ async def test_a_huge_inbox_is_neither_read_nor_rewritten(tmp_path: Path) -> Non
             InboxWriter(root).append("t", "lead", msg_id="hub-1", from_="w2", text="hello")
         assert lead.stat().st_size == size
     finally:
+        await bridge.stop()
+        await hub.close()
+
+
+# ------------------------------------------------------------- entries a rewrite drops
+
+#: A rewriter that takes no lock (a tool, an editor, a reader racing): it reads the inbox,
+#: says so, waits for a line on stdin, then writes back what it read with its own entry
+#: added, by tmp file and rename. Whatever was appended meanwhile is gone.
+STALE_REWRITER = r"""
+import json, os, sys
+path = sys.argv[1]
+entries = json.loads(open(path, encoding="utf-8").read())
+print("read", flush=True)
+sys.stdin.readline()
+entries.append({"from": "w2", "text": "from a tool", "timestamp": "2026-01-01T00:00:00.000Z",
+                "msg_id": "tool-" + sys.argv[2], "type": "message", "read": False})
+tmp = path + ".tmp.tool"
+with open(tmp, "w", encoding="utf-8") as f:
+    f.write(json.dumps(entries, indent=2))
+os.replace(tmp, path)
+"""
+
+
+async def _race_stale_rewrite(inbox: Path, tag: str, append: Callable[[], Any]) -> None:
+    """Run :data:`STALE_REWRITER` in its own process: it reads ``inbox``, then ``append``
+    runs (the hub's locked append), then the rewriter writes its stale copy."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STALE_REWRITER, str(inbox), tag,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None
+    assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"read\n"
+    await append()
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+async def _state(hub: Hub, mid: str, member: str = "lead") -> str:
+    def fn(tx: Any) -> str:
+        [d] = [d for d in tx.deliveries("t", mid) if d.recipient.member == member]
+        return str(d.state.value)
+
+    return await hub.store.read(fn)
+
+
+async def test_an_entry_a_lockless_rewrite_drops_is_put_back_once_then_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    """A process that rewrites an inbox without the lock, from a copy it read before the
+    hub appended, drops the hub's entry: the hub counted it delivered, the agent never
+    sees it. The bridge notices (the entry is gone while an unread message that stood
+    before it is still there, which Claude Code's reader, consuming in file order, never
+    leaves behind) and puts it back, once; dropped again, it is dead-lettered and its
+    sender told. An entry consumed the way Claude Code consumes (it and the ones before
+    it removed under the lock) is never put back."""
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    writer = InboxWriter(root)
+    d = Dispatcher(hub, rescan_s=0.1)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        await d.start()
+        writer.append("t", "lead", msg_id="early", from_="w1", text="still unread")
+        await bridge.scan()
+
+        async def send_and_deliver() -> None:
+            sent = await hub.send("t", "w2", "lead", "the hub's message", link=False)
+            send_and_deliver.mid = sent.message_id  # type: ignore[attr-defined]
+
+            async def written() -> bool:
+                return sent.message_id in {e["msg_id"] for e in read(lead)}
+
+            await eventually(written, within=30, what="the hub's entry in the lead's inbox")
+            await bridge.scan()  # the bridge sees it there
+
+        def read(path: Path) -> list[dict[str, Any]]:
+            return json.loads(path.read_text("utf-8"))
+
+        await _race_stale_rewrite(lead, "1", send_and_deliver)
+        mid = send_and_deliver.mid  # type: ignore[attr-defined]
+        assert mid not in {e["msg_id"] for e in read(lead)}, "the race did drop it"
+        await bridge.scan()
+        ids = [e["msg_id"] for e in read(lead)]
+        assert ids.count(mid) == 1, f"put back once: {ids}"
+        await bridge.scan()
+        assert [e["msg_id"] for e in read(lead)].count(mid) == 1, "not twice"
+
+        # dropped again (the same stale copy, rewritten): dead-lettered, the sender told
+        stale = [e for e in read(lead) if e["msg_id"] != mid]
+        lead.write_text(json.dumps(stale, indent=2))
+        await bridge.scan()
+        assert mid not in {e["msg_id"] for e in read(lead)}
+        assert await _state(hub, mid) == "dead"
+        notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
+        assert notice is not None and notice.to == "w2", "the sender is told"
+
+        # consumed as Claude Code consumes: nothing comes back
+        sent = await hub.send("t", "w2", "lead", "second", link=False)
+
+        async def there() -> bool:
+            return sent.message_id in {e["msg_id"] for e in read(lead)}
+
+        await eventually(there, within=30, what="the second entry")
+        await bridge.scan()
+        await asyncio.to_thread(rewrite, lead, lambda es: [])
+        await bridge.scan()
+        assert read(lead) == []
+        assert await _state(hub, sent.message_id) != "dead"
+    finally:
+        await d.stop()
         await bridge.stop()
         await hub.close()

@@ -88,6 +88,7 @@ __all__ = [
     "member_state_from_entry",
     "protocol_message",
     "read_inbox",
+    "read_inbox_or_none",
     "stable_id",
 ]
 
@@ -240,17 +241,26 @@ def read_inbox(path: Path | str) -> list[dict[str, Any]]:
     get :func:`stable_id`. Writers replace the file by rename, so a read sees one whole
     version.
     """
+    return read_inbox_or_none(path) or []
+
+
+def read_inbox_or_none(path: Path | str) -> list[dict[str, Any]] | None:
+    """:func:`read_inbox`, but ``None`` for a file that is there and cannot be read now
+    (unparseable, a symlink, too big, not readable, not a file): its entries are not
+    known, which is not the same as its holding none. A missing file reads as ``[]``."""
     try:
         items = _decode(_read_own(path))
+    except FileNotFoundError:
+        return []
     except InboxTooBig as exc:
         _warn_once(path, exc)
-        return []
+        return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             _warn_once(path, exc)
-        return []
+        return None
     except ValueError:
-        return []
+        return None
     return [{**e, "msg_id": entry_id(e)} for e in items if isinstance(e, dict)]
 
 

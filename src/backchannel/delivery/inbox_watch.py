@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backchannel.delivery.adapters import delivery_type
-from backchannel.delivery.claude_inbox import default_root, inbox_path, read_inbox
+from backchannel.delivery.claude_inbox import (
+    InboxWriter,
+    default_root,
+    inbox_path,
+    protocol_message,
+    read_inbox_or_none,
+)
 from backchannel.errors import BackchannelError
 from backchannel.files import private_dirs
 
@@ -72,6 +78,25 @@ class _Dir:
     task: asyncio.Task[None] | None = None
     seen: dict[str, set[str]] = field(default_factory=dict)  # file -> ids taken in
     forgot_at: dict[str, float] = field(default_factory=dict)
+    own: dict[str, dict[str, _Own]] = field(default_factory=dict)  # file -> the hub's entries
+    put_back: dict[str, set[str]] = field(default_factory=dict)  # file -> ids put back once
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """One of the hub's entries seen in an inbox its owner reads: the entry, and the
+    unread chat entries that stood before it then (see :meth:`InboxBridge._check_own`)."""
+
+    entry: dict[str, Any]
+    before: frozenset[str]
+
+
+def _unread_chat_before(entries: list[dict[str, Any]], index: int) -> frozenset[str]:
+    return frozenset(
+        e["msg_id"]
+        for e in entries[:index]
+        if e.get("read") is not True and protocol_message(e.get("text")) is None
+    )
 
 
 class InboxBridge:
@@ -201,7 +226,10 @@ class InboxBridge:
     async def _scan_file(self, d: _Dir, name: str) -> TakeResult | None:
         owner = d.owners[name]
         path = d.path / f"{name}.json"
-        entries = await asyncio.to_thread(read_inbox, path)
+        read = await asyncio.to_thread(read_inbox_or_none, path)
+        entries = read or []
+        if read is not None and owner.reads_file:
+            await self._check_own(d, name, owner, entries)
         seen = d.seen.setdefault(name, set())
         new = [e for e in entries if e["msg_id"] not in seen]
         if not new:
@@ -222,6 +250,11 @@ class InboxBridge:
         unknown = set(result.unknown_senders)
         seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
         self.taken += len(result.messages)
+        if owner.reads_file and result.own_ids:
+            own, index = d.own.setdefault(name, {}), {e["msg_id"]: i for i, e in enumerate(entries)}
+            for eid in result.own_ids:
+                if (i := index.get(eid)) is not None and entries[i].get("read") is not True:
+                    own[eid] = _Own(entries[i], _unread_chat_before(entries, i))
         present = [e["msg_id"] for e in entries]
         seen.intersection_update(present)
         now = time.monotonic()
@@ -230,6 +263,69 @@ class InboxBridge:
             with contextlib.suppress(BackchannelError):
                 await self.hub.forget_inbox_entries(owner.team, key, present, FORGET_AFTER_S)
         return result
+
+    async def _check_own(
+        self, d: _Dir, name: str, owner: InboxOwner, entries: list[dict[str, Any]]
+    ) -> None:
+        """Put back, once, the hub's entries a rewrite dropped before the owner read them;
+        dead-letter one dropped again (or that cannot be put back).
+
+        Claude Code's reader removes the entries it consumes (it does not keep them marked
+        ``read``), so an entry gone is normally an entry read. But its reader consumes
+        the unread chat of an inbox in file order, all it read at once, under the lock:
+        it never removes an entry and leaves an unread chat entry that stood before it.
+        A rewrite that does so was made from a copy read before the hub's entry was there
+        by something that took no lock (a tool, an editor, a reader whose lock was taken
+        over): the entry was dropped, not read. An entry gone with everything before it
+        counts as read (a stale rewrite of that shape cannot be told from a read, and
+        putting back an entry read would show it twice). An entry that stops being unread
+        (``read: true``) is read."""
+        own = d.own.get(name)
+        if not own:
+            return
+        present = {e["msg_id"]: e for e in entries}
+        path = d.path / f"{name}.json"
+        for eid, item in list(own.items()):
+            now = present.get(eid)
+            if now is not None:
+                if now.get("read") is True:
+                    del own[eid]
+                continue
+            del own[eid]
+            if not item.before & present.keys():
+                continue  # read, with what stood before it
+            done = d.put_back.setdefault(name, set())
+            why = (
+                f"its entry in {path} was dropped by a rewrite of the file that took no "
+                f"lock (made from a copy read before the entry was written), before "
+                f"{owner.member} read it"
+            )
+            if eid in done:
+                await self._lost(owner, eid, f"{why}; it was put back once and dropped again")
+                continue
+            e = item.entry
+            writer = InboxWriter(d.path.parent.parent)
+            try:
+                await writer.append_async(
+                    d.claude_team, name, msg_id=eid,
+                    from_=str(e.get("from")), text=str(e.get("text")),
+                    summary=e.get("summary") if isinstance(e.get("summary"), str) else None,
+                    color=e.get("color") if isinstance(e.get("color"), str) else None,
+                    timestamp=e.get("timestamp") if isinstance(e.get("timestamp"), str) else None,
+                )  # fmt: skip
+            except (OSError, BackchannelError) as exc:  # InboxWriteError, I/O
+                await self._lost(owner, eid, f"{why}; putting it back failed: {exc}")
+                continue
+            done.add(eid)
+            log.warning("inbox %s: %s; put it back", path, why.split("; ")[0])
+            back = [*entries, e]
+            own[eid] = _Own(e, _unread_chat_before(back, len(entries)))
+
+    async def _lost(self, owner: InboxOwner, eid: str, reason: str) -> None:
+        try:
+            await self.hub.lost_inbox_entry(owner.team, eid, owner.member, reason)
+        except BackchannelError as exc:
+            log.warning("could not dead-letter %s for %s: %s", eid, owner.member, exc.message)
 
     async def _watch(self, d: _Dir) -> None:
         import watchfiles

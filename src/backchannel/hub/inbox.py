@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backchannel.core import messages as rules
-from backchannel.core import presence
+from backchannel.core import notices, presence
 from backchannel.errors import BackchannelError
 from backchannel.hub.context import Ctx, Env
 from backchannel.hub.pipeline import Pipeline, SendOptions
@@ -47,6 +47,7 @@ from backchannel.types import (
     MemberKind,
     Message,
     MessageKind,
+    Recipient,
 )
 
 __all__ = ["InboxFiles", "TakeResult"]
@@ -69,6 +70,7 @@ class TakeResult:
     messages: tuple[str, ...] = ()  # ids of the hub messages made from chat
     protocol: tuple[tuple[str, str], ...] = ()  # (sender, frame type) taken as state
     own: int = 0  # entries the hub wrote itself
+    own_ids: tuple[str, ...] = ()  # their ids
     refused: tuple[tuple[str, str], ...] = ()  # (entry id, why) recorded, not brought in
     unknown_senders: tuple[str, ...] = ()  # left for later: not members of the team
     already: int = 0  # taken in before
@@ -115,7 +117,8 @@ class InboxFiles:
             refused: list[tuple[str, str]] = []
             unknown: set[str] = set()
             read: list[str] = []  # chat its owner reads from the file itself
-            own = already = 0
+            own: list[str] = []
+            already = 0
             for e in entries:
                 eid = str(e["msg_id"])
                 if eid in known:
@@ -125,7 +128,7 @@ class InboxFiles:
                 sender = _text(e.get("from"))
                 at = presence.entry_time(e.get("timestamp"), now)
                 if (mine := tx.get_message(team, eid)) is not None:
-                    own += 1
+                    own.append(eid)
                     records.append(InboxEntry(team, inbox, eid, mine.sender, "hub", at, now))
                     continue
                 if (member := members.get(sender)) is None:
@@ -161,7 +164,8 @@ class InboxFiles:
             return TakeResult(
                 tuple(made),
                 tuple(proto),
-                own,
+                len(own),
+                tuple(own),
                 tuple(refused),
                 tuple(sorted(unknown)),
                 already,
@@ -226,6 +230,43 @@ class InboxFiles:
                 detail=f"read by {owner} from its inbox file {inbox}",
             )
         return None
+
+    async def lost_inbox_entry(self, team: str, message_id: str, member: str, reason: str) -> bool:
+        """The copy of ``message_id`` for ``member``, written to its inbox file and counted
+        delivered, is gone from the file before ``member`` read it (a rewrite dropped it,
+        see :mod:`backchannel.delivery.inbox_watch`): it is dead, and its sender is told.
+        False when the copy is not a delivered one (dead already, or unknown)."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> bool:
+            moved = c.tx.transition(
+                team,
+                message_id,
+                member,
+                from_states=(DeliveryState.DELIVERED, DeliveryState.ACKED),
+                to_state=DeliveryState.DEAD,
+                now=now,
+                event="dead",
+                detail=reason,
+                dead_reason=reason,
+            )
+            if not moved:
+                return False
+            msg = c.tx.get_message(team, message_id)
+            if (
+                msg is not None
+                and msg.kind is not MessageKind.SYSTEM
+                and c.tx.get_member(team, msg.sender) is not None
+            ):
+                notice = notices.dead_letter(msg, Recipient(member), reason, now)
+                if c.tx.get_message(team, notice.message_id) is None:
+                    self.pipeline.insert(c, notice, None)
+            return True
+
+        moved = await self.env.transact(fn)
+        if moved:
+            log.warning("inbox entry %s for %s is dead: %s", message_id, member, reason)
+        return moved
 
     async def forget_inbox_entries(
         self, team: str, inbox: str, keep: Sequence[str], older_than: float
