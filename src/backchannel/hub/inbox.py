@@ -235,7 +235,7 @@ class InboxFiles:
         """The copy of ``message_id`` for ``member``, written to its inbox file and counted
         delivered, is gone from the file before ``member`` read it (a rewrite dropped it,
         see :mod:`backchannel.delivery.inbox_watch`): it is dead, and its sender is told.
-        False when the copy is not a delivered one (dead already, or unknown)."""
+        False when the copy is not a written one (dead already, queued, or unknown)."""
         now = self.clock.now()
 
         def fn(c: Ctx) -> bool:
@@ -243,7 +243,8 @@ class InboxFiles:
                 team,
                 message_id,
                 member,
-                from_states=(DeliveryState.DELIVERED, DeliveryState.ACKED),
+                # leased: written, and the dispatcher has not recorded it yet
+                from_states=(DeliveryState.LEASED, DeliveryState.DELIVERED, DeliveryState.ACKED),
                 to_state=DeliveryState.DEAD,
                 now=now,
                 event="dead",
