@@ -528,3 +528,38 @@ async def test_an_entry_a_lockless_rewrite_drops_is_put_back_once_then_dead_lett
         await d.stop()
         await bridge.stop()
         await hub.close()
+
+
+async def test_an_inboxes_directory_deleted_and_made_again_is_still_watched(
+    tmp_path: Path,
+) -> None:
+    """The inboxes directory removed (a team cleaned up by hand, ``rm -rf``): a watch on
+    it sees nothing of a directory made again at its path, so the bridge makes it again
+    (as it does when it starts) and watches the new one; what teammates write there
+    reaches the hub."""
+    import shutil
+
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    writer = InboxWriter(root)
+    writer.append("t", "lead", msg_id="before", from_="w1", text="one")
+    bridge = InboxBridge(hub, rescan_s=0.1, debounce_ms=10)
+    try:
+        await bridge.start()
+
+        async def has(mid: str) -> bool:
+            return await _message(hub, mid) is not None
+
+        await eventually(lambda: has("before"), within=30, what="the first entry")
+        shutil.rmtree(root / "t")
+        inboxes = inbox_path("t", "lead", root).parent
+
+        async def made_again() -> bool:
+            return inboxes.is_dir()
+
+        await eventually(made_again, within=30, what="the bridge to make the directory again")
+        writer.append("t", "lead", msg_id="after", from_="w1", text="two")
+        await eventually(lambda: has("after"), within=30, what="the entry in the new directory")
+    finally:
+        await bridge.stop()
+        await hub.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -328,14 +329,39 @@ class InboxBridge:
             log.warning("could not dead-letter %s for %s: %s", eid, owner.member, exc.message)
 
     async def _watch(self, d: _Dir) -> None:
+        """Watch ``d`` for good: a watch stays on the directory it was set on, so when
+        the directory goes (removed, moved away) or another takes its path, it is made
+        again if missing, watched anew and every file read."""
+        while True:
+            await self._watch_once(d)
+            log.warning("inbox directory %s was removed or replaced; watching it anew", d.path)
+
+    async def _watch_once(self, d: _Dir) -> None:
+        """Watch the directory now at ``d.path`` until it is no longer there."""
         import watchfiles
 
         private_dirs(d.path)
+        try:
+            st = os.stat(d.path)
+        except OSError:
+            await asyncio.sleep(self.rescan_s)
+            return
+        here = (st.st_dev, st.st_ino)
+
+        def same() -> bool:
+            try:
+                now = os.stat(d.path)
+            except OSError:
+                return False
+            return (now.st_dev, now.st_ino) == here
+
         changes = watchfiles.awatch(
             d.path,
-            watch_filter=lambda _change, name: name.endswith(".json"),
+            watch_filter=lambda _change, name: name.endswith(".json") or Path(name) == d.path,
             debounce=self.debounce_ms,
             step=min(50, max(1, self.debounce_ms)),
+            rust_timeout=max(1, int(self.rescan_s * 1000)),
+            yield_on_timeout=True,  # wake now and then to check the directory is the same
             recursive=False,
             force_polling=self.force_polling,
         )
@@ -346,8 +372,11 @@ class InboxBridge:
             while True:
                 batch = await pending
                 pending = asyncio.ensure_future(anext(changes))
+                if any(Path(p) == d.path for _, p in batch) or not same():
+                    return
                 names = {Path(p).stem for _, p in batch if Path(p).parent == d.path}
-                await self._safe_scan(d, names)
+                if names:
+                    await self._safe_scan(d, names)
         finally:
             pending.cancel()
             with contextlib.suppress(BaseException):
