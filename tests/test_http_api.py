@@ -36,6 +36,9 @@ def test_admin_token_file_is_private(srv: Server) -> None:
 
 def test_healthz_and_openapi(srv: Server) -> None:
     assert httpx.get(f"{srv.url}/healthz").json() == {"status": "ok"}
+    # a health checker that asks with HEAD (load balancers, `curl -I`) hears it is up
+    head = httpx.head(f"{srv.url}/healthz")
+    assert (head.status_code, head.content) == (200, b""), head
     spec = httpx.get(f"{srv.url}/openapi.json").json()
     for path in (
         "/v1/teams",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from backchannel.interfaces.routes.deps import Auth, hub_of
 from backchannel.interfaces.wire import StrictRoute
@@ -25,6 +25,15 @@ async def healthz(request: Request) -> Health:
             clock_skew=skew,
         )
     return Health(status="ok")
+
+
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head(request: Request) -> Response:
+    """``HEAD /healthz`` for health checkers that ask with HEAD (load balancers, ``curl
+    -I``): the status code of ``GET``, no body. Kept out of the API's schema, which
+    lists ``GET``."""
+    health = await healthz(request)
+    return Response(status_code=200, headers={"x-health": health.status})
 
 
 @router.get("/v1/me")
