@@ -309,3 +309,15 @@ def test_credentials_sent_the_wrong_way_are_refused_with_the_way_out(server: Ser
     # a removed member's token says what may have happened and what to do
     r = me([("Authorization", f"Bearer {tokens['worker']}")])
     refused(r, "rotated", "removed", "rotate-token")
+    # the same rule where other tokens are taken: the admin's for the metrics, a
+    # callee hub's one-time reply token for its answer
+    twice = [("Authorization", f"Bearer {server.admin_token}")] * 2
+    r = httpx.get(f"{server.url}/metrics", headers=twice, timeout=10)
+    refused(r, "one Authorization header", "admin token")
+    r = httpx.post(
+        f"{server.url}/api/tools/response",
+        headers=[("Authorization", "Bearer reply-token")] * 2,
+        json={"result": "done"},
+        timeout=10,
+    )
+    refused(r, "one Authorization header", "reply token")

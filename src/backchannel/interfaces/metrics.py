@@ -28,8 +28,10 @@ from prometheus_client import (
 )
 
 from backchannel.core.timers import TIMER_JOB
+from backchannel.errors import Unauthorized
 from backchannel.hub import Hub, HubMiddleware
 from backchannel.hub.outbox import OUTBOX_JOB
+from backchannel.interfaces.routes.deps import bearer_token
 from backchannel.stores.base import Tx
 from backchannel.types import Delivery, Job, Message, SendResult
 
@@ -158,16 +160,14 @@ def install(app: FastAPI, hub: Hub, admin_token: str) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        how = "metrics need the admin token: Authorization: Bearer <admin token>"
+        try:
+            given = bearer_token(request.headers.getlist("authorization"), how=how)
+        except Unauthorized as exc:
+            return JSONResponse(exc.to_json(), status_code=401)
         if not hmac.compare_digest(given.encode(), admin_token.encode()):
             return JSONResponse(
-                {
-                    "error": {
-                        "code": "unauthorized",
-                        "message": "metrics need the admin token: Authorization: Bearer <admin token>",
-                    }
-                },
-                status_code=401,
+                {"error": {"code": "unauthorized", "message": how}}, status_code=401
             )
         body = generate_latest(registry) + generate_latest(await snapshot(hub))
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -59,14 +59,15 @@ _HOW = (
 _QUERY_TOKENS = ("token", "access_token")
 
 
-def bearer_token(headers: list[str], query: Iterable[str] = ()) -> str:
+def bearer_token(headers: list[str], query: Iterable[str] = (), how: str = _HOW) -> str:
     """The token of the one ``Authorization: Bearer`` header among ``headers`` (the
     request's ``Authorization`` values), or :class:`Unauthorized` naming what is wrong:
     none, several (which one counts is not guessed: a proxy in front may have checked
     another), another scheme, a token without its scheme, a token in the query string
-    (``query``: the request's parameter names; never taken, it would be logged)."""
+    (``query``: the request's parameter names; never taken, it would be logged). ``how``
+    ends each refusal: how to send this endpoint's token."""
     if len(headers) > 1:
-        raise Unauthorized(f"send one Authorization header, not {len(headers)}: {_HOW}")
+        raise Unauthorized(f"send one Authorization header, not {len(headers)}: {how}")
     header = headers[0].strip() if headers else ""
     scheme, _, token = header.partition(" ")
     token = token.strip()
@@ -75,15 +76,15 @@ def bearer_token(headers: list[str], query: Iterable[str] = ()) -> str:
     if not header:
         if any(name in _QUERY_TOKENS for name in query):
             raise Unauthorized(
-                f"a token in the query string is not accepted (it would be written to logs): {_HOW}"
+                f"a token in the query string is not accepted (it would be written to logs): {how}"
             )
-        raise Unauthorized(f"missing bearer token: {_HOW}")
+        raise Unauthorized(f"missing bearer token: {how}")
     if not token and scheme.lower() != "bearer":
-        raise Unauthorized(f"the Authorization header lacks the scheme 'Bearer ': {_HOW}")
+        raise Unauthorized(f"the Authorization header lacks the scheme 'Bearer ': {how}")
     if scheme.lower() != "bearer":
         shown = scheme if scheme.isascii() and scheme.isalnum() and len(scheme) <= 20 else "?"
-        raise Unauthorized(f"unsupported scheme {shown!r} in the Authorization header: {_HOW}")
-    raise Unauthorized(f"missing bearer token: {_HOW}")
+        raise Unauthorized(f"unsupported scheme {shown!r} in the Authorization header: {how}")
+    raise Unauthorized(f"missing bearer token: {how}")
 
 
 async def principal(request: Request) -> Principal:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from backchannel.errors import Unauthorized
-from backchannel.interfaces.routes.deps import AsMember, hub_of
+from backchannel.interfaces.routes.deps import AsMember, bearer_token, hub_of
 from backchannel.interfaces.wire import StrictRoute
 from backchannel.member import answer_delegation
 from backchannel.models import ChatAccepted, ChatIn, ToolResponseAccepted, ToolResponseIn
@@ -33,13 +32,13 @@ async def chat(body: ChatIn, api: AsMember) -> ChatAccepted:
 async def tool_response(body: ToolResponseIn, request: Request) -> ToolResponseAccepted:
     """A callee hub answers a delegation; ``Authorization: Bearer`` carries the
     one-time reply token this hub issued."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized(
-            "missing bearer token: send the reply token as 'Authorization: Bearer <token>'"
-        )
+    token = bearer_token(
+        request.headers.getlist("authorization"),
+        request.query_params.keys(),
+        how="send the reply token as 'Authorization: Bearer <token>'",
+    )
     chain = body.chain.model_dump() if body.chain else None
-    return await answer_delegation(hub_of(request), token.strip(), body.result, chain)
+    return await answer_delegation(hub_of(request), token, body.result, chain)
 
 
 for prefix in ("/api", "/v1"):
