@@ -230,6 +230,27 @@ async def test_a_session_that_shows_life_keeps_what_waits_for_it(
     assert link.state is LinkState.OPEN
 
 
+async def test_a_session_resumed_while_a_message_waits_for_it_is_watched_again(
+    store_hub: Hub, clock: FakeClock
+) -> None:
+    """A crossing came while ``b``'s session had exited (no watch: an exited session has
+    its own end); the runtime resumed it and was then killed before it took anything.
+    Nothing watched the resumed session, so the crossing waited for ever. A resume
+    with something waiting for the session watches it again."""
+    await _silent_team(store_hub)
+    await store_hub.exit_session("t", "b", "b-s")
+    await _cross(store_hub, "a's words")  # waits for b-s to come back
+    await store_hub.open_session("t", "b", "b-s")  # resumed, then killed: no event
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.IDLE
+    clock.advance(600)
+    await store_hub.maintain()
+    assert (await store_hub.get_session("t", "b-s")).state is SessionState.TERMINATED
+    got = await _taken(store_hub, "b", "b-s2")
+    assert sum("a's words" in t for t in got) == 1, got
+    [link] = await store_hub.list_links("t")
+    assert (link.state, link.close_reason) == (LinkState.CLOSED, "session_silent")
+
+
 async def _watches(hub: Hub, session: str) -> int:
     jobs = await hub.store.read(lambda tx: tx.list_jobs("t", session_id=session, kind=SILENT_JOB))
     return len(jobs)

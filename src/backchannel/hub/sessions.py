@@ -30,6 +30,7 @@ from backchannel.errors import (
 )
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
+from backchannel.stores.base import Tx
 from backchannel.types import (
     DeliveryState,
     EventKind,
@@ -203,6 +204,8 @@ class Sessions:
         back = dataclasses.replace(s, state=SessionState.IDLE, updated_at=now)
         c.tx.put_session(back)
         self.event(c, back, EventKind.SESSION, "resumed")
+        if self._waiting(c.tx, back):  # an exited session had no watch: one now
+            self.watch_pinned(c, back, now)
         return back
 
     async def exit_session(
@@ -341,13 +344,7 @@ class Sessions:
         s = tx.get_session(job.team, job.session_id or "")
         if s is None or s.state in (SessionState.TERMINATED, SessionState.EXITED):
             return None
-        waiting = [
-            d.updated_at
-            for d in tx.undelivered(s.team, s.member, _SILENT_SCAN)
-            if d.recipient.session == s.session_id
-            and d.state is DeliveryState.QUEUED
-            and _owed(tx.get_message(s.team, d.message_id))
-        ]
+        waiting = self._waiting(tx, s)
         if not waiting:
             return None  # taken: the next copy pinned to it sets a new watch
         t = tx.get_team(s.team)
@@ -364,6 +361,18 @@ class Sessions:
         tx.finish_job(job.job_id, JobState.DONE, now)  # done: not one of those dropped
         self.end(c, s, now, reason, link_reason="session_silent")
         return None
+
+    @staticmethod
+    def _waiting(tx: Tx, s: Session) -> list[float]:
+        """Since when each message owed to ``s`` (not a hub notice) has waited pinned to
+        it, untaken."""
+        return [
+            d.updated_at
+            for d in tx.undelivered(s.team, s.member, _SILENT_SCAN)
+            if d.recipient.session == s.session_id
+            and d.state is DeliveryState.QUEUED
+            and _owed(tx.get_message(s.team, d.message_id))
+        ]
 
     def job_handlers(self) -> dict[str, JobHandler]:
         return {EXIT_JOB: self._fire_exit, SILENT_JOB: self._fire_silent}
