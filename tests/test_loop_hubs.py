@@ -17,7 +17,7 @@ import pytest
 
 from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as drules
-from backchannel.errors import BudgetExhausted
+from backchannel.errors import BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
 from tests.conftest import Server
@@ -128,13 +128,34 @@ async def test_two_agents_on_two_hubs_stop_at_the_pair_budget_whichever_route_ca
     (the member named like the service lead addresses worker by): every task out, every
     answer in and every task in is a change of speaker between them, so the ring stops
     at exactly the pair budget whatever route each exchange took."""
+    await _ring_across_hubs(clock, _cfg(), "hub-b")
+
+
+async def test_a_service_whose_member_is_named_otherwise_stops_at_one_pair_budget(
+    clock: FakeClock,
+) -> None:
+    """As above, but the operator added hub B to this team as ``peer-b``, unlike the
+    service ``hub-b`` lead addresses worker by, and said so with the service's
+    ``member:``. A task out and a task in are exchanges of one pair, lead and peer-b, so
+    the ring stops at the pair budget, not at twice it (two pairs, one per direction)."""
+    cfg = CallbackConfig(
+        secret=SECRET,
+        services={"hub-b": Service("hub-b", "http://127.0.0.1:9", member="peer-b")},
+        retry=FAST,
+    )
+    await _ring_across_hubs(clock, cfg, "peer-b")
+
+
+async def _ring_across_hubs(clock: FakeClock, cfg: CallbackConfig, peer: str) -> None:
+    """lead and hub B's worker, hub B a member of the team as ``peer``, always answer
+    each other, each route in turn; the ring stops at exactly the pair budget."""
     budget = 7
-    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=_cfg()) as hub:
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
         await hub.create_team(
             "t", settings={"anchor_policy": "off", "chain_budget": 1000, "pair_budget": budget}
         )
         await hub.add_member("t", "lead")
-        await hub.add_member("t", "hub-b")  # hub B, as a member of this team
+        await hub.add_member("t", peer)  # hub B, as a member of this team
         await hub.open_session("t", "lead", "lead-s")
         await hub.send("t", "user", "lead", "start")
         refused: list[BudgetExhausted] = []
@@ -158,7 +179,7 @@ async def test_two_agents_on_two_hubs_stop_at_the_pair_budget_whichever_route_ca
                     else:
                         try:
                             d = await hub.accept_chat(
-                                "t", "hub-b", "lead", f"worker asks back {n}",
+                                "t", peer, "lead", f"worker asks back {n}",
                                 reply_service="hub-b", reply_token="tok", session_id="w-s",
                                 tool_use_id=f"tb_{n}", chain=chain,
                             )  # fmt: skip
@@ -175,7 +196,7 @@ async def test_two_agents_on_two_hubs_stop_at_the_pair_budget_whichever_route_ca
         assert {"task out", "answer in", "task in"} <= set(routes)
         assert len(routes) == budget, routes
         assert refused and {e.details["budget"] for e in refused} == {"pair"}
-        assert refused[0].details["key"] == "pair:hub-b|lead"
+        assert refused[0].details["key"] == "pair:" + "|".join(sorted([peer, "lead"]))
         got = await hub.receive("t", "user", limit=100)
         assert [g for g in got if g.message.meta.get("budget") == "pair"], "the human is told"
 
@@ -509,3 +530,73 @@ async def test_a_ring_through_an_inbox_file_and_an_a2a_agent_stops_at_the_pair_b
         await bridge.stop()
         await hub.close()
         peer.close()
+
+
+async def test_a_service_member_that_names_no_agent_of_the_team_refuses_the_task(
+    clock: FakeClock,
+) -> None:
+    """A ``member:`` that names no member of the caller's team (a typo, a member not
+    added yet) or a human there would leave a task out and a task in two pairs: the task
+    is refused at ``delegate``, naming the setting and the way out, and nothing is sent.
+    Once the other hub is the team's agent member of that name, the task goes."""
+    url = "http://127.0.0.1:9"
+    cfg = CallbackConfig(
+        secret=SECRET,
+        services={
+            "hub-b": Service("hub-b", url, member="peer-b"),
+            "hub-h": Service("hub-h", url, member="boss"),
+        },
+        retry=FAST,
+    )
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=cfg) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "lead")
+        await hub.add_member("t", "hub-b")  # named like the service: not the one named
+        await hub.add_member("t", "boss", kind="human")
+        await hub.open_session("t", "lead", "lead-s")
+        await hub.report_event("t", "lead", "lead-s", "turn_start", "go")
+        for service, member, what in [
+            ("hub-b", "peer-b", "no member of team 't'"),
+            ("hub-h", "boss", "a human of team 't'"),
+        ]:
+            with pytest.raises(InvalidRequest) as refused:
+                await hub.delegate("t", "lead", "lead-s", f"worker@{service}", "x")
+            text = refused.value.message
+            assert f"'{member}' is {what}" in text, text
+            assert "member:" in text and f"BACKCHANNEL_CALLBACK_MEMBERS={service}=" in text
+            assert refused.value.details["field"] == "to"
+        assert await hub.store.read(lambda tx: tx.list_delegations("t")) == []
+        await hub.add_member("t", "peer-b")
+        d = await hub.delegate("t", "lead", "lead-s", "worker@hub-b", "x", tool_use_id="tu_ok")
+        assert d.callee == "worker@hub-b"
+
+
+def test_the_config_file_and_the_environment_name_a_services_member(tmp_path: Path) -> None:
+    """``member:`` in the config file, ``BACKCHANNEL_CALLBACK_MEMBERS`` (winning) in the
+    environment; a value that is no member name, or a service not registered, is refused
+    when the hub starts, saying what to write."""
+    (tmp_path / "config.yaml").write_text(
+        "callbacks:\n"
+        "  hub-b: {url: 'http://127.0.0.1:1', member: peer-b}\n"
+        "  hub-c: 'http://127.0.0.1:2'\n"
+    )
+    cfg = CallbackConfig.load(tmp_path, env={})
+    assert (cfg.services["hub-b"].member, cfg.services["hub-c"].member) == ("peer-b", None)
+    cfg = CallbackConfig.load(tmp_path, env={"BACKCHANNEL_CALLBACK_MEMBERS": "hub-c=peer-c"})
+    assert (cfg.services["hub-b"].member, cfg.services["hub-c"].member) == ("peer-b", "peer-c")
+    for bad in ("[peer-b]", "''", "'has space'", "1"):
+        (tmp_path / "config.yaml").write_text(
+            f"callbacks:\n  hub-b: {{url: 'http://127.0.0.1:1', member: {bad}}}\n"
+        )
+        with pytest.raises(InvalidRequest, match="must be a member name"):
+            CallbackConfig.load(tmp_path, env={})
+    with pytest.raises(InvalidRequest, match="not a registered callback service"):
+        CallbackConfig.load(None, env={"BACKCHANNEL_CALLBACK_MEMBERS": "nope=peer"})
+    with pytest.raises(InvalidRequest, match="must be a member name"):
+        CallbackConfig.load(
+            None,
+            env={
+                "BACKCHANNEL_CALLBACKS": "hub-b=http://127.0.0.1:1",
+                "BACKCHANNEL_CALLBACK_MEMBERS": "hub-b=no good",
+            },
+        )

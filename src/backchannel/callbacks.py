@@ -11,21 +11,25 @@ Configuration, later sources winning:
       service_name: hub-a            # how other hubs name this one in their registries
       callback_secret: "long random"  # signs and verifies reply tokens
       callbacks:
-        hub-b: {url: "http://10.0.0.2:8765", token: "bc_...", teams: [leads]}
+        hub-b: {url: "http://10.0.0.2:8765", token: "bc_...", teams: [leads], member: peer-b}
         weather: {type: a2a, url: "http://10.0.0.3:9999"}       # an A2A agent
         hub-c: {type: a2a, url: "http://10.0.0.4:8765/a2a/ops/{agent}", token: "bc_..."}
       retry: {start: 1, factor: 2, cap: 15, budget: 120, timeout: 10}
       delegation_retention: 604800   # seconds a finished delegation is kept (7 days)
 
 * ``BACKCHANNEL_CALLBACKS=name=url,...``, ``BACKCHANNEL_CALLBACK_TOKENS=name=token,...``,
-  ``BACKCHANNEL_CALLBACK_TEAMS=name=team+team,...``, ``BACKCHANNEL_CALLBACK_SECRET``,
+  ``BACKCHANNEL_CALLBACK_TEAMS=name=team+team,...``,
+  ``BACKCHANNEL_CALLBACK_MEMBERS=name=member,...``, ``BACKCHANNEL_CALLBACK_SECRET``,
   ``BACKCHANNEL_SERVICE_NAME``, ``BACKCHANNEL_DELEGATION_RETENTION`` (seconds).
 
 ``token`` is this hub's credential at the service (for another hub's ``/api/chat``).
 ``teams`` makes the service those teams' own: only their members delegate through it
 or name it as the ``callbackService`` of a task they send here (anyone else is refused
 with :class:`~backchannel.errors.ServiceNotAllowed`); a service without ``teams`` is
-every team's, as the operator's hub-wide peer.
+every team's, as the operator's hub-wide peer. ``member`` names the member of this hub
+the service's tasks come in as (the other hub's member of the team, when it is not named
+like the service), so the pair budget counts a task out and a task in as one pair's; a
+task for the service is refused while it names no agent of the caller's team.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class Service:
     kind: str = "backchannel"
     #: the teams whose members may use the service; None: every team
     teams: frozenset[str] | None = None
+    #: the member of this hub the service's tasks come in as (the other hub's member of
+    #: the team); None: the member named like the service, when there is one
+    member: str | None = None
 
     def usable_by(self, team: str) -> bool:
         return self.teams is None or team in self.teams
@@ -137,6 +144,7 @@ class CallbackConfig:
                 spec.get("token"),
                 kind,
                 _teams(str(name), spec.get("teams"), f"callback {name!r} in {CONFIG_FILE}"),
+                _member(str(name), spec.get("member"), f"callback {name!r} in {CONFIG_FILE}"),
             )
         tokens = _pairs(env.get("BACKCHANNEL_CALLBACK_TOKENS", ""), "BACKCHANNEL_CALLBACK_TOKENS")
         for name, url in _pairs(
@@ -156,6 +164,16 @@ class CallbackConfig:
                 )
             services[name] = dataclasses.replace(
                 services[name], teams=_teams(name, teams.split("+"), where)
+            )
+        where = "BACKCHANNEL_CALLBACK_MEMBERS"
+        for name, member in _pairs(env.get(where, ""), where).items():
+            if name not in services:
+                raise InvalidRequest(
+                    f"{where}: {name!r} is not a registered callback service; register it "
+                    "in BACKCHANNEL_CALLBACKS or the config file first"
+                )
+            services[name] = dataclasses.replace(
+                services[name], member=_member(name, member, where)
             )
         retry = RetryPolicy(**{k: float(v) for k, v in (data.get("retry") or {}).items()})
         return cls(
@@ -185,6 +203,22 @@ def _teams(name: str, value: Any, where: str) -> frozenset[str] | None:
             f"(got {value!r}); leave it out for a service every team may use"
         )
     return frozenset(value)
+
+
+def _member(name: str, value: Any, where: str) -> str | None:
+    """A service's ``member``: the name of a member (None: the one named like the
+    service, when there is one). Whether the team has it is known only when a member
+    of a team uses the service (:meth:`Budgets.check_service_member`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise InvalidRequest(
+            f"{where}: the member of service {name!r} must be a member name (1 to 64 "
+            f"letters, digits, '_' or '-', got {value!r}): the member of this hub the "
+            "service's tasks come in as; leave it out when that member is named like the "
+            "service"
+        )
+    return value
 
 
 def _retention(value: Any) -> float:

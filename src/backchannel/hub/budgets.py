@@ -332,15 +332,44 @@ class Budgets:
 
     # -- the pair of an exchange between hubs -------------------------------------------------
     @staticmethod
-    def remote_party(tx: Tx, team: str, callee: str) -> str:
+    def remote_party(tx: Tx, team: str, callee: str, member: str | None = None) -> str:
         """Who, on this hub, ``callee`` (``agent@service``: an agent of another hub or an
-        A2A agent) is for the pair budget: the other hub's member of this team when one
-        is named like the service (the member its tasks for this team come in as, so a
-        task out, its answer back and a task in are exchanges of one pair), otherwise
-        the agent itself, ``agent@service``."""
+        A2A agent) is for the pair budget: the other hub's member of this team, the one
+        its tasks for this team come in as, so a task out, its answer back and a task in
+        are exchanges of one pair. That is ``member`` (the service's ``member:`` setting)
+        when it is an agent of the team, otherwise the member named like the service
+        when there is one, otherwise the agent itself, ``agent@service``. A ``member:``
+        that names no agent of the team refuses the task at ``delegate``
+        (:meth:`check_service_member`); an answer is owed, so here it falls through."""
         service = callee.partition("@")[2]
-        m = tx.get_member(team, service) if service else None
-        return service if m is not None and m.kind is not MemberKind.HUMAN else callee
+        for name in (member, service):
+            m = tx.get_member(team, name) if name else None
+            if name and m is not None and m.kind is not MemberKind.HUMAN:
+                return name
+        return callee
+
+    @staticmethod
+    def check_service_member(tx: Tx, team: str, service: str, member: str | None) -> None:
+        """Refuse a task for ``service`` whose ``member:`` setting names no agent of
+        ``team``: counted against the caller and the agent itself, a task out and a task
+        in would be two pairs, and the pair budget twice what it says."""
+        if member is None:
+            return
+        m = tx.get_member(team, member)
+        if m is not None and m.kind is not MemberKind.HUMAN:
+            return
+        what = "no member of" if m is None else "a human of"
+        raise InvalidRequest(
+            f"callback service {service!r} names {member!r} as the member its tasks for "
+            f"this team come in as (its member: setting), and {member!r} is {what} team "
+            f"{team!r}, so the pair budget cannot count this task; the operator adds the "
+            f"other hub to team {team!r} as the agent member {member!r}, or sets the "
+            "service's member: (in the config file, or BACKCHANNEL_CALLBACK_MEMBERS="
+            f"{service}=...) to the member it is and restarts the hub",
+            field="to",
+            service=service,
+            member=member,
+        )
 
     def across(
         self, c: Ctx, team: str, sender: str, to: str, now: float, *, refusable: bool

@@ -156,9 +156,10 @@ class Delegations:
                 # refused like a task for a member of this hub when it would go past the
                 # chain budget (the task carries the turn's chain to the other hub)
                 budgets = self.pipeline.budgets
+                budgets.check_service_member(tx, team, svc.name, svc.member)
                 _, refusal = budgets.outbound_chain(c, team, member, caller, to, now)
                 if refusal is None:  # and like a send to it when the pair is spent
-                    party = budgets.remote_party(tx, team, to)
+                    party = budgets.remote_party(tx, team, to, svc.member)
                     refusal = budgets.across(c, team, member, party, now, refusable=True)
                 if refusal is not None:
                     raise BudgetExhausted(refusal.text, **refusal.details())
@@ -472,7 +473,8 @@ class Delegations:
         if d.state in rules.ANSWERED_STATES:
             return
         budgets = self.pipeline.budgets
-        party = budgets.remote_party(c.tx, d.team, d.callee)
+        svc = self.callbacks.services.get(d.callee.partition("@")[2])
+        party = budgets.remote_party(c.tx, d.team, d.callee, svc.member if svc else None)
         budgets.across(c, d.team, party, d.caller, now, refusable=False)
 
     def resolve(self, c: Ctx, d: Delegation, result: str, now: float) -> Delegation:
