@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from backchannel.core.delegation import RetryPolicy
 from backchannel.errors import AdapterError, HeldDelivery, PermanentDeliveryError
 from backchannel.runtimes.common import format_message
-from backchannel.types import InboxMessage
+from backchannel.types import InboxMessage, Message
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub
@@ -172,5 +172,9 @@ class Adapter(abc.ABC):
 def agent_text(item: InboxMessage) -> str:
     """A message as an agent reads it (tmux, stdin, inbox files): a header line the hub
     writes, then the text escaped so it cannot forge one (:mod:`backchannel.core.framing`)."""
-    m = item.message
+    return message_text(item.message)
+
+
+def message_text(m: Message) -> str:
+    """:func:`agent_text` of a message, whoever its copy is for."""
     return format_message(m.sender, m.kind.value, m.text)

@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backchannel.delivery.adapters import delivery_type
+from backchannel.delivery.base import message_text
 from backchannel.delivery.claude_inbox import (
     InboxWriter,
     default_root,
     inbox_path,
+    js_timestamp,
     protocol_message,
     read_inbox_or_none,
 )
@@ -67,6 +69,7 @@ class InboxOwner:
     team: str
     member: str
     reads_file: bool
+    color: str | None = None  # the ``color`` setting its entries are written with
 
 
 @dataclass
@@ -85,8 +88,9 @@ class _Dir:
 
 @dataclass(frozen=True, slots=True)
 class _Own:
-    """One of the hub's entries seen in an inbox its owner reads: the entry, and the
-    unread chat entries that stood before it then (see :meth:`InboxBridge._check_own`)."""
+    """One of the hub's entries seen in an inbox its owner reads: the entry as the file
+    held it, and the unread chat entries that stood before it then (see
+    :meth:`InboxBridge._check_own`)."""
 
     entry: dict[str, Any]
     before: frozenset[str]
@@ -171,7 +175,8 @@ class InboxBridge:
                 inbox = _opt(m.delivery, "inbox") or m.name
                 path = _inbox_file(claude_team, inbox, self.root or _opt(m.delivery, "root"))
                 _, owners = found.setdefault(path.parent, (claude_team, {}))
-                owners[path.stem] = InboxOwner(team.name, m.name, True)
+                color = _opt(m.delivery, "color")
+                owners[path.stem] = InboxOwner(team.name, m.name, True, color)
             for d, (claude_team, owners) in found.items():
                 if not any(o.team == team.name for o in owners.values()):
                     continue
@@ -280,7 +285,15 @@ class InboxBridge:
         over): the entry was dropped, not read. An entry gone with everything before it
         counts as read (a stale rewrite of that shape cannot be told from a read, and
         putting back an entry read would show it twice). An entry that stops being unread
-        (``read: true``) is read."""
+        (``read: true``) is read.
+
+        What is put back is made from the hub's stored message
+        (:meth:`~backchannel.hub.Hub.put_back_inbox_entry`), framed as the adapter
+        frames it, never copied from the file: an entry that reuses a hub message's id
+        (with other words, or the id of a message to someone else) puts back nothing
+        of its own. Only the timestamp of an entry that was the hub's word for word is
+        kept (Claude Code matches entries on sender, timestamp and text); any other is
+        the message's."""
         own = d.own.get(name)
         if not own:
             return
@@ -295,32 +308,41 @@ class InboxBridge:
             del own[eid]
             if not item.before & present.keys():
                 continue  # read, with what stood before it
-            done = d.put_back.setdefault(name, set())
             why = (
                 f"its entry in {path} was dropped by a rewrite of the file that took no "
                 f"lock (made from a copy read before the entry was written), before "
                 f"{owner.member} read it"
             )
+            done = d.put_back.setdefault(name, set())
             if eid in done:
                 await self._lost(owner, eid, f"{why}; it was put back once and dropped again")
                 continue
-            e = item.entry
+            try:
+                back = await self.hub.put_back_inbox_entry(owner.team, eid, owner.member, why)
+            except BackchannelError as exc:
+                log.warning("inbox %s: could not put back %s: %s", path, eid, exc.message)
+                own[eid] = item  # asked again at the next read
+                continue
+            if back.message is None:
+                continue  # no copy of the owner's: the id was not the hub's entry for it
+            m = back.message  # the hub's words, as the adapter wrote them, never the file's
+            e, text = item.entry, message_text(m)
+            stamp = e.get("timestamp")  # kept when the entry was the hub's, as written:
+            if not (isinstance(stamp, str) and e.get("from") == m.sender and e.get("text") == text):
+                stamp = js_timestamp(m.created_at)  # Claude Code keys entries on it too
             writer = InboxWriter(d.path.parent.parent)
             try:
                 await writer.append_async(
-                    d.claude_team, name, msg_id=eid,
-                    from_=str(e.get("from")), text=str(e.get("text")),
-                    summary=e.get("summary") if isinstance(e.get("summary"), str) else None,
-                    color=e.get("color") if isinstance(e.get("color"), str) else None,
-                    timestamp=e.get("timestamp") if isinstance(e.get("timestamp"), str) else None,
+                    d.claude_team, name, msg_id=eid, from_=m.sender, text=text,
+                    summary=m.summary, color=owner.color, timestamp=stamp,
                 )  # fmt: skip
             except (OSError, BackchannelError) as exc:  # InboxWriteError, I/O
                 await self._lost(owner, eid, f"{why}; putting it back failed: {exc}")
                 continue
             done.add(eid)
-            log.warning("inbox %s: %s; put it back", path, why.split("; ")[0])
-            back = [*entries, e]
-            own[eid] = _Own(e, _unread_chat_before(back, len(entries)))
+            log.warning("inbox %s: %s; put it back", path, why)
+            entry = {"msg_id": eid, "from": m.sender, "text": text, "timestamp": stamp}
+            own[eid] = _Own(entry, _unread_chat_before(entries, len(entries)))
 
     async def _lost(self, owner: InboxOwner, eid: str, reason: str) -> None:
         try:

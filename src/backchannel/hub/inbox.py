@@ -50,7 +50,7 @@ from backchannel.types import (
     Recipient,
 )
 
-__all__ = ["InboxFiles", "TakeResult"]
+__all__ = ["InboxFiles", "PutBack", "TakeResult"]
 
 log = logging.getLogger("backchannel.inbox")
 
@@ -75,6 +75,18 @@ class TakeResult:
     unknown_senders: tuple[str, ...] = ()  # left for later: not members of the team
     already: int = 0  # taken in before
     recipients: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class PutBack:
+    """The answer of :meth:`InboxFiles.put_back_inbox_entry`: the hub's message to write
+    back (None: the member has no written copy, there is nothing to put back)."""
+
+    message: Message | None
+
+
+#: The history event recording that a dropped inbox entry was put back.
+_PUT_BACK = "inbox_put_back"
 
 
 def _text(value: Any) -> str:
@@ -230,6 +242,35 @@ class InboxFiles:
                 detail=f"read by {owner} from its inbox file {inbox}",
             )
         return None
+
+    async def put_back_inbox_entry(
+        self, team: str, message_id: str, member: str, detail: str
+    ) -> PutBack:
+        """``member``'s written copy of ``message_id`` was dropped from its inbox file
+        before it read it (see :mod:`backchannel.delivery.inbox_watch`): may it be put
+        back? The answer carries the hub's stored message, so what is written back is
+        the hub's own words (an entry in the file that reuses the id says nothing about
+        them), and nothing when ``member`` has no written copy of it (the id names a
+        message to someone else, or a copy queued or dead, or chat taken in from a file).
+        The answer is recorded in the message's history (``inbox_put_back``)."""
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> PutBack:
+            tx = c.tx
+            msg = tx.get_message(team, message_id)
+            written = (DeliveryState.LEASED, DeliveryState.DELIVERED, DeliveryState.ACKED)
+            if msg is None or not any(
+                d.recipient.member == member and d.state in written
+                for d in tx.deliveries(team, message_id)
+            ):
+                return PutBack(None)
+            events = {ev.event for ev in tx.history(team, message_id) if ev.member == member}
+            if "leased" not in events:  # never written by the hub: chat taken from a file
+                return PutBack(None)
+            tx.add_history(team, DeliveryEvent(message_id, member, now, _PUT_BACK, detail))
+            return PutBack(msg)
+
+        return await self.env.transact(fn)
 
     async def lost_inbox_entry(self, team: str, message_id: str, member: str, reason: str) -> bool:
         """The copy of ``message_id`` for ``member``, written to its inbox file and counted
