@@ -595,6 +595,69 @@ async def test_only_the_hubs_own_words_are_put_back(tmp_path: Path) -> None:
         await hub.close()
 
 
+async def test_an_entry_put_back_is_not_put_back_again_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """That an entry was put back is in the store (a line of its history), not only in
+    the bridge's memory: after the hub and its bridge restart, the new bridge watches the
+    hub's unread entries already in the file, and the entry dropped a second time is
+    dead-lettered (its sender told), not put back again."""
+    root, db = tmp_path / "teams", tmp_path / "hub.db"
+    lead = inbox_path("t", "lead", root)
+    hub = Hub(SqliteStore(db), check_delivery=False, background=False)
+    await hub.start()
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for name in ["lead", "w1", "w2"]:
+        await hub.add_member(
+            "t", name, "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+        )
+
+    def read() -> list[dict[str, Any]]:
+        return json.loads(lead.read_text("utf-8"))
+
+    def drop_without_lock(mid: str) -> None:
+        lead.write_text(json.dumps([e for e in read() if e["msg_id"] != mid], indent=2))
+
+    d = Dispatcher(hub, rescan_s=0.1)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        await d.start()
+        InboxWriter(root).append("t", "lead", msg_id="early", from_="w1", text="unread")
+        await bridge.scan()
+        sent = await hub.send("t", "w2", "lead", "the hub's message", link=False)
+        mid = sent.message_id
+
+        async def written() -> bool:
+            return mid in {e["msg_id"] for e in read()} and await _state(hub, mid) != "leased"
+
+        await eventually(written, within=30, what="the hub's entry in the lead's inbox")
+        await bridge.scan()
+        drop_without_lock(mid)
+        await bridge.scan()
+        assert [e["msg_id"] for e in read()].count(mid) == 1, "put back once"
+    finally:
+        await d.stop()
+        await bridge.stop()
+        await hub.close()
+
+    hub = Hub(SqliteStore(db), check_delivery=False, background=False)
+    await hub.start()
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        await bridge.scan()  # the put-back entry is there, unread
+        drop_without_lock(mid)
+        await bridge.scan()
+        assert mid not in {e["msg_id"] for e in read()}, "not put back a second time"
+        assert await _state(hub, mid) == "dead"
+        notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
+        assert notice is not None and notice.to == "w2", "the sender is told"
+    finally:
+        await bridge.stop()
+        await hub.close()
+
+
 async def test_an_inboxes_directory_deleted_and_made_again_is_still_watched(
     tmp_path: Path,
 ) -> None:

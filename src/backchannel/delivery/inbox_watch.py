@@ -83,7 +83,6 @@ class _Dir:
     seen: dict[str, set[str]] = field(default_factory=dict)  # file -> ids taken in
     forgot_at: dict[str, float] = field(default_factory=dict)
     own: dict[str, dict[str, _Own]] = field(default_factory=dict)  # file -> the hub's entries
-    put_back: dict[str, set[str]] = field(default_factory=dict)  # file -> ids put back once
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +255,11 @@ class InboxBridge:
         unknown = set(result.unknown_senders)
         seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
         self.taken += len(result.messages)
-        if owner.reads_file and result.own_ids:
+        if owner.reads_file and (result.own_ids or result.own_before):
             own, index = d.own.setdefault(name, {}), {e["msg_id"]: i for i, e in enumerate(entries)}
-            for eid in result.own_ids:
+            for eid in (*result.own_ids, *result.own_before):  # before: taken in before a restart
                 if (i := index.get(eid)) is not None and entries[i].get("read") is not True:
-                    own[eid] = _Own(entries[i], _unread_chat_before(entries, i))
+                    own.setdefault(eid, _Own(entries[i], _unread_chat_before(entries, i)))
         present = [e["msg_id"] for e in entries]
         seen.intersection_update(present)
         now = time.monotonic()
@@ -313,10 +312,6 @@ class InboxBridge:
                 f"lock (made from a copy read before the entry was written), before "
                 f"{owner.member} read it"
             )
-            done = d.put_back.setdefault(name, set())
-            if eid in done:
-                await self._lost(owner, eid, f"{why}; it was put back once and dropped again")
-                continue
             try:
                 back = await self.hub.put_back_inbox_entry(owner.team, eid, owner.member, why)
             except BackchannelError as exc:
@@ -325,6 +320,9 @@ class InboxBridge:
                 continue
             if back.message is None:
                 continue  # no copy of the owner's: the id was not the hub's entry for it
+            if back.before:  # the store says so, whatever bridge put it back, restarts or not
+                await self._lost(owner, eid, f"{why}; it was put back once and dropped again")
+                continue
             m = back.message  # the hub's words, as the adapter wrote them, never the file's
             e, text = item.entry, message_text(m)
             stamp = e.get("timestamp")  # kept when the entry was the hub's, as written:
@@ -339,7 +337,6 @@ class InboxBridge:
             except (OSError, BackchannelError) as exc:  # InboxWriteError, I/O
                 await self._lost(owner, eid, f"{why}; putting it back failed: {exc}")
                 continue
-            done.add(eid)
             log.warning("inbox %s: %s; put it back", path, why)
             entry = {"msg_id": eid, "from": m.sender, "text": text, "timestamp": stamp}
             own[eid] = _Own(entry, _unread_chat_before(entries, len(entries)))

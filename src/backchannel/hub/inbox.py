@@ -75,14 +75,19 @@ class TakeResult:
     unknown_senders: tuple[str, ...] = ()  # left for later: not members of the team
     already: int = 0  # taken in before
     recipients: frozenset[str] = field(default_factory=frozenset)
+    #: ids of the hub's entries taken in before (a bridge started since watches them
+    #: too); only when the owner reads the file
+    own_before: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class PutBack:
     """The answer of :meth:`InboxFiles.put_back_inbox_entry`: the hub's message to write
-    back (None: the member has no written copy, there is nothing to put back)."""
+    back (None: the member has no written copy, there is nothing to put back), and
+    whether it was put back before (then it is not put back again)."""
 
     message: Message | None
+    before: bool = False
 
 
 #: The history event recording that a dropped inbox entry was put back.
@@ -130,11 +135,18 @@ class InboxFiles:
             unknown: set[str] = set()
             read: list[str] = []  # chat its owner reads from the file itself
             own: list[str] = []
+            own_before: list[str] = []
             already = 0
             for e in entries:
                 eid = str(e["msg_id"])
                 if eid in known:
                     already += 1
+                    if (
+                        owner_reads_file
+                        and (mine := tx.get_message(team, eid)) is not None
+                        and mine.meta.get("inbox") != inbox  # not chat taken from this file
+                    ):
+                        own_before.append(eid)
                     continue
                 known.add(eid)  # the same id twice in one file counts once
                 sender = _text(e.get("from"))
@@ -182,6 +194,7 @@ class InboxFiles:
                 tuple(sorted(unknown)),
                 already,
                 frozenset({owner} if made else ()),
+                own_before=tuple(own_before),
             )
 
         result = await self.env.transact(fn)
@@ -252,7 +265,9 @@ class InboxFiles:
         the hub's own words (an entry in the file that reuses the id says nothing about
         them), and nothing when ``member`` has no written copy of it (the id names a
         message to someone else, or a copy queued or dead, or chat taken in from a file).
-        The answer is recorded in the message's history (``inbox_put_back``)."""
+        A copy is put back once: the first answer records it in the message's history
+        (``inbox_put_back``), and every later one, whatever bridge or hub process asks
+        and after any restart, says it was (``before``)."""
         now = self.clock.now()
 
         def fn(c: Ctx) -> PutBack:
@@ -267,6 +282,8 @@ class InboxFiles:
             events = {ev.event for ev in tx.history(team, message_id) if ev.member == member}
             if "leased" not in events:  # never written by the hub: chat taken from a file
                 return PutBack(None)
+            if _PUT_BACK in events:
+                return PutBack(msg, before=True)
             tx.add_history(team, DeliveryEvent(message_id, member, now, _PUT_BACK, detail))
             return PutBack(msg)
 
