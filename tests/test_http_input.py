@@ -298,3 +298,60 @@ def test_nan_and_infinity_are_named_with_the_way_out_wherever_json_is_read() -> 
         parse_json(b'{"a": Nope}')
     with pytest.raises(json.JSONDecodeError, match="EOF"):
         parse_json(b'{"a": ')
+
+
+WRONG_TYPES = [
+    pytest.param({"content-type": "text/plain"}, id="text-plain"),
+    pytest.param({"content-type": "application/x-www-form-urlencoded"}, id="form"),
+    pytest.param({"content-type": "multipart/form-data; boundary=x"}, id="multipart"),
+    pytest.param({}, id="none"),
+]
+
+
+@pytest.mark.parametrize("headers", WRONG_TYPES)
+def test_a_json_body_under_another_content_type_is_refused_on_every_endpoint(
+    srv: Server, headers: dict[str, str]
+) -> None:
+    """The fast paths (a send, an ack, a receive, their batches) refuse a JSON body sent
+    as text or a form as the documented routes do: 422 naming the content type to use,
+    and nothing done (no message kept, none leased, none acked)."""
+    team = "typed-" + (headers.get("content-type", "none").split(";")[0].replace("/", "-"))
+    team = team.replace(".", "-")[:60]
+    tok = srv.team(team, "a", "b")
+    mid = f"typed-{team}"
+    with srv.client(tok["a"]) as a:
+        r = a.post("/v1/messages", json={"to": "b", "text": "held", "message_id": mid})
+        assert r.status_code == 201, r.text
+    refused = "send one with Content-Type: application/json"
+    with srv.client(tok["b"]) as b:
+        documented = _error(
+            b.post("/v1/sessions", content=json.dumps({"session_id": "s-1"}), headers=headers),
+            422,
+        )
+        assert refused in str(documented["message"])
+        bodies = {
+            "/v1/messages": {"to": "a", "text": "hi", "message_id": mid + "-x"},
+            "/v1/messages/batch": {
+                "messages": [{"to": "a", "text": "hi", "message_id": mid + "-y"}]
+            },
+            "/v1/inbox/receive": {"limit": 10},
+            "/v1/inbox/ack": {"message_ids": [mid]},
+            "/v1/inbox/ack/batch": {"message_ids": [mid]},
+        }
+        for path, body in bodies.items():
+            err = _error(b.post(path, content=json.dumps(body), headers=headers), 422)
+            assert err == documented, (path, err)
+        assert b.get(f"/v1/messages/{mid}-x").status_code == 404  # nothing was sent
+        assert b.get(f"/v1/messages/{mid}-y").status_code == 404
+        # the message is neither leased nor acked: a receive in JSON gets it
+        r = b.post("/v1/inbox/receive", json={"limit": 10})
+        assert r.status_code == 200, r.text
+        assert [m["message_id"] for m in r.json()["messages"]] == [mid]
+        # JSON with parameters, and a +json type, pass
+        for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+            r = b.post(
+                "/v1/inbox/ack",
+                content=json.dumps({"message_ids": [mid]}),
+                headers={"content-type": kind},
+            )
+            assert r.status_code == 200, (kind, r.text)

@@ -10,6 +10,7 @@ its body is over the size limit (413).
 
 from __future__ import annotations
 
+import email.message
 import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -88,8 +89,38 @@ async def react(message_id: MessageId, body: ReactionIn, api: AsMember) -> React
 # above kept for the OpenAPI description.
 
 
+def json_typed(request: Request, raw: bytes) -> None:
+    """Refuse a body not sent as JSON (``text/plain``, a form, no content type) as the
+    documented routes do (FastAPI reads such a body as bytes, which no model takes): 422
+    naming the content type to use. The usual header costs one compare; an empty body
+    needs none (as there)."""
+    kind = request.headers.get("content-type")
+    if kind == "application/json" or not raw or (kind and _is_json(kind)):
+        return
+    problem = {
+        "type": "model_attributes_type",
+        "loc": ("body",),
+        "msg": "Input should be a valid dictionary or object to extract fields from",
+        "input": raw,
+    }
+    raise RequestValidationError([problem])
+
+
+def _is_json(kind: str) -> bool:
+    """``kind`` names JSON as FastAPI reads it: ``application/json`` or
+    ``application/*+json``, with any parameters."""
+    message = email.message.Message()
+    message["content-type"] = kind
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
 async def read_body(request: Request, model: type[M]) -> M:
-    raw = await request.body() or b"null"
+    raw = await request.body()
+    json_typed(request, raw)
+    raw = raw or b"null"
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
@@ -105,6 +136,7 @@ async def read_python(request: Request, model: type[M]) -> M:
     it (:func:`parse_json`), then validated as Python, so a bad item is named in the
     same words ("a valid list", not "a valid array")."""
     raw = await request.body()
+    json_typed(request, raw)
     try:
         value = parse_json(raw) if raw else None
     except json.JSONDecodeError as e:
