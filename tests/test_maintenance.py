@@ -104,6 +104,41 @@ async def test_a_failing_job_is_set_aside_and_every_other_due_job_goes_on(
         assert await _take(hub, "a") == []
 
 
+async def test_a_timer_set_aside_after_failing_says_so_when_it_fires_late(
+    make_store: Callable[[], Store],
+) -> None:
+    """A timer whose firing failed on time, fired late from its retry, says it was set
+    aside and retried, not that the hub was not running (it was)."""
+    clock = FakeClock()
+    async with Hub(make_store(), clock=clock, background=False) as hub:
+        await _team(hub, "a")
+        bad = await hub.set_timer("t", "a", "a-s", "anchor", 5, "poisoned for a while")
+        await _set_payload(hub, bad.timer_id, intent="ponder")
+        clock.advance(5)
+        await hub.maintain()  # on time, and it fails
+        failing = hub.maintenance.failing()
+        assert [f.failures for f in failing] == [1]
+        await _set_payload(hub, bad.timer_id, intent="anchor")
+        clock.advance(failing[0].retry_at - clock.now())
+        await hub.maintain()
+        fired = await _got(hub, "a")
+        assert len(fired) == 1
+        lines = fired[0].message.text.splitlines()
+        assert lines[0] == "ANCHOR: poisoned for a while"
+        assert "not running" not in fired[0].message.text
+        assert "set aside after its firing failed (1 time)" in lines[1], lines
+        assert fired[0].message.meta["late_seconds"] >= 5
+        assert fired[0].message.meta["failures"] == 1
+
+        # a timer due while the hub was not running still says so
+        await hub.set_timer("t", "a", "a-s", "anchor", 5, "missed")
+        clock.advance(60)
+        await hub.maintain()
+        (late,) = await _got(hub, "a")
+        assert "the hub was not running when it was due" in late.message.text
+        assert "failures" not in late.message.meta
+
+
 async def test_health_says_degraded_while_a_job_is_set_aside() -> None:
     clock = FakeClock()
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:

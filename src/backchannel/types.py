@@ -256,6 +256,9 @@ class Job:
     #: the job with ``Tx.watching`` on each of that member's sends, and ends the watch
     #: with ``Tx.end_watch`` once the message it waited for came
     watch: str | None = None
+    #: how many times its firing failed before (maintenance set it aside and retries
+    #: it; see ``hub.maintenance``): given to its handler, never stored
+    failures: int = 0
 
 
 class LinkState(StrEnum):

@@ -186,14 +186,24 @@ def breadcrumb(
     now: float,
     set_at: float,
     peer: PeerView | None = None,
+    failures: int = 0,
 ) -> tuple[str, dict[str, Any]]:
-    """The text a firing timer shows its session, and its machine-readable facts."""
+    """The text a firing timer shows its session, and its machine-readable facts. A timer
+    late because its firing failed ``failures`` times (set aside by maintenance and
+    retried with backoff) says so; any other lateness is the hub's absence."""
     lines = [f"{intent.value.upper()}: {note}"]
     meta: dict[str, Any] = {"intent": intent.value, "due_at": due_at}
     late = now - due_at
     if late > LATE_AFTER:
-        lines.append(f"(late by {_ago(late)}: the hub was not running when it was due)")
+        if failures:
+            times = f"{failures} time{'s' if failures > 1 else ''}"
+            why = f"it was set aside after its firing failed ({times}) and retried"
+        else:
+            why = "the hub was not running when it was due"
+        lines.append(f"(late by {_ago(late)}: {why})")
         meta["late_seconds"] = round(late, 3)
+    if failures:
+        meta["failures"] = failures
     if intent is Intent.CHECK and peer is not None:
         s = peer.session
         if s is None:

@@ -354,14 +354,17 @@ class Maintenance:
     def _fire(self, c: Ctx, handlers: Mapping[str, JobHandler], job: Job, now: float) -> None:
         """Fire one due job in ``c``'s transaction. A job set aside after failing is
         handed to its handler as it was scheduled (its own due time, its payload without
-        the failure record). Raises whatever its handler raises, and
+        the failure record), with the count of its failures (so a timer fired late from
+        a retry says why it is late). Raises whatever its handler raises, and
         :class:`UnknownJobKind` for a kind this hub has no handler for."""
         failed = job.payload.get(FAILURE_KEY)
         if failed is not None:
             payload = {k: v for k, v in job.payload.items() if k != FAILURE_KEY}
             due = failed.get("due_at") if isinstance(failed, Mapping) else None
             due_at = float(due) if isinstance(due, int | float) else job.due_at
-            job = dataclasses.replace(job, payload=payload, due_at=due_at)
+            count = failed.get("failures") if isinstance(failed, Mapping) else None
+            failures = count if isinstance(count, int) and count > 0 else 1
+            job = dataclasses.replace(job, payload=payload, due_at=due_at, failures=failures)
         handler = handlers.get(job.kind)
         if handler is None:
             raise UnknownJobKind(

@@ -329,6 +329,7 @@ class Timers:
             now=now,
             set_at=timer.set_at,
             peer=peer,
+            failures=job.failures,
         )
         meta["timer_id"] = job.job_id
         msg = notices.timer(job.team, timer.member, s.session_id, job.job_id, text, meta, now)
