@@ -77,6 +77,38 @@ async def test_survey_team_end_to_end_over_a_real_hub(server: Server, tmp_path: 
     assert any(k.startswith("lead-main--") for k in sessions), "delegations ran in sub-sessions"
 
 
+async def test_the_live_table_prints_session_ids_whole_when_not_a_terminal(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written to a file or a pipe (no terminal, so no width to fit), the progress table
+    shows every session id whole on one line: a delegation's sub-session id is longer
+    than a column of an 80-column table."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    team = load_team(ROOT / "examples" / "survey-team.yaml")
+    shown = io.StringIO()
+    console = Console(file=shown)
+    assert not console.is_terminal and console.width == 80
+    result = await run_team(
+        team,
+        "Survey this repository.",
+        url=server.url,
+        admin_token=server.admin_token,
+        workspace=_workspace(tmp_path),
+        time_limit=60,
+        team_name="survey-plain",
+        console=console,
+    )
+    lines = shown.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if "team survey" in line)
+    table = lines[start:]
+    ids = [s["session"] for s in result.sessions]
+    assert any(len(i) >= 40 for i in ids), ids  # sub-sessions of delegations
+    for sid in ids:
+        rows = [line for line in table if f" {sid} " in line]
+        assert len(rows) == 1, (sid, table)
+    assert not any("\u2026" in line for line in table), table
+
+
 async def _hub_with(team_yaml: str) -> tuple[Hub, Runner, dict[str, object]]:
     team = parse_team(team_yaml)
     hub = Hub(MemoryStore())

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 
 from backchannel.client import Client
@@ -85,6 +86,24 @@ def progress(runner: Runner, extra: dict[str, Any]) -> Group:
     return Group(table, line)
 
 
+#: Wider than any table the runner shows: the room :class:`Unbounded` measures in.
+_ROOM = 100_000
+
+
+class Unbounded:
+    """``renderable`` laid out at its own width, whatever the console's. Written to a
+    file or a pipe there is no terminal to fit, only the 80 columns rich assumes, into
+    which a table would cut its longest cells short (a delegation's sub-session id);
+    printed whole, each id stays on its row, uncut."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = Measurement.get(console, options.update(width=_ROOM), self.renderable).maximum
+        yield from console.render(self.renderable, options.update(width=width))
+
+
 async def run_team(
     team: TeamFile,
     task: str,
@@ -142,8 +161,14 @@ async def run_team(
                 live.update(progress(runner, counts))
                 await asyncio.sleep(0.5)
 
+        # no terminal: the live display shows nothing, and the last table is printed
+        # whole once the run ends (a terminal keeps the last one the live display drew)
+        terminal = console.is_terminal
         with Live(
-            progress(runner, counts), console=console, refresh_per_second=4, transient=False
+            progress(runner, counts),
+            console=console,
+            refresh_per_second=4,
+            transient=not terminal,
         ) as live:
             ticker = asyncio.create_task(refresh(live))
             try:
@@ -153,6 +178,8 @@ async def run_team(
                 with contextlib.suppress(asyncio.CancelledError):
                     await ticker
                 live.update(progress(runner, counts))
+        if not terminal:
+            console.print(Unbounded(progress(runner, counts)), crop=False)
         return await report(runner, hosted, user, name, ended)
     finally:
         for c in clients.values():

@@ -50,7 +50,9 @@ Policy = Callable[[ScriptContext], ModelReply | Awaitable[ModelReply]]
 
 
 def call(name: str, **arguments: Any) -> ToolCall:
-    return ToolCall("call_" + uuid.uuid4().hex[:12], name, arguments)
+    # as long as a real model's call id ("call_" and 24 characters), which names the
+    # sub-session of a delegation: what shows them shows ids this long
+    return ToolCall("call_" + uuid.uuid4().hex[:24], name, arguments)
 
 
 def say(text: str) -> ModelReply:
