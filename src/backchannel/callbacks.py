@@ -157,23 +157,13 @@ class CallbackConfig:
                 services[name] = dataclasses.replace(services[name], token=token)
         where = "BACKCHANNEL_CALLBACK_TEAMS"
         for name, teams in _pairs(env.get(where, ""), where).items():
-            if name not in services:
-                raise InvalidRequest(
-                    f"{where}: {name!r} is not a registered callback service; register it "
-                    "in BACKCHANNEL_CALLBACKS or the config file first"
-                )
             services[name] = dataclasses.replace(
-                services[name], teams=_teams(name, teams.split("+"), where)
+                _registered(services, name, where), teams=_teams(name, teams.split("+"), where)
             )
         where = "BACKCHANNEL_CALLBACK_MEMBERS"
         for name, member in _pairs(env.get(where, ""), where).items():
-            if name not in services:
-                raise InvalidRequest(
-                    f"{where}: {name!r} is not a registered callback service; register it "
-                    "in BACKCHANNEL_CALLBACKS or the config file first"
-                )
             services[name] = dataclasses.replace(
-                services[name], member=_member(name, member, where)
+                _registered(services, name, where), member=_member(name, member, where)
             )
         retry = RetryPolicy(**{k: float(v) for k, v in (data.get("retry") or {}).items()})
         return cls(
@@ -234,6 +224,17 @@ def _retention(value: Any) -> float:
             "BACKCHANNEL_DELEGATION_RETENTION (or delegation_retention in the config file)"
         )
     return seconds
+
+
+def _registered(services: Mapping[str, Service], name: str, where: str) -> Service:
+    """The service ``name`` that the environment variable ``where`` sets more of; one
+    not registered is refused, naming where to register it."""
+    if name not in services:
+        raise InvalidRequest(
+            f"{where}: {name!r} is not a registered callback service; register it "
+            "in BACKCHANNEL_CALLBACKS or the config file first"
+        )
+    return services[name]
 
 
 def _pairs(text: str, where: str) -> dict[str, str]:

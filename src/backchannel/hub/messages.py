@@ -597,6 +597,23 @@ class Messages:
             c.watched(team)
         return result
 
+    @staticmethod
+    def _release(tx: Tx, team: str, member: str, ids: Iterable[str], now: float) -> int:
+        """Give ``member``'s leased copies of ``ids`` back to the queue, inside a
+        transaction (:meth:`release`, a hook answer settled); how many went back."""
+        return sum(
+            tx.transition(
+                team,
+                mid,
+                member,
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=now,
+                event="released",
+            )
+            for mid in dict.fromkeys(ids)
+        )
+
     async def release(
         self, team: str, member: str, message_ids: Sequence[str], *, owner: str | None = None
     ) -> int:
@@ -607,18 +624,7 @@ class Messages:
         def fn(tx: Tx) -> int:
             if not owns(tx, team, member, owner):
                 return 0
-            return sum(
-                tx.transition(
-                    team,
-                    mid,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.QUEUED,
-                    now=now,
-                    event="released",
-                )
-                for mid in dict.fromkeys(message_ids)
-            )
+            return Messages._release(tx, team, member, message_ids, now)
 
         n = await self.store.transact(fn)
         if n:

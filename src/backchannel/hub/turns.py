@@ -31,7 +31,6 @@ from backchannel.hub.quotas import Quotas
 from backchannel.hub.sessions import Sessions
 from backchannel.types import (
     HUB_SENDER,
-    DeliveryState,
     EventKind,
     InboxMessage,
     Job,
@@ -256,20 +255,8 @@ class Turns:
             acked = [i for i in ids if i in taken]
             if acked:
                 Messages._ack(c, team, member, acked, now)
-            for mid in ids:
-                if mid in acked:
-                    continue
-                back = c.tx.transition(
-                    team,
-                    mid,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.QUEUED,
-                    now=now,
-                    event="released",
-                )
-                if back:
-                    c.wake(team, member)
+            if Messages._release(c.tx, team, member, [i for i in ids if i not in acked], now):
+                c.wake(team, member)
             meta = {**s.meta, HANDED: {**record, SETTLED: acked}}
             c.tx.put_session(dataclasses.replace(s, meta=meta))
             return frozenset(acked)
