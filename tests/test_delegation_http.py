@@ -807,6 +807,82 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
         rec_ops.close()
 
 
+def test_a_task_names_a_bound_callback_service_only_as_its_member(tmp_path: Path) -> None:
+    """A service whose ``member:`` names the member of this hub its tasks come in as
+    (``BACKCHANNEL_CALLBACK_MEMBERS``) is that member's: another member of the team that
+    names it as the ``callbackService`` of a task is refused (403, naming the service, the
+    member it is bound to and the way out), no task is started and nothing is sent to the
+    service's URL, where the answer would go to a hub that never asked; the bound member
+    itself is taken and answered. A member of another team is refused by ``teams:`` first,
+    and is not told the member."""
+    rec = ReplyRecorder()
+    hub_b = start_server(
+        tmp_path / "b",
+        env={
+            "BACKCHANNEL_SERVICE_NAME": "hub-b",
+            "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
+            "BACKCHANNEL_CALLBACKS": f"hub-a={rec.url}",
+            "BACKCHANNEL_CALLBACK_TEAMS": "hub-a=workers",
+            "BACKCHANNEL_CALLBACK_MEMBERS": "hub-a=peer-a",
+        },
+    )
+    try:
+        with hub_b.client() as admin:
+            admin.post("/v1/teams", json={"name": "workers"})
+            admin.post("/v1/teams", json={"name": "ops"})
+            worker = _member(admin, "workers", "worker")
+            peer = _member(admin, "workers", "peer-a")
+            other = _member(admin, "workers", "other")
+            _member(admin, "ops", "worker")
+            ops = _member(admin, "ops", "opsbot")
+
+        def chat(c: httpx.Client, tuid: str) -> httpx.Response:
+            return c.post(
+                "/api/chat",
+                json={
+                    "agent": "worker",
+                    "message": f"task {tuid}",
+                    "session_id": "lead-s",
+                    "tool_use_id": tuid,
+                    "reply": {"callbackService": "hub-a", "bearerToken": f"reply-{tuid}"},
+                },
+            )
+
+        with (
+            hub_b.client(peer) as p,
+            hub_b.client(other) as o,
+            hub_b.client(worker) as w,
+            hub_b.client(ops) as x,
+        ):
+            refused = chat(o, "tu_other")
+            assert refused.status_code == 403, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "callback_service_not_allowed", error
+            assert "'hub-a'" in error["message"] and "'peer-a'" in error["message"], error
+            assert "BACKCHANNEL_CALLBACK_MEMBERS=hub-a=" in error["message"], error
+            assert (error["service"], error["member"]) == ("hub-a", "peer-a"), error
+            assert w.get("/v1/delegations").json()["delegations"] == []
+            assert w.get("/v1/sessions").json()["sessions"] == []
+            elsewhere = chat(x, "tu_ops")
+            assert elsewhere.status_code == 403, elsewhere.text
+            assert elsewhere.json()["error"]["code"] == "callback_service_not_allowed"
+            assert "peer-a" not in elsewhere.text, "another team's member is not told"
+            ok = chat(p, "tu_own")
+            assert ok.status_code == 202, ok.text
+            assert _answer_each(w, "worker", 1) == ["task tu_own"]
+            replies = eventually_blocking(
+                lambda: list(rec.got) or None, what="the answer at the service", within=20
+            )
+            assert [(bearer, body["result"]) for _, bearer, body in replies] == [
+                ("reply-tu_own", "done: task tu_own")
+            ]
+            listed = w.get("/v1/delegations").json()["delegations"]
+            assert [(d["caller"], d["state"]) for d in listed] == [("peer-a", "answered")]
+    finally:
+        hub_b.stop()
+        rec.close()
+
+
 def test_the_config_file_registers_a_service_for_teams(tmp_path: Path) -> None:
     from backchannel.callbacks import CallbackConfig
     from backchannel.errors import InvalidRequest, ServiceNotAllowed

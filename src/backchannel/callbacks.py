@@ -29,7 +29,9 @@ with :class:`~backchannel.errors.ServiceNotAllowed`); a service without ``teams`
 every team's, as the operator's hub-wide peer. ``member`` names the member of this hub
 the service's tasks come in as (the other hub's member of the team, when it is not named
 like the service), so the pair budget counts a task out and a task in as one pair's; a
-task for the service is refused while it names no agent of the caller's team.
+task for the service is refused while it names no agent of the caller's team, and a task
+sent here that names the service as its ``callbackService`` is taken only from that
+member (:meth:`CallbackConfig.resolve_reply`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,27 @@ class CallbackConfig:
                 "registers services in BACKCHANNEL_CALLBACKS or the config file, which the hub "
                 "reads when it starts (restart it after a change).",
                 service=name,
+            )
+        return svc
+
+    def resolve_reply(self, name: str, *, team: str, caller: str) -> Service:
+        """The service a task ``caller`` sends here (``/api/chat``) names as its
+        ``callbackService``: one ``team`` may use (:meth:`resolve`) and, when its
+        ``member:`` binds it to a member, one ``caller`` is, or ``ServiceNotAllowed``
+        (403). Its tasks come in as that member, so another member naming it would have
+        answers sent to a hub that never asked, and its task counted against its own
+        pair rather than the service's."""
+        svc = self.resolve(name, team=team)
+        if svc.member is not None and svc.member != caller:
+            raise ServiceNotAllowed(
+                f"callback service {name!r} is bound to member {svc.member!r} (its member: "
+                f"setting): only {svc.member!r} names it as the callbackService of a task, "
+                f"and {caller!r} is not {svc.member!r}; send the task with {svc.member!r}'s "
+                f"token, or name the service registered for {caller!r}, or the operator "
+                "changes the service's member: (in the config file, or "
+                f"BACKCHANNEL_CALLBACK_MEMBERS={name}=...) and restarts the hub.",
+                service=name,
+                member=svc.member,
             )
         return svc
 

@@ -17,7 +17,7 @@ work" and "delivery cannot succeed" are kept apart::
     │   ├── Forbidden                403 forbidden: authenticated, but not allowed
     │   │   ├── AnchorRequired       403 anchor_required: set an anchor timer before messaging a linked peer
     │   │   ├── TranscriptRefused    403 transcript_refused: not a transcript this hook may read
-    │   │   └── ServiceNotAllowed    403 callback_service_not_allowed: registered for other teams
+    │   │   └── ServiceNotAllowed    403 callback_service_not_allowed: other teams' or another member's
     │   ├── NotFound                 404 not_found
     │   │   ├── UnknownTeam          404 unknown_team
     │   │   ├── UnknownMember        404 unknown_member
@@ -149,7 +149,8 @@ class Forbidden(RequestError):
 
 
 class ServiceNotAllowed(Forbidden):
-    """A callback service registered for other teams than the caller's."""
+    """A callback service registered for other teams than the caller's, or bound (its
+    ``member:``) to another member than the caller."""
 
     code = "callback_service_not_allowed"
 

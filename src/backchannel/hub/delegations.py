@@ -347,9 +347,10 @@ class Delegations:
         task in: the task goes on in it at that hop, so the chain budget holds across
         hubs (past it, the task is refused like any send). Without it the task starts a
         new chain at hop 0."""
-        # refused at ingress when unknown, or when it is another team's: a member names
-        # only a service its own team may use (nothing is called back at another's)
-        self.callbacks.resolve(reply_service, team=team)
+        # refused at ingress when unknown, when it is another team's, or when its
+        # member: binds it to another member: a member names only a service its own team
+        # may use and that is not another member's (nothing is called back at another's)
+        self.callbacks.resolve_reply(reply_service, team=team, caller=caller)
         carried = budget_rules.check_chain(chain)
         if not isinstance(reply_token, str) or not reply_token:
             raise InvalidRequest("reply.bearerToken is missing", field="reply.bearerToken")
