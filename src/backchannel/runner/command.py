@@ -139,14 +139,17 @@ async def run_team(
         user = clients["user"]
         hosted = {m.name: clients[m.name] for m in team.members if m.name in clients}
         counts: dict[str, Any] = {}
+        # no terminal: no width to fit, only rich's 80 columns, which would split a long
+        # story line (a session id, a task) in two; each is printed whole, as the table is
+        whole = not console.is_terminal
         runner = Runner(
             team,
             hosted,
             workspace=workspace,
             timeout=time_limit,
             quiet_seconds=quiet_seconds,
-            note=lambda line: console.print(f"[red]{line}[/red]"),
-            story=lambda line: console.print(line, markup=False),
+            note=lambda line: console.print(f"[red]{line}[/red]", soft_wrap=whole),
+            story=lambda line: console.print(line, markup=False, soft_wrap=whole),
         )
 
         async def refresh(live: Live) -> None:
