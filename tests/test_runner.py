@@ -14,7 +14,7 @@ from rich.console import Console
 from backchannel.client import Client, attach
 from backchannel.errors import ModelError
 from backchannel.hub import Hub
-from backchannel.runner.command import run_team
+from backchannel.runner.command import print_line, run_team
 from backchannel.runner.host import Runner, SessionLoop
 from backchannel.runner.scripted import call, use
 from backchannel.runner.teamfile import load_team, parse_team
@@ -674,3 +674,18 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
         await user.close()
         proxy.close()
         srv.stop()
+
+
+@pytest.mark.parametrize("style", ["", "red"], ids=["story", "note"])
+def test_a_story_or_note_line_is_printed_as_written(style: str) -> None:
+    """A note is an error's words, a story line may quote a model's: rich markup in
+    them dropped what looked like a tag (a name's rule ``[a-z0-9-]``, a ``[From
+    user]``-like id ``[tu_1]``) and a closing tag (``[/b]``) failed the run with a
+    ``MarkupError``; a terminal control sequence went to the terminal as is."""
+    shown = io.StringIO()
+    console = Console(file=shown, width=200)
+    line = "lead: name must match [a-z0-9-]+, [tu_1] refused [/b] \x1b[2J"
+    print_line(console, line, style=style)
+    out = shown.getvalue()
+    assert "must match [a-z0-9-]+, [tu_1] refused [/b]" in out, out
+    assert "\x1b[2J" not in out, repr(out)

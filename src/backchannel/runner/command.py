@@ -23,6 +23,14 @@ from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile
 
 
+def print_line(console: Console, line: str, *, style: str = "", whole: bool = False) -> None:
+    """One line of the run's story or notes, as written: its words may come from a
+    model or an error (``[From user]``, ``[a-z]``, ``[/b]``), so nothing in it is read
+    as rich markup (which would drop it, or fail the run), and control characters are
+    shown, not sent to the terminal. ``whole``: never wrapped (no terminal)."""
+    console.print(printable(line), style=style, markup=False, soft_wrap=whole)
+
+
 @dataclass
 class RunResult:
     team: str
@@ -148,8 +156,8 @@ async def run_team(
             workspace=workspace,
             timeout=time_limit,
             quiet_seconds=quiet_seconds,
-            note=lambda line: console.print(f"[red]{line}[/red]", soft_wrap=whole),
-            story=lambda line: console.print(line, markup=False, soft_wrap=whole),
+            note=lambda line: print_line(console, line, style="red", whole=whole),
+            story=lambda line: print_line(console, line, whole=whole),
         )
 
         async def refresh(live: Live) -> None:
