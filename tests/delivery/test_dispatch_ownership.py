@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -428,3 +429,65 @@ async def test_a_cancelled_receives_late_lease_holds_nothing_past_a_claim(
         await eventually(queued, what="the copies back in the queue")
         got = await (b if claimer == "b" else a).receive("t", "p", limit=10, owner=claimer)
         assert [g.message.text for g in got] == ["m0", "m1"]
+
+
+class _OffsetClock:
+    """The wall clock, ``offset`` seconds off (a host whose clock is not in sync)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("owner_off", "other_off"), [(0.0, 3.0), (-3.0, 0.0)], ids=["other-ahead", "owner-behind"]
+)
+async def test_hubs_whose_clocks_differ_never_take_a_live_owners_member(
+    new_postgres_url: Callable[[], str], owner_off: float, other_off: float
+) -> None:
+    """Hubs on one PostgreSQL whose clocks differ by more than the push-delivery lease
+    (but less than the skew that stops a hub from starting): the lease runs by the
+    database's clock, so a hub ahead (or an owner behind) never sees the live owner's
+    lease as run out, and one member is pushed by one hub, until that hub stops."""
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    pushed = Pushed()
+    a = Hub(PostgresStore(url), clock=_OffsetClock(owner_off), check_delivery=False)
+    b = Hub(PostgresStore(url), clock=_OffsetClock(other_off), check_delivery=False)
+    async with a, b:
+        await a.create_team("t", settings={"anchor_policy": "off"})
+        await a.add_member("t", "p", delivery={"type": "record"})
+
+        def dispatcher(hub: Hub, name: str) -> Dispatcher:
+            # a 2 s lease, renewed every half second; the clocks are 3 s apart
+            return Dispatcher(
+                hub, adapters=_adapters(pushed, name), owner=name, ownership_s=2.0,
+                rescan_s=LONG, wait_s=0.2, grace_s=2.0,
+            )  # fmt: skip
+
+        da, db = dispatcher(a, "a"), dispatcher(b, "b")
+        await da.start()
+        try:
+            assert await _owner(a) == "a"
+            await db.start()
+            await db.rescan()
+            assert await _owner(b) == "a", "b took the member from a live owner"
+            assert db.status() == []
+            for i in range(3):
+                await a.send("t", "user", "p", f"m{i}", link=False)
+            await _pushed(pushed, 3)
+            await db.rescan()
+            assert await _owner(b) == "a"
+            await da.stop()  # a gives p up: b takes it on its next scan
+            await db.rescan()
+            assert await _owner(b) == "b"
+            await b.send("t", "user", "p", "m3", link=False)
+            await _pushed(pushed, 4)
+        finally:
+            await da.stop()
+            await db.stop()
+        assert pushed.got == [("a", "m0"), ("a", "m1"), ("a", "m2"), ("b", "m3")]

@@ -7,15 +7,20 @@ and runs the member's worker only while this hub holds it:
 
 * a claim succeeds when nobody holds the lease, its owner gave it up, its
   ``lease_until`` has passed, or this hub already holds it (a renewal); the dispatcher
-  claims on every scan, at least every quarter of the lease;
+  claims on every scan, at least every quarter of the lease. Where hubs on several
+  hosts share the store (PostgreSQL), a lease's start and end are the database's clock,
+  read in the claiming transaction, not the hub's: hub clocks may differ by up to
+  :data:`~backchannel.hub.maintenance.MAX_CLOCK_SKEW`, more than a lease lasts, and a
+  hub ahead would otherwise take a live owner's member (two hubs pushing to one member);
 * a hub that *starts* pushing to a member (a takeover, or a worker started again) returns
   the member's ``leased`` copies to the queue in the same transaction
   (``Tx.requeue_leased``), so copies a crashed owner held go out first, in send order;
 * a worker pushes only while :meth:`Ownership.holds` says so: until
   :data:`PUSH_WINDOW` of the lease has passed since the claim began, on this hub's own
   clock. The rest of the lease is margin, so a hub that cannot renew (its store is
-  unreachable, its process is frozen) stops pushing before another can take over, as
-  long as hub clocks agree to within that margin;
+  unreachable, its process is frozen) stops pushing before another can take over (the
+  window is measured on this hub's clock, the lease on the database's: only their rates
+  need agree);
 * the worker's ``receive`` leases only while the store names this hub as the owner,
   checked in the leasing transaction: a hub that lost the member cannot lease new copies,
   whatever its clock says. So with every record the worker makes on a copy (delivered,
@@ -52,8 +57,9 @@ log = logging.getLogger("backchannel.delivery.ownership")
 #: Default length of a hub's lease on a member's push delivery, in seconds: a crashed
 #: hub's members move to another hub within about this long.
 OWNERSHIP_S = 10.0
-#: The part of the lease during which its holder pushes; the rest is margin for clock
-#: drift between hubs and for a renewal that is slow to commit.
+#: The part of the lease during which its holder pushes, from before the claim began;
+#: the rest is margin for a renewal that is slow to commit, or a hub that stopped
+#: renewing (its store unreachable, its process frozen).
 PUSH_WINDOW = 0.75
 
 Key = tuple[str, str]
@@ -62,6 +68,14 @@ Key = tuple[str, str]
 def hub_id() -> str:
     """A name for this hub process, unique across hosts and restarts."""
     return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+def _database_now(tx: Tx) -> float | None:
+    """The clock of the database hubs on several hosts share, read in ``tx``
+    (PostgreSQL's, see :meth:`~backchannel.stores.base.Store.database_time`); ``None``
+    for a store only hubs on one host open (their clock is the host's)."""
+    clock = getattr(tx, "database_time", None)
+    return float(clock()) if callable(clock) else None
 
 
 class Ownership:
@@ -93,18 +107,24 @@ class Ownership:
         keys = sorted(set(wanted))
         gone = sorted(set(drop) - set(keys))
         now = self.hub.clock.now()
-        until = now + self.lease_s
-        owner = self.owner
+        owner, lease_s = self.owner, self.lease_s
         if not keys and not gone:
             self._until = {}
             return set()  # no push members: no transaction (and no commit) at all
+        shared = getattr(self.hub.clock, "follows_wall_clock", True)
 
         def fn(tx: Tx) -> tuple[list[Key], list[tuple[Key, str | None, int]]]:
             got: list[Key] = []
             moved: list[tuple[Key, str | None, int]] = []
+            # the leases start and end by the database's clock where hubs on several
+            # hosts share it: by its own, a hub whose clock is off by more than the lease
+            # (less than MAX_CLOCK_SKEW) would see the live owner's lease as run out, or
+            # write one the others see so, and two hubs would push to one member
+            database = _database_now(tx) if shared else None
+            at = now if database is None else database
             for key in keys:  # sorted: PostgreSQL takes team locks in one order
                 prev = tx.dispatch_owner(*key)
-                if not tx.claim_dispatch(*key, owner, now, until):
+                if not tx.claim_dispatch(*key, owner, at, at + lease_s):
                     continue
                 got.append(key)
                 if prev is None or prev[0] != owner or key not in running:
