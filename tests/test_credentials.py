@@ -238,3 +238,62 @@ async def test_a_revocation_by_another_hub_on_the_store_wakes_the_requests_that_
             await eventually(gone.is_set, what="the other hub to see the revocation")
             assert other.is_set() == (how == "remove team")
             assert worker.token_hash in two.revoked
+
+
+async def test_a_token_rotated_by_another_hub_on_one_sqlite_file_is_refused_once_heard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that does not wait authenticates through the process's token cache. Two
+    hubs on one SQLite file, as two processes are: once the second hears that the first
+    committed (SQLite says no more than that), it forgets its cached tokens, so the old
+    token is refused there too. The clock here never moves, so the cache's own expiry
+    never helps. With nothing changed, a cached token is answered with no store read; a
+    read under way when the change is heard caches nothing."""
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import eventually
+
+    clock = FakeClock()
+    async with (
+        Hub(SqliteStore(tmp_path / "shared.db"), clock=clock, background=False) as one,
+        Hub(SqliteStore(tmp_path / "shared.db"), clock=clock, background=False) as two,
+    ):
+        await one.create_team("crew")
+        _, old = await one.add_member("crew", "worker")
+        assert (await two.authenticate(old)) is not None  # now cached in two
+        new = await one.rotate_token("crew", "worker")
+
+        async def refused() -> bool:
+            return await two.authenticate(old) is None
+
+        await eventually(refused, what="the other hub to refuse the rotated token")
+
+        reads: list[object] = []
+        real = two.store.read
+
+        def counted(fn: Callable[..., object]) -> object:
+            reads.append(fn)
+            return real(fn)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(two.store, "read", counted)
+
+        async def cached() -> bool:
+            n = len(reads)
+            assert (await two.authenticate(new)) is not None
+            return len(reads) == n
+
+        await eventually(cached, what="the new token answered from the cache")
+
+        # a change heard while a read is under way: its answer is not cached
+        async def heard_midway(fn: Callable[..., object]) -> object:
+            reads.append(fn)
+            got = await real(fn)  # type: ignore[arg-type]
+            two.admin.on_external_change(None, None)
+            return got
+
+        two.members.forget_tokens()
+        monkeypatch.setattr(two.store, "read", heard_midway)
+        assert (await two.authenticate(new)) is not None
+        monkeypatch.setattr(two.store, "read", counted)
+        n = len(reads)
+        assert (await two.authenticate(new)) is not None
+        assert len(reads) == n + 1, "an answer read before the change was heard was cached"

@@ -231,11 +231,15 @@ class Admin:
         one it cannot attribute (``(None, None)``: SQLite's, or a fallback), may have
         revoked a token a request of this process waits with: look the watched tokens
         of that team (or of all) up again, at most every :data:`CHECK_INTERVAL`. A
-        change to one member's inbox is a delivery, and revokes nothing."""
+        change to one member's inbox is a delivery, and revokes nothing.
+
+        Either kind also forgets the cached tokens (of that team, or all): a request that
+        does not wait is refused with a rotated token as soon as this process hears,
+        not when the cache's answer is ``TOKEN_CACHE_SECONDS`` old. With nothing
+        changed, the cache answers with no store read."""
         if member is not None:
             return
-        if team is not None:
-            self.members.forget_tokens(team)  # cached answers of the team may be stale
+        self.members.forget_tokens(team)  # cached answers (of the team) may be stale
         if not self._waiting:
             return
         self._recheck.add(team)

@@ -33,7 +33,10 @@ def hash_token(token: str) -> str:
 
 
 #: How long an authenticated token is remembered. A rotation or removal clears this
-#: process's cache at once; other hub processes on the same store forget within this.
+#: process's cache at once; another hub process on the same store clears its own when
+#: the store tells it of the change (PostgreSQL's notification; on SQLite, which says
+#: only that another process committed, within a quarter second of any such commit),
+#: and within this at the latest.
 TOKEN_CACHE_SECONDS = 5.0
 
 
@@ -56,9 +59,12 @@ class Members:
         self.check_delivery = check_delivery
         self.delivery_checks = DeliveryChecks()
         self._tokens: dict[str, _Cached] = {}
+        self._forgot = 0  # how often the cache was forgotten: a read under way then caches nothing
 
     def forget_tokens(self, team: str | None = None) -> None:
-        """Forget the cached tokens (of ``team``'s members only, if given)."""
+        """Forget the cached tokens (of ``team``'s members only, if given), and the
+        answers of reads under way (they may have read before the change)."""
+        self._forgot += 1
         if team is None:
             self._tokens.clear()
         else:
@@ -208,14 +214,15 @@ class Members:
         :meth:`authenticate` answers, for a caller that kept only the hash (a dashboard's
         ticket, a request that waits and asks again). A token rotated or removed in this
         process is refused at once (the cache is forgotten); in another hub process on
-        the same store, within ``TOKEN_CACHE_SECONDS`` (on PostgreSQL, as soon as its
-        notification comes)."""
+        the same store, as soon as the store tells this one of the change (see
+        ``TOKEN_CACHE_SECONDS``)."""
         now = self.clock.now()
         cached = self._tokens.get(digest)
         if cached is not None and cached.until > now:
             return cached.member
+        forgot = self._forgot
         member = await self.store.read(lambda tx: tx.member_by_token_hash(digest))
-        if member is not None:
+        if member is not None and forgot == self._forgot:
             if len(self._tokens) > 10_000:
                 self._tokens.clear()
             self._tokens[digest] = _Cached(member, now + TOKEN_CACHE_SECONDS)

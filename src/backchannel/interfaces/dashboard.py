@@ -215,8 +215,9 @@ class Watcher:
     """Whom a stream's ticket spoke for when it opened, checked again as the stream
     goes on, as a bearer token is (:meth:`Hub.member_of_token`, the cache bearer tokens
     use): a token rotated or a member removed by this process counts at once, by
-    another process once the cache's answer is :data:`TOKEN_CACHE_SECONDS` old, so a
-    replay of a long history is not a store read an event."""
+    another process once the store tells this one of the change (the cache is then
+    forgotten; :data:`TOKEN_CACHE_SECONDS` old at the latest), so a replay of a long
+    history is not a store read an event."""
 
     def __init__(self, hub: Hub, team: str, who: Principal) -> None:
         self.hub, self.team, self.who = hub, team, who
