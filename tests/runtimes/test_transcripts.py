@@ -267,3 +267,31 @@ def test_a_transcript_behind_the_stop_names_no_turn(claude_dir: Path) -> None:
     assert _claude_stop_id(claude_dir, _turn(1), "Something else.") is None
     no_uuid = [{k: v for k, v in e.items() if k != "uuid"} for e in _turn(1)]
     assert _claude_stop_id(claude_dir, no_uuid, "Looked.\nDone.") is None
+
+
+def _sidechain(n: int) -> list[dict[str, object]]:
+    """A subagent's exchange, which Claude Code writes to the session's transcript marked
+    ``isSidechain`` (a background task's may come after the turn's own answer)."""
+    entries = [
+        _entry("user", f"sc{n}-ask", f"subagent task {n}"),
+        _entry("assistant", f"sc{n}-end", [{"type": "text", "text": "Subagent done."}], f"sm{n}"),
+    ]
+    return [{**e, "isSidechain": True} for e in entries]
+
+
+def test_a_subagents_messages_in_the_transcript_are_not_the_turns_answer(
+    claude_dir: Path,
+) -> None:
+    """A subagent's messages written after the turn's answer are neither its closing text
+    nor what names its stop: they are the subagent's, not the session's model's."""
+    entries = _turn(1)
+    entries = entries[:5] + _sidechain(1) + entries[5:] + _sidechain(2)
+    assert _claude_stop_id(claude_dir, entries, "Looked.\nDone.") == "a1-end"
+    transcript = claude_dir / "s.jsonl"
+    assert last_assistant_text(transcript) == "Looked.\nDone."
+    # a Stop without last_assistant_message: the closing text is read from the transcript
+    stop = fixture("claude-code", "Stop", transcript_path=str(transcript))
+    del stop["last_assistant_message"]
+    payload, note = enrich("claude-code", stop)
+    assert note is None and payload["last_assistant_message"] == "Looked.\nDone."
+    assert payload[STOP_ID_FIELD] == "a1-end"

@@ -134,6 +134,13 @@ def _assistant(entry: Mapping[str, Any]) -> tuple[object, list[str]] | None:
     return None
 
 
+def _sidechain(entry: Mapping[str, Any]) -> bool:
+    """A subagent's entry in Claude Code's transcript (``isSidechain``): its prompt and
+    answers are the subagent's, not the session's model's, and may be written after the
+    turn's own answer (a task run in the background); they are passed over."""
+    return entry.get("isSidechain") is True
+
+
 def parse_last_assistant(raw: bytes, *, cut: bool = False) -> str | None:
     """The last assistant message in a JSONL transcript's bytes (``cut``: the first line
     may be partial and is skipped)."""
@@ -146,7 +153,7 @@ def parse_last_assistant(raw: bytes, *, cut: bool = False) -> str | None:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, Mapping):
+        if isinstance(entry, Mapping) and not _sidechain(entry):
             entries.append(entry)
     msg_id: object = None
     parts: list[str] = []
@@ -202,7 +209,7 @@ def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> s
             entry = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(entry, Mapping):
+        if not isinstance(entry, Mapping) or _sidechain(entry):
             continue
         message = entry.get("message")
         if entry.get("type") == "assistant" and isinstance(message, Mapping):
