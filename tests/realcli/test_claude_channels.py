@@ -1,7 +1,8 @@
 """The real Claude Code CLI (pinned, from npm) in a tmux pane, attached to a real
 ``backchannel serve``, its model a scripted API on 127.0.0.1: a teammate's message pushed
-through the channel starts a turn in an idle session, is shown once, and without
-channels the Stop route still delivers."""
+through the channel starts a turn in an idle session, is shown once, two turns so woken
+that end with the same words each cross a link once, and without channels the Stop route
+still delivers."""
 
 from __future__ import annotations
 
@@ -233,3 +234,89 @@ def test_without_channels_the_stop_route_still_delivers(
             screen = pane.wait_for("Stop hook says: backchannel: 1 message arrived")
             assert "reported a problem" not in screen and "stop hook problem" not in screen
     assert proxy.attempts == []
+
+
+def _hub_turn(hub: Server, token: str, sid: str, closing: str, send: str | None = None) -> None:
+    """lead, a hub-side agent on session ``sid``, takes a turn: it sends ``send`` to
+    worker (which opens a link), and ends with ``closing`` (which crosses a link open)."""
+    with hub.client(token) as c:
+        c.post("/v1/sessions", json={"session_id": sid}).raise_for_status()
+        c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": ""})
+        if send is not None:
+            body = {"to": "worker", "text": send, "from_session": sid}
+            c.post("/v1/messages", json=body).raise_for_status()
+        c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": closing})
+
+
+def _crossings(hub: Server, token: str, sid: str, got: list[str]) -> list[str]:
+    """What of worker's reached lead's session ``sid`` so far (``got``, added to and
+    acknowledged as it comes)."""
+    with hub.client(token) as c:
+        found = c.get("/v1/inbox", params={"session": sid, "limit": 100}).json()["messages"]
+        if found:
+            ids = [m["message_id"] for m in found]
+            c.post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+    got += [m["text"] for m in found if m["kind"] != "system" and m["from"] == "worker"]
+    return got
+
+
+def _stop_summaries(home: Path, sid: str) -> int:
+    """How many turns Claude Code has ended with its Stop hooks run (its transcript's
+    ``stop_hook_summary`` entries)."""
+    found = 0
+    for transcript in (home / ".claude" / "projects").rglob(f"{sid}.jsonl"):
+        for line in transcript.read_text().splitlines():
+            found += json.loads(line).get("subtype") == "stop_hook_summary"
+    return found
+
+
+def test_two_channel_woken_turns_ending_alike_each_cross_the_link_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """An idle interactive session woken twice by channel pushes, each turn ending with
+    the same words ("Done."), linked to a peer: both turns cross to the peer, neither
+    twice. Each stop is named by the uuid of its turn's last assistant message, which
+    ``backchannel hook`` reads from the transcript of a turn no typed prompt started."""
+    tokens = _team(hub)
+    project = tmp_path / "worker"
+    _attach(hub, project)
+    home = _home(tmp_path, project, flags=True)
+    env = cli_env(home, "", proxy, **QUIET)
+    env["BACKCHANNEL_TOKEN"] = tokens["worker"]
+    crossed: list[str] = []
+    with FakeAnthropic([], fallback="Done.") as api:
+        env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(project, env, *DEV_CHANNEL) as pane:
+            pane.wait_for("I am using this for local development")
+            pane.enter()
+            session = wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session")
+            sid = session["session_id"]
+
+            # lead's send from its turn opens the link, and the push wakes the session
+            _hub_turn(hub, tokens["lead"], "lead-s", "", send="MARK-ONE: count the lines")
+            wait_until(lambda: _asking(api, "MARK-ONE"), 60, "the first turn", pane)
+            wait_until(
+                lambda: _crossings(hub, tokens["lead"], "lead-s", crossed), 60, "a crossing", pane
+            )
+            assert crossed == ["[From worker] Done."]
+
+            # lead's answer crosses back, is pushed, and wakes the idle session again
+            _hub_turn(hub, tokens["lead"], "lead-s", "MARK-TWO: and the tests?")
+            wait_until(lambda: _asking(api, "MARK-TWO"), 60, "the second turn", pane)
+            wait_until(
+                lambda: len(_crossings(hub, tokens["lead"], "lead-s", crossed)) > 1,
+                60,
+                "the second turn's crossing",
+                pane,
+            )
+            # both turns ended with their Stop hooks run (each reported once or more):
+            # nothing more is on its way
+            wait_until(lambda: _stop_summaries(home, sid) >= 2, 60, "both turns' end", pane)
+            assert _crossings(hub, tokens["lead"], "lead-s", crossed) == ["[From worker] Done."] * 2
+
+            events = _get(hub, tokens["worker"], f"/v1/sessions/{sid}/transcript")["events"]
+            stops = [e for e in events if e["kind"] == "agent_stop"]
+            marks = [(e.get("data") or {}).get("last_stop") or {} for e in stops]
+            ids = [m.get("id") for m in marks]
+            assert len(ids) == 2 and all(ids) and ids[0] != ids[1], marks
+    assert {a.split()[1] for a in proxy.attempts} <= CLI_OWN_SERVICES, proxy.attempts

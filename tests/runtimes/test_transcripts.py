@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backchannel.runtimes import transcripts
 from backchannel.runtimes.channel_tags import STOP_ID_FIELD
 from backchannel.runtimes.transcripts import (
     TRANSCRIPT_TAIL_BYTES,
@@ -236,7 +237,15 @@ def _turn(n: int, closing: str = "Done.") -> list[dict[str, object]]:
         _entry("assistant", f"a{n}-end", [{"type": "text", "text": closing}], f"m{n}-2"),
         {"type": "last-prompt", "lastPrompt": f"prompt {n}"},
         {"type": "attachment", "uuid": f"x{n}", "attachment": {"type": "prompt_snapshot"}},
+    ]
+
+
+def _ended(n: int) -> list[dict[str, object]]:
+    """What Claude Code writes once turn ``n``'s ``Stop`` hooks have run."""
+    return [
+        {"type": "attachment", "uuid": f"h{n}", "attachment": {"type": "hook_success"}},
         {"type": "system", "uuid": f"s{n}", "subtype": "stop_hook_summary"},
+        {"type": "system", "uuid": f"d{n}", "subtype": "turn_duration"},
     ]
 
 
@@ -255,15 +264,21 @@ def test_a_claude_code_stop_is_named_by_its_last_assistant_message(claude_dir: P
     first = _claude_stop_id(claude_dir, _turn(1), "Looked.\nDone.")
     assert first == "a1-end"
     assert _claude_stop_id(claude_dir, _turn(1), "Looked.\nDone.") == first
-    assert _claude_stop_id(claude_dir, _turn(1) + _turn(2), "Looked.\nDone.") == "a2-end"
+    later = _turn(1) + _ended(1) + _turn(2)
+    assert _claude_stop_id(claude_dir, later, "Looked.\nDone.") == "a2-end"
 
 
-def test_a_transcript_behind_the_stop_names_no_turn(claude_dir: Path) -> None:
+def test_a_transcript_behind_the_stop_names_no_turn(
+    claude_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A transcript that does not plainly end with this stop's answer names nothing (the
     hub then tells a repeat by its words): one that ends with a prompt not yet answered,
-    one whose last answer is not the words the stop reports."""
-    behind = _turn(1) + _turn(2)[:1]
+    or a tool's result, one whose last answer is not the words the stop reports."""
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_WAIT_SECONDS", 0.0)
+    behind = _turn(1) + _ended(1) + _turn(2)[:1]
     assert _claude_stop_id(claude_dir, behind, "Looked.\nDone.") is None
+    mid_turn = _turn(1) + _ended(1) + _turn(2)[:3]
+    assert _claude_stop_id(claude_dir, mid_turn, "Looked.\nDone.") is None
     assert _claude_stop_id(claude_dir, _turn(1), "Something else.") is None
     no_uuid = [{k: v for k, v in e.items() if k != "uuid"} for e in _turn(1)]
     assert _claude_stop_id(claude_dir, no_uuid, "Looked.\nDone.") is None
@@ -295,3 +310,53 @@ def test_a_subagents_messages_in_the_transcript_are_not_the_turns_answer(
     payload, note = enrich("claude-code", stop)
     assert note is None and payload["last_assistant_message"] == "Looked.\nDone."
     assert payload[STOP_ID_FIELD] == "a1-end"
+
+
+def test_a_transcript_that_shows_nothing_of_the_stops_turn_names_no_turn(
+    claude_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interactive Claude Code writes its transcript behind: a channel push's turn may
+    have none of its entries there yet when its ``Stop`` hook runs, and the transcript
+    then ends with the turn before, whose ``Stop`` hooks have run (``stop_hook_summary``)
+    and whose answer may be the same words. Its uuid would name this stop as that one's
+    again, and the turn's crossing would be lost; an answer whose stop hooks have run is
+    an earlier stop's, and names nothing."""
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_WAIT_SECONDS", 0.0)
+    channel = [
+        {"type": "queue-operation", "operation": "enqueue", "content": "<channel ...>"},
+        {"type": "queue-operation", "operation": "dequeue"},
+    ]
+    for behind in (_turn(1) + _ended(1), _turn(1) + _ended(1) + channel):
+        assert _claude_stop_id(claude_dir, behind, "Looked.\nDone.") is None
+        assert _claude_stop_id(claude_dir, behind[:-1], "Looked.\nDone.") is None
+
+
+def test_the_hook_waits_a_moment_for_the_transcript_to_show_the_stops_answer(
+    claude_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interactive Claude Code may run a ``Stop`` hook before it writes the turn's answer
+    to the transcript: the hook reads it again, for a moment, until it does; a transcript
+    that shows an answer of other words is not waited for."""
+    transcript = claude_dir / "s.jsonl"
+    first, rest = _turn(1) + _ended(1) + _turn(2)[:3], _turn(2)[3:]
+    transcript.write_text("".join(json.dumps(e) + "\n" for e in first))
+    reads: list[int] = []
+    read_tail = transcripts._read_tail
+
+    def flushed_after_the_first_read(path: str, runtime: str) -> tuple[bytes, bool]:
+        got = read_tail(path, runtime)
+        if not reads:  # the runtime writes the answer while the hook waits
+            with transcript.open("a") as f:
+                f.writelines(json.dumps(e) + "\n" for e in rest)
+        reads.append(1)
+        return got
+
+    monkeypatch.setattr(transcripts, "_read_tail", flushed_after_the_first_read)
+    stop = fixture("claude-code", "Stop", transcript_path=str(transcript))
+    payload, note = enrich("claude-code", {**stop, "last_assistant_message": "Looked.\nDone."})
+    assert note is None and payload.get(STOP_ID_FIELD) == "a2-end"
+    assert len(reads) == 2
+
+    reads.clear()
+    payload, note = enrich("claude-code", {**stop, "last_assistant_message": "Other words."})
+    assert STOP_ID_FIELD not in payload and len(reads) == 1

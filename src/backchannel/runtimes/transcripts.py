@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from backchannel.errors import TranscriptRefused
 
 __all__ = [
     "TRANSCRIPT_TAIL_BYTES",
+    "TRANSCRIPT_WAIT_SECONDS",
     "TranscriptRefused",
     "enrich",
     "last_assistant_text",
@@ -43,6 +45,11 @@ __all__ = [
 
 #: How much of a transcript's tail is read to find the last assistant message.
 TRANSCRIPT_TAIL_BYTES = 2 * 1024 * 1024
+#: How long Claude Code's ``Stop`` hook waits for the transcript to show the turn's
+#: answer (the interactive CLI writes it behind, within a fraction of a second), and how
+#: often it looks meanwhile.
+TRANSCRIPT_WAIT_SECONDS = 1.0
+TRANSCRIPT_POLL_SECONDS = 0.05
 
 
 def transcript_dirs(runtime: str) -> tuple[Path, ...]:
@@ -174,28 +181,18 @@ def parse_last_assistant(raw: bytes, *, cut: bool = False) -> str | None:
     return "\n".join(parts) if parts else None
 
 
-def _is_prompt(entry: Mapping[str, Any]) -> bool:
-    """A user entry that is input for the model (a prompt, a channel push), not the
-    results of its tool calls."""
-    if entry.get("type") != "user":
-        return False
-    message = entry.get("message")
-    content = message.get("content") if isinstance(message, Mapping) else None
-    if isinstance(content, str):
-        return True
-    return isinstance(content, list) and any(
-        isinstance(b, Mapping) and b.get("type") != "tool_result" for b in content
-    )
+#: What Claude Code writes once a turn's ``Stop`` hooks have run: an answer before one of
+#: them is an earlier stop's (a hook's own ``hook_success`` is not one: a second hook of
+#: the same stop may still be reading).
+_TURN_ENDED = ("stop_hook_summary", "turn_duration")
 
 
-def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> str | None:
-    """The uuid Claude Code's transcript (its JSONL bytes; ``cut``: the first line may
-    be partial) gives the last assistant message, written before its ``Stop`` hook runs:
-    what names the turn's end. ``None`` unless the transcript plainly ends with that
-    turn's answer: no input follows it (the transcript would be behind the runtime,
-    showing an earlier turn), and its text is ``text``, the payload's
-    ``last_assistant_message`` (Claude Code gives the message's text blocks joined by
-    line ends), when there is one. Without an id the hub tells a repeat by its words."""
+def _last_answer(raw: bytes, cut: bool) -> tuple[bool, str | None, list[str]]:
+    """``(behind, uuid, texts)`` of the last assistant message in Claude Code's
+    transcript bytes: ``behind`` when the transcript does not show the stop's turn
+    answered yet (it ends with input, a prompt, a channel push or a tool's result, or
+    with a turn whose ``Stop`` hooks have run, or shows no answer at all); else the message's uuid (``None`` when it has none) and its
+    text blocks."""
     lines = raw.split(b"\n")
     if cut and lines:
         lines = lines[1:]
@@ -216,7 +213,7 @@ def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> s
             if uuid is None:
                 found = entry.get("uuid")
                 if not isinstance(found, str) or not found:
-                    return None
+                    return False, None, []
                 uuid, msg_id = found, message.get("id")
             elif msg_id is None or message.get("id") != msg_id:
                 break
@@ -224,9 +221,24 @@ def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> s
             continue
         if uuid is not None:
             break  # the message's entries are written together
-        if _is_prompt(entry):
-            return None
-    if uuid is None:
+        if entry.get("type") == "user" or (
+            entry.get("type") == "system" and entry.get("subtype") in _TURN_ENDED
+        ):
+            return True, None, []  # input the model has not answered, or a turn ended
+    return uuid is None, uuid, parts
+
+
+def last_assistant_uuid(raw: bytes, text: str | None, *, cut: bool = False) -> str | None:
+    """The uuid Claude Code's transcript (its JSONL bytes; ``cut``: the first line may
+    be partial) gives the last assistant message: what names the turn's end. ``None``
+    unless the transcript plainly ends with that turn's answer: no input follows it and
+    its ``Stop`` hooks have not run (the transcript would be behind the runtime, showing
+    an earlier turn, which may have ended with the same words), and its text is
+    ``text``, the payload's ``last_assistant_message`` (Claude Code gives the message's
+    text blocks joined by line ends), when there is one. Without an id the hub tells a
+    repeat by its words."""
+    behind, uuid, parts = _last_answer(raw, cut)
+    if behind or uuid is None:
         return None
     if text is not None and "\n".join(parts).strip() != text.strip():
         return None
@@ -283,18 +295,25 @@ def _claude_stop_extras(payload: dict[str, Any]) -> dict[str, Any]:
         payload = {**payload, tags.VERSION_FIELD: version}
     path = payload.get("transcript_path")
     if isinstance(path, str) and path:
-        try:
-            raw, cut = _read_tail(path, "claude-code")  # the same checks as for the text
-        except (TranscriptRefused, OSError):
-            # refused: said when the closing text is looked for, if it is; not there yet:
-            # Claude Code may run the Stop hook before it first writes the transcript
-            return payload
+        given = payload.get("last_assistant_message")
+        text = given if isinstance(given, str) else None
+        deadline = time.monotonic() + TRANSCRIPT_WAIT_SECONDS
+        while True:
+            try:
+                raw, cut = _read_tail(path, "claude-code")  # the same checks as for the text
+            except (TranscriptRefused, OSError):
+                # refused: said when the closing text is looked for, if it is; not there
+                # yet: Claude Code may run the Stop hook before it first writes the file
+                return payload
+            # interactive Claude Code writes its transcript behind and may run the Stop
+            # hook before the turn's answer is there: wait a moment for it
+            if text is None or not _last_answer(raw, cut)[0] or time.monotonic() >= deadline:
+                break
+            time.sleep(TRANSCRIPT_POLL_SECONDS)
         tail = raw[-tags.SEEN_TAIL_BYTES :].decode("utf-8", errors="replace")
         seen = tags.channel_ids(tail)[-100:]
         if seen:
             payload = {**payload, tags.SEEN_FIELD: seen}
-        given = payload.get("last_assistant_message")
-        text = given if isinstance(given, str) else None
         stop_id = last_assistant_uuid(raw, text, cut=cut)
         if stop_id:
             payload = {**payload, tags.STOP_ID_FIELD: stop_id}
