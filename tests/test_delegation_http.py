@@ -761,20 +761,8 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
             caller = _member(admin, "workers", "hub-a")
             ops = _member(admin, "ops", "opsbot")
 
-        def chat(c: httpx.Client, service: str, tuid: str) -> httpx.Response:
-            return c.post(
-                "/api/chat",
-                json={
-                    "agent": "worker",
-                    "message": f"task {tuid}",
-                    "session_id": "lead-s",
-                    "tool_use_id": tuid,
-                    "reply": {"callbackService": service, "bearerToken": f"reply-{tuid}"},
-                },
-            )
-
         with hub_b.client(caller) as a, hub_b.client(worker) as w, hub_b.client(ops) as o:
-            refused = chat(a, "hub-c", "tu_other")
+            refused = _task(a, "hub-c", "tu_other")
             assert refused.status_code == 403, refused.text
             error = refused.json()["error"]
             assert error["code"] == "callback_service_not_allowed", error
@@ -783,9 +771,9 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
             assert "ops" not in error["message"], "another team's name is not told"
             assert w.get("/v1/delegations").json()["delegations"] == []
             assert w.get("/v1/sessions").json()["sessions"] == []
-            ok = chat(a, "hub-a", "tu_own")
+            ok = _task(a, "hub-a", "tu_own")
             assert ok.status_code == 202, ok.text
-            assert chat(a, "shared", "tu_shared").status_code == 202
+            assert _task(a, "shared", "tu_shared").status_code == 202
             assert sorted(_answer_each(w, "worker", 2)) == ["task tu_own", "task tu_shared"]
             replies = eventually_blocking(
                 lambda: list(rec_workers.got) if len(rec_workers.got) >= 2 else None,
@@ -836,25 +824,13 @@ def test_a_task_names_a_bound_callback_service_only_as_its_member(tmp_path: Path
             _member(admin, "ops", "worker")
             ops = _member(admin, "ops", "opsbot")
 
-        def chat(c: httpx.Client, tuid: str) -> httpx.Response:
-            return c.post(
-                "/api/chat",
-                json={
-                    "agent": "worker",
-                    "message": f"task {tuid}",
-                    "session_id": "lead-s",
-                    "tool_use_id": tuid,
-                    "reply": {"callbackService": "hub-a", "bearerToken": f"reply-{tuid}"},
-                },
-            )
-
         with (
             hub_b.client(peer) as p,
             hub_b.client(other) as o,
             hub_b.client(worker) as w,
             hub_b.client(ops) as x,
         ):
-            refused = chat(o, "tu_other")
+            refused = _task(o, "hub-a", "tu_other")
             assert refused.status_code == 403, refused.text
             error = refused.json()["error"]
             assert error["code"] == "callback_service_not_allowed", error
@@ -863,11 +839,11 @@ def test_a_task_names_a_bound_callback_service_only_as_its_member(tmp_path: Path
             assert (error["service"], error["member"]) == ("hub-a", "peer-a"), error
             assert w.get("/v1/delegations").json()["delegations"] == []
             assert w.get("/v1/sessions").json()["sessions"] == []
-            elsewhere = chat(x, "tu_ops")
+            elsewhere = _task(x, "hub-a", "tu_ops")
             assert elsewhere.status_code == 403, elsewhere.text
             assert elsewhere.json()["error"]["code"] == "callback_service_not_allowed"
             assert "peer-a" not in elsewhere.text, "another team's member is not told"
-            ok = chat(p, "tu_own")
+            ok = _task(p, "hub-a", "tu_own")
             assert ok.status_code == 202, ok.text
             assert _answer_each(w, "worker", 1) == ["task tu_own"]
             replies = eventually_blocking(
@@ -906,3 +882,17 @@ def test_the_config_file_registers_a_service_for_teams(tmp_path: Path) -> None:
             CallbackConfig.load(tmp_path, env={})
     with pytest.raises(InvalidRequest, match="not a registered callback service"):
         CallbackConfig.load(None, env={"BACKCHANNEL_CALLBACK_TEAMS": "nope=workers"})
+
+
+def _task(c: httpx.Client, service: str, tuid: str) -> httpx.Response:
+    """A task for ``worker`` over ``/api/chat``, answered at ``service``."""
+    return c.post(
+        "/api/chat",
+        json={
+            "agent": "worker",
+            "message": f"task {tuid}",
+            "session_id": "lead-s",
+            "tool_use_id": tuid,
+            "reply": {"callbackService": service, "bearerToken": f"reply-{tuid}"},
+        },
+    )
