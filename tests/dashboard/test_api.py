@@ -283,15 +283,63 @@ def test_composer_sends_as_user_for_admin_and_user_only(team: Team) -> None:
     assert [(m["from"], m["text"]) for m in got] == [("user", "from user"), ("user", "everyone")]
 
 
-def test_message_detail_for_any_team_member(team: Team) -> None:
+def test_message_detail_for_its_sender_recipients_and_the_teams_human(team: Team) -> None:
+    """A member opens the messages it sent or got, as GET /v1/messages/{id} lets it;
+    the team's human and the admin open any of the team's."""
     mid = team.send("lead", "worker", "line one\nline two", summary="two lines")
-    with team.client("reviewer") as c:  # neither sender nor recipient, but in the team
+    for who in ("lead", "worker", "user", None):
+        with team.client(who) as c:
+            r = c.get(f"/v1/dashboard/teams/{team.name}/messages/{mid}")
+            assert r.status_code == 200, (who, r.text)
+            body = r.json()
+        assert body["text"] == "line one\nline two"
+        assert body["deliveries"][0]["to"] == "worker"
+        assert [e["event"] for e in body["history"]] == ["queued"]
+    with team.client("reviewer") as c:  # neither sender nor recipient: as if unknown
         r = c.get(f"/v1/dashboard/teams/{team.name}/messages/{mid}")
-        assert r.status_code == 200
-        body = r.json()
-    assert body["text"] == "line one\nline two"
-    assert body["deliveries"][0]["to"] == "worker"
-    assert [e["event"] for e in body["history"]] == ["queued"]
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "unknown_message"
+        assert "line one" not in r.text
+
+
+def test_a_member_sees_only_the_delegations_it_made_or_was_asked(
+    make_team: Callable[..., Team],
+) -> None:
+    """The dashboard shows a member what GET /v1/delegations does: the delegations it
+    made or was asked, in the snapshot, the panel's pages, the tally and the stream,
+    and not the task's message; the team's human and the admin see every one."""
+    t = make_team("a", "b", "c", settings={"anchor_policy": "off"})
+    base = f"/v1/dashboard/teams/{t.name}"
+    t.open_session("a", "a-s")
+    t.report("a", "a-s", "turn_start")
+    d = t.post("a", "/v1/delegations", to="b", task="the secret plan", tool_use_id="tu_1")
+    t.report("a", "a-s", "agent_stop", "")
+    [task] = t.receive("b", session=d["callee_session"])
+    for who in ("a", "b", "user", None):
+        with t.client(who) as c:
+            snap = c.get(f"{base}/snapshot").json()
+            page = c.get(f"{base}/delegations").json()
+        assert [x["delegation_id"] for x in snap["delegations"]] == [d["delegation_id"]], who
+        assert page["delegations"] == snap["delegations"], who
+        assert snap["delegation_tally"]["pending"] == 1, who
+    with t.client("c") as c:
+        snap = c.get(f"{base}/snapshot").json()
+        page = c.get(f"{base}/delegations").json()
+        opened = c.get(f"{base}/messages/{task['message_id']}")
+    assert (snap["delegations"], page["delegations"]) == ([], [])
+    assert set(snap["delegation_tally"].values()) == {0}
+    assert (snap["hidden"]["delegations"], page["hidden"]) == (0, 0)
+    assert "the secret plan" not in json.dumps(snap)
+    assert opened.status_code == 404
+    with (
+        t.server.client() as c,
+        c.stream("GET", f"{base}/stream", params={"ticket": _ticket(t, "c")}, timeout=10) as resp,
+    ):
+        for name, data in _events(resp):
+            if name == "snapshot":
+                assert data["delegations"] == [], data["delegations"]
+                assert "the secret plan" not in json.dumps(data)
+                break
 
 
 def test_stream_needs_a_valid_ticket(team: Team) -> None:

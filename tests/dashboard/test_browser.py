@@ -600,3 +600,33 @@ def test_text_agents_write_is_shown_as_text_everywhere(
         ]"""
     )
     assert made == [0, 0, None], made
+
+
+def test_a_member_sees_only_its_own_delegations_and_messages(
+    new_page: Callable[..., Page], make_team: Callable[..., Team]
+) -> None:
+    """Signed in as a member, the page shows the delegations it made or was asked and
+    opens only the messages it sent or got, as the API lets it; signed in as the
+    team's human it shows all of them."""
+    t = _off(make_team, "lead", "counter", "bystander")
+    t.open_session("lead", "lead-s")
+    t.report("lead", "lead-s", "turn_start")
+    d = t.post("lead", "/v1/delegations", to="counter", task="Count the secret files")
+    t.report("lead", "lead-s", "agent_stop", "")
+    human, caller, bystander = new_page(), new_page(), new_page()
+    sign_in(human, t.server, t.tokens["user"])
+    sign_in(caller, t.server, t.tokens["lead"])
+    sign_in(bystander, t.server, t.tokens["bystander"])
+    for page in (human, caller):
+        item = page.locator(f'#delegations li[data-delegation-id="{d["delegation_id"]}"]')
+        expect(item.locator(".task")).to_have_text("Count the secret files")
+        expect(page.locator("#delegation-tally .tally-item").first).to_have_text("1 pending")
+    task = bystander.locator('#timeline .row[data-kind="delegation"]')
+    expect(task).to_have_count(1)  # the team's traffic, as GET /v1/teams/{team}/events
+    expect(bystander.locator("#delegations-empty")).to_have_text("no delegations yet")
+    expect(bystander.locator("#delegation-tally .tally-item")).to_have_count(0)
+    task.click()
+    expect(bystander.locator("#drawer .form-error")).to_contain_text("that you sent or received")
+    expect(bystander.locator("#drawer")).not_to_contain_text("Count the secret files")
+    human.locator('#timeline .row[data-kind="delegation"]').click()
+    expect(human.locator("#drawer .message-text").first).to_have_text("Count the secret files")

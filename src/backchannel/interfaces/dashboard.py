@@ -8,7 +8,9 @@ each with its type, ``nosniff`` and ``no-cache`` (the browser asks again, with t
 ETag, so a page never mixes modules of two versions). It signs in with a member or
 admin token kept in the tab's ``sessionStorage`` and calls the read endpoints below with
 ``Authorization: Bearer``. Every endpoint is team-scoped and open to the admin and to
-the members of that team; another team answers 404, like the rest of the API.
+the members of that team; another team answers 404, like the rest of the API. A member
+(but the team's human) is shown what the API shows it: the delegations it made or was
+asked and the messages it sent or got (:func:`narrowed_to`).
 
 ``EventSource`` cannot send an ``Authorization`` header, and a long-lived token must
 never sit in a URL (it ends up in logs, history and ``Referer``). So the page first
@@ -308,12 +310,28 @@ async def timers_view(
     return [t.to_json(now) for t in timers[offset : offset + limit]], len(timers)
 
 
+def narrowed_to(who: Principal) -> str | None:
+    """The member whose share of the team ``who`` sees: a member but the team's human
+    sees the delegations it made or was asked and the messages it sent or got, as
+    ``GET /v1/delegations`` and ``GET /v1/messages/{id}`` let it; ``None`` (all of the
+    team's) for the admin and the team's human (see docs/decisions.md, "The dashboard
+    shows a member what the API does")."""
+    me = who.member
+    return None if me is None or me.name == USER else me.name
+
+
 async def delegations_view(
-    hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
+    hub: Hub,
+    team: str,
+    offset: int = 0,
+    limit: int = SNAPSHOT_PAGE,
+    *,
+    viewer: str | None = None,
 ) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
     """A page of the pending delegations, then the latest finished ones; how many of
-    those were left out of the page; and how many there are in each state, all counted."""
-    found: list[Delegation] = await hub.list_delegations(team)
+    those were left out of the page; and how many there are in each state, all counted.
+    With ``viewer``, only those it made or was asked (:func:`narrowed_to`)."""
+    found: list[Delegation] = await hub.list_delegations(team, member=viewer)
     kept, hidden = _live_first(
         found, lambda x: x.state is DelegationState.PENDING, lambda x: x.created_at
     )
@@ -396,7 +414,7 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
     return out
 
 
-async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
+async def snapshot(hub: Hub, team: str, *, viewer: str | None = None) -> dict[str, Any]:
     """Everything but the timeline, as the page shows it, bounded: the first
     :data:`SNAPSHOT_PAGE` links, timers and delegations (the rest are read page by page
     from their own endpoints), the latest :data:`SNAPSHOT_PAGE` dead letters (from the
@@ -404,9 +422,9 @@ async def snapshot(hub: Hub, team: str) -> dict[str, Any]:
     member's latest :data:`SESSIONS_SHOWN` sessions.
     ``now`` is the hub's clock (the page sets its own by it); ``hidden`` counts the
     records of each panel left out; ``delegation_tally`` counts every delegation by
-    state."""
+    state. With ``viewer``, the delegations are those it made or was asked."""
     links, links_hidden = await links_view(hub, team)
-    delegations, delegations_hidden, tally = await delegations_view(hub, team)
+    delegations, delegations_hidden, tally = await delegations_view(hub, team, viewer=viewer)
     timers, timers_total = await timers_view(hub, team)
     budgets, budgets_hidden = await budgets_view(hub, team)
     dead, dead_total = await hub.dead_letters(team, SNAPSHOT_PAGE)
@@ -472,7 +490,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
     async def team_snapshot(team: TeamName, who: Auth) -> dict[str, Any]:
         """Members, links, timers and delegations in one answer."""
         await need_team(who, team)
-        return await snapshot(hub, team)
+        return await snapshot(hub, team, viewer=narrowed_to(who))
 
     @router.get("/teams/{team}/links", response_model=None, responses={200: {"model": LinkPage}})
     async def links(
@@ -500,7 +518,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
     ) -> dict[str, Any]:
         """A page of delegations: pending ones first, then the latest finished ones."""
         await need_team(who, team)
-        page, hidden, _ = await delegations_view(hub, team, offset, limit)
+        page, hidden, _ = await delegations_view(hub, team, offset, limit, viewer=narrowed_to(who))
         return {"delegations": page, "offset": offset, "hidden": hidden}
 
     @router.get(
@@ -520,9 +538,10 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         responses={200: {"model": MessageView}},
     )
     async def message(team: TeamName, message_id: MessageId, who: Auth) -> dict[str, Any]:
-        """The full message, each copy's state and the delivery history."""
+        """The full message, each copy's state and the delivery history: for a member
+        (but the team's human) one it sent or got, as ``GET /v1/messages/{id}``."""
         await need_team(who, team)
-        status = await hub.message_status(team, message_id)
+        status = await hub.message_status(team, message_id, viewer=narrowed_to(who))
         return {
             **status.to_json(),
             "sender_session": status.message.sender_session,
@@ -657,7 +676,7 @@ async def _stream(
                     # a rotated token's stream open for as long as nothing changes
                     if (error := await watcher.revoked()) is not None:
                         raise error
-                    snap = await snapshot(hub, team)
+                    snap = await snapshot(hub, team, viewer=narrowed_to(who))
                     key = snapshot_key(snap)
                     if key != shown:
                         shown = key
