@@ -739,8 +739,9 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
     config file) are theirs: a member of team workers that names team ops's service as its
     ``callbackService`` is refused (403, naming the service and the way out), no task is
     started and nothing is called back there; its own team's service is taken and answered
-    to. A delegation through another team's service is refused the same way, and a service
-    registered for no team stays every team's."""
+    to. A delegation through another team's service is refused the same way. A service
+    registered for no team serves a hub of one team only: on this hub of two it is refused
+    too (naming the setting), and one registered for every team (``*``) is every team's."""
     rec_workers, rec_ops = ReplyRecorder(), ReplyRecorder()
     hub_b = start_server(
         tmp_path / "b",
@@ -748,9 +749,10 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
             "BACKCHANNEL_SERVICE_NAME": "hub-b",
             "BACKCHANNEL_CALLBACK_SECRET": "secret-of-b",
             "BACKCHANNEL_CALLBACKS": (
-                f"hub-a={rec_workers.url},hub-c={rec_ops.url},shared={rec_workers.url}"
+                f"hub-a={rec_workers.url},hub-c={rec_ops.url},shared={rec_workers.url},"
+                f"unset={rec_ops.url}"
             ),
-            "BACKCHANNEL_CALLBACK_TEAMS": "hub-a=workers,hub-c=ops",
+            "BACKCHANNEL_CALLBACK_TEAMS": "hub-a=workers,hub-c=ops,shared=*",
         },
     )
     try:
@@ -774,6 +776,12 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
             ok = _task(a, "hub-a", "tu_own")
             assert ok.status_code == 202, ok.text
             assert _task(a, "shared", "tu_shared").status_code == 202
+            unset = _task(a, "unset", "tu_unset")  # no teams, on a hub of two teams
+            assert unset.status_code == 403, unset.text
+            error = unset.json()["error"]
+            assert error["code"] == "callback_service_not_allowed", error
+            assert "BACKCHANNEL_CALLBACK_TEAMS=unset=" in error["message"], error
+            assert "ops" not in error["message"], "another team's name is not told"
             assert sorted(_answer_each(w, "worker", 2)) == ["task tu_own", "task tu_shared"]
             replies = eventually_blocking(
                 lambda: list(rec_workers.got) if len(rec_workers.got) >= 2 else None,
@@ -789,6 +797,10 @@ def test_a_member_names_only_a_callback_service_of_its_own_team(tmp_path: Path) 
             assert r.status_code == 403, r.text
             assert r.json()["error"]["code"] == "callback_service_not_allowed"
             assert "'hub-a'" in r.json()["error"]["message"]
+            r = o.post("/v1/delegations", json={"to": "lead@unset", "task": "x"})
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "callback_service_not_allowed"
+            assert rec_ops.got == [], "nothing was called back at a service of no team"
     finally:
         hub_b.stop()
         rec_workers.close()
@@ -869,11 +881,22 @@ def test_the_config_file_registers_a_service_for_teams(tmp_path: Path) -> None:
         "  open: 'http://127.0.0.1:2'\n"
     )
     cfg = CallbackConfig.load(tmp_path, env={})
-    assert cfg.resolve("hub-a", team="leads").teams == frozenset({"workers", "leads"})
-    assert cfg.resolve("open", team="ops").teams is None
+    assert cfg.resolve("hub-a", team="leads", teams_in_hub=3).teams == frozenset(
+        {"workers", "leads"}
+    )
+    # a service of no team serves the only team of a hub, and none of a hub of several
+    assert cfg.resolve("open", team="ops", teams_in_hub=1).teams is None
     with pytest.raises(ServiceNotAllowed) as refused:
-        cfg.resolve("hub-a", team="ops")
+        cfg.resolve("open", team="ops", teams_in_hub=2)
+    assert "teams: in the config file" in refused.value.message
+    with pytest.raises(ServiceNotAllowed) as refused:
+        cfg.resolve("hub-a", team="ops", teams_in_hub=1)
     assert "name one of this team's services (open)" in refused.value.message
+    with pytest.raises(ServiceNotAllowed) as refused:
+        cfg.resolve("hub-a", team="ops", teams_in_hub=2)
+    assert "(none is registered)" in refused.value.message
+    (tmp_path / "config.yaml").write_text("callbacks:\n  all: {url: 'http://x:1', teams: ['*']}\n")
+    assert CallbackConfig.load(tmp_path, env={}).resolve("all", team="ops", teams_in_hub=9)
     for bad in ("[]", "'workers'", "[1]", "['has space']"):
         (tmp_path / "config.yaml").write_text(
             f"callbacks:\n  hub-a: {{url: 'http://127.0.0.1:1', teams: {bad}}}\n"

@@ -12,6 +12,7 @@ Configuration, later sources winning:
       callback_secret: "long random"  # signs and verifies reply tokens
       callbacks:
         hub-b: {url: "http://10.0.0.2:8765", token: "bc_...", teams: [leads], member: peer-b}
+        shared: {url: "http://10.0.0.5:8765", teams: ["*"]}      # every team's
         weather: {type: a2a, url: "http://10.0.0.3:9999"}       # an A2A agent
         hub-c: {type: a2a, url: "http://10.0.0.4:8765/a2a/ops/{agent}", token: "bc_..."}
       retry: {start: 1, factor: 2, cap: 15, budget: 120, timeout: 10}
@@ -25,8 +26,12 @@ Configuration, later sources winning:
 ``token`` is this hub's credential at the service (for another hub's ``/api/chat``).
 ``teams`` makes the service those teams' own: only their members delegate through it
 or name it as the ``callbackService`` of a task they send here (anyone else is refused
-with :class:`~backchannel.errors.ServiceNotAllowed`); a service without ``teams`` is
-every team's, as the operator's hub-wide peer. ``member`` names the member of this hub
+with :class:`~backchannel.errors.ServiceNotAllowed`); ``teams: ['*']``
+(``BACKCHANNEL_CALLBACK_TEAMS=name=*``) makes it every team's, as the operator's
+hub-wide peer. A service without ``teams`` serves a hub of one team only: once the hub
+has several, no team may use it until the operator names its teams (a peer set up for
+the first team would otherwise take tasks from, and send answers to, every team added
+later; see docs/decisions.md, "A callback service without teams"). ``member`` names the member of this hub
 the service's tasks come in as (the other hub's member of the team, when it is not named
 like the service), so the pair budget counts a task out and a task in as one pair's; a
 task for the service is refused while it names no agent of the caller's team, and a task
@@ -54,6 +59,8 @@ CONFIG_FILE = "config.yaml"
 #: How long a finished delegation (and its stored reply token) is kept, by default.
 DEFAULT_RETENTION = 7 * 86_400.0
 SERVICE_KINDS = ("backchannel", "a2a")
+#: The ``teams`` of a service every team of the hub may use.
+EVERY_TEAM = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +71,18 @@ class Service:
     #: ``backchannel`` (another hub's ``/api/chat``) or ``a2a`` (an A2A agent: ``url`` is
     #: the agent, or holds ``{agent}`` for the name before the ``@``)
     kind: str = "backchannel"
-    #: the teams whose members may use the service; None: every team
+    #: the teams whose members may use the service (:data:`EVERY_TEAM` among them: every
+    #: team); None: the only team of a hub of one team, and none of a hub of several
     teams: frozenset[str] | None = None
     #: the member of this hub the service's tasks come in as (the other hub's member of
     #: the team); None: the member named like the service, when there is one
     member: str | None = None
 
-    def usable_by(self, team: str) -> bool:
-        return self.teams is None or team in self.teams
+    def usable_by(self, team: str, teams_in_hub: int) -> bool:
+        """Whether a member of ``team``, on a hub of ``teams_in_hub`` teams, may use it."""
+        if self.teams is None:
+            return teams_in_hub <= 1
+        return team in self.teams or EVERY_TEAM in self.teams
 
     def endpoint(self, path: str) -> str:
         return self.url.rstrip("/") + path
@@ -89,14 +100,29 @@ class CallbackConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     retention: float = DEFAULT_RETENTION  # seconds a finished delegation is kept
 
-    def resolve(self, name: str, *, team: str | None = None) -> Service:
+    def resolve(
+        self, name: str, *, team: str | None = None, teams_in_hub: int | None = None
+    ) -> Service:
         """The registered service, or ``UnknownService`` (400) naming the known ones. With
-        ``team``, one its members may use, or ``ServiceNotAllowed`` (403): a service
-        registered for other teams is named only among those a member may use, and
-        which teams those are is not told."""
+        ``team`` (and ``teams_in_hub``, how many teams the hub has), one its members may
+        use, or ``ServiceNotAllowed`` (403): a service registered for other teams is
+        named only among those a member may use, and which teams those are is not told;
+        one registered for no team, on a hub of several, is refused naming the setting."""
         svc = self.services.get(name)
-        if svc is not None and team is not None and not svc.usable_by(team):
-            mine = ", ".join(sorted(n for n, s in self.services.items() if s.usable_by(team)))
+        if team is not None and teams_in_hub is None:
+            raise TypeError("resolve(team=...) needs teams_in_hub, the hub's number of teams")
+        n = teams_in_hub or 0
+        if svc is not None and team is not None and svc.teams is None and n > 1:
+            raise ServiceNotAllowed(
+                f"callback service {name!r} is registered for no team, and a service of no "
+                f"team serves a hub of one team only (this hub has {n}); the operator "
+                f"names the teams that may use it (teams: in the config file, or "
+                f"BACKCHANNEL_CALLBACK_TEAMS={name}={team}, or ={EVERY_TEAM} for every "
+                "team) and restarts the hub.",
+                service=name,
+            )
+        if svc is not None and team is not None and not svc.usable_by(team, n):
+            mine = ", ".join(sorted(n_ for n_, s in self.services.items() if s.usable_by(team, n)))
             raise ServiceNotAllowed(
                 f"callback service {name!r} is registered for other teams than {team!r}; "
                 f"name one of this team's services ({mine or 'none is registered'}), or the "
@@ -116,14 +142,14 @@ class CallbackConfig:
             )
         return svc
 
-    def resolve_reply(self, name: str, *, team: str, caller: str) -> Service:
+    def resolve_reply(self, name: str, *, team: str, teams_in_hub: int, caller: str) -> Service:
         """The service a task ``caller`` sends here (``/api/chat``) names as its
         ``callbackService``: one ``team`` may use (:meth:`resolve`) and, when its
         ``member:`` binds it to a member, one ``caller`` is, or ``ServiceNotAllowed``
         (403). Its tasks come in as that member, so another member naming it would have
         answers sent to a hub that never asked, and its task counted against its own
         pair rather than the service's."""
-        svc = self.resolve(name, team=team)
+        svc = self.resolve(name, team=team, teams_in_hub=teams_in_hub)
         if svc.member is not None and svc.member != caller:
             raise ServiceNotAllowed(
                 f"callback service {name!r} is bound to member {svc.member!r} (its member: "
@@ -203,17 +229,18 @@ class CallbackConfig:
 
 
 def _teams(name: str, value: Any, where: str) -> frozenset[str] | None:
-    """A service's ``teams``: a list of team names (None: every team's)."""
+    """A service's ``teams``: a list of team names, or :data:`EVERY_TEAM` (None: the
+    only team of a hub of one team)."""
     if value is None:
         return None
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(t, str) and NAME_RE.fullmatch(t) for t in value)
+        or not all(isinstance(t, str) and (t == EVERY_TEAM or NAME_RE.fullmatch(t)) for t in value)
     ):
         raise InvalidRequest(
             f"{where}: the teams of service {name!r} must be a non-empty list of team names "
-            f"(got {value!r}); leave it out for a service every team may use"
+            f"(got {value!r}), or [{EVERY_TEAM!r}] for a service every team may use"
         )
     return frozenset(value)
 

@@ -110,7 +110,9 @@ class Delegations:
         if remote:
             agent, _, service = to.partition("@")
             messages.check_name("agent", agent)
-            svc = self.callbacks.resolve(service, team=team)  # one this team may use
+            svc = self.callbacks.resolve(  # one this team may use
+                service, team=team, teams_in_hub=await self._teams_in_hub()
+            )
             if not self.callbacks.secret and svc.kind != "a2a":  # A2A answers come back inline
                 raise InvalidRequest(
                     "delegating to another hub needs a callback secret to sign the reply "
@@ -205,7 +207,9 @@ class Delegations:
                 continue
             agent, _, service = d.callee.partition("@")
             try:
-                svc = self.callbacks.resolve(service, team=team)
+                svc = self.callbacks.resolve(
+                    service, team=team, teams_in_hub=len(c.tx.list_teams())
+                )
             except (UnknownService, ServiceNotAllowed) as exc:  # the registry changed since
                 self._refused(c, d, exc.message, now)
                 continue
@@ -313,6 +317,11 @@ class Delegations:
                 if d is not None and d.callee_session != session.session_id:
                     tx.update_delegation(dataclasses.replace(d, callee_session=session.session_id))
 
+    async def _teams_in_hub(self) -> int:
+        """How many teams the hub has: a callback service of no team serves only a hub
+        of one (:meth:`CallbackConfig.resolve`)."""
+        return len(await self.store.read(lambda tx: tx.list_teams()))
+
     async def list_delegations(self, team: str, *, member: str | None = None) -> list[Delegation]:
         return await self.store.read(lambda tx: tx.list_delegations(team, member=member))
 
@@ -350,7 +359,9 @@ class Delegations:
         # refused at ingress when unknown, when it is another team's, or when its
         # member: binds it to another member: a member names only a service its own team
         # may use and that is not another member's (nothing is called back at another's)
-        self.callbacks.resolve_reply(reply_service, team=team, caller=caller)
+        self.callbacks.resolve_reply(
+            reply_service, team=team, teams_in_hub=await self._teams_in_hub(), caller=caller
+        )
         carried = budget_rules.check_chain(chain)
         if not isinstance(reply_token, str) or not reply_token:
             raise InvalidRequest("reply.bearerToken is missing", field="reply.bearerToken")
