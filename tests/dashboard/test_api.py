@@ -505,3 +505,28 @@ def test_a_rotation_by_another_hub_process_ends_a_stream_too(tmp_path: Path) -> 
     # the browser tests of this folder keep an event loop running on this thread
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, check()).result()
+
+
+def test_another_teams_ids_answer_as_unknown(make_team: Callable[..., Team]) -> None:
+    """A team's human (who sees all of its own team) asks its own team's endpoints for
+    another team's message and session by id, and the other team's stream with its own
+    ticket: each is answered as unknown, and nothing of the other team shows."""
+    mine, theirs = make_team("a"), make_team("b", "c")
+    mid = theirs.send("b", "c", "the other team's secret")
+    sid = theirs.open_session("b", "theirs-s")
+    theirs.report("b", sid, "turn_start")
+    theirs.report("b", sid, "thought", "the other team's secret")
+    base = f"/v1/dashboard/teams/{mine.name}"
+    with mine.client("user") as c:
+        for path in (f"{base}/messages/{mid}", f"{base}/sessions/{sid}"):
+            r = c.get(path)
+            assert r.status_code == 404, (path, r.text)
+            assert "secret" not in r.text
+        r = c.get(f"/v1/dashboard/teams/{theirs.name}/sessions/{sid}")
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_team")
+        r = c.get(
+            f"/v1/dashboard/teams/{theirs.name}/stream",
+            params={"ticket": _ticket(mine, "user")},
+        )
+        assert r.status_code == 404, r.text
+        assert "secret" not in r.text
