@@ -919,3 +919,30 @@ def _task(c: httpx.Client, service: str, tuid: str) -> httpx.Response:
             "reply": {"callbackService": service, "bearerToken": f"reply-{tuid}"},
         },
     )
+
+
+def test_serve_warns_of_services_of_no_team_on_a_hub_of_several(tmp_path: Path) -> None:
+    """A hub of several teams starts with a warning naming each callback service
+    registered for no team (none of them may use it) and the setting that names its
+    teams; a hub of one team, which such a service serves, starts without one."""
+    env = {"BACKCHANNEL_CALLBACKS": "peer=http://127.0.0.1:1,own=http://127.0.0.1:2"}
+    env["BACKCHANNEL_CALLBACK_TEAMS"] = "own=alpha"
+    home = tmp_path / "hub"
+    hub = start_server(home, env=env)
+    try:
+        hub.team("alpha")
+    finally:
+        hub.stop()
+    hub = start_server(home, env=env)  # one team: the service is that team's
+    try:
+        hub.team("beta")
+    finally:
+        hub.stop()
+    assert "registered for no team" not in (home / "serve.log").read_text()
+    hub = start_server(home, env=env)
+    hub.stop()
+    log = (home / "serve.log").read_text()
+    [warning] = [line for line in log.splitlines() if "registered for no team" in line]
+    assert "'peer'" in warning and "this hub has 2 teams" in warning, warning
+    assert "BACKCHANNEL_CALLBACK_TEAMS=peer=" in warning, warning
+    assert "'own'" not in log

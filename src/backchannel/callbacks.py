@@ -142,6 +142,22 @@ class CallbackConfig:
             )
         return svc
 
+    def unscoped_warning(self, teams_in_hub: int) -> str | None:
+        """What to tell the operator of a hub of ``teams_in_hub`` teams at start: the
+        services registered for no team, which none of its teams may use once it has
+        several (:meth:`resolve`), and how to name theirs; ``None`` when there are none."""
+        names = sorted(n for n, s in self.services.items() if s.teams is None)
+        if teams_in_hub <= 1 or not names:
+            return None
+        first = names[0]
+        return (
+            f"callback services registered for no team: {', '.join(map(repr, names))}; this "
+            f"hub has {teams_in_hub} teams, and a service of no team serves a hub of one "
+            "team only, so none of its teams may use them. Name the teams of each: "
+            f"BACKCHANNEL_CALLBACK_TEAMS={first}=team+team (={EVERY_TEAM} for every team), "
+            "or teams: in config.yaml, and restart the hub."
+        )
+
     def resolve_reply(self, name: str, *, team: str, teams_in_hub: int, caller: str) -> Service:
         """The service a task ``caller`` sends here (``/api/chat``) names as its
         ``callbackService``: one ``team`` may use (:meth:`resolve`) and, when its

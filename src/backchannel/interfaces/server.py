@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from rich.console import Console
+from rich.markup import escape
 
 from backchannel import config
 from backchannel.callbacks import CallbackConfig
@@ -198,6 +199,8 @@ def run_server(
     async def main() -> None:
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
+        if (warning := callbacks.unscoped_warning(len(await hub.list_teams()))) is not None:
+            console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         # push delivery: inbox files, tmux, stdin, webhooks; every hub of a store may run
         # it (each member is pushed by the hub holding its lease in the store)
         dispatcher = Dispatcher(hub, ownership_s=dispatch_lease) if dispatch else None
