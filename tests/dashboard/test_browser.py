@@ -559,7 +559,10 @@ def test_overview_in_the_dark_theme(
     screenshot(page, "overview-dark", tmp_path)
 
 
-MARKUP = '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</script><b>bold</b>'
+MARKUP = (
+    '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</script><b>bold</b>'
+    '<svg onload="window.__xss=3"></svg><a href="javascript:window.__xss=4">[link](x)</a>'
+)
 
 
 def test_text_agents_write_is_shown_as_text_everywhere(
@@ -594,7 +597,7 @@ def test_text_agents_write_is_shown_as_text_everywhere(
     expect(page.locator("#drawer .transcript")).to_contain_text(MARKUP)
     made = page.evaluate(
         """[
-            document.querySelectorAll('img, script:not([src])').length,
+            document.querySelectorAll('img, svg, a, script:not([src])').length,
             [...document.querySelectorAll('b')].filter((b) => b.textContent === 'bold').length,
             window.__xss,
         ]"""
