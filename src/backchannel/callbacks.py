@@ -111,18 +111,20 @@ class CallbackConfig:
         svc = self.services.get(name)
         if team is not None and teams_in_hub is None:
             raise TypeError("resolve(team=...) needs teams_in_hub, the hub's number of teams")
-        n = teams_in_hub or 0
-        if svc is not None and team is not None and svc.teams is None and n > 1:
+        hub_teams = teams_in_hub or 0
+        if svc is not None and team is not None and svc.teams is None and hub_teams > 1:
             raise ServiceNotAllowed(
                 f"callback service {name!r} is registered for no team, and a service of no "
-                f"team serves a hub of one team only (this hub has {n}); the operator "
+                f"team serves a hub of one team only (this hub has {hub_teams}); the operator "
                 f"names the teams that may use it (teams: in the config file, or "
                 f"BACKCHANNEL_CALLBACK_TEAMS={name}={team}, or ={EVERY_TEAM} for every "
                 "team) and restarts the hub.",
                 service=name,
             )
-        if svc is not None and team is not None and not svc.usable_by(team, n):
-            mine = ", ".join(sorted(n_ for n_, s in self.services.items() if s.usable_by(team, n)))
+        if svc is not None and team is not None and not svc.usable_by(team, hub_teams):
+            mine = ", ".join(
+                sorted(k for k, s in self.services.items() if s.usable_by(team, hub_teams))
+            )
             raise ServiceNotAllowed(
                 f"callback service {name!r} is registered for other teams than {team!r}; "
                 f"name one of this team's services ({mine or 'none is registered'}), or the "
