@@ -91,6 +91,20 @@ def schema_put_back(store: str, version: int) -> str:
     )
 
 
+def schema_moved_on(store: str, version: int) -> str:
+    """What to say when the database's schema is at ``version``, newer than this code's:
+    a newer backchannel migrated it while this hub ran (a rolling upgrade). What this
+    code would write next, the newer schema could misread (a column it does not fill,
+    a rule it does not know), so it writes nothing more."""
+    return (
+        f"the store {store} is at schema version {version}, migrated by a newer "
+        f"backchannel while this hub (which knows up to version {SCHEMA_VERSION}) ran; "
+        "nothing was stored; stop this hub and run the newer backchannel in its place "
+        "(upgrade backchannel on this host), so that no hub writes rows the new schema "
+        "would misread"
+    )
+
+
 def tell_finished(fn: object, committed: bool) -> None:
     """A transaction function whose caller stopped waiting (its future was cancelled)
     was run: tell it whether it committed, if it asks (a ``finished`` method)."""

@@ -18,7 +18,8 @@ How it keeps the contract:
 * **Reads** (``read``) run on a second connection in their own thread, from a WAL
   snapshot, without waiting for the writer.
 * **Migrations** are numbered scripts applied under the write lock, recorded in
-  ``schema_migrations``; a file written by newer code is refused.
+  ``schema_migrations``; a file written by newer code is refused, and a write after a
+  newer backchannel migrated the file under the running hub fails (a rolling upgrade).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists, BackchannelError, StoreError
 from backchannel.files import private_dirs
-from backchannel.stores.base import SCHEMA_VERSION, Store, Tx, schema_put_back, tell_finished
+from backchannel.stores.base import (
+    SCHEMA_VERSION,
+    Store,
+    Tx,
+    schema_moved_on,
+    schema_put_back,
+    tell_finished,
+)
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
 
@@ -216,6 +224,8 @@ class SqliteStore(Store):
             asyncio.AbstractEventLoop, list[tuple[_Job, Any, BaseException | None]]
         ] = {}
         self._answers_lock = threading.Lock()
+        # the file's schema cookie when the writer last found its schema this code's own
+        self._schema_cookie: int | None = None
 
     async def open(self) -> None:
         if self._writer is not None:
@@ -401,8 +411,16 @@ class SqliteStore(Store):
         so the failing job is undone alone (jobs may be re-run: see the Store contract)."""
         try:
             conn.execute("BEGIN IMMEDIATE")
+            moved = self._moved_on(conn)
+            if moved is not None:
+                conn.execute("ROLLBACK")
+                self._answer([(job, None, moved) for job in batch])
+                return
             tx.begin_write()
         except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
             err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return
@@ -434,7 +452,15 @@ class SqliteStore(Store):
         tx.forget()
         try:
             conn.execute("BEGIN IMMEDIATE")
+            moved = self._moved_on(conn)
+            if moved is not None:
+                conn.execute("ROLLBACK")
+                self._answer([(job, None, moved) for job in batch])
+                return None
         except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
             err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return None
@@ -455,6 +481,21 @@ class SqliteStore(Store):
                 conn.execute("RELEASE job")
                 results.append((job, value, None))
         return results
+
+    def _moved_on(self, conn: sqlite3.Connection) -> StoreError | None:
+        """Inside a write transaction: the error to answer if a newer backchannel has
+        migrated the file since (a rolling upgrade with this hub still running), else
+        ``None``. SQLite's schema cookie changes with every change of the schema, and
+        reading it costs no I/O beyond what the transaction reads anyway; only when it
+        moved is ``schema_migrations`` read."""
+        cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+        if cookie == self._schema_cookie:
+            return None
+        version = _schema_version(conn)
+        if version is not None and version > SCHEMA_VERSION:
+            return StoreError(schema_moved_on(f"SQLite file {self.path}", version))
+        self._schema_cookie = cookie
+        return None
 
     def _read_loop(self) -> None:
         conn = self._connection()
