@@ -774,6 +774,10 @@ from backchannel.interfaces import cli_budget  # noqa: E402  (registers budget)
 
 cli_budget.register(app)
 
+from backchannel.interfaces import cli_backup  # noqa: E402  (registers backup)
+
+cli_backup.register(app)
+
 
 def main() -> None:
     # a closed stdout (``| head``) is not an error worth a traceback; ``serve`` puts
