@@ -7,15 +7,18 @@ out, and nothing of it is stored."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from backchannel.errors import StoreError
 from backchannel.hub import Hub
 from backchannel.stores.base import SCHEMA_VERSION
+from backchannel.stores.postgres import PostgresStore
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing import FakeClock
+from backchannel.testing import FakeClock, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,3 +76,55 @@ async def test_a_hub_whose_sqlite_file_a_newer_backchannel_migrated_stops_writin
         finally:
             conn.close()
         assert states == ["queued"], "the older hub leased nothing after the migration"
+
+
+@pytest.mark.postgres
+async def test_a_postgres_hub_told_a_newer_backchannel_migrated_stops_writing(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    # what a newer release's migrate does (it is this release's migrate, with one more
+    # migration): change the schema, record the version, announce it, in one transaction
+    url = new_postgres_url()
+    async with Hub(PostgresStore(url), clock=FakeClock(), background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "a")
+        await hub.add_member("t", "b")
+        await hub.send("t", "a", "b", "before the upgrade")
+        with psycopg.connect(url) as pg, pg.transaction():
+            pg.execute("ALTER TABLE deliveries ADD COLUMN priority integer NOT NULL DEFAULT 0")
+            pg.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+            pg.execute("SELECT pg_notify('backchannel', %s)", (f"schema:{SCHEMA_VERSION + 1}",))
+        refused: list[str] = []
+
+        async def refuses() -> bool:
+            try:
+                await hub.send("t", "a", "b", "after the upgrade", message_id="after")
+            except StoreError as exc:
+                refused.append(str(exc))
+                return True
+            return False
+
+        await eventually(refuses, what="the hub refuses to write", within=10)
+        text = refused[-1]
+        assert f"schema version {SCHEMA_VERSION + 1}" in text, text
+        assert "newer backchannel" in text and "stop this hub" in text, text
+        with pytest.raises(StoreError):
+            await hub.receive("t", "b", session="b-s", limit=10)
+        with psycopg.connect(url) as pg:
+            rows = pg.execute("SELECT d.state FROM deliveries d ORDER BY seq").fetchall()
+        # a send the hub took before it heard of the migration may be stored; one it
+        # refused is not, and nothing was leased once it had
+        assert [r[0] for r in rows].count("leased") == 0
+
+
+@pytest.mark.postgres
+async def test_a_postgres_migration_announces_the_version_it_reached(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    url = new_postgres_url()
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN backchannel")
+        async with Hub(PostgresStore(url), clock=FakeClock(), background=False):
+            pass
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == [f"schema:{SCHEMA_VERSION}"]

@@ -18,11 +18,15 @@ import psycopg
 
 from backchannel.errors import StoreError
 from backchannel.stores.base import SCHEMA_VERSION
+from backchannel.stores.postgres.transaction import CHANNEL
 
-__all__ = ["MIGRATIONS", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_NOTICE", "migrate"]
 
 log = logging.getLogger("backchannel.stores.postgres")
 _MIGRATION_LOCK = 0x6263_6D69_6772_6174  # "bcmigrat"
+#: How a migration announces the version it reached on the hubs' channel
+#: (``schema:16``); no hub's origin is named ``schema``, so no wake-up reads like it.
+SCHEMA_NOTICE = "schema:"
 
 MIGRATIONS: list[str] = [
     # 1: the messaging core (mirrors the SQLite schema; every key starts with team)
@@ -361,3 +365,7 @@ def migrate(conn: psycopg.Connection[Any], url: str) -> None:
             log.info("migrating %s to schema version %d", url, version)
             conn.execute(MIGRATIONS[version - 1].encode())
             conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+        if current < SCHEMA_VERSION:
+            # hubs of an older release still running hear it as it commits, and stop
+            # writing rows this schema could misread (their store's listener)
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{SCHEMA_NOTICE}{SCHEMA_VERSION}"))

@@ -57,7 +57,9 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   minutes, which would keep a hub failing for minutes after the database is back).
 * **Migrations.** Numbered scripts recorded in ``schema_migrations``, applied in one
   transaction under an advisory lock: hubs starting together migrate once. A database
-  newer than this code is refused, naming both versions.
+  newer than this code is refused, naming both versions; a migration announces the
+  version it reached (``NOTIFY backchannel, 'schema:N'``), and a hub told of one newer
+  than its code refuses every write from then on (a rolling upgrade).
 """
 
 from __future__ import annotations
@@ -79,8 +81,15 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from backchannel.errors import StoreError
-from backchannel.stores.base import SCHEMA_VERSION, Store, Tx, schema_put_back, tell_finished
-from backchannel.stores.postgres.schema import MIGRATIONS, migrate
+from backchannel.stores.base import (
+    SCHEMA_VERSION,
+    Store,
+    Tx,
+    schema_moved_on,
+    schema_put_back,
+    tell_finished,
+)
+from backchannel.stores.postgres.schema import MIGRATIONS, SCHEMA_NOTICE, migrate
 from backchannel.stores.postgres.transaction import CHANNEL, RetryTransaction
 from backchannel.stores.postgres.tx import PgTx
 
@@ -175,6 +184,9 @@ class PostgresStore(Store):
         self._listening = threading.Event()
         #: set by the listener while it cannot reach the database: fail fast, not slowly
         self._unreachable = False
+        #: the schema version a newer backchannel announced it migrated the database to
+        #: (a rolling upgrade with this hub still running): it writes nothing more
+        self._moved_on: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         #: Transaction attempts re-run after a serialization failure, deadlock or lost
@@ -333,6 +345,11 @@ class PostgresStore(Store):
         pool = self._pool
         if pool is None:
             raise StoreError(f"the PostgreSQL store {self.url} is closed")
+        if self._moved_on is not None and not readonly:
+            raise StoreError(
+                schema_moved_on(f"PostgreSQL database {self.url}", self._moved_on),
+                store=self.url,
+            )
         lost = 0
         for attempt in range(1, MAX_ATTEMPTS + 1):
             outage = self._unreachable
@@ -421,6 +438,20 @@ class PostgresStore(Store):
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._emit_change, team, member)
 
+    def _schema_announced(self, payload: str) -> None:
+        """A hub migrated the database (``schema:N``, sent as its migration commits): if
+        to a version newer than this code's, this hub stops writing (:meth:`_run`).
+        A write that starts between the migration's commit and the notice's arrival
+        (milliseconds, while the listener is connected) still goes through: the notice
+        narrows a rolling upgrade's window, it does not close it."""
+        try:
+            version = int(payload[len(SCHEMA_NOTICE) :])
+        except ValueError:
+            return
+        if version > SCHEMA_VERSION and self._moved_on is None:
+            self._moved_on = version
+            log.error("%s", schema_moved_on(f"PostgreSQL database {self.url}", version))
+
     def _listen(self) -> None:
         """Background thread: LISTEN, report others' notifications, reconnect, fall back."""
         backoff = 0.1
@@ -451,7 +482,9 @@ class PostgresStore(Store):
                         # a waiter on this hub wakes as soon as the other hub's NOTIFY lands
                         # (what a packet holds is still coalesced below)
                         for n in conn.notifies(timeout=0.2, stop_after=1):
-                            if not n.payload.startswith(own):
+                            if n.payload.startswith(SCHEMA_NOTICE):
+                                self._schema_announced(n.payload)
+                            elif not n.payload.startswith(own):
                                 seen[n.payload.partition(":")[2]] = None
                         for key in seen:
                             team, _, member = key.partition("/")
