@@ -1,4 +1,4 @@
-"""A SQLite store written by an older release, opened by this one: every version the
+"""A store written by an older release, opened by this one: every version the
 user may come from migrates with its rows, and what was in flight finishes as promised.
 Each older store is made as that release left it: the schema of its version only (its
 migrations applied, the later ones not), holding the rows of a store this release
@@ -7,12 +7,16 @@ filled, in the columns that version has."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from backchannel.hub import Hub
-from backchannel.stores.base import SCHEMA_VERSION
+from backchannel.stores import postgres
+from backchannel.stores.base import SCHEMA_VERSION, Store
+from backchannel.stores.postgres import PostgresStore
 from backchannel.stores.sqlite import MIGRATIONS, SqliteStore
 from backchannel.testing import FakeClock
 from backchannel.types import MessageKind
@@ -20,10 +24,10 @@ from backchannel.types import MessageKind
 pytestmark = pytest.mark.timeout(60)
 
 
-async def _fill(path: Path, clock: FakeClock) -> dict[str, str]:
+async def _fill(store: Store, clock: FakeClock) -> dict[str, str]:
     """A store with a message queued, one leased, one acked, one dead (and its notice to
     the sender), a pending anchor timer; returns the members' tokens."""
-    async with Hub(SqliteStore(path), clock=clock, background=False, max_attempts=1) as hub:
+    async with Hub(store, clock=clock, background=False, max_attempts=1) as hub:
         await hub.create_team("t", settings={"anchor_policy": "off"})
         tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b", "c")}
         for m in ("a", "b", "c"):
@@ -66,22 +70,72 @@ def _as_of(source: Path, dest: Path, version: int) -> None:
             now = {r[1] for r in conn.execute(f"PRAGMA new.table_info({table})")}
             cols = ", ".join(c for c in old if c in now)
             conn.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM new.{table}")
-        if version < 11:  # the reply a wait timer noted came with migration 11
-            conn.execute("UPDATE jobs SET payload = json_remove(payload, '$.reply')")
+        if 2 <= version < 11:  # jobs came with migration 2, a timer's noted reply with 11
+            conn.execute("UPDATE main.jobs SET payload = json_remove(payload, '$.reply')")
         conn.execute("DETACH new")
     finally:
         conn.close()
 
 
+def _pg_as_of(source: str, dest: str, version: int) -> None:
+    """The PostgreSQL :func:`_as_of`: ``dest`` (an empty database) at ``version`` with
+    ``source``'s rows; its sequences start past every copied id."""
+    with psycopg.connect(source) as src, psycopg.connect(dest) as dst:
+        dst.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for v in range(1, version + 1):
+            dst.execute(postgres.MIGRATIONS[v - 1].encode())
+            dst.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (v,))
+        columns = "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+        order = "ORDER BY ordinal_position"
+        tables = dst.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+            "AND table_name != 'schema_migrations'"
+        ).fetchall()
+        for (table,) in tables:
+            now = {r[0] for r in src.execute(columns, (table,))}
+            cols = ", ".join(r[0] for r in dst.execute(columns + order, (table,)) if r[0] in now)
+            with (
+                src.cursor().copy(f"COPY {table} ({cols}) TO STDOUT") as out,
+                dst.cursor().copy(f"COPY {table} ({cols}) FROM STDIN") as into,
+            ):
+                for data in out:
+                    into.write(data)
+        if 2 <= version < 11:
+            dst.execute("UPDATE jobs SET payload = payload - 'reply'")
+        dst.execute(
+            "SELECT setval(quote_ident(relname), 1000000) FROM pg_class "
+            "WHERE relkind = 'S' AND relnamespace = 'public'::regnamespace"
+        )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 @pytest.mark.parametrize("version", [1, 2, 5, 8, 10, 11, 12, 14])
 async def test_a_store_of_an_older_release_migrates_and_keeps_its_promises(
-    tmp_path: Path, version: int
+    tmp_path: Path, version: int, kind: str, request: pytest.FixtureRequest
 ) -> None:
     clock = FakeClock()
-    tokens = await _fill(tmp_path / "now.db", clock)
-    old = tmp_path / f"v{version}.db"
-    _as_of(tmp_path / "now.db", old, version)
-    async with Hub(SqliteStore(old), clock=clock, background=False) as hub:
+    old_store: Callable[[], Store]
+    if kind == "sqlite":
+        old = tmp_path / f"v{version}.db"
+        tokens = await _fill(SqliteStore(tmp_path / "now.db"), clock)
+        _as_of(tmp_path / "now.db", old, version)
+
+        def old_store() -> Store:
+            return SqliteStore(old)
+
+    else:
+        new_url: Callable[[], str] = request.getfixturevalue("new_postgres_url")
+        now_url, old_url = new_url(), new_url()
+        tokens = await _fill(PostgresStore(now_url), clock)
+        _pg_as_of(now_url, old_url, version)
+
+        def old_store() -> Store:
+            return PostgresStore(old_url)
+
+    async with Hub(old_store(), clock=clock, background=False) as hub:
         for m, token in tokens.items():
             member = await hub.authenticate(token)
             assert member is not None and member.name == m, "a token still works"
@@ -109,12 +163,16 @@ async def test_a_store_of_an_older_release_migrates_and_keeps_its_promises(
     assert len(notices) == 1, f"the dead letter's notice, once: {seen}"
     # jobs came with migration 2: a store before it had no timers to fire
     assert timers == (["ANCHOR: back to the report"] if version >= 2 else []), seen
-    conn = sqlite3.connect(old)
-    try:
-        assert conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] == (
-            SCHEMA_VERSION
-        )
-        states = dict(conn.execute("SELECT message_id, state FROM deliveries"))
-    finally:
-        conn.close()
+    if kind == "sqlite":
+        conn = sqlite3.connect(old)
+        try:
+            reached = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
+            states = dict(conn.execute("SELECT message_id, state FROM deliveries"))
+        finally:
+            conn.close()
+    else:
+        with psycopg.connect(old_url) as pg:
+            reached = pg.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+            states = dict(pg.execute("SELECT message_id, state FROM deliveries").fetchall())
+    assert reached == SCHEMA_VERSION
     assert states["dead"] == "dead" and states["acked"] == "acked", states
