@@ -16,7 +16,7 @@ import pytest
 from backchannel.errors import StoreError
 from backchannel.hub import Hub
 from backchannel.stores.base import SCHEMA_VERSION
-from backchannel.stores.postgres import PostgresStore
+from backchannel.stores.postgres import LISTENER_NAME, PostgresStore
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, eventually
 
@@ -128,3 +128,57 @@ async def test_a_postgres_migration_announces_the_version_it_reached(
             pass
         heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert heard == [f"schema:{SCHEMA_VERSION}"]
+
+
+@pytest.mark.postgres
+async def test_a_postgres_hub_whose_listener_missed_the_notice_learns_of_it_on_reconnect(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    # the listener's connection drops while a newer release migrates: the notice goes to
+    # nobody, and the listener, connected again, reads the version from the table (the
+    # migration holds schema_migrations until it commits, so the read comes after it)
+    url = new_postgres_url()
+    async with Hub(PostgresStore(url), clock=FakeClock(), background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "a")
+        await hub.add_member("t", "b")
+        with (
+            psycopg.connect(url) as pg,
+            psycopg.connect(url, autocommit=True) as watch,
+            pg.transaction(),
+        ):
+            pg.execute("LOCK TABLE schema_migrations IN ACCESS EXCLUSIVE MODE")
+            pg.execute("ALTER TABLE deliveries ADD COLUMN priority integer DEFAULT 0")
+            pg.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+            gone = [
+                r[0]
+                for r in pg.execute(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (LISTENER_NAME,),
+                )
+            ]
+            assert gone, "the hub's listener was connected"
+
+            def listener_back() -> bool:
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                    "AND NOT pid = ANY(%s)",
+                    (LISTENER_NAME, gone),
+                ).fetchone()
+                return bool(row and row[0])
+
+            # connected again before the migration commits, which sends no notice
+            await eventually(listener_back, what="the listener connected again")
+        refused: list[str] = []
+
+        async def refuses() -> bool:
+            try:
+                await hub.send("t", "a", "b", "after the upgrade", message_id="after")
+            except StoreError as exc:
+                refused.append(str(exc))
+                return True
+            return False
+
+        await eventually(refuses, what="the hub refuses to write", within=10)
+        assert f"schema version {SCHEMA_VERSION + 1}" in refused[-1], refused[-1]

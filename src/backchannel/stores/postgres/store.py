@@ -473,6 +473,12 @@ class PostgresStore(Store):
             try:
                 with conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    # a migration while this listener was away is told by the table, one
+                    # committed from now on by its notice (LISTEN came first: no gap)
+                    with contextlib.suppress(psycopg.errors.UndefinedTable):
+                        row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+                        if row and row[0] is not None:
+                            self._schema_announced(f"{SCHEMA_NOTICE}{row[0]}")
                     self._unreachable = False
                     self._listening.set()
                     self._post(None, None)  # anything may have happened while deaf
