@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from backchannel.core.delegation import RetryPolicy
 from backchannel.delivery.webhook import DELIVER_PATH, SIGNATURE_HEADER, verify
 from backchannel.testing import eventually
 from backchannel.types import MessageKind
@@ -191,3 +197,65 @@ def test_body_is_the_message_json() -> None:
     assert header.startswith("t=1700000000,v1=")
     assert verify(SECRET, body, header, now=1_700_000_100)
     assert not verify(SECRET, body, header, now=1_700_001_000)  # too old
+
+
+@contextmanager
+def trickling_endpoint(every: float) -> Iterator[tuple[str, list[float]]]:
+    """A raw TCP server that reads the request and answers it one byte every ``every``
+    seconds, forever: each read gets a byte well inside httpx's per-read timeout, so
+    only a deadline on the whole attempt ends it. Yields the URL and the times the
+    requests arrived."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.1)
+    stop = threading.Event()
+    arrived: list[float] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            arrived.append(time.monotonic())
+            for byte in itertools.cycle(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 64):
+                if stop.wait(every):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return  # the client gave up
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}", arrived
+    finally:
+        stop.set()
+        thread.join(5)
+        srv.close()
+
+
+async def test_trickling_endpoint_is_cut_off_at_the_attempt_timeout() -> None:
+    # an answer dribbled out a byte at a time never trips a per-read timeout; the
+    # attempt as a whole must still end at the policy's timeout, so the copy is
+    # retried and given up (the sender told) instead of holding the member forever
+    retry = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=30.0, timeout=1.0)
+    with trickling_endpoint(every=0.1) as (url, arrived):
+        async with running_hub({"bot": url}, retry=retry, max_attempts=2) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead", within=15)
+                notices = await hub.receive("t", "user", limit=10)
+    assert len(arrived) == 2
+    # the retry came one timeout (plus the short backoff) after the first POST
+    assert arrived[1] - arrived[0] < 3 * retry.timeout
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("gave up after 2 attempt(s): POST to service 'bot'")
+    assert "timed out" in reason
+    assert [n.message.kind for n in notices] == [MessageKind.SYSTEM]

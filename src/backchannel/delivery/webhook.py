@@ -28,7 +28,8 @@ constant time, refuses a ``t`` too far from its clock (5 minutes is usual), and 
 hub's record, and after a timeout whose request did arrive.
 
 Outcome: any 2xx is delivered, whatever the body says (the receiver took the message;
-its body is not read). Connection errors, timeouts, 408, 425, 429 and 5xx are transient:
+its body is not read). Each attempt has the registry's ``timeout`` as a whole (an
+answer dribbled out a byte at a time is cut off there too). Connection errors, timeouts, 408, 425, 429 and 5xx are transient:
 retried with the registry's capped backoff (``hub.callbacks.retry``; a ``Retry-After``
 in seconds is honoured up to the cap) until its budget or the hub's attempts are spent,
 then dead-lettered. Any other status, 3xx included, is permanent: dead-lettered at once
@@ -38,6 +39,7 @@ permanent too, with a reason naming the fix.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -163,13 +165,22 @@ class WebhookAdapter(Adapter):
         if svc.token:
             headers["Authorization"] = f"Bearer {svc.token}"
         where = f"service {svc.name!r} ({DELIVER_PATH})"
+        # httpx's timeout bounds each connect, read and write, not the request: a
+        # service that dribbles its answer a byte at a time would hold the member's
+        # worker forever. The whole attempt gets ``attempt_timeout``.
         try:
-            resp = await self._http.post(
-                svc.endpoint(DELIVER_PATH),
-                content=body,
-                headers=headers,
-                timeout=self.retry.timeout,
-            )
+            async with asyncio.timeout(self.attempt_timeout):
+                resp = await self._http.post(
+                    svc.endpoint(DELIVER_PATH),
+                    content=body,
+                    headers=headers,
+                    timeout=self.retry.timeout,
+                )
+        except TimeoutError as exc:
+            raise AdapterError(
+                f"POST to {where} timed out: no complete answer within "
+                f"{self.attempt_timeout:g} s (the callback retry policy's timeout)"
+            ) from exc
         except httpx.HTTPError as exc:
             raise AdapterError(f"POST to {where} failed: {type(exc).__name__}: {exc}") from exc
         status = resp.status_code
