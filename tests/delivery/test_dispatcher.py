@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,12 +15,12 @@ import pytest
 
 from backchannel.delivery.adapters import ADAPTERS, AdapterFactory, check_delivery_setting
 from backchannel.delivery.base import Adapter, AdapterContext, AdapterError
-from backchannel.delivery.claude_inbox import read_inbox
+from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.errors import InvalidRequest
 from backchannel.hub import Hub
 from backchannel.testing import eventually, eventually_blocking
-from backchannel.types import InboxMessage
+from backchannel.types import InboxMessage, MessageKind
 from tests.delivery.conftest_adapters import (
     FAST_RETRY,
     dispatching,
@@ -216,6 +219,51 @@ async def test_inbox_file_adapter_writes_the_entry_once(tmp_path: Path) -> None:
         assert (await adapter.deliver(item)).startswith("written")
         assert (await adapter.deliver(item)).startswith("already in")
         assert [e["msg_id"] for e in read_inbox(path)] == ["m-7", "m-8"]
+
+
+def _threads_in(function: str) -> int:
+    """How many threads are inside ``function`` now."""
+    return sum(
+        any(f.f_code.co_name == function for f, _ in traceback.walk_stack(top))
+        for top in sys._current_frames().values()
+    )
+
+
+async def test_inbox_on_a_filesystem_that_does_not_answer(tmp_path: Path) -> None:
+    # a FIFO in the inbox's place: opening it blocks until someone opens the other end,
+    # as a read on a hung network filesystem does. The stuck member's copy is retried,
+    # then given up with the sender told, one thread at most left waiting on it; the
+    # other member's inbox is written all the same
+    root = tmp_path / "teams"
+    (root / "cc" / "inboxes").mkdir(parents=True)
+    fifo = root / "cc" / "inboxes" / "stuck.json"
+    os.mkfifo(fifo)
+
+    def adapter(ctx: AdapterContext) -> Adapter:
+        a = InboxFileAdapter(ctx, writer=InboxWriter(root, deadline_s=0.5))
+        a.retry = FAST_RETRY
+        return a
+
+    stuck = {"type": "inbox-file", "root": str(root), "team": "cc"}
+    try:
+        async with running_hub(max_attempts=2) as hub:
+            await hub.add_member("t", "stuck", delivery=stuck)
+            await hub.add_member("t", "ok", delivery={**stuck, "team": "cc2"})
+            async with dispatching(hub, adapters={**ADAPTERS, "inbox-file": adapter}):
+                sent = await hub.send("t", "user", "stuck", "one", link=False)
+                other = await hub.send("t", "user", "ok", "two", link=False)
+                await wait_state(hub, "t", other.message_id, "acked", within=5)
+                st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+                notices = await hub.receive("t", "user", limit=10)
+                # the retry did not start a second write while the first still hangs
+                assert _threads_in("_read_own") == 1
+    finally:
+        # let the write that hangs go (it reads an empty inbox and ends)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("gave up after 2 attempt(s): inbox ")
+    assert "the filesystem does not answer" in reason
+    assert [n.message.kind for n in notices] == [MessageKind.SYSTEM]
 
 
 def test_check_delivery_setting() -> None:

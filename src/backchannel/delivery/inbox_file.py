@@ -18,6 +18,14 @@ inbox is not written again, so a redelivery after a crash is a no-op unless the 
 already read and pruned the entry. ``InboxWriteError`` (lock not won before the writer's
 deadline, I/O error) is transient: the dispatcher retries.
 
+A write runs in a thread and has the writer's deadline plus 5 s (``attempt_timeout``);
+on a filesystem that does not answer (a hung network mount) the attempt fails as
+transient past it, and the thread, which cannot be interrupted, is left waiting. While
+it waits no other write to the member's inbox starts (each attempt fails at once, saying
+so), so a stuck filesystem costs one thread, not one per retry; the copy is given up
+once the retries are spent, the sender told. Should the stuck write complete later, the
+entry is in the inbox all the same (a copy given up may have reached the agent).
+
 The lock is proper-lockfile's (the directory ``<inbox>.lock``, stale after 10 s). A stale
 one is taken over under a ``flock`` on it, and only while it is still that directory and
 still stale (:class:`~backchannel.delivery.claude_inbox.InboxLock`): of the hub's writers
@@ -29,6 +37,12 @@ that step.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
+import anyio.to_thread
+
 from backchannel.delivery.base import (
     Adapter,
     AdapterContext,
@@ -36,7 +50,12 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
     agent_text,
 )
-from backchannel.delivery.claude_inbox import InboxIdTaken, InboxWriteError, InboxWriter
+from backchannel.delivery.claude_inbox import (
+    AppendResult,
+    InboxIdTaken,
+    InboxWriteError,
+    InboxWriter,
+)
 from backchannel.types import InboxMessage
 
 __all__ = ["InboxFileAdapter"]
@@ -56,19 +75,47 @@ class InboxFileAdapter(Adapter):
         self.color = ctx.str_option("color")
         # one append waits at most the writer's deadline for the lock
         self.attempt_timeout = self.writer.deadline_s + 5.0
+        # set once the thread of the last write returned (see deliver)
+        self._writing: threading.Event | None = None
+        self._writing_since = 0.0
 
     async def deliver(self, item: InboxMessage) -> str:
         m = item.message
-        try:
-            result = await self.writer.append_async(
-                self.inbox_team,
-                self.inbox,
-                msg_id=m.message_id,
-                from_=m.sender,
-                text=agent_text(item),
-                summary=m.summary,
-                color=self.color,
+        if self._writing is not None and not self._writing.is_set():
+            raise AdapterError(
+                f"inbox {self.path}: the write started "
+                f"{time.monotonic() - self._writing_since:.0f} s ago has still not returned "
+                "(the filesystem does not answer); no other write starts until it does. "
+                "Check the filesystem the inbox is on"
             )
+        done = threading.Event()
+
+        def append() -> AppendResult:
+            try:
+                return self.writer.append(
+                    self.inbox_team,
+                    self.inbox,
+                    msg_id=m.message_id,
+                    from_=m.sender,
+                    text=agent_text(item),
+                    summary=m.summary,
+                    color=self.color,
+                )
+            finally:
+                done.set()
+
+        self._writing, self._writing_since = done, time.monotonic()
+        try:
+            async with asyncio.timeout(self.attempt_timeout):
+                # abandoned, not waited for, when the attempt times out or the worker
+                # is cancelled: a thread stuck in the kernel cannot be interrupted
+                result = await anyio.to_thread.run_sync(append, abandon_on_cancel=True)
+        except TimeoutError:
+            raise AdapterError(
+                f"inbox {self.path}: the write did not answer within "
+                f"{self.attempt_timeout:g} s (the filesystem does not answer); check the "
+                "filesystem the inbox is on"
+            ) from None
         except InboxIdTaken as exc:  # writing again finds the same entry: never retried
             raise PermanentDeliveryError(f"inbox {self.path}: {exc}") from exc
         except InboxWriteError as exc:
