@@ -99,6 +99,44 @@ async def test_per_member_order_is_kept_through_retries() -> None:
         assert got == [f"{member}-{i}" for i in range(15)]
 
 
+class Overrunning(Recorder):
+    """Breaks the contract: its first attempt at each message never ends, whatever its
+    ``attempt_timeout`` says."""
+
+    type = "overrun"
+
+    def __init__(self, ctx: AdapterContext, sink: Sink) -> None:
+        super().__init__(ctx, sink)
+        self.attempt_timeout = 0.3
+
+    async def deliver(self, item: InboxMessage) -> str:
+        if item.attempt == 1:
+            await asyncio.Event().wait()
+        return await super().deliver(item)
+
+
+async def test_an_attempt_past_its_timeout_is_cut_off_and_retried_in_order() -> None:
+    # the worker's lease on a copy covers one attempt of attempt_timeout; an adapter
+    # that overruns it must not hold the member (nor outlive the lease) for good
+    sink = Sink()
+    adapters = {**_with(sink), "overrun": lambda ctx: Overrunning(ctx, sink)}
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "overrun"})
+        await hub.add_member("t", "b", delivery={"type": "record"})
+        async with dispatching(hub, adapters=adapters) as d:
+            first = await hub.send("t", "user", "a", "a-1", link=False)
+            await hub.send("t", "user", "a", "a-2", link=False)
+            await hub.send("t", "user", "b", "b-1", link=False)
+            st = await wait_state(hub, "t", first.message_id, "acked", within=10)
+            await _delivered(sink, 3)
+            worker = next(s for s in d.status() if s.member == "a")
+    assert [text for m, text in sink.delivered if m == "a"] == ["a-1", "a-2"]
+    assert ("b", "b-1") in sink.delivered
+    assert worker.retried >= 1
+    assert "did not finish within 1.3 s (its attempt_timeout, 0.3 s" in (worker.last_error or "")
+    assert [e.event for e in st.history].count("delivered") == 1
+
+
 async def test_member_added_after_start_is_served(tmp_path: Path) -> None:
     sink = Sink()
     async with running_hub() as hub, dispatching(hub, adapters=_with(sink)) as d:

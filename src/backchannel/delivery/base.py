@@ -121,7 +121,8 @@ class Adapter(abc.ABC):
     :data:`AUTO_SESSION` to follow the member's live session; None for no gating),
     ``retry`` (backoff and budget for transient failures), ``attempt_timeout`` (the
     longest one :meth:`deliver` may take: the dispatcher's lease covers it plus the
-    longest backoff) and ``turn_wait``.
+    longest backoff, and the dispatcher cancels an attempt that runs a second past it)
+    and ``turn_wait``.
     """
 
     type: ClassVar[str] = ""

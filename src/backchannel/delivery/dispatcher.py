@@ -50,7 +50,10 @@ a session ends and at least every 5 s), or none (no gating).
 Workers are independent tasks, so one member's slow adapter (a webhook that hangs, an
 inbox lock held by another writer) never delays another member's deliveries. A worker's
 lease is long enough for one attempt plus the longest backoff, so the hub does not take
-a copy back while the worker still works on it.
+a copy back while the worker still works on it. Each adapter bounds its own attempt
+(``attempt_timeout``); as a backstop the worker cuts an attempt off
+:data:`ATTEMPT_SLACK_S` past it and counts it a transient failure, so an adapter that
+overruns can neither hold its member for good nor outlive the lease.
 
 Shutdown (:meth:`Dispatcher.stop`): scanning stops, idle workers are cancelled at once,
 workers in the middle of a delivery get ``grace_s`` to finish it, then are cancelled;
@@ -122,6 +125,9 @@ log = logging.getLogger("backchannel.delivery.dispatcher")
 
 #: Longest pause of a worker whose hub calls fail (the store is down, say).
 _MAX_PAUSE = 30.0
+#: An attempt is cut off this long after its adapter's ``attempt_timeout`` (an adapter
+#: bounds its own steps; this is the backstop that keeps an attempt inside its lease).
+ATTEMPT_SLACK_S = 1.0
 
 
 class _Outcome(StrEnum):
@@ -474,8 +480,24 @@ class _Worker:
         """The outcome, its detail, and the transient error (for its ``retry_after`` and
         ``tell_operator``)."""
         self._state("delivering")
+        limit = adapter.attempt_timeout + ATTEMPT_SLACK_S
         try:
-            detail = await adapter.deliver(item)
+            # the lease covers one attempt of attempt_timeout: an adapter that overruns
+            # it would hold the member for good, or outlive the lease and push a copy
+            # the hub has handed out again
+            async with asyncio.timeout(limit):
+                detail = await adapter.deliver(item)
+        except TimeoutError:
+            log.warning("%s/%s: %s did not finish delivering %s within %g s; cut off",
+                        self.team, self.member,
+                        adapter.describe(), item.message.message_id, limit)  # fmt: skip
+            return (
+                _Outcome.RETRY,
+                f"{adapter.describe()} did not finish within {limit:g} s (its "
+                f"attempt_timeout, {adapter.attempt_timeout:g} s, and "
+                f"{ATTEMPT_SLACK_S:g} s more); the attempt was cut off",
+                None,
+            )
         except PermanentDeliveryError as exc:
             return _Outcome.DEAD, exc.message, None
         except HeldDelivery as exc:
