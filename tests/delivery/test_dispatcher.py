@@ -137,6 +137,42 @@ async def test_an_attempt_past_its_timeout_is_cut_off_and_retried_in_order() -> 
     assert [e.event for e in st.history].count("delivered") == 1
 
 
+async def test_a_worker_slow_to_stop_does_not_hold_up_the_other_members(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a's setting changes while its push hangs: its old worker gets grace_s to finish.
+    # Meanwhile the scans go on: the other members' leases are renewed (no worker lost),
+    # a member added meanwhile is served at once, and a's new worker starts only once
+    # the old one has stopped, with a's order kept
+    caplog.set_level(logging.WARNING, "backchannel.delivery.dispatcher")
+    sink = Sink(hang={"hang"})
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery={"type": "record"})
+        await hub.add_member("t", "b", delivery={"type": "record"})
+        async with dispatching(hub, adapters=_with(sink), grace_s=6.0, ownership_s=2.0) as d:
+            await hub.send("t", "user", "a", "hang", link=False)
+            await asyncio.wait_for(sink.entered.wait(), 5)
+            await hub.update_member("t", "a", delivery={"type": "record", "v": 2})
+            d.poke()
+            await eventually(lambda: "a" not in [s.member for s in d.status()], what="a's stop")
+            await hub.send("t", "user", "a", "a-2", link=False)
+            await hub.add_member("t", "c", delivery={"type": "record"})
+            d.poke()
+            to_c = await hub.send("t", "user", "c", "c-1", link=False)
+            to_b = await hub.send("t", "user", "b", "b-1", link=False)
+            await wait_state(hub, "t", to_c.message_id, "acked", within=2)
+            await wait_state(hub, "t", to_b.message_id, "acked", within=2)
+            assert ("a", "a-2") not in sink.delivered
+            # the old worker is cancelled at the end of its grace; the new one pushes
+            await eventually(lambda: sink.cancelled == ["hang"], what="the old worker's end")
+            sink.gate.set()
+            await _delivered(sink, 4)
+            to_b = await hub.send("t", "user", "b", "b-2", link=False)
+            await wait_state(hub, "t", to_b.message_id, "acked")
+    assert [text for m, text in sink.delivered if m == "a"] == ["hang", "a-2"]
+    assert not [r for r in caplog.records if "lease on its push delivery ran out" in r.message]
+
+
 async def test_member_added_after_start_is_served(tmp_path: Path) -> None:
     sink = Sink()
     async with running_hub() as hub, dispatching(hub, adapters=_with(sink)) as d:

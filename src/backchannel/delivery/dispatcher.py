@@ -9,7 +9,10 @@ Every ``rescan_s`` seconds (and on :meth:`Dispatcher.poke`) the dispatcher lists
 teams and their members. A member whose ``delivery.type`` is a push adapter
 (``inbox-file``, ``tmux``, ``stdin``, ``webhook``) gets a worker task; a member added later
 is picked up by the next scan, a member whose setting changed gets a new worker, and a
-member whose setting went back to pull loses its worker. Members without a setting, or
+member whose setting went back to pull loses its worker. An old worker is stopped in the
+background (a delivery under way gets ``grace_s``, as at shutdown) so the scan, which
+renews every member's lease, never waits on it; its member's new worker starts once it
+has stopped. Members without a setting, or
 with ``pull``/``hook``, fetch their messages themselves and are left alone; an unknown
 type is logged once and left alone too (its messages wait for whoever pulls them).
 
@@ -649,6 +652,8 @@ class Dispatcher:
         self.adapters = adapters
         self.teams = frozenset(teams) if teams is not None else None
         self._workers: dict[tuple[str, str], _Worker] = {}
+        # workers being stopped in the background (see _retire), by member
+        self._retiring: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._warned: set[tuple[str, str, str]] = set()
         self._scan_task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
@@ -684,6 +689,8 @@ class Dispatcher:
             self._workers.clear()
         if workers:
             await asyncio.gather(*(w.stop(self.grace_s) for w in workers))
+        if self._retiring:
+            await asyncio.wait(set(self._retiring.values()))
         await self.ownership.release()
 
     def poke(self) -> None:
@@ -727,17 +734,18 @@ class Dispatcher:
                         continue
                     snapshot = json.dumps(m.delivery, sort_keys=True, default=str)
                     wanted[(m.team, m.name)] = (m, snapshot)
-            stale = []
             for key, w in list(self._workers.items()):
                 want = wanted.get(key)
                 crashed = w.task.done() and not w.task.cancelled() and w.task.exception()
                 if want is None or want[1] != w.snapshot or crashed or w.lost:
-                    stale.append(w)
                     del self._workers[key]
-            if stale:
-                await asyncio.gather(*(w.stop(self.grace_s) for w in stale))
+                    self._retire(w)
+            # a retiring worker may still push (its grace): its member counts as running,
+            # so the claim leaves its copies leased to it, and gets no new worker before
+            # a scan that finds the old one gone (that scan's claim puts back what it held)
+            retiring = set(self._retiring)
             held = await self.ownership.claim(
-                wanted, running=set(self._workers), drop=self.ownership.held()
+                wanted, running={*self._workers, *retiring}, drop=self.ownership.held()
             )
             lost = [w for key, w in self._workers.items() if key not in held]
             for w in lost:
@@ -747,11 +755,28 @@ class Dispatcher:
             if lost:
                 await asyncio.gather(*(w.stop(self.grace_s) for w in lost))
             for key, (member, snapshot) in wanted.items():
-                if key in held and key not in self._workers:
+                if key in held and key not in self._workers and key not in retiring:
                     w = _Worker(self, member, snapshot)
                     w.task.add_done_callback(_log_crash)
                     self._workers[key] = w
                     log.info("delivering to %s/%s by %s", key[0], key[1], w.status.type)
+
+    def _retire(self, w: _Worker) -> None:
+        """Stop ``w`` (its member's setting changed, or it went) in the background: its
+        delivery under way gets ``grace_s``, and the scan, which renews every member's
+        lease, must not wait that long. Its member gets a new worker at the first scan
+        after it has stopped, never two at once."""
+        if w.task.done():
+            return  # nothing left to stop
+        task = asyncio.create_task(w.stop(self.grace_s), name=f"bc-retire-{w.team}-{w.member}")
+        self._retiring[w.key] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._retiring.get(w.key) is t:
+                del self._retiring[w.key]
+            self._poke.set()  # its member's new worker, if any, starts now
+
+        task.add_done_callback(done)
 
     def _warn_unknown(self, m: Member, kind: str) -> None:
         key = (m.team, m.name, kind)
