@@ -19,6 +19,7 @@ from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.errors import InvalidRequest
 from backchannel.hub import Hub
+from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import eventually, eventually_blocking
 from backchannel.types import InboxMessage, MessageKind
 from tests.delivery.conftest_adapters import (
@@ -171,6 +172,41 @@ async def test_a_worker_slow_to_stop_does_not_hold_up_the_other_members(
             await wait_state(hub, "t", to_b.message_id, "acked")
     assert [text for m, text in sink.delivered if m == "a"] == ["hang", "a-2"]
     assert not [r for r in caplog.records if "lease on its push delivery ran out" in r.message]
+
+
+async def test_one_message_is_not_held_behind_another_members_flood(tmp_path: Path) -> None:
+    # a sends to b as fast as it can (b is pushed to, so its worker is busy all along);
+    # c's one message to d goes out within a second each time, the flood running. On
+    # SQLite: the memory store answers without ever yielding to the event loop, so an
+    # in-process flood on it starves everything else by construction
+    sink = Sink()
+    async with Hub(SqliteStore(tmp_path / "hub.db"), check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        for name in ("a", "b", "c", "d"):
+            # b's quota raised: the flood must go on, not be refused
+            settings = {"max_queued": 1_000_000} if name == "b" else None
+            await hub.add_member("t", name, delivery={"type": "record"}, settings=settings)
+        async with dispatching(hub, adapters=_with(sink)):
+            flooding, sent = True, 0
+
+            async def flood() -> None:
+                nonlocal sent
+                while flooding:
+                    await hub.send("t", "a", "b", "flood", link=False)
+                    sent += 1
+
+            floods = [asyncio.create_task(flood()) for _ in range(8)]
+            try:
+                await eventually(lambda: sent >= 500, what="the flood to be under way")
+                for i in range(3):
+                    before = sent
+                    one = await hub.send("t", "c", "d", f"one-{i}", link=False)
+                    await wait_state(hub, "t", one.message_id, "acked", within=1.0)
+                    assert sent > before, "the flood went on meanwhile"
+            finally:
+                flooding = False
+                await asyncio.gather(*floods)
+    assert [text for m, text in sink.delivered if m == "d"] == ["one-0", "one-1", "one-2"]
 
 
 async def test_member_added_after_start_is_served(tmp_path: Path) -> None:
