@@ -1,19 +1,27 @@
 """A stand-in for a runtime's process (Claude Code, Codex, Gemini CLI), for tests.
 
-``python stand_in.py BIN TEAM/MEMBER URL``: it starts ``BIN mcp`` as its child with its
-stdin and stdout on pipes, as the runtimes start a stdio MCP server, waits for it to
-answer a tool call, and keeps it for as long as it runs. For each hook payload (one JSON line) written to its stdin, it runs
-``BIN hook claude-code`` through ``sh -c``, as the runtimes run command hooks, and
-writes the hook's answer as one JSON line to its stdout. Between lines it is idle, as a
+``python stand_in.py BIN TEAM/MEMBER URL [SETUP]``: it starts ``BIN mcp`` as its child
+with its stdin and stdout on pipes, as the runtimes start a stdio MCP server, waits for
+it to answer a tool call, and keeps it for as long as it runs. ``SETUP`` says how:
+
+* ``stdio`` (the default): directly, as ``backchannel attach`` configures it;
+* ``wrapper``: through a shell script that runs it (without ``exec``), as a user's own
+  launcher does; ``timeout``: through ``timeout``, a launcher that stays as its parent.
+
+For each hook payload (one JSON line) written to its stdin, it runs ``BIN hook
+claude-code`` through ``sh -c``, as the runtimes run command hooks, and writes the
+hook's answer as one JSON line to its stdout. Between lines it is idle, as a
 runtime at its prompt or in a long tool call is: no event at all.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
 
 
 def ready(mcp: subprocess.Popen[str]) -> None:
@@ -36,10 +44,25 @@ def ready(mcp: subprocess.Popen[str]) -> None:
         pass
 
 
+def launcher(setup: str) -> list[str]:
+    """The command that runs ``backchannel mcp`` for ``setup`` (see the docstring)."""
+    if setup == "timeout":
+        return ["timeout", "3600"]
+    if setup == "wrapper":
+        where = os.path.dirname(os.environ.get("BACKCHANNEL_STATE_DIR", "")) or None
+        fd, path = tempfile.mkstemp(prefix="bc-mcp-wrapper-", suffix=".sh", dir=where)
+        os.write(fd, b'#!/bin/sh\n"$@"\n')
+        os.close(fd)
+        os.chmod(path, 0o700)
+        return [path]
+    return []
+
+
 def main() -> None:
     bin_, who, url = sys.argv[1:4]
+    setup = sys.argv[4] if len(sys.argv) > 4 else "stdio"
     mcp = subprocess.Popen(
-        [bin_, "mcp", "--as", who, "--url", url],
+        [*launcher(setup), bin_, "mcp", "--as", who, "--url", url],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backchannel.runtimes.liveness import RUNTIME_FIELD, runtime_key
+from backchannel.runtimes.liveness import RUNTIME_FIELD, running, runtime_key, runtime_keys
 from backchannel.testing import eventually_blocking
 from tests.conftest import BIN, Server, start_server
 
@@ -44,11 +44,13 @@ def srv(tmp_path: Path) -> Iterator[Server]:
 class Runtime:
     """One stand-in runtime process of ``member`` (see :mod:`tests.runtimes.stand_in`)."""
 
-    def __init__(self, srv: Server, team: str, member: str, token: str, state: Path) -> None:
+    def __init__(
+        self, srv: Server, team: str, member: str, token: str, state: Path, setup: str = "stdio"
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
         env |= {"BACKCHANNEL_TOKEN": token, "BACKCHANNEL_STATE_DIR": str(state)}
         self.proc = subprocess.Popen(
-            [sys.executable, str(STAND_IN), str(BIN), f"{team}/{member}", srv.url],
+            [sys.executable, str(STAND_IN), str(BIN), f"{team}/{member}", srv.url, setup],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -93,11 +95,26 @@ def _link_state(c: httpx.Client, peer: str) -> tuple[str, str | None]:
     return link["state"], link.get("close_reason")
 
 
-@pytest.mark.parametrize("busy", [False, True], ids=["idle-at-its-prompt", "long-tool-call"])
+@pytest.mark.parametrize(
+    ("setup", "busy"),
+    [
+        ("stdio", False),
+        ("stdio", True),
+        ("wrapper", False),
+        ("timeout", False),
+    ],
+    ids=[
+        "idle-at-its-prompt",
+        "long-tool-call",
+        "mcp-through-a-wrapper-script",
+        "mcp-through-timeout",
+    ],
+)
 def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
     srv: Server,
     tmp_path: Path,
     runtimes: list[Runtime],
+    setup: str,
     busy: bool,
     request: pytest.FixtureRequest,
 ) -> None:
@@ -107,14 +124,17 @@ def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
     crossing reaches it once it goes on. ``d``'s runtime is killed (``kill -9`` of it and
     its MCP server) while a message waits for its session: the session ends as before.
     The message to ``d`` waits from after ``a``'s crossing, so by the time ``d``'s session
-    has ended, the hub has looked at ``b``'s."""
+    has ended, the hub has looked at ``b``'s.
+
+    The same in each set-up of :mod:`tests.runtimes.stand_in`: a ``backchannel mcp``
+    started directly, through a wrapper script or through ``timeout``."""
     tokens = make_team(
         srv, "t", "a:claude-code", "b:claude-code", "d:claude-code", exit_grace_seconds=GRACE_S
     )
     c = {name: srv.client(token) for name, token in tokens.items()}
     for client in c.values():
         request.addfinalizer(client.close)
-    a, b, d = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}") for m in "abd")
+    a, b, d = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}", setup) for m in "abd")
     runtimes += [a, b, d]
 
     # a links with b; b's turn on it ends
@@ -168,3 +188,37 @@ def test_the_hook_and_the_mcp_server_name_the_same_runtime() -> None:
     assert mine in direct and direct == shelled
     assert runtime_key() != direct  # this process's own runtime is another
     assert RUNTIME_FIELD == "backchannel_runtime"
+
+
+def test_a_key_runs_while_its_process_does_and_not_after() -> None:
+    """A beat for a key says its process runs: a process killed (a zombie its parent has
+    not reaped yet, then reaped) no longer does, nor does its pid with another start
+    time, nor a key from another machine."""
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        [key] = runtime_keys(proc.pid, 1)
+        machine, pid, started = key.split("/")
+        assert pid == str(proc.pid) and running(key)
+        assert not running(f"{machine}/{pid}/{started}0")
+        assert not running(f"another-machine/{pid}/{started}")
+        proc.kill()  # not reaped yet: a zombie
+        eventually_blocking(lambda: not running(key), what="the killed process to stop")
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not running(key)
+
+
+def test_the_mcp_server_behind_a_launcher_names_the_runtime_above_it(tmp_path: Path) -> None:
+    """A ``backchannel mcp`` started through a launcher that stays as its parent (a
+    wrapper script that does not ``exec``) has the launcher as its nearest ancestor; the
+    runtime the hooks name is the next of the keys it beats for."""
+    wrapper = tmp_path / "my-launcher"
+    wrapper.write_text('#!/bin/sh\n"$@"\n')
+    wrapper.chmod(0o700)
+    probe = "from backchannel.runtimes.liveness import runtime_keys; print(*runtime_keys())"
+    keys = subprocess.run(
+        [str(wrapper), sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    mine = f"/{os.getpid()}/"  # this process plays the runtime
+    assert mine not in keys[0] and mine in keys[1] and running(keys[1])

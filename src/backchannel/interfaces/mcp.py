@@ -564,18 +564,24 @@ async def beat(client: Client, parent: int | None = None) -> None:
     long tool call (:mod:`backchannel.runtimes.liveness`). Stops when the parent goes (a
     runtime killed: this server is reparented, or its stdin closes and it exits), so
     the sessions of a dead runtime still end by the hub's rule. A hub that cannot be
-    reached, or does not know beats, is tried again a minute later."""
+    reached, or does not know beats, is tried again a minute later.
+
+    It beats for the few nearest ancestors that are neither shells nor known launchers
+    (:func:`~backchannel.runtimes.liveness.runtime_keys`), each only while it runs: one
+    started through a launcher that stays as its parent (``timeout``, a wrapper script)
+    still beats for the runtime above it, which its hooks name."""
     parent = os.getppid() if parent is None else parent
-    key = await asyncio.to_thread(liveness.runtime_key, parent)
-    if key is None:
+    keys = await asyncio.to_thread(liveness.runtime_keys, parent)
+    if not keys:
         log.debug("no runtime process to beat for (parent %s)", parent)
         return
     while os.getppid() == parent:
-        try:
-            every = (await client.runtime_alive(key)).next_in
-        except Exception as exc:  # the tools go on; the next beat tries again
-            log.debug("beat for %s: %s", key, exc)
-            every = ALIVE_STEP_S
+        every = ALIVE_STEP_S
+        for key in await asyncio.to_thread(lambda: [k for k in keys if liveness.running(k)]):
+            try:
+                every = min(every, (await client.runtime_alive(key)).next_in)
+            except Exception as exc:  # the tools go on; the next beat tries again
+                log.debug("beat for %s: %s", key, exc)
         await asyncio.sleep(max(MIN_BEAT_S, every))
 
 

@@ -16,10 +16,21 @@ mcp``, for as long as the runtime runs). Both name the runtime process the same 
   that a pid used again by a later process is another key.
 
 The hook command sends the key with each event (:data:`RUNTIME_FIELD`); the hub keeps it
-on the session. The MCP server beats with it while its parent lives; the hub counts a
-beat as a sign of life of the member's live sessions that carry the key. A runtime that
-is killed takes its MCP server with it (killed too, or its stdin closes), the beats stop,
-and its sessions end by the rule as before.
+on the session. The MCP server beats while its parent lives; the hub counts a beat as a
+sign of life of the member's live sessions that carry the key. A runtime that is killed
+takes its MCP server with it (killed too, or its stdin closes), the beats stop, and its
+sessions end by the rule as before.
+
+A beat for a key says that process runs, whoever sends it, so it is sent only for a key
+whose process is seen running just before (:func:`running`: the same pid with the same
+start time, not a zombie). That is what lets the MCP server beat for more than its
+nearest ancestor (:func:`runtime_keys`): started through a launcher that stays as its
+parent and is not in :data:`PASS_THROUGH` (``timeout``, a wrapper script that runs it
+without ``exec``, ``npx``), its nearest ancestor is the launcher, not the runtime that
+the hooks name, so it beats for the few nearest ancestors that run. And it is what lets
+a process that is no child of the runtime beat for it: the keeper a command hook started
+with ``--keep-alive`` (:mod:`backchannel.runtimes.keeper`), for a runtime with no
+``backchannel mcp`` of its own (the HTTP MCP server, ``attach --http``).
 
 Standard library only: the lean command hook imports this on every call.
 """
@@ -30,7 +41,14 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["PASS_THROUGH", "RUNTIME_FIELD", "add_runtime", "runtime_key"]
+__all__ = [
+    "PASS_THROUGH",
+    "RUNTIME_FIELD",
+    "add_runtime",
+    "running",
+    "runtime_key",
+    "runtime_keys",
+]
 
 #: Where a hook payload names the runtime process its hook ran under.
 RUNTIME_FIELD = "backchannel_runtime"
@@ -41,6 +59,9 @@ PASS_THROUGH = frozenset(
 )
 #: How many ancestors are looked at, at most.
 MAX_HOPS = 6
+#: For how many of its nearest ancestors that are not :data:`PASS_THROUGH` the MCP server
+#: beats: the runtime, behind a launcher or two the list does not know.
+MAX_KEYS = 3
 
 
 def _proc(pid: int) -> tuple[str, int, str] | None:
@@ -85,24 +106,64 @@ def _machine() -> str:
         return socket.gethostname()
 
 
+def _reader() -> Any:
+    return _proc if os.path.isdir("/proc/self") else _ps
+
+
 def runtime_key(parent: int | None = None) -> str | None:
     """The key of the runtime process this process runs under (see the module
     docstring), starting at ``parent`` (this process's parent by default); ``None`` when
     it cannot be told."""
-    read = _proc if os.path.isdir("/proc/self") else _ps
+    keys = runtime_keys(parent, 1)
+    return keys[0] if keys else None
+
+
+def runtime_keys(parent: int | None = None, most: int = MAX_KEYS) -> list[str]:
+    """The keys of up to ``most`` of the nearest ancestors, from ``parent`` (this
+    process's parent by default) up, that are not :data:`PASS_THROUGH`, nearest first:
+    the first is the runtime's when nothing but shells and known launchers stand
+    between."""
+    read = _reader()
     pid = os.getppid() if parent is None else parent
+    keys: list[str] = []
     for _ in range(MAX_HOPS):
-        if pid <= 1:
-            return None
+        if pid <= 1 or len(keys) >= most:
+            break
         found = read(pid)
         if found is None:
-            return None
+            break
         name, ppid, started = found
         name = os.path.basename(name).lstrip("-")  # a login shell's name starts with "-"
         if name not in PASS_THROUGH:
-            return f"{_machine()}/{pid}/{started}"
+            keys.append(f"{_machine()}/{pid}/{started}")
         pid = ppid
-    return None
+    return keys
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits for its parent to reap it (Linux; elsewhere
+    ``ps`` would show it as ``<defunct>``, with a start time all the same)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return True
+    return raw[raw.rfind(b")") + 2 :][:1] in (b"Z", b"X")
+
+
+def running(key: str) -> bool:
+    """Whether the process ``key`` names (:func:`runtime_key`) runs now, on this machine:
+    the same pid with the same start time, not a zombie (a runtime killed under a parent
+    that has not reaped it yet is dead)."""
+    machine, _, rest = key.partition("/")
+    pid_text, _, started = rest.partition("/")
+    if machine != _machine() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    found = _reader()(pid)
+    if found is None or found[2] != started:
+        return False
+    return not (os.path.isdir("/proc/self") and _zombie(pid))
 
 
 def add_runtime(payload: Any) -> Any:
