@@ -6,7 +6,10 @@ it to answer a tool call, and keeps it for as long as it runs. ``SETUP`` says ho
 
 * ``stdio`` (the default): directly, as ``backchannel attach`` configures it;
 * ``wrapper``: through a shell script that runs it (without ``exec``), as a user's own
-  launcher does; ``timeout``: through ``timeout``, a launcher that stays as its parent.
+  launcher does; ``timeout``: through ``timeout``, a launcher that stays as its parent;
+* ``http``: no MCP server process at all (the runtime's MCP client talks to the hub's
+  ``/mcp``, ``attach --http``), and hooks run with ``--keep-alive``, as ``attach
+  --http`` writes them.
 
 For each hook payload (one JSON line) written to its stdin, it runs ``BIN hook
 claude-code`` through ``sh -c``, as the runtimes run command hooks, and writes the
@@ -61,15 +64,18 @@ def launcher(setup: str) -> list[str]:
 def main() -> None:
     bin_, who, url = sys.argv[1:4]
     setup = sys.argv[4] if len(sys.argv) > 4 else "stdio"
-    mcp = subprocess.Popen(
-        [*launcher(setup), bin_, "mcp", "--as", who, "--url", url],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    ready(mcp)
+    mcp = None
+    if setup != "http":
+        mcp = subprocess.Popen(
+            [*launcher(setup), bin_, "mcp", "--as", who, "--url", url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        ready(mcp)
+    extra = ["--keep-alive"] if setup == "http" else []
     hook = " ".join(
-        shlex.quote(p) for p in [bin_, "hook", "claude-code", "--as", who, "--url", url]
+        shlex.quote(p) for p in [bin_, "hook", "claude-code", "--as", who, "--url", url, *extra]
     )
     for line in sys.stdin:
         run = subprocess.run(
@@ -77,8 +83,9 @@ def main() -> None:
         )
         answer = json.loads(run.stdout) if run.stdout.strip() else {}
         print(json.dumps({"answer": answer, "stderr": run.stderr}), flush=True)
-    mcp.stdin.close()  # type: ignore[union-attr]
-    mcp.wait()
+    if mcp is not None:
+        mcp.stdin.close()  # type: ignore[union-attr]
+        mcp.wait()
 
 
 if __name__ == "__main__":

@@ -282,6 +282,41 @@ def test_claude_code_over_http_keeps_session_start_a_command(tmp_path: Path) -> 
     assert _load(tmp_path / ".claude/settings.local.json") == settings
 
 
+HOOK_FILES = {
+    "claude-code": ".claude/settings.local.json",
+    "codex": ".codex/hooks.json",
+    "gemini": ".gemini/settings.json",
+}
+
+
+@pytest.mark.parametrize("runtime", list(FILES))
+def test_over_http_the_command_hooks_keep_a_keeper_beating(tmp_path: Path, runtime: str) -> None:
+    """With the HTTP MCP server no ``backchannel mcp`` beats for the runtime: its command
+    hooks run with ``--keep-alive`` (:mod:`backchannel.runtimes.keeper`). Over stdio
+    they do not: the MCP server beats."""
+    for http, where in ((True, tmp_path / "http"), (False, tmp_path / "stdio")):
+        where.mkdir()
+        extra = ("--http",) if http else ()
+        env = {"BACKCHANNEL_TOKEN": TOKEN, "CODEX_HOME": str(tmp_path / "codex-home")}
+        args = ["attach", runtime, "--team", "t", "--member", "w", "--dir", str(where)]
+        result = CliRunner().invoke(app, [*args, "--url", URL, *extra], env=env)
+        assert result.exit_code == 0, result.output
+        data = _load(where / HOOK_FILES[runtime])
+        commands = [
+            h["command"]
+            for event in data["hooks"]
+            for h in _hooks(data, event)
+            if h.get("type") == "command"
+        ]
+        assert commands and all(
+            c.endswith(" --keep-alive") == http for c in _ours_commands(commands, runtime)
+        ), commands
+
+
+def _ours_commands(commands: list[str], runtime: str) -> list[str]:
+    return [c for c in commands if f"hook {runtime}" in c]
+
+
 def _codex_attach(d: Path, home: Path, *extra: str) -> Any:
     args = ["attach", "codex", "--team", "t", "--member", "w", "--dir", str(d), "--url", URL]
     env = {"BACKCHANNEL_TOKEN": TOKEN, "CODEX_HOME": str(home)}

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backchannel.runtimes import keeper
 from backchannel.runtimes.liveness import RUNTIME_FIELD, running, runtime_key, runtime_keys
 from backchannel.testing import eventually_blocking
 from tests.conftest import BIN, Server, start_server
@@ -100,12 +101,16 @@ def _link_state(c: httpx.Client, peer: str) -> tuple[str, str | None]:
     [
         ("stdio", False),
         ("stdio", True),
+        ("http", False),
+        ("http", True),
         ("wrapper", False),
         ("timeout", False),
     ],
     ids=[
         "idle-at-its-prompt",
         "long-tool-call",
+        "http-idle-at-its-prompt",
+        "http-long-tool-call",
         "mcp-through-a-wrapper-script",
         "mcp-through-timeout",
     ],
@@ -127,7 +132,9 @@ def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
     has ended, the hub has looked at ``b``'s.
 
     The same in each set-up of :mod:`tests.runtimes.stand_in`: a ``backchannel mcp``
-    started directly, through a wrapper script or through ``timeout``."""
+    started directly, through a wrapper script or through ``timeout``, or none at all
+    (the HTTP MCP server, with hooks run with ``--keep-alive``, as ``attach --http``
+    writes them: a keeper beats instead)."""
     tokens = make_team(
         srv, "t", "a:claude-code", "b:claude-code", "d:claude-code", exit_grace_seconds=GRACE_S
     )
@@ -222,3 +229,52 @@ def test_the_mcp_server_behind_a_launcher_names_the_runtime_above_it(tmp_path: P
     ).stdout.split()
     mine = f"/{os.getpid()}/"  # this process plays the runtime
     assert mine not in keys[0] and mine in keys[1] and running(keys[1])
+
+
+def _keepers(key: str) -> list[int]:
+    """The pids of the keeper processes that beat for ``key``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"backchannel.runtimes.keeper" in args and key.encode() in args:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="reads /proc")
+def test_one_keeper_beats_while_its_runtime_runs_and_leaves_nothing_behind(
+    srv: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hooks with ``--keep-alive`` of one runtime process start one keeper between them,
+    which the hub hears as that runtime's beat; once the runtime is killed the keeper
+    exits and removes its lock file."""
+    tokens = make_team(srv, "t", "b:claude-code", exit_grace_seconds=GRACE_S)
+    monkeypatch.setenv("BACKCHANNEL_STATE_DIR", str(tmp_path / "state"))
+    runtime = subprocess.Popen(["sleep", "600"])  # plays the runtime the hooks run under
+    try:
+        [key] = runtime_keys(runtime.pid, 1)
+        assert keeper.ensure(key, srv.url, tokens["b"])
+        eventually_blocking(lambda: len(_keepers(key)) == 1, what="the keeper to start")
+        lock = keeper.lock_path(key)
+        held = f":{os.stat(lock).st_ino} "  # /proc/locks names the file by its inode
+        eventually_blocking(
+            lambda: held in Path("/proc/locks").read_text(), what="the keeper's lock"
+        )
+        for _ in range(3):  # the runtime's later hooks find it running
+            assert not keeper.ensure(key, srv.url, tokens["b"])
+        assert len(_keepers(key)) == 1
+        with srv.client(tokens["b"]) as c:  # the session the hooks named for that runtime
+            c.post(
+                "/v1/hooks/claude-code",
+                json=fixture("claude-code", "SessionStart", session_id="sb", source="startup")
+                | {RUNTIME_FIELD: key},
+            ).raise_for_status()
+            assert c.post("/v1/sessions/alive", json={"runtime": key}).json()["sessions"] == ["sb"]
+    finally:
+        runtime.kill()
+        runtime.wait(10)
+    eventually_blocking(lambda: not _keepers(key), what="the keeper to exit", within=30)
+    assert not lock.exists()

@@ -138,6 +138,14 @@ def hook(
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
+    keep_alive: Annotated[
+        bool,
+        typer.Option(
+            "--keep-alive",
+            help="Make sure a keeper beats for this runtime while it runs (a runtime with "
+            "no `backchannel mcp` of its own, such as one on the HTTP MCP server).",
+        ),
+    ] = False,
 ) -> None:
     """A command hook: the runtime's hook JSON on stdin, its answer on stdout. Always
     exits 0; why a call had no effect goes to stderr."""
@@ -158,8 +166,23 @@ def hook(
     print(json.dumps(answer), flush=True)
     if handed:  # printed: now the session has them
         _remember(runtime, raw, handed)
+    if keep_alive:
+        _keep_alive(url, home, token)
     if problem:
         print(f"backchannel hook {runtime}: {problem}", file=sys.stderr, flush=True)
+
+
+def _keep_alive(url: str | None, home: Path | None, token: str | None) -> None:
+    """``--keep-alive`` (:func:`backchannel.interfaces.hook_command.keep_alive`): only a
+    hub served over HTTP takes beats."""
+    from backchannel.interfaces.hook_command import keep_alive
+
+    try:
+        target = _hub_url(url, home)
+    except BackchannelError:
+        return
+    if target.startswith(("http://", "https://")):
+        keep_alive(target, token)
 
 
 def _remember(runtime: str, raw: str, handed: list[str]) -> None:

@@ -28,6 +28,9 @@ RUNTIMES = ("claude-code", "codex", "gemini")
 PROBLEM_HEADER = "Backchannel-Hook-Problem"  # the same as runtimes.common.PROBLEM_HEADER
 DELIVERED_HEADER = "Backchannel-Delivered"  # the same as runtimes.seen.DELIVERED_HEADER
 _OPTIONS = {"--as": "as", "--url": "url", "--token": "token", "--home": "home"}
+#: The flag that has the hook make sure a keeper beats for its runtime
+#: (:mod:`backchannel.runtimes.keeper`; the same as ``keeper.FLAG``).
+KEEP_ALIVE = "--keep-alive"
 #: How long one hook call waits for the hub, connecting and answering together. A
 #: runtime kills a hook at its timeout (``backchannel attach`` gives 30 s) and shows the
 #: agent an error; a hub that answers a hook at all does so in milliseconds, so a hub
@@ -38,13 +41,16 @@ DEADLINE_S = 10.0
 
 
 def _parse(argv: Sequence[str]) -> dict[str, str] | None:
-    """``RUNTIME [PAYLOAD] [--as X] [--url U] [--token T] [--home H]``, else ``None``."""
+    """``RUNTIME [PAYLOAD] [--as X] [--url U] [--token T] [--home H] [--keep-alive]``,
+    else ``None``."""
     out: dict[str, str] = {}
     args = list(argv)
     while args:
         arg = args.pop(0)
         key, eq, value = arg.partition("=")
-        if key in _OPTIONS:
+        if arg == KEEP_ALIVE:
+            out["keep_alive"] = "1"
+        elif key in _OPTIONS:
             if not eq:
                 if not args:
                     return None
@@ -240,6 +246,24 @@ def run(argv: Sequence[str]) -> bool:
             from backchannel.runtimes import seen
 
             seen.remember(opts["runtime"], got.session, seen.delivered_ids(got.delivered))
+    if "keep_alive" in opts:  # after the answer: the runtime need not wait for it
+        keep_alive(url, opts.get("token") or os.environ.get("BACKCHANNEL_TOKEN"))
     if got.problem:
         print(f"backchannel hook {opts['runtime']}: {got.problem}", file=sys.stderr, flush=True)
     return True
+
+
+def keep_alive(url: str, token: str | None) -> None:
+    """``--keep-alive``: make sure a keeper beats for the runtime this hook runs under
+    (:mod:`backchannel.runtimes.keeper`), for a runtime with no ``backchannel mcp`` of
+    its own to beat for it. Never raises."""
+    if not token:
+        return
+    try:
+        from backchannel.runtimes import keeper, liveness
+
+        key = liveness.runtime_key()
+        if key is not None:
+            keeper.ensure(key, url, token)
+    except Exception:  # a broken hook must never block the agent; the rule ends it
+        return

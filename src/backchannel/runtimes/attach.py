@@ -43,6 +43,7 @@ from typing import Any
 from backchannel.errors import AttachError
 from backchannel.files import write_atomic
 from backchannel.runtimes import get_runtime
+from backchannel.runtimes.keeper import FLAG as KEEP_ALIVE
 
 __all__ = ["AttachError", "AttachOptions", "FileChange", "apply", "instructions", "plan"]
 
@@ -72,6 +73,8 @@ class AttachOptions:
 
     def hook_command(self, runtime: str) -> str:
         parts = self.command("hook", runtime, "--as", self.who, "--url", self.url)
+        if self.http:  # no `backchannel mcp` beats for the runtime: a keeper does
+            parts.append(KEEP_ALIVE)
         return " ".join(shlex.quote(p) for p in parts)
 
 
