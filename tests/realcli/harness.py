@@ -324,15 +324,18 @@ _teams = iter(range(1, 1000))
 
 
 @contextmanager
-def attached(runtime: str, server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
-    """A fresh team (alice on ``runtime``, bob), a git project attached as alice, a home
-    and the refusing proxy; after the test, the proxy must have recorded nothing."""
+def attached(
+    runtime: str, server: Server, bin_dir: Path, tmp_path: Path, **settings: Any
+) -> Iterator[Rig]:
+    """A fresh team (alice on ``runtime``, bob; ``settings`` its team settings), a git
+    project attached as alice, a home and the refusing proxy; after the test, the proxy
+    must have recorded nothing."""
     from tests.runtimes.agents import make_team
 
     if not have(bin_dir, runtime):
         raise AssertionError(f"{runtime} is not installed in {bin_dir}; run scripts/setup-clis.sh")
     team = f"t{next(_teams)}-{os.getpid()}"
-    tokens = make_team(server, team, f"alice:{runtime}", "bob")
+    tokens = make_team(server, team, f"alice:{runtime}", "bob", **settings)
     project = tmp_path / "project"
     project.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)

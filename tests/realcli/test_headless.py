@@ -147,15 +147,40 @@ def test_a_timer_set_in_one_run_reaches_the_model_in_the_next(rig: Rig) -> None:
     assert _seen(rig, note), "the breadcrumb reached the model on resume"
 
 
+def _keepers(url: str) -> list[str]:
+    """The runtime keys the keepers beating to the hub at ``url`` beat for
+    (:mod:`backchannel.runtimes.keeper`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "backchannel.runtimes.keeper" in args and url in args:
+            found.append(args[-2] if args[-1] == "" else args[-1])
+    return found
+
+
 @pytest.mark.parametrize("rig", ["claude-code"], indirect=True)
 def test_claude_code_attached_over_http_is_told_who_it_is(rig: Rig) -> None:
     # hooks and MCP over HTTP; SessionStart stays a command (Claude Code runs no HTTP hook
     # for it), so the intro still reaches the model
     attach(rig.runtime, rig.project, rig.server.url, rig.team, "--http")
+    vouched: list[list[str]] = []
+
+    def tell_bob(_: Any) -> Any:
+        # mid-run, no `backchannel mcp` runs under Claude Code: the keeper its SessionStart
+        # hook started beats for it, and the hub takes it for the session's runtime
+        [key] = _keepers(rig.server.url)
+        with rig.server.client(rig.tokens["alice"]) as c:
+            beat = c.post("/v1/sessions/alive", json={"runtime": key})
+        vouched.append(beat.json()["sessions"])
+        return call(TOOL, to="bob", message="over http")
+
     _script(
         rig,
         [
-            Rule(_last_has(rig, "Tell bob"), call(TOOL, to="bob", message="over http"), 1),
+            Rule(_last_has(rig, "Tell bob"), tell_bob, 1),
             Rule(_last_has(rig, "Sent to bob"), say("Told bob.")),
         ],
     )
@@ -164,6 +189,9 @@ def test_claude_code_attached_over_http_is_told_who_it_is(rig: Rig) -> None:
     assert _texts(rig.take("bob"))[0] == "over http"
     kinds = [e["kind"] for e in rig.events(run.session_id)]
     assert "tool_call" in kinds and "agent_stop" in kinds
+    assert vouched == [[run.session_id]]
+    # Claude Code has exited: its keeper follows
+    rig.wait_for("the keeper to exit", lambda: not _keepers(rig.server.url))
 
 
 def test_a_message_arriving_mid_turn_continues_that_turn_once(rig: Rig) -> None:

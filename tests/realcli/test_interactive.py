@@ -8,6 +8,8 @@ with a waiting message still waiting."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,6 +179,75 @@ def test_an_interactive_session_takes_part_and_exits_without_losing_a_message(
     assert [m["text"] for m in rig.take("alice")] == ["MARK-WAIT: later"]
     assert [s["session_id"] for s in _sessions(rig)] == [sid]
     print(f"\n{rig.runtime}: interactive session, start to exit, {took:.1f} s")
+
+
+def _alive_past(session: dict[str, Any], when: float) -> bool:
+    """The session is idle and showed a sign of life after ``when`` (an ended session's
+    record is written when it ends: that is no sign of life)."""
+    if session["state"] != "idle":
+        assert session["state"] != "terminated", session
+        return False
+    return float(session["updated_at"]) > when
+
+
+#: The exit grace of the team whose CLI runs idle on the HTTP MCP server.
+IDLE_GRACE_S = 6
+
+
+@pytest.mark.parametrize("runtime", ["codex", "gemini"])
+def test_over_http_an_idle_cli_keeps_its_session_and_a_killed_one_ends(
+    runtime: str, server: Server, bin_dir: Path, tmp_path: Path
+) -> None:
+    """Attached with ``--http``, no ``backchannel mcp`` runs under the CLI; idle at its
+    prompt with a message waiting for its session, the session outlives the exit grace
+    (the keeper its hooks started beats for it), and once the CLI is killed (``kill -9``
+    of its process group) the session ends by the hub's rule."""
+    with attached(runtime, server, bin_dir, tmp_path, exit_grace_seconds=IDLE_GRACE_S) as rig:
+        attach(runtime, rig.project, rig.server.url, rig.team, "--http")
+        model = rig.model
+        hello = Rule(lambda q: bool(model.tools(q)) and "Hello" in model.last(q), say("Hi."), 1)
+        rig.api = model.make([hello])
+        rig.api.__enter__()
+        binary, args = _start(rig)
+        if runtime == "codex":  # --trust-hooks granted the stdio hooks; these are others
+            attach(runtime, rig.project, rig.server.url, rig.team, "--http", "--trust-hooks",
+                   env={"CODEX_HOME": str(rig.home / ".codex")})  # fmt: skip
+        env = rig.env() | {"TERM": "xterm-256color"}
+        with cli_pane(binary, rig.project, env, *args) as pane:
+            if runtime == "codex":
+                pane.wait_for(TRUST[runtime])
+                wait_until(lambda: _trust(rig, pane), 60, "the folder's trust recorded", pane)
+                pane.wait_for(READY[runtime])
+                # Codex opens its session with its first prompt's SessionStart
+                pane.type("Hello there.")
+            [session] = wait_until(_sessions_if(rig), 60, "alice's hub session at start", pane)
+            sid = session["session_id"]
+            if runtime == "codex":
+                wait_until(lambda: _idle(rig, sid), 60, "the first turn's end", pane)
+            pane.wait_for(READY[runtime])
+            with rig.server.client(rig.tokens["bob"]) as c:
+                c.post(
+                    "/v1/messages", json={"to": "alice", "session": sid, "text": "MARK-IDLE"}
+                ).raise_for_status()
+            since = time.time()
+            # idle at its prompt for more than the grace: the beats are its signs of life
+            wait_until(
+                lambda: _alive_past(rig.session(sid), since + IDLE_GRACE_S),
+                60,
+                "a beat written past the grace",
+                pane,
+            )
+            leader = int(pane.pane.cmd("display-message", "-p", "#{pane_pid}").stdout[0])
+            os.killpg(leader, signal.SIGKILL)
+            wait_until(
+                lambda: rig.session(sid)["state"] == "terminated",
+                60,
+                "the killed CLI's session to end",
+            )
+        assert not _seen_anywhere(rig, "MARK-IDLE")
+        assert [m["text"] for m in rig.take("alice")] == ["MARK-IDLE"]
+        assert set(rig.proxy.seen) <= CLI_OWN_SERVICES[runtime], rig.proxy.seen
+        rig.proxy.seen.clear()
 
 
 def _trust(rig: Rig, pane: Pane) -> bool:
