@@ -26,7 +26,7 @@ whose process is seen running just before (:func:`running`: the same pid with th
 start time, not a zombie). That is what lets the MCP server beat for more than its
 nearest ancestor (:func:`runtime_keys`): started through a launcher that stays as its
 parent and is not in :data:`PASS_THROUGH` (``timeout``, a wrapper script that runs it
-without ``exec``, ``npx``), its nearest ancestor is the launcher, not the runtime that
+without ``exec``, ``flock``), its nearest ancestor is the launcher, not the runtime that
 the hooks name, so it beats for the few nearest ancestors that run. And it is what lets
 a process that is no child of the runtime beat for it: the keeper a command hook started
 with ``--keep-alive`` (:mod:`backchannel.runtimes.keeper`), for a runtime with no
