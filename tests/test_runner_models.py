@@ -192,3 +192,53 @@ async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_
         assert len(srv.requests) > 5, "tried again after the SDK's retries"
         got = await hub.receive("t", "w", session="w-main")
         assert [g.message.text for g in got] == ["do it"], "given back, not lost"
+
+
+def _anthropic_cut_tool_use(message: str) -> dict[str, Any]:
+    """An answer cut at ``max_tokens`` in the middle of a ``send_message`` call: the
+    tool_use block holds only what the model wrote before the limit."""
+    return {
+        **_anthropic_text("Sending the report."),
+        "content": [
+            {"type": "text", "text": "Sending the report."},
+            {
+                "type": "tool_use",
+                "id": "toolu_cut",
+                "name": "send_message",
+                "input": {"to": "boss", "message": message},
+            },
+        ],
+        "stop_reason": "max_tokens",
+    }
+
+
+async def test_a_tool_call_cut_at_max_tokens_is_not_run(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer cut short by the output limit may end in a tool call the model had not
+    finished writing: run, it would send the first half of a message as if it were the
+    whole. It is not run; the model hears it was cut, and writes it again."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (200, _anthropic_cut_tool_use("The survey found three probl"), {})
+            if n == 1
+            else (200, _anthropic_text("done"), {})
+        )
+    )
+    async with _anthropic_worker(srv.url) as (team, hub, worker, user):
+        runner = Runner(team, {"w": worker}, workspace=Path("."), quiet_seconds=0.5, timeout=30)
+        assert await runner.run("report to boss", user) == "the team is quiet"
+        assert await user.receive(limit=10) == [], "no half a message sent"
+        assert await hub.pending("t", "w") == 0
+        assert len(srv.requests) == 2
+        [result] = [
+            b
+            for m in srv.requests[1][1]["messages"]
+            if isinstance(m["content"], list)
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        ]
+        assert result["tool_use_id"] == "toolu_cut"
+        assert result["is_error"] is True
+        assert "max_tokens" in result["content"], result

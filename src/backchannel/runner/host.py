@@ -46,9 +46,11 @@ from backchannel.runner.record import SeenRecord, record_path
 from backchannel.runner.scripted import ScriptedModel, load_policy
 from backchannel.runner.teamfile import MemberSpec, TeamFile
 from backchannel.runner.tools import (
+    CUT_SHORT,
     DEFAULT_TOOLS,
     TOOLS,
     ToolContext,
+    cut_short,
     run_tool,
     unparsed_arguments,
 )
@@ -255,7 +257,9 @@ class SessionLoop:
                         call.call_id,
                         again=self._again,
                     )
-                    if call.unparsed is not None:
+                    if reply.stop_reason in CUT_SHORT:  # the call may be missing its end
+                        result, is_error = cut_short(call.name), True
+                    elif call.unparsed is not None:
                         result, is_error = unparsed_arguments(call.name, call.unparsed), True
                     else:
                         result, is_error = await run_tool(

@@ -424,6 +424,20 @@ def unparsed_arguments(name: str, text: str) -> str:
     )
 
 
+#: Stop reasons that say the answer was cut at the output limit (Anthropic's, OpenAI's).
+CUT_SHORT = frozenset({"max_tokens", "length"})
+
+
+def cut_short(name: str) -> str:
+    """What the model hears for a call in an answer cut at its output limit: the call
+    may be missing its end (half a message, a path cut short), so it was not run."""
+    return (
+        f"{name} was not run: your answer reached the output limit (max_tokens) before "
+        "this call was complete, so its arguments may be cut short -- call it again, "
+        "with less text before it or a shorter message"
+    )
+
+
 async def run_tool(
     ctx: ToolContext, name: str, args: Mapping[str, Any], allowed: frozenset[str]
 ) -> tuple[str, bool]:
