@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,54 @@ async def test_a_tool_call_cut_at_max_tokens_is_not_run(
         assert result["tool_use_id"] == "toolu_cut"
         assert result["is_error"] is True
         assert "max_tokens" in result["content"], result
+
+
+RATE_LIMITED = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
+
+
+async def test_a_rate_limit_longer_than_the_runners_patience_is_not_hammered(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A 429 that asks for a wait past the runner's patience (the SDK does not retry a
+    wait that long): the runner does not call again before it (a call made sooner is
+    refused again and may count against the limit); it gives the input back at once,
+    and its note says how long the API asked to wait."""
+    srv = provider(lambda body, n: (429, RATE_LIMITED, {"retry-after": "200"}))
+    hub, runner, user = await _openai_team(srv.url)
+    notes: list[str] = []
+    runner.model_patience, runner.model_pause = 2.0, 0.05
+    runner._note = notes.append
+    try:
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert len(srv.requests) == 1, "called again before the API's retry-after"
+        assert runner.loops["w-main"].stats.stopped == "model error"
+        assert any("200 s" in n for n in notes), notes
+        got = await hub.receive("t", "w", session="w-main")
+        assert [g.message.text for g in got] == ["do it"], "given back, not lost"
+    finally:
+        await hub.close()
+
+
+async def test_the_runners_own_pause_honours_retry_after(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """Once the SDK's retries are spent, the runner's next call waits at least as long
+    as the API's last answer asked, however short the runner's own pause."""
+    times: list[float] = []
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        times.append(time.monotonic())
+        if n <= 5:  # the SDK's 5 tries of the first call
+            return 429, RATE_LIMITED, {"retry-after": "0.5"}
+        return 200, _chat("done"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    runner.model_pause = 0.01
+    try:
+        assert await runner.run("do it", user) == "the team is quiet"
+        assert len(times) == 6
+        assert times[5] - times[4] >= 0.5, "the runner's call came before the retry-after"
+        assert runner.loops["w-main"].stats.last_output == "done"
+    finally:
+        await hub.close()

@@ -179,7 +179,9 @@ class SessionLoop:
         """One model call, tried again while the API fails in a way that passes (the
         error says ``retryable``: rate limits, overload, server errors), for up to
         the runner's ``model_patience``: an API that is overloaded for a minute does not
-        stop the agent, and the turn's inputs stay leased to it meanwhile."""
+        stop the agent, and the turn's inputs stay leased to it meanwhile. A wait the API
+        asked for (``retry_after``) is honoured: the next call comes no sooner, and a
+        wait past the patience gives up at once rather than call an API that said no."""
         tools = [TOOLS[t][0] for t in sorted(self.allowed)]
         deadline: float | None = None
         pause = self.runner.model_pause
@@ -192,12 +194,13 @@ class SessionLoop:
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.runner.model_patience
-                if now + pause > deadline:
+                wait = max(pause, float(exc.details.get("retry_after") or 0.0))
+                if now + wait > deadline:
                     raise
                 self.runner.console_note(
-                    f"{self.spec.name}: {exc.message}; trying again in {pause:.0f} s"
+                    f"{self.spec.name}: {exc.message}; trying again in {wait:.0f} s"
                 )
-                await asyncio.sleep(pause)
+                await asyncio.sleep(wait)
                 pause = min(pause * 2, 60.0)
 
     async def _report(self, kind: str, text: str = "", data: dict[str, Any] | None = None) -> Any:

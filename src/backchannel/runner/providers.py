@@ -17,6 +17,7 @@ what it owes, where an unexpected exception crashes the session.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -40,6 +41,42 @@ def _retryable(sdk: Any, exc: Exception) -> bool:
     return isinstance(status, int) and (status in (408, 409, 429) or status >= 500)
 
 
+def _retry_after(exc: Exception) -> float | None:
+    """How long the API asked to wait before the next call (``retry-after-ms``, or
+    ``retry-after`` in seconds), when its answer said; None when it did not (or gave
+    an HTTP date: the runner's own pause applies)."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, unit in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / unit
+        except ValueError:
+            continue
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return None
+
+
+def _api_error(sdk: Any, vendor: str, exc: Exception) -> ModelError:
+    """The SDK's error as a :class:`ModelError`: ``retryable`` when it passes, and
+    ``retry_after`` (seconds) when the API said how long to wait, which the runner
+    honours before it calls again."""
+    retryable = _retryable(sdk, exc)
+    wait = _retry_after(exc) if retryable else None
+    if wait is None:
+        return ModelError(f"{vendor} API error: {exc}", retryable=retryable)
+    return ModelError(
+        f"{vendor} API error: {exc} (the API asks to wait {wait:g} s)",
+        retryable=retryable,
+        retry_after=wait,
+    )
+
+
 def _not_an_answer(api: str, exc: Exception) -> ModelError:
     return ModelError(
         f"the model server's answer is not an answer of {api} ({type(exc).__name__}: "
@@ -57,7 +94,7 @@ async def _answer(
     try:
         resp = await request
     except sdk.APIError as exc:
-        raise ModelError(f"{vendor} API error: {exc}", retryable=_retryable(sdk, exc)) from exc
+        raise _api_error(sdk, vendor, exc) from exc
     except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
         raise _not_an_answer(api, exc) from exc
     try:
