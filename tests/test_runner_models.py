@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -18,6 +20,7 @@ from backchannel.hub import Hub
 from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile, parse_team
 from backchannel.testing import MemoryStore
+from tests.conftest import BIN
 from tests.test_providers import Answer, FakeProvider, provider
 
 __all__ = ["provider"]  # the fixture, used here too
@@ -294,3 +297,39 @@ async def test_the_runners_own_pause_honours_retry_after(
         assert runner.loops["w-main"].stats.last_output == "done"
     finally:
         await hub.close()
+
+
+def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
+    provider: Callable[[Answer], FakeProvider], tmp_path: Path
+) -> None:
+    """A model API that refuses for good (a model name it does not have): the task went
+    back to the hub unseen, in a team the next run cannot reuse (each run makes its
+    team afresh). ``backchannel run`` must not end as a success with a report that
+    says nothing: the report names why the session stopped and the message that never
+    reached its model, and the exit status is 1."""
+    missing = {"error": {"message": "model 'm' does not exist", "type": "invalid_request_error"}}
+    srv = provider(lambda body, n: (404, missing, {}))
+    (tmp_path / "team.yaml").write_text(
+        f"team: t\nmembers:\n  - {{name: w, model: openai, model_name: m, base_url: '{srv.url}/v1'}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    home = str(tmp_path / ".backchannel")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN), *args, "--home", home],
+            capture_output=True,
+            text=True,
+            env={**env, "COLUMNS": "200"},
+            cwd=tmp_path,
+            timeout=60,
+        )
+
+    assert cli("init").returncode == 0
+    r = cli("run", "team.yaml", "do it", "--timeout", "30")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "ended because every agent stopped" in r.stdout
+    assert "w-main stopped: model error: " in r.stdout and "does not exist" in r.stdout, r.stdout
+    assert "1 message for w never reached its model" in r.stdout, r.stdout
+    assert "--team NEW_NAME" in r.stdout, r.stdout
+    assert len(srv.requests) == 1, "a 404 is not tried again"

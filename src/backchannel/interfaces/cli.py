@@ -637,6 +637,8 @@ def run(
         print(json.dumps(dataclasses.asdict(result)))
     else:
         print_report(result, out)
+    if result.failed:  # the report says which session stopped, and why
+        raise typer.Exit(1)
 
 
 timer_app = typer.Typer(help="Heartbeats: set, list and cancel timers.", **PLAIN)

@@ -42,6 +42,15 @@ class RunResult:
     to_user: list[dict[str, Any]] = field(default_factory=list)
     cost: float = 0.0
     tokens: int = 0
+    #: hosted member -> messages still waiting for it on the hub when the run ended:
+    #: none of its models saw them (given back by a failed turn, or never received)
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        """The sessions a failure stopped (the model's, the hub's, a crash), rather than
+        their budget or the run's end: a run with any did not do what it was asked."""
+        return [s for s in self.sessions if s.get("failure")]
 
 
 async def setup_team(admin: Client, team: TeamFile, name: str) -> dict[str, str]:
@@ -221,9 +230,14 @@ async def report(
                 "tokens": s.usage.input_tokens + s.usage.output_tokens,
                 "cost": round(s.cost, 6),
                 "stopped": s.stopped,
+                "failure": s.failure,
                 "last_output": s.last_output,
             }
         )
+    for member, client in hosted.items():
+        with contextlib.suppress(Exception):
+            if n := await client.pending():
+                result.waiting[member] = n
     got = await user.receive(limit=100)
     if got:
         await user.ack([m.message_id for m in got])
@@ -281,6 +295,16 @@ def print_report(result: RunResult, console: Console) -> None:
             )
         console.print(dt)
     console.print(f"duplicate closing messages suppressed: {result.duplicates_dropped}")
+    for s in result.failed:
+        console.print(f"{s['session']} stopped: {s['stopped']}: {s['failure']}", markup=False)
+    for member, n in result.waiting.items():
+        console.print(
+            f"{n} message{'s' if n != 1 else ''} for {member} never reached its model: "
+            f"{'they wait' if n != 1 else 'it waits'} on the hub in team {result.team}, "
+            "which this run made; fix what stopped it, then run again with --team NEW_NAME "
+            "(each run sets its team up afresh)",
+            markup=False,
+        )
     for m in result.to_user:
         console.print(
             f"[bold]to user[/bold] from {markup_safe(m['from'])}: "

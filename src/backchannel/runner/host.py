@@ -141,6 +141,8 @@ class SessionStats:
     cost: float = 0.0
     working: bool = False
     stopped: str | None = None
+    #: what made a session stop that did not mean to (the model's or the hub's error)
+    failure: str = ""
     last_output: str = ""
 
 
@@ -283,6 +285,7 @@ class SessionLoop:
                 final = f"(stopped after {self.spec.max_steps} model calls in one turn)"
         except ModelError as exc:
             self.runner.console_note(f"{self.spec.name}: {exc}")
+            stats.failure = exc.message
             if not answered:  # the inputs never reached the model: give them back
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._interrupted(ids, handed=False))
@@ -491,9 +494,11 @@ class Runner:
             raise
         except BackchannelError as exc:
             loop.stats.stopped = f"hub error: {exc.message}"
+            loop.stats.failure = exc.message
             self.console_note(f"{loop.session}: {exc.message}")
         except Exception as exc:
             loop.stats.stopped = f"crashed: {exc!r}"
+            loop.stats.failure = repr(exc)
             log.exception("session loop %s crashed", loop.session)
             self.console_note(f"{loop.session} crashed: {exc!r}")
 
