@@ -46,10 +46,10 @@ def _chat(content: str | None, calls: Sequence[tuple[str, str, str]] = ()) -> di
     }
 
 
-async def _openai_team(url: str, extra: str = "") -> tuple[Hub, Runner, Client]:
+async def _openai_team(url: str, extra: str = "", helper: str = "") -> tuple[Hub, Runner, Client]:
     team = parse_team(
         "team: t\nmembers:\n"
-        f"  - {{name: w, model: openai, model_name: m, base_url: '{url}/v1'{extra}}}\n"
+        f"  - {{name: w, model: openai, model_name: m, base_url: '{url}/v1'{extra}}}\n" + helper
     )
     hub = Hub(MemoryStore())
     await hub.start()
@@ -333,3 +333,39 @@ def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
     assert "1 message for w never reached its model" in r.stdout, r.stdout
     assert "--team NEW_NAME" in r.stdout, r.stdout
     assert len(srv.requests) == 1, "a 404 is not tried again"
+
+
+async def test_a_model_server_that_reuses_tool_call_ids_can_delegate_again(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """Some OpenAI-compatible servers number tool calls within each answer (Kimi K2's
+    ``functions.delegate:0``), so two delegations of one session, in two answers, come
+    under one id. The hub keys a delegation on its ``tool_use_id`` within the session:
+    the second would be refused as a conflict (or, for the same task, answered with the
+    first delegation, already over). Each delegation is its own."""
+    reused = "functions.delegate:0"
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        msgs = body["messages"]
+        if msgs[-1]["role"] == "tool":
+            return 200, _chat("asked"), {}
+        users = sum(m["role"] == "user" for m in msgs)
+        if users <= 2:  # the task, then the first answer: delegate (again)
+            task = json.dumps({"to": "helper", "task": f"part {users}"})
+            return 200, _chat(None, [(reused, "delegate", task)]), {}
+        return 200, _chat("both parts done"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url, helper="  - {name: helper, policy: echo}\n")
+    try:
+        assert await runner.run("do it in two parts", user) == "the team is quiet"
+        results = [r for _, body, _ in srv.requests for r in _tool_results(body)]
+        assert not any("failed" in r for r in results), results
+        dels = await runner.clients["w"].delegations()
+        assert sorted((d["task"], d["state"]) for d in dels) == [
+            ("part 1", "answered"),
+            ("part 2", "answered"),
+        ]
+        assert runner.loops["w-main"].stats.last_output == "both parts done"
+    finally:
+        await hub.close()

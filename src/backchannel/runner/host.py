@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import httpx
 
 from backchannel.client import Client, Received
+from backchannel.core.messages import MESSAGE_ID_RE
 from backchannel.errors import BackchannelError, PeerError, StoreError
 from backchannel.hub.messages import new_request_id
 from backchannel.runner import story
@@ -161,6 +163,8 @@ class SessionLoop:
         self.price = price_for(self.model.name, spec.price)
         # inputs the model answered in a turn whose ack the hub has not confirmed
         self.unacked: list[str] = []
+        # the hub keys of this session's tool calls (a delegation's tool_use_id)
+        self.call_keys: set[str] = set()
 
     async def run(self) -> None:
         while self.stats.stopped is None:
@@ -259,7 +263,7 @@ class SessionLoop:
                         self.spec.name,
                         sid,
                         self.runner.workspace,
-                        call.call_id,
+                        self._call_key(call.call_id),
                         again=self._again,
                     )
                     if reply.stop_reason in CUT_SHORT:  # the call may be missing its end
@@ -311,6 +315,19 @@ class SessionLoop:
         stats.last_output = final
         stats.working = False
         self.runner.changed()
+
+    def _call_key(self, call_id: str) -> str:
+        """The key the hub knows a tool call by (a delegation's ``tool_use_id``, which it
+        keeps once per session): the model's call id, unless the session used it before
+        or the hub would refuse it. Some servers number calls within each answer (Kimi
+        K2's ``functions.delegate:0``) or leave them empty; under a repeated id the hub
+        would take a second delegation for the first made again and refuse it, or answer
+        the first one, long over."""
+        key = call_id
+        if key in self.call_keys or not MESSAGE_ID_RE.fullmatch(key):
+            key = "tu_" + uuid.uuid4().hex[:16]
+        self.call_keys.add(key)
+        return key
 
     async def _interrupted(self, ids: list[str], *, handed: bool) -> None:
         """Close a turn that did not finish. ``handed``: the model answered in it, so
