@@ -369,3 +369,62 @@ async def test_a_model_server_that_reuses_tool_call_ids_can_delegate_again(
         assert runner.loops["w-main"].stats.last_output == "both parts done"
     finally:
         await hub.close()
+
+
+MISSING = {"error": {"message": "model 'helper' does not exist", "type": "invalid_request_error"}}
+
+
+async def _lead_and_helper(url: str) -> tuple[Hub, Runner, Client]:
+    """A lead on model ``lead`` and a helper on model ``helper``, both served at ``url``."""
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: lead, model: openai, model_name: lead, base_url: '{url}/v1'}}\n"
+        f"  - {{name: helper, model: openai, model_name: helper, base_url: '{url}/v1'}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team("t", settings=team.settings())
+    clients = {}
+    for m in team.members:
+        clients[m.name] = attach(hub, (await hub.add_member("t", m.name))[1])
+        await clients[m.name].start()
+    user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+    await user.start()
+    return hub, Runner(team, clients, workspace=Path("."), quiet_seconds=0.5, timeout=30), user
+
+
+def _lead_calls(tool: str, args: dict[str, Any]) -> Answer:
+    """The lead calls ``tool`` on its task, then says what it heard; the helper's model
+    does not exist."""
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if body["model"] == "helper":
+            return 404, MISSING, {}
+        msgs = body["messages"]
+        if msgs[-1]["role"] == "tool":
+            return 200, _chat("asked"), {}
+        if sum(m["role"] == "user" for m in msgs) == 1:
+            return 200, _chat(None, [("call_1", tool, json.dumps(args))]), {}
+        return 200, _chat("lead heard: " + msgs[-1]["content"]), {}
+
+    return answer
+
+
+async def test_a_delegation_whose_callees_model_fails_is_answered_with_the_failure(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The callee's model fails for good before it saw the task: the caller hears that
+    (not that the agent answered with no text), and the task does not go back to a
+    sub-session nobody will serve, where it held the run open until its timeout."""
+    srv = provider(_lead_calls("delegate", {"to": "helper", "task": "part 1", "timeout_s": 60}))
+    hub, runner, user = await _lead_and_helper(srv.url)
+    try:
+        assert await runner.run("go", user) == "the team is quiet"
+        heard = runner.loops["lead-main"].stats.last_output
+        assert "does not exist" in heard, heard
+        assert "no text" not in heard, heard
+        [d] = await runner.clients["lead"].delegations()
+        assert d["state"] == "answered"
+        assert await hub.pending("t", "helper") == 0
+    finally:
+        await hub.close()

@@ -290,13 +290,23 @@ class SessionLoop:
         except ModelError as exc:
             self.runner.console_note(f"{self.spec.name}: {exc}")
             stats.failure = exc.message
-            if not answered:  # the inputs never reached the model: give them back
+            if not answered and self.session.endswith("-main"):
+                # the inputs never reached the model: give them back
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._interrupted(ids, handed=False))
                 stats.stopped = "model error"
                 self.runner.changed()
                 return
-            final = f"(the model failed: {exc})"
+            if answered:
+                final = f"(the model failed: {exc})"
+            else:
+                # a delegation's sub-session, there for its one task: given back, the task
+                # would wait for a session nobody serves, and the stop closing the turn
+                # would answer the caller with no text. The answer says the task failed.
+                final = (
+                    f"(the task was not done: {self.spec.name}'s model failed before it "
+                    f"read it: {exc.message})"
+                )
             stats.stopped = "model error"
         except BaseException:
             # interrupted, or a policy or the hub failed mid-turn: close the turn, so the
