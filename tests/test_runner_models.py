@@ -428,3 +428,22 @@ async def test_a_delegation_whose_callees_model_fails_is_answered_with_the_failu
         assert await hub.pending("t", "helper") == 0
     finally:
         await hub.close()
+
+
+async def test_a_message_for_an_agent_whose_model_failed_does_not_hold_the_run_open(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The helper's model fails for good on a message: the message goes back to the hub
+    (not lost), its session stops, and the run ends when the rest of the team is quiet,
+    not at its timeout, waiting for a session that will never take it."""
+    srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
+    hub, runner, user = await _lead_and_helper(srv.url)
+    try:
+        assert await runner.run("go", user) == "the team is quiet"
+        assert runner.loops["helper-main"].stats.stopped == "model error"
+        assert runner.loops["lead-main"].stats.stopped is None
+        got = await hub.receive("t", "helper", session="helper-main")
+        assert got[0].message.text == "check this", "given back, not lost"
+        assert got[0].attempt == 2
+    finally:
+        await hub.close()

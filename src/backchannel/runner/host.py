@@ -540,6 +540,9 @@ class Runner:
         if await any_client.timers():
             return True
         for spec in self.hosted:
+            main = self.loops.get(f"{spec.name}-main")
+            if main is not None and main.stats.stopped:
+                continue  # nothing takes its messages now; the run's report names them
             if await self.clients[spec.name].pending() > 0:
                 return True
         return False
