@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -446,4 +447,32 @@ async def test_a_message_for_an_agent_whose_model_failed_does_not_hold_the_run_o
         assert got[0].message.text == "check this", "given back, not lost"
         assert got[0].attempt == 2
     finally:
+        await hub.close()
+
+
+async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A model API that takes the request and never answers: the SDK waits ten minutes
+    a try, five tries. The runner says, while it waits, that the model has not answered
+    and the way out, and the run's timeout gives the input back."""
+    hang = threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        hang.wait(60)
+        return 200, _chat("too late"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.timeout, runner.model_slow = 3.0, 0.5
+    try:
+        assert await runner.run("do it", user) == "timeout after 3 s"
+        assert any("w: the model has not answered in 0.5 s" in n for n in notes), notes
+        assert any("--timeout" in n and "Ctrl-C" in n for n in notes), notes
+        got = await hub.receive("t", "w", session="w-main")
+        assert [(g.message.text, g.attempt) for g in got] == [("do it", 2)], "given back"
+    finally:
+        hang.set()
         await hub.close()

@@ -67,6 +67,9 @@ LEASE = 900.0  # a turn may run long; its inputs stay leased meanwhile
 MODEL_PATIENCE = 300.0
 #: The first pause between two tries of such an API (it doubles, up to a minute).
 MODEL_PAUSE = 1.0
+#: How long a model call goes without an answer before the runner says so (and again
+#: each time as long again passes).
+MODEL_SLOW = 120.0
 #: How long the runner keeps calling a hub it cannot reach (restarting, say) before it
 #: gives up on what it was doing.
 HUB_PATIENCE = 300.0
@@ -193,7 +196,7 @@ class SessionLoop:
         pause = self.runner.model_pause
         while True:
             try:
-                return await self.model.complete(self.spec.system, self.history, tools)
+                return await self._call(tools)
             except ModelError as exc:
                 if not exc.details.get("retryable"):
                     raise
@@ -208,6 +211,29 @@ class SessionLoop:
                 )
                 await asyncio.sleep(wait)
                 pause = min(pause * 2, 60.0)
+
+    async def _call(self, tools: list[Any]) -> ModelReply:
+        """One call of the model, with a note each ``model_slow`` seconds it has not
+        answered: an API that took the request and never answers keeps the SDK waiting
+        ten minutes a try, and the person running the team would see nothing at all."""
+        call = asyncio.ensure_future(self.model.complete(self.spec.system, self.history, tools))
+        slow, waited = self.runner.model_slow, 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=slow)
+                if done:
+                    return call.result()
+                waited += slow
+                self.runner.console_note(
+                    f"{self.spec.name}: the model has not answered in {waited:g} s; still "
+                    "waiting (its API may be stuck: the run ends at --timeout, Ctrl-C stops "
+                    "it now, and the turn's input goes back to the hub)"
+                )
+        finally:
+            if not call.done():  # interrupted: the call goes with the turn
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await call
 
     async def _report(self, kind: str, text: str = "", data: dict[str, Any] | None = None) -> Any:
         """Report a turn's event, waiting out a hub that is away (restarting), under one
@@ -403,6 +429,7 @@ class Runner:
         hub_patience: float = HUB_PATIENCE,
         model_patience: float = MODEL_PATIENCE,
         model_pause: float = MODEL_PAUSE,
+        model_slow: float = MODEL_SLOW,
         record_dir: Path | None = None,
     ) -> None:
         self.team = team
@@ -413,6 +440,7 @@ class Runner:
         self.hub_patience = hub_patience
         self.model_patience = model_patience
         self.model_pause = model_pause
+        self.model_slow = model_slow
         self.record_dir = record_dir  # None: runner/ in the user's state directory
         self._records: dict[str, SeenRecord] = {}
         self.loops: dict[str, SessionLoop] = {}
