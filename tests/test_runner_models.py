@@ -4,7 +4,9 @@ model's odd answers do to the turn loop."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -15,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from backchannel.client import Client, attach
 from backchannel.hub import Hub
+from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile, parse_team
-from backchannel.testing import MemoryStore
+from backchannel.testing import MemoryStore, eventually
 from tests.conftest import BIN
 from tests.test_providers import Answer, FakeProvider, provider
 
@@ -476,3 +480,43 @@ async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
     finally:
         hang.set()
         await hub.close()
+
+
+async def test_ctrl_c_mid_turn_says_where_the_input_went(
+    provider: Callable[[Answer], FakeProvider], tmp_path: Path
+) -> None:
+    """Ctrl-C while the model works on the task: the task goes back to the hub, unseen,
+    in a team the next run does not reuse. The run says so before it ends, with the way
+    to run again, rather than ending with nothing printed."""
+    hang = threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        hang.wait(60)
+        return 200, _chat("too late"), {}
+
+    srv = provider(answer)
+    team = parse_team(
+        f"team: t\nmembers:\n  - {{name: w, model: openai, model_name: m, base_url: '{srv.url}/v1'}}\n"
+    )
+    shown = io.StringIO()
+    run = asyncio.create_task(
+        run_team(
+            team,
+            "do it",
+            url=f"sqlite:///{tmp_path}/hub.db",
+            admin_token=None,
+            workspace=tmp_path,
+            time_limit=60,
+            console=Console(file=shown, width=200),
+        )
+    )
+    try:
+        await eventually(lambda: bool(srv.requests), what="the model is asked")
+        run.cancel()  # what asyncio.run does with a Ctrl-C
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    finally:
+        hang.set()
+    out = shown.getvalue()
+    assert "1 message for w never reached its model" in out, out
+    assert "--team NEW_NAME" in out, out

@@ -72,6 +72,25 @@ async def setup_team(admin: Client, team: TeamFile, name: str) -> dict[str, str]
     return tokens
 
 
+def waiting_line(member: str, n: int, team: str) -> str:
+    """What a run says of ``n`` messages left waiting for ``member``, unseen by its
+    model: where they are, and the way to run again (not in the same team)."""
+    return (
+        f"{n} message{'s' if n != 1 else ''} for {member} never reached its model: "
+        f"{'they wait' if n != 1 else 'it waits'} on the hub in team {team}, which this "
+        "run made; to have it done, run again with --team NEW_NAME (each run sets its "
+        "team up afresh), once what stopped this one is fixed"
+    )
+
+
+async def tell_waiting(hosted: dict[str, Client], team: str, console: Console) -> None:
+    """On Ctrl-C, with no report to come: say what went back to the hub unseen."""
+    for member, client in hosted.items():
+        with contextlib.suppress(Exception):
+            if n := await client.pending():
+                print_line(console, waiting_line(member, n, team), whole=not console.is_terminal)
+
+
 def progress(runner: Runner, extra: dict[str, Any]) -> Group:
     table = Table(title=f"team {runner.team.team}", expand=False)
     for col in ("session", "state", "turns", "tools", "tokens", "cost"):
@@ -193,6 +212,9 @@ async def run_team(
             ticker = asyncio.create_task(refresh(live))
             try:
                 ended = await runner.run(task, user)
+            except asyncio.CancelledError:  # Ctrl-C: the turns in progress gave back
+                await tell_waiting(hosted, name, console)  # what their models had not seen
+                raise
             finally:
                 ticker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -298,13 +320,7 @@ def print_report(result: RunResult, console: Console) -> None:
     for s in result.failed:
         console.print(f"{s['session']} stopped: {s['stopped']}: {s['failure']}", markup=False)
     for member, n in result.waiting.items():
-        console.print(
-            f"{n} message{'s' if n != 1 else ''} for {member} never reached its model: "
-            f"{'they wait' if n != 1 else 'it waits'} on the hub in team {result.team}, "
-            "which this run made; fix what stopped it, then run again with --team NEW_NAME "
-            "(each run sets its team up afresh)",
-            markup=False,
-        )
+        console.print(waiting_line(member, n, result.team), markup=False)
     for m in result.to_user:
         console.print(
             f"[bold]to user[/bold] from {markup_safe(m['from'])}: "
