@@ -203,9 +203,9 @@ async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_
         assert [g.message.text for g in got] == ["do it"], "given back, not lost"
 
 
-def _anthropic_cut_tool_use(message: str) -> dict[str, Any]:
-    """An answer cut at ``max_tokens`` in the middle of a ``send_message`` call: the
-    tool_use block holds only what the model wrote before the limit."""
+def _anthropic_cut_tool_use(message: str, stop: str = "max_tokens") -> dict[str, Any]:
+    """An answer cut (at ``max_tokens``, or by the API's ``refusal``) in the middle of a
+    ``send_message`` call: the tool_use block holds only what came before the cut."""
     return {
         **_anthropic_text("Sending the report."),
         "content": [
@@ -217,20 +217,22 @@ def _anthropic_cut_tool_use(message: str) -> dict[str, Any]:
                 "input": {"to": "boss", "message": message},
             },
         ],
-        "stop_reason": "max_tokens",
+        "stop_reason": stop,
     }
 
 
+@pytest.mark.parametrize("stop", ["max_tokens", "refusal"])
 async def test_a_tool_call_cut_at_max_tokens_is_not_run(
-    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, stop: str
 ) -> None:
-    """An answer cut short by the output limit may end in a tool call the model had not
-    finished writing: run, it would send the first half of a message as if it were the
-    whole. It is not run; the model hears it was cut, and writes it again."""
+    """An answer cut short by the output limit (or stopped by the API's safety filter,
+    ``refusal``) may end in a tool call the model had not finished writing: run, it
+    would send the first half of a message as if it were the whole. It is not run; the
+    model hears why, and writes it again."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(
         lambda body, n: (
-            (200, _anthropic_cut_tool_use("The survey found three probl"), {})
+            (200, _anthropic_cut_tool_use("The survey found three probl", stop), {})
             if n == 1
             else (200, _anthropic_text("done"), {})
         )
@@ -250,7 +252,7 @@ async def test_a_tool_call_cut_at_max_tokens_is_not_run(
         ]
         assert result["tool_use_id"] == "toolu_cut"
         assert result["is_error"] is True
-        assert "max_tokens" in result["content"], result
+        assert f"({stop})" in result["content"], result
 
 
 RATE_LIMITED = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}

@@ -293,7 +293,7 @@ class SessionLoop:
                         again=self._again,
                     )
                     if reply.stop_reason in CUT_SHORT:  # the call may be missing its end
-                        result, is_error = cut_short(call.name), True
+                        result, is_error = cut_short(call.name, reply.stop_reason), True
                     elif call.unparsed is not None:
                         result, is_error = unparsed_arguments(call.name, call.unparsed), True
                     else:

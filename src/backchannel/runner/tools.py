@@ -424,17 +424,23 @@ def unparsed_arguments(name: str, text: str) -> str:
     )
 
 
-#: Stop reasons that say the answer was cut at the output limit (Anthropic's, OpenAI's).
-CUT_SHORT = frozenset({"max_tokens", "length"})
+#: Stop reasons that say the answer was cut before its end, and why: at the output limit
+#: (Anthropic's ``max_tokens``, OpenAI's ``length``), or by the API's filter.
+CUT_SHORT = {
+    "max_tokens": "reached the output limit (max_tokens)",
+    "length": "reached the output limit (length)",
+    "refusal": "was stopped by the API's safety filter (refusal)",
+    "content_filter": "was stopped by the API's content filter (content_filter)",
+}
 
 
-def cut_short(name: str) -> str:
-    """What the model hears for a call in an answer cut at its output limit: the call
-    may be missing its end (half a message, a path cut short), so it was not run."""
+def cut_short(name: str, stop_reason: str) -> str:
+    """What the model hears for a call in an answer cut before its end: the call may be
+    missing its end (half a message, a path cut short), so it was not run."""
     return (
-        f"{name} was not run: your answer reached the output limit (max_tokens) before "
-        "this call was complete, so its arguments may be cut short -- call it again, "
-        "with less text before it or a shorter message"
+        f"{name} was not run: your answer {CUT_SHORT[stop_reason]} before this call was "
+        "complete, so its arguments may be cut short -- call it again, with less text "
+        "before it or a shorter message"
     )
 
 
