@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,63 @@ def test_a_live_runtime_keeps_its_session_and_a_killed_one_ends(
         answer = b.hook("Stop", "sb", last_assistant_message="built")
     else:
         answer = b.hook("UserPromptSubmit", "sb", prompt="I'm back")
+    assert json.dumps(answer).count("a's words") == 1, answer
+
+
+def test_a_laptop_lid_closed_past_the_grace_ends_no_live_session(
+    srv: Server,
+    tmp_path: Path,
+    runtimes: list[Runtime],
+    request: pytest.FixtureRequest,
+) -> None:
+    """The laptop that runs the hub and ``b``'s runtime sleeps for over twice the exit
+    grace (both stopped with SIGSTOP, the runtime's whole process group as a suspended
+    job is) while ``a``'s crossing waits for ``b``'s session, then wakes. The hub heard
+    no beat while it was stopped itself, so that silence is no sign of death: ``b``'s
+    session and link stay, and the crossing reaches it at its next prompt, once. ``d``'s
+    runtime was killed before the lid closed, with a message waiting for it: its session
+    still ends, a grace after the hub woke (by then the hub has looked at ``b``'s)."""
+    tokens = make_team(
+        srv, "t", "a:claude-code", "b:claude-code", "d:claude-code", exit_grace_seconds=GRACE_S
+    )
+    c = {name: srv.client(token) for name, token in tokens.items()}
+    for client in c.values():
+        request.addfinalizer(client.close)
+    a, b, d = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}") for m in "abd")
+    runtimes += [a, b, d]
+
+    a.hook("SessionStart", "sa", source="startup")
+    a.hook("UserPromptSubmit", "sa", prompt="go")
+    b.hook("SessionStart", "sb", source="startup")
+    b.hook("UserPromptSubmit", "sb", prompt="go")
+    c["a"].post(
+        "/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"}
+    ).raise_for_status()
+    b.hook("Stop", "sb", last_assistant_message="b is done")  # continued: it had mail
+    b.hook("Stop", "sb", last_assistant_message="")  # the turn ends
+    d.hook("SessionStart", "sd", source="startup")
+    a.hook("Stop", "sa", last_assistant_message="a's words")  # crosses to b, pinned to sb
+    d.kill()
+    c["user"].post(
+        "/v1/messages", json={"to": "d", "session": "sd", "text": "are you there?"}
+    ).raise_for_status()
+
+    os.killpg(b.proc.pid, signal.SIGSTOP)  # the lid closes: everything stops
+    srv.proc.send_signal(signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < 2.5 * GRACE_S:  # the laptop sleeps
+            time.sleep(0.5)
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)  # the lid opens: the hub first, the harder way
+        os.killpg(b.proc.pid, signal.SIGCONT)
+
+    eventually_blocking(
+        lambda: _state(c["d"], "sd") == "terminated", what="d's session to end", within=60
+    )
+    assert _state(c["b"], "sb") == "idle"
+    assert _link_state(c["a"], "b") == ("open", None)
+    answer = b.hook("UserPromptSubmit", "sb", prompt="I'm back")
     assert json.dumps(answer).count("a's words") == 1, answer
 
 

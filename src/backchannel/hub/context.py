@@ -330,6 +330,10 @@ class Env:
         self.hub: Hub | None = None  # what middleware hooks receive; set by the facade
         self.next_due: float | None = None
         self.maint_wake = asyncio.Event()
+        #: since when this hub has run without a gap: its start, or the end of the last
+        #: stretch it did not run through (stopped, the machine asleep, its clock stepped
+        #: forward; :meth:`.Maintenance.loop`). No sign of life could reach it before.
+        self.awake_since = clock.now()
 
     async def transact(self, fn: Callable[[Ctx], T]) -> T:
         """Run ``fn`` in one store transaction; apply its effects once it committed.

@@ -52,6 +52,10 @@ _FAR = 1e15  # a time after every lease's end: "every lease", earliest end first
 MAX_CLOCK_SKEW = 5.0
 CLOCK_WARN = 1.0  # a skew that is logged at start, still tolerated
 CLOCK_CHECK_EVERY = 60.0  # seconds (monotonic) between two comparisons while running
+#: How much later than it meant to the maintenance loop may wake, by the hub's clock,
+#: before the hub takes it that it did not run meanwhile (its process stopped, the
+#: machine asleep, or its clock stepped forward): it is then awake since that pass.
+ASLEEP_AFTER = 5.0
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
@@ -604,6 +608,25 @@ class Maintenance:
                 next_due = self.clock.now() + 1.0
             # sleep until the next due work; local scheduling and other processes' changes
             # wake the loop earlier, and a minute is the longest it ever sleeps
-            delay = 60.0 if next_due is None else min(max(next_due - self.clock.now(), 0.0), 60.0)
+            slept_at = self.clock.now()
+            delay = 60.0 if next_due is None else min(max(next_due - slept_at, 0.0), 60.0)
             self.env.maint_wake.clear()
             await wait_for(self.env.maint_wake, delay + 0.001)
+            self._woke(slept_at, delay)
+
+    def _woke(self, slept_at: float, delay: float) -> None:
+        """The loop woke from a sleep of ``delay`` seconds begun at ``slept_at``. Later
+        than that by over :data:`ASLEEP_AFTER`, the hub did not run meanwhile (a process
+        stopped with SIGSTOP or Ctrl-Z, a laptop's lid closed, the clock stepped forward):
+        no event or beat could reach it, so it is awake only from now on
+        (``env.awake_since``), and a session's silence counts from here, not from
+        before the gap (:meth:`.Sessions._fire_silent`)."""
+        now = self.clock.now()
+        late = now - slept_at - delay
+        if late > ASLEEP_AFTER:
+            log.warning(
+                "the hub did not run for about %.0f s (stopped, asleep, or its clock "
+                "stepped forward); sessions' silence counts from now",
+                late,
+            )
+            self.env.awake_since = now

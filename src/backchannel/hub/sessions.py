@@ -349,7 +349,10 @@ class Sessions:
             return None  # taken: the next copy pinned to it sets a new watch
         t = tx.get_team(s.team)
         grace = exit_grace(t.settings if t else {})
-        quiet_since = max(s.updated_at, min(waiting))
+        # the hub hears no sign of life while it does not run itself: silence counts
+        # from its start, or its return from a stop (docs/decisions.md, "A hub that
+        # did not run")
+        quiet_since = max(s.updated_at, min(waiting), self.env.awake_since)
         if now < quiet_since + grace:
             tx.reschedule_job(job.job_id, quiet_since + grace, job.payload)
             c.schedule(quiet_since + grace)
