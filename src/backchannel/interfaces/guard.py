@@ -30,6 +30,10 @@ __all__ = ["ConnectionLimits", "guarded_protocol"]
 BUSY_GRACE = 1.0
 #: File descriptors kept out of the connection cap for the store, logs and the refusals.
 _FD_RESERVE = 64
+#: Seconds past its time a connection's timer may fire before it is taken for one the
+#: process slept through (stopped with SIGSTOP or Ctrl-Z, then continued): the peer
+#: may have sent its request in time, and it waits unread in the socket.
+SLEPT_THROUGH = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def _slept_through(self, timer: asyncio.TimerHandle | None) -> bool:
+        """Whether ``timer`` fired later than :data:`SLEPT_THROUGH` past its time: the
+        hub's process did not run (stopped and continued), and the event loop runs due
+        timers before it reads the sockets (uvloop). Closing now would answer a request
+        sent while the process was stopped with a reset, or a ``408``, unread."""
+        return timer is not None and self.loop.time() - timer.when() > SLEPT_THROUGH
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn closes a kept-alive connection idle for ``timeout_keep_alive``; one
+        whose timer the process slept through is given that time again from now, so a
+        request that came meanwhile is read first (and cancels it)."""
+        if self._slept_through(self.timeout_keep_alive_task):
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
+
     def _expired(self) -> None:
+        if self._slept_through(self._deadline):  # the peer gets its time again, from now
+            limit = (
+                self.limits.header_timeout if self._phase == "head" else self.limits.body_timeout
+            )
+            self._arm(limit, self._phase)
+            return
         self._deadline = None
         if self.transport.is_closing():
             return
