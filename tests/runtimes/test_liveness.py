@@ -236,6 +236,56 @@ def test_a_laptop_lid_closed_past_the_grace_ends_no_live_session(
     assert json.dumps(answer).count("a's words") == 1, answer
 
 
+def test_a_runtime_beats_again_soon_after_the_hub_was_away(
+    tmp_path: Path, runtimes: list[Runtime], request: pytest.FixtureRequest
+) -> None:
+    """The hub goes away for longer than a beat's tries last (10 s: killed and started
+    again on its port, as one stopped past the beat's timeout is away) while ``a``'s
+    crossing waits for ``b``'s idle session. ``b``'s MCP server tries again at the pace
+    the hub last asked for, not a minute later: its session, silent for no more than a
+    grace once the hub is back, stays, with its link; ``d``'s, whose runtime was
+    killed, ends (by then the hub has looked at ``b``'s)."""
+    home = tmp_path / "home"
+    srv = start_server(home)
+    request.addfinalizer(lambda: srv.stop())
+    tokens = make_team(
+        srv, "t", "a:claude-code", "b:claude-code", "d:claude-code", exit_grace_seconds=GRACE_S
+    )
+    a, b, d = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}") for m in "abd")
+    runtimes += [a, b, d]
+    a.hook("SessionStart", "sa", source="startup")
+    a.hook("UserPromptSubmit", "sa", prompt="go")
+    b.hook("SessionStart", "sb", source="startup")
+    d.hook("SessionStart", "sd", source="startup")
+    with srv.client(tokens["a"]) as c:
+        c.post(
+            "/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"}
+        ).raise_for_status()
+    a.hook("Stop", "sa", last_assistant_message="a's words")  # crosses to b, pinned to sb
+    d.kill()
+    with srv.client(tokens["user"]) as c:
+        c.post(
+            "/v1/messages", json={"to": "d", "session": "sd", "text": "are you there?"}
+        ).raise_for_status()
+
+    srv.kill()
+    away = time.monotonic()
+    while time.monotonic() - away < 12:  # longer than a beat's tries (RETRY_WITHIN)
+        time.sleep(0.5)
+    port = int(srv.url.rsplit(":", 1)[1])
+    srv = start_server(home, srv.store_url, port=port)
+    request.addfinalizer(lambda: srv.stop())
+
+    c = {name: srv.client(token) for name, token in tokens.items()}
+    for client in c.values():
+        request.addfinalizer(client.close)
+    eventually_blocking(
+        lambda: _state(c["d"], "sd") == "terminated", what="d's session to end", within=60
+    )
+    assert _state(c["b"], "sb") == "idle"
+    assert _link_state(c["a"], "b") == ("open", None)
+
+
 def test_the_hook_and_the_mcp_server_name_the_same_runtime() -> None:
     """The command hook runs through a shell, the MCP server directly: both name the
     process above them that is neither."""

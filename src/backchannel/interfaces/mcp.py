@@ -564,7 +564,10 @@ async def beat(client: Client, parent: int | None = None) -> None:
     long tool call (:mod:`backchannel.runtimes.liveness`). Stops when the parent goes (a
     runtime killed: this server is reparented, or its stdin closes and it exits), so
     the sessions of a dead runtime still end by the hub's rule. A hub that cannot be
-    reached, or does not know beats, is tried again a minute later.
+    reached, or does not know beats, is tried again at the pace it last asked for (a
+    minute before it answered once): one away for a while, stopped or restarted, counts
+    its sessions' silence from its return, and a beat a minute later could come after a
+    short exit grace.
 
     It beats for the few nearest ancestors that are neither shells nor known launchers
     (:func:`~backchannel.runtimes.liveness.runtime_keys`), each only while it runs: one
@@ -575,13 +578,16 @@ async def beat(client: Client, parent: int | None = None) -> None:
     if not keys:
         log.debug("no runtime process to beat for (parent %s)", parent)
         return
+    every = ALIVE_STEP_S
     while os.getppid() == parent:
-        every = ALIVE_STEP_S
+        paces = []
         for key in await asyncio.to_thread(lambda: [k for k in keys if liveness.running(k)]):
             try:
-                every = min(every, (await client.runtime_alive(key)).next_in)
+                paces.append((await client.runtime_alive(key)).next_in)
             except Exception as exc:  # the tools go on; the next beat tries again
                 log.debug("beat for %s: %s", key, exc)
+        if paces:
+            every = min(paces)
         await asyncio.sleep(max(MIN_BEAT_S, every))
 
 
