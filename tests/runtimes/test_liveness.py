@@ -236,6 +236,49 @@ def test_a_laptop_lid_closed_past_the_grace_ends_no_live_session(
     assert json.dumps(answer).count("a's words") == 1, answer
 
 
+def test_a_runtime_suspended_past_the_grace_gets_what_waited_once_when_it_goes_on(
+    srv: Server,
+    tmp_path: Path,
+    runtimes: list[Runtime],
+    request: pytest.FixtureRequest,
+) -> None:
+    """``b``'s runtime alone is suspended (its process group stopped, as Ctrl-Z stops a
+    terminal's job) for over the exit grace while ``a``'s crossing waits for ``b``'s
+    session. The hub, which ran all along, cannot tell a suspended runtime from a dead
+    one: the session ends and the link closes, both sides told (docs/decisions.md, "A
+    session that died without saying so"). When the runtime goes on, its next prompt
+    gets the crossing, once, with the notice that the link closed: nothing lost,
+    nothing twice."""
+    tokens = make_team(srv, "t", "a:claude-code", "b:claude-code", exit_grace_seconds=GRACE_S)
+    c = {name: srv.client(token) for name, token in tokens.items()}
+    for client in c.values():
+        request.addfinalizer(client.close)
+    a, b = (Runtime(srv, "t", m, tokens[m], tmp_path / f"state-{m}") for m in "ab")
+    runtimes += [a, b]
+    a.hook("SessionStart", "sa", source="startup")
+    a.hook("UserPromptSubmit", "sa", prompt="go")
+    b.hook("SessionStart", "sb", source="startup")
+    c["a"].post(
+        "/v1/messages", json={"to": "b", "text": "hi", "from_session": "sa"}
+    ).raise_for_status()
+    a.hook("Stop", "sa", last_assistant_message="a's words")  # crosses to b, pinned to sb
+
+    os.killpg(b.proc.pid, signal.SIGSTOP)
+    try:
+        eventually_blocking(
+            lambda: _state(c["b"], "sb") == "terminated", what="b's session to end", within=60
+        )
+    finally:
+        os.killpg(b.proc.pid, signal.SIGCONT)
+    assert _link_state(c["a"], "b") == ("closed", "session_silent")
+
+    answer = json.dumps(b.hook("UserPromptSubmit", "sb", prompt="I'm back"))
+    assert answer.count("a's words") == 1, answer
+    assert "Your link with a is closed" in answer, answer
+    again = json.dumps(b.hook("UserPromptSubmit", "sb", prompt="and again"))
+    assert "a's words" not in again, again
+
+
 def test_a_runtime_beats_again_soon_after_the_hub_was_away(
     tmp_path: Path, runtimes: list[Runtime], request: pytest.FixtureRequest
 ) -> None:
