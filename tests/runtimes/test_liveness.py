@@ -9,6 +9,7 @@ back to it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -429,3 +430,26 @@ def test_one_keeper_beats_while_its_runtime_runs_and_leaves_nothing_behind(
         runtime.wait(10)
     eventually_blocking(lambda: not _keepers(key), what="the keeper to exit", within=30)
     assert not lock.exists()
+
+
+def test_a_keeper_whose_beat_fails_tries_again_at_the_hubs_last_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A beat that does not go through (the hub away, stopped or restarting) is tried
+    again at the pace the hub last asked for, as the MCP server's is, not a minute
+    later: a minute could outlast a short exit grace once the hub is back."""
+    clock = [0.0]
+    beats: list[float] = []
+    answers = iter([3.0, None, None, 3.0, None])
+
+    def fake_beat(url: str, token: str, key: str) -> float | None:
+        beats.append(clock[0])
+        return next(answers)
+
+    monkeypatch.setattr(keeper, "beat", fake_beat)
+    monkeypatch.setattr(keeper.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(keeper.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(keeper.liveness, "running", lambda key: len(beats) < 5)
+    keeper.keep("http://127.0.0.1:9", "tok", "boot/1/2")
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(beats)]
+    assert gaps == [3.0, 3.0, 3.0, 3.0]

@@ -123,8 +123,9 @@ def _popen(args: list[str], env: dict[str, str]) -> bool:
     return True
 
 
-def beat(url: str, token: str, key: str) -> float:
-    """One beat; how soon to beat again (the hub's ``next_in``, else :data:`RETRY_S`)."""
+def beat(url: str, token: str, key: str) -> float | None:
+    """One beat; how soon the hub asks to be beaten again (its ``next_in``), or ``None``
+    when the beat did not go through."""
     request = urllib.request.Request(
         f"{url.rstrip('/')}{ALIVE_PATH}",
         data=json.dumps({"runtime": key}).encode(),
@@ -136,17 +137,23 @@ def beat(url: str, token: str, key: str) -> float:
             answer = json.loads(resp.read(65536))
         every = float(answer["next_in"])
     except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
-        return RETRY_S
-    return every if every > 0 else RETRY_S
+        return None
+    return every if every > 0 else None
 
 
 def keep(url: str, token: str, key: str) -> None:
-    """Beat for ``key`` while its process runs (the caller holds the lock)."""
+    """Beat for ``key`` while its process runs (the caller holds the lock). A beat that
+    does not go through is tried again at the pace the hub last asked for (
+    :data:`RETRY_S` before it answered once), as the MCP server's beat is: a hub away
+    for a while counts silence from its return, and a minute could outlast a short
+    exit grace."""
     due = 0.0
+    every = RETRY_S
     while liveness.running(key):
         now = time.monotonic()
         if now >= due:
-            due = now + max(MIN_BEAT_S, beat(url, token, key))
+            every = beat(url, token, key) or every
+            due = now + max(MIN_BEAT_S, every)
         time.sleep(max(0.05, min(POLL_S, due - time.monotonic())))
 
 
