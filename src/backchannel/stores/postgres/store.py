@@ -47,7 +47,10 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   ``StoreError`` (HTTP 503: retry later) naming the URL without its password. A
   connection lost *before* ``COMMIT`` is retried on a fresh connection; lost *during*
   ``COMMIT`` the outcome is unknown and the error says so (sends are idempotent on
-  ``message_id``: the caller retries). The pool replaces broken connections. A hub that
+  ``message_id``: the caller retries). An error the server answers on a live connection
+  (a ``statement_timeout`` or ``lock_timeout`` set for the role, a read-only database,
+  a full disk) is not retried: it ends the request, naming the way out. The pool
+  replaces broken connections. A hub that
   dies mid-transaction: PostgreSQL rolls the transaction back and frees its locks;
   leases it handed out expire and are re-queued by any hub.
 * **Outages.** While the listener cannot reach the database, a transaction waits at
@@ -141,14 +144,39 @@ def _answer(fut: asyncio.Future[Any], fn: Any, value: Any, error: BaseException 
         fut.set_result(value)
 
 
-#: What PostgreSQL's "insufficient resources" errors mean for the person running the
-#: hub, and what to do; any other failure is transient, retried by the request's sender.
+#: What PostgreSQL's errors that no retry of the same request gets past mean for the
+#: person running the hub, and what to do (``{role}``: the URL's user); any other failure
+#: is transient, retried by the request's sender.
 _WAY_OUT = {
     "53100": "the database server's disk is full: free space there, then retry",
     "53200": "the database server is out of memory: give it more, then retry",
-    "53300": "the database server has no connection left: raise its max_connections or "
-    "run fewer hubs on it, then retry",
+    "53300": "the database server has no connection left for the hub: raise its "
+    "max_connections (or the CONNECTION LIMIT of the role or database), or run fewer hubs "
+    "or smaller pools on it, then retry",
+    "25006": "the database is read-only (a hot standby, as after a failover, or "
+    "default_transaction_read_only=on for the role or database): point the hub at the "
+    "primary (with several hosts in the URL, add target_session_attrs=read-write and "
+    "libpq picks it), then retry",
+    "57014": "a statement_timeout set for the role or database (or an administrator) "
+    "cancelled a statement; the hub's statements wait for a team's lock while another hub "
+    "writes to that team: lift it for the hub (ALTER ROLE {role} SET statement_timeout = 0), "
+    "then retry",
+    "55P03": "a lock_timeout set for the role or database cancelled a wait for a lock; the "
+    "hub waits for a team's lock while another hub writes to that team: lift it for the hub "
+    "(ALTER ROLE {role} SET lock_timeout = 0), then retry",
 }
+
+#: How libpq words a refused connection when the server has no slot for it (53300, which
+#: it does not hand over as a code at connect time).
+_NO_SLOT = re.compile(
+    r"too many clients already|too many connections for|remaining connection slots are reserved"
+)
+
+
+def _user(url: str) -> str | None:
+    with contextlib.suppress(psycopg.Error, ValueError):
+        return psycopg.conninfo.conninfo_to_dict(url).get("user") or None  # type: ignore[return-value]
+    return None
 
 
 class PostgresStore(Store):
@@ -173,6 +201,7 @@ class PostgresStore(Store):
         self._dsn = url
         self.url = mask_url(url)
         self._secret = _password(url)
+        self._role = _user(url) or "<role>"
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._fallback = fallback_interval
@@ -200,6 +229,7 @@ class PostgresStore(Store):
     def _error(self, exc: BaseException, what: str = "failed") -> StoreError:
         detail = self._scrub(str(exc).strip().replace("\n", " "))
         way_out = _WAY_OUT.get(getattr(exc, "sqlstate", None) or "", "retry shortly")
+        way_out = way_out.replace("{role}", self._role)
         return StoreError(
             f"PostgreSQL store {self.url} {what}: {detail}; {way_out}", store=self.url
         )
@@ -226,10 +256,15 @@ class PostgresStore(Store):
                 self._dsn, connect_timeout=max(1, round(self._connect_timeout)), **kwargs
             )
         except psycopg.Error as exc:
+            detail = self._scrub(str(exc).strip())
+            way_out = (
+                _WAY_OUT["53300"][0].upper() + _WAY_OUT["53300"][1:]
+                if _NO_SLOT.search(detail)
+                else "Check that the server is running and that the URL, user and password "
+                "are right"
+            )
             raise StoreError(
-                f"cannot connect to PostgreSQL at {self.url}: "
-                f"{self._scrub(str(exc).strip())}. Check that the server is running and "
-                "that the URL, user and password are right",
+                f"cannot connect to PostgreSQL at {self.url}: {detail}. {way_out}",
                 store=self.url,
             ) from exc
 

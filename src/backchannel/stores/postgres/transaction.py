@@ -28,6 +28,9 @@ Cursor = psycopg.Cursor[Any]
 CHANNEL = "backchannel"
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+#: SQLSTATEs (prefixes) of errors after which the server closes the session: connection
+#: exceptions, operator intervention (57P01-57P05), idle_in_transaction_session_timeout
+_SESSION_ENDED = ("08", "57P", "25P03")
 
 
 def _lock_key(team: str) -> int:
@@ -103,7 +106,18 @@ class PgTransaction:
             isinstance(exc, psycopg.DataError) and "NUL" in str(exc)
         ):
             return InvalidRequest("text contains a NUL character (\\x00), which cannot be stored")
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or self._conn.broken:
+        # lost: the connection is gone, the server is ending the session (a terminated
+        # backend, a shutdown, an idle-session timeout: the connection closes next), or the
+        # driver failed with no word from the server. Any other error the server answers
+        # on a live connection (a statement_timeout or lock_timeout, a full disk: psycopg
+        # calls those OperationalError too) is not a lost connection, and re-running the
+        # transaction on a fresh one would only meet it again
+        state = exc.sqlstate or ""
+        if (
+            self._conn.broken
+            or state.startswith(_SESSION_ENDED)
+            or (isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not state)
+        ):
             self.broken = True
         return self._error(exc)
 
