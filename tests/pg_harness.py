@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -76,6 +77,8 @@ class PgServer:
     log_path: Path | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: Path | None = field(default=None, repr=False)
+    #: how the server was started (``restart`` starts it again the same way)
+    _start: Callable[[], subprocess.Popen[bytes]] | None = field(default=None, repr=False)
 
     def new_database(self, prefix: str = "bc") -> str:
         """Create an empty database and return its URL (for tests that need a clean slate)."""
@@ -88,6 +91,39 @@ class PgServer:
         if self.log_path is None or not self.log_path.exists():
             return "(no server log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def restart(self, *, crash: bool = False, down_for: float = 0.0) -> None:
+        """Stop the server and start it again on the same port and data: a fast shutdown
+        (SIGINT: sessions are ended, the data is checkpointed), or with ``crash`` every
+        process of it killed with SIGKILL at once (the host lost power; it starts with
+        crash recovery); ``down_for`` seconds pass before it starts again. Waits until it
+        accepts connections again."""
+        proc = self._process
+        if proc is None or self._start is None:
+            raise PgHarnessError("only a server the harness started can be restarted")
+        if crash:
+            os.killpg(proc.pid, signal.SIGKILL)  # the postmaster and its backends
+        else:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        time.sleep(down_for)  # an outage of a known length, not a wait for a condition
+        self._process = self._start()
+        deadline = time.monotonic() + START_TIMEOUT
+        last = ""
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                break
+            try:
+                with psycopg.connect(self.admin_url, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last = str(exc)
+                time.sleep(0.05)
+        raise PgHarnessError(
+            f"PostgreSQL did not come back after a restart (last error: {last}). "
+            f"Server log:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), then SIGKILL after 10 s; remove the data. Idempotent."""
@@ -239,20 +275,24 @@ def _launch(
     last = ""
     for _ in range(3):  # a port grabbed between _free_port() and bind() means: try another
         port = _free_port()
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [str(bindir / "postgres"), "-D", str(data), "-p", str(port),
-                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sock}",
-                 "-c", "fsync=off", "-c", "synchronous_commit=off",
-                 "-c", "full_page_writes=off", "-c", "max_connections=300",
-                 "-c", "shared_buffers=64MB", "-c", "deadlock_timeout=200ms"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=tmp, start_new_session=True, user=who.user, group=who.group,
-                extra_groups=who.extra_groups, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+
+        def start(port: int = port) -> subprocess.Popen[bytes]:
+            with open(log, "ab") as out:
+                return subprocess.Popen(
+                    [str(bindir / "postgres"), "-D", str(data), "-p", str(port),
+                     "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sock}",
+                     "-c", "fsync=off", "-c", "synchronous_commit=off",
+                     "-c", "full_page_writes=off", "-c", "max_connections=300",
+                     "-c", "shared_buffers=64MB", "-c", "deadlock_timeout=200ms"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    cwd=tmp, start_new_session=True, user=who.user, group=who.group,
+                    extra_groups=who.extra_groups, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+
+        proc = start()
         admin = f"postgresql://{USER}:{password}@127.0.0.1:{port}/postgres"
         srv = PgServer(url=admin, admin_url=admin, data_dir=data, log_path=log,
-                       _process=proc, _tmp=tmp)  # fmt: skip
+                       _process=proc, _tmp=tmp, _start=start)  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
