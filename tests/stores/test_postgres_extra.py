@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -301,6 +302,51 @@ async def test_fallback_timer_and_listener_reconnect(new_postgres_url: Callable[
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_listener_refused_listen_backs_off_rather_than_spin(
+    new_postgres_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes the connection but refuses ``LISTEN`` (a hot standby after a
+    failover: "cannot execute LISTEN during recovery") has the listener back off between
+    tries, as a refused connection does; before, it reconnected at once, as fast as the
+    server answered, waking every waiting long-poll each time."""
+    url = new_postgres_url()
+    real_connect = psycopg.connect
+    tries: list[float] = []
+
+    class Standby:
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            self._conn = conn
+
+        def __enter__(self) -> Standby:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._conn.close()
+
+        def execute(self, query: str, *args: Any) -> Any:
+            if query.startswith("LISTEN"):
+                raise psycopg.errors.ReadOnlySqlTransaction("cannot execute LISTEN during recovery")
+            return self._conn.execute(query, *args)
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        conn = real_connect(*args, **kwargs)
+        if kwargs.get("application_name") != LISTENER_NAME:
+            return conn
+        tries.append(time.monotonic())
+        return Standby(conn)
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    (a,) = await open_hubs(url, 1, fallback_interval=2.0)
+    try:
+        heard = listen(a)
+        start = len(tries)
+        await asyncio.sleep(1.5)  # the span counted over, not a wait for an outcome
+        assert len(tries) - start <= 8, f"{len(tries) - start} LISTEN connections in 1.5 s"
+        assert len(heard) <= 8
+    finally:
+        await a.close()
 
 
 # -- connections ----------------------------------------------------------------

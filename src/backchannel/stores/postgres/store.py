@@ -504,10 +504,12 @@ class PostgresStore(Store):
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self._fallback or 2.0)
                 continue
-            backoff = 0.1
             try:
                 with conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    # reset only once LISTEN is taken: a server that takes the connection
+                    # but refuses LISTEN (a hot standby) is backed off from, not spun on
+                    backoff = 0.1
                     # a migration while this listener was away is told by the table, one
                     # committed from now on by its notice (LISTEN came first: no gap)
                     with contextlib.suppress(psycopg.errors.UndefinedTable):
@@ -538,3 +540,5 @@ class PostgresStore(Store):
                     self._unreachable = True
                     log.warning("LISTEN connection to %s lost: %s", self.url, self._scrub(str(exc)))
                     self._post(None, None)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, self._fallback or 2.0)
