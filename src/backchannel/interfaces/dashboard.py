@@ -70,6 +70,7 @@ from backchannel.errors import (
 )
 from backchannel.hub import FeedItem, Hub
 from backchannel.interfaces.http import Auth, EventStream, Principal
+from backchannel.interfaces.routes.stream import resume_after
 from backchannel.interfaces.wire import (
     MAX_INT,
     SENT,
@@ -626,9 +627,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         a page that keeps only so many is sent only those, however long the history."""
         who = await check_ticket(hub, key, ticket, team)
         await hub.get_team(team)
-        last_id = request.headers.get("last-event-id", "")
-        if last_id.isascii() and last_id.isdigit() and len(last_id) <= 18:
-            after = max(after, int(last_id))
+        after = resume_after(request, after)
         if last is not None:
             after = max(after, await hub.feed_start(team, last))
         return StreamingResponse(

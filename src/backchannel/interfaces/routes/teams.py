@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 
 from backchannel.hub import FeedItem
 from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of, revoked
-from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
+from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream, resume_after
 from backchannel.interfaces.wire import MAX_INT, SSE_EVENT, MemberName, StrictRoute, TeamName
 from backchannel.member import AdminApi, MemberApi
 from backchannel.models import (
@@ -136,13 +136,15 @@ async def team_events(
     request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> StreamingResponse:
-    """Server-sent events: the team's traffic (sends, leases, acks, dead letters). A
-    member's stream ends with ``event: error`` once its token is rotated (or the member
+    """Server-sent events: the team's traffic (sends, leases, acks, dead letters), each
+    with its cursor as ``id:``, from cursor ``after`` on, or from the ``Last-Event-ID`` a
+    reconnecting client sends when that is later. A member's stream ends with ``event: error`` once its token is rotated (or the member
     removed), at once (by another hub process on the same store, once this one hears
     of it)."""
     who.need_team(team)
     hub = hub_of(request)
     await hub.get_team(team)
+    after = resume_after(request, after)
     gone = asyncio.Event()  # set when a member's token is revoked
 
     async def events() -> AsyncIterator[str]:

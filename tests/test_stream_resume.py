@@ -1,0 +1,104 @@
+"""Resuming an event stream over a real socket, against ``backchannel serve``: a client
+that reconnects with the cursor it last saw (``Last-Event-ID``, ``after``) sees every
+event once, and a cursor the hub cannot honour is refused, saying why and what to do."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+
+#: seconds a read may wait: far below a keep-alive's 15 s, so a stream that shows
+#: nothing more fails the test instead of hanging it
+PROMPTLY = 10.0
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from tests.conftest import start_server
+
+    s = start_server(tmp_path_factory.mktemp("resume") / "home")
+    yield s
+    s.stop()
+
+
+def _send(srv: Server, token: str, to: str, text: str) -> str:
+    with srv.client(token) as c:
+        r = c.post("/v1/messages", json={"to": to, "text": text})
+        assert r.status_code == 201, r.text
+        return str(r.json()["message_id"])
+
+
+def _cursors_until(
+    srv: Server, token: str, path: str, marker: str, headers: dict[str, str] | None = None
+) -> list[int]:
+    """The ``id:`` of every ``traffic`` event of the stream at ``path`` up to and with
+    the first about message ``marker``."""
+    auth = {"Authorization": f"Bearer {token}", **(headers or {})}
+    seen: list[int] = []
+    with (
+        httpx.Client(base_url=srv.url, headers=auth, timeout=PROMPTLY) as c,
+        c.stream("GET", path) as resp,
+    ):
+        assert resp.status_code == 200, resp.read()
+        cursor = None
+        for line in resp.iter_lines():
+            if line.startswith("id: "):
+                cursor = int(line[4:])
+            elif line.startswith("data: ") and cursor is not None:
+                seen.append(cursor)
+                if json.loads(line[6:]).get("message_id") == marker:
+                    return seen
+                cursor = None
+    raise AssertionError(f"the stream ended before message {marker}: {seen}")
+
+
+def test_team_events_resume_after_last_event_id(srv: Server) -> None:
+    """An ``EventSource`` reconnects to the URL it first opened (``after=0``) with the
+    id of the last event it saw in ``Last-Event-ID``: the stream goes on after it, and
+    nothing it saw comes again."""
+    tokens = srv.team("resume", "a", "b")
+    first = _send(srv, tokens["a"], "b", "one")
+    _send(srv, tokens["a"], "b", "two")
+    path = "/v1/teams/resume/events?after=0"
+    before = _cursors_until(srv, tokens["a"], path, first)
+    seen = before[-1]
+    marker = _send(srv, tokens["a"], "b", "three")
+    again = _cursors_until(srv, tokens["a"], path, marker, {"Last-Event-ID": str(seen)})
+    assert again and min(again) > seen, (seen, again)
+    assert again == sorted(set(again))
+
+
+def _ticket(srv: Server, token: str, team: str) -> str:
+    with srv.client(token) as c:
+        r = c.post("/v1/dashboard/tickets", json={"team": team})
+        assert r.status_code in (200, 201), r.text
+        return str(r.json()["ticket"])
+
+
+@pytest.mark.parametrize("last_id", ["zz", "-1", "1.5", str(2**63), "9" * 60])
+@pytest.mark.parametrize("stream", ["events", "dashboard"])
+def test_a_last_event_id_that_is_no_cursor_is_refused(
+    srv: Server, stream: str, last_id: str
+) -> None:
+    """Ignored, such a header would start the stream over from ``after`` and show the
+    client again all it saw; it is refused, naming the header and the way out."""
+    team = f"garbled-{uuid.uuid4().hex[:8]}"
+    tokens = srv.team(team, "a")
+    if stream == "events":
+        path = f"/v1/teams/{team}/events"
+    else:
+        path = f"/v1/dashboard/teams/{team}/stream?ticket={_ticket(srv, tokens['user'], team)}"
+    with (
+        srv.client(tokens["user"]) as c,
+        c.stream("GET", path, headers={"Last-Event-ID": last_id}) as r,
+    ):
+        assert r.status_code == 422, r.status_code  # not a stream that starts over
+        error = json.loads(r.read())["error"]
+    assert error["code"] == "invalid_request"
+    assert "Last-Event-ID" in error["message"] and "?after=" in error["message"]
