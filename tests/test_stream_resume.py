@@ -102,3 +102,22 @@ def test_a_last_event_id_that_is_no_cursor_is_refused(
         error = json.loads(r.read())["error"]
     assert error["code"] == "invalid_request"
     assert "Last-Event-ID" in error["message"] and "?after=" in error["message"]
+
+
+def test_the_sdk_raises_the_error_a_team_stream_ends_with(srv: Server) -> None:
+    """A member's ``team_events`` ends with ``event: error`` when its token is rotated:
+    the SDK raises that error (the hub's words: sign in again), not a failure to read
+    the error's JSON as traffic."""
+    from backchannel import errors
+    from backchannel.client import connect_sync
+
+    tokens = srv.team("rotated", "a", "b")
+    marker = _send(srv, tokens["a"], "b", "watched")
+    with connect_sync(srv.url, tokens["a"]) as client:
+        events = iter(client.team_events())
+        assert next(events).message_id == marker
+        with srv.client() as admin:
+            admin.post("/v1/teams/rotated/members/a/token").raise_for_status()
+        with pytest.raises(errors.BackchannelError) as caught:
+            next(events)
+    assert caught.value.code == "unauthorized" and "rotated" in caught.value.message

@@ -172,6 +172,18 @@ def raise_for(resp: httpx.Response) -> None:
     raise _ERRORS.get(code, BackchannelError)(message, **body)
 
 
+def _raise_streamed(body: Any) -> None:
+    """An event stream's ``event: error`` as the exception it stands for."""
+    try:
+        error = dict(body["error"])
+        code, message = error.pop("code"), error.pop("message")
+    except (KeyError, TypeError, ValueError):
+        raise PeerError(
+            f"hub ended the stream with an error it did not name: {body!r}"[:300]
+        ) from None
+    raise _ERRORS.get(code, BackchannelError)(message, **error)
+
+
 #: How long a call is made again while the way to the hub fails (a hub restarting, a
 #: proxy that cut the connection), and the longest pause between two tries.
 RETRY_WITHIN = 10.0
@@ -311,10 +323,22 @@ class HttpTransport(Transport):
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise_for(resp)
+                # an event is dispatched at the blank line that ends it (as an
+                # EventSource does): one cut off by a dropped connection is not read
+                name, data = "", ""
                 async for line in resp.aiter_lines():
-                    if line.startswith("data: "):
-                        item: R = stream.model.model_validate(json.loads(line[6:]))  # type: ignore[assignment]
+                    if line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        data = line[6:]
+                    elif not line and data:
+                        if name == "error":  # the stream's end, with the hub's reason
+                            _raise_streamed(json.loads(data))
+                        item: R = stream.model.model_validate(json.loads(data))  # type: ignore[assignment]
                         yield item
+                        name, data = "", ""
+                    elif not line:
+                        name = ""
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
 
