@@ -22,6 +22,17 @@ from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import MessageKind
 
 
+def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    """A fresh store of ``kind``: memory, sqlite or postgres (a database of its own)."""
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "sqlite":
+        return SqliteStore(tmp_path / "timers.db")
+    from backchannel.stores.postgres import PostgresStore
+
+    return PostgresStore(request.getfixturevalue("new_postgres_url")())
+
+
 async def _team(hub: Hub, *members: str, policy: str = "enforce") -> None:
     await hub.create_team("t", settings={"anchor_policy": policy})
     for m in members:
@@ -183,6 +194,41 @@ async def test_a_reply_through_another_hub_on_the_same_file_counts(
         assert _wait_lines(await _take(one, "lead"))[1] == (
             'w has replied since you set this timer (5 s after): "sent through the other hub"'
         )
+
+
+@pytest.mark.parametrize(
+    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_delegations_answer_is_the_callees_reply(
+    store: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """The hub hands a delegation's answer over as its own tool result, not as a message
+    from the callee; a wait timer on the callee notes the answer all the same. A callee
+    that timed out did not reply."""
+    async with Hub(_store(store, tmp_path, request), clock=clock, background=False) as hub:
+        await _team(hub, "lead", "counter", "lister", policy="off")
+        await hub.report_event("t", "lead", "lead-s", "turn_start", "count and list")
+        await hub.delegate("t", "lead", "lead-s", "counter", "count the files", timeout_s=60)
+        await hub.delegate("t", "lead", "lead-s", "lister", "list the files", timeout_s=60)
+        await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the count", target="counter")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the list", target="lister")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "waiting for both")
+        clock.advance(20)
+        [task] = [s for s in await hub.list_sessions("t", "counter") if s.session_id != "counter-s"]
+        got = await hub.receive("t", "counter", session=task.session_id)
+        await hub.ack("t", "counter", [g.message.message_id for g in got])
+        await hub.report_event("t", "counter", task.session_id, "turn_start", "count the files")
+        await hub.report_event("t", "counter", task.session_id, "agent_stop", "12 files.")
+        clock.advance(40)  # the lister's deadline: the results go to lead now
+        await hub.maintain()
+        texts = await _fired(hub, clock, 60)
+        assert [t.splitlines() for t in texts] == [
+            [
+                "WAIT: the count",
+                'counter has replied since you set this timer (20 s after): "12 files."',
+            ],
+            ["WAIT: the list", "lister has not replied since you set this timer (2 min ago)."],
+        ]
 
 
 async def test_a_timer_due_mid_turn_waits_for_the_turn_to_end(hub: Hub, clock: FakeClock) -> None:

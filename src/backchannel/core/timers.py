@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from backchannel.errors import InvalidRequest
-from backchannel.types import InboxMessage, Message, MessageKind, Session
+from backchannel.types import HUB_SENDER, InboxMessage, Message, MessageKind, Session
 
 TIMER_JOB = "timer"
 #: Firing later than this after the due time is reported as late (the hub was down).
@@ -158,6 +158,28 @@ class Reply:
 
     def noted(self) -> dict[str, Any]:
         return {"reply": self.message_id, "reply_at": self.created_at, "reply_text": self.preview}
+
+    @classmethod
+    def answers(cls, message: Message) -> list[tuple[str, str | None, Reply]]:
+        """The answers a hub's tool result carries: for each, the callee, the
+        delegation's id and the answer as a reply at the tool result's time (the hub
+        puts the time the callee answered in its place). A delegation's answer reaches
+        its caller as the hub's message, never as one from the callee; a callee that
+        failed or timed out did not reply."""
+        if message.kind is not MessageKind.TOOL_RESULT or message.sender != HUB_SENDER:
+            return []
+        results = message.meta.get("results")
+        out = []
+        for r in results if isinstance(results, list) else []:
+            if not isinstance(r, Mapping) or not isinstance(callee := r.get("to"), str):
+                continue
+            if "result" not in r:
+                continue  # an error: the callee did not answer
+            answer = r["result"] if isinstance(r["result"], str) else ""
+            did = r.get("delegation_id")
+            reply = cls(message.message_id, message.created_at, _preview(answer))
+            out.append((callee, did if isinstance(did, str) else None, reply))
+        return out
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Reply | None:

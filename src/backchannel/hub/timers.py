@@ -10,7 +10,9 @@ A timer with a target watches it (``Job.watch``): the target's first message wit
 for the timer's member is noted on the timer as it is sent (:meth:`Timers.after_send`,
 one of the send's reactions): its id, its time and the start of its text, which the
 breadcrumb quotes from there, so retention may take the message meanwhile. A reply
-already sent while the timer was being set is looked up when it is set.
+already sent while the timer was being set is looked up when it is set. A delegation's
+answer is the callee's reply as well, though it reaches the caller as the hub's tool
+result.
 
 A timer goes on in the conversation chain its session works in when it is set (the
 chain of the turn that sets it, kept in the job's payload) at that hop: its firing is not
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -362,16 +365,31 @@ class Timers:
         """A message was stored: the first one from a timer's target with a copy for the
         timer's member is noted on the timer, which then watches no more. A timer watches
         from the commit that set it, so every message stored while it watches came after
-        it, whatever its time says (a clock stepped back, another hub's clock behind)."""
-        message = s.message
-        watching = s.c.tx.watching(message.team, message.sender)
-        if not watching:
-            return
-        reached = {r.member for r in s.recipients}
-        for job in watching:
-            p = job.payload
-            if p.get("member") in reached:
-                s.c.tx.end_watch(job.job_id, {**p, **rules.Reply.of(message).noted()})
+        it, whatever its time says (a clock stepped back, another hub's clock behind).
+        A delegation's answer is the callee's reply too, though the hub hands it over as
+        its own tool result: noted at the time the callee answered, with its answer."""
+        message, tx = s.message, s.c.tx
+
+        def note(sender: str, reply: Callable[[], rules.Reply]) -> None:
+            watching = tx.watching(message.team, sender)
+            if not watching:
+                return
+            reached = {r.member for r in s.recipients}
+            for job in watching:
+                if job.payload.get("member") in reached:
+                    tx.end_watch(job.job_id, {**job.payload, **reply().noted()})
+
+        note(message.sender, lambda: rules.Reply.of(message))
+        for callee, delegation_id, answer in rules.Reply.answers(message):
+
+            def answered(
+                answer: rules.Reply = answer, did: str | None = delegation_id
+            ) -> rules.Reply:
+                d = tx.get_delegation(message.team, did) if did else None
+                at = d.answered_at if d is not None else None
+                return answer if at is None else dataclasses.replace(answer, created_at=at)
+
+            note(callee, answered)
 
     # -- the anchor rule ----------------------------------------------------------------
     def check_anchor(self, s: Send) -> None:
