@@ -351,3 +351,41 @@ async def test_set_timer_takes_the_range_of_every_other_way_to_set_one(
             assert "invalid argument 'minutes'" in await fails(
                 s, "set_timer", intent="anchor", minutes=bad, note="n"
             )
+
+
+async def test_list_timers_shows_the_agents_own_first_and_a_bounded_list(
+    srv: Server, errlog: TextIO
+) -> None:
+    """A busy team's pending timers (each member may hold a hundred) are not all poured
+    into the model's context: the caller's own come first, at most LIST_TIMERS_SHOWN in
+    all, and the rest are counted."""
+    from backchannel.interfaces.mcp import LIST_TIMERS_SHOWN
+
+    tokens = make_team(srv, "many-timers", "a", "b", "c")
+    for name in ("b", "c"):
+        with srv.client(tokens[name]) as c:
+            c.post("/v1/sessions", json={"session_id": f"{name}-1"}).raise_for_status()
+            for i in range(LIST_TIMERS_SHOWN):
+                body = {"intent": "anchor", "minutes": 60, "note": f"{name}'s task {i}"}
+                c.post("/v1/timers", json=body).raise_for_status()
+    with srv.client(tokens["a"]) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+        mine = [
+            c.post(
+                "/v1/timers", json={"intent": "anchor", "minutes": 30, "note": f"mine {i}"}
+            ).json()["timer_id"]
+            for i in range(3)
+        ]
+    async with connect("http", srv, tokens["a"], "a-1", errlog) as s:
+        listed, data = await ok(s, "list_timers")
+    lines = listed.splitlines()
+    assert [t["timer_id"] for t in data["timers"][:3]] == mine
+    assert len(data["timers"]) == LIST_TIMERS_SHOWN
+    for i, (line, t) in enumerate(zip(lines[:3], mine, strict=True)):
+        assert line.startswith(f"{t}: anchor for a (session a-1), due in 1")
+        assert line.endswith(f" s: mine {i}")
+    hidden = 2 * LIST_TIMERS_SHOWN + 3 - LIST_TIMERS_SHOWN
+    assert lines[LIST_TIMERS_SHOWN:] == [
+        f"... and {hidden} more pending timers of other members (GET /v1/timers lists them all)."
+    ]
+    assert data["hidden"] == hidden

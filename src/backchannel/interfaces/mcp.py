@@ -56,6 +56,9 @@ CHANNEL_CLIENT = "claude-code"
 #: After the handshake, how long before the first push (Claude Code sets up
 #: its channel listener right after connecting; a push it missed is released anyway).
 CHANNEL_SETTLE_S = 0.5
+#: The most timers ``list_timers`` shows the model: a team's members may each hold a
+#: hundred, and the tool's answer goes into the model's context whole.
+LIST_TIMERS_SHOWN = 50
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -247,15 +250,26 @@ async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
 
 
 async def _list_timers(a: Agent, x: _NoArgs) -> Output:
+    """The caller's own timers first (the ones it may cancel), then its peers', at most
+    :data:`LIST_TIMERS_SHOWN`; the rest are counted, not listed."""
     timers = await a.client.timers()
     if not timers:
         return "No pending timers in your team.", {"timers": []}
+    ordered = [t for t in timers if t.member == a.name] + [t for t in timers if t.member != a.name]
+    shown, hidden = ordered[:LIST_TIMERS_SHOWN], len(ordered) - LIST_TIMERS_SHOWN
     lines = [
         f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
         f"for {t.member} (session {t.session}), due in {t.due_in or 0:.0f} s: {t.note}"
-        for t in timers
+        for t in shown
     ]
-    return "\n".join(lines), {"timers": [_json(t) for t in timers]}
+    data: dict[str, Any] = {"timers": [_json(t) for t in shown]}
+    if hidden > 0:
+        whose = (
+            "pending timers" if shown[-1].member == a.name else "pending timers of other members"
+        )
+        lines.append(f"... and {hidden} more {whose} (GET /v1/timers lists them all).")
+        data["hidden"] = hidden
+    return "\n".join(lines), data
 
 
 async def _react(a: Agent, x: ReactionArgs) -> Output:
@@ -337,7 +351,8 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "list_timers",
-        "List your team's pending timers: id, intent, whose, due in how long, and the note.",
+        "List your team's pending timers, yours first: id, intent, whose, due in how "
+        f"long, and the note (at most {LIST_TIMERS_SHOWN}; the rest are counted).",
         _NoArgs,
         _list_timers,
     ),
