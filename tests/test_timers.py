@@ -440,6 +440,58 @@ async def test_two_hubs_on_one_store_fire_a_timer_once(tmp_path: Path) -> None:
         assert sorted(fired) == sorted(f"ANCHOR: note {i}" for i in range(20))
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at_all(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One hub fires due timers while another cancels them, at the same moment. Each
+    timer either fires once and its cancel is refused with a conflict that says it
+    fired, or is cancelled and never fires: never both, never twice."""
+    import asyncio
+
+    from backchannel.stores.postgres import PostgresStore
+
+    clock = FakeClock()
+    if kind == "sqlite":
+        db = tmp_path / "race.db"
+
+        def store() -> Store:
+            return SqliteStore(db)
+    else:
+        url = request.getfixturevalue("new_postgres_url")()
+
+        def store() -> Store:
+            return PostgresStore(url)
+
+    async with (
+        Hub(store(), clock=clock, background=False) as firing,
+        Hub(store(), clock=clock, background=False) as cancelling,
+    ):
+        await _team(firing, "a", "b", policy="off")
+        cancelled: set[int] = set()
+        refused: dict[int, str] = {}
+        for i in range(30):
+            t = await firing.set_timer("t", "a", "a-s", "anchor", 1, f"note {i}")
+            clock.advance(1)
+
+            async def cancel(timer_id: int = t.timer_id) -> None:
+                try:
+                    await cancelling.cancel_timer("t", "a", timer_id)
+                    cancelled.add(timer_id)
+                except Conflict as exc:
+                    refused[timer_id] = exc.message
+
+            await asyncio.gather(firing.maintain(), cancel())
+        got = await firing.receive("t", "a", session="a-s", limit=100)
+        fired = [g.message.meta["timer_id"] for g in got]
+        assert sorted(fired) == sorted(refused), "each refused cancel's timer fired, once"
+        assert not cancelled & set(fired), "a cancelled timer never fires"
+        assert len(cancelled) + len(refused) == 30
+        for timer_id, message in refused.items():
+            assert message.startswith(f"timer {timer_id} fired before this cancel")
+        assert await firing.list_timers("t") == []
+
+
 # -- a store from before timers watched their targets (schema 10) ---------------------------
 
 _TO_SCHEMA_10 = {

@@ -256,7 +256,10 @@ class Timers:
 
     async def cancel_timer(self, team: str, member: str, timer_id: int) -> Timer:
         """Cancel one of your pending timers. A timer cancelled already is answered as it
-        is (a cancel made again when its answer was lost); one that fired is refused."""
+        is (a cancel made again when its answer was lost); one that fired (on any hub,
+        however close to this cancel) is refused with a conflict that says so, so the
+        canceller knows its breadcrumb comes: a timer fires once or is cancelled, never
+        both (the firing and this cancel are writes of the team, one after the other)."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> Timer:
@@ -270,8 +273,11 @@ class Timers:
             if job.state is JobState.CANCELLED:
                 return Timer.of(job)
             if job.state is not JobState.PENDING:
-                raise InvalidRequest(
-                    f"timer {timer_id} already {job.state.value}", field="timer_id"
+                ago = f", {now - job.done_at:.0f} s ago" if job.done_at is not None else ""
+                raise Conflict(
+                    f"timer {timer_id} fired before this cancel{ago}: its breadcrumb went to "
+                    f"session {job.session_id!r}, and there is nothing left to cancel",
+                    timer_id=timer_id,
                 )
             tx.finish_job(timer_id, JobState.CANCELLED, now)
             return Timer.of(dataclasses.replace(job, state=JobState.CANCELLED, done_at=now))
