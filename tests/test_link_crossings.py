@@ -41,6 +41,18 @@ def _hook(c: httpx.Client, name: str, session: str, **fields: Any) -> dict[str, 
     return out
 
 
+def _turn(c: httpx.Client, session: str, prompt: str) -> list[dict[str, Any]]:
+    """One turn of a runtime on plain HTTP hooks, as Claude Code runs it: the prompt, its
+    ``Stop``, and while a ``Stop`` is answered with a block, the continuation it goes on
+    with and that one's ``Stop`` (a runtime that took a new prompt instead would be shown
+    the answer again: nothing the hub hears tells it the answer was had). The answers."""
+    shown = [_hook(c, "UserPromptSubmit", session, prompt=prompt)]
+    shown.append(_hook(c, "Stop", session, last_assistant_message=""))
+    while shown[-1].get("decision") == "block":
+        shown.append(_hook(c, "Stop", session, last_assistant_message=""))
+    return shown
+
+
 @contextlib.contextmanager
 def _linked(srv: Server, **settings: Any) -> Iterator[dict[str, httpx.Client]]:
     """``a`` and ``b`` on Claude Code sessions ``sa`` and ``sb`` of team ``t`` (with
@@ -167,9 +179,7 @@ def test_a_crossing_to_a_peer_killed_without_session_end_reaches_its_new_session
         _hook(c["a"], "Stop", "sa", last_assistant_message="a's words")
 
         def arrived() -> int:  # handed over in the prompt's answer or the Stop's
-            answer = _hook(c["b"], "UserPromptSubmit", "sb-new", prompt="next")
-            stop = _hook(c["b"], "Stop", "sb-new", last_assistant_message="")
-            return json.dumps([answer, stop]).count("a's words")
+            return json.dumps(_turn(c["b"], "sb-new", "next")).count("a's words")
 
         assert eventually_blocking(arrived, what="the crossing at b's new session") == 1
         assert c["b"].get("/v1/sessions/sb").json()["state"] == "terminated"
@@ -267,9 +277,7 @@ def test_a_crossing_whose_stop_answer_was_lost_reaches_the_continued_session_onc
     _hook(c["b"], "SessionStart", "sb", source="resume")
 
     def arrived() -> int:
-        answer = _hook(c["b"], "UserPromptSubmit", "sb", prompt="carry on")
-        stop = _hook(c["b"], "Stop", "sb", last_assistant_message="")
-        return json.dumps([answer, stop]).count("a's words")
+        return json.dumps(_turn(c["b"], "sb", "carry on")).count("a's words")
 
     assert eventually_blocking(arrived, what="the crossing at sb.2") == 1
     assert c["b"].get("/v1/sessions/sb.2").json()["state"] == "idle"
