@@ -31,3 +31,63 @@ class Peer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Flood(Peer):
+    """A service whose every answer (to a GET or a POST) is ``status`` with ``headers``
+    and then ``body``, or, with ``endless``, chunks of 64 KiB until the client goes away:
+    what a service that answers a gigabyte, or never ends its answer, looks like to the
+    hub. :attr:`requests` holds the path and headers of each request; :attr:`sent` how
+    many body bytes went out."""
+
+    def __init__(
+        self,
+        status: int,
+        *,
+        body: bytes = b"",
+        endless: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.sent = 0
+        self.lock = threading.Lock()
+        peer = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def answer(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                if size:
+                    self.rfile.read(size)
+                with peer.lock:
+                    peer.requests.append((self.path, dict(self.headers.items())))
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                if not endless:
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                chunk = b"x" * 65536
+                framed = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+                try:
+                    while True:
+                        self.wfile.write(framed)
+                        with peer.lock:
+                            peer.sent += len(chunk)
+                except OSError:
+                    self.close_connection = True  # the client gave up: what it should do
+
+            do_GET = do_POST = answer
+
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except OSError:  # the client closed the connection it kept alive
+                    self.close_connection = True
+
+        self.serve(Handler)

@@ -22,8 +22,10 @@ backchannel hub on the other side continues that chain, so two hubs whose agents
 delegate to each other over A2A stop at the chain budget. Other agents ignore it.
 
 The hub only talks to the registered service: redirects are never followed, and an
-agent card whose interfaces point to another origin is refused. It never asks the agent
-for push notifications, so no request can make the agent call an address of its choosing.
+agent card whose interfaces point to another origin is refused. Its answers are bounded
+as all of the hub's are (:mod:`backchannel.outbound`): one too large, compressed or never
+ended fails the call, named. It never asks the agent for push notifications, so no
+request can make the agent call an address of its choosing.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from backchannel import outbound
 from backchannel.core import delegation as rules
 from backchannel.core.budget import A2A_CHAIN_KEY, ChainRef, check_chain
 from backchannel.errors import InvalidRequest
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("backchannel.a2a")
 
 POLL_START, POLL_CAP = 0.2, 5.0
+#: The most one request to the agent (its card, a send, a poll) takes, its answer read.
+REQUEST_DEADLINE = 60.0
 GIVE_UP_AFTER = rules.TOKEN_GRACE  # past the deadline, a late answer is no longer awaited
 
 
@@ -127,6 +132,13 @@ def _classify(exc: BaseException) -> _Final:
     from a2a.client.errors import A2AClientTimeoutError, AgentCardResolutionError
 
     detail = f"{type(exc).__name__}: {exc}"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, outbound.AnswerRefused):
+            # too large, compressed, or never ended: the same agent answers the same
+            said = detail if str(cause) in detail else f"{detail}: {cause}"
+            return _Final(rules.Outcome.DEAD, said)
+        cause = cause.__cause__
     status: int | None = None
     if isinstance(exc, AgentCardResolutionError):
         status = exc.status_code
@@ -183,7 +195,7 @@ async def call(
 
     base = svc.agent_url(agent)
     headers = {"Authorization": f"Bearer {svc.token}"} if svc.token else {}
-    async with httpx.AsyncClient(headers=headers, timeout=30.0, follow_redirects=False) as http:
+    async with outbound.client(deadline=REQUEST_DEADLINE, headers=headers, timeout=30.0) as http:
         card = await A2ACardResolver(http, base).get_agent_card()
         check_card(card, base)
         config = ClientConfig(

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from backchannel.core.delegation import RetryPolicy
 from backchannel.delivery.webhook import DELIVER_PATH, SIGNATURE_HEADER, verify
@@ -24,6 +25,7 @@ from tests.delivery.conftest_adapters import (
     state_of,
     wait_state,
 )
+from tests.peers import Flood
 
 
 def _hook(service: str) -> dict[str, str]:
@@ -259,3 +261,40 @@ async def test_trickling_endpoint_is_cut_off_at_the_attempt_timeout() -> None:
     assert reason.startswith("gave up after 2 attempt(s): POST to service 'bot'")
     assert "timed out" in reason
     assert [n.message.kind for n in notices] == [MessageKind.SYSTEM]
+
+
+@contextmanager
+def flooding(status: int, **kw: Any) -> Iterator[Flood]:
+    srv = Flood(status, **kw)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+async def test_a_2xx_with_an_endless_body_is_delivered_once() -> None:
+    # the service took the message; reading the body it sends after would time out the
+    # attempt and deliver the message again, and again, to a service that has it
+    retry = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=30.0, timeout=1.0)
+    with flooding(200, endless=True) as srv:
+        async with running_hub({"bot": srv.url}, retry=retry, max_attempts=3) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "acked", within=15)
+    assert len(srv.requests) == 1
+    assert [e.event for e in st.history].count("delivered") == 1
+
+
+async def test_a_refusal_with_an_endless_body_is_dead_lettered_with_its_start() -> None:
+    retry = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=30.0, timeout=1.0)
+    with flooding(404, endless=True) as srv:
+        async with running_hub({"bot": srv.url}, retry=retry, max_attempts=3) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead", within=15)
+    assert len(srv.requests) == 1
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("HTTP 404 from service 'bot'") and "xxxx" in reason
+    assert len(reason) < 1000

@@ -28,7 +28,8 @@ constant time, refuses a ``t`` too far from its clock (5 minutes is usual), and 
 hub's record, and after a timeout whose request did arrive.
 
 Outcome: any 2xx is delivered, whatever the body says (the receiver took the message;
-its body is not read). Each attempt has the registry's ``timeout`` as a whole (an
+its body is not read, however long). Of another answer only its start is read, for the
+reason, and an answer sent compressed is not unpacked (:mod:`backchannel.outbound`). Each attempt has the registry's ``timeout`` as a whole (an
 answer dribbled out a byte at a time is cut off there too). Connection errors, timeouts, 408, 425, 429 and 5xx are transient:
 retried with the registry's capped backoff (``hub.callbacks.retry``; a ``Retry-After``
 in seconds is honoured up to the cap) until its budget or the hub's attempts are spent,
@@ -47,6 +48,7 @@ import time
 
 import httpx
 
+from backchannel import outbound
 from backchannel.callbacks import Service
 from backchannel.core import delegation as rules
 from backchannel.delivery.base import (
@@ -129,7 +131,7 @@ class WebhookAdapter(Adapter):
             ) from exc
 
     async def start(self) -> None:
-        self._http = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        self._http = outbound.client(deadline=self.attempt_timeout)
 
     async def close(self) -> None:
         if self._http is not None:
@@ -167,15 +169,20 @@ class WebhookAdapter(Adapter):
         where = f"service {svc.name!r} ({DELIVER_PATH})"
         # httpx's timeout bounds each connect, read and write, not the request: a
         # service that dribbles its answer a byte at a time would hold the member's
-        # worker forever. The whole attempt gets ``attempt_timeout``.
+        # worker forever. The status within ``attempt_timeout`` is the outcome; the body
+        # of a 2xx is never read (a service that sends a gigabyte after its 200, or never
+        # ends, took the message all the same: reading on would time out and send it
+        # again), and of a refusal only its start, for the reason.
         try:
+            request = self._http.build_request(
+                "POST",
+                svc.endpoint(DELIVER_PATH),
+                content=body,
+                headers=headers,
+                timeout=self.retry.timeout,
+            )
             async with asyncio.timeout(self.attempt_timeout):
-                resp = await self._http.post(
-                    svc.endpoint(DELIVER_PATH),
-                    content=body,
-                    headers=headers,
-                    timeout=self.retry.timeout,
-                )
+                resp = await self._http.send(request, stream=True)
         except TimeoutError as exc:
             raise AdapterError(
                 f"POST to {where} timed out: no complete answer within "
@@ -183,11 +190,14 @@ class WebhookAdapter(Adapter):
             ) from exc
         except httpx.HTTPError as exc:
             raise AdapterError(f"POST to {where} failed: {type(exc).__name__}: {exc}") from exc
-        status = resp.status_code
-        outcome = rules.classify(status)
-        if outcome is rules.Outcome.DONE:
-            return f"HTTP {status} from {where}"
-        snippet = resp.text[:200].strip()
+        try:
+            status = resp.status_code
+            outcome = rules.classify(status)
+            if outcome is rules.Outcome.DONE:
+                return f"HTTP {status} from {where}"
+            snippet = await outbound.answer_start(resp)
+        finally:
+            await resp.aclose()
         detail = f"HTTP {status} from {where}" + (f": {snippet}" if snippet else "")
         if outcome is rules.Outcome.RETRY:
             raise AdapterError(detail, retry_after=_retry_after(resp))

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
+from backchannel import outbound
 from backchannel.callbacks import CallbackConfig
 from backchannel.core import delegation as rules
 from backchannel.core.budget import ChainRef
@@ -30,6 +32,8 @@ from backchannel.types import Job, JobState
 log = logging.getLogger("backchannel.outbox")
 
 OUTBOX_JOB = "outbox"
+#: How much of a refusal the outbox reads: its reason, and a budget's error object.
+BUDGET_ERROR_BYTES = 16 * 1024
 
 
 class Outbox:
@@ -138,22 +142,40 @@ class Outbox:
             await run_a2a_job(self, job, svc)
             return
         if self._http is None:
-            self._http = httpx.AsyncClient(follow_redirects=False)
+            self._http = outbound.client(deadline=policy.timeout)
         headers = {"Authorization": f"Bearer {p['bearer']}"} if p.get("bearer") else {}
         async with self._post_slots:
+            # httpx's timeout bounds each read, not the request: an answer dribbled out
+            # (or never ended) would keep the job leased past its lease, and the POST
+            # would be made again beside it. The status is the outcome, within the
+            # attempt's timeout; of the answer only the start of a refusal is read, for
+            # its reason (the client's deadline ends a dribbled one).
             try:
-                resp = await self._http.post(
+                request = self._http.build_request(
+                    "POST",
                     svc.endpoint(str(p["path"])),
                     json=p["body"],
                     headers=headers,
                     timeout=policy.timeout,
                 )
-                status = resp.status_code
-                detail = f"HTTP {status}: {resp.text[:200]}"
+                async with asyncio.timeout(policy.timeout):
+                    resp = await self._http.send(request, stream=True)
+                try:
+                    status = resp.status_code
+                    start = await _answer_start(resp) if status >= 300 else ""
+                finally:
+                    await resp.aclose()
+                detail = f"HTTP {status}" + (f": {start.strip()[:200]}" if start.strip() else "")
+            except TimeoutError:
+                detail = (
+                    f"no complete answer within {policy.timeout:g} s (the callback retry "
+                    "policy's timeout)"
+                )
+                status = None
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}"
             else:
-                if status == 429 and _budget_spent(resp):
+                if status == 429 and _budget_spent(start):
                     # a spent chain does not reset with time, nor a spent pair within the
                     # retries (its window runs an hour by default): no retry gets it
                     # through, and one that did would pass with nobody deciding it
@@ -232,11 +254,23 @@ def _without_secrets(payload: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _budget_spent(resp: httpx.Response) -> bool:
-    """The other hub refused the request because a conversation budget (its chain's or
-    its pair's) is spent."""
+async def _answer_start(resp: httpx.Response) -> str:
+    """The start of a refusal, enough for its reason and a budget's error object, read
+    without reading the rest (:data:`BUDGET_ERROR_BYTES`)."""
     try:
-        error = resp.json().get("error")
+        raw = await outbound.read_bounded(resp, BUDGET_ERROR_BYTES)
+    except outbound.AnswerRefused as exc:
+        return f"({exc})"
+    except httpx.HTTPError as exc:
+        return f"(the answer could not be read: {type(exc).__name__})"
+    return raw.decode("utf-8", errors="replace")
+
+
+def _budget_spent(start: str) -> bool:
+    """The other hub refused the request because a conversation budget (its chain's or
+    its pair's) is spent (``start``: the start of its answer)."""
+    try:
+        error = json.loads(start).get("error")
     except (ValueError, AttributeError):
         return False
     return (

@@ -1,0 +1,135 @@
+"""The hub's HTTP clients for registered callback services, with bounded answers.
+
+Every request the hub makes to the outside (a webhook delivery, a POST of the outbox to
+another hub, a call to an A2A agent) goes through :func:`client`. What comes back is the
+other side's to choose, so the hub bounds what it reads of it:
+
+* at most :data:`MAX_ANSWER` bytes of any answer (an A2A task or agent card is far below
+  it); reading past it raises :class:`AnswerRefused`, a named failure rather than a hub
+  holding a gigabyte, or reading an endless body until the lease runs out;
+* the hub asks for ``Accept-Encoding: identity`` and does not unpack an answer sent
+  compressed anyway (a few kilobytes of gzip can unpack to gigabytes): reading it raises
+  :class:`AnswerRefused` too; its status and headers are still the answer's;
+* each request, its answer read included, ends within ``deadline`` seconds (plus one
+  read timeout), however slowly the answer is dribbled out;
+* redirects are never followed, and the environment's proxies and ``.netrc`` are not
+  used: the request goes to the registered address and nowhere else.
+
+:func:`answer_start` reads the start of an answer for an error message without reading
+the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "MAX_ANSWER",
+    "AnswerRefused",
+    "answer_start",
+    "client",
+    "read_bounded",
+]
+
+#: The most of one answer the hub reads (8 MiB).
+MAX_ANSWER = 8 * 1024 * 1024
+
+
+class AnswerRefused(httpx.DecodingError):
+    """An answer the hub does not read to its end: larger than the bound, compressed
+    though the hub asked for none, or still coming at the request's deadline."""
+
+
+class _Bounded(httpx.AsyncByteStream):
+    def __init__(
+        self, inner: httpx.AsyncByteStream, limit: int, encoding: str, deadline: float
+    ) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._encoding = encoding
+        self._deadline = deadline
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._encoding:
+            raise AnswerRefused(
+                f"the answer is {self._encoding}-encoded though the hub asked for none "
+                "(Accept-Encoding: identity); the hub does not unpack answers, which can "
+                "unpack to far more than they weigh. Configure the service to answer "
+                "uncompressed"
+            )
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise AnswerRefused(
+                    f"the answer is larger than {self._limit} bytes, the most the hub reads "
+                    "of one; the rest was not read"
+                )
+            if time.monotonic() > self._deadline:
+                raise AnswerRefused(
+                    "the answer was still coming at the request's deadline; the rest was not read"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedTransport(httpx.AsyncBaseTransport):
+    def __init__(self, limit: int, deadline: float) -> None:
+        self._inner = httpx.AsyncHTTPTransport(trust_env=False)
+        self._limit = limit
+        self._deadline = deadline
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        ends = time.monotonic() + self._deadline
+        resp = await self._inner.handle_async_request(request)
+        encoding = resp.headers.get("content-encoding", "").strip().lower()
+        assert isinstance(resp.stream, httpx.AsyncByteStream)
+        resp.stream = _Bounded(
+            resp.stream, self._limit, "" if encoding in ("", "identity") else encoding, ends
+        )
+        return resp
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def client(
+    *, deadline: float, limit: int = MAX_ANSWER, headers: dict[str, str] | None = None, **kw: Any
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for registered services (see the module docstring):
+    each request within ``deadline`` seconds, each answer at most ``limit`` bytes."""
+    return httpx.AsyncClient(
+        transport=_BoundedTransport(limit, deadline),
+        follow_redirects=False,
+        trust_env=False,
+        headers={"Accept-Encoding": "identity", **(headers or {})},
+        **kw,
+    )
+
+
+async def read_bounded(resp: httpx.Response, limit: int) -> bytes:
+    """At most ``limit`` bytes of the start of a streamed answer, reading no further."""
+    got = bytearray()
+    async for chunk in resp.aiter_raw():
+        got += chunk
+        if len(got) >= limit:
+            break
+    return bytes(got[:limit])
+
+
+async def answer_start(resp: httpx.Response, chars: int = 200) -> str:
+    """The first ``chars`` characters of a streamed answer for an error message (or
+    what kept the hub from reading them), reading no more of it than that."""
+    try:
+        raw = await read_bounded(resp, chars * 4)
+    except AnswerRefused as exc:
+        return f"({exc})"
+    except httpx.HTTPError as exc:
+        return f"(the answer could not be read: {type(exc).__name__})"
+    return raw.decode("utf-8", errors="replace")[:chars].strip()
