@@ -124,3 +124,21 @@ async def test_an_a2a_agent_card_that_never_ends_fails_the_delegation_named(
         assert len(srv.requests) == 1  # a refusal of the same answer again is not retried
     finally:
         await hub.close()
+
+
+async def test_the_password_of_an_a2a_agents_address_is_not_in_the_failure(
+    floods: list[Flood],
+) -> None:
+    pytest.importorskip("a2a.client")
+    srv = Flood(404, body=b"no card here")
+    floods.append(srv)
+    url = srv.url.replace("http://", "http://agent:pw-s3cret@")
+    hub = await _caller(Service("weather", url, "tok-weather", "a2a"))
+    try:
+        error = await _failed(hub, await _delegate(hub, "forecaster@weather"))
+        assert "404" in error
+        assert "pw-s3cret" not in error
+        notes = await hub.receive("t", "lead", limit=20)
+        assert all("pw-s3cret" not in g.message.text for g in notes)
+    finally:
+        await hub.close()

@@ -24,8 +24,9 @@ delegate to each other over A2A stop at the chain budget. Other agents ignore it
 The hub only talks to the registered service: redirects are never followed, and an
 agent card whose interfaces point to another origin is refused. Its answers are bounded
 as all of the hub's are (:mod:`backchannel.outbound`): one too large, compressed or never
-ended fails the call, named. It never asks the agent for push notifications, so no
-request can make the agent call an address of its choosing.
+ended fails the call, named, and the address's password and the token are in no
+reason. It never asks the agent for push notifications, so no request can make the
+agent call an address of its choosing.
 """
 
 from __future__ import annotations
@@ -302,7 +303,9 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
         return
     except Exception as exc:  # the client's errors: retried or final, as HTTP would be
         verdict = _classify(exc)
-        log.info("A2A call for %s: %s", p.get("ref"), verdict.detail)
+        log.info(
+            "A2A call for %s: %s", p.get("ref"), outbound.scrub(verdict.detail, svc.url, svc.token)
+        )
         await hub.finish(dataclasses.replace(job, payload=p), verdict.outcome, verdict.detail, None)
         return
     finally:

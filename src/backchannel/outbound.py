@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -33,6 +34,7 @@ __all__ = [
     "answer_start",
     "client",
     "read_bounded",
+    "scrub",
 ]
 
 #: The most of one answer the hub reads (8 MiB).
@@ -133,3 +135,13 @@ async def answer_start(resp: httpx.Response, chars: int = 200) -> str:
     except httpx.HTTPError as exc:
         return f"(the answer could not be read: {type(exc).__name__})"
     return raw.decode("utf-8", errors="replace")[:chars].strip()
+
+
+def scrub(text: str, url: str, *secrets: str | None) -> str:
+    """``text`` without the password of ``url`` (a registered service's) nor any of
+    ``secrets`` (its token): what goes into a dead letter's reason or a log line."""
+    password = urlsplit(url).password
+    for secret in (password, password and unquote(password), *secrets):
+        if secret:
+            text = text.replace(secret, "***")
+    return text

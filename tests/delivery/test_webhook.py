@@ -298,3 +298,21 @@ async def test_a_refusal_with_an_endless_body_is_dead_lettered_with_its_start() 
     reason = st.deliveries[0].dead_reason or ""
     assert reason.startswith("HTTP 404 from service 'bot'") and "xxxx" in reason
     assert len(reason) < 1000
+
+
+async def test_a_refusal_that_echoes_the_token_does_not_put_it_in_the_dead_letter() -> None:
+    # the reason goes to the sender, a member of the team, who never holds the token
+    def echo(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        return 400, f"bad request: {req.headers['authorization']}".encode(), {}
+
+    with endpoint(echo) as ep:
+        async with running_hub({"bot": ep.url}, tokens={"bot": "svc-t0ken-42"}) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "x", link=False)
+                st = await wait_state(hub, "t", sent.message_id, "dead")
+                notices = await hub.receive("t", "user", limit=10)
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("HTTP 400 from service 'bot'") and "bad request: Bearer" in reason
+    assert "svc-t0ken-42" not in reason
+    assert notices and all("svc-t0ken-42" not in n.message.text for n in notices)

@@ -189,13 +189,16 @@ class WebhookAdapter(Adapter):
                 f"{self.attempt_timeout:g} s (the callback retry policy's timeout)"
             ) from exc
         except httpx.HTTPError as exc:
-            raise AdapterError(f"POST to {where} failed: {type(exc).__name__}: {exc}") from exc
+            said = outbound.scrub(f"{type(exc).__name__}: {exc}", svc.url, svc.token)
+            raise AdapterError(f"POST to {where} failed: {said}") from exc
         try:
             status = resp.status_code
             outcome = rules.classify(status)
             if outcome is rules.Outcome.DONE:
                 return f"HTTP {status} from {where}"
-            snippet = await outbound.answer_start(resp)
+            # the reason goes to the sender: an answer that echoes the request keeps
+            # the service's token and the password of its address out of it
+            snippet = outbound.scrub(await outbound.answer_start(resp), svc.url, svc.token)
         finally:
             await resp.aclose()
         detail = f"HTTP {status} from {where}" + (f": {snippet}" if snippet else "")

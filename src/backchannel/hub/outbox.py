@@ -188,6 +188,9 @@ class Outbox:
         self, job: Job, outcome: rules.Outcome, detail: str, status: int | None
     ) -> None:
         p = dict(job.payload)
+        svc = self.callbacks.services.get(str(p.get("service")))
+        if svc is not None:  # an error may quote the address (its password) or a token
+            detail = outbound.scrub(detail, svc.url, svc.token, p.get("bearer"))
         now = self.clock.now()
         attempt = int(p.get("attempt", 0)) + 1
         if p.get("first_at") is None:  # the first failure since the call last got through
