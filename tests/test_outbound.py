@@ -142,3 +142,26 @@ async def test_the_password_of_an_a2a_agents_address_is_not_in_the_failure(
         assert all("pw-s3cret" not in g.message.text for g in notes)
     finally:
         await hub.close()
+
+
+@pytest.mark.parametrize("kind", ["backchannel", "a2a"])
+async def test_a_redirect_to_another_address_is_not_followed(
+    floods: list[Flood], kind: str
+) -> None:
+    """A registered service that answers 307 to an address of its choosing (another port
+    of this host here; the metadata service or an unregistered host alike) gets no
+    request, token or task sent there: the delegation fails naming the status."""
+    if kind == "a2a":
+        pytest.importorskip("a2a.client")
+    elsewhere = Flood(200, body=b"{}")
+    floods.append(elsewhere)
+    srv = Flood(307, headers={"Location": elsewhere.url + "/api/chat"})
+    floods.append(srv)
+    hub = await _caller(Service("svc", srv.url, "tok-svc", kind))
+    try:
+        error = await _failed(hub, await _delegate(hub, "worker@svc"))
+        assert "307" in error
+        assert len(srv.requests) == 1
+        assert elsewhere.requests == []
+    finally:
+        await hub.close()
