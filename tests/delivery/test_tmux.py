@@ -619,3 +619,31 @@ async def test_a_text_left_in_the_prompt_of_an_agent_that_restarted_is_typed_in_
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
     assert first.read_bytes() == START + b"[From user] for whoever runs" + END
     assert second.read_bytes() == START + b"[From user] for whoever runs" + END + b"\r"
+
+
+async def test_a_line_too_long_for_a_canonical_mode_reader_is_dead_lettered_not_cut(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    # cat reads its terminal in canonical (cooked) mode: the line discipline keeps at most
+    # 4095 bytes of a line and drops the rest without a word
+    out = tmp_path / "cat.txt"
+    tmux.new_session(session_name="cat", window_command=f"exec cat > {out}", x=200, y=50)
+    await eventually(out.exists, what="cat to start")
+    fits = "x" * (4095 - len("[From user] "))  # the framed first line is 4095 bytes
+    many = "\n".join(f"{n:05d} " + "y" * 94 for n in range(200))  # 20 KB of short lines
+    too_long = "é" * 2048  # 4096 bytes of UTF-8 on one line
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "cat", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            ok = await hub.send("t", "user", "a", fits + "\n" + many, link=False)
+            await wait_state(hub, "t", ok.message_id, "acked")
+            bad = await hub.send("t", "user", "a", "short\n" + too_long + "\nend", link=False)
+            st = await wait_state(hub, "t", bad.message_id, "dead")
+            last = await hub.send("t", "user", "a", "after", link=False)
+            await wait_state(hub, "t", last.message_id, "acked")
+            await eventually(lambda: out.read_text().endswith("after\n"), what="cat")
+    # the message that fits arrives whole; of the one that does not, nothing is typed
+    assert out.read_text() == f"[From user] {fits}\n{many}\n[From user] after\n"
+    reason = st.deliveries[0].dead_reason or ""
+    assert "canonical" in reason and "4096 bytes" in reason and "line 2" in reason
+    assert st.deliveries[0].attempts == 1

@@ -42,7 +42,12 @@ pasted with ``paste-buffer -p``: when the program in the pane asked for brackete
 (Claude Code, Codex, Gemini CLI, readline do), the text is wrapped in ``ESC[200~ ...
 ESC[201~`` and its newlines stay newlines instead of submitting; then ``Enter``. Escape
 and other control characters (but newline and tab) are removed from the text first, so
-a message cannot end the paste early and type keystrokes of its own.
+a message cannot end the paste early and type keystrokes of its own. A program that
+reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python's
+``input()``; the pane's terminal is asked with ``tcgetattr``) gets at most
+:data:`MAX_CANON_LINE` bytes of a line, the rest dropped by the line discipline without
+a word: a message with a longer line is refused (dead-lettered, the sender told) rather
+than typed in cut.
 
 **Pasted once.** Once the paste went in, the text sits in the agent's prompt, and no
 attempt of this adapter pastes it there again. A failed ``Enter`` (a tmux error, or a
@@ -82,7 +87,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
+import termios
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -133,6 +140,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 #: tmux names its foreground program by the version (``2.1.330``), not ``claude``.
 _CLAUDE_NATIVE = re.compile(r"\d+\.\d+\.\d+")
 _GONE = ("can't find", "no server running", "error connecting", "no such file")
+#: The longest line a terminal in canonical mode passes on whole: Linux's line discipline
+#: holds 4096 bytes of a line, the last for its newline, and drops what comes after.
+MAX_CANON_LINE = 4095
 
 
 def sanitize(text: str) -> str:
@@ -228,8 +238,9 @@ class TmuxAdapter(Adapter):
         Raises :class:`PermanentDeliveryError` and :class:`HeldDelivery` as :meth:`look`."""
         return (await self.look())[0]
 
-    async def look(self) -> tuple[str, str]:
-        """The target's pane id (``%N``) and the pid of the pane's first process, checked.
+    async def look(self) -> tuple[str, str, str]:
+        """The target's pane id (``%N``), the pid of the pane's first process and the
+        pane's terminal (``/dev/pts/N``), checked.
 
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
         server is gone, or the program in it has exited; :class:`HeldDelivery` when the
@@ -244,7 +255,8 @@ class TmuxAdapter(Adapter):
                 "-p",
                 "-t",
                 self.target,
-                "#{pane_id} #{pane_pid} #{pane_dead} #{pane_in_mode} #{pane_current_command}",
+                "#{pane_id} #{pane_pid} #{pane_dead} #{pane_in_mode} #{pane_tty} "
+                "#{pane_current_command}",
             )
         if rc != 0:
             if any(s in text.lower() for s in _GONE):
@@ -253,12 +265,12 @@ class TmuxAdapter(Adapter):
                     "restart the agent in that pane, or change the member's delivery target"
                 )
             raise AdapterError(f"tmux could not look up pane {self.target!r}: {text or rc}")
-        parts = text.split(" ", 4)
-        if len(parts) == 4:
+        parts = text.split(" ", 5)
+        if len(parts) == 5:
             parts.append("")  # tmux could not name the foreground program
-        if len(parts) != 5 or not parts[0].startswith("%"):
+        if len(parts) != 6 or not parts[0].startswith("%"):
             raise AdapterError(f"unexpected answer from tmux about pane {self.target!r}: {text!r}")
-        pane_id, pane_pid, dead, in_mode, foreground = parts
+        pane_id, pane_pid, dead, in_mode, tty, foreground = parts
         if dead == "1":
             raise PermanentDeliveryError(
                 f"the program in tmux pane {self.target!r} has exited; restart the agent there"
@@ -277,7 +289,7 @@ class TmuxAdapter(Adapter):
                 f"tmux pane {self.target!r} is in copy mode (someone is scrolling); "
                 "the message is typed in once it leaves copy mode"
             )
-        return pane_id, pane_pid
+        return pane_id, pane_pid, tty
 
     async def ready(self) -> str | None:
         try:
@@ -292,7 +304,7 @@ class TmuxAdapter(Adapter):
         mid = item.message.message_id
         typed = self._typed.get(mid)
         try:
-            pane, pane_pid = await self.look()
+            pane, pane_pid, tty = await self.look()
         except PermanentDeliveryError as exc:
             if typed is None:
                 raise
@@ -319,6 +331,7 @@ class TmuxAdapter(Adapter):
                         _Typed(pane, owner))  # fmt: skip
             del self._typed[mid]
             self._save()
+        self._check_lines(text, tty)
         buffer = f"backchannel-{uuid.uuid4().hex[:12]}"
         rc, out = await self._tmux("load-buffer", "-b", buffer, "-", data=text.encode("utf-8"))
         if rc != 0:
@@ -332,6 +345,23 @@ class TmuxAdapter(Adapter):
         # from here on the text is in the prompt: no attempt of this adapter pastes it again
         await self._submit(mid, _Typed(pane, owner))
         return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
+
+    def _check_lines(self, text: str, tty: str) -> None:
+        """Refuse ``text`` when the pane's terminal is in canonical mode (the program
+        reads it line by line: a shell's ``read``, ``cat``, Python's ``input()``) and a
+        line of it is longer than the line discipline passes on: the rest of that line
+        would be dropped without a word. A terminal that cannot be read is not refused."""
+        if _canonical(tty) is not True:
+            return
+        for n, line in enumerate(text.split("\n"), 1):
+            if (size := len(line.encode("utf-8"))) > MAX_CANON_LINE:
+                raise PermanentDeliveryError(
+                    f"the program in tmux pane {self.target!r} reads its terminal in canonical "
+                    f"(line) mode, which keeps at most {MAX_CANON_LINE} bytes of a line and "
+                    f"drops the rest; line {n} of the message is {size} bytes, so nothing was "
+                    "typed in. Send it in shorter lines, or have the agent read its messages "
+                    "with check_inbox (or run an agent that reads its terminal in raw mode)"
+                )
 
     async def _submit(self, mid: str, typed: _Typed) -> None:
         """Press Enter in the pane that holds ``mid``'s text, up to :data:`ENTER_TRIES`
@@ -406,13 +436,43 @@ class TmuxAdapter(Adapter):
         terminal, read from ``/proc`` (Linux, the hub on tmux's host); else the pane's
         first process. An agent restarted in the pane is another owner, so a text typed
         into the old one's prompt is known to be gone."""
-        try:
-            stat = Path(f"/proc/{int(pane_pid)}/stat").read_text()
-            # pid (comm) state ppid pgrp session tty_nr tpgid ...; comm may hold spaces
-            tpgid = stat.rsplit(")", 1)[1].split()[5]
-        except (OSError, ValueError, IndexError):
-            return f"pid {pane_pid}"
-        return f"pgid {tpgid}" if tpgid not in ("-1", "0") else f"pid {pane_pid}"
+        tpgid = _foreground_group(pane_pid)
+        return f"pgid {tpgid}" if tpgid else f"pid {pane_pid}"
+
+
+def _stat(pid: str) -> list[str] | None:
+    """``/proc/<pid>/stat`` from the state on (Linux); None when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # pid (comm) state ppid pgrp session tty_nr tpgid ...; comm may hold spaces
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _foreground_group(pane_pid: str) -> str | None:
+    """The foreground process group of the terminal of the pane's first process."""
+    stat = _stat(pane_pid)
+    if stat is None or len(stat) < 6 or stat[5] in ("-1", "0"):
+        return None
+    return stat[5]
+
+
+def _canonical(tty: str) -> bool | None:
+    """Whether the terminal ``tty`` (the pane's ``/dev/pts/N``) is in canonical mode;
+    None when it cannot be opened or read (another host's or user's terminal)."""
+    if not tty.startswith("/dev/"):
+        return None
+    try:
+        fd = os.open(tty, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return bool(termios.tcgetattr(fd)[3] & termios.ICANON)
+    except termios.error:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _record_dir() -> Path:
