@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -647,3 +648,67 @@ async def test_a_line_too_long_for_a_canonical_mode_reader_is_dead_lettered_not_
     reason = st.deliveries[0].dead_reason or ""
     assert "canonical" in reason and "4096 bytes" in reason and "line 2" in reason
     assert st.deliveries[0].attempts == 1
+
+
+#: Starts the reader as a job of its own in the terminal's foreground and waits for it,
+#: without taking the terminal back when it stops (as a job-control shell would): the
+#: reader is not tmux's child either, which would continue it at once.
+LAUNCHER = r"""
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+job = subprocess.Popen(sys.argv[1:], process_group=0)
+os.tcsetpgrp(0, job.pid)
+job.wait()
+"""
+
+
+async def test_a_stopped_agent_gets_nothing_until_it_runs_again(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    # an agent stopped with SIGSTOP (or by a debugger) reads nothing: tmux would take the
+    # paste and the Enter, the hub count the message delivered, and a pane closed before
+    # the agent runs again lose it
+    script, launcher = tmp_path / "reader.py", tmp_path / "launcher.py"
+    script.write_text(READER)
+    launcher.write_text(LAUNCHER)
+    out = tmp_path / "stopped.bytes"
+    out.touch()
+    py = sys.executable
+    tmux.new_session(
+        session_name="stopped", window_command=f"{py} {launcher} {py} {script} {out}", x=200, y=50
+    )
+    await _ready(tmux, "stopped")
+    pane = tmux.sessions.get(session_name="stopped").active_window.active_pane
+    assert pane is not None
+    first = int(pane.display_message("#{pane_pid}", get_text=True)[0])
+
+    def job() -> int | None:
+        """The terminal's foreground group once the launcher gave it to the reader."""
+        stat = Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(stat[5]) if int(stat[5]) != first else None
+
+    reader = await eventually(job, what="the reader in the foreground")
+    os.kill(reader, signal.SIGSTOP)
+
+    def stopped() -> bool:  # the signal is taken when the reader next runs
+        return Path(f"/proc/{reader}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    try:
+        await eventually(stopped, what="the reader to stop")
+        async with running_hub() as hub:
+            await _member(hub, "a", _tmux(tmux, "stopped:0.0", "a-s1", turn_wait=0))
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "user", "a", "are you there?", link=False)
+                held = await eventually(
+                    lambda: next((w for w in d.status() if w.state == "held"), None),
+                    what="the worker to hold the message",
+                    within=20,
+                    show=d.status,
+                )
+                assert "stopped" in (held.last_error or "")
+                assert await state_of(hub, "t", sent.message_id) == "queued"
+                os.kill(reader, signal.SIGCONT)
+                await wait_state(hub, "t", sent.message_id, "acked", within=20)
+                assert await _pasted(out) == ["[From user] are you there?"]
+    finally:
+        os.kill(reader, signal.SIGCONT)

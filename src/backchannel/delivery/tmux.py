@@ -23,7 +23,10 @@ is **held**: not typed, not dead-lettered, back in the queue; the team's ``user`
 ``system`` notice and the hub's log a WARNING naming the program found in the pane, the
 dispatcher's status shows the worker ``held``, and the message is typed in as soon as
 the agent is back in the foreground (checked every few seconds). A pane whose
-foreground program tmux cannot name is held the same way.
+foreground program tmux cannot name is held the same way, and so is an agent that is
+stopped (SIGSTOP, a debugger: the leader of the foreground process group, from
+``/proc``, is in state ``T``): it reads nothing, tmux would take the paste all the same,
+and the message would count delivered while it sat in a terminal nobody reads.
 
 **Between turns only.** With ``session``, the dispatcher leases with that session, and
 the hub hands nothing out while the session has an open turn (its runtime reported
@@ -244,7 +247,7 @@ class TmuxAdapter(Adapter):
 
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
         server is gone, or the program in it has exited; :class:`HeldDelivery` when the
-        agent is not in the foreground or the pane is in copy mode.
+        agent is not in the foreground, is stopped, or the pane is in copy mode.
         """
         # display-message falls back to the current pane for a target that does not
         # exist (tmux 3.3), capture-pane does not: it checks the target first
@@ -288,6 +291,14 @@ class TmuxAdapter(Adapter):
             raise HeldDelivery(
                 f"tmux pane {self.target!r} is in copy mode (someone is scrolling); "
                 "the message is typed in once it leaves copy mode"
+            )
+        # a stopped agent reads nothing: tmux would take the paste and its Enter all the
+        # same, the message would count delivered and go with the pane if it were closed
+        if (pgid := _foreground_group(pane_pid)) and _stopped(pgid):
+            raise HeldDelivery(
+                f"the agent in tmux pane {self.target!r} is stopped (process group {pgid}, "
+                "by SIGSTOP or a debugger) and reads nothing; the message is held, not "
+                f"typed, until it runs again (kill -CONT -{pgid})"
             )
         return pane_id, pane_pid, tty
 
@@ -456,6 +467,13 @@ def _foreground_group(pane_pid: str) -> str | None:
     if stat is None or len(stat) < 6 or stat[5] in ("-1", "0"):
         return None
     return stat[5]
+
+
+def _stopped(pgid: str) -> bool:
+    """Whether the leader of process group ``pgid`` is stopped (SIGSTOP, a job-control
+    stop, a debugger's trace stop). A group without a live leader counts as running."""
+    stat = _stat(pgid)
+    return stat is not None and stat[0] in ("T", "t")
 
 
 def _canonical(tty: str) -> bool | None:
