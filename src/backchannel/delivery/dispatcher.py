@@ -117,6 +117,7 @@ from backchannel.errors import (
     UnknownSession,
     UnknownTeam,
 )
+from backchannel.hub.outage import Outage
 from backchannel.types import InboxMessage, Member, SessionState
 
 if TYPE_CHECKING:
@@ -186,6 +187,8 @@ class _Worker:
         # to the queue before the next receive
         self.unsure = False
         self.held: dict[str, None] = {}  # leased ids not yet resolved, in order
+        # the store's failures, said once an outage (not once a try)
+        self.outage = Outage(log, f"{self.team}/{self.member}: receiving", cap=_MAX_PAUSE)
         self.first_failure: dict[str, float] = {}
         self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
 
@@ -269,14 +272,12 @@ class _Worker:
         follow = adapter.session == AUTO_SESSION
         # following: look again for the member's live session at least this often
         wait = min(self.d.wait_s, 5.0) if follow else self.d.wait_s
-        pause = 0.5
         while not self.stopping():
             session = await self._live_session() if follow else adapter.session
             self.status.session = session
             one_per_turn = adapter.starts_turn and session is not None
             if self.unsure and not await self._requeue_unsure():
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+                await asyncio.sleep(self.outage.pause)
                 continue
             self._state("waiting")
             try:
@@ -305,12 +306,9 @@ class _Worker:
             except Exception as exc:
                 self.unsure = True  # it may have leased copies (a commit whose answer was lost)
                 self._state("backoff", f"receive failed: {exc}")
-                log.warning("%s/%s: receive failed (%s); retrying in %.1f s",
-                            self.team, self.member, exc, pause)  # fmt: skip
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+                await asyncio.sleep(self.outage.failed(exc))
                 continue
-            pause = 0.5
+            self.outage.ok()
             self.held.update(dict.fromkeys(g.message.message_id for g in got))
             if follow and got and await self._live_session() != session:
                 await self._release(list(self.held))  # a session began or ended meanwhile
@@ -332,8 +330,7 @@ class _Worker:
             n = await self.d.ownership.requeue(self.key, "a lease's outcome was not known")
         except Exception as exc:
             self._state("backoff", f"returning leased copies failed: {exc}")
-            log.warning("%s/%s: could not return leased copies to the queue (%s); retrying",
-                        self.team, self.member, exc)  # fmt: skip
+            self.outage.failed(exc)  # said once an outage, with the receive's failures
             return False
         self.unsure = False
         if n:
@@ -658,6 +655,7 @@ class Dispatcher:
         self._scan_task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
         self._scan_lock = asyncio.Lock()
+        self._outage = Outage(log, "scanning teams for push members")
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -708,8 +706,12 @@ class Dispatcher:
             self._poke.clear()
             try:
                 await self.rescan()
-            except Exception:
-                log.exception("scanning teams for push members failed; retrying")
+            except Exception as exc:
+                # said once an outage; tried again at the tick or sooner on a poke (a
+                # scan renews this hub's ownership leases, so it never waits longer)
+                self._outage.failed(exc)
+            else:
+                self._outage.ok()
 
     async def rescan(self) -> None:
         """List teams and members now; claim or renew this hub's lease on each push

@@ -49,6 +49,7 @@ from backchannel.delivery.claude_inbox import (
 )
 from backchannel.errors import BackchannelError
 from backchannel.files import private_dirs
+from backchannel.hub.outage import Outage
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub, TakeResult
@@ -132,6 +133,7 @@ class InboxBridge:
         self._scan_task: asyncio.Task[None] | None = None
         self._warned: set[tuple[str, str]] = set()
         self.taken = 0  # hub messages made, for status and tests
+        self._outage = Outage(log, "listing teams for inbox files")
 
     async def start(self) -> None:
         """Find the directories to watch, start watching them and read every file once."""
@@ -205,12 +207,16 @@ class InboxBridge:
                 await self._scan_dir(d)
 
     async def _refresh_loop(self) -> None:
+        pause = self.rescan_s
         while True:
-            await asyncio.sleep(self.rescan_s)
+            await asyncio.sleep(pause)
             try:
                 await self.refresh()
-            except Exception:
-                log.exception("listing teams for inbox files failed; retrying")
+            except Exception as exc:  # said once an outage, tried less often while it lasts
+                pause = max(self.rescan_s, self._outage.failed(exc))
+            else:
+                self._outage.ok()
+                pause = self.rescan_s
 
     # -- reading -------------------------------------------------------------------
     async def scan(self) -> list[TakeResult]:

@@ -21,6 +21,7 @@ from backchannel.core.timers import TIMER_JOB
 from backchannel.errors import ClockSkew, StoreError
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome, wait_for
 from backchannel.hub.messages import Messages
+from backchannel.hub.outage import Outage
 from backchannel.hub.pipeline import Pipeline
 from backchannel.stores.base import CompactCursor, Tx
 from backchannel.types import Delivery, DeliveryState, Job, JobState
@@ -595,17 +596,18 @@ class Maintenance:
         return removed
 
     async def loop(self) -> None:
+        # the store down: said once, briefly, and tried every second or two until it is
+        # back (maintenance returns expired leases, so it never waits long)
+        outage = Outage(log, "maintenance", first=1.0, cap=2.0)
         while True:
             try:
                 next_due = await self.maintain()
             except asyncio.CancelledError:
                 raise
-            except StoreError as exc:  # the store is down: say so once a second, briefly
-                log.warning("maintenance: the store failed (%s); retrying in 1 s", exc.message)
-                next_due = self.clock.now() + 1.0
-            except Exception:
-                log.exception("maintenance failed; retrying in 1 s")
-                next_due = self.clock.now() + 1.0
+            except Exception as exc:
+                next_due = self.clock.now() + outage.failed(exc)
+            else:
+                outage.ok()
             # sleep until the next due work; local scheduling and other processes' changes
             # wake the loop earlier, and a minute is the longest it ever sleeps
             slept_at = self.clock.now()

@@ -226,6 +226,10 @@ class PostgresStore(Store):
     def _scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
 
+    def _one_line(self, exc: BaseException) -> str:
+        """``exc`` as one line, the password scrubbed (libpq's messages span lines)."""
+        return " ".join(self._scrub(str(exc)).split())
+
     def _error(self, exc: BaseException, what: str = "failed") -> StoreError:
         detail = self._scrub(str(exc).strip().replace("\n", " "))
         way_out = _WAY_OUT.get(getattr(exc, "sqlstate", None) or "", "retry shortly")
@@ -492,6 +496,9 @@ class PostgresStore(Store):
         backoff = 0.1
         next_fallback = time.monotonic() + self._fallback
         own = self._origin + ":"
+        # an outage is said once, in one line, and its end once: the listener tries
+        # again every few seconds, and a line each time would bury everything else
+        failures = 0
         while not self._stop.is_set():
             try:
                 conn = psycopg.connect(
@@ -499,7 +506,14 @@ class PostgresStore(Store):
                 )
             except psycopg.Error as exc:
                 self._unreachable = True
-                log.warning("LISTEN connection to %s failed: %s", self.url, self._scrub(str(exc)))
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "LISTEN connection to %s failed: %s; check that PostgreSQL is "
+                    "running and reachable (tried again quietly until it is back)",
+                    self.url,
+                    self._one_line(exc),
+                )
                 self._post(None, None)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self._fallback or 2.0)
@@ -517,6 +531,9 @@ class PostgresStore(Store):
                         if row and row[0] is not None:
                             self._schema_announced(f"{SCHEMA_NOTICE}{row[0]}")
                     self._unreachable = False
+                    if failures:
+                        log.warning("LISTEN connection to %s is back", self.url)
+                        failures = 0
                     self._listening.set()
                     self._post(None, None)  # anything may have happened while deaf
                     while not self._stop.is_set():
@@ -538,7 +555,14 @@ class PostgresStore(Store):
             except psycopg.Error as exc:
                 if not self._stop.is_set():
                     self._unreachable = True
-                    log.warning("LISTEN connection to %s lost: %s", self.url, self._scrub(str(exc)))
+                    failures += 1
+                    log.log(
+                        logging.WARNING if failures == 1 else logging.DEBUG,
+                        "LISTEN connection to %s lost: %s; check that PostgreSQL is "
+                        "running and reachable (tried again quietly until it is back)",
+                        self.url,
+                        self._one_line(exc),
+                    )
                     self._post(None, None)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, self._fallback or 2.0)
