@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 
 from backchannel import Client
 from backchannel.errors import InvalidRequest, PeerError
-from tests.conftest import Server, start_server
+from tests.conftest import BIN, Server, start_server
 from tests.peers import Peer, QuietHandler
 
 
@@ -472,3 +475,68 @@ async def test_a_member_update_whose_answer_is_lost_is_made_again(
         got = await admin.update_member("cut-update", "a", settings={"max_timers": 5})
         assert got.settings == {"max_timers": 5}
     assert [w for _, p, w in any_proxy.seen if p == path] == ["cut", "pass"]
+
+
+# -- a send whose answer stays lost: the caller hears how to make its retry safe ----------
+
+
+async def test_a_send_whose_answer_stays_lost_names_the_id_to_send_it_again_with(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # the hub stored the send, and every try of the client's within its retry time lost
+    # its answer: the caller, who gave no id, hears the one the client picked, and the
+    # same send made again with it is stored once
+    tokens = any_srv.team("stays-lost", "a", "b")
+    any_proxy.faults += [("POST", "/v1/messages", "cut")] * 8
+    async with Client(any_proxy.url, tokens["a"], retry_within=0.5) as a:
+        with pytest.raises(PeerError) as caught:
+            await a.send("b", "deploy at noon")
+        mid = caught.value.details.get("message_id")
+        assert mid and f"message_id={mid!r}" in caught.value.message, caught.value.message
+        any_proxy.faults.clear()
+        sent = await a.send("b", "deploy at noon", message_id=mid)
+    assert sent.replayed
+    got = _inbox(any_srv, tokens["b"])
+    assert [(m["message_id"], m["text"]) for m in got] == [(mid, "deploy at noon")]
+
+
+async def test_a_batch_whose_answer_stays_lost_names_the_ids_to_send_it_again_with(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    tokens = any_srv.team("stays-lost-batch", "a", "b")
+    any_proxy.faults += [("POST", "/v1/messages/batch", "cut")] * 8
+    items = [{"to": "b", "text": "one"}, {"to": "b", "text": "two", "message_id": "mine-2"}]
+    async with Client(any_proxy.url, tokens["a"], retry_within=0.5) as a:
+        with pytest.raises(PeerError) as caught:
+            await a.send_batch(items)
+        ids = caught.value.details.get("message_ids")
+        assert ids and ids[1] == "mine-2" and "message_ids" in caught.value.message
+        any_proxy.faults.clear()
+        again = [{**item, "message_id": i} for item, i in zip(items, ids, strict=True)]
+        sent = await a.send_batch(again)
+    assert [r.sent and r.sent.replayed for r in sent.results] == [True, True]
+    assert [m["text"] for m in _inbox(any_srv, tokens["b"])] == ["one", "two"]
+
+
+def test_the_cli_send_whose_answer_stays_lost_says_how_to_send_it_once(
+    any_srv: Server, any_proxy: Faulty
+) -> None:
+    # `backchannel send` tries for a second; its answer lost past that, it prints the
+    # command that sends it again as the same message
+    tokens = any_srv.team("stays-lost-cli", "a", "b")
+    any_proxy.faults += [("POST", "/v1/messages", "cut")] * 8
+    env = {**os.environ, "BACKCHANNEL_TOKEN": tokens["a"], "COLUMNS": "1000"}
+    cmd = [str(BIN), "send", "b", "deploy at noon", "--url", any_proxy.url]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode != 0
+    said = " ".join(first.stderr.split())
+    m = re.search(r"--id (\S+)", said)
+    assert m, said
+    any_proxy.faults.clear()
+    again = subprocess.run(
+        [*cmd, "--id", m.group(1)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == m.group(1)
+    got = _inbox(any_srv, tokens["b"])
+    assert [(g["message_id"], g["text"]) for g in got] == [(m.group(1), "deploy at noon")]

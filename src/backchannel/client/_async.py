@@ -17,7 +17,7 @@ from backchannel.client._transport import (
     Transport,
     hook_result,
 )
-from backchannel.errors import InvalidRequest
+from backchannel.errors import InvalidRequest, PeerError
 from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
@@ -376,7 +376,10 @@ class Client:
         turn opens a link to the recipient unless ``link=False``. Idempotent on
         ``message_id``: the same id again answers the first result, ``replayed``. Without
         one the client picks it, so that a send whose answer was lost on the way is made
-        again as the same message, never a second one."""
+        again as the same message, never a second one; if no try's answer comes back,
+        the :class:`.PeerError` names that id (``details["message_id"]``) to send it
+        again with."""
+        given = message_id is not None
         if message_id is None:
             message_id = new_message_id()
         body = {
@@ -406,20 +409,36 @@ class Client:
                 link_budget=link_budget,
             )
 
-        got: Sent = await self._do(Call("POST", "/v1/messages", local, Sent, body, repeatable=True))
+        call = Call("POST", "/v1/messages", local, Sent, body, repeatable=True)
+        if given:
+            got: Sent = await self._do(call)
+            return got
+        try:
+            got = await self._do(call)
+        except PeerError as exc:  # the caller does not know the id that makes a retry safe
+            raise PeerError(
+                f"{exc.message}. To send it again safely, send it with "
+                f"message_id={message_id!r} (the id this client gave it): the hub stores "
+                "a message once under its id, however many tries reach it",
+                **{**exc.details, "message_id": message_id},
+            ) from exc
         return got
 
     async def send_batch(self, messages: Sequence[MessageIn | Mapping[str, Any]]) -> SentBatch:
         """Send many messages in one request (each a :class:`MessageIn` or its JSON).
         Each is answered on its own; a bad one loses none of the others. An item without
-        a ``message_id`` gets one from the client, as in :meth:`send`."""
+        a ``message_id`` gets one from the client, as in :meth:`send` (if no try's answer
+        comes back, the :class:`.PeerError` lists every item's id in
+        ``details["message_ids"]``)."""
         items = [
             m.model_dump(exclude_defaults=True) if isinstance(m, MessageIn) else dict(m)
             for m in messages
         ]
+        picked = False
         for item in items:
             if item.get("message_id") is None:
                 item["message_id"] = new_message_id()
+                picked = True
         call = Call(
             "POST",
             "/v1/messages/batch",
@@ -428,7 +447,18 @@ class Client:
             {"messages": items},
             repeatable=True,
         )
-        got: SentBatch = await self._do(call)
+        try:
+            got: SentBatch = await self._do(call)
+        except PeerError as exc:
+            if not picked:
+                raise
+            ids = [item["message_id"] for item in items]
+            raise PeerError(
+                f"{exc.message}. To send the batch again safely, give its items the "
+                "ids this client gave them, details['message_ids'] of this error in order: "
+                "the hub stores a message once under its id, however many tries reach it",
+                **{**exc.details, "message_ids": ids},
+            ) from exc
         return got
 
     async def status(self, message_id: str) -> MessageReport:

@@ -273,6 +273,13 @@ class HttpTransport(Transport):
             "before you make it again"
         )
 
+    def _lost_again(self, call: Call[Any], exc: Exception) -> PeerError:
+        return PeerError(
+            f"the answer to {call.method} {call.path} was lost on the way back from the hub "
+            f"at {self.url}, and the tries made again within {self.retry_within:g} s got "
+            f"none either ({exc or type(exc).__name__}): the hub may have done it"
+        )
+
     async def call(self, call: Call[R]) -> R:
         # a long-poll holds its answer for up to ``wait``: the hub checks the value, and
         # one that is no time (NaN, negative) adds none here so that the hub's refusal
@@ -285,6 +292,7 @@ class HttpTransport(Transport):
         repeatable = call.repeatable or call.method == "GET"
         until = time.monotonic() + self.retry_within
         pause = 0.2
+        went_out = False  # a try of a call that changes something reached the hub
         while True:
             try:
                 resp = await self._http.request(
@@ -299,7 +307,12 @@ class HttpTransport(Transport):
                 never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if not (never_sent or repeatable):
                     raise self._lost(call, exc) from exc
+                went_out = went_out or not (never_sent or call.method == "GET")
                 if time.monotonic() + pause > until:
+                    # not "cannot reach the hub" when a try reached it: the caller must
+                    # hear that the call may be done before making it again
+                    if went_out:
+                        raise self._lost_again(call, exc) from exc
                     raise self._unreachable(exc) from exc
             else:
                 asked = _retry_after(resp) if repeatable else None

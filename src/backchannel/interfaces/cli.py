@@ -27,7 +27,8 @@ from rich.console import Console
 from backchannel import config
 from backchannel.client import Client
 from backchannel.delivery.ownership import OWNERSHIP_S
-from backchannel.errors import AnchorRequired, BackchannelError, Unauthorized
+from backchannel.errors import AnchorRequired, BackchannelError, PeerError, Unauthorized
+from backchannel.hub.messages import new_message_id
 from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
 from backchannel.interfaces.terminal import markup_safe, printable
@@ -482,15 +483,26 @@ def send(
     if not text.strip():
         raise typer.BadParameter("the message is empty; say something", param_hint="TEXT")
     client = _client(url, token, home, admin=False)
+    given = message_id is not None
+    # picked here, not by the client, so that a send whose answer never came back can be
+    # made again as the same message: the error says how
+    mid = message_id or new_message_id()
     try:
         result = asyncio.run(
-            _with(client, lambda c: c.send(to, text, summary=summary, message_id=message_id))
+            _with(client, lambda c: c.send(to, text, summary=summary, message_id=mid))
         )
     except AnchorRequired as exc:
         sid = exc.details.get("session", "SESSION")
         _fail(
             f"{exc.message}\nFrom the command line: backchannel timer set anchor 10 "
             f"'return to <your task>' --session {sid}"
+        )
+        raise
+    except PeerError as exc:
+        again = "the same command" if given else f"the same command with --id {mid}"
+        _fail(
+            f"{exc.message}\nTo send it again safely, run {again} (the hub stores a "
+            "message once under its id, however many tries reach it)"
         )
         raise
     except BackchannelError as exc:
