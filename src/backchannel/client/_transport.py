@@ -254,7 +254,7 @@ class HttpTransport(Transport):
             base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-            transport=transport,
+            transport=transport or direct_transport(self.url),
         )
 
     async def close(self) -> None:
@@ -354,6 +354,26 @@ class HttpTransport(Transport):
                         name = ""
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
+
+
+def direct_transport(url: str) -> httpx.AsyncHTTPTransport | None:
+    """A transport that goes to the hub at ``url`` itself, past any proxy the environment
+    names, when that hub is on this machine (:func:`backchannel.proxies.loopback`);
+    ``None`` (httpx's own, which honours ``HTTP_PROXY`` and ``NO_PROXY``) for a hub
+    elsewhere. The certificates the environment names (``SSL_CERT_FILE``) still count."""
+    from backchannel.proxies import loopback
+
+    return httpx.AsyncHTTPTransport() if loopback(url) else None
+
+
+def hub_request(method: str, url: str, **options: Any) -> httpx.Response:
+    """One blocking request to a hub (the CLI's checks), past any proxy when the hub is
+    on this machine, as :func:`direct_transport` says."""
+    from backchannel.proxies import loopback
+
+    transport = httpx.HTTPTransport() if loopback(url) else None
+    with httpx.Client(transport=transport) as http:
+        return http.request(method, url, **options)
 
 
 def hook_result(resp: httpx.Response) -> HookResult:

@@ -86,11 +86,13 @@ def _enriched(runtime: str, raw: str) -> tuple[str, str | None]:
 def _forward(
     runtime: str, raw: str, url: str, token: str, expect: str | None
 ) -> tuple[dict[str, Any], str | None, list[str]]:
+    from backchannel.client._transport import hub_request
     from backchannel.runtimes.common import PROBLEM_HEADER
     from backchannel.runtimes.seen import DELIVERED_HEADER, delivered_ids
 
     try:
-        resp = httpx.post(
+        resp = hub_request(
+            "POST",
             f"{url.rstrip('/')}/v1/hooks/{runtime}",
             content=raw.encode("utf-8"),
             params={"as": expect} if expect else None,

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from backchannel.client._transport import hub_request
 from backchannel.runtimes import get_runtime
 
 RUNTIMES = ("claude-code", "codex", "gemini")
@@ -116,7 +117,7 @@ def load(runtime: str, project: Path) -> Attachment | None:
 def check_hub(a: Attachment, token: str | None) -> list[Check]:
     out: list[Check] = []
     try:
-        r = httpx.get(f"{a.url}/healthz", timeout=5)
+        r = hub_request("GET", f"{a.url}/healthz", timeout=5)
         out.append(
             Check("hub reachable", r.status_code == 200, f"{a.url} answered {r.status_code}")
         )
@@ -128,7 +129,9 @@ def check_hub(a: Attachment, token: str | None) -> list[Check]:
                          f"export BACKCHANNEL_TOKEN=<the token of {a.who}>"))  # fmt: skip
         return out
     try:
-        r = httpx.get(f"{a.url}/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        r = hub_request(
+            "GET", f"{a.url}/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=5
+        )
     except httpx.HTTPError as exc:
         out.append(Check("token", False, str(exc)))
         return out
@@ -267,7 +270,7 @@ def _check_http_mcp(a: Attachment, token: str | None, server: dict[str, Any]) ->
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     try:
-        r = httpx.post(url, json=body, headers=headers, timeout=10)
+        r = hub_request("POST", url, json=body, headers=headers, timeout=10)
     except httpx.HTTPError as exc:
         return Check(name, False, f"{url}: {exc}")
     ok = r.status_code == 200 and "send_message" in r.text

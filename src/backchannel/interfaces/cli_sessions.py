@@ -18,6 +18,7 @@ import typer
 
 from backchannel import config
 from backchannel.client import Client
+from backchannel.client._transport import hub_request
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
@@ -142,7 +143,9 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
     problem = None
     if target.is_http:
         try:
-            info["reachable"] = httpx.get(f"{target.url}/healthz", timeout=5).status_code == 200
+            info["reachable"] = (
+                hub_request("GET", f"{target.url}/healthz", timeout=5).status_code == 200
+            )
         except httpx.HTTPError as exc:
             info["reachable"] = False
             problem = f"the hub at {target.url} does not answer ({exc}); is `backchannel serve` still running?"

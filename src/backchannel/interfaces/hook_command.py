@@ -83,6 +83,17 @@ def _hub_url(opts: dict[str, str]) -> str | None:
     return found if isinstance(found, str) and found.startswith("http") else None
 
 
+def _through_proxy(url: str) -> bool:
+    """The hub at ``url`` is reached through the proxy the environment names: a hub
+    elsewhere, with ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` set. The few lines of
+    HTTP here go straight to the hub, so the full CLI (httpx, which honours the proxy and
+    ``NO_PROXY``) takes such a call; a hub on this machine is never reached through a
+    proxy (:mod:`backchannel.proxies`)."""
+    from backchannel.proxies import loopback, proxy_named
+
+    return proxy_named(url) and not loopback(url)
+
+
 def _enrich(runtime: str, raw: str, payload: Any) -> tuple[bytes, str | None, str | None]:
     """The payload (``raw``, parsed) with the closing text read from this machine's
     transcript when it lacks it (the hub never reads a file a hook names) and the
@@ -234,7 +245,7 @@ def run(argv: Sequence[str]) -> bool:
     if opts is None:
         return False
     url = _hub_url(opts)
-    if url is None:
+    if url is None or _through_proxy(url):
         return False
     with contextlib.ExitStack() as hold:
         try:

@@ -123,6 +123,16 @@ def _popen(args: list[str], env: dict[str, str]) -> bool:
     return True
 
 
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """urllib's opener for the hub at ``url``: one that never goes through a proxy when
+    the hub is on this machine (:mod:`backchannel.proxies`), the environment's otherwise."""
+    from backchannel.proxies import loopback
+
+    if loopback(url):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
 def beat(url: str, token: str, key: str) -> float | None:
     """One beat; how soon the hub asks to be beaten again (its ``next_in``), or ``None``
     when the beat did not go through."""
@@ -133,7 +143,7 @@ def beat(url: str, token: str, key: str) -> float | None:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as resp:
+        with _opener(url).open(request, timeout=_TIMEOUT_S) as resp:
             answer = json.loads(resp.read(65536))
         every = float(answer["next_in"])
     except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
