@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -69,3 +70,45 @@ def test_inbox_and_tail_print_control_sequences_escaped(server: Server) -> None:
         for stream in (tail.stdout, tail.stderr):
             if stream is not None:
                 stream.close()
+
+
+TEXT = "ça marche 😀 — d’accord"
+LOCALE = ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONIOENCODING", "PYTHONUTF8")
+
+
+def _send(server: Server, token: str, text: str) -> None:
+    with server.client(token) as c:
+        r = c.post("/v1/messages", json={"to": "worker", "text": text})
+        assert r.status_code == 201, r.text
+
+
+def test_a_terminal_that_is_not_utf8_gets_text_escaped_and_json_whole(
+    server: Server,
+) -> None:
+    """A stdout that cannot encode every character (the C locale without UTF-8 mode, an
+    ``ascii`` or Latin-1 ``PYTHONIOENCODING``): ``inbox`` prints each character it
+    cannot as an escape, never a UnicodeEncodeError traceback (which left the messages
+    unacknowledged), and ``--json`` stays JSON that reads back as the text sent."""
+    tokens = server.team("alpha", "lead", "worker")
+    settings: list[dict[str, str]] = [
+        {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+        {"PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1", "TERM": "dumb", "NO_COLOR": "1"},
+    ]
+    for setting in settings:
+        env = {k: v for k, v in _env(server, tokens["worker"]).items() if k not in LOCALE}
+        env |= setting
+        _send(server, tokens["lead"], TEXT)
+        text = subprocess.run([str(BIN), "inbox"], capture_output=True, env=env, timeout=60)
+        assert text.returncode == 0, (setting, text.stderr.decode(errors="replace"))
+        assert b"Traceback" not in text.stderr
+        shown = text.stdout.decode("latin-1")
+        assert "\\U0001f600" in shown, (setting, shown)
+        assert "marche" in shown
+        _send(server, tokens["lead"], TEXT)
+        as_json = subprocess.run(
+            [str(BIN), "inbox", "--json"], capture_output=True, env=env, timeout=60
+        )
+        assert as_json.returncode == 0, (setting, as_json.stderr.decode(errors="replace"))
+        [message] = json.loads(as_json.stdout)
+        assert message["text"] == TEXT

@@ -11,6 +11,7 @@ empty) with the HTTP API's field names.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -793,12 +794,26 @@ from backchannel.interfaces import cli_backup  # noqa: E402  (registers backup)
 cli_backup.register(app)
 
 
+def _escape_what_stdout_cannot_encode() -> None:
+    """Print a character that stdout's encoding lacks as its escape (``\\U0001f600``).
+    A stdout that is not UTF-8 (the C locale with UTF-8 mode off, ``PYTHONIOENCODING=
+    ascii`` or ``latin-1``) raised UnicodeEncodeError at the first emoji of a message,
+    a traceback instead of the inbox, whose messages then came back unacknowledged;
+    UTF-8 mode's ``surrogateescape`` would write bytes that are not UTF-8. ``--json``
+    prints ASCII, so it is the same whatever the encoding."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors != "backslashreplace":
+            with suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
     # a closed stdout (``| head``) is not an error worth a traceback; ``serve`` puts
     # SIGPIPE back to ignored, so a client hanging up never ends the hub
     with suppress(AttributeError):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    _escape_what_stdout_cannot_encode()
     problem = _argv_not_utf8(sys.argv[1:])
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
