@@ -190,3 +190,41 @@ def test_a_hub_url_with_a_user_and_password_sends_neither_in_the_host_header(
     head = request.split(b"\r\n\r\n")[0].decode("latin-1")
     assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head, head
     assert "s3cret" not in head and "someone" not in head, head
+
+
+@pytest.mark.parametrize("path", ["lean", "full"])
+def test_a_hook_under_a_locale_that_is_not_utf8_reads_its_payload_as_utf8(
+    srv: Server, path: str
+) -> None:
+    """The hook JSON is UTF-8 whatever the locale: a runtime whose environment says
+    ``ascii`` (``PYTHONIOENCODING``, or the C locale with UTF-8 mode off) still has its
+    accented prompt read, and its answer is valid JSON with the waiting message whole."""
+    tokens = make_team(srv, f"loc{path}", "w:claude-code", "lead")
+    text = "ça marche 😀"
+    with srv.client(tokens["lead"]) as c:
+        c.post("/v1/messages", json={"to": "w", "text": text}).raise_for_status()
+    payload = fixture("claude-code", "Stop", session_id=f"loc-{path}")
+    payload["last_assistant_message"] = "c’est fait ✅"
+    args = [str(BIN), "hook", "claude-code"]
+    if path == "full":
+        args.insert(1, "-v")  # not the plain form: the full CLI takes it
+    for locale in (
+        {"PYTHONIOENCODING": "ascii"},
+        {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+    ):
+        env = _clean_env(BACKCHANNEL_URL=srv.url, BACKCHANNEL_TOKEN=tokens["w"])
+        for name in ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONIOENCODING", "PYTHONUTF8"):
+            env.pop(name, None)
+        run = subprocess.run(
+            args,
+            input=json.dumps(payload, ensure_ascii=False).encode("utf-8"),
+            capture_output=True,
+            env=env | locale,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        assert b"error" not in run.stderr, (locale, run.stderr.decode("utf-8", "replace"))
+        answer = json.loads(run.stdout)
+        if "PYTHONIOENCODING" in locale:  # the first call handed the message over
+            assert answer["decision"] == "block" and text in answer["reason"], answer
+        payload["session_id"] += "-again"

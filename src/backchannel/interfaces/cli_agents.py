@@ -94,7 +94,7 @@ def _forward(
         resp = hub_request(
             "POST",
             f"{url.rstrip('/')}/v1/hooks/{runtime}",
-            content=raw.encode("utf-8"),
+            content=raw.encode("utf-8", "surrogateescape"),
             params={"as": expect} if expect else None,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
             timeout=httpx.Timeout(30.0, connect=5.0),
@@ -151,13 +151,15 @@ def hook(
 ) -> None:
     """A command hook: the runtime's hook JSON on stdin, its answer on stdout. Always
     exits 0; why a call had no effect goes to stderr."""
+    from backchannel.interfaces.hook_command import read_payload
+
     answer: dict[str, Any] = {}
     problem: str | None
     handed: list[str] = []
     raw = ""
     logging.getLogger("backchannel").setLevel(logging.ERROR)  # reasons are printed below
     try:
-        raw = payload if payload is not None else sys.stdin.read()
+        raw = payload if payload is not None else read_payload(sys.stdin)
         answer, problem, handed = run_hook(
             runtime, raw, url=url, token=token, home=home, expect=as_
         )

@@ -184,6 +184,18 @@ def _response(raw: bytes) -> tuple[int, bytes, str | None, str | None]:
     return status, body, headers.get(PROBLEM_HEADER.lower()), headers.get(DELIVERED_HEADER.lower())
 
 
+def read_payload(stdin: Any) -> str:
+    """The hook JSON on ``stdin``, read as UTF-8 (JSON's encoding) whatever the locale
+    says: a runtime started under ``PYTHONIOENCODING=ascii``, or the C locale with UTF-8
+    mode off, made the first accented prompt a UnicodeDecodeError, and the hook answered
+    ``{}``. Bytes that are not UTF-8 are kept as they came (``surrogateescape``) for the
+    hub to refuse by name."""
+    buffer = getattr(stdin, "buffer", None)
+    if buffer is None:  # already text (a test's StringIO)
+        return str(stdin.read())
+    return bytes(buffer.read()).decode("utf-8", "surrogateescape")
+
+
 class Answer(NamedTuple):
     """One forwarded hook call: what to print, why it had no effect, and what to record
     once it is printed (the ids it hands over to runtime session ``session``)."""
@@ -207,7 +219,7 @@ def answer(opts: dict[str, str], url: str, stdin: Any, hold: contextlib.ExitStac
     token = opts.get("token") or os.environ.get("BACKCHANNEL_TOKEN")
     if not token:
         return Answer({}, "BACKCHANNEL_TOKEN is not set; export this agent's member token")
-    raw = opts["payload"] if "payload" in opts else stdin.read()
+    raw = opts["payload"] if "payload" in opts else read_payload(stdin)
     try:
         parsed = json.loads(raw)
     except ValueError:
