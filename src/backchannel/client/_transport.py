@@ -24,6 +24,7 @@ from backchannel import errors
 from backchannel.errors import BackchannelError, Forbidden, PeerError, Unauthorized
 from backchannel.member import AdminApi, MemberApi
 from backchannel.models import HookResult
+from backchannel.reach import loopback, not_the_hub, untrusted_certificate
 from backchannel.types import Member
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ def raise_for(resp: httpx.Response) -> None:
         code, message = body.pop("code"), body.pop("message")
     except (ValueError, KeyError, TypeError, AttributeError):
         raise PeerError(
-            f"hub answered {resp.status_code} without a backchannel error body: {resp.text[:200]}"
+            f"hub answered {resp.status_code} without a backchannel error body: "
+            f"{not_the_hub(resp.status_code, resp.content[:2000])}"
         ) from None
     raise _ERRORS.get(code, BackchannelError)(message, **body)
 
@@ -261,6 +263,8 @@ class HttpTransport(Transport):
         await self._http.aclose()
 
     def _unreachable(self, exc: Exception) -> PeerError:
+        if (why := untrusted_certificate(exc)) is not None:
+            return PeerError(f"the hub at {self.url} was not used: {why}")
         return PeerError(
             f"cannot reach the hub at {self.url}: {exc}; is `backchannel serve` running?"
         )
@@ -307,6 +311,8 @@ class HttpTransport(Transport):
                 never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if not (never_sent or repeatable):
                     raise self._lost(call, exc) from exc
+                if untrusted_certificate(exc) is not None:  # the same the next time
+                    raise self._unreachable(exc) from exc
                 went_out = went_out or not (never_sent or call.method == "GET")
                 if time.monotonic() + pause > until:
                     # not "cannot reach the hub" when a try reached it: the caller must
@@ -358,19 +364,15 @@ class HttpTransport(Transport):
 
 def direct_transport(url: str) -> httpx.AsyncHTTPTransport | None:
     """A transport that goes to the hub at ``url`` itself, past any proxy the environment
-    names, when that hub is on this machine (:func:`backchannel.proxies.loopback`);
+    names, when that hub is on this machine (:func:`backchannel.reach.loopback`);
     ``None`` (httpx's own, which honours ``HTTP_PROXY`` and ``NO_PROXY``) for a hub
     elsewhere. The certificates the environment names (``SSL_CERT_FILE``) still count."""
-    from backchannel.proxies import loopback
-
     return httpx.AsyncHTTPTransport() if loopback(url) else None
 
 
 def hub_request(method: str, url: str, **options: Any) -> httpx.Response:
     """One blocking request to a hub (the CLI's checks), past any proxy when the hub is
     on this machine, as :func:`direct_transport` says."""
-    from backchannel.proxies import loopback
-
     transport = httpx.HTTPTransport() if loopback(url) else None
     with httpx.Client(transport=transport) as http:
         return http.request(method, url, **options)

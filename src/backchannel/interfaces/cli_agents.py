@@ -87,6 +87,8 @@ def _forward(
     runtime: str, raw: str, url: str, token: str, expect: str | None
 ) -> tuple[dict[str, Any], str | None, list[str]]:
     from backchannel.client._transport import hub_request
+    from backchannel.interfaces.hook_command import DEADLINE_S, unreachable
+    from backchannel.reach import not_the_hub
     from backchannel.runtimes.common import PROBLEM_HEADER
     from backchannel.runtimes.seen import DELIVERED_HEADER, delivered_ids
 
@@ -97,23 +99,23 @@ def _forward(
             content=raw.encode("utf-8", "surrogateescape"),
             params={"as": expect} if expect else None,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            timeout=httpx.Timeout(30.0, connect=5.0),
+            # the lean hook's budget: a runtime kills a hook at its timeout (30 s)
+            timeout=httpx.Timeout(DEADLINE_S, connect=5.0),
         )
+    except httpx.TimeoutException:
+        return {}, f"the hub at {url} did not answer within {DEADLINE_S:g} s", []
     except httpx.HTTPError as exc:
-        return {}, f"cannot reach the hub at {url}: {exc}", []
+        return {}, unreachable(url, exc), []
     try:
         answer = resp.json()
     except ValueError:
         answer = None
-    if resp.status_code >= 400:
-        error = answer.get("error", {}) if isinstance(answer, dict) else {}
-        return (
-            {},
-            f"hub answered {resp.status_code}: {error.get('message', resp.text[:200])}",
-            [],
-        )
-    if not isinstance(answer, dict):
-        return {}, resp.headers.get(PROBLEM_HEADER), []
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if resp.status_code >= 400 or not isinstance(answer, dict):
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return {}, f"hub answered {resp.status_code}: {error['message']}", []
+        why = not_the_hub(resp.status_code, resp.content[:2000])
+        return {}, f"the hub at {url} did not answer the hook: {why}", []
     handed = delivered_ids(resp.headers.get(DELIVERED_HEADER))
     return answer, resp.headers.get(PROBLEM_HEADER), handed
 

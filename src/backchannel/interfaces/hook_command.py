@@ -88,8 +88,10 @@ def _through_proxy(url: str) -> bool:
     elsewhere, with ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` set. The few lines of
     HTTP here go straight to the hub, so the full CLI (httpx, which honours the proxy and
     ``NO_PROXY``) takes such a call; a hub on this machine is never reached through a
-    proxy (:mod:`backchannel.proxies`)."""
-    from backchannel.proxies import loopback, proxy_named
+    proxy (:mod:`backchannel.reach`)."""
+    if not any(k.lower() in ("http_proxy", "https_proxy", "all_proxy") for k in os.environ):
+        return False  # the usual case, told without importing anything
+    from backchannel.reach import loopback, proxy_named
 
     return proxy_named(url) and not loopback(url)
 
@@ -235,20 +237,29 @@ def answer(opts: dict[str, str], url: str, stdin: Any, hold: contextlib.ExitStac
     except HubTooSlow as exc:
         return Answer({}, f"{exc}; the agent goes on without it")
     except (OSError, ValueError, IndexError) as exc:
-        return Answer({}, f"cannot reach the hub at {url}: {exc}")
+        return Answer({}, unreachable(url, exc))
     try:
         data = json.loads(body)
     except ValueError:
         data = None
-    if status >= 400:
-        error = data.get("error", {}) if isinstance(data, dict) else {}
-        detail = error.get("message") if isinstance(error, dict) else None
-        return Answer(
-            {}, f"hub answered {status}: {detail or body[:200].decode('utf-8', 'replace')}"
-        )
-    if not isinstance(data, dict):
-        return Answer({}, problem or note)
+    error = data.get("error") if isinstance(data, dict) else None
+    if status >= 400 or not isinstance(data, dict):
+        from backchannel.reach import not_the_hub
+
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return Answer({}, f"hub answered {status}: {error['message']}")
+        return Answer({}, f"the hub at {url} did not answer the hook: {not_the_hub(status, body)}")
     return Answer(data, problem or note, session, delivered)
+
+
+def unreachable(url: str, exc: BaseException) -> str:
+    """Why the hub at ``url`` could not be had, and the way out."""
+    from backchannel.reach import untrusted_certificate
+
+    why = untrusted_certificate(exc)
+    if why is not None:
+        return f"the hub at {url} was not used: {why}"
+    return f"cannot reach the hub at {url}: {exc}; is `backchannel serve` running there?"
 
 
 def run(argv: Sequence[str]) -> bool:

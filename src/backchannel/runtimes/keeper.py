@@ -125,8 +125,8 @@ def _popen(args: list[str], env: dict[str, str]) -> bool:
 
 def _opener(url: str) -> urllib.request.OpenerDirector:
     """urllib's opener for the hub at ``url``: one that never goes through a proxy when
-    the hub is on this machine (:mod:`backchannel.proxies`), the environment's otherwise."""
-    from backchannel.proxies import loopback
+    the hub is on this machine (:mod:`backchannel.reach`), the environment's otherwise."""
+    from backchannel.reach import loopback
 
     if loopback(url):
         return urllib.request.build_opener(urllib.request.ProxyHandler({}))
