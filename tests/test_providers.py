@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +18,14 @@ from tests.peers import Peer, QuietHandler
 Answer = Callable[[dict[str, Any], int], tuple[int, dict[str, Any], dict[str, str]]]
 
 
+#: The status an :data:`Answer` gives for a connection closed with no answer at all.
+DROP = 0
+
+
 class FakeProvider(Peer):
+    """A model API on 127.0.0.1: ``answer(body, n)`` (``n`` counts the requests, from 1)
+    gives the status, body and headers of each answer, or :data:`DROP`."""
+
     def __init__(self, answer: Answer) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         outer = self
@@ -28,6 +37,9 @@ class FakeProvider(Peer):
                     (self.path, body, {k.lower(): v for k, v in self.headers.items()})
                 )
                 status, payload, headers = answer(body, len(outer.requests))
+                if status == DROP:  # the connection closed with no answer
+                    self.close_connection = True
+                    return
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
@@ -102,6 +114,10 @@ async def test_anthropic_tool_use_after_a_rate_limit(
         )
     )
     model = AnthropicModel("claude-sonnet-5-5", base_url=srv.url)
+    with pytest.raises(ModelError, match=r"asks to wait 0\.01 s") as limited:
+        await model.complete("You are terse.", CONVO, TOOLS)
+    assert limited.value.details == {"retryable": True, "retry_after": 0.01}
+    assert len(srv.requests) == 1, "the SDK does not try again: the runner does"
     reply = await model.complete("You are terse.", CONVO, TOOLS)
     assert reply.text == "Sending it."
     assert reply.tool_calls == (ToolCall("toolu_1", "send_message", {"to": "b", "message": "hi"}),)
@@ -111,7 +127,6 @@ async def test_anthropic_tool_use_after_a_rate_limit(
         100,
     )
     assert reply.stop_reason == "tool_use"
-    assert len(srv.requests) == 2, "the rate limit was retried"
     path, body, headers = srv.requests[-1]
     assert path == "/v1/messages"
     assert headers["authorization"] == "Bearer test-key"
@@ -185,6 +200,10 @@ async def test_openai_compatible_tool_calls_after_a_server_error(
         )
     )
     model = OpenAIModel("llama3.1", base_url=srv.url + "/v1")
+    with pytest.raises(ModelError, match="overloaded") as busy:
+        await model.complete("You are terse.", CONVO, TOOLS)
+    assert busy.value.details == {"retryable": True, "retry_after": 0.01}
+    assert len(srv.requests) == 1, "the SDK does not try again: the runner does"
     reply = await model.complete("You are terse.", CONVO, TOOLS)
     assert reply.tool_calls == (ToolCall("call_1", "send_message", {"to": "b", "message": "hi"}),)
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (50, 12)
@@ -265,3 +284,26 @@ async def test_a_body_cut_short_is_a_model_error(monkeypatch: pytest.MonkeyPatch
             await OpenAIModel("gpt-4o", base_url=url + "/v1").complete("", CONVO, TOOLS)
     finally:
         peer.close()
+
+
+async def test_a_wait_asked_as_a_date_or_a_no_to_retrying_is_heard(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """With the SDK's own retries off, what the SDK heard in an API's answer is the
+    providers' to hear: a ``retry-after`` given as an HTTP date (an hour away: the
+    runner gives up at once rather than call again in a second), and an API's
+    ``x-should-retry: false`` on a 500 (no call made again)."""
+    in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+    script = {
+        1: (429, {"error": {"message": "slow down"}}, {"retry-after": in_an_hour}),
+        2: (500, {"error": {"message": "no use"}}, {"x-should-retry": "false"}),
+    }
+    srv = provider(lambda body, n: script[n])
+    model = OpenAIModel("gpt-4o", base_url=srv.url + "/v1")
+    with pytest.raises(ModelError) as dated:
+        await model.complete("", CONVO, TOOLS)
+    assert dated.value.details["retryable"] is True
+    assert 3500 < dated.value.details["retry_after"] <= 3600
+    with pytest.raises(ModelError, match="no use") as refused:
+        await model.complete("", CONVO, TOOLS)
+    assert refused.value.details == {"retryable": False}

@@ -26,7 +26,7 @@ from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile, parse_team
 from backchannel.testing import MemoryStore, eventually
 from tests.conftest import BIN
-from tests.test_providers import Answer, FakeProvider, provider
+from tests.test_providers import DROP, Answer, FakeProvider, provider
 
 __all__ = ["provider"]  # the fixture, used here too
 
@@ -159,19 +159,25 @@ async def _anthropic_worker(url: str) -> AsyncIterator[tuple[TeamFile, Hub, Clie
 async def test_an_overloaded_model_api_that_recovers_does_not_stop_the_agent(
     provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """529 (overloaded) for longer than the SDK's own retries, then answers: the turn
-    waits for the API and goes on, its input handed to the model once, and the agent
-    does not stop."""
+    """529 (overloaded) seven times, then answers: the turn waits for the API and goes
+    on, its input handed to the model once, and the agent does not stop."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(
         lambda body, n: (
             (529, OVERLOADED, {"retry-after-ms": "10"})
-            if n <= 7  # the SDK makes 5 requests (4 retries) per call
+            if n <= 7
             else (200, _anthropic_text("done at last"), {})
         )
     )
     async with _anthropic_worker(srv.url) as (team, hub, worker, user):
-        runner = Runner(team, {"w": worker}, workspace=Path("."), quiet_seconds=0.5, timeout=60)
+        runner = Runner(
+            team,
+            {"w": worker},
+            workspace=Path("."),
+            quiet_seconds=0.5,
+            timeout=60,
+            model_pause=0.01,
+        )
         assert await runner.run("do it", user) == "the team is quiet"
         loop = runner.loops["w-main"]
         assert loop.stats.stopped is None, loop.stats.stopped
@@ -198,7 +204,7 @@ async def test_a_model_api_overloaded_past_the_runners_patience_gives_the_input_
         )
         assert await runner.run("do it", user) == "every agent stopped"
         assert runner.loops["w-main"].stats.stopped == "model error"
-        assert len(srv.requests) > 5, "tried again after the SDK's retries"
+        assert len(srv.requests) > 1, "tried again"
         got = await hub.receive("t", "w", session="w-main")
         assert [g.message.text for g in got] == ["do it"], "given back, not lost"
 
@@ -258,23 +264,89 @@ async def test_a_tool_call_cut_at_max_tokens_is_not_run(
 RATE_LIMITED = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
 
 
+async def _one_agent(kind: str, url: str) -> tuple[Hub, Runner, Client]:
+    """A team of one runner agent, ``w``, on the ``kind`` provider's API at ``url``
+    (Anthropic's key from the test's environment)."""
+    if kind == "openai":
+        return await _openai_team(url)
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: w, model: anthropic, model_name: claude-sonnet-5-5, base_url: '{url}'}}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team("t", settings=team.settings())
+    worker = attach(hub, (await hub.add_member("t", "w"))[1])
+    user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+    await worker.start()
+    await user.start()
+    runner = Runner(team, {"w": worker}, workspace=Path("."), quiet_seconds=0.5, timeout=30)
+    return hub, runner, user
+
+
+def _text_answer(kind: str, text: str) -> dict[str, Any]:
+    return _chat(text) if kind == "openai" else _anthropic_text(text)
+
+
+def _busy_answer(kind: str) -> dict[str, Any]:
+    return {"error": {"message": "overloaded"}} if kind == "openai" else OVERLOADED
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_the_runner_not_the_sdk_tries_again_what_passes(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """An overloaded API (529, 503), a connection closed with no answer, and a 500: the
+    runner makes every try itself, each one named in its note with the wait before the
+    next (none hidden inside the SDK, whose own tries would follow the SDK's rules, not
+    the runner's patience), and the input reaches the model once, in the answered call."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    busy = 529 if kind == "anthropic" else 503
+    script: dict[int, tuple[int, dict[str, Any], dict[str, str]]] = {
+        1: (busy, _busy_answer(kind), {}),
+        2: (DROP, {}, {}),
+        3: (500, _busy_answer(kind), {"retry-after-ms": "10"}),
+    }
+    srv = provider(lambda body, n: script.get(n, (200, _text_answer(kind, "done"), {})))
+    hub, runner, user = await _one_agent(kind, srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.model_pause = 0.01
+    try:
+        assert await runner.run("do it", user) == "the team is quiet"
+        assert len(srv.requests) == 4
+        assert len([n for n in notes if "trying again in" in n]) == 3, notes
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.turns, loop.stats.last_output) == (None, 1, "done")
+        assert json.dumps(srv.requests[-1][1]["messages"]).count("do it") == 1
+        assert await hub.pending("t", "w") == 0
+    finally:
+        await hub.close()
+
+
+@pytest.mark.parametrize(("kind", "wait"), [("anthropic", 3600), ("openai", 60)])
 async def test_a_rate_limit_longer_than_the_runners_patience_is_not_hammered(
     provider: Callable[[Answer], FakeProvider],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    wait: int,
 ) -> None:
-    """A 429 that asks for a wait past the runner's patience (the SDK does not retry a
-    wait that long): the runner does not call again before it (a call made sooner is
-    refused again and may count against the limit); it gives the input back at once,
-    and its note says how long the API asked to wait."""
-    srv = provider(lambda body, n: (429, RATE_LIMITED, {"retry-after": "200"}))
-    hub, runner, user = await _openai_team(srv.url)
+    """A 429 that asks for a wait past the runner's patience: no call is made before it
+    (a call made sooner is refused again and may count against the limit), nor does
+    the SDK sit out the wait inside one call (Anthropic's waits whatever it is, OpenAI's
+    up to two minutes a try), which would hold the turn past the runner's patience. The
+    runner gives the input back at once, and its note says how long the API asked."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(lambda body, n: (429, RATE_LIMITED, {"retry-after": str(wait)}))
+    hub, runner, user = await _one_agent(kind, srv.url)
     notes: list[str] = []
-    runner.model_patience, runner.model_pause = 2.0, 0.05
+    runner.model_patience, runner.model_pause, runner.timeout = 5.0, 0.05, 10.0
     runner._note = notes.append
     try:
         assert await runner.run("do it", user) == "every agent stopped"
         assert len(srv.requests) == 1, "called again before the API's retry-after"
         assert runner.loops["w-main"].stats.stopped == "model error"
-        assert any("200 s" in n for n in notes), notes
+        assert any(f"wait {wait} s" in n for n in notes), notes
         got = await hub.receive("t", "w", session="w-main")
         assert [g.message.text for g in got] == ["do it"], "given back, not lost"
     finally:
@@ -284,13 +356,13 @@ async def test_a_rate_limit_longer_than_the_runners_patience_is_not_hammered(
 async def test_the_runners_own_pause_honours_retry_after(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:
-    """Once the SDK's retries are spent, the runner's next call waits at least as long
-    as the API's last answer asked, however short the runner's own pause."""
+    """The runner's next call waits at least as long as the API's last answer asked,
+    however short the runner's own pause."""
     times: list[float] = []
 
     def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
         times.append(time.monotonic())
-        if n <= 5:  # the SDK's 5 tries of the first call
+        if n == 1:
             return 429, RATE_LIMITED, {"retry-after": "0.5"}
         return 200, _chat("done"), {}
 
@@ -299,8 +371,8 @@ async def test_the_runners_own_pause_honours_retry_after(
     runner.model_pause = 0.01
     try:
         assert await runner.run("do it", user) == "the team is quiet"
-        assert len(times) == 6
-        assert times[5] - times[4] >= 0.5, "the runner's call came before the retry-after"
+        assert len(times) == 2
+        assert times[1] - times[0] >= 0.5, "the runner's call came before the retry-after"
         assert runner.loops["w-main"].stats.last_output == "done"
     finally:
         await hub.close()
@@ -460,7 +532,7 @@ async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:
     """A model API that takes the request and never answers: the SDK waits ten minutes
-    a try, five tries. The runner says, while it waits, that the model has not answered
+    a try. The runner says, while it waits, that the model has not answered
     and the way out, and the run's timeout gives the input back."""
     hang = threading.Event()
 

@@ -63,7 +63,8 @@ log = logging.getLogger("backchannel.runner")
 
 LEASE = 900.0  # a turn may run long; its inputs stay leased meanwhile
 #: How long a turn waits for a model API that fails in a way that passes (rate limited,
-#: overloaded, a server error) after the SDK's own retries, before it gives up.
+#: overloaded, a server error, no connection), trying again, before it gives up. The
+#: runner makes every try: the providers turn their SDKs' own retries off.
 MODEL_PATIENCE = 300.0
 #: The first pause between two tries of such an API (it doubles, up to a minute).
 MODEL_PAUSE = 1.0
@@ -190,7 +191,9 @@ class SessionLoop:
         the runner's ``model_patience``: an API that is overloaded for a minute does not
         stop the agent, and the turn's inputs stay leased to it meanwhile. A wait the API
         asked for (``retry_after``) is honoured: the next call comes no sooner, and a
-        wait past the patience gives up at once rather than call an API that said no."""
+        wait past the patience gives up at once rather than call an API that said no,
+        with a note that names the wait. Every try is the runner's, each one named in a
+        note: the SDKs make none of their own (:mod:`.providers`)."""
         tools = [TOOLS[t][0] for t in sorted(self.allowed)]
         deadline: float | None = None
         pause = self.runner.model_pause
@@ -203,8 +206,15 @@ class SessionLoop:
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.runner.model_patience
-                wait = max(pause, float(exc.details.get("retry_after") or 0.0))
+                asked = float(exc.details.get("retry_after") or 0.0)
+                wait = max(pause, asked)
                 if now + wait > deadline:
+                    if asked > pause:
+                        self.runner.console_note(
+                            f"{self.spec.name}: the model API asks to wait {asked:.0f} s, "
+                            f"past the runner's patience ({self.runner.model_patience:.0f} s): "
+                            "giving up on this turn now"
+                        )
                     raise
                 self.runner.console_note(
                     f"{self.spec.name}: {exc.message}; trying again in {wait:.0f} s"

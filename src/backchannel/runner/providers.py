@@ -1,12 +1,15 @@
 """Real model providers: Anthropic's Messages API and OpenAI-compatible Chat Completions.
 
-Both use the official SDKs (extras ``anthropic`` and ``openai``), whose clients retry
-rate limits (429) and transient errors (408, 409, 5xx, connection errors) with
-exponential backoff; ``max_retries`` sets how often. ``base_url`` points the OpenAI
-provider at any compatible server (Ollama, vLLM, llama.cpp) and either provider at a
-local test server. A failure that passes (429, 5xx, 529, no connection) raises a
-:class:`ModelError` marked ``retryable`` once the SDK's retries are spent: the runner
-waits longer for the API before it gives up on a turn.
+Both use the official SDKs (extras ``anthropic`` and ``openai``), with the SDKs' own
+retries off (``max_retries=0``): the runner owns every try. Each SDK has its own rules,
+and neither fits a turn's: Anthropic's sits out any ``retry-after`` the API sends (an
+hour, say) inside one call, OpenAI's up to two minutes a try, each a few tries, so a turn
+would wait for hours, silently, whatever the runner's patience. ``base_url`` points the
+OpenAI provider at any compatible server (Ollama, vLLM, llama.cpp) and either provider
+at a local test server. A failure that passes (429, 408, 409, 5xx, 529, no connection)
+raises a :class:`ModelError` marked ``retryable``, with the wait the API asked for: the
+runner tries again with its backoff, honouring the wait up to its patience, and says so
+each time.
 
 A 200 whose body is not the API's answer (a proxy's error page, a body cut short that
 still parses as far as its length says) is a :class:`ModelError` like any other failed
@@ -16,6 +19,8 @@ what it owes, where an unexpected exception crashes the session.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 import math
 import os
@@ -31,22 +36,35 @@ from backchannel.runner.models import (
     Usage,
 )
 
+#: A wait longer than any patience: what an infinite ``retry-after`` stands for.
+_FOREVER = 365 * 86400.0
+
+
+def _headers(exc: Exception) -> Any:
+    """The headers of the answer behind the SDK's error; None when there was none."""
+    return getattr(getattr(exc, "response", None), "headers", None)
+
 
 def _retryable(sdk: Any, exc: Exception) -> bool:
     """Is the SDK's error one that passes (rate limited, overloaded, a server error, no
-    connection), so the same call may work later? A 400 or a 401 will not."""
+    connection), so the same call may work later? A 400 or a 401 will not. An API that
+    says so itself (``x-should-retry``, which Anthropic's sends) is believed, as the SDKs
+    believe it."""
     if isinstance(exc, sdk.APIConnectionError):  # timeouts too
         return True
+    headers = _headers(exc)
+    said = headers.get("x-should-retry") if headers is not None else None
+    if said in ("true", "false"):
+        return bool(said == "true")
     status = getattr(exc, "status_code", None)
     return isinstance(status, int) and (status in (408, 409, 429) or status >= 500)
 
 
 def _retry_after(exc: Exception) -> float | None:
     """How long the API asked to wait before the next call (``retry-after-ms``, or
-    ``retry-after`` in seconds), when its answer said; None when it did not (or gave
-    an HTTP date: the runner's own pause applies)."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
+    ``retry-after`` in seconds or as an HTTP date), when its answer said; None when it
+    did not (the runner's own pause applies)."""
+    headers = _headers(exc)
     if headers is None:
         return None
     for name, unit in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
@@ -57,8 +75,19 @@ def _retry_after(exc: Exception) -> float | None:
             seconds = float(value) / unit
         except ValueError:
             continue
-        if math.isfinite(seconds) and seconds >= 0:
-            return seconds
+        if math.isnan(seconds) or seconds < 0:
+            continue
+        return min(seconds, _FOREVER)  # an infinite wait is a wait past any patience
+    value = headers.get("retry-after")
+    if value is not None:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # an HTTP date is GMT
+            when = when.replace(tzinfo=datetime.UTC)
+        now = datetime.datetime.now(datetime.UTC)
+        return max(0.0, (when - now).total_seconds())
     return None
 
 
@@ -115,7 +144,8 @@ def _api_key(env_name: str | None, default_env: str) -> str:
 
 class AnthropicModel:
     """Claude through the Messages API, with tool use and prompt caching (the system
-    prompt and the tool definitions are marked cacheable)."""
+    prompt and the tool definitions are marked cacheable). ``max_retries``: the SDK's own
+    tries after the first, none by default (the runner makes them: see the module)."""
 
     def __init__(
         self,
@@ -124,7 +154,7 @@ class AnthropicModel:
         base_url: str | None = None,
         api_key_env: str | None = None,
         max_tokens: int = 4096,
-        max_retries: int = 4,
+        max_retries: int = 0,
     ) -> None:
         try:
             import anthropic
@@ -225,7 +255,8 @@ class AnthropicModel:
 
 
 class OpenAIModel:
-    """Any OpenAI-compatible Chat Completions server, with tools."""
+    """Any OpenAI-compatible Chat Completions server, with tools. ``max_retries``: the
+    SDK's own tries after the first, none by default (the runner makes them)."""
 
     def __init__(
         self,
@@ -233,7 +264,7 @@ class OpenAIModel:
         *,
         base_url: str | None = None,
         api_key_env: str | None = None,
-        max_retries: int = 4,
+        max_retries: int = 0,
     ) -> None:
         try:
             import openai
