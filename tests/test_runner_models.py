@@ -594,3 +594,92 @@ async def test_ctrl_c_mid_turn_says_where_the_input_went(
     out = shown.getvalue()
     assert "1 message for w never reached its model" in out, out
     assert "--team NEW_NAME" in out, out
+
+
+def _cut_text(kind: str, text: str, stop: str | None = None) -> dict[str, Any]:
+    """A text-only answer stopped by ``stop`` (by default the output limit: Anthropic's
+    ``max_tokens``, OpenAI's ``length``)."""
+    if kind == "openai":
+        answer = _chat(text)
+        answer["choices"][0]["finish_reason"] = stop or "length"
+        return answer
+    return {**_anthropic_text(text), "stop_reason": stop or "max_tokens"}
+
+
+def _said_last(kind: str, body: dict[str, Any]) -> str:
+    """The text of the last message of a request: what the model was told last."""
+    last = body["messages"][-1]
+    assert last["role"] == "user"
+    content = last["content"]
+    return content if isinstance(content, str) else "".join(b["text"] for b in content)
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_a_closing_text_cut_at_the_output_limit_is_finished_by_the_model(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """An answer of text only, cut at the output limit, would close the turn with half a
+    report, sent on (to a delegation's caller, say) as if it were the whole. The model
+    is asked to go on from where it stopped, and the closing text is the whole of it."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (200, _cut_text(kind, "The survey found three probl"), {})
+            if n == 1
+            else (200, _text_answer(kind, "ems in the parser."), {})
+        )
+    )
+    hub, runner, user = await _one_agent(kind, srv.url)
+    try:
+        assert await runner.run("survey it", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert loop.stats.last_output == "The survey found three problems in the parser."
+        assert len(srv.requests) == 2
+        told = _said_last(kind, srv.requests[1][1])
+        assert "cut at the output limit" in told and "where it stopped" in told, told
+        assert json.dumps(srv.requests[1][1]["messages"]).count("survey it") == 1
+    finally:
+        await hub.close()
+
+
+async def test_a_closing_text_still_cut_after_the_model_went_on_says_so(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A model that is cut at the output limit every time it goes on: the runner asks it
+    three times, then closes the turn with what it wrote, marked as cut, so whoever
+    reads it knows it may be incomplete."""
+    srv = provider(lambda body, n: (200, _cut_text("openai", f"part {n}; "), {}))
+    hub, runner, user = await _one_agent("openai", srv.url)
+    try:
+        assert await runner.run("write it all", user) == "the team is quiet"
+        assert len(srv.requests) == 4, "asked to go on three times"
+        out = runner.loops["w-main"].stats.last_output
+        assert out.startswith("part 1; part 2; part 3; part 4; "), out
+        assert out.endswith("[cut short: the answer reached the output limit (length)]"), out
+    finally:
+        await hub.close()
+
+
+@pytest.mark.parametrize(("text", "stop"), [("", "refusal"), ("I can help with the fi", "refusal")])
+async def test_a_closing_text_stopped_by_the_apis_filter_says_so(
+    provider: Callable[[Answer], FakeProvider],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    stop: str,
+) -> None:
+    """An answer the API's safety filter stopped (empty, or cut): the model is not asked
+    to go on past the filter; the closing text says it was stopped rather than read as
+    the agent's whole answer (an empty one as no answer at all)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(lambda body, n: (200, _cut_text("anthropic", text, stop), {}))
+    hub, runner, user = await _one_agent("anthropic", srv.url)
+    try:
+        assert await runner.run("do it", user) == "the team is quiet"
+        assert len(srv.requests) == 1
+        out = runner.loops["w-main"].stats.last_output
+        assert out.startswith(text)
+        assert out.endswith(
+            "[cut short: the answer was stopped by the API's safety filter (refusal)]"
+        ), out
+    finally:
+        await hub.close()

@@ -48,11 +48,15 @@ from backchannel.runner.record import SeenRecord, record_path
 from backchannel.runner.scripted import ScriptedModel, load_policy
 from backchannel.runner.teamfile import MemberSpec, TeamFile
 from backchannel.runner.tools import (
+    AT_THE_LIMIT,
     CUT_SHORT,
     DEFAULT_TOOLS,
+    GO_ON_TIMES,
     TOOLS,
     ToolContext,
+    cut_mark,
     cut_short,
+    go_on,
     run_tool,
     unparsed_arguments,
 )
@@ -271,8 +275,9 @@ class SessionLoop:
         self.history.append(ChatMessage("user", text))
         final = ""
         answered = False  # the model answered once this turn: its inputs reached it
+        pieces: list[str] = []  # text cut at the output limit, the model asked to go on
         try:
-            for _ in range(self.spec.max_steps):
+            for step in range(self.spec.max_steps):
                 self.history = bounded(self.history, self.spec.context_chars)
                 reply = await self._complete()
                 if not answered:  # from here on the inputs must never reach a model again
@@ -283,10 +288,15 @@ class SessionLoop:
                 stats.cost += self.price.cost(reply.usage)
                 self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
                 if not reply.tool_calls:
-                    final = reply.text
+                    if self._goes_on(reply, len(pieces), step):
+                        pieces.append(reply.text)
+                        self.history.append(ChatMessage("user", go_on(reply.stop_reason)))
+                        continue
+                    final = self._closing(pieces, reply)
                     break
-                if reply.text:
-                    await self._report("thought", reply.text)
+                thought, pieces = "".join(pieces) + reply.text, []
+                if thought:
+                    await self._report("thought", thought)
                 for call in reply.tool_calls:
                     self.runner.tell(story.on_tool_call(self.spec.name, call.name, call.arguments))
                     await self._report(
@@ -361,6 +371,30 @@ class SessionLoop:
         stats.last_output = final
         stats.working = False
         self.runner.changed()
+
+    def _goes_on(self, reply: ModelReply, asked: int, step: int) -> bool:
+        """Is the model, whose answer of text only is ``reply``, asked to go on? When the
+        answer was cut at the output limit, the model was asked fewer than
+        ``GO_ON_TIMES`` times this turn, and the turn has a step and budget left: the
+        closing text is sent on as the agent's whole answer, and half of one misleads."""
+        return (
+            reply.stop_reason in AT_THE_LIMIT
+            and asked < GO_ON_TIMES
+            and step + 1 < self.spec.max_steps
+            and not self._over_budget()
+        )
+
+    def _closing(self, pieces: list[str], reply: ModelReply) -> str:
+        """The turn's closing text: what the model wrote, across the answers it was asked
+        to go on in, marked as cut (:func:`cut_mark`) when the last was cut all the same
+        (at the output limit, or by the API's filter, which an empty answer reads as no
+        answer at all): never sent on as whole when it may not be."""
+        text = "".join(pieces) + reply.text
+        if reply.stop_reason not in CUT_SHORT:
+            return text
+        mark = cut_mark(reply.stop_reason)
+        self.runner.console_note(f"{self.spec.name}: {mark}")
+        return f"{text}\n\n{mark}" if text else mark
 
     def _call_key(self, call_id: str) -> str:
         """The key the hub knows a tool call by (a delegation's ``tool_use_id``, which it

@@ -444,6 +444,29 @@ def cut_short(name: str, stop_reason: str) -> str:
     )
 
 
+#: Stop reasons of an answer cut at the output limit, whose model can be asked to go on
+#: (one its filter stopped is not asked to go on past the filter).
+AT_THE_LIMIT = frozenset({"max_tokens", "length"})
+#: How many times a turn asks a model whose text was cut at the output limit to go on.
+GO_ON_TIMES = 3
+
+
+def go_on(stop_reason: str) -> str:
+    """What a model whose answer of text only was cut at the output limit is told: go on
+    where it stopped, so the turn's closing text is the whole answer, not its start."""
+    return (
+        f"(Your answer was cut at the output limit ({stop_reason}). Go on from exactly "
+        "where it stopped, mid-word if it stopped there: do not repeat what you wrote, "
+        "and do not apologise.)"
+    )
+
+
+def cut_mark(stop_reason: str) -> str:
+    """The line a closing text cut before its end ends with, so whoever reads it (a
+    delegation's caller, a person) knows it may be incomplete."""
+    return f"[cut short: the answer {CUT_SHORT[stop_reason]}]"
+
+
 async def run_tool(
     ctx: ToolContext, name: str, args: Mapping[str, Any], allowed: frozenset[str]
 ) -> tuple[str, bool]:
