@@ -245,6 +245,49 @@ async def test_a_turn_whose_model_call_fails_gives_its_inputs_back(
         await hub.close()
 
 
+async def test_a_session_whose_model_failed_stops_once_its_input_is_given_back() -> None:
+    """The run must not end while a turn whose model failed is giving its input back to
+    the hub: ended then, it cancelled the give-back (the input stayed leased, for the
+    next runner only when the lease ran out) and its report said the session was
+    ``interrupted``, not stopped by a model error."""
+    hub, runner, _ = await _hub_with(
+        "team: f\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_model_down'}\n"
+    )
+    giving_back, let_go = asyncio.Event(), asyncio.Event()
+    release = runner.release
+    busy = runner._busy
+    looked = 0
+
+    async def slow_release(client: Client, ids: list[str]) -> None:
+        giving_back.set()
+        await let_go.wait()
+        await release(client, ids)
+
+    async def counted_busy() -> bool:
+        nonlocal looked
+        looked += 1
+        return await busy()
+
+    runner.release = slow_release  # type: ignore[method-assign]
+    runner._busy = counted_busy  # type: ignore[method-assign]
+    try:
+        user = attach(hub, (await hub.add_member("f", "boss", "human"))[1])
+        await user.start()
+        run = asyncio.create_task(runner.run("do the thing", user))
+        await eventually(giving_back.is_set, what="the turn gives its input back")
+        seen = looked
+        await eventually(lambda: run.done() or looked >= seen + 3, what="the run looks on, or ends")
+        assert not run.done(), "the run ended while the input was being given back"
+        let_go.set()
+        assert await run == "every agent stopped"
+        assert runner.loops["worker-main"].stats.stopped == "model error"
+        got = await hub.receive("f", "worker", session="worker-main")
+        assert [g.message.text for g in got] == ["do the thing"], "given back"
+    finally:
+        let_go.set()
+        await hub.close()
+
+
 def _bug_after_a_tool_call(ctx: ScriptContext) -> object:
     if ctx.step == 0:
         return use(call("list_members"))

@@ -339,7 +339,7 @@ class SessionLoop:
             if not answered and self.session.endswith("-main"):
                 # the inputs never reached the model: give them back
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._interrupted(ids, handed=False))
+                    await asyncio.shield(self._interrupted(ids, handed=False, why="model error"))
                 stats.stopped = "model error"
                 self.runner.changed()
                 return
@@ -409,19 +409,24 @@ class SessionLoop:
         self.call_keys.add(key)
         return key
 
-    async def _interrupted(self, ids: list[str], *, handed: bool) -> None:
+    async def _interrupted(self, ids: list[str], *, handed: bool, why: str = "interrupted") -> None:
         """Close a turn that did not finish. ``handed``: the model answered in it, so
-        its inputs reached it and are acked; otherwise they are given back."""
-        self.stats.working = False
-        self.stats.stopped = "interrupted"
+        its inputs reached it and are acked; otherwise they are given back. The session
+        is stopped (``why``) at once, but working until that is done: the run ends
+        when every agent has stopped and none works, and ended sooner it would cancel
+        the give-back, the inputs left leased to a runner that is gone."""
+        self.stats.stopped = why
         try:
             await self.client.report_event(self.session, "agent_stop", "", {"interrupted": True})
         finally:
-            if handed:
-                await self.client.ack(ids)
-                self._acked(await self.runner.record(self.spec.name), ids)
-            else:
-                await self.runner.release(self.client, ids)
+            try:
+                if handed:
+                    await self.client.ack(ids)
+                    self._acked(await self.runner.record(self.spec.name), ids)
+                else:
+                    await self.runner.release(self.client, ids)
+            finally:
+                self.stats.working = False
 
     def _acked(self, record: SeenRecord, ids: list[str]) -> None:
         record.drop(ids)
@@ -639,7 +644,9 @@ class Runner:
                     self.ended_because = f"timeout after {self.timeout:.0f} s"
                     break
                 if all(
-                    lp.stats.stopped for lp in self.loops.values() if lp.session.endswith("-main")
+                    lp.stats.stopped and not lp.stats.working
+                    for lp in self.loops.values()
+                    if lp.session.endswith("-main")
                 ):
                     self.ended_because = "every agent stopped"
                     break
