@@ -6,6 +6,7 @@ tool errors that name the argument."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -389,3 +390,95 @@ async def test_list_timers_shows_the_agents_own_first_and_a_bounded_list(
         f"... and {hidden} more pending timers of other members (GET /v1/timers lists them all)."
     ]
     assert data["hidden"] == hidden
+
+
+class _Gated:
+    """A member's client whose inbox calls stop at ``point`` (``("receive", n)``: before
+    the n-th receive; ``("ack", n)``: after the n-th ack reached the hub) until ``go``:
+    where a client's ``notifications/cancelled`` may find a ``check_inbox``."""
+
+    def __init__(self, client: Any, point: tuple[str, int]) -> None:
+        self._client = client
+        self.point = point
+        self.counts = {"receive": 0, "ack": 0}
+        self.stopped = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def _gate(self, call: str) -> None:
+        self.counts[call] += 1
+        if (call, self.counts[call]) == self.point:
+            self.stopped.set()
+            await self.go.wait()
+
+    async def receive(self, **kw: Any) -> Any:
+        await self._gate("receive")
+        return await self._client.receive(**kw)
+
+    async def ack(self, ids: Any) -> Any:
+        acked = await self._client.ack(ids)
+        await self._gate("ack")
+        return acked
+
+
+@pytest.mark.parametrize("point", [("receive", 2), ("ack", 1)])
+async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_twice(
+    srv: Server, point: tuple[str, int]
+) -> None:
+    """The client cancels ``check_inbox`` (``notifications/cancelled``: the user pressed
+    Esc) between its two receives (the session's, the member's), or just after an ack
+    reached the hub: a cancelled call is never answered, so what it took must be the
+    next call's at once, neither acked unseen nor held for the lease's minute; and
+    whatever was answered is shown once."""
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from backchannel.client import Client
+    from backchannel.interfaces import mcp
+
+    team = f"cancel-{point[0]}"
+    tokens = make_team(srv, team, "a", "b")
+    with srv.client(tokens["a"]) as c:  # a's runtime opened a session, between turns
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+    with srv.client(tokens["b"]) as c:
+        c.post("/v1/messages", json={"to": "a", "text": "read me once"}).raise_for_status()
+    async with Client(srv.url, tokens["a"]) as client:
+        gated = _Gated(client, point)
+        agent = mcp.Agent(gated, team, "a", "a-1")  # type: ignore[arg-type]
+
+        async def resolve(ctx: Any) -> mcp.Agent:
+            return agent
+
+        server = mcp.build_server(resolve)
+        async with create_client_server_memory_streams() as (client_streams, server_streams):
+            running = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
+            try:
+                async with ClientSession(*client_streams) as s:
+                    await s.initialize()
+                    call = asyncio.create_task(s.call_tool("check_inbox", {}))
+                    stopped = asyncio.create_task(gated.stopped.wait())
+                    await asyncio.wait({call, stopped}, timeout=30, return_when="FIRST_COMPLETED")
+                    shown: list[str] = []
+                    if call.done():  # answered before the point: no cancel to send
+                        assert not call.result().is_error, text(call.result())
+                        shown += [m["text"] for m in call.result().structured_content["messages"]]
+                    else:
+                        assert gated.stopped.is_set()
+                        call.cancel()  # the SDK tells the server: notifications/cancelled
+                        with pytest.raises(asyncio.CancelledError):
+                            await call
+                    stopped.cancel()
+                    gated.go.set()
+                    # given back at once: well within the lease's 60 s
+                    async with asyncio.timeout(20):
+                        while not shown:
+                            _, data = await ok(s, "check_inbox")
+                            shown += [m["text"] for m in data["messages"]]
+                    assert shown == ["read me once"]
+                    _, data = await ok(s, "check_inbox")
+                    assert data["messages"] == []
+            finally:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running

@@ -179,15 +179,54 @@ def _received(m: Received) -> str:
     return f"{format_message(m.sender, m.kind, m.text)}\n(message_id: {m.message_id})"
 
 
+#: acks and give-backs of what tools took from the inbox, run apart from the tool call
+#: (which the client may cancel meanwhile); kept here so that none is collected unrun
+_SETTLING: set[asyncio.Future[Any]] = set()
+
+
+def _later(work: Awaitable[Any], what: str) -> None:
+    """Run ``work`` in a task of its own: a cancelled call cannot stop it halfway."""
+
+    async def run() -> None:
+        try:
+            await work
+        except Exception as exc:
+            log.warning("%s failed (the messages come back when their lease ends): %s", what, exc)
+
+    task = asyncio.ensure_future(run())
+    _SETTLING.add(task)
+    task.add_done_callback(_SETTLING.discard)
+
+
+#: how long a stopping server waits for them
+SETTLE_S = 10.0
+
+
+async def settled() -> None:
+    """Wait (up to :data:`SETTLE_S`) for the acks and give-backs still under way, so that
+    a server that stops right after answering has acked what it answered with."""
+    if _SETTLING:
+        await asyncio.wait(set(_SETTLING), timeout=SETTLE_S)
+
+
+def _give_back(a: Agent, ids: Sequence[str]) -> None:
+    if ids:
+        _later(a.client.release(list(ids)), "giving back messages no answer showed")
+
+
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
+    """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
+    is sure to be sent, and gives it back if the call ends any other way."""
     got: list[Received] = []
-    if a.session is not None:
-        # pinned to the session: handed out only while it is between turns
-        with contextlib.suppress(UnknownSession, InvalidState):
-            got += await a.client.receive(limit=50, session=a.session)
-    got += await a.client.receive(limit=50)
-    if got:
-        await a.client.ack([m.message_id for m in got])
+    try:
+        if a.session is not None:
+            # pinned to the session: handed out only while it is between turns
+            with contextlib.suppress(UnknownSession, InvalidState):
+                got += await a.client.receive(limit=50, session=a.session)
+        got += await a.client.receive(limit=50)
+    except BaseException:  # cancelled (the client's notifications/cancelled), or failed
+        _give_back(a, [m.message_id for m in got])
+        raise
     data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
     if not got:
         return "No new messages.", {"messages": []}
@@ -295,6 +334,8 @@ class Tool:
     run: Callable[[Agent, Any], Awaitable[Output]]
     #: which argument a hub error is about, by error code or by the hub's field name
     blame: tuple[tuple[str, str], ...] = ()
+    #: its answer's ``messages`` are leased from the inbox, acked once the answer is sent
+    takes: bool = False
 
     def schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = _clean(self.args.model_json_schema())
@@ -318,6 +359,7 @@ TOOLS: tuple[Tool, ...] = (
         "reach you on their own between turns; call this when you expect something.",
         _NoArgs,
         _check_inbox,
+        takes=True,
     ),
     Tool(
         "get_session_data",
@@ -460,12 +502,19 @@ def build_server(
         except ValidationError as exc:
             return _error(_validation_text(tool, exc))
         try:
-            text, data = await tool.run(await resolve(ctx), args)
+            agent = await resolve(ctx)
+            text, data = await tool.run(agent, args)
         except BackchannelError as exc:
             return _error(_hub_error_text(tool, exc))
         except Exception as exc:
             log.exception("tool %s failed", tool.name)
             return _error(f"{tool.name} failed: internal error ({type(exc).__name__}: {exc})")
+        if tool.takes and (taken := [m["message_id"] for m in data["messages"]]):
+            # returned, not cancelled: the SDK sends this answer (a call the client
+            # cancelled is interrupted at its next await and never answered, so the
+            # messages it took were given back above). Acked now, not before: an ack
+            # ahead of a cancel that came during it would lose them unseen.
+            _later(agent.client.ack(taken), "acking the messages check_inbox answered with")
         # some clients (Claude Code) show the model the structured content instead of the
         # text: it leads with the same wording, then the fields a program reads
         fields = data if isinstance(data, dict) else {"result": data}
@@ -566,6 +615,7 @@ async def serve_stdio(
             ]
             try:
                 await server.run(read, write, init_options(server))
+                await settled()
             finally:
                 for task in tasks:
                     task.cancel()
