@@ -19,6 +19,7 @@ import httpx
 import pytest
 from mcp import ClientSession
 
+from backchannel.client import Client
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
 from tests.conftest import BIN, Server, start_server
@@ -403,6 +404,7 @@ class _Gated:
         self.counts = {"receive": 0, "ack": 0}
         self.stopped = asyncio.Event()
         self.go = asyncio.Event()
+        self.cancelled = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -411,7 +413,11 @@ class _Gated:
         self.counts[call] += 1
         if (call, self.counts[call]) == self.point:
             self.stopped.set()
-            await self.go.wait()
+            try:
+                await self.go.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
 
     async def receive(self, **kw: Any) -> Any:
         await self._gate("receive")
@@ -482,3 +488,77 @@ async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_
                 running.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await running
+
+
+async def test_an_http_check_inbox_whose_client_hangs_up_gives_back_what_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over HTTP ``/mcp`` the client hangs up while ``check_inbox`` runs (killed, or gave
+    up waiting): its answer can reach nobody, so what the call took is the next
+    receive's at once, neither acked unseen nor held for the lease's minute."""
+    import uvicorn
+
+    from backchannel.interfaces import agents_http
+    from backchannel.interfaces.http import create_app
+    from backchannel.interfaces.mcp import Agent
+    from backchannel.testing.waiting import eventually
+
+    gates: list[_Gated] = []
+    resolve = agents_http.McpEndpoint._resolve
+
+    async def gated(self: Any, ctx: Any) -> Any:
+        agent = await resolve(self, ctx)
+        gates.append(_Gated(agent.client, ("receive", 2)))
+        return Agent(gates[-1], agent.team, agent.name, agent.session)
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", gated)
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    app = create_app(hub, "admin-token")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            auth = {"Authorization": f"Bearer {a}"}
+            r = await http.post("/v1/sessions", json={"session_id": "a-1"}, headers=auth)
+            r.raise_for_status()
+            r = await http.post(
+                "/v1/messages",
+                json={"to": "a", "text": "read me once"},
+                headers={"Authorization": f"Bearer {b}"},
+            )
+            r.raise_for_status()
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": "check_inbox", "arguments": {}}
+        headers = {
+            **auth,
+            "Backchannel-Session": "a-1",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
+            await eventually(lambda: gates and gates[0].stopped.is_set(), what="the call")
+            posting.cancel()  # the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await posting
+        # the hub sees the connection close and stops the call; else it goes on
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await gates[0].cancelled.wait()
+        gates[0].go.set()
+        async with Client(f"http://127.0.0.1:{port}", a) as client:
+            got: list[Any] = []
+            async with asyncio.timeout(20):  # given back at once: well within 60 s
+                while not got:
+                    got = await client.receive(wait=1)
+            assert [m.text for m in got] == ["read me once"]
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()

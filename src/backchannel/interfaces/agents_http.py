@@ -17,6 +17,7 @@ answers JSON. ``Backchannel-Session: <id>`` names the session the tools act for.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -27,7 +28,7 @@ from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from backchannel.client import Client
 from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, ServiceError
@@ -146,7 +147,43 @@ class McpEndpoint:
             _TOKEN_KEY: token,
             _SESSION_KEY: request.headers.get(SESSION_HEADER) or None,
         }
-        await self.manager.handle_request(inner, receive, send)
+        if scope.get("method") == "POST":
+            await self._unless_gone(self.manager, inner, receive, send)
+        else:
+            await self.manager.handle_request(inner, receive, send)
+
+    @staticmethod
+    async def _unless_gone(
+        manager: StreamableHTTPSessionManager, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Handle a POST, and stop its calls when the client hangs up before the answer:
+        the SDK would run them on and write the answer into the closed connection, so
+        a ``check_inbox`` would ack messages nobody reads. Stopped, the tool gives back
+        what it took (see :func:`.mcp.build_server`). The connection is watched once the
+        body has been read, when nothing else reads it."""
+        body_read = asyncio.Event()
+
+        async def receiving() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def client_gone() -> None:
+            await body_read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        handling = asyncio.ensure_future(manager.handle_request(scope, receiving, send))
+        watching = asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait({handling, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            handling.cancel()  # nothing when it is done: the client is gone otherwise
+            await asyncio.wait({handling})
+        if not handling.cancelled():
+            handling.result()  # its errors, as without the watch
 
     async def _resolve(self, ctx: Any) -> Agent:
         scope = ctx.request.scope
