@@ -203,7 +203,7 @@ class SessionLoop:
         pause = self.runner.model_pause
         while True:
             try:
-                return await self._call(tools)
+                return await self._one_model_call(tools)
             except ModelError as exc:
                 if not exc.details.get("retryable"):
                     raise
@@ -226,7 +226,7 @@ class SessionLoop:
                 await asyncio.sleep(wait)
                 pause = min(pause * 2, 60.0)
 
-    async def _call(self, tools: list[Any]) -> ModelReply:
+    async def _one_model_call(self, tools: list[Any]) -> ModelReply:
         """One call of the model, with a note each ``model_slow`` seconds it has not
         answered: an API that took the request and never answers keeps the SDK waiting
         ten minutes a try, and the person running the team would see nothing at all."""
