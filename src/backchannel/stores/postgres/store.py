@@ -103,6 +103,10 @@ R = TypeVar("R")
 log = logging.getLogger("backchannel.stores.postgres")
 
 LISTENER_NAME = "backchannel-listen"
+#: What libpq adds to "server closed the connection unexpectedly" (spread over lines)
+_LIBPQ_GUESS = (
+    "This probably means the server terminated abnormally before or while processing the request."
+)
 MAX_ATTEMPTS = 30
 #: Seconds a transaction waits for a pooled connection while the database is known to be
 #: unreachable (the listener lost it), before failing with ``StoreError`` (HTTP 503).
@@ -227,11 +231,14 @@ class PostgresStore(Store):
         return text.replace(self._secret, "***") if self._secret else text
 
     def _one_line(self, exc: BaseException) -> str:
-        """``exc`` as one line, the password scrubbed (libpq's messages span lines)."""
-        return " ".join(self._scrub(str(exc)).split())
+        """``exc`` as one line, the password scrubbed (libpq's messages span lines), and
+        without libpq's guess at why a server closed the connection, which says nothing
+        the first words do not."""
+        text = " ".join(self._scrub(str(exc)).split())
+        return text.replace(_LIBPQ_GUESS, "").strip()
 
     def _error(self, exc: BaseException, what: str = "failed") -> StoreError:
-        detail = self._scrub(str(exc).strip().replace("\n", " "))
+        detail = self._one_line(exc)
         way_out = _WAY_OUT.get(getattr(exc, "sqlstate", None) or "", "retry shortly")
         way_out = way_out.replace("{role}", self._role)
         return StoreError(
@@ -491,6 +498,23 @@ class PostgresStore(Store):
             self._moved_on = version
             log.error("%s", schema_moved_on(f"PostgreSQL database {self.url}", version))
 
+    def _deaf(self, how: str, exc: psycopg.Error, failures: int, backoff: float) -> float:
+        """The listener's connection ``how`` ("failed", "lost"): said once in one line
+        (then quietly, while it tries again), waiters woken to look for themselves, and
+        a wait of ``backoff``; the next backoff."""
+        self._unreachable = True
+        log.log(
+            logging.WARNING if failures == 1 else logging.DEBUG,
+            "LISTEN connection to %s %s: %s; check that PostgreSQL is running and "
+            "reachable (tried again quietly until it is back)",
+            self.url,
+            how,
+            self._one_line(exc),
+        )
+        self._post(None, None)
+        self._stop.wait(backoff)
+        return min(backoff * 2, self._fallback or 2.0)
+
     def _listen(self) -> None:
         """Background thread: LISTEN, report others' notifications, reconnect, fall back."""
         backoff = 0.1
@@ -505,18 +529,8 @@ class PostgresStore(Store):
                     self._dsn, autocommit=True, connect_timeout=5, application_name=LISTENER_NAME
                 )
             except psycopg.Error as exc:
-                self._unreachable = True
                 failures += 1
-                log.log(
-                    logging.WARNING if failures == 1 else logging.DEBUG,
-                    "LISTEN connection to %s failed: %s; check that PostgreSQL is "
-                    "running and reachable (tried again quietly until it is back)",
-                    self.url,
-                    self._one_line(exc),
-                )
-                self._post(None, None)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self._fallback or 2.0)
+                backoff = self._deaf("failed", exc, failures, backoff)
                 continue
             try:
                 with conn:
@@ -554,15 +568,5 @@ class PostgresStore(Store):
                             self._post(None, None)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
-                    self._unreachable = True
                     failures += 1
-                    log.log(
-                        logging.WARNING if failures == 1 else logging.DEBUG,
-                        "LISTEN connection to %s lost: %s; check that PostgreSQL is "
-                        "running and reachable (tried again quietly until it is back)",
-                        self.url,
-                        self._one_line(exc),
-                    )
-                    self._post(None, None)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, self._fallback or 2.0)
+                    backoff = self._deaf("lost", exc, failures, backoff)
