@@ -29,7 +29,8 @@ class Faulty(Peer):
     it matches: ``cut`` passes the request on and closes the connection instead of
     relaying the answer (``half``: after half its body); ``hold`` waits for
     :attr:`release` before passing the request on; ``503``/``429`` answer that status
-    with ``Retry-After: 1`` without passing the request on."""
+    with ``Retry-After: 1`` without passing the request on; ``502``/``504`` answer that
+    status with a reverse proxy's HTML page (a hub restarting behind it)."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
@@ -61,6 +62,14 @@ class Faulty(Peer):
                 outer.seen.append((self.command, path, what))
                 if what == "hold":  # the hub's answer waits for the test to release it
                     outer.release.wait(60)
+                if what in ("502", "504"):
+                    page = b"<html><body><h1>Bad Gateway</h1></body></html>"
+                    self.send_response(int(what))
+                    self.send_header("content-type", "text/html")
+                    self.send_header("content-length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
                 if what in ("503", "429"):
                     self.send_response(int(what))
                     self.send_header("Retry-After", "1")
@@ -150,7 +159,7 @@ async def test_a_batch_whose_answer_is_lost_is_sent_once(srv: Server, proxy: Fau
     assert [m["text"] for m in _inbox(srv, tokens["b"])] == ["one", "two"]
 
 
-@pytest.mark.parametrize("status", ["503", "429"])
+@pytest.mark.parametrize("status", ["503", "429", "502", "504"])
 async def test_a_hub_that_says_come_back_later_is_called_again(
     srv: Server, proxy: Faulty, status: str
 ) -> None:

@@ -201,8 +201,14 @@ def _seconds(value: object, *, infinite: bool = False) -> bool:
 
 def _retry_after(resp: httpx.Response) -> float | None:
     """The pause a 503, or a 429 that says how long to wait, asks for (a 429 without
-    ``Retry-After`` is the hub's budget or quota: trying again changes nothing)."""
+    ``Retry-After`` is the hub's budget or quota: trying again changes nothing). A 502
+    or 504 that is not the hub's own JSON answer is a reverse proxy's while the hub
+    behind it restarts: tried again as a bare 503 is."""
     value = resp.headers.get("Retry-After")
+    if resp.status_code in (502, 504) and not resp.headers.get("content-type", "").startswith(
+        "application/json"
+    ):
+        return 0.0
     if resp.status_code == 503 or (resp.status_code == 429 and value is not None):
         try:
             return max(float(value or 0), 0.0)
@@ -220,7 +226,8 @@ class HttpTransport(Transport):
     (:data:`RETRY_WITHIN` unless said; the CLI, which a person waits on, says 1). A
     :attr:`Call.repeatable` call (and any GET) is also made again when the connection broke after the
     request went out (the hub may have done it: a send then answers ``replayed``, never a
-    second message) and on a 503 or a 429 with ``Retry-After`` (after that pause). Any
+    second message) and on a 503 or a 429 with ``Retry-After`` (after that pause), or a
+    reverse proxy's 502 or 504 (a hub restarting behind it). Any
     other call whose answer was lost raises :class:`PeerError`: made twice it could do
     twice what it did (a member added twice, a removal answered 404).
 
