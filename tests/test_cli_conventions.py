@@ -333,7 +333,8 @@ def test_a_command_gives_up_on_a_hub_that_breaks_every_connection_within_a_secon
 ) -> None:
     """The SDK rides out a hub it cannot reach for ten seconds (a restart); a person at
     the command line is told at once instead: a send is tried again within a second,
-    then the command says it cannot reach the hub."""
+    then the command says its answer was lost (each try went out: the hub may have
+    stored it) and how to send it again once."""
     import socket
     import threading
 
@@ -364,7 +365,8 @@ def test_a_command_gives_up_on_a_hub_that_breaks_every_connection_within_a_secon
     finally:
         listener.close()
     assert run.returncode == 1
-    assert f"cannot reach the hub at http://127.0.0.1:{port}" in run.stderr
+    assert f"was lost on the way back from the hub at http://127.0.0.1:{port}" in run.stderr
+    assert "run the same command with --id msg_" in run.stderr, run.stderr
     # tried again (the answer was lost, the send carries its id), but not for ten seconds:
     # pauses of 0.2 s doubling make 3 tries in one second and 8 in ten
     assert 2 <= len(accepted) <= 4, accepted
