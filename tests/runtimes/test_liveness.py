@@ -440,7 +440,7 @@ def test_a_keeper_whose_beat_fails_tries_again_at_the_hubs_last_pace(
     later: a minute could outlast a short exit grace once the hub is back."""
     clock = [0.0]
     beats: list[float] = []
-    answers = iter([3.0, None, None, 3.0, None])
+    answers = iter([None, None, 3.0, None, None, 3.0, None])
 
     def fake_beat(url: str, token: str, key: str) -> float | None:
         beats.append(clock[0])
@@ -449,7 +449,8 @@ def test_a_keeper_whose_beat_fails_tries_again_at_the_hubs_last_pace(
     monkeypatch.setattr(keeper, "beat", fake_beat)
     monkeypatch.setattr(keeper.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(keeper.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
-    monkeypatch.setattr(keeper.liveness, "running", lambda key: len(beats) < 5)
+    monkeypatch.setattr(keeper.liveness, "running", lambda key: len(beats) < 7)
     keeper.keep("http://127.0.0.1:9", "tok", "boot/1/2")
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(beats)]
-    assert gaps == [3.0, 3.0, 3.0, 3.0]
+    # before the hub's first answer: soon, doubling; after it: the hub's pace
+    assert gaps == [keeper.MIN_BEAT_S, 2 * keeper.MIN_BEAT_S, 3.0, 3.0, 3.0, 3.0]

@@ -153,17 +153,22 @@ def beat(url: str, token: str, key: str) -> float | None:
 
 def keep(url: str, token: str, key: str) -> None:
     """Beat for ``key`` while its process runs (the caller holds the lock). A beat that
-    does not go through is tried again at the pace the hub last asked for (
-    :data:`RETRY_S` before it answered once), as the MCP server's beat is: a hub away
-    for a while counts silence from its return, and a minute could outlast a short
-    exit grace."""
+    does not go through is tried again at the pace the hub last asked for, as the MCP
+    server's beat is: a hub away for a while counts silence from its return, and a
+    minute could outlast a short exit grace. Before the hub answered once, a failed
+    beat is tried again after :data:`MIN_BEAT_S`, doubling up to :data:`RETRY_S`: the
+    hook that started the keeper has just reached the hub."""
     due = 0.0
-    every = RETRY_S
+    every: float | None = None  # the hub's pace, once it answered
+    retry = MIN_BEAT_S  # before it answered: the hook just reached it, so soon, doubling
     while liveness.running(key):
         now = time.monotonic()
         if now >= due:
             every = beat(url, token, key) or every
-            due = now + max(MIN_BEAT_S, every)
+            if every is None:
+                due, retry = now + retry, min(retry * 2, RETRY_S)
+            else:
+                due = now + max(MIN_BEAT_S, every)
         time.sleep(max(0.05, min(POLL_S, due - time.monotonic())))
 
 
