@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -681,5 +682,44 @@ async def test_a_closing_text_stopped_by_the_apis_filter_says_so(
         assert out.endswith(
             "[cut short: the answer was stopped by the API's safety filter (refusal)]"
         ), out
+    finally:
+        await hub.close()
+
+
+async def test_agents_refused_together_do_not_come_back_together(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """Ten agents of one run share one API key; a rate limit refuses each one's first
+    call at once. Were each to wait exactly the runner's pause, they would all call again
+    in the same instant and be refused together again, every time: each draws its pause
+    from the upper half of the doubling pause instead, so their second calls spread out."""
+    first: dict[str, float] = {}
+    gaps: dict[str, float] = {}
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        found = re.search(r"task-\d+", json.dumps(body["messages"]))
+        assert found, body
+        who = found.group()
+        if who not in first:
+            first[who] = time.monotonic()
+            return 429, RATE_LIMITED, {}
+        gaps.setdefault(who, time.monotonic() - first[who])
+        return 200, _chat("done"), {}
+
+    srv = provider(answer)
+    helpers = "".join(
+        f"  - {{name: w{i}, model: openai, model_name: m, base_url: '{srv.url}/v1'}}\n"
+        for i in range(1, 10)
+    )
+    hub, runner, user = await _openai_team(srv.url, helper=helpers)
+    runner.model_pause = 1.0
+    try:
+        for i in range(1, 10):
+            await user.send(f"w{i}", f"task-{i}")
+        assert await runner.run("task-0", user) == "the team is quiet"
+        assert len(gaps) == 10, gaps
+        assert min(gaps.values()) >= 0.5 - 0.05, sorted(gaps.values())
+        # without the draw the gaps all sit at the pause, within the loop's own noise
+        assert max(gaps.values()) - min(gaps.values()) > 0.1, gaps
     finally:
         await hub.close()

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -197,7 +198,10 @@ class SessionLoop:
         asked for (``retry_after``) is honoured: the next call comes no sooner, and a
         wait past the patience gives up at once rather than call an API that said no,
         with a note that names the wait. Every try is the runner's, each one named in a
-        note: the SDKs make none of their own (:mod:`.providers`)."""
+        note: the SDKs make none of their own (:mod:`.providers`). Each wait is drawn from
+        the upper half of the doubling pause (and up to a fifth past a wait the API asked
+        for): the agents of one run share a key, and a limit that refuses them together
+        would otherwise see them all call again in the same instant, every time."""
         tools = [TOOLS[t][0] for t in sorted(self.allowed)]
         deadline: float | None = None
         pause = self.runner.model_pause
@@ -211,7 +215,9 @@ class SessionLoop:
                 if deadline is None:
                     deadline = now + self.runner.model_patience
                 asked = float(exc.details.get("retry_after") or 0.0)
-                wait = max(pause, asked)
+                wait = max(random.uniform(pause / 2, pause), asked * random.uniform(1.0, 1.2))
+                if asked <= deadline - now < wait:  # the draw alone must not end the patience
+                    wait = deadline - now
                 if now + wait > deadline:
                     if asked > pause:
                         self.runner.console_note(
