@@ -141,3 +141,34 @@ def test_a_reverse_proxys_502_page_is_named_with_the_way_out(
         assert (hook.returncode, hook.stdout.strip()) == (0, "{}"), hook.stderr
         assert "backchannel serve` running behind it" in hook.stderr, (args, hook.stderr)
         assert "<html>" not in hook.stderr
+
+
+def test_status_names_a_certificate_and_a_proxys_page_and_fails(
+    tls: SelfSignedServer, bad_gateway: RecordingProxy
+) -> None:
+    """``backchannel status`` checks the hub first: a certificate it cannot trust is
+    named with the way out (not "is it running?"), and a proxy's 502 page is not a hub
+    that answers "no" with exit 0 and nothing said."""
+    cert = _cli(tls.url, "status")
+    assert cert.returncode == 1, cert
+    assert "SSL_CERT_FILE" in cert.stderr and "still running" not in cert.stderr, cert.stderr
+    proxy = _cli(bad_gateway.url, "status")
+    assert proxy.returncode == 1, proxy
+    assert "answers: no" in proxy.stdout
+    assert "502" in proxy.stderr and "running behind it" in proxy.stderr, proxy.stderr
+    assert "<html>" not in proxy.stderr
+
+
+def test_doctor_names_a_certificate_and_a_proxys_page(
+    tls: SelfSignedServer, bad_gateway: RecordingProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backchannel.interfaces.cli_doctor import Attachment, check_hub
+
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    [cert] = check_hub(Attachment("codex", "t/a", tls.url, {}, None), "tok")
+    assert not cert.ok and "SSL_CERT_FILE" in cert.detail + cert.fix, cert
+    assert "backchannel serve" not in cert.fix, cert
+    [proxy] = check_hub(Attachment("codex", "t/a", bad_gateway.url, {}, None), "tok")
+    assert not proxy.ok and "running behind it" in proxy.detail + proxy.fix, proxy
+    assert "<html>" not in proxy.detail

@@ -25,7 +25,7 @@ import os
 import re
 import urllib.parse
 
-__all__ = ["loopback", "not_the_hub", "proxy_named", "untrusted_certificate"]
+__all__ = ["loopback", "not_the_hub", "proxy_named", "unanswered", "untrusted_certificate"]
 
 
 def loopback(url: str) -> bool:
@@ -80,6 +80,30 @@ def untrusted_certificate(exc: BaseException) -> str | None:
             )
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def unanswered(url: str, exc: BaseException) -> tuple[str, str]:
+    """What to say, and the way out, when asking the hub at ``url`` failed with ``exc``
+    before any answer (for the checks of ``status`` and ``doctor``, which say it once
+    rather than try again): a certificate not trusted here, a proxy the environment
+    names for a hub elsewhere, no answer in time, or nothing listening."""
+    if (why := untrusted_certificate(exc)) is not None:
+        what, _, way_out = why.partition("; ")
+        return f"the hub at {url} was not used: {what}", way_out
+    kinds = {k.__name__ for k in type(exc).__mro__}
+    if proxy_named(url) and not loopback(url):
+        return (
+            f"the hub at {url} was not reached through the proxy the environment names ({exc})",
+            "check HTTPS_PROXY/HTTP_PROXY/ALL_PROXY, or add the hub's host to NO_PROXY "
+            "to reach it directly",
+        )
+    if "TimeoutException" in kinds:
+        return f"the hub at {url} did not answer in time ({exc or 'timed out'})", (
+            "is it overloaded, or stopped (Ctrl-Z)? `backchannel serve` logs say which"
+        )
+    return f"the hub at {url} does not answer ({exc})", (
+        "start it (`backchannel serve`), or use the URL it printed"
+    )
 
 
 def not_the_hub(status: int, body: bytes | str) -> str:

@@ -26,6 +26,7 @@ import httpx
 import typer
 
 from backchannel.client._transport import hub_request
+from backchannel.reach import not_the_hub, unanswered
 from backchannel.runtimes import get_runtime
 
 RUNTIMES = ("claude-code", "codex", "gemini")
@@ -118,12 +119,13 @@ def check_hub(a: Attachment, token: str | None) -> list[Check]:
     out: list[Check] = []
     try:
         r = hub_request("GET", f"{a.url}/healthz", timeout=5)
-        out.append(
-            Check("hub reachable", r.status_code == 200, f"{a.url} answered {r.status_code}")
-        )
     except httpx.HTTPError as exc:
-        return [Check("hub reachable", False, f"{a.url}: {exc}",
-                      "start it (`backchannel serve`) or attach again with the right --url")]  # fmt: skip
+        what, way_out = unanswered(a.url, exc)
+        return [Check("hub reachable", False, what, f"{way_out}, or attach again with the right --url")]  # fmt: skip
+    if r.status_code != 200:  # the hub answers 200 whatever its health
+        what, _, way_out = not_the_hub(r.status_code, r.content).partition("; ")
+        return [Check("hub reachable", False, f"at {a.url}: {what}", way_out)]
+    out.append(Check("hub reachable", True, f"{a.url} answered {r.status_code}"))
     if not token:
         out.append(Check("token", False, "BACKCHANNEL_TOKEN is not set",
                          f"export BACKCHANNEL_TOKEN=<the token of {a.who}>"))  # fmt: skip
@@ -133,7 +135,8 @@ def check_hub(a: Attachment, token: str | None) -> list[Check]:
             "GET", f"{a.url}/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=5
         )
     except httpx.HTTPError as exc:
-        out.append(Check("token", False, str(exc)))
+        what, way_out = unanswered(a.url, exc)
+        out.append(Check("token", False, what, way_out))
         return out
     if r.status_code != 200:
         out.append(Check("token", False, f"the hub refused it ({r.status_code})",
@@ -272,7 +275,8 @@ def _check_http_mcp(a: Attachment, token: str | None, server: dict[str, Any]) ->
     try:
         r = hub_request("POST", url, json=body, headers=headers, timeout=10)
     except httpx.HTTPError as exc:
-        return Check(name, False, f"{url}: {exc}")
+        what, way_out = unanswered(url, exc)
+        return Check(name, False, what, way_out)
     ok = r.status_code == 200 and "send_message" in r.text
     return Check(name, ok, f"{url} answered {r.status_code}")
 

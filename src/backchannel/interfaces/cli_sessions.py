@@ -23,6 +23,7 @@ from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
+from backchannel.reach import not_the_hub, unanswered
 
 EVENT_KINDS = ("turn_start", "thought", "tool_call", "tool_result", "agent_output", "agent_stop")
 
@@ -143,12 +144,15 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
     problem = None
     if target.is_http:
         try:
-            info["reachable"] = (
-                hub_request("GET", f"{target.url}/healthz", timeout=5).status_code == 200
-            )
+            health = hub_request("GET", f"{target.url}/healthz", timeout=5)
         except httpx.HTTPError as exc:
             info["reachable"] = False
-            problem = f"the hub at {target.url} does not answer ({exc}); is `backchannel serve` still running?"
+            what, way_out = unanswered(target.url, exc)
+            problem = f"{what}; {way_out}"
+        else:
+            info["reachable"] = health.status_code == 200
+            if not info["reachable"]:  # the hub answers 200 whatever its health
+                problem = f"at {target.url}: {not_the_hub(health.status_code, health.content)}"
     elif (missing := _no_sqlite_file(target.url)) is not None:
         info["reachable"] = False  # asking must not make one
         problem = (
@@ -182,6 +186,8 @@ def where(target: Target, token: str | None, as_json: bool) -> None:
         print(f"answers: {'yes' if info['reachable'] else 'no'}")
         if identity is None and not target.is_http:
             print("you are: the administrator (no token, on the store itself)")
+        elif not info["reachable"]:
+            print("you are: not known (the hub did not answer)")
         elif identity is None:
             print("you are: nobody yet (set BACKCHANNEL_TOKEN to a member token)")
         elif identity.get("admin"):
