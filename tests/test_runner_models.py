@@ -723,3 +723,28 @@ async def test_agents_refused_together_do_not_come_back_together(
         assert max(gaps.values()) - min(gaps.values()) > 0.1, gaps
     finally:
         await hub.close()
+
+
+async def test_a_cut_answer_carried_on_keeps_its_turns_input_in_a_small_context(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A turn near the member's ``context_chars``: its input and the model's cut first
+    part, then the runner's "go on". The bound drops old turns whole, never the turn in
+    progress; the "go on" is not a turn of its own, or the model would be asked to carry
+    on an answer to a task it is no longer shown, with none of what it wrote."""
+    task = "survey it: " + "y" * 560
+    srv = provider(
+        lambda body, n: (
+            (200, _cut_text("openai", "The survey found three probl" + "z" * 500), {})
+            if n == 1
+            else (200, _chat("ems in the parser."), {})
+        )
+    )
+    hub, runner, user = await _openai_team(srv.url, extra=", context_chars: 1000")
+    try:
+        assert await runner.run(task, user) == "the team is quiet"
+        assert len(srv.requests) == 2
+        carried = json.dumps(srv.requests[1][1]["messages"])
+        assert task in carried and "three probl" in carried, carried[:300]
+    finally:
+        await hub.close()

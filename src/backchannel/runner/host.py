@@ -127,9 +127,10 @@ def _chars(m: ChatMessage) -> int:
 
 def bounded(history: list[ChatMessage], limit: int) -> list[ChatMessage]:
     """``history`` without its oldest whole turns, as many as it takes to hold at most
-    ``limit`` characters; the turn in progress (from the last ``user`` message, a
-    turn's input) always stays. Whole turns, so a tool result never loses its call."""
-    starts = [i for i, m in enumerate(history) if m.role == "user"]
+    ``limit`` characters; the turn in progress (from the last ``user`` message that is
+    a turn's input, not the runner's "go on" within it) always stays. Whole turns, so a
+    tool result never loses its call, nor a carried-on answer its first part."""
+    starts = [i for i, m in enumerate(history) if m.role == "user" and not m.carries_on]
     if not starts:
         return history
     size = sum(_chars(m) for m in history)
@@ -296,7 +297,9 @@ class SessionLoop:
                 if not reply.tool_calls:
                     if self._goes_on(reply, len(pieces), step):
                         pieces.append(reply.text)
-                        self.history.append(ChatMessage("user", go_on(reply.stop_reason)))
+                        self.history.append(
+                            ChatMessage("user", go_on(reply.stop_reason), carries_on=True)
+                        )
                         continue
                     final = self._closing(pieces, reply)
                     break

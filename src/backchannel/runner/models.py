@@ -37,13 +37,16 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One entry of a conversation. ``tool`` messages answer the call ``call_id``."""
+    """One entry of a conversation. ``tool`` messages answer the call ``call_id``.
+    ``carries_on``: a ``user`` message the runner adds within a turn (asking a cut
+    answer to go on), not a turn's input: the turn goes on across it."""
 
     role: Role
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     call_id: str | None = None
     is_error: bool = False
+    carries_on: bool = False
 
 
 @dataclass(frozen=True, slots=True)
