@@ -194,7 +194,7 @@ def _alive_past(session: dict[str, Any], when: float) -> bool:
 IDLE_GRACE_S = 6
 
 
-@pytest.mark.parametrize("runtime", ["gemini"])
+@pytest.mark.parametrize("runtime", ["codex", "gemini"])
 def test_over_http_an_idle_cli_keeps_its_session_and_a_killed_one_ends(
     runtime: str, server: Server, bin_dir: Path, tmp_path: Path
 ) -> None:
@@ -297,10 +297,12 @@ def _seen_anywhere(rig: Rig, mark: str) -> bool:
 
 def _idle(rig: Rig, sid: str, turns: int = 1) -> bool:
     """The session is between turns, after ``turns`` prompts (a continuation is part of
-    its prompt's turn)."""
-    s = rig.session(sid)
+    its prompt's turn). The events are read before the state: a state read first could
+    be the idle of the session just opened, and the events read next already hold the
+    prompt's turn start, so a turn under way would pass for one that ended (Codex opens
+    its session with its first prompt's ``SessionStart``)."""
     starts = [
         e for e in rig.events(sid)
         if e["kind"] == "turn_start" and not e["data"].get("continued_by")
     ]  # fmt: skip
-    return bool(s["state"] == "idle" and len(starts) >= turns)
+    return bool(len(starts) >= turns and rig.session(sid)["state"] == "idle")
