@@ -449,6 +449,32 @@ class _OffsetClock:
         return time.time() + self.offset
 
 
+async def test_a_lease_given_before_the_clock_stepped_forward_is_not_taken_back(
+    make_store: Callable[[], Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wall clock stepped an hour forward while b worked on a leased message (the
+    boot clock did not move): the lease is not taken for run out, so no receive gets the
+    message again, and b's ack settles it at its first attempt. On PostgreSQL the hub's
+    clock is then an hour off the database's and leases go by the database's clock."""
+    caplog.set_level(logging.WARNING, logger="backchannel.hub")
+    clock = _OffsetClock(0.0)
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _team(hub, "a", "b")
+        sent = await hub.send("t", "a", "b", "work on this")
+        assert len(await hub.receive("t", "b", session="b-s", limit=10)) == 1
+        await hub.maintain()
+
+        clock.offset += 3600  # the wall clock is stepped forward an hour
+        next_due = await hub.maintain()
+        assert await hub.receive("t", "b", session="b-s", limit=10) == []
+        if hub.maintenance.skew == 0.0:  # no database clock: the lease ran again from now
+            assert next_due is not None and next_due >= clock.now() + 29, next_due - clock.now()
+            assert "leases given before the step" in caplog.text
+        assert (await hub.ack("t", "b", [sent.message_id])).acked == (sent.message_id,)
+        status = await hub.message_status("t", sent.message_id)
+        assert status.state.value == "acked" and status.deliveries[0].attempts == 1
+
+
 @pytest.mark.postgres
 async def test_a_hub_whose_clock_is_ahead_of_the_database_takes_no_live_lease_back(
     new_postgres_url: Callable[[], str], caplog: pytest.LogCaptureFixture

@@ -60,6 +60,10 @@ ASLEEP_AFTER = 5.0
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
+#: How far the wall clock may run ahead of the boot clock between two maintenance passes
+#: before the hub takes it that the wall clock stepped forward (NTP correcting a clock
+#: that was behind, an operator setting the date): see :meth:`Maintenance._carry_leases`.
+STEPPED_AFTER = MAX_CLOCK_SKEW
 RETRY_FIRST = 5.0  # seconds before the first retry of a failed job
 RETRY_MAX = 3600.0  # the longest a failing job waits between two tries
 
@@ -125,6 +129,20 @@ class FailingLease:
         )
 
 
+def _boot_time() -> float:
+    """Seconds on a clock that never steps and runs on while the machine sleeps (Linux's
+    ``CLOCK_BOOTTIME``), against which a step of the wall clock shows. Where there is
+    none, the monotonic clock, which may stop while the machine sleeps: a sleep there
+    looks like a step, and the leases given before it run their length again (a delay,
+    never a copy handed twice)."""
+    if _BOOTTIME is None:
+        return time.monotonic()
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def _key(d: Delivery) -> tuple[str, str, str]:
     return (d.team, d.message_id, d.recipient.member)
 
@@ -147,6 +165,7 @@ class Maintenance:
         # expired leases set aside, by (team, message id, member) (see failing_leases)
         self._failing_leases: dict[tuple[str, str, str], FailingLease] = {}
         self._last_now: float | None = None  # the clock at the last pass (None: none yet)
+        self._last_boot = 0.0  # the boot clock (_boot_time) at the last pass
         #: this hub's clock minus the database's (PostgreSQL) at the last comparison, and
         #: whether that was beyond MAX_CLOCK_SKEW; when to compare again (monotonic), and
         #: the clock minus the monotonic clock then (a step in between compares at once)
@@ -171,12 +190,16 @@ class Maintenance:
         (:meth:`_set_aside`, :meth:`_set_leases_aside`) and named, and everything else
         due, for every team, goes on."""
         now = self.clock.now()
+        boot = _boot_time()
         handlers = self.pipeline.job_handlers()
+        step = self._step_forward(now, boot)
         if self._last_now is None or now < self._last_now:
             await self._restart_leases(now)  # the first pass, or the clock stepped back
-        self._last_now = now
-        if self._clock_moved():
+        self._last_now, self._last_boot = now, boot
+        if step or self._clock_moved():
             await self.check_clock()
+        if step and not self.skewed:
+            await self._carry_leases(now, step)
         # leases end by the database's clock while this hub's runs too far ahead of it:
         # by its own, it would take other hubs' live leases back early
         lease_now = now - self.skew if self.skewed and self.skew > 0 else now
@@ -302,6 +325,43 @@ class Maintenance:
                 "again from now",
                 restarted,
             )
+
+    def _step_forward(self, now: float, boot: float) -> float:
+        """How far the wall clock stepped forward since the last pass: how much further
+        it ran than the boot clock, beyond :data:`STEPPED_AFTER` (0.0: it did not; a
+        clock that does not follow the wall clock, such as a test's, never steps)."""
+        if self._last_now is None or not getattr(self.clock, "follows_wall_clock", True):
+            return 0.0
+        step = (now - self._last_now) - (boot - self._last_boot)
+        return step if step > STEPPED_AFTER else 0.0
+
+    async def _carry_leases(self, now: float, step: float) -> None:
+        """The wall clock stepped ``step`` seconds forward since the last pass, while the
+        hub ran: the leases given before the step (``updated_at`` before ``now - step``)
+        would all look run out, and their copies go to the next receive while their
+        receivers still work on them (handed twice). Each instead runs its own length
+        again from now, as after a step back (:meth:`_restart_leases`): a copy whose lease
+        truly ended just before the step comes back that much later, never twice. Not
+        done while the hub's clock is off the database's (PostgreSQL, hubs on several
+        hosts: a step of this host's clock alone), where leases go by the database's
+        clock (:meth:`check_clock`). Sessions' silence counts from now
+        (``env.awake_since``): no sign of life was missed in the hour skipped."""
+        restarted = 0
+        while True:
+            found = await self.store.transact(
+                lambda tx: tx.restart_leases(now, -_FAR, LEASE_BATCH, given_before=now - step)
+            )
+            restarted += len(found)
+            if len(found) < LEASE_BATCH:
+                break
+        self.env.awake_since = max(self.env.awake_since, now)
+        log.warning(
+            "the wall clock stepped about %.0f s forward while the hub ran (NTP, or the date "
+            "set by hand); %d leases given before the step each run their length again "
+            "from now, and sessions' silence counts from now",
+            step,
+            restarted,
+        )
 
     def _held_back(self, now: float) -> set[tuple[str, str, str]]:
         """The expired leases set aside whose retry is not due yet."""

@@ -212,12 +212,17 @@ class Tx(Protocol):
         """The earliest ``lease_until`` among leased deliveries, or ``None``."""
         ...
 
-    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
-        """Up to ``limit`` leases given after ``given_after`` (their ``updated_at``: by a
-        clock that has stepped back since) run their length again from ``now``: their
+    def restart_leases(
+        self, now: float, given_after: float, limit: int, given_before: float = 1e15
+    ) -> list[Delivery]:
+        """Up to ``limit`` leases given after ``given_after`` and before ``given_before``
+        (their ``updated_at``) run their length again from ``now``: their
         ``lease_until`` becomes ``now + lease_until - updated_at`` and their
         ``updated_at`` ``now``. Returns them as they were. Without this, a lease given
-        before the wall clock stepped back an hour would hold its message an hour."""
+        before the wall clock stepped back an hour would hold its message an hour (given
+        after now: by a clock that has stepped back since), and one given before it
+        stepped forward an hour would be taken from its receiver at once (given before
+        now minus the step)."""
         ...
 
     def transition(

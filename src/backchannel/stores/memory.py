@@ -293,9 +293,13 @@ class MemoryTx:
         times = [d.lease_until for d in self._leased() if d.lease_until is not None]
         return min(times) if times else None
 
-    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
+    def restart_leases(
+        self, now: float, given_after: float, limit: int, given_before: float = 1e15
+    ) -> list[Delivery]:
         found = [
-            d for d in self._leased() if d.lease_until is not None and d.updated_at > given_after
+            d
+            for d in self._leased()
+            if d.lease_until is not None and given_after < d.updated_at < given_before
         ]
         found = sorted(found, key=lambda d: (d.lease_until, d.seq))[:limit]
         for d in found:

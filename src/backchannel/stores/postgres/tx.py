@@ -274,12 +274,19 @@ class PgTx(PgTransaction, LifecycleSql):
         start), in Unix seconds."""
         return float(self._one("SELECT extract(epoch FROM clock_timestamp())::float8", ())[0])
 
-    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
-        where = "state = 'leased' AND updated_at > %s"
+    def restart_leases(
+        self, now: float, given_after: float, limit: int, given_before: float = 1e15
+    ) -> list[Delivery]:
+        where = "state = 'leased' AND updated_at > %s AND updated_at < %s"
         found = [
             delivery(r)
             for r in self._claim(
-                DELIVERY_COLS, "deliveries", where, "lease_until, seq", (given_after,), limit
+                DELIVERY_COLS,
+                "deliveries",
+                where,
+                "lease_until, seq",
+                (given_after, given_before),
+                limit,
             )
         ]
         if found:  # the rows and their teams are locked by the claim

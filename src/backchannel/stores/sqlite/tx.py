@@ -119,7 +119,7 @@ _EXPIRED_LEASES = (
 )
 _GIVEN_AFTER = (
     f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND updated_at > ? "
-    "ORDER BY lease_until, seq LIMIT ?"
+    "AND updated_at < ? ORDER BY lease_until, seq LIMIT ?"
 )
 _RESTART_LEASE = (
     "UPDATE deliveries SET lease_until = ? + lease_until - updated_at, updated_at = ? WHERE seq = ?"
@@ -379,8 +379,12 @@ class SqliteTx(LifecycleSql):
         row = self._one(Q.next_lease_expiry, ())
         return row[0] if row else None
 
-    def restart_leases(self, now: float, given_after: float, limit: int) -> list[Delivery]:
-        found = [delivery(r) for r in self._c.execute(_GIVEN_AFTER, (given_after, limit))]
+    def restart_leases(
+        self, now: float, given_after: float, limit: int, given_before: float = 1e15
+    ) -> list[Delivery]:
+        found = [
+            delivery(r) for r in self._c.execute(_GIVEN_AFTER, (given_after, given_before, limit))
+        ]
         self._c.executemany(_RESTART_LEASE, [(now, now, d.seq) for d in found])
         return found
 
