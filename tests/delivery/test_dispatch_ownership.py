@@ -16,6 +16,7 @@ import pytest
 from backchannel.delivery.adapters import ADAPTERS, AdapterFactory
 from backchannel.delivery.base import Adapter, AdapterContext, PermanentDeliveryError
 from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.delivery.ownership import Ownership
 from backchannel.hub import Hub
 from backchannel.stores.base import Store, Tx
 from backchannel.stores.sqlite import SqliteStore
@@ -491,3 +492,23 @@ async def test_hubs_whose_clocks_differ_never_take_a_live_owners_member(
             await da.stop()
             await db.stop()
         assert pushed.got == [("a", "m0"), ("a", "m1"), ("a", "m2"), ("b", "m3")]
+
+
+async def test_a_clock_stepped_back_does_not_keep_a_push_window_open(tmp_path: Path) -> None:
+    """The wall clock stepped back an hour right after a hub claimed a member: its push
+    window still ends after its part of the lease, not an hour later. Before, a hub that
+    could not renew then (its store unreachable) went on pushing for an hour beside the
+    hub that took the member over, both pushing the copies it held."""
+    clock = _OffsetClock(0.0)
+    async with Hub(SqliteStore(tmp_path / "bc.db"), clock=clock, check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "record"})
+        ownership = Ownership(hub, owner="a", lease_s=0.4)
+        assert await ownership.claim([("t", "p")], running=()) == {("t", "p")}
+        assert ownership.holds(("t", "p"))
+        clock.offset -= 3600  # the wall clock is stepped back an hour
+
+        def ended() -> bool:
+            return not ownership.holds(("t", "p"))
+
+        await eventually(ended, what="the push window to end", within=5)

@@ -20,7 +20,10 @@ and runs the member's worker only while this hub holds it:
   clock. The rest of the lease is margin, so a hub that cannot renew (its store is
   unreachable, its process is frozen) stops pushing before another can take over (the
   window is measured on this hub's clock, the lease on the database's: only their rates
-  need agree);
+  need agree). With a clock that follows the wall clock the window also ends once that
+  long has passed on the monotonic clock: a wall clock stepped back would otherwise keep
+  it open for as long as it stepped (a step forward ends it early, as it ends the lease
+  for the other hubs on one host);
 * the worker's ``receive`` leases only while the store names this hub as the owner,
   checked in the leasing transaction: a hub that lost the member cannot lease new copies,
   whatever its clock says. So with every record the worker makes on a copy (delivered,
@@ -42,6 +45,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
@@ -88,9 +92,16 @@ class Ownership:
         self.owner = owner or hub_id()
         self.lease_s = lease_s
         self._until: dict[Key, float] = {}  # member -> when this hub stops pushing
+        #: when the window of the last claim ends on the monotonic clock (see holds)
+        self._until_mono = 0.0
+        self._steady = getattr(hub.clock, "follows_wall_clock", True)
 
     def holds(self, key: Key) -> bool:
-        """Whether this hub may push to the member now."""
+        """Whether this hub may push to the member now: its window, from before the
+        claim, has not passed by the hub's clock, nor by the monotonic clock where the
+        hub's clock is the wall clock (which may step back)."""
+        if self._steady and time.monotonic() >= self._until_mono:
+            return False
         return self.hub.clock.now() < self._until.get(key, 0.0)
 
     def held(self) -> list[Key]:
@@ -106,7 +117,7 @@ class Ownership:
         this hub holds now; the others are forgotten (their workers must stop)."""
         keys = sorted(set(wanted))
         gone = sorted(set(drop) - set(keys))
-        now = self.hub.clock.now()
+        now, started = self.hub.clock.now(), time.monotonic()
         owner, lease_s = self.owner, self.lease_s
         if not keys and not gone:
             self._until = {}
@@ -145,6 +156,7 @@ class Ownership:
         held = set(got)
         stop_at = now + self.lease_s * PUSH_WINDOW
         self._until = dict.fromkeys(held, stop_at)
+        self._until_mono = started + self.lease_s * PUSH_WINDOW
         return held
 
     async def requeue(self, key: Key, detail: str) -> int | None:
