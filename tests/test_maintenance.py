@@ -469,7 +469,7 @@ async def test_a_lease_given_before_the_clock_stepped_forward_is_not_taken_back(
         assert await hub.receive("t", "b", session="b-s", limit=10) == []
         if hub.maintenance.skew == 0.0:  # no database clock: the lease ran again from now
             assert next_due is not None and next_due >= clock.now() + 29, next_due - clock.now()
-            assert "leases given before the step" in caplog.text
+            assert "leases given before the clock stepped forward" in caplog.text
         assert (await hub.ack("t", "b", [sent.message_id])).acked == (sent.message_id,)
         status = await hub.message_status("t", sent.message_id)
         assert status.state.value == "acked" and status.deliveries[0].attempts == 1

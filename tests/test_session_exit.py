@@ -3,6 +3,7 @@ the team's exit grace; a resume is the same session; the grace's end terminates 
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -327,3 +328,31 @@ async def test_a_beat_keeps_only_the_live_sessions_of_its_runtime(
     await store_hub.exit_session("t", "b", "b-s")
     assert (await store_hub.runtime_alive("t", "b", RUNTIME))[0] == []
     assert (await store_hub.runtime_alive("t", "b", "boot/4243/1000"))[0] == ["b-s2"]
+
+
+class _WallClock:
+    """The wall clock, which the test steps by ``offset``."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+
+async def test_a_clock_stepped_forward_ends_no_session_as_silent(
+    make_store: Callable[[], Store],
+) -> None:
+    """The wall clock stepped an hour forward while a crossing waited for a session: the
+    hour was skipped, not spent in silence, so the session is not ended as a silent one
+    (nor its link closed) at the next pass: its silence counts from the step."""
+    clock = _WallClock()
+    async with Hub(make_store(), clock=clock, background=False, lease_seconds=30) as hub:
+        await _silent_team(hub)
+        await _cross(hub, "a's words")
+        await hub.maintain()
+        clock.offset += 3600  # the wall clock is stepped forward an hour
+        await hub.maintain()
+        assert (await hub.get_session("t", "b-s")).state is SessionState.IDLE
+        [link] = await hub.list_links("t")
+        assert link.state is LinkState.OPEN

@@ -198,8 +198,16 @@ class Maintenance:
         self._last_now, self._last_boot = now, boot
         if step or self._clock_moved():
             await self.check_clock()
-        if step and not self.skewed:
-            await self._carry_leases(now, step)
+        if step:
+            # no sign of life was missed in the time skipped: silence counts from now
+            self.env.awake_since = max(self.env.awake_since, now)
+            log.warning(
+                "the wall clock stepped about %.0f s forward while the hub ran (NTP, or "
+                "the date set by hand); sessions' silence counts from now",
+                step,
+            )
+            if not self.skewed:
+                await self._carry_leases(now, step)
         # leases end by the database's clock while this hub's runs too far ahead of it:
         # by its own, it would take other hubs' live leases back early
         lease_now = now - self.skew if self.skewed and self.skew > 0 else now
@@ -344,8 +352,7 @@ class Maintenance:
         truly ended just before the step comes back that much later, never twice. Not
         done while the hub's clock is off the database's (PostgreSQL, hubs on several
         hosts: a step of this host's clock alone), where leases go by the database's
-        clock (:meth:`check_clock`). Sessions' silence counts from now
-        (``env.awake_since``): no sign of life was missed in the hour skipped."""
+        clock (:meth:`check_clock`)."""
         restarted = 0
         while True:
             found = await self.store.transact(
@@ -354,14 +361,12 @@ class Maintenance:
             restarted += len(found)
             if len(found) < LEASE_BATCH:
                 break
-        self.env.awake_since = max(self.env.awake_since, now)
-        log.warning(
-            "the wall clock stepped about %.0f s forward while the hub ran (NTP, or the date "
-            "set by hand); %d leases given before the step each run their length again "
-            "from now, and sessions' silence counts from now",
-            step,
-            restarted,
-        )
+        if restarted:
+            log.warning(
+                "%d leases given before the clock stepped forward each run their length "
+                "again from now",
+                restarted,
+            )
 
     def _held_back(self, now: float) -> set[tuple[str, str, str]]:
         """The expired leases set aside whose retry is not due yet."""
