@@ -129,3 +129,31 @@ def test_a_step_forward_takes_no_live_lease_back(stepped: SteppedServer) -> None
         status = a.get(f"/v1/messages/{message_id}")
         status.raise_for_status()
         assert status.json()["deliveries"][0]["attempts"] == 1, status.json()
+
+
+def test_a_step_back_holds_no_lease_an_hour(stepped: SteppedServer) -> None:
+    """The clock stepped an hour back while b held a message leased for 2 s and then
+    stopped answering: the lease runs its length again from the step, so the message comes
+    back within seconds, not an hour later, and once."""
+    tokens = stepped.srv.team("t", "a", "b", "c")
+    with (
+        stepped.srv.client(tokens["a"]) as a,
+        stepped.srv.client(tokens["b"]) as b,
+    ):
+        sent = a.post("/v1/messages", json={"to": "b", "text": "work on this"})
+        sent.raise_for_status()
+        message_id = sent.json()["message_id"]
+        assert [m["message_id"] for m in _inbox(b, lease=2)] == [message_id]
+
+        stepped.step(-3600)
+        stepped.nudge()
+        again = eventually_blocking(
+            lambda: _inbox(b, wait=2, lease=60),
+            what="the message back after its lease",
+            within=20,
+            show=stepped.log,
+        )
+        assert [(m["message_id"], m["attempt"]) for m in again] == [(message_id, 2)]
+        r = b.post("/v1/inbox/ack", json={"message_ids": [message_id]})
+        r.raise_for_status()
+        assert _inbox(b) == []
