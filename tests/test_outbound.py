@@ -5,6 +5,8 @@ than it needs, ends each request, names the failure, and never repeats a secret.
 from __future__ import annotations
 
 import gzip
+import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 
@@ -15,7 +17,7 @@ from backchannel.core import delegation as rules
 from backchannel.hub import Hub
 from backchannel.testing import MemoryStore, eventually
 from backchannel.types import DelegationState
-from tests.peers import Flood
+from tests.peers import Flood, Peer, QuietHandler
 
 SECRET = "test-secret-0123456789"
 FAST = rules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=3, timeout=2)
@@ -165,3 +167,68 @@ async def test_a_redirect_to_another_address_is_not_followed(
         assert elsewhere.requests == []
     finally:
         await hub.close()
+
+
+class _Held(Peer):
+    """A service that takes each POST and answers 202 only once :attr:`go` is set."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self.go = threading.Event()
+        peer = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                peer.requests.append(self.path)
+                peer.go.wait(30)
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.serve(Handler)
+
+
+class _WallClock:
+    """The wall clock, which the test steps by ``offset``."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+
+async def test_a_post_under_way_when_the_clock_steps_forward_is_not_made_again() -> None:
+    """The wall clock stepped an hour forward while a POST to another hub was under way
+    (its job leased for one attempt's timeout): the next maintenance pass took the job
+    for due and made the POST a second time beside the first. It keeps its lease now."""
+    srv = _Held()
+    clock = _WallClock()
+    service = Service("hub-b", srv.url, "tok-b")
+    retry = rules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=30, timeout=20)
+    hub = Hub(
+        MemoryStore(),
+        clock=clock,
+        callbacks=CallbackConfig(secret=SECRET, services={service.name: service}, retry=retry),
+    )
+    await hub.start()
+    try:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "lead")
+        await hub.open_session("t", "lead", "lead-s")
+        await _delegate(hub, "worker@hub-b")
+        await eventually(lambda: srv.requests, what="the POST to reach the service")
+        await hub.maintain()
+
+        clock.offset += 3600  # the wall clock is stepped forward an hour
+        await hub.maintain()
+        srv.go.set()
+        await eventually(lambda: not hub.outbox._posts, what="every POST to end")
+        assert len(srv.requests) == 1, srv.requests
+    finally:
+        srv.go.set()
+        await hub.close()
+        srv.close()

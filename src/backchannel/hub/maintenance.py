@@ -208,6 +208,8 @@ class Maintenance:
             )
             if not self.skewed:
                 await self._carry_leases(now, step)
+            # jobs fire by this hub's clock, skewed or not: the POSTs under way keep theirs
+            await self.pipeline.outbox.hold_running(now)
         # leases end by the database's clock while this hub's runs too far ahead of it:
         # by its own, it would take other hubs' live leases back early
         lease_now = now - self.skew if self.skewed and self.skew > 0 else now

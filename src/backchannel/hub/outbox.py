@@ -27,6 +27,7 @@ from backchannel.core.budget import ChainRef
 from backchannel.errors import UnknownService
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
+from backchannel.stores.base import Tx
 from backchannel.types import Job, JobState
 
 log = logging.getLogger("backchannel.outbox")
@@ -46,6 +47,7 @@ class Outbox:
         self.callbacks = callbacks or CallbackConfig.load(None)
         self._http: httpx.AsyncClient | None = None
         self._posts: set[asyncio.Task[None]] = set()
+        self._running: dict[int, Job] = {}  # the jobs of the POSTs under way, by id
         self._post_slots = asyncio.Semaphore(64)
 
     async def close(self) -> None:
@@ -94,9 +96,34 @@ class Outbox:
         return job_id
 
     def _fire(self, c: Ctx, job: Job, now: float) -> JobOutcome:
-        lease = now + self.callbacks.retry.timeout + 5.0
-        c.tx.reschedule_job(job.job_id, lease, job.payload)
+        c.tx.reschedule_job(job.job_id, self._lease(now), job.payload)
         return JobOutcome(keep=True, run_after=job)
+
+    def _lease(self, now: float) -> float:
+        """Until when a POST starting at ``now`` keeps its job from firing again."""
+        return now + self.callbacks.retry.timeout + 5.0
+
+    async def hold_running(self, now: float) -> int:
+        """The wall clock stepped forward: the jobs of the POSTs under way here keep their
+        lease, one attempt's timeout from ``now``; by the clock's new time they would fall
+        due at once and each POST be made again beside itself. Returns how many."""
+        running = list(self._running.values())
+        if not running:
+            return 0
+        lease = self._lease(now)
+
+        def fn(tx: Tx) -> int:
+            held = 0
+            for job in running:
+                current = tx.get_job(job.team, job.job_id)
+                if current is None or current.state is not JobState.PENDING:
+                    continue  # finished meanwhile
+                if current.due_at < lease:
+                    tx.reschedule_job(job.job_id, lease, current.payload)
+                    held += 1
+            return held
+
+        return await self.store.transact(fn)
 
     def job_handlers(self) -> dict[str, JobHandler]:
         return {OUTBOX_JOB: self._fire}
@@ -108,7 +135,9 @@ class Outbox:
             return
         task = asyncio.create_task(self._post(job), name=f"bc-post-{job.job_id}")
         self._posts.add(task)
+        self._running[job.job_id] = job
         task.add_done_callback(self._posts.discard)
+        task.add_done_callback(lambda _: self._running.pop(job.job_id, None))
 
     async def _post(self, job: Job) -> None:
         """One attempt. Whatever goes wrong in it (a payload this hub cannot send, a bug)
