@@ -272,6 +272,9 @@ class AdapterError(PeerError):
     ``tell_operator``: should the copy be given up after this error, the team's human is
     told as well as the sender (part of the message was left where only a person can
     finish or undo it, e.g. a text typed into a prompt but not submitted).
+    ``unreachable``: the target itself could not be reached (a connection refused, an
+    attempt that timed out), not a refusal of this message: a copy given up after such
+    an error marks the member's push down (:mod:`backchannel.delivery.circuit`).
     """
 
     code = "delivery_failed"
@@ -282,11 +285,13 @@ class AdapterError(PeerError):
         *,
         retry_after: float | None = None,
         tell_operator: bool = False,
+        unreachable: bool = False,
         **details: Any,
     ) -> None:
         super().__init__(message, **details)
         self.retry_after = retry_after
         self.tell_operator = tell_operator
+        self.unreachable = unreachable
 
 
 class HeldDelivery(AdapterError):

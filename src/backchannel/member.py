@@ -108,6 +108,8 @@ def _sent(result: SendResult) -> Sent:
         status=result.status.value,
         recipients=[r.member for r in result.recipients],
         replayed=result.replayed,
+        # set only when there is one: the answer leaves out what was not set
+        **({"warnings": list(result.warnings)} if result.warnings else {}),
     )
 
 
@@ -604,6 +606,11 @@ async def _members(hub: Hub, team: str) -> MemberList:
                     "kind": m.kind.value,
                     "created_at": m.created_at,
                     **({"presence": states[m.name]} if m.name in states else {}),
+                    **(
+                        {"push_circuit": c.to_json()}
+                        if (c := hub.push_circuits.get(team, m.name)) is not None
+                        else {}
+                    ),
                 }
                 for m in members
             ]

@@ -426,11 +426,30 @@ class Presence(_Out):
     terminated_at: float | None = None
 
 
+class PushCircuitInfo(_Out):
+    """A member whose push target is down, as the hub that pushes to it sees it: its
+    queued messages are dead-lettered at once and the next one is sent as a probe at
+    ``next_probe_at``."""
+
+    state: str
+    target: str
+    reason: str
+    down_since: float
+    next_probe_at: float
+    probes: int
+    dead_lettered: int
+
+
 class MemberInfo(_Out):
     name: str
     kind: str
     created_at: float
     presence: Presence | None = None
+    push_circuit: PushCircuitInfo | None = Field(
+        default=None,
+        description="present while this hub's push to the member is down "
+        "(backchannel.delivery.circuit)",
+    )
 
 
 class MemberList(_Out):
@@ -463,6 +482,11 @@ class Sent(_Out):
     status: str
     recipients: list[str]
     replayed: bool = False
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what the sender should know although the send was taken (a "
+        "recipient's push delivery is down)",
+    )
 
 
 class CopyState(_Out):

@@ -529,13 +529,19 @@ class SendResult:
     status: DeliveryState
     recipients: tuple[Recipient, ...]
     replayed: bool = False
+    #: what the sender should know although the send was taken (a recipient's push
+    #: delivery is down, say)
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> Json:
-        return {
+        out: Json = {
             "message_id": self.message_id,
             "status": self.status.value,
             "recipients": [r.member for r in self.recipients],
         }
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,14 @@ worker hands them to the adapter one at a time, in that order, and records the r
   copy one lease (one of the hub's ``max_attempts``) but no more;
 * anything else: logged with its traceback and treated as transient.
 
+A copy given up after a transient error that says the target cannot be reached
+(``AdapterError.unreachable``: a refused connection, a timeout, an attempt cut off) marks
+the member's push down (:mod:`.circuit`): what is queued behind it is dead-lettered at
+once with a reason naming the target and the way out, the worker leases nothing until a
+probe is due (``probe_start_s``, doubling to ``probe_max_s``), then tries the next copy
+once. A probe that is answered closes the circuit and the copies go on in order with
+their normal tries; one that is not is dead-lettered with what is queued behind it.
+
 The session a worker leases with is the adapter's ``session``: an id from the setting
 (opened if the hub does not know it; the worker stops when it is terminated), ``"auto"``
 (the member's most recently active session that is not terminated, looked up again when
@@ -107,6 +115,7 @@ from backchannel.delivery.base import (
     HeldDelivery,
     PermanentDeliveryError,
 )
+from backchannel.delivery.circuit import PROBE_MAX_S, PROBE_START_S, PushCircuit
 from backchannel.delivery.ownership import OWNERSHIP_S, Ownership
 from backchannel.errors import (
     BackchannelError,
@@ -157,13 +166,15 @@ class WorkerStatus:
     member: str
     type: str
     target: str = ""
-    state: str = "starting"  # starting | waiting | delivering | backoff | held | stopped | failed
+    # starting | waiting | delivering | backoff | held | down | stopped | failed
+    state: str = "starting"
     session: str | None = None
     delivered: int = 0
     retried: int = 0
     dead: int = 0
     last_error: str | None = None
     stopped_reason: str | None = None
+    circuit: str = "up"  # up | down: see backchannel.delivery.circuit
     updated_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -190,6 +201,13 @@ class _Worker:
         # the store's failures, said once an outage (not once a try)
         self.outage = Outage(log, f"{self.team}/{self.member}: receiving", cap=_MAX_PAUSE)
         self.first_failure: dict[str, float] = {}
+        # the member's push target is down (see _open_circuit): this hub's record of it,
+        # the monotonic time of the next probe, the interval after it, and whether the
+        # copies leased now are dead-lettered at once (draining what was queued)
+        self.circuit: PushCircuit | None = None
+        self.probe_due = 0.0
+        self.probe_interval = d.probe_start_s
+        self.draining = False
         self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
 
     @property
@@ -223,6 +241,8 @@ class _Worker:
             self.status.target = adapter.describe()
             await self._loop(adapter)
         finally:
+            if self.circuit is not None:  # this hub no longer pushes: it knows no state
+                self.hub.push_circuits.close(self.team, self.member)
             await self._release(list(self.held))
             try:
                 await adapter.close()
@@ -279,14 +299,16 @@ class _Worker:
             if self.unsure and not await self._requeue_unsure():
                 await asyncio.sleep(self.outage.pause)
                 continue
-            self._state("waiting")
+            if self.circuit is not None and not self.draining and not await self._await_probe():
+                continue  # the probe is not due yet, or the worker stops
+            self._state("down" if self.circuit is not None else "waiting")
             try:
                 got = await hub.receive(
                     self.team,
                     self.member,
                     session=session,
                     limit=1 if one_per_turn else self.d.batch,
-                    wait=wait,
+                    wait=0.0 if self.draining else wait,
                     lease_seconds=lease,
                     owner=self.d.ownership.owner,
                 )
@@ -309,6 +331,9 @@ class _Worker:
                 await asyncio.sleep(self.outage.failed(exc))
                 continue
             self.outage.ok()
+            if self.draining and not got:
+                self.draining = False  # what was queued when the target went down is told
+                continue
             self.held.update(dict.fromkeys(g.message.message_id for g in got))
             if follow and got and await self._live_session() != session:
                 await self._release(list(self.held))  # a session began or ended meanwhile
@@ -344,7 +369,18 @@ class _Worker:
         mid = item.message.message_id
         self.busy = True  # through the recording: stop() lets this finish
         try:
+            if self.circuit is not None and self.draining:
+                await self._record_outcome(adapter, mid, _Outcome.DEAD, self._down_reason())
+                self.circuit.dead_lettered += 1
+                return True
             outcome, detail, error = await self._attempt(adapter, item)
+            if self.circuit is not None:  # this attempt was the probe
+                if outcome is _Outcome.RETRY and error is not None and error.unreachable:
+                    self._probe_failed(detail)
+                    await self._record_outcome(adapter, mid, _Outcome.DEAD, self._down_reason())
+                    self.circuit.dead_lettered += 1
+                    return True
+                self._close_circuit(adapter)  # answered: the target is back
             if outcome is _Outcome.HOLD:
                 await self._release([mid, *(m.message.message_id for m in rest)])
                 self.busy = False
@@ -370,9 +406,78 @@ class _Worker:
             recorded = await self._record_outcome(adapter, mid, outcome, detail)
             if recorded and outcome is _Outcome.DEAD and error is not None and error.tell_operator:
                 await self._tell_operator_given_up(item, detail)
+            if outcome is _Outcome.DEAD and error is not None and error.unreachable:
+                self._open_circuit(adapter, detail)
             return True
         finally:
             self.busy = False
+
+    # -- the circuit (backchannel.delivery.circuit) ------------------------------------
+    def _open_circuit(self, adapter: Adapter, detail: str) -> None:
+        """A copy was given up after its whole tries because the target could not be
+        reached: mark the member's push down, dead-letter what is queued behind it at
+        once (not each after its own tries), and probe with the next message later."""
+        now = self.hub.clock.now()
+        self.probe_interval = self.d.probe_start_s
+        self.probe_due = time.monotonic() + self.probe_interval
+        self.circuit = PushCircuit(
+            self.team, self.member, adapter.describe(), detail, down_since=now,
+            next_probe_at=now + self.probe_interval,
+        )  # fmt: skip
+        self.hub.push_circuits.open(self.circuit)
+        self.draining = True
+        self.status.circuit = "down"
+        self._state("down", detail)
+        log.warning("%s/%s: push to %s is down (%s): the messages queued for it are "
+                    "dead-lettered now, and the next one is tried in %g s",
+                    self.team, self.member, adapter.describe(), detail,
+                    self.probe_interval)  # fmt: skip
+
+    def _probe_failed(self, detail: str) -> None:
+        """The probe could not reach the target either: dead-letter it and what is
+        queued behind it, and probe again after twice as long (up to the cap)."""
+        assert self.circuit is not None
+        self.probe_interval = min(self.probe_interval * 2, self.d.probe_max_s)
+        self.probe_due = time.monotonic() + self.probe_interval
+        self.circuit.reason = detail
+        self.circuit.probes += 1
+        self.circuit.next_probe_at = self.hub.clock.now() + self.probe_interval
+        self.draining = True
+        self._state("down", detail)
+        log.warning("%s/%s: push to %s is still down (%s); next probe in %g s", self.team,
+                    self.member, self.circuit.target, detail, self.probe_interval)  # fmt: skip
+
+    def _close_circuit(self, adapter: Adapter) -> None:
+        assert self.circuit is not None
+        log.warning("%s/%s: push to %s answered a probe; delivering again (%d message(s) "
+                    "were dead-lettered while it was down)", self.team, self.member,
+                    adapter.describe(), self.circuit.dead_lettered)  # fmt: skip
+        self.hub.push_circuits.close(self.team, self.member)
+        self.circuit = None
+        self.status.circuit = "up"
+        self.draining = False
+
+    def _down_reason(self) -> str:
+        """A dead letter's reason while the target is down: the target, why, since when,
+        and the way out."""
+        c = self.circuit
+        assert c is not None
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.down_since))
+        return (
+            f"push delivery to {self.member!r} is down: {c.target} could not be reached "
+            f"since {since} ({c.reason}); not tried on its own. Send it again once the "
+            f"target is back (backchannel member list {self.team} shows 'push down' until "
+            "a probe gets through), or change the member's delivery setting"
+        )
+
+    async def _await_probe(self) -> bool:
+        """Wait, leasing nothing, until the next probe is due. False: the worker is
+        stopping (or the wait was cut short) and the loop must look again."""
+        delay = self.probe_due - time.monotonic()
+        if delay > 0:
+            self._state("down")
+            await asyncio.sleep(min(delay, self.d.wait_s))
+        return not self.stopping() and time.monotonic() >= self.probe_due
 
     async def _tell_operator(self, item: InboxMessage, reason: str) -> None:
         """A ``system`` notice to the team's human (``user``), once per held copy and
@@ -491,13 +596,12 @@ class _Worker:
             log.warning("%s/%s: %s did not finish delivering %s within %g s; cut off",
                         self.team, self.member,
                         adapter.describe(), item.message.message_id, limit)  # fmt: skip
-            return (
-                _Outcome.RETRY,
+            said = (
                 f"{adapter.describe()} did not finish within {limit:g} s (its "
                 f"attempt_timeout, {adapter.attempt_timeout:g} s, and "
-                f"{ATTEMPT_SLACK_S:g} s more); the attempt was cut off",
-                None,
+                f"{ATTEMPT_SLACK_S:g} s more); the attempt was cut off"
             )
+            return _Outcome.RETRY, said, AdapterError(said, unreachable=True)
         except PermanentDeliveryError as exc:
             return _Outcome.DEAD, exc.message, None
         except HeldDelivery as exc:
@@ -623,7 +727,9 @@ class Dispatcher:
     these teams (default all); ``owner``: this hub's name in the store's push-delivery
     leases (default: host, process id and a random part); ``ownership_s``: how long such a
     lease lasts (a crashed hub's members move to another hub within about this long; it
-    is renewed at least every quarter of it).
+    is renewed at least every quarter of it); ``probe_start_s`` and ``probe_max_s``: the
+    first and the longest interval between probes of a push target that is down
+    (:mod:`.circuit`).
     """
 
     def __init__(
@@ -638,9 +744,14 @@ class Dispatcher:
         teams: Collection[str] | None = None,
         owner: str | None = None,
         ownership_s: float = OWNERSHIP_S,
+        probe_start_s: float = PROBE_START_S,
+        probe_max_s: float = PROBE_MAX_S,
     ) -> None:
         if rescan_s <= 0 or wait_s <= 0 or batch < 1 or grace_s < 0:
             raise ValueError("rescan_s and wait_s must be positive, batch at least 1")
+        if not 0 < probe_start_s <= probe_max_s:
+            raise ValueError("probe_start_s must be positive and at most probe_max_s")
+        self.probe_start_s, self.probe_max_s = probe_start_s, probe_max_s
         self.ownership = Ownership(hub, owner=owner, lease_s=ownership_s)
         # scan (and renew the leases) often enough that one slow renewal is harmless
         self._tick = min(rescan_s, ownership_s / 4)

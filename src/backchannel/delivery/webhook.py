@@ -33,7 +33,8 @@ reason, and an answer sent compressed is not unpacked (:mod:`backchannel.outboun
 answer dribbled out a byte at a time is cut off there too). Connection errors, timeouts, 408, 425, 429 and 5xx are transient:
 retried with the registry's capped backoff (``hub.callbacks.retry``; a ``Retry-After``
 in seconds is honoured up to the cap) until its budget or the hub's attempts are spent,
-then dead-lettered. Any other status, 3xx included, is permanent: dead-lettered at once
+then dead-lettered; a connection error or a timeout is ``unreachable``, and a message
+given up after one marks the member's push down (:mod:`.circuit`). Any other status, 3xx included, is permanent: dead-lettered at once
 with the status and the start of the answer as the reason. An unknown service is
 permanent too, with a reason naming the fix.
 """
@@ -186,11 +187,15 @@ class WebhookAdapter(Adapter):
         except TimeoutError as exc:
             raise AdapterError(
                 f"POST to {where} timed out: no complete answer within "
-                f"{self.attempt_timeout:g} s (the callback retry policy's timeout)"
+                f"{self.attempt_timeout:g} s (the callback retry policy's timeout)",
+                unreachable=True,
             ) from exc
         except httpx.HTTPError as exc:
             said = outbound.scrub(f"{type(exc).__name__}: {exc}", svc.url, svc.token)
-            raise AdapterError(f"POST to {where} failed: {said}") from exc
+            raise AdapterError(
+                f"POST to {where} failed: {said}",
+                unreachable=isinstance(exc, httpx.TransportError),
+            ) from exc
         try:
             status = resp.status_code
             outcome = rules.classify(status)

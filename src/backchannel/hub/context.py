@@ -20,6 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backchannel.core import messages as rules
+from backchannel.delivery.circuit import PushCircuits
 from backchannel.stores.base import Store, Tx
 from backchannel.types import Clock, Delivery, InboxMessage, Job, Message, SendResult
 
@@ -327,6 +328,8 @@ class Env:
         self.middleware = list(middleware)
         self.waiters = Waiters()
         self.takers = Takers()
+        #: members whose push target is down, as this hub's dispatcher saw it
+        self.push_circuits = PushCircuits()
         self.hub: Hub | None = None  # what middleware hooks receive; set by the facade
         self.next_due: float | None = None
         self.maint_wake = asyncio.Event()

@@ -151,6 +151,7 @@ class Hub:
         self.config = config
         self.middleware = env.middleware
         self.callbacks = self.outbox.callbacks
+        self.push_circuits = env.push_circuits
         self.delivery_checks = self.members.delivery_checks
         self.revoked = self.admin.revoked
         self.watch_revocation = self.admin.watch_revocation

@@ -22,7 +22,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -282,7 +282,18 @@ class Messages:
             link_budget=link_budget,
             chain=chain,
         )
-        return await self.env.transact(self._sending(team, sender, item, hand_off=True))
+        result = await self.env.transact(self._sending(team, sender, item, hand_off=True))
+        return self._push_warnings(team, result)
+
+    def _push_warnings(self, team: str, result: SendResult) -> SendResult:
+        """``result`` with a warning for each recipient whose push delivery this hub's
+        dispatcher found down (:mod:`backchannel.delivery.circuit`): the send is taken,
+        and its sender learns now, not at the dead letter, that it may not get through."""
+        circuits = self.env.push_circuits
+        down = [c for r in result.recipients if (c := circuits.get(team, r.member)) is not None]
+        if not down:
+            return result
+        return replace(result, warnings=(*result.warnings, *(c.warning() for c in down)))
 
     async def send_many(
         self, team: str, sender: str, items: Sequence[Outgoing]
@@ -303,7 +314,9 @@ class Messages:
             else:
                 places.append(index)
         for index, outcome in zip(places, await self.env.transact_each(fns), strict=True):
-            answers[index] = outcome
+            answers[index] = (
+                self._push_warnings(team, outcome) if isinstance(outcome, SendResult) else outcome
+            )
         return [a for a in answers if a is not None]
 
     def sending(self, team: str, sender: str, item: Outgoing) -> Callable[[Ctx], SendResult]:

@@ -400,6 +400,8 @@ def member_list(
     for m in members:
         seen = m.get("presence")  # Claude Code teammates: state from their inbox traffic
         state = f"\t{seen['state']}\t{seen['last_event']}" if seen else ""
+        if down := m.get("push_circuit"):  # its push target is down (delivery/circuit.py)
+            state += f"\tpush down since {_when(down['down_since'])}: {down['reason']}"
         print(f"{_p(m['name'])}\t{_p(m['kind'])}{_p(state)}")
 
 

@@ -131,6 +131,15 @@ async def snapshot(hub: Hub) -> CollectorRegistry:
         ["team"],
         registry=reg,
     )
+    down = Gauge(
+        "backchannel_push_down",
+        "1 for each member whose push target this hub found down (its queued messages "
+        "are dead-lettered at once and the next one is sent as a probe)",
+        ["team", "member"],
+        registry=reg,
+    )
+    for circuit in hub.push_circuits.all():
+        down.labels(circuit.team, circuit.member).set(1)
     now = hub.clock.now()
     for team in await hub.list_teams():
         t = team.name
