@@ -316,3 +316,21 @@ async def test_a_refusal_that_echoes_the_token_does_not_put_it_in_the_dead_lette
     assert reason.startswith("HTTP 400 from service 'bot'") and "bad request: Bearer" in reason
     assert "svc-t0ken-42" not in reason
     assert notices and all("svc-t0ken-42" not in n.message.text for n in notices)
+
+
+async def test_messages_behind_a_retried_one_keep_their_own_tries() -> None:
+    # the head fails twice and gets through on its third try; the message behind it
+    # fails once: it must be tried again, not given up because the leases taken (and
+    # released untried) while the head was retried were counted as its attempts
+    failing = {0, 1, 3}
+    with endpoint(lambda req, n: (503 if n in failing else 200, b"", {})) as ep:
+        async with running_hub({"bot": ep.url}, max_attempts=3) as hub:
+            await hub.add_member("t", "a", delivery=_hook("bot"))
+            ids = [
+                (await hub.send("t", "user", "a", f"m{i}", link=False)).message_id for i in range(4)
+            ]
+            async with dispatching(hub):
+                for mid in ids:
+                    await wait_state(hub, "t", mid, "acked")
+    tries = [sum(s.headers["x-backchannel-message-id"] == mid for s in ep.seen) for mid in ids]
+    assert tries == [3, 2, 1, 1]

@@ -28,7 +28,9 @@ worker hands them to the adapter one at a time, in that order, and records the r
 * :class:`~backchannel.delivery.base.AdapterError` (transient): the rest of the batch is
   released at once, the worker waits the adapter's backoff (``retry_after`` or
   ``retry.delay(attempt)``, capped) still holding the lease, then releases the copy, which
-  comes back first on the next lease. Once the copy has had the hub's ``max_attempts``, or
+  comes back first on the next lease (leased alone until it is settled: the copies behind
+  it are not handed out with each of its tries, and the hand-outs of copies released
+  untried do not count as their tries). Once the copy has had the hub's ``max_attempts``, or
   the adapter's retry budget since its first failure is spent, it is given up instead:
   ``hub.give_up`` with ``"gave up after N attempt(s): <last error>"`` (the sender is
   told; when the last error has ``tell_operator``, the team's ``user`` gets a ``system``
@@ -201,6 +203,12 @@ class _Worker:
         # the store's failures, said once an outage (not once a try)
         self.outage = Outage(log, f"{self.team}/{self.member}: receiving", cap=_MAX_PAUSE)
         self.first_failure: dict[str, float] = {}
+        # leases of a copy that were released untried (it was behind one being retried):
+        # hand-outs the hub counts as attempts that were none (see _tries)
+        self.untried: dict[str, int] = {}
+        # a copy is being retried: lease it alone until it is settled, so the copies
+        # behind it are not handed out (and counted) with each of its tries
+        self.retrying = False
         # the member's push target is down (see _open_circuit): this hub's record of it,
         # the monotonic time of the next probe, the interval after it, and whether the
         # copies leased now are dead-lettered at once (draining what was queued)
@@ -307,7 +315,7 @@ class _Worker:
                     self.team,
                     self.member,
                     session=session,
-                    limit=1 if one_per_turn else self.d.batch,
+                    limit=1 if one_per_turn or self.retrying else self.d.batch,
                     wait=0.0 if self.draining else wait,
                     lease_seconds=lease,
                     owner=self.d.ownership.owner,
@@ -391,12 +399,17 @@ class _Worker:
                 delay = self._retry_delay(adapter, item, error.retry_after if error else None)
                 if delay is None:
                     outcome = _Outcome.DEAD
-                    detail = f"gave up after {item.attempt} attempt(s): {detail}"
+                    detail = f"gave up after {self._tries(item)} attempt(s): {detail}"
                 else:
                     self.status.retried += 1
                     self._state("backoff", detail)
                     log.info("%s/%s: %s failed (attempt %d): %s; retrying in %.2f s",
-                             self.team, self.member, mid, item.attempt, detail, delay)  # fmt: skip
+                             self.team, self.member, mid, self._tries(item), detail,
+                             delay)  # fmt: skip
+                    self.retrying = True
+                    for m in rest:
+                        key = m.message.message_id
+                        self.untried[key] = self.untried.get(key, 0) + 1
                     await self._release([m.message.message_id for m in rest])
                     self.busy = False
                     if not self.closing:
@@ -554,6 +567,8 @@ class _Worker:
         owner: a hub paused mid-push while another took the member over must not mark
         delivered, ack or dead-letter the copy the new owner now holds."""
         self.first_failure.pop(mid, None)
+        self.untried.pop(mid, None)
+        self.retrying = False
         owner = self.d.ownership.owner
         team, member = self.team, self.member
         if outcome is _Outcome.DEAD:
@@ -617,16 +632,24 @@ class _Worker:
         self, adapter: Adapter, item: InboxMessage, retry_after: float | None
     ) -> float | None:
         """The wait before the next attempt, or None when the copy must be given up."""
-        if item.attempt >= self.hub.config.max_attempts:
+        tries = self._tries(item)
+        if tries >= self.hub.config.max_attempts:
             return None
         now = time.monotonic()
         first = self.first_failure.setdefault(item.message.message_id, now)
         policy = adapter.retry
-        at = next_try(policy, item.attempt, first, now)
+        at = next_try(policy, tries, first, now)
         if at is None:
             return None
         delay = at - now if retry_after is None else min(retry_after, policy.cap)
         return max(0.0, delay)
+
+    def _tries(self, item: InboxMessage) -> int:
+        """How often ``item`` was tried: the hub's hand-outs less those this worker
+        released untried because a copy before it was being retried (the hub counts
+        every hand-out as an attempt; kept in memory, so after a failover a copy may
+        get fewer tries, never more)."""
+        return max(1, item.attempt - self.untried.get(item.message.message_id, 0))
 
     async def _record(self, call: Callable[[], Awaitable[Any]], mid: str) -> Any:
         """Make a hub call that records an outcome. The push it records has happened, so
