@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Any
 
+from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core.delegation import RetryPolicy
+from backchannel.delivery.dispatcher import Dispatcher
+from backchannel.hub import Hub
 from backchannel.interfaces.metrics import snapshot
 from backchannel.member import MemberApi
+from backchannel.stores.base import Store
 from backchannel.testing import eventually
+from tests.delivery import test_dispatch_ownership as ownership
 from tests.delivery.conftest_adapters import (
     Seen,
     answer,
@@ -21,6 +27,9 @@ from tests.delivery.conftest_adapters import (
     running_hub,
     wait_state,
 )
+
+#: one store seen by two hubs (memory, one SQLite file, one PostgreSQL database)
+stores = ownership.stores
 
 #: a short attempt timeout, so a hanging target costs a fraction of a second a try
 QUICK = RetryPolicy(start=0.05, factor=2.0, cap=0.2, budget=10.0, timeout=0.3)
@@ -136,3 +145,64 @@ async def test_a_refusal_of_the_message_does_not_mark_the_target_down() -> None:
                 assert d.status()[0].circuit == "up"
             assert ep.count() == 3  # each message was tried: the target answered
             assert hub.push_circuits.get("t", "a") is None
+
+
+async def test_a_hub_that_takes_the_member_over_starts_with_the_circuit_closed(
+    stores: tuple[Store, Store],
+) -> None:
+    # two hubs on one store (memory, one SQLite file, one PostgreSQL database): hub a
+    # finds the target down; it comes back, a stops, and b, which takes the member over,
+    # delivers what waited, in order, each once; a forgets the circuit it held
+    down = threading.Event()
+    down.set()
+
+    def behaviour(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        if down.is_set():
+            ep.release.wait(10)
+        return 200, b"", {}
+
+    with endpoint(behaviour) as ep:
+
+        def tries(mid: str) -> int:
+            return sum(s.headers["x-backchannel-message-id"] == mid for s in ep.seen)
+
+        callbacks = CallbackConfig(services={"bot": Service("bot", ep.url)}, retry=QUICK)
+        a = Hub(stores[0], callbacks=callbacks, max_attempts=3, check_delivery=False)
+        b = Hub(stores[1], callbacks=callbacks, max_attempts=3, check_delivery=False)
+        async with a, b:
+            await a.create_team("t", settings={"anchor_policy": "off"})
+            await a.add_member("t", "p", delivery=HOOK)
+            # scans only when called, and no probe on a within the test
+            common: dict[str, Any] = {"ownership_s": 1000.0, "rescan_s": 1000.0, "wait_s": 0.2}
+            da = Dispatcher(a, owner="a", probe_start_s=1000.0, probe_max_s=1000.0, **common)
+            db = Dispatcher(b, owner="b", **common)
+            await da.start()
+            await db.start()
+            try:
+                ids = [
+                    (await a.send("t", "user", "p", f"m{i}", link=False)).message_id
+                    for i in range(3)
+                ]
+                for mid in ids:
+                    await wait_state(a, "t", mid, "dead")
+                assert a.push_circuits.get("t", "p") is not None
+                waiting = await a.send("t", "user", "p", "waits for the probe", link=False)
+                assert waiting.warnings
+                down.clear()
+                await da.stop()  # hands p over at once
+                assert a.push_circuits.get("t", "p") is None
+                await db.rescan()
+                later = [waiting.message_id] + [
+                    (await b.send("t", "user", "p", f"n{i}", link=False)).message_id
+                    for i in range(2)
+                ]
+                for mid in later:
+                    await wait_state(b, "t", mid, "acked")
+                assert b.push_circuits.get("t", "p") is None
+            finally:
+                await da.stop()
+                await db.stop()
+        assert [tries(m) for m in ids] == [3, 0, 0]
+        assert [tries(m) for m in later] == [1, 1, 1]
+        order = [s.headers["x-backchannel-message-id"] for s in ep.seen]
+        assert [m for m in order if m in later] == later

@@ -76,8 +76,11 @@ class PushCircuits:
     def open(self, circuit: PushCircuit) -> None:
         self._open[(circuit.team, circuit.member)] = circuit
 
-    def close(self, team: str, member: str) -> None:
-        self._open.pop((team, member), None)
+    def close(self, team: str, member: str, circuit: PushCircuit | None = None) -> None:
+        """Forget the member's circuit (with ``circuit``: only if it is that one, so a
+        worker that is stopping never forgets the circuit its successor opened)."""
+        if circuit is None or self._open.get((team, member)) is circuit:
+            self._open.pop((team, member), None)
 
     def get(self, team: str, member: str) -> PushCircuit | None:
         return self._open.get((team, member))

@@ -249,8 +249,8 @@ class _Worker:
             self.status.target = adapter.describe()
             await self._loop(adapter)
         finally:
-            if self.circuit is not None:  # this hub no longer pushes: it knows no state
-                self.hub.push_circuits.close(self.team, self.member)
+            if self.circuit is not None:  # this worker no longer pushes: it knows no state
+                self.hub.push_circuits.close(self.team, self.member, self.circuit)
             await self._release(list(self.held))
             try:
                 await adapter.close()
@@ -465,7 +465,7 @@ class _Worker:
         log.warning("%s/%s: push to %s answered a probe; delivering again (%d message(s) "
                     "were dead-lettered while it was down)", self.team, self.member,
                     adapter.describe(), self.circuit.dead_lettered)  # fmt: skip
-        self.hub.push_circuits.close(self.team, self.member)
+        self.hub.push_circuits.close(self.team, self.member, self.circuit)
         self.circuit = None
         self.status.circuit = "up"
         self.draining = False
