@@ -11,9 +11,11 @@ import threading
 from typing import Any
 
 from backchannel.callbacks import CallbackConfig, Service
+from backchannel.client import Client
 from backchannel.core.delegation import RetryPolicy
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
+from backchannel.interfaces import mcp
 from backchannel.interfaces.metrics import snapshot
 from backchannel.member import MemberApi
 from backchannel.stores.base import Store
@@ -82,6 +84,7 @@ async def test_a_hanging_target_is_probed_and_delivery_resumes_in_order_once_it_
 
         async with running_hub({"bot": ep.url}, retry=QUICK, max_attempts=3) as hub:
             await hub.add_member("t", "a", delivery=HOOK)
+            _, lead_token = await hub.add_member("t", "lead")
             ids = [
                 (await hub.send("t", "user", "a", f"m{i}", link=False)).message_id for i in range(5)
             ]
@@ -108,6 +111,14 @@ async def test_a_hanging_target_is_probed_and_delivery_resumes_in_order_once_it_
                 assert any("push delivery to 'a' is down" in w for w in sent.warnings)
                 await wait_state(hub, "t", sent.message_id, "dead")
                 assert tries(sent.message_id) == 1
+                # an agent sending through its MCP tool is told too
+                async with Client.local(hub, lead_token) as lead:
+                    text, data = await mcp._send(
+                        mcp.Agent(lead, "t", "lead"), mcp.SendArgs(to="a", message="from the lead")
+                    )
+                assert "Warning: push delivery to 'a' is down" in text
+                assert data["warnings"]
+                await wait_state(hub, "t", data["message_id"], "dead")
 
                 # the target answers again: the next message closes the circuit and the
                 # rest follow in order, each once

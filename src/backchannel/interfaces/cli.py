@@ -512,6 +512,8 @@ def send(
         _fail(exc.message)
         raise
     err.print(markup_safe(f"{result['status']} for {', '.join(result['recipients'])}"))
+    for warning in result["warnings"]:  # a recipient's push delivery is down
+        err.print(markup_safe(f"warning: {warning}"))
     print(_p(result["message_id"]))
 
 

@@ -168,7 +168,10 @@ async def _send(a: Agent, x: SendArgs) -> Output:
     )
     to = ", ".join(r.recipients)
     closed = " Your link with them is now closed." if x.close_link else ""
-    return f"Sent to {to} (message_id {r.message_id}).{closed}", _json(r)
+    # a recipient whose push delivery is down: the agent learns it now, not at the
+    # dead letter (backchannel.delivery.circuit)
+    warned = "".join(f"\nWarning: {w}" for w in r.warnings)
+    return f"Sent to {to} (message_id {r.message_id}).{closed}{warned}", _json(r)
 
 
 def _json(model: Any) -> Any:
