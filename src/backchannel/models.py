@@ -851,6 +851,7 @@ class DashboardMember(_Out):
     sessions: list[DashboardSession]
     sessions_total: int
     presence: Presence | None = None
+    push_circuit: PushCircuitInfo | None = None
 
 
 class DashboardMembers(_Out):

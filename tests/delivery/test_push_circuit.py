@@ -16,6 +16,7 @@ from backchannel.core.delegation import RetryPolicy
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
 from backchannel.interfaces import mcp
+from backchannel.interfaces.dashboard import members_view
 from backchannel.interfaces.metrics import snapshot
 from backchannel.member import MemberApi
 from backchannel.stores.base import Store
@@ -100,6 +101,9 @@ async def test_a_hanging_target_is_probed_and_delivery_resumes_in_order_once_it_
                 assert circuit is not None and circuit.state == "down"
                 assert "timed out" in circuit.reason
                 assert d.status()[0].circuit == "down"
+                shown = {m["name"]: m for m in await members_view(hub, "t")}
+                assert shown["a"]["push_circuit"]["state"] == "down"  # the dashboard
+                assert "push_circuit" not in shown["lead"]
                 metric = (await snapshot(hub)).get_sample_value(
                     "backchannel_push_down", {"team": "t", "member": "a"}
                 )

@@ -390,6 +390,7 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
     members = await hub.list_members(team)
     sessions = await hub.list_sessions(team)
     presence = await hub.member_states(team)  # Claude Code teammates, from inbox traffic
+    circuits = hub.push_circuits
     by_member: dict[str, list[Session]] = {}
     for s in sessions:
         by_member.setdefault(s.member, []).append(s)
@@ -412,6 +413,8 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
                 "sessions": [_session_json(s) for s in mine[-SESSIONS_SHOWN:]],
                 "sessions_total": len(mine),
                 **({"presence": seen} if seen is not None else {}),
+                # its push target is down, as this hub found it (delivery/circuit.py)
+                **({"push_circuit": c.to_json()} if (c := circuits.get(team, m.name)) else {}),
             }
         )
     return out

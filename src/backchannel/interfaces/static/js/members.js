@@ -63,6 +63,9 @@ export function renderMembers() {
             text: state,
             title: m.presence ? `from its inbox traffic; last: ${m.presence.last_event}` : "",
           }),
+          m.push_circuit
+            ? h("span", { class: "badge push-down", text: "push down", title: m.push_circuit.reason })
+            : null,
           h("span", { class: "member-activity muted small" }, relTime(lastActivity(m))),
         ),
         sessions.length ? h("ul", { class: "sessions" }, sessions) : null,
