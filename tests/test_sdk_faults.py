@@ -28,14 +28,16 @@ class Faulty(Peer):
     once, by the first request
     it matches: ``cut`` passes the request on and closes the connection instead of
     relaying the answer (``half``: after half its body); ``hold`` waits for
-    :attr:`release` before passing the request on; ``503``/``429`` answer that status
+    :attr:`release` before passing the request on; ``late`` passes it on, sets
+    :attr:`answered` once the hub's answer is in, and relays it after :attr:`release`; ``503``/``429`` answer that status
     with ``Retry-After: 1`` without passing the request on; ``502``/``504`` answer that
     status with a reverse proxy's HTML page (a hub restarting behind it)."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
         self.seen: list[tuple[str, str, str]] = []  # method, path, what was done
-        self.release = threading.Event()  # ends a ``hold``
+        self.release = threading.Event()  # ends a ``hold`` or a ``late``
+        self.answered = threading.Event()  # a ``late`` request's answer came from the hub
         lock = threading.Lock()
         outer = self
 
@@ -84,6 +86,9 @@ class Faulty(Peer):
                 r = httpx.request(
                     self.command, upstream + self.path, content=body, headers=headers, timeout=60
                 )
+                if what == "late":  # the hub did it; its answer waits for the test
+                    outer.answered.set()
+                    outer.release.wait(60)
                 if what == "cut":
                     self.close_connection = True
                     return  # no status line: the client sees the connection closed

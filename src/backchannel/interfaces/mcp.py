@@ -20,9 +20,11 @@ import contextlib
 import json
 import logging
 import os
+import time
 import typing
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 import mcp.types as mt
@@ -38,13 +40,15 @@ from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
-from backchannel.errors import BackchannelError, InvalidState, UnknownSession
+from backchannel.errors import BackchannelError, InvalidState, ServiceError, UnknownSession
+from backchannel.hub.messages import new_message_id
 from backchannel.hub.sessions import ALIVE_STEP_S, MIN_BEAT_S
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
 from backchannel.interfaces.strict import REFUSED, parse_json
 from backchannel.models import MAX_INT, Received, SessionInfo
 from backchannel.runtimes import liveness
 from backchannel.runtimes.common import format_message
+from backchannel.types import MESSAGE_ID_PATTERN
 
 __all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
 
@@ -69,6 +73,48 @@ INSTRUCTIONS = (
 )
 
 
+#: How long after a ``send_message`` or ``delegate`` call ended unanswered (the client
+#: cancelled it, a timeout's ``notifications/cancelled``, or the hub's answer was lost)
+#: the same call made again is made under the first one's id: a model told its call
+#: failed or timed out calls again, often a minute or more later (Codex gives a tool
+#: call 60 s, Gemini CLI 10 minutes, Claude Code ``MCP_TOOL_TIMEOUT``).
+UNANSWERED_S = 600.0
+#: The most unanswered calls a server keeps (the oldest go first).
+UNANSWERED_MAX = 1000
+
+
+class Unanswered:
+    """The ``send_message`` and ``delegate`` calls of one MCP server whose answer did not
+    reach the client, by what they asked for: the id each was made under, and its hub
+    call (which runs on when the tool call is cancelled, so that it is done or refused
+    whole, never cut halfway).
+
+    The same call made again within :data:`UNANSWERED_S` is made under that id, once
+    the earlier hub call has ended: the hub stores a message (starts a delegation) once
+    under its id, so a first call that did reach the hub is answered ``replayed`` and
+    one that did not is made now. Nothing is dropped that was not sent: an id reused
+    for a message the hub never stored stores it. See docs/decisions.md, "An MCP send
+    made again after its call went unanswered"."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[Any, ...], tuple[str, asyncio.Future[Any], float]] = {}
+
+    def take(self, key: tuple[Any, ...]) -> tuple[str, asyncio.Future[Any]] | None:
+        """The id and hub call of the unanswered call ``key``, if one is recent."""
+        found = self._calls.pop(key, None)
+        if found is None or found[2] < time.monotonic():
+            return None
+        return found[0], found[1]
+
+    def keep(self, key: tuple[Any, ...], ident: str, call: asyncio.Future[Any]) -> None:
+        now = time.monotonic()
+        for old in [k for k, v in self._calls.items() if v[2] < now]:
+            del self._calls[old]
+        while len(self._calls) >= UNANSWERED_MAX:
+            del self._calls[next(iter(self._calls))]
+        self._calls[key] = (ident, call, now + UNANSWERED_S)
+
+
 @dataclass(frozen=True, slots=True)
 class Agent:
     """Who the tools act for."""
@@ -77,6 +123,8 @@ class Agent:
     team: str
     name: str
     session: str | None = None  # the session named explicitly, if any
+    #: the server's calls that went unanswered (:func:`build_server` sets its own)
+    unanswered: Unanswered = field(default_factory=Unanswered, compare=False)
 
 
 # -- arguments --------------------------------------------------------------------------
@@ -91,6 +139,7 @@ class _NoArgs(_Args):
 
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+CallId = Annotated[str, Field(pattern=MESSAGE_ID_PATTERN)]
 
 
 class SendArgs(_Args):
@@ -103,6 +152,13 @@ class SendArgs(_Args):
         False,
         description="Deliver this message, then close the conversation link you opened "
         "with them (only the member who opened a link may close it).",
+    )
+    id: CallId | None = Field(
+        None,
+        description="Optional message id (1-128 letters, digits, '_', '-', '.', ':'). When a "
+        "send_message call failed or timed out, call again with the same arguments and "
+        "the id its error names (or the one you gave): a message is delivered once under "
+        "its id, so a send that did arrive is not sent twice.",
     )
 
 
@@ -155,6 +211,13 @@ class DelegateArgs(_Args):
         le=86_400,
         description="Give up after this many seconds (a late answer still arrives).",
     )
+    id: CallId | None = Field(
+        None,
+        description="Optional id of this delegation (1-128 letters, digits, '_', '-', '.', "
+        "':'). When a delegate call failed or timed out, call again with the same arguments "
+        "and the id its error names (or the one you gave): a delegation is started once "
+        "under its id, so the teammate does not do the task twice.",
+    )
 
 
 # -- the tools ---------------------------------------------------------------------------
@@ -162,15 +225,69 @@ class DelegateArgs(_Args):
 Output = tuple[str, Any]
 
 
+class Unsure(ServiceError):
+    """A ``send_message`` or ``delegate`` whose hub call failed on the way (unreachable,
+    or its answer lost): it may have been made. Names the id to call again with."""
+
+
+async def _once(
+    a: Agent, key: tuple[Any, ...], given: str | None, fresh: str, call: Callable[[str], Any]
+) -> Any:
+    """Make the hub call ``call(ident)`` of a tool call that must happen once, and return
+    its answer. ``ident`` is the id of the same call made earlier and left
+    unanswered (see :class:`Unanswered`), else ``given`` (the model's), else ``fresh``.
+    The hub call runs in a task of its own: a tool call cancelled meanwhile leaves it to
+    finish, and is kept, as is one whose hub call failed on the way, for the same call
+    made again."""
+    key = (a.team, a.name, a.session, *key)
+    earlier = a.unanswered.take(key)
+    ident = earlier[0] if earlier else given or fresh
+    if earlier is not None and not earlier[1].done():
+        # the earlier try is still on its way to the hub: made alongside, the two
+        # could race for one id; this call is made once it has ended
+        try:
+            await asyncio.wait({earlier[1]})
+        except asyncio.CancelledError:
+            a.unanswered.keep(key, ident, earlier[1])
+            raise
+    hub = asyncio.ensure_future(call(ident))
+    _SETTLING.add(hub)
+    hub.add_done_callback(_SETTLING.discard)
+    try:
+        return await asyncio.shield(hub)
+    except asyncio.CancelledError:  # the client gave up on the call: it may be made again
+        a.unanswered.keep(key, ident, hub)
+        raise
+    except ServiceError as exc:  # the hub may have done it: its answer did not come
+        a.unanswered.keep(key, ident, hub)
+        raise Unsure(exc.message, **{**exc.details, "id": ident}) from exc
+
+
 async def _send(a: Agent, x: SendArgs) -> Output:
-    r = await a.client.send(
-        x.to, x.message, summary=x.summary, close_link=x.close_link, from_session=a.session
-    )
+    key = ("send", x.to, x.message, x.summary, x.close_link)
+
+    def sending(ident: str) -> Any:
+        return a.client.send(
+            x.to,
+            x.message,
+            summary=x.summary,
+            close_link=x.close_link,
+            from_session=a.session,
+            message_id=ident,
+        )
+
+    r = await _once(a, key, x.id, new_message_id(), sending)
     to = ", ".join(r.recipients)
     closed = " Your link with them is now closed." if x.close_link else ""
     # a recipient whose push delivery is down: the agent learns it now, not at the
     # dead letter (backchannel.delivery.circuit)
     warned = "".join(f"\nWarning: {w}" for w in r.warnings)
+    if r.replayed:
+        return (
+            f"Already sent to {to} (message_id {r.message_id}): an earlier call made this "
+            f"send, and the message is delivered once.{closed}{warned}",
+            _json(r),
+        )
     return f"Sent to {to} (message_id {r.message_id}).{closed}{warned}", _json(r)
 
 
@@ -320,7 +437,14 @@ async def _react(a: Agent, x: ReactionArgs) -> Output:
 
 
 async def _delegate(a: Agent, x: DelegateArgs) -> Output:
-    result = await a.client.delegate(x.to, x.task, timeout_s=x.timeout_s, session=a.session)
+    key = ("delegate", x.to, x.task, x.timeout_s)
+
+    def delegating(ident: str) -> Any:
+        return a.client.delegate(
+            x.to, x.task, timeout_s=x.timeout_s, session=a.session, tool_use_id=ident
+        )
+
+    result = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
     data = _json(result)
     return (
         f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
@@ -467,6 +591,11 @@ def _hub_error_text(tool: Tool, exc: BackchannelError) -> str:
     arg = arg or blame.get(exc.code)
     where = f" (argument '{arg}')" if arg else ""
     text = f"{tool.name} failed{where}: {exc.message}"
+    if isinstance(exc, Unsure):
+        text += (
+            f". It may have reached the hub. Call {tool.name} again with the same arguments "
+            f"and id={exc.details['id']!r}: under that id it is made once, never twice."
+        )
     suggestions = exc.details.get("suggestions")
     if suggestions and "did you mean" not in exc.message:
         text += f" Did you mean: {', '.join(map(str, suggestions))}?"
@@ -488,6 +617,7 @@ def build_server(
     ``resolve(ctx)`` says which agent a call acts for; ``connected(client_name)`` is
     called once a client has finished the handshake."""
     tools = {t.name: t for t in TOOLS if delegate or t.name != "delegate"}
+    unanswered = Unanswered()
     listed = [
         mt.Tool(name=t.name, description=t.description, input_schema=t.schema())
         for t in tools.values()
@@ -505,7 +635,7 @@ def build_server(
         except ValidationError as exc:
             return _error(_validation_text(tool, exc))
         try:
-            agent = await resolve(ctx)
+            agent = replace(await resolve(ctx), unanswered=unanswered)
             text, data = await tool.run(agent, args)
         except BackchannelError as exc:
             return _error(_hub_error_text(tool, exc))

@@ -1,0 +1,285 @@
+"""An MCP ``send_message`` or ``delegate`` made again is made once.
+
+A runtime's MCP client gives up on a tool call while the hub is slow (Codex after 60 s,
+Gemini CLI after 10 minutes, Claude Code after ``MCP_TOOL_TIMEOUT``) and cancels it
+(``notifications/cancelled``; over HTTP it hangs up), though the hub had stored the send;
+or the hub's answer is lost on the way. The model is told the call failed and makes it
+again: the teammate must see the message once, and a delegation must run once. Real MCP
+client sessions, over stdio (``backchannel mcp`` behind a proxy that holds the hub's
+answer) and over HTTP (``/mcp``), cancel at pinned moments."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import pytest
+from mcp import ClientSession
+
+from backchannel.client import Client
+from backchannel.errors import PeerError
+from backchannel.hub import Hub
+from backchannel.interfaces import mcp
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing.waiting import eventually
+from tests.conftest import Server, start_server
+from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
+from tests.test_sdk_faults import Faulty
+
+CALLS = {
+    "send_message": ("/v1/messages", {"to": "b", "message": "deploy at noon"}),
+    "delegate": ("/v1/delegations", {"to": "b", "task": "count the lines in src/"}),
+}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("mcp-once") / "home")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def errlog(tmp_path: Path) -> Iterator[TextIO]:
+    with open(tmp_path / "mcp-stderr.log", "w") as f:
+        yield f
+
+
+def _open_turn(srv: Server, token: str) -> None:
+    """a's runtime opened session a-1 and a turn (a delegation is made from a turn)."""
+    with srv.client(token) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+        c.post("/v1/sessions/a-1/events", json={"kind": "turn_start"}).raise_for_status()
+
+
+def _made(srv: Server, tokens: dict[str, str], tool: str) -> list[str]:
+    """What reached b: the messages in its inbox, or the delegations b was asked."""
+    with srv.client(tokens["b"]) as c:
+        if tool == "delegate":
+            found = c.get("/v1/delegations").json()["delegations"]
+            return [d["task"] for d in found if d["callee"] == "b"]
+        got = c.get("/v1/inbox", params={"limit": 50}).json()["messages"]
+        return [m["text"] for m in got if m["from"] == "a"]
+
+
+@pytest.mark.parametrize("tool", sorted(CALLS))
+async def test_a_stdio_call_cancelled_after_the_hub_stored_it_is_made_once(
+    srv: Server, errlog: TextIO, tool: str
+) -> None:
+    """The hub stored the call, its answer is held on the way; the client cancels the
+    tool call (a timeout's ``notifications/cancelled``) and the model makes the same call
+    again, while the first is still on its way, then after: one message, one delegation."""
+    team = f"once-stdio-{tool}"
+    tokens = make_team(srv, team, "a", "b")
+    _open_turn(srv, tokens["a"])
+    path, args = CALLS[tool]
+    with contextlib.closing(Faulty(srv.url)) as proxy:
+        proxy.faults.append(("POST", path, "late"))
+        env = {"BACKCHANNEL_URL": proxy.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+        env["BACKCHANNEL_SESSION"] = "a-1"
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # this source, not another
+        async with stdio_mcp(env, errlog) as s:
+            first = asyncio.create_task(s.call_tool(tool, args))
+            await eventually(proxy.answered.is_set, within=30, what="the hub to store it")
+            first.cancel()  # the SDK tells the server: notifications/cancelled
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            again = asyncio.create_task(s.call_tool(tool, args))
+            proxy.release.set()  # the first call's answer goes on, to nobody
+            result = await asyncio.wait_for(again, 30)
+            assert not result.is_error, text(result)
+            if tool == "send_message":
+                assert text(result).startswith("Already sent to b (message_id ")
+                assert result.structured_content["replayed"] is True
+    assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
+
+
+class _Gate:
+    """The first send or delegate of any of a member's clients reaches the hub, then
+    holds its answer until :attr:`go`: a hub that stored the call and is slow to say so."""
+
+    def __init__(self) -> None:
+        self.stored = asyncio.Event()
+        self.go = asyncio.Event()
+
+
+class _Slow:
+    """A member's client behind :class:`_Gate`."""
+
+    def __init__(self, client: Any, gate: _Gate) -> None:
+        self._client = client
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def _late(self, answer: Any) -> Any:
+        if not self._gate.stored.is_set():
+            self._gate.stored.set()
+            await self._gate.go.wait()
+        return answer
+
+    async def send(self, *a: Any, **kw: Any) -> Any:
+        return await self._late(await self._client.send(*a, **kw))
+
+    async def delegate(self, *a: Any, **kw: Any) -> Any:
+        return await self._late(await self._client.delegate(*a, **kw))
+
+
+@pytest.mark.parametrize("tool", sorted(CALLS))
+async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_made_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """Over ``/mcp`` the client hangs up (it gave up waiting) after the hub stored the
+    call; the model makes the same call again in a new MCP session: made once."""
+    import uvicorn
+
+    from backchannel.interfaces import agents_http
+    from backchannel.interfaces.http import create_app
+
+    gate = _Gate()
+    resolve = agents_http.McpEndpoint._resolve
+
+    async def slowed(self: Any, ctx: Any) -> Any:
+        agent = await resolve(self, ctx)
+        slow = _Slow(agent.client, gate)
+        return mcp.Agent(slow, agent.team, agent.name, agent.session)  # type: ignore[arg-type]
+
+    kept = asyncio.Event()  # the server saw the call go unanswered
+    keep = mcp.Unanswered.keep
+
+    def spied(self: mcp.Unanswered, *a: Any) -> None:
+        keep(self, *a)
+        kept.set()
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", slowed)
+    monkeypatch.setattr(mcp.Unanswered, "keep", spied)
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with Client(url, a) as client:
+            await client.open_session("a-1")
+            await client.report_event("a-1", "turn_start")
+        _, args = CALLS[tool]
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": tool, "arguments": args}
+        headers = {
+            "Authorization": f"Bearer {a}",
+            "Backchannel-Session": "a-1",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(base_url=url) as http:
+            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
+            await eventually(gate.stored.is_set, what="the hub to store it")
+            posting.cancel()  # the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await posting
+        await asyncio.wait_for(kept.wait(), 20)
+        async with http_mcp(url, a, "a-1") as s:
+            again = asyncio.create_task(s.call_tool(tool, args))
+            gate.go.set()
+            result = await asyncio.wait_for(again, 30)
+        assert not result.is_error, text(result)
+        if tool == "send_message":
+            assert text(result).startswith("Already sent to b (message_id ")
+        async with Client(url, b) as client:
+            if tool == "delegate":
+                made = [d for d in await client.delegations() if d.callee == "b"]
+            else:
+                made = [m for m in await client.receive(limit=50) if m.sender == "a"]
+        assert len(made) == 1, "reached the teammate once"
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
+
+
+class _Lost:
+    """A member's client whose first send reaches the hub and whose answer is lost."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.lost = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def send(self, *a: Any, **kw: Any) -> Any:
+        answer = await self._client.send(*a, **kw)
+        if not self.lost:
+            self.lost = True
+            raise PeerError("the answer to POST /v1/messages was lost on the way back")
+        return answer
+
+
+async def _session(agent: mcp.Agent) -> Any:
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    async def resolve(ctx: Any) -> mcp.Agent:
+        return agent
+
+    server = mcp.build_server(resolve, delegate=True)
+
+    @contextlib.asynccontextmanager
+    async def running() -> Any:
+        async with create_client_server_memory_streams() as (client_streams, server_streams):
+            task = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
+            try:
+                async with ClientSession(*client_streams) as s:
+                    await s.initialize()
+                    yield s
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return running()
+
+
+async def test_a_send_whose_answer_was_lost_names_the_id_that_sends_it_once(
+    srv: Server,
+) -> None:
+    """The hub stored the send and its answer was lost: the tool's error tells the model
+    the id to call again with; called again with it, or as it was, it is sent once."""
+    tokens = make_team(srv, "once-lost", "a", "b")
+    async with Client(srv.url, tokens["a"]) as client:
+        agent = mcp.Agent(_Lost(client), "once-lost", "a")  # type: ignore[arg-type]
+        async with await _session(agent) as s:
+            args = {"to": "b", "message": "deploy at noon"}
+            failed = await s.call_tool("send_message", args)
+            assert failed.is_error
+            said = text(failed)
+            assert "Call send_message again with the same arguments and id='" in said, said
+            ident = said.split("id='")[1].split("'")[0]
+            # made again as it was, without the id: the server kept it
+            plain = await s.call_tool("send_message", args)
+            assert not plain.is_error, text(plain)
+            assert text(plain) == (
+                f"Already sent to b (message_id {ident}): an earlier call made this send, "
+                "and the message is delivered once."
+            )
+            # and with the id the error named (from a new server, say): the hub knows it
+            again = await s.call_tool("send_message", {**args, "id": ident})
+            assert text(again).startswith(f"Already sent to b (message_id {ident})")
+            # an id the model gives on its first call is the message's
+            own = await s.call_tool("send_message", {**args, "message": "two", "id": "a-note-2"})
+            assert text(own) == "Sent to b (message_id a-note-2)."
+            bad = await s.call_tool("send_message", {**args, "id": "no spaces"})
+            assert bad.is_error and "invalid argument 'id'" in text(bad)
+    assert _made(srv, tokens, "send_message") == ["deploy at noon", "two"]
