@@ -101,6 +101,32 @@ async def test_a_stdio_call_cancelled_after_the_hub_stored_it_is_made_once(
     assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
 
 
+@pytest.mark.parametrize("tool", sorted(CALLS))
+async def test_the_stdio_servers_own_retries_make_a_call_once(
+    srv: Server, errlog: TextIO, tool: str
+) -> None:
+    """The hub did the call and the connection broke before its answer came back: the
+    stdio server's client makes it again under the id it gave the tool call, and the
+    hub answers the first result. The model sees one plain success, the teammate one
+    message (one delegation)."""
+    team = f"once-cut-{tool}"
+    tokens = make_team(srv, team, "a", "b")
+    _open_turn(srv, tokens["a"])
+    path, args = CALLS[tool]
+    with contextlib.closing(Faulty(srv.url)) as proxy:
+        proxy.faults.append(("POST", path, "cut"))
+        env = {"BACKCHANNEL_URL": proxy.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+        env["BACKCHANNEL_SESSION"] = "a-1"
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+        async with stdio_mcp(env, errlog) as s:
+            result = await asyncio.wait_for(s.call_tool(tool, args), 30)
+        assert [w for _, p, w in proxy.seen if p == path] == ["cut", "pass"]
+    assert not result.is_error, text(result)
+    if tool == "send_message":  # the client's retry is no earlier call of the model's
+        assert text(result).startswith("Sent to b (message_id ")
+    assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
+
+
 class _Gate:
     """The first send or delegate of any of a member's clients reaches the hub, then
     holds its answer until :attr:`go`: a hub that stored the call and is slow to say so."""

@@ -232,9 +232,10 @@ class Unsure(ServiceError):
 
 async def _once(
     a: Agent, key: tuple[Any, ...], given: str | None, fresh: str, call: Callable[[str], Any]
-) -> Any:
+) -> tuple[Any, bool]:
     """Make the hub call ``call(ident)`` of a tool call that must happen once, and return
-    its answer. ``ident`` is the id of the same call made earlier and left
+    its answer, and whether ``ident`` is an earlier call's (a replay then is that call's;
+    under ``fresh`` it is only the client's own retry, which the model never saw). ``ident`` is the id of the same call made earlier and left
     unanswered (see :class:`Unanswered`), else ``given`` (the model's), else ``fresh``.
     The hub call runs in a task of its own: a tool call cancelled meanwhile leaves it to
     finish, and is kept, as is one whose hub call failed on the way, for the same call
@@ -254,7 +255,7 @@ async def _once(
     _SETTLING.add(hub)
     hub.add_done_callback(_SETTLING.discard)
     try:
-        return await asyncio.shield(hub)
+        return await asyncio.shield(hub), ident != fresh
     except asyncio.CancelledError:  # the client gave up on the call: it may be made again
         a.unanswered.keep(key, ident, hub)
         raise
@@ -276,13 +277,13 @@ async def _send(a: Agent, x: SendArgs) -> Output:
             message_id=ident,
         )
 
-    r = await _once(a, key, x.id, new_message_id(), sending)
+    r, again = await _once(a, key, x.id, new_message_id(), sending)
     to = ", ".join(r.recipients)
     closed = " Your link with them is now closed." if x.close_link else ""
     # a recipient whose push delivery is down: the agent learns it now, not at the
     # dead letter (backchannel.delivery.circuit)
     warned = "".join(f"\nWarning: {w}" for w in r.warnings)
-    if r.replayed:
+    if r.replayed and again:
         return (
             f"Already sent to {to} (message_id {r.message_id}): an earlier call made this "
             f"send, and the message is delivered once.{closed}{warned}",
@@ -444,7 +445,7 @@ async def _delegate(a: Agent, x: DelegateArgs) -> Output:
             x.to, x.task, timeout_s=x.timeout_s, session=a.session, tool_use_id=ident
         )
 
-    result = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
+    result, _ = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
     data = _json(result)
     return (
         f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
