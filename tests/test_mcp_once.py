@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,7 +29,7 @@ from backchannel.hub import Hub
 from backchannel.interfaces import mcp
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing.waiting import eventually
-from tests.conftest import Server, start_server
+from tests.conftest import BIN, Server, start_server
 from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
 from tests.test_sdk_faults import Faulty
 
@@ -309,3 +311,129 @@ async def test_a_send_whose_answer_was_lost_names_the_id_that_sends_it_once(
             bad = await s.call_tool("send_message", {**args, "id": "no spaces"})
             assert bad.is_error and "invalid argument 'id'" in text(bad)
     assert _made(srv, tokens, "send_message") == ["deploy at noon", "two"]
+
+
+def _rpc(ident: int, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": tool, "arguments": args}
+    return {"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": params}
+
+
+def _cancel(ident: int) -> dict[str, Any]:
+    params = {"requestId": ident, "reason": "McpError: MCP error -32001: Request timed out"}
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+@pytest.mark.parametrize("tool", sorted(CALLS))
+def test_a_stdio_cancel_that_crossed_the_answer_makes_the_call_again_once(
+    srv: Server, tool: str
+) -> None:
+    """The client timed out just as the answer came: it dropped the answer and sent
+    ``notifications/cancelled`` for a call the server had already answered (the SDK
+    ignores it). The model, told the call timed out, makes it again: made once."""
+    team = f"once-crossed-{tool}"
+    tokens = make_team(srv, team, "a", "b")
+    _open_turn(srv, tokens["a"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    env |= {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    env["BACKCHANNEL_SESSION"] = "a-1"
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    hello["clientInfo"] = {"name": "test", "version": "0"}
+    _, args = CALLS[tool]
+    proc = subprocess.Popen(
+        [str(BIN), "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def say(*msgs: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
+        proc.stdin.flush()
+
+    def answer() -> dict[str, Any]:
+        assert proc.stdout is not None
+        got: dict[str, Any] = json.loads(proc.stdout.readline())
+        return got
+
+    try:
+        say({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert answer()["id"] == 1
+        say({"jsonrpc": "2.0", "method": "notifications/initialized"}, _rpc(2, tool, args))
+        first = answer()
+        assert first["id"] == 2 and not first["result"].get("isError"), first
+        say(_cancel(2), _rpc(3, tool, args))
+        again = answer()
+        assert again["id"] == 3 and not again["result"].get("isError"), again
+        if tool == "send_message":
+            said = again["result"]["content"][0]["text"]
+            assert said.startswith("Already sent to b (message_id "), said
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
+    assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
+
+
+@pytest.mark.parametrize("tool", sorted(CALLS))
+async def test_an_http_cancel_of_a_call_the_hub_stored_makes_it_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """Over stateless ``/mcp`` a client that times out does not hang up: it sends
+    ``notifications/cancelled`` in a request of its own, which the SDK cannot match to
+    the call. The endpoint hears it; the same call made again is made once."""
+    import uvicorn
+
+    from backchannel.interfaces import agents_http
+    from backchannel.interfaces.http import create_app
+
+    gate = _Gate()
+    resolve = agents_http.McpEndpoint._resolve
+
+    async def slowed(self: Any, ctx: Any) -> Any:
+        agent = await resolve(self, ctx)
+        slow = _Slow(agent.client, gate)
+        return mcp.Agent(slow, agent.team, agent.name, agent.session)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", slowed)
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with Client(url, a) as client:
+            await client.open_session("a-1")
+            await client.report_event("a-1", "turn_start")
+        _, args = CALLS[tool]
+        headers = {
+            "Authorization": f"Bearer {a}",
+            "Backchannel-Session": "a-1",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+            first = asyncio.create_task(http.post("/mcp", json=_rpc(7, tool, args)))
+            await eventually(gate.stored.is_set, what="the hub to store it")
+            r = await http.post("/mcp", json=_cancel(7))
+            assert r.status_code == 202, r.text
+            gate.go.set()
+            assert (await first).status_code == 200  # to a client that no longer reads it
+            again = (await http.post("/mcp", json=_rpc(1, tool, args))).json()
+        assert not again["result"].get("isError"), again
+        if tool == "send_message":
+            said = again["result"]["content"][0]["text"]
+            assert said.startswith("Already sent to b (message_id "), said
+        async with Client(url, b) as client:
+            if tool == "delegate":
+                made = [d for d in await client.delegations() if d.callee == "b"]
+            else:
+                made = [m for m in await client.receive(limit=50) if m.sender == "a"]
+        assert len(made) == 1, "reached the teammate once"
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()

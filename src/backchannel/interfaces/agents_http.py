@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request
@@ -34,7 +34,13 @@ from backchannel.client import Client
 from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, ServiceError
 from backchannel.hub import Hub
 from backchannel.interfaces.http import Auth, principal
-from backchannel.interfaces.mcp import Agent, build_server
+from backchannel.interfaces.mcp import (
+    CANCELLED,
+    Agent,
+    Unanswered,
+    build_server,
+    cancelled_requests,
+)
 from backchannel.interfaces.strict import parse_runtime_json
 from backchannel.models import HookAnswer
 from backchannel.runtimes import RUNTIMES
@@ -111,13 +117,20 @@ def _ignored(member: Member, runtime: str, reason: str) -> JSONResponse:
     return JSONResponse({}, headers={PROBLEM_HEADER: _header_safe(reason)})
 
 
+#: The largest ``/mcp`` request body read for a ``notifications/cancelled``.
+HEARD_MAX = 65_536
+
+
 class McpEndpoint:
     """``/mcp``: authenticates the member, then hands the request to the MCP SDK's
     streamable-HTTP session manager (which runs while the app's lifespan does)."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.server = build_server(self._resolve, delegate=True)
+        #: its send and delegate calls that went unanswered: a client that gave up on
+        #: one says so in a request of its own (stateless: the SDK cannot match it)
+        self.unanswered = Unanswered()
+        self.server = build_server(self._resolve, delegate=True, unanswered=self.unanswered)
         self.manager: StreamableHTTPSessionManager | None = None
 
     @contextlib.asynccontextmanager
@@ -148,13 +161,24 @@ class McpEndpoint:
             _SESSION_KEY: request.headers.get(SESSION_HEADER) or None,
         }
         if scope.get("method") == "POST":
-            await self._unless_gone(self.manager, inner, receive, send)
+
+            def heard(body: bytes) -> None:
+                if CANCELLED.encode() in body:
+                    session = inner[_SESSION_KEY]
+                    for request in cancelled_requests(body):
+                        self.unanswered.cancelled((member.team, member.name, session, request))
+
+            await self._unless_gone(self.manager, inner, receive, send, heard)
         else:
             await self.manager.handle_request(inner, receive, send)
 
     @staticmethod
     async def _unless_gone(
-        manager: StreamableHTTPSessionManager, scope: Scope, receive: Receive, send: Send
+        manager: StreamableHTTPSessionManager,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        heard: Callable[[bytes], None] = lambda body: None,
     ) -> None:
         """Handle a POST, and stop its calls when the client hangs up before the answer:
         the SDK would run them on and write the answer into the closed connection, so
@@ -162,11 +186,17 @@ class McpEndpoint:
         what it took (see :func:`.mcp.build_server`). The connection is watched once the
         body has been read, when nothing else reads it."""
         body_read = asyncio.Event()
+        body = bytearray()
 
         async def receiving() -> Message:
             message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
+            if message["type"] == "http.request" and len(body) <= HEARD_MAX:
+                body.extend(message.get("body", b""))  # a cancel is small: no more is kept
+            done = message["type"] != "http.request" or not message.get("more_body", False)
+            if done and not body_read.is_set():
                 body_read.set()
+                if len(body) <= HEARD_MAX:
+                    heard(bytes(body))  # what the client said (a cancel of an earlier call)
             return message
 
         async def client_gone() -> None:

@@ -98,6 +98,24 @@ class Unanswered:
 
     def __init__(self) -> None:
         self._calls: dict[tuple[Any, ...], tuple[str, asyncio.Future[Any], float]] = {}
+        #: each recent call by its JSON-RPC request (team, member, session, request id):
+        #: its key, id and hub call, for a ``notifications/cancelled`` that names it
+        #: after it was answered (the client timed out as the answer went), or that
+        #: reaches another request than the call's (stateless ``/mcp``)
+        self._made: dict[tuple[Any, ...], tuple[tuple[Any, ...], str, asyncio.Future[Any]]] = {}
+
+    def made(
+        self, request: tuple[Any, ...], key: tuple[Any, ...], ident: str, call: asyncio.Future[Any]
+    ) -> None:
+        while len(self._made) >= UNANSWERED_MAX:
+            del self._made[next(iter(self._made))]
+        self._made[request] = (key, ident, call)
+
+    def cancelled(self, request: tuple[Any, ...]) -> None:
+        """The client cancelled ``request`` (if it is a recent call, it went unanswered)."""
+        found = self._made.pop(request, None)
+        if found is not None:
+            self.keep(*found)
 
     def take(self, key: tuple[Any, ...]) -> tuple[str, asyncio.Future[Any]] | None:
         """The id and hub call of the unanswered call ``key``, if one is recent."""
@@ -125,6 +143,8 @@ class Agent:
     session: str | None = None  # the session named explicitly, if any
     #: the server's calls that went unanswered (:func:`build_server` sets its own)
     unanswered: Unanswered = field(default_factory=Unanswered, compare=False)
+    #: the JSON-RPC id of the tool call it acts in (:func:`build_server` sets it)
+    request: Any = None
 
 
 # -- arguments --------------------------------------------------------------------------
@@ -254,6 +274,8 @@ async def _once(
     hub = asyncio.ensure_future(call(ident))
     _SETTLING.add(hub)
     hub.add_done_callback(_SETTLING.discard)
+    if a.request is not None:
+        a.unanswered.made((a.team, a.name, a.session, a.request), key, ident, hub)
     try:
         return await asyncio.shield(hub), ident != fresh
     except asyncio.CancelledError:  # the client gave up on the call: it may be made again
@@ -613,12 +635,14 @@ def build_server(
     *,
     delegate: bool = False,
     connected: Callable[[str], None] | None = None,
+    unanswered: Unanswered | None = None,
 ) -> Server[Any]:
     """An MCP server with :data:`TOOLS` (``delegate`` only when the hub offers it);
     ``resolve(ctx)`` says which agent a call acts for; ``connected(client_name)`` is
-    called once a client has finished the handshake."""
+    called once a client has finished the handshake; ``unanswered``: where its calls
+    that went unanswered are kept (its own if not given)."""
     tools = {t.name: t for t in TOOLS if delegate or t.name != "delegate"}
-    unanswered = Unanswered()
+    unanswered = unanswered or Unanswered()
     listed = [
         mt.Tool(name=t.name, description=t.description, input_schema=t.schema())
         for t in tools.values()
@@ -636,7 +660,7 @@ def build_server(
         except ValidationError as exc:
             return _error(_validation_text(tool, exc))
         try:
-            agent = replace(await resolve(ctx), unanswered=unanswered)
+            agent = replace(await resolve(ctx), unanswered=unanswered, request=ctx.request_id)
             text, data = await tool.run(agent, args)
         except BackchannelError as exc:
             return _error(_hub_error_text(tool, exc))
@@ -719,8 +743,13 @@ async def serve_stdio(
             if not hello.done():
                 hello.set_result(client_name)
 
-        server = build_server(resolve, delegate=True, connected=connected)
-        lines = CheckedLines(streams[0] if streams else _stdin())
+        unanswered = Unanswered()
+        server = build_server(resolve, delegate=True, connected=connected, unanswered=unanswered)
+
+        def cancelled(request: Any) -> None:
+            unanswered.cancelled((team, name, session, request))
+
+        lines = CheckedLines(streams[0] if streams else _stdin(), cancelled)
         async with stdio_server(lines, streams[1] if streams else None) as (read, write):  # type: ignore[arg-type]
 
             async def refuse() -> None:
@@ -809,8 +838,11 @@ class CheckedLines:
     fails goes to :attr:`refused` as the JSON-RPC error that answers it (``-32700`` or
     ``-32600``, with the request's id when it can be read), and never reaches the SDK."""
 
-    def __init__(self, lines: AsyncIterable[str]) -> None:
+    def __init__(
+        self, lines: AsyncIterable[str], cancelled: Callable[[Any], None] | None = None
+    ) -> None:
         self._lines = lines
+        self._cancelled = cancelled
         self.refused: asyncio.Queue[mt.JSONRPCError] = asyncio.Queue()
 
     def __aiter__(self) -> AsyncIterator[str]:
@@ -822,10 +854,34 @@ class CheckedLines:
                 continue
             error = refusal(line)
             if error is None:
+                if self._cancelled is not None and CANCELLED in line:
+                    for request in cancelled_requests(line):
+                        self._cancelled(request)
                 yield line
             else:
                 log.warning("refused a line from the client: %s", error.error.message)
                 self.refused.put_nowait(error)
+
+
+CANCELLED = "notifications/cancelled"
+
+
+def cancelled_requests(body: str | bytes) -> list[Any]:
+    """The request ids a client's message (or batch) cancels with ``notifications/cancelled``
+    (the SDK acts on it only for a call still running in the same connection; the tools
+    also need it for one already answered, see :class:`Unanswered`)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return []
+    found = []
+    for msg in value if isinstance(value, list) else [value]:
+        if isinstance(msg, dict) and msg.get("method") == CANCELLED and "id" not in msg:
+            params = msg.get("params")
+            request = params.get("requestId") if isinstance(params, dict) else None
+            if isinstance(request, (int, str)) and not isinstance(request, bool):
+                found.append(request)
+    return found
 
 
 def refusal(line: str) -> mt.JSONRPCError | None:
