@@ -437,3 +437,22 @@ async def test_an_http_cancel_of_a_call_the_hub_stored_makes_it_again_once(
         server.should_exit = True
         await serving
         await hub.close()
+
+
+async def test_a_cancel_naming_a_request_id_of_long_ago_marks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's request ids start again in each connection: a cancel of request 2
+    past the window is of another call than the send made as request 2 back then."""
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    kept = mcp.Unanswered()
+    ask = ("t", "a", None, 2)
+    monkeypatch.setattr(mcp, "UNANSWERED_S", -1.0)  # made past the window already
+    kept.made(ask, ("send", "b", "hi"), "m1", done)
+    monkeypatch.setattr(mcp, "UNANSWERED_S", 600.0)
+    kept.cancelled(ask)
+    assert kept.take(("send", "b", "hi")) is None
+    kept.made(ask, ("send", "b", "hi"), "m2", done)
+    kept.cancelled(ask)
+    assert kept.take(("send", "b", "hi")) == ("m2", done)

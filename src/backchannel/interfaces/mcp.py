@@ -102,20 +102,23 @@ class Unanswered:
         #: its key, id and hub call, for a ``notifications/cancelled`` that names it
         #: after it was answered (the client timed out as the answer went), or that
         #: reaches another request than the call's (stateless ``/mcp``)
-        self._made: dict[tuple[Any, ...], tuple[tuple[Any, ...], str, asyncio.Future[Any]]] = {}
+        self._made: dict[tuple[Any, ...], tuple[tuple[Any, ...], str, asyncio.Future[Any], float]]
+        self._made = {}
 
     def made(
         self, request: tuple[Any, ...], key: tuple[Any, ...], ident: str, call: asyncio.Future[Any]
     ) -> None:
         while len(self._made) >= UNANSWERED_MAX:
             del self._made[next(iter(self._made))]
-        self._made[request] = (key, ident, call)
+        self._made.pop(request, None)  # a request id used again: the newest call is last
+        self._made[request] = (key, ident, call, time.monotonic() + UNANSWERED_S)
 
     def cancelled(self, request: tuple[Any, ...]) -> None:
-        """The client cancelled ``request`` (if it is a recent call, it went unanswered)."""
+        """The client cancelled ``request``: if it is a recent call, it went unanswered
+        (a client's request ids start again in each connection: an old one is not it)."""
         found = self._made.pop(request, None)
-        if found is not None:
-            self.keep(*found)
+        if found is not None and found[3] >= time.monotonic():
+            self.keep(*found[:3])
 
     def take(self, key: tuple[Any, ...]) -> tuple[str, asyncio.Future[Any]] | None:
         """The id and hub call of the unanswered call ``key``, if one is recent."""
