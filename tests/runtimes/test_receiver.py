@@ -224,6 +224,33 @@ async def test_subagent_stop_never_delivers(hub: Hub) -> None:
     assert await _texts(hub, "w") == ["waits for the main agent"]
 
 
+async def test_compaction_between_turns_leaves_the_session_idle_for_the_next_prompt(
+    hub: Hub,
+) -> None:
+    """``/compact`` runs Claude Code's summary agent while the session waits at its prompt,
+    and its ``SubagentStop`` comes outside any turn: it opens none, so the session stays
+    idle and a message waiting meanwhile comes with the next prompt (and a channel push
+    may still wake it), not only after that prompt's turn."""
+    await _team(hub)
+    sid = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart"))
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    await call(hub, "t", "w", "claude-code", _stop("claude-code", last_assistant_message="Ok."))
+    await hub.send("t", "lead", "w", "waits for the next prompt")
+    summary = fixture(
+        "claude-code", "SubagentStop", agent_type="", last_assistant_message="<summary>..."
+    )
+    result = await call(hub, "t", "w", "claude-code", summary)
+    assert (result.answer, result.problem) == ({}, None)
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+    compacted = fixture("claude-code", "SessionStart", source="compact")
+    await call(hub, "t", "w", "claude-code", compacted)
+    result = await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit"))
+    context = result.answer["hookSpecificOutput"]["additionalContext"]
+    assert "[From lead] waits for the next prompt" in context
+    assert [k for k, _, _ in await _kinds(hub, sid)].count("agent_output") == 0
+
+
 # -- runtimes that are not tidy ---------------------------------------------------------------
 
 

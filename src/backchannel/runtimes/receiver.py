@@ -11,7 +11,9 @@ runtimes are not so tidy, so this layer makes them fit:
   idle again. A runtime session that was terminated (the grace ran out, or an explicit
   terminate) and is then resumed continues as ``<id>.2`` (``.3``...).
 * A tool event or a stop outside a turn opens one first (``turn_start``, marked
-  ``opened_by``), so the closing text is still routed.
+  ``opened_by``), so the closing text is still routed. A subagent's stop outside a turn
+  opens none and is not recorded: it is the runtime's own agent (Claude Code's
+  ``/compact`` summary), and the session stays idle at its prompt.
 * ``SessionStart`` with source ``startup``/``resume`` on a session whose turn was running
   recovers it (the process died mid-turn); ``clear``/``compact`` leave the turn alone.
 
@@ -208,6 +210,12 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     mark = _stop_mark(ev) if ev.kind is HookKind.STOP else None
     if mark is not None and _repeated_stop(hub, s, mark):
         return Outcome(), sid, ()  # routed once already; its answer was given then
+    if ev.kind is HookKind.SUBAGENT_STOP and s.state is not SessionState.ACTIVE:
+        # a subagent ending between turns is the runtime's own (Claude Code's summary
+        # agent for /compact), not the member's work: opening a turn for it would leave
+        # the session active at its prompt, so the next prompt (and a channel push)
+        # would not bring the messages waiting for it
+        return Outcome(), sid, ()
     if s.state is not SessionState.ACTIVE:
         opening = str(ev.extra.get("input") or "")
         await _event(hub, m, sid, "turn_start", opening, {"opened_by": ev.name})

@@ -1,0 +1,263 @@
+"""The real Claude Code CLI (pinned, from npm) as a user drives it in a tmux pane,
+attached with ``backchannel attach claude-code`` to a real ``backchannel serve``, its model
+a scripted API on 127.0.0.1: quitting and coming back (``/exit``, Ctrl-C twice, then
+``claude --continue`` / ``--resume <id>``), ``/clear``, ``/compact``, Esc mid-turn, and two
+windows of one member. Every assertion is on what the model API received."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Server, start_server
+from tests.realcli.fake_anthropic import FakeAnthropic, Rule, last_user_text, say, texts
+from tests.realcli.test_claude_channels import NO_TRAFFIC, _attach, _get, _hub_turn, _send, _team
+from tests.realcli.tmux_harness import (
+    Pane,
+    RefusingProxy,
+    claude_pane,
+    cli_env,
+    wait_until,
+    write_home,
+)
+
+pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Server]:
+    srv = start_server(tmp_path / "hub")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def proxy() -> Iterator[RefusingProxy]:
+    p = RefusingProxy()
+    try:
+        yield p
+    finally:
+        p.close()
+    assert p.attempts == [], p.attempts
+
+
+class Worker:
+    """worker's project, attached, with its home and environment; lead is hub-side."""
+
+    def __init__(self, hub: Server, proxy: RefusingProxy, tmp_path: Path) -> None:
+        self.hub = hub
+        self.tokens = _team(hub)
+        self.project = tmp_path / "worker"
+        _attach(hub, self.project)
+        self.home = tmp_path / "home"
+        write_home(self.home, [self.project])
+        self.env = cli_env(self.home, "", proxy, **NO_TRAFFIC)
+        self.env["BACKCHANNEL_TOKEN"] = self.tokens["worker"]
+
+    def sessions(self) -> list[dict[str, Any]]:
+        found = _get(self.hub, self.tokens["worker"], "/v1/sessions", member="worker")
+        return list(found["sessions"])
+
+    def session(self, sid: str) -> dict[str, Any]:
+        return dict(_get(self.hub, self.tokens["worker"], f"/v1/sessions/{sid}"))
+
+    def live(self) -> list[dict[str, Any]]:
+        return [s for s in self.sessions() if s["state"] in ("idle", "active")]
+
+    def copy(self, mid: str) -> dict[str, Any]:
+        status = _get(self.hub, self.tokens["lead"], f"/v1/messages/{mid}")
+        return {**status["deliveries"][0], "history": status.get("history", [])}
+
+    def idle_after_stop(self, sid: str, stops: int) -> bool:
+        """Whether session ``sid`` is idle with ``stops`` turn ends reported."""
+        s = self.session(sid)
+        events = _get(self.hub, self.tokens["worker"], f"/v1/sessions/{sid}/transcript")
+        ended = [e for e in events["events"] if e["kind"] == "agent_stop"]
+        return s["state"] == "idle" and len(ended) >= stops
+
+
+def asking(api: FakeAnthropic, mark: str) -> list[dict[str, Any]]:
+    """The model requests whose last user turn carries ``mark``."""
+    return [r for r in api.model_requests() if mark in last_user_text(r)]
+
+
+def shown(req: dict[str, Any], mark: str) -> int:
+    """How often ``mark`` is in what ``req`` shows the model (its whole history)."""
+    return sum(t.count(mark) for t in texts({"messages": req.get("messages", [])}))
+
+
+def prompt_turn(pane: Pane, api: FakeAnthropic, w: Worker, text: str, sid: str, n: int) -> Any:
+    """Type ``text``; the request that carries it, once the turn (the ``n``-th) ended."""
+    pane.type(text)
+    (req,) = wait_until(lambda: asking(api, text), 60, f"the request of {text!r}", pane)
+    wait_until(lambda: w.idle_after_stop(sid, n), 60, f"the end of {text!r}", pane)
+    return req
+
+
+def first_session(w: Worker, pane: Pane) -> str:
+    [s] = wait_until(lambda: w.live() or None, 60, "worker's hub session", pane)
+    return str(s["session_id"])
+
+
+@pytest.mark.parametrize(("quit_by", "back_by"), [("/exit", "--continue"), ("ctrl-c", "--resume")])
+def test_a_message_waiting_when_the_user_quits_reaches_the_resumed_conversation_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path, quit_by: str, back_by: str
+) -> None:
+    w = Worker(hub, proxy, tmp_path)
+    with FakeAnthropic([], fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as pane:
+            sid = first_session(w, pane)
+            prompt_turn(pane, api, w, "PROMPT-ONE", sid, 1)
+            if quit_by == "/exit":
+                pane.type("/exit")
+            else:
+                pane.pane.send_keys("C-c", enter=False)
+                pane.wait_for("again to exit")
+                pane.pane.send_keys("C-c", enter=False)
+            wait_until(pane.exited, 60, "Claude Code's exit", pane)
+        wait_until(lambda: w.session(sid)["state"] == "exited", 30, "the session exited")
+
+        # lead, hub-side, messages worker; then from a turn of its own (opening a link),
+        # whose closing text crosses the link: all three wait for worker
+        direct = _send(hub, w.tokens["lead"], "worker", "MARK-DIRECT: also this")
+        _hub_turn(hub, w.tokens["lead"], "lead-s", "MARK-CROSS: crossing", send="MARK-SEND: hi")
+
+        back = ["--continue"] if back_by == "--continue" else ["--resume", sid]
+        with claude_pane(w.project, w.env, *back) as pane:
+            wait_until(lambda: w.session(sid)["state"] == "idle", 60, "the resumed session", pane)
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid, 2)
+            for mark in ("MARK-SEND: hi", "MARK-CROSS: crossing", "MARK-DIRECT: also this"):
+                assert shown(req, mark) == 1, (mark, texts(req))
+            # the earlier conversation is the one resumed
+            assert shown(req, "PROMPT-ONE") == 1
+            wait_until(lambda: w.copy(direct)["state"] == "acked", 30, "the ack", pane)
+            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 3)
+            for mark in ("MARK-SEND: hi", "MARK-CROSS: crossing", "MARK-DIRECT: also this"):
+                assert shown(later, mark) == 1, (mark, texts(later))
+        assert [s["session_id"] for s in w.sessions()] == [sid]
+
+
+def busy_until(go_on: threading.Event, working: threading.Event, text: str) -> Any:
+    """A model reply that holds its turn open until the test says ``go_on``."""
+
+    def reply(_: dict[str, Any]) -> Any:
+        working.set()
+        go_on.wait(60)
+        return say(text)
+
+    return reply
+
+
+def test_clear_keeps_what_waits_for_the_old_conversation_and_hands_the_rest_over_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """``/clear`` ends the conversation (``SessionEnd``, reason ``clear``) and starts
+    another under a new session id (``SessionStart``, source ``clear``): a new hub
+    session. A message handed over by the last ``Stop`` hook was the old conversation's
+    and is not shown again; one for the member waiting meanwhile goes to the new
+    conversation once, and so does a peer's send; a link's crossing, pinned to the old session, waits for it (a
+    resume) and reaches it once."""
+    w = Worker(hub, proxy, tmp_path)
+    working, go_on = threading.Event(), threading.Event()
+    rules = [
+        Rule(lambda r: "PROMPT-ONE" in last_user_text(r), busy_until(go_on, working, "Ok."), 1)
+    ]
+    with FakeAnthropic(rules, fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as pane:
+            sid = first_session(w, pane)
+            pane.type("PROMPT-ONE")
+            wait_until(working.is_set, 60, "the turn's model request", pane)
+            handed = _send(hub, w.tokens["lead"], "worker", "MARK-HANDED: by the stop hook")
+            go_on.set()
+            wait_until(lambda: asking(api, "MARK-HANDED"), 60, "the Stop answer", pane)
+            wait_until(lambda: w.idle_after_stop(sid, 2), 60, "the continuation's end", pane)
+
+            direct = _send(hub, w.tokens["lead"], "worker", "MARK-DIRECT: waiting")
+            _hub_turn(hub, w.tokens["lead"], "lead-s", "MARK-CROSS: crossing", send="MARK-SEND: hi")
+            pane.type("/clear")
+            new = wait_until(
+                lambda: [s for s in w.live() if s["session_id"] != sid] or None,
+                60,
+                "the new conversation's session",
+                pane,
+            )
+            [fresh] = new
+            assert w.session(sid)["state"] == "exited"
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", fresh["session_id"], 1)
+            assert shown(req, "PROMPT-ONE") == 0  # a new conversation
+            assert shown(req, "MARK-HANDED") == 0
+            assert shown(req, "MARK-DIRECT: waiting") == 1
+            # lead's send names the member, not a session: it is the new conversation's
+            assert shown(req, "MARK-SEND: hi") == 1 and shown(req, "MARK-CROSS") == 0
+            assert w.copy(handed)["state"] == "acked"
+            events = [h["event"] for h in w.copy(handed)["history"]]
+            assert events.count("leased") == 1, events
+            pane.type("/exit")
+            wait_until(pane.exited, 60, "Claude Code's exit", pane)
+
+        # the old conversation, resumed, gets what was pinned to it, once
+        with claude_pane(w.project, w.env, "--resume", sid) as pane:
+            wait_until(lambda: w.session(sid)["state"] == "idle", 60, "the resumed session", pane)
+            req = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 3)
+            assert shown(req, "PROMPT-ONE") == 1
+            assert shown(req, "MARK-HANDED") == 1
+            assert shown(req, "MARK-CROSS: crossing") == 1
+            assert shown(req, "MARK-DIRECT") == 0 and shown(req, "MARK-SEND") == 0
+    assert w.copy(direct)["state"] == "acked"
+
+
+def is_summary(req: dict[str, Any]) -> bool:
+    """Claude Code's request for a summary of the conversation (``/compact``)."""
+    return "summary" in last_user_text(req).lower() and "PROMPT-" not in last_user_text(req)
+
+
+def test_compact_shows_neither_a_handed_over_message_again_nor_a_waiting_one_twice(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """``/compact`` (Claude Code asks its summary agent for a summary, then
+    ``SessionStart`` with source ``compact`` in the same session): what the last ``Stop``
+    hook handed over is not handed over again after it, and a message waiting is shown
+    once, with the next prompt (the summary agent's ``SubagentStop`` opens no turn)."""
+    w = Worker(hub, proxy, tmp_path)
+    working, go_on = threading.Event(), threading.Event()
+    rules = [
+        Rule(lambda r: "PROMPT-ONE" in last_user_text(r), busy_until(go_on, working, "Ok."), 1),
+        Rule(is_summary, say("<summary>SUMMARY-TEXT: the user said hello.</summary>")),
+    ]
+    with FakeAnthropic(rules, fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as pane:
+            sid = first_session(w, pane)
+            pane.type("PROMPT-ONE")
+            wait_until(working.is_set, 60, "the turn's model request", pane)
+            handed = _send(hub, w.tokens["lead"], "worker", "MARK-HANDED: by the stop hook")
+            go_on.set()
+            wait_until(lambda: asking(api, "MARK-HANDED"), 60, "the Stop answer", pane)
+            wait_until(lambda: w.idle_after_stop(sid, 2), 60, "the continuation's end", pane)
+
+            direct = _send(hub, w.tokens["lead"], "worker", "MARK-DIRECT: waiting")
+            pane.type("/compact")
+            wait_until(
+                lambda: [r for r in api.model_requests() if is_summary(r)], 60, "the summary", pane
+            )
+            pane.wait_for("Compacted")
+            # the prompt after it carries the waiting message; the summary is the history
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid, 3)
+            assert shown(req, "SUMMARY-TEXT") >= 1, texts(req)
+            assert shown(req, "MARK-HANDED") == 0
+            assert shown(req, "MARK-DIRECT: waiting") == 1
+            assert shown(req, "you are 'worker'") == 1
+            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 4)
+            assert shown(later, "MARK-HANDED") == 0 and shown(later, "MARK-DIRECT: waiting") == 1
+            for mid in (handed, direct):
+                events = [h["event"] for h in w.copy(mid)["history"]]
+                assert events.count("leased") == events.count("acked") == 1, events
+        assert [s["session_id"] for s in w.sessions()] == [sid]
