@@ -502,3 +502,86 @@ def test_an_answer_given_back_before_a_hub_restart_is_not_taken_as_had_after_it(
     assert hub_home.hook(tokens["w"], "PreToolUse") == {}
     state, history = hub_home.copy_of(tokens["lead"], mid)
     assert (state, history.count("acked"), history.count("released")) == ("acked", 1, 1)
+
+
+def _transcript_of_a_prompt(path: Path, context: str, after: list[dict[str, Any]]) -> None:
+    """A Claude Code transcript whose last prompt got ``context`` from its
+    ``UserPromptSubmit`` hook, followed by the entries ``after``."""
+    entries: list[dict[str, Any]] = [
+        {"type": "user", "uuid": "u1", "message": {"role": "user", "content": "PROMPT-ONE"}},
+        {
+            "type": "attachment",
+            "uuid": "a1",
+            "parentUuid": "u1",
+            "attachment": {
+                "type": "hook_additional_context",
+                "hookName": "UserPromptSubmit",
+                "hookEvent": "UserPromptSubmit",
+                "content": [context],
+            },
+        },
+        {"type": "api-request"},
+        *after,
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+
+INTERRUPTED = {
+    "type": "user",
+    "uuid": "u2",
+    "parentUuid": "a1",
+    "message": {
+        "role": "user",
+        "content": [{"type": "text", "text": "[Request interrupted by user]"}],
+    },
+}
+
+
+@pytest.mark.parametrize(("after", "again"), [([], True), ([INTERRUPTED], False)])
+def test_a_prompt_taken_back_before_any_answer_gets_its_messages_again(
+    srv: Server, tmp_path: Path, after: list[dict[str, Any]], again: bool
+) -> None:
+    """Esc before Claude Code's model answered puts the prompt back in the input, with
+    the context its ``UserPromptSubmit`` hook added: the model never saw the messages the
+    hook handed over, and the next turn's ``Stop`` hands them over again. Esc after the
+    answer began keeps the prompt and its context (and says "[Request interrupted by
+    user]"): they are not handed over twice."""
+    tokens = make_team(srv, f"back-{again}", "w:claude-code", "lead")
+    home = tmp_path / "home"
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "BACKCHANNEL_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(home),
+    }
+    sid = f"back-{again}"
+    transcript = home / ".claude" / "projects" / "-proj" / f"{sid}.jsonl"
+
+    def hook(name: str, **changes: Any) -> dict[str, Any]:
+        payload = fixture("claude-code", name, session_id=sid, **changes)
+        payload["transcript_path"] = str(transcript)
+        run = hook_cmd("claude-code", json.dumps(payload), env=env)
+        assert run.returncode == 0, run.stderr
+        assert "backchannel hook" not in run.stderr, run.stderr
+        answer: dict[str, Any] = json.loads(run.stdout)
+        return answer
+
+    with srv.client(tokens["lead"]) as c:
+        mid = c.post("/v1/messages", json={"to": "w", "text": "MARK: the build is red"}).json()[
+            "message_id"
+        ]
+    context = hook("UserPromptSubmit")["hookSpecificOutput"]["additionalContext"]
+    assert "[From lead] MARK: the build is red" in context
+    _transcript_of_a_prompt(transcript, context, after)
+
+    hook("UserPromptSubmit")  # the user's next prompt, after Esc
+    answer = hook("Stop", last_assistant_message="Noted.")
+    handed = json.dumps(answer)
+    assert ("[From lead] MARK: the build is red" in handed) is again, answer
+    hook("PreToolUse")  # the continuation goes on: what it was handed is acked
+    with srv.client(tokens["lead"]) as c:
+        status = c.get(f"/v1/messages/{mid}").json()
+    events = [h["event"] for h in status["history"]]
+    assert status["deliveries"][0]["state"] == "acked"
+    assert events.count("leased") == (2 if again else 1), events

@@ -108,10 +108,34 @@ def _enrich(runtime: str, raw: str, payload: Any) -> tuple[bytes, str | None, st
     if payload is _UNPARSED:  # a bad payload goes as it is: the hub says what is wrong
         return raw.encode("utf-8", "surrogateescape"), None, None
     filled, note = enrich(runtime, payload)
+    _taken_back(runtime, filled)
     filled = liveness.add_runtime(seen.add_record(runtime, filled))
     body = raw if filled is payload else json.dumps(filled)
     sid = filled.get("session_id") if isinstance(filled, dict) else None
     return body.encode("utf-8", "surrogateescape"), note, sid if isinstance(sid, str) else None
+
+
+def _taken_back(runtime: str, payload: Any) -> None:
+    """For Claude Code's ``UserPromptSubmit``: when the session's last answer was the
+    previous prompt's, and the transcript shows that prompt taken back before the model
+    answered (Esc), its ids leave the session's record, so the hub hands them over again
+    rather than ack copies the model never saw. Never raises."""
+    if runtime != "claude-code" or not isinstance(payload, dict):
+        return
+    sid, path = payload.get("session_id"), payload.get("transcript_path")
+    if payload.get("hook_event_name") != "UserPromptSubmit" or not isinstance(sid, str):
+        return
+    from backchannel.runtimes import seen
+
+    try:
+        if not seen.prompt_ids(runtime, sid) or not isinstance(path, str) or not path:
+            return
+        from backchannel.runtimes.transcripts import prompt_taken_back
+
+        if prompt_taken_back(path):
+            seen.forget_prompt(runtime, sid)
+    except Exception:  # what this machine's files add is a help; the event goes on
+        return
 
 
 def _post(url: str, runtime: str, body: bytes, token: str, expect: str | None) -> Any:
@@ -279,7 +303,10 @@ def run(argv: Sequence[str]) -> bool:
         if got.session and got.delivered:  # printed: now the session has them
             from backchannel.runtimes import seen
 
-            seen.remember(opts["runtime"], got.session, seen.delivered_ids(got.delivered))
+            spec = got.result.get("hookSpecificOutput")
+            prompt = isinstance(spec, dict) and spec.get("hookEventName") == "UserPromptSubmit"
+            ids = seen.delivered_ids(got.delivered)
+            seen.remember(opts["runtime"], got.session, ids, prompt=prompt)
     if "keep_alive" in opts:  # after the answer: the runtime need not wait for it
         keep_alive(url, opts.get("token") or os.environ.get("BACKCHANNEL_TOKEN"))
     if got.problem:

@@ -41,6 +41,8 @@ __all__ = [
     "KEEP",
     "add_record",
     "delivered_ids",
+    "forget_prompt",
+    "prompt_ids",
     "recorded",
     "remember",
     "session_lock",
@@ -85,8 +87,25 @@ def recorded(runtime: str, session_id: str) -> list[str]:
     return [i for i in ids if isinstance(i, str)][-KEEP:] if isinstance(ids, list) else []
 
 
-def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
-    """Add ``ids`` to the session's record; never raises."""
+def _read(runtime: str, session_id: str) -> dict[str, Any]:
+    try:
+        with open(_path(runtime, session_id), "rb") as f:
+            data = json.loads(f.read(_MAX_FILE))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def prompt_ids(runtime: str, session_id: str) -> list[str]:
+    """The ids the session's last answer handed over, when that answer was a prompt's
+    (``UserPromptSubmit``); else none."""
+    ids = _read(runtime, session_id).get("prompt")
+    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+
+
+def remember(runtime: str, session_id: str, ids: Iterable[str], *, prompt: bool = False) -> None:
+    """Add ``ids`` to the session's record, noting whether a prompt's answer
+    (``prompt``) handed them over (:func:`forget_prompt`); never raises."""
     new = [i for i in ids if isinstance(i, str)]
     if not new:
         return
@@ -95,9 +114,27 @@ def remember(runtime: str, session_id: str, ids: Iterable[str]) -> None:
         private_dirs(path.parent)
         with _locked(path.parent):
             keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
-            write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
+            data: dict[str, Any] = {"ids": keep} | ({"prompt": new} if prompt else {})
+            write_atomic(path, json.dumps(data), mode=0o600)
     except OSError:
         return
+
+
+def forget_prompt(runtime: str, session_id: str) -> list[str]:
+    """Take the ids the session's last prompt answer handed over out of its record, and
+    return them: the runtime took that prompt back with its context before the model
+    answered (Claude Code's Esc before any answer puts the prompt back in the input), so
+    the session never had them and the hub is to hand them over again. Never raises."""
+    try:
+        path = _path(runtime, session_id)
+        with _locked(path.parent):
+            gone = prompt_ids(runtime, session_id)
+            if gone:
+                keep = [i for i in recorded(runtime, session_id) if i not in gone]
+                write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
+            return gone
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ __all__ = [
     "last_assistant_text",
     "last_assistant_uuid",
     "parse_last_assistant",
+    "prompt_taken_back",
     "transcript_dirs",
 ]
 
@@ -261,6 +262,38 @@ def enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
         return _enrich(runtime, payload)
     except Exception as exc:  # the event must still reach the hub
         return payload, f"the transcript could not be read ({type(exc).__name__}: {exc})"
+
+
+def prompt_taken_back(path: str) -> bool:
+    """Whether Claude Code's transcript at ``path`` shows its last prompt taken back with
+    the context a ``UserPromptSubmit`` hook added to it: after that context nothing of
+    the conversation came, no answer and no "[Request interrupted by user]" (Esc before
+    any answer puts the prompt back in the input, and the next prompt is written after
+    the one before it, so the model never sees that context). An interrupt after the
+    answer began keeps the prompt, its context and the marker in the conversation. Only
+    for a call of the next prompt's hook, before Claude Code writes that prompt; ``False``
+    when the file cannot be read."""
+    try:
+        raw, _ = _read_tail(path, "claude-code")
+    except (TranscriptRefused, OSError):
+        return False
+    for line in reversed(raw.splitlines()):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or _sidechain(entry):
+            continue
+        if entry.get("type") in ("user", "assistant"):
+            return False
+        attached = entry.get("attachment")
+        if (
+            isinstance(attached, dict)
+            and attached.get("type") == "hook_additional_context"
+            and attached.get("hookEvent") == "UserPromptSubmit"
+        ):
+            return True
+    return False
 
 
 def _enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
