@@ -74,12 +74,14 @@ class Worker:
         status = _get(self.hub, self.tokens["lead"], f"/v1/messages/{mid}")
         return {**status["deliveries"][0], "history": status.get("history", [])}
 
+    def stops(self, sid: str) -> int:
+        """How many turn ends session ``sid`` reported."""
+        events = _get(self.hub, self.tokens["worker"], f"/v1/sessions/{sid}/transcript")
+        return sum(e["kind"] == "agent_stop" for e in events["events"])
+
     def idle_after_stop(self, sid: str, stops: int) -> bool:
         """Whether session ``sid`` is idle with ``stops`` turn ends reported."""
-        s = self.session(sid)
-        events = _get(self.hub, self.tokens["worker"], f"/v1/sessions/{sid}/transcript")
-        ended = [e for e in events["events"] if e["kind"] == "agent_stop"]
-        return s["state"] == "idle" and len(ended) >= stops
+        return self.session(sid)["state"] == "idle" and self.stops(sid) >= stops
 
 
 def asking(api: FakeAnthropic, mark: str) -> list[dict[str, Any]]:
@@ -92,11 +94,12 @@ def shown(req: dict[str, Any], mark: str) -> int:
     return sum(t.count(mark) for t in texts({"messages": req.get("messages", [])}))
 
 
-def prompt_turn(pane: Pane, api: FakeAnthropic, w: Worker, text: str, sid: str, n: int) -> Any:
-    """Type ``text``; the request that carries it, once the turn (the ``n``-th) ended."""
+def prompt_turn(pane: Pane, api: FakeAnthropic, w: Worker, text: str, sid: str) -> Any:
+    """Type ``text``; the request that carries it, once its turn ended."""
+    before = w.stops(sid)
     pane.type(text)
     (req,) = wait_until(lambda: asking(api, text), 60, f"the request of {text!r}", pane)
-    wait_until(lambda: w.idle_after_stop(sid, n), 60, f"the end of {text!r}", pane)
+    wait_until(lambda: w.idle_after_stop(sid, before + 1), 60, f"the end of {text!r}", pane)
     return req
 
 
@@ -114,7 +117,7 @@ def test_a_message_waiting_when_the_user_quits_reaches_the_resumed_conversation_
         w.env["ANTHROPIC_BASE_URL"] = api.url
         with claude_pane(w.project, w.env) as pane:
             sid = first_session(w, pane)
-            prompt_turn(pane, api, w, "PROMPT-ONE", sid, 1)
+            prompt_turn(pane, api, w, "PROMPT-ONE", sid)
             if quit_by == "/exit":
                 pane.type("/exit")
             else:
@@ -132,13 +135,13 @@ def test_a_message_waiting_when_the_user_quits_reaches_the_resumed_conversation_
         back = ["--continue"] if back_by == "--continue" else ["--resume", sid]
         with claude_pane(w.project, w.env, *back) as pane:
             wait_until(lambda: w.session(sid)["state"] == "idle", 60, "the resumed session", pane)
-            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid, 2)
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid)
             for mark in ("MARK-SEND: hi", "MARK-CROSS: crossing", "MARK-DIRECT: also this"):
                 assert shown(req, mark) == 1, (mark, texts(req))
             # the earlier conversation is the one resumed
             assert shown(req, "PROMPT-ONE") == 1
             wait_until(lambda: w.copy(direct)["state"] == "acked", 30, "the ack", pane)
-            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 3)
+            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid)
             for mark in ("MARK-SEND: hi", "MARK-CROSS: crossing", "MARK-DIRECT: also this"):
                 assert shown(later, mark) == 1, (mark, texts(later))
         assert [s["session_id"] for s in w.sessions()] == [sid]
@@ -191,7 +194,7 @@ def test_clear_keeps_what_waits_for_the_old_conversation_and_hands_the_rest_over
             )
             [fresh] = new
             assert w.session(sid)["state"] == "exited"
-            req = prompt_turn(pane, api, w, "PROMPT-TWO", fresh["session_id"], 1)
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", fresh["session_id"])
             assert shown(req, "PROMPT-ONE") == 0  # a new conversation
             assert shown(req, "MARK-HANDED") == 0
             assert shown(req, "MARK-DIRECT: waiting") == 1
@@ -206,7 +209,7 @@ def test_clear_keeps_what_waits_for_the_old_conversation_and_hands_the_rest_over
         # the old conversation, resumed, gets what was pinned to it, once
         with claude_pane(w.project, w.env, "--resume", sid) as pane:
             wait_until(lambda: w.session(sid)["state"] == "idle", 60, "the resumed session", pane)
-            req = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 3)
+            req = prompt_turn(pane, api, w, "PROMPT-THREE", sid)
             assert shown(req, "PROMPT-ONE") == 1
             assert shown(req, "MARK-HANDED") == 1
             assert shown(req, "MARK-CROSS: crossing") == 1
@@ -250,14 +253,128 @@ def test_compact_shows_neither_a_handed_over_message_again_nor_a_waiting_one_twi
             )
             pane.wait_for("Compacted")
             # the prompt after it carries the waiting message; the summary is the history
-            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid, 3)
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid)
             assert shown(req, "SUMMARY-TEXT") >= 1, texts(req)
             assert shown(req, "MARK-HANDED") == 0
             assert shown(req, "MARK-DIRECT: waiting") == 1
             assert shown(req, "you are 'worker'") == 1
-            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid, 4)
+            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid)
             assert shown(later, "MARK-HANDED") == 0 and shown(later, "MARK-DIRECT: waiting") == 1
             for mid in (handed, direct):
                 events = [h["event"] for h in w.copy(mid)["history"]]
                 assert events.count("leased") == events.count("acked") == 1, events
         assert [s["session_id"] for s in w.sessions()] == [sid]
+
+
+@pytest.mark.parametrize("route", ["stop", "prompt"])
+def test_esc_mid_turn_neither_loses_nor_repeats_the_message_just_handed_over(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path, route: str
+) -> None:
+    """Esc while the model works on what a hook just handed over (a ``Stop`` answer's
+    continuation, or a prompt's ``UserPromptSubmit`` context): the conversation shows
+    the message exactly once. An interrupted continuation stays in the conversation; Esc
+    before any answer to a prompt takes the prompt back with its context, and the message
+    is handed over again by the next turn's ``Stop``."""
+    w = Worker(hub, proxy, tmp_path)
+    working, held = threading.Event(), threading.Event()
+    go_on, release = threading.Event(), threading.Event()
+    mark = f"MARK-{route.upper()}: handed over"
+    rules = [
+        Rule(lambda r: shown(r, mark) > 0, busy_until(release, held, "x"), 1),
+        Rule(lambda r: "PROMPT-ONE" in last_user_text(r), busy_until(go_on, working, "Ok."), 1),
+    ]
+    with FakeAnthropic(rules, fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as pane:
+            sid = first_session(w, pane)
+            if route == "prompt":
+                mid = _send(hub, w.tokens["lead"], "worker", mark)
+                pane.type("PROMPT-ONE")
+            else:
+                pane.type("PROMPT-ONE")
+                wait_until(working.is_set, 60, "the turn's model request", pane)
+                mid = _send(hub, w.tokens["lead"], "worker", mark)
+                go_on.set()
+            wait_until(held.is_set, 60, "the model working on the message", pane)
+            pane.pane.send_keys("Escape", enter=False)
+            # Esc before any answer puts the prompt back in the input (the turn is taken
+            # back); after a continuation's start it says "Interrupted"
+            wait_until(
+                lambda: "Interrupted" in pane.screen() or _prompt_back(pane, "PROMPT-ONE"),
+                60,
+                "the interrupt",
+                pane,
+            )
+            release.set()
+            pane.pane.send_keys("C-u", enter=False)  # what is left in the input, gone
+            req = prompt_turn(pane, api, w, "PROMPT-TWO", sid)
+            if route == "stop":  # the interrupted continuation stays in the conversation
+                assert shown(req, f"[From lead] {mark}") == 1, texts(req)
+            wait_until(lambda: w.copy(mid)["state"] == "acked", 30, "the ack", pane)
+            # taken back with its prompt, it comes again with the next turn's end
+            later = prompt_turn(pane, api, w, "PROMPT-THREE", sid)
+            assert shown(later, f"[From lead] {mark}") == 1, texts(later)
+            leased = [h["event"] for h in w.copy(mid)["history"]].count("leased")
+            assert leased == (1 if route == "stop" else 2)
+
+
+def _prompt_back(pane: Pane, text: str) -> bool:
+    """Whether ``text`` is in the input line again, nothing at work."""
+    screen = pane.screen()
+    lines = [line.replace("\xa0", " ") for line in screen.splitlines()]
+    back = any(line.startswith(f"❯ {text}") for line in lines)
+    return back and "esc to interrupt" not in screen
+
+
+def turns_until(pane: Pane, api: FakeAnthropic, w: Worker, sid: str, mid: str, name: str) -> Any:
+    """Prompts typed in ``pane`` (session ``sid``) until message ``mid`` is acked; the
+    request of one more, whose history shows all the window's conversation. (Without
+    channels the MCP server's first push holds a message up to 10 s before the hook
+    routes have it: docs/runtimes/claude-code.md.)"""
+    for i in range(30):
+        if w.copy(mid)["state"] == "acked":
+            break
+        prompt_turn(pane, api, w, f"PROMPT-{name}{i}X", sid)
+    return prompt_turn(pane, api, w, f"PROMPT-{name}-LAST", sid)
+
+
+def test_two_windows_of_one_member_each_get_their_own_and_share_the_rest_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """Two Claude Code windows in one project, as the same member, at once: two hub
+    sessions; a message pinned to one session reaches that window only, and a message for
+    the member reaches exactly one of them, once."""
+    w = Worker(hub, proxy, tmp_path)
+    with FakeAnthropic([], fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as one, claude_pane(w.project, w.env) as two:
+            pair = wait_until(lambda: len(w.live()) == 2 and w.live(), 60, "two sessions", one)
+            sids = [s["session_id"] for s in pair]
+            # which window is which session: the first prompt's turn says
+            one.type("PROMPT-A")
+            wait_until(lambda: asking(api, "PROMPT-A"), 60, "window one's request", one)
+            first = wait_until(
+                lambda: [s for s in sids if w.stops(s) == 1] or None, 60, "its turn's end", one
+            )
+            [sid_one] = first
+            [sid_two] = [s for s in sids if s != sid_one]
+            pins = {}
+            with hub.client(w.tokens["lead"]) as c:
+                for sid, mark in ((sid_one, "MARK-PIN-ONE"), (sid_two, "MARK-PIN-TWO")):
+                    body = {"to": "worker", "text": mark, "session": sid}
+                    r = c.post("/v1/messages", json=body)
+                    r.raise_for_status()
+                    pins[sid] = r.json()["message_id"]
+            shared = _send(hub, w.tokens["lead"], "worker", "MARK-SHARED: either window")
+            turns_until(one, api, w, sid_one, pins[sid_one], "ONE")
+            turns_until(two, api, w, sid_two, pins[sid_two], "TWO")
+            turns_until(one, api, w, sid_one, shared, "MORE")
+            last_one = prompt_turn(one, api, w, "PROMPT-END-ONE", sid_one)
+            last_two = prompt_turn(two, api, w, "PROMPT-END-TWO", sid_two)
+            assert shown(last_one, "MARK-PIN-ONE") == 1 and shown(last_one, "MARK-PIN-TWO") == 0
+            assert shown(last_two, "MARK-PIN-TWO") == 1 and shown(last_two, "MARK-PIN-ONE") == 0
+            # the member's message went to one window, once
+            assert shown(last_one, "MARK-SHARED") + shown(last_two, "MARK-SHARED") == 1
+            for mid in (shared, *pins.values()):
+                events = [h["event"] for h in w.copy(mid)["history"]]
+                assert events.count("acked") == 1, events
