@@ -16,6 +16,7 @@ the same.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -25,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from backchannel.errors import InvalidRequest
-from backchannel.files import private_dirs, write_atomic
+from backchannel.files import no_space, private_dirs, write_atomic
 from backchannel.stores.base import Store
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -111,13 +112,39 @@ def admin_token(data_dir: Path, *, create: bool = True) -> str | None:
     if token is not None or not create:
         return token
     token = "bca_" + secrets.token_urlsafe(32)
+    # written whole beside it, then linked in place (which, as an exclusive create,
+    # never replaces a token another process made meanwhile): a disk that fills part
+    # way leaves no empty or cut token file for the next start to read
+    tmp = data_dir / f".{ADMIN_TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+            try:
+                os.link(tmp, path)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                _create_whole(path, token)  # a filesystem without hard links
+        finally:
+            tmp.unlink(missing_ok=True)
     except FileExistsError:  # another process won the race; use its token
         return _read_token(path, narrow=create)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    except OSError as exc:
+        raise no_space(exc, path) from exc
     return token
+
+
+def _create_whole(path: Path, token: str) -> None:
+    """Create ``path`` (exclusively) holding ``token``, removed again if the write fails."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def _read_token(path: Path, *, narrow: bool) -> str | None:
@@ -159,7 +186,13 @@ def _read_token(path: Path, *, narrow: bool) -> str | None:
                     f"{way_out}"
                 )
             os.fchmod(f.fileno(), FILE_MODE)
-        return f.read().strip()
+        token = f.read().strip()
+    if not token:
+        raise InvalidRequest(
+            f"{path} is empty (a write of it that failed, on a full disk, may have left "
+            f"it so): put the admin token in it, {way_out}"
+        )
+    return token
 
 
 def write_server_info(data_dir: Path, url: str, store_url: str) -> None:

@@ -12,17 +12,22 @@ private; a file that is new gets the umask's, as ``open`` would give it. The tex
 never readable by others before its mode is set: the temporary file is made 0600 and
 widened, if at all, only once it is written.
 
+A disk that is full (or a quota used up) fails the write before the rename: the old
+file is left whole, the temporary file removed, and the ``OSError`` (errno kept) names
+the disk and the way out rather than a bare "No space left on device".
+
 Only the standard library here: the hook command imports this on every hook.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["private_dirs", "write_atomic"]
+__all__ = ["no_space", "private_dirs", "write_atomic"]
 
 
 def write_atomic(
@@ -30,14 +35,18 @@ def write_atomic(
 ) -> None:
     """Replace ``path`` with ``text`` (UTF-8) at once; see the module's docstring.
 
-    Raises ``OSError`` as ``open`` and ``rename`` do; nothing is left behind then."""
+    Raises ``OSError`` as ``open`` and ``rename`` do (:func:`no_space`'s for a full
+    disk); nothing is left behind then, and ``path`` is as it was."""
     if mode is None:
         try:
             mode = stat.S_IMODE((mode_of or path).stat().st_mode)
         except FileNotFoundError:
             mode = 0o666 & ~_umask()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise no_space(exc, path) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -45,9 +54,25 @@ def write_atomic(
             if mode != 0o600:
                 os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise no_space(exc, path) from exc
         raise
+
+
+def no_space(exc: OSError, path: Path) -> OSError:
+    """``exc`` itself, unless it says the disk (or the user's quota) is full: then an
+    ``OSError`` of the same errno that names the disk holding ``path`` and the way out,
+    for a message that reaches the person who can free the space."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    what = "no space left" if exc.errno == errno.ENOSPC else "the disk quota is used up"
+    return OSError(
+        exc.errno,
+        f"{what} on the disk holding {path.parent}, so {path} was not written (the file "
+        "there, if any, is as it was): free space there, then try again",
+    )
 
 
 def _umask() -> int:

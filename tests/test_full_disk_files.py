@@ -1,0 +1,69 @@
+"""Files the hub and its commands write, on a disk that is full (ENOSPC): the old file
+stays whole, nothing half written is left behind, and the error names the disk and the
+way out. The disk is a small tmpfs of the test's own (:mod:`tests.full_disk`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backchannel import config
+from backchannel.errors import InvalidRequest
+from backchannel.files import write_atomic
+from tests.full_disk import fill, small_disk
+
+
+@pytest.fixture
+def disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    with small_disk(request, tmp_path, "1m") as mount:
+        yield mount
+
+
+def test_a_file_written_over_on_a_full_disk_stays_whole_and_the_error_says_why(
+    disk: Path,
+) -> None:
+    target = disk / "settings.json"
+    write_atomic(target, '{"old": true}')
+    filler = fill(disk)
+    with pytest.raises(OSError) as caught:
+        write_atomic(target, '{"new": "' + "x" * 200_000 + '"}')
+    message = str(caught.value)
+    assert caught.value.errno == 28
+    assert f"no space left on the disk holding {disk}" in message
+    assert str(target) in message and "free space there" in message
+    assert target.read_text() == '{"old": true}'
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "settings.json"]
+    filler.unlink()
+    write_atomic(target, '{"new": true}')
+    assert target.read_text() == '{"new": true}'
+
+
+def test_an_admin_token_that_cannot_be_written_leaves_no_empty_token_file(disk: Path) -> None:
+    """``serve`` on a full disk: the token is not created, and no empty token file is
+    left for the next start to read as the admin token."""
+    home = disk / "home"
+    home.mkdir()
+    filler = fill(disk)
+    with pytest.raises(OSError) as caught:
+        config.admin_token(home)
+    assert "no space left on the disk holding" in str(caught.value)
+    assert "free space there" in str(caught.value)
+    assert not (home / config.ADMIN_TOKEN_FILE).exists()
+    assert [p.name for p in home.iterdir() if p.name.startswith(".")] == []
+    filler.unlink()
+    token = config.admin_token(home)
+    assert token and token.startswith("bca_")
+    assert config.admin_token(home) == token
+    assert (home / config.ADMIN_TOKEN_FILE).stat().st_mode & 0o777 == 0o600
+
+
+def test_an_empty_admin_token_file_is_refused_naming_the_way_out(tmp_path: Path) -> None:
+    """One left behind by an older version that failed mid-write: never an empty token."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / config.ADMIN_TOKEN_FILE).touch(mode=0o600)
+    with pytest.raises(InvalidRequest, match=r"is empty.*remove it and `serve` makes a new"):
+        config.admin_token(home)
+
