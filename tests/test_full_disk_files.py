@@ -4,14 +4,17 @@ way out. The disk is a small tmpfs of the test's own (:mod:`tests.full_disk`).""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from backchannel import config
-from backchannel.errors import InvalidRequest
+from backchannel.errors import InvalidRequest, StoreError
 from backchannel.files import write_atomic
+from backchannel.stores.sqlite.backup import backup
 from tests.full_disk import fill, small_disk
 
 
@@ -67,3 +70,20 @@ def test_an_empty_admin_token_file_is_refused_naming_the_way_out(tmp_path: Path)
     with pytest.raises(InvalidRequest, match=r"is empty.*remove it and `serve` makes a new"):
         config.admin_token(home)
 
+
+def test_a_backup_onto_a_full_disk_says_so_and_leaves_nothing(disk: Path, tmp_path: Path) -> None:
+    source = tmp_path / "hub.db"
+    conn = sqlite3.connect(source)
+    conn.execute("CREATE TABLE schema_migrations (version INTEGER)")
+    conn.execute("INSERT INTO schema_migrations VALUES (1)")
+    conn.execute("CREATE TABLE big (x BLOB)")
+    conn.execute("INSERT INTO big VALUES (?)", (os.urandom(2 << 20),))
+    conn.commit()
+    conn.close()
+    dest = disk / "backups" / "hub.db"
+    with pytest.raises(StoreError) as caught:
+        backup(source, dest)
+    message = caught.value.message
+    assert f"the disk holding {dest} is full" in message
+    assert "free space there or name a backup on another disk" in message
+    assert list((disk / "backups").iterdir()) == []

@@ -18,7 +18,7 @@ import sqlite3
 from pathlib import Path
 
 from backchannel.errors import StoreError
-from backchannel.files import private_dirs
+from backchannel.files import no_space, private_dirs
 
 __all__ = ["backup"]
 
@@ -48,7 +48,7 @@ def backup(source: Path, dest: Path) -> int:
         private_dirs(dest.parent)
         os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
-        raise StoreError(f"cannot create the backup {dest}: {exc}") from exc
+        raise StoreError(f"cannot create the backup {dest}: {no_space(exc, dest)}") from exc
     try:
         return _copy(source, dest)
     except BaseException:
@@ -87,6 +87,13 @@ def _copy(source: Path, dest: Path) -> int:
         finally:
             dst.close()
     except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL:
+            # the source is only read: what is full is the disk the copy goes to
+            raise StoreError(
+                f"cannot back up the SQLite store {source}: the disk holding {dest} is "
+                "full; nothing was left there: free space there or name a backup on "
+                "another disk, then run the backup again"
+            ) from exc
         raise StoreError(f"cannot back up the SQLite store {source}: {exc}") from exc
     finally:
         src.close()
