@@ -20,7 +20,10 @@ writers, and it promises more than they do:
 * it never gives up silently: it retries until a deadline, then raises
   :class:`InboxWriteError`, and the hub does not acknowledge the message;
 * the new array goes to ``<inbox>.json.tmp.<hex>``, is fsynced, renamed over the inbox,
-  the directory fsynced, and the file read back to check the entry is there;
+  the directory fsynced, and the file read back to check the entry is there; a new
+  inbox (``[]``) is written whole beside its place and linked in, so a disk that fills
+  part way leaves the inbox as it was (or absent), never empty or cut, and no
+  temporary file: the error names the full disk, and the hub tries the message again;
 * an append whose ``msg_id`` is already in the inbox writes nothing (idempotent), if
   that entry has the append's ``from`` and ``text``; another entry under the id (one
   planted there) is never taken for it (:class:`InboxIdTaken`);
@@ -62,7 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from backchannel.errors import InboxWriteError
-from backchannel.files import private_dirs
+from backchannel.files import no_space, private_dirs
 
 if TYPE_CHECKING:
     import anyio
@@ -619,7 +622,7 @@ class InboxWriter:
         try:
             self._ensure_inbox(path)
         except OSError as exc:
-            raise InboxWriteError(f"cannot create inbox {path}: {exc}") from exc
+            raise InboxWriteError(f"cannot create inbox {path}: {no_space(exc, path)}") from exc
         while True:
             lock = InboxLock(path, stale_s=self.stale_s, refresh_s=self.refresh_s)
             started = time.monotonic()
@@ -635,7 +638,9 @@ class InboxWriter:
                     f"and the {self.deadline_s:g} s deadline has passed"
                 ) from None
             except OSError as exc:
-                raise InboxWriteError(f"cannot write {msg_id!r} to {path}: {exc}") from exc
+                raise InboxWriteError(
+                    f"cannot write {msg_id!r} to {path}: {no_space(exc, path)}"
+                ) from exc
             finally:
                 lock.release()
             return AppendResult(written, not written, path, waited)
@@ -662,17 +667,33 @@ class InboxWriter:
         return await anyio.to_thread.run_sync(call)
 
     def _ensure_inbox(self, path: Path) -> None:
+        """Create the inbox holding ``[]`` unless it is there, whole: written beside it,
+        then linked in place (an exclusive create that never replaces an inbox another
+        writer made meanwhile). Created and then written, a disk that filled in between
+        left an empty file, which is not JSON: Claude Code could not read it."""
         if path.exists():
             return
         private_dirs(path.parent)
+        tmp = Path(f"{path}.tmp.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"[]")
+            finally:
+                os.close(fd)
+            os.link(tmp, path)
         except FileExistsError:
             return
-        try:
-            os.write(fd, b"[]")
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            # a filesystem without hard links: renamed in place unless an inbox came
+            # meanwhile (a writer between the look and the rename is a narrow race)
+            if not path.exists():
+                os.rename(tmp, path)
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def _acquire(self, lock: InboxLock, deadline: float) -> None:
         attempt, error = 0, ""
