@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -176,10 +177,54 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str
     return f"invalid request: {text}", problems
 
 
+class FailureLog:
+    """Says each failure of the hub's (a 5xx) once a minute at most, however many
+    requests it fails: a store that is away (a full disk, a stopped database) fails
+    every send, receive and ack until it is back, and a line for each buried the rest
+    of the log under thousands of copies of one story. The first request a failure
+    fails logs it as before; the ones after it within ``every`` seconds only count
+    (at debug), and the first after that logs it again with their count. Failures are
+    told apart by their message (which names the store and the way out)."""
+
+    def __init__(self, every: float = 60.0, keep: int = 256) -> None:
+        self.every, self.keep = every, keep
+        self._said: dict[str, tuple[float, int]] = {}  # message -> (said at, quiet since)
+
+    def failed(self, what: str, message: str) -> None:
+        now = time.monotonic()
+        said = self._said.get(message)
+        if said is not None and now - said[0] < self.every:
+            self._said[message] = (said[0], said[1] + 1)
+            log.debug("%s failed: %s", what, message)
+            return
+        if said is not None and said[1]:
+            log.warning(
+                "%s failed: %s (and %d other requests the same way in the %.0f s before)",
+                what, message, said[1], now - said[0],
+            )  # fmt: skip
+        else:
+            log.warning(
+                "%s failed: %s (other requests failing the same way are logged once a "
+                "minute, with their count)",
+                what, message,
+            )  # fmt: skip
+        if len(self._said) >= self.keep:
+            self._said = {m: v for m, v in self._said.items() if now - v[0] < self.every}
+            if len(self._said) >= self.keep:
+                self._said.clear()
+        self._said[message] = (now, 0)
+
+
 async def on_error(request: Request, exc: BackchannelError) -> JSONResponse:
-    """The hub's own errors: their status and the error model."""
+    """The hub's own errors: their status and the error model; a failure of the hub's
+    (5xx) is logged as :class:`FailureLog` says."""
     if exc.status >= 500:
-        log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
+        what = f"{request.method} {request.url.path}"
+        failures = getattr(request.app.state, "failures", None)
+        if isinstance(failures, FailureLog):
+            failures.failed(what, exc.message)
+        else:
+            log.warning("%s failed: %s", what, exc.message)
     return _error_response(exc)
 
 
@@ -267,6 +312,7 @@ def create_app(
     app.router.route_class = StrictRoute  # strict JSON bodies on every route added below
     app.state.hub = hub
     app.state.admin_token = admin_token
+    app.state.failures = FailureLog()
 
     app.add_exception_handler(BackchannelError, on_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_invalid)  # type: ignore[arg-type]
