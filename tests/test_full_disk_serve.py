@@ -11,7 +11,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
+import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,9 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backchannel import config
 from backchannel.interfaces.http import FailureLog
 from backchannel.testing import eventually_blocking
-from tests.conftest import Server, start_server
+from tests.conftest import BIN, Server, start_server
 from tests.full_disk import fill, small_disk
 
 pytestmark = pytest.mark.timeout(180)
@@ -186,3 +190,43 @@ def test_a_failure_said_again_after_a_while_counts_the_requests_it_failed_meanwh
     assert said[0].startswith("POST /v1/messages failed: the store is away (other requests")
     assert said[1].startswith("GET /v1/inbox failed: something else")
     assert said[2].startswith("GET /v1/inbox failed: the store is away (and 4 other requests")
+
+
+def test_a_hub_whose_log_is_on_a_full_disk_serves_and_stops_cleanly(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``serve``'s output (its banner, warnings, log records, the line it stops with)
+    goes to a file on a disk that is full: none of it is written, and the hub serves all
+    the same and stops with status 0."""
+    with small_disk(request, tmp_path, "1m") as log_disk:
+        fill(log_disk)
+        home = tmp_path / "home"
+        home.mkdir()
+        with open(log_disk / "serve.log", "ab") as log:
+            proc = subprocess.Popen(
+                [str(BIN), "serve", "--port", "0", "--store", f"sqlite://{home / 'hub.db'}"],
+                env={**os.environ, "BACKCHANNEL_HOME": str(home)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+
+            def up() -> str | None:
+                assert proc.poll() is None, f"serve exited with {proc.returncode}"
+                info = config.read_server_info(home)
+                return str(info["url"]) if info else None
+
+            url = eventually_blocking(up, what="serve to come up", within=30)
+            admin = {"Authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
+            r = httpx.post(f"{url}/v1/teams", json={"name": "t"}, headers=admin, timeout=10)
+            assert r.status_code == 201
+            user = {"Authorization": f"Bearer {r.json()['user_token']}"}
+            httpx.post(f"{url}/v1/teams/t/members", json={"name": "a"}, headers=admin, timeout=10)
+            r = httpx.post(f"{url}/v1/messages", json={"to": "a", "text": "hi"}, headers=user)
+            assert r.status_code == 201
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

@@ -119,6 +119,24 @@ _STOPPING_START = {
 }
 
 
+class _Say:
+    """``console.print`` for what ``serve`` tells its terminal or log file, which may not
+    take it: written to a file on a full disk (or a closed pipe), a print that fails is
+    dropped, and the hub serves on. Raised, it ended the hub as it started (its banner)
+    or made a clean stop exit 1. The log's own records already go on so (``logging``
+    drops a record it cannot write)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, *objects: Any, **options: Any) -> None:
+        try:
+            self.console.print(*objects, **options)
+        except OSError:
+            with contextlib.suppress(OSError, ValueError):
+                self.console.file.flush()  # what the failed write left in the buffer
+
+
 def run_server(
     *,
     data_dir: Path,
@@ -140,6 +158,7 @@ def run_server(
     exception with its traceback, a fatal signal (SIGSEGV, SIGABRT...) by faulthandler."""
     logs.configure(log_format)
     prepare_process()
+    say = _Say(console)
     token = config.admin_token(data_dir)
     assert token is not None
     store = config.open_store(store_url)
@@ -166,9 +185,7 @@ def run_server(
             way_out = "give --host an address of this machine (0.0.0.0 listens on all)"
         else:
             way_out = "pick another --port (0 chooses a free one)"
-        console.print(
-            f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror}; {way_out}"
-        )
+        say(f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror}; {way_out}")
         raise SystemExit(1) from None
     sock.listen(2048)
     sock.setblocking(False)
@@ -179,7 +196,7 @@ def run_server(
     asked = limits or ConnectionLimits()
     limits = asked.within_open_files()
     if limits.max_connections < asked.max_connections:
-        console.print(
+        say(
             f"connections capped at {limits.max_connections} (half the open-file limit; "
             "raise it with ulimit -n)"
         )
@@ -200,7 +217,7 @@ def run_server(
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
         if (warning := callbacks.unscoped_warning(len(await hub.list_teams()))) is not None:
-            console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+            say(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         # push delivery: inbox files, tmux, stdin, webhooks; every hub of a store may run
         # it (each member is pushed by the hub holding its lease in the store)
         dispatcher = Dispatcher(hub, ownership_s=dispatch_lease) if dispatch else None
@@ -211,11 +228,11 @@ def run_server(
         if bridge is not None:
             await bridge.start()
         config.write_server_info(data_dir, url, store.url)
-        console.print(
+        say(
             f"backchannel listening on [bold]{url}[/bold]  store: {config.redact_url(store.url)}  "
             f"data: {data_dir}"
         )
-        console.print(f"dashboard: {url}/   admin token: {data_dir / config.ADMIN_TOKEN_FILE}")
+        say(f"dashboard: {url}/   admin token: {data_dir / config.ADMIN_TOKEN_FILE}")
 
         def _hangup() -> None:
             stopped_by.append("SIGHUP")
@@ -261,4 +278,4 @@ def run_server(
             log.critical("could not remove %s: %s", config.SERVER_FILE, cleanup)
         raise SystemExit(1) from None
     reason = stopped_by[0] if stopped_by else "the server's own shutdown"
-    console.print(f"backchannel stopped on {reason}")
+    say(f"backchannel stopped on {reason}")
