@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from backchannel import config
 from backchannel.errors import InvalidRequest, StoreError
 from backchannel.files import write_atomic
+from backchannel.interfaces.cli import app
 from backchannel.stores.sqlite.backup import backup
 from tests.full_disk import fill, small_disk
 
@@ -87,3 +89,19 @@ def test_a_backup_onto_a_full_disk_says_so_and_leaves_nothing(disk: Path, tmp_pa
     assert f"the disk holding {dest} is full" in message
     assert "free space there or name a backup on another disk" in message
     assert list((disk / "backups").iterdir()) == []
+
+
+def test_attach_on_a_full_disk_keeps_each_config_whole_and_says_what_to_do(disk: Path) -> None:
+    project = disk / "project"
+    (project / ".claude").mkdir(parents=True)
+    settings = project / ".claude" / "settings.local.json"
+    settings.write_text('{"permissions": {"allow": ["Bash(ls:*)"]}}')
+    fill(disk)
+    args = ["attach", "claude-code", "--team", "t", "--member", "w", "--dir", str(project)]
+    run = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:8765"])
+    assert run.exit_code == 1, run.output
+    assert run.exception is None or isinstance(run.exception, SystemExit)
+    assert "no space left on the disk holding" in run.output
+    assert "run `backchannel attach` again" in run.output
+    assert settings.read_text() == '{"permissions": {"allow": ["Bash(ls:*)"]}}'
+    assert [p.name for p in project.rglob(".*.tmp")] == []

@@ -294,7 +294,19 @@ def attach(
         if not diffs:
             err.print("nothing to change")
         return
-    done = apply(changes)
+    try:
+        done = apply(changes)
+    except OSError as exc:  # a full disk, a file that cannot be written over
+        why = exc.strerror or str(exc)
+        if exc.filename:
+            why = f"{exc.filename}: {why}"
+        err.print("[red]error:[/red] ", end="")
+        err.print(
+            f"{why}. Each file is whole (written, or as it was); run `backchannel attach` "
+            "again once that is fixed: it writes what is still missing",
+            markup=False,
+        )
+        raise typer.Exit(1) from None
     for path, backup in done:
         note = f" (was saved as {backup.name})" if backup else ""
         err.print(f"wrote {path.relative_to(opts.directory)}{note}")
