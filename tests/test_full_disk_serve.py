@@ -230,3 +230,35 @@ def test_a_hub_whose_log_is_on_a_full_disk_serves_and_stops_cleanly(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+@pytest.mark.parametrize("token_there", [False, True])
+def test_serve_on_a_full_data_directory_says_so_in_one_line(
+    request: pytest.FixtureRequest, tmp_path: Path, token_there: bool
+) -> None:
+    """Its admin token (or, the token there, its server.json) cannot be written: the
+    error names the disk and the way out, without a traceback, and leaves no file cut
+    short."""
+    with small_disk(request, tmp_path, "1m") as disk:
+        home = disk / "home"
+        home.mkdir(mode=0o700)
+        token = "bca_" + "x" * 43
+        if token_there:
+            (home / "admin.token").write_text(token + "\n")
+        fill(disk)
+        run = subprocess.run(
+            [str(BIN), "serve", "--port", "0", "--store", f"sqlite://{tmp_path / 'hub.db'}"],
+            env={**os.environ, "BACKCHANNEL_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 1
+        assert f"no space left on the disk holding {home}" in run.stderr, run.stderr
+        assert "free space there" in run.stderr
+        assert "Traceback" not in run.stderr
+        left = sorted(p.name for p in home.iterdir())
+        assert left == (["admin.token"] if token_there else [])
+        if token_there:
+            assert (home / "admin.token").read_text() == token + "\n"

@@ -11,6 +11,7 @@ empty) with the HTTP API's field names.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import os
@@ -324,6 +325,11 @@ def serve(
         )
     except BackchannelError as exc:
         _fail(exc.message)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        _fail(f"{where}{exc.strerror or exc}")  # a full disk: said with the way out
 
 
 # -- teams and members ------------------------------------------------------------------

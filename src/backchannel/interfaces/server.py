@@ -12,7 +12,7 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 from fastapi import FastAPI
@@ -270,12 +270,28 @@ def run_server(
         stopped_by.append("SIGINT")
     except SystemExit:
         pass
-    except BaseException as exc:
-        log.critical("backchannel serve crashed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        try:
-            config.clear_server_info(data_dir)
-        except OSError as cleanup:  # the data directory may be what failed
-            log.critical("could not remove %s: %s", config.SERVER_FILE, cleanup)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            _crashed(exc, data_dir)
+        # a full disk (server.json not written): what to do, not where it happened
+        where = f"{exc.filename}: " if exc.filename else ""
+        log.critical("backchannel serve stopped: %s%s", where, exc.strerror or exc)
+        _clear_server_info(data_dir)
         raise SystemExit(1) from None
+    except BaseException as exc:
+        _crashed(exc, data_dir)
     reason = stopped_by[0] if stopped_by else "the server's own shutdown"
     say(f"backchannel stopped on {reason}")
+
+
+def _crashed(exc: BaseException, data_dir: Path) -> NoReturn:
+    log.critical("backchannel serve crashed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    _clear_server_info(data_dir)
+    raise SystemExit(1) from None
+
+
+def _clear_server_info(data_dir: Path) -> None:
+    try:
+        config.clear_server_info(data_dir)
+    except OSError as cleanup:  # the data directory may be what failed
+        log.critical("could not remove %s: %s", config.SERVER_FILE, cleanup)
