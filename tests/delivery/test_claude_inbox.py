@@ -366,6 +366,23 @@ class _StaleRace:
         return results
 
 
+def test_a_lock_held_past_a_thousand_tries_fails_as_a_write_error(tmp_path: Path) -> None:
+    """The pause between tries doubles from ``backoff_initial_s`` up to ``backoff_max_s``;
+    a lock held through more than 1,024 tries (30 s at the default pauses) raised an
+    ``OverflowError`` (2 ** attempt as a float) that no caller expects, instead of the
+    write error the dispatcher retries."""
+    writer = InboxWriter(tmp_path, deadline_s=2.0, backoff_initial_s=0.0001, backoff_max_s=0.0002)
+    path = writer.path_for(TEAM, "bob")
+    path.parent.mkdir(parents=True)
+    holder = InboxLock(path, stale_s=30.0)
+    assert holder.try_acquire()
+    try:
+        with pytest.raises(InboxWriteError, match="could not take the inbox lock"):
+            writer.append(TEAM, "bob", msg_id="m-1", from_="a", text="b")
+    finally:
+        holder.release()
+
+
 @pytest.mark.parametrize("at", ["rmdir", "flock"])
 def test_two_writers_taking_over_one_stale_lock_never_both_hold_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str

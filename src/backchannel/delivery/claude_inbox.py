@@ -711,7 +711,8 @@ class InboxWriter:
                     f"{error or ': held by another writer'} (stale after {lock.stale_s:g} s); "
                     "the message was not written"
                 )
-            base = min(self.backoff_max_s, self.backoff_initial_s * 2**attempt)
+            # the exponent capped: past 1,024 tries 2.0 ** attempt overflows a float
+            base = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** min(attempt, 64))
             attempt += 1
             time.sleep(min(deadline - now, random.uniform(0, base)))
 
