@@ -45,9 +45,12 @@ def _can_unshare() -> bool:
 
 
 @contextlib.contextmanager
-def small_disk(request: pytest.FixtureRequest, tmp_path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` ("4m") mounted at ``tmp_path / "disk"`` while the ``with``
-    lasts; see the module docstring for where mounting is refused."""
+def small_disk(
+    request: pytest.FixtureRequest, tmp_path: Path, size: str, *, inodes: int | None = None
+) -> Iterator[Path]:
+    """A tmpfs of ``size`` ("4m") and at most ``inodes`` files and directories, mounted
+    at ``tmp_path / "disk"`` while the ``with`` lasts; see the module docstring for where
+    mounting is refused."""
     if not _can_mount():
         if os.environ.get(_INSIDE) or not _can_unshare():
             pytest.skip("mounting a tmpfs needs root or a user namespace (unshare -rm)")
@@ -65,7 +68,8 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path, size: str) -> Ite
         pytest.skip("passed in a user and mount namespace of its own (unshare -rm)")
     mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
     try:
         yield mount
     finally:
@@ -82,3 +86,14 @@ def fill(disk: Path, name: str = "filler") -> Path:
                 while f.write(b"\0" * chunk):
                     pass
     return filler
+
+
+def fill_inodes(disk: Path) -> Path:
+    """Use up every inode of ``disk`` with empty files in the directory ``inodes`` (a
+    disk full that way fails any new file or directory); returns the directory."""
+    folder = disk / "inodes"
+    folder.mkdir()
+    with contextlib.suppress(OSError):
+        for n in range(1_000_000):
+            (folder / str(n)).touch()
+    return folder

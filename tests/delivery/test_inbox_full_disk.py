@@ -6,6 +6,8 @@ The disk is a small tmpfs of the test's own (:mod:`tests.full_disk`)."""
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from backchannel.callbacks import RetryPolicy
 from backchannel.delivery.claude_inbox import InboxWriteError, InboxWriter, read_inbox
 from backchannel.testing import eventually
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
-from tests.full_disk import fill, small_disk
+from tests.full_disk import fill, fill_inodes, small_disk
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,3 +76,24 @@ async def test_a_message_pushed_to_an_inbox_on_a_full_disk_waits_and_is_written_
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
     assert [e["msg_id"] for e in read_inbox(inbox)] == ["m-1"]
     assert _files(root) == ["cc/inboxes/researcher.json"]
+
+
+def test_a_lock_that_cannot_be_made_on_a_full_disk_fails_at_once_naming_it(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A full disk fails the lock's ``mkdir``: the append says so at once rather than
+    trying to take the lock until its deadline (a worker thread held for 30 s a try)."""
+    with small_disk(request, tmp_path, "1m", inodes=64) as disk:
+        writer = InboxWriter(disk / "teams", deadline_s=30.0)
+        writer.append("cc", "a", msg_id="m-1", from_="lead", text="first")
+        inbox = disk / "teams" / "cc" / "inboxes" / "a.json"
+        before = inbox.read_bytes()
+        used = fill_inodes(disk)
+        started = time.monotonic()
+        with pytest.raises(InboxWriteError, match="no space left on the disk holding"):
+            writer.append("cc", "a", msg_id="m-2", from_="lead", text="second")
+        assert time.monotonic() - started < 10
+        assert inbox.read_bytes() == before
+        shutil.rmtree(used)
+        writer.append("cc", "a", msg_id="m-2", from_="lead", text="second")
+        assert [e["msg_id"] for e in read_inbox(inbox)] == ["m-1", "m-2"]

@@ -703,6 +703,11 @@ class InboxWriter:
                     return
                 error = ""
             except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # not over by waiting
+                    raise InboxWriteError(
+                        f"cannot make the inbox lock {lock.path}: {no_space(exc, lock.path)}; "
+                        "the message was not written"
+                    ) from exc
                 error = f": {exc}"
             now = time.monotonic()
             if now >= deadline:
