@@ -1,12 +1,15 @@
-"""Claude Code team inbox files on a full disk (ENOSPC): a write that fails leaves the
-inbox as it was (never an empty or cut file Claude Code cannot read) and no temporary
-file; the message stays queued, is tried again, and is written once when there is room.
-The disk is a small tmpfs of the test's own (:mod:`tests.full_disk`)."""
+"""Files push delivery writes, on a full disk (ENOSPC). A Claude Code team inbox whose
+write fails is left as it was (never an empty or cut file Claude Code cannot read), with
+no temporary file; the message stays queued, is tried again, and is written once when
+there is room. A ``stdin`` agent's output file that cannot be written does not stop its
+lines being read. The disk is a small tmpfs of the test's own (:mod:`tests.full_disk`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 from backchannel.callbacks import RetryPolicy
 from backchannel.delivery.claude_inbox import InboxWriteError, InboxWriter, read_inbox
+from backchannel.delivery.stdin import StdinAgent
 from backchannel.testing import eventually
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
 from tests.full_disk import fill, fill_inodes, small_disk
@@ -97,3 +101,28 @@ def test_a_lock_that_cannot_be_made_on_a_full_disk_fails_at_once_naming_it(
         shutil.rmtree(used)
         writer.append("cc", "a", msg_id="m-2", from_="lead", text="second")
         assert [e["msg_id"] for e in read_inbox(inbox)] == ["m-1", "m-2"]
+
+
+async def test_an_agent_whose_output_file_is_on_a_full_disk_is_still_read(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``stdin`` delivery keeps the agent's stdout in a file as it reads its lines: with
+    that file's disk full, the lines are still read (and handed on) to the end, so the
+    agent never blocks on a full pipe and its turns are still seen ending."""
+    with small_disk(request, tmp_path, "1m") as disk:
+        fill(disk)
+        lines: list[bytes] = []
+
+        async def on_line(line: bytes) -> None:
+            lines.append(line)
+
+        script = "import sys\nfor i in range(2000): print(i, 'x' * 1000)\nprint('done')"
+        agent = StdinAgent(
+            [sys.executable, "-c", script], stdout=disk / "agent.log", on_line=on_line
+        )
+        await agent.start()
+        assert await asyncio.wait_for(agent.wait(), 30) == 0
+        await eventually(
+            lambda: (lines and lines[-1] == b"done\n") or None, within=30, what="the last line"
+        )
+        assert len(lines) == 2001

@@ -63,7 +63,7 @@ from backchannel.delivery.base import (
     agent_text,
 )
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, StdinClosed
-from backchannel.files import private_dirs
+from backchannel.files import no_space, private_dirs
 from backchannel.types import EventKind, InboxMessage
 
 __all__ = [
@@ -153,7 +153,19 @@ class StdinAgent:
         try:
             while line := await proc.stdout.readline():
                 if log_file is not None:
-                    await asyncio.to_thread(_append, log_file, line)
+                    try:
+                        await asyncio.to_thread(_append, log_file, line)
+                    except OSError as exc:
+                        # a full disk: the lines are read on (the turns must be seen
+                        # ending), only no longer kept in the file
+                        log.warning(
+                            "cannot write the agent's output to %s (%s); its lines are "
+                            "no longer kept there until the delivery starts it again",
+                            self.stdout, no_space(exc, self.stdout) if self.stdout else exc,
+                        )  # fmt: skip
+                        with contextlib.suppress(OSError):
+                            log_file.close()
+                        log_file = None
                 try:
                     await self.on_line(line)
                 except Exception:
@@ -163,7 +175,8 @@ class StdinAgent:
                         "its stdout", proc.pid)  # fmt: skip
         finally:
             if log_file is not None:
-                log_file.close()
+                with contextlib.suppress(OSError):  # what a full disk left in its buffer
+                    log_file.close()
 
     async def send(self, data: bytes, *, within: float = 30.0) -> None:
         """Write ``data`` (whole lines) and wait until the pipe took it. Raises
