@@ -16,6 +16,7 @@ from backchannel import config
 from backchannel.errors import InvalidRequest, StoreError
 from backchannel.files import write_atomic
 from backchannel.interfaces.cli import app
+from backchannel.runtimes import seen
 from backchannel.stores.sqlite.backup import backup
 from tests.full_disk import fill, small_disk
 
@@ -105,3 +106,19 @@ def test_attach_on_a_full_disk_keeps_each_config_whole_and_says_what_to_do(disk:
     assert "run `backchannel attach` again" in run.output
     assert settings.read_text() == '{"permissions": {"allow": ["Bash(ls:*)"]}}'
     assert [p.name for p in project.rglob(".*.tmp")] == []
+
+
+def test_the_hooks_record_of_shown_ids_on_a_full_disk_stays_whole(
+    disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook cannot add to its record: it answers all the same (the hub then shows
+    those messages again rather than lose them), and the record keeps what it held."""
+    monkeypatch.setenv("BACKCHANNEL_STATE_DIR", str(disk / "seen"))
+    seen.remember("claude-code", "s-1", ["m-1"])
+    fill(disk)
+    seen.remember("claude-code", "s-1", [f"m-{n}-" + "x" * 300 for n in range(2, 200)])
+    assert seen.recorded("claude-code", "s-1") == ["m-1"]
+    assert [p.name for p in (disk / "seen").iterdir() if p.name.endswith(".tmp")] == []
+    (disk / "filler").unlink()
+    seen.remember("claude-code", "s-1", ["m-2"])
+    assert seen.recorded("claude-code", "s-1") == ["m-1", "m-2"]
