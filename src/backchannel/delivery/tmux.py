@@ -43,7 +43,9 @@ gates the pane: a message is typed in whenever it arrives.
 a private tmux buffer through ``load-buffer -`` (stdin, so size is no issue) and is
 pasted with ``paste-buffer -p``: when the program in the pane asked for bracketed paste
 (Claude Code, Codex, Gemini CLI, readline do), the text is wrapped in ``ESC[200~ ...
-ESC[201~`` and its newlines stay newlines instead of submitting; then ``Enter``. Escape
+ESC[201~`` and its newlines stay newlines instead of submitting; then, after
+:func:`paste_settle` (Gemini CLI takes an Enter within 40 ms of a paste for a newline of
+it), ``Enter``. Escape
 and other control characters (but newline and tab) are removed from the text first, so
 a message cannot end the paste early and type keystrokes of its own. A program that
 reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python's
@@ -135,6 +137,14 @@ COMMAND_TIMEOUT = 10.0
 ENTER_TRIES = 3
 #: The pause before the second Enter; doubled before each one after it.
 ENTER_PAUSE = 0.2
+#: The pause between a paste and its Enter, and how much longer it gets per byte pasted.
+#: Gemini CLI takes an Enter that comes within 40 ms of a bracketed paste (counted from
+#: when it has read the paste) as a newline of the paste, not as submitting it: pressed
+#: at once, the Enter left the message in its prompt unsubmitted.
+PASTE_SETTLE = 0.25
+PASTE_SETTLE_PER_BYTE = 1e-5
+#: The longest that pause gets (a message of 256 KB or more).
+PASTE_SETTLE_MAX = 3.0
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -146,6 +156,13 @@ _GONE = ("can't find", "no server running", "error connecting", "no such file")
 #: The longest line a terminal in canonical mode passes on whole: Linux's line discipline
 #: holds 4096 bytes of a line, the last for its newline, and drops what comes after.
 MAX_CANON_LINE = 4095
+
+
+def paste_settle(text: str) -> float:
+    """How long to wait between pasting ``text`` and pressing Enter: long enough for the
+    program to have read the whole paste, and for Gemini CLI past the 40 ms in which it
+    takes an Enter for a newline of the paste."""
+    return min(PASTE_SETTLE + len(text.encode("utf-8")) * PASTE_SETTLE_PER_BYTE, PASTE_SETTLE_MAX)
 
 
 def sanitize(text: str) -> str:
@@ -187,7 +204,10 @@ class TmuxAdapter(Adapter):
             self.socket = ["-L", name]
         self.turn_wait = ctx.float_option("turn_wait", 3.0)
         # pane lookup (2 commands), load, paste, then up to ENTER_TRIES Enters and pauses
-        self.attempt_timeout = (4 + ENTER_TRIES) * COMMAND_TIMEOUT + ENTER_PAUSE * 2**ENTER_TRIES
+        # (and the pause between the paste and the first Enter)
+        self.attempt_timeout = (
+            (4 + ENTER_TRIES) * COMMAND_TIMEOUT + ENTER_PAUSE * 2**ENTER_TRIES + PASTE_SETTLE_MAX
+        )
         # message id -> where its text waits unsubmitted (pasted, Enter failed); kept in
         # a file too, for the hub's next process
         key = json.dumps([self.socket, ctx.team, ctx.member])
@@ -353,8 +373,9 @@ class TmuxAdapter(Adapter):
             with contextlib.suppress(Exception):
                 await self._tmux("delete-buffer", "-b", buffer)
             raise
-        # from here on the text is in the prompt: no attempt of this adapter pastes it again
-        await self._submit(mid, _Typed(pane, owner))
+        # from here on the text is in the prompt: no attempt of this adapter pastes it again;
+        # the Enter waits until the program has surely read the paste (see PASTE_SETTLE)
+        await self._submit(mid, _Typed(pane, owner), settle=paste_settle(text))
         return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
 
     def _check_lines(self, text: str, tty: str) -> None:
@@ -374,9 +395,9 @@ class TmuxAdapter(Adapter):
                     "with check_inbox (or run an agent that reads its terminal in raw mode)"
                 )
 
-    async def _submit(self, mid: str, typed: _Typed) -> None:
-        """Press Enter in the pane that holds ``mid``'s text, up to :data:`ENTER_TRIES`
-        times. Fails with an :class:`AdapterError` that says the text waits unsubmitted
+    async def _submit(self, mid: str, typed: _Typed, settle: float = 0.0) -> None:
+        """Press Enter in the pane that holds ``mid``'s text (``settle`` seconds after
+        its paste), up to :data:`ENTER_TRIES` times. Fails with an :class:`AdapterError` that says the text waits unsubmitted
         (and remembers it, so the next attempt only presses Enter)."""
         self._typed[mid] = typed
         self._typed.move_to_end(mid)
@@ -384,6 +405,8 @@ class TmuxAdapter(Adapter):
             self._typed.popitem(last=False)
         saved = mid in self._saved
         error = ""
+        if settle:
+            await asyncio.sleep(settle)
         for n in range(ENTER_TRIES):
             if n:
                 if not saved:  # an Enter failed: the hub's next process must know too
