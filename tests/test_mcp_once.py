@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,29 +29,17 @@ from backchannel.hub import Hub
 from backchannel.interfaces import mcp
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing.waiting import eventually
-from tests.conftest import BIN, Server, start_server
+from tests.conftest import BIN, Server
 from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
+from tests.test_mcp import errlog, srv
 from tests.test_sdk_faults import Faulty
+
+__all__ = ["errlog", "srv"]  # the fixtures, used here too
 
 CALLS = {
     "send_message": ("/v1/messages", {"to": "b", "message": "deploy at noon"}),
     "delegate": ("/v1/delegations", {"to": "b", "task": "count the lines in src/"}),
 }
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("mcp-once") / "home")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture
-def errlog(tmp_path: Path) -> Iterator[TextIO]:
-    with open(tmp_path / "mcp-stderr.log", "w") as f:
-        yield f
 
 
 def _open_turn(srv: Server, token: str) -> None:
@@ -161,18 +149,18 @@ class _Slow:
         return await self._late(await self._client.delegate(*a, **kw))
 
 
-@pytest.mark.parametrize("tool", sorted(CALLS))
-async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_made_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool: str
-) -> None:
-    """Over ``/mcp`` the client hangs up (it gave up waiting) after the hub stored the
-    call; the model makes the same call again in a new MCP session: made once."""
+@contextlib.asynccontextmanager
+async def _slowed_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: _Gate
+) -> AsyncIterator[tuple[str, str, str]]:
+    """A real hub on a socket whose ``/mcp`` agents reach the hub through ``gate``
+    (:class:`_Slow`), members ``a`` (its session ``a-1`` in a turn) and ``b``: yields the
+    URL and the two tokens."""
     import uvicorn
 
     from backchannel.interfaces import agents_http
     from backchannel.interfaces.http import create_app
 
-    gate = _Gate()
     resolve = agents_http.McpEndpoint._resolve
 
     async def slowed(self: Any, ctx: Any) -> Any:
@@ -180,15 +168,7 @@ async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_mad
         slow = _Slow(agent.client, gate)
         return mcp.Agent(slow, agent.team, agent.name, agent.session)  # type: ignore[arg-type]
 
-    kept = asyncio.Event()  # the server saw the call go unanswered
-    keep = mcp.Unanswered.keep
-
-    def spied(self: mcp.Unanswered, *a: Any) -> None:
-        keep(self, *a)
-        kept.set()
-
     monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", slowed)
-    monkeypatch.setattr(mcp.Unanswered, "keep", spied)
     hub = Hub(SqliteStore(tmp_path / "hub.db"))
     server = uvicorn.Server(
         uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
@@ -203,15 +183,50 @@ async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_mad
         async with Client(url, a) as client:
             await client.open_session("a-1")
             await client.report_event("a-1", "turn_start")
+        yield url, a, b
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
+
+
+def _http_headers(token: str) -> dict[str, str]:
+    return {
+        "Authorization": f"Bearer {token}",
+        "Backchannel-Session": "a-1",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+
+
+async def _reached_b(url: str, b: str, tool: str) -> list[Any]:
+    """What of ``a``'s reached ``b``: the delegations b was asked, or a's messages."""
+    async with Client(url, b) as client:
+        if tool == "delegate":
+            return [d for d in await client.delegations() if d.callee == "b"]
+        return [m for m in await client.receive(limit=50) if m.sender == "a"]
+
+
+@pytest.mark.parametrize("tool", sorted(CALLS))
+async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_made_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """Over ``/mcp`` the client hangs up (it gave up waiting) after the hub stored the
+    call; the model makes the same call again in a new MCP session: made once."""
+    gate = _Gate()
+    kept = asyncio.Event()  # the server saw the call go unanswered
+    keep = mcp.Unanswered.keep
+
+    def spied(self: mcp.Unanswered, *a: Any) -> None:
+        keep(self, *a)
+        kept.set()
+
+    monkeypatch.setattr(mcp.Unanswered, "keep", spied)
+    async with _slowed_hub(tmp_path, monkeypatch, gate) as (url, a, b):
         _, args = CALLS[tool]
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
         call["params"] = {"name": tool, "arguments": args}
-        headers = {
-            "Authorization": f"Bearer {a}",
-            "Backchannel-Session": "a-1",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
+        headers = _http_headers(a)
         async with httpx.AsyncClient(base_url=url) as http:
             posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
             await eventually(gate.stored.is_set, what="the hub to store it")
@@ -226,16 +241,7 @@ async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_mad
         assert not result.is_error, text(result)
         if tool == "send_message":
             assert text(result).startswith("Already sent to b (message_id ")
-        async with Client(url, b) as client:
-            if tool == "delegate":
-                made = [d for d in await client.delegations() if d.callee == "b"]
-            else:
-                made = [m for m in await client.receive(limit=50) if m.sender == "a"]
-        assert len(made) == 1, "reached the teammate once"
-    finally:
-        server.should_exit = True
-        await serving
-        await hub.close()
+        assert len(await _reached_b(url, b, tool)) == 1, "reached the teammate once"
 
 
 class _Lost:
@@ -380,41 +386,10 @@ async def test_an_http_cancel_of_a_call_the_hub_stored_makes_it_again_once(
     """Over stateless ``/mcp`` a client that times out does not hang up: it sends
     ``notifications/cancelled`` in a request of its own, which the SDK cannot match to
     the call. The endpoint hears it; the same call made again is made once."""
-    import uvicorn
-
-    from backchannel.interfaces import agents_http
-    from backchannel.interfaces.http import create_app
-
     gate = _Gate()
-    resolve = agents_http.McpEndpoint._resolve
-
-    async def slowed(self: Any, ctx: Any) -> Any:
-        agent = await resolve(self, ctx)
-        slow = _Slow(agent.client, gate)
-        return mcp.Agent(slow, agent.team, agent.name, agent.session)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", slowed)
-    hub = Hub(SqliteStore(tmp_path / "hub.db"))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
-    )
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the hub to listen")
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        await hub.create_team("t")
-        a = (await hub.add_member("t", "a"))[1]
-        b = (await hub.add_member("t", "b"))[1]
-        async with Client(url, a) as client:
-            await client.open_session("a-1")
-            await client.report_event("a-1", "turn_start")
+    async with _slowed_hub(tmp_path, monkeypatch, gate) as (url, a, b):
         _, args = CALLS[tool]
-        headers = {
-            "Authorization": f"Bearer {a}",
-            "Backchannel-Session": "a-1",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
+        headers = _http_headers(a)
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
             first = asyncio.create_task(http.post("/mcp", json=_rpc(7, tool, args)))
             await eventually(gate.stored.is_set, what="the hub to store it")
@@ -427,16 +402,7 @@ async def test_an_http_cancel_of_a_call_the_hub_stored_makes_it_again_once(
         if tool == "send_message":
             said = again["result"]["content"][0]["text"]
             assert said.startswith("Already sent to b (message_id "), said
-        async with Client(url, b) as client:
-            if tool == "delegate":
-                made = [d for d in await client.delegations() if d.callee == "b"]
-            else:
-                made = [m for m in await client.receive(limit=50) if m.sender == "a"]
-        assert len(made) == 1, "reached the teammate once"
-    finally:
-        server.should_exit = True
-        await serving
-        await hub.close()
+        assert len(await _reached_b(url, b, tool)) == 1, "reached the teammate once"
 
 
 async def test_a_cancel_naming_a_request_id_of_long_ago_marks_nothing(
