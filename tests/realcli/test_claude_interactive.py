@@ -13,9 +13,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server
 from tests.realcli.fake_anthropic import FakeAnthropic, Rule, last_user_text, say, texts
-from tests.realcli.test_claude_channels import NO_TRAFFIC, _attach, _get, _hub_turn, _send, _team
+from tests.realcli.test_claude_channels import (
+    NO_TRAFFIC,
+    _attach,
+    _get,
+    _hub_turn,
+    _send,
+    _team,
+    hub,
+)
 from tests.realcli.tmux_harness import (
     Pane,
     RefusingProxy,
@@ -25,16 +33,9 @@ from tests.realcli.tmux_harness import (
     write_home,
 )
 
+__all__ = ["hub"]  # the fixture, used here too
+
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Server]:
-    srv = start_server(tmp_path / "hub")
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
