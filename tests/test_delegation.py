@@ -23,7 +23,8 @@ from backchannel.errors import (
 )
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually
-from backchannel.types import DelegationState, MessageKind
+from backchannel.types import Delegation, DelegationState, MessageKind
+from tests.helpers_hubs import chat_bodies
 from tests.peers import Peer, QuietHandler
 
 SECRET = "test-secret-0123456789"
@@ -282,14 +283,24 @@ async def _outbox_idle(hub: Hub) -> bool:
     return await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox")) == []
 
 
-async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
+async def _task_taken(
+    hub: Hub,
+    tool_use_id: str,
+    *,
+    task: str | None = None,
+    service: str = "caller",
+    reply_token: str | None = None,
+) -> Delegation:
+    """hub-a hands worker a task (``task {tool_use_id}`` unless named), answered to
+    ``service``; worker takes it and its turn on it starts. Returns the delegation, whose
+    callee session is where the turn runs."""
     d = await hub.accept_chat(
         "t",
         "hub-a",
         "worker",
-        f"task {tool_use_id}",
+        task if task is not None else f"task {tool_use_id}",
         reply_service=service,
-        reply_token="tok-" + tool_use_id,
+        reply_token=reply_token if reply_token is not None else "tok-" + tool_use_id,
         session_id="remote-s",
         tool_use_id=tool_use_id,
     )
@@ -297,6 +308,12 @@ async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
     got = await hub.receive("t", "worker", session=d.callee_session)
     await hub.ack("t", "worker", [g.message.message_id for g in got])
     await hub.report_event("t", "worker", d.callee_session, "turn_start")
+    return d
+
+
+async def _inbound(hub: Hub, tool_use_id: str, service: str = "caller") -> str:
+    d = await _task_taken(hub, tool_use_id, service=service)
+    assert d.callee_session is not None
     await hub.report_event("t", "worker", d.callee_session, "agent_stop", f"answer {tool_use_id}")
     return d.delegation_id
 
@@ -566,15 +583,6 @@ async def _task_from_hub_b(hub: Hub, tool_use_id: str, chain: Any) -> str:
     return d.callee_session
 
 
-async def _chat_bodies(hub: Hub) -> dict[str, dict[str, Any]]:
-    jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox", pending_only=False))
-    return {
-        j.payload["body"]["tool_use_id"]: j.payload["body"]
-        for j in jobs
-        if j.payload["purpose"] == "chat"
-    }
-
-
 async def test_a_task_for_another_hub_carries_its_chain_and_stops_at_the_budget(
     clock: FakeClock,
 ) -> None:
@@ -595,7 +603,7 @@ async def test_a_task_for_another_hub_carries_its_chain_and_stops_at_the_budget(
         sub = await _task_from_hub_b(hub, "tu_b2", {"id": "c-1", "hop": 2})
         await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_2")
         await hub.report_event("t", "lead", sub, "agent_stop", "")
-        bodies = await _chat_bodies(hub)
+        bodies = await chat_bodies(hub)
         assert "chain" not in bodies["tu_0"]
         assert bodies["tu_1"]["chain"] == {"id": "c-1", "hop": 2}
         assert bodies["tu_2"]["chain"] == {"id": "c-1", "hop": 3}
@@ -614,7 +622,7 @@ async def test_a_task_for_another_hub_carries_its_chain_and_stops_at_the_budget(
         await hub.extend_budget("t", "chain:c-1", 1, by_whom="user")
         await hub.delegate("t", "lead", sub, "worker@hub-b", "on", tool_use_id="tu_4")
         await hub.report_event("t", "lead", sub, "agent_stop", "")
-        assert (await _chat_bodies(hub))["tu_4"]["chain"] == {"id": "c-1", "hop": 4}
+        assert (await chat_bodies(hub))["tu_4"]["chain"] == {"id": "c-1", "hop": 4}
 
 
 async def test_a_task_from_another_hub_goes_on_in_the_chain_it_names(clock: FakeClock) -> None:
@@ -687,7 +695,7 @@ async def _remote_call(hub: Hub, session: str, tool_use_id: str) -> str:
     """lead's turn in ``session`` delegates to worker@hub-b and ends: the reply token."""
     await hub.delegate("t", "lead", session, "worker@hub-b", "ask", tool_use_id=tool_use_id)
     await hub.report_event("t", "lead", session, "agent_stop", "")
-    body = (await _chat_bodies(hub))[tool_use_id]
+    body = (await chat_bodies(hub))[tool_use_id]
     token: str = body["reply"]["bearerToken"]
     return token
 
@@ -714,19 +722,19 @@ async def test_an_answer_from_another_hub_carries_its_chain_to_the_callers_next_
         start = await hub.send("t", "user", "lead", "start")
         await _turn_on_result(hub, "lead-s")
         token = await _remote_call(hub, "lead-s", "tu_1")
-        assert (await _chat_bodies(hub))["tu_1"]["chain"] == {"id": start.message_id, "hop": 1}
+        assert (await chat_bodies(hub))["tu_1"]["chain"] == {"id": start.message_id, "hop": 1}
         with pytest.raises(InvalidRequest) as exc:
             await hub.accept_tool_response(token, "a", chain={"id": start.message_id, "hop": -1})
         assert exc.value.details["field"] == "chain.hop"
         await hub.accept_tool_response(token, "a", chain={"id": start.message_id, "hop": 2})
         await _turn_on_result(hub, "lead-s")
         token = await _remote_call(hub, "lead-s", "tu_2")
-        assert (await _chat_bodies(hub))["tu_2"]["chain"] == {"id": start.message_id, "hop": 3}
+        assert (await chat_bodies(hub))["tu_2"]["chain"] == {"id": start.message_id, "hop": 3}
         # an answer naming a smaller hop lowers nothing: lead's turn stays at hop 2
         await hub.accept_tool_response(token, "b", chain={"id": start.message_id, "hop": 1})
         await _turn_on_result(hub, "lead-s")
         token = await _remote_call(hub, "lead-s", "tu_3")
-        assert (await _chat_bodies(hub))["tu_3"]["chain"] == {"id": start.message_id, "hop": 3}
+        assert (await chat_bodies(hub))["tu_3"]["chain"] == {"id": start.message_id, "hop": 3}
         # the answer at the budget spends it: the caller and the human are told
         await hub.accept_tool_response(token, "c", chain={"id": start.message_id, "hop": 6})
         got = await hub.receive("t", "user", limit=100)

@@ -23,6 +23,7 @@ from tests.test_delegation import (
     _answer,
     _callee_hub,
     _results,
+    _task_taken,
     _team,
     scripted,
 )
@@ -98,20 +99,8 @@ async def test_an_inbound_task_answered_in_blocks_sends_the_blocks_as_the_answer
     srv = scripted(lambda path, body, n: (200, 0))
     hub = await _callee_hub({"caller": srv.url})
     try:
-        d = await hub.accept_chat(
-            "t",
-            "hub-a",
-            "worker",
-            "count",
-            reply_service="caller",
-            reply_token="tok",
-            session_id="remote-s",
-            tool_use_id="tu_b",
-        )
+        d = await _task_taken(hub, "tu_b", task="count", reply_token="tok")
         assert d.callee_session is not None
-        got = await hub.receive("t", "worker", session=d.callee_session)
-        await hub.ack("t", "worker", [g.message.message_id for g in got])
-        await hub.report_event("t", "worker", d.callee_session, "turn_start")
         await hub.report_event(
             "t", "worker", d.callee_session, "agent_stop", '<message to="hub-a">7</message>'
         )
@@ -131,20 +120,8 @@ async def test_a_409_for_an_answer_is_not_reported_as_lost(
     srv = scripted(lambda path, body, n: (409, 0))
     hub = await _callee_hub({"caller": srv.url})
     try:
-        d = await hub.accept_chat(
-            "t",
-            "hub-a",
-            "worker",
-            "count",
-            reply_service="caller",
-            reply_token="tok",
-            session_id="remote-s",
-            tool_use_id="tu_c",
-        )
+        d = await _task_taken(hub, "tu_c", task="count", reply_token="tok")
         assert d.callee_session is not None
-        got = await hub.receive("t", "worker", session=d.callee_session)
-        await hub.ack("t", "worker", [g.message.message_id for g in got])
-        await hub.report_event("t", "worker", d.callee_session, "turn_start")
         await hub.report_event("t", "worker", d.callee_session, "agent_stop", "7")
 
         async def noted() -> list[str]:

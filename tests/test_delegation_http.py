@@ -15,6 +15,7 @@ import pytest
 
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server, free_port, start_server
+from tests.helpers_hubs import budget_notices
 from tests.peers import Peer, QuietHandler
 
 
@@ -358,11 +359,9 @@ def _start_hubs_both_ways(
     return hub_a, hub_b, tokens
 
 
-def _pass_on(
-    c: httpx.Client, member: str, to: str, n: int
-) -> tuple[dict[str, Any], httpx.Response]:
-    """Play ``member``: take the task waiting in one of its sessions, delegate it on to
-    ``to`` in the same turn, end the turn. Returns the task and the delegate answer."""
+def _take_task(c: httpx.Client, member: str, what: str) -> tuple[str, dict[str, Any]]:
+    """Wait for a task in one of ``member``'s sessions, acking what that session got on
+    the way. Returns the session and the task."""
 
     def task() -> tuple[str, dict[str, Any]] | None:
         for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
@@ -375,7 +374,17 @@ def _pass_on(
                 return sid, found
         return None
 
-    sid, m = eventually_blocking(task, what=f"task {n} for {member}", within=30)
+    found: tuple[str, dict[str, Any]] = eventually_blocking(task, what=what, within=30)
+    return found
+
+
+def _pass_on(
+    c: httpx.Client, member: str, to: str, n: int
+) -> tuple[dict[str, Any], httpx.Response]:
+    """Play ``member``: take the task waiting in one of its sessions, delegate it on to
+    ``to`` in the same turn, end the turn. Returns the task and the delegate answer."""
+
+    sid, m = _take_task(c, member, what=f"task {n} for {member}")
     c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
     r = c.post(
         "/v1/delegations",
@@ -389,18 +398,7 @@ def _answer_task(c: httpx.Client, member: str, answer: str) -> dict[str, Any]:
     """Play ``member``: take the task waiting in one of its sessions and answer it with
     the turn's closing text. Returns the task."""
 
-    def task() -> tuple[str, dict[str, Any]] | None:
-        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
-            sid = s["session_id"]
-            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
-            if got:
-                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
-            found = next((m for m in got if m["kind"] == "delegation"), None)
-            if found is not None:
-                return sid, found
-        return None
-
-    sid, m = eventually_blocking(task, what=f"a task for {member}", within=30)
+    sid, m = _take_task(c, member, what=f"a task for {member}")
     c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
     c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": answer})
     return m
@@ -470,18 +468,7 @@ def ring_to_the_budget(
         assert error["message"].startswith("not sent: this conversation chain")
         # the task that reached the budget spent it on both hubs: their humans are told
         for user in (user_a, user_b):
-            notes = eventually_blocking(
-                lambda u=user: (
-                    [
-                        m
-                        for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
-                        if m["kind"] == "system" and m["meta"].get("budget") == "chain"
-                    ]
-                    or None
-                ),
-                what="a chain budget notice for the team's human",
-                within=10,
-            )
+            notes = budget_notices(user, "chain")
             assert "budget extend" in notes[0]["text"]
         # nothing was sent past the budget: the refused call left no delegation
         mine = lead.get("/v1/delegations").json()["delegations"]

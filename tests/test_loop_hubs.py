@@ -21,6 +21,7 @@ from backchannel.errors import BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
 from tests.conftest import Server
+from tests.helpers_hubs import budget_notices, chat_bodies
 from tests.test_delegation_http import _start_hubs_both_ways, first_delegation
 
 SECRET = "test-secret-0123456789"
@@ -31,15 +32,6 @@ def _cfg() -> CallbackConfig:
     return CallbackConfig(
         secret=SECRET, services={"hub-b": Service("hub-b", "http://127.0.0.1:9")}, retry=FAST
     )
-
-
-async def _chat_bodies(hub: Hub) -> dict[str, dict[str, Any]]:
-    jobs = await hub.store.read(lambda tx: tx.list_jobs("t", kind="outbox", pending_only=False))
-    return {
-        j.payload["body"]["tool_use_id"]: j.payload["body"]
-        for j in jobs
-        if j.payload["purpose"] == "chat"
-    }
 
 
 def _hub_b_answers(body: dict[str, Any], n: int) -> dict[str, Any]:
@@ -87,7 +79,7 @@ async def test_a_lead_in_one_shot_sessions_that_asks_another_hub_on_every_answer
             await hub.terminate_session("t", "lead", sid)
             if refused:
                 break
-            body = (await _chat_bodies(hub))[f"tu_{n}"]
+            body = (await chat_bodies(hub))[f"tu_{n}"]
             chain = body.get("chain")
             tasks.append((chain["id"], chain["hop"]) if chain else (None, None))
             await hub.accept_tool_response(
@@ -166,7 +158,7 @@ async def _ring_across_hubs(clock: FakeClock, cfg: CallbackConfig, peer: str) ->
             for sid in list(sessions):
                 if await _lead_turn(hub, sid, n, refused):
                     progressed = True
-                    body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                    body = (await chat_bodies(hub)).get(f"tu_{n}")
                     if body is None:
                         continue
                     routes.append("task out")
@@ -237,7 +229,7 @@ async def test_an_agent_no_member_stands_for_is_a_pair_of_its_own_and_can_be_ext
                 except BudgetExhausted as exc:
                     refused.append(exc)
                 await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
-                body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                body = (await chat_bodies(hub)).get(f"tu_{n}")
                 if body is not None:
                     nonlocal exchanges
                     exchanges += 1
@@ -279,7 +271,7 @@ async def test_a_chain_a_task_for_another_hub_stopped_is_woken_by_an_extension(
             for n in range(first, first + 4 * budget):  # a deadline in rounds
                 if not await _lead_turn(hub, "lead-s", n, refused):
                     return n
-                body = (await _chat_bodies(hub)).get(f"tu_{n}")
+                body = (await chat_bodies(hub)).get(f"tu_{n}")
                 if body is not None:
                     hops.append(body["chain"]["hop"])
                     await hub.accept_tool_response(
@@ -407,18 +399,7 @@ def test_agents_of_two_hubs_that_always_delegate_to_each_other_stop_at_the_pair_
                 ]
             assert spent and set(spent) == {(pair, pair)}, spent
             for user in (user_a, user_b)[: 2 if len(spent) == 2 else 1]:
-                notes = eventually_blocking(
-                    lambda u=user: (
-                        [
-                            m
-                            for m in u.get("/v1/inbox", params={"limit": 100}).json()["messages"]
-                            if m["kind"] == "system" and m["meta"].get("budget") == "pair"
-                        ]
-                        or None
-                    ),
-                    what="a pair budget notice for the team's human",
-                    within=10,
-                )
+                notes = budget_notices(user, "pair")
                 assert "budget extend" in notes[0]["text"]
     finally:
         hub_a.stop()
