@@ -145,6 +145,22 @@ def _kick(hub: Hub, to: str, text: str = "start") -> Awaitable[Any]:
     return hub.send("t", "user", to, text)
 
 
+async def _pair_talks(hub: Hub, answer: Answer, **settings: Any) -> tuple[Agent, Agent]:
+    """Agents ``a`` and ``b`` of a team with ``settings``, each answering the other with
+    ``answer``, run from the human's kick to a until neither has anything left to do."""
+    await _team(hub, "a", "b", **settings)
+    a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
+    await _kick(hub, "a")
+    await _run(a, b)
+    return a, b
+
+
+async def _says_to_peer(a: Agent, got: list[InboxMessage]) -> str:
+    """An agent that always answers with a plain send to its peer, outside any link."""
+    await a.send(a.peer, f"{a.name} says {a.turns}", link=False)
+    return ""
+
+
 # -- the routes ------------------------------------------------------------------------
 
 
@@ -160,10 +176,7 @@ async def test_links_with_re_sends_stop_at_the_pair_budget(clock: FakeClock) -> 
         return f"{a.name} answers, turn {a.turns}"
 
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", link_budget=3, pair_budget=7)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, answer, link_budget=3, pair_budget=7)
         msgs = await _agent_messages(hub, "a", "b")
         assert _exchanges(msgs) == 7
         assert len(msgs) == 7
@@ -187,15 +200,8 @@ async def test_links_with_re_sends_stop_at_the_pair_budget(clock: FakeClock) -> 
 
 
 async def test_plain_sends_without_links_stop_at_the_pair_budget(clock: FakeClock) -> None:
-    async def answer(a: Agent, got: list[InboxMessage]) -> str:
-        await a.send(a.peer, f"{a.name} says {a.turns}", link=False)
-        return ""
-
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", pair_budget=5)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, _says_to_peer, pair_budget=5)
         msgs = await _agent_messages(hub, "a", "b")
         assert len(msgs) == _exchanges(msgs) == 5
         assert await hub.list_links("t") == []
@@ -216,10 +222,7 @@ async def test_closing_blocks_stop_at_the_pair_budget_and_come_back_as_notices(
         return f'<message to="{a.peer}">{a.name} block {a.turns}</message>'
 
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", pair_budget=6)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, answer, pair_budget=6)
         msgs = await _agent_messages(hub, "a", "b")
         assert len(msgs) == _exchanges(msgs) == 6
         assert a.refused_blocks or b.refused_blocks
@@ -239,10 +242,7 @@ async def test_broadcasts_stop_at_the_pair_budget(clock: FakeClock) -> None:
         return ""
 
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", pair_budget=4)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, answer, pair_budget=4)
         msgs = await _agent_messages(hub, "a", "b")
         assert all(m.to == "*" for m in msgs)
         assert len(msgs) == _exchanges(msgs) == 4
@@ -257,10 +257,7 @@ async def test_delegation_ping_pong_stops_at_the_pair_budget(clock: FakeClock) -
         return f"{a.name} done {a.turns}"
 
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", pair_budget=6)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, answer, pair_budget=6)
         msgs = await _agent_messages(hub, "a", "b")
         kinds = [m.kind for m in msgs]
         assert kinds == [MessageKind.DELEGATION, MessageKind.TOOL_RESULT] * 3
@@ -507,15 +504,8 @@ async def test_a_ring_typed_in_by_tmux_stops_at_the_chain_budget(
 
 
 async def test_an_extension_lets_exactly_that_many_through(clock: FakeClock) -> None:
-    async def answer(a: Agent, got: list[InboxMessage]) -> str:
-        await a.send(a.peer, f"{a.name} says {a.turns}", link=False)
-        return ""
-
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
-        await _team(hub, "a", "b", pair_budget=4)
-        a, b = Agent(hub, "a", "b", answer), Agent(hub, "b", "a", answer)
-        await _kick(hub, "a")
-        await _run(a, b)
+        a, b = await _pair_talks(hub, _says_to_peer, pair_budget=4)
         assert _exchanges(await _agent_messages(hub, "a", "b")) == 4
         with pytest.raises(Forbidden, match="only the team's human"):
             await hub.extend_budget("t", "pair:a|b", 3, by_whom="a")
