@@ -140,8 +140,7 @@ async def test_a_budget_stops_the_agent_with_a_clear_message() -> None:
         "team: b\nmembers:\n  - {name: talker, policy: echo, max_tokens: 5}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("b", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "b")
         ended = await runner.run("a long task description that costs tokens", user)
         assert ended in ("every agent stopped", "the team is quiet")
         loop = runner.loops["talker-main"]
@@ -153,6 +152,13 @@ async def test_a_budget_stops_the_agent_with_a_clear_message() -> None:
         assert "Budget spent" in data["events"][-1]["text"]
     finally:
         await hub.close()
+
+
+async def _boss(hub: Hub, team: str) -> Client:
+    """The human ``boss`` of ``team``, attached and started: the one a run starts from."""
+    user = attach(hub, (await hub.add_member(team, "boss", "human"))[1])
+    await user.start()
+    return user
 
 
 _signals: dict[str, asyncio.Event] = {}
@@ -170,8 +176,7 @@ async def test_interrupting_a_turn_loses_nothing() -> None:
         "team: c\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_stuck'}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("c", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "c")
         run = asyncio.create_task(runner.run("do the thing", user))
         await asyncio.wait_for(_signals["started"].wait(), 10)
         run.cancel()
@@ -230,8 +235,7 @@ async def test_a_turn_whose_model_call_fails_gives_its_inputs_back(
         f"team: f\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("f", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "f")
         assert await runner.run("do the thing", user) == "every agent stopped"
         loop = runner.loops["worker-main"]
         assert loop.stats.stopped == stopped
@@ -271,8 +275,7 @@ async def test_a_session_whose_model_failed_stops_once_its_input_is_given_back()
     runner.release = slow_release  # type: ignore[method-assign]
     runner._busy = counted_busy  # type: ignore[method-assign]
     try:
-        user = attach(hub, (await hub.add_member("f", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "f")
         run = asyncio.create_task(runner.run("do the thing", user))
         await eventually(giving_back.is_set, what="the turn gives its input back")
         seen = looked
@@ -313,8 +316,7 @@ async def test_a_turn_that_fails_after_the_model_answered_hands_nothing_twice(ho
         f"team: g\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("g", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "g")
         if how == "crash":
             assert await runner.run("do the thing", user) == "every agent stopped"
         else:
@@ -362,8 +364,7 @@ async def test_a_long_conversation_sends_the_model_a_bounded_context() -> None:
         "team: h\nmembers:\n  - {name: worker, policy: echo, context_chars: 4000}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("h", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "h")
         client = runner.clients["worker"]
         await client.open_session("worker-main")
         loop = SessionLoop(runner, runner.team.members[0], client, "worker-main")
@@ -468,8 +469,7 @@ async def test_a_message_that_arrives_while_a_turn_runs_is_the_next_turns_input_
         "team: m\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_records_and_waits'}\n"
     )
     try:
-        user = attach(hub, (await hub.add_member("m", "boss", "human"))[1])
-        await user.start()
+        user = await _boss(hub, "m")
         run = asyncio.create_task(runner.run("first", user))
         await asyncio.wait_for(_signals["in_turn"].wait(), 10)
         await user.send("worker", "second, sent during the first turn")
