@@ -14,6 +14,7 @@ import pytest
 
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
+from tests.helpers_credentials import delivery_state, revoke
 from tests.test_cli import run
 
 
@@ -83,11 +84,6 @@ def _rotate(server: Server, team: str, name: str) -> str:
         return str(r.json()["token"])
 
 
-def _state(server: Server, token: str, mid: str) -> str:
-    with server.client(token) as c:
-        return str(c.get(f"/v1/messages/{mid}").json()["deliveries"][0]["state"])
-
-
 def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> None:
     # a token is checked when its request comes; a long-poll that waits past a rotation
     # must not lease what arrives later to the holder of the old token
@@ -109,7 +105,7 @@ def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> No
     waiter.start()
     # the ack commits before the wait: once it shows, the poll is waiting
     eventually_blocking(
-        lambda: _state(server, tokens["lead"], first["message_id"]) == "acked",
+        lambda: delivery_state(server, tokens["lead"], first["message_id"]) == "acked",
         what="the long-poll waits",
     )
     new = _rotate(server, "crew", "worker")
@@ -120,7 +116,7 @@ def test_a_long_poll_of_a_rotated_token_hands_over_nothing(server: Server) -> No
     r = answer["r"]
     assert r.status_code == 401, r.text
     assert "rotated" in r.json()["error"]["message"]
-    assert _state(server, tokens["lead"], mid) == "queued"
+    assert delivery_state(server, tokens["lead"], mid) == "queued"
     with server.client(new) as worker:
         assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["two"]
 
@@ -145,15 +141,9 @@ def test_an_idle_long_poll_of_a_revoked_token_ends_at_once(server: Server, how: 
     waiter.start()
     # the ack commits before the wait: once it shows, the poll is waiting
     eventually_blocking(
-        lambda: _state(server, tokens["lead"], mid) == "acked", what="the long-poll waits"
+        lambda: delivery_state(server, tokens["lead"], mid) == "acked", what="the long-poll waits"
     )
-    with server.client() as admin:
-        r = {
-            "rotate": lambda: admin.post("/v1/teams/crew/members/worker/token"),
-            "remove member": lambda: admin.delete("/v1/teams/crew/members/worker"),
-            "remove team": lambda: admin.delete("/v1/teams/crew"),
-        }[how]()
-        assert r.status_code == 200, r.text
+    revoke(server, how)
     waiter.join(20)
     assert not waiter.is_alive(), "the long-poll still waits"
     r = answer["r"]
@@ -162,11 +152,12 @@ def test_an_idle_long_poll_of_a_revoked_token_ends_at_once(server: Server, how: 
 
 
 @contextlib.contextmanager
-def _stream(server: Server, token: str, path: str) -> Iterator[Iterator[str]]:
-    """The lines of an event stream of ``path`` opened with ``token``, once connected."""
+def _stream(server: Server, token: str, path: str, timeout: float = 30) -> Iterator[Iterator[str]]:
+    """The lines of an event stream of ``path`` opened with ``token``, once connected,
+    each read waiting ``timeout`` seconds at the most."""
     auth = {"Authorization": f"Bearer {token}"}
     with (
-        httpx.Client(base_url=server.url, headers=auth, timeout=30) as c,
+        httpx.Client(base_url=server.url, headers=auth, timeout=timeout) as c,
         c.stream("GET", path) as resp,
     ):
         lines = resp.iter_lines()
@@ -186,7 +177,7 @@ def test_an_inbox_stream_of_a_rotated_token_ends_and_hands_over_nothing(server: 
         data = next(line for line in lines if line.startswith("data: "))
         assert (event, "rotated" in data) == ("event: error", True), data
         assert list(lines) == [""]  # and the stream ends
-    assert _state(server, tokens["lead"], mid) == "queued"
+    assert delivery_state(server, tokens["lead"], mid) == "queued"
     with server.client(new) as worker:
         assert [m["text"] for m in worker.get("/v1/inbox").json()["messages"]] == ["secret"]
 
@@ -211,19 +202,8 @@ def test_a_quiet_stream_of_a_revoked_token_ends_at_once(
     # with no traffic to wake it, a stream looked at its token only at its next
     # keep-alive, 15 s on: read with a 5 s timeout, it must end before that
     tokens = server.team("crew", "lead", "worker")
-    auth = {"Authorization": f"Bearer {tokens['worker']}"}
-    with (
-        httpx.Client(base_url=server.url, headers=auth, timeout=5) as c,
-        c.stream("GET", path) as resp,
-    ):
-        lines = resp.iter_lines()
-        assert next(lines) == ": connected"
-        with server.client() as admin:
-            r = {
-                "rotate": lambda: admin.post("/v1/teams/crew/members/worker/token"),
-                "remove member": lambda: admin.delete("/v1/teams/crew/members/worker"),
-            }[how]()
-            assert r.status_code == 200, r.text
+    with _stream(server, tokens["worker"], path, timeout=5) as lines:
+        revoke(server, how)
         rest = [line for line in lines if line]  # the stream ends, or the read times out
     assert rest[0] == "event: error" and "rotated" in rest[1], rest
 

@@ -19,6 +19,7 @@ import pytest
 
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server, start_server
+from tests.helpers_credentials import delivery_state, revoke
 
 #: Long enough for the stores' wake-up (SQLite polls every quarter second; PostgreSQL
 #: notifies) and a loaded machine; far shorter than the 15 s a stream waited before it
@@ -60,21 +61,6 @@ def hubs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Serve
         b.stop()
 
 
-def _revoke(hub: Server, how: str) -> None:
-    with hub.client() as admin:
-        r = {
-            "rotate": lambda: admin.post("/v1/teams/crew/members/worker/token"),
-            "remove member": lambda: admin.delete("/v1/teams/crew/members/worker"),
-            "remove team": lambda: admin.delete("/v1/teams/crew"),
-        }[how]()
-        assert r.status_code == 200, r.text
-
-
-def _state(hub: Server, token: str, mid: str) -> str:
-    with hub.client(token) as c:
-        return str(c.get(f"/v1/messages/{mid}").json()["deliveries"][0]["state"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["rotate", "remove member", "remove team"])
 def test_a_long_poll_on_another_process_ends_at_once(hubs: tuple[Server, Server], how: str) -> None:
@@ -93,8 +79,10 @@ def test_a_long_poll_on_another_process_ends_at_once(hubs: tuple[Server, Server]
     waiter = threading.Thread(target=poll, daemon=True)
     waiter.start()
     # the ack commits before the wait: once it shows, the poll waits on hub b
-    eventually_blocking(lambda: _state(b, tokens["lead"], mid) == "acked", what="the poll waits")
-    _revoke(a, how)
+    eventually_blocking(
+        lambda: delivery_state(b, tokens["lead"], mid) == "acked", what="the poll waits"
+    )
+    revoke(a, how)
     waiter.join(PROMPTLY)
     assert not waiter.is_alive(), f"the long-poll on the other process still waits ({how})"
     r = answer["r"]
@@ -146,7 +134,7 @@ def test_a_quiet_stream_on_another_process_ends_at_once(
         if "dashboard" in path:  # the first snapshot is read: the stream is set up
             next(line for line in lines if line == "event: snapshot")
         started = time.monotonic()
-        _revoke(a, "rotate")
+        revoke(a, "rotate")
         seen = _error_event(lines, lambda line: line == "event: error")
     assert seen[-2:-1] == ["event: error"] and "rotated" in seen[-1], seen
     assert time.monotonic() - started < PROMPTLY
