@@ -11,6 +11,7 @@ import re
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -114,22 +115,33 @@ class Faulty(Peer):
         self.serve(Handler)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("sdkfaults") / "home")
+def _serving(home: Path, store: str | None = None) -> Iterator[Server]:
+    """A hub serving from ``home`` (on ``store``, or its SQLite file) for as long as the
+    fixture lasts."""
+    s = start_server(home, store)
     try:
         yield s
     finally:
         s.stop()
 
 
-@pytest.fixture
-def proxy(srv: Server) -> Iterator[Faulty]:
-    p = Faulty(srv.url)
+def _faulty(hub: Server) -> Iterator[Faulty]:
+    """A faulty proxy in front of ``hub`` for as long as the fixture lasts."""
+    p = Faulty(hub.url)
     try:
         yield p
     finally:
         p.close()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serving(tmp_path_factory.mktemp("sdkfaults") / "home")
+
+
+@pytest.fixture
+def proxy(srv: Server) -> Iterator[Faulty]:
+    yield from _faulty(srv)
 
 
 def _inbox(srv: Server, token: str) -> list[dict[str, Any]]:
@@ -297,20 +309,12 @@ def any_srv(
         store = "memory://"
     elif request.param == "postgres":
         store = request.getfixturevalue("postgres_server").new_database()
-    s = start_server(home, store)
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from _serving(home, store)
 
 
 @pytest.fixture
 def any_proxy(any_srv: Server) -> Iterator[Faulty]:
-    p = Faulty(any_srv.url)
-    try:
-        yield p
-    finally:
-        p.close()
+    yield from _faulty(any_srv)
 
 
 def _events(srv: Server, token: str, session: str) -> list[str]:
