@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and ``tests`` i
 import psycopg
 from tests.pg_harness import PgServer, _die_with_parent, _run_as, find_bindir, start_postgres
 
-from bench.bench_send import run_load
+from bench.bench_send import HttpInbox, run_load
 from bench.common import (
     Result,
     ServerProcess,
@@ -177,7 +177,7 @@ class Hubs:
 # -- load: senders on both hubs, each receiver on the other hub ----------------------------------
 
 
-class CrossHubTransport:
+class CrossHubTransport(HttpInbox):
     """Sender *i* posts to hub *i mod 2*; receiver *i* polls and acks on the other hub.
 
     Each receiver's long-poll and its acks take turns on one keep-alive connection."""
@@ -193,14 +193,15 @@ class CrossHubTransport:
         client: str,
     ) -> None:
         n = len(urls)
-        self._senders = [
-            json_client(client, urls[i % n], tokens[s], 30.0) for i, s in enumerate(senders)
-        ]
-        self._receivers = [
-            json_client(client, urls[(j + 1) % n], tokens[r], 30.0 + wait)
-            for j, r in enumerate(receivers)
-        ]
-        self._params = {"wait": wait, "limit": limit}
+        super().__init__(
+            [json_client(client, urls[i % n], tokens[s], 30.0) for i, s in enumerate(senders)],
+            [
+                json_client(client, urls[(j + 1) % n], tokens[r], 30.0 + wait)
+                for j, r in enumerate(receivers)
+            ],
+            limit,
+            wait,
+        )
 
     async def send(self, sender: int, to: str, text: str) -> None:
         status, data = await self._senders[sender].call(
@@ -208,33 +209,6 @@ class CrossHubTransport:
         )
         if status != 201:
             raise RuntimeError(f"POST /v1/messages answered {status}: {str(data)[:200]}")
-
-    async def receive(self, receiver: int, ack: list[str] | None = None) -> list[tuple[str, str]]:
-        if ack is None:
-            what = "GET /v1/inbox"
-            status, data = await self._receivers[receiver].call(
-                "GET", "/v1/inbox", params=self._params
-            )
-        else:  # acking the batch before (the load's --ack-with-receive)
-            what = "POST /v1/inbox/receive"
-            status, data = await self._receivers[receiver].call(
-                "POST", "/v1/inbox/receive", {"ack": ack, **self._params}
-            )
-        if status != 200:
-            raise RuntimeError(f"{what} answered {status}: {str(data)[:200]}")
-        return [(m["message_id"], m["text"]) for m in data["messages"]]
-
-    async def ack(self, receiver: int, message_ids: list[str]) -> None:
-        status, data = await self._receivers[receiver].call(
-            "POST", "/v1/inbox/ack", {"message_ids": message_ids}
-        )
-        if status != 200:
-            raise RuntimeError(f"POST /v1/inbox/ack answered {status}: {str(data)[:200]}")
-
-    async def aclose(self) -> None:
-        for c in (*self._senders, *self._receivers):
-            with contextlib.suppress(Exception):
-                await c.aclose()
 
 
 def setup_teams(hubs: Hubs, n_pairs: int, n_teams: int) -> dict[str, str]:

@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    JsonClient,
     Result,
     ServerProcess,
     Target,
@@ -126,30 +127,16 @@ class HubTransport:
         await self.hub.ack(TEAM, self.receivers[receiver], message_ids)
 
 
-class HttpTransport:
-    """The HTTP API: one client (one keep-alive connection) per sender and one per
-    receiver (its long-poll and its acks take turns on that connection)."""
+class HttpInbox:
+    """Receiving and acking over the HTTP API, one client per receiver (its long-poll and
+    its acks take turns on that client's keep-alive connection), and closing every
+    client. Where the clients connect is the subclass's: one hub, or several."""
 
     def __init__(
-        self,
-        url: str,
-        tokens: dict[str, str],
-        senders: Sequence[str],
-        receivers: Sequence[str],
-        limit: int,
-        wait: float,
-        client: str,
+        self, senders: list[JsonClient], receivers: list[JsonClient], limit: int, wait: float
     ) -> None:
-        self._senders = [json_client(client, url, tokens[s], 30.0) for s in senders]
-        self._receivers = [json_client(client, url, tokens[r], 30.0 + wait) for r in receivers]
+        self._senders, self._receivers = senders, receivers
         self._inbox_params = {"wait": wait, "limit": limit}
-
-    async def send(self, sender: int, to: str, text: str) -> None:
-        status, data = await self._senders[sender].call(
-            "POST", "/v1/messages", {"to": to, "text": text}
-        )
-        if status != 201:
-            raise RuntimeError(f"POST /v1/messages answered {status}: {str(data)[:200]}")
 
     async def receive(self, receiver: int, ack: list[str] | None = None) -> list[tuple[str, str]]:
         if ack is None:
@@ -157,7 +144,7 @@ class HttpTransport:
             status, data = await self._receivers[receiver].call(
                 "GET", "/v1/inbox", params=self._inbox_params
             )
-        else:
+        else:  # acking the batch before (the load's --ack-with-receive)
             what = "POST /v1/inbox/receive"
             status, data = await self._receivers[receiver].call(
                 "POST", "/v1/inbox/receive", {"ack": ack, **self._inbox_params}
@@ -177,6 +164,35 @@ class HttpTransport:
         for c in (*self._senders, *self._receivers):
             with contextlib.suppress(Exception):
                 await c.aclose()
+
+
+class HttpTransport(HttpInbox):
+    """The HTTP API of one hub: one client (one keep-alive connection) per sender and one
+    per receiver."""
+
+    def __init__(
+        self,
+        url: str,
+        tokens: dict[str, str],
+        senders: Sequence[str],
+        receivers: Sequence[str],
+        limit: int,
+        wait: float,
+        client: str,
+    ) -> None:
+        super().__init__(
+            [json_client(client, url, tokens[s], 30.0) for s in senders],
+            [json_client(client, url, tokens[r], 30.0 + wait) for r in receivers],
+            limit,
+            wait,
+        )
+
+    async def send(self, sender: int, to: str, text: str) -> None:
+        status, data = await self._senders[sender].call(
+            "POST", "/v1/messages", {"to": to, "text": text}
+        )
+        if status != 201:
+            raise RuntimeError(f"POST /v1/messages answered {status}: {str(data)[:200]}")
 
 
 # -- the load: K senders, R receivers, optional open-loop schedule -----------------------------------
