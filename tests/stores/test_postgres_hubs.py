@@ -100,6 +100,43 @@ def ack(c: httpx.Client, ids: list[str]) -> int:
     return int(r.json()["acked"])
 
 
+def send_until_answered(
+    c: httpx.Client,
+    prefix: str,
+    stop: threading.Event,
+    answered: list[str],
+    others: list[str],
+    attempted: set[str] | None = None,
+    unavailable: list[tuple[float, str | None, float]] | None = None,
+) -> None:
+    """Stream sends ``{prefix}-0``, ``{prefix}-1``, … to ``rx`` until ``stop``, each made
+    again under its id until answered, as a client does. What was answered goes to
+    ``answered``; a failed call and an answer other than 2xx or 503 to ``others`` (the
+    latter ends the stream); each 503 to ``unavailable`` as (when, Retry-After, took)."""
+    i = 0
+    while not stop.is_set():
+        mid = f"{prefix}-{i}"
+        if attempted is not None:
+            attempted.add(mid)
+        while not stop.is_set():  # a client retries the same id until answered
+            t = time.monotonic()
+            try:
+                r = send(c, "rx", mid, message_id=mid)
+            except httpx.HTTPError as exc:
+                others.append(repr(exc))
+                continue
+            if r.status_code in (200, 201):
+                answered.append(mid)
+                break
+            if r.status_code != 503:
+                others.append(f"{r.status_code} {r.text}")
+                return
+            if unavailable is not None:
+                unavailable.append((t, r.headers.get("retry-after"), time.monotonic() - t))
+            stop.wait(0.2)
+        i += 1
+
+
 def drain(
     c: httpx.Client, until: Callable[[list[dict[str, Any]]], bool], seconds: float, **params: Any
 ) -> list[dict[str, Any]]:
@@ -576,26 +613,7 @@ def test_connection_lost_while_serving_503_with_retry_after_then_recovers(
         def stream(worker: int) -> None:
             with hub.client(tokens["tx"]) as c:
                 c.timeout = httpx.Timeout(20.0)
-                i = 0
-                while not stop.is_set():
-                    mid = f"c{worker}-{i}"
-                    attempted.add(mid)
-                    while not stop.is_set():  # a client retries the same id until answered
-                        t = time.monotonic()
-                        try:
-                            r = send(c, "rx", mid, message_id=mid)
-                        except httpx.HTTPError as exc:
-                            others.append(repr(exc))
-                            continue
-                        if r.status_code in (200, 201):
-                            answered.append(mid)
-                            break
-                        if r.status_code != 503:
-                            others.append(f"{r.status_code} {r.text}")
-                            return
-                        unavailable.append((t, r.headers.get("retry-after"), time.monotonic() - t))
-                        stop.wait(0.2)
-                    i += 1
+                send_until_answered(c, f"c{worker}", stop, answered, others, attempted, unavailable)
 
         senders = [threading.Thread(target=stream, args=(w,)) for w in range(3)]
         for t in senders:

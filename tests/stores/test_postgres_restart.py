@@ -17,7 +17,13 @@ import pytest
 
 from backchannel.testing import eventually_blocking
 from tests.pg_harness import PgHarnessError, PgServer, start_postgres
-from tests.stores.test_postgres_hubs import drain, send, start_hubs, stop_all
+from tests.stores.test_postgres_hubs import (
+    drain,
+    send,
+    send_until_answered,
+    start_hubs,
+    stop_all,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -52,23 +58,7 @@ def test_a_database_restart_under_two_hubs_loses_and_doubles_nothing(
         def stream(worker: int) -> None:
             with a.client(tokens["tx"]) as c:
                 c.timeout = httpx.Timeout(20.0)
-                i = 0
-                while not stop.is_set():
-                    mid = f"c{worker}-{i}"
-                    while not stop.is_set():  # a client retries the same id until answered
-                        try:
-                            r = send(c, "rx", mid, message_id=mid)
-                        except httpx.HTTPError as exc:
-                            others.append(repr(exc))
-                            continue
-                        if r.status_code in (200, 201):
-                            answered.append(mid)
-                            break
-                        if r.status_code != 503:
-                            others.append(f"{r.status_code} {r.text}")
-                            return
-                        stop.wait(0.2)
-                    i += 1
+                send_until_answered(c, f"c{worker}", stop, answered, others)
 
         senders = [threading.Thread(target=stream, args=(w,)) for w in range(2)]
         for t in senders:
