@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and ``tests`` i
 import psycopg
 from tests.pg_harness import PgServer, _die_with_parent, _run_as, find_bindir, start_postgres
 
-from bench.bench_send import HttpInbox, run_load
+from bench.bench_send import HttpInbox, rate_label, run_load
 from bench.common import (
     Result,
     ServerProcess,
@@ -259,7 +259,7 @@ async def _load_phase(
 def bench_load(args: argparse.Namespace, pg: PgServer, base: Path) -> list[Result]:
     results = []
     for rate in [float(r) for r in args.rate.split(",") if r.strip()]:
-        label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
+        label = rate_label(rate)
         label += f", {args.senders} senders in {args.teams} team(s)"
         log(f"[load] {label} ...")
         quiet_before(args.quiet_wait)

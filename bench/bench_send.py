@@ -516,6 +516,26 @@ def _acks(args: argparse.Namespace) -> str:
     return "with the next receive" if args.ack_with_receive else "a separate ack per batch"
 
 
+def _load_params(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    """The parameters of a load phase that every transport's result names, in the order
+    its table shows them; each phase adds its own after them."""
+    return {
+        "senders": args.senders,
+        "receivers": args.receivers or args.senders,
+        "size": args.size,
+        "rate": rate,
+        "messages": args.messages,
+        "duration": args.duration,
+        "limit": args.limit,
+        "acks": _acks(args),
+    }
+
+
+def rate_label(rate: float) -> str:
+    """A load phase's name in the results: closed loop at 0, else the rate offered."""
+    return "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
+
+
 def _rates(args: argparse.Namespace, default: str) -> list[float]:
     text = args.rate if args.rate is not None else default
     return [float(x) for x in text.split(",") if x.strip()]
@@ -605,7 +625,7 @@ def _caller(fn: Any) -> str:
 def bench_inproc(args: argparse.Namespace, base: Path) -> list[Result]:
     results = []
     for rate in _rates(args, "0,1000"):
-        label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
+        label = rate_label(rate)
         log(f"[inproc] {label} ...")
         quiet_before(args.quiet_wait)
         db = base / f"inproc-{rate:g}" / "bench.db"
@@ -614,14 +634,7 @@ def bench_inproc(args: argparse.Namespace, base: Path) -> list[Result]:
             "inproc",
             label,
             {
-                "senders": args.senders,
-                "receivers": args.receivers or args.senders,
-                "size": args.size,
-                "rate": rate,
-                "messages": args.messages,
-                "duration": args.duration,
-                "limit": args.limit,
-                "acks": _acks(args),
+                **_load_params(args, rate),
                 "store": STORES[args.store],
             },
             rows=_load_rows(m, open_loop=rate > 0),
@@ -714,7 +727,7 @@ async def _http_phase(
 def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
     results = []
     for rate in _rates(args, "0,100,1000,3000"):
-        label = "as fast as possible" if rate == 0 else f"{rate:,.0f} msgs/s offered (open loop)"
+        label = rate_label(rate)
         log(f"[http] {label} ...")
         quiet_before(args.quiet_wait)
         home = base / f"http-{rate:g}"
@@ -747,14 +760,7 @@ def bench_http(args: argparse.Namespace, base: Path) -> list[Result]:
             "http",
             label,
             {
-                "senders": args.senders,
-                "receivers": args.receivers or args.senders,
-                "size": args.size,
-                "rate": rate,
-                "messages": args.messages,
-                "duration": args.duration,
-                "limit": args.limit,
-                "acks": _acks(args),
+                **_load_params(args, rate),
                 "client": f"{args.client}, HTTP/1.1 keep-alive",
                 "load_loop": loop_name(args.uvloop),
             },
