@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from rich.console import Console
@@ -20,6 +21,10 @@ from backchannel.runner.scripted import call, use
 from backchannel.runner.teamfile import load_team, parse_team
 from backchannel.testing import MemoryStore, ScriptContext, eventually, say
 from tests.conftest import Server, free_port, start_server
+
+if TYPE_CHECKING:
+    from backchannel.runner.teamfile import TeamFile
+    from tests.test_sdk_faults import Faulty
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -564,23 +569,47 @@ def _sends_until_sent(ctx: ScriptContext) -> object:
     return say("")
 
 
+@contextlib.asynccontextmanager
+async def _behind_a_faulty_proxy(
+    tmp_path: Path, team_name: str, policy: str
+) -> AsyncIterator[tuple[Server, Faulty, dict[str, str], TeamFile, Client, Client]]:
+    """A real hub with team ``team_name`` of ``worker`` (running this module's ``policy``)
+    and ``peer``; worker's client calls it through a faulty proxy and does not try again
+    itself, the human's calls it directly. Yields the hub, the proxy, the tokens, the
+    team, worker's client and the human's; all closed after."""
+    from tests.test_sdk_faults import Faulty
+
+    srv = await asyncio.to_thread(start_server, tmp_path / "home")
+    proxy = Faulty(srv.url)
+    tokens = srv.team(team_name, "worker", "peer")
+    team = parse_team(
+        f"team: {team_name}\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
+    )
+    worker = Client(proxy.url, tokens["worker"], retry_within=0)
+    user = Client(srv.url, tokens["user"])
+    try:
+        yield srv, proxy, tokens, team, worker, user
+    finally:
+        await worker.close()
+        await user.close()
+        proxy.close()
+        srv.stop()
+
+
 async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path: Path) -> None:
     """A tool's send reaches the hub, and its answer is lost (the connection is cut after
     the hub took it, past the SDK's own retries): the runner makes the send again with
     the same ``message_id``, so the hub answers it ``replayed`` and the peer gets the
     message once, whatever the model does when told the send failed."""
-    from tests.test_sdk_faults import Faulty
-
     _sends_tried.clear()
-    srv = await asyncio.to_thread(start_server, tmp_path / "home")
-    proxy = Faulty(srv.url)
-    tokens = srv.team("ls", "worker", "peer")
-    team = parse_team(
-        "team: ls\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_sends_until_sent'}\n"
-    )
-    worker = Client(proxy.url, tokens["worker"], retry_within=0)
-    user = Client(srv.url, tokens["user"])
-    try:
+    async with _behind_a_faulty_proxy(tmp_path, "ls", "_sends_until_sent") as (
+        srv,
+        proxy,
+        tokens,
+        team,
+        worker,
+        user,
+    ):
         proxy.faults.append(("POST", "/v1/messages", "cut"))
         runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60)
         run = asyncio.create_task(runner.run("report", user))
@@ -607,11 +636,6 @@ async def test_a_send_whose_answer_was_lost_reaches_its_recipient_once(tmp_path:
         sent = [m["text"] for m in got if m["from"] == "worker"]
         assert sent == ["the build is green"], (sent, _sends_tried)
         assert not _sends_tried[0].startswith("send_message failed"), _sends_tried
-    finally:
-        await worker.close()
-        await user.close()
-        proxy.close()
-        srv.stop()
 
 
 def _through_cuts(ctx: ScriptContext) -> object:
@@ -639,26 +663,23 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
     cancel and a delegation are lost after the hub did them (the SDK does not try again here): the
     runner makes each again under the same id, the session goes on, and the hub did
     each once (one turn, one timer, one delegation, the closing block sent once)."""
-    from tests.test_sdk_faults import Faulty
-
-    srv = await asyncio.to_thread(start_server, tmp_path / "home")
-    proxy = Faulty(srv.url)
-    tokens = srv.team("lc", "worker", "peer")
-    team = parse_team(
-        "team: lc\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_through_cuts'}\n"
-    )
-    worker = Client(proxy.url, tokens["worker"], retry_within=0)
-    user = Client(srv.url, tokens["user"])
-    events = "/v1/sessions/worker-main/events"
-    proxy.faults += [
-        ("POST", "/v1/sessions", "cut"),
-        ("POST", events, "cut", "turn_start"),
-        ("POST", "/v1/timers", "cut"),
-        ("POST", "/v1/delegations", "cut"),
-        ("DELETE", "/v1/timers/", "cut"),
-        ("POST", events, "cut", "agent_stop"),
-    ]
-    try:
+    async with _behind_a_faulty_proxy(tmp_path, "lc", "_through_cuts") as (
+        srv,
+        proxy,
+        tokens,
+        team,
+        worker,
+        user,
+    ):
+        events = "/v1/sessions/worker-main/events"
+        proxy.faults += [
+            ("POST", "/v1/sessions", "cut"),
+            ("POST", events, "cut", "turn_start"),
+            ("POST", "/v1/timers", "cut"),
+            ("POST", "/v1/delegations", "cut"),
+            ("DELETE", "/v1/timers/", "cut"),
+            ("POST", events, "cut", "agent_stop"),
+        ]
         runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60)
         run = asyncio.create_task(runner.run("report", user))
         await eventually(
@@ -690,11 +711,6 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
-    finally:
-        await worker.close()
-        await user.close()
-        proxy.close()
-        srv.stop()
 
 
 @pytest.mark.parametrize("style", ["", "red"], ids=["story", "note"])
