@@ -52,7 +52,7 @@ from bench.common import (
     Target,
     cpu_of,
     cpus,
-    dump_json,
+    finish,
     json_client,
     latency_row,
     loadavg,
@@ -67,7 +67,7 @@ from bench.common import (
     setup_team_http,
     summarize,
 )
-from bench.figures import Figure, Goal, write_results
+from bench.figures import Figure, Goal
 
 perf = time.perf_counter
 WAKE_P99_MS = 50.0  # the target for a send on hub A waking a receiver on hub B
@@ -555,15 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{k}={v}" for k, v in settings.items())
         + ("" if pg.data_dir is None else " (the harness's private server, same machine)")
     )
-    if args.json:
-        print(dump_json(results, machine))
-    write_results(
-        args.results,
-        "postgres",
-        figures(results),
-        {"machine": machine, "results": [r.to_json() for r in results]},
-    )
-    return 0 if all(t.met for r in results for t in r.targets) else 1
+    return finish(args, "postgres", results, figures(results), machine)
 
 
 if __name__ == "__main__":

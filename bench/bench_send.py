@@ -48,7 +48,7 @@ from bench.common import (
     add_gc_option,
     cpu_self,
     cpus,
-    dump_json,
+    finish,
     host_cpu,
     host_gc,
     json_client,
@@ -68,7 +68,7 @@ from bench.common import (
     summarize,
     thread_cpu,
 )
-from bench.figures import Figure, Goal, write_results
+from bench.figures import Figure, Goal
 
 perf = time.perf_counter
 TEAM = "bench"
@@ -1338,15 +1338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             shutil.rmtree(base, ignore_errors=True)
     print_results(results, machine, stderr=args.json)
-    if args.json:
-        print(dump_json(results, machine))
-    write_results(
-        args.results,
-        "send",
-        figures(results),
-        {"machine": machine, "results": [r.to_json() for r in results]},
-    )
-    return 0 if all(t.met for r in results for t in r.targets) else 1
+    return finish(args, "send", results, figures(results), machine)
 
 
 if __name__ == "__main__":

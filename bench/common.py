@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.figures import Figure, write_results
+
 T = TypeVar("T")
 
 # -- statistics ---------------------------------------------------------------------------
@@ -164,6 +166,27 @@ def dump_json(results: Sequence[Result], machine: dict[str, Any]) -> str:
     return json.dumps(
         {"machine": machine, "results": [r.to_json() for r in results]}, indent=2, default=str
     )
+
+
+def finish(
+    args: argparse.Namespace,
+    benchmark: str,
+    results: Sequence[Result],
+    figures: Iterable[Figure],
+    machine: dict[str, Any],
+) -> int:
+    """The end of a benchmark's run: its results as JSON on stdout with ``--json``, its
+    figures and raw results written to ``--results``; the exit code is 0 only when every
+    target was met."""
+    if args.json:
+        print(dump_json(results, machine))
+    write_results(
+        args.results,
+        benchmark,
+        figures,
+        {"machine": machine, "results": [r.to_json() for r in results]},
+    )
+    return 0 if all(t.met for r in results for t in r.targets) else 1
 
 
 # -- machine --------------------------------------------------------------------------------
