@@ -359,23 +359,41 @@ def _start_hubs_both_ways(
     return hub_a, hub_b, tokens
 
 
+def _task_waiting(c: httpx.Client, member: str) -> tuple[str, dict[str, Any]] | None:
+    """One look for a task in one of ``member``'s sessions, acking what each session got
+    on the way. Returns the session and the task, or None."""
+    for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
+        sid = s["session_id"]
+        got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
+        if got:
+            c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
+        found = next((m for m in got if m["kind"] == "delegation"), None)
+        if found is not None:
+            return sid, found
+    return None
+
+
 def _take_task(c: httpx.Client, member: str, what: str) -> tuple[str, dict[str, Any]]:
-    """Wait for a task in one of ``member``'s sessions, acking what that session got on
-    the way. Returns the session and the task."""
-
-    def task() -> tuple[str, dict[str, Any]] | None:
-        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
-            sid = s["session_id"]
-            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
-            if got:
-                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
-            found = next((m for m in got if m["kind"] == "delegation"), None)
-            if found is not None:
-                return sid, found
-        return None
-
-    found: tuple[str, dict[str, Any]] = eventually_blocking(task, what=what, within=30)
+    """Wait for a task in one of ``member``'s sessions (see ``_task_waiting``). Returns the
+    session and the task."""
+    found: tuple[str, dict[str, Any]] = eventually_blocking(
+        lambda: _task_waiting(c, member), what=what, within=30
+    )
     return found
+
+
+def _delegate_on(
+    c: httpx.Client, sid: str, task: dict[str, Any], to: str, n: int
+) -> httpx.Response:
+    """The turn in session ``sid`` on ``task``: it delegates the task on to ``to`` as
+    ``tu_{n}`` and ends. Returns the delegate answer."""
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": task["text"]})
+    r = c.post(
+        "/v1/delegations",
+        json={"to": to, "task": f"pass it on ({n})", "tool_use_id": f"tu_{n}", "session": sid},
+    )
+    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": f"passed on {n}"})
+    return r
 
 
 def _pass_on(
@@ -383,15 +401,8 @@ def _pass_on(
 ) -> tuple[dict[str, Any], httpx.Response]:
     """Play ``member``: take the task waiting in one of its sessions, delegate it on to
     ``to`` in the same turn, end the turn. Returns the task and the delegate answer."""
-
     sid, m = _take_task(c, member, what=f"task {n} for {member}")
-    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
-    r = c.post(
-        "/v1/delegations",
-        json={"to": to, "task": f"pass it on ({n})", "tool_use_id": f"tu_{n}", "session": sid},
-    )
-    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": f"passed on {n}"})
-    return m, r
+    return m, _delegate_on(c, sid, m, to, n)
 
 
 def _answer_task(c: httpx.Client, member: str, answer: str) -> dict[str, Any]:

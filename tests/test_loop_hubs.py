@@ -22,7 +22,12 @@ from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
 from tests.conftest import Server
 from tests.helpers_hubs import budget_notices, chat_bodies
-from tests.test_delegation_http import _start_hubs_both_ways, first_delegation
+from tests.test_delegation_http import (
+    _delegate_on,
+    _start_hubs_both_ways,
+    _task_waiting,
+    first_delegation,
+)
 
 SECRET = "test-secret-0123456789"
 FAST = drules.RetryPolicy(start=0.05, factor=2, cap=0.2, budget=5, timeout=2)
@@ -317,14 +322,9 @@ def _pass_on_or_refused(
     answer to the task before are sent together, and both are one speaker)."""
 
     def ready() -> tuple[str, Any] | None:
-        for s in c.get("/v1/sessions", params={"member": member}).json()["sessions"]:
-            sid = s["session_id"]
-            got = c.get("/v1/inbox", params={"session": sid, "limit": 20}).json()["messages"]
-            if got:
-                c.post("/v1/inbox/ack", json={"message_ids": [m["message_id"] for m in got]})
-            found = next((m for m in got if m["kind"] == "delegation"), None)
-            if found is not None:
-                return sid, found
+        task = _task_waiting(c, member)
+        if task is not None:
+            return task
         ds = sender.get("/v1/delegations").json()["delegations"]
         sent = [d for d in ds if d["caller"] == sender_name and d["tool_use_id"] == f"tu_{n - 1}"]
         if sent and sent[0]["state"] == "failed":
@@ -334,13 +334,7 @@ def _pass_on_or_refused(
     sid, m = eventually_blocking(ready, what=f"task {n} for {member}", within=30)
     if not sid:
         return None, m
-    c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start", "text": m["text"]})
-    r = c.post(
-        "/v1/delegations",
-        json={"to": to, "task": f"pass it on ({n})", "tool_use_id": f"tu_{n}", "session": sid},
-    )
-    c.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": f"passed on {n}"})
-    return m, r
+    return m, _delegate_on(c, sid, m, to, n)
 
 
 @pytest.mark.slow
