@@ -320,14 +320,9 @@ class Maintenance:
         an hour), nor taken from a receiver that still works on it. Done on the first
         pass (the hub may have been stopped while the clock stepped back) and whenever
         the clock is behind where it was the pass before."""
-        restarted = 0
-        while True:
-            found = await self.store.transact(
-                lambda tx: tx.restart_leases(now, now + MAX_CLOCK_SKEW, LEASE_BATCH)
-            )
-            restarted += len(found)
-            if len(found) < LEASE_BATCH:
-                break
+        restarted = await self._restart_in_batches(
+            lambda tx: tx.restart_leases(now, now + MAX_CLOCK_SKEW, LEASE_BATCH)
+        )
         if restarted:
             log.warning(
                 "the clock is behind the start of %d leases (it stepped back, or the hub "
@@ -335,6 +330,16 @@ class Maintenance:
                 "again from now",
                 restarted,
             )
+
+    async def _restart_in_batches(self, batch: Callable[[Tx], Sequence[Delivery]]) -> int:
+        """Run ``batch`` (one ``restart_leases`` of :data:`LEASE_BATCH` at most) until a
+        batch comes back short; how many leases it restarted in all."""
+        restarted = 0
+        while True:
+            found = await self.store.transact(batch)
+            restarted += len(found)
+            if len(found) < LEASE_BATCH:
+                return restarted
 
     def _step_forward(self, now: float, boot: float) -> float:
         """How far the wall clock stepped forward since the last pass: how much further
@@ -355,14 +360,9 @@ class Maintenance:
         done while the hub's clock is off the database's (PostgreSQL, hubs on several
         hosts: a step of this host's clock alone), where leases go by the database's
         clock (:meth:`check_clock`)."""
-        restarted = 0
-        while True:
-            found = await self.store.transact(
-                lambda tx: tx.restart_leases(now, -_FAR, LEASE_BATCH, given_before=now - step)
-            )
-            restarted += len(found)
-            if len(found) < LEASE_BATCH:
-                break
+        restarted = await self._restart_in_batches(
+            lambda tx: tx.restart_leases(now, -_FAR, LEASE_BATCH, given_before=now - step)
+        )
         if restarted:
             log.warning(
                 "%d leases given before the clock stepped forward each run their length "
