@@ -143,6 +143,7 @@ async def test_a_wait_timer_shows_the_first_reply_of_many(
     async with Hub(made, clock=clock, background=False, lease_seconds=30) as hub:
         await _team(hub, "lead", "w", "x", policy="off")
         await hub.send("t", "w", "lead", "before the timer")
+        await _take(hub, "lead")  # read: no reply to wait for
         clock.advance(1)
         await hub.set_timer("t", "lead", "lead-s", "wait", 120, "the verdict", target="w")
         clock.advance(10)
@@ -185,6 +186,7 @@ async def test_a_reply_through_another_hub_on_the_same_file_counts(
     ):
         await _team(one, "lead", "w", policy="off")
         await two.send("t", "w", "lead", "before: two's writer reads the team now")
+        await _take(one, "lead")  # read: no reply to wait for
         clock.advance(1)
         await one.set_timer("t", "lead", "lead-s", "wait", 60, "the count", target="w")
         clock.advance(5)
@@ -581,3 +583,41 @@ async def test_pending_wait_timers_of_schema_10_are_migrated(
         'w has replied since you set this timer (5 s after): "verdict: fine"',
         'x has replied since you set this timer (10 s after): "numbers: 42"',
     ]
+
+
+@pytest.mark.parametrize(
+    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_reply_sent_before_the_wait_timer_was_set_counts(
+    store: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """The peer answered fast, between the question and the ``wait`` call: the answer,
+    still unread in the asker's inbox, is the reply the timer waits for. One that a
+    later question of the asker's made old is not."""
+    async with Hub(_store(store, tmp_path, request), clock=clock, background=False) as hub:
+        await _team(hub, "lead", "w", "x", policy="off")
+        await hub.report_event("t", "lead", "lead-s", "turn_start", "ask w and x")
+        await hub.send("t", "lead", "w", "what is the total?")
+        await hub.send("t", "lead", "x", "what is the count?")
+        clock.advance(2)
+        await hub.send("t", "w", "lead", "The total is 42.")
+        await hub.send("t", "x", "lead", "The count is 7.")
+        clock.advance(1)
+        await hub.send("t", "lead", "x", "and the mean?")  # x's answer above is not to this
+        clock.advance(2)
+        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "the total", target="w")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 60, "the mean", target="x")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "waiting")
+        await _take(hub, "lead")  # the replies, read at the turn's end
+        texts = await _fired(hub, clock, 60)
+        assert [t.splitlines() for t in texts] == [
+            [
+                "WAIT: the mean",
+                "x has not replied since you set this timer (60 s ago).",
+            ],
+            [
+                "WAIT: the total",
+                "w replied before you set this timer (3 s before), in a message you had "
+                'not read yet: "The total is 42."',
+            ],
+        ]

@@ -197,7 +197,9 @@ class PeerView:
 
     member: str
     session: Session | None
-    reply: Reply | None  # the first message from the peer since the timer was set
+    #: the first message from the peer since the timer was set, or the one before it
+    #: that its member had not read yet when it set it (an answer to its question)
+    reply: Reply | None
 
 
 def breadcrumb(
@@ -241,7 +243,15 @@ def breadcrumb(
             else:
                 lines.append("It has not finished a turn with output yet.")
     elif intent is Intent.WAIT and peer is not None:
-        if peer.reply is not None:
+        if peer.reply is not None and peer.reply.created_at < set_at:
+            lines.append(
+                f"{peer.member} replied before you set this timer "
+                f"({_ago(set_at - peer.reply.created_at)} before), in a message you had "
+                f'not read yet: "{peer.reply.preview}"'
+            )
+            meta["replied"] = True
+            meta["reply_message_id"] = peer.reply.message_id
+        elif peer.reply is not None:
             lines.append(
                 f"{peer.member} has replied since you set this timer "
                 f'({_ago(peer.reply.created_at - set_at)} after): "{peer.reply.preview}"'

@@ -61,12 +61,17 @@ from backchannel.types import (
     Job,
     JobState,
     MemberKind,
+    Message,
     MessageKind,
     Session,
     SessionState,
 )
 
 log = logging.getLogger("backchannel.hub")
+
+#: How many of a member's unread messages from a ``wait`` timer's target are looked at
+#: for a reply sent before the timer was set (each costs a look for a later question).
+UNREAD_REPLIES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +198,8 @@ class Timers:
                 },
                 watch=target,
             )
-            if target is not None:  # a reply sent while this waited for the writer
-                early = tx.first_message_from(team, target, member, now)
+            if target is not None:  # a reply sent before this timer was stored
+                early = self._early_reply(tx, team, member, target, now)
                 if early is not None:
                     payload = {**job.payload, **rules.Reply.of(early).noted()}
                     job = dataclasses.replace(job, payload=payload, watch=None)
@@ -203,6 +208,19 @@ class Timers:
             return Timer.of(dataclasses.replace(job, job_id=job_id))
 
         return await self.env.transact(fn)
+
+    @staticmethod
+    def _early_reply(tx: Tx, team: str, member: str, target: str, now: float) -> Message | None:
+        """The reply a ``wait`` timer has before it is stored: the first message from
+        ``target`` that ``member`` has not read yet (its copy still queued) and that no
+        later message of ``member``'s to ``target`` made old (it answers the latest
+        question: the peer answered fast, between the question and the ``wait`` call);
+        else one stored while the timer waited for the writer. One ``member`` has read
+        already is no reply to wait for: it set the timer knowing it."""
+        for m in tx.unread_from(team, member, target, UNREAD_REPLIES):
+            if tx.first_message_from(team, member, target, m.created_at) is None:
+                return m
+        return tx.first_message_from(team, target, member, now)
 
     @staticmethod
     def _set_under(

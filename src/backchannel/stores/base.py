@@ -261,6 +261,12 @@ class Tx(Protocol):
         (a timer being set), never for a long stretch of time."""
         ...
 
+    def unread_from(self, team: str, member: str, sender: str, limit: int) -> list[Message]:
+        """Up to ``limit`` messages from ``sender`` whose copy for ``member`` is still
+        ``queued`` (never handed out: its model has not read it), oldest copy first.
+        Served by the index of the queued copies: its cost is the member's queue."""
+        ...
+
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         """Append a line to a message's history (and the team feed) without changing any
         delivery. Not for reactions: :meth:`add_reaction` records those, once."""

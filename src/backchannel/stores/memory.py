@@ -362,6 +362,16 @@ class MemoryTx:
         ]
         return min(found, key=lambda m: m.created_at) if found else None
 
+    def unread_from(self, team: str, member: str, sender: str, limit: int) -> list[Message]:
+        inbox = self._d.open.get((team, member), {})
+        found = (self._d.deliveries[inbox[seq]] for seq in sorted(inbox))
+        out = []
+        for d in found:
+            m = self._d.messages.get((team, d.message_id))
+            if d.state is DeliveryState.QUEUED and m is not None and m.sender == sender:
+                out.append(m)
+        return out[:limit]
+
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._event(team, event)
 

@@ -161,6 +161,10 @@ async def check_send_and_history(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "b", T0 + 1)) is None
         assert await store.read(lambda tx: tx.first_message_from("alpha", "a", "user", T0)) is None
         assert await store.read(lambda tx: tx.first_message_from("alpha", "b", "c", T0)) is None
+        # m1's copies for b and c are queued: unread by both; none from b
+        assert await store.read(lambda tx: tx.unread_from("alpha", "b", "a", 5)) == [m]
+        assert await store.read(lambda tx: tx.unread_from("alpha", "b", "a", 0)) == []
+        assert await store.read(lambda tx: tx.unread_from("alpha", "c", "b", 5)) == []
         note = DeliveryEvent("m1", "c", T0 + 1, "noted", "by c")
         await store.transact(lambda tx: tx.add_history("alpha", note))
         hist = await store.read(lambda tx: tx.history("alpha", "m1"))

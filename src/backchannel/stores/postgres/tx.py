@@ -360,6 +360,16 @@ class PgTx(PgTransaction, LifecycleSql):
         )
         return _message(row) if row else None
 
+    def unread_from(self, team: str, member: str, sender: str, limit: int) -> list[Message]:
+        rows = self._all(
+            f"SELECT {MSG_COLS} FROM deliveries d JOIN messages m ON m.team = d.team "
+            "AND m.message_id = d.message_id WHERE d.team = %s AND d.member = %s "
+            "AND d.state = 'queued' AND m.sender = %s ORDER BY d.seq LIMIT %s",
+            (team, member, sender, limit),
+            team,
+        )
+        return [_message(r) for r in rows]
+
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         if team not in self._locked:
             self._exec("SELECT 1", (), team)  # take the team's lock

@@ -512,6 +512,15 @@ class SqliteTx(LifecycleSql):
         )
         return _message(row) if row else None
 
+    def unread_from(self, team: str, member: str, sender: str, limit: int) -> list[Message]:
+        rows = self._c.execute(
+            f"SELECT {MSG_COLS} FROM deliveries d INDEXED BY deliveries_queued JOIN messages m "
+            "ON m.team = d.team AND m.message_id = d.message_id WHERE d.team = ? "
+            "AND d.member = ? AND d.state = 'queued' AND m.sender = ? ORDER BY d.seq LIMIT ?",
+            (team, member, sender, limit),
+        )
+        return [_message(r) for r in rows]
+
     def add_history(self, team: str, event: DeliveryEvent) -> None:
         self._events(team, [event])
 
