@@ -121,3 +121,31 @@ def test_the_sdk_raises_the_error_a_team_stream_ends_with(srv: Server) -> None:
         with pytest.raises(errors.BackchannelError) as caught:
             next(events)
     assert caught.value.code == "unauthorized" and "rotated" in caught.value.message
+
+
+@pytest.mark.parametrize("how", ["after", "Last-Event-ID"])
+@pytest.mark.parametrize("stream", ["events", "dashboard"])
+def test_a_cursor_past_the_newest_event_is_refused(srv: Server, stream: str, how: str) -> None:
+    """A cursor this store never sent (it was restored from a backup or reset since
+    the client saw it) would give a stream that stays empty, the new events numbered
+    below it: it is refused, naming the parameter and the newest cursor."""
+    team = f"ahead-{uuid.uuid4().hex[:8]}"
+    tokens = srv.team(team, "a", "b")
+    marker = _send(srv, tokens["a"], "b", "one")
+    if stream == "events":
+        path = f"/v1/teams/{team}/events"
+    else:
+        path = f"/v1/dashboard/teams/{team}/stream?ticket={_ticket(srv, tokens['user'], team)}"
+    newest = _cursors_until(srv, tokens["user"], path, marker)[-1]
+    ahead = newest + 1_000_000
+    sep = "&" if "?" in path else "?"
+    url, headers = (
+        (f"{path}{sep}after={ahead}", {})
+        if how == "after"
+        else (path, {"Last-Event-ID": str(ahead)})
+    )
+    with srv.client(tokens["user"]) as c, c.stream("GET", url, headers=headers) as r:
+        assert r.status_code == 422, r.status_code  # not a stream that stays empty
+        error = json.loads(r.read())["error"]
+    assert error["code"] == "invalid_request"
+    assert how in error["message"] and f"?after={newest}" in error["message"]

@@ -70,7 +70,7 @@ from backchannel.errors import (
 )
 from backchannel.hub import FeedItem, Hub
 from backchannel.interfaces.http import Auth, EventStream, Principal
-from backchannel.interfaces.routes.stream import resume_after
+from backchannel.interfaces.routes.stream import check_cursor, resume_after
 from backchannel.interfaces.wire import (
     MAX_INT,
     SENT,
@@ -630,7 +630,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
         a page that keeps only so many is sent only those, however long the history."""
         who = await check_ticket(hub, key, ticket, team)
         await hub.get_team(team)
-        after = resume_after(request, after)
+        after = await check_cursor(hub, team, request, resume_after(request, after))
         if last is not None:
             after = max(after, await hub.feed_start(team, last))
         return StreamingResponse(

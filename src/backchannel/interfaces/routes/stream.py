@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from backchannel.errors import InvalidRequest
 from backchannel.interfaces.wire import MAX_INT
+
+if TYPE_CHECKING:
+    from backchannel.hub import Hub
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -36,3 +41,25 @@ def resume_after(request: Request, after: int) -> int:
             field="Last-Event-ID",
         )
     return max(after, int(raw))
+
+
+async def check_cursor(hub: Hub, team: str, request: Request, after: int) -> int:
+    """``after`` (from :func:`resume_after`), refused when it is past the team's newest
+    event: such a cursor was never sent by this store (the store was restored from a
+    backup, or reset, since the client saw it), and a stream after it would stay empty
+    however many events came, since the new ones are numbered below it. The refusal
+    names the newest cursor, so the client can fetch the team's state again and go on
+    from there."""
+    if after == 0:
+        return after
+    newest = await hub.feed_start(team, 0)
+    if after <= newest:
+        return after
+    header = request.headers.get("last-event-id", "").strip()
+    field = "Last-Event-ID" if header and int(header) == after else "after"
+    raise InvalidRequest(
+        f"{field} {after} is past the newest event of team {team!r} ({newest}): this "
+        "store never sent it (it was restored or reset since); read the team's state "
+        f"again and reconnect with ?after={newest} and without Last-Event-ID",
+        field=field,
+    )

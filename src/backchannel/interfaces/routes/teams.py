@@ -25,7 +25,12 @@ from fastapi.responses import StreamingResponse
 
 from backchannel.hub import FeedItem
 from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of, revoked
-from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream, resume_after
+from backchannel.interfaces.routes.stream import (
+    SSE_HEADERS,
+    EventStream,
+    check_cursor,
+    resume_after,
+)
 from backchannel.interfaces.wire import MAX_INT, SSE_EVENT, MemberName, StrictRoute, TeamName
 from backchannel.member import AdminApi, MemberApi
 from backchannel.models import (
@@ -144,7 +149,7 @@ async def team_events(
     who.need_team(team)
     hub = hub_of(request)
     await hub.get_team(team)
-    after = resume_after(request, after)
+    after = await check_cursor(hub, team, request, resume_after(request, after))
     gone = asyncio.Event()  # set when a member's token is revoked
 
     async def events() -> AsyncIterator[str]:
