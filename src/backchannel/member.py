@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
+from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES, TIMER_PAGE
 from backchannel.errors import BackchannelError, InvalidRequest, NotFound
 from backchannel.hub.messages import Outgoing
 from backchannel.models import (
@@ -415,13 +415,32 @@ class MemberApi:
         return Timer.model_validate(timer.to_json(self.hub.clock.now()))
 
     async def timers(
-        self, *, member: str | None = None, session: str | None = None, all: bool = False
+        self,
+        *,
+        member: str | None = None,
+        session: str | None = None,
+        all: bool = False,
+        after: int = 0,
+        limit: int = TIMER_PAGE,
     ) -> TimerList:
+        """A page of the team's timers, in the order they were set: at most ``limit``
+        after timer id ``after``; ``next_after`` is where the next page starts (None:
+        this was the last)."""
         found = await self.hub.list_timers(
-            self.team, member=member, session_id=session, pending_only=not all
+            self.team,
+            member=member,
+            session_id=session,
+            pending_only=not all,
+            after=after,
+            limit=limit + 1,
         )
         now = self.hub.clock.now()
-        return TimerList(timers=[Timer.model_validate(t.to_json(now)) for t in found])
+        page = found[:limit]
+        more = len(found) > limit
+        return TimerList(
+            timers=[Timer.model_validate(t.to_json(now)) for t in page],
+            next_after=page[-1].timer_id if more else None,
+        )
 
     async def cancel_timer(self, timer_id: int) -> Timer:
         timer = await self.hub.cancel_timer(self.team, self.name, timer_id)

@@ -720,6 +720,9 @@ class Timer(_Out):
 
 class TimerList(_Out):
     timers: list[Timer]
+    #: the last timer id of this page when more follow: ask again with ``after`` set to
+    #: it (None: this page is the last)
+    next_after: int | None = None
 
 
 class SessionInfo(_Out):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from backchannel.client._transport import (
     Transport,
     hook_result,
 )
+from backchannel.core.timers import MAX_TIMER_PAGE
 from backchannel.errors import InvalidRequest, PeerError
 from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.hub.sessions import new_session_id
@@ -820,18 +822,50 @@ class Client:
         return got
 
     async def timers(
-        self, *, member: str | None = None, session: str | None = None, all: bool = False
+        self,
+        *,
+        member: str | None = None,
+        session: str | None = None,
+        all: bool = False,
+        after: int = 0,
+        limit: int | None = None,
     ) -> list[Timer]:
-        """Pending timers of your team (``all``: fired and cancelled ones too)."""
-        call = Call(
-            "GET",
-            "/v1/timers",
-            lambda s: s.member.timers(member=member, session=session, all=all),
-            TimerList,
-            params={"all": all, **_given(member=member, session=session)},
-        )
-        got: TimerList = await self._do(call)
-        return got.timers
+        """Pending timers of your team (``all``: fired and cancelled ones too), in the
+        order they were set: at most ``limit`` after timer id ``after`` (every one when
+        ``limit`` is None, read from the hub a bounded page at a time)."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise InvalidRequest(
+                f"after is a timer id (0 or more; the last one you listed), not {after!r}",
+                field="after",
+            )
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidRequest(
+                f"limit is how many timers to list (1 or more, or None for all), not {limit!r}",
+                field="limit",
+            )
+        out: list[Timer] = []
+        while limit is None or len(out) < limit:
+            n = MAX_TIMER_PAGE if limit is None else min(limit - len(out), MAX_TIMER_PAGE)
+            call: Call[TimerList] = Call(
+                "GET",
+                "/v1/timers",
+                functools.partial(_member_timers, member, session, all, after, n),
+                TimerList,
+                params={
+                    "all": all,
+                    "after": after,
+                    "limit": n,
+                    **_given(member=member, session=session),
+                },
+            )
+            got: TimerList = await self._do(call)
+            out.extend(got.timers)
+            if got.next_after is None:
+                break
+            after = got.next_after
+        return out
 
     # -- delegation --------------------------------------------------------------------
     async def delegate(
@@ -962,3 +996,10 @@ class Client:
         )
         got: HookResult = await self._do(call)
         return got
+
+
+async def _member_timers(
+    member: str | None, session: str | None, all: bool, after: int, limit: int, s: Scope
+) -> TimerList:
+    """One page of timers, in-process."""
+    return await s.member.timers(member=member, session=session, all=all, after=after, limit=limit)

@@ -401,10 +401,20 @@ class SyncClient:
         return self._run(self._async.cancel_timer(timer_id))
 
     def timers(
-        self, *, member: str | None = None, session: str | None = None, all: bool = False
+        self,
+        *,
+        member: str | None = None,
+        session: str | None = None,
+        all: bool = False,
+        after: int = 0,
+        limit: int | None = None,
     ) -> list[Timer]:
-        """Pending timers of your team (``all``: fired and cancelled ones too)."""
-        return self._run(self._async.timers(member=member, session=session, all=all))
+        """Pending timers of your team (``all``: fired and cancelled ones too), in the
+        order they were set: at most ``limit`` after timer id ``after`` (every one when
+        ``limit`` is None, read a bounded page at a time)."""
+        return self._run(
+            self._async.timers(member=member, session=session, all=all, after=after, limit=limit)
+        )
 
     def delegate(
         self,

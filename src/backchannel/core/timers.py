@@ -18,6 +18,12 @@ MAX_SECONDS = 30 * 24 * 3600
 #: held to one firing a second at most (each also waits for the turn it starts to end).
 MIN_SECONDS = 1
 PREVIEW = 200
+#: How many timers ``GET /v1/timers`` answers when no ``limit`` is given, and the most
+#: it answers at once (a team's members may each hold a hundred; fired and cancelled
+#: ones stay until retention removes them): the rest are read page by page, ``after``
+#: the last timer id of the page before.
+TIMER_PAGE = 100
+MAX_TIMER_PAGE = 1000
 
 
 class Intent(StrEnum):

@@ -309,14 +309,19 @@ class Timers:
         member: str | None = None,
         session_id: str | None = None,
         pending_only: bool = True,
+        after: int = 0,
+        limit: int | None = None,
     ) -> list[Timer]:
+        """A team's timers in the order they were set (by id), those after timer id
+        ``after``, at most ``limit`` (all when None)."""
         jobs = await self.store.read(
             lambda tx: tx.list_jobs(
                 team, session_id=session_id, kind=rules.TIMER_JOB, pending_only=pending_only
             )
         )
-        timers = [Timer.of(j) for j in jobs]
-        return [t for t in timers if member is None or t.member == member]
+        timers = sorted((Timer.of(j) for j in jobs), key=lambda t: t.timer_id)
+        found = [t for t in timers if t.timer_id > after and (member is None or t.member == member)]
+        return found if limit is None else found[:limit]
 
     # -- firing -------------------------------------------------------------------
     def _fire_timer(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.client import Client
+from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
 from backchannel.delivery.ownership import OWNERSHIP_S
 from backchannel.errors import AnchorRequired, BackchannelError, PeerError, Unauthorized
 from backchannel.hub.messages import new_message_id
@@ -693,13 +694,24 @@ def timer_set(
 @timer_app.command("list")
 def timer_list(
     session: Annotated[str | None, typer.Option(help="Only this session's timers.")] = None,
+    after: Annotated[
+        int, typer.Option(min=0, help="Only timers set after this timer id (the last one shown).")
+    ] = 0,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_TIMER_PAGE, help="Show at most this many.")
+    ] = TIMER_PAGE,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Pending timers of your team."""
-    found = _run(_with(_client(url, token, home, admin=False), lambda c: c.timers(session=session)))
+    """Pending timers of your team, in the order they were set, a page at a time."""
+    found = _run(
+        _with(
+            _client(url, token, home, admin=False),
+            lambda c: c.timers(session=session, after=after, limit=limit),
+        )
+    )
     if as_json:
         _print_json(found)
         return

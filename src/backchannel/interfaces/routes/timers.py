@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 
+from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
 from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.wire import MAX_INT, MemberQuery, SessionQuery, StrictRoute
 from backchannel.models import Timer, TimerIn, TimerList
@@ -29,10 +30,19 @@ async def set_timer(body: TimerIn, api: AsMember) -> Timer:
 
 @router.get("/v1/timers")
 async def list_timers(
-    api: AsMember, member: MemberQuery = None, session: SessionQuery = None, all: bool = False
+    api: AsMember,
+    member: MemberQuery = None,
+    session: SessionQuery = None,
+    all: bool = False,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_INT, description="the next_after of the page before")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_TIMER_PAGE)] = TIMER_PAGE,
 ) -> TimerList:
-    """Pending timers of your team (``all``: fired and cancelled ones too)."""
-    return await api.timers(member=member, session=session, all=all)
+    """Pending timers of your team (``all``: fired and cancelled ones too), in the order
+    they were set, a page at a time: at most ``limit``, after timer id ``after``; the
+    answer's ``next_after`` is where the next page starts."""
+    return await api.timers(member=member, session=session, all=all, after=after, limit=limit)
 
 
 @router.delete("/v1/timers/{timer_id}")
