@@ -621,3 +621,40 @@ async def test_a_reply_sent_before_the_wait_timer_was_set_counts(
                 'not read yet: "The total is 42."',
             ],
         ]
+
+
+@pytest.mark.parametrize(
+    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_wait_timer_fired_mid_turn_says_the_reply_that_came_before_it_was_read(
+    store: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A ``wait`` timer that fired while its session's turn ran waits for the turn to
+    end; a reply that came meanwhile is what it says when it is handed over, not the
+    "has not replied" of the moment it fired."""
+    async with Hub(_store(store, tmp_path, request), clock=clock, background=False) as hub:
+        await _team(hub, "lead", "w", "x", policy="off")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 10, "the total", target="w")
+        await hub.set_timer("t", "lead", "lead-s", "wait", 10, "the count", target="x")
+        await hub.report_event("t", "lead", "lead-s", "turn_start", "long work")
+        clock.advance(10)
+        await hub.maintain()  # both fire mid-turn: neither peer has replied
+        clock.advance(5)
+        await hub.send("t", "w", "lead", "The total is 42.")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "done")
+        got = await hub.receive("t", "lead", session="lead-s", limit=100)
+        timers = sorted(
+            (g.message for g in got if g.message.kind is MessageKind.TIMER),
+            key=lambda m: m.text,
+        )
+        assert [m.text.splitlines() for m in timers] == [
+            ["WAIT: the count", "x has not replied since you set this timer (10 s ago)."],
+            [
+                "WAIT: the total",
+                "w replied after this timer fired, before you read it (5 s after it fired): "
+                '"The total is 42."',
+            ],
+        ]
+        assert [m.meta["replied"] for m in timers] == [False, True]
+        # the reply itself is handed over too, once
+        assert [g.message.text for g in got].count("The total is 42.") == 1

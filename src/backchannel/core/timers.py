@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -249,6 +250,7 @@ def breadcrumb(
             else:
                 lines.append("It has not finished a turn with output yet.")
     elif intent is Intent.WAIT and peer is not None:
+        meta["target"] = peer.member
         if peer.reply is not None and peer.reply.created_at < set_at:
             lines.append(
                 f"{peer.member} replied before you set this timer "
@@ -270,3 +272,38 @@ def breadcrumb(
             )
             meta["replied"] = False
     return "\n".join(lines), meta
+
+
+def waiting_on(message: Message) -> str | None:
+    """The peer a fired ``wait`` breadcrumb said had not replied (None for any other
+    message, or a breadcrumb of a hub that did not note its target)."""
+    meta = message.meta
+    if message.kind is not MessageKind.TIMER or message.sender != HUB_SENDER:
+        return None
+    if meta.get("intent") != Intent.WAIT.value or meta.get("replied") is not False:
+        return None
+    target = meta.get("target")
+    return target if isinstance(target, str) else None
+
+
+def replied_after_firing(message: Message, reply: Reply) -> Message:
+    """A fired ``wait`` breadcrumb as it is handed over when its peer replied after it
+    fired (it waited for its session's turn to end): it says the reply, not the "has
+    not replied" of its firing, so the model does not act on words the reply, handed
+    over with it, already made wrong. The stored message keeps the words of its
+    firing; its history says when it was handed over."""
+    target = waiting_on(message)
+    lines = message.text.splitlines()
+    said = f"{target} has not replied since you set this timer"
+    fresh = (
+        f"{target} replied after this timer fired, before you read it "
+        f'({_ago(reply.created_at - message.created_at)} after it fired): "{reply.preview}"'
+    )
+    text = "\n".join(fresh if line.startswith(said) else line for line in lines)
+    meta = {
+        **message.meta,
+        "replied": True,
+        "reply_message_id": reply.message_id,
+        "replied_after_firing": True,
+    }
+    return dataclasses.replace(message, text=text, meta=meta)

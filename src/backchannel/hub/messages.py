@@ -8,6 +8,7 @@ and the hub's own ``system`` notices. Rules live in :mod:`backchannel.core.messa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -29,7 +30,7 @@ from typing import Any
 from backchannel.core import messages as rules
 from backchannel.core import notices
 from backchannel.core.budget import ChainRef
-from backchannel.core.timers import anchors_first
+from backchannel.core.timers import Reply, anchors_first, replied_after_firing, waiting_on
 from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
 from backchannel.hub.context import Ctx, Env, Taker, wait_any, wait_for
 from backchannel.hub.pipeline import Pipeline, SendOptions
@@ -553,11 +554,13 @@ class Messages:
             got = anchors_first(
                 tx.lease(team, member, session, now, until, limit, include_unpinned)
             )
+            got = _replies_since_firing(tx, team, member, got)
             if got:
                 c.schedule(until)  # the lease ends then
                 self.pipeline.after_lease(c, s, got, now)
             return got
         got = anchors_first(tx.lease(team, member, session, now, until, limit))
+        got = _replies_since_firing(tx, team, member, got)
         if got:
             c.schedule(until)
             self.pipeline.after_member_lease(c, team, member, got, now)
@@ -840,3 +843,25 @@ class Messages:
         await self.message_status(team, message_id, viewer=member)
         event = DeliveryEvent(message_id, member, self.clock.now(), "reaction", emoji)
         await self.store.transact(lambda tx: tx.add_reaction(team, event))
+
+
+def _replies_since_firing(
+    tx: Tx, team: str, member: str, got: list[InboxMessage]
+) -> list[InboxMessage]:
+    """Fired ``wait`` breadcrumbs that said "has not replied", as they are handed over:
+    one whose peer replied after it fired says that reply instead
+    (:func:`backchannel.core.timers.replied_after_firing`). The look is one indexed
+    read from the firing on, a moment a turn long."""
+    out = []
+    for item in got:
+        target = waiting_on(item.message)
+        reply = (
+            tx.first_message_from(team, target, member, item.message.created_at)
+            if target is not None
+            else None
+        )
+        if reply is not None:
+            fresh = replied_after_firing(item.message, Reply.of(reply))
+            item = dataclasses.replace(item, message=fresh)
+        out.append(item)
+    return out
