@@ -4,13 +4,17 @@ event once, and a cursor the hub cannot honour is refused, saying why and what t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from backchannel.testing.waiting import eventually
 from tests.conftest import Server
 
 #: seconds a read may wait: far below a keep-alive's 15 s, so a stream that shows
@@ -149,3 +153,66 @@ def test_a_cursor_past_the_newest_event_is_refused(srv: Server, stream: str, how
         error = json.loads(r.read())["error"]
     assert error["code"] == "invalid_request"
     assert how in error["message"] and f"?after={newest}" in error["message"]
+
+
+async def test_the_sdk_stream_goes_on_across_a_restarted_serve(tmp_path: Path) -> None:
+    """``team_events(reconnect_within=...)`` opens the stream again, with
+    ``Last-Event-ID``, while ``serve`` is stopped and started again under it: it shows
+    every event of the team once, in order, the same a fresh stream from 0 shows."""
+    from backchannel.client import connect
+    from tests.conftest import free_port, start_server
+
+    port = free_port()
+    home = tmp_path / "home"
+    first = start_server(home, port=port)
+    tokens = first.team("restarts", "a", "b")
+    seen: list[tuple[int, str | None]] = []
+    try:
+        async with connect(first.url, tokens["user"]) as client:
+
+            async def read() -> None:
+                async for t in client.team_events(reconnect_within=30):
+                    seen.append((t.cursor, t.message_id))
+
+            reader = asyncio.create_task(read())
+            before = _send(first, tokens["a"], "b", "before the restart")
+            await eventually(lambda: any(m == before for _, m in seen), what="the first event")
+            first.stop()
+            again = start_server(home, port=port)
+            try:
+                after = _send(again, tokens["a"], "b", "after the restart")
+                await eventually(lambda: any(m == after for _, m in seen), what="a later event")
+                assert not reader.done(), reader
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                whole = _cursors_until(again, tokens["user"], "/v1/teams/restarts/events", after)
+            finally:
+                again.stop()
+    finally:
+        first.stop()
+    cursors = [c for c, _ in seen]
+    assert cursors == whole[: len(cursors)], (cursors, whole)  # none twice, none lost
+
+
+async def test_the_sdk_stream_gives_up_after_its_bound(tmp_path: Path) -> None:
+    from backchannel import errors
+    from backchannel.client import connect
+    from tests.conftest import start_server
+
+    srv = start_server(tmp_path / "home")
+    tokens = srv.team("gone", "a", "b")
+    marker = _send(srv, tokens["a"], "b", "one")
+    try:
+        async with connect(srv.url, tokens["user"]) as client:
+            events = aiter(client.team_events(reconnect_within=1))
+            got = await anext(events)
+            while got.message_id != marker:
+                got = await anext(events)
+            srv.stop()
+            with pytest.raises(errors.PeerError) as caught:
+                await asyncio.wait_for(anext(events), 30)
+    finally:
+        srv.stop()
+    assert "within 1 s" in caught.value.message
+    assert "after=" in caught.value.message

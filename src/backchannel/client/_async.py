@@ -16,6 +16,7 @@ from backchannel.client._transport import (
     Scope,
     Stream,
     Transport,
+    _seconds,
     hook_result,
 )
 from backchannel.core.timers import MAX_TIMER_PAGE
@@ -341,9 +342,26 @@ class Client:
         got: Budget = await self._do(call)
         return got
 
-    def team_events(self, team: str | None = None, *, after: int = 0) -> AsyncIterator[Traffic]:
+    def team_events(
+        self,
+        team: str | None = None,
+        *,
+        after: int = 0,
+        reconnect_within: float | None = None,
+    ) -> AsyncIterator[Traffic]:
         """The team's live traffic (sends, leases, acks, dead letters) from cursor
-        ``after`` on; it never ends by itself."""
+        ``after`` on; it never ends by itself. With ``reconnect_within`` (seconds), a
+        connection to the hub that fails is opened again where it stopped (each event
+        once), and the stream gives up, naming the cursor to go on from, only after
+        failing that long (see :meth:`HttpTransport.stream`)."""
+        if reconnect_within is not None and (
+            not _seconds(reconnect_within, infinite=True) or reconnect_within < 0
+        ):
+            raise InvalidRequest(
+                "reconnect_within is how long (seconds from 0) the stream is opened again "
+                f"while the way to the hub fails, or None; not {reconnect_within!r}",
+                field="reconnect_within",
+            )
 
         async def run() -> AsyncIterator[Traffic]:
             name = await self._team(team)
@@ -354,7 +372,13 @@ class Client:
                     return s.admin.events(name, after=after)
                 return s.member.events(after=after)
 
-            stream = Stream(f"/v1/teams/{_q(name)}/events", local, Traffic, {"after": after})
+            stream = Stream(
+                f"/v1/teams/{_q(name)}/events",
+                local,
+                Traffic,
+                {"after": after},
+                reconnect_within=reconnect_within,
+            )
             async for item in self._transport.stream(stream):
                 yield item
 

@@ -194,10 +194,16 @@ class SyncClient:
         ``request_id``, which the client picks when not given)."""
         return self._run(self._async.extend_budget(key, by, team=team, request_id=request_id))
 
-    def team_events(self, team: str | None = None, *, after: int = 0) -> Iterator[Traffic]:
+    def team_events(
+        self, team: str | None = None, *, after: int = 0, reconnect_within: float | None = None
+    ) -> Iterator[Traffic]:
         """The team's live traffic (sends, leases, acks, dead letters) from cursor
-        ``after`` on; it never ends by itself."""
-        return self._iterate(self._async.team_events(team, after=after))
+        ``after`` on; it never ends by itself. With ``reconnect_within`` (seconds), a
+        failed connection is opened again where it stopped, each event once, and the
+        stream gives up only after failing that long."""
+        return self._iterate(
+            self._async.team_events(team, after=after, reconnect_within=reconnect_within)
+        )
 
     def send(
         self,

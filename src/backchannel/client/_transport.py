@@ -95,6 +95,10 @@ class Stream(Generic[R]):
     local: Callable[[Scope], AsyncIterator[R]]
     model: type[BaseModel]
     params: dict[str, Any] = field(default_factory=dict)
+    #: over HTTP, how long (seconds) the stream is opened again, with ``Last-Event-ID``,
+    #: while the way to the hub fails (a hub restarting, a connection cut); ``None``: a
+    #: failure ends it at once
+    reconnect_within: float | None = None
 
 
 class Transport:
@@ -342,31 +346,77 @@ class HttpTransport(Transport):
         return got
 
     async def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
-        try:
-            async with self._http.stream(
-                "GET", stream.path, params=stream.params, timeout=None
-            ) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise_for(resp)
-                # an event is dispatched at the blank line that ends it (as an
-                # EventSource does): one cut off by a dropped connection is not read
-                name, data = "", ""
-                async for line in resp.aiter_lines():
-                    if line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("data: "):
-                        data = line[6:]
-                    elif not line and data:
-                        if name == "error":  # the stream's end, with the hub's reason
-                            _raise_streamed(json.loads(data))
-                        item: R = stream.model.model_validate(json.loads(data))  # type: ignore[assignment]
-                        yield item
-                        name, data = "", ""
-                    elif not line:
-                        name = ""
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        """The events of ``stream``. With :attr:`Stream.reconnect_within`, a connection
+        that fails (refused, cut, a 503 or a proxy's 502 or 504 while the hub restarts,
+        a stream the hub ended as it stopped) is opened again with ``Last-Event-ID``
+        set to the ``id:`` of the last whole event read, after a pause that grows (0.2
+        s, doubling up to :data:`RETRY_PAUSE_MAX`): the hub goes on right after it, so
+        no event comes twice and none is lost. It gives up, with the cursor to go on
+        from, once it has failed for ``reconnect_within`` s without an event between."""
+        within = stream.reconnect_within
+        last: str | None = None  # the id: of the last whole event handed over
+        pause, failing_since = 0.2, None
+        while True:
+            headers = {"Last-Event-ID": last} if last is not None else None
+            try:
+                async for item, cursor in self._stream_once(stream, headers):
+                    last = cursor if cursor is not None else last
+                    pause, failing_since = 0.2, None
+                    yield item
+                why: Exception = PeerError("the hub ended the stream")
+            except _Again as exc:
+                why = exc
+            except httpx.TransportError as exc:
+                if within is None or untrusted_certificate(exc) is not None:
+                    raise self._unreachable(exc) from exc
+                why = exc
+            if within is None:
+                return
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if now + pause - failing_since > within:
+                resume = f"; go on with after={last}" if last is not None else ""
+                raise PeerError(
+                    f"the event stream from the hub at {self.url} could not be opened "
+                    f"again within {within:g} s ({why}){resume}"
+                ) from (why if isinstance(why, httpx.TransportError) else None)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSE_MAX)
+
+    async def _stream_once(
+        self, stream: Stream[R], headers: dict[str, str] | None
+    ) -> AsyncIterator[tuple[R, str | None]]:
+        """One connection's whole events, each with its ``id:`` (None if it has none)."""
+        async with self._http.stream(
+            "GET", stream.path, params=stream.params, headers=headers, timeout=None
+        ) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                if stream.reconnect_within is not None and _retry_after(resp) is not None:
+                    raise _Again(f"the hub answered {resp.status_code}")
+                raise_for(resp)
+            # an event is dispatched at the blank line that ends it (as an EventSource
+            # does): one cut off by a dropped connection is not read
+            name, data, cursor = "", "", None
+            async for line in resp.aiter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("id: "):
+                    cursor = line[4:].strip()
+                elif line.startswith("data: "):
+                    data = line[6:]
+                elif not line and data:
+                    if name == "error":  # the stream's end, with the hub's reason
+                        _raise_streamed(json.loads(data))
+                    item: R = stream.model.model_validate(json.loads(data))  # type: ignore[assignment]
+                    yield item, cursor
+                    name, data, cursor = "", "", None
+                elif not line:
+                    name, cursor = "", None
+
+
+class _Again(Exception):
+    """A stream's connection the hub refused for now (it restarts): opened again."""
 
 
 def direct_transport(url: str) -> httpx.AsyncHTTPTransport | None:
