@@ -207,6 +207,8 @@ class PeerView:
     #: the first message from the peer since the timer was set, or the one before it
     #: that its member had not read yet when it set it (an answer to its question)
     reply: Reply | None
+    #: the reply came before the timer was set (found unread as it was set)
+    before: bool = False
 
 
 def breadcrumb(
@@ -251,7 +253,7 @@ def breadcrumb(
                 lines.append("It has not finished a turn with output yet.")
     elif intent is Intent.WAIT and peer is not None:
         meta["target"] = peer.member
-        if peer.reply is not None and peer.reply.created_at < set_at:
+        if peer.reply is not None and peer.before:
             lines.append(
                 f"{peer.member} replied before you set this timer "
                 f"({_ago(set_at - peer.reply.created_at)} before), in a message you had "

@@ -202,6 +202,8 @@ class Timers:
                 early = self._early_reply(tx, team, member, target, now)
                 if early is not None:
                     payload = {**job.payload, **rules.Reply.of(early).noted()}
+                    if early.created_at < now:  # the peer answered before the timer
+                        payload["reply_before"] = True
                     job = dataclasses.replace(job, payload=payload, watch=None)
             job_id = tx.add_job(job)
             c.schedule(job.due_at)
@@ -353,7 +355,8 @@ class Timers:
                 # unless retention took it
                 found = tx.get_message(job.team, reply_id)
                 reply = rules.Reply.of(found) if found is not None else None
-            peer = rules.PeerView(timer.target, latest, reply)
+            before = reply is not None and job.payload.get("reply_before") is True
+            peer = rules.PeerView(timer.target, latest, reply, before)
         text, meta = rules.breadcrumb(
             rules.Intent(timer.intent),
             timer.note,
