@@ -216,3 +216,70 @@ async def test_the_sdk_stream_gives_up_after_its_bound(tmp_path: Path) -> None:
         srv.stop()
     assert "within 1 s" in caught.value.message
     assert "after=" in caught.value.message
+
+
+def test_a_stream_resumed_after_removed_events_says_so_first(tmp_path: Path) -> None:
+    """Retention removed events after the cursor a client resumes from: the stream's
+    first event says which (``skipped``, its id the last removed), so the client reads
+    the team's state again; the SDK raises it as ``EventsSkipped``."""
+    import time
+
+    from backchannel import errors
+    from backchannel.client import connect_sync
+    from backchannel.stores.sqlite import SqliteStore
+    from tests.conftest import start_server
+
+    srv = start_server(tmp_path / "home")
+    try:
+        tokens = srv.team("kept", "a", "b")
+        first = _send(srv, tokens["a"], "b", "read and acked")
+        with srv.client(tokens["b"]) as c:
+            got = c.get("/v1/inbox", params={"wait": 0}).json()
+            ids = [m["message_id"] for m in got["messages"]]
+            assert ids == [first], got
+            c.post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+        path = "/v1/teams/kept/events"
+        later = _send(srv, tokens["a"], "b", "still waiting")
+        # the first message's queued, leased and acked, then the later one's queued
+        seen = _cursors_until(srv, tokens["user"], path, later)[:-1]
+
+        async def compact() -> int:
+            store = SqliteStore(srv.home / "backchannel.db")
+            await store.open()
+            try:
+                gone, _ = await store.transact(lambda tx: tx.compact(time.time() + 1, None, 100))
+                return gone
+            finally:
+                await store.close()
+
+        assert asyncio.run(compact()) == 1  # the acked message, with its history
+        auth = {"Authorization": f"Bearer {tokens['user']}", "Last-Event-ID": str(seen[0])}
+        with (
+            httpx.Client(base_url=srv.url, headers=auth, timeout=PROMPTLY) as c,
+            c.stream("GET", path) as resp,
+        ):
+            assert resp.status_code == 200
+            lines = []
+            for line in resp.iter_lines():
+                lines.append(line)
+                if line.startswith("data: "):
+                    break
+        assert lines[-3:] == [
+            "event: skipped",
+            f"id: {seen[-1]}",
+            lines[-1],
+        ], lines
+        error = json.loads(lines[-1][6:])["error"]
+        assert (error["code"], error["after"], error["through"]) == (
+            "events_skipped",
+            seen[0],
+            seen[-1],
+        )
+        with connect_sync(srv.url, tokens["user"]) as client:
+            with pytest.raises(errors.EventsSkipped) as caught:
+                next(iter(client.team_events(after=seen[0])))
+            assert caught.value.details["through"] == seen[-1]
+            # going on after the removed ones: what came later, nothing skipped
+            assert next(iter(client.team_events(after=seen[-1]))).message_id == later
+    finally:
+        srv.stop()

@@ -209,6 +209,13 @@ class InvalidState(Conflict):
     code = "invalid_state"
 
 
+class EventsSkipped(Conflict):
+    """A feed stream resumed after a cursor some of whose later events retention removed
+    (``after``, ``through``: the cursors between which events are gone)."""
+
+    code = "events_skipped"
+
+
 class QuotaExceeded(RequestError):
     code = "quota_exceeded"
     status = 429

@@ -112,7 +112,7 @@ def _pg_as_of(source: str, dest: str, version: int) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-@pytest.mark.parametrize("version", [1, 2, 5, 8, 10, 11, 12, 14])
+@pytest.mark.parametrize("version", [1, 2, 5, 8, 10, 11, 12, 14, 15])
 async def test_a_store_of_an_older_release_migrates_and_keeps_its_promises(
     tmp_path: Path, version: int, kind: str, request: pytest.FixtureRequest
 ) -> None:

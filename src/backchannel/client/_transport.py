@@ -406,7 +406,9 @@ class HttpTransport(Transport):
                 elif line.startswith("data: "):
                     data = line[6:]
                 elif not line and data:
-                    if name == "error":  # the stream's end, with the hub's reason
+                    # the stream's end, with the hub's reason; or events it will never
+                    # send (retention removed them): the caller reads state again
+                    if name in ("error", "skipped"):
                         _raise_streamed(json.loads(data))
                     item: R = stream.model.model_validate(json.loads(data))  # type: ignore[assignment]
                     yield item, cursor

@@ -229,6 +229,7 @@ class Hub:
     react = _Delegate("messages", Messages.react)
     feed = _Delegate("messages", Messages.feed)
     feed_start = _Delegate("messages", Messages.feed_start)
+    feed_removed = _Delegate("messages", Messages.feed_removed)
     dead_letters = _Delegate("messages", Messages.dead_letters)
     watch = _Delegate("messages", Messages.watch)
     # -- sessions and turns -------------------------------------------------------------------

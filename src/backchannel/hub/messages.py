@@ -742,6 +742,10 @@ class Messages:
 
         return await self.store.read(fn)
 
+    async def feed_removed(self, team: str) -> int:
+        """The largest cursor of the team's events retention removed (0: none)."""
+        return await self.store.read(lambda tx: tx.feed_removed(team))
+
     async def feed_start(self, team: str, last: int) -> int:
         """The cursor the team's latest ``last`` history events follow (0: all of them)."""
         return await self.store.read(lambda tx: tx.feed_start(team, last))

@@ -70,7 +70,7 @@ from backchannel.errors import (
 )
 from backchannel.hub import FeedItem, Hub
 from backchannel.interfaces.http import Auth, EventStream, Principal
-from backchannel.interfaces.routes.stream import check_cursor, resume_after
+from backchannel.interfaces.routes.stream import check_cursor, resume_after, skipped
 from backchannel.interfaces.wire import (
     MAX_INT,
     SENT,
@@ -668,6 +668,8 @@ async def _stream(
     live = False
     try:
         yield ": connected\n\n"
+        if (gap := await skipped(hub, team, after)) is not None:
+            yield gap
         yield _sse("replay", {"after": after})
         with watching:
             while True:

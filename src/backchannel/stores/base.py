@@ -67,7 +67,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -298,6 +298,12 @@ class Tx(Protocol):
         (``feed`` from 0 returns them all). A view that keeps only the latest events
         starts here rather than at 0. Served by an index: its cost grows with ``last``,
         never with the team's history (many dashboards opening ask it at once)."""
+        ...
+
+    def feed_removed(self, team: str) -> int:
+        """The largest cursor of the team's history events that retention removed
+        (:meth:`compact`), 0 if none: a feed reader whose cursor is below it did not see
+        some events it will never be sent, since some event after its cursor is gone."""
         ...
 
     def dead_letters(self, team: str, limit: int) -> tuple[list[Delivery], int]:
@@ -540,7 +546,8 @@ class Tx(Protocol):
         cancelled) before ``before``. Returns how many messages were removed and the
         cursor of the last one examined, where the next call goes on (``None`` once none
         is left before ``before``): every call advances, however many messages share
-        one ``created_at``. Each call is bounded by ``limit``."""
+        one ``created_at``. Each call is bounded by ``limit``. The largest cursor of the
+        history events it removes is kept as the team's :meth:`feed_removed`."""
         ...
 
     def spend_token(self, jti: str, expires_at: float) -> bool:

@@ -62,6 +62,8 @@ class _Data:
         # team -> its history events with their cursors, oldest first; cursors come from
         # feed_seq (one sequence for every team, never reused)
         self.feed: dict[str, list[tuple[int, DeliveryEvent]]] = {}
+        #: team -> the largest cursor of its events retention removed
+        self.feed_removed: dict[str, int] = {}
         self.feed_seq = 0
         self.seq = 0
         self.events: dict[tuple[str, str], list[SessionEvent]] = {}
@@ -395,6 +397,9 @@ class MemoryTx:
         start = bisect.bisect_right(feed, after, key=lambda item: item[0])
         return feed[start : start + limit]
 
+    def feed_removed(self, team: str) -> int:
+        return self._d.feed_removed.get(team, 0)
+
     def feed_start(self, team: str, last: int) -> int:
         feed = self._d.feed.get(team, [])
         return feed[-last - 1][0] if len(feed) > last else 0
@@ -447,6 +452,7 @@ class MemoryTx:
         for job_id in [j for j, job in d.jobs.items() if job.team == name]:
             self._pop(d.jobs, job_id)
         self._pop(d.feed, name)
+        self._pop(d.feed_removed, name)
         self._pop(d.teams, name)
         return dropped
 
@@ -517,6 +523,9 @@ class MemoryTx:
             gone.setdefault(m.team, set()).add(m.message_id)
         for team, ids in gone.items():  # their events leave the feed too, as in SQL
             feed = self._d.feed.get(team, [])
+            top = max((c for c, e in feed if e.message_id in ids), default=0)
+            if top > self._d.feed_removed.get(team, 0):
+                self._set(self._d.feed_removed, team, top)
             self._set(self._d.feed, team, [e for e in feed if e[1].message_id not in ids])
         for job_id, job in list(self._d.jobs.items()):
             if job.state is not JobState.PENDING and (job.done_at or before) < before:

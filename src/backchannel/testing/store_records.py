@@ -254,6 +254,10 @@ async def check_compaction(make_store: StoreFactory) -> None:
         pending = Job("alpha", "timer", T0 + 99, T0, None, {})
         pid = await store.transact(lambda tx: tx.add_job(pending))
 
+        feed = await store.read(lambda tx: tx.feed("alpha", 0, 100))
+        top = max(c for c, e in feed if e.message_id in ("m0", "m1", "m2", "m3"))
+        assert await store.read(lambda tx: tx.feed_removed("alpha")) == 0
+
         # m0..m4 are older than the cut-off (m5 is not); two at a time
         gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, None, 2))
         assert (gone, last) == (2, (T0 + 1, "alpha", "m1")), (gone, last)
@@ -261,6 +265,8 @@ async def check_compaction(make_store: StoreFactory) -> None:
         assert (gone, last) == (2, (T0 + 3, "alpha", "m3")), (gone, last)
         gone, last = await store.transact(lambda tx: tx.compact(T0 + 5, last, 2))
         assert (gone, last) == (0, None), "m4 is still queued: kept"
+        # the largest cursor removed: m2's death, the last event of what went
+        assert await store.read(lambda tx: tx.feed_removed("alpha")) == top
         for mid in ("m0", "m1", "m2", "m3"):
             assert await store.read(lambda tx, mid=mid: tx.get_message("alpha", mid)) is None
             assert await store.read(lambda tx, mid=mid: tx.deliveries("alpha", mid)) == []

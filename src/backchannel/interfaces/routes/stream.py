@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from backchannel.errors import InvalidRequest
+from backchannel.errors import EventsSkipped, InvalidRequest
 from backchannel.interfaces.wire import MAX_INT
 
 if TYPE_CHECKING:
@@ -63,3 +64,26 @@ async def check_cursor(hub: Hub, team: str, request: Request, after: int) -> int
         f"again and reconnect with ?after={newest} and without Last-Event-ID",
         field=field,
     )
+
+
+async def skipped(hub: Hub, team: str, after: int) -> str | None:
+    """The event a resumed stream starts with when retention removed events after its
+    cursor (the team's :meth:`~backchannel.stores.base.Tx.feed_removed` is past it):
+    ``event: skipped``, its ``id:`` the last cursor removed (a reconnecting
+    ``EventSource`` goes on after it, told), its data the ``events_skipped`` error
+    naming the cursors between which events are gone. What the client built from the
+    events it saw is missing some: it reads the team's state again. None for a stream
+    from 0 (it asked for what there is) or when nothing after ``after`` was removed."""
+    if after == 0:
+        return None
+    through = await hub.feed_removed(team)
+    if through <= after:
+        return None
+    error = EventsSkipped(
+        f"events of team {team!r} after cursor {after} up to {through} were removed by "
+        "retention before this stream could send them: read the team's state again "
+        "(members, messages you wait for); the stream goes on after them",
+        after=after,
+        through=through,
+    )
+    return f"event: skipped\nid: {through}\ndata: {json.dumps(error.to_json())}\n\n"

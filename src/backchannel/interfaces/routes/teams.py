@@ -30,6 +30,7 @@ from backchannel.interfaces.routes.stream import (
     EventStream,
     check_cursor,
     resume_after,
+    skipped,
 )
 from backchannel.interfaces.wire import MAX_INT, SSE_EVENT, MemberName, StrictRoute, TeamName
 from backchannel.member import AdminApi, MemberApi
@@ -150,10 +151,13 @@ async def team_events(
     hub = hub_of(request)
     await hub.get_team(team)
     after = await check_cursor(hub, team, request, resume_after(request, after))
+    gap = await skipped(hub, team, after)
     gone = asyncio.Event()  # set when a member's token is revoked
 
     async def events() -> AsyncIterator[str]:
         yield ": connected\n\n"
+        if gap is not None:
+            yield gap
         stream = hub.watch(team, after)
         pending: asyncio.Future[FeedItem] | None = None
         revocation = asyncio.ensure_future(gone.wait())

@@ -335,6 +335,10 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX delivery_events_reaction
         ON delivery_events (team, message_id, member, detail) WHERE event = 'reaction';
     """,
+    # 16: the largest cursor of a team's removed history events (see the SQLite schema)
+    """
+    ALTER TABLE teams ADD COLUMN feed_removed bigint NOT NULL DEFAULT 0;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

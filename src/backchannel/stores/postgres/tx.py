@@ -393,6 +393,10 @@ class PgTx(PgTransaction, LifecycleSql):
         rows = self._all(Q.feed, (team, after, limit), team)
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
+    def feed_removed(self, team: str) -> int:
+        row = self._one("SELECT feed_removed FROM teams WHERE name = %s", (team,), team)
+        return int(row[0]) if row else 0
+
     def feed_start(self, team: str, last: int) -> int:
         self._flush()
         row = self._one(Q.feed_start, (team, last), team)
@@ -422,6 +426,13 @@ class PgTx(PgTransaction, LifecycleSql):
             "AND d.message_id = m.message_id "
             "AND (d.state NOT IN ('acked', 'dead') OR d.updated_at >= %s))",
             ([r[0] for r in rows], [r[1] for r in rows], before),
+        )
+        self._exec(
+            "UPDATE teams t SET feed_removed = GREATEST(t.feed_removed, r.top) FROM ("
+            "SELECT e.team, max(e.id) AS top FROM delivery_events e WHERE (e.team, "
+            "e.message_id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "GROUP BY e.team) r WHERE t.name = r.team",
+            ([g[0] for g in gone], [g[1] for g in gone]),
         )
         for table in ("delivery_events", "deliveries", "messages"):
             self._exec(

@@ -324,6 +324,11 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX delivery_events_reaction
         ON delivery_events (team, message_id, member, detail) WHERE event = 'reaction';
     """,
+    # 16: the largest cursor of a team's history events retention removed, so a feed
+    #     reader resuming below it is told that it missed events (0: none removed yet)
+    """
+    ALTER TABLE teams ADD COLUMN feed_removed INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

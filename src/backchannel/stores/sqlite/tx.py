@@ -542,6 +542,10 @@ class SqliteTx(LifecycleSql):
         rows = self._c.execute(Q.feed, (team, after, limit))
         return [(r[0], DeliveryEvent(*r[1:])) for r in rows]
 
+    def feed_removed(self, team: str) -> int:
+        row = self._one("SELECT feed_removed FROM teams WHERE name = ?", (team,))
+        return int(row[0]) if row else 0
+
     def feed_start(self, team: str, last: int) -> int:
         self.flush()
         row = self._one(Q.feed_start, (team, last))
@@ -574,6 +578,18 @@ class SqliteTx(LifecycleSql):
             )
             if live is None:
                 gone.append((team, message_id))
+        removed: dict[str, int] = {}
+        for team, message_id in gone:
+            row = self._one(
+                "SELECT max(id) FROM delivery_events WHERE team = ? AND message_id = ?",
+                (team, message_id),
+            )
+            if row and row[0] is not None:
+                removed[team] = max(removed.get(team, 0), int(row[0]))
+        self._c.executemany(
+            "UPDATE teams SET feed_removed = max(feed_removed, ?) WHERE name = ?",
+            [(top_id, team) for team, top_id in removed.items()],
+        )
         for table in ("delivery_events", "deliveries", "messages"):
             self._c.executemany(f"DELETE FROM {table} WHERE team = ? AND message_id = ?", gone)
         self._keep_top_event_id(top)
