@@ -375,6 +375,24 @@ def test_gemini_server_is_trusted_and_the_folder_trust_step_is_printed(tmp_path:
     assert "gemini --skip-trust" in result.output and "GEMINI_CLI_TRUST_WORKSPACE" in result.output
 
 
+def test_gemini_escapes_the_at_of_pasted_messages_keeping_the_users_ui(tmp_path: Path) -> None:
+    # Gemini CLI reads any @path of a prompt as a file for the model: a teammate's message
+    # typed in by the tmux adapter would show the agent's files; pasted @ is escaped
+    path = tmp_path / ".gemini" / "settings.json"
+    path.parent.mkdir()
+    path.write_text('{"ui": {"hideBanner": true, "escapePastedAtSymbols": false}}')
+    assert attach(tmp_path, "gemini").exit_code == 0
+    ui = _load(path)["ui"]
+    assert ui == {"hideBanner": True, "escapePastedAtSymbols": True}
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert attach(fresh, "gemini").exit_code == 0
+    assert _load(fresh / ".gemini/settings.json")["ui"] == {"escapePastedAtSymbols": True}
+    path.write_text('{"ui": "compact"}')
+    refused = attach(tmp_path, "gemini")
+    assert refused.exit_code != 0 and "'ui' is not an object" in refused.output
+
+
 def test_a_private_file_stays_private_and_so_does_its_backup(tmp_path: Path) -> None:
     mcp = tmp_path / ".mcp.json"
     mcp.write_text('{"mcpServers": {"mine": {"command": "x", "env": {"KEY": "secret"}}}}')

@@ -9,7 +9,9 @@ Files (each runtime's documented project-level configuration):
 * Codex: ``.codex/config.toml`` (``[mcp_servers.backchannel]``, and ``daemon_auto_start =
   false`` in ``[features]`` so that a session runs in its own ``codex`` process) and
   ``.codex/hooks.json``;
-* Gemini CLI: ``.gemini/settings.json`` (``mcpServers.backchannel`` and ``hooks``).
+* Gemini CLI: ``.gemini/settings.json`` (``mcpServers.backchannel``, ``hooks``, and
+  ``ui.escapePastedAtSymbols``, so that an ``@path`` in a message typed into its pane is
+  not read as a file to show the model).
 
 What is there is kept: only backchannel's own entries are added or replaced (a hook is
 ours when its command runs ``backchannel ... hook <runtime>`` or its URL is
@@ -392,6 +394,10 @@ def _codex(opts: AttachOptions) -> list[FileChange]:
     return [config, _json_change(_target(opts, ".codex", "hooks.json"), hooks)]
 
 
+#: Gemini CLI's setting (under ``ui``) that escapes the ``@`` of pasted text.
+GEMINI_ESCAPE_AT = "escapePastedAtSymbols"
+
+
 def _gemini(opts: AttachOptions) -> list[FileChange]:
     server: dict[str, Any]
     if opts.http:
@@ -419,6 +425,11 @@ def _gemini(opts: AttachOptions) -> list[FileChange]:
     def settings(data: dict[str, Any]) -> None:
         _obj(data, "mcpServers", "'mcpServers'")[SERVER] = server
         _put_hooks(data, "gemini", get_runtime("gemini").events, handler)
+        # Gemini CLI reads any `@path` of a submitted prompt as a file and puts it before
+        # the model; a teammate's message the tmux adapter pastes in would otherwise
+        # show the agent's files (`@.env`, `@~/.ssh/id_rsa`) to its model. This escapes
+        # the `@` of pasted text; the model still sees the message as it was written
+        _obj(data, "ui", "'ui'")[GEMINI_ESCAPE_AT] = True
 
     return [_json_change(_target(opts, ".gemini", "settings.json"), settings)]
 
