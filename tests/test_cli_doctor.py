@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -126,3 +127,23 @@ def test_gemini_folder_trust_is_checked(
     )
     after = _run(project, "doctor", "gemini", token=tokens["alice"], home=home)
     assert after.returncode == 0, after.stdout
+
+
+def test_gemini_without_escaped_pasted_at_fails_with_the_fix(
+    srv: Server, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    _attach(srv, project, "gemini", home)
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "trustedFolders.json").write_text(
+        f'{{"{project.resolve()}": "TRUST_FOLDER"}}'
+    )
+    assert _run(project, "doctor", "gemini", token=tokens["alice"], home=home).returncode == 0
+    # an attachment from before attach wrote the setting, or the user turned it off
+    path = project / ".gemini" / "settings.json"
+    settings = json.loads(path.read_text())
+    settings["ui"]["escapePastedAtSymbols"] = False
+    path.write_text(json.dumps(settings))
+    off = _run(project, "doctor", "gemini", token=tokens["alice"], home=home)
+    assert off.returncode == 1 and "FAIL pasted @ escaped (Gemini)" in off.stdout
+    assert "backchannel attach gemini" in off.stdout

@@ -3,7 +3,8 @@ what to fix. Exit code 0 only when every check holds.
 
 Checks, per attached runtime: the attachment (who and which hub its files name), the
 hub answering, the token's member being that one, the hooks registered for every event
-(and, for Codex, trusted, in a trusted project), and the MCP server starting and
+(and, for Codex, trusted, in a trusted project; for Gemini CLI, in a trusted folder
+and escaping the ``@`` of pasted text), and the MCP server starting and
 listing its tools (the command the runtime would run, spoken to over stdio; or the
 hub's ``/mcp`` for an HTTP attachment).
 """
@@ -179,7 +180,26 @@ def check_hooks(a: Attachment, project: Path) -> list[Check]:
                          "" if trusted else f"run `codex exec --trust` once in {project}"))  # fmt: skip
     if a.runtime == "gemini":
         out += _gemini_trust(a, project)
+        out.append(_gemini_escape_at(project, attach_cmd))
     return out
+
+
+def _gemini_escape_at(project: Path, attach_cmd: str) -> Check:
+    """Whether Gemini CLI escapes the ``@`` of pasted text (``ui.escapePastedAtSymbols``,
+    the project's setting, else the user's): without it, an ``@path`` in a message typed
+    into its pane makes it read that file and show it to the model."""
+    home = Path(os.environ.get("GEMINI_CLI_HOME") or Path.home())
+    value = None
+    for settings in (project / ".gemini" / "settings.json", home / ".gemini" / "settings.json"):
+        ui = _json(settings).get("ui")
+        if isinstance(ui, dict) and "escapePastedAtSymbols" in ui:
+            value = ui["escapePastedAtSymbols"]
+            break
+    ok = value is True
+    return Check("pasted @ escaped (Gemini)", ok,
+                 "" if ok else "ui.escapePastedAtSymbols is not set: an @path in a message "
+                 "typed into Gemini's pane makes it read that file for the model",
+                 "" if ok else attach_cmd)  # fmt: skip
 
 
 def _gemini_trust(a: Attachment, project: Path) -> list[Check]:
