@@ -712,3 +712,27 @@ async def test_a_stopped_agent_gets_nothing_until_it_runs_again(
                 assert await _pasted(out) == ["[From user] are you there?"]
     finally:
         os.kill(reader, signal.SIGCONT)
+
+
+async def test_a_file_mention_typed_into_gemini_cli_is_escaped_and_elsewhere_kept(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    # Gemini CLI reads an unescaped @path of a prompt, pasted or typed, as a file to show
+    # the model; its own escaping of pasted @ is a setting, and did not hold in every run
+    text = "read @secret.txt, @~/.ssh/id_rsa and \\@kept, mail a@b.c"
+    outs = {}
+    async with running_hub() as hub:
+        for kind in ("gemini", "claude-code"):
+            name = kind.replace("-", "")
+            outs[kind] = _reader_pane(tmux, tmp_path, name)
+            await _ready(tmux, name)
+            setting = _tmux(tmux, f"{name}:0.0", f"{name}-s1", turn_wait=0)
+            await hub.add_member("t", name, kind, delivery=setting)
+            await hub.open_session("t", name, f"{name}-s1")
+        async with dispatching(hub):
+            for kind in outs:
+                sent = await hub.send("t", "user", kind.replace("-", ""), text, link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+            gemini, claude = [await _pasted(out) for out in outs.values()]
+    assert gemini == ["[From user] read \\@secret.txt, \\@~/.ssh/id_rsa and \\@kept, mail a\\@b.c"]
+    assert claude == ["[From user] " + text]

@@ -76,6 +76,8 @@ class AdapterContext:
     team: str
     member: str
     setting: Mapping[str, Any] = field(default_factory=dict)
+    #: the member's kind (``MemberKind`` value: ``"gemini"``...), "" when not known
+    kind: str = ""
 
     def option(self, key: str, default: Any = None) -> Any:
         return self.setting.get(key, default)

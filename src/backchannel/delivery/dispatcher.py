@@ -190,6 +190,7 @@ class _Worker:
         self.d = d
         self.hub = d.hub
         self.team, self.member = member.team, member.name
+        self.kind = member.kind.value
         self.setting = dict(member.delivery)
         self.snapshot = snapshot
         self.status = WorkerStatus(self.team, self.member, delivery_type(self.setting))
@@ -242,7 +243,7 @@ class _Worker:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def run(self) -> None:
-        ctx = AdapterContext(self.hub, self.team, self.member, self.setting)
+        ctx = AdapterContext(self.hub, self.team, self.member, self.setting, kind=self.kind)
         adapter = build_adapter(ctx, adapters=self.d.adapters)
         try:
             adapter = await self._start(adapter, ctx)

@@ -47,7 +47,10 @@ ESC[201~`` and its newlines stay newlines instead of submitting; then, after
 :func:`paste_settle` (Gemini CLI takes an Enter within 40 ms of a paste for a newline of
 it), ``Enter``. Escape
 and other control characters (but newline and tab) are removed from the text first, so
-a message cannot end the paste early and type keystrokes of its own. A program that
+a message cannot end the paste early and type keystrokes of its own. For a ``gemini``
+member each ``@`` that no backslash precedes is typed as ``\\@`` (:func:`escape_at`):
+Gemini CLI reads an ``@path`` of a prompt as a file to show the model, so a message
+naming ``@~/.ssh/id_rsa`` would hand the agent's files to its model. A program that
 reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python's
 ``input()``; the pane's terminal is asked with ``tcgetattr``) gets at most
 :data:`MAX_CANON_LINE` bytes of a line, the rest dropped by the line discipline without
@@ -118,6 +121,7 @@ __all__ = [
     "SHELLS",
     "TmuxAdapter",
     "agent_commands",
+    "escape_at",
     "sanitize",
 ]
 
@@ -149,6 +153,8 @@ PASTE_SETTLE_MAX = 3.0
 _TYPED_MAX = 64
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+#: An ``@`` Gemini CLI would read as a file mention (its own pattern: no backslash before it).
+_AT = re.compile(r"(?<!\\)@")
 #: Claude Code's native build runs as ``~/.local/share/claude/versions/<version>``, so
 #: tmux names its foreground program by the version (``2.1.330``), not ``claude``.
 _CLAUDE_NATIVE = re.compile(r"\d+\.\d+\.\d+")
@@ -170,6 +176,14 @@ def sanitize(text: str) -> str:
     (the Enter that follows submits), other control characters (ESC above all) removed."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n")
     return _CONTROL.sub("", text)
+
+
+def escape_at(text: str) -> str:
+    """``text`` with each ``@`` that no backslash precedes escaped as ``\\@``: Gemini CLI
+    reads an unescaped ``@path`` anywhere in a submitted prompt as a file (or an agent,
+    or an MCP resource) and puts it before the model, so a teammate's ``@~/.ssh/id_rsa``
+    would show the agent's files to its model. An escaped ``@`` it leaves as text."""
+    return _AT.sub(r"\\@", text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +361,8 @@ class TmuxAdapter(Adapter):
             ) from None
         owner = self._prompt_owner(pane_pid)
         text = sanitize(agent_text(item))
+        if self.ctx.kind == "gemini":
+            text = escape_at(text)
         lines = text.count("\n") + 1
         if typed is not None:
             if typed == _Typed(pane, owner):
