@@ -159,8 +159,12 @@ async def test_bad_delegations_are_refused(hub: Hub) -> None:
     with pytest.raises(UnknownService, match="unknown callback service 'nowhere'"):
         await hub.delegate("t", "lead", "lead-s", "agent@nowhere", "x")
     first = await hub.delegate("t", "lead", "lead-s", "counter", "x", tool_use_id="tu_1")
-    # the same call again (its answer lost on the way) answers the delegation it made
-    assert await hub.delegate("t", "lead", "lead-s", "counter", "x", tool_use_id="tu_1") == first
+    assert not first.replayed
+    # the same call again (its answer lost on the way) answers the delegation it made,
+    # and says so
+    again = await hub.delegate("t", "lead", "lead-s", "counter", "x", tool_use_id="tu_1")
+    assert again == first and again.replayed
+    assert not (await hub.get_delegation("t", first.delegation_id)).replayed
     with pytest.raises(Conflict, match="'tu_1' was already used in session 'lead-s'"):
         await hub.delegate("t", "lead", "lead-s", "counter", "y", tool_use_id="tu_1")
     assert [d.delegation_id for d in await hub.list_delegations("t")] == [first.delegation_id]

@@ -41,6 +41,14 @@ CALLS = {
     "delegate": ("/v1/delegations", {"to": "b", "task": "count the lines in src/"}),
 }
 
+#: how the answer to a call begins when an earlier call made it (a replay), and when
+#: this call did
+AGAIN = {
+    "send_message": "Already sent to b (message_id ",
+    "delegate": "Already delegated to b (delegation dlg_",
+}
+FIRST = {"send_message": "Sent to b (message_id ", "delegate": "Delegated to b; "}
+
 
 def _open_turn(srv: Server, token: str) -> None:
     """a's runtime opened session a-1 and a turn (a delegation is made from a turn)."""
@@ -85,9 +93,8 @@ async def test_a_stdio_call_cancelled_after_the_hub_stored_it_is_made_once(
             proxy.release.set()  # the first call's answer goes on, to nobody
             result = await asyncio.wait_for(again, 30)
             assert not result.is_error, text(result)
-            if tool == "send_message":
-                assert text(result).startswith("Already sent to b (message_id ")
-                assert result.structured_content["replayed"] is True
+            assert text(result).startswith(AGAIN[tool]), text(result)
+            assert result.structured_content["replayed"] is True
     assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
 
 
@@ -112,8 +119,8 @@ async def test_the_stdio_servers_own_retries_make_a_call_once(
             result = await asyncio.wait_for(s.call_tool(tool, args), 30)
         assert [w for _, p, w in proxy.seen if p == path] == ["cut", "pass"]
     assert not result.is_error, text(result)
-    if tool == "send_message":  # the client's retry is no earlier call of the model's
-        assert text(result).startswith("Sent to b (message_id ")
+    # the client's retry is no earlier call of the model's
+    assert text(result).startswith(FIRST[tool]), text(result)
     assert len(_made(srv, tokens, tool)) == 1, "reached the teammate once"
 
 
@@ -239,8 +246,8 @@ async def test_an_http_call_whose_client_hangs_up_after_the_hub_stored_it_is_mad
             gate.go.set()
             result = await asyncio.wait_for(again, 30)
         assert not result.is_error, text(result)
-        if tool == "send_message":
-            assert text(result).startswith("Already sent to b (message_id ")
+        assert text(result).startswith(AGAIN[tool]), text(result)
+        assert result.structured_content["replayed"] is True
         assert len(await _reached_b(url, b, tool)) == 1, "reached the teammate once"
 
 

@@ -396,10 +396,37 @@ async def test_a_delegation_whose_answer_is_lost_is_made_once(
         s = await a.open_session()
         await a.turn_start(s.session_id, "go")
         d = await a.delegate("b", "count the lines", session=s.session_id)
+        assert d.replayed is True  # the hub answered the call the lost answer was of
         assert [x.delegation_id for x in await a.delegations()] == [d.delegation_id]
     async with Client(any_srv.url, tokens["b"]) as b:
         assert [x.session_id for x in await b.list_sessions("b")] == [d.callee_session]
         assert await b.pending() == 1  # the task, once
+
+
+async def test_a_delegation_made_again_under_its_id_is_answered_replayed(
+    any_srv: Server,
+) -> None:
+    """``POST /v1/delegations`` made again under the same ``tool_use_id`` answers the
+    delegation the first made, 200 and ``replayed`` (as a send made again does), and the
+    SDK says so; the first answer is 201, not replayed."""
+    tokens = any_srv.team("again-delegate", "a", "b")
+    async with Client(any_srv.url, tokens["a"]) as a:
+        s = await a.open_session()
+        await a.turn_start(s.session_id, "go")
+        body = {"to": "b", "task": "count", "session": s.session_id, "tool_use_id": "tu_1"}
+        with any_srv.client(tokens["a"]) as http:
+            first = http.post("/v1/delegations", json=body)
+            again = http.post("/v1/delegations", json=body)
+        assert (first.status_code, first.json()["replayed"]) == (201, False), first.text
+        assert (again.status_code, again.json()["replayed"]) == (200, True), again.text
+        assert again.json()["delegation_id"] == first.json()["delegation_id"]
+        d = await a.delegate("b", "count", session=s.session_id, tool_use_id="tu_1")
+        assert (d.delegation_id, d.replayed) == (first.json()["delegation_id"], True)
+        other = await a.delegate("b", "count", session=s.session_id, tool_use_id="tu_2")
+        assert other.replayed is False
+        listed = await a.delegations()
+        assert {x.delegation_id for x in listed} == {d.delegation_id, other.delegation_id}
+        assert not any(x.replayed for x in listed)  # a listing is no answer to a call
 
 
 async def test_a_terminate_whose_answer_is_lost_is_made_again(

@@ -686,6 +686,11 @@ class Delegation(_Out):
     answered_at: float | None
     result: str | None
     error: str | None
+    replayed: bool = Field(
+        False,
+        description="a delegate call made again under its tool_use_id: the delegation the "
+        "first made, which runs once (false in lists and reads)",
+    )
 
 
 class DelegationList(_Out):

@@ -348,6 +348,9 @@ class Delegation:
     answered_at: float | None = None
     reply_service: str | None = None  # inbound: where the answer goes
     reply_token: str | None = field(default=None, repr=False)
+    #: of an answer to ``delegate`` only, never stored: the same call made again under
+    #: its ``tool_use_id``, answered with the delegation the first made
+    replayed: bool = field(default=False, compare=False)
 
     def to_json(self) -> Json:
         return {
@@ -365,6 +368,7 @@ class Delegation:
             "answered_at": self.answered_at,
             "result": self.result,
             "error": self.error,
+            "replayed": self.replayed,
         }
 
 

@@ -904,7 +904,7 @@ class Client:
         """Call ``to`` as an asynchronous tool from your open turn; returns at once,
         pending. The answer arrives as a ``tool_result`` message. Idempotent on
         ``tool_use_id`` in your session: the same call again answers the delegation it
-        made. Without one the client picks it, so that a call whose answer was lost on
+        made, ``replayed``. Without one the client picks it, so that a call whose answer was lost on
         the way is made again as the same delegation, never a second one."""
         if tool_use_id is None:
             tool_use_id = "tu_" + uuid.uuid4().hex[:16]

@@ -100,8 +100,8 @@ class Delegations:
         at once; the answer arrives later as a ``tool_result`` message.
 
         Idempotent on ``tool_use_id`` within the caller's session: the same call again
-        (made again when its answer was lost) answers the delegation it made, and a
-        different task or callee under it is refused (``Conflict``)."""
+        (made again when its answer was lost) answers the delegation it made, marked
+        ``replayed``, and a different task or callee under it is refused (``Conflict``)."""
         timeout = rules.check_delegate(to, task, timeout_s)
         tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
         messages.check_message_id(tuid, "tool_use_id")
@@ -128,7 +128,9 @@ class Delegations:
             known = tx.find_delegation(team, caller_session=caller.session_id, tool_use_id=tuid)
             if known is not None:
                 if (known.callee, known.task) == (to, task):
-                    return known  # this call, made again: its answer was lost
+                    # this call, made again (its answer was lost): said, so that the
+                    # caller knows it is the one delegation, answered once
+                    return dataclasses.replace(known, replayed=True)
                 raise Conflict(
                     f"tool_use_id {tuid!r} was already used in session {caller.session_id!r} "
                     f"for another delegation ({known.delegation_id} to {known.callee}); give "

@@ -470,8 +470,18 @@ async def _delegate(a: Agent, x: DelegateArgs) -> Output:
             x.to, x.task, timeout_s=x.timeout_s, session=a.session, tool_use_id=ident
         )
 
-    result, _ = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
+    result, again = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
     data = _json(result)
+    if result.replayed and again:
+        # an earlier call (one the model was told failed or timed out) made it: said, so
+        # that the model waits for one answer, not two
+        return (
+            f"Already delegated to {x.to} (delegation {result.delegation_id}, task "
+            f"{result.task!r}, {result.state}): an earlier call under id "
+            f"{result.tool_use_id} made this delegation, which runs once; its answer "
+            f"reaches you once, as a tool result later. {json.dumps(data, default=str)}",
+            data,
+        )
     return (
         f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
         f"tool result later. {json.dumps(data, default=str)}",

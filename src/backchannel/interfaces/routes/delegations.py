@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
+from fastapi.responses import Response
 
 from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.wire import ItemId, MemberQuery, StrictRoute
@@ -11,15 +14,30 @@ from backchannel.models import DelegateIn, Delegation, DelegationList
 router = APIRouter(route_class=StrictRoute, tags=["delegation"])
 
 
-@router.post("/v1/delegations", status_code=201)
-async def delegate(body: DelegateIn, api: AsMember) -> Delegation:
-    """Call another agent as an asynchronous tool; returns at once, pending."""
-    return await api.delegate(
+#: The extra success of an idempotent delegate: the same tool_use_id again answers 200.
+REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": Delegation,
+        "description": "Replayed: this tool_use_id already made this delegation",
+    }
+}
+
+
+@router.post("/v1/delegations", status_code=201, response_model=Delegation, responses=REPLAYED)
+async def delegate(body: DelegateIn, api: AsMember) -> Response:
+    """Call another agent as an asynchronous tool; returns at once, pending: 201, or 200
+    and ``replayed`` when the same call is made again under its ``tool_use_id``."""
+    d = await api.delegate(
         body.to,
         body.task,
         timeout_s=body.timeout_s,
         session=body.session,
         tool_use_id=body.tool_use_id,
+    )
+    return Response(
+        d.model_dump_json(by_alias=True),
+        status_code=200 if d.replayed else 201,
+        media_type="application/json",
     )
 
 
