@@ -736,3 +736,54 @@ async def test_a_file_mention_typed_into_gemini_cli_is_escaped_and_elsewhere_kep
             gemini, claude = [await _pasted(out) for out in outs.values()]
     assert gemini == ["[From user] read \\@secret.txt, \\@~/.ssh/id_rsa and \\@kept, mail a\\@b.c"]
     assert claude == ["[From user] " + text]
+
+
+async def test_a_record_that_cannot_be_saved_is_warned_of_once_a_minute(
+    tmux: libtmux.Server,
+    tmp_path: Path,
+    flaky_enter: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The record of what waits unsubmitted cannot be written (here a file sits where
+    its directory goes; a full disk or a read-only one alike): each delivery whose Enter
+    fails saves it, and a line for each buried the log. The first failure is said, the
+    ones after it within a minute only counted, and the first after that says the count.
+    Delivery goes on all the same."""
+    from backchannel.delivery import tmux as tmux_adapter
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "tmux").write_text("not a directory")
+    monkeypatch.setenv("BACKCHANNEL_STATE_DIR", str(state))
+    now = [1000.0]
+    monkeypatch.setattr(tmux_adapter._SAVE_FAILURES, "clock", lambda: now[0])
+    monkeypatch.setattr(tmux_adapter._SAVE_FAILURES, "_said", {})
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelname == "WARNING" and "cannot write" in r.getMessage()
+        ]
+
+    caplog.set_level("DEBUG", logger="backchannel.delivery.tmux")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            for n in range(3):
+                (flaky_enter / "fail-enter").write_text("1")  # saved, then cleared
+                sent = await hub.send("t", "user", "a", f"message {n}", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked", within=20)
+                await _pasted(out, n + 1)
+            assert len(warned()) == 1, warned()
+            assert "not a directory" in warned()[0].lower(), warned()
+            now[0] += 61  # a minute on: said again, with how many were only counted
+            (flaky_enter / "fail-enter").write_text("1")
+            sent = await hub.send("t", "user", "a", "message 3", link=False)
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+    said = warned()
+    assert len(said) == 2, said
+    assert "and 5 other failures the same way in the 61 s before" in said[1], said

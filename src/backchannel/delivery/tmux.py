@@ -98,6 +98,7 @@ import logging
 import os
 import re
 import termios
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -476,9 +477,7 @@ class TmuxAdapter(Adapter):
             else:
                 self._record.unlink(missing_ok=True)
         except OSError as exc:
-            log.warning("%s: cannot write %s (%s); a hub restarted before the next attempt "
-                        "would type in again what waits unsubmitted", self.describe(),
-                        self._record, exc)  # fmt: skip
+            _SAVE_FAILURES.failed(self.describe(), self._record, exc)
         self._saved = frozenset(self._typed)
 
     def _prompt_owner(self, pane_pid: str) -> str:
@@ -530,6 +529,45 @@ def _canonical(tty: str) -> bool | None:
         return None
     finally:
         os.close(fd)
+
+
+class _SaveFailures:
+    """Says a record that cannot be written once a minute at most, however many saves
+    fail: a full disk (or a read-only one) fails the save of every delivery whose Enter
+    fails, and a line for each buried the rest of the log under one story. The first
+    failure is logged; the ones after it within ``every`` seconds only counted (at
+    debug), and the first after that is logged with their count. Failures are told apart
+    by the records' directory and the error, so the adapters of all members share one
+    line; at most ``keep`` are remembered."""
+
+    def __init__(self, every: float = 60.0, keep: int = 64) -> None:
+        self.every, self.keep = every, keep
+        self.clock = time.monotonic
+        self._said: dict[tuple[str, int | None], tuple[float, int]] = {}
+
+    def failed(self, where: str, record: Path, exc: OSError) -> None:
+        now, key = self.clock(), (str(record.parent), exc.errno)
+        said = self._said.get(key)
+        if said is not None and now - said[0] < self.every:
+            self._said[key] = (said[0], said[1] + 1)
+            log.debug("%s: cannot write %s (%s)", where, record, exc)
+            return
+        again = (
+            f" (and {said[1]} other failures the same way in the {now - said[0]:.0f} s before)"
+            if said is not None and said[1]
+            else " (the same failure again is logged once a minute, with its count)"
+        )
+        log.warning("%s: cannot write %s (%s); a hub restarted before the next attempt would "
+                    "type in again what waits unsubmitted; free space there or make it "
+                    "writable (BACKCHANNEL_STATE_DIR moves it)%s", where, record, exc,
+                    again)  # fmt: skip
+        if len(self._said) >= self.keep:
+            self._said.clear()
+        self._said[key] = (now, 0)
+
+
+#: one for the process: every tmux adapter's records live in one directory
+_SAVE_FAILURES = _SaveFailures()
 
 
 def _record_dir() -> Path:
