@@ -12,8 +12,13 @@ other side's to choose, so the hub bounds what it reads of it:
   :class:`AnswerRefused` too; its status and headers are still the answer's;
 * each request, its answer read included, ends within ``deadline`` seconds (plus one
   read timeout), however slowly the answer is dribbled out;
-* redirects are never followed, and the environment's proxies and ``.netrc`` are not
-  used: the request goes to the registered address and nowhere else.
+* redirects are never followed, and ``.netrc`` is not used: the request goes to the
+  registered address and nowhere else;
+* an address elsewhere is reached through the proxy the environment names
+  (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``) unless ``NO_PROXY`` names it, as the
+  CLI's client reaches a hub elsewhere (behind a corporate proxy it is the only way
+  out); an address on this machine (:func:`backchannel.reach.loopback`) is reached
+  straight, whatever the environment says (:func:`proxy_for`).
 
 :func:`answer_start` reads the start of an answer for an error message without reading
 the rest.
@@ -22,17 +27,21 @@ the rest.
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from backchannel.reach import loopback
+
 __all__ = [
     "MAX_ANSWER",
     "AnswerRefused",
     "answer_start",
     "client",
+    "proxy_for",
     "read_bounded",
     "scrub",
 ]
@@ -81,15 +90,57 @@ class _Bounded(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
+def proxy_for(url: httpx.URL) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY`` for ``http``,
+    ``HTTPS_PROXY`` for ``https``, else ``ALL_PROXY``; either case), or ``None`` when
+    it names none, ``NO_PROXY`` names the host, or the host is this machine."""
+    if loopback(str(url)):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    host = f"{url.host}:{url.port}" if url.port else url.host
+    # NO_PROXY as urllib reads it (typeshed leaves this public function out)
+    if urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _shown(proxy: str) -> str:
+    """``proxy`` without its password, for an error message."""
+    try:
+        return str(httpx.URL(proxy).copy_with(username=None, password=None))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return "(an address that cannot be read)"
+
+
 class _BoundedTransport(httpx.AsyncBaseTransport):
     def __init__(self, limit: int, deadline: float) -> None:
-        self._inner = httpx.AsyncHTTPTransport(trust_env=False)
+        #: by proxy (None: straight), made when a request first needs it
+        self._inner: dict[str | None, httpx.AsyncHTTPTransport] = {}
         self._limit = limit
         self._deadline = deadline
 
+    def _transport(self, url: httpx.URL) -> httpx.AsyncHTTPTransport:
+        proxy = proxy_for(url)
+        inner = self._inner.get(proxy)
+        if inner is None:
+            try:
+                inner = httpx.AsyncHTTPTransport(trust_env=False, proxy=proxy)
+            except (ImportError, ValueError, TypeError, httpx.InvalidURL) as exc:
+                raise httpx.ProxyError(
+                    f"the proxy the environment names for {url.scheme} requests "
+                    f"({_shown(proxy or '')}) cannot be used: {exc}; fix HTTP_PROXY / "
+                    f"HTTPS_PROXY / ALL_PROXY, or name {url.host} in NO_PROXY to reach it "
+                    "straight"
+                ) from None
+            self._inner[proxy] = inner
+        return inner
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         ends = time.monotonic() + self._deadline
-        resp = await self._inner.handle_async_request(request)
+        resp = await self._transport(request.url).handle_async_request(request)
         encoding = resp.headers.get("content-encoding", "").strip().lower()
         assert isinstance(resp.stream, httpx.AsyncByteStream)
         resp.stream = _Bounded(
@@ -98,7 +149,9 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
         return resp
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        inner, self._inner = list(self._inner.values()), {}
+        for transport in inner:
+            await transport.aclose()
 
 
 def client(
