@@ -787,3 +787,145 @@ async def test_a_record_that_cannot_be_saved_is_warned_of_once_a_minute(
     said = warned()
     assert len(said) == 2, said
     assert "and 5 other failures the same way in the 61 s before" in said[1], said
+
+
+# A stand-in for a TUI with a prompt box, as Gemini CLI's: raw mode, bracketed paste; it
+# shows what waits in its prompt on a "> " line under the prompts it took, and appends
+# each prompt it takes (on Enter) to a file, one JSON string a line. After taking one it
+# is busy ending its turn for BUSY seconds and reads nothing meanwhile; an Enter read in
+# one go with the paste before it counts as a newline of the paste (as Gemini CLI takes an
+# Enter within 40 ms of a paste); IGNORE Enters after a paste are ignored, and "all"
+# ignores every Enter (a prompt that never takes one).
+PROMPT_BOX = r"""
+import json, os, sys, time, tty
+out, busy, ignore = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+tty.setraw(0)
+taken, text, ignored = [], "", 0
+START, END = b"\x1b[200~", b"\x1b[201~"
+
+def draw():
+    lines = [f"> {t}" for t in taken] + ["-" * 20, "> " + text.replace("\n", "\r\n  "), "-" * 20]
+    os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + "\r\n".join(lines).encode())
+
+draw()
+pending = b""
+while data := os.read(0, 65536):
+    pending += data
+    while pending:
+        if pending.startswith(START):
+            body, sep, rest = pending[len(START):].partition(END)
+            if not sep:
+                break
+            text += body.decode().replace("\r", "\n")
+            pending = rest
+            if pending.startswith(b"\r"):  # read in one go with the paste: a newline
+                text += "\n"
+                pending = pending[1:]
+        elif pending.startswith(b"\r"):
+            pending = pending[1:]
+            if ignore == "all" or ignored < int(ignore):
+                ignored += 1
+                continue
+            taken.append(text)
+            with open(out, "a") as f:
+                f.write(json.dumps(text) + "\n")
+            text, ignored = "", 0
+            draw()
+            time.sleep(busy)  # ending the turn: keys typed now are read later
+        else:
+            text += pending[:1].decode("latin-1")
+            pending = pending[1:]
+    draw()
+"""
+
+
+def _prompt_box(server: libtmux.Server, tmp_path: Path, busy: float, ignore: str) -> Path:
+    script = tmp_path / "prompt_box.py"
+    script.write_text(PROMPT_BOX)
+    out = tmp_path / "taken.jsonl"
+    out.touch()
+    server.new_session(
+        session_name="agent",
+        window_command=f"{sys.executable} {script} {out} {busy} {ignore}",
+        x=200,
+        y=50,
+    )
+    return out
+
+
+def _taken(out: Path) -> list[str]:
+    import json
+
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+async def _box_ready(server: libtmux.Server) -> None:
+    async def shown() -> bool:
+        session = server.sessions.get(session_name="agent", default=None)
+        pane = session and session.active_window.active_pane
+        return bool(pane) and "-----" in "\n".join(pane.capture_pane() or [])  # type: ignore[union-attr]
+
+    await eventually(shown, what="the prompt box to show")
+
+
+async def test_messages_typed_in_as_the_agent_ends_a_turn_are_each_submitted_once(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Gemini CLI ending a turn reads nothing for a moment: the paste and its Enter were
+    read in one go then, the Enter taken for a newline of the paste, and the message,
+    counted delivered, waited unsubmitted in the prompt (the next one appended to it).
+    The Enter now comes once the prompt shows the text, and the message counts
+    delivered once the text left the prompt."""
+    out = _prompt_box(tmux, tmp_path, busy=1.5, ignore="0")
+    await _box_ready(tmux)
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            sent = [await hub.send("t", "user", "a", f"number {n}", link=False) for n in (1, 2, 3)]
+            for s in sent:
+                await wait_state(hub, "t", s.message_id, "acked", within=40)
+            # acked means taken: each prompt is there the moment its message is acked
+            assert _taken(out) == [f"[From user] number {n}" for n in (1, 2, 3)]
+
+
+async def test_an_enter_the_agent_ignores_is_pressed_again_until_it_takes_it(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    out = _prompt_box(tmux, tmp_path, busy=0, ignore="2")
+    await _box_ready(tmux)
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub):
+            sent = await hub.send("t", "user", "a", "take me once", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "acked", within=30)
+            assert _taken(out) == ["[From user] take me once"]
+    assert st.deliveries[0].attempts == 1
+
+
+async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
+    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text that stays in the prompt is not counted delivered: the attempt fails
+    saying so, the retries press only Enter, and the copy is dead-lettered naming the
+    pane (the sender and the team's user told), the text pasted once."""
+    from backchannel.delivery import tmux as tmux_adapter
+
+    monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 2.0, raising=False)
+    out = _prompt_box(tmux, tmp_path, busy=0, ignore="all")
+    await _box_ready(tmux)
+    async with running_hub(max_attempts=2) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "never taken", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=60)
+            told_user = await hub.receive("t", "user")
+    assert _taken(out) == []
+    screen = "\n".join(
+        tmux.sessions.get(session_name="agent").active_window.active_pane.capture_pane()
+    )  # type: ignore[union-attr]
+    assert screen.count("never taken") == 1, screen  # pasted once, not again by the retry
+    reason = st.deliveries[0].dead_reason or ""
+    assert "not submitted" in reason and "tmux pane agent:0.0" in reason, reason
+    assert "press Enter in the pane" in reason, reason
+    assert len(told_user) == 1 and "not submitted" in told_user[0].message.text

@@ -57,6 +57,23 @@ reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python
 a word: a message with a longer line is refused (dead-lettered, the sender told) rather
 than typed in cut.
 
+**Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
+anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
+last line of the screen that begins with a prompt mark (``>``, ``›``, ``❯``, inside a
+box's border or not: Claude Code, Codex, Gemini CLI; :func:`input_line`); the text
+waits in it while that line holds the text's first characters (:func:`text_head`) or a
+paste placeholder (:func:`waits_in_prompt`). The Enter comes only once the prompt shows
+the text (up to :data:`SUBMIT_WAIT` seconds): Gemini CLI just done with a turn (its
+``AfterAgent`` hook running) read the paste and its Enter in one go later and took the
+Enter for a newline. The message counts delivered only once every read for
+:data:`SUBMIT_STEADY` seconds shows the prompt without the text (a read caught
+mid-redraw may show no prompt), Enter pressed again every :data:`SUBMIT_REPRESS`
+seconds while it stays (an agent busy ending a turn ignores one); still there after
+:data:`SUBMIT_WAIT` seconds, the attempt fails as below, the text waiting unsubmitted.
+Another Enter cannot submit the text twice: it is in the prompt once, and these CLIs
+ignore an Enter on an empty prompt. A screen without a prompt mark before the paste is
+not checked: the message counts delivered once Enter was pressed.
+
 **Pasted once.** Once the paste went in, the text sits in the agent's prompt, and no
 attempt of this adapter pastes it there again. A failed ``Enter`` (a tmux error, or a
 command that hangs past :data:`COMMAND_TIMEOUT`) is pressed again in place, up to
@@ -150,6 +167,25 @@ PASTE_SETTLE = 0.25
 PASTE_SETTLE_PER_BYTE = 1e-5
 #: The longest that pause gets (a message of 256 KB or more).
 PASTE_SETTLE_MAX = 3.0
+#: After an Enter, how long the pasted text may stay in the agent's prompt (read from the
+#: screen) before the attempt fails as not submitted: Gemini CLI just done with a turn
+#: (its ``AfterAgent`` hook still running, its screen re-rendering) ignores an Enter.
+SUBMIT_WAIT = 10.0
+#: While the text stays in the prompt, Enter is pressed again this long after the last one.
+SUBMIT_REPRESS = 1.0
+#: How long every read of the screen must show the prompt without the text before it
+#: counts as left (a screen caught mid-redraw may show neither).
+SUBMIT_STEADY = 0.5
+#: How often the screen is read while waiting for the text to leave the prompt.
+SUBMIT_POLL = 0.1
+#: What the agents' prompts show for a long paste instead of its text: Gemini CLI
+#: ``[Pasted Text: N lines]``, Claude Code ``[Pasted text #1 +N lines]``, Codex
+#: ``[Pasted Content N chars]``.
+_PLACEHOLDERS = ("[pasted text", "[pasted content")
+#: How the agents' CLIs begin their prompt's input line (Gemini CLI and Claude Code ``>``
+#: or ``❯``, Codex ``›``), inside a box's border or not.
+_PROMPT_MARKS = (">", "›", "❯")
+_BORDERS = "│┃|"
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -170,6 +206,34 @@ def paste_settle(text: str) -> float:
     program to have read the whole paste, and for Gemini CLI past the 40 ms in which it
     takes an Enter for a newline of the paste."""
     return min(PASTE_SETTLE + len(text.encode("utf-8")) * PASTE_SETTLE_PER_BYTE, PASTE_SETTLE_MAX)
+
+
+def text_head(text: str) -> str:
+    """What of ``text`` (sanitized) an agent's prompt shows at the start of its input
+    line while the text waits unsubmitted: its first line up to a tab, at most 20
+    characters (a narrow pane wraps the rest)."""
+    return text.split("\n", 1)[0].split("\t", 1)[0][:20].strip()
+
+
+def input_line(screen: str) -> str | None:
+    """The agent's prompt's input line on ``screen`` (the pane's visible lines), less
+    its prompt mark: the last line that begins with one (the conversation above it
+    echoes submitted prompts the same way); None when no line does (a screen of
+    another kind)."""
+    for line in reversed(screen.splitlines()):
+        line = line.strip().strip(_BORDERS).strip()
+        if line.startswith(_PROMPT_MARKS):
+            return line[1:].strip()
+    return None
+
+
+def waits_in_prompt(screen: str, head: str) -> bool:
+    """Whether ``screen`` shows a text starting with ``head`` (:func:`text_head`) still
+    in the agent's prompt: its :func:`input_line` holds ``head`` or a paste placeholder."""
+    line = input_line(screen)
+    if line is None:
+        return False
+    return bool(head and head in line) or any(p in line.lower() for p in _PLACEHOLDERS)
 
 
 def sanitize(text: str) -> str:
@@ -219,9 +283,14 @@ class TmuxAdapter(Adapter):
             self.socket = ["-L", name]
         self.turn_wait = ctx.float_option("turn_wait", 3.0)
         # pane lookup (2 commands), load, paste, then up to ENTER_TRIES Enters and pauses
-        # (and the pause between the paste and the first Enter)
+        # (and the pause between the paste and the first Enter), then the wait for the
+        # text to leave the prompt (its last screen read or Enter may take a command's)
         self.attempt_timeout = (
-            (4 + ENTER_TRIES) * COMMAND_TIMEOUT + ENTER_PAUSE * 2**ENTER_TRIES + PASTE_SETTLE_MAX
+            (6 + ENTER_TRIES) * COMMAND_TIMEOUT
+            + ENTER_PAUSE * 2**ENTER_TRIES
+            + PASTE_SETTLE_MAX
+            + 2 * SUBMIT_WAIT
+            + PASTE_SETTLE
         )
         # message id -> where its text waits unsubmitted (pasted, Enter failed); kept in
         # a file too, for the hub's next process
@@ -367,7 +436,8 @@ class TmuxAdapter(Adapter):
         lines = text.count("\n") + 1
         if typed is not None:
             if typed == _Typed(pane, owner):
-                await self._submit(mid, typed)
+                check = await self._prompt_shown(pane)
+                await self._submit(mid, typed, text_head(text), check)
                 return (
                     f"submitted in tmux pane {self.target} ({pane}): typed in by an earlier "
                     f"attempt, {lines} line(s); only Enter was pressed now"
@@ -380,6 +450,9 @@ class TmuxAdapter(Adapter):
             del self._typed[mid]
             self._save()
         self._check_lines(text, tty)
+        # whether the agent shows a prompt to see the text in, asked before the paste
+        # (a screen the paste redraws could be caught without it)
+        check = await self._prompt_shown(pane)
         buffer = f"backchannel-{uuid.uuid4().hex[:12]}"
         rc, out = await self._tmux("load-buffer", "-b", buffer, "-", data=text.encode("utf-8"))
         if rc != 0:
@@ -392,7 +465,9 @@ class TmuxAdapter(Adapter):
             raise
         # from here on the text is in the prompt: no attempt of this adapter pastes it again;
         # the Enter waits until the program has surely read the paste (see PASTE_SETTLE)
-        await self._submit(mid, _Typed(pane, owner), settle=paste_settle(text))
+        await self._submit(
+            mid, _Typed(pane, owner), text_head(text), check, settle=paste_settle(text)
+        )
         return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
 
     def _check_lines(self, text: str, tty: str) -> None:
@@ -412,10 +487,14 @@ class TmuxAdapter(Adapter):
                     "with check_inbox (or run an agent that reads its terminal in raw mode)"
                 )
 
-    async def _submit(self, mid: str, typed: _Typed, settle: float = 0.0) -> None:
+    async def _submit(
+        self, mid: str, typed: _Typed, head: str, check: bool, settle: float = 0.0
+    ) -> None:
         """Press Enter in the pane that holds ``mid``'s text (``settle`` seconds after
-        its paste), up to :data:`ENTER_TRIES` times. Fails with an :class:`AdapterError` that says the text waits unsubmitted
-        (and remembers it, so the next attempt only presses Enter)."""
+        its paste), up to :data:`ENTER_TRIES` times, and see the text (``head``, see
+        :func:`text_head`) leave the agent's prompt (:meth:`_left_prompt`). Fails with
+        an :class:`AdapterError` that says the text waits unsubmitted (and remembers it,
+        so the next attempt only presses Enter)."""
         self._typed[mid] = typed
         self._typed.move_to_end(mid)
         while len(self._typed) > _TYPED_MAX:
@@ -424,6 +503,12 @@ class TmuxAdapter(Adapter):
         error = ""
         if settle:
             await asyncio.sleep(settle)
+        # the Enter only once the agent shows the text in its prompt: an agent busy
+        # ending a turn reads the paste and the Enter in one go later, and Gemini CLI
+        # takes that Enter for a newline of the paste. A prompt that does not show it
+        # (another kind of screen, or a retry's, where it may have been cleared) gets
+        # the Enter all the same, and nothing is checked after it.
+        shown = check and await self._in_prompt(typed.pane, head, SUBMIT_WAIT if settle else 0.0)
         for n in range(ENTER_TRIES):
             if n:
                 if not saved:  # an Enter failed: the hub's next process must know too
@@ -437,6 +522,19 @@ class TmuxAdapter(Adapter):
                 if any(s in error.lower() for s in _GONE):
                     break  # the pane is gone, its prompt with it: the next attempt says so
                 continue
+            if shown and not await self._left_prompt(typed.pane, head):
+                if not saved:
+                    self._save()
+                raise AdapterError(
+                    f"the message is typed into tmux pane {self.target} ({typed.pane}) but "
+                    f"not submitted: the agent's prompt still showed it {SUBMIT_WAIT:g} s "
+                    "after Enter, pressed again every "
+                    f"{SUBMIT_REPRESS:g} s (the agent busy or not taking keys). It waits "
+                    "unsubmitted in the agent's prompt; the next attempt presses only Enter. "
+                    "Should none succeed, press Enter in the pane to submit it (or clear "
+                    "the prompt)",
+                    tell_operator=True,
+                )
             self._typed.pop(mid, None)
             if saved:
                 self._save()
@@ -450,6 +548,78 @@ class TmuxAdapter(Adapter):
             "(or clear the prompt)",
             tell_operator=True,
         )
+
+    async def _screen(self, pane: str) -> str | None:
+        """The visible lines of ``pane``; None when tmux cannot read them."""
+        try:
+            rc, screen = await self._tmux("capture-pane", "-p", "-t", pane)
+        except AdapterError:
+            return None
+        return screen if rc == 0 else None
+
+    async def _prompt_shown(self, pane: str) -> bool:
+        """Whether ``pane``'s screen shows an agent's prompt (:func:`input_line`): only
+        then is the text looked for there before and after the Enter."""
+        screen = await self._screen(pane)
+        return screen is not None and input_line(screen) is not None
+
+    async def _in_prompt(self, pane: str, head: str, within: float) -> bool:
+        """Whether the agent's prompt in ``pane`` shows the text (:func:`waits_in_prompt`),
+        the screen read until it does for up to ``within`` seconds (a screen caught
+        mid-redraw, without its prompt, is read again). Seen only after a wait, the text
+        was read just now: the Enter comes a moment later (Gemini CLI takes one within
+        40 ms of a paste for a newline of it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        first = True
+        while True:
+            screen = await self._screen(pane)
+            if screen is not None and waits_in_prompt(screen, head):
+                if not first:
+                    await asyncio.sleep(PASTE_SETTLE)
+                return True
+            if screen is None or loop.time() >= deadline:
+                return False
+            first = False
+            await asyncio.sleep(SUBMIT_POLL)
+
+    async def _left_prompt(self, pane: str, head: str) -> bool:
+        """Whether the text typed into ``pane`` left the agent's prompt after its Enter:
+        the screen is read (``capture-pane``) until it shows the prompt without the text
+        (:func:`waits_in_prompt`) in every read for :data:`SUBMIT_STEADY` seconds (Gemini
+        CLI redraws its whole screen at a turn's end, and a screen caught mid-redraw may
+        show the conversation but not the prompt under it), pressing Enter again each
+        :data:`SUBMIT_REPRESS` seconds the text is there (an agent that ignored the
+        Enter, busy ending a turn, takes one once idle), for up to :data:`SUBMIT_WAIT`
+        seconds. A screen that cannot be read counts as left (the Enter was pressed):
+        nothing better is known."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SUBMIT_WAIT
+        pressed = loop.time()
+        gone: float | None = None  # since when every read showed the prompt without it
+        while True:
+            await asyncio.sleep(SUBMIT_POLL)
+            if (screen := await self._screen(pane)) is None:
+                log.warning("%s: cannot read pane %s to see the message submitted; "
+                            "counted as submitted", self.describe(), pane)  # fmt: skip
+                return True
+            now = loop.time()
+            if waits_in_prompt(screen, head):
+                gone = None
+                if now - pressed >= SUBMIT_REPRESS and now < deadline:
+                    log.info("%s: the message still waits in the prompt of %s; Enter "
+                             "again", self.describe(), pane)  # fmt: skip
+                    with contextlib.suppress(AdapterError):
+                        await self._tmux("send-keys", "-t", pane, "Enter")
+                    pressed = loop.time()
+            elif input_line(screen) is None:
+                gone = None  # mid-redraw: says nothing
+            elif gone is None:
+                gone = now
+            elif now - gone >= SUBMIT_STEADY:
+                return True
+            if now >= deadline:
+                return False
 
     def _load(self) -> OrderedDict[str, _Typed]:
         """What the hub's earlier process left waiting unsubmitted (see the module
