@@ -16,6 +16,7 @@ import pytest
 from backchannel.core.framing import frame
 from backchannel.delivery.tmux import sanitize
 from backchannel.hub import Hub
+from backchannel.testing import eventually
 from tests.conftest import Server
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
 
@@ -60,8 +61,9 @@ HOSTILE = {
 SECRET = "SECRET-CONTENT-0f3a"
 
 
-# Gemini CLI 0.61.0 is left out: typed in right after a turn ended, a message stayed
-# unsubmitted in its prompt in some runs and not in others (docs/runtimes/gemini.md)
+# Gemini CLI 0.61.0 is left out: by its source it reads a pasted @path as a file to
+# attach, which the hostile cases refuse (not yet checked, docs/runtimes/gemini.md); its
+# back-to-back test is below
 @pytest.fixture(params=["codex"])
 def rig(
     request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
@@ -172,3 +174,80 @@ async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
     assert not pwned.exists(), f"{rig.runtime} ran a shell command from a message"
     assert rig.api is not None
     assert not any(SECRET in t for q in rig.api.requests for t in model.texts(q))
+
+
+@pytest.fixture
+def gemini(server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
+    with attached("gemini", server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
+
+
+#: How many messages the back-to-back test types in, each as the turn before it ends.
+BACK_TO_BACK = 6
+
+
+async def test_gemini_takes_each_message_typed_in_as_its_last_turn_ends_once(
+    gemini: Rig,
+) -> None:
+    """Gemini CLI 0.61.0, just done with a turn (its ``AfterAgent`` hook still running,
+    its screen re-rendering), left a message typed in then unsubmitted in its prompt in
+    some runs: the hub counted it delivered, and the next message was appended to it (or
+    nothing came after it, and it never reached the model). Each message here is sent
+    the moment the answer to the one before it shows, several times in a row; each must
+    reach the model exactly once, whole, as a prompt of its own."""
+    rig = gemini
+    model = rig.model
+    rig.api = model.make([Rule(lambda q: bool(model.tools(q)), say("Noted."))])
+    rig.api.__enter__()
+    binary, args = _start(rig)
+    env = rig.env() | {"TERM": "xterm-256color"}
+    with cli_pane(binary, rig.project, env, *args) as pane:
+        _idle_cli(rig, pane)
+        pane.type("Warm up.")
+        wait_until(
+            lambda: (
+                READY[rig.runtime] in pane.screen().partition("Noted.")[2]
+                or _enter_again(pane, "Warm up")
+            ),
+            60,
+            "the user's first turn",
+            pane,
+        )
+        foreground = pane.pane.cmd("display-message", "-p", "#{pane_current_command}").stdout
+        setting = {
+            "type": "tmux",
+            "target": pane.pane.pane_id,
+            "socket_name": pane.pane.server.socket_name,
+            "agent_commands": foreground,
+        }
+        marks = [f"BACK-{n}-OF-{BACK_TO_BACK}" for n in range(1, BACK_TO_BACK + 1)]
+        texts = {mark: f"{mark} please note this." for mark in marks}
+
+        def prompts() -> list[str]:
+            assert rig.api is not None
+            return [_prompt(rig, q) for q in list(rig.api.requests) if model.tools(q)]
+
+        def answered(mark: str) -> bool:
+            # the model asked with it, and its answer on screen: the turn is ending now
+            return (
+                any(mark in p for p in prompts())
+                and "Noted." in (pane.screen().rpartition(mark)[2])
+            )
+
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub):
+                for mark in marks:
+                    sent = await hub.send("t", "bob", "alice", texts[mark], link=False)
+                    await wait_state(hub, "t", sent.message_id, "acked", within=30)
+                    try:
+                        await eventually(lambda m=mark: answered(m), what=mark, within=60)
+                    except AssertionError:
+                        break  # the checks below say what the model got
+        got = {mark: [p for p in prompts() if mark in p] for mark in marks}
+        for mark in marks:
+            want = sanitize(frame("[From bob]", texts[mark]))
+            assert got[mark] == [want], f"{mark}: {got}\n--- screen ---\n{pane.screen()}"
