@@ -475,6 +475,106 @@ async def test_a_lease_given_before_the_clock_stepped_forward_is_not_taken_back(
         assert status.state.value == "acked" and status.deliveries[0].attempts == 1
 
 
+def _database_steps_too(hub: Hub, clock: _OffsetClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database runs on the hub's host (PostgreSQL): its clock steps with the hub's,
+    so the hub is not off the database's clock after a step."""
+    read = hub.store.database_time
+
+    async def stepped() -> float | None:
+        t = await read()
+        return None if t is None else t + clock.offset
+
+    monkeypatch.setattr(hub.store, "database_time", stepped)
+
+
+async def _due_in(hub: Hub, clock: _OffsetClock, timer_id: int) -> float:
+    (timer,) = [t for t in await hub.list_timers("t") if t.timer_id == timer_id]
+    return timer.due_at - clock.now()
+
+
+async def test_a_step_forward_fires_no_timer_early(
+    make_store: Callable[[], Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock stepped an hour forward a minute after a 10-minute anchor was set
+    (the boot clock did not move): the timer keeps its 10 minutes as the boot clock
+    measures them and does not fire at the next pass. Before, every timer due within the
+    hour fired at once, each a model turn nobody asked for yet."""
+    clock = _OffsetClock(0.0)
+    async with Hub(make_store(), clock=clock, background=False) as hub:
+        _database_steps_too(hub, clock, monkeypatch)
+        await _team(hub, "a")
+        timer = await hub.set_timer("t", "a", "a-s", "anchor", 600, "back to task 3")
+        await hub.maintain()
+
+        clock.offset += 3600  # the wall clock is stepped forward an hour
+        await hub.maintain()
+        assert not hub.maintenance.skewed
+        assert await _take(hub, "a") == [], "the timer fired an hour early"
+        assert 590 < await _due_in(hub, clock, timer.timer_id) <= 600
+
+
+async def test_a_step_back_delays_no_timer(
+    make_store: Callable[[], Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock stepped an hour back right after a 2-second wait timer was set:
+    the timer still fires about 2 seconds later, not an hour and 2 seconds (an agent
+    waiting on a peer's reply would sit unwoken for the hour); a timer set after the
+    step keeps its own time."""
+    clock = _OffsetClock(0.0)
+    async with Hub(make_store(), clock=clock, background=False) as hub:
+        _database_steps_too(hub, clock, monkeypatch)
+        await _team(hub, "a", "b")
+        timer = await hub.set_timer("t", "a", "a-s", "wait", 2, "did b answer?", target="b")
+        await hub.maintain()
+
+        clock.offset -= 3600  # the wall clock is stepped back an hour
+        after = await hub.set_timer("t", "b", "b-s", "anchor", 600, "set after the step")
+        await hub.maintain()
+        assert not hub.maintenance.skewed
+        assert await _due_in(hub, clock, timer.timer_id) <= 2
+        assert 590 < await _due_in(hub, clock, after.timer_id) <= 600
+        deadline = time.monotonic() + 10
+        got: list[str] = []
+        while not got and time.monotonic() < deadline:
+            await hub.maintain()
+            got = await _take(hub, "a")
+        assert len(got) == 1 and "did b answer?" in "".join(got), got
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_hubs_on_one_host_move_a_timer_once_for_one_step(
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two hubs on one store and one host both see the wall clock step an hour forward:
+    a timer set before the step moves by the hour once, not once a hub (it would fire
+    an hour late)."""
+    if kind == "postgres":
+        from backchannel.stores.postgres import PostgresStore
+
+        url = request.getfixturevalue("new_postgres_url")()
+        make: Callable[[], Store] = lambda: PostgresStore(url)  # noqa: E731
+    else:
+        make = lambda: SqliteStore(tmp_path / "one.db")  # noqa: E731
+    clock = _OffsetClock(0.0)
+    async with Hub(make(), clock=clock, background=False) as first:
+        _database_steps_too(first, clock, monkeypatch)
+        await _team(first, "a")
+        async with Hub(make(), clock=clock, background=False) as second:
+            _database_steps_too(second, clock, monkeypatch)
+            timer = await first.set_timer("t", "a", "a-s", "anchor", 600, "back to task 3")
+            await first.maintain()
+            await second.maintain()
+
+            clock.offset += 3600  # the host's wall clock is stepped forward an hour
+            await first.maintain()
+            await second.maintain()
+            assert not first.maintenance.skewed and not second.maintenance.skewed
+            assert 590 < await _due_in(first, clock, timer.timer_id) <= 600
+
+
 @pytest.mark.postgres
 async def test_a_hub_whose_clock_is_ahead_of_the_database_takes_no_live_lease_back(
     new_postgres_url: Callable[[], str], caplog: pytest.LogCaptureFixture

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -309,6 +310,24 @@ async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+def boot_time() -> float:
+    """Seconds on a clock that never steps and runs on while the machine sleeps (Linux's
+    ``CLOCK_BOOTTIME``), against which a step of the wall clock shows. Where there is
+    none, the monotonic clock, which may stop while the machine sleeps: a sleep there
+    looks like a step, and the leases given before it run their length again (a delay,
+    never a copy handed twice)."""
+    if _BOOTTIME is None:
+        return time.monotonic()
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+#: How far the wall clock may run ahead of the boot clock between two maintenance passes
+#: before the hub takes it that the wall clock stepped forward (NTP correcting a clock
+#: that was behind, an operator setting the date); see :meth:`.Maintenance._carry_leases`.
+STEPPED_AFTER = 5.0
 
 
 class Env:

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from backchannel.core import messages as rules
 from backchannel.core.timers import TIMER_JOB
 from backchannel.errors import ClockSkew, StoreError
-from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome, wait_for
+from backchannel.hub.context import (
+    STEPPED_AFTER,
+    Ctx,
+    Env,
+    JobHandler,
+    JobOutcome,
+    boot_time,
+    wait_for,
+)
 from backchannel.hub.messages import Messages
 from backchannel.hub.outage import Outage
 from backchannel.hub.pipeline import Pipeline
@@ -57,13 +65,13 @@ CLOCK_CHECK_EVERY = 60.0  # seconds (monotonic) between two comparisons while ru
 #: before the hub takes it that it did not run meanwhile (its process stopped, the
 #: machine asleep, or its clock stepped forward): it is then awake since that pass.
 ASLEEP_AFTER = 5.0
+#: The payload key that says a job's due time moved with a step of the wall clock:
+#: ``[at, by]``, the hub's clock when it moved and the step. Another hub on the same
+#: database that sees the same step (one host's clock) moves it no further.
+STEP_KEY = "clock_step"
 #: The payload key of a job set aside after failing: ``failures``, the last ``error``,
 #: the job's own ``due_at`` (its due time moves to each retry) and ``at``.
 FAILURE_KEY = "maintenance_failure"
-#: How far the wall clock may run ahead of the boot clock between two maintenance passes
-#: before the hub takes it that the wall clock stepped forward (NTP correcting a clock
-#: that was behind, an operator setting the date): see :meth:`Maintenance._carry_leases`.
-STEPPED_AFTER = MAX_CLOCK_SKEW
 RETRY_FIRST = 5.0  # seconds before the first retry of a failed job
 RETRY_MAX = 3600.0  # the longest a failing job waits between two tries
 
@@ -129,20 +137,6 @@ class FailingLease:
         )
 
 
-def _boot_time() -> float:
-    """Seconds on a clock that never steps and runs on while the machine sleeps (Linux's
-    ``CLOCK_BOOTTIME``), against which a step of the wall clock shows. Where there is
-    none, the monotonic clock, which may stop while the machine sleeps: a sleep there
-    looks like a step, and the leases given before it run their length again (a delay,
-    never a copy handed twice)."""
-    if _BOOTTIME is None:
-        return time.monotonic()
-    return time.clock_gettime(_BOOTTIME)
-
-
-_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
-
-
 def _key(d: Delivery) -> tuple[str, str, str]:
     return (d.team, d.message_id, d.recipient.member)
 
@@ -165,7 +159,8 @@ class Maintenance:
         # expired leases set aside, by (team, message id, member) (see failing_leases)
         self._failing_leases: dict[tuple[str, str, str], FailingLease] = {}
         self._last_now: float | None = None  # the clock at the last pass (None: none yet)
-        self._last_boot = 0.0  # the boot clock (_boot_time) at the last pass
+        self._last_boot = 0.0  # the boot clock (boot_time) at the last pass
+        self._last_job = 0  # the highest job id at the last pass: jobs set before it
         #: this hub's clock minus the database's (PostgreSQL) at the last comparison, and
         #: whether that was beyond MAX_CLOCK_SKEW; when to compare again (monotonic), and
         #: the clock minus the monotonic clock then (a step in between compares at once)
@@ -190,14 +185,20 @@ class Maintenance:
         (:meth:`_set_aside`, :meth:`_set_leases_aside`) and named, and everything else
         due, for every team, goes on."""
         now = self.clock.now()
-        boot = _boot_time()
+        boot = boot_time()
         handlers = self.pipeline.job_handlers()
-        step = self._step_forward(now, boot)
+        stepped = self._stepped(now, boot)
+        step = max(stepped, 0.0)
+        elapsed = boot - self._last_boot
         if self._last_now is None or now < self._last_now:
             await self._restart_leases(now)  # the first pass, or the clock stepped back
         self._last_now, self._last_boot = now, boot
-        if step or self._clock_moved():
+        if stepped or self._clock_moved():
             await self.check_clock()
+        if stepped and not self.skewed:
+            # the database's clock stepped too (one host), or there is none: what was
+            # due in so long from the step is due in as long still
+            await self._shift_jobs(now, stepped, elapsed)
         if step:
             # no sign of life was missed in the time skipped: silence counts from now
             self.env.awake_since = max(self.env.awake_since, now)
@@ -225,6 +226,7 @@ class Maintenance:
             more = len(expired) == LEASE_BATCH or len(jobs) == JOB_BATCH
             returned = [_key(d) for d in expired]
             dues = [t for t in (tx.next_lease_expiry(), tx.next_job_due()) if t is not None]
+            self._last_job = tx.last_job_id()
             return more, min(dues) if dues else None, [j.job_id for j in jobs], returned
 
         more = True
@@ -341,14 +343,84 @@ class Maintenance:
             if len(found) < LEASE_BATCH:
                 return restarted
 
-    def _step_forward(self, now: float, boot: float) -> float:
-        """How far the wall clock stepped forward since the last pass: how much further
-        it ran than the boot clock, beyond :data:`STEPPED_AFTER` (0.0: it did not; a
-        clock that does not follow the wall clock, such as a test's, never steps)."""
+    def _stepped(self, now: float, boot: float) -> float:
+        """How far the wall clock stepped since the last pass (forward: positive, back:
+        negative): how much further it ran than the boot clock, or how much less, beyond
+        :data:`STEPPED_AFTER` (0.0: it did not; a clock that does not follow the wall
+        clock, such as a test's, never steps)."""
         if self._last_now is None or not getattr(self.clock, "follows_wall_clock", True):
             return 0.0
         step = (now - self._last_now) - (boot - self._last_boot)
-        return step if step > STEPPED_AFTER else 0.0
+        return step if abs(step) > STEPPED_AFTER else 0.0
+
+    async def _shift_jobs(self, now: float, step: float, elapsed: float) -> None:
+        """The wall clock stepped ``step`` seconds (either way) some time in the
+        ``elapsed`` seconds (boot clock) since the last pass: every pending job set
+        before the step moves by the step, so it falls due as long after it was set as
+        meant, by the boot clock. Otherwise an hour forward fires every timer due within
+        the hour at once (each a model turn), and an hour back holds every timer an
+        hour (an agent waiting on a reply is not woken).
+
+        Set before the step: the job's id is at most the highest id at the last pass
+        (:meth:`Tx.last_job_id`), or it was set since by the clock before the step
+        (before ``now - step`` after a step forward, after ``now`` after one back). Its
+        ``set_at`` (a timer's) and a failure record's ``due_at`` move too. A job another
+        hub moved for the same step (its :data:`STEP_KEY`) stays. A paged pass over each
+        team's pending jobs, one transaction a team: a step is rare, the send path does
+        nothing for it."""
+        upto = self._last_job
+        same_step_since = now - elapsed - MAX_CLOCK_SKEW
+
+        def set_before(job: Job) -> bool:
+            if job.job_id <= upto:
+                return True
+            if step > 0:
+                return job.created_at < now - step
+            return job.created_at > now + MAX_CLOCK_SKEW
+
+        def moved_already(job: Job) -> bool:
+            mark = job.payload.get(STEP_KEY)
+            if not isinstance(mark, list) or len(mark) != 2:
+                return False
+            at, by = mark
+            return (
+                isinstance(at, int | float)
+                and isinstance(by, int | float)
+                and at >= same_step_since
+                and abs(by - step) <= STEPPED_AFTER
+            )
+
+        def one(team: str) -> Callable[[Tx], int]:
+            def fn(tx: Tx) -> int:
+                moved = 0
+                for job in tx.list_jobs(team, pending_only=True):
+                    if not set_before(job) or moved_already(job):
+                        continue
+                    payload: dict[str, object] = {**job.payload, STEP_KEY: [now, step]}
+                    set_at = payload.get("set_at")
+                    if isinstance(set_at, int | float):
+                        payload["set_at"] = set_at + step
+                    failed = payload.get(FAILURE_KEY)
+                    if isinstance(failed, Mapping) and isinstance(
+                        failed.get("due_at"), int | float
+                    ):
+                        payload[FAILURE_KEY] = {**failed, "due_at": failed["due_at"] + step}
+                    if tx.reschedule_job(job.job_id, job.due_at + step, payload):
+                        moved += 1
+                return moved
+
+            return fn
+
+        teams = await self.store.read(lambda tx: [t.name for t in tx.list_teams()])
+        moved = 0
+        for team in teams:
+            moved += await self.store.transact(one(team))
+        if moved:
+            log.warning(
+                "%d pending timers and jobs set before the clock stepped %.0f s %s each "
+                "fall due as long after they were set as meant",
+                moved, abs(step), "forward" if step > 0 else "back",
+            )  # fmt: skip
 
     async def _carry_leases(self, now: float, step: float) -> None:
         """The wall clock stepped ``step`` seconds forward since the last pass, while the

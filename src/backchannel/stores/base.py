@@ -432,6 +432,12 @@ class Tx(Protocol):
         """The earliest ``due_at`` among pending jobs (a due-time index, not a scan)."""
         ...
 
+    def last_job_id(self) -> int:
+        """The highest job id among the stored jobs (0: none): every job added later
+        has a higher one. One read of the id's index; maintenance reads it each pass, so
+        after a step of the wall clock it knows which jobs were set before the step."""
+        ...
+
     def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
         """Move a pending job to ``done`` or ``cancelled``. False if it was not pending."""
         ...

@@ -678,6 +678,9 @@ class MemoryTx:
         times = [j.due_at for j in self._d.jobs.values() if j.state is JobState.PENDING]
         return min(times) if times else None
 
+    def last_job_id(self) -> int:
+        return self._d.job_seq
+
     def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
         job = self._d.jobs.get(job_id)
         if job is None or job.state is not JobState.PENDING:

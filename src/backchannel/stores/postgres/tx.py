@@ -580,6 +580,10 @@ class PgTx(PgTransaction, LifecycleSql):
         row = self._one("SELECT min(due_at) FROM jobs WHERE state = 'pending'", ())
         return row[0] if row else None
 
+    def last_job_id(self) -> int:
+        row = self._one("SELECT max(job_id) FROM jobs", ())
+        return int(row[0]) if row and row[0] is not None else 0
+
     def _team_of_job(self, job_id: int) -> str | None:
         team = self._job_team.get(job_id)
         if team is None:  # a job this transaction has not seen: find its team to lock it

@@ -775,6 +775,10 @@ class SqliteTx(LifecycleSql):
         )
         return row[0] if row else None
 
+    def last_job_id(self) -> int:
+        row = self._one("SELECT max(id) FROM jobs", ())
+        return int(row[0]) if row and row[0] is not None else 0
+
     def finish_job(self, job_id: int, state: JobState, at: float) -> bool:
         self._watching.clear()
         return self._c.execute(Q.finish_job, (state.value, at, job_id)).rowcount > 0
