@@ -575,6 +575,46 @@ async def test_hubs_on_one_host_move_a_timer_once_for_one_step(
             assert 590 < await _due_in(first, clock, timer.timer_id) <= 600
 
 
+async def test_a_step_forward_grants_no_extra_pair_budget(
+    make_store: Callable[[], Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two agents spent their pair budget; the wall clock stepped an hour forward: the
+    window still has its hour as the boot clock measures it, so nothing more passes
+    between them, before maintenance saw the step as after. Before, the step ended the
+    window and they had a full budget again."""
+    from backchannel.errors import BudgetExhausted
+
+    clock = _OffsetClock(0.0)
+    async with Hub(make_store(), clock=clock, background=False) as hub:
+        _database_steps_too(hub, clock, monkeypatch)
+        await hub.create_team("t", settings={"anchor_policy": "off", "pair_budget": 2})
+        for m in ("a", "b", "c"):
+            await hub.add_member("t", m)
+        await hub.send("t", "a", "b", "one", link=False)
+        await hub.send("t", "b", "a", "two", link=False)
+        await hub.send("t", "a", "c", "another pair's window, spent later", link=False)
+        with pytest.raises(BudgetExhausted):
+            await hub.send("t", "a", "b", "three", link=False)
+        await hub.maintain()
+
+        clock.offset += 3600  # the wall clock is stepped forward an hour
+        with pytest.raises(BudgetExhausted) as exc:
+            await hub.send("t", "a", "b", "three, before maintenance saw the step", link=False)
+        assert 3500 < exc.value.details["resets_at"] - clock.now() <= 3600
+        await hub.maintain()
+        assert not hub.maintenance.skewed
+        with pytest.raises(BudgetExhausted) as exc:
+            await hub.send("t", "a", "b", "three, after the step", link=False)
+        resets = exc.value.details["resets_at"]
+        assert 3500 < resets - clock.now() <= 3600, resets - clock.now()
+        # a's pair with c: its window, begun before the step, goes on (moved once)
+        await hub.send("t", "c", "a", "an answer in the same window", link=False)
+        await hub.maintain()
+        ac = {b["key"]: b for b in await hub.list_budgets("t")}["pair:a|c"]
+        assert ac["used"] == 2, ac
+        assert 3500 < ac["resets_at"] - clock.now() <= 3600, ac["resets_at"] - clock.now()
+
+
 @pytest.mark.postgres
 async def test_a_hub_whose_clock_is_ahead_of_the_database_takes_no_live_lease_back(
     new_postgres_url: Callable[[], str], caplog: pytest.LogCaptureFixture

@@ -214,6 +214,34 @@ class Budgets:
             out.append(_ref(caller.meta) if caller is not None else None)
         return out
 
+    def _decide_pair(
+        self,
+        record: Budget | None,
+        team: str,
+        sender: str,
+        to: str,
+        now: float,
+        lim: rules.Limits,
+        refusable: bool,
+    ) -> rules.Decision:
+        """:func:`rules.decide_pair`, but for a window that looks passed only because the
+        wall clock stepped forward since maintenance last looked (:meth:`Env.stepped`):
+        it is taken as moved by the step, as maintenance will move it, so the step grants
+        no budget. The record is written with its window as stored, which maintenance
+        moves once. The clock is read only for a window that looks passed, never on the
+        send path's usual way."""
+        if record is None or now < record.window_start + lim.pair_window:
+            return rules.decide_pair(record, team, sender, to, now, lim, refusable=refusable)
+        step = self.env.stepped(now)
+        if not step:
+            return rules.decide_pair(record, team, sender, to, now, lim, refusable=refusable)
+        seen = dataclasses.replace(record, window_start=record.window_start + step)
+        d = rules.decide_pair(seen, team, sender, to, now, lim, refusable=refusable)
+        if d.record is not None and d.record.window_start == seen.window_start:
+            stored = dataclasses.replace(d.record, window_start=record.window_start)
+            d = dataclasses.replace(d, record=stored)
+        return d
+
     def _budget_decisions(self, s: Send) -> list[rules.Decision]:
         tx, message = s.c.tx, s.message
         pairs = self._pairs(s)
@@ -226,7 +254,7 @@ class Budgets:
         for a, b, refusable in pairs:
             key = rules.pair_key(a, b)
             record = tx.get_budget(message.team, key)
-            out.append(rules.decide_pair(record, message.team, a, b, now, lim, refusable=refusable))
+            out.append(self._decide_pair(record, message.team, a, b, now, lim, refusable))
         if message.chain_id is not None and message.hop >= lim.chain_budget:
             ref = rules.ChainRef(message.chain_id, message.hop)
             record = tx.get_budget(message.team, rules.chain_key(ref.chain_id))
@@ -384,7 +412,7 @@ class Budgets:
         t = tx.get_team(team)
         lim = rules.limits(t.settings if t else {})
         record = tx.get_budget(team, rules.pair_key(sender, to))
-        d = rules.decide_pair(record, team, sender, to, now, lim, refusable=refusable)
+        d = self._decide_pair(record, team, sender, to, now, lim, refusable)
         if d.refusal is not None:
             return d.refusal
         if d.record is not None:

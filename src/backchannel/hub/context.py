@@ -356,6 +356,22 @@ class Env:
         #: stretch it did not run through (stopped, the machine asleep, its clock stepped
         #: forward; :meth:`.Maintenance.loop`). No sign of life could reach it before.
         self.awake_since = clock.now()
+        #: the hub's clock minus the boot clock at maintenance's last pass (None: not
+        #: known, or a clock that does not follow the wall clock): see :meth:`stepped`
+        self.wall_boot: float | None = None
+
+    def stepped(self, now: float) -> float:
+        """How far the wall clock has stepped forward since maintenance's last pass
+        (0.0: not beyond :data:`STEPPED_AFTER`), which then wakes to carry what the step
+        would end early. For a decision that the clock's time alone would take before
+        maintenance sees the step (a pair's budget window ending); one clock read."""
+        if self.wall_boot is None:
+            return 0.0
+        step = now - boot_time() - self.wall_boot
+        if step <= STEPPED_AFTER:
+            return 0.0
+        self.maint_wake.set()
+        return step
 
     async def transact(self, fn: Callable[[Ctx], T]) -> T:
         """Run ``fn`` in one store transaction; apply its effects once it committed.

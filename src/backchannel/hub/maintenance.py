@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from backchannel.core import budget as budget_rules
 from backchannel.core import messages as rules
 from backchannel.core.timers import TIMER_JOB
 from backchannel.errors import ClockSkew, StoreError
@@ -209,8 +210,12 @@ class Maintenance:
             )
             if not self.skewed:
                 await self._carry_leases(now, step)
+                await self._carry_windows(now, step)
             # jobs fire by this hub's clock, skewed or not: the POSTs under way keep theirs
             await self.pipeline.outbox.hold_running(now)
+        if getattr(self.clock, "follows_wall_clock", True):
+            # from here a step is carried: a send no longer allows for it (Env.stepped)
+            self.env.wall_boot = now - boot
         # leases end by the database's clock while this hub's runs too far ahead of it:
         # by its own, it would take other hubs' live leases back early
         lease_now = now - self.skew if self.skewed and self.skew > 0 else now
@@ -421,6 +426,41 @@ class Maintenance:
                 "fall due as long after they were set as meant",
                 moved, abs(step), "forward" if step > 0 else "back",
             )  # fmt: skip
+
+    async def _carry_windows(self, now: float, step: float) -> None:
+        """The wall clock stepped ``step`` seconds forward: a pair's budget window open at
+        the step (begun before ``now - step``, ending after it) starts that much later,
+        so it keeps its length by the boot clock. Otherwise the step ends it, and two
+        agents that spent their budget get a full one again. A step back is left alone:
+        a window then lasts longer, which holds a pair back, never lets it run."""
+
+        def one(team: str) -> Callable[[Tx], int]:
+            def fn(tx: Tx) -> int:
+                t = tx.get_team(team)
+                if t is None:
+                    return 0
+                window = budget_rules.limits(t.settings).pair_window
+                moved = 0
+                for b in tx.list_budgets(team):
+                    if not b.key.startswith(budget_rules.Scope.PAIR.value + ":"):
+                        continue
+                    if b.window_start < now - step < b.window_start + window:
+                        tx.put_budget(dataclasses.replace(b, window_start=b.window_start + step))
+                        moved += 1
+                return moved
+
+            return fn
+
+        teams = await self.store.read(lambda tx: [t.name for t in tx.list_teams()])
+        moved = 0
+        for team in teams:
+            moved += await self.store.transact(one(team))
+        if moved:
+            log.warning(
+                "%d pair budget windows open when the clock stepped forward each keep "
+                "their length from their start",
+                moved,
+            )
 
     async def _carry_leases(self, now: float, step: float) -> None:
         """The wall clock stepped ``step`` seconds forward since the last pass, while the
