@@ -157,3 +157,30 @@ def test_a_step_back_holds_no_lease_an_hour(stepped: SteppedServer) -> None:
         r = b.post("/v1/inbox/ack", json={"message_ids": [message_id]})
         r.raise_for_status()
         assert _inbox(b) == []
+
+
+def test_a_step_forward_fires_no_timer_early_under_serve(stepped: SteppedServer) -> None:
+    """A 10-minute anchor set just before the clock stepped an hour forward still has its
+    10 minutes after the step, and the session gets no breadcrumb: before, the next
+    maintenance pass fired it at once (a model turn an hour early, as every timer due
+    within the hour)."""
+    tokens = stepped.srv.team("t", "a", "c")
+    with stepped.srv.client(tokens["a"]) as a:
+        a.post("/v1/sessions", json={"session_id": "a-s"}).raise_for_status()
+        r = a.post("/v1/timers", json={"intent": "anchor", "note": "back to task 3"})
+        assert r.status_code == 201, r.text
+        timer_id = r.json()["timer_id"]
+
+        stepped.step(3600)
+        stepped.nudge()
+        eventually_blocking(
+            lambda: "stepped about 3600 s forward" in stepped.log() or None,
+            what="the server's maintenance to see the step",
+            show=stepped.log,
+        )
+        r = a.get("/v1/timers")
+        r.raise_for_status()
+        pending = [t for t in r.json()["timers"] if t["timer_id"] == timer_id]
+        assert pending, "the timer fired an hour early"
+        assert 580 < pending[0]["due_in"] <= 600, pending
+        assert _inbox(a, session="a-s", wait=1) == [], "the timer fired an hour early"
