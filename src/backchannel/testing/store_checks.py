@@ -522,6 +522,7 @@ async def check_ledger(make_store: StoreFactory) -> None:
 async def check_jobs(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         assert await store.read(lambda tx: tx.next_job_due()) is None
+        assert await store.read(lambda tx: tx.last_job_id()) == 0
         late = Job("alpha", "timer", T0 + 50, T0, "s1", {"note": "later"})
         soon = Job("alpha", "timer", T0 + 10, T0, "s1", {"note": "soon"})
         other = Job("beta", "checkpoint", T0 + 20, T0, "s9")
@@ -529,6 +530,7 @@ async def check_jobs(make_store: StoreFactory) -> None:
         jid_soon = await store.transact(lambda tx: tx.add_job(soon))
         jid_other = await store.transact(lambda tx: tx.add_job(other))
         assert len({jid_late, jid_soon, jid_other}) == 3
+        assert await store.read(lambda tx: tx.last_job_id()) == max(jid_late, jid_soon, jid_other)
         assert await store.read(lambda tx: tx.next_job_due()) == T0 + 10
         got = await store.read(lambda tx: tx.get_job("alpha", jid_soon))
         assert got is not None
