@@ -617,6 +617,7 @@ class AdminApi:
 async def _members(hub: Hub, team: str) -> MemberList:
     members = await hub.list_members(team)
     states = await hub.member_states(team)  # from Claude Code inbox traffic
+    await hub.push_circuits.refresh(0)  # whichever hub found a target down
     return MemberList.model_validate(
         {
             "members": [

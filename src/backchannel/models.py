@@ -427,7 +427,7 @@ class Presence(_Out):
 
 
 class PushCircuitInfo(_Out):
-    """A member whose push target is down, as the hub that pushes to it sees it: its
+    """A member whose push target is down, as the hub that pushes to it stored it: its
     queued messages are dead-lettered at once and the next one is sent as a probe at
     ``next_probe_at``."""
 
@@ -447,8 +447,7 @@ class MemberInfo(_Out):
     presence: Presence | None = None
     push_circuit: PushCircuitInfo | None = Field(
         default=None,
-        description="present while this hub's push to the member is down "
-        "(backchannel.delivery.circuit)",
+        description="present while the push to the member is down (backchannel.delivery.circuit)",
     )
 
 

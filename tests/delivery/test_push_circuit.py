@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from backchannel.callbacks import CallbackConfig, Service
@@ -162,62 +163,167 @@ async def test_a_refusal_of_the_message_does_not_mark_the_target_down() -> None:
             assert hub.push_circuits.get("t", "a") is None
 
 
-async def test_a_hub_that_takes_the_member_over_starts_with_the_circuit_closed(
+class _Reserved:
+    """A local port held bound but not listening (every connection is refused) until
+    :meth:`serve` starts an HTTP server on it that answers 200 and records, in order,
+    the message ids it was given: a push target that is down, then comes back."""
+
+    def __init__(self) -> None:
+        self.holder = socket.socket()
+        self.holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.holder.bind(("127.0.0.1", 0))
+        self.port = self.holder.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.seen: list[str] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def serve(self) -> None:
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                seen.append(self.headers["x-backchannel-message-id"])
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.holder.close()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+
+    def close(self) -> None:
+        self.holder.close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+async def _shown(hub: Hub, member: str) -> tuple[Any, Any, Any]:
+    """The member's push circuit as ``hub`` shows it: its member list, its dashboard and
+    its ``backchannel_push_down`` metric."""
+    members = await MemberApi(hub, await hub.get_member("t", "user")).members()
+    listed = next(m for m in members.members if m.name == member).push_circuit
+    dashboard = {m["name"]: m for m in await members_view(hub, "t")}[member].get("push_circuit")
+    metric = (await snapshot(hub)).get_sample_value(
+        "backchannel_push_down", {"team": "t", "member": member}
+    )
+    return listed, dashboard, metric
+
+
+async def test_every_hub_on_the_store_warns_shows_and_keeps_a_down_circuit(
     stores: tuple[Store, Store],
 ) -> None:
-    # two hubs on one store (memory, one SQLite file, one PostgreSQL database): hub a
-    # finds the target down; it comes back, a stops, and b, which takes the member over,
-    # delivers what waited, in order, each once; a forgets the circuit it held
-    down = threading.Event()
-    down.set()
-
-    def behaviour(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
-        if down.is_set():
-            ep.release.wait(10)
-        return 200, b"", {}
-
-    with endpoint(behaviour) as ep:
-
-        def tries(mid: str) -> int:
-            return sum(s.headers["x-backchannel-message-id"] == mid for s in ep.seen)
-
-        callbacks = CallbackConfig(services={"bot": Service("bot", ep.url)}, retry=QUICK)
+    # two hubs on one store (memory, one SQLite file, one PostgreSQL database) and a real
+    # refusing port: hub a owns p's push and finds the target down; a send through hub b
+    # is warned and b shows it; a stops, b takes p over and keeps probing (no full tries
+    # for the next message); the target comes back, b's probe closes the circuit, and
+    # what is sent through either hub goes out in order, each once
+    target = _Reserved()
+    try:
+        callbacks = CallbackConfig(services={"bot": Service("bot", target.url)}, retry=QUICK)
         a = Hub(stores[0], callbacks=callbacks, max_attempts=3, check_delivery=False)
         b = Hub(stores[1], callbacks=callbacks, max_attempts=3, check_delivery=False)
         async with a, b:
             await a.create_team("t", settings={"anchor_policy": "off"})
             await a.add_member("t", "p", delivery=HOOK)
-            # scans only when called, and no probe on a within the test
+            # scans only when called; a never probes within the test, b soon
             common: dict[str, Any] = {"ownership_s": 1000.0, "rescan_s": 1000.0, "wait_s": 0.2}
             da = Dispatcher(a, owner="a", probe_start_s=1000.0, probe_max_s=1000.0, **common)
-            db = Dispatcher(b, owner="b", **common)
+            db = Dispatcher(b, owner="b", probe_start_s=0.2, probe_max_s=0.4, **common)
             await da.start()
-            await db.start()
+            await db.start()  # a holds p: b runs no worker for it
             try:
-                ids = [
+                assert [s.member for s in da.status()] == ["p"] and db.status() == []
+                first = [
                     (await a.send("t", "user", "p", f"m{i}", link=False)).message_id
                     for i in range(3)
                 ]
-                for mid in ids:
-                    await wait_state(a, "t", mid, "dead")
-                assert a.push_circuits.get("t", "p") is not None
-                waiting = await a.send("t", "user", "p", "waits for the probe", link=False)
-                assert waiting.warnings
-                down.clear()
-                await da.stop()  # hands p over at once
-                assert a.push_circuits.get("t", "p") is None
+                states = [await wait_state(a, "t", mid, "dead") for mid in first]
+                assert states[0].history[-1].detail.startswith("gave up after 3 attempt(s)")
+
+                # a send through b, which does not push to p, is warned
+                waiting = await b.send("t", "user", "p", "waits for the probe", link=False)
+                assert any("push delivery to 'p' is down" in w for w in waiting.warnings)
+                listed, dashboard, metric = await _shown(b, "p")
+                assert listed is not None and listed.state == "down"
+                assert listed.target == "webhook to service 'bot'/backchannel/deliver"
+                assert dashboard is not None and dashboard["state"] == "down"
+                assert metric == 1
+
+                # a stops (gives p up at once); b takes p over from the stored circuit
+                await da.stop()
                 await db.rescan()
-                later = [waiting.message_id] + [
-                    (await b.send("t", "user", "p", f"n{i}", link=False)).message_id
-                    for i in range(2)
+                await eventually(
+                    lambda: [s.circuit for s in db.status()] == ["down"],
+                    what="b to start from the stored circuit",
+                )
+                # the waiting message is b's probe: one try, not three, then dead with
+                # the down reason; the probe count is stored for every hub to see
+                st = await wait_state(b, "t", waiting.message_id, "dead")
+                assert st.history[-1].detail.startswith("push delivery to 'p' is down")
+                listed, _, _ = await _shown(a, "p")
+                assert listed is not None and listed.probes >= 1
+                queued = await a.send("t", "user", "p", "warned through a", link=False)
+                assert any("push delivery to 'p' is down" in w for w in queued.warnings)
+                await wait_state(b, "t", queued.message_id, "dead")
+
+                # the target comes back: the next probe closes the circuit on b, and
+                # what follows (sent through both hubs) goes out in order, each once
+                target.serve()
+                later = [
+                    (await (a if i % 2 else b).send("t", "user", "p", f"n{i}", link=False))
+                    for i in range(4)
                 ]
-                for mid in later:
-                    await wait_state(b, "t", mid, "acked")
-                assert b.push_circuits.get("t", "p") is None
+                for sent in later:
+                    await wait_state(b, "t", sent.message_id, "acked")
+                assert [s.circuit for s in db.status()] == ["up"]  # closed by b's probe
+                for hub in (a, b):
+                    assert await _shown(hub, "p") == (None, None, None)
+                    await hub.push_circuits.refresh(0)
+                    assert (await hub.send("t", "user", "p", "up", link=False)).warnings == ()
             finally:
                 await da.stop()
                 await db.stop()
-        assert [tries(m) for m in ids] == [3, 0, 0]
-        assert [tries(m) for m in later] == [1, 1, 1]
-        order = [s.headers["x-backchannel-message-id"] for s in ep.seen]
-        assert [m for m in order if m in later] == later
+            assert await a.store.read(lambda tx: tx.push_circuits()) == []
+    finally:
+        target.close()
+    ids = [sent.message_id for sent in later]
+    assert [m for m in target.seen if m in ids] == ids
+    assert len(target.seen) == len(set(target.seen)), "nothing pushed twice"
+    assert not {*first, waiting.message_id, queued.message_id} & set(target.seen)
+
+
+async def test_a_stored_circuit_goes_with_the_delivery_setting_member_and_team(
+    stores: tuple[Store, Store],
+) -> None:
+    # a circuit is about one target: changing the member's delivery setting forgets it
+    # (changing its other settings does not), and so does removing the member or team
+    state = {"state": "down", "target": "webhook to service 'bot'", "reason": "refused"}
+    async with Hub(stores[0], check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery=HOOK)
+        await hub.add_member("t", "q", delivery=HOOK)
+
+        async def down(member: str) -> None:
+            await hub.store.transact(lambda tx: tx.set_push_circuit("t", member, state))
+
+        async def stored() -> list[str]:
+            return [m for _, m, _ in await hub.store.read(lambda tx: tx.push_circuits())]
+
+        await down("p")
+        await down("q")
+        assert await hub.store.read(lambda tx: tx.push_circuit("t", "p")) == state
+        await hub.update_member("t", "p", settings={"note": "kept"})
+        assert await stored() == ["p", "q"]
+        await hub.update_member("t", "p", delivery={**HOOK, "service": "other"})
+        assert await stored() == ["q"]
+        await hub.remove_member("t", "q")
+        assert await stored() == []
+        await down("p")
+        await hub.remove_team("t")
+        assert await stored() == []

@@ -54,6 +54,9 @@ once with a reason naming the target and the way out, the worker leases nothing 
 probe is due (``probe_start_s``, doubling to ``probe_max_s``), then tries the next copy
 once. A probe that is answered closes the circuit and the copies go on in order with
 their normal tries; one that is not is dead-lettered with what is queued behind it.
+The circuit is kept in the store as it changes, so every hub warns and shows it, and a
+worker that starts (a takeover) goes on from the stored one: it waits for the stored
+probe instead of giving the next copy its full tries.
 
 The session a worker leases with is the adapter's ``session``: an id from the setting
 (opened if the hub does not know it; the worker stops when it is terminated), ``"auto"``
@@ -133,6 +136,7 @@ from backchannel.types import InboxMessage, Member, SessionState
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub
+    from backchannel.stores.base import Tx
 
 __all__ = ["Dispatcher", "WorkerStatus"]
 
@@ -217,6 +221,8 @@ class _Worker:
         self.probe_due = 0.0
         self.probe_interval = d.probe_start_s
         self.draining = False
+        # a change of the circuit the store did not take yet (its state, or None: closed)
+        self.unsaved: list[dict[str, Any] | None] = []
         self.task = asyncio.create_task(self.run(), name=f"bc-deliver-{self.team}-{self.member}")
 
     @property
@@ -248,6 +254,7 @@ class _Worker:
         try:
             adapter = await self._start(adapter, ctx)
             self.status.target = adapter.describe()
+            await self._adopt_circuit(adapter)
             await self._loop(adapter)
         finally:
             if self.circuit is not None:  # this worker no longer pushes: it knows no state
@@ -308,6 +315,8 @@ class _Worker:
             if self.unsure and not await self._requeue_unsure():
                 await asyncio.sleep(self.outage.pause)
                 continue
+            if self.unsaved:
+                await self._save_circuit(self.unsaved.pop())
             if self.circuit is not None and not self.draining and not await self._await_probe():
                 continue  # the probe is not due yet, or the worker stops
             self._state("down" if self.circuit is not None else "waiting")
@@ -342,6 +351,8 @@ class _Worker:
             self.outage.ok()
             if self.draining and not got:
                 self.draining = False  # what was queued when the target went down is told
+                if self.circuit is not None:
+                    await self._save_circuit(self.circuit.to_state())  # its dead letters
                 continue
             self.held.update(dict.fromkeys(g.message.message_id for g in got))
             if follow and got and await self._live_session() != session:
@@ -385,11 +396,11 @@ class _Worker:
             outcome, detail, error = await self._attempt(adapter, item)
             if self.circuit is not None:  # this attempt was the probe
                 if outcome is _Outcome.RETRY and error is not None and error.unreachable:
-                    self._probe_failed(detail)
+                    await self._probe_failed(detail)
                     await self._record_outcome(adapter, mid, _Outcome.DEAD, self._down_reason())
                     self.circuit.dead_lettered += 1
                     return True
-                self._close_circuit(adapter)  # answered: the target is back
+                await self._close_circuit(adapter)  # answered: the target is back
             if outcome is _Outcome.HOLD:
                 await self._release([mid, *(m.message.message_id for m in rest)])
                 self.busy = False
@@ -421,13 +432,65 @@ class _Worker:
             if recorded and outcome is _Outcome.DEAD and error is not None and error.tell_operator:
                 await self._tell_operator_given_up(item, detail)
             if outcome is _Outcome.DEAD and error is not None and error.unreachable:
-                self._open_circuit(adapter, detail)
+                await self._open_circuit(adapter, detail)
             return True
         finally:
             self.busy = False
 
     # -- the circuit (backchannel.delivery.circuit) ------------------------------------
-    def _open_circuit(self, adapter: Adapter, detail: str) -> None:
+    async def _adopt_circuit(self, adapter: Adapter) -> None:
+        """Start from the member's stored circuit (:mod:`.circuit`): a hub that takes the
+        member over, or a worker started again, keeps probing a target another worker
+        found down, at the stored time and interval, instead of giving the next queued
+        message its full tries. A circuit stored for another target is dropped."""
+        try:
+            state = await self.hub.store.read(lambda tx: tx.push_circuit(*self.key))
+        except Exception as exc:
+            log.warning("%s/%s: could not read its stored push circuit (%s); starting as "
+                        "if the target were up", self.team, self.member, exc)  # fmt: skip
+            return
+        if state is None:
+            return
+        c = PushCircuit.from_state(self.team, self.member, state)
+        if c.target != adapter.describe():
+            await self._save_circuit(None)  # about a target this member no longer has
+            return
+        self.probe_interval = min(max(c.probe_interval, self.d.probe_start_s), self.d.probe_max_s)
+        wait = min(max(0.0, c.next_probe_at - self.hub.clock.now()), self.probe_interval)
+        self.probe_due = time.monotonic() + wait
+        c.probe_interval = self.probe_interval
+        self.circuit = c
+        self.hub.push_circuits.open(c)
+        self.status.circuit = "down"
+        self._state("down", c.reason)
+        log.warning("%s/%s: push to %s is down since %s (%s), as stored; the next message "
+                    "is tried once, as a probe, in %.3g s", self.team, self.member, c.target,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.down_since)), c.reason,
+                    wait)  # fmt: skip
+
+    async def _save_circuit(self, state: dict[str, Any] | None) -> None:
+        """Store the member's circuit (``None``: forget it) while this hub owns the
+        member's push delivery, checked in the writing transaction, so a hub that lost
+        the member never overwrites what its new owner stored. A write that fails is
+        made again before the next lease (the circuit keeps working in this worker
+        meanwhile; other hubs see the change once it is stored)."""
+        team, member, owner = self.team, self.member, self.d.ownership.owner
+
+        def fn(tx: Tx) -> None:
+            row = tx.dispatch_owner(team, member)
+            if row is not None and row[0] == owner:
+                tx.set_push_circuit(team, member, state)
+
+        try:
+            await self.hub.store.transact(fn)
+        except Exception as exc:
+            self.unsaved = [state]
+            log.warning("%s/%s: could not store its push circuit (%s); trying again before "
+                        "the next lease", team, member, exc)  # fmt: skip
+        else:
+            self.unsaved = []
+
+    async def _open_circuit(self, adapter: Adapter, detail: str) -> None:
         """A copy was given up after its whole tries because the target could not be
         reached: mark the member's push down, dead-letter what is queued behind it at
         once (not each after its own tries), and probe with the next message later."""
@@ -436,9 +499,10 @@ class _Worker:
         self.probe_due = time.monotonic() + self.probe_interval
         self.circuit = PushCircuit(
             self.team, self.member, adapter.describe(), detail, down_since=now,
-            next_probe_at=now + self.probe_interval,
+            next_probe_at=now + self.probe_interval, probe_interval=self.probe_interval,
         )  # fmt: skip
         self.hub.push_circuits.open(self.circuit)
+        await self._save_circuit(self.circuit.to_state())
         self.draining = True
         self.status.circuit = "down"
         self._state("down", detail)
@@ -447,7 +511,7 @@ class _Worker:
                     self.team, self.member, adapter.describe(), detail,
                     self.probe_interval)  # fmt: skip
 
-    def _probe_failed(self, detail: str) -> None:
+    async def _probe_failed(self, detail: str) -> None:
         """The probe could not reach the target either: dead-letter it and what is
         queued behind it, and probe again after twice as long (up to the cap)."""
         assert self.circuit is not None
@@ -456,18 +520,21 @@ class _Worker:
         self.circuit.reason = detail
         self.circuit.probes += 1
         self.circuit.next_probe_at = self.hub.clock.now() + self.probe_interval
+        self.circuit.probe_interval = self.probe_interval
+        await self._save_circuit(self.circuit.to_state())
         self.draining = True
         self._state("down", detail)
         log.warning("%s/%s: push to %s is still down (%s); next probe in %g s", self.team,
                     self.member, self.circuit.target, detail, self.probe_interval)  # fmt: skip
 
-    def _close_circuit(self, adapter: Adapter) -> None:
+    async def _close_circuit(self, adapter: Adapter) -> None:
         assert self.circuit is not None
         log.warning("%s/%s: push to %s answered a probe; delivering again (%d message(s) "
                     "were dead-lettered while it was down)", self.team, self.member,
                     adapter.describe(), self.circuit.dead_lettered)  # fmt: skip
         self.hub.push_circuits.close(self.team, self.member, self.circuit)
         self.circuit = None
+        await self._save_circuit(None)
         self.status.circuit = "up"
         self.draining = False
 

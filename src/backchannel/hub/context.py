@@ -347,8 +347,9 @@ class Env:
         self.middleware = list(middleware)
         self.waiters = Waiters()
         self.takers = Takers()
-        #: members whose push target is down, as this hub's dispatcher saw it
-        self.push_circuits = PushCircuits()
+        #: members whose push target is down: this hub's dispatcher's, and the stored
+        #: ones any hub's found (backchannel.delivery.circuit)
+        self.push_circuits = PushCircuits(store)
         self.hub: Hub | None = None  # what middleware hooks receive; set by the facade
         self.next_due: float | None = None
         self.maint_wake = asyncio.Event()

@@ -183,6 +183,9 @@ class Members:
                 settings=dict(settings) if settings is not None else m.settings,
             )
             tx.update_member(new)
+            if new.delivery != m.delivery and tx.push_circuit(team, name) is not None:
+                # a circuit is about the old target: the new one is tried afresh
+                tx.set_push_circuit(team, name, None)
             return new
 
         member = await self.store.transact(fn)

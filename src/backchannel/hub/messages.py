@@ -284,13 +284,16 @@ class Messages:
             chain=chain,
         )
         result = await self.env.transact(self._sending(team, sender, item, hand_off=True))
-        return self._push_warnings(team, result)
+        return await self._push_warnings(team, result)
 
-    def _push_warnings(self, team: str, result: SendResult) -> SendResult:
-        """``result`` with a warning for each recipient whose push delivery this hub's
+    async def _push_warnings(self, team: str, result: SendResult) -> SendResult:
+        """``result`` with a warning for each recipient whose push delivery a hub's
         dispatcher found down (:mod:`backchannel.delivery.circuit`): the send is taken,
-        and its sender learns now, not at the dead letter, that it may not get through."""
+        and its sender learns now, not at the dead letter, that it may not get through.
+        The stored circuits are read at most once per ``CACHE_S`` on this hub, not per
+        send."""
         circuits = self.env.push_circuits
+        await circuits.refresh()
         down = [c for r in result.recipients if (c := circuits.get(team, r.member)) is not None]
         if not down:
             return result
@@ -316,7 +319,9 @@ class Messages:
                 places.append(index)
         for index, outcome in zip(places, await self.env.transact_each(fns), strict=True):
             answers[index] = (
-                self._push_warnings(team, outcome) if isinstance(outcome, SendResult) else outcome
+                await self._push_warnings(team, outcome)
+                if isinstance(outcome, SendResult)
+                else outcome
             )
         return [a for a in answers if a is not None]
 

@@ -391,6 +391,7 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
     sessions = await hub.list_sessions(team)
     presence = await hub.member_states(team)  # Claude Code teammates, from inbox traffic
     circuits = hub.push_circuits
+    await circuits.refresh(0)  # whichever hub found a target down
     by_member: dict[str, list[Session]] = {}
     for s in sessions:
         by_member.setdefault(s.member, []).append(s)
@@ -413,7 +414,7 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
                 "sessions": [_session_json(s) for s in mine[-SESSIONS_SHOWN:]],
                 "sessions_total": len(mine),
                 **({"presence": seen} if seen is not None else {}),
-                # its push target is down, as this hub found it (delivery/circuit.py)
+                # its push target is down, as a hub found it (delivery/circuit.py)
                 **({"push_circuit": c.to_json()} if (c := circuits.get(team, m.name)) else {}),
             }
         )

@@ -133,11 +133,12 @@ async def snapshot(hub: Hub) -> CollectorRegistry:
     )
     down = Gauge(
         "backchannel_push_down",
-        "1 for each member whose push target this hub found down (its queued messages "
+        "1 for each member whose push target a hub found down (its queued messages "
         "are dead-lettered at once and the next one is sent as a probe)",
         ["team", "member"],
         registry=reg,
     )
+    await hub.push_circuits.refresh(0)  # whichever hub found a target down
     for circuit in hub.push_circuits.all():
         down.labels(circuit.team, circuit.member).set(1)
     now = hub.clock.now()

@@ -67,7 +67,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -339,6 +339,22 @@ class Tx(Protocol):
     def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
         """Who holds the lease on the member's push delivery and until when, expired or
         not; ``None`` if nobody does (never claimed, or released)."""
+        ...
+
+    def push_circuit(self, team: str, member: str) -> dict[str, Any] | None:
+        """The member's push circuit as the hub that owns its push delivery stored it
+        while the target is down (:mod:`backchannel.delivery.circuit`), ``None`` while
+        it is up."""
+        ...
+
+    def push_circuits(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every stored push circuit as ``(team, member, state)``, sorted: the members
+        whose push target is down, whichever hub found it."""
+        ...
+
+    def set_push_circuit(self, team: str, member: str, state: Mapping[str, Any] | None) -> None:
+        """Store the member's push circuit (``state``, a JSON object), or forget it
+        (``None``: the target answered, or the member's delivery setting changed)."""
         ...
 
     def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:

@@ -79,6 +79,8 @@ class _Data:
         self.job_seq = 0
         # (team, member) -> (owner, lease_until): who pushes the member's messages
         self.dispatch: dict[tuple[str, str], tuple[str, float]] = {}
+        # (team, member) -> its push circuit while the target is down
+        self.circuits: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 class MemoryTx:
@@ -433,6 +435,8 @@ class MemoryTx:
             return False
         self._pop(self._d.tokens, old.token_hash)
         self._pop(self._d.members, (team, name))
+        if (team, name) in self._d.circuits:
+            self._pop(self._d.circuits, (team, name))
         return True
 
     def delete_team(self, name: str) -> int:
@@ -445,6 +449,7 @@ class MemoryTx:
         tables: list[dict[Any, Any]] = [
             d.members, d.sessions, d.messages, d.deliveries, d.open, d.history, d.events,
             d.ledgers, d.links, d.delegations, d.budgets, d.inbox, d.a2a_tasks, d.dispatch,
+            d.circuits,
         ]  # fmt: skip
         for table in tables:
             for key in [k for k in table if k[0] == name]:
@@ -553,6 +558,21 @@ class MemoryTx:
 
     def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
         return self._d.dispatch.get((team, member))
+
+    # -- push circuits ---------------------------------------------------------
+    def push_circuit(self, team: str, member: str) -> dict[str, Any] | None:
+        state = self._d.circuits.get((team, member))
+        return dict(state) if state is not None else None
+
+    def push_circuits(self) -> list[tuple[str, str, dict[str, Any]]]:
+        return [(k[0], k[1], dict(self._d.circuits[k])) for k in sorted(self._d.circuits)]
+
+    def set_push_circuit(self, team: str, member: str, state: Mapping[str, Any] | None) -> None:
+        if state is None:
+            if (team, member) in self._d.circuits:
+                self._pop(self._d.circuits, (team, member))
+        else:
+            self._set(self._d.circuits, (team, member), dict(state))
 
     def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
         inbox = self._d.open.get((team, member), {})

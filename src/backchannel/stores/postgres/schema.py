@@ -339,6 +339,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE teams ADD COLUMN feed_removed bigint NOT NULL DEFAULT 0;
     """,
+    # 17: a member's push circuit while its target is down (see the SQLite schema)
+    """
+    CREATE TABLE push_circuits (
+        team text NOT NULL,
+        member text NOT NULL,
+        state text NOT NULL,
+        PRIMARY KEY (team, member)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

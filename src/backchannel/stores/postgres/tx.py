@@ -6,6 +6,7 @@ it shares with SQLite are in :mod:`backchannel.stores.sql`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import astuple
 from typing import Any
@@ -459,6 +460,21 @@ class PgTx(PgTransaction, LifecycleSql):
     def dispatch_owner(self, team: str, member: str) -> tuple[str, float] | None:
         row = self._one(Q.dispatch_owner, (team, member), team)
         return (row[0], row[1]) if row else None
+
+    # -- push circuits ---------------------------------------------------------
+    def push_circuit(self, team: str, member: str) -> dict[str, Any] | None:
+        row = self._one(Q.push_circuit, (team, member), team)
+        return dict(json.loads(row[0])) if row else None
+
+    def push_circuits(self) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = self._all(Q.push_circuits, ())
+        return [(r[0], r[1], dict(json.loads(r[2]))) for r in rows]
+
+    def set_push_circuit(self, team: str, member: str, state: Mapping[str, Any] | None) -> None:
+        if state is None:
+            self._exec(Q.forget_push_circuit, (team, member), team)
+        else:
+            self._exec(Q.set_push_circuit, (team, member, json.dumps(dict(state))), team)
 
     def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
         rows = self._all(

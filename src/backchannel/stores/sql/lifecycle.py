@@ -26,6 +26,7 @@ TEAM_TABLES = (
     "inbox_entries",
     "a2a_tasks",
     "dispatch_owners",
+    "push_circuits",
     "members",
 )
 _UNDELIVERED = "('queued', 'leased')"
@@ -51,6 +52,9 @@ class LifecycleSql:
         return bool(cur.rowcount)
 
     def delete_member(self, team: str, name: str) -> bool:
+        self._lifecycle_exec(
+            "DELETE FROM push_circuits WHERE team = ? AND member = ?", (team, name), team
+        )
         cur = self._lifecycle_exec(
             "DELETE FROM members WHERE team = ? AND name = ?", (team, name), team
         )

@@ -114,6 +114,16 @@ class Sql:
         self.dispatch_owner = m(
             "SELECT owner, lease_until FROM dispatch_owners WHERE team = ? AND member = ?"
         )
+        # -- push circuits (backchannel.delivery.circuit)
+        self.push_circuit = m("SELECT state FROM push_circuits WHERE team = ? AND member = ?")
+        self.push_circuits = m(
+            "SELECT team, member, state FROM push_circuits ORDER BY team, member"
+        )
+        self.set_push_circuit = m(
+            "INSERT INTO push_circuits (team, member, state) VALUES (?, ?, ?) "
+            "ON CONFLICT (team, member) DO UPDATE SET state = excluded.state"
+        )
+        self.forget_push_circuit = m("DELETE FROM push_circuits WHERE team = ? AND member = ?")
         # -- transcripts and the per-turn ledger
         self.list_events = m(
             f"SELECT {self.event_cols} FROM session_events WHERE team = ? AND session_id = ? "

@@ -329,6 +329,17 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE teams ADD COLUMN feed_removed INTEGER NOT NULL DEFAULT 0;
     """,
+    # 17: a member's push circuit while its target is down, so every hub warns its
+    #     senders and shows it, and a hub that takes the member over keeps probing
+    #     (backchannel.delivery.circuit; written when it opens, is probed, closes)
+    """
+    CREATE TABLE push_circuits (
+        team TEXT NOT NULL,
+        member TEXT NOT NULL,
+        state TEXT NOT NULL,
+        PRIMARY KEY (team, member)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

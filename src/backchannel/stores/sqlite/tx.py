@@ -640,6 +640,21 @@ class SqliteTx(LifecycleSql):
         row = self._one(Q.dispatch_owner, (team, member))
         return (row[0], row[1]) if row else None
 
+    # -- push circuits ---------------------------------------------------------
+    def push_circuit(self, team: str, member: str) -> dict[str, Any] | None:
+        row = self._one(Q.push_circuit, (team, member))
+        return dict(json.loads(row[0])) if row else None
+
+    def push_circuits(self) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = self._c.execute(Q.push_circuits).fetchall()
+        return [(r[0], r[1], dict(json.loads(r[2]))) for r in rows]
+
+    def set_push_circuit(self, team: str, member: str, state: Mapping[str, Any] | None) -> None:
+        if state is None:
+            self._c.execute(Q.forget_push_circuit, (team, member))
+        else:
+            self._c.execute(Q.set_push_circuit, (team, member, json.dumps(dict(state))))
+
     def requeue_leased(self, team: str, member: str, now: float, detail: str) -> list[str]:
         # the WHERE repeats deliveries_open's condition word for word, so SQLite uses it
         ids = [
