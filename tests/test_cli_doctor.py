@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,42 @@ def test_codex_untrusted_hooks_fail_until_granted(
     after = _run(project, "doctor", "codex", token=tokens["alice"], home=home)
     assert after.returncode == 0, after.stdout
     assert "ok   sessions in their own process (Codex)" in after.stdout
+
+
+def test_a_member_whose_push_target_is_down_is_listed_with_the_way_out(
+    srv: Server, tmp_path: Path
+) -> None:
+    # the circuit as the hub that owns bob's push stored it (schema 17); the hub doctor
+    # asks reads it from the store, whichever hub found the target down
+    tokens = make_team(srv, "pushdown", "alice:claude-code", "bob")
+    project, home = tmp_path / "p", tmp_path / "home"
+    project.mkdir()
+    run = _run(project, "attach", "claude-code", "--team", "pushdown", "--member", "alice",
+               "--url", srv.url, token=None, home=home)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    sound = _run(project, "doctor", "claude-code", token=tokens["alice"], home=home)
+    assert "ok   push delivery: no member of pushdown has its push target down" in sound.stdout
+    state = {
+        "state": "down", "target": "webhook to service 'bot'/backchannel/deliver",
+        "reason": "gave up after 3 attempt(s): connection refused", "down_since": 1.7e9,
+        "next_probe_at": 1.7e9 + 5, "probes": 0, "dead_lettered": 2, "probe_interval": 5.0,
+    }  # fmt: skip
+    db = sqlite3.connect(srv.home / "backchannel.db", isolation_level=None)
+    try:
+        db.execute(
+            "INSERT INTO push_circuits (team, member, state) VALUES ('pushdown', 'bob', ?)",
+            (json.dumps(state),),
+        )
+    finally:
+        db.close()
+    down = _run(project, "doctor", "claude-code", token=tokens["alice"], home=home)
+    assert down.returncode == 1
+    line = next(x for x in down.stdout.splitlines() if "push delivery" in x)
+    assert line.startswith("  FAIL push delivery: down for 1 member(s) of pushdown")
+    assert "bob: webhook to service 'bot'/backchannel/deliver down since" in line
+    assert "connection refused" in line
+    assert "fix: bring the target back" in down.stdout
+    assert "change the member's delivery setting" in down.stdout
 
 
 def test_a_project_not_attached_says_how(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ what to fix. Exit code 0 only when every check holds.
 Checks, per attached runtime: the attachment (who and which hub its files name), the
 hub answering, the token's member being that one, the hooks registered for every event
 (and, for Codex, trusted, in a trusted project; for Gemini CLI, in a trusted folder
-and escaping the ``@`` of pasted text), and the MCP server starting and
+and escaping the ``@`` of pasted text), no member of the team with its push target
+down (:mod:`backchannel.delivery.circuit`), and the MCP server starting and
 listing its tools (the command the runtime would run, spoken to over stdio; or the
 hub's ``/mcp`` for an HTTP attachment).
 """
@@ -147,7 +148,45 @@ def check_hub(a: Attachment, token: str | None) -> list[Check]:
     member = f"{me.get('team')}/{me.get('name')}"
     out.append(Check("token's member", member == a.who, f"token of {member}, attached as {a.who}",
                      "" if member == a.who else f"export the token of {a.who} as BACKCHANNEL_TOKEN"))  # fmt: skip
+    if member == a.who:
+        out.append(check_push(a, str(me.get("team")), token))
     return out
+
+
+def check_push(a: Attachment, team: str, token: str) -> Check:
+    """The team's members whose push target a hub found down (their messages are
+    dead-lettered until a probe gets through; backchannel.delivery.circuit)."""
+    try:
+        r = hub_request(
+            "GET",
+            f"{a.url}/v1/teams/{team}/members",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+        )
+        members = r.json().get("members", []) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        members = None
+    if not isinstance(members, list):
+        return Check("push delivery", True, f"not checked (the members of {team} were not listed)")
+    down = [m for m in members if isinstance(m, dict) and isinstance(m.get("push_circuit"), dict)]
+    if not down:
+        return Check("push delivery", True, f"no member of {team} has its push target down")
+    said = "; ".join(
+        f"{m.get('name')}: {c.get('target')} down since "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(float(c.get('down_since', 0))))} "
+        f"({c.get('reason')})"
+        for m in down
+        if isinstance(c := m["push_circuit"], dict)
+    )
+    return Check(
+        "push delivery",
+        False,
+        f"down for {len(down)} member(s) of {team}, whose messages are dead-lettered until "
+        f"a probe gets through: {said}",
+        "bring the target back (the hub probes it and delivers again by itself, in order), "
+        f"or change the member's delivery setting (PATCH /v1/teams/{team}/members/NAME with "
+        'a new "delivery"); senders are told of each dead letter and may send it again',
+    )
 
 
 def check_hooks(a: Attachment, project: Path) -> list[Check]:
