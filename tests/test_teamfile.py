@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,83 @@ def test_the_exit_grace_is_a_team_policy() -> None:
     assert parse_team(text, "team.yaml").settings()["exit_grace_seconds"] == 120
     msg = _error(text.replace("120", "-5"))
     assert "team.yaml:3: policies.exit_grace_seconds" in msg
+
+
+# docs/team-files.md's own policy, as a newcomer saves it beside the team file
+MYPOLICIES = """\
+from backchannel.runner.scripted import ScriptContext, call, say, use
+
+def greeter(ctx: ScriptContext):
+    if ctx.step == 0:
+        return use(call("send_message", to="lead", message="hello from the greeter"))
+    return say("greeted")   # the closing text
+"""
+
+GREETER_TEAM = """\
+team: greet
+lead: greeter
+members:
+  - name: greeter
+    model: scripted
+    policy: mypolicies:greeter
+  - name: lead
+    policy: echo
+"""
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The installed ``backchannel`` command (not ``python -m``, which would put the
+    current directory on the import path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "backchannel"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("where", ["beside the team file", "in the current directory"])
+def test_a_policy_module_of_ones_own_is_found_by_the_command(tmp_path: Path, where: str) -> None:
+    """The installed command's import path holds its own bin directory, not the one it
+    runs in: ``policy: mypolicies:greeter`` was a traceback (``No module named
+    'mypolicies'``) after the team was already set up on the hub."""
+    work, files = tmp_path / "work", tmp_path / "teams"
+    work.mkdir()
+    files.mkdir()
+    (files / "team.yaml").write_text(GREETER_TEAM)
+    (files if where == "beside the team file" else work).joinpath("mypolicies.py").write_text(
+        MYPOLICIES
+    )
+    assert _cli("init", cwd=work).returncode == 0
+    ran = _cli("run", str(files / "team.yaml"), "say hello", "--quiet", "0.5", cwd=work)
+    assert ran.returncode == 0, ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert "hello from the greeter" in ran.stderr + ran.stdout
+
+
+def test_a_policy_that_cannot_be_loaded_is_a_team_file_error_before_the_hub(
+    tmp_path: Path,
+) -> None:
+    """Every policy is loaded when the file is read, so a wrong one is named with its
+    line like any other mistake in the file, and the run sets nothing up on the hub
+    (its team name stays free for the corrected file)."""
+    (tmp_path / "team.yaml").write_text(
+        "team: t\nmembers:\n  - name: a\n    policy: ech\n"
+        "  - name: b\n    policy: nosuchmodule:greeter\n"
+    )
+    with pytest.raises(InvalidRequest) as exc:
+        load_team(tmp_path / "team.yaml")
+    lines = exc.value.message.splitlines()
+    assert lines[0] == "invalid team file:"
+    assert lines[1].startswith(f"{tmp_path / 'team.yaml'}:4: members[0].policy: ")
+    assert "unknown scripted policy 'ech'" in lines[1]
+    assert lines[2].startswith(f"{tmp_path / 'team.yaml'}:6: members[1].policy: ")
+    assert "No module named 'nosuchmodule'" in lines[2]
+    assert _cli("init", cwd=tmp_path).returncode == 0
+    ran = _cli("run", "team.yaml", "task", cwd=tmp_path)
+    assert ran.returncode == 1
+    assert "Traceback" not in ran.stderr and "invalid team file" in ran.stderr
+    assert _cli("team", "list", cwd=tmp_path).stdout.strip() == ""

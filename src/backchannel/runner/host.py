@@ -103,9 +103,8 @@ def hub_away(exc: BaseException, *, repeatable: bool) -> bool:
 
 def make_model(spec: MemberSpec) -> Model:
     if spec.model == "scripted":
-        model = ScriptedModel(
-            spec.name, load_policy(spec.policy or "echo"), name=f"scripted:{spec.policy}"
-        )
+        policy = spec.loaded_policy or load_policy(spec.policy or "echo")
+        model = ScriptedModel(spec.name, policy, name=f"scripted:{spec.policy}")
         model.state.update(spec.options)
         return model
     from backchannel.runner.providers import AnthropicModel, OpenAIModel

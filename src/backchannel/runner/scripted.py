@@ -10,13 +10,16 @@ team file (``model: scripted``, ``policy: echo``) or your own as ``module:functi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
 import re
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backchannel.runner.models import (
@@ -244,8 +247,12 @@ BUILTIN: dict[str, Policy] = {
 }
 
 
-def load_policy(name: str) -> Policy:
-    """A built-in policy by name, or ``module:function``."""
+def load_policy(name: str, search: Sequence[Path] = ()) -> Policy:
+    """A built-in policy by name, or ``module:function``, the module imported from the
+    directories in ``search`` first (a team file's own, the current one), then the
+    import path. The installed ``backchannel`` command's import path starts at its own
+    bin directory, not the one it runs in, so a ``mypolicies.py`` beside the team file
+    is found only through ``search``."""
     if name in BUILTIN:
         return BUILTIN[name]
     module, sep, attr = name.partition(":")
@@ -254,10 +261,21 @@ def load_policy(name: str) -> Policy:
             f"unknown scripted policy {name!r}; use one of {', '.join(sorted(BUILTIN))} "
             "or module:function"
         )
+    added = [str(d) for d in search if str(d) not in sys.path]
+    sys.path[:0] = added
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load scripted policy {name!r}: {exc}") from exc
+        where = f" (looked in {', '.join(map(str, search))} and the import path)" if search else ""
+        raise ValueError(f"cannot load scripted policy {name!r}: {exc}{where}") from exc
+    except Exception as exc:  # the module itself raised while it was imported
+        raise ValueError(
+            f"cannot load scripted policy {name!r}: importing {module} raised {exc!r}"
+        ) from exc
+    finally:
+        for d in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(d)
     if not callable(fn):
         raise ValueError(f"scripted policy {name!r} is not callable")
     policy: Policy = fn

@@ -34,14 +34,24 @@ Errors point at the line: ``team.yaml:12: members[1].model: unknown model provid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from backchannel.core.messages import NAME_RE
 from backchannel.errors import InvalidRequest
+from backchannel.runner.scripted import Policy, load_policy
 from backchannel.runner.tools import TOOLS
 from backchannel.types import MemberKind
 
@@ -74,6 +84,12 @@ class MemberSpec(_Strict):
     context_chars: int = Field(400_000, ge=1_000, le=100_000_000)
     price: dict[str, float] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    #: the scripted policy, loaded when the file was read (``load_team``)
+    _loaded_policy: Policy | None = PrivateAttr(default=None)
+
+    @property
+    def loaded_policy(self) -> Policy | None:
+        return self._loaded_policy
 
     @field_validator("name")
     @classmethod
@@ -192,8 +208,13 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def parse_team(text: str, source: str = "team.yaml") -> TeamFile:
-    """Parse and validate a team file; errors name the file, the line and the field."""
+def parse_team(
+    text: str, source: str = "team.yaml", policy_dirs: Sequence[Path] | None = None
+) -> TeamFile:
+    """Parse and validate a team file; errors name the file, the line and the field.
+    With ``policy_dirs`` each scripted member's policy is loaded too (its module
+    imported from those directories first), so a policy that cannot be is named with
+    its line like any other mistake, before a run sets anything up on a hub."""
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -204,7 +225,7 @@ def parse_team(text: str, source: str = "team.yaml") -> TeamFile:
     if not isinstance(data, dict):
         raise InvalidRequest(f"{source}:1: a team file is a mapping with team: and members:")
     try:
-        return TeamFile.model_validate(data)
+        team = TeamFile.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
@@ -216,6 +237,27 @@ def parse_team(text: str, source: str = "team.yaml") -> TeamFile:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{at}: {_where(loc)}: {msg}")
         raise InvalidRequest("invalid team file:\n" + "\n".join(lines)) from None
+    if policy_dirs is not None:
+        _load_policies(team, node, source, policy_dirs)
+    return team
+
+
+def _load_policies(
+    team: TeamFile, node: yaml.Node | None, source: str, dirs: Sequence[Path]
+) -> None:
+    lines = []
+    for i, m in enumerate(team.members):
+        if m.kind is not MemberKind.LLM or m.model != "scripted" or m.policy is None:
+            continue
+        try:
+            m._loaded_policy = load_policy(m.policy, dirs)
+        except ValueError as exc:
+            loc: tuple[int | str, ...] = ("members", i, "policy")
+            line = _line_of(node, loc)
+            at = f"{source}:{line}" if line else source
+            lines.append(f"{at}: {_where(loc)}: {exc}")
+    if lines:
+        raise InvalidRequest("invalid team file:\n" + "\n".join(lines))
 
 
 def load_team(path: str | Path) -> TeamFile:
@@ -228,4 +270,5 @@ def load_team(path: str | Path) -> TeamFile:
         raise InvalidRequest(
             f"cannot read team file {p}: byte {exc.start} is not UTF-8; save it as UTF-8"
         ) from None
-    return parse_team(text, str(p))
+    # a policy module of the user's own: beside the team file, else where they run
+    return parse_team(text, str(p), policy_dirs=[p.resolve().parent, Path.cwd()])
