@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backchannel.interfaces.cli import app
+from tests.conftest import Server
 
 from .helpers import SEQUENCES
 
@@ -409,3 +410,50 @@ def test_a_private_file_stays_private_and_so_does_its_backup(tmp_path: Path) -> 
     assert _codex_attach(tmp_path, home, "--trust-hooks").exit_code == 0
     assert "hooks.state" in (home / "config.toml").read_text()
     assert stat.S_IMODE((home / "config.toml").stat().st_mode) == 0o600
+
+
+def _attach_on(srv: Server, d: Path, team: str, member: str, token: str | None = None) -> Any:
+    env = {"BACKCHANNEL_HOME": str(srv.home), "BACKCHANNEL_URL": srv.url}
+    if token is not None:  # a member's token, and a data directory without the admin's
+        env = {"BACKCHANNEL_HOME": str(d / "elsewhere"), "BACKCHANNEL_TOKEN": token}
+    args = ["attach", "claude-code", "--team", team, "--member", member, "--dir", str(d)]
+    return CliRunner().invoke(app, [*args, "--url", srv.url], env=env)
+
+
+def test_a_typo_in_the_member_or_the_team_is_refused_while_the_hub_can_say(
+    server: Server, tmp_path: Path
+) -> None:
+    """``attach --member wroker`` wrote the project's config for a member that does not
+    exist and said it was attached; the agent then ran with no backchannel tools (every
+    token refused by ``--as demo/wroker``). The hub is asked when it can be (the admin
+    token of the data directory, or the member token in the environment), and a name it
+    does not know is refused with the closest ones, nothing written."""
+    with server.client() as admin:
+        admin.post("/v1/teams", json={"name": "demo"}).raise_for_status()
+        worker = admin.post(
+            "/v1/teams/demo/members", json={"name": "worker", "kind": "claude-code"}
+        ).json()["token"]
+    project = tmp_path / "project"
+    got = _attach_on(server, project, "demo", "wroker")
+    assert got.exit_code == 1, got.output
+    assert "unknown member 'wroker' in team 'demo'; did you mean 'worker'?" in got.stderr
+    assert "backchannel member add demo wroker" in got.stderr
+    assert not (project / ".mcp.json").exists()
+    got = _attach_on(server, project, "dmo", "worker")
+    assert got.exit_code == 1, got.output
+    assert f"unknown team 'dmo' on the hub at {server.url}; did you mean 'demo'?" in got.stderr
+    assert not (project / ".mcp.json").exists()
+    got = _attach_on(server, project, "demo", "wroker", token=worker)
+    assert got.exit_code == 1, got.output
+    assert "did you mean 'worker'?" in got.stderr
+    got = _attach_on(server, project, "demo", "worker", token=worker)
+    assert got.exit_code == 0, got.output
+    assert (project / ".mcp.json").exists()
+
+
+def test_attach_goes_on_when_the_hub_cannot_say(tmp_path: Path) -> None:
+    """No hub answering (it is started later), or a token it does not take: the names
+    cannot be checked, and attach writes the files as before."""
+    result = attach(tmp_path, "claude-code", member="anyone")  # URL: nothing checks it
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / ".mcp.json").exists()

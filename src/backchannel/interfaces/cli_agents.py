@@ -10,6 +10,7 @@ the data directory's store otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -280,6 +281,11 @@ def attach(
     if not hub.startswith(("http://", "https://")):
         hub = "http://127.0.0.1:8765"
         err.print(f"no running hub found; using {hub} (pass --url to choose)")
+    else:
+        unknown = asyncio.run(_unknown_name(hub, team, member, token, home))
+        if unknown is not None:
+            err.print(f"[red]error:[/red] {unknown}; nothing written", markup=True)
+            raise typer.Exit(1)
     opts = AttachOptions(
         team, member, directory.resolve(), hub.rstrip("/"), _executable(), http=http
     )
@@ -317,6 +323,54 @@ def attach(
         from backchannel.runtimes.attach import codex_trust_note
 
         err.print(codex_trust_note(opts, grant=trust_hooks))
+
+
+async def _unknown_name(
+    hub: str, team: str, member: str, token: str | None, home: Path | None
+) -> str | None:
+    """What is wrong with ``team``/``member`` when the hub can say: asked with the data
+    directory's admin token, else with the member token at hand (of that team). A
+    name mistyped on the command line would otherwise be written into the project,
+    and the agent would run with every token refused by ``--as``. The hub not
+    answering, or a token it does not take, checks nothing: attach may come first."""
+    from backchannel import config
+    from backchannel.core.messages import suggest
+    from backchannel.errors import UnknownTeam
+
+    def hint(name: str, known: list[str]) -> str:
+        near = suggest(name, known)
+        return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+
+    admin_token = None
+    with contextlib.suppress(BackchannelError, OSError):
+        admin_token = config.admin_token(config.home(home), create=False)
+    for tok in (admin_token, token):
+        if not tok:
+            continue
+        try:
+            async with Client(hub, tok, timeout=5.0, retry_within=0.0) as c:
+                me = await c.me()
+                if me.admin:
+                    teams = [t.name for t in await c.teams()]
+                    if team not in teams:
+                        return (
+                            f"unknown team {team!r} on the hub at {hub}{hint(team, teams)} "
+                            f"(`backchannel team create {team}` creates it)"
+                        )
+                elif me.team != team:
+                    continue  # another team's member cannot see this one
+                names = [m.name for m in await c.members(team)]
+        except UnknownTeam:
+            continue
+        except BackchannelError:
+            continue  # not answering, or the token refused: nothing to say
+        if member in names:
+            return None
+        return (
+            f"unknown member {member!r} in team {team!r}{hint(member, names)} "
+            f"(`backchannel member add {team} {member} --kind ...` adds it)"
+        )
+    return None
 
 
 def register(app: typer.Typer) -> None:
