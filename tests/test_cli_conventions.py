@@ -461,3 +461,20 @@ def test_ctrl_c_in_the_hook_and_the_mcp_server_exits_130_without_a_traceback(
                     proc.kill()
             assert proc.returncode == 130, (args, proc.returncode, err)
             assert "Traceback" not in err, (args, err)
+
+
+def test_an_admin_command_given_a_members_token_names_it_and_the_way_out(
+    server: Server,
+) -> None:
+    # a terminal that exported an agent's token (as attaching one has you do) and then
+    # manages the team from the hub's host
+    token = server.team("crew", "lead")["lead"]
+    env = {"BACKCHANNEL_TOKEN": token, "BACKCHANNEL_HOME": str(server.home)}
+    r = run("member", "add", "crew", "worker", "--url", server.url, env=env)
+    assert r.returncode == 1, r.stderr
+    assert "member crew/lead's" in r.stderr
+    assert "unset BACKCHANNEL_TOKEN" in r.stderr
+    assert str(server.home / "admin.token") in r.stderr
+    assert "$BACKCHANNEL_HOME" not in r.stderr
+    del env["BACKCHANNEL_TOKEN"]  # the way out works
+    assert run("member", "add", "crew", "worker", "--url", server.url, env=env).returncode == 0

@@ -30,7 +30,13 @@ from backchannel import config
 from backchannel.client import Client
 from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
 from backchannel.delivery.ownership import OWNERSHIP_S
-from backchannel.errors import AnchorRequired, BackchannelError, PeerError, Unauthorized
+from backchannel.errors import (
+    AnchorRequired,
+    BackchannelError,
+    Forbidden,
+    PeerError,
+    Unauthorized,
+)
 from backchannel.hub.messages import new_message_id
 from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
@@ -145,6 +151,23 @@ def file_admin_token(data_dir: Path) -> str | None:
     return token
 
 
+# the data directory whose admin token an admin command passed over for a token it was
+# given (--token or BACKCHANNEL_TOKEN), named when the hub says that one is a member's
+_given_over: Path | None = None
+
+
+def forbidden(message: str) -> str:
+    """A hub's 403 ``message``, and, when an admin command was given a token rather than
+    reading the data directory's, the way to the admin token."""
+    if _given_over is None:
+        return message
+    return (
+        f"{message}. This command used the token of --token or BACKCHANNEL_TOKEN; unset "
+        f"BACKCHANNEL_TOKEN (and leave out --token) to use {_given_over / config.ADMIN_TOKEN_FILE}"
+        " on the hub's host, or pass the admin token with --token"
+    )
+
+
 def refused(message: str) -> str:
     """A hub's 401 ``message``, and, when the token was read from a data directory, that
     this is another hub's and the way to this one's."""
@@ -161,6 +184,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     except Unauthorized as exc:
         _fail(refused(exc.message))
+    except Forbidden as exc:
+        _fail(forbidden(exc.message))
     except BackchannelError as exc:
         _fail(exc.message)
     except KeyboardInterrupt:
@@ -176,6 +201,9 @@ CLI_RETRY_WITHIN = 1.0
 def _client(url: str | None, token: str | None, home: Path | None, *, admin: bool) -> Client:
     target = _locate(url, home)
     data_dir, url = target.data_dir, target.url
+    if admin and token is not None:
+        global _given_over
+        _given_over = data_dir
     if admin and token is None:
         if url.startswith(("http://", "https://")):
             token = file_admin_token(data_dir)

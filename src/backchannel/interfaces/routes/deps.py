@@ -41,7 +41,11 @@ class Principal:
 
     def need_admin(self) -> None:
         if self.member is not None:
-            raise Forbidden("this call needs the admin token (from $BACKCHANNEL_HOME/admin.token)")
+            raise Forbidden(
+                "this call needs the admin token, and the token sent is member "
+                f"{self.member.team}/{self.member.name}'s: send the admin token (the file "
+                "admin.token in the data directory of the hub's `serve`)"
+            )
 
     def need_team(self, team: str) -> None:
         """Admins see every team; a member only its own (others look nonexistent)."""
