@@ -262,3 +262,69 @@ def test_serve_on_a_full_data_directory_says_so_in_one_line(
         assert left == (["admin.token"] if token_there else [])
         if token_there:
             assert (home / "admin.token").read_text() == token + "\n"
+
+
+def test_a_small_disk_its_log_filled_serves_again_once_space_is_freed_and_goes_on(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The store fills a 4 MB disk (a filler leaves it 1 MB), its write-ahead log with
+    it; a log on a full disk cannot be checkpointed (that moves its pages into the
+    database file, which grows). Once the filler is deleted the hub checkpoints and
+    truncates its log by itself, and goes on storing far more than the disk holds: its
+    log, left to SQLite's automatic checkpoint at 1000 pages (4 MB), would fill the
+    disk by itself again and stay so. No restart, nothing lost or doubled."""
+    with small_disk(request, tmp_path, "4m") as disk:
+        filler = fill(disk)
+        os.truncate(filler, filler.stat().st_size - (1 << 20))
+        db = disk / "hub.db"
+        srv = start_server(tmp_path / "home", f"sqlite://{db}", "--lease", "3")
+        traffic: Traffic | None = None
+        try:
+            tokens = srv.team("t", *(f"s{i}" for i in range(4)), *(f"r{i}" for i in range(4)))
+            traffic = Traffic(srv, tokens)
+            for t in traffic.threads:
+                t.start()
+            eventually_blocking(
+                lambda: len(traffic.refusals) >= 50 or None,
+                what="sends refused once the log filled the disk",
+                within=60,
+            )
+            filler.unlink()
+            freed_at = traffic.sent()
+            eventually_blocking(
+                lambda: (
+                    sum(s in (200, 201) for s in list(traffic.answers.values())[freed_at:]) >= 1500
+                    or None
+                ),
+                what="sends stored again, more than the disk holds",
+                within=90,
+                show=lambda: (
+                    list(traffic.answers.values())[-1:],
+                    traffic.refusals[-1:] and traffic.refusals[-1].text,
+                ),
+            )
+            traffic.sending.clear()
+            for t in traffic.threads[:4]:
+                t.join(30)
+            stored = {m for m, s in traffic.answers.items() if s in (200, 201)}
+            eventually_blocking(
+                lambda: set(traffic.received) >= stored or None,
+                what="every stored message received",
+                within=60,
+            )
+            traffic.receiving.clear()
+            for t in traffic.threads[4:]:
+                t.join(30)
+
+            assert traffic.failures == []
+            for r in traffic.refusals:
+                assert r.status_code == 503 and r.headers["Retry-After"]
+                assert FULL in r.json()["error"]["message"]
+            assert set(traffic.received) == stored
+            assert [m for m, n in traffic.received.items() if n > 1] == []
+            assert srv.proc.poll() is None
+        finally:
+            if traffic is not None:  # its threads end, whatever failed
+                traffic.sending.clear()
+                traffic.receiving.clear()
+            srv.stop()

@@ -51,7 +51,7 @@ from backchannel.stores.base import (
 from backchannel.stores.sqlite.schema import migrate
 from backchannel.stores.sqlite.tx import SqliteTx
 
-__all__ = ["READER_THREAD", "WRITER_THREAD", "SqliteStore", "sqlite_path"]
+__all__ = ["JOURNAL_SIZE_LIMIT", "READER_THREAD", "WRITER_THREAD", "SqliteStore", "sqlite_path"]
 
 T = TypeVar("T")
 log = logging.getLogger("backchannel.stores.sqlite")
@@ -127,6 +127,27 @@ def sqlite_path(url: str) -> Path:
     return Path(url)
 
 
+#: The size (bytes) the write-ahead log is cut back to (``PRAGMA journal_size_limit``)
+#: when a checkpoint lets it start over: what SQLite's automatic checkpoint lets it grow
+#: to (1000 pages of 4 KiB), so steady traffic reuses the file as it is, and only a log a
+#: burst grew beyond it (a reader holding old pages) is given back to the disk.
+JOURNAL_SIZE_LIMIT = 4 << 20
+
+#: SQLite's automatic checkpoint, in pages of log (its own default), and the least the
+#: writer lowers it to on a disk with little room (see :class:`_Log`).
+_CHECKPOINT_PAGES = 1000
+_FEWEST_CHECKPOINT_PAGES = 16
+
+#: Free space below which the writer looks at the disk after every batch rather than
+#: every ``_ROOM_EVERY`` seconds, and a checkpoint that could not be done (a full disk)
+#: is tried again every ``_RETRY_CHECKPOINT`` seconds.
+_LITTLE_ROOM = 64 << 20
+_ROOM_EVERY = 1.0
+_RETRY_CHECKPOINT = 0.25
+
+#: how long a statement waits for another process's lock (ms)
+_BUSY_MS = 30000
+
 #: how long opening waits for another process that is turning a new file into WAL
 _OPEN_WAIT = 30.0
 _pause = time.sleep  # between two tries of that switch
@@ -140,10 +161,11 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.execute("PRAGMA cache_size = -32768")
+    conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     return conn
 
 
@@ -226,6 +248,7 @@ class SqliteStore(Store):
         self._answers_lock = threading.Lock()
         # the file's schema cookie when the writer last found its schema this code's own
         self._schema_cookie: int | None = None
+        self._log: _Log  # the writer's care of the write-ahead log (its thread sets it)
 
     async def open(self) -> None:
         if self._writer is not None:
@@ -371,6 +394,7 @@ class SqliteStore(Store):
     def _write_loop(self) -> None:
         conn = self._connection()
         tx = SqliteTx(conn)
+        self._log = wal = _Log(conn, self.path)
         last_version = conn.execute("PRAGMA data_version").fetchone()[0]
         try:
             while True:
@@ -381,6 +405,7 @@ class SqliteStore(Store):
                     if version != last_version:
                         last_version = version
                         self._external_change()
+                    wal.idle()
                     continue
                 if first is None:
                     return
@@ -396,6 +421,7 @@ class SqliteStore(Store):
                         break
                     batch.append(job)
                 self._run_batch(conn, tx, batch)
+                wal.after_batch()
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
                 if version != last_version:
                     last_version = version
@@ -421,6 +447,7 @@ class SqliteStore(Store):
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+            self._log.failed(exc)
             err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return
@@ -442,6 +469,7 @@ class SqliteStore(Store):
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             tx.forget()
+            self._log.failed(exc)
             failed = _translate(exc, self.path)
             results = [(job, None, failed if e is None else e) for job, _, e in results]
         self._answer(results)
@@ -461,6 +489,7 @@ class SqliteStore(Store):
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+            self._log.failed(exc)
             err = _translate(exc, self.path, "is unavailable")
             self._answer([(job, None, err) for job in batch])
             return None
@@ -475,6 +504,7 @@ class SqliteStore(Store):
                 conn.execute("RELEASE job")
                 tx.forget()
                 if isinstance(exc, sqlite3.Error):
+                    self._log.failed(exc)
                     exc = _translate(exc, self.path, conn=conn)
                 results.append((job, None, exc))
             else:
@@ -527,6 +557,105 @@ class SqliteStore(Store):
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._emit_change, None, None)
+
+
+class _Log:
+    """The writer's care of the write-ahead log, so that it neither keeps the size a
+    burst gave it nor fills a small disk by itself.
+
+    * SQLite's automatic checkpoint (after a commit that leaves 1000 pages of log) is
+      lowered to a quarter of the disk's free space, so the log and the pages its
+      checkpoint adds to the database file fit in the room there is. The free space is
+      looked at once a second, after every batch while it is short (one ``statvfs``).
+    * When the writer idles with a log larger than that, or after a write failed on a
+      full disk, it checkpoints and truncates the log (``wal_checkpoint(TRUNCATE)``,
+      without waiting for readers); a checkpoint the disk has no room for (it moves the
+      log's pages into the database file, which may grow) is tried again every
+      ``_RETRY_CHECKPOINT`` seconds until space is freed and it is done.
+
+    Nothing of this runs a statement in a batch that went well, except when a lowered
+    checkpoint size must change."""
+
+    __slots__ = (
+        "conn",
+        "folder",
+        "full",
+        "look_at",
+        "page_size",
+        "pages",
+        "retry_at",
+        "short",
+        "wal",
+    )
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.conn = conn
+        self.wal = f"{path}-wal"
+        self.folder = path.parent
+        self.page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+        self.pages = _CHECKPOINT_PAGES
+        self.look_at = 0.0  # when to look at the disk's free space again
+        self.short = False  # the disk has little room: look after every batch
+        self.full = False  # a write failed on a full disk: checkpoint when there is room
+        self.retry_at = 0.0
+
+    def failed(self, exc: sqlite3.Error) -> None:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL:
+            self.full = True
+
+    def after_batch(self) -> None:
+        now = time.monotonic()
+        if self.short or now >= self.look_at:
+            self._mind_room(now)
+        if self.full and now >= self.retry_at:
+            self._truncate(now)
+
+    def idle(self) -> None:
+        now = time.monotonic()
+        if not self.full:
+            try:
+                size = os.stat(self.wal).st_size
+            except OSError:
+                return
+            if size <= min(JOURNAL_SIZE_LIMIT, self.pages * self.page_size):
+                return
+        elif now < self.retry_at:
+            return
+        self._mind_room(now)
+        self._truncate(now)
+
+    def _mind_room(self, now: float) -> None:
+        self.look_at = now + _ROOM_EVERY
+        try:
+            st = os.statvfs(self.folder)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        self.short = free < _LITTLE_ROOM
+        pages = max(_FEWEST_CHECKPOINT_PAGES, min(_CHECKPOINT_PAGES, free // (4 * self.page_size)))
+        if pages != self.pages:
+            try:
+                self.conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            except sqlite3.Error:
+                return
+            self.pages = pages
+
+    def _truncate(self, now: float) -> None:
+        """Checkpoint the whole log and truncate it to nothing, unless a reader (of
+        this process or another) still needs its pages: then it is left for later."""
+        self.retry_at = now + _RETRY_CHECKPOINT
+        conn = self.conn
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
+        except sqlite3.Error as exc:
+            log.debug("checkpoint of %s not done: %s", self.wal, exc)
+            return
+        if not busy:
+            self.full = False
 
 
 def _schema_version(conn: sqlite3.Connection) -> int | None:
