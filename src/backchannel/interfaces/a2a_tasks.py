@@ -72,6 +72,9 @@ STATE_KEY = "backchannel.a2a"
 #: Where the handler leaves the hub message id of a request's message for the executor
 #: (computed from the message as the caller sent it, before the SDK fills in its ids).
 INPUT_KEY = "backchannel.a2a.input"
+#: Where the handler leaves, for the executor, the future it resolves once the member's
+#: message is stored (or will never be): a send of the same message waits for it.
+STARTING_KEY = "backchannel.a2a.starting"
 SESSION_PREFIX = "a2a-"
 
 TERMINAL = frozenset(
@@ -126,6 +129,10 @@ T = TypeVar("T")
 #: The longest a wait goes without looking again: another process of the hub (sharing
 #: its store) that changes a task wakes no waiter of this one.
 LOOK_AGAIN = 5.0
+
+
+#: The longest an executor waits for the SDK to save the answer it handed over.
+SETTLE = 30.0
 
 
 async def watch(hub: Hub, team: str, look: Callable[[], Awaitable[T | None]]) -> T:
@@ -334,7 +341,11 @@ class HubTaskStore(TaskStore):
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.live: set[str] = set()  # tasks an executor of this process is watching
+        #: tasks an executor of this process is watching, or whose answer it has handed
+        #: to the SDK and the SDK has not yet saved (:meth:`MemberExecutor.execute`)
+        self.live: set[str] = set()
+        #: set when a task's answer (a state it ends or asks back in) is saved
+        self.settling: dict[str, asyncio.Event] = {}
 
     async def _record(self, team: str, task_id: str) -> A2ATask | None:
         return await self.hub.store.read(lambda tx: tx.get_a2a_task(team, task_id))
@@ -365,6 +376,11 @@ class HubTaskStore(TaskStore):
             )
 
         await self.hub.store.transact(fn)
+        # a send of the same message again, or a resubscription, waits for this (watch)
+        self.hub._waiters.notify_watchers(who.team)
+        settled = self.settling.get(task.id)
+        if settled is not None and task.status.state in TERMINAL | INTERRUPTED:
+            settled.set()
 
     async def set_turn(self, who: Caller, task_id: str, turn: int) -> None:
         """Remember the session's turn before this input: its answer is a later turn."""
@@ -553,12 +569,15 @@ class MemberExecutor(AgentExecutor):
             )
             # the session opens with its input, in one transaction: a message refused at
             # the door (a spent budget, a full inbox) leaves no session behind
-            session = await self.hub.open_session(
-                who.team,
-                who.member,
-                sid,
-                first=self.hub.sending(who.team, who.caller, task_input),
-            )
+            try:
+                session = await self.hub.open_session(
+                    who.team,
+                    who.member,
+                    sid,
+                    first=self.hub.sending(who.team, who.caller, task_input),
+                )
+            finally:
+                _resolve(call.state.get(STARTING_KEY))  # stored, or refused: repeats look
             await self.tasks.set_turn(who, task_id, session.turn)
             if context.current_task is not None:
                 await updater.start_work()
@@ -569,18 +588,30 @@ class MemberExecutor(AgentExecutor):
             answer = Answer(TaskState.TASK_STATE_REJECTED, rejection(who.team, exc))
         except BackchannelError as exc:
             answer = Answer(TaskState.TASK_STATE_FAILED, exc.message)
-        finally:
+        except BaseException:
             self.tasks.live.discard(task_id)
-        if task_id in self.canceling:
-            self.canceling.discard(task_id)
-            return  # cancel() reports the outcome
-        if answer.as_message and not shown:
-            await event_queue.enqueue_event(reply_message(answer, context_id))
-            return
-        await show()
-        for event in _artifact_events(task_id, context_id, answer):
-            await event_queue.enqueue_event(event)
-        await event_queue.enqueue_event(_status_event(task_id, context_id, answer))
+            raise
+        settled = self.tasks.settling[task_id] = asyncio.Event()
+        try:
+            if task_id in self.canceling:
+                self.canceling.discard(task_id)
+                return  # cancel() reports the outcome
+            if answer.as_message and not shown:
+                await event_queue.enqueue_event(reply_message(answer, context_id))
+                return  # a send of it again reads the Message from the transcript
+            await show()
+            for event in _artifact_events(task_id, context_id, answer):
+                await event_queue.enqueue_event(event)
+            await event_queue.enqueue_event(_status_event(task_id, context_id, answer))
+            # the task stays live until the SDK has saved the answer: a send of the same
+            # message again that finds the task neither saved nor live takes its executor
+            # for gone (a restart) and would start the message over as a task of its own
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), timeout=SETTLE)
+        finally:
+            if self.tasks.settling.get(task_id) is settled:
+                del self.tasks.settling[task_id]
+            self.tasks.live.discard(task_id)
 
     async def _wait(
         self, who: Caller, task_id: str, after_turn: int, show: Callable[[], Awaitable[None]]
@@ -643,6 +674,11 @@ def check_text(params: SendMessageRequest, max_text: int) -> None:
         ) from None
 
 
+def _resolve(starting: object) -> None:
+    if isinstance(starting, asyncio.Future) and not starting.done():
+        starting.set_result(None)
+
+
 class MemberRequestHandler(DefaultRequestHandler):
     """The SDK's handler, plus resubscription to tasks whose executor is gone (started
     before a restart): the stored task, then its changes as the transcript shows them."""
@@ -651,6 +687,9 @@ class MemberRequestHandler(DefaultRequestHandler):
         super().__init__(agent_executor=MemberExecutor(hub, tasks), task_store=tasks, **kwargs)
         self.hub = hub
         self.tasks = tasks
+        #: a hub message id (:func:`input_id`) -> resolved once a send that found it not
+        #: sent before has stored it, or given up: a send of it meanwhile waits
+        self.starting: dict[str, asyncio.Future[None]] = {}
 
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -663,7 +702,10 @@ class MemberRequestHandler(DefaultRequestHandler):
             if isinstance(repeat, Message) or at_once:
                 return repeat
             return await self._settled(repeat, context)
-        answer: Message | Task = await super().on_message_send(params, context)
+        try:
+            answer: Message | Task = await super().on_message_send(params, context)
+        finally:
+            self._started(context)
         return answer
 
     async def on_message_send_stream(
@@ -681,8 +723,20 @@ class MemberRequestHandler(DefaultRequestHandler):
             ):
                 yield event
             return
-        async for event in super().on_message_send_stream(params, context):
-            yield event
+        try:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+        finally:
+            self._started(context)
+
+    def _started(self, context: ServerCallContext) -> None:
+        """The send whose :meth:`_repeat` found its message not sent before is over
+        (answered, failed, or its caller gone): sends of it that wait look again."""
+        starting = context.state.pop(STARTING_KEY, None)
+        _resolve(starting)
+        mid = context.state.get(INPUT_KEY)
+        if mid is not None and self.starting.get(mid) is starting:
+            del self.starting[mid]
 
     async def _repeat(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -700,10 +754,22 @@ class MemberRequestHandler(DefaultRequestHandler):
             return None  # not a hub's: see docs/decisions.md, "An A2A message sent again"
         who = caller_of(context)
         mid = context.state[INPUT_KEY] = input_id(who, message)
-        sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
+        # a send of it that found it not sent before may not have stored it yet (the two
+        # sends raced, the first one's caller gone): wait for that one, then look. The
+        # look and the claim are one step of the event loop, so one send claims it
+        while (pending := self.starting.get(mid)) is not None and not pending.done():
+            await asyncio.shield(pending)
+        claim = self.starting[mid] = asyncio.get_running_loop().create_future()
+        try:
+            sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
+        except BaseException:
+            self._drop_claim(mid, claim)
+            raise
         a2a = sent.meta.get("a2a") if sent is not None else None
         if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
+            context.state[STARTING_KEY] = claim  # resolved by the executor, or _started
             return None
+        self._drop_claim(mid, claim)
         task_id = a2a["task_id"]
         if message.task_id:
             # a follow-up, handed over before: sent to the task again it would wait for an
@@ -728,6 +794,11 @@ class MemberRequestHandler(DefaultRequestHandler):
             return None
 
         return (await watch(self.hub, who.team, found))[0]
+
+    def _drop_claim(self, mid: str, claim: asyncio.Future[None]) -> None:
+        _resolve(claim)
+        if self.starting.get(mid) is claim:
+            del self.starting[mid]
 
     async def _followed_up(self, task_id: str, context: ServerCallContext) -> Task | None:
         """The task a follow-up sent before went on in, once its executor has taken the

@@ -1,0 +1,135 @@
+"""A2A callers that hang up mid-call, send a message again, resubscribe, or race a
+cancel, against a real ``serve`` over real sockets: the member is handed each message
+once, the task keeps one story, and no caller waits forever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+pytest.importorskip("a2a.client")
+
+from backchannel.testing import eventually
+from tests.conftest import Server, start_server
+from tests.test_a2a_inbound import Worker, _answers, _json_headers, playing
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
+    srv = start_server(tmp_path / "home")
+    try:
+        yield srv, srv.team("t", "lead", "worker")
+    finally:
+        srv.stop()
+
+
+@contextlib.asynccontextmanager
+async def _raw_post(srv: Server, token: str, path: str, rpc: dict[str, Any]) -> AsyncIterator[None]:
+    """POST ``rpc`` to ``path`` over a socket of its own, closed on leaving without
+    reading a byte of the answer: a caller whose connection is cut mid-call."""
+    where = urlsplit(srv.url)
+    body = json.dumps(rpc).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"A2A-Version: 1.0\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    _, writer = await asyncio.open_connection(where.hostname, where.port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        yield
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def _answer(http: httpx.AsyncClient, sid: str, text: str) -> None:
+    """The member answers in its task session ``sid`` (a turn that ends with ``text``)."""
+    r = await http.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+    r.raise_for_status()
+    r = await http.post(f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": text})
+    r.raise_for_status()
+
+
+async def _task_sessions(http: httpx.AsyncClient) -> set[str]:
+    sessions = (await http.get("/v1/sessions")).json()["sessions"]
+    return {s["session_id"] for s in sessions if s["session_id"].startswith("a2a-")}
+
+
+def _rpc(n: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": n, "method": method, "params": params}
+
+
+def _hub_message(mid: str, text: str) -> dict[str, Any]:
+    """A message as another hub's outbox sends it (naming its chain)."""
+    chain = {"backchannel.chain": {"id": "msg_chain_cut", "hop": 1}}
+    return {"messageId": mid, "role": "ROLE_USER", "parts": [{"text": text}], "metadata": chain}
+
+
+async def test_a_send_cut_off_before_its_answer_and_sent_again_reaches_the_member_once(
+    served: tuple[Server, dict[str, str]],
+) -> None:
+    """A hub's outbox whose ``SendMessage`` lost its connection before the answer sends
+    the message again with the same ``messageId``: once the member has it and works on
+    it, while the first send still waits for the answer (and after it hung up), or at
+    once, both sends in flight together. The member is handed it once, and every send
+    that is answered is answered with the one task the member completes, never a second
+    task or a failed one."""
+    srv, tokens = served
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
+        ) as http,
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as member,
+    ):
+        # cut while the member works; the answer comes while the repeat waits for it
+        rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_cut_1", "hold cut")})
+        async with _raw_post(srv, tokens["lead"], "/a2a/t/worker/", rpc):
+
+            async def opened() -> set[str]:
+                return await _task_sessions(member)
+
+            (sid,) = await eventually(opened, what="the task's session", within=20)
+        repeat = asyncio.create_task(http.post("/a2a/t/worker/", json=rpc))
+        await _answer(member, sid, "held and done")
+        answer = (await asyncio.wait_for(repeat, 60)).json()
+        task = answer["result"]["task"]
+        assert sid == f"a2a-{task['id']}", answer
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", answer
+        assert task["artifacts"][0]["parts"][0]["text"] == "held and done", answer
+
+        # both sends in flight at once, the first cut off, many times
+        async with playing(Worker(srv.url, tokens["worker"], _answers)) as worker:
+            rounds = 6
+            answers = []
+            for n in range(rounds):
+                rpc = _rpc(
+                    n, "SendMessage", {"message": _hub_message(f"dlg_race_{n}", f"race {n}")}
+                )
+                async with _raw_post(srv, tokens["lead"], "/a2a/t/worker/", rpc):
+                    answers.append((await http.post("/a2a/t/worker/", json=rpc)).json())
+            for n, answer in enumerate(answers):
+                assert "result" in answer, (n, answer)
+                task = answer["result"]["task"]
+                assert task["status"]["state"] == "TASK_STATE_COMPLETED", (
+                    n,
+                    task["status"].get("message"),
+                )
+                assert task["artifacts"][0]["parts"][0]["text"] == f"done: race {n} (from lead)"
+            listed = (await http.post("/a2a/t/worker/", json=_rpc(99, "ListTasks", {}))).json()
+            ids = sorted(t["id"] for t in listed["result"]["tasks"])
+            assert ids == sorted({a["result"]["task"]["id"] for a in answers} | {sid[4:]}), listed
+        seen = sorted(m["text"] for m in worker.seen)
+        assert seen == ["hold cut", *(f"race {n}" for n in range(rounds))], seen
