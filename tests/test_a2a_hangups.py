@@ -133,3 +133,80 @@ async def test_a_send_cut_off_before_its_answer_and_sent_again_reaches_the_membe
             assert ids == sorted({a["result"]["task"]["id"] for a in answers} | {sid[4:]}), listed
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == ["hold cut", *(f"race {n}" for n in range(rounds))], seen
+
+
+async def test_a_cancel_racing_the_answer_ends_the_task_once_and_the_caller_hears_that_end(
+    served: tuple[Server, dict[str, str]],
+) -> None:
+    """``CancelTask`` sent while the member's answer comes in, many times over: the task
+    ends in one state. The blocking send, the cancel and ``GetTask`` all tell that one
+    story: canceled (the cancel answered with the canceled task, the send too, no
+    artifact), or completed (the cancel refused with ``TaskNotCancelableError``, -32002,
+    the send answered with the answer). The member is handed each message once."""
+    srv, tokens = served
+    rounds = 12
+    outcomes = []
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
+        ) as http,
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as member,
+    ):
+        known: set[str] = set()
+        for n in range(rounds):
+            message = {"messageId": f"m-race-{n}", "role": "ROLE_USER",
+                       "parts": [{"text": f"hold race {n}"}]}  # fmt: skip
+            send = asyncio.create_task(
+                http.post("/a2a/t/worker/", json=_rpc(n, "SendMessage", {"message": message}))
+            )
+
+            async def new_session() -> set[str]:
+                return await _task_sessions(member) - known
+
+            (sid,) = await eventually(new_session, what="the task's session", within=20)
+            known.add(sid)
+            task_id = sid.removeprefix("a2a-")
+            # the member shows work first (the task is shown), then the race
+            r = await member.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+            r.raise_for_status()
+            r = await member.post(
+                f"/v1/sessions/{sid}/events", json={"kind": "thought", "text": "on it"}
+            )
+            r.raise_for_status()
+
+            async def shown(task_id: str = task_id) -> bool:
+                got = await http.post("/a2a/t/worker/", json=_rpc(0, "GetTask", {"id": task_id}))
+                return "result" in got.json()
+
+            await eventually(shown, what="the task to be shown", within=20)
+            answer, cancel = await asyncio.gather(
+                member.post(
+                    f"/v1/sessions/{sid}/events",
+                    json={"kind": "agent_stop", "text": f"answer {n}"},
+                ),
+                http.post("/a2a/t/worker/", json=_rpc(n, "CancelTask", {"id": task_id})),
+            )
+            sent = (await asyncio.wait_for(send, 60)).json()
+            got = (
+                await http.post("/a2a/t/worker/", json=_rpc(n, "GetTask", {"id": task_id}))
+            ).json()["result"]
+            final = got["status"]["state"]
+            canceled = cancel.json()
+            story = (n, final, canceled, sent, answer.status_code)
+            assert final in ("TASK_STATE_CANCELED", "TASK_STATE_COMPLETED"), story
+            assert sent["result"]["task"]["status"]["state"] == final, story
+            if final == "TASK_STATE_CANCELED":
+                assert canceled["result"]["status"]["state"] == final, story
+                assert not got.get("artifacts"), story
+                assert not sent["result"]["task"].get("artifacts"), story
+                if answer.is_success:  # taken before the session ended: kept in its transcript
+                    transcript = await member.get(f"/v1/sessions/{sid}/transcript")
+                    assert f"answer {n}" in transcript.text, story
+            else:
+                assert "error" in canceled, (canceled.get("result", {}).get("status"), story)
+                assert canceled["error"]["code"] == -32002, story
+                assert [a["parts"] for a in got["artifacts"]] == [[{"text": f"answer {n}"}]]
+            outcomes.append(final)
+    assert len(outcomes) == rounds

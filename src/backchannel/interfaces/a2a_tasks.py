@@ -56,7 +56,7 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import InvalidParamsError
+from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, SerializeToJsonError
 
 from backchannel.core import budget as budget_rules
@@ -85,6 +85,7 @@ TERMINAL = frozenset(
         TaskState.TASK_STATE_REJECTED,
     }
 )
+_TERMINAL_NAMES = frozenset(TaskState.Name(s) for s in TERMINAL)
 INTERRUPTED = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
 _ANSWER_STATES = {
     "completed": TaskState.TASK_STATE_COMPLETED,
@@ -360,6 +361,11 @@ class HubTaskStore(TaskStore):
             old = tx.get_a2a_task(who.team, task.id)
             if old is not None and (old.member, old.owner) != (who.member, who.caller):
                 raise PermissionError("task belongs to someone else")
+            if old is not None and old.state in _TERMINAL_NAMES and old.state != state:
+                # a task ends once: the first end written stands (a cancel and the
+                # member's answer raced, each read the task before the other wrote)
+                log.info("A2A task %s ended %s; not %s", task.id, old.state, state)
+                return
             extra = json.loads(old.body).get("bc", {}) if old is not None else {}
             tx.put_a2a_task(
                 A2ATask(
@@ -424,7 +430,8 @@ class HubTaskStore(TaskStore):
             task.artifacts.append(event.artifact)
         task.status.CopyFrom(_status_event(task.id, task.context_id, answer).status)
         await self.save(task, context)
-        return task
+        saved = await self._record(who.team, task.id)  # a cancel may have ended it first
+        return task if saved is None else _task_of(saved)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         who = caller_of(context)
@@ -517,6 +524,9 @@ class MemberExecutor(AgentExecutor):
         self.hub = hub
         self.tasks = tasks
         self.canceling: set[str] = set()
+        #: tasks whose answer execute() has taken, set once it is handed to the SDK: a
+        #: cancel that comes later waits for it and cancels nothing (the answer won)
+        self.answering: dict[str, asyncio.Event] = {}
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         call = context.call_context
@@ -592,10 +602,14 @@ class MemberExecutor(AgentExecutor):
             self.tasks.live.discard(task_id)
             raise
         settled = self.tasks.settling[task_id] = asyncio.Event()
+        answered = asyncio.Event()
         try:
             if task_id in self.canceling:
                 self.canceling.discard(task_id)
                 return  # cancel() reports the outcome
+            # from here the answer wins over a cancel (taken in the same step of the
+            # event loop as the look above: one of the two, never both)
+            self.answering[task_id] = answered
             if answer.as_message and not shown:
                 await event_queue.enqueue_event(reply_message(answer, context_id))
                 return  # a send of it again reads the Message from the transcript
@@ -603,12 +617,16 @@ class MemberExecutor(AgentExecutor):
             for event in _artifact_events(task_id, context_id, answer):
                 await event_queue.enqueue_event(event)
             await event_queue.enqueue_event(_status_event(task_id, context_id, answer))
+            answered.set()
             # the task stays live until the SDK has saved the answer: a send of the same
             # message again that finds the task neither saved nor live takes its executor
             # for gone (a restart) and would start the message over as a task of its own
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), timeout=SETTLE)
         finally:
+            answered.set()
+            if self.answering.get(task_id) is answered:
+                del self.answering[task_id]
             if self.tasks.settling.get(task_id) is settled:
                 del self.tasks.settling[task_id]
             self.tasks.live.discard(task_id)
@@ -630,6 +648,12 @@ class MemberExecutor(AgentExecutor):
         assert context.task_id
         assert context.context_id
         who = caller_of(call)
+        answering = self.answering.get(context.task_id)
+        if answering is not None:
+            # the member's answer came first and is on its way to the caller: the task
+            # ends as it says, and the handler refuses the cancel (TaskNotCancelable)
+            await answering.wait()
+            return
         self.canceling.add(context.task_id)
         try:
             await self.hub.terminate_session(
@@ -706,6 +730,16 @@ class MemberRequestHandler(DefaultRequestHandler):
             answer: Message | Task = await super().on_message_send(params, context)
         finally:
             self._started(context)
+        if (
+            isinstance(answer, Task)
+            and not params.configuration.return_immediately
+            and answer.status.state not in TERMINAL | INTERRUPTED
+        ):
+            # the SDK ends a blocking send with the task as it last saw it when the
+            # task's events stop before its end (a cancel ends the executor, and the
+            # canceled state is written past the send's subscription): the send answers
+            # with the task as it ends, as the cancel and GetTask do
+            answer = await self._settled(answer, context)
         return answer
 
     async def on_message_send_stream(
@@ -847,6 +881,13 @@ class MemberRequestHandler(DefaultRequestHandler):
     ) -> Task | None:
         running_here = await self._active_task_registry.get(params.id) is not None
         task: Task | None = await super().on_cancel_task(params, context)
+        if task is not None and task.status.state in TERMINAL - {TaskState.TASK_STATE_CANCELED}:
+            # the member's answer won the race with this cancel: the task ended as the
+            # answer says, which a cancel that came after it would be refused
+            raise TaskNotCancelableError(
+                f"task {params.id} ended {TaskState.Name(task.status.state)} (the "
+                "member answered) before the cancel reached it; read it with GetTask"
+            )
         if not running_here and task is not None:
             # started before a restart: no executor was there to end the session
             who = caller_of(context)
