@@ -210,3 +210,129 @@ async def test_a_cancel_racing_the_answer_ends_the_task_once_and_the_caller_hear
                 assert [a["parts"] for a in got["artifacts"]] == [[{"text": f"answer {n}"}]]
             outcomes.append(final)
     assert len(outcomes) == rounds
+
+
+async def _events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC results of an SSE stream, in order (an error raises)."""
+    async for line in lines:
+        if line.startswith("data: "):
+            payload = json.loads(line.removeprefix("data: "))
+            assert "result" in payload, payload
+            yield payload["result"]
+
+
+def _state(event: dict[str, Any]) -> str | None:
+    if "task" in event:
+        return str(event["task"]["status"]["state"])
+    if "statusUpdate" in event:
+        return str(event["statusUpdate"]["status"]["state"])
+    return None
+
+
+async def test_a_stream_whose_caller_hangs_up_goes_on_and_a_resubscription_sees_the_rest_once(
+    served: tuple[Server, dict[str, str]],
+) -> None:
+    """A caller of ``SendStreamingMessage`` that hangs up mid-stream loses nothing: the
+    task goes on, the member's answer is kept, and ``SubscribeToTask`` (from a caller
+    that came back before the answer) gives the task as it is now, then the rest, the
+    answer's artifact and the final state each once, agreeing with ``GetTask``."""
+    srv, tokens = served
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
+        ) as http,
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as member,
+    ):
+        message = {"messageId": "m-stream-cut", "role": "ROLE_USER", "parts": [{"text": "hold"}]}
+        rpc = _rpc(1, "SendStreamingMessage", {"message": message})
+
+        async def first_event() -> dict[str, Any]:
+            async with http.stream("POST", "/a2a/t/worker/", json=rpc) as stream:
+                async for event in _events(stream.aiter_lines()):
+                    return event  # the caller hangs up after the first event
+            raise AssertionError("the stream ended without an event")
+
+        streaming = asyncio.create_task(first_event())
+
+        async def opened() -> set[str]:
+            return await _task_sessions(member)
+
+        (sid,) = await eventually(opened, what="the task's session", within=20)
+        # the member shows work: the task appears on the stream
+        r = await member.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+        r.raise_for_status()
+        r = await member.post(f"/v1/sessions/{sid}/events", json={"kind": "thought", "text": "hm"})
+        r.raise_for_status()
+        first = await asyncio.wait_for(streaming, 30)
+        task_id = first["task"]["id"]
+        assert sid == f"a2a-{task_id}"
+
+        async def working() -> bool:
+            got = await http.post("/a2a/t/worker/", json=_rpc(2, "GetTask", {"id": task_id}))
+            return bool(got.json()["result"]["status"]["state"] == "TASK_STATE_WORKING")
+
+        await eventually(working, what="the task to be working", within=20)
+        seen: list[dict[str, Any]] = []
+        subscribed = asyncio.Event()
+
+        async def follow() -> None:
+            sub = _rpc(3, "SubscribeToTask", {"id": task_id})
+            async with http.stream("POST", "/a2a/t/worker/", json=sub) as stream:
+                async for event in _events(stream.aiter_lines()):
+                    seen.append(event)
+                    subscribed.set()
+
+        follower = asyncio.create_task(follow())
+        await asyncio.wait_for(subscribed.wait(), 30)
+        r = await member.post(
+            f"/v1/sessions/{sid}/events", json={"kind": "agent_stop", "text": "kept"}
+        )
+        r.raise_for_status()
+        await asyncio.wait_for(follower, 30)
+        got = await http.post("/a2a/t/worker/", json=_rpc(4, "GetTask", {"id": task_id}))
+        task = got.json()["result"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    assert [a["parts"] for a in task["artifacts"]] == [[{"text": "kept"}]], task
+    assert "task" in seen[0], seen
+    assert seen[0]["task"]["status"]["state"] == "TASK_STATE_WORKING", seen
+    # what the subscription showed adds up to what GetTask says, nothing twice
+    artifacts = list(seen[0]["task"].get("artifacts", []))
+    artifacts += [e["artifactUpdate"]["artifact"] for e in seen if "artifactUpdate" in e]
+    assert artifacts == task["artifacts"], seen
+    states = [_state(e) for e in seen]
+    assert states.count("TASK_STATE_COMPLETED") == 1, states
+    assert states[-1] == "TASK_STATE_COMPLETED", states
+
+
+async def test_resubscribing_to_a_finished_task_is_an_error_at_once(
+    served: tuple[Server, dict[str, str]],
+) -> None:
+    """``SubscribeToTask`` of a task that has ended answers at once with the error spec
+    1.0 gives it (``UnsupportedOperationError``, -32004; on HTTP+JSON its status), on both
+    bindings, and never waits for events that cannot come."""
+    srv, tokens = served
+    async with (
+        playing(Worker(srv.url, tokens["worker"], _answers)),
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=20
+        ) as http,
+    ):
+        message = {"messageId": "m-fin", "role": "ROLE_USER", "parts": [{"text": "finish"}]}
+        got = await http.post("/a2a/t/worker/", json=_rpc(1, "SendMessage", {"message": message}))
+        task = got.json()["result"]["task"]
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+        sub = _rpc(2, "SubscribeToTask", {"id": task["id"]})
+        async with http.stream("POST", "/a2a/t/worker/", json=sub) as stream:
+            body = (await stream.aread()).decode()
+        # the error before any event: a JSON-RPC error response, or a stream's one event
+        data = [x.removeprefix("data: ") for x in body.splitlines() if x.startswith("data: ")]
+        assert json.loads(data[0] if data else body)["error"]["code"] == -32004, body
+        async with http.stream("GET", f"/a2a/t/worker/tasks/{task['id']}:subscribe") as stream:
+            rest = (await stream.aread()).decode()
+            status = stream.status_code
+        error = json.loads(rest)["error"]
+        assert status == 400, (status, rest)
+        assert error["details"][0]["reason"] == "UNSUPPORTED_OPERATION", error
+        assert "terminal state: TASK_STATE_COMPLETED" in error["message"], error
