@@ -29,6 +29,7 @@ from tests.delivery.conftest_adapters import (
     dispatching,
     endpoint,
     running_hub,
+    state_of,
     wait_state,
 )
 
@@ -327,3 +328,44 @@ async def test_a_stored_circuit_goes_with_the_delivery_setting_member_and_team(
         await down("p")
         await hub.remove_team("t")
         assert await stored() == []
+
+
+async def test_a_probe_failing_after_the_delivery_setting_changed_leaves_no_stale_circuit() -> None:
+    # the member's delivery changes (to pull) while its worker's probe of the down target
+    # is in flight, and the probe fails before the hub's next scan retires the worker:
+    # the change forgot the stored circuit, and the failed probe must not store it again
+    # (it would stay for good: no worker for a pull member ever closes it, and every hub
+    # would warn the member's senders of a push that is down)
+    def behaviour(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        ep.release.wait(10)  # hangs past the attempt timeout: the target is down
+        return 503, b"", {}
+
+    with endpoint(behaviour) as ep:
+        async with running_hub({"bot": ep.url}, retry=QUICK, max_attempts=3) as hub:
+            await hub.add_member("t", "a", delivery=HOOK)
+            first = (await hub.send("t", "user", "a", "m0", link=False)).message_id
+            # scans only when called: the worker runs on with its old setting meanwhile
+            async with dispatching(hub, rescan_s=1000.0, probe_start_s=0.2) as d:
+                await wait_state(hub, "t", first, "dead")
+                probe = (await hub.send("t", "user", "a", "probe", link=False)).message_id
+                await eventually(
+                    lambda: any(s.headers["x-backchannel-message-id"] == probe for s in ep.seen),
+                    what="the probe in flight",
+                )
+                await hub.update_member("t", "a", delivery={"type": "pull"})
+                assert await hub.store.read(lambda tx: tx.push_circuit("t", "a")) is None
+                # the probe fails: the worker finds the setting changed and stops, giving
+                # the probe back to the queue (it is the puller's now, not dead)
+                await eventually(
+                    lambda: [s.state for s in d.status()] == ["stopped"],
+                    what="the old worker stopped",
+                )
+                assert await state_of(hub, "t", probe) == "queued"
+                await d.rescan()
+                assert d.status() == []
+            assert await hub.store.read(lambda tx: tx.push_circuit("t", "a")) is None
+            await hub.push_circuits.refresh(0)
+            assert hub.push_circuits.get("t", "a") is None
+            assert (await hub.send("t", "user", "a", "pulled", link=False)).warnings == ()
+            got = await hub.receive("t", "a", wait=0.0)
+            assert [g.message.text for g in got] == ["probe", "pulled"]

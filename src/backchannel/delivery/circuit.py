@@ -12,8 +12,9 @@ is answered closes the circuit and delivery goes on in order. See docs/decisions
 
 The state is kept in the store (``push_circuits``, schema 17), so it is the same on every
 hub that shares the store (PostgreSQL, or one SQLite file). Only the worker of the hub
-that owns the member's push delivery (:mod:`.ownership`) writes it, and only when the
-circuit opens, a probe fails (the next probe's time and the interval after it), the
+that owns the member's push delivery (:mod:`.ownership`) writes it, while the member's
+delivery setting is still that worker's (one that finds it changed stops), and only when
+the circuit opens, a probe fails (the next probe's time and the interval after it), the
 dead-lettering of what was queued ends, or a probe closes it: never per message sent.
 What each hub shows:
 

@@ -200,6 +200,9 @@ class _Worker:
         self.status = WorkerStatus(self.team, self.member, delivery_type(self.setting))
         self.closing = False
         self.lost = False  # this hub no longer owns the member's push delivery
+        # the member's delivery setting is no longer this worker's (changed or removed
+        # before the next scan replaces the worker): it stops, and stores nothing more
+        self.outdated = False
         self.busy = False
         # a receive failed: what it leased (if it committed) is held by nobody; returned
         # to the queue before the next receive
@@ -230,7 +233,7 @@ class _Worker:
         return (self.team, self.member)
 
     def stopping(self) -> bool:
-        return self.closing or self._lost()
+        return self.closing or self.outdated or self._lost()
 
     def _lost(self) -> bool:
         """Whether this hub's lease on the member ran out (it stops pushing at once)."""
@@ -397,6 +400,11 @@ class _Worker:
             if self.circuit is not None:  # this attempt was the probe
                 if outcome is _Outcome.RETRY and error is not None and error.unreachable:
                     await self._probe_failed(detail)
+                    if self.outdated:
+                        # about a target the member no longer has: the copy is its next
+                        # worker's (or puller's) to deliver, not this one's to give up
+                        await self._release([mid])
+                        return True
                     await self._record_outcome(adapter, mid, _Outcome.DEAD, self._down_reason())
                     self.circuit.dead_lettered += 1
                     return True
@@ -470,25 +478,41 @@ class _Worker:
 
     async def _save_circuit(self, state: dict[str, Any] | None) -> None:
         """Store the member's circuit (``None``: forget it) while this hub owns the
-        member's push delivery, checked in the writing transaction, so a hub that lost
-        the member never overwrites what its new owner stored. A write that fails is
-        made again before the next lease (the circuit keeps working in this worker
-        meanwhile; other hubs see the change once it is stored)."""
-        team, member, owner = self.team, self.member, self.d.ownership.owner
+        member's push delivery and the member's delivery setting is still this worker's,
+        both checked in the writing transaction: a hub that lost the member never
+        overwrites what its new owner stored, and a worker whose member's setting changed
+        (which forgot the circuit) before the next scan replaced it never stores the old
+        target's circuit again, where no worker would ever close it. Such a worker stops
+        (:attr:`outdated`). A write that fails is made again before the next lease (the
+        circuit keeps working in this worker meanwhile; other hubs see the change once
+        it is stored)."""
+        team, member = self.team, self.member
+        owner, snapshot = self.d.ownership.owner, self.snapshot
 
-        def fn(tx: Tx) -> None:
+        def fn(tx: Tx) -> bool:
             row = tx.dispatch_owner(team, member)
-            if row is not None and row[0] == owner:
-                tx.set_push_circuit(team, member, state)
+            if row is None or row[0] != owner:
+                return True  # the member's new owner keeps its circuit
+            m = tx.get_member(team, member)
+            if m is None or _snapshot(m.delivery) != snapshot:
+                return False
+            tx.set_push_circuit(team, member, state)
+            return True
 
         try:
-            await self.hub.store.transact(fn)
+            current = await self.hub.store.transact(fn)
         except Exception as exc:
             self.unsaved = [state]
             log.warning("%s/%s: could not store its push circuit (%s); trying again before "
                         "the next lease", team, member, exc)  # fmt: skip
-        else:
-            self.unsaved = []
+            return
+        self.unsaved = []
+        if not current and not self.outdated:
+            self.outdated = True
+            self.status.stopped_reason = "the member's delivery setting changed"
+            log.warning("%s/%s: its delivery setting changed; this worker for %s stops and "
+                        "stores no push circuit for it", team, member,
+                        self.status.target)  # fmt: skip
 
     async def _open_circuit(self, adapter: Adapter, detail: str) -> None:
         """A copy was given up after its whole tries because the target could not be
@@ -936,7 +960,7 @@ class Dispatcher:
                     if kind not in self.adapters:
                         self._warn_unknown(m, kind)
                         continue
-                    snapshot = json.dumps(m.delivery, sort_keys=True, default=str)
+                    snapshot = _snapshot(m.delivery)
                     wanted[(m.team, m.name)] = (m, snapshot)
             for key, w in list(self._workers.items()):
                 want = wanted.get(key)
@@ -990,6 +1014,11 @@ class Dispatcher:
             log.warning("member %s/%s has delivery type %r, which no adapter serves (known: "
                         "%s); its messages wait for whoever pulls them", m.team, m.name,
                         kind, known)  # fmt: skip
+
+
+def _snapshot(delivery: Mapping[str, Any]) -> str:
+    """A member's delivery setting as one comparable text (a worker serves one)."""
+    return json.dumps(delivery, sort_keys=True, default=str)
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:
