@@ -1,0 +1,300 @@
+"""A hub killed (SIGKILL) while it owns a member's push, with the push circuit in the store
+(backchannel.delivery.circuit): two real `backchannel serve` processes on one PostgreSQL
+database or one SQLite file, and a webhook target on 127.0.0.1 that hangs (down: every
+attempt times out), answers, or holds a request it received until the test lets it go.
+
+The owning hub is killed (a) while a probe of the down target is in flight (the target
+answering again, or still down), (b) right
+after the circuit opened, while it dead-letters the queue behind, (c) while a normal
+push is in flight with the circuit closed and messages queued behind, (d) while the
+probe that closes the circuit is being answered. Then the other hub takes the member
+over once the lease runs out, and: every accepted message is delivered or dead-lettered
+with its sender told; a message reaches the target more than once only as the copy the
+dead hub was pushing, with the same ``Idempotency-Key`` each time (the webhook's
+at-least-once contract, docs/decisions.md); the first pushes of the delivered messages
+are in send order; the stored circuit ends closed, with no row left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from backchannel.testing import eventually_blocking
+from tests.conftest import Server, start_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+LEASE_S = 2.0  # --dispatch-lease: a dead hub's members move within about this long
+#: the callback retry policy: a hanging target costs half a second an attempt
+RETRY = "retry: {start: 0.05, factor: 2, cap: 0.1, budget: 30, timeout: 0.5}\n"
+
+
+@dataclass
+class Target:
+    """A webhook target. ``mode``: ``hang`` (down: holds each request past the hub's
+    attempt timeout, then 503), ``ok`` (200), ``gate`` (records the request, sets
+    ``arrived`` and answers 200 only once ``release`` is set)."""
+
+    url: str = ""
+    mode: str = "hang"
+    # (message id, Idempotency-Key, attempt) of every request received, in order
+    got: list[tuple[str, str, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            return [mid for mid, _, _ in self.got]
+
+
+@contextmanager
+def target() -> Iterator[Target]:
+    t = Target()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            mode = t.mode
+            with t.lock:
+                t.got.append((
+                    self.headers["X-Backchannel-Message-Id"],
+                    self.headers["Idempotency-Key"],
+                    int(self.headers["X-Backchannel-Attempt"]),
+                ))  # fmt: skip
+            if mode == "hang":
+                t.release.wait(2.0)  # past the hub's 0.5 s attempt timeout
+                status = 503
+            elif mode == "gate":
+                t.arrived.set()
+                t.release.wait(30)
+                status = 200
+            else:
+                status = 200
+            try:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            except OSError:
+                pass  # the hub that sent it is gone
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Quiet(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # the killed hub's connection is reset under its handler: expected
+
+    httpd = Quiet(("127.0.0.1", 0), Handler)
+    t.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield t
+    finally:
+        t.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+def start_two_hubs(base: Path, url: str, service_url: str) -> list[Server]:
+    """Two hubs on one store with one admin token, the same callback registry and a quick
+    retry policy; the push lease is short for the test."""
+    token = "bca_" + secrets.token_urlsafe(32)
+    homes = []
+    for i in range(2):
+        home = base / f"hub{i}"
+        home.mkdir(parents=True)
+        fd = os.open(home / "admin.token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        (home / "config.yaml").write_text(RETRY)
+        homes.append(home)
+    env = {"BACKCHANNEL_CALLBACKS": f"sink={service_url}"}
+    args = ("--dispatch-lease", str(LEASE_S), "--max-attempts", "2")
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(start_server, h, url, *args, env=env) for h in homes]
+        return [f.result() for f in futures]
+
+
+def rows(url: str, sql: str) -> list[Any]:
+    if url.startswith("sqlite://"):
+        conn = sqlite3.connect(url.removeprefix("sqlite://"), timeout=30)
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    with psycopg.connect(url, autocommit=True) as pg:
+        return pg.execute(sql).fetchall()
+
+
+def owner_pid(url: str) -> int | None:
+    got = rows(url, "SELECT owner FROM dispatch_owners WHERE team = 'po' AND member = 'sink'")
+    return int(got[0][0].split("/")[1]) if got else None
+
+
+def circuit(url: str) -> str | None:
+    got = rows(url, "SELECT state FROM push_circuits WHERE team = 'po' AND member = 'sink'")
+    return str(got[0][0]) if got else None
+
+
+def states(url: str) -> dict[str, str]:
+    got = rows(
+        url, "SELECT message_id, state FROM deliveries WHERE team = 'po' AND member = 'sink'"
+    )
+    return {str(mid): str(state) for mid, state in got}
+
+
+def told(url: str) -> str:
+    """Every system notice to the senders (``user``), as one text to search."""
+    got = rows(url, "SELECT text, meta FROM messages WHERE team = 'po' AND to_name = 'user'")
+    return "\n".join(f"{text} {meta}" for text, meta in got)
+
+
+@pytest.mark.parametrize("case", ["probe", "still_down", "draining", "push", "closing"])
+@pytest.mark.parametrize("kind", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+def test_kill_9_of_the_owner_with_the_circuit_in_the_store(
+    kind: str, case: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if kind == "postgres":
+        url = request.getfixturevalue("new_postgres_url")()
+    else:
+        url = f"sqlite://{tmp_path / 'shared.db'}"
+    with target() as tg:
+        if case == "push":
+            tg.mode = "gate"
+        hubs = start_two_hubs(tmp_path, url, tg.url)
+        try:
+            with hubs[0].client() as c:
+                r = c.post("/v1/teams", json={"name": "po"})
+                assert r.status_code == 201, r.text
+                user_token = r.json()["user_token"]
+                r = c.post(
+                    "/v1/teams/po/members",
+                    json={
+                        "name": "sink",
+                        "kind": "http",
+                        "delivery": {"type": "webhook", "service": "sink"},
+                    },
+                )
+                assert r.status_code == 201, r.text
+            pid = eventually_blocking(lambda: owner_pid(url), within=15, what="an owner of po/sink")
+            owner = next(h for h in hubs if h.proc.pid == pid)
+            other = next(h for h in hubs if h is not owner)
+            accepted: list[str] = []
+
+            def send(*mids: str) -> None:
+                with other.client(user_token) as c:
+                    for mid in mids:
+                        r = c.post(
+                            "/v1/messages",
+                            json={"to": "sink", "text": mid, "link": False, "message_id": mid},
+                        )
+                        assert r.status_code == 201, r.text
+                        accepted.append(mid)
+
+            behind = 300 if case == "draining" else 4
+            send(*(f"m{i:03}" for i in range(1 + behind)))
+            if case == "push":
+                # (c) the circuit is closed and m000 is in flight, the rest queued
+                eventually_blocking(tg.arrived.is_set, within=15, what="m000 pushed")
+                owner.kill()
+                tg.mode = "ok"
+                tg.release.set()
+            elif case == "draining":
+                # (b) m000 had its tries, the circuit opened: the queue behind is being
+                # dead-lettered when the owner dies
+                eventually_blocking(lambda: circuit(url), within=15, what="the circuit open")
+                owner.kill()
+                dead = sum(s == "dead" for s in states(url).values())
+                assert dead < 1 + behind, "the kill landed after the drain; make it longer"
+                tg.mode = "ok"
+            else:
+                eventually_blocking(
+                    lambda: all(states(url)[m] == "dead" for m in accepted),
+                    within=20,
+                    what="the queue dead-lettered behind the open circuit",
+                )
+                assert circuit(url) is not None
+                tg.release.set()  # let the hanging requests go
+                tg.release = threading.Event()
+                tg.arrived.clear()
+                tg.mode = "gate" if case == "closing" else "hang"
+                seen = len(tg.ids())
+                send("p")  # waits for the probe, due 5 s after the circuit opened
+                eventually_blocking(
+                    lambda: "p" in tg.ids()[seen:], within=20, what="the probe p in flight"
+                )
+                if case == "closing":
+                    eventually_blocking(tg.arrived.is_set, within=5, what="the probe held")
+                owner.kill()  # (a) the probe is in flight; (d) it is being answered
+                if case == "still_down":
+                    # the other hub probes again at once (the stored probe time has
+                    # passed): p is dead, its sender told, and the interval doubles
+                    eventually_blocking(
+                        lambda: states(url)["p"] == "dead", within=20, what="p dead-lettered"
+                    )
+                    stored = json.loads(circuit(url) or "{}")
+                    assert (stored["probes"], stored["probe_interval"]) == (1, 10.0), stored
+                tg.mode = "ok"
+                tg.release.set()
+            send("q0", "q1")
+
+            # the other hub takes the member over and settles everything
+            eventually_blocking(
+                lambda: owner_pid(url) == other.proc.pid, within=20, what="the takeover"
+            )
+            eventually_blocking(
+                lambda: (
+                    set(states(url).values()) <= {"acked", "dead"}
+                    and len(states(url)) == len(accepted)
+                ),
+                within=40,
+                what="every copy acked or dead",
+                show=lambda: states(url),
+            )
+            final = states(url)
+            assert final["q0"] == final["q1"] == "acked"
+            eventually_blocking(
+                lambda: circuit(url) is None, within=10, what="the stored circuit closed"
+            )
+            notices = told(url)
+            for mid, state in final.items():
+                if state == "dead":
+                    assert mid in notices, f"the sender of dead {mid} was not told"
+            with tg.lock:
+                got = list(tg.got)
+            delivered = [m for m in accepted if final[m] == "acked"]
+            first = [m for m in dict.fromkeys(mid for mid, _, _ in got) if final[m] == "acked"]
+            assert first == delivered, "delivered in send order"
+            for mid, key, _ in got:
+                assert key == mid, "the Idempotency-Key is the message id on every try"
+            counts: dict[str, int] = {}
+            for mid, _, _ in got:
+                if final[mid] == "acked":
+                    counts[mid] = counts.get(mid, 0) + 1
+            twice = sorted(m for m, n in counts.items() if n > 1)
+            # only the copy the dead hub was pushing reaches the target again
+            assert twice == {"push": ["m000"], "probe": ["p"], "closing": ["p"]}.get(case, []), (
+                twice
+            )
+        finally:
+            for h in hubs:
+                h.kill()
