@@ -6,6 +6,7 @@ deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -369,3 +370,63 @@ async def test_a_probe_failing_after_the_delivery_setting_changed_leaves_no_stal
             assert (await hub.send("t", "user", "a", "pulled", link=False)).warnings == ()
             got = await hub.receive("t", "a", wait=0.0)
             assert [g.message.text for g in got] == ["probe", "pulled"]
+
+
+async def test_a_hub_dying_as_it_dead_letters_the_copy_that_opens_the_circuit_leaves_it_stored(
+    stores: tuple[Store, Store],
+) -> None:
+    # hub a gives the head copy up after its tries (the target hangs) and dies right
+    # after that commits, as a kill -9 there leaves it: no later write of a's happens.
+    # Hub b takes p over when a's lease runs out and must find the circuit stored, so
+    # the copies queued behind get one probe, not each their whole tries again
+    def behaviour(req: Seen, n: int) -> tuple[int, bytes, dict[str, str]]:
+        ep.release.wait(10)  # hangs past the attempt timeout: the target is down
+        return 503, b"", {}
+
+    with endpoint(behaviour) as ep:
+
+        def tries(mid: str) -> int:
+            return sum(s.headers["x-backchannel-message-id"] == mid for s in ep.seen)
+
+        callbacks = CallbackConfig(services={"bot": Service("bot", ep.url)}, retry=QUICK)
+        a = Hub(stores[0], callbacks=callbacks, max_attempts=3, check_delivery=False)
+        b = Hub(stores[1], callbacks=callbacks, max_attempts=3, check_delivery=False)
+        async with a, b:
+            await a.create_team("t", settings={"anchor_policy": "off"})
+            await a.add_member("t", "p", delivery=HOOK)
+            dead = asyncio.Event()
+            given_up = a.give_up
+
+            async def give_up_then_die(*args: Any, **kw: Any) -> bool:
+                done = await given_up(*args, **kw)
+                if da._scan_task is not None:
+                    da._scan_task.cancel()  # no renewal of a's lease from now on
+                dead.set()
+                await asyncio.Event().wait()  # a's worker never gets further
+                return done
+
+            a.give_up = give_up_then_die  # type: ignore[method-assign]
+            common: dict[str, Any] = {"ownership_s": 1.0, "wait_s": 0.2, "probe_start_s": 0.2}
+            da = Dispatcher(a, owner="a", rescan_s=0.1, **common)
+            await da.start()
+            db: Dispatcher | None = None
+            try:
+                ids = [
+                    (await a.send("t", "user", "p", f"m{i}", link=False)).message_id
+                    for i in range(4)
+                ]
+                await eventually(dead.is_set, what="a to give the head up and die", within=10)
+                db = Dispatcher(b, owner="b", rescan_s=0.1, probe_max_s=0.4, **common)
+                await db.start()
+                for mid in ids:
+                    await wait_state(b, "t", mid, "dead")
+            finally:
+                for w in list(da._workers.values()):
+                    w.task.cancel()  # what the kill did to a's worker
+                a.give_up = given_up  # type: ignore[method-assign]
+                await da.stop()
+                if db is not None:
+                    await db.stop()
+        assert tries(ids[0]) == 3
+        # b started from the stored circuit: m1 was its probe, m2 and m3 not tried
+        assert [tries(m) for m in ids[1:]] == [1, 0, 0]

@@ -436,11 +436,15 @@ class _Worker:
                         await asyncio.sleep(delay)
                     await self._release([mid])
                     return False
+            if outcome is _Outcome.DEAD and error is not None and error.unreachable:
+                # stored before the copy is given up: a hub that dies between the two
+                # leaves its successor the circuit (which probes with this copy again),
+                # not a dead copy and a closed circuit that gives each copy queued
+                # behind it its whole tries again
+                await self._open_circuit(adapter, detail)
             recorded = await self._record_outcome(adapter, mid, outcome, detail)
             if recorded and outcome is _Outcome.DEAD and error is not None and error.tell_operator:
                 await self._tell_operator_given_up(item, detail)
-            if outcome is _Outcome.DEAD and error is not None and error.unreachable:
-                await self._open_circuit(adapter, detail)
             return True
         finally:
             self.busy = False
