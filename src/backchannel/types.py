@@ -562,3 +562,17 @@ class A2ATask:
     body: str
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class A2AClaim:
+    """Which A2A task a caller's message started (``message_id``: the hub message that
+    handed it to the member, :func:`backchannel.interfaces.a2a_tasks.input_id`). Written
+    in the transaction that stores that message, so the same message sent again, to any
+    hub on the store or to a hub restarted since, is answered with that one task."""
+
+    team: str
+    message_id: str
+    task_id: str
+    context_id: str
+    created_at: float

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from backchannel.types import (
+    A2AClaim,
     A2ATask,
     Budget,
     Delegation,
@@ -67,7 +68,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -619,6 +620,15 @@ class Tx(Protocol):
 
     def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
         """The tasks ``owner`` gave ``member``, most recently updated first."""
+        ...
+
+    def claim_a2a_message(self, claim: A2AClaim) -> A2AClaim:
+        """Claim ``(team, message_id)`` for ``claim.task_id`` unless it is claimed
+        already; the claim that holds it either way (the first one stands)."""
+        ...
+
+    def get_a2a_claim(self, team: str, message_id: str) -> A2AClaim | None:
+        """The claim on ``(team, message_id)``, ``None`` if there is none."""
         ...
 
 

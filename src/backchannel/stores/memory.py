@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter, Store, Tx
 from backchannel.types import (
+    A2AClaim,
     A2ATask,
     Budget,
     Delegation,
@@ -76,6 +77,8 @@ class _Data:
         self.inbox: dict[tuple[str, str, str], InboxEntry] = {}
         self.budgets: dict[tuple[str, str], Budget] = {}
         self.a2a_tasks: dict[tuple[str, str], A2ATask] = {}
+        # (team, hub message id) -> the A2A task the message started
+        self.a2a_claims: dict[tuple[str, str], A2AClaim] = {}
         self.job_seq = 0
         # (team, member) -> (owner, lease_until): who pushes the member's messages
         self.dispatch: dict[tuple[str, str], tuple[str, float]] = {}
@@ -449,7 +452,7 @@ class MemoryTx:
         tables: list[dict[Any, Any]] = [
             d.members, d.sessions, d.messages, d.deliveries, d.open, d.history, d.events,
             d.ledgers, d.links, d.delegations, d.budgets, d.inbox, d.a2a_tasks, d.dispatch,
-            d.circuits,
+            d.circuits, d.a2a_claims,
         ]  # fmt: skip
         for table in tables:
             for key in [k for k in table if k[0] == name]:
@@ -884,6 +887,16 @@ class MemoryTx:
         found.sort(key=lambda t: t.task_id)
         found.sort(key=lambda t: t.updated_at, reverse=True)
         return found
+
+    def claim_a2a_message(self, claim: A2AClaim) -> A2AClaim:
+        held = self._d.a2a_claims.get((claim.team, claim.message_id))
+        if held is not None:
+            return held
+        self._set(self._d.a2a_claims, (claim.team, claim.message_id), claim)
+        return claim
+
+    def get_a2a_claim(self, team: str, message_id: str) -> A2AClaim | None:
+        return self._d.a2a_claims.get((team, message_id))
 
 
 class MemoryStore(Store):

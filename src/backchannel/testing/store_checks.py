@@ -20,6 +20,7 @@ from backchannel.errors import AlreadyExists
 from backchannel.stores.base import SessionFilter, Tx
 from backchannel.testing._fixtures import T0, StoreFactory, make_msg, opened, seed_team
 from backchannel.testing.store_records import (
+    check_a2a_claims,
     check_a2a_tasks,
     check_budgets_and_chains,
     check_compaction,
@@ -758,6 +759,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_budgets_and_chains,
     check_credentials_and_removal,
     check_a2a_tasks,
+    check_a2a_claims,
     check_dispatch_ownership,
     check_requeue_leased,
     check_unpin_session,

@@ -419,6 +419,34 @@ async def check_a2a_tasks(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.get_a2a_task("alpha", "t9")) is None
 
 
+async def check_a2a_claims(make_store: StoreFactory) -> None:
+    """The first claim on a message stands; a claim made in a transaction that fails is
+    not kept; claims are per team and go with their team."""
+    from backchannel.types import A2AClaim
+
+    async with opened(make_store) as store:
+        first = A2AClaim("alpha", "a2a-m1", "t1", "c1", T0)
+        held = await store.transact(lambda tx: tx.claim_a2a_message(first))
+        assert held == first
+        late = A2AClaim("alpha", "a2a-m1", "t2", "c2", T0 + 1)
+        assert await store.transact(lambda tx: tx.claim_a2a_message(late)) == first
+        assert await store.read(lambda tx: tx.get_a2a_claim("alpha", "a2a-m1")) == first
+        assert await store.read(lambda tx: tx.get_a2a_claim("beta", "a2a-m1")) is None
+        beta = A2AClaim("beta", "a2a-m1", "t3", "c3", T0)
+        assert await store.transact(lambda tx: tx.claim_a2a_message(beta)) == beta
+
+        def fail(tx: Tx) -> None:
+            tx.claim_a2a_message(A2AClaim("alpha", "a2a-m9", "t9", "c", T0))
+            raise RuntimeError("boom")
+
+        with suppress(RuntimeError):
+            await store.transact(fail)
+        assert await store.read(lambda tx: tx.get_a2a_claim("alpha", "a2a-m9")) is None
+        await store.transact(lambda tx: tx.delete_team("alpha"))
+        assert await store.read(lambda tx: tx.get_a2a_claim("alpha", "a2a-m1")) is None
+        assert await store.read(lambda tx: tx.get_a2a_claim("beta", "a2a-m1")) == beta
+
+
 async def check_inbox_cursor(make_store: StoreFactory) -> None:
     """The read cursor of inbox files: idempotent records, activity per sender, forgetting."""
     from backchannel.types import InboxEntry, MemberActivity

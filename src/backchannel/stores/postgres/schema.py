@@ -348,6 +348,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, member)
     );
     """,
+    # 18: which A2A task a caller's message started (see the SQLite schema)
+    """
+    CREATE TABLE a2a_claims (
+        team text NOT NULL,
+        message_id text NOT NULL,
+        task_id text NOT NULL,
+        context_id text NOT NULL,
+        created_at double precision NOT NULL,
+        PRIMARY KEY (team, message_id)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

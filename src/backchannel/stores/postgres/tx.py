@@ -38,6 +38,7 @@ from backchannel.stores.sql.rows import (
 )
 from backchannel.stores.sql.statements import Sql
 from backchannel.types import (
+    A2AClaim,
     A2ATask,
     Budget,
     Delegation,
@@ -753,3 +754,13 @@ class PgTx(PgTransaction, LifecycleSql):
 
     def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
         return [A2ATask(*r) for r in self._all(Q.list_a2a_tasks, (team, member, owner), team)]
+
+    def claim_a2a_message(self, claim: A2AClaim) -> A2AClaim:
+        self._exec(Q.claim_a2a_message, astuple(claim), claim.team)
+        held = self.get_a2a_claim(claim.team, claim.message_id)
+        assert held is not None  # inserted now, or before
+        return held
+
+    def get_a2a_claim(self, team: str, message_id: str) -> A2AClaim | None:
+        row = self._one(Q.get_a2a_claim, (team, message_id), team)
+        return A2AClaim(*row) if row else None

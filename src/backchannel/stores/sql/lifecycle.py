@@ -25,6 +25,7 @@ TEAM_TABLES = (
     "budgets",
     "inbox_entries",
     "a2a_tasks",
+    "a2a_claims",
     "dispatch_owners",
     "push_circuits",
     "members",

@@ -84,6 +84,7 @@ DEL_COLS = (
 LEDGER_COLS = "team, session_id, to_name, digest, message_id, at"
 BUDGET_COLS = "team, key, window_start, used, granted, last_from, stopped_at, updated_at"
 A2A_COLS = "team, task_id, member, owner, context_id, state, body, created_at, updated_at"
+A2A_CLAIM_COLS = "team, message_id, task_id, context_id, created_at"
 
 
 def job_cols(job_id: str) -> str:

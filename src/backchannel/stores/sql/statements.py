@@ -14,6 +14,7 @@ from collections.abc import Callable
 from backchannel.stores.sql import OPEN_DELEGATION
 from backchannel.stores.sql.inbox import INBOX_ACTIVITY_SQL
 from backchannel.stores.sql.rows import (
+    A2A_CLAIM_COLS,
     A2A_COLS,
     BUDGET_COLS,
     DEL_COLS,
@@ -216,4 +217,11 @@ class Sql:
         self.list_a2a_tasks = m(
             f"SELECT {A2A_COLS} FROM a2a_tasks WHERE team = ? AND member = ? AND owner = ? "
             "ORDER BY updated_at DESC, task_id"
+        )
+        self.claim_a2a_message = m(
+            f"INSERT INTO a2a_claims ({A2A_CLAIM_COLS}) VALUES ({_marks(5)}) "
+            "ON CONFLICT (team, message_id) DO NOTHING"
+        )
+        self.get_a2a_claim = m(
+            f"SELECT {A2A_CLAIM_COLS} FROM a2a_claims WHERE team = ? AND message_id = ?"
         )

@@ -340,6 +340,20 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, member)
     );
     """,
+    # 18: which A2A task a caller's message started, written with the message that
+    #     hands it to the member, so the same message sent again to any hub on the
+    #     store (or to a hub restarted since) is answered with that one task
+    #     (backchannel.interfaces.a2a_tasks, MemberRequestHandler._repeat)
+    """
+    CREATE TABLE a2a_claims (
+        team TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        context_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (team, message_id)
+    );
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

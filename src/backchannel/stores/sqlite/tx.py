@@ -35,6 +35,7 @@ from backchannel.stores.sql.rows import (
 )
 from backchannel.stores.sql.statements import Sql
 from backchannel.types import (
+    A2AClaim,
     A2ATask,
     Budget,
     Delegation,
@@ -943,3 +944,13 @@ class SqliteTx(LifecycleSql):
     def list_a2a_tasks(self, team: str, member: str, owner: str) -> list[A2ATask]:
         rows = self._c.execute(Q.list_a2a_tasks, (team, member, owner))
         return [A2ATask(*r) for r in rows]
+
+    def claim_a2a_message(self, claim: A2AClaim) -> A2AClaim:
+        self._c.execute(Q.claim_a2a_message, astuple(claim))
+        held = self.get_a2a_claim(claim.team, claim.message_id)
+        assert held is not None  # inserted now, or before
+        return held
+
+    def get_a2a_claim(self, team: str, message_id: str) -> A2AClaim | None:
+        row = self._one(Q.get_a2a_claim, (team, message_id))
+        return A2AClaim(*row) if row else None
