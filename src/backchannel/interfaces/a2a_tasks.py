@@ -56,15 +56,16 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
+from a2a.utils.errors import InternalError, InvalidParamsError, TaskNotCancelableError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError, SerializeToJsonError
 
 from backchannel.core import budget as budget_rules
 from backchannel.core import messages
 from backchannel.errors import BackchannelError, BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub, Outgoing
+from backchannel.hub.context import Ctx
 from backchannel.hub.delegations import HOOK_KINDS
-from backchannel.types import A2ATask, MessageKind, SessionState
+from backchannel.types import A2AClaim, A2ATask, MessageKind, SessionState
 
 log = logging.getLogger("backchannel.a2a")
 
@@ -135,20 +136,27 @@ LOOK_AGAIN = 5.0
 #: The longest an executor waits for the SDK to save the answer it handed over.
 SETTLE = 30.0
 
+#: How long a send of a message sent before waits for the hub that started its task
+#: (another hub on the store, or this one before a restart) to save the task, before it
+#: writes the task down from its claim itself (:meth:`HubTaskStore.adopt`).
+ADOPT_AFTER = 2.0
 
-async def watch(hub: Hub, team: str, look: Callable[[], Awaitable[T | None]]) -> T:
+
+async def watch(
+    hub: Hub, team: str, look: Callable[[], Awaitable[T | None]], every: float = LOOK_AGAIN
+) -> T:
     """The first thing ``look()`` finds (not None), asked again at every change the team's
     sessions report (an event, a termination; see :mod:`backchannel.hub`'s waiters) and at
-    least every :data:`LOOK_AGAIN` seconds. The event is taken before each look, so a
-    change between the look and the wait is never slept through. Every wait of the A2A
-    handler and executor is this one."""
+    least every ``every`` seconds. The event is taken before each look, so a change
+    between the look and the wait is never slept through. Every wait of the A2A handler
+    and executor is this one."""
     while True:
         changed = hub._waiters.event(team, None)
         found = await look()
         if found is not None:
             return found
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout=LOOK_AGAIN)
+            await asyncio.wait_for(changed.wait(), timeout=every)
 
 
 # -- answers: what the member's transcript says ------------------------------------------
@@ -388,6 +396,40 @@ class HubTaskStore(TaskStore):
         if settled is not None and task.status.state in TERMINAL | INTERRUPTED:
             settled.set()
 
+    async def adopt(self, who: Caller, claim: A2AClaim, message: Message) -> None:
+        """Write down, working, the task a claim names when no hub has saved it: the hub
+        that started it keeps none until its member shows work, and may be another hub
+        on the store or gone (a restart). From then on any hub answers it from the store
+        and brings it up to date from the member's transcript (:meth:`get`); a task
+        saved meanwhile is left as it is."""
+        sent = _copy(message)
+        sent.task_id, sent.context_id = claim.task_id, claim.context_id
+        task = Task(id=claim.task_id, context_id=claim.context_id, history=[sent])
+        task.status.state = TaskState.TASK_STATE_WORKING
+        task.status.timestamp.FromDatetime(datetime.now(UTC))
+        body = json.dumps({"task": MessageToDict(task), "bc": {}})
+        now = self.hub.clock.now()
+        state = TaskState.Name(task.status.state)
+
+        def fn(tx: Any) -> None:
+            if tx.get_a2a_task(who.team, claim.task_id) is None:
+                tx.put_a2a_task(
+                    A2ATask(
+                        who.team,
+                        claim.task_id,
+                        who.member,
+                        who.caller,
+                        claim.context_id,
+                        state,
+                        body,
+                        now,
+                        now,
+                    )
+                )
+
+        await self.hub.store.transact(fn)
+        self.hub._waiters.notify_watchers(who.team)
+
     async def set_turn(self, who: Caller, task_id: str, turn: int) -> None:
         """Remember the session's turn before this input: its answer is a later turn."""
 
@@ -517,6 +559,30 @@ async def answer_chain(hub: Hub, who: Caller, task_id: str) -> dict[str, Any] | 
 # -- the executor ----------------------------------------------------------------------------
 
 
+class Claimed(Exception):
+    """The message is claimed by another task (:func:`claiming`)."""
+
+    def __init__(self, claim: A2AClaim) -> None:
+        super().__init__(f"message {claim.message_id} started task {claim.task_id}")
+        self.claim = claim
+
+
+def claiming(claim: A2AClaim, send: Callable[[Ctx], T]) -> Callable[[Ctx], T]:
+    """``send`` (the transaction function that hands the member a caller's message),
+    claiming the message for its task first in the same transaction: a repeat of the
+    message on any hub on the store finds the task. If a send of the same message
+    (another hub's, in flight at the same time) claimed it first, nothing is stored
+    and :class:`Claimed` names that claim."""
+
+    def fn(c: Ctx) -> T:
+        held = c.tx.claim_a2a_message(claim)
+        if held.task_id != claim.task_id:
+            raise Claimed(held)
+        return send(c)
+
+    return fn
+
+
 class MemberExecutor(AgentExecutor):
     """Hands an A2A message to the member's session and reports its answer."""
 
@@ -551,7 +617,9 @@ class MemberExecutor(AgentExecutor):
                 await event_queue.enqueue_event(task)
                 await updater.start_work()
 
-        if context.configuration is not None and context.configuration.return_immediately:
+        at_once = context.configuration is not None and context.configuration.return_immediately
+        claim_id = call.state.get(INPUT_KEY)
+        if at_once and claim_id is None:
             await show()
         sid = session_for(task_id)
         self.tasks.live.add(task_id)
@@ -564,7 +632,7 @@ class MemberExecutor(AgentExecutor):
             task_input = Outgoing(
                 who.member,
                 message_text(context.message) or "(an empty message)",
-                message_id=str(call.state.get(INPUT_KEY) or f"a2a-{uuid.uuid4().hex}"),
+                message_id=str(claim_id or f"a2a-{uuid.uuid4().hex}"),
                 kind=MessageKind.DELEGATION,
                 to_session=sid,
                 link=False,
@@ -579,15 +647,19 @@ class MemberExecutor(AgentExecutor):
             )
             # the session opens with its input, in one transaction: a message refused at
             # the door (a spent budget, a full inbox) leaves no session behind
+            first = self.hub.sending(who.team, who.caller, task_input)
+            if claim_id is not None:
+                claim = A2AClaim(who.team, claim_id, task_id, context_id, self.hub.clock.now())
+                first = claiming(claim, first)
             try:
-                session = await self.hub.open_session(
-                    who.team,
-                    who.member,
-                    sid,
-                    first=self.hub.sending(who.team, who.caller, task_input),
-                )
+                # Claimed (a send of the same message on another hub stored it first)
+                # ends this executor with no event: the handler answers with that
+                # task, and this one is never shown
+                session = await self.hub.open_session(who.team, who.member, sid, first=first)
             finally:
                 _resolve(call.state.get(STARTING_KEY))  # stored, or refused: repeats look
+            if at_once:
+                await show()  # a claimed message's task shows once the claim is its own
             await self.tasks.set_turn(who, task_id, session.turn)
             if context.current_task is not None:
                 await updater.start_work()
@@ -698,6 +770,26 @@ def check_text(params: SendMessageRequest, max_text: int) -> None:
         ) from None
 
 
+def claim_of(tx: Any, team: str, mid: str) -> A2AClaim | None:
+    """The claim on the hub message ``mid`` (:func:`input_id`): the task the message
+    started. A message handed over before the store kept claims (schema 18) names its
+    task in its ``meta["a2a"]``."""
+    held: A2AClaim | None = tx.get_a2a_claim(team, mid)
+    if held is not None:
+        return held
+    sent = tx.get_message(team, mid)
+    a2a = sent.meta.get("a2a") if sent is not None else None
+    if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
+        return None
+    return A2AClaim(team, mid, a2a["task_id"], str(a2a.get("context_id", "")), sent.created_at)
+
+
+def _copy(message: Message) -> Message:
+    out = Message()
+    out.CopyFrom(message)
+    return out
+
+
 def _resolve(starting: object) -> None:
     if isinstance(starting, asyncio.Future) and not starting.done():
         starting.set_result(None)
@@ -721,15 +813,21 @@ class MemberRequestHandler(DefaultRequestHandler):
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
         repeat = await self._repeat(params, context)
+        if repeat is None:
+            sent = _copy(params.message)  # the SDK names its new task in it
+            try:
+                answer: Message | Task = await super().on_message_send(params, context)
+            except Claimed as exc:  # a send of it on another hub stored it first
+                repeat = await self._claimed(exc.claim, sent, context)
+                if repeat is None:
+                    raise InternalError(f"the task {exc.claim.task_id} of it is gone") from None
+            finally:
+                self._started(context)
         if repeat is not None:  # sent before: what a send of it answers (or answered)
             at_once = params.configuration.return_immediately
             if isinstance(repeat, Message) or at_once:
                 return repeat
             return await self._settled(repeat, context)
-        try:
-            answer: Message | Task = await super().on_message_send(params, context)
-        finally:
-            self._started(context)
         if (
             isinstance(answer, Task)
             and not params.configuration.return_immediately
@@ -748,20 +846,27 @@ class MemberRequestHandler(DefaultRequestHandler):
         check_encodable(params)
         check_text(params, self.hub.config.max_text)
         repeat = await self._repeat(params, context)
-        if repeat is not None:  # sent before: its task, and its changes from now on
-            if isinstance(repeat, Message) or repeat.status.state in TERMINAL | INTERRUPTED:
-                yield repeat  # where a stream of the first send ended
+        if repeat is None:
+            held: A2AClaim | None = None
+            sent = _copy(params.message)  # the SDK names its new task in it
+            try:
+                async for event in super().on_message_send_stream(params, context):
+                    yield event
+            except Claimed as exc:  # a send of it on another hub stored it first
+                held = exc.claim
+            finally:
+                self._started(context)
+            if held is None:
                 return
-            async for event in self.on_subscribe_to_task(
-                SubscribeToTaskRequest(id=repeat.id), context
-            ):
-                yield event
+            repeat = await self._claimed(held, sent, context)
+            if repeat is None:
+                raise InternalError(f"the task {held.task_id} of this message is gone")
+        # sent before: its task, and its changes from now on
+        if isinstance(repeat, Message) or repeat.status.state in TERMINAL | INTERRUPTED:
+            yield repeat  # where a stream of the first send ended
             return
-        try:
-            async for event in super().on_message_send_stream(params, context):
-                yield event
-        finally:
-            self._started(context)
+        async for event in self.on_subscribe_to_task(SubscribeToTaskRequest(id=repeat.id), context):
+            yield event
 
     def _started(self, context: ServerCallContext) -> None:
         """The send whose :meth:`_repeat` found its message not sent before is over
@@ -795,16 +900,25 @@ class MemberRequestHandler(DefaultRequestHandler):
             await asyncio.shield(pending)
         claim = self.starting[mid] = asyncio.get_running_loop().create_future()
         try:
-            sent = await self.hub.store.read(lambda tx: tx.get_message(who.team, mid))
+            held = await self.hub.store.read(lambda tx: claim_of(tx, who.team, mid))
         except BaseException:
             self._drop_claim(mid, claim)
             raise
-        a2a = sent.meta.get("a2a") if sent is not None else None
-        if not isinstance(a2a, dict) or not isinstance(a2a.get("task_id"), str):
+        if held is None:
             context.state[STARTING_KEY] = claim  # resolved by the executor, or _started
             return None
         self._drop_claim(mid, claim)
-        task_id = a2a["task_id"]
+        return await self._claimed(held, message, context)
+
+    async def _claimed(
+        self, held: A2AClaim, message: Message, context: ServerCallContext
+    ) -> Task | Message | None:
+        """What a send of ``message``, which started (or went on in) the task ``held``
+        names, answers: the task, or the Message the member answered with; from the
+        store, whichever hub on it started the task, and after a restart. None if the
+        task cannot be answered (a follow-up's task gone)."""
+        who = caller_of(context)
+        task_id, context_id = held.task_id, held.context_id
         if message.task_id:
             # a follow-up, handed over before: sent to the task again it would wait for an
             # answer after the one the member gave it, or be refused once the task ended
@@ -813,8 +927,11 @@ class MemberRequestHandler(DefaultRequestHandler):
         if task is not None:
             return task
         # a task not shown (none is kept until it is): answered, or to be answered,
-        # with a Message, or shown once its member shows work
-        context_id = str(a2a.get("context_id", ""))
+        # with a Message, or shown once its member shows work. A task whose executor is
+        # not in this process (another hub's, or gone with a restart) is written down
+        # from its claim after a while, and answered from the store from then on
+        loop = asyncio.get_running_loop()
+        adopt_at = loop.time() + ADOPT_AFTER
 
         async def found() -> tuple[Task | Message | None] | None:
             answer = await read_answer(self.hub, who, task_id, 0)
@@ -823,11 +940,15 @@ class MemberRequestHandler(DefaultRequestHandler):
             task = await self.tasks.get(task_id, context)
             if task is not None:
                 return (task,)
-            if task_id not in self.tasks.live:
-                return (None,)  # its executor is gone (a restart) and kept no task
+            if task_id not in self.tasks.live and loop.time() >= adopt_at:
+                return (None,)
             return None
 
-        return (await watch(self.hub, who.team, found))[0]
+        got = (await watch(self.hub, who.team, found, every=ADOPT_AFTER / 4))[0]
+        if got is not None:
+            return got
+        await self.tasks.adopt(who, held, message)
+        return await self.tasks.get(task_id, context)
 
     def _drop_claim(self, mid: str, claim: asyncio.Future[None]) -> None:
         _resolve(claim)

@@ -1,0 +1,185 @@
+"""An A2A message sent again by another hub's outbox (the same ``messageId``, naming its
+chain) to a hub other than the one the first send reached, both on one store, or to a
+hub restarted (``kill -9``) while the member works: real ``serve`` processes on one
+SQLite file and on the PostgreSQL the harness starts. The member is handed the message
+once, and the repeat is answered with the one task the first send started."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("a2a.client")
+
+from backchannel.testing import eventually
+from tests.conftest import Server, start_server
+from tests.stores.test_postgres_hubs import start_hubs, stop_all
+from tests.test_a2a_hangups import _answer, _hub_message, _raw_post, _rpc, _task_sessions
+from tests.test_a2a_inbound import Worker, _answers, _json_headers, playing
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'shared.db'}"
+    new_url: Callable[[], str] = request.getfixturevalue("new_postgres_url")
+    return new_url()
+
+
+async def _taken_once(member: httpx.AsyncClient, sid: str) -> None:
+    """The member takes the task's message from its session, and nothing more is there."""
+    got = (await member.get("/v1/inbox", params={"session": sid})).json()["messages"]
+    assert [m["text"] for m in got] == ["hold across hubs"], got
+    r = await member.post("/v1/inbox/ack", json={"message_ids": [got[0]["message_id"]]})
+    r.raise_for_status()
+
+
+async def _working_on(
+    http: httpx.AsyncClient, task_id: str, repeat: asyncio.Task[httpx.Response]
+) -> dict[str, Any]:
+    """The task as ``GetTask`` shows it through ``http``'s hub, once it is working; the
+    repeat (a blocking send) must not have been answered before the member answers."""
+
+    async def working() -> dict[str, Any] | None:
+        if repeat.done():
+            pytest.fail(
+                f"the repeat was answered before the member answered: {repeat.result().text}"
+            )
+        got = (await http.post("/a2a/t/worker/", json=_rpc(7, "GetTask", {"id": task_id}))).json()
+        task = got.get("result")
+        return task if task and task["status"]["state"] == "TASK_STATE_WORKING" else None
+
+    return await eventually(working, what="the repeat's task, working", within=30)
+
+
+async def _repeat_answered(
+    srv: Server, tokens: dict[str, str], sid: str, rpc: dict[str, Any]
+) -> None:
+    """Send ``rpc`` again to ``srv`` while the member works on its task ``sid``: once the
+    repeat shows the task working, the member answers, and the repeat is answered with
+    the task completed with that answer."""
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
+        ) as http,
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as member,
+    ):
+        repeat = asyncio.create_task(http.post("/a2a/t/worker/", json=rpc))
+        try:
+            task = await _working_on(http, sid.removeprefix("a2a-"), repeat)
+            await _taken_once(member, sid)
+            await _answer(member, sid, "held and done")
+            answer = (await asyncio.wait_for(repeat, 60)).json()
+        finally:
+            repeat.cancel()
+        got = answer["result"]["task"]
+        assert got["id"] == task["id"] == sid.removeprefix("a2a-"), answer
+        assert got["status"]["state"] == "TASK_STATE_COMPLETED", answer
+        assert got["artifacts"][0]["parts"][0]["text"] == "held and done", answer
+        assert await _task_sessions(member) == {sid}
+        left = (await member.get("/v1/inbox", params={"session": sid})).json()["messages"]
+        assert left == [], left
+
+
+async def test_a_send_cut_off_on_one_hub_and_sent_again_to_another_gets_its_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Hub A takes the send and hands the member the message; the caller's connection is
+    cut before the answer and its retry lands on hub B (a load balancer), before the
+    member has shown any work (no task saved yet). B answers with A's task, as the
+    member completes it: no second task, no failed one, the message handed over once."""
+    a, b = hubs = start_hubs(tmp_path, store_url, 2)
+    try:
+        tokens = a.team("t", "lead", "worker")
+        rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_hubs_1", "hold across hubs")})
+        async with (
+            httpx.AsyncClient(
+                base_url=b.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+            ) as member,
+            _raw_post(a, tokens["lead"], "/a2a/t/worker/", rpc),
+        ):
+
+            async def opened() -> set[str]:
+                return await _task_sessions(member)
+
+            (sid,) = await eventually(opened, what="the task's session", within=20)
+        await _repeat_answered(b, tokens, sid, rpc)
+    finally:
+        stop_all(hubs)
+
+
+async def test_a_send_sent_again_to_a_hub_killed_and_restarted_mid_task_gets_its_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The hub that took the send is killed (``kill -9``) while the member works and
+    before any task was saved; the caller's retry reaches it once it is back. The
+    repeat is answered from the store with the task the first send started."""
+    (hub,) = start_hubs(tmp_path, store_url, 1)
+    again: Server | None = None
+    try:
+        tokens = hub.team("t", "lead", "worker")
+        rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_kill_1", "hold across hubs")})
+        async with (
+            httpx.AsyncClient(
+                base_url=hub.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+            ) as member,
+            _raw_post(hub, tokens["lead"], "/a2a/t/worker/", rpc),
+        ):
+
+            async def opened() -> set[str]:
+                return await _task_sessions(member)
+
+            (sid,) = await eventually(opened, what="the task's session", within=20)
+            hub.kill()
+        again = start_server(hub.home, store_url)
+        await _repeat_answered(again, tokens, sid, rpc)
+    finally:
+        stop_all([hub, *([again] if again is not None else [])])
+
+
+async def test_the_same_send_to_two_hubs_at_once_is_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Another hub's outbox timed out and sent again while the first send was still
+    starting, each landing on a different hub on the store: both sends are answered with
+    the one task the member completes, and the member is handed each message once."""
+    a, b = hubs = start_hubs(tmp_path, store_url, 2)
+    try:
+        tokens = a.team("t", "lead", "worker")
+        async with (
+            httpx.AsyncClient(
+                base_url=a.url, headers=_json_headers(tokens["lead"]), timeout=60
+            ) as on_a,
+            httpx.AsyncClient(
+                base_url=b.url, headers=_json_headers(tokens["lead"]), timeout=60
+            ) as on_b,
+            playing(Worker(b.url, tokens["worker"], _answers)) as worker,
+        ):
+            rounds = 5
+            for n in range(rounds):
+                rpc = _rpc(n, "SendMessage", {"message": _hub_message(f"dlg_two_{n}", f"two {n}")})
+                answers = [
+                    r.json()
+                    for r in await asyncio.gather(
+                        on_a.post("/a2a/t/worker/", json=rpc), on_b.post("/a2a/t/worker/", json=rpc)
+                    )
+                ]
+                assert all("result" in x for x in answers), (n, answers)
+                tasks = [x["result"]["task"] for x in answers]
+                assert tasks[0]["id"] == tasks[1]["id"], (n, answers)
+                for task in tasks:
+                    assert task["status"]["state"] == "TASK_STATE_COMPLETED", (n, task)
+                    assert task["artifacts"][0]["parts"][0]["text"] == f"done: two {n} (from lead)"
+        seen = sorted(m["text"] for m in worker.seen)
+        assert seen == [f"two {n}" for n in range(rounds)], seen
+    finally:
+        stop_all(hubs)
