@@ -714,15 +714,16 @@ async def test_a_stopped_agent_gets_nothing_until_it_runs_again(
         os.kill(reader, signal.SIGCONT)
 
 
-async def test_a_file_mention_typed_into_gemini_cli_is_escaped_and_elsewhere_kept(
+async def test_a_file_mention_typed_into_gemini_cli_or_claude_code_is_escaped_and_elsewhere_kept(
     tmux: libtmux.Server, tmp_path: Path
 ) -> None:
-    # Gemini CLI reads an unescaped @path of a prompt, pasted or typed, as a file to show
-    # the model; its own escaping of pasted @ is a setting, and did not hold in every run
+    # Gemini CLI and Claude Code read an unescaped @path of a prompt, pasted or typed, as
+    # a file to show the model (Gemini CLI's own escaping of pasted @ is a setting, and
+    # did not hold in every run; Claude Code has none); Codex reads none from a paste
     text = "read @secret.txt, @~/.ssh/id_rsa and \\@kept, mail a@b.c"
     outs = {}
     async with running_hub() as hub:
-        for kind in ("gemini", "claude-code"):
+        for kind in ("gemini", "claude-code", "codex"):
             name = kind.replace("-", "")
             outs[kind] = _reader_pane(tmux, tmp_path, name)
             await _ready(tmux, name)
@@ -733,9 +734,11 @@ async def test_a_file_mention_typed_into_gemini_cli_is_escaped_and_elsewhere_kep
             for kind in outs:
                 sent = await hub.send("t", "user", kind.replace("-", ""), text, link=False)
                 await wait_state(hub, "t", sent.message_id, "acked")
-            gemini, claude = [await _pasted(out) for out in outs.values()]
-    assert gemini == ["[From user] read \\@secret.txt, \\@~/.ssh/id_rsa and \\@kept, mail a\\@b.c"]
-    assert claude == ["[From user] " + text]
+            gemini, claude, codex = [await _pasted(out) for out in outs.values()]
+    escaped = "[From user] read \\@secret.txt, \\@~/.ssh/id_rsa and \\@kept, mail a\\@b.c"
+    assert gemini == [escaped]
+    assert claude == [escaped]
+    assert codex == ["[From user] " + text]
 
 
 async def test_a_record_that_cannot_be_saved_is_warned_of_once_a_minute(

@@ -48,9 +48,10 @@ ESC[201~`` and its newlines stay newlines instead of submitting; then, after
 it), ``Enter``. Escape
 and other control characters (but newline and tab) are removed from the text first, so
 a message cannot end the paste early and type keystrokes of its own. For a ``gemini``
-member each ``@`` that no backslash precedes is typed as ``\\@`` (:func:`escape_at`):
-Gemini CLI reads an ``@path`` of a prompt as a file to show the model, so a message
-naming ``@~/.ssh/id_rsa`` would hand the agent's files to its model. A program that
+or ``claude-code`` member each ``@`` that no backslash precedes is typed as ``\\@``
+(:func:`escape_at`, :data:`AT_READERS`): Gemini CLI and Claude Code read an ``@path`` of
+a submitted prompt, pasted or not, as a file to show the model, so a message naming
+``@~/.ssh/id_rsa`` would hand the agent's files to its model. A program that
 reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python's
 ``input()``; the pane's terminal is asked with ``tcgetattr``) gets at most
 :data:`MAX_CANON_LINE` bytes of a line, the rest dropped by the line discipline without
@@ -134,6 +135,7 @@ from backchannel.files import private_dirs, write_atomic
 from backchannel.types import InboxMessage
 
 __all__ = [
+    "AT_READERS",
     "DEFAULT_AGENT_COMMANDS",
     "ENTER_TRIES",
     "SHELLS",
@@ -145,6 +147,10 @@ __all__ = [
 
 log = logging.getLogger("backchannel.delivery.tmux")
 
+#: The member kinds whose CLI reads an ``@path`` of a submitted prompt as a file to show
+#: the model (Gemini CLI; Claude Code, which reads the file's content into the request
+#: before the prompt): their ``@`` is typed escaped (:func:`escape_at`).
+AT_READERS = frozenset({"gemini", "claude-code"})
 #: Foreground programs a message is typed into when the setting names none.
 DEFAULT_AGENT_COMMANDS = ("claude", "codex", "gemini", "node")
 #: Never accepted as an agent: text typed into these runs as commands.
@@ -246,8 +252,10 @@ def sanitize(text: str) -> str:
 def escape_at(text: str) -> str:
     """``text`` with each ``@`` that no backslash precedes escaped as ``\\@``: Gemini CLI
     reads an unescaped ``@path`` anywhere in a submitted prompt as a file (or an agent,
-    or an MCP resource) and puts it before the model, so a teammate's ``@~/.ssh/id_rsa``
-    would show the agent's files to its model. An escaped ``@`` it leaves as text."""
+    or an MCP resource) and puts it before the model, and Claude Code one at the start of
+    a line or after a space (its Read tool's result, in the request before the prompt),
+    so a teammate's ``@~/.ssh/id_rsa`` would show the agent's files to its model. An
+    escaped ``@`` both leave as text."""
     return _AT.sub(r"\\@", text)
 
 
@@ -431,7 +439,7 @@ class TmuxAdapter(Adapter):
             ) from None
         owner = self._prompt_owner(pane_pid)
         text = sanitize(agent_text(item))
-        if self.ctx.kind == "gemini":
+        if self.ctx.kind in AT_READERS:
             text = escape_at(text)
         lines = text.count("\n") + 1
         if typed is not None:
