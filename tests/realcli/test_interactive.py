@@ -269,9 +269,10 @@ def _trust(rig: Rig, pane: Pane) -> bool:
 
 def _enter_again(pane: Pane, typed: str) -> None:
     """Enter once more when the prompt still holds ``typed``, as a user does when the
-    CLI, just done with a turn, missed the key (Gemini CLI 0.61.0 sometimes does). Not
+    CLI, just done with a turn, missed the key (Gemini CLI 0.61.0 sometimes does; Claude
+    Code's prompt is ``❯``). Not
     for ``/quit``: once the input line is gone the conversation's echo would match."""
-    prompts = [ln for ln in pane.screen().splitlines() if ln.lstrip().startswith((">", "›"))]
+    prompts = [ln for ln in pane.screen().splitlines() if ln.lstrip().startswith((">", "›", "❯"))]
     if prompts and typed in prompts[-1]:  # the input line, below the conversation
         pane.enter()
 

@@ -1,12 +1,15 @@
-"""Long and hostile messages typed by the hub's tmux adapter into the real Codex, idle at
-its prompt in a real tmux pane: what reaches the scripted model is the
-framed message byte for byte (after :func:`~backchannel.delivery.tmux.sanitize`), as one
-prompt, and the CLI neither quits, nor runs a slash command or a shell command, nor
-splits a message into two prompts."""
+"""Long and hostile messages typed by the hub's tmux adapter into the real Claude Code,
+Codex and Gemini CLI, idle at their prompt in a real tmux pane: what reaches the scripted
+model is the framed message byte for byte (after
+:func:`~backchannel.delivery.tmux.sanitize`, and what each CLI is known to make of a paste:
+:func:`_typed_as`), as one prompt, and the CLI neither quits, nor runs a slash command or a
+shell command, nor splits a message into two prompts. And messages typed in the moment
+the answer to the one before shows (Gemini CLI, Claude Code) reach the model once each."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backchannel.core.framing import frame
-from backchannel.delivery.tmux import sanitize
+from backchannel.delivery.tmux import AT_READERS, escape_at, sanitize
 from backchannel.hub import Hub
 from backchannel.testing import eventually
 from tests.conftest import Server
@@ -22,8 +25,9 @@ from tests.delivery.conftest_adapters import dispatching, running_hub, wait_stat
 
 from .fake_anthropic import Request, Rule, say
 from .harness import Rig, attached
-from .test_interactive import CLI_OWN_SERVICES, READY, TRUST, _enter_again, _start, _trust
-from .tmux_harness import Pane, cli_pane, wait_until
+from .test_interactive import CLI_OWN_SERVICES, READY, TRUST, _enter_again, _trust
+from .test_interactive import _start as _start_cli
+from .tmux_harness import Pane, cli_pane, wait_until, write_home
 
 pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -61,10 +65,19 @@ HOSTILE = {
 SECRET = "SECRET-CONTENT-0f3a"
 
 
-# Gemini CLI 0.61.0 is left out: by its source it reads a pasted @path as a file to
-# attach, which the hostile cases refuse (not yet checked, docs/runtimes/gemini.md); its
-# back-to-back test is below
-@pytest.fixture(params=["codex"])
+#: What each CLI shows once it takes a prompt (Claude Code: its prompt's mark; the last
+#: one on screen is its input line, under the conversation).
+READY = {**READY, "claude-code": "❯"}
+#: Where each CLI tries to go past loopback on its own; the proxy refuses it.
+#: Claude Code, started as here (its nonessential traffic and autoupdater off), still
+#: asks downloads.claude.ai and github.com; the proxy refuses both, and it goes on.
+CLI_OWN_SERVICES = {
+    **CLI_OWN_SERVICES,
+    "claude-code": {"CONNECT downloads.claude.ai:443", "CONNECT github.com:443"},
+}
+
+
+@pytest.fixture(params=["claude-code", "codex", "gemini"])
 def rig(
     request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
 ) -> Iterator[Rig]:
@@ -74,11 +87,43 @@ def rig(
         r.proxy.seen.clear()
 
 
+def _start(rig: Rig) -> tuple[Path, list[str]]:
+    """The CLI to run in the pane, set up as its user would (Claude Code: its first-run
+    questions answered and the project trusted, in the rig's private home)."""
+    if rig.runtime == "claude-code":
+        write_home(rig.home, [rig.project])
+        return rig.bin_dir / "claude", []
+    return _start_cli(rig)
+
+
 def _idle_cli(rig: Rig, pane: Pane) -> None:
     if rig.runtime == "codex":
         pane.wait_for(TRUST[rig.runtime])
         wait_until(lambda: _trust(rig, pane), 60, "the folder's trust recorded", pane)
     pane.wait_for(READY[rig.runtime])
+
+
+def _typed_as(rig: Rig, text: str) -> str:
+    """``text``, the framed message, as the adapter types it into ``rig``'s CLI
+    (sanitized; for Gemini CLI and Claude Code each ``@`` escaped, see
+    :data:`~backchannel.delivery.tmux.AT_READERS`) and as the CLI then hands it to the
+    model: Claude Code turns each tab of a paste into four spaces."""
+    typed = sanitize(text)
+    if rig.runtime in AT_READERS:
+        typed = escape_at(typed)
+    if rig.runtime == "claude-code":
+        typed = typed.replace("\t", "    ")
+    return typed
+
+
+#: How Claude Code hands the model a paste it showed as a placeholder (``[Pasted text #1
+#: +N lines]``): the text between tags that carry the paste's id (in a prompt of text
+#: blocks, after a blank line and with a newline after it; in a prompt of one string, not).
+_CLAUDE_PASTED = re.compile(
+    r'(?:\n\n)?<pasted_content id="(?P<id>[0-9a-f]+)">\n'
+    r'(?P<text>.*)\n</pasted_content id="(?P=id)">\n?',
+    re.DOTALL,
+)
 
 
 async def _deliver(hub: Hub, rig: Rig, pane: Pane, text: str, mark: str) -> list[str]:
@@ -113,7 +158,19 @@ async def _deliver(hub: Hub, rig: Rig, pane: Pane, text: str, mark: str) -> list
 
 def _prompt(rig: Rig, req: Request) -> str:
     """The prompt the user's turn of ``req`` holds: its last user message, less the
-    context Gemini CLI puts in parts of their own (its own, the hooks')."""
+    context the CLI puts in parts of their own (Gemini CLI's own and the hooks', Claude
+    Code's ``<system-reminder>`` blocks), and a paste Claude Code shows as a placeholder
+    out of the tags it wraps it in (exactly those: :data:`_CLAUDE_PASTED`)."""
+    if rig.runtime == "claude-code":
+        users = [m for m in req.get("messages", []) if m.get("role") == "user"]
+        content = users[-1].get("content") if users else ""
+        if isinstance(content, str):
+            text = content
+        else:
+            parts = [b.get("text", "") for b in content or [] if b.get("type") == "text"]
+            text = "\n".join(p for p in parts if not p.startswith("<system-reminder>"))
+        pasted = _CLAUDE_PASTED.fullmatch(text)
+        return pasted["text"] if pasted else text
     if rig.runtime != "gemini":
         return rig.model.last(req)
     users = [c for c in req.get("contents", []) if c.get("role") == "user"]
@@ -167,7 +224,7 @@ async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
                 for name, text in cases.items():
                     mark = text.split()[0]
                     got = await _deliver(hub, rig, pane, text, mark)
-                    want = sanitize(frame("[From bob]", text))
+                    want = _typed_as(rig, frame("[From bob]", text))
                     # one prompt, all of it, nothing else: not cut in two, not run
                     assert got == [want], (name, [g[:300] for g in got], want[:300])
                     assert not pane.exited(), f"{rig.runtime} quit on {name!r}"
@@ -179,6 +236,14 @@ async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
 @pytest.fixture
 def gemini(server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
     with attached("gemini", server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
+
+
+@pytest.fixture
+def claude_code(server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
+    with attached("claude-code", server, bin_dir, tmp_path) as r:
         yield r
         assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
         r.proxy.seen.clear()
@@ -197,7 +262,20 @@ async def test_gemini_takes_each_message_typed_in_as_its_last_turn_ends_once(
     nothing came after it, and it never reached the model). Each message here is sent
     the moment the answer to the one before it shows, several times in a row; each must
     reach the model exactly once, whole, as a prompt of its own."""
-    rig = gemini
+    await _back_to_back(gemini)
+
+
+async def test_claude_code_takes_each_message_typed_in_as_its_last_turn_ends_once(
+    claude_code: Rig,
+) -> None:
+    """The same for Claude Code: each message typed in the moment the answer to the one
+    before it shows (its ``Stop`` hook still running, its prompt box redrawn) reaches the
+    model exactly once, whole, as a prompt of its own, and none is counted delivered
+    while it still waits in the prompt box."""
+    await _back_to_back(claude_code)
+
+
+async def _back_to_back(rig: Rig) -> None:
     model = rig.model
     rig.api = model.make([Rule(lambda q: bool(model.tools(q)), say("Noted."))])
     rig.api.__enter__()
@@ -249,5 +327,5 @@ async def test_gemini_takes_each_message_typed_in_as_its_last_turn_ends_once(
                         break  # the checks below say what the model got
         got = {mark: [p for p in prompts() if mark in p] for mark in marks}
         for mark in marks:
-            want = sanitize(frame("[From bob]", texts[mark]))
+            want = _typed_as(rig, frame("[From bob]", texts[mark]))
             assert got[mark] == [want], f"{mark}: {got}\n--- screen ---\n{pane.screen()}"
