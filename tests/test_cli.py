@@ -88,8 +88,12 @@ def test_full_flow_against_a_server(server: Server) -> None:
     status = run("status", "job-1", "--json", env={**env, "BACKCHANNEL_TOKEN": lead_tok})
     assert json.loads(status.stdout)["status"] == "acked"
 
-    members = run("member", "list", "crew", env=env)
-    assert members.stdout.split() == ["lead", "llm", "user", "human", "worker", "codex"]
+    members = run("member", "list", "crew", env=env)  # the admin's: with where mail goes
+    assert members.stdout.splitlines() == [
+        "lead\tllm\tpull",
+        "user\thuman\tpull",
+        "worker\tcodex\tpull",
+    ]
 
 
 def test_failures_exit_nonzero_with_the_way_out(server: Server) -> None:

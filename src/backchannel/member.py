@@ -587,7 +587,7 @@ class AdminApi:
         )
 
     async def members(self, team: str) -> MemberList:
-        return await _members(self.hub, team)
+        return await _members(self.hub, team, delivery=True)
 
     async def rotate_token(self, team: str, name: str) -> TokenRotated:
         token = await self.hub.rotate_token(team, name)
@@ -614,7 +614,34 @@ class AdminApi:
         return Budget.model_validate(got)
 
 
-async def _members(hub: Hub, team: str) -> MemberList:
+#: A setting's key whose value is a secret (any case, anywhere in the name): ``secret``,
+#: ``BOT_TOKEN``, ``password``, ``Authorization``, ``ANTHROPIC_API_KEY``, ``cookie``...
+_SECRET_KEY = re.compile(
+    r"secret|token|passw|auth|credential|api[_-]?key|private[_-]?key|cookie|signature", re.I
+)
+REDACTED = "***"
+
+
+def redact_delivery(setting: Any, *, _all: bool = False) -> Any:
+    """``setting`` (a member's ``delivery``) as it may be shown: the value of each key
+    that names a secret (:data:`_SECRET_KEY`), and every value of a ``headers`` object,
+    replaced by ``"***"``, at any depth. What the setting routes to (type, target,
+    service, command) stays, so a listing still says where a member's messages go."""
+    if isinstance(setting, Mapping):
+        return {
+            k: REDACTED
+            if (_all or _SECRET_KEY.search(str(k))) and v not in (None, "")
+            else redact_delivery(v, _all=str(k).lower() == "headers")
+            for k, v in setting.items()
+        }
+    if isinstance(setting, list):
+        return [redact_delivery(v, _all=_all) for v in setting]
+    return setting
+
+
+async def _members(hub: Hub, team: str, *, delivery: bool = False) -> MemberList:
+    """The team's members; with ``delivery`` (for the admin), each one's delivery
+    setting, redacted (:func:`redact_delivery`)."""
     members = await hub.list_members(team)
     states = await hub.member_states(team)  # from Claude Code inbox traffic
     await hub.push_circuits.refresh(0)  # whichever hub found a target down
@@ -625,6 +652,7 @@ async def _members(hub: Hub, team: str) -> MemberList:
                     "name": m.name,
                     "kind": m.kind.value,
                     "created_at": m.created_at,
+                    **({"delivery": redact_delivery(m.delivery)} if delivery else {}),
                     **({"presence": states[m.name]} if m.name in states else {}),
                     **(
                         {"push_circuit": c.to_json()}

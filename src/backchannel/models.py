@@ -444,6 +444,11 @@ class MemberInfo(_Out):
     name: str
     kind: str
     created_at: float
+    delivery: JsonObject | None = Field(
+        default=None,
+        description="the member's push delivery setting (``{}``: it pulls), for the admin "
+        "only, with secret values (tokens, passwords, auth headers, keys) as '***'",
+    )
     presence: Presence | None = None
     push_circuit: PushCircuitInfo | None = Field(
         default=None,

@@ -257,9 +257,9 @@ class Client:
 
         async def local(s: Scope) -> MemberList:
             s.need_team(name)
-            from backchannel.member import AdminApi
-
-            return await AdminApi(s.hub).members(name)
+            if not s.is_admin:
+                return await s.member.members()
+            return await s.admin.members(name)
 
         got: MemberList = await self._do(
             Call("GET", f"/v1/teams/{_q(name)}/members", local, MemberList)

@@ -42,6 +42,7 @@ from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
+from backchannel.models import MemberInfo
 
 T = TypeVar("T")
 
@@ -56,7 +57,9 @@ app = typer.Typer(
     **PLAIN,
 )
 team_app = typer.Typer(help="Create and list teams (admin).", **PLAIN)
-member_app = typer.Typer(help="Add and list members (admin).", **PLAIN)
+member_app = typer.Typer(
+    help="Add, list and show members, set their push delivery (admin).", **PLAIN
+)
 app.add_typer(team_app, name="team")
 app.add_typer(member_app, name="member")
 
@@ -400,6 +403,64 @@ def team_list(
         err.print("no teams")
 
 
+DELIVERY_HELP = (
+    "Push delivery setting: a JSON object such as "
+    '\'{"type": "tmux", "target": "work:0.1"}\', @FILE to read it from a file on this '
+    "machine, or - for stdin (docs/adapters/README.md)."
+)
+
+
+def delivery_arg(value: str) -> dict[str, Any]:
+    """The ``--delivery`` value as the JSON object to send: given inline, ``@FILE`` (read
+    here, by the CLI, on the user's machine: the hub never opens a path a request names)
+    or ``-`` (stdin); ``none`` is ``{}`` (no push: the member pulls). Refused, saying
+    where, when it is not a JSON object; the hub checks what the object says."""
+    hint = "'--delivery'"
+    if value.strip().lower() == "none":
+        return {}
+    if value == "-":
+        text, source = read_stdin(hint), "stdin"
+    elif value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise typer.BadParameter(
+                f"cannot read {str(path)!r}: {why}; give @FILE of a JSON file you can read",
+                param_hint=hint,
+            ) from None
+        source = str(path)
+    else:
+        text, source = value, "the value"
+    try:
+        setting = json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = text.splitlines()[exc.lineno - 1] if text.splitlines() else ""
+        raise typer.BadParameter(
+            f"{source} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}:\n"
+            f"  {line}\n  {' ' * (exc.colno - 1)}^\n"
+            'give a JSON object such as \'{"type": "tmux", "target": "work:0.1"}\' '
+            "(quote it for the shell with single quotes)",
+            param_hint=hint,
+        ) from None
+    if not isinstance(setting, dict):
+        raise typer.BadParameter(
+            f"{source} is JSON {type(setting).__name__ if setting is not None else 'null'}, "
+            'not an object: give an object such as \'{"type": "webhook", "service": "NAME"}\''
+            ", or none for no push delivery",
+            param_hint=hint,
+        )
+    return setting
+
+
+def _shown_delivery(setting: dict[str, Any] | None) -> str:
+    """A delivery setting on one line: ``pull`` when there is none."""
+    if not setting:
+        return "pull"
+    return json.dumps(setting, ensure_ascii=False, separators=(", ", ": "))
+
+
 @member_app.command("add")
 def member_add(
     team: str,
@@ -407,16 +468,97 @@ def member_add(
     kind: Annotated[
         str, typer.Option(help="claude-code, codex, gemini, llm, http or human")
     ] = "llm",
+    delivery: Annotated[
+        str | None,
+        typer.Option(help=DELIVERY_HELP + " none or left out: the member pulls its messages."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
 ) -> None:
     """Add a member. Prints its token once (on stdout); keep it secret."""
+    setting = delivery_arg(delivery) if delivery is not None else None
     result = _run(
-        _with(_client(url, token, home, admin=True), lambda c: c.add_member(team, name, kind))
+        _with(
+            _client(url, token, home, admin=True),
+            lambda c: c.add_member(team, name, kind, delivery=setting),
+        )
     )
     err.print(f"member [bold]{name}[/bold] added to {team}; its token (shown once):")
     print(result["token"])
+
+
+@member_app.command("set")
+def member_set(
+    team: str,
+    name: str,
+    delivery: Annotated[
+        str,
+        typer.Option(help=DELIVERY_HELP + " none clears it: the member pulls its messages."),
+    ],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the member as JSON (secrets redacted).")
+    ] = False,
+) -> None:
+    """Change (or with --delivery none clear) a member's push delivery setting. Its
+    messages not yet delivered go the new way; a push circuit about the old target ends."""
+    setting = delivery_arg(delivery)
+    client = _client(url, token, home, admin=True)
+
+    async def change(c: Client) -> MemberInfo:
+        await c.update_member(team, name, delivery=setting)
+        return next(m for m in await c.members(team) if m.name == name)
+
+    member = _run(_with(client, change))
+    shown = member.delivery if member.delivery is not None else {}
+    err.print(
+        markup_safe(f"member {name} in {team} now: {_shown_delivery(shown)}"),
+        highlight=False,
+    )
+    if setting.get("type", "pull") not in ("pull", "hook"):
+        err.print(
+            "the hub reaches the target when a message comes: `backchannel member show "
+            f"{team} {name}` says if the push is down, and why"
+        )
+    if as_json:
+        _print_json(member)
+
+
+@member_app.command("show")
+def member_show(
+    team: str,
+    name: str,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a member: kind, delivery setting (admin; secrets redacted), presence and
+    whether its push is down."""
+    members = _run(_with(_client(url, token, home, admin=token is None), lambda c: c.members(team)))
+    found = next((m for m in members if m.name == name), None)
+    if found is None:
+        names = ", ".join(m.name for m in members)
+        _fail(f"no member {name!r} in team {team!r}; its members: {names}")
+        raise AssertionError("unreachable")
+    if as_json:
+        _print_json(found)
+        return
+    print(f"name\t{_p(found.name)}\nkind\t{_p(found.kind)}")
+    if found.delivery is not None:
+        print(f"delivery\t{_p(_shown_delivery(found.delivery))}")
+    if seen := found.presence:
+        print(f"presence\t{_p(seen.state)}\t{_p(seen.last_event or '')}")
+    if down := found.push_circuit:
+        print(
+            f"push\tdown since {_when(down.down_since)} ({_p(down.target)}): "
+            f"{_p(down.reason)}; next try at {_when(down.next_probe_at)}"
+        )
+    elif found.delivery:
+        print("push\tup")
 
 
 @member_app.command("list")
@@ -433,11 +575,15 @@ def member_list(
         _print_json(members)
         return
     for m in members:
-        seen = m.get("presence")  # Claude Code teammates: state from their inbox traffic
-        state = f"\t{seen['state']}\t{seen['last_event']}" if seen else ""
+        # columns, each made printable on its own (a tab of ours stays a tab)
+        cols = [m["name"], m["kind"]]
+        if m.get("delivery") is not None:  # the admin sees where each member's messages go
+            cols.append(_shown_delivery(m["delivery"]))  # (redacted by the hub)
+        if seen := m.get("presence"):  # Claude Code teammates: state from inbox traffic
+            cols += [seen["state"], seen["last_event"] or ""]
         if down := m.get("push_circuit"):  # its push target is down (delivery/circuit.py)
-            state += f"\tpush down since {_when(down['down_since'])}: {down['reason']}"
-        print(f"{_p(m['name'])}\t{_p(m['kind'])}{_p(state)}")
+            cols.append(f"push down since {_when(down['down_since'])}: {down['reason']}")
+        print("\t".join(_p(c) for c in cols))
 
 
 # -- credentials and removal (admin) -----------------------------------------------------

@@ -86,7 +86,11 @@ async def update_member(
 
 @router.get("/v1/teams/{team}/members")
 async def list_members(team: TeamName, who: Auth, request: Request) -> MemberList:
+    """A team's members (its own members or the admin); the admin also sees each one's
+    delivery setting, its secrets redacted."""
     who.need_team(team)
+    if who.member is not None:
+        return await MemberApi(hub_of(request), who.member).members()
     return await AdminApi(hub_of(request)).members(team)
 
 
