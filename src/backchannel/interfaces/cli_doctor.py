@@ -184,8 +184,8 @@ def check_push(a: Attachment, team: str, token: str) -> Check:
         f"down for {len(down)} member(s) of {team}, whose messages are dead-lettered until "
         f"a probe gets through: {said}",
         "bring the target back (the hub probes it and delivers again by itself, in order), "
-        f"or change the member's delivery setting (PATCH /v1/teams/{team}/members/NAME with "
-        'a new "delivery"); senders are told of each dead letter and may send it again',
+        f"or change the member's delivery setting (backchannel member set {team} NAME "
+        "--delivery JSON); senders are told of each dead letter and may send it again",
     )
 
 
