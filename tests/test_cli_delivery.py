@@ -322,3 +322,27 @@ def test_a_push_target_down_is_shown_and_a_new_setting_ends_it(tmp_path: Path) -
             assert "push\tup" in _show(server, "crew", "bot").stdout
         finally:
             server.stop()
+
+
+def test_an_option_of_the_wrong_type_is_refused_when_set(server: Server) -> None:
+    """A setting whose option has the wrong type is refused by the hub when it is set,
+    naming the option, instead of being stored and dead-lettering every message."""
+    env = _admin(server)
+    run("team", "create", "crew", env=env)
+    run("member", "add", "crew", "agent", env=env)
+    cases = {
+        '{"type": "tmux", "target": 5}': "'target' must be a string, got 5",
+        '{"type": "tmux", "target": "w:0", "turn_wait": "3"}': "'turn_wait' must be a "
+        "non-negative number, got '3'",
+        '{"type": "tmux", "target": "w:0", "session": true}': "'session' must be a string",
+        '{"type": "inbox-file", "root": ["/tmp"]}': "'root' must be a string",
+        '{"type": "webhook", "service": {"name": "x"}}': "'service' must be a string",
+        '{"type": "stdin", "command": ["claude", 5]}': "'command' must be",
+        '{"type": "stdin", "command": "claude", "env": {"A": 1}}': "'env' must be",
+    }
+    for value, said in cases.items():
+        bad = run("member", "set", "crew", "agent", "--delivery", value, env=env)
+        assert bad.returncode == 1, (value, bad.stderr)
+        assert said in bad.stderr, (value, bad.stderr)
+        assert "delivery" in bad.stderr
+    assert _delivery(server, "crew", "agent") == {}

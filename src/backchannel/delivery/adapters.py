@@ -15,6 +15,7 @@ messages itself (SDK, long-poll, SSE, a runtime's hooks); the dispatcher leaves 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -88,6 +89,7 @@ def check_delivery_setting(
         raise InvalidRequest(
             f"a {kind} delivery needs {need!r}; see docs/adapters/README.md", field="delivery"
         )
+    _check_option_types(kind, setting)
     if kind == "tmux" and "agent_commands" in setting:
         try:
             tmux_agent_commands(setting.get("agent_commands"), "the member")
@@ -99,6 +101,56 @@ def check_delivery_setting(
             "register the URL as a callback service",
             field="delivery",
         )
+
+
+#: The string and the number options of each stock adapter (``session`` is the
+#: dispatcher's, for every type): a setting giving one of another type is refused when
+#: it is stored, rather than stored and every message to the member dead-lettered.
+_STRING_OPTIONS = {
+    "tmux": ("target", "socket_path", "socket_name"),
+    "inbox-file": ("root", "team", "inbox", "color"),
+    "stdin": ("cwd", "stdout"),
+    "webhook": ("service",),
+}
+_NUMBER_OPTIONS = {"tmux": ("turn_wait",), "stdin": ("turn_wait",)}
+
+
+def _check_option_types(kind: str, setting: Mapping[str, Any]) -> None:
+    """Refuse an option of a stock adapter whose value has the wrong type, naming it."""
+
+    def refuse(key: str, want: str) -> None:
+        raise InvalidRequest(
+            f"the {kind} delivery option {key!r} must be {want}, got {setting[key]!r}; "
+            "correct it in the member's delivery setting (docs/adapters/README.md)",
+            field="delivery",
+        )
+
+    for key in ("session", *_STRING_OPTIONS.get(kind, ())):
+        if setting.get(key) is not None and not isinstance(setting[key], str):
+            refuse(key, "a string")
+    for key in _NUMBER_OPTIONS.get(kind, ()):
+        value = setting.get(key)
+        if key in setting and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+        ):
+            refuse(key, "a non-negative number")
+    if kind != "stdin":
+        return
+    command = setting.get("command")
+    if isinstance(command, str):
+        try:
+            shlex.split(command)
+        except ValueError as exc:
+            refuse("command", f"a list of strings or one shell-quoted string ({exc})")
+    elif not (isinstance(command, list) and command and all(isinstance(p, str) for p in command)):
+        refuse("command", "a list of strings or one shell-quoted string")
+    env = setting.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(v, str) for v in env.values())
+    ):
+        refuse("env", "an object of names to strings")
+    if setting.get("events") is not None and not isinstance(setting["events"], bool):
+        refuse("events", "true or false")
 
 
 def register_checks(checks: DeliveryChecks) -> None:
