@@ -346,3 +346,22 @@ def test_an_option_of_the_wrong_type_is_refused_when_set(server: Server) -> None
         assert said in bad.stderr, (value, bad.stderr)
         assert "delivery" in bad.stderr
     assert _delivery(server, "crew", "agent") == {}
+
+
+def test_a_local_store_checks_a_delivery_setting_as_serve_does(tmp_path: Path) -> None:
+    """With no ``serve`` (the CLI opens the store itself), a setting is checked just the
+    same: a ``serve`` started later on that store would dead-letter every message."""
+    env = {"BACKCHANNEL_HOME": str(tmp_path / "home")}
+    assert run("init", env=env).returncode == 0
+    assert run("team", "create", "crew", env=env).returncode == 0
+    bad = run("member", "add", "crew", "agent", "--delivery", '{"type": "nope"}', env=env)
+    assert bad.returncode == 1, bad.stderr
+    assert "unknown delivery type 'nope'" in bad.stderr and "tmux" in bad.stderr
+    assert run("member", "add", "crew", "agent", env=env).returncode == 0
+    bad = run("member", "set", "crew", "agent", "--delivery", '{"type": "tmux"}', env=env)
+    assert bad.returncode == 1 and "a tmux delivery needs 'target'" in bad.stderr
+    good = '{"type": "tmux", "target": "work:0.1"}'
+    assert run("member", "set", "crew", "agent", "--delivery", good, env=env).returncode == 0
+    assert json.loads(run("member", "show", "crew", "agent", "--json", env=env).stdout)[
+        "delivery"
+    ] == json.loads(good)

@@ -110,9 +110,14 @@ class Client:
             transport = HttpTransport(http, token, timeout=timeout, retry_within=retry_within)
         elif url.startswith(LOCAL_SCHEMES):
             from backchannel.config import open_store
+            from backchannel.delivery.adapters import register_checks
             from backchannel.hub import Hub
 
-            transport = LocalTransport(Hub(open_store(url), **hub_options), token, own_hub=True)
+            hub = Hub(open_store(url), **hub_options)
+            # the stock adapters' check of delivery settings, as `serve` has it: a `serve`
+            # later started on this store pushes with them
+            register_checks(hub.delivery_checks)
+            transport = LocalTransport(hub, token, own_hub=True)
         else:
             raise InvalidRequest(
                 f"cannot tell where {url!r} is: use http(s)://HOST:PORT for a running hub, "

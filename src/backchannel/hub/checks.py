@@ -2,10 +2,11 @@
 
 The hub stores a member's ``delivery`` setting but does not know the adapters that read
 it: those live in :mod:`backchannel.delivery`, which uses the hub, never the other way
-round. Where a hub is built together with its adapters (``backchannel serve``, the CLI on
-a local store), the adapters register their check here
-(:func:`backchannel.delivery.adapters.register_checks`), and ``add_member`` and
-``update_member`` refuse a setting no check accepts before anything is stored.
+round. Where a hub is built together with its adapters (``backchannel serve``, a client
+that opens a store itself, as the CLI does with no ``serve``), the adapters register
+their check here (:func:`backchannel.delivery.adapters.register_checks`), and
+``add_member`` and ``update_member`` refuse a setting no check accepts before anything
+is stored.
 """
 
 from __future__ import annotations
