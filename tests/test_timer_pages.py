@@ -111,3 +111,32 @@ def test_the_command_line_shows_a_page(srv: Server, team: tuple[dict[str, str], 
     assert [t["timer_id"] for t in json.loads(got.stdout)] == ids[1:3]
     bad = run("timer", "list", "--limit", "0", env=env)
     assert bad.returncode == 2 and "--limit" in bad.stderr
+
+
+def test_the_command_line_says_when_more_timers_follow(
+    srv: Server, team: tuple[dict[str, str], list[int]]
+) -> None:
+    """A page that is not the whole list says so on stderr, with the command that reads
+    the next one; the last page says nothing more, and --all reads every one."""
+    tokens, ids = team
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    first = run("timer", "list", env=env)
+    assert first.returncode == 0, first.stderr
+    assert [int(line.split("\t")[0]) for line in first.stdout.splitlines()] == ids[:TIMER_PAGE]
+    assert "more follow" in first.stderr
+    assert f"--after {ids[TIMER_PAGE - 1]}" in first.stderr and "--all" in first.stderr
+    rest = run("timer", "list", "--after", str(ids[TIMER_PAGE - 1]), env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert [int(line.split("\t")[0]) for line in rest.stdout.splitlines()] == ids[TIMER_PAGE:]
+    assert "more follow" not in rest.stderr
+    every = run("timer", "list", "--all", env=env)
+    assert every.returncode == 0, every.stderr
+    assert [int(line.split("\t")[0]) for line in every.stdout.splitlines()] == ids
+    assert "more follow" not in every.stderr
+    page = run("timer", "list", "--limit", "2", "--json", env=env)
+    assert page.returncode == 0, page.stderr
+    assert [t["timer_id"] for t in json.loads(page.stdout)] == ids[:2]
+    assert f"--after {ids[1]}" in page.stderr
+    exact = run("timer", "list", "--limit", "5", "--after", str(ids[-6]), env=env)
+    assert exact.returncode == 0, exact.stderr
+    assert len(exact.stdout.splitlines()) == 5 and "more follow" not in exact.stderr

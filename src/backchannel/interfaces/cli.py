@@ -874,20 +874,38 @@ def timer_list(
     limit: Annotated[
         int, typer.Option(min=1, max=MAX_TIMER_PAGE, help="Show at most this many.")
     ] = TIMER_PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Pending timers of your team, in the order they were set, a page at a time."""
+    """Pending timers of your team, in the order they were set, a page at a time (the
+    next page's command is printed on stderr when there are more; --all shows them all)."""
+    # one more than shown: whether more follow is said, never left for the reader to guess
     found = _run(
         _with(
             _client(url, token, home, admin=False),
-            lambda c: c.timers(session=session, after=after, limit=limit),
+            lambda c: c.timers(session=session, after=after, limit=None if every else limit + 1),
         )
     )
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
     if as_json:
         _print_json(found)
+    if more:
+        again = f"backchannel timer list --after {found[-1]['timer_id']}"
+        if session is not None:
+            again += f" --session {session}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} timers; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for t in found:
         target = f" -> {t['target']}" if t["target"] else ""
