@@ -562,3 +562,26 @@ async def test_an_http_check_inbox_whose_client_hangs_up_gives_back_what_it_took
         server.should_exit = True
         await serving
         await hub.close()
+
+
+async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
+    srv: Server, errlog: TextIO
+) -> None:
+    """``check_inbox`` reads a bounded batch; when more wait than it showed, its answer
+    says so and how to read them (the model is never left thinking it read them all)."""
+    from backchannel.interfaces.mcp import CHECK_INBOX_BATCH
+
+    tokens = make_team(srv, "deep-inbox", "a")
+    total = CHECK_INBOX_BATCH + 7
+    with srv.client(tokens["user"]) as c:
+        for i in range(total):
+            c.post("/v1/messages", json={"to": "a", "text": f"note {i}"}).raise_for_status()
+    async with connect("http", srv, tokens["a"], None, errlog) as s:
+        first, data = await ok(s, "check_inbox")
+        assert first.startswith(f"{CHECK_INBOX_BATCH} new messages:")
+        assert len(data["messages"]) == CHECK_INBOX_BATCH and data["more"] is True
+        assert first.endswith("More messages may wait: call check_inbox again to read them.")
+        rest, data = await ok(s, "check_inbox")
+        assert rest.startswith("7 new messages:") and "More messages may wait" not in rest
+        assert len(data["messages"]) == 7 and "more" not in data
+        assert (await ok(s, "check_inbox"))[0] == "No new messages."

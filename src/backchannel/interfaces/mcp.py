@@ -63,6 +63,9 @@ CHANNEL_SETTLE_S = 0.5
 #: The most timers ``list_timers`` shows the model: a team's members may each hold a
 #: hundred, and the tool's answer goes into the model's context whole.
 LIST_TIMERS_SHOWN = 50
+#: The most messages one ``check_inbox`` reads from each place it looks (the caller's
+#: session, then its member inbox): the answer goes into the model's context whole.
+CHECK_INBOX_BATCH = 50
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -362,14 +365,21 @@ def _give_back(a: Agent, ids: Sequence[str]) -> None:
 
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
-    is sure to be sent, and gives it back if the call ends any other way."""
+    is sure to be sent, and gives it back if the call ends any other way. At most
+    :data:`CHECK_INBOX_BATCH` from each place it looks; a batch that came back full
+    means more may wait, and the answer says so (and ``more``), with how to read them."""
     got: list[Received] = []
+    more = False
     try:
         if a.session is not None:
             # pinned to the session: handed out only while it is between turns
             with contextlib.suppress(UnknownSession, InvalidState):
-                got += await a.client.receive(limit=50, session=a.session)
-        got += await a.client.receive(limit=50)
+                pinned = await a.client.receive(limit=CHECK_INBOX_BATCH, session=a.session)
+                got += pinned
+                more = len(pinned) >= CHECK_INBOX_BATCH
+        rest = await a.client.receive(limit=CHECK_INBOX_BATCH)
+        got += rest
+        more = more or len(rest) >= CHECK_INBOX_BATCH
     except BaseException:  # cancelled (the client's notifications/cancelled), or failed
         _give_back(a, [m.message_id for m in got])
         raise
@@ -378,7 +388,10 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         return "No new messages.", {"messages": []}
     n = len(got)
     text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(map(_received, got))
-    return text, {"messages": data}
+    if not more:
+        return text, {"messages": data}
+    text += "\n\nMore messages may wait: call check_inbox again to read them."
+    return text, {"messages": data, "more": True}
 
 
 async def sessions(a: Agent, member: str | None = None) -> list[SessionInfo]:
