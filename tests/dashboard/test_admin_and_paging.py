@@ -167,8 +167,9 @@ def test_opening_a_long_history_costs_what_the_page_shows(
     page: Page, make_team: Callable[..., Team]
 ) -> None:
     """A team with 20,000 events: the page is sent the latest 1,000 (as many as its
-    timeline keeps) and is live after those, showing the newest messages; a dead letter
-    from before them is still in its panel; a message sent once it is open shows live."""
+    timeline keeps) and is live after those, showing the newest messages and saying
+    that older ones are not shown; a dead letter from before them is still in its
+    panel; a message sent once it is open shows live."""
     members = [f"m{i}" for i in range(10)]
     t = make_team(*members)
     doomed = t.send("user", "m0", "doomed early", summary="doomed early")
@@ -179,7 +180,8 @@ def test_opening_a_long_history_costs_what_the_page_shows(
     sign_in(page, t.server, t.tokens["user"])
     assert page.evaluate("window.__trafficAtLive") == 1000
     rows = page.locator("#timeline .row")
-    expect(page.locator("#timeline-count")).to_have_text("100 messages")
+    older = "latest 100 messages (older ones not shown)"
+    expect(page.locator("#timeline-count")).to_have_text(older)
     expect(rows.first.locator(".summary")).to_have_text("flood 1999")
     expect(rows.last.locator(".summary")).to_have_text("flood 1900")
     expect(rows.first.locator(".progress")).to_have_text("0/10 acked")
@@ -188,6 +190,8 @@ def test_opening_a_long_history_costs_what_the_page_shows(
     expect(page.locator("#dead li.item .why")).not_to_be_empty()
     t.send("m1", "m2", "after opening", summary="after opening")
     expect(rows.first.locator(".summary")).to_have_text("after opening")
-    expect(page.locator("#timeline-count")).to_have_text("101 messages")
+    expect(page.locator("#timeline-count")).to_have_text(older.replace("100", "101"))
+    page.select_option("#filter-kind", "timer")
+    expect(page.locator("#timeline-count")).to_have_text("0 of latest 101")
     sent = page.evaluate("window.__traffic")
     assert 1000 < sent < 1010, sent

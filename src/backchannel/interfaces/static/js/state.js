@@ -14,6 +14,7 @@ export const S = {
   live: false,
   messages: new Map(), // id -> {id, from, kind, summary, at, to: Map(member -> state), events: []}
   rows: new Map(), // id -> row element
+  older: false, // the team has messages from before the timeline's rows (not replayed, or dropped)
   members: [],
   activity: new Map(), // member -> latest timestamp seen in traffic
   links: [],

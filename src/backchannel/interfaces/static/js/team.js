@@ -102,6 +102,8 @@ async function connect(gen) {
       resetTimeline();
       render("members", "count");
     }
+    // a replay that starts after the team's first events leaves older messages out
+    if (after > S.cursor) S.older = true;
     S.cursor = Math.max(S.cursor, after);
   });
   es.addEventListener("snapshot", (ev) => gen === S.gen && applySnapshot(JSON.parse(ev.data)));

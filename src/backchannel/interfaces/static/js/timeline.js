@@ -25,6 +25,7 @@ export function resetTimeline() {
   S.messages.clear();
   S.rows.clear();
   S.activity.clear();
+  S.older = false;
   clear($("timeline"));
 }
 
@@ -90,6 +91,7 @@ function updateRow(msg) {
       S.rows.get(oldest).remove();
       S.rows.delete(oldest);
       S.messages.delete(oldest);
+      S.older = true;
     }
   }
   clear(row);
@@ -144,7 +146,17 @@ export function renderCount() {
   let shown = 0;
   for (const row of S.rows.values()) if (!row.hidden) shown += 1;
   const filtered = S.filter.member || S.filter.kind;
-  $("timeline-count").textContent = filtered ? `${shown} of ${total}` : total ? `${total} messages` : "";
+  // a timeline that starts after older messages says so: never a part shown as the whole
+  const latest = S.older ? "latest " : "";
+  const count = $("timeline-count");
+  count.textContent = filtered
+    ? `${shown} of ${latest}${total}`
+    : total
+      ? `${latest}${total} messages${S.older ? " (older ones not shown)" : ""}`
+      : "";
+  count.title = S.older
+    ? `the timeline starts with the team's latest ${MAX_ROWS} delivery events; older messages are not shown`
+    : "";
   const empty = $("timeline-empty");
   empty.textContent = total ? "no messages match these filters" : S.live ? "no messages yet" : "loading…";
   show(empty, shown === 0);
