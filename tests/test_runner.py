@@ -726,3 +726,26 @@ def test_a_story_or_note_line_is_printed_as_written(style: str) -> None:
     out = shown.getvalue()
     assert "must match [a-z0-9-]+, [tu_1] refused [/b]" in out, out
     assert "\x1b[2J" not in out, repr(out)
+
+
+async def test_the_check_inbox_tool_says_when_more_messages_may_wait(
+    server: Server, tmp_path: Path
+) -> None:
+    """A hosted agent's ``check_inbox`` reads a bounded batch; a full one ends by saying
+    more may wait and how to read them, so the model does not stop at the first batch."""
+    from backchannel.runner.tools import CHECK_INBOX_BATCH, ToolContext, check_inbox
+
+    tokens = server.team("deep", "worker")
+    total = CHECK_INBOX_BATCH + 3
+    with server.client(tokens["user"]) as c:
+        for i in range(total):
+            c.post("/v1/messages", json={"to": "worker", "text": f"item {i}"}).raise_for_status()
+    async with Client(server.url, tokens["worker"]) as worker:
+        session = (await worker.open_session("worker-main")).session_id
+        ctx = ToolContext(worker, "worker", session, tmp_path)
+        first = await check_inbox(ctx, {})
+        assert first.count("item ") == CHECK_INBOX_BATCH
+        assert first.endswith("(more messages may wait: call check_inbox again to read them)")
+        rest = await check_inbox(ctx, {})
+        assert rest.count("item ") == 3 and "more messages may wait" not in rest
+        assert await check_inbox(ctx, {}) == "(no messages)"

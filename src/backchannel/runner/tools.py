@@ -219,11 +219,21 @@ async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     return "\n".join(lines) or "(no events)"
 
 
+#: The most messages one ``check_inbox`` call reads (its answer goes into the model's
+#: context whole).
+CHECK_INBOX_BATCH = 50
+
+
 async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
-    got = await ctx.client.receive(limit=50, session=ctx.session)
+    """What waits for the agent, read and acked: at most :data:`CHECK_INBOX_BATCH`; a full
+    batch says that more may wait, so the model does not take it for all there is."""
+    got = await ctx.client.receive(limit=CHECK_INBOX_BATCH, session=ctx.session)
     if got:
         await ctx.client.ack([m.message_id for m in got])
-    return "\n\n".join(format_message(m.sender, m.kind, m.text) for m in got) or "(no messages)"
+    text = "\n\n".join(format_message(m.sender, m.kind, m.text) for m in got) or "(no messages)"
+    if len(got) >= CHECK_INBOX_BATCH:
+        text += "\n\n(more messages may wait: call check_inbox again to read them)"
+    return text
 
 
 async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
