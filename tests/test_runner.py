@@ -749,3 +749,25 @@ async def test_the_check_inbox_tool_says_when_more_messages_may_wait(
         rest = await check_inbox(ctx, {})
         assert rest.count("item ") == 3 and "more messages may wait" not in rest
         assert await check_inbox(ctx, {}) == "(no messages)"
+
+
+async def test_the_report_shows_every_message_to_the_user_not_the_first_hundred() -> None:
+    """The run's report reads what its agents sent the human a bounded page at a time
+    until none is left: each one shown once, none left unread behind the report."""
+    from backchannel.runner.command import report
+
+    hub, runner, _ = await _hub_with("team: r\nmembers:\n  - {name: talker, policy: echo}\n")
+    try:
+        user = await _boss(hub, "r")
+        helper = attach(hub, (await hub.add_member("r", "helper", "human"))[1])
+        await helper.start()
+        total = 250
+        for i in range(total):
+            await helper.send("boss", f"finding {i}")
+        result = await report(runner, runner.clients, user, "r", "the team is quiet")
+        assert [m["text"] for m in result.to_user] == [f"finding {i}" for i in range(total)]
+        assert await user.pending() == 0
+        await helper.close()
+        await user.close()
+    finally:
+        await hub.close()

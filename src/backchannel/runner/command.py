@@ -232,6 +232,10 @@ async def run_team(
             await hub.close()
 
 
+#: How many messages to the user the report reads from the hub at a time.
+REPORT_PAGE = 100
+
+
 async def report(
     runner: Runner, hosted: dict[str, Client], user: Client, name: str, ended: str
 ) -> RunResult:
@@ -260,10 +264,15 @@ async def report(
         with contextlib.suppress(Exception):
             if n := await client.pending():
                 result.waiting[member] = n
-    got = await user.receive(limit=100)
-    if got:
-        await user.ack([m.message_id for m in got])
-    result.to_user = [{"from": m.sender, "kind": m.kind, "text": m.text} for m in got]
+    # every message to the user, a bounded page at a time: the report is where they are
+    # read, so a page left unread would be shown to no one
+    while True:
+        got = await user.receive(limit=REPORT_PAGE)
+        if got:
+            await user.ack([m.message_id for m in got])
+        result.to_user += [{"from": m.sender, "kind": m.kind, "text": m.text} for m in got]
+        if len(got) < REPORT_PAGE:
+            break
     t = runner.totals()
     result.cost = t["cost"]
     result.tokens = t["usage"].input_tokens + t["usage"].output_tokens
