@@ -95,6 +95,31 @@ def test_the_timers_panel_shows_more_on_demand(page: Page, make_team: Callable[.
     expect(items.first.locator(".note")).to_have_text("soonest")
 
 
+def test_a_session_view_says_its_records_are_from_the_loaded_page(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A session's timers in its view come from the timers the page has loaded; when
+    the team has more than those, the view says how many more and where to load them,
+    and once they are loaded it lists them all and says nothing more."""
+    t, ids = _many_timers(make_team, SNAPSHOT_PAGE + 20)
+    sign_in(page, t.server, t.tokens["busy"])
+    page.locator('#members > li[data-member="busy"] .session-link', has_text="busy-s").click()
+    drawer = page.get_by_role("dialog")
+    expect(drawer.locator("#drawer-title")).to_have_text("busy-s")
+    expect(drawer.locator(".timer")).to_have_count(SNAPSHOT_PAGE)
+    note = drawer.locator(".records-note")
+    expect(note).to_have_text(
+        f"From the {SNAPSHOT_PAGE} timers this page has loaded: the team has 20 more "
+        "(show more in the Timers panel)."
+    )
+    page.locator("#drawer-close").click()
+    page.locator("#timers .more").get_by_role("button", name="show more").click()
+    expect(page.locator("#timers li.item")).to_have_count(len(ids))
+    page.locator('#members > li[data-member="busy"] .session-link', has_text="busy-s").click()
+    expect(drawer.locator(".timer")).to_have_count(len(ids))
+    expect(note).to_have_count(0)
+
+
 def test_admin_rotates_removes_and_deletes_from_the_page(
     page: Page, make_team: Callable[..., Team]
 ) -> None:

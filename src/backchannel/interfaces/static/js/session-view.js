@@ -87,9 +87,18 @@ function miniDelegation(d, sid) {
   );
 }
 
-function sessionRecords(title, items, render) {
-  if (!items.length) return null;
-  return [h("h3", { text: title }), h("ul", { class: "minis" }, items.map(render))];
+// `loaded` and `hidden`: how many of the team's records of this kind the page holds
+// and how many more it has not loaded (a session's may be among those: it says so).
+function sessionRecords(title, items, render, loaded, hidden = 0) {
+  if (!items.length && !hidden) return null;
+  const out = [h("h3", { text: title })];
+  if (items.length) out.push(h("ul", { class: "minis" }, items.map(render)));
+  if (hidden) {
+    const kind = title.toLowerCase();
+    const text = `From the ${loaded} ${kind} this page has loaded: the team has ${hidden} more (show more in the ${title} panel).`;
+    out.push(h("p", { class: "muted small records-note", text }));
+  }
+  return out;
 }
 
 export function renderSession(data) {
@@ -111,13 +120,26 @@ export function renderSession(data) {
       ["last output", s.last_output ? h("span", { class: "note", text: s.last_output }) : null],
     ]),
   );
-  // what the snapshot knows about this session: its links, timers and delegations
+  // what the snapshot (or the panels' loaded pages) knows about this session: its
+  // links, timers and delegations, and how many of the team's are not loaded
   const mine = (...ids) => ids.includes(sid);
   body.append(
     ...[
-      sessionRecords("Links", S.links.filter((l) => mine(l.initiator_session, l.responder_session)), (l) => miniLink(l, s.member)),
-      sessionRecords("Timers", S.timers.filter((t) => t.session === sid), miniTimer),
-      sessionRecords("Delegations", S.delegations.filter((d) => mine(d.caller_session, d.callee_session)), (d) => miniDelegation(d, sid)),
+      sessionRecords(
+        "Links",
+        S.links.filter((l) => mine(l.initiator_session, l.responder_session)),
+        (l) => miniLink(l, s.member),
+        S.links.length,
+        S.hidden.links,
+      ),
+      sessionRecords("Timers", S.timers.filter((t) => t.session === sid), miniTimer, S.timers.length, S.hidden.timers),
+      sessionRecords(
+        "Delegations",
+        S.delegations.filter((d) => mine(d.caller_session, d.callee_session)),
+        (d) => miniDelegation(d, sid),
+        S.delegations.length,
+        S.hidden.delegations,
+      ),
     ]
       .flat()
       .filter(Boolean),
