@@ -771,3 +771,34 @@ async def test_the_report_shows_every_message_to_the_user_not_the_first_hundred(
         await user.close()
     finally:
         await hub.close()
+
+
+async def test_check_inbox_never_acks_a_message_the_model_is_not_shown_whole(
+    server: Server, tmp_path: Path
+) -> None:
+    """A tool's answer is cut at MAX_RESULT characters; ``check_inbox`` acks what it
+    read, so a cut there would drop the messages past it for good. It shows the
+    messages that fit whole, gives the rest back (said, and read by the next call), and
+    a single message longer than the room is shown whole, never cut."""
+    from backchannel.runner.tools import MAX_RESULT, ToolContext, run_tool
+
+    tokens = server.team("long", "worker")
+    size = MAX_RESULT * 4 // 10  # two fit in one answer, three do not
+    texts = [f"part {i} " + chr(ord("a") + i) * size for i in range(3)]
+    huge = "huge " + "z" * (MAX_RESULT + 5_000)
+    with server.client(tokens["user"]) as c:
+        for text in [*texts, huge]:
+            c.post("/v1/messages", json={"to": "worker", "text": text}).raise_for_status()
+    async with Client(server.url, tokens["worker"]) as worker:
+        session = (await worker.open_session("worker-main")).session_id
+        ctx = ToolContext(worker, "worker", session, tmp_path)
+        allowed = frozenset({"check_inbox"})
+        first, failed = await run_tool(ctx, "check_inbox", {}, allowed)
+        assert not failed and "cut at" not in first
+        assert texts[0] in first and texts[1] in first and "part 2" not in first
+        assert "more messages may wait" in first
+        second, _ = await run_tool(ctx, "check_inbox", {}, allowed)
+        assert texts[2] in second and "huge" not in second and "cut at" not in second
+        third, _ = await run_tool(ctx, "check_inbox", {}, allowed)
+        assert huge in third and "cut at" not in third
+        assert await worker.pending() == 0

@@ -222,17 +222,37 @@ async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 #: The most messages one ``check_inbox`` call reads (its answer goes into the model's
 #: context whole).
 CHECK_INBOX_BATCH = 50
+#: How a ``check_inbox`` answer ends when it may not be all that waits.
+MORE_MAY_WAIT = "\n\n(more messages may wait: call check_inbox again to read them)"
+#: Tools whose answers are bounded by the tool itself and never cut by :func:`run_tool`
+#: (``check_inbox`` acks what it answers: a cut would lose the messages past it).
+UNCUT = frozenset({"check_inbox"})
 
 
 async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
-    """What waits for the agent, read and acked: at most :data:`CHECK_INBOX_BATCH`; a full
-    batch says that more may wait, so the model does not take it for all there is."""
+    """What waits for the agent, read and acked: at most :data:`CHECK_INBOX_BATCH`, and
+    only as many whole messages as fit in :data:`MAX_RESULT` characters (the first one
+    whatever its length). An answer is acked, so it is never cut (:func:`run_tool`
+    leaves it whole): what does not fit is given back to be read by the next call. A
+    full batch, or one that gave messages back, says that more may wait, so the model
+    does not take it for all there is."""
     got = await ctx.client.receive(limit=CHECK_INBOX_BATCH, session=ctx.session)
-    if got:
-        await ctx.client.ack([m.message_id for m in got])
-    text = "\n\n".join(format_message(m.sender, m.kind, m.text) for m in got) or "(no messages)"
-    if len(got) >= CHECK_INBOX_BATCH:
-        text += "\n\n(more messages may wait: call check_inbox again to read them)"
+    pieces: list[str] = []
+    used = len(MORE_MAY_WAIT)
+    for m in got:
+        piece = format_message(m.sender, m.kind, m.text)
+        if pieces and used + len(piece) + 2 > MAX_RESULT:
+            break
+        pieces.append(piece)
+        used += len(piece) + 2
+    shown, back = got[: len(pieces)], got[len(pieces) :]
+    if back:
+        await ctx.client.release([m.message_id for m in back])
+    if shown:
+        await ctx.client.ack([m.message_id for m in shown])
+    text = "\n\n".join(pieces) or "(no messages)"
+    if back or len(got) >= CHECK_INBOX_BATCH:
+        text += MORE_MAY_WAIT
     return text
 
 
@@ -489,6 +509,6 @@ async def run_tool(
         return f"{name} failed: {exc}", True
     except BackchannelError as exc:
         return f"{name} failed: {exc.message}", True
-    if len(text) > MAX_RESULT:
+    if len(text) > MAX_RESULT and name not in UNCUT:
         text = text[:MAX_RESULT] + f"\n[… cut at {MAX_RESULT} characters]"
     return text, False
