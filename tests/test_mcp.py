@@ -585,3 +585,30 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
         assert rest.startswith("7 new messages:") and "More messages may wait" not in rest
         assert len(data["messages"]) == 7 and "more" not in data
         assert (await ok(s, "check_inbox"))[0] == "No new messages."
+
+
+async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back_the_rest(
+    srv: Server, errlog: TextIO
+) -> None:
+    """A client cuts or refuses a tool answer past its limit (Claude Code: 25,000
+    tokens), and ``check_inbox`` acks what it answered with: it answers only the whole
+    messages that fit in CHECK_INBOX_CHARS, gives the rest back and says more may wait;
+    the next call reads them. Nothing is acked unseen."""
+    from backchannel.interfaces.mcp import CHECK_INBOX_CHARS
+
+    tokens = make_team(srv, "long-inbox", "a")
+    size = CHECK_INBOX_CHARS * 4 // 10  # two fit in one answer, three do not
+    texts = [f"part {i} " + chr(ord("a") + i) * size for i in range(3)]
+    with srv.client(tokens["user"]) as c:
+        for text in texts:
+            c.post("/v1/messages", json={"to": "a", "text": text}).raise_for_status()
+    async with connect("http", srv, tokens["a"], None, errlog) as s:
+        first, data = await ok(s, "check_inbox")
+        assert first.startswith("2 new messages:") and data["more"] is True
+        assert texts[0] in first and texts[1] in first and "part 2" not in first
+        assert [m["text"] for m in data["messages"]] == texts[:2]
+        rest, data = await ok(s, "check_inbox")
+        assert rest.startswith("1 new message:") and texts[2] in rest and "more" not in data
+        assert (await ok(s, "check_inbox"))[0] == "No new messages."
+    with srv.client(tokens["a"]) as c:
+        assert c.get("/v1/inbox/pending").json()["pending"] == 0

@@ -66,6 +66,10 @@ LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
 CHECK_INBOX_BATCH = 50
+#: The most characters of messages one ``check_inbox`` answers with (whole messages, the
+#: first whatever its length): a client cuts or refuses a longer tool answer (Claude
+#: Code past 25,000 tokens), and what the answer carries is acked.
+CHECK_INBOX_CHARS = 40_000
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -366,8 +370,10 @@ def _give_back(a: Agent, ids: Sequence[str]) -> None:
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
-    :data:`CHECK_INBOX_BATCH` from each place it looks; a batch that came back full
-    means more may wait, and the answer says so (and ``more``), with how to read them."""
+    :data:`CHECK_INBOX_BATCH` from each place it looks, and only the whole messages that
+    fit in :data:`CHECK_INBOX_CHARS` (the rest are given back at once); a batch that
+    came back full, or gave messages back, means more may wait, and the answer says so
+    (and ``more``), with how to read them."""
     got: list[Received] = []
     more = False
     try:
@@ -383,11 +389,23 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     except BaseException:  # cancelled (the client's notifications/cancelled), or failed
         _give_back(a, [m.message_id for m in got])
         raise
+    # whole messages within the answer's room: the rest go back, read by the next call
+    pieces: list[str] = []
+    used = 0
+    for m in got:
+        piece = _received(m)
+        if pieces and used + len(piece) > CHECK_INBOX_CHARS:
+            break
+        pieces.append(piece)
+        used += len(piece) + 2
+    if back := got[len(pieces) :]:
+        _give_back(a, [m.message_id for m in back])
+        got, more = got[: len(pieces)], True
     data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
     if not got:
         return "No new messages.", {"messages": []}
     n = len(got)
-    text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(map(_received, got))
+    text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces)
     if not more:
         return text, {"messages": data}
     text += "\n\nMore messages may wait: call check_inbox again to read them."
