@@ -612,3 +612,32 @@ async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back
         assert (await ok(s, "check_inbox"))[0] == "No new messages."
     with srv.client(tokens["a"]) as c:
         assert c.get("/v1/inbox/pending").json()["pending"] == 0
+
+
+async def test_messages_check_inbox_gives_back_keep_their_attempts(
+    srv: Server, errlog: TextIO
+) -> None:
+    """Messages that wait behind long ones are leased a few at a time, not all at once
+    and given back at every call: each is handed out at most twice before it is read,
+    so one that waited behind many long messages keeps its retries (a lease that runs
+    out after its last attempt makes it a dead letter)."""
+    from backchannel.interfaces.mcp import CHECK_INBOX_CHARS
+
+    tokens = make_team(srv, "long-queue", "a")
+    size = CHECK_INBOX_CHARS * 3 // 10  # three to an answer
+    ids = []
+    with srv.client(tokens["user"]) as c:
+        for i in range(30):
+            r = c.post("/v1/messages", json={"to": "a", "text": f"m{i} " + "x" * size})
+            ids.append(r.json()["message_id"])
+    read = []
+    async with connect("http", srv, tokens["a"], None, errlog) as s:
+        for _ in range(30):
+            _, data = await ok(s, "check_inbox")
+            if not data["messages"]:
+                break
+            read += [m["message_id"] for m in data["messages"]]
+    assert read == ids
+    with srv.client(tokens["user"]) as c:
+        attempts = [c.get(f"/v1/messages/{mid}").json()["deliveries"][0]["attempts"] for mid in ids]
+    assert max(attempts) <= 2, attempts

@@ -802,3 +802,31 @@ async def test_check_inbox_never_acks_a_message_the_model_is_not_shown_whole(
         third, _ = await run_tool(ctx, "check_inbox", {}, allowed)
         assert huge in third and "cut at" not in third
         assert await worker.pending() == 0
+
+
+async def test_messages_check_inbox_gives_back_keep_their_attempts(
+    server: Server, tmp_path: Path
+) -> None:
+    """Messages behind long ones are leased about as many as fit, not all at once and
+    given back at every call: each is handed out at most twice before it is read."""
+    from backchannel.runner.tools import MAX_RESULT, ToolContext, run_tool
+
+    tokens = server.team("queue", "worker")
+    ids = []
+    with server.client(tokens["user"]) as c:
+        for i in range(30):
+            body = {"to": "worker", "text": f"m{i} " + "x" * (MAX_RESULT * 3 // 10)}
+            ids.append(c.post("/v1/messages", json=body).json()["message_id"])
+    async with Client(server.url, tokens["worker"]) as worker:
+        session = (await worker.open_session("worker-main")).session_id
+        ctx = ToolContext(worker, "worker", session, tmp_path)
+        read = ""
+        for _ in range(30):
+            got, _ = await run_tool(ctx, "check_inbox", {}, frozenset({"check_inbox"}))
+            if got == "(no messages)":
+                break
+            read += got
+        assert [f"m{i} " in read for i in range(30)] == [True] * 30
+    with server.client(tokens["user"]) as c:
+        attempts = [c.get(f"/v1/messages/{mid}").json()["deliveries"][0]["attempts"] for mid in ids]
+    assert max(attempts) <= 2, attempts

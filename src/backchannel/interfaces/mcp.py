@@ -374,33 +374,46 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     fit in :data:`CHECK_INBOX_CHARS` (the rest are given back at once); a batch that
     came back full, or gave messages back, means more may wait, and the answer says so
     (and ``more``), with how to read them."""
-    got: list[Received] = []
+    got: list[Received] = []  # what the answer shows
+    pieces: list[str] = []
     more = False
+
+    async def fill(session: str | None) -> None:
+        """Lease about as many as the room left holds (one first, then by the length of
+        those read so far), so that what does not fit and goes back is little, and is
+        read by the next call: a message handed out and given back at every call would
+        spend its attempts (a lease that runs out after the last makes it dead)."""
+        nonlocal more
+        taken = 0
+        while taken < CHECK_INBOX_BATCH:
+            used = sum(map(len, pieces)) + 2 * len(pieces)
+            fits = (CHECK_INBOX_CHARS - used) * len(pieces) // used if pieces else 1
+            limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
+            step = await a.client.receive(limit=limit, session=session)
+            taken += len(step)
+            for i, m in enumerate(step):
+                piece = _received(m)
+                used = sum(map(len, pieces)) + 2 * len(pieces)
+                if pieces and used + len(piece) > CHECK_INBOX_CHARS:
+                    _give_back(a, [m.message_id for m in step[i:]])
+                    more = True
+                    return
+                got.append(m)
+                pieces.append(piece)
+            if len(step) < limit:
+                return
+        more = True  # a full batch: more may wait
+
     try:
         if a.session is not None:
             # pinned to the session: handed out only while it is between turns
             with contextlib.suppress(UnknownSession, InvalidState):
-                pinned = await a.client.receive(limit=CHECK_INBOX_BATCH, session=a.session)
-                got += pinned
-                more = len(pinned) >= CHECK_INBOX_BATCH
-        rest = await a.client.receive(limit=CHECK_INBOX_BATCH)
-        got += rest
-        more = more or len(rest) >= CHECK_INBOX_BATCH
+                await fill(a.session)
+        if not more:
+            await fill(None)
     except BaseException:  # cancelled (the client's notifications/cancelled), or failed
         _give_back(a, [m.message_id for m in got])
         raise
-    # whole messages within the answer's room: the rest go back, read by the next call
-    pieces: list[str] = []
-    used = 0
-    for m in got:
-        piece = _received(m)
-        if pieces and used + len(piece) > CHECK_INBOX_CHARS:
-            break
-        pieces.append(piece)
-        used += len(piece) + 2
-    if back := got[len(pieces) :]:
-        _give_back(a, [m.message_id for m in back])
-        got, more = got[: len(pieces)], True
     data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
     if not got:
         return "No new messages.", {"messages": []}

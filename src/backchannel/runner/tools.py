@@ -236,24 +236,36 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     leaves it whole): what does not fit is given back to be read by the next call. A
     full batch, or one that gave messages back, says that more may wait, so the model
     does not take it for all there is."""
-    got = await ctx.client.receive(limit=CHECK_INBOX_BATCH, session=ctx.session)
+    room = MAX_RESULT - len(MORE_MAY_WAIT)
+    shown: list[str] = []  # ids
     pieces: list[str] = []
-    used = len(MORE_MAY_WAIT)
-    for m in got:
-        piece = format_message(m.sender, m.kind, m.text)
-        if pieces and used + len(piece) + 2 > MAX_RESULT:
+    more = True  # a full batch, unless the inbox ran out first or messages went back
+    while len(shown) < CHECK_INBOX_BATCH:
+        # about as many as the room left holds (one first, then by the length of those
+        # read so far): what goes back is little, and read by the next call, so that no
+        # message spends its attempts being handed out and given back call after call
+        used = sum(map(len, pieces)) + 2 * len(pieces)
+        fits = (room - used) * len(pieces) // used if pieces else 1
+        limit = max(1, min(fits, CHECK_INBOX_BATCH - len(shown)))
+        got = await ctx.client.receive(limit=limit, session=ctx.session)
+        back: list[str] = []
+        for m in got:
+            piece = format_message(m.sender, m.kind, m.text)
+            if back or (pieces and sum(map(len, pieces)) + 2 * len(pieces) + len(piece) > room):
+                back.append(m.message_id)
+                continue
+            shown.append(m.message_id)
+            pieces.append(piece)
+        if back:
+            await ctx.client.release(back)
             break
-        pieces.append(piece)
-        used += len(piece) + 2
-    shown, back = got[: len(pieces)], got[len(pieces) :]
-    if back:
-        await ctx.client.release([m.message_id for m in back])
+        if len(got) < limit:
+            more = False
+            break
     if shown:
-        await ctx.client.ack([m.message_id for m in shown])
+        await ctx.client.ack(shown)
     text = "\n\n".join(pieces) or "(no messages)"
-    if back or len(got) >= CHECK_INBOX_BATCH:
-        text += MORE_MAY_WAIT
-    return text
+    return text + MORE_MAY_WAIT if more and shown else text
 
 
 async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
