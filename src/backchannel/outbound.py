@@ -18,7 +18,12 @@ other side's to choose, so the hub bounds what it reads of it:
   (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``) unless ``NO_PROXY`` names it, as the
   CLI's client reaches a hub elsewhere (behind a corporate proxy it is the only way
   out); an address on this machine (:func:`backchannel.reach.loopback`) is reached
-  straight, whatever the environment says (:func:`proxy_for`).
+  straight, whatever the environment says (:func:`proxy_for`);
+* an ``https`` address's certificate is checked against the certificates the environment
+  names, as the CLI's client checks a hub's (:func:`tls_context`): the PEM bundle
+  ``SSL_CERT_FILE`` names, else the directory ``SSL_CERT_DIR`` names, else certifi's
+  bundle. Verification is never turned off; a certificate not trusted fails the request
+  naming the host, the problem and the way out (:class:`UntrustedCertificate`).
 
 :func:`answer_start` reads the start of an answer for an error message without reading
 the rest.
@@ -26,6 +31,8 @@ the rest.
 
 from __future__ import annotations
 
+import os
+import ssl
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -39,11 +46,13 @@ from backchannel.reach import loopback
 __all__ = [
     "MAX_ANSWER",
     "AnswerRefused",
+    "UntrustedCertificate",
     "answer_start",
     "client",
     "proxy_for",
     "read_bounded",
     "scrub",
+    "tls_context",
 ]
 
 #: The most of one answer the hub reads (8 MiB).
@@ -53,6 +62,63 @@ MAX_ANSWER = 8 * 1024 * 1024
 class AnswerRefused(httpx.DecodingError):
     """An answer the hub does not read to its end: larger than the bound, compressed
     though the hub asked for none, or still coming at the request's deadline."""
+
+
+class UntrustedCertificate(httpx.ConnectError):
+    """A service's TLS certificate the hub does not trust (or certificates the
+    environment names that cannot be read): a connection failure, retried as any other
+    (the fix, a variable set and the hub restarted, may come within the retries)."""
+
+
+def _trusted() -> str:
+    """Which certificates the hub's requests trust now, for an error message."""
+    if path := os.environ.get("SSL_CERT_FILE"):
+        return f"SSL_CERT_FILE={path}"
+    if path := os.environ.get("SSL_CERT_DIR"):
+        return f"SSL_CERT_DIR={path}"
+    return "certifi's public CAs; SSL_CERT_FILE is not set"
+
+
+def tls_context() -> ssl.SSLContext:
+    """The certificates the hub's requests trust, chosen as httpx chooses them for the
+    CLI's client: the PEM bundle ``SSL_CERT_FILE`` names, else the directory of hashed
+    certificates ``SSL_CERT_DIR`` names, else certifi's bundle (either variable replaces
+    certifi's CAs, as it does for the CLI and OpenSSL). Hostnames and certificates are
+    always checked. Certificates the variables name that cannot be read raise
+    :class:`UntrustedCertificate` naming the variable, rather than falling back to
+    others."""
+    what = {"cafile": "a readable PEM file", "capath": "a directory of hashed PEM files"}
+    for name, option in (("SSL_CERT_FILE", "cafile"), ("SSL_CERT_DIR", "capath")):
+        if path := os.environ.get(name):
+            try:
+                if option == "capath" and not os.path.isdir(path):
+                    raise NotADirectoryError("no such directory")
+                if option == "cafile":
+                    return ssl.create_default_context(cafile=path)
+                return ssl.create_default_context(capath=path)
+            except (OSError, ssl.SSLError) as exc:
+                raise UntrustedCertificate(
+                    f"the certificates {name}={path} names cannot be read ({exc}); set "
+                    f"{name} to {what[option]} of the CA certificates to trust, or unset it "
+                    "to trust certifi's public CAs, and restart the hub"
+                ) from None
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _certificate_problem(exc: BaseException) -> str | None:
+    """What the TLS library said of a certificate it did not trust, when ``exc`` (or
+    what it was raised from) is that; ``None`` for any other failure."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for seen in chain:  # the TLS library's own words first: "certificate has expired"
+        if isinstance(seen, ssl.SSLCertVerificationError) and seen.verify_message:
+            return f"certificate verify failed: {seen.verify_message}"
+    return next((str(e) for e in chain if "CERTIFICATE_VERIFY_FAILED" in str(e)), None)
 
 
 class _Bounded(httpx.AsyncByteStream):
@@ -121,13 +187,17 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
         self._inner: dict[str | None, httpx.AsyncHTTPTransport] = {}
         self._limit = limit
         self._deadline = deadline
+        #: made from the environment when a request first needs it (:func:`tls_context`)
+        self._tls: ssl.SSLContext | None = None
 
     def _transport(self, url: httpx.URL) -> httpx.AsyncHTTPTransport:
         proxy = proxy_for(url)
         inner = self._inner.get(proxy)
         if inner is None:
+            if self._tls is None:
+                self._tls = tls_context()
             try:
-                inner = httpx.AsyncHTTPTransport(trust_env=False, proxy=proxy)
+                inner = httpx.AsyncHTTPTransport(verify=self._tls, trust_env=False, proxy=proxy)
             except (ImportError, ValueError, TypeError, httpx.InvalidURL) as exc:
                 raise httpx.ProxyError(
                     f"the proxy the environment names for {url.scheme} requests "
@@ -140,7 +210,23 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         ends = time.monotonic() + self._deadline
-        resp = await self._transport(request.url).handle_async_request(request)
+        try:
+            resp = await self._transport(request.url).handle_async_request(request)
+        except httpx.ConnectError as exc:
+            if isinstance(exc, UntrustedCertificate) or (why := _certificate_problem(exc)) is None:
+                raise
+            url = request.url
+            host = f"[{url.host}]" if ":" in url.host else url.host
+            where = f"{host}:{url.port or 443}"
+            raise UntrustedCertificate(
+                f"the TLS certificate of {where} is not trusted by this hub ({why}; trusted: "
+                f"{_trusted()}); if it is signed by a CA of your own (a private CA, or a "
+                "TLS-inspecting proxy's), set SSL_CERT_FILE in the hub's environment to a PEM "
+                "bundle holding that CA (and the public CAs the hub's other services need) "
+                "and restart the hub; or register the service by the name its certificate "
+                "is for",
+                request=request,
+            ) from exc
         encoding = resp.headers.get("content-encoding", "").strip().lower()
         assert isinstance(resp.stream, httpx.AsyncByteStream)
         resp.stream = _Bounded(
