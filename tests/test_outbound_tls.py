@@ -281,3 +281,17 @@ async def test_a_certificate_file_that_cannot_be_read_is_named(
     said = str(caught.value)
     assert "SSL_CERT_FILE" in said and "missing.pem" in said, said
     assert svc.paths == []
+
+
+async def test_an_a2a_agent_on_a_private_ca_fails_the_delegation_named(ca: PrivateCA) -> None:
+    """A call to an A2A agent goes through the same client: its agent card is not
+    fetched from a host not trusted, and the delegation's failure says why."""
+    pytest.importorskip("a2a.client")
+    with tls_service(ca, 200) as svc:
+        hub = await _caller(Service("weather", svc.url, "tok-weather", "a2a"))
+        try:
+            reason = await _failed(hub, await _delegate(hub, "forecaster@weather"))
+        finally:
+            await hub.close()
+    assert svc.paths == [] and svc.refused >= 1
+    _names_the_way_out(reason, svc)
