@@ -295,3 +295,36 @@ async def test_an_a2a_agent_on_a_private_ca_fails_the_delegation_named(ca: Priva
             await hub.close()
     assert svc.paths == [] and svc.refused >= 1
     _names_the_way_out(reason, svc)
+
+
+async def test_an_https_proxy_on_a_private_ca_named_in_ssl_cert_file_is_used(
+    ca: PrivateCA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy the environment names by an ``https://`` address (a corporate proxy on the
+    company's CA) is trusted by the same certificates as the services behind it."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca))
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with tls_service(ca) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("http_proxy", proxy.url)
+        async with outbound.client(deadline=5) as http:
+            resp = await http.post("http://hub-b.invalid:8080/api/chat", json={})
+    assert resp.status_code == 202
+    assert proxy.paths == ["http://hub-b.invalid:8080/api/chat"]
+
+
+async def test_an_https_proxy_not_trusted_is_named_in_the_failure(
+    ca: PrivateCA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with tls_service(ca) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("http_proxy", proxy.url)
+        async with outbound.client(deadline=5) as http:
+            with pytest.raises(httpx.ConnectError) as caught:
+                await http.post("http://hub-b.invalid:8080/api/chat", json={})
+    said = str(caught.value)
+    assert proxy.url in said and "certificate" in said and "SSL_CERT_FILE" in said, said
+    assert proxy.paths == []

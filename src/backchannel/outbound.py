@@ -121,6 +121,20 @@ def _certificate_problem(exc: BaseException) -> str | None:
     return next((str(e) for e in chain if "CERTIFICATE_VERIFY_FAILED" in str(e)), None)
 
 
+def _tls_peer(url: httpx.URL) -> str:
+    """Whose certificate a request to ``url`` checks, for an error message: the host's,
+    or an ``https`` proxy's the environment names for it (either, for an ``https``
+    address through it: the TLS library does not say which handshake failed)."""
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    where = f"{host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+    proxy = proxy_for(url)
+    if not proxy or not proxy.startswith("https://"):
+        return where
+    if url.scheme != "https":
+        return f"the proxy {_shown(proxy)} (named for {url.scheme} requests)"
+    return f"{where} or of the proxy {_shown(proxy)} the request goes through"
+
+
 class _Bounded(httpx.AsyncByteStream):
     def __init__(
         self, inner: httpx.AsyncByteStream, limit: int, encoding: str, deadline: float
@@ -215,11 +229,9 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
         except httpx.ConnectError as exc:
             if isinstance(exc, UntrustedCertificate) or (why := _certificate_problem(exc)) is None:
                 raise
-            url = request.url
-            host = f"[{url.host}]" if ":" in url.host else url.host
-            where = f"{host}:{url.port or 443}"
             raise UntrustedCertificate(
-                f"the TLS certificate of {where} is not trusted by this hub ({why}; trusted: "
+                f"the TLS certificate of {_tls_peer(request.url)} is not trusted by this hub "
+                f"({why}; trusted: "
                 f"{_trusted()}); if it is signed by a CA of your own (a private CA, or a "
                 "TLS-inspecting proxy's), set SSL_CERT_FILE in the hub's environment to a PEM "
                 "bundle holding that CA (and the public CAs the hub's other services need) "
