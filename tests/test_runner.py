@@ -713,6 +713,53 @@ async def test_a_turn_whose_answers_are_lost_goes_on_and_does_everything_once(
             await run
 
 
+_delegations_told: list[str] = []  # what the delegate tool told the model
+
+
+def _delegates_once(ctx: ScriptContext) -> object:
+    """Delegates one task to the peer, then ends the turn."""
+    if ctx.step == 0:
+        return use(call("delegate", to="peer", task="count the lines"))
+    _delegations_told.append(ctx.result())
+    return say("")
+
+
+async def test_a_delegation_whose_answer_was_lost_is_told_to_the_model_as_the_same_one(
+    tmp_path: Path,
+) -> None:
+    """A delegation reaches the hub and its answer is lost: the runner makes it again
+    under the same ``tool_use_id`` and the hub answers ``replayed``. The tool says so
+    (the delegation the first try made, which runs once), as the MCP tool does, so the
+    model waits for one answer and does not take the hub for having made a second."""
+    _delegations_told.clear()
+    async with _behind_a_faulty_proxy(tmp_path, "ld", "_delegates_once") as (
+        srv,
+        proxy,
+        tokens,
+        team,
+        worker,
+        user,
+    ):
+        proxy.faults.append(("POST", "/v1/delegations", "cut"))
+        runner = Runner(team, {"worker": worker}, workspace=tmp_path, quiet_seconds=60)
+        run = asyncio.create_task(runner.run("report", user))
+        await eventually(
+            lambda: bool(_delegations_told) or run.done(),
+            what="the delegate tool's answer",
+            within=30,
+            show=lambda: (proxy.seen, run.done() and run.exception()),
+        )
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        assert proxy.faults == [], "the delegation's answer was lost once"
+        async with Client(srv.url, tokens["worker"]) as w:
+            [d] = await w.delegations()
+        [told] = _delegations_told
+        assert told.startswith(f"delegated to peer as {d.delegation_id} (pending)"), told
+        assert "the same delegation" in told and "runs once" in told, told
+
+
 @pytest.mark.parametrize("style", ["", "red"], ids=["story", "note"])
 def test_a_story_or_note_line_is_printed_as_written(style: str) -> None:
     """A note is an error's words, a story line may quote a model's: rich markup in

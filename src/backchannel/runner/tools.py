@@ -163,7 +163,9 @@ async def send_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 
 async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     """One delegation, under the tool call's id (or one chosen here): made again while
-    the hub is away, the hub answers the delegation it made, never a second one."""
+    the hub is away, the hub answers the delegation it made, never a second one. That
+    answer (``replayed``) is told as such, as the MCP tool tells it: the model waits for
+    one answer and does not take the hub for having made a second delegation."""
     to, task = _req(args, "to"), _req(args, "task")
     timeout_s = _num(args, "timeout_s")
     tuid = ctx.call_id or "tu_" + uuid.uuid4().hex[:16]
@@ -172,9 +174,15 @@ async def delegate(ctx: ToolContext, args: Mapping[str, Any]) -> str:
             to, task, timeout_s=timeout_s, session=ctx.session, tool_use_id=tuid
         )
     )
+    head = f"delegated to {to} as {d.delegation_id} ({d.state})"
+    if d.replayed:
+        head += (
+            f": the same delegation an earlier try of this call (id {d.tool_use_id}) "
+            "made, which runs once; its answer reaches you once"
+        )
     return (
-        f"delegated to {to} as {d.delegation_id} (pending). The answer arrives as a tool "
-        "result in a later turn; do not wait for it in this turn."
+        f"{head}. The answer arrives as a tool result in a later turn; do not wait for it "
+        "in this turn."
     )
 
 
