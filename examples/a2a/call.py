@@ -12,6 +12,7 @@ import uuid
 import httpx
 from a2a.client import ClientConfig, create_client
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import A2AError
 
 
 async def main(agent_url: str, token: str, text: str) -> None:
@@ -28,4 +29,9 @@ async def main(agent_url: str, token: str, text: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    try:
+        asyncio.run(main(*sys.argv[1:4]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (A2AError, httpx.HTTPError) as exc:  # no hub there, a refused token, ...
+        sys.exit(f"call.py: {exc}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from backchannel import Client
+from backchannel import BackchannelError, Client
 
 
 async def main(url: str, token: str) -> None:
@@ -26,4 +26,9 @@ async def main(url: str, token: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:3]))
+    try:
+        asyncio.run(main(*sys.argv[1:3]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BackchannelError as exc:
+        sys.exit(f"delegate.py: {exc.message}")

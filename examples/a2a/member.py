@@ -4,6 +4,10 @@ Each A2A task reaches the member in its own session ``a2a-<task id>``; the closi
 of the turn (``agent_stop``) is the task's answer.
 
     python examples/a2a/member.py http://127.0.0.1:8765 WORKER_TOKEN worker
+
+It rides out a hub restart (the SDK tries a call again for a few seconds); a hub that
+stays away ends it with one line on stderr and exit status 1, as a refused token does.
+Ctrl-C ends it quietly (status 130).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from backchannel import Client
+from backchannel import BackchannelError, Client, PeerError
 
 
 async def main(url: str, token: str, me: str) -> None:
@@ -29,4 +33,11 @@ async def main(url: str, token: str, me: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    try:
+        asyncio.run(main(*sys.argv[1:4]))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except PeerError as exc:
+        sys.exit(f"member.py: stopped, the hub went away: {exc.message}")
+    except BackchannelError as exc:
+        sys.exit(f"member.py: {exc.message}")
