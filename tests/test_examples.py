@@ -1,4 +1,5 @@
-"""The examples a newcomer runs, run as the docs show them: docs/a2a.md's two "Two
+"""The examples a newcomer runs, run as the docs show them: the README's Python SDK
+sample taken from the markdown against a real ``serve``; docs/a2a.md's two "Two
 minutes" blocks as one bash script (every script under examples/a2a as the blocks
 invoke it), then the hub stopped under the member agent; and ``examples/demo.py``.
 Each must end cleanly, print what the docs show and no traceback."""
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import Server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # python and backchannel of this environment
@@ -36,6 +37,51 @@ def _env(tmp_path: Path, **more: str) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env['PATH']}", **more)
     return env
+
+
+def test_the_readme_python_sample_runs_as_written(server: Server, tmp_path: Path) -> None:
+    """The README's SDK sample, taken verbatim from the markdown, run with the
+    walkthrough's tokens exported: it sends as the user, reads as worker-1, and ends."""
+    sample = _block("README.md", "## Python SDK", "python")
+    assert "asyncio.run(main())" in sample, "the sample must run as a script"
+    tokens = server.team("alpha", "worker-1")
+    (tmp_path / "sample.py").write_text(sample)
+    env = _env(
+        tmp_path,
+        BACKCHANNEL_URL=server.url,
+        USER_TOKEN=tokens["user"],
+        WORKER_TOKEN=tokens["worker-1"],
+    )
+    got = subprocess.run(
+        [sys.executable, "sample.py"], cwd=tmp_path, env=env, capture_output=True, timeout=60
+    )
+    out, err = got.stdout.decode(), got.stderr.decode()
+    assert got.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert out == "queued ['worker-1'] False\nuser count the words in README.md\n", out
+    with server.client(tokens["worker-1"]) as c:
+        assert c.get("/v1/inbox/pending").json()["pending"] == 0, "the sample acked it"
+
+
+# what a shell has before the docs' commands run, and the variables the docs describe
+# as settings of the user's own
+GIVEN = {"HOME", "PATH", "BACKCHANNEL_URL", "BACKCHANNEL_HOME", "BACKCHANNEL_TOKEN"}
+
+
+def test_every_variable_a_docs_command_uses_is_set_in_that_doc() -> None:
+    """A shell sample that passes ``"$ADMIN_TOKEN"`` nobody set runs as written with an
+    empty token: each ``$NAME`` in a README or docs/ shell block is assigned in one of
+    that document's shell blocks (``NAME=...``, ``export NAME=...``), or is in GIVEN."""
+    unset = {}
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if doc.name == "decisions.md":
+            continue
+        code = "\n".join(re.findall(r"```(?:sh|bash|shell)\n(.*?)```", doc.read_text(), re.S))
+        assigned = set(re.findall(r"(?:^|[\s;(])(?:export\s+)?([A-Z_][A-Z0-9_]*)=", code, re.M))
+        used = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", code))
+        if used - assigned - GIVEN:
+            unset[doc.name] = sorted(used - assigned - GIVEN)
+    assert unset == {}, unset
 
 
 @pytest.mark.slow
