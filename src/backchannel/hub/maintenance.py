@@ -416,16 +416,22 @@ class Maintenance:
 
             return fn
 
-        teams = await self.store.read(lambda tx: [t.name for t in tx.list_teams()])
-        moved = 0
-        for team in teams:
-            moved += await self.store.transact(one(team))
+        moved = await self._each_team(one)
         if moved:
             log.warning(
                 "%d pending timers and jobs set before the clock stepped %.0f s %s each "
                 "fall due as long after they were set as meant",
                 moved, abs(step), "forward" if step > 0 else "back",
             )  # fmt: skip
+
+    async def _each_team(self, one: Callable[[str], Callable[[Tx], int]]) -> int:
+        """Run ``one(team)`` in a transaction of its own for each team (a team's records
+        at a time, never the whole store in one), and the sum of what they counted."""
+        teams = await self.store.read(lambda tx: [t.name for t in tx.list_teams()])
+        total = 0
+        for team in teams:
+            total += await self.store.transact(one(team))
+        return total
 
     async def _carry_windows(self, now: float, step: float) -> None:
         """The wall clock stepped ``step`` seconds forward: a pair's budget window open at
@@ -451,10 +457,7 @@ class Maintenance:
 
             return fn
 
-        teams = await self.store.read(lambda tx: [t.name for t in tx.list_teams()])
-        moved = 0
-        for team in teams:
-            moved += await self.store.transact(one(team))
+        moved = await self._each_team(one)
         if moved:
             log.warning(
                 "%d pair budget windows open when the clock stepped forward each keep "
