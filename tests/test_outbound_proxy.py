@@ -7,8 +7,6 @@ loopback that writes down the request lines it is sent and answers each itself."
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -18,53 +16,23 @@ from backchannel import outbound
 from backchannel.callbacks import Service
 from backchannel.testing import eventually
 from tests.test_outbound import _caller, _delegate, _failed
+from tests.test_proxy_env import RecordingProxy
 
 #: A host no resolver knows (RFC 2606): reached straight, the request fails at once.
 ELSEWHERE = "hub-b.invalid"
 
 
-class Recorder:
-    """A listener on loopback that writes down the first line of each request and
-    answers 202: a proxy (a request through it names the whole URL) or a service (a
-    request to it names only the path)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.lines: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                head = b""
-                try:
-                    while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
-                        head += data
-                    self.lines.append(head.partition(b"\r\n")[0].decode("latin-1"))
-                    conn.sendall(
-                        b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
-                    )
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
+#: A service's (or a proxy's) answer taking the request.
+ACCEPTED = (
+    b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+)
 
 
 @pytest.fixture
-def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingProxy]:
     """A proxy the environment names for every scheme, with no ``NO_PROXY``."""
-    p = Recorder()
+    p = RecordingProxy(ACCEPTED)
     for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", p.url)
@@ -76,7 +44,7 @@ def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
 
 
 async def test_the_outbox_posts_to_a_hub_elsewhere_through_the_environments_proxy(
-    proxy: Recorder,
+    proxy: RecordingProxy,
 ) -> None:
     """A hub behind a corporate proxy delegates to a hub elsewhere: the POST to
     ``/api/chat`` goes through the proxy (which is the only way out of such a network)."""
@@ -95,7 +63,7 @@ async def test_the_outbox_posts_to_a_hub_elsewhere_through_the_environments_prox
 
 
 async def test_no_proxy_naming_the_hub_elsewhere_sends_the_outbox_straight(
-    proxy: Recorder, monkeypatch: pytest.MonkeyPatch
+    proxy: RecordingProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NO_PROXY", ".invalid")
     monkeypatch.setenv("no_proxy", ".invalid")
@@ -109,10 +77,12 @@ async def test_no_proxy_naming_the_hub_elsewhere_sends_the_outbox_straight(
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
-async def test_a_service_on_this_machine_is_reached_straight(proxy: Recorder, host: str) -> None:
+async def test_a_service_on_this_machine_is_reached_straight(
+    proxy: RecordingProxy, host: str
+) -> None:
     """No ``NO_PROXY`` for loopback: a service here is reached straight all the same, as
     the CLI reaches a hub here (a proxy cannot reach this machine's loopback)."""
-    service = Recorder()
+    service = RecordingProxy(ACCEPTED)
     try:
         async with outbound.client(deadline=5) as http:
             resp = await http.post(f"http://{host}:{service.port}/api/chat", json={})
@@ -124,7 +94,7 @@ async def test_a_service_on_this_machine_is_reached_straight(proxy: Recorder, ho
 
 
 async def test_a_proxy_that_cannot_be_used_is_named_in_the_failure(
-    proxy: Recorder, monkeypatch: pytest.MonkeyPatch
+    proxy: RecordingProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A proxy of a scheme the hub cannot speak fails the request, naming the proxy
     (without its password) and the way out."""

@@ -24,15 +24,26 @@ from tests.conftest import BIN, Server
 PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
 
 
-class RecordingProxy:
-    """A proxy that writes down the first line and the headers of each request and
-    answers 502 with an HTML page, as a corporate proxy that cannot reach does."""
+#: A corporate proxy's answer when it cannot reach the host asked for.
+BAD_GATEWAY = (
+    b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(PAGE), PAGE)
+)
 
-    def __init__(self) -> None:
+
+class RecordingProxy:
+    """A listener on loopback that writes down the first line and the headers of each
+    request and gives each the same ``answer``: by default a 502 with an HTML page, as a
+    corporate proxy that cannot reach does. A proxy (a request through it names the
+    whole URL) or a service (a request to it names only the path)."""
+
+    def __init__(self, answer: bytes = BAD_GATEWAY) -> None:
+        self.answer = answer
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[str] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -50,12 +61,14 @@ class RecordingProxy:
                     while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
                         head += data
                     self.requests.append(head.partition(b"\r\n\r\n")[0].decode("latin-1"))
-                    conn.sendall(
-                        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
-                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(PAGE), PAGE)
-                    )
+                    conn.sendall(self.answer)
                 except OSError:
                     pass
+
+    @property
+    def lines(self) -> list[str]:
+        """The first line of each request."""
+        return [r.partition("\r\n")[0] for r in self.requests]
 
     def close(self) -> None:
         self.sock.close()
