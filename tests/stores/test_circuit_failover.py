@@ -18,27 +18,23 @@ are in send order; the stored circuit ends closed, with no row left.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import sqlite3
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from backchannel.testing import eventually_blocking
-from tests.conftest import Server, start_server
+from tests.conftest import Server
+from tests.stores import test_dispatch_failover as failover
+from tests.stores.test_dispatch_failover import owner_pid, rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
-LEASE_S = 2.0  # --dispatch-lease: a dead hub's members move within about this long
 #: the callback retry policy: a hanging target costs half a second an attempt
 RETRY = "retry: {start: 0.05, factor: 2, cap: 0.1, budget: 30, timeout: 0.5}\n"
 
@@ -115,39 +111,8 @@ def target() -> Iterator[Target]:
 
 
 def start_two_hubs(base: Path, url: str, service_url: str) -> list[Server]:
-    """Two hubs on one store with one admin token, the same callback registry and a quick
-    retry policy; the push lease is short for the test."""
-    token = "bca_" + secrets.token_urlsafe(32)
-    homes = []
-    for i in range(2):
-        home = base / f"hub{i}"
-        home.mkdir(parents=True)
-        fd = os.open(home / "admin.token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        (home / "config.yaml").write_text(RETRY)
-        homes.append(home)
-    env = {"BACKCHANNEL_CALLBACKS": f"sink={service_url}"}
-    args = ("--dispatch-lease", str(LEASE_S), "--max-attempts", "2")
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(start_server, h, url, *args, env=env) for h in homes]
-        return [f.result() for f in futures]
-
-
-def rows(url: str, sql: str) -> list[Any]:
-    if url.startswith("sqlite://"):
-        conn = sqlite3.connect(url.removeprefix("sqlite://"), timeout=30)
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-    with psycopg.connect(url, autocommit=True) as pg:
-        return pg.execute(sql).fetchall()
-
-
-def owner_pid(url: str) -> int | None:
-    got = rows(url, "SELECT owner FROM dispatch_owners WHERE team = 'po' AND member = 'sink'")
-    return int(got[0][0].split("/")[1]) if got else None
+    """Two hubs on one store with a quick retry policy and two attempts a message."""
+    return failover.start_two_hubs(base, url, service_url, "--max-attempts", "2", config=RETRY)
 
 
 def circuit(url: str) -> str | None:

@@ -89,9 +89,12 @@ def webhook_receiver() -> Iterator[Receiver]:
         thread.join(10)
 
 
-def start_two_hubs(base: Path, url: str, service_url: str) -> list[Server]:
+def start_two_hubs(
+    base: Path, url: str, service_url: str, *args: str, config: str | None = None
+) -> list[Server]:
     """Two hubs on one database with one admin token and the same callback registry (as
-    an operator configures every host alike); the push lease is short for the test."""
+    an operator configures every host alike), each with ``config`` as its ``config.yaml``
+    and ``args`` after its own; the push lease is short for the test."""
     token = "bca_" + secrets.token_urlsafe(32)
     homes = []
     for i in range(2):
@@ -100,11 +103,13 @@ def start_two_hubs(base: Path, url: str, service_url: str) -> list[Server]:
         fd = os.open(home / "admin.token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+        if config is not None:
+            (home / "config.yaml").write_text(config)
         homes.append(home)
     env = {"BACKCHANNEL_CALLBACKS": f"sink={service_url}"}
-    args = ("--dispatch-lease", str(LEASE_S))
+    argv = ("--dispatch-lease", str(LEASE_S), *args)
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(start_server, h, url, *args, env=env) for h in homes]
+        futures = [pool.submit(start_server, h, url, *argv, env=env) for h in homes]
         return [f.result() for f in futures]
 
 
