@@ -191,6 +191,10 @@ class Members:
         member = await self.store.transact(fn)
         self.forget_tokens()  # cached members carry the old settings
         self.quotas.forget()  # and the room left under the old limits
+        if delivery is not None:
+            # this hub's own worker on the old target holds its circuit in memory until
+            # it stops at its next look: the circuit is about the old target, shown no more
+            self.env.push_circuits.close(team, name)
         return member
 
     async def list_members(self, team: str) -> list[Member]:
