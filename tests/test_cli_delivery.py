@@ -135,6 +135,15 @@ def test_each_wrong_delivery_is_named_with_the_way_out(server: Server, tmp_path:
     assert f"{broken} is not JSON" in bad.stderr and "line 4 column 1" in bad.stderr
     bad = set_("-", input="tmux")
     assert bad.returncode == 2 and "stdin is not JSON" in bad.stderr
+    # an error past the last line, nesting too deep, a number too long: named, no traceback
+    for value, said in [
+        ("{\n", "line 2 column 1"),
+        ("[" * 100_000, "nested too deep"),
+        ('{"turn_wait": ' + "9" * 5000 + "}", "a number with too many digits"),
+    ]:
+        bad = set_(value)
+        assert (bad.returncode, "Traceback" in bad.stderr) == (2, False), bad.stderr
+        assert said in bad.stderr, bad.stderr
     # JSON, but no object
     bad = set_('["tmux"]')
     assert bad.returncode == 2 and "not an object" in bad.stderr and "or none" in bad.stderr

@@ -435,8 +435,16 @@ def delivery_arg(value: str) -> dict[str, Any]:
         text, source = value, "the value"
     try:
         setting = json.loads(text)
-    except json.JSONDecodeError as exc:
-        line = text.splitlines()[exc.lineno - 1] if text.splitlines() else ""
+    except (RecursionError, ValueError) as exc:
+        if not isinstance(exc, json.JSONDecodeError):  # nested too deep, a huge number
+            raise typer.BadParameter(
+                f"{source} is not a JSON object the hub takes: "
+                f"{'nested too deep' if isinstance(exc, RecursionError) else 'a number with too many digits'}; give a "
+                'flat JSON object such as \'{"type": "tmux", "target": "work:0.1"}\'',
+                param_hint=hint,
+            ) from None
+        lines = text.splitlines()
+        line = lines[exc.lineno - 1] if 0 < exc.lineno <= len(lines) else ""
         raise typer.BadParameter(
             f"{source} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}:\n"
             f"  {line}\n  {' ' * (exc.colno - 1)}^\n"
