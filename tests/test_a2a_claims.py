@@ -19,7 +19,14 @@ pytest.importorskip("a2a.client")
 from backchannel.testing import eventually
 from tests.conftest import Server, start_server
 from tests.stores.test_postgres_hubs import start_hubs, stop_all
-from tests.test_a2a_hangups import _answer, _hub_message, _raw_post, _rpc, _task_sessions
+from tests.test_a2a_hangups import (
+    _answer,
+    _hub_message,
+    _raw_post,
+    _rpc,
+    _task_sessions,
+    lead_and_worker,
+)
 from tests.test_a2a_inbound import Worker, _answers, _json_headers, playing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -65,14 +72,7 @@ async def _repeat_answered(
     """Send ``rpc`` again to ``srv`` while the member works on its task ``sid``: once the
     repeat shows the task working, the member answers, and the repeat is answered with
     the task completed with that answer."""
-    async with (
-        httpx.AsyncClient(
-            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
-        ) as http,
-        httpx.AsyncClient(
-            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
-        ) as member,
-    ):
+    async with lead_and_worker(srv, tokens) as (http, member):
         repeat = asyncio.create_task(http.post("/a2a/t/worker/", json=rpc))
         try:
             task = await _working_on(http, sid.removeprefix("a2a-"), repeat)

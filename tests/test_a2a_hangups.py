@@ -32,6 +32,23 @@ def served(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
 
 
 @contextlib.asynccontextmanager
+async def lead_and_worker(
+    srv: Server, tokens: dict[str, str]
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two clients of ``srv``: the A2A caller (``lead``'s token, JSON-RPC headers) and
+    the member ``worker`` answering its tasks over the hub's own API."""
+    async with (
+        httpx.AsyncClient(
+            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
+        ) as http,
+        httpx.AsyncClient(
+            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
+        ) as member,
+    ):
+        yield http, member
+
+
+@contextlib.asynccontextmanager
 async def _raw_post(srv: Server, token: str, path: str, rpc: dict[str, Any]) -> AsyncIterator[None]:
     """POST ``rpc`` to ``path`` over a socket of its own, closed on leaving without
     reading a byte of the answer: a caller whose connection is cut mid-call."""
@@ -86,14 +103,7 @@ async def test_a_send_cut_off_before_its_answer_and_sent_again_reaches_the_membe
     that is answered is answered with the one task the member completes, never a second
     task or a failed one."""
     srv, tokens = served
-    async with (
-        httpx.AsyncClient(
-            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
-        ) as http,
-        httpx.AsyncClient(
-            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
-        ) as member,
-    ):
+    async with lead_and_worker(srv, tokens) as (http, member):
         # cut while the member works; the answer comes while the repeat waits for it
         rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_cut_1", "hold cut")})
         async with _raw_post(srv, tokens["lead"], "/a2a/t/worker/", rpc):
@@ -146,14 +156,7 @@ async def test_a_cancel_racing_the_answer_ends_the_task_once_and_the_caller_hear
     srv, tokens = served
     rounds = 12
     outcomes = []
-    async with (
-        httpx.AsyncClient(
-            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
-        ) as http,
-        httpx.AsyncClient(
-            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
-        ) as member,
-    ):
+    async with lead_and_worker(srv, tokens) as (http, member):
         known: set[str] = set()
         for n in range(rounds):
             message = {"messageId": f"m-race-{n}", "role": "ROLE_USER",
@@ -237,14 +240,7 @@ async def test_a_stream_whose_caller_hangs_up_goes_on_and_a_resubscription_sees_
     that came back before the answer) gives the task as it is now, then the rest, the
     answer's artifact and the final state each once, agreeing with ``GetTask``."""
     srv, tokens = served
-    async with (
-        httpx.AsyncClient(
-            base_url=srv.url, headers=_json_headers(tokens["lead"]), timeout=60
-        ) as http,
-        httpx.AsyncClient(
-            base_url=srv.url, headers={"Authorization": f"Bearer {tokens['worker']}"}
-        ) as member,
-    ):
+    async with lead_and_worker(srv, tokens) as (http, member):
         message = {"messageId": "m-stream-cut", "role": "ROLE_USER", "parts": [{"text": "hold"}]}
         rpc = _rpc(1, "SendStreamingMessage", {"message": message})
 
