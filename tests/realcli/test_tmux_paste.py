@@ -12,6 +12,7 @@ import asyncio
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -183,23 +184,19 @@ async def _pause() -> None:
     await asyncio.sleep(0.2)
 
 
-async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
-    rig: Rig, tmp_path: Path
-) -> None:
+@contextmanager
+def _warm_pane(rig: Rig) -> Iterator[tuple[Pane, dict[str, str]]]:
+    """The rig's CLI in a tmux pane, its model answering "Noted.", after a prompt of the
+    user's own, answered and done (Gemini CLI just started may miss an Enter, or take it
+    for a newline when it comes within 30 ms of a key); with the tmux delivery setting
+    that types into that pane."""
     model = rig.model
     rig.api = model.make([Rule(lambda q: bool(model.tools(q)), say("Noted."))])
     rig.api.__enter__()
     binary, args = _start(rig)
     env = rig.env() | {"TERM": "xterm-256color"}
-    pwned = tmp_path / "pwned"
-    secret = rig.project / "secret.txt"
-    secret.write_text(SECRET + "\n")
-    cases = {f"{kb} KB": long_text(kb * 1024, f"LONG-{kb}KB") for kb in (1, 5, 20, 96)}
-    cases |= {name: text.format(pwned=pwned, secret=secret) for name, text in HOSTILE.items()}
     with cli_pane(binary, rig.project, env, *args) as pane:
         _idle_cli(rig, pane)
-        # a prompt of the user's first, answered and done: Gemini CLI just started may
-        # miss an Enter (or take it for a newline when it comes within 30 ms of a key)
         pane.type("Warm up.")
         wait_until(
             lambda: (
@@ -211,12 +208,26 @@ async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
             pane,
         )
         foreground = pane.pane.cmd("display-message", "-p", "#{pane_current_command}").stdout
-        setting = {
-            "type": "tmux",
-            "target": pane.pane.pane_id,
-            "socket_name": pane.pane.server.socket_name,
-            "agent_commands": foreground,
-        }
+        yield (
+            pane,
+            {
+                "type": "tmux",
+                "target": pane.pane.pane_id,
+                "socket_name": pane.pane.server.socket_name,
+                "agent_commands": foreground,
+            },
+        )
+
+
+async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
+    rig: Rig, tmp_path: Path
+) -> None:
+    pwned = tmp_path / "pwned"
+    secret = rig.project / "secret.txt"
+    secret.write_text(SECRET + "\n")
+    cases = {f"{kb} KB": long_text(kb * 1024, f"LONG-{kb}KB") for kb in (1, 5, 20, 96)}
+    cases |= {name: text.format(pwned=pwned, secret=secret) for name, text in HOSTILE.items()}
+    with _warm_pane(rig) as (pane, setting):
         async with running_hub() as hub:
             await hub.add_member("t", "alice", rig.runtime, delivery=setting)
             await hub.add_member("t", "bob", "llm")
@@ -230,7 +241,7 @@ async def test_long_and_hostile_messages_reach_the_model_whole_as_one_prompt(
                     assert not pane.exited(), f"{rig.runtime} quit on {name!r}"
     assert not pwned.exists(), f"{rig.runtime} ran a shell command from a message"
     assert rig.api is not None
-    assert not any(SECRET in t for q in rig.api.requests for t in model.texts(q))
+    assert not any(SECRET in t for q in rig.api.requests for t in rig.model.texts(q))
 
 
 @pytest.fixture
@@ -276,36 +287,13 @@ async def test_claude_code_takes_each_message_typed_in_as_its_last_turn_ends_onc
 
 
 async def _back_to_back(rig: Rig) -> None:
-    model = rig.model
-    rig.api = model.make([Rule(lambda q: bool(model.tools(q)), say("Noted."))])
-    rig.api.__enter__()
-    binary, args = _start(rig)
-    env = rig.env() | {"TERM": "xterm-256color"}
-    with cli_pane(binary, rig.project, env, *args) as pane:
-        _idle_cli(rig, pane)
-        pane.type("Warm up.")
-        wait_until(
-            lambda: (
-                READY[rig.runtime] in pane.screen().partition("Noted.")[2]
-                or _enter_again(pane, "Warm up")
-            ),
-            60,
-            "the user's first turn",
-            pane,
-        )
-        foreground = pane.pane.cmd("display-message", "-p", "#{pane_current_command}").stdout
-        setting = {
-            "type": "tmux",
-            "target": pane.pane.pane_id,
-            "socket_name": pane.pane.server.socket_name,
-            "agent_commands": foreground,
-        }
+    with _warm_pane(rig) as (pane, setting):
         marks = [f"BACK-{n}-OF-{BACK_TO_BACK}" for n in range(1, BACK_TO_BACK + 1)]
         texts = {mark: f"{mark} please note this." for mark in marks}
 
         def prompts() -> list[str]:
             assert rig.api is not None
-            return [_prompt(rig, q) for q in list(rig.api.requests) if model.tools(q)]
+            return [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
 
         def answered(mark: str) -> bool:
             # the model asked with it, and its answer on screen: the turn is ending now
