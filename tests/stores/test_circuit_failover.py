@@ -31,7 +31,7 @@ import pytest
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server
 from tests.stores import test_dispatch_failover as failover
-from tests.stores.test_dispatch_failover import owner_pid, rows
+from tests.stores.test_dispatch_failover import owner_pid, rows, team_with_sink
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -147,19 +147,7 @@ def test_kill_9_of_the_owner_with_the_circuit_in_the_store(
             tg.mode = "gate"
         hubs = start_two_hubs(tmp_path, url, tg.url)
         try:
-            with hubs[0].client() as c:
-                r = c.post("/v1/teams", json={"name": "po"})
-                assert r.status_code == 201, r.text
-                user_token = r.json()["user_token"]
-                r = c.post(
-                    "/v1/teams/po/members",
-                    json={
-                        "name": "sink",
-                        "kind": "http",
-                        "delivery": {"type": "webhook", "service": "sink"},
-                    },
-                )
-                assert r.status_code == 201, r.text
+            user_token = team_with_sink(hubs[0])
             pid = eventually_blocking(lambda: owner_pid(url), within=15, what="an owner of po/sink")
             owner = next(h for h in hubs if h.proc.pid == pid)
             other = next(h for h in hubs if h is not owner)

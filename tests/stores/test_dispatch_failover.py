@@ -113,6 +113,25 @@ def start_two_hubs(
         return [f.result() for f in futures]
 
 
+def team_with_sink(hub: Server) -> str:
+    """Team ``po`` with its member ``sink`` pushed to by webhook (the service ``sink``);
+    returns the team's ``user`` token."""
+    with hub.client() as c:
+        r = c.post("/v1/teams", json={"name": "po"})
+        assert r.status_code == 201, r.text
+        user_token = str(r.json()["user_token"])
+        r = c.post(
+            "/v1/teams/po/members",
+            json={
+                "name": "sink",
+                "kind": "http",
+                "delivery": {"type": "webhook", "service": "sink"},
+            },
+        )
+        assert r.status_code == 201, r.text
+    return user_token
+
+
 def rows(url: str, sql: str) -> list[Any]:
     """Rows of a query (no parameters) straight from the store's database."""
     if url.startswith("sqlite://"):
@@ -155,19 +174,7 @@ def test_kill_9_of_the_owning_hub_mid_stream_the_other_pushes_everything_in_orde
     with webhook_receiver() as rec:
         hubs = start_two_hubs(tmp_path, url, rec.url)
         try:
-            with hubs[0].client() as c:
-                r = c.post("/v1/teams", json={"name": "po"})
-                assert r.status_code == 201, r.text
-                user_token = r.json()["user_token"]
-                r = c.post(
-                    "/v1/teams/po/members",
-                    json={
-                        "name": "sink",
-                        "kind": "http",
-                        "delivery": {"type": "webhook", "service": "sink"},
-                    },
-                )
-                assert r.status_code == 201, r.text
+            user_token = team_with_sink(hubs[0])
             # both hubs scan; exactly one of them takes the member
             pid = eventually_blocking(
                 lambda: owner_pid(url), within=15, what="a hub to own po/sink"
