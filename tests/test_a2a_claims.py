@@ -21,9 +21,11 @@ from tests.conftest import Server, start_server
 from tests.stores.test_postgres_hubs import start_hubs, stop_all
 from tests.test_a2a_hangups import (
     _answer,
+    _events,
     _hub_message,
     _raw_post,
     _rpc,
+    _state,
     _task_sessions,
     lead_and_worker,
 )
@@ -183,3 +185,69 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
         assert seen == [f"two {n}" for n in range(rounds)], seen
     finally:
         stop_all(hubs)
+    _no_tracebacks(hubs)
+
+
+def _no_tracebacks(hubs: list[Server]) -> None:
+    """The race is the expected end of a retry, answered right: no hub logged it as an
+    error with a traceback (the A2A library's ``Execution failed``)."""
+    for srv in hubs:
+        log = (srv.home / "serve.log").read_text()
+        assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+
+
+async def test_the_same_streaming_send_to_two_hubs_at_once_is_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The streaming form of the race above (``SendStreamingMessage``): each stream shows
+    the one task the member completes, its answer and its final state once."""
+    a, b = hubs = start_hubs(tmp_path, store_url, 2)
+    try:
+        tokens = a.team("t", "lead", "worker")
+        async with (
+            httpx.AsyncClient(
+                base_url=a.url, headers=_json_headers(tokens["lead"]), timeout=60
+            ) as on_a,
+            httpx.AsyncClient(
+                base_url=b.url, headers=_json_headers(tokens["lead"]), timeout=60
+            ) as on_b,
+            playing(Worker(b.url, tokens["worker"], _answers)) as worker,
+        ):
+
+            async def stream(http: httpx.AsyncClient, rpc: dict[str, Any]) -> list[dict[str, Any]]:
+                async with http.stream("POST", "/a2a/t/worker/", json=rpc) as answer:
+                    return [e async for e in _events(answer.aiter_lines())]
+
+            rounds = 3
+            for n in range(rounds):
+                message = _hub_message(f"dlg_stream_{n}", f"stream {n}")
+                rpc = _rpc(n, "SendStreamingMessage", {"message": message})
+                both = await asyncio.gather(stream(on_a, rpc), stream(on_b, rpc))
+                ids = set()
+                for events in both:
+                    assert events, (n, both)
+                    ids |= {
+                        e["task"]["id"] if "task" in e else e[next(iter(e))]["taskId"]
+                        for e in events
+                    }
+                    states = [_state(e) for e in events]
+                    assert states.count("TASK_STATE_COMPLETED") == 1, (n, events)
+                    texts = [
+                        p["text"]
+                        for e in events
+                        for art in (
+                            e["task"].get("artifacts", [])
+                            if "task" in e
+                            else [e["artifactUpdate"]["artifact"]]
+                            if "artifactUpdate" in e
+                            else []
+                        )
+                        for p in art["parts"]
+                    ]
+                    assert texts == [f"done: stream {n} (from lead)"], (n, events)
+                assert len(ids) == 1, (n, both)
+        seen = sorted(m["text"] for m in worker.seen)
+        assert seen == [f"stream {n}" for n in range(rounds)], seen
+    finally:
+        stop_all(hubs)
+    _no_tracebacks(hubs)

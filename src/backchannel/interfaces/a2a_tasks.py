@@ -567,6 +567,21 @@ class Claimed(Exception):
         self.claim = claim
 
 
+class _QuietWhenClaimed(logging.Filter):
+    """Drops the A2A library's ``ERROR … Execution failed`` / ``Consumer … Failed``
+    tracebacks when the executor stopped because another hub's send of the same message
+    claimed it first: that is the expected end of a race the request handler answers
+    with the one task (:meth:`MemberRequestHandler.on_message_send`), logged there at
+    ``INFO``, not a failure an operator should chase."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, Claimed)
+
+
+logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_QuietWhenClaimed())
+
+
 def claiming(claim: A2AClaim, send: Callable[[Ctx], T]) -> Callable[[Ctx], T]:
     """``send`` (the transaction function that hands the member a caller's message),
     claiming the message for its task first in the same transaction: a repeat of the
@@ -818,6 +833,11 @@ class MemberRequestHandler(DefaultRequestHandler):
             try:
                 answer: Message | Task = await super().on_message_send(params, context)
             except Claimed as exc:  # a send of it on another hub stored it first
+                log.info(
+                    "A2A message %s was started as task %s by a send on another hub",
+                    exc.claim.message_id,
+                    exc.claim.task_id,
+                )
                 repeat = await self._claimed(exc.claim, sent, context)
                 if repeat is None:
                     raise InternalError(f"the task {exc.claim.task_id} of it is gone") from None
@@ -853,6 +873,11 @@ class MemberRequestHandler(DefaultRequestHandler):
                 async for event in super().on_message_send_stream(params, context):
                     yield event
             except Claimed as exc:  # a send of it on another hub stored it first
+                log.info(
+                    "A2A message %s was started as task %s by a send on another hub",
+                    exc.claim.message_id,
+                    exc.claim.task_id,
+                )
                 held = exc.claim
             finally:
                 self._started(context)
