@@ -728,3 +728,65 @@ def test_member_state_is_total(text: str, age: float) -> None:
 def test_other_protocol_messages_count_as_activity(kind: str, extra: dict[str, Any]) -> None:
     text = json.dumps({**extra, "type": kind})
     assert member_state_from_entry(text_entry(text), NOW) == "active"
+
+
+# ---------------------------------------------------------------- the inbox's directories
+
+
+@pytest.mark.parametrize("level", ["team", "inboxes"])
+def test_a_symlink_in_place_of_a_directory_of_the_inbox_is_not_written_through(
+    tmp_path: Path, level: str
+) -> None:
+    """A symlink where the team's directory or its ``inboxes`` directory belongs leads
+    the inbox's path to a directory elsewhere: the writer neither creates, rewrites nor
+    moves aside a file there (a ``bob.json`` of another program's), and names the link."""
+    root, elsewhere = tmp_path / "teams", tmp_path / "elsewhere"
+    target = elsewhere / "bob.json" if level == "inboxes" else elsewhere / "inboxes" / "bob.json"
+    target.parent.mkdir(parents=True)
+    target.write_text('{"settings": "of another program"}')
+    link = root / TEAM if level == "team" else root / TEAM / "inboxes"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.rglob("*"))
+    writer = InboxWriter(root, deadline_s=1.0)
+    with pytest.raises(InboxWriteError, match=rf"{link.name}.* is a symlink"):
+        writer.append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
+    assert target.read_text() == '{"settings": "of another program"}'
+    assert sorted(p.name for p in elsewhere.rglob("*")) == before
+
+
+@pytest.mark.parametrize("level", ["root", "team", "inboxes"])
+@pytest.mark.parametrize("how", ["others may write it", "another user owns it"])
+def test_an_inbox_directory_others_can_change_is_not_written_in(
+    tmp_path: Path, level: str, how: str
+) -> None:
+    """A directory on the inbox's path that another user can write (or owns) lets that
+    user swap what lies below it, a symlink to a file of ours included, between the
+    writer's look and its write: the writer writes nothing there and says which
+    directory and why."""
+    root = tmp_path / "teams"
+    inboxes = root / TEAM / "inboxes"
+    inboxes.mkdir(parents=True, mode=0o700)
+    shaky = {"root": root, "team": root / TEAM, "inboxes": inboxes}[level]
+    if how == "others may write it":
+        shaky.chmod(0o777)
+    elif os.geteuid() == 0:
+        os.chown(shaky, 12345, 12345)
+    else:
+        pytest.skip("only root can give a directory to another user")
+    writer = InboxWriter(root, deadline_s=1.0)
+    with pytest.raises(InboxWriteError, match=rf"{shaky}.*(other users may write|owned by)"):
+        writer.append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
+    assert list(inboxes.iterdir()) == []
+
+
+def test_a_group_writable_inbox_directory_is_written_in(tmp_path: Path) -> None:
+    """Directories made under a umask of 002 (a user's private group, the default on many
+    systems) are group-writable; the inbox is written there as Claude Code writes it."""
+    root = tmp_path / "teams"
+    inboxes = root / TEAM / "inboxes"
+    inboxes.mkdir(parents=True)
+    for d in (root, root / TEAM, inboxes):
+        d.chmod(0o775)
+    result = InboxWriter(root).append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
+    assert [e["msg_id"] for e in entries_of(result.path)] == ["m-1"]

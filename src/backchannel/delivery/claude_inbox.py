@@ -93,6 +93,7 @@ __all__ = [
     "read_inbox",
     "read_inbox_or_none",
     "stable_id",
+    "unsafe_dirs",
 ]
 
 logger = logging.getLogger("backchannel.delivery.claude_inbox")
@@ -130,6 +131,49 @@ def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
     """``member``'s inbox; names sanitized as Claude Code does (``[^a-zA-Z0-9_-]`` → ``-``)."""
     base = Path(root).expanduser() if root is not None else default_root()
     return base / _UNSAFE.sub("-", team) / "inboxes" / f"{_UNSAFE.sub('-', member)}.json"
+
+
+def unsafe_dirs(path: Path | str) -> str | None:
+    """Why the directories of the inbox ``path`` are not safe to write in, else ``None``.
+
+    The inbox's team directory and its ``inboxes`` directory must not be symlinks (the
+    inbox's path would lead to a directory elsewhere, whose ``<name>.json`` the writer
+    would rewrite or move aside), and neither they nor the teams root may be owned by
+    another user or writable by other users (such a user could put a symlink there
+    between the writer's look and its write). Group-writable is allowed: a umask of
+    002 (a user's private group) makes them so, Claude Code's directories included.
+    The root itself may be a symlink (``~/.claude`` kept elsewhere); what it leads to is
+    checked. A directory not there yet is fine: the writer makes it, 0700."""
+    inboxes = Path(path).parent
+    uid = os.geteuid()
+    for d, follow in ((inboxes.parent.parent, True), (inboxes.parent, False), (inboxes, False)):
+        try:
+            st = os.stat(d) if follow else os.lstat(d)
+        except FileNotFoundError:
+            return None  # nor anything below it: made by the writer
+        except OSError as exc:
+            return f"{d} cannot be looked at ({exc.strerror})"
+        if stat.S_ISLNK(st.st_mode):
+            name = str(d)
+            with contextlib.suppress(OSError):
+                name = f"{d} (to {os.readlink(d)})"
+            return (
+                f"{name} is a symlink, not a directory: the hub does not write inboxes through "
+                "it. Put the directory itself in its place"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{d} is not a directory; move it away and the hub makes the directory"
+        if st.st_uid != uid:
+            return (
+                f"{d} is owned by user id {st.st_uid}, not this user ({uid}), who could "
+                "replace what lies in it; the hub writes inboxes only in its own directories"
+            )
+        if st.st_mode & stat.S_IWOTH:
+            return (
+                f"{d} is mode {stat.S_IMODE(st.st_mode):04o}: other users may write it "
+                f"and replace what lies in it; run chmod o-w {d}"
+            )
+    return None
 
 
 def js_timestamp(when: float | None = None) -> str:
@@ -619,10 +663,7 @@ class InboxWriter:
         entry.update(msgV=1, msg_id=msg_id, type="message", read=False)
         path = self.path_for(team, member)
         deadline, waited = time.monotonic() + self.deadline_s, 0.0
-        try:
-            self._ensure_inbox(path)
-        except OSError as exc:
-            raise InboxWriteError(f"cannot create inbox {path}: {no_space(exc, path)}") from exc
+        self._prepare(path)
         while True:
             lock = InboxLock(path, stale_s=self.stale_s, refresh_s=self.refresh_s)
             started = time.monotonic()
@@ -665,6 +706,16 @@ class InboxWriter:
             summary=summary, color=color, timestamp=timestamp,
         )  # fmt: skip
         return await anyio.to_thread.run_sync(call)
+
+    def _prepare(self, path: Path) -> None:
+        """Check the inbox's directories (:func:`unsafe_dirs`), then make the inbox if it
+        is missing; ``InboxWriteError`` names what is wrong."""
+        if (problem := unsafe_dirs(path)) is not None:
+            raise InboxWriteError(f"cannot write inbox {path}: {problem}")
+        try:
+            self._ensure_inbox(path)
+        except OSError as exc:
+            raise InboxWriteError(f"cannot create inbox {path}: {no_space(exc, path)}") from exc
 
     def _ensure_inbox(self, path: Path) -> None:
         """Create the inbox holding ``[]`` unless it is there, whole: written beside it,
