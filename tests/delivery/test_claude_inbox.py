@@ -790,3 +790,53 @@ def test_a_group_writable_inbox_directory_is_written_in(tmp_path: Path) -> None:
         d.chmod(0o775)
     result = InboxWriter(root).append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
     assert [e["msg_id"] for e in entries_of(result.path)] == ["m-1"]
+
+
+def test_a_team_directory_removed_before_the_lock_is_made_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """Claude Code's TeamDelete removes the team's directory; one removed between the
+    writer making the inbox and taking its lock is made again and the entry written,
+    rather than the lock tried (and failed, ``mkdir`` finding no parent) until the
+    deadline, the message held up for it."""
+    root = tmp_path / "teams"
+    removed = threading.Event()
+
+    class TeamDeletedMeanwhile(InboxWriter):
+        def _ensure_inbox(self, path: Path) -> None:
+            super()._ensure_inbox(path)
+            if not removed.is_set():
+                removed.set()
+                shutil.rmtree(root / TEAM)
+
+    writer = TeamDeletedMeanwhile(root, deadline_s=5.0)
+    started = time.monotonic()
+    result = writer.append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
+    assert removed.is_set() and result.written
+    assert [e["msg_id"] for e in entries_of(result.path)] == ["m-1"]
+    assert time.monotonic() - started < 4.0, "waited for the deadline"
+
+
+def test_a_team_directory_removed_while_the_lock_is_held_is_written_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """The team's directory removed after the writer read the inbox under its lock,
+    before it wrote the new one: the attempt starts over (directory, inbox and lock made
+    again) and the entry is written, rather than failing for the hub to retry later."""
+    root = tmp_path / "teams"
+    removed = threading.Event()
+
+    class TeamDeletedMeanwhile(InboxWriter):
+        def _load(self, path: Path) -> Any:
+            view = super()._load(path)
+            if not removed.is_set():
+                removed.set()
+                shutil.rmtree(root / TEAM)
+            return view
+
+    writer = TeamDeletedMeanwhile(root, deadline_s=5.0)
+    result = writer.append(TEAM, "bob", msg_id="m-1", from_="alice", text="hello")
+    assert removed.is_set() and result.written
+    assert [e["msg_id"] for e in entries_of(result.path)] == ["m-1"]
+    assert not list(result.path.parent.glob("*.tmp.*"))
+    assert not Path(f"{result.path}.lock").exists()

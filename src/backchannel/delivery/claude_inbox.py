@@ -667,7 +667,7 @@ class InboxWriter:
         while True:
             lock = InboxLock(path, stale_s=self.stale_s, refresh_s=self.refresh_s)
             started = time.monotonic()
-            self._acquire(lock, deadline)
+            self._acquire(path, lock, deadline)
             waited += time.monotonic() - started
             try:
                 written = self._append_locked(path, lock, entry)
@@ -679,6 +679,12 @@ class InboxWriter:
                     f"and the {self.deadline_s:g} s deadline has passed"
                 ) from None
             except OSError as exc:
+                if (
+                    isinstance(exc, FileNotFoundError)
+                    and not path.parent.is_dir()
+                    and time.monotonic() < deadline
+                ):
+                    continue  # the team's directory removed meanwhile: made again, from the start
                 raise InboxWriteError(
                     f"cannot write {msg_id!r} to {path}: {no_space(exc, path)}"
                 ) from exc
@@ -746,7 +752,7 @@ class InboxWriter:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
-    def _acquire(self, lock: InboxLock, deadline: float) -> None:
+    def _acquire(self, path: Path, lock: InboxLock, deadline: float) -> None:
         attempt, error = 0, ""
         while True:
             try:
@@ -760,6 +766,8 @@ class InboxWriter:
                         "the message was not written"
                     ) from exc
                 error = f": {exc}"
+                if exc.errno == errno.ENOENT:  # the team's directory removed (TeamDelete)
+                    self._prepare(path)  # made again, as Claude Code's next write makes it
             now = time.monotonic()
             if now >= deadline:
                 raise InboxWriteError(
