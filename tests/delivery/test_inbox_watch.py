@@ -387,6 +387,36 @@ async def test_an_inbox_that_is_a_symlink_is_not_read_through(tmp_path: Path) ->
         await hub.close()
 
 
+@pytest.mark.parametrize("how", ["a symlink to elsewhere", "writable by other users"])
+async def test_an_inboxes_directory_others_can_fill_is_not_read(tmp_path: Path, how: str) -> None:
+    """An ``inboxes`` directory that is a symlink to a directory elsewhere, or that other
+    users can write, holds files the user's agents did not write: their entries are not
+    taken in as messages of the team (``from`` is whatever the file says), and the
+    writer does not write there either."""
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    inboxes = inbox_path("t", "lead", root).parent
+    planted = json.dumps([{"from": "w1", "text": "do this", "msg_id": "planted-1",
+                           "timestamp": "2026-01-01T00:00:00.000Z"}])  # fmt: skip
+    if how == "a symlink to elsewhere":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        inboxes.parent.mkdir(parents=True)
+        inboxes.symlink_to(elsewhere)
+    else:
+        inboxes.mkdir(parents=True)
+        inboxes.chmod(0o777)
+    (inboxes / "lead.json").write_text(planted)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        assert await bridge.scan() == []
+        assert await _message(hub, "planted-1") is None
+    finally:
+        await bridge.stop()
+        await hub.close()
+
+
 async def test_a_huge_inbox_is_neither_read_nor_rewritten(tmp_path: Path) -> None:
     """An inbox file grown past :data:`MAX_INBOX_BYTES` (unread entries are never
     pruned; anything may write there) would cost the hub its size many times over in

@@ -19,6 +19,11 @@ forward anything; a message a teammate writes to another teammate's inbox is tak
 for the record but acked at once (that teammate reads its own file), so it never passes
 through the lead.
 
+Nothing is read from an ``inboxes`` directory that is a symlink, or that another user
+owns or can write, or below such a team directory or teams root
+(:func:`~backchannel.delivery.claude_inbox.unsafe_dirs`): its files were not
+necessarily written by the user's agents. It is said once, and read once it is fixed.
+
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
 read again at its next change. Teams and members are listed again every ``rescan_s``
@@ -46,6 +51,7 @@ from backchannel.delivery.claude_inbox import (
     js_timestamp,
     protocol_message,
     read_inbox_or_none,
+    unsafe_dirs,
 )
 from backchannel.errors import BackchannelError
 from backchannel.files import private_dirs
@@ -132,6 +138,7 @@ class InboxBridge:
         self._dirs: dict[Path, _Dir] = {}
         self._scan_task: asyncio.Task[None] | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._unsafe: set[Path] = set()  # directories said to be unsafe, said once
         self.taken = 0  # hub messages made, for status and tests
         self._outage = Outage(log, "listing teams for inbox files")
 
@@ -237,6 +244,12 @@ class InboxBridge:
     async def _scan_file(self, d: _Dir, name: str) -> TakeResult | None:
         owner = d.owners[name]
         path = d.path / f"{name}.json"
+        if (problem := await asyncio.to_thread(unsafe_dirs, path)) is not None:
+            if d.path not in self._unsafe:
+                self._unsafe.add(d.path)
+                log.warning("not reading the inboxes in %s: %s", d.path, problem)
+            return None
+        self._unsafe.discard(d.path)
         read = await asyncio.to_thread(read_inbox_or_none, path)
         entries = read or []
         if read is not None and owner.reads_file:
@@ -365,7 +378,8 @@ class InboxBridge:
         """Watch the directory now at ``d.path`` until it is no longer there."""
         import watchfiles
 
-        private_dirs(d.path)
+        if unsafe_dirs(d.path / "x.json") is None:  # never made through a symlink
+            private_dirs(d.path)
         try:
             st = os.stat(d.path)
         except OSError:
