@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backchannel.delivery import claude_inbox
+from backchannel.delivery.adapters import check_delivery_setting
 from backchannel.delivery.claude_inbox import (
     ACTIVE_WINDOW_S,
     InboxIdTaken,
@@ -840,3 +841,22 @@ def test_a_team_directory_removed_while_the_lock_is_held_is_written_again_at_onc
     assert [e["msg_id"] for e in entries_of(result.path)] == ["m-1"]
     assert not list(result.path.parent.glob("*.tmp.*"))
     assert not Path(f"{result.path}.lock").exists()
+
+
+@pytest.mark.parametrize("option", ["team", "inbox"])
+def test_a_name_too_long_for_the_inbox_files_is_refused_when_set(option: str) -> None:
+    """A Claude Code team or inbox name so long that the inbox's directory, its lock or
+    its temporary file cannot be named (255 bytes a name) failed every write as if the
+    disk had hiccuped: each message retried for minutes, then dead-lettered. The setting
+    is refused when it is stored, and one stored before is dead-lettered at once with
+    the reason."""
+    from backchannel.delivery.adapters import MisconfiguredAdapter, build_adapter
+    from backchannel.delivery.base import AdapterContext
+    from backchannel.errors import InvalidRequest
+
+    setting = {"type": "inbox-file", option: "x" * 240}
+    with pytest.raises(InvalidRequest, match=rf"{option}.*too long"):
+        check_delivery_setting(setting)
+    adapter = build_adapter(AdapterContext(None, "t", "a", setting))  # type: ignore[arg-type]
+    assert isinstance(adapter, MisconfiguredAdapter) and "too long" in adapter.reason
+    check_delivery_setting({"type": "inbox-file", option: "x" * 200})

@@ -25,6 +25,7 @@ from backchannel.delivery.base import (
     AdapterContext,
     PermanentDeliveryError,
 )
+from backchannel.delivery.claude_inbox import name_problem
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.delivery.stdin import StdinAdapter
 from backchannel.delivery.tmux import TmuxAdapter
@@ -90,6 +91,11 @@ def check_delivery_setting(
             f"a {kind} delivery needs {need!r}; see docs/adapters/README.md", field="delivery"
         )
     _check_option_types(kind, setting)
+    if kind == "inbox-file":
+        for what in ("team", "inbox"):
+            name = setting.get(what)
+            if isinstance(name, str) and (problem := name_problem(what, name)) is not None:
+                raise InvalidRequest(problem, field="delivery")
     if kind == "tmux" and "agent_commands" in setting:
         try:
             tmux_agent_commands(setting.get("agent_commands"), "the member")

@@ -74,6 +74,7 @@ __all__ = [
     "ACTIVE_WINDOW_S",
     "LOCK_STALE_S",
     "MAX_INBOX_BYTES",
+    "MAX_NAME",
     "AppendResult",
     "InboxIdTaken",
     "InboxLock",
@@ -89,6 +90,7 @@ __all__ = [
     "is_active",
     "js_timestamp",
     "member_state_from_entry",
+    "name_problem",
     "protocol_message",
     "read_inbox",
     "read_inbox_or_none",
@@ -106,6 +108,10 @@ MAX_INBOX_BYTES = 32 * 1024 * 1024
 ACTIVE_WINDOW_S = 300.0
 #: The values of :class:`backchannel.types.SessionState`.
 MemberState = Literal["active", "idle", "terminated"]
+
+#: The longest team or inbox name the writer takes: the inbox's file name grows by up
+#: to 41 characters (``.json.corrupt-<UTC>-<n>``) and a name holds at most 255 bytes.
+MAX_NAME = 200
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -131,6 +137,19 @@ def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
     """``member``'s inbox; names sanitized as Claude Code does (``[^a-zA-Z0-9_-]`` → ``-``)."""
     base = Path(root).expanduser() if root is not None else default_root()
     return base / _UNSAFE.sub("-", team) / "inboxes" / f"{_UNSAFE.sub('-', member)}.json"
+
+
+def name_problem(what: str, name: str) -> str | None:
+    """Why ``name`` cannot name a Claude Code team or inbox (``what``) on disk, else
+    ``None``: longer than :data:`MAX_NAME`, the directory, the inbox's lock or its
+    temporary file could not be made, and every write would fail."""
+    if len(name) <= MAX_NAME:
+        return None
+    return (
+        f"the Claude Code {what} name {name[:20]!r}... is too long ({len(name)} characters, "
+        f"at most {MAX_NAME}): the inbox's files could not be named on disk; use a shorter "
+        f"{what!r} in the member's delivery setting"
+    )
 
 
 def unsafe_dirs(path: Path | str) -> str | None:

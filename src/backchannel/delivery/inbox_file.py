@@ -55,6 +55,7 @@ from backchannel.delivery.claude_inbox import (
     InboxIdTaken,
     InboxWriteError,
     InboxWriter,
+    name_problem,
 )
 from backchannel.types import InboxMessage
 
@@ -72,6 +73,9 @@ class InboxFileAdapter(Adapter):
         self.writer = writer or InboxWriter(root)
         self.inbox_team = ctx.str_option("team") or ctx.team
         self.inbox = ctx.str_option("inbox") or ctx.member
+        for what, name in (("team", self.inbox_team), ("inbox", self.inbox)):
+            if (problem := name_problem(what, name)) is not None:
+                raise PermanentDeliveryError(problem)
         self.color = ctx.str_option("color")
         # one append waits at most the writer's deadline for the lock
         self.attempt_timeout = self.writer.deadline_s + 5.0
