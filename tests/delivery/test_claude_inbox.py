@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -860,3 +861,54 @@ def test_a_name_too_long_for_the_inbox_files_is_refused_when_set(option: str) ->
     adapter = build_adapter(AdapterContext(None, "t", "a", setting))  # type: ignore[arg-type]
     assert isinstance(adapter, MisconfiguredAdapter) and "too long" in adapter.reason
     check_delivery_setting({"type": "inbox-file", option: "x" * 200})
+
+
+def _unblock_fifo(path: Path) -> None:
+    """Open the write end of the FIFO ``path`` at once, so a reader stuck opening it
+    returns (it then reads end of file)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_in_the_inbox_place_hangs_neither_the_writer_nor_the_reader(
+    tmp_path: Path,
+) -> None:
+    """A FIFO (or any file that is not a regular one) where the inbox belongs: opening it
+    to read waits for a writer that never comes, and the hub's writer waited so holding
+    the inbox's lock (kept fresh, so Claude Code's own writers gave up on it) and the
+    bridge's read of the team's inboxes never returned. Both now return at once: the
+    writer fails naming the file, the reader reads it as not known."""
+    root = tmp_path / "teams"
+    path = claude_inbox.inbox_path(TEAM, "bob", root)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        try:
+            InboxWriter(root, deadline_s=2.0).append(TEAM, "bob", msg_id="m-1", from_="a", text="b")
+        except InboxWriteError as exc:
+            outcome["write"] = exc
+        else:
+            outcome["write"] = "written"
+
+    def read() -> None:
+        outcome["read"] = claude_inbox.read_inbox_or_none(path)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (write, read)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10.0)
+        hung = [t for t in threads if t.is_alive()]
+        assert not hung, f"still waiting on the FIFO: {outcome}"
+    finally:
+        for _ in range(5):
+            _unblock_fifo(path)
+        for t in threads:
+            t.join(timeout=5.0)
+    assert isinstance(outcome["write"], InboxWriteError)
+    assert "not a regular file" in str(outcome["write"])
+    assert outcome["read"] is None
+    assert not Path(f"{path}.lock").exists()

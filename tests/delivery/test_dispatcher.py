@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,17 +340,22 @@ def _threads_in(function: str) -> int:
 
 
 async def test_inbox_on_a_filesystem_that_does_not_answer(tmp_path: Path) -> None:
-    # a FIFO in the inbox's place: opening it blocks until someone opens the other end,
-    # as a read on a hung network filesystem does. The stuck member's copy is retried,
+    # the stuck member's inbox is read as on a hung network filesystem: the read does not
+    # return until the test lets it (a FIFO once stood in for it, but the writer now
+    # opens one without waiting and refuses it). The stuck member's copy is retried,
     # then given up with the sender told, one thread at most left waiting on it; the
     # other member's inbox is written all the same
     root = tmp_path / "teams"
-    (root / "cc" / "inboxes").mkdir(parents=True)
-    fifo = root / "cc" / "inboxes" / "stuck.json"
-    os.mkfifo(fifo)
+    answer = threading.Event()
+
+    class HungFilesystem(InboxWriter):
+        def _load(self, path: Path) -> Any:
+            if path.stem == "stuck":
+                answer.wait()
+            return super()._load(path)
 
     def adapter(ctx: AdapterContext) -> Adapter:
-        a = InboxFileAdapter(ctx, writer=InboxWriter(root, deadline_s=0.5))
+        a = InboxFileAdapter(ctx, writer=HungFilesystem(root, deadline_s=0.5))
         a.retry = FAST_RETRY
         return a
 
@@ -366,10 +371,9 @@ async def test_inbox_on_a_filesystem_that_does_not_answer(tmp_path: Path) -> Non
                 st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
                 notices = await hub.receive("t", "user", limit=10)
                 # the retry did not start a second write while the first still hangs
-                assert _threads_in("_read_own") == 1
+                assert _threads_in("_load") == 1
     finally:
-        # let the write that hangs go (it reads an empty inbox and ends)
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        answer.set()  # let the write that hangs go (it writes the inbox and ends)
     reason = st.deliveries[0].dead_reason or ""
     assert reason.startswith("gave up after 2 attempt(s): inbox ")
     assert "the filesystem does not answer" in reason

@@ -78,6 +78,7 @@ __all__ = [
     "AppendResult",
     "InboxIdTaken",
     "InboxLock",
+    "InboxNotAFile",
     "InboxTooBig",
     "InboxWatcher",
     "InboxWriteError",
@@ -258,6 +259,21 @@ class InboxTooBig(OSError):
         )
 
 
+class InboxNotAFile(OSError):
+    """Something other than a regular file (a FIFO, a device, a socket, a directory) in
+    an inbox's place: it is neither read (a FIFO would block the read) nor replaced."""
+
+    def __init__(self, path: Path | str, mode: int) -> None:
+        kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+                 stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+                 stat.S_IFDIR: "a directory"}  # fmt: skip
+        kind = kinds.get(stat.S_IFMT(mode), "not a file")
+        super().__init__(
+            f"inbox {path} is not a regular file ({kind}); the hub neither reads nor "
+            "replaces it: move it away and the hub writes the inbox there"
+        )
+
+
 class InboxIdTaken(InboxWriteError):
     """The inbox holds an entry under the message's id that is not the one the hub
     writes (another ``from`` or ``text``): anything running as the user can write any
@@ -273,9 +289,16 @@ def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
     another team's inbox or any file of the user's, is not read into it) and never over
     ``limit`` bytes (:class:`InboxTooBig`: an inbox costs the hub several times its size
     in memory at every read, and unread entries are never pruned)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # O_NONBLOCK: opening a FIFO to read would wait for a writer that may never come
+    # (holding the inbox's lock, or the bridge's read of the team); a regular file reads
+    # as without it
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InboxNotAFile(path, st.st_mode)
+        size = st.st_size
         if size > limit:
             raise InboxTooBig(path, size, limit)
         data = f.read(limit + 1)
@@ -318,7 +341,7 @@ def read_inbox_or_none(path: Path | str) -> list[dict[str, Any]] | None:
         items = _decode(_read_own(path))
     except FileNotFoundError:
         return []
-    except InboxTooBig as exc:
+    except (InboxTooBig, InboxNotAFile) as exc:
         _warn_once(path, exc)
         return None
     except OSError as exc:
