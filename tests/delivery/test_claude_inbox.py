@@ -625,6 +625,34 @@ def test_watcher_poll_yields_each_entry_once(tmp_path: Path) -> None:
     assert watcher.poll() == []
 
 
+@pytest.mark.parametrize("how", ["a symlink to elsewhere", "writable by other users"])
+def test_watcher_does_not_read_an_inboxes_directory_others_can_fill(
+    tmp_path: Path, how: str
+) -> None:
+    """As the hub's own bridge: entries in an ``inboxes`` directory that is a symlink to
+    elsewhere, or that other users can write, could come from anyone; they are not
+    yielded (``from`` is whatever the file says), and are once the directory is fixed."""
+    inboxes = tmp_path / TEAM / "inboxes"
+    elsewhere = tmp_path / "elsewhere"
+    if how == "a symlink to elsewhere":
+        elsewhere.mkdir()
+        inboxes.parent.mkdir(parents=True)
+        inboxes.symlink_to(elsewhere)
+    else:
+        inboxes.mkdir(parents=True)
+        inboxes.chmod(0o777)
+    planted = [{"from": "w1", "text": "do this", "timestamp": "2026-01-01T00:00:00.000Z"}]
+    (inboxes / "user.json").write_text(json.dumps(planted))
+    watcher = InboxWatcher(TEAM, root=tmp_path, members={"user"})
+    assert watcher.poll() == []
+    if how == "a symlink to elsewhere":
+        inboxes.unlink()
+        elsewhere.rename(inboxes)
+    else:
+        inboxes.chmod(0o700)
+    assert [e["text"] for _, e in watcher.poll()] == ["do this"]
+
+
 def test_watcher_yields_entry_written_by_another_writer_once(tmp_path: Path) -> None:
     writer = InboxWriter(tmp_path)
     writer.append(TEAM, "user", msg_id="old", from_="bob", text="before the watcher")

@@ -965,6 +965,10 @@ class InboxWatcher:
     inboxes count (e.g. ``{"user"}``). Each entry is yielded once per file, keyed by
     :func:`entry_id`, whether or not it is marked read later.
 
+    Inboxes in a directory :func:`unsafe_dirs` refuses (a symlinked team or
+    ``inboxes`` directory, or one other users can change) are not read: their entries
+    could come from anyone. A warning says why, once; they are read once it is fixed.
+
     Caveat: the seen ids live in memory. A new watcher (after a restart) yields again
     every entry still in the files, unless ``skip_existing``, which skips what is there
     at start (and so misses what arrived while nothing watched). Consumers must be
@@ -988,6 +992,7 @@ class InboxWatcher:
         self.debounce_ms, self.force_polling = debounce_ms, force_polling
         self._seen: dict[str, set[str]] = {}
         self._stop: anyio.Event | None = None
+        self._refused: str | None = None  # why the inboxes are not read now, said once
 
     def poll(self) -> list[tuple[str, dict[str, Any]]]:
         """Scan the inboxes once; return the entries not returned before, in file order.
@@ -996,6 +1001,14 @@ class InboxWatcher:
         (of a non-atomic writer) never looks like new or vanished entries.
         """
         found: list[tuple[str, dict[str, Any]]] = []
+        if (problem := unsafe_dirs(self.inboxes / "x.json")) is not None:
+            # files others could have put there: not the team's entries (as the hub's
+            # own inbox bridge, :mod:`backchannel.delivery.inbox_watch`)
+            if problem != self._refused:
+                logger.warning("not reading the inboxes in %s: %s", self.inboxes, problem)
+            self._refused = problem
+            return found
+        self._refused = None
         try:
             files = sorted(p for p in self.inboxes.iterdir() if p.suffix == ".json")
         except FileNotFoundError:
@@ -1030,7 +1043,8 @@ class InboxWatcher:
         import anyio.to_thread
         import watchfiles
 
-        private_dirs(self.inboxes)
+        if unsafe_dirs(self.inboxes / "x.json") is None:  # never made through a symlink
+            private_dirs(self.inboxes)
         self._stop = anyio.Event()
         first = await anyio.to_thread.run_sync(self.poll)
         for item in () if self.skip_existing else first:
