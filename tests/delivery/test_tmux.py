@@ -11,7 +11,7 @@ from pathlib import Path
 import libtmux
 import pytest
 
-from backchannel.delivery.tmux import ENTER_TRIES, sanitize
+from backchannel.delivery.tmux import ENTER_TRIES, dialog, input_line, sanitize, waits_in_prompt
 from backchannel.hub import Hub
 from backchannel.testing import eventually
 from tests.delivery.conftest_adapters import (
@@ -932,3 +932,109 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
     assert "not submitted" in reason and "tmux pane agent:0.0" in reason, reason
     assert "press Enter in the pane" in reason, reason
     assert len(told_user) == 1 and "not submitted" in told_user[0].message.text
+
+
+# A stand-in for a CLI asking its user before a tool runs (as Codex's approval prompt:
+# Enter or "y" approves): raw mode, bracketed paste; it shows the dialog, records every
+# byte it reads while the dialog shows, and once its user presses "n" shows its prompt
+# and records what it reads from then on.
+DIALOG = r"""
+import os, sys, tty
+out = sys.argv[1]
+tty.setraw(0)
+os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H> earlier prompt\r\n\r\n"
+            b"  Would you like to run the following command?\r\n  $ rm -rf build\r\n\r\n"
+            b"  \xe2\x80\xba 1. Yes, proceed (y)\r\n    2. No, and tell me what to do (esc)\r\n")
+answered = False
+with open(out, "ab", buffering=0) as f:
+    while data := os.read(0, 65536):
+        if not answered and data == b"n":
+            answered = True
+            os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> \r\n--------\r\n")
+            f.write(b"|answered|")
+            continue
+        f.write(data)
+"""
+
+
+async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Codex's approval prompt takes Enter (or ``y``) as its user's choice: a message
+    typed in while it showed approved the command the model had asked to run. Nothing is
+    typed into a dialog; the message is held, and typed in once the user answered it."""
+    script, out = tmp_path / "dialog.py", tmp_path / "dialog.bytes"
+    script.write_text(DIALOG)
+    out.touch()
+    tmux.new_session(
+        session_name="agent", window_command=f"{sys.executable} {script} {out}", x=200, y=50
+    )
+    pane = tmux.sessions.get(session_name="agent").active_window.active_pane
+    assert pane is not None
+    await eventually(lambda: "1. Yes, proceed" in "\n".join(pane.capture_pane()), what="the dialog")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "yes please, go on", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "dialog" in (held.last_error or ""), held.last_error
+            assert "1. Yes, proceed" in (held.last_error or "")
+            assert await state_of(hub, "t", sent.message_id) == "queued"
+            assert out.read_bytes() == b""  # not a key of it reached the dialog
+            pane.send_keys("n", enter=False, literal=True)  # the user answers: no
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] yes please, go on" + END + b"\r"
+
+
+@pytest.mark.parametrize(
+    "screen",
+    [
+        # Claude Code 2.1.332, a Bash command to allow
+        "❯ RUN-THE-TOOL please.\n\n● Touching a file\n  ⎿  $ touch /tmp/x\n\n"
+        "────────\n Bash command\n Touch a file\n │ touch /tmp/x\n Do you want to proceed?\n"
+        " ❯ 1. Yes\n   2. Yes, and always allow access to /tmp from this project\n"
+        "   4. No\n\n Esc to cancel · Tab to amend",
+        # Claude Code's question whether to stay in auto mode: no numbered options
+        "❯ RUN-THE-TOOL please.\n\n● Touching a file\n────────\n"
+        "  Auto mode can't check actions in this session\n\n"
+        "  Enter to stay in auto mode · shift+Tab to leave for accept edits mode and stop"
+        " · Esc to cancel",
+        # Gemini CLI 0.61.0, a shell command to allow
+        " > RUN-THE-TOOL please.\n╭──────╮\n│ ? Shell  touch /tmp/x  │\n"
+        "│ Allow execution of [Shell]?   │\n│                │\n│ ● 1. Allow once      │\n"
+        "│   2. Allow for this session  │\n│   3. No, suggest changes (esc)   │\n╰──────╯",
+        # Codex 0.171.0, a command to approve
+        "› RUN-THE-TOOL please.\n\n  Would you like to run the following command?\n\n"
+        "  $ touch /tmp/x\n\n› 1. Yes, proceed (y)\n  2. No, and tell Codex what to do (esc)",
+    ],
+    ids=["claude-code", "claude-code-auto-mode", "gemini", "codex"],
+)
+def test_a_cli_dialog_is_no_prompt(screen: str) -> None:
+    """The last line with a prompt mark on these screens is the conversation's echo of
+    a prompt the user submitted, the CLI's input line hidden by its dialog: no prompt to
+    type into, and no Enter for it."""
+    assert dialog(screen)
+    assert input_line(screen) is None
+    assert not waits_in_prompt(screen, "RUN-THE-TOOL")
+
+
+@pytest.mark.parametrize(
+    "screen",
+    [
+        "❯ 1. do this\n  2. then that\n\n● Noted.\n────\n❯ \n────\n  ? for shortcuts",
+        " > Warm up.\n✦ Noted.\n╭────╮\n│ >   Type your message or @path/to/file │\n╰────╯",
+        "› Warm up.\n• Noted.\n\n› Ask Codex to do anything\n  gpt-test default",
+    ],
+    ids=["claude-code", "gemini", "codex"],
+)
+def test_an_idle_cli_shows_no_dialog(screen: str) -> None:
+    """A numbered list the user sent, echoed above the prompt, is not a dialog: the
+    prompt's line below it is what the CLI shows."""
+    assert dialog(screen) is None
+    assert input_line(screen) is not None

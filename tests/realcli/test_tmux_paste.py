@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -185,13 +185,13 @@ async def _pause() -> None:
 
 
 @contextmanager
-def _warm_pane(rig: Rig) -> Iterator[tuple[Pane, dict[str, str]]]:
-    """The rig's CLI in a tmux pane, its model answering "Noted.", after a prompt of the
-    user's own, answered and done (Gemini CLI just started may miss an Enter, or take it
-    for a newline when it comes within 30 ms of a key); with the tmux delivery setting
-    that types into that pane."""
+def _warm_pane(rig: Rig, rules: Sequence[Rule] = ()) -> Iterator[tuple[Pane, dict[str, str]]]:
+    """The rig's CLI in a tmux pane, its model answering "Noted." (after ``rules``), after
+    a prompt of the user's own, answered and done (Gemini CLI just started may miss an
+    Enter, or take it for a newline when it comes within 30 ms of a key); with the tmux
+    delivery setting that types into that pane."""
     model = rig.model
-    rig.api = model.make([Rule(lambda q: bool(model.tools(q)), say("Noted."))])
+    rig.api = model.make([*rules, Rule(lambda q: bool(model.tools(q)), say("Noted."))])
     rig.api.__enter__()
     binary, args = _start(rig)
     env = rig.env() | {"TERM": "xterm-256color"}

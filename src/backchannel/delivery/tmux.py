@@ -58,6 +58,21 @@ reads its terminal in canonical (line) mode (``cat``, a shell's ``read``, Python
 a word: a message with a longer line is refused (dead-lettered, the sender told) rather
 than typed in cut.
 
+**Not into a dialog.** Claude Code, Codex and Gemini CLI ask their user before a tool
+runs (``Do you want to proceed? ❯ 1. Yes ... 4. No``, ``Would you like to run the
+following command? › 1. Yes, proceed (y)``, ``Allow execution of [Shell]? ● 1. Allow
+once``), and such a dialog takes Enter (Codex also ``y``) as the user's choice: a
+message typed in then approved the tool call (Codex ran it), or was swallowed by the
+dialog and counted delivered. Before every paste and every Enter the adapter reads the
+screen; while it shows a dialog (:func:`dialog`: below the agent's last prompt line, a
+chosen option of a numbered list, ``❯ 1.``, ``› 1.``, ``● 1.``, or a dialog's footer,
+``Esc to cancel``) the message is **held** like a pane in copy mode: not typed, the
+team's ``user`` told, and typed in once the dialog is answered and the agent is back
+at its prompt. A dialog that comes up between the look and the paste gets no Enter:
+the attempt fails as transient, the next one waits for the dialog to go and presses
+only Enter. A dialog on screen after the Enter counts as the text gone from the prompt
+(the turn it started asks for a tool).
+
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
 last line of the screen that begins with a prompt mark (``>``, ``›``, ``❯``, inside a
@@ -141,6 +156,7 @@ __all__ = [
     "SHELLS",
     "TmuxAdapter",
     "agent_commands",
+    "dialog",
     "escape_at",
     "sanitize",
 ]
@@ -192,6 +208,13 @@ _PLACEHOLDERS = ("[pasted text", "[pasted content")
 #: or ``❯``, Codex ``›``), inside a box's border or not.
 _PROMPT_MARKS = (">", "›", "❯")
 _BORDERS = "│┃|"
+#: A dialog's chosen option: a selection mark, then the option's number (Claude Code
+#: ``❯ 1. Yes``, Codex ``› 1. Yes, proceed (y)``, Gemini CLI ``● 1. Allow once``).
+_CHOICE = re.compile(r"^[>›❯●◉]\s*\d+\.\s")
+#: What a dialog's footer says when it offers no numbered options (Claude Code's ``Enter
+#: to stay in auto mode · ... · Esc to cancel``, Codex's ``Press enter to confirm or esc
+#: to cancel``), lower case.
+_DIALOG_HINTS = ("esc to cancel", "enter to confirm", "enter to select")
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -225,11 +248,30 @@ def input_line(screen: str) -> str | None:
     """The agent's prompt's input line on ``screen`` (the pane's visible lines), less
     its prompt mark: the last line that begins with one (the conversation above it
     echoes submitted prompts the same way); None when no line does (a screen of
-    another kind)."""
+    another kind) or when a dialog shows under it (:func:`dialog`: the line is the
+    conversation's echo of a prompt, the CLI's input line hidden by the dialog)."""
     for line in reversed(screen.splitlines()):
         line = line.strip().strip(_BORDERS).strip()
+        if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
+            return None
         if line.startswith(_PROMPT_MARKS):
             return line[1:].strip()
+    return None
+
+
+def dialog(screen: str) -> str | None:
+    """The line of a dialog ``screen`` shows below the agent's last prompt line: a
+    chosen option of a numbered list (:data:`_CHOICE`; the permission and approval
+    dialogs of Claude Code, Codex and Gemini CLI, their trust questions) or a dialog's
+    footer (:data:`_DIALOG_HINTS`); None when there is none. These dialogs take Enter
+    (and Codex's ``y``) as the user's choice: a message typed into one could approve a
+    tool call its user never approved, and would not reach the model."""
+    for line in reversed(screen.splitlines()):
+        line = line.strip().strip(_BORDERS).strip()
+        if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
+            return line
+        if line.startswith(_PROMPT_MARKS):
+            return None
     return None
 
 
@@ -412,6 +454,15 @@ class TmuxAdapter(Adapter):
                 "by SIGSTOP or a debugger) and reads nothing; the message is held, not "
                 f"typed, until it runs again (kill -CONT -{pgid})"
             )
+        # a dialog of the agent's own takes Enter as its user's choice: nothing is typed
+        # into it (see dialog)
+        if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
+            raise HeldDelivery(
+                f"the agent in tmux pane {self.target!r} ({pane_id}) shows a dialog of its "
+                f"own ({shows[:80]!r}), waiting for its user's choice; the message is held, "
+                "not typed (its keys would answer the dialog), until the dialog is answered "
+                "in the pane and the agent is back at its prompt"
+            )
         return pane_id, pane_pid, tty
 
     async def ready(self) -> str | None:
@@ -517,6 +568,17 @@ class TmuxAdapter(Adapter):
         # (another kind of screen, or a retry's, where it may have been cleared) gets
         # the Enter all the same, and nothing is checked after it.
         shown = check and await self._in_prompt(typed.pane, head, SUBMIT_WAIT if settle else 0.0)
+        # nor on a dialog that came up since the pane was looked at: Enter there is its
+        # user's choice (see dialog)
+        if not shown and (screen := await self._screen(typed.pane)) and (shows := dialog(screen)):
+            if not saved:
+                self._save()
+            raise AdapterError(
+                f"the message was typed into tmux pane {self.target} ({typed.pane}) as the "
+                f"agent brought up a dialog of its own ({shows[:80]!r}); Enter was not "
+                "pressed (it would answer the dialog). The next attempt waits until the "
+                "dialog is answered and presses only Enter"
+            )
         for n in range(ENTER_TRIES):
             if n:
                 if not saved:  # an Enter failed: the hub's next process must know too
@@ -620,7 +682,7 @@ class TmuxAdapter(Adapter):
                     with contextlib.suppress(AdapterError):
                         await self._tmux("send-keys", "-t", pane, "Enter")
                     pressed = loop.time()
-            elif input_line(screen) is None:
+            elif input_line(screen) is None and dialog(screen) is None:
                 gone = None  # mid-redraw: says nothing
             elif gone is None:
                 gone = now

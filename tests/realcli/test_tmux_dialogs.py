@@ -1,0 +1,139 @@
+"""A message typed in by the hub's tmux adapter while the real Claude Code, Codex or
+Gemini CLI shows a dialog of its own (a tool's permission or approval question, chosen
+with Enter) in a real tmux pane: the adapter types nothing into it, so the tool the
+model asked to run is not approved by the message's keys; the message is held (not
+acked) while the dialog shows and reaches the model once, as a prompt of its own, after
+the user has answered the dialog."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backchannel.core.framing import frame
+from backchannel.testing import eventually
+from tests.conftest import Server
+from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
+
+from .fake_anthropic import Reply, Request, Rule, call
+from .harness import Rig, attached
+from .test_interactive import _enter_again
+from .test_tmux_paste import CLI_OWN_SERVICES, _prompt, _typed_as, _warm_pane
+from .tmux_harness import wait_until
+
+pytestmark = [pytest.mark.realcli, pytest.mark.slow, pytest.mark.timeout(600)]
+
+#: What each CLI's dialog asking to run a shell command shows.
+DIALOG = {
+    "claude-code": "Do you want to proceed?",
+    "codex": "Would you like to run the following command?",
+    "gemini": "Allow execution",
+}
+
+
+#: What Claude Code puts before the next prompt once its user said no to a tool.
+CLAUDE_DENIED = "[Request interrupted by user for tool use]"
+
+
+@pytest.fixture(params=["claude-code", "codex", "gemini"])
+def rig(
+    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
+) -> Iterator[Rig]:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
+
+
+def _run_shell(rig: Rig, command: str) -> Any:
+    """The model's reply asking the CLI to run ``command`` in its shell tool (which the
+    CLI, in its default approval mode, asks its user about first)."""
+
+    def reply(req: Request) -> Reply:
+        tools = rig.model.tools(req)
+        if rig.runtime == "claude-code":
+            return call("Bash", command=command, description="Touch a file")
+        if rig.runtime == "gemini":
+            return call("run_shell_command", command=command, description="Touch a file")
+        # Codex: its shell tool, the command run outside the sandbox (asked first)
+        escalate = {"sandbox_permissions": "require_escalated", "justification": "touch it"}
+        if "shell_command" in tools:
+            return call("shell_command", command=command, **escalate)
+        if "exec_command" in tools:
+            return call("exec_command", cmd=command, **escalate)
+        return call("shell", command=["bash", "-lc", command], **escalate)
+
+    return reply
+
+
+async def test_a_message_typed_while_the_cli_asks_to_run_a_tool_approves_nothing(
+    rig: Rig, tmp_path: Path
+) -> None:
+    side = tmp_path / "approved-by-a-message"
+    model = rig.model
+    rules = [
+        Rule(
+            lambda q: bool(model.tools(q)) and "RUN-THE-TOOL" in _prompt(rig, q),
+            _run_shell(rig, f"touch {side}"),
+            1,
+        )
+    ]
+    if rig.runtime == "claude-code":  # the mode that asks before each shell command
+        settings = rig.home / ".claude" / "settings.json"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps({"permissions": {"defaultMode": "default"}}))
+    with _warm_pane(rig, rules) as (pane, setting):
+        pane.type("RUN-THE-TOOL please.")
+        wait_until(
+            lambda: DIALOG[rig.runtime] in pane.screen() or _enter_again(pane, "RUN-THE-TOOL"),
+            60,
+            "the dialog asking to run the tool",
+            pane,
+        )
+        mark = "WHILE-THE-DIALOG-SHOWS"
+        text = f"{mark} please note this."
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                def held_or_acked() -> bool:
+                    return any(w.state == "held" for w in d.status())
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value == "acked":
+                        return "acked"
+                    return "held" if held_or_acked() else None
+
+                got = await eventually(settled, within=60, what="the message held or acked")
+                screen = pane.screen()
+                assert got == "held", f"typed into the dialog\n--- screen ---\n{screen}"
+                assert not side.exists(), "the message's keys approved the tool"
+                assert DIALOG[rig.runtime] in screen, screen
+                # the user says no (Esc), and the CLI is back at its prompt: the message
+                # is typed in then, once
+                pane.pane.send_keys("Escape", enter=False)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+
+                def asked() -> list[str]:
+                    assert rig.api is not None
+                    got = [_prompt(rig, q) for q in list(rig.api.requests) if model.tools(q)]
+                    return [p for p in got if mark in p]
+
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert not side.exists(), "the tool ran: approved by the message's keys"
+    want = _typed_as(rig, frame("[From bob]", text))
+    # Claude Code puts the note that its user said no in the prompt after it
+    got = [p.removeprefix(f"{CLAUDE_DENIED}\n\n") for p in asked()]
+    assert got == [want], (asked(), want)
