@@ -957,12 +957,15 @@ with open(out, "ab", buffering=0) as f:
 """
 
 
+@pytest.mark.parametrize("named_by", ["name", "id"])
 async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it(
-    tmux: libtmux.Server, tmp_path: Path
+    tmux: libtmux.Server, tmp_path: Path, named_by: str
 ) -> None:
     """Codex's approval prompt takes Enter (or ``y``) as its user's choice: a message
     typed in while it showed approved the command the model had asked to run. Nothing is
-    typed into a dialog; the message is held, and typed in once the user answered it."""
+    typed into a dialog; the message is held, and typed in once the user answered it.
+    The hold names the pane as the member's setting does, and its id once (a target
+    that is the id is not named twice)."""
     script, out = tmp_path / "dialog.py", tmp_path / "dialog.bytes"
     script.write_text(DIALOG)
     out.touch()
@@ -972,8 +975,9 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
     pane = tmux.sessions.get(session_name="agent").active_window.active_pane
     assert pane is not None
     await eventually(lambda: "1. Yes, proceed" in "\n".join(pane.capture_pane()), what="the dialog")
+    target = "agent:0.0" if named_by == "name" else str(pane.pane_id)
     async with running_hub() as hub:
-        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0))
+        await _member(hub, "a", _tmux(tmux, target, "a-s1", turn_wait=0))
         async with dispatching(hub) as d:
             sent = await hub.send("t", "user", "a", "yes please, go on", link=False)
             held = await eventually(
@@ -984,6 +988,8 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
             )
             assert "dialog" in (held.last_error or ""), held.last_error
             assert "1. Yes, proceed" in (held.last_error or "")
+            named = f"agent:0.0 ({pane.pane_id})" if named_by == "name" else pane.pane_id
+            assert f"in tmux pane {named} shows a dialog" in (held.last_error or "")
             assert await state_of(hub, "t", sent.message_id) == "queued"
             assert out.read_bytes() == b""  # not a key of it reached the dialog
             pane.send_keys("n", enter=False, literal=True)  # the user answers: no

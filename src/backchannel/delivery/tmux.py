@@ -458,7 +458,7 @@ class TmuxAdapter(Adapter):
         # into it (see dialog)
         if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
             raise HeldDelivery(
-                f"the agent in tmux pane {self.target!r} ({pane_id}) shows a dialog of its "
+                f"the agent in {self._pane(pane_id)} shows a dialog of its "
                 f"own ({shows[:80]!r}), waiting for its user's choice; the message is held, "
                 "not typed (its keys would answer the dialog), until the dialog is answered "
                 "in the pane and the agent is back at its prompt"
@@ -498,7 +498,7 @@ class TmuxAdapter(Adapter):
                 check = await self._prompt_shown(pane)
                 await self._submit(mid, typed, text_head(text), check)
                 return (
-                    f"submitted in tmux pane {self.target} ({pane}): typed in by an earlier "
+                    f"submitted in {self._pane(pane)}: typed in by an earlier "
                     f"attempt, {lines} line(s); only Enter was pressed now"
                 )
             # the prompt it was typed into is gone (another pane, or the agent restarted):
@@ -527,7 +527,7 @@ class TmuxAdapter(Adapter):
         await self._submit(
             mid, _Typed(pane, owner), text_head(text), check, settle=paste_settle(text)
         )
-        return f"typed into tmux pane {self.target} ({pane}), {lines} line(s)"
+        return f"typed into {self._pane(pane)}, {lines} line(s)"
 
     def _check_lines(self, text: str, tty: str) -> None:
         """Refuse ``text`` when the pane's terminal is in canonical mode (the program
@@ -574,7 +574,7 @@ class TmuxAdapter(Adapter):
             if not saved:
                 self._save()
             raise AdapterError(
-                f"the message was typed into tmux pane {self.target} ({typed.pane}) as the "
+                f"the message was typed into {self._pane(typed.pane)} as the "
                 f"agent brought up a dialog of its own ({shows[:80]!r}); Enter was not "
                 "pressed (it would answer the dialog). The next attempt waits until the "
                 "dialog is answered and presses only Enter"
@@ -596,7 +596,7 @@ class TmuxAdapter(Adapter):
                 if not saved:
                     self._save()
                 raise AdapterError(
-                    f"the message is typed into tmux pane {self.target} ({typed.pane}) but "
+                    f"the message is typed into {self._pane(typed.pane)} but "
                     f"not submitted: the agent's prompt still showed it {SUBMIT_WAIT:g} s "
                     "after Enter, pressed again every "
                     f"{SUBMIT_REPRESS:g} s (the agent busy or not taking keys). It waits "
@@ -612,12 +612,19 @@ class TmuxAdapter(Adapter):
         if not saved:
             self._save()
         raise AdapterError(
-            f"the message is typed into tmux pane {self.target} ({typed.pane}) but not "
+            f"the message is typed into {self._pane(typed.pane)} but not "
             f"submitted: {error}. It waits unsubmitted in the agent's prompt; the next attempt "
             "presses only Enter. Should none succeed, press Enter in the pane to submit it "
             "(or clear the prompt)",
             tell_operator=True,
         )
+
+    def _pane(self, pane_id: str) -> str:
+        """The pane as messages name it: the member's target, and the pane's id when the
+        target is another name for it (``work:1.0``), not twice when it is the id."""
+        if pane_id == self.target:
+            return f"tmux pane {self.target}"
+        return f"tmux pane {self.target} ({pane_id})"
 
     async def _screen(self, pane: str) -> str | None:
         """The visible lines of ``pane``; None when tmux cannot read them."""
