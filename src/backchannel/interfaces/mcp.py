@@ -367,6 +367,29 @@ def _give_back(a: Agent, ids: Sequence[str]) -> None:
         _later(a.client.release(list(ids)), "giving back messages no answer showed")
 
 
+async def _lease(a: Agent, limit: int, session: str | None) -> list[Received]:
+    """Lease up to ``limit`` messages, in a hub call the tool call's cancel cannot cut:
+    cancelled once the hub has leased them but before its answer is in, the messages
+    would be held, unseen, until their lease ends (an attempt spent, the next
+    ``check_inbox`` finding nothing meanwhile). A call cancelled while it runs leaves it
+    to end, and gives back at once what it leased."""
+    call = asyncio.ensure_future(a.client.receive(limit=limit, session=session))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+
+        async def back() -> None:
+            try:
+                got = await call
+            except Exception:  # it leased nothing
+                return
+            if got:
+                await a.client.release([m.message_id for m in got])
+
+        _later(back(), "giving back messages a cancelled check_inbox leased")
+        raise
+
+
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
@@ -389,7 +412,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
             used = sum(map(len, pieces)) + 2 * len(pieces)
             fits = (CHECK_INBOX_CHARS - used) * len(pieces) // used if pieces else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
-            step = await a.client.receive(limit=limit, session=session)
+            step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)

@@ -1,0 +1,217 @@
+"""An MCP ``check_inbox`` cut short loses nothing and shows nothing twice.
+
+The client cancels a running ``check_inbox`` (Claude Code when the user presses Esc:
+``notifications/cancelled``; Codex after its tool timeout; over HTTP it may hang up),
+or the CLI quits and closes the stdio server's stdin, while the hub's answer to the
+lease is still on its way: the hub has leased the messages, the tool has not seen
+them. They must be the next call's at once (not held for the lease's minute, an
+attempt spent), and what an answer showed must not come again. Real MCP client
+sessions against ``backchannel mcp`` behind a proxy that holds the hub's answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import pytest
+
+from backchannel.testing.waiting import eventually
+from tests.conftest import BIN, Server
+from tests.runtimes.agents import make_team, stdio_mcp, text
+from tests.test_mcp import errlog, srv
+from tests.test_sdk_faults import Faulty
+
+__all__ = ["errlog", "srv"]  # the fixtures, used here too
+
+
+def _env(url: str, token: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKCHANNEL_")}
+    return env | {"BACKCHANNEL_URL": url, "BACKCHANNEL_TOKEN": token}
+
+
+def _inbox_state(srv: Server, token: str, ident: str) -> dict[str, Any]:
+    with srv.client(token) as c:
+        got: dict[str, Any] = c.get(f"/v1/messages/{ident}").json()["deliveries"][0]
+        return got
+
+
+async def test_a_stdio_check_inbox_cancelled_while_the_lease_comes_back_gives_it_back(
+    srv: Server, errlog: TextIO
+) -> None:
+    """The hub leased the message and its answer is on the way when the client cancels
+    (``notifications/cancelled``): the message is the next call's at once, shown once."""
+    tokens = make_team(srv, "recv-cancel", "a", "b")
+    with srv.client(tokens["b"]) as c:
+        ident = c.post("/v1/messages", json={"to": "a", "text": "read me once"}).json()[
+            "message_id"
+        ]
+    with contextlib.closing(Faulty(srv.url)) as proxy:
+        proxy.faults.append(("GET", "/v1/inbox", "late"))
+        async with stdio_mcp(_env(proxy.url, tokens["a"]), errlog) as s:
+            first = asyncio.create_task(s.call_tool("check_inbox", {}))
+            await eventually(proxy.answered.is_set, within=30, what="the hub to lease it")
+            first.cancel()  # the SDK tells the server: notifications/cancelled
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            proxy.release.set()  # the lease's answer goes on, to a call that is gone
+            async with asyncio.timeout(20):  # at once: well within the lease's 60 s
+                while True:
+                    got = await s.call_tool("check_inbox", {})
+                    if got.structured_content["messages"]:
+                        break
+            assert [m["text"] for m in got.structured_content["messages"]] == ["read me once"]
+            again = await s.call_tool("check_inbox", {})
+            assert text(again) == "No new messages."
+    print(_inbox_state(srv, tokens["a"], ident))
+
+
+def _rpc(ident: int, method: str, params: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": ident, "method": method, "params": params}).encode()
+
+
+def test_a_stdio_check_inbox_whose_cli_quits_while_the_lease_comes_back_loses_nothing(
+    srv: Server,
+) -> None:
+    """The CLI quits (the server's stdin closes) while the hub's answer to the lease is
+    on its way: the message is in the answer the server still writes, or it is the next
+    receive's at once; never acked unseen, never held for the lease's minute."""
+    tokens = make_team(srv, "recv-quit", "a", "b")
+    with srv.client(tokens["b"]) as c:
+        c.post("/v1/messages", json={"to": "a", "text": "read me once"}).raise_for_status()
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    hello["clientInfo"] = {"name": "test", "version": "0"}
+    with contextlib.closing(Faulty(srv.url)) as proxy:
+        proxy.faults.append(("GET", "/v1/inbox", "late"))
+        proc = subprocess.Popen(
+            [str(BIN), "mcp"],
+            env=_env(proxy.url, tokens["a"]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(_rpc(1, "initialize", hello) + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            call = _rpc(2, "tools/call", {"name": "check_inbox", "arguments": {}})
+            proc.stdin.write(json.dumps(initialized).encode() + b"\n" + call + b"\n")
+            proc.stdin.flush()
+            assert proxy.answered.wait(30), "the hub to lease it"
+            proc.stdin.close()  # the CLI quits mid-call
+            proxy.release.set()
+            out = proc.stdout.read()
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+    answers = [json.loads(line) for line in out.splitlines() if line.strip()]
+    shown = [
+        m["text"]
+        for r in answers
+        if r.get("id") == 2 and "result" in r
+        for m in r["result"].get("structuredContent", {}).get("messages", [])
+    ]
+    with srv.client(tokens["a"]) as c:
+        left = [m["text"] for m in c.get("/v1/inbox", params={"limit": 10}).json()["messages"]]
+    assert shown + left == ["read me once"], (answers, left)
+
+
+class _Held:
+    """A member's client whose first receive leases, then holds the hub's answer until
+    :attr:`go` (its answer on the way when the client hangs up)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.leased = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def receive(self, **kw: Any) -> Any:
+        got = await self._client.receive(**kw)
+        if not self.leased.is_set():
+            self.leased.set()
+            await self.go.wait()
+        return got
+
+
+async def test_an_http_check_inbox_whose_client_hangs_up_while_the_lease_comes_back_gives_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over ``/mcp`` the client hangs up once the hub has leased the message, before the
+    tool has its answer: the message is the next receive's at once."""
+    import uvicorn
+
+    from backchannel.client import Client
+    from backchannel.hub import Hub
+    from backchannel.interfaces import agents_http
+    from backchannel.interfaces.http import create_app
+    from backchannel.interfaces.mcp import Agent
+    from backchannel.stores.sqlite import SqliteStore
+
+    held: list[_Held] = []
+    resolve = agents_http.McpEndpoint._resolve
+
+    async def holding(self: Any, ctx: Any) -> Any:
+        agent = await resolve(self, ctx)
+        held.append(_Held(agent.client))
+        return Agent(held[-1], agent.team, agent.name, agent.session)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_resolve", holding)
+    ended = asyncio.Event()  # the hub is done with the POST
+    unless_gone = agents_http.McpEndpoint._unless_gone
+
+    async def watched(*args: Any) -> None:
+        try:
+            await unless_gone(*args)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_unless_gone", staticmethod(watched))
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    config = uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with Client(url, b) as client:
+            await client.send("a", "read me once")
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": "check_inbox", "arguments": {}}
+        headers = {
+            "Authorization": f"Bearer {a}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(base_url=url) as http:
+            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
+            await eventually(lambda: held and held[0].leased.is_set(), what="the lease")
+            posting.cancel()  # the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await posting
+        await asyncio.wait_for(ended.wait(), 20)  # the hub saw the hang-up, stopped the call
+        held[0].go.set()  # the lease's answer comes, to a call that is gone
+        async with Client(url, a) as client:
+            got: list[Any] = []
+            async with asyncio.timeout(20):  # given back at once: well within 60 s
+                while not got:
+                    got = await client.receive(wait=1)
+            assert [m.text for m in got] == ["read me once"]
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
