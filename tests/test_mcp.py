@@ -34,6 +34,7 @@ TOOLS = {
     "cancel_timer",
     "list_timers",
     "add_reaction",
+    "read_message",
 }
 
 

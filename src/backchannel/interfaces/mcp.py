@@ -40,7 +40,13 @@ from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
-from backchannel.errors import BackchannelError, InvalidState, ServiceError, UnknownSession
+from backchannel.errors import (
+    BackchannelError,
+    InvalidRequest,
+    InvalidState,
+    ServiceError,
+    UnknownSession,
+)
 from backchannel.hub.messages import new_message_id
 from backchannel.hub.sessions import ALIVE_STEP_S, MIN_BEAT_S
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
@@ -70,6 +76,11 @@ CHECK_INBOX_BATCH = 50
 #: first whatever its length): a client cuts or refuses a longer tool answer (Claude
 #: Code past 25,000 tokens), and what the answer carries is acked.
 CHECK_INBOX_CHARS = 40_000
+#: The most characters of one message's text a tool answer carries: a message longer
+#: than that is read in parts (``check_inbox`` answers its first, ``read_message`` each
+#: next), cut at a line's end where one is near, so no client cuts its end unseen. The
+#: rest of :data:`CHECK_INBOX_CHARS` is room for its frame and the note naming the next.
+PART_CHARS = 30_000
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -332,6 +343,34 @@ def _received(m: Received) -> str:
     return f"{format_message(m.sender, m.kind, m.text)}\n(message_id: {m.message_id})"
 
 
+def parts(text: str) -> list[str]:
+    """``text`` in parts of at most :data:`PART_CHARS`, each cut just after a line's end
+    when one is in its second half (else at the limit): joined, they are ``text``."""
+    out = []
+    while len(text) > PART_CHARS:
+        cut = text.rfind("\n", PART_CHARS // 2, PART_CHARS) + 1 or PART_CHARS
+        out.append(text[:cut])
+        text = text[cut:]
+    return [*out, text]
+
+
+def _part(sender: str, kind: str, ident: str, text: str, part: int) -> tuple[str, str, int]:
+    """Part ``part`` of a message as the model reads it: its frame, the part, and where
+    the next is (when one is); also the part's text, and how many parts there are."""
+    split = parts(text)
+    body = split[part - 1]
+    shown = f"{format_message(sender, kind, body)}\n(message_id: {ident}"
+    if len(split) == 1:
+        return shown + ")", body, 1
+    shown += f", part {part} of {len(split)})"
+    if part < len(split):
+        shown += (
+            f"\n[This message is longer than one answer: call read_message with "
+            f"message_id={ident!r} and part={part + 1} for its next part.]"
+        )
+    return shown, body, len(split)
+
+
 #: acks and give-backs of what tools took from the inbox, run apart from the tool call
 #: (which the client may cancel meanwhile); kept here so that none is collected unrun
 _SETTLING: set[asyncio.Future[Any]] = set()
@@ -394,11 +433,14 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
     :data:`CHECK_INBOX_BATCH` from each place it looks, and only the whole messages that
-    fit in :data:`CHECK_INBOX_CHARS` (the rest are given back at once); a batch that
-    came back full, or gave messages back, means more may wait, and the answer says so
-    (and ``more``), with how to read them."""
+    fit in :data:`CHECK_INBOX_CHARS` (the rest are given back at once), the first of them
+    when its text is longer than :data:`PART_CHARS` as its first part (the answer names
+    the :func:`_read_message` call that gives the next); a batch that came back full, or
+    gave messages back, means more may wait, and the answer says so (and ``more``), with
+    how to read them."""
     got: list[Received] = []  # what the answer shows
     pieces: list[str] = []
+    cut: dict[str, tuple[str, int]] = {}  # a long message's first part, and its parts
     more = False
 
     async def fill(session: str | None) -> None:
@@ -421,6 +463,9 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
+                if len(m.text) > PART_CHARS:  # the first (no other fits): its first part
+                    piece, first, n = _part(m.sender, m.kind, m.message_id, m.text, 1)
+                    cut[m.message_id] = (first, n)
                 got.append(m)
                 pieces.append(piece)
             if len(step) < limit:
@@ -438,6 +483,10 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         _give_back(a, [m.message_id for m in got])
         raise
     data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
+    for d in data:  # the structured answer carries what the text does, no more
+        if d["message_id"] in cut:
+            d["text"], d["parts"] = cut[d["message_id"]]
+            d["part"] = 1
     if not got:
         return "No new messages.", {"messages": []}
     n = len(got)
@@ -446,6 +495,30 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         return text, {"messages": data}
     text += "\n\nMore messages may wait: call check_inbox again to read them."
     return text, {"messages": data, "more": True}
+
+
+class ReadMessageArgs(_Args):
+    message_id: Name = Field(description="The id of a message you received (or sent).")
+    part: int = Field(
+        1, ge=1, le=MAX_INT, description="Which part of a long message (1 is the first)."
+    )
+
+
+async def _read_message(a: Agent, x: ReadMessageArgs) -> Output:
+    """A message the agent received or sent, by its id, a part at a time: a message
+    longer than one answer is read in parts (see :data:`PART_CHARS`). The hub keeps an
+    acked message's text, so a part can be read again; reading does not ack anything."""
+    r = await a.client.status(x.message_id)
+    n = len(parts(r.text))
+    if x.part > n:
+        raise InvalidRequest(
+            f"message {x.message_id} has {n} part{'s' if n != 1 else ''}; "
+            f"call again with part between 1 and {n}",
+            field="part",
+        )
+    shown, _, _ = _part(r.sender, r.kind, r.message_id, r.text, x.part)
+    # the part once, in the text: the answer's room is the part's, not twice its size
+    return shown, {"message_id": r.message_id, "from": r.sender, "part": x.part, "parts": n}
 
 
 async def sessions(a: Agent, member: str | None = None) -> list[SessionInfo]:
@@ -590,6 +663,14 @@ TOOLS: tuple[Tool, ...] = (
         _NoArgs,
         _check_inbox,
         takes=True,
+    ),
+    Tool(
+        "read_message",
+        "Read a message you received or sent by its message_id, a part at a time: a "
+        "message longer than one answer comes in parts, and its answer names the next.",
+        ReadMessageArgs,
+        _read_message,
+        (("unknown_message", "message_id"), ("not_found", "message_id")),
     ),
     Tool(
         "get_session_data",

@@ -1,0 +1,97 @@
+"""One message longer than a client takes in one tool answer is read whole, in parts.
+
+A client cuts or refuses a tool answer past its limit (Claude Code: about 25,000 tokens),
+and ``check_inbox`` acks what it answered with: a message sent whole in one answer would
+be acked with its end unseen. Its answer carries the message's first part, cut at a
+line's end, and names the next; ``read_message`` gives each part, until the last.
+Real MCP client sessions against ``backchannel mcp`` (stdio) and ``/mcp`` of a real
+``serve``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TextIO
+
+import pytest
+from mcp import ClientSession
+
+from backchannel.interfaces.mcp import CHECK_INBOX_CHARS, PART_CHARS
+from tests.conftest import Server
+from tests.runtimes.agents import http_mcp, make_team, stdio_mcp
+from tests.test_mcp import errlog, fails, ok, srv
+
+__all__ = ["errlog", "srv"]  # the fixtures, used here too
+
+
+@asynccontextmanager
+async def connect(
+    transport: str, srv: Server, token: str, errlog: TextIO
+) -> AsyncIterator[ClientSession]:
+    if transport == "http":
+        async with http_mcp(srv.url, token) as s:
+            yield s
+        return
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": token}
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # this source, not another
+    async with stdio_mcp(env, errlog) as s:
+        yield s
+
+
+def _body(shown: str) -> str:
+    """The message's text (its part) in a ``read_message`` answer."""
+    return shown.removeprefix("[From b] ").partition("\n(message_id: ")[0]
+
+
+def _long(lines: int) -> str:
+    return "".join(f"line {i:05d} " + "x" * 60 + "\n" for i in range(lines))
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
+    srv: Server, errlog: TextIO, transport: str
+) -> None:
+    team = f"long-one-{transport}"
+    tokens = make_team(srv, team, "a", "b")
+    long = _long(PART_CHARS * 5 // 2 // 72)  # about two and a half parts
+    with srv.client(tokens["b"]) as c:
+        ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
+        c.post("/v1/messages", json={"to": "a", "text": "short one after"}).raise_for_status()
+    async with connect(transport, srv, tokens["a"], errlog) as s:
+        first, data = await ok(s, "check_inbox")
+        # the answer fits in its room, text and structured content alike
+        assert len(first) <= CHECK_INBOX_CHARS, len(first)
+        # the short one fits in the room left
+        [m] = [m for m in data["messages"] if m["message_id"] == ident]
+        [after] = [m for m in data["messages"] if m["message_id"] != ident]
+        assert m["message_id"] == ident and m["part"] == 1 and m["parts"] == 3
+        assert m["text"].endswith("\n") and len(m["text"]) <= PART_CHARS  # cut at a line end
+        assert long.startswith(m["text"]) and m["text"] in first
+        assert f"call read_message with message_id={ident!r} and part=2" in first
+        assert after["text"] == "short one after" and "part" not in after
+        assert "more" not in data
+        read = m["text"]
+        for part in (2, 3):
+            shown, got = await ok(s, "read_message", message_id=ident, part=part)
+            assert (got["part"], got["parts"]) == (part, 3)
+            assert len(shown) <= CHECK_INBOX_CHARS
+            assert set(got) == {"text", "message_id", "from", "part", "parts"}  # the part once
+            said = f"call read_message with message_id={ident!r} and part={part + 1}"
+            assert (said in shown) == (part < 3), shown
+            read += _body(shown)
+        assert read == long  # every line, once, in order
+        # a part can be read again (the hub keeps the text); past the last is refused
+        again, got = await ok(s, "read_message", message_id=ident)
+        assert got["part"] == 1 and _body(again) == m["text"]
+        said = await fails(s, "read_message", message_id=ident, part=4)
+        assert "has 3 parts; call again with part between 1 and 3" in said, said
+        assert "argument 'message_id'" in await fails(s, "read_message", message_id="nope")
+        assert (await ok(s, "check_inbox"))[0] == "No new messages."
+        # a short message is read whole by read_message too
+        short = after["message_id"]
+        whole, got = await ok(s, "read_message", message_id=short)
+        assert (got["part"], got["parts"], _body(whole)) == (1, 1, "short one after")
+        assert "read_message" not in whole
+    with srv.client(tokens["a"]) as c:
+        assert c.get("/v1/inbox/pending").json()["pending"] == 0
