@@ -215,3 +215,69 @@ async def test_an_http_check_inbox_whose_client_hangs_up_while_the_lease_comes_b
         server.should_exit = True
         await serving
         await hub.close()
+
+
+async def test_an_http_check_inbox_whose_client_hangs_up_before_its_answer_is_written_acks_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over ``/mcp`` the tool has its answer, and the client hangs up before the answer
+    is written: what the answer carried reached no one, so it is the next receive's at
+    once, not acked unseen."""
+    import uvicorn
+
+    from backchannel.client import Client
+    from backchannel.hub import Hub
+    from backchannel.interfaces import agents_http
+    from backchannel.interfaces.http import create_app
+    from backchannel.stores.sqlite import SqliteStore
+
+    answering = asyncio.Event()  # the answer is about to be written
+    hung_up = asyncio.Event()  # the client is gone
+    unless_gone = agents_http.McpEndpoint._unless_gone
+
+    async def held(manager: Any, scope: Any, receive: Any, send: Any, *rest: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                answering.set()
+                await hung_up.wait()
+            await send(message)
+
+        await unless_gone(manager, scope, receive, sending, *rest)
+
+    monkeypatch.setattr(agents_http.McpEndpoint, "_unless_gone", staticmethod(held))
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    config = uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with Client(url, b) as client:
+            await client.send("a", "read me once")
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": "check_inbox", "arguments": {}}
+        headers = {
+            "Authorization": f"Bearer {a}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(base_url=url) as http:
+            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
+            await asyncio.wait_for(answering.wait(), 20)
+            posting.cancel()  # the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await posting
+        async with Client(url, a) as client:
+            got: list[Any] = []
+            async with asyncio.timeout(20):  # given back at once: well within 60 s
+                while not got:
+                    got = await client.receive(wait=1)
+            assert [m.text for m in got] == ["read me once"]
+    finally:
+        hung_up.set()
+        server.should_exit = True
+        await serving
+        await hub.close()

@@ -35,6 +35,7 @@ from backchannel.errors import BackchannelError, Forbidden, InvalidRequest, Serv
 from backchannel.hub import Hub
 from backchannel.interfaces.http import Auth, principal
 from backchannel.interfaces.mcp import (
+    ANSWERING,
     CANCELLED,
     Agent,
     Unanswered,
@@ -187,6 +188,15 @@ class McpEndpoint:
         body has been read, when nothing else reads it."""
         body_read = asyncio.Event()
         body = bytearray()
+        answered: list[Callable[[bool], None]] = []  # told whether the answer went out
+        written = False  # the answer's last byte was handed to the server
+        lost = False  # the client hung up before
+
+        async def sending(message: Message) -> None:
+            nonlocal written
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                written = True
 
         async def receiving() -> Message:
             message = await receive()
@@ -200,11 +210,19 @@ class McpEndpoint:
             return message
 
         async def client_gone() -> None:
+            nonlocal lost
             await body_read.wait()
             while (await receive())["type"] != "http.disconnect":
                 pass
+            lost = not written
 
-        handling = asyncio.ensure_future(manager.handle_request(scope, receiving, send))
+        # the calls this request runs take the context it has here (the SDK passes on
+        # the context of the task that read the request), and with it ``answered``
+        settling = ANSWERING.set(answered)
+        try:
+            handling = asyncio.ensure_future(manager.handle_request(scope, receiving, sending))
+        finally:
+            ANSWERING.reset(settling)
         watching = asyncio.ensure_future(client_gone())
         try:
             await asyncio.wait({handling, watching}, return_when=asyncio.FIRST_COMPLETED)
@@ -212,6 +230,8 @@ class McpEndpoint:
             watching.cancel()
             handling.cancel()  # nothing when it is done: the client is gone otherwise
             await asyncio.wait({handling})
+            for settle in answered:
+                settle(written and not lost)
         if not handling.cancelled():
             handling.result()  # its errors, as without the watch
 

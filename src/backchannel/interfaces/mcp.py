@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -392,6 +393,14 @@ def _later(work: Awaitable[Any], what: str) -> None:
 
 #: how long a stopping server waits for them
 SETTLE_S = 10.0
+
+#: Set by a transport that knows whether a call's answer went out (``/mcp``, see
+#: :meth:`.agents_http.McpEndpoint._unless_gone`): what ``check_inbox`` answered with is
+#: acked once its answer was written, and given back if the client hung up before (its
+#: answer reached no one). Each entry is told whether the answer was written.
+ANSWERING: contextvars.ContextVar[list[Callable[[bool], None]] | None] = contextvars.ContextVar(
+    "backchannel_mcp_answering", default=None
+)
 
 
 async def settled() -> None:
@@ -832,8 +841,20 @@ def build_server(
             # returned, not cancelled: the SDK sends this answer (a call the client
             # cancelled is interrupted at its next await and never answered, so the
             # messages it took were given back above). Acked now, not before: an ack
-            # ahead of a cancel that came during it would lose them unseen.
-            _later(agent.client.ack(taken), "acking the messages check_inbox answered with")
+            # ahead of a cancel that came during it would lose them unseen. Over
+            # ``/mcp``, once the answer was written (see :data:`ANSWERING`).
+            settle = ANSWERING.get()
+            if settle is None:
+                _later(agent.client.ack(taken), "acking the messages check_inbox answered with")
+            else:
+
+                def written(sent: bool, client: Client = agent.client) -> None:
+                    if sent:
+                        _later(client.ack(taken), "acking the messages check_inbox answered with")
+                    else:
+                        _later(client.release(taken), "giving back an answer that reached no one")
+
+                settle.append(written)
         # some clients (Claude Code) show the model the structured content instead of the
         # text: it leads with the same wording, then the fields a program reads
         fields = data if isinstance(data, dict) else {"result": data}
