@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -281,3 +282,100 @@ async def test_an_http_check_inbox_whose_client_hangs_up_before_its_answer_is_wr
         server.should_exit = True
         await serving
         await hub.close()
+
+
+def test_a_stdio_check_inbox_whose_cancel_crossed_its_answer_gives_the_messages_back(
+    srv: Server,
+) -> None:
+    """The client cancelled ``check_inbox`` (Esc, a tool timeout) as its answer went out:
+    it drops that answer (a cancelled request's answer is ignored), so the model never
+    saw the messages it carried. They are given back, and the next call shows them."""
+    tokens = make_team(srv, "recv-crossed", "a", "b")
+    with srv.client(tokens["b"]) as c:
+        c.post("/v1/messages", json={"to": "a", "text": "read me once"}).raise_for_status()
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    hello["clientInfo"] = {"name": "test", "version": "0"}
+    proc = subprocess.Popen(
+        [str(BIN), "mcp"],
+        env=_env(srv.url, tokens["a"]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+    cancel["params"] = {"requestId": 2, "reason": "the user pressed Esc"}
+    check = {"name": "check_inbox", "arguments": {}}
+
+    def say(*lines: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(b"".join(line + b"\n" for line in lines))
+        proc.stdin.flush()
+
+    def answer() -> Any:
+        assert proc.stdout is not None
+        return json.loads(proc.stdout.readline())
+
+    try:
+        say(_rpc(1, "initialize", hello))
+        assert answer()["id"] == 1
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        say(json.dumps(initialized).encode(), _rpc(2, "tools/call", check))
+        dropped = answer()  # what the client no longer reads
+        assert dropped["id"] == 2 and dropped["result"]["structuredContent"]["messages"]
+        say(json.dumps(cancel).encode())
+        shown: list[str] = []
+        ident = 3
+        deadline = time.monotonic() + 20  # given back at once: well within the lease's 60 s
+        while not shown and time.monotonic() < deadline:
+            say(_rpc(ident, "tools/call", check))
+            got = answer()
+            assert got["id"] == ident
+            shown = [m["text"] for m in got["result"]["structuredContent"]["messages"]]
+            ident += 1
+        assert shown == ["read me once"]
+        say(_rpc(ident, "tools/call", check))
+        assert answer()["result"]["structuredContent"]["messages"] == []
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
+
+
+def test_what_a_stdio_check_inbox_answered_is_acked_when_the_cli_quits_right_after(
+    srv: Server,
+) -> None:
+    """The CLI reads the answer and quits at once (stdin closed): no cancel can come, so
+    the server acks what the answer carried before it exits, not a moment later."""
+    tokens = make_team(srv, "recv-read-quit", "a", "b")
+    with srv.client(tokens["b"]) as c:
+        c.post("/v1/messages", json={"to": "a", "text": "read me once"}).raise_for_status()
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+    hello["clientInfo"] = {"name": "test", "version": "0"}
+    proc = subprocess.Popen(
+        [str(BIN), "mcp"],
+        env=_env(srv.url, tokens["a"]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(_rpc(1, "initialize", hello) + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        call = _rpc(2, "tools/call", {"name": "check_inbox", "arguments": {}})
+        proc.stdin.write(json.dumps(initialized).encode() + b"\n" + call + b"\n")
+        proc.stdin.flush()
+        got = json.loads(proc.stdout.readline())
+        assert [m["text"] for m in got["result"]["structuredContent"]["messages"]] == [
+            "read me once"
+        ]
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    with srv.client(tokens["a"]) as c:
+        assert c.get("/v1/inbox/pending").json()["pending"] == 0

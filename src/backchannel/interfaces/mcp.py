@@ -100,6 +100,11 @@ INSTRUCTIONS = (
 UNANSWERED_S = 600.0
 #: The most unanswered calls a server keeps (the oldest go first).
 UNANSWERED_MAX = 1000
+#: How long what a stdio ``check_inbox`` answered with waits before it is acked: a
+#: client that cancelled the call as its answer went out (Esc, a tool timeout; its
+#: ``notifications/cancelled`` crossed the answer) drops that answer, unread, and the
+#: messages are given back instead. A cancel crosses within the pipe's round trip.
+CROSSED_S = 2.0
 
 
 class Unanswered:
@@ -123,6 +128,12 @@ class Unanswered:
         #: reaches another request than the call's (stateless ``/mcp``)
         self._made: dict[tuple[Any, ...], tuple[tuple[Any, ...], str, asyncio.Future[Any], float]]
         self._made = {}
+        #: the ``check_inbox`` calls whose answer went out and is not acked yet, by
+        #: request: set when the client cancels one (see :data:`CROSSED_S`)
+        self.crossed: dict[tuple[Any, ...], asyncio.Event] = {}
+        #: set when the client can cancel nothing more (its stdin closed): those are
+        #: acked at once
+        self.closed = asyncio.Event()
 
     def made(
         self, request: tuple[Any, ...], key: tuple[Any, ...], ident: str, call: asyncio.Future[Any]
@@ -138,6 +149,8 @@ class Unanswered:
         found = self._made.pop(request, None)
         if found is not None and found[3] >= time.monotonic():
             self.keep(*found[:3])
+        if (answered := self.crossed.pop(request, None)) is not None:
+            answered.set()
 
     def take(self, key: tuple[Any, ...]) -> tuple[str, asyncio.Future[Any]] | None:
         """The id and hub call of the unanswered call ``key``, if one is recent."""
@@ -797,6 +810,29 @@ def _hub_error_text(tool: Tool, exc: BackchannelError) -> str:
 
 # -- the server ----------------------------------------------------------------------------
 
+
+async def _ack_unless_crossed(a: Agent, request: tuple[Any, ...], taken: list[str]) -> None:
+    """Ack what a ``check_inbox`` answered with, unless the client cancels the call
+    within :data:`CROSSED_S` (its cancel crossed the answer, which it dropped unread):
+    then give it back, for the next call to show."""
+    crossed = a.unanswered.crossed.setdefault(request, asyncio.Event())
+    waits = {
+        asyncio.ensure_future(crossed.wait()),
+        asyncio.ensure_future(a.unanswered.closed.wait()),
+    }
+    try:
+        await asyncio.wait(waits, timeout=CROSSED_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    if a.unanswered.crossed.get(request) is crossed:
+        del a.unanswered.crossed[request]
+    if crossed.is_set():
+        await a.client.release(taken)
+    else:
+        await a.client.ack(taken)
+
+
 Resolver = Callable[[Any], Awaitable[Agent]]
 
 
@@ -845,7 +881,8 @@ def build_server(
             # ``/mcp``, once the answer was written (see :data:`ANSWERING`).
             settle = ANSWERING.get()
             if settle is None:
-                _later(agent.client.ack(taken), "acking the messages check_inbox answered with")
+                request = (agent.team, agent.name, agent.session, ctx.request_id)
+                _later(_ack_unless_crossed(agent, request, taken), "acking check_inbox's answer")
             else:
 
                 def written(sent: bool, client: Client = agent.client) -> None:
@@ -960,6 +997,7 @@ async def serve_stdio(
             ]
             try:
                 await server.run(read, write, init_options(server))
+                unanswered.closed.set()  # no cancel can come: what was answered is acked now
                 await settled()
             finally:
                 for task in tasks:
