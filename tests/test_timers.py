@@ -498,6 +498,8 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX sessions_team",  # schema 19
+        "DELETE FROM schema_migrations WHERE version = 19",
         "DROP TABLE a2a_claims",  # schema 18
         "DELETE FROM schema_migrations WHERE version = 18",
         "DROP TABLE push_circuits",  # schema 17
@@ -520,6 +522,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX sessions_team",  # schema 19
+        "DELETE FROM schema_migrations WHERE version = 19",
         "DROP TABLE a2a_claims",  # schema 18
         "DELETE FROM schema_migrations WHERE version = 18",
         "DROP TABLE push_circuits",  # schema 17

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from backchannel.core.pages import PAGE
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES, TIMER_PAGE
 from backchannel.errors import BackchannelError, InvalidRequest, NotFound
 from backchannel.hub.messages import Outgoing
@@ -450,9 +451,19 @@ class MemberApi:
     async def open_session(self, session_id: str | None = None) -> SessionInfo:
         return _session(await self.hub.open_session(self.team, self.name, session_id))
 
-    async def sessions(self, *, member: str | None = None) -> SessionList:
-        found = await self.hub.list_sessions(self.team, member)
-        return SessionList(sessions=[_session(s) for s in found])
+    async def sessions(
+        self, *, member: str | None = None, after: str | None = None, limit: int = PAGE
+    ) -> SessionList:
+        """A page of the team's sessions (or one member's), in the order they were
+        opened: at most ``limit`` after session ``after``; ``next_after`` is where the
+        next page starts (None: this was the last)."""
+        found = await self.hub.list_sessions(self.team, member, after=after, limit=limit + 1)
+        page = found[:limit]
+        more = len(found) > limit
+        return SessionList(
+            sessions=[_session(s) for s in page],
+            next_after=page[-1].session_id if more else None,
+        )
 
     async def session(self, session_id: str) -> SessionInfo:
         return _session(await self.hub.get_session(self.team, session_id))

@@ -751,6 +751,9 @@ class SessionInfo(_Out):
 
 class SessionList(_Out):
     sessions: list[SessionInfo]
+    #: the last session id of this page when more follow: ask again with ``after`` set
+    #: to it (None: this page is the last)
+    next_after: str | None = None
 
 
 class Alive(_Out):

@@ -52,6 +52,9 @@ BOUNDED_TEAM_READS = {
     "FROM delivery_events WHERE team = ? ORDER BY id DESC LIMIT ? OFFSET ?": (
         "the latest events a dashboard keeps: as many index entries as the OFFSET"
     ),
+    "FROM sessions WHERE team = ? ORDER BY created_at, session_id LIMIT ?": (
+        "the first page of a team's sessions: as many index entries as the LIMIT"
+    ),
 }
 
 
@@ -155,6 +158,11 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
             await hub.report_event("t", "counter", s.session_id, "agent_stop", "12 files")
     await hub.maintain()
     await take("lead", "lead-s")
+
+    # the session lists a page at a time (GET /v1/sessions, a team's or a member's)
+    first = await hub.list_sessions("t", limit=2)
+    await hub.list_sessions("t", after=first[-1].session_id, limit=2)
+    await hub.list_sessions("t", "a", after="a-s", limit=2)
 
     await hub.terminate_session("t", "b", "b-s", "done")
     await hub.maintain()
@@ -321,6 +329,8 @@ PG_CHECKS = {
     "ORDER BY id DESC LIMIT 1 OFFSET 1000",
     "deliveries_dead": "SELECT seq FROM deliveries WHERE team = 't' AND state = 'dead' "
     "ORDER BY updated_at DESC, seq DESC LIMIT 50",
+    "sessions_team": "SELECT session_id FROM sessions WHERE team = 't' "
+    "AND (created_at, session_id) > (0, 'a') ORDER BY created_at, session_id LIMIT 101",
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND callee_session = 'c-s' AND state IN ('pending', 'timed_out') "
     "ORDER BY created_at, delegation_id LIMIT 1",

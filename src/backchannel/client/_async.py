@@ -19,6 +19,7 @@ from backchannel.client._transport import (
     _seconds,
     hook_result,
 )
+from backchannel.core.pages import MAX_PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE
 from backchannel.errors import InvalidRequest, PeerError
 from backchannel.hub.messages import new_message_id, new_request_id
@@ -661,17 +662,50 @@ class Client:
         got: SessionInfo = await self._do(call)
         return got
 
-    async def list_sessions(self, member: str | None = None) -> list[SessionInfo]:
-        """Sessions of your team (or of one member)."""
-        call = Call(
-            "GET",
-            "/v1/sessions",
-            lambda s: s.member.sessions(member=member),
-            SessionList,
-            params=_given(member=member),
-        )
-        got: SessionList = await self._do(call)
-        return got.sessions
+    async def list_sessions(
+        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Sessions of your team (or of one member), in the order they were opened: at
+        most ``limit`` after session ``after`` (every one when ``limit`` is None, read
+        from the hub a bounded page at a time)."""
+        out: list[SessionInfo] = []
+        async for page in self.session_pages(member, after=after, limit=limit):
+            out.extend(page.sessions)
+        return out
+
+    async def session_pages(
+        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[SessionList]:
+        """The pages of your team's sessions (or one member's), each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` sessions (all when
+        None) were given; each page's ``next_after`` says where the next one starts."""
+        if after is not None and (not isinstance(after, str) or not after):
+            raise InvalidRequest(
+                f"after is a session id (the last one you listed), not {after!r}", field="after"
+            )
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidRequest(
+                f"limit is how many sessions to list (1 or more, or None for all), not {limit!r}",
+                field="limit",
+            )
+        given = 0
+        while limit is None or given < limit:
+            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
+            call: Call[SessionList] = Call(
+                "GET",
+                "/v1/sessions",
+                functools.partial(_member_sessions, member, after, n),
+                SessionList,
+                params={"limit": n, **_given(member=member, after=after)},
+            )
+            got: SessionList = await self._do(call)
+            given += len(got.sessions)
+            yield got
+            if got.next_after is None:
+                break
+            after = got.next_after
 
     async def session(self, session_id: str) -> SessionInfo:
         """One session of your team."""
@@ -1032,3 +1066,10 @@ async def _member_timers(
 ) -> TimerList:
     """One page of timers, in-process."""
     return await s.member.timers(member=member, session=session, all=all, after=after, limit=limit)
+
+
+async def _member_sessions(
+    member: str | None, after: str | None, limit: int, s: Scope
+) -> SessionList:
+    """One page of sessions, in-process."""
+    return await s.member.sessions(member=member, after=after, limit=limit)

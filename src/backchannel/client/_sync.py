@@ -34,6 +34,7 @@ from backchannel.models import (
     Sent,
     SentBatch,
     SessionInfo,
+    SessionList,
     TeamCreated,
     TeamRef,
     Timer,
@@ -317,9 +318,20 @@ class SyncClient:
         """Open a session, or resume ``session_id`` (same state, links and timers)."""
         return self._run(self._async.open_session(session_id))
 
-    def list_sessions(self, member: str | None = None) -> list[SessionInfo]:
-        """Sessions of your team (or of one member)."""
-        return self._run(self._async.list_sessions(member))
+    def list_sessions(
+        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Sessions of your team (or of one member), in the order they were opened: at
+        most ``limit`` after session ``after`` (every one when ``limit`` is None, read a
+        bounded page at a time)."""
+        return self._run(self._async.list_sessions(member, after=after, limit=limit))
+
+    def session_pages(
+        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> Iterator[SessionList]:
+        """The pages of your team's sessions (or one member's) until ``limit`` sessions
+        (all when None) were given; each page's ``next_after`` says where the next starts."""
+        return self._iterate(self._async.session_pages(member, after=after, limit=limit))
 
     def session(self, session_id: str) -> SessionInfo:
         """One session of your team."""

@@ -134,8 +134,33 @@ class Sessions:
             raise UnknownSession(f"unknown session {session_id!r} in team {team!r}")
         return session
 
-    async def list_sessions(self, team: str, member: str | None = None) -> list[Session]:
-        return await self.store.read(lambda tx: tx.list_sessions(team, member))
+    async def list_sessions(
+        self,
+        team: str,
+        member: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Session]:
+        """A team's sessions (or one member's), in the order they were opened: those
+        opened after session ``after`` (the last one of the page before), at most
+        ``limit`` (all when None). Sessions are kept as long as their team, so ``after``
+        names one the team still has; one opened meanwhile is read in its place."""
+
+        def read(tx: Tx) -> list[Session]:
+            start = None
+            if after is not None:
+                last = tx.get_session(team, after)
+                if last is None:
+                    raise InvalidRequest(
+                        f"after names no session of team {team!r} ({after!r}); give the "
+                        "last session id of the page before, or none for the first page",
+                        field="after",
+                    )
+                start = (last.created_at, last.session_id)
+            return tx.list_sessions(team, member, limit=limit, after=start)
+
+        return await self.store.read(read)
 
     async def open_session(
         self,

@@ -19,10 +19,12 @@ import typer
 from backchannel import config
 from backchannel.client import Client
 from backchannel.client._transport import hub_request
+from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
+from backchannel.interfaces.terminal import markup_safe
 from backchannel.reach import not_the_hub, unanswered
 
 EVENT_KINDS = ("turn_start", "thought", "tool_call", "tool_result", "agent_output", "agent_stop")
@@ -68,15 +70,45 @@ def session_open(
 @session_app.command("list")
 def session_list(
     member: Annotated[str | None, typer.Option(help="Only this member's sessions.")] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Only sessions opened after this session id (the last one shown)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Your team's sessions and their states."""
-    found: list[dict[str, Any]] = _as_member(url, token, home, lambda c: c.list_sessions(member))
+    """Your team's sessions and their states, in the order they were opened, a page at a
+    time (the next page's command is printed on stderr when there are more; --all shows
+    them all)."""
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    found: list[dict[str, Any]] = _as_member(
+        url,
+        token,
+        home,
+        lambda c: c.list_sessions(member, after=after, limit=None if every else limit + 1),
+    )
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
+    cli = _cli()
     if as_json:
-        _cli()._print_json(found)
+        cli._print_json(found)
+    if more:
+        again = f"backchannel session list --after {found[-1]['session_id']}"
+        if member is not None:
+            again += f" --member {member}"
+        cli.err.print(
+            markup_safe(
+                f"showing the first {limit} sessions; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for s in found:
         print(f"{s['session_id']}\t{s['member']}\t{s['state']}\tturn {s.get('turn', 0)}")

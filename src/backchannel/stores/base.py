@@ -68,7 +68,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -162,11 +162,14 @@ class Tx(Protocol):
         *,
         which: SessionFilter = "all",
         limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Session]:
         """Sessions of a team (or of one member), oldest first: ``"all"``, the ``"live"``
         ones (not terminated) or the ``"active"`` ones (a turn running), at most
-        ``limit``. Served by an index per filter, so asking whether a member has exactly
-        one live session (``limit=2``) costs the same with ten sessions or ten thousand."""
+        ``limit``, those whose ``(created_at, session_id)`` comes after ``after`` (a
+        page's start: the key of the last session of the page before). Served by an
+        index per filter, so asking whether a member has exactly one live session
+        (``limit=2``) or reading a page costs the same with ten sessions or ten thousand."""
         ...
 
     # -- messages ----------------------------------------------------------

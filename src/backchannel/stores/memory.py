@@ -170,12 +170,14 @@ class MemoryTx:
         *,
         which: SessionFilter = "all",
         limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Session]:
         found = [
             s
             for (t, _), s in self._d.sessions.items()
             if t == team
             and (member is None or s.member == member)
+            and (after is None or (s.created_at, s.session_id) > after)
             and (
                 which == "all"
                 or (which == "live" and s.state is not SessionState.TERMINATED)

@@ -127,6 +127,28 @@ async def check_sessions(make_store: StoreFactory) -> None:
         assert await ids(None, "active") == ["s2", "a1"]
         assert await ids("c", "live") == []
 
+        def page(member: str | None, after: tuple[float, str] | None, limit: int) -> Any:
+            return store.read(
+                lambda tx: [
+                    (s.created_at, s.session_id)
+                    for s in tx.list_sessions("alpha", member, limit=limit, after=after)
+                ]
+            )
+
+        # a page starts after the key of the page before: sessions sharing a created_at
+        # are told apart by id, and one opened between pages is read in its place
+        same = Session("alpha", "a1x", "a", SessionState.IDLE, T0 + 3, T0 + 3)
+        await store.transact(lambda tx: tx.put_session(same))
+        first = await page(None, None, 3)
+        assert [k[1] for k in first] == ["s1", "s2", "a0"]
+        between = Session("alpha", "a0z", "b", SessionState.IDLE, T0 + 2, T0 + 2)
+        await store.transact(lambda tx: tx.put_session(between))
+        second = await page(None, first[-1], 3)
+        assert [k[1] for k in second] == ["a0z", "a1", "a1x"]
+        assert [k[1] for k in await page(None, second[-1], 3)] == ["a2"]
+        assert await page(None, (T0 + 4, "a2"), 3) == []
+        assert [k[1] for k in await page("a", (T0 + 2, "a0"), 2)] == ["a1", "a1x"]
+
 
 async def check_send_and_history(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.wire import MAX_INT, MemberQuery, SessionId, StrictRoute
 from backchannel.models import (
@@ -19,6 +20,7 @@ from backchannel.models import (
     TerminateIn,
     Transcript,
 )
+from backchannel.types import SESSION_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["sessions"])
 
@@ -30,8 +32,19 @@ async def open_session(body: SessionIn, api: AsMember) -> SessionInfo:
 
 
 @router.get("/v1/sessions")
-async def list_sessions(api: AsMember, member: MemberQuery = None) -> SessionList:
-    return await api.sessions(member=member)
+async def list_sessions(
+    api: AsMember,
+    member: MemberQuery = None,
+    after: Annotated[
+        str | None,
+        Query(pattern=SESSION_PATTERN, description="the next_after of the page before"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
+) -> SessionList:
+    """Your team's sessions (or one member's), in the order they were opened, a page at
+    a time: at most ``limit``, after session ``after``; the answer's ``next_after`` is
+    where the next page starts (null: this page is the last)."""
+    return await api.sessions(member=member, after=after, limit=limit)
 
 
 @router.post("/v1/sessions/alive")

@@ -359,6 +359,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, message_id)
     );
     """,
+    # 19: a team's sessions in the order they were opened (see the SQLite schema)
+    """
+    CREATE INDEX sessions_team ON sessions (team, created_at, session_id);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -192,8 +192,9 @@ class PgTx(PgTransaction, LifecycleSql):
         *,
         which: SessionFilter = "all",
         limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Session]:
-        sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
+        sql, args = sessions_query(SESSION_COLS, team, member, which, limit, after)
         return [_session(r) for r in self._all(pg(sql), args, team)]
 
     # -- messages ----------------------------------------------------------

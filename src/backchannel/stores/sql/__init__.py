@@ -41,15 +41,25 @@ def pg(sql: str) -> str:
 
 
 def sessions_query(
-    cols: str, team: str, member: str | None, which: SessionFilter, limit: int | None
+    cols: str,
+    team: str,
+    member: str | None,
+    which: SessionFilter,
+    limit: int | None,
+    after: tuple[float, str] | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`Tx.list_sessions`: only the filters in use are named (an ``(? IS NULL OR
-    member = ?)`` form would keep PostgreSQL's generic plans off the member indexes)."""
+    member = ?)`` form would keep PostgreSQL's generic plans off the member indexes).
+    ``after`` is a row-value bound, which both databases search in the index that gives
+    the order (``sessions_team`` for the team, ``sessions_member`` for one member)."""
     sql = f"SELECT {cols} FROM sessions WHERE team = ?"
     args: list[Any] = [team]
     if member is not None:
         sql += " AND member = ?"
         args.append(member)
+    if after is not None:
+        sql += " AND (created_at, session_id) > (?, ?)"
+        args.extend(after)
     sql += SESSION_FILTER[which] + " ORDER BY created_at, session_id"
     if limit is not None:
         sql += " LIMIT ?"

@@ -354,6 +354,12 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, message_id)
     );
     """,
+    # 19: a team's sessions in the order they were opened, so a page of
+    #     GET /v1/sessions (after the last one of the page before) is one index search,
+    #     not a sort of every session the team ever opened
+    """
+    CREATE INDEX sessions_team ON sessions (team, created_at, session_id);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

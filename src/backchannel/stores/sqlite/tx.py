@@ -298,9 +298,10 @@ class SqliteTx(LifecycleSql):
         *,
         which: SessionFilter = "all",
         limit: int | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Session]:
-        if member is None or which != "active":
-            sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
+        if member is None or which != "active" or after is not None:
+            sql, args = sessions_query(SESSION_COLS, team, member, which, limit, after)
             return [_session(r) for r in self._c.execute(sql, args)]
         # "whose turn is this send?": asked on every send by a member
         by_limit = self._active.setdefault((team, member), {})
