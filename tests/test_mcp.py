@@ -120,7 +120,7 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
         )
         assert f"anchor timer {timer['timer_id']} set on session a-1" in timer_text
         listed_timers, tdata = await ok(s, "list_timers")
-        assert f"{timer['timer_id']}: anchor for a (session a-1)" in listed_timers
+        assert f"{timer['timer_id']}: anchor for a (session a-1, yours)" in listed_timers
         assert [t["timer_id"] for t in tdata["timers"]] == [timer["timer_id"]]
         cancelled, _ = await ok(s, "cancel_timer", id=timer["timer_id"])
         assert cancelled == f"Timer {timer['timer_id']} cancelled."
@@ -356,21 +356,23 @@ async def test_set_timer_takes_the_range_of_every_other_way_to_set_one(
             )
 
 
-async def test_list_timers_shows_the_agents_own_first_and_a_bounded_list(
+async def test_list_timers_answers_a_bounded_page_and_reads_on_past_it(
     srv: Server, errlog: TextIO
 ) -> None:
     """A busy team's pending timers (each member may hold a hundred) are not all poured
-    into the model's context: the caller's own come first, at most LIST_TIMERS_SHOWN in
-    all, and the rest are counted."""
+    into the model's context: an answer shows at most LIST_TIMERS_SHOWN, in the order
+    they were set with the caller's own marked, and says how to read the next page; the
+    pages together list every timer once, and ``member`` lists the caller's own."""
     from backchannel.interfaces.mcp import LIST_TIMERS_SHOWN
 
     tokens = make_team(srv, "many-timers", "a", "b", "c")
+    every: list[int] = []
     for name in ("b", "c"):
         with srv.client(tokens[name]) as c:
             c.post("/v1/sessions", json={"session_id": f"{name}-1"}).raise_for_status()
             for i in range(LIST_TIMERS_SHOWN):
                 body = {"intent": "anchor", "minutes": 60, "note": f"{name}'s task {i}"}
-                c.post("/v1/timers", json=body).raise_for_status()
+                every.append(c.post("/v1/timers", json=body).json()["timer_id"])
     with srv.client(tokens["a"]) as c:
         c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
         mine = [
@@ -379,19 +381,34 @@ async def test_list_timers_shows_the_agents_own_first_and_a_bounded_list(
             ).json()["timer_id"]
             for i in range(3)
         ]
+    every += mine
     async with connect("http", srv, tokens["a"], "a-1", errlog) as s:
-        listed, data = await ok(s, "list_timers")
-    lines = listed.splitlines()
-    assert [t["timer_id"] for t in data["timers"][:3]] == mine
-    assert len(data["timers"]) == LIST_TIMERS_SHOWN
-    for i, (line, t) in enumerate(zip(lines[:3], mine, strict=True)):
-        assert line.startswith(f"{t}: anchor for a (session a-1), due in 1")
-        assert line.endswith(f" s: mine {i}")
-    hidden = 2 * LIST_TIMERS_SHOWN + 3 - LIST_TIMERS_SHOWN
-    assert lines[LIST_TIMERS_SHOWN:] == [
-        f"... and {hidden} more pending timers of other members (GET /v1/timers lists them all)."
-    ]
-    assert data["hidden"] == hidden
+        seen: list[int] = []
+        args: dict[str, object] = {}
+        while True:
+            listed, data = await ok(s, "list_timers", **args)
+            lines = listed.splitlines()
+            assert len(data["timers"]) <= LIST_TIMERS_SHOWN
+            seen += [t["timer_id"] for t in data["timers"]]
+            if data["next_after"] is None:
+                assert not any("More follow" in line for line in lines)
+                break
+            after = data["next_after"]
+            assert lines[-1] == (
+                f"More follow: call list_timers(after={after}) for the next {LIST_TIMERS_SHOWN}."
+            )
+            args = {"after": after}
+        assert seen == every, "every timer once, in the order set"
+        assert len(lines) == 3
+        for i, (line, t) in enumerate(zip(lines, mine, strict=True)):
+            assert line.startswith(f"{t}: anchor for a (session a-1, yours), due in 1")
+            assert line.endswith(f" s: mine {i}")
+        _, data = await ok(s, "list_timers", member="a")
+        assert [t["timer_id"] for t in data["timers"]] == mine and data["next_after"] is None
+        _, data = await ok(s, "list_timers", member="b", after=every[LIST_TIMERS_SHOWN - 2])
+        assert [t["timer_id"] for t in data["timers"]] == [every[LIST_TIMERS_SHOWN - 1]]
+        none, _ = await ok(s, "list_timers", after=mine[-1])
+        assert none == f"No more pending timers of your team after timer {mine[-1]}."
 
 
 class _Gated:

@@ -67,8 +67,9 @@ CHANNEL_CLIENT = "claude-code"
 #: After the handshake, how long before the first push (Claude Code sets up
 #: its channel listener right after connecting; a push it missed is released anyway).
 CHANNEL_SETTLE_S = 0.5
-#: The most timers ``list_timers`` shows the model: a team's members may each hold a
-#: hundred, and the tool's answer goes into the model's context whole.
+#: The most timers one ``list_timers`` answer shows the model (the rest a page at a time,
+#: ``after`` the last one shown): a team's members may each hold a hundred, and the
+#: tool's answer goes into the model's context whole.
 LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
@@ -246,6 +247,17 @@ class TimerArgs(_Args):
         min_length=1, max_length=2000, description="The breadcrumb you will read when it fires."
     )
     target: str | None = Field(None, description="The peer's member name, for check and wait.")
+
+
+class ListTimersArgs(_Args):
+    after: int = Field(
+        0,
+        ge=0,
+        le=MAX_INT,
+        description="Only timers set after this timer id: the one a previous answer "
+        "said to go on after (0: from the first).",
+    )
+    member: Name | None = Field(None, description="Only this member's timers (yours: your name).")
 
 
 class CancelTimerArgs(_Args):
@@ -596,27 +608,31 @@ async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
     return f"Timer {x.id} cancelled.", _json(t)
 
 
-async def _list_timers(a: Agent, x: _NoArgs) -> Output:
-    """The caller's own timers first (the ones it may cancel), then its peers', at most
-    :data:`LIST_TIMERS_SHOWN`; the rest are counted, not listed."""
-    timers = await a.client.timers()
-    if not timers:
-        return "No pending timers in your team.", {"timers": []}
-    ordered = [t for t in timers if t.member == a.name] + [t for t in timers if t.member != a.name]
-    shown, hidden = ordered[:LIST_TIMERS_SHOWN], len(ordered) - LIST_TIMERS_SHOWN
+async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
+    """A page of the team's pending timers (or one member's), in the order they were
+    set: at most :data:`LIST_TIMERS_SHOWN` after timer ``x.after``, the caller's own
+    marked (the ones it may cancel). A page that is not the last says so, with the call
+    that reads the next one: the answer goes into the model's context whole, so the
+    list is never poured in at once, and never shown in part as if it were all."""
+    page = await a.client.timers(member=x.member, after=x.after, limit=LIST_TIMERS_SHOWN + 1)
+    shown, more = page[:LIST_TIMERS_SHOWN], len(page) > LIST_TIMERS_SHOWN
+    whose = x.member or "your team"
+    if not shown:
+        text = f"No more pending timers of {whose} after timer {x.after}."
+        if not x.after:
+            text = f"No pending timers of {whose}."
+        return text, {"timers": [], "next_after": None}
     lines = [
         f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
-        f"for {t.member} (session {t.session}), due in {t.due_in or 0:.0f} s: {t.note}"
+        f"for {t.member} (session {t.session}{', yours' if t.member == a.name else ''}), "
+        f"due in {t.due_in or 0:.0f} s: {t.note}"
         for t in shown
     ]
-    data: dict[str, Any] = {"timers": [_json(t) for t in shown]}
-    if hidden > 0:
-        whose = (
-            "pending timers" if shown[-1].member == a.name else "pending timers of other members"
-        )
-        lines.append(f"... and {hidden} more {whose} (GET /v1/timers lists them all).")
-        data["hidden"] = hidden
-    return "\n".join(lines), data
+    next_after = shown[-1].timer_id if more else None
+    if next_after is not None:
+        again = f"after={next_after}" + (f', member="{x.member}"' if x.member else "")
+        lines.append(f"More follow: call list_timers({again}) for the next {LIST_TIMERS_SHOWN}.")
+    return "\n".join(lines), {"timers": [_json(t) for t in shown], "next_after": next_after}
 
 
 async def _react(a: Agent, x: ReactionArgs) -> Output:
@@ -726,10 +742,12 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "list_timers",
-        "List your team's pending timers, yours first: id, intent, whose, due in how "
-        f"long, and the note (at most {LIST_TIMERS_SHOWN}; the rest are counted).",
-        _NoArgs,
+        "List your team's pending timers in the order they were set, yours marked: id, "
+        f"intent, whose, due in how long, and the note, {LIST_TIMERS_SHOWN} at a time "
+        "(the answer says how to read the next page when more follow).",
+        ListTimersArgs,
         _list_timers,
+        (("unknown_member", "member"),),
     ),
     Tool(
         "add_reaction",
