@@ -499,6 +499,8 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 _TO_SCHEMA_10 = {
     "sqlite": [
         "DROP INDEX sessions_team",  # schema 19
+        "DROP INDEX links_team",
+        "DROP INDEX links_team_open",
         "DELETE FROM schema_migrations WHERE version = 19",
         "DROP TABLE a2a_claims",  # schema 18
         "DELETE FROM schema_migrations WHERE version = 18",
@@ -523,6 +525,8 @@ _TO_SCHEMA_10 = {
     ],
     "postgres": [
         "DROP INDEX sessions_team",  # schema 19
+        "DROP INDEX links_team",
+        "DROP INDEX links_team_open",
         "DELETE FROM schema_migrations WHERE version = 19",
         "DROP TABLE a2a_claims",  # schema 18
         "DELETE FROM schema_migrations WHERE version = 18",

@@ -310,9 +310,25 @@ class MemberApi:
         return Released(released=await self.hub.release(self.team, self.name, list(message_ids)))
 
     # -- links -----------------------------------------------------------------------
-    async def links(self, *, member: str | None = None, open_only: bool = False) -> LinkList:
-        found = await self.hub.list_links(self.team, member=member, open_only=open_only)
-        return LinkList(links=[Link.model_validate(x.to_json()) for x in found])
+    async def links(
+        self,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int = PAGE,
+    ) -> LinkList:
+        """A page of the team's links (or one member's), in the order they opened: at
+        most ``limit`` after link ``after``; ``next_after`` is where the next page starts
+        (None: this was the last)."""
+        found = await self.hub.list_links(
+            self.team, member=member, open_only=open_only, after=after, limit=limit + 1
+        )
+        page = found[:limit]
+        return LinkList(
+            links=[Link.model_validate(x.to_json()) for x in page],
+            next_after=page[-1].link_id if len(found) > limit else None,
+        )
 
     async def link(self, link_id: str) -> Link:
         return Link.model_validate((await self.hub.get_link(self.team, link_id)).to_json())

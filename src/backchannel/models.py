@@ -671,6 +671,9 @@ class Link(_Out):
 
 class LinkList(_Out):
     links: list[Link]
+    #: the last link id of this page when more follow: ask again with ``after`` set to
+    #: it (None: this page is the last)
+    next_after: str | None = None
 
 
 class Delegation(_Out):

@@ -160,6 +160,8 @@ async def test_a_database_holding_the_same_reaction_twice_migrates_keeping_the_f
     )
     _sql(kind, where, [
         ("DROP INDEX sessions_team", ()),  # the migrations after 15, applied again
+        ("DROP INDEX links_team", ()),
+        ("DROP INDEX links_team_open", ()),
         ("DELETE FROM schema_migrations WHERE version = 19", ()),
         ("DROP TABLE a2a_claims", ()),
         ("DELETE FROM schema_migrations WHERE version = 18", ()),

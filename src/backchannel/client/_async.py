@@ -679,17 +679,7 @@ class Client:
         """The pages of your team's sessions (or one member's), each at most
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` sessions (all when
         None) were given; each page's ``next_after`` says where the next one starts."""
-        if after is not None and (not isinstance(after, str) or not after):
-            raise InvalidRequest(
-                f"after is a session id (the last one you listed), not {after!r}", field="after"
-            )
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidRequest(
-                f"limit is how many sessions to list (1 or more, or None for all), not {limit!r}",
-                field="limit",
-            )
+        _check_page(after, limit, "session")
         given = 0
         while limit is None or given < limit:
             n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
@@ -810,17 +800,51 @@ class Client:
         return got
 
     # -- links -------------------------------------------------------------------------
-    async def links(self, *, member: str | None = None, open_only: bool = False) -> list[Link]:
-        """Your team's links: peers, turns used of the budget, state, why closed."""
-        call = Call(
-            "GET",
-            "/v1/links",
-            lambda s: s.member.links(member=member, open_only=open_only),
-            LinkList,
-            params={"open_only": open_only, **_given(member=member)},
-        )
-        got: LinkList = await self._do(call)
-        return got.links
+    async def links(
+        self,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Link]:
+        """Your team's links: peers, turns used of the budget, state, why closed; in the
+        order they opened, at most ``limit`` after link ``after`` (every one when
+        ``limit`` is None, read from the hub a bounded page at a time)."""
+        out: list[Link] = []
+        pages = self.link_pages(member=member, open_only=open_only, after=after, limit=limit)
+        async for page in pages:
+            out.extend(page.links)
+        return out
+
+    async def link_pages(
+        self,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[LinkList]:
+        """The pages of your team's links (or one member's), each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` links (all when
+        None) were given; each page's ``next_after`` says where the next one starts."""
+        _check_page(after, limit, "link")
+        given = 0
+        while limit is None or given < limit:
+            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
+            call: Call[LinkList] = Call(
+                "GET",
+                "/v1/links",
+                functools.partial(_member_links, member, open_only, after, n),
+                LinkList,
+                params={"open_only": open_only, "limit": n, **_given(member=member, after=after)},
+            )
+            got: LinkList = await self._do(call)
+            given += len(got.links)
+            yield got
+            if got.next_after is None:
+                break
+            after = got.next_after
 
     async def link(self, link_id: str) -> Link:
         call = Call("GET", f"/v1/links/{_q(link_id)}", lambda s: s.member.link(link_id), Link)
@@ -1073,3 +1097,23 @@ async def _member_sessions(
 ) -> SessionList:
     """One page of sessions, in-process."""
     return await s.member.sessions(member=member, after=after, limit=limit)
+
+
+async def _member_links(
+    member: str | None, open_only: bool, after: str | None, limit: int, s: Scope
+) -> LinkList:
+    """One page of links, in-process."""
+    return await s.member.links(member=member, open_only=open_only, after=after, limit=limit)
+
+
+def _check_page(after: str | None, limit: int | None, what: str) -> None:
+    """Refuse a page's cursor or length by name before asking the hub."""
+    if after is not None and (not isinstance(after, str) or not after):
+        raise InvalidRequest(
+            f"after is a {what} id (the last one you listed), not {after!r}", field="after"
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidRequest(
+            f"limit is how many {what}s to list (1 or more, or None for all), not {limit!r}",
+            field="limit",
+        )

@@ -22,6 +22,7 @@ from backchannel.models import (
     HookResult,
     InboxAcked,
     Link,
+    LinkList,
     Me,
     MemberCreated,
     MemberInfo,
@@ -382,9 +383,34 @@ class SyncClient:
             )
         )
 
-    def links(self, *, member: str | None = None, open_only: bool = False) -> list[Link]:
-        """Your team's links: peers, turns used of the budget, state, why closed."""
-        return self._run(self._async.links(member=member, open_only=open_only))
+    def links(
+        self,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Link]:
+        """Your team's links: peers, turns used of the budget, state, why closed; in the
+        order they opened, at most ``limit`` after link ``after`` (every one when
+        ``limit`` is None, read a bounded page at a time)."""
+        return self._run(
+            self._async.links(member=member, open_only=open_only, after=after, limit=limit)
+        )
+
+    def link_pages(
+        self,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[LinkList]:
+        """The pages of your team's links until ``limit`` links (all when None) were
+        given; each page's ``next_after`` says where the next one starts."""
+        return self._iterate(
+            self._async.link_pages(member=member, open_only=open_only, after=after, limit=limit)
+        )
 
     def link(self, link_id: str) -> Link:
         return self._run(self._async.link(link_id))

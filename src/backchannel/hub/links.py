@@ -22,6 +22,7 @@ from backchannel.core import notices
 from backchannel.errors import BudgetExhausted, Forbidden, InvalidRequest, NotFound
 from backchannel.hub.context import Ctx, Env
 from backchannel.hub.pipeline import Pipeline, Send
+from backchannel.stores.base import Tx
 from backchannel.types import (
     BROADCAST,
     InboxMessage,
@@ -42,11 +43,33 @@ class Links:
         self.pipeline = pipeline
 
     async def list_links(
-        self, team: str, *, member: str | None = None, open_only: bool = False
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[Link]:
-        return await self.store.read(
-            lambda tx: tx.list_links(team, member=member, open_only=open_only)
-        )
+        """A team's links (or one member's), in the order they opened: those opened
+        after link ``after`` (the last one of the page before), at most ``limit`` (all
+        when None). Links are kept as long as their team, closed ones too, so ``after``
+        names one the team still has."""
+
+        def read(tx: Tx) -> list[Link]:
+            start = None
+            if after is not None:
+                last = tx.get_link(team, after)
+                if last is None:
+                    raise InvalidRequest(
+                        f"after names no link of team {team!r} ({after!r}); give the last "
+                        "link id of the page before, or none for the first page",
+                        field="after",
+                    )
+                start = (last.created_at, last.link_id)
+            return tx.list_links(team, member=member, open_only=open_only, after=start, limit=limit)
+
+        return await self.store.read(read)
 
     async def get_link(self, team: str, link_id: str) -> Link:
         link = await self.store.read(lambda tx: tx.get_link(team, link_id))

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.client import Client
+from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
 from backchannel.delivery.ownership import OWNERSHIP_S
 from backchannel.errors import (
@@ -945,17 +946,44 @@ def timer_cancel(
 @app.command()
 def links(
     open_only: Annotated[bool, typer.Option("--open", help="Only links still open.")] = False,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Only links opened after this link id (the last one shown)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Your team's links: peers, turns used of the budget, state, why closed."""
+    """Your team's links: peers, turns used of the budget, state, why closed; in the order
+    they opened, a page at a time (the next page's command is printed on stderr when
+    there are more; --all shows them all)."""
+    # one more than shown: whether more follow is said, never left for the reader to guess
     found = _run(
-        _with(_client(url, token, home, admin=False), lambda c: c.links(open_only=open_only))
+        _with(
+            _client(url, token, home, admin=False),
+            lambda c: c.links(open_only=open_only, after=after, limit=None if every else limit + 1),
+        )
     )
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
     if as_json:
         _print_json(found)
+    if more:
+        again = f"backchannel links --after {found[-1]['link_id']}"
+        if open_only:
+            again += " --open"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} links; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for link in found:
         why = f" ({link['close_reason']})" if link["close_reason"] else ""

@@ -422,9 +422,17 @@ class Tx(Protocol):
         """Replace a stored link's state, budget use, session binding and history."""
 
     def list_links(
-        self, team: str, *, member: str | None = None, open_only: bool = False
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Link]:
-        """A team's links (optionally those a member takes part in), oldest first."""
+        """A team's links (optionally those a member takes part in), oldest first: those
+        whose ``(created_at, link_id)`` comes after ``after`` (a page's start), at most
+        ``limit``, read from an index in that order."""
         ...
 
     # -- scheduled jobs ------------------------------------------------------

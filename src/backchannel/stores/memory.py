@@ -665,7 +665,13 @@ class MemoryTx:
         self._set(self._d.links, (link.team, link.link_id), link)
 
     def list_links(
-        self, team: str, *, member: str | None = None, open_only: bool = False
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Link]:
         found = [
             link
@@ -673,8 +679,9 @@ class MemoryTx:
             if t == team
             and (member is None or member in (link.initiator, link.responder))
             and (not open_only or link.state is LinkState.OPEN)
+            and (after is None or (link.created_at, link.link_id) > after)
         ]
-        return sorted(found, key=lambda link: (link.created_at, link.link_id))
+        return sorted(found, key=lambda link: (link.created_at, link.link_id))[:limit]
 
     # -- jobs ----------------------------------------------------------------
     def add_job(self, job: Job) -> int:

@@ -359,9 +359,16 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, message_id)
     );
     """,
-    # 19: a team's sessions in the order they were opened (see the SQLite schema)
+    # 19: a team's sessions and links in the order they were opened, for their pages
+    #     (see the SQLite schema)
     """
     CREATE INDEX sessions_team ON sessions (team, created_at, session_id);
+    DROP INDEX links_initiator;
+    CREATE INDEX links_initiator ON links (team, initiator, created_at, link_id);
+    DROP INDEX links_responder;
+    CREATE INDEX links_responder ON links (team, responder, created_at, link_id);
+    CREATE INDEX links_team ON links (team, created_at, link_id);
+    CREATE INDEX links_team_open ON links (team, created_at, link_id) WHERE state = 'open';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -563,9 +563,17 @@ class PgTx(PgTransaction, LifecycleSql):
         self._exec(Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team)
 
     def list_links(
-        self, team: str, *, member: str | None = None, open_only: bool = False
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Link]:
-        sql, args = links_query(LINK_COLS, team, member, open_only)
+        sql, args = links_query(
+            LINK_COLS, team, member, open_only, after, limit, parenthesized=True
+        )
         return [_link(r) for r in self._all(pg(sql), args, team)]
 
     # -- scheduled jobs ------------------------------------------------------

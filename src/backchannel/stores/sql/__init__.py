@@ -68,18 +68,53 @@ def sessions_query(
 
 
 def links_query(
-    cols: str, team: str, member: str | None, open_only: bool
+    cols: str,
+    team: str,
+    member: str | None,
+    open_only: bool,
+    after: tuple[float, str] | None = None,
+    limit: int | None = None,
+    *,
+    parenthesized: bool = False,
 ) -> tuple[str, tuple[Any, ...]]:
     """:meth:`Tx.list_links`: a member's links are one indexed search per side (an ``OR``
-    of the two would read every open link of the team)."""
+    of the two would read every open link of the team), merged in the order both indexes
+    give (``links_initiator``/``links_responder``, or their open-only twins), so a page
+    stops after ``limit`` without sorting the member's links; the team's are read from
+    ``links_team`` (``links_team_open``). ``after`` is a row-value bound, as for
+    sessions."""
     sql = f"SELECT {cols} FROM links WHERE team = ?"
     state = " AND state = 'open'" if open_only else ""
+    start = " AND (created_at, link_id) > (?, ?)" if after is not None else ""
+    bound: tuple[Any, ...] = tuple(after) if after is not None else ()
+    page = " LIMIT ?" if limit is not None else ""
+    most: tuple[Any, ...] = (limit,) if limit is not None else ()
     if member is None:
-        return sql + state + " ORDER BY created_at, link_id", (team,)
-    return (
-        f"{sql} AND initiator = ?{state} UNION ALL "
-        f"{sql} AND responder = ? AND initiator != ?{state} ORDER BY created_at, link_id",
-        (team, member, team, member, member),
+        return sql + state + start + " ORDER BY created_at, link_id" + page, (
+            team,
+            *bound,
+            *most,
+        )
+    mine = f"{sql} AND initiator = ?{state}{start}"
+    theirs = f"{sql} AND responder = ? AND initiator != ?{state}{start}"
+    order = " ORDER BY created_at, link_id"
+    if parenthesized and limit is not None:
+        # PostgreSQL merges the two index scans in order (a Merge Append) only when each
+        # side is ordered and limited itself; a bare UNION ALL is appended, then sorted
+        return (
+            f"({mine}{order}{page}) UNION ALL ({theirs}{order}{page}){order}{page}",
+            (team, member, *bound, *most, team, member, member, *bound, *most, *most),
+        )
+    # SQLite merges a bare UNION ALL in order (and takes no parentheses around its sides)
+    return f"{mine} UNION ALL {theirs}{order}{page}", (
+        team,
+        member,
+        *bound,
+        team,
+        member,
+        member,
+        *bound,
+        *most,
     )
 
 

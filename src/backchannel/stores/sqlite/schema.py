@@ -354,11 +354,18 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team, message_id)
     );
     """,
-    # 19: a team's sessions in the order they were opened, so a page of
-    #     GET /v1/sessions (after the last one of the page before) is one index search,
-    #     not a sort of every session the team ever opened
+    # 19: a team's sessions in the order they were opened, and its links (a member's
+    #     from either side) in the order they opened, so a page of GET /v1/sessions or
+    #     GET /v1/links (after the last one of the page before) is an index search, not
+    #     a sort of every session or link the team ever had
     """
     CREATE INDEX sessions_team ON sessions (team, created_at, session_id);
+    DROP INDEX links_initiator;
+    CREATE INDEX links_initiator ON links (team, initiator, created_at, link_id);
+    DROP INDEX links_responder;
+    CREATE INDEX links_responder ON links (team, responder, created_at, link_id);
+    CREATE INDEX links_team ON links (team, created_at, link_id);
+    CREATE INDEX links_team_open ON links (team, created_at, link_id) WHERE state = 'open';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

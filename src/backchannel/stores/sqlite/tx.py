@@ -758,9 +758,15 @@ class SqliteTx(LifecycleSql):
         self._c.execute(Q.update_link, (*args[2:], link.team, link.link_id))
 
     def list_links(
-        self, team: str, *, member: str | None = None, open_only: bool = False
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        open_only: bool = False,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Link]:
-        sql, args = links_query(LINK_COLS, team, member, open_only)
+        sql, args = links_query(LINK_COLS, team, member, open_only, after, limit)
         return [_link(r) for r in self._c.execute(sql, args)]
 
     # -- jobs ----------------------------------------------------------------
