@@ -43,7 +43,7 @@ from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
-from backchannel.models import MemberInfo
+from backchannel.models import MemberInfo, Received
 
 T = TypeVar("T")
 
@@ -730,34 +730,123 @@ def inbox(
     ] = False,
 ) -> None:
     """Read your messages (and acknowledge them, unless --no-ack)."""
-    collected: list[dict[str, Any]] = []
+    no_sigpipe()
+
+    def line(m: Received) -> str:
+        if as_json:
+            return json.dumps(cli_hub.message_json(m))
+        return (
+            f"[{_when(m.created_at)}] {_p(m.sender)} ({_p(m.kind)}): "
+            f"{printable(m.text, multiline=True)}"
+        )
 
     async def run(c: Client) -> int:
         count = 0
-        while True:
-            got = await c.receive(limit=limit, wait=30.0 if follow else wait, session=session)
-            for m in got:
-                count += 1
-                if as_json and not follow:
-                    collected.append(cli_hub.message_json(m))
-                elif as_json:
-                    print(json.dumps(cli_hub.message_json(m)), flush=True)
-                else:
-                    print(
-                        f"[{_when(m.created_at)}] {_p(m.sender)} ({_p(m.kind)}): "
-                        f"{printable(m.text, multiline=True)}",
-                        flush=True,
-                    )
-            if got and not no_ack:
-                await c.ack([m.message_id for m in got])
-            if not follow and (not got or len(got) < limit):
-                return count
+        held: list[Received] = []  # received and not written yet: given back if need be
+        written: list[str] = []  # written and not acked yet
+        try:
+            while True:
+                got = await c.receive(limit=limit, wait=30.0 if follow else wait, session=session)
+                held.extend(got)
+                count += len(got)
+                if not as_json or follow:
+                    while held:
+                        write_line(line(held[0]))
+                        written.append(held.pop(0).message_id)
+                    await settled(c, written, held)
+                if not follow and (not got or len(got) < limit):
+                    break
+            if held:  # --json without --follow: one array, acked once it was written
+                write_line(json.dumps([cli_hub.message_json(m) for m in held]))
+                written.extend(m.message_id for m in held)
+                held.clear()
+            elif as_json and not follow:
+                write_line("[]")
+            return count
+        finally:
+            await settled(c, written, held)
 
-    count = _run(_with(_client(url, token, home, admin=False), run))
-    if as_json and not follow:
-        print(json.dumps(collected))
+    async def settled(c: Client, written: list[str], held: list[Received]) -> None:
+        """Ack what was written (unless --no-ack) and give back at once what was not,
+        even when Ctrl-C came meanwhile: a message shown and then not acked would be
+        shown again, one not shown would wait out its lease. A second Ctrl-C stops it."""
+        ack, back = ([] if no_ack else list(written)), [m.message_id for m in held]
+        written.clear()
+        held.clear()
+
+        async def settle() -> None:
+            if ack:
+                await c.ack(ack)
+            if back:
+                await c.release(back)
+
+        task = asyncio.ensure_future(settle())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await task
+            raise
+
+    try:
+        count = _run(_with(_client(url, token, home, admin=False), run))
+    except BrokenPipeError:
+        died_of_sigpipe()
+    except StdoutFailed as exc:
+        _fail(
+            f"cannot write to stdout: {exc.strerror or exc}; "
+            "the messages not written are back in the inbox"
+        )
     if not follow and count == 0:
         err.print("no messages")
+
+
+class StdoutFailed(OSError):
+    """stdout took no more (a full disk, an I/O error): said as such, not a traceback."""
+
+
+def no_sigpipe() -> None:
+    """Writing to a closed pipe raises BrokenPipeError instead of ending the process, so
+    a command that holds leased messages can give them back first (see
+    :func:`died_of_sigpipe`)."""
+    with suppress(AttributeError, ValueError):  # no SIGPIPE, or not the main thread
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def died_of_sigpipe() -> None:
+    """End as a Unix tool does when its reader closed the pipe (``| head -1``): by
+    SIGPIPE, quietly, so the shell sees what it sees of ``cat``."""
+    with suppress(OSError):  # nothing more is written to the closed pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with suppress(AttributeError):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    raise typer.Exit(141)
+
+
+def write_line(text: str) -> None:
+    """Write ``text`` and a newline to stdout, all of it, before returning. ``print``
+    can return having written only part of a line longer than the pipe holds when a
+    signal (Ctrl-C) interrupts the write; a message acked after that was never shown
+    whole. Characters stdout's encoding lacks are escaped (as its ``errors`` says)."""
+    stream = sys.stdout
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        fd = None  # not a file (captured): its write is whole
+    try:
+        if fd is None:
+            print(text, flush=True)
+            return
+        stream.flush()
+        data = memoryview(
+            f"{text}\n".encode(stream.encoding or "utf-8", stream.errors or "backslashreplace")
+        )
+        while data:
+            data = data[os.write(fd, data) :]
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise StdoutFailed(exc.errno, exc.strerror) from exc
 
 
 @app.command()
