@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -21,7 +23,7 @@ from backchannel.client._transport import (
 )
 from backchannel.core.pages import MAX_PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE
-from backchannel.errors import InvalidRequest, PeerError
+from backchannel.errors import BackchannelError, InvalidRequest, PeerError
 from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
@@ -588,10 +590,20 @@ class Client:
     async def inbox(
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
     ) -> AsyncIterator[Received]:
-        """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
+        """Yield messages as they arrive (pushed: a waiting receiver wakes on commit).
+        A loop that stops early (``break``, an exception) gives the messages of the
+        batch it was not handed back at once when the iterator is closed (``async with
+        contextlib.aclosing(...)``, or by the event loop once the iterator is dropped),
+        instead of leaving them leased until their lease ends."""
         while True:
-            for msg in await self.receive(limit=batch, wait=wait, session=session):
-                yield msg
+            rest = collections.deque(await self.receive(limit=batch, wait=wait, session=session))
+            try:
+                while rest:
+                    yield rest.popleft()
+            finally:
+                if rest:
+                    with contextlib.suppress(BackchannelError):  # they come back at lease end
+                        await self.release([m.message_id for m in rest])
 
     async def pending(self) -> int:
         """How many of your messages are not acked yet."""
