@@ -95,7 +95,15 @@ class SyncClient:
             raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        call = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return call.result()
+        except BaseException:
+            # the caller was stopped while it waited (Ctrl-C, another signal's handler
+            # raising): the call is called off, not left running in the client's thread,
+            # where a long-poll would lease messages to nobody until their lease ended
+            call.cancel()
+            raise
 
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
         async def step() -> T:
