@@ -93,11 +93,14 @@ def test_breaking_out_of_the_sync_inbox_gives_the_rest_of_its_batch_back(
         assert [m.message_id for m in back] == sent[1:]
 
 
-def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server) -> None:
-    """Ctrl-C while a sync ``receive`` waits: the KeyboardInterrupt reached the caller
-    while the long-poll went on in the client's thread, which would lease the next
-    message to nobody (until its lease ended). The poll is now called off: its
-    connection closes, which the hub takes as the receiver gone."""
+@pytest.mark.parametrize("how", ["receive", "inbox"])
+def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server, how: str) -> None:
+    """Ctrl-C while a sync ``receive`` (or a loop over ``inbox()``) waits: the
+    KeyboardInterrupt reached the caller while the long-poll went on in the client's
+    thread, which would lease the next message to nobody (until its lease ended); the
+    loop's caller got a RuntimeError instead (its iterator was closed while it still
+    ran). The poll is now called off and over before the KeyboardInterrupt is raised:
+    its connection closes, which the hub takes as the receiver gone."""
     tokens = server.team("alpha", "lead", "worker")
     relay = Relay(server.url)
     try:
@@ -108,8 +111,12 @@ def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server) -> None:
                     os.kill(os.getpid(), signal.SIGINT)
 
             threading.Thread(target=interrupt, daemon=True).start()
+
+            def wait() -> object:
+                return c.receive(wait=60) if how == "receive" else list(c.inbox(wait=60))
+
             with pytest.raises(KeyboardInterrupt):
-                c.receive(wait=60)
+                wait()
             assert relay.hung_up.wait(30), "the interrupted long-poll is still open"
     finally:
         relay.close()

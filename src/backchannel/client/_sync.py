@@ -5,6 +5,7 @@ are the async client's, one for one (a test holds them equal)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -95,14 +96,26 @@ class SyncClient:
             raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        call = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        running: list[asyncio.Task[T]] = []
+
+        async def owned() -> T:
+            running.append(asyncio.ensure_future(coro))
+            return await running[0]
+
+        call = asyncio.run_coroutine_threadsafe(owned(), self._loop)
         try:
             return call.result()
         except BaseException:
             # the caller was stopped while it waited (Ctrl-C, another signal's handler
-            # raising): the call is called off, not left running in the client's thread,
-            # where a long-poll would lease messages to nobody until their lease ended
-            call.cancel()
+            # raising): the call is called off and over before this returns, not left
+            # running in the client's thread, where a long-poll would lease messages to
+            # nobody until their lease ended (and an iterator closed meanwhile would be
+            # found still running). Scheduled after ``owned``, so its task exists.
+            if not call.done():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(_called_off(running), self._loop).result(
+                        CALL_OFF_WITHIN
+                    )
             raise
 
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
@@ -532,6 +545,19 @@ class SyncClient:
         with no effect, a token of any other member. A payload it cannot use answers
         ``{}`` with the ``problem``."""
         return self._run(self._async.hook(runtime, payload, expect=expect))
+
+
+#: How long a sync call stopped by a signal waits for its call to be over (closing its
+#: connection takes a turn or two of the client's loop).
+CALL_OFF_WITHIN = 10.0
+
+
+async def _called_off(running: list[asyncio.Task[Any]]) -> None:
+    """Cancel the call in ``running`` and wait until it is over."""
+    for task in running:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 async def _aclose(items: AsyncIterator[Any]) -> None:
