@@ -65,10 +65,11 @@ GIVE_UP_AFTER = rules.TOKEN_GRACE  # past the deadline, a late answer is no long
 class _Final(Exception):
     """The call is over with this outcome (``DEAD`` or ``RETRY``) and detail."""
 
-    def __init__(self, outcome: rules.Outcome, detail: str) -> None:
+    def __init__(self, outcome: rules.Outcome, detail: str, *, reached: bool = True) -> None:
         super().__init__(detail)
         self.outcome = outcome
         self.detail = detail
+        self.reached = reached  # False: no answer came (connection, name, TLS, timeout)
 
 
 def _origin(url: str) -> tuple[str, str]:
@@ -151,7 +152,7 @@ def _classify(exc: BaseException) -> _Final:
     if isinstance(exc, A2AClientTimeoutError | httpx.HTTPError) or isinstance(
         cause, httpx.HTTPError
     ):
-        return _Final(rules.Outcome.RETRY, detail)
+        return _Final(rules.Outcome.RETRY, detail, reached=False)
     return _Final(rules.Outcome.DEAD, detail)
 
 
@@ -299,14 +300,26 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
             body.get("chain"),
         )
     except _Final as final:
-        await hub.finish(dataclasses.replace(job, payload=p), final.outcome, final.detail, None)
+        await hub.finish(
+            dataclasses.replace(job, payload=p),
+            final.outcome,
+            final.detail,
+            None,
+            reached=final.reached,
+        )
         return
     except Exception as exc:  # the client's errors: retried or final, as HTTP would be
         verdict = _classify(exc)
         log.info(
             "A2A call for %s: %s", p.get("ref"), outbound.scrub(verdict.detail, svc.url, svc.token)
         )
-        await hub.finish(dataclasses.replace(job, payload=p), verdict.outcome, verdict.detail, None)
+        await hub.finish(
+            dataclasses.replace(job, payload=p),
+            verdict.outcome,
+            verdict.detail,
+            None,
+            reached=verdict.reached,
+        )
         return
     finally:
         beat.cancel()

@@ -166,6 +166,20 @@ def timeout_error(d: Delegation) -> dict[str, str]:
     }
 
 
+#: How a delegation's error begins when the callee's hub never answered the task.
+UNREACHABLE = "the callee's hub could not be reached"
+
+
+def unreachable_error(service: str, cause: str) -> str:
+    """A task for another hub (or A2A agent) that got no answer at all: the cause, and
+    the way out, since nothing on the other side saw it."""
+    return (
+        f"{UNREACHABLE} (service {service!r}): {cause}. The task was not delivered: check "
+        f"that the hub is running and that the address the callback registry gives for "
+        f"{service!r} is right (BACKCHANNEL_CALLBACKS or the config file), then delegate again"
+    )
+
+
 def result_of(d: Delegation) -> dict[str, Any]:
     out: dict[str, Any] = {
         "tool_use_id": d.tool_use_id,
@@ -177,7 +191,13 @@ def result_of(d: Delegation) -> dict[str, Any]:
     elif d.state is DelegationState.FAILED:
         # a task a conversation budget refused (on this hub, or the callee's: an A2A
         # task rejected, a 429) is told as a refusal: sent again, it is refused again
-        reason = "refused" if budget_refused(d.error) else "failed"
+        # one whose hub was never reached is told so: the task may go through later
+        if budget_refused(d.error):
+            reason = "refused"
+        elif (d.error or "").startswith(UNREACHABLE):
+            reason = "unreachable"
+        else:
+            reason = "failed"
         out.update({"error": d.error or "the delegation failed", "reason": reason})
     else:
         out["result"] = d.result

@@ -261,8 +261,15 @@ class Delegations:
             )
 
     def _refused(self, c: Ctx, d: Delegation, reason: str, now: float) -> None:
-        """The task never reached the callee: the delegation failed (its batch is told)."""
+        """The callee's hub answered the task with a refusal (quoted in ``reason``): the
+        delegation failed (its batch is told)."""
         self._failed(c, d, f"the callee's hub refused the task: {reason}", now)
+
+    def _unreached(self, c: Ctx, d: Delegation, service: str, reason: str, now: float) -> None:
+        """No answer came from the callee's hub (a connection refused, a name not
+        resolved, TLS, a timeout): it never saw the task, so this is not its refusal. The
+        delegation failed with the cause and the way out (its batch is told)."""
+        self._failed(c, d, rules.unreachable_error(service, reason), now)
 
     def _failed(self, c: Ctx, d: Delegation, error: str, now: float) -> None:
         """The task is not sent: the delegation failed with ``error`` (its batch is told)."""
@@ -698,15 +705,26 @@ class Delegations:
             self.resolve(c, current, text, now)
             c.wake(team, current.caller)
 
-    def post_dead(self, c: Ctx, job: Job, reason: str, now: float, status: int | None) -> None:
-        """A POST of this part was given up on."""
+    def post_dead(
+        self,
+        c: Ctx,
+        job: Job,
+        reason: str,
+        now: float,
+        status: int | None,
+        *,
+        reached: bool = True,
+    ) -> None:
+        """A POST of this part was given up on (``reached``: the other side answered)."""
         tx = c.tx
         team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
         d = tx.get_delegation(team, delegation_id)
         if d is None:
             return
         purpose = job.payload.get("purpose")
-        if purpose == "chat" and d.state is DelegationState.PENDING:
+        if purpose == "chat" and d.state is DelegationState.PENDING and not reached:
+            self._unreached(c, d, str(job.payload.get("service")), reason, now)
+        elif purpose == "chat" and d.state is DelegationState.PENDING:
             self._refused(c, d, reason, now)
         elif purpose == "reply" and status == 409:
             # the caller holds an answer to this request already (a different one): this

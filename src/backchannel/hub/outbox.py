@@ -160,6 +160,7 @@ class Outbox:
         policy = self.callbacks.retry
         status: int | None = None
         detail = ""
+        reached = True
         try:
             svc = self.callbacks.resolve(str(p["service"]))  # checked again before sending
         except UnknownService as exc:
@@ -200,9 +201,11 @@ class Outbox:
                     f"no complete answer within {policy.timeout:g} s (the callback retry "
                     "policy's timeout)"
                 )
-                status = None
+                status, reached = None, False
             except httpx.HTTPError as exc:
+                # no answer came: refused, unresolved, TLS, or cut before the status
                 detail = f"{type(exc).__name__}: {exc}"
+                reached = False
             else:
                 if status == 429 and _budget_spent(start):
                     # a spent chain does not reset with time, nor a spent pair within the
@@ -211,11 +214,21 @@ class Outbox:
                     await self.finish(job, rules.Outcome.DEAD, detail, status)
                     return
         outcome = rules.classify(status)
-        await self.finish(job, outcome, detail, status)
+        await self.finish(job, outcome, detail, status, reached=reached)
 
     async def finish(
-        self, job: Job, outcome: rules.Outcome, detail: str, status: int | None
+        self,
+        job: Job,
+        outcome: rules.Outcome,
+        detail: str,
+        status: int | None,
+        *,
+        reached: bool = True,
     ) -> None:
+        """Record one attempt's ``outcome``. ``reached``: the other side answered (an
+        HTTP status, an A2A agent's word); False when no answer came (a connection
+        refused, a name not resolved, TLS, a timeout), which the caller is told as a hub
+        it could not reach, not as one that refused."""
         p = dict(job.payload)
         svc = self.callbacks.services.get(str(p.get("service")))
         if svc is not None:  # an error may quote the address (its password) or a token
@@ -231,6 +244,7 @@ class Outbox:
                 detail = f"gave up after {attempt} attempts over the retry budget; last: {detail}"
         p["attempt"] = attempt
         p["last"] = detail
+        p["reached"] = reached
 
         def fn(c: Ctx) -> None:
             tx = c.tx
@@ -245,7 +259,7 @@ class Outbox:
             if outcome is rules.Outcome.DONE:
                 self.pipeline.post_done(c, job, now)
             else:
-                self.pipeline.post_dead(c, job, detail, now, status)
+                self.pipeline.post_dead(c, job, detail, now, status, reached=reached)
 
         log.log(
             logging.WARNING if outcome is rules.Outcome.DEAD else logging.DEBUG,

@@ -285,6 +285,15 @@ class Pipeline:
         """A call answered inline (an A2A agent): the answer resolves its delegation."""
         self.delegations.post_answered(c, job, text, now, chain)
 
-    def post_dead(self, c: Ctx, job: Job, reason: str, now: float, status: int | None) -> None:
+    def post_dead(
+        self,
+        c: Ctx,
+        job: Job,
+        reason: str,
+        now: float,
+        status: int | None,
+        *,
+        reached: bool = True,
+    ) -> None:
         """A POST was given up on: the delegation it carried fails or is marked."""
-        self.delegations.post_dead(c, job, reason, now, status)
+        self.delegations.post_dead(c, job, reason, now, status, reached=reached)
