@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from backchannel.core import budget as budget_rules
 from backchannel.core import messages as rules
+from backchannel.core.delegation import DEADLINE_JOB
 from backchannel.core.timers import TIMER_JOB
 from backchannel.errors import ClockSkew, StoreError
 from backchannel.hub.context import (
@@ -33,7 +34,7 @@ from backchannel.hub.messages import Messages
 from backchannel.hub.outage import Outage
 from backchannel.hub.pipeline import Pipeline
 from backchannel.stores.base import CompactCursor, Tx
-from backchannel.types import Delivery, DeliveryState, Job, JobState
+from backchannel.types import DelegationState, Delivery, DeliveryState, Job, JobState
 
 log = logging.getLogger("backchannel.hub")
 
@@ -369,7 +370,10 @@ class Maintenance:
         Set before the step: the job's id is at most the highest id at the last pass
         (:meth:`Tx.last_job_id`), or it was set since by the clock before the step
         (before ``now - step`` after a step forward, after ``now`` after one back). Its
-        ``set_at`` (a timer's) and a failure record's ``due_at`` move too. A job another
+        ``set_at`` (a timer's) and a failure record's ``due_at`` move too, and so do a
+        pending delegation's ``deadline`` and ``created_at`` with its deadline job (the
+        task sent to another hub carries the time left, an A2A call gives up after it):
+        the delegation keeps the length its caller asked for. A job another
         hub moved for the same step (its :data:`STEP_KEY`) stays. A paged pass over each
         team's pending jobs, one transaction a team: a step is rare, the send path does
         nothing for it."""
@@ -412,6 +416,8 @@ class Maintenance:
                         payload[FAILURE_KEY] = {**failed, "due_at": failed["due_at"] + step}
                     if tx.reschedule_job(job.job_id, job.due_at + step, payload):
                         moved += 1
+                        if job.kind == DEADLINE_JOB:
+                            self._shift_deadline(tx, job, step)
                 return moved
 
             return fn
@@ -423,6 +429,17 @@ class Maintenance:
                 "fall due as long after they were set as meant",
                 moved, abs(step), "forward" if step > 0 else "back",
             )  # fmt: skip
+
+    @staticmethod
+    def _shift_deadline(tx: Tx, job: Job, step: float) -> None:
+        """A delegation's deadline job moved by ``step``: its record's deadline (and its
+        start, so its length reads the same) moves with it while it is pending."""
+        d = tx.get_delegation(job.team, str(job.payload.get("delegation_id")))
+        if d is None or d.state is not DelegationState.PENDING:
+            return
+        tx.update_delegation(
+            dataclasses.replace(d, deadline=d.deadline + step, created_at=d.created_at + step)
+        )
 
     async def _each_team(self, one: Callable[[str], Callable[[Tx], int]]) -> int:
         """Run ``one(team)`` in a transaction of its own for each team (a team's records

@@ -518,7 +518,8 @@ class Tx(Protocol):
         ...
 
     def update_delegation(self, d: Delegation) -> None:
-        """Replace a stored delegation's state, result and error."""
+        """Replace a stored delegation's state, result, error, callee session, and its
+        start and deadline (moved with a step of the wall clock)."""
 
     def list_delegations(
         self, team: str, *, batch: str | None = None, member: str | None = None

@@ -683,8 +683,8 @@ class PgTx(PgTransaction, LifecycleSql):
     def update_delegation(self, d: Delegation) -> None:
         self._exec(
             Q.update_delegation,
-            (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
-             d.delegation_id),
+            (d.state.value, d.result, d.error, d.answered_at, d.callee_session,
+             d.created_at, d.deadline, d.team, d.delegation_id),
             d.team,
         )  # fmt: skip
 

@@ -183,7 +183,8 @@ class Sql:
         self.delegation_of_callee = m(callee + order)
         self.update_delegation = m(
             "UPDATE delegations SET state = ?, result = ?, error = ?, answered_at = ?, "
-            "callee_session = ? WHERE team = ? AND delegation_id = ?"
+            "callee_session = ?, created_at = ?, deadline = ? "
+            "WHERE team = ? AND delegation_id = ?"
         )
         self.prune_delegations = m(
             "DELETE FROM delegations WHERE team = ? AND COALESCE(answered_at, deadline) < ? "

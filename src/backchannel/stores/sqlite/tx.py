@@ -861,8 +861,8 @@ class SqliteTx(LifecycleSql):
     def update_delegation(self, d: Delegation) -> None:
         self._c.execute(
             Q.update_delegation,
-            (d.state.value, d.result, d.error, d.answered_at, d.callee_session, d.team,
-             d.delegation_id),
+            (d.state.value, d.result, d.error, d.answered_at, d.callee_session,
+             d.created_at, d.deadline, d.team, d.delegation_id),
         )  # fmt: skip
 
     def list_delegations(
