@@ -18,9 +18,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from backchannel.testing.waiting import eventually_blocking
 from tests.conftest import Server, free_port, start_server
 from tests.test_cli_conventions import run
+
+#: The webhook services the ``server`` of these tests registers (a delivery naming
+#: another is refused when set).
+SERVICES = "billing=http://127.0.0.1:9,ops=http://127.0.0.1:9"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = start_server(tmp_path / "home", env={"BACKCHANNEL_CALLBACKS": SERVICES})
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def _admin(server: Server) -> dict[str, str]:
@@ -177,6 +192,30 @@ def test_each_wrong_delivery_is_named_with_the_way_out(server: Server, tmp_path:
     # --delivery is required by set
     bad = run("member", "set", "crew", "agent", env=env)
     assert bad.returncode == 2 and "--delivery" in bad.stderr
+
+
+def test_a_webhook_naming_an_unregistered_service_is_refused_when_set(server: Server) -> None:
+    """A webhook delivery naming a service the hub has not registered is refused by
+    ``member set`` and ``member add`` (and so ``PATCH`` and ``POST`` of members), naming
+    the registered services and how to register one, instead of being stored and every
+    message to the member dead-lettered at delivery."""
+    env = _admin(server)
+    run("team", "create", "crew", env=env)
+    run("member", "add", "crew", "agent", env=env)
+    hook = '{"type": "webhook", "service": "biling"}'
+    bad = run("member", "set", "crew", "agent", "--delivery", hook, env=env)
+    assert bad.returncode == 1, bad.stderr
+    said = " ".join(bad.stderr.split())
+    assert "service 'biling', which this hub has not registered" in said, said
+    assert "did you mean 'billing'?" in said and "billing, ops" in said, said
+    assert "BACKCHANNEL_CALLBACKS" in said, said  # how to register one
+    assert _delivery(server, "crew", "agent") == {}  # nothing stored
+    bad = run("member", "add", "crew", "other", "--delivery", hook, env=env)
+    assert bad.returncode == 1 and "has not registered" in bad.stderr, bad.stderr
+    assert "other" not in run("member", "list", "crew", env=env).stdout
+    good = '{"type": "webhook", "service": "billing"}'
+    r = run("member", "set", "crew", "agent", "--delivery", good, env=env)
+    assert r.returncode == 0, r.stderr
 
 
 def test_a_tmux_target_that_is_not_there_is_dead_lettered_with_the_reason(

@@ -17,7 +17,8 @@ from tests.conftest import Server
 def srv(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from tests.conftest import start_server
 
-    s = start_server(tmp_path_factory.mktemp("api") / "home")
+    home = tmp_path_factory.mktemp("api") / "home"
+    s = start_server(home, env={"BACKCHANNEL_CALLBACKS": "ops=http://127.0.0.1:9"})
     yield s
     s.stop()
 
@@ -350,6 +351,13 @@ def test_member_delivery_setting_is_checked_and_can_change(
         assert "tmx" in bad.json()["error"]["message"]
         names = [m["name"] for m in admin.get("/v1/teams/alpha/members").json()["members"]]
         assert "typo" not in names, "nothing half-written"
+        # a webhook names a service the hub has registered, or is refused when set
+        bad = admin.patch(
+            "/v1/teams/alpha/members/worker-2",
+            json={"delivery": {"type": "webhook", "service": "opz"}},
+        )
+        assert bad.status_code == 422
+        assert "did you mean 'ops'?" in bad.json()["error"]["message"]
         r = admin.patch(
             "/v1/teams/alpha/members/worker-2",
             json={"delivery": {"type": "webhook", "service": "ops"}},

@@ -15,10 +15,12 @@ messages itself (SDK, long-poll, SSE, a runtime's hooks); the dispatcher leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from backchannel.callbacks import CallbackConfig
 from backchannel.delivery.base import (
     DEFAULT_RETRY,
     Adapter,
@@ -31,7 +33,7 @@ from backchannel.delivery.stdin import StdinAdapter
 from backchannel.delivery.tmux import TmuxAdapter
 from backchannel.delivery.tmux import agent_commands as tmux_agent_commands
 from backchannel.delivery.webhook import WebhookAdapter
-from backchannel.errors import InvalidRequest
+from backchannel.errors import InvalidRequest, UnknownService
 from backchannel.hub.checks import DeliveryChecks
 from backchannel.types import InboxMessage
 
@@ -72,9 +74,9 @@ def check_delivery_setting(
 ) -> None:
     """Refuse a ``delivery`` setting no adapter understands (for ``member add``).
 
-    Checks the type and the options each adapter needs without side effects; things only
-    known at delivery time (a registered service, a live pane) are checked then.
-    Raises :class:`~backchannel.errors.InvalidRequest` naming the fix.
+    Checks the type and the options each adapter needs without side effects; what the
+    hub that delivers knows (its registered services: :class:`ServiceCheck`) is checked
+    where it is registered. Raises :class:`~backchannel.errors.InvalidRequest` naming the fix.
     """
     kind = delivery_type(setting)
     if kind in PULL_TYPES:
@@ -159,10 +161,39 @@ def _check_option_types(kind: str, setting: Mapping[str, Any]) -> None:
         refuse("events", "true or false")
 
 
-def register_checks(checks: DeliveryChecks) -> None:
+@dataclasses.dataclass(frozen=True)
+class ServiceCheck:
+    """Refuse a ``webhook`` delivery naming a service the hub's callback registry does
+    not hold, when it is set: otherwise it is stored and every message to the member is
+    dead-lettered at delivery. Registered only by a hub whose registry is the one its
+    webhooks go through (``serve``); a client opening a store itself reads no config
+    file, and cannot tell which services the ``serve`` on that store has."""
+
+    callbacks: CallbackConfig
+
+    def __call__(self, setting: Mapping[str, Any]) -> None:
+        if delivery_type(setting) != WebhookAdapter.type:
+            return
+        name = setting.get("service")
+        if not isinstance(name, str) or not name:
+            return  # check_delivery_setting names it
+        try:
+            self.callbacks.resolve(name)
+        except UnknownService as exc:
+            raise InvalidRequest(
+                f"the webhook delivery names service {name!r}, which this hub has not "
+                f"registered: {exc.message} Register it first, or name a registered one.",
+                field="delivery",
+            ) from None
+
+
+def register_checks(checks: DeliveryChecks, callbacks: CallbackConfig | None = None) -> None:
     """Register the stock adapters' setting check with a hub (see
-    :mod:`backchannel.hub.checks`)."""
+    :mod:`backchannel.hub.checks`); with ``callbacks``, the registry the hub's webhooks
+    go through, a webhook's service is checked to be registered too."""
     checks.register(check_delivery_setting)
+    if callbacks is not None:
+        checks.register(ServiceCheck(callbacks))
 
 
 class MisconfiguredAdapter(Adapter):

@@ -171,7 +171,8 @@ def run_server(
         callbacks=callbacks,
         retention_seconds=retention_seconds,
     )
-    register_checks(hub.delivery_checks)  # the adapters this server runs check settings
+    # the adapters this server runs check settings, a webhook's service in its registry
+    register_checks(hub.delivery_checks, hub.callbacks)
     app = create_app(hub, token)
     _add_metrics(app, hub, token)
 
