@@ -22,6 +22,7 @@ import pytest
 
 from backchannel.testing.waiting import eventually_blocking
 from tests.conftest import Server, free_port, start_server
+from tests.delivery.conftest_adapters import tmux_server
 from tests.test_cli_conventions import run
 
 #: The webhook services the ``server`` of these tests registers (a delivery naming
@@ -31,7 +32,12 @@ SERVICES = "billing=http://127.0.0.1:9,ops=http://127.0.0.1:9"
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    srv = start_server(tmp_path / "home", env={"BACKCHANNEL_CALLBACKS": SERVICES})
+    """``serve`` with :data:`SERVICES` registered, whose tmux sockets by name are in a
+    directory of its own: a tmux server the machine runs (tests run inside tmux) is
+    not the one its settings' panes are checked against."""
+    (tmp_path / "tmux").mkdir()
+    env = {"BACKCHANNEL_CALLBACKS": SERVICES, "TMUX_TMPDIR": str(tmp_path / "tmux")}
+    srv = start_server(tmp_path / "home", env=env)
     try:
         yield srv
     finally:
@@ -216,6 +222,54 @@ def test_a_webhook_naming_an_unregistered_service_is_refused_when_set(server: Se
     good = '{"type": "webhook", "service": "billing"}'
     r = run("member", "set", "crew", "agent", "--delivery", good, env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_tmux_pane_the_hub_cannot_find_is_refused_when_set(server: Server) -> None:
+    """The hub sees the tmux server the setting names (its host, its socket): a target
+    that is not a pane of it is refused by ``member set`` and ``member add``, naming the
+    pane and how to list the panes, instead of being stored and every message to the
+    member dead-lettered at delivery. A pane it has is accepted."""
+    env = _admin(server)
+    run("team", "create", "crew", env=env)
+    run("member", "add", "crew", "agent", env=env)
+    with tmux_server() as tmux:
+        tmux.new_session(session_name="work", window_command="sleep 600")
+        socket = tmux.cmd("display-message", "-p", "#{socket_path}").stdout[0]
+        for target in ("work:5.0", "work:0.7", "nowhere:0.0"):
+            setting = {"type": "tmux", "target": target, "socket_path": socket}
+            bad = run("member", "set", "crew", "agent", "--delivery", json.dumps(setting), env=env)
+            assert bad.returncode == 1, (target, bad.stderr)
+            said = " ".join(bad.stderr.split())
+            assert f"tmux pane {target!r} does not exist" in said, said
+            assert f"tmux -S {socket} list-panes -a" in said, said  # how to list the panes
+        assert _delivery(server, "crew", "agent") == {}  # nothing stored
+        setting = {"type": "tmux", "target": "nowhere:0.0", "socket_path": socket}
+        bad = run("member", "add", "crew", "other", "--delivery", json.dumps(setting), env=env)
+        assert bad.returncode == 1 and "does not exist" in bad.stderr, bad.stderr
+        assert "other" not in run("member", "list", "crew", env=env).stdout
+        for target in ("work:0.0", "work"):
+            setting = {"type": "tmux", "target": target, "socket_path": socket}
+            r = run("member", "set", "crew", "agent", "--delivery", json.dumps(setting), env=env)
+            assert r.returncode == 0, (target, r.stderr)
+
+
+def test_a_tmux_pane_the_hub_cannot_check_is_accepted_with_a_warning(tmp_path: Path) -> None:
+    """Where the hub cannot tell (tmux not installed on its host: the pane may be on
+    another), the setting is accepted, and the hub's log says it could not be checked."""
+    bare = tmp_path / "no-tmux-bin"
+    bare.mkdir()
+    server = start_server(tmp_path / "home", env={"PATH": str(bare)})
+    try:
+        env = _admin(server)
+        run("team", "create", "crew", env=env)
+        setting = '{"type": "tmux", "target": "work:0.1"}'
+        r = run("member", "add", "crew", "agent", "--delivery", setting, env=env)
+        assert r.returncode == 0, r.stderr
+        log = (server.home / "serve.log").read_text()
+        assert "could not check tmux pane 'work:0.1'" in log, log
+        assert "tmux is not installed" in log, log
+    finally:
+        server.stop()
 
 
 def test_a_tmux_target_that_is_not_there_is_dead_lettered_with_the_reason(

@@ -30,7 +30,7 @@ from backchannel.delivery.base import (
 from backchannel.delivery.claude_inbox import name_problem
 from backchannel.delivery.inbox_file import InboxFileAdapter
 from backchannel.delivery.stdin import StdinAdapter
-from backchannel.delivery.tmux import TmuxAdapter
+from backchannel.delivery.tmux import TmuxAdapter, check_pane
 from backchannel.delivery.tmux import agent_commands as tmux_agent_commands
 from backchannel.delivery.webhook import WebhookAdapter
 from backchannel.errors import InvalidRequest, UnknownService
@@ -187,13 +187,19 @@ class ServiceCheck:
             ) from None
 
 
-def register_checks(checks: DeliveryChecks, callbacks: CallbackConfig | None = None) -> None:
+def register_checks(
+    checks: DeliveryChecks, callbacks: CallbackConfig | None = None, *, panes: bool = False
+) -> None:
     """Register the stock adapters' setting check with a hub (see
     :mod:`backchannel.hub.checks`); with ``callbacks``, the registry the hub's webhooks
-    go through, a webhook's service is checked to be registered too."""
+    go through, a webhook's service is checked to be registered too; with ``panes`` (a
+    hub whose adapters type into this host's tmux), a tmux target is checked to be a
+    pane of the tmux server it names (:func:`~backchannel.delivery.tmux.check_pane`)."""
     checks.register(check_delivery_setting)
     if callbacks is not None:
         checks.register(ServiceCheck(callbacks))
+    if panes:
+        checks.register(check_pane)
 
 
 class MisconfiguredAdapter(Adapter):

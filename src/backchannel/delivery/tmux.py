@@ -130,13 +130,15 @@ import json
 import logging
 import os
 import re
+import subprocess
 import termios
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backchannel.delivery.base import (
     Adapter,
@@ -146,6 +148,7 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
     agent_text,
 )
+from backchannel.errors import InvalidRequest
 from backchannel.files import private_dirs, write_atomic
 from backchannel.types import InboxMessage
 
@@ -843,3 +846,74 @@ def agent_commands(value: object, member: str) -> tuple[str, ...]:
             "messages typed into a shell run as commands; name the agent's own program instead"
         )
     return tuple(names)
+
+
+def socket_args(setting: Mapping[str, Any]) -> list[str]:
+    """The tmux options that name a setting's server: ``-S path``, ``-L name`` or none
+    (tmux's default socket)."""
+    path, name = setting.get("socket_path"), setting.get("socket_name")
+    if isinstance(path, str) and path:
+        return ["-S", path]
+    if isinstance(name, str) and name:
+        return ["-L", name]
+    return []
+
+
+def check_pane(setting: Mapping[str, Any]) -> None:
+    """Refuse a ``tmux`` delivery setting whose target is not a pane of the tmux server
+    it names, as seen from this host: otherwise it is stored and every message to the
+    member is dead-lettered at delivery. Where this host cannot tell (tmux not
+    installed, no server on that socket: the agent may be started later, or on another
+    host), the setting is accepted and a WARNING says it could not be checked.
+
+    Runs one tmux command (blocking, up to :data:`COMMAND_TIMEOUT`): the hub calls its
+    checks off its event loop. Raises :class:`~backchannel.errors.InvalidRequest`."""
+    target = setting.get("target")
+    if setting.get("type") != "tmux" or not isinstance(target, str) or not target:
+        return
+    if target.startswith("-"):
+        raise InvalidRequest(
+            f"the tmux delivery target {target!r} begins with '-', which tmux reads as an "
+            "option; give the pane as session:window.pane or its id (%N)",
+            field="delivery",
+        )
+    sock = socket_args(setting)
+    tmux = " ".join(["tmux", *sock])
+
+    def unchecked(why: str) -> None:
+        log.warning(
+            "could not check tmux pane %r (%s): %s; the delivery setting is accepted, and "
+            "a pane that is not there when a message comes dead-letters it",
+            target, tmux, why,
+        )  # fmt: skip
+
+    try:
+        # capture-pane checks the target; display-message falls back to the current pane
+        done = subprocess.run(
+            ["tmux", *sock, "capture-pane", "-p", "-t", target, "-S", "0", "-E", "0"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+    except FileNotFoundError:
+        unchecked("tmux is not installed on the hub's host (no 'tmux' on PATH)")
+        return
+    except subprocess.TimeoutExpired:
+        unchecked(f"tmux did not answer within {COMMAND_TIMEOUT:g} s")
+        return
+    if done.returncode == 0:
+        return
+    said = (done.stdout + done.stderr).decode("utf-8", "replace").strip()
+    if "can't find" not in said.lower():
+        # no server on that socket (not started yet, or the agent runs on another host)
+        unchecked(said or f"tmux exited {done.returncode}")
+        return
+    raise InvalidRequest(
+        f"tmux pane {target!r} does not exist on the hub's tmux server ({tmux}: {said}); "
+        f"list the panes with `{tmux} list-panes -a -F "
+        "'#{session_name}:#{window_index}.#{pane_index} #{pane_id} #{pane_current_command}'` "
+        "and set the member's delivery target to one of them (or start the agent's pane "
+        "first)",
+        field="delivery",
+    )

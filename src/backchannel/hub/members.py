@@ -6,6 +6,7 @@ authenticated token is remembered briefly (see ``TOKEN_CACHE_SECONDS``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import secrets
@@ -135,8 +136,9 @@ class Members:
                 "team's human, the hub's own messages); choose another name",
                 field="name",
             )
-        if self.check_delivery:
-            self.delivery_checks.check(delivery)
+        if self.check_delivery and delivery:
+            # off the event loop: a check may ask a program (tmux) on this host
+            await asyncio.to_thread(self.delivery_checks.check, delivery)
         token = new_token()
         member = Member(
             team,
@@ -168,8 +170,9 @@ class Members:
     ) -> Member:
         """Change how a member's messages reach it (``delivery``) or its ``settings``;
         what is not given stays."""
-        if self.check_delivery:
-            self.delivery_checks.check(delivery)
+        if self.check_delivery and delivery:
+            # off the event loop: a check may ask a program (tmux) on this host
+            await asyncio.to_thread(self.delivery_checks.check, delivery)
 
         def fn(tx: Tx) -> Member:
             m = tx.get_member(team, name)

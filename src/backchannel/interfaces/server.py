@@ -171,8 +171,9 @@ def run_server(
         callbacks=callbacks,
         retention_seconds=retention_seconds,
     )
-    # the adapters this server runs check settings, a webhook's service in its registry
-    register_checks(hub.delivery_checks, hub.callbacks)
+    # the adapters this server runs check settings: a webhook's service in its registry,
+    # a tmux pane on this host's tmux (where its dispatcher types)
+    register_checks(hub.delivery_checks, hub.callbacks, panes=True)
     app = create_app(hub, token)
     _add_metrics(app, hub, token)
 
