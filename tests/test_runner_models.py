@@ -228,14 +228,15 @@ def _anthropic_cut_tool_use(message: str, stop: str = "max_tokens") -> dict[str,
     }
 
 
-@pytest.mark.parametrize("stop", ["max_tokens", "refusal"])
+@pytest.mark.parametrize("stop", ["max_tokens", "refusal", "model_context_window_exceeded"])
 async def test_a_tool_call_cut_at_max_tokens_is_not_run(
     provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, stop: str
 ) -> None:
     """An answer cut short by the output limit (or stopped by the API's safety filter,
-    ``refusal``) may end in a tool call the model had not finished writing: run, it
-    would send the first half of a message as if it were the whole. It is not run; the
-    model hears why, and writes it again."""
+    ``refusal``, or at the model's context window, ``model_context_window_exceeded``)
+    may end in a tool call the model had not finished writing: run, it would send the
+    first half of a message as if it were the whole. It is not run; the model hears
+    why, and writes it again."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(
         lambda body, n: (
@@ -661,16 +662,29 @@ async def test_a_closing_text_still_cut_after_the_model_went_on_says_so(
         await hub.close()
 
 
-@pytest.mark.parametrize(("text", "stop"), [("", "refusal"), ("I can help with the fi", "refusal")])
+@pytest.mark.parametrize(
+    ("text", "stop", "why"),
+    [
+        ("", "refusal", "was stopped by the API's safety filter (refusal)"),
+        ("I can help with the fi", "refusal", "was stopped by the API's safety filter (refusal)"),
+        (
+            "The survey found three probl",
+            "model_context_window_exceeded",
+            "reached the model's context window (model_context_window_exceeded)",
+        ),
+    ],
+)
 async def test_a_closing_text_stopped_by_the_apis_filter_says_so(
     provider: Callable[[Answer], FakeProvider],
     monkeypatch: pytest.MonkeyPatch,
     text: str,
     stop: str,
+    why: str,
 ) -> None:
-    """An answer the API's safety filter stopped (empty, or cut): the model is not asked
-    to go on past the filter; the closing text says it was stopped rather than read as
-    the agent's whole answer (an empty one as no answer at all)."""
+    """An answer the API's safety filter stopped (empty, or cut), or cut at the model's
+    context window: the model is not asked to go on past the filter, nor in a context
+    with no room left; the closing text says it was stopped rather than read as the
+    agent's whole answer (an empty one as no answer at all)."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(lambda body, n: (200, _cut_text("anthropic", text, stop), {}))
     hub, runner, user = await _one_agent("anthropic", srv.url)
@@ -679,9 +693,7 @@ async def test_a_closing_text_stopped_by_the_apis_filter_says_so(
         assert len(srv.requests) == 1
         out = runner.loops["w-main"].stats.last_output
         assert out.startswith(text)
-        assert out.endswith(
-            "[cut short: the answer was stopped by the API's safety filter (refusal)]"
-        ), out
+        assert out.endswith(f"[cut short: the answer {why}]"), out
     finally:
         await hub.close()
 

@@ -475,10 +475,15 @@ def unparsed_arguments(name: str, text: str) -> str:
 
 
 #: Stop reasons that say the answer was cut before its end, and why: at the output limit
-#: (Anthropic's ``max_tokens``, OpenAI's ``length``), or by the API's filter.
+#: (Anthropic's ``max_tokens``, OpenAI's ``length``), at the model's context window
+#: (Anthropic's ``model_context_window_exceeded``, which its newer models give in place
+#: of an error), or by the API's filter.
 CUT_SHORT = {
     "max_tokens": "reached the output limit (max_tokens)",
     "length": "reached the output limit (length)",
+    "model_context_window_exceeded": (
+        "reached the model's context window (model_context_window_exceeded)"
+    ),
     "refusal": "was stopped by the API's safety filter (refusal)",
     "content_filter": "was stopped by the API's content filter (content_filter)",
 }
@@ -495,7 +500,8 @@ def cut_short(name: str, stop_reason: str) -> str:
 
 
 #: Stop reasons of an answer cut at the output limit, whose model can be asked to go on
-#: (one its filter stopped is not asked to go on past the filter).
+#: (one its filter stopped is not asked to go on past the filter, nor one cut at the
+#: context window, which has no room left to go on in).
 AT_THE_LIMIT = frozenset({"max_tokens", "length"})
 #: How many times a turn asks a model whose text was cut at the output limit to go on.
 GO_ON_TIMES = 3
