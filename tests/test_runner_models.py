@@ -452,6 +452,71 @@ async def test_a_model_server_that_reuses_tool_call_ids_can_delegate_again(
         await hub.close()
 
 
+def _call_without_id(kind: str, how: str) -> dict[str, Any]:
+    """An answer whose one tool call (a send to ``boss``) has no id: ``how`` is
+    ``missing`` (no field) or ``null``."""
+    args = {"to": "boss", "message": "hi"}
+    if kind == "openai":
+        answer = _chat(None, [("", "send_message", json.dumps(args))])
+        call = answer["choices"][0]["message"]["tool_calls"][0]
+    else:
+        answer = {
+            **_anthropic_text(""),
+            "content": [{"type": "tool_use", "name": "send_message", "input": args}],
+            "stop_reason": "tool_use",
+        }
+        call = answer["content"][0]
+    if how == "missing":
+        call.pop("id", None)
+    else:
+        call["id"] = None
+    return answer
+
+
+def _call_ids(kind: str, body: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The ids of the tool calls a request sends back, and those its results answer."""
+    if kind == "openai":
+        calls = [c["id"] for m in body["messages"] for c in m.get("tool_calls") or []]
+        results = [m["tool_call_id"] for m in body["messages"] if m["role"] == "tool"]
+        return calls, results
+    blocks = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
+    return calls, [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
+
+
+@pytest.mark.parametrize("how", ["missing", "null"])
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_a_tool_call_with_no_id_is_run_once_and_answered(
+    provider: Callable[[Answer], FakeProvider],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    how: str,
+) -> None:
+    """Some compatible servers and proxies give a tool call no id (none, or null). The
+    session crashed on it, the turn's input acked with no answer. The call is run once,
+    under an id the runner gives it, and goes back to the model with its result under
+    that same id, so the turn goes on to its close."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (200, _call_without_id(kind, how), {})
+            if n == 1
+            else (200, _text_answer(kind, "done"), {})
+        )
+    )
+    hub, runner, user = await _one_agent(kind, srv.url)
+    try:
+        assert await runner.run("say hi to boss", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
+        assert [m.text for m in await user.receive(limit=10)] == ["hi"]
+        calls, results = _call_ids(kind, srv.requests[1][1])
+        assert calls == results and len(calls) == 1, (calls, results)
+        assert isinstance(calls[0], str) and calls[0], calls
+    finally:
+        await hub.close()
+
+
 MISSING = {"error": {"message": "model 'helper' does not exist", "type": "invalid_request_error"}}
 
 

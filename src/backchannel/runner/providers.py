@@ -24,6 +24,7 @@ import email.utils
 import json
 import math
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -132,6 +133,15 @@ async def _answer(
         raise _not_an_answer(api, exc) from exc
 
 
+def _call_id(block: Any, prefix: str) -> str:
+    """The id of a tool call in an answer: the API's, or one made here (``prefix`` and
+    random hex) when the answer gave none (no field, null, empty: some compatible servers
+    and proxies). The call goes back to the model under it with its result, which needs
+    one id the two share; the session must not crash on a call it can run."""
+    given = getattr(block, "id", None)
+    return given if isinstance(given, str) and given else prefix + uuid.uuid4().hex[:24]
+
+
 def _api_key(env_name: str | None, default_env: str) -> str:
     key = os.environ.get(env_name or default_env)
     if not key:
@@ -238,9 +248,9 @@ class AnthropicModel:
     def _reply(resp: Any) -> ModelReply:
         text = "".join(b.text for b in resp.content if b.type == "text")
         calls = tuple(
-            ToolCall(b.id, b.name, dict(b.input))
+            ToolCall(_call_id(b, "toolu_"), b.name, dict(b.input))
             if isinstance(b.input, dict)
-            else ToolCall(b.id, b.name, {}, unparsed=json.dumps(b.input))
+            else ToolCall(_call_id(b, "toolu_"), b.name, {}, unparsed=json.dumps(b.input))
             for b in resp.content
             if b.type == "tool_use"
         )
@@ -343,10 +353,11 @@ class OpenAIModel:
                 args = json.loads(fn.arguments or "{}")
             except ValueError:
                 args = None
+            call_id = _call_id(c, "call_")
             if isinstance(args, dict):
-                calls.append(ToolCall(c.id, fn.name, args))
+                calls.append(ToolCall(call_id, fn.name, args))
             else:  # broken JSON, or JSON but not an object: the runner tells the model
-                calls.append(ToolCall(c.id, fn.name, {}, unparsed=str(fn.arguments)))
+                calls.append(ToolCall(call_id, fn.name, {}, unparsed=str(fn.arguments)))
         u = resp.usage
         usage = Usage(u.prompt_tokens, u.completion_tokens) if u else Usage()
         return ModelReply(
