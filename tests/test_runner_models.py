@@ -517,6 +517,42 @@ async def test_a_tool_call_with_no_id_is_run_once_and_answered(
         await hub.close()
 
 
+@pytest.mark.parametrize("usage", ["partial", "null counts", "none"])
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_an_answer_with_token_counts_missing_is_taken(
+    provider: Callable[[Answer], FakeProvider],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    usage: str,
+) -> None:
+    """Compatible servers and proxies give usage with counts missing or null, or none at
+    all. The answer was refused as not the API's (the turn's input given back and the
+    agent stopped), or, taken, crashed the session adding None to its token count. The
+    answer is taken and the counts it does give are counted; those it does not count as
+    none."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    answer = _text_answer(kind, "done")
+    first = "prompt_tokens" if kind == "openai" else "input_tokens"
+    second = "completion_tokens" if kind == "openai" else "output_tokens"
+    if usage == "partial":
+        answer["usage"] = {first: 7}
+    elif usage == "null counts":
+        answer["usage"] = {first: 7, second: None}
+    else:
+        answer.pop("usage")
+    srv = provider(lambda body, n: (200, answer, {}))
+    hub, runner, user = await _one_agent(kind, srv.url)
+    try:
+        assert await runner.run("do it", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
+        expected = 0 if usage == "none" else 7
+        assert (loop.stats.usage.input_tokens, loop.stats.usage.output_tokens) == (expected, 0)
+        assert await hub.pending("t", "w") == 0
+    finally:
+        await hub.close()
+
+
 MISSING = {"error": {"message": "model 'helper' does not exist", "type": "invalid_request_error"}}
 
 

@@ -142,6 +142,17 @@ def _call_id(block: Any, prefix: str) -> str:
     return given if isinstance(given, str) and given else prefix + uuid.uuid4().hex[:24]
 
 
+def _count(usage: Any, name: str) -> int:
+    """A token count of an answer's ``usage``, 0 when it gives none (no usage, the count
+    missing or null: some compatible servers and proxies). The counts are the run's
+    accounting, not the answer: an answer the model gave is never refused over them,
+    nor may a missing one crash the session that adds it up."""
+    value = getattr(usage, name, None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0
+    return max(0, int(value))
+
+
 def _api_key(env_name: str | None, default_env: str) -> str:
     key = os.environ.get(env_name or default_env)
     if not key:
@@ -254,12 +265,12 @@ class AnthropicModel:
             for b in resp.content
             if b.type == "tool_use"
         )
-        u = resp.usage
+        u = getattr(resp, "usage", None)
         usage = Usage(
-            u.input_tokens,
-            u.output_tokens,
-            getattr(u, "cache_read_input_tokens", 0) or 0,
-            getattr(u, "cache_creation_input_tokens", 0) or 0,
+            _count(u, "input_tokens"),
+            _count(u, "output_tokens"),
+            _count(u, "cache_read_input_tokens"),
+            _count(u, "cache_creation_input_tokens"),
         )
         return ModelReply(text, calls, usage, resp.stop_reason or "end_turn")
 
@@ -358,8 +369,8 @@ class OpenAIModel:
                 calls.append(ToolCall(call_id, fn.name, args))
             else:  # broken JSON, or JSON but not an object: the runner tells the model
                 calls.append(ToolCall(call_id, fn.name, {}, unparsed=str(fn.arguments)))
-        u = resp.usage
-        usage = Usage(u.prompt_tokens, u.completion_tokens) if u else Usage()
+        u = getattr(resp, "usage", None)
+        usage = Usage(_count(u, "prompt_tokens"), _count(u, "completion_tokens"))
         return ModelReply(
             choice.message.content or "", tuple(calls), usage, str(choice.finish_reason)
         )
