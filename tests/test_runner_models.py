@@ -355,6 +355,42 @@ async def test_a_rate_limit_longer_than_the_runners_patience_is_not_hammered(
         await hub.close()
 
 
+QUOTA = {
+    "error": {
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+}
+
+
+async def test_a_rate_limit_that_is_a_spent_quota_is_not_tried_again(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """OpenAI's 429 for a spent quota (``insufficient_quota``: the plan or the billing,
+    not the rate) does not pass with waiting. It was tried again for the runner's whole
+    patience (five minutes by default, ten calls), a note each time saying it would try
+    again, before the agent stopped. It stops at once, its input given back, its note
+    naming the API's reason."""
+    srv = provider(lambda body, n: (429, QUOTA, {}))
+    hub, runner, user = await _openai_team(srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.model_patience, runner.model_pause = 5.0, 0.05
+    try:
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert len(srv.requests) == 1, "a spent quota was tried again"
+        assert not any("trying again" in n for n in notes), notes
+        loop = runner.loops["w-main"]
+        assert loop.stats.stopped == "model error"
+        assert "exceeded your current quota" in loop.stats.failure, loop.stats.failure
+        got = await hub.receive("t", "w", session="w-main")
+        assert [g.message.text for g in got] == ["do it"], "given back, not lost"
+    finally:
+        await hub.close()
+
+
 async def test_the_runners_own_pause_honours_retry_after(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:

@@ -58,7 +58,31 @@ def _retryable(sdk: Any, exc: Exception) -> bool:
     if said in ("true", "false"):
         return bool(said == "true")
     status = getattr(exc, "status_code", None)
+    if status == 429 and _error_code(exc) in _SPENT:
+        return False
     return isinstance(status, int) and (status in (408, 409, 429) or status >= 500)
+
+
+#: Error codes of a 429 that is not a rate: a quota or a balance spent, which waiting
+#: does not bring back (OpenAI's ``insufficient_quota``; compatible servers copy it).
+_SPENT = frozenset({"insufficient_quota"})
+
+
+def _error_code(exc: Exception) -> str | None:
+    """The error's ``code`` (or else ``type``) as the API's body gives it: OpenAI's SDK
+    has them on the error, Anthropic's keeps the body (``{"error": {"type": ...}}``)."""
+    for name in ("code", "type"):
+        value = getattr(exc, name, None)
+        if isinstance(value, str):
+            return value
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict):
+        for name in ("code", "type"):
+            value = inner.get(name)
+            if isinstance(value, str):
+                return value
+    return None
 
 
 def _retry_after(exc: Exception) -> float | None:
