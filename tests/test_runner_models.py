@@ -488,25 +488,31 @@ async def test_a_model_server_that_reuses_tool_call_ids_can_delegate_again(
         await hub.close()
 
 
-def _call_without_id(kind: str, how: str) -> dict[str, Any]:
-    """An answer whose one tool call (a send to ``boss``) has no id: ``how`` is
-    ``missing`` (no field) or ``null``."""
+def _call_without(field: str, kind: str, how: str) -> dict[str, Any]:
+    """An answer whose one tool call (a send to ``boss``) has no ``field`` (``id`` or
+    ``name``): ``how`` is ``missing`` (no field) or ``null``."""
     args = {"to": "boss", "message": "hi"}
     if kind == "openai":
-        answer = _chat(None, [("", "send_message", json.dumps(args))])
+        answer = _chat(None, [("call_1", "send_message", json.dumps(args))])
         call = answer["choices"][0]["message"]["tool_calls"][0]
+        where = call if field == "id" else call["function"]
     else:
-        answer = {
-            **_anthropic_text(""),
-            "content": [{"type": "tool_use", "name": "send_message", "input": args}],
-            "stop_reason": "tool_use",
-        }
-        call = answer["content"][0]
+        block = {"type": "tool_use", "id": "toolu_1", "name": "send_message", "input": args}
+        answer = {**_anthropic_text(""), "content": [block], "stop_reason": "tool_use"}
+        where = block
     if how == "missing":
-        call.pop("id", None)
+        where.pop(field)
     else:
-        call["id"] = None
+        where[field] = None
     return answer
+
+
+def _results(kind: str, body: dict[str, Any]) -> list[str]:
+    """The tool results a request sends the model."""
+    if kind == "openai":
+        return _tool_results(body)
+    blocks = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    return [b["content"] for b in blocks if b["type"] == "tool_result"]
 
 
 def _call_ids(kind: str, body: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -535,7 +541,7 @@ async def test_a_tool_call_with_no_id_is_run_once_and_answered(
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     srv = provider(
         lambda body, n: (
-            (200, _call_without_id(kind, how), {})
+            (200, _call_without("id", kind, how), {})
             if n == 1
             else (200, _text_answer(kind, "done"), {})
         )
@@ -549,6 +555,37 @@ async def test_a_tool_call_with_no_id_is_run_once_and_answered(
         calls, results = _call_ids(kind, srv.requests[1][1])
         assert calls == results and len(calls) == 1, (calls, results)
         assert isinstance(calls[0], str) and calls[0], calls
+    finally:
+        await hub.close()
+
+
+@pytest.mark.parametrize("how", ["missing", "null"])
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_a_tool_call_with_no_name_is_answered_as_an_error(
+    provider: Callable[[Answer], FakeProvider],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    how: str,
+) -> None:
+    """A tool call with no name (none, or null) crashed the session, the turn's input
+    acked with no answer and the agent lost for the run. It is a call to no tool the
+    agent has: not run, the model hears so with the tools it has, and the turn goes on."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (200, _call_without("name", kind, how), {})
+            if n == 1
+            else (200, _text_answer(kind, "done"), {})
+        )
+    )
+    hub, runner, user = await _one_agent(kind, srv.url)
+    try:
+        assert await runner.run("say hi to boss", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
+        assert await user.receive(limit=10) == [], "nothing was run"
+        [result] = _results(kind, srv.requests[1][1])
+        assert result.startswith("unknown tool ''; available: "), result
     finally:
         await hub.close()
 

@@ -177,6 +177,14 @@ def _count(usage: Any, name: str) -> int:
     return max(0, int(value))
 
 
+def _call_name(block: Any) -> str:
+    """The name of the tool a call asks for, "" when the answer gave none (no field,
+    null): a call to no tool the agent has, which the runner answers as such, never a
+    crash of the session on a name that is not a string."""
+    given = getattr(block, "name", None)
+    return given if isinstance(given, str) else ""
+
+
 def _api_key(env_name: str | None, default_env: str) -> str:
     key = os.environ.get(env_name or default_env)
     if not key:
@@ -283,9 +291,9 @@ class AnthropicModel:
     def _reply(resp: Any) -> ModelReply:
         text = "".join(b.text for b in resp.content if b.type == "text")
         calls = tuple(
-            ToolCall(_call_id(b, "toolu_"), b.name, dict(b.input))
+            ToolCall(_call_id(b, "toolu_"), _call_name(b), dict(b.input))
             if isinstance(b.input, dict)
-            else ToolCall(_call_id(b, "toolu_"), b.name, {}, unparsed=json.dumps(b.input))
+            else ToolCall(_call_id(b, "toolu_"), _call_name(b), {}, unparsed=json.dumps(b.input))
             for b in resp.content
             if b.type == "tool_use"
         )
@@ -388,11 +396,11 @@ class OpenAIModel:
                 args = json.loads(fn.arguments or "{}")
             except ValueError:
                 args = None
-            call_id = _call_id(c, "call_")
+            call_id, name = _call_id(c, "call_"), _call_name(fn)
             if isinstance(args, dict):
-                calls.append(ToolCall(call_id, fn.name, args))
+                calls.append(ToolCall(call_id, name, args))
             else:  # broken JSON, or JSON but not an object: the runner tells the model
-                calls.append(ToolCall(call_id, fn.name, {}, unparsed=str(fn.arguments)))
+                calls.append(ToolCall(call_id, name, {}, unparsed=str(fn.arguments)))
         u = getattr(resp, "usage", None)
         usage = Usage(_count(u, "prompt_tokens"), _count(u, "completion_tokens"))
         return ModelReply(
