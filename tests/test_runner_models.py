@@ -590,6 +590,39 @@ async def test_a_tool_call_with_no_name_is_answered_as_an_error(
         await hub.close()
 
 
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_tool_call_arguments_in_the_other_apis_form_are_read(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Compatible servers and proxies that translate between the two APIs give a tool
+    call's arguments in the other one's form: an object where Chat Completions has a
+    string of JSON, a string of JSON where the Messages API has an object. The first
+    refused the model's whole answer as not the API's (the input given back, the agent
+    stopped); the second told the model its arguments were not JSON. Both are read."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    args = {"to": "boss", "message": "hi"}
+    if kind == "openai":
+        first = _chat(None, [("call_1", "send_message", "")])
+        first["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = args
+    else:
+        block = {"type": "tool_use", "id": "toolu_1", "name": "send_message"}
+        block["input"] = json.dumps(args)
+        first = {**_anthropic_text(""), "content": [block], "stop_reason": "tool_use"}
+    srv = provider(
+        lambda body, n: (200, first, {}) if n == 1 else (200, _text_answer(kind, "done"), {})
+    )
+    hub, runner, user = await _one_agent(kind, srv.url)
+    try:
+        assert await runner.run("say hi to boss", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
+        assert [m.text for m in await user.receive(limit=10)] == ["hi"]
+        [result] = _results(kind, srv.requests[1][1])
+        assert result.startswith("sent "), result
+    finally:
+        await hub.close()
+
+
 @pytest.mark.parametrize("usage", ["partial", "null counts", "none"])
 @pytest.mark.parametrize("kind", ["anthropic", "openai"])
 async def test_an_answer_with_token_counts_missing_is_taken(

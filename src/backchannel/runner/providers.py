@@ -185,6 +185,24 @@ def _call_name(block: Any) -> str:
     return given if isinstance(given, str) else ""
 
 
+def _tool_call(call_id: str, name: str, given: Any) -> ToolCall:
+    """A call with the arguments the answer ``given``: an object (the Messages API's
+    form) or a string of JSON that holds one (Chat Completions'), whichever API answered,
+    since compatible servers and proxies translating between the two give either. Broken
+    JSON, or JSON but not an object, is kept as written (``unparsed``): the call is not
+    run and the runner tells the model why."""
+    args = given
+    if isinstance(given, str):
+        try:
+            args = json.loads(given)
+        except ValueError:
+            args = None
+    if isinstance(args, dict):
+        return ToolCall(call_id, name, args)
+    written = given if isinstance(given, str) else json.dumps(given)
+    return ToolCall(call_id, name, {}, unparsed=written)
+
+
 def _api_key(env_name: str | None, default_env: str) -> str:
     key = os.environ.get(env_name or default_env)
     if not key:
@@ -291,9 +309,7 @@ class AnthropicModel:
     def _reply(resp: Any) -> ModelReply:
         text = "".join(b.text for b in resp.content if b.type == "text")
         calls = tuple(
-            ToolCall(_call_id(b, "toolu_"), _call_name(b), dict(b.input))
-            if isinstance(b.input, dict)
-            else ToolCall(_call_id(b, "toolu_"), _call_name(b), {}, unparsed=json.dumps(b.input))
+            _tool_call(_call_id(b, "toolu_"), _call_name(b), b.input)
             for b in resp.content
             if b.type == "tool_use"
         )
@@ -392,15 +408,7 @@ class OpenAIModel:
             fn = getattr(c, "function", None)
             if fn is None:
                 continue
-            try:
-                args = json.loads(fn.arguments or "{}")
-            except ValueError:
-                args = None
-            call_id, name = _call_id(c, "call_"), _call_name(fn)
-            if isinstance(args, dict):
-                calls.append(ToolCall(call_id, name, args))
-            else:  # broken JSON, or JSON but not an object: the runner tells the model
-                calls.append(ToolCall(call_id, name, {}, unparsed=str(fn.arguments)))
+            calls.append(_tool_call(_call_id(c, "call_"), _call_name(fn), fn.arguments or "{}"))
         u = getattr(resp, "usage", None)
         usage = Usage(_count(u, "prompt_tokens"), _count(u, "completion_tokens"))
         return ModelReply(
