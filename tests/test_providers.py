@@ -232,6 +232,42 @@ async def test_openai_error_is_a_model_error(provider: Callable[[Answer], FakePr
         await OpenAIModel("gpt-4o", base_url=srv.url + "/v1").complete("", CONVO, TOOLS)
 
 
+REVOKED = {
+    "type": "error",
+    "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+}
+
+
+async def test_a_key_refused_mid_run_names_where_the_key_came_from(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key revoked mid-run (401), or one without access (403), stops the agent for
+    good; the stop said only what the API said, not which key to fix. It names the
+    variable the key came from, and, for an OpenAI-compatible server given no key (the
+    placeholder a local server takes), that none was set."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("TEAM_KEY", "test-key")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    srv = provider(lambda body, n: (401 if n < 4 else 403, REVOKED, {}))
+    with pytest.raises(ModelError) as anthropic:
+        await AnthropicModel("claude-sonnet-5-5", base_url=srv.url).complete("", CONVO, TOOLS)
+    assert "invalid x-api-key" in anthropic.value.message
+    assert "the key in ANTHROPIC_API_KEY" in anthropic.value.message, anthropic.value.message
+    assert anthropic.value.details == {"retryable": False}
+    with pytest.raises(ModelError) as named:
+        await OpenAIModel("m", base_url=srv.url + "/v1", api_key_env="TEAM_KEY").complete(
+            "", CONVO, TOOLS
+        )
+    assert "the key in TEAM_KEY" in named.value.message, named.value.message
+    with pytest.raises(ModelError) as unset:
+        await OpenAIModel("m", base_url=srv.url + "/v1").complete("", CONVO, TOOLS)
+    assert "OPENAI_API_KEY is not set" in unset.value.message, unset.value.message
+    with pytest.raises(ModelError) as forbidden:
+        await AnthropicModel("claude-sonnet-5-5", base_url=srv.url).complete("", CONVO, TOOLS)
+    assert "the key in ANTHROPIC_API_KEY" in forbidden.value.message, forbidden.value.message
+    assert len(srv.requests) == 4, "a refused key is not tried again"
+
+
 def test_the_network_guard_stops_a_real_model_call() -> None:
     sock = socket.socket()
     try:

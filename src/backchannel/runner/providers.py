@@ -116,14 +116,18 @@ def _retry_after(exc: Exception) -> float | None:
     return None
 
 
-def _api_error(sdk: Any, vendor: str, exc: Exception) -> ModelError:
+def _api_error(sdk: Any, vendor: str, exc: Exception, key: str = "") -> ModelError:
     """The SDK's error as a :class:`ModelError`: ``retryable`` when it passes, and
     ``retry_after`` (seconds) when the API said how long to wait, which the runner
-    honours before it calls again."""
+    honours before it calls again. A key refused (401, 403: revoked mid-run, say) is
+    told with ``key``, where the key came from: the API's words do not say which of
+    the team's keys to fix, and the agent stops on it."""
     retryable = _retryable(sdk, exc)
     wait = _retry_after(exc) if retryable else None
     if wait is None:
-        return ModelError(f"{vendor} API error: {exc}", retryable=retryable)
+        refused = getattr(exc, "status_code", None) in (401, 403) and key
+        told = f"{vendor} API error: {exc}" + (f" ({key})" if refused else "")
+        return ModelError(told, retryable=retryable)
     return ModelError(
         f"{vendor} API error: {exc} (the API asks to wait {wait:g} s)",
         retryable=retryable,
@@ -139,16 +143,22 @@ def _not_an_answer(api: str, exc: Exception) -> ModelError:
 
 
 async def _answer(
-    request: Awaitable[Any], sdk: Any, vendor: str, api: str, read: Callable[[Any], ModelReply]
+    request: Awaitable[Any],
+    sdk: Any,
+    vendor: str,
+    api: str,
+    read: Callable[[Any], ModelReply],
+    key: str = "",
 ) -> ModelReply:
     """The reply ``read`` makes of what ``request`` (a call of the ``sdk``'s client)
     answers, every way it can fail a :class:`ModelError`: the SDK's errors (retryable when
-    they pass), and an answer that is not ``api``'s (a body that is not JSON, or JSON of
-    another shape: a proxy's page, a body cut short)."""
+    they pass; a refused key told with ``key``, where it came from), and an answer that is
+    not ``api``'s (a body that is not JSON, or JSON of another shape: a proxy's page, a
+    body cut short)."""
     try:
         resp = await request
     except sdk.APIError as exc:
-        raise _api_error(sdk, vendor, exc) from exc
+        raise _api_error(sdk, vendor, exc, key) from exc
     except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
         raise _not_an_answer(api, exc) from exc
     try:
@@ -235,6 +245,8 @@ class AnthropicModel:
             ) from exc
         self.name = model
         self._anthropic = anthropic
+        env = api_key_env or "ANTHROPIC_API_KEY"
+        self._key = f"the API refused the key in {env}: set a valid one there"
         self._client = anthropic.AsyncAnthropic(
             api_key=_api_key(api_key_env, "ANTHROPIC_API_KEY"),
             base_url=base_url,
@@ -303,7 +315,9 @@ class AnthropicModel:
             messages=self._messages(messages),  # type: ignore[arg-type]
             tools=tool_defs,  # type: ignore[arg-type]
         )
-        return await _answer(request, self._anthropic, "Anthropic", "the Messages API", self._reply)
+        return await _answer(
+            request, self._anthropic, "Anthropic", "the Messages API", self._reply, self._key
+        )
 
     @staticmethod
     def _reply(resp: Any) -> ModelReply:
@@ -343,9 +357,16 @@ class OpenAIModel:
             ) from exc
         self.name = model
         self._openai = openai
-        key = os.environ.get(api_key_env or "OPENAI_API_KEY") or ("local" if base_url else None)
+        env = api_key_env or "OPENAI_API_KEY"
+        key = os.environ.get(env) or ("local" if base_url else None)
         if key is None:
             key = _api_key(api_key_env, "OPENAI_API_KEY")
+        self._key = (
+            f"the API refused the key in {env}: set a valid one there"
+            if os.environ.get(env)
+            else f"{env} is not set, so the placeholder key 'local' was sent (a local "
+            "server needs none): set it to the server's key"
+        )
         self._client = openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=max_retries)
 
     @staticmethod
@@ -395,7 +416,12 @@ class OpenAIModel:
             tools=tool_defs or self._openai.NOT_GIVEN,  # type: ignore[arg-type]
         )
         return await _answer(
-            request, self._openai, "OpenAI-compatible", "the Chat Completions API", self._reply
+            request,
+            self._openai,
+            "OpenAI-compatible",
+            "the Chat Completions API",
+            self._reply,
+            self._key,
         )
 
     @staticmethod
