@@ -326,6 +326,60 @@ async def test_the_runner_not_the_sdk_tries_again_what_passes(
         await hub.close()
 
 
+def _error_in_a_200(kind: str) -> dict[str, Any]:
+    """A 200 whose body is an error that passes: what OpenRouter sends when the model
+    failed after it took the request (``error.code`` 502), and a proxy in front of the
+    Messages API its ``overloaded_error``."""
+    if kind == "openai":
+        return {"error": {"code": 502, "message": "Provider returned error"}}
+    return {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_an_error_that_passes_in_a_200_is_tried_again(
+    provider: Callable[[Answer], FakeProvider], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A router that took the request answers 200 when the model fails after it (its
+    status is sent by then), the error in the body. It was taken for no answer of the
+    API at all, with a hint to check base_url, and the agent stopped on an error that
+    passes. It is the API's error: one that passes is tried again, as a 502 is, and an
+    error that does not is told as the API's, not as a proxy page."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    srv = provider(
+        lambda body, n: (
+            (200, _error_in_a_200(kind), {}) if n == 1 else (200, _text_answer(kind, "done"), {})
+        )
+    )
+    hub, runner, user = await _one_agent(kind, srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.model_pause = 0.01
+    try:
+        assert await runner.run("do it", user) == "the team is quiet"
+        loop = runner.loops["w-main"]
+        assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
+        assert len(srv.requests) == 2
+        [tried] = [n for n in notes if "trying again in" in n]
+        assert ("Provider returned error" if kind == "openai" else "Overloaded") in tried, tried
+        assert "base_url" not in tried, tried
+    finally:
+        await hub.close()
+
+
+async def test_an_error_that_does_not_pass_in_a_200_is_the_apis_error(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    srv = provider(lambda body, n: (200, {"error": {"code": 400, "message": "bad tools"}}, {}))
+    hub, runner, user = await _one_agent("openai", srv.url)
+    try:
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert len(srv.requests) == 1
+        failure = runner.loops["w-main"].stats.failure
+        assert "bad tools" in failure and "base_url" not in failure, failure
+    finally:
+        await hub.close()
+
+
 @pytest.mark.parametrize(("kind", "wait"), [("anthropic", 3600), ("openai", 60)])
 async def test_a_rate_limit_longer_than_the_runners_patience_is_not_hammered(
     provider: Callable[[Answer], FakeProvider],

@@ -161,10 +161,43 @@ async def _answer(
         raise _api_error(sdk, vendor, exc, key) from exc
     except ValueError as exc:  # the body is not JSON (json's errors are ValueErrors)
         raise _not_an_answer(api, exc) from exc
+    if (err := _error_in_answer(resp, vendor)) is not None:
+        raise err
     try:
         return read(resp)
     except (AttributeError, TypeError, ValueError) as exc:
         raise _not_an_answer(api, exc) from exc
+
+
+#: Error types of the Messages API that pass (an answer with one of them, or with a
+#: code of 408, 409, 429 or 5xx, is tried again).
+_PASSING_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+
+
+def _error_in_answer(resp: Any, vendor: str) -> ModelError | None:
+    """The error a 200 carries in its body, as the API's error; None for an answer. A
+    router that took the request has sent its status by the time the model fails, so it
+    tells the failure in the body (OpenRouter's ``{"error": {"code": 502, ...}}``; a
+    proxy's ``{"type": "error", "error": {"type": "overloaded_error"}}``): one that
+    passes (by its code or type) is ``retryable``, as the same status would be. Not a
+    page in the way, which the hint of :func:`_not_an_answer` would send the person
+    looking for."""
+    err = getattr(resp, "error", None)
+    if err is None or not (isinstance(err, dict | str) and err):
+        return None
+    if isinstance(err, str):
+        return ModelError(f"{vendor} API error in a 200 answer: {err}")
+    code, kind = err.get("code"), err.get("type")
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    passes = (
+        isinstance(code, int)
+        and not isinstance(code, bool)
+        and (code in (408, 409, 429) or code >= 500)
+    ) or kind in _PASSING_TYPES
+    said = err.get("message") or json.dumps(err)
+    named = f"{code} " if isinstance(code, int) else f"{kind} " if isinstance(kind, str) else ""
+    return ModelError(f"{vendor} API error in a 200 answer: {named}{said}", retryable=passes)
 
 
 def _call_id(block: Any, prefix: str) -> str:
