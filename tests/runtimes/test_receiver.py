@@ -320,6 +320,45 @@ async def test_a_resumed_session_after_it_terminated_continues_as_a_new_one(hub:
     assert (await hub.get_session("t", sid)).state is SessionState.TERMINATED
 
 
+async def test_a_clear_whose_session_end_was_lost_leaves_the_old_session_all_the_same(
+    hub: Hub, clock: FakeClock
+) -> None:
+    """``/clear`` moves the Claude Code process to a new session id. When its
+    ``SessionEnd`` (reason ``clear``) never reached the hub (the hub was restarting, the
+    command hook gave up on it), the old session stayed idle under the same runtime
+    process, whose MCP server's beats kept it alive: a message pinned to it (a link's
+    crossing, a timer) waited as long as the process ran, shown to no model, never a dead
+    letter. The new conversation's ``SessionStart`` (source ``clear``) says the process
+    left it: it exits as a ``SessionEnd`` would have made it, and after the exit grace what
+    waited for it reaches the new conversation, once."""
+    await hub.create_team("t", settings={"anchor_policy": "off", "exit_grace_seconds": 600})
+    await hub.add_member("t", "w", "claude-code")
+    await hub.add_member("t", "lead")
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the one Claude Code process
+    old = session_of("claude-code")
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", **key))
+    await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **key))
+    await call(hub, "t", "w", "claude-code", _stop("claude-code", **key))
+    pinned = await hub.send("t", "lead", "w", "for the old conversation", to_session=old)
+
+    new = "0b7e2f4c-1111-4c2d-9e3f-5a6b7c8d9e0f"
+    start = fixture("claude-code", "SessionStart", source="clear", session_id=new, **key)
+    assert (await call(hub, "t", "w", "claude-code", start)).session == new
+    assert (await hub.get_session("t", old)).state is SessionState.EXITED
+    kept, every = await hub.runtime_alive("t", "w", key["backchannel_runtime"])
+    assert kept == [new]
+    for _ in range(int(600 / every) + 1):  # the process runs on, its MCP server beating
+        clock.advance(every)
+        await hub.runtime_alive("t", "w", key["backchannel_runtime"])
+        await hub.maintain()
+    assert (await hub.get_session("t", old)).state is SessionState.TERMINATED
+    prompt = fixture("claude-code", "UserPromptSubmit", session_id=new, **key)
+    got = await call(hub, "t", "w", "claude-code", prompt)
+    assert pinned.message_id in got.delivered
+    context = got.answer["hookSpecificOutput"]["additionalContext"]
+    assert context.count("for the old conversation") == 1, context
+
+
 async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hub: Hub) -> None:
     await _team(hub)
     sid = session_of("claude-code")

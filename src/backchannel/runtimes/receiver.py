@@ -16,6 +16,8 @@ runtimes are not so tidy, so this layer makes them fit:
   ``/compact`` summary), and the session stays idle at its prompt.
 * ``SessionStart`` with source ``startup``/``resume`` on a session whose turn was running
   recovers it (the process died mid-turn); ``clear``/``compact`` leave the turn alone.
+  ``clear`` exits the member's other sessions under the same runtime process: the
+  process left them, whether or not their ``SessionEnd`` reached the hub.
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
 framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
@@ -175,6 +177,8 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     if ev.kind is HookKind.SESSION_START:
         started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
         await _runs_under(hub, m, started, ev)
+        if ev.detail == "clear":
+            await _left_by_clear(hub, m, started, ev)
         await _settle(hub, m, started, ev)
         if started.state is SessionState.IDLE and LAST_STOP in started.meta:
             # a process (re)started, or its context was rebuilt: a stop after this is a
@@ -272,6 +276,27 @@ async def _runs_under(hub: Hub, m: Member, s: Session, ev: HookEvent) -> None:
     runtime runs (:mod:`backchannel.runtimes.liveness`)."""
     if ev.runtime_key is not None and s.meta.get(RUNTIME_META) != ev.runtime_key:
         await hub.note_runtime(m.team, m.name, s.session_id, ev.runtime_key)
+
+
+async def _left_by_clear(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
+    """``SessionStart`` with source ``clear``: the runtime process moved to a new
+    conversation, so the member's other sessions that ran under it (the command hook
+    says which process it ran under) were left, whether or not their ``SessionEnd``
+    reached the hub: they exit, as that ``SessionEnd`` would have made them. Without it
+    the process's MCP server beats on for them (:mod:`.liveness`), and what was pinned
+    to one (a link's crossing, a timer) waited as long as the process ran, shown to no
+    model and never a dead letter. Exiting is idempotent, and a later event of such a
+    session resumes it."""
+    if ev.runtime_key is None:
+        return
+    for s in await hub.list_sessions(m.team, m.name):
+        if (
+            s.session_id != started.session_id
+            and s.state in (SessionState.IDLE, SessionState.ACTIVE)
+            and s.meta.get(RUNTIME_META) == ev.runtime_key
+        ):
+            reason = f"{ev.runtime} {ev.name} (clear) of {started.session_id}: the process left it"
+            await hub.exit_session(m.team, m.name, s.session_id, reason)
 
 
 def _stop_mark(ev: HookEvent) -> dict[str, str]:
