@@ -183,6 +183,41 @@ async def test_the_pusher_pushes_into_the_idle_session_and_goes_live_on_the_ack(
             await task
 
 
+async def test_after_clear_the_pusher_pushes_into_the_new_conversation(
+    live_hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/clear`` moves Claude Code to a new session id, but its MCP server keeps the
+    ``CLAUDE_CODE_SESSION_ID`` it was started with, the old one: the pusher went on
+    looking at the old conversation's session, exited, and pushed nothing into the new
+    conversation until that session ended an exit grace later (an hour by default). The
+    beat names the sessions that run under the server's runtime process: the new one."""
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the one Claude Code process
+    monkeypatch.setenv("CLAUDE_CODE_SESSION_ID", SID)
+    start = fixture("claude-code", "SessionStart", **key)
+    await call(live_hub, "t", "w", "claude-code", start)
+    pushed: list[tuple[str, dict[str, str]]] = []
+    pusher = await _pusher(live_hub, pushed, confirm_s=10)
+    task = asyncio.create_task(pusher.run())
+    try:
+        await call(live_hub, "t", "w", "claude-code", fixture("claude-code", "SessionEnd"))
+        new = "0b7e2f4c-1111-4c2d-9e3f-5a6b7c8d9e0f"
+        cleared = {**start, "source": "clear", "session_id": new}
+        await call(live_hub, "t", "w", "claude-code", cleared)
+        # the server's next beat, as :func:`backchannel.interfaces.mcp.beat` makes it
+        pusher.runs_here((await live_hub.runtime_alive("t", "w", key["backchannel_runtime"]))[0])
+        r = await live_hub.send("t", "lead", "w", "wake the new one")
+        await eventually(lambda: pushed, what="a push into the new conversation")
+        assert pushed[0][1]["message_id"] == r.message_id
+        prompt = f"{_tag(r.message_id)}\n{pushed[0][0]}\n</channel>"
+        shown = fixture("claude-code", "UserPromptSubmit", session_id=new, prompt=prompt)
+        await call(live_hub, "t", "w", "claude-code", shown)
+        assert await _state(live_hub, r.message_id) == ("acked", 1)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def test_a_busy_session_gets_no_push(ready: Hub) -> None:
     pushed: list[tuple[str, dict[str, str]]] = []
     await call(ready, "t", "w", "claude-code", fixture("claude-code", PROMPT_EVENT["claude-code"]))

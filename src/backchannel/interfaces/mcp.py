@@ -1011,7 +1011,7 @@ async def serve_stdio(
             tasks = [
                 asyncio.create_task(channel()),
                 asyncio.create_task(refuse()),
-                asyncio.create_task(beat(client)),
+                asyncio.create_task(beat(client, runs_here=pusher.runs_here)),
             ]
             try:
                 await server.run(read, write, init_options(server))
@@ -1024,7 +1024,12 @@ async def serve_stdio(
                         await task
 
 
-async def beat(client: Client, parent: int | None = None) -> None:
+async def beat(
+    client: Client,
+    parent: int | None = None,
+    *,
+    runs_here: Callable[[list[str]], None] | None = None,
+) -> None:
     """Tell the hub, while the runtime that started this server runs, that it does:
     the member's sessions that run under it are alive, idle at their prompt or in one
     long tool call (:mod:`backchannel.runtimes.liveness`). Stops when the parent goes (a
@@ -1038,7 +1043,9 @@ async def beat(client: Client, parent: int | None = None) -> None:
     It beats for the few nearest ancestors that are neither shells nor known launchers
     (:func:`~backchannel.runtimes.liveness.runtime_keys`), each only while it runs: one
     started through a launcher that stays as its parent (``timeout``, a wrapper script)
-    still beats for the runtime above it, which its hooks name."""
+    still beats for the runtime above it, which its hooks name. ``runs_here`` is told
+    the sessions each round's answers name (the channel pusher's target after a
+    ``/clear``)."""
     parent = os.getppid() if parent is None else parent
     keys = await asyncio.to_thread(liveness.runtime_keys, parent)
     if not keys:
@@ -1047,13 +1054,19 @@ async def beat(client: Client, parent: int | None = None) -> None:
     every = ALIVE_STEP_S
     while os.getppid() == parent:
         paces = []
+        vouched: list[str] = []
         for key in await asyncio.to_thread(lambda: [k for k in keys if liveness.running(k)]):
             try:
-                paces.append((await client.runtime_alive(key)).next_in)
+                alive = await client.runtime_alive(key)
             except Exception as exc:  # the tools go on; the next beat tries again
                 log.debug("beat for %s: %s", key, exc)
+                continue
+            paces.append(alive.next_in)
+            vouched.extend(alive.sessions)
         if paces:
             every = min(paces)
+            if runs_here is not None:
+                runs_here(vouched)
         await asyncio.sleep(max(MIN_BEAT_S, every))
 
 

@@ -77,6 +77,9 @@ class ChannelPusher:
         # the Claude Code session that started this server, when it says (a resumed one
         # continues on the hub as <id>.2, <id>.3...)
         self._runtime_session = os.environ.get("CLAUDE_CODE_SESSION_ID") or None
+        # the sessions the server's beat says run under its runtime process (its last
+        # answer): after a /clear, the new conversation's, which the id above is not
+        self._here: frozenset[str] = frozenset()
         self._lease_s = lease_s
         self._confirm_s = confirm_s
         self._poll_s = poll_s
@@ -131,6 +134,11 @@ class ChannelPusher:
             if self.live is None:
                 await self._probation([m.message_id for m in fresh])
 
+    def runs_here(self, sessions: Iterable[str]) -> None:
+        """The sessions that run under this server's runtime process now, as its beat
+        was answered (:func:`backchannel.interfaces.mcp.beat`)."""
+        self._here = frozenset(sessions)
+
     async def _holding(self, spell: object) -> bool:
         """Only notices wait, and nothing came since (in this same idle spell)."""
         if self._hold is None or self._hold[0] != spell:
@@ -145,9 +153,11 @@ class ChannelPusher:
         return False
 
     async def _target(self) -> SessionInfo | None:
-        """The session to push into: the one named, else the live one of the Claude Code
-        session that started this server, else the member's most recently active live
-        session (delegation sub-sessions aside)."""
+        """The session to push into: the one named, else one the beat says runs under
+        this server's runtime process, else the live one of the Claude Code session that
+        started this server, else the member's most recently active live session
+        (delegation sub-sessions aside). The beat comes first: ``/clear`` gives the
+        process a new session id, and the one it was started with is left exited."""
         try:
             found = await self._client.list_sessions(self._member)
         except BackchannelError:
@@ -160,6 +170,13 @@ class ChannelPusher:
             for s in mine
             if s.get("state") != "terminated" and "--" not in str(s.get("session_id"))
         ]
+        here = [
+            s
+            for s in live
+            if s.get("session_id") in self._here and s.get("state") in ("idle", "active")
+        ]
+        if here:
+            return max(here, key=lambda s: float(s.get("updated_at") or 0))
         rt = self._runtime_session
         if rt is not None:
             live = [
