@@ -69,10 +69,11 @@ def proxy() -> Iterator[RefusingProxy]:
         p.close()
 
 
-def _team(hub: Server) -> dict[str, str]:
+def _team(hub: Server, **settings: Any) -> dict[str, str]:
     tokens = {}
     with hub.client() as c:
-        c.post("/v1/teams", json={"name": "demo"}).raise_for_status()
+        body = {"name": "demo", **({"settings": settings} if settings else {})}
+        c.post("/v1/teams", json=body).raise_for_status()
         for name in ("lead", "worker"):
             r = c.post("/v1/teams/demo/members", json={"name": name, "kind": "claude-code"})
             r.raise_for_status()
@@ -192,6 +193,44 @@ def test_idle_session_is_woken_by_a_channel_push_and_shown_it_once(
     print(f"\nchannel push to model request: {woke_in:.2f} s just after start (the MCP")
     print(f"server still connecting), {woke_again_in:.2f} s when idle after a turn")
     assert {a.split()[1] for a in proxy.attempts} <= CLI_OWN_SERVICES, proxy.attempts
+
+
+def test_after_clear_a_channel_push_wakes_the_new_conversation(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """``/clear`` gives the conversation a new session id, but the MCP server keeps the
+    ``CLAUDE_CODE_SESSION_ID`` it was started with: it pushed only into the old session,
+    exited, until that ended an exit grace later. It pushes into the session its beat
+    names (at most a beat later: a third of this team's 120 s grace), well before."""
+    tokens = _team(hub, exit_grace_seconds=120)
+    project = tmp_path / "worker"
+    _attach(hub, project)
+    env = cli_env(_home(tmp_path, project, flags=True), "", proxy, **QUIET)
+    env["BACKCHANNEL_TOKEN"] = tokens["worker"]
+    with FakeAnthropic([], fallback="Noted.") as api:
+        env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(project, env, *DEV_CHANNEL) as pane:
+            pane.wait_for("I am using this for local development")
+            pane.enter()
+            old = wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session")
+            pane.type("/clear")
+
+            def fresh() -> dict[str, Any] | None:
+                live = _get(hub, tokens["worker"], "/v1/sessions", member="worker")["sessions"]
+                new = [s for s in live if s["session_id"] != old["session_id"]]
+                return new[0] if new and new[0]["state"] == "idle" else None
+
+            new = wait_until(fresh, 60, "the new conversation's session", pane)
+            mid = _send(hub, tokens["lead"], "worker", "MARK-AFTER-CLEAR: wake up")
+            # nothing typed: a push alone starts the new conversation's turn
+            (req,) = wait_until(lambda: _asking(api, "MARK-AFTER-CLEAR"), 80, "the push", pane)
+            assert f'<channel source="backchannel" message_id="{mid}"' in last_user_text(req)
+            wait_until(lambda: _copy(hub, tokens["worker"], mid)["state"] == "acked", 30, "ack")
+            sid = new["session_id"]
+            events = _get(hub, tokens["worker"], f"/v1/sessions/{sid}/transcript")["events"]
+            assert any(e["kind"] == "turn_start" for e in events)
+            state = _get(hub, tokens["worker"], f"/v1/sessions/{old['session_id']}")["state"]
+            assert state == "exited"  # the push came before the old session's end
 
 
 def test_without_channels_the_stop_route_still_delivers(
