@@ -498,6 +498,10 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX delegations_team",  # schema 20
+        "DROP INDEX delegations_caller",
+        "DROP INDEX delegations_callee",
+        "DELETE FROM schema_migrations WHERE version = 20",
         "DROP INDEX sessions_team",  # schema 19
         "DROP INDEX links_team",
         "DROP INDEX links_team_open",
@@ -524,6 +528,10 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX delegations_team",  # schema 20
+        "DROP INDEX delegations_caller",
+        "DROP INDEX delegations_callee",
+        "DELETE FROM schema_migrations WHERE version = 20",
         "DROP INDEX sessions_team",  # schema 19
         "DROP INDEX links_team",
         "DROP INDEX links_team_open",

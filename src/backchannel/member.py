@@ -348,19 +348,31 @@ class MemberApi:
         )
         return Delegation.model_validate(d.to_json())
 
-    async def delegations(self, *, member: str | None = None) -> DelegationList:
-        """The delegations this member made or was asked (``member``: only those that
-        member is in too); the team's human sees every one of the team's (see
+    async def delegations(
+        self, *, member: str | None = None, after: str | None = None, limit: int = PAGE
+    ) -> DelegationList:
+        """A page of the delegations this member made or was asked (``member``: only
+        those that member is in too), in the order they were made: at most ``limit``
+        after delegation ``after``; ``next_after`` is where the next page starts (None:
+        this was the last). The team's human sees every one of the team's (see
         docs/decisions.md, "Who sees a delegation")."""
         if self.name == USER:
-            found = await self.hub.list_delegations(self.team, member=member)
+            found = await self.hub.list_delegations(
+                self.team, member=member, after=after, limit=limit + 1
+            )
         else:
-            found = [
-                d
-                for d in await self.hub.list_delegations(self.team, member=self.name)
-                if member is None or member in (d.caller, d.callee)
-            ]
-        return DelegationList(delegations=[Delegation.model_validate(d.to_json()) for d in found])
+            found = await self.hub.list_delegations(
+                self.team,
+                member=self.name,
+                peer=None if member == self.name else member,
+                after=after,
+                limit=limit + 1,
+            )
+        page = found[:limit]
+        return DelegationList(
+            delegations=[Delegation.model_validate(d.to_json()) for d in page],
+            next_after=page[-1].delegation_id if len(found) > limit else None,
+        )
 
     async def delegation(self, delegation_id: str) -> Delegation:
         """One delegation this member made or was asked (any of the team's, for its

@@ -702,6 +702,9 @@ class Delegation(_Out):
 
 class DelegationList(_Out):
     delegations: list[Delegation]
+    #: the last delegation id of this page when more follow: ask again with ``after``
+    #: set to it (None: this page is the last)
+    next_after: str | None = None
 
 
 class ChatAccepted(_Out):

@@ -58,6 +58,9 @@ BOUNDED_TEAM_READS = {
     "FROM links WHERE team = ? ORDER BY created_at, link_id LIMIT ?": (
         "the first page of a team's links: as many index entries as the LIMIT"
     ),
+    "FROM delegations WHERE team = ? ORDER BY created_at, delegation_id LIMIT ?": (
+        "the first page of a team's delegations: as many index entries as the LIMIT"
+    ),
 }
 
 
@@ -153,6 +156,12 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.report_event("t", "lead", "lead-s", "turn_start")
     await hub.delegate("t", "lead", "lead-s", "counter", "count the files", tool_use_id="tu_1")
     await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+    # the delegations a page at a time (GET /v1/delegations: the team's, a member's,
+    # those between two members)
+    dels = await hub.list_delegations("t", limit=2)
+    await hub.list_delegations("t", after=dels[0].delegation_id, limit=2)
+    await hub.list_delegations("t", member="lead", after=dels[0].delegation_id, limit=2)
+    await hub.list_delegations("t", member="lead", peer="counter", limit=2)
     for s in await hub.list_sessions("t", "counter"):
         got = await hub.receive("t", "counter", session=s.session_id, limit=5)
         for g in got:
@@ -343,6 +352,8 @@ PG_CHECKS = {
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101",
     "links_team_open": "SELECT link_id FROM links WHERE team = 't' AND state = 'open' "
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101",
+    "delegations_team": "SELECT delegation_id FROM delegations WHERE team = 't' "
+    "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id LIMIT 101",
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND callee_session = 'c-s' AND state IN ('pending', 'timed_out') "
     "ORDER BY created_at, delegation_id LIMIT 1",
@@ -358,6 +369,12 @@ PG_ORDERED = {
     "FROM links WHERE team = 't' AND responder = 'a' AND initiator != 'a' "
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101) "
     "ORDER BY created_at, link_id LIMIT 101",
+    "a member's delegations, a page": "(SELECT delegation_id, created_at FROM delegations "
+    "WHERE team = 't' AND caller = 'a' AND (created_at, delegation_id) > (0, 'd') "
+    "ORDER BY created_at, delegation_id LIMIT 101) UNION ALL (SELECT delegation_id, "
+    "created_at FROM delegations WHERE team = 't' AND callee = 'a' AND caller != 'a' "
+    "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id "
+    "LIMIT 101) ORDER BY created_at, delegation_id LIMIT 101",
     "a member's sessions, a page": "SELECT session_id FROM sessions WHERE team = 't' "
     "AND member = 'a' AND (created_at, session_id) > (0, 'a') "
     "ORDER BY created_at, session_id LIMIT 101",

@@ -1001,16 +1001,53 @@ class Client:
         got: Delegation = await self._do(call)
         return got
 
-    async def delegations(self, *, member: str | None = None) -> list[Delegation]:
-        call = Call(
-            "GET",
-            "/v1/delegations",
-            lambda s: s.member.delegations(member=member),
-            DelegationList,
-            params=_given(member=member),
-        )
-        got: DelegationList = await self._do(call)
-        return got.delegations
+    async def delegations(
+        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> list[Delegation]:
+        """The delegations you made or were asked (``member``: only those that member is
+        in too; the team's human: every one of the team's), in the order they were made:
+        at most ``limit`` after delegation ``after`` (every one when ``limit`` is None,
+        read from the hub a bounded page at a time)."""
+        out: list[Delegation] = []
+        async for page in self.delegation_pages(member=member, after=after, limit=limit):
+            out.extend(page.delegations)
+        return out
+
+    async def delegation_pages(
+        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[DelegationList]:
+        """The pages of your delegations, each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` delegations (all
+        when None) were given; each page's ``next_after`` says where the next one starts."""
+        if after is not None and (not isinstance(after, str) or not after):
+            raise InvalidRequest(
+                f"after is a delegation id (the last one you listed), not {after!r}",
+                field="after",
+            )
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidRequest(
+                f"limit is how many delegations to list (1 or more, or None for all), "
+                f"not {limit!r}",
+                field="limit",
+            )
+        given = 0
+        while limit is None or given < limit:
+            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
+            call: Call[DelegationList] = Call(
+                "GET",
+                "/v1/delegations",
+                functools.partial(_member_delegations, member, after, n),
+                DelegationList,
+                params={"limit": n, **_given(member=member, after=after)},
+            )
+            got: DelegationList = await self._do(call)
+            given += len(got.delegations)
+            yield got
+            if got.next_after is None:
+                break
+            after = got.next_after
 
     async def delegation(self, delegation_id: str) -> Delegation:
         call = Call(
@@ -1129,3 +1166,10 @@ def _check_page(after: str | None, limit: int | None, what: str) -> None:
             f"limit is how many {what}s to list (1 or more, or None for all), not {limit!r}",
             field="limit",
         )
+
+
+async def _member_delegations(
+    member: str | None, after: str | None, limit: int, s: Scope
+) -> DelegationList:
+    """One page of delegations, in-process."""
+    return await s.member.delegations(member=member, after=after, limit=limit)

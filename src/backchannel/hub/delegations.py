@@ -46,6 +46,7 @@ from backchannel.hub.outbox import Outbox
 from backchannel.hub.pipeline import Pipeline
 from backchannel.hub.quotas import Quotas
 from backchannel.hub.timers import Timers
+from backchannel.stores.base import Tx
 from backchannel.types import (
     Delegation,
     DelegationState,
@@ -331,8 +332,39 @@ class Delegations:
         of one (:meth:`CallbackConfig.resolve`)."""
         return len(await self.store.read(lambda tx: tx.list_teams()))
 
-    async def list_delegations(self, team: str, *, member: str | None = None) -> list[Delegation]:
-        return await self.store.read(lambda tx: tx.list_delegations(team, member=member))
+    async def list_delegations(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        peer: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Delegation]:
+        """A team's delegations (or a member's, with ``peer`` only those between the two),
+        in the order they were made: those made after delegation ``after`` (the last one
+        of the page before), at most ``limit`` (all when None). Delegations that ended
+        long ago are pruned, so a cursor left that long names none: it is refused, and
+        the list is read again from its start."""
+
+        def read(tx: Tx) -> list[Delegation]:
+            start = None
+            if after is not None:
+                last = tx.get_delegation(team, after)
+                # one the member is not in was never on its pages (and is not its to see)
+                if last is None or (
+                    member is not None and member not in (last.caller, last.callee)
+                ):
+                    raise InvalidRequest(
+                        f"after names no delegation of yours in team {team!r} ({after!r}); "
+                        "give the last delegation id of the page before, or none to start "
+                        "again from the first page (one that ended long ago is forgotten)",
+                        field="after",
+                    )
+                start = (last.created_at, last.delegation_id)
+            return tx.list_delegations(team, member=member, peer=peer, after=start, limit=limit)
+
+        return await self.store.read(read)
 
     async def get_delegation(self, team: str, delegation_id: str) -> Delegation:
         d = await self.store.read(lambda tx: tx.get_delegation(team, delegation_id))

@@ -68,7 +68,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -522,10 +522,19 @@ class Tx(Protocol):
         start and deadline (moved with a step of the wall clock)."""
 
     def list_delegations(
-        self, team: str, *, batch: str | None = None, member: str | None = None
+        self,
+        team: str,
+        *,
+        batch: str | None = None,
+        member: str | None = None,
+        peer: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
-        """A team's delegations (of one batch, or where a member is caller or callee),
-        oldest first."""
+        """A team's delegations (of one batch, or where a member is caller or callee, and
+        with ``peer`` only those between the member and that peer), oldest first: those
+        whose ``(created_at, delegation_id)`` comes after ``after`` (a page's start), at
+        most ``limit``, read from an index in that order."""
         ...
 
     def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:

@@ -799,7 +799,14 @@ class MemoryTx:
         self._set(self._d.delegations, (d.team, d.delegation_id), d)
 
     def list_delegations(
-        self, team: str, *, batch: str | None = None, member: str | None = None
+        self,
+        team: str,
+        *,
+        batch: str | None = None,
+        member: str | None = None,
+        peer: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
         found = [
             d
@@ -807,8 +814,10 @@ class MemoryTx:
             if t == team
             and (batch is None or d.batch == batch)
             and (member is None or member in (d.caller, d.callee))
+            and (peer is None or peer in (d.caller, d.callee))
+            and (after is None or (d.created_at, d.delegation_id) > after)
         ]
-        return sorted(found, key=lambda d: (d.created_at, d.delegation_id))
+        return sorted(found, key=lambda d: (d.created_at, d.delegation_id))[:limit]
 
     def spend_token(self, jti: str, expires_at: float) -> bool:
         if jti in self._d.spent:

@@ -170,6 +170,22 @@ async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
             lambda tx: [d.delegation_id for d in tx.list_delegations("alpha", member="w")]
         )
         assert mine == ["d1", "d2"]
+
+        def page(**kw: Any) -> Any:
+            return store.read(
+                lambda tx: [d.delegation_id for d in tx.list_delegations("alpha", **kw)]
+            )
+
+        # a page starts after the key of the page before, read in the order made, a
+        # member's from both sides and, with a peer, only those between the two
+        assert await page(limit=1) == ["d1"]
+        assert await page(after=(T0, "d1"), limit=1) == ["d2"]
+        assert await page(after=(T0 + 1, "d2"), limit=1) == []
+        assert await page(member="w", after=(T0, "d1"), limit=5) == ["d2"]
+        assert await page(member="lead", limit=5) == ["d1"]
+        assert await page(member="w", peer="lead") == ["d1"]
+        assert await page(member="w", peer="hubA", limit=5) == ["d2"]
+        assert await page(member="lead", peer="hubA", limit=5) == []
         assert await store.transact(lambda tx: tx.spend_token("jti-1", T0 + 60)) is True
         assert await store.transact(lambda tx: tx.spend_token("jti-1", T0 + 60)) is False
         job = Job("alpha", "outbox", T0 + 1, T0, None, {"attempt": 0})
@@ -185,6 +201,9 @@ async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
             **{**fields_of(d1), "delegation_id": "d4", "tool_use_id": "tu_4", "created_at": T0 + 2}
         )
         await store.transact(lambda tx: tx.insert_delegation(d4))
+        # one made after a page was read is on the next page, none before it moved
+        assert await page(after=(T0 + 1, "d2"), limit=5) == ["d4"]
+        assert await page(member="lead", after=(T0, "d1"), limit=1) == ["d4"]
         by_callee = await store.read(
             lambda tx: tx.find_delegation("alpha", callee_session="lead-s--tu_1")
         )

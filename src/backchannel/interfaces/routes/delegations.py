@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.interfaces.routes.deps import AsMember
 from backchannel.interfaces.wire import ItemId, MemberQuery, StrictRoute
 from backchannel.models import DelegateIn, Delegation, DelegationList
+from backchannel.types import MESSAGE_ID_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["delegation"])
 
@@ -42,8 +44,20 @@ async def delegate(body: DelegateIn, api: AsMember) -> Response:
 
 
 @router.get("/v1/delegations")
-async def list_delegations(api: AsMember, member: MemberQuery = None) -> DelegationList:
-    return await api.delegations(member=member)
+async def list_delegations(
+    api: AsMember,
+    member: MemberQuery = None,
+    after: Annotated[
+        str | None,
+        Query(pattern=MESSAGE_ID_PATTERN, description="the next_after of the page before"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
+) -> DelegationList:
+    """The delegations you made or were asked (the team's human: all of the team's), in
+    the order they were made, a page at a time: at most ``limit``, after delegation
+    ``after``; the answer's ``next_after`` is where the next page starts (null: this
+    page is the last)."""
+    return await api.delegations(member=member, after=after, limit=limit)
 
 
 @router.get("/v1/delegations/{delegation_id}")

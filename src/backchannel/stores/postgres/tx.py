@@ -693,9 +693,18 @@ class PgTx(PgTransaction, LifecycleSql):
         return self._exec(Q.prune_delegations, args, team).rowcount
 
     def list_delegations(
-        self, team: str, *, batch: str | None = None, member: str | None = None
+        self,
+        team: str,
+        *,
+        batch: str | None = None,
+        member: str | None = None,
+        peer: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
-        sql, args = delegations_query(DEL_COLS, team, batch, member)
+        sql, args = delegations_query(
+            DEL_COLS, team, batch, member, peer, after, limit, parenthesized=True
+        )
         return [delegation(r) for r in self._all(pg(sql), args, team)]
 
     # -- inbox files read back -----------------------------------------------

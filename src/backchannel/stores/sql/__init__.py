@@ -142,15 +142,55 @@ def jobs_query(
 
 
 def delegations_query(
-    cols: str, team: str, batch: str | None, member: str | None
+    cols: str,
+    team: str,
+    batch: str | None,
+    member: str | None,
+    peer: str | None = None,
+    after: tuple[float, str] | None = None,
+    limit: int | None = None,
+    *,
+    parenthesized: bool = False,
 ) -> tuple[str, list[Any]]:
-    """:meth:`Tx.list_delegations`: only the filters in use are named."""
+    """:meth:`Tx.list_delegations`: only the filters in use are named. A member's are
+    one indexed search per side (``delegations_caller``, ``delegations_callee``: an
+    ``OR`` of the two would read every delegation of the team), merged in the order both
+    give, as for links; the team's page is read from ``delegations_team``. ``after`` is
+    a row-value bound, as for sessions."""
     sql = f"SELECT {cols} FROM delegations WHERE team = ?"
     args: list[Any] = [team]
     if batch is not None:
         sql += " AND batch = ?"
         args.append(batch)
-    if member is not None:
-        sql += " AND (caller = ? OR callee = ?)"
-        args += [member, member]
-    return sql + " ORDER BY created_at, delegation_id", args
+    start = " AND (created_at, delegation_id) > (?, ?)" if after is not None else ""
+    bound: list[Any] = list(after) if after is not None else []
+    order = " ORDER BY created_at, delegation_id"
+    page = " LIMIT ?" if limit is not None else ""
+    most: list[Any] = [limit] if limit is not None else []
+    if member is None:
+        return sql + start + order + page, args + bound + most
+    mine = f"{sql} AND caller = ?"
+    theirs = f"{sql} AND callee = ? AND caller != ?"
+    mine_args = [*args, member]
+    theirs_args = [*args, member, member]
+    if peer is not None:
+        mine += " AND callee = ?"
+        theirs += " AND caller = ?"
+        mine_args.append(peer)
+        theirs_args.append(peer)
+    mine += start
+    theirs += start
+    if parenthesized and limit is not None:
+        # PostgreSQL merges the two ordered index scans (a Merge Append) only when each
+        # side is ordered and limited itself
+        return (
+            f"({mine}{order}{page}) UNION ALL ({theirs}{order}{page}){order}{page}",
+            [*mine_args, *bound, *most, *theirs_args, *bound, *most, *most],
+        )
+    return f"{mine} UNION ALL {theirs}{order}{page}", [
+        *mine_args,
+        *bound,
+        *theirs_args,
+        *bound,
+        *most,
+    ]

@@ -367,6 +367,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX links_team ON links (team, created_at, link_id);
     CREATE INDEX links_team_open ON links (team, created_at, link_id) WHERE state = 'open';
     """,
+    # 20: a team's delegations in the order they were made, and a member's from either
+    #     side, so a page of GET /v1/delegations (after the last one of the page before)
+    #     is an index search, not a sort of every delegation the team kept; a turn's
+    #     batch is read in that order too (else the planner would take the team's order
+    #     over the batch's rows)
+    """
+    CREATE INDEX delegations_team ON delegations (team, created_at, delegation_id);
+    CREATE INDEX delegations_caller ON delegations (team, caller, created_at, delegation_id);
+    CREATE INDEX delegations_callee ON delegations (team, callee, created_at, delegation_id);
+    DROP INDEX delegations_batch;
+    CREATE INDEX delegations_batch ON delegations (team, batch, created_at, delegation_id);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

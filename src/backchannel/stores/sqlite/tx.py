@@ -866,9 +866,16 @@ class SqliteTx(LifecycleSql):
         )  # fmt: skip
 
     def list_delegations(
-        self, team: str, *, batch: str | None = None, member: str | None = None
+        self,
+        team: str,
+        *,
+        batch: str | None = None,
+        member: str | None = None,
+        peer: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
-        sql, args = delegations_query(DEL_COLS, team, batch, member)
+        sql, args = delegations_query(DEL_COLS, team, batch, member, peer, after, limit)
         return [delegation(r) for r in self._c.execute(sql, args)]
 
     def spend_token(self, jti: str, expires_at: float) -> bool:
