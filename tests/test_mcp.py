@@ -356,6 +356,38 @@ async def test_set_timer_takes_the_range_of_every_other_way_to_set_one(
             )
 
 
+async def test_list_members_answers_a_bounded_page_and_reads_on_past_it(
+    srv: Server, errlog: TextIO
+) -> None:
+    """A big team's members are not all poured into the model's context: an answer
+    names at most LIST_MEMBERS_SHOWN, by name, with their open sessions, and says how to
+    read the next page; the pages together name every member once."""
+    from backchannel.interfaces.mcp import LIST_MEMBERS_SHOWN
+
+    names = [f"w{i:03d}" for i in range(LIST_MEMBERS_SHOWN + 5)]
+    tokens = make_team(srv, "many-members", *names)
+    with srv.client(tokens["w051"]) as c:
+        c.post("/v1/sessions", json={"session_id": "w051-1"}).raise_for_status()
+    async with connect("http", srv, tokens["w000"], None, errlog) as s:
+        seen: list[str] = []
+        args: dict[str, object] = {}
+        while True:
+            listed, data = await ok(s, "list_members", **args)
+            lines = listed.splitlines()
+            assert len(data["members"]) <= LIST_MEMBERS_SHOWN
+            seen += [m["name"] for m in data["members"]]
+            if data["next_after"] is None:
+                assert not any("More follow" in line for line in lines)
+                break
+            assert lines[-1] == (
+                f'More follow: call list_members(after="{data["next_after"]}") for the next '
+                f"{LIST_MEMBERS_SHOWN}."
+            )
+            args = {"after": data["next_after"]}
+        assert "- w051, llm; sessions: w051-1 (idle)" in listed  # its sessions, on its page
+    assert seen == sorted([*names, "user"])
+
+
 async def test_list_timers_answers_a_bounded_page_and_reads_on_past_it(
     srv: Server, errlog: TextIO
 ) -> None:

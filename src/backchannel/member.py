@@ -127,8 +127,10 @@ class MemberApi:
         m = self.member
         return Me(admin=False, team=m.team, name=m.name, kind=m.kind.value)
 
-    async def members(self) -> MemberList:
-        return await _members(self.hub, self.team)
+    async def members(self, *, after: str | None = None, limit: int = PAGE) -> MemberList:
+        """A page of the team's members by name: at most ``limit`` after the name
+        ``after``; ``next_after`` is where the next page starts (None: this was the last)."""
+        return await _members(self.hub, self.team, after=after, limit=limit)
 
     # -- messages --------------------------------------------------------------------
     async def send(
@@ -625,8 +627,10 @@ class AdminApi:
             settings=dict(m.settings),
         )
 
-    async def members(self, team: str) -> MemberList:
-        return await _members(self.hub, team, delivery=True)
+    async def members(
+        self, team: str, *, after: str | None = None, limit: int = PAGE
+    ) -> MemberList:
+        return await _members(self.hub, team, delivery=True, after=after, limit=limit)
 
     async def rotate_token(self, team: str, name: str) -> TokenRotated:
         token = await self.hub.rotate_token(team, name)
@@ -678,10 +682,19 @@ def redact_delivery(setting: Any, *, _all: bool = False) -> Any:
     return setting
 
 
-async def _members(hub: Hub, team: str, *, delivery: bool = False) -> MemberList:
-    """The team's members; with ``delivery`` (for the admin), each one's delivery
-    setting, redacted (:func:`redact_delivery`)."""
-    members = await hub.list_members(team)
+async def _members(
+    hub: Hub,
+    team: str,
+    *,
+    delivery: bool = False,
+    after: str | None = None,
+    limit: int = PAGE,
+) -> MemberList:
+    """A page of the team's members by name (at most ``limit`` after the name
+    ``after``); with ``delivery`` (for the admin), each one's delivery setting, redacted
+    (:func:`redact_delivery`)."""
+    found = await hub.list_members(team, after=after, limit=limit + 1)
+    members = found[:limit]
     states = await hub.member_states(team)  # from Claude Code inbox traffic
     await hub.push_circuits.refresh(0)  # whichever hub found a target down
     return MemberList.model_validate(
@@ -700,7 +713,8 @@ async def _members(hub: Hub, team: str, *, delivery: bool = False) -> MemberList
                     ),
                 }
                 for m in members
-            ]
+            ],
+            "next_after": members[-1].name if len(found) > limit else None,
         }
     )
 

@@ -458,6 +458,9 @@ class MemberInfo(_Out):
 
 class MemberList(_Out):
     members: list[MemberInfo]
+    #: the last member name of this page when more follow: ask again with ``after`` set
+    #: to it (None: this page is the last)
+    next_after: str | None = None
 
 
 class TokenRotated(_Out):

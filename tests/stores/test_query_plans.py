@@ -162,6 +162,9 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.list_delegations("t", after=dels[0].delegation_id, limit=2)
     await hub.list_delegations("t", member="lead", after=dels[0].delegation_id, limit=2)
     await hub.list_delegations("t", member="lead", peer="counter", limit=2)
+    # and the members (GET /v1/teams/{team}/members)
+    await hub.list_members("t", limit=2)
+    await hub.list_members("t", after="a", limit=2)
     for s in await hub.list_sessions("t", "counter"):
         got = await hub.receive("t", "counter", session=s.session_id, limit=5)
         for g in got:
@@ -352,6 +355,8 @@ PG_CHECKS = {
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101",
     "links_team_open": "SELECT link_id FROM links WHERE team = 't' AND state = 'open' "
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101",
+    "members_pkey": "SELECT name FROM members WHERE team = 't' AND name > 'a' "
+    "ORDER BY name LIMIT 101",
     "delegations_team": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id LIMIT 101",
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "

@@ -259,20 +259,52 @@ class Client:
         got: MemberUpdated = await self._do(call)
         return got
 
-    async def members(self, team: str | None = None) -> list[MemberInfo]:
-        """The members of ``team`` (a member: of its own team, the default)."""
+    async def members(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[MemberInfo]:
+        """The members of ``team`` (a member: of its own team, the default), by name: at
+        most ``limit`` after the name ``after`` (every one when ``limit`` is None, read
+        from the hub a bounded page at a time)."""
+        out: list[MemberInfo] = []
+        async for page in self.member_pages(team, after=after, limit=limit):
+            out.extend(page.members)
+        return out
+
+    async def member_pages(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[MemberList]:
+        """The pages of ``team``'s members, each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` members (all when
+        None) were given; each page's ``next_after`` says where the next one starts."""
+        if after is not None and (not isinstance(after, str) or not after):
+            raise InvalidRequest(
+                f"after is a member name (the last one you listed), not {after!r}",
+                field="after",
+            )
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidRequest(
+                f"limit is how many members to list (1 or more, or None for all), not {limit!r}",
+                field="limit",
+            )
         name = await self._team(team)
-
-        async def local(s: Scope) -> MemberList:
-            s.need_team(name)
-            if not s.is_admin:
-                return await s.member.members()
-            return await s.admin.members(name)
-
-        got: MemberList = await self._do(
-            Call("GET", f"/v1/teams/{_q(name)}/members", local, MemberList)
-        )
-        return got.members
+        given = 0
+        while limit is None or given < limit:
+            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
+            call: Call[MemberList] = Call(
+                "GET",
+                f"/v1/teams/{_q(name)}/members",
+                functools.partial(_team_members, name, after, n),
+                MemberList,
+                params={"limit": n, **_given(after=after)},
+            )
+            got: MemberList = await self._do(call)
+            given += len(got.members)
+            yield got
+            if got.next_after is None:
+                break
+            after = got.next_after
 
     async def rotate_token(self, team: str, name: str) -> TokenRotated:
         """Give a member a new token (in the answer only); the old one fails at once.
@@ -1173,3 +1205,11 @@ async def _member_delegations(
 ) -> DelegationList:
     """One page of delegations, in-process."""
     return await s.member.delegations(member=member, after=after, limit=limit)
+
+
+async def _team_members(team: str, after: str | None, limit: int, s: Scope) -> MemberList:
+    """One page of a team's members, in-process."""
+    s.need_team(team)
+    if not s.is_admin:
+        return await s.member.members(after=after, limit=limit)
+    return await s.admin.members(team, after=after, limit=limit)

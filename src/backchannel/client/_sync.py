@@ -28,6 +28,7 @@ from backchannel.models import (
     Me,
     MemberCreated,
     MemberInfo,
+    MemberList,
     MemberUpdated,
     MessageIn,
     MessageReport,
@@ -190,9 +191,20 @@ class SyncClient:
             self._async.update_member(team, name, delivery=delivery, settings=settings)
         )
 
-    def members(self, team: str | None = None) -> list[MemberInfo]:
-        """The members of ``team`` (a member: of its own team, the default)."""
-        return self._run(self._async.members(team))
+    def members(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[MemberInfo]:
+        """The members of ``team`` (a member: of its own team, the default), by name: at
+        most ``limit`` after the name ``after`` (every one when ``limit`` is None, read a
+        bounded page at a time)."""
+        return self._run(self._async.members(team, after=after, limit=limit))
+
+    def member_pages(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> Iterator[MemberList]:
+        """The pages of ``team``'s members until ``limit`` members (all when None) were
+        given; each page's ``next_after`` says where the next starts."""
+        return self._iterate(self._async.member_pages(team, after=after, limit=limit))
 
     def rotate_token(self, team: str, name: str) -> TokenRotated:
         """Give a member a new token (in the answer only); the old one fails at once."""

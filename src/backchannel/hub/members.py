@@ -200,11 +200,17 @@ class Members:
             self.env.push_circuits.close(team, name)
         return member
 
-    async def list_members(self, team: str) -> list[Member]:
+    async def list_members(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Member]:
+        """A team's members by name: those after the name ``after`` (the last one of the
+        page before: a member removed since still marks the place), at most ``limit``
+        (all when None)."""
+
         def fn(tx: Tx) -> list[Member]:
             if tx.get_team(team) is None:
                 raise UnknownTeam(f"unknown team {team!r}", team=team)
-            return tx.list_members(team)
+            return tx.list_members(team, after=after, limit=limit)
 
         return await self.store.read(fn)
 

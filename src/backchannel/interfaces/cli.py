@@ -573,15 +573,40 @@ def member_show(
 @member_app.command("list")
 def member_list(
     team: str,
+    after: Annotated[
+        str | None, typer.Option(help="Only members named after this one (the last shown).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List a team's members."""
-    members = _run(_with(_client(url, token, home, admin=token is None), lambda c: c.members(team)))
+    """List a team's members by name, a page at a time (the next page's command is
+    printed on stderr when there are more; --all shows them all)."""
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    members = _run(
+        _with(
+            _client(url, token, home, admin=token is None),
+            lambda c: c.members(team, after=after, limit=None if every else limit + 1),
+        )
+    )
+    more = not every and len(members) > limit
+    if more:
+        members = members[:limit]
     if as_json:
         _print_json(members)
+    if more:
+        again = f"backchannel member list {team} --after {members[-1]['name']}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} members; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for m in members:
         # columns, each made printable on its own (a tab of ours stays a tab)

@@ -55,7 +55,7 @@ from backchannel.interfaces.strict import REFUSED, parse_json
 from backchannel.models import MAX_INT, Received, SessionInfo
 from backchannel.runtimes import liveness
 from backchannel.runtimes.common import format_message
-from backchannel.types import MESSAGE_ID_PATTERN
+from backchannel.types import MESSAGE_ID_PATTERN, NAME_PATTERN
 
 __all__ = ["TOOLS", "Agent", "Tool", "build_server", "serve_stdio", "whoami", "wire_snapshot"]
 
@@ -247,6 +247,18 @@ class TimerArgs(_Args):
         min_length=1, max_length=2000, description="The breadcrumb you will read when it fires."
     )
     target: str | None = Field(None, description="The peer's member name, for check and wait.")
+
+
+#: How many members one list_members answer names; it says how to read the next page.
+LIST_MEMBERS_SHOWN = 50
+
+
+class ListMembersArgs(_Args):
+    after: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        None,
+        description="Only members named after this one: the name a previous answer said "
+        "to go on after (none: from the first).",
+    )
 
 
 class ListTimersArgs(_Args):
@@ -580,16 +592,34 @@ async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
     return "\n".join(lines), _json(data)
 
 
-async def _list_members(a: Agent, x: _NoArgs) -> Output:
-    members = await a.client.members()
-    live = [s for s in await sessions(a) if s.state != "terminated"]
-    lines = [f"Team {a.team}:"]
+async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
+    """A page of the team's members by name (at most :data:`LIST_MEMBERS_SHOWN` after
+    the name ``x.after``) with their open sessions, ending, when more follow, with the
+    call that reads the next page: the answer goes into the model's context whole, so a
+    team of thousands is read a page at a time, never in one answer."""
+    found = await a.client.members(after=x.after, limit=LIST_MEMBERS_SHOWN + 1)
+    members, more = found[:LIST_MEMBERS_SHOWN], len(found) > LIST_MEMBERS_SHOWN
+    shown = {m.name for m in members}
+    live = [s for s in await sessions(a) if s.state != "terminated" and s.member in shown]
+    lines = [f"Team {a.team}:" if not x.after else f"Team {a.team}, after {x.after}:"]
     for m in members:
         own = [f"{s.session_id} ({s.state})" for s in live if s.member == m.name]
         you = " (you)" if m.name == a.name else ""
         where = f"; sessions: {', '.join(own)}" if own else ""
         lines.append(f"- {m.name}{you}, {m.kind}{where}")
-    data = {"members": [_json(m) for m in members], "sessions": [_json(s) for s in live]}
+    if not members:
+        lines.append("No more members.")
+    next_after = members[-1].name if more else None
+    if next_after is not None:
+        lines.append(
+            f'More follow: call list_members(after="{next_after}") for the next '
+            f"{LIST_MEMBERS_SHOWN}."
+        )
+    data = {
+        "members": [_json(m) for m in members],
+        "sessions": [_json(s) for s in live],
+        "next_after": next_after,
+    }
     return "\n".join(lines), data
 
 
@@ -720,8 +750,9 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "list_members",
-        "List your team's members with their kinds and open sessions.",
-        _NoArgs,
+        "List your team's members with their kinds and open sessions, a page at a time "
+        "(the answer says how to read the next).",
+        ListMembersArgs,
         _list_members,
     ),
     Tool(

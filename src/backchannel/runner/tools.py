@@ -276,8 +276,23 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
     return text + MORE_MAY_WAIT if more and shown else text
 
 
+#: How many members one list_members answer names: a page the model can take in; the
+#: answer says how to read the next.
+MEMBER_PAGE = 50
+
+
 async def list_members(ctx: ToolContext, args: Mapping[str, Any]) -> str:
-    return "\n".join(f"{m.name} ({m.kind})" for m in await ctx.client.members())
+    after = _str(args, "after", required=False) or None
+    # one page of the hub's list, not every member: a team of thousands would flood the
+    # model's context with one answer
+    found = await ctx.client.members(after=after, limit=MEMBER_PAGE + 1)
+    lines = [f"{m.name} ({m.kind})" for m in found[:MEMBER_PAGE]]
+    if len(found) > MEMBER_PAGE:
+        lines.append(
+            f"(more follow: call list_members with after={found[MEMBER_PAGE - 1].name!r} "
+            "for the next page)"
+        )
+    return "\n".join(lines) or "(no members)"
 
 
 # -- workspace tools ---------------------------------------------------------------------
@@ -419,7 +434,12 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
         check_inbox,
     ),
     "list_members": (
-        ToolSpec("list_members", "List your team's members.", _schema({}, [])),
+        ToolSpec(
+            "list_members",
+            "List your team's members by name, a page at a time (after: the last name of "
+            "the page before).",
+            _schema({"after": _S}, []),
+        ),
         list_members,
     ),
     "list_files": (

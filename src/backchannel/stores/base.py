@@ -142,8 +142,12 @@ class Tx(Protocol):
     def insert_member(self, member: Member) -> None:
         """Add a member. Raises ``AlreadyExists`` if the team already has the name."""
 
-    def list_members(self, team: str) -> list[Member]:
-        """The team's members, by name."""
+    def list_members(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Member]:
+        """The team's members, by name: those whose name comes after ``after`` (a page's
+        start: the last name of the page before), at most ``limit``, read from the
+        primary key in that order."""
         ...
 
     def update_member(self, member: Member) -> None:

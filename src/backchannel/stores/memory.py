@@ -151,10 +151,17 @@ class MemoryTx:
                 dataclasses.replace(old, delivery=member.delivery, settings=member.settings),
             )
 
-    def list_members(self, team: str) -> list[Member]:
+    def list_members(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Member]:
         return sorted(
-            (m for (t, _), m in self._d.members.items() if t == team), key=lambda m: m.name
-        )
+            (
+                m
+                for (t, _), m in self._d.members.items()
+                if t == team and (after is None or m.name > after)
+            ),
+            key=lambda m: m.name,
+        )[:limit]
 
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None:

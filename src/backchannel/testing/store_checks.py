@@ -70,6 +70,22 @@ async def check_teams_and_members(make_store: StoreFactory) -> None:
             raise AssertionError("a duplicate member must raise AlreadyExists")
         names = await store.read(lambda tx: [m.name for m in tx.list_members("alpha")])
         assert names == ["a", "b", "c", "user"], names
+
+        def page(after: str | None, limit: int | None) -> Any:
+            return store.read(
+                lambda tx: [m.name for m in tx.list_members("alpha", after=after, limit=limit)]
+            )
+
+        # a page starts after the last name of the page before, one added between pages
+        # is read in its place, and a name no member has (one removed) still marks it
+        assert await page(None, 2) == ["a", "b"]
+        await store.transact(
+            lambda tx: tx.insert_member(Member("alpha", "bb", MemberKind.LLM, T0, "hash-bb"))
+        )
+        assert await page("b", 2) == ["bb", "c"]
+        assert await page("ba", None) == ["bb", "c", "user"]
+        assert await page("user", 2) == []
+        assert await store.transact(lambda tx: tx.delete_member("alpha", "bb"))
         b = await store.read(lambda tx: tx.get_member("alpha", "b"))
         assert b is not None
         changed = Member(

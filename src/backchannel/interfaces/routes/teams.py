@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.hub import FeedItem
 from backchannel.interfaces.routes.deps import AsAdmin, Auth, hub_of, revoked
 from backchannel.interfaces.routes.stream import (
@@ -50,6 +51,7 @@ from backchannel.models import (
     TeamRef,
     TokenRotated,
 )
+from backchannel.types import NAME_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["teams"])
 
@@ -85,13 +87,24 @@ async def update_member(
 
 
 @router.get("/v1/teams/{team}/members")
-async def list_members(team: TeamName, who: Auth, request: Request) -> MemberList:
+async def list_members(
+    team: TeamName,
+    who: Auth,
+    request: Request,
+    after: Annotated[
+        str | None,
+        Query(pattern=NAME_PATTERN, description="the next_after of the page before"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
+) -> MemberList:
     """A team's members (its own members or the admin); the admin also sees each one's
-    delivery setting, its secrets redacted."""
+    delivery setting, its secrets redacted. By name, a page at a time: at most
+    ``limit``, after the name ``after``; the answer's ``next_after`` is where the next
+    page starts (null: this page is the last)."""
     who.need_team(team)
     if who.member is not None:
-        return await MemberApi(hub_of(request), who.member).members()
-    return await AdminApi(hub_of(request)).members(team)
+        return await MemberApi(hub_of(request), who.member).members(after=after, limit=limit)
+    return await AdminApi(hub_of(request)).members(team, after=after, limit=limit)
 
 
 @router.post("/v1/teams/{team}/members/{name}/token")

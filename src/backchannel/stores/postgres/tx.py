@@ -20,6 +20,7 @@ from backchannel.stores.sql import (
     delegations_query,
     jobs_query,
     links_query,
+    members_query,
     pg,
     sessions_query,
 )
@@ -29,6 +30,7 @@ from backchannel.stores.sql.rows import (
     DEL_COLS,
     DELIVERY_COLS,
     LINK_COLS,
+    MEMBER_COLS,
     MSG_COLS,
     SESSION_COLS,
     delegation,
@@ -174,8 +176,13 @@ class PgTx(PgTransaction, LifecycleSql):
         args = (_dump(m.delivery), _dump(m.settings), m.team, m.name)
         self._exec(Q.update_member, args, m.team)
 
-    def list_members(self, team: str) -> list[Member]:
-        return [_member(r) for r in self._all(Q.list_members, (team,), team)]
+    def list_members(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Member]:
+        if after is None and limit is None:
+            return [_member(r) for r in self._all(Q.list_members, (team,), team)]
+        sql, args = members_query(MEMBER_COLS, team, after, limit)
+        return [_member(r) for r in self._all(pg(sql), args, team)]
 
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None:

@@ -141,6 +141,23 @@ def jobs_query(
     return f"{sql} ORDER BY due_at, {job_id}", args
 
 
+def members_query(
+    cols: str, team: str, after: str | None, limit: int | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_members`, a page: read from the primary key ``(team, name)`` in
+    its order, from the name ``after``."""
+    sql = f"SELECT {cols} FROM members WHERE team = ?"
+    args: list[Any] = [team]
+    if after is not None:
+        sql += " AND name > ?"
+        args.append(after)
+    sql += " ORDER BY name"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
 def delegations_query(
     cols: str,
     team: str,

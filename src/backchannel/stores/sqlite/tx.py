@@ -18,6 +18,7 @@ from backchannel.stores.sql import (
     delegations_query,
     jobs_query,
     links_query,
+    members_query,
     sessions_query,
 )
 from backchannel.stores.sql.inbox import activity_rows
@@ -26,6 +27,7 @@ from backchannel.stores.sql.rows import (
     DEL_COLS,
     DELIVERY_COLS,
     LINK_COLS,
+    MEMBER_COLS,
     MSG_COLS,
     SESSION_COLS,
     delegation,
@@ -279,8 +281,13 @@ class SqliteTx(LifecycleSql):
             (_dumps(member.delivery), _dumps(member.settings), member.team, member.name),
         )
 
-    def list_members(self, team: str) -> list[Member]:
-        return [_member(r) for r in self._c.execute(Q.list_members, (team,))]
+    def list_members(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[Member]:
+        if after is None and limit is None:
+            return [_member(r) for r in self._c.execute(Q.list_members, (team,))]
+        sql, args = members_query(MEMBER_COLS, team, after, limit)
+        return [_member(r) for r in self._c.execute(sql, args)]
 
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None:
