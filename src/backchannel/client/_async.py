@@ -6,7 +6,7 @@ import collections
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -164,6 +164,28 @@ class Client:
     async def _do(self, call: Call[Any]) -> Any:
         return await self._transport.call(call)
 
+    async def _pages(
+        self,
+        page: Callable[[str | None, int], Call[Any]],
+        items: Callable[[Any], Sequence[Any]],
+        after: str | None,
+        limit: int | None,
+    ) -> AsyncIterator[Any]:
+        """The pages ``page(after, n)`` asks for, each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, from ``after`` on until ``limit``
+        items (``items`` of a page; all when None) were given: each page's ``next_after``
+        is where the next one starts, and ``None`` ends them."""
+        given = 0
+        while limit is None or given < limit:
+            got = await self._do(
+                page(after, MAX_PAGE if limit is None else min(limit - given, MAX_PAGE))
+            )
+            given += len(items(got))
+            yield got
+            if got.next_after is None:
+                break
+            after = got.next_after
+
     # -- who -------------------------------------------------------------------------
     async def me(self) -> Me:
         """Who this client acts as: the administrator, or a member of a team."""
@@ -276,35 +298,20 @@ class Client:
         """The pages of ``team``'s members, each at most
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` members (all when
         None) were given; each page's ``next_after`` says where the next one starts."""
-        if after is not None and (not isinstance(after, str) or not after):
-            raise InvalidRequest(
-                f"after is a member name (the last one you listed), not {after!r}",
-                field="after",
-            )
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidRequest(
-                f"limit is how many members to list (1 or more, or None for all), not {limit!r}",
-                field="limit",
-            )
+        _check_page(after, limit, "member", cursor="a member name")
         name = await self._team(team)
-        given = 0
-        while limit is None or given < limit:
-            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
-            call: Call[MemberList] = Call(
+
+        def page(after: str | None, n: int) -> Call[MemberList]:
+            return Call(
                 "GET",
                 f"/v1/teams/{_q(name)}/members",
                 functools.partial(_team_members, name, after, n),
                 MemberList,
                 params={"limit": n, **_given(after=after)},
             )
-            got: MemberList = await self._do(call)
-            given += len(got.members)
+
+        async for got in self._pages(page, lambda got: got.members, after, limit):
             yield got
-            if got.next_after is None:
-                break
-            after = got.next_after
 
     async def rotate_token(self, team: str, name: str) -> TokenRotated:
         """Give a member a new token (in the answer only); the old one fails at once.
@@ -724,22 +731,18 @@ class Client:
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` sessions (all when
         None) were given; each page's ``next_after`` says where the next one starts."""
         _check_page(after, limit, "session")
-        given = 0
-        while limit is None or given < limit:
-            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
-            call: Call[SessionList] = Call(
+
+        def page(after: str | None, n: int) -> Call[SessionList]:
+            return Call(
                 "GET",
                 "/v1/sessions",
                 functools.partial(_member_sessions, member, after, n),
                 SessionList,
                 params={"limit": n, **_given(member=member, after=after)},
             )
-            got: SessionList = await self._do(call)
-            given += len(got.sessions)
+
+        async for got in self._pages(page, lambda got: got.sessions, after, limit):
             yield got
-            if got.next_after is None:
-                break
-            after = got.next_after
 
     async def session(self, session_id: str) -> SessionInfo:
         """One session of your team."""
@@ -873,22 +876,18 @@ class Client:
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` links (all when
         None) were given; each page's ``next_after`` says where the next one starts."""
         _check_page(after, limit, "link")
-        given = 0
-        while limit is None or given < limit:
-            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
-            call: Call[LinkList] = Call(
+
+        def page(after: str | None, n: int) -> Call[LinkList]:
+            return Call(
                 "GET",
                 "/v1/links",
                 functools.partial(_member_links, member, open_only, after, n),
                 LinkList,
                 params={"open_only": open_only, "limit": n, **_given(member=member, after=after)},
             )
-            got: LinkList = await self._do(call)
-            given += len(got.links)
+
+        async for got in self._pages(page, lambda got: got.links, after, limit):
             yield got
-            if got.next_after is None:
-                break
-            after = got.next_after
 
     async def link(self, link_id: str) -> Link:
         call = Call("GET", f"/v1/links/{_q(link_id)}", lambda s: s.member.link(link_id), Link)
@@ -1051,35 +1050,19 @@ class Client:
         """The pages of your delegations, each at most
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` delegations (all
         when None) were given; each page's ``next_after`` says where the next one starts."""
-        if after is not None and (not isinstance(after, str) or not after):
-            raise InvalidRequest(
-                f"after is a delegation id (the last one you listed), not {after!r}",
-                field="after",
-            )
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidRequest(
-                f"limit is how many delegations to list (1 or more, or None for all), "
-                f"not {limit!r}",
-                field="limit",
-            )
-        given = 0
-        while limit is None or given < limit:
-            n = MAX_PAGE if limit is None else min(limit - given, MAX_PAGE)
-            call: Call[DelegationList] = Call(
+        _check_page(after, limit, "delegation")
+
+        def page(after: str | None, n: int) -> Call[DelegationList]:
+            return Call(
                 "GET",
                 "/v1/delegations",
                 functools.partial(_member_delegations, member, after, n),
                 DelegationList,
                 params={"limit": n, **_given(member=member, after=after)},
             )
-            got: DelegationList = await self._do(call)
-            given += len(got.delegations)
+
+        async for got in self._pages(page, lambda got: got.delegations, after, limit):
             yield got
-            if got.next_after is None:
-                break
-            after = got.next_after
 
     async def delegation(self, delegation_id: str) -> Delegation:
         call = Call(
@@ -1187,11 +1170,13 @@ async def _member_links(
     return await s.member.links(member=member, open_only=open_only, after=after, limit=limit)
 
 
-def _check_page(after: str | None, limit: int | None, what: str) -> None:
-    """Refuse a page's cursor or length by name before asking the hub."""
+def _check_page(after: str | None, limit: int | None, what: str, cursor: str = "") -> None:
+    """Refuse a page's cursor (``cursor``: what it is, a ``what`` id by default) or
+    length by name before asking the hub."""
     if after is not None and (not isinstance(after, str) or not after):
         raise InvalidRequest(
-            f"after is a {what} id (the last one you listed), not {after!r}", field="after"
+            f"after is {cursor or f'a {what} id'} (the last one you listed), not {after!r}",
+            field="after",
         )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidRequest(
