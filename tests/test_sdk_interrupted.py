@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -93,22 +94,32 @@ def test_breaking_out_of_the_sync_inbox_gives_the_rest_of_its_batch_back(
         assert [m.message_id for m in back] == sent[1:]
 
 
+@pytest.mark.parametrize("to", ["the process", "another thread"])
 @pytest.mark.parametrize("how", ["receive", "inbox"])
-def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server, how: str) -> None:
+def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server, how: str, to: str) -> None:
     """Ctrl-C while a sync ``receive`` (or a loop over ``inbox()``) waits: the
     KeyboardInterrupt reached the caller while the long-poll went on in the client's
     thread, which would lease the next message to nobody (until its lease ended); the
     loop's caller got a RuntimeError instead (its iterator was closed while it still
     ran). The poll is now called off and over before the KeyboardInterrupt is raised:
-    its connection closes, which the hub takes as the receiver gone."""
+    its connection closes, which the hub takes as the receiver gone.
+
+    The kernel hands a process's SIGINT to any of its threads: taken by another thread
+    than the caller's, it did not wake the caller, blocked on the call's result until
+    the long-poll's whole wait was over (Ctrl-C did nothing for up to a minute)."""
     tokens = server.team("alpha", "lead", "worker")
     relay = Relay(server.url)
+    sent: list[float] = []
     try:
         with connect_sync(relay.url, tokens["worker"]) as c:
 
             def interrupt() -> None:
                 if relay.requested.wait(30):  # the long-poll is on its way to the hub
-                    os.kill(os.getpid(), signal.SIGINT)
+                    sent.append(time.monotonic())
+                    if to == "the process":
+                        os.kill(os.getpid(), signal.SIGINT)
+                    else:  # taken by this thread, as the kernel may choose
+                        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
             threading.Thread(target=interrupt, daemon=True).start()
 
@@ -117,6 +128,8 @@ def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server, how: str) -
 
             with pytest.raises(KeyboardInterrupt):
                 wait()
+            late = time.monotonic() - sent[0]
+            assert late < 20, f"Ctrl-C reached the caller {late:.1f} s late, after the poll"
             assert relay.hung_up.wait(30), "the interrupted long-poll is still open"
     finally:
         relay.close()

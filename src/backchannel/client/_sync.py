@@ -5,6 +5,7 @@ are the async client's, one for one (a test holds them equal)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
@@ -106,6 +107,12 @@ class SyncClient:
 
         call = asyncio.run_coroutine_threadsafe(owned(), self._loop)
         try:
+            # waited for in slices: the kernel hands a process's SIGINT to any of its
+            # threads, and one taken by another thread wakes no caller blocked on a lock
+            # (Ctrl-C would do nothing until a long-poll's whole wait was over); between
+            # slices the interpreter runs the signal's handler here
+            while not concurrent.futures.wait((call,), timeout=SIGNAL_SLICE).done:
+                pass
             return call.result()
         except BaseException:
             # the caller was stopped while it waited (Ctrl-C, another signal's handler
@@ -575,6 +582,8 @@ class SyncClient:
 #: How long a sync call stopped by a signal waits for its call to be over (closing its
 #: connection takes a turn or two of the client's loop).
 CALL_OFF_WITHIN = 10.0
+#: How often a sync call's caller looks for a signal (Ctrl-C) while it waits, in seconds.
+SIGNAL_SLICE = 0.2
 
 
 async def _called_off(running: list[asyncio.Task[Any]]) -> None:
