@@ -14,6 +14,7 @@ import pytest
 
 from backchannel.core.pages import MAX_PAGE, PAGE
 from tests.conftest import Server
+from tests.helpers_pages import check_sdk_pages
 
 N = PAGE + 5
 
@@ -162,23 +163,19 @@ def test_the_page_size_is_in_the_openapi_schema(srv: Server) -> None:
 async def test_the_sdk_reads_a_page_every_one_or_the_pages(
     srv: Server, team: tuple[dict[str, str], list[dict[str, Any]]]
 ) -> None:
-    from backchannel import errors
     from backchannel.client import connect
 
     tokens, made = team
     ids = _in_order(made)
     async with connect(srv.url, tokens["a"]) as client:
-        assert [d.delegation_id for d in await client.delegations(limit=3)] == ids[:3]
-        got = await client.delegations(after=ids[1], limit=2)
-        assert [d.delegation_id for d in got] == ids[2:4]
-        assert [d.delegation_id for d in await client.delegations()] == ids  # page by page
-        pages = [p async for p in client.delegation_pages(limit=PAGE + 2)]
-        assert [len(p.delegations) for p in pages] == [PAGE + 2]
-        assert pages[-1].next_after == ids[PAGE + 1]
-        for bad in ({"limit": 0}, {"limit": -5}, {"after": ""}):
-            with pytest.raises(errors.InvalidRequest) as caught:
-                await client.delegations(**bad)  # type: ignore[arg-type]
-            assert caught.value.details["field"] == next(iter(bad))
+        await check_sdk_pages(
+            client.delegations,
+            client.delegation_pages,
+            "delegations",
+            lambda d: d.delegation_id,
+            ids,
+            PAGE,
+        )
 
 
 def test_the_sync_sdk_reads_the_pages(

@@ -15,6 +15,7 @@ import pytest
 
 from backchannel.core.pages import MAX_PAGE, PAGE
 from tests.conftest import Server
+from tests.helpers_pages import check_sdk_pages
 from tests.test_cli_conventions import run
 
 N = PAGE + 5
@@ -128,22 +129,13 @@ def test_the_page_size_is_in_the_openapi_schema(srv: Server) -> None:
 async def test_the_sdk_reads_a_page_every_one_or_the_pages(
     srv: Server, team: tuple[dict[str, str], list[str]]
 ) -> None:
-    from backchannel import errors
     from backchannel.client import connect
 
     tokens, names = team
     async with connect(srv.url, tokens["m002"]) as client:
-        assert [m.name for m in await client.members(limit=3)] == names[:3]
-        got = await client.members(after=names[1], limit=2)
-        assert [m.name for m in got] == names[2:4]
-        assert [m.name for m in await client.members()] == names  # page by page
-        pages = [p async for p in client.member_pages(limit=PAGE + 2)]
-        assert [len(p.members) for p in pages] == [PAGE + 2]
-        assert pages[-1].next_after == names[PAGE + 1]
-        for bad in ({"limit": 0}, {"limit": -5}, {"after": ""}):
-            with pytest.raises(errors.InvalidRequest) as caught:
-                await client.members(**bad)  # type: ignore[arg-type]
-            assert caught.value.details["field"] == next(iter(bad))
+        await check_sdk_pages(
+            client.members, client.member_pages, "members", lambda m: m.name, names, PAGE
+        )
 
 
 def test_the_sync_sdk_reads_the_pages(srv: Server, team: tuple[dict[str, str], list[str]]) -> None:

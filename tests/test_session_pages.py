@@ -13,6 +13,7 @@ import pytest
 
 from backchannel.core.pages import MAX_PAGE, PAGE
 from tests.conftest import Server
+from tests.helpers_pages import check_sdk_pages
 from tests.test_cli_conventions import run
 
 
@@ -123,22 +124,18 @@ def test_a_bad_page_is_refused_by_name(
 async def test_the_sdk_reads_a_page_every_one_or_the_pages(
     srv: Server, team: tuple[dict[str, str], list[str]]
 ) -> None:
-    from backchannel import errors
     from backchannel.client import connect
 
     tokens, ids = team
     async with connect(srv.url, tokens["a"]) as client:
-        assert [s.session_id for s in await client.list_sessions(limit=3)] == ids[:3]
-        got = await client.list_sessions(after=ids[1], limit=2)
-        assert [s.session_id for s in got] == ids[2:4]
-        assert [s.session_id for s in await client.list_sessions()] == ids  # page by page
-        pages = [p async for p in client.session_pages(limit=PAGE + 2)]
-        assert [len(p.sessions) for p in pages] == [PAGE + 2]
-        assert pages[-1].next_after == ids[PAGE + 1]
-        for bad in ({"limit": 0}, {"limit": -5}, {"after": ""}):
-            with pytest.raises(errors.InvalidRequest) as caught:
-                await client.list_sessions(**bad)  # type: ignore[arg-type]
-            assert caught.value.details["field"] == next(iter(bad))
+        await check_sdk_pages(
+            client.list_sessions,
+            client.session_pages,
+            "sessions",
+            lambda s: s.session_id,
+            ids,
+            PAGE,
+        )
 
 
 def test_the_sync_sdk_reads_the_pages(srv: Server, team: tuple[dict[str, str], list[str]]) -> None:
