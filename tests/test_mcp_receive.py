@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,6 +71,75 @@ async def test_a_stdio_check_inbox_cancelled_while_the_lease_comes_back_gives_it
             again = await s.call_tool("check_inbox", {})
             assert text(again) == "No new messages."
     print(_inbox_state(srv, tokens["a"], ident))
+
+
+@contextlib.asynccontextmanager
+async def _hub_and_one_message(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, str]]:
+    """A hub serving ``/mcp`` on a real socket (its URL given), and member ``a`` (its
+    token given) with one message from ``b`` waiting."""
+    import uvicorn
+
+    from backchannel.client import Client
+    from backchannel.hub import Hub
+    from backchannel.interfaces.http import create_app
+    from backchannel.stores.sqlite import SqliteStore
+
+    hub = Hub(SqliteStore(tmp_path / "hub.db"))
+    config = uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        a = (await hub.add_member("t", "a"))[1]
+        b = (await hub.add_member("t", "b"))[1]
+        async with Client(url, b) as client:
+            await client.send("a", "read me once")
+        yield url, a
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
+
+
+def _check_inbox(url: str, token: str) -> asyncio.Task[httpx.Response]:
+    """A ``check_inbox`` call posted to ``/mcp`` as the member of ``token``, under way,
+    by a client of its own: cancelling the task hangs up (its connection closes)."""
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call["params"] = {"name": "check_inbox", "arguments": {}}
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=url) as http:
+            return await http.post("/mcp", json=call, headers=headers)
+
+    return asyncio.create_task(post())
+
+
+async def _hang_up(posting: asyncio.Task[httpx.Response]) -> None:
+    """The client hangs up on its call."""
+    posting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await posting
+
+
+async def _given_back(url: str, token: str) -> None:
+    """The message is the member's next receive's at once (well within the 60 s lease)."""
+    from backchannel.client import Client
+
+    async with Client(url, token) as client:
+        got: list[Any] = []
+        async with asyncio.timeout(20):
+            while not got:
+                got = await client.receive(wait=1)
+        assert [m.text for m in got] == ["read me once"]
 
 
 def _rpc(ident: int, method: str, params: dict[str, Any]) -> bytes:
@@ -151,14 +221,9 @@ async def test_an_http_check_inbox_whose_client_hangs_up_while_the_lease_comes_b
 ) -> None:
     """Over ``/mcp`` the client hangs up once the hub has leased the message, before the
     tool has its answer: the message is the next receive's at once."""
-    import uvicorn
 
-    from backchannel.client import Client
-    from backchannel.hub import Hub
     from backchannel.interfaces import agents_http
-    from backchannel.interfaces.http import create_app
     from backchannel.interfaces.mcp import Agent
-    from backchannel.stores.sqlite import SqliteStore
 
     held: list[_Held] = []
     resolve = agents_http.McpEndpoint._resolve
@@ -179,43 +244,13 @@ async def test_an_http_check_inbox_whose_client_hangs_up_while_the_lease_comes_b
             ended.set()
 
     monkeypatch.setattr(agents_http.McpEndpoint, "_unless_gone", staticmethod(watched))
-    hub = Hub(SqliteStore(tmp_path / "hub.db"))
-    config = uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the hub to listen")
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        await hub.create_team("t")
-        a = (await hub.add_member("t", "a"))[1]
-        b = (await hub.add_member("t", "b"))[1]
-        async with Client(url, b) as client:
-            await client.send("a", "read me once")
-        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        call["params"] = {"name": "check_inbox", "arguments": {}}
-        headers = {
-            "Authorization": f"Bearer {a}",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
-        async with httpx.AsyncClient(base_url=url) as http:
-            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
-            await eventually(lambda: held and held[0].leased.is_set(), what="the lease")
-            posting.cancel()  # the client hangs up
-            with contextlib.suppress(asyncio.CancelledError):
-                await posting
+    async with _hub_and_one_message(tmp_path) as (url, a):
+        posting = _check_inbox(url, a)
+        await eventually(lambda: held and held[0].leased.is_set(), what="the lease")
+        await _hang_up(posting)
         await asyncio.wait_for(ended.wait(), 20)  # the hub saw the hang-up, stopped the call
         held[0].go.set()  # the lease's answer comes, to a call that is gone
-        async with Client(url, a) as client:
-            got: list[Any] = []
-            async with asyncio.timeout(20):  # given back at once: well within 60 s
-                while not got:
-                    got = await client.receive(wait=1)
-            assert [m.text for m in got] == ["read me once"]
-    finally:
-        server.should_exit = True
-        await serving
-        await hub.close()
+        await _given_back(url, a)
 
 
 async def test_an_http_check_inbox_whose_client_hangs_up_before_its_answer_is_written_acks_nothing(
@@ -224,13 +259,7 @@ async def test_an_http_check_inbox_whose_client_hangs_up_before_its_answer_is_wr
     """Over ``/mcp`` the tool has its answer, and the client hangs up before the answer
     is written: what the answer carried reached no one, so it is the next receive's at
     once, not acked unseen."""
-    import uvicorn
-
-    from backchannel.client import Client
-    from backchannel.hub import Hub
     from backchannel.interfaces import agents_http
-    from backchannel.interfaces.http import create_app
-    from backchannel.stores.sqlite import SqliteStore
 
     answering = asyncio.Event()  # the answer is about to be written
     hung_up = asyncio.Event()  # the client is gone
@@ -246,42 +275,14 @@ async def test_an_http_check_inbox_whose_client_hangs_up_before_its_answer_is_wr
         await unless_gone(manager, scope, receive, sending, *rest)
 
     monkeypatch.setattr(agents_http.McpEndpoint, "_unless_gone", staticmethod(held))
-    hub = Hub(SqliteStore(tmp_path / "hub.db"))
-    config = uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the hub to listen")
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        await hub.create_team("t")
-        a = (await hub.add_member("t", "a"))[1]
-        b = (await hub.add_member("t", "b"))[1]
-        async with Client(url, b) as client:
-            await client.send("a", "read me once")
-        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        call["params"] = {"name": "check_inbox", "arguments": {}}
-        headers = {
-            "Authorization": f"Bearer {a}",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
-        async with httpx.AsyncClient(base_url=url) as http:
-            posting = asyncio.create_task(http.post("/mcp", json=call, headers=headers))
+    async with _hub_and_one_message(tmp_path) as (url, a):
+        posting = _check_inbox(url, a)
+        try:  # the answer stays unwritten until the message was given back
             await asyncio.wait_for(answering.wait(), 20)
-            posting.cancel()  # the client hangs up
-            with contextlib.suppress(asyncio.CancelledError):
-                await posting
-        async with Client(url, a) as client:
-            got: list[Any] = []
-            async with asyncio.timeout(20):  # given back at once: well within 60 s
-                while not got:
-                    got = await client.receive(wait=1)
-            assert [m.text for m in got] == ["read me once"]
-    finally:
-        hung_up.set()
-        server.should_exit = True
-        await serving
-        await hub.close()
+            await _hang_up(posting)
+            await _given_back(url, a)
+        finally:
+            hung_up.set()
 
 
 def test_a_stdio_check_inbox_whose_cancel_crossed_its_answer_gives_the_messages_back(
