@@ -235,6 +235,9 @@ async def test_delegate_to_an_a2a_agent_answer_timeout_late(peer: Peer) -> None:
         [failed] = await eventually(lambda: _results(hub), what="the failed result", within=20)
         [r] = failed.meta["results"]
         assert "failed: no data for that place" in r["error"]
+        # the agent took the task and failed it: its end, not a refusal of either hub
+        assert r["error"].startswith("the A2A agent's task ended failed"), r["error"]
+        assert "refused" not in r["error"], r["error"]
     finally:
         await hub.close()
 
@@ -272,6 +275,11 @@ async def test_an_a2a_task_that_never_ends_is_not_followed_forever(peer: Peer) -
 
         last = await eventually(given_up, what="the call to be given up", within=20)
         assert "no answer long after the deadline" in last, last
+        # the caller's record says the agent took the task and never finished it, not
+        # that a hub refused it
+        [d] = await hub.list_delegations("t")
+        assert d.error is not None and d.error.startswith("no answer long after"), d.error
+        assert "refused" not in d.error and "took the task" in d.error, d.error
     finally:
         await hub.close()
 
@@ -564,3 +572,53 @@ def test_a_task_past_the_callee_hubs_chain_budget_over_a2a_leaves_nothing_behind
     finally:
         hub_a.stop()
         hub_b.stop()
+
+
+async def test_a_service_dropped_from_the_registry_is_not_told_as_the_callees_refusal(
+    peer: Peer,
+) -> None:
+    """The registry lost the callee's service between the delegation and the turn's
+    end: this hub did not send the task, and says so, naming the service, instead of
+    quoting its own registry as the other hub's refusal."""
+    hub = await _hub(FakeClock(), peer.url)
+    try:
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate(
+            "t", "lead", "lead-s", "forecaster@weather", "forecast for Bern", tool_use_id="tu_1"
+        )
+        del hub.callbacks.services["weather"]  # the operator's registry changed since
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        [failed] = await eventually(lambda: _results(hub), what="the failed result", within=20)
+        [r] = failed.meta["results"]
+        assert r["error"].startswith("this hub did not send the task:"), r["error"]
+        assert "'weather'" in r["error"], r["error"]
+        assert "refused the task" not in r["error"], r["error"]
+        assert peer.agent.seen == [], "nothing was sent"
+    finally:
+        await hub.close()
+
+
+async def test_a2a_sdk_missing_on_this_hub_is_not_told_as_the_agents_refusal(
+    peer: Peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This hub cannot speak A2A (the extra is not installed where it runs): the task
+    fails naming what to install and where, not as the agent's refusal."""
+    import sys
+
+    hub = await _hub(FakeClock(), peer.url)
+    try:
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        await hub.delegate(
+            "t", "lead", "lead-s", "forecaster@weather", "forecast for Turin", tool_use_id="tu_1"
+        )
+        monkeypatch.setitem(sys.modules, "a2a.client", None)  # as if a2a-sdk were absent
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        await hub.maintain()  # the outbox makes the call
+        [failed] = await eventually(lambda: _results(hub), what="the failed result", within=20)
+        [r] = failed.meta["results"]
+        assert r["error"].startswith("this hub did not send the task:"), r["error"]
+        assert "pip install 'backchannel[a2a]'" in r["error"], r["error"]
+        assert "refused" not in r["error"], r["error"]
+        assert peer.agent.seen == [], "nothing was sent"
+    finally:
+        await hub.close()

@@ -113,3 +113,18 @@ async def test_a_hub_that_answers_with_an_error_is_quoted_as_refusing(
     assert "not this team" in d.error, d.error  # its answer, quoted
     assert "could not be reached" not in d.error, d.error
     assert r["reason"] == "failed", r
+
+
+async def test_a_hub_that_keeps_failing_is_not_quoted_as_refusing(
+    scripted: Callable[..., Scripted],  # noqa: F811
+) -> None:
+    """Every try answered 503 until the retry budget ran out: the callee's hub failed
+    (and may take the task later), it did not refuse it."""
+    srv = scripted(lambda path, body, n: (503, 0))
+    srv.body = json.dumps({"error": {"code": "unavailable", "message": "store down"}}).encode()
+    d, r = await _failed_delegation(Service("hub-b", srv.url), "worker@hub-b")
+    assert d.error is not None
+    assert d.error.startswith("the other side kept failing: gave up after"), d.error
+    assert "HTTP 503" in d.error and "store down" in d.error, d.error  # its last answer
+    assert "refused" not in d.error, d.error
+    assert r["reason"] == "failed", r

@@ -60,16 +60,26 @@ POLL_START, POLL_CAP = 0.2, 5.0
 #: The most one request to the agent (its card, a send, a poll) takes, its answer read.
 REQUEST_DEADLINE = 60.0
 GIVE_UP_AFTER = rules.TOKEN_GRACE  # past the deadline, a late answer is no longer awaited
+#: how a delegation's error begins when the agent rejected the task (its refusal)
+REJECTED = "the A2A agent rejected the task"
+#: an agent that took the task and never finished it
+LATE = (
+    "no answer long after the deadline: the A2A agent took the task and had not finished it "
+    f"{GIVE_UP_AFTER:g} s past the delegation's deadline, so it was given up on"
+)
 
 
 class _Final(Exception):
     """The call is over with this outcome (``DEAD`` or ``RETRY``) and detail."""
 
-    def __init__(self, outcome: rules.Outcome, detail: str, *, reached: bool = True) -> None:
+    def __init__(
+        self, outcome: rules.Outcome, detail: str, *, reached: bool = True, refused: bool = False
+    ) -> None:
         super().__init__(detail)
         self.outcome = outcome
         self.detail = detail
         self.reached = reached  # False: no answer came (connection, name, TLS, timeout)
+        self.refused = refused  # True: the agent's server refused it (an HTTP status)
 
 
 def _origin(url: str) -> tuple[str, str]:
@@ -80,12 +90,12 @@ def _origin(url: str) -> tuple[str, str]:
 def check_card(card: AgentCard, base: str) -> None:
     """Refuse a card that sends the hub anywhere but the registered service."""
     if not card.supported_interfaces:
-        raise _Final(rules.Outcome.DEAD, "the agent card lists no interface")
+        raise _Final(rules.Outcome.DEAD, "the A2A agent's card lists no interface")
     for iface in card.supported_interfaces:
         if _origin(iface.url) != _origin(base):
             raise _Final(
                 rules.Outcome.DEAD,
-                f"the agent card points to {iface.url!r}, outside the registered service "
+                f"the A2A agent's card points to {iface.url!r}, outside the registered service "
                 f"{base!r}; register that address instead",
             )
 
@@ -139,7 +149,7 @@ def _classify(exc: BaseException) -> _Final:
         if isinstance(cause, outbound.AnswerRefused):
             # too large, compressed, or never ended: the same agent answers the same
             said = detail if str(cause) in detail else f"{detail}: {cause}"
-            return _Final(rules.Outcome.DEAD, said)
+            return _Final(rules.Outcome.DEAD, f"the A2A agent's answer was not taken: {said}")
         cause = cause.__cause__
     status: int | None = None
     if isinstance(exc, AgentCardResolutionError):
@@ -148,12 +158,12 @@ def _classify(exc: BaseException) -> _Final:
     if isinstance(cause, httpx.HTTPStatusError):
         status = cause.response.status_code
     if status is not None:
-        return _Final(rules.classify(status), detail)
+        return _Final(rules.classify(status), detail, refused=True)
     if isinstance(exc, A2AClientTimeoutError | httpx.HTTPError) or isinstance(
         cause, httpx.HTTPError
     ):
         return _Final(rules.Outcome.RETRY, detail, reached=False)
-    return _Final(rules.Outcome.DEAD, detail)
+    return _Final(rules.Outcome.DEAD, f"the call to the A2A agent failed: {detail}")
 
 
 async def _follow(client: Client, task: Task, payload: dict[str, Any], remember: Any) -> Task:
@@ -221,7 +231,9 @@ async def call(
             async for event in client.send_message(request):
                 got = event
             if got is None:
-                raise _Final(rules.Outcome.DEAD, "the agent sent no answer")
+                raise _Final(
+                    rules.Outcome.DEAD, "the A2A agent answered with neither a task nor a message"
+                )
             if got.HasField("message"):
                 said = "\n".join(
                     p.text for p in got.message.parts if p.WhichOneof("content") == "text"
@@ -238,7 +250,7 @@ async def call(
     if state == TaskState.TASK_STATE_REJECTED:
         # the agent will not take the task (another hub: a spent budget): a refusal,
         # final like any other, in the agent's words, which name the way out
-        return False, "the A2A agent rejected the task" + (f": {words}" if words else ""), None
+        return False, REJECTED + (f": {words}" if words else ""), None
     name = TaskState.Name(state).removeprefix("TASK_STATE_").lower()
     return False, f"the A2A agent's task ended {name}" + (f": {words}" if words else ""), None
 
@@ -249,12 +261,16 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
     try:
         import a2a.client  # noqa: F401
     except ImportError:
-        detail = f"service {svc.name!r} is an A2A agent and a2a-sdk is not installed: pip install 'backchannel[a2a]'"
-        await hub.finish(job, rules.Outcome.DEAD, detail, None)
+        detail = (
+            f"this hub did not send the task: service {svc.name!r} is an A2A agent and "
+            "a2a-sdk is not installed where the hub runs: pip install 'backchannel[a2a]' "
+            "there, restart the hub, then delegate again"
+        )
+        await hub.finish(job, rules.Outcome.DEAD, detail, None, refused=False)
         return
     if p.get("purpose") != "chat":
         detail = f"service {svc.name!r} is an A2A agent: it takes tasks, not {p.get('purpose')}"
-        await hub.finish(job, rules.Outcome.DEAD, detail, None)
+        await hub.finish(job, rules.Outcome.DEAD, detail, None, refused=False)
         return
     body = p["body"]
     team, _, delegation_id = str(p.get("ref", "")).partition("/")
@@ -264,7 +280,7 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
 
     async def remember(task_id: str) -> None:
         if hub.clock.now() > give_up_at:  # a task that stays working is not followed forever
-            raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
+            raise _Final(rules.Outcome.DEAD, LATE)
         # the agent answered about its task: the retry budget is for failures in a row,
         # so a fault after the agent worked longer than the budget is retried, not fatal
         # (the outbox starts the budget again at the next failure)
@@ -289,7 +305,7 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
             raise _Final(rules.Outcome.DEAD, f"unknown delegation {delegation_id!r}")
         give_up_at = d.deadline + GIVE_UP_AFTER
         if hub.clock.now() > give_up_at:
-            raise _Final(rules.Outcome.DEAD, "no answer long after the deadline")
+            raise _Final(rules.Outcome.DEAD, LATE)
         answered, text, named = await call(
             svc,
             str(body["agent"]),
@@ -306,6 +322,7 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
             final.detail,
             None,
             reached=final.reached,
+            refused=final.refused,
         )
         return
     except Exception as exc:  # the client's errors: retried or final, as HTTP would be
@@ -319,14 +336,21 @@ async def run_a2a_job(hub: Outbox, job: Job, svc: Service) -> None:
             verdict.detail,
             None,
             reached=verdict.reached,
+            refused=verdict.refused,
         )
         return
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
-    if not answered:
-        await hub.finish(dataclasses.replace(job, payload=p), rules.Outcome.DEAD, text, None)
+    if not answered:  # a rejection is the agent's refusal; a task that ended, its end
+        await hub.finish(
+            dataclasses.replace(job, payload=p),
+            rules.Outcome.DEAD,
+            text,
+            None,
+            refused=text.startswith(REJECTED),
+        )
         return
     room = max(1024, hub.config.max_text - 4096)  # the tool result wraps the answer
     if len(text.encode()) > room:

@@ -214,7 +214,8 @@ class Delegations:
                     service, team=team, teams_in_hub=len(c.tx.list_teams())
                 )
             except (UnknownService, ServiceNotAllowed) as exc:  # the registry changed since
-                self._refused(c, d, exc.message, now)
+                # this hub's own registry stopped it: the callee's hub never saw the task
+                self._failed(c, d, f"this hub did not send the task: {exc.message}", now)
                 continue
             caller = c.tx.get_session(team, d.caller_session)
             chain, refusal = (
@@ -746,8 +747,10 @@ class Delegations:
         status: int | None,
         *,
         reached: bool = True,
+        refused: bool = True,
     ) -> None:
-        """A POST of this part was given up on (``reached``: the other side answered)."""
+        """A POST of this part was given up on (``reached``: the other side answered;
+        ``refused``: ``reason`` is its refusal, else a sentence of its own)."""
         tx = c.tx
         team, _, delegation_id = str(job.payload.get("ref", "")).partition("/")
         d = tx.get_delegation(team, delegation_id)
@@ -756,8 +759,10 @@ class Delegations:
         purpose = job.payload.get("purpose")
         if purpose == "chat" and d.state is DelegationState.PENDING and not reached:
             self._unreached(c, d, str(job.payload.get("service")), reason, now)
-        elif purpose == "chat" and d.state is DelegationState.PENDING:
+        elif purpose == "chat" and d.state is DelegationState.PENDING and refused:
             self._refused(c, d, reason, now)
+        elif purpose == "chat" and d.state is DelegationState.PENDING:
+            self._failed(c, d, reason, now)
         elif purpose == "reply" and status == 409:
             # the caller holds an answer to this request already (a different one): this
             # answer was not taken, but nothing the caller was given is lost

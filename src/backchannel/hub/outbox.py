@@ -224,11 +224,15 @@ class Outbox:
         status: int | None,
         *,
         reached: bool = True,
+        refused: bool = True,
     ) -> None:
         """Record one attempt's ``outcome``. ``reached``: the other side answered (an
         HTTP status, an A2A agent's word); False when no answer came (a connection
         refused, a name not resolved, TLS, a timeout), which the caller is told as a hub
-        it could not reach, not as one that refused."""
+        it could not reach, not as one that refused. ``refused``: a final ``detail`` is
+        the other side's refusal, quoted as such; False when it is a sentence of its own
+        (this hub could not send, the other side kept failing, an agent's task ended
+        without an answer)."""
         p = dict(job.payload)
         svc = self.callbacks.services.get(str(p.get("service")))
         if svc is not None:  # an error may quote the address (its password) or a token
@@ -241,7 +245,11 @@ class Outbox:
             at = rules.next_try(self.callbacks.retry, attempt, float(p["first_at"]), now)
             if at is None:
                 outcome = rules.Outcome.DEAD
-                detail = f"gave up after {attempt} attempts over the retry budget; last: {detail}"
+                detail = (
+                    f"the other side kept failing: gave up after {attempt} attempts over the "
+                    f"retry budget; last: {detail}"
+                )
+                refused = False
         p["attempt"] = attempt
         p["last"] = detail
         p["reached"] = reached
@@ -259,7 +267,9 @@ class Outbox:
             if outcome is rules.Outcome.DONE:
                 self.pipeline.post_done(c, job, now)
             else:
-                self.pipeline.post_dead(c, job, detail, now, status, reached=reached)
+                self.pipeline.post_dead(
+                    c, job, detail, now, status, reached=reached, refused=refused
+                )
 
         log.log(
             logging.WARNING if outcome is rules.Outcome.DEAD else logging.DEBUG,

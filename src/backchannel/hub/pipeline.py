@@ -294,6 +294,7 @@ class Pipeline:
         status: int | None,
         *,
         reached: bool = True,
+        refused: bool = True,
     ) -> None:
         """A POST was given up on: the delegation it carried fails or is marked."""
-        self.delegations.post_dead(c, job, reason, now, status, reached=reached)
+        self.delegations.post_dead(c, job, reason, now, status, reached=reached, refused=refused)
