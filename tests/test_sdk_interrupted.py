@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -244,3 +245,36 @@ def test_ctrl_c_once_the_hub_answered_a_sync_receive_gives_its_messages_back(
             assert [m.message_id for m in back] == sent
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_event_stream_cut_mid_batch_gives_back_what_it_never_sent(server: Server) -> None:
+    """A reader of ``GET /v1/inbox/stream`` that goes away in the middle of a batch (a
+    crash, a proxy cutting a stalled connection): the stream had leased the whole batch
+    (up to 32) at once, and those it had not written yet stayed leased to nobody until
+    their lease ended. They are now given back at once; those written may have been
+    read and stay leased (acked by the reader, or back at the lease's end)."""
+    tokens = server.team("alpha", "lead", "worker")
+    big = "x" * 200_000  # more than the connection's buffers hold, all together
+    sent = _send(server, tokens["lead"], *(f"{i} {big}" for i in range(24)))
+    host, port = urlsplit(server.url).hostname or "", urlsplit(server.url).port or 80
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stalls
+    reader.connect((host, port))
+    reader.sendall(
+        f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {tokens['worker']}\r\n\r\n".encode()
+    )
+    head = b""
+    while b"event: message" not in head:  # the first message is on its way
+        chunk = reader.recv(4096)
+        assert chunk, "the stream ended before its first message"
+        head += chunk
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reader.close()  # reset: what the hub had not written is never read
+    with connect_sync(server.url, tokens["worker"]) as c:
+        back: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(back) < len(sent) // 2 and time.monotonic() < deadline:
+            back += [m.message_id for m in c.receive(limit=32, wait=1)]
+    assert len(back) >= len(sent) // 2, f"only {len(back)} of {len(sent)} came back at once"
+    assert set(back) <= set(sent[1:]), "the message the reader was reading is not handed out"
