@@ -10,7 +10,6 @@ import contextlib
 import threading
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Coroutine,
     Iterator,
@@ -109,7 +108,7 @@ class SyncClient:
     def _run(
         self,
         coro: Coroutine[Any, Any, T],
-        given_back: Callable[[T], Awaitable[Any]] | None = None,
+        given_back: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
     ) -> T:
         """``coro``'s result, run on the client's loop. ``given_back``: what gives back
         the result of a call that leases, when the caller is stopped (Ctrl-C) once the
@@ -152,7 +151,9 @@ class SyncClient:
             raise
 
     def _iterate(
-        self, items: AsyncIterator[T], given_back: Callable[[T], Awaitable[Any]] | None = None
+        self,
+        items: AsyncIterator[T],
+        given_back: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
     ) -> Iterator[T]:
         async def step() -> T:
             return await anext(items)

@@ -284,8 +284,8 @@ class McpEndpoint:
         if stopped is not None and not started and not lost:
             # the client cancelled it and reads no answer; one is owed all the same
             error = {"code": REQUEST_CANCELLED, "message": "the client cancelled this call"}
-            body = {"jsonrpc": "2.0", "id": stopped, "error": error}
-            await JSONResponse(body)(scope, receive, send)
+            refused = {"jsonrpc": "2.0", "id": stopped, "error": error}
+            await JSONResponse(refused)(scope, receive, send)
             return
         if not handling.cancelled():
             handling.result()  # its errors, as without the watch

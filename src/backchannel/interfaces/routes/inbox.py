@@ -13,7 +13,7 @@ import asyncio
 import collections
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -217,7 +217,7 @@ async def inbox_stream(
             if unsent:
                 await asyncio.shield(given_back(api, list(unsent)))
 
-    async def batches() -> AsyncIterator[str]:
+    async def batches() -> AsyncGenerator[str, None]:
         while True:
             while unsent:
                 m = unsent.popleft()
