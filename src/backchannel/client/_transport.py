@@ -366,13 +366,10 @@ class HttpTransport(Transport):
         before the head came closes the connection, which the hub takes as the receiver
         gone (it gives back what it had not written yet)."""
         resp = await self._http.send(request, stream=True)
-        reading = asyncio.ensure_future(_read_closed(resp))
         if call.given_back is None:
-            try:
-                await reading
-            finally:
-                reading.cancel()
+            await _read_closed(resp)
             return resp
+        reading = asyncio.ensure_future(_read_closed(resp))
         try:
             await asyncio.shield(reading)
         except asyncio.CancelledError:
