@@ -278,3 +278,29 @@ def test_an_event_stream_cut_mid_batch_gives_back_what_it_never_sent(server: Ser
             back += [m.message_id for m in c.receive(limit=32, wait=1)]
     assert len(back) >= len(sent) // 2, f"only {len(back)} of {len(sent)} came back at once"
     assert set(back) <= set(sent[1:]), "the message the reader was reading is not handed out"
+
+
+def test_an_event_stream_whose_reader_hung_up_at_once_gives_its_first_batch_back(
+    server: Server,
+) -> None:
+    """A reader of ``GET /v1/inbox/stream`` that hangs up right after asking (it
+    crashed, it was killed): the stream leased a batch for it and wrote the first
+    message into the connection already gone, where it stayed leased to nobody until
+    its lease ended. Nothing is written to a connection that is gone: the whole batch
+    comes back at once."""
+    tokens = server.team("alpha", "lead", "worker")
+    sent = _send(server, tokens["lead"], "one", "two", "three")
+    host, port = urlsplit(server.url).hostname or "", urlsplit(server.url).port or 80
+    reader = socket.create_connection((host, port))
+    reader.sendall(
+        f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {tokens['worker']}\r\n\r\n".encode()
+    )
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reader.close()
+    with connect_sync(server.url, tokens["worker"]) as c:
+        back: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(back) < len(sent) and time.monotonic() < deadline:
+            back += [m.message_id for m in c.receive(limit=10, wait=1)]
+    assert back == sent, f"{len(sent) - len(back)} stayed leased to nobody"

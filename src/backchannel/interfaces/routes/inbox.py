@@ -220,15 +220,15 @@ async def inbox_stream(
     async def batches() -> AsyncGenerator[str, None]:
         while True:
             while unsent:
+                # the server takes what is written to a connection that is gone and
+                # drops it: no more of the batch is written into it
+                if await request.is_disconnected():
+                    return
                 m = unsent.popleft()
                 # ids are checked whole on the way in; the line is kept one line anyway
                 mid = m.message_id.replace("\r", "").replace("\n", "")
                 data = m.model_dump_json(by_alias=True)
                 yield f"event: message\nid: {mid}\ndata: {data}\n\n"
-                # the server takes what is written to a connection that is gone and
-                # drops it: the rest of the batch is not written into it
-                if unsent and await request.is_disconnected():
-                    return
             if await request.is_disconnected():
                 return
             try:
