@@ -429,3 +429,73 @@ async def test_a_cancel_naming_a_request_id_of_long_ago_marks_nothing(
     kept.made(ask, ("send", "b", "hi"), "m2", done)
     kept.cancelled(ask)
     assert kept.take(("send", "b", "hi")) == ("m2", done)
+
+
+def _hold_receives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:class:`_Slow` holds the first receive's answer too (a hub slow to lease)."""
+
+    async def held_receive(self: _Slow, *a: Any, **kw: Any) -> Any:
+        return await self._late(await self._client.receive(*a, **kw))
+
+    monkeypatch.setattr(_Slow, "receive", held_receive, raising=False)
+
+
+async def test_an_http_check_inbox_cancelled_under_way_gives_its_messages_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that times out a ``check_inbox`` over stateless ``/mcp`` while the hub
+    leases, as the TypeScript SDK's (Claude Code, Gemini CLI) does: it sends
+    ``notifications/cancelled`` in a request of its own, keeps the call's connection
+    and drops its answer unread. The endpoint did not match the cancel to the call,
+    answered it and acked what it carried: the message was gone, never shown to the
+    model. The call under way is now stopped unanswered (a JSON-RPC error) and what it
+    leased is given back, for the next ``check_inbox``."""
+    gate = _Gate()
+    _hold_receives(monkeypatch)
+    async with _slowed_hub(tmp_path, monkeypatch, gate) as (url, a, b):
+        async with Client(url, b) as client:
+            sent = (await client.send("a", "deploy at noon")).message_id
+        async with httpx.AsyncClient(base_url=url, headers=_http_headers(a), timeout=30) as http:
+            first = asyncio.create_task(http.post("/mcp", json=_rpc(7, "check_inbox", {})))
+            await eventually(gate.stored.is_set, what="the hub to lease the message")
+            r = await http.post("/mcp", json=_cancel(7))
+            assert r.status_code == 202, r.text
+            gate.go.set()
+            answer = (await first).json()
+        async with Client(url, a) as client:
+            back = await client.receive(wait=5)
+        assert [m.message_id for m in back] == [sent], "the message came back at once"
+        assert answer["id"] == 7 and answer["error"]["code"] == -32800, answer
+
+
+async def test_the_official_clients_check_inbox_timeout_gives_its_messages_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The official Python MCP client, timing out a ``check_inbox`` over ``/mcp``
+    while the hub leases, sends ``notifications/cancelled`` and hangs up: whichever the
+    endpoint hears first, what the call leased is given back, never acked."""
+    gate = _Gate()
+    _hold_receives(monkeypatch)
+    heard = asyncio.Event()  # the endpoint heard the client's cancel
+    cancelled = mcp.Unanswered.cancelled
+
+    def spy(self: mcp.Unanswered, request: tuple[Any, ...]) -> None:
+        cancelled(self, request)
+        heard.set()
+
+    monkeypatch.setattr(mcp.Unanswered, "cancelled", spy)
+    async with _slowed_hub(tmp_path, monkeypatch, gate) as (url, a, b):
+        async with Client(url, b) as client:
+            sent = (await client.send("a", "deploy at noon")).message_id
+        async with http_mcp(url, a, "a-1") as session:
+            call = asyncio.ensure_future(
+                session.call_tool("check_inbox", {}, read_timeout_seconds=0.5)
+            )
+            await eventually(gate.stored.is_set, what="the hub to lease the message")
+            await eventually(heard.is_set, what="the client's cancel to reach the hub")
+            gate.go.set()
+            with pytest.raises(Exception, match="timed out"):
+                await call
+        async with Client(url, a) as client:
+            back = await client.receive(wait=5)
+        assert [m.message_id for m in back] == [sent], "the message came back at once"

@@ -5,17 +5,23 @@ leasing messages nobody reads (over HTTP, against a real ``backchannel serve``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import socket
+import struct
 import threading
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
-from backchannel import connect, connect_sync
+from backchannel import Client, SyncClient, connect, connect_sync
+from backchannel.client._transport import HttpTransport
 from tests.conftest import Server
 
 
@@ -133,3 +139,168 @@ def test_ctrl_c_in_a_sync_receive_ends_its_long_poll(server: Server, how: str, t
             assert relay.hung_up.wait(30), "the interrupted long-poll is still open"
     finally:
         relay.close()
+
+
+class HeldAnswers(httpx.AsyncBaseTransport):
+    """A transport to the hub that holds the body of each receive's answer (``GET
+    /v1/inbox``, ``POST /v1/inbox/receive``) once its head came: :attr:`answered` is
+    set then (the hub leased the messages and wrote them), and the body flows once
+    :attr:`let_go` is set, as a body still on its way does."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.answered = threading.Event()
+        self.let_go = threading.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.inner.handle_async_request(request)
+        if request.url.path not in ("/v1/inbox", "/v1/inbox/receive"):
+            return resp
+        return httpx.Response(
+            resp.status_code, headers=resp.headers, stream=_Held(self, resp.stream)
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Held(httpx.AsyncByteStream):
+    def __init__(self, held: HeldAnswers, body: Any) -> None:
+        self.held, self.body = held, body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self.held.answered.set()
+        deadline = time.monotonic() + 30
+        while not self.held.let_go.is_set():
+            assert time.monotonic() < deadline, "the held answer was never let go"
+            await asyncio.sleep(0.005)
+        async for chunk in self.body:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.body.aclose()
+
+
+async def _until(what: threading.Event) -> None:
+    deadline = time.monotonic() + 30
+    while not what.is_set():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("how", ["receive", "ack_and_receive"])
+async def test_a_receive_cancelled_once_the_hub_answered_gives_its_messages_back(
+    server: Server, how: str
+) -> None:
+    """A task cancel that landed after the hub's answer to a receive began to arrive,
+    before the caller had its messages: they stayed leased to nobody until the lease
+    ended (60 s late, a delivery attempt spent). They are now given back at once."""
+    tokens = server.team("alpha", "lead", "worker")
+    sent = _send(server, tokens["lead"], "one", "two")
+    held = HeldAnswers()
+    async with (
+        Client.over(HttpTransport(server.url, tokens["worker"], transport=held)) as c,
+        connect(server.url, tokens["worker"]) as other,
+    ):
+        call = c.receive(wait=5) if how == "receive" else c.ack_and_receive([], wait=5)
+        task = asyncio.ensure_future(call)
+        await _until(held.answered)  # leased, written, on its way
+        task.cancel()
+        held.let_go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        back = await other.receive(limit=10, wait=0)  # no wait: a leased one would be missing
+        assert [m.message_id for m in back] == sent
+
+
+@pytest.mark.parametrize("how", ["receive", "inbox"])
+def test_ctrl_c_once_the_hub_answered_a_sync_receive_gives_its_messages_back(
+    server: Server, how: str
+) -> None:
+    """Ctrl-C in a sync ``receive`` (or a loop over ``inbox()``) once the hub's answer
+    began to arrive: the call was called off with the answer unread, and its messages
+    stayed leased to nobody until the lease ended. They are now given back at once."""
+    tokens = server.team("alpha", "lead", "worker")
+    sent = _send(server, tokens["lead"], "one", "two")
+    held = HeldAnswers()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        held.let_go.set()  # the body comes on as the signal is taken
+        raise KeyboardInterrupt
+
+    def interrupt() -> None:
+        if held.answered.wait(30):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with (
+            SyncClient.over(HttpTransport(server.url, tokens["worker"], transport=held)) as c,
+            connect_sync(server.url, tokens["worker"]) as other,
+        ):
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                c.receive(wait=5) if how == "receive" else list(c.inbox(wait=5))
+            back = other.receive(limit=10, wait=0)
+            assert [m.message_id for m in back] == sent
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_event_stream_cut_mid_batch_gives_back_what_it_never_sent(server: Server) -> None:
+    """A reader of ``GET /v1/inbox/stream`` that goes away in the middle of a batch (a
+    crash, a proxy cutting a stalled connection): the stream had leased the whole batch
+    (up to 32) at once, and those it had not written yet stayed leased to nobody until
+    their lease ended. They are now given back at once; those written may have been
+    read and stay leased (acked by the reader, or back at the lease's end)."""
+    tokens = server.team("alpha", "lead", "worker")
+    big = "x" * 200_000  # more than the connection's buffers hold, all together
+    sent = _send(server, tokens["lead"], *(f"{i} {big}" for i in range(24)))
+    host, port = urlsplit(server.url).hostname or "", urlsplit(server.url).port or 80
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stalls
+    reader.connect((host, port))
+    reader.sendall(
+        f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {tokens['worker']}\r\n\r\n".encode()
+    )
+    head = b""
+    while b"event: message" not in head:  # the first message is on its way
+        chunk = reader.recv(4096)
+        assert chunk, "the stream ended before its first message"
+        head += chunk
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reader.close()  # reset: what the hub had not written is never read
+    with connect_sync(server.url, tokens["worker"]) as c:
+        back: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(back) < len(sent) // 2 and time.monotonic() < deadline:
+            back += [m.message_id for m in c.receive(limit=32, wait=1)]
+    assert len(back) >= len(sent) // 2, f"only {len(back)} of {len(sent)} came back at once"
+    assert set(back) <= set(sent[1:]), "the message the reader was reading is not handed out"
+
+
+def test_an_event_stream_whose_reader_hung_up_at_once_gives_its_first_batch_back(
+    server: Server,
+) -> None:
+    """A reader of ``GET /v1/inbox/stream`` that hangs up right after asking (it
+    crashed, it was killed): the stream leased a batch for it and wrote the first
+    message into the connection already gone, where it stayed leased to nobody until
+    its lease ended. Nothing is written to a connection that is gone: the whole batch
+    comes back at once."""
+    tokens = server.team("alpha", "lead", "worker")
+    sent = _send(server, tokens["lead"], "one", "two", "three")
+    host, port = urlsplit(server.url).hostname or "", urlsplit(server.url).port or 80
+    reader = socket.create_connection((host, port))
+    reader.sendall(
+        f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {tokens['worker']}\r\n\r\n".encode()
+    )
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reader.close()
+    with connect_sync(server.url, tokens["worker"]) as c:
+        back: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(back) < len(sent) and time.monotonic() < deadline:
+            back += [m.message_id for m in c.receive(limit=10, wait=1)]
+    assert back == sent, f"{len(sent) - len(back)} stayed leased to nobody"

@@ -586,8 +586,11 @@ class Client:
             )
             return Inbox(messages=got)
 
+        async def given_back(got: Inbox) -> None:
+            await self._given_back(got.messages)
+
         inbox: Inbox = await self._do(
-            Call("GET", "/v1/inbox", local, Inbox, params=params, wait=wait)
+            Call("GET", "/v1/inbox", local, Inbox, params=params, wait=wait, given_back=given_back)
         )
         return [m.bind(self) for m in inbox.messages]
 
@@ -619,8 +622,20 @@ class Client:
                 ids, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
             )
 
+        async def given_back(got: InboxAcked) -> None:
+            await self._given_back(got.messages)
+
         got: InboxAcked = await self._do(
-            Call("POST", "/v1/inbox/receive", local, InboxAcked, body, wait=wait, repeatable=True)
+            Call(
+                "POST",
+                "/v1/inbox/receive",
+                local,
+                InboxAcked,
+                body,
+                wait=wait,
+                repeatable=True,
+                given_back=given_back,
+            )
         )
         for m in got.messages:
             m.bind(self)
@@ -643,6 +658,12 @@ class Client:
                 if rest:
                     with contextlib.suppress(BackchannelError):  # they come back at lease end
                         await self.release([m.message_id for m in rest])
+
+    async def _given_back(self, got: Sequence[Received]) -> None:
+        """Release ``got``, leased for a caller that never took them (it was cancelled
+        or interrupted once the hub had answered)."""
+        if got:
+            await self.release([m.message_id for m in got])
 
     async def pending(self) -> int:
         """How many of your messages are not acked yet."""

@@ -8,7 +8,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backchannel.client._async import Client
@@ -98,7 +105,14 @@ class SyncClient:
             self._stop()
             raise
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(
+        self,
+        coro: Coroutine[Any, Any, T],
+        given_back: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
+    ) -> T:
+        """``coro``'s result, run on the client's loop. ``given_back``: what gives back
+        the result of a call that leases, when the caller is stopped (Ctrl-C) once the
+        call had its answer but before the caller took it."""
         running: list[asyncio.Task[T]] = []
 
         async def owned() -> T:
@@ -125,16 +139,29 @@ class SyncClient:
                     asyncio.run_coroutine_threadsafe(_called_off(running), self._loop).result(
                         CALL_OFF_WITHIN
                     )
+                    concurrent.futures.wait((call,), timeout=CALL_OFF_WITHIN)
+            # the call had its answer (before the signal, or as it was called off): the
+            # messages it leased are given back at once, not left to the lease's end
+            if given_back is not None and call.done() and not call.cancelled():
+                with contextlib.suppress(Exception):
+                    if call.exception() is None:
+                        asyncio.run_coroutine_threadsafe(
+                            given_back(call.result()), self._loop
+                        ).result(CALL_OFF_WITHIN)
             raise
 
-    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+    def _iterate(
+        self,
+        items: AsyncIterator[T],
+        given_back: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
+    ) -> Iterator[T]:
         async def step() -> T:
             return await anext(items)
 
         try:
             while True:
                 try:
-                    yield self._run(step())
+                    yield self._run(step(), given_back)
                 except StopAsyncIteration:
                     return
         finally:
@@ -306,7 +333,8 @@ class SyncClient:
         got = self._run(
             self._async.receive(
                 limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
-            )
+            ),
+            self._async._given_back,
         )
         return [m.bind_sync(self.ack) for m in got]
 
@@ -327,7 +355,8 @@ class SyncClient:
         got = self._run(
             self._async.ack_and_receive(
                 ack, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
-            )
+            ),
+            lambda got: self._async._given_back(got.messages),
         )
         for m in got.messages:
             m.bind_sync(self.ack)
@@ -337,7 +366,8 @@ class SyncClient:
         self, *, session: str | None = None, wait: float = 30.0, batch: int = 32
     ) -> Iterator[Received]:
         """Yield messages as they arrive (pushed: a waiting receiver wakes on commit)."""
-        for m in self._iterate(self._async.inbox(session=session, wait=wait, batch=batch)):
+        items = self._async.inbox(session=session, wait=wait, batch=batch)
+        for m in self._iterate(items, lambda m: self._async._given_back([m])):
             yield m.bind_sync(self.ack)
 
     def pending(self) -> int:

@@ -10,6 +10,7 @@ they have.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -85,6 +86,11 @@ class Call(Generic[R]):
     #: its ``tool_use_id``, an open under its session id): made again when its answer
     #: was lost on the way (see :class:`HttpTransport`).
     repeatable: bool = False
+    #: A call that leases (a receive): when its caller is cancelled (a task cancel,
+    #: Ctrl-C in a sync client) once the hub's answer began to arrive, the answer is read
+    #: to its end anyway and handed to this, which gives back what the caller never got
+    #: (at once, not at the end of the lease; see :meth:`HttpTransport.call`).
+    given_back: Callable[[R], Awaitable[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -310,7 +316,7 @@ class HttpTransport(Transport):
         went_out = False  # a try of a call that changes something reached the hub
         while True:
             try:
-                resp = await self._http.request(
+                request = self._http.build_request(
                     call.method,
                     call.path,
                     json=call.json,
@@ -318,6 +324,7 @@ class HttpTransport(Transport):
                     headers=headers,
                     timeout=timeout,
                 )
+                resp = await self._answer(call, request)
             except httpx.TransportError as exc:
                 never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if not (never_sent or repeatable):
@@ -338,12 +345,37 @@ class HttpTransport(Transport):
                 pause = max(pause, min(asked, RETRY_PAUSE_MAX))
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_PAUSE_MAX)
+        return self._read(call, resp)
+
+    @staticmethod
+    def _read(call: Call[R], resp: httpx.Response) -> R:
         if call.parse is not None:
             return call.parse(resp)
         raise_for(resp)
         assert call.model is not None
         got: R = call.model.model_validate(resp.json())  # type: ignore[assignment]
         return got
+
+    async def _answer(self, call: Call[Any], request: httpx.Request) -> httpx.Response:
+        """The hub's whole answer to ``request``. For a call that leases
+        (:attr:`Call.given_back`), a cancel that lands once the answer's head came (the
+        hub leased and wrote its messages; the body is still on its way) no longer
+        drops it, which left its messages leased to nobody until the lease ended (each
+        such a delivery attempt): the body is read to its end all the same (within the
+        call's timeout), what it holds is given back, and the cancel goes on. A cancel
+        before the head came closes the connection, which the hub takes as the receiver
+        gone (it gives back what it had not written yet)."""
+        resp = await self._http.send(request, stream=True)
+        if call.given_back is None:
+            await _read_closed(resp)
+            return resp
+        reading = asyncio.ensure_future(_read_closed(resp))
+        try:
+            await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            await _give_back(call, resp, reading, self.timeout)
+            raise
+        return resp
 
     async def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
         """The events of ``stream``. With :attr:`Stream.reconnect_within`, a connection
@@ -415,6 +447,29 @@ class HttpTransport(Transport):
                     name, data, cursor = "", "", None
                 elif not line:
                     name, cursor = "", None
+
+
+async def _read_closed(resp: httpx.Response) -> None:
+    try:
+        await resp.aread()
+    finally:
+        await resp.aclose()
+
+
+async def _give_back(
+    call: Call[Any], resp: httpx.Response, reading: asyncio.Future[None], within: float
+) -> None:
+    """The answer of ``call``, whose caller was cancelled while it was read, handed to
+    :attr:`Call.given_back` once read whole (a second cancel, a body that does not come
+    within ``within`` s, or an answer that is not the call's: nothing to give back; its
+    messages come back at the lease's end)."""
+    assert call.given_back is not None
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(reading), within)
+        if resp.status_code < 400:
+            await call.given_back(HttpTransport._read(call, resp))
+    if not reading.done():
+        reading.cancel()
 
 
 class _Again(Exception):

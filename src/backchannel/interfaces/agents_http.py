@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -56,6 +57,23 @@ SESSION_HEADER = "Backchannel-Session"
 _MEMBER_KEY = "backchannel.member"
 _TOKEN_KEY = "backchannel.token"
 _SESSION_KEY = "backchannel.session"
+#: The JSON-RPC error code of a call the client cancelled while it ran.
+REQUEST_CANCELLED = -32800
+
+
+def tool_call_id(body: bytes) -> Any:
+    """The request id of ``body`` when it is one ``tools/call`` (None otherwise)."""
+    if b"tools/call" not in body:
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(value, dict) and value.get("method") == "tools/call":
+        ident = value.get("id")
+        if isinstance(ident, (int, str)) and not isinstance(ident, bool):
+            return ident
+    return None
 
 
 def _header_safe(text: str) -> str:
@@ -133,6 +151,9 @@ class McpEndpoint:
         self.unanswered = Unanswered()
         self.server = build_server(self._resolve, delegate=True, unanswered=self.unanswered)
         self.manager: StreamableHTTPSessionManager | None = None
+        #: the tool calls under way, not answered yet, by (team, member, session,
+        #: request id): each one's ``stop``, for a ``notifications/cancelled`` that names it
+        self.calling: dict[tuple[Any, ...], list[Callable[[], None]]] = {}
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -162,14 +183,20 @@ class McpEndpoint:
             _SESSION_KEY: request.headers.get(SESSION_HEADER) or None,
         }
         if scope.get("method") == "POST":
+            who = (member.team, member.name, inner[_SESSION_KEY])
 
             def heard(body: bytes) -> None:
                 if CANCELLED.encode() in body:
-                    session = inner[_SESSION_KEY]
                     for request in cancelled_requests(body):
-                        self.unanswered.cancelled((member.team, member.name, session, request))
+                        self.unanswered.cancelled((*who, request))
+                        # a call under way that the client gave up on: stopped before
+                        # its answer goes out (a check_inbox's would be acked, then
+                        # dropped by the client unread); one only, when the request id
+                        # names one call (stateless clients' ids repeat)
+                        if len(under_way := self.calling.get((*who, request), [])) == 1:
+                            under_way[0]()
 
-            await self._unless_gone(self.manager, inner, receive, send, heard)
+            await self._unless_gone(self.manager, inner, receive, send, heard, self.calling, who)
         else:
             await self.manager.handle_request(inner, receive, send)
 
@@ -180,6 +207,8 @@ class McpEndpoint:
         receive: Receive,
         send: Send,
         heard: Callable[[bytes], None] = lambda body: None,
+        calling: dict[tuple[Any, ...], list[Callable[[], None]]] | None = None,
+        who: tuple[Any, ...] = (),
     ) -> None:
         """Handle a POST, and stop its calls when the client hangs up before the answer:
         the SDK would run them on and write the answer into the closed connection, so
@@ -191,9 +220,19 @@ class McpEndpoint:
         answered: list[Callable[[bool], None]] = []  # told whether the answer went out
         written = False  # the answer's last byte was handed to the server
         lost = False  # the client hung up before
+        started = False  # the answer's head was handed to the server
+        stopped: Any = None  # the id of the tool call the client cancelled under way
+        registered: tuple[tuple[Any, ...], Callable[[], None]] | None = None
+
+        def stop(call_id: Any) -> None:
+            nonlocal stopped
+            if not started and stopped is None:
+                stopped = call_id
+                handling.cancel()
 
         async def sending(message: Message) -> None:
-            nonlocal written
+            nonlocal written, started
+            started = True
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 written = True
@@ -207,6 +246,10 @@ class McpEndpoint:
                 body_read.set()
                 if len(body) <= HEARD_MAX:
                     heard(bytes(body))  # what the client said (a cancel of an earlier call)
+                    if calling is not None and (call_id := tool_call_id(bytes(body))) is not None:
+                        nonlocal registered
+                        registered = ((*who, call_id), functools.partial(stop, call_id))
+                        calling.setdefault(registered[0], []).append(registered[1])
             return message
 
         async def client_gone() -> None:
@@ -230,8 +273,20 @@ class McpEndpoint:
             watching.cancel()
             handling.cancel()  # nothing when it is done: the client is gone otherwise
             await asyncio.wait({handling})
+            if registered is not None and calling is not None:
+                left = calling.get(registered[0], [])
+                with contextlib.suppress(ValueError):
+                    left.remove(registered[1])
+                if not left:
+                    calling.pop(registered[0], None)
             for settle in answered:
                 settle(written and not lost)
+        if stopped is not None and not started and not lost:
+            # the client cancelled it and reads no answer; one is owed all the same
+            error = {"code": REQUEST_CANCELLED, "message": "the client cancelled this call"}
+            refused = {"jsonrpc": "2.0", "id": stopped, "error": error}
+            await JSONResponse(refused)(scope, receive, send)
+            return
         if not handling.cancelled():
             handling.result()  # its errors, as without the watch
 

@@ -10,9 +10,10 @@ per batch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -200,29 +201,48 @@ async def inbox_stream(
     first = await api.receive(session=session, limit=32)
     gone = asyncio.Event()  # set when the token is revoked
 
+    unsent: collections.deque[Received] = collections.deque(first)
+
     async def events() -> AsyncIterator[str]:
-        yield ": connected\n\n"
-        got = first
-        with hub_of(request).watch_revocation(api.member.token_hash, gone, api.member.team):
-            while True:
-                for m in got:
-                    # ids are checked whole on the way in; the line is kept one line anyway
-                    mid = m.message_id.replace("\r", "").replace("\n", "")
-                    data = m.model_dump_json(by_alias=True)
-                    yield f"event: message\nid: {mid}\ndata: {data}\n\n"
+        # a batch is leased whole: those of it not written when the stream ends (the
+        # reader went away, a proxy cut it) are given back at once, not left leased to
+        # nobody until the lease ends; one written may have been read, and stays leased
+        try:
+            yield ": connected\n\n"
+            with hub_of(request).watch_revocation(api.member.token_hash, gone, api.member.team):
+                async with contextlib.aclosing(batches()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+        finally:
+            if unsent:
+                await asyncio.shield(given_back(api, list(unsent)))
+
+    async def batches() -> AsyncGenerator[str, None]:
+        while True:
+            while unsent:
+                # the server takes what is written to a connection that is gone and
+                # drops it: no more of the batch is written into it
                 if await request.is_disconnected():
                     return
-                try:
-                    got = await api.receive(session=session, limit=32, wait=15.0, stop=gone)
-                except BackchannelError as exc:  # the session ended meanwhile
-                    yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
-                    return
-                if (error := await revoked(request)) is not None:
-                    await given_back(api, got)
-                    yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
-                    return
-                if not got:
-                    yield ": keep-alive\n\n"
+                m = unsent.popleft()
+                # ids are checked whole on the way in; the line is kept one line anyway
+                mid = m.message_id.replace("\r", "").replace("\n", "")
+                data = m.model_dump_json(by_alias=True)
+                yield f"event: message\nid: {mid}\ndata: {data}\n\n"
+            if await request.is_disconnected():
+                return
+            try:
+                got = await api.receive(session=session, limit=32, wait=15.0, stop=gone)
+            except BackchannelError as exc:  # the session ended meanwhile
+                yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
+                return
+            if (error := await revoked(request)) is not None:
+                await given_back(api, got)
+                yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+                return
+            unsent.extend(got)
+            if not got:
+                yield ": keep-alive\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
