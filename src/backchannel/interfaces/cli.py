@@ -389,14 +389,36 @@ def team_create(
 
 @team_app.command("list")
 def team_list(
-    url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None, as_json: JsonOpt = False
+    after: Annotated[
+        str | None, typer.Option(help="Only teams named after this one (the last shown).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List teams."""
+    """List teams by name, a page at a time (the next page's command is printed on
+    stderr when there are more; --all shows them all)."""
     client = _client(url, token, home, admin=True)
-
-    found = _run(_with(client, lambda c: c.teams()))
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    found = _run(_with(client, lambda c: c.teams(after=after, limit=None if every else limit + 1)))
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
     if as_json:
         _print_json(found)
+    if more:
+        again = f"backchannel team list --after {found[-1]['name']}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} teams; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for t in found:
         print(_p(t["name"]))

@@ -128,8 +128,14 @@ class Tx(Protocol):
     def insert_team(self, team: Team) -> None:
         """Add a team. Raises ``AlreadyExists`` if the name is taken."""
 
-    def list_teams(self) -> list[Team]:
-        """All teams, by name."""
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        """The teams, by name: those whose name comes after ``after`` (a page's start: the
+        last name of the page before), at most ``limit``, read from the primary key in
+        that order."""
+        ...
+
+    def count_teams(self) -> int:
+        """How many teams there are (the hub's own checks ask, never reading them)."""
         ...
 
     # -- members -----------------------------------------------------------
@@ -634,8 +640,17 @@ class Tx(Protocol):
     def put_budget(self, budget: Budget) -> None:
         """Insert or replace the record with the same ``(team, key)``."""
 
-    def list_budgets(self, team: str) -> list[Budget]:
-        """The team's budget records, ordered by key."""
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
+        """The team's budget records, ordered by key: those whose key comes after
+        ``after`` (a page's start), at most ``limit``, without those whose key starts
+        with ``hidden``; read from the primary key in that order."""
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

@@ -122,8 +122,12 @@ class MemoryTx:
             raise AlreadyExists(f"team {team.name!r} already exists")
         self._set(self._d.teams, team.name, team)
 
-    def list_teams(self) -> list[Team]:
-        return [self._d.teams[k] for k in sorted(self._d.teams)]
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        names = sorted(k for k in self._d.teams if after is None or k > after)
+        return [self._d.teams[k] for k in names[:limit]]
+
+    def count_teams(self) -> int:
+        return len(self._d.teams)
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
@@ -891,10 +895,24 @@ class MemoryTx:
     def put_budget(self, budget: Budget) -> None:
         self._set(self._d.budgets, (budget.team, budget.key), budget)
 
-    def list_budgets(self, team: str) -> list[Budget]:
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
         return sorted(
-            (b for (t, _), b in self._d.budgets.items() if t == team), key=lambda b: b.key
-        )
+            (
+                b
+                for (t, k), b in self._d.budgets.items()
+                if t == team
+                and (after is None or k > after)
+                and not (hidden and k.startswith(hidden))
+            ),
+            key=lambda b: b.key,
+        )[:limit]
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

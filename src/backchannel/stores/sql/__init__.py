@@ -158,6 +158,42 @@ def members_query(
     return sql, args
 
 
+def teams_query(cols: str, after: str | None, limit: int | None) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_teams`, a page: read from the primary key ``name`` in its order,
+    from the name ``after``."""
+    sql = f"SELECT {cols} FROM teams"
+    args: list[Any] = []
+    if after is not None:
+        sql += " WHERE name > ?"
+        args.append(after)
+    sql += " ORDER BY name"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
+def budgets_query(
+    cols: str, team: str, after: str | None, limit: int | None, hidden: str | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_budgets`, a page: read from the primary key ``(team, key)`` in its
+    order, from the key ``after``, leaving out the keys that start with ``hidden`` (one
+    range of that key, skipped in the index)."""
+    sql = f"SELECT {cols} FROM budgets WHERE team = ?"
+    args: list[Any] = [team]
+    if after is not None:
+        sql += " AND key > ?"
+        args.append(after)
+    if hidden:
+        sql += " AND (key < ? OR key >= ?)"
+        args += [hidden, hidden[:-1] + chr(ord(hidden[-1]) + 1)]
+    sql += " ORDER BY key"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
 def delegations_query(
     cols: str,
     team: str,
