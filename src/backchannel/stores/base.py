@@ -134,6 +134,11 @@ class Tx(Protocol):
         that order."""
         ...
 
+    def link_crossings(self, team: str) -> int:
+        """How many crossings the team's links have made, summed in the store (what
+        ``/metrics`` shows; no link is read out)."""
+        ...
+
     def count_teams(self) -> int:
         """How many teams there are (the hub's own checks ask, never reading them)."""
         ...
@@ -487,8 +492,10 @@ class Tx(Protocol):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        """A team's jobs, optionally of one session or kind, by ``due_at``."""
+        """A team's jobs, optionally of one session or kind, by ``due_at``: the first
+        ``limit`` (all when None)."""
         ...
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:

@@ -122,6 +122,9 @@ class MemoryTx:
             raise AlreadyExists(f"team {team.name!r} already exists")
         self._set(self._d.teams, team.name, team)
 
+    def link_crossings(self, team: str) -> int:
+        return sum(x.turns_used for (t, _), x in self._d.links.items() if t == team)
+
     def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
         names = sorted(k for k in self._d.teams if after is None or k > after)
         return [self._d.teams[k] for k in names[:limit]]
@@ -738,6 +741,7 @@ class MemoryTx:
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
         found = [
             j
@@ -747,7 +751,7 @@ class MemoryTx:
             and (kind is None or j.kind == kind)
             and (not pending_only or j.state is JobState.PENDING)
         ]
-        return sorted(found, key=lambda j: (j.due_at, j.job_id))
+        return sorted(found, key=lambda j: (j.due_at, j.job_id))[:limit]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
         job = self._d.jobs.get(job_id)

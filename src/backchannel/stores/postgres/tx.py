@@ -158,6 +158,11 @@ class PgTx(PgTransaction, LifecycleSql):
     def insert_team(self, team: Team) -> None:
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}", team.name)
 
+    def link_crossings(self, team: str) -> int:
+        sql = pg("SELECT coalesce(sum(turns_used), 0) FROM links WHERE team = ?")
+        row = self._one(sql, (team,), team)
+        return int(row[0]) if row else 0
+
     def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
         sql, args = teams_query(TEAM_COLS, after, limit)
         return [_ROWS.team(r) for r in self._all(pg(sql), args)]
@@ -667,8 +672,9 @@ class PgTx(PgTransaction, LifecycleSql):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only)
+        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only, limit)
         return self._jobs(self._all(pg(sql), args, team))
 
     # -- delegation ----------------------------------------------------------

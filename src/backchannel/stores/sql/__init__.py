@@ -125,6 +125,7 @@ def jobs_query(
     session_id: str | None,
     kind: str | None,
     pending_only: bool,
+    limit: int | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`Tx.list_jobs`: only the filters in use are named (``job_id`` is the
     dialect's name for the id column)."""
@@ -138,7 +139,11 @@ def jobs_query(
         args.append(kind)
     if pending_only:
         sql += " AND state = 'pending'"
-    return f"{sql} ORDER BY due_at, {job_id}", args
+    sql += f" ORDER BY due_at, {job_id}"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
 
 
 def members_query(

@@ -252,6 +252,10 @@ class SqliteTx(LifecycleSql):
         self._drop_cached()
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}")
 
+    def link_crossings(self, team: str) -> int:
+        row = self._one("SELECT coalesce(sum(turns_used), 0) FROM links WHERE team = ?", (team,))
+        return int(row[0]) if row else 0
+
     def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
         sql, args = teams_query(TEAM_COLS, after, limit)
         return [_ROWS.team(r) for r in self._c.execute(sql, args)]
@@ -829,8 +833,9 @@ class SqliteTx(LifecycleSql):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only)
+        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only, limit)
         return [_job(r) for r in self._c.execute(sql, args)]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
