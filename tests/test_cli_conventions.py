@@ -160,6 +160,8 @@ def test_conventions(server: Server) -> None:
         ("timer", "list", "--json"),
         ("links", "--json"),
         ("session", "list", "--json"),
+        ("delegations", "--json"),
+        ("budget", "list", "crew", "--json"),
     ]
     for args in listings:
         r = run(*args, env={**env, "BACKCHANNEL_TOKEN": tok} if args[0] != "team" else env)

@@ -189,3 +189,36 @@ def test_the_sync_sdk_reads_the_pages(
         assert [d.delegation_id for d in client.delegations(limit=2)] == ids[:2]
         seen = [d.delegation_id for p in client.delegation_pages() for d in p.delegations]
         assert seen == ids
+
+
+def test_the_command_line_lists_them_a_page_at_a_time(
+    srv: Server, team: tuple[dict[str, Any], list[dict[str, Any]]]
+) -> None:
+    from tests.test_cli_conventions import run
+
+    tokens, made = team
+    ids = _in_order(made)
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    first = run("delegations", "--limit", "4", env=env)
+    assert first.returncode == 0, first.stderr
+    rows = [line.split("\t") for line in first.stdout.splitlines()]
+    assert [r[0] for r in rows] == ids[:4]
+    by_id = {d["delegation_id"]: d for d in made}
+    assert rows[0][1:3] == [f"a -> {by_id[ids[0]]['callee']}", "pending"]
+    assert f"more follow: backchannel delegations --after {ids[3]}" in first.stderr
+    assert "--all" in first.stderr
+    rest = run("delegations", "--after", ids[3], "--all", "--json", env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert [d["delegation_id"] for d in json.loads(rest.stdout)] == ids[4:]
+    assert "more follow" not in rest.stderr
+    with_c = _in_order([d for d in made if "c" in (d["caller"], d["callee"])])
+    some = run("delegations", "--member", "c", "--limit", "2", "--json", env=env)
+    assert [d["delegation_id"] for d in json.loads(some.stdout)] == with_c[:2]
+    assert f"backchannel delegations --after {with_c[1]} --member c" in some.stderr
+    env_b = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["b"]}
+    none = run("delegations", "--member", "c", "--json", env=env_b)
+    assert none.returncode == 0 and json.loads(none.stdout) == [], none.stderr
+    bad = run("delegations", "--limit", "0", env=env)
+    assert bad.returncode == 2 and "--limit" in bad.stderr
+    gone = run("delegations", "--after", "dlg_never", env=env)
+    assert gone.returncode == 1 and "after" in gone.stderr

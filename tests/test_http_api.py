@@ -123,7 +123,7 @@ def test_other_team_is_indistinguishable_from_nonexistent(
         missing = out.get("/v1/teams/nosuchteam/members")
         assert other.status_code == missing.status_code == 404
         assert other.json()["error"]["code"] == missing.json()["error"]["code"] == "unknown_team"
-        assert out.get("/v1/teams").json() == {"teams": [{"name": "beta"}]}
+        assert out.get("/v1/teams").json() == {"teams": [{"name": "beta"}], "next_after": None}
 
 
 def test_auth_errors(srv: Server, tokens: dict[str, str]) -> None:

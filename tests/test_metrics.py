@@ -113,3 +113,75 @@ def test_json_logs_are_one_object_per_line(strict_server: Server) -> None:
     assert lines, log.read_text()
     entries = [json.loads(x) for x in lines]
     assert {"ts", "level", "logger", "message"} <= entries[0].keys()
+
+
+async def _linked_team(hub: object) -> None:
+    """Team ``t``: a, b and c each sent to the others in a turn (three links, three
+    crossings), and a holds three timers, the first due 50 s ago once 120 s pass."""
+    from backchannel.hub import Hub
+
+    assert isinstance(hub, Hub)
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    for m in ("a", "b", "c"):
+        await hub.add_member("t", m)
+        await hub.open_session("t", m, f"{m}-s")
+        await hub.report_event("t", m, f"{m}-s", "turn_start")
+    for x, y in (("a", "b"), ("a", "c"), ("b", "c")):
+        await hub.send("t", x, y, f"{x} to {y}", sender_session=f"{x}-s")
+    for m in ("a", "b", "c"):
+        await hub.report_event("t", m, f"{m}-s", "agent_stop", f"{m} is done")
+    for seconds in (70, 90, 600):
+        await hub.set_timer("t", "a", "a-s", "check", seconds, f"in {seconds}", target="b")
+
+
+def _gauge(reg: object, name: str) -> float:
+    from prometheus_client import CollectorRegistry
+
+    assert isinstance(reg, CollectorRegistry)
+    value = reg.get_sample_value(name, {"team": "t"})
+    assert value is not None, name
+    return value
+
+
+async def test_the_snapshot_counts_in_the_store_on_every_store(make_store: object) -> None:
+    from backchannel.hub import Hub
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.testing import FakeClock
+
+    assert callable(make_store)
+    clock = FakeClock()
+    async with Hub(make_store(), clock=clock, background=False) as hub:
+        await _linked_team(hub)
+        crossed = sum(x.turns_used for x in await hub.list_links("t"))
+        assert crossed > 0
+        clock.advance(120)
+        reg = await snapshot(hub)
+        assert _gauge(reg, "backchannel_link_crossings") == crossed
+        assert _gauge(reg, "backchannel_timer_lateness_seconds") == pytest.approx(50)
+
+
+async def test_the_snapshot_reads_no_link_and_one_timer(tmp_path: Path) -> None:
+    """``/metrics`` is answered from a sum of the links' crossings and the first timer
+    due, not by reading every link and pending job of every team (a team may hold
+    twenty thousand links and as many timers)."""
+    import re
+
+    from backchannel.hub import Hub
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import FakeClock
+
+    seen: list[str] = []
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "hub.db", on_statement=seen.append)
+    async with Hub(store, clock=clock, background=False) as hub:
+        await _linked_team(hub)
+        seen.clear()
+        await snapshot(hub)
+    reads = [" ".join(s.split()) for s in seen]
+    rows_of_links = [s for s in reads if re.search(r"SELECT .*link_id.* FROM links", s)]
+    assert not rows_of_links, rows_of_links
+    jobs = [s for s in reads if "FROM jobs WHERE team = " in s]
+    assert jobs and all(" AND kind = " in s for s in jobs), jobs  # never every job
+    (timers,) = [s for s in jobs if "kind = 'timer'" in s]
+    assert timers.endswith("LIMIT 1"), timers  # the timer first due, alone

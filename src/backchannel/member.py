@@ -559,8 +559,8 @@ class MemberApi:
         )
 
     # -- budgets ---------------------------------------------------------------------
-    async def budgets(self) -> BudgetList:
-        return await _budgets(self.hub, self.team)
+    async def budgets(self, *, after: str | None = None, limit: int = PAGE) -> BudgetList:
+        return await _budgets(self.hub, self.team, after=after, limit=limit)
 
     async def extend_budget(self, key: str, by: int, *, request_id: str | None = None) -> Budget:
         """Only the team's human (``user``) may; the hub says so otherwise."""
@@ -586,8 +586,14 @@ class AdminApi:
         team, token = await self.hub.create_team(name, settings=dict(settings or {}))
         return TeamCreated(name=team.name, created_at=team.created_at, user_token=token)
 
-    async def teams(self) -> TeamList:
-        return TeamList(teams=[TeamRef(name=t.name) for t in await self.hub.list_teams()])
+    async def teams(self, *, after: str | None = None, limit: int = PAGE) -> TeamList:
+        """The teams by name, a page: at most ``limit`` after the name ``after``."""
+        found = await self.hub.list_teams(after=after, limit=limit + 1)
+        teams = found[:limit]
+        return TeamList(
+            teams=[TeamRef(name=t.name) for t in teams],
+            next_after=teams[-1].name if len(found) > limit else None,
+        )
 
     async def add_member(
         self,
@@ -643,8 +649,10 @@ class AdminApi:
     async def remove_team(self, team: str) -> Removal:
         return Removal.model_validate((await self.hub.remove_team(team)).to_json())
 
-    async def budgets(self, team: str) -> BudgetList:
-        return await _budgets(self.hub, team)
+    async def budgets(
+        self, team: str, *, after: str | None = None, limit: int = PAGE
+    ) -> BudgetList:
+        return await _budgets(self.hub, team, after=after, limit=limit)
 
     async def events(self, team: str, *, after: int = 0) -> AsyncIterator[Traffic]:
         async for item in _watch(self.hub, team, after):
@@ -719,8 +727,14 @@ async def _members(
     )
 
 
-async def _budgets(hub: Hub, team: str) -> BudgetList:
-    return BudgetList.model_validate({"budgets": await hub.list_budgets(team)})
+async def _budgets(hub: Hub, team: str, *, after: str | None, limit: int) -> BudgetList:
+    """A page of the team's used budgets by key: at most ``limit`` after the key
+    ``after``."""
+    found = await hub.list_budgets(team, after=after, limit=limit + 1)
+    budgets = found[:limit]
+    return BudgetList.model_validate(
+        {"budgets": budgets, "next_after": budgets[-1]["key"] if len(found) > limit else None}
+    )
 
 
 async def _watch(hub: Hub, team: str, after: int) -> AsyncIterator[Traffic]:

@@ -400,6 +400,9 @@ class TeamRef(_Out):
 
 class TeamList(_Out):
     teams: list[TeamRef]
+    #: the last team name of this page when more follow: ask again with ``after`` set to
+    #: it (None: this page is the last)
+    next_after: str | None = None
 
 
 class MemberCreated(_Out):
@@ -835,6 +838,9 @@ class Budget(_Out):
 
 class BudgetList(_Out):
     budgets: list[Budget]
+    #: the last key of this page when more follow: ask again with ``after`` set to it
+    #: (None: this page is the last)
+    next_after: str | None = None
 
 
 class HookAnswer(BaseModel):

@@ -7,8 +7,10 @@ import json
 from collections.abc import Callable
 
 import httpx
+import pytest
 from playwright.sync_api import Dialog, Page, expect
 
+from backchannel.core.pages import MAX_PAGE
 from backchannel.interfaces.dashboard import SNAPSHOT_PAGE
 from backchannel.testing import eventually_blocking
 from tests.dashboard.conftest import Team, sign_in
@@ -220,3 +222,19 @@ def test_opening_a_long_history_costs_what_the_page_shows(
     expect(page.locator("#timeline-count")).to_have_text("0 of latest 101")
     sent = page.evaluate("window.__traffic")
     assert 1000 < sent < 1010, sent
+
+
+@pytest.mark.slow
+def test_the_team_picker_holds_every_team_past_a_page(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """The admin's picker reads ``GET /v1/teams`` page after page: a hub with more teams
+    than one page holds (1,000) offers the last one too."""
+    t = make_team("lead")
+    with t.server.client() as admin:
+        for i in range(MAX_PAGE):
+            admin.post("/v1/teams", json={"name": f"zz{i:04d}"}).raise_for_status()
+    sign_in(page, t.server, t.server.admin_token)
+    picker = page.get_by_label("team", exact=True)
+    expect(picker.locator('option[value="zz0999"]')).to_have_count(1)
+    expect(picker.locator(f'option[value="{t.name}"]')).to_have_count(1)

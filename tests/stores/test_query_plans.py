@@ -39,6 +39,8 @@ GROWING = (
     "sessions",
     "delegations",
     "spent_tokens",
+    "teams",
+    "budgets",
 )
 
 # sorts that are bounded by something other than the table's size, each with the bound
@@ -60,6 +62,10 @@ BOUNDED_TEAM_READS = {
     ),
     "FROM delegations WHERE team = ? ORDER BY created_at, delegation_id LIMIT ?": (
         "the first page of a team's delegations: as many index entries as the LIMIT"
+    ),
+    "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
+        "the first page of a team's used budgets: the LIMIT, and the one record per member"
+        " of the chain it was handed last (the 'ctx:' keys, skipped in key order)"
     ),
 }
 
@@ -165,6 +171,11 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     # and the members (GET /v1/teams/{team}/members)
     await hub.list_members("t", limit=2)
     await hub.list_members("t", after="a", limit=2)
+    # the teams and a team's budgets (GET /v1/teams, GET /v1/teams/{team}/budgets)
+    await hub.list_teams(limit=2)
+    await hub.list_teams(after="a", limit=2)
+    await hub.list_budgets("t", limit=2)
+    await hub.list_budgets("t", after="chain:", limit=2)
     for s in await hub.list_sessions("t", "counter"):
         got = await hub.receive("t", "counter", session=s.session_id, limit=5)
         for g in got:
@@ -357,6 +368,9 @@ PG_CHECKS = {
     "AND (created_at, link_id) > (0, 'l') ORDER BY created_at, link_id LIMIT 101",
     "members_pkey": "SELECT name FROM members WHERE team = 't' AND name > 'a' "
     "ORDER BY name LIMIT 101",
+    "teams_pkey": "SELECT name FROM teams WHERE name > 'a' ORDER BY name LIMIT 101",
+    "budgets_pkey": "SELECT key FROM budgets WHERE team = 't' AND key > 'chain:' "
+    "AND (key < 'ctx:' OR key >= 'ctx;') ORDER BY key LIMIT 101",
     "delegations_team": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id LIMIT 101",
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "

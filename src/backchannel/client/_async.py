@@ -218,16 +218,34 @@ class Client:
         got: TeamCreated = await self._do(call)
         return got
 
-    async def teams(self) -> list[TeamRef]:
-        """Every team (administrator), or your own."""
+    async def teams(self, *, after: str | None = None, limit: int | None = None) -> list[TeamRef]:
+        """The teams (administrator), or your own, by name: at most ``limit`` after the
+        name ``after`` (every one when ``limit`` is None, read from the hub a bounded page
+        at a time)."""
+        out: list[TeamRef] = []
+        async for page in self.team_pages(after=after, limit=limit):
+            out.extend(page.teams)
+        return out
 
-        async def local(s: Scope) -> TeamList:
-            if s.is_admin:
-                return await s.admin.teams()
-            return TeamList(teams=[TeamRef(name=s.member.team)])
+    async def team_pages(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[TeamList]:
+        """The pages of the teams, each at most :data:`~backchannel.core.pages.MAX_PAGE`
+        long, until ``limit`` teams (all when None) were given; each page's
+        ``next_after`` says where the next one starts."""
+        _check_page(after, limit, "team", cursor="a team name")
 
-        got: TeamList = await self._do(Call("GET", "/v1/teams", local, TeamList))
-        return got.teams
+        def page(after: str | None, n: int) -> Call[TeamList]:
+            return Call(
+                "GET",
+                "/v1/teams",
+                functools.partial(_teams, after, n),
+                TeamList,
+                params={"limit": n, **_given(after=after)},
+            )
+
+        async for got in self._pages(page, lambda got: got.teams, after, limit):
+            yield got
 
     async def add_member(
         self,
@@ -345,20 +363,37 @@ class Client:
         got: Removal = await self._do(call)
         return got
 
-    async def budgets(self, team: str | None = None) -> list[Budget]:
-        """The conversation budgets used in ``team`` (yours by default)."""
+    async def budgets(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[Budget]:
+        """The conversation budgets used in ``team`` (yours by default), by key: at most
+        ``limit`` after the key ``after`` (every one when ``limit`` is None, read from the
+        hub a bounded page at a time)."""
+        out: list[Budget] = []
+        async for page in self.budget_pages(team, after=after, limit=limit):
+            out.extend(page.budgets)
+        return out
+
+    async def budget_pages(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[BudgetList]:
+        """The pages of ``team``'s used budgets, each at most
+        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` budgets (all when
+        None) were given; each page's ``next_after`` says where the next one starts."""
+        _check_page(after, limit, "budget", cursor="a budget key")
         name = await self._team(team)
 
-        async def local(s: Scope) -> BudgetList:
-            s.need_team(name)
-            from backchannel.member import AdminApi
+        def page(after: str | None, n: int) -> Call[BudgetList]:
+            return Call(
+                "GET",
+                f"/v1/teams/{_q(name)}/budgets",
+                functools.partial(_team_budgets, name, after, n),
+                BudgetList,
+                params={"limit": n, **_given(after=after)},
+            )
 
-            return await AdminApi(s.hub).budgets(name)
-
-        got: BudgetList = await self._do(
-            Call("GET", f"/v1/teams/{_q(name)}/budgets", local, BudgetList)
-        )
-        return got.budgets
+        async for got in self._pages(page, lambda got: got.budgets, after, limit):
+            yield got
 
     async def extend_budget(
         self, key: str, by: int, *, team: str | None = None, request_id: str | None = None
@@ -1211,6 +1246,22 @@ async def _member_delegations(
 ) -> DelegationList:
     """One page of delegations, in-process."""
     return await s.member.delegations(member=member, after=after, limit=limit)
+
+
+async def _teams(after: str | None, limit: int, s: Scope) -> TeamList:
+    """One page of the teams (the administrator), or a member's own, in-process."""
+    if s.is_admin:
+        return await s.admin.teams(after=after, limit=limit)
+    own = s.member.team
+    return TeamList(teams=[TeamRef(name=own)] if after is None or own > after else [])
+
+
+async def _team_budgets(team: str, after: str | None, limit: int, s: Scope) -> BudgetList:
+    """One page of a team's used budgets, in-process."""
+    s.need_team(team)
+    from backchannel.member import AdminApi
+
+    return await AdminApi(s.hub).budgets(team, after=after, limit=limit)
 
 
 async def _team_members(team: str, after: str | None, limit: int, s: Scope) -> MemberList:

@@ -25,6 +25,7 @@ from backchannel.models import (
     AckedBatch,
     Alive,
     Budget,
+    BudgetList,
     ChatAccepted,
     Delegation,
     DelegationList,
@@ -48,6 +49,7 @@ from backchannel.models import (
     SessionInfo,
     SessionList,
     TeamCreated,
+    TeamList,
     TeamRef,
     Timer,
     TokenRotated,
@@ -196,9 +198,17 @@ class SyncClient:
         """Create a team; the answer carries ``user_token``, shown only once."""
         return self._run(self._async.create_team(name, settings))
 
-    def teams(self) -> list[TeamRef]:
-        """Every team (administrator), or your own."""
-        return self._run(self._async.teams())
+    def teams(self, *, after: str | None = None, limit: int | None = None) -> list[TeamRef]:
+        """The teams (administrator), or your own, by name: at most ``limit`` after the
+        name ``after`` (every one when ``limit`` is None, read a bounded page at a time)."""
+        return self._run(self._async.teams(after=after, limit=limit))
+
+    def team_pages(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> Iterator[TeamList]:
+        """The pages of the teams until ``limit`` teams (all when None) were given; each
+        page's ``next_after`` says where the next starts."""
+        return self._iterate(self._async.team_pages(after=after, limit=limit))
 
     def add_member(
         self,
@@ -252,9 +262,20 @@ class SyncClient:
         """Remove a team and everything stored for it."""
         return self._run(self._async.remove_team(team))
 
-    def budgets(self, team: str | None = None) -> list[Budget]:
-        """The conversation budgets used in ``team`` (yours by default)."""
-        return self._run(self._async.budgets(team))
+    def budgets(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> list[Budget]:
+        """The conversation budgets used in ``team`` (yours by default), by key: at most
+        ``limit`` after the key ``after`` (every one when ``limit`` is None, read a
+        bounded page at a time)."""
+        return self._run(self._async.budgets(team, after=after, limit=limit))
+
+    def budget_pages(
+        self, team: str | None = None, *, after: str | None = None, limit: int | None = None
+    ) -> Iterator[BudgetList]:
+        """The pages of ``team``'s used budgets until ``limit`` (all when None) were
+        given; each page's ``next_after`` says where the next starts."""
+        return self._iterate(self._async.budget_pages(team, after=after, limit=limit))
 
     def extend_budget(
         self, key: str, by: int, *, team: str | None = None, request_id: str | None = None

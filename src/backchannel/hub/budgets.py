@@ -541,8 +541,12 @@ class Budgets:
             tx.put_budget(Budget(team, key, now, ref.hop, 0, ref.chain_id, None, now))
 
     # -- reading and extending ----------------------------------------------------------------
-    async def list_budgets(self, team: str) -> list[dict[str, Any]]:
-        """The team's pair and chain budgets that have been used, as JSON."""
+    async def list_budgets(
+        self, team: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The team's pair and chain budgets that have been used, as JSON, by key: those
+        after the key ``after`` (the last one of the page before), at most ``limit`` (all
+        when None)."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> list[dict[str, Any]]:
@@ -552,8 +556,7 @@ class Budgets:
             lim = rules.limits(t.settings)
             return [
                 rules.budget_json(b, lim, now)
-                for b in tx.list_budgets(team)
-                if not b.key.startswith(_CTX)
+                for b in tx.list_budgets(team, after=after, limit=limit, hidden=_CTX)
             ]
 
         return await self.store.read(fn)

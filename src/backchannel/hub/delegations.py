@@ -210,9 +210,7 @@ class Delegations:
                 continue
             agent, _, service = d.callee.partition("@")
             try:
-                svc = self.callbacks.resolve(
-                    service, team=team, teams_in_hub=len(c.tx.list_teams())
-                )
+                svc = self.callbacks.resolve(service, team=team, teams_in_hub=c.tx.count_teams())
             except (UnknownService, ServiceNotAllowed) as exc:  # the registry changed since
                 # this hub's own registry stopped it: the callee's hub never saw the task
                 self._failed(c, d, f"this hub did not send the task: {exc.message}", now)
@@ -331,7 +329,7 @@ class Delegations:
     async def _teams_in_hub(self) -> int:
         """How many teams the hub has: a callback service of no team serves only a hub
         of one (:meth:`CallbackConfig.resolve`)."""
-        return len(await self.store.read(lambda tx: tx.list_teams()))
+        return await self.store.read(lambda tx: tx.count_teams())
 
     async def list_delegations(
         self,

@@ -203,6 +203,7 @@ class Hub:
     create_team = _Delegate("members", Members.create_team)
     get_team = _Delegate("members", Members.get_team)
     list_teams = _Delegate("members", Members.list_teams)
+    count_teams = _Delegate("members", Members.count_teams)
     add_member = _Delegate("members", Members.add_member)
     update_member = _Delegate("members", Members.update_member)
     list_members = _Delegate("members", Members.list_members)

@@ -108,8 +108,14 @@ class Members:
             raise UnknownTeam(f"unknown team {name!r}; create it first", team=name)
         return team
 
-    async def list_teams(self) -> list[Team]:
-        return await self.store.read(lambda tx: tx.list_teams())
+    async def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        """The teams by name: those after the name ``after`` (the last one of the page
+        before), at most ``limit`` (all when None)."""
+        return await self.store.read(lambda tx: tx.list_teams(after=after, limit=limit))
+
+    async def count_teams(self) -> int:
+        """How many teams there are, without reading them."""
+        return await self.store.read(lambda tx: tx.count_teams())
 
     async def add_member(
         self,

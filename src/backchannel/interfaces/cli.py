@@ -389,14 +389,36 @@ def team_create(
 
 @team_app.command("list")
 def team_list(
-    url: UrlOpt = None, token: TokenOpt = None, home: HomeOpt = None, as_json: JsonOpt = False
+    after: Annotated[
+        str | None, typer.Option(help="Only teams named after this one (the last shown).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List teams."""
+    """List teams by name, a page at a time (the next page's command is printed on
+    stderr when there are more; --all shows them all)."""
     client = _client(url, token, home, admin=True)
-
-    found = _run(_with(client, lambda c: c.teams()))
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    found = _run(_with(client, lambda c: c.teams(after=after, limit=None if every else limit + 1)))
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
     if as_json:
         _print_json(found)
+    if more:
+        again = f"backchannel team list --after {found[-1]['name']}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} teams; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for t in found:
         print(_p(t["name"]))
@@ -1109,6 +1131,61 @@ def links(
         )
     if not found:
         err.print("no links")
+
+
+@app.command()
+def delegations(
+    member: Annotated[
+        str | None,
+        typer.Option(help="Only those this member called or was asked (with you, or any: user)."),
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Only delegations made after this delegation id (the last one shown)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The delegations you made or were asked (the team's user: every one of the team's):
+    caller, callee, state, task; in the order they were made, a page at a time (the next
+    page's command is printed on stderr when there are more; --all shows them all)."""
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    found = _run(
+        _with(
+            _client(url, token, home, admin=False),
+            lambda c: c.delegations(member=member, after=after, limit=None if every else limit + 1),
+        )
+    )
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
+    if as_json:
+        _print_json(found)
+    if more:
+        again = f"backchannel delegations --after {found[-1]['delegation_id']}"
+        if member is not None:
+            again += f" --member {member}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} delegations; more follow: {again} "
+                "(or --all for every one)"
+            )
+        )
+    if as_json:
+        return
+    for d in found:
+        task = " ".join(d["task"].split())
+        cols = [d["delegation_id"], f"{d['caller']} -> {d['callee']}", d["state"]]
+        cols.append(task if len(task) <= 60 else task[:59] + "…")
+        print("\t".join(_p(c) for c in cols))
+    if not found:
+        err.print("no delegations")
 
 
 @app.command()

@@ -6,12 +6,16 @@ token: a human decides whether two agents, or a chain, may go on.
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated
 
 import typer
 
-from backchannel.interfaces.cli import _client, _print_json, _run, _with
+from backchannel.core.pages import MAX_PAGE, PAGE
+from backchannel.interfaces.cli import _client, _print_json, _run, _with, err
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
+from backchannel.interfaces.terminal import markup_safe
+from backchannel.interfaces.terminal import printable as _p
 
 budget_app = typer.Typer(
     help="See and extend conversation budgets (per pair of members and per chain).",
@@ -22,20 +26,46 @@ budget_app = typer.Typer(
 @budget_app.command("list")
 def budget_list(
     team: str,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Only budgets whose key comes after this one (the last shown)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Show at most this many.")] = PAGE,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every one, read from the hub a page at a time.")
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the team's used budgets: `pair:a|b` (exchanges in the window) and chains."""
+    """List the team's used budgets: `pair:a|b` (exchanges in the window) and chains; by
+    key, a page at a time (the next page's command is printed on stderr when there are
+    more; --all shows them all)."""
     client = _client(url, token, home, admin=token is None)
-    budgets = _run(_with(client, lambda c: c.budgets(team)))
+    # one more than shown: whether more follow is said, never left for the reader to guess
+    budgets = _run(
+        _with(client, lambda c: c.budgets(team, after=after, limit=None if every else limit + 1))
+    )
+    more = not every and len(budgets) > limit
+    if more:
+        budgets = budgets[:limit]
     if as_json:
         _print_json(budgets)
+    if more:
+        again = f"backchannel budget list {team} --after {shlex.quote(budgets[-1]['key'])}"
+        err.print(
+            markup_safe(
+                f"showing the first {limit} budgets; more follow: {again} (or --all for every one)"
+            )
+        )
+    if as_json:
         return
     for b in budgets:
         state = "SPENT" if b["spent"] else "ok"
-        print(f"{b['key']}\t{b['used']}/{b['limit']}\t{state}")
+        print("\t".join(_p(c) for c in (b["key"], f"{b['used']}/{b['limit']}", state)))
+    if not budgets:
+        err.print("no budgets used")
 
 
 @budget_app.command("extend")

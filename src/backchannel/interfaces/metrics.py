@@ -106,8 +106,15 @@ class OpenConnections:
             self.gauge.dec()
 
 
-def _jobs(tx: Tx, team: str) -> list[Job]:
-    return tx.list_jobs(team)
+def _team_counts(tx: Tx, team: str) -> tuple[int, list[Job], list[Job]]:
+    """What ``/metrics`` shows of ``team``, counted in the store: its links' crossings
+    (a sum, no link read out), its most overdue pending timer (the first by due time:
+    one index entry, however many timers wait) and its pending callback posts."""
+    return (
+        tx.link_crossings(team),
+        tx.list_jobs(team, kind=TIMER_JOB, limit=1),
+        tx.list_jobs(team, kind=OUTBOX_JOB),
+    )
 
 
 async def snapshot(hub: Hub) -> CollectorRegistry:
@@ -146,14 +153,10 @@ async def snapshot(hub: Hub) -> CollectorRegistry:
         t = team.name
         for m in await hub.list_members(t):
             depth.labels(t, m.name).set(await hub.pending(t, m.name))
-        links = await hub.list_links(t)
-        crossings.labels(t).set(sum(link.turns_used for link in links))
-        jobs = await hub.store.read(partial(_jobs, team=t))
-        timers = [j for j in jobs if j.kind == TIMER_JOB]
-        lateness.labels(t).set(max([0.0, *(now - j.due_at for j in timers)]))
-        retries.labels(t).set(
-            sum(int(j.payload.get("attempt", 0)) for j in jobs if j.kind == OUTBOX_JOB)
-        )
+        crossed, first_due, posts = await hub.store.read(partial(_team_counts, team=t))
+        crossings.labels(t).set(crossed)
+        lateness.labels(t).set(max([0.0, *(now - j.due_at for j in first_due)]))
+        retries.labels(t).set(sum(int(j.payload.get("attempt", 0)) for j in posts))
     return reg
 
 

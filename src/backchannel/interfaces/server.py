@@ -218,7 +218,7 @@ def run_server(
     async def main() -> None:
         # open the store first, so a bad store URL fails before we claim to listen
         await hub.start()
-        if (warning := callbacks.unscoped_warning(len(await hub.list_teams()))) is not None:
+        if (warning := callbacks.unscoped_warning(await hub.count_teams())) is not None:
             say(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         # push delivery: inbox files, tmux, stdin, webhooks; every hub of a store may run
         # it (each member is pushed by the hub holding its lease in the store)

@@ -128,8 +128,19 @@ class Tx(Protocol):
     def insert_team(self, team: Team) -> None:
         """Add a team. Raises ``AlreadyExists`` if the name is taken."""
 
-    def list_teams(self) -> list[Team]:
-        """All teams, by name."""
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        """The teams, by name: those whose name comes after ``after`` (a page's start: the
+        last name of the page before), at most ``limit``, read from the primary key in
+        that order."""
+        ...
+
+    def link_crossings(self, team: str) -> int:
+        """How many crossings the team's links have made, summed in the store (what
+        ``/metrics`` shows; no link is read out)."""
+        ...
+
+    def count_teams(self) -> int:
+        """How many teams there are (the hub's own checks ask, never reading them)."""
         ...
 
     # -- members -----------------------------------------------------------
@@ -481,8 +492,10 @@ class Tx(Protocol):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        """A team's jobs, optionally of one session or kind, by ``due_at``."""
+        """A team's jobs, optionally of one session or kind, by ``due_at``: the first
+        ``limit`` (all when None)."""
         ...
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
@@ -634,8 +647,17 @@ class Tx(Protocol):
     def put_budget(self, budget: Budget) -> None:
         """Insert or replace the record with the same ``(team, key)``."""
 
-    def list_budgets(self, team: str) -> list[Budget]:
-        """The team's budget records, ordered by key."""
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
+        """The team's budget records, ordered by key: those whose key comes after
+        ``after`` (a page's start), at most ``limit``, without those whose key starts
+        with ``hidden``; read from the primary key in that order."""
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

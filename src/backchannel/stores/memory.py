@@ -122,8 +122,15 @@ class MemoryTx:
             raise AlreadyExists(f"team {team.name!r} already exists")
         self._set(self._d.teams, team.name, team)
 
-    def list_teams(self) -> list[Team]:
-        return [self._d.teams[k] for k in sorted(self._d.teams)]
+    def link_crossings(self, team: str) -> int:
+        return sum(x.turns_used for (t, _), x in self._d.links.items() if t == team)
+
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        names = sorted(k for k in self._d.teams if after is None or k > after)
+        return [self._d.teams[k] for k in names[:limit]]
+
+    def count_teams(self) -> int:
+        return len(self._d.teams)
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
@@ -734,6 +741,7 @@ class MemoryTx:
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
         found = [
             j
@@ -743,7 +751,7 @@ class MemoryTx:
             and (kind is None or j.kind == kind)
             and (not pending_only or j.state is JobState.PENDING)
         ]
-        return sorted(found, key=lambda j: (j.due_at, j.job_id))
+        return sorted(found, key=lambda j: (j.due_at, j.job_id))[:limit]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
         job = self._d.jobs.get(job_id)
@@ -891,10 +899,24 @@ class MemoryTx:
     def put_budget(self, budget: Budget) -> None:
         self._set(self._d.budgets, (budget.team, budget.key), budget)
 
-    def list_budgets(self, team: str) -> list[Budget]:
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
         return sorted(
-            (b for (t, _), b in self._d.budgets.items() if t == team), key=lambda b: b.key
-        )
+            (
+                b
+                for (t, k), b in self._d.budgets.items()
+                if t == team
+                and (after is None or k > after)
+                and not (hidden and k.startswith(hidden))
+            ),
+            key=lambda b: b.key,
+        )[:limit]
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

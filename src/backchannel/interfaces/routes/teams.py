@@ -63,11 +63,22 @@ async def create_team(body: TeamIn, admin: AsAdmin) -> TeamCreated:
 
 
 @router.get("/v1/teams")
-async def list_teams(who: Auth, request: Request) -> TeamList:
-    """Every team (admin), or the caller's own."""
+async def list_teams(
+    who: Auth,
+    request: Request,
+    after: Annotated[
+        str | None,
+        Query(pattern=NAME_PATTERN, description="the next_after of the page before"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
+) -> TeamList:
+    """The teams (admin), or the caller's own. By name, a page at a time: at most
+    ``limit``, after the name ``after``; the answer's ``next_after`` is where the next
+    page starts (null: this page is the last)."""
     if who.member is not None:
-        return TeamList(teams=[TeamRef(name=who.member.team)])
-    return await AdminApi(hub_of(request)).teams()
+        own = who.member.team
+        return TeamList(teams=[TeamRef(name=own)] if after is None or own > after else [])
+    return await AdminApi(hub_of(request)).teams(after=after, limit=limit)
 
 
 @router.post("/v1/teams/{team}/members", status_code=201)
@@ -131,10 +142,21 @@ async def remove_team(team: TeamName, admin: AsAdmin) -> Removal:
 
 
 @router.get("/v1/teams/{team}/budgets", tags=["budgets"])
-async def list_budgets(team: TeamName, who: Auth, request: Request) -> BudgetList:
-    """Used conversation budgets: per pair (exchanges in the window) and per chain."""
+async def list_budgets(
+    team: TeamName,
+    who: Auth,
+    request: Request,
+    after: Annotated[
+        str | None,
+        Query(min_length=1, max_length=300, description="the next_after of the page before"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
+) -> BudgetList:
+    """Used conversation budgets: per pair (exchanges in the window) and per chain. By
+    key, a page at a time: at most ``limit``, after the key ``after``; the answer's
+    ``next_after`` is where the next page starts (null: this page is the last)."""
     who.need_team(team)
-    return await AdminApi(hub_of(request)).budgets(team)
+    return await AdminApi(hub_of(request)).budgets(team, after=after, limit=limit)
 
 
 @router.post("/v1/teams/{team}/budgets/extend", tags=["budgets"])

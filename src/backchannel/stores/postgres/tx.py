@@ -17,22 +17,26 @@ from backchannel.errors import AlreadyExists
 from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.postgres.transaction import PgTransaction
 from backchannel.stores.sql import (
+    budgets_query,
     delegations_query,
     jobs_query,
     links_query,
     members_query,
     pg,
     sessions_query,
+    teams_query,
 )
 from backchannel.stores.sql.inbox import activity_rows
 from backchannel.stores.sql.lifecycle import LifecycleSql
 from backchannel.stores.sql.rows import (
+    BUDGET_COLS,
     DEL_COLS,
     DELIVERY_COLS,
     LINK_COLS,
     MEMBER_COLS,
     MSG_COLS,
     SESSION_COLS,
+    TEAM_COLS,
     delegation,
     delegation_args,
     delivery,
@@ -154,8 +158,18 @@ class PgTx(PgTransaction, LifecycleSql):
     def insert_team(self, team: Team) -> None:
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}", team.name)
 
-    def list_teams(self) -> list[Team]:
-        return [_ROWS.team(r) for r in self._all(Q.list_teams, ())]
+    def link_crossings(self, team: str) -> int:
+        sql = pg("SELECT coalesce(sum(turns_used), 0) FROM links WHERE team = ?")
+        row = self._one(sql, (team,), team)
+        return int(row[0]) if row else 0
+
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        sql, args = teams_query(TEAM_COLS, after, limit)
+        return [_ROWS.team(r) for r in self._all(pg(sql), args)]
+
+    def count_teams(self) -> int:
+        row = self._one(pg("SELECT count(*) FROM teams"), ())
+        return int(row[0]) if row else 0
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
@@ -658,8 +672,9 @@ class PgTx(PgTransaction, LifecycleSql):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only)
+        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only, limit)
         return self._jobs(self._all(pg(sql), args, team))
 
     # -- delegation ----------------------------------------------------------
@@ -766,8 +781,16 @@ class PgTx(PgTransaction, LifecycleSql):
             b.team,
         )  # fmt: skip
 
-    def list_budgets(self, team: str) -> list[Budget]:
-        return [Budget(*r) for r in self._all(Q.list_budgets, (team,), team)]
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
+        sql, args = budgets_query(BUDGET_COLS, team, after, limit, hidden)
+        return [Budget(*r) for r in self._all(pg(sql), args, team)]
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

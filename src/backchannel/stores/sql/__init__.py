@@ -125,6 +125,7 @@ def jobs_query(
     session_id: str | None,
     kind: str | None,
     pending_only: bool,
+    limit: int | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`Tx.list_jobs`: only the filters in use are named (``job_id`` is the
     dialect's name for the id column)."""
@@ -138,7 +139,11 @@ def jobs_query(
         args.append(kind)
     if pending_only:
         sql += " AND state = 'pending'"
-    return f"{sql} ORDER BY due_at, {job_id}", args
+    sql += f" ORDER BY due_at, {job_id}"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
 
 
 def members_query(
@@ -152,6 +157,42 @@ def members_query(
         sql += " AND name > ?"
         args.append(after)
     sql += " ORDER BY name"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
+def teams_query(cols: str, after: str | None, limit: int | None) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_teams`, a page: read from the primary key ``name`` in its order,
+    from the name ``after``."""
+    sql = f"SELECT {cols} FROM teams"
+    args: list[Any] = []
+    if after is not None:
+        sql += " WHERE name > ?"
+        args.append(after)
+    sql += " ORDER BY name"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
+def budgets_query(
+    cols: str, team: str, after: str | None, limit: int | None, hidden: str | None
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_budgets`, a page: read from the primary key ``(team, key)`` in its
+    order, from the key ``after``, leaving out the keys that start with ``hidden`` (one
+    range of that key, skipped in the index)."""
+    sql = f"SELECT {cols} FROM budgets WHERE team = ?"
+    args: list[Any] = [team]
+    if after is not None:
+        sql += " AND key > ?"
+        args.append(after)
+    if hidden:
+        sql += " AND (key < ? OR key >= ?)"
+        args += [hidden, hidden[:-1] + chr(ord(hidden[-1]) + 1)]
+    sql += " ORDER BY key"
     if limit is not None:
         sql += " LIMIT ?"
         args.append(limit)

@@ -58,7 +58,6 @@ class Sql:
         # -- teams and members
         self.get_team = m(f"SELECT {TEAM_COLS} FROM teams WHERE name = ?")
         self.insert_team = m(f"INSERT INTO teams ({TEAM_COLS}) VALUES (?, ?, ?)")
-        self.list_teams = m(f"SELECT {TEAM_COLS} FROM teams ORDER BY name")
         self.get_member = m(f"SELECT {MEMBER_COLS} FROM members WHERE team = ? AND name = ?")
         self.member_by_token_hash = m(f"SELECT {MEMBER_COLS} FROM members WHERE token_hash = ?")
         self.insert_member = m(f"INSERT INTO members ({MEMBER_COLS}) VALUES ({_marks(7)})")
@@ -207,7 +206,6 @@ class Sql:
         # -- conversation budgets and A2A tasks
         self.get_budget = m(f"SELECT {BUDGET_COLS} FROM budgets WHERE team = ? AND key = ?")
         self.put_budget = m(_upsert("budgets", BUDGET_COLS, 2))
-        self.list_budgets = m(f"SELECT {BUDGET_COLS} FROM budgets WHERE team = ? ORDER BY key")
         self.put_a2a_task = m(
             f"INSERT INTO a2a_tasks ({A2A_COLS}) VALUES ({_marks(9)}) "
             "ON CONFLICT (team, task_id) DO UPDATE SET member = excluded.member, "

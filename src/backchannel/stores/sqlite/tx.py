@@ -15,21 +15,25 @@ from typing import Any
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.sql import (
+    budgets_query,
     delegations_query,
     jobs_query,
     links_query,
     members_query,
     sessions_query,
+    teams_query,
 )
 from backchannel.stores.sql.inbox import activity_rows
 from backchannel.stores.sql.lifecycle import LifecycleSql
 from backchannel.stores.sql.rows import (
+    BUDGET_COLS,
     DEL_COLS,
     DELIVERY_COLS,
     LINK_COLS,
     MEMBER_COLS,
     MSG_COLS,
     SESSION_COLS,
+    TEAM_COLS,
     delegation,
     delegation_args,
     delivery,
@@ -248,8 +252,17 @@ class SqliteTx(LifecycleSql):
         self._drop_cached()
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}")
 
-    def list_teams(self) -> list[Team]:
-        return [_ROWS.team(r) for r in self._c.execute(Q.list_teams)]
+    def link_crossings(self, team: str) -> int:
+        row = self._one("SELECT coalesce(sum(turns_used), 0) FROM links WHERE team = ?", (team,))
+        return int(row[0]) if row else 0
+
+    def list_teams(self, *, after: str | None = None, limit: int | None = None) -> list[Team]:
+        sql, args = teams_query(TEAM_COLS, after, limit)
+        return [_ROWS.team(r) for r in self._c.execute(sql, args)]
+
+    def count_teams(self) -> int:
+        row = self._one("SELECT count(*) FROM teams", ())
+        return int(row[0]) if row else 0
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
@@ -820,8 +833,9 @@ class SqliteTx(LifecycleSql):
         session_id: str | None = None,
         kind: str | None = None,
         pending_only: bool = True,
+        limit: int | None = None,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only)
+        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only, limit)
         return [_job(r) for r in self._c.execute(sql, args)]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
@@ -950,9 +964,17 @@ class SqliteTx(LifecycleSql):
             b.updated_at,
         )  # fmt: skip
 
-    def list_budgets(self, team: str) -> list[Budget]:
+    def list_budgets(
+        self,
+        team: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        hidden: str | None = None,
+    ) -> list[Budget]:
         self._write_budgets()
-        return [Budget(*r) for r in self._c.execute(Q.list_budgets, (team,))]
+        sql, args = budgets_query(BUDGET_COLS, team, after, limit, hidden)
+        return [Budget(*r) for r in self._c.execute(sql, args)]
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

@@ -48,9 +48,16 @@ export async function signIn(token, { quiet = false } = {}) {
   show(who, true);
   show($("team-area"), true);
   if (me.admin) {
-    let teams;
+    const teams = [];
     try {
-      ({ teams } = await api("/v1/teams"));
+      // every team, a bounded page at a time
+      let after = null;
+      do {
+        const q = after === null ? "" : `&after=${encodeURIComponent(after)}`;
+        const page = await api(`/v1/teams?limit=1000${q}`);
+        teams.push(...page.teams);
+        after = page.next_after;
+      } while (after !== null && after !== undefined);
     } catch (err) {
       signOut(err.message);
       return false;
