@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import sys
 import threading
 import traceback
@@ -329,6 +330,33 @@ async def test_inbox_file_adapter_writes_the_entry_once(tmp_path: Path) -> None:
         assert (await adapter.deliver(item)).startswith("written")
         assert (await adapter.deliver(item)).startswith("already in")
         assert [e["msg_id"] for e in read_inbox(path)] == ["m-7", "m-8"]
+
+
+async def test_a_message_for_a_team_claude_code_deleted_is_a_dead_letter(
+    tmp_path: Path,
+) -> None:
+    """Claude Code's TeamDelete removes the team's directory (``config.json`` and the
+    inboxes). The hub made the directory again and counted the next message delivered
+    into an inbox no agent reads. Now it is a dead letter naming the deleted team, the
+    sender told, and no directory is made again."""
+    root = tmp_path / "teams"
+    team_dir = root / "cc-team"
+    (team_dir / "inboxes").mkdir(parents=True)
+    (team_dir / "config.json").write_text('{"name": "cc-team", "members": []}')
+    setting = {"type": "inbox-file", "root": str(root), "team": "cc-team"}
+    async with running_hub() as hub:
+        await hub.add_member("t", "researcher", "claude-code", delivery=setting)
+        async with dispatching(hub):
+            first = await hub.send("t", "user", "researcher", "one", link=False)
+            await wait_state(hub, "t", first.message_id, "acked")
+            shutil.rmtree(team_dir)  # what TeamDelete does
+            sent = await hub.send("t", "user", "researcher", "two", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead")
+            notices = await hub.receive("t", "user", limit=10)
+    reason = st.deliveries[0].dead_reason or ""
+    assert "'cc-team' was deleted" in reason and "TeamCreate" in reason
+    assert [n.message.kind for n in notices] == [MessageKind.SYSTEM]
+    assert not team_dir.exists()
 
 
 def _threads_in(function: str) -> int:

@@ -29,6 +29,8 @@ writers, and it promises more than they do:
   planted there) is never taken for it (:class:`InboxIdTaken`);
 * an inbox that is not a JSON array is moved aside to ``<inbox>.json.corrupt-<UTC>``
   with a warning, never overwritten with a partial view;
+* a team Claude Code deleted (its directory seen holding ``config.json``, which
+  ``TeamCreate`` writes, and gone since) is not made again: :class:`InboxTeamDeleted`;
 * other writers' entries are kept byte for byte (the text is appended to, not
   re-serialized), except when pruning drops old *read* entries past ``max_entries``.
 
@@ -79,6 +81,7 @@ __all__ = [
     "InboxIdTaken",
     "InboxLock",
     "InboxNotAFile",
+    "InboxTeamDeleted",
     "InboxTooBig",
     "InboxWatcher",
     "InboxWriteError",
@@ -281,6 +284,13 @@ class InboxIdTaken(InboxWriteError):
     otherwise be taken for it, the message reported delivered while the agent read the
     other text. Writing the message beside it would leave two entries under one id,
     either of which a reader may keep; the message is not delivered to this inbox."""
+
+
+class InboxTeamDeleted(InboxWriteError):
+    """The Claude Code team of the inbox was deleted (``TeamDelete``): its directory
+    held the team's ``config.json`` when this writer last looked, and the file is gone
+    now. Nobody reads an inbox made again there; the message is not written (a dead
+    letter, the sender told), never counted delivered into a file no agent polls."""
 
 
 def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
@@ -667,6 +677,8 @@ class InboxWriter:
         self.max_bytes = max_bytes
         self._cache: OrderedDict[Path, _View] = OrderedDict()  # last version seen, per inbox
         self._cache_lock = threading.Lock()
+        # team directories seen holding Claude Code's config.json (made by TeamCreate)
+        self._created_teams: set[Path] = set()
 
     def path_for(self, team: str, member: str) -> Path:
         return inbox_path(team, member, self.root)
@@ -760,6 +772,17 @@ class InboxWriter:
         is missing; ``InboxWriteError`` names what is wrong."""
         if (problem := unsafe_dirs(path)) is not None:
             raise InboxWriteError(f"cannot write inbox {path}: {problem}")
+        team_dir = path.parent.parent
+        if (team_dir / "config.json").exists():
+            with self._cache_lock:
+                self._created_teams.add(team_dir)
+        elif team_dir in self._created_teams:
+            raise InboxTeamDeleted(
+                f"nothing written to {path}: the Claude Code team {team_dir.name!r} was "
+                f"deleted (its {team_dir / 'config.json'} is gone, as TeamDelete leaves it), "
+                "so no agent reads this inbox. Create the team again (TeamCreate), or "
+                "point the member's delivery setting at a live team, and send again"
+            )
         try:
             self._ensure_inbox(path)
         except OSError as exc:
@@ -809,7 +832,7 @@ class InboxWriter:
                     ) from exc
                 error = f": {exc}"
                 if exc.errno == errno.ENOENT:  # the team's directory removed (TeamDelete)
-                    self._prepare(path)  # made again, as Claude Code's next write makes it
+                    self._prepare(path)  # made again (unless a TeamCreate team: InboxTeamDeleted)
             now = time.monotonic()
             if now >= deadline:
                 raise InboxWriteError(

@@ -53,6 +53,7 @@ from backchannel.delivery.base import (
 from backchannel.delivery.claude_inbox import (
     AppendResult,
     InboxIdTaken,
+    InboxTeamDeleted,
     InboxWriteError,
     InboxWriter,
     name_problem,
@@ -120,6 +121,8 @@ class InboxFileAdapter(Adapter):
                 f"{self.attempt_timeout:g} s (the filesystem does not answer); check the "
                 "filesystem the inbox is on"
             ) from None
+        except InboxTeamDeleted as exc:  # no agent reads the inbox: a dead letter at once
+            raise PermanentDeliveryError(f"inbox {self.path}: {exc}") from exc
         except InboxIdTaken as exc:  # writing again finds the same entry: never retried
             raise PermanentDeliveryError(f"inbox {self.path}: {exc}") from exc
         except InboxWriteError as exc:
