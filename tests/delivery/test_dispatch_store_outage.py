@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -23,7 +24,7 @@ from backchannel.types import InboxMessage
 from tests.delivery.conftest_adapters import FAST_RETRY
 from tests.stores.test_postgres_hubs import Proxy
 
-pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
 
 OUTAGE_S = 5.0  # how long the database host is away after the first push
 
@@ -33,19 +34,24 @@ class Cut:
     """Pushes recorded in order; the first push takes the database away for a moment."""
 
     proxy: Proxy
+    outage_s: float = OUTAGE_S
     got: list[str] = field(default_factory=list)
     back: threading.Event = field(default_factory=threading.Event)
+    back_at: float = 0.0
+    pushed_at: list[float] = field(default_factory=list)
 
     def push(self, text: str) -> None:
         self.got.append(text)
+        self.pushed_at.append(time.monotonic())
         if len(self.got) == 1:
             self.proxy.down()  # the push is done; recording it will fail
-            timer = threading.Timer(OUTAGE_S, self._up)
+            timer = threading.Timer(self.outage_s, self._up)
             timer.daemon = True
             timer.start()
 
     def _up(self) -> None:
         self.proxy.up()
+        self.back_at = time.monotonic()
         self.back.set()
 
 
@@ -120,6 +126,41 @@ async def test_a_push_whose_record_failed_is_recorded_when_the_store_is_back_not
             await d.stop()
             proxy.down()
     assert cut.got == [f"m{i}" for i in range(5)], "each message pushed once, in send order"
+
+
+@pytest.mark.slow
+async def test_after_a_long_outage_pushing_resumes_within_seconds_of_the_store_coming_back(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """The worker tries again to record a push while the store is away, less and less
+    often; once the store is back the next try must come soon, not after a pause that
+    grew through a long outage (it grew to 16 s, then 30 s, pushing nothing meanwhile)."""
+    url = new_postgres_url()
+    parts = urlsplit(url)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    cut = Cut(proxy, outage_s=24.0)
+    store = PostgresStore(proxy.url(url), connect_timeout=2, fallback_interval=0.5)
+    async with Hub(store, lease_seconds=30.0, check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "cut"})
+        for i in range(3):
+            await hub.send("t", "user", "p", f"m{i}", link=False)
+        d = Dispatcher(
+            hub,
+            adapters={**ADAPTERS, "cut": lambda ctx: CutAdapter(ctx, cut)},
+            rescan_s=0.5,
+            wait_s=0.5,
+        )
+        await d.start()
+        try:
+            await eventually(lambda: len(cut.got) >= 3, within=60, what="every message pushed",
+                             show=lambda: cut.got)  # fmt: skip
+        finally:
+            await d.stop()
+            proxy.down()
+    assert cut.got == ["m0", "m1", "m2"]
+    resumed = cut.pushed_at[1] - cut.back_at
+    assert resumed < 5.0, f"the next push came {resumed:.1f} s after the store was back"
 
 
 SYNC = b"S\x00\x00\x00\x04"  # the frontend's Sync message

@@ -4,10 +4,13 @@ sharing one database. The generic contract is checked by the conformance suite."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -479,3 +482,37 @@ def test_a_full_or_exhausted_database_server_says_what_to_do() -> None:
     assert "raise its max_connections" in crowded.message
     lost = store._error(OSError("connection reset"))
     assert lost.message.endswith("retry shortly")
+
+
+def _tcp_user_timeouts(port: int) -> list[int]:
+    """TCP_USER_TIMEOUT (ms) of each of this process's TCP sockets connected to ``port``."""
+    found = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            s = socket.socket(fileno=os.dup(fd))
+            with s:
+                if s.family == socket.AF_INET and s.getpeername()[1] == port:
+                    found.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+    return found
+
+
+@pytest.mark.parametrize(("query", "want"), [("", 10_000), ("?tcp_user_timeout=30000", 30_000)])
+async def test_every_connection_notices_a_vanished_database_unless_the_url_says_otherwise(
+    new_postgres_url: Callable[[], str], query: str, want: int
+) -> None:
+    """The pool's and the listener's connections carry a TCP user timeout (and keepalives):
+    a database host gone from the network fails them in seconds, not the kernel's 15
+    minutes (tests/stores/test_postgres_partition.py shows it with packets dropped). A
+    URL's own value wins."""
+    url = new_postgres_url()
+    port = urlsplit(url).port or 5432
+    before = _tcp_user_timeouts(port)
+    store = PostgresStore(url + query, pool_size=2)
+    await store.open()
+    try:
+        await store.read(lambda tx: tx.list_teams())
+        got = _tcp_user_timeouts(port)
+        assert len(got) >= len(before) + 2, got  # a pooled connection and the listener
+        assert got.count(want) >= 2, got
+    finally:
+        await store.close()

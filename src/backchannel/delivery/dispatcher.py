@@ -144,6 +144,11 @@ log = logging.getLogger("backchannel.delivery.dispatcher")
 
 #: Longest pause of a worker whose hub calls fail (the store is down, say).
 _MAX_PAUSE = 30.0
+#: Longest pause between tries to record a push that happened while the store is away:
+#: the worker pushes nothing until it is recorded, so a pause grown through a long
+#: outage would hold every later message that long after the store is back. A try
+#: while the store is known to be away fails within about a second, so this is cheap.
+_RECORD_PAUSE_MAX = 2.0
 #: An attempt is cut off this long after its adapter's ``attempt_timeout`` (an adapter
 #: bounds its own steps; this is the backstop that keeps an attempt inside its lease).
 ATTEMPT_SLACK_S = 1.0
@@ -754,25 +759,34 @@ class _Worker:
         back when its lease ran out and be pushed a second time, after the messages
         sent later. Only a worker that is stopping gives up (the copy is then delivered
         again); any other failure is logged and the copy comes back the same way."""
-        pause = 0.5
+        pause, tries = 0.5, 0
         while True:
             try:
-                return await call()
+                done = await call()
             except StoreError as exc:
                 if self.closing:
                     log.error("%s/%s: could not record the outcome of %s before stopping "
                               "(%s); it will be delivered again", self.team, self.member,
                               mid, exc)  # fmt: skip
                     return None
+                tries += 1
                 self._state("backoff", f"recording {mid} failed: {exc}")
-                log.warning("%s/%s: could not record the outcome of %s (%s); trying again "
-                            "in %.1f s", self.team, self.member, mid, exc, pause)  # fmt: skip
+                # said once an outage (then quietly): the tries are a couple of seconds apart
+                log.log(logging.WARNING if tries == 1 else logging.DEBUG,
+                        "%s/%s: could not record the outcome of %s (%s); trying again every "
+                        "%.0f s at most until it is recorded", self.team, self.member, mid,
+                        exc, _RECORD_PAUSE_MAX)  # fmt: skip
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+                pause = min(pause * 2, _RECORD_PAUSE_MAX)
+                continue
             except Exception as exc:
                 log.error("%s/%s: could not record the outcome of %s (%s); it will be "
                           "delivered again", self.team, self.member, mid, exc)  # fmt: skip
                 return None
+            if tries:
+                log.warning("%s/%s: recorded the outcome of %s after %d failed tries",
+                            self.team, self.member, mid, tries)  # fmt: skip
+            return done
 
     async def _release(self, ids: list[str]) -> None:
         for mid in ids:

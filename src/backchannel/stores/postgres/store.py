@@ -111,6 +111,22 @@ MAX_ATTEMPTS = 30
 #: Seconds a transaction waits for a pooled connection while the database is known to be
 #: unreachable (the listener lost it), before failing with ``StoreError`` (HTTP 503).
 OUTAGE_WAIT = 1.0
+#: TCP settings every connection gets unless its URL sets them: a database host that
+#: vanishes from the network without closing anything (a partition, a failover that moves
+#: its address, a NAT that forgets the connection) answers nothing, and without these a
+#: statement waits for its answer for the kernel's retransmission limit (~15 minutes) and
+#: an idle or listening connection for the 2-hour keepalive: requests hang and the
+#: listener never notices. ``tcp_user_timeout`` ends a connection whose sent bytes go
+#: unacknowledged for 10 s, keepalives one that has heard nothing for about 11 s. Neither
+#: touches a slow statement (a wait for a team's lock): the server's kernel acknowledges
+#: and answers probes while PostgreSQL works.
+TCP_DEFAULTS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def mask_url(url: str) -> str:
@@ -177,6 +193,15 @@ _NO_SLOT = re.compile(
 )
 
 
+def _tcp_settings(url: str) -> dict[str, Any]:
+    """:data:`TCP_DEFAULTS` less what ``url`` sets itself (its own values win)."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(url)
+    except (psycopg.Error, ValueError):
+        given = {}
+    return {k: v for k, v in TCP_DEFAULTS.items() if k not in given}
+
+
 def _user(url: str) -> str | None:
     with contextlib.suppress(psycopg.Error, ValueError):
         return psycopg.conninfo.conninfo_to_dict(url).get("user") or None  # type: ignore[return-value]
@@ -206,6 +231,7 @@ class PostgresStore(Store):
         self.url = mask_url(url)
         self._secret = _password(url)
         self._role = _user(url) or "<role>"
+        self._tcp = _tcp_settings(url)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._fallback = fallback_interval
@@ -264,7 +290,10 @@ class PostgresStore(Store):
     def _connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         try:
             return psycopg.connect(
-                self._dsn, connect_timeout=max(1, round(self._connect_timeout)), **kwargs
+                self._dsn,
+                connect_timeout=max(1, round(self._connect_timeout)),
+                **self._tcp,
+                **kwargs,
             )
         except psycopg.Error as exc:
             detail = self._scrub(str(exc).strip())
@@ -301,6 +330,7 @@ class PostgresStore(Store):
                 "autocommit": True,
                 "connect_timeout": max(1, round(self._connect_timeout)),
                 "application_name": "backchannel",
+                **self._tcp,
             },
             min_size=1,
             max_size=self._pool_size,
@@ -526,7 +556,11 @@ class PostgresStore(Store):
         while not self._stop.is_set():
             try:
                 conn = psycopg.connect(
-                    self._dsn, autocommit=True, connect_timeout=5, application_name=LISTENER_NAME
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name=LISTENER_NAME,
+                    **self._tcp,
                 )
             except psycopg.Error as exc:
                 failures += 1
