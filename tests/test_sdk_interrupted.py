@@ -304,3 +304,48 @@ def test_an_event_stream_whose_reader_hung_up_at_once_gives_its_first_batch_back
         while len(back) < len(sent) and time.monotonic() < deadline:
             back += [m.message_id for m in c.receive(limit=10, wait=1)]
     assert back == sent, f"{len(sent) - len(back)} stayed leased to nobody"
+
+
+class SlowToHangUp(httpx.AsyncHTTPTransport):
+    """A client's transport whose long-poll, once called off, takes a while to end (a
+    loaded machine, a connection slow to close): :attr:`polling` is set once it is sent."""
+
+    def __init__(self, ends_after: float) -> None:
+        super().__init__()
+        self.ends_after = ends_after
+        self.polling = threading.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "GET" or request.url.path != "/v1/inbox":
+            return await super().handle_async_request(request)
+        self.polling.set()
+        try:
+            return await super().handle_async_request(request)
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.sleep(self.ends_after))
+            raise
+
+
+def test_ctrl_c_in_an_inbox_loop_whose_poll_ends_slowly_is_a_keyboard_interrupt(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in a loop over the sync ``inbox()`` whose long-poll took longer to end than
+    the caller waited for it: the loop's close found the generator still running and
+    raised ``RuntimeError: aclose(): asynchronous generator is already running`` in
+    place of the ``KeyboardInterrupt`` (seen under a loaded machine). The close waits
+    for the step to end."""
+    from backchannel.client import _sync
+
+    monkeypatch.setattr(_sync, "CALL_OFF_WITHIN", 0.05)  # the caller gives up waiting first
+    tokens = server.team("alpha", "lead", "worker")
+    slow = SlowToHangUp(ends_after=1.0)
+
+    def interrupt() -> None:
+        if slow.polling.wait(30):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    with SyncClient.over(HttpTransport(server.url, tokens["worker"], transport=slow)) as c:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in c.inbox(wait=30):
+                pass

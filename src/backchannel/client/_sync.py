@@ -157,7 +157,10 @@ class SyncClient:
         items: AsyncIterator[T],
         given_back: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
     ) -> Iterator[T]:
+        steps: list[asyncio.Task[Any]] = []
+
         async def step() -> T:
+            steps[:] = [t] if (t := asyncio.current_task()) is not None else []
             return await anext(items)
 
         try:
@@ -167,7 +170,7 @@ class SyncClient:
                 except StopAsyncIteration:
                     return
         finally:
-            self._run(_aclose(items))
+            self._run(_aclose(items, steps))
 
     def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -633,6 +636,8 @@ class SyncClient:
 #: How long a sync call stopped by a signal waits for its call to be over (closing its
 #: connection takes a turn or two of the client's loop).
 CALL_OFF_WITHIN = 10.0
+#: How long closing a sync ``inbox()`` loop waits for its last step, called off, to end.
+STEP_END_WITHIN = 10.0
 #: How often a sync call's caller looks for a signal (Ctrl-C) while it waits, in seconds.
 SIGNAL_SLICE = 0.2
 
@@ -645,7 +650,16 @@ async def _called_off(running: list[asyncio.Task[Any]]) -> None:
             await task
 
 
-async def _aclose(items: AsyncIterator[Any]) -> None:
+async def _aclose(items: AsyncIterator[Any], steps: Sequence[asyncio.Task[Any]] = ()) -> None:
+    """Close ``items`` once its last step (``steps``) is over. A step called off by
+    Ctrl-C may still be ending on the client's loop when the caller's ``_run`` gave up
+    waiting for it (a loaded machine, a hub slow to hang up): closing the generator under
+    it raised ``RuntimeError: aclose(): asynchronous generator is already running``
+    instead of the ``KeyboardInterrupt``. A step that never ends leaves it unclosed."""
+    if pending := [t for t in steps if not t.done()]:
+        await asyncio.wait(pending, timeout=STEP_END_WITHIN)
+        if not all(t.done() for t in pending):
+            return
     close = getattr(items, "aclose", None)
     if close is not None:
         await close()
