@@ -83,7 +83,7 @@ from backchannel.runtimes.common import (
     HookInputError,
     HookKind,
     Outcome,
-    format_messages,
+    format_message,
 )
 from backchannel.types import InboxMessage, Member, MessageKind, Session, SessionState
 
@@ -93,6 +93,16 @@ log = logging.getLogger("backchannel.hooks")
 
 #: Most messages handed over in one hook answer (the rest wait for the next one).
 MAX_DELIVERY = 20
+#: The most UTF-8 bytes of messages one hook answer hands over (whole messages, the
+#: first whatever its length; the rest wait for the next answer). A runtime keeps a
+#: longer hook text from its model: Claude Code (2.1) saves an ``additionalContext`` or a
+#: ``Stop`` ``reason`` past 10,000 UTF-16 code units to a file and shows a 2 KB preview,
+#: and Codex cuts the middle out of one past its limit; UTF-8 bytes are never fewer than
+#: code units, and the rest of the 10,000 is room for the heading and the notes.
+HOOK_BYTES = 9_000
+#: A message longer than that is handed over as its start, this long at most, with the
+#: MCP tool call that reads it whole (``read_message``, which the attach sets up).
+HOOK_START_BYTES = 6_000
 #: Runtimes that HTML-escape the hook context they show the model.
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
@@ -200,6 +210,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         return Outcome(), sid, ()
     if ev.kind is HookKind.PROMPT:
         got = await _lease(hub, m, sid, had) if s.state is SessionState.IDLE else []
+        got = await _fit(hub, m, got)
         try:
             opened = {"hook": ev.name, **_handed(got, "prompt")}
             await _event(hub, m, sid, "turn_start", ev.text, opened)
@@ -252,6 +263,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         own = [g for g in got if g.message.sender == m.name]
         await _release(hub, m, own)
         got = [g for g in got if g not in own]
+    got = await _fit(hub, m, got)
     if not any(g.message.kind is not MessageKind.SYSTEM for g in got):
         await _release(hub, m, got)  # notices alone wait for the next turn
         return Outcome(), sid, ()
@@ -390,6 +402,37 @@ async def _lease(hub: Hub, m: Member, sid: str, had: frozenset[str]) -> list[Inb
     return [g for g in got if g.message.message_id not in had]
 
 
+def _shown(g: InboxMessage) -> str:
+    """One message as a hook answer shows it: whole, or (longer than
+    :data:`HOOK_START_BYTES`) its start and the call that reads it whole."""
+    msg = g.message
+    if framing.size(msg.text) <= HOOK_START_BYTES:
+        return format_message(msg.sender, msg.kind.value, msg.text)
+    start = framing.parts(msg.text, HOOK_START_BYTES)[0]
+    return (
+        f"{format_message(msg.sender, msg.kind.value, start)}\n"
+        f"[backchannel: this message (message_id {msg.message_id}) is longer than one hook "
+        f"answer and only its start is above: call the backchannel tool read_message with "
+        f"message_id={msg.message_id!r} (then part=2, 3... as it says) to read it whole.]"
+    )
+
+
+async def _fit(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> list[InboxMessage]:
+    """The messages of ``got`` one hook answer hands over: whole ones while they fit in
+    :data:`HOOK_BYTES` (the first whatever its length, as :func:`_shown` shows it); the
+    rest are released at once, for the next answer."""
+    kept: list[InboxMessage] = []
+    used = 0
+    for i, g in enumerate(got):
+        size = framing.size(_shown(g)) + 2
+        if kept and used + size > HOOK_BYTES:
+            await _release(hub, m, got[i:])
+            break
+        kept.append(g)
+        used += size
+    return kept
+
+
 async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
     if got:
         await hub.release(m.team, m.name, [g.message.message_id for g in got])
@@ -473,6 +516,4 @@ def _format(got: Sequence[InboxMessage], what: str) -> str:
         f"backchannel: {n} message{'s' if n != 1 else ''} {what}. Act or reply only if "
         "they need you; silence is valid."
     )
-    return format_messages(
-        ((g.message.sender, g.message.kind.value, g.message.text) for g in got), heading=heading
-    )
+    return f"{heading}\n\n" + "\n\n".join(map(_shown, got))
