@@ -209,8 +209,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         # the continuation is already this turn, not another one
         return Outcome(), sid, ()
     if ev.kind is HookKind.PROMPT:
-        got = await _lease(hub, m, sid, had) if s.state is SessionState.IDLE else []
-        got = await _fit(hub, m, got)
+        got = await _take(hub, m, sid, had) if s.state is SessionState.IDLE else []
         try:
             opened = {"hook": ev.name, **_handed(got, "prompt")}
             await _event(hub, m, sid, "turn_start", ev.text, opened)
@@ -258,12 +257,9 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     await _event(hub, m, sid, "agent_stop", closing, {**data, LAST_STOP: mark})
     if not ev.answerable:
         return Outcome(), sid, ()
-    got = await _lease(hub, m, sid, had)
-    if ev.stop_hook_active:  # a continuation never feeds itself
-        own = [g for g in got if g.message.sender == m.name]
-        await _release(hub, m, own)
-        got = [g for g in got if g not in own]
-    got = await _fit(hub, m, got)
+    # a continuation never feeds itself: the agent's own messages are held back
+    own = m.name if ev.stop_hook_active else None
+    got = await _take(hub, m, sid, had, own)
     if not any(g.message.kind is not MessageKind.SYSTEM for g in got):
         await _release(hub, m, got)  # notices alone wait for the next turn
         return Outcome(), sid, ()
@@ -391,15 +387,18 @@ async def _find(
     raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
 
 
-async def _lease(hub: Hub, m: Member, sid: str, had: frozenset[str]) -> list[InboxMessage]:
-    """The session's waiting messages, less copies it shows it already has (``had``: a
-    channel push or a hook answer whose lease ran out before its ack): those are acked,
-    not shown again. What is returned stays leased until the next event settles it."""
-    got = await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
+async def _lease(
+    hub: Hub, m: Member, sid: str, had: frozenset[str], limit: int
+) -> tuple[list[InboxMessage], int]:
+    """Up to ``limit`` of the session's waiting messages, less copies it shows it already
+    has (``had``: a channel push or a hook answer whose lease ran out before its ack):
+    those are acked, not shown again; and how many were leased. What is returned stays
+    leased until the next event settles it."""
+    got = await hub.receive(m.team, m.name, session=sid, limit=limit, wait=0)
     shown = [g.message.message_id for g in got if g.message.message_id in had]
     if shown:
         await hub.ack(m.team, m.name, shown)
-    return [g for g in got if g.message.message_id not in had]
+    return [g for g in got if g.message.message_id not in had], len(got)
 
 
 def _shown(g: InboxMessage) -> str:
@@ -417,20 +416,41 @@ def _shown(g: InboxMessage) -> str:
     )
 
 
-async def _fit(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> list[InboxMessage]:
-    """The messages of ``got`` one hook answer hands over: whole ones while they fit in
-    :data:`HOOK_BYTES` (the first whatever its length, as :func:`_shown` shows it); the
-    rest are released at once, for the next answer."""
+async def _take(
+    hub: Hub, m: Member, sid: str, had: frozenset[str], own: str | None = None
+) -> list[InboxMessage]:
+    """The session's waiting messages one hook answer hands over (see :func:`_lease`):
+    whole ones while they fit in :data:`HOOK_BYTES` (the first whatever its length, as
+    :func:`_shown` shows it), less those from ``own``; the rest are released. Leased
+    about as many as the room left holds (one first, then by the length of those taken
+    so far), so that a message is not leased and given back at every answer: each lease
+    spends one of its attempts."""
     kept: list[InboxMessage] = []
+    back: list[InboxMessage] = []
     used = 0
-    for i, g in enumerate(got):
-        size = framing.size(_shown(g)) + 2
-        if kept and used + size > HOOK_BYTES:
-            await _release(hub, m, got[i:])
-            break
-        kept.append(g)
-        used += size
-    return kept
+    try:
+        while len(kept) < MAX_DELIVERY:
+            room = (HOOK_BYTES - used) * len(kept) // used if kept else 1
+            limit = max(1, min(room, MAX_DELIVERY - len(kept)))
+            step, leased = await _lease(hub, m, sid, had, limit)
+            for i, g in enumerate(step):
+                if own is not None and g.message.sender == own:
+                    back.append(g)
+                    continue
+                size = framing.size(_shown(g)) + 2
+                if kept and used + size > HOOK_BYTES:
+                    back.extend(step[i:])
+                    return kept
+                kept.append(g)
+                used += size
+            if leased < limit:
+                return kept
+        return kept
+    except BaseException:
+        back.extend(kept)
+        raise
+    finally:
+        await _release(hub, m, back)
 
 
 async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
