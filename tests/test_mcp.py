@@ -642,12 +642,12 @@ async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back
 ) -> None:
     """A client cuts or refuses a tool answer past its limit (Claude Code: 25,000
     tokens), and ``check_inbox`` acks what it answered with: it answers only the whole
-    messages that fit in CHECK_INBOX_CHARS, gives the rest back and says more may wait;
+    messages that fit in CHECK_INBOX_BYTES, gives the rest back and says more may wait;
     the next call reads them. Nothing is acked unseen."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_CHARS
+    from backchannel.interfaces.mcp import CHECK_INBOX_BYTES
 
     tokens = make_team(srv, "long-inbox", "a")
-    size = CHECK_INBOX_CHARS * 4 // 10  # two fit in one answer, three do not
+    size = CHECK_INBOX_BYTES * 4 // 10  # two fit in one answer, three do not
     texts = [f"part {i} " + chr(ord("a") + i) * size for i in range(3)]
     with srv.client(tokens["user"]) as c:
         for text in texts:
@@ -671,10 +671,10 @@ async def test_messages_check_inbox_gives_back_keep_their_attempts(
     and given back at every call: each is handed out at most twice before it is read,
     so one that waited behind many long messages keeps its retries (a lease that runs
     out after its last attempt makes it a dead letter)."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_CHARS
+    from backchannel.interfaces.mcp import CHECK_INBOX_BYTES
 
     tokens = make_team(srv, "long-queue", "a")
-    size = CHECK_INBOX_CHARS * 3 // 10  # three to an answer
+    size = CHECK_INBOX_BYTES * 3 // 10  # three to an answer
     ids = []
     with srv.client(tokens["user"]) as c:
         for i in range(30):

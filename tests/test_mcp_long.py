@@ -17,7 +17,7 @@ from typing import TextIO
 import pytest
 from mcp import ClientSession
 
-from backchannel.interfaces.mcp import CHECK_INBOX_CHARS, PART_CHARS
+from backchannel.interfaces.mcp import CHECK_INBOX_BYTES, PART_BYTES
 from tests.conftest import Server
 from tests.runtimes.agents import http_mcp, make_team, stdio_mcp
 from tests.test_mcp import errlog, fails, ok, srv
@@ -54,19 +54,19 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
 ) -> None:
     team = f"long-one-{transport}"
     tokens = make_team(srv, team, "a", "b")
-    long = _long(PART_CHARS * 5 // 2 // 72)  # about two and a half parts
+    long = _long(PART_BYTES * 5 // 2 // 72)  # about two and a half parts
     with srv.client(tokens["b"]) as c:
         ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
         c.post("/v1/messages", json={"to": "a", "text": "short one after"}).raise_for_status()
     async with connect(transport, srv, tokens["a"], errlog) as s:
         first, data = await ok(s, "check_inbox")
         # the answer fits in its room, text and structured content alike
-        assert len(first) <= CHECK_INBOX_CHARS, len(first)
+        assert len(first) <= CHECK_INBOX_BYTES, len(first)
         # the short one fits in the room left
         [m] = [m for m in data["messages"] if m["message_id"] == ident]
         [after] = [m for m in data["messages"] if m["message_id"] != ident]
         assert m["message_id"] == ident and m["part"] == 1 and m["parts"] == 3
-        assert m["text"].endswith("\n") and len(m["text"]) <= PART_CHARS  # cut at a line end
+        assert m["text"].endswith("\n") and len(m["text"]) <= PART_BYTES  # cut at a line end
         assert long.startswith(m["text"]) and m["text"] in first
         assert f"call read_message with message_id={ident!r} and part=2" in first
         assert after["text"] == "short one after" and "part" not in after
@@ -75,7 +75,7 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
         for part in (2, 3):
             shown, got = await ok(s, "read_message", message_id=ident, part=part)
             assert (got["part"], got["parts"]) == (part, 3)
-            assert len(shown) <= CHECK_INBOX_CHARS
+            assert len(shown) <= CHECK_INBOX_BYTES
             assert set(got) == {"text", "message_id", "from", "part", "parts"}  # the part once
             said = f"call read_message with message_id={ident!r} and part={part + 1}"
             assert (said in shown) == (part < 3), shown
@@ -95,3 +95,30 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
         assert "read_message" not in whole
     with srv.client(tokens["a"]) as c:
         assert c.get("/v1/inbox/pending").json()["pending"] == 0
+
+
+async def test_a_message_of_cjk_and_emoji_is_cut_by_its_bytes_not_its_characters(
+    srv: Server, errlog: TextIO
+) -> None:
+    """A client caps tokens, and a CJK character or an emoji is one to several of them:
+    20,000 such characters, under 30,000 characters, were answered whole (60,000 bytes,
+    past Claude Code's 25,000 tokens). Parts are counted in UTF-8 bytes, and the message
+    is still read whole, every character once."""
+    tokens = make_team(srv, "long-cjk", "a", "b")
+    line = "中文的长消息😀👍🏽 " * 12  # 3 and 4 bytes a character
+    long = "".join(f"{i:04d} {line}\n" for i in range(170))  # about 20,000 characters
+    assert len(long) < PART_BYTES < len(long.encode())
+    with srv.client(tokens["b"]) as c:
+        ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
+    async with connect("stdio", srv, tokens["a"], errlog) as s:
+        first, data = await ok(s, "check_inbox")
+        assert len(first.encode()) <= CHECK_INBOX_BYTES, len(first.encode())
+        [m] = data["messages"]
+        assert m["part"] == 1 and m["parts"] > 1
+        assert len(m["text"].encode()) <= PART_BYTES and m["text"].endswith("\n")
+        read = m["text"]
+        for part in range(2, m["parts"] + 1):
+            shown, got = await ok(s, "read_message", message_id=ident, part=part)
+            assert got["part"] == part and len(shown.encode()) <= CHECK_INBOX_BYTES
+            read += _body(shown)
+        assert read == long

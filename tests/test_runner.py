@@ -826,7 +826,7 @@ async def test_check_inbox_never_acks_a_message_the_model_is_not_shown_whole(
     """A tool's answer is cut at MAX_RESULT characters; ``check_inbox`` acks what it
     read, so a cut there would drop the messages past it for good. It shows the
     messages that fit whole, gives the rest back (said, and read by the next call), and
-    a single message longer than the room is shown whole, never cut."""
+    a single message longer than the room is shown in parts, never cut."""
     from backchannel.runner.tools import MAX_RESULT, ToolContext, run_tool
 
     tokens = server.team("long", "worker")
@@ -847,8 +847,52 @@ async def test_check_inbox_never_acks_a_message_the_model_is_not_shown_whole(
         second, _ = await run_tool(ctx, "check_inbox", {}, allowed)
         assert texts[2] in second and "huge" not in second and "cut at" not in second
         third, _ = await run_tool(ctx, "check_inbox", {}, allowed)
-        assert huge in third and "cut at" not in third
+        assert "huge zzz" in third and "cut at" not in third and "part=2" in third
         assert await worker.pending() == 0
+
+
+async def test_a_message_longer_than_one_answer_is_read_whole_with_read_message(
+    server: Server, tmp_path: Path
+) -> None:
+    """A 100,000-character message was the whole of one ``check_inbox`` answer, and acked:
+    past a small model's context (a local server drops what is past its window) its end
+    was never read. ``check_inbox`` now answers its first part, in bytes, with the
+    ``read_message`` call that gives the next, and the parts joined are the message."""
+    from backchannel.runner.tools import (
+        DEFAULT_TOOLS,
+        MAX_RESULT,
+        PART_BYTES,
+        ToolContext,
+        run_tool,
+    )
+
+    tokens = server.team("parts", "worker")
+    long = "".join(f"{i:05d} 报告的一行 a line of the report\n" for i in range(2500)) + "LAST"
+    with server.client(tokens["user"]) as c:
+        r = c.post("/v1/messages", json={"to": "worker", "text": long})
+        ident = r.json()["message_id"]
+    assert "read_message" in DEFAULT_TOOLS
+    async with Client(server.url, tokens["worker"]) as worker:
+        session = (await worker.open_session("worker-main")).session_id
+        ctx = ToolContext(worker, "worker", session, tmp_path)
+        allowed = frozenset(DEFAULT_TOOLS)
+        first, failed = await run_tool(ctx, "check_inbox", {}, allowed)
+        assert not failed and len(first) <= MAX_RESULT and "LAST" not in first
+        assert f"call read_message with message_id={ident!r} and part=2" in first
+        assert await worker.pending() == 0  # acked with its first part
+        read, part = first.removeprefix("[From user] ").partition("\n(message_id")[0], 1
+        while f"part={part + 1}" in first:
+            part += 1
+            first, failed = await run_tool(
+                ctx, "read_message", {"message_id": ident, "part": part}, allowed
+            )
+            assert not failed and len(first.encode()) <= PART_BYTES + 500
+            read += first.removeprefix("[From user] ").partition("\n(message_id")[0]
+        assert read == long
+        said, failed = await run_tool(
+            ctx, "read_message", {"message_id": ident, "part": part + 1}, allowed
+        )
+        assert failed and f"has {part} parts" in said
 
 
 async def test_messages_check_inbox_gives_back_keep_their_attempts(

@@ -149,6 +149,39 @@ async def test_a_peers_message_is_the_stop_answer_and_opens_the_next_turn(
     assert [h.event for h in status.history][-2:] == ["leased", "acked"]
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_stop_answer_fits_the_hook_cap_and_long_messages_name_read_message(
+    hub: Hub, runtime: str
+) -> None:
+    """Three messages of 20,000 characters each were one 60,000-character stop answer
+    (Claude Code shows the model a 2 KB preview of a hook text past 10,000, Codex cuts
+    its middle out), all counted delivered. Each answer now fits the cap: one message's
+    start, with the read_message call that reads it whole; the next waits for the next
+    answer."""
+    from backchannel.runtimes.receiver import HOOK_BYTES
+
+    await _team(hub, runtime)
+    await call(hub, "t", "w", runtime, fixture(runtime, "SessionStart"))
+    await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime]))
+    # more than a message's attempts: none is handed out and given back at every answer
+    texts = [f"REPORT {n}\n" + f"row of report {n}\n" * 1400 + f"END {n}" for n in range(1, 9)]
+    sent = [await hub.send("t", "lead", "w", t) for t in texts]
+    for n, one in enumerate(sent):
+        result = await call(hub, "t", "w", runtime, _stop(runtime, stop_hook_active=n > 0))
+        reason = _reason(runtime, result.answer)
+        assert len(reason.encode()) <= HOOK_BYTES, len(reason.encode())
+        assert result.delivered == (one.message_id,)
+        assert f"[From lead] REPORT {n + 1}\nrow of report" in reason
+        said = f"read_message with message_id={one.message_id!r}"
+        assert said in reason and f"END {n + 1}" not in reason
+    result = await call(hub, "t", "w", runtime, _stop(runtime, stop_hook_active=True))
+    assert result.answer == {}
+    for one in sent:
+        status = await hub.message_status("t", one.message_id)
+        assert status.state.value == "acked"
+        assert max(d.attempts for d in status.deliveries) <= 2, status.deliveries
+
+
 async def test_the_stop_hook_never_loops(hub: Hub) -> None:
     await _team(hub)
     sid = session_of("claude-code")

@@ -39,6 +39,8 @@ __all__ = [
     "header",
     "needs_escape",
     "normalize_breaks",
+    "parts",
+    "size",
     "unframe",
 ]
 
@@ -90,6 +92,27 @@ def frame(head: str, text: str) -> str:
     first, *rest = normalize_breaks(text).split("\n")
     lead = f"{head} {first}" if head and first else (head or first)
     return "\n".join([lead, *escape_lines(rest)])
+
+
+def size(text: str) -> int:
+    """How much room ``text`` takes in an answer a client caps: its UTF-8 bytes. A client
+    caps tokens (or bytes, or UTF-16 code units), and a character costs more of each the
+    more bytes it takes: a CJK character or an emoji is one to several tokens, so a
+    budget counted in characters lets such text run past the client's cap."""
+    return len(text.encode("utf-8"))
+
+
+def parts(text: str, budget: int) -> list[str]:
+    """``text`` in parts of at most ``budget`` UTF-8 bytes (:func:`size`), each cut just
+    after a line's end when one is in its second half (else at the most characters that
+    fit): joined, they are ``text``."""
+    out = []
+    while size(text) > budget:
+        fit = len(text.encode("utf-8")[:budget].decode("utf-8", "ignore"))
+        cut = text.rfind("\n", fit // 2, fit) + 1 or max(fit, 1)
+        out.append(text[:cut])
+        text = text[cut:]
+    return [*out, text]
 
 
 def unframe(first: str, rest: list[str]) -> str:

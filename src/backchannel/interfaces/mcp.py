@@ -74,15 +74,16 @@ LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
 CHECK_INBOX_BATCH = 50
-#: The most characters of messages one ``check_inbox`` answers with (whole messages, the
-#: first whatever its length): a client cuts or refuses a longer tool answer (Claude
-#: Code past 25,000 tokens), and what the answer carries is acked.
-CHECK_INBOX_CHARS = 40_000
-#: The most characters of one message's text a tool answer carries: a message longer
+#: The most UTF-8 bytes of messages one ``check_inbox`` answers with (whole messages,
+#: the first whatever its length): a client cuts or refuses a longer tool answer (Claude
+#: Code past 25,000 tokens), and what the answer carries is acked. Counted in bytes, not
+#: characters: 40,000 characters of CJK text or emoji are well past 25,000 tokens.
+CHECK_INBOX_BYTES = 40_000
+#: The most UTF-8 bytes of one message's text a tool answer carries: a message longer
 #: than that is read in parts (``check_inbox`` answers its first, ``read_message`` each
 #: next), cut at a line's end where one is near, so no client cuts its end unseen. The
-#: rest of :data:`CHECK_INBOX_CHARS` is room for its frame and the note naming the next.
-PART_CHARS = 30_000
+#: rest of :data:`CHECK_INBOX_BYTES` is room for its frame and the note naming the next.
+PART_BYTES = 30_000
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -382,14 +383,8 @@ def _received(m: Received) -> str:
 
 
 def parts(text: str) -> list[str]:
-    """``text`` in parts of at most :data:`PART_CHARS`, each cut just after a line's end
-    when one is in its second half (else at the limit): joined, they are ``text``."""
-    out = []
-    while len(text) > PART_CHARS:
-        cut = text.rfind("\n", PART_CHARS // 2, PART_CHARS) + 1 or PART_CHARS
-        out.append(text[:cut])
-        text = text[cut:]
-    return [*out, text]
+    """``text`` in parts of at most :data:`PART_BYTES` (:func:`.framing.parts`)."""
+    return framing.parts(text, PART_BYTES)
 
 
 def _part(sender: str, kind: str, ident: str, text: str, part: int) -> tuple[str, str, int]:
@@ -479,8 +474,8 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
     :data:`CHECK_INBOX_BATCH` from each place it looks, and only the whole messages that
-    fit in :data:`CHECK_INBOX_CHARS` (the rest are given back at once), the first of them
-    when its text is longer than :data:`PART_CHARS` as its first part (the answer names
+    fit in :data:`CHECK_INBOX_BYTES` (the rest are given back at once), the first of them
+    when its text is longer than :data:`PART_BYTES` as its first part (the answer names
     the :func:`_read_message` call that gives the next); a batch that came back full, or
     gave messages back, means more may wait, and the answer says so (and ``more``), with
     how to read them."""
@@ -497,19 +492,19 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         nonlocal more
         taken = 0
         while taken < CHECK_INBOX_BATCH:
-            used = sum(map(len, pieces)) + 2 * len(pieces)
-            fits = (CHECK_INBOX_CHARS - used) * len(pieces) // used if pieces else 1
+            used = sum(map(framing.size, pieces)) + 2 * len(pieces)
+            fits = (CHECK_INBOX_BYTES - used) * len(pieces) // used if pieces else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
             step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)
-                used = sum(map(len, pieces)) + 2 * len(pieces)
-                if pieces and used + len(piece) > CHECK_INBOX_CHARS:
+                used = sum(map(framing.size, pieces)) + 2 * len(pieces)
+                if pieces and used + framing.size(piece) > CHECK_INBOX_BYTES:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
-                if len(m.text) > PART_CHARS:  # the first (no other fits): its first part
+                if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
                     piece, first, n = _part(m.sender, m.kind, m.message_id, m.text, 1)
                     cut[m.message_id] = (first, n)
                 got.append(m)
@@ -552,7 +547,7 @@ class ReadMessageArgs(_Args):
 
 async def _read_message(a: Agent, x: ReadMessageArgs) -> Output:
     """A message the agent received or sent, by its id, a part at a time: a message
-    longer than one answer is read in parts (see :data:`PART_CHARS`). The hub keeps an
+    longer than one answer is read in parts (see :data:`PART_BYTES`). The hub keeps an
     acked message's text, so a part can be read again; reading does not ack anything."""
     r = await a.client.status(x.message_id)
     n = len(parts(r.text))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from backchannel.client import Client
+from backchannel.core import framing
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, ToolFailed
 from backchannel.hub.messages import new_message_id, new_request_id
@@ -232,6 +233,11 @@ async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 CHECK_INBOX_BATCH = 50
 #: How a ``check_inbox`` answer ends when it may not be all that waits.
 MORE_MAY_WAIT = "\n\n(more messages may wait: call check_inbox again to read them)"
+#: The most UTF-8 bytes of one message's text a tool answer carries: a message longer
+#: than that is read in parts (``check_inbox`` answers its first, ``read_message`` each
+#: next), so that an answer stays within :data:`MAX_RESULT` and a model with a small
+#: context (a local server that drops what is past its window) reads every line.
+PART_BYTES = 15_000
 #: Tools whose answers are bounded by the tool itself and never cut by :func:`run_tool`
 #: (``check_inbox`` acks what it answers: a cut would lose the messages past it).
 UNCUT = frozenset({"check_inbox"})
@@ -259,6 +265,8 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
         back: list[str] = []
         for m in got:
             piece = format_message(m.sender, m.kind, m.text)
+            if not pieces and not back and framing.size(m.text) > PART_BYTES:
+                piece = _part(m.sender, m.kind, m.message_id, m.text, 1)[0]
             if back or (pieces and sum(map(len, pieces)) + 2 * len(pieces) + len(piece) > room):
                 back.append(m.message_id)
                 continue
@@ -274,6 +282,38 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
         await ctx.client.ack(shown)
     text = "\n\n".join(pieces) or "(no messages)"
     return text + MORE_MAY_WAIT if more and shown else text
+
+
+def _part(sender: str, kind: str, ident: str, text: str, part: int) -> tuple[str, int]:
+    """Part ``part`` of a message as the model reads it, with the call that reads the
+    next when one follows; and how many parts there are."""
+    split = framing.parts(text, PART_BYTES)
+    shown = format_message(sender, kind, split[part - 1])
+    if len(split) == 1:
+        return shown, 1
+    shown += f"\n(message_id {ident}, part {part} of {len(split)})"
+    if part < len(split):
+        shown += (
+            f"\n[This message is longer than one answer: call read_message with "
+            f"message_id={ident!r} and part={part + 1} for its next part.]"
+        )
+    return shown, len(split)
+
+
+async def read_message(ctx: ToolContext, args: Mapping[str, Any]) -> str:
+    """A message the agent received or sent, a part at a time (see :data:`PART_BYTES`);
+    reading acks nothing, and a part can be read again."""
+    ident = _req(args, "message_id")
+    part = _num(args, "part", 1)
+    assert part is not None
+    r = await ctx.client.status(ident)
+    n = len(framing.parts(r.text, PART_BYTES))
+    if part != int(part) or not 1 <= part <= n:
+        raise ToolFailed(
+            f"message {ident} has {n} part{'s' if n != 1 else ''}; "
+            f"call again with part between 1 and {n}"
+        )
+    return _part(r.sender, r.kind, r.message_id, r.text, int(part))[0]
 
 
 #: How many members one list_members answer names: a page the model can take in; the
@@ -433,6 +473,15 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
         ToolSpec("check_inbox", "Read messages waiting for you now.", _schema({}, [])),
         check_inbox,
     ),
+    "read_message": (
+        ToolSpec(
+            "read_message",
+            "Read a message you received or sent by its id, a part at a time (a message "
+            "longer than one answer is read in parts; part 1 is the first).",
+            _schema({"message_id": _S, "part": _N}, ["message_id"]),
+        ),
+        read_message,
+    ),
     "list_members": (
         ToolSpec(
             "list_members",
@@ -479,6 +528,7 @@ DEFAULT_TOOLS = (
     "cancel_timer",
     "get_session_data",
     "check_inbox",
+    "read_message",
     "list_members",
 )
 

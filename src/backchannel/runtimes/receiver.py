@@ -83,7 +83,7 @@ from backchannel.runtimes.common import (
     HookInputError,
     HookKind,
     Outcome,
-    format_messages,
+    format_message,
 )
 from backchannel.types import InboxMessage, Member, MessageKind, Session, SessionState
 
@@ -93,6 +93,16 @@ log = logging.getLogger("backchannel.hooks")
 
 #: Most messages handed over in one hook answer (the rest wait for the next one).
 MAX_DELIVERY = 20
+#: The most UTF-8 bytes of messages one hook answer hands over (whole messages, the
+#: first whatever its length; the rest wait for the next answer). A runtime keeps a
+#: longer hook text from its model: Claude Code (2.1) saves an ``additionalContext`` or a
+#: ``Stop`` ``reason`` past 10,000 UTF-16 code units to a file and shows a 2 KB preview,
+#: and Codex cuts the middle out of one past its limit; UTF-8 bytes are never fewer than
+#: code units, and the rest of the 10,000 is room for the heading and the notes.
+HOOK_BYTES = 9_000
+#: A message longer than that is handed over as its start, this long at most, with the
+#: MCP tool call that reads it whole (``read_message``, which the attach sets up).
+HOOK_START_BYTES = 6_000
 #: Runtimes that HTML-escape the hook context they show the model.
 ESCAPES_CONTEXT = frozenset({"gemini"})
 #: How many times one runtime session may be resumed after it was terminated.
@@ -199,7 +209,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         # the continuation is already this turn, not another one
         return Outcome(), sid, ()
     if ev.kind is HookKind.PROMPT:
-        got = await _lease(hub, m, sid, had) if s.state is SessionState.IDLE else []
+        got = await _take(hub, m, sid, had) if s.state is SessionState.IDLE else []
         try:
             opened = {"hook": ev.name, **_handed(got, "prompt")}
             await _event(hub, m, sid, "turn_start", ev.text, opened)
@@ -247,11 +257,9 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
     await _event(hub, m, sid, "agent_stop", closing, {**data, LAST_STOP: mark})
     if not ev.answerable:
         return Outcome(), sid, ()
-    got = await _lease(hub, m, sid, had)
-    if ev.stop_hook_active:  # a continuation never feeds itself
-        own = [g for g in got if g.message.sender == m.name]
-        await _release(hub, m, own)
-        got = [g for g in got if g not in own]
+    # a continuation never feeds itself: the agent's own messages are held back
+    own = m.name if ev.stop_hook_active else None
+    got = await _take(hub, m, sid, had, own)
     if not any(g.message.kind is not MessageKind.SYSTEM for g in got):
         await _release(hub, m, got)  # notices alone wait for the next turn
         return Outcome(), sid, ()
@@ -379,15 +387,70 @@ async def _find(
     raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
 
 
-async def _lease(hub: Hub, m: Member, sid: str, had: frozenset[str]) -> list[InboxMessage]:
-    """The session's waiting messages, less copies it shows it already has (``had``: a
-    channel push or a hook answer whose lease ran out before its ack): those are acked,
-    not shown again. What is returned stays leased until the next event settles it."""
-    got = await hub.receive(m.team, m.name, session=sid, limit=MAX_DELIVERY, wait=0)
+async def _lease(
+    hub: Hub, m: Member, sid: str, had: frozenset[str], limit: int
+) -> tuple[list[InboxMessage], int]:
+    """Up to ``limit`` of the session's waiting messages, less copies it shows it already
+    has (``had``: a channel push or a hook answer whose lease ran out before its ack):
+    those are acked, not shown again; and how many were leased. What is returned stays
+    leased until the next event settles it."""
+    got = await hub.receive(m.team, m.name, session=sid, limit=limit, wait=0)
     shown = [g.message.message_id for g in got if g.message.message_id in had]
     if shown:
         await hub.ack(m.team, m.name, shown)
-    return [g for g in got if g.message.message_id not in had]
+    return [g for g in got if g.message.message_id not in had], len(got)
+
+
+def _shown(g: InboxMessage) -> str:
+    """One message as a hook answer shows it: whole, or (longer than
+    :data:`HOOK_START_BYTES`) its start and the call that reads it whole."""
+    msg = g.message
+    if framing.size(msg.text) <= HOOK_START_BYTES:
+        return format_message(msg.sender, msg.kind.value, msg.text)
+    start = framing.parts(msg.text, HOOK_START_BYTES)[0]
+    return (
+        f"{format_message(msg.sender, msg.kind.value, start)}\n"
+        f"[backchannel: this message (message_id {msg.message_id}) is longer than one hook "
+        f"answer and only its start is above: call the backchannel tool read_message with "
+        f"message_id={msg.message_id!r} (then part=2, 3... as it says) to read it whole.]"
+    )
+
+
+async def _take(
+    hub: Hub, m: Member, sid: str, had: frozenset[str], own: str | None = None
+) -> list[InboxMessage]:
+    """The session's waiting messages one hook answer hands over (see :func:`_lease`):
+    whole ones while they fit in :data:`HOOK_BYTES` (the first whatever its length, as
+    :func:`_shown` shows it), less those from ``own``; the rest are released. Leased
+    about as many as the room left holds (one first, then by the length of those taken
+    so far), so that a message is not leased and given back at every answer: each lease
+    spends one of its attempts."""
+    kept: list[InboxMessage] = []
+    back: list[InboxMessage] = []
+    used = 0
+    try:
+        while len(kept) < MAX_DELIVERY:
+            room = (HOOK_BYTES - used) * len(kept) // used if kept else 1
+            limit = max(1, min(room, MAX_DELIVERY - len(kept)))
+            step, leased = await _lease(hub, m, sid, had, limit)
+            for i, g in enumerate(step):
+                if own is not None and g.message.sender == own:
+                    back.append(g)
+                    continue
+                size = framing.size(_shown(g)) + 2
+                if kept and used + size > HOOK_BYTES:
+                    back.extend(step[i:])
+                    return kept
+                kept.append(g)
+                used += size
+            if leased < limit:
+                return kept
+        return kept
+    except BaseException:
+        back.extend(kept)
+        raise
+    finally:
+        await _release(hub, m, back)
 
 
 async def _release(hub: Hub, m: Member, got: Sequence[InboxMessage]) -> None:
@@ -473,6 +536,4 @@ def _format(got: Sequence[InboxMessage], what: str) -> str:
         f"backchannel: {n} message{'s' if n != 1 else ''} {what}. Act or reply only if "
         "they need you; silence is valid."
     )
-    return format_messages(
-        ((g.message.sender, g.message.kind.value, g.message.text) for g in got), heading=heading
-    )
+    return f"{heading}\n\n" + "\n\n".join(map(_shown, got))
