@@ -4,6 +4,7 @@ delivery as the stop hook's answer, the loop guard, and bad input."""
 from __future__ import annotations
 
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from backchannel.hub import Hub
 from backchannel.runtimes import HookKind, get_runtime
+from backchannel.runtimes.liveness import runtime_keys
 from backchannel.testing import FakeClock
 from backchannel.types import MessageKind, SessionState
 
@@ -367,6 +369,42 @@ async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hu
     await call(hub, "t", "w", "claude-code", {**start, "source": "compact"})
     assert (await hub.get_session("t", sid)).state is SessionState.ACTIVE
     await call(hub, "t", "w", "claude-code", {**start, "source": "resume"})
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+
+
+async def test_a_resume_in_a_second_process_leaves_the_turn_the_first_one_runs(hub: Hub) -> None:
+    """``claude --resume`` of a conversation whose turn runs in another terminal: that
+    process still runs, so its turn is no crashed one. It stays open with its ledger, and
+    its closing ``<message>`` repeating its tool send goes out once. Once that process is
+    gone, a resume recovers the turn as before."""
+    await _team(hub)
+    sid = session_of("claude-code")
+    first = subprocess.Popen(["sleep", "600"])  # the first terminal's Claude Code
+    try:
+        [running_key] = runtime_keys(first.pid, 1)
+        one = {"backchannel_runtime": running_key}
+        two = {"backchannel_runtime": "boot/4343/2000"}
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", **one))
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **one))
+        await hub.send("t", "w", "lead", "the report is ready", sender_session=sid)
+        start = fixture("claude-code", "SessionStart", source="resume", **two)
+        assert (await call(hub, "t", "w", "claude-code", start)).session == sid
+        s = await hub.get_session("t", sid)
+        assert (s.state, s.turn) == (SessionState.ACTIVE, 1)
+        closing = 'Done.\n<message to="lead">the report is ready</message>'
+        await call(
+            hub,
+            "t",
+            "w",
+            "claude-code",
+            _stop("claude-code", last_assistant_message=closing, **one),
+        )
+        assert (await _texts(hub, "lead")).count("the report is ready") == 1
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **one))
+    finally:
+        first.kill()
+        first.wait(10)
+    await call(hub, "t", "w", "claude-code", start)  # its process is gone: a crashed turn
     assert (await hub.get_session("t", sid)).state is SessionState.IDLE
 
 
