@@ -361,6 +361,36 @@ async def test_a_clear_whose_session_end_was_lost_leaves_the_old_session_all_the
     assert context.count("for the old conversation") == 1, context
 
 
+async def test_codex_new_leaves_the_old_session_as_a_clear_does(hub: Hub, clock: FakeClock) -> None:
+    """Codex's ``/new`` starts another conversation in the same process with a
+    ``SessionStart`` of source ``startup`` and no ``SessionEnd`` for the old one (Codex
+    0.171): the old session exits, so what was pinned to it reaches the new conversation
+    once its exit grace is over, instead of waiting while the process beats for it."""
+    await hub.create_team("t", settings={"anchor_policy": "off", "exit_grace_seconds": 600})
+    await hub.add_member("t", "w", "codex")
+    await hub.add_member("t", "lead")
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the one Codex process
+    old = session_of("codex")
+    await call(hub, "t", "w", "codex", fixture("codex", "SessionStart", **key))
+    await call(hub, "t", "w", "codex", fixture("codex", "UserPromptSubmit", **key))
+    await call(hub, "t", "w", "codex", _stop("codex", **key))
+    pinned = await hub.send("t", "lead", "w", "for the old conversation", to_session=old)
+
+    new = "01a22324-0dec-7723-8233-0caddb77175b"
+    start = fixture("codex", "SessionStart", source="startup", session_id=new, **key)
+    assert (await call(hub, "t", "w", "codex", start)).session == new
+    assert (await hub.get_session("t", old)).state is SessionState.EXITED
+    kept, every = await hub.runtime_alive("t", "w", key["backchannel_runtime"])
+    assert kept == [new]
+    clock.advance(601)
+    await hub.maintain()
+    prompt = fixture("codex", "UserPromptSubmit", session_id=new, **key)
+    got = await call(hub, "t", "w", "codex", prompt)
+    assert pinned.message_id in got.delivered
+    context = got.answer["hookSpecificOutput"]["additionalContext"]
+    assert context.count("for the old conversation") == 1, context
+
+
 async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hub: Hub) -> None:
     await _team(hub)
     sid = session_of("claude-code")

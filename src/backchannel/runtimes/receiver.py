@@ -18,8 +18,9 @@ runtimes are not so tidy, so this layer makes them fit:
   recovers it (the process died mid-turn), unless the turn's runtime process is another
   one that still runs (the conversation resumed in a second terminal): that turn is left
   to it, with its ledger; ``clear``/``compact`` leave the turn alone.
-  ``clear`` exits the member's other sessions under the same runtime process: the
-  process left them, whether or not their ``SessionEnd`` reached the hub.
+  A ``SessionStart`` (but ``compact``) exits the member's other sessions under the same
+  runtime process: the process left them (``/clear``, Codex's ``/new``), whether or not
+  a ``SessionEnd`` reached the hub.
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
 framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
@@ -195,8 +196,8 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
             return Outcome(context=context), running.session_id, ()
         started = await _live(hub, m, ev.session_id, recover=recover)
         await _runs_under(hub, m, started, ev)
-        if ev.detail == "clear":
-            await _left_by_clear(hub, m, started, ev)
+        if ev.detail != "compact":  # compaction keeps the conversation
+            await _left_behind(hub, m, started, ev)
         await _settle(hub, m, started, ev)
         if started.state is SessionState.IDLE and LAST_STOP in started.meta:
             # a process (re)started, or its context was rebuilt: a stop after this is a
@@ -314,11 +315,13 @@ async def _running_elsewhere(hub: Hub, m: Member, ev: HookEvent) -> Session | No
     return s
 
 
-async def _left_by_clear(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
-    """``SessionStart`` with source ``clear``: the runtime process moved to a new
-    conversation, so the member's other sessions that ran under it (the command hook
-    says which process it ran under) were left, whether or not their ``SessionEnd``
-    reached the hub: they exit, as that ``SessionEnd`` would have made them. Without it
+async def _left_behind(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
+    """``SessionStart`` of a session in a runtime process that ran others: the process
+    moved to another conversation (Claude Code's ``/clear``, source ``clear``, and
+    ``/resume``; Codex's ``/new``, source ``startup`` and no ``SessionEnd`` at all), so
+    the member's other sessions that ran under it (the command hook says which process
+    it ran under) were left, whether or not their ``SessionEnd`` reached the hub: they
+    exit, as that ``SessionEnd`` would have made them. Without it
     the process's MCP server beats on for them (:mod:`.liveness`), and what was pinned
     to one (a link's crossing, a timer) waited as long as the process ran, shown to no
     model and never a dead letter. Exiting is idempotent, and a later event of such a
@@ -331,7 +334,8 @@ async def _left_by_clear(hub: Hub, m: Member, started: Session, ev: HookEvent) -
             and s.state in (SessionState.IDLE, SessionState.ACTIVE)
             and s.meta.get(RUNTIME_META) == ev.runtime_key
         ):
-            reason = f"{ev.runtime} {ev.name} (clear) of {started.session_id}: the process left it"
+            how = ev.detail or "startup"
+            reason = f"{ev.runtime} {ev.name} ({how}) of {started.session_id}: the process left it"
             await hub.exit_session(m.team, m.name, s.session_id, reason)
 
 
