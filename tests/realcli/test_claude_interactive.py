@@ -442,7 +442,7 @@ def test_resuming_a_conversation_running_in_another_terminal_leaves_its_turn_and
                 def started() -> bool:
                     events = _get(hub, w.tokens["worker"], f"/v1/sessions/{sid}/transcript")
                     return any(
-                        e["kind"] == "session" and "process" in e["text"]
+                        (e["kind"] == "session" and "process" in e["text"])
                         or "recovered" in e["text"]
                         for e in events["events"]
                     )

@@ -3,8 +3,8 @@ delivery as the stop hook's answer, the loop guard, and bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -380,7 +380,7 @@ async def test_codex_new_leaves_the_old_session_as_a_clear_does(hub: Hub, clock:
     start = fixture("codex", "SessionStart", source="startup", session_id=new, **key)
     assert (await call(hub, "t", "w", "codex", start)).session == new
     assert (await hub.get_session("t", old)).state is SessionState.EXITED
-    kept, every = await hub.runtime_alive("t", "w", key["backchannel_runtime"])
+    kept, _ = await hub.runtime_alive("t", "w", key["backchannel_runtime"])
     assert kept == [new]
     clock.advance(601)
     await hub.maintain()
@@ -409,7 +409,7 @@ async def test_a_resume_in_a_second_process_leaves_the_turn_the_first_one_runs(h
     gone, a resume recovers the turn as before."""
     await _team(hub)
     sid = session_of("claude-code")
-    first = subprocess.Popen(["sleep", "600"])  # the first terminal's Claude Code
+    first = await asyncio.create_subprocess_exec("sleep", "600")  # the first terminal's CLI
     try:
         [running_key] = runtime_keys(first.pid, 1)
         one = {"backchannel_runtime": running_key}
@@ -433,7 +433,7 @@ async def test_a_resume_in_a_second_process_leaves_the_turn_the_first_one_runs(h
         await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **one))
     finally:
         first.kill()
-        first.wait(10)
+        await first.wait()
     await call(hub, "t", "w", "claude-code", start)  # its process is gone: a crashed turn
     assert (await hub.get_session("t", sid)).state is SessionState.IDLE
 
