@@ -6,6 +6,8 @@ windows of one member. Every assertion is on what the model API received."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Server
-from tests.realcli.fake_anthropic import FakeAnthropic, Rule, last_user_text, say, texts
+from tests.realcli.fake_anthropic import FakeAnthropic, Rule, call, last_user_text, say, texts
 from tests.realcli.test_claude_channels import (
     NO_TRAFFIC,
     _attach,
@@ -399,3 +401,99 @@ def test_two_windows_of_one_member_each_get_their_own_and_share_the_rest_once(
             for mid in (shared, *pins.values()):
                 events = [h["event"] for h in w.copy(mid)["history"]]
                 assert events.count("acked") == 1, events
+
+
+def after_tool_result(req: dict[str, Any]) -> bool:
+    """Whether ``req``'s last user turn is a tool's result (the model goes on after it)."""
+    msgs = [m for m in req.get("messages", []) if m.get("role") == "user"]
+    content = msgs[-1].get("content") if msgs else None
+    return isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
+
+
+def test_resuming_a_conversation_running_in_another_terminal_leaves_its_turn_and_sends_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """``claude --resume <id>`` in a second terminal while the first still runs a turn of
+    that conversation: the running turn is not closed as crashed, and its closing
+    ``<message>`` block repeating what its ``send_message`` already sent goes out once."""
+    w = Worker(hub, proxy, tmp_path)
+    working, go_on = threading.Event(), threading.Event()
+    body = "MARK-ONCE: the report is ready"
+    rules = [
+        Rule(
+            lambda r: "PROMPT-SEND" in last_user_text(r) and not after_tool_result(r),
+            call("mcp__backchannel__send_message", to="lead", message=body),
+            1,
+        ),
+        Rule(
+            lambda r: after_tool_result(r) and "PROMPT-SEND" in " ".join(texts(r)),
+            busy_until(go_on, working, f'Done.\n<message to="lead">{body}</message>'),
+            1,
+        ),
+    ]
+    with FakeAnthropic(rules, fallback="Noted.") as api:
+        w.env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(w.project, w.env) as one:
+            sid = first_session(w, one)
+            one.type("PROMPT-SEND")
+            wait_until(working.is_set, 60, "the turn's last model request", one)
+            sent = wait_until(lambda: w.session(sid)["state"] == "active", 30, "the turn", one)
+            assert sent
+            with claude_pane(w.project, w.env, "--resume", sid) as two:
+
+                def started() -> bool:
+                    events = _get(hub, w.tokens["worker"], f"/v1/sessions/{sid}/transcript")
+                    return any(
+                        (e["kind"] == "session" and "process" in e["text"])
+                        or "recovered" in e["text"]
+                        for e in events["events"]
+                    )
+
+                wait_until(started, 60, "the second terminal's SessionStart", two)
+                go_on.set()
+                wait_until(lambda: w.idle_after_stop(sid, 1), 60, "the first turn's end", one)
+    got = _get(hub, w.tokens["lead"], "/v1/inbox", wait=0, limit=50)["messages"]
+    assert [m["text"] for m in got if m["kind"] != "system"].count(body) == 1, got
+    events = _get(hub, w.tokens["worker"], f"/v1/sessions/{sid}/transcript")["events"]
+    assert not [e["text"] for e in events if "recovered" in e["text"]]
+
+
+def test_killed_mid_continuation_and_resumed_the_handed_message_reaches_the_model_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """Claude Code killed (``kill -9`` of its process group) while its model works on a
+    message the ``Stop`` hook handed over, then ``claude --resume <id>``: the turn is
+    recovered as crashed, and the message, which the killed process never wrote to the
+    conversation, is in front of the resumed conversation's model exactly once."""
+    w = Worker(hub, proxy, tmp_path)
+    working, go_on = threading.Event(), threading.Event()
+    held, never = threading.Event(), threading.Event()
+    rules = [
+        Rule(lambda r: "PROMPT-ONE" in last_user_text(r), busy_until(go_on, working, "Ok."), 1),
+        Rule(lambda r: "MARK-HANDED" in last_user_text(r), busy_until(never, held, "Late."), 1),
+    ]
+    try:
+        with FakeAnthropic(rules, fallback="Noted.") as api:
+            w.env["ANTHROPIC_BASE_URL"] = api.url
+            with claude_pane(w.project, w.env) as pane:
+                sid = first_session(w, pane)
+                pane.type("PROMPT-ONE")
+                wait_until(working.is_set, 60, "the turn's model request", pane)
+                handed = _send(hub, w.tokens["lead"], "worker", "MARK-HANDED: by the stop hook")
+                go_on.set()
+                wait_until(held.is_set, 60, "the continuation's model request", pane)
+                leader = int(pane.pane.cmd("display-message", "-p", "#{pane_pid}").stdout[0])
+                os.killpg(leader, signal.SIGKILL)
+                wait_until(pane.exited, 30, "Claude Code killed", pane)
+            with claude_pane(w.project, w.env, "--resume", sid) as pane:
+                wait_until(
+                    lambda: w.session(sid)["state"] == "idle", 60, "the recovered turn", pane
+                )
+                turns_until(pane, api, w, sid, [handed], "BACK")
+                last = prompt_turn(pane, api, w, "PROMPT-LAST", sid)
+                assert shown(last, "MARK-HANDED: by the stop hook") == 1, texts(last)
+                assert shown(last, "PROMPT-ONE") == 1
+    finally:
+        never.set()
+    events = [h["event"] for h in w.copy(handed)["history"]]
+    assert events.count("acked") == 1, events

@@ -307,3 +307,73 @@ def _idle(rig: Rig, sid: str, turns: int = 1) -> bool:
         if e["kind"] == "turn_start" and not e["data"].get("continued_by")
     ]  # fmt: skip
     return bool(len(starts) >= turns and rig.session(sid)["state"] == "idle")
+
+
+def test_codex_new_leaves_the_old_conversation_and_what_was_pinned_to_it_arrives_once(
+    server: Server, bin_dir: Path, tmp_path: Path
+) -> None:
+    """Codex's ``/new`` starts another conversation in the same process: a ``SessionStart``
+    of source ``startup`` with the new id at its first prompt, and no ``SessionEnd`` for
+    the old one. The old hub session exits (the process left it) instead of staying idle
+    while the process's MCP server beats for it; a message pinned to it reaches the new
+    conversation once its exit grace is over, once."""
+    with attached("codex", server, bin_dir, tmp_path, exit_grace_seconds=IDLE_GRACE_S) as rig:
+        rig.api = rig.model.make([])
+        rig.api.__enter__()
+        binary, args = _start(rig)
+        env = rig.env() | {"TERM": "xterm-256color"}
+        with cli_pane(binary, rig.project, env, *args) as pane:
+            pane.wait_for(TRUST["codex"])
+            wait_until(lambda: _trust(rig, pane), 60, "the folder's trust recorded", pane)
+            pane.wait_for(READY["codex"])
+            pane.type("PROMPT-ONE hello")
+            [session] = wait_until(_sessions_if(rig), 60, "alice's hub session", pane)
+            old = session["session_id"]
+            wait_until(lambda: _idle(rig, old), 60, "the first turn's end", pane)
+            with rig.server.client(rig.tokens["bob"]) as c:
+                body = {"to": "alice", "session": old, "text": "MARK-PINNED: for the old one"}
+                c.post("/v1/messages", json=body).raise_for_status()
+            pane.type("/new")
+            pane.wait_for("Use current")  # where the new conversation runs: here
+            pane.enter()
+            pane.wait_for(READY["codex"])
+            pane.type("PROMPT-TWO again")
+            [new] = wait_until(
+                lambda: (
+                    [s["session_id"] for s in _sessions(rig) if s["session_id"] != old]
+                    or _enter_again(pane, "PROMPT-TWO")
+                ),
+                60,
+                "the new conversation's session",
+                pane,
+            )
+            wait_until(lambda: _idle(rig, new), 60, "the new conversation's turn", pane)
+            assert rig.session(old)["state"] in ("exited", "terminated")
+            wait_until(lambda: rig.session(old)["state"] == "terminated", 60, "the old one's end")
+            pane.type("PROMPT-THREE more")
+            wait_until(
+                lambda: _showing(rig, "PROMPT-THREE") or _enter_again(pane, "PROMPT-THREE"),
+                60,
+                "PROMPT-THREE",
+            )
+            wait_until(lambda: _idle(rig, new, turns=2), 60, "the third turn's end", pane)
+            three = _showing(rig, "PROMPT-THREE")[-1]
+            assert _count(rig, three, "MARK-PINNED: for the old one") == 1
+            pane.type("PROMPT-FOUR last")
+            wait_until(
+                lambda: _showing(rig, "PROMPT-FOUR") or _enter_again(pane, "PROMPT-FOUR"),
+                60,
+                "PROMPT-FOUR",
+            )
+            wait_until(lambda: _idle(rig, new, turns=3), 60, "the fourth turn's end", pane)
+            four = _showing(rig, "PROMPT-FOUR")[-1]
+            assert _count(rig, four, "MARK-PINNED: for the old one") == 1
+            assert _count(rig, four, "PROMPT-ONE") == 0  # a new conversation
+        assert set(rig.proxy.seen) <= CLI_OWN_SERVICES["codex"], rig.proxy.seen
+        rig.proxy.seen.clear()
+
+
+def _showing(rig: Rig, mark: str) -> list[dict[str, Any]]:
+    """The agent loop's requests that show ``mark`` anywhere (a prompt with context added
+    by its hook is not the request's last text)."""
+    return [q for q in _requests(rig) if _count(rig, q, mark)]

@@ -585,3 +585,65 @@ def test_a_prompt_taken_back_before_any_answer_gets_its_messages_again(
     events = [h["event"] for h in status["history"]]
     assert status["deliveries"][0]["state"] == "acked"
     assert events.count("leased") == (2 if again else 1), events
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_continuation_killed_before_claude_code_kept_it_comes_again_on_resume(
+    srv: Server, tmp_path: Path, kept: bool
+) -> None:
+    """Claude Code killed while its model works on what a ``Stop`` answer handed over
+    writes nothing of that continuation to its transcript, so the conversation
+    ``claude --resume`` rebuilds never had it: the resume's ``SessionStart`` gives it
+    back and the next prompt hands it over again. A continuation the transcript keeps is
+    in the resumed conversation: it is not handed over twice."""
+    tokens = make_team(srv, f"killed-{kept}", "w:claude-code", "lead")
+    home = tmp_path / "home"
+    env = {
+        "BACKCHANNEL_URL": srv.url,
+        "BACKCHANNEL_TOKEN": tokens["w"],
+        "BACKCHANNEL_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(home),
+    }
+    sid = f"killed-{kept}"
+    transcript = home / ".claude" / "projects" / "-proj" / f"{sid}.jsonl"
+    transcript.parent.mkdir(parents=True)
+    transcript.write_text(json.dumps({"type": "user", "uuid": "u1"}) + "\n")
+
+    def hook(name: str, **changes: Any) -> dict[str, Any]:
+        payload = fixture("claude-code", name, session_id=sid, **changes)
+        payload["transcript_path"] = str(transcript)
+        run = hook_cmd("claude-code", json.dumps(payload), env=env)
+        assert run.returncode == 0, run.stderr
+        answer: dict[str, Any] = json.loads(run.stdout)
+        return answer
+
+    hook("UserPromptSubmit")
+    with srv.client(tokens["lead"]) as c:
+        r = c.post("/v1/messages", json={"to": "w", "text": "MARK: the build is red"})
+        mid = r.json()["message_id"]
+    answer = hook("Stop", last_assistant_message="Noted.")
+    context = _continued("claude-code", answer)
+    assert "[From lead] MARK: the build is red" in context
+    if kept:  # Claude Code went on with it and wrote it down, then was killed
+        entry = {
+            "type": "attachment",
+            "uuid": "a2",
+            "attachment": {
+                "type": "hook_additional_context",
+                "content": [context],
+                "hookName": "Stop",
+                "hookEvent": "Stop",
+            },
+        }
+        with transcript.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+    hook("SessionStart", source="resume")  # a new process, the turn crashed
+    again = hook("UserPromptSubmit")
+    handed = json.dumps(again)
+    assert ("[From lead] MARK: the build is red" in handed) is not kept, again
+    hook("Stop", last_assistant_message="Done.")
+    with srv.client(tokens["lead"]) as c:
+        status = c.get(f"/v1/messages/{mid}").json()
+    events = [h["event"] for h in status["history"]]
+    assert status["deliveries"][0]["state"] == "acked"
+    assert events.count("leased") == (1 if kept else 2), events

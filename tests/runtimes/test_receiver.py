@@ -3,6 +3,7 @@ delivery as the stop hook's answer, the loop guard, and bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from backchannel.hub import Hub
 from backchannel.runtimes import HookKind, get_runtime
+from backchannel.runtimes.liveness import runtime_keys
 from backchannel.testing import FakeClock
 from backchannel.types import MessageKind, SessionState
 
@@ -392,6 +394,36 @@ async def test_a_clear_whose_session_end_was_lost_leaves_the_old_session_all_the
     assert context.count("for the old conversation") == 1, context
 
 
+async def test_codex_new_leaves_the_old_session_as_a_clear_does(hub: Hub, clock: FakeClock) -> None:
+    """Codex's ``/new`` starts another conversation in the same process with a
+    ``SessionStart`` of source ``startup`` and no ``SessionEnd`` for the old one (Codex
+    0.171): the old session exits, so what was pinned to it reaches the new conversation
+    once its exit grace is over, instead of waiting while the process beats for it."""
+    await hub.create_team("t", settings={"anchor_policy": "off", "exit_grace_seconds": 600})
+    await hub.add_member("t", "w", "codex")
+    await hub.add_member("t", "lead")
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the one Codex process
+    old = session_of("codex")
+    await call(hub, "t", "w", "codex", fixture("codex", "SessionStart", **key))
+    await call(hub, "t", "w", "codex", fixture("codex", "UserPromptSubmit", **key))
+    await call(hub, "t", "w", "codex", _stop("codex", **key))
+    pinned = await hub.send("t", "lead", "w", "for the old conversation", to_session=old)
+
+    new = "01a22324-0dec-7723-8233-0caddb77175b"
+    start = fixture("codex", "SessionStart", source="startup", session_id=new, **key)
+    assert (await call(hub, "t", "w", "codex", start)).session == new
+    assert (await hub.get_session("t", old)).state is SessionState.EXITED
+    kept, _ = await hub.runtime_alive("t", "w", key["backchannel_runtime"])
+    assert kept == [new]
+    clock.advance(601)
+    await hub.maintain()
+    prompt = fixture("codex", "UserPromptSubmit", session_id=new, **key)
+    got = await call(hub, "t", "w", "codex", prompt)
+    assert pinned.message_id in got.delivered
+    context = got.answer["hookSpecificOutput"]["additionalContext"]
+    assert context.count("for the old conversation") == 1, context
+
+
 async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hub: Hub) -> None:
     await _team(hub)
     sid = session_of("claude-code")
@@ -400,6 +432,42 @@ async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hu
     await call(hub, "t", "w", "claude-code", {**start, "source": "compact"})
     assert (await hub.get_session("t", sid)).state is SessionState.ACTIVE
     await call(hub, "t", "w", "claude-code", {**start, "source": "resume"})
+    assert (await hub.get_session("t", sid)).state is SessionState.IDLE
+
+
+async def test_a_resume_in_a_second_process_leaves_the_turn_the_first_one_runs(hub: Hub) -> None:
+    """``claude --resume`` of a conversation whose turn runs in another terminal: that
+    process still runs, so its turn is no crashed one. It stays open with its ledger, and
+    its closing ``<message>`` repeating its tool send goes out once. Once that process is
+    gone, a resume recovers the turn as before."""
+    await _team(hub)
+    sid = session_of("claude-code")
+    first = await asyncio.create_subprocess_exec("sleep", "600")  # the first terminal's CLI
+    try:
+        [running_key] = runtime_keys(first.pid, 1)
+        one = {"backchannel_runtime": running_key}
+        two = {"backchannel_runtime": "boot/4343/2000"}
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "SessionStart", **one))
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **one))
+        await hub.send("t", "w", "lead", "the report is ready", sender_session=sid)
+        start = fixture("claude-code", "SessionStart", source="resume", **two)
+        assert (await call(hub, "t", "w", "claude-code", start)).session == sid
+        s = await hub.get_session("t", sid)
+        assert (s.state, s.turn) == (SessionState.ACTIVE, 1)
+        closing = 'Done.\n<message to="lead">the report is ready</message>'
+        await call(
+            hub,
+            "t",
+            "w",
+            "claude-code",
+            _stop("claude-code", last_assistant_message=closing, **one),
+        )
+        assert (await _texts(hub, "lead")).count("the report is ready") == 1
+        await call(hub, "t", "w", "claude-code", fixture("claude-code", "UserPromptSubmit", **one))
+    finally:
+        first.kill()
+        await first.wait()
+    await call(hub, "t", "w", "claude-code", start)  # its process is gone: a crashed turn
     assert (await hub.get_session("t", sid)).state is SessionState.IDLE
 
 

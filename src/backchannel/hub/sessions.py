@@ -292,14 +292,19 @@ class Sessions:
         if now - s.updated_at >= step:
             c.tx.put_session(dataclasses.replace(s, updated_at=now))
 
-    async def note_runtime(self, team: str, member: str, session_id: str, key: str) -> None:
+    async def note_runtime(
+        self, team: str, member: str, session_id: str, key: str, *, note: str = ""
+    ) -> None:
         """Session ``session_id`` runs under the runtime process ``key`` (its command hook
         says so, :mod:`backchannel.runtimes.liveness`): kept on the session, so that the
         beats of that process's MCP server (:meth:`runtime_alive`) keep it alive. Written
-        only when it changes (a session's first event, a resume in a new process)."""
+        only when it changes (a session's first event, a resume in a new process).
+        ``note``, when given, goes into the session's transcript (a ``session`` event)."""
 
         def fn(c: Ctx) -> None:
             s = self.load(c, team, member, session_id)
+            if note and s.state is not SessionState.TERMINATED:
+                self.event(c, s, EventKind.SESSION, note, {RUNTIME_META: key})
             if s.state is SessionState.TERMINATED or s.meta.get(RUNTIME_META) == key:
                 return
             c.tx.put_session(dataclasses.replace(s, meta={**s.meta, RUNTIME_META: key}))

@@ -109,6 +109,7 @@ def _enrich(runtime: str, raw: str, payload: Any) -> tuple[bytes, str | None, st
         return raw.encode("utf-8", "surrogateescape"), None, None
     filled, note = enrich(runtime, payload)
     _taken_back(runtime, filled)
+    _lost_with_process(runtime, filled)
     filled = liveness.add_runtime(seen.add_record(runtime, filled))
     body = raw if filled is payload else json.dumps(filled)
     sid = filled.get("session_id") if isinstance(filled, dict) else None
@@ -134,6 +135,33 @@ def _taken_back(runtime: str, payload: Any) -> None:
 
         if prompt_taken_back(path):
             seen.forget_prompt(runtime, sid)
+    except Exception:  # what this machine's files add is a help; the event goes on
+        return
+
+
+def _lost_with_process(runtime: str, payload: Any) -> None:
+    """For Claude Code's ``SessionStart`` of a process taking a conversation up (source
+    ``resume`` or ``startup``): when the session's last answer was a ``Stop`` hook's
+    continuation and the transcript does not keep it (the process was killed while its
+    model worked on it), its ids leave the session's record, so the hub hands them over
+    again rather than ack copies the resumed conversation never had. Never raises."""
+    if runtime != "claude-code" or not isinstance(payload, dict):
+        return
+    sid, path = payload.get("session_id"), payload.get("transcript_path")
+    if payload.get("hook_event_name") != "SessionStart" or not isinstance(sid, str):
+        return
+    if payload.get("source") not in ("resume", "startup"):
+        return
+    from backchannel.runtimes import seen
+
+    try:
+        ids, digest = seen.stop_ids(runtime, sid)
+        if not ids or not digest or not isinstance(path, str) or not path:
+            return
+        from backchannel.runtimes.transcripts import stop_context_kept
+
+        if not stop_context_kept(path, digest):
+            seen.forget_stop(runtime, sid)
     except Exception:  # what this machine's files add is a help; the event goes on
         return
 
@@ -306,12 +334,26 @@ def run(argv: Sequence[str]) -> bool:
             spec = got.result.get("hookSpecificOutput")
             prompt = isinstance(spec, dict) and spec.get("hookEventName") == "UserPromptSubmit"
             ids = seen.delivered_ids(got.delivered)
-            seen.remember(opts["runtime"], got.session, ids, prompt=prompt)
+            stop_text = _stop_text(opts["runtime"], got.result)
+            seen.remember(opts["runtime"], got.session, ids, prompt=prompt, stop_text=stop_text)
     if "keep_alive" in opts:  # after the answer: the runtime need not wait for it
         keep_alive(url, opts.get("token") or os.environ.get("BACKCHANNEL_TOKEN"))
     if got.problem:
         print(f"backchannel hook {opts['runtime']}: {got.problem}", file=sys.stderr, flush=True)
     return True
+
+
+def _stop_text(runtime: str, result: Any) -> str | None:
+    """The text a Claude Code ``Stop`` answer printed (its continuation's context), for
+    :func:`_lost_with_process`; ``None`` for any other answer."""
+    if runtime != "claude-code" or not isinstance(result, dict):
+        return None
+    spec = result.get("hookSpecificOutput")
+    if isinstance(spec, dict) and spec.get("hookEventName") == "Stop":
+        text = spec.get("additionalContext")
+        return text if isinstance(text, str) else None
+    reason = result.get("reason")
+    return reason if result.get("decision") == "block" and isinstance(reason, str) else None
 
 
 def keep_alive(url: str, token: str | None) -> None:

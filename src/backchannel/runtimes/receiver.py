@@ -15,9 +15,12 @@ runtimes are not so tidy, so this layer makes them fit:
   opens none and is not recorded: it is the runtime's own agent (Claude Code's
   ``/compact`` summary), and the session stays idle at its prompt.
 * ``SessionStart`` with source ``startup``/``resume`` on a session whose turn was running
-  recovers it (the process died mid-turn); ``clear``/``compact`` leave the turn alone.
-  ``clear`` exits the member's other sessions under the same runtime process: the
-  process left them, whether or not their ``SessionEnd`` reached the hub.
+  recovers it (the process died mid-turn), unless the turn's runtime process is another
+  one that still runs (the conversation resumed in a second terminal): that turn is left
+  to it, with its ledger; ``clear``/``compact`` leave the turn alone.
+  A ``SessionStart`` (but ``compact``) exits the member's other sessions under the same
+  runtime process: the process left them (``/clear``, Codex's ``/new``), whether or not
+  a ``SessionEnd`` reached the hub.
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
 framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
@@ -77,7 +80,7 @@ from backchannel.errors import BackchannelError, Forbidden, InvalidState, Unknow
 from backchannel.hub import Hub
 from backchannel.hub.sessions import RUNTIME_META
 from backchannel.hub.turns import CONTINUED, HANDED, LAST_STOP, SETTLED
-from backchannel.runtimes import get_runtime
+from backchannel.runtimes import get_runtime, liveness
 from backchannel.runtimes.common import (
     HookEvent,
     HookInputError,
@@ -185,10 +188,26 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
         await hub.exit_session(m.team, m.name, ended.session_id, reason)
         return Outcome(), ended.session_id, ()
     if ev.kind is HookKind.SESSION_START:
-        started = await _live(hub, m, ev.session_id, recover=ev.detail in ("", "startup", "resume"))
+        recover = ev.detail in ("", "startup", "resume")
+        running = await _running_elsewhere(hub, m, ev) if recover else None
+        if running is not None:
+            # the same conversation opened in a second process while the first still
+            # runs its turn: that turn is not a crashed one, and what the first was
+            # handed is not this process's to settle
+            await hub.note_runtime(
+                m.team,
+                m.name,
+                running.session_id,
+                str(running.meta.get(RUNTIME_META)),
+                note=f"{ev.runtime} {ev.name} ({ev.detail or 'startup'}) in another process "
+                f"while turn {running.turn} runs: the turn is left to its process",
+            )
+            context = intro(m, inline=ev.runtime not in ESCAPES_CONTEXT)
+            return Outcome(context=context), running.session_id, ()
+        started = await _live(hub, m, ev.session_id, recover=recover)
         await _runs_under(hub, m, started, ev)
-        if ev.detail == "clear":
-            await _left_by_clear(hub, m, started, ev)
+        if ev.detail != "compact":  # compaction keeps the conversation
+            await _left_behind(hub, m, started, ev)
         await _settle(hub, m, started, ev)
         if started.state is SessionState.IDLE and LAST_STOP in started.meta:
             # a process (re)started, or its context was rebuilt: a stop after this is a
@@ -286,11 +305,31 @@ async def _runs_under(hub: Hub, m: Member, s: Session, ev: HookEvent) -> None:
         await hub.note_runtime(m.team, m.name, s.session_id, ev.runtime_key)
 
 
-async def _left_by_clear(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
-    """``SessionStart`` with source ``clear``: the runtime process moved to a new
-    conversation, so the member's other sessions that ran under it (the command hook
-    says which process it ran under) were left, whether or not their ``SessionEnd``
-    reached the hub: they exit, as that ``SessionEnd`` would have made them. Without it
+async def _running_elsewhere(hub: Hub, m: Member, ev: HookEvent) -> Session | None:
+    """The session of ``ev``'s ``SessionStart``, when its turn runs in another runtime
+    process that is still running (``claude --resume`` of a conversation open in another
+    terminal): the session's runtime key names a process other than the hook's, and that
+    process is seen running on this machine (:func:`liveness.running`). ``None`` when the
+    turn's process is this one, is gone, or cannot be seen (another machine): then the
+    turn was interrupted, and is recovered."""
+    if ev.runtime_key is None:
+        return None
+    s = await _find(hub, m, ev.session_id, create=False)
+    if s is None or s.state is not SessionState.ACTIVE:
+        return None
+    key = s.meta.get(RUNTIME_META)
+    if not isinstance(key, str) or key == ev.runtime_key or not liveness.running(key):
+        return None
+    return s
+
+
+async def _left_behind(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
+    """``SessionStart`` of a session in a runtime process that ran others: the process
+    moved to another conversation (Claude Code's ``/clear``, source ``clear``, and
+    ``/resume``; Codex's ``/new``, source ``startup`` and no ``SessionEnd`` at all), so
+    the member's other sessions that ran under it (the command hook says which process
+    it ran under) were left, whether or not their ``SessionEnd`` reached the hub: they
+    exit, as that ``SessionEnd`` would have made them. Without it
     the process's MCP server beats on for them (:mod:`.liveness`), and what was pinned
     to one (a link's crossing, a timer) waited as long as the process ran, shown to no
     model and never a dead letter. Exiting is idempotent, and a later event of such a
@@ -303,7 +342,8 @@ async def _left_by_clear(hub: Hub, m: Member, started: Session, ev: HookEvent) -
             and s.state in (SessionState.IDLE, SessionState.ACTIVE)
             and s.meta.get(RUNTIME_META) == ev.runtime_key
         ):
-            reason = f"{ev.runtime} {ev.name} (clear) of {started.session_id}: the process left it"
+            how = ev.detail or "startup"
+            reason = f"{ev.runtime} {ev.name} ({how}) of {started.session_id}: the process left it"
             await hub.exit_session(m.team, m.name, s.session_id, reason)
 
 

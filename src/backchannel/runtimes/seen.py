@@ -42,11 +42,14 @@ __all__ = [
     "add_record",
     "delivered_ids",
     "forget_prompt",
+    "forget_stop",
     "prompt_ids",
     "recorded",
     "remember",
     "session_lock",
     "state_dir",
+    "stop_ids",
+    "text_digest",
 ]
 
 #: Response header of ``POST /v1/hooks/{runtime}``: the ids its answer hands over (JSON list).
@@ -103,9 +106,36 @@ def prompt_ids(runtime: str, session_id: str) -> list[str]:
     return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
 
 
-def remember(runtime: str, session_id: str, ids: Iterable[str], *, prompt: bool = False) -> None:
+def stop_ids(runtime: str, session_id: str) -> tuple[list[str], str]:
+    """The ids the session's last answer handed over when that answer was a stop's
+    continuation, and the digest of the text it printed (:func:`text_digest`); else
+    none."""
+    stop = _read(runtime, session_id).get("stop")
+    if not isinstance(stop, dict) or not isinstance(stop.get("ids"), list):
+        return [], ""
+    digest = stop.get("digest")
+    ids = [i for i in stop["ids"] if isinstance(i, str)]
+    return ids, digest if isinstance(digest, str) else ""
+
+
+def text_digest(text: str) -> str:
+    """What a stop record keeps of the text an answer printed."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def remember(
+    runtime: str,
+    session_id: str,
+    ids: Iterable[str],
+    *,
+    prompt: bool = False,
+    stop_text: str | None = None,
+) -> None:
     """Add ``ids`` to the session's record, noting whether a prompt's answer
-    (``prompt``) handed them over (:func:`forget_prompt`); never raises."""
+    (``prompt``) handed them over (:func:`forget_prompt`), or a stop's continuation
+    whose text was ``stop_text`` (:func:`forget_stop`); never raises."""
     new = [i for i in ids if isinstance(i, str)]
     if not new:
         return
@@ -115,9 +145,29 @@ def remember(runtime: str, session_id: str, ids: Iterable[str], *, prompt: bool 
         with _locked(path.parent):
             keep = list(dict.fromkeys([*recorded(runtime, session_id), *new]))[-KEEP:]
             data: dict[str, Any] = {"ids": keep} | ({"prompt": new} if prompt else {})
+            if stop_text is not None:
+                data["stop"] = {"ids": new, "digest": text_digest(stop_text)}
             write_atomic(path, json.dumps(data), mode=0o600)
     except OSError:
         return
+
+
+def forget_stop(runtime: str, session_id: str) -> list[str]:
+    """Take the ids the session's last stop answer handed over out of its record, and
+    return them: the runtime process died before its conversation kept that
+    continuation (Claude Code killed while its model worked on it, then resumed), so the
+    resumed conversation never had them and the hub is to hand them over again. Never
+    raises."""
+    try:
+        path = _path(runtime, session_id)
+        with _locked(path.parent):
+            gone, _ = stop_ids(runtime, session_id)
+            if gone:
+                keep = [i for i in recorded(runtime, session_id) if i not in gone]
+                write_atomic(path, json.dumps({"ids": keep}), mode=0o600)
+            return gone
+    except OSError:
+        return []
 
 
 def forget_prompt(runtime: str, session_id: str) -> list[str]:

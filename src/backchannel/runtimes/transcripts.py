@@ -264,6 +264,40 @@ def enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
         return payload, f"the transcript could not be read ({type(exc).__name__}: {exc})"
 
 
+def stop_context_kept(path: str, digest: str) -> bool:
+    """Whether Claude Code's transcript at ``path`` keeps the context a ``Stop`` hook
+    answer added (its text's :func:`~backchannel.runtimes.seen.text_digest` is
+    ``digest``): the conversation a resume rebuilds from this file shows it to the model.
+    Claude Code writes it when it goes on with the answer; killed before that, the
+    resumed conversation never had it. ``True`` when the file cannot be read (nothing
+    then says the model lacks it)."""
+    from backchannel.runtimes.seen import text_digest
+
+    try:
+        raw, _ = _read_tail(path, "claude-code")
+    except (TranscriptRefused, OSError):
+        return True
+    for line in reversed(raw.splitlines()):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or _sidechain(entry):
+            continue
+        attached = entry.get("attachment")
+        if (
+            isinstance(attached, dict)
+            and attached.get("type") == "hook_additional_context"
+            and attached.get("hookEvent") == "Stop"
+        ):
+            content = attached.get("content")
+            parts = content if isinstance(content, list) else [content]
+            texts = [p for p in parts if isinstance(p, str)]
+            if digest in {text_digest(t) for t in [*texts, "\n".join(texts)]}:
+                return True
+    return False
+
+
 def prompt_taken_back(path: str) -> bool:
     """Whether Claude Code's transcript at ``path`` shows its last prompt taken back with
     the context a ``UserPromptSubmit`` hook added to it: after that context nothing of
