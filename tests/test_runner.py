@@ -219,7 +219,8 @@ def test_the_todo_hunt_finds_comments_not_the_word(tmp_path: Path) -> None:
 
 
 def _model_down(ctx: ScriptContext) -> object:
-    raise ModelError("the model service answered 503 after its retries")
+    """A failure that passes (a 503), past the runner's patience (set to none)."""
+    raise ModelError("the model service answered 503 after its retries", retryable=True)
 
 
 def _policy_bug(ctx: ScriptContext) -> object:
@@ -239,6 +240,7 @@ async def test_a_turn_whose_model_call_fails_gives_its_inputs_back(
     hub, runner, _ = await _hub_with(
         f"team: f\nmembers:\n  - {{name: worker, policy: 'tests.test_runner:{policy}'}}\n"
     )
+    runner.model_patience = 0.0
     try:
         user = await _boss(hub, "f")
         assert await runner.run("do the thing", user) == "every agent stopped"
@@ -262,6 +264,7 @@ async def test_a_session_whose_model_failed_stops_once_its_input_is_given_back()
     hub, runner, _ = await _hub_with(
         "team: f\nmembers:\n  - {name: worker, policy: 'tests.test_runner:_model_down'}\n"
     )
+    runner.model_patience = 0.0
     giving_back, let_go = asyncio.Event(), asyncio.Event()
     release = runner.release
     busy = runner._busy

@@ -425,8 +425,8 @@ async def test_a_rate_limit_that_is_a_spent_quota_is_not_tried_again(
     """OpenAI's 429 for a spent quota (``insufficient_quota``: the plan or the billing,
     not the rate) does not pass with waiting. It was tried again for the runner's whole
     patience (five minutes by default, ten calls), a note each time saying it would try
-    again, before the agent stopped. It stops at once, its input given back, its note
-    naming the API's reason."""
+    again, before the agent stopped. It stops at once, its note naming the API's
+    reason, and its input is a dead letter its sender is told of, naming it."""
     srv = provider(lambda body, n: (429, QUOTA, {}))
     hub, runner, user = await _openai_team(srv.url)
     notes: list[str] = []
@@ -439,8 +439,10 @@ async def test_a_rate_limit_that_is_a_spent_quota_is_not_tried_again(
         loop = runner.loops["w-main"]
         assert loop.stats.stopped == "model error"
         assert "exceeded your current quota" in loop.stats.failure, loop.stats.failure
-        got = await hub.receive("t", "w", session="w-main")
-        assert [g.message.text for g in got] == ["do it"], "given back, not lost"
+        assert await hub.pending("t", "w") == 0
+        told = [g.message.text for g in await hub.receive("t", "boss")]
+        assert len(told) == 1 and "was not delivered" in told[0], told
+        assert "exceeded your current quota" in told[0], told
     finally:
         await hub.close()
 
@@ -473,11 +475,10 @@ async def test_the_runners_own_pause_honours_retry_after(
 def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
     provider: Callable[[Answer], FakeProvider], tmp_path: Path
 ) -> None:
-    """A model API that refuses for good (a model name it does not have): the task went
-    back to the hub unseen, in a team the next run cannot reuse (each run makes its
-    team afresh). ``backchannel run`` must not end as a success with a report that
-    says nothing: the report names why the session stopped and the message that never
-    reached its model, and the exit status is 1."""
+    """A model API that refuses for good (a model name it does not have): the task
+    never reached a model. ``backchannel run`` must not end as a success with a report
+    that says nothing: the report names why the session stopped, the dead letter the
+    task became, and the way to have it done, and the exit status is 1."""
     missing = {"error": {"message": "model 'm' does not exist", "type": "invalid_request_error"}}
     srv = provider(lambda body, n: (404, missing, {}))
     (tmp_path / "team.yaml").write_text(
@@ -501,7 +502,7 @@ def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "ended because every agent stopped" in r.stdout
     assert "w-main stopped: model error: " in r.stdout and "does not exist" in r.stdout, r.stdout
-    assert "1 message for w never reached its model" in r.stdout, r.stdout
+    assert "was not delivered: w's model failed for good" in r.stdout, r.stdout
     assert "--team NEW_NAME" in r.stdout, r.stdout
     assert len(srv.requests) == 1, "a 404 is not tried again"
 
@@ -772,22 +773,66 @@ async def test_a_delegation_whose_callees_model_fails_is_answered_with_the_failu
         await hub.close()
 
 
-async def test_a_message_for_an_agent_whose_model_failed_does_not_hold_the_run_open(
+async def test_a_message_for_an_agent_whose_model_failed_is_a_dead_letter_its_sender_hears(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:
-    """The helper's model fails for good on a message: the message goes back to the hub
-    (not lost), its session stops, and the run ends when the rest of the team is quiet,
-    not at its timeout, waiting for a session that will never take it."""
+    """The helper's model fails for good (a model that does not exist) on a lead's
+    message. The message was given back to the hub, where it waited for a model that
+    would never read it, and the lead was never told: it went on as if heard. It is a
+    dead letter naming why, the lead's model reads that notice, the helper's session
+    stops, and the run ends when the rest of the team is quiet, not at its timeout."""
     srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
     hub, runner, user = await _lead_and_helper(srv.url)
     try:
         assert await runner.run("go", user) == "the team is quiet"
         assert runner.loops["helper-main"].stats.stopped == "model error"
         assert runner.loops["lead-main"].stats.stopped is None
-        got = await hub.receive("t", "helper", session="helper-main")
-        assert got[0].message.text == "check this", "given back, not lost"
-        assert got[0].attempt == 2
+        heard = runner.loops["lead-main"].stats.last_output
+        assert "lead heard: " in heard and "was not delivered" in heard, heard
+        assert "helper's model failed for good" in heard and "does not exist" in heard, heard
+        assert await hub.pending("t", "helper") == 0, "left waiting for a model that failed"
+        # the helper's session ended, closing its link: the lead's turns, each answering
+        # a notice, did not spend the link's budget crossing to an agent that cannot read
+        dead, _ = await hub.dead_letters("t", 20)
+        said = {d.message.text for d in dead if d.message and d.message.sender == "lead"}
+        assert "check this" in said and said <= {"check this", "[From lead] asked"}, said
+        [link] = await user.links()
+        assert link.state == "closed" and link.turns_used <= 1, link
     finally:
+        await hub.close()
+
+
+async def test_a_message_sent_after_an_agents_model_failed_for_good_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """Once an agent's model has failed for good, a message sent to it later in the run
+    waited in the hub and its sender heard nothing, as if the agent would read it. While
+    the run lasts, it comes back as a dead letter that names why, without another call
+    of the model."""
+    srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
+    hub, runner, user = await _lead_and_helper(srv.url)
+    runner.quiet_seconds = 60.0  # the run stays up until the test ends it
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "model error"
+            ),
+            what="the helper's model failed",
+        )
+        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
+        await user.send("helper", "and this too", message_id="later-1")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-1" in got[0].text and "model failed for good" in got[0].text, got[0].text
+        assert "does not exist" in got[0].text, got[0].text
+        assert (await user.status("later-1")).status == "dead"
+        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
         await hub.close()
 
 

@@ -174,6 +174,8 @@ class SessionLoop:
         self.unacked: list[str] = []
         # the hub keys of this session's tool calls (a delegation's tool_use_id)
         self.call_keys: set[str] = set()
+        # why the session's model failed for good: its inputs are given up, not back
+        self.down = ""
 
     async def run(self) -> None:
         while self.stats.stopped is None:
@@ -189,6 +191,21 @@ class SessionLoop:
             )
             if got:
                 await self.turn(got)
+        while self.down:  # its model failed for good: no message waits for it unheard
+            got = await self.runner.patient(
+                lambda: self.client.receive(limit=20, wait=1.0, lease=LEASE),
+                repeatable=True,
+            )
+            if got:
+                await self._give_up([m.message_id for m in got])
+
+    async def _give_up(self, ids: list[str]) -> None:
+        """Give up for good on inputs the session's model will never read (it failed for
+        good): each is a dead letter naming why, and its sender is told."""
+        await self.runner.patient(lambda: self.client.give_up(ids, self.down), repeatable=True)
+        self.runner.console_note(
+            f"{self.spec.name}: {len(ids)} message(s) given up, their senders told: {self.down}"
+        )
 
     async def _complete(self) -> ModelReply:
         """One model call, tried again while the API fails in a way that passes (the
@@ -345,7 +362,16 @@ class SessionLoop:
             self.runner.console_note(f"{self.spec.name}: {exc}")
             stats.failure = exc.message
             if not answered and self.session.endswith("-main"):
-                # the inputs never reached the model: give them back
+                if not exc.details.get("retryable"):
+                    # failed for good (a revoked key, a spent quota, a model that does
+                    # not exist, a context that is full): the inputs will never reach a
+                    # model, so they are dead letters their senders hear about, and so is
+                    # whatever comes for the session while the run lasts (:meth:`run`)
+                    self.down = (
+                        f"{self.spec.name}'s model failed for good and {self.spec.name} "
+                        f"stopped: {exc.message}"
+                    )
+                # the inputs never reached the model: given up for good, or given back
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._interrupted(ids, handed=False, why="model error"))
                 stats.stopped = "model error"
@@ -431,6 +457,19 @@ class SessionLoop:
                 if handed:
                     await self.client.ack(ids)
                     self._acked(await self.runner.record(self.spec.name), ids)
+                elif self.down:
+                    # the session ends (its links close, both sides told: a linked peer
+                    # does not spend the link's turns talking to an agent that cannot
+                    # answer), and its inputs are dead letters their senders hear about
+                    try:
+                        await self.runner.patient(
+                            lambda: self.client.terminate_session(self.session, self.down),
+                            repeatable=True,
+                        )
+                        await self._give_up(ids)
+                    except BackchannelError:  # a hub that cannot: given back, not lost
+                        await self.runner.release(self.client, ids)
+                        raise
                 else:
                     await self.runner.release(self.client, ids)
             finally:
