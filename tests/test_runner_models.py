@@ -689,8 +689,8 @@ async def test_an_answer_with_token_counts_missing_is_taken(
     """Compatible servers and proxies give usage with counts missing or null, or none at
     all. The answer was refused as not the API's (the turn's input given back and the
     agent stopped), or, taken, crashed the session adding None to its token count. The
-    answer is taken and the counts it does give are counted; those it does not count as
-    none."""
+    answer is taken and the counts it does give are counted; those it does not are
+    estimated (about four characters a token), never counted as none."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     answer = _text_answer(kind, "done")
     first = "prompt_tokens" if kind == "openai" else "input_tokens"
@@ -707,10 +707,85 @@ async def test_an_answer_with_token_counts_missing_is_taken(
         assert await runner.run("do it", user) == "the team is quiet"
         loop = runner.loops["w-main"]
         assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
-        expected = 0 if usage == "none" else 7
-        assert (loop.stats.usage.input_tokens, loop.stats.usage.output_tokens) == (expected, 0)
+        sent = len("[From boss] do it") // 4  # the turn's input, framed, by the estimate
+        expected = sent if usage == "none" else 7
+        # "done": one token by the estimate
+        assert (loop.stats.usage.input_tokens, loop.stats.usage.output_tokens) == (expected, 1)
         assert await hub.pending("t", "w") == 0
     finally:
+        await hub.close()
+
+
+async def test_a_token_budget_holds_against_answers_without_token_counts(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A compatible server that gives no ``usage``: every answer counted as no tokens,
+    so an agent's ``max_tokens`` never stopped it, whatever it spent (here a model
+    that calls a tool step after step, on a long input). The counts it does not give
+    are estimated (about four characters a token), the agent stops at its budget, and
+    the runner says the budget counts an estimate."""
+    long_task = "check every file. " * 200  # about 900 tokens by the estimate
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        a = _chat(None, [(f"call_{n}", "list_members", "{}")])
+        a.pop("usage")
+        return 200, a, {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url, ", max_tokens: 3000, max_steps: 40")
+    notes: list[str] = []
+    runner._note = notes.append
+    try:
+        assert await runner.run(long_task, user) == "every agent stopped"
+        loop = runner.loops["w-main"]
+        assert loop.stats.stopped == "budget", (loop.stats.stopped, len(srv.requests))
+        assert len(srv.requests) < 10, "the budget let the model go on"
+        assert loop.stats.usage.input_tokens >= 3000 - loop.stats.usage.output_tokens
+        assert "estimate" in loop.stats.last_output, loop.stats.last_output
+        assert sum("no token counts" in n for n in notes) == 1, notes
+    finally:
+        await hub.close()
+
+
+async def test_check_inbox_mid_turn_does_not_tell_the_model_nothing_came(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The hub hands a session nothing while its turn runs, so a runner agent's
+    ``check_inbox`` (always called within a turn) answered "(no messages)" even with a
+    message waiting for it: a model polling for a teammate's answer was told none came.
+    The answer says that what arrives during the turn comes as the next input once the
+    turn ends, and that message does come, once."""
+    asked, sent = threading.Event(), threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if n == 1:
+            asked.set()
+            sent.wait(10)
+            return 200, _chat(None, [("call_1", "check_inbox", "{}")]), {}
+        return 200, _chat("done"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    run = asyncio.create_task(runner.run("wait for the note", user))
+    try:
+        await eventually(asked.is_set, what="the turn's first model call")
+        await user.send("w", "the note you wait for", session="w-main", link=False)
+        sent.set()
+        assert await run == "the team is quiet"
+        [result] = _tool_results(srv.requests[1][1])
+        assert result != "(no messages)", "told nothing came, with a message waiting"
+        assert "next input" in result and "this turn ends" in result, result
+        inputs = [
+            m["content"] for r in srv.requests for m in r[1]["messages"][-1:] if m["role"] == "user"
+        ]
+        assert sum("the note you wait for" in i for i in inputs) == 1, inputs
+        assert await hub.pending("t", "w") == 0
+    finally:
+        sent.set()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
         await hub.close()
 
 

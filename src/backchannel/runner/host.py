@@ -43,6 +43,7 @@ from backchannel.runner.models import (
     ModelError,
     ModelReply,
     Usage,
+    estimate_tokens,
     price_for,
 )
 from backchannel.runner.record import SeenRecord, record_path
@@ -176,6 +177,8 @@ class SessionLoop:
         self.call_keys: set[str] = set()
         # why the session's model failed for good: its inputs are given up, not back
         self.down = ""
+        # a reply's token counts were estimated (its API gave none)
+        self.estimated = False
 
     async def run(self) -> None:
         while self.stats.stopped is None:
@@ -307,8 +310,9 @@ class SessionLoop:
                     answered = True
                     record.add(ids)
                     self.unacked = ids
-                stats.usage += reply.usage
-                stats.cost += self.price.cost(reply.usage)
+                usage = self._counted(reply)
+                stats.usage += usage
+                stats.cost += self.price.cost(usage)
                 self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
                 if not reply.tool_calls:
                     if self._goes_on(reply, len(pieces), step):
@@ -405,6 +409,32 @@ class SessionLoop:
         stats.last_output = final
         stats.working = False
         self.runner.changed()
+
+    def _counted(self, reply: ModelReply) -> Usage:
+        """The tokens ``reply`` cost, as its usage gives them, or estimated (about four
+        characters a token: :func:`estimate_tokens`) where it gives none: compatible
+        servers and proxies leave ``usage`` out, or a count of it, and counted as no
+        tokens the agent's ``max_tokens`` and ``budget_usd`` never stopped it. The
+        first estimate is named in a note, and the budget note says it counted one."""
+        u = reply.usage
+        given_in = bool(u.input_tokens or u.cache_read_tokens or u.cache_write_tokens)
+        wrote = bool(reply.text or reply.tool_calls)
+        if given_in and (u.output_tokens or not wrote):
+            return u
+        if not self.estimated:
+            self.estimated = True
+            self.runner.console_note(
+                f"{self.spec.name}: the model API gave no token counts; the agent's budget "
+                "counts an estimate (about four characters a token)"
+            )
+        inp = u.input_tokens
+        if not given_in:
+            inp = estimate_tokens(self.spec.system) + sum(map(_chars, self.history)) // 4
+        out = u.output_tokens or (
+            estimate_tokens(reply.text)
+            + sum(estimate_tokens(c.name + json.dumps(dict(c.arguments))) for c in reply.tool_calls)
+        )
+        return Usage(inp, out, u.cache_read_tokens, u.cache_write_tokens)
 
     def _goes_on(self, reply: ModelReply, asked: int, step: int) -> bool:
         """Is the model, whose answer of text only is ``reply``, asked to go on? When the
@@ -503,7 +533,8 @@ class SessionLoop:
         s, spec = self.stats, self.spec
         return (
             f"Budget spent (${s.cost:.4f} of ${spec.budget_usd or 0:.2f}, "
-            f"{s.usage.input_tokens + s.usage.output_tokens} tokens of {spec.max_tokens or 'unlimited'}): "
+            f"{s.usage.input_tokens + s.usage.output_tokens} tokens of {spec.max_tokens or 'unlimited'}"
+            f"{', estimated: the model API gave no token counts' if self.estimated else ''}): "
             f"{spec.name} stops here."
         )
 

@@ -232,6 +232,15 @@ async def get_session_data(ctx: ToolContext, args: Mapping[str, Any]) -> str:
 CHECK_INBOX_BATCH = 50
 #: How a ``check_inbox`` answer ends when it may not be all that waits.
 MORE_MAY_WAIT = "\n\n(more messages may wait: call check_inbox again to read them)"
+#: A ``check_inbox`` that found nothing. The runner calls tools within a turn, and the
+#: hub hands a session nothing while its turn runs (messages are never injected
+#: mid-turn): a bare "(no messages)" told a model polling for a teammate's answer that
+#: none came while it waited. What arrives during the turn is its next input.
+NOTHING_NOW = (
+    "(no messages now. Messages that arrive while your turn runs are not shown here: "
+    "they come as your next input once this turn ends, so end your turn to read a "
+    "reply you wait for.)"
+)
 #: Tools whose answers are bounded by the tool itself and never cut by :func:`run_tool`
 #: (``check_inbox`` acks what it answers: a cut would lose the messages past it).
 UNCUT = frozenset({"check_inbox"})
@@ -272,7 +281,7 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
             break
     if shown:
         await ctx.client.ack(shown)
-    text = "\n\n".join(pieces) or "(no messages)"
+    text = "\n\n".join(pieces) or NOTHING_NOW
     return text + MORE_MAY_WAIT if more and shown else text
 
 
@@ -430,7 +439,12 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
         get_session_data,
     ),
     "check_inbox": (
-        ToolSpec("check_inbox", "Read messages waiting for you now.", _schema({}, [])),
+        ToolSpec(
+            "check_inbox",
+            "Read messages waiting for you now. Messages that arrive while your turn "
+            "runs are not shown here: they come as your next input once the turn ends.",
+            _schema({}, []),
+        ),
         check_inbox,
     ),
     "list_members": (
