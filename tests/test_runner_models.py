@@ -939,6 +939,38 @@ async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
         await hub.close()
 
 
+async def test_a_try_again_that_never_answers_ends_with_the_runners_patience(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The patience counts from a step's first failure, but only a failure ended a
+    try: an API that was overloaded, then took the next try and never answered, held
+    the turn (and its input, leased) for the SDK's ten minutes a try and past, however
+    short the patience the notes named. A try made within the patience ends with it:
+    the input goes back and the note says the API did not answer within it."""
+    hang = threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if n == 1:
+            return 503, {"error": {"message": "overloaded"}}, {}
+        hang.wait(60)
+        return 200, _chat("too late"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.timeout, runner.model_patience, runner.model_pause = 20.0, 1.0, 0.05
+    try:
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert runner.loops["w-main"].stats.stopped == "model error"
+        assert any("did not answer within the runner's patience (1 s)" in n for n in notes), notes
+        got = await hub.receive("t", "w", session="w-main")
+        assert [(g.message.text, g.attempt) for g in got] == [("do it", 2)], "given back"
+    finally:
+        hang.set()
+        await hub.close()
+
+
 async def test_ctrl_c_mid_turn_says_where_the_input_went(
     provider: Callable[[Answer], FakeProvider], tmp_path: Path
 ) -> None:

@@ -227,7 +227,7 @@ class SessionLoop:
         pause = self.runner.model_pause
         while True:
             try:
-                return await self._one_model_call(tools)
+                return await self._one_model_call(tools, until=deadline)
             except ModelError as exc:
                 if not exc.details.get("retryable"):
                     raise
@@ -252,17 +252,29 @@ class SessionLoop:
                 await asyncio.sleep(wait)
                 pause = min(pause * 2, 60.0)
 
-    async def _one_model_call(self, tools: list[Any]) -> ModelReply:
+    async def _one_model_call(self, tools: list[Any], *, until: float | None = None) -> ModelReply:
         """One call of the model, with a note each ``model_slow`` seconds it has not
         answered: an API that took the request and never answers keeps the SDK waiting
-        ten minutes a try, and the person running the team would see nothing at all."""
+        ten minutes a try, and the person running the team would see nothing at all.
+        ``until``: the end of the patience of a step that failed before (monotonic): a
+        try made again ends with it, as a failure that passes (the turn's input goes
+        back), so a try that never answers does not hold the turn past the patience."""
         call = asyncio.ensure_future(self.model.complete(self.spec.system, self.history, tools))
         slow, waited = self.runner.model_slow, 0.0
         try:
             while True:
-                done, _ = await asyncio.wait({call}, timeout=slow)
+                left = None if until is None else until - time.monotonic()
+                done, _ = await asyncio.wait(
+                    {call}, timeout=slow if left is None else max(0.0, min(slow, left))
+                )
                 if done:
                     return call.result()
+                if left is not None and left <= slow:
+                    raise ModelError(
+                        "the model API did not answer within the runner's patience "
+                        f"({self.runner.model_patience:g} s) after a failure",
+                        retryable=True,
+                    )
                 waited += slow
                 self.runner.console_note(
                     f"{self.spec.name}: the model has not answered in {waited:g} s; still "
