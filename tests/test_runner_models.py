@@ -911,6 +911,56 @@ async def test_a_message_sent_after_an_agents_model_failed_for_good_comes_back(
         await hub.close()
 
 
+async def test_a_message_after_a_model_failed_for_good_mid_turn_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The helper's model fails for good mid-turn, after it read its input (its context
+    is full once a tool result is added): the turn closes saying so, but what was sent
+    to the helper afterwards waited in the hub, its sender told nothing. It comes back
+    as a dead letter naming the failure, without another call of the model."""
+    full = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    lead = _lead_calls("send_message", {"to": "helper", "message": "check this"})
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if body["model"] != "helper":
+            return lead(body, n)
+        if body["messages"][-1]["role"] == "tool":
+            return 400, full, {}
+        return 200, _chat(None, [("call_h", "list_members", "{}")]), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _lead_and_helper(srv.url)
+    runner.quiet_seconds = 60.0  # the run stays up until the test ends it
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "model error"
+            ),
+            what="the helper's model failed",
+        )
+        assert "maximum context length" in runner.loops["helper-main"].stats.last_output
+        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
+        await user.send("helper", "and this too", message_id="later-2")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-2" in got[0].text and "maximum context length" in got[0].text, got[0].text
+        assert (await user.status("later-2")).status == "dead"
+        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await hub.close()
+
+
 async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:

@@ -194,6 +194,10 @@ class SessionLoop:
             )
             if got:
                 await self.turn(got)
+        if self.down:  # ended: its links close, both sides told (idempotent)
+            await self.runner.patient(
+                lambda: self.client.terminate_session(self.session, self.down), repeatable=True
+            )
         while self.down:  # its model failed for good: no message waits for it unheard
             got = await self.runner.patient(
                 lambda: self.client.receive(limit=20, wait=1.0, lease=LEASE),
@@ -377,17 +381,18 @@ class SessionLoop:
         except ModelError as exc:
             self.runner.console_note(f"{self.spec.name}: {exc}")
             stats.failure = exc.message
+            if self.session.endswith("-main") and not exc.details.get("retryable"):
+                # failed for good (a revoked key, a spent quota, a model that does not
+                # exist, a context that is full), before or after it read the inputs:
+                # whatever comes for the session while the run lasts is a dead letter
+                # its sender hears about (:meth:`run`), not left waiting unheard
+                self.down = (
+                    f"{self.spec.name}'s model failed for good and {self.spec.name} "
+                    f"stopped: {exc.message}"
+                )
             if not answered and self.session.endswith("-main"):
-                if not exc.details.get("retryable"):
-                    # failed for good (a revoked key, a spent quota, a model that does
-                    # not exist, a context that is full): the inputs will never reach a
-                    # model, so they are dead letters their senders hear about, and so is
-                    # whatever comes for the session while the run lasts (:meth:`run`)
-                    self.down = (
-                        f"{self.spec.name}'s model failed for good and {self.spec.name} "
-                        f"stopped: {exc.message}"
-                    )
-                # the inputs never reached the model: given up for good, or given back
+                # the inputs never reached the model: given up for good (``down``), or
+                # given back
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._interrupted(ids, handed=False, why="model error"))
                 stats.stopped = "model error"
