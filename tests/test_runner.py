@@ -153,8 +153,11 @@ async def test_a_budget_stops_the_agent_with_a_clear_message() -> None:
         assert "Budget spent" in loop.stats.last_output
         assert "talker stops here" in loop.stats.last_output
         data = await hub.get_session_data("b", "talker-main")
-        assert data["events"][-1]["kind"] == "agent_stop"
-        assert "Budget spent" in data["events"][-1]["text"]
+        stops = [e for e in data["events"] if e["kind"] == "agent_stop"]
+        assert "Budget spent" in stops[-1]["text"]
+        # then the session ends: what is sent to it comes back, naming the budget
+        assert data["events"][-1]["kind"] == "session", data["events"][-1]
+        assert "budget is spent" in data["events"][-1]["text"]
     finally:
         await hub.close()
 

@@ -961,6 +961,54 @@ async def test_a_message_after_a_model_failed_for_good_mid_turn_comes_back(
         await hub.close()
 
 
+async def test_a_message_to_an_agent_stopped_by_its_budget_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """An agent that spent its ``max_tokens`` stops, saying so in its closing text; a
+    message sent to it afterwards waited in the hub, its sender told nothing, for an
+    agent that would not take it in this run. It comes back as a dead letter naming
+    the spent budget, without another call of the model."""
+    srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: lead, model: openai, model_name: lead, base_url: '{srv.url}/v1'}}\n"
+        f"  - {{name: helper, model: openai, model_name: lead, base_url: '{srv.url}/v1',"
+        " max_tokens: 10}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team("t", settings=team.settings())
+    clients = {}
+    for m in team.members:
+        clients[m.name] = attach(hub, (await hub.add_member("t", m.name))[1])
+        await clients[m.name].start()
+    user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+    await user.start()
+    runner = Runner(team, clients, workspace=Path("."), quiet_seconds=60.0, timeout=30)
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "budget"
+            ),
+            what="the helper spent its budget",
+        )
+        calls = len(srv.requests)
+        await user.send("helper", "and this too", message_id="later-3")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-3" in got[0].text and "budget" in got[0].text, got[0].text
+        assert (await user.status("later-3")).status == "dead"
+        helper_calls = [r for r in srv.requests[calls:] if "and this too" in json.dumps(r[1])]
+        assert not helper_calls, "the model was called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await hub.close()
+
+
 async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:

@@ -194,10 +194,6 @@ class SessionLoop:
             )
             if got:
                 await self.turn(got)
-        if self.down:  # ended: its links close, both sides told (idempotent)
-            await self.runner.patient(
-                lambda: self.client.terminate_session(self.session, self.down), repeatable=True
-            )
         while self.down:  # its model failed for good: no message waits for it unheard
             got = await self.runner.patient(
                 lambda: self.client.receive(limit=20, wait=1.0, lease=LEASE),
@@ -205,6 +201,14 @@ class SessionLoop:
             )
             if got:
                 await self._give_up([m.message_id for m in got])
+
+    async def _end(self) -> None:
+        """End the session of a member that stopped for good (``down``): its links close
+        and both sides are told, so a linked peer does not spend the link's turns on an
+        agent that cannot answer; what waits for it goes to the member, given up."""
+        await self.runner.patient(
+            lambda: self.client.terminate_session(self.session, self.down), repeatable=True
+        )
 
     async def _give_up(self, ids: list[str]) -> None:
         """Give up for good on inputs the session's model will never read (it failed for
@@ -375,6 +379,7 @@ class SessionLoop:
                 if self._over_budget():
                     final = self._budget_note()
                     stats.stopped = "budget"
+                    self._spent()
                     break
             else:
                 final = f"(stopped after {self.spec.max_steps} model calls in one turn)"
@@ -418,12 +423,15 @@ class SessionLoop:
             raise
         if self._over_budget() and stats.stopped is None:
             stats.stopped = "budget"
+            self._spent()
             final = (final + "\n\n" if final else "") + self._budget_note()
         answer = await self._report("agent_stop", final)
         self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
         await self.runner.patient(lambda: c.ack(ids), repeatable=True)
         self._acked(record, ids)
         stats.last_output = final
+        if self.down:  # ends while still working: the run must not end before it has
+            await self._end()
         stats.working = False
         self.runner.changed()
 
@@ -509,10 +517,7 @@ class SessionLoop:
                     # does not spend the link's turns talking to an agent that cannot
                     # answer), and its inputs are dead letters their senders hear about
                     try:
-                        await self.runner.patient(
-                            lambda: self.client.terminate_session(self.session, self.down),
-                            repeatable=True,
-                        )
+                        await self._end()
                         await self._give_up(ids)
                     except BackchannelError:  # a hub that cannot: given back, not lost
                         await self.runner.release(self.client, ids)
@@ -545,6 +550,13 @@ class SessionLoop:
             (spec.budget_usd and s.cost >= spec.budget_usd)
             or (spec.max_tokens and used >= spec.max_tokens)
         )
+
+    def _spent(self) -> None:
+        """The session stopped on its budget: whatever comes for it while the run lasts
+        is a dead letter its sender hears about (:meth:`run`), not left waiting for an
+        agent that will not take it."""
+        if self.session.endswith("-main"):
+            self.down = f"{self.spec.name}'s budget is spent and it stopped: {self._budget_note()}"
 
     def _budget_note(self) -> str:
         s, spec = self.stats, self.spec
