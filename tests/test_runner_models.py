@@ -26,7 +26,7 @@ from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile, parse_team
 from backchannel.testing import MemoryStore, eventually
-from tests.conftest import BIN
+from tests.conftest import BIN, Server
 from tests.test_providers import DROP, Answer, FakeProvider, provider
 
 __all__ = ["provider"]  # the fixture, used here too
@@ -1007,6 +1007,27 @@ async def test_a_message_to_an_agent_stopped_by_its_budget_comes_back(
         with contextlib.suppress(asyncio.CancelledError):
             await run
         await hub.close()
+
+
+async def test_a_long_error_from_the_model_api_still_makes_a_dead_letter(
+    provider: Callable[[Answer], FakeProvider], server: Server
+) -> None:
+    """A model API whose refusal for good comes with a long message (a proxy's page, a
+    list of the models it has), the runner on a hub over HTTP: the hub refuses a
+    dead letter's reason past its bound, so the task went back and its sender was told
+    nothing. The reason is cut to fit, and the sender is told."""
+    long = {"error": {"message": "model 'm' does not exist; have: " + "x" * 3000}}
+    srv = provider(lambda body, n: (404, long, {}))
+    team = parse_team(
+        f"team: t\nmembers:\n  - {{name: w, model: openai, model_name: m, base_url: '{srv.url}/v1'}}\n"
+    )
+    tokens = server.team("t", "w")
+    async with Client(server.url, tokens["w"]) as w, Client(server.url, tokens["user"]) as user:
+        runner = Runner(team, {"w": w}, workspace=Path("."), quiet_seconds=0.5, timeout=30)
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert await w.pending() == 0
+        told = [m.text for m in await user.receive(limit=5)]
+        assert len(told) == 1 and "does not exist" in told[0], told
 
 
 async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(

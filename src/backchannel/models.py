@@ -133,6 +133,10 @@ class AckIn(_Body):
     message_ids: list[IdField] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+#: The longest reason a give-up carries (``POST /v1/inbox/give-up``).
+GIVE_UP_REASON = 1000
+
+
 class GiveUpIn(_Body):
     """Leased messages their receiver will never handle (its model fails for good):
     each is dead with ``reason``, and its sender is told."""
@@ -140,7 +144,7 @@ class GiveUpIn(_Body):
     message_ids: list[IdField] = Field(min_length=1, max_length=MAX_BATCH)
     reason: str = Field(
         min_length=1,
-        max_length=1000,
+        max_length=GIVE_UP_REASON,
         description="why they will never be handled: the senders read it in their notice",
     )
 

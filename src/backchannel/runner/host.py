@@ -36,6 +36,7 @@ from backchannel.client import Client, Received
 from backchannel.core.messages import MESSAGE_ID_RE
 from backchannel.errors import BackchannelError, PeerError, StoreError
 from backchannel.hub.messages import new_request_id
+from backchannel.models import GIVE_UP_REASON
 from backchannel.runner import story
 from backchannel.runner.models import (
     ChatMessage,
@@ -213,7 +214,10 @@ class SessionLoop:
     async def _give_up(self, ids: list[str]) -> None:
         """Give up for good on inputs the session's model will never read (it failed for
         good): each is a dead letter naming why, and its sender is told."""
-        await self.runner.patient(lambda: self.client.give_up(ids, self.down), repeatable=True)
+        why = self.down  # cut to what the hub keeps: a long API error is refused whole
+        if len(why) > GIVE_UP_REASON:
+            why = why[: GIVE_UP_REASON - 1] + "…"
+        await self.runner.patient(lambda: self.client.give_up(ids, why), repeatable=True)
         self.runner.console_note(
             f"{self.spec.name}: {len(ids)} message(s) given up, their senders told: {self.down}"
         )
