@@ -389,3 +389,29 @@ def test_a_long_poll_whose_client_left_leases_nothing(srv: Server) -> None:
         ]
         got = rx.get("/v1/inbox", params={"wait": 5}).json()["messages"]
         assert [(m["message_id"], m["attempt"]) for m in got] in ([(mid, 1)], [(mid, 2)])
+
+
+def test_a_receiver_gives_up_for_good_on_what_it_holds_and_the_sender_is_told(
+    srv: Server, tokens: dict[str, str]
+) -> None:
+    """``POST /v1/inbox/give-up``: only copies the member holds leased die, with its
+    reason, and their sender hears of it; no reason is a 422 naming the field."""
+    with (
+        srv.client(tokens["lead"]) as lead,
+        srv.client(tokens["worker-1"]) as w1,
+        srv.client(tokens["worker-2"]) as w2,
+    ):
+        body = {"to": "worker-1", "text": "please do", "message_id": "give-up-1"}
+        assert lead.post("/v1/messages", json=body).status_code == 201
+        why = {"message_ids": ["give-up-1"], "reason": "its model failed for good"}
+        assert w2.post("/v1/inbox/give-up", json=why).json() == {"given_up": 0}, "not its copy"
+        assert w1.post("/v1/inbox/give-up", json=why).json() == {"given_up": 0}, "not leased"
+        got = w1.get("/v1/inbox", params={"limit": 100}).json()["messages"]
+        assert "give-up-1" in [m["message_id"] for m in got]
+        r = w1.post("/v1/inbox/give-up", json={"message_ids": ["give-up-1"], "reason": ""})
+        assert r.status_code == 422 and "reason" in r.text
+        assert w1.post("/v1/inbox/give-up", json=why).json() == {"given_up": 1}
+        assert lead.get("/v1/messages/give-up-1").json()["status"] == "dead"
+        told = lead.get("/v1/inbox", params={"limit": 100, "wait": 5}).json()["messages"]
+        notice = [m for m in told if m["meta"].get("dead_message_id") == "give-up-1"]
+        assert len(notice) == 1 and "its model failed for good" in notice[0]["text"], told

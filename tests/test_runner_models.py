@@ -26,7 +26,7 @@ from backchannel.runner.command import run_team
 from backchannel.runner.host import Runner
 from backchannel.runner.teamfile import TeamFile, parse_team
 from backchannel.testing import MemoryStore, eventually
-from tests.conftest import BIN
+from tests.conftest import BIN, Server
 from tests.test_providers import DROP, Answer, FakeProvider, provider
 
 __all__ = ["provider"]  # the fixture, used here too
@@ -425,8 +425,8 @@ async def test_a_rate_limit_that_is_a_spent_quota_is_not_tried_again(
     """OpenAI's 429 for a spent quota (``insufficient_quota``: the plan or the billing,
     not the rate) does not pass with waiting. It was tried again for the runner's whole
     patience (five minutes by default, ten calls), a note each time saying it would try
-    again, before the agent stopped. It stops at once, its input given back, its note
-    naming the API's reason."""
+    again, before the agent stopped. It stops at once, its note naming the API's
+    reason, and its input is a dead letter its sender is told of, naming it."""
     srv = provider(lambda body, n: (429, QUOTA, {}))
     hub, runner, user = await _openai_team(srv.url)
     notes: list[str] = []
@@ -439,8 +439,10 @@ async def test_a_rate_limit_that_is_a_spent_quota_is_not_tried_again(
         loop = runner.loops["w-main"]
         assert loop.stats.stopped == "model error"
         assert "exceeded your current quota" in loop.stats.failure, loop.stats.failure
-        got = await hub.receive("t", "w", session="w-main")
-        assert [g.message.text for g in got] == ["do it"], "given back, not lost"
+        assert await hub.pending("t", "w") == 0
+        told = [g.message.text for g in await hub.receive("t", "boss")]
+        assert len(told) == 1 and "was not delivered" in told[0], told
+        assert "exceeded your current quota" in told[0], told
     finally:
         await hub.close()
 
@@ -473,11 +475,10 @@ async def test_the_runners_own_pause_honours_retry_after(
 def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
     provider: Callable[[Answer], FakeProvider], tmp_path: Path
 ) -> None:
-    """A model API that refuses for good (a model name it does not have): the task went
-    back to the hub unseen, in a team the next run cannot reuse (each run makes its
-    team afresh). ``backchannel run`` must not end as a success with a report that
-    says nothing: the report names why the session stopped and the message that never
-    reached its model, and the exit status is 1."""
+    """A model API that refuses for good (a model name it does not have): the task
+    never reached a model. ``backchannel run`` must not end as a success with a report
+    that says nothing: the report names why the session stopped, the dead letter the
+    task became, and the way to have it done, and the exit status is 1."""
     missing = {"error": {"message": "model 'm' does not exist", "type": "invalid_request_error"}}
     srv = provider(lambda body, n: (404, missing, {}))
     (tmp_path / "team.yaml").write_text(
@@ -501,7 +502,7 @@ def test_a_run_whose_agent_stopped_on_a_model_failure_says_so_and_fails(
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "ended because every agent stopped" in r.stdout
     assert "w-main stopped: model error: " in r.stdout and "does not exist" in r.stdout, r.stdout
-    assert "1 message for w never reached its model" in r.stdout, r.stdout
+    assert "was not delivered: w's model failed for good" in r.stdout, r.stdout
     assert "--team NEW_NAME" in r.stdout, r.stdout
     assert len(srv.requests) == 1, "a 404 is not tried again"
 
@@ -688,8 +689,8 @@ async def test_an_answer_with_token_counts_missing_is_taken(
     """Compatible servers and proxies give usage with counts missing or null, or none at
     all. The answer was refused as not the API's (the turn's input given back and the
     agent stopped), or, taken, crashed the session adding None to its token count. The
-    answer is taken and the counts it does give are counted; those it does not count as
-    none."""
+    answer is taken and the counts it does give are counted; those it does not are
+    estimated (about four characters a token), never counted as none."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     answer = _text_answer(kind, "done")
     first = "prompt_tokens" if kind == "openai" else "input_tokens"
@@ -706,10 +707,85 @@ async def test_an_answer_with_token_counts_missing_is_taken(
         assert await runner.run("do it", user) == "the team is quiet"
         loop = runner.loops["w-main"]
         assert (loop.stats.stopped, loop.stats.last_output) == (None, "done")
-        expected = 0 if usage == "none" else 7
-        assert (loop.stats.usage.input_tokens, loop.stats.usage.output_tokens) == (expected, 0)
+        sent = len("[From boss] do it") // 4  # the turn's input, framed, by the estimate
+        expected = sent if usage == "none" else 7
+        # "done": one token by the estimate
+        assert (loop.stats.usage.input_tokens, loop.stats.usage.output_tokens) == (expected, 1)
         assert await hub.pending("t", "w") == 0
     finally:
+        await hub.close()
+
+
+async def test_a_token_budget_holds_against_answers_without_token_counts(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """A compatible server that gives no ``usage``: every answer counted as no tokens,
+    so an agent's ``max_tokens`` never stopped it, whatever it spent (here a model
+    that calls a tool step after step, on a long input). The counts it does not give
+    are estimated (about four characters a token), the agent stops at its budget, and
+    the runner says the budget counts an estimate."""
+    long_task = "check every file. " * 200  # about 900 tokens by the estimate
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        a = _chat(None, [(f"call_{n}", "list_members", "{}")])
+        a.pop("usage")
+        return 200, a, {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url, ", max_tokens: 3000, max_steps: 40")
+    notes: list[str] = []
+    runner._note = notes.append
+    try:
+        assert await runner.run(long_task, user) == "every agent stopped"
+        loop = runner.loops["w-main"]
+        assert loop.stats.stopped == "budget", (loop.stats.stopped, len(srv.requests))
+        assert len(srv.requests) < 10, "the budget let the model go on"
+        assert loop.stats.usage.input_tokens >= 3000 - loop.stats.usage.output_tokens
+        assert "estimate" in loop.stats.last_output, loop.stats.last_output
+        assert sum("no token counts" in n for n in notes) == 1, notes
+    finally:
+        await hub.close()
+
+
+async def test_check_inbox_mid_turn_does_not_tell_the_model_nothing_came(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The hub hands a session nothing while its turn runs, so a runner agent's
+    ``check_inbox`` (always called within a turn) answered "(no messages)" even with a
+    message waiting for it: a model polling for a teammate's answer was told none came.
+    The answer says that what arrives during the turn comes as the next input once the
+    turn ends, and that message does come, once."""
+    asked, sent = threading.Event(), threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if n == 1:
+            asked.set()
+            sent.wait(10)
+            return 200, _chat(None, [("call_1", "check_inbox", "{}")]), {}
+        return 200, _chat("done"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    run = asyncio.create_task(runner.run("wait for the note", user))
+    try:
+        await eventually(asked.is_set, what="the turn's first model call")
+        await user.send("w", "the note you wait for", session="w-main", link=False)
+        sent.set()
+        assert await run == "the team is quiet"
+        [result] = _tool_results(srv.requests[1][1])
+        assert result != "(no messages)", "told nothing came, with a message waiting"
+        assert "next input" in result and "this turn ends" in result, result
+        inputs = [
+            m["content"] for r in srv.requests for m in r[1]["messages"][-1:] if m["role"] == "user"
+        ]
+        assert sum("the note you wait for" in i for i in inputs) == 1, inputs
+        assert await hub.pending("t", "w") == 0
+    finally:
+        sent.set()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
         await hub.close()
 
 
@@ -772,23 +848,186 @@ async def test_a_delegation_whose_callees_model_fails_is_answered_with_the_failu
         await hub.close()
 
 
-async def test_a_message_for_an_agent_whose_model_failed_does_not_hold_the_run_open(
+async def test_a_message_for_an_agent_whose_model_failed_is_a_dead_letter_its_sender_hears(
     provider: Callable[[Answer], FakeProvider],
 ) -> None:
-    """The helper's model fails for good on a message: the message goes back to the hub
-    (not lost), its session stops, and the run ends when the rest of the team is quiet,
-    not at its timeout, waiting for a session that will never take it."""
+    """The helper's model fails for good (a model that does not exist) on a lead's
+    message. The message was given back to the hub, where it waited for a model that
+    would never read it, and the lead was never told: it went on as if heard. It is a
+    dead letter naming why, the lead's model reads that notice, the helper's session
+    stops, and the run ends when the rest of the team is quiet, not at its timeout."""
     srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
     hub, runner, user = await _lead_and_helper(srv.url)
     try:
         assert await runner.run("go", user) == "the team is quiet"
         assert runner.loops["helper-main"].stats.stopped == "model error"
         assert runner.loops["lead-main"].stats.stopped is None
-        got = await hub.receive("t", "helper", session="helper-main")
-        assert got[0].message.text == "check this", "given back, not lost"
-        assert got[0].attempt == 2
+        heard = runner.loops["lead-main"].stats.last_output
+        assert "lead heard: " in heard and "was not delivered" in heard, heard
+        assert "helper's model failed for good" in heard and "does not exist" in heard, heard
+        assert await hub.pending("t", "helper") == 0, "left waiting for a model that failed"
+        # the helper's session ended, closing its link: the lead's turns, each answering
+        # a notice, did not spend the link's budget crossing to an agent that cannot read
+        dead, _ = await hub.dead_letters("t", 20)
+        said = {d.message.text for d in dead if d.message and d.message.sender == "lead"}
+        assert "check this" in said and said <= {"check this", "[From lead] asked"}, said
+        [link] = await user.links()
+        assert link.state == "closed" and link.turns_used <= 1, link
     finally:
         await hub.close()
+
+
+async def test_a_message_sent_after_an_agents_model_failed_for_good_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """Once an agent's model has failed for good, a message sent to it later in the run
+    waited in the hub and its sender heard nothing, as if the agent would read it. While
+    the run lasts, it comes back as a dead letter that names why, without another call
+    of the model."""
+    srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
+    hub, runner, user = await _lead_and_helper(srv.url)
+    runner.quiet_seconds = 60.0  # the run stays up until the test ends it
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "model error"
+            ),
+            what="the helper's model failed",
+        )
+        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
+        await user.send("helper", "and this too", message_id="later-1")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-1" in got[0].text and "model failed for good" in got[0].text, got[0].text
+        assert "does not exist" in got[0].text, got[0].text
+        assert (await user.status("later-1")).status == "dead"
+        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await hub.close()
+
+
+async def test_a_message_after_a_model_failed_for_good_mid_turn_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The helper's model fails for good mid-turn, after it read its input (its context
+    is full once a tool result is added): the turn closes saying so, but what was sent
+    to the helper afterwards waited in the hub, its sender told nothing. It comes back
+    as a dead letter naming the failure, without another call of the model."""
+    full = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    lead = _lead_calls("send_message", {"to": "helper", "message": "check this"})
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if body["model"] != "helper":
+            return lead(body, n)
+        if body["messages"][-1]["role"] == "tool":
+            return 400, full, {}
+        return 200, _chat(None, [("call_h", "list_members", "{}")]), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _lead_and_helper(srv.url)
+    runner.quiet_seconds = 60.0  # the run stays up until the test ends it
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "model error"
+            ),
+            what="the helper's model failed",
+        )
+        assert "maximum context length" in runner.loops["helper-main"].stats.last_output
+        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
+        await user.send("helper", "and this too", message_id="later-2")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-2" in got[0].text and "maximum context length" in got[0].text, got[0].text
+        assert (await user.status("later-2")).status == "dead"
+        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await hub.close()
+
+
+async def test_a_message_to_an_agent_stopped_by_its_budget_comes_back(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """An agent that spent its ``max_tokens`` stops, saying so in its closing text; a
+    message sent to it afterwards waited in the hub, its sender told nothing, for an
+    agent that would not take it in this run. It comes back as a dead letter naming
+    the spent budget, without another call of the model."""
+    srv = provider(_lead_calls("send_message", {"to": "helper", "message": "check this"}))
+    team = parse_team(
+        "team: t\nmembers:\n"
+        f"  - {{name: lead, model: openai, model_name: lead, base_url: '{srv.url}/v1'}}\n"
+        f"  - {{name: helper, model: openai, model_name: lead, base_url: '{srv.url}/v1',"
+        " max_tokens: 10}\n"
+    )
+    hub = Hub(MemoryStore())
+    await hub.start()
+    await hub.create_team("t", settings=team.settings())
+    clients = {}
+    for m in team.members:
+        clients[m.name] = attach(hub, (await hub.add_member("t", m.name))[1])
+        await clients[m.name].start()
+    user = attach(hub, (await hub.add_member("t", "boss", "human"))[1])
+    await user.start()
+    runner = Runner(team, clients, workspace=Path("."), quiet_seconds=60.0, timeout=30)
+    run = asyncio.create_task(runner.run("go", user))
+    try:
+        await eventually(
+            lambda: (
+                "helper-main" in runner.loops
+                and runner.loops["helper-main"].stats.stopped == "budget"
+            ),
+            what="the helper spent its budget",
+        )
+        calls = len(srv.requests)
+        await user.send("helper", "and this too", message_id="later-3")
+        got = await user.receive(limit=5, wait=10.0)
+        assert len(got) == 1 and got[0].kind == "system", got
+        assert "later-3" in got[0].text and "budget" in got[0].text, got[0].text
+        assert (await user.status("later-3")).status == "dead"
+        helper_calls = [r for r in srv.requests[calls:] if "and this too" in json.dumps(r[1])]
+        assert not helper_calls, "the model was called again"
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await hub.close()
+
+
+async def test_a_long_error_from_the_model_api_still_makes_a_dead_letter(
+    provider: Callable[[Answer], FakeProvider], server: Server
+) -> None:
+    """A model API whose refusal for good comes with a long message (a proxy's page, a
+    list of the models it has), the runner on a hub over HTTP: the hub refuses a
+    dead letter's reason past its bound, so the task went back and its sender was told
+    nothing. The reason is cut to fit, and the sender is told."""
+    long = {"error": {"message": "model 'm' does not exist; have: " + "x" * 3000}}
+    srv = provider(lambda body, n: (404, long, {}))
+    team = parse_team(
+        f"team: t\nmembers:\n  - {{name: w, model: openai, model_name: m, base_url: '{srv.url}/v1'}}\n"
+    )
+    tokens = server.team("t", "w")
+    async with Client(server.url, tokens["w"]) as w, Client(server.url, tokens["user"]) as user:
+        runner = Runner(team, {"w": w}, workspace=Path("."), quiet_seconds=0.5, timeout=30)
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert await w.pending() == 0
+        told = [m.text for m in await user.receive(limit=5)]
+        assert len(told) == 1 and "does not exist" in told[0], told
 
 
 async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
@@ -812,6 +1051,38 @@ async def test_a_model_call_that_never_answers_is_named_while_the_run_waits(
         assert await runner.run("do it", user) == "timeout after 3 s"
         assert any("w: the model has not answered in 0.5 s" in n for n in notes), notes
         assert any("--timeout" in n and "Ctrl-C" in n for n in notes), notes
+        got = await hub.receive("t", "w", session="w-main")
+        assert [(g.message.text, g.attempt) for g in got] == [("do it", 2)], "given back"
+    finally:
+        hang.set()
+        await hub.close()
+
+
+async def test_a_try_again_that_never_answers_ends_with_the_runners_patience(
+    provider: Callable[[Answer], FakeProvider],
+) -> None:
+    """The patience counts from a step's first failure, but only a failure ended a
+    try: an API that was overloaded, then took the next try and never answered, held
+    the turn (and its input, leased) for the SDK's ten minutes a try and past, however
+    short the patience the notes named. A try made within the patience ends with it:
+    the input goes back and the note says the API did not answer within it."""
+    hang = threading.Event()
+
+    def answer(body: dict[str, Any], n: int) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if n == 1:
+            return 503, {"error": {"message": "overloaded"}}, {}
+        hang.wait(60)
+        return 200, _chat("too late"), {}
+
+    srv = provider(answer)
+    hub, runner, user = await _openai_team(srv.url)
+    notes: list[str] = []
+    runner._note = notes.append
+    runner.timeout, runner.model_patience, runner.model_pause = 20.0, 1.0, 0.05
+    try:
+        assert await runner.run("do it", user) == "every agent stopped"
+        assert runner.loops["w-main"].stats.stopped == "model error"
+        assert any("did not answer within the runner's patience (1 s)" in n for n in notes), notes
         got = await hub.receive("t", "w", session="w-main")
         assert [(g.message.text, g.attempt) for g in got] == [("do it", 2)], "given back"
     finally:

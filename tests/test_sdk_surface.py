@@ -37,6 +37,7 @@ OPERATIONS = {
     "POST /v1/inbox/ack": "ack",
     "POST /v1/inbox/ack/batch": "ack_batch",
     "POST /v1/inbox/release": "release",
+    "POST /v1/inbox/give-up": "give_up",
     "GET /v1/inbox/stream": "inbox",
     "GET /v1/links": "links",
     "GET /v1/links/{link_id}": "link",

@@ -34,6 +34,7 @@ from backchannel.models import (
     DelegationList,
     ErrorDetail,
     EventAnswer,
+    GivenUp,
     HookResult,
     InboxAcked,
     Link,
@@ -310,6 +311,15 @@ class MemberApi:
 
     async def release(self, message_ids: Sequence[str]) -> Released:
         return Released(released=await self.hub.release(self.team, self.name, list(message_ids)))
+
+    async def give_up(self, message_ids: Sequence[str], reason: str) -> GivenUp:
+        """Leased messages this member will never handle (its model fails for good):
+        each copy it holds is dead with ``reason``, and its sender is told. Ids it does
+        not hold leased (acked, given back, not its own) are left as they are."""
+        n = 0
+        for mid in dict.fromkeys(message_ids):
+            n += await self.hub.give_up(self.team, self.name, mid, reason)
+        return GivenUp(given_up=n)
 
     # -- links -----------------------------------------------------------------------
     async def links(

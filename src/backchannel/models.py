@@ -133,6 +133,22 @@ class AckIn(_Body):
     message_ids: list[IdField] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+#: The longest reason a give-up carries (``POST /v1/inbox/give-up``).
+GIVE_UP_REASON = 1000
+
+
+class GiveUpIn(_Body):
+    """Leased messages their receiver will never handle (its model fails for good):
+    each is dead with ``reason``, and its sender is told."""
+
+    message_ids: list[IdField] = Field(min_length=1, max_length=MAX_BATCH)
+    reason: str = Field(
+        min_length=1,
+        max_length=GIVE_UP_REASON,
+        description="why they will never be handled: the senders read it in their notice",
+    )
+
+
 class ReceiveIn(_Body):
     """A receive that first acks the messages you are done with: ``GET /v1/inbox``'s
     parameters, and ``ack``."""
@@ -616,6 +632,10 @@ class InboxAcked(_Out):
 
 class Released(_Out):
     released: int
+
+
+class GivenUp(_Out):
+    given_up: int = Field(description="how many leased copies are now dead, senders told")
 
 
 class Reaction(_Out):

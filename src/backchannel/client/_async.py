@@ -37,6 +37,7 @@ from backchannel.models import (
     Delegation,
     DelegationList,
     EventAnswer,
+    GivenUp,
     HookResult,
     Inbox,
     InboxAcked,
@@ -747,6 +748,22 @@ class Client:
         )
         got: Released = await self._do(call)
         return got.released
+
+    async def give_up(self, message_ids: Sequence[str], reason: str) -> int:
+        """Give up for good on leased messages you will never handle (your model fails
+        for good): each is dead with ``reason`` and its sender is told. Returns how many
+        were (ids you do not hold leased are left as they are)."""
+        ids = list(message_ids)
+        call = Call(
+            "POST",
+            "/v1/inbox/give-up",
+            lambda s: s.member.give_up(ids, reason),
+            GivenUp,
+            {"message_ids": ids, "reason": reason},
+            repeatable=True,
+        )
+        got: GivenUp = await self._do(call)
+        return got.given_up
 
     # -- sessions and turns ------------------------------------------------------------
     async def open_session(self, session_id: str | None = None) -> SessionInfo:

@@ -410,6 +410,11 @@ class SyncClient:
         """Give leased messages back at once instead of at the lease's end."""
         return self._run(self._async.release(message_ids))
 
+    def give_up(self, message_ids: Sequence[str], reason: str) -> int:
+        """Give up for good on leased messages you will never handle: each is dead with
+        ``reason`` and its sender is told."""
+        return self._run(self._async.give_up(message_ids, reason))
+
     def open_session(self, session_id: str | None = None) -> SessionInfo:
         """Open a session, or resume ``session_id`` (same state, links and timers)."""
         return self._run(self._async.open_session(session_id))

@@ -257,6 +257,7 @@ async def report(
                 "cost": round(s.cost, 6),
                 "stopped": s.stopped,
                 "failure": s.failure,
+                "down": lp.down,
                 "last_output": s.last_output,
             }
         )
@@ -328,6 +329,13 @@ def print_report(result: RunResult, console: Console) -> None:
     console.print(f"duplicate closing messages suppressed: {result.duplicates_dropped}")
     for s in result.failed:
         console.print(f"{s['session']} stopped: {s['stopped']}: {s['failure']}", markup=False)
+        if s.get("down"):
+            console.print(
+                f"what was sent to {s['member']} went back to its senders as dead letters; "
+                "to have it done, run again with --team NEW_NAME (each run sets its team "
+                "up afresh), once what stopped it is fixed",
+                markup=False,
+            )
     for member, n in result.waiting.items():
         console.print(waiting_line(member, n, result.team), markup=False)
     for m in result.to_user:

@@ -36,6 +36,7 @@ from backchannel.client import Client, Received
 from backchannel.core.messages import MESSAGE_ID_RE
 from backchannel.errors import BackchannelError, PeerError, StoreError
 from backchannel.hub.messages import new_request_id
+from backchannel.models import GIVE_UP_REASON
 from backchannel.runner import story
 from backchannel.runner.models import (
     ChatMessage,
@@ -43,6 +44,7 @@ from backchannel.runner.models import (
     ModelError,
     ModelReply,
     Usage,
+    estimate_tokens,
     price_for,
 )
 from backchannel.runner.record import SeenRecord, record_path
@@ -174,6 +176,10 @@ class SessionLoop:
         self.unacked: list[str] = []
         # the hub keys of this session's tool calls (a delegation's tool_use_id)
         self.call_keys: set[str] = set()
+        # why the session's model failed for good: its inputs are given up, not back
+        self.down = ""
+        # a reply's token counts were estimated (its API gave none)
+        self.estimated = False
 
     async def run(self) -> None:
         while self.stats.stopped is None:
@@ -189,6 +195,32 @@ class SessionLoop:
             )
             if got:
                 await self.turn(got)
+        while self.down:  # its model failed for good: no message waits for it unheard
+            got = await self.runner.patient(
+                lambda: self.client.receive(limit=20, wait=1.0, lease=LEASE),
+                repeatable=True,
+            )
+            if got:
+                await self._give_up([m.message_id for m in got])
+
+    async def _end(self) -> None:
+        """End the session of a member that stopped for good (``down``): its links close
+        and both sides are told, so a linked peer does not spend the link's turns on an
+        agent that cannot answer; what waits for it goes to the member, given up."""
+        await self.runner.patient(
+            lambda: self.client.terminate_session(self.session, self.down), repeatable=True
+        )
+
+    async def _give_up(self, ids: list[str]) -> None:
+        """Give up for good on inputs the session's model will never read (it failed for
+        good): each is a dead letter naming why, and its sender is told."""
+        why = self.down  # cut to what the hub keeps: a long API error is refused whole
+        if len(why) > GIVE_UP_REASON:
+            why = why[: GIVE_UP_REASON - 1] + "…"
+        await self.runner.patient(lambda: self.client.give_up(ids, why), repeatable=True)
+        self.runner.console_note(
+            f"{self.spec.name}: {len(ids)} message(s) given up, their senders told: {self.down}"
+        )
 
     async def _complete(self) -> ModelReply:
         """One model call, tried again while the API fails in a way that passes (the
@@ -207,7 +239,7 @@ class SessionLoop:
         pause = self.runner.model_pause
         while True:
             try:
-                return await self._one_model_call(tools)
+                return await self._one_model_call(tools, until=deadline)
             except ModelError as exc:
                 if not exc.details.get("retryable"):
                     raise
@@ -232,17 +264,29 @@ class SessionLoop:
                 await asyncio.sleep(wait)
                 pause = min(pause * 2, 60.0)
 
-    async def _one_model_call(self, tools: list[Any]) -> ModelReply:
+    async def _one_model_call(self, tools: list[Any], *, until: float | None = None) -> ModelReply:
         """One call of the model, with a note each ``model_slow`` seconds it has not
         answered: an API that took the request and never answers keeps the SDK waiting
-        ten minutes a try, and the person running the team would see nothing at all."""
+        ten minutes a try, and the person running the team would see nothing at all.
+        ``until``: the end of the patience of a step that failed before (monotonic): a
+        try made again ends with it, as a failure that passes (the turn's input goes
+        back), so a try that never answers does not hold the turn past the patience."""
         call = asyncio.ensure_future(self.model.complete(self.spec.system, self.history, tools))
         slow, waited = self.runner.model_slow, 0.0
         try:
             while True:
-                done, _ = await asyncio.wait({call}, timeout=slow)
+                left = None if until is None else until - time.monotonic()
+                done, _ = await asyncio.wait(
+                    {call}, timeout=slow if left is None else max(0.0, min(slow, left))
+                )
                 if done:
                     return call.result()
+                if left is not None and left <= slow:
+                    raise ModelError(
+                        "the model API did not answer within the runner's patience "
+                        f"({self.runner.model_patience:g} s) after a failure",
+                        retryable=True,
+                    )
                 waited += slow
                 self.runner.console_note(
                     f"{self.spec.name}: the model has not answered in {waited:g} s; still "
@@ -290,8 +334,9 @@ class SessionLoop:
                     answered = True
                     record.add(ids)
                     self.unacked = ids
-                stats.usage += reply.usage
-                stats.cost += self.price.cost(reply.usage)
+                usage = self._counted(reply)
+                stats.usage += usage
+                stats.cost += self.price.cost(usage)
                 self.history.append(ChatMessage("assistant", reply.text, reply.tool_calls))
                 if not reply.tool_calls:
                     if self._goes_on(reply, len(pieces), step):
@@ -338,14 +383,25 @@ class SessionLoop:
                 if self._over_budget():
                     final = self._budget_note()
                     stats.stopped = "budget"
+                    self._spent()
                     break
             else:
                 final = f"(stopped after {self.spec.max_steps} model calls in one turn)"
         except ModelError as exc:
             self.runner.console_note(f"{self.spec.name}: {exc}")
             stats.failure = exc.message
+            if self.session.endswith("-main") and not exc.details.get("retryable"):
+                # failed for good (a revoked key, a spent quota, a model that does not
+                # exist, a context that is full), before or after it read the inputs:
+                # whatever comes for the session while the run lasts is a dead letter
+                # its sender hears about (:meth:`run`), not left waiting unheard
+                self.down = (
+                    f"{self.spec.name}'s model failed for good and {self.spec.name} "
+                    f"stopped: {exc.message}"
+                )
             if not answered and self.session.endswith("-main"):
-                # the inputs never reached the model: give them back
+                # the inputs never reached the model: given up for good (``down``), or
+                # given back
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._interrupted(ids, handed=False, why="model error"))
                 stats.stopped = "model error"
@@ -371,14 +427,43 @@ class SessionLoop:
             raise
         if self._over_budget() and stats.stopped is None:
             stats.stopped = "budget"
+            self._spent()
             final = (final + "\n\n" if final else "") + self._budget_note()
         answer = await self._report("agent_stop", final)
         self.runner.tell(story.on_stop(self.spec.name, answer.model_dump(exclude_unset=True)))
         await self.runner.patient(lambda: c.ack(ids), repeatable=True)
         self._acked(record, ids)
         stats.last_output = final
+        if self.down:  # ends while still working: the run must not end before it has
+            await self._end()
         stats.working = False
         self.runner.changed()
+
+    def _counted(self, reply: ModelReply) -> Usage:
+        """The tokens ``reply`` cost, as its usage gives them, or estimated (about four
+        characters a token: :func:`estimate_tokens`) where it gives none: compatible
+        servers and proxies leave ``usage`` out, or a count of it, and counted as no
+        tokens the agent's ``max_tokens`` and ``budget_usd`` never stopped it. The
+        first estimate is named in a note, and the budget note says it counted one."""
+        u = reply.usage
+        given_in = bool(u.input_tokens or u.cache_read_tokens or u.cache_write_tokens)
+        wrote = bool(reply.text or reply.tool_calls)
+        if given_in and (u.output_tokens or not wrote):
+            return u
+        if not self.estimated:
+            self.estimated = True
+            self.runner.console_note(
+                f"{self.spec.name}: the model API gave no token counts; the agent's budget "
+                "counts an estimate (about four characters a token)"
+            )
+        inp = u.input_tokens
+        if not given_in:
+            inp = estimate_tokens(self.spec.system) + sum(map(_chars, self.history)) // 4
+        out = u.output_tokens or (
+            estimate_tokens(reply.text)
+            + sum(estimate_tokens(c.name + json.dumps(dict(c.arguments))) for c in reply.tool_calls)
+        )
+        return Usage(inp, out, u.cache_read_tokens, u.cache_write_tokens)
 
     def _goes_on(self, reply: ModelReply, asked: int, step: int) -> bool:
         """Is the model, whose answer of text only is ``reply``, asked to go on? When the
@@ -431,6 +516,16 @@ class SessionLoop:
                 if handed:
                     await self.client.ack(ids)
                     self._acked(await self.runner.record(self.spec.name), ids)
+                elif self.down:
+                    # the session ends (its links close, both sides told: a linked peer
+                    # does not spend the link's turns talking to an agent that cannot
+                    # answer), and its inputs are dead letters their senders hear about
+                    try:
+                        await self._end()
+                        await self._give_up(ids)
+                    except BackchannelError:  # a hub that cannot: given back, not lost
+                        await self.runner.release(self.client, ids)
+                        raise
                 else:
                     await self.runner.release(self.client, ids)
             finally:
@@ -460,11 +555,19 @@ class SessionLoop:
             or (spec.max_tokens and used >= spec.max_tokens)
         )
 
+    def _spent(self) -> None:
+        """The session stopped on its budget: whatever comes for it while the run lasts
+        is a dead letter its sender hears about (:meth:`run`), not left waiting for an
+        agent that will not take it."""
+        if self.session.endswith("-main"):
+            self.down = f"{self.spec.name}'s budget is spent and it stopped: {self._budget_note()}"
+
     def _budget_note(self) -> str:
         s, spec = self.stats, self.spec
         return (
             f"Budget spent (${s.cost:.4f} of ${spec.budget_usd or 0:.2f}, "
-            f"{s.usage.input_tokens + s.usage.output_tokens} tokens of {spec.max_tokens or 'unlimited'}): "
+            f"{s.usage.input_tokens + s.usage.output_tokens} tokens of {spec.max_tokens or 'unlimited'}"
+            f"{', estimated: the model API gave no token counts' if self.estimated else ''}): "
             f"{spec.name} stops here."
         )
 

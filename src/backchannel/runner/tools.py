@@ -238,6 +238,15 @@ MORE_MAY_WAIT = "\n\n(more messages may wait: call check_inbox again to read the
 #: next), so that an answer stays within :data:`MAX_RESULT` and a model with a small
 #: context (a local server that drops what is past its window) reads every line.
 PART_BYTES = 15_000
+#: A ``check_inbox`` that found nothing. The runner calls tools within a turn, and the
+#: hub hands a session nothing while its turn runs (messages are never injected
+#: mid-turn): a bare "(no messages)" told a model polling for a teammate's answer that
+#: none came while it waited. What arrives during the turn is its next input.
+NOTHING_NOW = (
+    "(no messages now. Messages that arrive while your turn runs are not shown here: "
+    "they come as your next input once this turn ends, so end your turn to read a "
+    "reply you wait for.)"
+)
 #: Tools whose answers are bounded by the tool itself and never cut by :func:`run_tool`
 #: (``check_inbox`` acks what it answers: a cut would lose the messages past it).
 UNCUT = frozenset({"check_inbox"})
@@ -280,7 +289,7 @@ async def check_inbox(ctx: ToolContext, args: Mapping[str, Any]) -> str:
             break
     if shown:
         await ctx.client.ack(shown)
-    text = "\n\n".join(pieces) or "(no messages)"
+    text = "\n\n".join(pieces) or NOTHING_NOW
     return text + MORE_MAY_WAIT if more and shown else text
 
 
@@ -470,7 +479,12 @@ TOOLS: dict[str, tuple[ToolSpec, Handler]] = {
         get_session_data,
     ),
     "check_inbox": (
-        ToolSpec("check_inbox", "Read messages waiting for you now.", _schema({}, [])),
+        ToolSpec(
+            "check_inbox",
+            "Read messages waiting for you now. Messages that arrive while your turn "
+            "runs are not shown here: they come as your next input once the turn ends.",
+            _schema({}, []),
+        ),
         check_inbox,
     ),
     "read_message": (

@@ -33,6 +33,8 @@ from backchannel.models import (
     Acked,
     AckedBatch,
     AckIn,
+    GivenUp,
+    GiveUpIn,
     Inbox,
     InboxAcked,
     Pending,
@@ -186,6 +188,15 @@ async def ack_batch(body: AckBatchIn, api: AsMember) -> AckedBatch:
 async def release(body: AckIn, api: AsMember) -> Released:
     """Give leased messages back at once instead of at the lease's end."""
     return await api.release(body.message_ids)
+
+
+@router.post("/v1/inbox/give-up")
+async def give_up(body: GiveUpIn, api: AsMember) -> GivenUp:
+    """Give up for good on leased messages you will never handle (your model fails for
+    good: a revoked key, a spent quota, a model that does not exist): each is dead with
+    ``reason``, and its sender is told by a ``system`` message. Ids you do not hold
+    leased are left as they are (``given_up`` counts the others)."""
+    return await api.give_up(body.message_ids, body.reason)
 
 
 @router.get("/v1/inbox/stream", response_class=EventStream, responses=SSE_EVENT)
