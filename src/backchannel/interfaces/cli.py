@@ -233,6 +233,34 @@ def _print_json(data: Any) -> None:
     out.print_json(text) if sys.stdout.isatty() else print(text)
 
 
+def _page(
+    found: list[Any],
+    *,
+    limit: int,
+    every: bool,
+    what: str,
+    again: Callable[[Any], str],
+    as_json: bool,
+) -> list[Any]:
+    """One page of a list read with one more than ``limit`` (so whether more follow is
+    said, never left for the reader to guess): the rows shown, printed as JSON on stdout
+    when ``as_json``; when more follow, the command for the next page (``again(last
+    shown)``) goes to stderr."""
+    more = not every and len(found) > limit
+    if more:
+        found = found[:limit]
+    if as_json:
+        _print_json(found)
+    if more:
+        err.print(
+            markup_safe(
+                f"showing the first {limit} {what}; more follow: {again(found[-1])} "
+                "(or --all for every one)"
+            )
+        )
+    return found
+
+
 def plain(data: Any) -> Any:
     """``data`` as JSON values: the client's models as they are on the wire."""
     if hasattr(data, "model_dump"):
@@ -406,18 +434,14 @@ def team_list(
     client = _client(url, token, home, admin=True)
     # one more than shown: whether more follow is said, never left for the reader to guess
     found = _run(_with(client, lambda c: c.teams(after=after, limit=None if every else limit + 1)))
-    more = not every and len(found) > limit
-    if more:
-        found = found[:limit]
-    if as_json:
-        _print_json(found)
-    if more:
-        again = f"backchannel team list --after {found[-1]['name']}"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} teams; more follow: {again} (or --all for every one)"
-            )
-        )
+    found = _page(
+        found,
+        limit=limit,
+        every=every,
+        what="teams",
+        again=lambda last: f"backchannel team list --after {last['name']}",
+        as_json=as_json,
+    )
     if as_json:
         return
     for t in found:
@@ -616,18 +640,14 @@ def member_list(
             lambda c: c.members(team, after=after, limit=None if every else limit + 1),
         )
     )
-    more = not every and len(members) > limit
-    if more:
-        members = members[:limit]
-    if as_json:
-        _print_json(members)
-    if more:
-        again = f"backchannel member list {team} --after {members[-1]['name']}"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} members; more follow: {again} (or --all for every one)"
-            )
-        )
+    members = _page(
+        members,
+        limit=limit,
+        every=every,
+        what="members",
+        again=lambda last: f"backchannel member list {team} --after {last['name']}",
+        as_json=as_json,
+    )
     if as_json:
         return
     for m in members:
@@ -1036,20 +1056,17 @@ def timer_list(
             lambda c: c.timers(session=session, after=after, limit=None if every else limit + 1),
         )
     )
-    more = not every and len(found) > limit
-    if more:
-        found = found[:limit]
-    if as_json:
-        _print_json(found)
-    if more:
-        again = f"backchannel timer list --after {found[-1]['timer_id']}"
-        if session is not None:
-            again += f" --session {session}"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} timers; more follow: {again} (or --all for every one)"
-            )
-        )
+    found = _page(
+        found,
+        limit=limit,
+        every=every,
+        what="timers",
+        again=lambda last: (
+            f"backchannel timer list --after {last['timer_id']}"
+            + (f" --session {session}" if session is not None else "")
+        ),
+        as_json=as_json,
+    )
     if as_json:
         return
     for t in found:
@@ -1105,20 +1122,16 @@ def links(
             lambda c: c.links(open_only=open_only, after=after, limit=None if every else limit + 1),
         )
     )
-    more = not every and len(found) > limit
-    if more:
-        found = found[:limit]
-    if as_json:
-        _print_json(found)
-    if more:
-        again = f"backchannel links --after {found[-1]['link_id']}"
-        if open_only:
-            again += " --open"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} links; more follow: {again} (or --all for every one)"
-            )
-        )
+    found = _page(
+        found,
+        limit=limit,
+        every=every,
+        what="links",
+        again=lambda last: (
+            f"backchannel links --after {last['link_id']}" + (" --open" if open_only else "")
+        ),
+        as_json=as_json,
+    )
     if as_json:
         return
     for link in found:
@@ -1162,21 +1175,17 @@ def delegations(
             lambda c: c.delegations(member=member, after=after, limit=None if every else limit + 1),
         )
     )
-    more = not every and len(found) > limit
-    if more:
-        found = found[:limit]
-    if as_json:
-        _print_json(found)
-    if more:
-        again = f"backchannel delegations --after {found[-1]['delegation_id']}"
-        if member is not None:
-            again += f" --member {member}"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} delegations; more follow: {again} "
-                "(or --all for every one)"
-            )
-        )
+    found = _page(
+        found,
+        limit=limit,
+        every=every,
+        what="delegations",
+        again=lambda last: (
+            f"backchannel delegations --after {last['delegation_id']}"
+            + (f" --member {member}" if member is not None else "")
+        ),
+        as_json=as_json,
+    )
     if as_json:
         return
     for d in found:

@@ -12,9 +12,8 @@ from typing import Annotated
 import typer
 
 from backchannel.core.pages import MAX_PAGE, PAGE
-from backchannel.interfaces.cli import _client, _print_json, _run, _with, err
+from backchannel.interfaces.cli import _client, _page, _print_json, _run, _with, err
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
-from backchannel.interfaces.terminal import markup_safe
 from backchannel.interfaces.terminal import printable as _p
 
 budget_app = typer.Typer(
@@ -47,18 +46,14 @@ def budget_list(
     budgets = _run(
         _with(client, lambda c: c.budgets(team, after=after, limit=None if every else limit + 1))
     )
-    more = not every and len(budgets) > limit
-    if more:
-        budgets = budgets[:limit]
-    if as_json:
-        _print_json(budgets)
-    if more:
-        again = f"backchannel budget list {team} --after {shlex.quote(budgets[-1]['key'])}"
-        err.print(
-            markup_safe(
-                f"showing the first {limit} budgets; more follow: {again} (or --all for every one)"
-            )
-        )
+    budgets = _page(
+        budgets,
+        limit=limit,
+        every=every,
+        what="budgets",
+        again=lambda last: f"backchannel budget list {team} --after {shlex.quote(last['key'])}",
+        as_json=as_json,
+    )
     if as_json:
         return
     for b in budgets:

@@ -24,7 +24,6 @@ from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
 from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
-from backchannel.interfaces.terminal import markup_safe
 from backchannel.reach import not_the_hub, unanswered
 
 EVENT_KINDS = ("turn_start", "thought", "tool_call", "tool_result", "agent_output", "agent_stop")
@@ -93,21 +92,17 @@ def session_list(
         home,
         lambda c: c.list_sessions(member, after=after, limit=None if every else limit + 1),
     )
-    more = not every and len(found) > limit
-    if more:
-        found = found[:limit]
-    cli = _cli()
-    if as_json:
-        cli._print_json(found)
-    if more:
-        again = f"backchannel session list --after {found[-1]['session_id']}"
-        if member is not None:
-            again += f" --member {member}"
-        cli.err.print(
-            markup_safe(
-                f"showing the first {limit} sessions; more follow: {again} (or --all for every one)"
-            )
-        )
+    found = _cli()._page(
+        found,
+        limit=limit,
+        every=every,
+        what="sessions",
+        again=lambda last: (
+            f"backchannel session list --after {last['session_id']}"
+            + (f" --member {member}" if member is not None else "")
+        ),
+        as_json=as_json,
+    )
     if as_json:
         return
     for s in found:
