@@ -1018,8 +1018,34 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
         # Codex 0.171.0, a command to approve
         "› RUN-THE-TOOL please.\n\n  Would you like to run the following command?\n\n"
         "  $ touch /tmp/x\n\n› 1. Yes, proceed (y)\n  2. No, and tell Codex what to do (esc)",
+        # Claude Code 2.1.332's /resume picker: Enter resumes the session chosen
+        "❯ RUN-THE-TOOL please.\n● Noted.\n▔▔▔▔▔▔▔▔\n  Resume session\n  ╭──────╮\n"
+        "  │ ⌕ Search…  │\n  ╰──────╯\n    project\n  No sessions in this project yet\n"
+        "  Ctrl+A to show all projects · Ctrl+B to only show current branch · Esc to close",
+        # its /mcp panel: the chosen server's row has the prompt's mark
+        "❯ RUN-THE-TOOL please.\n● Noted.\n▔▔▔▔▔▔▔▔\n  MCP servers\n  1 server\n"
+        "  ❯ ✔ backchannel   10 tools\n  Learn more: https://code.claude.com/docs/en/mcp\n"
+        "  Enter to view · Esc to close",
+        # its /config panel: Enter turns the chosen setting on or off
+        "❯ RUN-THE-TOOL please.\n● Noted.\n▔▔▔▔▔▔▔▔\n  Settings  Status   Config   Usage\n"
+        "  ❯ Auto-compact                                on\n"
+        "    Idle compaction                             on\n    ↓ 3 more\n"
+        "  ↓ to navigate · ↑ to switch tabs · Esc to go back",
+        # Gemini CLI 0.61.0's session browser (/resume, /chat): Enter resumes, x deletes
+        " > RUN-THE-TOOL please.\n✦ Noted.\n > /resume\n Chat Sessions (1 total)\n"
+        " Navigate: ↑/↓   Resume: Enter   Search: /   Delete: x   Quit: q\n"
+        "   Index │ Msgs │ Age  │ Name\n ❯ #1    │ 6    │ 5s   │ Warm up. (current)\n ▼",
     ],
-    ids=["claude-code", "claude-code-auto-mode", "gemini", "codex"],
+    ids=[
+        "claude-code",
+        "claude-code-auto-mode",
+        "gemini",
+        "codex",
+        "claude-code-resume",
+        "claude-code-mcp",
+        "claude-code-config",
+        "gemini-resume",
+    ],
 )
 def test_a_cli_dialog_is_no_prompt(screen: str) -> None:
     """The last line with a prompt mark on these screens is the conversation's echo of

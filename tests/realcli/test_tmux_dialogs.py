@@ -137,3 +137,74 @@ async def test_a_message_typed_while_the_cli_asks_to_run_a_tool_approves_nothing
     # Claude Code puts the note that its user said no in the prompt after it
     got = [p.removeprefix(f"{CLAUDE_DENIED}\n\n") for p in asked()]
     assert got == [want], (asked(), want)
+
+
+#: A picker of the CLI's own, opened by its user's slash command, that takes Enter as
+#: a choice (Gemini CLI's session browser resumes the chosen session, its ``x`` deletes
+#: one), what it shows, and what shows once it is drawn whole. (Claude Code's /resume,
+#: /mcp, /config and /permissions panels: tests/delivery/test_tmux.py, by their screens.)
+PICKER = {"gemini": ("/resume", "Chat Sessions", "Resume: Enter")}
+
+
+@pytest.fixture(params=sorted(PICKER))
+def picker_rig(
+    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
+) -> Iterator[Rig]:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+
+
+async def test_a_message_typed_while_the_cli_shows_a_picker_waits_for_it_to_close(
+    picker_rig: Rig,
+) -> None:
+    """The user opened a picker of the CLI's own: the message is held, not typed into
+    it (its Enter would choose for the user, and the text would not reach the model),
+    and reaches the model once, as a prompt of its own, once the user closed it."""
+    rig = picker_rig
+    command, shows, drawn = PICKER[rig.runtime]
+    with _warm_pane(rig) as (pane, setting):
+        pane.type(command)
+        wait_until(
+            lambda: shows in pane.screen() or _enter_again(pane, command),
+            60,
+            f"the picker {command} opens",
+            pane,
+        )
+        pane.wait_for(drawn)  # drawn whole (Claude Code draws its footer last)
+        mark = "WHILE-THE-PICKER-SHOWS"
+        text = f"{mark} please note this."
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value == "acked":
+                        return "acked"
+                    return "held" if any(w.state == "held" for w in d.status()) else None
+
+                got = await eventually(settled, within=60, what="the message held or acked")
+                screen = pane.screen()
+                assert got == "held", f"typed into the picker\n--- screen ---\n{screen}"
+                assert mark not in screen and shows in screen, screen
+
+                def closed() -> bool:
+                    if shows not in pane.screen():
+                        return True
+                    pane.pane.send_keys("Escape", enter=False)  # the user closes it
+                    return False
+
+                wait_until(closed, 30, "the picker closed", pane)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked

@@ -66,7 +66,9 @@ message typed in then approved the tool call (Codex ran it), or was swallowed by
 dialog and counted delivered. Before every paste and every Enter the adapter reads the
 screen; while it shows a dialog (:func:`dialog`: below the agent's last prompt line, a
 chosen option of a numbered list, ``❯ 1.``, ``› 1.``, ``● 1.``, or a dialog's footer,
-``Esc to cancel``) the message is **held** like a pane in copy mode: not typed, the
+``Esc to cancel``; Claude Code's panels and pickers, ``/resume``, ``/mcp``, ``/config``,
+say ``Esc to close`` or ``Esc to go back``, Gemini CLI's session browser marks its chosen
+row ``❯ #1 │``) the message is **held** like a pane in copy mode: not typed, the
 team's ``user`` told, and typed in once the dialog is answered and the agent is back
 at its prompt. A dialog that comes up between the look and the paste gets no Enter:
 the attempt fails as transient, the next one waits for the dialog to go and presses
@@ -212,12 +214,15 @@ _PLACEHOLDERS = ("[pasted text", "[pasted content")
 _PROMPT_MARKS = (">", "›", "❯")
 _BORDERS = "│┃|"
 #: A dialog's chosen option: a selection mark, then the option's number (Claude Code
-#: ``❯ 1. Yes``, Codex ``› 1. Yes, proceed (y)``, Gemini CLI ``● 1. Allow once``).
-_CHOICE = re.compile(r"^[>›❯●◉]\s*\d+\.\s")
+#: ``❯ 1. Yes``, Codex ``› 1. Yes, proceed (y)``, Gemini CLI ``● 1. Allow once``), or
+#: the chosen row of Gemini CLI's session browser (``/resume``, ``/chat``: ``❯ #1 │ 6 │``).
+_CHOICE = re.compile(r"^[>›❯●◉]\s*(?:\d+\.\s|#\d+\s*│)")
 #: What a dialog's footer says when it offers no numbered options (Claude Code's ``Enter
 #: to stay in auto mode · ... · Esc to cancel``, Codex's ``Press enter to confirm or esc
-#: to cancel``), lower case.
-_DIALOG_HINTS = ("esc to cancel", "enter to confirm", "enter to select")
+#: to cancel``; Claude Code's pickers and panels, ``/resume``, ``/mcp``, ``/permissions``:
+#: ``Esc to close``, ``/config``: ``Esc to go back``), lower case.
+_DIALOG_HINTS = ("esc to cancel", "enter to confirm", "enter to select", "esc to close",
+                 "esc to go back")  # fmt: skip
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
