@@ -93,16 +93,19 @@ def test_a_stop_answer_reaches_the_model_once_across_a_kill_and_a_resume(rig: Ri
     before = len(rig.api.requests)
     rig.run("Anything new?", resume=s["session_id"])
     assert _copy_state(rig, mid) == "acked"
-    # handed over once by the hub, and the resumed session's requests show it at most
-    # once (the session's own history), never again as a hook answer
+    # the resumed conversation has it once: from its own history when the CLI kept the
+    # continuation before it died, else handed over again at the resume (the command
+    # hook found it missing from the transcript: the model that saw it died with it).
+    # Never twice in one request, never more than those two hand-overs
     handed = [
         e
         for e in rig.events(s["session_id"])
         if e["kind"] == "turn_start" and mid in e["data"].get("handed", {}).get("ids", [])
     ]
-    assert len(handed) == 1, handed
+    assert 1 <= len(handed) <= 2, handed
     resumed = rig.api.requests[before:]
     assert resumed
-    for q in resumed:
-        shown = sum(t.count("also do Z") for t in rig.model.texts(q))
-        assert shown <= 1, rig.model.texts(q)
+    shown = [sum(t.count("also do Z") for t in rig.model.texts(q)) for q in resumed]
+    assert max(shown) <= 1, [rig.model.texts(q) for q in resumed]
+    if len(handed) == 2:  # handed again: the resumed conversation's model reads it
+        assert shown[0] == 1, rig.model.texts(resumed[0])

@@ -463,8 +463,16 @@ class _Worker:
         try:
             state = await self.hub.store.read(lambda tx: tx.push_circuit(*self.key))
         except Exception as exc:
-            log.warning("%s/%s: could not read its stored push circuit (%s); starting as "
-                        "if the target were up", self.team, self.member, exc)  # fmt: skip
+            # the store away is told once by the worker's own receive (its outage line);
+            # a second line of the same outage here would be one line per try again
+            log.log(
+                logging.DEBUG if isinstance(exc, StoreError) else logging.WARNING,
+                "%s/%s: could not read its stored push circuit (%s); starting as if the "
+                "target were up",
+                self.team,
+                self.member,
+                exc,
+            )
             return
         if state is None:
             return
