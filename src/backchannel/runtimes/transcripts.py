@@ -26,7 +26,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,19 +277,8 @@ def stop_context_kept(path: str, digest: str) -> bool:
         raw, _ = _read_tail(path, "claude-code")
     except (TranscriptRefused, OSError):
         return True
-    for line in reversed(raw.splitlines()):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or _sidechain(entry):
-            continue
-        attached = entry.get("attachment")
-        if (
-            isinstance(attached, dict)
-            and attached.get("type") == "hook_additional_context"
-            and attached.get("hookEvent") == "Stop"
-        ):
+    for entry in _main_entries_backwards(raw):
+        if (attached := _hook_context(entry, "Stop")) is not None:
             content = attached.get("content")
             parts = content if isinstance(content, list) else [content]
             texts = [p for p in parts if isinstance(p, str)]
@@ -311,23 +300,36 @@ def prompt_taken_back(path: str) -> bool:
         raw, _ = _read_tail(path, "claude-code")
     except (TranscriptRefused, OSError):
         return False
+    for entry in _main_entries_backwards(raw):
+        if entry.get("type") in ("user", "assistant"):
+            return False
+        if _hook_context(entry, "UserPromptSubmit") is not None:
+            return True
+    return False
+
+
+def _main_entries_backwards(raw: bytes) -> Iterator[dict[str, Any]]:
+    """The transcript's entries of the main conversation (no sidechain), last first;
+    a line that is not a JSON object is passed over."""
     for line in reversed(raw.splitlines()):
         try:
             entry = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(entry, dict) or _sidechain(entry):
-            continue
-        if entry.get("type") in ("user", "assistant"):
-            return False
-        attached = entry.get("attachment")
-        if (
-            isinstance(attached, dict)
-            and attached.get("type") == "hook_additional_context"
-            and attached.get("hookEvent") == "UserPromptSubmit"
-        ):
-            return True
-    return False
+        if isinstance(entry, dict) and not _sidechain(entry):
+            yield entry
+
+
+def _hook_context(entry: dict[str, Any], event: str) -> dict[str, Any] | None:
+    """The context a hook of ``event`` added, when ``entry`` records one."""
+    attached = entry.get("attachment")
+    if (
+        isinstance(attached, dict)
+        and attached.get("type") == "hook_additional_context"
+        and attached.get("hookEvent") == event
+    ):
+        return attached
+    return None
 
 
 def _enrich(runtime: str, payload: Any) -> tuple[Any, str | None]:
