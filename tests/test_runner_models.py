@@ -896,19 +896,28 @@ async def test_a_message_sent_after_an_agents_model_failed_for_good_comes_back(
             ),
             what="the helper's model failed",
         )
-        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
-        await user.send("helper", "and this too", message_id="later-1")
-        got = await user.receive(limit=5, wait=10.0)
-        assert len(got) == 1 and got[0].kind == "system", got
-        assert "later-1" in got[0].text and "model failed for good" in got[0].text, got[0].text
-        assert "does not exist" in got[0].text, got[0].text
-        assert (await user.status("later-1")).status == "dead"
-        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+        await _sent_later_comes_back(
+            srv, user, "later-1", "model failed for good", "does not exist"
+        )
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
         await hub.close()
+
+
+async def _sent_later_comes_back(srv: FakeProvider, user: Any, mid: str, *words: str) -> None:
+    """A message sent to the stopped helper comes back to its sender at once as a dead
+    letter whose notice names it and ``words``, without a call of the model for it."""
+    calls = len(srv.requests)
+    await user.send("helper", "and this too", message_id=mid)
+    got = await user.receive(limit=5, wait=10.0)
+    assert len(got) == 1 and got[0].kind == "system", got
+    for word in (mid, *words):
+        assert word in got[0].text, got[0].text
+    assert (await user.status(mid)).status == "dead"
+    later = [r for r in srv.requests[calls:] if "and this too" in json.dumps(r[1])]
+    assert not later, "the model was called again"
 
 
 async def test_a_message_after_a_model_failed_for_good_mid_turn_comes_back(
@@ -947,13 +956,7 @@ async def test_a_message_after_a_model_failed_for_good_mid_turn_comes_back(
             what="the helper's model failed",
         )
         assert "maximum context length" in runner.loops["helper-main"].stats.last_output
-        calls = sum(r[1]["model"] == "helper" for r in srv.requests)
-        await user.send("helper", "and this too", message_id="later-2")
-        got = await user.receive(limit=5, wait=10.0)
-        assert len(got) == 1 and got[0].kind == "system", got
-        assert "later-2" in got[0].text and "maximum context length" in got[0].text, got[0].text
-        assert (await user.status("later-2")).status == "dead"
-        assert sum(r[1]["model"] == "helper" for r in srv.requests) == calls, "model called again"
+        await _sent_later_comes_back(srv, user, "later-2", "maximum context length")
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -994,14 +997,7 @@ async def test_a_message_to_an_agent_stopped_by_its_budget_comes_back(
             ),
             what="the helper spent its budget",
         )
-        calls = len(srv.requests)
-        await user.send("helper", "and this too", message_id="later-3")
-        got = await user.receive(limit=5, wait=10.0)
-        assert len(got) == 1 and got[0].kind == "system", got
-        assert "later-3" in got[0].text and "budget" in got[0].text, got[0].text
-        assert (await user.status("later-3")).status == "dead"
-        helper_calls = [r for r in srv.requests[calls:] if "and this too" in json.dumps(r[1])]
-        assert not helper_calls, "the model was called again"
+        await _sent_later_comes_back(srv, user, "later-3", "budget")
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
