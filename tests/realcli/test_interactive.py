@@ -333,8 +333,7 @@ def test_codex_new_leaves_the_old_conversation_and_what_was_pinned_to_it_arrives
             with rig.server.client(rig.tokens["bob"]) as c:
                 body = {"to": "alice", "session": old, "text": "MARK-PINNED: for the old one"}
                 c.post("/v1/messages", json=body).raise_for_status()
-            pane.type("/new")
-            pane.wait_for("Use current")  # where the new conversation runs: here
+            _new_conversation(pane)
             pane.enter()
             pane.wait_for(READY["codex"])
             pane.type("PROMPT-TWO again")
@@ -371,6 +370,27 @@ def test_codex_new_leaves_the_old_conversation_and_what_was_pinned_to_it_arrives
             assert _count(rig, four, "PROMPT-ONE") == 0  # a new conversation
         assert set(rig.proxy.seen) <= CLI_OWN_SERVICES["codex"], rig.proxy.seen
         rig.proxy.seen.clear()
+
+
+def _new_conversation(pane: Pane) -> None:
+    """Type Codex's ``/new`` until it asks where the new conversation runs. Codex runs the
+    Stop hook (the hub's end of the turn) before its TUI counts the task done, and
+    refuses ``/new`` typed in between ("disabled while a task is in progress"): a user
+    types it again."""
+    refusal = "'/new' is disabled while a task"
+    refused = [pane.screen().count(refusal)]
+    pane.type("/new")
+
+    def asked() -> bool | None:
+        screen = pane.screen()
+        if "Use current" in screen:  # where the new conversation runs
+            return True
+        if screen.count(refusal) > refused[0]:
+            refused[0] = screen.count(refusal)
+            pane.type("/new")
+        return None
+
+    wait_until(asked, 60, "Codex asking where /new runs", pane)
 
 
 def _showing(rig: Rig, mark: str) -> list[dict[str, Any]]:

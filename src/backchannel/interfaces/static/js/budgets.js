@@ -31,7 +31,9 @@ function budgetItem(b) {
     class: "extend",
     text: "extend",
     title: `let this many more ${b.scope === "pair" ? "exchanges" : "hops"} through`,
-    onclick: () => extendBudget(b.key, Number(by.value), button),
+    // what was typed last for this budget: a live update may have redrawn the panel
+    // between the typing and the click, and the box typed into is then gone
+    onclick: () => extendBudget(b.key, Number(amounts.get(b.key) || by.value), button),
   });
   return h(
     "li",
