@@ -31,7 +31,9 @@ from tests.conftest import BIN, Server, start_server
 from .agents import make_team
 from .helpers import fixture
 
-GRACE_S = 4
+# the exit grace of these tests: a runtime's beats come well within it even on a loaded
+# two-core machine running the whole suite (4 s was seen missed there)
+GRACE_S = 6
 STAND_IN = Path(__file__).with_name("stand_in.py")
 
 
