@@ -21,6 +21,7 @@ from mcp import ClientSession
 
 from backchannel.client import Client
 from backchannel.hub import Hub
+from backchannel.interfaces.mcp import NOTHING_MID_TURN
 from backchannel.stores.sqlite import SqliteStore
 from tests.conftest import BIN, Server, start_server
 from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
@@ -131,8 +132,8 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
         by_name, _ = await ok(s, "get_session_data", session="a", tail_chars=50)
         assert by_name.startswith("Session a-1 of a")
 
-        inbox, _ = await ok(s, "check_inbox")
-        assert inbox == "No new messages." or "[backchannel]" in inbox
+        inbox, _ = await ok(s, "check_inbox")  # a's turn runs
+        assert inbox == NOTHING_MID_TURN or "[backchannel]" in inbox
 
         # bad arguments: tool errors that name the argument
         assert "argument 'to'" in await fails(s, "send_message", to="bb", message="x")
@@ -477,6 +478,39 @@ class _Gated:
         acked = await self._client.ack(ids)
         await self._gate("ack")
         return acked
+
+
+@pytest.mark.parametrize(
+    ("transport", "named"), [("stdio", True), ("http", True), ("stdio", False)]
+)
+async def test_a_check_inbox_mid_turn_says_what_waits_for_the_turn_to_end(
+    srv: Server, errlog: TextIO, transport: str, named: bool
+) -> None:
+    """A message pinned to the session (a linked peer's reply, a fired timer) is handed
+    over only between turns: a model polling ``check_inbox`` mid-turn for it is told to
+    end its turn, not that nothing came, whether the server was given its session or
+    not (as the CLIs attached by ``backchannel attach`` run it); the message waits, and
+    the turn's end hands it over."""
+    team = f"midturn-{transport}-{named}"
+    tokens = make_team(srv, team, "a:claude-code", "b")
+    with srv.client(tokens["a"]) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+    async with connect(transport, srv, tokens["a"], "a-1" if named else None, errlog) as s:
+        assert (await ok(s, "check_inbox"))[0] == "No new messages."  # between turns
+        with srv.client(tokens["a"]) as c:
+            c.post("/v1/sessions/a-1/events", json={"kind": "turn_start"}).raise_for_status()
+        with srv.client(tokens["b"]) as c:
+            body = {"to": "a", "session": "a-1", "text": "the reply you wait for"}
+            c.post("/v1/messages", json=body).raise_for_status()
+        said, data = await ok(s, "check_inbox")
+        assert said == NOTHING_MID_TURN
+        assert data == {"text": NOTHING_MID_TURN, "messages": [], "turn_running": True}
+        with srv.client(tokens["a"]) as c:
+            body = {"kind": "agent_stop", "text": "done"}
+            c.post("/v1/sessions/a-1/events", json=body).raise_for_status()
+    with srv.client(tokens["a"]) as c:  # the turn ended: it is handed over (the hook's)
+        got = c.post("/v1/inbox/receive", json={"session": "a-1"}).json()["messages"]
+        assert [m["text"] for m in got] == ["the reply you wait for"]
 
 
 @pytest.mark.parametrize("point", [("receive", 2), ("ack", 1)])

@@ -177,3 +177,28 @@ def test_the_command_line_says_when_more_sessions_follow(
     assert len(exact.stdout.splitlines()) == 5 and "more follow" not in exact.stderr
     bad = run("session", "list", "--limit", "0", env=env)
     assert bad.returncode == 2 and "--limit" in bad.stderr
+
+
+async def test_only_the_sessions_whose_turn_runs_when_asked(srv: Server) -> None:
+    """``active_only``: the sessions whose turn runs now, paged as the rest, over HTTP
+    and the SDK (the MCP server's ``check_inbox`` asks it of its member)."""
+    from backchannel.client import connect
+
+    tokens = srv.team("active-only", "a", "b")
+    with srv.client(tokens["a"]) as a, srv.client(tokens["b"]) as b:
+        for c, sid in ((a, "a-1"), (a, "a-2"), (a, "a-3"), (b, "b-1")):
+            c.post("/v1/sessions", json={"session_id": sid}).raise_for_status()
+        for c, sid in ((a, "a-1"), (a, "a-3"), (b, "b-1")):
+            r = c.post(f"/v1/sessions/{sid}/events", json={"kind": "turn_start"})
+            r.raise_for_status()
+        assert _read_all(a, 1, active_only="true") == ["a-1", "a-3", "b-1"]
+        assert _read_all(a, 1, active_only="true", member="a") == ["a-1", "a-3"]
+        assert _read_all(a, 10, active_only="false", member="a") == ["a-1", "a-2", "a-3"]
+        r = a.get("/v1/sessions", params={"active_only": "maybe"})
+        assert r.status_code == 422 and "active_only" in r.text, r.text
+        a.post("/v1/sessions/a-1/events", json={"kind": "agent_stop"}).raise_for_status()
+    async with connect(srv.url, tokens["b"]) as client:
+        got = await client.list_sessions("a", active_only=True)
+        assert [s.session_id for s in got] == ["a-3"]
+        pages = [p async for p in client.session_pages(active_only=True, limit=5)]
+        assert [s.session_id for p in pages for s in p.sessions] == ["a-3", "b-1"]

@@ -492,12 +492,24 @@ class MemberApi:
         return _session(await self.hub.open_session(self.team, self.name, session_id))
 
     async def sessions(
-        self, *, member: str | None = None, after: str | None = None, limit: int = PAGE
+        self,
+        *,
+        member: str | None = None,
+        active_only: bool = False,
+        after: str | None = None,
+        limit: int = PAGE,
     ) -> SessionList:
-        """A page of the team's sessions (or one member's), in the order they were
-        opened: at most ``limit`` after session ``after``; ``next_after`` is where the
-        next page starts (None: this was the last)."""
-        found = await self.hub.list_sessions(self.team, member, after=after, limit=limit + 1)
+        """A page of the team's sessions (or one member's; with ``active_only``, those
+        whose turn runs now), in the order they were opened: at most ``limit`` after
+        session ``after``; ``next_after`` is where the next page starts (None: this was
+        the last)."""
+        found = await self.hub.list_sessions(
+            self.team,
+            member,
+            which="active" if active_only else "all",
+            after=after,
+            limit=limit + 1,
+        )
         page = found[:limit]
         more = len(found) > limit
         return SessionList(

@@ -787,31 +787,48 @@ class Client:
         return got
 
     async def list_sessions(
-        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+        self,
+        member: str | None = None,
+        *,
+        active_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[SessionInfo]:
-        """Sessions of your team (or of one member), in the order they were opened: at
-        most ``limit`` after session ``after`` (every one when ``limit`` is None, read
-        from the hub a bounded page at a time)."""
+        """Sessions of your team (or of one member; with ``active_only``, those whose
+        turn runs now), in the order they were opened: at most ``limit`` after session
+        ``after`` (every one when ``limit`` is None, read from the hub a bounded page at
+        a time)."""
         out: list[SessionInfo] = []
-        async for page in self.session_pages(member, after=after, limit=limit):
+        pages = self.session_pages(member, active_only=active_only, after=after, limit=limit)
+        async for page in pages:
             out.extend(page.sessions)
         return out
 
     async def session_pages(
-        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+        self,
+        member: str | None = None,
+        *,
+        active_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> AsyncIterator[SessionList]:
-        """The pages of your team's sessions (or one member's), each at most
-        :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` sessions (all when
-        None) were given; each page's ``next_after`` says where the next one starts."""
+        """The pages of your team's sessions (or one member's; with ``active_only``,
+        those whose turn runs now), each at most :data:`~backchannel.core.pages.MAX_PAGE`
+        long, until ``limit`` sessions (all when None) were given; each page's
+        ``next_after`` says where the next one starts."""
         _check_page(after, limit, "session")
 
         def page(after: str | None, n: int) -> Call[SessionList]:
             return Call(
                 "GET",
                 "/v1/sessions",
-                functools.partial(_member_sessions, member, after, n),
+                functools.partial(_member_sessions, member, active_only, after, n),
                 SessionList,
-                params={"limit": n, **_given(member=member, after=after)},
+                params={
+                    "limit": n,
+                    **_given(member=member, after=after),
+                    **({"active_only": True} if active_only else {}),
+                },
             )
 
         async for got in self._pages(page, lambda got: got.sessions, after, limit):
@@ -1230,10 +1247,10 @@ async def _member_timers(
 
 
 async def _member_sessions(
-    member: str | None, after: str | None, limit: int, s: Scope
+    member: str | None, active_only: bool, after: str | None, limit: int, s: Scope
 ) -> SessionList:
     """One page of sessions, in-process."""
-    return await s.member.sessions(member=member, after=after, limit=limit)
+    return await s.member.sessions(member=member, active_only=active_only, after=after, limit=limit)
 
 
 async def _member_links(

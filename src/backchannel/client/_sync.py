@@ -420,19 +420,34 @@ class SyncClient:
         return self._run(self._async.open_session(session_id))
 
     def list_sessions(
-        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+        self,
+        member: str | None = None,
+        *,
+        active_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[SessionInfo]:
-        """Sessions of your team (or of one member), in the order they were opened: at
-        most ``limit`` after session ``after`` (every one when ``limit`` is None, read a
-        bounded page at a time)."""
-        return self._run(self._async.list_sessions(member, after=after, limit=limit))
+        """Sessions of your team (or of one member; with ``active_only``, those whose
+        turn runs now), in the order they were opened: at most ``limit`` after session
+        ``after`` (every one when ``limit`` is None, read a bounded page at a time)."""
+        return self._run(
+            self._async.list_sessions(member, active_only=active_only, after=after, limit=limit)
+        )
 
     def session_pages(
-        self, member: str | None = None, *, after: str | None = None, limit: int | None = None
+        self,
+        member: str | None = None,
+        *,
+        active_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> Iterator[SessionList]:
-        """The pages of your team's sessions (or one member's) until ``limit`` sessions
-        (all when None) were given; each page's ``next_after`` says where the next starts."""
-        return self._iterate(self._async.session_pages(member, after=after, limit=limit))
+        """The pages of your team's sessions (or one member's; with ``active_only``,
+        those whose turn runs now) until ``limit`` sessions (all when None) were given;
+        each page's ``next_after`` says where the next starts."""
+        return self._iterate(
+            self._async.session_pages(member, active_only=active_only, after=after, limit=limit)
+        )
 
     def session(self, session_id: str) -> SessionInfo:
         """One session of your team."""

@@ -30,7 +30,7 @@ from backchannel.errors import (
 )
 from backchannel.hub.context import Ctx, Env, JobHandler, JobOutcome
 from backchannel.hub.pipeline import Pipeline
-from backchannel.stores.base import Tx
+from backchannel.stores.base import SessionFilter, Tx
 from backchannel.types import (
     DeliveryState,
     EventKind,
@@ -139,13 +139,15 @@ class Sessions:
         team: str,
         member: str | None = None,
         *,
+        which: SessionFilter = "all",
         after: str | None = None,
         limit: int | None = None,
     ) -> list[Session]:
-        """A team's sessions (or one member's), in the order they were opened: those
-        opened after session ``after`` (the last one of the page before), at most
-        ``limit`` (all when None). Sessions are kept as long as their team, so ``after``
-        names one the team still has; one opened meanwhile is read in its place."""
+        """A team's sessions (or one member's; ``which``: all, the live or the active
+        ones), in the order they were opened: those opened after session ``after`` (the
+        last one of the page before), at most ``limit`` (all when None). Sessions are
+        kept as long as their team, so ``after`` names one the team still has; one
+        opened meanwhile is read in its place."""
 
         def read(tx: Tx) -> list[Session]:
             start = None
@@ -158,7 +160,7 @@ class Sessions:
                         field="after",
                     )
                 start = (last.created_at, last.session_id)
-            return tx.list_sessions(team, member, limit=limit, after=start)
+            return tx.list_sessions(team, member, which=which, limit=limit, after=start)
 
         return await self.store.read(read)
 

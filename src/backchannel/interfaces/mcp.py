@@ -470,6 +470,29 @@ async def _lease(a: Agent, limit: int, session: str | None) -> list[Received]:
         raise
 
 
+#: A ``check_inbox`` that found nothing while the session's turn runs. The hub hands
+#: what is pinned to a session (a linked peer's finished turn, a fired timer, a message
+#: sent to the session) only between its turns, by the CLI's hooks: a bare "No new
+#: messages." told a model polling for a linked peer's reply that none had come.
+NOTHING_MID_TURN = (
+    "No new messages now. Messages for this session that arrive while your turn runs (a "
+    "linked peer's reply, a timer of yours) are not shown here: they come as your next "
+    "input once this turn ends, so end your turn to read a reply you wait for."
+)
+
+
+async def _turn_runs(a: Agent) -> bool:
+    """Whether the agent's turn runs now: the named session's, else any of the member's
+    (the one whose open turn the hub gives the tools' sends to). Asked only when
+    ``check_inbox`` found nothing; a hub that cannot say is taken as no."""
+    try:
+        if a.session is not None:
+            return (await a.client.session(a.session)).state == "active"
+        return bool(await a.client.list_sessions(a.name, active_only=True, limit=1))
+    except Exception:  # gone, unknown, or the hub away: the plain answer
+        return False
+
+
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
@@ -529,6 +552,8 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
             d["text"], d["parts"] = cut[d["message_id"]]
             d["part"] = 1
     if not got:
+        if await _turn_runs(a):
+            return NOTHING_MID_TURN, {"messages": [], "turn_running": True}
         return "No new messages.", {"messages": []}
     n = len(got)
     text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces)

@@ -35,16 +35,20 @@ async def open_session(body: SessionIn, api: AsMember) -> SessionInfo:
 async def list_sessions(
     api: AsMember,
     member: MemberQuery = None,
+    active_only: Annotated[
+        bool, Query(description="only the sessions whose turn runs now")
+    ] = False,
     after: Annotated[
         str | None,
         Query(pattern=SESSION_PATTERN, description="the next_after of the page before"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
 ) -> SessionList:
-    """Your team's sessions (or one member's), in the order they were opened, a page at
-    a time: at most ``limit``, after session ``after``; the answer's ``next_after`` is
-    where the next page starts (null: this page is the last)."""
-    return await api.sessions(member=member, after=after, limit=limit)
+    """Your team's sessions (or one member's; with ``active_only``, those whose turn
+    runs now), in the order they were opened, a page at a time: at most ``limit``, after
+    session ``after``; the answer's ``next_after`` is where the next page starts (null:
+    this page is the last)."""
+    return await api.sessions(member=member, active_only=active_only, after=after, limit=limit)
 
 
 @router.post("/v1/sessions/alive")
