@@ -180,8 +180,9 @@ def test_the_command_line_says_when_more_sessions_follow(
 
 
 async def test_only_the_sessions_whose_turn_runs_when_asked(srv: Server) -> None:
-    """``active_only``: the sessions whose turn runs now, paged as the rest, over HTTP
-    and the SDK (the MCP server's ``check_inbox`` asks it of its member)."""
+    """``active_only``: the sessions whose turn runs now, paged as the rest, over HTTP,
+    the SDK (the MCP server's ``check_inbox`` asks it of its member) and the command
+    line (``--active``)."""
     from backchannel.client import connect
 
     tokens = srv.team("active-only", "a", "b")
@@ -202,3 +203,8 @@ async def test_only_the_sessions_whose_turn_runs_when_asked(srv: Server) -> None
         assert [s.session_id for s in got] == ["a-3"]
         pages = [p async for p in client.session_pages(active_only=True, limit=5)]
         assert [s.session_id for p in pages for s in p.sessions] == ["a-3", "b-1"]
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    page = run("session", "list", "--active", "--limit", "1", env=env)
+    assert page.returncode == 0, page.stderr
+    assert [line.split("\t")[0] for line in page.stdout.splitlines()] == ["a-3"]
+    assert "--after a-3 --active" in page.stderr

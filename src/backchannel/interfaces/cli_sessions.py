@@ -69,6 +69,9 @@ def session_open(
 @session_app.command("list")
 def session_list(
     member: Annotated[str | None, typer.Option(help="Only this member's sessions.")] = None,
+    active: Annotated[
+        bool, typer.Option("--active", help="Only the sessions whose turn runs now.")
+    ] = False,
     after: Annotated[
         str | None,
         typer.Option(help="Only sessions opened after this session id (the last one shown)."),
@@ -90,7 +93,9 @@ def session_list(
         url,
         token,
         home,
-        lambda c: c.list_sessions(member, after=after, limit=None if every else limit + 1),
+        lambda c: c.list_sessions(
+            member, active_only=active, after=after, limit=None if every else limit + 1
+        ),
     )
     found = _cli()._page(
         found,
@@ -100,6 +105,7 @@ def session_list(
         again=lambda last: (
             f"backchannel session list --after {last['session_id']}"
             + (f" --member {member}" if member is not None else "")
+            + (" --active" if active else "")
         ),
         as_json=as_json,
     )
