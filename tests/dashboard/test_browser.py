@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.conftest import Server
 from tests.dashboard.conftest import Team, screenshot, sign_in
@@ -299,6 +299,79 @@ def test_an_extension_whose_answer_was_lost_is_not_made_twice_by_a_second_click(
     click("1")
     expect(status).to_have_text("pair:a|b: 2 of 12 used")
     assert len({b["request_id"] for b in bodies}) == 4, bodies
+
+
+#: Loaded before the page's own scripts: every ``snapshot`` event of the live stream, as
+#: the page receives it (its own listener runs in the same dispatch), in
+#: ``window.__snapshots``; what a test waits on to know a live update has landed.
+SNAPSHOTS_SEEN = """(() => {
+  const Real = window.EventSource;
+  window.__snapshots = [];
+  window.EventSource = class extends Real {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("snapshot", (e) => window.__snapshots.push(e.data));
+    }
+  };
+})();"""
+
+
+def _spent_budget(page: Page, make_team: Callable[..., Team]) -> tuple[Team, Locator]:
+    """A team whose pair a|b has spent its budget, on the page (which records the live
+    updates it gets): the team and the budget's item."""
+    t = make_team("a", "b", settings={"anchor_policy": "off", "pair_budget": 2})
+    page.add_init_script(SNAPSHOTS_SEEN)
+    sign_in(page, t.server, t.tokens["user"])
+    t.post("a", "/v1/messages", to="b", text="ping", link=False)
+    t.post("b", "/v1/messages", to="a", text="pong", link=False)  # spends the pair's budget
+    item = page.locator('#budgets li[data-key="pair:a|b"]')
+    expect(item).to_have_attribute("data-spent", "true")
+    return t, item
+
+
+def _update_lands(page: Page, t: Team) -> None:
+    """A live update that redraws every panel reaches the page: b opens a session."""
+    t.open_session("b", "b-s")
+    page.wait_for_function("() => window.__snapshots.some((s) => s.includes('b-s'))")
+
+
+def test_a_click_pressed_while_a_live_update_lands_is_not_lost(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A person's click takes a moment from press to release. A live update redrawing
+    the panel in between replaced the button pressed, and the browser sent the click to
+    neither copy: the extension was never asked for. The redraw waits for the release."""
+    t, item = _spent_budget(page, make_team)
+    box = item.locator("button.extend").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    _update_lands(page, t)
+    page.mouse.up()
+    expect(page.locator("#budgets-status")).to_have_text("pair:a|b: 2 of 6 used")
+    # what the update changed is drawn once the press is over
+    expect(page.locator('#members > li[data-member="b"] .member-state')).to_have_text("idle")
+    expect(item.locator(".turns")).to_have_text("2/6")
+
+
+def test_typing_in_a_panel_survives_a_live_update(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A live update landing while the person types an amount redrew the box under the
+    cursor: the keys typed after it went nowhere. The panel waits until the box is
+    left; the other panels do not."""
+    t, item = _spent_budget(page, make_team)
+    by = item.locator(".extend-by")
+    by.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("1")
+    _update_lands(page, t)
+    expect(page.locator('#members > li[data-member="b"] .member-state')).to_have_text("idle")
+    page.keyboard.type("2")
+    expect(by).to_have_value("12")
+    item.locator("button.extend").click()
+    expect(page.locator("#budgets-status")).to_have_text("pair:a|b: 2 of 14 used")
+    expect(item.locator(".turns")).to_have_text("2/14")
 
 
 def test_timers_show_intent_note_and_due_time_live(
