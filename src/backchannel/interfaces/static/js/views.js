@@ -29,8 +29,7 @@ function busy(name) {
 
 export function whenSettled(name, draw) {
   if (!busy(name)) return draw();
-  held.delete(name); // in the order last asked for
-  held.set(name, draw);
+  held.set(name, draw); // the latest redraw, in the order first asked for (rows: as they came)
 }
 
 function settle() {
