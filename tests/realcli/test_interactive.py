@@ -397,10 +397,13 @@ def _new_conversation(pane: Pane) -> None:
     """Type Codex's ``/new`` until it asks where the new conversation runs. Codex runs the
     Stop hook (the hub's end of the turn) before its TUI counts the task done, and
     refuses ``/new`` typed in between ("disabled while a task is in progress"): a user
-    types it again."""
+    types it again; and presses Enter again when ``/new`` is still in the input line a
+    second after the last key with no refusal (typed again as the task ended, its Enter
+    was not taken)."""
     refusal = "'/new' is disabled while a task"
     refused = [pane.screen().count(refusal)]
     pane.type("/new")
+    keyed = [time.monotonic()]
 
     def asked() -> bool | None:
         screen = pane.screen()
@@ -409,6 +412,10 @@ def _new_conversation(pane: Pane) -> None:
         if screen.count(refusal) > refused[0]:
             refused[0] = screen.count(refusal)
             pane.type("/new")
+            keyed[0] = time.monotonic()
+        elif time.monotonic() - keyed[0] >= 1:  # the last key had its time
+            keyed[0] = time.monotonic()
+            _enter_again(pane, "/new")
         return None
 
     wait_until(asked, 60, "Codex asking where /new runs", pane)
