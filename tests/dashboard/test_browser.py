@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from tests.conftest import Server
 from tests.dashboard.conftest import Team, screenshot, sign_in
@@ -299,6 +299,114 @@ def test_an_extension_whose_answer_was_lost_is_not_made_twice_by_a_second_click(
     click("1")
     expect(status).to_have_text("pair:a|b: 2 of 12 used")
     assert len({b["request_id"] for b in bodies}) == 4, bodies
+
+
+#: Loaded before the page's own scripts: every ``snapshot`` and ``traffic`` event of the
+#: live stream, as the page receives it (its own listeners run in the same dispatch), in
+#: ``window.__live`` as "type data"; what a test waits on to know an update has landed.
+LIVE_SEEN = """(() => {
+  const Real = window.EventSource;
+  window.__live = [];
+  window.EventSource = class extends Real {
+    constructor(...args) {
+      super(...args);
+      for (const type of ["snapshot", "traffic"]) {
+        this.addEventListener(type, (e) => window.__live.push(`${type} ${e.data}`));
+      }
+    }
+  };
+})();"""
+
+
+def _landed(page: Page, *marks: str) -> None:
+    """Wait until, for each mark, a live update holding every word of it has landed."""
+    for mark in marks:
+        words = mark.split()
+        page.wait_for_function(
+            "(words) => window.__live.some((e) => words.every((w) => e.includes(w)))", arg=words
+        )
+
+
+def _press(page: Page, target: Locator) -> None:
+    """Press the mouse button on ``target``, and keep it down."""
+    box = target.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+
+
+def _spent_budget(page: Page, make_team: Callable[..., Team]) -> tuple[Team, Locator]:
+    """A team whose pair a|b has spent its budget, on the page (which records the live
+    updates it gets): the team and the budget's item."""
+    t = make_team("a", "b", settings={"anchor_policy": "off", "pair_budget": 2})
+    page.add_init_script(LIVE_SEEN)
+    sign_in(page, t.server, t.tokens["user"])
+    t.post("a", "/v1/messages", to="b", text="ping", link=False)
+    t.post("b", "/v1/messages", to="a", text="pong", link=False)  # spends the pair's budget
+    item = page.locator('#budgets li[data-key="pair:a|b"]')
+    expect(item).to_have_attribute("data-spent", "true")
+    return t, item
+
+
+def _update_lands(page: Page, t: Team) -> None:
+    """A live update that redraws every panel reaches the page: b opens a session."""
+    t.open_session("b", "b-s")
+    _landed(page, "snapshot b-s")
+
+
+def test_a_click_pressed_while_a_live_update_lands_is_not_lost(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A person's click takes a moment from press to release. A live update redrawing
+    the panel in between replaced the button pressed, and the browser sent the click to
+    neither copy: the extension was never asked for. The redraw waits for the release."""
+    t, item = _spent_budget(page, make_team)
+    _press(page, item.locator("button.extend"))
+    _update_lands(page, t)
+    page.mouse.up()
+    expect(page.locator("#budgets-status")).to_have_text("pair:a|b: 2 of 6 used")
+    # what the update changed is drawn once the press is over
+    expect(page.locator('#members > li[data-member="b"] .member-state')).to_have_text("idle")
+    expect(item.locator(".turns")).to_have_text("2/6")
+
+
+def test_a_timeline_row_pressed_while_its_message_moves_opens(page: Page, team: Team) -> None:
+    """Traffic redraws a row as its message moves, and puts a new message's row above
+    it: either between the press and the release lost the click (the row pressed was
+    redrawn, or moved down from under the pointer). Both wait for the release."""
+    mid = team.send("lead", "worker", "Count the lines in src/.", summary="count lines")
+    page.add_init_script(LIVE_SEEN)
+    sign_in(page, team.server, team.tokens["user"])
+    row = page.locator(f'#timeline .row[data-id="{mid}"]')
+    expect(row).to_have_attribute("data-state", "queued")
+    _press(page, row)
+    assert [m["message_id"] for m in team.receive("worker")] == [mid]  # it is leased
+    other = team.send("lead", "reviewer", "Review the lexer.", summary="review")
+    _landed(page, f"traffic {mid} leased", f"traffic {other}")
+    page.mouse.up()
+    expect(page.get_by_role("dialog").locator("#drawer-title")).to_have_text("lead → worker")
+    expect(row).to_have_attribute("data-state", "leased")
+    expect(page.locator("#timeline .row").first).to_have_attribute("data-id", other)
+
+
+def test_typing_in_a_panel_survives_a_live_update(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A live update landing while the person types an amount redrew the box under the
+    cursor: the keys typed after it went nowhere. The panel waits until the box is
+    left; the other panels do not."""
+    t, item = _spent_budget(page, make_team)
+    by = item.locator(".extend-by")
+    by.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("1")
+    _update_lands(page, t)
+    expect(page.locator('#members > li[data-member="b"] .member-state')).to_have_text("idle")
+    page.keyboard.type("2")
+    expect(by).to_have_value("12")
+    item.locator("button.extend").click()
+    expect(page.locator("#budgets-status")).to_have_text("pair:a|b: 2 of 14 used")
+    expect(item.locator(".turns")).to_have_text("2/14")
 
 
 def test_timers_show_intent_note_and_due_time_live(

@@ -106,6 +106,28 @@ def prompt_turn(pane: Pane, api: FakeAnthropic, w: Worker, text: str, sid: str) 
     return req
 
 
+def ctrl_c_twice(pane: Pane) -> None:
+    """Ctrl-C until Claude Code says it exits on the next one, then that one. Claude Code
+    runs its Stop hook (the hub's end of the turn) before it counts the turn done, and
+    takes a Ctrl-C in between for an interrupt of the turn ("Interrupted"), not the first
+    of the two that exit: a user presses it again."""
+    interrupted = "Interrupted ·"
+    seen = [pane.screen().count(interrupted)]
+    pane.pane.send_keys("C-c", enter=False)
+
+    def armed() -> bool | None:
+        screen = pane.screen()
+        if "again to exit" in screen:
+            return True
+        if screen.count(interrupted) > seen[0]:
+            seen[0] = screen.count(interrupted)
+            pane.pane.send_keys("C-c", enter=False)
+        return None
+
+    wait_until(armed, 60, "Claude Code's 'again to exit'", pane)
+    pane.pane.send_keys("C-c", enter=False)
+
+
 def first_session(w: Worker, pane: Pane) -> str:
     [s] = wait_until(lambda: w.live() or None, 60, "worker's hub session", pane)
     return str(s["session_id"])
@@ -124,9 +146,7 @@ def test_a_message_waiting_when_the_user_quits_reaches_the_resumed_conversation_
             if quit_by == "/exit":
                 pane.type("/exit")
             else:
-                pane.pane.send_keys("C-c", enter=False)
-                pane.wait_for("again to exit")
-                pane.pane.send_keys("C-c", enter=False)
+                ctrl_c_twice(pane)
             wait_until(pane.exited, 60, "Claude Code's exit", pane)
         wait_until(lambda: w.session(sid)["state"] == "exited", 30, "the session exited")
 

@@ -170,8 +170,7 @@ def test_an_interactive_session_takes_part_and_exits_without_losing_a_message(
             r = c.post("/v1/messages", json={"to": "alice", "text": "MARK-WAIT: later"})
             r.raise_for_status()
             waiting = r.json()["message_id"]
-        pane.type("/quit")
-        wait_until(pane.exited, 45, "the CLI to exit", pane)
+        _quit(pane)
         wait_until(lambda: rig.session(sid)["state"] == "exited", 30, "the session's exit")
     took = time.monotonic() - started
     assert not _seen_anywhere(rig, "MARK-WAIT")
@@ -270,11 +269,33 @@ def _trust(rig: Rig, pane: Pane) -> bool:
 def _enter_again(pane: Pane, typed: str) -> None:
     """Enter once more when the prompt still holds ``typed``, as a user does when the
     CLI, just done with a turn, missed the key (Gemini CLI 0.61.0 sometimes does; Claude
-    Code's prompt is ``❯``). Not
-    for ``/quit``: once the input line is gone the conversation's echo would match."""
+    Code's prompt is ``❯``). For ``/quit`` only until the CLI exits: once the input
+    line is gone the conversation's echo would match."""
     prompts = [ln for ln in pane.screen().splitlines() if ln.lstrip().startswith((">", "›", "❯"))]
     if prompts and typed in prompts[-1]:  # the input line, below the conversation
         pane.enter()
+
+
+def _quit(pane: Pane) -> None:
+    """Type ``/quit`` until the CLI exits. Gemini CLI runs its ``AfterAgent`` hook (the
+    hub's end of the turn) while it still counts itself responding, and refuses a slash
+    command entered in between ("Slash commands cannot be queued"), leaving it in the
+    input line: a user presses Enter again once the CLI is done (no refusal shown, no
+    "esc to cancel"), and again if the key still finds it busy."""
+    pane.type("/quit")
+    pressed = [time.monotonic()]
+
+    def gone() -> bool:
+        if pane.exited():
+            return True
+        screen = pane.screen()
+        busy = "cannot be queued" in screen or "esc to cancel" in screen
+        if not busy and time.monotonic() - pressed[0] >= 1:  # the last key had its time
+            pressed[0] = time.monotonic()
+            _enter_again(pane, "/quit")
+        return False
+
+    wait_until(gone, 45, "the CLI to exit", pane)
 
 
 def _sessions_if(rig: Rig) -> Any:
@@ -376,10 +397,13 @@ def _new_conversation(pane: Pane) -> None:
     """Type Codex's ``/new`` until it asks where the new conversation runs. Codex runs the
     Stop hook (the hub's end of the turn) before its TUI counts the task done, and
     refuses ``/new`` typed in between ("disabled while a task is in progress"): a user
-    types it again."""
+    types it again; and presses Enter again when ``/new`` is still in the input line a
+    second after the last key with no refusal (typed again as the task ended, its Enter
+    was not taken)."""
     refusal = "'/new' is disabled while a task"
     refused = [pane.screen().count(refusal)]
     pane.type("/new")
+    keyed = [time.monotonic()]
 
     def asked() -> bool | None:
         screen = pane.screen()
@@ -388,6 +412,10 @@ def _new_conversation(pane: Pane) -> None:
         if screen.count(refusal) > refused[0]:
             refused[0] = screen.count(refusal)
             pane.type("/new")
+            keyed[0] = time.monotonic()
+        elif time.monotonic() - keyed[0] >= 1:  # the last key had its time
+            keyed[0] = time.monotonic()
+            _enter_again(pane, "/new")
         return None
 
     wait_until(asked, 60, "Codex asking where /new runs", pane)

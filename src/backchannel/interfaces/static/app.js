@@ -21,7 +21,7 @@ import { loadTheme, toggleTheme } from "./js/theme.js";
 import { tick } from "./js/time.js";
 import { clearFilters, renderCount, setKindFilter, setMemberFilter } from "./js/timeline.js";
 import { renderTimers } from "./js/timers.js";
-import { defineViews } from "./js/views.js";
+import { defineViews, watchPresses } from "./js/views.js";
 
 const ACTIVE_SESSION_REFRESH_MS = 2000;
 
@@ -39,6 +39,7 @@ defineViews({
 
 function init() {
   loadTheme();
+  watchPresses(document);
   $("theme-toggle").addEventListener("click", toggleTheme);
   $("signin-form").addEventListener("submit", async (e) => {
     e.preventDefault();

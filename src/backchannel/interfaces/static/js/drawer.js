@@ -6,6 +6,7 @@ import { $, clear, h, show } from "./dom.js";
 import { renderMessage } from "./message-view.js";
 import { renderSession } from "./session-view.js";
 import { S } from "./state.js";
+import { whenSettled } from "./views.js";
 
 function openDrawer(kind, id) {
   S.drawer = { type: kind, id };
@@ -34,11 +35,13 @@ export async function refreshDrawer() {
     const path = d.type === "message" ? `/messages/${encodeURIComponent(d.id)}` : `/sessions/${encodeURIComponent(d.id)}`;
     const data = await api(teamPath(path));
     if (seq !== drawerSeq || S.drawer !== d) return;
-    if (d.type === "message") renderMessage(data);
-    else {
-      d.active = data.session.state === "active";
-      renderSession(data);
-    }
+    if (d.type === "session") d.active = data.session.state === "active";
+    // redrawn once a press on what it shows is over (see whenSettled)
+    whenSettled("drawer", () => {
+      if (seq !== drawerSeq || S.drawer !== d) return;
+      if (d.type === "message") renderMessage(data);
+      else renderSession(data);
+    });
   } catch (err) {
     if (seq !== drawerSeq || S.drawer !== d) return;
     $("drawer-kicker").textContent = d.type;

@@ -6,7 +6,7 @@ import { openMessage, refreshDrawer } from "./drawer.js";
 import { STATE_OF_EVENT, stateChip } from "./labels.js";
 import { S } from "./state.js";
 import { clock, fullTime } from "./time.js";
-import { render, scheduleRender } from "./views.js";
+import { render, scheduleRender, whenSettled } from "./views.js";
 
 // The rows the timeline keeps (the latest messages). A stream opens with the team's
 // latest MAX_ROWS events, not its whole history: older ones could only be dropped.
@@ -50,7 +50,10 @@ export function applyTraffic(ev) {
   else if (ev.to && !msg.to.has(ev.to)) msg.to.set(ev.to, "queued");
   if (ev.event === "queued") touch(ev.from, ev.at);
   else touch(ev.to, ev.at);
-  updateRow(msg);
+  // drawn once a press is over (see whenSettled): a row redrawn between the press and
+  // the release would not open, nor one a new row moved down; as the message then is
+  const id = msg.id;
+  whenSettled(`row ${id}`, () => S.messages.has(id) && updateRow(S.messages.get(id)));
   scheduleRender("members");
   if (S.drawer && S.drawer.type === "message" && S.drawer.id === msg.id) refreshDrawer();
 }

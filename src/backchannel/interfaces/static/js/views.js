@@ -8,7 +8,54 @@ export function defineViews(byName) {
 }
 
 export function render(...names) {
-  for (const name of names) views.get(name)();
+  for (const name of names) whenSettled(name, views.get(name));
+}
+
+// A redraw replaces what it draws, so it waits while the user is at work on it: during
+// a press (mouse, pen or touch), since a button replaced between its mousedown and its
+// mouseup gets no click (the browser sends it to neither copy: on a busy team, whose
+// panels a live update redraws every second, a click on "extend", a session or a dead
+// letter was lost now and then); and, for a side panel, while a box in it has the focus
+// (the redraw would take the box, and the typing, away). The last redraw asked for under
+// each name runs once the press is over, its click delivered, and the box left.
+let pressed = false;
+const held = new Map(); // name -> the redraw to run when settled
+
+function busy(name) {
+  if (pressed) return true;
+  const a = document.activeElement;
+  return !!(a && a.tagName === "INPUT" && a.closest("ul")?.id === name);
+}
+
+export function whenSettled(name, draw) {
+  if (!busy(name)) return draw();
+  held.set(name, draw); // the latest redraw, in the order first asked for (rows: as they came)
+}
+
+function settle() {
+  // after the events of the release (mouseup, click, focus moves) are dispatched
+  setTimeout(() => {
+    for (const [name, draw] of [...held]) {
+      if (busy(name)) continue;
+      held.delete(name);
+      draw();
+    }
+  }, 0);
+}
+
+export function watchPresses(doc) {
+  const press = () => {
+    pressed = true;
+  };
+  const release = () => {
+    pressed = false;
+    settle();
+  };
+  doc.addEventListener("pointerdown", press, true);
+  for (const ev of ["pointerup", "pointercancel"]) doc.addEventListener(ev, release, true);
+  doc.addEventListener("focusout", settle, true);
+  // a release the page never hears of (the window left mid-press) must not hold it forever
+  window.addEventListener("blur", release);
 }
 
 export function renderAll() {
@@ -27,6 +74,6 @@ export function scheduleRender(name) {
     frameQueued = false;
     const todo = [...pending];
     pending.clear();
-    for (const v of views.keys()) if (todo.includes(v)) views.get(v)();
+    for (const v of views.keys()) if (todo.includes(v)) whenSettled(v, views.get(v));
   });
 }
