@@ -28,7 +28,7 @@ from backchannel.delivery.base import (
     PermanentDeliveryError,
 )
 from backchannel.delivery.claude_inbox import name_problem
-from backchannel.delivery.inbox_file import InboxFileAdapter
+from backchannel.delivery.inbox_file import InboxFileAdapter, inbox_clash
 from backchannel.delivery.stdin import StdinAdapter
 from backchannel.delivery.tmux import TmuxAdapter, check_pane
 from backchannel.delivery.tmux import agent_commands as tmux_agent_commands
@@ -196,6 +196,7 @@ def register_checks(
     hub whose adapters type into this host's tmux), a tmux target is checked to be a
     pane of the tmux server it names (:func:`~backchannel.delivery.tmux.check_pane`)."""
     checks.register(check_delivery_setting)
+    checks.register_clash(inbox_clash)
     if callbacks is not None:
         checks.register(ServiceCheck(callbacks))
     if panes:

@@ -31,6 +31,7 @@ writers, and it promises more than they do:
   with a warning, never overwritten with a partial view;
 * a team Claude Code deleted (its directory seen holding ``config.json``, which
   ``TeamCreate`` writes, and gone since) is not made again: :class:`InboxTeamDeleted`;
+  what was seen is marked in the hub's state directory, so it holds after a restart;
 * other writers' entries are kept byte for byte (the text is appended to, not
   re-serialized), except when pruning drops old *read* entries past ``max_entries``.
 
@@ -99,6 +100,9 @@ __all__ = [
     "read_inbox",
     "read_inbox_or_none",
     "stable_id",
+    "team_deleted",
+    "team_marked",
+    "team_marks",
     "unsafe_dirs",
 ]
 
@@ -141,6 +145,39 @@ def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
     """``member``'s inbox; names sanitized as Claude Code does (``[^a-zA-Z0-9_-]`` → ``-``)."""
     base = Path(root).expanduser() if root is not None else default_root()
     return base / _UNSAFE.sub("-", team) / "inboxes" / f"{_UNSAFE.sub('-', member)}.json"
+
+
+def team_marks() -> Path:
+    """The directory where the hub marks the Claude Code team directories its inbox
+    writers have seen holding ``config.json`` (made by ``TeamCreate``): ``claude-teams``
+    in the hub's private state directory (``$BACKCHANNEL_STATE_DIR``, else under
+    ``$XDG_STATE_HOME``), 0700, each mark a file 0600. Never in Claude Code's own files:
+    the marks outlive the hub's process, so a team deleted while the hub was down (or
+    before it restarted) is known deleted all the same."""
+    from backchannel.runtimes.seen import state_dir
+
+    return state_dir() / "claude-teams"
+
+
+def _mark_of(team_dir: Path | str, marks: Path) -> Path:
+    key = hashlib.sha256(os.path.abspath(team_dir).encode("utf-8", "surrogatepass"))
+    return marks / key.hexdigest()[:32]
+
+
+def team_marked(team_dir: Path | str, marks: Path | None = None) -> bool:
+    """Whether an inbox writer on this host saw ``team_dir`` holding ``config.json``."""
+    try:
+        return _mark_of(team_dir, marks or team_marks()).exists()
+    except OSError:
+        return False
+
+
+def team_deleted(team_dir: Path | str, marks: Path | None = None) -> bool:
+    """Whether ``team_dir`` is a Claude Code team deleted since (``TeamDelete``): seen
+    holding ``config.json`` (:func:`team_marked`), and holding none now."""
+    return not os.path.exists(os.path.join(team_dir, "config.json")) and team_marked(
+        team_dir, marks
+    )
 
 
 def name_problem(what: str, name: str) -> str | None:
@@ -288,7 +325,8 @@ class InboxIdTaken(InboxWriteError):
 
 class InboxTeamDeleted(InboxWriteError):
     """The Claude Code team of the inbox was deleted (``TeamDelete``): its directory
-    held the team's ``config.json`` when this writer last looked, and the file is gone
+    held the team's ``config.json`` when this writer (or one before it on this host, see
+    :attr:`InboxWriter.marks`) last looked, and the file is gone
     now. Nobody reads an inbox made again there; the message is not written (a dead
     letter, the sender told), never counted delivered into a file no agent polls."""
 
@@ -667,6 +705,7 @@ class InboxWriter:
         backoff_max_s: float = 0.05,
         fsync: bool = True,
         max_bytes: int = MAX_INBOX_BYTES,
+        marks: Path | str | None = None,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.deadline_s, self.stale_s, self.refresh_s = deadline_s, stale_s, refresh_s
@@ -677,8 +716,45 @@ class InboxWriter:
         self.max_bytes = max_bytes
         self._cache: OrderedDict[Path, _View] = OrderedDict()  # last version seen, per inbox
         self._cache_lock = threading.Lock()
-        # team directories seen holding Claude Code's config.json (made by TeamCreate)
+        # team directories seen holding Claude Code's config.json (made by TeamCreate);
+        # each also marked in ``marks`` (the hub's private state), so a restart knows them
         self._created_teams: set[Path] = set()
+        self._marks = Path(marks).expanduser() if marks is not None else None
+
+    @property
+    def marks(self) -> Path:
+        """Where the teams seen holding ``config.json`` are marked (:func:`team_marks`)."""
+        if self._marks is None:
+            self._marks = team_marks()
+        return self._marks
+
+    def _saw_team(self, team_dir: Path) -> None:
+        """Remember that ``team_dir`` holds ``config.json``, in memory and in a mark that
+        outlives the process (:func:`team_marks`)."""
+        with self._cache_lock:
+            if team_dir in self._created_teams:
+                return
+        mark = _mark_of(team_dir, self.marks)
+        try:
+            if not mark.exists():
+                private_dirs(mark.parent)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                with os.fdopen(os.open(mark, flags, 0o600), "w", encoding="utf-8") as f:
+                    f.write(os.path.abspath(team_dir) + "\n")
+        except OSError as exc:  # the memory still holds it, for this process
+            logger.warning(
+                "cannot mark the Claude Code team %s as made by TeamCreate in %s (%s): after "
+                "a restart a message for it, once deleted, would make it again",
+                team_dir, mark, exc,
+            )  # fmt: skip
+        with self._cache_lock:
+            self._created_teams.add(team_dir)
+
+    def _team_was_seen(self, team_dir: Path) -> bool:
+        with self._cache_lock:
+            if team_dir in self._created_teams:
+                return True
+        return team_marked(team_dir, self.marks)
 
     def path_for(self, team: str, member: str) -> Path:
         return inbox_path(team, member, self.root)
@@ -774,9 +850,8 @@ class InboxWriter:
             raise InboxWriteError(f"cannot write inbox {path}: {problem}")
         team_dir = path.parent.parent
         if (team_dir / "config.json").exists():
-            with self._cache_lock:
-                self._created_teams.add(team_dir)
-        elif team_dir in self._created_teams:
+            self._saw_team(team_dir)
+        elif self._team_was_seen(team_dir):
             raise InboxTeamDeleted(
                 f"nothing written to {path}: the Claude Code team {team_dir.name!r} was "
                 f"deleted (its {team_dir / 'config.json'} is gone, as TeamDelete leaves it), "

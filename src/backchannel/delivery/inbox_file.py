@@ -33,13 +33,29 @@ still stale (:class:`~backchannel.delivery.claude_inbox.InboxLock`): of the hub'
 the others wait for the new lock, so no two write the inbox at once and no append is
 lost. Claude Code's own writers take a stale lock over as proper-lockfile does, without
 that step.
+
+One inbox file, one member. Claude Code names a file by the team and inbox names with
+every character but letters, digits, ``_`` and ``-`` made ``-``, so ``a.b`` and ``a-b``
+(or ``x y`` and ``x-y``) name one file, and a member reading it would read the other's
+messages. A setting that would share a file with another member of the team is refused
+when it is set (:func:`inbox_clash`); and every write first claims the file for its
+member (:func:`claim_inbox`, a mark in the hub's private state directory): a file another
+member's delivery still names (one of another hub team, or one set before this check) is
+not written, the message a dead letter saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
+import os
 import threading
 import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
@@ -56,11 +72,116 @@ from backchannel.delivery.claude_inbox import (
     InboxTeamDeleted,
     InboxWriteError,
     InboxWriter,
+    default_root,
+    inbox_path,
     name_problem,
 )
+from backchannel.errors import InvalidRequest, UnknownMember, UnknownTeam
+from backchannel.files import private_dirs, write_atomic
 from backchannel.types import InboxMessage
 
-__all__ = ["InboxFileAdapter"]
+__all__ = ["InboxFileAdapter", "claim_inbox", "inbox_clash", "inbox_of"]
+
+_HOW = (
+    "Claude Code names an inbox file by the team and inbox names with every character "
+    "but letters, digits, '_' and '-' made '-'"
+)
+
+
+def inbox_of(team: str, member: str, setting: Mapping[str, Any] | None) -> Path | None:
+    """The inbox file ``member`` of hub team ``team`` is delivered to with ``setting``,
+    or ``None`` when it is not an ``inbox-file`` setting (or a malformed one)."""
+    if not setting or setting.get("type") != InboxFileAdapter.type:
+        return None
+    root, cc_team, inbox = (setting.get(k) for k in ("root", "team", "inbox"))
+    if not all(v is None or isinstance(v, str) for v in (root, cc_team, inbox)):
+        return None
+    base = Path(os.path.abspath(Path(root).expanduser())) if root else default_root()
+    return inbox_path(cc_team or team, inbox or member, os.path.abspath(base))
+
+
+def _same_file_key(path: Path) -> str:
+    """One key for every name of one inbox file: the team and inbox names casefolded, as
+    a case-insensitive filesystem (macOS's) takes them."""
+    return os.path.join(str(path.parent.parent.parent), path.parent.parent.name.casefold(),
+                        path.name.casefold())  # fmt: skip
+
+
+def inbox_clash(
+    team: str,
+    member: str,
+    setting: Mapping[str, Any],
+    others: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Refuse an ``inbox-file`` setting whose inbox file is one another member of the
+    team is delivered to (:class:`InvalidRequest` naming that member and the way out)."""
+    mine = inbox_of(team, member, setting)
+    if mine is None:
+        return
+    for name, theirs in sorted(others.items()):
+        other = inbox_of(team, name, theirs)
+        if other is not None and _same_file_key(other) == _same_file_key(mine):
+            raise InvalidRequest(
+                f"member {member!r} would be delivered to the Claude Code inbox file {mine}, "
+                f"which member {name!r} of team {team!r} is delivered to ({_HOW}, and a "
+                "filesystem may ignore case): each agent would read the other's messages. "
+                "Give the member an 'inbox' (or a 'team') of its own in its delivery "
+                "setting, or change the other member's",
+                field="delivery",
+            )
+
+
+def _claims() -> Path:
+    from backchannel.runtimes.seen import state_dir
+
+    return state_dir() / "claude-inboxes"
+
+
+def _claim_of(path: Path) -> Path:
+    key = hashlib.sha256(_same_file_key(path).encode("utf-8", "surrogatepass"))
+    return _claims() / key.hexdigest()[:32]
+
+
+def _read_claim(claim: Path) -> tuple[str, str] | None:
+    try:
+        owner = json.loads(claim.read_text(encoding="utf-8"))
+        return str(owner["team"]), str(owner["member"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return ("", "")  # unreadable: taken over like one whose member is gone
+
+
+def claim_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
+    """Claim the inbox file ``path`` for ``member`` of hub team ``team``: ``None`` once
+    the claim is theirs (made now, or theirs before), else the ``(team, member)`` that
+    holds it. A claim is a file 0600 in ``claude-inboxes/`` of the hub's state directory
+    (0700), named after the file's path; :meth:`InboxFileAdapter.deliver` takes over
+    one whose member is no longer delivered to the file (:func:`take_inbox`)."""
+    claim = _claim_of(path)
+    owner = _read_claim(claim)
+    if owner is None:
+        private_dirs(claim.parent)
+        body = json.dumps({"team": team, "member": member, "path": str(path)})
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:  # another writer claimed it meanwhile
+            owner = _read_claim(claim)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+            return None
+    return None if owner == (team, member) else owner
+
+
+def take_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
+    """Take the claim of ``path`` over for ``member`` (its holder is no longer delivered
+    there); what :func:`claim_inbox` answers after."""
+    claim = _claim_of(path)
+    private_dirs(claim.parent)
+    body = json.dumps({"team": team, "member": member, "path": str(path)})
+    write_atomic(claim, body, mode=0o600)
+    return claim_inbox(path, team, member)
 
 
 class InboxFileAdapter(Adapter):
@@ -84,6 +205,41 @@ class InboxFileAdapter(Adapter):
         self._writing: threading.Event | None = None
         self._writing_since = 0.0
 
+    async def _claim(self) -> None:
+        """Claim the inbox file for this member (:func:`claim_inbox`); a file another
+        member is still delivered to is :class:`PermanentDeliveryError`, naming why."""
+        path = Path(self.path)
+        team, member = self.ctx.team, self.ctx.member
+        try:
+            owner = claim_inbox(path, team, member)
+            if owner is not None and not await self._delivered_to(owner, path):
+                owner = take_inbox(path, team, member)
+        except OSError as exc:  # the hub's own state directory: transient
+            raise AdapterError(f"inbox {path}: cannot claim it for {member!r}: {exc}") from exc
+        if owner is None:
+            return
+        who = (
+            f"member {owner[1]!r} of this team"
+            if owner[0] == team
+            else "a member of another hub team"
+        )
+        raise PermanentDeliveryError(
+            f"inbox {path}: nothing written: the file is the inbox of {who}, whose delivery "
+            f"setting names it too ({_HOW}, so names that differ can name one file); the "
+            "agent reading it is not this member. Give this member an 'inbox' (or a "
+            "'team') of its own in its delivery setting"
+        )
+
+    async def _delivered_to(self, owner: tuple[str, str], path: Path) -> bool:
+        """Whether ``owner``'s delivery setting still names ``path``."""
+        if not all(owner):
+            return False
+        with contextlib.suppress(UnknownMember, UnknownTeam):
+            m = await self.ctx.hub.get_member(*owner)
+            theirs = inbox_of(owner[0], owner[1], m.delivery)
+            return theirs is not None and _same_file_key(theirs) == _same_file_key(path)
+        return False
+
     async def deliver(self, item: InboxMessage) -> str:
         m = item.message
         if self._writing is not None and not self._writing.is_set():
@@ -93,6 +249,7 @@ class InboxFileAdapter(Adapter):
                 "(the filesystem does not answer); no other write starts until it does. "
                 "Check the filesystem the inbox is on"
             )
+        await self._claim()
         done = threading.Event()
 
         def append() -> AppendResult:

@@ -51,6 +51,7 @@ from backchannel.delivery.claude_inbox import (
     js_timestamp,
     protocol_message,
     read_inbox_or_none,
+    team_deleted,
     unsafe_dirs,
 )
 from backchannel.errors import BackchannelError
@@ -369,15 +370,22 @@ class InboxBridge:
     async def _watch(self, d: _Dir) -> None:
         """Watch ``d`` for good: a watch stays on the directory it was set on, so when
         the directory goes (removed, moved away) or another takes its path, it is made
-        again if missing, watched anew and every file read."""
+        again if missing, watched anew and every file read. A Claude Code team deleted
+        (:func:`~backchannel.delivery.claude_inbox.team_deleted`) is not made again."""
         while True:
             await self._watch_once(d)
-            log.warning("inbox directory %s was removed or replaced; watching it anew", d.path)
+            if not team_deleted(d.path.parent):  # a deleted team is looked at quietly
+                log.warning("inbox directory %s was removed or replaced; watching it anew", d.path)
 
     async def _watch_once(self, d: _Dir) -> None:
         """Watch the directory now at ``d.path`` until it is no longer there."""
         import watchfiles
 
+        if team_deleted(d.path.parent):
+            # TeamDelete removed it: not made again (the writer dead-letters what is
+            # sent there); watched again once TeamCreate makes it
+            await asyncio.sleep(self.rescan_s)
+            return
         if unsafe_dirs(d.path / "x.json") is None:  # never made through a symlink
             private_dirs(d.path)
         try:

@@ -161,6 +161,7 @@ class Members:
                 raise UnknownTeam(f"unknown team {team!r}; create it first", team=team)
             if tx.get_member(team, name) is not None:
                 raise AlreadyExists(f"member {name!r} already exists in team {team!r}")
+            self._clash(tx, team, name, delivery)
             tx.insert_member(member)
 
         await self.store.transact(fn)
@@ -191,6 +192,8 @@ class Members:
                 delivery=dict(delivery) if delivery is not None else m.delivery,
                 settings=dict(settings) if settings is not None else m.settings,
             )
+            if new.delivery != m.delivery:
+                self._clash(tx, team, name, new.delivery)
             tx.update_member(new)
             if new.delivery != m.delivery and tx.push_circuit(team, name) is not None:
                 # a circuit is about the old target: the new one is tried afresh
@@ -205,6 +208,14 @@ class Members:
             # it stops at its next look: the circuit is about the old target, shown no more
             self.env.push_circuits.close(team, name)
         return member
+
+    def _clash(self, tx: Tx, team: str, name: str, delivery: Mapping[str, Any] | None) -> None:
+        """Refuse ``delivery`` for ``name`` if it would deliver where another member of
+        the team does (the registered clash checks: one inbox file for two members)."""
+        if not (self.check_delivery and delivery and self.delivery_checks):
+            return
+        others = {m.name: m.delivery for m in tx.list_members(team) if m.name != name}
+        self.delivery_checks.clash(team, name, delivery, others)
 
     async def list_members(
         self, team: str, *, after: str | None = None, limit: int | None = None

@@ -1,0 +1,163 @@
+"""Claude Code team inboxes as the hub keeps them apart: a team Claude Code deleted stays
+deleted across a restart of the hub, and two members never share one inbox file."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backchannel.delivery.claude_inbox import read_inbox
+from backchannel.testing import eventually_blocking
+from tests.conftest import Server, start_server
+from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
+
+
+def _status(c: httpx.Client, message_id: str, want: str) -> dict[str, Any]:
+    """The message's status once it is ``want`` (within 20 s)."""
+
+    def look() -> dict[str, Any] | None:
+        r = c.get(f"/v1/messages/{message_id}")
+        body: dict[str, Any] = r.json()
+        return body if r.status_code == 200 and body["status"] == want else None
+
+    found: dict[str, Any] = eventually_blocking(
+        look,
+        what=f"message {message_id} {want}",
+        within=20,
+        show=lambda: c.get(f"/v1/messages/{message_id}").json(),
+    )
+    return found
+
+
+@pytest.mark.slow
+def test_a_team_claude_code_deleted_stays_deleted_after_the_hub_restarts(
+    tmp_path: Path,
+) -> None:
+    """The hub remembered only in its process that a team directory held Claude Code's
+    ``config.json``: after ``serve`` restarted, the first message to a team TeamDelete
+    had removed made its directory again and was counted delivered, read by no agent.
+    The mark is now kept in the hub's private state directory: a dead letter after the
+    restart too, and no directory made again."""
+    root = tmp_path / "teams"
+    team_dir = root / "cc-team"
+    (team_dir / "inboxes").mkdir(parents=True)
+    (team_dir / "config.json").write_text('{"name": "cc-team", "members": []}')
+    home = tmp_path / "home"
+    srv = start_server(home)
+    try:
+        tokens = srv.team("t")
+        with srv.client() as admin:
+            setting = {"type": "inbox-file", "root": str(root), "team": "cc-team"}
+            r = admin.post(
+                "/v1/teams/t/members",
+                json={"name": "researcher", "kind": "claude-code", "delivery": setting},
+            )
+            r.raise_for_status()
+        with srv.client(tokens["user"]) as user:
+            user.post(
+                "/v1/messages", json={"to": "researcher", "text": "one", "message_id": "m-1"}
+            ).raise_for_status()
+            _status(user, "m-1", "acked")
+    finally:
+        srv.stop()
+    shutil.rmtree(team_dir)  # what TeamDelete does, while the hub is down
+    srv = start_server(home)
+    try:
+        with srv.client(tokens["user"]) as user:
+            user.post(
+                "/v1/messages", json={"to": "researcher", "text": "two", "message_id": "m-2"}
+            ).raise_for_status()
+            status = _status(user, "m-2", "dead")
+    finally:
+        srv.stop()
+    reason = status["deliveries"][0]["dead_reason"] or ""
+    assert "'cc-team' was deleted" in reason and "TeamCreate" in reason, status
+    assert not team_dir.exists()
+    marks = tmp_path / "xdg-state" / "backchannel" / "seen" / "claude-teams"
+    assert stat.S_IMODE(marks.stat().st_mode) == 0o700
+    assert [stat.S_IMODE(p.stat().st_mode) for p in marks.iterdir()] == [0o600]
+
+
+def test_a_second_member_on_one_inbox_file_is_refused_when_set(server: Server) -> None:
+    """Claude Code names an inbox file by the name with every character but letters,
+    digits, '_' and '-' made '-': a member given the inbox ``a.b`` and another given
+    ``a-b`` (or the inbox ``x y`` beside a member ``x-y``) were both accepted and shared
+    one file, each agent reading the other's messages. The second is now refused when
+    it is added or changed, naming the member that has the file and the way out."""
+    server.team("t")
+    root = str(server.home / "teams")
+
+    def inbox(**options: str) -> dict[str, str]:
+        return {"type": "inbox-file", "root": root, **options}
+
+    with server.client() as admin:
+
+        def add(name: str, delivery: dict[str, str]) -> httpx.Response:
+            return admin.post("/v1/teams/t/members", json={"name": name, "delivery": delivery})
+
+        assert add("alice", inbox(inbox="a.b")).status_code == 201
+        assert add("x-y", inbox()).status_code == 201
+        for name, delivery, holder in (
+            ("bob", inbox(inbox="a-b"), "alice"),
+            ("carol", inbox(inbox="x y"), "x-y"),
+            ("dave", inbox(inbox="X-Y"), "x-y"),  # one file where case is ignored (macOS)
+            ("erin", inbox(inbox="x-y", team="t"), "x-y"),  # the hub team by name
+        ):
+            r = add(name, delivery)
+            assert r.status_code == 422, (name, r.text)
+            message = r.json()["error"]["message"]
+            assert f"which member {holder!r} of team 't' is delivered to" in message
+            assert "'inbox' (or a 'team') of its own" in message
+        # a member's own file, and one of its own, are fine
+        assert add("bob", inbox(inbox="a_b")).status_code == 201
+        r = admin.patch("/v1/teams/t/members/bob", json={"delivery": inbox(inbox="a.b")})
+        assert r.status_code == 422 and "'alice'" in r.json()["error"]["message"]
+        r = admin.patch("/v1/teams/t/members/alice", json={"delivery": inbox(inbox="a-b")})
+        assert r.status_code == 200, r.text  # the same file under another name: its own
+        members = admin.get("/v1/teams/t/members").json()["members"]
+        assert sorted(m["name"] for m in members) == ["alice", "bob", "user", "x-y"]
+
+
+async def test_an_inbox_file_of_another_member_is_never_written(tmp_path: Path) -> None:
+    """Two hub teams whose Claude Code team names sanitize alike (``cc.x``, ``cc-x``)
+    shared one inbox file: team t2's message to its member was written into the inbox
+    team t1's agent reads, and counted delivered (a leak across teams). So did two
+    members of one team set before the refusal above. The file is now claimed by the
+    first member written to; another member's message is a dead letter saying why,
+    nothing written, until the holder's delivery no longer names the file."""
+    root = tmp_path / "teams"
+
+    def setting(team: str) -> dict[str, str]:
+        return {"type": "inbox-file", "root": str(root), "team": team, "inbox": "r"}
+
+    path = root / "cc-x" / "inboxes" / "r.json"
+    async with running_hub() as hub:
+        await hub.create_team("t2", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "r", "claude-code", delivery=setting("cc.x"))
+        await hub.add_member("t", "s", "claude-code", delivery=setting("cc x"))  # set before
+        await hub.add_member("t2", "r", "claude-code", delivery=setting("cc-x"))
+        async with dispatching(hub):
+            first = await hub.send("t", "user", "r", "for t's r", link=False)
+            await wait_state(hub, "t", first.message_id, "acked")
+            other = await hub.send("t2", "user", "r", "t2 secret", link=False)
+            same = await hub.send("t", "user", "s", "for s", link=False)
+            st_other = await wait_state(hub, "t2", other.message_id, "dead")
+            st_same = await wait_state(hub, "t", same.message_id, "dead")
+            assert [e["text"] for e in read_inbox(path)] == ["[From user] for t's r"]
+            cross = st_other.deliveries[0].dead_reason or ""
+            assert "the inbox of a member of another hub team" in cross
+            assert "'t'" not in cross  # the other team is not named to this one
+            assert "member 'r' of this team" in (st_same.deliveries[0].dead_reason or "")
+            # t's r moves to an inbox of its own: the file is t2's r's from now on
+            await hub.update_member("t", "r", delivery=setting("cc-y"))
+            again = await hub.send("t2", "user", "r", "t2 now", link=False)
+            await wait_state(hub, "t2", again.message_id, "acked")
+    assert [e["text"] for e in read_inbox(path)][-1] == "[From user] t2 now"
+    claims = tmp_path / "xdg-state" / "backchannel" / "seen" / "claude-inboxes"
+    assert stat.S_IMODE(claims.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in claims.iterdir()} == {0o600}
