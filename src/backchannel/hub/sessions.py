@@ -179,15 +179,15 @@ class Sessions:
         has (counted from an index). Members without a session are left out."""
 
         def read(tx: Tx) -> dict[str, MemberSessions]:
-            counts = tx.session_counts(team)
-            live: dict[str, list[Session]] = {}
-            for s in tx.list_sessions(team, which="live"):
-                live.setdefault(s.member, []).append(s)
+            # a member's live sessions from their own index (sessions_live): a team-wide
+            # read of them is served by sessions_team, every session of the team
             return {
                 name: MemberSessions(
-                    live.get(name, []), tx.latest_sessions(team, name, shown), total
+                    tx.list_sessions(team, name, which="live"),
+                    tx.latest_sessions(team, name, shown),
+                    total,
                 )
-                for name, total in counts.items()
+                for name, total in tx.session_counts(team).items()
             }
 
         return await self.store.read(read)
