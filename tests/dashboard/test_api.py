@@ -253,9 +253,18 @@ def test_a_snapshot_of_a_long_lived_team_reads_what_it_shows(tmp_path: Path) -> 
                     closed = i < closed_links
                     a, b = ("busy", "quiet") if i <= closed_links else ("away", "new")
                     tx.insert_link(  # at most one open link per pair
-                        Link("t", f"l{i:05d}", a, "busy-00000", b, None, 10, float(i),
-                             state=LinkState.CLOSED if closed else LinkState.OPEN,
-                             closed_at=float(i) + 1 if closed else None)  # fmt: skip
+                        Link(
+                            "t",
+                            f"l{i:05d}",
+                            a,
+                            "busy-00000",
+                            b,
+                            None,
+                            10,
+                            float(i),
+                            state=LinkState.CLOSED if closed else LinkState.OPEN,
+                            closed_at=float(i) + 1 if closed else None,
+                        )
                     )
 
             await hub.store.transact(history)

@@ -71,7 +71,6 @@ class Links:
 
         return await self.store.read(read)
 
-
     async def links_overview(self, team: str, finished: int) -> tuple[list[Link], list[Link], int]:
         """The dashboard's links in one read, bounded by the open links and ``finished``,
         not by every link the team ever closed: the open links (oldest first), the latest

@@ -61,7 +61,7 @@ def counting_rows(store: Store) -> Iterator[RowCount]:
 
     def wrap(run: Callable[[Callable[[Tx], T]], Awaitable[T]]) -> Any:
         def counted(fn: Callable[[Tx], T]) -> Awaitable[T]:
-            return run(lambda tx: fn(_CountingTx(tx, count)))  # type: ignore[arg-type]
+            return run(lambda tx: fn(_CountingTx(tx, count)))
 
         return counted
 

@@ -45,8 +45,7 @@ OPEN_DELEGATION = "state IN ('pending', 'timed_out')"
 # first (links_team, backwards) and how many closed links there are.
 SESSION_COUNTS = "SELECT member, count(*) FROM sessions WHERE team = ? GROUP BY member"
 LATEST_SESSIONS = (
-    " FROM sessions WHERE team = ? AND member = ?"
-    " ORDER BY created_at DESC, session_id DESC LIMIT ?"
+    " FROM sessions WHERE team = ? AND member = ? ORDER BY created_at DESC, session_id DESC LIMIT ?"
 )
 LATEST_CLOSED_LINKS = (
     " FROM links WHERE team = ? AND state != 'open' ORDER BY created_at DESC, link_id DESC LIMIT ?"
