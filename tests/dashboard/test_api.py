@@ -17,6 +17,7 @@ import pytest
 from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import (
     FINISHED_SHOWN,
+    SESSIONS_SHOWN,
     SNAPSHOT_PAGE,
     _live_first,
     _ticket_key,
@@ -25,8 +26,8 @@ from backchannel.interfaces.dashboard import (
     snapshot,
     snapshot_key,
 )
-from backchannel.testing import MemoryStore
-from backchannel.types import Budget
+from backchannel.testing import MemoryStore, counting_rows
+from backchannel.types import Budget, Link, LinkState, Session, SessionState
 from tests.dashboard.conftest import Team
 
 
@@ -215,6 +216,87 @@ def test_spent_budgets_are_a_bounded_panel() -> None:
             page, hidden = await budgets_view(hub, "t", SNAPSHOT_PAGE, 100)
             assert (len(page), hidden) == (30, SNAPSHOT_PAGE)
             assert page[-1]["key"] == "chain:c0"
+
+    # the browser tests of this folder keep an event loop running on this thread
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, check()).result()
+
+
+def test_a_snapshot_of_a_long_lived_team_reads_what_it_shows(tmp_path: Path) -> None:
+    """A team that ran for months holds thousands of sessions (every /clear opens one)
+    and closed links. Its snapshot, taken every second for each open page, reads each
+    member's live sessions and latest few, and the open links and the latest closed
+    ones, counting the rest: not every record the team ever had. The page still shows
+    each member's state, latest sessions and count, and the links panel's tally."""
+    from backchannel.stores.sqlite import SqliteStore
+
+    old_sessions, closed_links = 2_000, 1_000
+
+    async def check() -> None:
+        async with Hub(SqliteStore(tmp_path / "hub.db"), background=False) as hub:
+            await hub.create_team("t")
+            for name in ("busy", "quiet", "away", "new"):
+                await hub.add_member("t", name)
+
+            def history(tx: Any) -> None:
+                def session(member: str, i: int, state: SessionState) -> None:
+                    at = float(i)
+                    tx.put_session(Session("t", f"{member}-{i:05d}", member, state, at, at + 0.5))
+
+                for i in range(old_sessions):
+                    session("busy", i, SessionState.TERMINATED)
+                session("busy", old_sessions, SessionState.ACTIVE)
+                for i in range(30):
+                    session("quiet", i, SessionState.TERMINATED)
+                session("away", 5, SessionState.EXITED)
+                for i in range(closed_links + 2):
+                    closed = i < closed_links
+                    a, b = ("busy", "quiet") if i <= closed_links else ("away", "new")
+                    tx.insert_link(  # at most one open link per pair
+                        Link(
+                            "t",
+                            f"l{i:05d}",
+                            a,
+                            "busy-00000",
+                            b,
+                            None,
+                            10,
+                            float(i),
+                            state=LinkState.CLOSED if closed else LinkState.OPEN,
+                            closed_at=float(i) + 1 if closed else None,
+                        )
+                    )
+
+            await hub.store.transact(history)
+            with counting_rows(hub.store) as read:
+                snap = await snapshot(hub, "t")
+            live = 2  # busy's active session, away's exited one
+            assert read["Session"] <= live + 3 * SESSIONS_SHOWN, read
+            assert read["Link"] <= 2 + FINISHED_SHOWN, read
+
+            members = {m["name"]: m for m in snap["members"]}
+            assert {n: m["state"] for n, m in members.items()} == {
+                "busy": "active",
+                "quiet": "terminated",
+                "away": "exited",
+                "new": "no session",
+                "user": "no session",  # the team's human
+            }
+            busy = members["busy"]
+            assert busy["sessions_total"] == old_sessions + 1
+            shown = [s["session_id"] for s in busy["sessions"]]  # the latest, oldest first
+            assert shown == [f"busy-{i:05d}" for i in range(old_sessions - 19, old_sessions + 1)]
+            assert len(shown) == SESSIONS_SHOWN
+            assert busy["last_activity"] == old_sessions + 0.5
+            assert members["quiet"]["sessions_total"] == 30
+            assert members["quiet"]["sessions"][-1]["session_id"] == "quiet-00029"
+            assert (members["new"]["sessions"], members["new"]["sessions_total"]) == ([], 0)
+            assert members["new"]["last_activity"] is None
+            # the open links first, then the latest closed ones; the rest counted
+            ids = [x["link_id"] for x in snap["links"]]
+            assert ids[:3] == [f"l{closed_links + 1:05d}", f"l{closed_links:05d}", "l00999"]
+            assert len(ids) == SNAPSHOT_PAGE
+            assert snap["hidden"]["links"] == closed_links + 2 - SNAPSHOT_PAGE
 
     # the browser tests of this folder keep an event loop running on this thread
     with ThreadPoolExecutor(1) as pool:

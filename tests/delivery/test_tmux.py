@@ -13,7 +13,9 @@ import pytest
 
 from backchannel.delivery.tmux import ENTER_TRIES, dialog, input_line, sanitize, waits_in_prompt
 from backchannel.hub import Hub
-from backchannel.testing import eventually
+from backchannel.stores.base import Tx
+from backchannel.testing import counting_rows, eventually
+from backchannel.types import Session, SessionState
 from tests.delivery.conftest_adapters import (
     dispatching,
     running_hub,
@@ -226,6 +228,32 @@ async def test_auto_session_follows_the_members_live_session(
             await wait_state(hub, "t", m2.message_id, "acked")
     assert await _pasted(out, 2) == ["[From user] one", "[From user] two"]
     assert len(await _pasted(control, 2)) == 2
+
+
+async def test_auto_session_reads_only_the_live_sessions(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """An agent that ran for months opened a session at every /clear: finding its live
+    one for a push reads its live sessions, not every one it ever had."""
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    ended = 500
+    async with running_hub() as hub:
+        await hub.add_member("t", "a", delivery=_tmux(tmux, "agent", "auto", turn_wait=0))
+
+        def history(tx: Tx) -> None:
+            for i in range(ended):
+                at = float(i)
+                tx.put_session(Session("t", f"old-{i}", "a", SessionState.TERMINATED, at, at))
+
+        await hub.store.transact(history)
+        await hub.open_session("t", "a", "now")
+        with counting_rows(hub.store) as read:
+            async with dispatching(hub):
+                sent = await hub.send("t", "user", "a", "to the live one", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+        assert read["Session"] < ended // 2, read
+    assert await _pasted(out) == ["[From user] to the live one"]
 
 
 async def test_one_message_per_turn(tmux: libtmux.Server, tmp_path: Path) -> None:

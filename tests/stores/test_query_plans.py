@@ -63,6 +63,18 @@ BOUNDED_TEAM_READS = {
     "FROM delegations WHERE team = ? ORDER BY created_at, delegation_id LIMIT ?": (
         "the first page of a team's delegations: as many index entries as the LIMIT"
     ),
+    "FROM links WHERE team = ? AND state = ? ORDER BY created_at, link_id": (
+        "the team's open links: the entries of links_team_open, an index of them alone"
+    ),
+    "FROM links WHERE team = ? AND state != ? ORDER BY created_at DESC, link_id DESC LIMIT ?": (
+        "the dashboard's latest closed links: the LIMIT, and the open links among the latest"
+    ),
+    "SELECT member, count(*) FROM sessions WHERE team = ? GROUP BY member": (
+        "the dashboard's count of each member's sessions: index entries alone, no row"
+    ),
+    "SELECT (SELECT count(*) FROM links WHERE team = ?) - (SELECT count(*) FROM links": (
+        "the dashboard's count of closed links: index entries alone, no row"
+    ),
     "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
         "the first page of a team's used budgets: the LIMIT, and the one record per member"
         " of the chain it was handed last (the 'ctx:' keys, skipped in key order)"
@@ -194,6 +206,12 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     for open_only in (False, True):
         await hub.list_links("t", after=links[0].link_id, limit=2, open_only=open_only)
         await hub.list_links("t", member="a", after=links[0].link_id, limit=2, open_only=open_only)
+
+    # the dashboard's snapshot: each member's live and latest sessions, a count of all;
+    # the open links, the latest closed ones, a count of those; "auto" delivery's read
+    await hub.member_sessions("t", 20)
+    await hub.links_overview("t", 50)
+    await hub.list_sessions("t", "a", which="live")
 
     await hub.terminate_session("t", "b", "b-s", "done")
     await hub.maintain()
@@ -394,6 +412,15 @@ PG_ORDERED = {
     "created_at FROM delegations WHERE team = 't' AND callee = 'a' AND caller != 'a' "
     "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id "
     "LIMIT 101) ORDER BY created_at, delegation_id LIMIT 101",
+    # the dashboard's snapshot
+    "a member's latest sessions": "SELECT session_id FROM sessions WHERE team = 't' "
+    "AND member = 'a' ORDER BY created_at DESC, session_id DESC LIMIT 20",
+    "each member's count of sessions": "SELECT member, count(*) FROM sessions "
+    "WHERE team = 't' GROUP BY member",
+    "the latest closed links": "SELECT link_id FROM links WHERE team = 't' "
+    "AND state != 'open' ORDER BY created_at DESC, link_id DESC LIMIT 50",
+    "the count of closed links": "SELECT (SELECT count(*) FROM links WHERE team = 't') "
+    "- (SELECT count(*) FROM links WHERE team = 't' AND state = 'open')",
     "a member's sessions, a page": "SELECT session_id FROM sessions WHERE team = 't' "
     "AND member = 'a' AND (created_at, session_id) > (0, 'a') "
     "ORDER BY created_at, session_id LIMIT 101",

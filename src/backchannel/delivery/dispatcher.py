@@ -812,10 +812,11 @@ class _Worker:
         """``"session": "auto"``: the member's most recently active session that is not
         terminated (the one its runtime reports turns for), or None."""
         try:
-            sessions = await self.hub.list_sessions(self.team, self.member)
+            # its live sessions only, from their index: a member that opened thousands
+            # of sessions (each /clear opens one) costs a push what one with two does
+            live = await self.hub.list_sessions(self.team, self.member, which="live")
         except BackchannelError:
             return None
-        live = [s for s in sessions if s.state is not SessionState.TERMINATED]
         return max(live, key=lambda s: s.updated_at).session_id if live else None
 
     async def _open_session(self, session: str) -> bool:

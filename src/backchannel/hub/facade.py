@@ -236,6 +236,7 @@ class Hub:
     # -- sessions and turns -------------------------------------------------------------------
     get_session = _Delegate("sessions", Sessions.get_session)
     list_sessions = _Delegate("sessions", Sessions.list_sessions)
+    member_sessions = _Delegate("sessions", Sessions.member_sessions)
     open_session = _Delegate("sessions", Sessions.open_session)
     exit_session = _Delegate("sessions", Sessions.exit_session)
     terminate_session = _Delegate("sessions", Sessions.terminate_session)
@@ -247,6 +248,7 @@ class Hub:
     settle_handed = _Delegate("turns", Turns.settle_handed)
     # -- links, timers, delegations, budgets ----------------------------------------------------
     list_links = _Delegate("links", Links.list_links)
+    links_overview = _Delegate("links", Links.links_overview)
     get_link = _Delegate("links", Links.get_link)
     set_timer = _Delegate("timers", Timers.set_timer)
     cancel_timer = _Delegate("timers", Timers.cancel_timer)

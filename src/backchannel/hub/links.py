@@ -71,6 +71,20 @@ class Links:
 
         return await self.store.read(read)
 
+    async def links_overview(self, team: str, finished: int) -> tuple[list[Link], list[Link], int]:
+        """The dashboard's links in one read, bounded by the open links and ``finished``,
+        not by every link the team ever closed: the open links (oldest first), the latest
+        ``finished`` closed ones (newest first) and how many closed links there are."""
+
+        def read(tx: Tx) -> tuple[list[Link], list[Link], int]:
+            return (
+                tx.list_links(team, open_only=True),
+                tx.latest_closed_links(team, finished),
+                tx.count_closed_links(team),
+            )
+
+        return await self.store.read(read)
+
     async def get_link(self, team: str, link_id: str) -> Link:
         link = await self.store.read(lambda tx: tx.get_link(team, link_id))
         if link is None:

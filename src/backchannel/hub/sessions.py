@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from backchannel.core import messages as rules
 from backchannel.core import turns
@@ -120,6 +120,14 @@ def session_json(s: Session) -> dict[str, Any]:
     }
 
 
+class MemberSessions(NamedTuple):
+    """A member's sessions as the dashboard shows them (:meth:`Sessions.member_sessions`)."""
+
+    live: list[Session]  # not terminated, oldest first
+    latest: list[Session]  # the latest few, newest first
+    total: int  # how many it has, terminated ones too
+
+
 class Sessions:
     """Sessions and their events (see the module docstring)."""
 
@@ -161,6 +169,26 @@ class Sessions:
                     )
                 start = (last.created_at, last.session_id)
             return tx.list_sessions(team, member, which=which, limit=limit, after=start)
+
+        return await self.store.read(read)
+
+    async def member_sessions(self, team: str, shown: int) -> dict[str, MemberSessions]:
+        """What the dashboard shows of each member's sessions, in one read bounded by the
+        team's live sessions and ``shown`` per member, not by every session the team
+        ever opened: its live ones, its latest ``shown`` newest first, and how many it
+        has (counted from an index). Members without a session are left out."""
+
+        def read(tx: Tx) -> dict[str, MemberSessions]:
+            # a member's live sessions from their own index (sessions_live): a team-wide
+            # read of them is served by sessions_team, every session of the team
+            return {
+                name: MemberSessions(
+                    tx.list_sessions(team, name, which="live"),
+                    tx.latest_sessions(team, name, shown),
+                    total,
+                )
+                for name, total in tx.session_counts(team).items()
+            }
 
         return await self.store.read(read)
 

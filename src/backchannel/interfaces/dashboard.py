@@ -100,7 +100,6 @@ from backchannel.types import (
     USER,
     Delegation,
     DelegationState,
-    LinkState,
     Member,
     Session,
     SessionState,
@@ -296,9 +295,11 @@ async def links_view(
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of the open links, then the latest closed ones; and how many of those
     were left out of the page."""
-    kept, hidden = _live_first(
-        await hub.list_links(team), lambda x: x.state is LinkState.OPEN, lambda x: x.created_at
-    )
+    # the open links and the latest closed ones, read as such: never every link the team
+    # ever closed (a long-lived team has tens of thousands), only counted
+    opened, closed, closed_total = await hub.links_overview(team, FINISHED_SHOWN)
+    kept = opened[::-1] + closed
+    hidden = closed_total - len(closed)
     page = kept[offset : offset + limit]
     return [x.to_json() for x in page], hidden + len(kept) - len(page)
 
@@ -372,35 +373,33 @@ def _session_json(s: Session) -> dict[str, Any]:
     }
 
 
-def _member_state(sessions: list[Session]) -> str:
-    states = {s.state for s in sessions}
-    for state in (
-        SessionState.ACTIVE,
-        SessionState.IDLE,
-        SessionState.EXITED,
-        SessionState.TERMINATED,
-    ):
+def _member_state(live: list[Session], total: int) -> str:
+    """A member's state: its liveliest session's; a terminated session cannot make it
+    active, idle or exited, so its live sessions say all but whether it has any."""
+    states = {s.state for s in live}
+    for state in (SessionState.ACTIVE, SessionState.IDLE, SessionState.EXITED):
         if state in states:
             return state.value
-    return "no session"
+    return SessionState.TERMINATED.value if total else "no session"
 
 
 async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
-    """Each member with its state (from its sessions), kind and last session activity."""
+    """Each member with its state (from its sessions), kind and last session activity.
+    Its sessions are read bounded (its live ones and its latest :data:`SESSIONS_SHOWN`,
+    and a count of all): a member that opened ten thousand costs what one with twenty
+    does (:meth:`Hub.member_sessions`)."""
     members = await hub.list_members(team)
-    sessions = await hub.list_sessions(team)
+    sessions = await hub.member_sessions(team, SESSIONS_SHOWN)
     presence = await hub.member_states(team)  # Claude Code teammates, from inbox traffic
     circuits = hub.push_circuits
     await circuits.refresh(0)  # whichever hub found a target down
-    by_member: dict[str, list[Session]] = {}
-    for s in sessions:
-        by_member.setdefault(s.member, []).append(s)
     out = []
     for m in members:
-        mine = by_member.get(m.name, [])
+        mine = sessions.get(m.name)
+        live, latest, total = mine if mine is not None else ([], [], 0)
         seen = presence.get(m.name)
-        last = max((s.updated_at for s in mine), default=None)
-        state = _member_state(mine)
+        last = max((s.updated_at for s in (*live, *latest)), default=None)
+        state = _member_state(live, total)
         if seen is not None and state != SessionState.ACTIVE.value:
             state = seen["state"]  # a running turn wins; else what the inbox traffic says
             last = max(last or 0.0, seen["last_activity"])
@@ -411,8 +410,8 @@ async def members_view(hub: Hub, team: str) -> list[dict[str, Any]]:
                 "created_at": m.created_at,
                 "state": state,
                 "last_activity": last,
-                "sessions": [_session_json(s) for s in mine[-SESSIONS_SHOWN:]],
-                "sessions_total": len(mine),
+                "sessions": [_session_json(s) for s in reversed(latest)],  # oldest first
+                "sessions_total": total,
                 **({"presence": seen} if seen is not None else {}),
                 # its push target is down, as a hub found it (delivery/circuit.py)
                 **({"push_circuit": c.to_json()} if (c := circuits.get(team, m.name)) else {}),

@@ -187,6 +187,16 @@ class Tx(Protocol):
         (``limit=2``) or reading a page costs the same with ten sessions or ten thousand."""
         ...
 
+    def session_counts(self, team: str) -> dict[str, int]:
+        """How many sessions each member of the team has (members without any are left
+        out), counted from an index: no session is read out."""
+        ...
+
+    def latest_sessions(self, team: str, member: str, limit: int) -> list[Session]:
+        """A member's latest ``limit`` sessions, newest first, read from an index in that
+        order (the dashboard's, however many the member opened)."""
+        ...
+
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None: ...
 
@@ -448,6 +458,15 @@ class Tx(Protocol):
         """A team's links (optionally those a member takes part in), oldest first: those
         whose ``(created_at, link_id)`` comes after ``after`` (a page's start), at most
         ``limit``, read from an index in that order."""
+        ...
+
+    def latest_closed_links(self, team: str, limit: int) -> list[Link]:
+        """The team's latest ``limit`` closed links, newest first, read from an index in
+        that order (the dashboard's, however many the team closed)."""
+        ...
+
+    def count_closed_links(self, team: str) -> int:
+        """How many closed links the team has, counted from indexes: no link is read."""
         ...
 
     # -- scheduled jobs ------------------------------------------------------

@@ -200,6 +200,17 @@ class MemoryTx:
         ]
         return sorted(found, key=lambda s: (s.created_at, s.session_id))[:limit]
 
+    def session_counts(self, team: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for (t, _), s in self._d.sessions.items():
+            if t == team:
+                counts[s.member] = counts.get(s.member, 0) + 1
+        return counts
+
+    def latest_sessions(self, team: str, member: str, limit: int) -> list[Session]:
+        found = self.list_sessions(team, member)
+        return found[::-1][:limit]
+
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
         return self._d.messages.get((team, message_id))
@@ -696,6 +707,15 @@ class MemoryTx:
             and (after is None or (link.created_at, link.link_id) > after)
         ]
         return sorted(found, key=lambda link: (link.created_at, link.link_id))[:limit]
+
+    def latest_closed_links(self, team: str, limit: int) -> list[Link]:
+        found = [x for x in self.list_links(team) if x.state is not LinkState.OPEN]
+        return found[::-1][:limit]
+
+    def count_closed_links(self, team: str) -> int:
+        return sum(
+            1 for (t, _), x in self._d.links.items() if t == team and x.state is not LinkState.OPEN
+        )
 
     # -- jobs ----------------------------------------------------------------
     def add_job(self, job: Job) -> int:

@@ -16,6 +16,8 @@
 * :class:`ScriptedModel` — the built-in runner's offline model: plays a policy (a
   function of a :class:`ScriptContext` returning :func:`say` or :func:`use` of tool
   :func:`call`\\ s) instead of calling a provider.
+* :func:`counting_rows` — count the records a store's transactions read, by type, to
+  test that a read costs what it shows rather than what the store holds.
 * :func:`eventually` / :func:`eventually_blocking` — wait for observable state, naming
   what is awaited, instead of sleeping.
 """
@@ -26,6 +28,7 @@ from backchannel.runner.scripted import Policy, ScriptContext, ScriptedModel, ca
 from backchannel.stores.memory import MemoryStore
 from backchannel.testing.adapters import Recording, RecordingAdapter, check_adapter
 from backchannel.testing.clock import FakeClock
+from backchannel.testing.rows import RowCount, counting_rows
 from backchannel.testing.store_checks import STORE_CHECKS, StoreFactory, check_store
 from backchannel.testing.waiting import eventually, eventually_blocking
 
@@ -36,12 +39,14 @@ __all__ = [
     "Policy",
     "Recording",
     "RecordingAdapter",
+    "RowCount",
     "ScriptContext",
     "ScriptedModel",
     "StoreFactory",
     "call",
     "check_adapter",
     "check_store",
+    "counting_rows",
     "eventually",
     "eventually_blocking",
     "say",

@@ -164,6 +164,14 @@ async def check_sessions(make_store: StoreFactory) -> None:
         assert [k[1] for k in await page(None, second[-1], 3)] == ["a2"]
         assert await page(None, (T0 + 4, "a2"), 3) == []
         assert [k[1] for k in await page("a", (T0 + 2, "a0"), 2)] == ["a1", "a1x"]
+        # the dashboard's: each member's count, and its latest few newest first
+        assert await store.read(lambda tx: tx.session_counts("alpha")) == {"a": 5, "b": 2}
+        assert await store.read(lambda tx: tx.session_counts("beta")) == {}
+        latest = await store.read(
+            lambda tx: [s.session_id for s in tx.latest_sessions("alpha", "a", 3)]
+        )
+        assert latest == ["a2", "a1x", "a1"], "newest first, ties by id"
+        assert await store.read(lambda tx: tx.latest_sessions("alpha", "c", 3)) == []
 
 
 async def check_send_and_history(make_store: StoreFactory) -> None:

@@ -88,6 +88,17 @@ async def check_links(make_store: StoreFactory) -> None:
             lambda tx: [x.link_id for x in tx.list_links("alpha", open_only=True)]
         )
         assert live == ["l3", "l4"]
+        # the dashboard's: the latest closed links, newest first, and a count of them
+        for i in (5, 6):
+            done = Link("alpha", f"l{i}", "a", "a-1", f"p{i}", None, 8, T0 + i, LinkState.CLOSED)
+            await store.transact(lambda tx, done=done: tx.insert_link(done))
+        latest = await store.read(
+            lambda tx: [x.link_id for x in tx.latest_closed_links("alpha", 2)]
+        )
+        assert latest == ["l6", "l5"], "newest first, the open l3 and l4 left out"
+        assert await store.read(lambda tx: tx.latest_closed_links("beta", 2)) == []
+        assert await store.read(lambda tx: tx.count_closed_links("alpha")) == 3
+        assert await store.read(lambda tx: tx.count_closed_links("beta")) == 0
 
         async def race(i: int) -> Link:
             link = Link("alpha", f"r{i}", "x", f"x-{i}", "y", None, 8, T0)

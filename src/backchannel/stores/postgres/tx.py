@@ -17,6 +17,10 @@ from backchannel.errors import AlreadyExists
 from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.postgres.transaction import PgTransaction
 from backchannel.stores.sql import (
+    CLOSED_LINKS_COUNT,
+    LATEST_CLOSED_LINKS,
+    LATEST_SESSIONS,
+    SESSION_COUNTS,
     budgets_query,
     delegations_query,
     jobs_query,
@@ -217,6 +221,13 @@ class PgTx(PgTransaction, LifecycleSql):
     ) -> list[Session]:
         sql, args = sessions_query(SESSION_COLS, team, member, which, limit, after)
         return [_session(r) for r in self._all(pg(sql), args, team)]
+
+    def session_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._all(pg(SESSION_COUNTS), (team,), team)}
+
+    def latest_sessions(self, team: str, member: str, limit: int) -> list[Session]:
+        sql = pg(f"SELECT {SESSION_COLS}{LATEST_SESSIONS}")
+        return [_session(r) for r in self._all(sql, (team, member, limit), team)]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -596,6 +607,14 @@ class PgTx(PgTransaction, LifecycleSql):
             LINK_COLS, team, member, open_only, after, limit, parenthesized=True
         )
         return [_link(r) for r in self._all(pg(sql), args, team)]
+
+    def latest_closed_links(self, team: str, limit: int) -> list[Link]:
+        sql = pg(f"SELECT {LINK_COLS}{LATEST_CLOSED_LINKS}")
+        return [_link(r) for r in self._all(sql, (team, limit), team)]
+
+    def count_closed_links(self, team: str) -> int:
+        row = self._one(pg(CLOSED_LINKS_COUNT), (team, team), team)
+        return int(row[0]) if row else 0
 
     # -- scheduled jobs ------------------------------------------------------
     def add_job(self, job: Job) -> int:

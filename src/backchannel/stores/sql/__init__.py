@@ -13,7 +13,11 @@ from typing import Any
 from backchannel.stores.base import SessionFilter
 
 __all__ = [
+    "CLOSED_LINKS_COUNT",
+    "LATEST_CLOSED_LINKS",
+    "LATEST_SESSIONS",
     "OPEN_DELEGATION",
+    "SESSION_COUNTS",
     "SESSION_FILTER",
     "delegations_query",
     "jobs_query",
@@ -32,6 +36,25 @@ SESSION_FILTER: dict[SessionFilter, str] = {
 
 # a delegation still waiting for its answer (the delegations_callee_open index's WHERE)
 OPEN_DELEGATION = "state IN ('pending', 'timed_out')"
+
+
+# The dashboard's reads of a long-lived team, each bounded by what it shows or served
+# from an index alone (checked with EXPLAIN in tests/stores/test_query_plans.py):
+# each member's count of sessions (sessions_member, no row read), one member's latest
+# sessions newest first (sessions_member, backwards), the latest closed links newest
+# first (links_team, backwards) and how many closed links there are.
+SESSION_COUNTS = "SELECT member, count(*) FROM sessions WHERE team = ? GROUP BY member"
+LATEST_SESSIONS = (
+    " FROM sessions WHERE team = ? AND member = ? ORDER BY created_at DESC, session_id DESC LIMIT ?"
+)
+LATEST_CLOSED_LINKS = (
+    " FROM links WHERE team = ? AND state != 'open' ORDER BY created_at DESC, link_id DESC LIMIT ?"
+)
+# both counts from an index alone (links_team, links_team_open): no link row is read
+CLOSED_LINKS_COUNT = (
+    "SELECT (SELECT count(*) FROM links WHERE team = ?)"
+    " - (SELECT count(*) FROM links WHERE team = ? AND state = 'open')"
+)
 
 
 def pg(sql: str) -> str:

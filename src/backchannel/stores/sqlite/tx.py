@@ -15,6 +15,10 @@ from typing import Any
 from backchannel.errors import AlreadyExists
 from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
 from backchannel.stores.sql import (
+    CLOSED_LINKS_COUNT,
+    LATEST_CLOSED_LINKS,
+    LATEST_SESSIONS,
+    SESSION_COUNTS,
     budgets_query,
     delegations_query,
     jobs_query,
@@ -332,6 +336,13 @@ class SqliteTx(LifecycleSql):
         sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
         found = by_limit[limit] = [_session(r) for r in self._c.execute(sql, args)]
         return list(found)
+
+    def session_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._c.execute(SESSION_COUNTS, (team,))}
+
+    def latest_sessions(self, team: str, member: str, limit: int) -> list[Session]:
+        sql = f"SELECT {SESSION_COLS}{LATEST_SESSIONS}"
+        return [_session(r) for r in self._c.execute(sql, (team, member, limit))]
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
@@ -788,6 +799,14 @@ class SqliteTx(LifecycleSql):
     ) -> list[Link]:
         sql, args = links_query(LINK_COLS, team, member, open_only, after, limit)
         return [_link(r) for r in self._c.execute(sql, args)]
+
+    def latest_closed_links(self, team: str, limit: int) -> list[Link]:
+        sql = f"SELECT {LINK_COLS}{LATEST_CLOSED_LINKS}"
+        return [_link(r) for r in self._c.execute(sql, (team, limit))]
+
+    def count_closed_links(self, team: str) -> int:
+        row = self._one(CLOSED_LINKS_COUNT, (team, team))
+        return int(row[0]) if row else 0
 
     # -- jobs ----------------------------------------------------------------
     def add_job(self, job: Job) -> int:
