@@ -203,12 +203,61 @@ async def test_http_acks_then_receives(rig: Rig) -> None:
         {"session": "bad session"},
         {"pinned_only": 1},
         {"acks": []},
+        {"receive_id": ""},
+        {"receive_id": "no spaces"},
+        {"receive_id": "x" * 129},
+        {"receive_id": 7},
     ],
 )
 async def test_http_refuses_bad_input_with_422(rig: Rig, body: dict[str, Any]) -> None:
     r = await rig.http.post("/v1/inbox/receive", json=body, headers=rig.auth("b"))
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"]
+
+
+@pytest.mark.parametrize("bad", ["", "no spaces", "-leading", "x" * 129])
+async def test_a_bad_receive_name_is_refused_naming_it(rig: Rig, bad: str) -> None:
+    r = await rig.http.get("/v1/inbox", params={"receive_id": bad}, headers=rig.auth("b"))
+    assert r.status_code == 422, r.text
+    assert "receive_id" in r.text
+    with pytest.raises(InvalidRequest, match="receive_id") as caught:
+        await rig.hub.receive("t", "b", receive_id=bad)
+    assert "the same when that receive is made again" in str(caught.value)
+
+
+async def test_a_named_receive_made_again_is_answered_what_it_leased(rig: Rig) -> None:
+    # the first answer was lost on the way: the same name gets the same messages, the
+    # same attempt, nothing else leased and no transaction's reactions run twice; a new
+    # name gets the rest; once acked, the old name gets nothing of them again
+    sent = await rig.send(4)
+    first = await rig.hub.receive("t", "b", limit=2, receive_id="rcv-1")
+    again = await rig.hub.receive("t", "b", limit=2, receive_id="rcv-1")
+    assert [(m.message.message_id, m.attempt) for m in again] == [(i, 1) for i in sent[:2]]
+    assert [m.message.message_id for m in first] == sent[:2]
+    rest = await rig.hub.receive("t", "b", limit=5, receive_id="rcv-2")
+    assert [m.message.message_id for m in rest] == sent[2:]
+    later = await rig.hub.receive("t", "b", limit=5, ack=sent[:2], receive_id="rcv-1")
+    assert later.acked.acked == tuple(sent[:2]) and list(later) == []
+    assert [await rig.state(i) for i in sent] == [DeliveryState.ACKED] * 2 + [
+        DeliveryState.LEASED
+    ] * 2
+
+
+async def test_a_named_receive_handed_its_message_by_a_send_holds_it_by_name(
+    rig: Rig,
+) -> None:
+    # the receive waited on an empty inbox and the send leased its message for it in the
+    # send's own transaction: that lease is the named receive's too
+    waiting = asyncio.ensure_future(rig.hub.receive("t", "b", wait=5, receive_id="rcv-w"))
+    for _ in range(500):  # until the receive waits (5 s at most)
+        if rig.hub.env.takers:
+            break
+        await asyncio.sleep(0.01)
+    assert rig.hub.env.takers, "the receive never waited"
+    [sent] = await rig.send(1)
+    assert [m.message.message_id for m in await waiting] == [sent]
+    again = await rig.hub.receive("t", "b", receive_id="rcv-w")
+    assert [(m.message.message_id, m.attempt) for m in again] == [(sent, 1)]
 
 
 async def test_http_needs_a_member_token(rig: Rig) -> None:

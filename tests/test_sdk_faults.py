@@ -218,17 +218,19 @@ def test_the_sync_client_sends_once_too(srv: Server, proxy: Faulty) -> None:
     assert [m["text"] for m in _inbox(srv, tokens["b"])] == ["deploy at noon"]
 
 
-async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_loses_nothing(
+async def test_a_long_poll_cut_on_the_way_back_is_made_again_and_gets_its_messages_at_once(
     srv: Server, proxy: Faulty
 ) -> None:
-    # a proxy dropped the long-poll's answer, which held a message: the client polls
-    # again, and the message comes back once its lease ends (late, not lost, and once)
+    # a proxy dropped the long-poll's answer, which held a message: the client makes the
+    # receive again under its name, and the hub answers what the first one leased, at
+    # once and the same attempt (before: nothing until the lease, 60 s, ran out, and one
+    # attempt spent)
     tokens = srv.team("cut-poll", "a", "b")
     proxy.faults.append(("GET", "/v1/inbox", "cut"))
     async with Client(proxy.url, tokens["a"]) as a, Client(proxy.url, tokens["b"]) as b:
         sent = await a.send("b", "deploy at noon")
-        got = await b.receive(wait=10, lease=1)
-        assert [m.message_id for m in got] == [sent.message_id]
+        got = await b.receive(wait=10)
+        assert [(m.message_id, m.attempt) for m in got] == [(sent.message_id, 1)]
         await got[0].ack()
         assert await b.receive(wait=0) == []
     assert [w for m, p, w in proxy.seen if p == "/v1/inbox"][:2] == ["cut", "pass"]
@@ -239,23 +241,42 @@ async def test_a_long_poll_cut_mid_body_loses_nothing_and_hands_nothing_twice(
     srv: Server, proxy: Faulty, path: str
 ) -> None:
     # the answer's head and half its messages came through, then the connection broke:
-    # the client reads nothing of it, polls again and gets each message once, late
+    # the client reads nothing of it, makes the receive again, and gets each message of
+    # the lost answer at once, once, the same attempt
     tokens = srv.team(f"half{path.replace('/', '-')}", "a", "b")
     method = "GET" if path == "/v1/inbox" else "POST"
     proxy.faults.append((method, path, "half"))
     async with Client(proxy.url, tokens["a"]) as a, Client(proxy.url, tokens["b"]) as b:
         sent = [(await a.send("b", f"part {i}")).message_id for i in range(3)]
-        got: list[str] = []
-        while len(got) < 3:
-            if method == "GET":
-                batch = await b.receive(limit=10, wait=10, lease=1)
-            else:
-                batch = (await b.ack_and_receive(got, limit=10, wait=10, lease=1)).messages
-            got += [m.message_id for m in batch]
-        await b.ack(got)
-        assert sorted(got) == sorted(sent)
+        if method == "GET":
+            batch = await b.receive(limit=10, wait=10)
+        else:
+            batch = (await b.ack_and_receive([], limit=10, wait=10)).messages
+        assert [(m.message_id, m.attempt) for m in batch] == [(i, 1) for i in sent]
+        await b.ack([m.message_id for m in batch])
         assert await b.receive(wait=0) == []
     assert [w for m, p, w in proxy.seen if p == path][:2] == ["half", "pass"]
+
+
+async def test_a_named_receive_hands_its_messages_to_that_name_alone(
+    srv: Server,
+) -> None:
+    # the name is the receive's, not the member's: a second receiver of the same member
+    # (its own receive, its own name) never gets what a lost answer held, and a receive
+    # named as another one was (a client that reuses names) gets those only while they
+    # are leased to that name, never a second copy once acked
+    tokens = srv.team("cut-two", "a", "b")
+    async with Client(srv.url, tokens["a"]) as a, Client(srv.url, tokens["b"]) as b2:
+        first = await a.send("b", "one")
+        second = await a.send("b", "two")
+        held = await b2.receive(limit=1, receive_id="rcv-held")
+        assert [m.message_id for m in held] == [first.message_id]
+        other = await b2.receive(limit=5)
+        assert [m.message_id for m in other] == [second.message_id]
+        again = await b2.receive(limit=5, receive_id="rcv-held")
+        assert [(m.message_id, m.attempt) for m in again] == [(first.message_id, 1)]
+        await b2.ack([first.message_id, second.message_id])
+        assert await b2.receive(limit=5, receive_id="rcv-held") == []
 
 
 async def test_a_call_waits_for_its_answer_no_longer_than_the_clients_timeout(

@@ -498,6 +498,9 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX deliveries_holder",  # schema 21
+        "ALTER TABLE deliveries DROP COLUMN lease_holder",
+        "DELETE FROM schema_migrations WHERE version = 21",
         "DROP INDEX delegations_team",  # schema 20
         "DROP INDEX delegations_caller",
         "DROP INDEX delegations_callee",
@@ -528,6 +531,9 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX deliveries_holder",  # schema 21
+        "ALTER TABLE deliveries DROP COLUMN lease_holder",
+        "DELETE FROM schema_migrations WHERE version = 21",
         "DROP INDEX delegations_team",  # schema 20
         "DROP INDEX delegations_caller",
         "DROP INDEX delegations_callee",

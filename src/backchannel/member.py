@@ -224,6 +224,7 @@ class MemberApi:
         lease: float | None = None,
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
+        receive_id: str | None = None,
     ) -> list[Received]:
         got = await self.ack_and_receive(
             (),
@@ -233,6 +234,7 @@ class MemberApi:
             lease=lease,
             pinned_only=pinned_only,
             stop=stop,
+            receive_id=receive_id,
         )
         return got.messages
 
@@ -246,10 +248,12 @@ class MemberApi:
         lease: float | None = None,
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
+        receive_id: str | None = None,
     ) -> InboxAcked:
         """Ack ``ack`` (as :meth:`ack` does), then :meth:`receive`: the ack and the first
         lease attempt are one store transaction, committed before any wait. Ids not
-        held come back in ``not_held``; they never fail the receive."""
+        held come back in ``not_held``; they never fail the receive. ``receive_id``
+        names the receive (:meth:`Hub.receive`)."""
         got = await self.hub.receive(
             self.team,
             self.name,
@@ -260,6 +264,7 @@ class MemberApi:
             pinned_only=pinned_only,
             stop=stop,
             ack=list(ack),
+            receive_id=receive_id,
         )
         return InboxAcked(
             messages=[Received.model_validate(m.to_json()) for m in got],

@@ -59,6 +59,14 @@ EventKindName = Literal[
 
 # -- request bodies -------------------------------------------------------------------
 
+#: what ``receive_id`` is, in both receive routes' documentation
+RECEIVE_ID = (
+    "a name for this receive, new for each one and the same when the client makes it "
+    "again because its answer was lost on the way (a proxy or a broken connection): "
+    "the receive made again is answered with the messages the first one leased and "
+    "still holds, instead of others while those wait out their lease"
+)
+
 
 class _Body(BaseModel):
     # strict: a JSON 0 is no boolean and "5" no number, as the schema says
@@ -166,6 +174,7 @@ class ReceiveIn(_Body):
     session: SessionField | None = None
     lease: float | None = Field(None, gt=0, le=MAX_LEASE)
     pinned_only: bool = False
+    receive_id: IdField | None = Field(None, description=RECEIVE_ID)
 
 
 class AckBatchIn(_Body):

@@ -161,6 +161,13 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.maintain()
     await take("a", "a-s")
 
+    # a receive its client named, made again after its answer was lost on the way
+    await hub.send("t", "lead", "a", "named and answered twice", link=False)
+    first = await hub.receive("t", "a", session="a-s", limit=5, receive_id="rcv-plans")
+    again = await hub.receive("t", "a", session="a-s", limit=5, receive_id="rcv-plans")
+    assert first and [g.message.message_id for g in again] == [g.message.message_id for g in first]
+    await hub.ack("t", "a", [g.message.message_id for g in first])
+
     # timers: set, fire on the clock, cancel
     await hub.set_timer("t", "a", "a-s", "anchor", 60, "back to task 3")
     await hub.set_timer("t", "a", "a-s", "check", 60, "how is b", target="b")
@@ -364,6 +371,8 @@ PG_CHECKS = {
     "AND state = 'queued' ORDER BY seq LIMIT 64",
     "deliveries_open": "SELECT count(*) FROM deliveries WHERE team = 't' AND member = 'a' "
     "AND state IN ('queued', 'leased')",
+    "deliveries_holder": "SELECT seq FROM deliveries WHERE team = 't' AND member = 'a' "
+    "AND state = 'leased' AND lease_holder = 'rcv-1' AND lease_until > 0 ORDER BY seq",
     "messages_created": "SELECT team, message_id FROM messages WHERE created_at < 1e12 "
     "AND (created_at, team, message_id) > (0, 't', 'm') "
     "ORDER BY created_at, team, message_id LIMIT 500",

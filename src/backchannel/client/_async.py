@@ -24,7 +24,7 @@ from backchannel.client._transport import (
 from backchannel.core.pages import MAX_PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE
 from backchannel.errors import BackchannelError, InvalidRequest, PeerError
-from backchannel.hub.messages import new_message_id, new_request_id
+from backchannel.hub.messages import new_message_id, new_receive_id, new_request_id
 from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
 from backchannel.models import (
@@ -605,20 +605,32 @@ class Client:
         session: str | None = None,
         lease: float | None = None,
         pinned_only: bool = False,
+        receive_id: str | None = None,
     ) -> list[Received]:
         """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
         ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``).
-        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled."""
+        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled.
+
+        The receive is named (``receive_id``, a new one unless given): made again
+        after its answer was lost on the way, it gets the messages the hub leased for
+        it, not others while those wait out their lease."""
+        rid = new_receive_id() if receive_id is None else receive_id
         params = {
             "limit": limit,
             "wait": wait,
             "pinned_only": pinned_only,
+            "receive_id": rid,
             **_given(session=session, lease=lease),
         }
 
         async def local(s: Scope) -> Inbox:
             got = await s.member.receive(
-                limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+                limit=limit,
+                wait=wait,
+                session=session,
+                lease=lease,
+                pinned_only=pinned_only,
+                receive_id=rid,
             )
             return Inbox(messages=got)
 
@@ -639,23 +651,33 @@ class Client:
         session: str | None = None,
         lease: float | None = None,
         pinned_only: bool = False,
+        receive_id: str | None = None,
     ) -> InboxAcked:
         """Ack ``ack`` (messages you received and are done with), then :meth:`receive`,
         in one request and one store transaction: a receiver loop passes the ids of its
         last batch with each call. ``acked`` and ``not_held`` say what the ack did (ids
-        not held fail nothing); ``messages`` are what was leased."""
+        not held fail nothing); ``messages`` are what was leased (the receive named as
+        :meth:`receive` names it)."""
         ids = list(ack)
+        rid = new_receive_id() if receive_id is None else receive_id
         body = {
             "ack": ids,
             "limit": limit,
             "wait": wait,
             "pinned_only": pinned_only,
+            "receive_id": rid,
             **_given(session=session, lease=lease),
         }
 
         async def local(s: Scope) -> InboxAcked:
             return await s.member.ack_and_receive(
-                ids, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+                ids,
+                limit=limit,
+                wait=wait,
+                session=session,
+                lease=lease,
+                pinned_only=pinned_only,
+                receive_id=rid,
             )
 
         async def given_back(got: InboxAcked) -> None:

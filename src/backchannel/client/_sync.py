@@ -350,13 +350,20 @@ class SyncClient:
         session: str | None = None,
         lease: float | None = None,
         pinned_only: bool = False,
+        receive_id: str | None = None,
     ) -> list[Received]:
         """Lease up to ``limit`` messages, waiting up to ``wait`` s for the first (for
         ``lease`` seconds; with ``pinned_only``, only those pinned to ``session``).
-        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled."""
+        Ack each (:meth:`ack`, or ``await msg.ack()``) once handled. The receive is
+        named (``receive_id``) as the async client's is."""
         got = self._run(
             self._async.receive(
-                limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+                limit=limit,
+                wait=wait,
+                session=session,
+                lease=lease,
+                pinned_only=pinned_only,
+                receive_id=receive_id,
             ),
             self._async._given_back,
         )
@@ -371,6 +378,7 @@ class SyncClient:
         session: str | None = None,
         lease: float | None = None,
         pinned_only: bool = False,
+        receive_id: str | None = None,
     ) -> InboxAcked:
         """Ack ``ack`` (messages you received and are done with), then :meth:`receive`,
         in one request and one store transaction: a receiver loop passes the ids of its
@@ -378,7 +386,13 @@ class SyncClient:
         not held fail nothing); ``messages`` are what was leased."""
         got = self._run(
             self._async.ack_and_receive(
-                ack, limit=limit, wait=wait, session=session, lease=lease, pinned_only=pinned_only
+                ack,
+                limit=limit,
+                wait=wait,
+                session=session,
+                lease=lease,
+                pinned_only=pinned_only,
+                receive_id=receive_id,
             ),
             lambda got: self._async._given_back(got.messages),
         )

@@ -67,6 +67,18 @@ def check_message_id(message_id: str, field: str = "message_id") -> str:
     return message_id
 
 
+def check_receive_id(receive_id: str) -> str:
+    """A name a client gives one receive, the same when it makes the receive again."""
+    if not isinstance(receive_id, str) or not MESSAGE_ID_RE.fullmatch(receive_id):
+        raise InvalidRequest(
+            f"invalid receive_id {receive_id!r}: use 1 to 128 letters, digits, '_', '-', "
+            "'.' or ':', starting with a letter or digit, a new one for each receive and "
+            "the same when that receive is made again (or omit it)",
+            field="receive_id",
+        )
+    return receive_id
+
+
 #: A receive's bounds: messages in one answer, seconds it waits for the first, seconds a
 #: lease a caller asks for may last (the hub's and the HTTP API's).
 MAX_LIMIT = 1000

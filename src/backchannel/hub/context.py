@@ -129,14 +129,19 @@ class Taker:
     at most one transaction run, then answered once, on the event loop, with what that
     run leased for it if the run committed and nothing otherwise."""
 
-    __slots__ = ("claimed", "future", "lease", "limit")
+    __slots__ = ("claimed", "future", "holder", "lease", "limit")
 
     def __init__(
-        self, limit: int, lease: float, future: asyncio.Future[list[InboxMessage]]
+        self,
+        limit: int,
+        lease: float,
+        future: asyncio.Future[list[InboxMessage]],
+        holder: str | None = None,
     ) -> None:
         self.limit = limit
         self.lease = lease
         self.future = future
+        self.holder = holder  # the receive's name its client gave (``receive_id``)
         self.claimed = False  # under Takers' lock
 
     def answer(self, got: list[InboxMessage]) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "Messages",
     "Outgoing",
     "new_message_id",
+    "new_receive_id",
 ]
 
 _ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
@@ -69,6 +70,11 @@ def new_message_id() -> str:
     rows land at the end of the indexes instead of all over them, which keeps commits
     small, and no system call is needed per id."""
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+def new_receive_id() -> str:
+    """A name for one receive (``receive_id``): random, so no two clients share one."""
+    return f"rcv_{uuid.uuid4().hex}"
 
 
 def _number(value: object, *, whole: bool = False) -> bool:
@@ -391,7 +397,14 @@ class Messages:
                     taker = takers.claim(team, r.member) if r.session is None else None
                     if taker is not None:
                         got = self._lease(
-                            c, team, r.member, None, now, now + taker.lease, taker.limit
+                            c,
+                            team,
+                            r.member,
+                            None,
+                            now,
+                            now + taker.lease,
+                            taker.limit,
+                            holder=taker.holder,
                         )
                         c.hand(taker, got)
             return result
@@ -411,6 +424,7 @@ class Messages:
         stop: asyncio.Event | None = None,
         owner: str | None = None,
         ack: Sequence[str] = (),
+        receive_id: str | None = None,
     ) -> Leased:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
         the first. Leased messages come back after the lease unless acked. With
@@ -426,7 +440,14 @@ class Messages:
         ``acked`` says which were acked and which not held; ids not held never fail the
         receive. The ack is committed before any wait for messages begins, and is not
         done again when the wait ends; a receive that fails (a bad session) acks
-        nothing."""
+        nothing.
+
+        ``receive_id`` names this receive (its client's name, new for each receive):
+        what it leases is leased to that name, and a receive made again under the same
+        name (its answer lost on the way: a proxy or a broken connection cut it after
+        the hub wrote it) is answered with the messages the first one leased and still
+        holds, the same attempt, instead of leasing others while those wait out their
+        lease."""
         limit = self.config.default_limit if limit is None else limit
         # not NaN (which no comparison refuses: a NaN lease was stored as no lease end,
         # and the message was the caller's for ever), not a bool, a whole limit
@@ -447,15 +468,27 @@ class Messages:
             )
         lease = self.config.lease_seconds if lease_seconds is None else lease_seconds
         ids = ack_ids(ack, "ack")
+        holder = None if receive_id is None else rules.check_receive_id(receive_id)
         acked = NOTHING_ACKED
 
         def attempt(
             c: Ctx, now: float, ids: list[str], own: Taker
         ) -> tuple[AckResult, list[InboxMessage]]:
             done = self._ack(c, team, member, ids, now, owner) if ids else NOTHING_ACKED
-            got = self._lease(
-                c, team, member, session, now, now + lease, limit, not pinned_only, owner
-            )
+            got = self._held(c, team, member, holder, now, limit) if holder else []
+            if not got:
+                got = self._lease(
+                    c,
+                    team,
+                    member,
+                    session,
+                    now,
+                    now + lease,
+                    limit,
+                    not pinned_only,
+                    owner,
+                    holder,
+                )
             if got:
                 c.hand(own, got)  # answered on commit: given back if this receive is gone
             return done, got
@@ -467,7 +500,7 @@ class Messages:
             # a receive cancelled while its lease runs in the store's thread (which may
             # still commit it, after a push worker stopped and another started, say):
             # what that lease took goes back to the queue at once, not at its end
-            own = Taker(limit, lease, loop.create_future())
+            own = Taker(limit, lease, loop.create_future(), holder)
             try:
                 done, got = await self.env.transact(
                     partial(attempt, now=self.clock.now(), ids=ids, own=own)
@@ -485,7 +518,7 @@ class Messages:
             # a send to this member may lease its message for this receive
             taker = None
             if session is None and owner is None:
-                taker = Taker(limit, lease, loop.create_future())
+                taker = Taker(limit, lease, loop.create_future(), holder)
                 self.env.takers.add(team, member, taker)
             try:
                 if stop is None:
@@ -541,6 +574,7 @@ class Messages:
         limit: int,
         include_unpinned: bool = True,
         owner: str | None = None,
+        holder: str | None = None,
     ) -> list[InboxMessage]:
         tx = c.tx
         if not owns(tx, team, member, owner):
@@ -557,19 +591,28 @@ class Messages:
             if s.state is SessionState.ACTIVE:
                 return []  # never injected mid-turn; delivered when the turn ends
             got = anchors_first(
-                tx.lease(team, member, session, now, until, limit, include_unpinned)
+                tx.lease(team, member, session, now, until, limit, include_unpinned, holder)
             )
             got = _replies_since_firing(tx, team, member, got)
             if got:
                 c.schedule(until)  # the lease ends then
                 self.pipeline.after_lease(c, s, got, now)
             return got
-        got = anchors_first(tx.lease(team, member, session, now, until, limit))
+        got = anchors_first(tx.lease(team, member, session, now, until, limit, holder=holder))
         got = _replies_since_firing(tx, team, member, got)
         if got:
             c.schedule(until)
             self.pipeline.after_member_lease(c, team, member, got, now)
         return got
+
+    def _held(
+        self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int
+    ) -> list[InboxMessage]:
+        """What the receive named ``holder`` leased and still holds, as it was handed
+        over (its answer was lost: this receive is that one made again). Nothing of the
+        lease's reactions runs again; they ran with the lease."""
+        got = c.tx.held(team, member, holder, now)[:limit]
+        return _replies_since_firing(c.tx, team, member, anchors_first(got))
 
     async def inbox(
         self,

@@ -68,7 +68,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -219,16 +219,25 @@ class Tx(Protocol):
         lease_until: float,
         limit: int,
         include_unpinned: bool = True,
+        holder: str | None = None,
     ) -> list[InboxMessage]:
         """Hand out up to ``limit`` of the member's ``queued`` deliveries, lowest ``seq``
         first, and mark them ``leased`` until ``lease_until`` with ``attempts + 1`` and a
-        ``leased`` history event.
+        ``leased`` history event; leased to ``holder`` (a receive its client named, for
+        :meth:`held`), or to no named receive.
 
         Eligible are deliveries addressed to the member as a whole (unless
         ``include_unpinned`` is false) and, when ``session`` is given, those pinned to
         that session. Two concurrent leases never hand out the same delivery (on
         PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
         """
+        ...
+
+    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+        """The member's deliveries still ``leased`` (``lease_until`` after ``now``) by a
+        lease to ``holder``, lowest ``seq`` first, as :meth:`lease` handed them out (the
+        same attempt; nothing changes): what a receive its client made again, its answer
+        lost on the way, is answered. An index of the named leases alone finds them."""
         ...
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:

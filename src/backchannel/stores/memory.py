@@ -57,6 +57,8 @@ class _Data:
         self.sessions: dict[tuple[str, str], Session] = {}
         self.messages: dict[tuple[str, str], Message] = {}
         self.deliveries: dict[tuple[str, str, str], Delivery] = {}
+        # delivery key -> the named receive (``receive_id``) it was last leased to
+        self.holders: dict[tuple[str, str, str], str] = {}
         # (team, member) -> {seq: delivery key} for copies not yet acked or dead
         self.open: dict[tuple[str, str], dict[int, tuple[str, str, str]]] = {}
         self.history: dict[tuple[str, str], list[DeliveryEvent]] = {}
@@ -283,6 +285,7 @@ class MemoryTx:
         lease_until: float,
         limit: int,
         include_unpinned: bool = True,
+        holder: str | None = None,
     ) -> list[InboxMessage]:
         inbox = self._d.open.get((team, member), {})
         out: list[InboxMessage] = []
@@ -306,8 +309,29 @@ class MemoryTx:
             self._event(
                 team, DeliveryEvent(d.message_id, member, now, "leased", f"attempt {d.attempts}")
             )
+            key = (team, d.message_id, member)
+            if holder is None:
+                self._pop(self._d.holders, key)
+            else:
+                self._set(self._d.holders, key, holder)
             msg = self._d.messages[(team, d.message_id)]
             out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
+        return out
+
+    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+        inbox = self._d.open.get((team, member), {})
+        out: list[InboxMessage] = []
+        for seq in sorted(inbox):
+            key = inbox[seq]
+            d = self._d.deliveries[key]
+            if (
+                d.state is DeliveryState.LEASED
+                and d.lease_until is not None
+                and d.lease_until > now
+                and self._d.holders.get(key) == holder
+            ):
+                msg = self._d.messages[(team, d.message_id)]
+                out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
         return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:

@@ -263,6 +263,73 @@ async def check_lease_order_and_filters(make_store: StoreFactory) -> None:
         assert [e.event for e in hist] == ["queued", "leased"]
 
 
+async def check_held_by_a_named_receive(make_store: StoreFactory) -> None:
+    """A lease to a named receive (``holder``) is found again by that name while it
+    runs, the same attempt, nothing changed; not by another name or member, not once
+    acked, expired, or leased again without the name, nor when its transaction failed."""
+
+    def names(got: list[Any]) -> list[tuple[str, int]]:
+        return [(g.message.message_id, g.attempt) for g in got]
+
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(4):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        got = await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2, holder="r1")
+        )
+        assert names(got) == [("m0", 1), ("m1", 1)]
+        again = await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 1))
+        assert names(again) == [("m0", 1), ("m1", 1)]
+        assert [g.seq for g in again] == [g.seq for g in got]
+        assert again[0].message == got[0].message
+        copies = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert (copies[0].state, copies[0].attempts) == (DeliveryState.LEASED, 1)
+        assert await store.read(lambda tx: tx.held("alpha", "b", "r2", T0 + 1)) == []
+        assert await store.read(lambda tx: tx.held("alpha", "c", "r1", T0 + 1)) == []
+        await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0 + 2))
+        assert names(await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 2))) == [
+            ("m1", 1)
+        ]
+        plain = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 2, T0 + 60, 1))
+        assert names(plain) == [("m2", 1)]
+        assert names(await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 3))) == [
+            ("m1", 1)
+        ]
+        assert await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 60)) == []
+        await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m1",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=T0 + 60,
+                event="lease_expired",
+            )
+        )
+        relet = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 60, T0 + 99, 1))
+        assert names(relet) == [("m1", 2)]
+        assert await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 61)) == []
+
+        def failing(tx: Tx) -> None:
+            tx.lease("alpha", "b", None, T0 + 61, T0 + 99, 1, holder="r3")
+            raise RuntimeError("the transaction fails")
+
+        with suppress(RuntimeError):
+            await store.transact(failing)
+        assert await store.read(lambda tx: tx.held("alpha", "b", "r3", T0 + 62)) == []
+        taken = await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0 + 62, T0 + 99, 1, holder="r3")
+        )
+        assert names(taken) == [("m3", 1)]
+        assert names(await store.read(lambda tx: tx.held("alpha", "b", "r3", T0 + 62))) == [
+            ("m3", 1)
+        ]
+
+
 async def check_unpin_session(make_store: StoreFactory) -> None:
     """A session that ended gives the copies pinned to it, waiting or leased, to its
     member as a whole; other sessions' copies and other members' are left alone."""
@@ -788,6 +855,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_feed_start,
     check_dead_letters,
     check_lease_order_and_filters,
+    check_held_by_a_named_receive,
     check_concurrent_leases_never_overlap,
     check_ack,
     check_late_ack,

@@ -29,6 +29,7 @@ from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
 from backchannel.interfaces.wire import SSE_EVENT, SessionQuery, StrictRoute
 from backchannel.member import MemberApi
 from backchannel.models import (
+    RECEIVE_ID,
     AckBatchIn,
     Acked,
     AckedBatch,
@@ -42,7 +43,7 @@ from backchannel.models import (
     ReceiveIn,
     Released,
 )
-from backchannel.types import SESSION_PATTERN
+from backchannel.types import MESSAGE_ID_PATTERN, SESSION_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
 
@@ -109,11 +110,19 @@ async def inbox(
     session: SessionQuery = None,
     lease: Annotated[float | None, Query(gt=0, le=MAX_LEASE)] = None,
     pinned_only: bool = False,
+    receive_id: Annotated[
+        str | None, Query(pattern=MESSAGE_ID_PATTERN, description=RECEIVE_ID)
+    ] = None,
 ) -> Inbox:
     """Lease up to ``limit`` messages, waiting up to ``wait`` seconds for the first;
     each comes back after its lease unless acked."""
     query = _InboxQuery(
-        wait=wait, limit=limit, session=session, lease=lease, pinned_only=pinned_only
+        wait=wait,
+        limit=limit,
+        session=session,
+        lease=lease,
+        pinned_only=pinned_only,
+        receive_id=receive_id,
     )
     return Inbox(messages=(await leased(api, request, query)).messages)
 
@@ -129,6 +138,7 @@ class _InboxQuery(BaseModel):
     session: str | None = Field(None, pattern=SESSION_PATTERN)
     lease: float | None = Field(None, gt=0, le=MAX_LEASE)
     pinned_only: bool = False
+    receive_id: str | None = Field(None, pattern=MESSAGE_ID_PATTERN)
 
 
 async def leased(
@@ -149,6 +159,7 @@ async def leased(
                 lease=q.lease,
                 pinned_only=q.pinned_only,
                 stop=gone,
+                receive_id=q.receive_id,
             )
         got.messages = await kept(api, request, gone, got.messages)
     if q.wait > 0 and (error := await revoked(request)) is not None:

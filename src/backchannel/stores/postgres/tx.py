@@ -119,10 +119,17 @@ _LEASE = (
     "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
     "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
     "UPDATE deliveries d SET state = 'leased', attempts = d.attempts + 1, "
-    "lease_until = %s, updated_at = %s FROM picked p, messages m "
+    "lease_until = %s, updated_at = %s, lease_holder = %s FROM picked p, messages m "
     "WHERE d.team = %s AND d.member = %s AND d.message_id = p.message_id "
     "AND m.team = d.team AND m.message_id = d.message_id "
     f"RETURNING d.seq, d.session, d.attempts, {MSG_COLS}"
+)
+#: the copies still leased to a named receive (``deliveries_holder``), in send order
+_HELD = (
+    f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
+    "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
+    "WHERE d.team = %s AND d.member = %s AND d.state = 'leased' AND d.lease_holder = %s "
+    "AND d.lease_until > %s ORDER BY d.seq"
 )
 
 
@@ -276,10 +283,22 @@ class PgTx(PgTransaction, LifecycleSql):
         lease_until: float,
         limit: int,
         include_unpinned: bool = True,
+        holder: str | None = None,
     ) -> list[InboxMessage]:
         rows = self._all(
             _LEASE,
-            (team, member, include_unpinned, session, limit, lease_until, now, team, member),
+            (
+                team,
+                member,
+                include_unpinned,
+                session,
+                limit,
+                lease_until,
+                now,
+                holder,
+                team,
+                member,
+            ),
             team,
         )
         rows.sort(key=lambda r: r[0])
@@ -290,6 +309,10 @@ class PgTx(PgTransaction, LifecycleSql):
             )
             self._event(team, ev)
         return out
+
+    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+        rows = self._all(_HELD, (team, member, holder, now), team)
+        return [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         where = "state = 'leased' AND lease_until <= %s"

@@ -379,6 +379,14 @@ MIGRATIONS: list[str] = [
     DROP INDEX delegations_batch;
     CREATE INDEX delegations_batch ON delegations (team, batch, created_at, delegation_id);
     """,
+    # 21: the receive a copy is leased to, when its client named it (``receive_id``):
+    #     a receive made again after its answer was lost on the way (a proxy cut it)
+    #     finds what the first one leased, by an index of only the leases so named
+    """
+    ALTER TABLE deliveries ADD COLUMN lease_holder TEXT;
+    CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
+        WHERE state = 'leased' AND lease_holder IS NOT NULL;
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

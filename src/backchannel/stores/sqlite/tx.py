@@ -122,7 +122,14 @@ _LEASE = (
 )
 _MARK_LEASED = (
     "UPDATE deliveries SET state = 'leased', attempts = attempts + 1, lease_until = ?, "
-    "updated_at = ? WHERE seq = ?"
+    "updated_at = ?, lease_holder = ? WHERE seq = ?"
+)
+#: the copies still leased to a named receive (``deliveries_holder``), in send order
+_HELD = (
+    f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
+    "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
+    "WHERE d.team = ? AND d.member = ? AND d.state = 'leased' AND d.lease_holder = ? "
+    "AND d.lease_until > ? ORDER BY d.seq"
 )
 _EXPIRED_LEASES = (
     f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
@@ -393,17 +400,22 @@ class SqliteTx(LifecycleSql):
         lease_until: float,
         limit: int,
         include_unpinned: bool = True,
+        holder: str | None = None,
     ) -> list[InboxMessage]:
         rows = self._c.execute(_LEASE, (team, member, include_unpinned, session, limit)).fetchall()
         if not rows:
             return []
-        self._c.executemany(_MARK_LEASED, [(lease_until, now, r[0]) for r in rows])
+        self._c.executemany(_MARK_LEASED, [(lease_until, now, holder, r[0]) for r in rows])
         out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0]) for r in rows]
         self._history.extend(
             (team, im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
             for im in out
         )
         return out
+
+    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+        rows = self._c.execute(_HELD, (team, member, holder, now)).fetchall()
+        return [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         return [delivery(r) for r in self._c.execute(_EXPIRED_LEASES, (now, limit))]
