@@ -606,3 +606,36 @@ def test_the_cli_send_whose_answer_stays_lost_says_how_to_send_it_once(
     assert again.stdout.strip() == m.group(1)
     got = _inbox(any_srv, tokens["b"])
     assert [(g["message_id"], g["text"]) for g in got] == [(m.group(1), "deploy at noon")]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_receive_made_again_on_another_hub_gets_what_the_first_leased(
+    tmp_path: Path, new_postgres_url: Any
+) -> None:
+    # two hubs on one PostgreSQL behind a load balancer: the answer of the first receive
+    # (on hub A) was lost, and the client's retry under the same name reached hub B,
+    # which answers what A leased, at once and the same attempt
+    url = new_postgres_url()
+    hub_a = start_server(tmp_path / "a", url)
+    try:
+        hub_b = start_server(tmp_path / "b", url)
+        try:
+            tokens = hub_a.team("two-hubs", "a", "b")
+            with hub_a.client(tokens["a"]) as a:
+                r = a.post("/v1/messages", json={"to": "b", "text": "deploy at noon"})
+                r.raise_for_status()
+                sent = r.json()["message_id"]
+            params = {"receive_id": "rcv-across-hubs", "limit": 5}
+            with hub_a.client(tokens["b"]) as on_a:  # its answer is what the proxy lost
+                first = on_a.get("/v1/inbox", params=params).json()["messages"]
+            assert [m["message_id"] for m in first] == [sent]
+            with hub_b.client(tokens["b"]) as on_b:
+                again = on_b.get("/v1/inbox", params=params).json()["messages"]
+                other = on_b.get("/v1/inbox", params={"limit": 5}).json()["messages"]
+            assert [(m["message_id"], m["attempt"]) for m in again] == [(sent, 1)]
+            assert other == []
+        finally:
+            hub_b.stop()
+    finally:
+        hub_a.stop()
