@@ -68,7 +68,9 @@ class Quotas:
             quotas.MAX_TIMERS, found.settings if found else {}, me.settings if me else {}
         )
         count = 0
-        for s in tx.list_sessions(team, member):
+        # a session's pending timers are cancelled when it ends for good
+        # (``Pipeline.terminated``): only the live ones can hold any
+        for s in tx.list_sessions(team, member, which="live"):
             count += tx.count_jobs(team, s.session_id, timer_rules.TIMER_JOB, cap - count)
             if count >= cap:
                 raise quotas.too_many_timers(member, count, cap)

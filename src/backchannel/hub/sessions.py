@@ -357,7 +357,7 @@ class Sessions:
             step = alive_step(exit_grace(t.settings if t else {}))
             found = [
                 s
-                for s in tx.list_sessions(team, member)
+                for s in tx.list_sessions(team, member, which="live")
                 if s.state in (SessionState.IDLE, SessionState.ACTIVE)
                 and s.meta.get(RUNTIME_META) == key
             ]

@@ -249,9 +249,7 @@ class Timers:
         if session_id is not None:
             s = self.sessions.load(c, team, member, session_id)
         else:
-            live = [
-                x for x in tx.list_sessions(team, member) if x.state is not SessionState.TERMINATED
-            ]
+            live = tx.list_sessions(team, member, which="live")
             active = [x for x in live if x.state is SessionState.ACTIVE]
             pick = active if len(active) == 1 else live
             if tx.get_member(team, member) is None:

@@ -336,7 +336,7 @@ async def _left_behind(hub: Hub, m: Member, started: Session, ev: HookEvent) -> 
     session resumes it."""
     if ev.runtime_key is None:
         return
-    for s in await hub.list_sessions(m.team, m.name):
+    for s in await hub.list_sessions(m.team, m.name, which="live"):
         if (
             s.session_id != started.session_id
             and s.state in (SessionState.IDLE, SessionState.ACTIVE)
