@@ -174,26 +174,13 @@ def claim_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
     return None if owner == (team, member) else owner
 
 
-def take_inbox(
-    path: Path, team: str, member: str, stale: tuple[str, str]
-) -> tuple[str, str] | None:
-    """Take the claim of ``path`` over for ``member`` from ``stale``, a holder no longer
-    delivered there; what :func:`claim_inbox` answers after. The claim is replaced only
-    if ``stale`` still holds it, checked and replaced under a lock of the claims
-    directory (``flock``): of two writers that found one outdated claim at the same
-    time, one takes it over and the other finds the file held."""
-    import fcntl
-
+def take_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
+    """Take the claim of ``path`` over for ``member`` (its holder is no longer delivered
+    there); what :func:`claim_inbox` answers after."""
     claim = _claim_of(path)
     private_dirs(claim.parent)
     body = json.dumps({"team": team, "member": member, "path": str(path)})
-    fd = os.open(claim.parent / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if _read_claim(claim) == stale:
-            write_atomic(claim, body, mode=0o600)
-    finally:
-        os.close(fd)  # the lock goes with it
+    write_atomic(claim, body, mode=0o600)
     return claim_inbox(path, team, member)
 
 
@@ -223,10 +210,10 @@ class InboxFileAdapter(Adapter):
         member is still delivered to is :class:`PermanentDeliveryError`, naming why."""
         path = Path(self.path)
         team, member = self.ctx.team, self.ctx.member
-        try:  # files in the hub's state directory: read and written off the event loop
-            owner = await asyncio.to_thread(claim_inbox, path, team, member)
+        try:
+            owner = claim_inbox(path, team, member)
             if owner is not None and not await self._delivered_to(owner, path):
-                owner = await asyncio.to_thread(take_inbox, path, team, member, owner)
+                owner = take_inbox(path, team, member)
         except OSError as exc:  # the hub's own state directory: transient
             raise AdapterError(f"inbox {path}: cannot claim it for {member!r}: {exc}") from exc
         if owner is None:
