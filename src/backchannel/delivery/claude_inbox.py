@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from backchannel.errors import InboxWriteError
-from backchannel.files import no_space, private_dirs
+from backchannel.files import no_space, private_dirs, state_mark, write_mark
 
 if TYPE_CHECKING:
     import anyio
@@ -160,8 +160,7 @@ def team_marks() -> Path:
 
 
 def _mark_of(team_dir: Path | str, marks: Path) -> Path:
-    key = hashlib.sha256(os.path.abspath(team_dir).encode("utf-8", "surrogatepass"))
-    return marks / key.hexdigest()[:32]
+    return state_mark(marks, os.path.abspath(team_dir))
 
 
 def team_marked(team_dir: Path | str, marks: Path | None = None) -> bool:
@@ -737,10 +736,7 @@ class InboxWriter:
         mark = _mark_of(team_dir, self.marks)
         try:
             if not mark.exists():
-                private_dirs(mark.parent)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                with os.fdopen(os.open(mark, flags, 0o600), "w", encoding="utf-8") as f:
-                    f.write(os.path.abspath(team_dir) + "\n")
+                write_mark(mark, os.path.abspath(team_dir) + "\n", create=True)
         except OSError as exc:  # the memory still holds it, for this process
             logger.warning(
                 "cannot mark the Claude Code team %s as made by TeamCreate in %s (%s): after "
