@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -54,7 +55,8 @@ from backchannel.delivery.claude_inbox import (
     team_deleted,
     unsafe_dirs,
 )
-from backchannel.errors import BackchannelError
+from backchannel.delivery.inbox_file import write_claimed
+from backchannel.errors import BackchannelError, PermanentDeliveryError
 from backchannel.files import private_dirs
 from backchannel.hub.outage import Outage
 
@@ -349,11 +351,17 @@ class InboxBridge:
             if not (isinstance(stamp, str) and e.get("from") == m.sender and e.get("text") == text):
                 stamp = js_timestamp(m.created_at)  # Claude Code keys entries on it too
             writer = InboxWriter(d.path.parent.parent)
-            try:
-                await writer.append_async(
-                    d.claude_team, name, msg_id=eid, from_=m.sender, text=text,
-                    summary=m.summary, color=owner.color, timestamp=stamp,
-                )  # fmt: skip
+            put_back = functools.partial(
+                writer.append, d.claude_team, name, msg_id=eid, from_=m.sender, text=text,
+                summary=m.summary, color=owner.color, timestamp=stamp,
+            )  # fmt: skip
+            try:  # through the file's claim, as every write: never into another's inbox
+                await write_claimed(
+                    self.hub, Path(os.path.abspath(path)), owner.team, owner.member, put_back
+                )
+            except PermanentDeliveryError as exc:  # another member holds the file now
+                await self._lost(owner, eid, f"{why}; not put back: {exc.message}")
+                continue
             except (OSError, BackchannelError) as exc:  # InboxWriteError, I/O
                 await self._lost(owner, eid, f"{why}; putting it back failed: {exc}")
                 continue
