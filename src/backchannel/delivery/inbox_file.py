@@ -120,6 +120,7 @@ def inbox_of(team: str, member: str, setting: Mapping[str, Any] | None) -> Path 
 def _same_file_key(path: Path) -> str:
     """One key for every name of one inbox file: the team and inbox names casefolded, as
     a case-insensitive filesystem (macOS's) takes them."""
+    path = Path(os.path.abspath(path))
     return os.path.join(str(path.parent.parent.parent), path.parent.parent.name.casefold(),
                         path.name.casefold())  # fmt: skip
 

@@ -356,9 +356,7 @@ class InboxBridge:
                 summary=m.summary, color=owner.color, timestamp=stamp,
             )  # fmt: skip
             try:  # through the file's claim, as every write: never into another's inbox
-                await write_claimed(
-                    self.hub, Path(os.path.abspath(path)), owner.team, owner.member, put_back
-                )
+                await write_claimed(self.hub, path, owner.team, owner.member, put_back)
             except PermanentDeliveryError as exc:  # another member holds the file now
                 await self._lost(owner, eid, f"{why}; not put back: {exc.message}")
                 continue
