@@ -23,6 +23,7 @@ from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import members_view
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
+from tests.delivery.conftest_adapters import same_size_in_place
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 WRITERS = ["w1", "w2", "w3", "w4"]
@@ -680,6 +681,50 @@ async def test_an_entry_is_not_put_back_into_a_file_another_member_now_holds(
         assert "a member of another hub team" in (st.deliveries[0].dead_reason or "")
     finally:
         await d.stop()
+        await bridge.stop()
+        await hub.close()
+
+
+async def test_an_unchanged_inbox_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge read a file again at every look even when nothing had changed (a big
+    inbox read, parsed and compared again and again). A file whose inode, size and
+    times are those it had when last read and settled is now not read; one rewritten in
+    place to the same size is, once its modification time differs."""
+    from backchannel.delivery import inbox_watch
+
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    reads: Counter[str] = Counter()
+    read_inbox_or_none = inbox_watch.read_inbox_or_none
+
+    def counted(path: Path | str) -> Any:
+        reads[Path(path).name] += 1
+        return read_inbox_or_none(path)
+
+    monkeypatch.setattr(inbox_watch, "read_inbox_or_none", counted)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        InboxWriter(root).append("t", "lead", msg_id="m-1", from_="w1", text="AAAA")
+        for _ in range(3):
+            await bridge.scan()
+        assert reads["lead.json"] == 1, reads
+        assert len(await bridge.scan()) == 0
+
+        # the same size, in place (same inode): read again once its mtime moves on
+        st = lead.stat()
+        same_size_in_place(lead, {b"AAAA": b"BBBB", b'"m-1"': b'"m-2"'})
+        assert (lead.stat().st_size, lead.stat().st_ino) == (st.st_size, st.st_ino)
+        [result] = await bridge.scan()
+        assert reads["lead.json"] == 2, reads
+        [mid] = result.messages
+        assert (await _message(hub, mid)).text == "BBBB"
+        await bridge.scan()
+        assert reads["lead.json"] == 2, reads
+    finally:
         await bridge.stop()
         await hub.close()
 

@@ -88,9 +88,11 @@ __all__ = [
     "InboxWriteError",
     "InboxWriter",
     "MemberState",
+    "Stamp",
     "default_root",
     "entry_id",
     "entry_ids",
+    "file_stamp",
     "inbox_path",
     "is_active",
     "js_timestamp",
@@ -352,6 +354,22 @@ def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
     if len(data) > limit:
         raise InboxTooBig(path, len(data), limit)
     return data
+
+
+#: What :func:`file_stamp` tells of a file: device, inode, size, mtime and ctime (ns).
+Stamp = tuple[int, int, int, int, int]
+
+
+def file_stamp(path: Path | str) -> Stamp | None:
+    """The file at ``path`` (never followed) as ``lstat`` sees it, ``None`` if it cannot
+    be looked at. A reader that takes it *before* reading and finds it unchanged at its
+    next look may skip the read: every writer that changes the file changes one of them
+    (a rename gives a new inode; a write in place, the size or the times)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 _warned: set[tuple[str, str]] = set()
@@ -1085,6 +1103,7 @@ class InboxWatcher:
         self.skip_existing, self.rescan_s = skip_existing, rescan_s
         self.debounce_ms, self.force_polling = debounce_ms, force_polling
         self._seen: dict[str, set[str]] = {}
+        self._stamps: dict[str, Stamp] = {}  # each file as last read whole
         self._stop: anyio.Event | None = None
         self._refused: str | None = None  # why the inboxes are not read now, said once
 
@@ -1092,7 +1111,8 @@ class InboxWatcher:
         """Scan the inboxes once; return the entries not returned before, in file order.
 
         A file that does not parse now is skipped and its seen ids kept, so a torn read
-        (of a non-atomic writer) never looks like new or vanished entries.
+        (of a non-atomic writer) never looks like new or vanished entries. A file whose
+        :func:`file_stamp` is the one it had when last read whole is not read again.
         """
         found: list[tuple[str, dict[str, Any]]] = []
         if (problem := unsafe_dirs(self.inboxes / "x.json")) is not None:
@@ -1111,10 +1131,15 @@ class InboxWatcher:
             member = path.stem
             if self.members is not None and member not in self.members:
                 continue
+            stamp = file_stamp(path)  # taken before the read: a change after it is seen
+            if stamp is not None and self._stamps.get(member) == stamp:
+                continue  # unchanged since it was last read: nothing new in it
             try:
                 items = [e for e in _decode(_read_own(path)) if isinstance(e, dict)]
             except (OSError, ValueError):
                 continue
+            if stamp is not None:
+                self._stamps[member] = stamp
             seen = self._seen.get(member, set())
             present = {entry_id(e) for e in items}
             for e in items:

@@ -47,7 +47,9 @@ from backchannel.delivery.adapters import delivery_type
 from backchannel.delivery.base import message_text
 from backchannel.delivery.claude_inbox import (
     InboxWriter,
+    Stamp,
     default_root,
+    file_stamp,
     inbox_path,
     js_timestamp,
     protocol_message,
@@ -93,6 +95,8 @@ class _Dir:
     seen: dict[str, set[str]] = field(default_factory=dict)  # file -> ids taken in
     forgot_at: dict[str, float] = field(default_factory=dict)
     own: dict[str, dict[str, _Own]] = field(default_factory=dict)  # file -> the hub's entries
+    # file -> its stamp when last read and all of it settled (nothing to look at again)
+    stamps: dict[str, Stamp] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,7 @@ class InboxBridge:
                 d = have
                 d.owners = owners
                 d.seen.clear()  # a new owner may make old entries takeable
+                d.stamps.clear()  # so every file is read again
                 await self._scan_dir(d)
 
     async def _refresh_loop(self) -> None:
@@ -253,13 +258,20 @@ class InboxBridge:
                 log.warning("not reading the inboxes in %s: %s", d.path, problem)
             return None
         self._unsafe.discard(d.path)
+        stamp = await asyncio.to_thread(file_stamp, path)  # before the read: see file_stamp
+        if stamp is not None and d.stamps.get(name) == stamp:
+            return None  # unchanged since it was read and settled: nothing new in it
+        d.stamps.pop(name, None)
         read = await asyncio.to_thread(read_inbox_or_none, path)
         entries = read or []
+        settled = read is not None
         if read is not None and owner.reads_file:
-            await self._check_own(d, name, owner, entries)
+            settled = await self._check_own(d, name, owner, entries) and settled
         seen = d.seen.setdefault(name, set())
         new = [e for e in entries if e["msg_id"] not in seen]
         if not new:
+            if settled and stamp is not None:
+                d.stamps[name] = stamp
             return None
         key = f"{d.claude_team}/{name}"
         try:
@@ -275,6 +287,8 @@ class InboxBridge:
                 log.warning("inbox %s has entries from %r, which is not a member of team %r; "
                             "add the member and they are taken in", path, sender, owner.team)  # fmt: skip
         unknown = set(result.unknown_senders)
+        if settled and stamp is not None and not unknown:  # else read again at the next look
+            d.stamps[name] = stamp
         seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
         self.taken += len(result.messages)
         if owner.reads_file and (result.own_ids or result.own_before):
@@ -293,9 +307,10 @@ class InboxBridge:
 
     async def _check_own(
         self, d: _Dir, name: str, owner: InboxOwner, entries: list[dict[str, Any]]
-    ) -> None:
+    ) -> bool:
         """Put back, once, the hub's entries a rewrite dropped before the owner read them;
-        dead-letter one dropped again (or that cannot be put back).
+        dead-letter one dropped again (or that cannot be put back). ``False`` when one is
+        to be looked at again at the next read (the hub could not be asked).
 
         Claude Code's reader removes the entries it consumes (it does not keep them marked
         ``read``), so an entry gone is normally an entry read. But its reader consumes
@@ -317,7 +332,8 @@ class InboxBridge:
         the message's."""
         own = d.own.get(name)
         if not own:
-            return
+            return True
+        settled = True
         present = {e["msg_id"]: e for e in entries}
         path = d.path / f"{name}.json"
         for eid, item in list(own.items()):
@@ -339,6 +355,7 @@ class InboxBridge:
             except BackchannelError as exc:
                 log.warning("inbox %s: could not put back %s: %s", path, eid, exc.message)
                 own[eid] = item  # asked again at the next read
+                settled = False
                 continue
             if back.message is None:
                 continue  # no copy of the owner's: the id was not the hub's entry for it
@@ -366,6 +383,8 @@ class InboxBridge:
             log.warning("inbox %s: %s; put it back", path, why)
             entry = {"msg_id": eid, "from": m.sender, "text": text, "timestamp": stamp}
             own[eid] = _Own(entry, _unread_chat_before(entries, len(entries)))
+            settled = False  # the file changed: read it again
+        return settled
 
     async def _lost(self, owner: InboxOwner, eid: str, reason: str) -> None:
         try:
