@@ -26,8 +26,10 @@ necessarily written by the user's agents. It is said once, and read once it is f
 
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
-read again at its next change. Teams and members are listed again every ``rescan_s``
-(to pick up new ones; the files themselves are never polled).
+read again at its next change; one unchanged since it was last read and settled (its
+:func:`~backchannel.delivery.claude_inbox.file_stamp` the same) is not read again. Teams
+and members are listed again every ``rescan_s`` (to pick up new ones; the files
+themselves are never polled).
 """
 
 from __future__ import annotations
@@ -329,7 +331,9 @@ class InboxBridge:
         (with other words, or the id of a message to someone else) puts back nothing
         of its own. Only the timestamp of an entry that was the hub's word for word is
         kept (Claude Code matches entries on sender, timestamp and text); any other is
-        the message's."""
+        the message's. A put-back is a write like the adapter's, through the file's
+        claim (:func:`~backchannel.delivery.inbox_file.write_claimed`): into a file
+        another member now holds nothing is put back, the copy is dead-lettered."""
         own = d.own.get(name)
         if not own:
             return True
