@@ -9,7 +9,9 @@ import os
 import sqlite3
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from backchannel.config import admin_token
 from backchannel.delivery.claude_inbox import InboxWatcher, InboxWriter
 from backchannel.delivery.stdin import StdinAgent
 from backchannel.errors import InvalidRequest, StoreError
-from backchannel.files import write_atomic
+from backchannel.files import state_mark, write_atomic, write_mark
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import eventually
@@ -387,3 +389,28 @@ def test_serve_neither_follows_nor_narrows_an_admin_token_symlink(tmp_path: Path
         admin_token(home)
     assert _mode(elsewhere) == 0o644
     assert elsewhere.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+
+
+def test_a_state_mark_is_made_once_whole_and_private(tmp_path: Path) -> None:
+    """The hub's marks (Claude Code teams seen, inbox claims): a file 0600 named after
+    its key's hash in a directory made 0700. Made with ``create`` by many writers at
+    once, exactly one makes it and it holds that writer's whole text; nothing else is
+    left in the directory."""
+    folder = tmp_path / "state" / "marks"
+    mark = state_mark(folder, "/some/inbox.json")
+    assert mark.parent == folder and mark == state_mark(folder, "/some/inbox.json")
+    start = threading.Barrier(8)
+
+    def make(i: int) -> bool:
+        start.wait(timeout=20)
+        return write_mark(mark, f"writer {i}\n" * 1000, create=True)
+
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(make, range(8)))
+    assert made.count(True) == 1
+    assert mark.read_text() == f"writer {made.index(True)}\n" * 1000
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(mark.stat().st_mode) == 0o600
+    assert list(folder.iterdir()) == [mark]
+    assert write_mark(mark, "replaced\n") and mark.read_text() == "replaced\n"
+    assert stat.S_IMODE(mark.stat().st_mode) == 0o600

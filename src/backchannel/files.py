@@ -22,12 +22,13 @@ Only the standard library here: the hook command imports this on every hook.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["no_space", "private_dirs", "write_atomic"]
+__all__ = ["no_space", "private_dirs", "state_mark", "write_atomic", "write_mark"]
 
 
 def write_atomic(
@@ -99,3 +100,35 @@ def private_dirs(folder: Path) -> None:
         folder = folder.parent
     for d in reversed(missing):
         d.mkdir(mode=0o700, exist_ok=True)
+
+
+def state_mark(folder: Path, key: str) -> Path:
+    """The mark for ``key`` in ``folder`` (a directory of the hub's private state): a
+    file named after the key's hash, so any key (a path, say) makes a safe name."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return folder / digest[:32]
+
+
+def write_mark(mark: Path, text: str, *, create: bool = False) -> bool:
+    """Write the mark ``mark`` (:func:`state_mark`) whole, at once: 0600, in a
+    directory made 0700 if missing. ``create``: only if there is none yet, atomically
+    (a reader never sees it empty or half written; of two writers at once, one makes
+    it): ``False`` when one was there. Raises ``OSError`` as :func:`write_atomic`."""
+    private_dirs(mark.parent)
+    if not create:
+        write_atomic(mark, text, mode=0o600)
+        return True
+    tmp = mark.with_name(f".{mark.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            os.link(tmp, mark)  # fails, never replaces, when the mark is there
+        except FileExistsError:
+            return False
+        return True
+    except OSError as exc:
+        raise no_space(exc, mark) from exc
+    finally:
+        tmp.unlink(missing_ok=True)

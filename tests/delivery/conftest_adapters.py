@@ -4,6 +4,7 @@ writer's): a real hub, bounded waits, a local HTTP endpoint, a private tmux serv
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import uuid
@@ -68,6 +69,18 @@ async def running_hub(
     async with hub:
         await hub.create_team("t", settings={"anchor_policy": "off"})
         yield hub
+
+
+def same_size_in_place(path: Path, changes: dict[bytes, bytes]) -> None:
+    """Rewrite ``path`` in place (its inode kept) with ``changes`` of equal length, and
+    move its mtime a second on, as a writer that does not rename would."""
+    st, data = path.stat(), path.read_bytes()
+    for old, new in changes.items():
+        assert len(old) == len(new)
+        data = data.replace(old, new)
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
 
 
 @asynccontextmanager

@@ -39,6 +39,7 @@ from backchannel.delivery.claude_inbox import (
     stable_id,
 )
 from backchannel.testing import eventually_blocking
+from tests.delivery.conftest_adapters import same_size_in_place
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 TEAM = "team-a"
@@ -623,6 +624,36 @@ def test_watcher_poll_yields_each_entry_once(tmp_path: Path) -> None:
     assert watcher.poll() == []
     path.write_text(json.dumps(marked, indent=2))
     assert watcher.poll() == []
+
+
+def test_watcher_does_not_read_an_unchanged_inbox_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rescan read every inbox again, changed or not (a 10 MB inbox read once a
+    second). A file with the inode, size and times it had when last read is skipped;
+    one rewritten in place to the same size is read once its mtime differs."""
+    reads: list[str] = []
+    read_own = claude_inbox._read_own
+
+    def counted(path: Path | str, *args: Any) -> bytes:
+        reads.append(Path(path).name)
+        return read_own(path, *args)
+
+    monkeypatch.setattr(claude_inbox, "_read_own", counted)
+    writer = InboxWriter(tmp_path)
+    writer.append(TEAM, "user", msg_id="u-1", from_="bob", text="AAAA")
+    reads.clear()  # the writer's own reads
+    watcher = InboxWatcher(TEAM, root=tmp_path, members={"user"})
+    assert [e["msg_id"] for _, e in watcher.poll()] == ["u-1"]
+    assert watcher.poll() == [] and watcher.poll() == []
+    assert reads == ["user.json"]
+    path = writer.path_for(TEAM, "user")
+    st = path.stat()
+    same_size_in_place(path, {b"AAAA": b"BBBB", b'"u-1"': b'"u-2"'})
+    assert (path.stat().st_size, path.stat().st_ino) == (st.st_size, st.st_ino)
+    assert [e["text"] for _, e in watcher.poll()] == ["BBBB"]
+    assert watcher.poll() == []
+    assert reads == ["user.json", "user.json"]
 
 
 @pytest.mark.parametrize("how", ["a symlink to elsewhere", "writable by other users"])

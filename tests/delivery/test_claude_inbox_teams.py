@@ -3,16 +3,18 @@ deleted across a restart of the hub, and two members never share one inbox file.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from backchannel.delivery.claude_inbox import read_inbox
-from backchannel.testing import eventually_blocking
+from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
+from backchannel.testing import eventually, eventually_blocking
 from tests.conftest import Server, start_server
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
 
@@ -161,3 +163,99 @@ async def test_an_inbox_file_of_another_member_is_never_written(tmp_path: Path) 
     claims = tmp_path / "xdg-state" / "backchannel" / "seen" / "claude-inboxes"
     assert stat.S_IMODE(claims.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in claims.iterdir()} == {0o600}
+
+
+async def test_two_writers_taking_over_one_outdated_claim_at_once_one_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim of an inbox file whose member moved away is taken over at the next
+    write. Two writers that found it outdated at the same instant (here: released
+    together by a barrier just after both looked at the outdated holder) both took it
+    over and both wrote, so the agent reading the file got the other hub team's message
+    too. The take-over is now a compare-and-swap under a lock: one wins, the other
+    finds the winner holding the file and its message is a dead letter saying why."""
+    root = tmp_path / "teams"
+
+    def setting(team: str) -> dict[str, str]:
+        return {"type": "inbox-file", "root": str(root), "team": team, "inbox": "r"}
+
+    path = root / "cc-x" / "inboxes" / "r.json"
+    async with running_hub() as hub:
+        for team in ("t2", "t3"):
+            await hub.create_team(team, settings={"anchor_policy": "off"})
+        await hub.add_member("t", "r", "claude-code", delivery=setting("cc.x"))
+        async with dispatching(hub):
+            first = await hub.send("t", "user", "r", "for t's r", link=False)
+            await wait_state(hub, "t", first.message_id, "acked")
+        await hub.update_member("t", "r", delivery=setting("cc-y"))  # the claim is outdated
+        await hub.add_member("t2", "r", "claude-code", delivery=setting("cc-x"))
+        await hub.add_member("t3", "r", "claude-code", delivery=setting("cc x"))
+
+        both = asyncio.Barrier(2)
+        get_member = hub.get_member
+
+        async def looked_at_together(team: str, member: str) -> Any:
+            found = await get_member(team, member)
+            if (team, member) == ("t", "r"):  # the outdated holder: wait for the other
+                async with asyncio.timeout(20):
+                    await both.wait()
+            return found
+
+        monkeypatch.setattr(hub, "get_member", looked_at_together)
+        async with dispatching(hub):
+            sent = {
+                team: await hub.send(team, "user", "r", f"{team} secret", link=False)
+                for team in ("t2", "t3")
+            }
+
+            async def settled() -> dict[str, Any] | None:
+                states = {t: await hub.message_status(t, m.message_id) for t, m in sent.items()}
+                done = all(s.state.value in ("acked", "dead") for s in states.values())
+                return states if done else None
+
+            states = await eventually(settled, within=30, what="both messages settled")
+        assert sorted(s.state.value for s in states.values()) == ["acked", "dead"]
+        [won] = [t for t, s in states.items() if s.state.value == "acked"]
+        [lost] = [t for t, s in states.items() if s.state.value == "dead"]
+        texts = [e["text"] for e in read_inbox(path)]
+        assert f"[From user] {won} secret" in texts
+        assert f"[From user] {lost} secret" not in texts, "never in the winner's inbox"
+        reason = states[lost].deliveries[0].dead_reason or ""
+        assert "the inbox of a member of another hub team" in reason
+
+
+async def test_the_claim_is_checked_off_the_event_loop_with_the_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim mark was read with a plain file read on the event loop before each
+    write (a slow state directory stalled every agent's traffic), and apart from the
+    append. It is now read in the worker thread that appends, one step with it."""
+    from backchannel.delivery import inbox_file
+
+    root = tmp_path / "teams"
+    loop_thread = threading.get_ident()
+    reads: list[int] = []
+    appends: list[int] = []
+    read_claim, append = inbox_file._read_claim, InboxWriter.append
+
+    def recorded_read(claim: Path) -> Any:
+        reads.append(threading.get_ident())
+        return read_claim(claim)
+
+    def recorded_append(self: InboxWriter, *args: Any, **kwargs: Any) -> Any:
+        appends.append(threading.get_ident())
+        return append(self, *args, **kwargs)
+
+    monkeypatch.setattr(inbox_file, "_read_claim", recorded_read)
+    monkeypatch.setattr(InboxWriter, "append", recorded_append)
+    async with running_hub() as hub:
+        await hub.add_member(
+            "t", "r", "claude-code", delivery={"type": "inbox-file", "root": str(root)}
+        )
+        async with dispatching(hub):
+            for text in ("one", "two"):
+                sent = await hub.send("t", "user", "r", text, link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+    assert len(reads) >= 2 and len(appends) == 2
+    assert loop_thread not in reads, "no claim read on the event loop"
+    assert set(reads) <= set(appends), "read in the thread that appends"

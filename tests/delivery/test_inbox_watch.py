@@ -23,6 +23,7 @@ from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import members_view
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
+from tests.delivery.conftest_adapters import same_size_in_place
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 WRITERS = ["w1", "w2", "w3", "w4"]
@@ -621,6 +622,109 @@ async def test_only_the_hubs_own_words_are_put_back(tmp_path: Path) -> None:
         assert "the hub's words" in back["text"]
     finally:
         await d.stop()
+        await bridge.stop()
+        await hub.close()
+
+
+async def test_an_entry_is_not_put_back_into_a_file_another_member_now_holds(
+    tmp_path: Path,
+) -> None:
+    """The bridge put entries back by its own map of files to members, without the
+    inbox claim: once the owner's delivery moved away and a member of another hub team
+    took the file over, an entry of the old owner's dropped by a lockless rewrite was
+    put back into the new owner's inbox (its agent read the other team's message). A
+    put-back now goes through the claim as every write does: into a file another
+    member holds it is not written; the copy is dead-lettered and its sender told."""
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    d = Dispatcher(hub, rescan_s=0.1)
+    bridge = InboxBridge(hub, watch=False, teams={"t"})
+
+    def read() -> list[dict[str, Any]]:
+        return json.loads(lead.read_text("utf-8"))
+
+    try:
+        await bridge.start()
+        await d.start()
+        InboxWriter(root).append("t", "lead", msg_id="early", from_="w1", text="unread")
+        await bridge.scan()
+        sent = await hub.send("t", "w2", "lead", "for t's lead only", link=False)
+        mid = sent.message_id
+
+        async def written() -> bool:
+            return mid in {e["msg_id"] for e in read()} and await _state(hub, mid) != "leased"
+
+        await eventually(written, within=30, what="the hub's entry in the lead's inbox")
+        await bridge.scan()  # the bridge knows the entry as the lead's
+        lead.write_text(json.dumps([e for e in read() if e["msg_id"] != mid], indent=2))
+
+        # the lead moves to another inbox; a member of team t2 takes the file over
+        elsewhere = {"type": "inbox-file", "root": str(root), "inbox": "lead-2"}
+        await hub.update_member("t", "lead", delivery=elsewhere)
+        await hub.create_team("t2", settings={"anchor_policy": "off"})
+        theirs = {"type": "inbox-file", "root": str(root), "team": "t", "inbox": "lead"}
+        await hub.add_member("t2", "r", "claude-code", delivery=theirs)
+        other = await hub.send("t2", "user", "r", "for t2's r", link=False)
+
+        async def acked() -> bool:
+            st = await hub.message_status("t2", other.message_id)
+            return st.state.value == "acked"
+
+        await eventually(acked, within=30, what="t2's message in the file it took over")
+        await bridge.scan()  # the bridge's map still says the file is t's lead's
+        assert mid not in {e["msg_id"] for e in read()}, "not put back into t2's r's inbox"
+        assert await _state(hub, mid) == "dead"
+        notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
+        assert notice is not None and notice.to == "w2", "the sender is told"
+        st = await hub.message_status("t", mid)
+        assert "a member of another hub team" in (st.deliveries[0].dead_reason or "")
+    finally:
+        await d.stop()
+        await bridge.stop()
+        await hub.close()
+
+
+async def test_an_unchanged_inbox_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge read a file again at every look even when nothing had changed (a big
+    inbox read, parsed and compared again and again). A file whose inode, size and
+    times are those it had when last read and settled is now not read; one rewritten in
+    place to the same size is, once its modification time differs."""
+    from backchannel.delivery import inbox_watch
+
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    reads: Counter[str] = Counter()
+    read_inbox_or_none = inbox_watch.read_inbox_or_none
+
+    def counted(path: Path | str) -> Any:
+        reads[Path(path).name] += 1
+        return read_inbox_or_none(path)
+
+    monkeypatch.setattr(inbox_watch, "read_inbox_or_none", counted)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        InboxWriter(root).append("t", "lead", msg_id="m-1", from_="w1", text="AAAA")
+        for _ in range(3):
+            await bridge.scan()
+        assert reads["lead.json"] == 1, reads
+        assert len(await bridge.scan()) == 0
+
+        # the same size, in place (same inode): read again once its mtime moves on
+        st = lead.stat()
+        same_size_in_place(lead, {b"AAAA": b"BBBB", b'"m-1"': b'"m-2"'})
+        assert (lead.stat().st_size, lead.stat().st_ino) == (st.st_size, st.st_ino)
+        [result] = await bridge.scan()
+        assert reads["lead.json"] == 2, reads
+        [mid] = result.messages
+        assert (await _message(hub, mid)).text == "BBBB"
+        await bridge.scan()
+        assert reads["lead.json"] == 2, reads
+    finally:
         await bridge.stop()
         await hub.close()
 

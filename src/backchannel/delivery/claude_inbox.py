@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from backchannel.errors import InboxWriteError
-from backchannel.files import no_space, private_dirs
+from backchannel.files import no_space, private_dirs, state_mark, write_mark
 
 if TYPE_CHECKING:
     import anyio
@@ -88,9 +88,11 @@ __all__ = [
     "InboxWriteError",
     "InboxWriter",
     "MemberState",
+    "Stamp",
     "default_root",
     "entry_id",
     "entry_ids",
+    "file_stamp",
     "inbox_path",
     "is_active",
     "js_timestamp",
@@ -160,8 +162,7 @@ def team_marks() -> Path:
 
 
 def _mark_of(team_dir: Path | str, marks: Path) -> Path:
-    key = hashlib.sha256(os.path.abspath(team_dir).encode("utf-8", "surrogatepass"))
-    return marks / key.hexdigest()[:32]
+    return state_mark(marks, os.path.abspath(team_dir))
 
 
 def team_marked(team_dir: Path | str, marks: Path | None = None) -> bool:
@@ -353,6 +354,22 @@ def _read_own(path: Path | str, limit: int = MAX_INBOX_BYTES) -> bytes:
     if len(data) > limit:
         raise InboxTooBig(path, len(data), limit)
     return data
+
+
+#: What :func:`file_stamp` tells of a file: device, inode, size, mtime and ctime (ns).
+Stamp = tuple[int, int, int, int, int]
+
+
+def file_stamp(path: Path | str) -> Stamp | None:
+    """The file at ``path`` (never followed) as ``lstat`` sees it, ``None`` if it cannot
+    be looked at. A reader that takes it *before* reading and finds it unchanged at its
+    next look may skip the read: every writer that changes the file changes one of them
+    (a rename gives a new inode; a write in place, the size or the times)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 _warned: set[tuple[str, str]] = set()
@@ -737,10 +754,7 @@ class InboxWriter:
         mark = _mark_of(team_dir, self.marks)
         try:
             if not mark.exists():
-                private_dirs(mark.parent)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                with os.fdopen(os.open(mark, flags, 0o600), "w", encoding="utf-8") as f:
-                    f.write(os.path.abspath(team_dir) + "\n")
+                write_mark(mark, os.path.abspath(team_dir) + "\n", create=True)
         except OSError as exc:  # the memory still holds it, for this process
             logger.warning(
                 "cannot mark the Claude Code team %s as made by TeamCreate in %s (%s): after "
@@ -1089,6 +1103,7 @@ class InboxWatcher:
         self.skip_existing, self.rescan_s = skip_existing, rescan_s
         self.debounce_ms, self.force_polling = debounce_ms, force_polling
         self._seen: dict[str, set[str]] = {}
+        self._stamps: dict[str, Stamp] = {}  # each file as last read whole
         self._stop: anyio.Event | None = None
         self._refused: str | None = None  # why the inboxes are not read now, said once
 
@@ -1096,7 +1111,8 @@ class InboxWatcher:
         """Scan the inboxes once; return the entries not returned before, in file order.
 
         A file that does not parse now is skipped and its seen ids kept, so a torn read
-        (of a non-atomic writer) never looks like new or vanished entries.
+        (of a non-atomic writer) never looks like new or vanished entries. A file whose
+        :func:`file_stamp` is the one it had when last read whole is not read again.
         """
         found: list[tuple[str, dict[str, Any]]] = []
         if (problem := unsafe_dirs(self.inboxes / "x.json")) is not None:
@@ -1115,10 +1131,15 @@ class InboxWatcher:
             member = path.stem
             if self.members is not None and member not in self.members:
                 continue
+            stamp = file_stamp(path)  # taken before the read: a change after it is seen
+            if stamp is not None and self._stamps.get(member) == stamp:
+                continue  # unchanged since it was last read: nothing new in it
             try:
                 items = [e for e in _decode(_read_own(path)) if isinstance(e, dict)]
             except (OSError, ValueError):
                 continue
+            if stamp is not None:
+                self._stamps[member] = stamp
             seen = self._seen.get(member, set())
             present = {entry_id(e) for e in items}
             for e in items:

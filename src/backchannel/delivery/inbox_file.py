@@ -41,21 +41,28 @@ messages. A setting that would share a file with another member of the team is r
 when it is set (:func:`inbox_clash`); and every write first claims the file for its
 member (:func:`claim_inbox`, a mark in the hub's private state directory): a file another
 member's delivery still names (one of another hub team, or one set before this check) is
-not written, the message a dead letter saying why.
+not written, the message a dead letter saying why. The claim is checked in the thread
+that appends, one step with the append (:func:`write_claimed`), never on the event loop.
+A claim whose member is no longer delivered to the file is taken over only if it is
+still that member's (a check and a swap under a ``flock``, :func:`take_inbox`): of two
+writers (threads, hub processes) taking one outdated claim over at once, one does, and
+the other's message is a dead letter as for any file another member holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import fcntl
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
@@ -77,10 +84,20 @@ from backchannel.delivery.claude_inbox import (
     name_problem,
 )
 from backchannel.errors import InvalidRequest, UnknownMember, UnknownTeam
-from backchannel.files import private_dirs, write_atomic
+from backchannel.files import private_dirs, state_mark, write_mark
 from backchannel.types import InboxMessage
 
-__all__ = ["InboxFileAdapter", "claim_inbox", "inbox_clash", "inbox_of"]
+__all__ = [
+    "InboxFileAdapter",
+    "claim_inbox",
+    "delivered_to",
+    "inbox_clash",
+    "inbox_of",
+    "take_inbox",
+    "write_claimed",
+]
+
+T = TypeVar("T")
 
 _HOW = (
     "Claude Code names an inbox file by the team and inbox names with every character "
@@ -103,6 +120,7 @@ def inbox_of(team: str, member: str, setting: Mapping[str, Any] | None) -> Path 
 def _same_file_key(path: Path) -> str:
     """One key for every name of one inbox file: the team and inbox names casefolded, as
     a case-insensitive filesystem (macOS's) takes them."""
+    path = Path(os.path.abspath(path))
     return os.path.join(str(path.parent.parent.parent), path.parent.parent.name.casefold(),
                         path.name.casefold())  # fmt: skip
 
@@ -138,8 +156,11 @@ def _claims() -> Path:
 
 
 def _claim_of(path: Path) -> Path:
-    key = hashlib.sha256(_same_file_key(path).encode("utf-8", "surrogatepass"))
-    return _claims() / key.hexdigest()[:32]
+    return state_mark(_claims(), _same_file_key(path))
+
+
+def _claim_body(path: Path, team: str, member: str) -> str:
+    return json.dumps({"team": team, "member": member, "path": str(path)})
 
 
 def _read_claim(claim: Path) -> tuple[str, str] | None:
@@ -156,32 +177,106 @@ def claim_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
     """Claim the inbox file ``path`` for ``member`` of hub team ``team``: ``None`` once
     the claim is theirs (made now, or theirs before), else the ``(team, member)`` that
     holds it. A claim is a file 0600 in ``claude-inboxes/`` of the hub's state directory
-    (0700), named after the file's path; :meth:`InboxFileAdapter.deliver` takes over
-    one whose member is no longer delivered to the file (:func:`take_inbox`)."""
+    (0700), named after the file's path (:func:`~backchannel.files.state_mark`), made
+    whole at once; :func:`write_claimed` takes over one whose member is no longer
+    delivered to the file (:func:`take_inbox`)."""
     claim = _claim_of(path)
     owner = _read_claim(claim)
     if owner is None:
-        private_dirs(claim.parent)
-        body = json.dumps({"team": team, "member": member, "path": str(path)})
-        try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:  # another writer claimed it meanwhile
-            owner = _read_claim(claim)
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
+        if write_mark(claim, _claim_body(path, team, member), create=True):
             return None
+        owner = _read_claim(claim)  # another writer claimed it meanwhile
     return None if owner == (team, member) else owner
 
 
-def take_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
-    """Take the claim of ``path`` over for ``member`` (its holder is no longer delivered
-    there); what :func:`claim_inbox` answers after."""
+def take_inbox(
+    path: Path, team: str, member: str, holder: tuple[str, str]
+) -> tuple[str, str] | None:
+    """Take the claim of ``path`` over for ``member`` from ``holder`` (no longer delivered
+    there), only if ``holder`` still holds it: the check and the replacement are one
+    step under a ``flock`` of the claim's lock file, so of two writers (threads, hub
+    processes) taking one outdated claim over at once, exactly one does; the other finds
+    the winner holding it. What :func:`claim_inbox` answers after."""
     claim = _claim_of(path)
     private_dirs(claim.parent)
-    body = json.dumps({"team": team, "member": member, "path": str(path)})
-    write_atomic(claim, body, mode=0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(claim.with_name(claim.name + ".lock"), flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _read_claim(claim) == holder:
+            write_mark(claim, _claim_body(path, team, member))
+            return None
+    finally:
+        os.close(fd)  # releases the flock
     return claim_inbox(path, team, member)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    owner: tuple[str, str]
+
+
+def _claim_then(
+    path: Path, team: str, member: str, taking: tuple[str, str] | None, write: Callable[[], T]
+) -> T | _Held:
+    """One step, in one thread: claim ``path`` (or take it over from ``taking``), then
+    ``write`` if the claim is ``member``'s, else :class:`_Held` naming the holder."""
+    try:
+        owner = claim_inbox(path, team, member)
+        if owner is not None and owner == taking:
+            owner = take_inbox(path, team, member, owner)
+    except OSError as exc:  # the hub's own state directory: transient
+        raise InboxWriteError(f"cannot claim it for {member!r}: {exc}") from exc
+    return _Held(owner) if owner is not None else write()
+
+
+async def delivered_to(hub: Any, owner: tuple[str, str], path: Path) -> bool:
+    """Whether ``owner``'s delivery setting (in ``hub``) still names ``path``."""
+    if not all(owner):
+        return False
+    with contextlib.suppress(UnknownMember, UnknownTeam):
+        m = await hub.get_member(*owner)
+        theirs = inbox_of(owner[0], owner[1], m.delivery)
+        return theirs is not None and _same_file_key(theirs) == _same_file_key(path)
+    return False
+
+
+async def write_claimed(
+    hub: Any,
+    path: Path,
+    team: str,
+    member: str,
+    write: Callable[[], T],
+    run: Callable[[Callable[[], T | _Held]], Awaitable[T | _Held]] | None = None,
+) -> T:
+    """``write()`` to the inbox file ``path`` for ``member`` of ``team``, once the file is
+    claimed for them (:func:`claim_inbox`): the claim check and the write are one call of
+    ``run`` (a worker thread). A claim whose member ``hub`` no longer delivers to the file
+    is taken over (:func:`take_inbox`); a file another member is still delivered to is
+    not written: :class:`PermanentDeliveryError` naming why. Raises
+    :class:`InboxWriteError` when the claim cannot be read or made."""
+    runner = run or (lambda fn: anyio.to_thread.run_sync(fn))
+    taking: tuple[str, str] | None = None
+    for _ in range(3):  # a claim that changes hands between looks: looked at again
+        out = await runner(functools.partial(_claim_then, path, team, member, taking, write))
+        if not isinstance(out, _Held):
+            return out
+        if await delivered_to(hub, out.owner, path):
+            raise PermanentDeliveryError(_held_reason(path, team, out.owner))
+        taking = out.owner
+    raise InboxWriteError(f"cannot claim it for {member!r}: its claim kept changing hands")
+
+
+def _held_reason(path: Path, team: str, owner: tuple[str, str]) -> str:
+    who = (
+        f"member {owner[1]!r} of this team" if owner[0] == team else "a member of another hub team"
+    )
+    return (
+        f"inbox {path}: nothing written: the file is the inbox of {who}, whose delivery "
+        f"setting names it too ({_HOW}, so names that differ can name one file); the "
+        "agent reading it is not this member. Give this member an 'inbox' (or a "
+        "'team') of its own in its delivery setting"
+    )
 
 
 class InboxFileAdapter(Adapter):
@@ -205,41 +300,6 @@ class InboxFileAdapter(Adapter):
         self._writing: threading.Event | None = None
         self._writing_since = 0.0
 
-    async def _claim(self) -> None:
-        """Claim the inbox file for this member (:func:`claim_inbox`); a file another
-        member is still delivered to is :class:`PermanentDeliveryError`, naming why."""
-        path = Path(self.path)
-        team, member = self.ctx.team, self.ctx.member
-        try:
-            owner = claim_inbox(path, team, member)
-            if owner is not None and not await self._delivered_to(owner, path):
-                owner = take_inbox(path, team, member)
-        except OSError as exc:  # the hub's own state directory: transient
-            raise AdapterError(f"inbox {path}: cannot claim it for {member!r}: {exc}") from exc
-        if owner is None:
-            return
-        who = (
-            f"member {owner[1]!r} of this team"
-            if owner[0] == team
-            else "a member of another hub team"
-        )
-        raise PermanentDeliveryError(
-            f"inbox {path}: nothing written: the file is the inbox of {who}, whose delivery "
-            f"setting names it too ({_HOW}, so names that differ can name one file); the "
-            "agent reading it is not this member. Give this member an 'inbox' (or a "
-            "'team') of its own in its delivery setting"
-        )
-
-    async def _delivered_to(self, owner: tuple[str, str], path: Path) -> bool:
-        """Whether ``owner``'s delivery setting still names ``path``."""
-        if not all(owner):
-            return False
-        with contextlib.suppress(UnknownMember, UnknownTeam):
-            m = await self.ctx.hub.get_member(*owner)
-            theirs = inbox_of(owner[0], owner[1], m.delivery)
-            return theirs is not None and _same_file_key(theirs) == _same_file_key(path)
-        return False
-
     async def deliver(self, item: InboxMessage) -> str:
         m = item.message
         if self._writing is not None and not self._writing.is_set():
@@ -249,29 +309,36 @@ class InboxFileAdapter(Adapter):
                 "(the filesystem does not answer); no other write starts until it does. "
                 "Check the filesystem the inbox is on"
             )
-        await self._claim()
-        done = threading.Event()
 
         def append() -> AppendResult:
-            try:
-                return self.writer.append(
-                    self.inbox_team,
-                    self.inbox,
-                    msg_id=m.message_id,
-                    from_=m.sender,
-                    text=agent_text(item),
-                    summary=m.summary,
-                    color=self.color,
-                )
-            finally:
-                done.set()
+            return self.writer.append(
+                self.inbox_team,
+                self.inbox,
+                msg_id=m.message_id,
+                from_=m.sender,
+                text=agent_text(item),
+                summary=m.summary,
+                color=self.color,
+            )
 
-        self._writing, self._writing_since = done, time.monotonic()
-        try:
+        async def run(step: Callable[[], Any]) -> Any:
+            done = threading.Event()  # set once the thread returns
+
+            def call() -> Any:
+                try:
+                    return step()
+                finally:
+                    done.set()
+
+            self._writing, self._writing_since = done, time.monotonic()
             async with asyncio.timeout(self.attempt_timeout):
                 # abandoned, not waited for, when the attempt times out or the worker
                 # is cancelled: a thread stuck in the kernel cannot be interrupted
-                result = await anyio.to_thread.run_sync(append, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+        path, team, member = Path(self.path), self.ctx.team, self.ctx.member
+        try:
+            result = await write_claimed(self.ctx.hub, path, team, member, append, run)
         except TimeoutError:
             raise AdapterError(
                 f"inbox {self.path}: the write did not answer within "

@@ -26,14 +26,17 @@ necessarily written by the user's agents. It is said once, and read once it is f
 
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
-read again at its next change. Teams and members are listed again every ``rescan_s``
-(to pick up new ones; the files themselves are never polled).
+read again at its next change; one unchanged since it was last read and settled (its
+:func:`~backchannel.delivery.claude_inbox.file_stamp` the same) is not read again. Teams
+and members are listed again every ``rescan_s`` (to pick up new ones; the files
+themselves are never polled).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -46,7 +49,9 @@ from backchannel.delivery.adapters import delivery_type
 from backchannel.delivery.base import message_text
 from backchannel.delivery.claude_inbox import (
     InboxWriter,
+    Stamp,
     default_root,
+    file_stamp,
     inbox_path,
     js_timestamp,
     protocol_message,
@@ -54,7 +59,8 @@ from backchannel.delivery.claude_inbox import (
     team_deleted,
     unsafe_dirs,
 )
-from backchannel.errors import BackchannelError
+from backchannel.delivery.inbox_file import write_claimed
+from backchannel.errors import BackchannelError, PermanentDeliveryError
 from backchannel.files import private_dirs
 from backchannel.hub.outage import Outage
 
@@ -91,6 +97,8 @@ class _Dir:
     seen: dict[str, set[str]] = field(default_factory=dict)  # file -> ids taken in
     forgot_at: dict[str, float] = field(default_factory=dict)
     own: dict[str, dict[str, _Own]] = field(default_factory=dict)  # file -> the hub's entries
+    # file -> its stamp when last read and all of it settled (nothing to look at again)
+    stamps: dict[str, Stamp] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +220,7 @@ class InboxBridge:
                 d = have
                 d.owners = owners
                 d.seen.clear()  # a new owner may make old entries takeable
+                d.stamps.clear()  # so every file is read again
                 await self._scan_dir(d)
 
     async def _refresh_loop(self) -> None:
@@ -251,13 +260,20 @@ class InboxBridge:
                 log.warning("not reading the inboxes in %s: %s", d.path, problem)
             return None
         self._unsafe.discard(d.path)
+        stamp = await asyncio.to_thread(file_stamp, path)  # before the read: see file_stamp
+        if stamp is not None and d.stamps.get(name) == stamp:
+            return None  # unchanged since it was read and settled: nothing new in it
+        d.stamps.pop(name, None)
         read = await asyncio.to_thread(read_inbox_or_none, path)
         entries = read or []
+        settled = read is not None
         if read is not None and owner.reads_file:
-            await self._check_own(d, name, owner, entries)
+            settled = await self._check_own(d, name, owner, entries) and settled
         seen = d.seen.setdefault(name, set())
         new = [e for e in entries if e["msg_id"] not in seen]
         if not new:
+            if settled and stamp is not None:
+                d.stamps[name] = stamp
             return None
         key = f"{d.claude_team}/{name}"
         try:
@@ -273,6 +289,8 @@ class InboxBridge:
                 log.warning("inbox %s has entries from %r, which is not a member of team %r; "
                             "add the member and they are taken in", path, sender, owner.team)  # fmt: skip
         unknown = set(result.unknown_senders)
+        if settled and stamp is not None and not unknown:  # else read again at the next look
+            d.stamps[name] = stamp
         seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
         self.taken += len(result.messages)
         if owner.reads_file and (result.own_ids or result.own_before):
@@ -291,9 +309,10 @@ class InboxBridge:
 
     async def _check_own(
         self, d: _Dir, name: str, owner: InboxOwner, entries: list[dict[str, Any]]
-    ) -> None:
+    ) -> bool:
         """Put back, once, the hub's entries a rewrite dropped before the owner read them;
-        dead-letter one dropped again (or that cannot be put back).
+        dead-letter one dropped again (or that cannot be put back). ``False`` when one is
+        to be looked at again at the next read (the hub could not be asked).
 
         Claude Code's reader removes the entries it consumes (it does not keep them marked
         ``read``), so an entry gone is normally an entry read. But its reader consumes
@@ -312,10 +331,13 @@ class InboxBridge:
         (with other words, or the id of a message to someone else) puts back nothing
         of its own. Only the timestamp of an entry that was the hub's word for word is
         kept (Claude Code matches entries on sender, timestamp and text); any other is
-        the message's."""
+        the message's. A put-back is a write like the adapter's, through the file's
+        claim (:func:`~backchannel.delivery.inbox_file.write_claimed`): into a file
+        another member now holds nothing is put back, the copy is dead-lettered."""
         own = d.own.get(name)
         if not own:
-            return
+            return True
+        settled = True
         present = {e["msg_id"]: e for e in entries}
         path = d.path / f"{name}.json"
         for eid, item in list(own.items()):
@@ -337,6 +359,7 @@ class InboxBridge:
             except BackchannelError as exc:
                 log.warning("inbox %s: could not put back %s: %s", path, eid, exc.message)
                 own[eid] = item  # asked again at the next read
+                settled = False
                 continue
             if back.message is None:
                 continue  # no copy of the owner's: the id was not the hub's entry for it
@@ -349,17 +372,23 @@ class InboxBridge:
             if not (isinstance(stamp, str) and e.get("from") == m.sender and e.get("text") == text):
                 stamp = js_timestamp(m.created_at)  # Claude Code keys entries on it too
             writer = InboxWriter(d.path.parent.parent)
-            try:
-                await writer.append_async(
-                    d.claude_team, name, msg_id=eid, from_=m.sender, text=text,
-                    summary=m.summary, color=owner.color, timestamp=stamp,
-                )  # fmt: skip
+            put_back = functools.partial(
+                writer.append, d.claude_team, name, msg_id=eid, from_=m.sender, text=text,
+                summary=m.summary, color=owner.color, timestamp=stamp,
+            )  # fmt: skip
+            try:  # through the file's claim, as every write: never into another's inbox
+                await write_claimed(self.hub, path, owner.team, owner.member, put_back)
+            except PermanentDeliveryError as exc:  # another member holds the file now
+                await self._lost(owner, eid, f"{why}; not put back: {exc.message}")
+                continue
             except (OSError, BackchannelError) as exc:  # InboxWriteError, I/O
                 await self._lost(owner, eid, f"{why}; putting it back failed: {exc}")
                 continue
             log.warning("inbox %s: %s; put it back", path, why)
             entry = {"msg_id": eid, "from": m.sender, "text": text, "timestamp": stamp}
             own[eid] = _Own(entry, _unread_chat_before(entries, len(entries)))
+            settled = False  # the file changed: read it again
+        return settled
 
     async def _lost(self, owner: InboxOwner, eid: str, reason: str) -> None:
         try:
