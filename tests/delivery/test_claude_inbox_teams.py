@@ -7,6 +7,7 @@ import asyncio
 import shutil
 import stat
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
+from backchannel.delivery.inbox_file import claim_inbox, take_inbox
 from backchannel.testing import eventually, eventually_blocking
 from tests.conftest import Server, start_server
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
@@ -259,3 +261,31 @@ async def test_the_claim_is_checked_off_the_event_loop_with_the_append(
     assert len(reads) >= 2 and len(appends) == 2
     assert loop_thread not in reads, "no claim read on the event loop"
     assert set(reads) <= set(appends), "read in the thread that appends"
+
+
+def test_writers_taking_over_one_outdated_claim_at_once_leave_the_file_to_one(
+    tmp_path: Path,
+) -> None:
+    """The member holding an inbox file's claim was removed; writers for two other
+    members (hubs on one host, two teams whose names sanitize alike) found it so at the
+    same moment and each took the claim over: each replaced it and read back its own,
+    and both wrote into the one file. The claim is now taken over only from the
+    outdated holder, under a lock: one wins, the others find the file held."""
+    path = tmp_path / "teams" / "cc-x" / "inboxes" / "r.json"
+    assert claim_inbox(path, "t", "gone") is None  # its holder, removed since
+    stale = [claim_inbox(path, f"t{i}", "r") for i in range(16)]
+    assert set(stale) == {("t", "gone")}
+    start = threading.Barrier(16)
+
+    def take(i: int) -> tuple[str, str] | None:
+        start.wait(10)
+        return take_inbox(path, f"t{i}", "r", stale[i])
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(take, range(16)))
+    winners = [i for i, held in enumerate(got) if held is None]
+    assert len(winners) == 1, got
+    assert {held for held in got if held is not None} == {(f"t{winners[0]}", "r")}
+    # the winner's claim stands; a later look by a loser says who holds it
+    assert claim_inbox(path, f"t{winners[0]}", "r") is None
+    assert claim_inbox(path, "t99", "r") == (f"t{winners[0]}", "r")
