@@ -322,7 +322,7 @@ class _Worker:
             self.status.session = session
             one_per_turn = adapter.starts_turn and session is not None
             if self.unsure and not await self._requeue_unsure():
-                await asyncio.sleep(self.outage.pause)
+                await self._pause(self.outage.pause)
                 continue
             if self.unsaved:
                 await self._save_circuit(self.unsaved.pop())
@@ -355,7 +355,7 @@ class _Worker:
             except Exception as exc:
                 self.unsure = True  # it may have leased copies (a commit whose answer was lost)
                 self._state("backoff", f"receive failed: {exc}")
-                await asyncio.sleep(self.outage.failed(exc))
+                await self._pause(self.outage.failed(exc))
                 continue
             self.outage.ok()
             if self.draining and not got:
@@ -375,6 +375,13 @@ class _Worker:
                     break
             if session is not None and turn_before is not None and adapter.turn_wait > 0:
                 await self._await_turn(session, turn_before, adapter.turn_wait)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` after a failed store call, or less if the dispatcher sees the
+        store back first: a pause grown through a long outage (up to 30 s) would
+        otherwise hold the member's messages that long after the store is back."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.d._store_back.wait(), seconds)
 
     async def _requeue_unsure(self) -> bool:
         """After a failed receive: return the member's leased copies to the queue (this
@@ -913,6 +920,9 @@ class Dispatcher:
         self._poke = asyncio.Event()
         self._scan_lock = asyncio.Lock()
         self._outage = Outage(log, "scanning teams for push members")
+        # set (and replaced) when the scan or a renewal works again after failing: the
+        # workers pausing after their own failed store calls try again at once
+        self._store_back = asyncio.Event()
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -970,7 +980,7 @@ class Dispatcher:
                 # said once an outage; tried again at the next rescan or sooner on a poke
                 self._outage.failed(exc)
             else:
-                self._outage.ok()
+                self._store_ok()
 
     async def _renew_loop(self) -> None:
         """Renew this hub's leases every quarter of their length, whatever a listing of
@@ -983,7 +993,13 @@ class Dispatcher:
             except Exception as exc:
                 self._outage.failed(exc)  # the same store, the same outage as the scan's
             else:
-                self._outage.ok()
+                self._store_ok()
+
+    def _store_ok(self) -> None:
+        if self._outage.down:
+            back, self._store_back = self._store_back, asyncio.Event()
+            back.set()
+        self._outage.ok()
 
     async def rescan(self) -> None:
         """List teams and members now; claim or renew this hub's lease on each push
