@@ -316,6 +316,21 @@ def test_serve_names_a_port_or_text_limit_out_of_range_and_a_host_not_its_own(
     assert "--port" not in host.stderr
 
 
+def test_serve_refuses_a_push_lease_under_its_floor_naming_the_floor(tmp_path: Path) -> None:
+    """A 2 s push lease ran out on a busy store while its hub was alive (the renewal,
+    every quarter of it, took over a second): pushing stopped and started again. Such a
+    lease is refused at start, naming the floor and the value to use instead."""
+    home = str(tmp_path / "data")
+    for lease in ("2", "0", "4.9"):
+        r = run("serve", "--port", "0", "--dispatch-lease", lease, "--home", home)
+        assert r.returncode == 2, (lease, r.stderr)
+        assert "Traceback" not in r.stderr
+        err = " ".join(r.stderr.replace("│", " ").split())
+        assert "Invalid value for --dispatch-lease" in err, err
+        assert "at least 5 seconds" in err, err
+        assert "use --dispatch-lease 5" in err, err
+
+
 def test_a_data_directory_that_is_a_file_is_named_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     home = str(tmp_path / "a-file")

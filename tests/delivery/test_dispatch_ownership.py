@@ -512,3 +512,50 @@ async def test_a_clock_stepped_back_does_not_keep_a_push_window_open(tmp_path: P
             return not ownership.holds(("t", "p"))
 
         await eventually(ended, what="the push window to end", within=5)
+
+
+LISTING_S = 4.0  # a listing of members on a busy store: longer than a 4 s lease's window (3 s)
+
+
+@pytest.mark.slow
+async def test_a_slow_listing_of_members_does_not_let_the_lease_run_out(
+    stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a loaded store one listing of teams and members took seconds, and the lease was
+    renewed only after it: the push window (3/4 of the lease) closed first, and the only
+    hub there logged that its lease ran out and stopped pushing, again and again.
+    Renewals go on while a listing is slow."""
+    pushed = Pushed()
+    async with Hub(stores[0], check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "record"})
+        d = Dispatcher(
+            hub, adapters=_adapters(pushed, "a"), ownership_s=4.0, rescan_s=0.1, wait_s=0.2
+        )
+        listed = 0
+        list_members = hub.list_members
+
+        async def slow_list_members(team: str) -> object:
+            nonlocal listed
+            await asyncio.sleep(LISTING_S)  # the store is busy with other work
+            listed += 1
+            return await list_members(team)
+
+        await d.start()
+        try:
+            worker = d._workers[("t", "p")]
+            hub.list_members = slow_list_members  # type: ignore[method-assign]
+            await eventually(lambda: listed >= 2, within=30, what="two slow listings")
+            sent = await hub.send("t", "user", "p", "after", link=False)
+            await _pushed(pushed, 1)
+            assert pushed.texts() == ["after"]
+            assert d._workers.get(("t", "p")) is worker, "the same worker pushes throughout"
+            assert not worker.lost and worker.status.stopped_reason is None
+            assert not [r for r in caplog.records if "ran out" in r.getMessage()]
+
+            async def acked() -> bool:
+                return (await hub.message_status("t", sent.message_id)).state.value == "acked"
+
+            await eventually(acked, what="the push recorded")
+        finally:
+            await d.stop()

@@ -248,3 +248,55 @@ async def test_a_lease_whose_commit_answer_was_lost_does_not_let_later_messages_
             await d.stop()
             proxy.down()
     assert pushed.got == [f"m{i}" for i in range(9)], "each message pushed once, in send order"
+
+
+@pytest.mark.slow
+async def test_a_worker_idle_through_a_long_outage_pushes_soon_after_the_store_is_back(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """A worker waiting for messages when the store went away tried again less and less
+    often (its pause doubled up to 30 s); once the store was back, the next message for
+    its member waited out that pause, though the push lease had been renewed long
+    before. The dispatcher wakes its pausing workers when it sees the store back."""
+    url = new_postgres_url()
+    parts = urlsplit(url)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    pushed = Recorded()
+    store = PostgresStore(proxy.url(url), connect_timeout=1, fallback_interval=0.5)
+    async with Hub(store, check_delivery=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "p", delivery={"type": "rec"})
+        d = Dispatcher(
+            hub,
+            adapters={**ADAPTERS, "rec": lambda ctx: RecAdapter(ctx, pushed)},
+            rescan_s=0.5,
+            wait_s=0.5,
+            ownership_s=120.0,  # the lease outlasts the outage: the worker keeps its member
+        )
+        await d.start()
+        try:
+            worker = d._workers[("t", "p")]
+            proxy.down()
+            await eventually(
+                lambda: worker.outage.pause >= 16.0,
+                within=60,
+                what="the worker's pause to grow through the outage",
+            )
+            proxy.up()
+            back_at = time.monotonic()
+
+            async def sent() -> bool:
+                try:
+                    await hub.send("t", "user", "p", "after", link=False, message_id="after")
+                except Exception:  # the store's pool is still reconnecting
+                    return False
+                return True
+
+            await eventually(sent, within=20, what="a send once the store is back")
+            await eventually(lambda: pushed.got == ["after"], within=40, what="the push")
+            resumed = time.monotonic() - back_at
+            assert d._workers.get(("t", "p")) is worker
+        finally:
+            await d.stop()
+            proxy.down()
+    assert resumed < 6.0, f"pushed {resumed:.1f} s after the store was back"

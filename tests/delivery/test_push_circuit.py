@@ -399,8 +399,9 @@ async def test_a_hub_dying_as_it_dead_letters_the_copy_that_opens_the_circuit_le
 
             async def give_up_then_die(*args: Any, **kw: Any) -> bool:
                 done = await given_up(*args, **kw)
-                if da._scan_task is not None:
-                    da._scan_task.cancel()  # no renewal of a's lease from now on
+                for loop in (da._scan_task, da._renew_task):
+                    if loop is not None:
+                        loop.cancel()  # no renewal of a's lease from now on
                 dead.set()
                 await asyncio.Event().wait()  # a's worker never gets further
                 return done

@@ -80,8 +80,9 @@ cancelled may still commit: what it leased goes back to the queue as soon as it 
 
 Many hubs, one store: every hub may run a dispatcher. Each member's push delivery is
 owned by one hub at a time through a lease in the store (:mod:`.ownership`); a hub runs
-a member's worker only while it holds that lease, renews it on every scan, and another
-hub takes it over once it runs out (a hub that stops gracefully gives it up at once).
+a member's worker only while it holds that lease, renews it every quarter of its
+length (beside the listing of teams and members, which may be slow), and another hub
+takes it over once it runs out (a hub that stops gracefully gives it up at once).
 The hub that takes a member over returns the copies the previous owner still held to
 the queue in the same transaction, so they go out again before anything newer, and
 the worker's ``receive`` leases, and its records of a push (delivered, acked, dead,
@@ -321,7 +322,7 @@ class _Worker:
             self.status.session = session
             one_per_turn = adapter.starts_turn and session is not None
             if self.unsure and not await self._requeue_unsure():
-                await asyncio.sleep(self.outage.pause)
+                await self._pause(self.outage.pause)
                 continue
             if self.unsaved:
                 await self._save_circuit(self.unsaved.pop())
@@ -354,7 +355,7 @@ class _Worker:
             except Exception as exc:
                 self.unsure = True  # it may have leased copies (a commit whose answer was lost)
                 self._state("backoff", f"receive failed: {exc}")
-                await asyncio.sleep(self.outage.failed(exc))
+                await self._pause(self.outage.failed(exc))
                 continue
             self.outage.ok()
             if self.draining and not got:
@@ -374,6 +375,13 @@ class _Worker:
                     break
             if session is not None and turn_before is not None and adapter.turn_wait > 0:
                 await self._await_turn(session, turn_before, adapter.turn_wait)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` after a failed store call, or less if the dispatcher sees the
+        store back first: a pause grown through a long outage (up to 30 s) would
+        otherwise hold the member's messages that long after the store is back."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.d._store_back.wait(), seconds)
 
     async def _requeue_unsure(self) -> bool:
         """After a failed receive: return the member's leased copies to the queue (this
@@ -895,8 +903,9 @@ class Dispatcher:
             raise ValueError("probe_start_s must be positive and at most probe_max_s")
         self.probe_start_s, self.probe_max_s = probe_start_s, probe_max_s
         self.ownership = Ownership(hub, owner=owner, lease_s=ownership_s)
-        # scan (and renew the leases) often enough that one slow renewal is harmless
-        self._tick = min(rescan_s, ownership_s / 4)
+        # renew the leases often enough that one slow renewal is harmless; the listing
+        # of teams and members runs beside the renewals, never between two of them
+        self._tick = ownership_s / 4
         self.hub = hub
         self.rescan_s, self.wait_s, self.batch, self.grace_s = rescan_s, wait_s, batch, grace_s
         self.adapters = adapters
@@ -906,9 +915,15 @@ class Dispatcher:
         self._retiring: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._warned: set[tuple[str, str, str]] = set()
         self._scan_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        # the push members found by the last listing, renewed between listings
+        self._wanted: dict[tuple[str, str], tuple[Member, str]] | None = None
         self._poke = asyncio.Event()
         self._scan_lock = asyncio.Lock()
         self._outage = Outage(log, "scanning teams for push members")
+        # set (and replaced) when the scan or a renewal works again after failing: the
+        # workers pausing after their own failed store calls try again at once
+        self._store_back = asyncio.Event()
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -926,15 +941,18 @@ class Dispatcher:
         self._closed = False
         await self.rescan()
         self._scan_task = asyncio.create_task(self._scan_loop(), name="bc-dispatcher-scan")
+        self._renew_task = asyncio.create_task(self._renew_loop(), name="bc-dispatcher-renew")
 
     async def stop(self) -> None:
         """Stop scanning, let deliveries under way finish (``grace_s``), release what the
         workers hold and close the adapters. Idempotent."""
         self._closed = True
-        if self._scan_task is not None:
-            self._scan_task.cancel()
-            await asyncio.wait({self._scan_task})
-            self._scan_task = None
+        loops = {t for t in (self._scan_task, self._renew_task) if t is not None}
+        for t in loops:
+            t.cancel()
+        if loops:
+            await asyncio.wait(loops)
+        self._scan_task = self._renew_task = None
         async with self._scan_lock:
             workers = list(self._workers.values())
             self._workers.clear()
@@ -955,66 +973,98 @@ class Dispatcher:
     async def _scan_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self._tick)
+                await asyncio.wait_for(self._poke.wait(), self.rescan_s)
             self._poke.clear()
             try:
                 await self.rescan()
             except Exception as exc:
-                # said once an outage; tried again at the tick or sooner on a poke (a
-                # scan renews this hub's ownership leases, so it never waits longer)
+                # said once an outage; tried again at the next rescan or sooner on a poke
                 self._outage.failed(exc)
             else:
-                self._outage.ok()
+                self._store_ok()
+
+    async def _renew_loop(self) -> None:
+        """Renew this hub's leases every quarter of their length, whatever a listing of
+        teams and members costs meanwhile (on a loaded store it takes seconds, and a
+        renewal that waited for it came after the push window had closed)."""
+        while True:
+            await asyncio.sleep(self._tick)
+            try:
+                await self.renew()
+            except Exception as exc:
+                self._outage.failed(exc)  # the same store, the same outage as the scan's
+            else:
+                self._store_ok()
+
+    def _store_ok(self) -> None:
+        if self._outage.down:
+            back, self._store_back = self._store_back, asyncio.Event()
+            back.set()
+        self._outage.ok()
 
     async def rescan(self) -> None:
         """List teams and members now; claim or renew this hub's lease on each push
         member's delivery; start, replace or stop workers to match."""
+        # listed outside the lock: renewals go on while the listing is slow
+        wanted: dict[tuple[str, str], tuple[Member, str]] = {}
+        for team in await self.hub.list_teams():
+            if self.teams is not None and team.name not in self.teams:
+                continue
+            try:
+                members = await self.hub.list_members(team.name)
+            except UnknownTeam:
+                continue
+            for m in members:
+                kind = delivery_type(m.delivery)
+                if kind in PULL_TYPES:
+                    continue
+                if kind not in self.adapters:
+                    self._warn_unknown(m, kind)
+                    continue
+                snapshot = _snapshot(m.delivery)
+                wanted[(m.team, m.name)] = (m, snapshot)
         async with self._scan_lock:
             if self._closed:
                 return
-            wanted: dict[tuple[str, str], tuple[Member, str]] = {}
-            for team in await self.hub.list_teams():
-                if self.teams is not None and team.name not in self.teams:
-                    continue
-                try:
-                    members = await self.hub.list_members(team.name)
-                except UnknownTeam:
-                    continue
-                for m in members:
-                    kind = delivery_type(m.delivery)
-                    if kind in PULL_TYPES:
-                        continue
-                    if kind not in self.adapters:
-                        self._warn_unknown(m, kind)
-                        continue
-                    snapshot = _snapshot(m.delivery)
-                    wanted[(m.team, m.name)] = (m, snapshot)
-            for key, w in list(self._workers.items()):
-                want = wanted.get(key)
-                crashed = w.task.done() and not w.task.cancelled() and w.task.exception()
-                if want is None or want[1] != w.snapshot or crashed or w.lost:
-                    del self._workers[key]
-                    self._retire(w)
-            # a retiring worker may still push (its grace): its member counts as running,
-            # so the claim leaves its copies leased to it, and gets no new worker before
-            # a scan that finds the old one gone (that scan's claim puts back what it held)
-            retiring = set(self._retiring)
-            held = await self.ownership.claim(
-                wanted, running={*self._workers, *retiring}, drop=self.ownership.held()
-            )
-            lost = [w for key, w in self._workers.items() if key not in held]
-            for w in lost:
-                w.lost = True  # another hub owns it: release nothing on the way out
-                w.status.stopped_reason = "push delivery moved to another hub"
-                del self._workers[w.key]
-            if lost:
-                await asyncio.gather(*(w.stop(self.grace_s) for w in lost))
-            for key, (member, snapshot) in wanted.items():
-                if key in held and key not in self._workers and key not in retiring:
-                    w = _Worker(self, member, snapshot)
-                    w.task.add_done_callback(_log_crash)
-                    self._workers[key] = w
-                    log.info("delivering to %s/%s by %s", key[0], key[1], w.status.type)
+            self._wanted = wanted
+            await self._reconcile(wanted)
+
+    async def renew(self) -> None:
+        """Renew the leases on the members the last listing found (claiming those this
+        hub does not hold yet), and start, replace or stop workers to match."""
+        async with self._scan_lock:
+            if self._closed or self._wanted is None:
+                return
+            await self._reconcile(self._wanted)
+
+    async def _reconcile(self, wanted: dict[tuple[str, str], tuple[Member, str]]) -> None:
+        """Claim or renew the lease on every member in ``wanted``, give up the rest,
+        and start, replace or stop workers to match (under the scan lock)."""
+        for key, w in list(self._workers.items()):
+            want = wanted.get(key)
+            crashed = w.task.done() and not w.task.cancelled() and w.task.exception()
+            if want is None or want[1] != w.snapshot or crashed or w.lost:
+                del self._workers[key]
+                self._retire(w)
+        # a retiring worker may still push (its grace): its member counts as running,
+        # so the claim leaves its copies leased to it, and gets no new worker before
+        # a scan that finds the old one gone (that scan's claim puts back what it held)
+        retiring = set(self._retiring)
+        held = await self.ownership.claim(
+            wanted, running={*self._workers, *retiring}, drop=self.ownership.held()
+        )
+        lost = [w for key, w in self._workers.items() if key not in held]
+        for w in lost:
+            w.lost = True  # another hub owns it: release nothing on the way out
+            w.status.stopped_reason = "push delivery moved to another hub"
+            del self._workers[w.key]
+            self._retire(w)  # in the background: the renewals of the others go on
+        for key, (member, snapshot) in wanted.items():
+            if key in held and key not in self._workers and key not in retiring:
+                w = _Worker(self, member, snapshot)
+                w.task.add_done_callback(_log_crash)
+                self._workers[key] = w
+                log.info("delivering to %s/%s by %s", key[0], key[1], w.status.type)
 
     def _retire(self, w: _Worker) -> None:
         """Stop ``w`` (its member's setting changed, or it went) in the background: its

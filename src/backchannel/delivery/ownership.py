@@ -54,13 +54,18 @@ from backchannel.stores.base import Tx
 if TYPE_CHECKING:
     from backchannel.hub import Hub
 
-__all__ = ["OWNERSHIP_S", "PUSH_WINDOW", "Ownership", "hub_id"]
+__all__ = ["MIN_OWNERSHIP_S", "OWNERSHIP_S", "PUSH_WINDOW", "Ownership", "hub_id"]
 
 log = logging.getLogger("backchannel.delivery.ownership")
 
 #: Default length of a hub's lease on a member's push delivery, in seconds: a crashed
 #: hub's members move to another hub within about this long.
 OWNERSHIP_S = 10.0
+#: The shortest lease ``serve --dispatch-lease`` takes. A hub renews every quarter of the
+#: lease and pushes for 3/4 of it, so a renewal has half the lease to commit; on a busy
+#: store (16 senders on a 2-core host) one took over a second, and a 2 s lease (a 1 s
+#: margin) ran out while its hub was alive: pushing stopped and started again.
+MIN_OWNERSHIP_S = 5.0
 #: The part of the lease during which its holder pushes, from before the claim began;
 #: the rest is margin for a renewal that is slow to commit, or a hub that stopped
 #: renewing (its store unreachable, its process frozen).

@@ -30,7 +30,7 @@ from backchannel import config
 from backchannel.client import Client
 from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
-from backchannel.delivery.ownership import OWNERSHIP_S
+from backchannel.delivery.ownership import MIN_OWNERSHIP_S, OWNERSHIP_S
 from backchannel.errors import (
     AnchorRequired,
     BackchannelError,
@@ -308,7 +308,7 @@ def serve(
         typer.Option(
             callback=finite,
             help="Seconds a hub's hold on a member's push delivery lasts unrenewed: how soon "
-            "another hub takes over after a crash.",
+            f"another hub takes over after a crash (at least {MIN_OWNERSHIP_S:g}).",
         ),
     ] = OWNERSHIP_S,
     retention_days: Annotated[
@@ -351,9 +351,14 @@ def serve(
     """Run the hub: HTTP API, live streams and the data directory's admin token."""
     from backchannel.interfaces.guard import ConnectionLimits
 
-    if dispatch_lease <= 0:
+    if dispatch_lease < MIN_OWNERSHIP_S:
         raise typer.BadParameter(
-            "must be a positive number of seconds", param_hint="--dispatch-lease"
+            f"{dispatch_lease:g} s is too short: it must be at least {MIN_OWNERSHIP_S:g} "
+            "seconds. A hub renews its hold every quarter of it and a renewal on a busy store "
+            "can take over a second, so a shorter hold runs out while the hub is alive and "
+            f"pushing stops and starts again; use --dispatch-lease {MIN_OWNERSHIP_S:g} for the "
+            "fastest takeover after a crash",
+            param_hint="--dispatch-lease",
         )
     if log_format not in ("text", "json"):
         raise typer.BadParameter("use text or json", param_hint="--log-format")
