@@ -19,7 +19,6 @@ from backchannel.interfaces.dashboard import (
     FINISHED_SHOWN,
     SESSIONS_SHOWN,
     SNAPSHOT_PAGE,
-    _live_first,
     _ticket_key,
     budgets_view,
     issue_ticket,
@@ -27,7 +26,16 @@ from backchannel.interfaces.dashboard import (
     snapshot_key,
 )
 from backchannel.testing import MemoryStore, counting_rows
-from backchannel.types import Budget, Link, LinkState, Session, SessionState
+from backchannel.types import (
+    Budget,
+    Delegation,
+    DelegationState,
+    Link,
+    LinkState,
+    Route,
+    Session,
+    SessionState,
+)
 from tests.dashboard.conftest import Team
 
 
@@ -224,13 +232,15 @@ def test_spent_budgets_are_a_bounded_panel() -> None:
 
 def test_a_snapshot_of_a_long_lived_team_reads_what_it_shows(tmp_path: Path) -> None:
     """A team that ran for months holds thousands of sessions (every /clear opens one)
-    and closed links. Its snapshot, taken every second for each open page, reads each
-    member's live sessions and latest few, and the open links and the latest closed
+    and closed links, and a week of delegations. Its snapshot, taken every second for
+    each open page, reads each member's live sessions and latest few, the open links
+    and the latest closed ones, and the pending delegations and the latest finished
     ones, counting the rest: not every record the team ever had. The page still shows
-    each member's state, latest sessions and count, and the links panel's tally."""
+    each member's state, latest sessions and count, the links panel's tally and the
+    delegations panel's, every delegation counted by state."""
     from backchannel.stores.sqlite import SqliteStore
 
-    old_sessions, closed_links = 2_000, 1_000
+    old_sessions, closed_links, finished_delegations = 2_000, 1_000, 1_000
 
     async def check() -> None:
         async with Hub(SqliteStore(tmp_path / "hub.db"), background=False) as hub:
@@ -267,12 +277,54 @@ def test_a_snapshot_of_a_long_lived_team_reads_what_it_shows(tmp_path: Path) -> 
                         )
                     )
 
+                # a week of delegations kept (busy asks quiet, away asks busy), three pending
+                for i in range(finished_delegations + 3):
+                    caller, callee = ("busy", "quiet") if i % 2 else ("away", "busy")
+                    done = i < finished_delegations
+                    tx.insert_delegation(
+                        Delegation(
+                            "t",
+                            f"d{i:05d}",
+                            Route.LOCAL,
+                            caller,
+                            f"{caller}-s",
+                            f"tu_{i}",
+                            callee,
+                            "count",
+                            float(i),
+                            float(i) + 300,
+                            f"{caller}-s#{i}",
+                            state=DelegationState.ANSWERED if done else DelegationState.PENDING,
+                            answered_at=float(i) + 1 if done else None,
+                        )
+                    )
+
             await hub.store.transact(history)
             with counting_rows(hub.store) as read:
                 snap = await snapshot(hub, "t")
             live = 2  # busy's active session, away's exited one
             assert read["Session"] <= live + 3 * SESSIONS_SHOWN, read
             assert read["Link"] <= 2 + FINISHED_SHOWN, read
+            assert read["Delegation"] <= 3 + FINISHED_SHOWN, read
+            # the pending delegations first, newest first, then the latest finished ones;
+            # the rest counted, every one tallied by state
+            ids = [x["delegation_id"] for x in snap["delegations"]]
+            n = finished_delegations
+            assert ids[:4] == [f"d{n + 2:05d}", f"d{n + 1:05d}", f"d{n:05d}", f"d{n - 1:05d}"]
+            assert len(ids) == SNAPSHOT_PAGE
+            assert snap["hidden"]["delegations"] == n + 3 - SNAPSHOT_PAGE
+            assert snap["delegation_tally"] == {
+                "pending": 3, "answered": n, "timed_out": 0, "late": 0, "failed": 0
+            }  # fmt: skip
+            # a member sees its own share, read as boundedly: quiet is asked every other one
+            with counting_rows(hub.store) as read:
+                mine = await snapshot(hub, "t", viewer="quiet")
+            assert read["Delegation"] <= 3 + FINISHED_SHOWN, read
+            ids = [x["delegation_id"] for x in mine["delegations"]]
+            assert ids[:3] == [f"d{n + 1:05d}", f"d{n - 1:05d}", f"d{n - 3:05d}"]
+            assert mine["delegation_tally"]["pending"] == 1
+            assert mine["delegation_tally"]["answered"] == n // 2
+            assert mine["hidden"]["delegations"] == n // 2 + 1 - SNAPSHOT_PAGE
 
             members = {m["name"]: m for m in snap["members"]}
             assert {n: m["state"] for n, m in members.items()} == {
@@ -301,18 +353,6 @@ def test_a_snapshot_of_a_long_lived_team_reads_what_it_shows(tmp_path: Path) -> 
     # the browser tests of this folder keep an event loop running on this thread
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, check()).result()
-
-
-def test_finished_records_are_capped_live_ones_never() -> None:
-    # (live?, created_at)
-    records = [(True, float(i)) for i in range(3)] + [
-        (False, float(i)) for i in range(FINISHED_SHOWN + 5)
-    ]
-    kept, hidden = _live_first(records, lambda r: r[0], lambda r: r[1])
-    assert hidden == 5
-    assert kept[:3] == [(True, 2.0), (True, 1.0), (True, 0.0)]
-    assert len(kept) == 3 + FINISHED_SHOWN
-    assert kept[3] == (False, float(FINISHED_SHOWN + 4))  # the newest finished one
 
 
 def test_session_view(team: Team) -> None:

@@ -75,6 +75,15 @@ BOUNDED_TEAM_READS = {
     "SELECT (SELECT count(*) FROM links WHERE team = ?) - (SELECT count(*) FROM links": (
         "the dashboard's count of closed links: index entries alone, no row"
     ),
+    "FROM delegations WHERE team = ? AND state = ? ORDER BY created_at, delegation_id": (
+        "the team's pending delegations: the entries of delegations_state for them alone"
+    ),
+    "FROM delegations WHERE team = ? AND state != ? ORDER BY created_at DESC,": (
+        "the dashboard's latest finished delegations: the LIMIT, and the pending among them"
+    ),
+    "SELECT state, count(*) FROM delegations WHERE team = ? GROUP BY state": (
+        "the dashboard's count of delegations by state: index entries alone, no row"
+    ),
     "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
         "the first page of a team's used budgets: the LIMIT, and the one record per member"
         " of the chain it was handed last (the 'ctx:' keys, skipped in key order)"
@@ -218,6 +227,8 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     # the open links, the latest closed ones, a count of those; "auto" delivery's read
     await hub.member_sessions("t", 20)
     await hub.links_overview("t", 50)
+    await hub.delegations_overview("t", 50)
+    await hub.delegations_overview("t", 50, member="lead")
     await hub.list_sessions("t", "a", which="live")
 
     await hub.terminate_session("t", "b", "b-s", "done")
@@ -403,6 +414,8 @@ PG_CHECKS = {
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND callee_session = 'c-s' AND state IN ('pending', 'timed_out') "
     "ORDER BY created_at, delegation_id LIMIT 1",
+    "delegations_state": "SELECT delegation_id FROM delegations WHERE team = 't' "
+    "AND state = 'pending' ORDER BY created_at, delegation_id",
 }
 
 
@@ -422,6 +435,17 @@ PG_ORDERED = {
     "AND (created_at, delegation_id) > (0, 'd') ORDER BY created_at, delegation_id "
     "LIMIT 101) ORDER BY created_at, delegation_id LIMIT 101",
     # the dashboard's snapshot
+    "the latest finished delegations": "SELECT delegation_id FROM delegations "
+    "WHERE team = 't' AND state != 'pending' ORDER BY created_at DESC, delegation_id DESC "
+    "LIMIT 50",
+    "a member's latest finished delegations": "(SELECT delegation_id, created_at "
+    "FROM delegations WHERE team = 't' AND caller = 'a' AND state != 'pending' "
+    "ORDER BY created_at DESC, delegation_id DESC LIMIT 50) UNION ALL (SELECT "
+    "delegation_id, created_at FROM delegations WHERE team = 't' AND callee = 'a' "
+    "AND caller != 'a' AND state != 'pending' ORDER BY created_at DESC, delegation_id DESC "
+    "LIMIT 50) ORDER BY created_at DESC, delegation_id DESC LIMIT 50",
+    "the count of delegations by state": "SELECT state, count(*) FROM delegations "
+    "WHERE team = 't' GROUP BY state",
     "a member's latest sessions": "SELECT session_id FROM sessions WHERE team = 't' "
     "AND member = 'a' ORDER BY created_at DESC, session_id DESC LIMIT 20",
     "each member's count of sessions": "SELECT member, count(*) FROM sessions "

@@ -365,6 +365,23 @@ class Delegations:
 
         return await self.store.read(read)
 
+    async def delegations_overview(
+        self, team: str, finished: int, *, member: str | None = None
+    ) -> tuple[list[Delegation], list[Delegation], dict[str, int]]:
+        """The dashboard's delegations in one read, bounded by the pending ones and
+        ``finished``, not by every delegation the team keeps (a week's, by default): the
+        pending ones (oldest first), the latest ``finished`` others (newest first) and how
+        many there are in each state; with ``member``, those it is caller or callee of."""
+
+        def read(tx: Tx) -> tuple[list[Delegation], list[Delegation], dict[str, int]]:
+            return (
+                tx.delegations_by_state(team, pending=True, member=member),
+                tx.delegations_by_state(team, pending=False, member=member, limit=finished),
+                tx.count_delegations(team, member=member),
+            )
+
+        return await self.store.read(read)
+
     async def get_delegation(self, team: str, delegation_id: str) -> Delegation:
         d = await self.store.read(lambda tx: tx.get_delegation(team, delegation_id))
         if d is None:

@@ -255,6 +255,7 @@ class Hub:
     list_timers = _Delegate("timers", Timers.list_timers)
     delegate = _Delegate("delegations", Delegations.delegate)
     list_delegations = _Delegate("delegations", Delegations.list_delegations)
+    delegations_overview = _Delegate("delegations", Delegations.delegations_overview)
     get_delegation = _Delegate("delegations", Delegations.get_delegation)
     accept_chat = _Delegate("delegations", Delegations.accept_chat)
     accept_tool_response = _Delegate("delegations", Delegations.accept_tool_response)

@@ -50,9 +50,9 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -98,7 +98,6 @@ from backchannel.types import (
     MESSAGE_ID_PATTERN,
     NAME_PATTERN,
     USER,
-    Delegation,
     DelegationState,
     Member,
     Session,
@@ -276,20 +275,6 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-_T = TypeVar("_T")
-
-
-def _live_first(
-    items: Sequence[_T], live: Callable[[_T], bool], at: Callable[[_T], float]
-) -> tuple[list[_T], int]:
-    """The live items, then the latest :data:`FINISHED_SHOWN` finished ones, each group
-    newest first; and how many older finished ones were left out."""
-    ordered = sorted(items, key=at, reverse=True)
-    finished = [x for x in ordered if not live(x)]
-    kept = [x for x in ordered if live(x)] + finished[:FINISHED_SHOWN]
-    return kept, len(finished) - len(finished[:FINISHED_SHOWN])
-
-
 async def links_view(
     hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
 ) -> tuple[list[dict[str, Any]], int]:
@@ -332,16 +317,16 @@ async def delegations_view(
     *,
     viewer: str | None = None,
 ) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
-    """A page of the pending delegations, then the latest finished ones; how many of
-    those were left out of the page; and how many there are in each state, all counted.
-    With ``viewer``, only those it made or was asked (:func:`narrowed_to`)."""
-    found: list[Delegation] = await hub.list_delegations(team, member=viewer)
-    kept, hidden = _live_first(
-        found, lambda x: x.state is DelegationState.PENDING, lambda x: x.created_at
-    )
-    tally = {state.value: 0 for state in DelegationState}
-    for d in found:
-        tally[d.state.value] += 1
+    """A page of the pending delegations, then the latest finished ones, each newest
+    first; how many of those were left out of the page; and how many there are in each
+    state, all counted. With ``viewer``, only those it made or was asked
+    (:func:`narrowed_to`). Read bounded: the pending ones and the latest
+    :data:`FINISHED_SHOWN` finished ones, the rest counted (a team keeps a week of
+    delegations by default, tens of thousands for a busy one)."""
+    pending, finished, counts = await hub.delegations_overview(team, FINISHED_SHOWN, member=viewer)
+    kept = pending[::-1] + finished
+    tally = {state.value: counts.get(state.value, 0) for state in DelegationState}
+    hidden = sum(tally.values()) - tally[DelegationState.PENDING.value] - len(finished)
     page = kept[offset : offset + limit]
     return [x.to_json() for x in page], hidden + len(kept) - len(page), tally
 

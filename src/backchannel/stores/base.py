@@ -68,7 +68,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -580,6 +580,20 @@ class Tx(Protocol):
         with ``peer`` only those between the member and that peer), oldest first: those
         whose ``(created_at, delegation_id)`` comes after ``after`` (a page's start), at
         most ``limit``, read from an index in that order."""
+        ...
+
+    def delegations_by_state(
+        self, team: str, *, pending: bool, member: str | None = None, limit: int | None = None
+    ) -> list[Delegation]:
+        """A team's pending delegations, oldest first, or (``pending=False``) its finished
+        ones, newest first, at most ``limit``; with ``member``, those it is caller or
+        callee of. Read from indexes in that order: the dashboard's, however many
+        delegations the team keeps."""
+        ...
+
+    def count_delegations(self, team: str, *, member: str | None = None) -> dict[str, int]:
+        """How many delegations the team keeps (``member``'s: as caller or callee) in each
+        state that has any, counted from indexes."""
         ...
 
     def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:

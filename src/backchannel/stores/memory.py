@@ -11,6 +11,7 @@ import bisect
 import dataclasses
 import functools
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -877,6 +878,19 @@ class MemoryTx:
             and (after is None or (d.created_at, d.delegation_id) > after)
         ]
         return sorted(found, key=lambda d: (d.created_at, d.delegation_id))[:limit]
+
+    def delegations_by_state(
+        self, team: str, *, pending: bool, member: str | None = None, limit: int | None = None
+    ) -> list[Delegation]:
+        found = [
+            d
+            for d in self.list_delegations(team, member=member)
+            if (d.state is DelegationState.PENDING) is pending
+        ]
+        return (found if pending else found[::-1])[:limit]
+
+    def count_delegations(self, team: str, *, member: str | None = None) -> dict[str, int]:
+        return dict(Counter(d.state.value for d in self.list_delegations(team, member=member)))
 
     def spend_token(self, jti: str, expires_at: float) -> bool:
         if jti in self._d.spent:

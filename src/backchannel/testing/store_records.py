@@ -219,11 +219,38 @@ async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
             lambda tx: tx.find_delegation("alpha", callee_session="lead-s--tu_1")
         )
         assert by_callee == d4
+
+        def by_state(**kw: Any) -> Any:
+            return store.read(
+                lambda tx: [d.delegation_id for d in tx.delegations_by_state("alpha", **kw)]
+            )
+
+        def counts(team: str = "alpha", **kw: Any) -> Any:
+            return store.read(lambda tx: tx.count_delegations(team, **kw))
+
+        # the dashboard's: the pending ones oldest first, the finished newest first, each
+        # state counted, a member's from both sides
+        assert await by_state(pending=True) == ["d2", "d4"]
+        assert await by_state(pending=True, member="lead") == ["d4"]
+        assert await by_state(pending=True, member="w", limit=1) == ["d2"]
+        assert await by_state(pending=False) == ["d1"]
+        assert await by_state(pending=False, member="hubA") == []
+        assert await counts() == {"answered": 1, "pending": 2}
+        assert await counts(member="w") == {"answered": 1, "pending": 2}
+        assert await counts(member="lead") == {"answered": 1, "pending": 1}
+        assert await counts(member="nobody") == {}
+        assert await counts("beta") == {}
         # pruning: d1 ended at T0+5, d2 (inbound) at T0+30; d4 is pending
         d2_done = Delegation(
             **{**fields_of(d2), "state": DelegationState.ANSWERED, "answered_at": T0 + 30}
         )
         await store.transact(lambda tx: tx.update_delegation(d2_done))
+        assert await by_state(pending=False) == ["d2", "d1"]
+        assert await by_state(pending=False, limit=1) == ["d2"]
+        assert await by_state(pending=False, member="lead") == ["d1"]
+        assert await by_state(pending=False, member="hubA", limit=5) == ["d2"]
+        assert await by_state(pending=True) == ["d4"]
+        assert await counts(member="hubA") == {"answered": 1}
         prune = await store.transact(
             lambda tx: tx.prune_delegations("alpha", ended_before=T0 + 100, expired_before=T0 + 400)
         )

@@ -8,9 +8,11 @@ dialects; it is written with ``?`` placeholders (see :func:`pg`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from backchannel.stores.base import SessionFilter
+from backchannel.types import DelegationState
 
 __all__ = [
     "CLOSED_LINKS_COUNT",
@@ -19,6 +21,9 @@ __all__ = [
     "OPEN_DELEGATION",
     "SESSION_COUNTS",
     "SESSION_FILTER",
+    "delegation_counts",
+    "delegation_counts_query",
+    "delegations_by_state_query",
     "delegations_query",
     "jobs_query",
     "links_query",
@@ -55,6 +60,76 @@ CLOSED_LINKS_COUNT = (
     "SELECT (SELECT count(*) FROM links WHERE team = ?)"
     " - (SELECT count(*) FROM links WHERE team = ? AND state = 'open')"
 )
+
+
+def delegations_by_state_query(
+    cols: str,
+    team: str,
+    member: str | None,
+    pending: bool,
+    limit: int | None,
+    *,
+    parenthesized: bool = False,
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.delegations_by_state`: the team's pending delegations oldest first
+    (``member`` is left to the caller: they are few, and read from ``delegations_state``
+    alone, where a member's indexes hold every delegation it ever made), or the finished
+    ones newest first, from ``delegations_team`` (a member's from ``delegations_caller``
+    and ``delegations_callee``) backwards, passing over the few pending ones; bounded by
+    what they are, never by every delegation the team keeps."""
+    base = f"SELECT {cols} FROM delegations WHERE team = ?"
+    page = " LIMIT ?" if limit is not None else ""
+    most: list[Any] = [limit] if limit is not None else []
+    if pending:
+        if member is not None:  # filtered, then limited, by the caller
+            page, most = "", []
+        return f"{base} AND state = 'pending' ORDER BY created_at, delegation_id{page}", [
+            team,
+            *most,
+        ]
+    order = " ORDER BY created_at DESC, delegation_id DESC"
+    if member is None:
+        return f"{base} AND state != 'pending'{order}{page}", [team, *most]
+    one = f"{base} AND caller = ? AND state != 'pending'"
+    other = f"{base} AND callee = ? AND caller != ? AND state != 'pending'"
+    if parenthesized and limit is not None:
+        return (
+            f"({one}{order}{page}) UNION ALL ({other}{order}{page}){order}{page}",
+            [team, member, *most, team, member, member, *most, *most],
+        )
+    return f"{one} UNION ALL {other}{order}{page}", [team, member, team, member, member, *most]
+
+
+def delegation_counts_query(team: str, member: str | None) -> tuple[str, list[Any]]:
+    """:meth:`Tx.count_delegations` (read with :func:`delegation_counts`). The team's are
+    ``(state, count)`` rows counted from ``delegations_state`` alone, no delegation read;
+    a member's, one row for each side of how many it has in each state (in the order of
+    :class:`DelegationState`), from its own two indexes: its delegations' rows, summed as
+    they are read, with no sort."""
+    sql = "FROM delegations WHERE team = ?"
+    if member is None:
+        return f"SELECT state, count(*) {sql} GROUP BY state", [team]
+    sums = ", ".join(
+        f"sum(CASE WHEN state = '{state.value}' THEN 1 ELSE 0 END)" for state in DelegationState
+    )
+    return (
+        f"SELECT {sums} {sql} AND caller = ? UNION ALL SELECT {sums} {sql} AND callee = ?"
+        " AND caller != ?",
+        [team, member, team, member, member],
+    )
+
+
+def delegation_counts(rows: Iterable[Sequence[Any]], member: str | None) -> dict[str, int]:
+    """What :func:`delegation_counts_query` read, as each state that has any and its count."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        pairs = (
+            [row] if member is None else zip([s.value for s in DelegationState], row, strict=True)
+        )
+        for state, n in pairs:
+            if n:
+                counts[state] = counts.get(state, 0) + int(n)
+    return counts
 
 
 def pg(sql: str) -> str:

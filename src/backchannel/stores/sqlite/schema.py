@@ -387,6 +387,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
+    # 22: a team's delegations by state, so the dashboard reads the pending ones and
+    #     counts each state from an index, never every delegation of the week kept
+    """
+    CREATE INDEX delegations_state ON delegations (team, state, created_at, delegation_id);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -20,6 +20,9 @@ from backchannel.stores.sql import (
     LATEST_SESSIONS,
     SESSION_COUNTS,
     budgets_query,
+    delegation_counts,
+    delegation_counts_query,
+    delegations_by_state_query,
     delegations_query,
     jobs_query,
     links_query,
@@ -932,6 +935,19 @@ class SqliteTx(LifecycleSql):
 
     def spend_token(self, jti: str, expires_at: float) -> bool:
         return self._c.execute(Q.spend_token, (jti, expires_at)).rowcount > 0
+
+    def delegations_by_state(
+        self, team: str, *, pending: bool, member: str | None = None, limit: int | None = None
+    ) -> list[Delegation]:
+        sql, args = delegations_by_state_query(DEL_COLS, team, member, pending, limit)
+        found = [delegation(r) for r in self._c.execute(sql, args)]
+        if pending and member is not None:  # the team's pending ones, a member's kept
+            return [d for d in found if member in (d.caller, d.callee)][:limit]
+        return found
+
+    def count_delegations(self, team: str, *, member: str | None = None) -> dict[str, int]:
+        sql, args = delegation_counts_query(team, member)
+        return delegation_counts(self._c.execute(sql, args), member)
 
     def prune_delegations(self, team: str, *, ended_before: float, expired_before: float) -> int:
         args = (team, ended_before, expired_before, team)
