@@ -678,7 +678,52 @@ async def test_an_entry_is_not_put_back_into_a_file_another_member_now_holds(
         notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
         assert notice is not None and notice.to == "w2", "the sender is told"
         st = await hub.message_status("t", mid)
-        assert "a member of another hub team" in (st.deliveries[0].dead_reason or "")
+        assert "names another inbox now" in (st.deliveries[0].dead_reason or "")
+    finally:
+        await d.stop()
+        await bridge.stop()
+        await hub.close()
+
+
+async def test_an_entry_is_not_put_back_into_a_file_its_owner_left(tmp_path: Path) -> None:
+    """The bridge's map of files to owners lags the members' settings until its next
+    refresh: an entry of the lead's dropped by a lockless rewrite, after the lead's
+    delivery moved to another inbox, was put back into the file it left, which no agent
+    reads for it, and its copy stayed counted delivered. It is now not put back; the
+    copy is dead-lettered saying why, and its sender is told."""
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    d = Dispatcher(hub, rescan_s=0.1)
+    bridge = InboxBridge(hub, watch=False, teams={"t"})
+
+    def read() -> list[dict[str, Any]]:
+        return json.loads(lead.read_text("utf-8"))
+
+    try:
+        await bridge.start()
+        await d.start()
+        InboxWriter(root).append("t", "lead", msg_id="early", from_="w1", text="unread")
+        await bridge.scan()
+        sent = await hub.send("t", "w2", "lead", "for the lead", link=False)
+        mid = sent.message_id
+
+        async def written() -> bool:
+            return mid in {e["msg_id"] for e in read()} and await _state(hub, mid) != "leased"
+
+        await eventually(written, within=30, what="the hub's entry in the lead's inbox")
+        await bridge.scan()  # the bridge knows the entry as the lead's
+        lead.write_text(json.dumps([e for e in read() if e["msg_id"] != mid], indent=2))
+        elsewhere = {"type": "inbox-file", "root": str(root), "inbox": "lead-2"}
+        await hub.update_member("t", "lead", delivery=elsewhere)
+
+        await bridge.scan()  # its map still says the file is the lead's
+        assert mid not in {e["msg_id"] for e in read()}, "not put back where nobody reads"
+        assert await _state(hub, mid) == "dead"
+        notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
+        assert notice is not None and notice.to == "w2", "the sender is told"
+        st = await hub.message_status("t", mid)
+        assert "names another inbox now" in (st.deliveries[0].dead_reason or "")
     finally:
         await d.stop()
         await bridge.stop()

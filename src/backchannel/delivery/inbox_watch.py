@@ -59,7 +59,7 @@ from backchannel.delivery.claude_inbox import (
     team_deleted,
     unsafe_dirs,
 )
-from backchannel.delivery.inbox_file import write_claimed
+from backchannel.delivery.inbox_file import delivered_to, write_claimed
 from backchannel.errors import BackchannelError, PermanentDeliveryError
 from backchannel.files import private_dirs
 from backchannel.hub.outage import Outage
@@ -71,6 +71,11 @@ __all__ = ["InboxBridge", "InboxOwner"]
 
 log = logging.getLogger("backchannel.delivery.inbox_watch")
 
+#: Why an entry a rewrite dropped is not put back into a file its owner left.
+_MOVED = (
+    "its member's delivery setting names another inbox now, so nobody reads this file for "
+    "it; send the message again"
+)
 #: Cursor records of entries gone from their file are dropped after this long.
 FORGET_AFTER_S = 7 * 24 * 3600.0
 
@@ -333,7 +338,9 @@ class InboxBridge:
         kept (Claude Code matches entries on sender, timestamp and text); any other is
         the message's. A put-back is a write like the adapter's, through the file's
         claim (:func:`~backchannel.delivery.inbox_file.write_claimed`): into a file
-        another member now holds nothing is put back, the copy is dead-lettered."""
+        another member now holds nothing is put back, the copy is dead-lettered; so is
+        one whose owner's delivery setting no longer names the file (this map of owners
+        lags the settings until its next refresh), since nobody reads it there."""
         own = d.own.get(name)
         if not own:
             return True
@@ -365,6 +372,10 @@ class InboxBridge:
                 continue  # no copy of the owner's: the id was not the hub's entry for it
             if back.before:  # the store says so, whatever bridge put it back, restarts or not
                 await self._lost(owner, eid, f"{why}; it was put back once and dropped again")
+                continue
+            if not await delivered_to(self.hub, (owner.team, owner.member), path):
+                # the owner's setting moved on since this map was made: nobody reads here
+                await self._lost(owner, eid, f"{why}; not put back: {_MOVED}")
                 continue
             m = back.message  # the hub's words, as the adapter wrote them, never the file's
             e, text = item.entry, message_text(m)
