@@ -62,3 +62,60 @@ async def test_a_start_a_beat_and_a_timer_read_the_live_sessions(store: Store) -
             timer = await hub.set_timer("t", "a", None, "anchor", 60, "back to task 3")
         assert read["Session"] < ENDED // 4, read
         assert timer.session == "now"
+
+
+async def test_a_session_end_and_a_check_timer_on_its_member_read_the_live_sessions(
+    store: Store,
+) -> None:
+    """A session's end (every ``/clear``) looked through every session its member ever
+    had for a live one, to know whether its links close; a ``check`` timer on that
+    member, firing, read them all to say how it is. Both read its live sessions (and, for
+    a member with none, its latest few) now."""
+    clock = FakeClock()
+    async with Hub(store, clock=clock, background=False) as hub:
+        await _long_lived(hub)
+        await hub.add_member("t", "b")
+        await hub.open_session("t", "b", "b-s")
+        await hub.open_session("t", "a", "now")
+        await hub.set_timer("t", "b", "b-s", "check", 60, "how is a doing", target="a")
+        with counting_rows(hub.store) as read:
+            await hub.terminate_session("t", "a", "now", "done")
+        assert read["Session"] < ENDED // 4, read
+        clock.advance(61)
+        with counting_rows(hub.store) as read:
+            await hub.maintain()
+        assert read["Session"] < ENDED // 4, read
+        got = await hub.receive("t", "b", session="b-s")
+        [fired] = [g.message for g in got if g.message.meta.get("timer_id")]
+        assert "a is terminated (session now" in fired.text, fired.text
+
+
+async def test_pruning_a_teams_delegations_reads_one_left_to_know_it_goes_on(
+    store: Store,
+) -> None:
+    """The job that forgets old delegations asked whether any were left by reading every
+    one the team keeps (a week's); it reads one now."""
+    from backchannel.core.delegation import PRUNE_INTERVAL, PRUNE_JOB
+    from backchannel.types import Delegation, Job, Route
+
+    clock = FakeClock()
+    async with Hub(store, clock=clock, background=False) as hub:
+        await _long_lived(hub)
+        now = clock.now()
+
+        def kept(tx: Tx) -> None:
+            for i in range(ENDED):
+                tx.insert_delegation(
+                    Delegation("t", f"d{i}", Route.LOCAL, "a", "old-1", f"tu_{i}", "a",
+                               "count", now, now + 300, f"old-1#{i}")
+                )  # fmt: skip
+            tx.add_job(Job("t", PRUNE_JOB, now + PRUNE_INTERVAL, now, None, {}))
+
+        await hub.store.transact(kept)
+        clock.advance(PRUNE_INTERVAL + 1)
+        with counting_rows(hub.store) as read:
+            await hub.maintain()
+        assert read["Job"] >= 1, read  # the job ran
+        assert read["Delegation"] < ENDED // 4, read
+        left = await hub.list_delegations("t", limit=ENDED + 1)
+        assert len(left) == ENDED, "none had ended: all kept"

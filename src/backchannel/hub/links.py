@@ -332,10 +332,8 @@ class Links:
         """A session that terminated closes its links for ``reason`` (see the module
         docstring)."""
         tx, now = c.tx, self.clock.now()
-        live = any(
-            s.state is not SessionState.TERMINATED
-            for s in tx.list_sessions(session.team, session.member)
-        )
+        # one entry of the live sessions' index, not every session the member ever had
+        live = bool(tx.list_sessions(session.team, session.member, which="live", limit=1))
         for link in tx.list_links(session.team, member=session.member, open_only=True):
             # a side whose member has no live session left can take no more turns, whether
             # or not the link ever bound one of its sessions

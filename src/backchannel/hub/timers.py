@@ -72,6 +72,9 @@ log = logging.getLogger("backchannel.hub")
 #: How many of a member's unread messages from a ``wait`` timer's target are looked at
 #: for a reply sent before the timer was set (each costs a look for a later question).
 UNREAD_REPLIES = 20
+#: A ``check`` timer's target with no live session: how many of its latest sessions are
+#: looked at for the one it left off in (the latest to change among them).
+ENDED_LOOKED_AT = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,11 +344,10 @@ class Timers:
             return None
         peer = None
         if timer.target:
-            sessions = [
-                x
-                for x in tx.list_sessions(job.team, timer.target)
-                if x.state is not SessionState.TERMINATED
-            ] or tx.list_sessions(job.team, timer.target)
+            # its live sessions, else its latest ones: never every session it ever had
+            sessions = tx.list_sessions(job.team, timer.target, which="live") or (
+                tx.latest_sessions(job.team, timer.target, ENDED_LOOKED_AT)
+            )
             latest = max(sessions, key=lambda x: x.updated_at) if sessions else None
             reply = rules.Reply.from_payload(job.payload)
             if reply is None and isinstance(reply_id := job.payload.get("reply"), str):
