@@ -20,9 +20,10 @@ ENDED = 400
 KEY = "proc:4242:1700000000"
 
 
-async def _long_lived(hub: Hub) -> None:
-    await hub.create_team("t")
-    await hub.add_member("t", "a")
+async def _long_lived(hub: Hub, *, team: bool = True) -> None:
+    if team:
+        await hub.create_team("t")
+        await hub.add_member("t", "a")
 
     def history(tx: Tx) -> None:
         for i in range(ENDED):
@@ -119,3 +120,33 @@ async def test_pruning_a_teams_delegations_reads_one_left_to_know_it_goes_on(
         assert read["Delegation"] < ENDED // 4, read
         left = await hub.list_delegations("t", limit=ENDED + 1)
         assert len(left) == ENDED, "none had ended: all kept"
+
+
+async def test_the_runner_looks_for_its_members_live_sessions(store: Store) -> None:
+    """The runner looks for its members' sessions (the sub-sessions delegations open)
+    five times a second, and read every session each member ever had, a page of 500 at
+    a time: a long run leaves one ended for each delegation. It asks for the live ones."""
+    from pathlib import Path
+
+    from backchannel.client import Client
+    from backchannel.runner.host import Runner
+    from backchannel.runner.teamfile import parse_team
+
+    async with Hub(store, clock=FakeClock(), background=False) as hub:
+        admin = Client.local(hub)
+        await admin.start()
+        await admin.create_team("t")
+        worker = Client.local(hub, (await admin.add_member("t", "a")).token)
+        await worker.start()
+        await _long_lived(hub, team=False)
+        await worker.open_session("a-main")
+        team = parse_team("team: t\nmembers:\n  - {name: a, policy: 'tests.test_runner:_stuck'}\n")
+        runner = Runner(team, {"a": worker}, workspace=Path("."))
+        try:
+            with counting_rows(hub.store) as read:
+                await runner._discover()
+            assert read["Session"] < ENDED // 4, read
+            assert list(runner.loops) == ["a-main"]
+        finally:
+            for task in runner.tasks.values():
+                task.cancel()

@@ -208,3 +208,32 @@ async def test_only_the_sessions_whose_turn_runs_when_asked(srv: Server) -> None
     assert page.returncode == 0, page.stderr
     assert [line.split("\t")[0] for line in page.stdout.splitlines()] == ["a-3"]
     assert "--after a-3 --active" in page.stderr
+
+
+async def test_only_the_sessions_not_ended_when_asked(srv: Server) -> None:
+    """``live_only``: the sessions not terminated, paged as the rest, over HTTP, the SDK
+    (the runner looks for its members' sessions with it, five times a second) and the
+    command line (``--live``)."""
+    from backchannel.client import connect
+
+    tokens = srv.team("live-only", "a", "b")
+    with srv.client(tokens["a"]) as a, srv.client(tokens["b"]) as b:
+        for c, sid in ((a, "a-1"), (a, "a-2"), (a, "a-3"), (b, "b-1"), (b, "b-2")):
+            c.post("/v1/sessions", json={"session_id": sid}).raise_for_status()
+        for c, sid in ((a, "a-2"), (b, "b-1")):
+            c.post(f"/v1/sessions/{sid}/terminate", json={}).raise_for_status()
+        assert _read_all(a, 1, live_only="true") == ["a-1", "a-3", "b-2"]
+        assert _read_all(a, 1, live_only="true", member="a") == ["a-1", "a-3"]
+        assert _read_all(a, 10, live_only="false", member="a") == ["a-1", "a-2", "a-3"]
+        r = a.get("/v1/sessions", params={"live_only": "maybe"})
+        assert r.status_code == 422 and "live_only" in r.text, r.text
+    async with connect(srv.url, tokens["b"]) as client:
+        got = await client.list_sessions("a", live_only=True)
+        assert [s.session_id for s in got] == ["a-1", "a-3"]
+        pages = [p async for p in client.session_pages(live_only=True, limit=5)]
+        assert [s.session_id for p in pages for s in p.sessions] == ["a-1", "a-3", "b-2"]
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    page = run("session", "list", "--live", "--member", "a", "--limit", "1", env=env)
+    assert page.returncode == 0, page.stderr
+    assert [line.split("\t")[0] for line in page.stdout.splitlines()] == ["a-1"]
+    assert "--after a-1 --member a --live" in page.stderr

@@ -501,17 +501,18 @@ class MemberApi:
         *,
         member: str | None = None,
         active_only: bool = False,
+        live_only: bool = False,
         after: str | None = None,
         limit: int = PAGE,
     ) -> SessionList:
         """A page of the team's sessions (or one member's; with ``active_only``, those
-        whose turn runs now), in the order they were opened: at most ``limit`` after
-        session ``after``; ``next_after`` is where the next page starts (None: this was
-        the last)."""
+        whose turn runs now; with ``live_only``, those not terminated), in the order they
+        were opened: at most ``limit`` after session ``after``; ``next_after`` is where
+        the next page starts (None: this was the last)."""
         found = await self.hub.list_sessions(
             self.team,
             member,
-            which="active" if active_only else "all",
+            which="active" if active_only else "live" if live_only else "all",
             after=after,
             limit=limit + 1,
         )

@@ -813,15 +813,18 @@ class Client:
         member: str | None = None,
         *,
         active_only: bool = False,
+        live_only: bool = False,
         after: str | None = None,
         limit: int | None = None,
     ) -> list[SessionInfo]:
         """Sessions of your team (or of one member; with ``active_only``, those whose
-        turn runs now), in the order they were opened: at most ``limit`` after session
-        ``after`` (every one when ``limit`` is None, read from the hub a bounded page at
-        a time)."""
+        turn runs now; with ``live_only``, those not terminated), in the order they were
+        opened: at most ``limit`` after session ``after`` (every one when ``limit`` is
+        None, read from the hub a bounded page at a time)."""
         out: list[SessionInfo] = []
-        pages = self.session_pages(member, active_only=active_only, after=after, limit=limit)
+        pages = self.session_pages(
+            member, active_only=active_only, live_only=live_only, after=after, limit=limit
+        )
         async for page in pages:
             out.extend(page.sessions)
         return out
@@ -831,11 +834,12 @@ class Client:
         member: str | None = None,
         *,
         active_only: bool = False,
+        live_only: bool = False,
         after: str | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[SessionList]:
         """The pages of your team's sessions (or one member's; with ``active_only``,
-        those whose turn runs now), each at most :data:`~backchannel.core.pages.MAX_PAGE`
+        those whose turn runs now; with ``live_only``, those not terminated), each at most :data:`~backchannel.core.pages.MAX_PAGE`
         long, until ``limit`` sessions (all when None) were given; each page's
         ``next_after`` says where the next one starts."""
         _check_page(after, limit, "session")
@@ -844,12 +848,13 @@ class Client:
             return Call(
                 "GET",
                 "/v1/sessions",
-                functools.partial(_member_sessions, member, active_only, after, n),
+                functools.partial(_member_sessions, member, active_only, live_only, after, n),
                 SessionList,
                 params={
                     "limit": n,
                     **_given(member=member, after=after),
                     **({"active_only": True} if active_only else {}),
+                    **({"live_only": True} if live_only else {}),
                 },
             )
 
@@ -1269,10 +1274,17 @@ async def _member_timers(
 
 
 async def _member_sessions(
-    member: str | None, active_only: bool, after: str | None, limit: int, s: Scope
+    member: str | None,
+    active_only: bool,
+    live_only: bool,
+    after: str | None,
+    limit: int,
+    s: Scope,
 ) -> SessionList:
     """One page of sessions, in-process."""
-    return await s.member.sessions(member=member, active_only=active_only, after=after, limit=limit)
+    return await s.member.sessions(
+        member=member, active_only=active_only, live_only=live_only, after=after, limit=limit
+    )
 
 
 async def _member_links(

@@ -438,14 +438,18 @@ class SyncClient:
         member: str | None = None,
         *,
         active_only: bool = False,
+        live_only: bool = False,
         after: str | None = None,
         limit: int | None = None,
     ) -> list[SessionInfo]:
         """Sessions of your team (or of one member; with ``active_only``, those whose
-        turn runs now), in the order they were opened: at most ``limit`` after session
-        ``after`` (every one when ``limit`` is None, read a bounded page at a time)."""
+        turn runs now; with ``live_only``, those not terminated), in the order they were
+        opened: at most ``limit`` after session ``after`` (every one when ``limit`` is
+        None, read a bounded page at a time)."""
         return self._run(
-            self._async.list_sessions(member, active_only=active_only, after=after, limit=limit)
+            self._async.list_sessions(
+                member, active_only=active_only, live_only=live_only, after=after, limit=limit
+            )
         )
 
     def session_pages(
@@ -453,14 +457,18 @@ class SyncClient:
         member: str | None = None,
         *,
         active_only: bool = False,
+        live_only: bool = False,
         after: str | None = None,
         limit: int | None = None,
     ) -> Iterator[SessionList]:
         """The pages of your team's sessions (or one member's; with ``active_only``,
-        those whose turn runs now) until ``limit`` sessions (all when None) were given;
-        each page's ``next_after`` says where the next starts."""
+        those whose turn runs now; with ``live_only``, those not terminated) until
+        ``limit`` sessions (all when None) were given; each page's ``next_after`` says
+        where the next starts."""
         return self._iterate(
-            self._async.session_pages(member, active_only=active_only, after=after, limit=limit)
+            self._async.session_pages(
+                member, active_only=active_only, live_only=live_only, after=after, limit=limit
+            )
         )
 
     def session(self, session_id: str) -> SessionInfo:

@@ -72,6 +72,9 @@ def session_list(
     active: Annotated[
         bool, typer.Option("--active", help="Only the sessions whose turn runs now.")
     ] = False,
+    live: Annotated[
+        bool, typer.Option("--live", help="Only the sessions that have not ended.")
+    ] = False,
     after: Annotated[
         str | None,
         typer.Option(help="Only sessions opened after this session id (the last one shown)."),
@@ -94,7 +97,11 @@ def session_list(
         token,
         home,
         lambda c: c.list_sessions(
-            member, active_only=active, after=after, limit=None if every else limit + 1
+            member,
+            active_only=active,
+            live_only=live,
+            after=after,
+            limit=None if every else limit + 1,
         ),
     )
     found = _cli()._page(
@@ -106,6 +113,7 @@ def session_list(
             f"backchannel session list --after {last['session_id']}"
             + (f" --member {member}" if member is not None else "")
             + (" --active" if active else "")
+            + (" --live" if live else "")
         ),
         as_json=as_json,
     )

@@ -693,7 +693,8 @@ class Runner:
         sub-sessions delegations create)."""
         for spec in self.hosted:
             client = self.clients[spec.name]
-            for s in await client.list_sessions(spec.name):
+            # its live sessions only: a long run leaves one ended for each delegation
+            for s in await client.list_sessions(spec.name, live_only=True):
                 sid = s.session_id
                 if s.state == "terminated" or sid in self.loops:
                     continue

@@ -38,6 +38,9 @@ async def list_sessions(
     active_only: Annotated[
         bool, Query(description="only the sessions whose turn runs now")
     ] = False,
+    live_only: Annotated[
+        bool, Query(description="only the sessions that have not ended (not terminated)")
+    ] = False,
     after: Annotated[
         str | None,
         Query(pattern=SESSION_PATTERN, description="the next_after of the page before"),
@@ -45,10 +48,12 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
 ) -> SessionList:
     """Your team's sessions (or one member's; with ``active_only``, those whose turn
-    runs now), in the order they were opened, a page at a time: at most ``limit``, after
-    session ``after``; the answer's ``next_after`` is where the next page starts (null:
-    this page is the last)."""
-    return await api.sessions(member=member, active_only=active_only, after=after, limit=limit)
+    runs now; with ``live_only``, those not terminated), in the order they were opened, a
+    page at a time: at most ``limit``, after session ``after``; the answer's
+    ``next_after`` is where the next page starts (null: this page is the last)."""
+    return await api.sessions(
+        member=member, active_only=active_only, live_only=live_only, after=after, limit=limit
+    )
 
 
 @router.post("/v1/sessions/alive")
