@@ -150,3 +150,31 @@ async def test_the_runner_looks_for_its_members_live_sessions(store: Store) -> N
         finally:
             for task in runner.tasks.values():
                 task.cancel()
+
+
+async def test_the_mcp_servers_members_and_a_members_session_read_the_live_sessions(
+    store: Store,
+) -> None:
+    """The MCP server's ``list_members`` read every session the team ever had (a page of
+    500 at a time) to show each member's open ones, and ``session_data`` given a member's
+    name read every session of that member to find its latest: both read the live ones."""
+    from backchannel.client import Client
+    from backchannel.interfaces import mcp
+
+    async with Hub(store, clock=FakeClock(), background=False) as hub:
+        admin = Client.local(hub)
+        await admin.start()
+        await admin.create_team("t")
+        a = Client.local(hub, (await admin.add_member("t", "a")).token)
+        await a.start()
+        await _long_lived(hub, team=False)
+        await a.open_session("now")
+        agent = mcp.Agent(a, "t", "a", "now")
+        with counting_rows(hub.store) as read:
+            listed, _ = await mcp._list_members(agent, mcp.ListMembersArgs())
+        assert read["Session"] < ENDED // 4, read
+        assert "- a (you), llm; sessions: now (idle)" in listed, listed
+        with counting_rows(hub.store) as read:
+            shown, _ = await mcp._session_data(agent, mcp.SessionDataArgs(session="a"))
+        assert read["Session"] < ENDED // 4, read
+        assert shown.startswith("Session now of a: idle"), shown

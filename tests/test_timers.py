@@ -499,6 +499,8 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 _TO_SCHEMA_10 = {
     "sqlite": [
         "DROP INDEX delegations_state",  # schema 22
+        "DROP INDEX sessions_team_live",
+        "DROP INDEX sessions_team_active",
         "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",
@@ -534,6 +536,8 @@ _TO_SCHEMA_10 = {
     ],
     "postgres": [
         "DROP INDEX delegations_state",  # schema 22
+        "DROP INDEX sessions_team_live",
+        "DROP INDEX sessions_team_active",
         "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",

@@ -75,6 +75,12 @@ BOUNDED_TEAM_READS = {
     "SELECT (SELECT count(*) FROM links WHERE team = ?) - (SELECT count(*) FROM links": (
         "the dashboard's count of closed links: index entries alone, no row"
     ),
+    "FROM sessions WHERE team = ? AND state != ? ORDER BY created_at, session_id": (
+        "the team's live sessions: the entries of sessions_team_live, an index of them alone"
+    ),
+    "FROM sessions WHERE team = ? AND state = ? ORDER BY created_at, session_id": (
+        "the team's active sessions: the entries of sessions_team_active, of them alone"
+    ),
     "FROM delegations WHERE team = ? AND state = ? ORDER BY created_at, delegation_id": (
         "the team's pending delegations: the entries of delegations_state for them alone"
     ),
@@ -230,6 +236,12 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.delegations_overview("t", 50)
     await hub.delegations_overview("t", 50, member="lead")
     await hub.list_sessions("t", "a", which="live")
+    # the team's live and active sessions (GET /v1/sessions?live_only, ?active_only: the
+    # MCP server's list_members and check_inbox), a page and after it
+    for which in ("live", "active"):
+        await hub.list_sessions("t", which=which, limit=2)
+        await hub.list_sessions("t", which=which, after="a-s", limit=2)
+        await hub.list_sessions("t", which=which)
 
     await hub.terminate_session("t", "b", "b-s", "done")
     await hub.maintain()
@@ -414,6 +426,11 @@ PG_CHECKS = {
     "delegations_callee_open": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND callee_session = 'c-s' AND state IN ('pending', 'timed_out') "
     "ORDER BY created_at, delegation_id LIMIT 1",
+    "sessions_team_live": "SELECT session_id FROM sessions WHERE team = 't' "
+    "AND state != 'terminated' ORDER BY created_at, session_id LIMIT 101",
+    "sessions_team_active": "SELECT session_id FROM sessions WHERE team = 't' "
+    "AND (created_at, session_id) > (0, 'a') AND state = 'active' "
+    "ORDER BY created_at, session_id LIMIT 101",
     "delegations_state": "SELECT delegation_id FROM delegations WHERE team = 't' "
     "AND state = 'pending' ORDER BY created_at, delegation_id",
 }

@@ -587,16 +587,19 @@ async def _read_message(a: Agent, x: ReadMessageArgs) -> Output:
     return shown, {"message_id": r.message_id, "from": r.sender, "part": x.part, "parts": n}
 
 
-async def sessions(a: Agent, member: str | None = None) -> list[SessionInfo]:
-    """Sessions of the agent's team (of one member)."""
-    return await a.client.list_sessions(member)
+async def sessions(a: Agent, member: str | None = None, *, live: bool = False) -> list[SessionInfo]:
+    """Sessions of the agent's team (of one member; with ``live``, those not ended)."""
+    return await a.client.list_sessions(member, live_only=live)
 
 
 async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
     try:
         data = await a.client.session_data(x.session, since=x.since, tail_chars=x.tail_chars)
     except UnknownSession:
-        mine = [s for s in await sessions(a, x.session) if s.member == x.session]
+        # a member's name: its latest live session (else its latest), read live first
+        # (a member that ran for months has ended thousands)
+        mine = await sessions(a, x.session, live=True) or await sessions(a, x.session)
+        mine = [s for s in mine if s.member == x.session]
         if not mine:
             raise
         latest = max(mine, key=lambda s: (s.state != "terminated", s.updated_at))
@@ -620,7 +623,7 @@ async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
     found = await a.client.members(after=x.after, limit=LIST_MEMBERS_SHOWN + 1)
     members, more = found[:LIST_MEMBERS_SHOWN], len(found) > LIST_MEMBERS_SHOWN
     shown = {m.name for m in members}
-    live = [s for s in await sessions(a) if s.state != "terminated" and s.member in shown]
+    live = [s for s in await sessions(a, live=True) if s.member in shown]
     lines = [f"Team {a.team}:" if not x.after else f"Team {a.team}, after {x.after}:"]
     for m in members:
         own = [f"{s.session_id} ({s.state})" for s in live if s.member == m.name]

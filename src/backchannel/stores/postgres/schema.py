@@ -386,9 +386,14 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
-    # 22: a team's delegations by state (see the SQLite schema)
+    # 22: a team's delegations by state, and a team's live and active sessions in
+    #     the order they opened (see the SQLite schema)
     """
     CREATE INDEX delegations_state ON delegations (team, state, created_at, delegation_id);
+    CREATE INDEX sessions_team_live ON sessions (team, created_at, session_id)
+        WHERE state != 'terminated';
+    CREATE INDEX sessions_team_active ON sessions (team, created_at, session_id)
+        WHERE state = 'active';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -388,9 +388,16 @@ MIGRATIONS: list[str] = [
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
     # 22: a team's delegations by state, so the dashboard reads the pending ones and
-    #     counts each state from an index, never every delegation of the week kept
+    #     counts each state from an index, never every delegation of the week kept; and
+    #     a team's live and active sessions in the order they opened, so a team-wide
+    #     read of them (GET /v1/sessions?live_only, the MCP server's list_members) never
+    #     reads every session the team ever had (each filter is its index's WHERE)
     """
     CREATE INDEX delegations_state ON delegations (team, state, created_at, delegation_id);
+    CREATE INDEX sessions_team_live ON sessions (team, created_at, session_id)
+        WHERE state != 'terminated';
+    CREATE INDEX sessions_team_active ON sessions (team, created_at, session_id)
+        WHERE state = 'active';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
