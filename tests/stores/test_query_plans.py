@@ -75,6 +75,10 @@ BOUNDED_TEAM_READS = {
     "SELECT (SELECT count(*) FROM links WHERE team = ?) - (SELECT count(*) FROM links": (
         "the dashboard's count of closed links: index entries alone, no row"
     ),
+    "SELECT member, count(*) FROM deliveries WHERE team = ? AND state IN (?, ?) GROUP BY": (
+        "/metrics' count of each member's pending copies: the entries of deliveries_open,"
+        " an index of those copies alone (no acked or dead copy is read)"
+    ),
     "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
         "the first page of a team's used budgets: the LIMIT, and the one record per member"
         " of the chain it was handed last (the 'ctx:' keys, skipped in key order)"
@@ -223,6 +227,7 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.terminate_session("t", "b", "b-s", "done")
     await hub.maintain()
     await hub.pending("t", "a")
+    await hub.store.read(lambda tx: tx.pending_counts("t"))  # a /metrics scrape
     await hub.feed_start("t", 1000)  # a dashboard opening
     await hub.dead_letters("t", 50)  # its dead letters panel
     await hub.compact(clock.now())  # retention, with everything old enough
@@ -309,6 +314,31 @@ async def test_where_a_teams_latest_events_begin_costs_what_it_returns(tmp_path:
     assert big_steps < small_steps * 1.5, (big_steps, small_steps)
     _, history_steps = _steps(db, "SELECT count(*) FROM delivery_events WHERE team = ?", ("big",))
     assert history_steps > big_steps * 5, (history_steps, big_steps)
+
+
+async def test_counting_each_members_pending_copies_reads_no_acked_copy(
+    tmp_path: Path,
+) -> None:
+    """``/metrics`` counts each member's pending copies on every scrape. A team whose
+    20,000 copies are nearly all acked (a year of traffic) costs less to count than one
+    with 1,500 pending: only the pending copies are read, from their own index, and
+    counting every copy of the team, which reads them all, shows the measure can tell."""
+    from backchannel.stores.sqlite.tx import Q
+
+    db = tmp_path / "hub.db"
+    await _fill(db, {"big": 20_000, "small": 1_500})
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE deliveries SET state = 'acked' WHERE team = 'big' AND seq % 100 != 0")
+        counts = {
+            t: dict(conn.execute(Q.pending_counts, (t,)).fetchall()) for t in ("big", "small")
+        }
+    assert sum(counts["big"].values()) == 200 and sum(counts["small"].values()) == 1_500
+    assert sorted(counts["small"]) == [f"m{i}" for i in range(10)]
+    _, big_steps = _steps(db, Q.pending_counts, ("big",))
+    _, small_steps = _steps(db, Q.pending_counts, ("small",))
+    assert big_steps < small_steps, (big_steps, small_steps)
+    _, every_steps = _steps(db, "SELECT count(*) FROM deliveries WHERE team = ?", ("big",))
+    assert every_steps > big_steps * 5, (every_steps, big_steps)
 
 
 async def test_a_timer_is_found_by_its_request_id_in_one_index_search(
@@ -430,6 +460,8 @@ PG_ORDERED = {
     "AND state != 'open' ORDER BY created_at DESC, link_id DESC LIMIT 50",
     "the count of closed links": "SELECT (SELECT count(*) FROM links WHERE team = 't') "
     "- (SELECT count(*) FROM links WHERE team = 't' AND state = 'open')",
+    "each member's count of pending copies": "SELECT member, count(*) FROM deliveries "
+    "WHERE team = 't' AND state IN ('queued', 'leased') GROUP BY member",
     "a member's sessions, a page": "SELECT session_id FROM sessions WHERE team = 't' "
     "AND member = 'a' AND (created_at, session_id) > (0, 'a') "
     "ORDER BY created_at, session_id LIMIT 101",

@@ -354,6 +354,13 @@ class Tx(Protocol):
         """How many of the member's copies are ``queued`` or ``leased``."""
         ...
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        """How many copies each member of the team has ``queued`` or ``leased``
+        (members with none are left out), counted from an index of those copies alone:
+        the acked and dead ones, however many, are not read (``/metrics`` asks on every
+        scrape)."""
+        ...
+
     # -- push delivery ownership ---------------------------------------------
     def claim_dispatch(
         self, team: str, member: str, owner: str, now: float, lease_until: float

@@ -473,6 +473,10 @@ class MemoryTx:
         inbox = self._d.open.get((team, member), {})
         return sum(1 for key in inbox.values() if self._d.deliveries[key].state.pending)
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        counts = {m: self.pending_count(t, m) for (t, m) in self._d.open if t == team}
+        return {m: n for m, n in counts.items() if n}
+
     # -- credentials, removal, quota counts ------------------------------------
     def set_token_hash(self, team: str, name: str, token_hash: str) -> bool:
         old = self._d.members.get((team, name))

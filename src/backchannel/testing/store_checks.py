@@ -452,6 +452,46 @@ async def check_ack(make_store: StoreFactory) -> None:
         ]
 
 
+async def check_pending_counts(make_store: StoreFactory) -> None:
+    """Each member's copies not acked yet (queued or leased), counted by member for one
+    team: acked and dead copies are not counted, members with none are left out, and
+    another team's copies never show."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        await store.transact(lambda tx: seed_team(tx, "beta"))
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {}
+        for i in range(5):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        await store.transact(
+            lambda tx: tx.insert_message(make_msg("to-c", to="c"), [Recipient("c")])
+        )
+        await store.transact(
+            lambda tx: tx.insert_message(make_msg("x", team="beta"), [Recipient("b")])
+        )
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 3))
+        assert await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0)) == ["m0"]
+        assert await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m1",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 1,
+                event="dead",
+                dead_reason="gone",
+            )
+        )
+        # b: m2 leased, m3 and m4 queued; c: one queued; a, user: none
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {"b": 3, "c": 1}
+        assert await store.read(lambda tx: tx.pending_counts("beta")) == {"b": 1}
+        assert await store.read(lambda tx: tx.pending_counts("gamma")) == {}
+        await store.transact(lambda tx: tx.ack("alpha", "b", ["m2"], T0 + 2))
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {"b": 2, "c": 1}
+
+
 async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -859,6 +899,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_concurrent_leases_never_overlap,
     check_ack,
     check_late_ack,
+    check_pending_counts,
     check_expiry_and_transitions,
     check_atomicity,
     check_transact_each,

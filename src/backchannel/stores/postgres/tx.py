@@ -467,6 +467,9 @@ class PgTx(PgTransaction, LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member), team)[0])
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._all(Q.pending_counts, (team,), team)}
+
     def compact(
         self, before: float, after: CompactCursor | None, limit: int
     ) -> tuple[int, CompactCursor | None]:

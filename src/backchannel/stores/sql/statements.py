@@ -101,6 +101,11 @@ class Sql:
             "SELECT count(*) FROM deliveries WHERE team = ? AND member = ? "
             "AND state IN ('queued', 'leased')"
         )
+        # deliveries_open, a partial index of the pending copies alone, in member order
+        self.pending_counts = m(
+            "SELECT member, count(*) FROM deliveries WHERE team = ? "
+            "AND state IN ('queued', 'leased') GROUP BY member"
+        )
         # -- push delivery ownership
         self.claim_dispatch = m(
             "INSERT INTO dispatch_owners (team, member, owner, lease_until) VALUES (?, ?, ?, ?) "

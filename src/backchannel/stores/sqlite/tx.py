@@ -603,6 +603,9 @@ class SqliteTx(LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member))[0])
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._c.execute(Q.pending_counts, (team,))}
+
     def compact(
         self, before: float, after: CompactCursor | None, limit: int
     ) -> tuple[int, CompactCursor | None]:
