@@ -498,6 +498,10 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX jobs_timers",  # schema 22
+        "DROP INDEX jobs_timers_pending",
+        "DROP INDEX jobs_timers_member",
+        "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",
         "DELETE FROM schema_migrations WHERE version = 21",
@@ -531,6 +535,11 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX jobs_timers",  # schema 22
+        "DROP INDEX jobs_timers_pending",
+        "DROP INDEX jobs_timers_member",
+        "DROP INDEX jobs_timers_session",
+        "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",
         "DELETE FROM schema_migrations WHERE version = 21",

@@ -176,6 +176,13 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.set_timer("t", "a", "a-s", "anchor", 60, "back to task 3")
     await hub.set_timer("t", "a", "a-s", "check", 60, "how is b", target="b")
     t = await hub.set_timer("t", "b", "b-s", "wait", 600, "the answer from a", target="a")
+    # the timers a page at a time (GET /v1/timers, list_timers: the team's, a member's,
+    # a session's, with the fired ones or not) and the dashboard's page in due order
+    for pending_only in (True, False):
+        await hub.list_timers("t", after=1, limit=2, pending_only=pending_only)
+        await hub.list_timers("t", member="a", after=1, limit=2, pending_only=pending_only)
+        await hub.list_timers("t", session_id="a-s", after=1, limit=2, pending_only=pending_only)
+    await hub.timers_due("t", 1, 2)
     clock.advance(120)
     await hub.maintain()
     await hub.cancel_timer("t", "b", t.timer_id)
@@ -368,6 +375,76 @@ async def test_a_timer_is_found_by_its_request_id_in_one_index_search(
         assert "request_id" in plan[0] or "json_extract" in plan[0] or "<expr>" in plan[0], plans
 
 
+async def test_a_page_of_timers_costs_what_it_shows(tmp_path: Path) -> None:
+    """A page of timers (``GET /v1/timers``, ``list_timers``: the team's, a member's, a
+    session's) is read from an index in the order it is shown, and the dashboard's page
+    in due order hands back the page and a count: a team holding 600 pending timers and
+    300 cancelled ones costs what one holding 20 does, where sorting every timer of the
+    team (what the hub did) costs ten times more."""
+    from backchannel.interfaces.dashboard import timers_view
+
+    seen: list[str] = []
+    db = tmp_path / "hub.db"
+    clock = FakeClock()
+    async with Hub(SqliteStore(db, on_statement=seen.append), clock=clock, background=False) as hub:
+        for team, n in (("small", 10), ("big", 300)):
+            await hub.create_team(team, settings={"anchor_policy": "off", "max_timers": 1000})
+            for m in ("a", "b", "c"):
+                await hub.add_member(team, m)
+                await hub.open_session(team, m, f"{m}-s")
+            for i in range(n):
+                for m in ("c", "a", "b"):
+                    t = await hub.set_timer(team, m, f"{m}-s", "anchor", 60 + i, f"{m} {i}")
+                    if m == "c":  # c's timers, cancelled: none of the pending pages
+                        await hub.cancel_timer(team, "c", t.timer_id)
+
+        async def cost(team: str, *reads: Callable[[], object]) -> tuple[int, int]:
+            """The SQLite steps and the rows the store's reads of jobs took."""
+            seen.clear()
+            for read in reads:
+                await read()  # type: ignore[misc]
+            steps = rows = 0
+            conn = sqlite3.connect(db)
+            try:
+                for sql in [s for s in seen if "FROM jobs" in s and s.startswith("SELECT")]:
+                    n = 0
+
+                    def count() -> int:
+                        nonlocal n
+                        n += 1
+                        return 0
+
+                    conn.set_progress_handler(count, 1)
+                    rows += len(conn.execute(sql).fetchall())
+                    steps += n
+            finally:
+                conn.close()
+            return steps, rows
+
+        def pages(team: str) -> list[Callable[[], object]]:
+            return [
+                lambda: hub.list_timers(team, limit=6),
+                lambda: hub.list_timers(team, member="a", limit=6),
+                lambda: hub.list_timers(team, session_id="b-s", limit=6),
+                lambda: hub.list_timers(team, pending_only=False, after=3, limit=6),
+            ]
+
+        small_steps, small_rows = await cost("small", *pages("small"))
+        big_steps, big_rows = await cost("big", *pages("big"))
+        assert big_rows == small_rows == 24, (small_rows, big_rows)
+        assert big_steps < small_steps * 1.5, (small_steps, big_steps)
+        # every pending timer of the big team, sorted: what one page used to cost
+        every, _ = await cost("big", lambda: hub.list_timers("big"))
+        assert every > big_steps * 10, (every, big_steps)
+
+        # the dashboard: the page and a count, not every pending timer of the team
+        page, total = await timers_view(hub, "big", 4, 5)
+        assert total == 600 and len(page) == 5
+        assert [t["note"] for t in page] == ["a 2", "b 2", "a 3", "b 3", "a 4"]
+        _, rows = await cost("big", lambda: timers_view(hub, "big", 4, 5))
+        assert rows == 5 + 1, rows
+
+
 def test_the_check_catches_a_scan(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     conn = sqlite3.connect(db)
@@ -413,6 +490,15 @@ PG_CHECKS = {
     "AND kind = 'timer' AND payload->>'request_id' = 'r1'",
     "jobs_kind_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'prune' "
     "AND state = 'pending' ORDER BY due_at, job_id",
+    "jobs_timers_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND state = 'pending' AND job_id > 5 ORDER BY job_id LIMIT 101",
+    "jobs_timers": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND job_id > 5 ORDER BY job_id LIMIT 101",
+    "jobs_timers_member": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND state = 'pending' AND (payload->>'member') = 'a' AND job_id > 5 "
+    "ORDER BY job_id LIMIT 101",
+    "jobs_timers_session": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND session_id = 'a-s' AND job_id > 5 ORDER BY job_id LIMIT 101",
     "delivery_events_pkey": "SELECT id FROM delivery_events WHERE team = 't' "
     "ORDER BY id DESC LIMIT 1 OFFSET 1000",
     "deliveries_dead": "SELECT seq FROM deliveries WHERE team = 't' AND state = 'dead' "

@@ -673,6 +673,66 @@ async def check_ledger(make_store: StoreFactory) -> None:
         assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 0
 
 
+async def check_timer_pages(make_store: StoreFactory) -> None:
+    """Timers a page at a time: ``list_timers`` in id order after ``after``, filtered by
+    member (the one its payload names), session and state, only kind ``timer`` and only
+    the team's; ``list_jobs`` in due order from an ``offset``; ``count_pending_jobs``."""
+    async with opened(make_store) as store:
+
+        def timer(member: str, session: str, due: float, team: str = "alpha") -> Job:
+            return Job(team, "timer", T0 + due, T0, session, {"member": member})
+
+        plan = [
+            timer("a", "a-1", 50),
+            timer("b", "b-1", 10),
+            timer("a", "a-2", 30),
+            Job("alpha", "checkpoint", T0 + 5, T0, "a-1", {"member": "a"}),
+            timer("a", "a-1", 20, team="beta"),
+            timer("b", "b-1", 40),
+            timer("a", "a-1", 60),
+        ]
+        ids = [await store.transact(lambda tx, j=j: tx.add_job(j)) for j in plan]
+        t_a1, t_b1, t_a2, _, _, t_b2, t_a3 = ids
+        await store.transact(lambda tx: tx.finish_job(t_b2, JobState.CANCELLED, T0 + 1))
+        await store.transact(lambda tx: tx.finish_job(t_a2, JobState.DONE, T0 + 1))
+
+        async def page(**kw: Any) -> list[int]:
+            found: list[Job] = await store.read(lambda tx: tx.list_timers("alpha", **kw))
+            return [j.job_id for j in found]
+
+        assert await page() == [t_a1, t_b1, t_a3]
+        assert await page(pending_only=False) == [t_a1, t_b1, t_a2, t_b2, t_a3]
+        assert await page(after=t_a1, limit=1) == [t_b1]
+        assert await page(after=t_a3) == []
+        assert await page(member="a") == [t_a1, t_a3]
+        assert await page(member="a", pending_only=False, after=t_a1) == [t_a2, t_a3]
+        assert await page(session_id="b-1", pending_only=False) == [t_b1, t_b2]
+        assert await page(session_id="a-1", limit=1) == [t_a1]
+        assert await page(member="b", session_id="a-1") == []
+        assert await page(member="zz") == []
+
+        # the dashboard's: pending timers by due time from an offset, and their count
+        async def due(offset: int, limit: int) -> list[int]:
+            found: list[Job] = await store.read(
+                lambda tx: tx.list_jobs("alpha", kind="timer", limit=limit, offset=offset)
+            )
+            return [j.job_id for j in found]
+
+        assert await due(0, 5) == [t_b1, t_a1, t_a3]
+        assert await due(1, 1) == [t_a1]
+        assert await due(3, 5) == []
+        assert await store.read(lambda tx: tx.count_pending_jobs("alpha", "timer")) == 3
+        assert await store.read(lambda tx: tx.count_pending_jobs("alpha", "checkpoint")) == 1
+        assert await store.read(lambda tx: tx.count_pending_jobs("beta", "timer")) == 1
+        assert await store.read(lambda tx: tx.count_pending_jobs("gamma", "timer")) == 0
+        try:
+            await store.read(lambda tx: tx.list_jobs("alpha", offset=1))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("an offset without a limit must raise ValueError")
+
+
 async def check_jobs(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         assert await store.read(lambda tx: tx.next_job_due()) is None
@@ -907,6 +967,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transcripts,
     check_ledger,
     check_jobs,
+    check_timer_pages,
     check_watches,
     check_links,
     check_delegations_and_tokens,

@@ -386,6 +386,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
+    # 22: the timers a page at a time in the order they were set (see the SQLite schema;
+    #     a session's need an index of their own here, as no index ends in the id)
+    """
+    CREATE INDEX jobs_timers ON jobs (team, job_id) WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_pending ON jobs (team, job_id)
+        WHERE kind = 'timer' AND state = 'pending';
+    CREATE INDEX jobs_timers_member ON jobs (team, (payload->>'member'), job_id)
+        WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_session ON jobs (team, session_id, job_id) WHERE kind = 'timer';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

@@ -106,6 +106,10 @@ class Sql:
             "SELECT member, count(*) FROM deliveries WHERE team = ? "
             "AND state IN ('queued', 'leased') GROUP BY member"
         )
+        # jobs_kind_pending, an index of the pending jobs alone: no job row is read
+        self.count_pending_jobs = m(
+            "SELECT count(*) FROM jobs WHERE team = ? AND kind = ? AND state = 'pending'"
+        )
         # -- push delivery ownership
         self.claim_dispatch = m(
             "INSERT INTO dispatch_owners (team, member, owner, lease_until) VALUES (?, ?, ?, ?) "

@@ -387,6 +387,19 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
+    # 22: the timers listed a page at a time in the order they were set (the API's,
+    #     list_timers'), the team's, a member's or a session's, read from an index in
+    #     that order: never every timer of the team sorted (a team holds up to
+    #     max_timers for each member), nor the fired and cancelled ones when only the
+    #     pending are asked for the team (a session's come from jobs_team, whose
+    #     entries end in the id)
+    """
+    CREATE INDEX jobs_timers ON jobs (team, id) WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_pending ON jobs (team, id)
+        WHERE kind = 'timer' AND state = 'pending';
+    CREATE INDEX jobs_timers_member ON jobs (team, json_extract(payload, '$.member'), id)
+        WHERE kind = 'timer';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
