@@ -253,3 +253,32 @@ async def test_a_scrape_costs_the_same_with_many_members(tmp_path: Path) -> None
     assert len(many) == len(few), (len(few), len(many), many)
     counts = [s for s in many if "FROM deliveries" in s]
     assert len(counts) == 1 and "GROUP BY member" in counts[0], counts
+
+
+async def test_a_scrape_reads_no_callback_post(tmp_path: Path) -> None:
+    """The retries of pending callback posts are summed in the store: a post's payload
+    carries the answer it delivers (up to the message size limit), and a scrape every
+    15 s during an outage that piled up posts must not read them all out."""
+    from backchannel.hub import Hub
+    from backchannel.hub.outbox import OUTBOX_JOB
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import FakeClock
+    from backchannel.types import Job
+
+    seen: list[str] = []
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "hub.db", on_statement=seen.append)
+    async with Hub(store, clock=clock, background=False) as hub:
+        await hub.create_team("t")
+        body = {"text": "an answer " * 1000}
+        for attempt in (0, 2, 5):
+            job = Job("t", OUTBOX_JOB, clock.now() + 3600, clock.now(), None,
+                      {"attempt": attempt, "body": body})  # fmt: skip
+            await hub.store.transact(lambda tx, job=job: tx.add_job(job))
+        seen.clear()
+        reg = await snapshot(hub)
+    assert _gauge(reg, "backchannel_outbox_retries") == 7
+    reads = [" ".join(s.split()) for s in seen]
+    posts = [s for s in reads if "'outbox'" in s]
+    assert posts and not [s for s in posts if "SELECT team, kind," in s], posts  # no row out

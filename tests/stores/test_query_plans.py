@@ -235,6 +235,7 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.maintain()
     await hub.pending("t", "a")
     await hub.store.read(lambda tx: tx.pending_counts("t"))  # a /metrics scrape
+    await hub.store.read(lambda tx: tx.pending_job_attempts("t", "outbox"))
     await hub.feed_start("t", 1000)  # a dashboard opening
     await hub.dead_letters("t", 50)  # its dead letters panel
     await hub.compact(clock.now())  # retention, with everything old enough

@@ -111,7 +111,7 @@ class _TeamCounts(NamedTuple):
     pending: dict[str, int]
     crossings: int
     first_due: list[Job]
-    posts: list[Job]
+    retries: int
 
 
 def _team_counts(tx: Tx, team: str) -> _TeamCounts:
@@ -119,13 +119,14 @@ def _team_counts(tx: Tx, team: str) -> _TeamCounts:
     its size: its members with how many copies each has not acked (one count grouped by
     member, from an index of the pending copies alone), its links' crossings (a sum, no
     link read out), its most overdue pending timer (the first by due time: one index
-    entry, however many timers wait) and its pending callback posts."""
+    entry, however many timers wait) and the retries its pending callback posts made
+    (summed in the store: a post's payload carries the answer, and none is read out)."""
     return _TeamCounts(
         [m.name for m in tx.list_members(team)],
         tx.pending_counts(team),
         tx.link_crossings(team),
         tx.list_jobs(team, kind=TIMER_JOB, limit=1),
-        tx.list_jobs(team, kind=OUTBOX_JOB),
+        tx.pending_job_attempts(team, OUTBOX_JOB),
     )
 
 
@@ -168,7 +169,7 @@ async def snapshot(hub: Hub) -> CollectorRegistry:
             depth.labels(t, m).set(counts.pending.get(m, 0))
         crossings.labels(t).set(counts.crossings)
         lateness.labels(t).set(max([0.0, *(now - j.due_at for j in counts.first_due)]))
-        retries.labels(t).set(sum(int(j.payload.get("attempt", 0)) for j in counts.posts))
+        retries.labels(t).set(counts.retries)
     return reg
 
 

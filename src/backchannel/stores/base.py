@@ -542,6 +542,12 @@ class Tx(Protocol):
         visited and no job is read out."""
         ...
 
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        """The sum of the ``attempt`` their payloads hold (0 where none) over the team's
+        pending jobs of ``kind``, summed in the store: no payload is handed back
+        (``/metrics``' retries of callback posts, whose payloads carry the answer)."""
+        ...
+
     def list_timers(
         self,
         team: str,

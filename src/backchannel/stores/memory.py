@@ -812,6 +812,13 @@ class MemoryTx:
             if j.team == team and j.kind == kind and j.state is JobState.PENDING
         )
 
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        return sum(
+            int(j.payload.get("attempt", 0))
+            for j in self._d.jobs.values()
+            if j.team == team and j.kind == kind and j.state is JobState.PENDING
+        )
+
     def list_timers(
         self,
         team: str,

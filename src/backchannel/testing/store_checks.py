@@ -733,6 +733,27 @@ async def check_timer_pages(make_store: StoreFactory) -> None:
             raise AssertionError("an offset without a limit must raise ValueError")
 
 
+async def check_pending_job_attempts(make_store: StoreFactory) -> None:
+    """The attempts a team's pending jobs of one kind hold in their payloads, summed:
+    finished jobs, other kinds and other teams are not counted, and a job whose payload
+    has no ``attempt`` counts 0."""
+    async with opened(make_store) as store:
+        plan = [
+            Job("alpha", "outbox", T0 + 1, T0, None, {"attempt": 2, "body": {"x": "y"}}),
+            Job("alpha", "outbox", T0 + 2, T0, None, {"attempt": 3}),
+            Job("alpha", "outbox", T0 + 3, T0, None, {}),
+            Job("alpha", "outbox", T0 + 4, T0, None, {"attempt": 7}),
+            Job("alpha", "timer", T0 + 5, T0, "s", {"attempt": 11}),
+            Job("beta", "outbox", T0 + 6, T0, None, {"attempt": 13}),
+        ]
+        ids = [await store.transact(lambda tx, j=j: tx.add_job(j)) for j in plan]
+        assert await store.read(lambda tx: tx.pending_job_attempts("alpha", "outbox")) == 12
+        await store.transact(lambda tx: tx.finish_job(ids[3], JobState.DONE, T0 + 9))
+        assert await store.read(lambda tx: tx.pending_job_attempts("alpha", "outbox")) == 5
+        assert await store.read(lambda tx: tx.pending_job_attempts("beta", "outbox")) == 13
+        assert await store.read(lambda tx: tx.pending_job_attempts("gamma", "outbox")) == 0
+
+
 async def check_jobs(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         assert await store.read(lambda tx: tx.next_job_due()) is None
@@ -968,6 +989,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_ledger,
     check_jobs,
     check_timer_pages,
+    check_pending_job_attempts,
     check_watches,
     check_links,
     check_delegations_and_tokens,

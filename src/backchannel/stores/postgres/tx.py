@@ -729,6 +729,13 @@ class PgTx(PgTransaction, LifecycleSql):
     def count_pending_jobs(self, team: str, kind: str) -> int:
         return int(self._one(Q.count_pending_jobs, (team, kind), team)[0])
 
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        sql = pg(
+            "SELECT coalesce(sum((payload->>'attempt')::bigint), 0) FROM jobs "
+            "WHERE team = ? AND kind = ? AND state = 'pending'"
+        )
+        return int(self._one(sql, (team, kind), team)[0])
+
     def list_timers(
         self,
         team: str,

@@ -152,6 +152,11 @@ _JOB_BY_REQUEST = (
     f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND session_id = ? AND kind = ? "
     "AND json_extract(payload, '$.request_id') = ? ORDER BY id LIMIT 1"
 )
+#: the attempts a kind's pending jobs made, summed in the store (jobs_kind_pending)
+_JOB_ATTEMPTS = (
+    "SELECT coalesce(sum(json_extract(payload, '$.attempt')), 0) FROM jobs "
+    "WHERE team = ? AND kind = ? AND state = 'pending'"
+)
 #: the member a timer's payload names, as ``jobs_timers_member`` indexes it
 _TIMER_MEMBER = "json_extract(payload, '$.member')"
 #: a team's pending watching jobs, in ``jobs_watch``'s order: by watch, then id
@@ -880,6 +885,9 @@ class SqliteTx(LifecycleSql):
 
     def count_pending_jobs(self, team: str, kind: str) -> int:
         return int(self._one(Q.count_pending_jobs, (team, kind))[0])
+
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        return int(self._one(_JOB_ATTEMPTS, (team, kind))[0])
 
     def list_timers(
         self,
