@@ -185,3 +185,100 @@ async def test_the_snapshot_reads_no_link_and_one_timer(tmp_path: Path) -> None:
     assert jobs and all(" AND kind = " in s for s in jobs), jobs  # never every job
     (timers,) = [s for s in jobs if "kind = 'timer'" in s]
     assert timers.endswith("LIMIT 1"), timers  # the timer first due, alone
+
+
+async def _crowd(hub: object, members: int) -> None:
+    """Team ``t`` with ``members`` members m000...: m000 sent each of the others one
+    message and every third one two; m001 acked its copies; nobody else took any."""
+    from backchannel.hub import Hub
+
+    assert isinstance(hub, Hub)
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    names = [f"m{i:03}" for i in range(members)]
+    for m in names:
+        await hub.add_member("t", m)
+    for i, m in enumerate(names[1:], start=1):
+        for n in range(2 if i % 3 == 0 else 1):
+            await hub.send("t", names[0], m, f"to {m} #{n}", link=False)
+    got = await hub.receive("t", "m001", limit=10)
+    await hub.ack("t", "m001", [g.message.message_id for g in got])
+
+
+async def test_queue_depth_is_counted_per_member_in_one_read(make_store: object) -> None:
+    """Each member's queue depth is right, on every store, from one grouped count: a
+    member with copies waiting shows how many, and one with none (all acked, or never
+    sent to) still shows 0, as the gauge always did."""
+    from prometheus_client import CollectorRegistry
+
+    from backchannel.hub import Hub
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.testing import FakeClock
+
+    assert callable(make_store)
+    async with Hub(make_store(), clock=FakeClock(), background=False) as hub:
+        await _crowd(hub, 8)
+        reg = await snapshot(hub)
+    assert isinstance(reg, CollectorRegistry)
+    depths = {
+        s.labels["member"]: s.value
+        for family in reg.collect()
+        if family.name == "backchannel_queue_depth"
+        for s in family.samples
+    }
+    want = {f"m{i:03}": float(2 if i % 3 == 0 else 1) for i in range(8)}
+    want.update({"m000": 0.0, "m001": 0.0, "user": 0.0})
+    assert depths == want
+
+
+async def test_a_scrape_costs_the_same_with_many_members(tmp_path: Path) -> None:
+    """A scrape reads a team in a fixed number of statements however many members it
+    has (a hub with two thousand members is scraped every 15 s), and none of them reads
+    every copy ever delivered: the pending ones are counted from their own index."""
+    from backchannel.hub import Hub
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import FakeClock
+
+    async def statements(members: int) -> list[str]:
+        seen: list[str] = []
+        store = SqliteStore(tmp_path / f"hub-{members}.db", on_statement=seen.append)
+        async with Hub(store, clock=FakeClock(), background=False) as hub:
+            await _crowd(hub, members)
+            seen.clear()
+            await snapshot(hub)
+        # the reads alone: a PRAGMA checking the reader's cache comes when it comes
+        return [" ".join(s.split()) for s in seen if s.lstrip().startswith("SELECT")]
+
+    few, many = await statements(4), await statements(60)
+    assert len(many) == len(few), (len(few), len(many), many)
+    counts = [s for s in many if "FROM deliveries" in s]
+    assert len(counts) == 1 and "GROUP BY member" in counts[0], counts
+
+
+async def test_a_scrape_reads_no_callback_post(tmp_path: Path) -> None:
+    """The retries of pending callback posts are summed in the store: a post's payload
+    carries the answer it delivers (up to the message size limit), and a scrape every
+    15 s during an outage that piled up posts must not read them all out."""
+    from backchannel.hub import Hub
+    from backchannel.hub.outbox import OUTBOX_JOB
+    from backchannel.interfaces.metrics import snapshot
+    from backchannel.stores.sqlite import SqliteStore
+    from backchannel.testing import FakeClock
+    from backchannel.types import Job
+
+    seen: list[str] = []
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "hub.db", on_statement=seen.append)
+    async with Hub(store, clock=clock, background=False) as hub:
+        await hub.create_team("t")
+        body = {"text": "an answer " * 1000}
+        for attempt in (0, 2, 5):
+            job = Job("t", OUTBOX_JOB, clock.now() + 3600, clock.now(), None,
+                      {"attempt": attempt, "body": body})  # fmt: skip
+            await hub.store.transact(lambda tx, job=job: tx.add_job(job))
+        seen.clear()
+        reg = await snapshot(hub)
+    assert _gauge(reg, "backchannel_outbox_retries") == 7
+    reads = [" ".join(s.split()) for s in seen]
+    posts = [s for s in reads if "'outbox'" in s]
+    assert posts and not [s for s in posts if "SELECT team, kind," in s], posts  # no row out

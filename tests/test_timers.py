@@ -501,6 +501,9 @@ _TO_SCHEMA_10 = {
         "DROP INDEX delegations_state",  # schema 22
         "DROP INDEX sessions_team_live",
         "DROP INDEX sessions_team_active",
+        "DROP INDEX jobs_timers",
+        "DROP INDEX jobs_timers_pending",
+        "DROP INDEX jobs_timers_member",
         "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",
@@ -538,6 +541,10 @@ _TO_SCHEMA_10 = {
         "DROP INDEX delegations_state",  # schema 22
         "DROP INDEX sessions_team_live",
         "DROP INDEX sessions_team_active",
+        "DROP INDEX jobs_timers",
+        "DROP INDEX jobs_timers_pending",
+        "DROP INDEX jobs_timers_member",
+        "DROP INDEX jobs_timers_session",
         "DELETE FROM schema_migrations WHERE version = 22",
         "DROP INDEX deliveries_holder",  # schema 21
         "ALTER TABLE deliveries DROP COLUMN lease_holder",

@@ -90,6 +90,10 @@ BOUNDED_TEAM_READS = {
     "SELECT state, count(*) FROM delegations WHERE team = ? GROUP BY state": (
         "the dashboard's count of delegations by state: index entries alone, no row"
     ),
+    "SELECT member, count(*) FROM deliveries WHERE team = ? AND state IN (?, ?) GROUP BY": (
+        "/metrics' count of each member's pending copies: the entries of deliveries_open,"
+        " an index of those copies alone (no acked or dead copy is read)"
+    ),
     "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
         "the first page of a team's used budgets: the LIMIT, and the one record per member"
         " of the chain it was handed last (the 'ctx:' keys, skipped in key order)"
@@ -187,6 +191,13 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.set_timer("t", "a", "a-s", "anchor", 60, "back to task 3")
     await hub.set_timer("t", "a", "a-s", "check", 60, "how is b", target="b")
     t = await hub.set_timer("t", "b", "b-s", "wait", 600, "the answer from a", target="a")
+    # the timers a page at a time (GET /v1/timers, list_timers: the team's, a member's,
+    # a session's, with the fired ones or not) and the dashboard's page in due order
+    for pending_only in (True, False):
+        await hub.list_timers("t", after=1, limit=2, pending_only=pending_only)
+        await hub.list_timers("t", member="a", after=1, limit=2, pending_only=pending_only)
+        await hub.list_timers("t", session_id="a-s", after=1, limit=2, pending_only=pending_only)
+    await hub.timers_due("t", 1, 2)
     clock.advance(120)
     await hub.maintain()
     await hub.cancel_timer("t", "b", t.timer_id)
@@ -246,6 +257,8 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.terminate_session("t", "b", "b-s", "done")
     await hub.maintain()
     await hub.pending("t", "a")
+    await hub.store.read(lambda tx: tx.pending_counts("t"))  # a /metrics scrape
+    await hub.store.read(lambda tx: tx.pending_job_attempts("t", "outbox"))
     await hub.feed_start("t", 1000)  # a dashboard opening
     await hub.dead_letters("t", 50)  # its dead letters panel
     await hub.compact(clock.now())  # retention, with everything old enough
@@ -334,6 +347,31 @@ async def test_where_a_teams_latest_events_begin_costs_what_it_returns(tmp_path:
     assert history_steps > big_steps * 5, (history_steps, big_steps)
 
 
+async def test_counting_each_members_pending_copies_reads_no_acked_copy(
+    tmp_path: Path,
+) -> None:
+    """``/metrics`` counts each member's pending copies on every scrape. A team whose
+    20,000 copies are nearly all acked (a year of traffic) costs less to count than one
+    with 1,500 pending: only the pending copies are read, from their own index, and
+    counting every copy of the team, which reads them all, shows the measure can tell."""
+    from backchannel.stores.sqlite.tx import Q
+
+    db = tmp_path / "hub.db"
+    await _fill(db, {"big": 20_000, "small": 1_500})
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE deliveries SET state = 'acked' WHERE team = 'big' AND seq % 100 != 0")
+        counts = {
+            t: dict(conn.execute(Q.pending_counts, (t,)).fetchall()) for t in ("big", "small")
+        }
+    assert sum(counts["big"].values()) == 200 and sum(counts["small"].values()) == 1_500
+    assert sorted(counts["small"]) == [f"m{i}" for i in range(10)]
+    _, big_steps = _steps(db, Q.pending_counts, ("big",))
+    _, small_steps = _steps(db, Q.pending_counts, ("small",))
+    assert big_steps < small_steps, (big_steps, small_steps)
+    _, every_steps = _steps(db, "SELECT count(*) FROM deliveries WHERE team = ?", ("big",))
+    assert every_steps > big_steps * 5, (every_steps, big_steps)
+
+
 async def test_a_timer_is_found_by_its_request_id_in_one_index_search(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -359,6 +397,76 @@ async def test_a_timer_is_found_by_its_request_id_in_one_index_search(
     for plan in plans:
         assert len(plan) == 1 and "USING INDEX jobs_request" in plan[0], plans
         assert "request_id" in plan[0] or "json_extract" in plan[0] or "<expr>" in plan[0], plans
+
+
+async def test_a_page_of_timers_costs_what_it_shows(tmp_path: Path) -> None:
+    """A page of timers (``GET /v1/timers``, ``list_timers``: the team's, a member's, a
+    session's) is read from an index in the order it is shown, and the dashboard's page
+    in due order hands back the page and a count: a team holding 600 pending timers and
+    300 cancelled ones costs what one holding 20 does, where sorting every timer of the
+    team (what the hub did) costs ten times more."""
+    from backchannel.interfaces.dashboard import timers_view
+
+    seen: list[str] = []
+    db = tmp_path / "hub.db"
+    clock = FakeClock()
+    async with Hub(SqliteStore(db, on_statement=seen.append), clock=clock, background=False) as hub:
+        for team, n in (("small", 10), ("big", 300)):
+            await hub.create_team(team, settings={"anchor_policy": "off", "max_timers": 1000})
+            for m in ("a", "b", "c"):
+                await hub.add_member(team, m)
+                await hub.open_session(team, m, f"{m}-s")
+            for i in range(n):
+                for m in ("c", "a", "b"):
+                    t = await hub.set_timer(team, m, f"{m}-s", "anchor", 60 + i, f"{m} {i}")
+                    if m == "c":  # c's timers, cancelled: none of the pending pages
+                        await hub.cancel_timer(team, "c", t.timer_id)
+
+        async def cost(team: str, *reads: Callable[[], object]) -> tuple[int, int]:
+            """The SQLite steps and the rows the store's reads of jobs took."""
+            seen.clear()
+            for read in reads:
+                await read()  # type: ignore[misc]
+            steps = rows = 0
+            conn = sqlite3.connect(db)
+            try:
+                for sql in [s for s in seen if "FROM jobs" in s and s.startswith("SELECT")]:
+                    n = 0
+
+                    def count() -> int:
+                        nonlocal n
+                        n += 1
+                        return 0
+
+                    conn.set_progress_handler(count, 1)
+                    rows += len(conn.execute(sql).fetchall())
+                    steps += n
+            finally:
+                conn.close()
+            return steps, rows
+
+        def pages(team: str) -> list[Callable[[], object]]:
+            return [
+                lambda: hub.list_timers(team, limit=6),
+                lambda: hub.list_timers(team, member="a", limit=6),
+                lambda: hub.list_timers(team, session_id="b-s", limit=6),
+                lambda: hub.list_timers(team, pending_only=False, after=3, limit=6),
+            ]
+
+        small_steps, small_rows = await cost("small", *pages("small"))
+        big_steps, big_rows = await cost("big", *pages("big"))
+        assert big_rows == small_rows == 24, (small_rows, big_rows)
+        assert big_steps < small_steps * 1.5, (small_steps, big_steps)
+        # every pending timer of the big team, sorted: what one page used to cost
+        every, _ = await cost("big", lambda: hub.list_timers("big"))
+        assert every > big_steps * 10, (every, big_steps)
+
+        # the dashboard: the page and a count, not every pending timer of the team
+        page, total = await timers_view(hub, "big", 4, 5)
+        assert total == 600 and len(page) == 5
+        assert [t["note"] for t in page] == ["a 2", "b 2", "a 3", "b 3", "a 4"]
+        _, rows = await cost("big", lambda: timers_view(hub, "big", 4, 5))
+        assert rows == 5 + 1, rows
 
 
 def test_the_check_catches_a_scan(tmp_path: Path) -> None:
@@ -406,6 +514,15 @@ PG_CHECKS = {
     "AND kind = 'timer' AND payload->>'request_id' = 'r1'",
     "jobs_kind_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'prune' "
     "AND state = 'pending' ORDER BY due_at, job_id",
+    "jobs_timers_pending": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND state = 'pending' AND job_id > 5 ORDER BY job_id LIMIT 101",
+    "jobs_timers": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND job_id > 5 ORDER BY job_id LIMIT 101",
+    "jobs_timers_member": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND state = 'pending' AND (payload->>'member') = 'a' AND job_id > 5 "
+    "ORDER BY job_id LIMIT 101",
+    "jobs_timers_session": "SELECT job_id FROM jobs WHERE team = 't' AND kind = 'timer' "
+    "AND session_id = 'a-s' AND job_id > 5 ORDER BY job_id LIMIT 101",
     "delivery_events_pkey": "SELECT id FROM delivery_events WHERE team = 't' "
     "ORDER BY id DESC LIMIT 1 OFFSET 1000",
     "deliveries_dead": "SELECT seq FROM deliveries WHERE team = 't' AND state = 'dead' "
@@ -471,6 +588,8 @@ PG_ORDERED = {
     "AND state != 'open' ORDER BY created_at DESC, link_id DESC LIMIT 50",
     "the count of closed links": "SELECT (SELECT count(*) FROM links WHERE team = 't') "
     "- (SELECT count(*) FROM links WHERE team = 't' AND state = 'open')",
+    "each member's count of pending copies": "SELECT member, count(*) FROM deliveries "
+    "WHERE team = 't' AND state IN ('queued', 'leased') GROUP BY member",
     "a member's sessions, a page": "SELECT session_id FROM sessions WHERE team = 't' "
     "AND member = 'a' AND (created_at, session_id) > (0, 'a') "
     "ORDER BY created_at, session_id LIMIT 101",

@@ -162,6 +162,10 @@ async def test_a_database_holding_the_same_reaction_twice_migrates_keeping_the_f
         ("DROP INDEX delegations_state", ()),  # the migrations after 15, applied again
         ("DROP INDEX sessions_team_live", ()),
         ("DROP INDEX sessions_team_active", ()),
+        ("DROP INDEX jobs_timers", ()),
+        ("DROP INDEX jobs_timers_pending", ()),
+        ("DROP INDEX jobs_timers_member", ()),
+        *([("DROP INDEX jobs_timers_session", ())] if kind == "postgres" else []),
         ("DELETE FROM schema_migrations WHERE version = 22", ()),
         ("DROP INDEX deliveries_holder", ()),
         ("ALTER TABLE deliveries DROP COLUMN lease_holder", ()),

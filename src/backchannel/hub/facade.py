@@ -253,6 +253,7 @@ class Hub:
     set_timer = _Delegate("timers", Timers.set_timer)
     cancel_timer = _Delegate("timers", Timers.cancel_timer)
     list_timers = _Delegate("timers", Timers.list_timers)
+    timers_due = _Delegate("timers", Timers.timers_due)
     delegate = _Delegate("delegations", Delegations.delegate)
     list_delegations = _Delegate("delegations", Delegations.list_delegations)
     delegations_overview = _Delegate("delegations", Delegations.delegations_overview)

@@ -316,15 +316,31 @@ class Timers:
         limit: int | None = None,
     ) -> list[Timer]:
         """A team's timers in the order they were set (by id), those after timer id
-        ``after``, at most ``limit`` (all when None)."""
+        ``after``, at most ``limit`` (all when None): a page read from the store in that
+        order, never every timer of the team."""
         jobs = await self.store.read(
-            lambda tx: tx.list_jobs(
-                team, session_id=session_id, kind=rules.TIMER_JOB, pending_only=pending_only
+            lambda tx: tx.list_timers(
+                team,
+                member=member,
+                session_id=session_id,
+                pending_only=pending_only,
+                after=after,
+                limit=limit,
             )
         )
-        timers = sorted((Timer.of(j) for j in jobs), key=lambda t: t.timer_id)
-        found = [t for t in timers if t.timer_id > after and (member is None or t.member == member)]
-        return found if limit is None else found[:limit]
+        return [Timer.of(j) for j in jobs]
+
+    async def timers_due(self, team: str, offset: int, limit: int) -> tuple[list[Timer], int]:
+        """The dashboard's timers in one read: a page of the team's pending timers,
+        soonest due first (``limit`` of them after the first ``offset``), and how many
+        are pending in all, counted in the store: no more timers read than the page
+        and the ones before it."""
+
+        def read(tx: Tx) -> tuple[list[Timer], int]:
+            page = tx.list_jobs(team, kind=rules.TIMER_JOB, limit=limit, offset=offset)
+            return [Timer.of(j) for j in page], tx.count_pending_jobs(team, rules.TIMER_JOB)
+
+        return await self.store.read(read)
 
     # -- firing -------------------------------------------------------------------
     def _fire_timer(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:

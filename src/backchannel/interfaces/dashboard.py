@@ -295,8 +295,10 @@ async def timers_view(
     """A page of the pending timers, soonest first, with ``due_in`` by the hub's clock;
     and how many there are in all."""
     now = hub.clock.now()
-    timers = sorted(await hub.list_timers(team), key=lambda t: t.due_at)
-    return [t.to_json(now) for t in timers[offset : offset + limit]], len(timers)
+    # the page alone, in due order from the store's index, and a count: never every
+    # pending timer of the team (up to max_timers for each member)
+    page, total = await hub.timers_due(team, offset, limit)
+    return [t.to_json(now) for t in page], total
 
 
 def narrowed_to(who: Principal) -> str | None:

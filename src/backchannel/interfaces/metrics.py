@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -106,14 +106,27 @@ class OpenConnections:
             self.gauge.dec()
 
 
-def _team_counts(tx: Tx, team: str) -> tuple[int, list[Job], list[Job]]:
-    """What ``/metrics`` shows of ``team``, counted in the store: its links' crossings
-    (a sum, no link read out), its most overdue pending timer (the first by due time:
-    one index entry, however many timers wait) and its pending callback posts."""
-    return (
+class _TeamCounts(NamedTuple):
+    members: list[str]
+    pending: dict[str, int]
+    crossings: int
+    first_due: list[Job]
+    retries: int
+
+
+def _team_counts(tx: Tx, team: str) -> _TeamCounts:
+    """What ``/metrics`` shows of ``team``, counted in the store in one read, whatever
+    its size: its members with how many copies each has not acked (one count grouped by
+    member, from an index of the pending copies alone), its links' crossings (a sum, no
+    link read out), its most overdue pending timer (the first by due time: one index
+    entry, however many timers wait) and the retries its pending callback posts made
+    (summed in the store: a post's payload carries the answer, and none is read out)."""
+    return _TeamCounts(
+        [m.name for m in tx.list_members(team)],
+        tx.pending_counts(team),
         tx.link_crossings(team),
         tx.list_jobs(team, kind=TIMER_JOB, limit=1),
-        tx.list_jobs(team, kind=OUTBOX_JOB),
+        tx.pending_job_attempts(team, OUTBOX_JOB),
     )
 
 
@@ -151,12 +164,12 @@ async def snapshot(hub: Hub) -> CollectorRegistry:
     now = hub.clock.now()
     for team in await hub.list_teams():
         t = team.name
-        for m in await hub.list_members(t):
-            depth.labels(t, m.name).set(await hub.pending(t, m.name))
-        crossed, first_due, posts = await hub.store.read(partial(_team_counts, team=t))
-        crossings.labels(t).set(crossed)
-        lateness.labels(t).set(max([0.0, *(now - j.due_at for j in first_due)]))
-        retries.labels(t).set(sum(int(j.payload.get("attempt", 0)) for j in posts))
+        counts = await hub.store.read(partial(_team_counts, team=t))
+        for m in counts.members:
+            depth.labels(t, m).set(counts.pending.get(m, 0))
+        crossings.labels(t).set(counts.crossings)
+        lateness.labels(t).set(max([0.0, *(now - j.due_at for j in counts.first_due)]))
+        retries.labels(t).set(counts.retries)
     return reg
 
 

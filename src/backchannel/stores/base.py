@@ -354,6 +354,13 @@ class Tx(Protocol):
         """How many of the member's copies are ``queued`` or ``leased``."""
         ...
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        """How many copies each member of the team has ``queued`` or ``leased``
+        (members with none are left out), counted from an index of those copies alone:
+        the acked and dead ones, however many, are not read (``/metrics`` asks on every
+        scrape)."""
+        ...
+
     # -- push delivery ownership ---------------------------------------------
     def claim_dispatch(
         self, team: str, member: str, owner: str, now: float, lease_until: float
@@ -521,9 +528,42 @@ class Tx(Protocol):
         kind: str | None = None,
         pending_only: bool = True,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Job]:
         """A team's jobs, optionally of one session or kind, by ``due_at``: the first
-        ``limit`` (all when None)."""
+        ``limit`` (all when None) after skipping ``offset`` (which needs a ``limit``;
+        ``ValueError`` without one). The pending jobs of one kind are read from an index
+        in that order, no further than ``offset + limit``."""
+        ...
+
+    def count_pending_jobs(self, team: str, kind: str) -> int:
+        """How many of the team's jobs of ``kind`` are pending, counted from an index of
+        the pending jobs alone (the dashboard's count of timers): no finished job is
+        visited and no job is read out."""
+        ...
+
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        """The sum of the ``attempt`` their payloads hold (0 where none) over the team's
+        pending jobs of ``kind``, summed in the store: no payload is handed back
+        (``/metrics``' retries of callback posts, whose payloads carry the answer)."""
+        ...
+
+    def list_timers(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        session_id: str | None = None,
+        pending_only: bool = True,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """A team's timer jobs (kind ``timer``) in the order they were set (by id):
+        those with an id above ``after``, at most ``limit`` (all when None); only the
+        pending ones unless ``pending_only`` is False; optionally only those of
+        ``member`` (the member its payload names) or of one session. Read from an index
+        in id order for each filter, so a page costs what it returns however many timers
+        the team holds."""
         ...
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:

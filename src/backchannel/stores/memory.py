@@ -474,6 +474,10 @@ class MemoryTx:
         inbox = self._d.open.get((team, member), {})
         return sum(1 for key in inbox.values() if self._d.deliveries[key].state.pending)
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        counts = {m: self.pending_count(t, m) for (t, m) in self._d.open if t == team}
+        return {m: n for m, n in counts.items() if n}
+
     # -- credentials, removal, quota counts ------------------------------------
     def set_token_hash(self, team: str, name: str, token_hash: str) -> bool:
         old = self._d.members.get((team, name))
@@ -787,7 +791,10 @@ class MemoryTx:
         kind: str | None = None,
         pending_only: bool = True,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Job]:
+        if offset and limit is None:
+            raise ValueError("list_jobs: an offset needs a limit")
         found = [
             j
             for j in self._d.jobs.values()
@@ -796,7 +803,47 @@ class MemoryTx:
             and (kind is None or j.kind == kind)
             and (not pending_only or j.state is JobState.PENDING)
         ]
-        return sorted(found, key=lambda j: (j.due_at, j.job_id))[:limit]
+        ordered = sorted(found, key=lambda j: (j.due_at, j.job_id))
+        return ordered[offset:] if limit is None else ordered[offset : offset + limit]
+
+    def count_pending_jobs(self, team: str, kind: str) -> int:
+        return sum(
+            1
+            for j in self._d.jobs.values()
+            if j.team == team and j.kind == kind and j.state is JobState.PENDING
+        )
+
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        return sum(
+            int(j.payload.get("attempt", 0))
+            for j in self._d.jobs.values()
+            if j.team == team and j.kind == kind and j.state is JobState.PENDING
+        )
+
+    def list_timers(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        session_id: str | None = None,
+        pending_only: bool = True,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Job]:
+        found = sorted(
+            (
+                j
+                for j in self._d.jobs.values()
+                if j.team == team
+                and j.kind == "timer"
+                and j.job_id > after
+                and (not pending_only or j.state is JobState.PENDING)
+                and (member is None or j.payload.get("member") == member)
+                and (session_id is None or j.session_id == session_id)
+            ),
+            key=lambda j: j.job_id,
+        )
+        return found[:limit]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
         job = self._d.jobs.get(job_id)

@@ -452,6 +452,46 @@ async def check_ack(make_store: StoreFactory) -> None:
         ]
 
 
+async def check_pending_counts(make_store: StoreFactory) -> None:
+    """Each member's copies not acked yet (queued or leased), counted by member for one
+    team: acked and dead copies are not counted, members with none are left out, and
+    another team's copies never show."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        await store.transact(lambda tx: seed_team(tx, "beta"))
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {}
+        for i in range(5):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        await store.transact(
+            lambda tx: tx.insert_message(make_msg("to-c", to="c"), [Recipient("c")])
+        )
+        await store.transact(
+            lambda tx: tx.insert_message(make_msg("x", team="beta"), [Recipient("b")])
+        )
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 3))
+        assert await store.transact(lambda tx: tx.ack("alpha", "b", ["m0"], T0)) == ["m0"]
+        assert await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m1",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DEAD,
+                now=T0 + 1,
+                event="dead",
+                dead_reason="gone",
+            )
+        )
+        # b: m2 leased, m3 and m4 queued; c: one queued; a, user: none
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {"b": 3, "c": 1}
+        assert await store.read(lambda tx: tx.pending_counts("beta")) == {"b": 1}
+        assert await store.read(lambda tx: tx.pending_counts("gamma")) == {}
+        await store.transact(lambda tx: tx.ack("alpha", "b", ["m2"], T0 + 2))
+        assert await store.read(lambda tx: tx.pending_counts("alpha")) == {"b": 2, "c": 1}
+
+
 async def check_expiry_and_transitions(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -631,6 +671,87 @@ async def check_ledger(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.ledger("alpha", "s1")) == []
         assert await store.read(lambda tx: tx.ledger("alpha", "s2")) == [e3]
         assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 0
+
+
+async def check_timer_pages(make_store: StoreFactory) -> None:
+    """Timers a page at a time: ``list_timers`` in id order after ``after``, filtered by
+    member (the one its payload names), session and state, only kind ``timer`` and only
+    the team's; ``list_jobs`` in due order from an ``offset``; ``count_pending_jobs``."""
+    async with opened(make_store) as store:
+
+        def timer(member: str, session: str, due: float, team: str = "alpha") -> Job:
+            return Job(team, "timer", T0 + due, T0, session, {"member": member})
+
+        plan = [
+            timer("a", "a-1", 50),
+            timer("b", "b-1", 10),
+            timer("a", "a-2", 30),
+            Job("alpha", "checkpoint", T0 + 5, T0, "a-1", {"member": "a"}),
+            timer("a", "a-1", 20, team="beta"),
+            timer("b", "b-1", 40),
+            timer("a", "a-1", 60),
+        ]
+        ids = [await store.transact(lambda tx, j=j: tx.add_job(j)) for j in plan]
+        t_a1, t_b1, t_a2, _, _, t_b2, t_a3 = ids
+        await store.transact(lambda tx: tx.finish_job(t_b2, JobState.CANCELLED, T0 + 1))
+        await store.transact(lambda tx: tx.finish_job(t_a2, JobState.DONE, T0 + 1))
+
+        async def page(**kw: Any) -> list[int]:
+            found: list[Job] = await store.read(lambda tx: tx.list_timers("alpha", **kw))
+            return [j.job_id for j in found]
+
+        assert await page() == [t_a1, t_b1, t_a3]
+        assert await page(pending_only=False) == [t_a1, t_b1, t_a2, t_b2, t_a3]
+        assert await page(after=t_a1, limit=1) == [t_b1]
+        assert await page(after=t_a3) == []
+        assert await page(member="a") == [t_a1, t_a3]
+        assert await page(member="a", pending_only=False, after=t_a1) == [t_a2, t_a3]
+        assert await page(session_id="b-1", pending_only=False) == [t_b1, t_b2]
+        assert await page(session_id="a-1", limit=1) == [t_a1]
+        assert await page(member="b", session_id="a-1") == []
+        assert await page(member="zz") == []
+
+        # the dashboard's: pending timers by due time from an offset, and their count
+        async def due(offset: int, limit: int) -> list[int]:
+            found: list[Job] = await store.read(
+                lambda tx: tx.list_jobs("alpha", kind="timer", limit=limit, offset=offset)
+            )
+            return [j.job_id for j in found]
+
+        assert await due(0, 5) == [t_b1, t_a1, t_a3]
+        assert await due(1, 1) == [t_a1]
+        assert await due(3, 5) == []
+        assert await store.read(lambda tx: tx.count_pending_jobs("alpha", "timer")) == 3
+        assert await store.read(lambda tx: tx.count_pending_jobs("alpha", "checkpoint")) == 1
+        assert await store.read(lambda tx: tx.count_pending_jobs("beta", "timer")) == 1
+        assert await store.read(lambda tx: tx.count_pending_jobs("gamma", "timer")) == 0
+        try:
+            await store.read(lambda tx: tx.list_jobs("alpha", offset=1))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("an offset without a limit must raise ValueError")
+
+
+async def check_pending_job_attempts(make_store: StoreFactory) -> None:
+    """The attempts a team's pending jobs of one kind hold in their payloads, summed:
+    finished jobs, other kinds and other teams are not counted, and a job whose payload
+    has no ``attempt`` counts 0."""
+    async with opened(make_store) as store:
+        plan = [
+            Job("alpha", "outbox", T0 + 1, T0, None, {"attempt": 2, "body": {"x": "y"}}),
+            Job("alpha", "outbox", T0 + 2, T0, None, {"attempt": 3}),
+            Job("alpha", "outbox", T0 + 3, T0, None, {}),
+            Job("alpha", "outbox", T0 + 4, T0, None, {"attempt": 7}),
+            Job("alpha", "timer", T0 + 5, T0, "s", {"attempt": 11}),
+            Job("beta", "outbox", T0 + 6, T0, None, {"attempt": 13}),
+        ]
+        ids = [await store.transact(lambda tx, j=j: tx.add_job(j)) for j in plan]
+        assert await store.read(lambda tx: tx.pending_job_attempts("alpha", "outbox")) == 12
+        await store.transact(lambda tx: tx.finish_job(ids[3], JobState.DONE, T0 + 9))
+        assert await store.read(lambda tx: tx.pending_job_attempts("alpha", "outbox")) == 5
+        assert await store.read(lambda tx: tx.pending_job_attempts("beta", "outbox")) == 13
+        assert await store.read(lambda tx: tx.pending_job_attempts("gamma", "outbox")) == 0
 
 
 async def check_jobs(make_store: StoreFactory) -> None:
@@ -859,6 +980,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_concurrent_leases_never_overlap,
     check_ack,
     check_late_ack,
+    check_pending_counts,
     check_expiry_and_transitions,
     check_atomicity,
     check_transact_each,
@@ -866,6 +988,8 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_transcripts,
     check_ledger,
     check_jobs,
+    check_timer_pages,
+    check_pending_job_attempts,
     check_watches,
     check_links,
     check_delegations_and_tokens,

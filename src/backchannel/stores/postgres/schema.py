@@ -386,14 +386,22 @@ MIGRATIONS: list[str] = [
     CREATE INDEX deliveries_holder ON deliveries (team, member, lease_holder, seq)
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
-    # 22: a team's delegations by state, and a team's live and active sessions in
-    #     the order they opened (see the SQLite schema)
+    # 22: a team's delegations by state, a team's live and active sessions in the order
+    #     they opened, and the timers a page at a time in the order they were set (see
+    #     the SQLite schema; a session's timers need an index of their own here, as no
+    #     index ends in the id)
     """
     CREATE INDEX delegations_state ON delegations (team, state, created_at, delegation_id);
     CREATE INDEX sessions_team_live ON sessions (team, created_at, session_id)
         WHERE state != 'terminated';
     CREATE INDEX sessions_team_active ON sessions (team, created_at, session_id)
         WHERE state = 'active';
+    CREATE INDEX jobs_timers ON jobs (team, job_id) WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_pending ON jobs (team, job_id)
+        WHERE kind = 'timer' AND state = 'pending';
+    CREATE INDEX jobs_timers_member ON jobs (team, (payload->>'member'), job_id)
+        WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_session ON jobs (team, session_id, job_id) WHERE kind = 'timer';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

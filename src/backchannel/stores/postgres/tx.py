@@ -32,6 +32,7 @@ from backchannel.stores.sql import (
     pg,
     sessions_query,
     teams_query,
+    timers_query,
 )
 from backchannel.stores.sql.inbox import activity_rows
 from backchannel.stores.sql.lifecycle import LifecycleSql
@@ -470,6 +471,9 @@ class PgTx(PgTransaction, LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member), team)[0])
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._all(Q.pending_counts, (team,), team)}
+
     def compact(
         self, before: float, after: CompactCursor | None, limit: int
     ) -> tuple[int, CompactCursor | None]:
@@ -718,8 +722,37 @@ class PgTx(PgTransaction, LifecycleSql):
         kind: str | None = None,
         pending_only: bool = True,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "job_id", team, session_id, kind, pending_only, limit)
+        sql, args = jobs_query(
+            Q.job_cols, "job_id", team, session_id, kind, pending_only, limit, offset
+        )
+        return self._jobs(self._all(pg(sql), args, team))
+
+    def count_pending_jobs(self, team: str, kind: str) -> int:
+        return int(self._one(Q.count_pending_jobs, (team, kind), team)[0])
+
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        sql = pg(
+            "SELECT coalesce(sum((payload->>'attempt')::bigint), 0) FROM jobs "
+            "WHERE team = ? AND kind = ? AND state = 'pending'"
+        )
+        return int(self._one(sql, (team, kind), team)[0])
+
+    def list_timers(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        session_id: str | None = None,
+        pending_only: bool = True,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Job]:
+        sql, args = timers_query(
+            Q.job_cols, "job_id", "(payload->>'member')", team, member, session_id,
+            pending_only, after, limit,
+        )  # fmt: skip
         return self._jobs(self._all(pg(sql), args, team))
 
     # -- delegation ----------------------------------------------------------

@@ -29,6 +29,7 @@ __all__ = [
     "links_query",
     "pg",
     "sessions_query",
+    "timers_query",
 ]
 
 # Each filter matches a partial index's WHERE clause word for word (sessions_live,
@@ -224,6 +225,7 @@ def jobs_query(
     kind: str | None,
     pending_only: bool,
     limit: int | None = None,
+    offset: int = 0,
 ) -> tuple[str, list[Any]]:
     """:meth:`Tx.list_jobs`: only the filters in use are named (``job_id`` is the
     dialect's name for the id column)."""
@@ -238,6 +240,46 @@ def jobs_query(
     if pending_only:
         sql += " AND state = 'pending'"
     sql += f" ORDER BY due_at, {job_id}"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    if offset:
+        if limit is None:
+            raise ValueError("list_jobs: an offset needs a limit")
+        sql += " OFFSET ?"
+        args.append(offset)
+    return sql, args
+
+
+def timers_query(
+    cols: str,
+    job_id: str,
+    member_of: str,
+    team: str,
+    member: str | None,
+    session_id: str | None,
+    pending_only: bool,
+    after: int,
+    limit: int | None,
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.list_timers`, a page in id order from ``after``: each filter matches
+    an index in id order: those of schema 22 (``jobs_timers``, ``jobs_timers_pending``,
+    ``jobs_timers_member``), whose WHERE names the kind ``'timer'`` word for word so
+    SQLite's planner can use them; a session's from SQLite's ``jobs_team`` (its
+    entries end in the id) and PostgreSQL's ``jobs_timers_session``. ``member_of`` is the
+    dialect's expression for the member a timer's payload names."""
+    sql = f"SELECT {cols} FROM jobs WHERE team = ? AND kind = 'timer'"
+    args: list[Any] = [team]
+    if pending_only:
+        sql += " AND state = 'pending'"
+    if member is not None:
+        sql += f" AND {member_of} = ?"
+        args.append(member)
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        args.append(session_id)
+    sql += f" AND {job_id} > ? ORDER BY {job_id}"
+    args.append(after)
     if limit is not None:
         sql += " LIMIT ?"
         args.append(limit)

@@ -101,6 +101,15 @@ class Sql:
             "SELECT count(*) FROM deliveries WHERE team = ? AND member = ? "
             "AND state IN ('queued', 'leased')"
         )
+        # deliveries_open, a partial index of the pending copies alone, in member order
+        self.pending_counts = m(
+            "SELECT member, count(*) FROM deliveries WHERE team = ? "
+            "AND state IN ('queued', 'leased') GROUP BY member"
+        )
+        # jobs_kind_pending, an index of the pending jobs alone: no job row is read
+        self.count_pending_jobs = m(
+            "SELECT count(*) FROM jobs WHERE team = ? AND kind = ? AND state = 'pending'"
+        )
         # -- push delivery ownership
         self.claim_dispatch = m(
             "INSERT INTO dispatch_owners (team, member, owner, lease_until) VALUES (?, ?, ?, ?) "

@@ -388,16 +388,27 @@ MIGRATIONS: list[str] = [
         WHERE state = 'leased' AND lease_holder IS NOT NULL;
     """,
     # 22: a team's delegations by state, so the dashboard reads the pending ones and
-    #     counts each state from an index, never every delegation of the week kept; and
-    #     a team's live and active sessions in the order they opened, so a team-wide
-    #     read of them (GET /v1/sessions?live_only, the MCP server's list_members) never
-    #     reads every session the team ever had (each filter is its index's WHERE)
+    #     counts each state from an index, never every delegation of the week kept; a
+    #     team's live and active sessions in the order they opened, so a team-wide read
+    #     of them (GET /v1/sessions?live_only, the MCP server's list_members) never reads
+    #     every session the team ever had (each filter is its index's WHERE); and the
+    #     timers listed a page at a time in the order they were set (the API's,
+    #     list_timers'), the team's, a member's or a session's, read from an index in
+    #     that order: never every timer of the team sorted (a team holds up to
+    #     max_timers for each member), nor the fired and cancelled ones when only the
+    #     pending are asked for the team (a session's come from jobs_team, whose
+    #     entries end in the id)
     """
     CREATE INDEX delegations_state ON delegations (team, state, created_at, delegation_id);
     CREATE INDEX sessions_team_live ON sessions (team, created_at, session_id)
         WHERE state != 'terminated';
     CREATE INDEX sessions_team_active ON sessions (team, created_at, session_id)
         WHERE state = 'active';
+    CREATE INDEX jobs_timers ON jobs (team, id) WHERE kind = 'timer';
+    CREATE INDEX jobs_timers_pending ON jobs (team, id)
+        WHERE kind = 'timer' AND state = 'pending';
+    CREATE INDEX jobs_timers_member ON jobs (team, json_extract(payload, '$.member'), id)
+        WHERE kind = 'timer';
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -29,6 +29,7 @@ from backchannel.stores.sql import (
     members_query,
     sessions_query,
     teams_query,
+    timers_query,
 )
 from backchannel.stores.sql.inbox import activity_rows
 from backchannel.stores.sql.lifecycle import LifecycleSql
@@ -154,6 +155,13 @@ _JOB_BY_REQUEST = (
     f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND session_id = ? AND kind = ? "
     "AND json_extract(payload, '$.request_id') = ? ORDER BY id LIMIT 1"
 )
+#: the attempts a kind's pending jobs made, summed in the store (jobs_kind_pending)
+_JOB_ATTEMPTS = (
+    "SELECT coalesce(sum(json_extract(payload, '$.attempt')), 0) FROM jobs "
+    "WHERE team = ? AND kind = ? AND state = 'pending'"
+)
+#: the member a timer's payload names, as ``jobs_timers_member`` indexes it
+_TIMER_MEMBER = "json_extract(payload, '$.member')"
 #: a team's pending watching jobs, in ``jobs_watch``'s order: by watch, then id
 _WATCHING = (
     f"SELECT {Q.job_cols} FROM jobs WHERE team = ? AND watch IS NOT NULL AND state = 'pending'"
@@ -606,6 +614,9 @@ class SqliteTx(LifecycleSql):
     def pending_count(self, team: str, member: str) -> int:
         return int(self._one(Q.pending_count, (team, member))[0])
 
+    def pending_counts(self, team: str) -> dict[str, int]:
+        return {str(r[0]): int(r[1]) for r in self._c.execute(Q.pending_counts, (team,))}
+
     def compact(
         self, before: float, after: CompactCursor | None, limit: int
     ) -> tuple[int, CompactCursor | None]:
@@ -868,8 +879,32 @@ class SqliteTx(LifecycleSql):
         kind: str | None = None,
         pending_only: bool = True,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Job]:
-        sql, args = jobs_query(Q.job_cols, "id", team, session_id, kind, pending_only, limit)
+        sql, args = jobs_query(
+            Q.job_cols, "id", team, session_id, kind, pending_only, limit, offset
+        )
+        return [_job(r) for r in self._c.execute(sql, args)]
+
+    def count_pending_jobs(self, team: str, kind: str) -> int:
+        return int(self._one(Q.count_pending_jobs, (team, kind))[0])
+
+    def pending_job_attempts(self, team: str, kind: str) -> int:
+        return int(self._one(_JOB_ATTEMPTS, (team, kind))[0])
+
+    def list_timers(
+        self,
+        team: str,
+        *,
+        member: str | None = None,
+        session_id: str | None = None,
+        pending_only: bool = True,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Job]:
+        sql, args = timers_query(
+            Q.job_cols, "id", _TIMER_MEMBER, team, member, session_id, pending_only, after, limit
+        )
         return [_job(r) for r in self._c.execute(sql, args)]
 
     def reschedule_job(self, job_id: int, due_at: float, payload: Mapping[str, Any]) -> bool:
