@@ -944,3 +944,48 @@ def test_serve_warns_of_services_of_no_team_on_a_hub_of_several(tmp_path: Path) 
     assert "'peer'" in warning and "this hub has 2 teams" in warning, warning
     assert "BACKCHANNEL_CALLBACK_TEAMS=peer=" in warning, warning
     assert "'own'" not in log
+
+
+def test_only_the_pending_delegations_when_asked(server: Server) -> None:
+    """``pending_only``: the delegations still waiting for their answer, over HTTP, the
+    SDK (``backchannel run``'s live table counts them every half second with it) and the
+    command line (``--pending``); the rest are not read."""
+    from backchannel.client import SyncClient
+    from tests.test_cli_conventions import run
+
+    with server.client() as admin:
+        admin.post("/v1/teams", json={"name": "pend", "settings": {"anchor_policy": "off"}})
+        lead = admin.post("/v1/teams/pend/members", json={"name": "lead"}).json()["token"]
+        worker = admin.post("/v1/teams/pend/members", json={"name": "worker"}).json()["token"]
+    with server.client(lead) as c, server.client(worker) as w:
+        c.post("/v1/sessions", json={"session_id": "lead-s"}).raise_for_status()
+        c.post("/v1/sessions/lead-s/events", json={"kind": "turn_start"}).raise_for_status()
+        ids = []
+        for n in (1, 2, 3):
+            r = c.post(
+                "/v1/delegations", json={"to": "worker", "task": f"t{n}", "tool_use_id": f"tu_{n}"}
+            )
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["delegation_id"])
+        for event in ({"kind": "turn_start", "text": "t2"}, {"kind": "agent_stop", "text": "2"}):
+            w.post("/v1/sessions/lead-s--tu_2/events", json=event).raise_for_status()
+        assert [d["state"] for d in c.get("/v1/delegations").json()["delegations"]] == [
+            "pending", "answered", "pending"
+        ]  # fmt: skip
+        r = c.get("/v1/delegations", params={"pending_only": "true", "limit": 1})
+        assert [d["delegation_id"] for d in r.json()["delegations"]] == [ids[0]]
+        after = r.json()["next_after"]
+        r = c.get("/v1/delegations", params={"pending_only": "true", "after": after})
+        assert [d["delegation_id"] for d in r.json()["delegations"]] == [ids[2]]
+        assert r.json()["next_after"] is None
+        r = w.get("/v1/delegations", params={"pending_only": "true", "member": "lead"})
+        assert [d["delegation_id"] for d in r.json()["delegations"]] == [ids[0], ids[2]]
+        r = c.get("/v1/delegations", params={"pending_only": "maybe"})
+        assert r.status_code == 422 and "pending_only" in r.text, r.text
+    with SyncClient(server.url, lead) as sdk:
+        assert [d.delegation_id for d in sdk.delegations(pending_only=True)] == [ids[0], ids[2]]
+    env = {"BACKCHANNEL_URL": server.url, "BACKCHANNEL_TOKEN": lead}
+    page = run("delegations", "--pending", "--limit", "1", env=env)
+    assert page.returncode == 0, page.stderr
+    assert [line.split("\t")[0] for line in page.stdout.splitlines()] == [ids[0]]
+    assert f"--after {ids[0]} --pending" in page.stderr

@@ -366,16 +366,22 @@ class MemberApi:
         return Delegation.model_validate(d.to_json())
 
     async def delegations(
-        self, *, member: str | None = None, after: str | None = None, limit: int = PAGE
+        self,
+        *,
+        member: str | None = None,
+        pending_only: bool = False,
+        after: str | None = None,
+        limit: int = PAGE,
     ) -> DelegationList:
         """A page of the delegations this member made or was asked (``member``: only
-        those that member is in too), in the order they were made: at most ``limit``
+        those that member is in too; ``pending_only``: those still pending), in the order
+        they were made: at most ``limit``
         after delegation ``after``; ``next_after`` is where the next page starts (None:
         this was the last). The team's human sees every one of the team's (see
         docs/decisions.md, "Who sees a delegation")."""
         if self.name == USER:
             found = await self.hub.list_delegations(
-                self.team, member=member, after=after, limit=limit + 1
+                self.team, member=member, after=after, limit=limit + 1, pending_only=pending_only
             )
         else:
             found = await self.hub.list_delegations(
@@ -384,6 +390,7 @@ class MemberApi:
                 peer=None if member == self.name else member,
                 after=after,
                 limit=limit + 1,
+                pending_only=pending_only,
             )
         page = found[:limit]
         return DelegationList(

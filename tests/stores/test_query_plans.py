@@ -213,6 +213,8 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.list_delegations("t", after=dels[0].delegation_id, limit=2)
     await hub.list_delegations("t", member="lead", after=dels[0].delegation_id, limit=2)
     await hub.list_delegations("t", member="lead", peer="counter", limit=2)
+    await hub.list_delegations("t", pending_only=True, limit=2)  # backchannel run's count
+    await hub.list_delegations("t", pending_only=True, after=dels[0].delegation_id, limit=2)
     # and the members (GET /v1/teams/{team}/members)
     await hub.list_members("t", limit=2)
     await hub.list_members("t", after="a", limit=2)

@@ -1150,19 +1150,33 @@ class Client:
         return got
 
     async def delegations(
-        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+        self,
+        *,
+        member: str | None = None,
+        pending_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
         """The delegations you made or were asked (``member``: only those that member is
-        in too; the team's human: every one of the team's), in the order they were made:
-        at most ``limit`` after delegation ``after`` (every one when ``limit`` is None,
-        read from the hub a bounded page at a time)."""
+        in too; the team's human: every one of the team's; ``pending_only``: those still
+        waiting for their answer), in the order they were made: at most ``limit`` after
+        delegation ``after`` (every one when ``limit`` is None, read from the hub a
+        bounded page at a time)."""
         out: list[Delegation] = []
-        async for page in self.delegation_pages(member=member, after=after, limit=limit):
+        pages = self.delegation_pages(
+            member=member, pending_only=pending_only, after=after, limit=limit
+        )
+        async for page in pages:
             out.extend(page.delegations)
         return out
 
     async def delegation_pages(
-        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+        self,
+        *,
+        member: str | None = None,
+        pending_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> AsyncIterator[DelegationList]:
         """The pages of your delegations, each at most
         :data:`~backchannel.core.pages.MAX_PAGE` long, until ``limit`` delegations (all
@@ -1173,9 +1187,13 @@ class Client:
             return Call(
                 "GET",
                 "/v1/delegations",
-                functools.partial(_member_delegations, member, after, n),
+                functools.partial(_member_delegations, member, pending_only, after, n),
                 DelegationList,
-                params={"limit": n, **_given(member=member, after=after)},
+                params={
+                    "limit": n,
+                    **_given(member=member, after=after),
+                    **({"pending_only": True} if pending_only else {}),
+                },
             )
 
         async for got in self._pages(page, lambda got: got.delegations, after, limit):
@@ -1310,10 +1328,12 @@ def _check_page(after: str | None, limit: int | None, what: str, cursor: str = "
 
 
 async def _member_delegations(
-    member: str | None, after: str | None, limit: int, s: Scope
+    member: str | None, pending_only: bool, after: str | None, limit: int, s: Scope
 ) -> DelegationList:
     """One page of delegations, in-process."""
-    return await s.member.delegations(member=member, after=after, limit=limit)
+    return await s.member.delegations(
+        member=member, pending_only=pending_only, after=after, limit=limit
+    )
 
 
 async def _teams(after: str | None, limit: int, s: Scope) -> TeamList:

@@ -615,19 +615,37 @@ class SyncClient:
         )
 
     def delegations(
-        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+        self,
+        *,
+        member: str | None = None,
+        pending_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[Delegation]:
-        """The delegations you made or were asked, in the order they were made: at most
-        ``limit`` after delegation ``after`` (every one when ``limit`` is None, read a
-        bounded page at a time)."""
-        return self._run(self._async.delegations(member=member, after=after, limit=limit))
+        """The delegations you made or were asked (``pending_only``: those still waiting
+        for their answer), in the order they were made: at most ``limit`` after delegation
+        ``after`` (every one when ``limit`` is None, read a bounded page at a time)."""
+        return self._run(
+            self._async.delegations(
+                member=member, pending_only=pending_only, after=after, limit=limit
+            )
+        )
 
     def delegation_pages(
-        self, *, member: str | None = None, after: str | None = None, limit: int | None = None
+        self,
+        *,
+        member: str | None = None,
+        pending_only: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> Iterator[DelegationList]:
         """The pages of your delegations until ``limit`` delegations (all when None) were
         given; each page's ``next_after`` says where the next starts."""
-        return self._iterate(self._async.delegation_pages(member=member, after=after, limit=limit))
+        return self._iterate(
+            self._async.delegation_pages(
+                member=member, pending_only=pending_only, after=after, limit=limit
+            )
+        )
 
     def delegation(self, delegation_id: str) -> Delegation:
         return self._run(self._async.delegation(delegation_id))

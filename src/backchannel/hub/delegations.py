@@ -339,9 +339,10 @@ class Delegations:
         peer: str | None = None,
         after: str | None = None,
         limit: int | None = None,
+        pending_only: bool = False,
     ) -> list[Delegation]:
-        """A team's delegations (or a member's, with ``peer`` only those between the two),
-        in the order they were made: those made after delegation ``after`` (the last one
+        """A team's delegations (or a member's, with ``peer`` only those between the two;
+        with ``pending_only``, those still pending), in the order they were made: those made after delegation ``after`` (the last one
         of the page before), at most ``limit`` (all when None). Delegations that ended
         long ago are pruned, so a cursor left that long names none: it is refused, and
         the list is read again from its start."""
@@ -361,7 +362,9 @@ class Delegations:
                         field="after",
                     )
                 start = (last.created_at, last.delegation_id)
-            return tx.list_delegations(team, member=member, peer=peer, after=start, limit=limit)
+            return tx.list_delegations(
+                team, member=member, peer=peer, after=start, limit=limit, pending_only=pending_only
+            )
 
         return await self.store.read(read)
 

@@ -1157,6 +1157,9 @@ def delegations(
         str | None,
         typer.Option(help="Only those this member called or was asked (with you, or any: user)."),
     ] = None,
+    pending: Annotated[
+        bool, typer.Option("--pending", help="Only those still waiting for their answer.")
+    ] = False,
     after: Annotated[
         str | None,
         typer.Option(help="Only delegations made after this delegation id (the last one shown)."),
@@ -1177,7 +1180,12 @@ def delegations(
     found = _run(
         _with(
             _client(url, token, home, admin=False),
-            lambda c: c.delegations(member=member, after=after, limit=None if every else limit + 1),
+            lambda c: c.delegations(
+                member=member,
+                pending_only=pending,
+                after=after,
+                limit=None if every else limit + 1,
+            ),
         )
     )
     found = _page(
@@ -1188,6 +1196,7 @@ def delegations(
         again=lambda last: (
             f"backchannel delegations --after {last['delegation_id']}"
             + (f" --member {member}" if member is not None else "")
+            + (" --pending" if pending else "")
         ),
         as_json=as_json,
     )

@@ -194,9 +194,8 @@ async def run_team(
                 with contextlib.suppress(Exception):
                     counts["links"] = len(await any_c.links(open_only=True))
                     counts["timers"] = len(await any_c.timers())
-                    counts["delegations"] = sum(  # the team's human sees every one
-                        d.state == "pending" for d in await user.delegations()
-                    )
+                    # the team's human sees every one; the pending ones alone are read
+                    counts["delegations"] = len(await user.delegations(pending_only=True))
                 live.update(progress(runner, counts))
                 await asyncio.sleep(0.5)
 

@@ -615,9 +615,11 @@ class Tx(Protocol):
         peer: str | None = None,
         after: tuple[float, str] | None = None,
         limit: int | None = None,
+        pending_only: bool = False,
     ) -> list[Delegation]:
         """A team's delegations (of one batch, or where a member is caller or callee, and
-        with ``peer`` only those between the member and that peer), oldest first: those
+        with ``peer`` only those between the member and that peer; with
+        ``pending_only``, those still pending), oldest first: those
         whose ``(created_at, delegation_id)`` comes after ``after`` (a page's start), at
         most ``limit``, read from an index in that order."""
         ...

@@ -914,6 +914,7 @@ class MemoryTx:
         peer: str | None = None,
         after: tuple[float, str] | None = None,
         limit: int | None = None,
+        pending_only: bool = False,
     ) -> list[Delegation]:
         found = [
             d
@@ -923,6 +924,7 @@ class MemoryTx:
             and (member is None or member in (d.caller, d.callee))
             and (peer is None or peer in (d.caller, d.callee))
             and (after is None or (d.created_at, d.delegation_id) > after)
+            and (not pending_only or d.state is DelegationState.PENDING)
         ]
         return sorted(found, key=lambda d: (d.created_at, d.delegation_id))[:limit]
 

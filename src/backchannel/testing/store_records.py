@@ -240,6 +240,10 @@ async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
         assert await counts(member="lead") == {"answered": 1, "pending": 1}
         assert await counts(member="nobody") == {}
         assert await counts("beta") == {}
+        assert await page(pending_only=True) == ["d2", "d4"]
+        assert await page(pending_only=True, after=(T0 + 1, "d2")) == ["d4"]
+        assert await page(pending_only=True, member="lead") == ["d4"]
+        assert await page(pending_only=True, member="w", limit=1) == ["d2"]
         # pruning: d1 ended at T0+5, d2 (inbound) at T0+30; d4 is pending
         d2_done = Delegation(
             **{**fields_of(d2), "state": DelegationState.ANSWERED, "answered_at": T0 + 30}
@@ -251,6 +255,7 @@ async def check_delegations_and_tokens(make_store: StoreFactory) -> None:
         assert await by_state(pending=False, member="hubA", limit=5) == ["d2"]
         assert await by_state(pending=True) == ["d4"]
         assert await counts(member="hubA") == {"answered": 1}
+        assert await page(pending_only=True) == ["d4"]
         prune = await store.transact(
             lambda tx: tx.prune_delegations("alpha", ended_before=T0 + 100, expired_before=T0 + 400)
         )

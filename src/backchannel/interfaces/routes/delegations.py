@@ -47,17 +47,20 @@ async def delegate(body: DelegateIn, api: AsMember) -> Response:
 async def list_delegations(
     api: AsMember,
     member: MemberQuery = None,
+    pending_only: Annotated[
+        bool, Query(description="only the delegations still waiting for their answer")
+    ] = False,
     after: Annotated[
         str | None,
         Query(pattern=MESSAGE_ID_PATTERN, description="the next_after of the page before"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE,
 ) -> DelegationList:
-    """The delegations you made or were asked (the team's human: all of the team's), in
-    the order they were made, a page at a time: at most ``limit``, after delegation
-    ``after``; the answer's ``next_after`` is where the next page starts (null: this
-    page is the last)."""
-    return await api.delegations(member=member, after=after, limit=limit)
+    """The delegations you made or were asked (the team's human: all of the team's;
+    ``pending_only``: those still waiting for their answer), in the order they were made,
+    a page at a time: at most ``limit``, after delegation ``after``; the answer's
+    ``next_after`` is where the next page starts (null: this page is the last)."""
+    return await api.delegations(member=member, pending_only=pending_only, after=after, limit=limit)
 
 
 @router.get("/v1/delegations/{delegation_id}")

@@ -816,9 +816,18 @@ class PgTx(PgTransaction, LifecycleSql):
         peer: str | None = None,
         after: tuple[float, str] | None = None,
         limit: int | None = None,
+        pending_only: bool = False,
     ) -> list[Delegation]:
         sql, args = delegations_query(
-            DEL_COLS, team, batch, member, peer, after, limit, parenthesized=True
+            DEL_COLS,
+            team,
+            batch,
+            member,
+            peer,
+            after,
+            limit,
+            pending_only=pending_only,
+            parenthesized=True,
         )
         return [delegation(r) for r in self._all(pg(sql), args, team)]
 

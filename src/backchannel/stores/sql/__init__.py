@@ -348,9 +348,11 @@ def delegations_query(
     after: tuple[float, str] | None = None,
     limit: int | None = None,
     *,
+    pending_only: bool = False,
     parenthesized: bool = False,
 ) -> tuple[str, list[Any]]:
-    """:meth:`Tx.list_delegations`: only the filters in use are named. A member's are
+    """:meth:`Tx.list_delegations`: only the filters in use are named (the team's
+    pending ones are read from ``delegations_state``). A member's are
     one indexed search per side (``delegations_caller``, ``delegations_callee``: an
     ``OR`` of the two would read every delegation of the team), merged in the order both
     give, as for links; the team's page is read from ``delegations_team``. ``after`` is
@@ -360,6 +362,8 @@ def delegations_query(
     if batch is not None:
         sql += " AND batch = ?"
         args.append(batch)
+    if pending_only:
+        sql += " AND state = 'pending'"
     start = " AND (created_at, delegation_id) > (?, ?)" if after is not None else ""
     bound: list[Any] = list(after) if after is not None else []
     order = " ORDER BY created_at, delegation_id"

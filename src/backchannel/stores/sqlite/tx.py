@@ -964,8 +964,11 @@ class SqliteTx(LifecycleSql):
         peer: str | None = None,
         after: tuple[float, str] | None = None,
         limit: int | None = None,
+        pending_only: bool = False,
     ) -> list[Delegation]:
-        sql, args = delegations_query(DEL_COLS, team, batch, member, peer, after, limit)
+        sql, args = delegations_query(
+            DEL_COLS, team, batch, member, peer, after, limit, pending_only=pending_only
+        )
         return [delegation(r) for r in self._c.execute(sql, args)]
 
     def spend_token(self, jti: str, expires_at: float) -> bool:
