@@ -178,3 +178,41 @@ async def test_the_mcp_servers_members_and_a_members_session_read_the_live_sessi
             shown, _ = await mcp._session_data(agent, mcp.SessionDataArgs(session="a"))
         assert read["Session"] < ENDED // 4, read
         assert shown.startswith("Session now of a: idle"), shown
+
+
+async def test_the_runner_asks_whether_a_delegation_is_pending_by_reading_one(
+    store: Store,
+) -> None:
+    """While its agents are idle the runner asks five times a second whether anything is
+    still owed to them; it read every delegation each member was in (a week's) to find
+    one pending. It reads at most one now."""
+    from pathlib import Path
+
+    from backchannel.client import Client
+    from backchannel.runner.host import Runner
+    from backchannel.runner.teamfile import parse_team
+    from backchannel.types import Delegation, DelegationState, Route
+
+    async with Hub(store, clock=FakeClock(), background=False) as hub:
+        admin = Client.local(hub)
+        await admin.start()
+        await admin.create_team("t")
+        worker = Client.local(hub, (await admin.add_member("t", "a")).token)
+        await worker.start()
+        await admin.add_member("t", "b")
+        now = hub.clock.now()
+
+        def answered(tx: Tx) -> None:
+            for i in range(ENDED):
+                tx.insert_delegation(
+                    Delegation("t", f"d{i}", Route.LOCAL, "a", "a-s", f"tu_{i}", "b", "count",
+                               now, now + 300, f"a-s#{i}", state=DelegationState.ANSWERED,
+                               answered_at=now + 1)
+                )  # fmt: skip
+
+        await hub.store.transact(answered)
+        team = parse_team("team: t\nmembers:\n  - {name: a, policy: 'tests.test_runner:_stuck'}\n")
+        runner = Runner(team, {"a": worker}, workspace=Path("."))
+        with counting_rows(hub.store) as read:
+            assert await runner._busy() is False
+        assert read["Delegation"] < ENDED // 4, read

@@ -723,10 +723,12 @@ class Runner:
         if any(lp.stats.working for lp in self.loops.values()):
             return True
         any_client = next(iter(self.clients.values()))
-        for client in self.clients.values():  # a member sees the delegations it is in
-            if any(d.state == "pending" for d in await client.delegations()):
+        # one pending delegation or timer is enough to know (never every one read, five
+        # times a second); a member sees the delegations it is in
+        for client in self.clients.values():
+            if await client.delegations(pending_only=True, limit=1):
                 return True
-        if await any_client.timers():
+        if await any_client.timers(limit=1):
             return True
         for spec in self.hosted:
             main = self.loops.get(f"{spec.name}-main")
