@@ -5,9 +5,14 @@ every one it ever had. Counted in records the store hands out, not timed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from backchannel.client import Client
 from backchannel.hub import Hub
+from backchannel.runner.host import Runner
+from backchannel.runner.teamfile import parse_team
 from backchannel.runtimes.common import RUNTIME_FIELD
 from backchannel.runtimes.receiver import handle_hook
 from backchannel.stores.base import Store, Tx
@@ -31,6 +36,22 @@ async def _long_lived(hub: Hub, *, team: bool = True) -> None:
             tx.put_session(Session("t", f"old-{i}", "a", SessionState.TERMINATED, at, at))
 
     await hub.store.transact(history)
+
+
+async def _member_client(hub: Hub) -> Client:
+    """Team ``t`` made through the SDK in-process, and member ``a``'s client, started."""
+    admin = Client.local(hub)
+    await admin.start()
+    await admin.create_team("t")
+    a = Client.local(hub, (await admin.add_member("t", "a")).token)
+    await a.start()
+    return a
+
+
+def _runner(a: Client) -> Runner:
+    """A runner hosting ``a`` (its model never called here)."""
+    team = parse_team("team: t\nmembers:\n  - {name: a, policy: 'tests.test_runner:_stuck'}\n")
+    return Runner(team, {"a": a}, workspace=Path("."))
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -126,22 +147,11 @@ async def test_the_runner_looks_for_its_members_live_sessions(store: Store) -> N
     """The runner looks for its members' sessions (the sub-sessions delegations open)
     five times a second, and read every session each member ever had, a page of 500 at
     a time: a long run leaves one ended for each delegation. It asks for the live ones."""
-    from pathlib import Path
-
-    from backchannel.client import Client
-    from backchannel.runner.host import Runner
-    from backchannel.runner.teamfile import parse_team
-
     async with Hub(store, clock=FakeClock(), background=False) as hub:
-        admin = Client.local(hub)
-        await admin.start()
-        await admin.create_team("t")
-        worker = Client.local(hub, (await admin.add_member("t", "a")).token)
-        await worker.start()
+        worker = await _member_client(hub)
         await _long_lived(hub, team=False)
         await worker.open_session("a-main")
-        team = parse_team("team: t\nmembers:\n  - {name: a, policy: 'tests.test_runner:_stuck'}\n")
-        runner = Runner(team, {"a": worker}, workspace=Path("."))
+        runner = _runner(worker)
         try:
             with counting_rows(hub.store) as read:
                 await runner._discover()
@@ -158,15 +168,10 @@ async def test_the_mcp_servers_members_and_a_members_session_read_the_live_sessi
     """The MCP server's ``list_members`` read every session the team ever had (a page of
     500 at a time) to show each member's open ones, and ``session_data`` given a member's
     name read every session of that member to find its latest: both read the live ones."""
-    from backchannel.client import Client
     from backchannel.interfaces import mcp
 
     async with Hub(store, clock=FakeClock(), background=False) as hub:
-        admin = Client.local(hub)
-        await admin.start()
-        await admin.create_team("t")
-        a = Client.local(hub, (await admin.add_member("t", "a")).token)
-        await a.start()
+        a = await _member_client(hub)
         await _long_lived(hub, team=False)
         await a.open_session("now")
         agent = mcp.Agent(a, "t", "a", "now")
@@ -186,20 +191,11 @@ async def test_the_runner_asks_whether_a_delegation_is_pending_by_reading_one(
     """While its agents are idle the runner asks five times a second whether anything is
     still owed to them; it read every delegation each member was in (a week's) to find
     one pending. It reads at most one now."""
-    from pathlib import Path
-
-    from backchannel.client import Client
-    from backchannel.runner.host import Runner
-    from backchannel.runner.teamfile import parse_team
     from backchannel.types import Delegation, DelegationState, Route
 
     async with Hub(store, clock=FakeClock(), background=False) as hub:
-        admin = Client.local(hub)
-        await admin.start()
-        await admin.create_team("t")
-        worker = Client.local(hub, (await admin.add_member("t", "a")).token)
-        await worker.start()
-        await admin.add_member("t", "b")
+        worker = await _member_client(hub)
+        await hub.add_member("t", "b")
         now = hub.clock.now()
 
         def answered(tx: Tx) -> None:
@@ -211,8 +207,7 @@ async def test_the_runner_asks_whether_a_delegation_is_pending_by_reading_one(
                 )  # fmt: skip
 
         await hub.store.transact(answered)
-        team = parse_team("team: t\nmembers:\n  - {name: a, policy: 'tests.test_runner:_stuck'}\n")
-        runner = Runner(team, {"a": worker}, workspace=Path("."))
+        runner = _runner(worker)
         with counting_rows(hub.store) as read:
             assert await runner._busy() is False
         assert read["Delegation"] < ENDED // 4, read

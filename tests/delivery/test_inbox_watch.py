@@ -626,15 +626,17 @@ async def test_only_the_hubs_own_words_are_put_back(tmp_path: Path) -> None:
         await hub.close()
 
 
-async def test_an_entry_is_not_put_back_into_a_file_another_member_now_holds(
-    tmp_path: Path,
+@pytest.mark.parametrize("taken_over", [False, True], ids=["left", "taken-over"])
+async def test_an_entry_is_not_put_back_into_a_file_its_owner_left(
+    tmp_path: Path, taken_over: bool
 ) -> None:
-    """The bridge put entries back by its own map of files to members, without the
-    inbox claim: once the owner's delivery moved away and a member of another hub team
-    took the file over, an entry of the old owner's dropped by a lockless rewrite was
-    put back into the new owner's inbox (its agent read the other team's message). A
-    put-back now goes through the claim as every write does: into a file another
-    member holds it is not written; the copy is dead-lettered and its sender told."""
+    """The bridge's map of files to owners lags the members' settings until its next
+    refresh. An entry of the lead's dropped by a lockless rewrite, after the lead's
+    delivery moved to another inbox, was put back into the file it left: where no agent
+    reads it for the lead (its copy stayed counted delivered), or, once a member of
+    another hub team took the file over, into that member's inbox (its agent read the
+    other team's message; put-backs then took no claim). It is now not put back; the
+    copy is dead-lettered saying why, and its sender is told."""
     root = tmp_path / "teams"
     hub = await _hub_with_inboxes(root)
     lead = inbox_path("t", "lead", root)
@@ -658,67 +660,22 @@ async def test_an_entry_is_not_put_back_into_a_file_another_member_now_holds(
         await eventually(written, within=30, what="the hub's entry in the lead's inbox")
         await bridge.scan()  # the bridge knows the entry as the lead's
         lead.write_text(json.dumps([e for e in read() if e["msg_id"] != mid], indent=2))
-
-        # the lead moves to another inbox; a member of team t2 takes the file over
         elsewhere = {"type": "inbox-file", "root": str(root), "inbox": "lead-2"}
         await hub.update_member("t", "lead", delivery=elsewhere)
-        await hub.create_team("t2", settings={"anchor_policy": "off"})
-        theirs = {"type": "inbox-file", "root": str(root), "team": "t", "inbox": "lead"}
-        await hub.add_member("t2", "r", "claude-code", delivery=theirs)
-        other = await hub.send("t2", "user", "r", "for t2's r", link=False)
+        if taken_over:  # a member of team t2 takes the file over
+            await hub.create_team("t2", settings={"anchor_policy": "off"})
+            theirs = {"type": "inbox-file", "root": str(root), "team": "t", "inbox": "lead"}
+            await hub.add_member("t2", "r", "claude-code", delivery=theirs)
+            other = await hub.send("t2", "user", "r", "for t2's r", link=False)
 
-        async def acked() -> bool:
-            st = await hub.message_status("t2", other.message_id)
-            return st.state.value == "acked"
+            async def acked() -> bool:
+                st = await hub.message_status("t2", other.message_id)
+                return st.state.value == "acked"
 
-        await eventually(acked, within=30, what="t2's message in the file it took over")
-        await bridge.scan()  # the bridge's map still says the file is t's lead's
-        assert mid not in {e["msg_id"] for e in read()}, "not put back into t2's r's inbox"
-        assert await _state(hub, mid) == "dead"
-        notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
-        assert notice is not None and notice.to == "w2", "the sender is told"
-        st = await hub.message_status("t", mid)
-        assert "names another inbox now" in (st.deliveries[0].dead_reason or "")
-    finally:
-        await d.stop()
-        await bridge.stop()
-        await hub.close()
+            await eventually(acked, within=30, what="t2's message in the file it took over")
 
-
-async def test_an_entry_is_not_put_back_into_a_file_its_owner_left(tmp_path: Path) -> None:
-    """The bridge's map of files to owners lags the members' settings until its next
-    refresh: an entry of the lead's dropped by a lockless rewrite, after the lead's
-    delivery moved to another inbox, was put back into the file it left, which no agent
-    reads for it, and its copy stayed counted delivered. It is now not put back; the
-    copy is dead-lettered saying why, and its sender is told."""
-    root = tmp_path / "teams"
-    hub = await _hub_with_inboxes(root)
-    lead = inbox_path("t", "lead", root)
-    d = Dispatcher(hub, rescan_s=0.1)
-    bridge = InboxBridge(hub, watch=False, teams={"t"})
-
-    def read() -> list[dict[str, Any]]:
-        return json.loads(lead.read_text("utf-8"))
-
-    try:
-        await bridge.start()
-        await d.start()
-        InboxWriter(root).append("t", "lead", msg_id="early", from_="w1", text="unread")
-        await bridge.scan()
-        sent = await hub.send("t", "w2", "lead", "for the lead", link=False)
-        mid = sent.message_id
-
-        async def written() -> bool:
-            return mid in {e["msg_id"] for e in read()} and await _state(hub, mid) != "leased"
-
-        await eventually(written, within=30, what="the hub's entry in the lead's inbox")
-        await bridge.scan()  # the bridge knows the entry as the lead's
-        lead.write_text(json.dumps([e for e in read() if e["msg_id"] != mid], indent=2))
-        elsewhere = {"type": "inbox-file", "root": str(root), "inbox": "lead-2"}
-        await hub.update_member("t", "lead", delivery=elsewhere)
-
-        await bridge.scan()  # its map still says the file is the lead's
-        assert mid not in {e["msg_id"] for e in read()}, "not put back where nobody reads"
+        await bridge.scan()  # its map still says the file is t's lead's
+        assert mid not in {e["msg_id"] for e in read()}, "not put back: nobody reads it there"
         assert await _state(hub, mid) == "dead"
         notice = await _message(hub, derived_id(f"dead-{mid}-lead"))
         assert notice is not None and notice.to == "w2", "the sender is told"
