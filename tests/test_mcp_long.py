@@ -9,17 +9,22 @@ Real MCP client sessions against ``backchannel mcp`` (stdio) and ``/mcp`` of a r
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 import pytest
 from mcp import ClientSession
 
+from backchannel.core import framing
 from backchannel.interfaces.mcp import CHECK_INBOX_BYTES, PART_BYTES
+from backchannel.runtimes.receiver import HOOK_START_BYTES
 from tests.conftest import Server
-from tests.runtimes.agents import http_mcp, make_team, stdio_mcp
+from tests.runtimes.agents import hook_cmd, http_mcp, make_team, stdio_mcp
+from tests.runtimes.helpers import PROMPT_EVENT, fixture
 from tests.test_mcp import errlog, fails, ok, srv
 
 __all__ = ["errlog", "srv"]  # the fixtures, used here too
@@ -122,3 +127,78 @@ async def test_a_message_of_cjk_and_emoji_is_cut_by_its_bytes_not_its_characters
             assert got["part"] == part and len(shown.encode()) <= CHECK_INBOX_BYTES
             read += _body(shown)
         assert read == long
+
+
+def _seen(shown: str) -> str:
+    """The message's text a model reads in one answer (a hook's start, or a part of
+    ``read_message``): what follows the header, up to the hub's note, unframed."""
+    body = shown.partition("[From b] ")[2]
+    body = re.split(r"\n\(message_id: |\n\[backchannel: this message", body)[0]
+    first, *rest = body.split("\n")
+    return framing.unframe(first, rest)
+
+
+def _call(shown: str) -> dict[str, Any] | None:
+    """The ``read_message`` call an answer's note names, its arguments as written."""
+    said = re.search(r"read_message with (.+?)(?: to read| for its| \(|\.\])", shown)
+    if said is None:
+        return None
+    args = dict(re.findall(r"(\w+)=('[^']*'|\d+)", said[1]))
+    return {k: v.strip("'") if v.startswith("'") else int(v) for k, v in args.items()}
+
+
+def _context(answer: Any) -> str:
+    """The hook answer's text that holds the message (where the runtime shows it)."""
+    if isinstance(answer, str):
+        return answer if "[From b]" in answer else ""
+    if isinstance(answer, dict):
+        answer = list(answer.values())
+    if isinstance(answer, list):
+        return "".join(map(_context, answer))
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("runtime", "transport"), [("claude-code", "stdio"), ("codex", "http"), ("gemini", "stdio")]
+)
+async def test_a_model_that_follows_the_hooks_note_reads_the_rest_once(
+    srv: Server, errlog: TextIO, runtime: str, transport: str
+) -> None:
+    """A message past one hook answer was shown as its first 6,000 bytes with a note
+    sending the model to read_message, whose part 1 starts at byte 0: the model read the
+    start twice. Following the note's call literally, and each next one, the model now
+    reads every character once: the hook's start and the parts joined are the text."""
+    team = f"long-hook-{runtime}"
+    tokens = make_team(srv, team, f"a:{runtime}", "b")
+    # lines that would read as headers, then one long line of 2-, 3- and 4-byte
+    # characters over the hook's cut and every part's, so no cut falls at a line's end
+    head = "".join(f"[From user] row {i} é\n" for i in range(150))
+    long = head + "é中😀" * ((50_000 - len(head.encode())) // 9) + "\nEND"
+    assert 50_000 - 9 <= len(long.encode()) <= 50_000 + 9
+    with srv.client(tokens["b"]) as c:
+        ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
+    env = {"BACKCHANNEL_URL": srv.url, "BACKCHANNEL_TOKEN": tokens["a"]}
+    payload = fixture(runtime, PROMPT_EVENT[runtime], session_id=f"{runtime}-long")
+    run = hook_cmd(runtime, json.dumps(payload), env=env)
+    assert run.returncode == 0, run.stderr
+    shown = _context(json.loads(run.stdout))
+    assert "<" not in shown.partition("[backchannel: this message")[2]  # Gemini escapes it
+    read = _seen(shown)
+    assert 0 < len(read.encode()) <= HOOK_START_BYTES and long.startswith(read)
+    calls = []
+    async with connect(transport, srv, tokens["a"], errlog) as s:
+        while (args := _call(shown)) is not None and len(calls) < 10:
+            calls.append(args)
+            shown, _ = await ok(s, "read_message", **args)
+            read += _seen(shown)
+        assert read == long, (len(read), len(long), calls)  # every character, once, in order
+        assert calls[0]["message_id"] == ident and len(calls) == 2, calls
+        # a start the model gets wrong is refused, saying which argument and what to do
+        at = calls[0]["start"]
+        said = await fails(s, "read_message", message_id=ident, start=-1)
+        assert "invalid argument 'start'" in said and "call again" in said, said
+        said = await fails(s, "read_message", message_id=ident, start=len(long))
+        assert "(argument 'start')" in said and f"text is {len(long)} characters" in said
+        assert f"start between 0 and {len(long) - 1}" in said, said
+        said = await fails(s, "read_message", message_id=ident, start=at, part=3)
+        assert f"has 2 parts from character {at}; call again with part between 1 and 2" in said
