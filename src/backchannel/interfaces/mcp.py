@@ -396,7 +396,8 @@ def _part(
     parts there are."""
     split = parts(text[start:])
     body = split[part - 1]
-    shown = f"{format_message(sender, kind, body)}\n(message_id: {ident}"
+    shown = f"{format_message(sender, framing.mid_kind(kind, start > 0 or part > 1), body)}"
+    shown += f"\n(message_id: {ident}"
     if len(split) == 1 and not start:
         return shown + ")", body, 1
     shown += f", from character {start}" if start else ""
