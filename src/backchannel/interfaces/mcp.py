@@ -511,7 +511,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     how to read them."""
     got: list[Received] = []  # what the answer shows
     pieces: list[str] = []
-    cut: dict[str, tuple[str, int]] = {}  # a long message's first part, and its parts
+    cut: dict[str, int] = {}  # a long message's parts (its first is shown)
     more = False
 
     async def fill(session: str | None) -> None:
@@ -535,8 +535,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
                     more = True
                     return
                 if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
-                    piece, first, n = _part(m.sender, m.kind, m.message_id, m.text, 1)
-                    cut[m.message_id] = (first, n)
+                    piece, _, cut[m.message_id] = _part(m.sender, m.kind, m.message_id, m.text, 1)
                 got.append(m)
                 pieces.append(piece)
             if len(step) < limit:
@@ -553,11 +552,13 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     except BaseException:  # cancelled (the client's notifications/cancelled), or failed
         _give_back(a, [m.message_id for m in got])
         raise
-    data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
-    for d in data:  # the structured answer carries what the text does, no more
+    # the structured answer names the messages the text shows, without their text: a
+    # client that shows the model the structured content (Claude Code, Codex) would show
+    # each message twice, framed in the answer's text and again raw here
+    data = [m.model_dump(mode="json", exclude={"chain_id", "hop", "text"}) for m in got]
+    for d in data:
         if d["message_id"] in cut:
-            d["text"], d["parts"] = cut[d["message_id"]]
-            d["part"] = 1
+            d["parts"], d["part"] = cut[d["message_id"]], 1
     if not got:
         if await _turn_runs(a):
             return NOTHING_MID_TURN, {"messages": [], "turn_running": True}
