@@ -552,7 +552,8 @@ async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_
                     shown: list[str] = []
                     if call.done():  # answered before the point: no cancel to send
                         assert not call.result().is_error, text(call.result())
-                        shown += [m["text"] for m in call.result().structured_content["messages"]]
+                        answer = call.result().structured_content
+                        shown += [answer["text"]] if answer["messages"] else []
                     else:
                         assert gated.stopped.is_set()
                         call.cancel()  # the SDK tells the server: notifications/cancelled
@@ -564,8 +565,8 @@ async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_
                     async with asyncio.timeout(20):
                         while not shown:
                             _, data = await ok(s, "check_inbox")
-                            shown += [m["text"] for m in data["messages"]]
-                    assert shown == ["read me once"]
+                            shown += [data["text"]] if data["messages"] else []
+                    assert len(shown) == 1 and "] read me once\n" in shown[0], shown
                     _, data = await ok(s, "check_inbox")
                     assert data["messages"] == []
             finally:
@@ -671,6 +672,36 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
         assert (await ok(s, "check_inbox"))[0] == "No new messages."
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_check_inbox_shows_each_message_once_to_a_client_that_shows_structured_content(
+    srv: Server, errlog: TextIO, transport: str
+) -> None:
+    """Claude Code and Codex show the model a tool's structured content, not its text:
+    check_inbox's carried each message twice, framed in its ``text`` and raw in its
+    ``messages``, so the model read every message twice (and a long one's first part
+    twice, past a client's cap). The structured content now names the messages and
+    holds their text once, in ``text``, as ``read_message``'s does."""
+    tokens = make_team(srv, f"once-{transport}", "a")
+    texts = ["MARK-ONE the first", "MARK-TWO the\nsecond", "MARK-LONG " + "y" * 35_000]
+    with srv.client(tokens["user"]) as c:
+        for body in texts:
+            c.post("/v1/messages", json={"to": "a", "text": body}).raise_for_status()
+    async with connect(transport, srv, tokens["a"], None, errlog) as s:
+        shown: list[str] = []
+        async with asyncio.timeout(30):
+            while len(shown) < len(texts):
+                result = await s.call_tool("check_inbox", {})
+                answer = result.structured_content
+                assert answer is not None and answer["text"] == text(result)
+                seen = json.dumps(answer, ensure_ascii=False)
+                for mark in ("MARK-ONE", "MARK-TWO", "MARK-LONG"):
+                    assert seen.count(mark) <= 1, seen[:500]  # once, in text
+                assert "y" * 1000 not in seen.partition('"messages"')[2], seen[-500:]
+                shown += [m["message_id"] for m in answer["messages"]]
+        long = [m for m in answer["messages"] if "parts" in m]
+        assert long and long[0]["part"] == 1 and "text" not in long[0]
+
+
 async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back_the_rest(
     srv: Server, errlog: TextIO
 ) -> None:
@@ -690,7 +721,7 @@ async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back
         first, data = await ok(s, "check_inbox")
         assert first.startswith("2 new messages:") and data["more"] is True
         assert texts[0] in first and texts[1] in first and "part 2" not in first
-        assert [m["text"] for m in data["messages"]] == texts[:2]
+        assert len(data["messages"]) == 2 and data["text"] == first
         rest, data = await ok(s, "check_inbox")
         assert rest.startswith("1 new message:") and texts[2] in rest and "more" not in data
         assert (await ok(s, "check_inbox"))[0] == "No new messages."

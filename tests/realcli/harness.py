@@ -312,6 +312,13 @@ def attach(
         env=env,
     )
     assert run.returncode == 0, run.stderr
+    config = project / ".codex" / "config.toml"
+    named = 'env_vars = ["BACKCHANNEL_TOKEN", "BACKCHANNEL_SESSION"]'
+    if runtime == "codex" and os.environ.get("PYTHONPATH") and config.exists():
+        # Codex hands its MCP server only the variables it names: the code under test
+        # (a worktree's) in the server too, as Claude Code and Gemini hand it over
+        text = config.read_text()
+        config.write_text(text.replace(named, f'{named[:-1]}, "PYTHONPATH"]'))
     return run
 
 

@@ -53,6 +53,8 @@ async def http_mcp(
 
 @asynccontextmanager
 async def stdio_mcp(env: dict[str, str], errlog: TextIO) -> AsyncIterator[ClientSession]:
+    # the code under test (a worktree's), not the one the command was installed from
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), **env}
     params = StdioServerParameters(command=str(BIN), args=["mcp"], env=env)
     async with (
         stdio_client(params, errlog=errlog) as (read, write),

@@ -37,6 +37,7 @@ __all__ = [
     "escape_lines",
     "frame",
     "header",
+    "mid_kind",
     "needs_escape",
     "normalize_breaks",
     "parts",
@@ -84,6 +85,15 @@ def header(sender: str, kind: str) -> str:
         return f"[tool result from {sender}]"
     # a delegated task reads as an ordinary request from that teammate
     return _HEADERS.get(kind, f"[From {sender}]")
+
+
+def mid_kind(kind: str, mid: bool) -> str:
+    """The kind whose :func:`header` frames a piece of a message's text: a piece from
+    within a text (``mid``: a part after the first, or the rest after a hook's start) of
+    a link crossing, whose own header is at the text's start only, is framed as its
+    sender's words (``[From NAME]``), never shown with no header: its first line would
+    stand in the first column, where ``[From user] ...`` reads as the user's message."""
+    return "direct" if mid and kind == "link" else kind
 
 
 def frame(head: str, text: str) -> str:

@@ -387,19 +387,26 @@ def parts(text: str) -> list[str]:
     return framing.parts(text, PART_BYTES)
 
 
-def _part(sender: str, kind: str, ident: str, text: str, part: int) -> tuple[str, str, int]:
-    """Part ``part`` of a message as the model reads it: its frame, the part, and where
-    the next is (when one is); also the part's text, and how many parts there are."""
-    split = parts(text)
+def _part(
+    sender: str, kind: str, ident: str, text: str, part: int, start: int = 0
+) -> tuple[str, str, int]:
+    """Part ``part`` of a message as the model reads it (parts counted from character
+    ``start`` of its text, the rest after what a hook showed): its frame, the part, and
+    the exact call that reads the next (when one is); also the part's text, and how many
+    parts there are."""
+    split = parts(text[start:])
     body = split[part - 1]
-    shown = f"{format_message(sender, kind, body)}\n(message_id: {ident}"
-    if len(split) == 1:
+    shown = f"{format_message(sender, framing.mid_kind(kind, start > 0 or part > 1), body)}"
+    shown += f"\n(message_id: {ident}"
+    if len(split) == 1 and not start:
         return shown + ")", body, 1
+    shown += f", from character {start}" if start else ""
     shown += f", part {part} of {len(split)})"
     if part < len(split):
+        at = f", start={start}" if start else ""
         shown += (
             f"\n[This message is longer than one answer: call read_message with "
-            f"message_id={ident!r} and part={part + 1} for its next part.]"
+            f"message_id={ident!r}{at} and part={part + 1} for its next part.]"
         )
     return shown, body, len(split)
 
@@ -504,7 +511,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     how to read them."""
     got: list[Received] = []  # what the answer shows
     pieces: list[str] = []
-    cut: dict[str, tuple[str, int]] = {}  # a long message's first part, and its parts
+    cut: dict[str, int] = {}  # a long message's parts (its first is shown)
     more = False
 
     async def fill(session: str | None) -> None:
@@ -528,8 +535,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
                     more = True
                     return
                 if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
-                    piece, first, n = _part(m.sender, m.kind, m.message_id, m.text, 1)
-                    cut[m.message_id] = (first, n)
+                    piece, _, cut[m.message_id] = _part(m.sender, m.kind, m.message_id, m.text, 1)
                 got.append(m)
                 pieces.append(piece)
             if len(step) < limit:
@@ -546,11 +552,13 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     except BaseException:  # cancelled (the client's notifications/cancelled), or failed
         _give_back(a, [m.message_id for m in got])
         raise
-    data = [m.model_dump(mode="json", exclude={"chain_id", "hop"}) for m in got]
-    for d in data:  # the structured answer carries what the text does, no more
+    # the structured answer names the messages the text shows, without their text: a
+    # client that shows the model the structured content (Claude Code, Codex) would show
+    # each message twice, framed in the answer's text and again raw here
+    data = [m.model_dump(mode="json", exclude={"chain_id", "hop", "text"}) for m in got]
+    for d in data:
         if d["message_id"] in cut:
-            d["text"], d["parts"] = cut[d["message_id"]]
-            d["part"] = 1
+            d["parts"], d["part"] = cut[d["message_id"]], 1
     if not got:
         if await _turn_runs(a):
             return NOTHING_MID_TURN, {"messages": [], "turn_running": True}
@@ -566,7 +574,18 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
 class ReadMessageArgs(_Args):
     message_id: Name = Field(description="The id of a message you received (or sent).")
     part: int = Field(
-        1, ge=1, le=MAX_INT, description="Which part of a long message (1 is the first)."
+        1,
+        ge=1,
+        le=MAX_INT,
+        description="Which part of a long message (1 is the first), counted from start.",
+    )
+    start: int = Field(
+        0,
+        ge=0,
+        le=MAX_INT,
+        description="Where to begin, in characters of the message's text: a hook that "
+        "showed only a message's start names the start= that reads the rest. 0 (the "
+        "default) is the beginning.",
     )
 
 
@@ -575,16 +594,25 @@ async def _read_message(a: Agent, x: ReadMessageArgs) -> Output:
     longer than one answer is read in parts (see :data:`PART_BYTES`). The hub keeps an
     acked message's text, so a part can be read again; reading does not ack anything."""
     r = await a.client.status(x.message_id)
-    n = len(parts(r.text))
-    if x.part > n:
+    if x.start and x.start >= len(r.text):
         raise InvalidRequest(
-            f"message {x.message_id} has {n} part{'s' if n != 1 else ''}; "
+            f"start={x.start} is past the end of message {x.message_id}: its text is "
+            f"{len(r.text)} characters; call again with start between 0 and "
+            f"{max(len(r.text) - 1, 0)} (the start= a hook's note names), or without start",
+            field="start",
+        )
+    n = len(parts(r.text[x.start :]))
+    if x.part > n:
+        since = f" from character {x.start}" if x.start else ""
+        raise InvalidRequest(
+            f"message {x.message_id} has {n} part{'s' if n != 1 else ''}{since}; "
             f"call again with part between 1 and {n}",
             field="part",
         )
-    shown, _, _ = _part(r.sender, r.kind, r.message_id, r.text, x.part)
+    shown, _, _ = _part(r.sender, r.kind, r.message_id, r.text, x.part, x.start)
     # the part once, in the text: the answer's room is the part's, not twice its size
-    return shown, {"message_id": r.message_id, "from": r.sender, "part": x.part, "parts": n}
+    data = {"message_id": r.message_id, "from": r.sender, "part": x.part, "parts": n}
+    return shown, {**data, "start": x.start} if x.start else data
 
 
 async def sessions(a: Agent, member: str | None = None, *, live: bool = False) -> list[SessionInfo]:
@@ -758,7 +786,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "read_message",
         "Read a message you received or sent by its message_id, a part at a time: a "
-        "message longer than one answer comes in parts, and its answer names the next.",
+        "message longer than one answer comes in parts, and its answer names the next. "
+        "Call it as a note names it (with its start= after a hook showed the beginning).",
         ReadMessageArgs,
         _read_message,
         (("unknown_message", "message_id"), ("not_found", "message_id")),

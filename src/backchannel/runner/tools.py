@@ -297,7 +297,7 @@ def _part(sender: str, kind: str, ident: str, text: str, part: int) -> tuple[str
     """Part ``part`` of a message as the model reads it, with the call that reads the
     next when one follows; and how many parts there are."""
     split = framing.parts(text, PART_BYTES)
-    shown = format_message(sender, kind, split[part - 1])
+    shown = format_message(sender, framing.mid_kind(kind, part > 1), split[part - 1])
     if len(split) == 1:
         return shown, 1
     shown += f"\n(message_id {ident}, part {part} of {len(split)})"

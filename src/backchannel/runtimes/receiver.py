@@ -104,7 +104,8 @@ MAX_DELIVERY = 20
 #: code units, and the rest of the 10,000 is room for the heading and the notes.
 HOOK_BYTES = 9_000
 #: A message longer than that is handed over as its start, this long at most, with the
-#: MCP tool call that reads it whole (``read_message``, which the attach sets up).
+#: MCP tool call that reads the rest (``read_message`` from the first character not
+#: shown, its ``start``; the attach sets the tool up).
 HOOK_START_BYTES = 6_000
 #: Runtimes that HTML-escape the hook context they show the model.
 ESCAPES_CONTEXT = frozenset({"gemini"})
@@ -443,16 +444,19 @@ async def _lease(
 
 def _shown(g: InboxMessage) -> str:
     """One message as a hook answer shows it: whole, or (longer than
-    :data:`HOOK_START_BYTES`) its start and the call that reads it whole."""
+    :data:`HOOK_START_BYTES`) its start and the call that reads the rest."""
     msg = g.message
     if framing.size(msg.text) <= HOOK_START_BYTES:
         return format_message(msg.sender, msg.kind.value, msg.text)
     start = framing.parts(msg.text, HOOK_START_BYTES)[0]
+    # the rest from the first character not shown: a model that follows the note (and
+    # each next one) reads every character once, none of the start again
     return (
         f"{format_message(msg.sender, msg.kind.value, start)}\n"
         f"[backchannel: this message (message_id {msg.message_id}) is longer than one hook "
         f"answer and only its start is above: call the backchannel tool read_message with "
-        f"message_id={msg.message_id!r} (then part=2, 3... as it says) to read it whole.]"
+        f"message_id={msg.message_id!r} and start={len(start)} to read the rest (its answer "
+        f"names the call for the next part, if any).]"
     )
 
 
