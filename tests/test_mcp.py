@@ -653,8 +653,10 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
     srv: Server, errlog: TextIO
 ) -> None:
     """``check_inbox`` reads a bounded batch; when more wait than it showed, its answer
-    says so and how to read them (the model is never left thinking it read them all)."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_BATCH
+    says so and how to read them (the model is never left thinking it read them all).
+    Each answer, its text and its structured content together, stays within
+    CHECK_INBOX_BYTES, which Codex keeps whole."""
+    from backchannel.interfaces.mcp import CHECK_INBOX_BATCH, CHECK_INBOX_BYTES
 
     tokens = make_team(srv, "deep-inbox", "a")
     total = CHECK_INBOX_BATCH + 7
@@ -662,14 +664,26 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
         for i in range(total):
             c.post("/v1/messages", json={"to": "a", "text": f"note {i}"}).raise_for_status()
     async with connect("http", srv, tokens["a"], None, errlog) as s:
-        first, data = await ok(s, "check_inbox")
-        assert first.startswith(f"{CHECK_INBOX_BATCH} new messages:")
-        assert len(data["messages"]) == CHECK_INBOX_BATCH and data["more"] is True
-        assert first.endswith("More messages may wait: call check_inbox again to read them.")
-        rest, data = await ok(s, "check_inbox")
-        assert rest.startswith("7 new messages:") and "More messages may wait" not in rest
-        assert len(data["messages"]) == 7 and "more" not in data
-        assert (await ok(s, "check_inbox"))[0] == "No new messages."
+        read: list[str] = []
+        answers = []
+        while True:
+            shown, data = await ok(s, "check_inbox")
+            if not data["messages"]:
+                assert shown == "No new messages."
+                break
+            n = len(data["messages"])
+            answers.append(n)
+            read += [line for line in shown.split("\n") if line.startswith("[From user]")]
+            assert shown.startswith(f"{n} new message")
+            assert len(shown.encode()) + len(json.dumps(data["messages"])) <= CHECK_INBOX_BYTES
+            if data.get("more"):
+                assert shown.endswith(
+                    "More messages may wait: call check_inbox again to read them."
+                )
+            else:
+                assert "More messages may wait" not in shown
+        assert len(answers) >= 2 and sum(answers) == total, answers
+        assert read == [f"[From user] note {i}" for i in range(total)]
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

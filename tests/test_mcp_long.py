@@ -107,13 +107,13 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
 async def test_a_message_of_cjk_and_emoji_is_cut_by_its_bytes_not_its_characters(
     srv: Server, errlog: TextIO
 ) -> None:
-    """A client caps tokens, and a CJK character or an emoji is one to several of them:
-    20,000 such characters, under 30,000 characters, were answered whole (60,000 bytes,
-    past Claude Code's 25,000 tokens). Parts are counted in UTF-8 bytes, and the message
-    is still read whole, every character once."""
+    """A client caps tokens or bytes, and a CJK character or an emoji is one to several of
+    them: such a text under the part's length in characters was answered whole, at three
+    times its bytes. Parts are counted in UTF-8 bytes, and the message is still read
+    whole, every character once."""
     tokens = make_team(srv, "long-cjk", "a", "b")
     line = "中文的长消息😀👍🏽 " * 12  # 3 and 4 bytes a character
-    long = "".join(f"{i:04d} {line}\n" for i in range(170))  # about 20,000 characters
+    long = "".join(f"{i:04d} {line}\n" for i in range(PART_BYTES // 130))
     assert len(long) < PART_BYTES < len(long.encode())
     with srv.client(tokens["b"]) as c:
         ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
@@ -189,12 +189,15 @@ async def test_a_model_that_follows_the_hooks_note_reads_the_rest_once(
     assert 0 < len(read.encode()) <= HOOK_START_BYTES and long.startswith(read)
     calls = []
     async with connect(transport, srv, tokens["a"], errlog) as s:
-        while (args := _call(shown)) is not None and len(calls) < 10:
+        hook_read = len(read)
+        while (args := _call(shown)) is not None and len(calls) < 20:
             calls.append(args)
             shown, _ = await ok(s, "read_message", **args)
+            assert len(shown.encode()) <= CHECK_INBOX_BYTES  # Codex keeps it whole
             read += _seen(shown)
         assert read == long, (len(read), len(long), calls)  # every character, once, in order
-        assert calls[0]["message_id"] == ident and len(calls) == 2, calls
+        n = len(framing.parts(long[hook_read:], PART_BYTES))
+        assert calls[0]["message_id"] == ident and len(calls) == n > 1, calls
         # a start the model gets wrong is refused, saying which argument and what to do
         at = calls[0]["start"]
         said = await fails(s, "read_message", message_id=ident, start=-1)
@@ -202,8 +205,8 @@ async def test_a_model_that_follows_the_hooks_note_reads_the_rest_once(
         said = await fails(s, "read_message", message_id=ident, start=len(long))
         assert "(argument 'start')" in said and f"text is {len(long)} characters" in said
         assert f"start between 0 and {len(long) - 1}" in said, said
-        said = await fails(s, "read_message", message_id=ident, start=at, part=3)
-        assert f"has 2 parts from character {at}; call again with part between 1 and 2" in said
+        said = await fails(s, "read_message", message_id=ident, start=at, part=n + 1)
+        assert f"has {n} parts from character {at}; call again with part between 1 and {n}" in said
 
 
 async def test_the_rest_of_a_long_link_crossing_reads_as_its_senders_words(
@@ -232,7 +235,7 @@ async def test_the_rest_of_a_long_link_crossing_reads_as_its_senders_words(
     shown = answer["hookSpecificOutput"]["additionalContext"]
     seen = [shown]
     async with connect("stdio", server, token, errlog) as s:
-        while (args := _call(shown)) is not None and len(seen) < 10:
+        while (args := _call(shown)) is not None and len(seen) < 20:
             shown, got = await ok(s, "read_message", **args)
             seen.append(shown)
         ident = got["message_id"]
@@ -247,6 +250,7 @@ async def test_the_rest_of_a_long_link_crossing_reads_as_its_senders_words(
         assert not any(line.startswith("[From user]") for line in t.split("\n")), t[:300]
     for t in [*seen[1:], second, runner]:
         assert t.startswith(head), t[:200]
-    assert len(seen) == 3, seen  # the start, then two parts
+    # the start, then the parts of the rest
+    assert len(seen) == 1 + len(framing.parts(closing[cut:], PART_BYTES)), len(seen)
     read = "".join(_seen(t, "a") for t in seen)
     assert read == closing, (len(read), len(closing))  # every character once

@@ -74,16 +74,20 @@ LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
 CHECK_INBOX_BATCH = 50
-#: The most UTF-8 bytes of messages one ``check_inbox`` answers with (whole messages,
-#: the first whatever its length): a client cuts or refuses a longer tool answer (Claude
-#: Code past 25,000 tokens), and what the answer carries is acked. Counted in bytes, not
-#: characters: 40,000 characters of CJK text or emoji are well past 25,000 tokens.
-CHECK_INBOX_BYTES = 40_000
+#: The most UTF-8 bytes one ``check_inbox`` answers with, its text and its structured
+#: content together (whole messages, the first whatever its length): a client cuts or
+#: refuses a longer tool answer, and what the answer carries is acked. Codex keeps
+#: 10,000 bytes of a tool's answer, its start and its end, and puts a marker in place of
+#: the middle (Claude Code refuses one past 25,000 tokens), and both show the model the
+#: structured content beside the text: every byte counts. Counted in bytes, not
+#: characters: CJK text and emoji take three or four bytes a character.
+CHECK_INBOX_BYTES = 9_000
 #: The most UTF-8 bytes of one message's text a tool answer carries: a message longer
 #: than that is read in parts (``check_inbox`` answers its first, ``read_message`` each
-#: next), cut at a line's end where one is near, so no client cuts its end unseen. The
-#: rest of :data:`CHECK_INBOX_BYTES` is room for its frame and the note naming the next.
-PART_BYTES = 30_000
+#: next), cut at a line's end where one is near, so no client cuts its middle unseen. The
+#: rest of :data:`CHECK_INBOX_BYTES` is room for its frame, the note naming the next and
+#: the structured content.
+PART_BYTES = 7_000
 
 INSTRUCTIONS = (
     "backchannel connects you with your teammates (other agents and the user). "
@@ -500,6 +504,17 @@ async def _turn_runs(a: Agent) -> bool:
         return False
 
 
+def _entry(m: Received) -> dict[str, Any]:
+    """A message's entry in ``check_inbox``'s structured content: all but its text."""
+    return m.model_dump(mode="json", exclude={"chain_id", "hop", "text"})
+
+
+def _entry_size(m: Received) -> int:
+    """The bytes :func:`_entry` takes in an answer, with room for a long message's
+    ``parts`` and ``part``."""
+    return len(json.dumps(_entry(m), separators=(",", ":")).encode()) + 24
+
+
 async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
@@ -511,6 +526,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     how to read them."""
     got: list[Received] = []  # what the answer shows
     pieces: list[str] = []
+    sizes: list[int] = []  # each one's bytes: its text and its structured entry
     cut: dict[str, int] = {}  # a long message's parts (its first is shown)
     more = False
 
@@ -522,22 +538,24 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         nonlocal more
         taken = 0
         while taken < CHECK_INBOX_BATCH:
-            used = sum(map(framing.size, pieces)) + 2 * len(pieces)
-            fits = (CHECK_INBOX_BYTES - used) * len(pieces) // used if pieces else 1
+            used = sum(sizes) + 2 * len(sizes)
+            fits = (CHECK_INBOX_BYTES - used) * len(sizes) // used if sizes else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
             step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)
-                used = sum(map(framing.size, pieces)) + 2 * len(pieces)
-                if pieces and used + framing.size(piece) > CHECK_INBOX_BYTES:
+                cost = framing.size(piece) + _entry_size(m)
+                if sizes and sum(sizes) + 2 * len(sizes) + cost > CHECK_INBOX_BYTES:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
                 if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
                     piece, _, cut[m.message_id] = _part(m.sender, m.kind, m.message_id, m.text, 1)
+                    cost = framing.size(piece) + _entry_size(m)
                 got.append(m)
                 pieces.append(piece)
+                sizes.append(cost)
             if len(step) < limit:
                 return
         more = True  # a full batch: more may wait
@@ -555,7 +573,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     # the structured answer names the messages the text shows, without their text: a
     # client that shows the model the structured content (Claude Code, Codex) would show
     # each message twice, framed in the answer's text and again raw here
-    data = [m.model_dump(mode="json", exclude={"chain_id", "hop", "text"}) for m in got]
+    data = [_entry(m) for m in got]
     for d in data:
         if d["message_id"] in cut:
             d["parts"], d["part"] = cut[d["message_id"]], 1
