@@ -126,9 +126,13 @@ async def test_every_tool(srv: Server, errlog: TextIO, transport: str) -> None:
         cancelled, _ = await ok(s, "cancel_timer", id=timer["timer_id"])
         assert cancelled == f"Timer {timer['timer_id']} cancelled."
 
-        transcript, _ = await ok(s, "get_session_data", session="a-1")
+        transcript, tdata = await ok(s, "get_session_data", session="a-1")
         assert transcript.startswith("Session a-1 of a: active, turn 1.")
         assert "sent: hello b" in transcript  # the send belongs to a's open turn
+        # each text once: in the answer's text, not again in the structured content a
+        # client (Claude Code, Codex) shows the model beside or instead of it
+        assert json.dumps(tdata).count("hello b") == 1, tdata
+        assert tdata["events"] and all("text" not in e for e in tdata["events"])
         by_name, _ = await ok(s, "get_session_data", session="a", tail_chars=50)
         assert by_name.startswith("Session a-1 of a")
 

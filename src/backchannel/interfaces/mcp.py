@@ -658,7 +658,13 @@ async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
         lines.append(f"#{e.event_id} turn {e.turn} {e.kind}: {e.text}")
     if data.note:
         lines.append(data.note)
-    return "\n".join(lines), _json(data)
+    # the structured answer keeps each event but its text, which the answer's text shows:
+    # a client that shows the model the structured content (Claude Code, Codex) would show
+    # every text of the transcript twice (a program reads them raw from the HTTP API)
+    structured = _json(data)
+    for event in structured["events"]:
+        event.pop("text", None)
+    return "\n".join(lines), structured
 
 
 async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
