@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -172,12 +173,28 @@ def answer(status: int, body: bytes = b"", headers: dict[str, str] | None = None
 # -- a private tmux server ---------------------------------------------------------------
 
 
+class TmuxServer(libtmux.Server):
+    """A private tmux server whose ``new-session`` is made again when the server it starts
+    dies while starting ("server exited unexpectedly": seen once, in a whole run on a
+    loaded host). A fault of the rig's, not the adapter's, which never starts a server."""
+
+    def new_session(self, *args: Any, **kwargs: Any) -> libtmux.Session:
+        for attempt in range(3):
+            try:
+                return super().new_session(*args, **kwargs)
+            except libtmux.exc.LibTmuxException as exc:
+                if "server exited unexpectedly" not in str(exc) or attempt == 2:
+                    raise
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
+
+
 @contextmanager
 def tmux_server() -> Iterator[libtmux.Server]:
     """A real tmux server on its own socket (``tmux -L bc-test-...``), killed at the end."""
     if shutil.which("tmux") is None:
         pytest.fail("the tmux adapter tests need tmux on PATH (scripts/setup-system.sh)")
-    server = libtmux.Server(socket_name=f"bc-test-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
+    server = TmuxServer(socket_name=f"bc-test-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
     try:
         yield server
     finally:

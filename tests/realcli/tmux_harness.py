@@ -169,7 +169,9 @@ def cli_pane(
 
     if shutil.which("tmux") is None:
         pytest.fail("the real-CLI tests need tmux on PATH (scripts/setup-system.sh)")
-    server = libtmux.Server(socket_name=f"bc-cli-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
+    from tests.delivery.conftest_adapters import TmuxServer
+
+    server = TmuxServer(socket_name=f"bc-cli-{uuid.uuid4().hex[:10]}", config_file="/dev/null")
     command = " ".join(_quote(a) for a in [str(binary), *args])
     exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
     session = server.new_session(
