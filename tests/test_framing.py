@@ -7,7 +7,9 @@ Each output is read back with a parser written here from the rule alone (a line 
 from __future__ import annotations
 
 import html
+import itertools
 import json
+import random
 import re
 from pathlib import Path
 
@@ -172,3 +174,37 @@ def test_mcp_check_inbox_over_a_real_server(tmp_path: Path) -> None:
         assert parse(inbox, trailer=r"\(message_id: [^)]+\)") == WANT
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("before", "joined", "after"),
+    [
+        ("x" * 99, "\r\n", "y" * 50),  # a cut between the two would read as a blank line
+        ("x" * 99, "e\u0301", "y" * 50),  # an accent shown apart from its letter
+        ("x" * 96, "\U0001f44d\U0001f3fd", "y" * 50),  # a thumb and its skin tone
+        ("x" * 95, "\U0001f469\u200d\U0001f4bb", "y" * 50),  # one emoji of three
+        ("x" * 97, "\u2764\ufe0f", "y" * 50),  # a heart and its selector
+    ],
+    ids=["crlf", "accent", "skin-tone", "zwj", "selector"],
+)
+def test_a_part_is_not_cut_inside_what_reads_as_one(before: str, joined: str, after: str) -> None:
+    text = before + joined + after
+    got = framing.parts(text, 100)
+    assert "".join(got) == text
+    assert all(framing.size(p) <= 100 for p in got)
+    assert any(joined in p for p in got), got  # whole in one part, not split across two
+
+
+def test_parts_cut_by_bytes_join_back_and_split_no_line_break() -> None:
+    """Any text, any budget: the parts join back to it, each fits, and no part ends in
+    the ``\\r`` of a ``\\r\\n`` the next one starts with."""
+    rng = random.Random(7)
+    pieces = ["a", "\r\n", "\n", "\r", "é", "e\u0301", "漢", "\U0001f600", "\u200d", "\ufe0f", " "]
+    for _ in range(500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 200)))
+        budget = rng.randrange(4, 60)
+        got = framing.parts(text, budget)
+        assert "".join(got) == text
+        assert all(framing.size(p) <= budget for p in got), (text, budget, got)
+        for a, b in itertools.pairwise(got):
+            assert not (a.endswith("\r") and b.startswith("\n")), (a, b)

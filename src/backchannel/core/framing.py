@@ -31,6 +31,7 @@ HTML-escaping of hook context (``<``, ``>``, ``&``, quotes) leaves it intact.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 __all__ = [
     "READING",
@@ -112,17 +113,42 @@ def size(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
+#: Characters that join the one before them into what a reader sees as one: variation
+#: selectors, emoji skin tones, the zero-width joiner (with the character after it).
+_JOINS = re.compile("[\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0100-\U000e01ef]")
+
+
 def parts(text: str, budget: int) -> list[str]:
     """``text`` in parts of at most ``budget`` UTF-8 bytes (:func:`size`), each cut just
     after a line's end when one is in its second half (else at the most characters that
-    fit): joined, they are ``text``."""
+    fit, moved back so it splits neither a ``\\r\\n`` nor a character from the marks
+    joined to it, see :func:`_keeps_together`): joined, they are ``text``."""
     out = []
     while size(text) > budget:
         fit = len(text.encode("utf-8")[:budget].decode("utf-8", "ignore"))
-        cut = text.rfind("\n", fit // 2, fit) + 1 or max(fit, 1)
+        cut = text.rfind("\n", fit // 2, fit) + 1 or _keeps_together(text, max(fit, 1))
         out.append(text[:cut])
         text = text[cut:]
     return [*out, text]
+
+
+def _keeps_together(text: str, cut: int) -> int:
+    """``cut`` (``0 < cut``) moved back to where it splits neither a ``\\r\\n`` (each side
+    framed on its own would read as two line breaks, a blank line the text does not
+    have) nor a character from the combining marks, variation selectors or joiner that
+    follow it (an accent or an emoji shown apart from its letter). When only a part of
+    nothing but such marks would do, the ``\\r\\n`` alone is kept together."""
+    if cut >= len(text):
+        return cut
+    at = cut
+    while at > 0 and (
+        text[at - 1 : at + 1] == "\r\n"
+        or unicodedata.combining(text[at])
+        or _JOINS.match(text[at])
+        or text[at - 1] == "\u200d"
+    ):
+        at -= 1
+    return at or (cut - 1 if text[cut - 1 : cut + 1] == "\r\n" else 0) or cut
 
 
 def unframe(first: str, rest: list[str]) -> str:
