@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from backchannel.delivery.tmux import dialog
 from backchannel.testing import eventually_blocking
 from tests.conftest import Server
 
@@ -266,13 +267,26 @@ def _trust(rig: Rig, pane: Pane) -> bool:
     return True
 
 
+#: How long a text must have waited in the prompt since the last Enter before
+#: :func:`_enter_again` presses another: a CLI busy taking the first one still shows
+#: the text for a moment, and an Enter more would land in what it shows next (a tool's
+#: approval dialog takes it as its user's "yes").
+ENTER_AGAIN_AFTER = 1.0
+
+
 def _enter_again(pane: Pane, typed: str) -> None:
-    """Enter once more when the prompt still holds ``typed``, as a user does when the
-    CLI, just done with a turn, missed the key (Gemini CLI 0.61.0 sometimes does; Claude
-    Code's prompt is ``❯``). For ``/quit`` only until the CLI exits: once the input
-    line is gone the conversation's echo would match."""
-    prompts = [ln for ln in pane.screen().splitlines() if ln.lstrip().startswith((">", "›", "❯"))]
-    if prompts and typed in prompts[-1]:  # the input line, below the conversation
+    """Enter once more when the prompt still holds ``typed`` a second after the last
+    Enter, as a user does when the CLI, just done with a turn, missed the key (Gemini
+    CLI 0.61.0 sometimes does; Claude Code's prompt is ``❯``), and never while the CLI
+    shows a dialog of its own (the conversation's echo of the prompt above it would
+    match). For ``/quit`` only until the CLI exits: once the input line is gone the
+    conversation's echo would match."""
+    if time.monotonic() - pane.pressed < ENTER_AGAIN_AFTER:
+        return
+    screen = pane.screen()
+    prompts = [ln for ln in screen.splitlines() if ln.lstrip().startswith((">", "›", "❯"))]
+    # the input line, below the conversation, with no dialog under it
+    if prompts and typed in prompts[-1] and dialog(screen) is None:
         pane.enter()
 
 

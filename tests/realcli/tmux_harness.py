@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,6 +114,8 @@ class Pane:
 
     def __init__(self, pane: libtmux.Pane) -> None:
         self.pane = pane
+        #: When Enter was last pressed in the pane (``time.monotonic()``).
+        self.pressed = 0.0
 
     def screen(self) -> str:
         return "\n".join(self.pane.capture_pane())
@@ -129,10 +132,11 @@ class Pane:
     def type(self, text: str) -> None:
         self.pane.send_keys(text, enter=False, literal=True)
         self.wait_for(text)  # typed in full before Enter, or Enter lands in the burst
-        self.pane.send_keys("", enter=True)
+        self.enter()
 
     def enter(self) -> None:
         self.pane.send_keys("", enter=True)
+        self.pressed = time.monotonic()
 
     def exited(self) -> bool:
         """Whether the CLI in the pane has exited (its pane is dead)."""
