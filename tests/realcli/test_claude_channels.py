@@ -359,3 +359,45 @@ def test_two_channel_woken_turns_ending_alike_each_cross_the_link_once(
             ids = [m.get("id") for m in marks]
             assert len(ids) == 2 and all(ids) and ids[0] != ids[1], marks
     assert {a.split()[1] for a in proxy.attempts} <= CLI_OWN_SERVICES, proxy.attempts
+
+
+def test_a_long_message_pushed_through_the_channel_reaches_the_model_whole_once(
+    hub: Server, proxy: RefusingProxy, tmp_path: Path
+) -> None:
+    """A message near the hub's size limit pushed into an idle session: Claude Code shows
+    the model all of it, once, in the turn the push starts, and the hook of that turn
+    acks it (nothing cut on the way, nothing handed over again by the Stop route)."""
+    tokens = _team(hub)
+    project = tmp_path / "worker"
+    _attach(hub, project)
+    env = cli_env(_home(tmp_path, project, flags=True), "", proxy, **QUIET)
+    env["BACKCHANNEL_TOKEN"] = tokens["worker"]
+    lines = [
+        f"row {n:05d}: the quick brown fox é 漢字 jumps over the lazy dog" for n in range(3000)
+    ]
+    text = "LONG-START\n" + "\n".join(lines) + "\nLONG-END"
+    assert 150_000 < len(text.encode("utf-8")) < 256 * 1024
+    with FakeAnthropic([], fallback="Noted.") as api:
+        env["ANTHROPIC_BASE_URL"] = api.url
+        with claude_pane(project, env, *DEV_CHANNEL) as pane:
+            pane.wait_for("I am using this for local development")
+            pane.enter()
+            wait_until(lambda: _session(hub, tokens["worker"]), 60, "the session")
+            sent = _send(hub, tokens["lead"], "worker", text)
+            (req,) = wait_until(lambda: _asking(api, "LONG-START"), 60, "the push's turn", pane)
+            shown = last_user_text(req)
+            assert f'message_id="{sent}"' in shown
+            assert f"[From lead] {text}" in shown, "the message reached the model cut"
+            assert _shown(req, "LONG-START") == 1 and _shown(req, "row 02999") == 1
+            wait_until(lambda: _copy(hub, tokens["worker"], sent)["state"] == "acked", 30, "ack")
+            assert _copy(hub, tokens["worker"], sent)["attempts"] == 1
+            wait_until(
+                lambda: (_session(hub, tokens["worker"]) or {}).get("last_stop_at"),
+                60,
+                "the turn's end",
+            )
+            after = _send(hub, tokens["lead"], "worker", "MARK-AFTER: anything else?")
+            (later,) = wait_until(lambda: _asking(api, "MARK-AFTER"), 60, "the next push", pane)
+            assert _shown(later, "LONG-START") == 1, "the long message was shown twice"
+            assert f'message_id="{after}"' in last_user_text(later)
+    assert {a.split()[1] for a in proxy.attempts} <= CLI_OWN_SERVICES, proxy.attempts
