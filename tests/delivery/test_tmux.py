@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import libtmux
 import pytest
 
+from backchannel.delivery import tmux as tmux_adapter
 from backchannel.delivery.tmux import ENTER_TRIES, dialog, input_line, sanitize, waits_in_prompt
 from backchannel.hub import Hub
 from backchannel.stores.base import Tx
@@ -30,7 +32,7 @@ READER = r"""
 import os, sys, tty
 out = sys.argv[1]
 tty.setraw(0)
-os.write(1, b"\x1b[?2004hREADY\r\n")
+os.write(1, b"\x1b[?2004hREADY\r\n" + " ".join(sys.argv[2:]).encode())
 with open(out, "ab", buffering=0) as f:
     while True:
         data = os.read(0, 65536)
@@ -64,14 +66,15 @@ def tmux() -> Iterator[libtmux.Server]:
         yield server
 
 
-def _reader_pane(server: libtmux.Server, tmp_path: Path, name: str) -> Path:
+def _reader_pane(server: libtmux.Server, tmp_path: Path, name: str, shows: str = "") -> Path:
+    """The reader in a new tmux session ``name``, showing ``shows`` (a prompt's line, say)
+    under READY."""
     script = tmp_path / "reader.py"
     script.write_text(READER)
     out = tmp_path / f"{name}.bytes"
     out.touch()
-    session = server.new_session(
-        session_name=name, window_command=f"{sys.executable} {script} {out}", x=200, y=50
-    )
+    command = f"{sys.executable} {script} {out} {shlex.quote(shows) if shows else ''}"
+    session = server.new_session(session_name=name, window_command=command, x=200, y=50)
     pane = session.active_window.active_pane
     assert pane is not None
     return out
@@ -132,8 +135,11 @@ def _tmux(server: libtmux.Server, target: str, session: str, **extra: object) ->
     }
 
 
-async def _member(hub: Hub, name: str, setting: dict[str, object]) -> None:
-    await hub.add_member("t", name, "claude-code", delivery=setting)
+async def _member(hub: Hub, name: str, setting: dict[str, object], kind: str = "human") -> None:
+    """Member ``name`` reached through tmux. The stand-ins show no agent's prompt, so
+    they are members of a kind whose screens the adapter does not read for one
+    (a ``claude-code`` member's screen must show its prompt, see PROMPTED)."""
+    await hub.add_member("t", name, kind, delivery=setting)
     await hub.open_session("t", name, str(setting["session"]))
 
 
@@ -557,8 +563,6 @@ def _attempts(d: object) -> int:
 async def test_an_enter_that_hangs_after_the_paste_never_pastes_again(
     tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from backchannel.delivery import tmux as tmux_adapter
-
     monkeypatch.setattr(tmux_adapter, "COMMAND_TIMEOUT", 1.0)
     out = _reader_pane(tmux, tmp_path, "agent")
     await _ready(tmux, "agent")
@@ -743,17 +747,20 @@ async def test_a_stopped_agent_gets_nothing_until_it_runs_again(
 
 
 async def test_a_file_mention_typed_into_gemini_cli_or_claude_code_is_escaped_and_elsewhere_kept(
-    tmux: libtmux.Server, tmp_path: Path
+    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Gemini CLI and Claude Code read an unescaped @path of a prompt, pasted or typed, as
     # a file to show the model (Gemini CLI's own escaping of pasted @ is a setting, and
     # did not hold in every run; Claude Code has none); Codex reads none from a paste
     text = "read @secret.txt, @~/.ssh/id_rsa and \\@kept, mail a@b.c"
+    # the readers show a prompt (as the CLIs do) but not what is pasted into it: the
+    # Enter comes once the adapter has looked for the text there this long
+    monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 1.0)
     outs = {}
     async with running_hub() as hub:
         for kind in ("gemini", "claude-code", "codex"):
             name = kind.replace("-", "")
-            outs[kind] = _reader_pane(tmux, tmp_path, name)
+            outs[kind] = _reader_pane(tmux, tmp_path, name, shows="> ")
             await _ready(tmux, name)
             setting = _tmux(tmux, f"{name}:0.0", f"{name}-s1", turn_wait=0)
             await hub.add_member("t", name, kind, delivery=setting)
@@ -781,8 +788,6 @@ async def test_a_record_that_cannot_be_saved_is_warned_of_once_a_minute(
     fails saves it, and a line for each buried the log. The first failure is said, the
     ones after it within a minute only counted, and the first after that says the count.
     Delivery goes on all the same."""
-    from backchannel.delivery import tmux as tmux_adapter
-
     state = tmp_path / "state"
     state.mkdir()
     (state / "tmux").write_text("not a directory")
@@ -939,8 +944,6 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
     """A text that stays in the prompt is not counted delivered: the attempt fails
     saying so, the retries press only Enter, and the copy is dead-lettered naming the
     pane (the sender and the team's user told), the text pasted once."""
-    from backchannel.delivery import tmux as tmux_adapter
-
     monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 2.0, raising=False)
     out = _prompt_box(tmux, tmp_path, busy=0, ignore="all")
     await _box_ready(tmux)
@@ -962,27 +965,50 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
     assert len(told_user) == 1 and "not submitted" in told_user[0].message.text
 
 
-# A stand-in for a CLI asking its user before a tool runs (as Codex's approval prompt:
-# Enter or "y" approves): raw mode, bracketed paste; it shows the dialog, records every
-# byte it reads while the dialog shows, and once its user presses "n" shows its prompt
-# and records what it reads from then on.
-DIALOG = r"""
+# A stand-in for a CLI showing a screen of its own that waits for its user (as Codex's
+# approval prompt, where Enter or "y" approves): raw mode, bracketed paste; it shows the
+# screen (the file argv[2]), records every byte it reads while the screen shows, and once
+# its user presses the key argv[3] shows its prompt and records what it reads from then on.
+WAITS_FOR_USER = r"""
 import os, sys, tty
-out = sys.argv[1]
+out, screen, key = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3].encode()
 tty.setraw(0)
-os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H> earlier prompt\r\n\r\n"
-            b"  Would you like to run the following command?\r\n  $ rm -rf build\r\n\r\n"
-            b"  \xe2\x80\xba 1. Yes, proceed (y)\r\n    2. No, and tell me what to do (esc)\r\n")
+os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + screen)
 answered = False
 with open(out, "ab", buffering=0) as f:
     while data := os.read(0, 65536):
-        if not answered and data == b"n":
+        if not answered and data == key:
             answered = True
             os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> \r\n--------\r\n")
             f.write(b"|answered|")
             continue
         f.write(data)
 """
+#: Codex's approval prompt, answered "n".
+DIALOG = (
+    b"> earlier prompt\r\n\r\n  Would you like to run the following command?\r\n"
+    b"  $ rm -rf build\r\n\r\n  \xe2\x80\xba 1. Yes, proceed (y)\r\n"
+    b"    2. No, and tell me what to do (esc)\r\n"
+)
+
+
+def _waiting_pane(
+    server: libtmux.Server, tmp_path: Path, screen: bytes, key: str
+) -> tuple[libtmux.Pane, Path]:
+    """The stand-in showing ``screen`` until ``key``, and the file of what it reads."""
+    script, shown, out = tmp_path / "waits.py", tmp_path / "screen.bytes", tmp_path / "read.bytes"
+    script.write_text(WAITS_FOR_USER)
+    shown.write_bytes(screen)
+    out.touch()
+    server.new_session(
+        session_name="agent",
+        window_command=f"{sys.executable} {script} {out} {shown} {key}",
+        x=200,
+        y=50,
+    )
+    pane = server.sessions.get(session_name="agent").active_window.active_pane
+    assert pane is not None
+    return pane, out
 
 
 @pytest.mark.parametrize("named_by", ["name", "id"])
@@ -994,14 +1020,7 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
     typed into a dialog; the message is held, and typed in once the user answered it.
     The hold names the pane as the member's setting does, and its id once (a target
     that is the id is not named twice)."""
-    script, out = tmp_path / "dialog.py", tmp_path / "dialog.bytes"
-    script.write_text(DIALOG)
-    out.touch()
-    tmux.new_session(
-        session_name="agent", window_command=f"{sys.executable} {script} {out}", x=200, y=50
-    )
-    pane = tmux.sessions.get(session_name="agent").active_window.active_pane
-    assert pane is not None
+    pane, out = _waiting_pane(tmux, tmp_path, DIALOG, "n")
     await eventually(lambda: "1. Yes, proceed" in "\n".join(pane.capture_pane()), what="the dialog")
     target = "agent:0.0" if named_by == "name" else str(pane.pane_id)
     async with running_hub() as hub:
@@ -1024,6 +1043,49 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             typed = out.read_bytes()
             assert typed == b"|answered|" + START + b"[From user] yes please, go on" + END + b"\r"
+
+
+#: A screen of its own a CLI shows before its first prompt, with no prompt line and no
+#: wording the adapter knows as a dialog's (a sign-in step, say), left with "q".
+NO_PROMPT = (
+    b"  Welcome!\r\n\r\n  Sign in to continue: open the page below and paste the code.\r\n"
+    b"  https://example.invalid/device\r\n\r\n  Waiting for the code... (q to quit)\r\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini", "human"])
+async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_into(
+    tmux: libtmux.Server, tmp_path: Path, kind: str
+) -> None:
+    """A Claude Code, Codex or Gemini CLI showing a screen with no prompt and no dialog
+    the adapter knows got the paste and its Enter, which such a screen may take as its
+    user's answer. The message is held until the CLI shows its prompt; a member of
+    another kind (whose program may show anything) is typed into as before."""
+    pane, out = _waiting_pane(tmux, tmp_path, NO_PROMPT, "q")
+    await eventually(lambda: "Sign in" in "\n".join(pane.capture_pane()), what="the screen")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind=kind)
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            if kind == "human":
+                await wait_state(hub, "t", sent.message_id, "acked", within=20)
+                assert out.read_bytes() == START + b"[From user] hello there" + END + b"\r"
+                return
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            error = held.last_error or ""
+            assert "shows neither its prompt nor a dialog the hub knows" in error, error
+            assert "Waiting for the code... (q to quit)" in error, error
+            assert await state_of(hub, "t", sent.message_id) == "queued"
+            assert out.read_bytes() == b""  # not a key of it reached the screen
+            pane.send_keys("q", enter=False, literal=True)  # the user is done there
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
 
 
 @pytest.mark.parametrize(

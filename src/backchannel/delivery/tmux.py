@@ -73,7 +73,16 @@ team's ``user`` told, and typed in once the dialog is answered and the agent is 
 at its prompt. A dialog that comes up between the look and the paste gets no Enter:
 the attempt fails as transient, the next one waits for the dialog to go and presses
 only Enter. A dialog on screen after the Enter counts as the text gone from the prompt
-(the turn it started asks for a tool).
+(the turn it started asks for a tool). For a ``claude-code``, ``codex`` or ``gemini``
+member (:data:`PROMPTED`, whose prompts the adapter knows) a screen with no prompt line
+at all and no dialog it knows is held the same way once it has stayed so for
+:data:`UNKNOWN_SCREEN_WAIT` (a screen caught mid-redraw shows its prompt again within
+it): a CLI still starting or showing a screen of its own before its first prompt, a
+full-screen panel of a wording the adapter has not met. A screen whose conversation
+still shows an earlier prompt's echo above such a panel is not caught by this (the echo
+reads as a prompt line); the known dialogs and panels are. Panes of other members (a
+human's chat program, an agent of another kind) may show anything and are typed into
+as before.
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -223,6 +232,12 @@ _CHOICE = re.compile(r"^[>›❯●◉]\s*(?:\d+\.\s|#\d+\s*│)")
 #: ``Esc to close``, ``/config``: ``Esc to go back``), lower case.
 _DIALOG_HINTS = ("esc to cancel", "enter to confirm", "enter to select", "esc to close",
                  "esc to go back")  # fmt: skip
+#: The member kinds whose CLIs' prompts :func:`input_line` knows: a screen of theirs
+#: showing neither that prompt nor a dialog (:func:`dialog`) is held, not typed into.
+PROMPTED = frozenset({"claude-code", "codex", "gemini"})
+#: How long such a screen is read again (every :data:`SUBMIT_POLL`) before the message is
+#: held: a screen caught mid-redraw shows its prompt again within this.
+UNKNOWN_SCREEN_WAIT = 1.0
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -465,13 +480,45 @@ class TmuxAdapter(Adapter):
         # a dialog of the agent's own takes Enter as its user's choice: nothing is typed
         # into it (see dialog)
         if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
-            raise HeldDelivery(
-                f"the agent in {self._pane(pane_id)} shows a dialog of its "
-                f"own ({shows[:80]!r}), waiting for its user's choice; the message is held, "
-                "not typed (its keys would answer the dialog), until the dialog is answered "
-                "in the pane and the agent is back at its prompt"
-            )
+            raise self._held_by(pane_id, shows)
+        if screen is not None and self.ctx.kind in PROMPTED and input_line(screen) is None:
+            await self._until_prompt(pane_id, screen)
         return pane_id, pane_pid, tty
+
+    def _held_by(self, pane: str, shows: str) -> HeldDelivery:
+        """The hold of a message while ``pane`` shows a dialog (``shows``, its line)."""
+        return HeldDelivery(
+            f"the agent in {self._pane(pane)} shows a dialog of its own ({shows[:80]!r}), "
+            "waiting for its user's choice; the message is held, not typed (its keys would "
+            "answer the dialog), until the dialog is answered in the pane and the agent is "
+            "back at its prompt"
+        )
+
+    async def _until_prompt(self, pane: str, screen: str) -> None:
+        """Read the screen of a :data:`PROMPTED` agent that shows no prompt again until
+        it shows one, for up to :data:`UNKNOWN_SCREEN_WAIT`; raise :class:`HeldDelivery`
+        when it still shows none (or comes up with a dialog)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + UNKNOWN_SCREEN_WAIT
+        while loop.time() < deadline:
+            await asyncio.sleep(SUBMIT_POLL)
+            if (again := await self._screen(pane)) is None:
+                return  # nothing better is known: as for a pane that cannot be read
+            screen = again
+            if input_line(screen) is not None:
+                return
+            if dialog(screen) is not None:
+                break
+        if shows := dialog(screen):
+            raise self._held_by(pane, shows)
+        last = next((ln.strip() for ln in reversed(screen.splitlines()) if ln.strip()), "")
+        raise HeldDelivery(
+            f"the agent in {self._pane(pane)} shows neither its prompt nor a dialog "
+            f"the hub knows (its last line: {last[:80]!r}): a screen of its own, a panel "
+            "or a question, or a screen still starting. The message is held, not typed (its "
+            "keys could answer what shows), until the agent is back at its prompt; look at "
+            "the pane should it stay so"
+        )
 
     async def ready(self) -> str | None:
         try:
