@@ -747,33 +747,54 @@ async def test_a_stopped_agent_gets_nothing_until_it_runs_again(
 
 
 async def test_a_file_mention_typed_into_gemini_cli_or_claude_code_is_escaped_and_elsewhere_kept(
-    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmux: libtmux.Server, tmp_path: Path
 ) -> None:
     # Gemini CLI and Claude Code read an unescaped @path of a prompt, pasted or typed, as
     # a file to show the model (Gemini CLI's own escaping of pasted @ is a setting, and
     # did not hold in every run; Claude Code has none); Codex reads none from a paste
     text = "read @secret.txt, @~/.ssh/id_rsa and \\@kept, mail a@b.c"
-    # the readers show a prompt (as the CLIs do) but not what is pasted into it: the
-    # Enter comes once the adapter has looked for the text there this long
-    monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 1.0)
     outs = {}
     async with running_hub() as hub:
         for kind in ("gemini", "claude-code", "codex"):
             name = kind.replace("-", "")
-            outs[kind] = _reader_pane(tmux, tmp_path, name, shows="> ")
-            await _ready(tmux, name)
+            outs[kind] = _prompt_box(tmux, tmp_path, busy=0, ignore="0", name=name)
+            await _box_ready(tmux, name)
             setting = _tmux(tmux, f"{name}:0.0", f"{name}-s1", turn_wait=0)
-            await hub.add_member("t", name, kind, delivery=setting)
+            await _member(hub, name, setting, kind=kind)
             await hub.open_session("t", name, f"{name}-s1")
         async with dispatching(hub):
             for kind in outs:
                 sent = await hub.send("t", "user", kind.replace("-", ""), text, link=False)
                 await wait_state(hub, "t", sent.message_id, "acked")
-            gemini, claude, codex = [await _pasted(out) for out in outs.values()]
+            gemini, claude, codex = [_taken(out) for out in outs.values()]
     escaped = "[From user] read \\@secret.txt, \\@~/.ssh/id_rsa and \\@kept, mail a\\@b.c"
     assert gemini == [escaped]
     assert claude == [escaped]
     assert codex == ["[From user] " + text]
+
+
+async def test_a_paste_a_cli_prompt_never_shows_gets_no_enter_and_is_dead_lettered(
+    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Claude Code, Codex or Gemini CLI whose prompt did not show the pasted text (a
+    CLI too busy to read it, a screen that took it elsewhere) got the Enter all the
+    same, and the message counted delivered whether or not anything was submitted. The
+    Enter now waits for the text in the prompt: without it the attempt fails, and the
+    copy is dead-lettered (the sender told) once none succeeds, the text pasted once."""
+    monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 1.0)
+    out = _reader_pane(tmux, tmp_path, "agent", shows="> ")  # shows no paste
+    await _ready(tmux, "agent")
+    async with running_hub(max_attempts=2) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="gemini")
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "are you there", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=60)
+            told = await hub.receive("t", "lead")
+    assert out.read_bytes() == START + b"[From lead] are you there" + END  # no Enter
+    reason = st.deliveries[0].dead_reason or ""
+    assert "did not show it" in reason and "Enter was not pressed" in reason, reason
+    assert any(sent.message_id in m.message.text for m in told), [m.message.text for m in told]
 
 
 async def test_a_record_that_cannot_be_saved_is_warned_of_once_a_minute(
@@ -875,13 +896,15 @@ while data := os.read(0, 65536):
 """
 
 
-def _prompt_box(server: libtmux.Server, tmp_path: Path, busy: float, ignore: str) -> Path:
+def _prompt_box(
+    server: libtmux.Server, tmp_path: Path, busy: float, ignore: str, name: str = "agent"
+) -> Path:
     script = tmp_path / "prompt_box.py"
     script.write_text(PROMPT_BOX)
-    out = tmp_path / "taken.jsonl"
+    out = tmp_path / f"{name}-taken.jsonl"
     out.touch()
     server.new_session(
-        session_name="agent",
+        session_name=name,
         window_command=f"{sys.executable} {script} {out} {busy} {ignore}",
         x=200,
         y=50,
@@ -895,9 +918,9 @@ def _taken(out: Path) -> list[str]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-async def _box_ready(server: libtmux.Server) -> None:
+async def _box_ready(server: libtmux.Server, name: str = "agent") -> None:
     async def shown() -> bool:
-        session = server.sessions.get(session_name="agent", default=None)
+        session = server.sessions.get(session_name=name, default=None)
         pane = session and session.active_window.active_pane
         return bool(pane) and "-----" in "\n".join(pane.capture_pane() or [])  # type: ignore[union-attr]
 
@@ -968,21 +991,30 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
 # A stand-in for a CLI showing a screen of its own that waits for its user (as Codex's
 # approval prompt, where Enter or "y" approves): raw mode, bracketed paste; it shows the
 # screen (the file argv[2]), records every byte it reads while the screen shows, and once
-# its user presses the key argv[3] shows its prompt and records what it reads from then on.
+# its user presses the key argv[3] shows its prompt, with what waits in it, and records
+# what it reads from then on.
 WAITS_FOR_USER = r"""
 import os, sys, tty
 out, screen, key = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3].encode()
 tty.setraw(0)
 os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + screen)
-answered = False
+answered, typed = False, b""
+
+def prompt():
+    line = typed.replace(b"\x1b[200~", b"").replace(b"\x1b[201~", b"")
+    os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> " + line + b"\r\n--------\r\n")
+
 with open(out, "ab", buffering=0) as f:
     while data := os.read(0, 65536):
         if not answered and data == key:
             answered = True
-            os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> \r\n--------\r\n")
+            prompt()
             f.write(b"|answered|")
             continue
         f.write(data)
+        if answered:  # its prompt shows what waits in it, and takes it on Enter
+            typed = b"" if data.endswith(b"\r") else typed + data
+            prompt()
 """
 #: Codex's approval prompt, answered "n".
 DIALOG = (

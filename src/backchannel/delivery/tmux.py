@@ -619,10 +619,12 @@ class TmuxAdapter(Adapter):
             await asyncio.sleep(settle)
         # the Enter only once the agent shows the text in its prompt: an agent busy
         # ending a turn reads the paste and the Enter in one go later, and Gemini CLI
-        # takes that Enter for a newline of the paste. A prompt that does not show it
-        # (another kind of screen, or a retry's, where it may have been cleared) gets
-        # the Enter all the same, and nothing is checked after it.
-        shown = check and await self._in_prompt(typed.pane, head, SUBMIT_WAIT if settle else 0.0)
+        # takes that Enter for a newline of the paste. The prompt of an agent of another
+        # kind that does not show it (a screen of its own kind, or a retry's, where it
+        # may have been cleared) gets the Enter all the same, and nothing is checked
+        # after it.
+        within = SUBMIT_WAIT if settle or self.ctx.kind in PROMPTED else 0.0
+        shown = check and await self._in_prompt(typed.pane, head, within)
         # nor on a dialog that came up since the pane was looked at: Enter there is its
         # user's choice (see dialog)
         if not shown and (screen := await self._screen(typed.pane)) and (shows := dialog(screen)):
@@ -633,6 +635,19 @@ class TmuxAdapter(Adapter):
                 f"agent brought up a dialog of its own ({shows[:80]!r}); Enter was not "
                 "pressed (it would answer the dialog). The next attempt waits until the "
                 "dialog is answered and presses only Enter"
+            )
+        # nor, for a CLI whose prompt is known, when it never showed the text: the keys
+        # went to something else on its screen, or it reads nothing now; an Enter would
+        # count the message delivered whether or not anything was submitted
+        if check and not shown and self.ctx.kind in PROMPTED:
+            if not saved:
+                self._save()
+            raise AdapterError(
+                f"the message was typed into {self._pane(typed.pane)}, but the "
+                f"agent's prompt did not show it within {within:g} s; Enter was not pressed "
+                "(what shows instead could take it as an answer). The next attempt presses "
+                "only Enter once the prompt shows the text; should it never do, look at "
+                "the pane (the text may wait in its prompt, or have gone elsewhere)"
             )
         for n in range(ENTER_TRIES):
             if n:
