@@ -16,7 +16,6 @@ from backchannel.hub import Hub
 from backchannel.stores.base import Tx
 from backchannel.testing import counting_rows, eventually
 from backchannel.types import Session, SessionState
-from tests.runtimes.helpers import call, fixture
 from tests.delivery.conftest_adapters import (
     dispatching,
     running_hub,
@@ -24,6 +23,7 @@ from tests.delivery.conftest_adapters import (
     tmux_server,
     wait_state,
 )
+from tests.runtimes.helpers import call, fixture
 
 # A stand-in for an agent's TUI: raw mode, asks for bracketed paste (as Claude Code does),
 # shows READY, then appends every byte it is sent to a file.

@@ -278,8 +278,10 @@ class Sessions:
 
         def fn(c: Ctx) -> tuple[Session, list[str]]:
             s = c.tx.get_session(team, sid)
-            if s is None or s.state is SessionState.EXITED or (
-                recover and s.state is SessionState.ACTIVE
+            if (
+                s is None
+                or s.state is SessionState.EXITED
+                or (recover and s.state is SessionState.ACTIVE)
             ):
                 s = self._opening(c, team, member, sid, now)
             else:
@@ -333,7 +335,9 @@ class Sessions:
         c.wake(s.team, s.member)  # its session's inbox may be open to receivers now
         if s.state in (SessionState.TERMINATED, SessionState.EXITED):
             return s
-        gone = dataclasses.replace(s, state=SessionState.EXITED, updated_at=now, turn_started_at=None)
+        gone = dataclasses.replace(
+            s, state=SessionState.EXITED, updated_at=now, turn_started_at=None
+        )
         tx.put_session(gone)
         if s.state is SessionState.ACTIVE:
             tx.ledger_clear(s.team, s.session_id)
