@@ -289,3 +289,72 @@ def test_writers_taking_over_one_outdated_claim_at_once_leave_the_file_to_one(
     # the winner's claim stands; a later look by a loser says who holds it
     assert claim_inbox(path, f"t{winners[0]}", "r") is None
     assert claim_inbox(path, "t99", "r") == (f"t{winners[0]}", "r")
+
+
+#: Team names and the directories Claude Code 2.1.332 gives them: the inboxes'
+#: (``/[^a-zA-Z0-9_-]/g`` -> "-") and the config's (``/[^a-zA-Z0-9]/g`` -> "-", lowered),
+#: each JavaScript regex over UTF-16 code units (a character past U+FFFF is two "-").
+CLAUDE_DIRS = [
+    ("My_Team", "My_Team", "my-team"),
+    ("ÄB c", "-B-c", "-b-c"),
+    ("a/b", "a-b", "a-b"),
+    ("..", "--", "--"),
+    ("a\N{GRINNING FACE}b", "a--b", "a--b"),
+]
+
+
+@pytest.mark.parametrize(("name", "inbox_dir", "config_dir"), CLAUDE_DIRS)
+async def test_a_deleted_team_is_seen_where_claude_code_keeps_its_config(
+    tmp_path: Path, name: str, inbox_dir: str, config_dir: str
+) -> None:
+    """Claude Code names a team's inbox directory and its config directory with two
+    different sanitizers, and TeamDelete removes the config's alone. The hub looked for
+    ``config.json`` in the inbox directory: for a name with capitals, ``_`` or other
+    characters it never saw the team made, so after TeamDelete it went on writing into
+    inboxes no agent reads, each message counted delivered. Now it looks where Claude
+    Code keeps the config: the inbox is written where Claude Code reads it, and after
+    TeamDelete a message is a dead letter."""
+    root = tmp_path / "teams"
+    (root / config_dir).mkdir(parents=True)
+    (root / config_dir / "config.json").write_text('{"members": []}')
+    inbox = root / inbox_dir / "inboxes" / "researcher.json"
+    setting = {"type": "inbox-file", "root": str(root), "team": name}
+    async with running_hub() as hub:
+        await hub.add_member("t", "researcher", "claude-code", delivery=setting)
+        async with dispatching(hub):
+            first = await hub.send("t", "user", "researcher", "one", link=False)
+            await wait_state(hub, "t", first.message_id, "acked")
+            assert [e["text"] for e in read_inbox(inbox)] == ["[From user] one"]
+            shutil.rmtree(root / config_dir)  # what TeamDelete does
+            sent = await hub.send("t", "user", "researcher", "two", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead")
+    assert "was deleted" in (st.deliveries[0].dead_reason or "")
+    # nothing written, nor a removed directory made again
+    assert inbox.exists() is (inbox_dir != config_dir)
+    assert "[From user] two" not in [e["text"] for e in read_inbox(inbox)]
+
+
+async def test_two_team_names_of_one_claude_code_config_are_deleted_together(
+    tmp_path: Path,
+) -> None:
+    """``My_Team`` and ``my-team`` keep their inboxes apart and their config in one
+    directory, as Claude Code names them: one Claude Code team config, so when
+    TeamDelete removes it, the messages of both are dead letters."""
+    root = tmp_path / "teams"
+    (root / "my-team").mkdir(parents=True)
+    (root / "my-team" / "config.json").write_text('{"members": []}')
+    async with running_hub() as hub:
+        for member, cc_team in (("a", "My_Team"), ("b", "my-team")):
+            setting = {"type": "inbox-file", "root": str(root), "team": cc_team}
+            await hub.add_member("t", member, "claude-code", delivery=setting)
+        async with dispatching(hub):
+            for member in ("a", "b"):
+                sent = await hub.send("t", "user", member, "one", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+            shutil.rmtree(root / "my-team")
+            for member in ("a", "b"):
+                sent = await hub.send("t", "user", member, "two", link=False)
+                await wait_state(hub, "t", sent.message_id, "dead")
+    assert [e["text"] for e in read_inbox(root / "My_Team" / "inboxes" / "a.json")] == [
+        "[From user] one"
+    ]

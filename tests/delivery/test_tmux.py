@@ -25,6 +25,7 @@ from tests.delivery.conftest_adapters import (
     tmux_server,
     wait_state,
 )
+from tests.runtimes.helpers import call, fixture
 
 # A stand-in for an agent's TUI: raw mode, asks for bracketed paste (as Claude Code does),
 # shows READY, then appends every byte it is sent to a file.
@@ -234,6 +235,34 @@ async def test_auto_session_follows_the_members_live_session(
             await wait_state(hub, "t", m2.message_id, "acked")
     assert await _pasted(out, 2) == ["[From user] one", "[From user] two"]
     assert len(await _pasted(control, 2)) == 2
+
+
+async def test_auto_session_follows_a_clear_and_leaves_the_old_conversations_messages(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Claude Code's ``/clear`` moves the pane's process to a new session; the one it
+    left exits. ``"auto"`` took the most recently touched live session, and the one
+    left, exited after the new one opened, was it: what was pinned to the old
+    conversation was typed into the new one, and the new one's messages were recorded
+    as the old one's. Now the running session wins, and the old one's wait for it."""
+    out = _reader_pane(tmux, tmp_path, "agent")
+    await _ready(tmux, "agent")
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the pane's one Claude Code process
+    new = "0b7e2f4c-1111-4c2d-9e3f-5a6b7c8d9e0f"
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent", "auto", turn_wait=0)
+        await hub.add_member("t", "a", "claude-code", delivery=setting)
+        old = str(fixture("claude-code", "SessionStart")["session_id"])
+        for name in ("SessionStart", "UserPromptSubmit", "Stop"):
+            await call(hub, "t", "a", "claude-code", fixture("claude-code", name, **key))
+        clear = fixture("claude-code", "SessionStart", source="clear", session_id=new, **key)
+        assert (await call(hub, "t", "a", "claude-code", clear)).session == new
+        async with dispatching(hub):
+            pinned = await hub.send("t", "user", "a", "for the old one", to_session=old)
+            sent = await hub.send("t", "user", "a", "for the new one", link=False)
+            await wait_state(hub, "t", sent.message_id, "acked")
+            assert await _pasted(out) == ["[From user] for the new one"]
+            assert await state_of(hub, "t", pinned.message_id) == "queued"
 
 
 async def test_auto_session_reads_only_the_live_sessions(

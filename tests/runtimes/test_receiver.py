@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from backchannel.core.messages import current_session
 from backchannel.hub import Hub
 from backchannel.runtimes import HookKind, get_runtime
 from backchannel.runtimes.liveness import runtime_keys
@@ -19,6 +20,7 @@ from backchannel.types import MessageKind, SessionState
 from .helpers import FIXTURES, PROMPT_EVENT, SEQUENCES, STOP_EVENT, call, fixture, session_of
 
 RUNTIMES = list(SEQUENCES)
+RUNNING = (SessionState.IDLE, SessionState.ACTIVE)
 
 
 async def _team(hub: Hub, runtime: str = "claude-code") -> None:
@@ -422,6 +424,53 @@ async def test_codex_new_leaves_the_old_session_as_a_clear_does(hub: Hub, clock:
     assert pinned.message_id in got.delivered
     context = got.answer["hookSpecificOutput"]["additionalContext"]
     assert context.count("for the old conversation") == 1, context
+
+
+@pytest.mark.parametrize(
+    ("runtime", "source", "new"),
+    [
+        ("claude-code", "clear", "0b7e2f4c-1111-4c2d-9e3f-5a6b7c8d9e0f"),
+        ("codex", "startup", "01a22324-0dec-7723-8233-0caddb77175b"),
+    ],
+)
+async def test_a_new_conversation_never_shows_both_of_its_process_sessions_live(
+    hub: Hub, runtime: str, source: str, new: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code's ``/clear`` and Codex's ``/new`` move one process to a new session.
+    The new one was opened, and the one left exited, in two transactions: in between,
+    every reader (a send's ``"session": "auto"``, the runner, a timer's peer view, the
+    dashboard, the process's beats) saw both conversations of the process running and
+    could pick the one being left. A reader that looks after every commit sees one."""
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "w", runtime)
+    await hub.add_member("t", "lead")
+    key = {"backchannel_runtime": "boot/4242/1000"}  # the one CLI process
+    old = session_of(runtime)
+    await call(hub, "t", "w", runtime, fixture(runtime, "SessionStart", **key))
+    await call(hub, "t", "w", runtime, fixture(runtime, PROMPT_EVENT[runtime], **key))
+    await call(hub, "t", "w", runtime, _stop(runtime, **key))
+
+    store = hub.store
+    transact, seen = store.transact, []
+
+    async def observed(fn: Any) -> Any:
+        done = await transact(fn)
+        live = await transact(lambda tx: tx.list_sessions("t", "w", which="live"))
+        seen.append(sorted(s.session_id for s in live if s.state in RUNNING))
+        return done
+
+    monkeypatch.setattr(store, "transact", observed)
+    start = fixture(runtime, "SessionStart", source=source, session_id=new, **key)
+    assert (await call(hub, "t", "w", runtime, start)).session == new
+    monkeypatch.undo()
+
+    assert seen and all(len(running) <= 1 for running in seen), seen
+    assert seen[-1] == [new]
+    assert (await hub.get_session("t", old)).state is SessionState.EXITED
+    assert (await hub.get_session("t", new)).meta["runtime"] == key["backchannel_runtime"]
+    # and the session that runs now is the new one, whichever reader asks
+    live = await hub.list_sessions("t", "w", which="live")
+    assert current_session(live) == await hub.get_session("t", new)
 
 
 async def test_session_start_recovers_a_crashed_turn_but_not_after_compaction(hub: Hub) -> None:

@@ -26,6 +26,8 @@ from backchannel.types import (
     DeliveryState,
     Message,
     Recipient,
+    Session,
+    SessionState,
 )
 
 # use with ``fullmatch`` only: ``match`` lets ``$`` accept a trailing newline
@@ -54,6 +56,20 @@ def check_session_id(session_id: str) -> str:
             field="session",
         )
     return session_id
+
+
+def current_session(sessions: Iterable[Session]) -> Session | None:
+    """A member's session that runs now, of ``sessions``: a running one (idle or active)
+    before one that exited (its process left it: ``SessionEnd``, ``/clear``, Codex's
+    ``/new``) before a terminated one, then the most recently active, then the newest.
+    By activity alone, a session that exited in the same moment as (or after) its
+    process opened the next conversation was taken for the current one."""
+    rank = {SessionState.ACTIVE: 2, SessionState.IDLE: 2, SessionState.EXITED: 1}
+    return max(
+        sessions,
+        key=lambda s: (rank.get(s.state, 0), s.updated_at, s.created_at),
+        default=None,
+    )
 
 
 def check_message_id(message_id: str, field: str = "message_id") -> str:

@@ -29,7 +29,8 @@ writers, and it promises more than they do:
   planted there) is never taken for it (:class:`InboxIdTaken`);
 * an inbox that is not a JSON array is moved aside to ``<inbox>.json.corrupt-<UTC>``
   with a warning, never overwritten with a partial view;
-* a team Claude Code deleted (its directory seen holding ``config.json``, which
+* a team Claude Code deleted (its config directory, named by another sanitizer than its
+  inbox directory (:func:`config_dir`), seen holding ``config.json``, which
   ``TeamCreate`` writes, and gone since) is not made again: :class:`InboxTeamDeleted`;
   what was seen is marked in the hub's state directory, so it holds after a restart;
 * other writers' entries are kept byte for byte (the text is appended to, not
@@ -89,10 +90,13 @@ __all__ = [
     "InboxWriter",
     "MemberState",
     "Stamp",
+    "config_dir",
+    "config_dir_name",
     "default_root",
     "entry_id",
     "entry_ids",
     "file_stamp",
+    "inbox_dir_name",
     "inbox_path",
     "is_active",
     "js_timestamp",
@@ -123,7 +127,40 @@ MemberState = Literal["active", "idle", "terminated"]
 #: to 41 characters (``.json.corrupt-<UTC>-<n>``) and a name holds at most 255 bytes.
 MAX_NAME = 200
 
+# Claude Code (2.1.332) names a team's two directories with two different sanitizers:
+#   inboxes:     teams/<t>/inboxes/<a>.json, t and a each  .replace(/[^a-zA-Z0-9_-]/g, "-")
+#   config.json: teams/<t>/config.json, t  .replace(/[^a-zA-Z0-9]/g, "-").toLowerCase()
+# (TeamCreate writes the config; TeamDelete removes that directory only). Both JavaScript
+# regexes are without the ``u`` flag: they match UTF-16 code units, so a character past
+# U+FFFF (two units) becomes two "-". So "My_Team" keeps its inboxes in My_Team/ and its
+# config in my-team/.
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
+_CONFIG_UNSAFE = re.compile(r"[^a-zA-Z0-9]")
+
+
+def _js_sub(pattern: re.Pattern[str], name: str) -> str:
+    """``name.replace(pattern, "-")`` as JavaScript does it without the ``u`` flag: each
+    UTF-16 code unit of a character that does not match becomes one ``-``."""
+    return pattern.sub(lambda m: "-" * (2 if ord(m.group()) > 0xFFFF else 1), name)
+
+
+def inbox_dir_name(name: str) -> str:
+    """The name Claude Code gives a team's inbox directory, or an inbox file (its stem)."""
+    return _js_sub(_UNSAFE, name)
+
+
+def config_dir_name(team: str) -> str:
+    """The name of the directory Claude Code keeps team ``team``'s ``config.json`` in
+    (and removes at ``TeamDelete``). The same for the inbox directory's name in place of
+    ``team``: what the inbox sanitizer keeps, this one makes ``-`` or lowers too."""
+    return _js_sub(_CONFIG_UNSAFE, team).lower()
+
+
+def config_dir(team_dir: Path | str) -> Path:
+    """The directory of the ``config.json`` of the team whose inboxes are in
+    ``team_dir`` (``<teams>/<inbox_dir_name(team)>``): ``<teams>/<config_dir_name>``."""
+    d = Path(team_dir)
+    return d.parent / config_dir_name(d.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +181,9 @@ def default_root() -> Path:
 
 
 def inbox_path(team: str, member: str, root: Path | str | None = None) -> Path:
-    """``member``'s inbox; names sanitized as Claude Code does (``[^a-zA-Z0-9_-]`` → ``-``)."""
+    """``member``'s inbox; names sanitized as Claude Code does (:func:`inbox_dir_name`)."""
     base = Path(root).expanduser() if root is not None else default_root()
-    return base / _UNSAFE.sub("-", team) / "inboxes" / f"{_UNSAFE.sub('-', member)}.json"
+    return base / inbox_dir_name(team) / "inboxes" / f"{inbox_dir_name(member)}.json"
 
 
 def team_marks() -> Path:
@@ -166,19 +203,20 @@ def _mark_of(team_dir: Path | str, marks: Path) -> Path:
 
 
 def team_marked(team_dir: Path | str, marks: Path | None = None) -> bool:
-    """Whether an inbox writer on this host saw ``team_dir`` holding ``config.json``."""
+    """Whether an inbox writer on this host saw the config directory of the team whose
+    inboxes are in ``team_dir`` (:func:`config_dir`) holding ``config.json``."""
     try:
-        return _mark_of(team_dir, marks or team_marks()).exists()
+        return _mark_of(config_dir(team_dir), marks or team_marks()).exists()
     except OSError:
         return False
 
 
 def team_deleted(team_dir: Path | str, marks: Path | None = None) -> bool:
-    """Whether ``team_dir`` is a Claude Code team deleted since (``TeamDelete``): seen
-    holding ``config.json`` (:func:`team_marked`), and holding none now."""
-    return not os.path.exists(os.path.join(team_dir, "config.json")) and team_marked(
-        team_dir, marks
-    )
+    """Whether the team whose inboxes are in ``team_dir`` is a Claude Code team deleted
+    since (``TeamDelete``): its config directory (:func:`config_dir`, named by another
+    sanitizer than ``team_dir``) seen holding ``config.json`` (:func:`team_marked`), and
+    holding none now."""
+    return not (config_dir(team_dir) / "config.json").exists() and team_marked(team_dir, marks)
 
 
 def name_problem(what: str, name: str) -> str | None:
@@ -746,15 +784,17 @@ class InboxWriter:
         return self._marks
 
     def _saw_team(self, team_dir: Path) -> None:
-        """Remember that ``team_dir`` holds ``config.json``, in memory and in a mark that
-        outlives the process (:func:`team_marks`)."""
+        """Remember that the config directory of the team whose inboxes are in
+        ``team_dir`` holds ``config.json``, in memory and in a mark that outlives the
+        process (:func:`team_marks`)."""
         with self._cache_lock:
             if team_dir in self._created_teams:
                 return
-        mark = _mark_of(team_dir, self.marks)
+        config = config_dir(team_dir)
+        mark = _mark_of(config, self.marks)
         try:
             if not mark.exists():
-                write_mark(mark, os.path.abspath(team_dir) + "\n", create=True)
+                write_mark(mark, os.path.abspath(config) + "\n", create=True)
         except OSError as exc:  # the memory still holds it, for this process
             logger.warning(
                 "cannot mark the Claude Code team %s as made by TeamCreate in %s (%s): after "
@@ -863,12 +903,13 @@ class InboxWriter:
         if (problem := unsafe_dirs(path)) is not None:
             raise InboxWriteError(f"cannot write inbox {path}: {problem}")
         team_dir = path.parent.parent
-        if (team_dir / "config.json").exists():
+        config = config_dir(team_dir) / "config.json"
+        if config.exists():
             self._saw_team(team_dir)
         elif self._team_was_seen(team_dir):
             raise InboxTeamDeleted(
                 f"nothing written to {path}: the Claude Code team {team_dir.name!r} was "
-                f"deleted (its {team_dir / 'config.json'} is gone, as TeamDelete leaves it), "
+                f"deleted (its {config} is gone, as TeamDelete leaves it), "
                 "so no agent reads this inbox. Create the team again (TeamCreate), or "
                 "point the member's delivery setting at a live team, and send again"
             )

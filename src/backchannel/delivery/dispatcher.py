@@ -104,7 +104,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Self
 
 from backchannel.core.delegation import next_try
-from backchannel.core.messages import derived_id
+from backchannel.core.messages import current_session, derived_id
 from backchannel.delivery.adapters import (
     ADAPTERS,
     PULL_TYPES,
@@ -817,15 +817,17 @@ class _Worker:
 
     # -- sessions ------------------------------------------------------------------------
     async def _live_session(self) -> str | None:
-        """``"session": "auto"``: the member's most recently active session that is not
-        terminated (the one its runtime reports turns for), or None."""
+        """``"session": "auto"``: the member's session that runs now (the one its runtime
+        reports turns for; a running one before one its process left,
+        :func:`current_session`), or None."""
         try:
             # its live sessions only, from their index: a member that opened thousands
             # of sessions (each /clear opens one) costs a push what one with two does
             live = await self.hub.list_sessions(self.team, self.member, which="live")
         except BackchannelError:
             return None
-        return max(live, key=lambda s: s.updated_at).session_id if live else None
+        found = current_session(live)
+        return found.session_id if found is not None else None
 
     async def _open_session(self, session: str) -> bool:
         """The setting names a session the hub does not know yet: open it."""

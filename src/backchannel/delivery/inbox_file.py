@@ -101,7 +101,7 @@ T = TypeVar("T")
 
 _HOW = (
     "Claude Code names an inbox file by the team and inbox names with every character "
-    "but letters, digits, '_' and '-' made '-'"
+    "but letters, digits, '_' and '-' made '-' (two for a character past U+FFFF)"
 )
 
 

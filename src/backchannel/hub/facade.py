@@ -238,6 +238,7 @@ class Hub:
     list_sessions = _Delegate("sessions", Sessions.list_sessions)
     member_sessions = _Delegate("sessions", Sessions.member_sessions)
     open_session = _Delegate("sessions", Sessions.open_session)
+    start_session = _Delegate("sessions", Sessions.start_session)
     exit_session = _Delegate("sessions", Sessions.exit_session)
     terminate_session = _Delegate("sessions", Sessions.terminate_session)
     note_runtime = _Delegate("sessions", Sessions.note_runtime)

@@ -213,43 +213,95 @@ class Sessions:
         now = self.clock.now()
 
         def fn(c: Ctx) -> Session:
-            session = opening(c)
+            session = self._opening(c, team, member, sid, now)
             if first is not None:
                 first(c)
             return session
 
-        def opening(c: Ctx) -> Session:
-            tx = c.tx
-            c.wake(team, member)
-            if tx.get_member(team, member) is None:
-                raise UnknownMember(f"unknown member {member!r} in team {team!r}", member=member)
-            existing = tx.get_session(team, sid)
-            if existing is None:
-                session = Session(team, sid, member, SessionState.IDLE, now, now)
-                tx.put_session(session)
-                self.event(c, session, EventKind.SESSION, "opened")
-                return session
-            self.own(existing, member)
-            if existing.state is SessionState.TERMINATED:
-                raise InvalidState(f"session {sid!r} was terminated; open a new session instead")
-            if existing.state is SessionState.EXITED:
-                return self.resume(c, existing, now)
-            if existing.state is SessionState.ACTIVE:
-                tx.ledger_clear(team, sid)
-                recovered = dataclasses.replace(
-                    existing, state=SessionState.IDLE, updated_at=now, turn_started_at=None
-                )
-                tx.put_session(recovered)
-                self.pipeline.turn_over(c, recovered, existing.turn, now)
-                self.event(
-                    c,
-                    recovered,
-                    EventKind.SESSION,
-                    f"recovered: turn {existing.turn} was interrupted and is closed",
-                    {"recovered_turn": existing.turn},
-                )
-                return recovered
-            return existing
+        return await self.env.transact(fn)
+
+    def _opening(self, c: Ctx, team: str, member: str, sid: str, now: float) -> Session:
+        """:meth:`open_session`'s work inside a transaction."""
+        tx = c.tx
+        c.wake(team, member)
+        if tx.get_member(team, member) is None:
+            raise UnknownMember(f"unknown member {member!r} in team {team!r}", member=member)
+        existing = tx.get_session(team, sid)
+        if existing is None:
+            session = Session(team, sid, member, SessionState.IDLE, now, now)
+            tx.put_session(session)
+            self.event(c, session, EventKind.SESSION, "opened")
+            return session
+        self.own(existing, member)
+        if existing.state is SessionState.TERMINATED:
+            raise InvalidState(f"session {sid!r} was terminated; open a new session instead")
+        if existing.state is SessionState.EXITED:
+            return self.resume(c, existing, now)
+        if existing.state is SessionState.ACTIVE:
+            tx.ledger_clear(team, sid)
+            recovered = dataclasses.replace(
+                existing, state=SessionState.IDLE, updated_at=now, turn_started_at=None
+            )
+            tx.put_session(recovered)
+            self.pipeline.turn_over(c, recovered, existing.turn, now)
+            self.event(
+                c,
+                recovered,
+                EventKind.SESSION,
+                f"recovered: turn {existing.turn} was interrupted and is closed",
+                {"recovered_turn": existing.turn},
+            )
+            return recovered
+        return existing
+
+    async def start_session(
+        self,
+        team: str,
+        member: str,
+        session_id: str,
+        *,
+        recover: bool,
+        runtime: str | None = None,
+        leaving: str | None = None,
+    ) -> tuple[Session, list[str]]:
+        """A runtime's ``SessionStart``, in ONE transaction: session ``session_id`` is
+        opened (or resumed when exited; an active one is recovered only when
+        ``recover``), noted as running under runtime process ``runtime``, and, when
+        ``leaving`` is given (the reason), the member's other idle or active sessions
+        under that same process exit (the process moved to this conversation:
+        ``/clear``, Codex's ``/new``). No reader (a send's ``"session": "auto"``, the
+        runner, the dashboard, a timer's peer view, the process's beats) ever sees the
+        old and the new conversation of one process live at once. Returns the session
+        and the ids of the sessions that exited."""
+        sid = rules.check_session_id(session_id)
+        now = self.clock.now()
+
+        def fn(c: Ctx) -> tuple[Session, list[str]]:
+            s = c.tx.get_session(team, sid)
+            if (
+                s is None
+                or s.state is SessionState.EXITED
+                or (recover and s.state is SessionState.ACTIVE)
+            ):
+                s = self._opening(c, team, member, sid, now)
+            else:
+                self.own(s, member)
+                if s.state is SessionState.TERMINATED:
+                    raise InvalidState(f"session {sid!r} was terminated; open a new one instead")
+            if runtime is not None and s.meta.get(RUNTIME_META) != runtime:
+                s = dataclasses.replace(s, meta={**s.meta, RUNTIME_META: runtime})
+                c.tx.put_session(s)
+            left: list[str] = []
+            if runtime is not None and leaving is not None:
+                for o in c.tx.list_sessions(team, member, which="live"):
+                    if (
+                        o.session_id != sid
+                        and o.state in (SessionState.IDLE, SessionState.ACTIVE)
+                        and o.meta.get(RUNTIME_META) == runtime
+                    ):
+                        self._exit(c, o, leaving, now)
+                        left.append(o.session_id)
+            return s, left
 
         return await self.env.transact(fn)
 
@@ -273,33 +325,36 @@ class Sessions:
         now = self.clock.now()
 
         def fn(c: Ctx) -> Session:
-            tx = c.tx
-            c.wake(team, member)  # its session's inbox may be open to receivers now
-            s = self.load(c, team, member, session_id)
-            if s.state in (SessionState.TERMINATED, SessionState.EXITED):
-                return s
-            gone = dataclasses.replace(
-                s, state=SessionState.EXITED, updated_at=now, turn_started_at=None
-            )
-            tx.put_session(gone)
-            if s.state is SessionState.ACTIVE:
-                tx.ledger_clear(team, session_id)
-                self.pipeline.turn_over(c, gone, s.turn, now)
-            t = tx.get_team(team)
-            grace = exit_grace(t.settings if t else {})
-            self.event(
-                c,
-                gone,
-                EventKind.SESSION,
-                f"exited{': ' + reason if reason else ''}; kept {grace:g} s for a resume",
-                {"grace_seconds": grace},
-            )
-            due = now + grace
-            tx.add_job(Job(team, EXIT_JOB, due, now, session_id, {"exited_at": now}))
-            c.schedule(due)
-            return gone
+            return self._exit(c, self.load(c, team, member, session_id), reason, now)
 
         return await self.env.transact(fn)
+
+    def _exit(self, c: Ctx, s: Session, reason: str, now: float) -> Session:
+        """:meth:`exit_session`'s work inside a transaction."""
+        tx = c.tx
+        c.wake(s.team, s.member)  # its session's inbox may be open to receivers now
+        if s.state in (SessionState.TERMINATED, SessionState.EXITED):
+            return s
+        gone = dataclasses.replace(
+            s, state=SessionState.EXITED, updated_at=now, turn_started_at=None
+        )
+        tx.put_session(gone)
+        if s.state is SessionState.ACTIVE:
+            tx.ledger_clear(s.team, s.session_id)
+            self.pipeline.turn_over(c, gone, s.turn, now)
+        t = tx.get_team(s.team)
+        grace = exit_grace(t.settings if t else {})
+        self.event(
+            c,
+            gone,
+            EventKind.SESSION,
+            f"exited{': ' + reason if reason else ''}; kept {grace:g} s for a resume",
+            {"grace_seconds": grace},
+        )
+        due = now + grace
+        tx.add_job(Job(s.team, EXIT_JOB, due, now, s.session_id, {"exited_at": now}))
+        c.schedule(due)
+        return gone
 
     def _fire_exit(self, c: Ctx, job: Job, now: float) -> JobOutcome | None:
         tx = c.tx

@@ -364,7 +364,7 @@ class Timers:
             sessions = tx.list_sessions(job.team, timer.target, which="live") or (
                 tx.latest_sessions(job.team, timer.target, ENDED_LOOKED_AT)
             )
-            latest = max(sessions, key=lambda x: x.updated_at) if sessions else None
+            latest = messages.current_session(sessions)
             reply = rules.Reply.from_payload(job.payload)
             if reply is None and isinstance(reply_id := job.payload.get("reply"), str):
                 # noted by id alone (before the text was noted too): still in the store

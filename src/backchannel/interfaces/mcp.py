@@ -648,7 +648,9 @@ async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
         mine = [s for s in mine if s.member == x.session]
         if not mine:
             raise
-        latest = max(mine, key=lambda s: (s.state != "terminated", s.updated_at))
+        # a running one before one its process left (``/clear``), then the latest
+        rank = {"active": 2, "idle": 2, "exited": 1}
+        latest = max(mine, key=lambda s: (rank.get(s.state, 0), s.updated_at, s.created_at))
         data = await a.client.session_data(
             latest.session_id, since=x.since, tail_chars=x.tail_chars
         )

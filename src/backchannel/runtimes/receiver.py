@@ -20,7 +20,8 @@ runtimes are not so tidy, so this layer makes them fit:
   to it, with its ledger; ``clear``/``compact`` leave the turn alone.
   A ``SessionStart`` (but ``compact``) exits the member's other sessions under the same
   runtime process: the process left them (``/clear``, Codex's ``/new``), whether or not
-  a ``SessionEnd`` reached the hub.
+  a ``SessionEnd`` reached the hub, in the transaction that opens the new one (no
+  reader sees both live).
 
 Between-turn delivery: after ``agent_stop`` the session's waiting messages are leased,
 framed (``[From x] ...``, hub notices, timer breadcrumbs; :mod:`backchannel.core.framing`)
@@ -205,10 +206,7 @@ async def _apply(hub: Hub, m: Member, ev: HookEvent) -> tuple[Outcome, str | Non
             )
             context = intro(m, inline=ev.runtime not in ESCAPES_CONTEXT)
             return Outcome(context=context), running.session_id, ()
-        started = await _live(hub, m, ev.session_id, recover=recover)
-        await _runs_under(hub, m, started, ev)
-        if ev.detail != "compact":  # compaction keeps the conversation
-            await _left_behind(hub, m, started, ev)
+        started = await _start(hub, m, ev, recover=recover)
         await _settle(hub, m, started, ev)
         if started.state is SessionState.IDLE and LAST_STOP in started.meta:
             # a process (re)started, or its context was rebuilt: a stop after this is a
@@ -324,28 +322,30 @@ async def _running_elsewhere(hub: Hub, m: Member, ev: HookEvent) -> Session | No
     return s
 
 
-async def _left_behind(hub: Hub, m: Member, started: Session, ev: HookEvent) -> None:
-    """``SessionStart`` of a session in a runtime process that ran others: the process
-    moved to another conversation (Claude Code's ``/clear``, source ``clear``, and
-    ``/resume``; Codex's ``/new``, source ``startup`` and no ``SessionEnd`` at all), so
-    the member's other sessions that ran under it (the command hook says which process
-    it ran under) were left, whether or not their ``SessionEnd`` reached the hub: they
-    exit, as that ``SessionEnd`` would have made them. Without it
-    the process's MCP server beats on for them (:mod:`.liveness`), and what was pinned
-    to one (a link's crossing, a timer) waited as long as the process ran, shown to no
-    model and never a dead letter. Exiting is idempotent, and a later event of such a
-    session resumes it."""
-    if ev.runtime_key is None:
-        return
-    for s in await hub.list_sessions(m.team, m.name, which="live"):
-        if (
-            s.session_id != started.session_id
-            and s.state in (SessionState.IDLE, SessionState.ACTIVE)
-            and s.meta.get(RUNTIME_META) == ev.runtime_key
-        ):
-            how = ev.detail or "startup"
-            reason = f"{ev.runtime} {ev.name} ({how}) of {started.session_id}: the process left it"
-            await hub.exit_session(m.team, m.name, s.session_id, reason)
+async def _start(hub: Hub, m: Member, ev: HookEvent, *, recover: bool) -> Session:
+    """The session a ``SessionStart`` starts, opened (or resumed, or recovered) in one
+    transaction with the exit of the sessions its runtime process left: ``SessionStart``
+    in a runtime process that ran others means the process moved to another
+    conversation (Claude Code's ``/clear``, source ``clear``, and ``/resume``; Codex's
+    ``/new``, source ``startup`` and no ``SessionEnd`` at all), so the member's other
+    sessions that ran under it (the command hook says which process it ran under) were
+    left, whether or not their ``SessionEnd`` reached the hub: they exit, as that
+    ``SessionEnd`` would have made them. Without it the process's MCP server beats on
+    for them (:mod:`.liveness`), and what was pinned to one (a link's crossing, a timer)
+    waited as long as the process ran, shown to no model and never a dead letter. One
+    transaction, so no reader sees both conversations of the process live: a send to
+    ``"session": "auto"``, the runner, a timer or the beats would otherwise pick the one
+    being left. Compaction keeps the conversation and leaves nothing. Exiting is
+    idempotent, and a later event of such a session resumes it."""
+    sid, _ = await _target(hub, m, ev.session_id)
+    leaving = None
+    if ev.detail != "compact":
+        how = ev.detail or "startup"
+        leaving = f"{ev.runtime} {ev.name} ({how}) of {sid}: the process left it"
+    started, _ = await hub.start_session(
+        m.team, m.name, sid, recover=recover, runtime=ev.runtime_key, leaving=leaving
+    )
+    return started
 
 
 def _stop_mark(ev: HookEvent) -> dict[str, str]:
@@ -408,23 +408,33 @@ async def _find(
 ) -> Session | None:
     """The hub session that carries runtime session ``runtime_sid`` now: the id itself,
     or ``<id>.N`` after it was terminated and resumed. Opened when ``create``."""
+    sid, s = await _target(hub, m, runtime_sid)
+    if s is None:
+        return await hub.open_session(m.team, m.name, sid) if create else None
+    resumed = create and s.state is SessionState.EXITED
+    if resumed or (recover and s.state is SessionState.ACTIVE):
+        s = await hub.open_session(m.team, m.name, sid)
+    return s
+
+
+async def _target(hub: Hub, m: Member, runtime_sid: str) -> tuple[str, Session | None]:
+    """The hub session id that carries runtime session ``runtime_sid`` now: the id
+    itself, or ``<id>.N`` after it was terminated and resumed (the first one unknown or
+    not terminated), and that session, ``None`` when the hub does not know it yet."""
     base = check_session_id(runtime_sid)
     for n in range(1, MAX_RESUMES + 1):
         sid = check_session_id(base if n == 1 else f"{base}.{n}")
         try:
             s = await hub.get_session(m.team, sid)
         except UnknownSession:
-            return await hub.open_session(m.team, m.name, sid) if create else None
+            return sid, None
         if s.member != m.name:
             raise Forbidden(
                 f"session {sid!r} belongs to {s.member!r}, not {m.name!r}; "
                 "each agent needs its own member token"
             )
         if s.state is not SessionState.TERMINATED:
-            resumed = create and s.state is SessionState.EXITED
-            if resumed or (recover and s.state is SessionState.ACTIVE):
-                s = await hub.open_session(m.team, m.name, sid)
-            return s
+            return sid, s
     raise InvalidState(f"session {runtime_sid!r} was resumed too often; start a new one")
 
 
