@@ -245,8 +245,8 @@ async def test_auto_session_follows_a_clear_and_leaves_the_old_conversations_mes
     left, exited after the new one opened, was it: what was pinned to the old
     conversation was typed into the new one, and the new one's messages were recorded
     as the old one's. Now the running session wins, and the old one's wait for it."""
-    out = _reader_pane(tmux, tmp_path, "agent")
-    await _ready(tmux, "agent")
+    out = _prompt_box(tmux, tmp_path, busy=0, ignore="0")  # shows its prompt, as Claude Code
+    await _box_ready(tmux)
     key = {"backchannel_runtime": "boot/4242/1000"}  # the pane's one Claude Code process
     new = "0b7e2f4c-1111-4c2d-9e3f-5a6b7c8d9e0f"
     async with running_hub() as hub:
@@ -261,7 +261,7 @@ async def test_auto_session_follows_a_clear_and_leaves_the_old_conversations_mes
             pinned = await hub.send("t", "user", "a", "for the old one", to_session=old)
             sent = await hub.send("t", "user", "a", "for the new one", link=False)
             await wait_state(hub, "t", sent.message_id, "acked")
-            assert await _pasted(out) == ["[From user] for the new one"]
+            assert _taken(out) == ["[From user] for the new one"]
             assert await state_of(hub, "t", pinned.message_id) == "queued"
 
 
