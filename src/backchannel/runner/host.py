@@ -171,6 +171,11 @@ class SessionLoop:
         self.history: list[ChatMessage] = []
         self.stats = SessionStats(spec.name, session)
         self.allowed = frozenset(spec.tools or DEFAULT_TOOLS)
+        # what the tools' definitions add to every request, for estimated counts
+        self.tool_chars = sum(
+            len(t.name) + len(t.description) + len(json.dumps(dict(t.parameters)))
+            for t in (TOOLS[name][0] for name in self.allowed)
+        )
         self.price = price_for(self.model.name, spec.price)
         # inputs the model answered in a turn whose ack the hub has not confirmed
         self.unacked: list[str] = []
@@ -441,7 +446,8 @@ class SessionLoop:
 
     def _counted(self, reply: ModelReply) -> Usage:
         """The tokens ``reply`` cost, as its usage gives them, or estimated (about four
-        characters a token: :func:`estimate_tokens`) where it gives none: compatible
+        characters a token: :func:`estimate_tokens`, of the system prompt, the
+        conversation and the tools' definitions sent) where it gives none: compatible
         servers and proxies leave ``usage`` out, or a count of it, and counted as no
         tokens the agent's ``max_tokens`` and ``budget_usd`` never stopped it. The
         first estimate is named in a note, and the budget note says it counted one."""
@@ -458,7 +464,8 @@ class SessionLoop:
             )
         inp = u.input_tokens
         if not given_in:
-            inp = estimate_tokens(self.spec.system) + sum(map(_chars, self.history)) // 4
+            sent = sum(map(_chars, self.history)) + self.tool_chars
+            inp = estimate_tokens(self.spec.system) + sent // 4
         out = u.output_tokens or (
             estimate_tokens(reply.text)
             + sum(estimate_tokens(c.name + json.dumps(dict(c.arguments))) for c in reply.tool_calls)
