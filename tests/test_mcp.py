@@ -430,9 +430,7 @@ async def test_list_timers_answers_a_bounded_page_and_reads_on_past_it(
                 assert not any("More follow" in line for line in lines)
                 break
             after = data["next_after"]
-            assert lines[-1] == (
-                f"More follow: call list_timers(after={after}) for the next page."
-            )
+            assert lines[-1] == (f"More follow: call list_timers(after={after}) for the next page.")
             args = {"after": after}
         assert seen == every, "every timer once, in the order set"
         for i, (line, t) in enumerate(zip(lines[-3:], mine, strict=True)):
@@ -658,7 +656,7 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
     says so and how to read them (the model is never left thinking it read them all).
     Each answer, its text and its structured content together, stays within
     ANSWER_BYTES, which Codex keeps whole."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_BATCH, ANSWER_BYTES
+    from backchannel.interfaces.mcp import ANSWER_BYTES, CHECK_INBOX_BATCH
 
     tokens = make_team(srv, "deep-inbox", "a")
     total = CHECK_INBOX_BATCH + 7

@@ -11,6 +11,7 @@ and event exactly once. Real ``/mcp`` of a real ``serve``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any, TextIO
@@ -21,6 +22,7 @@ from backchannel.interfaces.mcp import ANSWER_BYTES
 from tests.conftest import Server
 from tests.runtimes.agents import make_team
 from tests.test_mcp import connect, errlog, srv
+from tests.test_mcp_long import _seen
 
 __all__ = ["errlog", "srv"]  # the fixtures, used here too
 
@@ -184,7 +186,7 @@ async def test_get_session_data_of_long_events_fits_and_reads_every_event_once(
     assert whole == [e for e in ids if e != long_id], "every short event once, in order"
     ranges = parts[long_id]
     assert ranges[0][0] == 0 and ranges[-1][1] == len(texts[6]) and len(ranges) > 5
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
 
 
 async def test_get_session_data_tail_fits_and_says_how_to_read_the_rest(
@@ -251,3 +253,54 @@ async def test_delegate_of_a_long_task_fits(srv: Server, errlog: TextIO) -> None
         shown, data = await answer(s, "delegate", to="b", task=task)
     assert shown.startswith("Delegated to b; this returns at once")
     assert data["task"].startswith("do this: ") and "more characters not shown" in data["task"]
+
+
+async def test_messages_json_writes_long_are_read_whole_within_the_budget(
+    srv: Server, errlog: TextIO
+) -> None:
+    """Messages of quotes, backslashes, line ends and control characters, which JSON
+    writes in two to six bytes each: ``check_inbox`` cut their parts by plain bytes, and
+    its answer was 14,500 bytes (42,500 of control characters) as Codex counts it, which
+    Codex cut in the middle of a part the hub then counted read. Every answer now fits,
+    and the parts each names read every message whole, once."""
+    tokens = make_team(srv, "dense", "a", "b")
+    texts = ["x\x01\x02\x1f" * 4000, '"quoted" ' * 2000, "C:\\dir\\\n" * 2500]
+    with srv.client(tokens["b"]) as c:
+        for text in texts:
+            c.post("/v1/messages", json={"to": "a", "text": text}).raise_for_status()
+    read: list[str] = []
+    async with connect("http", srv, tokens["a"], None, errlog) as s:
+        for _ in range(len(texts) + 1):
+            shown, data = await answer(s, "check_inbox")
+            if not data["messages"]:
+                break
+            for m in data["messages"]:
+                got = [_seen(shown)] if len(data["messages"]) == 1 else []
+                for part in range(2, m.get("parts", 1) + 1):
+                    said = f"read_message with message_id={m['message_id']!r} and part={part}"
+                    assert said in shown, shown[-300:]
+                    shown, _ = await answer(
+                        s, "read_message", message_id=m["message_id"], part=part
+                    )
+                    got.append(_seen(shown))
+                read.append("".join(got))
+    assert read == texts, [(len(r), len(t)) for r, t in zip(read, texts, strict=False)]
+
+
+async def test_a_timer_note_json_writes_past_one_answer_is_shown_cut_saying_so(
+    srv: Server, errlog: TextIO
+) -> None:
+    """The hub takes a note of 2,000 control characters, 12,000 bytes in JSON: the one
+    timer's answer was past what Codex keeps. It is shown cut, saying how much more."""
+    tokens = make_team(srv, "timer-dense", "a")
+    note = "remember: " + "\x01" * 1990
+    with srv.client(tokens["a"]) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+        body = {"intent": "anchor", "minutes": 60, "note": note}
+        ident = c.post("/v1/timers", json=body).json()["timer_id"]
+    async with connect("http", srv, tokens["a"], "a-1", errlog) as s:
+        shown, data = await answer(s, "list_timers")
+    assert [t["timer_id"] for t in data["timers"]] == [ident] and data["next_after"] is None
+    kept = shown.partition(" s: ")[2].partition(" […note cut here")[0]
+    assert note.startswith(kept) and len(kept) > 1000
+    assert f"{len(note) - len(kept)} more characters, which the timer shows when it fires" in shown

@@ -471,9 +471,32 @@ def _received(m: Received) -> str:
     return f"{format_message(m.sender, m.kind, m.text)}\n(message_id: {m.message_id})"
 
 
+def shown_size(text: str) -> int:
+    """The bytes ``text`` takes in a tool's answer as a client shows it: a JSON string's
+    UTF-8 (a quote, a backslash or a line end takes two bytes, a control character six;
+    plain text, its UTF-8 bytes, as :func:`.framing.size`)."""
+    return _jsize(text) - 2
+
+
 def parts(text: str) -> list[str]:
-    """``text`` in parts of at most :data:`PART_BYTES` (:func:`.framing.parts`)."""
-    return framing.parts(text, PART_BYTES)
+    """``text`` in parts of at most :data:`PART_BYTES` as :func:`shown_size` counts them,
+    each cut just after a line's end when one is in its second half (else at the most
+    characters that fit): joined, they are ``text`` (:func:`.framing.parts`, which
+    counts plain bytes, cuts plain text the same)."""
+    out = []
+    while len(text) > PART_BYTES or shown_size(text) > PART_BYTES:
+        head = text[:PART_BYTES]  # a character takes one byte or more
+        lo, hi = 1, len(head)
+        while lo < hi:  # the most characters that fit
+            mid = (lo + hi + 1) // 2
+            if shown_size(head[:mid]) <= PART_BYTES:
+                lo = mid
+            else:
+                hi = mid - 1
+        cut = text.rfind("\n", lo // 2, lo) + 1 or lo
+        out.append(text[:cut])
+        text = text[cut:]
+    return [*out, text]
 
 
 def _part(
@@ -623,21 +646,22 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         nonlocal more
         taken = 0
         while taken < CHECK_INBOX_BATCH:
-            used = sum(sizes) + 2 * len(sizes)
+            used = sum(sizes) + 4 * len(sizes)
             fits = (ANSWER_BYTES - used) * len(sizes) // used if sizes else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
             step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)
-                cost = framing.size(piece) + _entry_size(m)
-                if sizes and sum(sizes) + 2 * len(sizes) + cost > ANSWER_BYTES:
+                cost = shown_size(piece) + _entry_size(m)
+                if sizes and sum(sizes) + 4 * len(sizes) + cost > ANSWER_BYTES:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
-                if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
+                if len(m.text) > PART_BYTES or shown_size(m.text) > PART_BYTES:
+                    # the first (no other fits): its first part
                     piece, _, cut[m.message_id] = _part(m.sender, m.kind, m.message_id, m.text, 1)
-                    cost = framing.size(piece) + _entry_size(m)
+                    cost = shown_size(piece) + _entry_size(m)
                 got.append(m)
                 pieces.append(piece)
                 sizes.append(cost)
@@ -666,12 +690,21 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         if await _turn_runs(a):
             return NOTHING_MID_TURN, {"messages": [], "turn_running": True}
         return "No new messages.", {"messages": []}
+
+    def answer(n: int, more: bool) -> Output:
+        text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces[:n])
+        if not more:
+            return text, {"messages": data[:n]}
+        text += "\n\nMore messages may wait: call check_inbox again to read them."
+        return text, {"messages": data[:n], "more": True}
+
+    # the sizes counted leave out the answer's own words: the last message that takes
+    # it past the room goes back, for the next call
     n = len(got)
-    text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces)
-    if not more:
-        return text, {"messages": data}
-    text += "\n\nMore messages may wait: call check_inbox again to read them."
-    return text, {"messages": data, "more": True}
+    while n > 1 and not _fits(answer(n, more)):
+        n, more = n - 1, True
+    _give_back(a, [m.message_id for m in got[n:]])
+    return answer(n, more)
 
 
 class ReadMessageArgs(_Args):
