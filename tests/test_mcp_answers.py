@@ -21,7 +21,7 @@ from mcp import ClientSession
 from backchannel.interfaces.mcp import ANSWER_BYTES
 from tests.conftest import Server
 from tests.runtimes.agents import make_team
-from tests.test_mcp import connect, errlog, srv
+from tests.test_mcp import connect, errlog, fails, srv
 from tests.test_mcp_long import _seen
 
 __all__ = ["errlog", "srv"]  # the fixtures, used here too
@@ -304,3 +304,29 @@ async def test_a_timer_note_json_writes_past_one_answer_is_shown_cut_saying_so(
     kept = shown.partition(" s: ")[2].partition(" […note cut here")[0]
     assert note.startswith(kept) and len(kept) > 1000
     assert f"{len(note) - len(kept)} more characters, which the timer shows when it fires" in shown
+
+
+async def test_get_session_data_start_refuses_what_it_cannot_read(
+    srv: Server, errlog: TextIO
+) -> None:
+    """``start`` reads on in one event: with ``tail_chars``, past the event's end, or
+    with no event after ``since``, the error says so and what to call instead."""
+    tokens = make_team(srv, "start-bad", "a", "w")
+    with srv.client(tokens["w"]) as c:
+        c.post("/v1/sessions", json={"session_id": "w-1"}).raise_for_status()
+        ident = c.post("/v1/sessions/w-1/events", json={"kind": "turn_start"}).json()
+        body = {"kind": "thought", "text": "x" * 20_000}
+        last = c.post("/v1/sessions/w-1/events", json=body).json()["event_id"]
+    async with connect("http", srv, tokens["a"], None, errlog) as s:
+        said = await fails(s, "get_session_data", session="w-1", tail_chars=10, start=5)
+        assert "argument 'start'" in said and "without tail_chars" in said, said
+        said = await fails(s, "get_session_data", session="w-1", since=last - 1, start=20_000)
+        assert f"past the end of event #{last}: its text is 20000 characters" in said, said
+        said = await fails(s, "get_session_data", session="w-1", since=last, start=1)
+        assert f"no event of session w-1 follows event {last}" in said, said
+        shown, data = await answer(
+            s, "get_session_data", session="w-1", since=last - 1, start=19_000
+        )
+        assert data["start"] == 19_000 and data["end"] == 20_000 and data["next_since"] is None
+        assert shown.endswith("): " + "x" * 1000), shown[-200:]  # the last part: no note
+        assert ident["event_id"] < last

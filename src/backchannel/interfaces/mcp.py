@@ -939,7 +939,10 @@ async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
     found = await a.client.members(after=x.after, limit=LIST_MEMBERS_SHOWN + 1)
     members, more = found[:LIST_MEMBERS_SHOWN], len(found) > LIST_MEMBERS_SHOWN
     shown = {m.name for m in members}
-    live = [s for s in await sessions(a, live=True) if s.member in shown]
+    live: dict[str, list[SessionInfo]] = {}
+    for s in await sessions(a, live=True):
+        if s.member in shown:
+            live.setdefault(s.member, []).append(s)
     head = f"Team {a.team}:" if not x.after else f"Team {a.team}, after {x.after}:"
 
     def page(k: int, cap: int | None = None) -> Output:
@@ -947,7 +950,7 @@ async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
         of each)."""
         lines, listed = [head], []
         for m in members[:k]:
-            own = [s for s in live if s.member == m.name]
+            own = live.get(m.name, [])
             hidden = len(own) - cap if cap is not None and len(own) > cap else 0
             own = own[: len(own) - hidden]
             listed += own
@@ -978,7 +981,7 @@ async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
     if k or not members:
         return page(k)
     # the first member's sessions alone are more than an answer holds
-    own = sum(s.member == members[0].name for s in live)
+    own = len(live.get(members[0].name, []))
     return page(1, max(0, _most(lambda cap: page(1, cap - 1), own + 1) - 1))
 
 
