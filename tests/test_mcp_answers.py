@@ -330,3 +330,24 @@ async def test_get_session_data_start_refuses_what_it_cannot_read(
         assert data["start"] == 19_000 and data["end"] == 20_000 and data["next_since"] is None
         assert shown.endswith("): " + "x" * 1000), shown[-200:]  # the last part: no note
         assert ident["event_id"] < last
+
+
+async def test_set_timer_and_cancel_timer_of_the_longest_notes_fit(
+    srv: Server, errlog: TextIO
+) -> None:
+    """``set_timer`` echoed its note twice (its text and its structured content): a note
+    of 2,000 CJK characters made 12,000 bytes, of control characters 24,000. The note is
+    shown once, whole when it fits, else cut saying how much more; the timer's id and how
+    to cancel it are always there."""
+    tokens = make_team(srv, "timer-set", "a")
+    with srv.client(tokens["a"]) as c:
+        c.post("/v1/sessions", json={"session_id": "a-1"}).raise_for_status()
+    async with connect("http", srv, tokens["a"], "a-1", errlog) as s:
+        cjk = "中文的提醒" * 400
+        shown, data = await answer(s, "set_timer", intent="anchor", minutes=60, note=cjk)
+        assert f"with: {cjk}. cancel_timer(id={data['timer_id']}) cancels it." in shown
+        dense = "x" + "\x01" * 1999
+        shown, data = await answer(s, "set_timer", intent="anchor", minutes=60, note=dense)
+        assert shown.endswith(f"more characters]. cancel_timer(id={data['timer_id']}) cancels it.")
+        shown, data = await answer(s, "cancel_timer", id=data["timer_id"])
+        assert data["state"] == "cancelled", data

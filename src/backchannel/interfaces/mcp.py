@@ -986,18 +986,29 @@ async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
 
 
 async def _set_timer(a: Agent, x: TimerArgs) -> Output:
+    """The timer set, its note once (the text shows it; the structured content names the
+    timer without it), cut when JSON makes it longer than an answer holds."""
     t = await a.client.set_timer(x.intent, x.minutes, x.note, x.target, session=a.session)
     about = f" about {t.target}" if t.target else ""
-    return (
-        f"{t.intent} timer {t.timer_id}{about} set on session {t.session}; it fires "
-        f"in {x.minutes:g} min with: {t.note}. cancel_timer(id={t.timer_id}) cancels it.",
-        _json(t),
-    )
+
+    def answer(keep: int) -> Output:
+        note = t.note[:keep]
+        if keep < len(t.note):
+            note += f" […note cut here to fit one answer: {len(t.note) - keep} more characters]"
+        return (
+            f"{t.intent} timer {t.timer_id}{about} set on session {t.session}; it fires "
+            f"in {x.minutes:g} min with: {note}. cancel_timer(id={t.timer_id}) cancels it.",
+            _without(t, "note"),
+        )
+
+    whole = answer(len(t.note))
+    return whole if _fits(whole) else answer(_most(answer, len(t.note)))
 
 
 async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
+    # the timer without its note, which the model wrote and this answer does not show
     t = await a.client.cancel_timer(x.id)
-    return f"Timer {x.id} cancelled.", _json(t)
+    return f"Timer {x.id} cancelled.", _without(t, "note")
 
 
 async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
