@@ -351,3 +351,40 @@ async def test_set_timer_and_cancel_timer_of_the_longest_notes_fit(
         assert shown.endswith(f"more characters]. cancel_timer(id={data['timer_id']}) cancels it.")
         shown, data = await answer(s, "cancel_timer", id=data["timer_id"])
         assert data["state"] == "cancelled", data
+
+
+async def test_an_answer_no_tool_bounded_is_cut_saying_so(monkeypatch: Any) -> None:
+    """The last resort: a tool's answer that its tool did not bound (a case no tool
+    foresaw) is cut by the server to fit, saying how much it left out, not cut by the
+    client in its middle without a word."""
+    import asyncio
+    import contextlib
+
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from backchannel.interfaces import mcp
+
+    async def loud(a: mcp.Agent, x: Any) -> tuple[str, Any]:
+        return "start\n" + "中" * 20_000 + "\nend", {"items": ["x" * 100] * 100}
+
+    tool = mcp.Tool("loud", "An answer too long.", mcp._NoArgs, loud)
+    monkeypatch.setattr(mcp, "TOOLS", (*mcp.TOOLS, tool))
+
+    async def resolve(ctx: Any) -> mcp.Agent:
+        return mcp.Agent(None, "t", "a")  # type: ignore[arg-type]
+
+    server = mcp.build_server(resolve)
+    async with create_client_server_memory_streams() as (client_streams, server_streams):
+        running = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
+        try:
+            async with ClientSession(*client_streams) as s:
+                await s.initialize()
+                shown, data = await answer(s, "loud")
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    kept = shown.partition("\n[… answer cut")[0]
+    assert kept.startswith("start\n中") and len(kept) > 2000
+    assert f"cut to fit one tool answer: {20_010 - len(kept)} more characters]" in shown
+    assert data["cut"] == 20_010 - len(kept)
