@@ -16,6 +16,7 @@ import json
 import re
 from typing import Any, TextIO
 
+import pytest
 from mcp import ClientSession
 
 from backchannel.interfaces.mcp import ANSWER_BYTES
@@ -47,15 +48,16 @@ async def answer(s: ClientSession, tool: str, **args: Any) -> tuple[str, Any]:
     return shown, result.structured_content
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_list_members_of_many_long_sessions_fits_and_reads_every_member_once(
-    srv: Server, errlog: TextIO
+    srv: Server, errlog: TextIO, transport: str
 ) -> None:
     """Members of the longest names, one with 80 open sessions of the longest ids, one
     whose session's last output is 50,000 characters: each page fits, the pages read
     through their own calls name every member once, and the member whose sessions do
     not fit in one answer is shown with as many as fit and how many more it has."""
     names = [f"m{i:02d}" + "x" * 61 for i in range(60)]
-    tokens = make_team(srv, "members-long", *names)
+    tokens = make_team(srv, f"members-long-{transport}", *names)
     many = [f"{i:03d}-" + "s" * 195 for i in range(80)]
     with srv.client(tokens[names[3]]) as c:
         for sid in many:
@@ -68,7 +70,7 @@ async def test_list_members_of_many_long_sessions_fits_and_reads_every_member_on
     seen: list[str] = []
     sessions_shown: list[str] = []
     hidden = 0
-    async with connect("http", srv, tokens[names[0]], None, errlog) as s:
+    async with connect(transport, srv, tokens[names[0]], None, errlog) as s:
         args: dict[str, Any] = {}
         for _ in range(100):
             shown, data = await answer(s, "list_members", **args)
