@@ -67,9 +67,10 @@ CHANNEL_CLIENT = "claude-code"
 #: After the handshake, how long before the first push (Claude Code sets up
 #: its channel listener right after connecting; a push it missed is released anyway).
 CHANNEL_SETTLE_S = 0.5
-#: The most timers one ``list_timers`` answer shows the model (the rest a page at a time,
-#: ``after`` the last one shown): a team's members may each hold a hundred, and the
-#: tool's answer goes into the model's context whole.
+#: The most timers one ``list_timers`` answer shows the model (fewer when their notes
+#: take more room than :data:`ANSWER_BYTES`; the rest a page at a time, ``after`` the
+#: last one shown): a team's members may each hold a hundred, and the tool's answer goes
+#: into the model's context whole.
 LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
@@ -265,7 +266,8 @@ class TimerArgs(_Args):
     target: str | None = Field(None, description="The peer's member name, for check and wait.")
 
 
-#: How many members one list_members answer names; it says how to read the next page.
+#: The most members one list_members answer names (fewer when they take more room than
+#: :data:`ANSWER_BYTES`); it says how to read the next page.
 LIST_MEMBERS_SHOWN = 50
 
 
@@ -1182,8 +1184,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "list_timers",
         "List your team's pending timers in the order they were set, yours marked: id, "
-        f"intent, whose, due in how long, and the note, {LIST_TIMERS_SHOWN} at a time "
-        "(the answer says how to read the next page when more follow).",
+        f"intent, whose, due in how long, and the note, at most {LIST_TIMERS_SHOWN} at a "
+        "time (the answer says how to read the next page when more follow).",
         ListTimersArgs,
         _list_timers,
         (("unknown_member", "member"),),
