@@ -525,6 +525,11 @@ def _part(
     return shown, body, len(split)
 
 
+#: The room of :data:`ANSWER_BYTES` a ``check_inbox`` answer's messages take: the rest
+#: is for its own words ("N new messages:", "More messages may wait: ...") and the
+#: structured content's frame, as JSON writes them.
+INBOX_ROOM = ANSWER_BYTES - 160
+
 #: acks and give-backs of what tools took from the inbox, run apart from the tool call
 #: (which the client may cancel meanwhile); kept here so that none is collected unrun
 _SETTLING: set[asyncio.Future[Any]] = set()
@@ -649,14 +654,14 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         taken = 0
         while taken < CHECK_INBOX_BATCH:
             used = sum(sizes) + 4 * len(sizes)
-            fits = (ANSWER_BYTES - used) * len(sizes) // used if sizes else 1
+            fits = (INBOX_ROOM - used) * len(sizes) // used if sizes else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
             step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)
                 cost = shown_size(piece) + _entry_size(m)
-                if sizes and sum(sizes) + 4 * len(sizes) + cost > ANSWER_BYTES:
+                if sizes and sum(sizes) + 4 * len(sizes) + cost > INBOX_ROOM:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
