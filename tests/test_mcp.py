@@ -385,8 +385,7 @@ async def test_list_members_answers_a_bounded_page_and_reads_on_past_it(
                 assert not any("More follow" in line for line in lines)
                 break
             assert lines[-1] == (
-                f'More follow: call list_members(after="{data["next_after"]}") for the next '
-                f"{LIST_MEMBERS_SHOWN}."
+                f'More follow: call list_members(after="{data["next_after"]}") for the next page.'
             )
             args = {"after": data["next_after"]}
         assert "- w051, llm; sessions: w051-1 (idle)" in listed  # its sessions, on its page
@@ -431,13 +430,10 @@ async def test_list_timers_answers_a_bounded_page_and_reads_on_past_it(
                 assert not any("More follow" in line for line in lines)
                 break
             after = data["next_after"]
-            assert lines[-1] == (
-                f"More follow: call list_timers(after={after}) for the next {LIST_TIMERS_SHOWN}."
-            )
+            assert lines[-1] == (f"More follow: call list_timers(after={after}) for the next page.")
             args = {"after": after}
         assert seen == every, "every timer once, in the order set"
-        assert len(lines) == 3
-        for i, (line, t) in enumerate(zip(lines, mine, strict=True)):
+        for i, (line, t) in enumerate(zip(lines[-3:], mine, strict=True)):
             assert line.startswith(f"{t}: anchor for a (session a-1, yours), due in 1")
             assert line.endswith(f" s: mine {i}")
         _, data = await ok(s, "list_timers", member="a")
@@ -659,8 +655,8 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
     """``check_inbox`` reads a bounded batch; when more wait than it showed, its answer
     says so and how to read them (the model is never left thinking it read them all).
     Each answer, its text and its structured content together, stays within
-    CHECK_INBOX_BYTES, which Codex keeps whole."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_BATCH, CHECK_INBOX_BYTES
+    ANSWER_BYTES, which Codex keeps whole."""
+    from backchannel.interfaces.mcp import ANSWER_BYTES, CHECK_INBOX_BATCH
 
     tokens = make_team(srv, "deep-inbox", "a")
     total = CHECK_INBOX_BATCH + 7
@@ -679,7 +675,7 @@ async def test_check_inbox_says_when_more_messages_wait_than_it_shows(
             answers.append(n)
             read += [line for line in shown.split("\n") if line.startswith("[From user]")]
             assert shown.startswith(f"{n} new message")
-            assert len(shown.encode()) + len(json.dumps(data["messages"])) <= CHECK_INBOX_BYTES
+            assert len(shown.encode()) + len(json.dumps(data["messages"])) <= ANSWER_BYTES
             if data.get("more"):
                 assert shown.endswith(
                     "More messages may wait: call check_inbox again to read them."
@@ -725,12 +721,12 @@ async def test_check_inbox_answers_whole_messages_within_its_room_and_gives_back
 ) -> None:
     """A client cuts or refuses a tool answer past its limit (Claude Code: 25,000
     tokens), and ``check_inbox`` acks what it answered with: it answers only the whole
-    messages that fit in CHECK_INBOX_BYTES, gives the rest back and says more may wait;
+    messages that fit in ANSWER_BYTES, gives the rest back and says more may wait;
     the next call reads them. Nothing is acked unseen."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_BYTES
+    from backchannel.interfaces.mcp import ANSWER_BYTES
 
     tokens = make_team(srv, "long-inbox", "a")
-    size = CHECK_INBOX_BYTES * 4 // 10  # two fit in one answer, three do not
+    size = ANSWER_BYTES * 4 // 10  # two fit in one answer, three do not
     texts = [f"part {i} " + chr(ord("a") + i) * size for i in range(3)]
     with srv.client(tokens["user"]) as c:
         for text in texts:
@@ -754,10 +750,10 @@ async def test_messages_check_inbox_gives_back_keep_their_attempts(
     and given back at every call: each is handed out at most twice before it is read,
     so one that waited behind many long messages keeps its retries (a lease that runs
     out after its last attempt makes it a dead letter)."""
-    from backchannel.interfaces.mcp import CHECK_INBOX_BYTES
+    from backchannel.interfaces.mcp import ANSWER_BYTES
 
     tokens = make_team(srv, "long-queue", "a")
-    size = CHECK_INBOX_BYTES * 3 // 10  # three to an answer
+    size = ANSWER_BYTES * 3 // 10  # three to an answer
     ids = []
     with srv.client(tokens["user"]) as c:
         for i in range(30):

@@ -21,7 +21,7 @@ import pytest
 from mcp import ClientSession
 
 from backchannel.core import framing
-from backchannel.interfaces.mcp import CHECK_INBOX_BYTES, PART_BYTES
+from backchannel.interfaces.mcp import ANSWER_BYTES, PART_BYTES
 from backchannel.runtimes.receiver import HOOK_START_BYTES
 from tests.conftest import Server
 from tests.runtimes.agents import hook_cmd, http_mcp, make_team, stdio_mcp
@@ -68,7 +68,7 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
     async with connect(transport, srv, tokens["a"], errlog) as s:
         first, data = await ok(s, "check_inbox")
         # the answer fits in its room, text and structured content alike
-        assert len(first) <= CHECK_INBOX_BYTES, len(first)
+        assert len(first) <= ANSWER_BYTES, len(first)
         # the short one fits in the room left
         [m] = [m for m in data["messages"] if m["message_id"] == ident]
         [after] = [m for m in data["messages"] if m["message_id"] != ident]
@@ -82,7 +82,7 @@ async def test_a_message_longer_than_one_answer_is_read_whole_in_parts(
         for part in (2, 3):
             shown, got = await ok(s, "read_message", message_id=ident, part=part)
             assert (got["part"], got["parts"]) == (part, 3)
-            assert len(shown) <= CHECK_INBOX_BYTES
+            assert len(shown) <= ANSWER_BYTES
             assert set(got) == {"text", "message_id", "from", "part", "parts"}  # the part once
             said = f"call read_message with message_id={ident!r} and part={part + 1}"
             assert (said in shown) == (part < 3), shown
@@ -119,14 +119,14 @@ async def test_a_message_of_cjk_and_emoji_is_cut_by_its_bytes_not_its_characters
         ident = c.post("/v1/messages", json={"to": "a", "text": long}).json()["message_id"]
     async with connect("stdio", srv, tokens["a"], errlog) as s:
         first, data = await ok(s, "check_inbox")
-        assert len(first.encode()) <= CHECK_INBOX_BYTES, len(first.encode())
+        assert len(first.encode()) <= ANSWER_BYTES, len(first.encode())
         [m] = data["messages"]
         assert m["part"] == 1 and m["parts"] > 1
         read = _seen(first)  # its first part
         assert len(read.encode()) <= PART_BYTES and read.endswith("\n")
         for part in range(2, m["parts"] + 1):
             shown, got = await ok(s, "read_message", message_id=ident, part=part)
-            assert got["part"] == part and len(shown.encode()) <= CHECK_INBOX_BYTES
+            assert got["part"] == part and len(shown.encode()) <= ANSWER_BYTES
             read += _body(shown)
         assert read == long
 
@@ -193,7 +193,7 @@ async def test_a_model_that_follows_the_hooks_note_reads_the_rest_once(
         while (args := _call(shown)) is not None and len(calls) < 20:
             calls.append(args)
             shown, _ = await ok(s, "read_message", **args)
-            assert len(shown.encode()) <= CHECK_INBOX_BYTES  # Codex keeps it whole
+            assert len(shown.encode()) <= ANSWER_BYTES  # Codex keeps it whole
             read += _seen(shown)
         assert read == long, (len(read), len(long), calls)  # every character, once, in order
         n = len(framing.parts(long[hook_read:], PART_BYTES))

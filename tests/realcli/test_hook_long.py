@@ -116,3 +116,62 @@ def test_a_model_that_follows_the_hooks_note_reads_the_rest_once(rig: Rig) -> No
     assert len(shown) == 1 + len(made), [s[-300:] for s in shown]
     read = "".join(_body(t) for t in shown)
     assert read == text, (len(read), len(text), made)  # every character once, in order
+
+
+def test_codex_reads_a_long_member_list_whole_through_its_pages(
+    server: Server, bin_dir: Path, tmp_path: Path
+) -> None:
+    """Codex keeps 10,000 bytes of a tool's answer: a ``list_members`` page of 50
+    members of long names, one with 40 open sessions of long ids, was cut in its middle
+    ("…tokens truncated…"), and the members there were never seen. The model follows
+    each answer's own ``list_members(after=...)`` through the real Codex and the real
+    ``backchannel mcp``, and is shown every member once, no answer cut."""
+    with attached("codex", server, bin_dir, tmp_path) as rig:
+        names = [f"m{i:02d}" + "x" * 61 for i in range(60)]
+        tokens = make_team_members(rig, names)
+        with server.client(tokens[names[3]]) as c:
+            for i in range(40):
+                body = {"session_id": f"{i:03d}-" + "s" * 195}
+                c.post("/v1/sessions", json=body).raise_for_status()
+        made: list[dict[str, Any]] = []
+
+        def follow(q: Request) -> Reply:
+            outputs = [_readable(t) for t in rig.model.texts(q) if "Team " + rig.team in t]
+            if not outputs:
+                made.append({})
+                return call("mcp__backchannel__list_members")
+            nxt = re.search(r'list_members\(after="([^"]+)"\)', outputs[-1])
+            if nxt is None or len(made) >= 12:
+                return say("Listed them all.")
+            made.append({"after": nxt[1]})
+            return call("mcp__backchannel__list_members", after=nxt[1])
+
+        rig.api = MODELS["codex"].make([Rule(lambda q: bool(rig.model.tools(q)), follow)])
+        rig.api.__enter__()
+        rig.run("Who is on the team?")
+        last = [q for q in rig.api.requests if rig.model.tools(q)][-1]
+        shown = [t for t in rig.model.texts(last) if "Team " + rig.team in t]
+        for t in shown:
+            assert "truncated" not in t, t[:3000]
+        assert len(shown) == len(made) > 1, made
+        seen = [n for t in shown for n in re.findall(r"^- ([A-Za-z0-9_-]+)", _readable(t), re.M)]
+        assert seen == sorted([*names, "alice", "bob", "user"]), seen
+
+
+def _readable(shown: str) -> str:
+    """A tool's answer as the model reads it; as shown when Codex cut its JSON."""
+    try:
+        return _unwrapped(shown)
+    except json.JSONDecodeError:
+        return shown
+
+
+def make_team_members(rig: Rig, names: list[str]) -> dict[str, str]:
+    """``names`` added to the rig's team (as llm members), and their tokens."""
+    tokens = {}
+    with rig.server.client() as c:
+        for name in names:
+            r = c.post(f"/v1/teams/{rig.team}/members", json={"name": name, "kind": "llm"})
+            r.raise_for_status()
+            tokens[name] = r.json()["token"]
+    return tokens

@@ -67,25 +67,29 @@ CHANNEL_CLIENT = "claude-code"
 #: After the handshake, how long before the first push (Claude Code sets up
 #: its channel listener right after connecting; a push it missed is released anyway).
 CHANNEL_SETTLE_S = 0.5
-#: The most timers one ``list_timers`` answer shows the model (the rest a page at a time,
-#: ``after`` the last one shown): a team's members may each hold a hundred, and the
-#: tool's answer goes into the model's context whole.
+#: The most timers one ``list_timers`` answer shows the model (fewer when their notes
+#: take more room than :data:`ANSWER_BYTES`; the rest a page at a time, ``after`` the
+#: last one shown): a team's members may each hold a hundred, and the tool's answer goes
+#: into the model's context whole.
 LIST_TIMERS_SHOWN = 50
 #: The most messages one ``check_inbox`` reads from each place it looks (the caller's
 #: session, then its member inbox): the answer goes into the model's context whole.
 CHECK_INBOX_BATCH = 50
-#: The most UTF-8 bytes one ``check_inbox`` answers with, its text and its structured
-#: content together (whole messages, the first whatever its length): a client cuts or
-#: refuses a longer tool answer, and what the answer carries is acked. Codex keeps
-#: 10,000 bytes of a tool's answer, its start and its end, and puts a marker in place of
-#: the middle (Claude Code refuses one past 25,000 tokens), and both show the model the
-#: structured content beside the text: every byte counts. Counted in bytes, not
-#: characters: CJK text and emoji take three or four bytes a character.
-CHECK_INBOX_BYTES = 9_000
+#: The most UTF-8 bytes one tool's answer takes as a client shows it to the model, for
+#: every tool (``check_inbox`` counts its text and its structured content together,
+#: whole messages, the first whatever its length; the others their structured content
+#: as compact JSON, see :func:`answer_size`): a client cuts or refuses a longer tool
+#: answer, and what ``check_inbox``'s answer carries is acked. Codex keeps 10,000 bytes
+#: of a tool's answer, its start and its end, and puts a marker in place of the middle
+#: (Claude Code refuses one past 25,000 tokens), and both show the model the structured
+#: content beside the text: every byte counts. Counted in bytes, not characters: CJK
+#: text and emoji take three or four bytes a character. An answer longer than this is
+#: cut by the tool itself, and says with which call to read the rest.
+ANSWER_BYTES = 9_000
 #: The most UTF-8 bytes of one message's text a tool answer carries: a message longer
 #: than that is read in parts (``check_inbox`` answers its first, ``read_message`` each
 #: next), cut at a line's end where one is near, so no client cuts its middle unseen. The
-#: rest of :data:`CHECK_INBOX_BYTES` is room for its frame, the note naming the next and
+#: rest of :data:`ANSWER_BYTES` is room for its frame, the note naming the next and
 #: the structured content.
 PART_BYTES = 7_000
 
@@ -233,6 +237,14 @@ class SessionDataArgs(_Args):
     tail_chars: int | None = Field(
         None, ge=1, le=1_000_000, description="Only the last this-many characters of text."
     )
+    start: int = Field(
+        0,
+        ge=0,
+        le=MAX_INT,
+        description="Where to begin in the text of the first event after since, in "
+        "characters: an event longer than one answer is read in parts, and each answer "
+        "names the start= of the next. 0 (the default) is its beginning.",
+    )
 
 
 class TimerArgs(_Args):
@@ -254,7 +266,8 @@ class TimerArgs(_Args):
     target: str | None = Field(None, description="The peer's member name, for check and wait.")
 
 
-#: How many members one list_members answer names; it says how to read the next page.
+#: The most members one list_members answer names (fewer when they take more room than
+#: :data:`ANSWER_BYTES`); it says how to read the next page.
 LIST_MEMBERS_SHOWN = 50
 
 
@@ -364,31 +377,128 @@ async def _send(a: Agent, x: SendArgs) -> Output:
         )
 
     r, again = await _once(a, key, x.id, new_message_id(), sending)
-    to = ", ".join(r.recipients)
     closed = " Your link with them is now closed." if x.close_link else ""
-    # a recipient whose push delivery is down: the agent learns it now, not at the
-    # dead letter (backchannel.delivery.circuit)
-    warned = "".join(f"\nWarning: {w}" for w in r.warnings)
-    if r.replayed and again:
-        return (
-            f"Already sent to {to} (message_id {r.message_id}): an earlier call made this "
-            f"send, and the message is delivered once.{closed}{warned}",
-            _json(r),
-        )
-    return f"Sent to {to} (message_id {r.message_id}).{closed}{warned}", _json(r)
+
+    def answer(k: int) -> Output:
+        """The answer naming the first ``k`` recipients (a broadcast to a big team names
+        more than an answer holds), and as many of the warnings."""
+        hidden = len(r.recipients) - k
+        to = ", ".join(r.recipients[:k]) + (f" and {hidden} more" if hidden else "")
+        # a recipient whose push delivery is down: the agent learns it now, not at the
+        # dead letter (backchannel.delivery.circuit)
+        warned = "".join(f"\nWarning: {w}" for w in r.warnings[:k])
+        if len(r.warnings) > k:
+            warned += f"\n(and {len(r.warnings) - k} more warnings like these)"
+        data = _json(r) | {"recipients": r.recipients[:k], "warnings": r.warnings[:k]}
+        if hidden or len(r.warnings) > k:
+            data |= {"more_recipients": hidden, "more_warnings": max(len(r.warnings) - k, 0)}
+        if r.replayed and again:
+            return (
+                f"Already sent to {to} (message_id {r.message_id}): an earlier call made this "
+                f"send, and the message is delivered once.{closed}{warned}",
+                data,
+            )
+        return f"Sent to {to} (message_id {r.message_id}).{closed}{warned}", data
+
+    most = max(len(r.recipients), len(r.warnings))
+    return answer(most if _fits(answer(most)) else max(_most(answer, most), 1))
 
 
 def _json(model: Any) -> Any:
     return model.model_dump(mode="json", by_alias=True)
 
 
+def structured(text: str, data: Any) -> dict[str, Any]:
+    """A tool answer's structured content: its text first, then its fields (Claude Code
+    and Codex show the model this, not the text)."""
+    fields = data if isinstance(data, dict) else {"result": data}
+    return {"text": text, **{k: v for k, v in fields.items() if k != "text"}}
+
+
+def answer_size(text: str, data: Any) -> int:
+    """The UTF-8 bytes of a tool's answer as Codex shows it to the model: its structured
+    content (:func:`structured`) as compact JSON. Codex writes it with ``serde_json``,
+    which escapes quotes, backslashes and control characters and keeps every other
+    character as it is, as this does."""
+    return _jsize(structured(text, data))
+
+
+def _without(model: Any, *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in _json(model).items() if k not in keys}
+
+
+def _jsize(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _fits(answer: Output) -> bool:
+    return answer_size(*answer) <= ANSWER_BYTES
+
+
+def _most(build: Callable[[int], Output], n: int) -> int:
+    """The largest ``k`` of ``1..n`` whose answer ``build(k)`` fits in
+    :data:`ANSWER_BYTES` (an answer grows with ``k``: items shown, or characters of a
+    text), 0 when none does."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(build(mid)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _cut_answer(text: str) -> Output:
+    """``text`` cut to fit one answer, saying so (the last resort of :func:`build_server`)."""
+
+    def cut(n: int) -> Output:
+        rest = len(text) - n
+        return f"{text[:n]}\n[… answer cut to fit one tool answer: {rest} more characters]", {
+            "cut": rest
+        }
+
+    return cut(_most(cut, min(len(text), ANSWER_BYTES)))
+
+
+def _at_line_end(text: str, k: int) -> int:
+    """``k`` characters of ``text``, or fewer to end just after a line's end in the
+    second half of them (a cut text reads on from a line's start)."""
+    if k >= len(text):
+        return k
+    return text.rfind("\n", k // 2, k) + 1 or k
+
+
 def _received(m: Received) -> str:
     return f"{format_message(m.sender, m.kind, m.text)}\n(message_id: {m.message_id})"
 
 
+def shown_size(text: str) -> int:
+    """The bytes ``text`` takes in a tool's answer as a client shows it: a JSON string's
+    UTF-8 (a quote, a backslash or a line end takes two bytes, a control character six;
+    plain text, its UTF-8 bytes, as :func:`.framing.size`)."""
+    return _jsize(text) - 2
+
+
 def parts(text: str) -> list[str]:
-    """``text`` in parts of at most :data:`PART_BYTES` (:func:`.framing.parts`)."""
-    return framing.parts(text, PART_BYTES)
+    """``text`` in parts of at most :data:`PART_BYTES` as :func:`shown_size` counts them,
+    each cut just after a line's end when one is in its second half (else at the most
+    characters that fit): joined, they are ``text`` (:func:`.framing.parts`, which
+    counts plain bytes, cuts plain text the same)."""
+    out = []
+    while len(text) > PART_BYTES or shown_size(text) > PART_BYTES:
+        head = text[:PART_BYTES]  # a character takes one byte or more
+        lo, hi = 1, len(head)
+        while lo < hi:  # the most characters that fit
+            mid = (lo + hi + 1) // 2
+            if shown_size(head[:mid]) <= PART_BYTES:
+                lo = mid
+            else:
+                hi = mid - 1
+        cut = text.rfind("\n", lo // 2, lo) + 1 or lo
+        out.append(text[:cut])
+        text = text[cut:]
+    return [*out, text]
 
 
 def _part(
@@ -414,6 +524,11 @@ def _part(
         )
     return shown, body, len(split)
 
+
+#: The room of :data:`ANSWER_BYTES` a ``check_inbox`` answer's messages take: the rest
+#: is for its own words ("N new messages:", "More messages may wait: ...") and the
+#: structured content's frame, as JSON writes them.
+INBOX_ROOM = ANSWER_BYTES - 160
 
 #: acks and give-backs of what tools took from the inbox, run apart from the tool call
 #: (which the client may cancel meanwhile); kept here so that none is collected unrun
@@ -519,7 +634,7 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
     """What waits now, leased; :func:`build_server`'s ``call_tool`` acks it once the answer
     is sure to be sent, and gives it back if the call ends any other way. At most
     :data:`CHECK_INBOX_BATCH` from each place it looks, and only the whole messages that
-    fit in :data:`CHECK_INBOX_BYTES` (the rest are given back at once), the first of them
+    fit in :data:`ANSWER_BYTES` (the rest are given back at once), the first of them
     when its text is longer than :data:`PART_BYTES` as its first part (the answer names
     the :func:`_read_message` call that gives the next); a batch that came back full, or
     gave messages back, means more may wait, and the answer says so (and ``more``), with
@@ -538,21 +653,22 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         nonlocal more
         taken = 0
         while taken < CHECK_INBOX_BATCH:
-            used = sum(sizes) + 2 * len(sizes)
-            fits = (CHECK_INBOX_BYTES - used) * len(sizes) // used if sizes else 1
+            used = sum(sizes) + 4 * len(sizes)
+            fits = (INBOX_ROOM - used) * len(sizes) // used if sizes else 1
             limit = max(1, min(fits, CHECK_INBOX_BATCH - taken))
             step = await _lease(a, limit, session)
             taken += len(step)
             for i, m in enumerate(step):
                 piece = _received(m)
-                cost = framing.size(piece) + _entry_size(m)
-                if sizes and sum(sizes) + 2 * len(sizes) + cost > CHECK_INBOX_BYTES:
+                cost = shown_size(piece) + _entry_size(m)
+                if sizes and sum(sizes) + 4 * len(sizes) + cost > INBOX_ROOM:
                     _give_back(a, [m.message_id for m in step[i:]])
                     more = True
                     return
-                if framing.size(m.text) > PART_BYTES:  # the first (no other fits): its first part
+                if len(m.text) > PART_BYTES or shown_size(m.text) > PART_BYTES:
+                    # the first (no other fits): its first part
                     piece, _, cut[m.message_id] = _part(m.sender, m.kind, m.message_id, m.text, 1)
-                    cost = framing.size(piece) + _entry_size(m)
+                    cost = shown_size(piece) + _entry_size(m)
                 got.append(m)
                 pieces.append(piece)
                 sizes.append(cost)
@@ -581,12 +697,21 @@ async def _check_inbox(a: Agent, x: _NoArgs) -> Output:
         if await _turn_runs(a):
             return NOTHING_MID_TURN, {"messages": [], "turn_running": True}
         return "No new messages.", {"messages": []}
+
+    def answer(n: int, more: bool) -> Output:
+        text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces[:n])
+        if not more:
+            return text, {"messages": data[:n]}
+        text += "\n\nMore messages may wait: call check_inbox again to read them."
+        return text, {"messages": data[:n], "more": True}
+
+    # the sizes counted leave out the answer's own words: the last message that takes
+    # it past the room goes back, for the next call
     n = len(got)
-    text = f"{n} new message{'s' if n != 1 else ''}:\n\n" + "\n\n".join(pieces)
-    if not more:
-        return text, {"messages": data}
-    text += "\n\nMore messages may wait: call check_inbox again to read them."
-    return text, {"messages": data, "more": True}
+    while n > 1 and not _fits(answer(n, more)):
+        n, more = n - 1, True
+    _give_back(a, [m.message_id for m in got[n:]])
+    return answer(n, more)
 
 
 class ReadMessageArgs(_Args):
@@ -639,8 +764,24 @@ async def sessions(a: Agent, member: str | None = None, *, live: bool = False) -
 
 
 async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
+    """A page of a session's transcript that fits in :data:`ANSWER_BYTES`: from event
+    ``x.since`` on, as many whole events as fit, ending with the call that reads on; or,
+    with ``tail_chars``, the last events that fit, saying how to read the earlier ones.
+    An event longer than one answer is shown a part at a time (``start``), each part
+    naming the call that reads the next."""
+    if x.start and x.tail_chars is not None:
+        raise InvalidRequest(
+            "start reads on in one event from since; call with since and start, without tail_chars",
+            field="start",
+        )
+    # from since on: no more than an answer holds (the hub counts characters, of the
+    # texts and the data); an event's rest (start): the first event, to learn its id
+    room = 1 if x.start else ANSWER_BYTES
+    name = x.session
     try:
-        data = await a.client.session_data(x.session, since=x.since, tail_chars=x.tail_chars)
+        data = await a.client.session_data(
+            name, since=x.since, tail_chars=x.tail_chars, max_chars=room
+        )
     except UnknownSession:
         # a member's name: its latest live session (else its latest), read live first
         # (a member that ran for months has ended thousands)
@@ -650,77 +791,245 @@ async def _session_data(a: Agent, x: SessionDataArgs) -> Output:
             raise
         # a running one before one its process left (``/clear``), then the latest
         rank = {"active": 2, "idle": 2, "exited": 1}
-        latest = max(mine, key=lambda s: (rank.get(s.state, 0), s.updated_at, s.created_at))
+        name = max(
+            mine, key=lambda s: (rank.get(s.state, 0), s.updated_at, s.created_at)
+        ).session_id
         data = await a.client.session_data(
-            latest.session_id, since=x.since, tail_chars=x.tail_chars
+            name, since=x.since, tail_chars=x.tail_chars, max_chars=room
         )
     s = data.session
-    lines = [f"Session {s.session_id} of {s.member}: {s.state}, turn {s.turn}."]
-    for e in data.events:
-        lines.append(f"#{e.event_id} turn {e.turn} {e.kind}: {e.text}")
-    if data.note:
-        lines.append(data.note)
+    head = f"Session {s.session_id} of {s.member}: {s.state}, turn {s.turn}."
+    call = f'get_session_data(session="{s.session_id}"'
     # the structured answer keeps each event but its text, which the answer's text shows:
     # a client that shows the model the structured content (Claude Code, Codex) would show
-    # every text of the transcript twice (a program reads them raw from the HTTP API)
-    structured = _json(data)
-    for event in structured["events"]:
-        event.pop("text", None)
-    return "\n".join(lines), structured
+    # every text of the transcript twice (a program reads them raw from the HTTP API); the
+    # session without its last output (the transcript's agent_stop shows it)
+    info = _without(s, "last_output")
+    events = data.events
+
+    def answer(shown: Sequence[Any], note: str, **fields: Any) -> Output:
+        lines = [head, *(f"#{e.event_id} turn {e.turn} {e.kind}: {e.text}" for e in shown)]
+        body = {
+            "session": info,
+            "events": [_without(e, "text") for e in shown],
+            "truncated": bool(note),
+            "next_since": None,
+            "note": note or None,
+            **fields,
+        }
+        return "\n".join(lines + ([note] if note else [])), body
+
+    if not events:
+        if x.start:
+            raise InvalidRequest(
+                f"start={x.start}: no event of session {s.session_id} follows event "
+                f"{x.since}; call without start",
+                field="start",
+            )
+        return answer([], "")
+    if x.tail_chars is not None:
+        cut = data.truncated  # the hub left earlier events out, or cut the first
+
+        def tail(j: int) -> Output:
+            if not (cut or j < len(events)):
+                return answer(events, "")
+            first = events[len(events) - j].event_id if j else events[-1].event_id + 1
+            return answer(
+                events[len(events) - j :],
+                f"[… earlier events not shown, to fit one answer: read them a page at a "
+                f"time with {call}, since=0) from the first, or with since=N from event "
+                f"N+1 on (the ones shown begin at #{first}), or ask for a smaller "
+                "tail_chars …]",
+            )
+
+        j = _most(tail, len(events))
+        if j:
+            return tail(j)
+        # the last event alone is more than an answer holds: its end, and how to read it
+        last = events[-1]
+        return _event_part(head, call, info, last, last.event_id - 1, -1, cut or len(events) > 1)
+    more = data.truncated or len(events) > 1  # events follow the first
+
+    def forward(k: int) -> Output:
+        if not (data.truncated or k < len(events)):
+            return answer(events, "")
+        at = events[k - 1].event_id
+        note = f"[… more events follow: call {call}, since={at}) to read on …]"
+        return answer(events[:k], note, next_since=at)
+
+    k = 0 if x.start else _most(forward, len(events))
+    if k:
+        return forward(k)
+    # the first event alone is more than an answer holds: read whole, shown in parts
+    first = events[0]
+    whole = await a.client.session_data(
+        s.session_id, since=x.since, until=first.event_id, max_chars=1_000_000
+    )
+    event = next((e for e in whole.events if e.event_id == first.event_id), first)
+    if x.start >= len(event.text):
+        raise InvalidRequest(
+            f"start={x.start} is past the end of event #{event.event_id}: its text is "
+            f"{len(event.text)} characters; call again with start between 0 and "
+            f"{max(len(event.text) - 1, 0)}, or without start",
+            field="start",
+        )
+    return _event_part(head, call, info, event, x.since, x.start, more)
+
+
+def _event_part(
+    head: str,
+    call: str,
+    info: dict[str, Any],
+    event: Any,
+    since: int,
+    start: int,
+    more: bool = False,
+) -> Output:
+    """One event too long for an answer, a part of its text: from character ``start``
+    as much as fits, with the call that reads the next part, or the next event when
+    ``more`` follow; ``start`` -1: as much of its end as fits, with the call that reads
+    it from its start, and the one that reads the events before it when ``more`` came
+    before."""
+    text = event.text
+    entry = _without(event, "text")
+    if _jsize(entry["data"]) > ANSWER_BYTES // 4:  # the text is what the model reads
+        entry["data"] = {"omitted": f"{_jsize(event.data)} bytes of data cut to fit the answer"}
+
+    def part(n: int) -> Output:
+        if start < 0:  # its end: the tail of a transcript
+            begin, end = len(text) - n, len(text)
+            where = f"its last {n} characters"
+            note = (
+                f"[event #{event.event_id} is longer than one answer: this is its last "
+                f"{n} characters; read it whole from its start with {call}, "
+                f"since={event.event_id - 1}) …]"
+            )
+            if more:
+                note += (
+                    f"\n[… earlier events not shown, to fit one answer: read them a page at "
+                    f"a time with {call}, since=0) from the first …]"
+                )
+        else:
+            begin, end = start, start + n
+            if end < len(text):
+                note = (
+                    f"[event #{event.event_id} is longer than one answer: call {call}, "
+                    f"since={since}, start={end}) for its next part …]"
+                )
+            elif more:
+                note = f"[… more events follow: call {call}, since={event.event_id}) to read on …]"
+            else:
+                note = ""
+            where = f"characters {begin} to {end} of {len(text)}"
+        shown = f"#{event.event_id} turn {event.turn} {event.kind} ({where}): "
+        body = {
+            "session": info,
+            "events": [entry],
+            "truncated": True,
+            "next_since": event.event_id if end == len(text) and more else None,
+            "note": note or None,
+            "start": begin,
+            "end": end,
+        }
+        return "\n".join([head, shown + text[begin:end], *([note] if note else [])]), body
+
+    left = len(text) - max(start, 0)
+    n = _most(part, min(left, ANSWER_BYTES))
+    if start >= 0:
+        n = _at_line_end(text[start:], n) if n < left else n
+    return part(max(n, 1))
 
 
 async def _list_members(a: Agent, x: ListMembersArgs) -> Output:
     """A page of the team's members by name (at most :data:`LIST_MEMBERS_SHOWN` after
-    the name ``x.after``) with their open sessions, ending, when more follow, with the
-    call that reads the next page: the answer goes into the model's context whole, so a
-    team of thousands is read a page at a time, never in one answer."""
+    the name ``x.after``, and no more than fit in :data:`ANSWER_BYTES`) with their open
+    sessions, ending, when more follow, with the call that reads the next page: the
+    answer goes into the model's context whole, so a team of thousands is read a page
+    at a time, never in one answer. A member whose open sessions alone do not fit is
+    shown with as many as fit, and how many more it has."""
     found = await a.client.members(after=x.after, limit=LIST_MEMBERS_SHOWN + 1)
     members, more = found[:LIST_MEMBERS_SHOWN], len(found) > LIST_MEMBERS_SHOWN
     shown = {m.name for m in members}
-    live = [s for s in await sessions(a, live=True) if s.member in shown]
-    lines = [f"Team {a.team}:" if not x.after else f"Team {a.team}, after {x.after}:"]
-    for m in members:
-        own = [f"{s.session_id} ({s.state})" for s in live if s.member == m.name]
-        you = " (you)" if m.name == a.name else ""
-        where = f"; sessions: {', '.join(own)}" if own else ""
-        lines.append(f"- {m.name}{you}, {m.kind}{where}")
-    if not members:
-        lines.append("No more members.")
-    next_after = members[-1].name if more else None
-    if next_after is not None:
-        lines.append(
-            f'More follow: call list_members(after="{next_after}") for the next '
-            f"{LIST_MEMBERS_SHOWN}."
-        )
-    data = {
-        "members": [_json(m) for m in members],
-        "sessions": [_json(s) for s in live],
-        "next_after": next_after,
-    }
-    return "\n".join(lines), data
+    live: dict[str, list[SessionInfo]] = {}
+    for s in await sessions(a, live=True):
+        if s.member in shown:
+            live.setdefault(s.member, []).append(s)
+    head = f"Team {a.team}:" if not x.after else f"Team {a.team}, after {x.after}:"
+
+    def page(k: int, cap: int | None = None) -> Output:
+        """The answer showing the first ``k`` members (``cap``: at most so many sessions
+        of each)."""
+        lines, listed = [head], []
+        for m in members[:k]:
+            own = live.get(m.name, [])
+            hidden = len(own) - cap if cap is not None and len(own) > cap else 0
+            own = own[: len(own) - hidden]
+            listed += own
+            you = " (you)" if m.name == a.name else ""
+            ids = ", ".join(f"{s.session_id} ({s.state})" for s in own)
+            where = f"; sessions: {ids}" if own else ""
+            if hidden:
+                where += (
+                    f"{',' if own else '; sessions:'} and {hidden} more open "
+                    f'(get_session_data(session="{m.name}") reads its latest)'
+                )
+            lines.append(f"- {m.name}{you}, {m.kind}{where}")
+        if not members:
+            lines.append("No more members.")
+        next_after = members[k - 1].name if k and (more or k < len(members)) else None
+        if next_after is not None:
+            lines.append(f'More follow: call list_members(after="{next_after}") for the next page.')
+        # each session without its last output, which the text does not show (its
+        # transcript is get_session_data's)
+        data = {
+            "members": [_json(m) for m in members[:k]],
+            "sessions": [_without(s, "last_output") for s in listed],
+            "next_after": next_after,
+        }
+        return "\n".join(lines), data
+
+    k = _most(page, len(members))
+    if k or not members:
+        return page(k)
+    # the first member's sessions alone are more than an answer holds
+    own = len(live.get(members[0].name, []))
+    return page(1, max(0, _most(lambda cap: page(1, cap - 1), own + 1) - 1))
 
 
 async def _set_timer(a: Agent, x: TimerArgs) -> Output:
+    """The timer set, its note once (the text shows it; the structured content names the
+    timer without it), cut when JSON makes it longer than an answer holds."""
     t = await a.client.set_timer(x.intent, x.minutes, x.note, x.target, session=a.session)
     about = f" about {t.target}" if t.target else ""
-    return (
-        f"{t.intent} timer {t.timer_id}{about} set on session {t.session}; it fires "
-        f"in {x.minutes:g} min with: {t.note}. cancel_timer(id={t.timer_id}) cancels it.",
-        _json(t),
-    )
+
+    def answer(keep: int) -> Output:
+        note = t.note[:keep]
+        if keep < len(t.note):
+            note += f" […note cut here to fit one answer: {len(t.note) - keep} more characters]"
+        return (
+            f"{t.intent} timer {t.timer_id}{about} set on session {t.session}; it fires "
+            f"in {x.minutes:g} min with: {note}. cancel_timer(id={t.timer_id}) cancels it.",
+            _without(t, "note"),
+        )
+
+    whole = answer(len(t.note))
+    return whole if _fits(whole) else answer(_most(answer, len(t.note)))
 
 
 async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
+    # the timer without its note, which the model wrote and this answer does not show
     t = await a.client.cancel_timer(x.id)
-    return f"Timer {x.id} cancelled.", _json(t)
+    return f"Timer {x.id} cancelled.", _without(t, "note")
 
 
 async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
     """A page of the team's pending timers (or one member's), in the order they were
-    set: at most :data:`LIST_TIMERS_SHOWN` after timer ``x.after``, the caller's own
-    marked (the ones it may cancel). A page that is not the last says so, with the call
-    that reads the next one: the answer goes into the model's context whole, so the
-    list is never poured in at once, and never shown in part as if it were all."""
+    set: at most :data:`LIST_TIMERS_SHOWN` after timer ``x.after``, and no more than fit
+    in :data:`ANSWER_BYTES`, the caller's own marked (the ones it may cancel). A page
+    that is not the last says so, with the call that reads the next one: the answer goes
+    into the model's context whole, so the list is never poured in at once, and never
+    shown in part as if it were all. The structured content names each timer without
+    its note, which the text shows."""
     page = await a.client.timers(member=x.member, after=x.after, limit=LIST_TIMERS_SHOWN + 1)
     shown, more = page[:LIST_TIMERS_SHOWN], len(page) > LIST_TIMERS_SHOWN
     whose = x.member or "your team"
@@ -729,17 +1038,36 @@ async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
         if not x.after:
             text = f"No pending timers of {whose}."
         return text, {"timers": [], "next_after": None}
-    lines = [
-        f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
-        f"for {t.member} (session {t.session}{', yours' if t.member == a.name else ''}), "
-        f"due in {t.due_in or 0:.0f} s: {t.note}"
-        for t in shown
-    ]
-    next_after = shown[-1].timer_id if more else None
-    if next_after is not None:
-        again = f"after={next_after}" + (f', member="{x.member}"' if x.member else "")
-        lines.append(f"More follow: call list_timers({again}) for the next {LIST_TIMERS_SHOWN}.")
-    return "\n".join(lines), {"timers": [_json(t) for t in shown], "next_after": next_after}
+
+    def answer(k: int, keep: int | None = None) -> Output:
+        """The answer showing the first ``k`` timers (``keep``: the first's note cut to
+        so many characters)."""
+        lines = []
+        for t in shown[:k]:
+            note = t.note
+            if keep is not None and t is shown[0] and keep < len(note):
+                note = (
+                    f"{note[:keep]} […note cut here to fit one answer: {len(note) - keep} "
+                    "more characters, which the timer shows when it fires]"
+                )
+            lines.append(
+                f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
+                f"for {t.member} (session {t.session}{', yours' if t.member == a.name else ''}), "
+                f"due in {t.due_in or 0:.0f} s: {note}"
+            )
+        next_after = shown[k - 1].timer_id if k and (more or k < len(shown)) else None
+        if next_after is not None:
+            again = f"after={next_after}" + (f', member="{x.member}"' if x.member else "")
+            lines.append(f"More follow: call list_timers({again}) for the next page.")
+        data = {"timers": [_without(t, "note") for t in shown[:k]], "next_after": next_after}
+        return "\n".join(lines), data
+
+    k = _most(answer, len(shown))
+    if k:
+        return answer(k)
+    # one timer's note is more than an answer holds (a note of 2,000 characters that
+    # JSON writes six bytes each)
+    return answer(1, _at_line_end(shown[0].note, _most(lambda n: answer(1, n), len(shown[0].note))))
 
 
 async def _react(a: Agent, x: ReactionArgs) -> Output:
@@ -756,22 +1084,35 @@ async def _delegate(a: Agent, x: DelegateArgs) -> Output:
         )
 
     result, again = await _once(a, key, x.id, "tu_" + uuid.uuid4().hex[:16], delegating)
-    data = _json(result)
-    if result.replayed and again:
-        # an earlier call (one the model was told failed or timed out) made it: said, so
-        # that the model waits for one answer, not two
+
+    def answer(n: int | None) -> Output:
+        """The answer, the texts it echoes (the task, a replayed one's result or error)
+        cut to ``n`` characters each (None: whole); the model wrote the task, and the
+        answer reaches it as a tool result of its own."""
+        data = _json(result)
+        for k in ("task", "result", "error"):
+            v = data.get(k)
+            if n is not None and isinstance(v, str) and len(v) > n:
+                data[k] = f"{v[:n]}… [{len(v) - n} more characters not shown]"
+        if result.replayed and again:
+            # an earlier call (one the model was told failed or timed out) made it: said,
+            # so that the model waits for one answer, not two
+            return (
+                f"Already delegated to {x.to} (delegation {result.delegation_id}, "
+                f"{result.state}): an earlier call under id {result.tool_use_id} made this "
+                f"delegation, which runs once; its answer reaches you once, as a tool "
+                f"result later. {json.dumps(data, default=str)}",
+                data,
+            )
         return (
-            f"Already delegated to {x.to} (delegation {result.delegation_id}, task "
-            f"{result.task!r}, {result.state}): an earlier call under id "
-            f"{result.tool_use_id} made this delegation, which runs once; its answer "
-            f"reaches you once, as a tool result later. {json.dumps(data, default=str)}",
+            f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
+            f"tool result later. {json.dumps(data, default=str)}",
             data,
         )
-    return (
-        f"Delegated to {x.to}; this returns at once and their answer reaches you as a "
-        f"tool result later. {json.dumps(data, default=str)}",
-        data,
-    )
+
+    if _fits(answer(None)):
+        return answer(None)
+    return answer(_most(answer, 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -852,8 +1193,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "list_timers",
         "List your team's pending timers in the order they were set, yours marked: id, "
-        f"intent, whose, due in how long, and the note, {LIST_TIMERS_SHOWN} at a time "
-        "(the answer says how to read the next page when more follow).",
+        f"intent, whose, due in how long, and the note, at most {LIST_TIMERS_SHOWN} at a "
+        "time (the answer says how to read the next page when more follow).",
         ListTimersArgs,
         _list_timers,
         (("unknown_member", "member"),),
@@ -1019,11 +1360,17 @@ def build_server(
                         _later(client.release(taken), "giving back an answer that reached no one")
 
                 settle.append(written)
-        # some clients (Claude Code) show the model the structured content instead of the
-        # text: it leads with the same wording, then the fields a program reads
-        fields = data if isinstance(data, dict) else {"result": data}
-        structured = {"text": text, **{k: v for k, v in fields.items() if k != "text"}}
-        return mt.CallToolResult(content=[mt.TextContent(text=text)], structured_content=structured)
+        if not tool.takes and not _fits((text, data)):
+            # each tool bounds its own answer, naming the call that reads the rest: one
+            # that did not (a case no tool foresaw) is cut here, and says so, rather than
+            # cut by the client in its middle without a word
+            log.warning("tool %s answered %d bytes: cut", tool.name, answer_size(text, data))
+            text, data = _cut_answer(text)
+        # some clients (Claude Code, Codex) show the model the structured content instead
+        # of the text: it leads with the same wording, then the fields a program reads
+        return mt.CallToolResult(
+            content=[mt.TextContent(text=text)], structured_content=structured(text, data)
+        )
 
     server: Server[Any] = Server(
         "backchannel",
