@@ -208,3 +208,19 @@ def test_parts_cut_by_bytes_join_back_and_split_no_line_break() -> None:
         assert all(framing.size(p) <= budget for p in got), (text, budget, got)
         for a, b in itertools.pairwise(got):
             assert not (a.endswith("\r") and b.startswith("\n")), (a, b)
+
+
+def test_mcp_parts_cut_as_the_hooks_do_and_split_no_line_break() -> None:
+    """``read_message`` cuts by the bytes its JSON answer takes; on text JSON writes as
+    it is its cuts are the hook's (:func:`framing.parts`), and neither splits a
+    ``\r\n`` (which JSON writes in four bytes)."""
+    from backchannel.interfaces import mcp
+
+    plain = ("x" * (mcp.PART_BYTES - 1) + "e\u0301") * 3
+    assert mcp.parts(plain) == framing.parts(plain, mcp.PART_BYTES)
+    for width in (mcp.PART_BYTES - 3, mcp.PART_BYTES - 4, mcp.PART_BYTES - 5):
+        text = ("x" * width + "\r\n") * 3 + "y" * 50
+        got = mcp.parts(text)
+        assert "".join(got) == text
+        for a, b in itertools.pairwise(got):
+            assert not (a.endswith("\r") and b.startswith("\n")), (width, a[-5:], b[:5])

@@ -122,17 +122,17 @@ def parts(text: str, budget: int) -> list[str]:
     """``text`` in parts of at most ``budget`` UTF-8 bytes (:func:`size`), each cut just
     after a line's end when one is in its second half (else at the most characters that
     fit, moved back so it splits neither a ``\\r\\n`` nor a character from the marks
-    joined to it, see :func:`_keeps_together`): joined, they are ``text``."""
+    joined to it, see :func:`keeps_together`): joined, they are ``text``."""
     out = []
     while size(text) > budget:
         fit = len(text.encode("utf-8")[:budget].decode("utf-8", "ignore"))
-        cut = text.rfind("\n", fit // 2, fit) + 1 or _keeps_together(text, max(fit, 1))
+        cut = text.rfind("\n", fit // 2, fit) + 1 or keeps_together(text, max(fit, 1))
         out.append(text[:cut])
         text = text[cut:]
     return [*out, text]
 
 
-def _keeps_together(text: str, cut: int) -> int:
+def keeps_together(text: str, cut: int) -> int:
     """``cut`` (``0 < cut``) moved back to where it splits neither a ``\\r\\n`` (each side
     framed on its own would read as two line breaks, a blank line the text does not
     have) nor a character from the combining marks, variation selectors or joiner that

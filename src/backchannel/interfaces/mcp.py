@@ -483,8 +483,9 @@ def shown_size(text: str) -> int:
 def parts(text: str) -> list[str]:
     """``text`` in parts of at most :data:`PART_BYTES` as :func:`shown_size` counts them,
     each cut just after a line's end when one is in its second half (else at the most
-    characters that fit): joined, they are ``text`` (:func:`.framing.parts`, which
-    counts plain bytes, cuts plain text the same)."""
+    characters that fit, never inside a ``\\r\\n`` nor between a character and the marks
+    joined to it, :func:`.framing.keeps_together`): joined, they are ``text``
+    (:func:`.framing.parts`, which counts plain bytes, cuts plain text the same)."""
     out = []
     while len(text) > PART_BYTES or shown_size(text) > PART_BYTES:
         head = text[:PART_BYTES]  # a character takes one byte or more
@@ -495,7 +496,7 @@ def parts(text: str) -> list[str]:
                 lo = mid
             else:
                 hi = mid - 1
-        cut = text.rfind("\n", lo // 2, lo) + 1 or lo
+        cut = text.rfind("\n", lo // 2, lo) + 1 or framing.keeps_together(text, lo)
         out.append(text[:cut])
         text = text[cut:]
     return [*out, text]
