@@ -24,7 +24,7 @@ from backchannel.hub import Hub
 from backchannel.interfaces.mcp import NOTHING_MID_TURN
 from backchannel.stores.sqlite import SqliteStore
 from tests.conftest import BIN, Server, start_server
-from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
+from tests.runtimes.agents import http_mcp, make_team, memory_session, stdio_mcp, text
 
 TOOLS = {
     "send_message",
@@ -522,8 +522,6 @@ async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_
     reached the hub: a cancelled call is never answered, so what it took must be the
     next call's at once, neither acked unseen nor held for the lease's minute; and
     whatever was answered is shown once."""
-    from mcp.shared.memory import create_client_server_memory_streams
-
     from backchannel.client import Client
     from backchannel.interfaces import mcp
 
@@ -537,42 +535,30 @@ async def test_a_check_inbox_the_client_cancels_loses_nothing_and_shows_nothing_
         gated = _Gated(client, point)
         agent = mcp.Agent(gated, team, "a", "a-1")  # type: ignore[arg-type]
 
-        async def resolve(ctx: Any) -> mcp.Agent:
-            return agent
-
-        server = mcp.build_server(resolve)
-        async with create_client_server_memory_streams() as (client_streams, server_streams):
-            running = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
-            try:
-                async with ClientSession(*client_streams) as s:
-                    await s.initialize()
-                    call = asyncio.create_task(s.call_tool("check_inbox", {}))
-                    stopped = asyncio.create_task(gated.stopped.wait())
-                    await asyncio.wait({call, stopped}, timeout=30, return_when="FIRST_COMPLETED")
-                    shown: list[str] = []
-                    if call.done():  # answered before the point: no cancel to send
-                        assert not call.result().is_error, text(call.result())
-                        answer = call.result().structured_content
-                        shown += [answer["text"]] if answer["messages"] else []
-                    else:
-                        assert gated.stopped.is_set()
-                        call.cancel()  # the SDK tells the server: notifications/cancelled
-                        with pytest.raises(asyncio.CancelledError):
-                            await call
-                    stopped.cancel()
-                    gated.go.set()
-                    # given back at once: well within the lease's 60 s
-                    async with asyncio.timeout(20):
-                        while not shown:
-                            _, data = await ok(s, "check_inbox")
-                            shown += [data["text"]] if data["messages"] else []
-                    assert len(shown) == 1 and "] read me once\n" in shown[0], shown
+        async with memory_session(agent, delegate=False) as s:
+            call = asyncio.create_task(s.call_tool("check_inbox", {}))
+            stopped = asyncio.create_task(gated.stopped.wait())
+            await asyncio.wait({call, stopped}, timeout=30, return_when="FIRST_COMPLETED")
+            shown: list[str] = []
+            if call.done():  # answered before the point: no cancel to send
+                assert not call.result().is_error, text(call.result())
+                answer = call.result().structured_content
+                shown += [answer["text"]] if answer["messages"] else []
+            else:
+                assert gated.stopped.is_set()
+                call.cancel()  # the SDK tells the server: notifications/cancelled
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            stopped.cancel()
+            gated.go.set()
+            # given back at once: well within the lease's 60 s
+            async with asyncio.timeout(20):
+                while not shown:
                     _, data = await ok(s, "check_inbox")
-                    assert data["messages"] == []
-            finally:
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+                    shown += [data["text"]] if data["messages"] else []
+            assert len(shown) == 1 and "] read me once\n" in shown[0], shown
+            _, data = await ok(s, "check_inbox")
+            assert data["messages"] == []
 
 
 async def test_an_http_check_inbox_whose_client_hangs_up_gives_back_what_it_took(

@@ -21,7 +21,7 @@ from mcp import ClientSession
 
 from backchannel.interfaces.mcp import ANSWER_BYTES
 from tests.conftest import Server
-from tests.runtimes.agents import make_team
+from tests.runtimes.agents import make_team, memory_session
 from tests.test_mcp import connect, errlog, fails, srv
 from tests.test_mcp_long import _seen
 
@@ -359,11 +359,6 @@ async def test_an_answer_no_tool_bounded_is_cut_saying_so(monkeypatch: Any) -> N
     """The last resort: a tool's answer that its tool did not bound (a case no tool
     foresaw) is cut by the server to fit, saying how much it left out, not cut by the
     client in its middle without a word."""
-    import asyncio
-    import contextlib
-
-    from mcp.shared.memory import create_client_server_memory_streams
-
     from backchannel.interfaces import mcp
 
     async def loud(a: mcp.Agent, x: Any) -> tuple[str, Any]:
@@ -372,20 +367,8 @@ async def test_an_answer_no_tool_bounded_is_cut_saying_so(monkeypatch: Any) -> N
     tool = mcp.Tool("loud", "An answer too long.", mcp._NoArgs, loud)
     monkeypatch.setattr(mcp, "TOOLS", (*mcp.TOOLS, tool))
 
-    async def resolve(ctx: Any) -> mcp.Agent:
-        return mcp.Agent(None, "t", "a")  # type: ignore[arg-type]
-
-    server = mcp.build_server(resolve)
-    async with create_client_server_memory_streams() as (client_streams, server_streams):
-        running = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
-        try:
-            async with ClientSession(*client_streams) as s:
-                await s.initialize()
-                shown, data = await answer(s, "loud")
-        finally:
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+    async with memory_session(mcp.Agent(None, "t", "a"), delegate=False) as s:  # type: ignore[arg-type]
+        shown, data = await answer(s, "loud")
     kept = shown.partition("\n[… answer cut")[0]
     assert kept.startswith("start\n中") and len(kept) > 2000
     assert f"cut to fit one tool answer: {20_010 - len(kept)} more characters]" in shown

@@ -21,7 +21,6 @@ from typing import Any, TextIO
 
 import httpx
 import pytest
-from mcp import ClientSession
 
 from backchannel.client import Client
 from backchannel.errors import PeerError
@@ -30,7 +29,7 @@ from backchannel.interfaces import mcp
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing.waiting import eventually
 from tests.conftest import BIN, Server
-from tests.runtimes.agents import http_mcp, make_team, stdio_mcp, text
+from tests.runtimes.agents import http_mcp, make_team, memory_session, stdio_mcp, text
 from tests.test_mcp import errlog, srv
 from tests.test_sdk_faults import Faulty
 
@@ -269,30 +268,6 @@ class _Lost:
         return answer
 
 
-async def _session(agent: mcp.Agent) -> Any:
-    from mcp.shared.memory import create_client_server_memory_streams
-
-    async def resolve(ctx: Any) -> mcp.Agent:
-        return agent
-
-    server = mcp.build_server(resolve, delegate=True)
-
-    @contextlib.asynccontextmanager
-    async def running() -> Any:
-        async with create_client_server_memory_streams() as (client_streams, server_streams):
-            task = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
-            try:
-                async with ClientSession(*client_streams) as s:
-                    await s.initialize()
-                    yield s
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    return running()
-
-
 async def test_a_send_whose_answer_was_lost_names_the_id_that_sends_it_once(
     srv: Server,
 ) -> None:
@@ -301,7 +276,7 @@ async def test_a_send_whose_answer_was_lost_names_the_id_that_sends_it_once(
     tokens = make_team(srv, "once-lost", "a", "b")
     async with Client(srv.url, tokens["a"]) as client:
         agent = mcp.Agent(_Lost(client), "once-lost", "a")  # type: ignore[arg-type]
-        async with await _session(agent) as s:
+        async with memory_session(agent) as s:
             args = {"to": "b", "message": "deploy at noon"}
             failed = await s.call_tool("send_message", args)
             assert failed.is_error

@@ -99,3 +99,34 @@ def hook_cmd(
         cwd=cwd,
         timeout=60,
     )
+
+
+def memory_session(agent: Any, delegate: bool = True) -> Any:
+    """A client session (an async context) of the MCP server run in this process for
+    ``agent``, over memory streams."""
+    import asyncio
+    import contextlib
+
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from backchannel.interfaces import mcp
+
+    async def resolve(ctx: Any) -> Any:
+        return agent
+
+    server = mcp.build_server(resolve, delegate=delegate)
+
+    @contextlib.asynccontextmanager
+    async def running() -> Any:
+        async with create_client_server_memory_streams() as (client_streams, server_streams):
+            task = asyncio.create_task(server.run(*server_streams, mcp.init_options(server)))
+            try:
+                async with ClientSession(*client_streams) as s:
+                    await s.initialize()
+                    yield s
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return running()
