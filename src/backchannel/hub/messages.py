@@ -425,6 +425,7 @@ class Messages:
         owner: str | None = None,
         ack: Sequence[str] = (),
         receive_id: str | None = None,
+        fresh: bool = False,
     ) -> Leased:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
         the first. Leased messages come back after the lease unless acked. With
@@ -447,7 +448,9 @@ class Messages:
         name (its answer lost on the way: a proxy or a broken connection cut it after
         the hub wrote it) is answered with the messages the first one leased and still
         holds, the same attempt, instead of leasing others while those wait out their
-        lease."""
+        lease. With ``fresh``, what the name holds is not answered again: new messages
+        are leased to it (the event stream, which sends each once per connection and
+        asks for what its name holds with :meth:`held` when it is opened again)."""
         limit = self.config.default_limit if limit is None else limit
         # not NaN (which no comparison refuses: a NaN lease was stored as no lease end,
         # and the message was the caller's for ever), not a bool, a whole limit
@@ -475,7 +478,7 @@ class Messages:
             c: Ctx, now: float, ids: list[str], own: Taker
         ) -> tuple[AckResult, list[InboxMessage]]:
             done = self._ack(c, team, member, ids, now, owner) if ids else NOTHING_ACKED
-            got = self._held(c, team, member, holder, now, limit) if holder else []
+            got = self._held(c, team, member, holder, now, limit) if holder and not fresh else []
             if not got:
                 got = self._lease(
                     c,
@@ -604,6 +607,18 @@ class Messages:
             c.schedule(until)
             self.pipeline.after_member_lease(c, team, member, got, now)
         return got
+
+    async def held(self, team: str, member: str, receive_id: str) -> list[InboxMessage]:
+        """What the receive named ``receive_id`` leased and still holds (up to
+        ``MAX_LIMIT``), as it was handed over, the same attempt: an event stream opened
+        again under its name sends these first (a proxy may have cut the connection after
+        the hub wrote them). Nothing is leased, and nothing of the lease's reactions runs
+        again."""
+        holder = rules.check_receive_id(receive_id)
+        now = self.clock.now()
+        return await self.env.transact(
+            lambda c: self._held(c, team, member, holder, now, rules.MAX_LIMIT)
+        )
 
     def _held(
         self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int
