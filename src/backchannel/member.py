@@ -326,6 +326,12 @@ class MemberApi:
     async def release(self, message_ids: Sequence[str]) -> Released:
         return Released(released=await self.hub.release(self.team, self.name, list(message_ids)))
 
+    async def give_back(self, message_ids: Sequence[str]) -> int:
+        """Release copies leased for this member that the hub never handed to it (a
+        stream or long-poll whose client went away before they were written): the
+        lease is not counted as an attempt."""
+        return await self.hub.release(self.team, self.name, list(message_ids), untried=True)
+
     async def give_up(self, message_ids: Sequence[str], reason: str) -> GivenUp:
         """Leased messages this member will never handle (its model fails for good):
         each copy it holds is dead with ``reason``, and its sender is told. Ids it does

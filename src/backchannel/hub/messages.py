@@ -72,6 +72,9 @@ def new_message_id() -> str:
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
 
 
+#: The detail of a ``released`` event whose lease was not counted as an attempt.
+UNTRIED = "given back untried: this lease is not counted as an attempt"
+
 def new_receive_id() -> str:
     """A name for one receive (``receive_id``): random, so no two clients share one."""
     return f"rcv_{uuid.uuid4().hex}"
@@ -551,7 +554,9 @@ class Messages:
             got = [] if fut.cancelled() else fut.result()
             if got:
                 ids = [m.message.message_id for m in got]
-                task = asyncio.ensure_future(self.release(team, member, ids, owner=owner))
+                task = asyncio.ensure_future(
+                    self.release(team, member, ids, owner=owner, untried=True)
+                )
                 self._giving_back.add(task)
                 task.add_done_callback(self._given_back)
 
@@ -677,7 +682,9 @@ class Messages:
         return result
 
     @staticmethod
-    def _release(tx: Tx, team: str, member: str, ids: Iterable[str], now: float) -> int:
+    def _release(
+        tx: Tx, team: str, member: str, ids: Iterable[str], now: float, untried: bool = False
+    ) -> int:
         """Give ``member``'s leased copies of ``ids`` back to the queue, inside a
         transaction (:meth:`release`, a hook answer settled); how many went back."""
         return sum(
@@ -689,21 +696,32 @@ class Messages:
                 to_state=DeliveryState.QUEUED,
                 now=now,
                 event="released",
+                detail=UNTRIED if untried else "",
+                refund=untried,
             )
             for mid in dict.fromkeys(ids)
         )
 
     async def release(
-        self, team: str, member: str, message_ids: Sequence[str], *, owner: str | None = None
+        self,
+        team: str,
+        member: str,
+        message_ids: Sequence[str],
+        *,
+        owner: str | None = None,
+        untried: bool = False,
     ) -> int:
         """Give leased copies back at once instead of waiting for the lease to end (with
-        ``owner``, only while it holds the member's push delivery; see :meth:`ack`)."""
+        ``owner``, only while it holds the member's push delivery; see :meth:`ack`).
+        With ``untried`` (the hub's own give-backs of copies it never handed to anyone:
+        a push worker stopped with the hub, a receive that never answered), the lease
+        is not counted as an attempt; a receiver's own release always is."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> int:
             if not owns(tx, team, member, owner):
                 return 0
-            return Messages._release(tx, team, member, message_ids, now)
+            return Messages._release(tx, team, member, message_ids, now, untried)
 
         n = await self.store.transact(fn)
         if n:

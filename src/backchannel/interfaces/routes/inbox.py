@@ -87,7 +87,7 @@ async def kept(api: MemberApi, request: Request, gone: Gone, got: list[Received]
     else:
         away = await request.is_disconnected()
     if away:
-        await api.release([m.message_id for m in got])
+        await api.give_back([m.message_id for m in got])
         return []
     return got
 
@@ -96,7 +96,7 @@ async def given_back(api: MemberApi, got: Sequence[Received]) -> None:
     """Release ``got`` for a receiver that will not read them."""
     if got:
         with contextlib.suppress(BackchannelError):  # a removed member's copies are dead
-            await api.release([m.message_id for m in got])
+            await api.give_back([m.message_id for m in got])
 
 
 @router.get("/v1/inbox")
