@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ def _stop_cleanly(srv: Server) -> None:
         raise AssertionError("serve did not stop on SIGTERM within 30 s") from None
 
 
+def _pushed(target: Target, mid: str, times: int) -> bool:
+    return target.got.count(mid) == times
+
+
 def _delivery(srv: Server, token: str, mid: str) -> dict[str, Any]:
     with srv.client(token) as c:
         got: dict[str, Any] = c.get(f"/v1/messages/{mid}").json()["deliveries"][0]
@@ -95,7 +100,7 @@ def test_clean_restarts_during_a_push_spend_no_attempt_of_the_copies_behind_it(
             ]
         for n in range(1, 4):
             eventually_blocking(
-                lambda n=n: target.got.count(ids[0]) == n,  # type: ignore[misc]
+                partial(_pushed, target, ids[0], n),
                 what=f"push {n} of the first message to reach the target",
                 within=30,
                 show=lambda: target.got,

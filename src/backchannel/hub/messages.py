@@ -75,6 +75,7 @@ def new_message_id() -> str:
 #: The detail of a ``released`` event whose lease was not counted as an attempt.
 UNTRIED = "given back untried: this lease is not counted as an attempt"
 
+
 def new_receive_id() -> str:
     """A name for one receive (``receive_id``): random, so no two clients share one."""
     return f"rcv_{uuid.uuid4().hex}"

@@ -248,9 +248,7 @@ async def inbox_stream(
         ids = [m.message_id for m in held]
         if seen in ids:
             held = held[ids.index(seen) + 1 :]
-    first = held + await api.receive(
-        session=session, limit=32, receive_id=receive_id, fresh=True
-    )
+    first = held + await api.receive(session=session, limit=32, receive_id=receive_id, fresh=True)
     gone = asyncio.Event()  # set when the token is revoked
 
     unsent: collections.deque[Received] = collections.deque(first)
