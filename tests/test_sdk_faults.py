@@ -5,6 +5,7 @@ is lost), or answers 503 or 429 itself (a hub restarting behind it, a rate limit
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import re
@@ -32,13 +33,17 @@ class Faulty(Peer):
     :attr:`release` before passing the request on; ``late`` passes it on, sets
     :attr:`answered` once the hub's answer is in, and relays it after :attr:`release`; ``503``/``429`` answer that status
     with ``Retry-After: 1`` without passing the request on; ``502``/``504`` answer that
-    status with a reverse proxy's HTML page (a hub restarting behind it)."""
+    status with a reverse proxy's HTML page (a hub restarting behind it); ``event``
+    reads a server-sent event stream until the hub wrote :attr:`written` ``message`` events,
+    relays the first and closes both connections (what the hub wrote after it is never
+    read)."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
         self.seen: list[tuple[str, str, str]] = []  # method, path, what was done
         self.release = threading.Event()  # ends a ``hold`` or a ``late``
         self.answered = threading.Event()  # a ``late`` request's answer came from the hub
+        self.written = 1  # the message events an ``event`` cut waits for the hub to write
         lock = threading.Lock()
         outer = self
 
@@ -82,8 +87,11 @@ class Faulty(Peer):
                 headers = {
                     k: v
                     for k, v in self.headers.items()
-                    if k.lower() in ("authorization", "content-type")
+                    if k.lower() in ("authorization", "content-type", "last-event-id")
                 }
+                if what == "event":
+                    self._cut_after_first_event(upstream + self.path, headers)
+                    return
                 r = httpx.request(
                     self.command, upstream + self.path, content=body, headers=headers, timeout=60
                 )
@@ -109,6 +117,22 @@ class Faulty(Peer):
                 self.send_header("content-length", str(len(r.content)))
                 self.end_headers()
                 self.wfile.write(r.content)
+
+            def _cut_after_first_event(self, url: str, headers: dict[str, str]) -> None:
+                self.close_connection = True
+                with httpx.stream(self.command, url, headers=headers, timeout=60) as r:
+                    self.send_response(r.status_code)
+                    self.send_header("content-type", r.headers.get("content-type", ""))
+                    self.end_headers()
+                    seen = b""
+                    for chunk in r.iter_raw():
+                        seen += chunk
+                        events = re.findall(rb"event: message\n.*?\n\n", seen, re.S)
+                        if len(events) >= outer.written:
+                            first = seen.find(b"event: message")
+                            self.wfile.write(seen[:first] + events[0])
+                            self.wfile.flush()
+                            return  # both connections close: the rest is never read
 
             do_GET = do_POST = do_DELETE = do_PATCH = _any
 
@@ -639,3 +663,58 @@ def test_a_receive_made_again_on_another_hub_gets_what_the_first_leased(
             hub_b.stop()
     finally:
         hub_a.stop()
+
+
+# -- the inbox event stream, cut by a proxy after the hub wrote to it ----------------
+
+
+def _stream(
+    url: str, token: str, want: int, params: dict[str, str], last: str | None = None
+) -> list[tuple[str, int]]:
+    """The ``(message_id, attempt)`` of the ``message`` events ``GET /v1/inbox/stream``
+    sends, read until ``want`` came, the connection ended, or 10 s passed with none."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if last is not None:
+        headers["Last-Event-ID"] = last
+    got: list[tuple[str, int]] = []
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("GET", url + "/v1/inbox/stream", params=params, headers=headers) as r,
+    ):
+        r.raise_for_status()
+        try:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    m = json.loads(line[6:])
+                    got.append((m["message_id"], m["attempt"]))
+                    if len(got) == want:
+                        break
+        except (httpx.RemoteProtocolError, httpx.ReadTimeout):
+            pass  # cut, or nothing more within the deadline
+    return got
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_an_event_stream_cut_after_the_hub_wrote_resumes_under_its_name_at_once(
+    srv: Server, proxy: Faulty, resume: bool
+) -> None:
+    # the hub wrote three messages to the stream and a proxy passed on only the first
+    # before cutting it: the reader opens the stream again under the same receive_id and
+    # gets the two it never read at once, the same attempt (before: they stayed leased
+    # to nobody for the whole lease, 60 s, and came back as attempt 2); told the last
+    # event it saw (Last-Event-ID), it is not sent that one again, and otherwise it is
+    tokens = srv.team(f"cut-stream-{resume}", "a", "b")
+    with srv.client(tokens["a"]) as a:
+        sent = [a.post("/v1/messages", json={"to": "b", "text": f"part {i}"}) for i in range(3)]
+    ids = [r.json()["message_id"] for r in sent]
+    proxy.written = 3
+    proxy.faults.append(("GET", "/v1/inbox/stream", "event"))
+    name = {"receive_id": f"rcv-stream-{resume}"}
+    assert _stream(proxy.url, tokens["b"], 3, name) == [(ids[0], 1)]
+    last = ids[0] if resume else None
+    want = ids[1:] if resume else ids
+    again = _stream(srv.url, tokens["b"], len(want), name, last)
+    assert again == [(i, 1) for i in want]
+    with srv.client(tokens["b"]) as b:
+        assert b.post("/v1/inbox/ack", json={"message_ids": ids}).json()["acked"] == 3
+        assert b.get("/v1/inbox/pending").json()["pending"] == 0

@@ -252,7 +252,8 @@ def test_an_event_stream_cut_mid_batch_gives_back_what_it_never_sent(server: Ser
     crash, a proxy cutting a stalled connection): the stream had leased the whole batch
     (up to 32) at once, and those it had not written yet stayed leased to nobody until
     their lease ended. They are now given back at once; those written may have been
-    read and stay leased (acked by the reader, or back at the lease's end)."""
+    read and stay leased (acked by the reader, or back at the lease's end). Never written,
+    their lease is no attempt: they come back as attempt 1."""
     tokens = server.team("alpha", "lead", "worker")
     big = "x" * 200_000  # more than the connection's buffers hold, all together
     sent = _send(server, tokens["lead"], *(f"{i} {big}" for i in range(24)))
@@ -273,11 +274,15 @@ def test_an_event_stream_cut_mid_batch_gives_back_what_it_never_sent(server: Ser
     reader.close()  # reset: what the hub had not written is never read
     with connect_sync(server.url, tokens["worker"]) as c:
         back: list[str] = []
+        tries: set[int] = set()
         deadline = time.monotonic() + 20
         while len(back) < len(sent) // 2 and time.monotonic() < deadline:
-            back += [m.message_id for m in c.receive(limit=32, wait=1)]
+            got = c.receive(limit=32, wait=1)
+            back += [m.message_id for m in got]
+            tries |= {m.attempt for m in got}
     assert len(back) >= len(sent) // 2, f"only {len(back)} of {len(sent)} came back at once"
     assert set(back) <= set(sent[1:]), "the message the reader was reading is not handed out"
+    assert tries == {1}, "a copy the stream never wrote had an attempt spent"
 
 
 def test_an_event_stream_whose_reader_hung_up_at_once_gives_its_first_batch_back(

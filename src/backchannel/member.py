@@ -225,6 +225,7 @@ class MemberApi:
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
         receive_id: str | None = None,
+        fresh: bool = False,
     ) -> list[Received]:
         got = await self.ack_and_receive(
             (),
@@ -235,8 +236,14 @@ class MemberApi:
             pinned_only=pinned_only,
             stop=stop,
             receive_id=receive_id,
+            fresh=fresh,
         )
         return got.messages
+
+    async def held(self, receive_id: str) -> list[Received]:
+        """What the receive named ``receive_id`` still holds (:meth:`Hub.held`)."""
+        got = await self.hub.held(self.team, self.name, receive_id)
+        return [Received.model_validate(m.to_json()) for m in got]
 
     async def ack_and_receive(
         self,
@@ -249,6 +256,7 @@ class MemberApi:
         pinned_only: bool = False,
         stop: asyncio.Event | None = None,
         receive_id: str | None = None,
+        fresh: bool = False,
     ) -> InboxAcked:
         """Ack ``ack`` (as :meth:`ack` does), then :meth:`receive`: the ack and the first
         lease attempt are one store transaction, committed before any wait. Ids not
@@ -265,6 +273,7 @@ class MemberApi:
             stop=stop,
             ack=list(ack),
             receive_id=receive_id,
+            fresh=fresh,
         )
         return InboxAcked(
             messages=[Received.model_validate(m.to_json()) for m in got],
@@ -316,6 +325,12 @@ class MemberApi:
 
     async def release(self, message_ids: Sequence[str]) -> Released:
         return Released(released=await self.hub.release(self.team, self.name, list(message_ids)))
+
+    async def give_back(self, message_ids: Sequence[str]) -> int:
+        """Release copies leased for this member that the hub never handed to it (a
+        stream or long-poll whose client went away before they were written): the
+        lease is not counted as an attempt."""
+        return await self.hub.release(self.team, self.name, list(message_ids), untried=True)
 
     async def give_up(self, message_ids: Sequence[str], reason: str) -> GivenUp:
         """Leased messages this member will never handle (its model fails for good):

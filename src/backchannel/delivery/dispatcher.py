@@ -214,12 +214,12 @@ class _Worker:
         # to the queue before the next receive
         self.unsure = False
         self.held: dict[str, None] = {}  # leased ids not yet resolved, in order
+        # the held ids whose push was begun under their lease: the others, released when
+        # the worker stops, were never tried, and their lease is not counted an attempt
+        self.tried: set[str] = set()
         # the store's failures, said once an outage (not once a try)
         self.outage = Outage(log, f"{self.team}/{self.member}: receiving", cap=_MAX_PAUSE)
         self.first_failure: dict[str, float] = {}
-        # leases of a copy that were released untried (it was behind one being retried):
-        # hand-outs the hub counts as attempts that were none (see _tries)
-        self.untried: dict[str, int] = {}
         # a copy is being retried: lease it alone until it is settled, so the copies
         # behind it are not handed out (and counted) with each of its tries
         self.retrying = False
@@ -268,7 +268,9 @@ class _Worker:
         finally:
             if self.circuit is not None:  # this worker no longer pushes: it knows no state
                 self.hub.push_circuits.close(self.team, self.member, self.circuit)
-            await self._release(list(self.held))
+            tried = [mid for mid in self.held if mid in self.tried]
+            await self._release(tried)
+            await self._release(list(self.held), untried=True)
             try:
                 await adapter.close()
             except Exception:
@@ -440,10 +442,8 @@ class _Worker:
                              self.team, self.member, mid, self._tries(item), detail,
                              delay)  # fmt: skip
                     self.retrying = True
-                    for m in rest:
-                        key = m.message.message_id
-                        self.untried[key] = self.untried.get(key, 0) + 1
-                    await self._release([m.message.message_id for m in rest])
+                    # behind the one retried, never tried: their lease is no attempt
+                    await self._release([m.message.message_id for m in rest], untried=True)
                     self.busy = False
                     if not self.closing:
                         await asyncio.sleep(delay)
@@ -684,7 +684,6 @@ class _Worker:
         owner: a hub paused mid-push while another took the member over must not mark
         delivered, ack or dead-letter the copy the new owner now holds."""
         self.first_failure.pop(mid, None)
-        self.untried.pop(mid, None)
         self.retrying = False
         owner = self.d.ownership.owner
         team, member = self.team, self.member
@@ -709,6 +708,7 @@ class _Worker:
             if adapter.ack_on_delivery:
                 await self._record(lambda: self.hub.ack(team, member, [mid], owner=owner), mid)
         self.held.pop(mid, None)
+        self.tried.discard(mid)
         return bool(done)
 
     async def _attempt(
@@ -717,6 +717,7 @@ class _Worker:
         """The outcome, its detail, and the transient error (for its ``retry_after`` and
         ``tell_operator``)."""
         self._state("delivering")
+        self.tried.add(item.message.message_id)
         limit = adapter.attempt_timeout + ATTEMPT_SLACK_S
         try:
             # the lease covers one attempt of attempt_timeout: an adapter that overruns
@@ -762,11 +763,10 @@ class _Worker:
         return max(0.0, delay)
 
     def _tries(self, item: InboxMessage) -> int:
-        """How often ``item`` was tried: the hub's hand-outs less those this worker
-        released untried because a copy before it was being retried (the hub counts
-        every hand-out as an attempt; kept in memory, so after a failover a copy may
-        get fewer tries, never more)."""
-        return max(1, item.attempt - self.untried.get(item.message.message_id, 0))
+        """How often ``item`` was tried: the hub's hand-outs (a lease a worker gave back
+        untried, behind a copy being retried or as its hub stopped, is not one: the
+        store takes it back, so the count holds across restarts and failovers)."""
+        return max(1, item.attempt)
 
     async def _record(self, call: Callable[[], Awaitable[Any]], mid: str) -> Any:
         """Make a hub call that records an outcome. The push it records has happened, so
@@ -804,13 +804,16 @@ class _Worker:
                             self.team, self.member, mid, tries)  # fmt: skip
             return done
 
-    async def _release(self, ids: list[str]) -> None:
+    async def _release(self, ids: list[str], untried: bool = False) -> None:
         for mid in ids:
             self.held.pop(mid, None)
+            self.tried.discard(mid)
         if not ids or self._lost():
             return  # the next owner returns them to the queue when it takes over
         try:
-            await self.hub.release(self.team, self.member, ids, owner=self.d.ownership.owner)
+            await self.hub.release(
+                self.team, self.member, ids, owner=self.d.ownership.owner, untried=untried
+            )
         except Exception as exc:
             log.warning("%s/%s: could not release %s (%s); they return when their lease "
                         "ends", self.team, self.member, ids, exc)  # fmt: skip

@@ -220,6 +220,7 @@ class Hub:
     sending = _Delegate("messages", Messages.sending)
     notice = _Delegate("messages", Messages.notice)
     receive = _Delegate("messages", Messages.receive)
+    held = _Delegate("messages", Messages.held)
     inbox = _Delegate("messages", Messages.inbox)
     ack = _Delegate("messages", Messages.ack)
     release = _Delegate("messages", Messages.release)

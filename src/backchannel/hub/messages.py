@@ -72,6 +72,10 @@ def new_message_id() -> str:
     return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
 
 
+#: The detail of a ``released`` event whose lease was not counted as an attempt.
+UNTRIED = "given back untried: this lease is not counted as an attempt"
+
+
 def new_receive_id() -> str:
     """A name for one receive (``receive_id``): random, so no two clients share one."""
     return f"rcv_{uuid.uuid4().hex}"
@@ -425,6 +429,7 @@ class Messages:
         owner: str | None = None,
         ack: Sequence[str] = (),
         receive_id: str | None = None,
+        fresh: bool = False,
     ) -> Leased:
         """Lease up to ``limit`` messages in send order, waiting up to ``wait`` seconds for
         the first. Leased messages come back after the lease unless acked. With
@@ -447,7 +452,9 @@ class Messages:
         name (its answer lost on the way: a proxy or a broken connection cut it after
         the hub wrote it) is answered with the messages the first one leased and still
         holds, the same attempt, instead of leasing others while those wait out their
-        lease."""
+        lease. With ``fresh``, what the name holds is not answered again: new messages
+        are leased to it (the event stream, which sends each once per connection and
+        asks for what its name holds with :meth:`held` when it is opened again)."""
         limit = self.config.default_limit if limit is None else limit
         # not NaN (which no comparison refuses: a NaN lease was stored as no lease end,
         # and the message was the caller's for ever), not a bool, a whole limit
@@ -475,7 +482,7 @@ class Messages:
             c: Ctx, now: float, ids: list[str], own: Taker
         ) -> tuple[AckResult, list[InboxMessage]]:
             done = self._ack(c, team, member, ids, now, owner) if ids else NOTHING_ACKED
-            got = self._held(c, team, member, holder, now, limit) if holder else []
+            got = self._held(c, team, member, holder, now, limit) if holder and not fresh else []
             if not got:
                 got = self._lease(
                     c,
@@ -548,7 +555,9 @@ class Messages:
             got = [] if fut.cancelled() else fut.result()
             if got:
                 ids = [m.message.message_id for m in got]
-                task = asyncio.ensure_future(self.release(team, member, ids, owner=owner))
+                task = asyncio.ensure_future(
+                    self.release(team, member, ids, owner=owner, untried=True)
+                )
                 self._giving_back.add(task)
                 task.add_done_callback(self._given_back)
 
@@ -604,6 +613,18 @@ class Messages:
             c.schedule(until)
             self.pipeline.after_member_lease(c, team, member, got, now)
         return got
+
+    async def held(self, team: str, member: str, receive_id: str) -> list[InboxMessage]:
+        """What the receive named ``receive_id`` leased and still holds (up to
+        ``MAX_LIMIT``), as it was handed over, the same attempt: an event stream opened
+        again under its name sends these first (a proxy may have cut the connection after
+        the hub wrote them). Nothing is leased, and nothing of the lease's reactions runs
+        again."""
+        holder = rules.check_receive_id(receive_id)
+        now = self.clock.now()
+        return await self.env.transact(
+            lambda c: self._held(c, team, member, holder, now, rules.MAX_LIMIT)
+        )
 
     def _held(
         self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int
@@ -662,7 +683,9 @@ class Messages:
         return result
 
     @staticmethod
-    def _release(tx: Tx, team: str, member: str, ids: Iterable[str], now: float) -> int:
+    def _release(
+        tx: Tx, team: str, member: str, ids: Iterable[str], now: float, untried: bool = False
+    ) -> int:
         """Give ``member``'s leased copies of ``ids`` back to the queue, inside a
         transaction (:meth:`release`, a hook answer settled); how many went back."""
         return sum(
@@ -674,21 +697,32 @@ class Messages:
                 to_state=DeliveryState.QUEUED,
                 now=now,
                 event="released",
+                detail=UNTRIED if untried else "",
+                refund=untried,
             )
             for mid in dict.fromkeys(ids)
         )
 
     async def release(
-        self, team: str, member: str, message_ids: Sequence[str], *, owner: str | None = None
+        self,
+        team: str,
+        member: str,
+        message_ids: Sequence[str],
+        *,
+        owner: str | None = None,
+        untried: bool = False,
     ) -> int:
         """Give leased copies back at once instead of waiting for the lease to end (with
-        ``owner``, only while it holds the member's push delivery; see :meth:`ack`)."""
+        ``owner``, only while it holds the member's push delivery; see :meth:`ack`).
+        With ``untried`` (the hub's own give-backs of copies it never handed to anyone:
+        a push worker stopped with the hub, a receive that never answered), the lease
+        is not counted as an attempt; a receiver's own release always is."""
         now = self.clock.now()
 
         def fn(tx: Tx) -> int:
             if not owns(tx, team, member, owner):
                 return 0
-            return Messages._release(tx, team, member, message_ids, now)
+            return Messages._release(tx, team, member, message_ids, now, untried)
 
         n = await self.store.transact(fn)
         if n:

@@ -275,9 +275,13 @@ class Tx(Protocol):
         event: str,
         detail: str = "",
         dead_reason: str | None = None,
+        refund: bool = False,
     ) -> bool:
         """Move one delivery to ``to_state`` if it is in one of ``from_states``, recording
-        a history event. Returns ``False`` (and writes nothing) if it was not."""
+        a history event. Returns ``False`` (and writes nothing) if it was not. With
+        ``refund``, its ``attempts`` goes down by one (not below 0): a lease the hub gives
+        back without having handed the copy to anyone (its own clean stop, a receive
+        that never answered) is no attempt."""
         ...
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:

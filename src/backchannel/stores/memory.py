@@ -378,6 +378,7 @@ class MemoryTx:
         event: str,
         detail: str = "",
         dead_reason: str | None = None,
+        refund: bool = False,
     ) -> bool:
         d = self._d.deliveries.get((team, message_id, member))
         if d is None or d.state not in from_states:
@@ -385,6 +386,7 @@ class MemoryTx:
         self._replace(
             d,
             state=to_state,
+            attempts=max(d.attempts - 1, 0) if refund else d.attempts,
             updated_at=now,
             lease_until=d.lease_until if to_state is DeliveryState.LEASED else None,
             dead_reason=dead_reason if to_state is DeliveryState.DEAD else d.dead_reason,

@@ -968,6 +968,46 @@ async def check_dead_letters(make_store: StoreFactory) -> None:
         assert [d.message_id for d in found] == ["m0", "m2"] and total == 4
 
 
+async def check_release_untried(make_store: StoreFactory) -> None:
+    """A lease given back with ``refund`` (the hub never handed the copy to anyone) is
+    no attempt: the copy's ``attempts`` goes down by one, never below 0, and the next
+    lease is the same attempt again; without ``refund`` it stays spent."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(2):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+
+        def back(mid: str, now: float, refund: bool) -> Callable[[Tx], bool]:
+            return lambda tx: tx.transition(
+                "alpha",
+                mid,
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=now,
+                event="released",
+                refund=refund,
+            )
+
+        def attempts(got: list[Any]) -> list[tuple[str, int]]:
+            return [(g.message.message_id, g.attempt) for g in got]
+
+        got = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2))
+        assert attempts(got) == [("m0", 1), ("m1", 1)]
+        assert await store.transact(back("m0", T0 + 1, True)) is True
+        assert await store.transact(back("m1", T0 + 1, False)) is True
+        copies = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert (copies[0].state, copies[0].attempts) == (DeliveryState.QUEUED, 0)
+        again = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 2, T0 + 60, 2))
+        assert attempts(again) == [("m0", 1), ("m1", 2)]
+        assert await store.transact(back("m0", T0 + 3, True)) is True
+        assert await store.transact(back("m0", T0 + 3, True)) is False  # not leased now
+        copies = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert copies[0].attempts == 0
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_compaction,
     check_teams_and_members,
@@ -982,6 +1022,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_late_ack,
     check_pending_counts,
     check_expiry_and_transitions,
+    check_release_untried,
     check_atomicity,
     check_transact_each,
     check_many_concurrent_writers,

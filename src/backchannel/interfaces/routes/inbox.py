@@ -87,7 +87,7 @@ async def kept(api: MemberApi, request: Request, gone: Gone, got: list[Received]
     else:
         away = await request.is_disconnected()
     if away:
-        await api.release([m.message_id for m in got])
+        await api.give_back([m.message_id for m in got])
         return []
     return got
 
@@ -96,7 +96,7 @@ async def given_back(api: MemberApi, got: Sequence[Received]) -> None:
     """Release ``got`` for a receiver that will not read them."""
     if got:
         with contextlib.suppress(BackchannelError):  # a removed member's copies are dead
-            await api.release([m.message_id for m in got])
+            await api.give_back([m.message_id for m in got])
 
 
 @router.get("/v1/inbox")
@@ -210,17 +210,45 @@ async def give_up(body: GiveUpIn, api: AsMember) -> GivenUp:
     return await api.give_up(body.message_ids, body.reason)
 
 
+#: what ``receive_id`` is to the event stream
+STREAM_RECEIVE_ID = (
+    "a name for this stream, the same when the client opens it again: every message it "
+    "sends is leased to the name, and the stream opened again under it first sends, "
+    "the same attempt, those still leased to it (after the one Last-Event-ID names, "
+    "when it names one of them): a proxy may have cut the connection after the hub "
+    "wrote them"
+)
+
+
 @router.get("/v1/inbox/stream", response_class=EventStream, responses=SSE_EVENT)
 async def inbox_stream(
-    api: AsMember, request: Request, session: SessionQuery = None
+    api: AsMember,
+    request: Request,
+    session: SessionQuery = None,
+    receive_id: Annotated[
+        str | None, Query(pattern=MESSAGE_ID_PATTERN, description=STREAM_RECEIVE_ID)
+    ] = None,
 ) -> StreamingResponse:
-    """Server-sent events: each message is leased and sent as ``event: message``;
-    ack it with ``POST /v1/inbox/ack``. A comment line every 15 s keeps it open. A
-    session that is not yours is refused before the stream starts; one that ends while
-    it is open ends it with ``event: error``, and so does the token's rotation (or its
-    member's removal), at once (by another hub process on the same store, once this
-    one hears of it)."""
-    first = await api.receive(session=session, limit=32)
+    """Server-sent events: each message is leased and sent as ``event: message`` (its
+    ``id:`` the message id); ack it with ``POST /v1/inbox/ack``. A comment line every
+    15 s keeps it open. A session that is not yours is refused before the stream
+    starts; one that ends while it is open ends it with ``event: error``, and so does
+    the token's rotation (or its member's removal), at once (by another hub process on
+    the same store, once this one hears of it).
+
+    With ``receive_id``, what the stream leases is leased to that name, and the stream
+    opened again under it (a proxy cut the connection after the hub wrote to it) sends
+    first what is still leased to the name, the same attempt, instead of leaving it to
+    its lease: those after the message ``Last-Event-ID`` names when it names one of
+    them (the reader saw that one and those before it), all of them otherwise."""
+    held: list[Received] = []
+    if receive_id is not None:  # asked before the lease below adds to what it holds
+        held = await api.held(receive_id)
+        seen = request.headers.get("last-event-id", "").strip()
+        ids = [m.message_id for m in held]
+        if seen in ids:
+            held = held[ids.index(seen) + 1 :]
+    first = held + await api.receive(session=session, limit=32, receive_id=receive_id, fresh=True)
     gone = asyncio.Event()  # set when the token is revoked
 
     unsent: collections.deque[Received] = collections.deque(first)
@@ -254,7 +282,14 @@ async def inbox_stream(
             if await request.is_disconnected():
                 return
             try:
-                got = await api.receive(session=session, limit=32, wait=15.0, stop=gone)
+                got = await api.receive(
+                    session=session,
+                    limit=32,
+                    wait=15.0,
+                    stop=gone,
+                    receive_id=receive_id,
+                    fresh=True,
+                )
             except BackchannelError as exc:  # the session ended meanwhile
                 yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
                 return

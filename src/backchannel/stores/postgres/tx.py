@@ -371,10 +371,13 @@ class PgTx(PgTransaction, LifecycleSql):
         event: str,
         detail: str = "",
         dead_reason: str | None = None,
+        refund: bool = False,
     ) -> bool:
         keep_lease = "lease_until" if to_state is DeliveryState.LEASED else "NULL"
+        attempts = "GREATEST(attempts - 1, 0)" if refund else "attempts"
         row = self._one(
             f"UPDATE deliveries SET state = %s, updated_at = %s, lease_until = {keep_lease}, "
+            f"attempts = {attempts}, "
             "dead_reason = COALESCE(%s, dead_reason) WHERE team = %s AND message_id = %s "
             "AND member = %s AND state = ANY(%s::text[]) RETURNING 1",
             (to_state.value, now, dead_reason if to_state is DeliveryState.DEAD else None,

@@ -456,11 +456,13 @@ class SqliteTx(LifecycleSql):
         event: str,
         detail: str = "",
         dead_reason: str | None = None,
+        refund: bool = False,
     ) -> bool:
         marks = ",".join("?" * len(from_states))
         keep_lease = to_state is DeliveryState.LEASED
+        attempts = "MAX(attempts - 1, 0)" if refund else "attempts"
         cur = self._c.execute(
-            f"UPDATE deliveries SET state = ?, updated_at = ?, "
+            f"UPDATE deliveries SET state = ?, updated_at = ?, attempts = {attempts}, "
             f"lease_until = {'lease_until' if keep_lease else 'NULL'}, "
             "dead_reason = COALESCE(?, dead_reason) "
             f"WHERE team = ? AND message_id = ? AND member = ? AND state IN ({marks})",
