@@ -1143,10 +1143,14 @@ async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_
             assert "Waiting for the code... (q to quit)" in error, error
             assert await state_of(hub, "t", sent.message_id) == "queued"
             assert out.read_bytes() == b""  # not a key of it reached the screen
+            # nothing was typed: the hold spent none of the copy's attempts
+            held_copy = (await hub.message_status("t", sent.message_id)).deliveries[0]
+            assert held_copy.attempts == 0, held_copy
             pane.send_keys("q", enter=False, literal=True)  # the user is done there
-            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            st = await wait_state(hub, "t", sent.message_id, "acked", within=20)
             typed = out.read_bytes()
             assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+            assert st.deliveries[0].attempts == 1
 
 
 @pytest.mark.parametrize(

@@ -43,8 +43,8 @@ worker hands them to the adapter one at a time, in that order, and records the r
   team's ``user`` (once per held copy and lease), a WARNING in the hub's log (again every
   :data:`HOLD_REMIND_S` while it lasts) and the worker's status (``held``, with the
   reason); the worker asks ``adapter.ready()`` (every 0.5 s, slowing
-  to :data:`HOLD_PAUSE_MAX` s) and leases again once it is ready. Each hold costs the
-  copy one lease (one of the hub's ``max_attempts``) but no more;
+  to :data:`HOLD_PAUSE_MAX` s) and leases again once it is ready. A hold costs the
+  copy no attempt (its lease is given back untried: nothing was typed or sent);
 * anything else: logged with its traceback and treated as transient.
 
 A copy given up after a transient error that says the target cannot be reached
@@ -425,7 +425,8 @@ class _Worker:
                     return True
                 await self._close_circuit(adapter)  # answered: the target is back
             if outcome is _Outcome.HOLD:
-                await self._release([mid, *(m.message.message_id for m in rest)])
+                # held before anything was typed or sent (see HeldDelivery): no attempt
+                await self._release([mid, *(m.message.message_id for m in rest)], untried=True)
                 self.busy = False
                 await self._tell_operator(item, detail)
                 await self._hold(adapter, detail)
