@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -110,22 +111,35 @@ def ctrl_c_twice(pane: Pane) -> None:
     """Ctrl-C until Claude Code says it exits on the next one, then that one. Claude Code
     runs its Stop hook (the hub's end of the turn) before it counts the turn done, and
     takes a Ctrl-C in between for an interrupt of the turn ("Interrupted"), not the first
-    of the two that exit: a user presses it again."""
+    of the two that exit: a user presses it again. Its "again to exit" shows for a
+    moment only: a key that finds neither (a busy box read the screen too late) is
+    pressed again after two seconds, as a user would; one that exits ends it too."""
     interrupted = "Interrupted ·"
     seen = [pane.screen().count(interrupted)]
-    pane.pane.send_keys("C-c", enter=False)
+    pressed = [time.monotonic()]
+
+    def press() -> None:
+        pane.pane.send_keys("C-c", enter=False)
+        pressed[0] = time.monotonic()
+
+    press()
 
     def armed() -> bool | None:
+        if pane.exited():
+            return True
         screen = pane.screen()
         if "again to exit" in screen:
             return True
         if screen.count(interrupted) > seen[0]:
             seen[0] = screen.count(interrupted)
-            pane.pane.send_keys("C-c", enter=False)
+            press()
+        elif time.monotonic() - pressed[0] >= 2:
+            press()
         return None
 
     wait_until(armed, 60, "Claude Code's 'again to exit'", pane)
-    pane.pane.send_keys("C-c", enter=False)
+    if not pane.exited():
+        pane.pane.send_keys("C-c", enter=False)
 
 
 def first_session(w: Worker, pane: Pane) -> str:
