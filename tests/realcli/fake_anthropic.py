@@ -86,6 +86,7 @@ class ScriptedApi:
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.socket.settimeout(1.0)  # see harness.never_stuck_in_accept
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

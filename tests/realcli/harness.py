@@ -40,6 +40,16 @@ def install_clis() -> Path:
     return CLI_DIR / "node_modules" / ".bin"
 
 
+def never_stuck_in_accept(server: ThreadingHTTPServer) -> None:
+    """Give ``server``'s listening socket a timeout. A CLI that opens a connection and
+    resets it at once (Claude Code does, to the proxy) can leave ``serve_forever`` in a
+    blocking ``accept`` after its ``select`` saw the connection: the kernel dropped it,
+    ``accept`` waits for the next one, and ``shutdown()`` waits for ``serve_forever``
+    without end (a test's teardown hung 600 s). With a timeout the ``accept`` gives up,
+    ``serve_forever`` sees the shutdown; accepted connections stay blocking."""
+    server.socket.settimeout(1.0)
+
+
 class RefusingProxy:
     """An HTTP(S) proxy on 127.0.0.1 that answers 403 to everything and records what
     was asked of it (``CONNECT host:443`` or ``GET http://...``)."""
@@ -61,6 +71,7 @@ class RefusingProxy:
             do_CONNECT = do_GET = do_POST = do_PUT = do_HEAD = _refuse
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        never_stuck_in_accept(self._server)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
