@@ -62,7 +62,10 @@ async def test_another_process_writing_the_file_is_seen(tmp_path: Path) -> None:
     try:
         await _setup(hub)
 
+        lives: list[list[str]] = []
+
         def read(tx: Tx) -> tuple[Budget | None, list[Session], Link | None]:
+            lives.append([s.session_id for s in tx.list_sessions("t", "a", which="live")])
             return (
                 tx.get_budget("t", "pair:a|b"),
                 tx.list_sessions("t", "a", which="active", limit=2),
@@ -91,6 +94,11 @@ async def test_another_process_writing_the_file_is_seen(tmp_path: Path) -> None:
         budget, sessions, link = await hub.transact(read)
         assert budget is not None and budget.used == 4
         assert (sessions, link) == ([], None)
+        assert lives == [[], ["s1"], ["s1"]]  # exited: live still, not active
+
+        await other.transact(lambda tx: tx.put_session(_session("s1", SessionState.TERMINATED)))
+        await hub.transact(read)
+        assert lives[-1] == []
     finally:
         await other.close()
         await hub.close()
@@ -127,6 +135,18 @@ async def test_own_writes_are_read_back_in_the_same_and_later_transactions(
             )
 
         assert await store.transact(later) == (1, True)
+
+        def ended(tx: Tx) -> tuple[int, int, int]:
+            before = len(tx.list_sessions("t", "a", which="live"))
+            tx.put_session(_session("s1", SessionState.TERMINATED))
+            return (
+                before,
+                len(tx.list_sessions("t", "a", which="live")),
+                len(tx.list_sessions("t", "a", which="all")),
+            )
+
+        assert await store.transact(ended) == (1, 0, 1)
+        assert await store.transact(lambda tx: tx.list_sessions("t", "a", which="live")) == []
     finally:
         await store.close()
 
@@ -285,5 +305,29 @@ async def test_budget_writes_are_one_row_a_key_and_read_back_whatever_was_droppe
         assert isinstance(results[1], RuntimeError)
         got = await store.read(lambda tx: [(b.key, b.used) for b in tx.list_budgets("t")])
         assert got == [("pair:a|b", 5), ("pair:a|c", 7)]
+    finally:
+        await store.close()
+
+
+async def test_a_members_live_sessions_are_read_once_not_at_every_lease(tmp_path: Path) -> None:
+    """A lease by a member that names no session asks for the member's live sessions
+    (whichever runs the turn on what it was handed): the writer reads them once and
+    keeps them until one of them changes, as it keeps the active ones a send asks for."""
+    statements: list[str] = []
+    store = SqliteStore(tmp_path / "hub.db", on_statement=statements.append)
+    await store.open()
+    try:
+        await _setup(store)
+        await store.transact(lambda tx: tx.put_session(_session("s1", SessionState.ACTIVE)))
+
+        def live(tx: Tx) -> list[str]:
+            return [s.session_id for s in tx.list_sessions("t", "a", which="live")]
+
+        statements.clear()
+        for _ in range(5):
+            assert await store.transact(live) == ["s1"]
+        assert sum("FROM sessions" in s for s in statements) == 1
+        await store.transact(lambda tx: tx.put_session(_session("s2", SessionState.IDLE)))
+        assert await store.transact(live) == ["s1", "s2"]
     finally:
         await store.close()

@@ -191,7 +191,7 @@ class SqliteTx(LifecycleSql):
         self._teams: dict[str, Team | None] = {}
         self._members: dict[tuple[str, str], Member | None] = {}
         self._budgets: dict[tuple[str, str], Budget | None] = {}
-        self._active: dict[tuple[str, str], dict[int | None, list[Session]]] = {}
+        self._active: dict[tuple[str, str], dict[tuple[str, int | None], list[Session]]] = {}
         self._open_links: dict[tuple[str, str], Link | None] = {}
         # each team's pending jobs that watch a sender, by sender (asked on every send)
         self._watching: dict[str, dict[str, list[Job]]] = {}
@@ -342,17 +342,18 @@ class SqliteTx(LifecycleSql):
         limit: int | None = None,
         after: tuple[float, str] | None = None,
     ) -> list[Session]:
-        if member is None or which != "active" or after is not None:
+        if member is None or which == "all" or after is not None:
             sql, args = sessions_query(SESSION_COLS, team, member, which, limit, after)
             return [_session(r) for r in self._c.execute(sql, args)]
-        # "whose turn is this send?": asked on every send by a member
-        by_limit = self._active.setdefault((team, member), {})
+        # "whose turn is this send?" (active) and "who takes this lease?" (live): asked
+        # on every send and every lease by a member
+        cached = self._active.setdefault((team, member), {})
         try:
-            return list(by_limit[limit])
+            return list(cached[which, limit])
         except KeyError:
             pass
         sql, args = sessions_query(SESSION_COLS, team, member, which, limit)
-        found = by_limit[limit] = [_session(r) for r in self._c.execute(sql, args)]
+        found = cached[which, limit] = [_session(r) for r in self._c.execute(sql, args)]
         return list(found)
 
     def session_counts(self, team: str) -> dict[str, int]:
