@@ -144,6 +144,16 @@ class PushCircuits:
         key = (team, member)
         return self._open.get(key) or self._stored.get(key)
 
+    def any(self) -> bool:
+        """Some member's circuit is known to be open (a send's usual answer: none)."""
+        return bool(self._open or self._stored)
+
+    def stale(self, max_age: float | None = None) -> bool:
+        """:meth:`refresh` would read the store (a check without a coroutine, for the
+        send path)."""
+        age = self._cache_s if max_age is None else max_age
+        return self._store is not None and time.monotonic() - self._read_at >= age
+
     def all(self) -> list[PushCircuit]:
         both = {**self._stored, **self._open}
         return [both[k] for k in sorted(both)]

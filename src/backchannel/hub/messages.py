@@ -303,7 +303,10 @@ class Messages:
         The stored circuits are read at most once per ``CACHE_S`` on this hub, not per
         send."""
         circuits = self.env.push_circuits
-        await circuits.refresh()
+        if circuits.stale():
+            await circuits.refresh()
+        if not circuits.any():
+            return result
         down = [c for r in result.recipients if (c := circuits.get(team, r.member)) is not None]
         if not down:
             return result
