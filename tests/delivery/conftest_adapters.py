@@ -72,16 +72,40 @@ async def running_hub(
         yield hub
 
 
-def same_size_in_place(path: Path, changes: dict[bytes, bytes]) -> None:
+def same_size_in_place(
+    path: Path, changes: dict[bytes, bytes], *, mtime_moves: bool = True
+) -> None:
     """Rewrite ``path`` in place (its inode kept) with ``changes`` of equal length, and
-    move its mtime a second on, as a writer that does not rename would."""
+    move its mtime a second on, as a writer that does not rename would (with
+    ``mtime_moves`` False, leave the times as the file system's clock sets them)."""
     st, data = path.stat(), path.read_bytes()
     for old, new in changes.items():
         assert len(old) == len(new)
         data = data.replace(old, new)
     with open(path, "r+b") as f:
         f.write(data)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    if mtime_moves:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def written_long_ago(path: Path) -> None:
+    """Move ``path``'s mtime a minute back: a file last changed well before it is read,
+    whose stamp a reader may keep (``claude_inbox.stamp_settled``)."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 60_000_000_000))
+
+
+def frozen_fs_clock(stamp_of: Callable[[Path | str], Any]) -> Callable[[Path | str], Any]:
+    """``file_stamp`` on a file system whose clock has not moved since this call (one
+    tick that lasts, as a coarse clock's does between two quick writes): every file's
+    modification and change times read as now."""
+    tick = time.time_ns()
+
+    def stamp(path: Path | str) -> Any:
+        got = stamp_of(path)
+        return None if got is None else (*got[:3], tick, tick)
+
+    return stamp
 
 
 @asynccontextmanager

@@ -39,7 +39,11 @@ from backchannel.delivery.claude_inbox import (
     stable_id,
 )
 from backchannel.testing import eventually_blocking
-from tests.delivery.conftest_adapters import same_size_in_place
+from tests.delivery.conftest_adapters import (
+    frozen_fs_clock,
+    same_size_in_place,
+    written_long_ago,
+)
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 TEAM = "team-a"
@@ -642,18 +646,37 @@ def test_watcher_does_not_read_an_unchanged_inbox_again(
     monkeypatch.setattr(claude_inbox, "_read_own", counted)
     writer = InboxWriter(tmp_path)
     writer.append(TEAM, "user", msg_id="u-1", from_="bob", text="AAAA")
+    path = writer.path_for(TEAM, "user")
+    written_long_ago(path)
     reads.clear()  # the writer's own reads
     watcher = InboxWatcher(TEAM, root=tmp_path, members={"user"})
     assert [e["msg_id"] for _, e in watcher.poll()] == ["u-1"]
     assert watcher.poll() == [] and watcher.poll() == []
     assert reads == ["user.json"]
-    path = writer.path_for(TEAM, "user")
     st = path.stat()
     same_size_in_place(path, {b"AAAA": b"BBBB", b'"u-1"': b'"u-2"'})
     assert (path.stat().st_size, path.stat().st_ino) == (st.st_size, st.st_ino)
     assert [e["text"] for _, e in watcher.poll()] == ["BBBB"]
     assert watcher.poll() == []
     assert reads == ["user.json", "user.json"]
+
+
+def test_watcher_reads_a_same_size_rewrite_within_the_file_systems_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system keeps times by a clock that moves in ticks. A writer that rewrote an
+    inbox in place to the same size within the tick of the read before left its stamp
+    as it was, and the new entry was not read until the file changed again, if ever.
+    A file changed that recently is read again at the next look."""
+    monkeypatch.setattr(claude_inbox, "file_stamp", frozen_fs_clock(claude_inbox.file_stamp))
+    writer = InboxWriter(tmp_path)
+    writer.append(TEAM, "user", msg_id="u-1", from_="bob", text="AAAA")
+    path = writer.path_for(TEAM, "user")
+    watcher = InboxWatcher(TEAM, root=tmp_path, members={"user"})
+    assert [e["msg_id"] for _, e in watcher.poll()] == ["u-1"]
+    same_size_in_place(path, {b"AAAA": b"BBBB", b'"u-1"': b'"u-2"'}, mtime_moves=False)
+    assert [(e["msg_id"], e["text"]) for _, e in watcher.poll()] == [("u-2", "BBBB")]
+    assert watcher.poll() == []
 
 
 @pytest.mark.parametrize("how", ["a symlink to elsewhere", "writable by other users"])

@@ -23,7 +23,11 @@ from backchannel.hub import Hub
 from backchannel.interfaces.dashboard import members_view
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock, MemoryStore, eventually, eventually_blocking
-from tests.delivery.conftest_adapters import same_size_in_place
+from tests.delivery.conftest_adapters import (
+    frozen_fs_clock,
+    same_size_in_place,
+    written_long_ago,
+)
 
 NODE_WRITER = Path(__file__).with_name("node_writer.js")
 WRITERS = ["w1", "w2", "w3", "w4"]
@@ -711,6 +715,7 @@ async def test_an_unchanged_inbox_is_not_read_again(
     try:
         await bridge.start()
         InboxWriter(root).append("t", "lead", msg_id="m-1", from_="w1", text="AAAA")
+        written_long_ago(lead)
         for _ in range(3):
             await bridge.scan()
         assert reads["lead.json"] == 1, reads
@@ -726,6 +731,35 @@ async def test_an_unchanged_inbox_is_not_read_again(
         assert (await _message(hub, mid)).text == "BBBB"
         await bridge.scan()
         assert reads["lead.json"] == 2, reads
+    finally:
+        await bridge.stop()
+        await hub.close()
+
+
+async def test_a_same_size_rewrite_within_the_file_systems_tick_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that rewrote an inbox in place to the same size within the tick of the
+    file system's clock in which the bridge read it left its stamp as it was: the new
+    entry waited for the file's next change, if any. A file changed that recently is
+    read again at the next look."""
+    from backchannel.delivery import inbox_watch
+
+    monkeypatch.setattr(inbox_watch, "file_stamp", frozen_fs_clock(inbox_watch.file_stamp))
+    root = tmp_path / "teams"
+    hub = await _hub_with_inboxes(root)
+    lead = inbox_path("t", "lead", root)
+    bridge = InboxBridge(hub, watch=False)
+    try:
+        await bridge.start()
+        InboxWriter(root).append("t", "lead", msg_id="m-1", from_="w1", text="AAAA")
+        [first] = await bridge.scan()
+        assert len(first.messages) == 1
+        same_size_in_place(lead, {b"AAAA": b"BBBB", b'"m-1"': b'"m-2"'}, mtime_moves=False)
+        [result] = await bridge.scan()
+        [mid] = result.messages
+        assert (await _message(hub, mid)).text == "BBBB"
+        assert await bridge.scan() == []
     finally:
         await bridge.stop()
         await hub.close()

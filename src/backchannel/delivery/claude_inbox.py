@@ -106,6 +106,7 @@ __all__ = [
     "read_inbox",
     "read_inbox_or_none",
     "stable_id",
+    "stamp_settled",
     "team_deleted",
     "team_marked",
     "team_marks",
@@ -408,6 +409,21 @@ def file_stamp(path: Path | str) -> Stamp | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+#: How long after its last modification a file's stamp is not yet taken as settled: a
+#: file system keeps times by a clock that moves in ticks (a jiffy on Linux, a second or
+#: two on some), and a writer that rewrites the file in place to the same size within
+#: the tick of its last change leaves every part of the stamp as it was.
+RACY_NS = 2_000_000_000
+
+
+def stamp_settled(stamp: Stamp) -> bool:
+    """The file of ``stamp`` (taken before it was read) was last modified long enough
+    ago that a change after the read would show in its stamp. A reader keeps a stamp to
+    skip the next read only when it is; else it reads the file again at its next look,
+    as git does with an index entry that is "racily clean"."""
+    return time.time_ns() - stamp[3] >= RACY_NS
 
 
 _warned: set[tuple[str, str]] = set()
@@ -1179,8 +1195,10 @@ class InboxWatcher:
                 items = [e for e in _decode(_read_own(path)) if isinstance(e, dict)]
             except (OSError, ValueError):
                 continue
-            if stamp is not None:
+            if stamp is not None and stamp_settled(stamp):
                 self._stamps[member] = stamp
+            else:  # changed within the file system's tick: read again at the next look
+                self._stamps.pop(member, None)
             seen = self._seen.get(member, set())
             present = {entry_id(e) for e in items}
             for e in items:

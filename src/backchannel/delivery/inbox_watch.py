@@ -56,6 +56,7 @@ from backchannel.delivery.claude_inbox import (
     js_timestamp,
     protocol_message,
     read_inbox_or_none,
+    stamp_settled,
     team_deleted,
     unsafe_dirs,
 )
@@ -277,7 +278,7 @@ class InboxBridge:
         seen = d.seen.setdefault(name, set())
         new = [e for e in entries if e["msg_id"] not in seen]
         if not new:
-            if settled and stamp is not None:
+            if settled and stamp is not None and stamp_settled(stamp):
                 d.stamps[name] = stamp
             return None
         key = f"{d.claude_team}/{name}"
@@ -294,7 +295,8 @@ class InboxBridge:
                 log.warning("inbox %s has entries from %r, which is not a member of team %r; "
                             "add the member and they are taken in", path, sender, owner.team)  # fmt: skip
         unknown = set(result.unknown_senders)
-        if settled and stamp is not None and not unknown:  # else read again at the next look
+        if settled and stamp is not None and not unknown and stamp_settled(stamp):
+            # else read again at the next look
             d.stamps[name] = stamp
         seen.update(e["msg_id"] for e in new if e.get("from") not in unknown)
         self.taken += len(result.messages)
