@@ -118,7 +118,8 @@ BENCHES: tuple[Bench, ...] = (
         figures=REFERENCE_FIGURES,
         sizes="3 rounds, each running the hub, the hub on one CPU, autogen-core (in an "
         "environment of its own) and the hub on the memory store, the order turned each "
-        "round: 16 senders one message at a time, 50,000 messages (the hub: or 10 s)",
+        "round: 16 senders one message at a time, 50,000 messages (the hub: or 10 s); then "
+        "the hub's member API and autogen-core with batches of 50",
     ),
     Bench(
         "send HTTP",

@@ -12,6 +12,13 @@ other for less there on a virtual machine). A third run of the hub a round puts 
 its load on the memory store: nothing durable, so not the hub's figure but a bound on it,
 what the hub's own work allows with the store's cost taken away.
 
+The issue names batch sends, receives and acks among the ways to the figure, so each
+round also runs both sides with batches (``--batch``, 50): the hub's member API in-process
+(``bench.bench_batch --inproc``: each sender sends ``--batch`` messages a call, each
+receiver acks a batch with its next receive), and autogen-core with each sender making
+``--batch`` sends at once (it has no call that sends many). The batch ratio is taken
+against the faster of autogen-core's two ways in that round.
+
 - The hub: ``bench.bench_send inproc --rate 0`` (SQLite, every answered send fsynced),
   as a process of its own per round.
 - The bound: ``bench.bench_send inproc --rate 0 --store memory``.
@@ -38,6 +45,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from backchannel.tuning import GC_YOUNG_THRESHOLD
 from bench.bench_send import MEMORY_FIGURE
 from bench.common import allowed_cpus
 from bench.figures import Figure, Goal, machine, machine_line, read_results, write_results
@@ -46,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 AUTOGEN_CORE = "0.7.5"  # the version measured; pinned so figures compare across days
 SCRIPT = REPO / "bench" / "reference_autogen.py"
 HUB_FIGURE = "in-process msgs/s, as fast as possible"
+BATCH_FIGURE = "in-process batch sends and acks, msgs/s"
 RATIO_GOAL = Goal(">=", 1.5, "issue 24")
 
 ISSUE_GOAL = Goal(">=", 10_000, "issue 24")
@@ -58,8 +67,18 @@ FIGURES = (
     "in-process on one CPU ÷ autogen-core in memory, interleaved",
     "bound: the hub on the memory store (nothing durable) msgs/s, the same rounds",
     "bound: the hub on the memory store ÷ autogen-core in memory, interleaved",
+    "autogen-core in memory, a batch of sends at once a sender: msgs/s",
+    "in-process, batches: msgs/s, the same rounds",
+    "in-process, batches ÷ autogen-core's faster way, interleaved",
 )
-SIDES = ("hub", "hub on one CPU", "autogen", "hub on the memory store")
+SIDES = (
+    "hub",
+    "hub on one CPU",
+    "autogen",
+    "hub on the memory store",
+    "hub, batches",
+    "autogen, batches",
+)
 
 
 def say(text: str) -> None:
@@ -102,9 +121,13 @@ def reference_python(env: Path) -> Path:
     return python
 
 
-def run_reference(python: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_reference(python: Path, args: argparse.Namespace, batch: int = 1) -> dict[str, Any]:
+    """One run of autogen-core, its garbage collector tuned as the hub's program is
+    (``tune_gc``: what the README tells an in-process program to do, and what
+    ``bench_send`` does)."""
     cmd = [str(python), str(SCRIPT), "--senders", str(args.senders), "--messages",
-           str(args.messages), "--size", str(args.size), "--warmup", str(args.warmup)]  # fmt: skip
+           str(args.messages), "--size", str(args.size), "--warmup", str(args.warmup),
+           "--gc-young", str(GC_YOUNG_THRESHOLD), "--batch", str(batch)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"autogen-core's run failed: {done.stderr.strip()[-400:]}")
@@ -140,6 +163,26 @@ def run_hub(
     return float(found.value)
 
 
+def run_batches(args: argparse.Namespace, scratch: Path) -> float:
+    """One ``bench_batch --inproc`` run: its msgs/s received and acked."""
+    results = scratch / "batch.json"
+    results.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "bench.bench_batch", "--inproc",
+           "--senders", str(args.senders), "--batch", str(args.batch),
+           "--size", str(args.size), "--duration", str(args.duration),
+           "--warmup", str(max(1, args.warmup // args.batch)), "--results", str(results)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+           os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO, env=env
+    )
+    figures = {f.name: f for f in read_results(results)} if results.exists() else {}
+    found = figures.get(BATCH_FIGURE)
+    if found is None or found.value is None:
+        raise RuntimeError(f"the hub's batch run failed: {done.stderr.strip()[-400:]}")
+    return float(found.value)
+
+
 def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
     try:
         python = reference_python(args.env)
@@ -161,6 +204,11 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
                     got["pinned_msgs_s"] = run_hub(args, Path(tmp), cpu)
                 elif side == "hub on the memory store":
                     got["memory_msgs_s"] = run_hub(args, Path(tmp), store="memory")
+                elif side == "hub, batches":
+                    got["batch_msgs_s"] = run_batches(args, Path(tmp))
+                elif side == "autogen, batches":
+                    ref = run_reference(python, args, args.batch)
+                    got["autogen_batch_msgs_s"] = ref["msgs_s"]
                 else:
                     ref = run_reference(python, args)
                     got["autogen_msgs_s"] = ref["msgs_s"]
@@ -169,9 +217,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
             got["ratio"] = got["hub_msgs_s"] / got["autogen_msgs_s"]
             got["pinned_ratio"] = got["pinned_msgs_s"] / got["autogen_msgs_s"]
             got["memory_ratio"] = got["memory_msgs_s"] / got["autogen_msgs_s"]
+            faster = max(got["autogen_msgs_s"], got["autogen_batch_msgs_s"])
+            got["batch_ratio"] = got["batch_msgs_s"] / faster
             say(f"  hub {got['hub_msgs_s']:,.0f} msgs/s, on CPU {cpu} "
                 f"{got['pinned_msgs_s']:,.0f}, autogen-core {got['autogen_msgs_s']:,.0f}, "
-                f"the hub on the memory store {got['memory_msgs_s']:,.0f}")  # fmt: skip
+                f"the hub on the memory store {got['memory_msgs_s']:,.0f}; batches of "
+                f"{args.batch}: the hub {got['batch_msgs_s']:,.0f}, autogen-core "
+                f"{got['autogen_batch_msgs_s']:,.0f}")  # fmt: skip
             rounds.append(got)
     med = statistics.median
     note = f"median of {len(rounds)} interleaved rounds" if len(rounds) > 1 else "one round"
@@ -192,6 +244,12 @@ def measure(args: argparse.Namespace) -> tuple[list[Figure], dict[str, Any]]:
                each("memory_msgs_s", 0)),
         Figure(FIGURES[6], med(r["memory_ratio"] for r in rounds), "×", None,
                each("memory_ratio", 2)),
+        Figure(FIGURES[7], med(r["autogen_batch_msgs_s"] for r in rounds), "msgs/s", None,
+               f"{args.batch} at once; {each('autogen_batch_msgs_s', 0)}"),
+        Figure(FIGURES[8], med(r["batch_msgs_s"] for r in rounds), "msgs/s", ISSUE_GOAL,
+               f"{args.batch} a call, receive with ack; {each('batch_msgs_s', 0)}"),
+        Figure(FIGURES[9], med(r["batch_ratio"] for r in rounds), "×", RATIO_GOAL,
+               each("batch_ratio", 2)),
     ]  # fmt: skip
     return figures, {"rounds": rounds, "machine": machine()}
 
@@ -209,6 +267,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=500, help="messages first, not counted")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run at most")
     p.add_argument(
+        "--batch", type=int, default=50, help="messages a call on the batch sides (default 50)"
+    )
+    p.add_argument(
         "--hub-cpu", type=int, default=None, metavar="N",
         help="the CPU of the pinned hub's runs [the highest this process may use]",
     )  # fmt: skip
@@ -225,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.hub_cpu is not None and args.hub_cpu not in allowed_cpus():
         raise SystemExit(f"--hub-cpu: CPU {args.hub_cpu} is not one this process may use; "
                          f"pick one of {', '.join(map(str, allowed_cpus()))}")  # fmt: skip
-    if args.rounds < 1 or args.senders < 1 or args.messages < args.senders:
-        raise SystemExit("--rounds and --senders must be at least 1, --messages at least "
-                         "--senders")  # fmt: skip
+    if args.rounds < 1 or args.senders < 1 or args.batch < 1 or args.messages < args.senders:
+        raise SystemExit("--rounds, --senders and --batch must be at least 1, --messages at "
+                         "least --senders")  # fmt: skip
     start = machine()
     try:
         figures, raw = measure(args)

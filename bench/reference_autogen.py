@@ -47,17 +47,25 @@ class Receiver(RoutedAgent):
         self.received += 1
 
 
-async def measure(senders: int, messages: int, size: int, warmup: int) -> dict[str, Any]:
+async def measure(
+    senders: int, messages: int, size: int, warmup: int, batch: int = 1
+) -> dict[str, Any]:
     runtime = SingleThreadedAgentRuntime()
     await Receiver.register(runtime, "receiver", Receiver)
     runtime.start()
     text = "x" * size
-    each = max(1, messages // senders)
+    each = max(batch, messages // senders // batch * batch)
 
     async def sender(i: int, count: int) -> None:
         to = AgentId("receiver", f"r{i}")
-        for _ in range(count):
-            await runtime.send_message(Text(text), to)
+        if batch == 1:
+            for _ in range(count):
+                await runtime.send_message(Text(text), to)
+            return
+        # autogen-core has no call that sends many: ``batch`` sends at once, each
+        # awaited, the next ``batch`` once all of them were handled
+        for _ in range(max(1, count // batch)):
+            await asyncio.gather(*(runtime.send_message(Text(text), to) for _ in range(batch)))
 
     await asyncio.gather(*(sender(i, max(1, warmup // senders)) for i in range(senders)))
     started, cpu = time.perf_counter(), time.process_time()
@@ -80,6 +88,9 @@ def main() -> int:
     p.add_argument("--size", type=int, default=256, help="text size in bytes")
     p.add_argument("--warmup", type=int, default=500, help="messages sent first, not counted")
     p.add_argument("--gc-young", type=int, default=0, help="gc threshold 0 (0: Python's own)")
+    p.add_argument(
+        "--batch", type=int, default=1, help="sends a sender makes at once (1: one at a time)"
+    )
     args = p.parse_args()
     if args.gc_young > 0:
         gc.set_threshold(args.gc_young, *gc.get_threshold()[1:])
@@ -92,8 +103,10 @@ def main() -> int:
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        got = runner.run(measure(args.senders, args.messages, args.size, args.warmup))
-    got.update(loop=loop, autogen_core=metadata.version("autogen-core"),
+        got = runner.run(
+            measure(args.senders, args.messages, args.size, args.warmup, max(1, args.batch))
+        )
+    got.update(batch=max(1, args.batch), loop=loop, autogen_core=metadata.version("autogen-core"),
                python=sys.version.split()[0], gc=list(gc.get_threshold()))  # fmt: skip
     print(json.dumps(got))
     return 0
