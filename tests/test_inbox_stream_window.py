@@ -19,6 +19,7 @@ import pytest
 from backchannel.hub import Hub, Outgoing
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing.waiting import eventually
+from backchannel.types import MessageKind
 
 
 @contextlib.asynccontextmanager
@@ -198,3 +199,24 @@ async def test_a_stream_opened_again_sends_all_its_name_holds_page_by_page(
         assert got == [("message", (i, 1)) for i in ids]
         rest = await _events(url, tokens["b"], 504, within=30, params=params, last=ids[500])
         assert rest == [("message", (i, 1)) for i in ids[501:]]
+
+
+async def test_a_stream_resumed_after_an_anchor_it_leased_last_sends_the_anchor(
+    tmp_path: Path,
+) -> None:
+    # the stream's name leased "work" and then, in a later lease, a fired anchor; the
+    # reader saw "work" (Last-Event-ID). Before, what the name held was put anchors
+    # first (the anchor before "work"), so nothing came "after work" and the anchor
+    # waited out its lease; now the anchor is sent
+    async with _serving(tmp_path) as (hub, url, tokens):
+        [work] = await _send(hub, 1, "work")
+        name = "rcv-anchor"
+        await hub.receive("t", "b", limit=10, receive_id=name, fresh=True)
+        anchor = await hub.send(
+            "t", "a", "b", "ANCHOR: back to task 3", kind=MessageKind.TIMER,
+            meta={"intent": "anchor"},
+        )  # fmt: skip
+        await hub.receive("t", "b", limit=10, receive_id=name, fresh=True)
+        params = {"receive_id": name}
+        got = await _events(url, tokens["b"], 1, within=5, params=params, last=work)
+        assert got == [("message", (anchor.message_id, 1))]

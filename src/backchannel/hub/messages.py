@@ -666,7 +666,7 @@ class Messages:
         lease: list[InboxMessage] = []
         while True:
             now = self.clock.now()
-            got = await self.env.transact(
+            got = await self.env.store.read(
                 partial(_held_page, team, member, holder, now, after, page)
             )
             for m in got:
@@ -699,7 +699,7 @@ class Messages:
         while True:
             acked = self.env.waiters.event(team, None)  # taken before the look
             now = self.clock.now()
-            got = await self.env.transact(
+            got = await self.env.store.read(
                 partial(_held_page, team, member, holder, now, None, limit, reply=False)
             )
             remaining = deadline - loop.time()
@@ -1020,12 +1020,12 @@ def _held_page(
     now: float,
     after: tuple[float, int] | None,
     limit: int,
-    c: Ctx,
+    tx: Tx,
     reply: bool = True,
 ) -> list[InboxMessage]:
     """A page of what ``holder`` holds (:meth:`Tx.held`), as it is handed over."""
-    got = c.tx.held(team, member, holder, now, after, limit)
-    return _replies_since_firing(c.tx, team, member, got) if reply else got
+    got = tx.held(team, member, holder, now, after, limit)
+    return _replies_since_firing(tx, team, member, got) if reply else got
 
 
 def _sent_order(m: InboxMessage) -> tuple[float, bool, int]:
