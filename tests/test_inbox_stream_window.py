@@ -18,7 +18,7 @@ import pytest
 
 from backchannel.hub import Hub, Outgoing
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing.waiting import eventually
+from backchannel.testing.waiting import eventually, eventually_blocking
 from backchannel.types import MessageKind
 
 
@@ -64,18 +64,24 @@ async def _send(hub: Hub, n: int, text: str = "part") -> list[str]:
 
 async def _taken(url: str, token: str, want: int, within: float) -> list[dict[str, Any]]:
     """What another receiver of the member leases (``GET /v1/inbox``) until ``want``
-    came, or ``within`` seconds passed."""
+    came, or ``within`` seconds passed (from a thread of its own)."""
     got: list[dict[str, Any]] = []
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
 
-        async def more() -> bool:
-            r = await c.get("/v1/inbox", params={"limit": 100, "wait": 0.2})
-            got.extend(r.json()["messages"])
-            return len(got) >= want
+    def take() -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
 
-        with contextlib.suppress(AssertionError):
-            await eventually(more, what=f"{want} messages for another receiver", within=within)
+            def more() -> bool:
+                r = c.get("/v1/inbox", params={"limit": 100, "wait": 0.2})
+                got.extend(r.json()["messages"])
+                return len(got) >= want
+
+            with contextlib.suppress(AssertionError):
+                eventually_blocking(
+                    more, what=f"{want} messages for another receiver", within=within
+                )
+
+    await asyncio.to_thread(take)
     return got
 
 
@@ -160,12 +166,19 @@ async def test_a_stream_holds_no_more_than_its_window_unacked(tmp_path: Path) ->
             later = await _send(hub, 2, "later")
             got = await _taken(url, tokens["b"], 8, within=5)
             assert [m["message_id"] for m in got] == ids[4:] + later
+            assert len(seen) == 4  # the reader was sent none of them
+            # acked, the window has room again: the stream takes what comes next
+            async with httpx.AsyncClient(base_url=url) as b:
+                headers = {"Authorization": f"Bearer {tokens['b']}"}
+                r = await b.post("/v1/inbox/ack", json={"message_ids": ids[:4]}, headers=headers)
+                assert r.json()["acked"] == 4
+            more = await _send(hub, 2, "after the acks")
+            await eventually(lambda: len(seen) >= 6, what="the stream to lease again")
+            assert seen[4:] == [("message", (i, 1)) for i in more]
         finally:
             reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
-
-            assert len(seen) == 4  # the reader was sent none of them
 
 
 async def test_a_stream_whose_messages_stay_unacked_for_their_lease_ends(
