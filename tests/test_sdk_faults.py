@@ -20,6 +20,7 @@ import pytest
 
 from backchannel import Client
 from backchannel.errors import InvalidRequest, PeerError
+from backchannel.testing.waiting import eventually_blocking
 from tests.conftest import BIN, Server, start_server
 from tests.peers import Peer, QuietHandler
 
@@ -36,7 +37,9 @@ class Faulty(Peer):
     status with a reverse proxy's HTML page (a hub restarting behind it); ``event``
     reads a server-sent event stream until the hub wrote :attr:`written` ``message`` events,
     relays the first and closes both connections (what the hub wrote after it is never
-    read)."""
+    read); ``stall`` relays the stream's first ``message`` event, then stops forwarding
+    (it reads no more from the hub and writes no more to the client) with both
+    connections open, until :attr:`release`."""
 
     def __init__(self, upstream: str) -> None:
         self.faults: list[tuple[str, ...]] = []
@@ -89,8 +92,8 @@ class Faulty(Peer):
                     for k, v in self.headers.items()
                     if k.lower() in ("authorization", "content-type", "last-event-id")
                 }
-                if what == "event":
-                    self._cut_after_first_event(upstream + self.path, headers)
+                if what in ("event", "stall"):
+                    self._cut_after_first_event(upstream + self.path, headers, what == "stall")
                     return
                 r = httpx.request(
                     self.command, upstream + self.path, content=body, headers=headers, timeout=60
@@ -118,7 +121,9 @@ class Faulty(Peer):
                 self.end_headers()
                 self.wfile.write(r.content)
 
-            def _cut_after_first_event(self, url: str, headers: dict[str, str]) -> None:
+            def _cut_after_first_event(
+                self, url: str, headers: dict[str, str], stall: bool = False
+            ) -> None:
                 self.close_connection = True
                 with httpx.stream(self.command, url, headers=headers, timeout=60) as r:
                     self.send_response(r.status_code)
@@ -128,10 +133,12 @@ class Faulty(Peer):
                     for chunk in r.iter_raw():
                         seen += chunk
                         events = re.findall(rb"event: message\n.*?\n\n", seen, re.S)
-                        if len(events) >= outer.written:
+                        if len(events) >= (1 if stall else outer.written):
                             first = seen.find(b"event: message")
                             self.wfile.write(seen[:first] + events[0])
                             self.wfile.flush()
+                            if stall:  # forwards nothing more, both connections open
+                                outer.release.wait(60)
                             return  # both connections close: the rest is never read
 
             do_GET = do_POST = do_DELETE = do_PATCH = _any
@@ -718,3 +725,73 @@ def test_an_event_stream_cut_after_the_hub_wrote_resumes_under_its_name_at_once(
     with srv.client(tokens["b"]) as b:
         assert b.post("/v1/inbox/ack", json={"message_ids": ids}).json()["acked"] == 3
         assert b.get("/v1/inbox/pending").json()["pending"] == 0
+
+
+def test_a_stream_resumed_after_a_message_leased_out_of_send_order_skips_nothing(
+    srv: Server, proxy: Faulty
+) -> None:
+    # the stream sent "second" (the first, "first", was leased by another receive), then
+    # "first" once that receive gave it back; a proxy passed on only "second" and cut the
+    # stream. Opened again after "second" (Last-Event-ID), the stream sends "first":
+    # before, what counted as after the last event id was the send order of what the
+    # name held ("first" came before "second"), so "first" was skipped and waited out
+    # its lease
+    tokens = srv.team("resume-order", "a", "b")
+    with srv.client(tokens["a"]) as a:
+        sent = [a.post("/v1/messages", json={"to": "b", "text": t}) for t in ("first", "second")]
+    first, second = (r.json()["message_id"] for r in sent)
+    with srv.client(tokens["b"]) as b:
+        taken = b.get("/v1/inbox", params={"limit": 1}).json()["messages"]
+        assert [m["message_id"] for m in taken] == [first]
+        proxy.written = 2
+        proxy.faults.append(("GET", "/v1/inbox/stream", "event"))
+        name = {"receive_id": "rcv-resume-order"}
+        out: list[list[tuple[str, int]]] = []
+        reading = threading.Thread(
+            target=lambda: out.append(_stream(proxy.url, tokens["b"], 2, name)), daemon=True
+        )
+        reading.start()
+        eventually_blocking(
+            lambda: _state(b, second) == "leased", what="the stream to lease 'second'"
+        )
+        assert b.post("/v1/inbox/release", json={"message_ids": [first]}).json()["released"] == 1
+        reading.join(30)
+        assert out == [[(second, 1)]]
+        again = _stream(srv.url, tokens["b"], 1, name, second)
+        assert again == [(first, 2)]
+        assert b.post("/v1/inbox/ack", json={"message_ids": [first, second]}).json()["acked"] == 2
+
+
+def test_a_stream_through_a_proxy_that_stopped_forwarding_holds_only_its_window(
+    srv: Server, proxy: Faulty
+) -> None:
+    # a proxy passed on the stream's first event and then stopped forwarding, both
+    # connections open: the hub sees nothing wrong. Before, the stream leased every
+    # message the member got, and another receiver of the member got none for the whole
+    # lease; now it holds its window (limit, 4 here) and the others, and those sent
+    # later, go to the other receiver at once
+    tokens = srv.team("stalled-proxy", "a", "b")
+    with srv.client(tokens["a"]) as a:
+        ids = [
+            a.post("/v1/messages", json={"to": "b", "text": f"part {i}"}).json()["message_id"]
+            for i in range(6)
+        ]
+    proxy.faults.append(("GET", "/v1/inbox/stream", "stall"))
+    try:
+        params = {"receive_id": "rcv-stalled", "limit": "4"}
+        assert _stream(proxy.url, tokens["b"], 1, params) == [(ids[0], 1)]
+        with srv.client(tokens["a"]) as a:
+            r = a.post("/v1/messages", json={"to": "b", "text": "later"})
+            ids.append(r.json()["message_id"])
+        with srv.client(tokens["b"]) as b:
+            got = b.get("/v1/inbox", params={"limit": 50}).json()["messages"]
+            assert [m["message_id"] for m in got] == ids[4:]
+    finally:
+        proxy.release.set()
+
+
+def _state(client: httpx.Client, message_id: str) -> str:
+    """The delivery state of the member's copy of ``message_id``."""
+    r = client.get(f"/v1/messages/{message_id}")
+    r.raise_for_status()
+    return str(r.json()["deliveries"][0]["state"])

@@ -245,6 +245,20 @@ class MemberApi:
         got = await self.hub.held(self.team, self.name, receive_id)
         return [Received.model_validate(m.to_json()) for m in got]
 
+    async def held_since(
+        self, receive_id: str, last: str | None = None
+    ) -> AsyncIterator[list[Received]]:
+        """What the event stream named ``receive_id`` holds, after ``last`` when it holds
+        that one, page by page (:meth:`Hub.held_since`)."""
+        async for page in self.hub.held_since(self.team, self.name, receive_id, last):
+            yield [Received.model_validate(m.to_json()) for m in page]
+
+    async def holding(
+        self, receive_id: str, limit: int, wait: float = 0.0, stop: asyncio.Event | None = None
+    ) -> list[str]:
+        """The ids ``receive_id`` holds leased, at most ``limit`` (:meth:`Hub.holding`)."""
+        return await self.hub.holding(self.team, self.name, receive_id, limit, wait, stop)
+
     async def ack_and_receive(
         self,
         ack: Sequence[str],

@@ -508,6 +508,9 @@ class InboxMessage:
     recipient: Recipient
     attempt: int
     seq: int
+    #: when this copy was leased (its delivery's ``updated_at``), as :meth:`Tx.held`
+    #: reports it (0 where the lease is not asked for): the order a stream sent it in
+    leased_at: float = field(default=0.0, compare=False)
 
     def to_json(self) -> Json:
         m = self.message

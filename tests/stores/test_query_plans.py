@@ -47,6 +47,10 @@ GROWING = (
 BOUNDED_SORTS = {
     "FROM delegations WHERE team = ? AND batch = ?": "the delegations of one caller turn",
     "FROM ledger WHERE team = ? AND session_id = ?": "the texts one turn sent",
+    "WHERE d.team = ? AND d.member = ? AND d.state = ? AND d.lease_holder = ?": (
+        "what one named receive holds, in lease order: a stream's window of unacked "
+        "messages, or a long-poll's one lease (each at most 1,000)"
+    ),
 }
 
 # reads of one team's rows that stop after a bound, each with the bound

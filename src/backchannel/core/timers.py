@@ -108,13 +108,14 @@ def anchor_call(peer: str) -> str:
     )
 
 
+def is_anchor(m: InboxMessage) -> bool:
+    """A fired anchor timer (handed over first: :func:`anchors_first`)."""
+    return m.message.kind is MessageKind.TIMER and m.message.meta.get("intent") == "anchor"
+
+
 def anchors_first(got: list[InboxMessage]) -> list[InboxMessage]:
     """A fired anchor is handed over before any other input leased with it (the order
     is otherwise kept): the agent reads where its own task stands before the rest."""
-
-    def is_anchor(m: InboxMessage) -> bool:
-        return m.message.kind is MessageKind.TIMER and m.message.meta.get("intent") == "anchor"
-
     if not any(is_anchor(m) for m in got):
         return got
     return [m for m in got if is_anchor(m)] + [m for m in got if not is_anchor(m)]

@@ -67,6 +67,12 @@ class HubConfig:
     max_attempts: int = 5
     max_text: int = rules.DEFAULT_MAX_TEXT
     default_limit: int = 10
+    #: how many held messages an event stream opened again reads from the store at once
+    held_page: int = 1000
+    #: seconds an event stream's write may wait for its reader to take it: a reader that
+    #: takes nothing for that long (gone without a word, or stopped reading) ends the
+    #: stream, and what it holds goes back untried
+    stream_write_timeout: float = 10.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

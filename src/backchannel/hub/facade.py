@@ -221,6 +221,8 @@ class Hub:
     notice = _Delegate("messages", Messages.notice)
     receive = _Delegate("messages", Messages.receive)
     held = _Delegate("messages", Messages.held)
+    held_since = _Delegate("messages", Messages.held_since)
+    holding = _Delegate("messages", Messages.holding)
     inbox = _Delegate("messages", Messages.inbox)
     ack = _Delegate("messages", Messages.ack)
     release = _Delegate("messages", Messages.release)

@@ -30,7 +30,13 @@ from typing import Any
 from backchannel.core import messages as rules
 from backchannel.core import notices
 from backchannel.core.budget import ChainRef
-from backchannel.core.timers import Reply, anchors_first, replied_after_firing, waiting_on
+from backchannel.core.timers import (
+    Reply,
+    anchors_first,
+    is_anchor,
+    replied_after_firing,
+    waiting_on,
+)
 from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
 from backchannel.hub.context import Ctx, Env, Taker, wait_any, wait_for
 from backchannel.hub.pipeline import Pipeline, SendOptions
@@ -619,15 +625,91 @@ class Messages:
 
     async def held(self, team: str, member: str, receive_id: str) -> list[InboxMessage]:
         """What the receive named ``receive_id`` leased and still holds (up to
-        ``MAX_LIMIT``), as it was handed over, the same attempt: an event stream opened
-        again under its name sends these first (a proxy may have cut the connection after
-        the hub wrote them). Nothing is leased, and nothing of the lease's reactions runs
-        again."""
+        ``MAX_LIMIT``), as it was handed over, the same attempt, in the order it was
+        leased. Nothing is leased, and nothing of the lease's reactions runs again. An
+        event stream opened again pages through all of it with :meth:`held_since`."""
         holder = rules.check_receive_id(receive_id)
         now = self.clock.now()
         return await self.env.transact(
             lambda c: self._held(c, team, member, holder, now, rules.MAX_LIMIT)
         )
+
+    async def held_since(
+        self, team: str, member: str, receive_id: str, last: str | None = None
+    ) -> AsyncIterator[list[InboxMessage]]:
+        """All the event stream named ``receive_id`` leased and still holds, in the order
+        it sent them (by lease, a lease's fired anchors first: as :meth:`receive` handed
+        them over), the same attempt, a page at a time (``config.held_page`` a store
+        read, so a stream holding many costs no more memory than a page): those after
+        the message ``last`` when the name holds it (the reader saw that one and all
+        sent before it), all of them otherwise. Nothing is leased or changed."""
+        holder = rules.check_receive_id(receive_id)
+        start: tuple[float, bool, int] | None = None
+        if last:  # where the reader stopped, in the order the stream sent them
+            async for page in self._held_pages(team, member, holder):
+                for m in page:
+                    if m.message.message_id == last:
+                        start = _sent_order(m)
+                        break
+                if start is not None:
+                    break
+        async for page in self._held_pages(team, member, holder, start):
+            out = [m for m in page if start is None or _sent_order(m) > start]
+            if out:
+                yield out
+
+    async def _held_pages(
+        self, team: str, member: str, holder: str, start: tuple[float, bool, int] | None = None
+    ) -> AsyncIterator[list[InboxMessage]]:
+        """What ``holder`` holds, a lease at a time, in the order it was sent (from the
+        lease of ``start`` on); a lease is held back until the next page shows it whole,
+        so its anchors go first even when it spans pages."""
+        page = max(1, int(self.config.held_page))
+        after = None if start is None else (start[0], -1)
+        lease: list[InboxMessage] = []
+        while True:
+            now = self.clock.now()
+            got = await self.env.store.read(
+                partial(_held_page, team, member, holder, now, after, page)
+            )
+            for m in got:
+                if lease and m.leased_at != lease[0].leased_at:
+                    yield anchors_first(lease)
+                    lease = []
+                lease.append(m)
+            if len(got) < page:
+                break
+            after = (got[-1].leased_at, got[-1].seq)
+        if lease:
+            yield anchors_first(lease)
+
+    async def holding(
+        self,
+        team: str,
+        member: str,
+        receive_id: str,
+        limit: int,
+        wait: float = 0.0,
+        stop: asyncio.Event | None = None,
+    ) -> list[str]:
+        """The ids of what ``receive_id`` holds leased (at most ``limit``): an event
+        stream's unacked window. With ``wait``, when it holds ``limit`` already, waits
+        up to ``wait`` seconds (or until ``stop`` is set) for one of the team's acks and
+        answers again."""
+        holder = rules.check_receive_id(receive_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            acked = self.env.waiters.event(team, None)  # taken before the look
+            now = self.clock.now()
+            got = await self.env.store.read(
+                partial(_held_page, team, member, holder, now, None, limit, reply=False)
+            )
+            remaining = deadline - loop.time()
+            if len(got) < limit or remaining <= 0 or (stop is not None and stop.is_set()):
+                return [m.message.message_id for m in got]
+            events = (acked,) if stop is None else (acked, stop)
+            await wait_any(events, remaining)
 
     def _held(
         self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int
@@ -635,7 +717,7 @@ class Messages:
         """What the receive named ``holder`` leased and still holds, as it was handed
         over (its answer was lost: this receive is that one made again). Nothing of the
         lease's reactions runs again; they ran with the lease."""
-        got = c.tx.held(team, member, holder, now)[:limit]
+        got = c.tx.held(team, member, holder, now, None, limit)
         return _replies_since_firing(c.tx, team, member, anchors_first(got))
 
     async def inbox(
@@ -932,6 +1014,28 @@ class Messages:
         await self.message_status(team, message_id, viewer=member)
         event = DeliveryEvent(message_id, member, self.clock.now(), "reaction", emoji)
         await self.store.transact(lambda tx: tx.add_reaction(team, event))
+
+
+def _held_page(
+    team: str,
+    member: str,
+    holder: str,
+    now: float,
+    after: tuple[float, int] | None,
+    limit: int,
+    tx: Tx,
+    reply: bool = True,
+) -> list[InboxMessage]:
+    """A page of what ``holder`` holds (:meth:`Tx.held`), as it is handed over."""
+    got = tx.held(team, member, holder, now, after, limit)
+    return _replies_since_firing(tx, team, member, got) if reply else got
+
+
+def _sent_order(m: InboxMessage) -> tuple[float, bool, int]:
+    """Where ``m`` stands in the order a receive handed it over: by its lease, a
+    lease's fired anchors first (:func:`~backchannel.core.timers.anchors_first`), then
+    by ``seq``."""
+    return (m.leased_at, not is_anchor(m), m.seq)
 
 
 def _replies_since_firing(

@@ -233,11 +233,24 @@ class Tx(Protocol):
         """
         ...
 
-    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+    def held(
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        after: tuple[float, int] | None = None,
+        limit: int | None = None,
+    ) -> list[InboxMessage]:
         """The member's deliveries still ``leased`` (``lease_until`` after ``now``) by a
-        lease to ``holder``, lowest ``seq`` first, as :meth:`lease` handed them out (the
-        same attempt; nothing changes): what a receive its client made again, its answer
-        lost on the way, is answered. An index of the named leases alone finds them."""
+        lease to ``holder``, as :meth:`lease` handed them out (the same attempt; nothing
+        changes), each with ``leased_at`` (its ``updated_at``: when it was leased), in
+        the order they were leased: earliest ``updated_at`` first, then lowest ``seq``.
+        With ``after`` (a ``(leased_at, seq)`` pair), only those after it in that order;
+        with ``limit``, at most that many (a page: the next starts after the last one's
+        pair). What a receive its client made again, its answer lost on the way, is
+        answered, and what an event stream opened again sends first. An index of the
+        named leases alone finds them."""
         ...
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:

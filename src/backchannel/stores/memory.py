@@ -319,21 +319,34 @@ class MemoryTx:
             out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
         return out
 
-    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
+    def held(
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        after: tuple[float, int] | None = None,
+        limit: int | None = None,
+    ) -> list[InboxMessage]:
         inbox = self._d.open.get((team, member), {})
-        out: list[InboxMessage] = []
-        for seq in sorted(inbox):
-            key = inbox[seq]
+        found: list[Delivery] = []
+        for key in inbox.values():
             d = self._d.deliveries[key]
             if (
                 d.state is DeliveryState.LEASED
                 and d.lease_until is not None
                 and d.lease_until > now
                 and self._d.holders.get(key) == holder
+                and (after is None or (d.updated_at, d.seq) > after)
             ):
-                msg = self._d.messages[(team, d.message_id)]
-                out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
-        return out
+                found.append(d)
+        found.sort(key=lambda d: (d.updated_at, d.seq))
+        return [
+            InboxMessage(
+                self._d.messages[(team, d.message_id)], d.recipient, d.attempts, d.seq, d.updated_at
+            )
+            for d in found[:limit]
+        ]
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         found = [d for d in self._leased() if d.lease_until is not None and d.lease_until <= now]

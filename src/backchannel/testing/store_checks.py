@@ -330,6 +330,49 @@ async def check_held_by_a_named_receive(make_store: StoreFactory) -> None:
         ]
 
 
+async def check_held_in_lease_order_by_pages(make_store: StoreFactory) -> None:
+    """What a name holds comes back in the order it was leased (a copy leased later
+    comes later, whatever its ``seq``), each with ``leased_at``, and a page at a time
+    after a ``(leased_at, seq)`` pair."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(5):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        await store.transact(lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 1))  # m0
+        await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0 + 1, T0 + 60, 2, holder="r1")
+        )  # m1, m2
+        await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m0",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=T0 + 2,
+                event="released",
+            )
+        )
+        await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0 + 3, T0 + 60, 2, holder="r1")
+        )  # m0, m3
+        held = await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 4))
+        order = [(g.message.message_id, g.leased_at) for g in held]
+        assert order == [("m1", T0 + 1), ("m2", T0 + 1), ("m0", T0 + 3), ("m3", T0 + 3)]
+        pages, after = [], None
+        while True:
+            page = await store.read(
+                lambda tx, after=after: tx.held("alpha", "b", "r1", T0 + 4, after, 3)
+            )
+            pages.append([g.message.message_id for g in page])
+            if len(page) < 3:
+                break
+            after = (page[-1].leased_at, page[-1].seq)
+        assert pages == [["m1", "m2", "m0"], ["m3"]]
+
+
 async def check_unpin_session(make_store: StoreFactory) -> None:
     """A session that ended gives the copies pinned to it, waiting or leased, to its
     member as a whole; other sessions' copies and other members' are left alone."""
@@ -1017,6 +1060,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_dead_letters,
     check_lease_order_and_filters,
     check_held_by_a_named_receive,
+    check_held_in_lease_order_by_pages,
     check_concurrent_leases_never_overlap,
     check_ack,
     check_late_ack,

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Annotated
 
@@ -20,9 +21,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Send
 
 from backchannel.core.messages import MAX_LEASE, MAX_LIMIT, MAX_WAIT
-from backchannel.errors import BackchannelError
+from backchannel.errors import BackchannelError, InvalidState
+from backchannel.hub.messages import new_receive_id
 from backchannel.interfaces.routes.deps import AsMember, hub_of, principal, revoked
 from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
@@ -46,6 +49,7 @@ from backchannel.models import (
 from backchannel.types import MESSAGE_ID_PATTERN, SESSION_PATTERN
 
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
+log = logging.getLogger(__name__)
 
 
 class Gone(asyncio.Event):
@@ -214,10 +218,72 @@ async def give_up(body: GiveUpIn, api: AsMember) -> GivenUp:
 STREAM_RECEIVE_ID = (
     "a name for this stream, the same when the client opens it again: every message it "
     "sends is leased to the name, and the stream opened again under it first sends, "
-    "the same attempt, those still leased to it (after the one Last-Event-ID names, "
-    "when it names one of them): a proxy may have cut the connection after the hub "
-    "wrote them"
+    "the same attempt and in the order it sent them, all those still leased to it "
+    "(after the one Last-Event-ID names, when it names one of them): a proxy may have "
+    "cut the connection after the hub wrote them"
 )
+
+#: what ``limit`` is to the event stream
+STREAM_LIMIT = (
+    "how many messages the stream holds unacked at most: it leases more only as you ack "
+    "them, so a stream whose reader is gone without a word holds no more than these"
+)
+
+#: seconds between the comment lines that keep a quiet stream open
+KEEP_ALIVE = 15.0
+
+
+class _Stalled:
+    """Set by :class:`_BoundedWrites` when a write to the reader did not drain in time."""
+
+    stalled = False
+
+
+class _BoundedWrites(EventStream):
+    """An event stream whose every write must be taken by the reader within
+    ``write_timeout`` seconds. One that is not (the reader stopped reading, or a proxy
+    stopped forwarding, with the connection still open: nothing else tells the hub)
+    ends the stream: ``state.stalled`` is set and the body's generator closed, whose
+    cleanup gives back what the stream holds."""
+
+    def __init__(
+        self, content: AsyncGenerator[str, None], write_timeout: float, state: _Stalled
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._body = content
+        self.write_timeout = write_timeout
+        self.state = state
+
+    async def stream_response(self, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        async with contextlib.aclosing(self._body) as body:
+            async for chunk in body:
+                data = chunk.encode(self.charset)
+                message = {"type": "http.response.body", "body": data, "more_body": True}
+                try:
+                    await asyncio.wait_for(send(message), self.write_timeout)
+                except TimeoutError:
+                    self.state.stalled = True
+                    log.warning(
+                        "an inbox stream's reader took nothing for %s s: the stream ends "
+                        "and what it holds goes back untried",
+                        self.write_timeout,
+                    )
+                    return  # closing the body gives its leases back
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _give_back_held(api: MemberApi, name: str, untried: bool) -> None:
+    """Give back all the stream named ``name`` holds leased (untried: the hub knows its
+    reader took none of them in; otherwise counted, as a lease's end counts it)."""
+    with contextlib.suppress(BackchannelError):
+        async for page in api.held_since(name):
+            ids = [m.message_id for m in page]
+            if untried:
+                await api.give_back(ids)
+            else:
+                await api.release(ids)
 
 
 @router.get("/v1/inbox/stream", response_class=EventStream, responses=SSE_EVENT)
@@ -228,6 +294,7 @@ async def inbox_stream(
     receive_id: Annotated[
         str | None, Query(pattern=MESSAGE_ID_PATTERN, description=STREAM_RECEIVE_ID)
     ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description=STREAM_LIMIT)] = 32,
 ) -> StreamingResponse:
     """Server-sent events: each message is leased and sent as ``event: message`` (its
     ``id:`` the message id); ack it with ``POST /v1/inbox/ack``. A comment line every
@@ -236,72 +303,132 @@ async def inbox_stream(
     the token's rotation (or its member's removal), at once (by another hub process on
     the same store, once this one hears of it).
 
+    The stream holds at most ``limit`` messages unacked: it leases more as acks come
+    in, so the others go to the member's other receivers meanwhile. A reader that
+    takes nothing written to it for the hub's write bound (10 s; gone without a word, a
+    proxy that stopped forwarding) ends the stream, and what it holds goes back at once,
+    untried; a stream whose messages stay unacked for their whole lease ends with
+    ``event: error`` (they go back, as a lease's end gives them back), instead of
+    leasing them again to a reader that does not ack.
+
     With ``receive_id``, what the stream leases is leased to that name, and the stream
     opened again under it (a proxy cut the connection after the hub wrote to it) sends
-    first what is still leased to the name, the same attempt, instead of leaving it to
-    its lease: those after the message ``Last-Event-ID`` names when it names one of
-    them (the reader saw that one and those before it), all of them otherwise."""
-    held: list[Received] = []
-    if receive_id is not None:  # asked before the lease below adds to what it holds
-        held = await api.held(receive_id)
-        seen = request.headers.get("last-event-id", "").strip()
-        ids = [m.message_id for m in held]
-        if seen in ids:
-            held = held[ids.index(seen) + 1 :]
-    first = held + await api.receive(session=session, limit=32, receive_id=receive_id, fresh=True)
+    first all that is still leased to the name, in the order it was sent, the same
+    attempt, instead of leaving it to its lease: those after the message
+    ``Last-Event-ID`` names when it names one of them (the reader saw that one and
+    those before it), all of them otherwise."""
+    hub = hub_of(request)
+    name = receive_id if receive_id is not None else new_receive_id()
+    last = request.headers.get("last-event-id", "").strip() or None
+    lease = hub.config.lease_seconds
+    # a few seconds before the lease ends: a copy still held then was not acked in time
+    margin = min(1.0, lease / 4)
+    # the first lease, before the stream starts, refuses a session that is not yours
+    # (a name that holds its whole window already leases nothing more)
+    room = limit - len(await api.holding(name, limit))
+    first: list[Received] = []
+    if room > 0:
+        first = await api.receive(session=session, limit=room, receive_id=name, fresh=True)
     gone = asyncio.Event()  # set when the token is revoked
+    state = _Stalled()
+    loop = asyncio.get_running_loop()
 
-    unsent: collections.deque[Received] = collections.deque(first)
+    unsent: collections.deque[Received] = collections.deque()
+    sent: dict[str, float] = {}  # written and still held: when it was written
 
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncGenerator[str, None]:
         # a batch is leased whole: those of it not written when the stream ends (the
         # reader went away, a proxy cut it) are given back at once, not left leased to
         # nobody until the lease ends; one written may have been read, and stays leased
+        # (unless the reader stopped taking what is written: then all goes back)
         try:
             yield ": connected\n\n"
-            with hub_of(request).watch_revocation(api.member.token_hash, gone, api.member.team):
+            with hub.watch_revocation(api.member.token_hash, gone, api.member.team):
                 async with contextlib.aclosing(batches()) as chunks:
                     async for chunk in chunks:
                         yield chunk
         finally:
             if unsent:
                 await asyncio.shield(given_back(api, list(unsent)))
+            if state.stalled:
+                await asyncio.shield(_give_back_held(api, name, untried=True))
 
-    async def batches() -> AsyncGenerator[str, None]:
-        while True:
-            while unsent:
-                # the server takes what is written to a connection that is gone and
-                # drops it: no more of the batch is written into it
-                if await request.is_disconnected():
-                    return
-                m = unsent.popleft()
-                # ids are checked whole on the way in; the line is kept one line anyway
-                mid = m.message_id.replace("\r", "").replace("\n", "")
-                data = m.model_dump_json(by_alias=True)
-                yield f"event: message\nid: {mid}\ndata: {data}\n\n"
+    def written(m: Received) -> str:
+        sent[m.message_id] = loop.time()
+        # ids are checked whole on the way in; the line is kept one line anyway
+        mid = m.message_id.replace("\r", "").replace("\n", "")
+        data = m.model_dump_json(by_alias=True)
+        return f"event: message\nid: {mid}\ndata: {data}\n\n"
+
+    async def flush() -> AsyncGenerator[str, None]:
+        while unsent:
+            # the server takes what is written to a connection that is gone and
+            # drops it: no more of the batch is written into it
             if await request.is_disconnected():
                 return
-            try:
-                got = await api.receive(
-                    session=session,
-                    limit=32,
-                    wait=15.0,
-                    stop=gone,
-                    receive_id=receive_id,
-                    fresh=True,
-                )
-            except BackchannelError as exc:  # the session ended meanwhile
-                yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
+            yield written(unsent.popleft())
+
+    async def batches() -> AsyncGenerator[str, None]:
+        if receive_id is None:
+            unsent.extend(first)
+        else:  # all the name holds, in the order it was sent: ``first`` comes last
+            async for page in api.held_since(receive_id, last):
+                unsent.extend(page)
+                async for chunk in flush():
+                    yield chunk
+                if unsent:
+                    return
+        quiet_since = loop.time()
+        while True:
+            async for chunk in flush():
+                yield chunk
+                quiet_since = loop.time()
+            if unsent or await request.is_disconnected():
                 return
+            held = set(await api.holding(name, max(limit, len(sent))))
+            for mid in [k for k in sent if k not in held]:
+                del sent[mid]  # acked (or released)
+            now = loop.time()
+            oldest = min(sent.values(), default=now + lease)
+            if oldest + lease - margin <= now:
+                unacked = InvalidState(
+                    f"{len(sent)} message(s) this stream sent were not acked within their "
+                    f"lease ({lease:g} s): the stream ends and they go back to the inbox; "
+                    "ack each message (POST /v1/inbox/ack) once it is handled, and open the "
+                    "stream again",
+                    field="ack",
+                )
+                await _give_back_held(api, name, untried=False)
+                yield f"event: error\ndata: {json.dumps(unacked.to_json())}\n\n"
+                return
+            wait = max(0.0, min(KEEP_ALIVE - (now - quiet_since), oldest + lease - margin - now))
+            room = limit - len(held)
+            got: list[Received] = []
+            if room <= 0:  # the window is full: wait for an ack
+                await api.holding(name, limit, wait=min(wait, 1.0), stop=gone)
+            else:
+                try:
+                    got = await api.receive(
+                        session=session,
+                        limit=room,
+                        wait=wait,
+                        stop=gone,
+                        receive_id=name,
+                        fresh=True,
+                    )
+                except BackchannelError as exc:  # the session ended meanwhile
+                    yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
+                    return
             if (error := await revoked(request)) is not None:
                 await given_back(api, got)
                 yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
                 return
             unsent.extend(got)
-            if not got:
+            if not got and loop.time() - quiet_since >= KEEP_ALIVE:
                 yield ": keep-alive\n\n"
+                quiet_since = loop.time()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _BoundedWrites(events(), hub.config.stream_write_timeout, state)
 
 
 async def fast_ack(request: Request) -> Response:

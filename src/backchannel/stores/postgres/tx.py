@@ -130,10 +130,11 @@ _LEASE = (
 )
 #: the copies still leased to a named receive (``deliveries_holder``), in send order
 _HELD = (
-    f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
+    f"SELECT d.seq, d.session, d.attempts, d.updated_at, {MSG_COLS} FROM deliveries d "
     "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
     "WHERE d.team = %s AND d.member = %s AND d.state = 'leased' AND d.lease_holder = %s "
-    "AND d.lease_until > %s ORDER BY d.seq"
+    "AND d.lease_until > %s AND (d.updated_at > %s OR (d.updated_at = %s AND d.seq > %s)) "
+    "ORDER BY d.updated_at, d.seq LIMIT %s"
 )
 
 
@@ -314,9 +315,21 @@ class PgTx(PgTransaction, LifecycleSql):
             self._event(team, ev)
         return out
 
-    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
-        rows = self._all(_HELD, (team, member, holder, now), team)
-        return [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
+    def held(
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        after: tuple[float, int] | None = None,
+        limit: int | None = None,
+    ) -> list[InboxMessage]:
+        at, seq = after if after is not None else (-1e300, -1)
+        args = (team, member, holder, now, at, at, seq, None if limit is None else limit)
+        rows = self._all(_HELD, args, team)
+        return [
+            InboxMessage(_message(r[4:]), Recipient(member, r[1]), r[2], r[0], r[3]) for r in rows
+        ]
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         where = "state = 'leased' AND lease_until <= %s"

@@ -130,10 +130,11 @@ _MARK_LEASED = (
 )
 #: the copies still leased to a named receive (``deliveries_holder``), in send order
 _HELD = (
-    f"SELECT d.seq, d.session, d.attempts, {MSG_COLS} FROM deliveries d "
+    f"SELECT d.seq, d.session, d.attempts, d.updated_at, {MSG_COLS} FROM deliveries d "
     "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
     "WHERE d.team = ? AND d.member = ? AND d.state = 'leased' AND d.lease_holder = ? "
-    "AND d.lease_until > ? ORDER BY d.seq"
+    "AND d.lease_until > ? AND (d.updated_at > ? OR (d.updated_at = ? AND d.seq > ?)) "
+    "ORDER BY d.updated_at, d.seq LIMIT ?"
 )
 _EXPIRED_LEASES = (
     f"SELECT {DELIVERY_COLS} FROM deliveries WHERE state = 'leased' AND lease_until <= ? "
@@ -425,9 +426,21 @@ class SqliteTx(LifecycleSql):
         )
         return out
 
-    def held(self, team: str, member: str, holder: str, now: float) -> list[InboxMessage]:
-        rows = self._c.execute(_HELD, (team, member, holder, now)).fetchall()
-        return [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
+    def held(
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        after: tuple[float, int] | None = None,
+        limit: int | None = None,
+    ) -> list[InboxMessage]:
+        at, seq = after if after is not None else (-1e300, -1)
+        args = (team, member, holder, now, at, at, seq, -1 if limit is None else limit)
+        rows = self._c.execute(_HELD, args).fetchall()
+        return [
+            InboxMessage(_message(r[4:]), Recipient(member, r[1]), r[2], r[0], r[3]) for r in rows
+        ]
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         return [delivery(r) for r in self._c.execute(_EXPIRED_LEASES, (now, limit))]

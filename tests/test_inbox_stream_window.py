@@ -1,0 +1,235 @@
+"""``GET /v1/inbox/stream`` in the field, served by a hub on a real socket: a reader that
+stops reading (its connection still open) or never acks holds only the stream's window,
+and not for longer than the bound; a stream opened again sends all its name holds, past
+one store read's page."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backchannel.hub import Hub, Outgoing
+from backchannel.stores.sqlite import SqliteStore
+from backchannel.testing.waiting import eventually, eventually_blocking
+from backchannel.types import MessageKind
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    tmp_path: Path, lease: float = 60.0, **config: float
+) -> AsyncIterator[tuple[Hub, str, dict[str, str]]]:
+    """A hub on SQLite (leases of ``lease`` seconds, and the ``config`` settings)
+    serving the API on a real socket: the hub, its URL, and the tokens of team ``t``'s
+    members ``a`` and ``b``."""
+    import uvicorn
+
+    from backchannel.interfaces.http import create_app
+
+    hub = Hub(SqliteStore(tmp_path / "hub.db"), lease_seconds=lease)
+    for key, value in config.items():
+        setattr(hub.config, key, value)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="error")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await hub.create_team("t")
+        tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b")}
+        yield hub, url, tokens
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
+
+
+async def _send(hub: Hub, n: int, text: str = "part") -> list[str]:
+    """``n`` messages from ``a`` to ``b``; their ids, in send order."""
+    done = await hub.send_many("t", "a", [Outgoing("b", f"{text} {i}") for i in range(n)])
+    ids = []
+    for r in done:
+        assert not isinstance(r, Exception), r
+        ids.append(r.message_id)
+    return ids
+
+
+async def _taken(url: str, token: str, want: int, within: float) -> list[dict[str, Any]]:
+    """What another receiver of the member leases (``GET /v1/inbox``) until ``want``
+    came, or ``within`` seconds passed (from a thread of its own)."""
+    got: list[dict[str, Any]] = []
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def take() -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+
+            def more() -> bool:
+                r = c.get("/v1/inbox", params={"limit": 100, "wait": 0.2})
+                got.extend(r.json()["messages"])
+                return len(got) >= want
+
+            with contextlib.suppress(AssertionError):
+                eventually_blocking(
+                    more, what=f"{want} messages for another receiver", within=within
+                )
+
+    await asyncio.to_thread(take)
+    return got
+
+
+async def _events(
+    url: str,
+    token: str,
+    want: int,
+    within: float,
+    params: dict[str, Any] | None = None,
+    last: str | None = None,
+    got: list[tuple[str, Any]] | None = None,
+) -> list[tuple[str, Any]]:
+    """The events ``GET /v1/inbox/stream`` sends (``("message", (id, attempt))`` or
+    ``("error", code)``), read until ``want`` came, an error, or ``within`` seconds
+    (into ``got`` when given, as they come)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if last is not None:
+        headers["Last-Event-ID"] = last
+    got = [] if got is None else got
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                async with c.stream("GET", "/v1/inbox/stream", params=params) as r:
+                    r.raise_for_status()
+                    kind = ""
+                    async for line in r.aiter_lines():
+                        if line.startswith("event: "):
+                            kind = line[7:]
+                        elif line.startswith("data: "):
+                            data = json.loads(line[6:])
+                            if kind == "error":
+                                got.append(("error", data["error"]["code"]))
+                                break
+                            got.append(("message", (data["message_id"], data["attempt"])))
+                            if len(got) == want:
+                                break
+    return got
+
+
+@pytest.mark.slow
+async def test_a_stream_whose_reader_stopped_reading_gives_back_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    # a reader that stopped reading with its connection open (a hung process, a full
+    # receive buffer): before, its stream kept every message it leased for the whole
+    # lease (60 s), and another receiver of the member got none of them; now the stream
+    # leases only its window (32 unacked), the write it cannot get into the reader ends
+    # it after the write bound (1 s here), and all it held goes to the other receiver at
+    # once, untried (attempt 1)
+    async with _serving(tmp_path, stream_write_timeout=1.0) as (hub, url, tokens):
+        ids = await _send(hub, 40, "x" * 200_000)
+        host, port = url.removeprefix("http://").split(":")
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            reader.connect((host, int(port)))
+            reader.sendall(
+                f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {tokens['b']}\r\n\r\n".encode()
+            )
+            got = await _taken(url, tokens["b"], 40, within=15)
+        finally:
+            reader.close()
+        assert sorted(m["message_id"] for m in got) == sorted(ids)
+        assert {m["attempt"] for m in got} == {1}
+
+
+async def test_a_stream_holds_no_more_than_its_window_unacked(tmp_path: Path) -> None:
+    # a stream whose reader reads but does not ack holds at most ``limit`` messages: the
+    # others, and those sent later, go to the member's other receiver at once (before:
+    # the stream leased every message the member got while it was open)
+    async with _serving(tmp_path) as (hub, url, tokens):
+        ids = await _send(hub, 10)
+        params = {"limit": 4}
+        seen: list[tuple[str, Any]] = []
+        reading = asyncio.create_task(
+            _events(url, tokens["b"], 99, within=30, params=params, got=seen)
+        )
+        try:
+            await eventually(lambda: len(seen) >= 4, what="the stream to send its window")
+            assert seen == [("message", (i, 1)) for i in ids[:4]]
+            later = await _send(hub, 2, "later")
+            got = await _taken(url, tokens["b"], 8, within=5)
+            assert [m["message_id"] for m in got] == ids[4:] + later
+            assert len(seen) == 4  # the reader was sent none of them
+            # acked, the window has room again: the stream takes what comes next
+            async with httpx.AsyncClient(base_url=url) as b:
+                headers = {"Authorization": f"Bearer {tokens['b']}"}
+                r = await b.post("/v1/inbox/ack", json={"message_ids": ids[:4]}, headers=headers)
+                assert r.json()["acked"] == 4
+            more = await _send(hub, 2, "after the acks")
+            await eventually(lambda: len(seen) >= 6, what="the stream to lease again")
+            assert seen[4:] == [("message", (i, 1)) for i in more]
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+
+async def test_a_stream_whose_messages_stay_unacked_for_their_lease_ends(
+    tmp_path: Path,
+) -> None:
+    # a reader that reads but never acks (or a proxy that stopped forwarding): before,
+    # its stream took each message again as its lease ended and sent it again, attempt
+    # after attempt, until it was dead; now the stream ends with ``event: error`` before
+    # the lease is out, and the message goes back to the inbox for the next receiver
+    async with _serving(tmp_path, lease=2.0) as (hub, url, tokens):
+        [mid] = await _send(hub, 1)
+        got = await _events(url, tokens["b"], 99, within=8)
+        assert got == [("message", (mid, 1)), ("error", "invalid_state")]
+        again = await _taken(url, tokens["b"], 1, within=5)
+        assert [(m["message_id"], m["attempt"]) for m in again] == [(mid, 2)]
+
+
+async def test_a_stream_opened_again_sends_all_its_name_holds_page_by_page(
+    tmp_path: Path,
+) -> None:
+    # a name that holds more than 1,000 messages (read from the store 7 at a time here):
+    # before, the stream opened again sent the first 1,000 and the others waited out
+    # their lease; now it sends each one it holds, once, in the order it leased them,
+    # and from after the one Last-Event-ID names
+    async with _serving(tmp_path, held_page=7) as (hub, url, tokens):
+        ids = await _send(hub, 1005)
+        for _ in range(2):  # leased to the stream's name (1,000 at most a lease)
+            await hub.receive("t", "b", limit=1000, receive_id="rcv-many", fresh=True)
+        params = {"receive_id": "rcv-many"}
+        got = await _events(url, tokens["b"], 1005, within=30, params=params)
+        assert got == [("message", (i, 1)) for i in ids]
+        rest = await _events(url, tokens["b"], 504, within=30, params=params, last=ids[500])
+        assert rest == [("message", (i, 1)) for i in ids[501:]]
+
+
+async def test_a_stream_resumed_after_an_anchor_it_leased_last_sends_the_anchor(
+    tmp_path: Path,
+) -> None:
+    # the stream's name leased "work" and then, in a later lease, a fired anchor; the
+    # reader saw "work" (Last-Event-ID). Before, what the name held was put anchors
+    # first (the anchor before "work"), so nothing came "after work" and the anchor
+    # waited out its lease; now the anchor is sent
+    async with _serving(tmp_path) as (hub, url, tokens):
+        [work] = await _send(hub, 1, "work")
+        name = "rcv-anchor"
+        await hub.receive("t", "b", limit=10, receive_id=name, fresh=True)
+        anchor = await hub.send(
+            "t", "a", "b", "ANCHOR: back to task 3", kind=MessageKind.TIMER,
+            meta={"intent": "anchor"},
+        )  # fmt: skip
+        await hub.receive("t", "b", limit=10, receive_id=name, fresh=True)
+        params = {"receive_id": name}
+        got = await _events(url, tokens["b"], 1, within=5, params=params, last=work)
+        assert got == [("message", (anchor.message_id, 1))]
