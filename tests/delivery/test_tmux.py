@@ -13,7 +13,14 @@ import libtmux
 import pytest
 
 from backchannel.delivery import tmux as tmux_adapter
-from backchannel.delivery.tmux import ENTER_TRIES, dialog, input_line, sanitize, waits_in_prompt
+from backchannel.delivery.tmux import (
+    ENTER_TRIES,
+    dialog,
+    input_line,
+    live_input,
+    sanitize,
+    waits_in_prompt,
+)
 from backchannel.hub import Hub
 from backchannel.stores.base import Tx
 from backchannel.testing import counting_rows, eventually
@@ -1114,16 +1121,38 @@ NO_PROMPT = (
 )
 
 
+#: A panel of wording the adapter does not know, drawn under the conversation's echo of
+#: an earlier prompt (which begins with a prompt mark as the input line does), left with
+#: "q". Claude Code's and Gemini CLI's input line is framed, Codex's has its status line
+#: under it: the echo has neither.
+PANEL_UNDER_ECHO = (
+    b"> earlier prompt\r\n\r\n  Noted.\r\n\r\n  Pick a workspace to open:\r\n"
+    b"    project-a\r\n    project-b\r\n\r\n  Waiting for the code... (q to quit)\r\n"
+)
+#: The same, the panel right under the echo, and short.
+SHORT_PANEL_UNDER_ECHO = b"> earlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+
+
 @pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini", "human"])
+@pytest.mark.parametrize(
+    "screen",
+    [NO_PROMPT, PANEL_UNDER_ECHO, SHORT_PANEL_UNDER_ECHO],
+    ids=["no-prompt", "panel-under-echo", "short-panel-under-echo"],
+)
 async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_into(
-    tmux: libtmux.Server, tmp_path: Path, kind: str
+    tmux: libtmux.Server, tmp_path: Path, kind: str, screen: bytes
 ) -> None:
     """A Claude Code, Codex or Gemini CLI showing a screen with no prompt and no dialog
     the adapter knows got the paste and its Enter, which such a screen may take as its
-    user's answer. The message is held until the CLI shows its prompt; a member of
-    another kind (whose program may show anything) is typed into as before."""
-    pane, out = _waiting_pane(tmux, tmp_path, NO_PROMPT, "q")
-    await eventually(lambda: "Sign in" in "\n".join(pane.capture_pane()), what="the screen")
+    user's answer; so did one whose conversation still showed an earlier prompt's echo
+    above such a panel (the echo read as the prompt). The message is held until the CLI
+    shows its prompt; a member of another kind (whose program may show anything) is
+    typed into as before."""
+    if kind == "codex" and screen == SHORT_PANEL_UNDER_ECHO:
+        pytest.skip("Codex's composer has no frame: a one-line panel under an echo reads "
+                    "as its status line (see live_input)")  # fmt: skip
+    pane, out = _waiting_pane(tmux, tmp_path, screen, "q")
+    await eventually(lambda: "(q to quit)" in "\n".join(pane.capture_pane()), what="the screen")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind=kind)
         async with dispatching(hub) as d:
@@ -1225,3 +1254,40 @@ def test_an_idle_cli_shows_no_dialog(screen: str) -> None:
     prompt's line below it is what the CLI shows."""
     assert dialog(screen) is None
     assert input_line(screen) is not None
+
+
+_RULE = "─" * 60
+#: The bottoms of the real CLIs' screens (capture-pane in the real-CLI rigs: Claude Code
+#: 2.1.332, Gemini CLI 0.61.0, Codex 0.171.0), idle at their prompt after a turn.
+LIVE = {
+    "claude-code": "❯ Warm up.\n\n● Noted.\n\n✢ Swooping… (running Stop hook · 0s)\n\n"
+    f"{_RULE}\n❯\xa0\n{_RULE}\n  ⏵⏵ auto mode on (shift+tab to cycle) · esc to interrupt",
+    "gemini": " > Warm up.\n\n✦ Noted.\n\n ⠸ Executing Hooks: backchannel (esc to cancel, 0s)\n"
+    f"{_RULE}\n Shift+Tab to accept edits\n\n >   Type your message or @path/to/file\n\n"
+    " workspace (/directory)          sandbox\n /tmp/project                  no sandbox",
+    "codex": "› Warm up.\n\n• Noted.\n\n\n› Ask Codex to do anything\n\n"
+    "  gpt-test default · /tmp/project · Warm up.\n  ← for agents · ? for shortcuts",
+}
+#: What the same CLIs showed under their input line or an echo, unknown to the adapter:
+#: Gemini CLI's command suggestions (Enter picks one), Codex's transcript search.
+NOT_LIVE = {
+    "gemini": " > Warm up.\n✦ Noted.\n"
+    f"{_RULE}\n Shift+Tab to accept edits\n\n > /he\n\n help   For help on gemini-cli\n"
+    " hello  Say hello\n workspace (/directory)          sandbox\n /tmp/project    no sandbox",
+    "codex": "› Warm up.\n• Noted.\n\n› Ask Codex to do anything\n\n"
+    "  gpt-test default · /tmp/project · Warm up.\n  Find: approvals\n"
+    "  No matches · full transcript · esc cancel",
+    "claude-code": f"❯ Warm up.\n\n● Noted.\n\n{_RULE}\n  Pick a workspace\n    a\n    b",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LIVE))
+def test_the_live_input_line_is_told_from_an_echo_with_a_panel_under_it(kind: str) -> None:
+    """The live input line of each CLI is found in its frame, with its footer under it;
+    an echo of an earlier prompt with something else under it is no live input line."""
+    assert live_input(LIVE[kind], kind) is not None
+    assert live_input(NOT_LIVE[kind], kind) is None
+    assert input_line(NOT_LIVE[kind]) is not None  # the echo: what was typed into before
+    # the echo with the same screen's input box cut off (a panel drawn over it)
+    echo_only = LIVE[kind].split(_RULE if kind != "codex" else "\n\n\n›")[0]
+    assert live_input(echo_only + "\n\n  Choose:\n  one\n  two\n  three", kind) is None
