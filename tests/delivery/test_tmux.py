@@ -818,7 +818,8 @@ async def test_a_paste_a_cli_prompt_never_shows_gets_no_enter_and_is_dead_letter
     Enter now waits for the text in the prompt: without it the attempt fails, and the
     copy is dead-lettered (the sender told) once none succeeds, the text pasted once."""
     monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 1.0)
-    out = _reader_pane(tmux, tmp_path, "agent", shows="> ")  # shows no paste
+    # a framed prompt, as Gemini CLI's (under its rule); it shows no paste
+    out = _reader_pane(tmux, tmp_path, "agent", shows="────────\r\n> ")
     await _ready(tmux, "agent")
     async with running_hub(max_attempts=2) as hub:
         await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="gemini")
@@ -1111,6 +1112,47 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             typed = out.read_bytes()
             assert typed == b"|answered|" + START + b"[From user] yes please, go on" + END + b"\r"
+
+
+async def test_a_dialog_nobody_answers_gives_the_message_up_and_its_sender_is_told(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """A dialog left on screen held the message for good, the team's user told once: its
+    sender never heard. The user is reminded while it is held, and once it has been held
+    for the delivery's ``hold_max`` the message is dead-lettered saying what the screen
+    showed and for how long, its sender and the user told; nothing was typed."""
+    pane, out = _waiting_pane(tmux, tmp_path, DIALOG, "n")
+    await eventually(lambda: "1. Yes, proceed" in "\n".join(pane.capture_pane()), what="the dialog")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0, hold_max=3))
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "yes please, go on", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+            told_lead = await hub.receive("t", "lead")
+            told_user = await hub.receive("t", "user")
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("held: a's screen showed '› 1. Yes, proceed (y)' for "), reason
+    assert "nobody answered it" in reason, reason
+    assert out.read_bytes() == b""  # not a key of it reached the dialog
+    assert [m.message.kind.value for m in told_lead] == ["system"]
+    assert "nobody answered it" in told_lead[0].message.text, told_lead[0].message.text
+    said = [m.message.text for m in told_user]
+    assert said[0].startswith("A message from lead to a is held, not delivered"), said
+    reminders = [t for t in said if "is still held, not delivered, after" in t]
+    assert len(reminders) == 3, said  # at an eighth, a quarter and a half of hold_max
+    assert "was given up: held: a's screen showed" in said[-1], said
+    assert len(said) == 5, said
+
+
+def test_a_hold_bound_of_nothing_is_refused() -> None:
+    from backchannel.delivery.adapters import check_delivery_setting as check_delivery
+    from backchannel.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="'hold_max' must be a number of seconds above 0"):
+        check_delivery({"type": "tmux", "target": "w:0.0", "hold_max": 0})
+    with pytest.raises(InvalidRequest, match="'hold_max' must be a non-negative number"):
+        check_delivery({"type": "tmux", "target": "w:0.0", "hold_max": "soon"})
 
 
 #: A screen of its own a CLI shows before its first prompt, with no prompt line and no

@@ -8,7 +8,8 @@ Setting::
      "socket_name": "agents",       # optional; tmux -L (default: tmux's default socket)
      "socket_path": "/tmp/t.sock",  # optional; tmux -S (instead of socket_name)
      "agent_commands": ["claude"],  # optional; what may run in the pane's foreground
-     "turn_wait": 3}                # optional; seconds to wait for the turn to start
+     "turn_wait": 3,                # optional; seconds to wait for the turn to start
+     "hold_max": 1800}              # optional; seconds a message may be held (below)
 
 **Only into the agent.** Text typed into a terminal runs as commands when the agent has
 exited and left its shell in the pane. Before every paste the adapter asks tmux for the
@@ -22,7 +23,9 @@ for anything else; a shell's name (``bash``, ``zsh``...) is refused. Otherwise t
 is **held**: not typed, not dead-lettered, back in the queue; the team's ``user`` gets a
 ``system`` notice and the hub's log a WARNING naming the program found in the pane, the
 dispatcher's status shows the worker ``held``, and the message is typed in as soon as
-the agent is back in the foreground (checked every few seconds). A pane whose
+the agent is back in the foreground (checked every few seconds); the ``user`` is
+reminded while it lasts, and a copy still held after ``hold_max`` seconds is given up,
+its sender told what the screen showed and for how long. A pane whose
 foreground program tmux cannot name is held the same way, and so is an agent that is
 stopped (SIGSTOP, a debugger: the leader of the foreground process group, from
 ``/proc``, is in state ``T``): it reads nothing, tmux would take the paste all the same,
@@ -545,7 +548,8 @@ class TmuxAdapter(Adapter):
             f"the agent in {self._pane(pane)} shows a dialog of its own ({shows[:80]!r}), "
             "waiting for its user's choice; the message is held, not typed (its keys would "
             "answer the dialog), until the dialog is answered in the pane and the agent is "
-            "back at its prompt"
+            "back at its prompt",
+            shows=shows[:80],
         )
 
     async def _until_prompt(self, pane: str, screen: str) -> None:
@@ -571,7 +575,8 @@ class TmuxAdapter(Adapter):
             f"the hub knows (its last line: {last[:80]!r}): a screen of its own, a panel "
             "or a question, or a screen still starting. The message is held, not typed (its "
             "keys could answer what shows), until the agent is back at its prompt; look at "
-            "the pane should it stay so"
+            "the pane should it stay so",
+            shows=last[:80],
         )
 
     async def ready(self) -> str | None:
