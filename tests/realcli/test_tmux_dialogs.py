@@ -208,3 +208,60 @@ async def test_a_message_typed_while_the_cli_shows_a_picker_waits_for_it_to_clos
     assert rig.api is not None
     asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
     assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+
+
+@pytest.fixture
+def gemini_rig(server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
+    with attached("gemini", server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+
+
+async def test_a_message_waits_while_the_cli_lists_command_suggestions_under_its_prompt(
+    gemini_rig: Rig,
+) -> None:
+    """The user typed ``/`` into Gemini CLI's prompt, and its list of slash commands
+    shows under the input line (``clear  Clear the screen and start a new session``...):
+    an Enter there runs the command chosen, not the text. The input line with a list
+    under it is not the live prompt the adapter types into: the message is held, and
+    reaches the model once, as a prompt of its own, once the user deleted the ``/``."""
+    rig = gemini_rig
+    with _warm_pane(rig) as (pane, setting):
+        pane.pane.send_keys("/", enter=False, literal=True)
+        pane.wait_for("Clear the screen")
+        mark = "WHILE-THE-LIST-SHOWS"
+        text = f"{mark} please note this."
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value in ("delivered", "acked", "dead"):
+                        return st.state.value
+                    return "held" if any(w.state == "held" for w in d.status()) else None
+
+                got = await eventually(settled, within=60, what="the message held or sent")
+                screen = pane.screen()
+                assert got == "held", f"typed under the list\n--- screen ---\n{screen}"
+                assert mark not in screen and "Clear the screen" in screen, screen
+
+                def closed() -> bool:
+                    if "Clear the screen" not in pane.screen():
+                        return True
+                    pane.pane.send_keys("BSpace", enter=False)  # the user deletes the "/"
+                    return False
+
+                wait_until(closed, 30, "the list closed", pane)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
