@@ -130,13 +130,17 @@ class Adapter(abc.ABC):
     :data:`AUTO_SESSION` to follow the member's live session; None for no gating),
     ``retry`` (backoff and budget for transient failures), ``attempt_timeout`` (the
     longest one :meth:`deliver` may take: the dispatcher's lease covers it plus the
-    longest backoff, and the dispatcher cancels an attempt that runs a second past it)
-    and ``turn_wait``.
+    longest backoff, and the dispatcher cancels an attempt that runs a second past it),
+    ``turn_wait`` and ``hold_max`` (how long a copy may be held, :class:`HeldDelivery`,
+    before it is given up).
     """
 
     type: ClassVar[str] = ""
     starts_turn: ClassVar[bool] = False
     ack_on_delivery: ClassVar[bool] = True
+    #: how long a copy may be held (the ``hold_max`` option, read by ``__init__``); a
+    #: subclass that does not call it keeps this default
+    hold_max: float = HOLD_MAX_S
 
     def __init__(self, ctx: AdapterContext) -> None:
         """Read and check the setting; raise :class:`PermanentDeliveryError` naming the fix
@@ -146,7 +150,7 @@ class Adapter(abc.ABC):
         self.retry: RetryPolicy = DEFAULT_RETRY
         self.attempt_timeout: float = DEFAULT_RETRY.timeout
         self.turn_wait: float = ctx.float_option("turn_wait", 0.0)
-        self.hold_max: float = ctx.float_option("hold_max", HOLD_MAX_S)
+        self.hold_max = ctx.float_option("hold_max", HOLD_MAX_S)
         if not self.hold_max > 0 or not math.isfinite(self.hold_max):
             raise PermanentDeliveryError(
                 f"member {ctx.member!r}'s delivery setting 'hold_max' must be a number of "
