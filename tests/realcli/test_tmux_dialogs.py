@@ -210,25 +210,39 @@ async def test_a_message_typed_while_the_cli_shows_a_picker_waits_for_it_to_clos
     assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
 
 
-@pytest.fixture
-def gemini_rig(server: Server, bin_dir: Path, tmp_path: Path) -> Iterator[Rig]:
-    with attached("gemini", server, bin_dir, tmp_path) as r:
+#: What each CLI lists once its user typed ``/`` into its prompt (Gemini CLI under the
+#: input line, Claude Code and Codex above it).
+COMMANDS = {
+    "gemini": "Clear the screen",
+    "claude-code": "Add a working directory",
+    "codex": "choose what model",
+}
+
+
+@pytest.fixture(params=sorted(COMMANDS))
+def command_rig(
+    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
+) -> Iterator[Rig]:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
         yield r
         assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
 
 
-async def test_a_message_waits_while_the_cli_lists_command_suggestions_under_its_prompt(
-    gemini_rig: Rig,
+async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_prompt(
+    command_rig: Rig,
 ) -> None:
-    """The user typed ``/`` into Gemini CLI's prompt, and its list of slash commands
-    shows under the input line (``clear  Clear the screen and start a new session``...):
-    an Enter there runs the command chosen, not the text. The input line with a list
-    under it is not the live prompt the adapter types into: the message is held, and
-    reaches the model once, as a prompt of its own, once the user deleted the ``/``."""
-    rig = gemini_rig
+    """The user typed ``/`` into the CLI's prompt, and its list of slash commands shows
+    (Gemini CLI's under the input line, ``clear  Clear the screen and start a new
+    session``...). Typed in after the ``/``, the message was run as a command (or the
+    Enter picked the command chosen in the list), never reaching the model, and counted
+    delivered. The message is held, and reaches the model once, as a prompt of its own,
+    once the user deleted the ``/``."""
+    rig = command_rig
+    shows = COMMANDS[rig.runtime]
     with _warm_pane(rig) as (pane, setting):
         pane.pane.send_keys("/", enter=False, literal=True)
-        pane.wait_for("Clear the screen")
+        pane.wait_for(shows)
         mark = "WHILE-THE-LIST-SHOWS"
         text = f"{mark} please note this."
         async with running_hub() as hub:
@@ -246,10 +260,10 @@ async def test_a_message_waits_while_the_cli_lists_command_suggestions_under_its
                 got = await eventually(settled, within=60, what="the message held or sent")
                 screen = pane.screen()
                 assert got == "held", f"typed under the list\n--- screen ---\n{screen}"
-                assert mark not in screen and "Clear the screen" in screen, screen
+                assert mark not in screen and shows in screen, screen
 
                 def closed() -> bool:
-                    if "Clear the screen" not in pane.screen():
+                    if shows not in pane.screen():
                         return True
                     pane.pane.send_keys("BSpace", enter=False)  # the user deletes the "/"
                     return False

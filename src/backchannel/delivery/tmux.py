@@ -86,7 +86,10 @@ its first prompt, a panel, menu or list of suggestions of a wording the adapter 
 met, drawn under the input line or over it (the conversation's echo of an earlier prompt
 above it then has no frame, or too much under it, to pass for the input line). Panes of
 other members (a human's chat program, an agent of another kind) may show anything and
-are typed into as before.
+are typed into as before. A live input line that holds a command its user is typing
+(``/mod``: :data:`_COMMAND_MARKS`) holds the message too: typed in after it, the message
+was run as that command (Codex: ``Unrecognized command '/[From'``), never reaching the
+model, and counted delivered.
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -253,6 +256,10 @@ FOOTER_MAX = 2
 #: Within how many lines above it Claude Code's and Gemini CLI's live input line has its
 #: frame's rule (Gemini CLI puts a hint line, ``Shift+Tab to accept edits``, between).
 FRAME_ABOVE = 3
+#: What a command typed into a CLI's prompt begins with (Claude Code, Codex and Gemini
+#: CLI run ``/name`` as their own command, not as a prompt): a message typed in after it
+#: would be run as that command.
+_COMMAND_MARKS = ("/",)
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -534,8 +541,18 @@ class TmuxAdapter(Adapter):
         # into it (see dialog)
         if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
             raise self._held_by(pane_id, shows)
-        if screen is not None and self.ctx.kind in PROMPTED and self._live(screen) is None:
-            await self._until_prompt(pane_id, screen)
+        if screen is not None and self.ctx.kind in PROMPTED:
+            line = self._live(screen)
+            if line is None:
+                line = await self._until_prompt(pane_id, screen)
+            if line is not None and line.startswith(_COMMAND_MARKS):
+                raise HeldDelivery(
+                    f"the agent's prompt in {self._pane(pane_id)} holds a command its user "
+                    f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
+                    "it, it would be run as that command and never reach the model), until "
+                    "the prompt is empty again",
+                    shows=line[:80],
+                )
         return pane_id, pane_pid, tty
 
     def _live(self, screen: str) -> str | None:
@@ -552,19 +569,20 @@ class TmuxAdapter(Adapter):
             shows=shows[:80],
         )
 
-    async def _until_prompt(self, pane: str, screen: str) -> None:
+    async def _until_prompt(self, pane: str, screen: str) -> str | None:
         """Read the screen of a :data:`PROMPTED` agent that shows no prompt again until
-        it shows one, for up to :data:`UNKNOWN_SCREEN_WAIT`; raise :class:`HeldDelivery`
-        when it still shows none (or comes up with a dialog)."""
+        it shows one, for up to :data:`UNKNOWN_SCREEN_WAIT`, and return its input line
+        (None: the screen could not be read); raise :class:`HeldDelivery` when it still
+        shows none (or comes up with a dialog)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + UNKNOWN_SCREEN_WAIT
         while loop.time() < deadline:
             await asyncio.sleep(SUBMIT_POLL)
             if (again := await self._screen(pane)) is None:
-                return  # nothing better is known: as for a pane that cannot be read
+                return None  # nothing better is known: as for a pane that cannot be read
             screen = again
-            if self._live(screen) is not None:
-                return
+            if (line := self._live(screen)) is not None:
+                return line
             if dialog(screen) is not None:
                 break
         if shows := dialog(screen):
