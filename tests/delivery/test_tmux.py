@@ -1145,6 +1145,37 @@ async def test_a_dialog_nobody_answers_gives_the_message_up_and_its_sender_is_to
     assert len(said) == 5, said
 
 
+#: A CLI's prompt holding a slash command its user is typing, under its frame's rule.
+COMMAND_TYPED = b"> earlier prompt\r\n\r\n--------\r\n> /mod\r\n--------\r\n"
+
+
+async def test_a_command_being_typed_in_the_prompt_holds_the_message(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Typed in after the ``/`` of a command its user is typing, a message was run as
+    that command by the CLI and never reached the model. It is held until the prompt
+    holds no command, then typed in."""
+    pane, out = _waiting_pane(tmux, tmp_path, COMMAND_TYPED, "q")
+    await eventually(lambda: "/mod" in "\n".join(pane.capture_pane()), what="the command")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
+        await _member(hub, "a", setting, kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "holds a command its user is typing ('/mod')" in (held.last_error or "")
+            assert out.read_bytes() == b""  # not a key of it reached the prompt
+            pane.send_keys("q", enter=False, literal=True)  # the user is done with it
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+
+
 def test_a_hold_bound_of_nothing_is_refused() -> None:
     from backchannel.delivery.adapters import check_delivery_setting as check_delivery
     from backchannel.errors import InvalidRequest
