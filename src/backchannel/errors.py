@@ -305,9 +305,15 @@ class HeldDelivery(AdapterError):
     """The medium is there but must not take a message now (a terminal pane whose
     foreground program is not the agent: a shell would run the text as commands). The
     copy goes back to the queue untouched by backoff or retry budget, and nothing is
-    leased until the adapter says the medium is ready again."""
+    leased until the adapter says the medium is ready again; held longer than the
+    delivery's ``hold_max``, it is given up. ``shows``: the line of the screen that
+    holds it (a dialog's, a panel's), for the reason it is given up with."""
 
     code = "delivery_held"
+
+    def __init__(self, message: str, *, shows: str | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.shows = shows
 
 
 class InboxWriteError(PeerError):

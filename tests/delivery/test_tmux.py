@@ -13,7 +13,14 @@ import libtmux
 import pytest
 
 from backchannel.delivery import tmux as tmux_adapter
-from backchannel.delivery.tmux import ENTER_TRIES, dialog, input_line, sanitize, waits_in_prompt
+from backchannel.delivery.tmux import (
+    ENTER_TRIES,
+    dialog,
+    input_line,
+    live_input,
+    sanitize,
+    waits_in_prompt,
+)
 from backchannel.hub import Hub
 from backchannel.stores.base import Tx
 from backchannel.testing import counting_rows, eventually
@@ -811,7 +818,8 @@ async def test_a_paste_a_cli_prompt_never_shows_gets_no_enter_and_is_dead_letter
     Enter now waits for the text in the prompt: without it the attempt fails, and the
     copy is dead-lettered (the sender told) once none succeeds, the text pasted once."""
     monkeypatch.setattr(tmux_adapter, "SUBMIT_WAIT", 1.0)
-    out = _reader_pane(tmux, tmp_path, "agent", shows="> ")  # shows no paste
+    # a framed prompt, as Gemini CLI's (under its rule); it shows no paste
+    out = _reader_pane(tmux, tmp_path, "agent", shows="────────\r\n> ")
     await _ready(tmux, "agent")
     async with running_hub(max_attempts=2) as hub:
         await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="gemini")
@@ -1106,6 +1114,78 @@ async def test_a_dialog_of_the_agent_holds_the_message_until_its_user_answers_it
             assert typed == b"|answered|" + START + b"[From user] yes please, go on" + END + b"\r"
 
 
+async def test_a_dialog_nobody_answers_gives_the_message_up_and_its_sender_is_told(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """A dialog left on screen held the message for good, the team's user told once: its
+    sender never heard. The user is reminded while it is held, and once it has been held
+    for the delivery's ``hold_max`` the message is dead-lettered saying what the screen
+    showed and for how long, its sender and the user told; nothing was typed."""
+    pane, out = _waiting_pane(tmux, tmp_path, DIALOG, "n")
+    await eventually(lambda: "1. Yes, proceed" in "\n".join(pane.capture_pane()), what="the dialog")
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0, hold_max=3))
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "yes please, go on", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+            told_lead = await hub.receive("t", "lead")
+            told_user = await hub.receive("t", "user")
+    reason = st.deliveries[0].dead_reason or ""
+    assert reason.startswith("held: a's screen showed '› 1. Yes, proceed (y)' for "), reason
+    assert "nobody answered it" in reason, reason
+    assert out.read_bytes() == b""  # not a key of it reached the dialog
+    assert [m.message.kind.value for m in told_lead] == ["system"]
+    assert "nobody answered it" in told_lead[0].message.text, told_lead[0].message.text
+    said = [m.message.text for m in told_user]
+    assert said[0].startswith("A message from lead to a is held, not delivered"), said
+    reminders = [t for t in said if "is still held, not delivered, after" in t]
+    assert len(reminders) == 3, said  # at an eighth, a quarter and a half of hold_max
+    assert "was given up: held: a's screen showed" in said[-1], said
+    assert len(said) == 5, said
+
+
+#: A CLI's prompt holding a slash command its user is typing, under its frame's rule.
+COMMAND_TYPED = b"> earlier prompt\r\n\r\n--------\r\n> /mod\r\n--------\r\n"
+
+
+async def test_a_command_being_typed_in_the_prompt_holds_the_message(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Typed in after the ``/`` of a command its user is typing, a message was run as
+    that command by the CLI and never reached the model. It is held until the prompt
+    holds no command, then typed in."""
+    pane, out = _waiting_pane(tmux, tmp_path, COMMAND_TYPED, "q")
+    await eventually(lambda: "/mod" in "\n".join(pane.capture_pane()), what="the command")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
+        await _member(hub, "a", setting, kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "holds a command its user is typing ('/mod')" in (held.last_error or "")
+            assert out.read_bytes() == b""  # not a key of it reached the prompt
+            pane.send_keys("q", enter=False, literal=True)  # the user is done with it
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+
+
+def test_a_hold_bound_of_nothing_is_refused() -> None:
+    from backchannel.delivery.adapters import check_delivery_setting as check_delivery
+    from backchannel.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="'hold_max' must be a number of seconds above 0"):
+        check_delivery({"type": "tmux", "target": "w:0.0", "hold_max": 0})
+    with pytest.raises(InvalidRequest, match="'hold_max' must be a non-negative number"):
+        check_delivery({"type": "tmux", "target": "w:0.0", "hold_max": "soon"})
+
+
 #: A screen of its own a CLI shows before its first prompt, with no prompt line and no
 #: wording the adapter knows as a dialog's (a sign-in step, say), left with "q".
 NO_PROMPT = (
@@ -1114,16 +1194,38 @@ NO_PROMPT = (
 )
 
 
+#: A panel of wording the adapter does not know, drawn under the conversation's echo of
+#: an earlier prompt (which begins with a prompt mark as the input line does), left with
+#: "q". Claude Code's and Gemini CLI's input line is framed, Codex's has its status line
+#: under it: the echo has neither.
+PANEL_UNDER_ECHO = (
+    b"> earlier prompt\r\n\r\n  Noted.\r\n\r\n  Pick a workspace to open:\r\n"
+    b"    project-a\r\n    project-b\r\n\r\n  Waiting for the code... (q to quit)\r\n"
+)
+#: The same, the panel right under the echo, and short.
+SHORT_PANEL_UNDER_ECHO = b"> earlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+
+
 @pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini", "human"])
+@pytest.mark.parametrize(
+    "screen",
+    [NO_PROMPT, PANEL_UNDER_ECHO, SHORT_PANEL_UNDER_ECHO],
+    ids=["no-prompt", "panel-under-echo", "short-panel-under-echo"],
+)
 async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_into(
-    tmux: libtmux.Server, tmp_path: Path, kind: str
+    tmux: libtmux.Server, tmp_path: Path, kind: str, screen: bytes
 ) -> None:
     """A Claude Code, Codex or Gemini CLI showing a screen with no prompt and no dialog
     the adapter knows got the paste and its Enter, which such a screen may take as its
-    user's answer. The message is held until the CLI shows its prompt; a member of
-    another kind (whose program may show anything) is typed into as before."""
-    pane, out = _waiting_pane(tmux, tmp_path, NO_PROMPT, "q")
-    await eventually(lambda: "Sign in" in "\n".join(pane.capture_pane()), what="the screen")
+    user's answer; so did one whose conversation still showed an earlier prompt's echo
+    above such a panel (the echo read as the prompt). The message is held until the CLI
+    shows its prompt; a member of another kind (whose program may show anything) is
+    typed into as before."""
+    if kind == "codex" and screen == SHORT_PANEL_UNDER_ECHO:
+        pytest.skip("Codex's composer has no frame: a one-line panel under an echo reads "
+                    "as its status line (see live_input)")  # fmt: skip
+    pane, out = _waiting_pane(tmux, tmp_path, screen, "q")
+    await eventually(lambda: "(q to quit)" in "\n".join(pane.capture_pane()), what="the screen")
     async with running_hub() as hub:
         await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind=kind)
         async with dispatching(hub) as d:
@@ -1225,3 +1327,40 @@ def test_an_idle_cli_shows_no_dialog(screen: str) -> None:
     prompt's line below it is what the CLI shows."""
     assert dialog(screen) is None
     assert input_line(screen) is not None
+
+
+_RULE = "─" * 60
+#: The bottoms of the real CLIs' screens (capture-pane in the real-CLI rigs: Claude Code
+#: 2.1.332, Gemini CLI 0.61.0, Codex 0.171.0), idle at their prompt after a turn.
+LIVE = {
+    "claude-code": "❯ Warm up.\n\n● Noted.\n\n✢ Swooping… (running Stop hook · 0s)\n\n"
+    f"{_RULE}\n❯\xa0\n{_RULE}\n  ⏵⏵ auto mode on (shift+tab to cycle) · esc to interrupt",
+    "gemini": " > Warm up.\n\n✦ Noted.\n\n ⠸ Executing Hooks: backchannel (esc to cancel, 0s)\n"
+    f"{_RULE}\n Shift+Tab to accept edits\n\n >   Type your message or @path/to/file\n\n"
+    " workspace (/directory)          sandbox\n /tmp/project                  no sandbox",
+    "codex": "› Warm up.\n\n• Noted.\n\n\n› Ask Codex to do anything\n\n"
+    "  gpt-test default · /tmp/project · Warm up.\n  ← for agents · ? for shortcuts",
+}
+#: What the same CLIs showed under their input line or an echo, unknown to the adapter:
+#: Gemini CLI's command suggestions (Enter picks one), Codex's transcript search.
+NOT_LIVE = {
+    "gemini": " > Warm up.\n✦ Noted.\n"
+    f"{_RULE}\n Shift+Tab to accept edits\n\n > /he\n\n help   For help on gemini-cli\n"
+    " hello  Say hello\n workspace (/directory)          sandbox\n /tmp/project    no sandbox",
+    "codex": "› Warm up.\n• Noted.\n\n› Ask Codex to do anything\n\n"
+    "  gpt-test default · /tmp/project · Warm up.\n  Find: approvals\n"
+    "  No matches · full transcript · esc cancel",
+    "claude-code": f"❯ Warm up.\n\n● Noted.\n\n{_RULE}\n  Pick a workspace\n    a\n    b",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LIVE))
+def test_the_live_input_line_is_told_from_an_echo_with_a_panel_under_it(kind: str) -> None:
+    """The live input line of each CLI is found in its frame, with its footer under it;
+    an echo of an earlier prompt with something else under it is no live input line."""
+    assert live_input(LIVE[kind], kind) is not None
+    assert live_input(NOT_LIVE[kind], kind) is None
+    assert input_line(NOT_LIVE[kind]) is not None  # the echo: what was typed into before
+    # the echo with the same screen's input box cut off (a panel drawn over it)
+    echo_only = LIVE[kind].split(_RULE if kind != "codex" else "\n\n\n›")[0]
+    assert live_input(echo_only + "\n\n  Choose:\n  one\n  two\n  three", kind) is None

@@ -208,3 +208,74 @@ async def test_a_message_typed_while_the_cli_shows_a_picker_waits_for_it_to_clos
     assert rig.api is not None
     asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
     assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+
+
+#: What each CLI lists once its user typed ``/`` into its prompt (Gemini CLI under the
+#: input line, Claude Code and Codex above it).
+COMMANDS = {
+    "gemini": "Clear the screen",
+    "claude-code": "Add a working directory",
+    "codex": "choose what model",
+}
+
+
+@pytest.fixture(params=sorted(COMMANDS))
+def command_rig(
+    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
+) -> Iterator[Rig]:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
+
+
+async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_prompt(
+    command_rig: Rig,
+) -> None:
+    """The user typed ``/`` into the CLI's prompt, and its list of slash commands shows
+    (Gemini CLI's under the input line, ``clear  Clear the screen and start a new
+    session``...). Typed in after the ``/``, the message was run as a command (or the
+    Enter picked the command chosen in the list), never reaching the model, and counted
+    delivered. The message is held, and reaches the model once, as a prompt of its own,
+    once the user deleted the ``/``."""
+    rig = command_rig
+    shows = COMMANDS[rig.runtime]
+    with _warm_pane(rig) as (pane, setting):
+        pane.pane.send_keys("/", enter=False, literal=True)
+        pane.wait_for(shows)
+        mark = "WHILE-THE-LIST-SHOWS"
+        text = f"{mark} please note this."
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value in ("delivered", "acked", "dead"):
+                        return st.state.value
+                    return "held" if any(w.state == "held" for w in d.status()) else None
+
+                got = await eventually(settled, within=60, what="the message held or sent")
+                screen = pane.screen()
+                assert got == "held", f"typed under the list\n--- screen ---\n{screen}"
+                assert mark not in screen and shows in screen, screen
+
+                def closed() -> bool:
+                    if shows not in pane.screen():
+                        return True
+                    pane.pane.send_keys("BSpace", enter=False)  # the user deletes the "/"
+                    return False
+
+                wait_until(closed, 30, "the list closed", pane)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked

@@ -120,7 +120,7 @@ _STRING_OPTIONS = {
     "stdin": ("cwd", "stdout"),
     "webhook": ("service",),
 }
-_NUMBER_OPTIONS = {"tmux": ("turn_wait",), "stdin": ("turn_wait",)}
+_NUMBER_OPTIONS = {"tmux": ("turn_wait", "hold_max"), "stdin": ("turn_wait",)}
 
 
 def _check_option_types(kind: str, setting: Mapping[str, Any]) -> None:
@@ -142,6 +142,8 @@ def _check_option_types(kind: str, setting: Mapping[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int | float) or value < 0
         ):
             refuse(key, "a non-negative number")
+    if "hold_max" in setting and setting["hold_max"] == 0:
+        refuse("hold_max", "a number of seconds above 0 (default 1800)")
     if kind != "stdin":
         return
     command = setting.get("command")

@@ -14,7 +14,8 @@ each to the member's :class:`Adapter`, and records what happened::
     deliver() raises HeldDelivery            -> hub.release at once (no backoff, no budget
                                                 spent), a warning logged, the worker
                                                 ``held``; it polls ready() and leases
-                                                again once the medium is ready
+                                                again once the medium is ready; held
+                                                past ``hold_max``: hub.give_up
     any other exception                      -> logged with its traceback, then as AdapterError
 
 Delivery is **at least once**. The hub records a delivery only after ``deliver`` returned,
@@ -37,6 +38,7 @@ where only a person can finish or undo it) makes a give-up tell the team's ``use
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_SESSION",
     "DEFAULT_RETRY",
+    "HOLD_MAX_S",
     "Adapter",
     "AdapterContext",
     "AdapterError",
@@ -63,6 +66,10 @@ __all__ = [
 #: ``"session": "auto"``: follow the member's live session (the most recently active one
 #: that is not terminated) instead of naming one.
 AUTO_SESSION = "auto"
+
+#: How long a copy may be held (:class:`HeldDelivery`: a dialog nobody answers, a shell in
+#: the agent's pane) before it is given up, its sender told; the ``hold_max`` option.
+HOLD_MAX_S = 1800.0
 
 #: Backoff between attempts for adapters that do not bring their own policy.
 DEFAULT_RETRY = RetryPolicy(start=0.5, factor=2.0, cap=10.0, budget=120.0, timeout=30.0)
@@ -123,13 +130,17 @@ class Adapter(abc.ABC):
     :data:`AUTO_SESSION` to follow the member's live session; None for no gating),
     ``retry`` (backoff and budget for transient failures), ``attempt_timeout`` (the
     longest one :meth:`deliver` may take: the dispatcher's lease covers it plus the
-    longest backoff, and the dispatcher cancels an attempt that runs a second past it)
-    and ``turn_wait``.
+    longest backoff, and the dispatcher cancels an attempt that runs a second past it),
+    ``turn_wait`` and ``hold_max`` (how long a copy may be held, :class:`HeldDelivery`,
+    before it is given up).
     """
 
     type: ClassVar[str] = ""
     starts_turn: ClassVar[bool] = False
     ack_on_delivery: ClassVar[bool] = True
+    #: how long a copy may be held (the ``hold_max`` option, read by ``__init__``); a
+    #: subclass that does not call it keeps this default
+    hold_max: float = HOLD_MAX_S
 
     def __init__(self, ctx: AdapterContext) -> None:
         """Read and check the setting; raise :class:`PermanentDeliveryError` naming the fix
@@ -139,6 +150,13 @@ class Adapter(abc.ABC):
         self.retry: RetryPolicy = DEFAULT_RETRY
         self.attempt_timeout: float = DEFAULT_RETRY.timeout
         self.turn_wait: float = ctx.float_option("turn_wait", 0.0)
+        self.hold_max = ctx.float_option("hold_max", HOLD_MAX_S)
+        if not self.hold_max > 0 or not math.isfinite(self.hold_max):
+            raise PermanentDeliveryError(
+                f"member {ctx.member!r}'s delivery setting 'hold_max' must be a number of "
+                f"seconds above 0, got {self.hold_max!r}; correct the member's delivery "
+                f"setting (default {HOLD_MAX_S:g})"
+            )
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Acquire what deliveries need (a process, a client). May set ``session``.

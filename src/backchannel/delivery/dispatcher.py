@@ -44,7 +44,11 @@ worker hands them to the adapter one at a time, in that order, and records the r
   :data:`HOLD_REMIND_S` while it lasts) and the worker's status (``held``, with the
   reason); the worker asks ``adapter.ready()`` (every 0.5 s, slowing
   to :data:`HOLD_PAUSE_MAX` s) and leases again once it is ready. A hold costs the
-  copy no attempt (its lease is given back untried: nothing was typed or sent);
+  copy no attempt (its lease is given back untried: nothing was typed or sent). It is
+  bounded: the ``user`` is reminded at :data:`HOLD_REMINDERS` of the adapter's
+  ``hold_max`` (default 30 minutes), and a copy still held after ``hold_max`` since this
+  worker first held it is given up (``hub.give_up``: the sender told, ``held: <member>'s
+  screen showed <line> for N minutes; nobody answered it``, and the ``user`` too);
 * anything else: logged with its traceback and treated as transient.
 
 A copy given up after a transient error that says the target cannot be reached
@@ -168,6 +172,22 @@ HOLD_PAUSE_MAX = 5.0
 HOLD_REMIND_S = 300.0
 #: Who is told that a delivery is held: the team's human.
 OPERATOR = "user"
+#: When, as fractions of a delivery's ``hold_max`` since a copy was first held, the team's
+#: human is reminded that it still is (with ``hold_max`` of 30 minutes: after 3¾, 7½ and
+#: 15 minutes); at ``hold_max`` the copy is given up.
+HOLD_REMINDERS = (0.125, 0.25, 0.5)
+#: How many held copies a worker keeps the time of (a copy acked by another route is
+#: forgotten once more are held).
+_HELD_MAX = 256
+
+
+def _span(seconds: float) -> str:
+    """A hold's length as a person reads it: ``45 s``, ``30 minutes``, ``2.5 hours``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
 
 
 @dataclass
@@ -220,6 +240,10 @@ class _Worker:
         # the store's failures, said once an outage (not once a try)
         self.outage = Outage(log, f"{self.team}/{self.member}: receiving", cap=_MAX_PAUSE)
         self.first_failure: dict[str, float] = {}
+        # the copies held (HeldDelivery): since when (time.monotonic()), and how many
+        # reminders the team's user has had about each (see _hold)
+        self.held_since: dict[str, float] = {}
+        self.reminded: dict[str, int] = {}
         # a copy is being retried: lease it alone until it is settled, so the copies
         # behind it are not handed out (and counted) with each of its tries
         self.retrying = False
@@ -425,11 +449,27 @@ class _Worker:
                     return True
                 await self._close_circuit(adapter)  # answered: the target is back
             if outcome is _Outcome.HOLD:
+                since = self.held_since.setdefault(mid, time.monotonic())
+                while len(self.held_since) > _HELD_MAX:  # copies acked by another route
+                    gone = next(iter(self.held_since))
+                    self.held_since.pop(gone)
+                    self.reminded.pop(gone, None)
+                if (held := time.monotonic() - since) >= adapter.hold_max:
+                    # held past its bound: given up, so its sender hears of it, rather
+                    # than waiting unseen behind a dialog nobody answers
+                    shows = error.shows if isinstance(error, HeldDelivery) else None
+                    outcome, detail = _Outcome.DEAD, self._held_too_long(detail, shows, held)
+                    release = [m.message.message_id for m in rest]
+                    await self._release(release, untried=True)
+                    recorded = await self._record_outcome(adapter, mid, outcome, detail)
+                    if recorded:
+                        await self._tell_operator_given_up(item, detail)
+                    return True
                 # held before anything was typed or sent (see HeldDelivery): no attempt
                 await self._release([mid, *(m.message.message_id for m in rest)], untried=True)
                 self.busy = False
                 await self._tell_operator(item, detail)
-                await self._hold(adapter, detail)
+                await self._hold(adapter, detail, item)
                 return False
             if outcome is _Outcome.RETRY:
                 delay = self._retry_delay(adapter, item, error.retry_after if error else None)
@@ -633,6 +673,45 @@ class _Worker:
         except Exception as exc:  # the log line in _hold still tells
             log.warning("%s/%s: could not send the hold notice (%s)", self.team, self.member, exc)
 
+    def _held_too_long(self, detail: str, shows: str | None, held: float) -> str:
+        """The reason a copy held past ``hold_max`` is given up with."""
+        span = _span(held)
+        if shows:
+            return (
+                f"held: {self.member}'s screen showed {shows!r} for {span}; nobody answered "
+                "it, and the message was never typed in. Send it again once the agent is "
+                f"back at its prompt (the hold: {detail})"
+            )
+        return (
+            f"held for {span} and never delivered: {detail}. Send it again once the "
+            "agent can take it"
+        )
+
+    async def _remind_operator(
+        self, item: InboxMessage, reason: str, held: float, hold_max: float
+    ) -> None:
+        """Remind the team's human that a copy is still held, and when it is given up."""
+        if self.member == OPERATOR:
+            return
+        m, n = item.message, self.reminded.get(item.message.message_id, 0)
+        text = (
+            f"A message from {m.sender} to {self.member} is still held, not delivered, "
+            f"after {_span(held)}: {reason}. It is given up (dead-lettered, its sender "
+            f"told) if it is still held in {_span(max(0.0, hold_max - held))}."
+        )
+        try:
+            await self.hub.notice(
+                self.team,
+                OPERATOR,
+                text,
+                message_id=derived_id(f"held-{m.message_id}-{self.member}-reminder-{n}"),
+                summary=f"delivery to {self.member} still held",
+                meta={"held_message_id": m.message_id, "member": self.member, "reason": reason},
+            )
+        except Exception as exc:  # the log line in _hold still tells
+            log.warning("%s/%s: could not send the hold reminder (%s)",
+                        self.team, self.member, exc)  # fmt: skip
+
     async def _tell_operator_given_up(self, item: InboxMessage, reason: str) -> None:
         """A ``system`` notice to the team's human that a copy is given up with part of
         it left where only a person can finish or undo it (``AdapterError.tell_operator``:
@@ -655,15 +734,30 @@ class _Worker:
             log.warning("%s/%s: could not send the give-up notice (%s)",
                         self.team, self.member, exc)  # fmt: skip
 
-    async def _hold(self, adapter: Adapter, reason: str) -> None:
-        """Wait, leasing nothing, until the adapter is ready again (or the worker stops)."""
+    async def _hold(self, adapter: Adapter, reason: str, item: InboxMessage) -> None:
+        """Wait, leasing nothing, until the adapter is ready again (or the worker stops),
+        or until the held copy reaches its ``hold_max`` (it is leased again, and given up
+        if still held). The team's human is reminded at :data:`HOLD_REMINDERS` of the
+        way there (an eighth, a quarter, a half: growing intervals, three at most)."""
         self._state("held", reason)
         log.warning("%s/%s: holding deliveries to %s: %s", self.team, self.member,
                     adapter.describe(), reason)  # fmt: skip
+        mid = item.message.message_id
+        since = self.held_since.get(mid, time.monotonic())
         pause, reminded = 0.5, time.monotonic()
         while not self.closing:
-            await asyncio.sleep(pause)
+            now = time.monotonic()
+            n = self.reminded.get(mid, 0)
+            due = [since + adapter.hold_max * f for f in HOLD_REMINDERS[n:]]
+            until = min([*due, since + adapter.hold_max])
+            await asyncio.sleep(max(0.0, min(pause, until - now)))
             pause = min(pause * 2, HOLD_PAUSE_MAX)
+            now = time.monotonic()
+            if now - since >= adapter.hold_max:
+                return  # leased again: given up if it is still held
+            if due and now >= due[0]:
+                self.reminded[mid] = n + 1
+                await self._remind_operator(item, reason, now - since, adapter.hold_max)
             try:
                 why = await adapter.ready()
             except Exception as exc:  # ready() must not raise; never let it end the worker
@@ -676,6 +770,7 @@ class _Worker:
                 reminded = time.monotonic()
                 log.warning("%s/%s: still holding deliveries: %s", self.team, self.member, why)
             self._state("held", why)
+            reason = why
 
     async def _record_outcome(
         self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str
@@ -685,6 +780,8 @@ class _Worker:
         owner: a hub paused mid-push while another took the member over must not mark
         delivered, ack or dead-letter the copy the new owner now holds."""
         self.first_failure.pop(mid, None)
+        self.held_since.pop(mid, None)
+        self.reminded.pop(mid, None)
         self.retrying = False
         owner = self.d.ownership.owner
         team, member = self.team, self.member
@@ -739,7 +836,7 @@ class _Worker:
         except PermanentDeliveryError as exc:
             return _Outcome.DEAD, exc.message, None
         except HeldDelivery as exc:
-            return _Outcome.HOLD, exc.message, None
+            return _Outcome.HOLD, exc.message, exc
         except AdapterError as exc:
             return _Outcome.RETRY, exc.message, exc
         except Exception as exc:

@@ -8,7 +8,8 @@ Setting::
      "socket_name": "agents",       # optional; tmux -L (default: tmux's default socket)
      "socket_path": "/tmp/t.sock",  # optional; tmux -S (instead of socket_name)
      "agent_commands": ["claude"],  # optional; what may run in the pane's foreground
-     "turn_wait": 3}                # optional; seconds to wait for the turn to start
+     "turn_wait": 3,                # optional; seconds to wait for the turn to start
+     "hold_max": 1800}              # optional; seconds a message may be held (below)
 
 **Only into the agent.** Text typed into a terminal runs as commands when the agent has
 exited and left its shell in the pane. Before every paste the adapter asks tmux for the
@@ -22,7 +23,9 @@ for anything else; a shell's name (``bash``, ``zsh``...) is refused. Otherwise t
 is **held**: not typed, not dead-lettered, back in the queue; the team's ``user`` gets a
 ``system`` notice and the hub's log a WARNING naming the program found in the pane, the
 dispatcher's status shows the worker ``held``, and the message is typed in as soon as
-the agent is back in the foreground (checked every few seconds). A pane whose
+the agent is back in the foreground (checked every few seconds); the ``user`` is
+reminded while it lasts, and a copy still held after ``hold_max`` seconds is given up,
+its sender told what the screen showed and for how long. A pane whose
 foreground program tmux cannot name is held the same way, and so is an agent that is
 stopped (SIGSTOP, a debugger: the leader of the foreground process group, from
 ``/proc``, is in state ``T``): it reads nothing, tmux would take the paste all the same,
@@ -74,15 +77,19 @@ at its prompt. A dialog that comes up between the look and the paste gets no Ent
 the attempt fails as transient, the next one waits for the dialog to go and presses
 only Enter. A dialog on screen after the Enter counts as the text gone from the prompt
 (the turn it started asks for a tool). For a ``claude-code``, ``codex`` or ``gemini``
-member (:data:`PROMPTED`, whose prompts the adapter knows) a screen with no prompt line
-at all and no dialog it knows is held the same way once it has stayed so for
-:data:`UNKNOWN_SCREEN_WAIT` (a screen caught mid-redraw shows its prompt again within
-it): a CLI still starting or showing a screen of its own before its first prompt, a
-full-screen panel of a wording the adapter has not met. A screen whose conversation
-still shows an earlier prompt's echo above such a panel is not caught by this (the echo
-reads as a prompt line); the known dialogs and panels are. Panes of other members (a
-human's chat program, an agent of another kind) may show anything and are typed into
-as before.
+member (:data:`PROMPTED`, whose prompts the adapter knows) a screen without the CLI's
+live input line (:func:`live_input`: the last line with a prompt mark, in its frame, with
+no more under it than the CLI's footer) and with no dialog it knows is held the same way
+once it has stayed so for :data:`UNKNOWN_SCREEN_WAIT` (a screen caught mid-redraw shows
+its prompt again within it): a CLI still starting or showing a screen of its own before
+its first prompt, a panel, menu or list of suggestions of a wording the adapter has not
+met, drawn under the input line or over it (the conversation's echo of an earlier prompt
+above it then has no frame, or too much under it, to pass for the input line). Panes of
+other members (a human's chat program, an agent of another kind) may show anything and
+are typed into as before. A live input line that holds a command its user is typing
+(``/mod``: :data:`_COMMAND_MARKS`) holds the message too: typed in after it, the message
+was run as that command (Codex: ``Unrecognized command '/[From'``), never reaching the
+model, and counted delivered.
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -238,6 +245,21 @@ PROMPTED = frozenset({"claude-code", "codex", "gemini"})
 #: How long such a screen is read again (every :data:`SUBMIT_POLL`) before the message is
 #: held: a screen caught mid-redraw shows its prompt again within this.
 UNKNOWN_SCREEN_WAIT = 1.0
+#: A line of the frame around a CLI's input: a rule (Claude Code's and Gemini CLI's
+#: ``────``) or a box's edge (``╭────╮``, ``╰────╯``).
+_FRAME = re.compile(r"^[╭┌╰└]?[─━═▔▁-]{3,}")
+#: How many lines of its footer a CLI shows below its live input line (:func:`live_input`):
+#: Claude Code one (its mode line), Gemini CLI two (workspace and sandbox, their values),
+#: Codex two (its status line, its shortcuts). A third is something else: a panel, a
+#: search, a list of suggestions whose Enter would pick one.
+FOOTER_MAX = 2
+#: Within how many lines above it Claude Code's and Gemini CLI's live input line has its
+#: frame's rule (Gemini CLI puts a hint line, ``Shift+Tab to accept edits``, between).
+FRAME_ABOVE = 3
+#: What a command typed into a CLI's prompt begins with (Claude Code, Codex and Gemini
+#: CLI run ``/name`` as their own command, not as a prompt): a message typed in after it
+#: would be run as that command.
+_COMMAND_MARKS = ("/",)
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -280,6 +302,44 @@ def input_line(screen: str) -> str | None:
         if line.startswith(_PROMPT_MARKS):
             return line[1:].strip()
     return None
+
+
+def live_input(screen: str, kind: str) -> str | None:
+    """The input line of a :data:`PROMPTED` CLI's prompt on ``screen`` (less its mark)
+    when it is the CLI's live one; None when the last line with a prompt mark is only
+    the conversation's echo of an earlier prompt, with something the adapter does not
+    know drawn below it (a panel, a menu, a list of suggestions that Enter would pick).
+
+    The live input line sits at the bottom of the screen, in its frame: Claude Code's
+    between two rules (``────``), Gemini CLI's under a rule and its hint line (or in a
+    box, ``│ > ... │``), Codex's composer (unframed) over its status line. Below it come
+    the input's own lines up to the frame's edge or a blank line, and then at most
+    :data:`FOOTER_MAX` lines of the CLI's footer (Claude Code's mode line, Gemini CLI's
+    workspace and model lines, Codex's status line and shortcuts). For Claude Code and
+    Gemini CLI the line must also be framed: its border, or a rule within
+    :data:`FRAME_ABOVE` lines above it (an echo has the conversation above it)."""
+    lines = screen.splitlines()
+    for at in range(len(lines) - 1, -1, -1):
+        raw = lines[at].strip()
+        line = raw.strip(_BORDERS).strip()
+        if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
+            return None
+        if line.startswith(_PROMPT_MARKS):
+            break
+    else:
+        return None
+    below = [ln.strip() for ln in lines[at + 1 :]]
+    end = 0  # the input's own lines (a text typed over several) end at its frame or a blank
+    while end < len(below) and below[end] and not _FRAME.match(below[end]):
+        end += 1
+    footer = [ln for ln in below[end:] if ln and not _FRAME.match(ln)]
+    if len(footer) > FOOTER_MAX:
+        return None
+    if kind != "codex" and not raw.startswith(tuple(_BORDERS)):
+        above = [ln.strip() for ln in lines[:at] if ln.strip()][-FRAME_ABOVE:]
+        if not any(_FRAME.match(ln) for ln in above):
+            return None
+    return line[1:].strip()
 
 
 def dialog(screen: str) -> str | None:
@@ -481,9 +541,23 @@ class TmuxAdapter(Adapter):
         # into it (see dialog)
         if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
             raise self._held_by(pane_id, shows)
-        if screen is not None and self.ctx.kind in PROMPTED and input_line(screen) is None:
-            await self._until_prompt(pane_id, screen)
+        if screen is not None and self.ctx.kind in PROMPTED:
+            line = self._live(screen)
+            if line is None:
+                line = await self._until_prompt(pane_id, screen)
+            if line is not None and line.startswith(_COMMAND_MARKS):
+                raise HeldDelivery(
+                    f"the agent's prompt in {self._pane(pane_id)} holds a command its user "
+                    f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
+                    "it, it would be run as that command and never reach the model), until "
+                    "the prompt is empty again",
+                    shows=line[:80],
+                )
         return pane_id, pane_pid, tty
+
+    def _live(self, screen: str) -> str | None:
+        """:func:`live_input` of the member's kind."""
+        return live_input(screen, self.ctx.kind)
 
     def _held_by(self, pane: str, shows: str) -> HeldDelivery:
         """The hold of a message while ``pane`` shows a dialog (``shows``, its line)."""
@@ -491,22 +565,24 @@ class TmuxAdapter(Adapter):
             f"the agent in {self._pane(pane)} shows a dialog of its own ({shows[:80]!r}), "
             "waiting for its user's choice; the message is held, not typed (its keys would "
             "answer the dialog), until the dialog is answered in the pane and the agent is "
-            "back at its prompt"
+            "back at its prompt",
+            shows=shows[:80],
         )
 
-    async def _until_prompt(self, pane: str, screen: str) -> None:
+    async def _until_prompt(self, pane: str, screen: str) -> str | None:
         """Read the screen of a :data:`PROMPTED` agent that shows no prompt again until
-        it shows one, for up to :data:`UNKNOWN_SCREEN_WAIT`; raise :class:`HeldDelivery`
-        when it still shows none (or comes up with a dialog)."""
+        it shows one, for up to :data:`UNKNOWN_SCREEN_WAIT`, and return its input line
+        (None: the screen could not be read); raise :class:`HeldDelivery` when it still
+        shows none (or comes up with a dialog)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + UNKNOWN_SCREEN_WAIT
         while loop.time() < deadline:
             await asyncio.sleep(SUBMIT_POLL)
             if (again := await self._screen(pane)) is None:
-                return  # nothing better is known: as for a pane that cannot be read
+                return None  # nothing better is known: as for a pane that cannot be read
             screen = again
-            if input_line(screen) is not None:
-                return
+            if (line := self._live(screen)) is not None:
+                return line
             if dialog(screen) is not None:
                 break
         if shows := dialog(screen):
@@ -517,7 +593,8 @@ class TmuxAdapter(Adapter):
             f"the hub knows (its last line: {last[:80]!r}): a screen of its own, a panel "
             "or a question, or a screen still starting. The message is held, not typed (its "
             "keys could answer what shows), until the agent is back at its prompt; look at "
-            "the pane should it stay so"
+            "the pane should it stay so",
+            shows=last[:80],
         )
 
     async def ready(self) -> str | None:
