@@ -42,10 +42,10 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return new_url()
 
 
-async def _taken_once(member: httpx.AsyncClient, sid: str) -> None:
+async def _taken_once(member: httpx.AsyncClient, sid: str, text: str = "hold across hubs") -> None:
     """The member takes the task's message from its session, and nothing more is there."""
     got = (await member.get("/v1/inbox", params={"session": sid})).json()["messages"]
-    assert [m["text"] for m in got] == ["hold across hubs"], got
+    assert [m["text"] for m in got] == [text], got
     r = await member.post("/v1/inbox/ack", json={"message_ids": [got[0]["message_id"]]})
     r.raise_for_status()
 
@@ -183,6 +183,50 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
                     assert task["artifacts"][0]["parts"][0]["text"] == f"done: two {n} (from lead)"
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == [f"two {n}" for n in range(rounds)], seen
+    finally:
+        stop_all(hubs)
+    _no_tracebacks(hubs)
+
+
+async def test_the_same_send_to_two_hubs_at_once_while_the_member_is_slow_is_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The race above with a member slower than the losing hub's patience: the hub
+    whose send lost the claim writes the task down from the claim (working) before the
+    member shows anything, and the winner shows the task only when the member answers.
+    Both sends are answered with the one task completed, the member is handed the
+    message once, and neither hub logs the task written down meanwhile as an error."""
+    a, b = hubs = start_hubs(tmp_path, store_url, 2)
+    try:
+        tokens = a.team("t", "lead", "worker")
+        rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_slow_1", "hold slow")})
+        async with (
+            lead_and_worker(a, tokens) as (on_a, member),
+            lead_and_worker(b, tokens) as (on_b, _),
+        ):
+            sends = [asyncio.create_task(h.post("/a2a/t/worker/", json=rpc)) for h in (on_a, on_b)]
+            try:
+
+                async def opened() -> set[str]:
+                    return await _task_sessions(member)
+
+                (sid,) = await eventually(opened, what="the task's session", within=20)
+                # the task is saved (written down from its claim by the hub that lost
+                # it) while the member has shown no work and both sends still wait
+                await _working_on(on_a, sid.removeprefix("a2a-"), sends[0])
+                assert not sends[1].done(), sends[1].result().text
+                await _taken_once(member, sid, "hold slow")
+                await _answer(member, sid, "slow and done")
+                answers = [(await asyncio.wait_for(s, 60)).json() for s in sends]
+            finally:
+                for s in sends:
+                    s.cancel()
+            for answer in answers:
+                got = answer["result"]["task"]
+                assert got["id"] == sid.removeprefix("a2a-"), answers
+                assert got["status"]["state"] == "TASK_STATE_COMPLETED", answers
+                assert [a["parts"][0]["text"] for a in got["artifacts"]] == ["slow and done"]
+            assert await _task_sessions(member) == {sid}
     finally:
         stop_all(hubs)
     _no_tracebacks(hubs)

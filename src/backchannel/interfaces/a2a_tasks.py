@@ -579,7 +579,43 @@ class _QuietWhenClaimed(logging.Filter):
         return not isinstance(exc, Claimed)
 
 
-logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_QuietWhenClaimed())
+#: tasks an executor of this process started for a message a send on another hub may
+#: repeat (a claimed message): that hub writes the task down from the claim while this
+#: executor waits for the member (:meth:`HubTaskStore.adopt`), before it is shown here
+_ADOPTABLE: set[str] = set()
+
+#: what the A2A library logs when the Task an executor shows is in the store already
+_REPLACED = "Task %s already exists. Ignoring task replacement."
+
+
+class _QuietWhenAdopted(logging.Filter):
+    """Turns the A2A library's ``ERROR Task … already exists. Ignoring task replacement.``
+    into an ``INFO`` line when another hub on the store wrote the task down from its
+    claim (a send of the same message there, waiting for the member) before this hub's
+    executor showed it: the library goes on from the stored task, which holds the same
+    message, and the member's answer completes it. The expected end of that race, not
+    a failure an operator should chase."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == _REPLACED and args and args[0] in _ADOPTABLE:
+            record.msg = (
+                "A2A task %s was written down by a send of the same message on another "
+                "hub before this hub showed it; it goes on from the stored task"
+            )
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
+def _forget_adoptable(task_id: str) -> None:
+    """Drop ``task_id`` from :data:`_ADOPTABLE` once its executor is over, a while later:
+    the library handles the events the executor enqueued after it returns."""
+    asyncio.get_running_loop().call_later(SETTLE, _ADOPTABLE.discard, task_id)
+
+
+for _filter in (_QuietWhenClaimed(), _QuietWhenAdopted()):
+    logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_filter)
 
 
 def claiming(claim: A2AClaim, send: Callable[[Ctx], T]) -> Callable[[Ctx], T]:
@@ -638,6 +674,8 @@ class MemberExecutor(AgentExecutor):
             await show()
         sid = session_for(task_id)
         self.tasks.live.add(task_id)
+        if claim_id is not None:
+            _ADOPTABLE.add(task_id)
         try:
             if (await self.hub.get_member(who.team, who.member)).kind in HOOK_KINDS:
                 raise InvalidRequest(
@@ -687,6 +725,7 @@ class MemberExecutor(AgentExecutor):
             answer = Answer(TaskState.TASK_STATE_FAILED, exc.message)
         except BaseException:
             self.tasks.live.discard(task_id)
+            _forget_adoptable(task_id)
             raise
         settled = self.tasks.settling[task_id] = asyncio.Event()
         answered = asyncio.Event()
@@ -717,6 +756,7 @@ class MemberExecutor(AgentExecutor):
             if self.tasks.settling.get(task_id) is settled:
                 del self.tasks.settling[task_id]
             self.tasks.live.discard(task_id)
+            _forget_adoptable(task_id)
 
     async def _wait(
         self, who: Caller, task_id: str, after_turn: int, show: Callable[[], Awaitable[None]]
