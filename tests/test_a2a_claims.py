@@ -167,6 +167,7 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
             playing(Worker(b.url, tokens["worker"], _answers)) as worker,
         ):
             rounds = 5
+            ids: list[str] = []
             for n in range(rounds):
                 rpc = _rpc(n, "SendMessage", {"message": _hub_message(f"dlg_two_{n}", f"two {n}")})
                 answers = [
@@ -181,6 +182,10 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
                 for task in tasks:
                     assert task["status"]["state"] == "TASK_STATE_COMPLETED", (n, task)
                     assert task["artifacts"][0]["parts"][0]["text"] == f"done: two {n} (from lead)"
+                ids.append(tasks[0]["id"])
+            for http in (on_a, on_b):  # one task a round, whichever hub lists them
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert sorted(t["id"] for t in listed["result"]["tasks"]) == sorted(ids), listed
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == [f"two {n}" for n in range(rounds)], seen
     finally:
@@ -227,6 +232,9 @@ async def test_the_same_send_to_two_hubs_at_once_while_the_member_is_slow_is_one
                 assert got["status"]["state"] == "TASK_STATE_COMPLETED", answers
                 assert [a["parts"][0]["text"] for a in got["artifacts"]] == ["slow and done"]
             assert await _task_sessions(member) == {sid}
+            for http in (on_a, on_b):  # one task on the store, whichever hub lists it
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert [t["id"] for t in listed["result"]["tasks"]] == [sid[4:]], listed
     finally:
         stop_all(hubs)
     _no_tracebacks(hubs)
@@ -263,6 +271,7 @@ async def test_the_same_streaming_send_to_two_hubs_at_once_is_one_task(
                     return [e async for e in _events(answer.aiter_lines())]
 
             rounds = 3
+            one: list[str] = []
             for n in range(rounds):
                 message = _hub_message(f"dlg_stream_{n}", f"stream {n}")
                 rpc = _rpc(n, "SendStreamingMessage", {"message": message})
@@ -290,6 +299,10 @@ async def test_the_same_streaming_send_to_two_hubs_at_once_is_one_task(
                     ]
                     assert texts == [f"done: stream {n} (from lead)"], (n, events)
                 assert len(ids) == 1, (n, both)
+                one.extend(ids)
+            for http in (on_a, on_b):  # one task a round, whichever hub lists them
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert sorted(t["id"] for t in listed["result"]["tasks"]) == sorted(one), listed
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == [f"stream {n}" for n in range(rounds)], seen
     finally:

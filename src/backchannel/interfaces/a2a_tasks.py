@@ -355,11 +355,21 @@ class HubTaskStore(TaskStore):
         self.live: set[str] = set()
         #: set when a task's answer (a state it ends or asks back in) is saved
         self.settling: dict[str, asyncio.Event] = {}
+        #: tasks an executor of this process gave up because a send of the same message
+        #: on another hub claimed it first (:class:`Claimed`): the A2A library writes a
+        #: request that failed before its task existed down as a failed task, which for
+        #: these would be a second task for one message; they are never written
+        self.claimed_away: set[str] = set()
 
     async def _record(self, team: str, task_id: str) -> A2ATask | None:
         return await self.hub.store.read(lambda tx: tx.get_a2a_task(team, task_id))
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
+        if task.id in self.claimed_away:
+            # the library's failed task for a send whose message another hub's send
+            # claimed first: that send's task is the message's one task
+            log.debug("A2A task %s not written: its message is another task's", task.id)
+            return
         who = caller_of(context)
         now = self.hub.clock.now()
         body = MessageToDict(task)
@@ -709,6 +719,12 @@ class MemberExecutor(AgentExecutor):
                 # ends this executor with no event: the handler answers with that
                 # task, and this one is never shown
                 session = await self.hub.open_session(who.team, who.member, sid, first=first)
+            except Claimed:
+                self.tasks.claimed_away.add(task_id)
+                asyncio.get_running_loop().call_later(
+                    SETTLE, self.tasks.claimed_away.discard, task_id
+                )
+                raise
             finally:
                 _resolve(call.state.get(STARTING_KEY))  # stored, or refused: repeats look
             if at_once:
