@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -124,6 +124,30 @@ class PgServer:
             f"PostgreSQL did not come back after a restart (last error: {last}). "
             f"Server log:\n{self.log_tail()}"
         )
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every process of the server stopped (SIGSTOP) while inside, as a paused VM or
+        a host stalled in swap: its sockets stay open and its kernel acknowledges what
+        clients send, but nothing answers. The postmaster first (it forks no backend
+        meanwhile), then its children (each backend is a process group of its own).
+        Always continued (SIGCONT) on leaving."""
+        proc = self._process
+        if proc is None:
+            raise PgHarnessError("only a server the harness started can be frozen")
+        stopped = [proc.pid]
+        try:
+            os.kill(proc.pid, signal.SIGSTOP)
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            for pid in map(int, children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            yield
+        finally:
+            for pid in reversed(stopped):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), then SIGKILL after 10 s; remove the data. Idempotent."""

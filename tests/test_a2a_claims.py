@@ -42,10 +42,10 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return new_url()
 
 
-async def _taken_once(member: httpx.AsyncClient, sid: str) -> None:
+async def _taken_once(member: httpx.AsyncClient, sid: str, text: str = "hold across hubs") -> None:
     """The member takes the task's message from its session, and nothing more is there."""
     got = (await member.get("/v1/inbox", params={"session": sid})).json()["messages"]
-    assert [m["text"] for m in got] == ["hold across hubs"], got
+    assert [m["text"] for m in got] == [text], got
     r = await member.post("/v1/inbox/ack", json={"message_ids": [got[0]["message_id"]]})
     r.raise_for_status()
 
@@ -167,6 +167,7 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
             playing(Worker(b.url, tokens["worker"], _answers)) as worker,
         ):
             rounds = 5
+            ids: list[str] = []
             for n in range(rounds):
                 rpc = _rpc(n, "SendMessage", {"message": _hub_message(f"dlg_two_{n}", f"two {n}")})
                 answers = [
@@ -181,8 +182,59 @@ async def test_the_same_send_to_two_hubs_at_once_is_one_task(
                 for task in tasks:
                     assert task["status"]["state"] == "TASK_STATE_COMPLETED", (n, task)
                     assert task["artifacts"][0]["parts"][0]["text"] == f"done: two {n} (from lead)"
+                ids.append(tasks[0]["id"])
+            for http in (on_a, on_b):  # one task a round, whichever hub lists them
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert sorted(t["id"] for t in listed["result"]["tasks"]) == sorted(ids), listed
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == [f"two {n}" for n in range(rounds)], seen
+    finally:
+        stop_all(hubs)
+    _no_tracebacks(hubs)
+
+
+async def test_the_same_send_to_two_hubs_at_once_while_the_member_is_slow_is_one_task(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The race above with a member slower than the losing hub's patience: the hub
+    whose send lost the claim writes the task down from the claim (working) before the
+    member shows anything, and the winner shows the task only when the member answers.
+    Both sends are answered with the one task completed, the member is handed the
+    message once, and neither hub logs the task written down meanwhile as an error."""
+    a, b = hubs = start_hubs(tmp_path, store_url, 2)
+    try:
+        tokens = a.team("t", "lead", "worker")
+        rpc = _rpc(1, "SendMessage", {"message": _hub_message("dlg_slow_1", "hold slow")})
+        async with (
+            lead_and_worker(a, tokens) as (on_a, member),
+            lead_and_worker(b, tokens) as (on_b, _),
+        ):
+            sends = [asyncio.create_task(h.post("/a2a/t/worker/", json=rpc)) for h in (on_a, on_b)]
+            try:
+
+                async def opened() -> set[str]:
+                    return await _task_sessions(member)
+
+                (sid,) = await eventually(opened, what="the task's session", within=20)
+                # the task is saved (written down from its claim by the hub that lost
+                # it) while the member has shown no work and both sends still wait
+                await _working_on(on_a, sid.removeprefix("a2a-"), sends[0])
+                assert not sends[1].done(), sends[1].result().text
+                await _taken_once(member, sid, "hold slow")
+                await _answer(member, sid, "slow and done")
+                answers = [(await asyncio.wait_for(s, 60)).json() for s in sends]
+            finally:
+                for s in sends:
+                    s.cancel()
+            for answer in answers:
+                got = answer["result"]["task"]
+                assert got["id"] == sid.removeprefix("a2a-"), answers
+                assert got["status"]["state"] == "TASK_STATE_COMPLETED", answers
+                assert [a["parts"][0]["text"] for a in got["artifacts"]] == ["slow and done"]
+            assert await _task_sessions(member) == {sid}
+            for http in (on_a, on_b):  # one task on the store, whichever hub lists it
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert [t["id"] for t in listed["result"]["tasks"]] == [sid[4:]], listed
     finally:
         stop_all(hubs)
     _no_tracebacks(hubs)
@@ -219,6 +271,7 @@ async def test_the_same_streaming_send_to_two_hubs_at_once_is_one_task(
                     return [e async for e in _events(answer.aiter_lines())]
 
             rounds = 3
+            one: list[str] = []
             for n in range(rounds):
                 message = _hub_message(f"dlg_stream_{n}", f"stream {n}")
                 rpc = _rpc(n, "SendStreamingMessage", {"message": message})
@@ -246,6 +299,10 @@ async def test_the_same_streaming_send_to_two_hubs_at_once_is_one_task(
                     ]
                     assert texts == [f"done: stream {n} (from lead)"], (n, events)
                 assert len(ids) == 1, (n, both)
+                one.extend(ids)
+            for http in (on_a, on_b):  # one task a round, whichever hub lists them
+                listed = (await http.post("/a2a/t/worker/", json=_rpc(9, "ListTasks", {}))).json()
+                assert sorted(t["id"] for t in listed["result"]["tasks"]) == sorted(one), listed
         seen = sorted(m["text"] for m in worker.seen)
         assert seen == [f"stream {n}" for n in range(rounds)], seen
     finally:

@@ -6,7 +6,9 @@ over HTTP) say the same."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from backchannel.interfaces.http import create_app
 from backchannel.models import MAX_BATCH
 from backchannel.stores.base import Tx
 from backchannel.stores.memory import MemoryStore
+from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import FakeClock
 from backchannel.types import DeliveryState
 
@@ -393,3 +396,71 @@ async def test_http_receive_whose_client_left_as_it_leased_gives_the_messages_ba
     answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert answer["messages"] == []
     assert await rig.state(m0) is DeliveryState.QUEUED  # given back, not leased
+
+
+class GatedStore(SqliteStore):
+    """SQLite, with the next write transaction (once :meth:`arm` is called) held in the
+    writer thread after its function ran and before it commits, until :attr:`go`."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.armed = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def transact(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        if not self.armed:
+            return super().transact(fn)
+        self.armed = False
+
+        def held(tx: Tx) -> T:
+            out = fn(tx)
+            self.entered.set()
+            self.go.wait(10)
+            return out
+
+        # told how it ended, as the function it wraps asks (tell_finished)
+        held.finished = getattr(fn, "finished", None)  # type: ignore[attr-defined]
+        return super().transact(held)
+
+
+async def test_a_named_receive_cancelled_as_it_leased_and_made_again_gets_its_message_once(
+    tmp_path: Path,
+) -> None:
+    """A named receive is cancelled (its client timed out) while its lease commits, and
+    the client makes it again under the same name at once: the receive made again is
+    answered with the message the first one leased. The hub's give-back of the cancelled
+    receive's lease must not put that message back in the queue behind the client's
+    back: acked, it is gone, and no later receive gets it again."""
+    store = GatedStore(tmp_path / "gated.db")
+    hub = Hub(store, clock=FakeClock(), background=False)
+    await hub.start()
+    try:
+        admin = Client.local(hub)
+        await admin.start()
+        await admin.create_team("t")
+        for name in ("a", "b"):
+            await admin.add_member("t", name)
+        m0 = (await hub.send("t", "a", "b", "m0")).message_id
+        store.arm()
+        first = asyncio.create_task(hub.receive("t", "b", receive_id="rcv-1", wait=0))
+        assert await asyncio.to_thread(store.entered.wait, 10), "the lease never ran"
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        again = asyncio.create_task(hub.receive("t", "b", receive_id="rcv-1", wait=0))
+        await asyncio.sleep(0)  # made again before the first one's lease commits
+        store.go.set()
+        got = await asyncio.wait_for(again, 10)
+        assert [m.message.message_id for m in got] == [m0]
+        done = await hub.receive("t", "b", ack=[m0], receive_id="rcv-2", wait=0)
+        assert done.acked.acked == (m0,), done.acked
+        assert list(done) == []
+        later = await hub.receive("t", "b", receive_id="rcv-3", wait=0)
+        assert [m.message.message_id for m in later] == []
+        assert (await hub.message_status("t", m0)).state is DeliveryState.ACKED
+    finally:
+        await hub.close()

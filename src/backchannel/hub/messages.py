@@ -80,6 +80,9 @@ def new_message_id() -> str:
 
 #: The detail of a ``released`` event whose lease was not counted as an attempt.
 UNTRIED = "given back untried: this lease is not counted as an attempt"
+#: The longest a named receive made again waits for the give-back of what the cancelled
+#: receive of that name leased (one store transaction, normally milliseconds).
+NAMED_GIVE_BACK_WAIT = 5.0
 
 
 def new_receive_id() -> str:
@@ -257,6 +260,10 @@ class Messages:
         self.quotas = quotas
         self.pipeline = pipeline
         self._giving_back: set[asyncio.Task[int]] = set()
+        #: (team, member, receive name) -> the give-backs under way of what receives of
+        #: that name leased and were cancelled: a receive made again under the name
+        #: waits for them, so it never holds a copy a give-back then puts back
+        self._named_give_backs: dict[tuple[str, str, str], set[asyncio.Future[None]]] = {}
 
     # -- messages --------------------------------------------------------------
     async def send(
@@ -485,6 +492,8 @@ class Messages:
         lease = self.config.lease_seconds if lease_seconds is None else lease_seconds
         ids = ack_ids(ack, "ack")
         holder = None if receive_id is None else rules.check_receive_id(receive_id)
+        if holder is not None:
+            await self._given_back_under(team, member, holder)
         acked = NOTHING_ACKED
 
         def attempt(
@@ -560,17 +569,44 @@ class Messages:
         leases for it goes back to the inbox at once, not at the lease's end (with
         ``owner``, only while it still holds the member's push delivery)."""
 
+        settled: asyncio.Future[None] | None = None
+        if taker.holder is not None:
+            # a receive made again under the name (its client's retry) looks once this
+            # give-back is over: it must not be answered with a copy about to go back
+            key = (team, member, taker.holder)
+            settled = asyncio.get_running_loop().create_future()
+            self._named_give_backs.setdefault(key, set()).add(settled)
+
+            def over(_: object, done: asyncio.Future[None] = settled) -> None:
+                if not done.done():
+                    done.set_result(None)
+                waiting = self._named_give_backs.get(key)
+                if waiting is not None:
+                    waiting.discard(done)
+                    if not waiting:
+                        del self._named_give_backs[key]
+
         def handed(fut: asyncio.Future[list[InboxMessage]]) -> None:
             got = [] if fut.cancelled() else fut.result()
-            if got:
-                ids = [m.message.message_id for m in got]
-                task = asyncio.ensure_future(
-                    self.release(team, member, ids, owner=owner, untried=True)
-                )
-                self._giving_back.add(task)
-                task.add_done_callback(self._given_back)
+            if not got:
+                if settled is not None:
+                    over(None)
+                return
+            ids = [m.message.message_id for m in got]
+            task = asyncio.ensure_future(self.release(team, member, ids, owner=owner, untried=True))
+            self._giving_back.add(task)
+            task.add_done_callback(self._given_back)
+            if settled is not None:
+                task.add_done_callback(over)
 
         taker.future.add_done_callback(handed)
+
+    async def _given_back_under(self, team: str, member: str, holder: str) -> None:
+        """Wait (at most :data:`NAMED_GIVE_BACK_WAIT`) for the give-backs under way of
+        what cancelled receives named ``holder`` leased (:meth:`_give_back`)."""
+        waiting = self._named_give_backs.get((team, member, holder))
+        if waiting:
+            await asyncio.wait(list(waiting), timeout=NAMED_GIVE_BACK_WAIT)
 
     def _given_back(self, task: asyncio.Task[int]) -> None:
         self._giving_back.discard(task)

@@ -355,11 +355,21 @@ class HubTaskStore(TaskStore):
         self.live: set[str] = set()
         #: set when a task's answer (a state it ends or asks back in) is saved
         self.settling: dict[str, asyncio.Event] = {}
+        #: tasks an executor of this process gave up because a send of the same message
+        #: on another hub claimed it first (:class:`Claimed`): the A2A library writes a
+        #: request that failed before its task existed down as a failed task, which for
+        #: these would be a second task for one message; they are never written
+        self.claimed_away: set[str] = set()
 
     async def _record(self, team: str, task_id: str) -> A2ATask | None:
         return await self.hub.store.read(lambda tx: tx.get_a2a_task(team, task_id))
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
+        if task.id in self.claimed_away:
+            # the library's failed task for a send whose message another hub's send
+            # claimed first: that send's task is the message's one task
+            log.debug("A2A task %s not written: its message is another task's", task.id)
+            return
         who = caller_of(context)
         now = self.hub.clock.now()
         body = MessageToDict(task)
@@ -579,7 +589,43 @@ class _QuietWhenClaimed(logging.Filter):
         return not isinstance(exc, Claimed)
 
 
-logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_QuietWhenClaimed())
+#: tasks an executor of this process started for a message a send on another hub may
+#: repeat (a claimed message): that hub writes the task down from the claim while this
+#: executor waits for the member (:meth:`HubTaskStore.adopt`), before it is shown here
+_ADOPTABLE: set[str] = set()
+
+#: what the A2A library logs when the Task an executor shows is in the store already
+_REPLACED = "Task %s already exists. Ignoring task replacement."
+
+
+class _QuietWhenAdopted(logging.Filter):
+    """Turns the A2A library's ``ERROR Task … already exists. Ignoring task replacement.``
+    into an ``INFO`` line when another hub on the store wrote the task down from its
+    claim (a send of the same message there, waiting for the member) before this hub's
+    executor showed it: the library goes on from the stored task, which holds the same
+    message, and the member's answer completes it. The expected end of that race, not
+    a failure an operator should chase."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == _REPLACED and args and args[0] in _ADOPTABLE:
+            record.msg = (
+                "A2A task %s was written down by a send of the same message on another "
+                "hub before this hub showed it; it goes on from the stored task"
+            )
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
+def _forget_adoptable(task_id: str) -> None:
+    """Drop ``task_id`` from :data:`_ADOPTABLE` once its executor is over, a while later:
+    the library handles the events the executor enqueued after it returns."""
+    asyncio.get_running_loop().call_later(SETTLE, _ADOPTABLE.discard, task_id)
+
+
+for _filter in (_QuietWhenClaimed(), _QuietWhenAdopted()):
+    logging.getLogger("a2a.server.agent_execution.active_task").addFilter(_filter)
 
 
 def claiming(claim: A2AClaim, send: Callable[[Ctx], T]) -> Callable[[Ctx], T]:
@@ -638,6 +684,8 @@ class MemberExecutor(AgentExecutor):
             await show()
         sid = session_for(task_id)
         self.tasks.live.add(task_id)
+        if claim_id is not None:
+            _ADOPTABLE.add(task_id)
         try:
             if (await self.hub.get_member(who.team, who.member)).kind in HOOK_KINDS:
                 raise InvalidRequest(
@@ -671,6 +719,12 @@ class MemberExecutor(AgentExecutor):
                 # ends this executor with no event: the handler answers with that
                 # task, and this one is never shown
                 session = await self.hub.open_session(who.team, who.member, sid, first=first)
+            except Claimed:
+                self.tasks.claimed_away.add(task_id)
+                asyncio.get_running_loop().call_later(
+                    SETTLE, self.tasks.claimed_away.discard, task_id
+                )
+                raise
             finally:
                 _resolve(call.state.get(STARTING_KEY))  # stored, or refused: repeats look
             if at_once:
@@ -687,6 +741,7 @@ class MemberExecutor(AgentExecutor):
             answer = Answer(TaskState.TASK_STATE_FAILED, exc.message)
         except BaseException:
             self.tasks.live.discard(task_id)
+            _forget_adoptable(task_id)
             raise
         settled = self.tasks.settling[task_id] = asyncio.Event()
         answered = asyncio.Event()
@@ -717,6 +772,7 @@ class MemberExecutor(AgentExecutor):
             if self.tasks.settling.get(task_id) is settled:
                 del self.tasks.settling[task_id]
             self.tasks.live.discard(task_id)
+            _forget_adoptable(task_id)
 
     async def _wait(
         self, who: Caller, task_id: str, after_turn: int, show: Callable[[], Awaitable[None]]

@@ -70,9 +70,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -120,6 +122,16 @@ OUTAGE_WAIT = 1.0
 #: unacknowledged for 10 s, keepalives one that has heard nothing for about 11 s. Neither
 #: touches a slow statement (a wait for a team's lock): the server's kernel acknowledges
 #: and answers probes while PostgreSQL works.
+#: How often the listener asks the server a trivial question (``SELECT 1``), and how long
+#: it waits for the answer before it takes the server for frozen: a server whose processes
+#: are stopped (SIGSTOP, a paused VM, a host stalled in swap) keeps its sockets open and
+#: its kernel acknowledges every byte and keepalive probe, so neither TCP setting above
+#: ends a statement waiting on it, and it would wait until the server resumes. A server
+#: taken for frozen has the statements in flight on it cut (their connections shut down:
+#: they fail with ``StoreError``, 503) and every new one cut once it has waited as long,
+#: until the listener connects again.
+HEARTBEAT_EVERY = 2.0
+FROZEN_AFTER = 5.0
 TCP_DEFAULTS: dict[str, int] = {
     "keepalives": 1,
     "keepalives_idle": 5,
@@ -127,6 +139,16 @@ TCP_DEFAULTS: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+
+
+def _shut(conn: psycopg.Connection[Any]) -> None:
+    """Shut down ``conn``'s socket from another thread: a statement waiting on it for
+    an answer fails at once with a lost connection (the socket stays open until psycopg
+    closes it, so its descriptor is never reused under it)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        fd = conn.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def mask_url(url: str) -> str:
@@ -243,6 +265,12 @@ class PostgresStore(Store):
         self._listening = threading.Event()
         #: set by the listener while it cannot reach the database: fail fast, not slowly
         self._unreachable = False
+        #: set by the listener when the server stopped answering (:data:`FROZEN_AFTER`),
+        #: until it connects again: transactions in flight are cut, not left waiting
+        self._frozen = False
+        #: connections a transaction attempt is using -> when the attempt started
+        self._busy: dict[psycopg.Connection[Any], float] = {}
+        self._busy_lock = threading.Lock()
         #: the schema version a newer backchannel announced it migrated the database to
         #: (a rolling upgrade with this hub still running): it writes nothing more
         self._moved_on: int | None = None
@@ -434,9 +462,13 @@ class PostgresStore(Store):
                     timeout=min(OUTAGE_WAIT, self._connect_timeout) if outage else None
                 ) as conn:
                     tx = PgTx(conn, readonly=readonly, origin=self._origin, error=self._error)
+                    with self._busy_lock:
+                        self._busy[conn] = time.monotonic()
                     try:
                         outcome = self._attempt(tx, fn)
                     finally:
+                        with self._busy_lock:
+                            del self._busy[conn]
                         tx._cleanup()
             except StoreError as exc:
                 if not tx.undefined:
@@ -448,6 +480,8 @@ class PostgresStore(Store):
             if outcome is not None:
                 return outcome[0]
             self.retries += 1
+            if tx.broken and self._frozen:
+                raise StoreError(self._frozen_message(), store=self.url)
             if tx.broken:
                 lost += 1
                 if lost > 2:
@@ -464,6 +498,57 @@ class PostgresStore(Store):
             f"({MAX_ATTEMPTS} attempts); retry shortly",
             store=self.url,
         )
+
+    def _frozen_message(self) -> str:
+        return (
+            f"PostgreSQL at {self.url} stopped answering (no answer in {FROZEN_AFTER:.0f} s: "
+            "its server is stopped, paused or stalled); the request was cut off and not "
+            "applied. Check that the PostgreSQL server is running, then retry"
+        )
+
+    def _cut(self, older_than: float | None = None) -> None:
+        """Shut down the connections of the transaction attempts in flight (those started
+        ``older_than`` seconds ago or more, if given): each fails at once with a lost
+        connection, which the pool then drops, instead of waiting for a frozen server."""
+        now = time.monotonic()
+        with self._busy_lock:
+            conns = [
+                c for c, t in self._busy.items() if older_than is None or now - t >= older_than
+            ]
+            for conn in conns:
+                _shut(conn)
+        if conns:
+            log.warning(
+                "PostgreSQL at %s does not answer: %d transaction(s) in flight cut off",
+                self.url,
+                len(conns),
+            )
+
+    def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
+        """Ask the server ``SELECT 1`` on the listener's connection; with no answer in
+        :data:`FROZEN_AFTER` seconds, take it for frozen: the connection is shut down
+        (the question fails with ``psycopg.Error``) and the transactions in flight cut."""
+
+        def frozen() -> None:
+            log.warning(
+                "PostgreSQL at %s has not answered for %.0f s (its server stopped, paused "
+                "or stalled): requests in flight are cut off and answered 503 until it "
+                "answers again",
+                self.url,
+                FROZEN_AFTER,
+            )
+            self._frozen = True
+            self._unreachable = True
+            _shut(conn)
+            self._cut()
+
+        watchdog = threading.Timer(FROZEN_AFTER, frozen)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.execute("SELECT 1")
+        finally:
+            watchdog.cancel()
 
     def _put_back(
         self, pool: ConnectionPool[psycopg.Connection[Any]], exc: StoreError
@@ -533,6 +618,8 @@ class PostgresStore(Store):
         (then quietly, while it tries again), waiters woken to look for themselves, and
         a wait of ``backoff``; the next backoff."""
         self._unreachable = True
+        if self._frozen:  # still no answer: what waited as long since is cut too
+            self._cut(older_than=FROZEN_AFTER)
         log.log(
             logging.WARNING if failures == 1 else logging.DEBUG,
             "LISTEN connection to %s %s: %s; check that PostgreSQL is running and "
@@ -549,6 +636,7 @@ class PostgresStore(Store):
         """Background thread: LISTEN, report others' notifications, reconnect, fall back."""
         backoff = 0.1
         next_fallback = time.monotonic() + self._fallback
+        next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
         own = self._origin + ":"
         # an outage is said once, in one line, and its end once: the listener tries
         # again every few seconds, and a line each time would bury everything else
@@ -578,7 +666,7 @@ class PostgresStore(Store):
                         row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
                         if row and row[0] is not None:
                             self._schema_announced(f"{SCHEMA_NOTICE}{row[0]}")
-                    self._unreachable = False
+                    self._unreachable = self._frozen = False
                     if failures:
                         log.warning("LISTEN connection to %s is back", self.url)
                         failures = 0
@@ -600,6 +688,9 @@ class PostgresStore(Store):
                         if self._fallback and time.monotonic() >= next_fallback:
                             next_fallback = time.monotonic() + self._fallback
                             self._post(None, None)
+                        if time.monotonic() >= next_heartbeat:
+                            self._heartbeat(conn)
+                            next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
             except psycopg.Error as exc:
                 if not self._stop.is_set():
                     failures += 1
