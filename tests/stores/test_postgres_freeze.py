@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(180)]
 
 SENDERS = 4
 #: the longest a send in flight may wait on the frozen server for its answer
-ANSWER_WITHIN = 20.0
+ANSWER_WITHIN = 25.0
 #: how long the server stays frozen at most: past the bound, so a send waiting it out
 #: is seen waiting
 FROZEN_FOR = ANSWER_WITHIN + 15.0

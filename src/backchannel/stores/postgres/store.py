@@ -131,7 +131,7 @@ OUTAGE_WAIT = 1.0
 #: they fail with ``StoreError``, 503) and every new one cut once it has waited as long,
 #: until the listener connects again.
 HEARTBEAT_EVERY = 2.0
-FROZEN_AFTER = 5.0
+FROZEN_AFTER = 10.0
 TCP_DEFAULTS: dict[str, int] = {
     "keepalives": 1,
     "keepalives_idle": 5,
