@@ -72,3 +72,38 @@ async def test_a_long_turn_and_a_long_answer_are_read_whole(hub: Hub) -> None:
     assert progressed
     assert answer is not None
     assert answer.text == long_answer
+
+
+async def test_a_task_brought_up_to_date_after_another_hub_saved_its_answer_shows_it_once(
+    hub: Hub,
+) -> None:
+    """Two hubs on one store: the one whose executor waits for the member saves the
+    answer's artifact update before the task's end. A read of the task on the other hub
+    in between (a send of the same message there, which answers with this task) found it
+    not ended and not live there, brought it up to date from the member's transcript and
+    appended the answer's artifact a second time: the caller's task showed the answer
+    twice. The answer's artifacts now take the place of those saved, each once."""
+    from a2a.server.context import ServerCallContext
+    from a2a.types.a2a_pb2 import Artifact, Part, Task
+
+    from backchannel.interfaces.a2a_tasks import STATE_KEY, HubTaskStore
+
+    await hub.create_team("t", settings={"anchor_policy": "off"})
+    await hub.add_member("t", "w")
+    await hub.open_session("t", "w", "a2a-task2")
+    await hub.report_event("t", "w", "a2a-task2", "turn_start", "go")
+    await hub.report_event("t", "w", "a2a-task2", "agent_stop", "the answer")
+    context = ServerCallContext(state={STATE_KEY: Caller("t", "w", "user")})
+    saved_there = Task(id="task2", context_id="ctx2")
+    saved_there.status.state = TaskState.TASK_STATE_WORKING
+    saved_there.artifacts.append(
+        Artifact(artifact_id="task2-a0", name="answer", parts=[Part(text="the answer")])
+    )
+    await HubTaskStore(hub).save(saved_there, context)  # the other hub's executor
+
+    here = await HubTaskStore(hub).get("task2", context)
+    assert here is not None
+    assert here.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [(a.artifact_id, [p.text for p in a.parts]) for a in here.artifacts] == [
+        ("task2-a0", ["the answer"])
+    ]

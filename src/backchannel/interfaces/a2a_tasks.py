@@ -40,6 +40,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
+from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types.a2a_pb2 import (
     Artifact,
     CancelTaskRequest,
@@ -477,9 +478,13 @@ class HubTaskStore(TaskStore):
         answer = await read_answer(self.hub, who, task.id, after)
         if answer is None:
             return task
+        # the answer's artifacts whole, in place of any part of them the executor of
+        # another hub saved already (its artifact updates are saved before its end): each
+        # once, as the A2A library applies them
+        del task.artifacts[:]
         for event in [*_artifact_events(task.id, task.context_id, answer)]:
             assert isinstance(event, TaskArtifactUpdateEvent)
-            task.artifacts.append(event.artifact)
+            append_artifact_to_task(task, event)
         task.status.CopyFrom(_status_event(task.id, task.context_id, answer).status)
         await self.save(task, context)
         saved = await self._record(who.team, task.id)  # a cancel may have ended it first
