@@ -48,6 +48,7 @@ from backchannel.types import (
     DeliveryEvent,
     DeliveryState,
     InboxMessage,
+    Lease,
     Message,
     MessageKind,
     SendResult,
@@ -592,14 +593,48 @@ class Messages:
                 if settled is not None:
                     over(None)
                 return
-            ids = [m.message.message_id for m in got]
-            task = asyncio.ensure_future(self.release(team, member, ids, owner=owner, untried=True))
+            # each copy only while still under the lease this receive took: one answered
+            # again to its name since (the client's retry, on another hub) stays leased
+            leases = {
+                m.message.message_id: Lease(taker.holder, m.attempt, m.lease_until) for m in got
+            }
+            task = asyncio.ensure_future(self._give_back_leases(team, member, leases, owner))
             self._giving_back.add(task)
             task.add_done_callback(self._given_back)
             if settled is not None:
                 task.add_done_callback(over)
 
         taker.future.add_done_callback(handed)
+
+    async def _give_back_leases(
+        self, team: str, member: str, leases: Mapping[str, Lease], owner: str | None
+    ) -> int:
+        """Give back untried the copies still under the leases named (by message id)."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> int:
+            if not owns(tx, team, member, owner):
+                return 0
+            return sum(
+                tx.transition(
+                    team,
+                    mid,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.QUEUED,
+                    now=now,
+                    event="released",
+                    detail=UNTRIED,
+                    refund=True,
+                    lease=lease,
+                )
+                for mid, lease in leases.items()
+            )
+
+        n = await self.store.transact(fn)
+        if n:
+            self.env.waiters.notify(team, member)
+        return n
 
     async def _given_back_under(self, team: str, member: str, holder: str) -> None:
         """Wait (at most :data:`NAMED_GIVE_BACK_WAIT`) for the give-backs under way of
@@ -752,8 +787,11 @@ class Messages:
     ) -> list[InboxMessage]:
         """What the receive named ``holder`` leased and still holds, as it was handed
         over (its answer was lost: this receive is that one made again). Nothing of the
-        lease's reactions runs again; they ran with the lease."""
-        got = c.tx.held(team, member, holder, now, None, limit)
+        lease's reactions runs again; they ran with the lease. Each copy answered is
+        handed to the name anew (``Tx.held_again``): a give-back of the lease it had
+        under way (the first receive, cancelled as it leased, on another hub) leaves it
+        with the client that has it now."""
+        got = c.tx.held_again(team, member, holder, now, limit)
         return _replies_since_firing(c.tx, team, member, anchors_first(got))
 
     async def inbox(
