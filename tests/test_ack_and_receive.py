@@ -464,3 +464,84 @@ async def test_a_named_receive_cancelled_as_it_leased_and_made_again_gets_its_me
         assert (await hub.message_status("t", m0)).state is DeliveryState.ACKED
     finally:
         await hub.close()
+
+
+class GiveBackGatedStore(GatedStore):
+    """:class:`GatedStore` whose write transactions, once :meth:`hold_rest` is called,
+    are handed to the writer only when :attr:`later` is set (the give-back a cancelled
+    receive leaves behind waits in :attr:`waiting` meanwhile)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.holding = False
+        self.later = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.done: list[asyncio.Future[Any]] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def hold_rest(self) -> None:
+        self.holding = True
+
+    def transact(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        if not self.holding or self.armed:
+            return super().transact(fn)
+        out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        async def run() -> None:
+            self.waiting.set()
+            await self.later.wait()
+            try:
+                out.set_result(await SqliteStore.transact(self, fn))
+            except BaseException as e:
+                out.set_exception(e)
+
+        self.done.append(out)
+        self.tasks.add(asyncio.ensure_future(run()))
+        return out
+
+
+async def test_a_named_receive_cancelled_as_it_leased_and_made_again_on_another_hub_gets_its_message_once(
+    tmp_path: Path,
+) -> None:
+    """Two hubs on one SQLite file. A named receive on the first is cancelled while its
+    lease commits; its client makes it again at once under the same name, and the second
+    hub answers it with the message the first one leased. The first hub's give-back of
+    that lease, which runs after, names the lease it gives back: the copy, answered again
+    since, is under another lease and stays with the client, whose ack is taken, and no
+    other receive gets the message."""
+    path = tmp_path / "two.db"
+    clock = FakeClock()
+    store = GiveBackGatedStore(path)
+    first_hub = Hub(store, clock=clock, background=False)
+    other_hub = Hub(SqliteStore(path), clock=clock, background=False)
+    await first_hub.start()
+    await other_hub.start()
+    try:
+        admin = Client.local(first_hub)
+        await admin.start()
+        await admin.create_team("t")
+        for name in ("a", "b"):
+            await admin.add_member("t", name)
+        m0 = (await first_hub.send("t", "a", "b", "m0")).message_id
+        store.arm()
+        first = asyncio.create_task(first_hub.receive("t", "b", receive_id="rcv-1", wait=0))
+        assert await asyncio.to_thread(store.entered.wait, 10), "the lease never ran"
+        store.hold_rest()
+        first.cancel()
+        store.go.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(store.waiting.wait(), 10)  # the give-back is on its way
+        again = await other_hub.receive("t", "b", receive_id="rcv-1", wait=0)
+        assert [(m.message.message_id, m.attempt) for m in again] == [(m0, 1)]
+        store.later.set()
+        for done in list(store.done):
+            await asyncio.wait_for(done, 10)
+        assert (await other_hub.message_status("t", m0)).state is DeliveryState.LEASED
+        assert list(await other_hub.receive("t", "b", receive_id="rcv-2", wait=0)) == []
+        acked = await other_hub.receive("t", "b", ack=[m0], receive_id="rcv-3", wait=0)
+        assert acked.acked.acked == (m0,), acked.acked
+        assert (await other_hub.message_status("t", m0)).state is DeliveryState.ACKED
+    finally:
+        await other_hub.close()
+        await first_hub.close()

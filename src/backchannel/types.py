@@ -31,6 +31,7 @@ __all__ = [
     "InboxMessage",
     "Job",
     "JobState",
+    "Lease",
     "LedgerEntry",
     "Link",
     "LinkState",
@@ -501,6 +502,18 @@ class MemberActivity:
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """One lease of one copy, as a give-back names it (``Tx.transition(lease=...)``):
+    the receive it was leased to (``None``: no named receive), its attempt, and when it
+    ends. A copy leased again, or answered again to its name (``Tx.held_again``), is
+    under another lease: a give-back naming the old one leaves it alone."""
+
+    holder: str | None
+    attempt: int
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
 class InboxMessage:
     """A message as handed to its recipient: the envelope plus this copy's attempt number."""
 
@@ -511,6 +524,10 @@ class InboxMessage:
     #: when this copy was leased (its delivery's ``updated_at``), as :meth:`Tx.held`
     #: reports it (0 where the lease is not asked for): the order a stream sent it in
     leased_at: float = field(default=0.0, compare=False)
+    #: when the lease it was handed under ends (its delivery's ``lease_until``), as
+    #: :meth:`Tx.lease` and :meth:`Tx.held_again` report it (0 where not asked for):
+    #: with ``attempt`` and the receive's name, the :class:`Lease` a give-back names
+    lease_until: float = field(default=0.0, compare=False)
 
     def to_json(self) -> Json:
         m = self.message

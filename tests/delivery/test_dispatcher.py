@@ -18,10 +18,10 @@ from backchannel.delivery.adapters import ADAPTERS, AdapterFactory, check_delive
 from backchannel.delivery.base import Adapter, AdapterContext, AdapterError
 from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
 from backchannel.delivery.inbox_file import InboxFileAdapter
-from backchannel.errors import InvalidRequest
+from backchannel.errors import HeldDelivery, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.stores.sqlite import SqliteStore
-from backchannel.testing import eventually, eventually_blocking
+from backchannel.testing import FakeClock, eventually, eventually_blocking
 from backchannel.types import InboxMessage, MessageKind
 from tests.delivery.conftest_adapters import (
     FAST_RETRY,
@@ -468,3 +468,48 @@ def test_serve_runs_the_dispatcher(server: Any, tmp_path: Path) -> None:
             within=20,
         )
     assert [e["msg_id"] for e in read_inbox(root / "alpha" / "inboxes" / "cc.json")] == ["srv-1"]
+
+
+class Dialog(Recorder):
+    """A pane with a dialog on screen that nobody answers: every copy is held."""
+
+    type = "dialog"
+
+    async def deliver(self, item: InboxMessage) -> str:
+        raise HeldDelivery("a dialog is on screen", shows="Do you want to proceed?")
+
+    async def ready(self) -> str | None:
+        return "a dialog is on screen"
+
+
+async def test_a_hold_counts_from_its_first_hold_across_a_restart(tmp_path: Path) -> None:
+    """A copy held by a dialog nobody answers is given up ``hold_max`` after it was
+    first held, not ``hold_max`` after the hub restarted: a hub started again on the same
+    SQLite file (or one taking the member over) goes on counting from the first hold the
+    store recorded, and gives the copy up at once when that is past. Nothing was typed,
+    so the give-up spends no attempt."""
+    sink = Sink()
+    adapters = {**ADAPTERS, "dialog": lambda ctx: Dialog(ctx, sink)}
+    path, clock = tmp_path / "hold.db", FakeClock()
+
+    def hub_on_file() -> Hub:
+        return Hub(SqliteStore(path), clock=clock, check_delivery=False)
+
+    async with hub_on_file() as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "a", delivery={"type": "dialog", "hold_max": 3600})
+        async with dispatching(hub, adapters=adapters) as d:
+            sent = await hub.send("t", "user", "a", "one", link=False)
+
+            async def held() -> bool:
+                return [s.state for s in d.status()] == ["held"]
+
+            await eventually(held, what="the copy held")
+        assert await state_of(hub, "t", sent.message_id) == "queued"
+    clock.advance(3601)  # the hub was down for longer than the hold's bound
+    async with hub_on_file() as hub, dispatching(hub, adapters=adapters):
+        st = await wait_state(hub, "t", sent.message_id, "dead", within=10)
+    reason = st.deliveries[0].dead_reason or ""
+    assert "a's screen showed 'Do you want to proceed?' for 60 minutes" in reason, reason
+    assert st.deliveries[0].attempts == 0
+    assert [e.event for e in st.history].count("held") == 1

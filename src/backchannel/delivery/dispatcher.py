@@ -46,9 +46,11 @@ worker hands them to the adapter one at a time, in that order, and records the r
   to :data:`HOLD_PAUSE_MAX` s) and leases again once it is ready. A hold costs the
   copy no attempt (its lease is given back untried: nothing was typed or sent). It is
   bounded: the ``user`` is reminded at :data:`HOLD_REMINDERS` of the adapter's
-  ``hold_max`` (default 30 minutes), and a copy still held after ``hold_max`` since this
-  worker first held it is given up (``hub.give_up``: the sender told, ``held: <member>'s
-  screen showed <line> for N minutes; nobody answered it``, and the ``user`` too);
+  ``hold_max`` (default 30 minutes), and a copy still held after ``hold_max`` since it
+  was first held (a ``held`` event in its history: the count goes on across restarts and
+  hubs taking the member over) is given up, no attempt spent (``hub.give_up``: the
+  sender told, ``held: <member>'s screen showed <line> for N minutes; nobody answered
+  it``, and the ``user`` too);
 * anything else: logged with its traceback and treated as transient.
 
 A copy given up after a transient error that says the target cannot be reached
@@ -449,7 +451,7 @@ class _Worker:
                     return True
                 await self._close_circuit(adapter)  # answered: the target is back
             if outcome is _Outcome.HOLD:
-                since = self.held_since.setdefault(mid, time.monotonic())
+                since = await self._held_since(mid, detail)
                 while len(self.held_since) > _HELD_MAX:  # copies acked by another route
                     gone = next(iter(self.held_since))
                     self.held_since.pop(gone)
@@ -461,7 +463,11 @@ class _Worker:
                     outcome, detail = _Outcome.DEAD, self._held_too_long(detail, shows, held)
                     release = [m.message.message_id for m in rest]
                     await self._release(release, untried=True)
-                    recorded = await self._record_outcome(adapter, mid, outcome, detail)
+                    # nothing was typed or sent: the lease it is given up from is no
+                    # attempt (as the holds before it were not)
+                    recorded = await self._record_outcome(
+                        adapter, mid, outcome, detail, untried=True
+                    )
                     if recorded:
                         await self._tell_operator_given_up(item, detail)
                     return True
@@ -772,8 +778,29 @@ class _Worker:
             self._state("held", why)
             reason = why
 
+    async def _held_since(self, mid: str, detail: str) -> float:
+        """When (``time.monotonic``) the copy ``mid`` was first held: by this worker, or
+        earlier as the store recorded it (``hub.first_held``: a hub restarted, or another
+        that pushed to this member before, held it first), whichever is earlier; the
+        hold's bound counts from there. The store away, this worker's own count."""
+        now = time.monotonic()
+        since = self.held_since.setdefault(mid, now)
+        try:
+            first = await self.hub.first_held(
+                self.team, self.member, mid, detail, owner=self.d.ownership.owner
+            )
+        except Exception as exc:
+            log.warning("%s/%s: could not read or record when %s was first held (%s); "
+                        "counting its hold from this worker's", self.team, self.member, mid,
+                        exc)  # fmt: skip
+            return since
+        if first is not None:
+            since = min(since, now - max(0.0, self.hub.clock.now() - first))
+            self.held_since[mid] = since
+        return since
+
     async def _record_outcome(
-        self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str
+        self, adapter: Adapter, mid: str, outcome: _Outcome, detail: str, untried: bool = False
     ) -> bool:
         """Record the push's outcome; whether it took effect. Every record names this
         hub (``owner``) and takes effect only while the store names it the member's
@@ -790,7 +817,8 @@ class _Worker:
             self._state("delivering", detail)
             log.warning("%s/%s: dead-lettering %s: %s", team, member, mid, detail)
             done = await self._record(
-                lambda: self.hub.give_up(team, member, mid, detail, owner=owner), mid
+                lambda: self.hub.give_up(team, member, mid, detail, owner=owner, untried=untried),
+                mid,
             )
             if done is False:
                 log.warning("%s/%s: %s was no longer leased by this hub when given up; it "

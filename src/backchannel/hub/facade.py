@@ -229,6 +229,7 @@ class Hub:
     mark_delivered = _Delegate("messages", Messages.mark_delivered)
     pending = _Delegate("messages", Messages.pending)
     give_up = _Delegate("messages", Messages.give_up)
+    first_held = _Delegate("messages", Messages.first_held)
     message_status = _Delegate("messages", Messages.message_status)
     react = _Delegate("messages", Messages.react)
     feed = _Delegate("messages", Messages.feed)

@@ -48,6 +48,7 @@ from backchannel.types import (
     DeliveryEvent,
     DeliveryState,
     InboxMessage,
+    Lease,
     Message,
     MessageKind,
     SendResult,
@@ -80,6 +81,10 @@ def new_message_id() -> str:
 
 #: The detail of a ``released`` event whose lease was not counted as an attempt.
 UNTRIED = "given back untried: this lease is not counted as an attempt"
+#: the history event a push delivery writes when it first holds a copy (its medium must
+#: not take it now: ``HeldDelivery``): the hold's bound counts from it, across restarts
+#: and hubs taking the member over (:meth:`Messages.first_held`)
+HELD = "held"
 #: The longest a named receive made again waits for the give-back of what the cancelled
 #: receive of that name leased (one store transaction, normally milliseconds).
 NAMED_GIVE_BACK_WAIT = 5.0
@@ -592,14 +597,48 @@ class Messages:
                 if settled is not None:
                     over(None)
                 return
-            ids = [m.message.message_id for m in got]
-            task = asyncio.ensure_future(self.release(team, member, ids, owner=owner, untried=True))
+            # each copy only while still under the lease this receive took: one answered
+            # again to its name since (the client's retry, on another hub) stays leased
+            leases = {
+                m.message.message_id: Lease(taker.holder, m.attempt, m.lease_until) for m in got
+            }
+            task = asyncio.ensure_future(self._give_back_leases(team, member, leases, owner))
             self._giving_back.add(task)
             task.add_done_callback(self._given_back)
             if settled is not None:
                 task.add_done_callback(over)
 
         taker.future.add_done_callback(handed)
+
+    async def _give_back_leases(
+        self, team: str, member: str, leases: Mapping[str, Lease], owner: str | None
+    ) -> int:
+        """Give back untried the copies still under the leases named (by message id)."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> int:
+            if not owns(tx, team, member, owner):
+                return 0
+            return sum(
+                tx.transition(
+                    team,
+                    mid,
+                    member,
+                    from_states=[DeliveryState.LEASED],
+                    to_state=DeliveryState.QUEUED,
+                    now=now,
+                    event="released",
+                    detail=UNTRIED,
+                    refund=True,
+                    lease=lease,
+                )
+                for mid, lease in leases.items()
+            )
+
+        n = await self.store.transact(fn)
+        if n:
+            self.env.waiters.notify(team, member)
+        return n
 
     async def _given_back_under(self, team: str, member: str, holder: str) -> None:
         """Wait (at most :data:`NAMED_GIVE_BACK_WAIT`) for the give-backs under way of
@@ -752,8 +791,11 @@ class Messages:
     ) -> list[InboxMessage]:
         """What the receive named ``holder`` leased and still holds, as it was handed
         over (its answer was lost: this receive is that one made again). Nothing of the
-        lease's reactions runs again; they ran with the lease."""
-        got = c.tx.held(team, member, holder, now, None, limit)
+        lease's reactions runs again; they ran with the lease. Each copy answered is
+        handed to the name anew (``Tx.held_again``): a give-back of the lease it had
+        under way (the first receive, cancelled as it leased, on another hub) leaves it
+        with the client that has it now."""
+        got = c.tx.held_again(team, member, holder, now, limit)
         return _replies_since_firing(c.tx, team, member, anchors_first(got))
 
     async def inbox(
@@ -878,12 +920,21 @@ class Messages:
         return await self.store.read(lambda tx: tx.pending_count(team, member))
 
     async def give_up(
-        self, team: str, member: str, message_id: str, reason: str, *, owner: str | None = None
+        self,
+        team: str,
+        member: str,
+        message_id: str,
+        reason: str,
+        *,
+        owner: str | None = None,
+        untried: bool = False,
     ) -> bool:
         """An adapter cannot deliver a leased copy and retrying will not help (a 404 from
         a webhook, a pane that is gone): the copy is ``dead`` with ``reason`` and the
         sender is told. False if the copy was not leased (or, with ``owner``, ``owner``
-        no longer holds the member's push delivery; see :meth:`ack`)."""
+        no longer holds the member's push delivery; see :meth:`ack`). With ``untried``
+        (a copy held past its bound: nothing was typed or sent), the lease it is given
+        up from is not counted as an attempt."""
         now = self.clock.now()
 
         def fn(c: Ctx) -> bool:
@@ -893,7 +944,7 @@ class Messages:
                 (d for d in c.tx.deliveries(team, message_id) if d.recipient.member == member),
                 None,
             )
-            if copy is None or not self.kill(c, copy, reason, now):
+            if copy is None or not self.kill(c, copy, reason, now, refund=untried):
                 return False
             self.dead_notice(c, copy, reason, now)
             return True
@@ -981,8 +1032,9 @@ class Messages:
                 await wait_for(ready, idle_check)
 
     @staticmethod
-    def kill(c: Ctx, d: Delivery, reason: str, now: float) -> bool:
-        """A leased copy is given up on: ``dead``, with ``reason`` in its history."""
+    def kill(c: Ctx, d: Delivery, reason: str, now: float, refund: bool = False) -> bool:
+        """A leased copy is given up on: ``dead``, with ``reason`` in its history (with
+        ``refund``, its lease is not counted as an attempt)."""
         return c.tx.transition(
             d.team,
             d.message_id,
@@ -993,7 +1045,31 @@ class Messages:
             event="dead",
             detail=reason,
             dead_reason=reason,
+            refund=refund,
         )
+
+    async def first_held(
+        self, team: str, member: str, message_id: str, detail: str, *, owner: str | None = None
+    ) -> float | None:
+        """When the member's push delivery first held its copy of ``message_id`` (the
+        hub's clock; a :data:`HELD` event in the copy's history, written now with
+        ``detail`` when there is none yet): a hold's bound counts from there, whichever
+        hub or worker held it. None (nothing written) when ``owner`` no longer holds the
+        member's push delivery, or the copy is gone."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> float | None:
+            if not owns(tx, team, member, owner):
+                return None
+            for e in tx.history(team, message_id):
+                if e.member == member and e.event == HELD:
+                    return e.at
+            if not any(d.recipient.member == member for d in tx.deliveries(team, message_id)):
+                return None
+            tx.add_history(team, DeliveryEvent(message_id, member, now, HELD, detail))
+            return now
+
+        return await self.store.transact(fn)
 
     def dead_notice(
         self, c: Ctx, d: Delivery, reason: str, now: float, advice: str | None = None

@@ -51,6 +51,7 @@ from backchannel.types import (
     InboxMessage,
     Job,
     JobState,
+    Lease,
     LedgerEntry,
     Link,
     Member,
@@ -253,6 +254,18 @@ class Tx(Protocol):
         named leases alone finds them."""
         ...
 
+    def held_again(
+        self, team: str, member: str, holder: str, now: float, limit: int
+    ) -> list[InboxMessage]:
+        """What :meth:`held` answers (from the first, at most ``limit``), for a receive its
+        client made again under the name ``holder``: each copy answered is handed to that
+        receive anew, under a lease of its own: its ``lease_until`` moves up by the
+        smallest step a float takes (``math.nextafter``; its attempt, ``updated_at`` and
+        order stay), and each comes with that new ``lease_until``. A give-back of the
+        lease it had (``transition(lease=...)``, another hub's receive cancelled as it
+        leased) then finds it under that lease no more and leaves it with the client."""
+        ...
+
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         """Deliveries ``leased`` with ``lease_until <= now``, the earliest expiry first
         (then lowest ``seq``): the order of the lease-expiry index, so no store has to
@@ -289,12 +302,17 @@ class Tx(Protocol):
         detail: str = "",
         dead_reason: str | None = None,
         refund: bool = False,
+        lease: Lease | None = None,
     ) -> bool:
         """Move one delivery to ``to_state`` if it is in one of ``from_states``, recording
         a history event. Returns ``False`` (and writes nothing) if it was not. With
         ``refund``, its ``attempts`` goes down by one (not below 0): a lease the hub gives
         back without having handed the copy to anyone (its own clean stop, a receive
-        that never answered) is no attempt."""
+        that never answered) is no attempt. With ``lease``, only while the delivery is
+        still under that lease: leased to ``lease.holder`` (``None``: to no named
+        receive), ``attempts`` equal to ``lease.attempt`` and ``lease_until`` equal to
+        ``lease.until``; a copy leased again since, or answered again to its receive
+        (:meth:`held_again`), is under another lease and is left as it is."""
         ...
 
     def ack(self, team: str, member: str, message_ids: Sequence[str], now: float) -> list[str]:

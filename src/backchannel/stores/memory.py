@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -30,6 +31,7 @@ from backchannel.types import (
     InboxMessage,
     Job,
     JobState,
+    Lease,
     LedgerEntry,
     Link,
     LinkState,
@@ -316,7 +318,7 @@ class MemoryTx:
             else:
                 self._set(self._d.holders, key, holder)
             msg = self._d.messages[(team, d.message_id)]
-            out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq))
+            out.append(InboxMessage(msg, d.recipient, d.attempts, d.seq, lease_until=lease_until))
         return out
 
     def held(
@@ -343,10 +345,27 @@ class MemoryTx:
         found.sort(key=lambda d: (d.updated_at, d.seq))
         return [
             InboxMessage(
-                self._d.messages[(team, d.message_id)], d.recipient, d.attempts, d.seq, d.updated_at
+                self._d.messages[(team, d.message_id)],
+                d.recipient,
+                d.attempts,
+                d.seq,
+                d.updated_at,
+                d.lease_until or 0.0,
             )
             for d in found[:limit]
         ]
+
+    def held_again(
+        self, team: str, member: str, holder: str, now: float, limit: int
+    ) -> list[InboxMessage]:
+        out = []
+        for m in self.held(team, member, holder, now, None, limit):
+            d = self._d.deliveries[(team, m.message.message_id, member)]
+            assert d.lease_until is not None
+            until = math.nextafter(d.lease_until, math.inf)
+            self._replace(d, lease_until=until)
+            out.append(dataclasses.replace(m, lease_until=until))
+        return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         found = [d for d in self._leased() if d.lease_until is not None and d.lease_until <= now]
@@ -392,10 +411,17 @@ class MemoryTx:
         detail: str = "",
         dead_reason: str | None = None,
         refund: bool = False,
+        lease: Lease | None = None,
     ) -> bool:
         d = self._d.deliveries.get((team, message_id, member))
         if d is None or d.state not in from_states:
             return False
+        if lease is not None and (
+            self._d.holders.get((team, message_id, member)) != lease.holder
+            or d.attempts != lease.attempt
+            or d.lease_until != lease.until
+        ):
+            return False  # under another lease now
         self._replace(
             d,
             state=to_state,

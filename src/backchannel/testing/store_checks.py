@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -35,6 +36,7 @@ from backchannel.types import (
     EventKind,
     Job,
     JobState,
+    Lease,
     LedgerEntry,
     Member,
     MemberKind,
@@ -1051,6 +1053,81 @@ async def check_release_untried(make_store: StoreFactory) -> None:
         assert copies[0].attempts == 0
 
 
+async def check_give_back_names_its_lease(make_store: StoreFactory) -> None:
+    """A give-back that names its lease (``transition(lease=...)``) moves the copy only
+    while it is under that lease: not once it was answered again to its name
+    (``held_again``: the same attempt, a ``lease_until`` one step later, reported), nor
+    leased again after it ran out; a give-back naming the lease it is under now does."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(2):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+
+        def back(mid: str, lease: Lease, now: float = T0 + 2) -> Callable[[Tx], bool]:
+            return lambda tx: tx.transition(
+                "alpha",
+                mid,
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=now,
+                event="released",
+                refund=True,
+                lease=lease,
+            )
+
+        got = await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 2, holder="r1")
+        )
+        assert [(g.message.message_id, g.lease_until) for g in got] == [
+            ("m0", T0 + 60),
+            ("m1", T0 + 60),
+        ]
+        first = Lease("r1", 1, T0 + 60)
+        assert await store.transact(back("m0", Lease("r2", 1, T0 + 60))) is False
+        assert await store.transact(back("m0", Lease("r1", 2, T0 + 60))) is False
+        assert await store.transact(back("m0", Lease("r1", 1, T0 + 59))) is False
+        again = await store.transact(lambda tx: tx.held_again("alpha", "b", "r1", T0 + 1, 1))
+        later = math.nextafter(T0 + 60, math.inf)
+        assert [(g.message.message_id, g.attempt, g.lease_until) for g in again] == [
+            ("m0", 1, later)
+        ]
+        assert [g.leased_at for g in again] == [T0]
+        assert await store.transact(back("m0", first)) is False  # answered again: kept
+        copies = await store.read(lambda tx: tx.deliveries("alpha", "m0"))
+        assert (copies[0].state, copies[0].attempts) == (DeliveryState.LEASED, 1)
+        assert copies[0].lease_until == later
+        held = await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 1))
+        assert [(g.message.message_id, g.lease_until) for g in held] == [
+            ("m0", later),
+            ("m1", T0 + 60),
+        ]
+        assert await store.transact(back("m0", Lease("r1", 1, later))) is True
+        assert await store.transact(back("m1", first)) is True
+        copies = await store.read(lambda tx: tx.deliveries("alpha", "m1"))
+        assert (copies[0].state, copies[0].attempts) == (DeliveryState.QUEUED, 0)
+        # unnamed, run out and leased again: the old lease's give-back finds it no more
+        plain = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 3, T0 + 9, 1))
+        assert [(g.message.message_id, g.attempt) for g in plain] == [("m0", 1)]
+        await store.transact(
+            lambda tx: tx.transition(
+                "alpha",
+                "m0",
+                "b",
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.QUEUED,
+                now=T0 + 9,
+                event="lease_expired",
+            )
+        )
+        relet = await store.transact(lambda tx: tx.lease("alpha", "b", None, T0 + 9, T0 + 20, 1))
+        assert [(g.message.message_id, g.attempt) for g in relet] == [("m0", 2)]
+        assert await store.transact(back("m0", Lease(None, 1, T0 + 9), T0 + 10)) is False
+        assert await store.transact(back("m0", Lease(None, 2, T0 + 20), T0 + 10)) is True
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_compaction,
     check_teams_and_members,
@@ -1060,6 +1137,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_dead_letters,
     check_lease_order_and_filters,
     check_held_by_a_named_receive,
+    check_give_back_names_its_lease,
     check_held_in_lease_order_by_pages,
     check_concurrent_leases_never_overlap,
     check_ack,

@@ -7,8 +7,9 @@ it shares with SQLite are in :mod:`backchannel.stores.sql`."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -63,6 +64,7 @@ from backchannel.types import (
     InboxMessage,
     Job,
     JobState,
+    Lease,
     LedgerEntry,
     Link,
     Member,
@@ -130,7 +132,8 @@ _LEASE = (
 )
 #: the copies still leased to a named receive (``deliveries_holder``), in send order
 _HELD = (
-    f"SELECT d.seq, d.session, d.attempts, d.updated_at, {MSG_COLS} FROM deliveries d "
+    f"SELECT d.seq, d.session, d.attempts, d.updated_at, d.lease_until, {MSG_COLS} "
+    "FROM deliveries d "
     "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
     "WHERE d.team = %s AND d.member = %s AND d.state = 'leased' AND d.lease_holder = %s "
     "AND d.lease_until > %s AND (d.updated_at > %s OR (d.updated_at = %s AND d.seq > %s)) "
@@ -307,7 +310,12 @@ class PgTx(PgTransaction, LifecycleSql):
             team,
         )
         rows.sort(key=lambda r: r[0])
-        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2], r[0]) for r in rows]
+        out = [
+            InboxMessage(
+                _message(r[3:]), Recipient(member, r[1]), r[2], r[0], lease_until=lease_until
+            )
+            for r in rows
+        ]
         for im in out:
             ev = DeliveryEvent(
                 im.message.message_id, member, now, "leased", f"attempt {im.attempt}"
@@ -328,8 +336,25 @@ class PgTx(PgTransaction, LifecycleSql):
         args = (team, member, holder, now, at, at, seq, None if limit is None else limit)
         rows = self._all(_HELD, args, team)
         return [
-            InboxMessage(_message(r[4:]), Recipient(member, r[1]), r[2], r[0], r[3]) for r in rows
+            InboxMessage(_message(r[5:]), Recipient(member, r[1]), r[2], r[0], r[3], r[4])
+            for r in rows
         ]
+
+    def held_again(
+        self, team: str, member: str, holder: str, now: float, limit: int
+    ) -> list[InboxMessage]:
+        out = [
+            replace(m, lease_until=math.nextafter(m.lease_until, math.inf))
+            for m in self.held(team, member, holder, now, None, limit)
+        ]
+        if out:
+            self._exec(
+                "UPDATE deliveries SET lease_until = v.until FROM unnest(%s::bigint[], "
+                "%s::float8[]) AS v(seq, until) WHERE deliveries.seq = v.seq",
+                ([m.seq for m in out], [m.lease_until for m in out]),
+                team,
+            )
+        return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         where = "state = 'leased' AND lease_until <= %s"
@@ -385,16 +410,24 @@ class PgTx(PgTransaction, LifecycleSql):
         detail: str = "",
         dead_reason: str | None = None,
         refund: bool = False,
+        lease: Lease | None = None,
     ) -> bool:
         keep_lease = "lease_until" if to_state is DeliveryState.LEASED else "NULL"
         attempts = "GREATEST(attempts - 1, 0)" if refund else "attempts"
+        # with a lease named, only while the copy is still under it
+        named = (
+            " AND lease_holder IS NOT DISTINCT FROM %s AND attempts = %s AND lease_until = %s"
+            if lease is not None
+            else ""
+        )
         row = self._one(
             f"UPDATE deliveries SET state = %s, updated_at = %s, lease_until = {keep_lease}, "
             f"attempts = {attempts}, "
             "dead_reason = COALESCE(%s, dead_reason) WHERE team = %s AND message_id = %s "
-            "AND member = %s AND state = ANY(%s::text[]) RETURNING 1",
+            f"AND member = %s AND state = ANY(%s::text[]){named} RETURNING 1",
             (to_state.value, now, dead_reason if to_state is DeliveryState.DEAD else None,
-             team, message_id, member, [s.value for s in from_states]),
+             team, message_id, member, [s.value for s in from_states],
+             *(() if lease is None else (lease.holder, lease.attempt, lease.until))),
             team,
         )  # fmt: skip
         if row is None:

@@ -7,9 +7,10 @@ it shares with PostgreSQL are in :mod:`backchannel.stores.sql`."""
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any
 
 from backchannel.errors import AlreadyExists
@@ -60,6 +61,7 @@ from backchannel.types import (
     InboxMessage,
     Job,
     JobState,
+    Lease,
     LedgerEntry,
     Link,
     Member,
@@ -130,7 +132,8 @@ _MARK_LEASED = (
 )
 #: the copies still leased to a named receive (``deliveries_holder``), in send order
 _HELD = (
-    f"SELECT d.seq, d.session, d.attempts, d.updated_at, {MSG_COLS} FROM deliveries d "
+    f"SELECT d.seq, d.session, d.attempts, d.updated_at, d.lease_until, {MSG_COLS} "
+    "FROM deliveries d "
     "JOIN messages m ON m.team = d.team AND m.message_id = d.message_id "
     "WHERE d.team = ? AND d.member = ? AND d.state = 'leased' AND d.lease_holder = ? "
     "AND d.lease_until > ? AND (d.updated_at > ? OR (d.updated_at = ? AND d.seq > ?)) "
@@ -419,7 +422,12 @@ class SqliteTx(LifecycleSql):
         if not rows:
             return []
         self._c.executemany(_MARK_LEASED, [(lease_until, now, holder, r[0]) for r in rows])
-        out = [InboxMessage(_message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0]) for r in rows]
+        out = [
+            InboxMessage(
+                _message(r[3:]), Recipient(member, r[1]), r[2] + 1, r[0], lease_until=lease_until
+            )
+            for r in rows
+        ]
         self._history.extend(
             (team, im.message.message_id, member, now, "leased", f"attempt {im.attempt}")
             for im in out
@@ -439,8 +447,23 @@ class SqliteTx(LifecycleSql):
         args = (team, member, holder, now, at, at, seq, -1 if limit is None else limit)
         rows = self._c.execute(_HELD, args).fetchall()
         return [
-            InboxMessage(_message(r[4:]), Recipient(member, r[1]), r[2], r[0], r[3]) for r in rows
+            InboxMessage(_message(r[5:]), Recipient(member, r[1]), r[2], r[0], r[3], r[4])
+            for r in rows
         ]
+
+    def held_again(
+        self, team: str, member: str, holder: str, now: float, limit: int
+    ) -> list[InboxMessage]:
+        out = [
+            replace(m, lease_until=math.nextafter(m.lease_until, math.inf))
+            for m in self.held(team, member, holder, now, None, limit)
+        ]
+        if out:
+            self._c.executemany(
+                "UPDATE deliveries SET lease_until = ? WHERE seq = ?",
+                [(m.lease_until, m.seq) for m in out],
+            )
+        return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
         return [delivery(r) for r in self._c.execute(_EXPIRED_LEASES, (now, limit))]
@@ -471,15 +494,22 @@ class SqliteTx(LifecycleSql):
         detail: str = "",
         dead_reason: str | None = None,
         refund: bool = False,
+        lease: Lease | None = None,
     ) -> bool:
         marks = ",".join("?" * len(from_states))
         keep_lease = to_state is DeliveryState.LEASED
         attempts = "MAX(attempts - 1, 0)" if refund else "attempts"
+        # with a lease named, only while the copy is still under it
+        named = (
+            " AND lease_holder IS ? AND attempts = ? AND lease_until = ?"
+            if lease is not None
+            else ""
+        )
         cur = self._c.execute(
             f"UPDATE deliveries SET state = ?, updated_at = ?, attempts = {attempts}, "
             f"lease_until = {'lease_until' if keep_lease else 'NULL'}, "
             "dead_reason = COALESCE(?, dead_reason) "
-            f"WHERE team = ? AND message_id = ? AND member = ? AND state IN ({marks})",
+            f"WHERE team = ? AND message_id = ? AND member = ? AND state IN ({marks}){named}",
             (
                 to_state.value,
                 now,
@@ -488,6 +518,7 @@ class SqliteTx(LifecycleSql):
                 message_id,
                 member,
                 *(s.value for s in from_states),
+                *(() if lease is None else (lease.holder, lease.attempt, lease.until)),
             ),
         )
         if cur.rowcount == 0:
