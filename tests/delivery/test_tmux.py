@@ -16,9 +16,12 @@ from backchannel.delivery import tmux as tmux_adapter
 from backchannel.delivery.tmux import (
     ENTER_TRIES,
     dialog,
+    draft,
     input_line,
     live_input,
+    plain,
     sanitize,
+    text_head,
     waits_in_prompt,
 )
 from backchannel.hub import Hub
@@ -1028,17 +1031,20 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
 # A stand-in for a CLI showing a screen of its own that waits for its user (as Codex's
 # approval prompt, where Enter or "y" approves): raw mode, bracketed paste; it shows the
 # screen (the file argv[2]), records every byte it reads while the screen shows, and once
-# its user presses the key argv[3] shows its prompt, with what waits in it, and records
-# what it reads from then on.
+# its user presses the key argv[3] shows its prompt, with what waits in it (or, empty,
+# the placeholder in the file argv[4], drawn with its colours), and records what it
+# reads from then on.
 WAITS_FOR_USER = r"""
 import os, sys, tty
 out, screen, key = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3].encode()
+placeholder = open(sys.argv[4], "rb").read() if len(sys.argv) > 4 else b""
 tty.setraw(0)
 os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + screen)
 answered, typed = False, b""
 
 def prompt():
     line = typed.replace(b"\x1b[200~", b"").replace(b"\x1b[201~", b"")
+    line = line or placeholder
     os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> " + line + b"\r\n--------\r\n")
 
 with open(out, "ab", buffering=0) as f:
@@ -1062,16 +1068,18 @@ DIALOG = (
 
 
 def _waiting_pane(
-    server: libtmux.Server, tmp_path: Path, screen: bytes, key: str
+    server: libtmux.Server, tmp_path: Path, screen: bytes, key: str, placeholder: bytes = b""
 ) -> tuple[libtmux.Pane, Path]:
-    """The stand-in showing ``screen`` until ``key``, and the file of what it reads."""
+    """The stand-in showing ``screen`` until ``key`` (then its prompt, ``placeholder`` in
+    it while empty), and the file of what it reads."""
     script, shown, out = tmp_path / "waits.py", tmp_path / "screen.bytes", tmp_path / "read.bytes"
     script.write_text(WAITS_FOR_USER)
     shown.write_bytes(screen)
+    (held := tmp_path / "placeholder.bytes").write_bytes(placeholder)
     out.touch()
     server.new_session(
         session_name="agent",
-        window_command=f"{sys.executable} {script} {out} {shown} {key}",
+        window_command=f"{sys.executable} {script} {out} {shown} {key} {held}",
         x=200,
         y=50,
     )
@@ -1171,6 +1179,62 @@ async def test_a_command_being_typed_in_the_prompt_holds_the_message(
             assert "holds a command its user is typing ('/mod')" in (held.last_error or "")
             assert out.read_bytes() == b""  # not a key of it reached the prompt
             pane.send_keys("q", enter=False, literal=True)  # the user is done with it
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+
+
+#: A CLI's prompt holding a draft its user is typing (plain text, drawn as typed), under
+#: its frame's rule.
+DRAFT_TYPED = b"> earlier prompt\r\n\r\n--------\r\n> half typed note\r\n--------\r\n"
+#: The placeholders the CLIs draw in an empty prompt, with their colours (capture-pane -e
+#: of the real CLIs): Codex faint, Gemini CLI grey on grey, Claude Code's hint faint
+#: with the cursor on its first letter; and greys of other palettes.
+PLACEHOLDERS = {
+    "codex-faint": b"\x1b[2mAsk Codex to do anything\x1b[0m",
+    "gemini-grey": b"\x1b[7m \x1b[0m\x1b[38;5;248m\x1b[48;5;240m Type your message or @path/to/file"
+    b"\x1b[0m",
+    "claude-code-hint": b'\x1b[7mT\x1b[0m\x1b[2mry "fix lint errors"\x1b[0m',
+    "bright-black": b"\x1b[90mAsk anything\x1b[0m",
+    "truecolor-grey": b"\x1b[38;2;128;128;128mAsk anything\x1b[0m",
+}
+
+
+@pytest.mark.parametrize("placeholder", sorted(PLACEHOLDERS))
+async def test_a_draft_being_typed_in_the_prompt_holds_the_message_and_a_placeholder_does_not(
+    tmux: libtmux.Server, tmp_path: Path, placeholder: str
+) -> None:
+    """Typed in after a draft its user was writing in the CLI's prompt, a message was
+    added to it and submitted with it: the half-written text went to the model mixed
+    with the message, and the user lost the draft. The message is held (the draft not
+    quoted: it is the user's), and typed in once the prompt is empty again, showing
+    only the CLI's placeholder, drawn faint or grey, which holds nothing."""
+    pane, out = _waiting_pane(tmux, tmp_path, DRAFT_TYPED, "q", PLACEHOLDERS[placeholder])
+    await eventually(lambda: "half typed" in "\n".join(pane.capture_pane()), what="the draft")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
+        await _member(hub, "a", setting, kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            error = held.last_error or ""
+            assert (
+                "a's prompt holds text the user is typing; the message waits until it is "
+                "sent or cleared" in error
+            ), error
+            assert "half typed" not in error, error
+            assert out.read_bytes() == b""  # not a key of it reached the prompt
+            # the user is done with the draft: the prompt shows its placeholder
+            pane.send_keys("q", enter=False, literal=True)
+            await eventually(
+                lambda: "earlier prompt\n--------" in "\n".join(pane.capture_pane()),
+                what="the empty prompt",
+            )
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             typed = out.read_bytes()
             assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
@@ -1364,3 +1428,46 @@ def test_the_live_input_line_is_told_from_an_echo_with_a_panel_under_it(kind: st
     # the echo with the same screen's input box cut off (a panel drawn over it)
     echo_only = LIVE[kind].split(_RULE if kind != "codex" else "\n\n\n›")[0]
     assert live_input(echo_only + "\n\n  Choose:\n  one\n  two\n  three", kind) is None
+
+
+_ESC_RULE = "\x1b[38;5;244m" + "─" * 60
+#: The bottoms of the real CLIs' screens with their colours (capture-pane -e in the
+#: real-CLI rigs: Claude Code 2.1.332, Codex 0.171.0, Gemini CLI 0.61.0), the input line
+#: ``{}``: empty (the CLI's placeholder) or holding what its user typed.
+COLOURED = {
+    "claude-code": f"\x1b[48;5;237m❯ \x1b[38;5;231mWarm up.\x1b[39m\n\n{_ESC_RULE}\n"
+    "\x1b[39m❯\xa0{}\x1b[0m\x1b[39m\x1b[49m\n"
+    f"{_ESC_RULE}\n\x1b[39m  \x1b[38;5;220m⏵⏵ auto mode on\x1b[39m",
+    "codex": "\x1b[1m›\x1b[0m Warm up.\n\n• Noted.\n\n\x1b[1m›\x1b[0m\x1b[39m\x1b[49m {}\n"
+    "\x1b[0m\x1b[39m\x1b[49m\n  \x1b[38;5;223mgpt-test default\x1b[39m · /tmp/project\n"
+    "  \x1b[1m?\x1b[0m\x1b[39m\x1b[49m for shortcuts",
+    "gemini": f" > Warm up.\n\n✦ Noted.\n{_ESC_RULE}\n Shift+Tab to accept edits\n\n"
+    " \x1b[38;5;183m> {}\n\n\x1b[49m \x1b[38;5;248mworkspace (/directory)\x1b[39m   sandbox\n"
+    " /tmp/project   no sandbox",
+}
+#: What each showed in its empty prompt, and a draft typed into it (the cursor after it).
+EMPTY = {
+    "claude-code": "\x1b[7m ",
+    "codex": "\x1b[2mAsk Codex to do anything",
+    "gemini": "\x1b[7m\x1b[39m \x1b[0m\x1b[38;5;248m\x1b[48;5;240m Type your message or "
+    "@path/to/file\x1b[39m",
+}
+DRAFT = {
+    "claude-code": "half typed draft\x1b[7m",
+    "codex": "half typed draft",
+    "gemini": "\x1b[38;5;231mhalf typed draft\x1b[7m\x1b[39m \x1b[0m\x1b[39m\x1b[48;5;240m",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COLOURED))
+def test_a_draft_is_told_from_the_placeholder_by_its_colours(kind: str) -> None:
+    """The text of each CLI's empty prompt, drawn faint or grey, is no draft; what its
+    user typed is, whatever its own colour; so is the adapter's own paste (which
+    :meth:`TmuxAdapter.look` knows by its head)."""
+    empty, typed = COLOURED[kind].format(EMPTY[kind]), COLOURED[kind].format(DRAFT[kind])
+    assert live_input(plain(empty), kind) is not None
+    assert draft(empty, kind) is None
+    assert draft(typed, kind) == "half typed draft"
+    pasted = COLOURED[kind].format("[From bob] hello\x1b[7m \x1b[0m")
+    assert draft(pasted, kind) == "[From bob] hello"
+    assert waits_in_prompt(plain(pasted), text_head("[From bob] hello"))

@@ -89,7 +89,14 @@ other members (a human's chat program, an agent of another kind) may show anythi
 are typed into as before. A live input line that holds a command its user is typing
 (``/mod``: :data:`_COMMAND_MARKS`) holds the message too: typed in after it, the message
 was run as that command (Codex: ``Unrecognized command '/[From'``), never reaching the
-model, and counted delivered.
+model, and counted delivered. So does one that holds a draft its user is typing (plain
+text not yet sent, :func:`draft`): typed in after it, the message was added to the draft
+and submitted with it, the user's half-written text sent to the model and lost to them.
+A draft is told from the CLI's placeholder in an empty prompt by the screen's colours
+(``capture-pane -e``, :func:`typed_text`: the placeholder is drawn faint or grey), and
+from this adapter's own text, pasted by an earlier attempt and waiting for its Enter, by
+that text's head. The draft is quoted nowhere (the sender of a message given up after
+``hold_max`` would read it).
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -342,6 +349,107 @@ def live_input(screen: str, kind: str) -> str | None:
     return line[1:].strip()
 
 
+_SGR = re.compile(r"\x1b\[([0-9;:]*)m")
+#: Any other escape sequence ``capture-pane -e`` may leave in a line (none drawn).
+_ESCAPE = re.compile(r"\x1b(?:\[[0-9;:?]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def plain(screen: str) -> str:
+    """``screen`` as ``capture-pane -e`` gave it (with its escape sequences), less them:
+    what ``capture-pane -p`` gives."""
+    return _ESCAPE.sub("", screen)
+
+
+def _grey(params: list[int], at: int) -> tuple[bool, int]:
+    """Whether the extended colour at ``params[at:]`` (``38;5;N`` or ``38;2;R;G;B``, less
+    the 38) is a grey between black and white, and how many parameters it takes."""
+    if at < len(params) and params[at] == 5 and at + 1 < len(params):
+        n = params[at + 1]
+        if 232 <= n <= 255:  # the grey ramp, 8 to 238
+            level = 8 + 10 * (n - 232)
+            return 48 <= level <= 216, 2
+        if 16 <= n <= 231:  # the colour cube: grey where its three steps are equal
+            r, g, b = (n - 16) // 36, (n - 16) // 6 % 6, (n - 16) % 6
+            return r == g == b and 1 <= r <= 4, 2
+        return n == 8, 2  # bright black
+    if at < len(params) and params[at] == 2 and at + 3 < len(params):
+        r, g, b = params[at + 1 : at + 4]
+        return max(r, g, b) - min(r, g, b) <= 16 and 48 <= (r + g + b) // 3 <= 216, 4
+    return False, 1
+
+
+def typed_text(line: str) -> str:
+    """What of an input line, as ``capture-pane -e`` gave it (after its prompt mark), is
+    text someone typed: its characters less those drawn faint (SGR ``2``) or grey
+    (``90``, ``38;5;N`` and ``38;2;R;G;B`` greys: the placeholder each CLI shows in an
+    empty prompt, Codex's ``Ask Codex to do anything``, Gemini CLI's ``Type your message
+    or @path/to/file``, Claude Code's ``Try "..."``) and the cursor (reverse video)."""
+    faint = grey = reverse = False
+    kept: list[str] = []
+    at = 0
+    while at < len(line):
+        if line[at] == "\x1b":
+            if m := _SGR.match(line, at):
+                params = [int(p) if p.isdigit() else 0 for p in re.split("[;:]", m.group(1))]
+                i = 0
+                while i < len(params):
+                    code = params[i]
+                    if code == 0:
+                        faint = grey = reverse = False
+                    elif code == 2:
+                        faint = True
+                    elif code == 22:
+                        faint = False
+                    elif code == 7:
+                        reverse = True
+                    elif code == 27:
+                        reverse = False
+                    elif code == 39 or 30 <= code <= 37 or 91 <= code <= 97:
+                        grey = False
+                    elif code == 90:
+                        grey = True
+                    elif code in (38, 48):
+                        is_grey, took = _grey(params, i + 1)
+                        if code == 38:
+                            grey = is_grey
+                        i += took
+                    i += 1
+                at = m.end()
+                continue
+            if m := _ESCAPE.match(line, at):
+                at = m.end()
+                continue
+        if not (faint or grey or reverse):
+            kept.append(line[at])
+        at += 1
+    return "".join(kept).replace("\xa0", " ").strip()
+
+
+def draft(screen: str, kind: str) -> str | None:
+    """The text its user is typing in the live input line (:func:`live_input`) of a
+    :data:`PROMPTED` CLI on ``screen`` (``capture-pane -e``, with its colours); None
+    when the line is empty or shows only the CLI's placeholder (:func:`typed_text`), or
+    when no live input line shows."""
+    lines = screen.splitlines()
+    if live_input(plain(screen), kind) is None:
+        return None
+    for raw in reversed(lines):
+        line = plain(raw).strip().strip(_BORDERS).strip()
+        if line.startswith(_PROMPT_MARKS):
+            mark = plain(raw).index(line[0])
+            # the raw line from just after its mark: the mark's own escapes come before it
+            at, seen = 0, 0
+            while seen <= mark and at < len(raw):
+                m = _ESCAPE.match(raw, at) if raw[at] == "\x1b" else None
+                if m:
+                    at = m.end()
+                else:
+                    at, seen = at + 1, seen + 1
+            text = typed_text(raw[at:]).strip(_BORDERS).strip()
+            return text or None
+    return None
+
+
 def dialog(screen: str) -> str | None:
     """The line of a dialog ``screen`` shows below the agent's last prompt line: a
     chosen option of a numbered list (:data:`_CHOICE`; the permission and approval
@@ -478,9 +586,11 @@ class TmuxAdapter(Adapter):
         Raises :class:`PermanentDeliveryError` and :class:`HeldDelivery` as :meth:`look`."""
         return (await self.look())[0]
 
-    async def look(self) -> tuple[str, str, str]:
+    async def look(self, expect: str | None = None) -> tuple[str, str, str]:
         """The target's pane id (``%N``), the pid of the pane's first process and the
-        pane's terminal (``/dev/pts/N``), checked.
+        pane's terminal (``/dev/pts/N``), checked. ``expect``: the :func:`text_head` of
+        a text an earlier attempt pasted into the prompt, waiting for its Enter (not a
+        user's draft).
 
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
         server is gone, or the program in it has exited; :class:`HeldDelivery` when the
@@ -553,7 +663,27 @@ class TmuxAdapter(Adapter):
                     "the prompt is empty again",
                     shows=line[:80],
                 )
+            if line and await self._drafted(pane_id, expect):
+                raise HeldDelivery(
+                    f"{self.ctx.member}'s prompt holds text the user is typing; the message "
+                    f"waits until it is sent or cleared (typed in now, it would be added to "
+                    f"that text and submitted with it, in {self._pane(pane_id)})"
+                )
         return pane_id, pane_pid, tty
+
+    async def _drafted(self, pane: str, expect: str | None) -> bool:
+        """Whether the live input line in ``pane`` holds text its user is typing (a
+        draft, :func:`draft`: read with the screen's colours, so the CLI's placeholder,
+        drawn faint or grey, is none), and not this adapter's own text of the message
+        it delivers (``expect``, its :func:`text_head`: pasted by an earlier attempt,
+        waiting for its Enter)."""
+        try:
+            rc, screen = await self._tmux("capture-pane", "-p", "-e", "-t", pane)
+        except AdapterError:
+            return False
+        if rc != 0 or draft(screen, self.ctx.kind) is None:
+            return False
+        return not (expect is not None and waits_in_prompt(plain(screen), expect))
 
     def _live(self, screen: str) -> str | None:
         """:func:`live_input` of the member's kind."""
@@ -609,8 +739,11 @@ class TmuxAdapter(Adapter):
     async def deliver(self, item: InboxMessage) -> str:
         mid = item.message.message_id
         typed = self._typed.get(mid)
+        text = sanitize(agent_text(item))
+        if self.ctx.kind in AT_READERS:
+            text = escape_at(text)
         try:
-            pane, pane_pid, tty = await self.look()
+            pane, pane_pid, tty = await self.look(text_head(text) if typed else None)
         except PermanentDeliveryError as exc:
             if typed is None:
                 raise
@@ -621,9 +754,6 @@ class TmuxAdapter(Adapter):
                 "but never submitted, so the agent did not get it"
             ) from None
         owner = self._prompt_owner(pane_pid)
-        text = sanitize(agent_text(item))
-        if self.ctx.kind in AT_READERS:
-            text = escape_at(text)
         lines = text.count("\n") + 1
         if typed is not None:
             if typed == _Typed(pane, owner):
