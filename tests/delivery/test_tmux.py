@@ -594,6 +594,32 @@ async def test_a_hub_restarted_between_the_paste_and_its_enter_never_pastes_agai
     assert _enters(flaky_enter) == ENTER_TRIES + 1
 
 
+async def test_the_adapters_own_text_waiting_for_its_enter_is_no_draft(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path
+) -> None:
+    """The paste went into a CLI's prompt and every Enter of the attempt failed: the
+    text waits there. The retry finds its own text in the prompt, not a draft of the
+    user's: it presses Enter (not held until ``hold_max``), and the prompt takes the
+    text once."""
+    out = _prompt_box(tmux, tmp_path, busy=0, ignore="0")
+    await _box_ready(tmux)
+    (flaky_enter / "fail-enter").write_text(str(ENTER_TRIES))
+    async with running_hub(max_attempts=5) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="codex")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "my own paste", link=False)
+            states: list[str] = []
+
+            async def acked() -> bool:
+                states.extend(w.state for w in d.status())
+                return await state_of(hub, "t", sent.message_id) == "acked"
+
+            await eventually(acked, within=30, what="the message acked", show=d.status)
+    assert "held" not in states, states
+    assert _taken(out) == ["[From user] my own paste"]
+    assert _enters(flaky_enter) == ENTER_TRIES + 1
+
+
 def _attempts(d: object) -> int:
     """Failed attempts the dispatcher's workers report."""
     return sum(1 for w in d.status() if w.last_error)  # type: ignore[attr-defined]
