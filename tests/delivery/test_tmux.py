@@ -17,6 +17,7 @@ from backchannel.delivery.tmux import (
     ENTER_TRIES,
     dialog,
     draft,
+    echo_mark,
     input_line,
     live_input,
     plain,
@@ -1292,8 +1293,12 @@ PANEL_UNDER_ECHO = (
     b"> earlier prompt\r\n\r\n  Noted.\r\n\r\n  Pick a workspace to open:\r\n"
     b"    project-a\r\n    project-b\r\n\r\n  Waiting for the code... (q to quit)\r\n"
 )
-#: The same, the panel right under the echo, and short.
-SHORT_PANEL_UNDER_ECHO = b"> earlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+#: The same, the panel right under the echo, and short; the echo's mark drawn faint, as
+#: Codex draws it (its composer's is not: Codex's composer has no frame, and a panel of
+#: a line or two under an echo would read as the composer's status line but for that).
+SHORT_PANEL_UNDER_ECHO = (
+    b"\x1b[1;2m\xe2\x80\xba \x1b[0mearlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+)
 
 
 @pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini", "human"])
@@ -1311,9 +1316,6 @@ async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_
     above such a panel (the echo read as the prompt). The message is held until the CLI
     shows its prompt; a member of another kind (whose program may show anything) is
     typed into as before."""
-    if kind == "codex" and screen == SHORT_PANEL_UNDER_ECHO:
-        pytest.skip("Codex's composer has no frame: a one-line panel under an echo reads "
-                    "as its status line (see live_input)")  # fmt: skip
     pane, out = _waiting_pane(tmux, tmp_path, screen, "q")
     await eventually(lambda: "(q to quit)" in "\n".join(pane.capture_pane()), what="the screen")
     async with running_hub() as hub:
@@ -1497,3 +1499,20 @@ def test_a_draft_is_told_from_the_placeholder_by_its_colours(kind: str) -> None:
     pasted = COLOURED[kind].format("[From bob] hello\x1b[7m \x1b[0m")
     assert draft(pasted, kind) == "[From bob] hello"
     assert waits_in_prompt(plain(pasted), text_head("[From bob] hello"))
+
+
+def test_a_codex_echo_with_a_short_panel_under_it_is_told_from_the_composer() -> None:
+    """Codex's composer has no frame: its conversation's echo of a prompt with a panel
+    of one or two lines right under it reads, without colours, as the composer over its
+    status line. Codex draws the echo's mark faint, the composer's bold (capture-pane -e
+    of Codex 0.171.0)."""
+    echo = (
+        "\x1b[0m\x1b[39m\x1b[49m\n\x1b[1;2m› \x1b[0m\x1b[38;5;255m\x1b[48;5;238mWarm up.\n"
+        "\x1b[39m\x1b[49m  Waiting for the code... (q to quit)\n  Press q to quit"
+    )
+    assert live_input(plain(echo), "codex") == "Warm up."  # what the plain screen says
+    assert echo_mark(echo)
+    assert draft(echo, "codex") is None
+    composer = COLOURED["codex"].format(DRAFT["codex"])
+    assert not echo_mark(composer)
+    assert not echo_mark(COLOURED["codex"].format(EMPTY["codex"]))

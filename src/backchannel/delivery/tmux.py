@@ -84,7 +84,9 @@ once it has stayed so for :data:`UNKNOWN_SCREEN_WAIT` (a screen caught mid-redra
 its prompt again within it): a CLI still starting or showing a screen of its own before
 its first prompt, a panel, menu or list of suggestions of a wording the adapter has not
 met, drawn under the input line or over it (the conversation's echo of an earlier prompt
-above it then has no frame, or too much under it, to pass for the input line). Panes of
+above it then has no frame, or too much under it, to pass for the input line; Codex's
+composer has no frame either, and its echo is told by its mark, drawn faint, the screen
+read with its colours: :func:`echo_mark`). Panes of
 other members (a human's chat program, an agent of another kind) may show anything and
 are typed into as before. A live input line that holds a command its user is typing
 (``/mod``: :data:`_COMMAND_MARKS`) holds the message too: typed in after it, the message
@@ -378,14 +380,12 @@ def _grey(params: list[int], at: int) -> tuple[bool, int]:
     return False, 1
 
 
-def typed_text(line: str) -> str:
-    """What of an input line, as ``capture-pane -e`` gave it (after its prompt mark), is
-    text someone typed: its characters less those drawn faint (SGR ``2``) or grey
-    (``90``, ``38;5;N`` and ``38;2;R;G;B`` greys: the placeholder each CLI shows in an
-    empty prompt, Codex's ``Ask Codex to do anything``, Gemini CLI's ``Type your message
-    or @path/to/file``, Claude Code's ``Try "..."``) and the cursor (reverse video)."""
+def _cells(line: str) -> list[tuple[str, bool]]:
+    """The characters of ``line`` (as ``capture-pane -e`` gave it), each with whether it
+    is drawn faint (SGR ``2``), grey (``90``, or ``38;5;N`` / ``38;2;R;G;B`` of a grey
+    between black and white) or in reverse video (the cursor)."""
     faint = grey = reverse = False
-    kept: list[str] = []
+    cells: list[tuple[str, bool]] = []
     at = 0
     while at < len(line):
         if line[at] == "\x1b":
@@ -419,10 +419,33 @@ def typed_text(line: str) -> str:
             if m := _ESCAPE.match(line, at):
                 at = m.end()
                 continue
-        if not (faint or grey or reverse):
-            kept.append(line[at])
+        cells.append((line[at], faint or grey or reverse))
         at += 1
-    return "".join(kept).replace("\xa0", " ").strip()
+    return cells
+
+
+def typed_text(line: str) -> str:
+    """What of an input line, as ``capture-pane -e`` gave it (after its prompt mark), is
+    text someone typed: its characters less those drawn faint or grey (the placeholder
+    each CLI shows in an empty prompt, Codex's ``Ask Codex to do anything``, Gemini CLI's
+    ``Type your message or @path/to/file``, Claude Code's ``Try "..."``) and the cursor
+    (reverse video): :func:`_cells`."""
+    return "".join(c for c, pale in _cells(line) if not pale).replace("\xa0", " ").strip()
+
+
+def _prompt_cells(screen: str) -> list[tuple[str, bool]] | None:
+    """The cells (:func:`_cells`) of the last line of ``screen`` (``capture-pane -e``)
+    that begins with a prompt mark, from its mark on; None when no line does before a
+    dialog's (as :func:`input_line`)."""
+    for raw in reversed(screen.splitlines()):
+        line = plain(raw).strip().strip(_BORDERS).strip()
+        if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
+            return None
+        if line.startswith(_PROMPT_MARKS):
+            cells = _cells(raw)
+            start = next(i for i, (c, _) in enumerate(cells) if c in _PROMPT_MARKS)
+            return cells[start:]
+    return None
 
 
 def draft(screen: str, kind: str) -> str | None:
@@ -430,24 +453,22 @@ def draft(screen: str, kind: str) -> str | None:
     :data:`PROMPTED` CLI on ``screen`` (``capture-pane -e``, with its colours); None
     when the line is empty or shows only the CLI's placeholder (:func:`typed_text`), or
     when no live input line shows."""
-    lines = screen.splitlines()
-    if live_input(plain(screen), kind) is None:
+    if live_input(plain(screen), kind) is None or (cells := _prompt_cells(screen)) is None:
         return None
-    for raw in reversed(lines):
-        line = plain(raw).strip().strip(_BORDERS).strip()
-        if line.startswith(_PROMPT_MARKS):
-            mark = plain(raw).index(line[0])
-            # the raw line from just after its mark: the mark's own escapes come before it
-            at, seen = 0, 0
-            while seen <= mark and at < len(raw):
-                m = _ESCAPE.match(raw, at) if raw[at] == "\x1b" else None
-                if m:
-                    at = m.end()
-                else:
-                    at, seen = at + 1, seen + 1
-            text = typed_text(raw[at:]).strip(_BORDERS).strip()
-            return text or None
-    return None
+    if kind == "codex" and cells[0][1]:
+        return None  # an echo (see echo_mark): no live input line shows
+    text = "".join(c for c, pale in cells[1:] if not pale).replace("\xa0", " ")
+    return text.strip().strip(_BORDERS).strip() or None
+
+
+def echo_mark(screen: str) -> bool:
+    """Whether the last prompt mark on ``screen`` (``capture-pane -e``) is drawn faint:
+    Codex draws the mark of its conversation's echo of a submitted prompt faint
+    (``\\x1b[1;2m›``), its live composer's bold only. Codex's composer has no frame, so
+    an echo with a panel of one or two lines under it reads as the composer with its
+    footer (:func:`live_input`) but for this."""
+    cells = _prompt_cells(screen)
+    return cells is not None and cells[0][1]
 
 
 def dialog(screen: str) -> str | None:
@@ -649,10 +670,12 @@ class TmuxAdapter(Adapter):
             )
         # a dialog of the agent's own takes Enter as its user's choice: nothing is typed
         # into it (see dialog)
-        if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
+        raw = await self._screen(pane_id, self._escapes)
+        screen = None if raw is None else plain(raw)
+        if screen is not None and (shows := dialog(screen)):
             raise self._held_by(pane_id, shows)
-        if screen is not None and self.ctx.kind in PROMPTED:
-            line = self._live(screen)
+        if raw is not None and screen is not None and self.ctx.kind in PROMPTED:
+            line = self._live(raw)
             if line is None:
                 line = await self._until_prompt(pane_id, screen)
             if line is not None and line.startswith(_COMMAND_MARKS):
@@ -685,9 +708,19 @@ class TmuxAdapter(Adapter):
             return False
         return not (expect is not None and waits_in_prompt(plain(screen), expect))
 
+    @property
+    def _escapes(self) -> bool:
+        """Whether the screen is read with its colours to find the live input line:
+        Codex's (:func:`echo_mark`)."""
+        return self.ctx.kind == "codex"
+
     def _live(self, screen: str) -> str | None:
-        """:func:`live_input` of the member's kind."""
-        return live_input(screen, self.ctx.kind)
+        """:func:`live_input` of the member's kind on ``screen`` (with its colours for
+        Codex: a line whose mark is drawn faint is an echo, :func:`echo_mark`)."""
+        line = live_input(plain(screen), self.ctx.kind)
+        if line is not None and self._escapes and echo_mark(screen):
+            return None
+        return line
 
     def _held_by(self, pane: str, shows: str) -> HeldDelivery:
         """The hold of a message while ``pane`` shows a dialog (``shows``, its line)."""
@@ -708,11 +741,11 @@ class TmuxAdapter(Adapter):
         deadline = loop.time() + UNKNOWN_SCREEN_WAIT
         while loop.time() < deadline:
             await asyncio.sleep(SUBMIT_POLL)
-            if (again := await self._screen(pane)) is None:
+            if (again := await self._screen(pane, self._escapes)) is None:
                 return None  # nothing better is known: as for a pane that cannot be read
-            screen = again
-            if (line := self._live(screen)) is not None:
+            if (line := self._live(again)) is not None:
                 return line
+            screen = plain(again)
             if dialog(screen) is not None:
                 break
         if shows := dialog(screen):
@@ -903,10 +936,13 @@ class TmuxAdapter(Adapter):
             return f"tmux pane {self.target}"
         return f"tmux pane {self.target} ({pane_id})"
 
-    async def _screen(self, pane: str) -> str | None:
-        """The visible lines of ``pane``; None when tmux cannot read them."""
+    async def _screen(self, pane: str, escapes: bool = False) -> str | None:
+        """The visible lines of ``pane`` (with ``escapes``, their colours: ``-e``); None
+        when tmux cannot read them."""
         try:
-            rc, screen = await self._tmux("capture-pane", "-p", "-t", pane)
+            rc, screen = await self._tmux(
+                "capture-pane", "-p", *(["-e"] if escapes else []), "-t", pane
+            )
         except AdapterError:
             return None
         return screen if rc == 0 else None
