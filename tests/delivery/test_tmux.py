@@ -1267,6 +1267,32 @@ async def test_a_draft_being_typed_in_the_prompt_holds_the_message_and_a_placeho
             assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
 
 
+async def test_a_draft_never_sent_gives_the_message_up_and_its_sender_never_reads_it(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """A draft left in the prompt holds the message for the delivery's ``hold_max``, the
+    user reminded; then the message is given up, its sender told why, and neither the
+    sender nor the user's notices quote the draft (it is the user's, not the agent's)."""
+    pane, out = _waiting_pane(tmux, tmp_path, DRAFT_TYPED, "q")
+    await eventually(lambda: "half typed" in "\n".join(pane.capture_pane()), what="the draft")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0, hold_max=3)
+        await _member(hub, "a", setting, kind="gemini")
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "yes please, go on", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+            told_lead = await hub.receive("t", "lead")
+            told_user = await hub.receive("t", "user")
+    reason = st.deliveries[0].dead_reason or ""
+    assert "a's prompt holds text the user is typing" in reason, reason
+    assert out.read_bytes() == b""  # not a key of it reached the prompt
+    assert [m.message.kind.value for m in told_lead] == ["system"]
+    said = [m.message.text for m in [*told_lead, *told_user]]
+    assert len(said) == 6, said  # the sender's; the user's hold, 3 reminders, give-up
+    assert not [t for t in said if "half typed" in t], said
+
+
 def test_a_hold_bound_of_nothing_is_refused() -> None:
     from backchannel.delivery.adapters import check_delivery_setting as check_delivery
     from backchannel.errors import InvalidRequest
