@@ -16,9 +16,13 @@ from backchannel.delivery import tmux as tmux_adapter
 from backchannel.delivery.tmux import (
     ENTER_TRIES,
     dialog,
+    draft,
+    echo_mark,
     input_line,
     live_input,
+    plain,
     sanitize,
+    text_head,
     waits_in_prompt,
 )
 from backchannel.hub import Hub
@@ -591,6 +595,32 @@ async def test_a_hub_restarted_between_the_paste_and_its_enter_never_pastes_agai
     assert _enters(flaky_enter) == ENTER_TRIES + 1
 
 
+async def test_the_adapters_own_text_waiting_for_its_enter_is_no_draft(
+    tmux: libtmux.Server, tmp_path: Path, flaky_enter: Path
+) -> None:
+    """The paste went into a CLI's prompt and every Enter of the attempt failed: the
+    text waits there. The retry finds its own text in the prompt, not a draft of the
+    user's: it presses Enter (not held until ``hold_max``), and the prompt takes the
+    text once."""
+    out = _prompt_box(tmux, tmp_path, busy=0, ignore="0")
+    await _box_ready(tmux)
+    (flaky_enter / "fail-enter").write_text(str(ENTER_TRIES))
+    async with running_hub(max_attempts=5) as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="codex")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "my own paste", link=False)
+            states: list[str] = []
+
+            async def acked() -> bool:
+                states.extend(w.state for w in d.status())
+                return await state_of(hub, "t", sent.message_id) == "acked"
+
+            await eventually(acked, within=30, what="the message acked", show=d.status)
+    assert "held" not in states, states
+    assert _taken(out) == ["[From user] my own paste"]
+    assert _enters(flaky_enter) == ENTER_TRIES + 1
+
+
 def _attempts(d: object) -> int:
     """Failed attempts the dispatcher's workers report."""
     return sum(1 for w in d.status() if w.last_error)  # type: ignore[attr-defined]
@@ -1028,17 +1058,20 @@ async def test_a_prompt_that_never_takes_the_enter_is_not_acked(
 # A stand-in for a CLI showing a screen of its own that waits for its user (as Codex's
 # approval prompt, where Enter or "y" approves): raw mode, bracketed paste; it shows the
 # screen (the file argv[2]), records every byte it reads while the screen shows, and once
-# its user presses the key argv[3] shows its prompt, with what waits in it, and records
-# what it reads from then on.
+# its user presses the key argv[3] shows its prompt, with what waits in it (or, empty,
+# the placeholder in the file argv[4], drawn with its colours), and records what it
+# reads from then on.
 WAITS_FOR_USER = r"""
 import os, sys, tty
 out, screen, key = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3].encode()
+placeholder = open(sys.argv[4], "rb").read() if len(sys.argv) > 4 else b""
 tty.setraw(0)
 os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + screen)
 answered, typed = False, b""
 
 def prompt():
     line = typed.replace(b"\x1b[200~", b"").replace(b"\x1b[201~", b"")
+    line = line or placeholder
     os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> " + line + b"\r\n--------\r\n")
 
 with open(out, "ab", buffering=0) as f:
@@ -1062,16 +1095,18 @@ DIALOG = (
 
 
 def _waiting_pane(
-    server: libtmux.Server, tmp_path: Path, screen: bytes, key: str
+    server: libtmux.Server, tmp_path: Path, screen: bytes, key: str, placeholder: bytes = b""
 ) -> tuple[libtmux.Pane, Path]:
-    """The stand-in showing ``screen`` until ``key``, and the file of what it reads."""
+    """The stand-in showing ``screen`` until ``key`` (then its prompt, ``placeholder`` in
+    it while empty), and the file of what it reads."""
     script, shown, out = tmp_path / "waits.py", tmp_path / "screen.bytes", tmp_path / "read.bytes"
     script.write_text(WAITS_FOR_USER)
     shown.write_bytes(screen)
+    (held := tmp_path / "placeholder.bytes").write_bytes(placeholder)
     out.touch()
     server.new_session(
         session_name="agent",
-        window_command=f"{sys.executable} {script} {out} {shown} {key}",
+        window_command=f"{sys.executable} {script} {out} {shown} {key} {held}",
         x=200,
         y=50,
     )
@@ -1176,6 +1211,88 @@ async def test_a_command_being_typed_in_the_prompt_holds_the_message(
             assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
 
 
+#: A CLI's prompt holding a draft its user is typing (plain text, drawn as typed), under
+#: its frame's rule.
+DRAFT_TYPED = b"> earlier prompt\r\n\r\n--------\r\n> half typed note\r\n--------\r\n"
+#: The placeholders the CLIs draw in an empty prompt, with their colours (capture-pane -e
+#: of the real CLIs): Codex faint, Gemini CLI grey on grey, Claude Code's hint faint
+#: with the cursor on its first letter; and greys of other palettes.
+PLACEHOLDERS = {
+    "codex-faint": b"\x1b[2mAsk Codex to do anything\x1b[0m",
+    "gemini-grey": b"\x1b[7m \x1b[0m\x1b[38;5;248m\x1b[48;5;240m Type your message or @path/to/file"
+    b"\x1b[0m",
+    "claude-code-hint": b'\x1b[7mT\x1b[0m\x1b[2mry "fix lint errors"\x1b[0m',
+    "bright-black": b"\x1b[90mAsk anything\x1b[0m",
+    "truecolor-grey": b"\x1b[38;2;128;128;128mAsk anything\x1b[0m",
+}
+
+
+@pytest.mark.parametrize("placeholder", sorted(PLACEHOLDERS))
+async def test_a_draft_being_typed_in_the_prompt_holds_the_message_and_a_placeholder_does_not(
+    tmux: libtmux.Server, tmp_path: Path, placeholder: str
+) -> None:
+    """Typed in after a draft its user was writing in the CLI's prompt, a message was
+    added to it and submitted with it: the half-written text went to the model mixed
+    with the message, and the user lost the draft. The message is held (the draft not
+    quoted: it is the user's), and typed in once the prompt is empty again, showing
+    only the CLI's placeholder, drawn faint or grey, which holds nothing."""
+    pane, out = _waiting_pane(tmux, tmp_path, DRAFT_TYPED, "q", PLACEHOLDERS[placeholder])
+    await eventually(lambda: "half typed" in "\n".join(pane.capture_pane()), what="the draft")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
+        await _member(hub, "a", setting, kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            error = held.last_error or ""
+            assert (
+                "a's prompt holds text the user is typing; the message waits until it is "
+                "sent or cleared" in error
+            ), error
+            assert "half typed" not in error, error
+            assert out.read_bytes() == b""  # not a key of it reached the prompt
+            # the user is done with the draft: the prompt shows its placeholder
+            pane.send_keys("q", enter=False, literal=True)
+            await eventually(
+                lambda: "earlier prompt\n--------" in "\n".join(pane.capture_pane()),
+                what="the empty prompt",
+            )
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+            typed = out.read_bytes()
+            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+
+
+async def test_a_draft_never_sent_gives_the_message_up_and_its_sender_never_reads_it(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """A draft left in the prompt holds the message for the delivery's ``hold_max``, the
+    user reminded; then the message is given up, its sender told why, and neither the
+    sender nor the user's notices quote the draft (it is the user's, not the agent's)."""
+    pane, out = _waiting_pane(tmux, tmp_path, DRAFT_TYPED, "q")
+    await eventually(lambda: "half typed" in "\n".join(pane.capture_pane()), what="the draft")
+    async with running_hub() as hub:
+        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0, hold_max=3)
+        await _member(hub, "a", setting, kind="gemini")
+        await hub.add_member("t", "lead")
+        async with dispatching(hub):
+            sent = await hub.send("t", "lead", "a", "yes please, go on", link=False)
+            st = await wait_state(hub, "t", sent.message_id, "dead", within=30)
+            told_lead = await hub.receive("t", "lead")
+            told_user = await hub.receive("t", "user")
+    reason = st.deliveries[0].dead_reason or ""
+    assert "a's prompt holds text the user is typing" in reason, reason
+    assert out.read_bytes() == b""  # not a key of it reached the prompt
+    assert [m.message.kind.value for m in told_lead] == ["system"]
+    said = [m.message.text for m in [*told_lead, *told_user]]
+    assert len(said) == 6, said  # the sender's; the user's hold, 3 reminders, give-up
+    assert not [t for t in said if "half typed" in t], said
+
+
 def test_a_hold_bound_of_nothing_is_refused() -> None:
     from backchannel.delivery.adapters import check_delivery_setting as check_delivery
     from backchannel.errors import InvalidRequest
@@ -1202,8 +1319,12 @@ PANEL_UNDER_ECHO = (
     b"> earlier prompt\r\n\r\n  Noted.\r\n\r\n  Pick a workspace to open:\r\n"
     b"    project-a\r\n    project-b\r\n\r\n  Waiting for the code... (q to quit)\r\n"
 )
-#: The same, the panel right under the echo, and short.
-SHORT_PANEL_UNDER_ECHO = b"> earlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+#: The same, the panel right under the echo, and short; the echo's mark drawn faint, as
+#: Codex draws it (its composer's is not: Codex's composer has no frame, and a panel of
+#: a line or two under an echo would read as the composer's status line but for that).
+SHORT_PANEL_UNDER_ECHO = (
+    b"\x1b[1;2m\xe2\x80\xba \x1b[0mearlier prompt\r\n  Waiting for the code... (q to quit)\r\n"
+)
 
 
 @pytest.mark.parametrize("kind", ["claude-code", "codex", "gemini", "human"])
@@ -1221,9 +1342,6 @@ async def test_a_cli_showing_neither_its_prompt_nor_a_known_dialog_is_not_typed_
     above such a panel (the echo read as the prompt). The message is held until the CLI
     shows its prompt; a member of another kind (whose program may show anything) is
     typed into as before."""
-    if kind == "codex" and screen == SHORT_PANEL_UNDER_ECHO:
-        pytest.skip("Codex's composer has no frame: a one-line panel under an echo reads "
-                    "as its status line (see live_input)")  # fmt: skip
     pane, out = _waiting_pane(tmux, tmp_path, screen, "q")
     await eventually(lambda: "(q to quit)" in "\n".join(pane.capture_pane()), what="the screen")
     async with running_hub() as hub:
@@ -1364,3 +1482,63 @@ def test_the_live_input_line_is_told_from_an_echo_with_a_panel_under_it(kind: st
     # the echo with the same screen's input box cut off (a panel drawn over it)
     echo_only = LIVE[kind].split(_RULE if kind != "codex" else "\n\n\n›")[0]
     assert live_input(echo_only + "\n\n  Choose:\n  one\n  two\n  three", kind) is None
+
+
+_ESC_RULE = "\x1b[38;5;244m" + "─" * 60
+#: The bottoms of the real CLIs' screens with their colours (capture-pane -e in the
+#: real-CLI rigs: Claude Code 2.1.332, Codex 0.171.0, Gemini CLI 0.61.0), the input line
+#: ``{}``: empty (the CLI's placeholder) or holding what its user typed.
+COLOURED = {
+    "claude-code": f"\x1b[48;5;237m❯ \x1b[38;5;231mWarm up.\x1b[39m\n\n{_ESC_RULE}\n"
+    "\x1b[39m❯\xa0{}\x1b[0m\x1b[39m\x1b[49m\n"
+    f"{_ESC_RULE}\n\x1b[39m  \x1b[38;5;220m⏵⏵ auto mode on\x1b[39m",
+    "codex": "\x1b[1m›\x1b[0m Warm up.\n\n• Noted.\n\n\x1b[1m›\x1b[0m\x1b[39m\x1b[49m {}\n"
+    "\x1b[0m\x1b[39m\x1b[49m\n  \x1b[38;5;223mgpt-test default\x1b[39m · /tmp/project\n"
+    "  \x1b[1m?\x1b[0m\x1b[39m\x1b[49m for shortcuts",
+    "gemini": f" > Warm up.\n\n✦ Noted.\n{_ESC_RULE}\n Shift+Tab to accept edits\n\n"
+    " \x1b[38;5;183m> {}\n\n\x1b[49m \x1b[38;5;248mworkspace (/directory)\x1b[39m   sandbox\n"
+    " /tmp/project   no sandbox",
+}
+#: What each showed in its empty prompt, and a draft typed into it (the cursor after it).
+EMPTY = {
+    "claude-code": "\x1b[7m ",
+    "codex": "\x1b[2mAsk Codex to do anything",
+    "gemini": "\x1b[7m\x1b[39m \x1b[0m\x1b[38;5;248m\x1b[48;5;240m Type your message or "
+    "@path/to/file\x1b[39m",
+}
+DRAFT = {
+    "claude-code": "half typed draft\x1b[7m",
+    "codex": "half typed draft",
+    "gemini": "\x1b[38;5;231mhalf typed draft\x1b[7m\x1b[39m \x1b[0m\x1b[39m\x1b[48;5;240m",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COLOURED))
+def test_a_draft_is_told_from_the_placeholder_by_its_colours(kind: str) -> None:
+    """The text of each CLI's empty prompt, drawn faint or grey, is no draft; what its
+    user typed is, whatever its own colour; so is the adapter's own paste (which
+    :meth:`TmuxAdapter.look` knows by its head)."""
+    empty, typed = COLOURED[kind].format(EMPTY[kind]), COLOURED[kind].format(DRAFT[kind])
+    assert live_input(plain(empty), kind) is not None
+    assert draft(empty, kind) is None
+    assert draft(typed, kind) == "half typed draft"
+    pasted = COLOURED[kind].format("[From bob] hello\x1b[7m \x1b[0m")
+    assert draft(pasted, kind) == "[From bob] hello"
+    assert waits_in_prompt(plain(pasted), text_head("[From bob] hello"))
+
+
+def test_a_codex_echo_with_a_short_panel_under_it_is_told_from_the_composer() -> None:
+    """Codex's composer has no frame: its conversation's echo of a prompt with a panel
+    of one or two lines right under it reads, without colours, as the composer over its
+    status line. Codex draws the echo's mark faint, the composer's bold (capture-pane -e
+    of Codex 0.171.0)."""
+    echo = (
+        "\x1b[0m\x1b[39m\x1b[49m\n\x1b[1;2m› \x1b[0m\x1b[38;5;255m\x1b[48;5;238mWarm up.\n"
+        "\x1b[39m\x1b[49m  Waiting for the code... (q to quit)\n  Press q to quit"
+    )
+    assert live_input(plain(echo), "codex") == "Warm up."  # what the plain screen says
+    assert echo_mark(echo)
+    assert draft(echo, "codex") is None
+    composer = COLOURED["codex"].format(DRAFT["codex"])
+    assert not echo_mark(composer)
+    assert not echo_mark(COLOURED["codex"].format(EMPTY["codex"]))

@@ -279,3 +279,68 @@ async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_promp
     assert rig.api is not None
     asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
     assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+
+
+@pytest.fixture(params=["claude-code", "codex", "gemini"])
+def draft_rig(
+    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
+) -> Iterator[Rig]:
+    with attached(request.param, server, bin_dir, tmp_path) as r:
+        yield r
+        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
+        r.proxy.seen.clear()
+
+
+async def test_a_message_waits_while_the_user_types_a_draft_into_the_cli_prompt(
+    draft_rig: Rig,
+) -> None:
+    """The user typed part of a prompt of their own into the CLI and has not sent it.
+    Typed in after it, the message was added to the draft and submitted with it: the
+    model got the user's half-written text mixed with the message, and the user lost the
+    draft. The message is held, the draft left intact on screen; once the user clears
+    it, the message reaches the model once, as a prompt of its own, and the draft never
+    does."""
+    rig = draft_rig
+    draft = "DRAFT-OF-THE-USER half written"
+    with _warm_pane(rig) as (pane, setting):
+        pane.pane.send_keys(draft, enter=False, literal=True)
+        pane.wait_for(draft)
+        mark = "WHILE-THE-USER-TYPES"
+        text = f"{mark} please note this."
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value in ("delivered", "acked", "dead"):
+                        return st.state.value
+                    return "held" if any(w.state == "held" for w in d.status()) else None
+
+                got = await eventually(settled, within=60, what="the message held or sent")
+                screen = pane.screen()
+                assert got == "held", f"typed after the draft\n--- screen ---\n{screen}"
+                held = next(w for w in d.status() if w.state == "held")
+                assert "prompt holds text the user is typing" in (held.last_error or "")
+                assert mark not in screen and draft in screen, screen
+
+                def cleared() -> bool:
+                    if draft not in pane.screen():
+                        return True
+                    pane.pane.send_keys("C-u", enter=False)  # the user clears the draft
+                    return False
+
+                wait_until(cleared, 30, "the draft cleared", pane)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+    assert not [p for p in asked if "DRAFT-OF-THE-USER" in p], asked

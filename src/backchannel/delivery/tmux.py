@@ -84,12 +84,21 @@ once it has stayed so for :data:`UNKNOWN_SCREEN_WAIT` (a screen caught mid-redra
 its prompt again within it): a CLI still starting or showing a screen of its own before
 its first prompt, a panel, menu or list of suggestions of a wording the adapter has not
 met, drawn under the input line or over it (the conversation's echo of an earlier prompt
-above it then has no frame, or too much under it, to pass for the input line). Panes of
+above it then has no frame, or too much under it, to pass for the input line; Codex's
+composer has no frame either, and its echo is told by its mark, drawn faint, the screen
+read with its colours: :func:`echo_mark`). Panes of
 other members (a human's chat program, an agent of another kind) may show anything and
 are typed into as before. A live input line that holds a command its user is typing
 (``/mod``: :data:`_COMMAND_MARKS`) holds the message too: typed in after it, the message
 was run as that command (Codex: ``Unrecognized command '/[From'``), never reaching the
-model, and counted delivered.
+model, and counted delivered. So does one that holds a draft its user is typing (plain
+text not yet sent, :func:`draft`): typed in after it, the message was added to the draft
+and submitted with it, the user's half-written text sent to the model and lost to them.
+A draft is told from the CLI's placeholder in an empty prompt by the screen's colours
+(``capture-pane -e``, :func:`typed_text`: the placeholder is drawn faint or grey), and
+from this adapter's own text, pasted by an earlier attempt and waiting for its Enter, by
+that text's head. The draft is quoted nowhere (the sender of a message given up after
+``hold_max`` would read it).
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -342,6 +351,126 @@ def live_input(screen: str, kind: str) -> str | None:
     return line[1:].strip()
 
 
+_SGR = re.compile(r"\x1b\[([0-9;:]*)m")
+#: Any other escape sequence ``capture-pane -e`` may leave in a line (none drawn).
+_ESCAPE = re.compile(r"\x1b(?:\[[0-9;:?]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def plain(screen: str) -> str:
+    """``screen`` as ``capture-pane -e`` gave it (with its escape sequences), less them:
+    what ``capture-pane -p`` gives."""
+    return _ESCAPE.sub("", screen)
+
+
+def _grey(params: list[int], at: int) -> tuple[bool, int]:
+    """Whether the extended colour at ``params[at:]`` (``38;5;N`` or ``38;2;R;G;B``, less
+    the 38) is a grey between black and white, and how many parameters it takes."""
+    if at < len(params) and params[at] == 5 and at + 1 < len(params):
+        n = params[at + 1]
+        if 232 <= n <= 255:  # the grey ramp, 8 to 238
+            level = 8 + 10 * (n - 232)
+            return 48 <= level <= 216, 2
+        if 16 <= n <= 231:  # the colour cube: grey where its three steps are equal
+            r, g, b = (n - 16) // 36, (n - 16) // 6 % 6, (n - 16) % 6
+            return r == g == b and 1 <= r <= 4, 2
+        return n == 8, 2  # bright black
+    if at < len(params) and params[at] == 2 and at + 3 < len(params):
+        r, g, b = params[at + 1 : at + 4]
+        return max(r, g, b) - min(r, g, b) <= 16 and 48 <= (r + g + b) // 3 <= 216, 4
+    return False, 1
+
+
+def _cells(line: str) -> list[tuple[str, bool]]:
+    """The characters of ``line`` (as ``capture-pane -e`` gave it), each with whether it
+    is drawn faint (SGR ``2``), grey (``90``, or ``38;5;N`` / ``38;2;R;G;B`` of a grey
+    between black and white) or in reverse video (the cursor)."""
+    faint = grey = reverse = False
+    cells: list[tuple[str, bool]] = []
+    at = 0
+    while at < len(line):
+        if line[at] == "\x1b":
+            if m := _SGR.match(line, at):
+                params = [int(p) if p.isdigit() else 0 for p in re.split("[;:]", m.group(1))]
+                i = 0
+                while i < len(params):
+                    code = params[i]
+                    if code == 0:
+                        faint = grey = reverse = False
+                    elif code == 2:
+                        faint = True
+                    elif code == 22:
+                        faint = False
+                    elif code == 7:
+                        reverse = True
+                    elif code == 27:
+                        reverse = False
+                    elif code == 39 or 30 <= code <= 37 or 91 <= code <= 97:
+                        grey = False
+                    elif code == 90:
+                        grey = True
+                    elif code in (38, 48):
+                        is_grey, took = _grey(params, i + 1)
+                        if code == 38:
+                            grey = is_grey
+                        i += took
+                    i += 1
+                at = m.end()
+                continue
+            if m := _ESCAPE.match(line, at):
+                at = m.end()
+                continue
+        cells.append((line[at], faint or grey or reverse))
+        at += 1
+    return cells
+
+
+def typed_text(line: str) -> str:
+    """What of an input line, as ``capture-pane -e`` gave it (after its prompt mark), is
+    text someone typed: its characters less those drawn faint or grey (the placeholder
+    each CLI shows in an empty prompt, Codex's ``Ask Codex to do anything``, Gemini CLI's
+    ``Type your message or @path/to/file``, Claude Code's ``Try "..."``) and the cursor
+    (reverse video): :func:`_cells`."""
+    return "".join(c for c, pale in _cells(line) if not pale).replace("\xa0", " ").strip()
+
+
+def _prompt_cells(screen: str) -> list[tuple[str, bool]] | None:
+    """The cells (:func:`_cells`) of the last line of ``screen`` (``capture-pane -e``)
+    that begins with a prompt mark, from its mark on; None when no line does before a
+    dialog's (as :func:`input_line`)."""
+    for raw in reversed(screen.splitlines()):
+        line = plain(raw).strip().strip(_BORDERS).strip()
+        if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
+            return None
+        if line.startswith(_PROMPT_MARKS):
+            cells = _cells(raw)
+            start = next(i for i, (c, _) in enumerate(cells) if c in _PROMPT_MARKS)
+            return cells[start:]
+    return None
+
+
+def draft(screen: str, kind: str) -> str | None:
+    """The text its user is typing in the live input line (:func:`live_input`) of a
+    :data:`PROMPTED` CLI on ``screen`` (``capture-pane -e``, with its colours); None
+    when the line is empty or shows only the CLI's placeholder (:func:`typed_text`), or
+    when no live input line shows."""
+    if live_input(plain(screen), kind) is None or (cells := _prompt_cells(screen)) is None:
+        return None
+    if kind == "codex" and cells[0][1]:
+        return None  # an echo (see echo_mark): no live input line shows
+    text = "".join(c for c, pale in cells[1:] if not pale).replace("\xa0", " ")
+    return text.strip().strip(_BORDERS).strip() or None
+
+
+def echo_mark(screen: str) -> bool:
+    """Whether the last prompt mark on ``screen`` (``capture-pane -e``) is drawn faint:
+    Codex draws the mark of its conversation's echo of a submitted prompt faint
+    (``\\x1b[1;2m›``), its live composer's bold only. Codex's composer has no frame, so
+    an echo with a panel of one or two lines under it reads as the composer with its
+    footer (:func:`live_input`) but for this."""
+    cells = _prompt_cells(screen)
+    return cells is not None and cells[0][1]
+
+
 def dialog(screen: str) -> str | None:
     """The line of a dialog ``screen`` shows below the agent's last prompt line: a
     chosen option of a numbered list (:data:`_CHOICE`; the permission and approval
@@ -478,9 +607,11 @@ class TmuxAdapter(Adapter):
         Raises :class:`PermanentDeliveryError` and :class:`HeldDelivery` as :meth:`look`."""
         return (await self.look())[0]
 
-    async def look(self) -> tuple[str, str, str]:
+    async def look(self, expect: str | None = None) -> tuple[str, str, str]:
         """The target's pane id (``%N``), the pid of the pane's first process and the
-        pane's terminal (``/dev/pts/N``), checked.
+        pane's terminal (``/dev/pts/N``), checked. ``expect``: the :func:`text_head` of
+        a text an earlier attempt pasted into the prompt, waiting for its Enter (not a
+        user's draft).
 
         Raises :class:`PermanentDeliveryError` when the pane, its session or the tmux
         server is gone, or the program in it has exited; :class:`HeldDelivery` when the
@@ -539,10 +670,12 @@ class TmuxAdapter(Adapter):
             )
         # a dialog of the agent's own takes Enter as its user's choice: nothing is typed
         # into it (see dialog)
-        if (screen := await self._screen(pane_id)) is not None and (shows := dialog(screen)):
+        raw = await self._screen(pane_id, self._escapes)
+        screen = None if raw is None else plain(raw)
+        if screen is not None and (shows := dialog(screen)):
             raise self._held_by(pane_id, shows)
-        if screen is not None and self.ctx.kind in PROMPTED:
-            line = self._live(screen)
+        if raw is not None and screen is not None and self.ctx.kind in PROMPTED:
+            line = self._live(raw)
             if line is None:
                 line = await self._until_prompt(pane_id, screen)
             if line is not None and line.startswith(_COMMAND_MARKS):
@@ -553,11 +686,41 @@ class TmuxAdapter(Adapter):
                     "the prompt is empty again",
                     shows=line[:80],
                 )
+            if line and await self._drafted(pane_id, expect):
+                raise HeldDelivery(
+                    f"{self.ctx.member}'s prompt holds text the user is typing; the message "
+                    f"waits until it is sent or cleared (typed in now, it would be added to "
+                    f"that text and submitted with it, in {self._pane(pane_id)})"
+                )
         return pane_id, pane_pid, tty
 
+    async def _drafted(self, pane: str, expect: str | None) -> bool:
+        """Whether the live input line in ``pane`` holds text its user is typing (a
+        draft, :func:`draft`: read with the screen's colours, so the CLI's placeholder,
+        drawn faint or grey, is none), and not this adapter's own text of the message
+        it delivers (``expect``, its :func:`text_head`: pasted by an earlier attempt,
+        waiting for its Enter)."""
+        try:
+            rc, screen = await self._tmux("capture-pane", "-p", "-e", "-t", pane)
+        except AdapterError:
+            return False
+        if rc != 0 or draft(screen, self.ctx.kind) is None:
+            return False
+        return not (expect is not None and waits_in_prompt(plain(screen), expect))
+
+    @property
+    def _escapes(self) -> bool:
+        """Whether the screen is read with its colours to find the live input line:
+        Codex's (:func:`echo_mark`)."""
+        return self.ctx.kind == "codex"
+
     def _live(self, screen: str) -> str | None:
-        """:func:`live_input` of the member's kind."""
-        return live_input(screen, self.ctx.kind)
+        """:func:`live_input` of the member's kind on ``screen`` (with its colours for
+        Codex: a line whose mark is drawn faint is an echo, :func:`echo_mark`)."""
+        line = live_input(plain(screen), self.ctx.kind)
+        if line is not None and self._escapes and echo_mark(screen):
+            return None
+        return line
 
     def _held_by(self, pane: str, shows: str) -> HeldDelivery:
         """The hold of a message while ``pane`` shows a dialog (``shows``, its line)."""
@@ -578,11 +741,11 @@ class TmuxAdapter(Adapter):
         deadline = loop.time() + UNKNOWN_SCREEN_WAIT
         while loop.time() < deadline:
             await asyncio.sleep(SUBMIT_POLL)
-            if (again := await self._screen(pane)) is None:
+            if (again := await self._screen(pane, self._escapes)) is None:
                 return None  # nothing better is known: as for a pane that cannot be read
-            screen = again
-            if (line := self._live(screen)) is not None:
+            if (line := self._live(again)) is not None:
                 return line
+            screen = plain(again)
             if dialog(screen) is not None:
                 break
         if shows := dialog(screen):
@@ -609,8 +772,11 @@ class TmuxAdapter(Adapter):
     async def deliver(self, item: InboxMessage) -> str:
         mid = item.message.message_id
         typed = self._typed.get(mid)
+        text = sanitize(agent_text(item))
+        if self.ctx.kind in AT_READERS:
+            text = escape_at(text)
         try:
-            pane, pane_pid, tty = await self.look()
+            pane, pane_pid, tty = await self.look(text_head(text) if typed else None)
         except PermanentDeliveryError as exc:
             if typed is None:
                 raise
@@ -621,9 +787,6 @@ class TmuxAdapter(Adapter):
                 "but never submitted, so the agent did not get it"
             ) from None
         owner = self._prompt_owner(pane_pid)
-        text = sanitize(agent_text(item))
-        if self.ctx.kind in AT_READERS:
-            text = escape_at(text)
         lines = text.count("\n") + 1
         if typed is not None:
             if typed == _Typed(pane, owner):
@@ -773,10 +936,13 @@ class TmuxAdapter(Adapter):
             return f"tmux pane {self.target}"
         return f"tmux pane {self.target} ({pane_id})"
 
-    async def _screen(self, pane: str) -> str | None:
-        """The visible lines of ``pane``; None when tmux cannot read them."""
+    async def _screen(self, pane: str, escapes: bool = False) -> str | None:
+        """The visible lines of ``pane`` (with ``escapes``, their colours: ``-e``); None
+        when tmux cannot read them."""
         try:
-            rc, screen = await self._tmux("capture-pane", "-p", "-t", pane)
+            rc, screen = await self._tmux(
+                "capture-pane", "-p", *(["-e"] if escapes else []), "-t", pane
+            )
         except AdapterError:
             return None
         return screen if rc == 0 else None
