@@ -93,3 +93,37 @@ def test_every_curl_that_posts_json_says_so(page: Path) -> None:
                 f"{_where(page, line)}: posts a body without Content-Type: application/json"
             )
     assert not wrong, "\n".join(wrong)
+
+
+def _attach_dirs(text: str) -> list[str]:
+    """Where a page's ``attach`` commands for one member write, as ``line: member dir``;
+    a command without ``--dir`` writes into the directory the reader happens to be in."""
+    found = []
+    for line, words in _commands(text):
+        if words[:1] != ["attach"] or "--member" not in words:
+            continue
+        member = words[words.index("--member") + 1]
+        where = words[words.index("--dir") + 1] if "--dir" in words else "(the current directory)"
+        found.append(f"{line}: {member} {where}")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_pages_attach_commands_for_one_member_write_into_one_project(page: Path) -> None:
+    """A page that attached ``worker`` with ``--dir ~/src/app-worker`` and then shows the
+    one-time hook grant without ``--dir`` has the reader, still in the hub's terminal,
+    attach the hub's directory instead."""
+    by_member: dict[str, set[str]] = {}
+    for entry in _attach_dirs(page.read_text()):
+        _, member, where = entry.split(" ", 2)
+        by_member.setdefault(member, set()).add(where)
+    wrong = {m: sorted(d) for m, d in by_member.items() if len(d) > 1}
+    assert not wrong, f"{page.relative_to(ROOT)}: {wrong}"
+
+
+def test_the_attach_checker_sees_a_grant_without_its_project() -> None:
+    text = (
+        "```sh\nbackchannel attach codex --team t --member w --dir ~/src/w\n```\n"
+        "```sh\nbackchannel attach codex --team t --member w --trust-hooks\n```\n"
+    )
+    assert _attach_dirs(text) == ["2: w ~/src/w", "5: w (the current directory)"]
