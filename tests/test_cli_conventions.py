@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from typer.main import get_command
 
+from backchannel.interfaces.cli import app
 from tests.conftest import BIN, Server
 
 
@@ -495,3 +498,22 @@ def test_an_admin_command_given_a_members_token_names_it_and_the_way_out(
     assert "$BACKCHANNEL_HOME" not in r.stderr
     del env["BACKCHANNEL_TOKEN"]  # the way out works
     assert run("member", "add", "crew", "worker", "--url", server.url, env=env).returncode == 0
+
+
+def test_each_command_groups_help_names_every_command_it_holds() -> None:
+    """``backchannel -h`` and ``backchannel member -h`` describe a group by what it does:
+    a group whose line says "Create and list teams" while it also removes them hides
+    that command from a newcomer reading the help."""
+    groups = {n: c for n, c in getattr(get_command(app), "commands", {}).items()
+              if getattr(c, "commands", None)}  # fmt: skip
+    assert {"team", "member", "timer", "session", "budget"} <= set(groups)
+    unnamed = {}
+    for name, group in groups.items():
+        shown = run(name, "-h")
+        assert shown.returncode == 0, shown.stderr
+        said = shown.stdout.split("Options:")[0].split("\n", 1)[1].lower()
+        subs = list(getattr(group, "commands", {}))
+        missing = [sub for sub in subs if not re.search(rf"\b{sub.split('-')[0]}", said)]
+        if missing:
+            unnamed[name] = missing
+    assert unnamed == {}, unnamed

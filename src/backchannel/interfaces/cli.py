@@ -57,9 +57,11 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     **PLAIN,
 )
-team_app = typer.Typer(help="Create and list teams (admin).", **PLAIN)
+team_app = typer.Typer(help="Create, list and remove teams (admin).", **PLAIN)
 member_app = typer.Typer(
-    help="Add, list and show members, set their push delivery (admin).", **PLAIN
+    help="Add, list, show and remove members, set their push delivery, rotate their tokens "
+    "(admin).",
+    **PLAIN,
 )
 app.add_typer(team_app, name="team")
 app.add_typer(member_app, name="member")

@@ -17,7 +17,7 @@ from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOp
 from backchannel.interfaces.terminal import printable as _p
 
 budget_app = typer.Typer(
-    help="See and extend conversation budgets (per pair of members and per chain).",
+    help="List and extend conversation budgets (per pair of members and per chain).",
     no_args_is_help=True,
 )
 
