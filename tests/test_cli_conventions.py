@@ -517,3 +517,23 @@ def test_each_command_groups_help_names_every_command_it_holds() -> None:
         if missing:
             unnamed[name] = missing
     assert unnamed == {}, unnamed
+
+
+def test_help_lists_each_command_with_its_whole_first_sentence() -> None:
+    """``backchannel -h`` (and a group's) told a newcomer "Run the hub: HTTP API, live
+    streams and the data..." and "Remove a member: mail still waiting for it becomes
+    dead...": each command's line is its whole first sentence, wrapped, never cut."""
+    root = get_command(app)
+    groups = [("", root)] + [
+        (n, c) for n, c in getattr(root, "commands", {}).items() if getattr(c, "commands", None)
+    ]
+    cut = {}
+    for name, group in groups:
+        shown = run(*([name] if name else []), "-h")
+        assert shown.returncode == 0, shown.stderr
+        listing = " ".join(shown.stdout.split("Commands:")[1].split())
+        for sub, cmd in getattr(group, "commands", {}).items():
+            first = " ".join(cmd.get_short_help_str(limit=1_000).split())
+            if f"{sub} {first}" not in listing or first.endswith("..."):
+                cut[f"{name} {sub}".strip()] = first
+    assert cut == {}, cut

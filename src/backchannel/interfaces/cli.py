@@ -40,7 +40,14 @@ from backchannel.errors import (
 )
 from backchannel.hub.messages import new_message_id
 from backchannel.interfaces import cli_hub
-from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
+from backchannel.interfaces.cli_options import (
+    HomeOpt,
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    WholeHelpGroup,
+    finite,
+)
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
 from backchannel.models import MemberInfo, Received
@@ -48,7 +55,7 @@ from backchannel.models import MemberInfo, Received
 T = TypeVar("T")
 
 # plain help (no rich markup: hints such as "[your own]" stay as written); -h or --help
-PLAIN: dict[str, Any] = {"rich_markup_mode": None, "no_args_is_help": True}
+PLAIN: dict[str, Any] = {"rich_markup_mode": None, "no_args_is_help": True, "cls": WholeHelpGroup}
 app = typer.Typer(
     name="backchannel",
     help="A durable message hub for teams of AI agents.",
