@@ -4,8 +4,11 @@ every ``curl`` that posts a body says it is JSON (the hub refuses a form body)."
 
 from __future__ import annotations
 
+import json
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.main import get_command
@@ -127,3 +130,55 @@ def test_the_attach_checker_sees_a_grant_without_its_project() -> None:
         "```sh\nbackchannel attach codex --team t --member w --trust-hooks\n```\n"
     )
     assert _attach_dirs(text) == ["2: w ~/src/w", "5: w (the current directory)"]
+
+
+def _attached_files(runtime: str, member: str, tmp: Path) -> dict[str, Any]:
+    """What ``attach`` writes for ``demo/member`` into an empty project, parsed."""
+    from backchannel.runtimes.attach import AttachOptions, plan
+
+    opts = AttachOptions("demo", member, tmp, "http://127.0.0.1:8765")
+    files: dict[str, Any] = {}
+    for change in plan(runtime, opts):
+        parse = tomllib.loads if change.path.suffix == ".toml" else json.loads
+        files[change.path.name] = parse(change.after)
+    return files
+
+
+@pytest.mark.parametrize(
+    ("page", "runtime", "member"),
+    [
+        ("claude-code.md", "claude-code", "lead"),
+        ("codex.md", "codex", "worker"),
+        ("gemini.md", "gemini", "worker"),
+    ],
+)
+def test_the_files_a_runtime_page_shows_are_the_ones_attach_writes(
+    page: str, runtime: str, member: str, tmp_path: Path
+) -> None:
+    """Step 2 of each runtime page shows the files ``attach`` writes: each shown file has
+    the keys the written one has (a key attach adds that the page leaves out, such as
+    Claude Code's pre-approved tool permission, is news to a reader comparing the two),
+    the same backchannel server entry and hook handler, and the same hook events."""
+    text = (ROOT / "docs" / "runtimes" / page).read_text()
+    step = text[text.index("## 2. Attach") : text.index("## 3.")]
+    files = _attached_files(runtime, member, tmp_path)
+    shown_toml = re.search(r"```toml\n(.*?)```", step, re.S)
+    if shown_toml is not None:  # the first one: the stdio entry, not the --http variant
+        assert tomllib.loads(shown_toml.group(1)) == files["config.toml"]
+    wrong = []
+    for block in re.findall(r"```json\n(.*?)```", step, re.S):
+        shown = json.loads(block)
+        first = next(iter(shown))
+        name = next(n for n, f in files.items() if next(iter(f)) == first)
+        real = files[name]
+        if set(shown) != set(real):
+            wrong.append(f"{name}: the page shows {sorted(shown)}, attach writes {sorted(real)}")
+        for key in ("mcpServers", "permissions", "enabledMcpjsonServers", "ui"):
+            if key in shown and shown[key] != real.get(key):
+                wrong.append(f"{name}: {key} {shown[key]} != {real.get(key)}")
+        if "hooks" in shown:
+            if set(shown["hooks"]) != set(real["hooks"]):
+                wrong.append(f"{name}: hook events {sorted(shown['hooks'])} != {sorted(real['hooks'])}")  # fmt: skip
+            if shown["hooks"]["SessionStart"] != real["hooks"]["SessionStart"]:
+                wrong.append(f"{name}: SessionStart {shown['hooks']['SessionStart']}")
+    assert not wrong, "\n".join(wrong)
