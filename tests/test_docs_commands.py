@@ -182,3 +182,19 @@ def test_the_files_a_runtime_page_shows_are_the_ones_attach_writes(
             if shown["hooks"]["SessionStart"] != real["hooks"]["SessionStart"]:
                 wrong.append(f"{name}: SessionStart {shown['hooks']['SessionStart']}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_serve_synopsis_names_every_option_serve_has() -> None:
+    """The README's ``backchannel serve [...]`` block is where a newcomer looks for how
+    to run the hub: every option it shows is real (continuation lines too) and every
+    option ``serve`` takes is there (it lacked ``--home``)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\n(backchannel serve \[.*?)```", text, re.S)
+    assert block is not None, "no serve synopsis in the README"
+    shown = set(re.findall(r"\[(--[a-z][a-z-]*)", block.group(1)))
+    serve = getattr(get_command(app), "commands", {})["serve"]
+    real = {o for p in serve.params for o in [*p.opts, *getattr(p, "secondary_opts", ())]}
+    real = {o for o in real if o.startswith("--")} - {"--help", "--dispatch"}
+    assert shown == real, (
+        f"README shows {sorted(shown - real)} serve lacks; lacks {sorted(real - shown)}"
+    )
