@@ -500,6 +500,22 @@ def test_an_admin_command_given_a_members_token_names_it_and_the_way_out(
     assert run("member", "add", "crew", "worker", "--url", server.url, env=env).returncode == 0
 
 
+def test_an_admin_command_away_from_the_hubs_directory_names_the_ways_to_its_token(
+    server: Server, tmp_path: Path
+) -> None:
+    """The README's "from elsewhere set BACKCHANNEL_URL": an admin command there finds no
+    admin token. It said "run on the hub's host", which the user already was; it names
+    the directory serve runs in and BACKCHANNEL_HOME, and that way out works."""
+    r = run("team", "create", "elsewhere", env={"BACKCHANNEL_URL": server.url}, cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    said = " ".join(r.stderr.split())
+    assert str(tmp_path / ".backchannel" / "admin.token") in said
+    assert "the directory `backchannel serve` was started in" in said
+    assert "BACKCHANNEL_HOME" in said and "BACKCHANNEL_TOKEN" in said
+    env = {"BACKCHANNEL_URL": server.url, "BACKCHANNEL_HOME": str(server.home)}
+    assert run("team", "create", "elsewhere", env=env, cwd=tmp_path).returncode == 0
+
+
 def test_each_command_groups_help_names_every_command_it_holds() -> None:
     """``backchannel -h`` and ``backchannel member -h`` describe a group by what it does:
     a group whose line says "Create and list teams" while it also removes them hides

@@ -222,8 +222,10 @@ def _client(url: str | None, token: str | None, home: Path | None, *, admin: boo
             token = file_admin_token(data_dir)
             if token is None:
                 _fail(
-                    f"no admin token: set BACKCHANNEL_TOKEN or run on the hub's host "
-                    f"(looked for {data_dir / config.ADMIN_TOKEN_FILE})"
+                    f"no admin token in {data_dir / config.ADMIN_TOKEN_FILE}: run this from "
+                    "the directory `backchannel serve` was started in, set BACKCHANNEL_HOME "
+                    "to the hub's data directory, or set BACKCHANNEL_TOKEN (or --token) to "
+                    "the admin token (the hub's admin.token)"
                 )
             return Client(url, token, retry_within=CLI_RETRY_WITHIN)
         return Client(url, None)
