@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import click
 import typer
 from typer.core import TyperGroup
+
+if TYPE_CHECKING:  # the click typer carries (and hands its groups)
+    from typer import _click
 
 __all__ = [
     "AsOpt",
@@ -27,7 +29,7 @@ class WholeHelpGroup(TyperGroup):
     (wrapped to the terminal), not cut at about 60 columns with "...": "Run the hub:
     HTTP API, live streams and the data..." told a newcomer less than the command does."""
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         rows = []
         for name in self.list_commands(ctx):
             cmd = self.get_command(ctx, name)
