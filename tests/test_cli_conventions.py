@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from typer.main import get_command
 
+from backchannel.interfaces.cli import app
 from tests.conftest import BIN, Server
 
 
@@ -495,3 +498,58 @@ def test_an_admin_command_given_a_members_token_names_it_and_the_way_out(
     assert "$BACKCHANNEL_HOME" not in r.stderr
     del env["BACKCHANNEL_TOKEN"]  # the way out works
     assert run("member", "add", "crew", "worker", "--url", server.url, env=env).returncode == 0
+
+
+def test_an_admin_command_away_from_the_hubs_directory_names_the_ways_to_its_token(
+    server: Server, tmp_path: Path
+) -> None:
+    """The README's "from elsewhere set BACKCHANNEL_URL": an admin command there finds no
+    admin token. It said "run on the hub's host", which the user already was; it names
+    the directory serve runs in and BACKCHANNEL_HOME, and that way out works."""
+    r = run("team", "create", "elsewhere", env={"BACKCHANNEL_URL": server.url}, cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    said = " ".join(r.stderr.split())
+    assert str(tmp_path / ".backchannel" / "admin.token") in said
+    assert "the directory `backchannel serve` was started in" in said
+    assert "BACKCHANNEL_HOME" in said and "BACKCHANNEL_TOKEN" in said
+    env = {"BACKCHANNEL_URL": server.url, "BACKCHANNEL_HOME": str(server.home)}
+    assert run("team", "create", "elsewhere", env=env, cwd=tmp_path).returncode == 0
+
+
+def test_each_command_groups_help_names_every_command_it_holds() -> None:
+    """``backchannel -h`` and ``backchannel member -h`` describe a group by what it does:
+    a group whose line says "Create and list teams" while it also removes them hides
+    that command from a newcomer reading the help."""
+    groups = {n: c for n, c in getattr(get_command(app), "commands", {}).items()
+              if getattr(c, "commands", None)}  # fmt: skip
+    assert {"team", "member", "timer", "session", "budget"} <= set(groups)
+    unnamed = {}
+    for name, group in groups.items():
+        shown = run(name, "-h")
+        assert shown.returncode == 0, shown.stderr
+        said = shown.stdout.split("Options:")[0].split("\n", 1)[1].lower()
+        subs = list(getattr(group, "commands", {}))
+        missing = [sub for sub in subs if not re.search(rf"\b{sub.split('-')[0]}", said)]
+        if missing:
+            unnamed[name] = missing
+    assert unnamed == {}, unnamed
+
+
+def test_help_lists_each_command_with_its_whole_first_sentence() -> None:
+    """``backchannel -h`` (and a group's) told a newcomer "Run the hub: HTTP API, live
+    streams and the data..." and "Remove a member: mail still waiting for it becomes
+    dead...": each command's line is its whole first sentence, wrapped, never cut."""
+    root = get_command(app)
+    groups = [("", root)] + [
+        (n, c) for n, c in getattr(root, "commands", {}).items() if getattr(c, "commands", None)
+    ]
+    cut = {}
+    for name, group in groups:
+        shown = run(*([name] if name else []), "-h")
+        assert shown.returncode == 0, shown.stderr
+        listing = " ".join(shown.stdout.split("Commands:")[1].split())
+        for sub, cmd in getattr(group, "commands", {}).items():
+            first = " ".join(cmd.get_short_help_str(limit=1_000).split())
+            if f"{sub} {first}" not in listing or first.endswith("..."):
+                cut[f"{name} {sub}".strip()] = first
+    assert cut == {}, cut

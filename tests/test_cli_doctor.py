@@ -184,3 +184,41 @@ def test_gemini_without_escaped_pasted_at_fails_with_the_fix(
     off = _run(project, "doctor", "gemini", token=tokens["alice"], home=home)
     assert off.returncode == 1 and "FAIL pasted @ escaped (Gemini)" in off.stdout
     assert "backchannel attach gemini" in off.stdout
+
+
+@pytest.mark.parametrize("printed_by", ["attach", "doctor"])
+def test_the_printed_codex_trust_grant_runs_as_printed_from_another_directory(
+    srv: Server, tokens: dict[str, str], tmp_path: Path, printed_by: str
+) -> None:
+    """The one-time hook grant `attach` and `doctor` print, pasted in the terminal the
+    user is in (not the project), trusts the project's hooks and keeps an HTTP
+    attachment one: it neither attaches the current directory nor rewrites the project
+    to command hooks and a stdio MCP server."""
+    project, home, elsewhere = tmp_path / "p", tmp_path / "home", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    attached = _run(elsewhere, "attach", "codex", "--team", "doc", "--member", "alice",
+                    "--url", srv.url, "--dir", str(project), "--http", token=None, home=home)  # fmt: skip
+    assert attached.returncode == 0, attached.stderr
+    if printed_by == "attach":
+        said = attached.stderr
+    else:
+        checked = _run(elsewhere, "doctor", "codex", "--dir", str(project),
+                       token=tokens["alice"], home=home)  # fmt: skip
+        assert checked.returncode == 1, checked.stdout
+        said = checked.stdout
+    grants = [line.strip().removeprefix("fix: ") for line in said.splitlines()
+              if line.strip().endswith("--trust-hooks")]  # fmt: skip
+    assert len(grants) == 1, said
+    env = {k: v for k, v in os.environ.items() if k not in ("BACKCHANNEL_TOKEN", "BACKCHANNEL_URL")}
+    env |= {"HOME": str(home), "CODEX_HOME": str(home / ".codex"),
+            "PATH": f"{BIN.parent}:{env['PATH']}"}  # fmt: skip
+    granted = subprocess.run(["bash", "-c", grants[0]], cwd=elsewhere, env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert granted.returncode == 0, granted.stderr
+    assert not (elsewhere / ".codex").exists(), "the grant attached the current directory"
+    config = (project / ".codex" / "config.toml").read_text()
+    assert f'url = "{srv.url}/mcp"' in config and "command =" not in config, config
+    after = _run(elsewhere, "doctor", "codex", "--dir", str(project),
+                 token=tokens["alice"], home=home)  # fmt: skip
+    assert "ok   hooks trusted (Codex)" in after.stdout, after.stdout

@@ -4,8 +4,11 @@ every ``curl`` that posts a body says it is JSON (the hub refuses a form body)."
 
 from __future__ import annotations
 
+import json
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.main import get_command
@@ -93,3 +96,105 @@ def test_every_curl_that_posts_json_says_so(page: Path) -> None:
                 f"{_where(page, line)}: posts a body without Content-Type: application/json"
             )
     assert not wrong, "\n".join(wrong)
+
+
+def _attach_dirs(text: str) -> list[str]:
+    """Where a page's ``attach`` commands for one member write, as ``line: member dir``;
+    a command without ``--dir`` writes into the directory the reader happens to be in."""
+    found = []
+    for line, words in _commands(text):
+        if words[:1] != ["attach"] or "--member" not in words:
+            continue
+        member = words[words.index("--member") + 1]
+        where = words[words.index("--dir") + 1] if "--dir" in words else "(the current directory)"
+        found.append(f"{line}: {member} {where}")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_pages_attach_commands_for_one_member_write_into_one_project(page: Path) -> None:
+    """A page that attached ``worker`` with ``--dir ~/src/app-worker`` and then shows the
+    one-time hook grant without ``--dir`` has the reader, still in the hub's terminal,
+    attach the hub's directory instead."""
+    by_member: dict[str, set[str]] = {}
+    for entry in _attach_dirs(page.read_text()):
+        _, member, where = entry.split(" ", 2)
+        by_member.setdefault(member, set()).add(where)
+    wrong = {m: sorted(d) for m, d in by_member.items() if len(d) > 1}
+    assert not wrong, f"{page.relative_to(ROOT)}: {wrong}"
+
+
+def test_the_attach_checker_sees_a_grant_without_its_project() -> None:
+    text = (
+        "```sh\nbackchannel attach codex --team t --member w --dir ~/src/w\n```\n"
+        "```sh\nbackchannel attach codex --team t --member w --trust-hooks\n```\n"
+    )
+    assert _attach_dirs(text) == ["2: w ~/src/w", "5: w (the current directory)"]
+
+
+def _attached_files(runtime: str, member: str, tmp: Path) -> dict[str, Any]:
+    """What ``attach`` writes for ``demo/member`` into an empty project, parsed."""
+    from backchannel.runtimes.attach import AttachOptions, plan
+
+    opts = AttachOptions("demo", member, tmp, "http://127.0.0.1:8765")
+    files: dict[str, Any] = {}
+    for change in plan(runtime, opts):
+        parse = tomllib.loads if change.path.suffix == ".toml" else json.loads
+        files[change.path.name] = parse(change.after)
+    return files
+
+
+@pytest.mark.parametrize(
+    ("page", "runtime", "member"),
+    [
+        ("claude-code.md", "claude-code", "lead"),
+        ("codex.md", "codex", "worker"),
+        ("gemini.md", "gemini", "worker"),
+    ],
+)
+def test_the_files_a_runtime_page_shows_are_the_ones_attach_writes(
+    page: str, runtime: str, member: str, tmp_path: Path
+) -> None:
+    """Step 2 of each runtime page shows the files ``attach`` writes: each shown file has
+    the keys the written one has (a key attach adds that the page leaves out, such as
+    Claude Code's pre-approved tool permission, is news to a reader comparing the two),
+    the same backchannel server entry and hook handler, and the same hook events."""
+    text = (ROOT / "docs" / "runtimes" / page).read_text()
+    step = text[text.index("## 2. Attach") : text.index("## 3.")]
+    files = _attached_files(runtime, member, tmp_path)
+    shown_toml = re.search(r"```toml\n(.*?)```", step, re.S)
+    if shown_toml is not None:  # the first one: the stdio entry, not the --http variant
+        assert tomllib.loads(shown_toml.group(1)) == files["config.toml"]
+    wrong = []
+    for block in re.findall(r"```json\n(.*?)```", step, re.S):
+        shown = json.loads(block)
+        first = next(iter(shown))
+        name = next(n for n, f in files.items() if next(iter(f)) == first)
+        real = files[name]
+        if set(shown) != set(real):
+            wrong.append(f"{name}: the page shows {sorted(shown)}, attach writes {sorted(real)}")
+        for key in ("mcpServers", "permissions", "enabledMcpjsonServers", "ui"):
+            if key in shown and shown[key] != real.get(key):
+                wrong.append(f"{name}: {key} {shown[key]} != {real.get(key)}")
+        if "hooks" in shown:
+            if set(shown["hooks"]) != set(real["hooks"]):
+                wrong.append(f"{name}: hook events {sorted(shown['hooks'])} != {sorted(real['hooks'])}")  # fmt: skip
+            if shown["hooks"]["SessionStart"] != real["hooks"]["SessionStart"]:
+                wrong.append(f"{name}: SessionStart {shown['hooks']['SessionStart']}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_serve_synopsis_names_every_option_serve_has() -> None:
+    """The README's ``backchannel serve [...]`` block is where a newcomer looks for how
+    to run the hub: every option it shows is real (continuation lines too) and every
+    option ``serve`` takes is there (it lacked ``--home``)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\n(backchannel serve \[.*?)```", text, re.S)
+    assert block is not None, "no serve synopsis in the README"
+    shown = set(re.findall(r"\[(--[a-z][a-z-]*)", block.group(1)))
+    serve = getattr(get_command(app), "commands", {})["serve"]
+    real = {o for p in serve.params for o in [*p.opts, *getattr(p, "secondary_opts", ())]}
+    real = {o for o in real if o.startswith("--")} - {"--help", "--dispatch"}
+    assert shown == real, (
+        f"README shows {sorted(shown - real)} serve lacks; lacks {sorted(real - shown)}"
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from backchannel.testing import eventually_blocking
+from tests.conftest import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,11 +111,15 @@ def test_wheel_builds_installs_and_serves(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = dist.glob("backchannel-*.whl")
-    # `make install` (the README's step) from that wheel, into places of the test's own
-    venv, bin_dir = tmp_path / "venv", tmp_path / "bin"
+    # `make install` (the README's step) from that wheel, into its default places under
+    # a HOME of the test's own
+    home = tmp_path / "home"
+    home.mkdir()
+    venv, bin_dir = home / ".local" / "share" / "backchannel", home / ".local" / "bin"
     installed = subprocess.run(
-        ["make", "install", f"PACKAGE={wheel}", f"INSTALL_DIR={venv}", f"BIN_DIR={bin_dir}"],
+        ["make", "install", f"PACKAGE={wheel}"],
         cwd=ROOT,
+        env={**os.environ, "HOME": str(home)},
         **quiet,  # type: ignore[call-overload]
     )
     assert installed.returncode == 0, installed.stderr
@@ -128,6 +133,33 @@ def test_wheel_builds_installs_and_serves(tmp_path: Path) -> None:
     work.mkdir()
     out = run_walkthrough(bin_dir, work)
     assert "user (direct): count the lines in src/" in out
+    # the Python SDK sample, run as the README says, with what `make install` installed
+    # (not this test's own Python, which is left off PATH)
+    readme = (ROOT / "README.md").read_text()
+    sdk = readme[readme.index("## Python SDK") :]
+    how = re.search(r"then `([^`]*sample\.py)` there", sdk)
+    assert how is not None, "the README says how to run sample.py"
+    sample = re.search(r"```python\n(.*?)```", sdk, re.S)
+    assert sample is not None
+    (work / "sample.py").write_text(sample.group(1))
+    server = start_server(tmp_path / "hub")
+    try:
+        tokens = server.team("alpha", "worker-1")
+        plain_path = os.pathsep.join(
+            [str(bin_dir), *(p for p in os.environ["PATH"].split(os.pathsep)
+                             if Path(p).resolve() != Path(sys.executable).parent.resolve())]
+        )  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKCHANNEL_", "PYTHON"))}
+        env |= {"HOME": str(home), "PATH": plain_path, "BACKCHANNEL_URL": server.url,
+                "USER_TOKEN": tokens["user"], "WORKER_TOKEN": tokens["worker-1"]}  # fmt: skip
+        ran = subprocess.run(
+            ["bash", "-c", how.group(1)], cwd=work, env=env, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout == "queued ['worker-1'] False\nuser count the words in README.md\n"
+    finally:
+        server.stop()
 
 
 def _free_port() -> int:

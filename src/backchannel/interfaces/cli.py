@@ -40,7 +40,14 @@ from backchannel.errors import (
 )
 from backchannel.hub.messages import new_message_id
 from backchannel.interfaces import cli_hub
-from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, finite
+from backchannel.interfaces.cli_options import (
+    HomeOpt,
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    WholeHelpGroup,
+    finite,
+)
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
 from backchannel.models import MemberInfo, Received
@@ -48,7 +55,7 @@ from backchannel.models import MemberInfo, Received
 T = TypeVar("T")
 
 # plain help (no rich markup: hints such as "[your own]" stay as written); -h or --help
-PLAIN: dict[str, Any] = {"rich_markup_mode": None, "no_args_is_help": True}
+PLAIN: dict[str, Any] = {"rich_markup_mode": None, "no_args_is_help": True, "cls": WholeHelpGroup}
 app = typer.Typer(
     name="backchannel",
     help="A durable message hub for teams of AI agents.",
@@ -57,9 +64,11 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     **PLAIN,
 )
-team_app = typer.Typer(help="Create and list teams (admin).", **PLAIN)
+team_app = typer.Typer(help="Create, list and remove teams (admin).", **PLAIN)
 member_app = typer.Typer(
-    help="Add, list and show members, set their push delivery (admin).", **PLAIN
+    help="Add, list, show and remove members, set their push delivery, rotate their tokens "
+    "(admin).",
+    **PLAIN,
 )
 app.add_typer(team_app, name="team")
 app.add_typer(member_app, name="member")
@@ -213,8 +222,10 @@ def _client(url: str | None, token: str | None, home: Path | None, *, admin: boo
             token = file_admin_token(data_dir)
             if token is None:
                 _fail(
-                    f"no admin token: set BACKCHANNEL_TOKEN or run on the hub's host "
-                    f"(looked for {data_dir / config.ADMIN_TOKEN_FILE})"
+                    f"no admin token in {data_dir / config.ADMIN_TOKEN_FILE}: run this from "
+                    "the directory `backchannel serve` was started in, set BACKCHANNEL_HOME "
+                    "to the hub's data directory, or set BACKCHANNEL_TOKEN (or --token) to "
+                    "the admin token (the hub's admin.token)"
                 )
             return Client(url, token, retry_within=CLI_RETRY_WITHIN)
         return Client(url, None)

@@ -13,12 +13,13 @@ import typer
 
 from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.interfaces.cli import _client, _page, _print_json, _run, _with, err
-from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt
+from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, TokenOpt, UrlOpt, WholeHelpGroup
 from backchannel.interfaces.terminal import printable as _p
 
 budget_app = typer.Typer(
-    help="See and extend conversation budgets (per pair of members and per chain).",
+    help="List and extend conversation budgets (per pair of members and per chain).",
     no_args_is_help=True,
+    cls=WholeHelpGroup,
 )
 
 

@@ -189,11 +189,20 @@ def check_push(a: Attachment, team: str, token: str) -> Check:
     )
 
 
+def attach_command(a: Attachment, project: Path) -> str:
+    """The ``attach`` that writes this attachment again, run from any directory: the
+    project named by ``--dir`` and an HTTP attachment kept one (``--http``)."""
+    http = bool(a.server and (a.server.get("url") or a.server.get("httpUrl")))
+    words = ["backchannel", "attach", a.runtime, "--team", a.who.split("/")[0],
+             "--member", a.who.split("/")[-1], "--dir", str(project), "--url", a.url,
+             *(["--http"] if http else [])]  # fmt: skip
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def check_hooks(a: Attachment, project: Path) -> list[Check]:
     events = get_runtime(a.runtime).events
     missing = [e for e in events if e not in a.hooks]
-    attach_cmd = f"backchannel attach {a.runtime} --team {a.who.split('/')[0]} " \
-                 f"--member {a.who.split('/')[-1]} --url {a.url}"  # fmt: skip
+    attach_cmd = attach_command(a, project)
     out = [Check("hooks registered", not missing,
                  f"missing: {', '.join(missing)}" if missing else f"{len(events)} events",
                  attach_cmd if missing else "")]  # fmt: skip

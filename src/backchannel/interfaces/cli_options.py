@@ -4,11 +4,40 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from typer.core import TyperGroup
 
-__all__ = ["AsOpt", "HomeOpt", "JsonOpt", "MemberTokenOpt", "TokenOpt", "UrlOpt", "finite"]
+if TYPE_CHECKING:  # the click typer carries (and hands its groups)
+    from typer import _click
+
+__all__ = [
+    "AsOpt",
+    "HomeOpt",
+    "JsonOpt",
+    "MemberTokenOpt",
+    "TokenOpt",
+    "UrlOpt",
+    "WholeHelpGroup",
+    "finite",
+]
+
+
+class WholeHelpGroup(TyperGroup):
+    """A command group whose ``-h`` lists each command with its whole first sentence
+    (wrapped to the terminal), not cut at about 60 columns with "...": "Run the hub:
+    HTTP API, live streams and the data..." told a newcomer less than the command does."""
+
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=1_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def finite(value: float | None) -> float | None:

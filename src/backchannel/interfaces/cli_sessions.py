@@ -22,7 +22,7 @@ from backchannel.client._transport import hub_request
 from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.errors import BackchannelError
 from backchannel.interfaces.cli_hub import Target
-from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt
+from backchannel.interfaces.cli_options import HomeOpt, JsonOpt, UrlOpt, WholeHelpGroup
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
 from backchannel.reach import not_the_hub, unanswered
 
@@ -32,6 +32,7 @@ session_app = typer.Typer(
     help="Sessions: open one, report its turn's events, list, terminate.",
     rich_markup_mode=None,
     no_args_is_help=True,
+    cls=WholeHelpGroup,
 )
 
 

@@ -535,7 +535,8 @@ def codex_trust_note(opts: AttachOptions, *, grant: bool = False) -> str:
             shlex.quote(p)
             for p in opts.command(
                 "attach", "codex", "--team", opts.team, "--member", opts.member,
-                "--dir", str(opts.directory), "--url", opts.url, "--trust-hooks",
+                "--dir", str(opts.directory), "--url", opts.url,
+                *(["--http"] if opts.http else []), "--trust-hooks",
             )
         )  # fmt: skip
         lines += [
