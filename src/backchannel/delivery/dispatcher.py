@@ -667,17 +667,26 @@ class _Worker:
             f"A message from {m.sender} to {self.member} is held, not delivered: {reason}. "
             "It waits in the queue and is delivered once the agent is back."
         )
+        await self._hold_notice(item, reason, text, f"{item.attempt}", "held", "notice")
+
+    async def _hold_notice(
+        self, item: InboxMessage, reason: str, text: str, key: str, what: str, kind: str
+    ) -> None:
+        """Send the team's human ``text`` about the held copy ``item`` (once per ``key``:
+        its id is derived from it); a failure is logged, never raised."""
+        m = item.message
         try:
             await self.hub.notice(
                 self.team,
                 OPERATOR,
                 text,
-                message_id=derived_id(f"held-{m.message_id}-{self.member}-{item.attempt}"),
-                summary=f"delivery to {self.member} held",
+                message_id=derived_id(f"held-{m.message_id}-{self.member}-{key}"),
+                summary=f"delivery to {self.member} {what}",
                 meta={"held_message_id": m.message_id, "member": self.member, "reason": reason},
             )
         except Exception as exc:  # the log line in _hold still tells
-            log.warning("%s/%s: could not send the hold notice (%s)", self.team, self.member, exc)
+            log.warning("%s/%s: could not send the hold %s (%s)",
+                        self.team, self.member, kind, exc)  # fmt: skip
 
     def _held_too_long(self, detail: str, shows: str | None, held: float) -> str:
         """The reason a copy held past ``hold_max`` is given up with."""
@@ -705,18 +714,7 @@ class _Worker:
             f"after {_span(held)}: {reason}. It is given up (dead-lettered, its sender "
             f"told) if it is still held in {_span(max(0.0, hold_max - held))}."
         )
-        try:
-            await self.hub.notice(
-                self.team,
-                OPERATOR,
-                text,
-                message_id=derived_id(f"held-{m.message_id}-{self.member}-reminder-{n}"),
-                summary=f"delivery to {self.member} still held",
-                meta={"held_message_id": m.message_id, "member": self.member, "reason": reason},
-            )
-        except Exception as exc:  # the log line in _hold still tells
-            log.warning("%s/%s: could not send the hold reminder (%s)",
-                        self.team, self.member, exc)  # fmt: skip
+        await self._hold_notice(item, reason, text, f"reminder-{n}", "still held", "reminder")
 
     async def _tell_operator_given_up(self, item: InboxMessage, reason: str) -> None:
         """A ``system`` notice to the team's human that a copy is given up with part of

@@ -619,21 +619,7 @@ class Messages:
         def fn(tx: Tx) -> int:
             if not owns(tx, team, member, owner):
                 return 0
-            return sum(
-                tx.transition(
-                    team,
-                    mid,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.QUEUED,
-                    now=now,
-                    event="released",
-                    detail=UNTRIED,
-                    refund=True,
-                    lease=lease,
-                )
-                for mid, lease in leases.items()
-            )
+            return self._release(tx, team, member, leases, now, untried=True, leases=leases)
 
         n = await self.store.transact(fn)
         if n:
@@ -847,10 +833,17 @@ class Messages:
 
     @staticmethod
     def _release(
-        tx: Tx, team: str, member: str, ids: Iterable[str], now: float, untried: bool = False
+        tx: Tx,
+        team: str,
+        member: str,
+        ids: Iterable[str],
+        now: float,
+        untried: bool = False,
+        leases: Mapping[str, Lease] | None = None,
     ) -> int:
         """Give ``member``'s leased copies of ``ids`` back to the queue, inside a
-        transaction (:meth:`release`, a hook answer settled); how many went back."""
+        transaction (:meth:`release`, a hook answer settled, a give-back); how many went
+        back. With ``leases``, each copy only while still under the lease named for it."""
         return sum(
             tx.transition(
                 team,
@@ -862,6 +855,7 @@ class Messages:
                 event="released",
                 detail=UNTRIED if untried else "",
                 refund=untried,
+                lease=None if leases is None else leases[mid],
             )
             for mid in dict.fromkeys(ids)
         )
