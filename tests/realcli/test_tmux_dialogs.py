@@ -220,7 +220,7 @@ COMMANDS = {
 
 
 @pytest.fixture(params=sorted(COMMANDS))
-def command_rig(
+def typing_rig(
     request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
 ) -> Iterator[Rig]:
     with attached(request.param, server, bin_dir, tmp_path) as r:
@@ -229,8 +229,61 @@ def command_rig(
         r.proxy.seen.clear()
 
 
+async def _held_while_the_user_types(
+    rig: Rig, typed: str, shows: str, mark: str, undo: str, reason: str | None = None
+) -> list[str]:
+    """Type ``typed`` into the CLI's prompt (not sent) and wait for ``shows``; send a
+    message marked ``mark``: it must be held (its worker's error naming ``reason``),
+    nothing of it on screen and ``shows`` still there. Then press ``undo`` until
+    ``shows`` is gone, as the user would: the message must be acked and answered. The
+    prompts the model was asked, for the caller's checks; the message's must be its
+    own prompt, once."""
+    text = f"{mark} please note this."
+    with _warm_pane(rig) as (pane, setting):
+        pane.pane.send_keys(typed, enter=False, literal=True)
+        pane.wait_for(shows)
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def settled() -> str | None:
+                    st = await hub.message_status("t", sent.message_id)
+                    if st.state.value in ("delivered", "acked", "dead"):
+                        return st.state.value
+                    return "held" if any(w.state == "held" for w in d.status()) else None
+
+                got = await eventually(settled, within=60, what="the message held or sent")
+                screen = pane.screen()
+                assert got == "held", f"typed after {typed!r}\n--- screen ---\n{screen}"
+                if reason is not None:
+                    held = next(w for w in d.status() if w.state == "held")
+                    assert reason in (held.last_error or "")
+                assert mark not in screen and shows in screen, screen
+
+                def undone() -> bool:
+                    if shows not in pane.screen():
+                        return True
+                    pane.pane.send_keys(undo, enter=False)
+                    return False
+
+                wait_until(undone, 30, f"{shows!r} gone", pane)
+                await wait_state(hub, "t", sent.message_id, "acked", within=90)
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+    return asked
+
+
 async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_prompt(
-    command_rig: Rig,
+    typing_rig: Rig,
 ) -> None:
     """The user typed ``/`` into the CLI's prompt, and its list of slash commands shows
     (Gemini CLI's under the input line, ``clear  Clear the screen and start a new
@@ -238,109 +291,26 @@ async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_promp
     Enter picked the command chosen in the list), never reaching the model, and counted
     delivered. The message is held, and reaches the model once, as a prompt of its own,
     once the user deleted the ``/``."""
-    rig = command_rig
-    shows = COMMANDS[rig.runtime]
-    with _warm_pane(rig) as (pane, setting):
-        pane.pane.send_keys("/", enter=False, literal=True)
-        pane.wait_for(shows)
-        mark = "WHILE-THE-LIST-SHOWS"
-        text = f"{mark} please note this."
-        async with running_hub() as hub:
-            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
-            await hub.add_member("t", "bob", "llm")
-            async with dispatching(hub) as d:
-                sent = await hub.send("t", "bob", "alice", text, link=False)
-
-                async def settled() -> str | None:
-                    st = await hub.message_status("t", sent.message_id)
-                    if st.state.value in ("delivered", "acked", "dead"):
-                        return st.state.value
-                    return "held" if any(w.state == "held" for w in d.status()) else None
-
-                got = await eventually(settled, within=60, what="the message held or sent")
-                screen = pane.screen()
-                assert got == "held", f"typed under the list\n--- screen ---\n{screen}"
-                assert mark not in screen and shows in screen, screen
-
-                def closed() -> bool:
-                    if shows not in pane.screen():
-                        return True
-                    pane.pane.send_keys("BSpace", enter=False)  # the user deletes the "/"
-                    return False
-
-                wait_until(closed, 30, "the list closed", pane)
-                await wait_state(hub, "t", sent.message_id, "acked", within=90)
-                wait_until(
-                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
-                    90,
-                    "the answer to the message",
-                    pane,
-                )
-    assert rig.api is not None
-    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
-    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
-
-
-@pytest.fixture(params=["claude-code", "codex", "gemini"])
-def draft_rig(
-    request: pytest.FixtureRequest, server: Server, bin_dir: Path, tmp_path: Path
-) -> Iterator[Rig]:
-    with attached(request.param, server, bin_dir, tmp_path) as r:
-        yield r
-        assert set(r.proxy.seen) <= CLI_OWN_SERVICES[r.runtime], r.proxy.seen
-        r.proxy.seen.clear()
+    shows = COMMANDS[typing_rig.runtime]
+    await _held_while_the_user_types(typing_rig, "/", shows, "WHILE-THE-LIST-SHOWS", "BSpace")
 
 
 async def test_a_message_waits_while_the_user_types_a_draft_into_the_cli_prompt(
-    draft_rig: Rig,
+    typing_rig: Rig,
 ) -> None:
     """The user typed part of a prompt of their own into the CLI and has not sent it.
     Typed in after it, the message was added to the draft and submitted with it: the
     model got the user's half-written text mixed with the message, and the user lost the
     draft. The message is held, the draft left intact on screen; once the user clears
-    it, the message reaches the model once, as a prompt of its own, and the draft never
-    does."""
-    rig = draft_rig
+    it (C-u), the message reaches the model once, as a prompt of its own, and the draft
+    never does."""
     draft = "DRAFT-OF-THE-USER half written"
-    with _warm_pane(rig) as (pane, setting):
-        pane.pane.send_keys(draft, enter=False, literal=True)
-        pane.wait_for(draft)
-        mark = "WHILE-THE-USER-TYPES"
-        text = f"{mark} please note this."
-        async with running_hub() as hub:
-            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
-            await hub.add_member("t", "bob", "llm")
-            async with dispatching(hub) as d:
-                sent = await hub.send("t", "bob", "alice", text, link=False)
-
-                async def settled() -> str | None:
-                    st = await hub.message_status("t", sent.message_id)
-                    if st.state.value in ("delivered", "acked", "dead"):
-                        return st.state.value
-                    return "held" if any(w.state == "held" for w in d.status()) else None
-
-                got = await eventually(settled, within=60, what="the message held or sent")
-                screen = pane.screen()
-                assert got == "held", f"typed after the draft\n--- screen ---\n{screen}"
-                held = next(w for w in d.status() if w.state == "held")
-                assert "prompt holds text the user is typing" in (held.last_error or "")
-                assert mark not in screen and draft in screen, screen
-
-                def cleared() -> bool:
-                    if draft not in pane.screen():
-                        return True
-                    pane.pane.send_keys("C-u", enter=False)  # the user clears the draft
-                    return False
-
-                wait_until(cleared, 30, "the draft cleared", pane)
-                await wait_state(hub, "t", sent.message_id, "acked", within=90)
-                wait_until(
-                    lambda: "Noted." in pane.screen().rpartition(mark)[2],
-                    90,
-                    "the answer to the message",
-                    pane,
-                )
-    assert rig.api is not None
-    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
-    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+    asked = await _held_while_the_user_types(
+        typing_rig,
+        draft,
+        draft,
+        "WHILE-THE-USER-TYPES",
+        "C-u",
+        reason="prompt holds text the user is typing",
+    )
     assert not [p for p in asked if "DRAFT-OF-THE-USER" in p], asked
