@@ -1184,14 +1184,20 @@ async def test_a_dialog_nobody_answers_gives_the_message_up_and_its_sender_is_to
 COMMAND_TYPED = b"> earlier prompt\r\n\r\n--------\r\n> /mod\r\n--------\r\n"
 
 
-async def test_a_command_being_typed_in_the_prompt_holds_the_message(
-    tmux: libtmux.Server, tmp_path: Path
-) -> None:
-    """Typed in after the ``/`` of a command its user is typing, a message was run as
-    that command by the CLI and never reached the model. It is held until the prompt
-    holds no command, then typed in."""
-    pane, out = _waiting_pane(tmux, tmp_path, COMMAND_TYPED, "q")
-    await eventually(lambda: "/mod" in "\n".join(pane.capture_pane()), what="the command")
+async def _held_until_the_user_is_done(
+    tmux: libtmux.Server,
+    tmp_path: Path,
+    screen: bytes,
+    shows: str,
+    reason: str,
+    placeholder: bytes = b"",
+) -> str:
+    """A stand-in CLI showing ``screen`` (``shows`` in it) holds a message for its member,
+    nothing of it typed, the worker's error naming ``reason``; once its user is done
+    ("q": the stand-in then shows ``placeholder`` in its empty prompt) the
+    message is typed in and acked, whole, once. The held worker's error."""
+    pane, out = _waiting_pane(tmux, tmp_path, screen, "q", placeholder)
+    await eventually(lambda: shows in "\n".join(pane.capture_pane()), what=repr(shows))
     async with running_hub() as hub:
         setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
         await _member(hub, "a", setting, kind="claude-code")
@@ -1203,12 +1209,24 @@ async def test_a_command_being_typed_in_the_prompt_holds_the_message(
                 within=20,
                 show=d.status,
             )
-            assert "holds a command its user is typing ('/mod')" in (held.last_error or "")
+            error = held.last_error or ""
+            assert reason in error, error
             assert out.read_bytes() == b""  # not a key of it reached the prompt
             pane.send_keys("q", enter=False, literal=True)  # the user is done with it
             await wait_state(hub, "t", sent.message_id, "acked", within=20)
             typed = out.read_bytes()
             assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+    return error
+
+
+async def test_a_command_being_typed_in_the_prompt_holds_the_message(
+    tmux: libtmux.Server, tmp_path: Path
+) -> None:
+    """Typed in after the ``/`` of a command its user is typing, a message was run as
+    that command by the CLI and never reached the model. It is held until the prompt
+    holds no command, then typed in."""
+    reason = "holds a command its user is typing ('/mod')"
+    await _held_until_the_user_is_done(tmux, tmp_path, COMMAND_TYPED, "/mod", reason)
 
 
 #: A CLI's prompt holding a draft its user is typing (plain text, drawn as typed), under
@@ -1236,35 +1254,13 @@ async def test_a_draft_being_typed_in_the_prompt_holds_the_message_and_a_placeho
     with the message, and the user lost the draft. The message is held (the draft not
     quoted: it is the user's), and typed in once the prompt is empty again, showing
     only the CLI's placeholder, drawn faint or grey, which holds nothing."""
-    pane, out = _waiting_pane(tmux, tmp_path, DRAFT_TYPED, "q", PLACEHOLDERS[placeholder])
-    await eventually(lambda: "half typed" in "\n".join(pane.capture_pane()), what="the draft")
-    async with running_hub() as hub:
-        setting = _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0)
-        await _member(hub, "a", setting, kind="claude-code")
-        async with dispatching(hub) as d:
-            sent = await hub.send("t", "user", "a", "hello there", link=False)
-            held = await eventually(
-                lambda: next((w for w in d.status() if w.state == "held"), None),
-                what="the worker to hold the message",
-                within=20,
-                show=d.status,
-            )
-            error = held.last_error or ""
-            assert (
-                "a's prompt holds text the user is typing; the message waits until it is "
-                "sent or cleared" in error
-            ), error
-            assert "half typed" not in error, error
-            assert out.read_bytes() == b""  # not a key of it reached the prompt
-            # the user is done with the draft: the prompt shows its placeholder
-            pane.send_keys("q", enter=False, literal=True)
-            await eventually(
-                lambda: "earlier prompt\n--------" in "\n".join(pane.capture_pane()),
-                what="the empty prompt",
-            )
-            await wait_state(hub, "t", sent.message_id, "acked", within=20)
-            typed = out.read_bytes()
-            assert typed == b"|answered|" + START + b"[From user] hello there" + END + b"\r"
+    reason = (
+        "a's prompt holds text the user is typing; the message waits until it is sent or cleared"
+    )
+    error = await _held_until_the_user_is_done(
+        tmux, tmp_path, DRAFT_TYPED, "half typed", reason, PLACEHOLDERS[placeholder]
+    )
+    assert "half typed" not in error, error
 
 
 async def test_a_draft_never_sent_gives_the_message_up_and_its_sender_never_reads_it(
