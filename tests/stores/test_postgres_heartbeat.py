@@ -82,6 +82,27 @@ def test_serve_refuses_a_frozen_after_that_cannot_work(tmp_path: Path) -> None:
     assert "--pg-frozen-after 0.1 s is too short" in " ".join(r.stderr.split())
 
 
+@pytest.mark.parametrize(
+    ("refusal", "runs"),
+    [
+        ("connection failed: FATAL:  sorry, too many clients already", True),
+        ('connection failed: FATAL:  password authentication failed for user "u"', True),
+        ("connection timeout expired", False),
+        ("connection failed: Connection refused", False),
+    ],
+)
+def test_a_server_that_refuses_the_probe_in_words_runs(
+    monkeypatch: pytest.MonkeyPatch, refusal: str, runs: bool
+) -> None:
+    # a live server at its max_connections refuses the fresh connection, but answers
+    def connect(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError(refusal)
+
+    store = PostgresStore("postgresql://u:pw@127.0.0.1:1/db", frozen_after=AFTER)
+    monkeypatch.setattr(psycopg, "connect", connect)
+    assert store._answers() is runs
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.timeout(120)

@@ -252,6 +252,10 @@ _NO_SLOT = re.compile(
 )
 
 
+#: How libpq words a connection the server refused with an answer of its own: it runs.
+_ANSWERED = re.compile(_NO_SLOT.pattern + r"|authentication failed|does not exist")
+
+
 def _tcp_settings(url: str) -> dict[str, Any]:
     """:data:`TCP_DEFAULTS` less what ``url`` sets itself (its own values win)."""
     try:
@@ -575,7 +579,9 @@ class PostgresStore(Store):
         """Whether the server completes a fresh connection's TCP and startup handshake
         (authentication included) within :func:`probe_wait`: its postmaster runs and
         forks backends that answer. A frozen server's kernel accepts the TCP connection,
-        but nothing answers the startup packet."""
+        but nothing answers the startup packet. A connection the server refuses in words
+        (no connection slot left, authentication failed) was answered too: a busy server
+        at its ``max_connections`` is not frozen."""
         try:
             with psycopg.connect(
                 self._dsn,
@@ -585,8 +591,8 @@ class PostgresStore(Store):
                 **self._tcp,
             ):
                 return True
-        except psycopg.Error:
-            return False
+        except psycopg.Error as exc:
+            return bool(_ANSWERED.search(str(exc)))
 
     def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
         """Ask the server ``SELECT 1`` on the listener's connection; with no answer in
