@@ -268,8 +268,27 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
-def open_store(url: str) -> Store:
-    """A store for ``memory://``, ``sqlite:///path`` (or a plain path) or ``postgresql://``."""
+def open_store(
+    url: str, *, pg_heartbeat: float | None = None, pg_frozen_after: float | None = None
+) -> Store:
+    """A store for ``memory://``, ``sqlite:///path`` (or a plain path) or ``postgresql://``.
+    ``pg_heartbeat`` and ``pg_frozen_after`` (seconds; ``None``: the defaults) set the
+    PostgreSQL listener's heartbeat and how long it goes unanswered before the hub asks
+    whether the server is frozen; given for another store, they are refused."""
+    postgres = url.startswith(("postgresql://", "postgres://"))
+    given = [
+        name
+        for name, value in (
+            ("--pg-heartbeat", pg_heartbeat),
+            ("--pg-frozen-after", pg_frozen_after),
+        )
+        if value is not None
+    ]
+    if given and not postgres:
+        raise InvalidRequest(
+            f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to a PostgreSQL store, and the store is "
+            f"{redact_url(url)!r}: drop them, or give --store postgresql://..."
+        )
     if url in ("memory", "memory://"):
         from backchannel.stores.memory import MemoryStore
 
@@ -281,7 +300,19 @@ def open_store(url: str) -> Store:
             raise InvalidRequest(
                 "the PostgreSQL store needs the 'postgres' extra: pip install 'backchannel[postgres]'"
             ) from exc
-        return PostgresStore(url)
+        from backchannel.stores.postgres.store import (
+            FROZEN_AFTER,
+            HEARTBEAT_EVERY,
+            check_heartbeat,
+        )
+
+        every = HEARTBEAT_EVERY if pg_heartbeat is None else pg_heartbeat
+        after = FROZEN_AFTER if pg_frozen_after is None else pg_frozen_after
+        try:
+            check_heartbeat(every, after, ("--pg-heartbeat", "--pg-frozen-after"))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return PostgresStore(url, heartbeat_every=every, frozen_after=after)
     if url.startswith("sqlite://") or "://" not in url:
         from backchannel.stores.sqlite import SqliteStore
 

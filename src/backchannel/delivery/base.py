@@ -5,7 +5,7 @@ The :class:`~backchannel.delivery.dispatcher.Dispatcher` runs one task per membe
 the hub (in send order, gated by the member's session when the setting names one), hands
 each to the member's :class:`Adapter`, and records what happened::
 
-    deliver() returns           -> hub.mark_delivered(detail), then hub.ack
+    deliver() returns           -> hub.mark_delivered(detail), acked in its transaction
     deliver() raises AdapterError            -> capped backoff, hub.release, leased again
                                                 (hub.give_up once the attempts or the
                                                 retry budget are spent)

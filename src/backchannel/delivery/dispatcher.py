@@ -21,7 +21,8 @@ wait=...)``: the hub wakes it when a message is committed (no polling), holds me
 back while the adapter's session has a turn open, and hands them out in send order. The
 worker hands them to the adapter one at a time, in that order, and records the result:
 
-* returned: ``hub.mark_delivered(detail)``, then ``hub.ack`` (the agent cannot ack).
+* returned: ``hub.mark_delivered(detail)``, and ``hub.ack`` in the same transaction
+  (``ack=True``) when the adapter's delivery is the agent's receipt (the agent cannot ack).
   While the store cannot be reached these are tried again, and nothing else is pushed
   until they are recorded: the push has happened, and a copy left leased would come
   back at its lease's end and be pushed again, after newer messages;
@@ -823,14 +824,16 @@ class _Worker:
                             "is not dead-lettered", team, member, mid)  # fmt: skip
         else:
             self.status.delivered += 1
+            # delivered and acked in one transaction: a team's writers take turns on the
+            # store, so a second commit a push halved the team's push rate
+            ack = adapter.ack_on_delivery
             done = await self._record(
-                lambda: self.hub.mark_delivered(team, member, mid, detail, owner=owner), mid
+                lambda: self.hub.mark_delivered(team, member, mid, detail, owner=owner, ack=ack),
+                mid,
             )
             if done is False:
                 log.warning("%s/%s: %s was no longer leased by this hub when delivered; it "
                             "may be delivered again", team, member, mid)  # fmt: skip
-            if adapter.ack_on_delivery:
-                await self._record(lambda: self.hub.ack(team, member, [mid], owner=owner), mid)
         self.held.pop(mid, None)
         self.tried.discard(mid)
         return bool(done)

@@ -887,27 +887,46 @@ class Messages:
         return n
 
     async def mark_delivered(
-        self, team: str, member: str, message_id: str, detail: str = "", *, owner: str | None = None
+        self,
+        team: str,
+        member: str,
+        message_id: str,
+        detail: str = "",
+        *,
+        owner: str | None = None,
+        ack: bool = False,
     ) -> bool:
         """An adapter put a leased copy in front of the agent (inbox file, hook answer...).
         False if the copy was not leased (or, with ``owner``, ``owner`` no longer holds the
-        member's push delivery; see :meth:`ack`)."""
+        member's push delivery; see :meth:`ack`). With ``ack`` (an adapter whose delivery
+        is the agent's receipt, as a webhook's 2xx), the copy is acked in the same
+        transaction, as :meth:`ack` would (even if it was no longer leased: the push
+        happened): one commit a push instead of two, which on a store whose writers of a
+        team take turns (PostgreSQL's team lock, SQLite's one writer) is what bounds a
+        team's push rate."""
         now = self.clock.now()
-        return await self.store.transact(
-            lambda tx: (
-                owns(tx, team, member, owner)
-                and tx.transition(
-                    team,
-                    message_id,
-                    member,
-                    from_states=[DeliveryState.LEASED],
-                    to_state=DeliveryState.DELIVERED,
-                    now=now,
-                    event="delivered",
-                    detail=detail,
-                )
+
+        def fn(c: Ctx) -> bool:
+            if not owns(c.tx, team, member, owner):
+                return False
+            done = c.tx.transition(
+                team,
+                message_id,
+                member,
+                from_states=[DeliveryState.LEASED],
+                to_state=DeliveryState.DELIVERED,
+                now=now,
+                event="delivered",
+                detail=detail,
             )
-        )
+            if ack:
+                acked = tuple(c.tx.ack(team, member, [message_id], now))
+                if acked:
+                    c.emit("after_ack", team, member, acked)
+                    c.watched(team)
+            return done
+
+        return await self.env.transact(fn)
 
     async def pending(self, team: str, member: str) -> int:
         """How many copies the member has not acked yet (queued or leased)."""

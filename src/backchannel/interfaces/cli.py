@@ -357,6 +357,23 @@ def serve(
             "at most, and on a virtual machine its threads hand work over faster on one.",
         ),
     ] = None,
+    pg_heartbeat: Annotated[
+        float | None,
+        typer.Option(
+            callback=finite,
+            help="PostgreSQL store: seconds between the listener's SELECT 1 heartbeats "
+            "(at least 0.2) [2].",
+        ),
+    ] = None,
+    pg_frozen_after: Annotated[
+        float | None,
+        typer.Option(
+            callback=finite,
+            help="PostgreSQL store: seconds a heartbeat may go unanswered before the hub "
+            "checks with a new connection whether the server is frozen, and if so cuts the "
+            "requests in flight (503) (at least 1) [10].",
+        ),
+    ] = None,
     home: HomeOpt = None,
 ) -> None:
     """Run the hub: HTTP API, live streams and the data directory's admin token."""
@@ -399,6 +416,8 @@ def serve(
             retention_seconds=retention_days * 86400 if retention_days != 0 else None,
             log_format="json" if log_format == "json" else "text",
             limits=ConnectionLimits(header_timeout, body_timeout, max_connections),
+            pg_heartbeat=pg_heartbeat,
+            pg_frozen_after=pg_frozen_after,
         )
     except BackchannelError as exc:
         _fail(exc.message)

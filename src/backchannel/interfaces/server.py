@@ -152,6 +152,8 @@ def run_server(
     retention_seconds: float | None = None,
     log_format: LogFormat = "text",
     limits: ConnectionLimits | None = None,
+    pg_heartbeat: float | None = None,
+    pg_frozen_after: float | None = None,
 ) -> None:
     """Serve until SIGINT, SIGTERM or SIGHUP. Raises ``StoreError`` if the store cannot be
     opened. Whatever ends the process is logged with its cause: a signal by name, an
@@ -161,7 +163,7 @@ def run_server(
     say = _Say(console)
     token = config.admin_token(data_dir)
     assert token is not None
-    store = config.open_store(store_url)
+    store = config.open_store(store_url, pg_heartbeat=pg_heartbeat, pg_frozen_after=pg_frozen_after)
     callbacks = CallbackConfig.load(data_dir)
     hub = Hub(
         store,

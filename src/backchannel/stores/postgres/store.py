@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import re
@@ -123,13 +124,19 @@ OUTAGE_WAIT = 1.0
 #: touches a slow statement (a wait for a team's lock): the server's kernel acknowledges
 #: and answers probes while PostgreSQL works.
 #: How often the listener asks the server a trivial question (``SELECT 1``), and how long
-#: it waits for the answer before it takes the server for frozen: a server whose processes
-#: are stopped (SIGSTOP, a paused VM, a host stalled in swap) keeps its sockets open and
-#: its kernel acknowledges every byte and keepalive probe, so neither TCP setting above
-#: ends a statement waiting on it, and it would wait until the server resumes. A server
-#: taken for frozen has the statements in flight on it cut (their connections shut down:
-#: they fail with ``StoreError``, 503) and every new one cut once it has waited as long,
-#: until the listener connects again.
+#: it waits for the answer before it asks whether the server is frozen (the defaults of
+#: ``PostgresStore(heartbeat_every=, frozen_after=)`` and of ``serve --pg-heartbeat``,
+#: ``--pg-frozen-after``): a server whose processes are stopped (SIGSTOP, a paused VM, a
+#: host stalled in swap) keeps its sockets open and its kernel acknowledges every byte and
+#: keepalive probe, so neither TCP setting above ends a statement waiting on it, and it
+#: would wait until the server resumes. An unanswered heartbeat alone does not tell a
+#: frozen server from a live one that is slow (a backend starved of CPU, the hub's own
+#: process stalled): the listener then opens a fresh connection (:meth:`_answers`), and
+#: a server that completes its startup handshake within :func:`probe_wait` runs: nothing
+#: is cut, only the listener's connection is replaced. A server that does not is taken
+#: for frozen: the statements in flight on it are cut (their connections shut down: they
+#: fail with ``StoreError``, 503) and every new one cut once it has waited as long, until
+#: the listener connects again.
 HEARTBEAT_EVERY = 2.0
 FROZEN_AFTER = 10.0
 TCP_DEFAULTS: dict[str, int] = {
@@ -139,6 +146,36 @@ TCP_DEFAULTS: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+
+
+def probe_wait(frozen_after: float) -> float:
+    """Seconds the fresh connection that asks whether the server runs may take to complete
+    its handshake: half of ``frozen_after``, within libpq's 2 s floor and 5 s."""
+    return min(5.0, max(2.0, frozen_after / 2))
+
+
+def check_heartbeat(
+    heartbeat_every: float,
+    frozen_after: float,
+    names: tuple[str, str] = ("heartbeat_every", "frozen_after"),
+) -> None:
+    """Raise ``ValueError`` naming the problem (each setting by its name in ``names``) and
+    the way out if the listener's heartbeat settings cannot work."""
+    every, after = names
+    for name, value in ((every, heartbeat_every), (after, frozen_after)):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    if heartbeat_every < 0.2:
+        raise ValueError(
+            f"{every} {heartbeat_every:g} s is too short: the listener looks for "
+            f"notifications every 0.2 s, so give at least 0.2 (the default is {HEARTBEAT_EVERY:g})"
+        )
+    if frozen_after < 1.0:
+        raise ValueError(
+            f"{after} {frozen_after:g} s is too short: a live server under load answers a "
+            "trivial question late, and a hub that takes it for frozen cuts its requests; "
+            f"give at least 1 (the default is {FROZEN_AFTER:g})"
+        )
 
 
 def _shut(conn: psycopg.Connection[Any]) -> None:
@@ -215,6 +252,10 @@ _NO_SLOT = re.compile(
 )
 
 
+#: How libpq words a connection the server refused with an answer of its own: it runs.
+_ANSWERED = re.compile(_NO_SLOT.pattern + r"|authentication failed|does not exist")
+
+
 def _tcp_settings(url: str) -> dict[str, Any]:
     """:data:`TCP_DEFAULTS` less what ``url`` sets itself (its own values win)."""
     try:
@@ -246,9 +287,17 @@ class PostgresStore(Store):
         pool_size: int = 8,
         connect_timeout: float = 10.0,
         fallback_interval: float = 2.0,
+        heartbeat_every: float = HEARTBEAT_EVERY,
+        frozen_after: float = FROZEN_AFTER,
     ) -> None:
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
+        check_heartbeat(heartbeat_every, frozen_after)
+        self._heartbeat_every = heartbeat_every
+        self._frozen_after = frozen_after
+        #: set by the heartbeat's watchdog when the server answered a fresh connection but
+        #: not the listener's question: the listener reconnects, nothing is cut
+        self._replacing = False
         self._dsn = url
         self.url = mask_url(url)
         self._secret = _password(url)
@@ -265,8 +314,9 @@ class PostgresStore(Store):
         self._listening = threading.Event()
         #: set by the listener while it cannot reach the database: fail fast, not slowly
         self._unreachable = False
-        #: set by the listener when the server stopped answering (:data:`FROZEN_AFTER`),
-        #: until it connects again: transactions in flight are cut, not left waiting
+        #: set by the listener when the server stopped answering (``frozen_after``, and a
+        #: fresh connection unanswered too), until it connects again: transactions in
+        #: flight are cut, not left waiting
         self._frozen = False
         #: connections a transaction attempt is using -> when the attempt started
         self._busy: dict[psycopg.Connection[Any], float] = {}
@@ -501,7 +551,8 @@ class PostgresStore(Store):
 
     def _frozen_message(self) -> str:
         return (
-            f"PostgreSQL at {self.url} stopped answering (no answer in {FROZEN_AFTER:.0f} s: "
+            f"PostgreSQL at {self.url} stopped answering (no answer in {self._frozen_after:g} s, "
+            "not even to a new connection: "
             "its server is stopped, paused or stalled); the request was cut off and not "
             "applied. Check that the PostgreSQL server is running, then retry"
         )
@@ -524,25 +575,59 @@ class PostgresStore(Store):
                 len(conns),
             )
 
+    def _answers(self) -> bool:
+        """Whether the server completes a fresh connection's TCP and startup handshake
+        (authentication included) within :func:`probe_wait`: its postmaster runs and
+        forks backends that answer. A frozen server's kernel accepts the TCP connection,
+        but nothing answers the startup packet. A connection the server refuses in words
+        (no connection slot left, authentication failed) was answered too: a busy server
+        at its ``max_connections`` is not frozen."""
+        try:
+            with psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(2, math.ceil(probe_wait(self._frozen_after))),
+                application_name=f"{LISTENER_NAME}-probe",
+                **self._tcp,
+            ):
+                return True
+        except psycopg.Error as exc:
+            return bool(_ANSWERED.search(str(exc)))
+
     def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
         """Ask the server ``SELECT 1`` on the listener's connection; with no answer in
-        :data:`FROZEN_AFTER` seconds, take it for frozen: the connection is shut down
-        (the question fails with ``psycopg.Error``) and the transactions in flight cut."""
+        ``frozen_after`` seconds, ask whether it runs at all (:meth:`_answers`). A server
+        that answers a fresh connection is alive but slow (or this process stalled): the
+        listener's connection is shut down (the question fails with ``psycopg.Error``) and
+        replaced, and nothing else is touched. One that does not is taken for frozen: the
+        connection is shut down and the transactions in flight cut."""
 
-        def frozen() -> None:
+        def overdue() -> None:
+            if self._answers():
+                log.warning(
+                    "PostgreSQL at %s took over %g s to answer the listener's heartbeat "
+                    "but answers new connections: it is slow, not frozen (nothing is cut); "
+                    "the listener reconnects",
+                    self.url,
+                    self._frozen_after,
+                )
+                self._replacing = True
+                _shut(conn)
+                return
             log.warning(
-                "PostgreSQL at %s has not answered for %.0f s (its server stopped, paused "
-                "or stalled): requests in flight are cut off and answered 503 until it "
-                "answers again",
+                "PostgreSQL at %s has not answered for %g s, nor a new connection in %g s "
+                "(its server stopped, paused or stalled): requests in flight are cut off "
+                "and answered 503 until it answers again",
                 self.url,
-                FROZEN_AFTER,
+                self._frozen_after,
+                probe_wait(self._frozen_after),
             )
             self._frozen = True
             self._unreachable = True
             _shut(conn)
             self._cut()
 
-        watchdog = threading.Timer(FROZEN_AFTER, frozen)
+        watchdog = threading.Timer(self._frozen_after, overdue)
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -619,7 +704,7 @@ class PostgresStore(Store):
         a wait of ``backoff``; the next backoff."""
         self._unreachable = True
         if self._frozen:  # still no answer: what waited as long since is cut too
-            self._cut(older_than=FROZEN_AFTER)
+            self._cut(older_than=self._frozen_after)
         log.log(
             logging.WARNING if failures == 1 else logging.DEBUG,
             "LISTEN connection to %s %s: %s; check that PostgreSQL is running and "
@@ -636,7 +721,7 @@ class PostgresStore(Store):
         """Background thread: LISTEN, report others' notifications, reconnect, fall back."""
         backoff = 0.1
         next_fallback = time.monotonic() + self._fallback
-        next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
+        next_heartbeat = time.monotonic() + self._heartbeat_every
         own = self._origin + ":"
         # an outage is said once, in one line, and its end once: the listener tries
         # again every few seconds, and a line each time would bury everything else
@@ -690,8 +775,12 @@ class PostgresStore(Store):
                             self._post(None, None)
                         if time.monotonic() >= next_heartbeat:
                             self._heartbeat(conn)
-                            next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
+                            next_heartbeat = time.monotonic() + self._heartbeat_every
             except psycopg.Error as exc:
+                if self._replacing:  # a live server, slow on this connection: a fresh one
+                    self._replacing = False
+                    log.debug("LISTEN connection to %s replaced: %s", self.url, exc)
+                    continue
                 if not self._stop.is_set():
                     failures += 1
                     backoff = self._deaf("lost", exc, failures, backoff)
