@@ -280,6 +280,19 @@ BENCHES: tuple[Bench, ...] = (
         sizes="16 senders across two hubs, 10 s a phase; 300 cross-hub wake-ups",
     ),
     Bench(
+        "push, PostgreSQL and SQLite",
+        "-m bench.bench_push",
+        quick="--messages 200 --members 4",
+        figures=tuple(
+            f"push {store}, {how}: {what}"
+            for store in ("PostgreSQL", "SQLite")
+            for how in ("sending and pushing", "pushes alone (a backlog)")
+            for what in ("pushed/s", "transactions a message")
+        ),
+        needs="postgres",
+        sizes="8 webhook members, 16 senders, 4,000 messages; then a backlog of 4,000",
+    ),
+    Bench(
         "crash (slow test)",
         f"{PYTEST} tests/test_durability.py::test_kill_9_loses_no_answered_send",
         figures=("kill -9 mid-stream → serving again",),

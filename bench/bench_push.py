@@ -40,6 +40,7 @@ from backchannel.callbacks import CallbackConfig, Service
 from backchannel.delivery.dispatcher import Dispatcher
 from backchannel.hub import Hub
 from backchannel.stores.base import Store
+from bench.figures import Figure, write_results
 
 SINK = r"""
 import asyncio, sys
@@ -97,7 +98,9 @@ class Counting:
         store.transact_each = transact_each  # type: ignore[method-assign]
 
 
-async def push_phase(store: Store, sink: str, args: argparse.Namespace) -> dict[str, float]:
+async def push_phase(
+    store: Store, sink: str, args: argparse.Namespace, backlog: bool
+) -> dict[str, float]:
     callbacks = CallbackConfig(secret="bench", services={"sink": Service("sink", sink)})
     hub = Hub(store, callbacks=callbacks, lease_seconds=60, check_delivery=False)
     members = [f"w{i}" for i in range(args.members)]
@@ -108,7 +111,7 @@ async def push_phase(store: Store, sink: str, args: argparse.Namespace) -> dict[
             await hub.add_member("t", m, delivery={"type": "webhook", "service": "sink"})
         counting = Counting(store)
         d = Dispatcher(hub, rescan_s=0.2)
-        if not args.backlog:
+        if not backlog:
             await d.start()
         try:
             async with httpx.AsyncClient() as http:
@@ -127,7 +130,7 @@ async def push_phase(store: Store, sink: str, args: argparse.Namespace) -> dict[
                 started = time.perf_counter()
                 await asyncio.gather(*(sender() for _ in range(args.senders)))
                 sent = time.perf_counter() - started
-                if args.backlog:  # pushes alone: the backlog is there, then the dispatcher
+                if backlog:  # pushes alone: the backlog is there, then the dispatcher
                     counting.n = 0
                     started = time.perf_counter()
                     await d.start()
@@ -150,37 +153,64 @@ async def push_phase(store: Store, sink: str, args: argparse.Namespace) -> dict[
     }
 
 
-async def run(args: argparse.Namespace, sink: str) -> None:
+STORE_NAMES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
+
+
+def figures_of(kind: str, backlog: bool, got: dict[str, float]) -> list[Figure]:
+    """The figures of one phase, as ``bench/all.py``'s table shows them."""
+    name = STORE_NAMES[kind]
+    how = "pushes alone (a backlog)" if backlog else "sending and pushing"
+    return [
+        Figure(f"push {name}, {how}: pushed/s", got["pushed_per_s"], "msgs/s"),
+        Figure(
+            f"push {name}, {how}: transactions a message",
+            got["transactions_per_message"],
+            "",
+        ),
+    ]
+
+
+async def run(args: argparse.Namespace, sink: str) -> tuple[list[Figure], dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="bc-bench-push-"))
     pg = None
+    figures: list[Figure] = []
+    raw: dict[str, Any] = {}
     try:
         for kind in args.stores.split(","):
-            if kind == "sqlite":
-                from backchannel.stores.sqlite import SqliteStore
+            for backlog in MODES[args.mode]:
+                if kind == "sqlite":
+                    from backchannel.stores.sqlite import SqliteStore
 
-                store: Store = SqliteStore(f"sqlite:///{tmp}/push.db")
-            else:
-                from backchannel.stores.postgres import PostgresStore
+                    db = tmp / f"push-{len(raw)}.db"
+                    store: Store = SqliteStore(f"sqlite:///{db}")
+                else:
+                    from backchannel.stores.postgres import PostgresStore
 
-                if pg is None:
-                    pg = start_postgres()
-                    if args.durable and pg._process is not None:
-                        from bench.bench_postgres import make_durable
+                    if pg is None:
+                        pg = start_postgres()
+                        if args.durable and pg._process is not None:
+                            from bench.bench_postgres import make_durable
 
-                        make_durable(pg)
-                store = PostgresStore(pg.new_database())
-            got = await push_phase(store, sink, args)
-            log(
-                f"{kind:9} {'backlog of ' if args.backlog else ''}{args.messages} msgs, "
-                f"{args.senders} senders, {args.members} "
-                f"webhook members: {got['pushed_per_s']:8.0f} pushed/s "
-                f"(sent {got['sent_per_s']:.0f}/s, {got['seconds']:.2f} s), "
-                f"{got['transactions_per_message']:.2f} transactions per message"
-            )
+                            make_durable(pg)
+                    store = PostgresStore(pg.new_database())
+                got = await push_phase(store, sink, args, backlog)
+                raw[f"{kind}{' backlog' if backlog else ''}"] = got
+                figures += figures_of(kind, backlog, got)
+                log(
+                    f"{kind:9} {'backlog of ' if backlog else ''}{args.messages} msgs, "
+                    f"{args.senders} senders, {args.members} "
+                    f"webhook members: {got['pushed_per_s']:8.0f} pushed/s "
+                    f"(sent {got['sent_per_s']:.0f}/s, {got['seconds']:.2f} s), "
+                    f"{got['transactions_per_message']:.2f} transactions per message"
+                )
     finally:
         if pg is not None:
             pg.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+    return figures, raw
+
+
+MODES = {"both": (False, True), "sending": (False,), "backlog": (True,)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,19 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=4000)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument(
-        "--backlog",
-        action="store_true",
-        help="send everything first, then start the dispatcher: pushes alone, no sends",
+        "--mode",
+        choices=tuple(MODES),
+        default="both",
+        help="sending: sends and pushes at once; backlog: everything sent first, then the "
+        "dispatcher started (pushes alone, no sends); both (the default): one, then the other",
     )
+    p.add_argument("--results", help="write the figures as JSON to this path")
     p.add_argument("--durable", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args(argv)
     proc = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        asyncio.run(run(args, f"http://127.0.0.1:{proc.stdout.readline().strip()}"))
+        url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+        figures, raw = asyncio.run(run(args, url))
     finally:
         proc.kill()
         proc.wait()
+    write_results(args.results, "push", figures, raw)
     return 0
 
 
