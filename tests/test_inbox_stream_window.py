@@ -351,3 +351,42 @@ async def test_a_stream_opened_under_the_name_of_one_still_open_supersedes_it(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+@pytest.mark.slow
+async def test_a_stream_opened_again_on_another_hub_supersedes_the_one_still_open(
+    tmp_path: Path,
+) -> None:
+    # the same on two hubs on one store: the old stream is not told by its hub, and
+    # before it went on leasing the member's messages beside the new one. Now, at its
+    # next look at its window (at the latest at its keep-alive), it sees the stream
+    # opened again has sent what it sent, and ends; what it wrote after goes back to
+    # the queue, and the new stream sends it: each message reaches the new reader once
+    name = {"receive_id": "rcv-two-hubs"}
+    async with _serving(tmp_path) as (hub, url, tokens):
+        async with _served(_hub(tmp_path)) as again_url:
+            [seen] = await _send(hub, 1, "seen by the old stream")
+            old: list[tuple[str, Any]] = []
+            new: list[tuple[str, Any]] = []
+            reading = [asyncio.create_task(_events(url, tokens["b"], 99, 60, name, got=old))]
+            try:
+                await eventually(lambda: len(old) >= 1, what="the old stream to send")
+                reading.append(
+                    asyncio.create_task(_events(again_url, tokens["b"], 99, 60, name, got=new))
+                )
+                await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+                [later] = await _send(hub, 1, "later")  # wakes the old stream's hub
+                await eventually(
+                    lambda: ("error", "invalid_state") in old,
+                    what="the old stream to end",
+                    within=25,
+                )
+                await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
+                assert [e[1][0] for e in new] == [seen, later]
+                assert old[0] == ("message", (seen, 1))
+                assert old[-1] == ("error", "invalid_state")
+            finally:
+                for task in reading:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task

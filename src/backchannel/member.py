@@ -253,14 +253,6 @@ class MemberApi:
         got = await self.hub.held(self.team, self.name, receive_id)
         return [Received.model_validate(m.to_json()) for m in got]
 
-    async def held_since(
-        self, receive_id: str, last: str | None = None
-    ) -> AsyncIterator[list[Received]]:
-        """What the event stream named ``receive_id`` holds, after ``last`` when it holds
-        that one, page by page (:meth:`Hub.held_since`)."""
-        async for page in self.hub.held_since(self.team, self.name, receive_id, last):
-            yield [Received.model_validate(m.to_json()) for m in page]
-
     async def stream_receive(
         self,
         receive_id: str,
@@ -295,6 +287,11 @@ class MemberApi:
         got = self.hub.held_since(self.team, self.name, receive_id, last, again=True)
         async for page in got:
             yield [_leased(m, receive_id) for m in page]
+
+    async def held_leases(self, receive_id: str, limit: int) -> dict[str, Lease]:
+        """What ``receive_id`` holds leased, at most ``limit``, each with its lease
+        (:meth:`Hub.held_leases`)."""
+        return await self.hub.held_leases(self.team, self.name, receive_id, limit)
 
     async def give_back_leased(self, leases: Mapping[str, Lease], *, untried: bool) -> int:
         """Give back what an event stream holds, each copy only while still under the

@@ -223,6 +223,7 @@ class Hub:
     held = _Delegate("messages", Messages.held)
     held_since = _Delegate("messages", Messages.held_since)
     holding = _Delegate("messages", Messages.holding)
+    held_leases = _Delegate("messages", Messages.held_leases)
     open_stream = _Delegate("messages", Messages.open_stream)
     close_stream = _Delegate("messages", Messages.close_stream)
     inbox = _Delegate("messages", Messages.inbox)

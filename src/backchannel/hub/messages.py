@@ -717,7 +717,9 @@ class Messages:
         ``again`` (the stream opened again, sending them): then each page is handed to
         the name anew in a transaction of its own (``Tx.held_again``), each copy under a
         lease of its own (its ``lease_until`` as it now is), so a give-back of the lease
-        it had (the connection before this one, ending after it) leaves it alone."""
+        it had (the connection before this one, ending after it) leaves it alone; those
+        before ``last`` too (the reader saw them: nothing of that connection's end puts
+        them back), though they are not answered."""
         holder = rules.check_receive_id(receive_id)
         start: tuple[float, bool, int] | None = None
         if last:  # where the reader stopped, in the order the stream sent them
@@ -728,7 +730,7 @@ class Messages:
                         break
                 if start is not None:
                     break
-        async for page in self._held_pages(team, member, holder, start, again):
+        async for page in self._held_pages(team, member, holder, None if again else start, again):
             out = [m for m in page if start is None or _sent_order(m) > start]
             if out:
                 yield out
@@ -816,6 +818,20 @@ class Messages:
                 return [m.message.message_id for m in got]
             events = (acked,) if stop is None else (acked, stop)
             await wait_any(events, remaining)
+
+    async def held_leases(
+        self, team: str, member: str, receive_id: str, limit: int
+    ) -> dict[str, Lease]:
+        """What ``receive_id`` holds leased (at most ``limit``, in lease order), by
+        message id, each with the :class:`Lease` it is under: an event stream's unacked
+        window, and whether a copy it holds was sent since by the stream opened again
+        under its name (on another hub: its lease is not the one the stream keeps)."""
+        holder = rules.check_receive_id(receive_id)
+        now = self.clock.now()
+        got = await self.env.store.read(
+            partial(_held_page, team, member, holder, now, None, limit, reply=False)
+        )
+        return {m.message.message_id: Lease(holder, m.attempt, m.lease_until) for m in got}
 
     def _held(
         self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int

@@ -313,7 +313,10 @@ async def inbox_stream(
     first all that is still leased to the name, in the order it was sent, the same
     attempt, instead of leaving it to its lease: those after the message
     ``Last-Event-ID`` names when it names one of them (the reader saw that one and
-    those before it), all of them otherwise."""
+    those before it), all of them otherwise. Each copy it sends again is its own (the
+    old connection's end does not put it back in the queue), and it supersedes a
+    stream still open under the name on this hub: that one ends with ``event: error``
+    and what it leased and never wrote goes back at once."""
     hub = hub_of(request)
     name = receive_id if receive_id is not None else new_receive_id()
     last = request.headers.get("last-event-id", "").strip() or None
@@ -324,7 +327,10 @@ async def inbox_stream(
     # a stream open under the name on this hub (its reader gone, its end not yet seen)
     # is superseded by this one: it leases nothing more and ends; what it leased and
     # wrote, this one sends again; what it leased and never wrote goes back at once
-    superseded = hub.open_stream(api.team, api.name, name, gone)
+    # (an unnamed stream's name is its own: no other stream is opened under it)
+    superseded = asyncio.Event()
+    if receive_id is not None:
+        superseded = hub.open_stream(api.team, api.name, name, gone)
     try:
         # the first lease, before the stream starts, refuses a session that is not
         # yours (a name that holds its whole window already leases nothing more)
@@ -343,6 +349,8 @@ async def inbox_stream(
     # the lease each copy this stream holds (unsent or sent) is held by: a give-back
     # names it, so it never takes back a copy the stream opened again has sent since
     leases: dict[str, Lease] = {}
+
+    elsewhere = False  # superseded by a stream opened again on another hub
 
     def take(got: Sequence[tuple[Received, Lease]]) -> None:
         for m, held in got:
@@ -369,6 +377,13 @@ async def inbox_stream(
             back = of(leases if state.stalled else (m.message_id for m in unsent))
             if back:
                 await asyncio.shield(_give_back_leased(api, back, untried=True))
+            # superseded from another hub: the reader is on the stream opened again there,
+            # which sent again (under leases of its own) all the name held when it
+            # opened; what this one wrote after goes back (counted: it was written), for
+            # that one to send. (On this hub this one wrote nothing after it opened.)
+            written_after = of(sent) if elsewhere and not state.stalled else {}
+            if written_after:
+                await asyncio.shield(_give_back_leased(api, written_after, untried=False))
 
     def written(m: Received) -> str:
         sent[m.message_id] = loop.time()
@@ -417,10 +432,18 @@ async def inbox_stream(
                 return
             if unsent or await request.is_disconnected():
                 return
-            held = set(await api.holding(name, max(limit, len(sent))))
-            for mid in [k for k in sent if k not in held]:
+            holds = await api.held_leases(name, max(limit, len(sent)))
+            for mid in [k for k in sent if k not in holds]:
                 del sent[mid]  # acked (or released)
                 leases.pop(mid, None)
+            if any(holds[mid] != leases.get(mid) for mid in sent):
+                # sent again by the stream opened again under the name on another hub
+                nonlocal elsewhere
+                elsewhere = True
+                superseded.set()
+                yield superseded_error()
+                return
+            held = set(holds)
             now = loop.time()
             oldest = min(sent.values(), default=now + lease)
             if oldest + lease - margin <= now:
