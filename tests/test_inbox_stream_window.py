@@ -323,6 +323,35 @@ async def test_a_stream_opened_again_before_the_old_one_gave_back_sends_each_mes
                 assert r.json() == {"acked": 32, "not_held": []}
 
 
+@pytest.mark.slow
+async def test_a_stream_resumed_after_last_event_id_before_the_old_one_gave_back_keeps_what_was_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the old stream leased "seen" (one lease), then a window of big messages (a later
+    # lease), and its reader stopped taking anything in; the client opens the stream
+    # again with Last-Event-ID naming the first big one (it saw "seen" and that one).
+    # The new stream sends the rest; the old one's give-back, held back until then,
+    # must not put "seen" (nor the first big one) back in the queue: the reader has them
+    async with _serving(tmp_path, stream_write_timeout=1.0) as (hub, url, tokens):
+        held = _HeldGiveBacks(hub, monkeypatch)
+        name = "rcv-resumed"
+        [seen] = await _send(hub, 1, "seen")
+        await hub.receive("t", "b", limit=1, receive_id=name, fresh=True)
+        big = await _send(hub, 31, "x" * 200_000)
+        reader = _stalled_reader(url, tokens["b"], f"receive_id={name}")
+        try:
+            await asyncio.wait_for(held.entered.wait(), 30)  # stalled, giving back
+            params = {"receive_id": name}
+            got = await _events(url, tokens["b"], 30, 30, params, last=big[0])
+            assert got == [("message", (i, 1)) for i in big[1:]]
+            held.go.set()
+            await asyncio.to_thread(_until_closed, reader, 30)
+        finally:
+            reader.close()
+        states = [(await hub.message_status("t", i)).state for i in [seen, *big]]
+        assert states == [DeliveryState.LEASED] * 32  # none went back to the queue
+
+
 async def test_a_stream_opened_under_the_name_of_one_still_open_supersedes_it(
     tmp_path: Path,
 ) -> None:
@@ -363,30 +392,29 @@ async def test_a_stream_opened_again_on_another_hub_supersedes_the_one_still_ope
     # opened again has sent what it sent, and ends; what it wrote after goes back to
     # the queue, and the new stream sends it: each message reaches the new reader once
     name = {"receive_id": "rcv-two-hubs"}
-    async with _serving(tmp_path) as (hub, url, tokens):
-        async with _served(_hub(tmp_path)) as again_url:
-            [seen] = await _send(hub, 1, "seen by the old stream")
-            old: list[tuple[str, Any]] = []
-            new: list[tuple[str, Any]] = []
-            reading = [asyncio.create_task(_events(url, tokens["b"], 99, 60, name, got=old))]
-            try:
-                await eventually(lambda: len(old) >= 1, what="the old stream to send")
-                reading.append(
-                    asyncio.create_task(_events(again_url, tokens["b"], 99, 60, name, got=new))
-                )
-                await eventually(lambda: len(new) >= 1, what="the new stream to send again")
-                [later] = await _send(hub, 1, "later")  # wakes the old stream's hub
-                await eventually(
-                    lambda: ("error", "invalid_state") in old,
-                    what="the old stream to end",
-                    within=25,
-                )
-                await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
-                assert [e[1][0] for e in new] == [seen, later]
-                assert old[0] == ("message", (seen, 1))
-                assert old[-1] == ("error", "invalid_state")
-            finally:
-                for task in reading:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+    async with _serving(tmp_path) as (hub, url, tokens), _served(_hub(tmp_path)) as again_url:
+        [seen] = await _send(hub, 1, "seen by the old stream")
+        old: list[tuple[str, Any]] = []
+        new: list[tuple[str, Any]] = []
+        reading = [asyncio.create_task(_events(url, tokens["b"], 99, 60, name, got=old))]
+        try:
+            await eventually(lambda: len(old) >= 1, what="the old stream to send")
+            reading.append(
+                asyncio.create_task(_events(again_url, tokens["b"], 99, 60, name, got=new))
+            )
+            await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+            [later] = await _send(hub, 1, "later")  # wakes the old stream's hub
+            await eventually(
+                lambda: ("error", "invalid_state") in old,
+                what="the old stream to end",
+                within=25,
+            )
+            await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
+            assert [e[1][0] for e in new] == [seen, later]
+            assert old[0] == ("message", (seen, 1))
+            assert old[-1] == ("error", "invalid_state")
+        finally:
+            for task in reading:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
