@@ -15,6 +15,7 @@ import math
 import secrets
 import time
 import uuid
+import weakref
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -88,6 +89,15 @@ HELD = "held"
 #: The longest a named receive made again waits for the give-back of what the cancelled
 #: receive of that name leased (one store transaction, normally milliseconds).
 NAMED_GIVE_BACK_WAIT = 5.0
+
+
+@dataclass(eq=False)
+class StreamHold:
+    """An event stream's hold on its name on this hub (:meth:`Messages.open_stream`):
+    ``superseded`` is set, and ``wake`` too, when another stream is opened under it."""
+
+    superseded: asyncio.Event
+    wake: asyncio.Event
 
 
 def new_receive_id() -> str:
@@ -270,9 +280,10 @@ class Messages:
         #: waits for them, so it never holds a copy a give-back then puts back
         self._named_give_backs: dict[tuple[str, str, str], set[asyncio.Future[None]]] = {}
         #: (team, member, receive name) -> the event stream open under that name on this
-        #: hub: its events, set when another one is opened under the name (it supersedes
-        #: this one), and the event that wakes its waits
-        self._streams: dict[tuple[str, str, str], tuple[asyncio.Event, asyncio.Event]] = {}
+        #: hub (held weakly: a stream whose body never ran leaves nothing behind)
+        self._streams: weakref.WeakValueDictionary[tuple[str, str, str], StreamHold] = (
+            weakref.WeakValueDictionary()
+        )
 
     # -- messages --------------------------------------------------------------
     async def send(
@@ -767,28 +778,25 @@ class Messages:
 
     def open_stream(
         self, team: str, member: str, receive_id: str, wake: asyncio.Event
-    ) -> asyncio.Event:
+    ) -> StreamHold:
         """An event stream is opened under ``receive_id``: the one open under that name
         on this hub before it (its reader gone, its connection not yet seen to end) is
         superseded: its events are set (its waits end), and it leases nothing more and
-        ends. The answer is this stream's own event, set (with ``wake``) when a later one
-        supersedes it; :meth:`close_stream` when it ends."""
+        ends. The answer is this stream's hold on the name, whose ``superseded`` is set
+        (with ``wake``) when a later one supersedes it; :meth:`close_stream` when it
+        ends (the hub holds it weakly: one dropped unclosed is gone as well)."""
         key = (team, member, rules.check_receive_id(receive_id))
         old = self._streams.get(key)
         if old is not None:
-            for event in old:
-                event.set()
-        mine = asyncio.Event()
-        self._streams[key] = (mine, wake)
+            old.superseded.set()
+            old.wake.set()
+        self._streams[key] = mine = StreamHold(asyncio.Event(), wake)
         return mine
 
-    def close_stream(
-        self, team: str, member: str, receive_id: str, superseded: asyncio.Event
-    ) -> None:
-        """The event stream :meth:`open_stream` answered ``superseded`` has ended."""
+    def close_stream(self, team: str, member: str, receive_id: str, hold: StreamHold) -> None:
+        """The event stream :meth:`open_stream` answered ``hold`` has ended."""
         key = (team, member, receive_id)
-        found = self._streams.get(key)
-        if found is not None and found[0] is superseded:
+        if self._streams.get(key) is hold:
             del self._streams[key]
 
     async def holding(

@@ -328,9 +328,13 @@ async def inbox_stream(
     # is superseded by this one: it leases nothing more and ends; what it leased and
     # wrote, this one sends again; what it leased and never wrote goes back at once
     # (an unnamed stream's name is its own: no other stream is opened under it)
-    superseded = asyncio.Event()
-    if receive_id is not None:
-        superseded = hub.open_stream(api.team, api.name, name, gone)
+    hold = None if receive_id is None else hub.open_stream(api.team, api.name, name, gone)
+    superseded = asyncio.Event() if hold is None else hold.superseded
+
+    def let_go() -> None:
+        if hold is not None:
+            hub.close_stream(api.team, api.name, name, hold)
+
     try:
         # the first lease, before the stream starts, refuses a session that is not
         # yours (a name that holds its whole window already leases nothing more)
@@ -339,7 +343,7 @@ async def inbox_stream(
         if room > 0:
             first = await api.stream_receive(name, session=session, limit=room)
     except BaseException:
-        hub.close_stream(api.team, api.name, name, superseded)
+        let_go()
         raise
     state = _Stalled()
     loop = asyncio.get_running_loop()
@@ -372,7 +376,7 @@ async def inbox_stream(
                     async for chunk in chunks:
                         yield chunk
         finally:
-            hub.close_stream(api.team, api.name, name, superseded)
+            let_go()
             # stalled: the reader took nothing in, not even what was written
             back = of(leases if state.stalled else (m.message_id for m in unsent))
             if back:
