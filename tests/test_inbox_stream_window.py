@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -418,3 +420,22 @@ async def test_a_stream_opened_again_on_another_hub_supersedes_the_one_still_ope
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+async def test_a_streams_hold_on_its_name_dropped_unclosed_leaves_nothing(tmp_path: Path) -> None:
+    # a stream whose body never ran (its client gone before the first write) never
+    # closes its hold on its name: the hub holds it weakly, so streams opened under
+    # names of their own and dropped so do not pile up in the hub
+    hub = _hub(tmp_path)
+    try:
+        woken = asyncio.Event()
+        hold = hub.open_stream("t", "b", "rcv-dropped", woken)
+        dropped = weakref.ref(hold)
+        del hold
+        gc.collect()
+        assert dropped() is None
+        later = hub.open_stream("t", "b", "rcv-dropped", asyncio.Event())
+        assert not woken.is_set()  # nothing was left to supersede
+        hub.close_stream("t", "b", "rcv-dropped", later)
+    finally:
+        await hub.close()
