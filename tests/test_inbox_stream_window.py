@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,36 @@ import pytest
 from backchannel.hub import Hub, Outgoing
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing.waiting import eventually, eventually_blocking
-from backchannel.types import MessageKind
+from backchannel.types import DeliveryState, MessageKind
+
+
+def _hub(tmp_path: Path, lease: float = 60.0, **config: float) -> Hub:
+    """A hub on the SQLite file ``hub.db`` in ``tmp_path`` (leases of ``lease`` seconds,
+    and the ``config`` settings): a second one is another hub process on that store."""
+    hub = Hub(SqliteStore(tmp_path / "hub.db"), lease_seconds=lease)
+    for key, value in config.items():
+        setattr(hub.config, key, value)
+    return hub
+
+
+@contextlib.asynccontextmanager
+async def _served(hub: Hub) -> AsyncIterator[str]:
+    """``hub`` serving the API on a real socket: its URL. The hub is closed after."""
+    import uvicorn
+
+    from backchannel.interfaces.http import create_app
+
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="error")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the hub to listen")
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await serving
+        await hub.close()
 
 
 @contextlib.asynccontextmanager
@@ -29,27 +60,11 @@ async def _serving(
     """A hub on SQLite (leases of ``lease`` seconds, and the ``config`` settings)
     serving the API on a real socket: the hub, its URL, and the tokens of team ``t``'s
     members ``a`` and ``b``."""
-    import uvicorn
-
-    from backchannel.interfaces.http import create_app
-
-    hub = Hub(SqliteStore(tmp_path / "hub.db"), lease_seconds=lease)
-    for key, value in config.items():
-        setattr(hub.config, key, value)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="error")
-    )
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the hub to listen")
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    hub = _hub(tmp_path, lease, **config)
+    async with _served(hub) as url:
         await hub.create_team("t")
         tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b")}
         yield hub, url, tokens
-    finally:
-        server.should_exit = True
-        await serving
-        await hub.close()
 
 
 async def _send(hub: Hub, n: int, text: str = "part") -> list[str]:
@@ -233,3 +248,194 @@ async def test_a_stream_resumed_after_an_anchor_it_leased_last_sends_the_anchor(
         params = {"receive_id": name}
         got = await _events(url, tokens["b"], 1, within=5, params=params, last=work)
         assert got == [("message", (anchor.message_id, 1))]
+
+
+def _stalled_reader(url: str, token: str, params: str) -> socket.socket:
+    """A reader of ``GET /v1/inbox/stream?{params}`` that takes nothing in (a hung
+    process, a proxy that stopped forwarding), its connection open."""
+    host, port = url.removeprefix("http://").split(":")
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect((host, int(port)))
+    reader.sendall(
+        f"GET /v1/inbox/stream?{params} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n".encode()
+    )
+    return reader
+
+
+def _until_closed(reader: socket.socket, within: float) -> None:
+    """Read what the hub wrote to ``reader`` until it closes the connection (the
+    stream's end, its give-backs done), for at most ``within`` seconds."""
+    reader.settimeout(within)
+    while reader.recv(1 << 20):
+        pass
+
+
+class _HeldGiveBacks:
+    """Holds back a hub's give-backs (its ``release``) until :attr:`go` is set:
+    :attr:`entered` is set when the first one waits."""
+
+    def __init__(self, hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = asyncio.Event()
+        self.go = asyncio.Event()
+        release = hub.release
+
+        async def held(*args: Any, **kwargs: Any) -> int:
+            self.entered.set()
+            await self.go.wait()
+            return await release(*args, **kwargs)
+
+        monkeypatch.setattr(hub, "release", held)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["on the same hub", "on another hub"])
+async def test_a_stream_opened_again_before_the_old_one_gave_back_sends_each_message_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # a stream's reader stops taking anything in; its client opens the stream again
+    # under the same receive_id (on the same hub, or on another hub on the same store)
+    # before the old stream's end gives back what it held. Before, the new stream sent
+    # those messages (a read: they stayed under the old lease) and the old one's
+    # give-back then put them back in the queue: the next receive got each again, a
+    # second time to the model. Now the new stream holds each under a lease of its own,
+    # and the old one gives back only the leases it holds: nothing goes back
+    async with _serving(tmp_path, stream_write_timeout=1.0) as (hub, url, tokens):
+        held = _HeldGiveBacks(hub, monkeypatch)
+        other = hub if where == "on the same hub" else _hub(tmp_path)
+        async with contextlib.AsyncExitStack() as stack:
+            again_url = url if other is hub else await stack.enter_async_context(_served(other))
+            ids = await _send(hub, 32, "x" * 200_000)
+            name = "rcv-again"
+            reader = _stalled_reader(url, tokens["b"], f"receive_id={name}")
+            try:
+                await asyncio.wait_for(held.entered.wait(), 30)  # stalled, giving back
+                got = await _events(again_url, tokens["b"], 32, 30, {"receive_id": name})
+                assert got == [("message", (i, 1)) for i in ids]
+                held.go.set()
+                await asyncio.to_thread(_until_closed, reader, 30)
+            finally:
+                reader.close()
+            states = [(await other.message_status("t", i)).state for i in ids]
+            assert states == [DeliveryState.LEASED] * 32  # none went back to the queue
+            async with httpx.AsyncClient(base_url=again_url) as b:
+                headers = {"Authorization": f"Bearer {tokens['b']}"}
+                r = await b.post("/v1/inbox/ack", json={"message_ids": ids}, headers=headers)
+                assert r.json() == {"acked": 32, "not_held": []}
+
+
+@pytest.mark.slow
+async def test_a_stream_resumed_after_last_event_id_before_the_old_one_gave_back_keeps_what_was_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the old stream leased "seen" (one lease), then a window of big messages (a later
+    # lease), and its reader stopped taking anything in; the client opens the stream
+    # again with Last-Event-ID naming the first big one (it saw "seen" and that one).
+    # The new stream sends the rest; the old one's give-back, held back until then,
+    # must not put "seen" (nor the first big one) back in the queue: the reader has them
+    async with _serving(tmp_path, stream_write_timeout=1.0) as (hub, url, tokens):
+        held = _HeldGiveBacks(hub, monkeypatch)
+        name = "rcv-resumed"
+        [seen] = await _send(hub, 1, "seen")
+        await hub.receive("t", "b", limit=1, receive_id=name, fresh=True)
+        big = await _send(hub, 31, "x" * 200_000)
+        reader = _stalled_reader(url, tokens["b"], f"receive_id={name}")
+        try:
+            await asyncio.wait_for(held.entered.wait(), 30)  # stalled, giving back
+            params = {"receive_id": name}
+            got = await _events(url, tokens["b"], 30, 30, params, last=big[0])
+            assert got == [("message", (i, 1)) for i in big[1:]]
+            held.go.set()
+            await asyncio.to_thread(_until_closed, reader, 30)
+        finally:
+            reader.close()
+        states = [(await hub.message_status("t", i)).state for i in [seen, *big]]
+        assert states == [DeliveryState.LEASED] * 32  # none went back to the queue
+
+
+async def test_a_stream_opened_under_the_name_of_one_still_open_supersedes_it(
+    tmp_path: Path,
+) -> None:
+    # a stream whose reader is gone with its connection still open, and the stream its
+    # client opened again under the same receive_id. Before, both leased the member's
+    # messages into one window: a message the old one leased went to nobody and waited
+    # out its lease. Now the new one supersedes the old one: the old one ends (with an
+    # error saying why), the new one sends what the name held, then all that comes
+    name = {"receive_id": "rcv-twice"}
+    async with _serving(tmp_path) as (hub, url, tokens):
+        [seen] = await _send(hub, 1, "seen by the old stream")
+        old: list[tuple[str, Any]] = []
+        new: list[tuple[str, Any]] = []
+        reading = [asyncio.create_task(_events(url, tokens["b"], 99, 30, name, got=old))]
+        try:
+            await eventually(lambda: len(old) >= 1, what="the old stream to send")
+            reading.append(asyncio.create_task(_events(url, tokens["b"], 99, 30, name, got=new)))
+            await eventually(lambda: len(old) >= 2, what="the old stream to end")
+            assert old == [("message", (seen, 1)), ("error", "invalid_state")]
+            await eventually(lambda: len(new) >= 1, what="the new stream to send")
+            later = await _send(hub, 3, "later")
+            await eventually(lambda: len(new) >= 4, what="the new stream to send the rest")
+            assert new == [("message", (i, 1)) for i in [seen, *later]]
+        finally:
+            for task in reading:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+@pytest.mark.slow
+async def test_a_stream_opened_again_on_another_hub_supersedes_the_one_still_open(
+    tmp_path: Path,
+) -> None:
+    # the same on two hubs on one store: the old stream is not told by its hub, and
+    # before it went on leasing the member's messages beside the new one. Now, at its
+    # next look at its window (at the latest at its keep-alive), it sees the stream
+    # opened again has sent what it sent, and ends; what it wrote after goes back to
+    # the queue, and the new stream sends it: each message reaches the new reader once
+    name = {"receive_id": "rcv-two-hubs"}
+    async with _serving(tmp_path) as (hub, url, tokens), _served(_hub(tmp_path)) as again_url:
+        [seen] = await _send(hub, 1, "seen by the old stream")
+        old: list[tuple[str, Any]] = []
+        new: list[tuple[str, Any]] = []
+        reading = [asyncio.create_task(_events(url, tokens["b"], 99, 60, name, got=old))]
+        try:
+            await eventually(lambda: len(old) >= 1, what="the old stream to send")
+            reading.append(
+                asyncio.create_task(_events(again_url, tokens["b"], 99, 60, name, got=new))
+            )
+            await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+            [later] = await _send(hub, 1, "later")  # wakes the old stream's hub
+            await eventually(
+                lambda: ("error", "invalid_state") in old,
+                what="the old stream to end",
+                within=25,
+            )
+            await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
+            assert [e[1][0] for e in new] == [seen, later]
+            assert old[0] == ("message", (seen, 1))
+            assert old[-1] == ("error", "invalid_state")
+        finally:
+            for task in reading:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def test_a_streams_hold_on_its_name_dropped_unclosed_leaves_nothing(tmp_path: Path) -> None:
+    # a stream whose body never ran (its client gone before the first write) never
+    # closes its hold on its name: the hub holds it weakly, so streams opened under
+    # names of their own and dropped so do not pile up in the hub
+    hub = _hub(tmp_path)
+    try:
+        woken = asyncio.Event()
+        hold = hub.open_stream("t", "b", "rcv-dropped", woken)
+        dropped = weakref.ref(hold)
+        del hold
+        gc.collect()
+        assert dropped() is None
+        later = hub.open_stream("t", "b", "rcv-dropped", asyncio.Event())
+        assert not woken.is_set()  # nothing was left to supersede
+        hub.close_stream("t", "b", "rcv-dropped", later)
+    finally:
+        await hub.close()

@@ -65,7 +65,15 @@ from backchannel.models import (
     Traffic,
     Transcript,
 )
-from backchannel.types import MESSAGE_ID_PATTERN, USER, Member, MemberKind, SendResult
+from backchannel.types import (
+    MESSAGE_ID_PATTERN,
+    USER,
+    InboxMessage,
+    Lease,
+    Member,
+    MemberKind,
+    SendResult,
+)
 
 if TYPE_CHECKING:
     from backchannel.hub import Hub
@@ -245,13 +253,56 @@ class MemberApi:
         got = await self.hub.held(self.team, self.name, receive_id)
         return [Received.model_validate(m.to_json()) for m in got]
 
-    async def held_since(
+    async def stream_receive(
+        self,
+        receive_id: str,
+        *,
+        limit: int,
+        wait: float = 0.0,
+        session: str | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> list[tuple[Received, Lease]]:
+        """New messages leased to the event stream named ``receive_id`` (:meth:`receive`
+        with ``fresh``), each with the :class:`Lease` it is under: what the stream gives
+        back names it (:meth:`give_back_leased`)."""
+        got = await self.hub.receive(
+            self.team,
+            self.name,
+            session=session,
+            limit=limit,
+            wait=wait,
+            stop=stop,
+            receive_id=receive_id,
+            fresh=True,
+        )
+        return [_leased(m, receive_id) for m in got]
+
+    async def held_again_since(
         self, receive_id: str, last: str | None = None
-    ) -> AsyncIterator[list[Received]]:
+    ) -> AsyncIterator[list[tuple[Received, Lease]]]:
         """What the event stream named ``receive_id`` holds, after ``last`` when it holds
-        that one, page by page (:meth:`Hub.held_since`)."""
-        async for page in self.hub.held_since(self.team, self.name, receive_id, last):
-            yield [Received.model_validate(m.to_json()) for m in page]
+        that one, page by page, each page handed to the name anew (the stream opened
+        again sends them: :meth:`Hub.held_since` with ``again``), each copy with the
+        :class:`Lease` it is under now."""
+        got = self.hub.held_since(self.team, self.name, receive_id, last, again=True)
+        async for page in got:
+            yield [_leased(m, receive_id) for m in page]
+
+    async def held_leases(self, receive_id: str, limit: int) -> dict[str, Lease]:
+        """What ``receive_id`` holds leased, at most ``limit``, each with its lease
+        (:meth:`Hub.held_leases`)."""
+        return await self.hub.held_leases(self.team, self.name, receive_id, limit)
+
+    async def give_back_leased(self, leases: Mapping[str, Lease], *, untried: bool) -> int:
+        """Give back what an event stream holds, each copy only while still under the
+        lease named for it (by message id): one sent since by the stream opened again
+        under its name stays with that one. ``untried``: the reader took none of them in
+        (the lease is not counted as an attempt)."""
+        if not leases:
+            return 0
+        return await self.hub.release(
+            self.team, self.name, list(leases), untried=untried, leases=leases
+        )
 
     async def holding(
         self, receive_id: str, limit: int, wait: float = 0.0, stop: asyncio.Event | None = None
@@ -824,3 +875,8 @@ def _session(s: Any) -> SessionInfo:
     from backchannel.hub import session_json
 
     return SessionInfo.model_validate(session_json(s))
+
+
+def _leased(m: InboxMessage, receive_id: str) -> tuple[Received, Lease]:
+    """A copy handed to the event stream named ``receive_id``, and the lease it is under."""
+    return Received.model_validate(m.to_json()), Lease(receive_id, m.attempt, m.lease_until)

@@ -15,6 +15,7 @@ import math
 import secrets
 import time
 import uuid
+import weakref
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -88,6 +89,15 @@ HELD = "held"
 #: The longest a named receive made again waits for the give-back of what the cancelled
 #: receive of that name leased (one store transaction, normally milliseconds).
 NAMED_GIVE_BACK_WAIT = 5.0
+
+
+@dataclass(eq=False)
+class StreamHold:
+    """An event stream's hold on its name on this hub (:meth:`Messages.open_stream`):
+    ``superseded`` is set, and ``wake`` too, when another stream is opened under it."""
+
+    superseded: asyncio.Event
+    wake: asyncio.Event
 
 
 def new_receive_id() -> str:
@@ -269,6 +279,11 @@ class Messages:
         #: that name leased and were cancelled: a receive made again under the name
         #: waits for them, so it never holds a copy a give-back then puts back
         self._named_give_backs: dict[tuple[str, str, str], set[asyncio.Future[None]]] = {}
+        #: (team, member, receive name) -> the event stream open under that name on this
+        #: hub (held weakly: a stream whose body never ran leaves nothing behind)
+        self._streams: weakref.WeakValueDictionary[tuple[str, str, str], StreamHold] = (
+            weakref.WeakValueDictionary()
+        )
 
     # -- messages --------------------------------------------------------------
     async def send(
@@ -696,14 +711,26 @@ class Messages:
         )
 
     async def held_since(
-        self, team: str, member: str, receive_id: str, last: str | None = None
+        self,
+        team: str,
+        member: str,
+        receive_id: str,
+        last: str | None = None,
+        *,
+        again: bool = False,
     ) -> AsyncIterator[list[InboxMessage]]:
         """All the event stream named ``receive_id`` leased and still holds, in the order
         it sent them (by lease, a lease's fired anchors first: as :meth:`receive` handed
         them over), the same attempt, a page at a time (``config.held_page`` a store
         read, so a stream holding many costs no more memory than a page): those after
         the message ``last`` when the name holds it (the reader saw that one and all
-        sent before it), all of them otherwise. Nothing is leased or changed."""
+        sent before it), all of them otherwise. Nothing is leased or changed, unless
+        ``again`` (the stream opened again, sending them): then each page is handed to
+        the name anew in a transaction of its own (``Tx.held_again``), each copy under a
+        lease of its own (its ``lease_until`` as it now is), so a give-back of the lease
+        it had (the connection before this one, ending after it) leaves it alone; those
+        before ``last`` too (the reader saw them: nothing of that connection's end puts
+        them back), though they are not answered."""
         holder = rules.check_receive_id(receive_id)
         start: tuple[float, bool, int] | None = None
         if last:  # where the reader stopped, in the order the stream sent them
@@ -714,25 +741,30 @@ class Messages:
                         break
                 if start is not None:
                     break
-        async for page in self._held_pages(team, member, holder, start):
+        async for page in self._held_pages(team, member, holder, None if again else start, again):
             out = [m for m in page if start is None or _sent_order(m) > start]
             if out:
                 yield out
 
     async def _held_pages(
-        self, team: str, member: str, holder: str, start: tuple[float, bool, int] | None = None
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        start: tuple[float, bool, int] | None = None,
+        again: bool = False,
     ) -> AsyncIterator[list[InboxMessage]]:
         """What ``holder`` holds, a lease at a time, in the order it was sent (from the
         lease of ``start`` on); a lease is held back until the next page shows it whole,
-        so its anchors go first even when it spans pages."""
+        so its anchors go first even when it spans pages. With ``again``, each page is
+        handed to ``holder`` anew (``Tx.held_again``, one transaction a page)."""
         page = max(1, int(self.config.held_page))
         after = None if start is None else (start[0], -1)
         lease: list[InboxMessage] = []
         while True:
             now = self.clock.now()
-            got = await self.env.store.read(
-                partial(_held_page, team, member, holder, now, after, page)
-            )
+            look = partial(_held_page, team, member, holder, now, after, page, again=again)
+            got = await (self.env.store.transact(look) if again else self.env.store.read(look))
             for m in got:
                 if lease and m.leased_at != lease[0].leased_at:
                     yield anchors_first(lease)
@@ -743,6 +775,29 @@ class Messages:
             after = (got[-1].leased_at, got[-1].seq)
         if lease:
             yield anchors_first(lease)
+
+    def open_stream(
+        self, team: str, member: str, receive_id: str, wake: asyncio.Event
+    ) -> StreamHold:
+        """An event stream is opened under ``receive_id``: the one open under that name
+        on this hub before it (its reader gone, its connection not yet seen to end) is
+        superseded: its events are set (its waits end), and it leases nothing more and
+        ends. The answer is this stream's hold on the name, whose ``superseded`` is set
+        (with ``wake``) when a later one supersedes it; :meth:`close_stream` when it
+        ends (the hub holds it weakly: one dropped unclosed is gone as well)."""
+        key = (team, member, rules.check_receive_id(receive_id))
+        old = self._streams.get(key)
+        if old is not None:
+            old.superseded.set()
+            old.wake.set()
+        self._streams[key] = mine = StreamHold(asyncio.Event(), wake)
+        return mine
+
+    def close_stream(self, team: str, member: str, receive_id: str, hold: StreamHold) -> None:
+        """The event stream :meth:`open_stream` answered ``hold`` has ended."""
+        key = (team, member, receive_id)
+        if self._streams.get(key) is hold:
+            del self._streams[key]
 
     async def holding(
         self,
@@ -771,6 +826,20 @@ class Messages:
                 return [m.message.message_id for m in got]
             events = (acked,) if stop is None else (acked, stop)
             await wait_any(events, remaining)
+
+    async def held_leases(
+        self, team: str, member: str, receive_id: str, limit: int
+    ) -> dict[str, Lease]:
+        """What ``receive_id`` holds leased (at most ``limit``, in lease order), by
+        message id, each with the :class:`Lease` it is under: an event stream's unacked
+        window, and whether a copy it holds was sent since by the stream opened again
+        under its name (on another hub: its lease is not the one the stream keeps)."""
+        holder = rules.check_receive_id(receive_id)
+        now = self.clock.now()
+        got = await self.env.store.read(
+            partial(_held_page, team, member, holder, now, None, limit, reply=False)
+        )
+        return {m.message.message_id: Lease(holder, m.attempt, m.lease_until) for m in got}
 
     def _held(
         self, c: Ctx, team: str, member: str, holder: str, now: float, limit: int
@@ -868,18 +937,24 @@ class Messages:
         *,
         owner: str | None = None,
         untried: bool = False,
+        leases: Mapping[str, Lease] | None = None,
     ) -> int:
         """Give leased copies back at once instead of waiting for the lease to end (with
         ``owner``, only while it holds the member's push delivery; see :meth:`ack`).
         With ``untried`` (the hub's own give-backs of copies it never handed to anyone:
         a push worker stopped with the hub, a receive that never answered), the lease
-        is not counted as an attempt; a receiver's own release always is."""
+        is not counted as an attempt; a receiver's own release always is. With
+        ``leases`` (by message id, each of ``message_ids``), each copy only while still
+        under the lease named for it: an event stream gives back what it leased, never
+        a copy the stream opened again under its name has sent since."""
         now = self.clock.now()
+        if leases is not None and any(mid not in leases for mid in message_ids):
+            raise InvalidRequest("each id given back must name its lease", field="leases")
 
         def fn(tx: Tx) -> int:
             if not owns(tx, team, member, owner):
                 return 0
-            return Messages._release(tx, team, member, message_ids, now, untried)
+            return Messages._release(tx, team, member, message_ids, now, untried, leases)
 
         n = await self.store.transact(fn)
         if n:
@@ -1150,9 +1225,14 @@ def _held_page(
     limit: int,
     tx: Tx,
     reply: bool = True,
+    again: bool = False,
 ) -> list[InboxMessage]:
-    """A page of what ``holder`` holds (:meth:`Tx.held`), as it is handed over."""
-    got = tx.held(team, member, holder, now, after, limit)
+    """A page of what ``holder`` holds (:meth:`Tx.held`), as it is handed over (with
+    ``again``, handed to ``holder`` anew: :meth:`Tx.held_again`)."""
+    if again:
+        got = tx.held_again(team, member, holder, now, limit, after)
+    else:
+        got = tx.held(team, member, holder, now, after, limit)
     return _replies_since_firing(tx, team, member, got) if reply else got
 
 

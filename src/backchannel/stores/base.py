@@ -255,9 +255,16 @@ class Tx(Protocol):
         ...
 
     def held_again(
-        self, team: str, member: str, holder: str, now: float, limit: int
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        limit: int,
+        after: tuple[float, int] | None = None,
     ) -> list[InboxMessage]:
-        """What :meth:`held` answers (from the first, at most ``limit``), for a receive its
+        """What :meth:`held` answers (from the first, or after ``after`` as :meth:`held`
+        takes it: a page; at most ``limit``), for a receive its
         client made again under the name ``holder``: each copy answered is handed to that
         receive anew, under a lease of its own: its ``lease_until`` moves up by the
         smallest step a float takes (``math.nextafter``; its attempt, ``updated_at`` and

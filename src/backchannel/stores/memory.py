@@ -356,10 +356,16 @@ class MemoryTx:
         ]
 
     def held_again(
-        self, team: str, member: str, holder: str, now: float, limit: int
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        limit: int,
+        after: tuple[float, int] | None = None,
     ) -> list[InboxMessage]:
         out = []
-        for m in self.held(team, member, holder, now, None, limit):
+        for m in self.held(team, member, holder, now, after, limit):
             d = self._d.deliveries[(team, m.message.message_id, member)]
             assert d.lease_until is not None
             until = math.nextafter(d.lease_until, math.inf)

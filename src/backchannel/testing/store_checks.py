@@ -1128,6 +1128,33 @@ async def check_give_back_names_its_lease(make_store: StoreFactory) -> None:
         assert await store.transact(back("m0", Lease(None, 2, T0 + 20), T0 + 10)) is True
 
 
+async def check_held_again_by_pages(make_store: StoreFactory) -> None:
+    """``held_again`` with ``after`` (an event stream opened again, a page at a time)
+    hands to the name anew only the page after that pair, in lease order, each copy
+    under a ``lease_until`` one step later; the copies before it keep their lease."""
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        for i in range(3):
+            await store.transact(
+                lambda tx, i=i: tx.insert_message(make_msg(f"m{i}"), [Recipient("b")])
+            )
+        got = await store.transact(
+            lambda tx: tx.lease("alpha", "b", None, T0, T0 + 60, 3, holder="r1")
+        )
+        after = (T0, got[0].seq)  # leased at T0
+        again = await store.transact(lambda tx: tx.held_again("alpha", "b", "r1", T0 + 1, 1, after))
+        later = math.nextafter(T0 + 60, math.inf)
+        assert [(g.message.message_id, g.attempt, g.lease_until) for g in again] == [
+            ("m1", 1, later)
+        ]
+        held = await store.read(lambda tx: tx.held("alpha", "b", "r1", T0 + 1))
+        assert [(g.message.message_id, g.lease_until) for g in held] == [
+            ("m0", T0 + 60),
+            ("m1", later),
+            ("m2", T0 + 60),
+        ]
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_compaction,
     check_teams_and_members,
@@ -1139,6 +1166,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_held_by_a_named_receive,
     check_give_back_names_its_lease,
     check_held_in_lease_order_by_pages,
+    check_held_again_by_pages,
     check_concurrent_leases_never_overlap,
     check_ack,
     check_late_ack,

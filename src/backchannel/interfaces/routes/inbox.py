@@ -14,7 +14,7 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -46,7 +46,7 @@ from backchannel.models import (
     ReceiveIn,
     Released,
 )
-from backchannel.types import MESSAGE_ID_PATTERN, SESSION_PATTERN
+from backchannel.types import MESSAGE_ID_PATTERN, SESSION_PATTERN, Lease
 
 router = APIRouter(route_class=StrictRoute, tags=["inbox"])
 log = logging.getLogger(__name__)
@@ -274,16 +274,13 @@ class _BoundedWrites(EventStream):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _give_back_held(api: MemberApi, name: str, untried: bool) -> None:
-    """Give back all the stream named ``name`` holds leased (untried: the hub knows its
-    reader took none of them in; otherwise counted, as a lease's end counts it)."""
-    with contextlib.suppress(BackchannelError):
-        async for page in api.held_since(name):
-            ids = [m.message_id for m in page]
-            if untried:
-                await api.give_back(ids)
-            else:
-                await api.release(ids)
+async def _give_back_leased(api: MemberApi, leases: Mapping[str, Lease], untried: bool) -> None:
+    """Give back what an event stream holds, each copy under the lease it holds it by
+    (untried: the hub knows its reader took none of them in; otherwise counted, as a
+    lease's end counts it): a copy the stream opened again under its name has sent
+    since is under a lease of that one, and stays with it."""
+    with contextlib.suppress(BackchannelError):  # a removed member's copies are dead
+        await api.give_back_leased(leases, untried=untried)
 
 
 @router.get("/v1/inbox/stream", response_class=EventStream, responses=SSE_EVENT)
@@ -316,25 +313,56 @@ async def inbox_stream(
     first all that is still leased to the name, in the order it was sent, the same
     attempt, instead of leaving it to its lease: those after the message
     ``Last-Event-ID`` names when it names one of them (the reader saw that one and
-    those before it), all of them otherwise."""
+    those before it), all of them otherwise. Each copy it sends again is its own (the
+    old connection's end does not put it back in the queue), and it supersedes a
+    stream still open under the name on this hub: that one ends with ``event: error``
+    and what it leased and never wrote goes back at once."""
     hub = hub_of(request)
     name = receive_id if receive_id is not None else new_receive_id()
     last = request.headers.get("last-event-id", "").strip() or None
     lease = hub.config.lease_seconds
     # a few seconds before the lease ends: a copy still held then was not acked in time
     margin = min(1.0, lease / 4)
-    # the first lease, before the stream starts, refuses a session that is not yours
-    # (a name that holds its whole window already leases nothing more)
-    room = limit - len(await api.holding(name, limit))
-    first: list[Received] = []
-    if room > 0:
-        first = await api.receive(session=session, limit=room, receive_id=name, fresh=True)
-    gone = asyncio.Event()  # set when the token is revoked
+    gone = asyncio.Event()  # set when the token is revoked, or the stream superseded
+    # a stream open under the name on this hub (its reader gone, its end not yet seen)
+    # is superseded by this one: it leases nothing more and ends; what it leased and
+    # wrote, this one sends again; what it leased and never wrote goes back at once
+    # (an unnamed stream's name is its own: no other stream is opened under it)
+    hold = None if receive_id is None else hub.open_stream(api.team, api.name, name, gone)
+    superseded = asyncio.Event() if hold is None else hold.superseded
+
+    def let_go() -> None:
+        if hold is not None:
+            hub.close_stream(api.team, api.name, name, hold)
+
+    try:
+        # the first lease, before the stream starts, refuses a session that is not
+        # yours (a name that holds its whole window already leases nothing more)
+        room = limit - len(await api.holding(name, limit))
+        first: list[tuple[Received, Lease]] = []
+        if room > 0:
+            first = await api.stream_receive(name, session=session, limit=room)
+    except BaseException:
+        let_go()
+        raise
     state = _Stalled()
     loop = asyncio.get_running_loop()
 
     unsent: collections.deque[Received] = collections.deque()
     sent: dict[str, float] = {}  # written and still held: when it was written
+    # the lease each copy this stream holds (unsent or sent) is held by: a give-back
+    # names it, so it never takes back a copy the stream opened again has sent since
+    leases: dict[str, Lease] = {}
+
+    elsewhere = False  # superseded by a stream opened again on another hub
+
+    def take(got: Sequence[tuple[Received, Lease]]) -> None:
+        for m, held in got:
+            unsent.append(m)
+            leases[m.message_id] = held
+
+    def of(ids: Iterable[str]) -> dict[str, Lease]:
+        return {mid: leases[mid] for mid in ids if mid in leases}
 
     async def events() -> AsyncGenerator[str, None]:
         # a batch is leased whole: those of it not written when the stream ends (the
@@ -348,10 +376,18 @@ async def inbox_stream(
                     async for chunk in chunks:
                         yield chunk
         finally:
-            if unsent:
-                await asyncio.shield(given_back(api, list(unsent)))
-            if state.stalled:
-                await asyncio.shield(_give_back_held(api, name, untried=True))
+            let_go()
+            # stalled: the reader took nothing in, not even what was written
+            back = of(leases if state.stalled else (m.message_id for m in unsent))
+            if back:
+                await asyncio.shield(_give_back_leased(api, back, untried=True))
+            # superseded from another hub: the reader is on the stream opened again there,
+            # which sent again (under leases of its own) all the name held when it
+            # opened; what this one wrote after goes back (counted: it was written), for
+            # that one to send. (On this hub this one wrote nothing after it opened.)
+            written_after = of(sent) if elsewhere and not state.stalled else {}
+            if written_after:
+                await asyncio.shield(_give_back_leased(api, written_after, untried=False))
 
     def written(m: Received) -> str:
         sent[m.message_id] = loop.time()
@@ -363,31 +399,55 @@ async def inbox_stream(
     async def flush() -> AsyncGenerator[str, None]:
         while unsent:
             # the server takes what is written to a connection that is gone and
-            # drops it: no more of the batch is written into it
-            if await request.is_disconnected():
+            # drops it: no more of the batch is written into it (nor into one a
+            # stream opened again under the name has superseded)
+            if superseded.is_set() or await request.is_disconnected():
                 return
             yield written(unsent.popleft())
 
+    def superseded_error() -> str:
+        error = InvalidState(
+            f"another stream was opened under receive_id {name!r}: it sends what this "
+            "one held, and this one ends; open one stream at a time under a name",
+            field="receive_id",
+        )
+        return f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
+
     async def batches() -> AsyncGenerator[str, None]:
         if receive_id is None:
-            unsent.extend(first)
-        else:  # all the name holds, in the order it was sent: ``first`` comes last
-            async for page in api.held_since(receive_id, last):
-                unsent.extend(page)
+            take(first)
+        else:  # all the name holds, in the order it was sent: ``first`` comes last;
+            # each copy sent again is held anew, under a lease of this stream's own
+            async for page in api.held_again_since(receive_id, last):
+                take(page)
                 async for chunk in flush():
                     yield chunk
                 if unsent:
+                    if superseded.is_set():
+                        yield superseded_error()
                     return
         quiet_since = loop.time()
         while True:
             async for chunk in flush():
                 yield chunk
                 quiet_since = loop.time()
+            if superseded.is_set():
+                yield superseded_error()
+                return
             if unsent or await request.is_disconnected():
                 return
-            held = set(await api.holding(name, max(limit, len(sent))))
-            for mid in [k for k in sent if k not in held]:
+            holds = await api.held_leases(name, max(limit, len(sent)))
+            for mid in [k for k in sent if k not in holds]:
                 del sent[mid]  # acked (or released)
+                leases.pop(mid, None)
+            if any(holds[mid] != leases.get(mid) for mid in sent):
+                # sent again by the stream opened again under the name on another hub
+                nonlocal elsewhere
+                elsewhere = True
+                superseded.set()
+                yield superseded_error()
+                return
+            held = set(holds)
             now = loop.time()
             oldest = min(sent.values(), default=now + lease)
             if oldest + lease - margin <= now:
@@ -398,32 +458,26 @@ async def inbox_stream(
                     "stream again",
                     field="ack",
                 )
-                await _give_back_held(api, name, untried=False)
+                await _give_back_leased(api, of(sent), untried=False)
                 yield f"event: error\ndata: {json.dumps(unacked.to_json())}\n\n"
                 return
             wait = max(0.0, min(KEEP_ALIVE - (now - quiet_since), oldest + lease - margin - now))
             room = limit - len(held)
-            got: list[Received] = []
+            got: list[tuple[Received, Lease]] = []
             if room <= 0:  # the window is full: wait for an ack
                 await api.holding(name, limit, wait=min(wait, 1.0), stop=gone)
             else:
                 try:
-                    got = await api.receive(
-                        session=session,
-                        limit=room,
-                        wait=wait,
-                        stop=gone,
-                        receive_id=name,
-                        fresh=True,
+                    got = await api.stream_receive(
+                        name, session=session, limit=room, wait=wait, stop=gone
                     )
                 except BackchannelError as exc:  # the session ended meanwhile
                     yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
                     return
+            take(got)
             if (error := await revoked(request)) is not None:
-                await given_back(api, got)
                 yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
-                return
-            unsent.extend(got)
+                return  # what it just leased goes back, unsent
             if not got and loop.time() - quiet_since >= KEEP_ALIVE:
                 yield ": keep-alive\n\n"
                 quiet_since = loop.time()

@@ -452,11 +452,17 @@ class SqliteTx(LifecycleSql):
         ]
 
     def held_again(
-        self, team: str, member: str, holder: str, now: float, limit: int
+        self,
+        team: str,
+        member: str,
+        holder: str,
+        now: float,
+        limit: int,
+        after: tuple[float, int] | None = None,
     ) -> list[InboxMessage]:
         out = [
             replace(m, lease_until=math.nextafter(m.lease_until, math.inf))
-            for m in self.held(team, member, holder, now, None, limit)
+            for m in self.held(team, member, holder, now, after, limit)
         ]
         if out:
             self._c.executemany(
