@@ -417,7 +417,8 @@ async def test_a_bridge_never_reads_an_inbox_file_a_serving_hub_of_another_store
     names, one inbox file. Hub B's bridge read the entries hub A's teammate wrote into
     A's agent's inbox and took them in as messages of B's own member of that name (a
     message B's member never sent, in B's record and budgets). A file a serving hub of
-    another store has claimed is now left to that hub."""
+    another store has claimed is now left to that hub; once its dispatcher stops, the
+    claim is B's to take over."""
     root = tmp_path / "teams"
     setting = {"type": "inbox-file", "root": str(root)}
     path = root / "t" / "inboxes" / "r.json"
@@ -428,16 +429,21 @@ async def test_a_bridge_never_reads_an_inbox_file_a_serving_hub_of_another_store
         async with dispatching(a):
             sent = await a.send("t", "alice", "r", "for a's r", link=False)
             await wait_state(a, "t", sent.message_id, "acked")
-        assert [e["text"] for e in read_inbox(path)] == ["[From alice] for a's r"]
-        InboxWriter(root).append("t", "r", msg_id="cc-1", from_="alice", text="by hand")
-        bridge = InboxBridge(b, root=root, watch=False)
-        await bridge.start()
-        try:
-            taken = await bridge.scan()
-            assert not [r for r in taken if r.messages or r.own], taken
-            assert bridge.taken == 0
-        finally:
-            await bridge.stop()
+            assert [e["text"] for e in read_inbox(path)] == ["[From alice] for a's r"]
+            InboxWriter(root).append("t", "r", msg_id="cc-1", from_="alice", text="by hand")
+            bridge = InboxBridge(b, root=root, watch=False)
+            await bridge.start()
+            try:
+                taken = await bridge.scan()
+                assert not [r for r in taken if r.messages or r.own], taken
+                assert bridge.taken == 0
+            finally:
+                await bridge.stop()
+        # a's dispatcher stopped, giving its claims up: b's member has the file now
+        async with dispatching(b):
+            later = await b.send("t", "alice", "r", "for b's r", link=False)
+            await wait_state(b, "t", later.message_id, "acked")
+        assert [e["text"] for e in read_inbox(path)][-1] == "[From alice] for b's r"
 
 
 def test_a_claim_written_before_claims_named_their_store_is_still_understood(
@@ -458,3 +464,26 @@ def test_a_claim_written_before_claims_named_their_store_is_still_understood(
     theirs = StoreMark("b" * 32, "hub B")
     assert claim_inbox(path, "t", "r", theirs) is None
     assert json.loads(_claim_of(path).read_text())["hub"] == "hub B"
+
+
+def test_hubs_of_one_store_share_its_mark_and_other_stores_do_not(tmp_path: Path) -> None:
+    """Every hub of one store writes its member's inbox as one: two SQLite paths to one
+    file, or two URLs of one PostgreSQL database (another user, another password), are
+    one store; another file or another database is another store."""
+    from types import SimpleNamespace
+
+    from backchannel.delivery.inbox_file import store_mark
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    def mark(url: str) -> str:
+        return store_mark(SimpleNamespace(url=url)).key
+
+    db = tmp_path / "real" / "hub.db"
+    assert mark(f"sqlite://{db}") == mark(f"sqlite://{tmp_path / 'link' / 'hub.db'}")
+    assert mark(f"sqlite://{db}") != mark(f"sqlite://{tmp_path / 'real' / 'other.db'}")
+    pg = "postgresql://a:***@127.0.0.1:5433/team1"
+    assert mark(pg) == mark("postgresql://b@127.0.0.1:5433/team1?sslmode=disable")
+    assert mark(pg) != mark("postgresql://a:***@127.0.0.1:5433/team2")
+    assert mark("memory://") != mark("memory://"), "each memory store is its own"

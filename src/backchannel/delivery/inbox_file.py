@@ -53,7 +53,8 @@ The state directory is the user's, shared by every hub they run, each with its s
 have a team and a member of the same names delivered to one inbox file. So a claim also
 names the store it is made for (:class:`StoreMark`: a hash of where the store is) and
 the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
-``claude-inboxes/`` while its store is open. A claim of another store whose hub is
+``claude-inboxes/`` from its first claim until its dispatcher stops (or its store is
+collected, or its process ends). A claim of another store whose hub is
 serving (its presence file is locked) is never taken over: the message is a dead letter
 naming that hub. One whose hub has stopped is taken over, under the claim's lock. A
 claim written before claims named their store is read as before, and made the store's
@@ -110,6 +111,7 @@ __all__ = [
     "held_elsewhere",
     "inbox_clash",
     "inbox_of",
+    "release_presence",
     "store_mark",
     "take_inbox",
     "write_claimed",
@@ -188,8 +190,11 @@ class StoreMark:
 
 
 _marks: weakref.WeakKeyDictionary[Any, StoreMark] = weakref.WeakKeyDictionary()
-#: store -> the descriptor of its presence file, ``flock``-ed shared while it is open
-_present: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: store -> what closes its presence file (``flock``-ed shared while the store serves):
+#: called by :func:`release_presence`, or when the store is collected
+_present: weakref.WeakKeyDictionary[Any, weakref.finalize[[int], None]] = (
+    weakref.WeakKeyDictionary()
+)
 _present_lock = threading.Lock()
 
 
@@ -201,8 +206,10 @@ def store_mark(store: Any) -> StoreMark:
     url = getattr(store, "url", None)
     if isinstance(url, str) and url.startswith("sqlite://"):
         where = "sqlite://" + os.path.realpath(url[len("sqlite://") :])
+    elif isinstance(url, str) and url.startswith(("postgresql://", "postgres://")):
+        where = _database(url)
     elif isinstance(url, str) and "://" in url and url.split("://", 1)[1]:
-        where = url  # PostgreSQL's, its password masked
+        where = url
     else:  # a store only this object opens (memory)
         where = f"memory://{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(8)}"
     key = hashlib.sha256(where.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -211,6 +218,19 @@ def store_mark(store: Any) -> StoreMark:
     with contextlib.suppress(TypeError):
         _marks[store] = mark
     return mark
+
+
+def _database(url: str) -> str:
+    """A PostgreSQL URL as the database it names (host, port, database), whoever
+    connects and however: hubs of one database are hubs of one store."""
+    try:
+        import psycopg
+
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except Exception:
+        return url  # as given (masked): read as one store by every hub that gives it
+    host, port = info.get("host") or "localhost", info.get("port") or "5432"
+    return f"postgresql://{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
 def _presence_file(key: str) -> Path:
@@ -231,8 +251,16 @@ def _be_present(store: Any, mark: StoreMark) -> None:
         except OSError:
             os.close(fd)
             raise
-        _present[store] = fd
-        weakref.finalize(store, os.close, fd)
+        _present[store] = weakref.finalize(store, os.close, fd)
+
+
+def release_presence(store: Any) -> None:
+    """Give up ``store``'s presence file: this hub no longer serves its inbox files (its
+    dispatcher stopped), so a hub of another store may take their claims over."""
+    with _present_lock:
+        close = _present.pop(store, None)
+    if close is not None:
+        close()  # closes the descriptor once: the finalizer is spent
 
 
 def _serving(key: str) -> bool:
