@@ -363,8 +363,9 @@ async def test_two_team_names_of_one_claude_code_config_are_deleted_together(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("other", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_hub_of_another_store_never_writes_an_inbox_file_a_live_hub_holds(
-    tmp_path: Path,
+    tmp_path: Path, other: str, request: pytest.FixtureRequest
 ) -> None:
     """Two hubs on two stores (two teams' SQLite files) share the user's state
     directory, where inbox-file claims are kept. A claim named the team and the member,
@@ -372,12 +373,14 @@ def test_a_hub_of_another_store_never_writes_an_inbox_file_a_live_hub_holds(
     A's claim for its own and wrote into the inbox A's agent reads (both counted
     delivered; A's bridge then read B's entry in as well). The claim now carries the
     store: while A is serving, B's message is a dead letter naming hub A; once A has
-    stopped, B takes the claim over and writes."""
+    stopped, B takes the claim over and writes. B on another SQLite file, or on
+    PostgreSQL."""
     root = tmp_path / "teams"
     setting = {"type": "inbox-file", "root": str(root)}
     path = root / "t" / "inboxes" / "r.json"
     a = start_server(tmp_path / "a")
-    b = start_server(tmp_path / "b")
+    b_store = request.getfixturevalue("new_postgres_url")() if other == "postgres" else None
+    b = start_server(tmp_path / "b", b_store)
     try:
         users = {}
         for srv in (a, b):
