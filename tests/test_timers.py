@@ -498,6 +498,8 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP INDEX budgets_recent",  # schema 23
+        "DELETE FROM schema_migrations WHERE version = 23",
         "DROP INDEX delegations_state",  # schema 22
         "DROP INDEX sessions_team_live",
         "DROP INDEX sessions_team_active",
@@ -538,6 +540,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP INDEX budgets_recent",  # schema 23
+        "DELETE FROM schema_migrations WHERE version = 23",
         "DROP INDEX delegations_state",  # schema 22
         "DROP INDEX sessions_team_live",
         "DROP INDEX sessions_team_active",

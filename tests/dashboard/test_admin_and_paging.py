@@ -238,3 +238,27 @@ def test_the_team_picker_holds_every_team_past_a_page(
     picker = page.get_by_label("team", exact=True)
     expect(picker.locator('option[value="zz0999"]')).to_have_count(1)
     expect(picker.locator(f'option[value="{t.name}"]')).to_have_count(1)
+
+
+def test_the_budgets_panel_shows_the_newest_and_counts_the_rest(
+    page: Page, make_team: Callable[..., Team]
+) -> None:
+    """A team whose pairs have spent more budgets than a page holds: the panel shows
+    the newest page and says how many more there are, and shows them on demand."""
+    names = [f"m{i:02}" for i in range(12)]
+    t = make_team(*names, settings={"anchor_policy": "off", "pair_budget": 1})
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    for a, b in pairs:  # one exchange each: every pair's budget is spent
+        t.post(a, "/v1/messages", to=b, text=f"{a} to {b}", link=False)
+    sign_in(page, t.server, t.tokens["user"])
+    items = page.locator("#budgets li.item")
+    expect(items).to_have_count(SNAPSHOT_PAGE)
+    expect(page.locator("#budgets-count")).to_have_text(str(len(pairs)))
+    expect(items.first).to_have_attribute("data-key", "pair:m10|m11")  # the newest
+    expect(items.first).to_have_attribute("data-spent", "true")
+    more = page.locator("#budgets .more")
+    expect(more).to_contain_text(f"+ {len(pairs) - SNAPSHOT_PAGE} more not shown")
+    more.get_by_role("button", name="show more").click()
+    expect(items).to_have_count(len(pairs))
+    expect(items.last).to_have_attribute("data-key", "pair:m00|m01")  # the oldest
+    expect(page.locator("#budgets .more")).to_have_count(0)

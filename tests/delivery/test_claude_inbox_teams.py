@@ -4,6 +4,7 @@ deleted across a restart of the hub, and two members never share one inbox file.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import stat
 import threading
@@ -16,6 +17,7 @@ import pytest
 
 from backchannel.delivery.claude_inbox import InboxWriter, read_inbox
 from backchannel.delivery.inbox_file import claim_inbox, take_inbox
+from backchannel.delivery.inbox_watch import InboxBridge
 from backchannel.testing import eventually, eventually_blocking
 from tests.conftest import Server, start_server
 from tests.delivery.conftest_adapters import dispatching, running_hub, wait_state
@@ -358,3 +360,133 @@ async def test_two_team_names_of_one_claude_code_config_are_deleted_together(
     assert [e["text"] for e in read_inbox(root / "My_Team" / "inboxes" / "a.json")] == [
         "[From user] one"
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_hub_of_another_store_never_writes_an_inbox_file_a_live_hub_holds(
+    tmp_path: Path, other: str, request: pytest.FixtureRequest
+) -> None:
+    """Two hubs on two stores (two teams' SQLite files) share the user's state
+    directory, where inbox-file claims are kept. A claim named the team and the member,
+    not the store: hub B, whose team and member have the same names as hub A's, took
+    A's claim for its own and wrote into the inbox A's agent reads (both counted
+    delivered; A's bridge then read B's entry in as well). The claim now carries the
+    store: while A is serving, B's message is a dead letter naming hub A; once A has
+    stopped, B takes the claim over and writes. B on another SQLite file, or on
+    PostgreSQL."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    a = start_server(tmp_path / "a")
+    b_store = request.getfixturevalue("new_postgres_url")() if other == "postgres" else None
+    b = start_server(tmp_path / "b", b_store)
+    try:
+        users = {}
+        for srv in (a, b):
+            users[srv.url] = srv.team("t")["user"]
+            with srv.client() as c:
+                r = c.post("/v1/teams/t/members", json={"name": "r", "delivery": setting})
+                assert r.status_code == 201, r.text
+        sent: dict[str, str] = {}
+        for name, srv in (("a", a), ("b", b)):
+            with srv.client(users[srv.url]) as c:
+                body = {"to": "r", "text": f"from hub {name}", "link": False}
+                r = c.post("/v1/messages", json=body)
+                assert r.status_code == 201, r.text
+                sent[name] = r.json()["message_id"]
+        with a.client(users[a.url]) as c:
+            _status(c, sent["a"], "acked")
+        with b.client(users[b.url]) as c:
+            dead = _status(c, sent["b"], "dead")
+        reason = dead["deliveries"][0]["dead_reason"]
+        assert "another hub" in reason and f"sqlite://{tmp_path / 'a'}" in reason, reason
+        assert [e["text"] for e in read_inbox(path)] == ["[From user] from hub a"]
+        a.stop()
+        with b.client(users[b.url]) as c:
+            r = c.post("/v1/messages", json={"to": "r", "text": "b again", "link": False})
+            assert r.status_code == 201, r.text
+            _status(c, r.json()["message_id"], "acked")
+        assert [e["text"] for e in read_inbox(path)][-1] == "[From user] b again"
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_a_bridge_never_reads_an_inbox_file_a_serving_hub_of_another_store_holds(
+    tmp_path: Path,
+) -> None:
+    """Two hubs on two stores, one state directory, a team and members of the same
+    names, one inbox file. Hub B's bridge read the entries hub A's teammate wrote into
+    A's agent's inbox and took them in as messages of B's own member of that name (a
+    message B's member never sent, in B's record and budgets). A file a serving hub of
+    another store has claimed is now left to that hub; once its dispatcher stops, the
+    claim is B's to take over."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    async with running_hub() as a, running_hub() as b:
+        for hub in (a, b):
+            await hub.add_member("t", "r", "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a):
+            sent = await a.send("t", "alice", "r", "for a's r", link=False)
+            await wait_state(a, "t", sent.message_id, "acked")
+            assert [e["text"] for e in read_inbox(path)] == ["[From alice] for a's r"]
+            InboxWriter(root).append("t", "r", msg_id="cc-1", from_="alice", text="by hand")
+            bridge = InboxBridge(b, root=root, watch=False)
+            await bridge.start()
+            try:
+                taken = await bridge.scan()
+                assert not [r for r in taken if r.messages or r.own], taken
+                assert bridge.taken == 0
+            finally:
+                await bridge.stop()
+        # a's dispatcher stopped, giving its claims up: b's member has the file now
+        async with dispatching(b):
+            later = await b.send("t", "alice", "r", "for b's r", link=False)
+            await wait_state(b, "t", later.message_id, "acked")
+        assert [e["text"] for e in read_inbox(path)][-1] == "[From alice] for b's r"
+
+
+def test_a_claim_written_before_claims_named_their_store_is_still_understood(
+    tmp_path: Path,
+) -> None:
+    """A claim made by the previous version names the team and the member only: it is
+    still the member's (and made its store's at the next write), another member's
+    still holds the file, and a claim of a store whose hub is gone is taken over."""
+    from backchannel.delivery.inbox_file import StoreMark, _claim_of
+
+    path = tmp_path / "teams" / "t" / "inboxes" / "r.json"
+    mine = StoreMark("a" * 32, "hub A")
+    assert claim_inbox(path, "t", "r") is None  # the old body: no store
+    assert claim_inbox(path, "t", "x", mine) == ("t", "r")
+    assert claim_inbox(path, "t", "r", mine) is None
+    assert json.loads(_claim_of(path).read_text())["store"] == mine.key
+    # a store whose hub is not serving (no presence held): its claim is taken over
+    theirs = StoreMark("b" * 32, "hub B")
+    assert claim_inbox(path, "t", "r", theirs) is None
+    assert json.loads(_claim_of(path).read_text())["hub"] == "hub B"
+
+
+def test_hubs_of_one_store_share_its_mark_and_other_stores_do_not(tmp_path: Path) -> None:
+    """Every hub of one store writes its member's inbox as one: two SQLite paths to one
+    file, or two URLs of one PostgreSQL database (another user, another password), are
+    one store; another file or another database is another store."""
+    from types import SimpleNamespace
+
+    from backchannel.delivery.inbox_file import store_mark
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    def mark(url: str) -> str:
+        return store_mark(SimpleNamespace(url=url)).key
+
+    db = tmp_path / "real" / "hub.db"
+    assert mark(f"sqlite://{db}") == mark(f"sqlite://{tmp_path / 'link' / 'hub.db'}")
+    assert mark(f"sqlite://{db}") != mark(f"sqlite://{tmp_path / 'real' / 'other.db'}")
+    pg = "postgresql://a:***@127.0.0.1:5433/team1"
+    assert mark(pg) == mark("postgresql://b@127.0.0.1:5433/team1?sslmode=disable")
+    assert mark(pg) != mark("postgresql://a:***@127.0.0.1:5433/team2")
+    assert mark("memory://") != mark("memory://"), "each memory store is its own"

@@ -19,6 +19,7 @@ import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,6 +98,11 @@ BOUNDED_TEAM_READS = {
     "SELECT member, count(*) FROM deliveries WHERE team = ? AND state IN (?, ?) GROUP BY": (
         "/metrics' count of each member's pending copies: the entries of deliveries_open,"
         " an index of those copies alone (no acked or dead copy is read)"
+    ),
+    "FROM budgets WHERE team = ? AND ((substr(key, ?, ?) = ? AND (used >= ? + granted OR": (
+        "the dashboard's budgets that need a human: the page's LIMIT read from "
+        "budgets_recent backwards (besides, at most the team's pairs and members' records"
+        " that need none), and their count from its entries alone, no row"
     ),
     "FROM budgets WHERE team = ? AND (key < ? OR key >= ?) ORDER BY key LIMIT ?": (
         "the first page of a team's used budgets: the LIMIT, and the one record per member"
@@ -227,6 +233,7 @@ async def _team_day(hub: Hub, clock: FakeClock) -> None:
     await hub.list_teams(after="a", limit=2)
     await hub.list_budgets("t", limit=2)
     await hub.list_budgets("t", after="chain:", limit=2)
+    await hub.budgets_for_human("t", limit=2)  # the dashboard's budgets panel
     for s in await hub.list_sessions("t", "counter"):
         got = await hub.receive("t", "counter", session=s.session_id, limit=5)
         for g in got:
@@ -475,6 +482,81 @@ async def test_a_page_of_timers_costs_what_it_shows(tmp_path: Path) -> None:
         assert rows == 5 + 1, rows
 
 
+async def test_the_budgets_panel_costs_what_it_shows(tmp_path: Path) -> None:
+    """Spent chain budgets are kept for good. The dashboard's budgets panel (its
+    snapshot every second, and its pages) read every budget of the team to keep the
+    first page: a team with 3,000 spent chains read 3,000 records a second. It now reads
+    the page from an index, the most recently updated first, and counts the rest from
+    the index's entries alone: the page costs what it shows, whatever the history."""
+    from backchannel.interfaces.dashboard import SNAPSHOT_PAGE, budgets_view
+    from backchannel.types import Budget
+
+    seen: list[str] = []
+    db = tmp_path / "hub.db"
+    clock = FakeClock()
+    async with Hub(SqliteStore(db, on_statement=seen.append), clock=clock, background=False) as hub:
+        now = clock.now()
+        for team, n in (("small", 60), ("big", 3_000)):
+            await hub.create_team(team, settings={"pair_budget": 2})
+            for m in ("a", "b", "c"):
+                await hub.add_member(team, m)
+
+            def spend(tx: Any, team: str = team, n: int = n) -> None:
+                for i in range(n):  # spent chains, the newest last
+                    at = now - 10 * (n - i)
+                    tx.put_budget(Budget(team, f"chain:c{i:05}", at, used=10_000, updated_at=at))
+                # a spent pair, one in use and one whose window passed: the first shows
+                tx.put_budget(Budget(team, "pair:a|b", now, used=2, updated_at=now - 5))
+                tx.put_budget(Budget(team, "pair:a|c", now, used=1, updated_at=now - 1))
+                tx.put_budget(Budget(team, "pair:b|c", now - 10**7, used=9, updated_at=now))
+
+            await hub.store.transact(spend)
+
+        async def cost(team: str) -> tuple[list[dict[str, Any]], int, int, int]:
+            """The page, the rows the panel's reads of budgets returned, and the SQLite
+            steps of the page's read (the count's apart)."""
+            seen.clear()
+            page, hidden = await budgets_view(hub, team)
+            reads = [q for q in seen if "FROM budgets" in q and q.startswith("SELECT")]
+            rows = steps = 0
+            conn = sqlite3.connect(db)
+            try:
+                for sql in reads:
+                    n = 0
+
+                    def count() -> int:
+                        nonlocal n
+                        n += 1
+                        return 0
+
+                    conn.set_progress_handler(count, 1)
+                    rows += len(conn.execute(sql).fetchall())
+                    conn.set_progress_handler(None, 1)
+                    if "count(*)" not in sql:
+                        assert "LIMIT" in sql, sql
+                        steps += n
+                    else:
+                        plan = [r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql)]
+                        assert plan == [
+                            "SEARCH budgets USING COVERING INDEX budgets_recent (team=?)"
+                        ], plan
+            finally:
+                conn.close()
+            return page, hidden, rows, steps
+
+        page, hidden, rows, small_steps = await cost("small")
+        assert [b["key"] for b in page[:3]] == ["pair:a|b", "chain:c00059", "chain:c00058"]
+        assert (len(page), hidden) == (SNAPSHOT_PAGE, 61 - SNAPSHOT_PAGE)
+        page, hidden, rows, big_steps = await cost("big")
+        assert [b["key"] for b in page[:2]] == ["pair:a|b", "chain:c02999"]
+        assert (len(page), hidden) == (SNAPSHOT_PAGE, 3_001 - SNAPSHOT_PAGE)
+        assert rows == SNAPSHOT_PAGE + 1, rows  # the page, and the count's one row
+        assert big_steps < small_steps * 1.5, (small_steps, big_steps)
+        # a later page is read from where it starts, the newest first
+        later, hidden = await budgets_view(hub, "big", 3_000, 50)
+        assert [b["key"] for b in later] == ["chain:c00000"] and hidden == 3_000
+
+
 def test_the_check_catches_a_scan(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     conn = sqlite3.connect(db)
@@ -542,6 +624,10 @@ PG_CHECKS = {
     "members_pkey": "SELECT name FROM members WHERE team = 't' AND name > 'a' "
     "ORDER BY name LIMIT 101",
     "teams_pkey": "SELECT name FROM teams WHERE name > 'a' ORDER BY name LIMIT 101",
+    "budgets_recent": "SELECT key FROM budgets WHERE team = 't' AND ((substr(key, 1, 6) = "
+    "'chain:' AND (used >= 32 + granted OR granted > 0)) OR (substr(key, 1, 5) = 'pair:' "
+    "AND window_start > 0 AND (used >= 24 + granted OR granted > 0))) "
+    "ORDER BY updated_at DESC, key DESC LIMIT 51",
     "budgets_pkey": "SELECT key FROM budgets WHERE team = 't' AND key > 'chain:' "
     "AND (key < 'ctx:' OR key >= 'ctx;') ORDER BY key LIMIT 101",
     "delegations_team": "SELECT delegation_id FROM delegations WHERE team = 't' "

@@ -1093,6 +1093,10 @@ class Dispatcher:
         if self._retiring:
             await asyncio.wait(set(self._retiring.values()))
         await self.ownership.release()
+        from backchannel.delivery.inbox_file import release_presence
+
+        # this hub's inbox-file claims: another store's hub may take them over now
+        release_presence(self.hub.store)
 
     def poke(self) -> None:
         """Scan now instead of at the next ``rescan_s`` tick (after adding a member)."""

@@ -47,6 +47,18 @@ A claim whose member is no longer delivered to the file is taken over only if it
 still that member's (a check and a swap under a ``flock``, :func:`take_inbox`): of two
 writers (threads, hub processes) taking one outdated claim over at once, one does, and
 the other's message is a dead letter as for any file another member holds.
+
+The state directory is the user's, shared by every hub they run, each with its store
+(two teams' SQLite files, a SQLite file and a PostgreSQL database), and two stores may
+have a team and a member of the same names delivered to one inbox file. So a claim also
+names the store it is made for (:class:`StoreMark`: a hash of where the store is) and
+the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
+``claude-inboxes/`` from its first claim until its dispatcher stops (or its store is
+collected, or its process ends). A claim of another store whose hub is
+serving (its presence file is locked) is never taken over: the message is a dead letter
+naming that hub. One whose hub has stopped is taken over, under the claim's lock. A
+claim written before claims named their store is read as before, and made the store's
+of the first hub of its member to write.
 """
 
 from __future__ import annotations
@@ -55,10 +67,14 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
+import secrets
+import socket
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +105,14 @@ from backchannel.types import InboxMessage
 
 __all__ = [
     "InboxFileAdapter",
+    "StoreMark",
     "claim_inbox",
     "delivered_to",
+    "held_elsewhere",
     "inbox_clash",
     "inbox_of",
+    "release_presence",
+    "store_mark",
     "take_inbox",
     "write_claimed",
 ]
@@ -159,8 +179,110 @@ def _claim_of(path: Path) -> Path:
     return state_mark(_claims(), _same_file_key(path))
 
 
-def _claim_body(path: Path, team: str, member: str) -> str:
-    return json.dumps({"team": team, "member": member, "path": str(path)})
+@dataclass(frozen=True, slots=True)
+class StoreMark:
+    """The store a claim is made for: ``key``, a hash of where the store is (its SQLite
+    file's real path, its PostgreSQL URL without the password, a memory store's own
+    token), and ``hub``, how the hub is named to a user whose write the claim refuses."""
+
+    key: str
+    hub: str
+
+
+_marks: weakref.WeakKeyDictionary[Any, StoreMark] = weakref.WeakKeyDictionary()
+#: store -> what closes its presence file (``flock``-ed shared while the store serves):
+#: called by :func:`release_presence`, or when the store is collected
+_present: weakref.WeakKeyDictionary[Any, weakref.finalize[[int], None]] = (
+    weakref.WeakKeyDictionary()
+)
+_present_lock = threading.Lock()
+
+
+def store_mark(store: Any) -> StoreMark:
+    """The :class:`StoreMark` of ``store`` (the same for every hub of one store)."""
+    with contextlib.suppress(TypeError):
+        if (mark := _marks.get(store)) is not None:
+            return mark
+    url = getattr(store, "url", None)
+    if isinstance(url, str) and url.startswith("sqlite://"):
+        where = "sqlite://" + os.path.realpath(url[len("sqlite://") :])
+    elif isinstance(url, str) and url.startswith(("postgresql://", "postgres://")):
+        where = _database(url)
+    elif isinstance(url, str) and "://" in url and url.split("://", 1)[1]:
+        where = url
+    else:  # a store only this object opens (memory)
+        where = f"memory://{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(8)}"
+    key = hashlib.sha256(where.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    mark = StoreMark(key, f"the hub (process {os.getpid()} on {socket.gethostname()}) "
+                          f"of the store {where}")  # fmt: skip
+    with contextlib.suppress(TypeError):
+        _marks[store] = mark
+    return mark
+
+
+def _database(url: str) -> str:
+    """A PostgreSQL URL as the database it names (host, port, database), whoever
+    connects and however: hubs of one database are hubs of one store."""
+    try:
+        import psycopg
+
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except Exception:
+        return url  # as given (masked): read as one store by every hub that gives it
+    host, port = info.get("host") or "localhost", info.get("port") or "5432"
+    return f"postgresql://{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
+
+
+def _presence_file(key: str) -> Path:
+    return _claims() / f"store-{key}.live"
+
+
+def _be_present(store: Any, mark: StoreMark) -> None:
+    """Hold ``store``'s presence file (a shared ``flock``) while ``store`` lives, so
+    hubs of other stores see its claims held by a hub that is serving."""
+    with _present_lock:
+        if store in _present:
+            return
+        private_dirs(_claims())
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(_presence_file(mark.key), flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a look (below) holds it an instant at most
+        except OSError:
+            os.close(fd)
+            raise
+        _present[store] = weakref.finalize(store, os.close, fd)
+
+
+def release_presence(store: Any) -> None:
+    """Give up ``store``'s presence file: this hub no longer serves its inbox files (its
+    dispatcher stopped), so a hub of another store may take their claims over."""
+    with _present_lock:
+        close = _present.pop(store, None)
+    if close is not None:
+        close()  # closes the descriptor once: the finalizer is spent
+
+
+def _serving(key: str) -> bool:
+    """Whether a hub of the store ``key`` holds its presence file (is serving)."""
+    try:
+        fd = os.open(_presence_file(key), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the look's lock, if it took it
+    return False
+
+
+def _claim_body(path: Path, team: str, member: str, mark: StoreMark | None = None) -> str:
+    body = {"team": team, "member": member, "path": str(path)}
+    if mark is not None:
+        body |= {"store": mark.key, "hub": mark.hub}
+    return json.dumps(body)
 
 
 def _read_claim(claim: Path) -> tuple[str, str] | None:
@@ -173,42 +295,120 @@ def _read_claim(claim: Path) -> tuple[str, str] | None:
         return ("", "")  # unreadable: taken over like one whose member is gone
 
 
-def claim_inbox(path: Path, team: str, member: str) -> tuple[str, str] | None:
-    """Claim the inbox file ``path`` for ``member`` of hub team ``team``: ``None`` once
-    the claim is theirs (made now, or theirs before), else the ``(team, member)`` that
-    holds it. A claim is a file 0600 in ``claude-inboxes/`` of the hub's state directory
-    (0700), named after the file's path (:func:`~backchannel.files.state_mark`), made
-    whole at once; :func:`write_claimed` takes over one whose member is no longer
-    delivered to the file (:func:`take_inbox`)."""
-    claim = _claim_of(path)
-    owner = _read_claim(claim)
-    if owner is None:
-        if write_mark(claim, _claim_body(path, team, member), create=True):
-            return None
-        owner = _read_claim(claim)  # another writer claimed it meanwhile
-    return None if owner == (team, member) else owner
+def _read_store(claim: Path) -> tuple[str, str] | None:
+    """The store key and hub a claim names, ``None`` for one that names none (made
+    before claims named their store, or unreadable)."""
+    try:
+        owner = json.loads(claim.read_text(encoding="utf-8"))
+        store, hub = owner.get("store"), owner.get("hub")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (store, str(hub)) if isinstance(store, str) and store else None
 
 
-def take_inbox(
-    path: Path, team: str, member: str, holder: tuple[str, str]
-) -> tuple[str, str] | None:
-    """Take the claim of ``path`` over for ``member`` from ``holder`` (no longer delivered
-    there), only if ``holder`` still holds it: the check and the replacement are one
-    step under a ``flock`` of the claim's lock file, so of two writers (threads, hub
-    processes) taking one outdated claim over at once, exactly one does; the other finds
-    the winner holding it. What :func:`claim_inbox` answers after."""
-    claim = _claim_of(path)
+class InboxHeldElsewhere(PermanentDeliveryError):
+    """The inbox file's claim is held by a serving hub of another store."""
+
+
+def _held_elsewhere_reason(path: Path, hub: str) -> str:
+    return (
+        f"inbox {path}: nothing written: the file is claimed by another hub, {hub}, "
+        "which is serving and delivers to it a member of the same name of its own store "
+        "(the claims of inbox files are kept in the user's state directory, which every "
+        "hub of the user shares); the agent reading it is that hub's. Give this member "
+        "an 'inbox' (or a 'team') of its own in its delivery setting, or stop the other "
+        "hub (its claim is then taken over)"
+    )
+
+
+def held_elsewhere(path: Path, mark: StoreMark) -> str | None:
+    """The hub of another store holding the claim of ``path`` while it serves, or
+    ``None`` (no claim, this store's, one made before claims named their store, or its
+    hub has stopped)."""
+    held = _read_store(_claim_of(path))
+    if held is None or held[0] == mark.key or not _serving(held[0]):
+        return None
+    return held[1]
+
+
+def _claim_store_is(claim: Path, held: tuple[str, str] | None) -> bool:
+    return _read_store(claim) == held
+
+
+def _swap(claim: Path, ok: Callable[[], bool], body: str) -> bool:
+    """Replace ``claim`` with ``body`` if ``ok()``: the check and the replacement one
+    step under a ``flock`` of the claim's lock file."""
     private_dirs(claim.parent)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(claim.with_name(claim.name + ".lock"), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if _read_claim(claim) == holder:
-            write_mark(claim, _claim_body(path, team, member))
-            return None
+        if ok():
+            write_mark(claim, body)
+            return True
     finally:
         os.close(fd)  # releases the flock
-    return claim_inbox(path, team, member)
+    return False
+
+
+def claim_inbox(
+    path: Path, team: str, member: str, mark: StoreMark | None = None
+) -> tuple[str, str] | None:
+    """Claim the inbox file ``path`` for ``member`` of hub team ``team`` (of the store
+    ``mark``): ``None`` once the claim is theirs (made now, or theirs before), else the
+    ``(team, member)`` that holds it. A claim is a file 0600 in ``claude-inboxes/`` of
+    the hub's state directory (0700), named after the file's path
+    (:func:`~backchannel.files.state_mark`), made whole at once; :func:`write_claimed`
+    takes over one whose member is no longer delivered to the file (:func:`take_inbox`).
+
+    With ``mark``: a claim of another store held by a hub that is serving raises
+    :class:`InboxHeldElsewhere` naming that hub; one whose hub has stopped is taken
+    over; one that names no store (written before claims did) and these names is made
+    this store's."""
+    claim = _claim_of(path)
+    body = _claim_body(path, team, member, mark)
+    for _ in range(3):  # a claim that changes hands between looks: looked at again
+        owner = _read_claim(claim)
+        if owner is None:
+            if write_mark(claim, body, create=True):
+                return None
+            owner = _read_claim(claim)  # another writer claimed it meanwhile
+        if mark is None or owner is None:
+            return None if owner == (team, member) else owner
+        held = _read_store(claim)
+        if held is not None and held[0] != mark.key:
+            if _serving(held[0]):
+                raise InboxHeldElsewhere(_held_elsewhere_reason(path, held[1]))
+            # its hub stopped: taken over, if still that claim
+            _swap(claim, functools.partial(_claim_store_is, claim, held), body)
+            continue
+        if held is None and owner == (team, member):
+            # made before claims named their store: this store's from now on
+            _swap(claim, functools.partial(_claim_store_is, claim, None), body)
+            continue
+        return None if owner == (team, member) else owner
+    raise InboxWriteError(f"cannot claim it for {member!r}: its claim kept changing hands")
+
+
+def take_inbox(
+    path: Path, team: str, member: str, holder: tuple[str, str], mark: StoreMark | None = None
+) -> tuple[str, str] | None:
+    """Take the claim of ``path`` over for ``member`` from ``holder`` (no longer delivered
+    there), only if ``holder`` still holds it (for the store ``mark``, or none): the check
+    and the replacement are one step under a ``flock`` of the claim's lock file, so of
+    two writers (threads, hub processes) taking one outdated claim over at once, exactly
+    one does; the other finds the winner holding it. What :func:`claim_inbox` answers
+    after."""
+    claim = _claim_of(path)
+
+    def still() -> bool:
+        store = _read_store(claim)
+        mine = store is None or mark is None or store[0] == mark.key
+        return mine and _read_claim(claim) == holder
+
+    if _swap(claim, still, _claim_body(path, team, member, mark)):
+        return None
+    return claim_inbox(path, team, member, mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,14 +417,24 @@ class _Held:
 
 
 def _claim_then(
-    path: Path, team: str, member: str, taking: tuple[str, str] | None, write: Callable[[], T]
+    path: Path,
+    team: str,
+    member: str,
+    taking: tuple[str, str] | None,
+    write: Callable[[], T],
+    store: Any = None,
 ) -> T | _Held:
-    """One step, in one thread: claim ``path`` (or take it over from ``taking``), then
-    ``write`` if the claim is ``member``'s, else :class:`_Held` naming the holder."""
+    """One step, in one thread: claim ``path`` (or take it over from ``taking``) for
+    ``store``'s member, then ``write`` if the claim is ``member``'s, else :class:`_Held`
+    naming the holder."""
     try:
-        owner = claim_inbox(path, team, member)
+        mark = None
+        if store is not None:
+            mark = store_mark(store)
+            _be_present(store, mark)
+        owner = claim_inbox(path, team, member, mark)
         if owner is not None and owner == taking:
-            owner = take_inbox(path, team, member, owner)
+            owner = take_inbox(path, team, member, owner, mark)
     except OSError as exc:  # the hub's own state directory: transient
         raise InboxWriteError(f"cannot claim it for {member!r}: {exc}") from exc
     return _Held(owner) if owner is not None else write()
@@ -253,12 +463,15 @@ async def write_claimed(
     claimed for them (:func:`claim_inbox`): the claim check and the write are one call of
     ``run`` (a worker thread). A claim whose member ``hub`` no longer delivers to the file
     is taken over (:func:`take_inbox`); a file another member is still delivered to is
-    not written: :class:`PermanentDeliveryError` naming why. Raises
+    not written: :class:`PermanentDeliveryError` naming why, as is a file a serving
+    hub of another store holds (:class:`InboxHeldElsewhere`). Raises
     :class:`InboxWriteError` when the claim cannot be read or made."""
     runner = run or (lambda fn: anyio.to_thread.run_sync(fn))
     taking: tuple[str, str] | None = None
+    store = getattr(hub, "store", None)
     for _ in range(3):  # a claim that changes hands between looks: looked at again
-        out = await runner(functools.partial(_claim_then, path, team, member, taking, write))
+        step = functools.partial(_claim_then, path, team, member, taking, write, store)
+        out = await runner(step)
         if not isinstance(out, _Held):
             return out
         if await delivered_to(hub, out.owner, path):

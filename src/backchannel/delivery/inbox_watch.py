@@ -24,6 +24,10 @@ owns or can write, or below such a team directory or teams root
 (:func:`~backchannel.delivery.claude_inbox.unsafe_dirs`): its files were not
 necessarily written by the user's agents. It is said once, and read once it is fixed.
 
+A file whose claim (:func:`~backchannel.delivery.inbox_file.claim_inbox`) a serving hub
+of another store holds is not read: the agent reading it is that hub's member, and its
+entries are that hub's to take in (see :func:`~backchannel.delivery.inbox_file.held_elsewhere`).
+
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
 read again at its next change; one unchanged since it was last read and settled (its
@@ -60,7 +64,12 @@ from backchannel.delivery.claude_inbox import (
     team_deleted,
     unsafe_dirs,
 )
-from backchannel.delivery.inbox_file import delivered_to, write_claimed
+from backchannel.delivery.inbox_file import (
+    delivered_to,
+    held_elsewhere,
+    store_mark,
+    write_claimed,
+)
 from backchannel.errors import BackchannelError, PermanentDeliveryError
 from backchannel.files import private_dirs
 from backchannel.hub.outage import Outage
@@ -154,6 +163,7 @@ class InboxBridge:
         self._scan_task: asyncio.Task[None] | None = None
         self._warned: set[tuple[str, str]] = set()
         self._unsafe: set[Path] = set()  # directories said to be unsafe, said once
+        self._elsewhere: set[tuple[Path, str]] = set()  # files another store's hub holds
         self.taken = 0  # hub messages made, for status and tests
         self._outage = Outage(log, "listing teams for inbox files")
 
@@ -266,6 +276,15 @@ class InboxBridge:
                 log.warning("not reading the inboxes in %s: %s", d.path, problem)
             return None
         self._unsafe.discard(d.path)
+        if owner.reads_file:  # a file a serving hub of another store holds is its to read
+            mark = store_mark(self.hub.store)
+            if (other := await asyncio.to_thread(held_elsewhere, path, mark)) is not None:
+                if (path, other) not in self._elsewhere:
+                    self._elsewhere.add((path, other))
+                    log.warning("not reading inbox %s: it is claimed by another hub, %s, "
+                                "whose agent reads it; give member %r of team %r an "
+                                "'inbox' of its own", path, other, owner.member, owner.team)  # fmt: skip
+                return None
         stamp = await asyncio.to_thread(file_stamp, path)  # before the read: see file_stamp
         if stamp is not None and d.stamps.get(name) == stamp:
             return None  # unchanged since it was read and settled: nothing new in it

@@ -28,7 +28,7 @@ from backchannel.errors import (
 from backchannel.hub.context import Ctx, Env
 from backchannel.hub.links import Links
 from backchannel.hub.pipeline import Pipeline, Send
-from backchannel.stores.base import Tx
+from backchannel.stores.base import BudgetNeed, Tx
 from backchannel.types import (
     BROADCAST,
     HUB_SENDER,
@@ -558,6 +558,27 @@ class Budgets:
                 rules.budget_json(b, lim, now)
                 for b in tx.list_budgets(team, after=after, limit=limit, hidden=_CTX)
             ]
+
+        return await self.store.read(fn)
+
+    async def budgets_for_human(
+        self, team: str, *, offset: int = 0, limit: int = 50
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of the team's budgets that need a human (spent, or extended), as JSON,
+        the most recently updated first, and how many there are in all. Read from an
+        index in that order: the page's records and a count of index entries, never
+        every spent chain the team ever had."""
+        now = self.clock.now()
+
+        def fn(tx: Tx) -> tuple[list[dict[str, Any]], int]:
+            t = tx.get_team(team)
+            if t is None:
+                raise UnknownTeam(f"unknown team {team!r}", team=team)
+            lim = rules.limits(t.settings)
+            need = BudgetNeed(lim.pair_budget, lim.chain_budget, now - lim.pair_window)
+            page = tx.budgets_for_human(team, need, offset=offset, limit=limit)
+            total = tx.count_budgets_for_human(team, need)
+            return [rules.budget_json(b, lim, now) for b in page], total
 
         return await self.store.read(fn)
 

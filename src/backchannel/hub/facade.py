@@ -269,6 +269,7 @@ class Hub:
     accept_chat = _Delegate("delegations", Delegations.accept_chat)
     accept_tool_response = _Delegate("delegations", Delegations.accept_tool_response)
     list_budgets = _Delegate("budgets", Budgets.list_budgets)
+    budgets_for_human = _Delegate("budgets", Budgets.budgets_for_human)
     extend_budget = _Delegate("budgets", Budgets.extend_budget)
     # -- Claude Code inbox files ------------------------------------------------------------------
     take_inbox_entries = _Delegate("inbox_files", InboxFiles.take_inbox_entries)

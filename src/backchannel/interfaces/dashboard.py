@@ -336,13 +336,13 @@ async def delegations_view(
 async def budgets_view(
     hub: Hub, team: str, offset: int = 0, limit: int = SNAPSHOT_PAGE
 ) -> tuple[list[dict[str, Any]], int]:
-    """A page of the budgets that need a human (spent, or already extended): spent ones
-    first, each group newest first; and how many were left out of the page. Spent chain
-    budgets are kept for good, so a long-lived team's list grows without bound."""
-    found = [b for b in await hub.list_budgets(team) if b["spent"] or b["granted"]]
-    found.sort(key=lambda b: (not b["spent"], -(b["updated_at"] or 0.0), b["key"]))
-    page = found[offset : offset + limit]
-    return page, len(found) - len(page)
+    """A page of the budgets that need a human (spent, or already extended), the most
+    recently updated first; and how many were left out of the page. Spent chain budgets
+    are kept for good, so a long-lived team's list grows without bound: the page is read
+    from an index in its order and the rest counted there
+    (:meth:`~backchannel.hub.Hub.budgets_for_human`)."""
+    page, total = await hub.budgets_for_human(team, offset=offset, limit=limit)
+    return page, total - len(page)
 
 
 def _session_json(s: Session) -> dict[str, Any]:
@@ -520,7 +520,7 @@ def build_router(hub: Hub, key: bytes) -> APIRouter:
     async def budgets(
         team: TeamName, who: Auth, offset: PageOffset = 0, limit: PageLimit = SNAPSHOT_PAGE
     ) -> dict[str, Any]:
-        """A page of the budgets that need a human: spent ones first, newest first."""
+        """A page of the budgets that need a human (spent or extended), newest first."""
         await need_team(who, team)
         page, hidden = await budgets_view(hub, team, offset, limit)
         return {"budgets": page, "offset": offset, "hidden": hidden}

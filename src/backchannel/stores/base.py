@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from backchannel.types import (
@@ -69,7 +70,21 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 23
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetNeed:
+    """Which budget records need a human (:meth:`Tx.budgets_for_human`), by the team's
+    limits at one moment: a chain's whose hops reached ``chain_budget`` plus what was
+    granted (spent), or that was granted more (extended); a pair's whose window began
+    after ``window_from`` (it has not reset) and that is spent (``pair_budget``) or
+    extended. The ``ctx:`` records never do."""
+
+    pair_budget: int
+    chain_budget: int
+    window_from: float
+
 
 #: Where retention goes on (:meth:`Tx.compact`): the ``(created_at, team, message_id)``
 #: of the last message it examined. The key, not the time alone: any number of messages
@@ -784,6 +799,19 @@ class Tx(Protocol):
         """The team's budget records, ordered by key: those whose key comes after
         ``after`` (a page's start), at most ``limit``, without those whose key starts
         with ``hidden``; read from the primary key in that order."""
+
+    def budgets_for_human(
+        self, team: str, need: BudgetNeed, *, offset: int = 0, limit: int | None = None
+    ) -> list[Budget]:
+        """The team's budgets that need a human (spent, or extended: ``need``), the most
+        recently updated first (then by key, backwards), from the ``offset``-th, at most
+        ``limit``: read from an index in that order, so a page costs what it shows and
+        the team's pairs and members, never its history of spent chains."""
+        ...
+
+    def count_budgets_for_human(self, team: str, need: BudgetNeed) -> int:
+        """How many budgets :meth:`budgets_for_human` has in all (index entries alone)."""
+        ...
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

@@ -17,7 +17,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter, Store, Tx
+from backchannel.stores.base import (
+    COMPACT_START,
+    BudgetNeed,
+    CompactCursor,
+    SessionFilter,
+    Store,
+    Tx,
+)
 from backchannel.types import (
     A2AClaim,
     A2ATask,
@@ -1071,6 +1078,26 @@ class MemoryTx:
             ),
             key=lambda b: b.key,
         )[:limit]
+
+    def _for_human(self, team: str, need: BudgetNeed) -> list[Budget]:
+        def needs(b: Budget) -> bool:
+            if b.key.startswith("chain:"):
+                return b.used >= need.chain_budget + b.granted or b.granted > 0
+            if b.key.startswith("pair:") and b.window_start > need.window_from:
+                return b.used >= need.pair_budget + b.granted or b.granted > 0
+            return False
+
+        found = [b for (t, _), b in self._d.budgets.items() if t == team and needs(b)]
+        return sorted(found, key=lambda b: (b.updated_at, b.key), reverse=True)
+
+    def budgets_for_human(
+        self, team: str, need: BudgetNeed, *, offset: int = 0, limit: int | None = None
+    ) -> list[Budget]:
+        found = self._for_human(team, need)[offset:]
+        return found if limit is None else found[:limit]
+
+    def count_budgets_for_human(self, team: str, need: BudgetNeed) -> int:
+        return len(self._for_human(team, need))
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

@@ -9,7 +9,7 @@ from contextlib import suppress
 from typing import Any
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import Tx
+from backchannel.stores.base import BudgetNeed, Tx
 from backchannel.testing._fixtures import T0, StoreFactory, fields_of, make_msg, opened, seed_team
 from backchannel.types import (
     Budget,
@@ -371,6 +371,22 @@ async def check_budgets_and_chains(make_store: StoreFactory) -> None:
         await store.transact(lambda tx: (tx.put_budget(spent), tx.put_budget(chain)))
         assert await store.read(lambda tx: tx.list_budgets("alpha")) == [chain, spent]
         assert await store.read(lambda tx: tx.list_budgets("beta")) == []
+
+        # the budgets that need a human, the most recently updated first: spent or
+        # extended; a pair only while its window lasts; never a ctx: record
+        extended = Budget("alpha", "chain:ext", T0, used=9, granted=4, updated_at=T0 + 3)
+        fine = Budget("alpha", "chain:fine", T0, used=2, updated_at=T0 + 9)
+        old = Budget("alpha", "pair:a|c", T0 - 10**6, used=9, updated_at=T0 + 8)
+        ctx = Budget("alpha", "ctx:a", T0, used=99, updated_at=T0 + 7)
+        more = [extended, fine, old, ctx]
+        await store.transact(lambda tx: [tx.put_budget(b) for b in more])
+        need = BudgetNeed(pair_budget=3, chain_budget=8, window_from=T0 - 100)
+        every = await store.read(lambda tx: tx.budgets_for_human("alpha", need))
+        assert [b.key for b in every] == ["chain:ext", "pair:a|b", "chain:chain-x"], every
+        page = await store.read(lambda tx: tx.budgets_for_human("alpha", need, offset=1, limit=1))
+        assert page == [spent]
+        assert await store.read(lambda tx: tx.count_budgets_for_human("alpha", need)) == 3
+        assert await store.read(lambda tx: tx.count_budgets_for_human("beta", need)) == 0
 
 
 async def check_credentials_and_removal(make_store: StoreFactory) -> None:

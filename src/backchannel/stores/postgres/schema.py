@@ -403,6 +403,10 @@ MIGRATIONS: list[str] = [
         WHERE kind = 'timer';
     CREATE INDEX jobs_timers_session ON jobs (team, session_id, job_id) WHERE kind = 'timer';
     """,
+    # 23: a team's budgets, the most recently updated first (see the SQLite schema)
+    """
+    CREATE INDEX budgets_recent ON budgets (team, updated_at, key, used, granted, window_start);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

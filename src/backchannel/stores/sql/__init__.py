@@ -339,6 +339,32 @@ def budgets_query(
     return sql, args
 
 
+#: :class:`~backchannel.stores.base.BudgetNeed` as a condition on a budget record; the
+#: scopes are told by the key's prefix through ``substr`` so that no plan serves them from
+#: the primary key (whose order is not the one shown)
+_NEEDS_HUMAN = (
+    "((substr(key, 1, 6) = ? AND (used >= ? + granted OR granted > 0))"
+    " OR (substr(key, 1, 5) = ? AND window_start > ? AND (used >= ? + granted OR granted > 0)))"
+)
+
+
+def budgets_for_human_query(
+    cols: str, team: str, need: Any, offset: int, limit: int | None, *, count: bool = False
+) -> tuple[str, list[Any]]:
+    """:meth:`Tx.budgets_for_human` (or, ``count``, :meth:`Tx.count_budgets_for_human`):
+    read from ``budgets_recent`` backwards, the condition checked on its entries, so only
+    the rows of the page are read (the count reads index entries alone)."""
+    args: list[Any] = [team, "chain:", need.chain_budget, "pair:", need.window_from]
+    args.append(need.pair_budget)
+    where = f"FROM budgets WHERE team = ? AND {_NEEDS_HUMAN}"
+    if count:
+        return f"SELECT count(*) {where}", args
+    sql = f"SELECT {cols} {where} ORDER BY updated_at DESC, key DESC"
+    if limit is None and not offset:
+        return sql, args
+    return f"{sql} LIMIT ? OFFSET ?", [*args, 2**62 if limit is None else limit, offset]
+
+
 def delegations_query(
     cols: str,
     team: str,

@@ -410,6 +410,13 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_timers_member ON jobs (team, json_extract(payload, '$.member'), id)
         WHERE kind = 'timer';
     """,
+    # 23: a team's budgets, the most recently updated first, so the dashboard's budgets
+    #     panel reads the page it shows and counts the rest from index entries alone
+    #     (the columns that say whether a budget needs a human are in the index), never
+    #     every spent chain the team ever had
+    """
+    CREATE INDEX budgets_recent ON budgets (team, updated_at, key, used, granted, window_start);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

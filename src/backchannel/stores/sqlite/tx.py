@@ -14,12 +14,13 @@ from dataclasses import astuple, replace
 from typing import Any
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter
+from backchannel.stores.base import COMPACT_START, BudgetNeed, CompactCursor, SessionFilter
 from backchannel.stores.sql import (
     CLOSED_LINKS_COUNT,
     LATEST_CLOSED_LINKS,
     LATEST_SESSIONS,
     SESSION_COUNTS,
+    budgets_for_human_query,
     budgets_query,
     delegation_counts,
     delegation_counts_query,
@@ -1113,6 +1114,19 @@ class SqliteTx(LifecycleSql):
         self._write_budgets()
         sql, args = budgets_query(BUDGET_COLS, team, after, limit, hidden)
         return [Budget(*r) for r in self._c.execute(sql, args)]
+
+    def budgets_for_human(
+        self, team: str, need: BudgetNeed, *, offset: int = 0, limit: int | None = None
+    ) -> list[Budget]:
+        self._write_budgets()
+        sql, args = budgets_for_human_query(BUDGET_COLS, team, need, offset, limit)
+        return [Budget(*r) for r in self._c.execute(sql, args)]
+
+    def count_budgets_for_human(self, team: str, need: BudgetNeed) -> int:
+        self._write_budgets()
+        sql, args = budgets_for_human_query(BUDGET_COLS, team, need, 0, None, count=True)
+        row = self._c.execute(sql, args).fetchone()
+        return int(row[0]) if row else 0
 
     # -- A2A tasks -----------------------------------------------------------
     def put_a2a_task(self, task: A2ATask) -> None:

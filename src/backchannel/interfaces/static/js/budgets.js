@@ -1,5 +1,6 @@
 // The budgets panel: conversation budgets (per pair and per chain) that need a human,
-// spent ones first, each with its extend action.
+// each with its extend action: the page the hub sends (the most recently updated),
+// spent ones first within it.
 
 import { api, teamPath } from "./api.js";
 import { $, h } from "./dom.js";
