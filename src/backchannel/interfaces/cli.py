@@ -299,7 +299,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")
-    ] = 8765,
+    ] = config.DEFAULT_PORT,
     lease: Annotated[
         float, typer.Option(callback=finite, help="Seconds a received message stays leased.")
     ] = 60.0,
