@@ -25,7 +25,7 @@ from rich.console import Console
 from backchannel import config
 from backchannel.client import Client
 from backchannel.errors import BackchannelError
-from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt
+from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt, choice
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -247,8 +247,16 @@ def _executable() -> str:
     return str(me) if me.name == "backchannel" else "backchannel"
 
 
+def _runtime_names() -> list[str]:
+    from backchannel.runtimes import RUNTIMES
+
+    return list(RUNTIMES)
+
+
 def attach(
-    runtime: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    runtime: Annotated[
+        str, typer.Argument(callback=choice(_runtime_names), help="claude-code, codex or gemini")
+    ],
     team: Annotated[str, typer.Option(help="The member's team.")],
     member: Annotated[str, typer.Option(help="The member this agent runs as.")],
     directory: Annotated[
