@@ -305,7 +305,9 @@ async def test_a_timer_note_json_writes_past_one_answer_is_shown_cut_saying_so(
     assert [t["timer_id"] for t in data["timers"]] == [ident] and data["next_after"] is None
     kept = shown.partition(" s: ")[2].partition(" […note cut here")[0]
     assert note.startswith(kept) and len(kept) > 1000
-    assert f"{len(note) - len(kept)} more characters; read_timer(id={ident}) reads it whole" in shown
+    assert (
+        f"{len(note) - len(kept)} more characters; read_timer(id={ident}) reads it whole" in shown
+    )
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -1057,9 +1057,7 @@ class Client:
 
     async def timer(self, timer_id: int) -> Timer:
         """One timer of your team (pending, fired or cancelled), its note whole."""
-        call = Call(
-            "GET", f"/v1/timers/{timer_id}", lambda s: s.member.timer(timer_id), Timer
-        )
+        call = Call("GET", f"/v1/timers/{timer_id}", lambda s: s.member.timer(timer_id), Timer)
         got: Timer = await self._do(call)
         return got
 
