@@ -511,9 +511,16 @@ def test_with_no_hub_recorded_attach_asks_the_default_url_and_says_what_it_found
 
 
 def test_a_url_no_client_can_use_is_refused_not_replaced(tmp_path: Path) -> None:
-    """``attach --url ftp://host`` fell back to http://127.0.0.1:8765 and wrote that."""
+    """``attach --url ftp://host`` (or a store's URL) fell back to http://127.0.0.1:8765
+    and wrote that."""
     result = attach(tmp_path, "claude-code", "--url", "ftp://hub.example:8765")
     assert result.exit_code == 1, result.output
     assert "cannot tell where 'ftp://hub.example:8765'" in result.stderr
     assert "nothing written" in result.stderr
-    assert not (tmp_path / ".mcp.json").exists()
+    store = f"sqlite:///{tmp_path / 'hub.db'}"
+    result = attach(tmp_path, "claude-code", "--url", store)
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    assert f"{store!r} is a store, and the agent reaches its hub over HTTP" in said, said
+    assert "nothing written" in said
+    assert list(tmp_path.iterdir()) == []

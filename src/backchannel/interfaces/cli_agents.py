@@ -291,6 +291,15 @@ def attach(
             err.print(f"{exc.message}; nothing written", markup=False)
             raise typer.Exit(1) from None
         hub = ""
+    if url and hub and not hub.startswith(("http://", "https://")):
+        err.print("[red]error:[/red] ", end="")
+        err.print(
+            f"{config.redact_url(url)!r} is a store, and the agent reaches its hub over "
+            "HTTP: start `backchannel serve` on it and give its http(s)://HOST:PORT as "
+            "--url (or BACKCHANNEL_URL); nothing written",
+            markup=False,
+        )
+        raise typer.Exit(1)
     if not hub.startswith(("http://", "https://")):
         hub = _default_hub(home)
     if hub:
