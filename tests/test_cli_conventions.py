@@ -553,3 +553,45 @@ def test_help_lists_each_command_with_its_whole_first_sentence() -> None:
             if f"{sub} {first}" not in listing or first.endswith("..."):
                 cut[f"{name} {sub}".strip()] = first
     assert cut == {}, cut
+
+
+def test_a_value_outside_an_options_closed_set_is_a_usage_error_naming_the_choices(
+    server: Server, tmp_path: Path
+) -> None:
+    """``member add --kind claude`` went to the hub and came back as its validation error
+    (exit 1, pydantic's words). Every option or argument with a closed set of values is
+    checked by the command line: exit 2, the option named with the values it takes and
+    the closest ones, nothing asked of the hub and nothing written."""
+    tokens = server.team("demo", "worker")
+    hub = {"BACKCHANNEL_URL": server.url}
+    project = tmp_path / "project"
+    project.mkdir()
+    cases = [
+        (
+            ("member", "add", "demo", "newbie", "--kind", "claude"),
+            {**hub, "BACKCHANNEL_TOKEN": server.admin_token},
+            "Invalid value for '--kind': 'claude' is not one of: claude-code, codex, gemini, "
+            "llm, http, human (did you mean 'claude-code'",
+        ),
+        (
+            ("timer", "set", "anchr", "5", "back to the report"),
+            {**hub, "BACKCHANNEL_TOKEN": tokens["worker"]},
+            "Invalid value for 'intent': 'anchr' is not one of: anchor, check, wait "
+            "(did you mean 'anchor'?)",
+        ),
+        (
+            ("attach", "claude", "--team", "demo", "--member", "worker", "--dir", str(project)),
+            {**hub, "BACKCHANNEL_TOKEN": tokens["worker"]},
+            "Invalid value for 'runtime': 'claude' is not one of: claude-code, codex, gemini",
+        ),
+    ]
+    for args, env, said in cases:
+        r = run(*args, env=env)
+        assert r.returncode == 2, (args, r.stderr)
+        assert said in " ".join(r.stderr.split()), (args, r.stderr)
+    assert list(project.iterdir()) == []
+    with server.client() as admin:
+        names = [m["name"] for m in admin.get("/v1/teams/demo/members").json()["members"]]
+    assert "newbie" not in names
+    ok = run("member", "add", "demo", "newbie", "--kind", "codex", env=cases[0][1])
+    assert ok.returncode == 0, ok.stderr

@@ -34,6 +34,7 @@ TOOLS = {
     "set_timer",
     "cancel_timer",
     "list_timers",
+    "read_timer",
     "add_reaction",
     "read_message",
 }

@@ -305,7 +305,57 @@ async def test_a_timer_note_json_writes_past_one_answer_is_shown_cut_saying_so(
     assert [t["timer_id"] for t in data["timers"]] == [ident] and data["next_after"] is None
     kept = shown.partition(" s: ")[2].partition(" […note cut here")[0]
     assert note.startswith(kept) and len(kept) > 1000
-    assert f"{len(note) - len(kept)} more characters, which the timer shows when it fires" in shown
+    assert (
+        f"{len(note) - len(kept)} more characters; read_timer(id={ident}) reads it whole" in shown
+    )
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_read_timer_reads_a_note_whole_that_a_list_shows_cut(
+    srv: Server, errlog: TextIO, transport: str
+) -> None:
+    """No tool read a timer's note whole: ``list_timers`` cut a note JSON writes long,
+    and a teammate's was read nowhere else. ``read_timer(id)`` reads one timer of the
+    team (pending, fired or cancelled) with its note, in parts when it is longer than one
+    answer, each naming the start of the next; an id of no timer of the team is refused."""
+    tokens = make_team(srv, f"timer-read-{transport}", "a", "b")
+    dense = "remember:\n" + "\x01" * 1500 + "\nthen: " + "\x02" * 480
+    with srv.client(tokens["b"]) as c:
+        c.post("/v1/sessions", json={"session_id": "b-1"}).raise_for_status()
+        body = {"intent": "anchor", "minutes": 60, "note": dense}
+        theirs = c.post("/v1/timers", json=body).json()["timer_id"]
+        body = {"intent": "anchor", "minutes": 60, "note": "short and plain"}
+        gone = c.post("/v1/timers", json=body).json()["timer_id"]
+        c.delete(f"/v1/timers/{gone}").raise_for_status()
+    other = make_team(srv, f"timer-read-other-{transport}", "z")
+    with srv.client(other["z"]) as c:
+        c.post("/v1/sessions", json={"session_id": "z-1"}).raise_for_status()
+        body = {"intent": "anchor", "minutes": 60, "note": "another team's"}
+        foreign = c.post("/v1/timers", json=body).json()["timer_id"]
+    async with connect(transport, srv, tokens["a"], None, errlog) as s:
+        shown, _ = await answer(s, "list_timers")
+        assert f"read_timer(id={theirs}) reads it whole" in shown
+        parts, start = [], 0
+        while True:
+            shown, data = await answer(s, "read_timer", id=theirs, start=start)
+            assert data["timer_id"] == theirs and data["member"] == "b" and "note" not in data
+            assert data["start"] == start
+            note = shown.partition(": ")[2] if not start else shown.partition("): ")[2]
+            if data["next_start"] is None:
+                parts.append(note)
+                break
+            cut = f"\n[…the note goes on: {len(dense) - data['next_start']} more characters; "
+            assert cut in note, note[-200:]
+            parts.append(note.partition(cut)[0])
+            assert f"call read_timer(id={theirs}, start={data['next_start']})" in shown
+            start = data["next_start"]
+        assert len(parts) > 1 and "".join(parts) == dense
+        shown, data = await answer(s, "read_timer", id=gone)
+        assert data["state"] == "cancelled" and shown.endswith("cancelled. Note: short and plain")
+        said = await fails(s, "read_timer", id=foreign)
+        assert f"no timer {foreign} in team" in said, said
+        said = await fails(s, "read_timer", id=theirs, start=len(dense) + 1)
+        assert f"note has {len(dense)} characters" in said, said
 
 
 async def test_get_session_data_start_refuses_what_it_cannot_read(

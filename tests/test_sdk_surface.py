@@ -48,6 +48,7 @@ OPERATIONS = {
     "POST /v1/tools/response": "tool_response",
     "POST /v1/timers": "set_timer",
     "GET /v1/timers": "timers",
+    "GET /v1/timers/{timer_id}": "timer",
     "DELETE /v1/timers/{timer_id}": "cancel_timer",
     "POST /v1/sessions": "open_session",
     "GET /v1/sessions": "list_sessions",

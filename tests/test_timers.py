@@ -13,6 +13,7 @@ from backchannel.errors import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
     UnknownRecipient,
 )
 from backchannel.hub import Hub
@@ -711,3 +712,57 @@ async def test_a_wait_timer_fired_mid_turn_says_the_reply_that_came_before_it_wa
         assert [m.meta["replied"] for m in timers] == [False, True]
         # the reply itself is handed over too, once
         assert [g.message.text for g in got].count("The total is 42.") == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_timer_quota_holds_across_hubs_on_one_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Each hub remembered the room it last counted and handed out half of it unseen:
+    two hubs on one store (``serve`` and the CLI's own, or several ``serve``) held 5
+    timers under a limit of 4, and a limit an administrator lowered on one hub did not
+    apply on the other. Every pending timer of the member is counted when one is set,
+    whichever hub set the others, under the limit in force; a session that ends frees
+    what it held."""
+    from backchannel.stores.postgres import PostgresStore
+
+    if kind == "sqlite":
+        db = tmp_path / "quota.db"
+
+        def store() -> Store:
+            return SqliteStore(db)
+    else:
+        url = request.getfixturevalue("new_postgres_url")()
+
+        def store() -> Store:
+            return PostgresStore(url)
+
+    async with (
+        Hub(store(), background=False) as one,
+        Hub(store(), background=False) as two,
+    ):
+        await _team(one, "a", policy="off")
+        await one.open_session("t", "a", "a-2")
+        await one.set_timer("t", "a", "a-s", "anchor", 60, "first, under the default limit")
+        await two.update_member("t", "a", settings={"max_timers": 4})  # lowered elsewhere
+        hubs = [one, two, one, two, one, two]
+        sessions = ["a-s", "a-2", "a-2", "a-s", "a-2", "a-s"]
+        refused: dict[int, str] = {}
+        for i, (hub, sid) in enumerate(zip(hubs, sessions, strict=True)):
+            try:
+                await hub.set_timer("t", "a", sid, "anchor", 60, f"note {i}")
+            except QuotaExceeded as exc:
+                refused[i] = exc.message
+        assert list(refused) == [3, 4, 5]
+        said = "already has 4 pending timers, the limit (max_timers=4)"
+        assert all(said in why for why in refused.values()), refused
+        assert len(await one.list_timers("t", member="a")) == 4
+        await two.exit_session("t", "a", "a-2")  # exited, resumable: its timers still fire
+        with pytest.raises(QuotaExceeded):
+            await one.set_timer("t", "a", "a-s", "anchor", 60, "while a-2 may come back")
+        await two.terminate_session("t", "a", "a-2", "done")  # its two timers end with it
+        for i in range(2):
+            await one.set_timer("t", "a", "a-s", "anchor", 60, f"after a-2 ended {i}")
+        with pytest.raises(QuotaExceeded):
+            await two.set_timer("t", "a", "a-s", "anchor", 60, "one too many")
+        assert len(await two.list_timers("t", member="a")) == 4

@@ -32,6 +32,14 @@ from backchannel.stores.base import Store
 ADMIN_TOKEN_FILE = "admin.token"
 SERVER_FILE = "server.json"
 DB_FILE = "backchannel.db"
+#: The port ``backchannel serve`` listens on unless told otherwise; where ``attach``
+#: looks for a hub when none is recorded (:func:`default_hub_url`).
+DEFAULT_PORT = 8765
+
+
+def default_hub_url() -> str:
+    """The URL of a hub started with ``backchannel serve`` and no ``--host``/``--port``."""
+    return f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 def home(path: str | os.PathLike[str] | None = None) -> Path:

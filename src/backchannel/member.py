@@ -575,6 +575,11 @@ class MemberApi:
             next_after=page[-1].timer_id if more else None,
         )
 
+    async def timer(self, timer_id: int) -> Timer:
+        """One timer of the team (pending, fired or cancelled), its note whole."""
+        timer = await self.hub.get_timer(self.team, timer_id)
+        return Timer.model_validate(timer.to_json(self.hub.clock.now()))
+
     async def cancel_timer(self, timer_id: int) -> Timer:
         timer = await self.hub.cancel_timer(self.team, self.name, timer_id)
         return Timer.model_validate(timer.to_json())

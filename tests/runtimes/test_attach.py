@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backchannel.interfaces.cli import app
-from tests.conftest import Server
+from tests.conftest import Server, free_port
 
 from .helpers import SEQUENCES
 
@@ -457,3 +458,69 @@ def test_attach_goes_on_when_the_hub_cannot_say(tmp_path: Path) -> None:
     result = attach(tmp_path, "claude-code", member="anyone")  # URL: nothing checks it
     assert result.exit_code == 0, result.output
     assert (tmp_path / ".mcp.json").exists()
+
+
+def _attach_from(project: Path, member: str, token: str) -> Any:
+    """``attach`` with no --url, BACKCHANNEL_URL nor running server recorded: the data
+    directory is the project's own, empty or with a server.json its server left behind."""
+    env = {"BACKCHANNEL_HOME": str(project / ".backchannel"), "BACKCHANNEL_TOKEN": token}
+    args = ["attach", "claude-code", "--team", "demo", "--member", member, "--dir", str(project)]
+    return CliRunner().invoke(app, args, env=env)
+
+
+def test_with_no_hub_recorded_attach_asks_the_default_url_and_says_what_it_found(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no server recorded, ``attach`` said "no running hub found; using
+    http://127.0.0.1:8765" and wrote the files unchecked, even with a hub answering
+    there. It asks the default URL now: a hub that answers is named and checks the
+    names, as a recorded one does; none answering is said, with what to do."""
+    from backchannel import config
+
+    with server.client() as admin:
+        admin.post("/v1/teams", json={"name": "demo"}).raise_for_status()
+        worker = admin.post(
+            "/v1/teams/demo/members", json={"name": "worker", "kind": "claude-code"}
+        ).json()["token"]
+    monkeypatch.setattr(config, "DEFAULT_PORT", int(server.url.rsplit(":", 1)[1]))
+    project = tmp_path / "project"
+    stale = project / ".backchannel"
+    stale.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (stale / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": gone.pid}))
+    got = _attach_from(project, "wroker", worker)
+    assert got.exit_code == 1, got.output
+    assert f"found a hub at {server.url}" in got.stderr
+    assert "unknown member 'wroker' in team 'demo'; did you mean 'worker'?" in got.stderr
+    assert not (project / ".mcp.json").exists()
+    got = _attach_from(project, "worker", worker)
+    assert got.exit_code == 0, got.output
+    assert f"found a hub at {server.url}" in got.stderr
+    assert server.url in (project / ".mcp.json").read_text()
+
+    silent = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setattr(config, "DEFAULT_PORT", int(silent.rsplit(":", 1)[1]))
+    elsewhere = tmp_path / "elsewhere"
+    got = _attach_from(elsewhere, "wroker", worker)
+    assert got.exit_code == 0, got.output  # attach may come before the hub
+    assert f"no hub answers at {silent}" in got.stderr
+    assert "backchannel serve" in got.stderr and "--url" in got.stderr
+    assert "found a hub" not in got.stderr
+    assert silent in (elsewhere / ".mcp.json").read_text()
+
+
+def test_a_url_no_client_can_use_is_refused_not_replaced(tmp_path: Path) -> None:
+    """``attach --url ftp://host`` (or a store's URL) fell back to http://127.0.0.1:8765
+    and wrote that."""
+    result = attach(tmp_path, "claude-code", "--url", "ftp://hub.example:8765")
+    assert result.exit_code == 1, result.output
+    assert "cannot tell where 'ftp://hub.example:8765'" in result.stderr
+    assert "nothing written" in result.stderr
+    store = f"sqlite:///{tmp_path / 'hub.db'}"
+    result = attach(tmp_path, "claude-code", "--url", store)
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    assert f"{store!r} is a store, and the agent reaches its hub over HTTP" in said, said
+    assert "nothing written" in said
+    assert list(tmp_path.iterdir()) == []

@@ -1055,6 +1055,12 @@ class Client:
         got: Timer = await self._do(call)
         return got
 
+    async def timer(self, timer_id: int) -> Timer:
+        """One timer of your team (pending, fired or cancelled), its note whole."""
+        call = Call("GET", f"/v1/timers/{timer_id}", lambda s: s.member.timer(timer_id), Timer)
+        got: Timer = await self._do(call)
+        return got
+
     async def cancel_timer(self, timer_id: int) -> Timer:
         """Cancel one of your pending timers. A timer cancelled already is answered as it
         is, so a cancel whose answer was lost on the way is made again."""

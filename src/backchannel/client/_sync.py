@@ -578,6 +578,10 @@ class SyncClient:
             )
         )
 
+    def timer(self, timer_id: int) -> Timer:
+        """One timer of your team (pending, fired or cancelled), its note whole."""
+        return self._run(self._async.timer(timer_id))
+
     def cancel_timer(self, timer_id: int) -> Timer:
         return self._run(self._async.cancel_timer(timer_id))
 

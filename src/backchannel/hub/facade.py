@@ -259,6 +259,7 @@ class Hub:
     links_overview = _Delegate("links", Links.links_overview)
     get_link = _Delegate("links", Links.get_link)
     set_timer = _Delegate("timers", Timers.set_timer)
+    get_timer = _Delegate("timers", Timers.get_timer)
     cancel_timer = _Delegate("timers", Timers.cancel_timer)
     list_timers = _Delegate("timers", Timers.list_timers)
     timers_due = _Delegate("timers", Timers.timers_due)

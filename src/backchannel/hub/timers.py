@@ -305,6 +305,20 @@ class Timers:
 
         return await self.store.transact(fn)
 
+    async def get_timer(self, team: str, timer_id: int) -> Timer:
+        """One timer of the team, whatever its state, with its note whole (a list shows
+        a long note cut); ``NotFound`` when the team has no timer ``timer_id``."""
+
+        def fn(tx: Tx) -> Timer:
+            job = tx.get_job(team, timer_id)
+            if job is None or job.kind != rules.TIMER_JOB:
+                raise NotFound(
+                    f"no timer {timer_id} in team {team!r}; list your timers", timer_id=timer_id
+                )
+            return Timer.of(job)
+
+        return await self.store.read(fn)
+
     async def list_timers(
         self,
         team: str,

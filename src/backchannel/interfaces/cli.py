@@ -29,7 +29,7 @@ from rich.console import Console
 from backchannel import config
 from backchannel.client import Client
 from backchannel.core.pages import MAX_PAGE, PAGE
-from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE
+from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE, Intent
 from backchannel.delivery.ownership import MIN_OWNERSHIP_S, OWNERSHIP_S
 from backchannel.errors import (
     AnchorRequired,
@@ -46,11 +46,13 @@ from backchannel.interfaces.cli_options import (
     TokenOpt,
     UrlOpt,
     WholeHelpGroup,
+    choice,
     finite,
 )
 from backchannel.interfaces.terminal import markup_safe, printable
 from backchannel.interfaces.terminal import printable as _p
 from backchannel.models import MemberInfo, Received
+from backchannel.types import MemberKind
 
 T = TypeVar("T")
 
@@ -299,7 +301,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")
-    ] = 8765,
+    ] = config.DEFAULT_PORT,
     lease: Annotated[
         float, typer.Option(callback=finite, help="Seconds a received message stays leased.")
     ] = 60.0,
@@ -556,7 +558,10 @@ def member_add(
     team: str,
     name: str,
     kind: Annotated[
-        str, typer.Option(help="claude-code, codex, gemini, llm, http or human")
+        str,
+        typer.Option(
+            callback=choice(MemberKind), help="claude-code, codex, gemini, llm, http or human"
+        ),
     ] = "llm",
     delivery: Annotated[
         str | None,
@@ -1045,7 +1050,7 @@ app.add_typer(timer_app, name="timer")
 
 @timer_app.command("set")
 def timer_set(
-    intent: Annotated[str, typer.Argument(help="anchor, check or wait")],
+    intent: Annotated[str, typer.Argument(callback=choice(Intent), help="anchor, check or wait")],
     minutes: Annotated[float, typer.Argument(callback=finite, help="Due in this many minutes.")],
     note: Annotated[str, typer.Argument(help="The breadcrumb you will read when it fires.")],
     target: Annotated[str | None, typer.Option(help="The peer, for check and wait.")] = None,

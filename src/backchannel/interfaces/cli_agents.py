@@ -22,9 +22,10 @@ import httpx
 import typer
 from rich.console import Console
 
+from backchannel import config
 from backchannel.client import Client
 from backchannel.errors import BackchannelError
-from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt
+from backchannel.interfaces.cli_options import AsOpt, HomeOpt, UrlOpt, choice
 from backchannel.interfaces.cli_options import MemberTokenOpt as TokenOpt
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -246,8 +247,16 @@ def _executable() -> str:
     return str(me) if me.name == "backchannel" else "backchannel"
 
 
+def _runtime_names() -> list[str]:
+    from backchannel.runtimes import RUNTIMES
+
+    return list(RUNTIMES)
+
+
 def attach(
-    runtime: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    runtime: Annotated[
+        str, typer.Argument(callback=choice(_runtime_names), help="claude-code, codex or gemini")
+    ],
     team: Annotated[str, typer.Option(help="The member's team.")],
     member: Annotated[str, typer.Option(help="The member this agent runs as.")],
     directory: Annotated[
@@ -276,16 +285,30 @@ def attach(
 
     try:
         hub = _hub_url(url, home)
-    except BackchannelError:
+    except BackchannelError as exc:
+        if url:  # a --url (or BACKCHANNEL_URL) no client could use: never written
+            err.print("[red]error:[/red] ", end="")
+            err.print(f"{exc.message}; nothing written", markup=False)
+            raise typer.Exit(1) from None
         hub = ""
+    if url and hub and not hub.startswith(("http://", "https://")):
+        err.print("[red]error:[/red] ", end="")
+        err.print(
+            f"{config.redact_url(url)!r} is a store, and the agent reaches its hub over "
+            "HTTP: start `backchannel serve` on it and give its http(s)://HOST:PORT as "
+            "--url (or BACKCHANNEL_URL); nothing written",
+            markup=False,
+        )
+        raise typer.Exit(1)
     if not hub.startswith(("http://", "https://")):
-        hub = "http://127.0.0.1:8765"
-        err.print(f"no running hub found; using {hub} (pass --url to choose)")
-    else:
+        hub = _default_hub(home)
+    if hub:
         unknown = asyncio.run(_unknown_name(hub, team, member, token, home))
         if unknown is not None:
             err.print(f"[red]error:[/red] {unknown}; nothing written", markup=True)
             raise typer.Exit(1)
+    else:
+        hub = config.default_hub_url()
     opts = AttachOptions(
         team, member, directory.resolve(), hub.rstrip("/"), _executable(), http=http
     )
@@ -323,6 +346,32 @@ def attach(
         from backchannel.runtimes.attach import codex_trust_note
 
         err.print(codex_trust_note(opts, grant=trust_hooks))
+
+
+def _default_hub(home: Path | None) -> str:
+    """No hub recorded (no ``server.json``, or one its server left behind): the default
+    URL of ``serve`` when a hub answers there (asked briefly), said either way; "" when
+    none answers. The files then point at the default URL, with the way to fix it."""
+    from backchannel.client._transport import hub_request
+
+    default = config.default_hub_url()
+    recorded = config.home(home) / config.SERVER_FILE
+    try:
+        answer = hub_request("GET", f"{default}/healthz", timeout=2.0)
+        found = answer.status_code == 200 and isinstance(answer.json().get("status"), str)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        found = False
+    if found:
+        err.print(f"found a hub at {default} (none is recorded in {recorded})", markup=False)
+        return default
+    err.print(
+        f"no hub answers at {default}, and none is recorded in {recorded}: the files point "
+        f"at {default}. Start the hub there with `backchannel serve` (from the directory "
+        "of its data, or with BACKCHANNEL_HOME set), or attach again with --url "
+        "http://HOST:PORT (or BACKCHANNEL_URL) to use a hub elsewhere",
+        markup=False,
+    )
+    return ""
 
 
 async def _unknown_name(

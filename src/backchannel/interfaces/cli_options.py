@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +21,7 @@ __all__ = [
     "TokenOpt",
     "UrlOpt",
     "WholeHelpGroup",
+    "choice",
     "finite",
 ]
 
@@ -46,6 +48,27 @@ def finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"must be a finite number, not {value}")
     return value
+
+
+def choice(
+    values: Iterable[str] | Callable[[], Iterable[str]],
+) -> Callable[[str | None], str | None]:
+    """The callback of an option or argument with a closed set of values (given, or made
+    on first use by a function: a module the command may not load otherwise): another
+    value is a usage error (exit 2) that names the option and the values it takes, before
+    anything is asked of the hub (whose refusal was a validation error, exit 1)."""
+
+    def check(value: str | None) -> str | None:
+        allowed = [str(v) for v in (values if isinstance(values, Iterable) else values())]
+        if value is None or value in allowed:
+            return value
+        from backchannel.core.messages import suggest
+
+        near = suggest(value, allowed)
+        hint = f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
+        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(allowed)}{hint}")
+
+    return check
 
 
 UrlOpt = Annotated[

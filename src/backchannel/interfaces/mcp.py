@@ -294,6 +294,19 @@ class CancelTimerArgs(_Args):
     id: int = Field(ge=1, le=MAX_INT, description="The timer id that set_timer returned.")
 
 
+class ReadTimerArgs(_Args):
+    id: int = Field(
+        ge=1, le=MAX_INT, description="The timer id (set_timer's, or one list_timers showed)."
+    )
+    start: int = Field(
+        0,
+        ge=0,
+        le=MAX_INT,
+        description="Where to begin, in characters of the note: the start= an answer that "
+        "could not show all of it names. 0 (the default) is the beginning.",
+    )
+
+
 class ReactionArgs(_Args):
     message_id: Name = Field(description="The id of a message you sent or received.")
     emoji: str = Field(min_length=1, max_length=32, description="One emoji, e.g. 👍.")
@@ -1023,6 +1036,41 @@ async def _cancel_timer(a: Agent, x: CancelTimerArgs) -> Output:
     return f"Timer {x.id} cancelled.", _without(t, "note")
 
 
+async def _read_timer(a: Agent, x: ReadTimerArgs) -> Output:
+    """One timer of the team, pending, fired or cancelled, with its note whole from
+    ``x.start``: a note longer than one answer holds (2,000 characters JSON writes six
+    bytes each) is cut at a line's end where one is near, and the answer names the
+    ``start`` that reads the rest. The structured content names the timer without its
+    note, which the text shows."""
+    t = await a.client.timer(x.id)
+    if x.start > len(t.note):
+        raise InvalidRequest(
+            f"timer {x.id}'s note has {len(t.note)} characters: start is at most that",
+            field="start",
+        )
+    rest = t.note[x.start :]
+    due = f"due in {t.due_in:.0f} s" if t.state == "pending" and t.due_in is not None else t.state
+    head = (
+        f"{t.intent} timer {t.timer_id}{' about ' + t.target if t.target else ''} for "
+        f"{t.member} (session {t.session}{', yours' if t.member == a.name else ''}), {due}"
+    )
+
+    def answer(keep: int) -> Output:
+        note = rest[:keep]
+        data = {**_without(t, "note"), "start": x.start, "next_start": None}
+        if keep < len(rest):
+            data["next_start"] = x.start + keep
+            note += (
+                f"\n[…the note goes on: {len(rest) - keep} more characters; call "
+                f"read_timer(id={t.timer_id}, start={x.start + keep}) for the rest]"
+            )
+        where = f" (from character {x.start})" if x.start else ""
+        return f"{head}. Note{where}: {note}", data
+
+    whole = answer(len(rest))
+    return whole if _fits(whole) else answer(_at_line_end(rest, _most(answer, len(rest))))
+
+
 async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
     """A page of the team's pending timers (or one member's), in the order they were
     set: at most :data:`LIST_TIMERS_SHOWN` after timer ``x.after``, and no more than fit
@@ -1049,7 +1097,7 @@ async def _list_timers(a: Agent, x: ListTimersArgs) -> Output:
             if keep is not None and t is shown[0] and keep < len(note):
                 note = (
                     f"{note[:keep]} […note cut here to fit one answer: {len(note) - keep} "
-                    "more characters, which the timer shows when it fires]"
+                    f"more characters; read_timer(id={t.timer_id}) reads it whole]"
                 )
             lines.append(
                 f"{t.timer_id}: {t.intent}{' about ' + t.target if t.target else ''} "
@@ -1190,6 +1238,15 @@ TOOLS: tuple[Tool, ...] = (
         CancelTimerArgs,
         _cancel_timer,
         (("not_found", "id"), ("timer_id", "id"), ("forbidden", "id")),
+    ),
+    Tool(
+        "read_timer",
+        "Read one timer of your team by its id, pending, fired or cancelled, with its note "
+        "whole (list_timers cuts a long one): a note longer than one answer comes in "
+        "parts, and the answer names the start= of the next.",
+        ReadTimerArgs,
+        _read_timer,
+        (("not_found", "id"), ("timer_id", "id")),
     ),
     Tool(
         "list_timers",

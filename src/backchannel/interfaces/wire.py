@@ -220,6 +220,7 @@ _EXTRA: dict[str, set[int]] = {
     "set_timer": {403, 404, 409, 429},
     "list_timers": {403, 404},
     "cancel_timer": {403, 404, 409},
+    "get_timer": {403, 404},
     "open_session": {403, 404, 409},
     "list_sessions": {403, 404},
     "get_session": {403, 404},

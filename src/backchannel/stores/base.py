@@ -734,6 +734,13 @@ class Tx(Protocol):
         than ``limit``."""
         ...
 
+    def count_timers(self, team: str, member: str, limit: int) -> int:
+        """How many ``pending`` jobs of kind ``timer`` the member holds (the member its
+        payload names), over all its sessions but the terminated ones (a timer left
+        pending on one fires nothing), counted no further than ``limit``: one query,
+        however many sessions the member has."""
+        ...
+
     # -- one-time tokens -----------------------------------------------------
     def compact(
         self, before: float, after: CompactCursor | None, limit: int

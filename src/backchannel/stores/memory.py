@@ -603,6 +603,21 @@ class MemoryTx:
                     break
         return n
 
+    def count_timers(self, team: str, member: str, limit: int) -> int:
+        n = 0
+        for job in self._d.jobs.values():
+            if (job.team, job.kind, job.state) != (team, "timer", JobState.PENDING):
+                continue
+            if job.payload.get("member") != member:
+                continue
+            s = self._d.sessions.get((team, job.session_id or ""))
+            if s is not None and s.state is SessionState.TERMINATED:
+                continue
+            n += 1
+            if n >= limit:
+                break
+        return n
+
     def _bump(self, attr: str) -> int:
         old = getattr(self._d, attr)
         self._undo.append(functools.partial(setattr, self._d, attr, old))

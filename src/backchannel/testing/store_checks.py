@@ -778,6 +778,49 @@ async def check_timer_pages(make_store: StoreFactory) -> None:
             raise AssertionError("an offset without a limit must raise ValueError")
 
 
+async def check_timer_counts(make_store: StoreFactory) -> None:
+    """``count_timers``: a member's pending timers over all its sessions (live or
+    exited) in one count, bounded by ``limit``; not its fired or cancelled ones, nor one
+    left pending on a terminated session, nor another member's, kind's or team's."""
+    async with opened(make_store) as store:
+        sessions = [
+            Session("alpha", "a-1", "a", SessionState.IDLE, T0, T0),
+            Session("alpha", "a-2", "a", SessionState.EXITED, T0, T0),
+            Session("alpha", "a-3", "a", SessionState.TERMINATED, T0, T0),
+            Session("alpha", "b-1", "b", SessionState.ACTIVE, T0, T0),
+            Session("beta", "a-1", "a", SessionState.IDLE, T0, T0),
+        ]
+        await store.transact(lambda tx: [tx.put_session(s) for s in sessions])
+
+        def timer(member: str, session: str, team: str = "alpha", kind: str = "timer") -> Job:
+            return Job(team, kind, T0 + 60, T0, session, {"member": member})
+
+        plan = [
+            timer("a", "a-1"),
+            timer("a", "a-1"),
+            timer("a", "a-2"),
+            timer("a", "a-3"),  # its session ended: fires nothing
+            timer("a", "a-1"),  # fired below
+            timer("a", "a-2"),  # cancelled below
+            timer("a", "a-1", kind="checkpoint"),
+            timer("b", "b-1"),
+            timer("a", "a-1", team="beta"),
+        ]
+        ids = [await store.transact(lambda tx, j=j: tx.add_job(j)) for j in plan]
+        await store.transact(lambda tx: tx.finish_job(ids[4], JobState.DONE, T0 + 1))
+        await store.transact(lambda tx: tx.finish_job(ids[5], JobState.CANCELLED, T0 + 1))
+
+        async def count(member: str, limit: int, team: str = "alpha") -> int:
+            n: int = await store.read(lambda tx: tx.count_timers(team, member, limit))
+            return n
+
+        assert await count("a", 100) == 3
+        assert await count("a", 2) == 2
+        assert await count("b", 100) == 1
+        assert await count("a", 100, team="beta") == 1
+        assert await count("zz", 100) == 0
+
+
 async def check_pending_job_attempts(make_store: StoreFactory) -> None:
     """The attempts a team's pending jobs of one kind hold in their payloads, summed:
     finished jobs, other kinds and other teams are not counted, and a job whose payload
@@ -1180,6 +1223,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_ledger,
     check_jobs,
     check_timer_pages,
+    check_timer_counts,
     check_pending_job_attempts,
     check_watches,
     check_links,

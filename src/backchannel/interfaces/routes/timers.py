@@ -45,6 +45,12 @@ async def list_timers(
     return await api.timers(member=member, session=session, all=all, after=after, limit=limit)
 
 
+@router.get("/v1/timers/{timer_id}")
+async def get_timer(timer_id: Annotated[int, Path(ge=1, le=MAX_INT)], api: AsMember) -> Timer:
+    """One timer of your team (pending, fired or cancelled), its note whole."""
+    return await api.timer(timer_id)
+
+
 @router.delete("/v1/timers/{timer_id}")
 async def cancel_timer(timer_id: Annotated[int, Path(ge=1, le=MAX_INT)], api: AsMember) -> Timer:
     return await api.cancel_timer(timer_id)

@@ -146,6 +146,8 @@ class PgTx(PgTransaction, LifecycleSql):
     """:class:`Tx` over one pooled connection; the store drives its transaction (see
     :class:`~backchannel.stores.postgres.transaction.PgTransaction` for the locking)."""
 
+    _TIMER_MEMBER_OF = "(payload->>'member')"
+
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         self._flush()  # buffered history first: a removal must not leave it behind
         self._watch_ids.clear()

@@ -41,6 +41,10 @@ class LifecycleSql:
     """The :class:`backchannel.stores.base.Tx` methods for credentials, removal and quota
     counts, over a ``_lifecycle_exec(sql, args, team)`` that returns a DB-API cursor."""
 
+    #: The dialect's expression for the member a timer's payload names (the one its
+    #: ``jobs_timers_member`` index is on).
+    _TIMER_MEMBER_OF = ""
+
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         raise NotImplementedError
 
@@ -99,6 +103,17 @@ class LifecycleSql:
         row = self._lifecycle_exec(
             "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE team = ? AND member = ? "
             "AND state = 'queued' LIMIT ?) AS q",
+            (team, member, limit),
+            team,
+        ).fetchone()
+        return int(row[0])
+
+    def count_timers(self, team: str, member: str, limit: int) -> int:
+        row = self._lifecycle_exec(
+            "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE team = ? AND kind = 'timer' "
+            f"AND {self._TIMER_MEMBER_OF} = ? AND state = 'pending' AND NOT EXISTS "
+            "(SELECT 1 FROM sessions s WHERE s.team = jobs.team "
+            "AND s.session_id = jobs.session_id AND s.state = 'terminated') LIMIT ?) AS q",
             (team, member, limit),
             team,
         ).fetchone()

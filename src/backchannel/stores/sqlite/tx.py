@@ -180,6 +180,8 @@ _CACHE_ROWS = 20_000
 class SqliteTx(LifecycleSql):
     """:class:`Tx` over one sqlite3 connection, inside a transaction the store opened."""
 
+    _TIMER_MEMBER_OF = _TIMER_MEMBER
+
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         if not sql.startswith("SELECT"):  # removal and credentials: rare, drop it all
             self.flush()
