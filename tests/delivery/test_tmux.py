@@ -1293,6 +1293,51 @@ async def test_a_draft_the_colours_alone_misread_holds_the_message(
     )
 
 
+async def test_a_user_who_starts_typing_just_before_the_paste_keeps_the_message_out(
+    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter read an empty prompt, and its user typed a key before the paste went
+    in (the milliseconds between): the message was added to the user's text and
+    submitted with it. The user here types at that very moment, between the adapter's
+    last read and the tmux command that pastes, and the key is drawn before that
+    command runs: the paste goes in only if the cursor has not moved since the read
+    (one tmux command), so the message is held as for a draft, and typed in, whole and
+    alone, once the user has sent their text."""
+    pane, out = _waiting_pane(tmux, tmp_path, b"starting", "q", PLACEHOLDERS["codex-faint"])
+    await eventually(lambda: "starting" in "\n".join(pane.capture_pane()), what="the CLI")
+    pane.send_keys("q", enter=False, literal=True)  # the CLI at its empty prompt
+    await eventually(lambda: "Ask Codex" in "\n".join(pane.capture_pane()), what="the prompt")
+    real = tmux_adapter.TmuxAdapter._tmux
+    typed: list[tuple[str, ...]] = []
+
+    async def user_types_first(self: tmux_adapter.TmuxAdapter, *args: str, **kw: object) -> object:
+        if not typed and "paste-buffer" in " ".join(args):  # the command that pastes
+            typed.append(args)
+            pane.send_keys("a", enter=False, literal=True)
+            await eventually(
+                lambda: "> a" in "\n".join(pane.capture_pane()), what="the user's key drawn"
+            )
+        return await real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tmux_adapter.TmuxAdapter, "_tmux", user_types_first)
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "a's prompt holds text the user is typing" in (held.last_error or "")
+            assert typed, "the user typed before no paste"
+            assert out.read_bytes() == b"|answered|a"  # nothing of the message
+            pane.send_keys("Enter", enter=False)  # the user sends their own text
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+    assert out.read_bytes() == b"|answered|a\r" + START + b"[From user] hello there" + END + b"\r"
+
+
 async def test_a_draft_never_sent_gives_the_message_up_and_its_sender_never_reads_it(
     tmux: libtmux.Server, tmp_path: Path
 ) -> None:

@@ -104,7 +104,11 @@ it; a CLI's known placeholder text, :data:`_KNOWN_PLACEHOLDERS`, is none in any
 colour), and
 from this adapter's own text, pasted by an earlier attempt and waiting for its Enter, by
 that text's head. The draft is quoted nowhere (the sender of a message given up after
-``hold_max`` would read it).
+``hold_max`` would read it). A user may start typing in the moment between the look and
+the paste: just before the paste the prompt is read again (with the cursor), and the
+paste is made in one tmux command with a check that the cursor has not moved since
+(``if-shell -F``, :meth:`TmuxAdapter._paste`), so a key drawn by then holds the message
+as a draft; only a key the CLI has read but not yet drawn can still meet the paste.
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -276,6 +280,11 @@ FRAME_ABOVE = 3
 #: CLI run ``/name`` as their own command, not as a prompt): a message typed in after it
 #: would be run as that command.
 _COMMAND_MARKS = ("/",)
+#: How many times the prompt is read again just before a paste when the cursor moved
+#: between that read and the paste (:meth:`TmuxAdapter._paste`).
+PASTE_GATE_TRIES = 5
+#: What the gated paste prints when the cursor moved and nothing was pasted.
+_MOVED = "backchannel-cursor-moved"
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -764,20 +773,71 @@ class TmuxAdapter(Adapter):
             if line is None:
                 line = await self._until_prompt(pane_id, screen)
             if line is not None and line.startswith(_COMMAND_MARKS):
-                raise HeldDelivery(
-                    f"the agent's prompt in {self._pane(pane_id)} holds a command its user "
-                    f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
-                    "it, it would be run as that command and never reach the model), until "
-                    "the prompt is empty again",
-                    shows=line[:80],
-                )
+                raise self._held_by_command(pane_id, line)
             if line and await self._drafted(pane_id, expect):
-                raise HeldDelivery(
-                    f"{self.ctx.member}'s prompt holds text the user is typing; the message "
-                    f"waits until it is sent or cleared (typed in now, it would be added to "
-                    f"that text and submitted with it, in {self._pane(pane_id)})"
-                )
+                raise self._held_by_draft(pane_id)
         return pane_id, pane_pid, tty
+
+    def _held_by_command(self, pane: str, line: str) -> HeldDelivery:
+        """The hold of a message while the prompt in ``pane`` holds a command (``line``)."""
+        return HeldDelivery(
+            f"the agent's prompt in {self._pane(pane)} holds a command its user "
+            f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
+            "it, it would be run as that command and never reach the model), until "
+            "the prompt is empty again",
+            shows=line[:80],
+        )
+
+    def _held_by_draft(self, pane: str) -> HeldDelivery:
+        """The hold of a message while the prompt in ``pane`` holds a draft (not quoted)."""
+        return HeldDelivery(
+            f"{self.ctx.member}'s prompt holds text the user is typing; the message "
+            f"waits until it is sent or cleared (typed in now, it would be added to "
+            f"that text and submitted with it, in {self._pane(pane)})"
+        )
+
+    async def _paste(self, pane: str, buffer: str) -> None:
+        """Paste ``buffer`` into ``pane``. For a :data:`PROMPTED` CLI the prompt is read
+        again (with the cursor) just before, and the paste is made in the same tmux
+        command as a check that the cursor has not moved since (``if-shell -F``): a user
+        who started typing since the adapter's look holds the message (as a draft)
+        instead of having it added to their text. A cursor that moved without a draft
+        (the CLI redrawing) is read again, up to :data:`PASTE_GATE_TRIES` times."""
+        paste = ["paste-buffer", "-p", "-d", "-b", buffer, "-t", pane]
+        if self.ctx.kind not in PROMPTED:
+            await self._check(paste, "paste")
+            return
+        for _ in range(PASTE_GATE_TRIES):
+            seen = await self._cursor_screen(pane)
+            if seen is None or seen[0] is None:  # nothing better is known: as before
+                await self._check(paste, "paste")
+                return
+            cursor, screen = seen
+            if shows := dialog(plain(screen)):
+                raise self._held_by(pane, shows)
+            line = self._live(screen)
+            if line is not None and line.startswith(_COMMAND_MARKS):
+                raise self._held_by_command(pane, line)
+            if line and draft(screen, self.ctx.kind, cursor) is not None:
+                raise self._held_by_draft(pane)
+            if line is not None:
+                x, y = cursor
+                rc, out = await self._tmux(
+                    "if-shell", "-F", "-t", pane, f"#{{==:#{{cursor_x}}.#{{cursor_y}},{x}.{y}}}",
+                    " ".join(paste), f"display-message -p {_MOVED}",
+                )  # fmt: skip
+                if rc != 0:
+                    raise AdapterError(f"tmux paste for pane {self.target} failed: {out or rc}")
+                if out != _MOVED:
+                    return
+                log.info("%s: the cursor in %s moved since the prompt was read; reading "
+                         "it again before the paste", self.describe(), pane)  # fmt: skip
+            await asyncio.sleep(SUBMIT_POLL)
+        raise AdapterError(
+            f"the agent's prompt in {self._pane(pane)} kept changing (its cursor moving, "
+            f"or no prompt showing) in {PASTE_GATE_TRIES} reads just before the paste; "
+            "nothing was typed, the next attempt looks again"
+        )
 
     async def _drafted(self, pane: str, expect: str | None) -> bool:
         """Whether the live input line in ``pane`` holds text its user is typing (a
@@ -912,7 +972,7 @@ class TmuxAdapter(Adapter):
         if rc != 0:
             raise AdapterError(f"tmux load-buffer failed: {out or rc}")
         try:
-            await self._check(["paste-buffer", "-p", "-d", "-b", buffer, "-t", pane], "paste")
+            await self._paste(pane, buffer)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._tmux("delete-buffer", "-b", buffer)
