@@ -809,10 +809,11 @@ class TmuxAdapter(Adapter):
             return
         for _ in range(PASTE_GATE_TRIES):
             seen = await self._cursor_screen(pane)
-            if seen is None or seen[0] is None:  # nothing better is known: as before
+            cursor = None if seen is None else seen[0]
+            if seen is None or cursor is None:  # nothing better is known: as before
                 await self._check(paste, "paste")
                 return
-            cursor, screen = seen
+            screen = seen[1]
             if shows := dialog(plain(screen)):
                 raise self._held_by(pane, shows)
             line = self._live(screen)
