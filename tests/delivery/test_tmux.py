@@ -1621,8 +1621,6 @@ def test_a_one_character_draft_under_the_cursor_is_a_draft(kind: str, with_curso
     line, col = INPUT_AT[kind]
     cursor = (col, line) if with_cursor else None
     screen = COLOURED[kind].format(ONE_CHAR_UNDER_CURSOR[kind])
-    if kind == "codex" and not with_cursor:
-        assert draft(screen, kind, cursor) == "x"  # drawn in the text's own colours
     assert draft(screen, kind, cursor) == "x"
     hint = COLOURED[kind].format('\x1b[7mT\x1b[0m\x1b[2mry "fix lint errors"\x1b[0m')
     assert draft(hint, kind, cursor) is None
