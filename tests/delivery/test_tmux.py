@@ -1069,10 +1069,11 @@ tty.setraw(0)
 os.write(1, b"\x1b[?2004h\x1b[2J\x1b[H" + screen)
 answered, typed = False, b""
 
-def prompt():
+def prompt():  # the cursor where the CLIs put it: at the input's start, or after the text
     line = typed.replace(b"\x1b[200~", b"").replace(b"\x1b[201~", b"")
+    at = b"\x1b[3;%dH" % (3 + len(line.decode("utf-8", "replace")))
     line = line or placeholder
-    os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> " + line + b"\r\n--------\r\n")
+    os.write(1, b"\x1b[2J\x1b[H> earlier prompt\r\n--------\r\n> " + line + b"\r\n--------\r\n" + at)
 
 with open(out, "ab", buffering=0) as f:
     while data := os.read(0, 65536):
@@ -1242,6 +1243,9 @@ PLACEHOLDERS = {
     "claude-code-hint": b'\x1b[7mT\x1b[0m\x1b[2mry "fix lint errors"\x1b[0m',
     "bright-black": b"\x1b[90mAsk anything\x1b[0m",
     "truecolor-grey": b"\x1b[38;2;128;128;128mAsk anything\x1b[0m",
+    # a theme's own colour for them, not a grey: known by their text
+    "codex-themed": b"\x1b[38;5;110mAsk Codex to do anything\x1b[0m",
+    "claude-code-hint-themed": b'\x1b[7mT\x1b[0m\x1b[38;5;110mry "refactor main.py"\x1b[0m',
 }
 
 
@@ -1261,6 +1265,77 @@ async def test_a_draft_being_typed_in_the_prompt_holds_the_message_and_a_placeho
         tmux, tmp_path, DRAFT_TYPED, "half typed", reason, PLACEHOLDERS[placeholder]
     )
     assert "half typed" not in error, error
+
+
+#: Drafts that colours alone misread as an empty prompt, tmux's cursor where the CLIs
+#: put it: one character with the cursor moved back onto it (Left; drawn in reverse
+#: video over it, as Claude Code and Gemini CLI do), and a draft a theme draws grey,
+#: the cursor after it.
+MISREAD_DRAFTS = {
+    "one-char-under-cursor": (b"> x", b"> \x1b[7mx\x1b[0m", b"\x1b[4;3H"),
+    "typed-grey": (b"half typed", b"> \x1b[38;5;244mhalf typed note\x1b[0m", b"\x1b[4;18H"),
+}
+
+
+@pytest.mark.parametrize("drafted", sorted(MISREAD_DRAFTS))
+async def test_a_draft_the_colours_alone_misread_holds_the_message(
+    tmux: libtmux.Server, tmp_path: Path, drafted: str
+) -> None:
+    """A one-character draft under the cursor read as the cursor alone, and a draft a
+    theme drew grey as the CLI's placeholder: the message was pasted into the user's
+    draft and submitted with it. Both are told by where tmux's cursor is: held, then
+    typed in once the prompt is empty."""
+    shows, line, cursor = MISREAD_DRAFTS[drafted]
+    screen = b"> earlier prompt\r\n\r\n--------\r\n" + line + b"\r\n--------\r\n" + cursor
+    reason = "a's prompt holds text the user is typing"
+    await _held_until_the_user_is_done(
+        tmux, tmp_path, screen, shows.decode(), reason, PLACEHOLDERS["gemini-grey"]
+    )
+
+
+async def test_a_user_who_starts_typing_just_before_the_paste_keeps_the_message_out(
+    tmux: libtmux.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter read an empty prompt, and its user typed a key before the paste went
+    in (the milliseconds between): the message was added to the user's text and
+    submitted with it. The user here types at that very moment, between the adapter's
+    last read and the tmux command that pastes, and the key is drawn before that
+    command runs: the paste goes in only if the cursor has not moved since the read
+    (one tmux command), so the message is held as for a draft, and typed in, whole and
+    alone, once the user has sent their text."""
+    pane, out = _waiting_pane(tmux, tmp_path, b"starting", "q", PLACEHOLDERS["codex-faint"])
+    await eventually(lambda: "starting" in "\n".join(pane.capture_pane()), what="the CLI")
+    pane.send_keys("q", enter=False, literal=True)  # the CLI at its empty prompt
+    await eventually(lambda: "Ask Codex" in "\n".join(pane.capture_pane()), what="the prompt")
+    real = tmux_adapter.TmuxAdapter._tmux
+    typed: list[tuple[str, ...]] = []
+
+    async def user_types_first(self: tmux_adapter.TmuxAdapter, *args: str, **kw: object) -> object:
+        if not typed and "paste-buffer" in " ".join(args):  # the command that pastes
+            typed.append(args)
+            pane.send_keys("a", enter=False, literal=True)
+            await eventually(
+                lambda: "> a" in "\n".join(pane.capture_pane()), what="the user's key drawn"
+            )
+        return await real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tmux_adapter.TmuxAdapter, "_tmux", user_types_first)
+    async with running_hub() as hub:
+        await _member(hub, "a", _tmux(tmux, "agent:0.0", "a-s1", turn_wait=0), kind="claude-code")
+        async with dispatching(hub) as d:
+            sent = await hub.send("t", "user", "a", "hello there", link=False)
+            held = await eventually(
+                lambda: next((w for w in d.status() if w.state == "held"), None),
+                what="the worker to hold the message",
+                within=20,
+                show=d.status,
+            )
+            assert "a's prompt holds text the user is typing" in (held.last_error or "")
+            assert typed, "the user typed before no paste"
+            assert out.read_bytes() == b"|answered|a"  # nothing of the message
+            pane.send_keys("Enter", enter=False)  # the user sends their own text
+            await wait_state(hub, "t", sent.message_id, "acked", within=20)
+    assert out.read_bytes() == b"|answered|a\r" + START + b"[From user] hello there" + END + b"\r"
 
 
 async def test_a_draft_never_sent_gives_the_message_up_and_its_sender_never_reads_it(
@@ -1521,6 +1596,67 @@ def test_a_draft_is_told_from_the_placeholder_by_its_colours(kind: str) -> None:
     pasted = COLOURED[kind].format("[From bob] hello\x1b[7m \x1b[0m")
     assert draft(pasted, kind) == "[From bob] hello"
     assert waits_in_prompt(plain(pasted), text_head("[From bob] hello"))
+
+
+#: The line of each CLI's input in :data:`COLOURED`, and the column its input starts at.
+INPUT_AT = {"claude-code": (3, 2), "codex": (4, 2), "gemini": (6, 3)}
+#: A one-character draft, its cursor moved back onto it (Left), as each CLI drew it
+#: (capture-pane -e of the real CLIs): Claude Code and Gemini CLI draw their cursor in
+#: reverse video over the character, Codex shows tmux's own.
+ONE_CHAR_UNDER_CURSOR = {
+    "claude-code": "\x1b[7mx\x1b[0m\x1b[39m\x1b[49m",
+    "codex": "x",
+    "gemini": "\x1b[7m\x1b[38;5;231mx\x1b[0m\x1b[39m\x1b[48;5;240m",
+}
+
+
+@pytest.mark.parametrize("with_cursor", [True, False], ids=["tmux-cursor", "drawn-cursor"])
+@pytest.mark.parametrize("kind", sorted(COLOURED))
+def test_a_one_character_draft_under_the_cursor_is_a_draft(kind: str, with_cursor: bool) -> None:
+    """The user typed one character and pressed Left: the CLI draws its cursor (reverse
+    video) over it, and the line read as the cursor alone, an empty prompt, so the
+    message was pasted into the user's draft. The character under the cursor is text
+    the user typed (whether tmux's cursor is read or only the drawn one is seen); the
+    placeholder's head under the cursor (Claude Code's ``Try``) is not."""
+    line, col = INPUT_AT[kind]
+    cursor = (col, line) if with_cursor else None
+    screen = COLOURED[kind].format(ONE_CHAR_UNDER_CURSOR[kind])
+    assert draft(screen, kind, cursor) == "x"
+    hint = COLOURED[kind].format('\x1b[7mT\x1b[0m\x1b[2mry "fix lint errors"\x1b[0m')
+    assert draft(hint, kind, cursor) is None
+    assert draft(COLOURED[kind].format(EMPTY[kind]), kind, cursor) is None
+
+
+#: A theme's colour for typed text that is a grey (a dark or muted palette).
+GREY_TYPED = "\x1b[38;5;244m"
+
+
+@pytest.mark.parametrize("kind", sorted(COLOURED))
+def test_a_draft_a_theme_draws_grey_is_told_from_a_placeholder_by_the_cursor(kind: str) -> None:
+    """A theme that draws what its user types grey, as the CLIs draw their placeholders:
+    the draft read as a placeholder, and the message was pasted into it. A placeholder
+    runs after the cursor at the start of the input; typed text ends at the cursor. So
+    grey text before tmux's cursor is a draft, grey text after it at the input's start
+    a placeholder, and a CLI's known placeholder in a theme's other colours no draft."""
+    line, col = INPUT_AT[kind]
+    grey = COLOURED[kind].format(GREY_TYPED + "half typed draft\x1b[0m")
+    assert draft(grey, kind, (col + 16, line)) == "half typed draft"
+    # at the input's start, the cursor before it: a placeholder the hub does not know
+    assert draft(grey, kind, (col, line)) is None
+    shown = {
+        "claude-code": '\x1b[7mT\x1b[0m\x1b[38;5;110mry "refactor main.py"\x1b[0m',
+        "codex": "\x1b[38;5;110mAsk a follow-up question\x1b[0m",
+        "gemini": "\x1b[7m \x1b[0m\x1b[38;5;110m Type your message or @path/to/file\x1b[0m",
+    }
+    blue = COLOURED[kind].format(shown[kind])
+    assert draft(blue, kind, (col, line)) is None
+    assert draft(blue, kind, None) is None
+    # the same words typed by the user, the cursor after them: a draft
+    typed = COLOURED[kind].format("Ask a follow-up question")
+    assert draft(typed, kind, (col + 24, line)) == "Ask a follow-up question"
+    # a draft over two lines, the cursor on the second: its first line is typed text
+    two = grey.replace("half typed draft\x1b[0m", "half typed draft\x1b[0m\n  and more")
+    assert draft(two, kind, (col + 8, line + 1)) == "half typed draft"
 
 
 def test_a_codex_echo_with_a_short_panel_under_it_is_told_from_the_composer() -> None:

@@ -8,7 +8,7 @@ the user has answered the dialog."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,9 +230,16 @@ def typing_rig(
 
 
 async def _held_while_the_user_types(
-    rig: Rig, typed: str, shows: str, mark: str, undo: str, reason: str | None = None
+    rig: Rig,
+    typed: str,
+    shows: str,
+    mark: str,
+    undo: str,
+    reason: str | None = None,
+    keys: Sequence[str] = (),
 ) -> list[str]:
-    """Type ``typed`` into the CLI's prompt (not sent) and wait for ``shows``; send a
+    """Type ``typed`` into the CLI's prompt (not sent) and wait for ``shows`` (then
+    press ``keys`` and wait for them to move the cursor); send a
     message marked ``mark``: it must be held (its worker's error naming ``reason``),
     nothing of it on screen and ``shows`` still there. Then press ``undo`` until
     ``shows`` is gone, as the user would: the message must be acked and answered. The
@@ -242,6 +249,15 @@ async def _held_while_the_user_types(
     with _warm_pane(rig) as (pane, setting):
         pane.pane.send_keys(typed, enter=False, literal=True)
         pane.wait_for(shows)
+        if keys:  # pressed, and seen to have moved the cursor before the message comes
+
+            def cursor() -> str:
+                return "".join(pane.pane.cmd("display-message", "-p", "#{cursor_x}").stdout)
+
+            before = cursor()
+            for key in keys:
+                pane.pane.send_keys(key, enter=False)
+            wait_until(lambda: cursor() != before, 30, f"{keys} to move the cursor", pane)
         async with running_hub() as hub:
             await hub.add_member("t", "alice", rig.runtime, delivery=setting)
             await hub.add_member("t", "bob", "llm")
@@ -314,3 +330,23 @@ async def test_a_message_waits_while_the_user_types_a_draft_into_the_cli_prompt(
         reason="prompt holds text the user is typing",
     )
     assert not [p for p in asked if "DRAFT-OF-THE-USER" in p], asked
+
+
+async def test_a_one_character_draft_with_the_cursor_moved_onto_it_holds_the_message(
+    typing_rig: Rig,
+) -> None:
+    """The user typed one character and pressed Left: Claude Code and Gemini CLI draw
+    their cursor in reverse video over it, and the prompt read as empty (the cursor
+    alone), so the message was pasted into the draft, before the character, and
+    submitted with it. The message is held; once the user deletes the character
+    (Delete, the cursor on it), it reaches the model once, as a prompt of its own."""
+    asked = await _held_while_the_user_types(
+        typing_rig,
+        "ж",
+        "ж",
+        "WHILE-ONE-CHARACTER-WAITS",
+        "Delete",
+        reason="prompt holds text the user is typing",
+        keys=["Left"],
+    )
+    assert not [p for p in asked if "ж" in p], asked

@@ -95,10 +95,20 @@ model, and counted delivered. So does one that holds a draft its user is typing 
 text not yet sent, :func:`draft`): typed in after it, the message was added to the draft
 and submitted with it, the user's half-written text sent to the model and lost to them.
 A draft is told from the CLI's placeholder in an empty prompt by the screen's colours
-(``capture-pane -e``, :func:`typed_text`: the placeholder is drawn faint or grey), and
+and the cursor (``capture-pane -e`` and ``#{cursor_x}``, read in one tmux command,
+:func:`draft`: the placeholder is drawn faint or grey and runs after the cursor at the
+input's start; typed text ends at the cursor, so grey text before it is a draft in a
+theme that draws typed text grey, and the character under the cursor, drawn in reverse
+video by Claude Code and Gemini CLI, is typed text unless a placeholder runs on after
+it; a CLI's known placeholder text, :data:`_KNOWN_PLACEHOLDERS`, is none in any
+colour), and
 from this adapter's own text, pasted by an earlier attempt and waiting for its Enter, by
 that text's head. The draft is quoted nowhere (the sender of a message given up after
-``hold_max`` would read it).
+``hold_max`` would read it). A user may start typing in the moment between the look and
+the paste: just before the paste the prompt is read again (with the cursor), and the
+paste is made in one tmux command with a check that the cursor has not moved since
+(``if-shell -F``, :meth:`TmuxAdapter._paste`), so a key drawn by then holds the message
+as a draft; only a key the CLI has read but not yet drawn can still meet the paste.
 
 **Submitted, seen on screen.** tmux takes the keys whether or not the agent submits
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
@@ -160,12 +170,13 @@ import re
 import subprocess
 import termios
 import time
+import unicodedata
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from backchannel.delivery.base import (
     Adapter,
@@ -269,6 +280,11 @@ FRAME_ABOVE = 3
 #: CLI run ``/name`` as their own command, not as a prompt): a message typed in after it
 #: would be run as that command.
 _COMMAND_MARKS = ("/",)
+#: How many times the prompt is read again just before a paste when the cursor moved
+#: between that read and the paste (:meth:`TmuxAdapter._paste`).
+PASTE_GATE_TRIES = 5
+#: What the gated paste prints when the cursor moved and nothing was pasted.
+_MOVED = "backchannel-cursor-moved"
 #: How many messages typed in but not yet submitted one adapter remembers.
 _TYPED_MAX = 64
 
@@ -380,13 +396,32 @@ def _grey(params: list[int], at: int) -> tuple[bool, int]:
     return False, 1
 
 
-def _cells(line: str) -> list[tuple[str, bool]]:
-    """The characters of ``line`` (as ``capture-pane -e`` gave it), each with whether it
-    is drawn faint (SGR ``2``), grey (``90``, or ``38;5;N`` / ``38;2;R;G;B`` of a grey
-    between black and white) or in reverse video (the cursor)."""
+class _Cell(NamedTuple):
+    """One character of a line as ``capture-pane -e`` gave it: the character, the
+    column it starts at, whether it is drawn faint (SGR ``2``) or grey (``90``, or
+    ``38;5;N`` / ``38;2;R;G;B`` of a grey between black and white), and whether in
+    reverse video (how Claude Code and Gemini CLI draw their cursor)."""
+
+    char: str
+    col: int
+    pale: bool
+    reverse: bool
+
+
+def _width(char: str) -> int:
+    """How many columns of a terminal ``char`` takes (a wide character two, a combining
+    one none), as tmux counts them for ``#{cursor_x}``."""
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _cells(line: str) -> list[_Cell]:
+    """The characters of ``line`` (as ``capture-pane -e`` gave it) with their columns
+    and how they are drawn (:class:`_Cell`)."""
     faint = grey = reverse = False
-    cells: list[tuple[str, bool]] = []
-    at = 0
+    cells: list[_Cell] = []
+    at = col = 0
     while at < len(line):
         if line[at] == "\x1b":
             if m := _SGR.match(line, at):
@@ -419,46 +454,105 @@ def _cells(line: str) -> list[tuple[str, bool]]:
             if m := _ESCAPE.match(line, at):
                 at = m.end()
                 continue
-        cells.append((line[at], faint or grey or reverse))
+        cells.append(_Cell(line[at], col, faint or grey, reverse))
+        col += _width(line[at])
         at += 1
     return cells
 
 
-def typed_text(line: str) -> str:
-    """What of an input line, as ``capture-pane -e`` gave it (after its prompt mark), is
-    text someone typed: its characters less those drawn faint or grey (the placeholder
-    each CLI shows in an empty prompt, Codex's ``Ask Codex to do anything``, Gemini CLI's
-    ``Type your message or @path/to/file``, Claude Code's ``Try "..."``) and the cursor
-    (reverse video): :func:`_cells`."""
-    return "".join(c for c, pale in _cells(line) if not pale).replace("\xa0", " ").strip()
-
-
-def _prompt_cells(screen: str) -> list[tuple[str, bool]] | None:
-    """The cells (:func:`_cells`) of the last line of ``screen`` (``capture-pane -e``)
-    that begins with a prompt mark, from its mark on; None when no line does before a
-    dialog's (as :func:`input_line`)."""
-    for raw in reversed(screen.splitlines()):
+def _prompt_cells(screen: str) -> tuple[int, list[_Cell]] | None:
+    """The index in ``screen`` (``capture-pane -e``, lines split at newlines) of its last
+    line that begins with a prompt mark, and that line's cells (:func:`_cells`) from its
+    mark on; None when no line does before a dialog's (as :func:`input_line`)."""
+    lines = screen.split("\n")
+    for at in range(len(lines) - 1, -1, -1):
+        raw = lines[at]
         line = plain(raw).strip().strip(_BORDERS).strip()
         if _CHOICE.match(line) or any(h in line.lower() for h in _DIALOG_HINTS):
             return None
         if line.startswith(_PROMPT_MARKS):
             cells = _cells(raw)
-            start = next(i for i, (c, _) in enumerate(cells) if c in _PROMPT_MARKS)
-            return cells[start:]
+            start = next(i for i, cell in enumerate(cells) if cell.char in _PROMPT_MARKS)
+            return at, cells[start:]
     return None
 
 
-def draft(screen: str, kind: str) -> str | None:
+#: The placeholders the CLIs show in an empty prompt (Codex 0.171: ``Ask Codex to do
+#: anything``, after a turn ``Ask a follow-up question``; Gemini CLI 0.61: ``Type your
+#: message or @path/to/file``, in shell mode ``Type your shell command``; Claude Code
+#: 2.1: ``Try "<an example>"``): known by their text, they are no draft in whatever
+#: colours a theme draws them.
+_KNOWN_PLACEHOLDERS = re.compile(
+    r"(?:Ask Codex to do anything|Ask a follow-up question|Type your message or "
+    r'@path/to/file|Type your shell command|Try "[^"]*")'
+)
+
+
+def _blank(char: str) -> bool:
+    return char.isspace() or char in _BORDERS
+
+
+def draft(screen: str, kind: str, cursor: tuple[int, int] | None = None) -> str | None:
     """The text its user is typing in the live input line (:func:`live_input`) of a
     :data:`PROMPTED` CLI on ``screen`` (``capture-pane -e``, with its colours); None
-    when the line is empty or shows only the CLI's placeholder (:func:`typed_text`), or
-    when no live input line shows."""
-    if live_input(plain(screen), kind) is None or (cells := _prompt_cells(screen)) is None:
+    when the line is empty or shows only the CLI's placeholder, or when no live input
+    line shows. ``cursor``: tmux's ``(#{cursor_x}, #{cursor_y})`` of the pane, read with
+    the screen.
+
+    A placeholder starts at the cursor at the start of an empty input and runs after
+    it; typed text ends at the cursor or runs past it. So a character drawn faint or
+    grey (as the CLIs draw their placeholders) is typed text when it stands before the
+    cursor (a theme that draws what its user types grey), and the character under the
+    cursor (Claude Code and Gemini CLI draw their cursor in reverse video over it) is
+    typed text unless it heads a placeholder, faint or grey text running on right after
+    it (Claude Code's ``Try "..."`` with the cursor on its ``T``). Where tmux's cursor is
+    not on the input line (a CLI drawing a cursor of its own and parking tmux's), the
+    cell in reverse video is taken for the cursor. A known placeholder's text
+    (:data:`_KNOWN_PLACEHOLDERS`) at the cursor, with nothing typed before it, is no
+    draft in any colours."""
+    if live_input(plain(screen), kind) is None or (found := _prompt_cells(screen)) is None:
         return None
-    if kind == "codex" and cells[0][1]:
+    at, cells = found
+    if kind == "codex" and (cells[0].pale or cells[0].reverse):
         return None  # an echo (see echo_mark): no live input line shows
-    text = "".join(c for c, pale in cells[1:] if not pale).replace("\xa0", " ")
-    return text.strip().strip(_BORDERS).strip() or None
+    body = cells[1:]
+    lines = screen.split("\n")
+    if cursor is not None and cursor[1] == at:
+        cx: int | None = cursor[0]
+    elif (
+        cursor is not None
+        and at < cursor[1] < len(lines)
+        and all(
+            (ln := plain(lines[n]).strip()) and not _FRAME.match(ln)
+            for n in range(at + 1, cursor[1] + 1)
+        )
+    ):
+        cx = 1 << 30  # on a line of the input under it: the whole first line comes before
+    else:
+        cx = next((c.col for c in body if c.reverse), None)
+    typed: list[str] = []
+    for i, cell in enumerate(body):
+        if _blank(cell.char) or cell.char == "\xa0":
+            typed.append(" ")
+            continue
+        if cell.col == cx:
+            after = body[i + 1] if i + 1 < len(body) else None
+            heads = after is not None and not _blank(after.char) and after.pale
+            typed.append("" if heads else cell.char)
+        elif cell.pale:
+            typed.append(cell.char if cx is not None and cell.col < cx else "")
+        elif cell.reverse and cx is None:
+            typed.append("")
+        else:
+            typed.append(cell.char)
+    text = "".join(typed).strip()
+    if not text:
+        return None
+    shown = "".join(c.char for c in body if cx is None or c.col >= cx).replace("\xa0", " ")
+    before = "".join(c.char for c in body if cx is not None and c.col < cx)
+    if not before.strip() and _KNOWN_PLACEHOLDERS.fullmatch(shown.strip().strip(_BORDERS).strip()):
+        return None
+    return text
 
 
 def echo_mark(screen: str) -> bool:
@@ -467,8 +561,8 @@ def echo_mark(screen: str) -> bool:
     (``\\x1b[1;2m›``), its live composer's bold only. Codex's composer has no frame, so
     an echo with a panel of one or two lines under it reads as the composer with its
     footer (:func:`live_input`) but for this."""
-    cells = _prompt_cells(screen)
-    return cells is not None and cells[0][1]
+    found = _prompt_cells(screen)
+    return found is not None and (found[1][0].pale or found[1][0].reverse)
 
 
 def dialog(screen: str) -> str | None:
@@ -679,20 +773,72 @@ class TmuxAdapter(Adapter):
             if line is None:
                 line = await self._until_prompt(pane_id, screen)
             if line is not None and line.startswith(_COMMAND_MARKS):
-                raise HeldDelivery(
-                    f"the agent's prompt in {self._pane(pane_id)} holds a command its user "
-                    f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
-                    "it, it would be run as that command and never reach the model), until "
-                    "the prompt is empty again",
-                    shows=line[:80],
-                )
+                raise self._held_by_command(pane_id, line)
             if line and await self._drafted(pane_id, expect):
-                raise HeldDelivery(
-                    f"{self.ctx.member}'s prompt holds text the user is typing; the message "
-                    f"waits until it is sent or cleared (typed in now, it would be added to "
-                    f"that text and submitted with it, in {self._pane(pane_id)})"
-                )
+                raise self._held_by_draft(pane_id)
         return pane_id, pane_pid, tty
+
+    def _held_by_command(self, pane: str, line: str) -> HeldDelivery:
+        """The hold of a message while the prompt in ``pane`` holds a command (``line``)."""
+        return HeldDelivery(
+            f"the agent's prompt in {self._pane(pane)} holds a command its user "
+            f"is typing ({line[:80]!r}); the message is held, not typed (typed after "
+            "it, it would be run as that command and never reach the model), until "
+            "the prompt is empty again",
+            shows=line[:80],
+        )
+
+    def _held_by_draft(self, pane: str) -> HeldDelivery:
+        """The hold of a message while the prompt in ``pane`` holds a draft (not quoted)."""
+        return HeldDelivery(
+            f"{self.ctx.member}'s prompt holds text the user is typing; the message "
+            f"waits until it is sent or cleared (typed in now, it would be added to "
+            f"that text and submitted with it, in {self._pane(pane)})"
+        )
+
+    async def _paste(self, pane: str, buffer: str) -> None:
+        """Paste ``buffer`` into ``pane``. For a :data:`PROMPTED` CLI the prompt is read
+        again (with the cursor) just before, and the paste is made in the same tmux
+        command as a check that the cursor has not moved since (``if-shell -F``): a user
+        who started typing since the adapter's look holds the message (as a draft)
+        instead of having it added to their text. A cursor that moved without a draft
+        (the CLI redrawing) is read again, up to :data:`PASTE_GATE_TRIES` times."""
+        paste = ["paste-buffer", "-p", "-d", "-b", buffer, "-t", pane]
+        if self.ctx.kind not in PROMPTED:
+            await self._check(paste, "paste")
+            return
+        for _ in range(PASTE_GATE_TRIES):
+            seen = await self._cursor_screen(pane)
+            cursor = None if seen is None else seen[0]
+            if seen is None or cursor is None:  # nothing better is known: as before
+                await self._check(paste, "paste")
+                return
+            screen = seen[1]
+            if shows := dialog(plain(screen)):
+                raise self._held_by(pane, shows)
+            line = self._live(screen)
+            if line is not None and line.startswith(_COMMAND_MARKS):
+                raise self._held_by_command(pane, line)
+            if line and draft(screen, self.ctx.kind, cursor) is not None:
+                raise self._held_by_draft(pane)
+            if line is not None:
+                x, y = cursor
+                rc, out = await self._tmux(
+                    "if-shell", "-F", "-t", pane, f"#{{==:#{{cursor_x}}.#{{cursor_y}},{x}.{y}}}",
+                    " ".join(paste), f"display-message -p {_MOVED}",
+                )  # fmt: skip
+                if rc != 0:
+                    raise AdapterError(f"tmux paste for pane {self.target} failed: {out or rc}")
+                if out != _MOVED:
+                    return
+                log.info("%s: the cursor in %s moved since the prompt was read; reading "
+                         "it again before the paste", self.describe(), pane)  # fmt: skip
+            await asyncio.sleep(SUBMIT_POLL)
+        raise AdapterError(
+            f"the agent's prompt in {self._pane(pane)} kept changing (its cursor moving, "
+            f"or no prompt showing) in {PASTE_GATE_TRIES} reads just before the paste; "
+            "nothing was typed, the next attempt looks again"
+        )
 
     async def _drafted(self, pane: str, expect: str | None) -> bool:
         """Whether the live input line in ``pane`` holds text its user is typing (a
@@ -700,13 +846,28 @@ class TmuxAdapter(Adapter):
         drawn faint or grey, is none), and not this adapter's own text of the message
         it delivers (``expect``, its :func:`text_head`: pasted by an earlier attempt,
         waiting for its Enter)."""
+        seen = await self._cursor_screen(pane)
+        if seen is None or draft(seen[1], self.ctx.kind, seen[0]) is None:
+            return False
+        return not (expect is not None and waits_in_prompt(plain(seen[1]), expect))
+
+    async def _cursor_screen(self, pane: str) -> tuple[tuple[int, int] | None, str] | None:
+        """Where the cursor of ``pane`` is (``#{cursor_x}``, ``#{cursor_y}``) and its
+        visible lines with their colours (``capture-pane -e``), read by one tmux command
+        list, so both come from one moment of the pane; None when tmux cannot read them."""
         try:
-            rc, screen = await self._tmux("capture-pane", "-p", "-e", "-t", pane)
+            rc, out = await self._tmux(
+                "display-message", "-p", "-t", pane, "#{cursor_x} #{cursor_y}", ";",
+                "capture-pane", "-p", "-e", "-t", pane,
+            )  # fmt: skip
         except AdapterError:
-            return False
-        if rc != 0 or draft(screen, self.ctx.kind) is None:
-            return False
-        return not (expect is not None and waits_in_prompt(plain(screen), expect))
+            return None
+        if rc != 0:
+            return None
+        first, _, screen = out.partition("\n")
+        x, _, y = first.partition(" ")
+        cursor = (int(x), int(y)) if x.isdigit() and y.isdigit() else None
+        return cursor, screen
 
     @property
     def _escapes(self) -> bool:
@@ -812,7 +973,7 @@ class TmuxAdapter(Adapter):
         if rc != 0:
             raise AdapterError(f"tmux load-buffer failed: {out or rc}")
         try:
-            await self._check(["paste-buffer", "-p", "-d", "-b", buffer, "-t", pane], "paste")
+            await self._paste(pane, buffer)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._tmux("delete-buffer", "-b", buffer)
