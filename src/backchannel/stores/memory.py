@@ -17,7 +17,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import COMPACT_START, CompactCursor, SessionFilter, Store, Tx
+from backchannel.stores.base import (
+    COMPACT_START,
+    CompactCursor,
+    Reads,
+    SessionFilter,
+    Store,
+    Tx,
+)
 from backchannel.types import (
     A2AClaim,
     A2ATask,
@@ -95,6 +102,9 @@ class MemoryTx:
     def __init__(self, data: _Data) -> None:
         self._d = data
         self._undo: list[Callable[[], None]] = []
+
+    def prefetch(self, reads: Reads) -> None:
+        """Nothing to do: every read is a dictionary look-up."""
 
     # -- journal -----------------------------------------------------------
     def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:
