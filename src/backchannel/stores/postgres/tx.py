@@ -901,9 +901,12 @@ class PgTx(PgTransaction, LifecycleSql):
         callee_session: str | None = None,
     ) -> Delegation | None:
         if callee_session is not None:
-            row = self._one(Q.open_delegation_of_callee, (team, callee_session), team)
-            if row is None:
-                row = self._one(Q.delegation_of_callee, (team, callee_session), team)
+            # its oldest open one, else its oldest: both asked in one round trip
+            args = (team, callee_session)
+            pending, oldest = self._exec_all(
+                [(Q.open_delegation_of_callee, args), (Q.delegation_of_callee, args)], team
+            )
+            row = pending.fetchone() or oldest.fetchone()
         else:
             row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id), team)
         return delegation(row) if row else None
