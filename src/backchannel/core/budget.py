@@ -95,6 +95,14 @@ def chain_key(chain_id: str) -> str:
     return f"chain:{chain_id}"
 
 
+#: the keys of the records of the chain each member was handed last (never shown)
+CONTEXT = "ctx:"
+
+
+def context_key(member: str) -> str:
+    return CONTEXT + member
+
+
 def key_members(key: str) -> tuple[str, ...]:
     """The two members of a pair key (empty for a chain key)."""
     scope, _, rest = key.partition(":")

@@ -47,7 +47,6 @@ from backchannel.types import (
 _AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
 #: Budget-table key of the chain a member without sessions was handed last (``used`` is
 #: the hop, ``last_from`` the chain id): its sends continue that chain.
-_CTX = "ctx:"
 #: Kinds of the hub's own messages that start a chain of their own.
 _CHAIN_STARTERS = (MessageKind.TIMER,)
 
@@ -143,7 +142,7 @@ class Budgets:
             return _ref(session.meta)
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
-        ctx = tx.get_budget(message.team, _CTX + message.sender)
+        ctx = tx.get_budget(message.team, rules.context_key(message.sender))
         return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
 
     # -- the three steps of a send -------------------------------------------------------
@@ -535,7 +534,7 @@ class Budgets:
     @staticmethod
     def _remember(tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float) -> None:
         """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`)."""
-        key = _CTX + member
+        key = rules.context_key(member)
         last = tx.get_budget(team, key)  # only its chain and hop are ever read
         if last is None or (last.last_from, last.used) != (ref.chain_id, ref.hop):
             tx.put_budget(Budget(team, key, now, ref.hop, 0, ref.chain_id, None, now))
@@ -556,7 +555,7 @@ class Budgets:
             lim = rules.limits(t.settings)
             return [
                 rules.budget_json(b, lim, now)
-                for b in tx.list_budgets(team, after=after, limit=limit, hidden=_CTX)
+                for b in tx.list_budgets(team, after=after, limit=limit, hidden=rules.CONTEXT)
             ]
 
         return await self.store.read(fn)

@@ -30,7 +30,7 @@ from typing import Any
 
 from backchannel.core import messages as rules
 from backchannel.core import notices
-from backchannel.core.budget import ChainRef
+from backchannel.core.budget import ChainRef, context_key
 from backchannel.core.timers import (
     Reply,
     anchors_first,
@@ -40,9 +40,9 @@ from backchannel.core.timers import (
 )
 from backchannel.errors import InvalidRequest, InvalidState, UnknownMessage, UnknownSession
 from backchannel.hub.context import Ctx, Env, Taker, wait_any, wait_for
-from backchannel.hub.pipeline import Pipeline, SendOptions
+from backchannel.hub.pipeline import Pipeline, SendOptions, send_reads
 from backchannel.hub.quotas import Quotas
-from backchannel.stores.base import Tx
+from backchannel.stores.base import Reads, Tx
 from backchannel.types import (
     BROADCAST,
     Delivery,
@@ -416,9 +416,11 @@ class Messages:
         )
 
         minted = message_id is None  # a fresh hub id cannot be a replay
+        reads = send_reads(message, replay=not minted)
 
         def fn(c: Ctx) -> SendResult:
             tx = c.tx
+            tx.prefetch(reads)
             existing = None if minted else tx.get_message(team, mid)
             if rules.decide_replay(existing, fp) is rules.Replay.REPLAY:
                 copies = tx.deliveries(team, mid)
@@ -671,6 +673,11 @@ class Messages:
         holder: str | None = None,
     ) -> list[InboxMessage]:
         tx = c.tx
+        # what a lease reads besides the inbox, in the round trip that takes the lock
+        if session is None:
+            tx.prefetch(Reads(team, budgets=(context_key(member),), live_of=member))
+        else:
+            tx.prefetch(Reads(team, session=session))
         if not owns(tx, team, member, owner):
             return []  # another hub pushes this member's messages now
         if session is not None:

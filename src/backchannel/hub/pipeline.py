@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from backchannel.core import messages as rules
 from backchannel.core import turns as turn_rules
+from backchannel.core.budget import context_key, pair_key
 from backchannel.errors import InvalidRequest, UnknownSession, UnknownTeam
 from backchannel.hub.context import Ctx, Env, JobHandler
+from backchannel.stores.base import Reads
 from backchannel.types import (
     BROADCAST,
     DeliveryState,
@@ -80,6 +82,25 @@ def find_turn_session(c: Ctx, message: Message) -> Session | None:
         return s if s.state is SessionState.ACTIVE else None
     active = tx.list_sessions(message.team, message.sender, which="active", limit=2)
     return active[0] if len(active) == 1 else None
+
+
+def send_reads(message: Message, *, replay: bool) -> Reads:
+    """What checking ``message`` reads (:meth:`Pipeline.insert` and the parts it calls),
+    named at once for :meth:`Tx.prefetch`: the recipient and the sender, the sender's
+    turn, the budgets of the pair and of the chain the sender was handed last, the
+    pair's open link; with ``replay``, the message itself (a send under a client's id).
+    A read named here that the send does not make costs nothing more."""
+    m, team, sender = message, message.team, message.sender
+    one = m.to != BROADCAST
+    return Reads(
+        team,
+        members=(m.to, sender) if one else (sender,),
+        budgets=(context_key(sender), pair_key(sender, m.to)) if one else (context_key(sender),),
+        link=(sender, m.to) if one else None,
+        session=m.sender_session,
+        active_of=sender if m.sender_session is None else None,
+        message=m.message_id if replay else None,
+    )
 
 
 #: Not read yet (``None`` is an answer: no open link, no session's turn).
@@ -147,6 +168,7 @@ class Pipeline:
         """Resolve recipients and store ``message`` inside ``c`` (every route sends
         through here); its recipients are woken after the commit."""
         tx, team, to = c.tx, message.team, message.to
+        tx.prefetch(send_reads(message, replay=False))  # what a send route did not name yet
         if message.to == BROADCAST:
             names = [m.name for m in tx.list_members(team)]
         elif tx.get_member(team, to) is not None:

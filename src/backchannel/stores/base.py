@@ -135,8 +135,35 @@ SessionFilter = Literal["all", "live", "active"]
 those with a turn running."""
 
 
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """What a transaction function is about to read about one team (:meth:`Tx.prefetch`):
+    the rows a send's checks read, named before the first of them is asked for."""
+
+    team: str
+    members: tuple[str, ...] = ()
+    budgets: tuple[str, ...] = ()
+    #: the open link between these two members (:meth:`Tx.find_open_link`)
+    link: tuple[str, str] | None = None
+    #: a session by id (:meth:`Tx.get_session`)
+    session: str | None = None
+    #: this member's active sessions, at most two (``list_sessions(team, member,
+    #: which="active", limit=2)``: is exactly one turn running?)
+    active_of: str | None = None
+    #: this member's live sessions (``list_sessions(team, member, which="live")``)
+    live_of: str | None = None
+    #: a message by id (:meth:`Tx.get_message`: a replay?)
+    message: str | None = None
+
+
 class Tx(Protocol):
     """Reads and writes inside one transaction. Every method is synchronous."""
+
+    def prefetch(self, reads: Reads) -> None:
+        """A hint: the function is about to read ``reads`` (and the team itself). A store
+        whose every statement is a network round trip (PostgreSQL) asks them all at
+        once and answers those reads from what it got until this transaction writes;
+        the others do nothing. It changes no answer, only how many trips they take."""
 
     # -- teams -------------------------------------------------------------
     def get_team(self, name: str) -> Team | None: ...

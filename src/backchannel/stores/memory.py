@@ -21,6 +21,7 @@ from backchannel.stores.base import (
     COMPACT_START,
     BudgetNeed,
     CompactCursor,
+    Reads,
     SessionFilter,
     Store,
     Tx,
@@ -102,6 +103,9 @@ class MemoryTx:
     def __init__(self, data: _Data) -> None:
         self._d = data
         self._undo: list[Callable[[], None]] = []
+
+    def prefetch(self, reads: Reads) -> None:
+        """Nothing to do: every read is a dictionary look-up."""
 
     # -- journal -----------------------------------------------------------
     def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:

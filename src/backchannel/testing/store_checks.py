@@ -18,7 +18,7 @@ from typing import Any
 
 from backchannel._dispatch_checks import check_dispatch_ownership, check_requeue_leased
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import SessionFilter, Tx
+from backchannel.stores.base import Reads, SessionFilter, Tx
 from backchannel.testing._fixtures import T0, StoreFactory, make_msg, opened, seed_team
 from backchannel.testing.store_records import (
     check_a2a_claims,
@@ -31,6 +31,7 @@ from backchannel.testing.store_records import (
     check_links,
 )
 from backchannel.types import (
+    Budget,
     DeliveryEvent,
     DeliveryState,
     EventKind,
@@ -38,6 +39,7 @@ from backchannel.types import (
     JobState,
     Lease,
     LedgerEntry,
+    Link,
     Member,
     MemberKind,
     Recipient,
@@ -662,6 +664,73 @@ async def check_atomicity(make_store: StoreFactory) -> None:
         assert sorted(g.message.message_id for g in got) == ["ok1", "ok2"]
 
 
+async def check_prefetch_changes_no_answer(make_store: StoreFactory) -> None:
+    """``Tx.prefetch`` is a hint: every read it names answers as without it, the rows
+    and the misses alike, and a write in the same transaction shows in the reads after
+    it (a store answering from what it fetched drops that on a write)."""
+    reads = Reads(
+        "alpha",
+        members=("b", "a", "ghost"),
+        budgets=("ctx:a", "pair:a|b", "pair:a|c"),
+        link=("a", "b"),
+        session="s1",
+        active_of="a",
+        live_of="a",
+        message="p1",
+    )
+    s1 = Session("alpha", "s1", "a", SessionState.ACTIVE, T0, T0, turn=1)
+    pair = Budget("alpha", "pair:a|b", T0, used=2, last_from="a", updated_at=T0)
+
+    def everything(tx: Tx) -> list[Any]:
+        return [
+            tx.get_team("alpha"),
+            tx.get_member("alpha", "a"),
+            tx.get_member("alpha", "b"),
+            tx.get_member("alpha", "ghost"),
+            tx.get_budget("alpha", "ctx:a"),
+            tx.get_budget("alpha", "pair:a|b"),
+            tx.get_budget("alpha", "pair:a|c"),
+            tx.find_open_link("alpha", "b", "a"),
+            tx.get_session("alpha", "s1"),
+            tx.list_sessions("alpha", "a", which="active", limit=2),
+            tx.list_sessions("alpha", "a", which="live"),
+            tx.get_message("alpha", "p1"),
+        ]
+
+    async with opened(make_store) as store:
+        await store.transact(seed_team)
+        await store.transact(lambda tx: (tx.put_session(s1), tx.put_budget(pair)))
+        plain = await store.read(everything)
+
+        def prefetched(tx: Tx) -> list[Any]:
+            tx.prefetch(reads)
+            return everything(tx)
+
+        assert await store.transact(prefetched) == plain
+        assert await store.read(prefetched) == plain
+        ended = dataclasses.replace(s1, state=SessionState.TERMINATED, updated_at=T0 + 1)
+        link = Link("alpha", "lp", "a", "s1", "b", None, 8, T0)
+        member = dataclasses.replace(plain[1], settings={"max_queued": 7})
+        spent = dataclasses.replace(pair, used=3, updated_at=T0 + 1)
+
+        def written(tx: Tx) -> list[Any]:
+            tx.prefetch(reads)
+            everything(tx)
+            tx.update_member(member)
+            tx.put_budget(spent)
+            tx.put_session(ended)
+            tx.insert_link(link)
+            tx.insert_message(make_msg("p1"), [Recipient("b")])
+            return everything(tx)
+
+        after = await store.transact(written)
+        again = await store.read(everything)
+        assert after == again, [(x, y) for x, y in zip(after, again, strict=True) if x != y]
+        assert after[1] == member and after[5] == spent and after[8] == ended, after
+        assert after[7] == link and after[9] == [] and after[10] == [], after
+        assert after[11] is not None and after[11].message_id == "p1", after
+
+
 async def check_many_concurrent_writers(make_store: StoreFactory) -> None:
     async with opened(make_store) as store:
         await store.transact(seed_team)
@@ -1217,6 +1286,7 @@ STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
     check_expiry_and_transitions,
     check_release_untried,
     check_atomicity,
+    check_prefetch_changes_no_answer,
     check_transact_each,
     check_many_concurrent_writers,
     check_transcripts,

@@ -18,7 +18,11 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   latest committed data, which no other writer can change until this one ends: writers
   of one team run one at a time across all hubs, exactly as if serial, without
   serialization failures. Writers of different teams touch disjoint rows and run in
-  parallel. The calls that span teams (``expired_leases``, ``due_jobs``) lock the teams
+  parallel. Since a team's writers take turns, each holds the lock for as few round
+  trips as it can: the reads a function names first (``Tx.prefetch``: a send's checks,
+  a lease's) go in the round trip that takes the lock and are answered from the
+  transaction until it writes, and history and budgets are written in the ``COMMIT``
+  round trip. The calls that span teams (``expired_leases``, ``due_jobs``) lock the teams
   of the rows they found, in sorted order, and then the rows themselves.
 * **Ordering.** ``seq``, history cursors and event ids come from sequences drawn under
   the team lock, so within a team they grow in commit order: a lease sees a gap-free

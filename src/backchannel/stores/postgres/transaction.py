@@ -67,13 +67,36 @@ class PgTransaction:
         # pending jobs watching a sender, by (team, sender), as the insert of that
         # sender's message found them (``PgTx.watching`` answers from it)
         self._watch_ids: dict[tuple[str, str], list[int]] = {}
+        # rows read in this transaction after its team's lock, by (kind, team, key):
+        # what ``prefetch`` fetched in one round trip and the reads of a send answered
+        # again; any write here drops them all (``_exec_all``), a retry starts afresh
+        self._rows: dict[tuple[str, str, Any], Any] = {}
+        # writes whose answer nobody reads, kept for the ``COMMIT`` round trip by key
+        # (the last write of a key is its row: a budget counted twice is one upsert)
+        self._later: dict[tuple[str, ...], tuple[str, Sequence[Any]]] = {}
         self._tainted = False  # a pipeline failed: psycopg may wrongly think a statement
         #                        is prepared, so the connection is closed afterwards
         self.retry = False  # the database asked for a re-run (deadlock)
         self.broken = False  # the connection was lost
         self.undefined = False  # a statement named a table or column the database lacks
 
-    def _exec(self, sql: str, args: Sequence[Any] = (), team: str | None = None) -> Cursor:
+    def _exec(
+        self, sql: str, args: Sequence[Any] = (), team: str | None = None, *, keep: bool = False
+    ) -> Cursor:
+        return self._exec_all(((sql, args),), team, keep=keep)[0]
+
+    def _exec_all(
+        self,
+        statements: Sequence[tuple[str, Sequence[Any]]],
+        team: str | None = None,
+        *,
+        keep: bool = False,
+    ) -> list[Cursor]:
+        """Run ``statements`` in order, in one round trip (a pipeline) when there are
+        several, or when the transaction must begin or take ``team``'s lock first (the
+        lock is granted before any of them runs). A statement that is not a ``SELECT``
+        drops the rows this transaction remembers (:attr:`_rows`), unless ``keep`` says
+        it writes none of their tables (deliveries, history)."""
         conn = self._conn
         first: list[tuple[str, Sequence[Any]]] = []
         if not self._open:
@@ -81,16 +104,19 @@ class PgTransaction:
         if team is not None and team not in self._locked and not self._readonly:
             first.append(("SELECT pg_advisory_xact_lock(%s)", (_lock_key(team),)))
             self._locked.add(team)
+        if self._rows and not keep and not all(s.startswith("SELECT") for s, _ in statements):
+            self._rows.clear()
         try:
-            if not first:
-                return conn.execute(sql, args)
+            if not first and len(statements) == 1:
+                sql, args = statements[0]
+                return [conn.execute(sql, args)]
             self._open = self._tainted = True
             with conn.pipeline():
                 for s, a in first:
                     conn.execute(s, a)
-                cur = conn.execute(sql, args)
+                curs = [conn.execute(sql, args) for sql, args in statements]
             self._tainted = False
-            return cur
+            return curs
         except psycopg.Error as exc:
             raise self._translate(exc) from exc
 
@@ -124,8 +150,10 @@ class PgTransaction:
     def _one(self, sql: str, args: Sequence[Any], team: str | None = None) -> Any:
         return self._exec(sql, args, team).fetchone()
 
-    def _all(self, sql: str, args: Sequence[Any], team: str | None = None) -> list[Any]:
-        return self._exec(sql, args, team).fetchall()
+    def _all(
+        self, sql: str, args: Sequence[Any], team: str | None = None, *, keep: bool = False
+    ) -> list[Any]:
+        return self._exec(sql, args, team, keep=keep).fetchall()
 
     def _lock_teams(self, teams: Iterable[str]) -> None:
         """Lock several teams at once, in sorted order (no deadlock between such calls)."""
@@ -159,8 +187,10 @@ class PgTransaction:
         )
 
     def _pending(self) -> list[tuple[str, Sequence[Any]]]:
-        """Statements writing the buffered history events (empties the buffer)."""
-        out: list[tuple[str, Sequence[Any]]] = []
+        """Statements writing the buffered history events and the writes kept for the
+        commit (empties both buffers)."""
+        out: list[tuple[str, Sequence[Any]]] = list(self._later.values())
+        self._later = {}
         if self._events:
             cols: list[list[Any]] = [[], [], [], [], [], []]
             for team, e in self._events:
@@ -176,7 +206,7 @@ class PgTransaction:
 
     def _flush(self) -> None:
         for sql, args in self._pending():
-            self._exec(sql, args)
+            self._exec(sql, args, keep=True)
 
     def _commit(self) -> None:
         """Buffered writes and ``COMMIT`` in one round trip."""

@@ -15,7 +15,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists
-from backchannel.stores.base import COMPACT_START, BudgetNeed, CompactCursor, SessionFilter
+from backchannel.stores.base import COMPACT_START, BudgetNeed, CompactCursor, Reads, SessionFilter
 from backchannel.stores.postgres.transaction import PgTransaction
 from backchannel.stores.sql import (
     CLOSED_LINKS_COUNT,
@@ -121,6 +121,21 @@ _ADD_REACTION = (
 _END_WATCH = Q.end_watch + " RETURNING 1"
 _SPEND_TOKEN = Q.spend_token + " RETURNING 1"
 _UNTIL_NONE = 2**62  # list_events with no upper bound
+#: one member's active sessions, at most two (``Reads.active_of``)
+_ACTIVE_SQL, _ = sessions_query(SESSION_COLS, "", "", "active", 2)
+_ACTIVE = pg(_ACTIVE_SQL)
+#: one member's live sessions (``Reads.live_of``)
+_LIVE = pg(sessions_query(SESSION_COLS, "", "", "live", None)[0])
+
+
+def _budget(row: Any) -> Budget:
+    return Budget(*row)
+
+
+def _sessions(rows: list[Any]) -> list[Session]:
+    return [_session(r) for r in rows]
+
+
 _LEASE = (
     "WITH picked AS (SELECT message_id FROM deliveries WHERE team = %s AND member = %s "
     "AND state = 'queued' AND ((session IS NULL AND %s) OR session = %s) "
@@ -148,6 +163,52 @@ class PgTx(PgTransaction, LifecycleSql):
 
     _TIMER_MEMBER_OF = "(payload->>'member')"
 
+    # -- reads answered from what this transaction read ---------------------------
+    def prefetch(self, reads: Reads) -> None:
+        """Every read ``reads`` names (and the team's row) not made yet in this
+        transaction, in one round trip: the one that takes the team's lock, when it is
+        the first statement about the team. The answers are kept in :attr:`_rows` and
+        dropped by the next write."""
+        r, team = reads, reads.team
+        wanted: list[tuple[tuple[str, str, Any], str, Sequence[Any], Any]] = [
+            (("t", team, ""), Q.get_team, (team,), _ROWS.team)
+        ]
+        if r.message is not None:
+            wanted.append((("g", team, r.message), Q.get_message, (team, r.message), _message))
+        for name in r.members:
+            wanted.append((("m", team, name), Q.get_member, (team, name), _member))
+        if r.session is not None:
+            wanted.append((("s", team, r.session), Q.get_session, (team, r.session), _session))
+        if r.active_of is not None:
+            wanted.append((("a", team, r.active_of), _ACTIVE, (team, r.active_of, 2), None))
+        if r.live_of is not None:
+            wanted.append((("v", team, r.live_of), _LIVE, (team, r.live_of), None))
+        for key in r.budgets:
+            wanted.append((("b", team, key), Q.get_budget, (team, key), _budget))
+        if r.link is not None:
+            pair = "|".join(sorted(r.link))
+            wanted.append((("l", team, pair), Q.find_open_link, (team, pair), _link))
+        picked = {w[0]: w for w in wanted if w[0] not in self._rows}
+        if not picked:
+            return
+        curs = self._exec_all([(sql, args) for _, sql, args, _ in picked.values()], team)
+        for (kept, _, _, build), cur in zip(picked.values(), curs, strict=True):
+            if build is None:
+                self._rows[kept] = _sessions(cur.fetchall())
+            else:
+                row = cur.fetchone()
+                self._rows[kept] = build(row) if row else None
+
+    def _cached(self, key: tuple[str, str, Any], sql: str, args: Sequence[Any], build: Any) -> Any:
+        """One row (built) by ``key``: from :attr:`_rows`, or read (and kept) now."""
+        try:
+            return self._rows[key]
+        except KeyError:
+            pass
+        row = self._one(sql, args, key[1])
+        found = self._rows[key] = build(row) if row else None
+        return found
+
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         self._flush()  # buffered history first: a removal must not leave it behind
         self._watch_ids.clear()
@@ -174,8 +235,8 @@ class PgTx(PgTransaction, LifecycleSql):
 
     # -- teams -------------------------------------------------------------
     def get_team(self, name: str) -> Team | None:
-        row = self._one(Q.get_team, (name,), name)
-        return _ROWS.team(row) if row else None
+        found: Team | None = self._cached(("t", name, ""), Q.get_team, (name,), _ROWS.team)
+        return found
 
     def insert_team(self, team: Team) -> None:
         self._insert(Q.insert_team, _ROWS.team_args(team), f"team {team.name!r}", team.name)
@@ -195,8 +256,8 @@ class PgTx(PgTransaction, LifecycleSql):
 
     # -- members -----------------------------------------------------------
     def get_member(self, team: str, name: str) -> Member | None:
-        row = self._one(Q.get_member, (team, name), team)
-        return _member(row) if row else None
+        found: Member | None = self._cached(("m", team, name), Q.get_member, (team, name), _member)
+        return found
 
     def member_by_token_hash(self, token_hash: str) -> Member | None:
         row = self._one(Q.member_by_token_hash, (token_hash,))
@@ -222,8 +283,9 @@ class PgTx(PgTransaction, LifecycleSql):
 
     # -- sessions ----------------------------------------------------------
     def get_session(self, team: str, session_id: str) -> Session | None:
-        row = self._one(Q.get_session, (team, session_id), team)
-        return _session(row) if row else None
+        key = ("s", team, session_id)
+        found: Session | None = self._cached(key, Q.get_session, (team, session_id), _session)
+        return found
 
     def put_session(self, session: Session) -> None:
         self._exec(Q.put_session, _ROWS.session_args(session), session.team)
@@ -237,8 +299,20 @@ class PgTx(PgTransaction, LifecycleSql):
         limit: int | None = None,
         after: tuple[float, str] | None = None,
     ) -> list[Session]:
+        if after is None and member is not None:
+            if which == "active" and limit == 2:
+                return self._sessions_of(("a", team, member), _ACTIVE, (team, member, 2))
+            if which == "live" and limit is None:
+                return self._sessions_of(("v", team, member), _LIVE, (team, member))
         sql, args = sessions_query(SESSION_COLS, team, member, which, limit, after)
         return [_session(r) for r in self._all(pg(sql), args, team)]
+
+    def _sessions_of(
+        self, key: tuple[str, str, Any], sql: str, args: Sequence[Any]
+    ) -> list[Session]:
+        if key not in self._rows:
+            self._rows[key] = _sessions(self._all(sql, args, key[1]))
+        return list(self._rows[key])
 
     def session_counts(self, team: str) -> dict[str, int]:
         return {str(r[0]): int(r[1]) for r in self._all(pg(SESSION_COUNTS), (team,), team)}
@@ -249,11 +323,13 @@ class PgTx(PgTransaction, LifecycleSql):
 
     # -- messages ----------------------------------------------------------
     def get_message(self, team: str, message_id: str) -> Message | None:
-        row = self._one(Q.get_message, (team, message_id), team)
-        return _message(row) if row else None
+        key = ("g", team, message_id)
+        found: Message | None = self._cached(key, Q.get_message, (team, message_id), _message)
+        return found
 
     def insert_message(self, message: Message, recipients: Sequence[Recipient]) -> list[Delivery]:
         m = message
+        self._rows.pop(("g", m.team, m.message_id), None)  # the one row cached it writes
         rows = self._all(
             "WITH msg AS (INSERT INTO messages (team, message_id, sender, sender_session, "
             "to_name, kind, text, summary, created_at, fingerprint, meta, chain_id, hop) "
@@ -272,6 +348,7 @@ class PgTx(PgTransaction, LifecycleSql):
              [r.member for r in recipients], [r.session for r in recipients],
              m.team, m.sender),
             m.team,
+            keep=True,
         )  # fmt: skip
         if not any(part == "m" for part, _, _ in rows):
             raise AlreadyExists(f"message {m.message_id!r} already exists")
@@ -311,6 +388,7 @@ class PgTx(PgTransaction, LifecycleSql):
                 member,
             ),
             team,
+            keep=True,  # deliveries only
         )
         rows.sort(key=lambda r: r[0])
         out = [
@@ -676,8 +754,9 @@ class PgTx(PgTransaction, LifecycleSql):
         return _link(row) if row else None
 
     def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
-        row = self._one(Q.find_open_link, (team, "|".join(sorted((member_a, member_b)))), team)
-        return _link(row) if row else None
+        pair = "|".join(sorted((member_a, member_b)))
+        found: Link | None = self._cached(("l", team, pair), Q.find_open_link, (team, pair), _link)
+        return found
 
     def update_link(self, link: Link) -> None:
         self._exec(Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team)
@@ -831,9 +910,12 @@ class PgTx(PgTransaction, LifecycleSql):
         callee_session: str | None = None,
     ) -> Delegation | None:
         if callee_session is not None:
-            row = self._one(Q.open_delegation_of_callee, (team, callee_session), team)
-            if row is None:
-                row = self._one(Q.delegation_of_callee, (team, callee_session), team)
+            # its oldest open one, else its oldest: both asked in one round trip
+            args = (team, callee_session)
+            pending, oldest = self._exec_all(
+                [(Q.open_delegation_of_callee, args), (Q.delegation_of_callee, args)], team
+            )
+            row = pending.fetchone() or oldest.fetchone()
         else:
             row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id), team)
         return delegation(row) if row else None
@@ -929,16 +1011,23 @@ class PgTx(PgTransaction, LifecycleSql):
 
     # -- conversation budgets ----------------------------------------------------
     def get_budget(self, team: str, key: str) -> Budget | None:
-        row = self._one(Q.get_budget, (team, key), team)
-        return Budget(*row) if row else None
+        written = self._later.get(("budget", team, key))
+        if written is not None:  # put here, not sent yet: the row it will write
+            return _budget(written[1])
+        found: Budget | None = self._cached(("b", team, key), Q.get_budget, (team, key), _budget)
+        return found
 
     def put_budget(self, budget: Budget) -> None:
+        """Written in the ``COMMIT`` round trip (or before a read of the team's budgets
+        as a list, or a removal); read back from :attr:`_rows` until then. The team's
+        lock is taken now, as for any write; :meth:`get_budget` answers from it."""
         b = budget
-        self._exec(
+        if b.team not in self._locked:
+            self.get_team(b.team)  # the lock, and a row every writer of a team reads
+        self._later[("budget", b.team, b.key)] = (
             Q.put_budget,
             (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
              b.updated_at),
-            b.team,
         )  # fmt: skip
 
     def list_budgets(
@@ -949,6 +1038,7 @@ class PgTx(PgTransaction, LifecycleSql):
         limit: int | None = None,
         hidden: str | None = None,
     ) -> list[Budget]:
+        self._flush()  # the budgets written in this transaction first
         sql, args = budgets_query(BUDGET_COLS, team, after, limit, hidden)
         return [Budget(*r) for r in self._all(pg(sql), args, team)]
 
