@@ -416,11 +416,11 @@ class Messages:
         )
 
         minted = message_id is None  # a fresh hub id cannot be a replay
-        reads = send_reads(message, replay=not minted)
 
         def fn(c: Ctx) -> SendResult:
             tx = c.tx
-            tx.prefetch(reads)
+            if tx.prefetches:
+                tx.prefetch(send_reads(message, replay=not minted))
             existing = None if minted else tx.get_message(team, mid)
             if rules.decide_replay(existing, fp) is rules.Replay.REPLAY:
                 copies = tx.deliveries(team, mid)
@@ -674,10 +674,12 @@ class Messages:
     ) -> list[InboxMessage]:
         tx = c.tx
         # what a lease reads besides the inbox, in the round trip that takes the lock
-        if session is None:
-            tx.prefetch(Reads(team, budgets=(context_key(member),), live_of=member))
-        else:
-            tx.prefetch(Reads(team, session=session))
+        if tx.prefetches:
+            tx.prefetch(
+                Reads(team, session=session)
+                if session is not None
+                else Reads(team, budgets=(context_key(member),), live_of=member)
+            )
         if not owns(tx, team, member, owner):
             return []  # another hub pushes this member's messages now
         if session is not None:

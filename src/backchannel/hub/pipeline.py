@@ -168,7 +168,8 @@ class Pipeline:
         """Resolve recipients and store ``message`` inside ``c`` (every route sends
         through here); its recipients are woken after the commit."""
         tx, team, to = c.tx, message.team, message.to
-        tx.prefetch(send_reads(message, replay=False))  # what a send route did not name yet
+        if tx.prefetches:  # what a send route did not name yet
+            tx.prefetch(send_reads(message, replay=False))
         if message.to == BROADCAST:
             names = [m.name for m in tx.list_members(team)]
         elif tx.get_member(team, to) is not None:

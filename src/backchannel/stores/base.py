@@ -159,6 +159,11 @@ class Reads:
 class Tx(Protocol):
     """Reads and writes inside one transaction. Every method is synchronous."""
 
+    #: whether :meth:`prefetch` does anything here: a caller builds its :class:`Reads`
+    #: only then (on the stores where it does nothing, naming them would be pure cost
+    #: on every send's path)
+    prefetches: bool
+
     def prefetch(self, reads: Reads) -> None:
         """A hint: the function is about to read ``reads`` (and the team itself). A store
         whose every statement is a network round trip (PostgreSQL) asks them all at

@@ -104,6 +104,8 @@ class MemoryTx:
         self._d = data
         self._undo: list[Callable[[], None]] = []
 
+    prefetches = False
+
     def prefetch(self, reads: Reads) -> None:
         """Nothing to do: every read is a dictionary look-up."""
 

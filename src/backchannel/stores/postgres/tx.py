@@ -164,6 +164,8 @@ class PgTx(PgTransaction, LifecycleSql):
     _TIMER_MEMBER_OF = "(payload->>'member')"
 
     # -- reads answered from what this transaction read ---------------------------
+    prefetches = True
+
     def prefetch(self, reads: Reads) -> None:
         """Every read ``reads`` names (and the team's row) not made yet in this
         transaction, in one round trip: the one that takes the team's lock, when it is

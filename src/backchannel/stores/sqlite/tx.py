@@ -258,6 +258,8 @@ class SqliteTx(LifecycleSql):
         elif max(map(len, self._caches)) > _CACHE_ROWS:  # a long-lived hub's bound
             self._drop_cached()
 
+    prefetches = False
+
     def prefetch(self, reads: Reads) -> None:
         """Nothing to do: a statement is a function call here, not a round trip (and the
         rows a send reads are cached across transactions already)."""
