@@ -437,3 +437,75 @@ async def test_a_ring_of_link_timer_and_delegation_stops_at_the_chain_budget(
             or any(link.close_reason == "conversation_budget" for link in await one.list_links("t"))
         ), "the send past the budget was refused"
         assert await _user_told(one, "chain")
+
+
+async def _one_shot_turn(hub: Hub, member: str, sid: str, prompt: str) -> None:
+    """A one-shot run (``claude -p``, ``codex exec``) of ``member``: its own new session,
+    whose runtime reports the prompt it was started on."""
+    await hub.start_session("t", member, sid, recover=False)
+    await hub.report_event("t", member, sid, "turn_start", prompt)
+
+
+async def test_a_ring_of_one_shot_runs_stops_at_the_chain_budget(clock: FakeClock) -> None:
+    """Each member's wrapper takes what the hub hands the member (no session named) and
+    starts a one-shot run on it in a new session, which sends to the next member and
+    exits. The run's prompt carries what the member was handed: its turn goes on in that
+    chain, so the ring stops at the chain budget instead of starting a fresh chain with
+    every run (the pair budget never sees a ring: each pair has one speaker)."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    budget = 6
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 100}
+        )
+        for n in nxt:
+            await hub.add_member("t", n)
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for r in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for n in nxt:
+                got = await hub.receive("t", n, limit=20)  # the wrapper: no session named
+                if not got:
+                    continue
+                progressed = True
+                await hub.ack("t", n, [g.message.message_id for g in got])
+                sid = f"{n}-run{r}"
+                shown = "\n".join(f"[From {g.message.sender}] {g.message.text}" for g in got)
+                await _one_shot_turn(hub, n, sid, f"You are {n}. Act on this:\n{shown}")
+                try:
+                    await hub.send("t", n, nxt[n], f"{n} passes it on", link=False)
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                await hub.report_event("t", n, sid, "agent_stop", "")
+                await hub.exit_session("t", n, sid, "the run ended")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        assert sent == budget and refused and set(refused) == {"chain"}
+        told = await _user_told(hub, "chain")
+        assert told and "backchannel budget extend" in told[0].text
+
+
+async def test_a_one_shot_run_a_human_started_begins_its_own_chain(clock: FakeClock) -> None:
+    """A new session whose prompt is not what the member was handed (a human started the
+    run on a task of their own) is no turn on the handed chain, even a spent one."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off", "chain_budget": 2})
+        for n in ("a", "b"):
+            await hub.add_member("t", n)
+        await hub.send("t", "a", "b", "hop one", link=False)  # hop 1
+        got = await hub.receive("t", "b", limit=5)
+        await hub.ack("t", "b", [g.message.message_id for g in got])
+        await _one_shot_turn(hub, "b", "b-run0", "[From a] hop one")
+        await hub.send("t", "b", "a", "hop two", link=False)  # hop 2: spends the chain
+        await hub.report_event("t", "b", "b-run0", "agent_stop", "")
+        await hub.exit_session("t", "b", "b-run0", "the run ended")
+        await _one_shot_turn(hub, "b", "b-run1", "write the release notes and tell a")
+        sent = await hub.send("t", "b", "a", "release notes are done", link=False)
+        status = (await hub.message_status("t", sent.message_id)).message
+        assert status.chain_id == sent.message_id and status.hop == 1

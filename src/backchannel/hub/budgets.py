@@ -46,8 +46,22 @@ from backchannel.types import (
 #: Kinds of message an agent originates; each counts against its pair and its chain.
 _AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
 #: Budget-table key of the chain a member without sessions was handed last (``used`` is
-#: the hop, ``last_from`` the chain id): its sends continue that chain.
+#: the hop, ``last_from`` the chain id): its sends continue that chain. When it was handed
+#: without a session, ``last_from`` goes on with the ids of what it was handed, after a
+#: space (no message id holds one): a session that starts later takes the chain when its
+#: first turn's prompt carries one of their texts (:meth:`Budgets.on_turn_start`).
 _CTX = "ctx:"
+#: How many of the messages handed to a member without a session its record names.
+_CTX_IDS = 20
+
+
+def _ctx_read(record: Budget | None) -> tuple[rules.ChainRef | None, list[str]]:
+    """The chain a member's ``ctx:`` record names, and the ids of the messages it was
+    handed in it without a session (none when a session was handed them)."""
+    if record is None or not record.last_from:
+        return None, []
+    chain_id, *ids = record.last_from.split(" ")
+    return rules.ChainRef(chain_id, record.used), ids
 #: Kinds of the hub's own messages that start a chain of their own.
 _CHAIN_STARTERS = (MessageKind.TIMER,)
 
@@ -143,8 +157,7 @@ class Budgets:
             return _ref(session.meta)
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
-        ctx = tx.get_budget(message.team, _CTX + message.sender)
-        return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
+        return _ctx_read(tx.get_budget(message.team, _CTX + message.sender))[0]
 
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
@@ -471,7 +484,9 @@ class Budgets:
         send of its member the hub cannot place in a turn continues it too."""
         self._handed(c, session, [m.message for m in got], now)
 
-    def _handed(self, c: Ctx, session: Session, got: Sequence[Message], now: float) -> None:
+    def _handed(
+        self, c: Ctx, session: Session, got: Sequence[Message], now: float, *, remember: bool = True
+    ) -> None:
         tx = c.tx
         refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
         s = tx.get_session(session.team, session.session_id) or session
@@ -482,7 +497,8 @@ class Budgets:
         meta = {**s.meta, "input_texts": texts}
         if ref is not None:
             meta["chain"] = [ref.chain_id, ref.hop]
-            self._remember(tx, session.team, session.member, ref, now)
+            if remember:
+                self._remember(tx, session.team, session.member, ref, now)
         tx.put_session(dataclasses.replace(s, meta=meta))
 
     def on_read_from_file(
@@ -506,18 +522,26 @@ class Budgets:
         tx = c.tx
         live = tx.list_sessions(team, member, which="live")  # one index range, not ended ones
         for s in live:
-            self._handed(c, s, got, now)
-        if not live:
-            refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
-            ref = rules.turn_chain(refs, None)
-            if ref is not None:
-                self._remember(tx, team, member, ref, now)
+            self._handed(c, s, got, now, remember=False)
+        refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
+        ref = rules.turn_chain(refs, None)
+        if ref is not None:
+            # a session that starts after this (a one-shot run on what the member was
+            # handed) finds them here: see on_turn_start
+            ids = [m.message_id for m in got][-_CTX_IDS:]
+            self._remember(tx, team, member, ref, now, ids)
 
     def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
-        """A turn started on input the hub did not hand over starts no chain."""
+        """A turn started on input the hub did not hand over starts no chain. A session in
+        no chain whose turn's prompt carries what its member was handed without a session
+        (a one-shot run a wrapper started on it, in a session of its own) goes on in that
+        chain: otherwise a ring of such runs started a fresh chain at every run."""
         tx = c.tx
         started = tx.get_session(s.team, s.session_id)
-        if started is None or "chain" not in started.meta:
+        if started is None:
+            return
+        if "chain" not in started.meta:
+            self._take_member_chain(tx, started, text)
             return
         if not turns.is_hub_input(text, started.meta.get("input_texts") or ()):
             # a human typed this turn's input into the runtime: a new chain begins
@@ -533,12 +557,33 @@ class Budgets:
         self._handed_to_member(c, team, member, [m.message for m in got], now)
 
     @staticmethod
-    def _remember(tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float) -> None:
-        """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`)."""
+    def _take_member_chain(tx: Tx, started: Session, text: str) -> None:
+        """``started``, in no chain, starts a turn on ``text``: when the text carries one
+        of the messages its member was handed last without a session, the turn works in
+        their chain. A prompt that carries none of them (a human's own task), or no text
+        at all, starts no chain: a new session is no turn on what it was not shown."""
+        ref, ids = _ctx_read(tx.get_budget(started.team, _CTX + started.member))
+        if ref is None or not ids or turns.is_hub_input(text, ()):
+            return  # nothing handed without a session, or a prompt with no text at all
+        handed = [m for m in (tx.get_message(started.team, i) for i in ids) if m is not None]
+        texts = [turns.handed_text(m.sender, m.kind.value, m.text) for m in handed]
+        if not texts or not turns.is_hub_input(text, texts):
+            return
+        meta = {**started.meta, "chain": [ref.chain_id, ref.hop], "input_texts": texts}
+        tx.put_session(dataclasses.replace(started, meta=meta))
+
+    @staticmethod
+    def _remember(
+        tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float, ids: Sequence[str] = ()
+    ) -> None:
+        """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`),
+        ``ids`` what it was handed in it without a session (read by
+        :meth:`_take_member_chain`)."""
         key = _CTX + member
-        last = tx.get_budget(team, key)  # only its chain and hop are ever read
-        if last is None or (last.last_from, last.used) != (ref.chain_id, ref.hop):
-            tx.put_budget(Budget(team, key, now, ref.hop, 0, ref.chain_id, None, now))
+        said = " ".join([ref.chain_id, *ids])
+        last = tx.get_budget(team, key)  # only its chain, hop and ids are ever read
+        if last is None or (last.last_from, last.used) != (said, ref.hop):
+            tx.put_budget(Budget(team, key, now, ref.hop, 0, said, None, now))
 
     # -- reading and extending ----------------------------------------------------------------
     async def list_budgets(
