@@ -446,12 +446,17 @@ async def _one_shot_turn(hub: Hub, member: str, sid: str, prompt: str) -> None:
     await hub.report_event("t", member, sid, "turn_start", prompt)
 
 
-async def test_a_ring_of_one_shot_runs_stops_at_the_chain_budget(clock: FakeClock) -> None:
+@pytest.mark.parametrize("reports", ["prompt", "no text", "no turn"])
+async def test_a_ring_of_one_shot_runs_stops_at_the_chain_budget(
+    clock: FakeClock, reports: str
+) -> None:
     """Each member's wrapper takes what the hub hands the member (no session named) and
     starts a one-shot run on it in a new session, which sends to the next member and
-    exits. The run's prompt carries what the member was handed: its turn goes on in that
-    chain, so the ring stops at the chain budget instead of starting a fresh chain with
-    every run (the pair budget never sees a ring: each pair has one speaker)."""
+    exits. The run's prompt carries what the member was handed (or its runtime reports
+    no prompt text, or no turn at all: an SDK wrapper that opens a session per task): its
+    turn goes on in that chain, so the ring stops at the chain budget instead of starting
+    a fresh chain with every run (the pair budget never sees a ring: each pair has one
+    speaker)."""
     nxt = {"a": "b", "b": "c", "c": "a"}
     budget = 6
     async with Hub(MemoryStore(), clock=clock, background=False) as hub:
@@ -472,13 +477,20 @@ async def test_a_ring_of_one_shot_runs_stops_at_the_chain_budget(clock: FakeCloc
                 await hub.ack("t", n, [g.message.message_id for g in got])
                 sid = f"{n}-run{r}"
                 shown = "\n".join(f"[From {g.message.sender}] {g.message.text}" for g in got)
-                await _one_shot_turn(hub, n, sid, f"You are {n}. Act on this:\n{shown}")
+                if reports == "no turn":
+                    await hub.open_session("t", n, sid)
+                else:
+                    prompt = f"You are {n}. Act on this:\n{shown}" if reports == "prompt" else ""
+                    await _one_shot_turn(hub, n, sid, prompt)
                 try:
-                    await hub.send("t", n, nxt[n], f"{n} passes it on", link=False)
+                    await hub.send(
+                        "t", n, nxt[n], f"{n} passes it on", sender_session=sid, link=False
+                    )
                     sent += 1
                 except BudgetExhausted as exc:
                     refused.append(exc.details["budget"])
-                await hub.report_event("t", n, sid, "agent_stop", "")
+                if reports != "no turn":
+                    await hub.report_event("t", n, sid, "agent_stop", "")
                 await hub.exit_session("t", n, sid, "the run ended")
             if not progressed:
                 break

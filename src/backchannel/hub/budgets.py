@@ -62,6 +62,8 @@ def _ctx_read(record: Budget | None) -> tuple[rules.ChainRef | None, list[str]]:
         return None, []
     chain_id, *ids = record.last_from.split(" ")
     return rules.ChainRef(chain_id, record.used), ids
+
+
 #: Kinds of the hub's own messages that start a chain of their own.
 _CHAIN_STARTERS = (MessageKind.TIMER,)
 
@@ -154,7 +156,11 @@ class Budgets:
         if session is None and message.sender_session is not None:
             session = tx.get_session(message.team, message.sender_session)
         if session is not None:
-            return _ref(session.meta)
+            ref = _ref(session.meta)
+            if ref is not None or session.turn > 0:
+                return ref
+            # a session that has run no turn (opened for this send, or by a wrapper whose
+            # run reports none) was handed nothing: it goes on as its member does, below
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
         return _ctx_read(tx.get_budget(message.team, _CTX + message.sender))[0]
@@ -556,21 +562,25 @@ class Budgets:
         its hook-attached session): see :meth:`_handed_to_member`."""
         self._handed_to_member(c, team, member, [m.message for m in got], now)
 
-    @staticmethod
-    def _take_member_chain(tx: Tx, started: Session, text: str) -> None:
-        """``started``, in no chain, starts a turn on ``text``: when the text carries one
-        of the messages its member was handed last without a session, the turn works in
-        their chain. A prompt that carries none of them (a human's own task), or no text
-        at all, starts no chain: a new session is no turn on what it was not shown."""
-        ref, ids = _ctx_read(tx.get_budget(started.team, _CTX + started.member))
-        if ref is None or not ids or turns.is_hub_input(text, ()):
-            return  # nothing handed without a session, or a prompt with no text at all
+    def _take_member_chain(self, tx: Tx, started: Session, text: str) -> None:
+        """``started``, in no chain, starts a turn on ``text``. When its member was handed
+        messages without a session that no session has taken yet, and the text carries
+        one of them (or is no text at all: a runtime that reports none is taken at its
+        word, as for a session's own input), the turn works in their chain and they are
+        taken, so a later session with no text does not take them again. A prompt that
+        carries none of them (a human's own task) starts no chain."""
+        record = tx.get_budget(started.team, _CTX + started.member)
+        ref, ids = _ctx_read(record)
+        if record is None or ref is None or not ids:
+            return
         handed = [m for m in (tx.get_message(started.team, i) for i in ids) if m is not None]
         texts = [turns.handed_text(m.sender, m.kind.value, m.text) for m in handed]
-        if not texts or not turns.is_hub_input(text, texts):
+        if not turns.is_hub_input(text, texts):
             return
         meta = {**started.meta, "chain": [ref.chain_id, ref.hop], "input_texts": texts}
         tx.put_session(dataclasses.replace(started, meta=meta))
+        now = self.clock.now()
+        tx.put_budget(dataclasses.replace(record, last_from=ref.chain_id, updated_at=now))
 
     @staticmethod
     def _remember(
