@@ -20,7 +20,10 @@ from backchannel.errors import BudgetExhausted
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, MessageKind, SessionState
+from tests.conftest import Server
+from tests.runtimes.agents import http_mcp, make_team, text
 from tests.test_budget import Agent, _agent_messages, _kick, _run, _team, _user_told
+from tests.test_link_crossings import _hook
 
 
 async def _run_with_timers(hub: Hub, clock: FakeClock, *agents: Agent, cap: int = 400) -> int:
@@ -521,3 +524,67 @@ async def test_a_one_shot_run_a_human_started_begins_its_own_chain(clock: FakeCl
         sent = await hub.send("t", "b", "a", "release notes are done", link=False)
         status = (await hub.message_status("t", sent.message_id)).message
         assert status.chain_id == sent.message_id and status.hop == 1
+
+
+@pytest.mark.slow
+async def test_a_ring_of_claude_p_runs_over_a_real_hub_stops_at_the_chain_budget(
+    server: Server,
+) -> None:
+    """The same ring on a real ``backchannel serve``: each member's wrapper long-polls the
+    member's inbox over HTTP (no session named) and starts a ``claude -p`` run on what it
+    got, which the hub hears through the Claude Code hooks of a new session; the run
+    passes the message on with the MCP server's ``send_message`` (streamable HTTP) and
+    ends. The ring stops at the chain budget, the refusal names it, and the team's human
+    is told how to extend it."""
+    budget = 5
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    tokens = make_team(
+        server, "t", *(f"{n}:claude-code" for n in nxt), chain_budget=budget, pair_budget=100
+    )
+    http = {n: server.client(tokens[n]) for n in tokens}
+    try:
+        start = http["user"].post("/v1/messages", json={"to": "a", "text": "start"}).json()
+        sent, refusals = 0, []
+        for r in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for n in nxt:
+                got = http[n].get("/v1/inbox", params={"wait": 0, "limit": 20}).json()["messages"]
+                got = [m for m in got if m["kind"] != "system"]  # notices start no run
+                if not got:
+                    continue
+                progressed = True
+                ids = [m["message_id"] for m in got]
+                http[n].post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+                sid = f"{n}-run-{r}"
+                shown = "\n".join(f"[From {m['from']}] {m['text']}" for m in got)
+                _hook(http[n], "SessionStart", sid, source="startup")
+                _hook(http[n], "UserPromptSubmit", sid, prompt=f"Act on this:\n{shown}")
+                async with http_mcp(server.url, tokens[n]) as s:
+                    out = await s.call_tool(
+                        "send_message", {"to": nxt[n], "message": f"{n} passes it on ({r})"}
+                    )
+                if out.is_error:
+                    refusals.append(text(out))
+                else:
+                    sent += 1
+                while _hook(http[n], "Stop", sid, last_assistant_message="").get("decision"):
+                    pass  # what waited for the session, handed to its run (notices)
+                _hook(http[n], "SessionEnd", sid, reason="other")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        assert sent == budget, (sent, refusals)
+        assert refusals and all("chain_budget" in why for why in refusals), refusals
+        feed = http["user"].get("/v1/teams/t/budgets").json()["budgets"]
+        chains = [b for b in feed if b["scope"] == "chain"]
+        assert [(b["key"], b["spent"]) for b in chains] == [(f"chain:{start['message_id']}", True)]
+        told = [
+            m
+            for m in http["user"].get("/v1/inbox", params={"limit": 50}).json()["messages"]
+            if "budget extend" in m["text"]
+        ]
+        assert told, "the team's human was not told how to extend the chain"
+    finally:
+        for c in http.values():
+            c.close()
