@@ -172,9 +172,13 @@ class Budgets:
         message would otherwise have, never lower them (:func:`rules.named_chain`)."""
         tx, message = s.c.tx, s.message
         if _carried(message):
-            # a task from another hub goes on in the chain it named
+            # a task from another hub goes on in the chain it named, never below the
+            # chain of a turn its sender runs here: a member of this team that calls
+            # /api/chat from a turn of a spent chain cannot name a fresh one
             named = rules.ChainRef(message.chain_id or "", message.hop)
-            goes_on = self._named(tx, message.team, named, None)
+            turn = self._turn_chain(s)
+            own = None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
+            goes_on = self._named(tx, message.team, named, own)
             if goes_on == named:
                 return message
             return message.in_chain(goes_on.chain_id, goes_on.hop)
