@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from backchannel.core.budget import ChainRef
 from backchannel.delivery.claude_inbox import InboxWriter
 from backchannel.delivery.inbox_watch import InboxBridge
 from backchannel.errors import BudgetExhausted
@@ -588,3 +589,46 @@ async def test_a_ring_of_claude_p_runs_over_a_real_hub_stops_at_the_chain_budget
     finally:
         for c in http.values():
             c.close()
+
+
+async def test_a_chain_named_for_a_send_never_lets_through_what_its_own_chain_refuses(
+    clock: FakeClock,
+) -> None:
+    """The A2A front and ``/api/chat`` take the chain a message names (``backchannel.chain``
+    in an A2A message's metadata). An agent whose turn works in a spent chain that names
+    another chain, one the human extended, with a hop no lower than its own, would have
+    gone on under that chain's extension: the send is refused by its own chain."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=2, pair_budget=100)
+        other = await _kick(hub, "c", "the chain the human extended")
+        await hub.extend_budget("t", f"chain:{other.message_id}", 100, by_whom="user")
+        start = await _kick(hub, "a")
+
+        async def turn(who: str) -> None:
+            got = await hub.receive("t", who, session=f"{who}-s", limit=10)
+            await hub.ack("t", who, [g.message.message_id for g in got])
+            shown = "\n".join(g.message.text for g in got if g.message.chain_id)
+            await hub.report_event("t", who, f"{who}-s", "turn_start", shown)
+
+        await turn("a")
+        await hub.send("t", "a", "b", "hop one", sender_session="a-s", link=False)
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await turn("b")
+        await hub.send("t", "b", "a", "hop two", sender_session="b-s", link=False)
+        await hub.report_event("t", "b", "b-s", "agent_stop", "")
+        await turn("a")  # a's turn works in the spent chain, at hop 2
+        with pytest.raises(BudgetExhausted) as refused:
+            await hub.send(
+                "t", "a", "b", "go on under the other chain", sender_session="a-s",
+                link=False, chain=ChainRef(other.message_id, 3),
+            )  # fmt: skip
+        assert refused.value.details["key"] == f"chain:{start.message_id}"
+        # the named chain still carries a send whose own chain has room
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await hub.report_event("t", "a", "a-s", "turn_start", "a task of the human's own")
+        sent = await hub.send(
+            "t", "a", "b", "under the other chain", sender_session="a-s", link=False,
+            chain=ChainRef(other.message_id, 3),
+        )  # fmt: skip
+        m = (await hub.message_status("t", sent.message_id)).message
+        assert (m.chain_id, m.hop) == (other.message_id, 3)

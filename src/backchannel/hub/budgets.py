@@ -179,6 +179,7 @@ class Budgets:
             turn = self._turn_chain(s)
             own = None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
             goes_on = self._named(tx, message.team, named, own)
+            s.budget_own = own if own is not None and goes_on.chain_id != own.chain_id else None
             if goes_on == named:
                 return message
             return message.in_chain(goes_on.chain_id, goes_on.hop)
@@ -186,6 +187,10 @@ class Budgets:
         ref = (
             own if s.options.chain is None else self._named(tx, message.team, s.options.chain, own)
         )
+        if own is not None and ref is not None and ref.chain_id != own.chain_id:
+            # another chain was named and stands: the send's own chain is checked too
+            # unless it is one this message starts (a timer's, an outside task's)
+            s.budget_own = own if own.chain_id != message.message_id else None
         if ref is None:
             return message
         return message.in_chain(ref.chain_id, ref.hop)
@@ -285,6 +290,14 @@ class Budgets:
             if d.refusal is not None and not all(r for _, _, r in pairs):
                 d = rules.Decision()  # an owed answer is never refused
             out.append(d)
+        own = s.budget_own
+        if own is not None and own.hop > lim.chain_budget and all(r for _, _, r in pairs):
+            # the chain named (one a human extended, say) never lets through a send the
+            # chain of its sender's own turn refuses
+            record = tx.get_budget(message.team, rules.chain_key(own.chain_id))
+            refusal = rules.decide_chain(message.team, own, record, lim, now).refusal
+            if refusal is not None:
+                out.append(rules.Decision(refusal=refusal))
         return out
 
     def refuse(self, s: Send) -> None:
