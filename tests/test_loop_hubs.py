@@ -575,3 +575,43 @@ def test_the_config_file_and_the_environment_name_a_services_member(tmp_path: Pa
                 "BACKCHANNEL_CALLBACK_MEMBERS": "hub-b=no good",
             },
         )
+
+
+async def test_a_member_in_a_spent_chain_cannot_name_a_fresh_one_on_api_chat(
+    clock: FakeClock,
+) -> None:
+    """``/api/chat`` is how another hub asks for a task, with the chain it goes on in; a
+    member of the team may call it too, with its own token. From a turn of a spent chain,
+    a task naming a fresh chain at hop 0 would have restarted the conversation as if a
+    human had: the chain named may raise the hop of the caller's turn, never lower it, so
+    the task is refused as a send of that turn is, naming the chain budget."""
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=_cfg()) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": 2, "pair_budget": 100}
+        )
+        for n in ("a", "b", "c"):
+            await hub.add_member("t", n)
+            await hub.open_session("t", n, f"{n}-s")
+        start = await hub.send("t", "user", "a", "start")
+
+        async def turn(who: str) -> None:
+            got = await hub.receive("t", who, session=f"{who}-s", limit=10)
+            await hub.ack("t", who, [g.message.message_id for g in got])
+            shown = "\n".join(g.message.text for g in got)
+            await hub.report_event("t", who, f"{who}-s", "turn_start", shown)
+
+        await turn("a")
+        await hub.send("t", "a", "b", "hop one", sender_session="a-s", link=False)
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await turn("b")
+        await hub.send("t", "b", "a", "hop two", sender_session="b-s", link=False)
+        await hub.report_event("t", "b", "b-s", "agent_stop", "")
+        await turn("a")  # a's turn works in the spent chain, at hop 2
+        with pytest.raises(BudgetExhausted) as refused:
+            await hub.accept_chat(
+                "t", "a", "c", "do it anyway", reply_service="hub-b",
+                reply_token="t" * 32, chain={"id": "a-fresh-chain", "hop": 0},
+            )  # fmt: skip
+        assert refused.value.details["key"] == f"chain:{start.message_id}"
+        assert "chain_budget" in str(refused.value)
+        assert await hub.list_delegations("t") == []

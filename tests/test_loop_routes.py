@@ -14,13 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from backchannel.core.budget import ChainRef
 from backchannel.delivery.claude_inbox import InboxWriter
 from backchannel.delivery.inbox_watch import InboxBridge
 from backchannel.errors import BudgetExhausted
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, MessageKind, SessionState
+from tests.conftest import Server
+from tests.runtimes.agents import http_mcp, make_team, text
 from tests.test_budget import Agent, _agent_messages, _kick, _run, _team, _user_told
+from tests.test_link_crossings import _hook
 
 
 async def _run_with_timers(hub: Hub, clock: FakeClock, *agents: Agent, cap: int = 400) -> int:
@@ -437,3 +441,194 @@ async def test_a_ring_of_link_timer_and_delegation_stops_at_the_chain_budget(
             or any(link.close_reason == "conversation_budget" for link in await one.list_links("t"))
         ), "the send past the budget was refused"
         assert await _user_told(one, "chain")
+
+
+async def _one_shot_turn(hub: Hub, member: str, sid: str, prompt: str) -> None:
+    """A one-shot run (``claude -p``, ``codex exec``) of ``member``: its own new session,
+    whose runtime reports the prompt it was started on."""
+    await hub.start_session("t", member, sid, recover=False)
+    await hub.report_event("t", member, sid, "turn_start", prompt)
+
+
+@pytest.mark.parametrize("reports", ["prompt", "no text", "no turn"])
+async def test_a_ring_of_one_shot_runs_stops_at_the_chain_budget(
+    clock: FakeClock, reports: str
+) -> None:
+    """Each member's wrapper takes what the hub hands the member (no session named) and
+    starts a one-shot run on it in a new session, which sends to the next member and
+    exits. The run's prompt carries what the member was handed (or its runtime reports
+    no prompt text, or no turn at all: an SDK wrapper that opens a session per task): its
+    turn goes on in that chain, so the ring stops at the chain budget instead of starting
+    a fresh chain with every run (the pair budget never sees a ring: each pair has one
+    speaker)."""
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    budget = 6
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": budget, "pair_budget": 100}
+        )
+        for n in nxt:
+            await hub.add_member("t", n)
+        start = await _kick(hub, "a")
+        sent, refused = 0, []
+        for r in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for n in nxt:
+                got = await hub.receive("t", n, limit=20)  # the wrapper: no session named
+                if not got:
+                    continue
+                progressed = True
+                await hub.ack("t", n, [g.message.message_id for g in got])
+                sid = f"{n}-run{r}"
+                shown = "\n".join(f"[From {g.message.sender}] {g.message.text}" for g in got)
+                if reports == "no turn":
+                    await hub.open_session("t", n, sid)
+                else:
+                    prompt = f"You are {n}. Act on this:\n{shown}" if reports == "prompt" else ""
+                    await _one_shot_turn(hub, n, sid, prompt)
+                try:
+                    await hub.send(
+                        "t", n, nxt[n], f"{n} passes it on", sender_session=sid, link=False
+                    )
+                    sent += 1
+                except BudgetExhausted as exc:
+                    refused.append(exc.details["budget"])
+                if reports != "no turn":
+                    await hub.report_event("t", n, sid, "agent_stop", "")
+                await hub.exit_session("t", n, sid, "the run ended")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        msgs = await _agent_messages(hub, "a", "b", "c")
+        assert {m.chain_id for m in msgs} == {start.message_id}
+        assert sent == budget and refused and set(refused) == {"chain"}
+        told = await _user_told(hub, "chain")
+        assert told and "backchannel budget extend" in told[0].text
+
+
+async def test_a_one_shot_run_a_human_started_begins_its_own_chain(clock: FakeClock) -> None:
+    """A new session whose prompt is not what the member was handed (a human started the
+    run on a task of their own) is no turn on the handed chain, even a spent one."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off", "chain_budget": 2})
+        for n in ("a", "b"):
+            await hub.add_member("t", n)
+        await hub.send("t", "a", "b", "hop one", link=False)  # hop 1
+        got = await hub.receive("t", "b", limit=5)
+        await hub.ack("t", "b", [g.message.message_id for g in got])
+        await _one_shot_turn(hub, "b", "b-run0", "[From a] hop one")
+        await hub.send("t", "b", "a", "hop two", link=False)  # hop 2: spends the chain
+        await hub.report_event("t", "b", "b-run0", "agent_stop", "")
+        await hub.exit_session("t", "b", "b-run0", "the run ended")
+        await _one_shot_turn(hub, "b", "b-run1", "write the release notes and tell a")
+        sent = await hub.send("t", "b", "a", "release notes are done", link=False)
+        status = (await hub.message_status("t", sent.message_id)).message
+        assert status.chain_id == sent.message_id and status.hop == 1
+
+
+@pytest.mark.slow
+async def test_a_ring_of_claude_p_runs_over_a_real_hub_stops_at_the_chain_budget(
+    server: Server,
+) -> None:
+    """The same ring on a real ``backchannel serve``: each member's wrapper long-polls the
+    member's inbox over HTTP (no session named) and starts a ``claude -p`` run on what it
+    got, which the hub hears through the Claude Code hooks of a new session; the run
+    passes the message on with the MCP server's ``send_message`` (streamable HTTP) and
+    ends. The ring stops at the chain budget, the refusal names it, and the team's human
+    is told how to extend it."""
+    budget = 5
+    nxt = {"a": "b", "b": "c", "c": "a"}
+    tokens = make_team(
+        server, "t", *(f"{n}:claude-code" for n in nxt), chain_budget=budget, pair_budget=100
+    )
+    http = {n: server.client(tokens[n]) for n in tokens}
+    try:
+        start = http["user"].post("/v1/messages", json={"to": "a", "text": "start"}).json()
+        sent, refusals = 0, []
+        for r in range(6 * budget):  # a deadline in rounds: past it, it never stopped
+            progressed = False
+            for n in nxt:
+                got = http[n].get("/v1/inbox", params={"wait": 0, "limit": 20}).json()["messages"]
+                got = [m for m in got if m["kind"] != "system"]  # notices start no run
+                if not got:
+                    continue
+                progressed = True
+                ids = [m["message_id"] for m in got]
+                http[n].post("/v1/inbox/ack", json={"message_ids": ids}).raise_for_status()
+                sid = f"{n}-run-{r}"
+                shown = "\n".join(f"[From {m['from']}] {m['text']}" for m in got)
+                _hook(http[n], "SessionStart", sid, source="startup")
+                _hook(http[n], "UserPromptSubmit", sid, prompt=f"Act on this:\n{shown}")
+                async with http_mcp(server.url, tokens[n]) as s:
+                    out = await s.call_tool(
+                        "send_message", {"to": nxt[n], "message": f"{n} passes it on ({r})"}
+                    )
+                if out.is_error:
+                    refusals.append(text(out))
+                else:
+                    sent += 1
+                while _hook(http[n], "Stop", sid, last_assistant_message="").get("decision"):
+                    pass  # what waited for the session, handed to its run (notices)
+                _hook(http[n], "SessionEnd", sid, reason="other")
+            if not progressed:
+                break
+        else:
+            raise AssertionError(f"still talking after {6 * budget} rounds: {sent} sends")
+        assert sent == budget, (sent, refusals)
+        assert refusals and all("chain_budget" in why for why in refusals), refusals
+        feed = http["user"].get("/v1/teams/t/budgets").json()["budgets"]
+        chains = [b for b in feed if b["scope"] == "chain"]
+        assert [(b["key"], b["spent"]) for b in chains] == [(f"chain:{start['message_id']}", True)]
+        told = [
+            m
+            for m in http["user"].get("/v1/inbox", params={"limit": 50}).json()["messages"]
+            if "budget extend" in m["text"]
+        ]
+        assert told, "the team's human was not told how to extend the chain"
+    finally:
+        for c in http.values():
+            c.close()
+
+
+async def test_a_chain_named_for_a_send_never_lets_through_what_its_own_chain_refuses(
+    clock: FakeClock,
+) -> None:
+    """The A2A front and ``/api/chat`` take the chain a message names (``backchannel.chain``
+    in an A2A message's metadata). An agent whose turn works in a spent chain that names
+    another chain, one the human extended, with a hop no lower than its own, would have
+    gone on under that chain's extension: the send is refused by its own chain."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", "c", chain_budget=2, pair_budget=100)
+        other = await _kick(hub, "c", "the chain the human extended")
+        await hub.extend_budget("t", f"chain:{other.message_id}", 100, by_whom="user")
+        start = await _kick(hub, "a")
+
+        async def turn(who: str) -> None:
+            got = await hub.receive("t", who, session=f"{who}-s", limit=10)
+            await hub.ack("t", who, [g.message.message_id for g in got])
+            shown = "\n".join(g.message.text for g in got if g.message.chain_id)
+            await hub.report_event("t", who, f"{who}-s", "turn_start", shown)
+
+        await turn("a")
+        await hub.send("t", "a", "b", "hop one", sender_session="a-s", link=False)
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await turn("b")
+        await hub.send("t", "b", "a", "hop two", sender_session="b-s", link=False)
+        await hub.report_event("t", "b", "b-s", "agent_stop", "")
+        await turn("a")  # a's turn works in the spent chain, at hop 2
+        with pytest.raises(BudgetExhausted) as refused:
+            await hub.send(
+                "t", "a", "b", "go on under the other chain", sender_session="a-s",
+                link=False, chain=ChainRef(other.message_id, 3),
+            )  # fmt: skip
+        assert refused.value.details["key"] == f"chain:{start.message_id}"
+        # the named chain still carries a send whose own chain has room
+        await hub.report_event("t", "a", "a-s", "agent_stop", "")
+        await hub.report_event("t", "a", "a-s", "turn_start", "a task of the human's own")
+        sent = await hub.send(
+            "t", "a", "b", "under the other chain", sender_session="a-s", link=False,
+            chain=ChainRef(other.message_id, 3),
+        )  # fmt: skip
+        m = (await hub.message_status("t", sent.message_id)).message
+        assert (m.chain_id, m.hop) == (other.message_id, 3)

@@ -45,8 +45,26 @@ from backchannel.types import (
 
 #: Kinds of message an agent originates; each counts against its pair and its chain.
 _AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
-#: Budget-table key of the chain a member without sessions was handed last (``used`` is
-#: the hop, ``last_from`` the chain id): its sends continue that chain.
+# A member's ``ctx:`` record (``rules.context_key``) keeps the chain it was handed last
+# (``used`` is the hop, ``last_from`` the chain id): its sends outside a turn continue
+# that chain. When it was handed without a session, ``last_from`` goes on with the ids of
+# what it was handed, after a space (no message id holds one): a session that starts
+# later takes the chain when its first turn's prompt carries one of their texts
+# (:meth:`Budgets.on_turn_start`).
+
+#: How many of the messages handed to a member without a session its record names.
+_CTX_IDS = 20
+
+
+def _ctx_read(record: Budget | None) -> tuple[rules.ChainRef | None, list[str]]:
+    """The chain a member's ``ctx:`` record names, and the ids of the messages it was
+    handed in it without a session (none when a session was handed them)."""
+    if record is None or not record.last_from:
+        return None, []
+    chain_id, *ids = record.last_from.split(" ")
+    return rules.ChainRef(chain_id, record.used), ids
+
+
 #: Kinds of the hub's own messages that start a chain of their own.
 _CHAIN_STARTERS = (MessageKind.TIMER,)
 
@@ -139,11 +157,14 @@ class Budgets:
         if session is None and message.sender_session is not None:
             session = tx.get_session(message.team, message.sender_session)
         if session is not None:
-            return _ref(session.meta)
+            ref = _ref(session.meta)
+            if ref is not None or session.turn > 0:
+                return ref
+            # a session that has run no turn (opened for this send, or by a wrapper whose
+            # run reports none) was handed nothing: it goes on as its member does, below
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
-        ctx = tx.get_budget(message.team, rules.context_key(message.sender))
-        return rules.ChainRef(ctx.last_from, ctx.used) if ctx and ctx.last_from else None
+        return _ctx_read(tx.get_budget(message.team, rules.context_key(message.sender)))[0]
 
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
@@ -152,9 +173,14 @@ class Budgets:
         message would otherwise have, never lower them (:func:`rules.named_chain`)."""
         tx, message = s.c.tx, s.message
         if _carried(message):
-            # a task from another hub goes on in the chain it named
+            # a task from another hub goes on in the chain it named, never below the
+            # chain of a turn its sender runs here: a member of this team that calls
+            # /api/chat from a turn of a spent chain cannot name a fresh one
             named = rules.ChainRef(message.chain_id or "", message.hop)
-            goes_on = self._named(tx, message.team, named, None)
+            turn = self._turn_chain(s)
+            own = None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
+            goes_on = self._named(tx, message.team, named, own)
+            s.budget_own = own if own is not None and goes_on.chain_id != own.chain_id else None
             if goes_on == named:
                 return message
             return message.in_chain(goes_on.chain_id, goes_on.hop)
@@ -162,6 +188,10 @@ class Budgets:
         ref = (
             own if s.options.chain is None else self._named(tx, message.team, s.options.chain, own)
         )
+        if own is not None and ref is not None and ref.chain_id != own.chain_id:
+            # another chain was named and stands: the send's own chain is checked too
+            # unless it is one this message starts (a timer's, an outside task's)
+            s.budget_own = own if own.chain_id != message.message_id else None
         if ref is None:
             return message
         return message.in_chain(ref.chain_id, ref.hop)
@@ -261,6 +291,14 @@ class Budgets:
             if d.refusal is not None and not all(r for _, _, r in pairs):
                 d = rules.Decision()  # an owed answer is never refused
             out.append(d)
+        own = s.budget_own
+        if own is not None and own.hop > lim.chain_budget and all(r for _, _, r in pairs):
+            # the chain named (one a human extended, say) never lets through a send the
+            # chain of its sender's own turn refuses
+            record = tx.get_budget(message.team, rules.chain_key(own.chain_id))
+            refusal = rules.decide_chain(message.team, own, record, lim, now).refusal
+            if refusal is not None:
+                out.append(rules.Decision(refusal=refusal))
         return out
 
     def refuse(self, s: Send) -> None:
@@ -470,7 +508,9 @@ class Budgets:
         send of its member the hub cannot place in a turn continues it too."""
         self._handed(c, session, [m.message for m in got], now)
 
-    def _handed(self, c: Ctx, session: Session, got: Sequence[Message], now: float) -> None:
+    def _handed(
+        self, c: Ctx, session: Session, got: Sequence[Message], now: float, *, remember: bool = True
+    ) -> None:
         tx = c.tx
         refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
         s = tx.get_session(session.team, session.session_id) or session
@@ -481,7 +521,8 @@ class Budgets:
         meta = {**s.meta, "input_texts": texts}
         if ref is not None:
             meta["chain"] = [ref.chain_id, ref.hop]
-            self._remember(tx, session.team, session.member, ref, now)
+            if remember:
+                self._remember(tx, session.team, session.member, ref, now)
         tx.put_session(dataclasses.replace(s, meta=meta))
 
     def on_read_from_file(
@@ -505,18 +546,26 @@ class Budgets:
         tx = c.tx
         live = tx.list_sessions(team, member, which="live")  # one index range, not ended ones
         for s in live:
-            self._handed(c, s, got, now)
-        if not live:
-            refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
-            ref = rules.turn_chain(refs, None)
-            if ref is not None:
-                self._remember(tx, team, member, ref, now)
+            self._handed(c, s, got, now, remember=False)
+        refs = [rules.ChainRef(m.chain_id, m.hop) if m.chain_id else None for m in got]
+        ref = rules.turn_chain(refs, None)
+        if ref is not None:
+            # a session that starts after this (a one-shot run on what the member was
+            # handed) finds them here: see on_turn_start
+            ids = [m.message_id for m in got][-_CTX_IDS:]
+            self._remember(tx, team, member, ref, now, ids)
 
     def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
-        """A turn started on input the hub did not hand over starts no chain."""
+        """A turn started on input the hub did not hand over starts no chain. A session in
+        no chain whose turn's prompt carries what its member was handed without a session
+        (a one-shot run a wrapper started on it, in a session of its own) goes on in that
+        chain: otherwise a ring of such runs started a fresh chain at every run."""
         tx = c.tx
         started = tx.get_session(s.team, s.session_id)
-        if started is None or "chain" not in started.meta:
+        if started is None:
+            return
+        if "chain" not in started.meta:
+            self._take_member_chain(tx, started, text)
             return
         if not turns.is_hub_input(text, started.meta.get("input_texts") or ()):
             # a human typed this turn's input into the runtime: a new chain begins
@@ -531,13 +580,38 @@ class Budgets:
         its hook-attached session): see :meth:`_handed_to_member`."""
         self._handed_to_member(c, team, member, [m.message for m in got], now)
 
+    def _take_member_chain(self, tx: Tx, started: Session, text: str) -> None:
+        """``started``, in no chain, starts a turn on ``text``. When its member was handed
+        messages without a session that no session has taken yet, and the text carries
+        one of them (or is no text at all: a runtime that reports none is taken at its
+        word, as for a session's own input), the turn works in their chain and they are
+        taken, so a later session with no text does not take them again. A prompt that
+        carries none of them (a human's own task) starts no chain."""
+        record = tx.get_budget(started.team, rules.context_key(started.member))
+        ref, ids = _ctx_read(record)
+        if record is None or ref is None or not ids:
+            return
+        handed = [m for m in (tx.get_message(started.team, i) for i in ids) if m is not None]
+        texts = [turns.handed_text(m.sender, m.kind.value, m.text) for m in handed]
+        if not turns.is_hub_input(text, texts):
+            return
+        meta = {**started.meta, "chain": [ref.chain_id, ref.hop], "input_texts": texts}
+        tx.put_session(dataclasses.replace(started, meta=meta))
+        now = self.clock.now()
+        tx.put_budget(dataclasses.replace(record, last_from=ref.chain_id, updated_at=now))
+
     @staticmethod
-    def _remember(tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float) -> None:
-        """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`)."""
+    def _remember(
+        tx: Tx, team: str, member: str, ref: rules.ChainRef, now: float, ids: Sequence[str] = ()
+    ) -> None:
+        """``ref`` is the chain ``member`` was handed last (read by :meth:`_turn_chain`),
+        ``ids`` what it was handed in it without a session (read by
+        :meth:`_take_member_chain`)."""
         key = rules.context_key(member)
-        last = tx.get_budget(team, key)  # only its chain and hop are ever read
-        if last is None or (last.last_from, last.used) != (ref.chain_id, ref.hop):
-            tx.put_budget(Budget(team, key, now, ref.hop, 0, ref.chain_id, None, now))
+        said = " ".join([ref.chain_id, *ids])
+        last = tx.get_budget(team, key)  # only its chain, hop and ids are ever read
+        if last is None or (last.last_from, last.used) != (said, ref.hop):
+            tx.put_budget(Budget(team, key, now, ref.hop, 0, said, None, now))
 
     # -- reading and extending ----------------------------------------------------------------
     async def list_budgets(

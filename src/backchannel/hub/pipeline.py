@@ -123,6 +123,9 @@ class Send:
     budget_pairs: list[tuple[str, str, bool]] | None = None
     #: what the budgets decided about it (``Budgets.refuse``, then ``Budgets.record``)
     budget_decisions: list[Decision] | None = None
+    #: the chain the send continues by its own route when another was named for it and
+    #: stands (``Budgets.stamp``): the named chain never lets through what it refuses
+    budget_own: ChainRef | None = None
 
     def open_link(self) -> Link | None:
         link = self._link
