@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,19 @@ pytest_plugins = ["tests.conftest_pg"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent / "backchannel"
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a shell without job control (``make test
+    &`` in a script, ``nohup``) has SIGINT ignored, and so has every process it starts:
+    the tests of what Ctrl-C does (the SDK's receives, the CLI's commands, the README's
+    walk-through) would see nothing happen. The suite takes Ctrl-C as a terminal's
+    would; its children then start with SIGINT's default, as they do from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # -- no real network ---------------------------------------------------------------
