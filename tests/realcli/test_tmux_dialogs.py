@@ -8,6 +8,7 @@ the user has answered the dialog."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -255,9 +256,21 @@ async def _held_while_the_user_types(
                 return "".join(pane.pane.cmd("display-message", "-p", "#{cursor_x}").stdout)
 
             before = cursor()
-            for key in keys:
-                pane.pane.send_keys(key, enter=False)
-            wait_until(lambda: cursor() != before, 30, f"{keys} to move the cursor", pane)
+            pressed = [time.monotonic() - 3.0]
+
+            def moved() -> bool:
+                # a key taken while the CLI redrew its prompt can be lost: pressed
+                # again after 3 s unmoved (the keys used move to the draft's start,
+                # where pressing them again changes nothing)
+                if cursor() != before:
+                    return True
+                if time.monotonic() - pressed[0] >= 3.0:
+                    for key in keys:
+                        pane.pane.send_keys(key, enter=False)
+                    pressed[0] = time.monotonic()
+                return False
+
+            wait_until(moved, 30, f"{keys} to move the cursor", pane)
         async with running_hub() as hub:
             await hub.add_member("t", "alice", rig.runtime, delivery=setting)
             await hub.add_member("t", "bob", "llm")
