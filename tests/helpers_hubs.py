@@ -38,3 +38,23 @@ def budget_notices(user: httpx.Client, budget: str) -> list[dict[str, Any]]:
         within=10,
     )
     return found
+
+
+async def pass_the_chain_until_spent(hub: Hub, team: str = "t") -> None:
+    """Members ``a`` and ``b`` (sessions ``a-s``, ``b-s``; a message for ``a`` waiting)
+    pass the chain once each way, so that ``a``'s turn then works in it at hop 2: spent
+    at a ``chain_budget`` of 2."""
+
+    async def turn(who: str) -> None:
+        got = await hub.receive(team, who, session=f"{who}-s", limit=10)
+        await hub.ack(team, who, [g.message.message_id for g in got])
+        shown = "\n".join(g.message.text for g in got if g.message.chain_id)
+        await hub.report_event(team, who, f"{who}-s", "turn_start", shown)
+
+    await turn("a")
+    await hub.send(team, "a", "b", "hop one", sender_session="a-s", link=False)
+    await hub.report_event(team, "a", "a-s", "agent_stop", "")
+    await turn("b")
+    await hub.send(team, "b", "a", "hop two", sender_session="b-s", link=False)
+    await hub.report_event(team, "b", "b-s", "agent_stop", "")
+    await turn("a")  # a's turn works in the spent chain, at hop 2

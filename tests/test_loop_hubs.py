@@ -21,7 +21,7 @@ from backchannel.errors import BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
 from tests.conftest import Server
-from tests.helpers_hubs import budget_notices, chat_bodies
+from tests.helpers_hubs import budget_notices, chat_bodies, pass_the_chain_until_spent
 from tests.test_delegation_http import (
     _delegate_on,
     _start_hubs_both_ways,
@@ -594,19 +594,7 @@ async def test_a_member_in_a_spent_chain_cannot_name_a_fresh_one_on_api_chat(
             await hub.open_session("t", n, f"{n}-s")
         start = await hub.send("t", "user", "a", "start")
 
-        async def turn(who: str) -> None:
-            got = await hub.receive("t", who, session=f"{who}-s", limit=10)
-            await hub.ack("t", who, [g.message.message_id for g in got])
-            shown = "\n".join(g.message.text for g in got)
-            await hub.report_event("t", who, f"{who}-s", "turn_start", shown)
-
-        await turn("a")
-        await hub.send("t", "a", "b", "hop one", sender_session="a-s", link=False)
-        await hub.report_event("t", "a", "a-s", "agent_stop", "")
-        await turn("b")
-        await hub.send("t", "b", "a", "hop two", sender_session="b-s", link=False)
-        await hub.report_event("t", "b", "b-s", "agent_stop", "")
-        await turn("a")  # a's turn works in the spent chain, at hop 2
+        await pass_the_chain_until_spent(hub)
         with pytest.raises(BudgetExhausted) as refused:
             await hub.accept_chat(
                 "t", "a", "c", "do it anyway", reply_service="hub-b",

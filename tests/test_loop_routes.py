@@ -22,6 +22,7 @@ from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore
 from backchannel.types import InboxMessage, MessageKind, SessionState
 from tests.conftest import Server
+from tests.helpers_hubs import pass_the_chain_until_spent
 from tests.runtimes.agents import http_mcp, make_team, text
 from tests.test_budget import Agent, _agent_messages, _kick, _run, _team, _user_told
 from tests.test_link_crossings import _hook
@@ -604,19 +605,7 @@ async def test_a_chain_named_for_a_send_never_lets_through_what_its_own_chain_re
         await hub.extend_budget("t", f"chain:{other.message_id}", 100, by_whom="user")
         start = await _kick(hub, "a")
 
-        async def turn(who: str) -> None:
-            got = await hub.receive("t", who, session=f"{who}-s", limit=10)
-            await hub.ack("t", who, [g.message.message_id for g in got])
-            shown = "\n".join(g.message.text for g in got if g.message.chain_id)
-            await hub.report_event("t", who, f"{who}-s", "turn_start", shown)
-
-        await turn("a")
-        await hub.send("t", "a", "b", "hop one", sender_session="a-s", link=False)
-        await hub.report_event("t", "a", "a-s", "agent_stop", "")
-        await turn("b")
-        await hub.send("t", "b", "a", "hop two", sender_session="b-s", link=False)
-        await hub.report_event("t", "b", "b-s", "agent_stop", "")
-        await turn("a")  # a's turn works in the spent chain, at hop 2
+        await pass_the_chain_until_spent(hub)
         with pytest.raises(BudgetExhausted) as refused:
             await hub.send(
                 "t", "a", "b", "go on under the other chain", sender_session="a-s",
