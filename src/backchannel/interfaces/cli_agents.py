@@ -302,13 +302,22 @@ def attach(
         raise typer.Exit(1)
     if not hub.startswith(("http://", "https://")):
         hub = _default_hub(home)
-    if hub:
+        if hub:  # an address nobody named or recorded: it gets no token (any local
+            # process may listen there and answer /healthz as a hub does)
+            err.print(
+                f"the names were not checked: a token goes only to a hub named with --url "
+                f"(or BACKCHANNEL_URL) or recorded by its `serve`. To check them against "
+                f"this one, attach again with --url {hub}, or run `backchannel doctor` "
+                "in the project once its agent's token is set",
+                markup=False,
+            )
+        else:
+            hub = config.default_hub_url()
+    else:
         unknown = asyncio.run(_unknown_name(hub, team, member, token, home))
         if unknown is not None:
             err.print(f"[red]error:[/red] {unknown}; nothing written", markup=True)
             raise typer.Exit(1)
-    else:
-        hub = config.default_hub_url()
     opts = AttachOptions(
         team, member, directory.resolve(), hub.rstrip("/"), _executable(), http=http
     )
