@@ -598,3 +598,37 @@ def test_a_process_squatting_the_default_port_gets_no_token(
     assert "names were not checked" in said, said
     assert f"--url {url}" in said and "backchannel doctor" in said, said
     assert url in (project / ".mcp.json").read_text()
+
+
+def test_the_data_directorys_admin_token_goes_only_to_the_hub_it_records(
+    tmp_path: Path,
+) -> None:
+    """``attach --url`` checked the names with the admin token of whatever data directory
+    it ran in, at any address named: a hub elsewhere (or whatever listens at a mistyped
+    port) got this machine's admin token. That token is its own hub's, the one
+    ``server.json`` records; another address gets the member token the user gave with
+    it, and no other."""
+    from backchannel import config
+
+    seen: list[tuple[str, dict[str, str]]] = []
+    handler = type("Squatter", (_Squatter,), {"seen": seen})
+    other = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        home = tmp_path / ".backchannel"
+        admin_token = config.admin_token(home)  # a data directory, its hub not running
+        assert admin_token
+        args = ["attach", "claude-code", "--team", "demo", "--member", "worker"]
+        env = {"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": TOKEN}
+        got = CliRunner().invoke(
+            app, [*args, "--dir", str(tmp_path / "p"), "--url", url, "--dry-run"], env=env
+        )
+    finally:
+        other.shutdown()
+        other.server_close()
+    sent = [h.get("authorization", "") for _, h in seen]
+    assert f"Bearer {admin_token}" not in sent, seen
+    assert all(admin_token not in json.dumps(h) for _, h in seen), seen
+    assert f"Bearer {TOKEN}" in sent, seen  # the member token, with the address, is the user's
+    assert got.exit_code == 0, got.output
