@@ -191,13 +191,16 @@ async def test_the_mcp_endpoint_needs_a_member_token(srv: Server) -> None:
     headers = {"Accept": "application/json, text/event-stream"}
     async with httpx.AsyncClient(base_url=srv.url) as c:
         r = await c.post("/mcp", json=body, headers=headers)
-        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+        # a JSON-RPC error, the hub's own as its data
+        assert (r.status_code, r.json()["error"]["data"]["code"]) == (401, "unauthorized")
+        assert r.json()["jsonrpc"] == "2.0" and r.json()["error"]["code"] == -32001
+        assert "missing bearer token" in r.json()["error"]["message"]
         assert r.headers["www-authenticate"] == "Bearer"
         bad = {**headers, "Authorization": "Bearer bc_nope"}
         assert (await c.post("/mcp", json=body, headers=bad)).status_code == 401
         admin = {**headers, "Authorization": f"Bearer {srv.admin_token}"}
         r = await c.post("/mcp", json=body, headers=admin)
-        assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden")
+        assert (r.status_code, r.json()["error"]["data"]["code"]) == (403, "forbidden")
 
 
 async def test_stdio_in_process_on_the_data_directory(tmp_path: Path, errlog: TextIO) -> None:

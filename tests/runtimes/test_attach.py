@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
+import threading
 import tomllib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -460,12 +462,13 @@ def test_attach_goes_on_when_the_hub_cannot_say(tmp_path: Path) -> None:
     assert (tmp_path / ".mcp.json").exists()
 
 
-def _attach_from(project: Path, member: str, token: str) -> Any:
-    """``attach`` with no --url, BACKCHANNEL_URL nor running server recorded: the data
-    directory is the project's own, empty or with a server.json its server left behind."""
+def _attach_from(project: Path, member: str, token: str, *extra: str) -> Any:
+    """``attach`` with no --url, BACKCHANNEL_URL nor running server recorded (unless
+    ``extra`` names one): the data directory is the project's own, empty or with a
+    server.json its server left behind."""
     env = {"BACKCHANNEL_HOME": str(project / ".backchannel"), "BACKCHANNEL_TOKEN": token}
     args = ["attach", "claude-code", "--team", "demo", "--member", member, "--dir", str(project)]
-    return CliRunner().invoke(app, args, env=env)
+    return CliRunner().invoke(app, [*args, *extra], env=env)
 
 
 def test_with_no_hub_recorded_attach_asks_the_default_url_and_says_what_it_found(
@@ -473,8 +476,9 @@ def test_with_no_hub_recorded_attach_asks_the_default_url_and_says_what_it_found
 ) -> None:
     """With no server recorded, ``attach`` said "no running hub found; using
     http://127.0.0.1:8765" and wrote the files unchecked, even with a hub answering
-    there. It asks the default URL now: a hub that answers is named and checks the
-    names, as a recorded one does; none answering is said, with what to do."""
+    there. It asks the default URL now: a hub that answers is named (its names are
+    checked once it is named with --url: an address nobody named gets no token); none
+    answering is said, with what to do."""
     from backchannel import config
 
     with server.client() as admin:
@@ -489,9 +493,12 @@ def test_with_no_hub_recorded_attach_asks_the_default_url_and_says_what_it_found
     gone = subprocess.Popen(["true"])
     gone.wait()
     (stale / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": gone.pid}))
-    got = _attach_from(project, "wroker", worker)
-    assert got.exit_code == 1, got.output
+    got = _attach_from(project, "wroker", worker, "--dry-run")
+    assert got.exit_code == 0, got.output
     assert f"found a hub at {server.url}" in got.stderr
+    assert "names were not checked" in " ".join(got.stderr.split())
+    got = _attach_from(project, "wroker", worker, "--url", server.url)
+    assert got.exit_code == 1, got.output
     assert "unknown member 'wroker' in team 'demo'; did you mean 'worker'?" in got.stderr
     assert not (project / ".mcp.json").exists()
     got = _attach_from(project, "worker", worker)
@@ -524,3 +531,104 @@ def test_a_url_no_client_can_use_is_refused_not_replaced(tmp_path: Path) -> None
     assert f"{store!r} is a store, and the agent reaches its hub over HTTP" in said, said
     assert "nothing written" in said
     assert list(tmp_path.iterdir()) == []
+
+
+class _Squatter(BaseHTTPRequestHandler):
+    """Any local process on the default port: answers ``/healthz`` as a hub does and
+    ``/v1/me`` as if the token were the administrator's, and keeps every request's
+    headers."""
+
+    seen: list[tuple[str, dict[str, str]]]
+
+    def _answer(self) -> None:
+        self.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+        body: Any = {"status": "ok"}
+        if self.path.startswith("/v1/me"):
+            body = {"admin": True, "team": None, "name": None}
+        elif self.path.startswith("/v1/"):
+            body = []
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_process_squatting_the_default_port_gets_no_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no hub recorded, ``attach`` asked ``/healthz`` on the default port and, on a
+    200 with a ``status``, sent the data directory's admin token and the member token
+    to whatever answered there to check the names: any local process listening on
+    8765 collected both. An address nobody named or recorded now gets no credential:
+    the hub found is named, the names are left unchecked, with the way to check them."""
+    from backchannel import config
+
+    seen: list[tuple[str, dict[str, str]]] = []
+    handler = type("Squatter", (_Squatter,), {"seen": seen})
+    squatter = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    try:
+        port = squatter.server_address[1]
+        monkeypatch.setattr(config, "DEFAULT_PORT", port)
+        project = tmp_path / "project"
+        home = project / ".backchannel"
+        admin_token = config.admin_token(home)  # a data directory with no server.json
+        assert admin_token
+        got = _attach_from(project, "worker", TOKEN)
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
+    paths = [path for path, _ in seen]
+    assert "/healthz" in paths, paths  # it was asked, and answered as a hub
+    for path, headers in seen:
+        sent = json.dumps(headers)
+        assert "authorization" not in headers and "cookie" not in headers, (path, headers)
+        assert TOKEN not in sent and admin_token not in sent, (path, headers)
+    assert got.exit_code == 0, got.output
+    said = " ".join(got.stderr.split())
+    url = f"http://127.0.0.1:{port}"
+    assert f"found a hub at {url}" in said, said
+    assert "names were not checked" in said, said
+    assert f"--url {url}" in said and "backchannel doctor" in said, said
+    assert url in (project / ".mcp.json").read_text()
+
+
+def test_the_data_directorys_admin_token_goes_only_to_the_hub_it_records(
+    tmp_path: Path,
+) -> None:
+    """``attach --url`` checked the names with the admin token of whatever data directory
+    it ran in, at any address named: a hub elsewhere (or whatever listens at a mistyped
+    port) got this machine's admin token. That token is its own hub's, the one
+    ``server.json`` records; another address gets the member token the user gave with
+    it, and no other."""
+    from backchannel import config
+
+    seen: list[tuple[str, dict[str, str]]] = []
+    handler = type("Squatter", (_Squatter,), {"seen": seen})
+    other = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        home = tmp_path / ".backchannel"
+        admin_token = config.admin_token(home)  # a data directory, its hub not running
+        assert admin_token
+        args = ["attach", "claude-code", "--team", "demo", "--member", "worker"]
+        env = {"BACKCHANNEL_HOME": str(home), "BACKCHANNEL_TOKEN": TOKEN}
+        got = CliRunner().invoke(
+            app, [*args, "--dir", str(tmp_path / "p"), "--url", url, "--dry-run"], env=env
+        )
+    finally:
+        other.shutdown()
+        other.server_close()
+    sent = [h.get("authorization", "") for _, h in seen]
+    assert f"Bearer {admin_token}" not in sent, seen
+    assert all(admin_token not in json.dumps(h) for _, h in seen), seen
+    assert f"Bearer {TOKEN}" in sent, seen  # the member token, with the address, is the user's
+    assert got.exit_code == 0, got.output

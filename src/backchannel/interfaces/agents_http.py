@@ -136,6 +136,24 @@ def _ignored(member: Member, runtime: str, reason: str) -> JSONResponse:
     return JSONResponse({}, headers={PROBLEM_HEADER: _header_safe(reason)})
 
 
+#: The JSON-RPC error code of a request refused before it reached the tools: its token
+#: is none, not a member's, or no longer acts for its member (rotated or removed).
+REFUSED = -32001
+
+
+def refusal(exc: BackchannelError) -> dict[str, Any]:
+    """A refused ``/mcp`` request's body: a JSON-RPC error, which an MCP client hands its
+    caller as it is (the SDK's client puts a bare 401 as "Server returned an error
+    response", and the model cannot tell a revoked token from a broken hub). The hub's
+    own error is its ``data``; the request's id is not read before the token is checked,
+    and is ``null``, which the client matches to the request it made."""
+    return {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": REFUSED, "message": exc.message, "data": exc.to_json()["error"]},
+    }
+
+
 #: The largest ``/mcp`` request body read for a ``notifications/cancelled``.
 HEARD_MAX = 65_536
 
@@ -173,7 +191,7 @@ class McpEndpoint:
             member = (await principal(request)).need_member()
         except BackchannelError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-            await JSONResponse(exc.to_json(), exc.status, headers=headers)(scope, receive, send)
+            await JSONResponse(refusal(exc), exc.status, headers=headers)(scope, receive, send)
             return
         token = request.headers.get("authorization", "").partition(" ")[2].strip()
         inner = {

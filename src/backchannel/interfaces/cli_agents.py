@@ -302,13 +302,22 @@ def attach(
         raise typer.Exit(1)
     if not hub.startswith(("http://", "https://")):
         hub = _default_hub(home)
-    if hub:
+        if hub:  # an address nobody named or recorded: it gets no token (any local
+            # process may listen there and answer /healthz as a hub does)
+            err.print(
+                f"the names were not checked: a token goes only to a hub named with --url "
+                f"(or BACKCHANNEL_URL) or recorded by its `serve`. To check them against "
+                f"this one, attach again with --url {hub}, or run `backchannel doctor` "
+                "in the project once its agent's token is set",
+                markup=False,
+            )
+        else:
+            hub = config.default_hub_url()
+    else:
         unknown = asyncio.run(_unknown_name(hub, team, member, token, home))
         if unknown is not None:
             err.print(f"[red]error:[/red] {unknown}; nothing written", markup=True)
             raise typer.Exit(1)
-    else:
-        hub = config.default_hub_url()
     opts = AttachOptions(
         team, member, directory.resolve(), hub.rstrip("/"), _executable(), http=http
     )
@@ -378,7 +387,8 @@ async def _unknown_name(
     hub: str, team: str, member: str, token: str | None, home: Path | None
 ) -> str | None:
     """What is wrong with ``team``/``member`` when the hub can say: asked with the data
-    directory's admin token, else with the member token at hand (of that team). A
+    directory's admin token when ``hub`` is the hub its ``server.json`` records, else
+    with the member token at hand (of that team). A
     name mistyped on the command line would otherwise be written into the project,
     and the agent would run with every token refused by ``--as``. The hub not
     answering, or a token it does not take, checks nothing: attach may come first."""
@@ -391,8 +401,13 @@ async def _unknown_name(
         return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
 
     admin_token = None
-    with contextlib.suppress(BackchannelError, OSError):
-        admin_token = config.admin_token(config.home(home), create=False)
+    data_dir = config.home(home)
+    recorded = config.read_server_info(data_dir) or {}
+    with contextlib.suppress(BackchannelError, OSError, ValueError):
+        if config.hub_http_url(str(recorded.get("url", ""))) == config.hub_http_url(hub):
+            # the data directory's admin token is its own hub's, the one its server.json
+            # records: another address (a hub elsewhere, a mistyped port) never gets it
+            admin_token = config.admin_token(data_dir, create=False)
     for tok in (admin_token, token):
         if not tok:
             continue
@@ -411,8 +426,10 @@ async def _unknown_name(
                 names = [m.name for m in await c.members(team)]
         except UnknownTeam:
             continue
-        except BackchannelError:
-            continue  # not answering, or the token refused: nothing to say
+        except (BackchannelError, ValueError):
+            # not answering, the token refused, or an answer no hub gives (a process
+            # that is not one): nothing to say
+            continue
         if member in names:
             return None
         return (
