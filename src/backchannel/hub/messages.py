@@ -808,6 +808,16 @@ class Messages:
         if self._streams.get(key) is hold:
             del self._streams[key]
 
+    def on_external_change(self, team: str | None, member: str | None) -> None:
+        """Another hub changed the store, for ``member`` of ``team`` (or, None, for the
+        team as a whole, or for anyone): the event streams open here for that member
+        stop waiting (their ``wake`` is set) and look at their window now. A stream
+        opened again under one's name on that hub has handed what it holds anew: the
+        one here sees it and ends at once, not at its next keep-alive."""
+        for (t, m, _), hold in list(self._streams.items()):
+            if team is None or (t == team and (member is None or m == member)):
+                hold.wake.set()
+
     async def holding(
         self,
         team: str,

@@ -323,7 +323,9 @@ async def inbox_stream(
     lease = hub.config.lease_seconds
     # a few seconds before the lease ends: a copy still held then was not acked in time
     margin = min(1.0, lease / 4)
-    gone = asyncio.Event()  # set when the token is revoked, or the stream superseded
+    # set when the token is revoked, the stream superseded, or another hub changed the
+    # member's inbox (the stream looks at its window: see below)
+    gone = asyncio.Event()
     # a stream open under the name on this hub (its reader gone, its end not yet seen)
     # is superseded by this one: it leases nothing more and ends; what it leased and
     # wrote, this one sends again; what it leased and never wrote goes back at once
@@ -475,6 +477,10 @@ async def inbox_stream(
                     yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
                     return
             take(got)
+            # what set it is looked at from here: a revocation just below, a stream
+            # superseded or a look asked for (another hub changed the member's inbox: a
+            # stream opened again there may have taken what this one sent) at the top
+            gone.clear()
             if (error := await revoked(request)) is not None:
                 yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
                 return  # what it just leased goes back, unsent
