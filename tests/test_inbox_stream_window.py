@@ -607,3 +607,51 @@ async def test_a_stream_resumed_after_an_acked_message_does_not_send_it_again(
             reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
+
+
+@pytest.mark.slow
+async def test_a_stream_opened_again_on_another_hub_process_ends_the_old_one_at_once(
+    tmp_path: Path,
+) -> None:
+    # the same with two ``backchannel serve`` processes on one SQLite file: the second
+    # process's resend reaches the first through the file's version, which its writer
+    # looks at every quarter second when idle
+    from tests.conftest import start_server
+
+    store = f"sqlite://{tmp_path / 'shared.db'}"
+    one = start_server(tmp_path / "one", store)
+    two = None
+    try:
+        two = start_server(tmp_path / "two", store)
+        tokens = await asyncio.to_thread(one.team, "t", "a", "b")
+        name = {"receive_id": "rcv-processes"}
+        async with httpx.AsyncClient(base_url=one.url) as c:
+            r = await c.post(
+                "/v1/messages",
+                json={"to": "b", "text": "seen by the old stream"},
+                headers={"Authorization": f"Bearer {tokens['a']}"},
+            )
+            seen = r.json()["message_id"]
+        old: list[tuple[str, Any]] = []
+        new: list[tuple[str, Any]] = []
+        reading = [asyncio.create_task(_events(one.url, tokens["b"], 99, 60, name, got=old))]
+        try:
+            await eventually(lambda: len(old) >= 1, what="the old stream to send")
+            reading.append(
+                asyncio.create_task(_events(two.url, tokens["b"], 99, 60, name, got=new))
+            )
+            await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+            await eventually(
+                lambda: ("error", "invalid_state") in old, what="the old stream to end", within=3
+            )
+            assert old == [("message", (seen, 1)), ("error", "invalid_state")]
+            assert new == [("message", (seen, 1))]
+        finally:
+            for task in reading:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        if two is not None:
+            two.stop()
+        one.stop()
