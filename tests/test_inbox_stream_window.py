@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from backchannel.hub import Hub, Outgoing
 from backchannel.stores.sqlite import SqliteStore
@@ -34,23 +35,37 @@ def _hub(tmp_path: Path, lease: float = 60.0, **config: float) -> Hub:
 
 
 @contextlib.asynccontextmanager
-async def _served(hub: Hub) -> AsyncIterator[str]:
-    """``hub`` serving the API on a real socket: its URL. The hub is closed after."""
-    import uvicorn
-
+async def _server(hub: Hub) -> AsyncIterator[tuple[uvicorn.Server, str]]:
+    """``hub`` serving the API on a real socket with the HTTP protocol ``backchannel
+    serve`` uses: the server (its open connections and tasks) and its URL. The hub is
+    closed after."""
+    from backchannel.interfaces.guard import ConnectionLimits, guarded_protocol
     from backchannel.interfaces.http import create_app
 
     server = uvicorn.Server(
-        uvicorn.Config(create_app(hub, "admin"), host="127.0.0.1", port=0, log_level="error")
+        uvicorn.Config(
+            create_app(hub, "admin"),
+            host="127.0.0.1",
+            port=0,
+            log_level="error",
+            http=guarded_protocol(ConnectionLimits()),
+        )
     )
     serving = asyncio.create_task(server.serve())
     try:
         await eventually(lambda: server.started, what="the hub to listen")
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        yield server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         await serving
         await hub.close()
+
+
+@contextlib.asynccontextmanager
+async def _served(hub: Hub) -> AsyncIterator[str]:
+    """``hub`` serving the API on a real socket: its URL. The hub is closed after."""
+    async with _server(hub) as (_, url):
+        yield url
 
 
 @contextlib.asynccontextmanager
@@ -439,3 +454,204 @@ async def test_a_streams_hold_on_its_name_dropped_unclosed_leaves_nothing(tmp_pa
         hub.close_stream("t", "b", "rcv-dropped", later)
     finally:
         await hub.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+async def test_a_stream_opened_again_on_another_hub_ends_the_old_one_at_once(
+    tmp_path: Path, request: pytest.FixtureRequest, store: str
+) -> None:
+    # the old stream (its connection open, its reader gone) is on hub A, the stream
+    # opened again under its name on hub B of the same store. Before, A's stream went on
+    # (beside B's) until its next look at its window: at the latest its 15 s keep-alive,
+    # nothing else waking it. Now B's resend wakes A at once through the store's wake-up
+    # between hubs (PostgreSQL's NOTIFY: its fallback timer is off here; SQLite's look at
+    # the file's version), and A's stream ends within a second or two
+    if store == "sqlite":
+
+        def make() -> Hub:
+            return _hub(tmp_path)
+    else:
+        from backchannel.stores.postgres import PostgresStore
+
+        db = request.getfixturevalue("new_postgres_url")()
+
+        def make() -> Hub:
+            return Hub(PostgresStore(db, fallback_interval=3600))
+
+    name = {"receive_id": "rcv-told"}
+    hub = make()
+    async with _served(hub) as url:
+        await hub.create_team("t")
+        tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b")}
+        async with _served(make()) as again_url:
+            [seen] = await _send(hub, 1, "seen by the old stream")
+            old: list[tuple[str, Any]] = []
+            new: list[tuple[str, Any]] = []
+            reading = [asyncio.create_task(_events(url, tokens["b"], 99, 60, name, got=old))]
+            try:
+                await eventually(lambda: len(old) >= 1, what="the old stream to send")
+                reading.append(
+                    asyncio.create_task(_events(again_url, tokens["b"], 99, 60, name, got=new))
+                )
+                await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+                await eventually(
+                    lambda: ("error", "invalid_state") in old,
+                    what="the old stream to end",
+                    within=3,
+                )
+                assert old == [("message", (seen, 1)), ("error", "invalid_state")]
+                [later] = await _send(hub, 1, "later")
+                await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
+                assert new == [("message", (seen, 1)), ("message", (later, 1))]
+            finally:
+                for task in reading:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+
+@pytest.mark.slow
+async def test_a_stream_whose_reader_stopped_reading_closes_its_connection(
+    tmp_path: Path,
+) -> None:
+    # a reader that takes nothing in, its connection open. Before, the stream ended after
+    # its write bound and gave back what it held, but the connection stayed open for as
+    # long as the reader kept it (the server's close waits for the bytes in its buffer
+    # to be taken, which they never are): a socket and its buffers per dead reader. Now
+    # the connection is cut when the stream ends
+    hub = _hub(tmp_path, stream_write_timeout=1.0)
+    async with _server(hub) as (server, url):
+        await hub.create_team("t")
+        tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b")}
+        ids = await _send(hub, 40, "x" * 200_000)
+        reader = _stalled_reader(url, tokens["b"], "receive_id=rcv-stalled")
+        try:
+            got = await _taken(url, tokens["b"], 40, within=15)
+            assert sorted(m["message_id"] for m in got) == sorted(ids)
+            state = server.server_state
+            await eventually(
+                lambda: not state.connections and not state.tasks,
+                what="the stalled stream's connection to close",
+                within=10,
+                show=lambda: (len(state.connections), len(state.tasks)),
+            )
+            # the name is free: a stream opened under it is sent all that comes, once
+            [later] = await _send(hub, 1, "later")
+            params = {"receive_id": "rcv-stalled"}
+            assert await _events(url, tokens["b"], 1, 10, params) == [("message", (later, 1))]
+        finally:
+            reader.close()
+
+
+async def test_a_stream_whose_client_left_before_its_body_started_gives_back_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the client sent the request and left (or a proxy gave up on it) while the stream
+    # leased its first batch: the response's body then never starts. Before, that batch
+    # stayed leased to nobody for the whole lease (60 s) and came back as a second
+    # attempt; now it goes back at once, untried
+    from backchannel.member import MemberApi
+
+    lease_first = MemberApi.stream_receive
+    go = asyncio.Event()
+
+    async def held_first(self: MemberApi, *args: Any, **kwargs: Any) -> Any:
+        await go.wait()
+        return await lease_first(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemberApi, "stream_receive", held_first)
+    hub = _hub(tmp_path)
+    async with _server(hub) as (server, url):
+        await hub.create_team("t")
+        tokens = {m: (await hub.add_member("t", m))[1] for m in ("a", "b")}
+        ids = await _send(hub, 3)
+        reader = _stalled_reader(url, tokens["b"], "receive_id=rcv-left")
+        state = server.server_state
+        await eventually(lambda: state.tasks, what="the stream's request to start")
+        reader.close()
+        await eventually(lambda: not state.connections, what="the server to see the client go")
+        go.set()
+        await eventually(lambda: not state.tasks, what="the stream's request to end")
+        monkeypatch.setattr(MemberApi, "stream_receive", lease_first)
+        got = await _taken(url, tokens["b"], 3, within=5)
+        assert [(m["message_id"], m["attempt"]) for m in got] == [(i, 1) for i in ids]
+
+
+async def test_a_stream_resumed_after_an_acked_message_does_not_send_it_again(
+    tmp_path: Path,
+) -> None:
+    # the reader saw and acked every message, then reconnects with Last-Event-ID naming
+    # the last of them, which its name no longer holds: it is sent none of them again,
+    # and what comes next, once
+    async with _serving(tmp_path) as (hub, url, tokens):
+        ids = await _send(hub, 3)
+        params = {"receive_id": "rcv-acked"}
+        got = await _events(url, tokens["b"], 3, 10, params)
+        assert got == [("message", (i, 1)) for i in ids]
+        async with httpx.AsyncClient(base_url=url) as b:
+            headers = {"Authorization": f"Bearer {tokens['b']}"}
+            r = await b.post("/v1/inbox/ack", json={"message_ids": ids}, headers=headers)
+            assert r.json()["acked"] == 3
+        seen: list[tuple[str, Any]] = []
+        reading = asyncio.create_task(
+            _events(url, tokens["b"], 99, 30, params, last=ids[-1], got=seen)
+        )
+        try:
+            [later] = await _send(hub, 1, "later")
+            await eventually(lambda: seen, what="the stream to send what came next")
+            [more] = await _send(hub, 1, "more")
+            await eventually(lambda: len(seen) >= 2, what="the stream to send the next")
+            assert seen == [("message", (later, 1)), ("message", (more, 1))]
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+
+@pytest.mark.slow
+async def test_a_stream_opened_again_on_another_hub_process_ends_the_old_one_at_once(
+    tmp_path: Path,
+) -> None:
+    # the same with two ``backchannel serve`` processes on one SQLite file: the second
+    # process's resend reaches the first through the file's version, which its writer
+    # looks at every quarter second when idle
+    from tests.conftest import start_server
+
+    store = f"sqlite://{tmp_path / 'shared.db'}"
+    one = start_server(tmp_path / "one", store)
+    two = None
+    try:
+        two = start_server(tmp_path / "two", store)
+        tokens = await asyncio.to_thread(one.team, "t", "a", "b")
+        name = {"receive_id": "rcv-processes"}
+        async with httpx.AsyncClient(base_url=one.url) as c:
+            r = await c.post(
+                "/v1/messages",
+                json={"to": "b", "text": "seen by the old stream"},
+                headers={"Authorization": f"Bearer {tokens['a']}"},
+            )
+            seen = r.json()["message_id"]
+        old: list[tuple[str, Any]] = []
+        new: list[tuple[str, Any]] = []
+        reading = [asyncio.create_task(_events(one.url, tokens["b"], 99, 60, name, got=old))]
+        try:
+            await eventually(lambda: len(old) >= 1, what="the old stream to send")
+            reading.append(
+                asyncio.create_task(_events(two.url, tokens["b"], 99, 60, name, got=new))
+            )
+            await eventually(lambda: len(new) >= 1, what="the new stream to send again")
+            await eventually(
+                lambda: ("error", "invalid_state") in old, what="the old stream to end", within=3
+            )
+            assert old == [("message", (seen, 1)), ("error", "invalid_state")]
+            assert new == [("message", (seen, 1))]
+        finally:
+            for task in reading:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        if two is not None:
+            two.stop()
+        one.stop()

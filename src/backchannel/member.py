@@ -11,8 +11,9 @@ Both are cheap to build (one per request); they hold no state of their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
@@ -279,14 +280,15 @@ class MemberApi:
 
     async def held_again_since(
         self, receive_id: str, last: str | None = None
-    ) -> AsyncIterator[list[tuple[Received, Lease]]]:
+    ) -> AsyncGenerator[list[tuple[Received, Lease]], None]:
         """What the event stream named ``receive_id`` holds, after ``last`` when it holds
         that one, page by page, each page handed to the name anew (the stream opened
         again sends them: :meth:`Hub.held_since` with ``again``), each copy with the
         :class:`Lease` it is under now."""
         got = self.hub.held_since(self.team, self.name, receive_id, last, again=True)
-        async for page in got:
-            yield [_leased(m, receive_id) for m in page]
+        async with contextlib.aclosing(got):  # closed early: what it handed anew goes back
+            async for page in got:
+                yield [_leased(m, receive_id) for m in page]
 
     async def held_leases(self, receive_id: str, limit: int) -> dict[str, Lease]:
         """What ``receive_id`` holds leased, at most ``limit``, each with its lease

@@ -176,6 +176,7 @@ class Hub:
             raise
         self.store.on_external_change(self.maintenance.on_external_change)
         self.store.on_external_change(self.admin.on_external_change)
+        self.store.on_external_change(self.messages.on_external_change)
         self._started = True
         if self._background:
             self._maint_task = asyncio.create_task(self.maintenance.loop(), name="bc-maintenance")

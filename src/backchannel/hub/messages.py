@@ -8,6 +8,7 @@ and the hub's own ``system`` notices. Rules live in :mod:`backchannel.core.messa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -727,7 +728,7 @@ class Messages:
         last: str | None = None,
         *,
         again: bool = False,
-    ) -> AsyncIterator[list[InboxMessage]]:
+    ) -> AsyncGenerator[list[InboxMessage], None]:
         """All the event stream named ``receive_id`` leased and still holds, in the order
         it sent them (by lease, a lease's fired anchors first: as :meth:`receive` handed
         them over), the same attempt, a page at a time (``config.held_page`` a store
@@ -750,10 +751,28 @@ class Messages:
                         break
                 if start is not None:
                     break
-        async for page in self._held_pages(team, member, holder, None if again else start, again):
-            out = [m for m in page if start is None or _sent_order(m) > start]
-            if out:
-                yield out
+
+        def lost(copies: Sequence[InboxMessage]) -> None:
+            # handed anew for the stream and never answered to it (its client left while
+            # they were): back to the queue at once, untried, not left leased to nobody;
+            # those before ``last`` stay, as if answered (the reader saw them)
+            unsent = [m for m in copies if start is None or _sent_order(m) > start]
+            if unsent:
+                leases = {
+                    m.message.message_id: Lease(holder, m.attempt, m.lease_until) for m in unsent
+                }
+                task = asyncio.ensure_future(self._give_back_leases(team, member, leases, None))
+                self._giving_back.add(task)
+                task.add_done_callback(self._given_back)
+
+        pages = self._held_pages(
+            team, member, holder, None if again else start, again, lost if again else None
+        )
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                out = [m for m in page if start is None or _sent_order(m) > start]
+                if out:
+                    yield out
 
     async def _held_pages(
         self,
@@ -762,28 +781,46 @@ class Messages:
         holder: str,
         start: tuple[float, bool, int] | None = None,
         again: bool = False,
-    ) -> AsyncIterator[list[InboxMessage]]:
+        lost: Callable[[Sequence[InboxMessage]], None] | None = None,
+    ) -> AsyncGenerator[list[InboxMessage], None]:
         """What ``holder`` holds, a lease at a time, in the order it was sent (from the
         lease of ``start`` on); a lease is held back until the next page shows it whole,
         so its anchors go first even when it spans pages. With ``again``, each page is
-        handed to ``holder`` anew (``Tx.held_again``, one transaction a page)."""
+        handed to ``holder`` anew (``Tx.held_again``, one transaction a page), and those
+        handed anew and not yielded when it stops (closed early, or cancelled while a
+        page was handed: that transaction's copies once it commits) go to ``lost``."""
         page = max(1, int(self.config.held_page))
         after = None if start is None else (start[0], -1)
         lease: list[InboxMessage] = []
-        while True:
-            now = self.clock.now()
-            look = partial(_held_page, team, member, holder, now, after, page, again=again)
-            got = await (self.env.store.transact(look) if again else self.env.store.read(look))
-            for m in got:
-                if lease and m.leased_at != lease[0].leased_at:
-                    yield anchors_first(lease)
-                    lease = []
-                lease.append(m)
-            if len(got) < page:
-                break
-            after = (got[-1].leased_at, got[-1].seq)
-        if lease:
-            yield anchors_first(lease)
+        left: dict[str, InboxMessage] = {}  # handed anew, not yielded
+        try:
+            while True:
+                now = self.clock.now()
+                look = partial(_held_page, team, member, holder, now, after, page, again=again)
+                if again:
+                    handing = asyncio.ensure_future(self.env.store.transact(look))
+                    try:
+                        got = await asyncio.shield(handing)
+                    except asyncio.CancelledError:
+                        if lost is not None:
+                            handing.add_done_callback(partial(_handed_to_nobody, lost))
+                        raise
+                    left.update((m.message.message_id, m) for m in got)
+                else:
+                    got = await self.env.store.read(look)
+                for m in got:
+                    if lease and m.leased_at != lease[0].leased_at:
+                        yield _yielded(anchors_first(lease), left)
+                        lease = []
+                    lease.append(m)
+                if len(got) < page:
+                    break
+                after = (got[-1].leased_at, got[-1].seq)
+            if lease:
+                yield _yielded(anchors_first(lease), left)
+        finally:
+            if lost is not None and left:
+                lost(list(left.values()))
 
     def open_stream(
         self, team: str, member: str, receive_id: str, wake: asyncio.Event
@@ -807,6 +844,16 @@ class Messages:
         key = (team, member, receive_id)
         if self._streams.get(key) is hold:
             del self._streams[key]
+
+    def on_external_change(self, team: str | None, member: str | None) -> None:
+        """Another hub changed the store, for ``member`` of ``team`` (or, None, for the
+        team as a whole, or for anyone): the event streams open here for that member
+        stop waiting (their ``wake`` is set) and look at their window now. A stream
+        opened again under one's name on that hub has handed what it holds anew: the
+        one here sees it and ends at once, not at its next keep-alive."""
+        for (t, m, _), hold in list(self._streams.items()):
+            if team is None or (t == team and (member is None or m == member)):
+                hold.wake.set()
 
     async def holding(
         self,
@@ -1243,6 +1290,21 @@ def _held_page(
     else:
         got = tx.held(team, member, holder, now, after, limit)
     return _replies_since_firing(tx, team, member, got) if reply else got
+
+
+def _yielded(lease: list[InboxMessage], left: dict[str, InboxMessage]) -> list[InboxMessage]:
+    """``lease``, about to be yielded: no longer among those ``left`` unanswered."""
+    for m in lease:
+        left.pop(m.message.message_id, None)
+    return lease
+
+
+def _handed_to_nobody(
+    lost: Callable[[Sequence[InboxMessage]], None], handing: asyncio.Future[list[InboxMessage]]
+) -> None:
+    """A page handed anew whose reader was cancelled while it was: its copies to ``lost``."""
+    if not handing.cancelled() and handing.exception() is None:
+        lost(handing.result())
 
 
 def _sent_order(m: InboxMessage) -> tuple[float, bool, int]:

@@ -11,7 +11,11 @@ open, and ``/healthz`` stopped answering. This protocol adds:
   a request that misses one is answered ``408`` and its connection closed;
 - a cap on open connections (``max_connections``): a connection over it is answered
   ``503`` with ``Retry-After`` (both with the API's error model) and closed, and it
-  gets at most :data:`BUSY_GRACE` seconds to send its request head.
+  gets at most :data:`BUSY_GRACE` seconds to send its request head;
+- a way for a response to cut its connection (the scope's ``extensions`` name
+  :data:`ABORT`, a function): uvicorn's close waits until the peer has taken what is
+  buffered for it, so a connection to a peer that reads nothing stayed open for as long
+  as the peer kept it.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ import asyncio
 import json
 import resource
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionLimits", "guarded_protocol"]
+__all__ = ["ABORT", "ConnectionLimits", "guarded_protocol"]
+
+#: The scope extension a response calls to cut its connection at once (what is buffered
+#: for the peer is dropped).
+ABORT = "backchannel.abort"
 
 #: Seconds a connection over the cap may take to send the request head it is refused.
 BUSY_GRACE = 1.0
@@ -166,6 +174,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout, "head")
 
     def on_headers_complete(self) -> None:
+        # a response that must end its connection at once (a stream whose reader took
+        # nothing for its write bound) finds how in its scope
+        scope = cast("dict[str, Any]", self.scope)
+        scope.setdefault("extensions", {})[ABORT] = self.transport.abort
         super().on_headers_complete()
         self._arm(self.limits.body_timeout, "body")
 

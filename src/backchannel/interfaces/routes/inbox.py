@@ -14,18 +14,27 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from backchannel.core.messages import MAX_LEASE, MAX_LIMIT, MAX_WAIT
 from backchannel.errors import BackchannelError, InvalidState
 from backchannel.hub.messages import new_receive_id
+from backchannel.interfaces.guard import ABORT
 from backchannel.interfaces.routes.deps import AsMember, hub_of, principal, revoked
 from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
 from backchannel.interfaces.routes.stream import SSE_HEADERS, EventStream
@@ -244,15 +253,34 @@ class _BoundedWrites(EventStream):
     ``write_timeout`` seconds. One that is not (the reader stopped reading, or a proxy
     stopped forwarding, with the connection still open: nothing else tells the hub)
     ends the stream: ``state.stalled`` is set and the body's generator closed, whose
-    cleanup gives back what the stream holds."""
+    cleanup gives back what the stream holds, and the connection is cut (when the server
+    offers the :data:`~backchannel.interfaces.guard.ABORT` extension, as ``backchannel
+    serve``'s does): closed, it would stay open until the reader took what is buffered
+    for it. ``end`` runs when the response is over, if the body's cleanup did not (the
+    client left before the body started)."""
 
     def __init__(
-        self, content: AsyncGenerator[str, None], write_timeout: float, state: _Stalled
+        self,
+        content: AsyncGenerator[str, None],
+        write_timeout: float,
+        state: _Stalled,
+        end: Callable[[], Awaitable[None]],
     ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
         self._body = content
+        self._end = end
         self.write_timeout = write_timeout
         self.state = state
+        self._abort: Callable[[], None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._abort = scope.get("extensions", {}).get(ABORT)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # a client gone before the body started (while the first batch was leased):
+            # the body never ran, nor its end, which gives back what the stream holds
+            await asyncio.shield(self._end())
 
     async def stream_response(self, send: Send) -> None:
         start = {"type": "http.response.start", "status": self.status_code}
@@ -266,11 +294,18 @@ class _BoundedWrites(EventStream):
                 except TimeoutError:
                     self.state.stalled = True
                     log.warning(
-                        "an inbox stream's reader took nothing for %s s: the stream ends "
-                        "and what it holds goes back untried",
+                        "an inbox stream's reader took nothing for %s s: the stream ends, "
+                        "what it holds goes back untried, and its connection is cut",
                         self.write_timeout,
                     )
-                    return  # closing the body gives its leases back
+                    break  # closing the body gives its leases back
+        if self.state.stalled:
+            # a close would wait for the reader to take what is buffered for it, which
+            # it never does: the connection (a socket, its buffers) would stay open for
+            # as long as the reader keeps it
+            if self._abort is not None:
+                self._abort()
+            return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -303,8 +338,9 @@ async def inbox_stream(
     The stream holds at most ``limit`` messages unacked: it leases more as acks come
     in, so the others go to the member's other receivers meanwhile. A reader that
     takes nothing written to it for the hub's write bound (10 s; gone without a word, a
-    proxy that stopped forwarding) ends the stream, and what it holds goes back at once,
-    untried; a stream whose messages stay unacked for their whole lease ends with
+    proxy that stopped forwarding) ends the stream and its connection, and what it holds
+    goes back at once, untried (so does what it leased for a client gone before the
+    stream started); a stream whose messages stay unacked for their whole lease ends with
     ``event: error`` (they go back, as a lease's end gives them back), instead of
     leasing them again to a reader that does not ack.
 
@@ -315,15 +351,19 @@ async def inbox_stream(
     ``Last-Event-ID`` names when it names one of them (the reader saw that one and
     those before it), all of them otherwise. Each copy it sends again is its own (the
     old connection's end does not put it back in the queue), and it supersedes a
-    stream still open under the name on this hub: that one ends with ``event: error``
-    and what it leased and never wrote goes back at once."""
+    stream still open under the name: that one ends with ``event: error`` (at once on
+    this hub; on another hub of the same store as soon as that hub hears of it, within
+    a second when the old stream had sent anything) and what it leased and never wrote
+    goes back at once."""
     hub = hub_of(request)
     name = receive_id if receive_id is not None else new_receive_id()
     last = request.headers.get("last-event-id", "").strip() or None
     lease = hub.config.lease_seconds
     # a few seconds before the lease ends: a copy still held then was not acked in time
     margin = min(1.0, lease / 4)
-    gone = asyncio.Event()  # set when the token is revoked, or the stream superseded
+    # set when the token is revoked, the stream superseded, or another hub changed the
+    # member's inbox (the stream looks at its window: see below)
+    gone = asyncio.Event()
     # a stream open under the name on this hub (its reader gone, its end not yet seen)
     # is superseded by this one: it leases nothing more and ends; what it leased and
     # wrote, this one sends again; what it leased and never wrote goes back at once
@@ -364,11 +404,39 @@ async def inbox_stream(
     def of(ids: Iterable[str]) -> dict[str, Lease]:
         return {mid: leases[mid] for mid in ids if mid in leases}
 
-    async def events() -> AsyncGenerator[str, None]:
+    ended = False
+
+    async def end() -> None:
         # a batch is leased whole: those of it not written when the stream ends (the
-        # reader went away, a proxy cut it) are given back at once, not left leased to
-        # nobody until the lease ends; one written may have been read, and stays leased
-        # (unless the reader stopped taking what is written: then all goes back)
+        # reader went away, a proxy cut it, or the client left before the body started)
+        # are given back at once, not left leased to nobody until the lease ends; one
+        # written may have been read, and stays leased (unless the reader stopped taking
+        # what is written: then all goes back)
+        nonlocal ended
+        if ended:
+            return
+        ended = True
+        let_go()
+        if not started:  # nothing was written: the first batch goes back as it was leased
+            leases.update((m.message_id, held) for m, held in first)
+            unsent.extend(m for m, _ in first)
+        # stalled: the reader took nothing in, not even what was written
+        back = of(leases if state.stalled else (m.message_id for m in unsent))
+        if back:
+            await asyncio.shield(_give_back_leased(api, back, untried=True))
+        # superseded from another hub: the reader is on the stream opened again there,
+        # which sent again (under leases of its own) all the name held when it
+        # opened; what this one wrote after goes back (counted: it was written), for
+        # that one to send. (On this hub this one wrote nothing after it opened.)
+        written_after = of(sent) if elsewhere and not state.stalled else {}
+        if written_after:
+            await asyncio.shield(_give_back_leased(api, written_after, untried=False))
+
+    started = False
+
+    async def events() -> AsyncGenerator[str, None]:
+        nonlocal started
+        started = True
         try:
             yield ": connected\n\n"
             with hub.watch_revocation(api.member.token_hash, gone, api.member.team):
@@ -376,18 +444,7 @@ async def inbox_stream(
                     async for chunk in chunks:
                         yield chunk
         finally:
-            let_go()
-            # stalled: the reader took nothing in, not even what was written
-            back = of(leases if state.stalled else (m.message_id for m in unsent))
-            if back:
-                await asyncio.shield(_give_back_leased(api, back, untried=True))
-            # superseded from another hub: the reader is on the stream opened again there,
-            # which sent again (under leases of its own) all the name held when it
-            # opened; what this one wrote after goes back (counted: it was written), for
-            # that one to send. (On this hub this one wrote nothing after it opened.)
-            written_after = of(sent) if elsewhere and not state.stalled else {}
-            if written_after:
-                await asyncio.shield(_give_back_leased(api, written_after, untried=False))
+            await end()
 
     def written(m: Received) -> str:
         sent[m.message_id] = loop.time()
@@ -418,14 +475,16 @@ async def inbox_stream(
             take(first)
         else:  # all the name holds, in the order it was sent: ``first`` comes last;
             # each copy sent again is held anew, under a lease of this stream's own
-            async for page in api.held_again_since(receive_id, last):
-                take(page)
-                async for chunk in flush():
-                    yield chunk
-                if unsent:
-                    if superseded.is_set():
-                        yield superseded_error()
-                    return
+            # closed early, what it handed anew and not yet answered goes back at once
+            async with contextlib.aclosing(api.held_again_since(receive_id, last)) as pages:
+                async for page in pages:
+                    take(page)
+                    async for chunk in flush():
+                        yield chunk
+                    if unsent:
+                        if superseded.is_set():
+                            yield superseded_error()
+                        return
         quiet_since = loop.time()
         while True:
             async for chunk in flush():
@@ -475,6 +534,10 @@ async def inbox_stream(
                     yield f"event: error\ndata: {json.dumps(exc.to_json())}\n\n"
                     return
             take(got)
+            # what set it is looked at from here: a revocation just below, a stream
+            # superseded or a look asked for (another hub changed the member's inbox: a
+            # stream opened again there may have taken what this one sent) at the top
+            gone.clear()
             if (error := await revoked(request)) is not None:
                 yield f"event: error\ndata: {json.dumps(error.to_json())}\n\n"
                 return  # what it just leased goes back, unsent
@@ -482,7 +545,7 @@ async def inbox_stream(
                 yield ": keep-alive\n\n"
                 quiet_since = loop.time()
 
-    return _BoundedWrites(events(), hub.config.stream_write_timeout, state)
+    return _BoundedWrites(events(), hub.config.stream_write_timeout, state, end)
 
 
 async def fast_ack(request: Request) -> Response:

@@ -443,6 +443,8 @@ class PgTx(PgTransaction, LifecycleSql):
                 ([m.seq for m in out], [m.lease_until for m in out]),
                 team,
             )
+            # the hub whose stream held them under the old leases looks at once
+            self._wake(team, member)
         return out
 
     def expired_leases(self, now: float, limit: int) -> list[Delivery]:
