@@ -70,7 +70,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 
 
 @dataclass(frozen=True, slots=True)
