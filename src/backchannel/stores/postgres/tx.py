@@ -1042,6 +1042,9 @@ class PgTx(PgTransaction, LifecycleSql):
         b = budget
         if b.team not in self._locked:
             self.get_team(b.team)  # the lock, and a row every writer of a team reads
+        # the row read before is stale: once this write is sent ahead of a listing or a
+        # removal (``_flush``), the key is read again
+        self._rows.pop(("b", b.team, b.key), None)
         self._later[("budget", b.team, b.key)] = (
             Q.put_budget,
             (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,
