@@ -516,3 +516,29 @@ async def test_every_connection_notices_a_vanished_database_unless_the_url_says_
         assert got.count(want) >= 2, got
     finally:
         await store.close()
+
+
+async def test_a_budget_put_then_sent_by_a_listing_reads_back_as_put(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """``put_budget`` is kept for the ``COMMIT`` round trip and a listing of the team's
+    budgets sends it first: a ``get_budget`` after the listing, in the same transaction,
+    reads the row put, not the one read before it."""
+    from backchannel.stores.base import Reads
+    from backchannel.types import Budget, Team
+
+    async with PostgresStore(new_postgres_url()) as store:
+        await store.transact(lambda tx: tx.insert_team(Team("t", 0.0)))
+        await store.transact(lambda tx: tx.put_budget(Budget("t", "pair:a|b", 0.0, used=1)))
+
+        def fn(tx: Tx) -> tuple[int, int, int]:
+            tx.prefetch(Reads("t", budgets=("pair:a|b",)))
+            before = tx.get_budget("t", "pair:a|b")
+            assert before is not None
+            tx.put_budget(Budget("t", "pair:a|b", 0.0, used=2))
+            listed = {b.key: b.used for b in tx.list_budgets("t")}
+            after = tx.get_budget("t", "pair:a|b")
+            assert after is not None
+            return before.used, listed["pair:a|b"], after.used
+
+        assert await store.transact(fn) == (1, 2, 2)

@@ -6,8 +6,10 @@ Every write of a team holds the team's lock until its ``COMMIT``, so one team's 
 go one at a time across all hubs, each for as many round trips as it makes under the
 lock: the fewer, the more sends a team takes per second (bench/README.md). A send
 begins, takes the lock and makes every read its checks need in one round trip
-(``Tx.prefetch``), stores the message in a second, commits (with its history and
-budgets) in a third, and wakes the other hubs after the commit in a fourth.
+(``Tx.prefetch``), stores the message in a second, and commits (with its history and
+budgets) in a third, whose pipeline wakes the other hubs after the ``COMMIT``. A write
+whose answer nobody reads (a session row, a transcript event, a link's count, the
+ledger cleared) goes in the round trip of the statement after it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from backchannel.stores.postgres import PostgresStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
-#: a send: BEGIN + lock + reads; the insert; history + COMMIT; NOTIFY after the commit
-SEND = 4
+#: a send: BEGIN + lock + reads; the insert; history + COMMIT + NOTIFY after it
+SEND = 3
 #: a receive that leases: BEGIN + lock + reads; the lease; history + budgets + COMMIT
 RECEIVE = 3
 #: an ack: BEGIN + lock + the ack; history + COMMIT
 ACK = 2
+#: a turn's steps (a receive naming the session records what it handed over, so it
+#: reads the session, its link and the context budget, and writes the transcript)
+TURN = {"receive+ack": 7, "turn_start": 5, "agent_stop, one link": 12, "agent_stop, no link": 7}
 
 
 class RoundTrips:
@@ -142,7 +147,7 @@ async def _least(relay: RoundTrips, times: int, op: Callable[[int], Awaitable[No
     return min(seen)
 
 
-async def test_a_send_takes_four_round_trips(counted: tuple[Hub, RoundTrips]) -> None:
+async def test_a_send_takes_three_round_trips(counted: tuple[Hub, RoundTrips]) -> None:
     hub, relay = counted
 
     async def send(i: int) -> None:
@@ -180,3 +185,75 @@ async def test_a_receive_and_an_ack_take_three_and_two(counted: tuple[Hub, Round
         assert (await hub.ack("t", "b", [leased[i]])).acked == (leased[i],)
 
     assert await _least(relay, 3, ack) <= ACK
+
+
+async def _turns(counted: tuple[Hub, RoundTrips]) -> dict[str, int]:
+    """The fewest round trips each step of a turn took, over three turns: the input it
+    received and acked, the turn's start, and its end with the closing text crossing one
+    link or none."""
+    hub, relay = counted
+    for name in ("c", "d"):
+        await hub.add_member("t", name)
+    for s in ("a-s", "b-s", "c-s", "d-s"):
+        await hub.open_session("t", s[0], s)
+    # a and b linked (a's send in a turn opens it); c alone
+    await hub.report_event("t", "a", "a-s", "turn_start")
+    await hub.send("t", "a", "b", "let's talk", sender_session="a-s")
+    await hub.report_event("t", "a", "a-s", "agent_stop", "")
+    for m in ("a", "b"):
+        if got := await hub.receive("t", m, session=f"{m}-s", limit=100):
+            await hub.ack("t", m, [g.message.message_id for g in got])
+    seen: dict[str, list[int]] = {}
+
+    async def count(step: str, op: Awaitable[object]) -> None:
+        with relay.counting() as trips:
+            await op
+        seen.setdefault(step, []).append(trips[0])
+
+    for i in range(3):
+        await hub.send("t", "d", "b", f"note {i}", link=False)
+        with relay.counting() as trips:
+            got = await hub.receive("t", "b", session="b-s", limit=10)
+            await hub.ack("t", "b", [g.message.message_id for g in got])
+        seen.setdefault("receive+ack", []).append(trips[0])
+        assert [g.message.text for g in got] == [f"note {i}"]
+        await count("turn_start", hub.report_event("t", "b", "b-s", "turn_start", f"note {i}"))
+        await count(
+            "agent_stop, one link",
+            hub.report_event("t", "b", "b-s", "agent_stop", f"my view, round {i}"),
+        )
+        got = await hub.receive("t", "a", session="a-s", limit=10)
+        assert [g.message.text for g in got] == [f"[From b] my view, round {i}"]
+        await hub.ack("t", "a", [g.message.message_id for g in got])
+        await hub.report_event("t", "c", "c-s", "turn_start")
+        await count(
+            "agent_stop, no link", hub.report_event("t", "c", "c-s", "agent_stop", f"done {i}")
+        )
+    return {step: min(n) for step, n in seen.items()}
+
+
+async def test_a_turns_steps_take_as_many_round_trips_as_pinned(
+    counted: tuple[Hub, RoundTrips],
+) -> None:
+    got = await _turns(counted)
+    assert got == TURN, got
+
+
+async def test_a_wake_up_that_fails_after_the_commit_fails_no_send(
+    counted: tuple[Hub, RoundTrips], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``NOTIFY`` rides in the ``COMMIT``'s pipeline: when it fails there (here a
+    division by zero the server raises; in life a full notification queue, or the
+    connection lost after the commit), the send was committed and is answered as such,
+    the message is delivered, and the next send goes through on a fresh connection."""
+    from backchannel.stores.postgres import transaction
+
+    hub, _ = counted
+    monkeypatch.setattr(
+        transaction, "_NOTIFY", transaction._NOTIFY.replace("AS p", "AS p WHERE 1 / 0 = 1")
+    )
+    sent = await hub.send("t", "a", "b", "committed, unannounced", link=False)
+    monkeypatch.undo()
+    again = await hub.send("t", "a", "b", "and the next one", link=False)
+    got = await hub.receive("t", "b", limit=10)
+    assert [m.message.message_id for m in got] == [sent.message_id, again.message_id]

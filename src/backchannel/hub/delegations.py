@@ -200,11 +200,21 @@ class Delegations:
 
         return await self.env.transact(fn)
 
-    def _dispatch_batch(self, c: Ctx, team: str, batch: str, now: float) -> None:
-        """The caller's turn ``batch`` is over: send its tasks for other hubs, each with a
+    def _batch_over(self, c: Ctx, team: str, batch: str, now: float) -> None:
+        """The caller's turn ``batch`` is over: its tasks for other hubs go out, and its
+        results, if all are in, are delivered. The batch is read once when no task goes
+        out (nothing changed it in between): most turns delegate nothing."""
+        ds = c.tx.list_delegations(team, batch=batch)
+        if any(d.route is Route.OUTBOUND and d.state in rules.OPEN_STATES for d in ds):
+            self._dispatch_batch(c, team, ds, now)
+            self._deliver_batch(c, team, batch, now)
+        else:
+            self._deliver_batch(c, team, batch, now, ds)
+
+    def _dispatch_batch(self, c: Ctx, team: str, ds: list[Delegation], now: float) -> None:
+        """Send the tasks for other hubs of a batch ``ds`` whose turn is over, each with a
         reply token whose ``total_tools`` is the number of delegations the turn issued.
         A turn ends once, so this runs once per batch."""
-        ds = c.tx.list_delegations(team, batch=batch)
         for d in ds:
             if d.route is not Route.OUTBOUND or d.state not in rules.OPEN_STATES:
                 continue
@@ -280,9 +290,7 @@ class Delegations:
     def turn_over(self, c: Ctx, session: Session, turn: int, now: float) -> None:
         """A turn that delegated is over: its tasks for other hubs go out, and its
         results, if all are in, are delivered."""
-        batch = f"{session.session_id}#{turn}"
-        self._dispatch_batch(c, session.team, batch, now)
-        self._deliver_batch(c, session.team, batch, now)
+        self._batch_over(c, session.team, f"{session.session_id}#{turn}", now)
 
     def _start_callee(
         self,
@@ -572,11 +580,14 @@ class Delegations:
             )
         return d
 
-    def _deliver_batch(self, c: Ctx, team: str, batch: str, now: float) -> None:
+    def _deliver_batch(
+        self, c: Ctx, team: str, batch: str, now: float, read: list[Delegation] | None = None
+    ) -> None:
         """Once none of a caller turn's delegations is pending (and that turn is over),
-        give the caller all their results in one message."""
+        give the caller all their results in one message (``read``: the batch, as read
+        in this transaction after its last change)."""
         tx = c.tx
-        ds = tx.list_delegations(team, batch=batch)
+        ds = read if read is not None else tx.list_delegations(team, batch=batch)
         if not ds or any(x.state is DelegationState.PENDING for x in ds):
             return
         caller = tx.get_session(team, ds[0].caller_session)
@@ -729,9 +740,7 @@ class Delegations:
             extra = {**extra, "answered_delegation": d.delegation_id}
         # the turn that delegated has ended: send its tasks for other hubs, and deliver
         # its results if they are all in
-        batch = f"{session.session_id}#{session.turn}"
-        self._dispatch_batch(c, session.team, batch, now)
-        self._deliver_batch(c, session.team, batch, now)
+        self._batch_over(c, session.team, f"{session.session_id}#{session.turn}", now)
         return extra
 
     # -- the outbox's verdicts ----------------------------------------------------------------

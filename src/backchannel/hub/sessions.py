@@ -536,6 +536,28 @@ class Sessions:
             )
         )
 
+    def note(
+        self,
+        c: Ctx,
+        session: Session,
+        kind: EventKind,
+        text: str = "",
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """As :meth:`event`, for a caller that needs no event id (the store may send it
+        with its next statement)."""
+        c.tx.note_event(
+            SessionEvent(
+                session.team,
+                session.session_id,
+                session.turn,
+                self.clock.now(),
+                kind,
+                text,
+                dict(data or {}),
+            )
+        )
+
     async def terminate_session(
         self, team: str, member: str, session_id: str, reason: str = ""
     ) -> Session:

@@ -268,7 +268,7 @@ class Turns:
     ) -> dict[str, Any]:
         tx = c.tx
         retried = s.state is SessionState.ACTIVE
-        tx.ledger_clear(s.team, s.session_id)
+        tx.ledger_forget(s.team, s.session_id)
         # only a turn on the checkpoint the hub handed over is a checkpoint turn: a human
         # who typed something else meanwhile started an ordinary one
         checkpoint = turns.is_checkpoint_turn(
@@ -324,7 +324,7 @@ class Turns:
         limit = self.config.max_text
         fitted, cut = turns.fit_closing_text(turns.parse_closing_text(text), limit)
         parsed = self.pipeline.closing_text(c, s, fitted)
-        self.sessions.event(c, s, EventKind.AGENT_STOP, turns.cut_to(text, limit)[0], data)
+        self.sessions.note(c, s, EventKind.AGENT_STOP, turns.cut_to(text, limit)[0], data)
         if cut:
             self._told_cut(c, s, len(text.encode("utf-8")), now)
         # the member list is only needed to route blocks (most closing texts have none)
@@ -356,7 +356,7 @@ class Turns:
                     sent.append(mid)
             elif d.action is turns.BlockAction.DUPLICATE:
                 dups.append(b.to)
-                self.sessions.event(
+                self.sessions.note(
                     c,
                     s,
                     EventKind.DUPLICATE_DROPPED,
@@ -367,7 +367,7 @@ class Turns:
             elif d.action is turns.BlockAction.UNKNOWN:
                 unknown.append(b.to)
                 notice = turns.unknown_destination_notice(b.to, s.member, s.team, members)
-                self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": b.to})
+                self.sessions.note(c, s, EventKind.ROUTING_ERROR, notice, {"to": b.to})
                 sysmsg = notices.system(
                     s.team, s.member, notice, now,
                     meta={"unknown_destination": b.to, "body": b.body},
@@ -388,7 +388,7 @@ class Turns:
         extra = self.pipeline.after_stop(
             c, stopped, parsed.output, checkpoint_turn, sent_this_turn, now
         )
-        tx.ledger_clear(s.team, s.session_id)
+        tx.ledger_forget(s.team, s.session_id)
         if not checkpoint_turn:
             self._schedule_checkpoint(c, stopped, now)
         if refused:
@@ -404,7 +404,7 @@ class Turns:
             "what it sent on (to a linked peer, or in <message> blocks) was cut to fit, "
             "marked […cut…]. Put long results in a file and send its path."
         )
-        self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"size": size, "limit": limit})
+        self.sessions.note(c, s, EventKind.ROUTING_ERROR, notice, {"size": size, "limit": limit})
         meta = {"closing_text_cut": size}
         msg = notices.system(s.team, s.member, notice, now, meta=meta)
         self.pipeline.insert(c, msg, s.session_id)
@@ -416,7 +416,7 @@ class Turns:
             self.quotas.check_inbox(c, s.team, s.member, to)
         except QuotaExceeded as exc:
             notice = f"Your closing <message to={to!r}> block was not delivered: {exc.message}"
-            self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": to})
+            self.sessions.note(c, s, EventKind.ROUTING_ERROR, notice, {"to": to})
             self.pipeline.insert(c, notices.system(s.team, s.member, notice, now), s.session_id)
             return False
         return True
@@ -426,7 +426,7 @@ class Turns:
     ) -> None:
         """A closing block over a conversation budget comes back to its sender."""
         notice = f'Your closing <message to="{to}"> block was {exc.message}'
-        self.sessions.event(c, s, EventKind.ROUTING_ERROR, notice, {"to": to, **exc.details})
+        self.sessions.note(c, s, EventKind.ROUTING_ERROR, notice, {"to": to, **exc.details})
         # told once per session and budget state: a notice that woke an agent which tries
         # again must not wake it again (that would be a loop with the hub)
         told = "refused-" + rules.fingerprint(
@@ -460,7 +460,7 @@ class Turns:
                 message.created_at,
             )
         )
-        self.sessions.event(
+        self.sessions.note(
             s.c,
             session,
             EventKind.SENT,
@@ -472,7 +472,7 @@ class Turns:
         """What a session was handed goes in its transcript; a turn on nothing but
         checkpoint prompts will be a checkpoint turn."""
         for m in got:
-            self.sessions.event(
+            self.sessions.note(
                 c,
                 session,
                 EventKind.INPUT,
@@ -523,7 +523,7 @@ class Turns:
         text = str(job.payload.get("text") or DEFAULT_CHECKPOINT_TEXT)
         msg = notices.checkpoint(s.team, s.member, s.session_id, text, now)
         self.pipeline.insert(c, msg, s.session_id)
-        self.sessions.event(c, s, EventKind.CHECKPOINT, text)
+        self.sessions.note(c, s, EventKind.CHECKPOINT, text)
         return None
 
     def job_handlers(self) -> dict[str, JobHandler]:

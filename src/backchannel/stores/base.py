@@ -70,7 +70,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,6 +516,12 @@ class Tx(Protocol):
         every event id stored before."""
         ...
 
+    def note_event(self, event: SessionEvent) -> object:
+        """As :meth:`append_event`, for a caller that needs no id back: a store whose
+        statements are round trips (PostgreSQL) sends it with its next statement. What
+        it returns means nothing (SQLite's is :meth:`append_event` itself)."""
+        ...
+
     def list_events(
         self, team: str, session_id: str, after: int, until: int | None, limit: int
     ) -> list[SessionEvent]:
@@ -533,6 +539,11 @@ class Tx(Protocol):
 
     def ledger_clear(self, team: str, session_id: str) -> int:
         """Forget the session's ledger; returns how many entries were dropped."""
+        ...
+
+    def ledger_forget(self, team: str, session_id: str) -> None:
+        """As :meth:`ledger_clear`, for a caller that needs no count back: a store whose
+        statements are round trips (PostgreSQL) sends it with its next statement."""
         ...
 
     # -- links ---------------------------------------------------------------

@@ -742,6 +742,9 @@ class MemoryTx:
         self._append(events, dataclasses.replace(event, event_id=eid))
         return eid
 
+    def note_event(self, event: SessionEvent) -> None:
+        self.append_event(event)
+
     def list_events(
         self, team: str, session_id: str, after: int, until: int | None, limit: int
     ) -> list[SessionEvent]:
@@ -771,6 +774,9 @@ class MemoryTx:
         if n:
             self._pop(self._d.ledgers, (team, session_id))
         return n
+
+    def ledger_forget(self, team: str, session_id: str) -> None:
+        self.ledger_clear(team, session_id)
 
     # -- links ---------------------------------------------------------------
     def insert_link(self, link: Link) -> Link:

@@ -786,6 +786,18 @@ async def check_ledger(make_store: StoreFactory) -> None:
         assert await store.read(lambda tx: tx.ledger("alpha", "s2")) == [e3]
         assert await store.transact(lambda tx: tx.ledger_clear("alpha", "s1")) == 0
 
+        # the calls that answer nothing (a store may send them with its next statement):
+        # what comes after them in the transaction sees them
+        def forget(tx: Tx) -> tuple[list[LedgerEntry], list[LedgerEntry], list[str]]:
+            before = tx.ledger("alpha", "s2")
+            tx.ledger_forget("alpha", "s2")
+            tx.note_event(SessionEvent("alpha", "s2", 1, T0, EventKind.THOUGHT, "noted"))
+            events = tx.list_events("alpha", "s2", 0, None, 10)
+            return before, tx.ledger("alpha", "s2"), [e.text for e in events]
+
+        assert await store.transact(forget) == ([e3], [], ["noted"])
+        assert await store.read(lambda tx: tx.ledger("alpha", "s2")) == []
+
 
 async def check_timer_pages(make_store: StoreFactory) -> None:
     """Timers a page at a time: ``list_timers`` in id order after ``after``, filtered by

@@ -407,6 +407,11 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX budgets_recent ON budgets (team, updated_at, key, used, granted, window_start);
     """,
+    # 24: a member's pending timers alone, for the timer quota (see the SQLite schema)
+    """
+    CREATE INDEX jobs_timers_member_pending ON jobs (team, (payload->>'member'), job_id)
+        WHERE kind = 'timer' AND state = 'pending';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

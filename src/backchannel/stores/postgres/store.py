@@ -36,7 +36,7 @@ How it keeps the :mod:`backchannel.stores.base` contract:
   defaults (``fsync=on``, ``synchronous_commit=on``) after the WAL is on disk.
 * **Wake-ups.** Each queued (or re-queued) delivery sends ``NOTIFY backchannel`` with
   payload ``"<origin>:<team>/<member>"`` right after ``COMMIT``, in its own statement
-  (PostgreSQL serializes the commits of notifying transactions cluster-wide, so a
+  and transaction but in the ``COMMIT``'s round trip (PostgreSQL serializes the commits of notifying transactions cluster-wide, so a
   notify inside the transaction would serialize every send's WAL flush). A listener
   thread on its own connection reports other hubs' notifications through
   :meth:`Store.on_external_change` on the loop that called :meth:`open` (a hub's own

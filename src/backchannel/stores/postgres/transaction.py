@@ -4,7 +4,8 @@ Writers run at ``READ COMMITTED`` and take the team's lock (``pg_advisory_xact_l
 the same round trip as their first statement about that team; every statement after it
 reads fresh data that no other writer can change until this transaction ends (see
 :mod:`backchannel.stores.postgres.store`). History events are buffered and written in
-the ``COMMIT`` round trip; wake-ups for other hubs are sent right after it. Driver errors
+the ``COMMIT`` round trip, writes nobody reads the answer of go with the next
+statement, and wake-ups for other hubs follow the ``COMMIT`` in its round trip. Driver errors
 become :mod:`backchannel.errors` here.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
+from psycopg import pq
 
 from backchannel.errors import AlreadyExists, BackchannelError, InvalidRequest, StoreError
 from backchannel.types import DeliveryEvent
@@ -26,6 +28,8 @@ Cursor = psycopg.Cursor[Any]
 
 #: The LISTEN/NOTIFY channel; payloads are ``"<origin>:<team>/<member>"``.
 CHANNEL = "backchannel"
+#: the wake-ups, one a payload
+_NOTIFY = "SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p"
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: SQLSTATEs (prefixes) of errors after which the server closes the session: connection
@@ -74,6 +78,9 @@ class PgTransaction:
         # writes whose answer nobody reads, kept for the ``COMMIT`` round trip by key
         # (the last write of a key is its row: a budget counted twice is one upsert)
         self._later: dict[tuple[str, ...], tuple[str, Sequence[Any]]] = {}
+        # writes whose answer nobody reads, sent ahead of the next statement in its
+        # round trip (or in the ``COMMIT``'s), in the order they were made
+        self._ahead: list[tuple[str, Sequence[Any]]] = []
         self._tainted = False  # a pipeline failed: psycopg may wrongly think a statement
         #                        is prepared, so the connection is closed afterwards
         self.retry = False  # the database asked for a re-run (deadlock)
@@ -104,6 +111,9 @@ class PgTransaction:
         if team is not None and team not in self._locked and not self._readonly:
             first.append(("SELECT pg_advisory_xact_lock(%s)", (_lock_key(team),)))
             self._locked.add(team)
+        if self._ahead:  # the writes made before, in order, then these statements
+            first += self._ahead
+            self._ahead = []
         if self._rows and not keep and not all(s.startswith("SELECT") for s, _ in statements):
             self._rows.clear()
         try:
@@ -147,6 +157,18 @@ class PgTransaction:
             self.broken = True
         return self._error(exc)
 
+    def _behind(self, sql: str, args: Sequence[Any], team: str) -> None:
+        """A write whose answer nobody reads (no row count, no row back, no error a
+        caller handles): sent ahead of the next statement, in its round trip, or in the
+        ``COMMIT``'s. PostgreSQL runs a pipeline's statements in order, so every later
+        statement sees it; its error, if any, is raised by that statement. Sent now when
+        the transaction has not yet begun or taken ``team``'s lock (the lock comes first)."""
+        if not self._open or team not in self._locked:
+            self._exec(sql, args, team)
+            return
+        self._rows.clear()
+        self._ahead.append((sql, args))
+
     def _one(self, sql: str, args: Sequence[Any], team: str | None = None) -> Any:
         return self._exec(sql, args, team).fetchone()
 
@@ -189,8 +211,8 @@ class PgTransaction:
     def _pending(self) -> list[tuple[str, Sequence[Any]]]:
         """Statements writing the buffered history events and the writes kept for the
         commit (empties both buffers)."""
-        out: list[tuple[str, Sequence[Any]]] = list(self._later.values())
-        self._later = {}
+        out: list[tuple[str, Sequence[Any]]] = [*self._ahead, *self._later.values()]
+        self._ahead, self._later = [], {}
         if self._events:
             cols: list[list[Any]] = [[], [], [], [], [], []]
             for team, e in self._events:
@@ -205,40 +227,40 @@ class PgTransaction:
         return out
 
     def _flush(self) -> None:
-        for sql, args in self._pending():
-            self._exec(sql, args, keep=True)
+        if pending := self._pending():
+            self._exec_all(pending, keep=True)
 
     def _commit(self) -> None:
-        """Buffered writes and ``COMMIT`` in one round trip."""
+        """Buffered writes, ``COMMIT`` and the wake-ups of the other hubs in one round
+        trip. The ``NOTIFY`` follows the ``COMMIT`` in the pipeline, so it runs in a
+        transaction of its own (the implicit one that ends at the pipeline's sync):
+        PostgreSQL serializes the commits of notifying transactions cluster-wide, and a
+        notification-only transaction writes no WAL, so a send's WAL flush is never
+        taken under that lock. A notification that fails (the connection lost after
+        the commit, the server's notification queue full) is not the send's error: the
+        data is committed and the wake-up is only a hint (the fallback timer wakes
+        waiters anyway)."""
         if not self._open:
             return
         conn = self._conn
+        payloads, self._notify = list(self._notify), {}
         self._tainted = True
+        commit: Cursor | None = None
         try:
             with conn.pipeline():
                 for sql, args in self._pending():
                     conn.execute(sql, args)
-                conn.execute("COMMIT")
+                commit = conn.execute("COMMIT")
+                if payloads:
+                    conn.execute(_NOTIFY, (CHANNEL, self._origin + ":", payloads))
         except psycopg.Error as exc:
-            raise self._translate(exc) from exc
+            done = commit is not None and commit.pgresult is not None
+            if not (done and commit.pgresult.status == pq.ExecStatus.COMMAND_OK):  # type: ignore[union-attr]
+                raise self._translate(exc) from exc
+            # committed; the wake-up was lost. The pipeline failed, so psycopg may be
+            # wrong about what it prepared: the pool gets a fresh connection
+            conn.close()
         self._open = self._tainted = False
-        if self._notify:
-            self._wake_others()
-
-    def _wake_others(self) -> None:
-        """NOTIFY the other hubs, after ``COMMIT`` and in its own transaction: PostgreSQL
-        serializes the commits of notifying transactions cluster-wide, so notifying
-        inside a durable commit would serialize every send's WAL flush. A notification
-        lost here (the hub dies between the two) only delays: the fallback timer wakes
-        waiters anyway."""
-        payloads, self._notify = list(self._notify), {}
-        try:
-            self._conn.execute(
-                "SELECT pg_notify(%s, %s || p) FROM unnest(%s::text[]) AS p",
-                (CHANNEL, self._origin + ":", payloads),
-            )
-        except psycopg.Error:  # the data is committed; the wake-up is only a hint
-            self.broken = self.broken or self._conn.broken
 
     def _cleanup(self) -> None:
         """Roll back an unfinished transaction; a connection that cannot is closed (the

@@ -120,6 +120,10 @@ _ADD_REACTION = (
 )
 _END_WATCH = Q.end_watch + " RETURNING 1"
 _SPEND_TOKEN = Q.spend_token + " RETURNING 1"
+_APPEND_EVENT = (
+    "INSERT INTO session_events (team, session_id, event_id, turn, at, kind, text, data) "
+    "VALUES (%s, %s, nextval('session_event_id'), %s, %s, %s, %s, %s)"
+)
 _UNTIL_NONE = 2**62  # list_events with no upper bound
 #: one member's active sessions, at most two (``Reads.active_of``)
 _ACTIVE_SQL, _ = sessions_query(SESSION_COLS, "", "", "active", 2)
@@ -290,7 +294,7 @@ class PgTx(PgTransaction, LifecycleSql):
         return found
 
     def put_session(self, session: Session) -> None:
-        self._exec(Q.put_session, _ROWS.session_args(session), session.team)
+        self._behind(Q.put_session, _ROWS.session_args(session), session.team)
 
     def list_sessions(
         self,
@@ -718,12 +722,19 @@ class PgTx(PgTransaction, LifecycleSql):
     def append_event(self, event: SessionEvent) -> int:
         e = event
         row = self._one(
-            "INSERT INTO session_events (team, session_id, event_id, turn, at, kind, text, data) "
-            "VALUES (%s, %s, nextval('session_event_id'), %s, %s, %s, %s, %s) RETURNING event_id",
+            _APPEND_EVENT + " RETURNING event_id",
             (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dump(e.data)),
             e.team,
         )
         return int(row[0])
+
+    def note_event(self, event: SessionEvent) -> None:
+        e = event
+        self._behind(
+            _APPEND_EVENT,
+            (e.team, e.session_id, e.turn, e.at, e.kind.value, e.text, _dump(e.data)),
+            e.team,
+        )
 
     def list_events(
         self, team: str, session_id: str, after: int, until: int | None, limit: int
@@ -742,6 +753,9 @@ class PgTx(PgTransaction, LifecycleSql):
 
     def ledger_clear(self, team: str, session_id: str) -> int:
         return self._exec(Q.ledger_clear, (team, session_id), team).rowcount
+
+    def ledger_forget(self, team: str, session_id: str) -> None:
+        self._behind(Q.ledger_clear, (team, session_id), team)
 
     # -- links ---------------------------------------------------------------
     def insert_link(self, link: Link) -> Link:
@@ -763,7 +777,9 @@ class PgTx(PgTransaction, LifecycleSql):
         return found
 
     def update_link(self, link: Link) -> None:
-        self._exec(Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team)
+        self._behind(
+            Q.update_link, (*_ROWS.link_args(link)[2:], link.team, link.link_id), link.team
+        )
 
     def list_links(
         self,
@@ -1028,6 +1044,9 @@ class PgTx(PgTransaction, LifecycleSql):
         b = budget
         if b.team not in self._locked:
             self.get_team(b.team)  # the lock, and a row every writer of a team reads
+        # the row read before is stale: once this write is sent ahead of a listing or a
+        # removal (``_flush``), the key is read again
+        self._rows.pop(("b", b.team, b.key), None)
         self._later[("budget", b.team, b.key)] = (
             Q.put_budget,
             (b.team, b.key, b.window_start, b.used, b.granted, b.last_from, b.stopped_at,

@@ -108,15 +108,20 @@ class LifecycleSql:
         ).fetchone()
         return int(row[0])
 
-    def count_timers(self, team: str, member: str, limit: int) -> int:
-        row = self._lifecycle_exec(
+    @classmethod
+    def count_timers_sql(cls) -> str:
+        """The statement ``count_timers`` runs (``?`` for its team, member and limit): on
+        ``jobs_timers_member_pending``, whose WHERE names the kind and state word for
+        word, so the member's fired and cancelled timers are never read."""
+        return (
             "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE team = ? AND kind = 'timer' "
-            f"AND {self._TIMER_MEMBER_OF} = ? AND state = 'pending' AND NOT EXISTS "
+            f"AND {cls._TIMER_MEMBER_OF} = ? AND state = 'pending' AND NOT EXISTS "
             "(SELECT 1 FROM sessions s WHERE s.team = jobs.team "
-            "AND s.session_id = jobs.session_id AND s.state = 'terminated') LIMIT ?) AS q",
-            (team, member, limit),
-            team,
-        ).fetchone()
+            "AND s.session_id = jobs.session_id AND s.state = 'terminated') LIMIT ?) AS q"
+        )
+
+    def count_timers(self, team: str, member: str, limit: int) -> int:
+        row = self._lifecycle_exec(self.count_timers_sql(), (team, member, limit), team).fetchone()
         return int(row[0])
 
     def count_jobs(self, team: str, session_id: str, kind: str, limit: int) -> int:

@@ -417,6 +417,14 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX budgets_recent ON budgets (team, updated_at, key, used, granted, window_start);
     """,
+    # 24: a member's pending timers alone, for the timer quota counted on every
+    #     set_timer: jobs_timers_member holds the fired and cancelled ones too, which a
+    #     member that sets a timer a turn piles up by the hundred thousand within the
+    #     retention window
+    """
+    CREATE INDEX jobs_timers_member_pending ON jobs (team, json_extract(payload, '$.member'), id)
+        WHERE kind = 'timer' AND state = 'pending';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

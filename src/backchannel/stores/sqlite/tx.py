@@ -828,6 +828,8 @@ class SqliteTx(LifecycleSql):
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    note_event = append_event  # the same statement; its id goes unread
+
     def list_events(
         self, team: str, session_id: str, after: int, until: int | None, limit: int
     ) -> list[SessionEvent]:
@@ -847,6 +849,9 @@ class SqliteTx(LifecycleSql):
 
     def ledger_clear(self, team: str, session_id: str) -> int:
         return self._c.execute(Q.ledger_clear, (team, session_id)).rowcount
+
+    def ledger_forget(self, team: str, session_id: str) -> None:
+        self._c.execute(Q.ledger_clear, (team, session_id))
 
     # -- links ---------------------------------------------------------------
     def insert_link(self, link: Link) -> Link:
