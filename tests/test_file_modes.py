@@ -160,6 +160,37 @@ def test_a_file_that_is_not_a_hub_database_is_refused_and_left_alone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_a_link_in_place_of_a_store_companion_is_refused_and_its_target_left_alone(
+    tmp_path: Path, suffix: str
+) -> None:
+    """A symlink put where the store keeps its ``-wal``, ``-shm`` or ``-journal``,
+    pointing at a file of the user's: the store refuses to open, naming the link and how
+    to go on; the file it points at keeps its mode and content."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    db = home / "hub.db"
+    _hub_database(db)
+    for leftover in home.glob("hub.db-*"):
+        leftover.unlink()
+    victim = tmp_path / "page.html"
+    victim.write_text("<p>for everyone</p>\n")
+    victim.chmod(0o644)
+    link = home / f"hub.db{suffix}"
+    link.symlink_to(victim)
+
+    async def open_it() -> None:
+        async with Hub(SqliteStore(db), background=False) as hub:
+            await hub.create_team("u")
+
+    with pytest.raises(StoreError) as err:
+        asyncio.run(open_it())
+    assert (_mode(victim), victim.read_text()) == (0o644, "<p>for everyone</p>\n")
+    message = err.value.message
+    assert str(link) in message and "symbolic link" in message and "remove" in message
+    assert link.is_symlink(), "the link is the user's to look at, not removed"
+
+
 # -- files written over at once (backchannel.files.write_atomic) -------------------------
 
 
