@@ -11,7 +11,7 @@ import base64
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +23,11 @@ import pytest
 from backchannel.callbacks import CallbackConfig, Service
 from backchannel.core import delegation as rules
 from backchannel.hub import Hub
+from backchannel.stores.base import Store
 from backchannel.stores.sqlite import SqliteStore
 from backchannel.testing import eventually
+from backchannel.types import DelegationState, MessageKind
+from tests.helpers_hubs import chat_bodies
 from tests.peers import Peer, QuietHandler
 from tests.test_delegation import FAST
 
@@ -358,3 +361,34 @@ async def test_a_callback_address_not_in_the_registry_is_never_called(tmp_path: 
     finally:
         listener.close()
         hub_a.close()
+
+
+async def test_one_answer_sent_many_times_at_once_is_taken_once_on_every_store(
+    make_store: Callable[[], Store],
+) -> None:
+    """Eight copies of one answer at once, on each store (PostgreSQL's writers of one
+    team wait for each other; a copy that waited must see the answer the first one
+    wrote, not the delegation it read before): one is taken, the others are
+    acknowledged as repeats, none is a conflict, and lead gets one tool result."""
+    services = {"hub-b": Service("hub-b", "http://127.0.0.1:9")}
+    cfg = CallbackConfig(secret=SECRET, services=services, retry=FAST)
+    async with Hub(make_store(), background=False, callbacks=cfg) as hub:
+        await hub.create_team("t", settings={"anchor_policy": "off"})
+        await hub.add_member("t", "lead")
+        await hub.open_session("t", "lead", "lead-s")
+        await hub.report_event("t", "lead", "lead-s", "turn_start")
+        d = await hub.delegate("t", "lead", "lead-s", "worker@hub-b", "count", tool_use_id="tu_1")
+        await hub.report_event("t", "lead", "lead-s", "agent_stop", "")
+        [body] = (await chat_bodies(hub)).values()
+        token = body["reply"]["bearerToken"]
+        got = await asyncio.gather(
+            *(hub.accept_tool_response(token, "12 files") for _ in range(8)),
+            return_exceptions=True,
+        )
+        assert [(x.state, x.result) for x in got] == [  # type: ignore[union-attr]
+            (DelegationState.ANSWERED, "12 files")
+        ] * 8, got
+        results = await hub.receive("t", "lead", session="lead-s", limit=10)
+        assert [
+            (m.message.kind, m.message.meta["results"][0]["delegation_id"]) for m in results
+        ] == [(MessageKind.TOOL_RESULT, d.delegation_id)]
