@@ -95,6 +95,30 @@ def test_a_world_readable_data_directory_is_narrowed_on_start(tmp_path: Path) ->
         srv.stop()
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_data_directory_made_for_its_config_file_is_narrowed_at_the_first_start(
+    tmp_path: Path, umask: int
+) -> None:
+    """The operator makes the data directory and writes config.yaml in it (the callback
+    secret, other hubs' tokens) before the hub's first start, under a usual umask: the
+    hub takes the directory for its own, makes it 0700 and the config file 0600."""
+    home = tmp_path / "home"
+    old = os.umask(umask)
+    try:
+        home.mkdir()
+        (home / "config.yaml").write_text('callback_secret: "long random words"\n')
+    finally:
+        os.umask(old)
+    assert (_mode(home), _mode(home / "config.yaml")) == (0o777 & ~umask, 0o666 & ~umask)
+    srv = start_server(home)
+    try:
+        _send_one(srv)
+        assert (_mode(home), _mode(home / "config.yaml")) == (0o700, 0o600)
+        assert _hub_files(home) == dict.fromkeys(_hub_files(home), 0o600)
+    finally:
+        srv.stop()
+
+
 async def test_the_sqlite_store_creates_its_files_private_in_a_new_directory(
     tmp_path: Path,
 ) -> None:
@@ -119,9 +143,11 @@ def test_a_directory_that_is_not_the_hubs_keeps_its_mode(tmp_path: Path) -> None
     shared.mkdir()
     shared.chmod(0o1777)
     (shared / "someone-elses.txt").write_text("hello\n")
+    (shared / "config.yaml").write_text("another program's: true\n")
+    (shared / "config.yaml").chmod(0o644)
     token = admin_token(shared)
     assert token is not None and token.startswith("bca_")
-    assert _mode(shared) == 0o1777
+    assert (_mode(shared), _mode(shared / "config.yaml")) == (0o1777, 0o644)
     assert _mode(shared / "admin.token") == 0o600
     empty = tmp_path / "empty"
     empty.mkdir(mode=0o755)
@@ -158,6 +184,37 @@ def test_a_file_that_is_not_a_hub_database_is_refused_and_left_alone(
     assert _mode(path) == 0o644
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_a_link_in_place_of_a_store_companion_is_refused_and_its_target_left_alone(
+    tmp_path: Path, suffix: str
+) -> None:
+    """A symlink put where the store keeps its ``-wal``, ``-shm`` or ``-journal``,
+    pointing at a file of the user's: the store refuses to open, naming the link and how
+    to go on; the file it points at keeps its mode and content."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    db = home / "hub.db"
+    _hub_database(db)
+    for leftover in home.glob("hub.db-*"):
+        leftover.unlink()
+    victim = tmp_path / "page.html"
+    victim.write_text("<p>for everyone</p>\n")
+    victim.chmod(0o644)
+    link = home / f"hub.db{suffix}"
+    link.symlink_to(victim)
+
+    async def open_it() -> None:
+        async with Hub(SqliteStore(db), background=False) as hub:
+            await hub.create_team("u")
+
+    with pytest.raises(StoreError) as err:
+        asyncio.run(open_it())
+    assert (_mode(victim), victim.read_text()) == (0o644, "<p>for everyone</p>\n")
+    message = err.value.message
+    assert str(link) in message and "symbolic link" in message and "remove" in message
+    assert link.is_symlink(), "the link is the user's to look at, not removed"
 
 
 # -- files written over at once (backchannel.files.write_atomic) -------------------------

@@ -1,12 +1,13 @@
 """The data directory and store URLs.
 
 ``$BACKCHANNEL_HOME`` (default ``./.backchannel``) holds the SQLite file
-(``backchannel.db``), the admin token (``admin.token``, written on first start) and
+(``backchannel.db``), the admin token (``admin.token``, written on first start),
 ``server.json``, where a running ``backchannel serve`` says where it listens so that the
-CLI finds it without ``BACKCHANNEL_URL``.
+CLI finds it without ``BACKCHANNEL_URL``, and the operator's ``config.yaml``.
 
 Everything in it is private to the user the hub runs as: the directory is 0700, the
-files 0600 (the SQLite store creates its database, ``-wal`` and ``-shm`` the same way).
+files 0600 (the SQLite store creates its database, ``-wal`` and ``-shm`` the same way;
+``config.yaml``, which holds the callback secret, is narrowed to 0600 too).
 A directory or file left more open by an older version is narrowed when ``serve`` starts;
 a directory that is not the hub's own (``/tmp`` or a home named by mistake: it holds
 files, none of them the hub's) keeps its mode, and the hub's files in it are 0600 all
@@ -32,6 +33,9 @@ from backchannel.stores.base import Store
 ADMIN_TOKEN_FILE = "admin.token"
 SERVER_FILE = "server.json"
 DB_FILE = "backchannel.db"
+#: The operator's configuration (:mod:`backchannel.callbacks`): it holds the callback
+#: secret and other hubs' tokens, so it is private like the hub's own files.
+CONFIG_FILE = "config.yaml"
 #: The port ``backchannel serve`` listens on unless told otherwise; where ``attach``
 #: looks for a hub when none is recorded (:func:`default_hub_url`).
 DEFAULT_PORT = 8765
@@ -65,10 +69,10 @@ FILE_MODE = 0o600
 
 def private_dir(path: Path) -> None:
     """Create ``path`` (and missing parents) as 0700, or narrow an existing one to 0700
-    if it is the hub's own: empty, or holding a file the hub writes there. Any other
-    directory (``/tmp``, a home directory) keeps its mode, and so does every existing
-    parent; a parent made here is 0700 (``mkdir(parents=True)`` would give it the
-    umask's)."""
+    if it is the hub's own: empty, or holding a file the hub writes there; the
+    ``config.yaml`` in one of the hub's own is narrowed to 0600. Any other directory
+    (``/tmp``, a home directory) keeps its mode, and so does every existing parent; a
+    parent made here is 0700 (``mkdir(parents=True)`` would give it the umask's)."""
     try:
         private_dirs(path.parent)
         path.mkdir(mode=DIR_MODE)
@@ -81,6 +85,7 @@ def private_dir(path: Path) -> None:
         raise _no_data_dir(path, exc.strerror or str(exc)) from None
     if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
         path.chmod(DIR_MODE)
+    private_file(path / CONFIG_FILE)  # the hub's configuration, in a directory of its own
 
 
 def _no_data_dir(path: Path, why: str) -> InvalidRequest:

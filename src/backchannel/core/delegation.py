@@ -61,6 +61,14 @@ def inbound_session(caller: str, session_id: str) -> str:
     return f"{caller}:{session_id}"
 
 
+def request_key(reply_token: str) -> str:
+    """What names another hub's task that carries no ``session_id`` or ``tool_use_id``
+    (hex): a hash of its reply token, which its hub signs for this one call, so the
+    same task sent again is the same request and a new one, with a token of its own,
+    is another."""
+    return hashlib.sha256(reply_token.encode("utf-8")).hexdigest()
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 

@@ -415,8 +415,9 @@ class Delegations:
         chain: Any = None,
     ) -> Delegation:
         """``POST /api/chat``: run ``agent`` on ``message`` and send its answer to
-        ``reply_service``. Idempotent on ``(caller, session_id, tool_use_id)``: a repeat
-        from the same caller returns its delegation; another caller that sends the same
+        ``reply_service``. Idempotent on ``(caller, session_id, tool_use_id)``, those
+        left out made from the one-time reply token: a repeat from the same caller
+        returns its delegation; another caller that sends the same
         ids has a delegation (and a callee session) of its own, and is told nothing of
         the first (see :func:`~backchannel.core.delegation.inbound_session`).
 
@@ -443,13 +444,14 @@ class Delegations:
             )
         timeout = rules.check_delegate(agent, message, timeout_s)
         messages.check_name("agent", agent)
+        # ids the caller left out are made from its one-time reply token, so the same
+        # request sent again (its answer lost on the way) finds the task it made
+        request = rules.request_key(reply_token)
         remote_session = (
-            messages.check_session_id(session_id)
-            if session_id
-            else "remote-" + uuid.uuid4().hex[:12]
+            messages.check_session_id(session_id) if session_id else "remote-" + request[:12]
         )
         caller_session = rules.inbound_session(caller, remote_session)
-        tuid = tool_use_id or "tu_" + uuid.uuid4().hex[:16]
+        tuid = tool_use_id or "tu_" + request[12:28]
         now = self.clock.now()
 
         def fn(c: Ctx) -> Delegation:

@@ -12,9 +12,11 @@ message with its deliveries, every ack with its message.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from backchannel.errors import StoreError
@@ -29,7 +31,12 @@ def backup(source: Path, dest: Path) -> int:
     """Copy the store at ``source`` to the new file ``dest`` (0600, as the store itself),
     in one read transaction of ``source``: hubs go on writing meanwhile and wait for
     nothing. Returns the copy's schema version. ``dest`` must not exist (a backup never
-    overwrites); if anything fails, no ``dest`` is left behind."""
+    overwrites); if anything fails, no ``dest`` is left behind.
+
+    The copy is written in a directory of its own (0700, beside ``dest``, named
+    ``.NAME.*.partial``), where nobody else can put a link, and is given its name only
+    once whole (:func:`_publish`): a link put at ``dest`` meanwhile is never written
+    through, and a backup killed midway leaves nothing named like a backup."""
     if not source.is_file():
         raise StoreError(
             f"there is no SQLite store at {source}: name the database file of a hub "
@@ -40,25 +47,55 @@ def backup(source: Path, dest: Path) -> int:
     if head != _SQLITE_HEADER:
         raise StoreError(f"{source} is not a SQLite database, not a backchannel store")
     if dest.exists() or dest.is_symlink():
-        raise StoreError(
-            f"{dest} exists; a backup never overwrites a file: name a new one (or remove "
-            "that one first)"
-        )
+        raise _exists(dest)
     try:
         private_dirs(dest.parent)
-        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     except OSError as exc:
         raise StoreError(f"cannot create the backup {dest}: {no_space(exc, dest)}") from exc
     try:
-        return _copy(source, dest)
-    except BaseException:
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(OSError):
-                os.unlink(f"{dest}{suffix}")
-        raise
+        copy = work / "copy.db"
+        os.close(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        version = _copy(source, copy, dest)
+        _publish(copy, dest)
+        return version
+    except OSError as exc:
+        raise StoreError(f"cannot create the backup {dest}: {no_space(exc, dest)}") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def _copy(source: Path, dest: Path) -> int:
+def _exists(dest: Path) -> StoreError:
+    return StoreError(
+        f"{dest} exists; a backup never overwrites a file: name a new one (or remove "
+        "that one first)"
+    )
+
+
+def _publish(copy: Path, dest: Path) -> None:
+    """Give the whole ``copy`` the name ``dest``, never replacing what is there (a file,
+    or a link someone put there while the copy was taken): a hard link, which fails
+    when the name is taken. Where the file system has none, ``dest`` is created
+    exclusively and the copy renamed over it (a rename replaces a link put there since,
+    and never writes through it)."""
+    try:
+        os.link(copy, dest, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise _exists(dest) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+    try:
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        raise _exists(dest) from None
+    os.replace(copy, dest)
+
+
+def _copy(source: Path, copy: Path, dest: Path) -> int:
+    """Copy ``source`` into the empty database ``copy`` (what becomes ``dest``, the name
+    errors give)."""
     src = sqlite3.connect(source, timeout=30.0)
     try:
         src.execute("PRAGMA busy_timeout = 30000")
@@ -71,7 +108,7 @@ def _copy(source: Path, dest: Path) -> int:
                 f"{source} is a SQLite database of something else (or an empty one), not "
                 "a backchannel store; nothing was copied"
             )
-        dst = sqlite3.connect(dest)
+        dst = sqlite3.connect(copy)
         try:
             # pages=-1: the whole database in one step, so in one read transaction of
             # the source (a backup in steps starts over when a hub commits between them)

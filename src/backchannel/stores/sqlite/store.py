@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -298,11 +299,12 @@ class SqliteStore(Store):
                 "new file, or the database file of a hub"
             )
         try:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                with contextlib.suppress(FileNotFoundError):
-                    companion = Path(f"{self.path}{suffix}")
-                    if stat.S_IMODE(companion.stat().st_mode) != 0o600:
-                        companion.chmod(0o600)
+            if stat.S_IMODE(self.path.stat().st_mode) != 0o600:
+                self.path.chmod(0o600)
+            # beside the file itself, where SQLite keeps them when the path is a link
+            real = os.path.realpath(self.path)
+            for suffix in ("-wal", "-shm", "-journal"):
+                _private_companion(Path(f"{real}{suffix}"), suffix)
         except OSError as exc:
             raise StoreError(
                 f"cannot make SQLite store {self.path} private: {exc}; check that it "
@@ -718,3 +720,31 @@ def _translate(
             return StoreError(schema_put_back(f"SQLite file {path}", version))
     way_out = _WAY_OUT.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF, "retry shortly")
     return StoreError(f"SQLite store {path} {what}: {exc}; nothing was stored; {way_out}")
+
+
+def _private_companion(path: Path, suffix: str) -> None:
+    """Narrow the store's ``suffix`` file at ``path`` (if there is one) to 0600, through
+    a descriptor opened without following a link: a link there (to a file of the user's
+    elsewhere) is refused, naming it, rather than its target narrowed and then written
+    to by SQLite."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        try:
+            target = f" (to {os.readlink(path)})"
+        except OSError:
+            target = ""
+        raise StoreError(
+            f"{path} is a symbolic link{target}: the store keeps its {suffix} file there "
+            "itself and never writes through a link; remove the link (with no hub running "
+            "on the store) and start again"
+        ) from None
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
