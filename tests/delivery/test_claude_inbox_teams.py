@@ -4,6 +4,7 @@ deleted across a restart of the hub, and two members never share one inbox file.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import stat
@@ -491,3 +492,60 @@ def test_hubs_of_one_store_share_its_mark_and_other_stores_do_not(tmp_path: Path
     assert mark(pg) == mark("postgresql://b@127.0.0.1:5433/team1?sslmode=disable")
     assert mark(pg) != mark("postgresql://a:***@127.0.0.1:5433/team2")
     assert mark("memory://") != mark("memory://"), "each memory store is its own"
+
+
+def _hub_of(store: Any) -> Any:
+    from backchannel.hub import Hub
+
+    return Hub(store, check_delivery=False)
+
+
+@pytest.mark.postgres
+async def test_one_database_reached_under_two_host_names_is_one_store(
+    tmp_path: Path, new_postgres_url: Any
+) -> None:
+    """Two hubs on one PostgreSQL database, one reaching it as ``127.0.0.1``, the other
+    as ``localhost``. The claims named the store by a hash of its host, port and
+    database, so the two took each other for hubs of two stores: while hub A served,
+    hub B's messages to the member were dead letters naming A, and B's bridge left the
+    member's file unread. The store's identity is now kept in the store itself: both
+    hubs see one store, B writes the file A claimed, and an entry a teammate wrote is
+    taken in once, whichever hub reads it."""
+    from backchannel.delivery.inbox_file import held_elsewhere, store_mark, write_claimed
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    assert "@127.0.0.1:" in url
+    other = url.replace("@127.0.0.1:", "@localhost:")
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    async with _hub_of(PostgresStore(url)) as a, _hub_of(PostgresStore(other)) as b:
+        await a.create_team("t", settings={"anchor_policy": "off"})
+        await a.add_member("t", "r", "claude-code", delivery=setting)
+        await a.add_member("t", "alice", "llm")
+        assert store_mark(a.store).key == store_mark(b.store).key
+        # hub A writes the member's inbox: its claim, and A serving from then on
+        writer = InboxWriter(root)
+        append = functools.partial(
+            writer.append, "t", "r", msg_id="by-a", from_="alice", text="[From alice] one"
+        )
+        await write_claimed(a, path, "t", "r", append)
+        assert held_elsewhere(path, store_mark(b.store)) is None
+        async with dispatching(b):  # hub B pushes the member now: the same store's
+            sent = await b.send("t", "alice", "r", "two", link=False)
+            await wait_state(b, "t", sent.message_id, "acked")
+        assert [e["text"] for e in read_inbox(path)] == ["[From alice] one", "[From alice] two"]
+        writer.append("t", "r", msg_id="cc-1", from_="alice", text="by hand")
+        taken = []
+        for hub in (b, a):
+            bridge = InboxBridge(hub, root=root, watch=False)
+            await bridge.start()
+            try:
+                await bridge.scan()
+                taken.append(bridge.taken)
+            finally:
+                await bridge.stop()
+        # B takes in the two entries not its own (the one written by hand with write_claimed
+        # and the teammate's), A nothing more: one store, each entry once
+        assert taken == [2, 0]

@@ -51,14 +51,17 @@ the other's message is a dead letter as for any file another member holds.
 The state directory is the user's, shared by every hub they run, each with its store
 (two teams' SQLite files, a SQLite file and a PostgreSQL database), and two stores may
 have a team and a member of the same names delivered to one inbox file. So a claim also
-names the store it is made for (:class:`StoreMark`: a hash of where the store is) and
-the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
+names the store it is made for (:class:`StoreMark`: a hash of the identity the store
+keeps in itself, so one PostgreSQL database reached as ``localhost`` and as
+``127.0.0.1`` is one store) and the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
 ``claude-inboxes/`` from its first claim until its dispatcher stops (or its store is
 collected, or its process ends). A claim of another store whose hub is
 serving (its presence file is locked) is never taken over: the message is a dead letter
 naming that hub. One whose hub has stopped is taken over, under the claim's lock. A
 claim written before claims named their store is read as before, and made the store's
-of the first hub of its member to write.
+of the first hub of its member to write; one that names the store by where it is (as
+claims did before stores kept an identity) is this store's, and made to name its
+identity at the next write.
 """
 
 from __future__ import annotations
@@ -181,12 +184,20 @@ def _claim_of(path: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class StoreMark:
-    """The store a claim is made for: ``key``, a hash of where the store is (its SQLite
-    file's real path, its PostgreSQL URL without the password, a memory store's own
-    token), and ``hub``, how the hub is named to a user whose write the claim refuses."""
+    """The store a claim is made for: ``key``, a hash of the store's identity
+    (:attr:`~backchannel.stores.base.Store.identity`, kept in the store, the same for
+    every hub however it reaches the store), ``hub``, how the hub is named to a user
+    whose write the claim refuses, and ``legacy``, the keys claims named this store by
+    before stores kept an identity (a hash of where the store is: its SQLite file's real
+    path, its PostgreSQL host, port and database), still read as this store's."""
 
     key: str
     hub: str
+    legacy: frozenset[str] = frozenset()
+
+    def names(self, key: str) -> bool:
+        """Whether a claim naming the store ``key`` names this store."""
+        return key == self.key or key in self.legacy
 
 
 _marks: weakref.WeakKeyDictionary[Any, StoreMark] = weakref.WeakKeyDictionary()
@@ -212,12 +223,21 @@ def store_mark(store: Any) -> StoreMark:
         where = url
     else:  # a store only this object opens (memory)
         where = f"memory://{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(8)}"
-    key = hashlib.sha256(where.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    mark = StoreMark(key, f"the hub (process {os.getpid()} on {socket.gethostname()}) "
-                          f"of the store {where}")  # fmt: skip
+    located = _key(where)
+    identity = getattr(store, "identity", None)
+    hub = f"the hub (process {os.getpid()} on {socket.gethostname()}) of the store {where}"
+    if not (isinstance(identity, str) and identity):
+        # a store that keeps no identity (or is not open yet, so not remembered): named
+        # by where it is, as claims were before stores kept one
+        return StoreMark(located, hub)
+    mark = StoreMark(_key(f"identity:{identity}"), hub, frozenset({located}))
     with contextlib.suppress(TypeError):
         _marks[store] = mark
     return mark
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _database(url: str) -> str:
@@ -326,7 +346,7 @@ def held_elsewhere(path: Path, mark: StoreMark) -> str | None:
     ``None`` (no claim, this store's, one made before claims named their store, or its
     hub has stopped)."""
     held = _read_store(_claim_of(path))
-    if held is None or held[0] == mark.key or not _serving(held[0]):
+    if held is None or mark.names(held[0]) or not _serving(held[0]):
         return None
     return held[1]
 
@@ -376,15 +396,16 @@ def claim_inbox(
         if mark is None or owner is None:
             return None if owner == (team, member) else owner
         held = _read_store(claim)
-        if held is not None and held[0] != mark.key:
+        if held is not None and not mark.names(held[0]):
             if _serving(held[0]):
                 raise InboxHeldElsewhere(_held_elsewhere_reason(path, held[1]))
             # its hub stopped: taken over, if still that claim
             _swap(claim, functools.partial(_claim_store_is, claim, held), body)
             continue
-        if held is None and owner == (team, member):
-            # made before claims named their store: this store's from now on
-            _swap(claim, functools.partial(_claim_store_is, claim, None), body)
+        if (held is None or held[0] != mark.key) and owner == (team, member):
+            # made before claims named their store, or named it by where it is: this
+            # store's, by its identity, from now on
+            _swap(claim, functools.partial(_claim_store_is, claim, held), body)
             continue
         return None if owner == (team, member) else owner
     raise InboxWriteError(f"cannot claim it for {member!r}: its claim kept changing hands")
@@ -403,7 +424,7 @@ def take_inbox(
 
     def still() -> bool:
         store = _read_store(claim)
-        mine = store is None or mark is None or store[0] == mark.key
+        mine = store is None or mark is None or mark.names(store[0])
         return mine and _read_claim(claim) == holder
 
     if _swap(claim, still, _claim_body(path, team, member, mark)):
