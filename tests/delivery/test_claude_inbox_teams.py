@@ -549,3 +549,50 @@ async def test_one_database_reached_under_two_host_names_is_one_store(
         # B takes in the two entries not its own (the one written by hand with write_claimed
         # and the teammate's), A nothing more: one store, each entry once
         assert taken == [2, 0]
+
+
+async def _bridge_takes(hub: Any, root: Path) -> int:
+    """How many hub messages a new bridge of ``hub`` makes reading every file once."""
+    bridge = InboxBridge(hub, root=root, watch=False)
+    await bridge.start()
+    try:
+        await bridge.scan()
+        return bridge.taken
+    finally:
+        await bridge.stop()
+
+
+async def test_files_no_member_reads_are_read_by_one_serving_hub_and_taken_over_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two hubs on two stores, one state directory, a team and members of the same
+    names, one Claude Code team directory. The files no member reads itself (the
+    human's ``user.json``, a lead's inbox) were read by both hubs' bridges: what the
+    teammate wrote to the user became a message in both stores (two leads would each be
+    handed it). They are now one serving hub's, claimed for the team directory as an
+    inbox file is for its member; the other leaves them and says so. When that hub
+    stops, the other takes the files over, and with them only what was written after:
+    the entries the first hub took in (the member's file's too) are not taken in again,
+    nor after a restart."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub in (a, b):
+            await hub.add_member("t", "r", "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a):
+            sent = await a.send("t", "alice", "r", "for a's r", link=False)
+            await wait_state(a, "t", sent.message_id, "acked")  # a holds r.json
+            writer.append("t", "user", msg_id="cc-1", from_="r", text="done")
+            writer.append("t", "r", msg_id="cc-2", from_="alice", text="by hand")
+            assert await _bridge_takes(a, root) == 2
+            with caplog.at_level("WARNING", "backchannel.delivery.inbox_watch"):
+                assert await _bridge_takes(b, root) == 0, "user.json is hub a's to read"
+            assert "another hub" in caplog.text and "user.json" in caplog.text
+        # hub a stopped serving: b takes the files over, and only what came after
+        writer.append("t", "user", msg_id="cc-3", from_="r", text="after")
+        assert await _bridge_takes(b, root) == 1
+        assert await _bridge_takes(b, root) == 0, "nor again after a restart"
+        got = await b.receive("t", "user", limit=10)
+        assert [d.message.text for d in got] == ["after"]

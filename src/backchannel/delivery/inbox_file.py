@@ -78,7 +78,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -110,10 +110,13 @@ __all__ = [
     "InboxFileAdapter",
     "StoreMark",
     "claim_inbox",
+    "claim_team_files",
     "delivered_to",
     "held_elsewhere",
     "inbox_clash",
     "inbox_of",
+    "note_read",
+    "read_by",
     "release_presence",
     "store_mark",
     "take_inbox",
@@ -349,6 +352,60 @@ def held_elsewhere(path: Path, mark: StoreMark) -> str | None:
     if held is None or mark.names(held[0]) or not _serving(held[0]):
         return None
     return held[1]
+
+
+def _team_claim_of(inboxes: Path) -> Path:
+    return state_mark(_claims(), "unclaimed-files:" + _same_file_key(Path(inboxes) / "x.json"))
+
+
+def claim_team_files(inboxes: Path, store: Any) -> str | None:
+    """Claim for ``store`` the files of the Claude Code ``inboxes`` directory that no
+    member reads itself (``user.json``, a lead's inbox): their entries are taken in by
+    one store's hubs only, never by hubs of two stores sharing the directory. ``None``
+    once the claim is this store's (made now, taken over from another store whose hub
+    has stopped, or this store's before); else the serving hub of another store that
+    holds it. As for an inbox file's claim (:func:`claim_inbox`): a file 0600 in
+    ``claude-inboxes/``, a check and a swap under its lock, and this hub present
+    (serving) from its first claim."""
+    mark = store_mark(store)
+    _be_present(store, mark)
+    claim = _team_claim_of(inboxes)
+    body = json.dumps({"path": str(inboxes), "store": mark.key, "hub": mark.hub})
+    for _ in range(3):  # a claim that changes hands between looks: looked at again
+        held = _read_store(claim)
+        if held is not None and held[0] == mark.key:
+            return None
+        if held is not None and not mark.names(held[0]) and _serving(held[0]):
+            return held[1]
+        # none yet, this store's by its old key, or its hub stopped: this store's now
+        if _swap(claim, functools.partial(_claim_store_is, claim, held), body):
+            return None
+    raise InboxWriteError(f"cannot claim the files of {inboxes}: its claim kept changing hands")
+
+
+def _read_note_of(path: Path) -> Path:
+    return state_mark(_claims(), "read:" + _same_file_key(path))
+
+
+def read_by(path: Path) -> tuple[str, frozenset[str]] | None:
+    """The store whose hubs read the inbox file ``path`` last, and the ids of the entries
+    they had taken in then (:func:`note_read`); ``None`` when none is noted (or the note
+    is unreadable)."""
+    try:
+        note = json.loads(_read_note_of(path).read_text(encoding="utf-8"))
+        store, ids = note["store"], note["ids"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(store, str) or not isinstance(ids, list):
+        return None
+    return store, frozenset(i for i in ids if isinstance(i, str))
+
+
+def note_read(path: Path, mark: StoreMark, ids: Collection[str]) -> None:
+    """Note that the hubs of the store ``mark`` have taken in the entries ``ids`` of the
+    inbox file ``path`` (a file 0600 in ``claude-inboxes/``, written whole): a hub of
+    another store that takes the file over later leaves them (:func:`read_by`)."""
+    write_mark(_read_note_of(path), json.dumps({"store": mark.key, "ids": sorted(ids)}))
 
 
 def _claim_store_is(claim: Path, held: tuple[str, str] | None) -> bool:

@@ -27,6 +27,14 @@ necessarily written by the user's agents. It is said once, and read once it is f
 A file whose claim (:func:`~backchannel.delivery.inbox_file.claim_inbox`) a serving hub
 of another store holds is not read: the agent reading it is that hub's member, and its
 entries are that hub's to take in (see :func:`~backchannel.delivery.inbox_file.held_elsewhere`).
+The files of a directory that no member reads itself (``user.json``, a lead's) are
+claimed for the store as a whole (:func:`~backchannel.delivery.inbox_file.claim_team_files`):
+while a serving hub of another store holds them, they are left to it, and said so once.
+A file taken over from another store's hubs (theirs stopped) brings in only what they
+had not taken in: each read notes, beside the claims, the ids its store took in
+(:func:`~backchannel.delivery.inbox_file.note_read`), and a hub of another store records
+those as skipped (:meth:`~backchannel.hub.Hub.skip_inbox_entries`) rather than taking
+them in a second time.
 
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
@@ -65,8 +73,11 @@ from backchannel.delivery.claude_inbox import (
     unsafe_dirs,
 )
 from backchannel.delivery.inbox_file import (
+    claim_team_files,
     delivered_to,
     held_elsewhere,
+    note_read,
+    read_by,
     store_mark,
     write_claimed,
 )
@@ -86,6 +97,8 @@ _MOVED = (
     "its member's delivery setting names another inbox now, so nobody reads this file for "
     "it; send the message again"
 )
+#: Why entries another store's hubs took in are not taken in by this one's.
+_THEIRS = "the hubs of another store took them in while that store's claim on the file held"
 #: Cursor records of entries gone from their file are dropped after this long.
 FORGET_AFTER_S = 7 * 24 * 3600.0
 
@@ -285,6 +298,21 @@ class InboxBridge:
                                 "whose agent reads it; give member %r of team %r an "
                                 "'inbox' of its own", path, other, owner.member, owner.team)  # fmt: skip
                 return None
+        else:  # a file no member reads itself: read by one store's hubs, the serving one's
+            try:
+                other = await asyncio.to_thread(claim_team_files, d.path, self.hub.store)
+            except OSError as exc:  # the hub's own state directory: looked at again
+                log.warning("not reading inbox %s for now: cannot claim it: %s", path, exc)
+                return None
+            if other is not None:
+                if (path, other) not in self._elsewhere:
+                    self._elsewhere.add((path, other))
+                    log.warning("not reading inbox %s: the files of %s that no member reads "
+                                "itself are read by another hub, %s, which is serving; give "
+                                "team %r's inbox-file members a Claude Code 'team' of their "
+                                "own, or stop the other hub (its claim is then taken over)",
+                                path, d.path, other, owner.team)  # fmt: skip
+                return None
         stamp = await asyncio.to_thread(file_stamp, path)  # before the read: see file_stamp
         if stamp is not None and d.stamps.get(name) == stamp:
             return None  # unchanged since it was read and settled: nothing new in it
@@ -301,6 +329,20 @@ class InboxBridge:
                 d.stamps[name] = stamp
             return None
         key = f"{d.claude_team}/{name}"
+        mark = store_mark(self.hub.store)
+        prior = await asyncio.to_thread(read_by, path)
+        if prior is not None and not mark.names(prior[0]):
+            # the file was another store's (its claim taken over since): what that
+            # store's hubs took in is theirs, never taken in here as well
+            theirs = [e for e in new if e["msg_id"] in prior[1]]
+            if theirs:
+                try:
+                    await self.hub.skip_inbox_entries(owner.team, key, theirs, _THEIRS)
+                except BackchannelError as exc:
+                    log.warning("inbox %s: could not take it over: %s", path, exc.message)
+                    return None
+                seen.update(e["msg_id"] for e in theirs)
+                new = [e for e in new if e["msg_id"] not in prior[1]]
         try:
             result = await self.hub.take_inbox_entries(
                 owner.team, key, owner.member, new, owner_reads_file=owner.reads_file
@@ -326,6 +368,10 @@ class InboxBridge:
                     own.setdefault(eid, _Own(entries[i], _unread_chat_before(entries, i)))
         present = [e["msg_id"] for e in entries]
         seen.intersection_update(present)
+        try:  # for a hub of another store that takes the file over later
+            await asyncio.to_thread(note_read, path, mark, seen)
+        except OSError as exc:
+            log.warning("inbox %s: cannot note what was taken in: %s", path, exc)
         now = time.monotonic()
         if now - d.forgot_at.get(name, 0.0) > 3600:
             d.forgot_at[name] = now
