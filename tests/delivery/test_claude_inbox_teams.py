@@ -596,3 +596,33 @@ async def test_files_no_member_reads_are_read_by_one_serving_hub_and_taken_over_
         assert await _bridge_takes(b, root) == 0, "nor again after a restart"
         got = await b.receive("t", "user", limit=10)
         assert [d.message.text for d in got] == ["after"]
+
+
+async def test_a_member_file_taken_over_from_another_store_brings_in_only_what_is_new(
+    tmp_path: Path,
+) -> None:
+    """Hub A (one store) pushes to its member's inbox file and its bridge takes in what
+    a teammate wrote there. A stops; hub B (another store, a member of the same names)
+    takes the claim over and writes. B's bridge read the file whole: A's message and
+    the teammate's entry A had taken in became messages of B's store too (its record,
+    its pair budgets). Now only what was written after A's last read comes in."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub in (a, b):
+            await hub.add_member("t", "r", "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a):
+            sent = await a.send("t", "alice", "r", "for a's r", link=False)
+            await wait_state(a, "t", sent.message_id, "acked")
+            writer.append("t", "r", msg_id="cc-1", from_="alice", text="by hand, for a")
+            assert await _bridge_takes(a, root) == 1
+        async with dispatching(b):  # a stopped: b takes the claim over
+            later = await b.send("t", "alice", "r", "for b's r", link=False)
+            await wait_state(b, "t", later.message_id, "acked")
+        writer.append("t", "r", msg_id="cc-2", from_="alice", text="by hand, for b")
+        assert len(read_inbox(path)) == 4
+        assert await _bridge_takes(b, root) == 1, "only the entry written after a's read"
+        assert await _bridge_takes(b, root) == 0
