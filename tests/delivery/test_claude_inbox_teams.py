@@ -626,3 +626,32 @@ async def test_a_member_file_taken_over_from_another_store_brings_in_only_what_i
         assert len(read_inbox(path)) == 4
         assert await _bridge_takes(b, root) == 1, "only the entry written after a's read"
         assert await _bridge_takes(b, root) == 0
+
+
+async def test_an_entry_in_a_file_no_member_reads_goes_to_the_store_of_its_writer(
+    tmp_path: Path,
+) -> None:
+    """One Claude Code team whose teammates are members of two stores' teams (``r`` of
+    hub A's, ``r2`` of hub B's; each hub pushes to its own member's inbox file). Hub A
+    reads the files no member reads itself; what ``r2`` writes to ``user.json`` is B's
+    all the same: its inbox file is claimed by B, so its agent is B's member. B takes it
+    in, A leaves it; what ``r`` writes is A's alone."""
+    root = tmp_path / "teams"
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub, member in ((a, "r"), (b, "r2")):
+            setting = {"type": "inbox-file", "root": str(root)}
+            await hub.add_member("t", member, "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a), dispatching(b):
+            for hub, member in ((a, "r"), (b, "r2")):
+                sent = await hub.send("t", "alice", member, f"for {member}", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+            assert await _bridge_takes(a, root) == 0  # a reads user.json from now on
+            writer.append("t", "user", msg_id="cc-1", from_="r2", text="from b's agent")
+            writer.append("t", "user", msg_id="cc-2", from_="r", text="from a's agent")
+            assert await _bridge_takes(b, root) == 1
+            assert await _bridge_takes(a, root) == 1
+            got = {h: await h.receive("t", "user", limit=10) for h in (a, b)}
+        assert [d.message.text for d in got[a]] == ["from a's agent"]
+        assert [d.message.text for d in got[b]] == ["from b's agent"]

@@ -99,6 +99,7 @@ from backchannel.delivery.claude_inbox import (
     InboxWriteError,
     InboxWriter,
     default_root,
+    inbox_dir_name,
     inbox_path,
     name_problem,
 )
@@ -116,11 +117,12 @@ __all__ = [
     "inbox_clash",
     "inbox_of",
     "note_read",
-    "read_by",
     "release_presence",
     "store_mark",
     "take_inbox",
+    "taken_elsewhere",
     "write_claimed",
+    "writer_is_ours",
 ]
 
 T = TypeVar("T")
@@ -387,45 +389,91 @@ def _read_note_of(path: Path) -> Path:
     return state_mark(_claims(), "read:" + _same_file_key(path))
 
 
-def read_by(path: Path) -> tuple[str, frozenset[str]] | None:
-    """The store whose hubs read the inbox file ``path`` last, and the ids of the entries
-    they had taken in then (:func:`note_read`); ``None`` when none is noted (or the note
-    is unreadable)."""
+def _read_note(note: Path) -> dict[str, list[str]]:
     try:
-        note = json.loads(_read_note_of(path).read_text(encoding="utf-8"))
-        store, ids = note["store"], note["ids"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(store, str) or not isinstance(ids, list):
-        return None
-    return store, frozenset(i for i in ids if isinstance(i, str))
+        value = json.loads(note.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {
+        k: [i for i in v if isinstance(i, str)]
+        for k, v in value.items()
+        if isinstance(k, str) and isinstance(v, list)
+    }
 
 
-def note_read(path: Path, mark: StoreMark, ids: Collection[str]) -> None:
+def taken_elsewhere(path: Path, mark: StoreMark) -> frozenset[str]:
+    """The ids of the entries of the inbox file ``path`` that the hubs of stores other
+    than ``mark``'s have taken in (:func:`note_read`): theirs, never to be taken in by
+    this store's as well (a file taken over from a stopped hub, the entries of another
+    store's members)."""
+    note = _read_note(_read_note_of(path))
+    return frozenset(i for key, ids in note.items() if not mark.names(key) for i in ids)
+
+
+def note_read(path: Path, mark: StoreMark, ids: Collection[str], present: Collection[str]) -> None:
     """Note that the hubs of the store ``mark`` have taken in the entries ``ids`` of the
-    inbox file ``path`` (a file 0600 in ``claude-inboxes/``, written whole): a hub of
-    another store that takes the file over later leaves them (:func:`read_by`)."""
-    write_mark(_read_note_of(path), json.dumps({"store": mark.key, "ids": sorted(ids)}))
+    inbox file ``path``, which holds ``present`` now: one note per file in
+    ``claude-inboxes/`` (0600, rewritten whole under its lock), one list of ids per
+    store, each cut to the entries still in the file."""
+    note = _read_note_of(path)
+    keep = frozenset(present)
+
+    def update() -> bool:
+        held = _read_note(note)
+        held[mark.key] = sorted(ids)
+        body = {
+            k: [i for i in v if i in keep]
+            for k, v in held.items()
+            if k == mark.key or not mark.names(k)
+        }
+        write_mark(note, json.dumps({k: v for k, v in body.items() if v}))
+        return True
+
+    _locked(note, update)
+
+
+def writer_is_ours(inboxes: Path, sender: str, mark: StoreMark) -> bool | None:
+    """Whose agent ``sender`` (the ``from`` of an entry in the Claude Code ``inboxes``
+    directory) is, by the claim of its own inbox file there: ``True`` a member of the
+    store ``mark``, ``False`` a member of another store whose hub is serving, ``None``
+    not known (its file has no claim naming a store, or that store's hub stopped)."""
+    held = _read_store(_claim_of(Path(inboxes) / f"{inbox_dir_name(sender)}.json"))
+    if held is None:
+        return None
+    if mark.names(held[0]):
+        return True
+    return False if _serving(held[0]) else None
 
 
 def _claim_store_is(claim: Path, held: tuple[str, str] | None) -> bool:
     return _read_store(claim) == held
 
 
+def _locked(mark: Path, step: Callable[[], bool]) -> bool:
+    """``step()`` under a ``flock`` of ``mark``'s lock file (0600, beside it)."""
+    private_dirs(mark.parent)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(mark.with_name(mark.name + ".lock"), flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return step()
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def _swap(claim: Path, ok: Callable[[], bool], body: str) -> bool:
     """Replace ``claim`` with ``body`` if ``ok()``: the check and the replacement one
     step under a ``flock`` of the claim's lock file."""
-    private_dirs(claim.parent)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(claim.with_name(claim.name + ".lock"), flags, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def step() -> bool:
         if ok():
             write_mark(claim, body)
             return True
-    finally:
-        os.close(fd)  # releases the flock
-    return False
+        return False
+
+    return _locked(claim, step)
 
 
 def claim_inbox(
