@@ -499,6 +499,8 @@ async def test_a_timer_cancelled_as_it_fires_on_another_hub_fires_once_or_not_at
 
 _TO_SCHEMA_10 = {
     "sqlite": [
+        "DROP TABLE store_identity",  # schema 25
+        "DELETE FROM schema_migrations WHERE version = 25",
         "DROP INDEX jobs_timers_member_pending",  # schema 24
         "DELETE FROM schema_migrations WHERE version = 24",
         "DROP INDEX budgets_recent",  # schema 23
@@ -543,6 +545,8 @@ _TO_SCHEMA_10 = {
         "DELETE FROM schema_migrations WHERE version = 11",
     ],
     "postgres": [
+        "DROP TABLE store_identity",  # schema 25
+        "DELETE FROM schema_migrations WHERE version = 25",
         "DROP INDEX jobs_timers_member_pending",  # schema 24
         "DELETE FROM schema_migrations WHERE version = 24",
         "DROP INDEX budgets_recent",  # schema 23

@@ -4,6 +4,7 @@ deleted across a restart of the hub, and two members never share one inbox file.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
 import stat
@@ -491,3 +492,166 @@ def test_hubs_of_one_store_share_its_mark_and_other_stores_do_not(tmp_path: Path
     assert mark(pg) == mark("postgresql://b@127.0.0.1:5433/team1?sslmode=disable")
     assert mark(pg) != mark("postgresql://a:***@127.0.0.1:5433/team2")
     assert mark("memory://") != mark("memory://"), "each memory store is its own"
+
+
+def _hub_of(store: Any) -> Any:
+    from backchannel.hub import Hub
+
+    return Hub(store, check_delivery=False)
+
+
+@pytest.mark.postgres
+async def test_one_database_reached_under_two_host_names_is_one_store(
+    tmp_path: Path, new_postgres_url: Any
+) -> None:
+    """Two hubs on one PostgreSQL database, one reaching it as ``127.0.0.1``, the other
+    as ``localhost``. The claims named the store by a hash of its host, port and
+    database, so the two took each other for hubs of two stores: while hub A served,
+    hub B's messages to the member were dead letters naming A, and B's bridge left the
+    member's file unread. The store's identity is now kept in the store itself: both
+    hubs see one store, B writes the file A claimed, and an entry a teammate wrote is
+    taken in once, whichever hub reads it."""
+    from backchannel.delivery.inbox_file import held_elsewhere, store_mark, write_claimed
+    from backchannel.stores.postgres import PostgresStore
+
+    url = new_postgres_url()
+    assert "@127.0.0.1:" in url
+    other = url.replace("@127.0.0.1:", "@localhost:")
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    async with _hub_of(PostgresStore(url)) as a, _hub_of(PostgresStore(other)) as b:
+        await a.create_team("t", settings={"anchor_policy": "off"})
+        await a.add_member("t", "r", "claude-code", delivery=setting)
+        await a.add_member("t", "alice", "llm")
+        assert store_mark(a.store).key == store_mark(b.store).key
+        # hub A writes the member's inbox: its claim, and A serving from then on
+        writer = InboxWriter(root)
+        append = functools.partial(
+            writer.append, "t", "r", msg_id="by-a", from_="alice", text="[From alice] one"
+        )
+        await write_claimed(a, path, "t", "r", append)
+        assert held_elsewhere(path, store_mark(b.store)) is None
+        async with dispatching(b):  # hub B pushes the member now: the same store's
+            sent = await b.send("t", "alice", "r", "two", link=False)
+            await wait_state(b, "t", sent.message_id, "acked")
+        assert [e["text"] for e in read_inbox(path)] == ["[From alice] one", "[From alice] two"]
+        writer.append("t", "r", msg_id="cc-1", from_="alice", text="by hand")
+        taken = []
+        for hub in (b, a):
+            bridge = InboxBridge(hub, root=root, watch=False)
+            await bridge.start()
+            try:
+                await bridge.scan()
+                taken.append(bridge.taken)
+            finally:
+                await bridge.stop()
+        # B takes in the two entries not its own (the one written by hand with write_claimed
+        # and the teammate's), A nothing more: one store, each entry once
+        assert taken == [2, 0]
+
+
+async def _bridge_takes(hub: Any, root: Path) -> int:
+    """How many hub messages a new bridge of ``hub`` makes reading every file once."""
+    bridge = InboxBridge(hub, root=root, watch=False)
+    await bridge.start()
+    try:
+        await bridge.scan()
+        return bridge.taken
+    finally:
+        await bridge.stop()
+
+
+async def test_files_no_member_reads_are_read_by_one_serving_hub_and_taken_over_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two hubs on two stores, one state directory, a team and members of the same
+    names, one Claude Code team directory. The files no member reads itself (the
+    human's ``user.json``, a lead's inbox) were read by both hubs' bridges: what the
+    teammate wrote to the user became a message in both stores (two leads would each be
+    handed it). They are now one serving hub's, claimed for the team directory as an
+    inbox file is for its member; the other leaves them and says so. When that hub
+    stops, the other takes the files over, and with them only what was written after:
+    the entries the first hub took in (the member's file's too) are not taken in again,
+    nor after a restart."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub in (a, b):
+            await hub.add_member("t", "r", "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a):
+            sent = await a.send("t", "alice", "r", "for a's r", link=False)
+            await wait_state(a, "t", sent.message_id, "acked")  # a holds r.json
+            writer.append("t", "user", msg_id="cc-1", from_="r", text="done")
+            writer.append("t", "r", msg_id="cc-2", from_="alice", text="by hand")
+            assert await _bridge_takes(a, root) == 2
+            with caplog.at_level("WARNING", "backchannel.delivery.inbox_watch"):
+                assert await _bridge_takes(b, root) == 0, "user.json is hub a's to read"
+            assert "another hub" in caplog.text and "user.json" in caplog.text
+        # hub a stopped serving: b takes the files over, and only what came after
+        writer.append("t", "user", msg_id="cc-3", from_="r", text="after")
+        assert await _bridge_takes(b, root) == 1
+        assert await _bridge_takes(b, root) == 0, "nor again after a restart"
+        got = await b.receive("t", "user", limit=10)
+        assert [d.message.text for d in got] == ["after"]
+
+
+async def test_a_member_file_taken_over_from_another_store_brings_in_only_what_is_new(
+    tmp_path: Path,
+) -> None:
+    """Hub A (one store) pushes to its member's inbox file and its bridge takes in what
+    a teammate wrote there. A stops; hub B (another store, a member of the same names)
+    takes the claim over and writes. B's bridge read the file whole: A's message and
+    the teammate's entry A had taken in became messages of B's store too (its record,
+    its pair budgets). Now only what was written after A's last read comes in."""
+    root = tmp_path / "teams"
+    setting = {"type": "inbox-file", "root": str(root)}
+    path = root / "t" / "inboxes" / "r.json"
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub in (a, b):
+            await hub.add_member("t", "r", "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a):
+            sent = await a.send("t", "alice", "r", "for a's r", link=False)
+            await wait_state(a, "t", sent.message_id, "acked")
+            writer.append("t", "r", msg_id="cc-1", from_="alice", text="by hand, for a")
+            assert await _bridge_takes(a, root) == 1
+        async with dispatching(b):  # a stopped: b takes the claim over
+            later = await b.send("t", "alice", "r", "for b's r", link=False)
+            await wait_state(b, "t", later.message_id, "acked")
+        writer.append("t", "r", msg_id="cc-2", from_="alice", text="by hand, for b")
+        assert len(read_inbox(path)) == 4
+        assert await _bridge_takes(b, root) == 1, "only the entry written after a's read"
+        assert await _bridge_takes(b, root) == 0
+
+
+async def test_an_entry_in_a_file_no_member_reads_goes_to_the_store_of_its_writer(
+    tmp_path: Path,
+) -> None:
+    """One Claude Code team whose teammates are members of two stores' teams (``r`` of
+    hub A's, ``r2`` of hub B's; each hub pushes to its own member's inbox file). Hub A
+    reads the files no member reads itself; what ``r2`` writes to ``user.json`` is B's
+    all the same: its inbox file is claimed by B, so its agent is B's member. B takes it
+    in, A leaves it; what ``r`` writes is A's alone."""
+    root = tmp_path / "teams"
+    writer = InboxWriter(root)
+    async with running_hub() as a, running_hub() as b:
+        for hub, member in ((a, "r"), (b, "r2")):
+            setting = {"type": "inbox-file", "root": str(root)}
+            await hub.add_member("t", member, "claude-code", delivery=setting)
+            await hub.add_member("t", "alice", "llm")
+        async with dispatching(a), dispatching(b):
+            for hub, member in ((a, "r"), (b, "r2")):
+                sent = await hub.send("t", "alice", member, f"for {member}", link=False)
+                await wait_state(hub, "t", sent.message_id, "acked")
+            assert await _bridge_takes(a, root) == 0  # a reads user.json from now on
+            writer.append("t", "user", msg_id="cc-1", from_="r2", text="from b's agent")
+            writer.append("t", "user", msg_id="cc-2", from_="r", text="from a's agent")
+            assert await _bridge_takes(b, root) == 1
+            assert await _bridge_takes(a, root) == 1
+            got = {h: await h.receive("t", "user", limit=10) for h in (a, b)}
+        assert [d.message.text for d in got[a]] == ["from a's agent"]
+        assert [d.message.text for d in got[b]] == ["from b's agent"]

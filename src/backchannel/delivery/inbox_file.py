@@ -51,14 +51,17 @@ the other's message is a dead letter as for any file another member holds.
 The state directory is the user's, shared by every hub they run, each with its store
 (two teams' SQLite files, a SQLite file and a PostgreSQL database), and two stores may
 have a team and a member of the same names delivered to one inbox file. So a claim also
-names the store it is made for (:class:`StoreMark`: a hash of where the store is) and
-the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
+names the store it is made for (:class:`StoreMark`: a hash of the identity the store
+keeps in itself, so one PostgreSQL database reached as ``localhost`` and as
+``127.0.0.1`` is one store) and the hub that made it; a hub holds a shared ``flock`` on its store's presence file in
 ``claude-inboxes/`` from its first claim until its dispatcher stops (or its store is
 collected, or its process ends). A claim of another store whose hub is
 serving (its presence file is locked) is never taken over: the message is a dead letter
 naming that hub. One whose hub has stopped is taken over, under the claim's lock. A
 claim written before claims named their store is read as before, and made the store's
-of the first hub of its member to write.
+of the first hub of its member to write; one that names the store by where it is (as
+claims did before stores kept an identity) is this store's, and made to name its
+identity at the next write.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,6 +99,7 @@ from backchannel.delivery.claude_inbox import (
     InboxWriteError,
     InboxWriter,
     default_root,
+    inbox_dir_name,
     inbox_path,
     name_problem,
 )
@@ -107,14 +111,18 @@ __all__ = [
     "InboxFileAdapter",
     "StoreMark",
     "claim_inbox",
+    "claim_team_files",
     "delivered_to",
     "held_elsewhere",
     "inbox_clash",
     "inbox_of",
+    "note_read",
     "release_presence",
     "store_mark",
     "take_inbox",
+    "taken_elsewhere",
     "write_claimed",
+    "writer_is_ours",
 ]
 
 T = TypeVar("T")
@@ -181,12 +189,20 @@ def _claim_of(path: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class StoreMark:
-    """The store a claim is made for: ``key``, a hash of where the store is (its SQLite
-    file's real path, its PostgreSQL URL without the password, a memory store's own
-    token), and ``hub``, how the hub is named to a user whose write the claim refuses."""
+    """The store a claim is made for: ``key``, a hash of the store's identity
+    (:attr:`~backchannel.stores.base.Store.identity`, kept in the store, the same for
+    every hub however it reaches the store), ``hub``, how the hub is named to a user
+    whose write the claim refuses, and ``legacy``, the keys claims named this store by
+    before stores kept an identity (a hash of where the store is: its SQLite file's real
+    path, its PostgreSQL host, port and database), still read as this store's."""
 
     key: str
     hub: str
+    legacy: frozenset[str] = frozenset()
+
+    def names(self, key: str) -> bool:
+        """Whether a claim naming the store ``key`` names this store."""
+        return key == self.key or key in self.legacy
 
 
 _marks: weakref.WeakKeyDictionary[Any, StoreMark] = weakref.WeakKeyDictionary()
@@ -212,12 +228,21 @@ def store_mark(store: Any) -> StoreMark:
         where = url
     else:  # a store only this object opens (memory)
         where = f"memory://{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(8)}"
-    key = hashlib.sha256(where.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    mark = StoreMark(key, f"the hub (process {os.getpid()} on {socket.gethostname()}) "
-                          f"of the store {where}")  # fmt: skip
+    located = _key(where)
+    identity = getattr(store, "identity", None)
+    hub = f"the hub (process {os.getpid()} on {socket.gethostname()}) of the store {where}"
+    if not (isinstance(identity, str) and identity):
+        # a store that keeps no identity (or is not open yet, so not remembered): named
+        # by where it is, as claims were before stores kept one
+        return StoreMark(located, hub)
+    mark = StoreMark(_key(f"identity:{identity}"), hub, frozenset({located}))
     with contextlib.suppress(TypeError):
         _marks[store] = mark
     return mark
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _database(url: str) -> str:
@@ -326,29 +351,129 @@ def held_elsewhere(path: Path, mark: StoreMark) -> str | None:
     ``None`` (no claim, this store's, one made before claims named their store, or its
     hub has stopped)."""
     held = _read_store(_claim_of(path))
-    if held is None or held[0] == mark.key or not _serving(held[0]):
+    if held is None or mark.names(held[0]) or not _serving(held[0]):
         return None
     return held[1]
+
+
+def _team_claim_of(inboxes: Path) -> Path:
+    return state_mark(_claims(), "unclaimed-files:" + _same_file_key(Path(inboxes) / "x.json"))
+
+
+def claim_team_files(inboxes: Path, store: Any) -> str | None:
+    """Claim for ``store`` the files of the Claude Code ``inboxes`` directory that no
+    member reads itself (``user.json``, a lead's inbox): their entries are taken in by
+    one store's hubs only, never by hubs of two stores sharing the directory. ``None``
+    once the claim is this store's (made now, taken over from another store whose hub
+    has stopped, or this store's before); else the serving hub of another store that
+    holds it. As for an inbox file's claim (:func:`claim_inbox`): a file 0600 in
+    ``claude-inboxes/``, a check and a swap under its lock, and this hub present
+    (serving) from its first claim."""
+    mark = store_mark(store)
+    _be_present(store, mark)
+    claim = _team_claim_of(inboxes)
+    body = json.dumps({"path": str(inboxes), "store": mark.key, "hub": mark.hub})
+    for _ in range(3):  # a claim that changes hands between looks: looked at again
+        held = _read_store(claim)
+        if held is not None and held[0] == mark.key:
+            return None
+        if held is not None and not mark.names(held[0]) and _serving(held[0]):
+            return held[1]
+        # none yet, this store's by its old key, or its hub stopped: this store's now
+        if _swap(claim, functools.partial(_claim_store_is, claim, held), body):
+            return None
+    raise InboxWriteError(f"cannot claim the files of {inboxes}: its claim kept changing hands")
+
+
+def _read_note_of(path: Path) -> Path:
+    return state_mark(_claims(), "read:" + _same_file_key(path))
+
+
+def _read_note(note: Path) -> dict[str, list[str]]:
+    try:
+        value = json.loads(note.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {
+        k: [i for i in v if isinstance(i, str)]
+        for k, v in value.items()
+        if isinstance(k, str) and isinstance(v, list)
+    }
+
+
+def taken_elsewhere(path: Path, mark: StoreMark) -> frozenset[str]:
+    """The ids of the entries of the inbox file ``path`` that the hubs of stores other
+    than ``mark``'s have taken in (:func:`note_read`): theirs, never to be taken in by
+    this store's as well (a file taken over from a stopped hub, the entries of another
+    store's members)."""
+    note = _read_note(_read_note_of(path))
+    return frozenset(i for key, ids in note.items() if not mark.names(key) for i in ids)
+
+
+def note_read(path: Path, mark: StoreMark, ids: Collection[str], present: Collection[str]) -> None:
+    """Note that the hubs of the store ``mark`` have taken in the entries ``ids`` of the
+    inbox file ``path``, which holds ``present`` now: one note per file in
+    ``claude-inboxes/`` (0600, rewritten whole under its lock), one list of ids per
+    store, each cut to the entries still in the file."""
+    note = _read_note_of(path)
+    keep = frozenset(present)
+
+    def update() -> bool:
+        held = _read_note(note)
+        held[mark.key] = sorted(ids)
+        body = {
+            k: [i for i in v if i in keep]
+            for k, v in held.items()
+            if k == mark.key or not mark.names(k)
+        }
+        write_mark(note, json.dumps({k: v for k, v in body.items() if v}))
+        return True
+
+    _locked(note, update)
+
+
+def writer_is_ours(inboxes: Path, sender: str, mark: StoreMark) -> bool | None:
+    """Whose agent ``sender`` (the ``from`` of an entry in the Claude Code ``inboxes``
+    directory) is, by the claim of its own inbox file there: ``True`` a member of the
+    store ``mark``, ``False`` a member of another store whose hub is serving, ``None``
+    not known (its file has no claim naming a store, or that store's hub stopped)."""
+    held = _read_store(_claim_of(Path(inboxes) / f"{inbox_dir_name(sender)}.json"))
+    if held is None:
+        return None
+    if mark.names(held[0]):
+        return True
+    return False if _serving(held[0]) else None
 
 
 def _claim_store_is(claim: Path, held: tuple[str, str] | None) -> bool:
     return _read_store(claim) == held
 
 
+def _locked(mark: Path, step: Callable[[], bool]) -> bool:
+    """``step()`` under a ``flock`` of ``mark``'s lock file (0600, beside it)."""
+    private_dirs(mark.parent)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(mark.with_name(mark.name + ".lock"), flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return step()
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def _swap(claim: Path, ok: Callable[[], bool], body: str) -> bool:
     """Replace ``claim`` with ``body`` if ``ok()``: the check and the replacement one
     step under a ``flock`` of the claim's lock file."""
-    private_dirs(claim.parent)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(claim.with_name(claim.name + ".lock"), flags, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def step() -> bool:
         if ok():
             write_mark(claim, body)
             return True
-    finally:
-        os.close(fd)  # releases the flock
-    return False
+        return False
+
+    return _locked(claim, step)
 
 
 def claim_inbox(
@@ -376,15 +501,16 @@ def claim_inbox(
         if mark is None or owner is None:
             return None if owner == (team, member) else owner
         held = _read_store(claim)
-        if held is not None and held[0] != mark.key:
+        if held is not None and not mark.names(held[0]):
             if _serving(held[0]):
                 raise InboxHeldElsewhere(_held_elsewhere_reason(path, held[1]))
             # its hub stopped: taken over, if still that claim
             _swap(claim, functools.partial(_claim_store_is, claim, held), body)
             continue
-        if held is None and owner == (team, member):
-            # made before claims named their store: this store's from now on
-            _swap(claim, functools.partial(_claim_store_is, claim, None), body)
+        if (held is None or held[0] != mark.key) and owner == (team, member):
+            # made before claims named their store, or named it by where it is: this
+            # store's, by its identity, from now on
+            _swap(claim, functools.partial(_claim_store_is, claim, held), body)
             continue
         return None if owner == (team, member) else owner
     raise InboxWriteError(f"cannot claim it for {member!r}: its claim kept changing hands")
@@ -403,7 +529,7 @@ def take_inbox(
 
     def still() -> bool:
         store = _read_store(claim)
-        mine = store is None or mark is None or store[0] == mark.key
+        mine = store is None or mark is None or mark.names(store[0])
         return mine and _read_claim(claim) == holder
 
     if _swap(claim, still, _claim_body(path, team, member, mark)):

@@ -27,6 +27,16 @@ necessarily written by the user's agents. It is said once, and read once it is f
 A file whose claim (:func:`~backchannel.delivery.inbox_file.claim_inbox`) a serving hub
 of another store holds is not read: the agent reading it is that hub's member, and its
 entries are that hub's to take in (see :func:`~backchannel.delivery.inbox_file.held_elsewhere`).
+The files of a directory that no member reads itself (``user.json``, a lead's) are
+claimed for the store as a whole (:func:`~backchannel.delivery.inbox_file.claim_team_files`):
+while a serving hub of another store holds them, their entries are left to it, and said
+so once; but an entry whose writer's own inbox file is claimed is taken in by the hubs
+of that claim's store alone (:func:`~backchannel.delivery.inbox_file.writer_is_ours`).
+A file taken over from another store's hubs (theirs stopped) brings in only what they
+had not taken in: each read notes, beside the claims, the ids its store took in
+(:func:`~backchannel.delivery.inbox_file.note_read`), and a hub of another store records
+those as skipped (:meth:`~backchannel.hub.Hub.skip_inbox_entries`) rather than taking
+them in a second time.
 
 Files are read without the lock: every writer (Claude Code's and ours) replaces the file
 by rename, so a read sees one whole version. An unreadable file reads as empty and is
@@ -65,10 +75,15 @@ from backchannel.delivery.claude_inbox import (
     unsafe_dirs,
 )
 from backchannel.delivery.inbox_file import (
+    StoreMark,
+    claim_team_files,
     delivered_to,
     held_elsewhere,
+    note_read,
     store_mark,
+    taken_elsewhere,
     write_claimed,
+    writer_is_ours,
 )
 from backchannel.errors import BackchannelError, PermanentDeliveryError
 from backchannel.files import private_dirs
@@ -86,6 +101,8 @@ _MOVED = (
     "its member's delivery setting names another inbox now, so nobody reads this file for "
     "it; send the message again"
 )
+#: Why entries another store's hubs took in are not taken in by this one's.
+_THEIRS = "the hubs of another store took them in while that store's claim on the file held"
 #: Cursor records of entries gone from their file are dropped after this long.
 FORGET_AFTER_S = 7 * 24 * 3600.0
 
@@ -276,6 +293,7 @@ class InboxBridge:
                 log.warning("not reading the inboxes in %s: %s", d.path, problem)
             return None
         self._unsafe.discard(d.path)
+        files_ours = True
         if owner.reads_file:  # a file a serving hub of another store holds is its to read
             mark = store_mark(self.hub.store)
             if (other := await asyncio.to_thread(held_elsewhere, path, mark)) is not None:
@@ -285,6 +303,21 @@ class InboxBridge:
                                 "whose agent reads it; give member %r of team %r an "
                                 "'inbox' of its own", path, other, owner.member, owner.team)  # fmt: skip
                 return None
+        else:  # a file no member reads itself: one store's hubs read it, the serving one's
+            try:
+                other = await asyncio.to_thread(claim_team_files, d.path, self.hub.store)
+            except OSError as exc:  # the hub's own state directory: looked at again
+                log.warning("not reading inbox %s for now: cannot claim it: %s", path, exc)
+                return None
+            if other is not None and (path, other) not in self._elsewhere:
+                self._elsewhere.add((path, other))
+                log.warning("inbox %s: the files of %s that no member reads itself are read "
+                            "by another hub, %s, which is serving; only the entries of "
+                            "members whose own inbox file this hub claims are taken in "
+                            "here. Give team %r's inbox-file members a Claude Code 'team' "
+                            "of their own, or stop the other hub (its claim is then taken "
+                            "over)", path, d.path, other, owner.team)  # fmt: skip
+            files_ours = other is None
         stamp = await asyncio.to_thread(file_stamp, path)  # before the read: see file_stamp
         if stamp is not None and d.stamps.get(name) == stamp:
             return None  # unchanged since it was read and settled: nothing new in it
@@ -296,11 +329,34 @@ class InboxBridge:
             settled = await self._check_own(d, name, owner, entries) and settled
         seen = d.seen.setdefault(name, set())
         new = [e for e in entries if e["msg_id"] not in seen]
+        if not owner.reads_file and new:
+            # each entry is the store's whose member wrote it (its own file's claim says),
+            # else the store's that holds these files: never taken in by two stores
+            mine = await asyncio.to_thread(_ours, d.path, new, store_mark(self.hub.store))
+            keep = [e for e, ours in zip(new, mine, strict=True) if ours is not False
+                    and (ours or files_ours)]  # fmt: skip
+            if len(keep) < len(new):
+                settled = False  # the rest is read again once its store's hub stops
+            new = keep
         if not new:
             if settled and stamp is not None and stamp_settled(stamp):
                 d.stamps[name] = stamp
             return None
         key = f"{d.claude_team}/{name}"
+        mark = store_mark(self.hub.store)
+        elsewhere = await asyncio.to_thread(taken_elsewhere, path, mark)
+        if elsewhere:
+            # read by another store's hubs before (its claim taken over since, or the
+            # entries of its members): what they took in is theirs, never taken in twice
+            theirs = [e for e in new if e["msg_id"] in elsewhere]
+            if theirs:
+                try:
+                    await self.hub.skip_inbox_entries(owner.team, key, theirs, _THEIRS)
+                except BackchannelError as exc:
+                    log.warning("inbox %s: could not take it over: %s", path, exc.message)
+                    return None
+                seen.update(e["msg_id"] for e in theirs)
+                new = [e for e in new if e["msg_id"] not in elsewhere]
         try:
             result = await self.hub.take_inbox_entries(
                 owner.team, key, owner.member, new, owner_reads_file=owner.reads_file
@@ -326,6 +382,10 @@ class InboxBridge:
                     own.setdefault(eid, _Own(entries[i], _unread_chat_before(entries, i)))
         present = [e["msg_id"] for e in entries]
         seen.intersection_update(present)
+        try:  # for a hub of another store that takes the file over later
+            await asyncio.to_thread(note_read, path, mark, seen, present)
+        except OSError as exc:
+            log.warning("inbox %s: cannot note what was taken in: %s", path, exc)
         now = time.monotonic()
         if now - d.forgot_at.get(name, 0.0) > 3600:
             d.forgot_at[name] = now
@@ -497,6 +557,21 @@ class InboxBridge:
         except Exception:
             log.exception("reading the inboxes in %s failed; they are read again at the "
                           "next change", d.path)  # fmt: skip
+
+
+def _ours(inboxes: Path, entries: list[dict[str, Any]], mark: StoreMark) -> list[bool | None]:
+    """:func:`~backchannel.delivery.inbox_file.writer_is_ours` of each entry's sender."""
+    whose: dict[str, bool | None] = {}
+    out: list[bool | None] = []
+    for e in entries:
+        sender = e.get("from")
+        if not isinstance(sender, str) or not sender:
+            out.append(None)
+            continue
+        if sender not in whose:
+            whose[sender] = writer_is_ours(inboxes, sender, mark)
+        out.append(whose[sender])
+    return out
 
 
 def _inbox_file(team: str, inbox: str, root: Path | str | None) -> Path:

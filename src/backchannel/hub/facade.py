@@ -276,6 +276,7 @@ class Hub:
     # -- Claude Code inbox files ------------------------------------------------------------------
     take_inbox_entries = _Delegate("inbox_files", InboxFiles.take_inbox_entries)
     forget_inbox_entries = _Delegate("inbox_files", InboxFiles.forget_inbox_entries)
+    skip_inbox_entries = _Delegate("inbox_files", InboxFiles.skip_inbox_entries)
     put_back_inbox_entry = _Delegate("inbox_files", InboxFiles.put_back_inbox_entry)
     lost_inbox_entry = _Delegate("inbox_files", InboxFiles.lost_inbox_entry)
     member_activity = _Delegate("inbox_files", InboxFiles.member_activity)

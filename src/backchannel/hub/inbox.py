@@ -327,6 +327,31 @@ class InboxFiles:
             log.warning("inbox entry %s for %s is dead: %s", message_id, member, reason)
         return moved
 
+    async def skip_inbox_entries(
+        self, team: str, inbox: str, entries: Sequence[Mapping[str, Any]], why: str
+    ) -> int:
+        """Record ``entries`` of ``inbox`` as read without taking them in (``skipped``):
+        entries the hubs of another store took in while its claim on the file held, read
+        by this store's when it took the file over. Idempotent; the number recorded."""
+        now = self.clock.now()
+        records = [
+            InboxEntry(
+                team,
+                inbox,
+                str(e["msg_id"]),
+                _text(e.get("from")),
+                "skipped",
+                presence.entry_time(e.get("timestamp"), now),
+                now,
+            )
+            for e in entries
+        ]
+        if records:
+            await self.store.transact(lambda tx: tx.inbox_record(records))
+            log.info("inbox %s: %d entries taken in by another store's hub are left: %s",
+                     inbox, len(records), why)  # fmt: skip
+        return len(records)
+
     async def forget_inbox_entries(
         self, team: str, inbox: str, keep: Sequence[str], older_than: float
     ) -> int:

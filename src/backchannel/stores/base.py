@@ -70,7 +70,7 @@ T = TypeVar("T")
 #: team and member whose inbox may have new messages, or ``(None, None)`` for "anything".
 ChangeCallback = Callable[[str | None, str | None], None]
 
-SCHEMA_VERSION = 24
+SCHEMA_VERSION = 25
 
 
 @dataclass(frozen=True, slots=True)
@@ -888,6 +888,13 @@ class Store(ABC):
 
     #: The URL the store was opened from, with any password removed.
     url: str = ""
+    #: What tells this store from every other, the same for every process that opens
+    #: it, however it reaches it (another host name, another path to the file): set by
+    #: :meth:`open` from the id kept in the store (``store_identity``, made once with
+    #: the store) and, for a store a copy could be made of, where its data lies now (a
+    #: SQLite file's device and inode, a PostgreSQL database's oid), so a copy of the
+    #: store beside it is another. Empty until the store is open.
+    identity: str = ""
 
     @abstractmethod
     async def open(self) -> None:

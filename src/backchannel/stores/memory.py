@@ -11,6 +11,7 @@ import bisect
 import dataclasses
 import functools
 import math
+import secrets
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -1159,6 +1160,7 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self.url = "memory://"
+        self.identity = f"memory:{secrets.token_hex(16)}"  # each instance its own store
         self._data = _Data()
         self._lock = threading.Lock()
 

@@ -1279,7 +1279,16 @@ async def check_held_again_by_pages(make_store: StoreFactory) -> None:
         ]
 
 
+async def check_identity(make_store: StoreFactory) -> None:
+    """An open store has an identity (:attr:`~backchannel.stores.base.Store.identity`),
+    and another store another one."""
+    async with opened(make_store) as one, opened(make_store) as other:
+        assert isinstance(one.identity, str) and one.identity, "an open store has an identity"
+        assert other.identity and other.identity != one.identity, "each store its own"
+
+
 STORE_CHECKS: list[Callable[[StoreFactory], Awaitable[None]]] = [
+    check_identity,
     check_compaction,
     check_teams_and_members,
     check_sessions,

@@ -412,6 +412,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_timers_member_pending ON jobs (team, (payload->>'member'), job_id)
         WHERE kind = 'timer' AND state = 'pending';
     """,
+    # 25: the store's identity, a random id made once (see the SQLite schema)
+    """
+    CREATE TABLE store_identity (
+        one integer PRIMARY KEY CHECK (one = 1),
+        store_id text NOT NULL,
+        created_at double precision NOT NULL
+    );
+    INSERT INTO store_identity (one, store_id, created_at)
+        VALUES (1, replace(gen_random_uuid()::text, '-', ''), extract(epoch FROM now()));
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

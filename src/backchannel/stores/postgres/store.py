@@ -406,6 +406,18 @@ class PostgresStore(Store):
                 ) from exc
             except psycopg.Error as exc:
                 raise self._error(exc, "could not be migrated") from exc
+            row = conn.execute(
+                "SELECT store_id, (SELECT oid FROM pg_database "
+                "WHERE datname = current_database()) FROM store_identity"
+            ).fetchone()
+            if row is None:  # the row removed by hand: the store is no longer told apart
+                raise StoreError(
+                    f"the PostgreSQL store {self.url} has lost its identity (the table "
+                    "store_identity is empty); put the row back from a backup",
+                    store=self.url,
+                )
+            # the database's oid too: a copy (a restored dump) beside it is another store
+            self.identity = f"postgresql:{row[0]}:{row[1]}"
         pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self._dsn,
             kwargs={

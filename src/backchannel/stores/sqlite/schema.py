@@ -425,6 +425,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_timers_member_pending ON jobs (team, json_extract(payload, '$.member'), id)
         WHERE kind = 'timer' AND state = 'pending';
     """,
+    # 25: the store's identity, a random id made once, when the store is made: hubs of
+    #     one store know each other by it (the claims of Claude Code inbox files name
+    #     it), however each reaches the store
+    """
+    CREATE TABLE store_identity (
+        one INTEGER PRIMARY KEY CHECK (one = 1),
+        store_id TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    INSERT INTO store_identity (one, store_id, created_at)
+        VALUES (1, lower(hex(randomblob(16))), strftime('%s','now'));
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 

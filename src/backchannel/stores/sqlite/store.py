@@ -315,8 +315,17 @@ class SqliteStore(Store):
         conn = _connect(self.path)
         try:
             migrate(conn, self.path)
+            row = conn.execute("SELECT store_id FROM store_identity").fetchone()
+            st = os.stat(self.path)
         finally:
             conn.close()
+        if row is None:  # the row removed by hand: the store is no longer told apart
+            raise StoreError(
+                f"the SQLite store {self.path} has lost its identity (the table "
+                "store_identity is empty); put the row back from a backup of this file"
+            )
+        # the file's device and inode too: a copy of the file is another store
+        self.identity = f"sqlite:{row[0]}:{st.st_dev}:{st.st_ino}"
 
     async def close(self) -> None:
         if self._closed or self._writer is None:
