@@ -153,7 +153,9 @@ class Budgets:
             pairs = s.budget_pairs = self._counted_pairs(s.c.tx, s.message, s.recipients)
         return pairs
 
-    def _turn_chain(self, s: Send) -> rules.ChainRef | None:
+    def _turn_chain(self, s: Send, *, recent_only: bool = False) -> rules.ChainRef | None:
+        """The chain the turn that makes the send works in. ``recent_only``: the chain its
+        member was handed last counts only while that is recent (:meth:`_recent`)."""
         tx, message = s.c.tx, s.message
         if message.kind is MessageKind.TOOL_RESULT:
             refs = []
@@ -178,7 +180,14 @@ class Budgets:
             # run reports none) was handed nothing: it goes on as its member does, below
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
-        return _ctx_read(tx.get_budget(message.team, rules.context_key(message.sender)))[0]
+        record = tx.get_budget(message.team, rules.context_key(message.sender))
+        if (
+            recent_only
+            and record is not None
+            and not self._recent(tx, message.team, record.updated_at, message.created_at)
+        ):
+            return None
+        return _ctx_read(record)[0]
 
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
@@ -191,7 +200,10 @@ class Budgets:
             # chain of a turn its sender runs here: a member of this team that calls
             # /api/chat from a turn of a spent chain cannot name a fresh one
             named = rules.ChainRef(message.chain_id or "", message.hop)
-            turn = self._turn_chain(s)
+            # what its member was handed long ago is no turn of the caller's: the member
+            # that stands for another hub here is sent local messages too, and a task of
+            # that hub's human must not be refused for a chain one of them spent
+            turn = self._turn_chain(s, recent_only=True)
             own = None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
             goes_on = self._named(tx, message.team, named, own)
             s.budget_own = own if own is not None and goes_on.chain_id != own.chain_id else None
