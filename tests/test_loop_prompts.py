@@ -244,3 +244,22 @@ async def test_agents_rings_bound_once_messages_are_taken(clock: FakeClock) -> N
         m = (await hub.message_status("t", sent.message_id)).message
         assert (m.chain_id, m.hop) == (sent.message_id, 1)
         assert (await _agent_messages(hub, "a", "b"))[0].chain_id == first.message_id
+
+
+async def test_what_a_live_session_took_binds_no_session_started_later(clock: FakeClock) -> None:
+    """b's adapter leases for the member while b's turns run in its live session, which
+    takes the copy it was handed. A new session a human starts minutes later on a task of
+    their own does not take the same messages again: it starts a chain of its own."""
+    async with Hub(MemoryStore(), clock=clock, background=False) as hub:
+        await _team(hub, "a", "b", chain_budget=1, pair_budget=100)
+        await hub.send("t", "a", "b", "hop one", link=False)  # spends its chain
+        got = await hub.receive("t", "b", limit=5)  # the adapter: no session named
+        await hub.ack("t", "b", [g.message.message_id for g in got])
+        await hub.report_event("t", "b", "b-s", "turn_start", "[From a] hop one")
+        await hub.report_event("t", "b", "b-s", "agent_stop", "")
+        clock.advance(120)
+        await hub.start_session("t", "b", "b-new", recover=False)
+        await hub.report_event("t", "b", "b-new", "turn_start", "write the release notes")
+        sent = await hub.send("t", "b", "a", "notes", sender_session="b-new", link=False)
+        m = (await hub.message_status("t", sent.message_id)).message
+        assert (m.chain_id, m.hop) == (sent.message_id, 1)

@@ -55,7 +55,9 @@ _AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
 #: How many of the messages handed to a member without a session its record names.
 _CTX_IDS = 20
 #: Session meta: the messages with a chain handed to the session that no turn has started
-#: on yet, ``{"at": the newest one's creation, "ids": [...]}`` (the last ``_CTX_IDS``).
+#: on yet, ``{"at": the newest one's creation, "ids": [...]}``: ``ids`` are those of them
+#: handed to its member without a session (the last ``_CTX_IDS``), which its member's
+#: ``ctx:`` record names too until a turn takes them.
 PENDING = "handed_pending"
 #: Session meta: when the newest of what bound the running turn to its chain was made (a
 #: retry of the turn is bound by it too).
@@ -555,7 +557,9 @@ class Budgets:
             # whatever its prompt says, while they are recent (on_turn_start)
             was = _pending(s.meta)
             at = max([m.created_at for m in chained] + ([was[0]] if was else []))
-            ids = ([*was[1]] if was else []) + [m.message_id for m in chained]
+            ids = [*was[1]] if was else []
+            if not remember:  # a copy of what the member was handed: see _strike
+                ids += [m.message_id for m in chained]
             meta[PENDING] = {"at": at, "ids": ids[-_CTX_IDS:]}
         tx.put_session(dataclasses.replace(s, meta=meta))
 
