@@ -20,6 +20,7 @@ from backchannel.core import delegation as drules
 from backchannel.errors import BudgetExhausted, InvalidRequest
 from backchannel.hub import Hub
 from backchannel.testing import FakeClock, MemoryStore, eventually_blocking
+from backchannel.types import MessageKind
 from tests.conftest import Server
 from tests.helpers_hubs import budget_notices, chat_bodies, pass_the_chain_until_spent
 from tests.test_delegation_http import (
@@ -603,3 +604,35 @@ async def test_a_member_in_a_spent_chain_cannot_name_a_fresh_one_on_api_chat(
         assert refused.value.details["key"] == f"chain:{start.message_id}"
         assert "chain_budget" in str(refused.value)
         assert await hub.list_delegations("t") == []
+
+
+async def test_a_task_from_another_hub_is_not_refused_for_a_chain_spent_days_ago(
+    clock: FakeClock,
+) -> None:
+    """The member that stands for hub B here (``hub-b``, named like the service) is also
+    sent local messages, which an adapter leases for the member: the last was the final
+    hop of a chain, which spent it. The next day hub B's human starts a task and hub B
+    asks for it over ``/api/chat`` in a new chain at hop 0. The chain its member was
+    handed a day ago is no turn of the caller's: the task is not refused for it, and goes
+    on in the chain it names."""
+    async with Hub(MemoryStore(), clock=clock, background=False, callbacks=_cfg()) as hub:
+        await hub.create_team(
+            "t", settings={"anchor_policy": "off", "chain_budget": 1, "pair_budget": 100}
+        )
+        for n in ("a", "c", "hub-b"):
+            await hub.add_member("t", n)
+        await hub.send("t", "a", "hub-b", "the last hop", link=False)  # spends its chain
+        got = await hub.receive("t", "hub-b", limit=5)  # hub B's adapter: no session
+        await hub.ack("t", "hub-b", [g.message.message_id for g in got])
+        clock.advance(86_400)
+        d = await hub.accept_chat(
+            "t", "hub-b", "c", "a new task of hub B's human", reply_service="hub-b",
+            reply_token="t" * 32, chain={"id": "b-new-task", "hop": 0},
+        )  # fmt: skip
+        [task] = [
+            i.message
+            for i in await hub.feed("t", 0, 1000)
+            if i.message is not None and i.message.kind is MessageKind.DELEGATION
+        ]
+        assert (d.callee, task.text) == ("c", "a new task of hub B's human")
+        assert (task.chain_id, task.hop) == ("b-new-task", 0)

@@ -54,6 +54,22 @@ _AGENT_KINDS = (MessageKind.DIRECT, MessageKind.LINK, MessageKind.DELEGATION)
 
 #: How many of the messages handed to a member without a session its record names.
 _CTX_IDS = 20
+#: Session meta: the messages with a chain handed to the session that no turn has started
+#: on yet, ``{"at": the newest one's creation, "ids": [...]}``: ``ids`` are those of them
+#: handed to its member without a session (the last ``_CTX_IDS``), which its member's
+#: ``ctx:`` record names too until a turn takes them.
+PENDING = "handed_pending"
+#: Session meta: when the newest of what bound the running turn to its chain was made (a
+#: retry of the turn is bound by it too).
+BOUND = "bound_at"
+
+
+def _pending(meta: Mapping[str, Any]) -> tuple[float, list[str]] | None:
+    """A session's :data:`PENDING` record, or ``None``."""
+    raw = meta.get(PENDING)
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("at"), int | float):
+        return None
+    return float(raw["at"]), [i for i in raw.get("ids") or () if isinstance(i, str)]
 
 
 def _ctx_read(record: Budget | None) -> tuple[rules.ChainRef | None, list[str]]:
@@ -139,7 +155,9 @@ class Budgets:
             pairs = s.budget_pairs = self._counted_pairs(s.c.tx, s.message, s.recipients)
         return pairs
 
-    def _turn_chain(self, s: Send) -> rules.ChainRef | None:
+    def _turn_chain(self, s: Send, *, recent_only: bool = False) -> rules.ChainRef | None:
+        """The chain the turn that makes the send works in. ``recent_only``: the chain its
+        member was handed last counts only while that is recent (:meth:`_recent`)."""
         tx, message = s.c.tx, s.message
         if message.kind is MessageKind.TOOL_RESULT:
             refs = []
@@ -164,7 +182,14 @@ class Budgets:
             # run reports none) was handed nothing: it goes on as its member does, below
         # no turn to place it in (a member without sessions, a send that names none
         # outside a turn or while several run): the chain it was handed last
-        return _ctx_read(tx.get_budget(message.team, rules.context_key(message.sender)))[0]
+        record = tx.get_budget(message.team, rules.context_key(message.sender))
+        if (
+            recent_only
+            and record is not None
+            and not self._recent(tx, message.team, record.updated_at, message.created_at)
+        ):
+            return None
+        return _ctx_read(record)[0]
 
     # -- the three steps of a send -------------------------------------------------------
     def stamp(self, s: Send) -> Message:
@@ -177,7 +202,10 @@ class Budgets:
             # chain of a turn its sender runs here: a member of this team that calls
             # /api/chat from a turn of a spent chain cannot name a fresh one
             named = rules.ChainRef(message.chain_id or "", message.hop)
-            turn = self._turn_chain(s)
+            # what its member was handed long ago is no turn of the caller's: the member
+            # that stands for another hub here is sent local messages too, and a task of
+            # that hub's human must not be refused for a chain one of them spent
+            turn = self._turn_chain(s, recent_only=True)
             own = None if turn is None else rules.ChainRef(turn.chain_id, turn.hop + 1)
             goes_on = self._named(tx, message.team, named, own)
             s.budget_own = own if own is not None and goes_on.chain_id != own.chain_id else None
@@ -523,6 +551,16 @@ class Budgets:
             meta["chain"] = [ref.chain_id, ref.hop]
             if remember:
                 self._remember(tx, session.team, session.member, ref, now)
+        chained = [m for m in got if m.chain_id]
+        if chained:
+            # no turn has started on these yet: the next one goes on in their chain
+            # whatever its prompt says, while they are recent (on_turn_start)
+            was = _pending(s.meta)
+            at = max([m.created_at for m in chained] + ([was[0]] if was else []))
+            ids = [*was[1]] if was else []
+            if not remember:  # a copy of what the member was handed: see _strike
+                ids += [m.message_id for m in chained]
+            meta[PENDING] = {"at": at, "ids": ids[-_CTX_IDS:]}
         tx.put_session(dataclasses.replace(s, meta=meta))
 
     def on_read_from_file(
@@ -555,22 +593,53 @@ class Budgets:
             ids = [m.message_id for m in got][-_CTX_IDS:]
             self._remember(tx, team, member, ref, now, ids)
 
-    def on_turn_start(self, c: Ctx, s: Session, text: str) -> None:
-        """A turn started on input the hub did not hand over starts no chain. A session in
-        no chain whose turn's prompt carries what its member was handed without a session
-        (a one-shot run a wrapper started on it, in a session of its own) goes on in that
-        chain: otherwise a ring of such runs started a fresh chain at every run."""
+    def on_turn_start(self, c: Ctx, s: Session, text: str, *, retried: bool = False) -> None:
+        """The chain the turn ``s`` starts on ``text`` works in. A turn on what the hub
+        handed the session goes on in its chain; so does a turn on anything else while the
+        session holds messages with a chain that no turn has started on yet and that are
+        recent (younger than the team's ``pair_window``): an SDK agent or a wrapper that
+        reports its prompt in its own words (a template, a summary, a made-up prompt) is
+        still working on them. Only a turn on other input with nothing recent pending is
+        one a human typed, and starts a new chain (a human back the next day with a task
+        of their own, whatever waited for the session meanwhile). A session in no chain
+        whose turn's prompt carries what its member was handed without a session, or
+        that is started while that is recent (a one-shot run a wrapper started on it, in
+        a session of its own), goes on in that chain: otherwise a ring of such runs
+        started a fresh chain at every run. A retried turn is the same turn: what bound
+        it still does."""
         tx = c.tx
         started = tx.get_session(s.team, s.session_id)
         if started is None:
             return
-        if "chain" not in started.meta:
-            self._take_member_chain(tx, started, text)
-            return
-        if not turns.is_hub_input(text, started.meta.get("input_texts") or ()):
+        meta = {k: v for k, v in started.meta.items() if k != PENDING}
+        pending = _pending(started.meta)
+        at = pending[0] if pending else None
+        bound = started.meta.get(BOUND)
+        if retried and isinstance(bound, int | float):
+            at = bound if at is None else max(at, bound)
+        meta.pop(BOUND, None)
+        if at is not None:
+            meta[BOUND] = at
+        now = self.clock.now()
+        if "chain" not in meta:
+            meta = self._take_member_chain(tx, started, meta, text, now, retried=retried)
+        elif not turns.is_hub_input(text, meta.get("input_texts") or ()) and not (
+            at is not None and self._recent(tx, s.team, at, now)
+        ):
             # a human typed this turn's input into the runtime: a new chain begins
-            meta = {k: v for k, v in started.meta.items() if k not in ("chain", "input_texts")}
+            meta = {k: v for k, v in meta.items() if k not in ("chain", "input_texts", BOUND)}
+        if pending and pending[1]:
+            self._strike(tx, started.team, started.member, pending[1], now)
+        if meta != started.meta:
             tx.put_session(dataclasses.replace(started, meta=meta))
+
+    @staticmethod
+    def _recent(tx: Tx, team: str, at: float, now: float) -> bool:
+        """Whether a message handed over at ``at`` (its creation) still binds a turn
+        that does not carry its text: younger than the team's ``pair_window``, the time a
+        conversation's exchanges are counted over."""
+        t = tx.get_team(team)
+        return now - at < rules.limits(t.settings if t else {}).pair_window
 
     def on_member_lease(
         self, c: Ctx, team: str, member: str, got: Sequence[InboxMessage], now: float
@@ -580,25 +649,54 @@ class Budgets:
         its hook-attached session): see :meth:`_handed_to_member`."""
         self._handed_to_member(c, team, member, [m.message for m in got], now)
 
-    def _take_member_chain(self, tx: Tx, started: Session, text: str) -> None:
-        """``started``, in no chain, starts a turn on ``text``. When its member was handed
-        messages without a session that no session has taken yet, and the text carries
-        one of them (or is no text at all: a runtime that reports none is taken at its
-        word, as for a session's own input), the turn works in their chain and they are
-        taken, so a later session with no text does not take them again. A prompt that
-        carries none of them (a human's own task) starts no chain."""
+    def _take_member_chain(
+        self,
+        tx: Tx,
+        started: Session,
+        meta: dict[str, Any],
+        text: str,
+        now: float,
+        *,
+        retried: bool,
+    ) -> dict[str, Any]:
+        """``started``, in no chain, starts a turn on ``text``: its ``meta`` as the turn
+        leaves it. When its member was handed messages without a session that no session
+        has taken yet, and the text carries one of them (or is no text at all: a runtime
+        that reports none is taken at its word, as for a session's own input), or they
+        are recent (:meth:`_recent`: a wrapper's run that reports its prompt in its own
+        words), the turn works in their chain and they are taken, so a later session
+        does not take them again. Otherwise (a human's own task; what a member was
+        handed the day before) the turn starts no chain."""
         record = tx.get_budget(started.team, rules.context_key(started.member))
         ref, ids = _ctx_read(record)
         if record is None or ref is None or not ids:
-            return
+            return meta
         handed = [m for m in (tx.get_message(started.team, i) for i in ids) if m is not None]
         texts = [turns.handed_text(m.sender, m.kind.value, m.text) for m in handed]
-        if not turns.is_hub_input(text, texts):
-            return
-        meta = {**started.meta, "chain": [ref.chain_id, ref.hop], "input_texts": texts}
-        tx.put_session(dataclasses.replace(started, meta=meta))
-        now = self.clock.now()
+        at = max((m.created_at for m in handed if m.chain_id), default=None)
+        if not turns.is_hub_input(text, texts) and not (
+            at is not None and self._recent(tx, started.team, at, now)
+        ):
+            return meta
         tx.put_budget(dataclasses.replace(record, last_from=ref.chain_id, updated_at=now))
+        out = {**meta, "chain": [ref.chain_id, ref.hop], "input_texts": texts}
+        if at is not None:
+            out[BOUND] = at if not retried else max(at, meta.get(BOUND) or at)
+        return out
+
+    @staticmethod
+    def _strike(tx: Tx, team: str, member: str, taken: Sequence[str], now: float) -> None:
+        """A turn started on ``taken``: they are struck from the ids its member's record
+        names as handed without a session (a copy of them was handed to each live
+        session), so a session started later does not take them again."""
+        record = tx.get_budget(team, rules.context_key(member))
+        ref, ids = _ctx_read(record)
+        if record is None or ref is None or not ids:
+            return
+        left = [i for i in ids if i not in taken]
+        if left != ids:
+            said = " ".join([ref.chain_id, *left])
+            tx.put_budget(dataclasses.replace(record, last_from=said, updated_at=now))
 
     @staticmethod
     def _remember(

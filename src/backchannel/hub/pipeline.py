@@ -243,9 +243,9 @@ class Pipeline:
         self.budgets.on_member_lease(c, team, member, got, now)
 
     # -- a turn ----------------------------------------------------------------------------
-    def turn_started(self, c: Ctx, session: Session, text: str) -> None:
+    def turn_started(self, c: Ctx, session: Session, text: str, *, retried: bool) -> None:
         """``turn_start`` was recorded: a turn a human typed starts a new chain."""
-        self.budgets.on_turn_start(c, session, text)
+        self.budgets.on_turn_start(c, session, text, retried=retried)
 
     def closing_text(
         self, c: Ctx, session: Session, parsed: turn_rules.ClosingText

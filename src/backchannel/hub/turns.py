@@ -307,7 +307,7 @@ class Turns:
             text,
             {**data, "retried": retried, "checkpoint": checkpoint},
         )
-        self.pipeline.turn_started(c, started, text)
+        self.pipeline.turn_started(c, started, text, retried=retried)
         return {
             "event_id": eid,
             "session": s.session_id,
