@@ -402,3 +402,22 @@ async def test_a_message_reaches_the_cli_in_a_pane_40_columns_wide(typing_rig: R
     assert rig.api is not None
     asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
     assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+
+
+async def test_a_wide_character_draft_with_the_cursor_moved_onto_it_holds_the_message(
+    typing_rig: Rig,
+) -> None:
+    """The user typed a character two cells wide (CJK) and pressed Left: tmux's cursor
+    names the cell it starts at, the CLI draws it under its cursor, and the reader
+    counts the line's cells as tmux does. The message is held; once the user deletes the
+    character, it reaches the model once, as a prompt of its own."""
+    asked = await _held_while_the_user_types(
+        typing_rig,
+        "語",
+        "語",
+        "WHILE-A-WIDE-CHARACTER-WAITS",
+        "Delete",
+        reason="prompt holds text the user is typing",
+        keys=["Left"],
+    )
+    assert not [p for p in asked if "語" in p], asked
