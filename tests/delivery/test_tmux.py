@@ -27,7 +27,7 @@ from backchannel.delivery.tmux import (
 )
 from backchannel.hub import Hub
 from backchannel.stores.base import Tx
-from backchannel.testing import counting_rows, eventually
+from backchannel.testing import counting_rows, eventually, eventually_blocking
 from backchannel.types import Session, SessionState
 from tests.delivery.conftest_adapters import (
     dispatching,
@@ -1700,3 +1700,149 @@ def test_a_codex_echo_with_a_short_panel_under_it_is_told_from_the_composer() ->
     composer = COLOURED["codex"].format(DRAFT["codex"])
     assert not echo_mark(composer)
     assert not echo_mark(COLOURED["codex"].format(EMPTY["codex"]))
+
+
+#: Lines whose characters take other than one cell each in tmux's grid: wide ones (CJK,
+#: emoji, full-width), marks joined to the character before them (combining, Indic and
+#: Thai vowel signs, the emoji variation selector, a keycap), zero-width format
+#: characters, an emoji sequence joined by zero-width joiners, Hangul jamo, a tab.
+WIDE_LINES = {
+    "cjk": "日本語 draft",
+    "emoji": "ok 🎉 and 👍🏽",
+    "variation-selector": "❤️ ✔️ done",
+    "zwj-sequence": "👨\u200d👩\u200d👧 family",
+    "hindi": "नमस्ते दुनिया",
+    "thai": "สวัสดี ครับ",
+    "keycap": "1️⃣ first",
+    "zero-width-space": "a\u200bb\u2060c",
+    "combining": "e\u0301 a\u0308 o\u0302",
+    "hangul-jamo": "\u1100\u1161\u11a8 x",
+    "full-width": "ＡＢＣ",
+    "tab": "a\tb",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE_LINES))
+def test_the_screen_reader_counts_cells_as_tmux_does(tmux: libtmux.Server, name: str) -> None:
+    """The draft reader compares the columns of the prompt line's characters with tmux's
+    ``#{cursor_x}``, which counts cells of tmux's grid: a character it counted otherwise
+    (a variation selector, a vowel sign, a zero-width joiner as one cell each) put every
+    character after it at a column the cursor never names. Each line is written to a
+    real pane; the column the reader gives the character after it is tmux's cursor."""
+    session = tmux.new_session(session_name="w", window_command="sleep 600", x=120, y=10)
+    pane = session.active_window.active_pane
+    assert pane is not None
+    tty = pane.cmd("display-message", "-p", "#{pane_tty}").stdout[0]
+    with open(tty, "w", encoding="utf-8") as f:
+        f.write("\x1b[2J\x1b[H" + WIDE_LINES[name] + "|")
+
+    def shown() -> str | None:
+        line = "\n".join(pane.cmd("capture-pane", "-p", "-e").stdout).split("\n")[0]
+        return line if line.endswith("|") else None
+
+    line = eventually_blocking(shown, what="the line drawn")
+    x = int(pane.cmd("display-message", "-p", "#{cursor_x}").stdout[0])
+    cells = tmux_adapter._cells(line)
+    assert cells[-1].col + 1 == x, [(c.char, c.col) for c in cells]
+
+
+#: The bottom of Codex's screen in a pane 40 columns wide (capture-pane -e of Codex
+#: 0.171.0 in the real-CLI rig): its status line (model, working directory, thread
+#: title) wrapped over three rows under the composer, then its shortcuts line; the
+#: composer ``{}``.
+CODEX_40 = (
+    "\x1b[1m›\x1b[0m Warm up.\n\n\n• Noted.\n\n  Worked for 1s • 17:58\n\n\n"
+    "\x1b[1m›\x1b[0m\x1b[39m\x1b[49m {}\n\n"
+    "  \x1b[38;5;223mgpt-test default\x1b[39m · \x1b[38;5;151m/tmp/pytest-of-\n"
+    "\x1b[39m  \x1b[38;5;151mroot/pytest-37/test_probe_40_codex_0/\n"
+    "\x1b[39m  \x1b[38;5;151mproject\x1b[39m · \x1b[38;5;217mWarm up.\n"
+    "\x1b[39m              ⚠ \x1b[38;5;179m2 warnings\x1b[39m · \x1b[1mf2\x1b[0m\x1b[39m\x1b[49m to view"
+)
+
+
+def test_a_footer_line_wrapped_in_a_narrow_pane_counts_once() -> None:
+    """In a pane 40 columns wide Codex wraps its status line over three rows: four rows
+    under its composer, read as an echo with an unknown panel under it, so every message
+    was held until ``hold_max`` and given up. Read at the pane's width, a row whose first
+    word would have fitted on the row above starts a line of the footer, one whose first
+    word would not continues it; a panel of short rows is still no footer."""
+    empty = CODEX_40.format("\x1b[2mAsk Codex to do anything\x1b[0m")
+    assert live_input(plain(empty), "codex") is None  # rows counted as lines
+    assert live_input(plain(empty), "codex", 40) == "Ask Codex to do anything"
+    assert draft(empty, "codex", (2, 8), 40) is None
+    typed = CODEX_40.format("日本語")
+    assert draft(typed, "codex", (8, 8), 40) == "日本語"
+    # the same rows in a pane twice as wide were not wrapped: three lines, no footer
+    assert live_input(plain(empty), "codex", 80) is None
+    # an echo with a panel of short rows under it is no live input line at any width
+    for kind in ("codex", "claude-code", "gemini"):
+        echo = LIVE[kind].split(_RULE if kind != "codex" else "\n\n\n›")[0]
+        assert live_input(echo + "\n\n  Choose:\n  one\n  two\n  three", kind, 40) is None
+
+
+#: A message's text in a CLI's prompt of a pane 40 columns wide, wrapped at the space
+#: before a word that did not fit (Claude Code's input box, Gemini CLI's, Codex's
+#: composer): the head of the text (``[From bob] see https``) is not on the first row.
+WRAPPED = {
+    "claude-code": f"❯ Warm up.\n\n● Noted.\n\n{_RULE[:40]}\n❯\xa0{{}}\n{_RULE[:40]}\n"
+    "  ⏵⏵ auto mode on",
+    "gemini": f" > Warm up.\n\n✦ Noted.\n{_RULE[:40]}\n Shift+Tab to accept edits\n\n"
+    " > {}\n\n workspace               sandbox\n /tmp/.../project        no sandbox",
+    "codex": "› Warm up.\n\n• Noted.\n\n\n› {}\n\n  gpt-test default · /tmp/project\n"
+    "  ← for agents",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRAPPED))
+def test_a_text_wrapped_before_its_head_ends_still_waits_in_the_prompt(kind: str) -> None:
+    """A CLI wraps a text at a space, before a word that does not fit: in a narrow pane
+    the head the adapter looks for was not all on the input's first row, so it never
+    saw its text in the prompt, pressed no Enter, and on the next attempt took its own
+    text for a draft of the user's (held until ``hold_max``). The head is looked for in
+    the input's rows, spaces aside."""
+    text = "[From bob] see https://example.com/docs/page NARROW-PANE 日本語 please."
+    head = text_head(text)
+    indent = "  " if kind != "gemini" else "   "
+    shown = WRAPPED[kind].format(f"[From bob] see\n{indent}https://example.com/docs/page\n"
+                                 f"{indent}NARROW-PANE 日本語 please.")  # fmt: skip
+    assert waits_in_prompt(shown, head)
+    cjk = "[From bob] 日本語のテキストを読んでください"
+    assert waits_in_prompt(WRAPPED[kind].format(f"{cjk[:22]}\n{indent}{cjk[22:]}"), text_head(cjk))
+    # gone from the prompt: its echo above the empty input holds it, the input does not
+    assert not waits_in_prompt(WRAPPED[kind].format(""), head)
+    assert not waits_in_prompt(WRAPPED[kind].format("[From bob] see"), head)
+
+
+#: Wide characters typed into each CLI's prompt, the cursor moved back onto the last one
+#: (Left), as each drew it (capture-pane -e of the real CLIs, the cursor tmux's): their
+#: cells, and how many cells the text before the cursor takes.
+WIDE_UNDER_CURSOR = {
+    "claude-code": [
+        ("日本\x1b[7m語\x1b[0m\x1b[39m\x1b[49m", "日本語", 4),
+        ("ok \x1b[7m🎉\x1b[0m\x1b[39m\x1b[49m", "ok 🎉", 3),
+    ],
+    "codex": [("日本語", "日本語", 4), ("ok 🎉", "ok 🎉", 3)],
+    "gemini": [
+        ("\x1b[38;5;231m日本\x1b[7m語\x1b[0m\x1b[39m\x1b[48;5;240m", "日本語", 4),
+        ("\x1b[38;5;231mok \x1b[7m🎉\x1b[0m\x1b[39m\x1b[48;5;240m", "ok 🎉", 3),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WIDE_UNDER_CURSOR))
+def test_a_draft_of_wide_characters_is_told_by_the_cells_the_cursor_counts(kind: str) -> None:
+    """tmux's cursor counts cells: CJK and emoji take two each, a mark joined to the
+    character before it none. A draft of them, the cursor after it or moved back onto
+    its last character, is a draft; the same text drawn grey is one while it stands
+    before the cursor and reads as a placeholder only when it runs after the cursor at
+    the input's start."""
+    line, col = INPUT_AT[kind]
+    for shown, text, before in WIDE_UNDER_CURSOR[kind]:
+        screen = COLOURED[kind].format(shown)
+        assert draft(screen, kind, (col + before, line)) == text
+        assert draft(screen, kind, None) == text
+    for text, cells in (("日本語", 6), ("✔️完了", 5), ("नमस्ते", 4), ("👨\u200d👩\u200d👧ok", 4)):
+        grey = COLOURED[kind].format(GREY_TYPED + text + "\x1b[0m")
+        assert draft(grey, kind, (col + cells, line)) == text
+        assert draft(grey, kind, (col + cells - 1, line)) == text  # on its last cell
+        assert draft(grey, kind, (col, line)) is None

@@ -363,3 +363,61 @@ async def test_a_one_character_draft_with_the_cursor_moved_onto_it_holds_the_mes
         keys=["Left"],
     )
     assert not [p for p in asked if "ж" in p], asked
+
+
+async def test_a_message_reaches_the_cli_in_a_pane_40_columns_wide(typing_rig: Rig) -> None:
+    """In a pane 40 columns wide, Codex wraps its status line (model, working directory,
+    thread title) over three rows, and the adapter took its prompt for the echo of an
+    earlier one with an unknown panel under it: the message was held until ``hold_max``
+    and given up. And a CLI wraps a text at a space, before a word that does not fit:
+    the head of the message was not on the input's first row, so the adapter never saw
+    its text in the prompt, pressed no Enter, and then took its own text for a draft of
+    the user's. The message reaches the model once, as a prompt of its own."""
+    rig = typing_rig
+    mark = "NARROW-PANE"
+    text = f"see https://example.com/docs/page {mark} 日本語のテキスト, emoji 🎉 please."
+    with _warm_pane(rig, width=40) as (pane, setting):
+        async with running_hub() as hub:
+            await hub.add_member("t", "alice", rig.runtime, delivery=setting)
+            await hub.add_member("t", "bob", "llm")
+            async with dispatching(hub) as d:
+                sent = await hub.send("t", "bob", "alice", text, link=False)
+
+                async def acked() -> bool:
+                    st = await hub.message_status("t", sent.message_id)
+                    return st.state.value == "acked"
+
+                await eventually(
+                    acked,
+                    within=60,
+                    what="the message acked",
+                    show=lambda: ([(w.state, w.last_error) for w in d.status()], pane.screen()),
+                )
+                wait_until(
+                    lambda: "Noted." in pane.screen().rpartition("NARROW")[2],
+                    90,
+                    "the answer to the message",
+                    pane,
+                )
+    assert rig.api is not None
+    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
+    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+
+
+async def test_a_wide_character_draft_with_the_cursor_moved_onto_it_holds_the_message(
+    typing_rig: Rig,
+) -> None:
+    """The user typed a character two cells wide (CJK) and pressed Left: tmux's cursor
+    names the cell it starts at, the CLI draws it under its cursor, and the reader
+    counts the line's cells as tmux does. The message is held; once the user deletes the
+    character, it reaches the model once, as a prompt of its own."""
+    asked = await _held_while_the_user_types(
+        typing_rig,
+        "語",
+        "語",
+        "WHILE-A-WIDE-CHARACTER-WAITS",
+        "Delete",
+        reason="prompt holds text the user is typing",
+        keys=["Left"],
+    )
+    assert not [p for p in asked if "語" in p], asked

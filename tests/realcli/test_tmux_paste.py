@@ -185,17 +185,19 @@ async def _pause() -> None:
 
 
 @contextmanager
-def _warm_pane(rig: Rig, rules: Sequence[Rule] = ()) -> Iterator[tuple[Pane, dict[str, str]]]:
-    """The rig's CLI in a tmux pane, its model answering "Noted." (after ``rules``), after
-    a prompt of the user's own, answered and done (Gemini CLI just started may miss an
-    Enter, or take it for a newline when it comes within 30 ms of a key); with the tmux
-    delivery setting that types into that pane."""
+def _warm_pane(
+    rig: Rig, rules: Sequence[Rule] = (), width: int = 160
+) -> Iterator[tuple[Pane, dict[str, str]]]:
+    """The rig's CLI in a tmux pane ``width`` columns wide, its model answering "Noted."
+    (after ``rules``), after a prompt of the user's own, answered and done (Gemini CLI
+    just started may miss an Enter, or take it for a newline when it comes within 30 ms
+    of a key); with the tmux delivery setting that types into that pane."""
     model = rig.model
     rig.api = model.make([*rules, Rule(lambda q: bool(model.tools(q)), say("Noted."))])
     rig.api.__enter__()
     binary, args = _start(rig)
     env = rig.env() | {"TERM": "xterm-256color"}
-    with cli_pane(binary, rig.project, env, *args) as pane:
+    with cli_pane(binary, rig.project, env, *args, width=width) as pane:
         _idle_cli(rig, pane)
         pane.type("Warm up.")
         wait_until(

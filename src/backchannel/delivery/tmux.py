@@ -114,8 +114,8 @@ as a draft; only a key the CLI has read but not yet drawn can still meet the pas
 anything, so the adapter reads the pane (``capture-pane``). An agent's prompt is the
 last line of the screen that begins with a prompt mark (``>``, ``›``, ``❯``, inside a
 box's border or not: Claude Code, Codex, Gemini CLI; :func:`input_line`); the text
-waits in it while that line holds the text's first characters (:func:`text_head`) or a
-paste placeholder (:func:`waits_in_prompt`). The Enter comes only once the prompt shows
+waits in it while that line (with the rows a narrow pane wraps the input into) holds the
+text's first characters (:func:`text_head`) or a paste placeholder (:func:`waits_in_prompt`). The Enter comes only once the prompt shows
 the text (up to :data:`SUBMIT_WAIT` seconds): Gemini CLI just done with a turn (its
 ``AfterAgent`` hook running) read the paste and its Enter in one go later and took the
 Enter for a newline. The message counts delivered only once every read for
@@ -271,7 +271,8 @@ _FRAME = re.compile(r"^[╭┌╰└]?[─━═▔▁-]{3,}")
 #: How many lines of its footer a CLI shows below its live input line (:func:`live_input`):
 #: Claude Code one (its mode line), Gemini CLI two (workspace and sandbox, their values),
 #: Codex two (its status line, its shortcuts). A third is something else: a panel, a
-#: search, a list of suggestions whose Enter would pick one.
+#: search, a list of suggestions whose Enter would pick one. A line the CLI wrapped over
+#: several rows of a narrow pane counts once (:func:`_footer_lines`).
 FOOTER_MAX = 2
 #: Within how many lines above it Claude Code's and Gemini CLI's live input line has its
 #: frame's rule (Gemini CLI puts a hint line, ``Shift+Tab to accept edits``, between).
@@ -310,7 +311,8 @@ def paste_settle(text: str) -> float:
 def text_head(text: str) -> str:
     """What of ``text`` (sanitized) an agent's prompt shows at the start of its input
     line while the text waits unsubmitted: its first line up to a tab, at most 20
-    characters (a narrow pane wraps the rest)."""
+    characters (a narrow pane may wrap them onto the input's next row:
+    :func:`waits_in_prompt` reads it too)."""
     return text.split("\n", 1)[0].split("\t", 1)[0][:20].strip()
 
 
@@ -329,7 +331,7 @@ def input_line(screen: str) -> str | None:
     return None
 
 
-def live_input(screen: str, kind: str) -> str | None:
+def live_input(screen: str, kind: str, width: int | None = None) -> str | None:
     """The input line of a :data:`PROMPTED` CLI's prompt on ``screen`` (less its mark)
     when it is the CLI's live one; None when the last line with a prompt mark is only
     the conversation's echo of an earlier prompt, with something the adapter does not
@@ -342,7 +344,9 @@ def live_input(screen: str, kind: str) -> str | None:
     :data:`FOOTER_MAX` lines of the CLI's footer (Claude Code's mode line, Gemini CLI's
     workspace and model lines, Codex's status line and shortcuts). For Claude Code and
     Gemini CLI the line must also be framed: its border, or a rule within
-    :data:`FRAME_ABOVE` lines above it (an echo has the conversation above it)."""
+    :data:`FRAME_ABOVE` lines above it (an echo has the conversation above it).
+    ``width``: the pane's (``#{pane_width}``); with it, a footer line the CLI wrapped
+    over several rows of a narrow pane counts once (:func:`_footer_lines`)."""
     lines = screen.splitlines()
     for at in range(len(lines) - 1, -1, -1):
         raw = lines[at].strip()
@@ -357,14 +361,35 @@ def live_input(screen: str, kind: str) -> str | None:
     end = 0  # the input's own lines (a text typed over several) end at its frame or a blank
     while end < len(below) and below[end] and not _FRAME.match(below[end]):
         end += 1
-    footer = [ln for ln in below[end:] if ln and not _FRAME.match(ln)]
-    if len(footer) > FOOTER_MAX:
+    footer = [lines[at + 1 + n] for n in range(end, len(below)) if below[n]]
+    footer = [ln for ln in footer if not _FRAME.match(ln.strip())]
+    if (len(footer) if width is None else _footer_lines(footer, width)) > FOOTER_MAX:
         return None
     if kind != "codex" and not raw.startswith(tuple(_BORDERS)):
         above = [ln.strip() for ln in lines[:at] if ln.strip()][-FRAME_ABOVE:]
         if not any(_FRAME.match(ln) for ln in above):
             return None
     return line[1:].strip()
+
+
+def _columns(text: str) -> int:
+    """How many cells of tmux's grid ``text`` (plain, one line) takes (:func:`_width`)."""
+    return sum(_width(c) for c in re.sub(f"{_ZWJ}.", "", text.rstrip()))
+
+
+def _footer_lines(rows: Sequence[str], width: int) -> int:
+    """How many lines of a CLI's footer ``rows`` (rows of the screen, none blank, in a
+    pane ``width`` columns wide) are: a row whose first word would have fitted at
+    the end of the row above it starts a line of its own; one whose first word would not
+    continues the line above, wrapped there by a pane too narrow for it (Codex's status
+    line with a long working directory or thread title: three rows in a pane of 40
+    columns, one at 160)."""
+    lines = 0
+    for n, row in enumerate(rows):
+        word = row.split(maxsplit=1)[0]
+        if n == 0 or _columns(rows[n - 1]) + 1 + _columns(word) <= width:
+            lines += 1
+    return lines
 
 
 _SGR = re.compile(r"\x1b\[([0-9;:]*)m")
@@ -397,8 +422,9 @@ def _grey(params: list[int], at: int) -> tuple[bool, int]:
 
 
 class _Cell(NamedTuple):
-    """One character of a line as ``capture-pane -e`` gave it: the character, the
-    column it starts at, whether it is drawn faint (SGR ``2``) or grey (``90``, or
+    """One cell of a line as ``capture-pane -e`` gave it: its character (with the marks
+    and joined characters tmux keeps in the same cell, :func:`_width`), the column it
+    starts at, whether it is drawn faint (SGR ``2``) or grey (``90``, or
     ``38;5;N`` / ``38;2;R;G;B`` of a grey between black and white), and whether in
     reverse video (how Claude Code and Gemini CLI draw their cursor)."""
 
@@ -408,10 +434,23 @@ class _Cell(NamedTuple):
     reverse: bool
 
 
+#: What joins the character after it to the one before it, in one cell of tmux's grid
+#: (an emoji sequence: ``👨\u200d👩\u200d👧`` takes the cells of its first emoji).
+_ZWJ = "\u200d"
+
+
 def _width(char: str) -> int:
-    """How many columns of a terminal ``char`` takes (a wide character two, a combining
-    one none), as tmux counts them for ``#{cursor_x}``."""
-    if unicodedata.combining(char):
+    """How many cells of tmux's grid ``char`` takes, as tmux counts them for
+    ``#{cursor_x}`` (the C library's ``wcwidth`` in a UTF-8 locale): two for an East
+    Asian wide or full-width character (CJK, most emoji), none for a mark that joins
+    the character before it (combining marks of any class, Indic and Thai vowel signs,
+    enclosing marks such as the keycap's, variation selectors such as the emoji one,
+    ``U+FE0F``), a format character (zero-width space and joiner, direction marks) or a
+    Hangul vowel or final consonant (``U+1160``-``U+11FF``, drawn in the syllable before
+    it); one for anything else, the soft hyphen included."""
+    if char == "\xad":
+        return 1
+    if unicodedata.category(char) in ("Mn", "Me", "Cf") or "\u1160" <= char <= "\u11ff":
         return 0
     return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
@@ -454,8 +493,13 @@ def _cells(line: str) -> list[_Cell]:
             if m := _ESCAPE.match(line, at):
                 at = m.end()
                 continue
-        cells.append(_Cell(line[at], col, faint or grey, reverse))
-        col += _width(line[at])
+        char = line[at]
+        if cells and (_width(char) == 0 or cells[-1].char.endswith(_ZWJ)):
+            # joined to the character before it: in that one's cell, drawn as it is
+            cells[-1] = cells[-1]._replace(char=cells[-1].char + char)
+        else:
+            cells.append(_Cell(char, col, faint or grey, reverse))
+            col += _width(char)
         at += 1
     return cells
 
@@ -492,12 +536,14 @@ def _blank(char: str) -> bool:
     return char.isspace() or char in _BORDERS
 
 
-def draft(screen: str, kind: str, cursor: tuple[int, int] | None = None) -> str | None:
+def draft(
+    screen: str, kind: str, cursor: tuple[int, int] | None = None, width: int | None = None
+) -> str | None:
     """The text its user is typing in the live input line (:func:`live_input`) of a
     :data:`PROMPTED` CLI on ``screen`` (``capture-pane -e``, with its colours); None
     when the line is empty or shows only the CLI's placeholder, or when no live input
     line shows. ``cursor``: tmux's ``(#{cursor_x}, #{cursor_y})`` of the pane, read with
-    the screen.
+    the screen; ``width``: the pane's, as for :func:`live_input`.
 
     A placeholder starts at the cursor at the start of an empty input and runs after
     it; typed text ends at the cursor or runs past it. So a character drawn faint or
@@ -510,7 +556,7 @@ def draft(screen: str, kind: str, cursor: tuple[int, int] | None = None) -> str 
     cell in reverse video is taken for the cursor. A known placeholder's text
     (:data:`_KNOWN_PLACEHOLDERS`) at the cursor, with nothing typed before it, is no
     draft in any colours."""
-    if live_input(plain(screen), kind) is None or (found := _prompt_cells(screen)) is None:
+    if live_input(plain(screen), kind, width) is None or (found := _prompt_cells(screen)) is None:
         return None
     at, cells = found
     if kind == "codex" and (cells[0].pale or cells[0].reverse):
@@ -583,11 +629,25 @@ def dialog(screen: str) -> str | None:
 
 def waits_in_prompt(screen: str, head: str) -> bool:
     """Whether ``screen`` shows a text starting with ``head`` (:func:`text_head`) still
-    in the agent's prompt: its :func:`input_line` holds ``head`` or a paste placeholder."""
+    in the agent's prompt: its :func:`input_line` holds a paste placeholder, or it and
+    the rows under it that the input wraps into (up to a blank row or its frame's edge)
+    hold ``head``, spaces aside (a CLI wraps the text at a space, before a word that does
+    not fit: in a narrow pane the head's last words are on the input's second row)."""
     line = input_line(screen)
     if line is None:
         return False
-    return bool(head and head in line) or any(p in line.lower() for p in _PLACEHOLDERS)
+    if any(p in line.lower() for p in _PLACEHOLDERS):
+        return True
+    if not head:
+        return False
+    rows = [row.strip().strip(_BORDERS).strip() for row in screen.splitlines()]
+    at = max(n for n, row in enumerate(rows) if row.startswith(_PROMPT_MARKS))
+    shown = [line]
+    for row in rows[at + 1 :]:
+        if not row or _FRAME.match(row):
+            break
+        shown.append(row)
+    return "".join(head.split()) in "".join("".join(shown).split())
 
 
 def sanitize(text: str) -> str:
@@ -653,6 +713,7 @@ class TmuxAdapter(Adapter):
         key = json.dumps([self.socket, ctx.team, ctx.member])
         self._record = _record_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
         self._typed: OrderedDict[str, _Typed] = self._load()
+        self._width: int | None = None  # the pane's, as last looked up
         self.agents = agent_commands(
             ctx.option("agent_commands", DEFAULT_AGENT_COMMANDS), f"member {ctx.member!r}"
         )
@@ -720,8 +781,8 @@ class TmuxAdapter(Adapter):
                 "-p",
                 "-t",
                 self.target,
-                "#{pane_id} #{pane_pid} #{pane_dead} #{pane_in_mode} #{pane_tty} "
-                "#{pane_current_command}",
+                "#{pane_id} #{pane_pid} #{pane_dead} #{pane_in_mode} #{pane_width} "
+                "#{pane_tty} #{pane_current_command}",
             )
         if rc != 0:
             if any(s in text.lower() for s in _GONE):
@@ -730,12 +791,14 @@ class TmuxAdapter(Adapter):
                     "restart the agent in that pane, or change the member's delivery target"
                 )
             raise AdapterError(f"tmux could not look up pane {self.target!r}: {text or rc}")
-        parts = text.split(" ", 5)
-        if len(parts) == 5:
+        parts = text.split(" ", 6)
+        if len(parts) == 6:
             parts.append("")  # tmux could not name the foreground program
-        if len(parts) != 6 or not parts[0].startswith("%"):
+        if len(parts) != 7 or not parts[0].startswith("%"):
             raise AdapterError(f"unexpected answer from tmux about pane {self.target!r}: {text!r}")
-        pane_id, pane_pid, dead, in_mode, tty, foreground = parts
+        pane_id, pane_pid, dead, in_mode, width, tty, foreground = parts
+        # the footer under the CLI's input line is read at this width (see live_input)
+        self._width = int(width) if width.isdigit() else None
         if dead == "1":
             raise PermanentDeliveryError(
                 f"the program in tmux pane {self.target!r} has exited; restart the agent there"
@@ -819,7 +882,7 @@ class TmuxAdapter(Adapter):
             line = self._live(screen)
             if line is not None and line.startswith(_COMMAND_MARKS):
                 raise self._held_by_command(pane, line)
-            if line and draft(screen, self.ctx.kind, cursor) is not None:
+            if line and draft(screen, self.ctx.kind, cursor, self._width) is not None:
                 raise self._held_by_draft(pane)
             if line is not None:
                 x, y = cursor
@@ -847,7 +910,7 @@ class TmuxAdapter(Adapter):
         it delivers (``expect``, its :func:`text_head`: pasted by an earlier attempt,
         waiting for its Enter)."""
         seen = await self._cursor_screen(pane)
-        if seen is None or draft(seen[1], self.ctx.kind, seen[0]) is None:
+        if seen is None or draft(seen[1], self.ctx.kind, seen[0], self._width) is None:
             return False
         return not (expect is not None and waits_in_prompt(plain(seen[1]), expect))
 
@@ -878,7 +941,7 @@ class TmuxAdapter(Adapter):
     def _live(self, screen: str) -> str | None:
         """:func:`live_input` of the member's kind on ``screen`` (with its colours for
         Codex: a line whose mark is drawn faint is an echo, :func:`echo_mark`)."""
-        line = live_input(plain(screen), self.ctx.kind)
+        line = live_input(plain(screen), self.ctx.kind, self._width)
         if line is not None and self._escapes and echo_mark(screen):
             return None
         return line
