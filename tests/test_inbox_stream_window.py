@@ -265,6 +265,14 @@ async def test_a_stream_resumed_after_an_anchor_it_leased_last_sends_the_anchor(
         assert got == [("message", (anchor.message_id, 1))]
 
 
+async def _cancelled(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the readers a test started and wait for each to end."""
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def _stalled_reader(url: str, token: str, params: str) -> socket.socket:
     """A reader of ``GET /v1/inbox/stream?{params}`` that takes nothing in (a hung
     process, a proxy that stopped forwarding), its connection open."""
@@ -393,10 +401,7 @@ async def test_a_stream_opened_under_the_name_of_one_still_open_supersedes_it(
             await eventually(lambda: len(new) >= 4, what="the new stream to send the rest")
             assert new == [("message", (i, 1)) for i in [seen, *later]]
         finally:
-            for task in reading:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancelled(reading)
 
 
 @pytest.mark.slow
@@ -431,10 +436,7 @@ async def test_a_stream_opened_again_on_another_hub_supersedes_the_one_still_ope
             assert old[0] == ("message", (seen, 1))
             assert old[-1] == ("error", "invalid_state")
         finally:
-            for task in reading:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancelled(reading)
 
 
 async def test_a_streams_hold_on_its_name_dropped_unclosed_leaves_nothing(tmp_path: Path) -> None:
@@ -505,10 +507,7 @@ async def test_a_stream_opened_again_on_another_hub_ends_the_old_one_at_once(
                 await eventually(lambda: len(new) >= 2, what="the new stream to send the rest")
                 assert new == [("message", (seen, 1)), ("message", (later, 1))]
             finally:
-                for task in reading:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await _cancelled(reading)
 
 
 @pytest.mark.slow
@@ -647,10 +646,7 @@ async def test_a_stream_opened_again_on_another_hub_process_ends_the_old_one_at_
             assert old == [("message", (seen, 1)), ("error", "invalid_state")]
             assert new == [("message", (seen, 1))]
         finally:
-            for task in reading:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancelled(reading)
     finally:
         if two is not None:
             two.stop()

@@ -524,17 +524,7 @@ class Sessions:
         text: str = "",
         data: Mapping[str, Any] | None = None,
     ) -> int:
-        return c.tx.append_event(
-            SessionEvent(
-                session.team,
-                session.session_id,
-                session.turn,
-                self.clock.now(),
-                kind,
-                text,
-                dict(data or {}),
-            )
-        )
+        return c.tx.append_event(self._event_row(session, kind, text, data))
 
     def note(
         self,
@@ -546,16 +536,19 @@ class Sessions:
     ) -> None:
         """As :meth:`event`, for a caller that needs no event id (the store may send it
         with its next statement)."""
-        c.tx.note_event(
-            SessionEvent(
-                session.team,
-                session.session_id,
-                session.turn,
-                self.clock.now(),
-                kind,
-                text,
-                dict(data or {}),
-            )
+        c.tx.note_event(self._event_row(session, kind, text, data))
+
+    def _event_row(
+        self, session: Session, kind: EventKind, text: str, data: Mapping[str, Any] | None
+    ) -> SessionEvent:
+        return SessionEvent(
+            session.team,
+            session.session_id,
+            session.turn,
+            self.clock.now(),
+            kind,
+            text,
+            dict(data or {}),
         )
 
     async def terminate_session(
