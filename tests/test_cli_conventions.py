@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -595,3 +596,18 @@ def test_a_value_outside_an_options_closed_set_is_a_usage_error_naming_the_choic
     assert "newbie" not in names
     ok = run("member", "add", "demo", "newbie", "--kind", "codex", env=cases[0][1])
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_client_command_loads_no_hub() -> None:
+    """The CLI and the SDK talk to a hub over HTTP: a command (``send``, ``inbox``...)
+    that loaded the hub's own code started a quarter of a second later each time, for
+    nothing. Ids and outgoing messages come from ``backchannel.core``."""
+    probe = (
+        "import sys, backchannel.interfaces.cli, backchannel.client\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('backchannel.hub', "
+        "'backchannel.stores.sqlite', 'backchannel.stores.postgres', 'fastapi'))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]", loaded

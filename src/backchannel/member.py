@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from backchannel.core.messages import Outgoing
 from backchannel.core.pages import PAGE
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES, TIMER_PAGE
 from backchannel.errors import BackchannelError, InvalidRequest, NotFound
-from backchannel.hub.messages import Outgoing
 from backchannel.models import (
     MAX_BATCH,
     Acked,

@@ -21,11 +21,10 @@ from backchannel.client._transport import (
     _seconds,
     hook_result,
 )
+from backchannel.core.ids import new_message_id, new_receive_id, new_request_id, new_session_id
 from backchannel.core.pages import MAX_PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE
 from backchannel.errors import BackchannelError, InvalidRequest, PeerError
-from backchannel.hub.messages import new_message_id, new_receive_id, new_request_id
-from backchannel.hub.sessions import new_session_id
 from backchannel.member import answer_delegation
 from backchannel.models import (
     Acked,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from backchannel.core.budget import ChainRef
 from backchannel.errors import (
     InvalidName,
     InvalidRequest,
@@ -25,6 +26,7 @@ from backchannel.types import (
     SESSION_PATTERN,
     DeliveryState,
     Message,
+    MessageKind,
     Recipient,
     Session,
     SessionState,
@@ -35,6 +37,25 @@ NAME_RE = re.compile(NAME_PATTERN)
 SESSION_RE = re.compile(SESSION_PATTERN)
 MESSAGE_ID_RE = re.compile(MESSAGE_ID_PATTERN)
 DEFAULT_MAX_TEXT = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message of :meth:`Messages.send_many`: the arguments of :meth:`Messages.send`
+    after the sender."""
+
+    to: str
+    text: str
+    summary: str | None = None
+    message_id: str | None = None
+    kind: MessageKind = MessageKind.DIRECT
+    sender_session: str | None = None
+    to_session: str | None = None
+    meta: Mapping[str, Any] | None = None
+    link: bool = True
+    close_link: bool = False
+    link_budget: int | None = None
+    chain: ChainRef | None = None  # named by another hub: see ``SendOptions.chain``
 
 
 def check_name(what: str, name: str) -> str:

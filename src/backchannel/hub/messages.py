@@ -10,12 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
-import secrets
-import time
-import uuid
 import weakref
 from collections.abc import (
     AsyncGenerator,
@@ -32,6 +28,8 @@ from typing import Any
 from backchannel.core import messages as rules
 from backchannel.core import notices
 from backchannel.core.budget import ChainRef, context_key
+from backchannel.core.ids import new_message_id
+from backchannel.core.messages import Outgoing
 from backchannel.core.timers import (
     Reply,
     anchors_first,
@@ -67,18 +65,7 @@ __all__ = [
     "Messages",
     "Outgoing",
     "new_message_id",
-    "new_receive_id",
 ]
-
-_ID_PREFIX = secrets.token_hex(4)  # per process: ids from different processes never meet
-_id_counter = itertools.count()
-
-
-def new_message_id() -> str:
-    """Time-ordered (nanoseconds, then a per-process random prefix and a counter): new
-    rows land at the end of the indexes instead of all over them, which keeps commits
-    small, and no system call is needed per id."""
-    return f"msg_{time.time_ns():016x}{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
 
 
 #: The detail of a ``released`` event whose lease was not counted as an attempt.
@@ -101,11 +88,6 @@ class StreamHold:
     wake: asyncio.Event
 
 
-def new_receive_id() -> str:
-    """A name for one receive (``receive_id``): random, so no two clients share one."""
-    return f"rcv_{uuid.uuid4().hex}"
-
-
 def _number(value: object, *, whole: bool = False) -> bool:
     """``value`` is a number (an int if ``whole``), not a bool, not NaN."""
     if isinstance(value, bool):
@@ -113,31 +95,6 @@ def _number(value: object, *, whole: bool = False) -> bool:
     if whole:
         return isinstance(value, int)
     return isinstance(value, int | float) and not math.isnan(value)
-
-
-def new_request_id() -> str:
-    """A client's id for one call it may make again under that id (an event, a timer):
-    made again, the hub answers the first answer instead of doing it twice."""
-    return f"req_{uuid.uuid4().hex}"
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One message of :meth:`Messages.send_many`: the arguments of :meth:`Messages.send`
-    after the sender."""
-
-    to: str
-    text: str
-    summary: str | None = None
-    message_id: str | None = None
-    kind: MessageKind = MessageKind.DIRECT
-    sender_session: str | None = None
-    to_session: str | None = None
-    meta: Mapping[str, Any] | None = None
-    link: bool = True
-    close_link: bool = False
-    link_budget: int | None = None
-    chain: ChainRef | None = None  # named by another hub: see ``SendOptions.chain``
 
 
 @dataclass(frozen=True, slots=True)

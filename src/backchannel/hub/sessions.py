@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from backchannel.core import messages as rules
 from backchannel.core import turns
+from backchannel.core.ids import new_session_id
 from backchannel.errors import (
     Forbidden,
     InvalidRequest,
@@ -75,11 +75,6 @@ RUNTIME_META = "runtime"
 MIN_BEAT_S = 1.0
 #: How many of a member's undelivered copies a silent session's check looks through.
 _SILENT_SCAN = 1000
-
-
-def new_session_id(member: str) -> str:
-    """A new session's id when its opener names none: ``<member>-<12 hex digits>``."""
-    return f"{member}-{uuid.uuid4().hex[:12]}"
 
 
 def exit_grace(settings: Mapping[str, Any]) -> float:

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from backchannel import config
 from backchannel.client import Client
+from backchannel.core.ids import new_message_id
 from backchannel.core.pages import MAX_PAGE, PAGE
 from backchannel.core.timers import MAX_TIMER_PAGE, TIMER_PAGE, Intent
 from backchannel.delivery.ownership import MIN_OWNERSHIP_S, OWNERSHIP_S
@@ -38,7 +39,6 @@ from backchannel.errors import (
     PeerError,
     Unauthorized,
 )
-from backchannel.hub.messages import new_message_id
 from backchannel.interfaces import cli_hub
 from backchannel.interfaces.cli_options import (
     HomeOpt,

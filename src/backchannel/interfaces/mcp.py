@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backchannel import __version__
 from backchannel.client import Client
 from backchannel.core import framing
+from backchannel.core.ids import new_message_id
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.core.timers import MAX_SECONDS as MAX_TIMER_SECONDS
 from backchannel.core.timers import MIN_SECONDS as MIN_TIMER_SECONDS
@@ -48,7 +49,6 @@ from backchannel.errors import (
     ServiceError,
     UnknownSession,
 )
-from backchannel.hub.messages import new_message_id
 from backchannel.hub.sessions import ALIVE_STEP_S, MIN_BEAT_S
 from backchannel.interfaces.mcp_channel import CAPABILITY, ChannelPusher, notification
 from backchannel.interfaces.strict import REFUSED, parse_json

@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 import httpx
 
 from backchannel.client import Client, Received
+from backchannel.core.ids import new_request_id
 from backchannel.core.messages import MESSAGE_ID_RE
 from backchannel.errors import BackchannelError, PeerError, StoreError
-from backchannel.hub.messages import new_request_id
 from backchannel.models import GIVE_UP_REASON
 from backchannel.runner import story
 from backchannel.runner.models import (

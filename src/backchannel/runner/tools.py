@@ -20,9 +20,9 @@ from typing import Any
 
 from backchannel.client import Client
 from backchannel.core import framing
+from backchannel.core.ids import new_message_id, new_request_id
 from backchannel.core.timers import DEFAULT_ANCHOR_MINUTES
 from backchannel.errors import BackchannelError, ToolFailed
-from backchannel.hub.messages import new_message_id, new_request_id
 from backchannel.runner.models import ToolSpec
 from backchannel.runtimes.common import format_message
 

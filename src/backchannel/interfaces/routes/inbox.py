@@ -31,9 +31,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from backchannel.core.ids import new_receive_id
 from backchannel.core.messages import MAX_LEASE, MAX_LIMIT, MAX_WAIT
 from backchannel.errors import BackchannelError, InvalidState
-from backchannel.hub.messages import new_receive_id
 from backchannel.interfaces.guard import ABORT
 from backchannel.interfaces.routes.deps import AsMember, hub_of, principal, revoked
 from backchannel.interfaces.routes.messages import as_documented, fast_call, read_python
