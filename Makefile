@@ -47,8 +47,11 @@ lint: setup
 types: setup
 	$(VENV)/bin/mypy
 
+# the suite's workers: one per core, at most 4 (PYTEST_WORKERS=0 runs it in this process);
+# each worker has its own PostgreSQL, hubs and temporary files (tests/conftest.py groups them)
+PYTEST_WORKERS ?= auto
 unit: setup-system
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup $(PYTEST_ARGS)
 
 test: lint types unit a2a-tck
 

@@ -41,6 +41,22 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# -- workers ------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """How ``make test`` shares the suite among its workers (pytest-xdist, ``--dist
+    loadgroup``): each file's tests on one worker, so its module fixtures (a browser, a
+    hub, a CLI's first turn) are set up once; and every test that drives a real agent CLI
+    on the same worker, one at a time. Two Node.js CLIs starting together beside the
+    hubs starve each other of the two cores this suite is planned for, and a CLI that
+    reads its keys late is not what those tests are about."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "realcli" if item.get_closest_marker("realcli") else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 # -- no real network ---------------------------------------------------------------
 
 _real_connect = socket.socket.connect

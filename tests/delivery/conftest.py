@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,11 +28,19 @@ def node_modules() -> Path:
             pytrace=False,
         )
     modules = NPM_CACHE / "node_modules"
+    NPM_CACHE.mkdir(parents=True, exist_ok=True)
+    ignore = REPO / ".cache" / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    # the suite's workers share the cache: one installs while the others wait for it
+    with open(NPM_CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install(npm, modules)
+    return modules
+
+
+def _install(npm: str, modules: Path) -> None:
     if not (modules / "proper-lockfile" / "package.json").is_file():
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        ignore = REPO / ".cache" / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("*\n")
         done = subprocess.run(
             [
                 npm,
@@ -52,4 +61,3 @@ def node_modules() -> Path:
                 f"(exit {done.returncode}):\n{done.stdout}\n{done.stderr}",
                 pytrace=False,
             )
-    return modules

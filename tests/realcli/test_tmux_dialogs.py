@@ -71,6 +71,20 @@ def _run_shell(rig: Rig, command: str) -> Any:
     return reply
 
 
+def _asked_once(rig: Rig, mark: str, text: str, screen: str) -> list[str]:
+    """The model was asked with ``text``, framed as bob's message, in exactly one
+    prompt: the only one of the CLI's turns that holds ``mark``. On failure, every
+    request the model got (the CLI's own ones without tools too) and the pane. Returns
+    the prompts of the CLI's turns."""
+    assert rig.api is not None
+    requests = list(rig.api.requests)
+    asked = [_prompt(rig, q) for q in requests if rig.model.tools(q)]
+    seen = [(bool(rig.model.tools(q)), _prompt(rig, q)[-300:]) for q in requests]
+    want = [_typed_as(rig, frame("[From bob]", text))]
+    assert [p for p in asked if mark in p] == want, (seen, screen)
+    return asked
+
+
 async def test_a_message_typed_while_the_cli_asks_to_run_a_tool_approves_nothing(
     rig: Rig, tmp_path: Path
 ) -> None:
@@ -206,9 +220,8 @@ async def test_a_message_typed_while_the_cli_shows_a_picker_waits_for_it_to_clos
                     "the answer to the message",
                     pane,
                 )
-    assert rig.api is not None
-    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
-    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+                screen = pane.screen()
+    _asked_once(rig, mark, text, screen)
 
 
 #: What each CLI lists once its user typed ``/`` into its prompt (Gemini CLI under the
@@ -305,10 +318,8 @@ async def _held_while_the_user_types(
                     "the answer to the message",
                     pane,
                 )
-    assert rig.api is not None
-    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
-    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
-    return asked
+                screen = pane.screen()
+    return _asked_once(rig, mark, text, screen)
 
 
 async def test_a_message_waits_while_the_user_types_a_command_into_the_cli_prompt(
@@ -399,9 +410,8 @@ async def test_a_message_reaches_the_cli_in_a_pane_40_columns_wide(typing_rig: R
                     "the answer to the message",
                     pane,
                 )
-    assert rig.api is not None
-    asked = [_prompt(rig, q) for q in list(rig.api.requests) if rig.model.tools(q)]
-    assert [p for p in asked if mark in p] == [_typed_as(rig, frame("[From bob]", text))], asked
+                screen = pane.screen()
+    _asked_once(rig, mark, text, screen)
 
 
 async def test_a_wide_character_draft_with_the_cursor_moved_onto_it_holds_the_message(
