@@ -348,6 +348,32 @@ async def test_with_umask_000_a_stdin_agents_output_file_and_its_parents_are_pri
     assert made == _private(made, tmp_path)
 
 
+async def test_a_stdin_agents_output_file_left_open_to_others_is_narrowed(
+    tmp_path: Path,
+) -> None:
+    """The agent's output holds the messages it was given. An output file that was
+    already there, readable by everyone (made by hand, or by a tool with umask 022), was
+    appended to as it was: every message the agent got went into a file any user could
+    read. Now it is narrowed to 0600 as it is opened; what it held is kept. A path that
+    is not a regular file (``/dev/null``, a FIFO) keeps its mode."""
+    out = tmp_path / "lead.log"
+    out.write_text("the run before\n")
+    out.chmod(0o644)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo, 0o644)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens for writing once read
+    try:
+        for path in (out, fifo):
+            agent = StdinAgent(["sh", "-c", "echo said"], stdout=path)
+            await agent.start()
+            await agent.close()
+    finally:
+        os.close(reader)
+    assert _mode(out) == 0o600
+    assert out.read_text().startswith("the run before\n")
+    assert _mode(fifo) == 0o644
+
+
 # -- the admin token's file ---------------------------------------------------------
 
 

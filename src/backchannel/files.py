@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["no_space", "private_dirs", "state_mark", "write_atomic", "write_mark"]
+log = logging.getLogger(__name__)
+
+__all__ = ["narrow", "no_space", "private_dirs", "state_mark", "write_atomic", "write_mark"]
 
 
 def write_atomic(
@@ -89,6 +92,25 @@ def _umask() -> int:
     old = os.umask(0o022)
     os.umask(old)
     return old
+
+
+def narrow(fd: int, path: Path) -> None:
+    """Make the regular file open as ``fd`` private (0600) if it is open to others: a
+    file the hub appends to that was there before it (an agent's output named in a
+    delivery setting). What is not a regular file (``/dev/null``, a FIFO, a terminal)
+    keeps its mode. A file the hub may not change (another user's) is left as it is,
+    with a warning naming it."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not stat.S_IMODE(st.st_mode) & 0o077:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError as exc:
+        log.warning(
+            "%s is open to other users (mode %o) and could not be made private (%s); "
+            "what the hub writes there can be read by them: chmod 600 it",
+            path, stat.S_IMODE(st.st_mode), exc.strerror or exc,
+        )  # fmt: skip
 
 
 def private_dirs(folder: Path) -> None:

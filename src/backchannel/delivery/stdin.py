@@ -63,7 +63,7 @@ from backchannel.delivery.base import (
     agent_text,
 )
 from backchannel.errors import BackchannelError, Forbidden, InvalidState, StdinClosed
-from backchannel.files import no_space, private_dirs
+from backchannel.files import narrow, no_space, private_dirs
 from backchannel.types import EventKind, InboxMessage
 
 __all__ = [
@@ -125,6 +125,7 @@ class StdinAgent:
             private_dirs(self.stdout.parent)
             # the agent's output holds its messages: private, as every file the hub writes
             fd = os.open(self.stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            narrow(fd, self.stdout)  # one that was there, open to others, too
             out = os.fdopen(fd, "ab")  # the child keeps a copy
         try:
             self.proc = await asyncio.create_subprocess_exec(
