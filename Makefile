@@ -51,7 +51,7 @@ types: setup
 # each worker has its own PostgreSQL, hubs and temporary files (tests/conftest.py groups them)
 PYTEST_WORKERS ?= auto
 unit: setup-system
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
 
 test: lint types unit a2a-tck
 

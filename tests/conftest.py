@@ -44,17 +44,25 @@ def pytest_configure(config: pytest.Config) -> None:
 # -- workers ------------------------------------------------------------------------
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """How ``make test`` shares the suite among its workers (pytest-xdist, ``--dist
-    loadgroup``): each file's tests on one worker, so its module fixtures (a browser, a
+    loadfile``): each file's tests on one worker, so its module fixtures (a browser, a
     hub, a CLI's first turn) are set up once; and every test that drives a real agent CLI
-    on the same worker, one at a time. Two Node.js CLIs starting together beside the
-    hubs starve each other of the two cores this suite is planned for, and a CLI that
-    reads its keys late is not what those tests are about."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "realcli" if item.get_closest_marker("realcli") else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    (``tests/realcli``) on the same worker, one at a time. Two Node.js CLIs starting
+    together beside their hubs starve each other of the two cores this suite is planned
+    for, and a CLI that reads its keys late is not what those tests are about. (xdist's
+    ``loadgroup`` would say this with marks, but it renames tests in a way pytest 9 no
+    longer sees.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _RealCliTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/realcli/" if path.startswith("tests/realcli/") else path
+
+    return _RealCliTogether(config, log)
 
 
 # -- no real network ---------------------------------------------------------------
