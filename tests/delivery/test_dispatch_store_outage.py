@@ -245,8 +245,11 @@ async def test_a_lease_whose_commit_answer_was_lost_does_not_let_later_messages_
 
             await eventually(all_acked, within=40, what="every copy acked", show=lambda: pushed.got)
         finally:
-            await d.stop()
+            # the relay first: a store thread still waiting on the connection whose answer
+            # was lost (a test that failed or timed out) then fails instead of holding the
+            # dispatcher's stop, and the test's teardown, without end
             proxy.down()
+            await d.stop()
     assert pushed.got == [f"m{i}" for i in range(9)], "each message pushed once, in send order"
 
 
