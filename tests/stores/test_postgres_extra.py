@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import psycopg
@@ -18,6 +20,7 @@ import pytest
 from backchannel.errors import AlreadyExists, InvalidRequest, StoreError
 from backchannel.stores.base import SCHEMA_VERSION, Tx
 from backchannel.stores.postgres import LISTENER_NAME, PostgresStore, mask_url
+from backchannel.stores.postgres.tx import PgTx
 from backchannel.testing import eventually
 from backchannel.types import (
     Delivery,
@@ -372,6 +375,81 @@ async def test_pool_recovers_when_its_connections_are_killed(
         assert await a.read(lambda tx: tx.pending_count(TEAM, "b")) == 7
     finally:
         await a.close()
+
+
+async def test_a_hub_frozen_inside_a_transaction_holds_its_team_only_until_the_server_ends_it(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """A hub's process stops between two statements of a transaction (SIGSTOP, a paused
+    VM) while it holds its team's lock. Another hub's write to that team waits only until
+    PostgreSQL ends the frozen session (``idle_in_transaction``), not until the frozen hub
+    comes back; the frozen hub, back, finds its connection gone and runs its transaction
+    again, on a fresh one, once."""
+    url = new_postgres_url()
+    frozen, other = PostgresStore(url, idle_in_transaction=1.0), PostgresStore(url)
+    holding, thawed = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def freeze_midway(tx: Tx) -> None:
+        runs.append(len(runs) + 1)
+        member = tx.get_member(TEAM, "a")
+        assert member is not None
+        tx.update_member(replace(member, settings={"run": len(runs)}))  # the team's lock
+        holding.set()
+        thawed.wait(60)  # the process stopped here
+        tx.get_member(TEAM, "b")  # its next statement, once it runs again
+
+    try:
+        for s in (frozen, other):
+            await s.open()
+        await other.transact(setup_team)
+        stalled = frozen.transact(freeze_midway)
+        assert await asyncio.to_thread(holding.wait, 10)
+        # without the setting this waits for the thaw, 60 s away
+        assert await asyncio.wait_for(other.transact(send("meanwhile")), 20) == "inserted"
+        assert not stalled.done()
+        thawed.set()
+        await asyncio.wait_for(stalled, 20)
+        assert runs == [1, 2]
+        member = await other.read(lambda tx: tx.get_member(TEAM, "a"))
+        assert member is not None and member.settings == {"run": 2}
+        assert await other.read(lambda tx: tx.pending_count(TEAM, "b")) == 1
+    finally:
+        thawed.set()
+        for s in (frozen, other):
+            await s.close()
+
+
+def _session_setting(name: str) -> Callable[[Tx], str]:
+    return lambda tx: str(cast(PgTx, tx)._one(f"SHOW {name}", ())[0])
+
+
+async def test_the_hubs_session_settings_stand_aside_for_the_administrators(
+    new_postgres_url: Callable[[], str],
+) -> None:
+    """A hub's sessions get ``idle_in_transaction_session_timeout`` and the server's TCP
+    keepalives where nobody set them; a value set for the database (as for a role) or in
+    the URL's ``options`` is left as it is."""
+    url = new_postgres_url()
+    (plain,) = await open_hubs(url, 1)
+    try:
+        assert await plain.read(_session_setting("idle_in_transaction_session_timeout")) == "15s"
+        assert await plain.read(_session_setting("tcp_keepalives_idle")) == "5"  # over TCP
+    finally:
+        await plain.close()
+    with psycopg.connect(url, autocommit=True) as admin:
+        db = admin.execute("SELECT current_database()").fetchone()
+        assert db is not None
+        admin.execute(f'ALTER DATABASE "{db[0]}" SET idle_in_transaction_session_timeout = 42000')
+    given = url + ("&" if "?" in url else "?") + "options=-c%20tcp_keepalives_idle%3D9"
+    (chosen,) = await open_hubs(given, 1)
+    try:
+        assert await chosen.read(_session_setting("idle_in_transaction_session_timeout")) == "42s"
+        assert await chosen.read(_session_setting("tcp_keepalives_idle")) == "9"
+    finally:
+        await chosen.close()
+    with pytest.raises(ValueError, match="idle_in_transaction must be"):
+        PostgresStore(url, idle_in_transaction=-1)
 
 
 def _free_port() -> int:

@@ -150,6 +150,32 @@ TCP_DEFAULTS: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+#: Seconds a session of the hub may sit inside a transaction waiting for its next
+#: statement before PostgreSQL ends it (``idle_in_transaction_session_timeout``; the
+#: default of ``PostgresStore(idle_in_transaction=)``). A hub frozen in the middle of a
+#: transaction (SIGSTOP, a paused VM, a host stalled in swap or gone from the network)
+#: holds its team's lock, and every other hub's writes to that team wait behind it, until
+#: the server ends the session: by default never. The hub's own transactions last
+#: milliseconds and never wait on anything outside the database between statements, so
+#: this only ends sessions whose hub stopped; the transaction is rolled back, and the hub,
+#: if it comes back, finds its connection gone and runs the transaction again.
+IDLE_IN_TRANSACTION = 15.0
+#: The server's side of :data:`TCP_DEFAULTS`: PostgreSQL notices a hub host gone from the
+#: network in about 11 s, not after the system's 2 hours, and frees its connection slots.
+SERVER_TCP: dict[str, str] = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+}
+#: Each setting set for the session only where nobody set it (``source = 'default'``):
+#: an administrator's value (``postgresql.conf``, ``ALTER ROLE … SET``, ``ALTER DATABASE
+#: … SET``) or the URL's own (``?options=-c%20idle_in_transaction_session_timeout%3D60s``)
+#: stands. One round trip, once a connection.
+_SESSION_SETTINGS = (
+    "SELECT set_config(s.name, v.value, false) FROM pg_settings AS s "
+    "JOIN unnest(%s::text[], %s::text[]) AS v(name, value) ON s.name = v.name "
+    "WHERE s.source = 'default'"
+)
 
 
 def probe_wait(frozen_after: float) -> float:
@@ -282,6 +308,11 @@ class PostgresStore(Store):
     string. ``pool_size`` bounds connections *and* concurrent transactions of this hub;
     the listener uses one more connection. ``connect_timeout`` bounds how long open()
     and a transaction wait for a connection before raising ``StoreError``.
+    ``idle_in_transaction`` (seconds, 0 to leave it to the server) is how long PostgreSQL
+    lets a session of this hub sit inside a transaction before ending it, so that a hub
+    frozen mid-transaction does not hold its team's lock from other hubs for good (see
+    :data:`IDLE_IN_TRANSACTION`); a value set for the role, the database or in the URL's
+    ``options`` wins.
     """
 
     def __init__(
@@ -293,10 +324,21 @@ class PostgresStore(Store):
         fallback_interval: float = 2.0,
         heartbeat_every: float = HEARTBEAT_EVERY,
         frozen_after: float = FROZEN_AFTER,
+        idle_in_transaction: float = IDLE_IN_TRANSACTION,
     ) -> None:
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
         check_heartbeat(heartbeat_every, frozen_after)
+        if not math.isfinite(idle_in_transaction) or idle_in_transaction < 0:
+            raise ValueError(
+                "idle_in_transaction must be a number of seconds, 0 to leave the server's "
+                f"setting alone, not {idle_in_transaction!r}"
+            )
+        settings = dict(SERVER_TCP)
+        if idle_in_transaction:
+            ms = max(1, round(idle_in_transaction * 1000))
+            settings["idle_in_transaction_session_timeout"] = str(ms)
+        self._session_settings = (list(settings), list(settings.values()))
         self._heartbeat_every = heartbeat_every
         self._frozen_after = frozen_after
         #: set by the heartbeat's watchdog when the server answered a fresh connection but
@@ -435,6 +477,7 @@ class PostgresStore(Store):
             # of the database coming back, however long it was away
             reconnect_timeout=self._connect_timeout,
             name=f"backchannel-{self._origin}",
+            configure=self._configure,
         )
         try:
             pool.open(wait=True, timeout=self._connect_timeout)
@@ -442,6 +485,23 @@ class PostgresStore(Store):
             pool.close()
             raise StoreError(f"cannot connect to PostgreSQL at {self.url}: {exc}") from exc
         return pool
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """A new pooled connection's session settings (:data:`_SESSION_SETTINGS`). A
+        server that refuses them still serves: the hub then lives without them."""
+        try:
+            conn.execute(_SESSION_SETTINGS, self._session_settings)
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            log.warning(
+                "PostgreSQL store %s: the session settings %s were refused (%s); a hub "
+                "frozen inside a transaction will hold its team's lock until the server "
+                "ends its session: set idle_in_transaction_session_timeout for the role",
+                self.url,
+                ", ".join(self._session_settings[0]),
+                self._one_line(exc),
+            )
 
     async def close(self) -> None:
         """Let in-flight transactions finish, stop the listener, close the pool."""
