@@ -132,10 +132,13 @@ class LocalTransport(Transport):
         self._token = token
         self._own = own_hub
         self._me: Member | None = None
+        #: the hub's token generation when ``_me`` was last looked up
+        self._seen = -1
 
     async def start(self) -> None:
         await self._hub.start()
         if self._token is not None:
+            self._seen = self._hub.members.token_generation
             self._me = await self._hub.authenticate(self._token)
             if self._me is None:
                 raise Unauthorized("invalid token: no member of any team has it")
@@ -144,21 +147,30 @@ class LocalTransport(Transport):
         if self._own:
             await self._hub.close()
 
-    def _scope(self) -> Scope:
+    async def _scope(self) -> Scope:
+        """The caller as the hub knows it now. The member is looked up again whenever the
+        hub forgot its cached tokens since the last look (a rotation, a removal, by this
+        process or, once it hears, by another on the same store): a call with a token
+        that stopped working is refused, and nothing is looked up while none changed."""
         if self._token is not None:
             if self._me is None:
                 raise Unauthorized("the client is not started: use `async with` or start()")
-            if self._me.token_hash in self._hub.revoked:
-                raise Unauthorized(
-                    "this token was rotated or its member removed; use the new token"
-                )
+            members = self._hub.members
+            if members.token_generation != self._seen:
+                seen = members.token_generation
+                me = await members.member_of_token(self._me.token_hash)
+                if me is None:
+                    raise Unauthorized(
+                        "this token was rotated or its member removed; use the new token"
+                    )
+                self._me, self._seen = me, seen
         return Scope(self._hub, self._me)
 
     async def call(self, call: Call[R]) -> R:
-        return await call.local(self._scope())
+        return await call.local(await self._scope())
 
     async def stream(self, stream: Stream[R]) -> AsyncIterator[R]:
-        async for item in stream.local(self._scope()):
+        async for item in stream.local(await self._scope()):
             yield item
 
 

@@ -84,8 +84,6 @@ class Admin:
         self.store, self.clock = env.store, env.clock
         self.members, self.quotas, self.messages = members, quotas, messages
         self.sessions, self.links, self.pipeline = sessions, links, pipeline
-        #: Hashes of tokens rotated away or removed by this process (see ``_revoke``).
-        self.revoked: set[str] = set()
         #: Events of requests that wait with a token, by the token's hash: set when the
         #: token stops working here (see :meth:`watch_revocation`).
         self._waiting: dict[str, set[asyncio.Event]] = {}
@@ -191,13 +189,11 @@ class Admin:
         return removal
 
     def _revoke(self, token_hashes: list[str]) -> None:
-        """Tokens that stopped working: forget every cached token, and remember these
-        for clients in this process that authenticated once (``attach``)."""
+        """Tokens that stopped working: forget every cached token (a client in this
+        process that authenticated once looks its member up again: see
+        ``Members.token_generation``) and stop the requests waiting with these."""
         self.members.forget_tokens()
         self.quotas.forget()  # a name added again starts with a fresh count
-        if len(self.revoked) > 10_000:
-            self.revoked.clear()
-        self.revoked.update(token_hashes)
         for digest in token_hashes:
             for event in self._waiting.pop(digest, ()):
                 event.set()

@@ -153,7 +153,6 @@ class Hub:
         self.callbacks = self.outbox.callbacks
         self.push_circuits = env.push_circuits
         self.delivery_checks = self.members.delivery_checks
-        self.revoked = self.admin.revoked
         self.watch_revocation = self.admin.watch_revocation
         self._waiters = env.waiters
         self._background = background

@@ -62,6 +62,12 @@ class Members:
         self._tokens: dict[str, _Cached] = {}
         self._forgot = 0  # how often the cache was forgotten: a read under way then caches nothing
 
+    @property
+    def token_generation(self) -> int:
+        """How often the cached tokens were forgotten: a caller that authenticated once
+        looks its member up again when this moved (a token may have stopped working)."""
+        return self._forgot
+
     def forget_tokens(self, team: str | None = None) -> None:
         """Forget the cached tokens (of ``team``'s members only, if given), and the
         answers of reads under way (they may have read before the change)."""
