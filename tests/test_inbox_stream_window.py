@@ -608,6 +608,42 @@ async def test_a_stream_resumed_after_an_acked_message_does_not_send_it_again(
                 await reading
 
 
+async def test_a_stream_resumed_after_the_one_message_it_acked_sends_none_before_it(
+    tmp_path: Path,
+) -> None:
+    # the reader saw three messages and acked only the last (it works on the others
+    # still), then reconnects with Last-Event-ID naming it: the name no longer holds
+    # that one. Before, the stream then sent all the name held, the two the reader had
+    # seen with them; now it sends none of them, and what comes next, once
+    async with _serving(tmp_path) as (hub, url, tokens):
+        ids = await _send(hub, 3)
+        params = {"receive_id": "rcv-acked-last"}
+        got = await _events(url, tokens["b"], 3, 10, params)
+        assert got == [("message", (i, 1)) for i in ids]
+        async with httpx.AsyncClient(base_url=url) as b:
+            headers = {"Authorization": f"Bearer {tokens['b']}"}
+            r = await b.post("/v1/inbox/ack", json={"message_ids": ids[-1:]}, headers=headers)
+            assert r.json()["acked"] == 1
+        seen: list[tuple[str, Any]] = []
+        reading = asyncio.create_task(
+            _events(url, tokens["b"], 99, 30, params, last=ids[-1], got=seen)
+        )
+        try:
+            [later] = await _send(hub, 1, "later")
+            await eventually(lambda: seen, what="the stream to send what came next")
+            assert seen == [("message", (later, 1))]
+            # the two seen and not acked are still the name's: acked now, nothing is lost
+            async with httpx.AsyncClient(base_url=url) as b:
+                r = await b.post(
+                    "/v1/inbox/ack", json={"message_ids": [*ids[:2], later]}, headers=headers
+                )
+                assert r.json()["acked"] == 3
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+
 @pytest.mark.slow
 async def test_a_stream_opened_again_on_another_hub_process_ends_the_old_one_at_once(
     tmp_path: Path,

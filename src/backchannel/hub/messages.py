@@ -690,8 +690,8 @@ class Messages:
         it sent them (by lease, a lease's fired anchors first: as :meth:`receive` handed
         them over), the same attempt, a page at a time (``config.held_page`` a store
         read, so a stream holding many costs no more memory than a page): those after
-        the message ``last`` when the name holds it (the reader saw that one and all
-        sent before it), all of them otherwise. Nothing is leased or changed, unless
+        the message ``last`` when the name holds it or the reader acked it (it saw that
+        one and all sent before it), all of them otherwise. Nothing is leased or changed, unless
         ``again`` (the stream opened again, sending them): then each page is handed to
         the name anew in a transaction of its own (``Tx.held_again``), each copy under a
         lease of its own (its ``lease_until`` as it now is), so a give-back of the lease
@@ -708,6 +708,8 @@ class Messages:
                         break
                 if start is not None:
                     break
+            if start is None:  # acked since: where it stood when it was leased
+                start = await self.store.read(partial(_acked_order, team, member, last))
 
         def lost(copies: Sequence[InboxMessage]) -> None:
             # handed anew for the stream and never answered to it (its client left while
@@ -1262,6 +1264,25 @@ def _handed_to_nobody(
     """A page handed anew whose reader was cancelled while it was: its copies to ``lost``."""
     if not handing.cancelled() and handing.exception() is None:
         lost(handing.result())
+
+
+def _acked_order(team: str, member: str, message_id: str, tx: Tx) -> tuple[float, bool, int] | None:
+    """Where ``member``'s copy of ``message_id`` stood in the order a receive handed it
+    over (:func:`_sent_order`), once it is acked: the reader saw it, so a stream opened
+    again after it sends none of those handed over before it, acked or not. ``None``
+    when the copy is not acked (or its history was compacted away): nothing tells where
+    the reader stopped."""
+    copy = next((d for d in tx.deliveries(team, message_id) if d.recipient.member == member), None)
+    if copy is None or copy.state is not DeliveryState.ACKED:
+        return None
+    leased = [
+        e.at for e in tx.history(team, message_id) if e.member == member and e.event == "leased"
+    ]
+    message = tx.get_message(team, message_id)
+    if not leased or message is None:
+        return None
+    held = InboxMessage(message, copy.recipient, copy.attempts, copy.seq)
+    return (leased[-1], not is_anchor(held), copy.seq)
 
 
 def _sent_order(m: InboxMessage) -> tuple[float, bool, int]:

@@ -228,8 +228,8 @@ STREAM_RECEIVE_ID = (
     "a name for this stream, the same when the client opens it again: every message it "
     "sends is leased to the name, and the stream opened again under it first sends, "
     "the same attempt and in the order it sent them, all those still leased to it "
-    "(after the one Last-Event-ID names, when it names one of them): a proxy may have "
-    "cut the connection after the hub wrote them"
+    "(after the one Last-Event-ID names, when it names one of them or one acked): a "
+    "proxy may have cut the connection after the hub wrote them"
 )
 
 #: what ``limit`` is to the event stream
@@ -348,8 +348,8 @@ async def inbox_stream(
     opened again under it (a proxy cut the connection after the hub wrote to it) sends
     first all that is still leased to the name, in the order it was sent, the same
     attempt, instead of leaving it to its lease: those after the message
-    ``Last-Event-ID`` names when it names one of them (the reader saw that one and
-    those before it), all of them otherwise. Each copy it sends again is its own (the
+    ``Last-Event-ID`` names when it names one of them or one the reader acked (it saw
+    that one and those before it), all of them otherwise. Each copy it sends again is its own (the
     old connection's end does not put it back in the queue), and it supersedes a
     stream still open under the name: that one ends with ``event: error`` (at once on
     this hub; on another hub of the same store as soon as that hub hears of it, within
