@@ -11,7 +11,9 @@ become :mod:`backchannel.errors` here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -35,6 +37,34 @@ _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 #: SQLSTATEs (prefixes) of errors after which the server closes the session: connection
 #: exceptions, operator intervention (57P01-57P05), idle_in_transaction_session_timeout
 _SESSION_ENDED = ("08", "57P", "25P03")
+
+
+#: the rows a transaction remembers (:attr:`PgTransaction._rows`, keyed by kind) that
+#: a write to each table may change; a write to any other table (jobs, the ledger, a
+#: session's transcript, deliveries, history) changes none of them
+_REMEMBERED: dict[str, frozenset[str]] = {
+    "teams": frozenset("t"),
+    "messages": frozenset("g"),
+    "members": frozenset("m"),
+    "sessions": frozenset("sav"),  # a session; a member's active and live ones
+    "budgets": frozenset("b"),
+    "links": frozenset("lk"),  # by pair, by id
+}
+_EVERY_KIND = frozenset().union(*_REMEMBERED.values())
+_WRITES_TO = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)")
+
+
+@functools.lru_cache(maxsize=512)
+def _changes(sql: str) -> frozenset[str]:
+    """The kinds of remembered rows ``sql`` may change: none for a ``SELECT`` (a
+    ``SELECT`` that writes, as through a function, is not one the stores make), those of
+    every table it writes to (in a ``WITH`` too), all of them for any other statement."""
+    if sql.startswith("SELECT"):
+        return frozenset()
+    tables = _WRITES_TO.findall(sql)
+    if not tables:
+        return _EVERY_KIND
+    return frozenset().union(*(_REMEMBERED.get(t, frozenset()) for t in tables))
 
 
 def _lock_key(team: str) -> int:
@@ -101,9 +131,9 @@ class PgTransaction:
     ) -> list[Cursor]:
         """Run ``statements`` in order, in one round trip (a pipeline) when there are
         several, or when the transaction must begin or take ``team``'s lock first (the
-        lock is granted before any of them runs). A statement that is not a ``SELECT``
-        drops the rows this transaction remembers (:attr:`_rows`), unless ``keep`` says
-        it writes none of their tables (deliveries, history)."""
+        lock is granted before any of them runs). A statement that may write one of
+        the tables whose rows this transaction remembers (:attr:`_rows`) drops them,
+        unless ``keep`` says it writes none of them (:func:`_changes`)."""
         conn = self._conn
         first: list[tuple[str, Sequence[Any]]] = []
         if not self._open:
@@ -114,8 +144,8 @@ class PgTransaction:
         if self._ahead:  # the writes made before, in order, then these statements
             first += self._ahead
             self._ahead = []
-        if self._rows and not keep and not all(s.startswith("SELECT") for s, _ in statements):
-            self._rows.clear()
+        if self._rows and not keep:
+            self._forget(statements)
         try:
             if not first and len(statements) == 1:
                 sql, args = statements[0]
@@ -166,8 +196,17 @@ class PgTransaction:
         if not self._open or team not in self._locked:
             self._exec(sql, args, team)
             return
-        self._rows.clear()
+        self._forget(((sql, args),))
         self._ahead.append((sql, args))
+
+    def _forget(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Drop the remembered rows ``statements`` may change (:func:`_changes`)."""
+        kinds = frozenset().union(*(_changes(sql) for sql, _ in statements))
+        if kinds == _EVERY_KIND:
+            self._rows.clear()
+        elif kinds:
+            for key in [k for k in self._rows if k[0] in kinds]:
+                del self._rows[key]
 
     def _one(self, sql: str, args: Sequence[Any], team: str | None = None) -> Any:
         return self._exec(sql, args, team).fetchone()

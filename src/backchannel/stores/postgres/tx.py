@@ -768,8 +768,11 @@ class PgTx(PgTransaction, LifecycleSql):
         return existing
 
     def get_link(self, team: str, link_id: str) -> Link | None:
-        row = self._one(Q.get_link, (team, link_id), team)
-        return _link(row) if row else None
+        for key, link in self._rows.items():  # read by its pair already (``prefetch``)
+            if key[0] == "l" and key[1] == team and link is not None and link.link_id == link_id:
+                return link  # type: ignore[no-any-return]
+        found: Link | None = self._cached(("k", team, link_id), Q.get_link, (team, link_id), _link)
+        return found
 
     def find_open_link(self, team: str, member_a: str, member_b: str) -> Link | None:
         pair = "|".join(sorted((member_a, member_b)))
