@@ -35,7 +35,7 @@ RECEIVE = 3
 ACK = 2
 #: a turn's steps (a receive naming the session records what it handed over, so it
 #: reads the session, its link and the context budget, and writes the transcript)
-TURN = {"receive+ack": 6, "turn_start": 5, "agent_stop, one link": 10, "agent_stop, no link": 7}
+TURN = {"receive+ack": 6, "turn_start": 5, "agent_stop, one link": 7, "agent_stop, no link": 3}
 
 
 class RoundTrips:

@@ -29,6 +29,7 @@ from backchannel.hub.messages import Messages
 from backchannel.hub.pipeline import Pipeline, Send
 from backchannel.hub.quotas import Quotas
 from backchannel.hub.sessions import Sessions
+from backchannel.stores.base import Reads
 from backchannel.types import (
     HUB_SENDER,
     EventKind,
@@ -321,6 +322,17 @@ class Turns:
     ) -> StopResult:
         tx = c.tx
         c.wake(s.team, s.member)
+        if tx.prefetches:  # what a turn's end reads, whatever its text, in one round trip
+            tx.prefetch(
+                Reads(
+                    s.team,
+                    members=(s.member,),
+                    ledger_of=s.session_id,
+                    links_of=s.member,
+                    delegation_of=s.session_id,
+                    batch=f"{s.session_id}#{s.turn}",
+                )
+            )
         limit = self.config.max_text
         fitted, cut = turns.fit_closing_text(turns.parse_closing_text(text), limit)
         parsed = self.pipeline.closing_text(c, s, fitted)

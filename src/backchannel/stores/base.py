@@ -154,6 +154,14 @@ class Reads:
     live_of: str | None = None
     #: a message by id (:meth:`Tx.get_message`: a replay?)
     message: str | None = None
+    #: this session's ledger (:meth:`Tx.ledger`: what its turn sent)
+    ledger_of: str | None = None
+    #: this member's open links (``list_links(team, member=..., open_only=True)``)
+    links_of: str | None = None
+    #: the delegation this session answers (``find_delegation(team, callee_session=...)``)
+    delegation_of: str | None = None
+    #: a caller turn's delegations (``list_delegations(team, batch=...)``)
+    batch: str | None = None
 
 
 class Tx(Protocol):

@@ -40,15 +40,17 @@ _SESSION_ENDED = ("08", "57P", "25P03")
 
 
 #: the rows a transaction remembers (:attr:`PgTransaction._rows`, keyed by kind) that
-#: a write to each table may change; a write to any other table (jobs, the ledger, a
-#: session's transcript, deliveries, history) changes none of them
+#: a write to each table may change; a write to any other table (jobs, a session's
+#: transcript, deliveries, history) changes none of them
 _REMEMBERED: dict[str, frozenset[str]] = {
     "teams": frozenset("t"),
     "messages": frozenset("g"),
     "members": frozenset("m"),
     "sessions": frozenset("sav"),  # a session; a member's active and live ones
     "budgets": frozenset("b"),
-    "links": frozenset("lk"),  # by pair, by id
+    "links": frozenset("lko"),  # by pair, by id, a member's open ones
+    "ledger": frozenset("L"),
+    "delegations": frozenset("dB"),  # a callee session's, a caller turn's
 }
 _EVERY_KIND = frozenset().union(*_REMEMBERED.values())
 _WRITES_TO = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)")

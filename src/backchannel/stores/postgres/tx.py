@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import astuple, replace
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from backchannel.errors import AlreadyExists
@@ -79,6 +80,9 @@ from backchannel.types import (
 
 __all__ = ["PgTx"]
 
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+
 
 def _load(value: Any) -> Mapping[str, Any]:
     return value or {}
@@ -136,6 +140,43 @@ def _budget(row: Any) -> Budget:
     return Budget(*row)
 
 
+def _ledger(row: Any) -> LedgerEntry:
+    return LedgerEntry(*row)
+
+
+def _one_built(build: Callable[[Any], Any]) -> Callable[[list[Cursor]], Any]:
+    """What a prefetched read of one row keeps: the row built, or ``None``."""
+    return lambda curs: build(row) if (row := curs[0].fetchone()) else None
+
+
+def _all_built(build: Callable[[Any], Any]) -> Callable[[list[Cursor]], Any]:
+    """What a prefetched read of rows keeps: each built, in order."""
+    return lambda curs: [build(row) for row in curs[0].fetchall()]
+
+
+def _sessions_built(curs: list[Cursor]) -> Any:
+    return _sessions(curs[0].fetchall())
+
+
+def _first_delegation(curs: list[Cursor]) -> Delegation | None:
+    """``find_delegation(callee_session=)``: its oldest open one, else its oldest."""
+    row = curs[0].fetchone() or curs[1].fetchone()
+    return delegation(row) if row else None
+
+
+def _open_links(team: str, member: str) -> tuple[str, Sequence[Any]]:
+    """``list_links(team, member=member, open_only=True)``."""
+    sql, args = links_query(LINK_COLS, team, member, True, None, None, parenthesized=True)
+    return pg(sql), args
+
+
+def _batch(team: str, batch: str) -> tuple[str, Sequence[Any]]:
+    """``list_delegations(team, batch=batch)``."""
+    sql, args = delegations_query(DEL_COLS, team, batch, None, None, None, None,
+                                  pending_only=False, parenthesized=True)  # fmt: skip
+    return pg(sql), args
+
+
 def _sessions(rows: list[Any]) -> list[Session]:
     return [_session(r) for r in rows]
 
@@ -174,36 +215,54 @@ class PgTx(PgTransaction, LifecycleSql):
         """Every read ``reads`` names (and the team's row) not made yet in this
         transaction, in one round trip: the one that takes the team's lock, when it is
         the first statement about the team. The answers are kept in :attr:`_rows` and
-        dropped by the next write."""
+        dropped by the next write to their tables."""
         r, team = reads, reads.team
-        wanted: list[tuple[tuple[str, str, Any], str, Sequence[Any], Any]] = [
-            (("t", team, ""), Q.get_team, (team,), _ROWS.team)
+        one, many = _one_built, _all_built
+        wanted: list[tuple[tuple[str, str, Any], list[tuple[str, Sequence[Any]]], Any]] = [
+            (("t", team, ""), [(Q.get_team, (team,))], one(_ROWS.team))
         ]
         if r.message is not None:
-            wanted.append((("g", team, r.message), Q.get_message, (team, r.message), _message))
+            wanted.append(
+                (("g", team, r.message), [(Q.get_message, (team, r.message))], one(_message))
+            )
         for name in r.members:
-            wanted.append((("m", team, name), Q.get_member, (team, name), _member))
+            wanted.append((("m", team, name), [(Q.get_member, (team, name))], one(_member)))
         if r.session is not None:
-            wanted.append((("s", team, r.session), Q.get_session, (team, r.session), _session))
+            wanted.append(
+                (("s", team, r.session), [(Q.get_session, (team, r.session))], one(_session))
+            )
         if r.active_of is not None:
-            wanted.append((("a", team, r.active_of), _ACTIVE, (team, r.active_of, 2), None))
+            wanted.append(
+                (("a", team, r.active_of), [(_ACTIVE, (team, r.active_of, 2))], _sessions_built)
+            )
         if r.live_of is not None:
-            wanted.append((("v", team, r.live_of), _LIVE, (team, r.live_of), None))
+            wanted.append((("v", team, r.live_of), [(_LIVE, (team, r.live_of))], _sessions_built))
         for key in r.budgets:
-            wanted.append((("b", team, key), Q.get_budget, (team, key), _budget))
+            wanted.append((("b", team, key), [(Q.get_budget, (team, key))], one(_budget)))
         if r.link is not None:
             pair = "|".join(sorted(r.link))
-            wanted.append((("l", team, pair), Q.find_open_link, (team, pair), _link))
-        picked = {w[0]: w for w in wanted if w[0] not in self._rows}
+            wanted.append((("l", team, pair), [(Q.find_open_link, (team, pair))], one(_link)))
+        if r.ledger_of is not None:
+            wanted.append(
+                (("L", team, r.ledger_of), [(Q.ledger, (team, r.ledger_of))], many(_ledger))
+            )
+        if r.links_of is not None:
+            wanted.append((("o", team, r.links_of), [_open_links(team, r.links_of)], many(_link)))
+        if r.delegation_of is not None:
+            args: Sequence[Any] = (team, r.delegation_of)
+            both: list[tuple[str, Sequence[Any]]] = [
+                (Q.open_delegation_of_callee, args),
+                (Q.delegation_of_callee, args),
+            ]
+            wanted.append((("d", team, r.delegation_of), both, _first_delegation))
+        if r.batch is not None:
+            wanted.append((("B", team, r.batch), [_batch(team, r.batch)], many(delegation)))
+        picked = [w for w in wanted if w[0] not in self._rows]
         if not picked:
             return
-        curs = self._exec_all([(sql, args) for _, sql, args, _ in picked.values()], team)
-        for (kept, _, _, build), cur in zip(picked.values(), curs, strict=True):
-            if build is None:
-                self._rows[kept] = _sessions(cur.fetchall())
-            else:
-                row = cur.fetchone()
-                self._rows[kept] = build(row) if row else None
+        curs = iter(self._exec_all([q for _, qs, _ in picked for q in qs], team))
+        for kept, qs, build in picked:
+            self._rows[kept] = build([next(curs) for _ in qs])
 
     def _cached(self, key: tuple[str, str, Any], sql: str, args: Sequence[Any], build: Any) -> Any:
         """One row (built) by ``key``: from :attr:`_rows`, or read (and kept) now."""
@@ -214,6 +273,19 @@ class PgTx(PgTransaction, LifecycleSql):
         row = self._one(sql, args, key[1])
         found = self._rows[key] = build(row) if row else None
         return found
+
+    def _cached_rows(
+        self,
+        key: tuple[str, str, Any],
+        query: tuple[str, Sequence[Any]],
+        build: Callable[[Any], T],
+    ) -> list[T]:
+        """Rows (built) by ``key``: from :attr:`_rows`, or read (and kept) now; a copy of
+        the list either way."""
+        if key not in self._rows:
+            sql, args = query
+            self._rows[key] = [build(row) for row in self._all(sql, args, key[1])]
+        return list(self._rows[key])
 
     def _lifecycle_exec(self, sql: str, args: Sequence[Any], team: str) -> Any:
         self._flush()  # buffered history first: a removal must not leave it behind
@@ -749,7 +821,7 @@ class PgTx(PgTransaction, LifecycleSql):
         self._exec(Q.ledger_add, (e.team, e.session_id, e.to, e.digest, e.message_id, e.at), e.team)
 
     def ledger(self, team: str, session_id: str) -> list[LedgerEntry]:
-        return [LedgerEntry(*r) for r in self._all(Q.ledger, (team, session_id), team)]
+        return self._cached_rows(("L", team, session_id), (Q.ledger, (team, session_id)), _ledger)
 
     def ledger_clear(self, team: str, session_id: str) -> int:
         return self._exec(Q.ledger_clear, (team, session_id), team).rowcount
@@ -793,6 +865,8 @@ class PgTx(PgTransaction, LifecycleSql):
         after: tuple[float, str] | None = None,
         limit: int | None = None,
     ) -> list[Link]:
+        if member is not None and open_only and after is None and limit is None:
+            return self._cached_rows(("o", team, member), _open_links(team, member), _link)
         sql, args = links_query(
             LINK_COLS, team, member, open_only, after, limit, parenthesized=True
         )
@@ -934,11 +1008,16 @@ class PgTx(PgTransaction, LifecycleSql):
     ) -> Delegation | None:
         if callee_session is not None:
             # its oldest open one, else its oldest: both asked in one round trip
-            args = (team, callee_session)
-            pending, oldest = self._exec_all(
-                [(Q.open_delegation_of_callee, args), (Q.delegation_of_callee, args)], team
-            )
-            row = pending.fetchone() or oldest.fetchone()
+            key = ("d", team, callee_session)
+            if key not in self._rows:
+                of: Sequence[Any] = (team, callee_session)
+                self._rows[key] = _first_delegation(
+                    self._exec_all(
+                        [(Q.open_delegation_of_callee, of), (Q.delegation_of_callee, of)], team
+                    )
+                )
+            found: Delegation | None = self._rows[key]
+            return found
         else:
             row = self._one(Q.delegation_of_call, (team, caller_session, tool_use_id), team)
         return delegation(row) if row else None
@@ -981,6 +1060,10 @@ class PgTx(PgTransaction, LifecycleSql):
         limit: int | None = None,
         pending_only: bool = False,
     ) -> list[Delegation]:
+        if batch is not None and (member, peer, after, limit, pending_only) == (
+            None, None, None, None, False
+        ):  # fmt: skip
+            return self._cached_rows(("B", team, batch), _batch(team, batch), delegation)
         sql, args = delegations_query(
             DEL_COLS,
             team,
