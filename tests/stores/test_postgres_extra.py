@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from backchannel.errors import AlreadyExists, InvalidRequest, StoreError
-from backchannel.stores.base import SCHEMA_VERSION, Tx
+from backchannel.stores.base import SCHEMA_VERSION, Reads, Tx
 from backchannel.stores.postgres import LISTENER_NAME, PostgresStore, mask_url
 from backchannel.stores.postgres.tx import PgTx
 from backchannel.testing import eventually
@@ -28,6 +28,7 @@ from backchannel.types import (
     DeliveryState,
     Job,
     JobState,
+    LedgerEntry,
     Link,
     Member,
     MemberKind,
@@ -418,6 +419,37 @@ async def test_a_hub_frozen_inside_a_transaction_holds_its_team_only_until_the_s
         thawed.set()
         for s in (frozen, other):
             await s.close()
+
+
+async def test_a_transactions_remembered_rows_follow_its_own_writes(
+    two_hubs: list[PostgresStore],
+) -> None:
+    """Rows a transaction read (a prefetch, a read of its own) are answered again from
+    what it read until it writes their table: a write elsewhere (a job, a delivery)
+    keeps them, a write to their own table is seen by the next read."""
+    a, _ = two_hubs
+
+    def fn(tx: Tx) -> list[object]:
+        tx.prefetch(Reads(TEAM, members=("a",), ledger_of="s1", links_of="a"))
+        seen: list[object] = [tx.get_member(TEAM, "a"), tx.ledger(TEAM, "s1")]
+        tx.add_job(Job(TEAM, "timer", T0 + 60, T0, session_id="s1"))  # another table
+        member = tx.get_member(TEAM, "a")
+        assert member is seen[0]  # kept: not read again
+        tx.update_member(replace(member, settings={"changed": True}))
+        tx.ledger_add(LedgerEntry(TEAM, "s1", "b", "digest", "m1", T0))
+        tx.insert_link(Link(TEAM, "lnk1", "a", "s1", "b", None, 8, T0))
+        seen += [
+            tx.get_member(TEAM, "a"),
+            tx.ledger(TEAM, "s1"),
+            tx.list_links(TEAM, member="a", open_only=True),
+        ]
+        return seen
+
+    before, ledger, member, after, links = await a.transact(fn)
+    assert ledger == [] and before.settings == {}
+    assert member.settings == {"changed": True}
+    assert [e.message_id for e in after] == ["m1"]
+    assert [link.link_id for link in links] == ["lnk1"]
 
 
 def _session_setting(name: str) -> Callable[[Tx], str]:

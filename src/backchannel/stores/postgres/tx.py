@@ -257,7 +257,7 @@ class PgTx(PgTransaction, LifecycleSql):
             wanted.append((("d", team, r.delegation_of), both, _first_delegation))
         if r.batch is not None:
             wanted.append((("B", team, r.batch), [_batch(team, r.batch)], many(delegation)))
-        picked = [w for w in wanted if w[0] not in self._rows]
+        picked = list({w[0]: w for w in wanted if w[0] not in self._rows}.values())
         if not picked:
             return
         curs = iter(self._exec_all([q for _, qs, _ in picked for q in qs], team))
