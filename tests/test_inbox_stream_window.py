@@ -172,6 +172,11 @@ async def test_a_stream_whose_reader_stopped_reading_gives_back_what_it_holds(
                 f"GET /v1/inbox/stream HTTP/1.1\r\nHost: {host}\r\n"
                 f"Authorization: Bearer {tokens['b']}\r\n\r\n".encode()
             )
+
+            async def leased_first() -> bool:  # by the stream, before the other receiver
+                return (await hub.message_status("t", ids[0])).state.value == "leased"
+
+            await eventually(leased_first, what="the stream to lease its first batch")
             got = await _taken(url, tokens["b"], 40, within=15)
         finally:
             reader.close()
@@ -526,13 +531,19 @@ async def test_a_stream_whose_reader_stopped_reading_closes_its_connection(
         ids = await _send(hub, 40, "x" * 200_000)
         reader = _stalled_reader(url, tokens["b"], "receive_id=rcv-stalled")
         try:
+            # the stream leases first, or the other receiver may take everything before
+            # it and leave it nothing to write (nothing then stalls, nothing is cut)
+            await eventually(
+                lambda: hub.holding("t", "b", "rcv-stalled", 40),
+                what="the stalled stream to lease its first batch",
+            )
             got = await _taken(url, tokens["b"], 40, within=15)
             assert sorted(m["message_id"] for m in got) == sorted(ids)
             state = server.server_state
             await eventually(
                 lambda: not state.connections and not state.tasks,
                 what="the stalled stream's connection to close",
-                within=30,  # a bound, not a timing: a busy machine takes longer
+                within=10,
                 show=lambda: (len(state.connections), len(state.tasks)),
             )
             # the name is free: a stream opened under it is sent all that comes, once
