@@ -588,71 +588,41 @@ async def test_a_stream_whose_client_left_before_its_body_started_gives_back_its
         assert [(m["message_id"], m["attempt"]) for m in got] == [(i, 1) for i in ids]
 
 
-async def test_a_stream_resumed_after_an_acked_message_does_not_send_it_again(
-    tmp_path: Path,
+@pytest.mark.parametrize("acked", [3, 1], ids=["all acked", "the last acked"])
+async def test_a_stream_resumed_after_an_acked_message_sends_none_up_to_it(
+    tmp_path: Path, acked: int
 ) -> None:
-    # the reader saw and acked every message, then reconnects with Last-Event-ID naming
-    # the last of them, which its name no longer holds: it is sent none of them again,
-    # and what comes next, once
+    # the reader saw three messages and acked all of them, or only the last (it works
+    # on the others still), then reconnects with Last-Event-ID naming the last, which
+    # its name no longer holds. Before, with only the last acked, the stream sent again
+    # all the name held, the two the reader had seen with them; now it sends none of
+    # the three, and what comes next, once; those not acked are still the name's
     async with _serving(tmp_path) as (hub, url, tokens):
         ids = await _send(hub, 3)
         params = {"receive_id": "rcv-acked"}
         got = await _events(url, tokens["b"], 3, 10, params)
         assert got == [("message", (i, 1)) for i in ids]
-        async with httpx.AsyncClient(base_url=url) as b:
-            headers = {"Authorization": f"Bearer {tokens['b']}"}
-            r = await b.post("/v1/inbox/ack", json={"message_ids": ids}, headers=headers)
-            assert r.json()["acked"] == 3
-        seen: list[tuple[str, Any]] = []
-        reading = asyncio.create_task(
-            _events(url, tokens["b"], 99, 30, params, last=ids[-1], got=seen)
-        )
-        try:
-            [later] = await _send(hub, 1, "later")
-            await eventually(lambda: seen, what="the stream to send what came next")
-            [more] = await _send(hub, 1, "more")
-            await eventually(lambda: len(seen) >= 2, what="the stream to send the next")
-            assert seen == [("message", (later, 1)), ("message", (more, 1))]
-        finally:
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reading
-
-
-async def test_a_stream_resumed_after_the_one_message_it_acked_sends_none_before_it(
-    tmp_path: Path,
-) -> None:
-    # the reader saw three messages and acked only the last (it works on the others
-    # still), then reconnects with Last-Event-ID naming it: the name no longer holds
-    # that one. Before, the stream then sent all the name held, the two the reader had
-    # seen with them; now it sends none of them, and what comes next, once
-    async with _serving(tmp_path) as (hub, url, tokens):
-        ids = await _send(hub, 3)
-        params = {"receive_id": "rcv-acked-last"}
-        got = await _events(url, tokens["b"], 3, 10, params)
-        assert got == [("message", (i, 1)) for i in ids]
-        async with httpx.AsyncClient(base_url=url) as b:
-            headers = {"Authorization": f"Bearer {tokens['b']}"}
-            r = await b.post("/v1/inbox/ack", json={"message_ids": ids[-1:]}, headers=headers)
-            assert r.json()["acked"] == 1
-        seen: list[tuple[str, Any]] = []
-        reading = asyncio.create_task(
-            _events(url, tokens["b"], 99, 30, params, last=ids[-1], got=seen)
-        )
-        try:
-            [later] = await _send(hub, 1, "later")
-            await eventually(lambda: seen, what="the stream to send what came next")
-            assert seen == [("message", (later, 1))]
-            # the two seen and not acked are still the name's: acked now, nothing is lost
-            async with httpx.AsyncClient(base_url=url) as b:
-                r = await b.post(
-                    "/v1/inbox/ack", json={"message_ids": [*ids[:2], later]}, headers=headers
-                )
-                assert r.json()["acked"] == 3
-        finally:
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reading
+        headers = {"Authorization": f"Bearer {tokens['b']}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as b:
+            r = await b.post("/v1/inbox/ack", json={"message_ids": ids[-acked:]})
+            assert r.json()["acked"] == acked
+            seen: list[tuple[str, Any]] = []
+            reading = asyncio.create_task(
+                _events(url, tokens["b"], 99, 30, params, last=ids[-1], got=seen)
+            )
+            try:
+                [later] = await _send(hub, 1, "later")
+                await eventually(lambda: seen, what="the stream to send what came next")
+                [more] = await _send(hub, 1, "more")
+                await eventually(lambda: len(seen) >= 2, what="the stream to send the next")
+                assert seen == [("message", (later, 1)), ("message", (more, 1))]
+            finally:
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+            rest = [*ids[: 3 - acked], later, more]
+            r = await b.post("/v1/inbox/ack", json={"message_ids": rest})
+            assert r.json()["acked"] == len(rest)
 
 
 @pytest.mark.slow
