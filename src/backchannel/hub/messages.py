@@ -691,13 +691,14 @@ class Messages:
         them over), the same attempt, a page at a time (``config.held_page`` a store
         read, so a stream holding many costs no more memory than a page): those after
         the message ``last`` when the name holds it or the reader acked it (it saw that
-        one and all sent before it), all of them otherwise. Nothing is leased or changed, unless
-        ``again`` (the stream opened again, sending them): then each page is handed to
-        the name anew in a transaction of its own (``Tx.held_again``), each copy under a
-        lease of its own (its ``lease_until`` as it now is), so a give-back of the lease
-        it had (the connection before this one, ending after it) leaves it alone; those
-        before ``last`` too (the reader saw them: nothing of that connection's end puts
-        them back), though they are not answered."""
+        one and all sent before it), all of them otherwise. Nothing is leased or
+        changed, unless ``again`` (the stream opened again, sending them): then each
+        page is handed to the name anew in a transaction of its own
+        (``Tx.held_again``), each copy under a lease of its own (its ``lease_until`` as
+        it now is), so a give-back of the lease it had (the connection before this one,
+        ending after it) leaves it alone; those before ``last`` too (the reader saw
+        them: nothing of that connection's end puts them back), though they are not
+        answered."""
         holder = rules.check_receive_id(receive_id)
         start: tuple[float, bool, int] | None = None
         if last:  # where the reader stopped, in the order the stream sent them
