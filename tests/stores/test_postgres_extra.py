@@ -480,8 +480,9 @@ async def test_the_hubs_session_settings_stand_aside_for_the_administrators(
         assert await chosen.read(_session_setting("tcp_keepalives_idle")) == "9"
     finally:
         await chosen.close()
-    with pytest.raises(ValueError, match="idle_in_transaction must be"):
-        PostgresStore(url, idle_in_transaction=-1)
+    for bad in (-1, 0.5, 3e6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"idle_in_transaction must be 0 .* from 1 to"):
+            PostgresStore(url, idle_in_transaction=bad)
 
 
 def _free_port() -> int:

@@ -160,6 +160,8 @@ TCP_DEFAULTS: dict[str, int] = {
 #: this only ends sessions whose hub stopped; the transaction is rolled back, and the hub,
 #: if it comes back, finds its connection gone and runs the transaction again.
 IDLE_IN_TRANSACTION = 15.0
+#: PostgreSQL's own bound on that setting (2^31 - 1 ms), in whole seconds
+IDLE_IN_TRANSACTION_MAX = 2_147_483
 #: The server's side of :data:`TCP_DEFAULTS`: PostgreSQL notices a hub host gone from the
 #: network in about 11 s, not after the system's 2 hours, and frees its connection slots.
 SERVER_TCP: dict[str, str] = {
@@ -329,10 +331,14 @@ class PostgresStore(Store):
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
         check_heartbeat(heartbeat_every, frozen_after)
-        if not math.isfinite(idle_in_transaction) or idle_in_transaction < 0:
+        if not math.isfinite(idle_in_transaction) or not (
+            idle_in_transaction == 0 or 1 <= idle_in_transaction <= IDLE_IN_TRANSACTION_MAX
+        ):
             raise ValueError(
-                "idle_in_transaction must be a number of seconds, 0 to leave the server's "
-                f"setting alone, not {idle_in_transaction!r}"
+                "idle_in_transaction must be 0 (leave the server's setting alone) or a "
+                f"number of seconds from 1 to {IDLE_IN_TRANSACTION_MAX:,} (under a second "
+                "would end a live hub's transactions too), not "
+                f"{idle_in_transaction!r}; the default is {IDLE_IN_TRANSACTION:g}"
             )
         settings = dict(SERVER_TCP)
         if idle_in_transaction:
